@@ -1,0 +1,74 @@
+//! Layer 1 of Tessera: drives.
+//!
+//! Everything above this crate (vdisks, NSDs, the file system) reaches storage through the
+//! [`BlockDevice`] trait, so a local file, a local NVMe namespace, a remote NVMe/TCP namespace
+//! or an erasure-coded vdisk are interchangeable. The contract is deliberately small and
+//! strict: I/O is positional, sector aligned, and `flush` means "on stable storage".
+
+mod aligned;
+mod file;
+
+pub use aligned::AlignedBuf;
+pub use file::FileDrive;
+
+use std::io;
+
+/// The alignment every buffer, offset and length handed to a [`BlockDevice`] must have.
+///
+/// 4 KiB is the logical block size of NVMe drives formatted for performance and the page
+/// size, so O_DIRECT accepts it everywhere.
+pub const SECTOR_BYTES: u64 = 4096;
+
+/// A drive seen as an array of sectors.
+///
+/// Implementations must be usable from many threads at once: the file system issues
+/// independent reads and writes concurrently.
+pub trait BlockDevice: Send + Sync + std::fmt::Debug {
+    /// A human-readable name for error messages (a path, or an NQN and namespace id).
+    fn name(&self) -> &str;
+
+    /// Capacity in bytes, a multiple of [`SECTOR_BYTES`].
+    fn size_bytes(&self) -> u64;
+
+    /// Reads `buf.len()` bytes at `offset`. Both must be multiples of [`SECTOR_BYTES`] and
+    /// `buf` must be sector aligned in memory (use [`AlignedBuf`]).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Writes `buf` at `offset`, with the same alignment rules as [`BlockDevice::read_at`].
+    /// The data may sit in a volatile cache until [`BlockDevice::flush`] returns.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+
+    /// Returns when every write that completed before the call is on stable storage.
+    fn flush(&self) -> io::Result<()>;
+}
+
+/// Checks the alignment contract of [`BlockDevice`] and turns a violation into an error
+/// that names the device, so a bug above never becomes a misplaced write.
+pub fn check_io(dev: &dyn BlockDevice, buf: &[u8], offset: u64) -> io::Result<()> {
+    let len = buf.len() as u64;
+    let aligned = offset % SECTOR_BYTES == 0
+        && len % SECTOR_BYTES == 0
+        && (buf.as_ptr() as usize) % (SECTOR_BYTES as usize) == 0;
+    if !aligned {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: unaligned I/O (offset {offset}, length {len}); \
+                 offsets, lengths and buffers must be multiples of {SECTOR_BYTES}",
+                dev.name()
+            ),
+        ));
+    }
+    let end = offset.checked_add(len);
+    if end.is_none_or(|end| end > dev.size_bytes()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: I/O at offset {offset} length {len} runs past the end of the drive ({} bytes)",
+                dev.name(),
+                dev.size_bytes()
+            ),
+        ));
+    }
+    Ok(())
+}
