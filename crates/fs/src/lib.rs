@@ -1,1 +1,33 @@
-//! placeholder
+//! Layer 4 of Tessera: the shared-disk file system core, free of any kernel interface.
+//!
+//! All metadata and data live on NSDs. The inode space is split into shards
+//! (`ino % shard_count`); a node that owns a shard keeps its inodes in memory, logs every
+//! change to its recovery log on shared disk before applying it, and checkpoints each shard's
+//! inodes into metadata blocks. Any node that can read the NSDs can rebuild a shard from its
+//! checkpoint image plus the log. See ARCHITECTURE.md for the formats and the reasons.
+
+mod checkpoint;
+mod data;
+pub mod descriptor;
+pub mod error;
+mod format;
+pub mod fsck;
+mod fs;
+pub mod inode;
+mod meta;
+mod namespace;
+pub mod pmon;
+mod recovery;
+mod report;
+
+pub use descriptor::{read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk};
+pub use error::{FsError, FsResult};
+pub use format::{erase, format, DiskSpec, FormatOptions, Progress};
+pub use data::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
+pub use fs::{DirListing, FileSystem, SetAttr, StatFs};
+pub use namespace::Caller;
+pub use fsck::{fsck, FsckReport};
+pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};
+pub use pmon::PmonSnapshot;
+pub use report::{DfDisk, DfPool, DfReport, InodeUsage};
+pub use tessera_alloc::Placement;

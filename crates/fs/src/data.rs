@@ -1,0 +1,561 @@
+//! The data path: reads and writes of file blocks on the NSDs, with a crc32c per 4 KiB
+//! sector verified on every read.
+//!
+//! Write ordering is what keeps checksums honest across a crash:
+//! - Data going to a block that no durable metadata references yet (a fresh allocation, a
+//!   copy-on-write of a whole block, sectors never written) is written first and logged after;
+//!   a crash in between leaves an unreferenced block, which the next mount finds free.
+//! - Data overwriting sectors that hold acknowledged data is preceded by a durable log record
+//!   with the new checksums, which keeps the old checksum as an alternative, so after a crash
+//!   the sector verifies whether or not the new data reached the disk.
+
+use std::time::Instant;
+
+use tessera_alloc::{AllocKind, BlockHint, Extent};
+use tessera_drive::AlignedBuf;
+use tessera_journal::Lsn;
+
+use crate::error::{FsError, FsResult};
+use crate::fs::FileSystem;
+use crate::inode::{Attr, BlockRef, Content, FileKind, Ino, CSUM_SECTOR_BYTES};
+use crate::meta::Change;
+
+/// Largest file size: 1 PiB.
+pub const FILE_BYTES_MAX: u64 = 1 << 50;
+const SECTOR: u64 = CSUM_SECTOR_BYTES;
+
+/// fallocate(2) modes this file system implements.
+pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+
+/// What a read needs to know about one sector, copied out under the metadata lock.
+#[derive(Clone, Copy)]
+struct SectorInfo {
+    unwritten: bool,
+    crc: u32,
+    alternative: Option<u32>,
+}
+
+/// How a block write proceeds, decided under the metadata lock.
+enum BlockPlan {
+    /// Write into a newly allocated extent, copying the old extent's sectors if given.
+    Fresh { extent: Extent, copy: Option<BlockRef> },
+    /// Overwrite sectors of the current extent.
+    InPlace { current: BlockRef },
+}
+
+impl FileSystem {
+    fn extent_offset(&self, e: &Extent) -> u64 {
+        self.geo.data_start_bytes + e.addr.sub_block * self.geo.sub_block_bytes
+    }
+
+    fn extent_sectors(&self, e: &Extent) -> usize {
+        (u64::from(e.sub_blocks) * self.geo.sub_block_bytes / SECTOR) as usize
+    }
+
+    fn regular_attr(&self, ino: Ino) -> FsResult<Attr> {
+        let m = self.meta.lock();
+        let attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        match attr.kind {
+            FileKind::Regular => Ok(attr),
+            FileKind::Directory => Err(FsError::IsDir),
+            _ => Err(FsError::Invalid("not a regular file".into())),
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset`; short at end of file.
+    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let started = Instant::now();
+        let _data = self.inode_lock(ino).read();
+        let bs = self.geo.block_bytes;
+        let (len, inline, blocks) = {
+            let m = self.meta.lock();
+            let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+            if inode.attr.kind == FileKind::Directory {
+                return Err(FsError::IsDir);
+            }
+            let len = inode.attr.size.saturating_sub(offset).min(u64::from(size)) as usize;
+            if len == 0 {
+                return Ok(Vec::new());
+            }
+            let end = offset + len as u64;
+            match &inode.content {
+                Content::Inline(d) => (len, Some(d.clone()), Vec::new()),
+                Content::Blocks(map) => {
+                    let mut parts = Vec::new();
+                    for b in offset / bs..end.div_ceil(bs) {
+                        let lo = offset.max(b * bs) - b * bs;
+                        let hi = end.min((b + 1) * bs) - b * bs;
+                        parts.push((b, lo, hi, map.get(&b).map(|r| sector_infos(r, lo, hi))));
+                    }
+                    (len, None, parts)
+                }
+                _ => return Err(FsError::Invalid("not a regular file".into())),
+            }
+        };
+        let mut out = vec![0u8; len];
+        if let Some(d) = inline {
+            let start = (offset as usize).min(d.len());
+            let n = d.len().saturating_sub(start).min(len);
+            out[..n].copy_from_slice(&d[start..start + n]);
+        }
+        for (b, lo, hi, info) in blocks {
+            let Some((extent, sectors)) = info else { continue };
+            let dst = (b * bs + lo - offset) as usize;
+            self.read_sectors(ino, &extent, &sectors, lo, &mut out[dst..dst + (hi - lo) as usize])?;
+        }
+        self.touch_atime(ino);
+        self.pmon.read(len as u64, started.elapsed());
+        Ok(out)
+    }
+
+    /// Reads bytes `lo..lo+out.len()` of a block, verifying every written sector.
+    fn read_sectors(
+        &self,
+        ino: Ino,
+        extent: &Extent,
+        sectors: &[SectorInfo],
+        lo: u64,
+        out: &mut [u8],
+    ) -> FsResult<()> {
+        let first = lo / SECTOR;
+        let present = self.extent_sectors(extent) as u64;
+        let last = (lo + out.len() as u64).div_ceil(SECTOR).min(present);
+        if first >= last || sectors.iter().all(|s| s.unwritten) {
+            return Ok(()); // Beyond a short fragment or never written: zeros.
+        }
+        let mut buf = AlignedBuf::zeroed(((last - first) * SECTOR) as usize);
+        let dev = &self.devices[extent.addr.disk as usize];
+        let at = self.extent_offset(extent) + first * SECTOR;
+        dev.read_at(&mut buf, at)?;
+        for (i, info) in sectors.iter().enumerate().take((last - first) as usize) {
+            let bytes = &mut buf[i * SECTOR as usize..(i + 1) * SECTOR as usize];
+            if info.unwritten {
+                bytes.fill(0);
+                continue;
+            }
+            let crc = crc32c::crc32c(bytes);
+            if crc != info.crc && Some(crc) != info.alternative {
+                self.pmon.checksum_error();
+                let offset = at + i as u64 * SECTOR;
+                tracing::error!(
+                    "checksum mismatch: NSD {} byte {offset} (inode {ino}): expected {:08x}, found {crc:08x}",
+                    dev.name(),
+                    info.crc
+                );
+                return Err(FsError::Checksum { nsd: dev.name().to_string(), offset, ino });
+            }
+        }
+        let skip = (lo - first * SECTOR) as usize;
+        let n = out.len().min(buf.len() - skip);
+        out[..n].copy_from_slice(&buf[skip..skip + n]);
+        Ok(())
+    }
+
+    fn touch_atime(&self, ino: Ino) {
+        use crate::descriptor::AtimeMode;
+        if self.geo.atime == AtimeMode::Suppress {
+            return;
+        }
+        let mut m = self.meta.lock();
+        let Some(inode) = m.state.get(ino) else { return };
+        let mut attr = inode.attr;
+        let now = self.now();
+        let stale = attr.atime <= attr.mtime
+            || attr.atime <= attr.ctime
+            || now.secs - attr.atime.secs >= 24 * 3600;
+        if self.geo.atime == AtimeMode::Relatime && !stale {
+            return;
+        }
+        attr.atime = now;
+        if let Err(e) = self.log(&mut m, vec![Change::PutAttr(attr)]) {
+            tracing::warn!("atime update of inode {ino}: {e}");
+        }
+    }
+
+    /// Writes `data` at `offset`. With `sync` (O_SYNC, O_DSYNC, O_DIRECT) the data and the
+    /// metadata that reaches it are durable on return.
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8], sync: bool) -> FsResult<usize> {
+        let started = Instant::now();
+        let _data = self.inode_lock(ino).write();
+        let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooLarge)?;
+        if end > FILE_BYTES_MAX {
+            return Err(FsError::FileTooLarge);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let lsn = self.write_locked(ino, offset, data)?;
+        if sync {
+            self.commit(lsn)?;
+        }
+        self.pmon.write(data.len() as u64, started.elapsed());
+        Ok(data.len())
+    }
+
+    /// The body of a write; the caller holds the inode's data lock.
+    fn write_locked(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Lsn> {
+        let end = offset + data.len() as u64;
+        let inline = {
+            let mut m = self.meta.lock();
+            let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+            let mut attr = inode.attr;
+            if attr.kind != FileKind::Regular {
+                return Err(if attr.kind == FileKind::Directory {
+                    FsError::IsDir
+                } else {
+                    FsError::Invalid("not a regular file".into())
+                });
+            }
+            match &inode.content {
+                Content::Inline(cur) if end as usize <= self.geo.inline_max_bytes => {
+                    let mut bytes = cur.clone();
+                    bytes.resize(bytes.len().max(end as usize), 0);
+                    bytes[offset as usize..end as usize].copy_from_slice(data);
+                    attr.size = attr.size.max(end);
+                    attr.mtime = self.now();
+                    attr.ctime = attr.mtime;
+                    let changes = vec![Change::Inline { ino, data: bytes }, Change::PutAttr(attr)];
+                    return self.log(&mut m, changes);
+                }
+                Content::Inline(cur) => Some(cur.clone()),
+                _ => None,
+            }
+        };
+        if let Some(bytes) = inline.filter(|b| !b.is_empty()) {
+            // Inline data moves into block 0 before the file grows past the inode.
+            self.write_range(ino, 0, &bytes)?;
+        }
+        self.write_range(ino, offset, data)
+    }
+
+    fn write_range(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Lsn> {
+        let bs = self.geo.block_bytes;
+        let end = offset + data.len() as u64;
+        let mut lsn = 0;
+        for b in offset / bs..end.div_ceil(bs) {
+            let lo = offset.max(b * bs);
+            let hi = end.min((b + 1) * bs);
+            let chunk = &data[(lo - offset) as usize..(hi - offset) as usize];
+            lsn = self.write_block(ino, b, lo - b * bs, chunk)?;
+        }
+        Ok(lsn)
+    }
+
+    fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Lsn> {
+        let plan = match self.plan_block(ino, b, off, data.len() as u64) {
+            Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
+                // Space freed by changes not yet durable comes back after a commit.
+                self.sync()?;
+                self.plan_block(ino, b, off, data.len() as u64)?
+            }
+            other => other?,
+        };
+        match plan {
+            BlockPlan::Fresh { extent, copy } => {
+                let result = self.write_fresh(ino, b, off, data, extent, copy);
+                if result.is_err() {
+                    let mut m = self.meta.lock();
+                    let _ = m.alloc.free(extent);
+                }
+                result
+            }
+            BlockPlan::InPlace { current } => self.write_in_place(ino, b, off, data, current),
+        }
+    }
+
+    fn has_pending_frees(&self) -> bool {
+        !self.meta.lock().pending_free.is_empty()
+    }
+
+    fn plan_block(&self, ino: Ino, b: u64, off: u64, len: u64) -> FsResult<BlockPlan> {
+        let bs = self.geo.block_bytes;
+        let per = self.geo.sub_blocks_per_block;
+        let mut m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        let (current, prev) = match &inode.content {
+            Content::Blocks(map) => (
+                map.get(&b).cloned(),
+                b.checked_sub(1).and_then(|p| map.get(&p)).map(|r| r.extent.addr),
+            ),
+            _ => (None, None),
+        };
+        let size_after = inode.attr.size.max(b * bs + off + len);
+        // Only a file that fits in one block gets a fragment (GPFS keeps the last block of
+        // small files in sub-blocks); everything else uses whole blocks.
+        let needed = if b == 0 && size_after <= bs {
+            let have = current.as_ref().map_or(0, |c| c.extent.sub_blocks);
+            ((off + len).div_ceil(self.geo.sub_block_bytes) as u32).max(have).min(per)
+        } else {
+            per
+        };
+        let whole_block = off == 0 && len == bs;
+        let fresh = match &current {
+            None => true,
+            Some(c) => c.extent.sub_blocks < needed || (whole_block && c.any_written()),
+        };
+        if !fresh {
+            return Ok(BlockPlan::InPlace { current: current.expect("not fresh") });
+        }
+        let pool = self.geo.data_pool;
+        let extent = if needed == per {
+            let hint = BlockHint { file_key: ino, block_index: b, prev };
+            m.alloc.alloc_block(pool, AllocKind::Data, hint)
+        } else {
+            m.alloc.alloc_fragment(pool, AllocKind::Data, needed, prev)
+        }
+        .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "file data"))?;
+        let copy = current.filter(|c| !(whole_block || c.extent.sub_blocks >= needed));
+        Ok(BlockPlan::Fresh { extent, copy })
+    }
+
+    fn write_fresh(
+        &self,
+        ino: Ino,
+        b: u64,
+        off: u64,
+        data: &[u8],
+        extent: Extent,
+        copy: Option<BlockRef>,
+    ) -> FsResult<Lsn> {
+        let sectors = self.extent_sectors(&extent);
+        let mut block = BlockRef::new_unwritten(extent, sectors);
+        let touched_lo = (off / SECTOR) as usize;
+        let touched_hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
+        let copy_hi = copy.as_ref().map_or(0, |c| {
+            (0..c.sectors()).rev().find(|s| !c.is_unwritten(*s)).map_or(0, |s| s + 1)
+        });
+        let lo = if copy_hi > 0 { 0 } else { touched_lo };
+        let hi = touched_hi.max(copy_hi);
+        assert!(hi <= sectors, "write past the extent: {hi} > {sectors}");
+        let mut buf = AlignedBuf::zeroed((hi - lo) * SECTOR as usize);
+        if let Some(old) = &copy {
+            let infos = sector_infos(old, 0, copy_hi as u64 * SECTOR).1;
+            self.read_sectors(ino, &old.extent, &infos, 0, &mut buf[..copy_hi * SECTOR as usize])?;
+            for s in 0..copy_hi {
+                if !old.is_unwritten(s) {
+                    let bytes = &buf[s * SECTOR as usize..(s + 1) * SECTOR as usize];
+                    block.set_written(s, crc32c::crc32c(bytes));
+                }
+            }
+        }
+        let at = off as usize - lo * SECTOR as usize;
+        buf[at..at + data.len()].copy_from_slice(data);
+        for s in touched_lo..touched_hi {
+            let i = s - lo;
+            block.set_written(s, crc32c::crc32c(&buf[i * SECTOR as usize..(i + 1) * SECTOR as usize]));
+        }
+        let dev = &self.devices[extent.addr.disk as usize];
+        dev.write_at(&buf, self.extent_offset(&extent) + (lo as u64) * SECTOR)?;
+        let mut m = self.meta.lock();
+        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        attr.size = attr.size.max(b * self.geo.block_bytes + off + data.len() as u64);
+        attr.mtime = self.now();
+        attr.ctime = attr.mtime;
+        self.log(&mut m, vec![Change::MapBlock { ino, index: b, block }, Change::PutAttr(attr)])
+    }
+
+    fn write_in_place(
+        &self,
+        ino: Ino,
+        b: u64,
+        off: u64,
+        data: &[u8],
+        current: BlockRef,
+    ) -> FsResult<Lsn> {
+        let lo = (off / SECTOR) as usize;
+        let hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
+        let mut buf = AlignedBuf::zeroed((hi - lo) * SECTOR as usize);
+        // Partial head and tail sectors keep their other bytes: read and verify them.
+        for s in [lo, hi - 1] {
+            let partial = (s == lo && off % SECTOR != 0)
+                || (s == hi - 1 && (off + data.len() as u64) % SECTOR != 0);
+            if partial && !current.is_unwritten(s) {
+                let infos = sector_infos(&current, s as u64 * SECTOR, (s as u64 + 1) * SECTOR).1;
+                let i = s - lo;
+                let dst = &mut buf[i * SECTOR as usize..(i + 1) * SECTOR as usize];
+                self.read_sectors(ino, &current.extent, &infos, s as u64 * SECTOR, dst)?;
+            }
+        }
+        let at = off as usize - lo * SECTOR as usize;
+        buf[at..at + data.len()].copy_from_slice(data);
+        let crcs: Vec<u32> = buf.chunks(SECTOR as usize).map(crc32c::crc32c).collect();
+        let overwrite = (lo..hi).any(|s| !current.is_unwritten(s));
+        let size_after = b * self.geo.block_bytes + off + data.len() as u64;
+        let sectors = Change::Sectors { ino, index: b, first: lo as u32, crcs, in_place: overwrite };
+        let dev = &self.devices[current.extent.addr.disk as usize];
+        let at = self.extent_offset(&current.extent) + (lo as u64) * SECTOR;
+        if !overwrite {
+            dev.write_at(&buf, at)?;
+            return self.log_with_size(ino, sectors, size_after);
+        }
+        let lsn = self.log_with_size(ino, sectors, size_after)?;
+        self.commit(lsn)?;
+        dev.write_at(&buf, at)?;
+        let mut m = self.meta.lock();
+        let settle = Change::Settle { ino, index: b, first: lo as u32, count: (hi - lo) as u32 };
+        self.log(&mut m, vec![settle])
+    }
+
+    fn log_with_size(&self, ino: Ino, change: Change, size_after: u64) -> FsResult<Lsn> {
+        let mut m = self.meta.lock();
+        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        attr.size = attr.size.max(size_after);
+        attr.mtime = self.now();
+        attr.ctime = attr.mtime;
+        self.log(&mut m, vec![change, Change::PutAttr(attr)])
+    }
+
+    /// Sets the file size (truncate and extend).
+    pub fn truncate(&self, ino: Ino, size: u64) -> FsResult<()> {
+        if size > FILE_BYTES_MAX {
+            return Err(FsError::FileTooLarge);
+        }
+        let _data = self.inode_lock(ino).write();
+        let attr = self.regular_attr(ino)?;
+        let bs = self.geo.block_bytes;
+        let boundary_written = {
+            let m = self.meta.lock();
+            match &m.state.get(ino).ok_or(FsError::NotFound)?.content {
+                Content::Blocks(map) => map.get(&(size / bs)).is_some_and(|r| {
+                    let s = ((size % bs) / SECTOR) as usize;
+                    s < r.sectors() && !r.is_unwritten(s)
+                }),
+                _ => false,
+            }
+        };
+        if size < attr.size && size % SECTOR != 0 && boundary_written {
+            // Bytes past the new end of file must read as zeros if the file grows again.
+            let zeros = (SECTOR - size % SECTOR).min(attr.size - size);
+            self.write_range(ino, size, &vec![0; zeros as usize])?;
+        }
+        let mut m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        let mut attr = inode.attr;
+        let mut changes = Vec::new();
+        match &inode.content {
+            Content::Inline(d) if (size as usize) < d.len() => {
+                changes.push(Change::Inline { ino, data: d[..size as usize].to_vec() });
+            }
+            Content::Blocks(_) if size < attr.size => {
+                changes.push(Change::Truncate { ino, size, block_size: bs });
+            }
+            _ => {}
+        }
+        let shrink = size < attr.size;
+        attr.size = size;
+        attr.mtime = self.now();
+        attr.ctime = attr.mtime;
+        changes.push(Change::PutAttr(attr));
+        let lsn = self.log(&mut m, changes)?;
+        drop(m);
+        if shrink {
+            // Sectors marked unwritten may be rewritten without a log record first, which is
+            // only safe once the truncate itself is durable.
+            self.commit(lsn)?;
+        }
+        Ok(())
+    }
+
+    /// fallocate(2): preallocate (optionally keeping the size) or punch a hole.
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX);
+        let end = end.ok_or(FsError::FileTooLarge)?;
+        if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE {
+            return self.punch_hole(ino, offset, end);
+        }
+        if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+            return Err(FsError::NotSupported(format!("fallocate mode {mode:#x}")));
+        }
+        let _data = self.inode_lock(ino).write();
+        let attr = self.regular_attr(ino)?;
+        let inline = {
+            let m = self.meta.lock();
+            match &m.state.get(ino).ok_or(FsError::NotFound)?.content {
+                Content::Inline(d) => Some(d.clone()),
+                _ => None,
+            }
+        };
+        if let Some(bytes) = inline.filter(|b| !b.is_empty()) {
+            self.write_range(ino, 0, &bytes)?;
+        }
+        let bs = self.geo.block_bytes;
+        for b in offset / bs..end.div_ceil(bs) {
+            let mut m = self.meta.lock();
+            let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+            if let Content::Blocks(map) = &inode.content {
+                if map.contains_key(&b) {
+                    continue;
+                }
+            }
+            let hint = BlockHint { file_key: ino, block_index: b, prev: None };
+            let extent = m
+                .alloc
+                .alloc_block(self.geo.data_pool, AllocKind::Data, hint)
+                .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "fallocate"))?;
+            let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
+            self.log(&mut m, vec![Change::MapBlock { ino, index: b, block }])?;
+        }
+        let mut m = self.meta.lock();
+        let mut a = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        if mode & FALLOC_FL_KEEP_SIZE == 0 && end > attr.size {
+            a.size = a.size.max(end);
+        }
+        a.ctime = self.now();
+        self.log(&mut m, vec![Change::PutAttr(a)])?;
+        Ok(())
+    }
+
+    fn punch_hole(&self, ino: Ino, offset: u64, end: u64) -> FsResult<()> {
+        let _data = self.inode_lock(ino).write();
+        let attr = self.regular_attr(ino)?;
+        let end = end.min(attr.size);
+        if offset >= end {
+            return Ok(());
+        }
+        let bs = self.geo.block_bytes;
+        let inline = {
+            let m = self.meta.lock();
+            matches!(m.state.get(ino).ok_or(FsError::NotFound)?.content, Content::Inline(_))
+        };
+        let mut lsn = 0;
+        for b in offset / bs..end.div_ceil(bs) {
+            let lo = offset.max(b * bs);
+            let hi = end.min((b + 1) * bs);
+            let whole = lo == b * bs && hi == (b + 1) * bs;
+            let mapped = {
+                let m = self.meta.lock();
+                match &m.state.get(ino).ok_or(FsError::NotFound)?.content {
+                    Content::Blocks(map) => map.contains_key(&b),
+                    _ => false,
+                }
+            };
+            if whole && mapped {
+                let mut m = self.meta.lock();
+                lsn = self.log(&mut m, vec![Change::Unmap { ino, index: b }])?;
+            } else if mapped || inline {
+                lsn = self.write_locked(ino, lo, &vec![0; (hi - lo) as usize])?;
+            }
+        }
+        // Unmapped blocks return to the allocator only once durable.
+        self.commit(lsn)
+    }
+
+    pub fn fsync(&self, _ino: Ino) -> FsResult<()> {
+        self.sync()
+    }
+}
+
+/// The extent of `r` and the sector infos covering bytes `lo..hi` of its block.
+fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<SectorInfo>) {
+    let first = (lo / SECTOR) as usize;
+    let last = (hi.div_ceil(SECTOR) as usize).min(r.sectors());
+    let infos = (first..last.max(first))
+        .map(|s| SectorInfo {
+            unwritten: r.is_unwritten(s),
+            crc: r.crcs[s],
+            alternative: r.pending.get(&(s as u32)).copied(),
+        })
+        .collect();
+    (r.extent, infos)
+}

@@ -1,0 +1,293 @@
+//! The file system descriptor: the one record that says what a file system is (geometry,
+//! disks, pools, where its log is) and where its last checkpoint lives.
+//!
+//! It is written to two alternating slots (A for even generations, B for odd) on up to
+//! three disks, chosen in distinct failure groups when possible, so that losing one disk or
+//! tearing one write never loses the descriptor. Mount reads every slot it can and takes the
+//! highest generation whose checksum verifies.
+//!
+//! Slot layout (little endian), padded to whole sectors:
+//!
+//! ```text
+//! 0        8          12           20        24       28       32
+//! +--------+----------+------------+---------+--------+--------+----------------------+
+//! | magic  | version  | generation | length  | crc32c | zero   | payload (postcard)   |
+//! | TSRFSD01 | u32 = 1 | u64        | u32     | u32    | u32    | `length` bytes       |
+//! +--------+----------+------------+---------+--------+--------+----------------------+
+//! ```
+//! The crc covers the payload; the generation is repeated inside the payload and must match.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tessera_alloc::{Extent, Placement, PoolId};
+use tessera_drive::{AlignedBuf, BlockDevice, SECTOR_BYTES};
+use tessera_journal::{JournalRegion, Lsn};
+use tessera_nsd::layout::{FS_DESCRIPTOR_MAGIC, FS_DESCRIPTOR_SLOT_BYTES, FS_DESCRIPTOR_SLOT_OFFSETS};
+use tessera_nsd::{DiskUsage, NsdId};
+
+use crate::error::{FsError, FsResult};
+
+const SLOT_VERSION: u32 = 1;
+const SLOT_HEADER_BYTES: usize = 32;
+/// How many disks keep a copy of the descriptor (GPFS keeps three on distinct failure groups).
+pub const DESCRIPTOR_REPLICAS_MAX: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AtimeMode {
+    /// Update atime on every read (`-S no`).
+    Update,
+    /// Never update atime on reads (`-S yes`).
+    Suppress,
+    /// Update atime when it is older than mtime/ctime or a day old (`-S relatime`).
+    Relatime,
+}
+
+impl AtimeMode {
+    pub fn as_flag(&self) -> &'static str {
+        match self {
+            AtimeMode::Update => "no",
+            AtimeMode::Suppress => "yes",
+            AtimeMode::Relatime => "relatime",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DiskStatus {
+    Ready,
+    Suspended,
+}
+
+/// One NSD as a member of the file system.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FsDisk {
+    pub index: u16,
+    pub nsd_name: String,
+    pub nsd_id: NsdId,
+    pub usage: DiskUsage,
+    pub failure_group: i32,
+    pub pool: PoolId,
+    pub size_bytes: u64,
+    /// Whole file-system blocks in the disk's data region.
+    pub blocks: u64,
+    pub holds_descriptor: bool,
+    pub status: DiskStatus,
+}
+
+/// Where the recovery log lives.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogInfo {
+    pub disk: u16,
+    pub region: JournalRegion,
+    pub log_id: [u8; 16],
+}
+
+/// One shard's checkpoint image: its inodes, serialized, in metadata blocks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardImage {
+    pub extents: Vec<Extent>,
+    pub bytes: u64,
+    pub crc32c: u32,
+    pub inodes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Journal records with an end LSN above this are replayed at mount.
+    pub replay_from: Lsn,
+    pub shards: Vec<ShardImage>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FsDescriptor {
+    pub fs_uuid: [u8; 16],
+    pub name: String,
+    pub created_unix: u64,
+    pub block_size: u32,
+    pub sub_block_size: u32,
+    pub inode_size: u32,
+    pub placement: Placement,
+    pub max_inodes: u64,
+    pub prealloc_inodes: u64,
+    pub shard_count: u32,
+    pub default_mount_point: String,
+    pub automount: bool,
+    pub atime: AtimeMode,
+    pub exact_mtime: bool,
+    pub estimated_nodes: u32,
+    pub max_metadata_replicas: u32,
+    pub max_data_replicas: u32,
+    pub disks: Vec<FsDisk>,
+    pub pools: Vec<String>,
+    pub log: LogInfo,
+    pub generation: u64,
+    pub checkpoint: Checkpoint,
+}
+
+impl FsDescriptor {
+    pub fn sub_blocks_per_block(&self) -> u32 {
+        self.block_size / self.sub_block_size
+    }
+
+    pub fn pool_name(&self, pool: PoolId) -> &str {
+        self.pools.get(pool as usize).map(String::as_str).unwrap_or("?")
+    }
+
+    pub fn uuid_hex(&self) -> String {
+        self.fs_uuid.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Byte offset on the disk of a sub-block address.
+    pub fn sub_block_offset(&self, sub_block: u64) -> u64 {
+        tessera_nsd::layout::data_start_bytes(u64::from(self.block_size))
+            + sub_block * u64::from(self.sub_block_size)
+    }
+
+    /// The pool that receives file data: `system` when it holds data disks, otherwise the
+    /// first pool that does (there is no placement policy engine yet).
+    pub fn data_pool(&self) -> PoolId {
+        let holds = |p: PoolId| self.disks.iter().any(|d| d.pool == p && d.usage.holds_data());
+        if holds(0) {
+            return 0;
+        }
+        (0..self.pools.len() as PoolId).find(|p| holds(*p)).unwrap_or(0)
+    }
+
+    fn encode_slot(&self) -> AlignedBuf {
+        let payload = postcard::to_stdvec(self).expect("descriptor serializes");
+        assert!(payload.len() + SLOT_HEADER_BYTES <= FS_DESCRIPTOR_SLOT_BYTES as usize);
+        let mut buf = AlignedBuf::zeroed(SLOT_HEADER_BYTES + payload.len());
+        buf[0..8].copy_from_slice(&FS_DESCRIPTOR_MAGIC);
+        buf[8..12].copy_from_slice(&SLOT_VERSION.to_le_bytes());
+        buf[12..20].copy_from_slice(&self.generation.to_le_bytes());
+        buf[20..24].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        buf[24..28].copy_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+        buf[SLOT_HEADER_BYTES..SLOT_HEADER_BYTES + payload.len()].copy_from_slice(&payload);
+        buf
+    }
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().unwrap())
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().unwrap())
+}
+
+/// Reads one slot. `Ok(None)` when the slot holds no descriptor at all; `Err` with the reason
+/// when it holds a damaged one.
+fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor>> {
+    let offset = FS_DESCRIPTOR_SLOT_OFFSETS[slot];
+    let mut head = AlignedBuf::zeroed(SECTOR_BYTES as usize);
+    dev.read_at(&mut head, offset)?;
+    if head[0..8] != FS_DESCRIPTOR_MAGIC {
+        return Ok(None);
+    }
+    let damaged = |why: &str| FsError::Corrupt(format!("{} descriptor slot {slot}: {why}", dev.name()));
+    if le_u32(&head[8..]) != SLOT_VERSION {
+        return Err(damaged("unknown descriptor version"));
+    }
+    let generation = le_u64(&head[12..]);
+    let len = le_u32(&head[20..]) as usize;
+    if len + SLOT_HEADER_BYTES > FS_DESCRIPTOR_SLOT_BYTES as usize {
+        return Err(damaged("length out of range"));
+    }
+    let mut buf = AlignedBuf::zeroed(SLOT_HEADER_BYTES + len);
+    dev.read_at(&mut buf, offset)?;
+    let payload = &buf[SLOT_HEADER_BYTES..SLOT_HEADER_BYTES + len];
+    if crc32c::crc32c(payload) != le_u32(&buf[24..]) {
+        return Err(damaged("checksum mismatch"));
+    }
+    let desc: FsDescriptor =
+        postcard::from_bytes(payload).map_err(|e| damaged(&format!("undecodable: {e}")))?;
+    if desc.generation != generation {
+        return Err(damaged("generation mismatch"));
+    }
+    Ok(Some(desc))
+}
+
+/// Writes `desc` into the slot of its generation on every descriptor disk, then flushes.
+/// Succeeds when at least one copy is durable; the caller decides whether fewer copies than
+/// planned is acceptable.
+pub fn write_descriptor(
+    desc: &FsDescriptor,
+    devices: &[Option<Arc<dyn BlockDevice>>],
+) -> FsResult<usize> {
+    let buf = desc.encode_slot();
+    let slot = (desc.generation % 2) as usize;
+    let mut written = 0;
+    let mut last_err = None;
+    for disk in desc.disks.iter().filter(|d| d.holds_descriptor) {
+        let Some(dev) = devices.get(disk.index as usize).and_then(|d| d.as_ref()) else {
+            continue;
+        };
+        match dev.write_at(&buf, FS_DESCRIPTOR_SLOT_OFFSETS[slot]).and_then(|()| dev.flush()) {
+            Ok(()) => written += 1,
+            Err(e) => {
+                tracing::error!("writing descriptor to {}: {e}", dev.name());
+                last_err = Some(e);
+            }
+        }
+    }
+    if written == 0 {
+        return Err(match last_err {
+            Some(e) => FsError::Io(e),
+            None => FsError::NoDescriptor("no descriptor disk is available".into()),
+        });
+    }
+    Ok(written)
+}
+
+/// Finds the newest valid descriptor on any of `devices`.
+pub fn read_descriptor(devices: &[Arc<dyn BlockDevice>]) -> FsResult<FsDescriptor> {
+    let mut best: Option<FsDescriptor> = None;
+    let mut problems = Vec::new();
+    for dev in devices {
+        for slot in 0..2 {
+            match read_slot(dev.as_ref(), slot) {
+                Ok(Some(d)) => {
+                    if let Some(b) = &best {
+                        if b.fs_uuid != d.fs_uuid {
+                            return Err(FsError::Corrupt(format!(
+                                "{} belongs to file system {} but {} was expected",
+                                dev.name(),
+                                d.name,
+                                b.name
+                            )));
+                        }
+                    }
+                    if best.as_ref().is_none_or(|b| d.generation > b.generation) {
+                        best = Some(d);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+    }
+    for p in &problems {
+        tracing::warn!("{p}");
+    }
+    best.ok_or_else(|| {
+        let why = if problems.is_empty() {
+            "none of the disks holds a Tessera file system descriptor".to_string()
+        } else {
+            problems.join("; ")
+        };
+        FsError::NoDescriptor(why)
+    })
+}
+
+/// Destroys the descriptor slots so the disks no longer belong to a file system.
+pub fn erase_descriptors(devices: &[Arc<dyn BlockDevice>]) -> FsResult<()> {
+    let zero = AlignedBuf::zeroed(SECTOR_BYTES as usize);
+    for dev in devices {
+        for offset in FS_DESCRIPTOR_SLOT_OFFSETS {
+            dev.write_at(&zero, offset)?;
+        }
+        dev.flush()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! Errors of the file-system core. Every variant maps to an errno at the FUSE edge and
+//! carries enough words to tell an administrator what to do.
+
+use std::io;
+
+use tessera_alloc::AllocError;
+use tessera_journal::JournalError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("file name too long (the limit is 255 bytes)")]
+    NameTooLong,
+    #[error("operation not supported: {0}")]
+    NotSupported(String),
+    #[error("no such attribute")]
+    NoXattr,
+    #[error("attribute value does not fit the {size}-byte buffer")]
+    Range { size: usize },
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("file too large")]
+    FileTooLarge,
+    #[error("no space left in storage pool '{pool}' for {what}; add disks or delete files")]
+    NoSpace { pool: String, what: &'static str },
+    #[error("inode limit of {max} reached; raise it with --inode-limit or delete files")]
+    NoInodes { max: u64 },
+    #[error("checksum mismatch on NSD {nsd} at byte {offset} (file inode {ino}); the data is not returned")]
+    Checksum { nsd: String, offset: u64, ino: u64 },
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("journal: {0}")]
+    Journal(#[from] JournalError),
+    #[error("corrupt file system metadata: {0}; run `tessera fsck DEVICE -n` to inspect")]
+    Corrupt(String),
+    #[error("disk {nsd} of file system {fs} is not available: {reason}")]
+    MissingDisk { fs: String, nsd: String, reason: String },
+    #[error("no valid file system descriptor found: {0}")]
+    NoDescriptor(String),
+    #[error("read-only file system")]
+    ReadOnly,
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl FsError {
+    /// The errno a POSIX caller sees.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::Invalid(_) | FsError::Usage(_) => libc::EINVAL,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::NotSupported(_) => libc::EOPNOTSUPP,
+            FsError::NoXattr => libc::ENODATA,
+            FsError::Range { .. } => libc::ERANGE,
+            FsError::TooManyLinks => libc::EMLINK,
+            FsError::FileTooLarge => libc::EFBIG,
+            FsError::NoSpace { .. } | FsError::NoInodes { .. } => libc::ENOSPC,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::Journal(JournalError::Full { .. }) => libc::ENOSPC,
+            FsError::Checksum { .. }
+            | FsError::Io(_)
+            | FsError::Journal(_)
+            | FsError::Corrupt(_)
+            | FsError::MissingDisk { .. }
+            | FsError::NoDescriptor(_) => libc::EIO,
+        }
+    }
+
+    pub(crate) fn from_alloc(e: AllocError, pool: &str, what: &'static str) -> FsError {
+        match e {
+            AllocError::NoSpace { .. } => FsError::NoSpace { pool: pool.to_string(), what },
+            other => FsError::Corrupt(format!("allocation map: {other}")),
+        }
+    }
+}
+
+pub type FsResult<T> = Result<T, FsError>;

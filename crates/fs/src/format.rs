@@ -1,0 +1,302 @@
+//! Creating a file system on a set of NSDs (mmcrfs).
+
+use std::sync::Arc;
+
+use tessera_alloc::{AllocKind, Placement, PoolId};
+use tessera_drive::BlockDevice;
+use tessera_journal::JournalRegion;
+use tessera_nsd::{DiskUsage, NsdId};
+
+use crate::descriptor::{
+    write_descriptor, AtimeMode, Checkpoint, DiskStatus, FsDescriptor, FsDisk, LogInfo,
+    DESCRIPTOR_REPLICAS_MAX,
+};
+use crate::error::{FsError, FsResult};
+use crate::inode::{Attr, FileKind, Timestamp, ROOT_INO};
+use crate::meta::Change;
+
+pub const BLOCK_BYTES_MIN: u32 = 64 << 10;
+pub const BLOCK_BYTES_MAX: u32 = 16 << 20;
+pub const INODE_SIZES: [u32; 3] = [512, 1024, 4096];
+/// Sub-blocks per block at most, as in GPFS 5 (a 4 MiB block has 8 KiB sub-blocks).
+const SUB_BLOCKS_PER_BLOCK_MAX: u32 = 512;
+const SHARDS_MAX: u32 = 1024;
+
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    pub name: String,
+    pub block_size: u32,
+    pub inode_size: u32,
+    pub placement: Placement,
+    pub max_inodes: u64,
+    pub prealloc_inodes: u64,
+    pub shard_count: u32,
+    pub default_mount_point: String,
+    pub automount: bool,
+    pub atime: AtimeMode,
+    pub exact_mtime: bool,
+    pub estimated_nodes: u32,
+    pub max_metadata_replicas: u32,
+    pub max_data_replicas: u32,
+    /// Recovery log size (`-L`).
+    pub log_bytes: u64,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            name: "fs1".into(),
+            block_size: 4 << 20,
+            inode_size: 4096,
+            placement: Placement::Scatter,
+            max_inodes: 1_000_000,
+            prealloc_inodes: 0,
+            shard_count: 8,
+            default_mount_point: "/gpfs/fs1".into(),
+            automount: true,
+            atime: AtimeMode::Update,
+            exact_mtime: true,
+            estimated_nodes: 32,
+            max_metadata_replicas: 2,
+            max_data_replicas: 2,
+            log_bytes: 64 << 20,
+        }
+    }
+}
+
+pub struct DiskSpec {
+    pub nsd_name: String,
+    pub nsd_id: NsdId,
+    pub usage: DiskUsage,
+    pub failure_group: i32,
+    pub pool: String,
+    pub device: Arc<dyn BlockDevice>,
+}
+
+/// A step of formatting, for a progress display.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    pub phase: String,
+    pub done: u64,
+    pub total: u64,
+}
+
+fn usage_err(msg: String) -> FsError {
+    FsError::Usage(msg)
+}
+
+fn validate(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
+    let bs = opts.block_size;
+    if !bs.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&bs) {
+        return Err(usage_err(format!(
+            "block size {bs} is not supported; use a power of two from 64K to 16M (e.g. -B 1M or -B 4M)"
+        )));
+    }
+    if !INODE_SIZES.contains(&opts.inode_size) {
+        return Err(usage_err(format!(
+            "inode size {} is not supported; use 512, 1K or 4K",
+            opts.inode_size
+        )));
+    }
+    if !(1..=SHARDS_MAX).contains(&opts.shard_count) {
+        return Err(usage_err(format!("shard count must be 1..={SHARDS_MAX}")));
+    }
+    if disks.is_empty() {
+        return Err(usage_err("no disks given; list the NSDs in the stanza file".into()));
+    }
+    if !disks.iter().any(|d| d.pool == "system" && d.usage.holds_metadata()) {
+        return Err(usage_err(
+            "the system pool has no disk that holds metadata; give at least one NSD \
+             usage=dataAndMetadata or usage=metadataOnly in pool=system"
+                .into(),
+        ));
+    }
+    if !disks.iter().any(|d| d.usage.holds_data()) {
+        return Err(usage_err(
+            "no disk holds data; give at least one NSD usage=dataAndMetadata or usage=dataOnly"
+                .into(),
+        ));
+    }
+    for d in disks {
+        if d.usage.holds_metadata() && d.pool != "system" {
+            return Err(usage_err(format!(
+                "NSD {}: metadata can only be stored in the system pool; use usage=dataOnly \
+                 for pool {}",
+                d.nsd_name, d.pool
+            )));
+        }
+        let min = tessera_nsd::layout::data_start_bytes(u64::from(bs)) + 2 * u64::from(bs);
+        if d.device.size_bytes() < min {
+            return Err(usage_err(format!(
+                "NSD {} ({}) has {} bytes, too small for block size {bs}; it needs at least {min}",
+                d.nsd_name,
+                d.device.name(),
+                d.device.size_bytes()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Picks up to three descriptor disks, preferring distinct failure groups.
+fn descriptor_disks(disks: &[FsDisk]) -> Vec<u16> {
+    let mut chosen: Vec<u16> = Vec::new();
+    let mut groups = Vec::new();
+    let candidates = disks.iter().filter(|d| d.usage != DiskUsage::DataOnly);
+    for d in candidates.clone() {
+        if chosen.len() < DESCRIPTOR_REPLICAS_MAX && !groups.contains(&d.failure_group) {
+            chosen.push(d.index);
+            groups.push(d.failure_group);
+        }
+    }
+    for d in candidates {
+        if chosen.len() < DESCRIPTOR_REPLICAS_MAX && !chosen.contains(&d.index) {
+            chosen.push(d.index);
+        }
+    }
+    chosen
+}
+
+/// Formats a new file system on `disks`. On failure the disks' descriptor slots are erased so
+/// nothing half-made is left behind.
+pub fn format(
+    disks: Vec<DiskSpec>,
+    opts: &FormatOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> FsResult<FsDescriptor> {
+    validate(&disks, opts)?;
+    let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
+    let result = format_inner(disks, opts, progress);
+    if result.is_err() {
+        let _ = erase(&devices);
+    }
+    result
+}
+
+fn format_inner(
+    disks: Vec<DiskSpec>,
+    opts: &FormatOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> FsResult<FsDescriptor> {
+    let bs = u64::from(opts.block_size);
+    let sub_block_size = (opts.block_size / SUB_BLOCKS_PER_BLOCK_MAX).max(4096);
+    let data_start = tessera_nsd::layout::data_start_bytes(bs);
+    let mut pools: Vec<String> = vec!["system".into()];
+    let mut fs_disks = Vec::with_capacity(disks.len());
+    for (i, d) in disks.iter().enumerate() {
+        if !pools.contains(&d.pool) {
+            pools.push(d.pool.clone());
+        }
+        let pool = pools.iter().position(|p| *p == d.pool).expect("added") as PoolId;
+        let blocks = if d.usage == DiskUsage::DescOnly {
+            0
+        } else {
+            (d.device.size_bytes() - data_start) / bs
+        };
+        fs_disks.push(FsDisk {
+            index: i as u16,
+            nsd_name: d.nsd_name.clone(),
+            nsd_id: d.nsd_id,
+            usage: d.usage,
+            failure_group: d.failure_group,
+            pool,
+            size_bytes: d.device.size_bytes(),
+            blocks,
+            holds_descriptor: false,
+            status: DiskStatus::Ready,
+        });
+    }
+    for i in descriptor_disks(&fs_disks) {
+        fs_disks[i as usize].holds_descriptor = true;
+    }
+    let mut desc = FsDescriptor {
+        fs_uuid: rand::random(),
+        name: opts.name.clone(),
+        created_unix: Timestamp::now().secs as u64,
+        block_size: opts.block_size,
+        sub_block_size,
+        inode_size: opts.inode_size,
+        placement: opts.placement,
+        max_inodes: opts.max_inodes,
+        prealloc_inodes: opts.prealloc_inodes,
+        shard_count: opts.shard_count,
+        default_mount_point: opts.default_mount_point.clone(),
+        automount: opts.automount,
+        atime: opts.atime,
+        exact_mtime: opts.exact_mtime,
+        estimated_nodes: opts.estimated_nodes,
+        max_metadata_replicas: opts.max_metadata_replicas,
+        max_data_replicas: opts.max_data_replicas,
+        disks: fs_disks,
+        pools,
+        log: LogInfo { disk: 0, region: JournalRegion { offset: 0, bytes: 0 }, log_id: [0; 16] },
+        generation: 0,
+        checkpoint: Checkpoint { replay_from: 0, shards: Vec::new() },
+    };
+    let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
+    let total = devices.len() as u64 + 3;
+    let mut step = 0;
+    let mut report = |phase: &str, step: &mut u64| {
+        *step += 1;
+        progress(Progress { phase: phase.to_string(), done: *step, total });
+    };
+    for dev in &devices {
+        // Old descriptors from an earlier file system must not be found later.
+        crate::descriptor::erase_descriptors(std::slice::from_ref(dev))?;
+        report(&format!("Clearing descriptor area of {}", dev.name()), &mut step);
+    }
+    let mut alloc = crate::recovery::new_alloc(&desc);
+    let log_blocks = opts.log_bytes.div_ceil(bs).max((1 << 20) / bs).max(1);
+    let (start, count) = alloc
+        .alloc_contiguous_blocks(0, AllocKind::Metadata, log_blocks)
+        .map_err(|_| {
+            usage_err(format!(
+                "no metadata disk has {} contiguous bytes for the recovery log; use a smaller -L",
+                log_blocks * bs
+            ))
+        })?;
+    desc.log = LogInfo {
+        disk: start.disk,
+        region: JournalRegion { offset: desc.sub_block_offset(start.sub_block), bytes: count * bs },
+        log_id: rand::random(),
+    };
+    tessera_journal::format(devices[start.disk as usize].as_ref(), desc.log.region, desc.log.log_id)?;
+    report("Creating the recovery log", &mut step);
+    let state = root_state(opts);
+    let images = crate::checkpoint::format_images(&desc, &devices, &mut alloc, &state)?;
+    desc.checkpoint = Checkpoint { replay_from: 0, shards: images };
+    report("Creating the inode file", &mut step);
+    desc.generation = 1;
+    let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
+    write_descriptor(&desc, &slots)?;
+    report("Writing file system descriptors", &mut step);
+    Ok(desc)
+}
+
+fn root_state(opts: &FormatOptions) -> crate::meta::MetaState {
+    let mut state = crate::meta::MetaState::new(opts.shard_count);
+    let now = Timestamp::now();
+    let root = Attr {
+        ino: ROOT_INO,
+        kind: FileKind::Directory,
+        perm: 0o755,
+        uid: 0,
+        gid: 0,
+        nlink: 2,
+        size: 0,
+        rdev: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        generation: 0,
+    };
+    state.apply(&Change::PutAttr(root)).expect("fresh state");
+    state.apply(&Change::SetParent { dir: ROOT_INO, parent: ROOT_INO }).expect("root exists");
+    state
+}
+
+/// Erases the file system descriptors on `devices` (mmdelfs); the NSDs stay.
+pub fn erase(devices: &[Arc<dyn BlockDevice>]) -> FsResult<()> {
+    crate::descriptor::erase_descriptors(devices)
+}

@@ -1,0 +1,326 @@
+//! The mounted file system: the metanode state of every shard, the recovery log, the
+//! allocation map, and the operations the access layer (FUSE) calls.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use tessera_alloc::{AllocMap, Extent, PoolId};
+use tessera_drive::BlockDevice;
+use tessera_journal::{Journal, JournalError, Lsn};
+use tessera_nsd::NsdId;
+
+use crate::descriptor::{read_descriptor, AtimeMode, FsDescriptor};
+use crate::error::{FsError, FsResult};
+use crate::inode::{Ino, Timestamp};
+use crate::meta::{Change, MetaState};
+use crate::pmon::{Pmon, PmonSnapshot};
+
+pub use crate::namespace::{DirListing, SetAttr, StatFs};
+
+/// Striped per-inode data locks: writers of one file serialize (read-modify-write of a block
+/// must not interleave), readers share. A fixed stripe count bounds memory.
+const INODE_LOCK_STRIPES: usize = 1024;
+/// How often the background flusher commits the log when nobody asked for fsync.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(5);
+/// Checkpoint when the log is fuller than this fraction, so appends rarely find it full.
+const CHECKPOINT_LOG_FRACTION: f64 = 0.5;
+
+/// Fixed facts derived from the descriptor, copied out so hot paths need no lock.
+#[derive(Clone, Debug)]
+pub(crate) struct Geometry {
+    pub block_bytes: u64,
+    pub sub_block_bytes: u64,
+    /// Where block 0 starts on every disk.
+    pub data_start_bytes: u64,
+    pub sub_blocks_per_block: u32,
+    pub inline_max_bytes: usize,
+    pub data_pool: PoolId,
+    pub data_pool_name: String,
+    pub atime: AtimeMode,
+    pub max_inodes: u64,
+}
+
+/// Everything guarded by the metadata lock.
+pub(crate) struct Meta {
+    pub state: MetaState,
+    pub alloc: AllocMap,
+    /// Extents released by logged changes; they return to the allocator only once the change
+    /// that released them is durable, so a crash can never expose reused blocks to their
+    /// previous owner.
+    pub pending_free: Vec<(Lsn, Extent)>,
+    /// Open handles per inode, so an unlinked file lives until its last close.
+    pub open: HashMap<Ino, u32>,
+}
+
+pub struct FileSystem {
+    pub(crate) desc: Mutex<FsDescriptor>,
+    pub(crate) devices: Vec<Arc<dyn BlockDevice>>,
+    pub(crate) meta: Mutex<Meta>,
+    pub(crate) journal: Journal,
+    pub(crate) geo: Geometry,
+    pub(crate) pmon: Pmon,
+    inode_locks: Vec<RwLock<()>>,
+    checkpoint_lock: Mutex<()>,
+    stop: (Mutex<bool>, Condvar),
+    flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
+    unmounted: AtomicBool,
+}
+
+impl std::fmt::Debug for FileSystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileSystem({})", self.geo.data_pool_name)
+    }
+}
+
+impl FileSystem {
+    /// Mounts the file system found on `disks`: reads the newest descriptor, loads every
+    /// shard's checkpoint, replays the recovery log, rebuilds the allocation map and reclaims
+    /// inodes that were unlinked while open when the previous owner stopped.
+    pub fn mount(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>) -> FsResult<Arc<FileSystem>> {
+        let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
+        let desc = read_descriptor(&all)?;
+        let devices = crate::recovery::match_devices(&desc, &disks)?;
+        let recovered = crate::recovery::recover(&desc, &devices)?;
+        if !recovered.conflicts.is_empty() {
+            return Err(FsError::Corrupt(format!(
+                "{} block(s) claimed twice, first: {}",
+                recovered.conflicts.len(),
+                recovered.conflicts[0]
+            )));
+        }
+        let geo = geometry(&desc);
+        let fs = Arc::new(FileSystem {
+            desc: Mutex::new(desc),
+            devices,
+            meta: Mutex::new(Meta {
+                state: recovered.state,
+                alloc: recovered.alloc,
+                pending_free: Vec::new(),
+                open: HashMap::new(),
+            }),
+            journal: recovered.journal,
+            geo,
+            pmon: Pmon::default(),
+            inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            checkpoint_lock: Mutex::new(()),
+            stop: (Mutex::new(false), Condvar::new()),
+            flusher: Mutex::new(None),
+            unmounted: AtomicBool::new(false),
+        });
+        fs.reclaim_orphans()?;
+        let weak = Arc::downgrade(&fs);
+        let handle = std::thread::Builder::new()
+            .name("tessera-flusher".into())
+            .spawn(move || flusher(weak))
+            .expect("spawn flusher");
+        *fs.flusher.lock() = Some(handle);
+        Ok(fs)
+    }
+
+    /// Frees inodes whose last link went away while they were open.
+    fn reclaim_orphans(&self) -> FsResult<()> {
+        let mut m = self.meta.lock();
+        let orphans: Vec<Ino> = m
+            .state
+            .shards
+            .iter()
+            .flat_map(|s| s.inodes.values())
+            .filter(|i| i.attr.nlink == 0)
+            .map(|i| i.attr.ino)
+            .collect();
+        for ino in &orphans {
+            tracing::info!("reclaiming orphan inode {ino}");
+            self.log(&mut m, vec![Change::FreeInode { ino: *ino }])?;
+        }
+        Ok(())
+    }
+
+    pub fn descriptor(&self) -> FsDescriptor {
+        self.desc.lock().clone()
+    }
+
+    pub fn pmon(&self) -> PmonSnapshot {
+        self.pmon.snapshot()
+    }
+
+    pub(crate) fn inode_lock(&self, ino: Ino) -> &RwLock<()> {
+        &self.inode_locks[(ino % INODE_LOCK_STRIPES as u64) as usize]
+    }
+
+    /// Logs a transaction and applies it. The caller holds the metadata lock, so log order is
+    /// apply order.
+    pub(crate) fn log(&self, m: &mut Meta, changes: Vec<Change>) -> FsResult<Lsn> {
+        let record = postcard::to_stdvec(&changes).expect("changes serialize");
+        let lsn = match self.journal.append(&record) {
+            Ok(lsn) => lsn,
+            Err(JournalError::Full { .. }) => {
+                self.checkpoint_locked(m)?;
+                self.journal.append(&record)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for change in &changes {
+            let freed = m
+                .state
+                .apply(change)
+                .unwrap_or_else(|e| panic!("metanode built a change it cannot apply: {e}"));
+            m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
+        }
+        self.pmon.inode_update();
+        Ok(lsn)
+    }
+
+    /// Makes every change logged up to `lsn` durable. Data blocks are flushed first: a logged
+    /// change may reference data written just before it, and the log must never promise data
+    /// the drives could still lose.
+    pub(crate) fn commit(&self, lsn: Lsn) -> FsResult<()> {
+        if self.journal.durable_lsn() >= lsn {
+            return Ok(());
+        }
+        self.flush_devices()?;
+        self.journal.commit(lsn)?;
+        self.release_frees();
+        Ok(())
+    }
+
+    /// Commits everything logged so far (fsync, sync, periodic flush).
+    pub fn sync(&self) -> FsResult<()> {
+        let lsn = self.journal.appended_lsn();
+        self.commit(lsn)
+    }
+
+    fn flush_devices(&self) -> FsResult<()> {
+        for dev in &self.devices {
+            dev.flush()?;
+        }
+        Ok(())
+    }
+
+    fn release_frees(&self) {
+        let durable = self.journal.durable_lsn();
+        let mut m = self.meta.lock();
+        release_frees_upto(&mut m, durable);
+    }
+
+    /// Writes a checkpoint if the log is getting full.
+    pub fn maybe_checkpoint(&self) -> FsResult<()> {
+        let used = self.journal.used_bytes() as f64;
+        if used > self.journal.capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Writes every shard's image and a new descriptor, then trims the log.
+    pub fn checkpoint(&self) -> FsResult<()> {
+        let _one = self.checkpoint_lock.lock();
+        let mut m = self.meta.lock();
+        self.checkpoint_locked(&mut m)
+    }
+
+    fn checkpoint_locked(&self, m: &mut Meta) -> FsResult<()> {
+        let lsn = self.journal.appended_lsn();
+        // Pages up to the checkpoint LSN must exist on disk so that replay can find the first
+        // record after it.
+        self.commit_locked_journal(lsn)?;
+        let mut desc = self.desc.lock().clone();
+        let old = std::mem::take(&mut desc.checkpoint.shards);
+        let images = crate::checkpoint::write_images(self, m)?;
+        desc.generation += 1;
+        desc.checkpoint = crate::descriptor::Checkpoint { replay_from: lsn, shards: images };
+        let devices: Vec<_> = self.devices.iter().cloned().map(Some).collect();
+        crate::descriptor::write_descriptor(&desc, &devices)?;
+        *self.desc.lock() = desc;
+        self.journal.set_tail(lsn);
+        for extent in old.iter().flat_map(|s| s.extents.iter()) {
+            m.alloc.free(*extent).expect("old checkpoint extents were allocated");
+        }
+        release_frees_upto(m, lsn);
+        Ok(())
+    }
+
+    fn commit_locked_journal(&self, lsn: Lsn) -> FsResult<()> {
+        if self.journal.durable_lsn() < lsn {
+            self.flush_devices()?;
+            self.journal.commit(lsn)?;
+        }
+        Ok(())
+    }
+
+    /// Final checkpoint and stop. Later calls do nothing.
+    pub fn unmount(&self) -> FsResult<()> {
+        if self.unmounted.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(h) = self.flusher.lock().take() {
+            let _ = h.join();
+        }
+        self.sync()?;
+        self.checkpoint()
+    }
+
+    pub(crate) fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+
+    pub(crate) fn check_inode_limit(&self, m: &Meta) -> FsResult<()> {
+        if m.state.inode_count() >= self.geo.max_inodes {
+            return Err(FsError::NoInodes { max: self.geo.max_inodes });
+        }
+        Ok(())
+    }
+}
+
+fn release_frees_upto(m: &mut Meta, durable: Lsn) {
+    let mut keep = Vec::with_capacity(m.pending_free.len());
+    for (lsn, extent) in std::mem::take(&mut m.pending_free) {
+        if lsn <= durable {
+            if let Err(e) = m.alloc.free(extent) {
+                panic!("freeing {extent:?} released by lsn {lsn}: {e}");
+            }
+        } else {
+            keep.push((lsn, extent));
+        }
+    }
+    m.pending_free = keep;
+}
+
+pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {
+    let data_pool = desc.data_pool();
+    Geometry {
+        block_bytes: u64::from(desc.block_size),
+        sub_block_bytes: u64::from(desc.sub_block_size),
+        data_start_bytes: tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size)),
+        sub_blocks_per_block: desc.sub_blocks_per_block(),
+        // Room is left in the inode for attributes and a few extended attributes.
+        inline_max_bytes: (desc.inode_size as usize).saturating_sub(256),
+        data_pool,
+        data_pool_name: desc.pool_name(data_pool).to_string(),
+        atime: desc.atime,
+        max_inodes: desc.max_inodes,
+    }
+}
+
+fn flusher(fs: Weak<FileSystem>) {
+    loop {
+        let Some(fs) = fs.upgrade() else { return };
+        {
+            let mut stop = fs.stop.0.lock();
+            if *stop {
+                return;
+            }
+            fs.stop.1.wait_for(&mut stop, COMMIT_INTERVAL);
+            if *stop {
+                return;
+            }
+        }
+        if let Err(e) = fs.sync().and_then(|()| fs.maybe_checkpoint()) {
+            tracing::error!("background commit failed: {e}");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Inodes as the metanode keeps them: attributes, extended attributes, and content (inline
+//! bytes, a block map with per-sector checksums, or a directory).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tessera_alloc::Extent;
+
+/// Inode number. The shard that owns an inode is `ino % shard_count`.
+pub type Ino = u64;
+
+/// The root directory's inode number (FUSE's FUSE_ROOT_ID).
+pub const ROOT_INO: Ino = 1;
+
+/// Checksum granularity: one crc32c per 4 KiB sector. A sector is the atomic write unit of
+/// the drives, so a torn write never mixes old and new bytes inside one checksum.
+pub const CSUM_SECTOR_BYTES: u64 = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nsecs: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() }
+    }
+}
+
+/// The fixed-size part of an inode; journaled whole on every change because it is small.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits including setuid, setgid and sticky (mode & 0o7777).
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub rdev: u32,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+    /// Bumped when the inode number is reused, so stale handles can be told apart.
+    pub generation: u32,
+}
+
+/// A file block: where it lives and the checksum of every sector in it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRef {
+    pub extent: Extent,
+    /// crc32c of each 4 KiB sector; meaningful only for written sectors.
+    pub crcs: Vec<u32>,
+    /// One bit per sector: set while the sector was allocated but never written, so it
+    /// reads as zeros (fallocate, partial writes of a fresh block).
+    pub unwritten: Vec<u64>,
+    /// Sectors overwritten in place whose write may not have reached the disk before a
+    /// crash: the sector holds either the data of `crcs` or the older data of this crc.
+    pub pending: BTreeMap<u32, u32>,
+}
+
+impl BlockRef {
+    pub fn new_unwritten(extent: Extent, sectors: usize) -> BlockRef {
+        let mut unwritten = vec![0u64; sectors.div_ceil(64)];
+        for s in 0..sectors {
+            unwritten[s / 64] |= 1 << (s % 64);
+        }
+        BlockRef { extent, crcs: vec![0; sectors], unwritten, pending: BTreeMap::new() }
+    }
+
+    pub fn sectors(&self) -> usize {
+        self.crcs.len()
+    }
+
+    pub fn is_unwritten(&self, sector: usize) -> bool {
+        self.unwritten.get(sector / 64).is_some_and(|w| w & (1 << (sector % 64)) != 0)
+    }
+
+    pub fn set_written(&mut self, sector: usize, crc: u32) {
+        self.crcs[sector] = crc;
+        if let Some(w) = self.unwritten.get_mut(sector / 64) {
+            *w &= !(1 << (sector % 64));
+        }
+    }
+
+    pub fn any_written(&self) -> bool {
+        (0..self.sectors()).any(|s| !self.is_unwritten(s))
+    }
+}
+
+/// A directory entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Position of the entry for readdir; stable while the directory changes.
+    pub cookie: u64,
+}
+
+/// A directory: a name index and a cookie index, so that lookups are O(log n) and a readdir
+/// resumed at any cookie sees every entry that was not removed meanwhile exactly once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Directory {
+    /// The directory's parent (`..`); the root is its own parent.
+    pub parent: Ino,
+    pub entries: BTreeMap<Vec<u8>, DirEntry>,
+    pub by_cookie: BTreeMap<u64, Vec<u8>>,
+    pub next_cookie: u64,
+}
+
+impl Directory {
+    pub fn new() -> Directory {
+        // Cookies 0..=2 are left to ".", ".." and the kernel's initial offset.
+        Directory { next_cookie: 3, ..Default::default() }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Content {
+    /// Small file data or a symlink target, stored in the inode.
+    Inline(Vec<u8>),
+    /// File blocks by block index (sparse: holes are absent).
+    Blocks(BTreeMap<u64, BlockRef>),
+    Dir(Directory),
+    /// Special files (devices, fifos, sockets) have no content.
+    None,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub attr: Attr,
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub content: Content,
+}
+
+impl Inode {
+    pub fn dir(&self) -> Option<&Directory> {
+        match &self.content {
+            Content::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+}

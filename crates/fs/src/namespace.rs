@@ -1,0 +1,616 @@
+//! Namespace operations: lookups, creation, removal, rename, links, attributes, extended
+//! attributes. Each is one logged transaction under the metadata lock.
+
+use crate::error::{FsError, FsResult};
+use crate::fs::{FileSystem, Meta};
+use crate::inode::{Attr, Content, DirEntry, FileKind, Ino, Timestamp, ROOT_INO};
+use crate::meta::Change;
+
+/// Longest file name in bytes, as on every Linux file system.
+pub const NAME_BYTES_MAX: usize = 255;
+/// Longest symlink target (PATH_MAX less the terminating NUL).
+pub const SYMLINK_BYTES_MAX: usize = 4095;
+pub const LINKS_MAX: u32 = 65_000;
+const XATTR_NAME_BYTES_MAX: usize = 255;
+const XATTR_VALUE_BYTES_MAX: usize = 65_536;
+/// Entries returned per readdir call at most; the kernel asks again with the last cookie.
+const READDIR_BATCH_MAX: usize = 1024;
+
+/// Attribute changes requested by `setattr`; `None` leaves a field alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug)]
+pub struct DirListing {
+    /// `(cookie, ino, kind, name)`; resume after the last cookie.
+    pub entries: Vec<(u64, Ino, FileKind, Vec<u8>)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct StatFs {
+    pub block_bytes: u64,
+    pub fragment_bytes: u64,
+    pub fragments_total: u64,
+    pub fragments_free: u64,
+    pub inodes_total: u64,
+    pub inodes_free: u64,
+    pub name_bytes_max: u32,
+}
+
+fn check_name(name: &[u8]) -> FsResult<()> {
+    if name.len() > NAME_BYTES_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(FsError::Invalid(format!("bad file name {:?}", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+fn check_xattr_name(name: &[u8]) -> FsResult<()> {
+    if name.len() > XATTR_NAME_BYTES_MAX || name.is_empty() {
+        return Err(FsError::Range { size: XATTR_NAME_BYTES_MAX });
+    }
+    let supported = [&b"user."[..], b"trusted.", b"security."];
+    if !supported.iter().any(|p| name.starts_with(p)) {
+        return Err(FsError::NotSupported(format!(
+            "extended attribute namespace of {:?}; use user.*",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+/// The identity of the caller creating an object.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl FileSystem {
+    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        let m = self.meta.lock();
+        Ok(m.state.get(ino).ok_or(FsError::NotFound)?.attr)
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        if name.len() > NAME_BYTES_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        let m = self.meta.lock();
+        let dir = m.state.get(parent).ok_or(FsError::NotFound)?.dir().ok_or(FsError::NotDir)?;
+        let target = match name {
+            b"." => parent,
+            b".." => dir.parent,
+            _ => dir.entries.get(name).ok_or(FsError::NotFound)?.ino,
+        };
+        Ok(m.state.get(target).ok_or(FsError::NotFound)?.attr)
+    }
+
+    /// Creates a file, directory, symlink or special file in `parent`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_node(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+        symlink_target: Option<&[u8]>,
+    ) -> FsResult<Attr> {
+        check_name(name)?;
+        let mut m = self.meta.lock();
+        self.check_inode_limit(&m)?;
+        let pattr = self.dir_attr(&m, parent)?;
+        if pattr.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        if m.state.get(parent).and_then(|p| p.dir()).is_some_and(|d| d.entries.contains_key(name))
+        {
+            return Err(FsError::Exists);
+        }
+        if kind == FileKind::Directory && pattr.nlink >= LINKS_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        // Files live in their directory's shard; directories spread over all shards so the
+        // namespace, and later its metanodes, balance.
+        let shard = if kind == FileKind::Directory {
+            let n = m.state.shard_count();
+            (m.state.inode_count() % n) as usize
+        } else {
+            m.state.shard_of(parent)
+        };
+        let ino = m.state.allocate_ino(shard);
+        let now = self.now();
+        // BSD group semantics of a setgid directory, as ext4 and XFS implement them.
+        let setgid_dir = pattr.perm & 0o2000 != 0;
+        let gid = if setgid_dir { pattr.gid } else { caller.gid };
+        let mut perm = (mode & 0o7777) as u16;
+        if setgid_dir && kind == FileKind::Directory {
+            perm |= 0o2000;
+        }
+        let attr = Attr {
+            ino,
+            kind,
+            perm,
+            uid: caller.uid,
+            gid,
+            nlink: if kind == FileKind::Directory { 2 } else { 1 },
+            size: symlink_target.map_or(0, |t| t.len() as u64),
+            rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            generation: 0,
+        };
+        let cookie = m.state.get(parent).and_then(|p| p.dir()).map_or(3, |d| d.next_cookie);
+        let mut pattr = pattr;
+        pattr.mtime = now;
+        pattr.ctime = now;
+        if kind == FileKind::Directory {
+            pattr.nlink += 1;
+        }
+        let mut changes = vec![Change::PutAttr(attr)];
+        if kind == FileKind::Directory {
+            changes.push(Change::SetParent { dir: ino, parent });
+        }
+        if let Some(target) = symlink_target {
+            if target.len() > SYMLINK_BYTES_MAX || target.is_empty() {
+                return Err(FsError::NameTooLong);
+            }
+            changes.push(Change::Inline { ino, data: target.to_vec() });
+        }
+        changes.push(Change::DirInsert {
+            dir: parent,
+            name: name.to_vec(),
+            entry: DirEntry { ino, kind, cookie },
+        });
+        changes.push(Change::PutAttr(pattr));
+        self.log(&mut m, changes)?;
+        Ok(attr)
+    }
+
+    fn dir_attr(&self, m: &Meta, ino: Ino) -> FsResult<Attr> {
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        if inode.attr.kind != FileKind::Directory {
+            return Err(FsError::NotDir);
+        }
+        Ok(inode.attr)
+    }
+
+    pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        match (&inode.attr.kind, &inode.content) {
+            (FileKind::Symlink, Content::Inline(t)) => Ok(t.clone()),
+            _ => Err(FsError::Invalid("not a symbolic link".into())),
+        }
+    }
+
+    /// Removes a name (unlink or rmdir).
+    pub fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
+        check_name(name)?;
+        let mut m = self.meta.lock();
+        let mut pattr = self.dir_attr(&m, parent)?;
+        let entry = *m
+            .state
+            .get(parent)
+            .and_then(|p| p.dir())
+            .and_then(|d| d.entries.get(name))
+            .ok_or(FsError::NotFound)?;
+        let mut attr = m.state.get(entry.ino).ok_or(FsError::NotFound)?.attr;
+        let is_dir = attr.kind == FileKind::Directory;
+        if dir && !is_dir {
+            return Err(FsError::NotDir);
+        }
+        if !dir && is_dir {
+            return Err(FsError::IsDir);
+        }
+        if is_dir && !m.state.get(entry.ino).and_then(|i| i.dir()).is_some_and(|d| d.entries.is_empty())
+        {
+            return Err(FsError::NotEmpty);
+        }
+        let now = self.now();
+        pattr.mtime = now;
+        pattr.ctime = now;
+        let mut changes = vec![Change::DirRemove { dir: parent, name: name.to_vec() }];
+        if is_dir {
+            pattr.nlink -= 1;
+            attr.nlink = 0;
+        } else {
+            attr.nlink -= 1;
+        }
+        attr.ctime = now;
+        changes.push(Change::PutAttr(pattr));
+        changes.push(self.release_or_keep(&m, attr));
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+
+    /// The change for an inode that lost a link: freed when unreferenced, else updated.
+    fn release_or_keep(&self, m: &Meta, attr: Attr) -> Change {
+        let open = m.open.get(&attr.ino).copied().unwrap_or(0);
+        if attr.nlink == 0 && open == 0 {
+            Change::FreeInode { ino: attr.ino }
+        } else {
+            Change::PutAttr(attr)
+        }
+    }
+
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        check_name(name)?;
+        let mut m = self.meta.lock();
+        let mut pattr = self.dir_attr(&m, parent)?;
+        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        if attr.kind == FileKind::Directory {
+            return Err(FsError::NotSupported("hard links to directories".into()));
+        }
+        if attr.nlink >= LINKS_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        let dir = m.state.get(parent).and_then(|p| p.dir()).ok_or(FsError::NotDir)?;
+        if dir.entries.contains_key(name) {
+            return Err(FsError::Exists);
+        }
+        let cookie = dir.next_cookie;
+        let now = self.now();
+        attr.nlink += 1;
+        attr.ctime = now;
+        pattr.mtime = now;
+        pattr.ctime = now;
+        let entry = DirEntry { ino, kind: attr.kind, cookie };
+        let changes = vec![
+            Change::DirInsert { dir: parent, name: name.to_vec(), entry },
+            Change::PutAttr(attr),
+            Change::PutAttr(pattr),
+        ];
+        self.log(&mut m, changes)?;
+        Ok(attr)
+    }
+
+    /// True when `ancestor` is `dir` or one of its ancestors.
+    fn is_ancestor(&self, m: &Meta, ancestor: Ino, mut dir: Ino) -> bool {
+        // The depth bound guards against a corrupt parent chain looping forever.
+        for _ in 0..100_000 {
+            if dir == ancestor {
+                return true;
+            }
+            if dir == ROOT_INO {
+                return false;
+            }
+            match m.state.get(dir).and_then(|i| i.dir()) {
+                Some(d) => dir = d.parent,
+                None => return false,
+            }
+        }
+        false
+    }
+
+    /// rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> FsResult<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        let mut m = self.meta.lock();
+        self.dir_attr(&m, parent)?;
+        self.dir_attr(&m, new_parent)?;
+        let lookup = |m: &Meta, d: Ino, n: &[u8]| {
+            m.state.get(d).and_then(|p| p.dir()).and_then(|d| d.entries.get(n)).copied()
+        };
+        let src = lookup(&m, parent, name).ok_or(FsError::NotFound)?;
+        let dst = lookup(&m, new_parent, new_name);
+        if noreplace && dst.is_some() {
+            return Err(FsError::Exists);
+        }
+        if exchange {
+            let dst = dst.ok_or(FsError::NotFound)?;
+            return self.exchange(&mut m, (parent, name, src), (new_parent, new_name, dst));
+        }
+        if let Some(d) = dst {
+            if d.ino == src.ino {
+                return Ok(()); // Two links to one inode: POSIX says do nothing.
+            }
+        }
+        let src_is_dir = src.kind == FileKind::Directory;
+        if src_is_dir && self.is_ancestor(&m, src.ino, new_parent) {
+            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+        }
+        let now = self.now();
+        let mut changes = Vec::new();
+        let mut replaced = None;
+        if let Some(d) = dst {
+            let dattr = m.state.get(d.ino).ok_or(FsError::NotFound)?.attr;
+            let d_is_dir = dattr.kind == FileKind::Directory;
+            if src_is_dir && !d_is_dir {
+                return Err(FsError::NotDir);
+            }
+            if !src_is_dir && d_is_dir {
+                return Err(FsError::IsDir);
+            }
+            if d_is_dir && m.state.get(d.ino).and_then(|i| i.dir()).is_some_and(|x| !x.entries.is_empty())
+            {
+                return Err(FsError::NotEmpty);
+            }
+            changes.push(Change::DirRemove { dir: new_parent, name: new_name.to_vec() });
+            replaced = Some(dattr);
+        }
+        changes.push(Change::DirRemove { dir: parent, name: name.to_vec() });
+        let cookie = m.state.get(new_parent).and_then(|p| p.dir()).map_or(3, |d| d.next_cookie);
+        changes.push(Change::DirInsert {
+            dir: new_parent,
+            name: new_name.to_vec(),
+            entry: DirEntry { ino: src.ino, kind: src.kind, cookie },
+        });
+        // Link counts: a moved directory's ".." changes parents; a replaced directory goes.
+        let same_dir = parent == new_parent;
+        let mut pattr = m.state.get(parent).expect("checked").attr;
+        pattr.mtime = now;
+        pattr.ctime = now;
+        let mut npattr = (!same_dir).then(|| {
+            let mut a = m.state.get(new_parent).expect("checked").attr;
+            a.mtime = now;
+            a.ctime = now;
+            a
+        });
+        if src_is_dir {
+            if let Some(np) = npattr.as_mut() {
+                pattr.nlink -= 1;
+                np.nlink += 1;
+                changes.push(Change::SetParent { dir: src.ino, parent: new_parent });
+            }
+        }
+        if let Some(mut r) = replaced {
+            if r.kind == FileKind::Directory {
+                npattr.as_mut().unwrap_or(&mut pattr).nlink -= 1;
+                r.nlink = 0;
+            } else {
+                r.nlink -= 1;
+            }
+            r.ctime = now;
+            changes.push(self.release_or_keep(&m, r));
+        }
+        changes.push(Change::PutAttr(pattr));
+        if let Some(np) = npattr {
+            changes.push(Change::PutAttr(np));
+        }
+        let mut sattr = m.state.get(src.ino).expect("entry target exists").attr;
+        sattr.ctime = now;
+        changes.push(Change::PutAttr(sattr));
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+
+    fn exchange(
+        &self,
+        m: &mut Meta,
+        a: (Ino, &[u8], DirEntry),
+        b: (Ino, &[u8], DirEntry),
+    ) -> FsResult<()> {
+        let (a_dir, a_name, a_entry) = a;
+        let (b_dir, b_name, b_entry) = b;
+        if a_entry.kind == FileKind::Directory && self.is_ancestor(m, a_entry.ino, b_dir) {
+            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+        }
+        if b_entry.kind == FileKind::Directory && self.is_ancestor(m, b_entry.ino, a_dir) {
+            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+        }
+        let now = self.now();
+        let mut changes = vec![
+            Change::DirInsert {
+                dir: a_dir,
+                name: a_name.to_vec(),
+                entry: DirEntry { ino: b_entry.ino, kind: b_entry.kind, cookie: a_entry.cookie },
+            },
+            Change::DirInsert {
+                dir: b_dir,
+                name: b_name.to_vec(),
+                entry: DirEntry { ino: a_entry.ino, kind: a_entry.kind, cookie: b_entry.cookie },
+            },
+        ];
+        if a_dir != b_dir {
+            let a_is_dir = a_entry.kind == FileKind::Directory;
+            let b_is_dir = b_entry.kind == FileKind::Directory;
+            let mut a_attr = m.state.get(a_dir).expect("checked").attr;
+            let mut b_attr = m.state.get(b_dir).expect("checked").attr;
+            if a_is_dir {
+                changes.push(Change::SetParent { dir: a_entry.ino, parent: b_dir });
+                a_attr.nlink -= 1;
+                b_attr.nlink += 1;
+            }
+            if b_is_dir {
+                changes.push(Change::SetParent { dir: b_entry.ino, parent: a_dir });
+                b_attr.nlink -= 1;
+                a_attr.nlink += 1;
+            }
+            for mut attr in [a_attr, b_attr] {
+                attr.mtime = now;
+                attr.ctime = now;
+                changes.push(Change::PutAttr(attr));
+            }
+        } else {
+            let mut attr = m.state.get(a_dir).expect("checked").attr;
+            attr.mtime = now;
+            attr.ctime = now;
+            changes.push(Change::PutAttr(attr));
+        }
+        self.log(m, changes)?;
+        Ok(())
+    }
+
+    /// Changes attributes other than size (size goes through [`FileSystem::truncate`]).
+    pub fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        if let Some(size) = set.size {
+            self.truncate(ino, size)?;
+        }
+        let mut m = self.meta.lock();
+        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let now = self.now();
+        if let Some(mode) = set.mode {
+            attr.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = set.uid {
+            attr.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            attr.gid = gid;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            // chown clears setuid, and setgid of group-executable files (as the VFS would).
+            if attr.kind != FileKind::Directory {
+                attr.perm &= !0o4000;
+                if attr.perm & 0o010 != 0 {
+                    attr.perm &= !0o2000;
+                }
+            }
+        }
+        if let Some(t) = set.atime {
+            attr.atime = t;
+        }
+        if let Some(t) = set.mtime {
+            attr.mtime = t;
+        }
+        attr.ctime = set.ctime.unwrap_or(now);
+        self.log(&mut m, vec![Change::PutAttr(attr)])?;
+        Ok(attr)
+    }
+
+    pub fn open(&self, ino: Ino) -> FsResult<Attr> {
+        let mut m = self.meta.lock();
+        let attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        *m.open.entry(ino).or_insert(0) += 1;
+        self.pmon.open();
+        Ok(attr)
+    }
+
+    /// Drops one open handle; frees the inode if it was the last reference.
+    pub fn release(&self, ino: Ino) -> FsResult<()> {
+        self.pmon.close();
+        let mut m = self.meta.lock();
+        let left = match m.open.get_mut(&ino) {
+            Some(n) => {
+                *n -= 1;
+                *n
+            }
+            None => return Ok(()),
+        };
+        if left == 0 {
+            m.open.remove(&ino);
+            if m.state.get(ino).is_some_and(|i| i.attr.nlink == 0) {
+                self.log(&mut m, vec![Change::FreeInode { ino }])?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn readdir(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
+        self.pmon.readdir();
+        let m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        let dir = inode.dir().ok_or(FsError::NotDir)?;
+        let mut entries = Vec::new();
+        if after < 1 {
+            entries.push((1, ino, FileKind::Directory, b".".to_vec()));
+        }
+        if after < 2 {
+            entries.push((2, dir.parent, FileKind::Directory, b"..".to_vec()));
+        }
+        for (cookie, name) in dir.by_cookie.range(after.max(2) + 1..) {
+            if entries.len() >= READDIR_BATCH_MAX {
+                break;
+            }
+            let e = dir.entries[name];
+            entries.push((*cookie, e.ino, e.kind, name.clone()));
+        }
+        Ok(DirListing { entries })
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let m = self.meta.lock();
+        let space = m.alloc.pool_space(self.geo.data_pool, tessera_alloc::AllocKind::Data);
+        let per = u64::from(self.geo.sub_blocks_per_block);
+        let used = m.state.inode_count();
+        StatFs {
+            block_bytes: self.geo.block_bytes,
+            fragment_bytes: self.geo.sub_block_bytes,
+            fragments_total: space.blocks_total * per,
+            fragments_free: space.blocks_free * per + space.sub_blocks_free_in_fragments,
+            inodes_total: self.geo.max_inodes,
+            inodes_free: self.geo.max_inodes.saturating_sub(used),
+            name_bytes_max: NAME_BYTES_MAX as u32,
+        }
+    }
+
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], create: bool, replace: bool) -> FsResult<()> {
+        check_xattr_name(name)?;
+        if value.len() > XATTR_VALUE_BYTES_MAX {
+            return Err(FsError::Range { size: XATTR_VALUE_BYTES_MAX });
+        }
+        let mut m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        let exists = inode.xattrs.contains_key(name);
+        if create && exists {
+            return Err(FsError::Exists);
+        }
+        if replace && !exists {
+            return Err(FsError::NoXattr);
+        }
+        let mut attr = inode.attr;
+        attr.ctime = self.now();
+        let changes = vec![
+            Change::SetXattr { ino, name: name.to_vec(), value: value.to_vec() },
+            Change::PutAttr(attr),
+        ];
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        let m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        inode.xattrs.get(name).cloned().ok_or(FsError::NoXattr)
+    }
+
+    /// Names as the kernel wants them: each followed by a NUL.
+    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        let mut out = Vec::new();
+        for name in inode.xattrs.keys() {
+            out.extend_from_slice(name);
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+        let mut m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        if !inode.xattrs.contains_key(name) {
+            return Err(FsError::NoXattr);
+        }
+        let mut attr = inode.attr;
+        attr.ctime = self.now();
+        let changes = vec![Change::RemoveXattr { ino, name: name.to_vec() }, Change::PutAttr(attr)];
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+}

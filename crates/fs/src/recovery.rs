@@ -1,0 +1,145 @@
+//! Bringing a file system's metadata back from disk: match devices to the descriptor's disks,
+//! load the checkpoint images, replay the recovery log, rebuild the allocation map. Mount and
+//! fsck share this path.
+
+use std::sync::Arc;
+
+use tessera_alloc::{AllocDisk, AllocMap, Extent, DiskAddr};
+use tessera_drive::BlockDevice;
+use tessera_journal::Journal;
+use tessera_nsd::NsdId;
+
+use crate::descriptor::FsDescriptor;
+use crate::error::{FsError, FsResult};
+use crate::inode::Content;
+use crate::meta::{Change, MetaState};
+
+pub(crate) struct Recovered {
+    pub state: MetaState,
+    pub alloc: AllocMap,
+    pub journal: Journal,
+    /// Descriptions of blocks referenced twice (empty on a healthy file system).
+    pub conflicts: Vec<String>,
+    pub replayed_records: usize,
+}
+
+/// Orders `disks` by the descriptor's disk index, checking each NSD id is present.
+pub(crate) fn match_devices(
+    desc: &FsDescriptor,
+    disks: &[(NsdId, Arc<dyn BlockDevice>)],
+) -> FsResult<Vec<Arc<dyn BlockDevice>>> {
+    let mut out = Vec::with_capacity(desc.disks.len());
+    for d in &desc.disks {
+        let Some((_, dev)) = disks.iter().find(|(id, _)| *id == d.nsd_id) else {
+            return Err(FsError::MissingDisk {
+                fs: desc.name.clone(),
+                nsd: d.nsd_name.clone(),
+                reason: "its device was not found; check that the drive is attached and that \
+                         `tessera nsd ls -m` shows its device"
+                    .into(),
+            });
+        };
+        match tessera_nsd::descriptor::read_descriptor(dev.as_ref()) {
+            Ok(Some(nd)) if nd.id == d.nsd_id => {}
+            Ok(_) => {
+                return Err(FsError::MissingDisk {
+                    fs: desc.name.clone(),
+                    nsd: d.nsd_name.clone(),
+                    reason: format!("{} no longer carries this NSD's descriptor", dev.name()),
+                })
+            }
+            Err(e) => {
+                return Err(FsError::MissingDisk {
+                    fs: desc.name.clone(),
+                    nsd: d.nsd_name.clone(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+        out.push(dev.clone());
+    }
+    Ok(out)
+}
+
+pub(crate) fn recover(desc: &FsDescriptor, devices: &[Arc<dyn BlockDevice>]) -> FsResult<Recovered> {
+    let mut state = crate::checkpoint::read_images(desc, devices)?;
+    let log_dev = devices[desc.log.disk as usize].clone();
+    let (journal, records) =
+        Journal::open(log_dev, desc.log.region, desc.log.log_id, desc.checkpoint.replay_from)?;
+    let replayed_records = records.len();
+    for record in records {
+        let changes: Vec<Change> = postcard::from_bytes(&record.payload).map_err(|e| {
+            FsError::Corrupt(format!("log record ending at {} is undecodable: {e}", record.lsn))
+        })?;
+        for change in &changes {
+            state.apply(change)?;
+        }
+    }
+    if replayed_records > 0 {
+        tracing::info!("{}: replayed {replayed_records} log records", desc.name);
+    }
+    let (alloc, conflicts) = rebuild_alloc(desc, &state);
+    Ok(Recovered { state, alloc, journal, conflicts, replayed_records })
+}
+
+pub(crate) fn new_alloc(desc: &FsDescriptor) -> AllocMap {
+    let disks = desc
+        .disks
+        .iter()
+        .map(|d| AllocDisk {
+            disk: d.index,
+            pool: d.pool,
+            blocks: d.blocks,
+            holds_data: d.usage.holds_data(),
+            holds_metadata: d.usage.holds_metadata(),
+            available: d.status == crate::descriptor::DiskStatus::Ready,
+        })
+        .collect();
+    AllocMap::new(desc.sub_blocks_per_block(), desc.placement, disks)
+}
+
+/// The log region as whole-block extents.
+pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
+    let data_start = tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size));
+    let sub = u64::from(desc.sub_block_size);
+    let per = desc.sub_blocks_per_block();
+    let first = (desc.log.region.offset - data_start) / sub;
+    let blocks = desc.log.region.bytes / u64::from(desc.block_size);
+    (0..blocks)
+        .map(|b| Extent {
+            addr: DiskAddr { disk: desc.log.disk, sub_block: first + b * u64::from(per) },
+            sub_blocks: per,
+        })
+        .collect()
+}
+
+/// Every extent the metadata references, with a label for error messages.
+pub(crate) fn referenced_extents(desc: &FsDescriptor, state: &MetaState) -> Vec<(Extent, String)> {
+    let mut out: Vec<(Extent, String)> =
+        log_extents(desc).into_iter().map(|e| (e, "recovery log".to_string())).collect();
+    for (s, image) in desc.checkpoint.shards.iter().enumerate() {
+        out.extend(image.extents.iter().map(|e| (*e, format!("checkpoint of shard {s}"))));
+    }
+    for shard in &state.shards {
+        for inode in shard.inodes.values() {
+            if let Content::Blocks(blocks) = &inode.content {
+                for (index, b) in blocks {
+                    out.push((b.extent, format!("inode {} block {index}", inode.attr.ino)));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Rebuilds the allocation map from the metadata; returns it and any double references.
+pub(crate) fn rebuild_alloc(desc: &FsDescriptor, state: &MetaState) -> (AllocMap, Vec<String>) {
+    let mut alloc = new_alloc(desc);
+    let mut conflicts = Vec::new();
+    for (extent, owner) in referenced_extents(desc, state) {
+        if let Err(e) = alloc.mark_used(extent) {
+            conflicts.push(format!("{owner}: {e}"));
+        }
+    }
+    (alloc, conflicts)
+}

@@ -1,0 +1,94 @@
+//! Space and inode reports for `tessera df` (mmdf).
+
+use serde::{Deserialize, Serialize};
+
+use crate::fs::FileSystem;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DfDisk {
+    pub nsd_name: String,
+    pub pool: String,
+    pub failure_group: i32,
+    pub holds_metadata: bool,
+    pub holds_data: bool,
+    pub size_bytes: u64,
+    pub free_full_block_bytes: u64,
+    pub free_fragment_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DfPool {
+    pub pool: String,
+    pub size_bytes: u64,
+    pub free_full_block_bytes: u64,
+    pub free_fragment_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InodeUsage {
+    pub used: u64,
+    pub free: u64,
+    pub allocated: u64,
+    pub max: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DfReport {
+    pub block_size: u32,
+    pub sub_block_size: u32,
+    pub disks: Vec<DfDisk>,
+    pub pools: Vec<DfPool>,
+    pub inodes: InodeUsage,
+}
+
+impl FileSystem {
+    pub fn df(&self) -> DfReport {
+        let desc = self.descriptor();
+        let m = self.meta.lock();
+        let bs = u64::from(desc.block_size);
+        let sub = u64::from(desc.sub_block_size);
+        let disks: Vec<DfDisk> = desc
+            .disks
+            .iter()
+            .map(|d| {
+                let space = m.alloc.disk_space(d.index);
+                DfDisk {
+                    nsd_name: d.nsd_name.clone(),
+                    pool: desc.pool_name(d.pool).to_string(),
+                    failure_group: d.failure_group,
+                    holds_metadata: d.usage.holds_metadata(),
+                    holds_data: d.usage.holds_data(),
+                    size_bytes: d.size_bytes,
+                    free_full_block_bytes: space.blocks_free * bs,
+                    free_fragment_bytes: space.sub_blocks_free_in_fragments * sub,
+                }
+            })
+            .collect();
+        let pools = desc
+            .pools
+            .iter()
+            .map(|p| {
+                let members = disks.iter().filter(|d| d.pool == *p);
+                DfPool {
+                    pool: p.clone(),
+                    size_bytes: members.clone().map(|d| d.size_bytes).sum(),
+                    free_full_block_bytes: members.clone().map(|d| d.free_full_block_bytes).sum(),
+                    free_fragment_bytes: members.map(|d| d.free_fragment_bytes).sum(),
+                }
+            })
+            .collect();
+        let used = m.state.inode_count();
+        DfReport {
+            block_size: desc.block_size,
+            sub_block_size: desc.sub_block_size,
+            disks,
+            pools,
+            inodes: InodeUsage {
+                used,
+                free: desc.max_inodes.saturating_sub(used),
+                allocated: used.max(desc.prealloc_inodes),
+                max: desc.max_inodes,
+            },
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Shared helpers: file-backed drives with NSD descriptors, a formatted file system.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tessera_drive::{BlockDevice, FileDrive};
+use tessera_fs::{DiskSpec, FileSystem, FormatOptions};
+use tessera_nsd::descriptor::{write_descriptor, NsdDescriptor};
+use tessera_nsd::{DiskUsage, NsdId};
+
+pub struct TestDisks {
+    pub dir: tempfile::TempDir,
+    pub disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+}
+
+impl TestDisks {
+    /// Opens the drives again, as a restarted daemon would.
+    pub fn reopen(&self) -> Vec<(NsdId, Arc<dyn BlockDevice>)> {
+        self.disks
+            .iter()
+            .enumerate()
+            .map(|(i, (id, _))| {
+                let path = self.dir.path().join(format!("d{i}"));
+                let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
+                (*id, dev)
+            })
+            .collect()
+    }
+}
+
+pub fn make_disks(count: usize, bytes: u64) -> TestDisks {
+    let dir = tempfile::tempdir().unwrap();
+    let disks = (0..count)
+        .map(|i| {
+            let path = dir.path().join(format!("d{i}"));
+            std::fs::File::create(&path).unwrap().set_len(bytes).unwrap();
+            let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(Path::new(&path)).unwrap());
+            let id = NsdId::random();
+            let nd = NsdDescriptor {
+                id,
+                name: format!("nsd{i}"),
+                device_bytes: bytes,
+                created_unix: 0,
+                cluster_id: [0; 16],
+            };
+            write_descriptor(dev.as_ref(), &nd).unwrap();
+            (id, dev)
+        })
+        .collect();
+    TestDisks { dir, disks }
+}
+
+pub fn format_fs(t: &TestDisks, opts: &FormatOptions) {
+    let specs = t
+        .disks
+        .iter()
+        .enumerate()
+        .map(|(i, (id, dev))| DiskSpec {
+            nsd_name: format!("nsd{i}"),
+            nsd_id: *id,
+            usage: DiskUsage::DataAndMetadata,
+            failure_group: i as i32 + 1,
+            pool: "system".into(),
+            device: dev.clone(),
+        })
+        .collect();
+    tessera_fs::format(specs, opts, &mut |_| {}).unwrap();
+}
+
+pub fn small_opts() -> FormatOptions {
+    FormatOptions {
+        block_size: 256 << 10,
+        log_bytes: 8 << 20,
+        max_inodes: 200_000,
+        ..Default::default()
+    }
+}
+
+pub fn mount(t: &TestDisks) -> Arc<FileSystem> {
+    FileSystem::mount(t.reopen()).unwrap()
+}

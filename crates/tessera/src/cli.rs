@@ -1,0 +1,219 @@
+//! The command line, in clap derive form. Option letters follow the GPFS commands each
+//! subcommand mirrors (mmcrnsd, mmcrfs, mmlsfs, ...), so stanza files and habits carry over.
+//! Values are kept as text here and checked in the commands, where the error can say what
+//! the accepted values are in the words of the option.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Tessera parallel cluster file system: node daemon and admin CLI",
+    after_help = "Everything a node keeps lives under $TESSERA_HOME (default /var/lib/tessera)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the node daemon in the foreground (`tessera startup` runs it in the background).
+    Daemon,
+    /// Cluster configuration [mmcrcluster].
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Start the local daemon in the background [mmstartup].
+    Startup,
+    /// Unmount every file system and stop the local daemon [mmshutdown].
+    Shutdown,
+    /// Show whether the local node is active [mmgetstate].
+    State(ListArgs),
+    /// Network shared disks [mmcrnsd, mmlsnsd, mmdelnsd].
+    #[command(subcommand)]
+    Nsd(NsdCommand),
+    /// File systems [mmcrfs, mmlsfs, mmdelfs].
+    #[command(subcommand)]
+    Fs(FsCommand),
+    /// Mount a file system [mmmount].
+    Mount(MountArgs),
+    /// Unmount a file system [mmumount].
+    Umount(DeviceArgs),
+    /// Free space per disk and per storage pool [mmdf].
+    Df(DeviceListArgs),
+    /// Disks of a file system [mmlsdisk].
+    #[command(subcommand)]
+    Disk(DiskCommand),
+    /// Check an unmounted file system [mmfsck].
+    Fsck(FsckArgs),
+    /// I/O counters and latency histograms of mounted file systems [mmpmon fs_io_s, rhist].
+    Pmon(PmonArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Create a one-node cluster on this node [mmcrcluster].
+    Create {
+        /// The cluster name.
+        #[arg(long = "name", short = 'C')]
+        name: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Colon-separated machine-readable output.
+    #[arg(short = 'Y')]
+    pub machine: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NsdCommand {
+    /// Create NSDs from a stanza file [mmcrnsd].
+    Create {
+        /// The %nsd stanza file; rewritten with the NSD names filled in.
+        #[arg(short = 'F')]
+        stanza_file: PathBuf,
+        /// `yes` refuses devices that already hold an NSD or a file system.
+        #[arg(short = 'v', default_value = "yes")]
+        verify: String,
+    },
+    /// List NSDs [mmlsnsd].
+    Ls {
+        /// Show NSD volume ids and device paths.
+        #[arg(short = 'm', conflicts_with = "extended")]
+        mapping: bool,
+        /// Like -m, with the device type.
+        #[arg(short = 'X')]
+        extended: bool,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+    /// Delete NSDs that belong to no file system [mmdelnsd].
+    Delete {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FsCommand {
+    /// Create a file system [mmcrfs].
+    Create(Box<FsCreateArgs>),
+    /// List the attributes of a file system [mmlsfs].
+    Ls(DeviceListArgs),
+    /// Delete an unmounted file system; its NSDs become free [mmdelfs].
+    Delete(DeviceArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DiskCommand {
+    /// List the disks of a file system [mmlsdisk].
+    Ls(DeviceListArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceArgs {
+    /// The file system device name.
+    pub device: String,
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceListArgs {
+    /// The file system device name.
+    pub device: String,
+    #[arg(short = 'Y')]
+    pub machine: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    pub device: String,
+    /// Mount here instead of at the default mount point.
+    #[arg(short = 'T')]
+    pub mount_point: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct FsckArgs {
+    pub device: String,
+    /// Report problems only (the default).
+    #[arg(short = 'n', conflicts_with = "repair")]
+    pub no_repair: bool,
+    /// Repair what can be repaired.
+    #[arg(short = 'y')]
+    pub repair: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PmonArgs {
+    /// Only this file system (default: every mounted one).
+    pub device: Option<String>,
+    #[arg(short = 'Y')]
+    pub machine: bool,
+}
+
+/// `tessera fs create`, with the mmcrfs option letters.
+#[derive(Args, Debug)]
+pub struct FsCreateArgs {
+    /// DEVICE, or the old form MOUNTPOINT DEVICE (`/gpfs1 gpfs1`).
+    #[arg(required = true, num_args = 1..=2, value_name = "DEVICE")]
+    pub positional: Vec<String>,
+    /// The %nsd stanza file naming the NSDs (created with `tessera nsd create`).
+    #[arg(short = 'F')]
+    pub stanza_file: PathBuf,
+    /// Block size: 64K to 16M, a power of two.
+    #[arg(short = 'B', default_value = "4M")]
+    pub block_size: String,
+    /// Inode size: 512, 1K or 4K.
+    #[arg(short = 'i', default_value = "4K")]
+    pub inode_size: String,
+    /// Block allocation type: scatter or cluster.
+    #[arg(short = 'j', default_value = "scatter")]
+    pub placement: String,
+    /// Estimated number of nodes that will mount the file system.
+    #[arg(short = 'n', default_value_t = 32)]
+    pub nodes: u32,
+    /// Default mount point (default /gpfs/DEVICE).
+    #[arg(short = 'T')]
+    pub mount_point: Option<PathBuf>,
+    /// Mount automatically when the daemon starts: yes or no.
+    #[arg(short = 'A', default_value = "yes")]
+    pub automount: String,
+    /// Suppress atime: yes, no or relatime.
+    #[arg(short = 'S', default_value = "no")]
+    pub suppress_atime: String,
+    /// Exact mtime: yes or no.
+    #[arg(short = 'E', default_value = "yes")]
+    pub exact_mtime: String,
+    /// Strict replica allocation: no, whenpossible or always.
+    #[arg(short = 'K', default_value = "whenpossible")]
+    pub strict_replicas: String,
+    /// Recovery log size, e.g. 64M.
+    #[arg(short = 'L', default_value = "64M")]
+    pub log_size: String,
+    /// MAX[:PREALLOC] inodes.
+    #[arg(long = "inode-limit")]
+    pub inode_limit: Option<String>,
+    /// Default number of metadata replicas (only 1 for now).
+    #[arg(short = 'm', default_value_t = 1)]
+    pub metadata_replicas: u32,
+    /// Maximum number of metadata replicas (1 to 3).
+    #[arg(short = 'M', default_value_t = 2)]
+    pub max_metadata_replicas: u32,
+    /// Default number of data replicas (only 1 for now).
+    #[arg(short = 'r', default_value_t = 1)]
+    pub data_replicas: u32,
+    /// Maximum number of data replicas (1 to 3).
+    #[arg(short = 'R', default_value_t = 2)]
+    pub max_data_replicas: u32,
+    /// `yes` refuses disks that already hold a file system.
+    #[arg(short = 'v', default_value = "yes")]
+    pub verify: String,
+    /// Number of inode shards.
+    #[arg(long = "shards", default_value_t = 8)]
+    pub shards: u32,
+}

@@ -1,0 +1,481 @@
+//! `fs create`, `fs ls`, `fs delete` and `disk ls` [mmcrfs, mmlsfs, mmdelfs, mmlsdisk].
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Result};
+use tessera_fs::DiskStatus;
+use tessera_nsd::{check_name, parse_stanzas, DiskUsage, NAME_RULE};
+
+use super::nsd::{absolute, read_stanza_file};
+use super::units::{parse_block_size, parse_inode_limit, parse_inode_size, parse_size};
+use super::{call, unexpected, yes_no};
+use crate::cli::FsCreateArgs;
+use crate::config::Home;
+use crate::output::{local_time, yes_no as yn, Table, YRecord};
+use crate::rpc::{FsCreateSpec, FsDiskSpec, FsShow, Reply, Request};
+
+/// Highest replica count `-M`/`-R` accept, as in GPFS.
+const REPLICAS_MAX: u32 = 3;
+const SHARDS_MAX: u32 = 1024;
+
+/// The NSDs named by a `%nsd` stanza file; only `nsd=` is required, and `usage=`,
+/// `failureGroup=` and `pool=` override what the NSD was created with.
+fn disks_from_stanzas(file: &Path, text: &str) -> Result<Vec<FsDiskSpec>> {
+    let at = |line: usize, msg: String| anyhow!("{}: line {line}: {msg}", file.display());
+    if !text.lines().any(|l| l.trim_start().starts_with('%')) {
+        return disks_from_descriptors(file, text);
+    }
+    let stanzas = parse_stanzas(text).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+    let mut disks = Vec::new();
+    for s in stanzas.iter().filter(|s| s.kind == "nsd") {
+        let Some(nsd) = s.get("nsd") else {
+            return Err(at(
+                s.line,
+                "%nsd stanza without nsd=; fs create takes existing NSDs by name (run \
+                 `tessera nsd create -F FILE` first, which fills the names in)"
+                    .into(),
+            ));
+        };
+        let usage = match s.get("usage") {
+            Some(a) => Some(
+                a.value
+                    .parse::<DiskUsage>()
+                    .map_err(|e| at(a.line, e.to_string()))?,
+            ),
+            None => None,
+        };
+        let failure_group = match s.get("failureGroup") {
+            Some(a) => Some(a.value.parse::<i32>().map_err(|_| {
+                at(
+                    a.line,
+                    format!("failureGroup={}: not a number; use -1 to 4000", a.value),
+                )
+            })?),
+            None => None,
+        };
+        let pool = s.get("pool").map(|a| a.value.clone());
+        disks.push(FsDiskSpec {
+            nsd: nsd.value.clone(),
+            usage,
+            failure_group,
+            pool,
+        });
+    }
+    if disks.is_empty() {
+        bail!(
+            "{}: no %nsd stanzas found; list the NSDs of the file system",
+            file.display()
+        );
+    }
+    Ok(disks)
+}
+
+/// The old colon form that mmcrnsd wrote (`name:::dataAndMetadata:4005::pool`).
+fn disks_from_descriptors(file: &Path, text: &str) -> Result<Vec<FsDiskSpec>> {
+    let mut disks = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(':').collect();
+        let field = |n: usize| f.get(n).copied().filter(|v| !v.is_empty());
+        let bad = |what: &str| anyhow!("{}: line {}: {what}", file.display(), i + 1);
+        let nsd = field(0).ok_or_else(|| bad("empty NSD name"))?.to_string();
+        let usage = match field(3) {
+            Some(u) => Some(u.parse::<DiskUsage>().map_err(|e| bad(&e.to_string()))?),
+            None => None,
+        };
+        let failure_group = match field(4) {
+            Some(g) => Some(
+                g.parse::<i32>()
+                    .map_err(|_| bad("failure group is not a number"))?,
+            ),
+            None => None,
+        };
+        let pool = field(6).map(str::to_string);
+        disks.push(FsDiskSpec {
+            nsd,
+            usage,
+            failure_group,
+            pool,
+        });
+    }
+    if disks.is_empty() {
+        bail!(
+            "{}: no disks listed; use %nsd stanzas naming the NSDs",
+            file.display()
+        );
+    }
+    Ok(disks)
+}
+
+fn one_of<'a>(option: &str, value: &str, accepted: &[&'a str]) -> Result<&'a str> {
+    let lower = value.to_ascii_lowercase();
+    accepted
+        .iter()
+        .find(|a| **a == lower)
+        .copied()
+        .ok_or_else(|| anyhow!("{option} {value}: use one of {}", accepted.join(", ")))
+}
+
+fn check_replicas(a: &FsCreateArgs) -> Result<()> {
+    for (opt, max) in [("-M", a.max_metadata_replicas), ("-R", a.max_data_replicas)] {
+        if !(1..=REPLICAS_MAX).contains(&max) {
+            bail!("{opt} {max}: the maximum number of replicas must be 1, 2 or 3");
+        }
+    }
+    for (opt, n, max) in [
+        ("-m", a.metadata_replicas, a.max_metadata_replicas),
+        ("-r", a.data_replicas, a.max_data_replicas),
+    ] {
+        if n == 0 {
+            bail!("{opt} 0: at least one replica is needed; use {opt} 1");
+        }
+        if n > 1 {
+            bail!(
+                "{opt} {n}: replication factor {n} is not yet supported; use -m 1 -r 1 \
+                 (replication arrives with erasure-coded vdisks)"
+            );
+        }
+        if n > max {
+            bail!(
+                "{opt} {n} is above the maximum set with {}",
+                opt.to_uppercase()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// DEVICE, or MOUNTPOINT DEVICE in the old mmcrfs form.
+fn device_and_mount_point(a: &FsCreateArgs) -> Result<(String, Option<String>)> {
+    let (device, old_mount) = match a.positional.as_slice() {
+        [device] => (device.clone(), None),
+        [mount, device] if mount.starts_with('/') => (device.clone(), Some(mount.clone())),
+        [first, _] => bail!(
+            "{first}: two names given but the first is not a mount point; write \
+             `tessera fs create DEVICE -F FILE` or `tessera fs create /MOUNTPOINT DEVICE -F FILE`"
+        ),
+        _ => bail!("give the file system name: `tessera fs create DEVICE -F FILE`"),
+    };
+    let device = device.strip_prefix("/dev/").unwrap_or(&device).to_string();
+    check_name(&device)
+        .map_err(|p| anyhow!("{device}: invalid file system name: {p}; {NAME_RULE}"))?;
+    if old_mount.is_some() && a.mount_point.is_some() {
+        bail!("the mount point is given twice (positional and -T); keep one");
+    }
+    let mount = match (&a.mount_point, old_mount) {
+        (Some(t), _) => Some(absolute(t)?.display().to_string()),
+        (None, m) => m,
+    };
+    Ok((device, mount))
+}
+
+pub fn create(home: &Home, a: &FsCreateArgs) -> Result<()> {
+    let (name, mount_point) = device_and_mount_point(a)?;
+    let block_size = parse_block_size(&a.block_size)?;
+    let inode_size = parse_inode_size(&a.inode_size)?;
+    let placement = one_of("-j", &a.placement, &["scatter", "cluster"])?;
+    check_replicas(a)?;
+    if a.nodes == 0 {
+        bail!("-n 0: estimate at least 1 node");
+    }
+    if !(1..=SHARDS_MAX).contains(&a.shards) {
+        bail!("--shards {}: use 1 to {SHARDS_MAX}", a.shards);
+    }
+    let log_bytes = parse_size(&a.log_size)
+        .filter(|b| *b >= u64::from(block_size).min(1 << 20))
+        .ok_or_else(|| {
+            anyhow!(
+                "-L {}: use a size of at least 1M, such as 16M or 64M",
+                a.log_size
+            )
+        })?;
+    let (max_inodes, prealloc_inodes) = match &a.inode_limit {
+        Some(text) => {
+            let (max, pre) = parse_inode_limit(text)?;
+            (Some(max), pre)
+        }
+        None => (None, 0),
+    };
+    let text = read_stanza_file(&a.stanza_file)?;
+    let disks = disks_from_stanzas(&a.stanza_file, &text)?;
+    let spec = FsCreateSpec {
+        mount_point: mount_point.unwrap_or_else(|| format!("/gpfs/{name}")),
+        name,
+        disks,
+        block_size,
+        inode_size,
+        cluster_placement: placement == "cluster",
+        estimated_nodes: a.nodes,
+        automount: yes_no("-A", &a.automount)?,
+        suppress_atime: one_of("-S", &a.suppress_atime, &["no", "yes", "relatime"])?.into(),
+        exact_mtime: yes_no("-E", &a.exact_mtime)?,
+        strict_replicas: one_of("-K", &a.strict_replicas, &["no", "whenpossible", "always"])?
+            .into(),
+        log_bytes,
+        max_inodes,
+        prealloc_inodes,
+        max_metadata_replicas: a.max_metadata_replicas,
+        max_data_replicas: a.max_data_replicas,
+        verify: yes_no("-v", &a.verify)?,
+        shard_count: a.shards,
+    };
+    call(home, &Request::FsCreate(Box::new(spec)))?;
+    Ok(())
+}
+
+pub fn show(home: &Home, name: &str) -> Result<FsShow> {
+    match call(
+        home,
+        &Request::FsShow {
+            name: name.to_string(),
+        },
+    )? {
+        Reply::Fs(show) => Ok(*show),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// The rows of `fs ls`: flag, -Y field name, value, description.
+fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
+    let d = &s.descriptor;
+    let disks: Vec<&str> = d.disks.iter().map(|x| x.nsd_name.as_str()).collect();
+    let placement = format!("{:?}", d.placement).to_lowercase();
+    vec![
+        (
+            "-f",
+            "minFragmentSize",
+            d.sub_block_size.to_string(),
+            "Minimum fragment (subblock) size in bytes".into(),
+        ),
+        (
+            "-i",
+            "inodeSize",
+            d.inode_size.to_string(),
+            "Inode size in bytes".into(),
+        ),
+        (
+            "-m",
+            "defaultMetadataReplicas",
+            "1".into(),
+            "Default number of metadata replicas".into(),
+        ),
+        (
+            "-M",
+            "maxMetadataReplicas",
+            d.max_metadata_replicas.to_string(),
+            "Maximum number of metadata replicas".into(),
+        ),
+        (
+            "-r",
+            "defaultDataReplicas",
+            "1".into(),
+            "Default number of data replicas".into(),
+        ),
+        (
+            "-R",
+            "maxDataReplicas",
+            d.max_data_replicas.to_string(),
+            "Maximum number of data replicas".into(),
+        ),
+        (
+            "-j",
+            "blockAllocationType",
+            placement,
+            "Block allocation type".into(),
+        ),
+        (
+            "-n",
+            "numNodes",
+            d.estimated_nodes.to_string(),
+            "Estimated number of nodes that will mount file system".into(),
+        ),
+        (
+            "-B",
+            "blockSize",
+            d.block_size.to_string(),
+            "Block size".into(),
+        ),
+        (
+            "-L",
+            "logfileSize",
+            d.log.region.bytes.to_string(),
+            "Logfile size".into(),
+        ),
+        (
+            "-E",
+            "exactMtime",
+            yn(d.exact_mtime).into(),
+            "Exact mtime mount option".into(),
+        ),
+        (
+            "-S",
+            "suppressAtime",
+            d.atime.as_flag().into(),
+            "Suppress atime mount option".into(),
+        ),
+        (
+            "-K",
+            "strictReplication",
+            s.record.strict_replicas.clone(),
+            "Strict replica allocation option".into(),
+        ),
+        (
+            "--create-time",
+            "creationTime",
+            local_time(d.created_unix, false),
+            "File system creation time".into(),
+        ),
+        (
+            "--inode-limit",
+            "inodeLimit",
+            d.max_inodes.to_string(),
+            format!(
+                "Maximum number of inodes ({} preallocated)",
+                d.prealloc_inodes
+            ),
+        ),
+        (
+            "--shards",
+            "shards",
+            d.shard_count.to_string(),
+            "Number of inode shards".into(),
+        ),
+        (
+            "-P",
+            "storagePools",
+            d.pools.join(";"),
+            "Disk storage pools in file system".into(),
+        ),
+        (
+            "-d",
+            "disks",
+            disks.join(";"),
+            "Disks in file system".into(),
+        ),
+        (
+            "-A",
+            "automaticMountOption",
+            yn(d.automount).into(),
+            "Automatic mount option".into(),
+        ),
+        (
+            "-T",
+            "defaultMountPoint",
+            d.default_mount_point.clone(),
+            "Default mount point".into(),
+        ),
+        (
+            "-V",
+            "filesystemVersion",
+            format!("1 (Tessera {})", env!("CARGO_PKG_VERSION")),
+            "File system version".into(),
+        ),
+        ("--uuid", "uuid", d.uuid_hex(), "File system UUID".into()),
+    ]
+}
+
+pub fn ls(home: &Home, name: &str, machine: bool) -> Result<()> {
+    let s = show(home, name)?;
+    let rows = fs_rows(&s);
+    if machine {
+        let y = YRecord::new("fs", "");
+        println!(
+            "{}",
+            y.header(&["deviceName", "fieldName", "data", "remarks"])
+        );
+        for (_, field, value, _) in rows {
+            println!(
+                "{}",
+                y.data(&[name.to_string(), field.into(), value, String::new()])
+            );
+        }
+        return Ok(());
+    }
+    let mut t = Table::new(&["flag", "value", "description"]);
+    for (flag, _, value, description) in rows {
+        t.row(vec![flag.into(), value, description]);
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+pub fn delete(home: &Home, name: &str) -> Result<()> {
+    call(
+        home,
+        &Request::FsDelete {
+            name: name.to_string(),
+        },
+    )?;
+    Ok(())
+}
+
+pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
+    let s = show(home, name)?;
+    let d = &s.descriptor;
+    let rows: Vec<Vec<String>> = d
+        .disks
+        .iter()
+        .zip(&s.disks_up)
+        .map(|(disk, up)| {
+            let status = match disk.status {
+                DiskStatus::Ready => "ready",
+                DiskStatus::Suspended => "suspended",
+            };
+            vec![
+                disk.nsd_name.clone(),
+                "nsd".into(),
+                tessera_drive::SECTOR_BYTES.to_string(),
+                disk.failure_group.to_string(),
+                yn(disk.usage.holds_metadata()).into(),
+                yn(disk.usage.holds_data()).into(),
+                status.into(),
+                if *up { "up" } else { "down" }.into(),
+                d.pool_name(disk.pool).to_string(),
+            ]
+        })
+        .collect();
+    if machine {
+        let y = YRecord::new("disk", "");
+        println!(
+            "{}",
+            y.header(&[
+                "fileSystem",
+                "diskName",
+                "driverType",
+                "sectorSize",
+                "failureGroup",
+                "metadata",
+                "data",
+                "status",
+                "availability",
+                "storagePool",
+            ])
+        );
+        for row in rows {
+            let mut values = vec![name.to_string()];
+            values.extend(row);
+            println!("{}", y.data(&values));
+        }
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        "disk name",
+        "driver type",
+        "sector size",
+        "failure group",
+        "holds metadata",
+        "holds data",
+        "status",
+        "availability",
+        "storage pool",
+    ])
+    .right(&[2, 3]);
+    for row in rows {
+        t.row(row);
+    }
+    print!("{}", t.render());
+    Ok(())
+}

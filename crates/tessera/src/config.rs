@@ -1,0 +1,262 @@
+//! The node's home directory (`$TESSERA_HOME`) and the configuration files in it.
+//!
+//! Every file is JSON and is replaced atomically (temporary file, fsync, rename, fsync of
+//! the directory), so a crash leaves the old or the new version and never a torn one.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tessera_nsd::{DiskUsage, NsdId, ThinDiskType};
+
+/// Where a node keeps everything when `$TESSERA_HOME` is not set.
+pub const DEFAULT_HOME: &str = "/var/lib/tessera";
+
+/// The home directory of this node.
+#[derive(Clone, Debug)]
+pub struct Home {
+    root: PathBuf,
+}
+
+/// `cluster.json`: the cluster this node belongs to.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterConfig {
+    pub name: String,
+    /// Lower-case hex of 16 random bytes; written into every NSD descriptor.
+    pub cluster_id: String,
+    pub node_name: String,
+    pub node_number: u32,
+    pub created_unix: u64,
+}
+
+impl ClusterConfig {
+    pub fn cluster_id_bytes(&self) -> [u8; 16] {
+        let mut id = [0u8; 16];
+        for (i, byte) in id.iter_mut().enumerate() {
+            let hex = self.cluster_id.get(2 * i..2 * i + 2).unwrap_or("00");
+            *byte = u8::from_str_radix(hex, 16).unwrap_or(0);
+        }
+        id
+    }
+}
+
+/// One NSD of the cluster, as registered by `nsd create`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NsdRecord {
+    pub name: String,
+    pub id: NsdId,
+    /// Absolute device path at creation; the descriptor, not the path, identifies the NSD.
+    pub device: String,
+    pub size_bytes: u64,
+    pub usage: DiskUsage,
+    pub failure_group: i32,
+    pub pool: String,
+    pub thin_disk_type: ThinDiskType,
+    pub servers: Vec<String>,
+    /// The file system the NSD belongs to; `None` for a free disk.
+    pub file_system: Option<String>,
+}
+
+/// `nsd.json`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NsdRegistry {
+    pub nsds: Vec<NsdRecord>,
+}
+
+impl NsdRegistry {
+    pub fn get(&self, name: &str) -> Option<&NsdRecord> {
+        self.nsds.iter().find(|n| n.name == name)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut NsdRecord> {
+        self.nsds.iter_mut().find(|n| n.name == name)
+    }
+}
+
+/// One file system of the cluster.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FsRecord {
+    pub name: String,
+    pub nsds: Vec<String>,
+    pub default_mount_point: String,
+    pub automount: bool,
+    /// True while mounted, so a restarted daemon mounts it again.
+    pub mounted: bool,
+    /// Where it was last mounted (`mount -T` may differ from the default).
+    pub mount_point: String,
+    /// `-K` as given. With one replica of everything it has no effect: there is never a
+    /// second replica whose placement could be strict or not.
+    pub strict_replicas: String,
+    pub log_bytes: u64,
+}
+
+/// `fs.json`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FsRegistry {
+    pub file_systems: Vec<FsRecord>,
+}
+
+impl FsRegistry {
+    pub fn get(&self, name: &str) -> Option<&FsRecord> {
+        self.file_systems.iter().find(|f| f.name == name)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut FsRecord> {
+        self.file_systems.iter_mut().find(|f| f.name == name)
+    }
+
+    /// The record of `name`, or an error that lists the file systems that do exist.
+    pub fn require(&self, name: &str) -> Result<&FsRecord> {
+        if let Some(fs) = self.get(name) {
+            return Ok(fs);
+        }
+        let known: Vec<&str> = self.file_systems.iter().map(|f| f.name.as_str()).collect();
+        if known.is_empty() {
+            bail!("file system {name} does not exist; there are no file systems yet (create one with `tessera fs create`)");
+        }
+        bail!(
+            "file system {name} does not exist; known file systems: {}",
+            known.join(", ")
+        )
+    }
+}
+
+impl Home {
+    /// `$TESSERA_HOME` or the default, made absolute so a daemon started from another
+    /// directory finds the same home.
+    pub fn from_env() -> Result<Home> {
+        let root = std::env::var_os("TESSERA_HOME")
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| PathBuf::from(DEFAULT_HOME), PathBuf::from);
+        let root = if root.is_absolute() {
+            root
+        } else {
+            std::env::current_dir()
+                .context("cannot read the current directory")?
+                .join(root)
+        };
+        Ok(Home { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn cluster_path(&self) -> PathBuf {
+        self.root.join("cluster.json")
+    }
+    pub fn nsd_path(&self) -> PathBuf {
+        self.root.join("nsd.json")
+    }
+    pub fn fs_path(&self) -> PathBuf {
+        self.root.join("fs.json")
+    }
+    pub fn socket_path(&self) -> PathBuf {
+        self.root.join("daemon.sock")
+    }
+    pub fn pid_path(&self) -> PathBuf {
+        self.root.join("daemon.pid")
+    }
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.join("log")
+    }
+    pub fn log_path(&self) -> PathBuf {
+        self.log_dir().join("daemon.log")
+    }
+
+    /// The cluster configuration, or an error saying how to create one.
+    pub fn cluster(&self) -> Result<ClusterConfig> {
+        match read_json::<ClusterConfig>(&self.cluster_path())? {
+            Some(c) => Ok(c),
+            None => bail!(
+                "no cluster is defined under {}; create one with `tessera cluster create --name NAME` \
+                 (or set TESSERA_HOME to the home of an existing node)",
+                self.root.display()
+            ),
+        }
+    }
+
+    pub fn cluster_exists(&self) -> bool {
+        self.cluster_path().exists()
+    }
+
+    pub fn save_cluster(&self, c: &ClusterConfig) -> Result<()> {
+        write_json(&self.cluster_path(), c)
+    }
+
+    pub fn nsds(&self) -> Result<NsdRegistry> {
+        Ok(read_json(&self.nsd_path())?.unwrap_or_default())
+    }
+
+    pub fn save_nsds(&self, r: &NsdRegistry) -> Result<()> {
+        write_json(&self.nsd_path(), r)
+    }
+
+    pub fn file_systems(&self) -> Result<FsRegistry> {
+        Ok(read_json(&self.fs_path())?.unwrap_or_default())
+    }
+
+    pub fn save_file_systems(&self, r: &FsRegistry) -> Result<()> {
+        write_json(&self.fs_path(), r)
+    }
+}
+
+fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not valid; restore it from a backup or fix the JSON by hand",
+            path.display()
+        )
+    })?;
+    Ok(Some(value))
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut text = serde_json::to_vec_pretty(value).expect("configuration serializes");
+    text.push(b'\n');
+    write_atomic(path, &text)
+}
+
+/// Replaces `path` with `bytes` so that a crash leaves either the old or the new content.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().expect("config paths have a parent");
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .expect("config paths have a file name")
+            .to_string_lossy()
+    ));
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    };
+    write().with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// This machine's host name.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".to_string();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}

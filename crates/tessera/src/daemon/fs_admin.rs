@@ -1,0 +1,257 @@
+//! `fs create`, `fs ls` and `fs delete` in the daemon. `fs create` checks every NSD before
+//! formatting and erases whatever formatting wrote if it fails, so an error leaves the
+//! NSDs free and the registry unchanged.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use tessera_drive::BlockDevice;
+use tessera_fs::{AtimeMode, DiskSpec, FormatOptions, Placement};
+use tessera_nsd::{check_name, probe_in_use, InUse, NAME_RULE};
+
+use super::nsd_admin::open_nsd;
+use super::{Daemon, Reporter};
+use crate::config::{FsRecord, NsdRegistry};
+use crate::rpc::{FsCreateSpec, FsShow, Reply};
+
+/// The default inode limit: a quarter of the metadata capacity filled with inodes, and
+/// never fewer than this.
+const DEFAULT_MAX_INODES_MIN: u64 = 100_000;
+
+/// Resolves the stanza's NSDs against the registry and opens them; collects every problem.
+fn resolve_disks(spec: &FsCreateSpec, nsds: &NsdRegistry) -> Result<Vec<DiskSpec>> {
+    let mut disks = Vec::new();
+    let mut problems = Vec::new();
+    for d in &spec.disks {
+        let Some(rec) = nsds.get(&d.nsd) else {
+            problems.push(format!(
+                "NSD {} does not exist; run `tessera nsd create -F FILE` first",
+                d.nsd
+            ));
+            continue;
+        };
+        if let Some(fs) = &rec.file_system {
+            problems.push(format!("NSD {} already belongs to file system {fs}", d.nsd));
+            continue;
+        }
+        let device = match open_nsd(rec) {
+            Ok(dev) => dev,
+            Err(e) => {
+                problems.push(format!("NSD {}: {e:#}", d.nsd));
+                continue;
+            }
+        };
+        if spec.verify {
+            match probe_in_use(device.as_ref()) {
+                Ok(InUse::FileSystem) => problems.push(format!(
+                    "NSD {} holds (or held) a file system; if its data is no longer needed, \
+                     rerun with `-v no`",
+                    d.nsd
+                )),
+                Ok(_) => {}
+                Err(e) => problems.push(format!("NSD {}: {e}", d.nsd)),
+            }
+        }
+        disks.push(DiskSpec {
+            nsd_name: rec.name.clone(),
+            nsd_id: rec.id,
+            usage: d.usage.unwrap_or(rec.usage),
+            failure_group: d.failure_group.unwrap_or(rec.failure_group),
+            pool: d.pool.clone().unwrap_or_else(|| rec.pool.clone()),
+            device,
+        });
+    }
+    if !problems.is_empty() {
+        bail!(
+            "file system {} was not created:\n  {}",
+            spec.name,
+            problems.join("\n  ")
+        );
+    }
+    Ok(disks)
+}
+
+fn format_options(spec: &FsCreateSpec, disks: &[DiskSpec]) -> FormatOptions {
+    let meta_disks = disks.iter().filter(|d| d.usage.holds_metadata());
+    let meta_bytes: u64 = meta_disks.clone().map(|d| d.device.size_bytes()).sum();
+    let largest_meta = meta_disks.map(|d| d.device.size_bytes()).max().unwrap_or(0);
+    let bs = u64::from(spec.block_size);
+    // The log is one contiguous run on one metadata disk; keep it to a quarter of the
+    // largest so that inodes and directories still have room.
+    let log_bytes = (spec.log_bytes.min(largest_meta / 4) / bs).max(1) * bs;
+    let max_inodes = spec.max_inodes.unwrap_or_else(|| {
+        (meta_bytes / 4 / u64::from(spec.inode_size)).max(DEFAULT_MAX_INODES_MIN)
+    });
+    let atime = match spec.suppress_atime.as_str() {
+        "yes" => AtimeMode::Suppress,
+        "relatime" => AtimeMode::Relatime,
+        _ => AtimeMode::Update,
+    };
+    FormatOptions {
+        name: spec.name.clone(),
+        block_size: spec.block_size,
+        inode_size: spec.inode_size,
+        placement: if spec.cluster_placement {
+            Placement::Cluster
+        } else {
+            Placement::Scatter
+        },
+        max_inodes,
+        prealloc_inodes: spec.prealloc_inodes,
+        shard_count: spec.shard_count,
+        default_mount_point: spec.mount_point.clone(),
+        automount: spec.automount,
+        atime,
+        exact_mtime: spec.exact_mtime,
+        estimated_nodes: spec.estimated_nodes,
+        max_metadata_replicas: spec.max_metadata_replicas,
+        max_data_replicas: spec.max_data_replicas,
+        log_bytes,
+    }
+}
+
+impl Daemon {
+    pub(super) fn fs_create(&self, spec: FsCreateSpec, r: &mut Reporter) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        check_name(&spec.name)
+            .map_err(|p| anyhow!("{}: invalid file system name: {p}; {NAME_RULE}", spec.name))?;
+        let mut fss = self.home.file_systems()?;
+        if fss.get(&spec.name).is_some() {
+            bail!(
+                "file system {0} already exists; choose another name or delete it with \
+                 `tessera fs delete {0}`",
+                spec.name
+            );
+        }
+        let mut nsds = self.home.nsds()?;
+        let disks = resolve_disks(&spec, &nsds)?;
+        let opts = format_options(&spec, &disks);
+        let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
+        let names: Vec<String> = disks.iter().map(|d| d.nsd_name.clone()).collect();
+        r.info(format!(
+            "The following disks of {} will be formatted on node {}:",
+            spec.name, self.cluster.node_name
+        ));
+        for d in &disks {
+            r.info(format!(
+                "    {}: size {} KB",
+                d.nsd_name,
+                d.device.size_bytes() >> 10
+            ));
+        }
+        r.info("Formatting file system ...");
+        let result =
+            tessera_fs::format(disks, &opts, &mut |p| r.progress(&p.phase, p.done, p.total));
+        if let Err(e) = result {
+            let _ = tessera_fs::erase(&devices);
+            bail!("{e}; file system {} was not created", spec.name);
+        }
+        for name in &names {
+            nsds.get_mut(name).expect("resolved above").file_system = Some(spec.name.clone());
+        }
+        fss.file_systems.push(FsRecord {
+            name: spec.name.clone(),
+            nsds: names,
+            default_mount_point: spec.mount_point.clone(),
+            automount: spec.automount,
+            mounted: false,
+            mount_point: spec.mount_point.clone(),
+            strict_replicas: spec.strict_replicas.clone(),
+            log_bytes: opts.log_bytes,
+        });
+        let saved = self
+            .home
+            .save_nsds(&nsds)
+            .and_then(|()| self.home.save_file_systems(&fss));
+        if let Err(e) = saved {
+            let _ = tessera_fs::erase(&devices);
+            return Err(e.context(format!("file system {} was not created", spec.name)));
+        }
+        r.info(format!("Completed creation of file system {}.", spec.name));
+        Ok(Reply::Done)
+    }
+
+    pub(super) fn fs_show(&self, name: &str) -> Result<Reply> {
+        let fss = self.home.file_systems()?;
+        let record = fss.require(name)?.clone();
+        let nsds = self.home.nsds()?;
+        let mounted = self
+            .mounts
+            .lock()
+            .get(name)
+            .map(|m| (m.fs.clone(), m.mount_point.clone()));
+        let (devices, up) = self.open_fs_devices(&record, &nsds);
+        let descriptor = match &mounted {
+            Some((fs, _)) => fs.descriptor(),
+            None => {
+                let available: Vec<_> = devices.iter().flatten().map(|(_, d)| d.clone()).collect();
+                tessera_fs::read_descriptor(&available)
+                    .map_err(|e| anyhow!("file system {name}: {e}"))?
+            }
+        };
+        let disks_up = descriptor
+            .disks
+            .iter()
+            .map(|d| {
+                record
+                    .nsds
+                    .iter()
+                    .position(|n| *n == d.nsd_name)
+                    .is_some_and(|i| up[i])
+            })
+            .collect();
+        let mounted_at = mounted.map(|(_, mp)| mp.display().to_string());
+        Ok(Reply::Fs(Box::new(FsShow {
+            record,
+            descriptor,
+            disks_up,
+            mounted_at,
+        })))
+    }
+
+    pub(super) fn fs_delete(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut fss = self.home.file_systems()?;
+        let record = fss.require(name)?.clone();
+        if let Some(m) = self.mounts.lock().get(name) {
+            bail!(
+                "file system {name} is mounted at {}; unmount it first with `tessera umount {name}`",
+                m.mount_point.display()
+            );
+        }
+        let mut nsds = self.home.nsds()?;
+        let (devices, _) = self.open_fs_devices(&record, &nsds);
+        let available: Vec<_> = devices.iter().flatten().map(|(_, d)| d.clone()).collect();
+        for (nsd, dev) in record.nsds.iter().zip(&devices) {
+            if dev.is_none() {
+                r.info(format!(
+                    "tessera fs delete: warning: NSD {nsd} cannot be reached; its copy of the \
+                     file system descriptor stays (use `tessera nsd create -v no` to reuse it)"
+                ));
+            }
+        }
+        r.info(format!(
+            "All data on the following disks of {name} will be destroyed:"
+        ));
+        for nsd in &record.nsds {
+            r.info(format!("    {nsd}"));
+        }
+        tessera_fs::erase(&available).map_err(|e| anyhow!("file system {name}: {e}"))?;
+        for nsd in &record.nsds {
+            if let Some(rec) = nsds.get_mut(nsd) {
+                rec.file_system = None;
+            }
+        }
+        fss.file_systems.retain(|f| f.name != name);
+        self.home.save_nsds(&nsds)?;
+        self.home.save_file_systems(&fss)?;
+        r.info(format!(
+            "All data on the following disks of {name} will be destroyed:"
+        ));
+        for nsd in &record.nsds {
+            r.info(format!("    {nsd}"));
+        }
+        r.info(format!("Completed deletion of file system {name}."));
+        Ok(Reply::Done)
+    }
+}

@@ -1,0 +1,238 @@
+//! `tessera daemon`: the node daemon. It owns the mounted file systems and answers the admin
+//! CLI on `$TESSERA_HOME/daemon.sock`, one thread per connection. Configuration changes are
+//! serialized by one admin lock; mounted file systems live in their own map so that `pmon`
+//! and `state` answer while a long format runs.
+
+mod fs_admin;
+mod mounts;
+mod nsd_admin;
+
+use std::collections::BTreeMap;
+use std::io::BufReader;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use parking_lot::Mutex;
+use tessera_fs::FileSystem;
+use tessera_fuse::FuseMount;
+
+use crate::config::{ClusterConfig, Home};
+use crate::rpc::{read_frame, write_frame, Frame, Reply, Request};
+
+/// A file system mounted by this daemon.
+pub struct Mounted {
+    pub fs: Arc<FileSystem>,
+    pub fuse: FuseMount,
+    pub mount_point: PathBuf,
+}
+
+pub struct Daemon {
+    home: Home,
+    cluster: ClusterConfig,
+    /// Held by every operation that changes the configuration or the set of mounts.
+    admin: Mutex<()>,
+    mounts: Mutex<BTreeMap<String, Mounted>>,
+}
+
+/// Streams `Info` and `Progress` frames to the client of one request.
+pub struct Reporter<'a> {
+    stream: &'a mut UnixStream,
+}
+
+impl Reporter<'_> {
+    /// Sends a line for the user. A client that went away does not stop the operation.
+    pub fn info(&mut self, line: impl Into<String>) {
+        let line = line.into();
+        tracing::info!("{line}");
+        let _ = write_frame(self.stream, &Frame::Info(line));
+    }
+
+    pub fn progress(&mut self, phase: &str, done: u64, total: u64) {
+        let frame = Frame::Progress {
+            phase: phase.to_string(),
+            done,
+            total,
+        };
+        let _ = write_frame(self.stream, &frame);
+    }
+}
+
+/// Runs the daemon in the foreground until SIGTERM, SIGINT or a `shutdown` request.
+pub fn run(home: Home) -> Result<()> {
+    let cluster = home.cluster()?;
+    std::fs::create_dir_all(home.log_dir())
+        .with_context(|| format!("cannot create {}", home.log_dir().display()))?;
+    init_logging(&home)?;
+    let listener = bind_socket(&home)?;
+    std::fs::write(home.pid_path(), format!("{}\n", std::process::id()))
+        .with_context(|| format!("cannot write {}", home.pid_path().display()))?;
+    tracing::info!(cluster = %cluster.name, node = %cluster.node_name, "daemon starting");
+    let daemon = Arc::new(Daemon {
+        home,
+        cluster,
+        admin: Mutex::new(()),
+        mounts: Mutex::new(BTreeMap::new()),
+    });
+    spawn_signal_thread(Arc::clone(&daemon))?;
+    daemon.remount_at_start();
+    tracing::info!("daemon active");
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                continue;
+            }
+        };
+        let daemon = Arc::clone(&daemon);
+        std::thread::spawn(move || daemon.serve(stream));
+    }
+    Ok(())
+}
+
+fn init_logging(home: &Home) -> Result<()> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(home.log_path())
+        .with_context(|| format!("cannot open {}", home.log_path().display()))?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::sync::Mutex::new(log))
+        .with_ansi(false)
+        .init();
+    Ok(())
+}
+
+/// Binds the admin socket, refusing when another daemon already answers on it.
+fn bind_socket(home: &Home) -> Result<UnixListener> {
+    let path = home.socket_path();
+    if UnixStream::connect(&path).is_ok() {
+        bail!(
+            "a Tessera daemon is already running for {} (it answers on {}); \
+             stop it with `tessera shutdown` first",
+            home.root().display(),
+            path.display()
+        );
+    }
+    // Nobody answers: the file is left over from a daemon that died.
+    let _ = std::fs::remove_file(&path);
+    UnixListener::bind(&path).with_context(|| format!("cannot listen on {}", path.display()))
+}
+
+/// Blocks SIGTERM and SIGINT in every thread and waits for them in one, so shutdown runs
+/// as ordinary code rather than in a signal handler.
+fn spawn_signal_thread(daemon: Arc<Daemon>) -> Result<()> {
+    // SAFETY: plain libc calls on a locally owned, initialized signal set.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            bail!(
+                "cannot block signals: {}",
+                std::io::Error::from_raw_os_error(rc)
+            );
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut signal: libc::c_int = 0;
+            // SAFETY: `set` is initialized and `signal` is a valid out pointer.
+            unsafe { libc::sigwait(&set, &mut signal) };
+            tracing::info!("signal {signal} received; shutting down");
+            daemon.shutdown();
+            std::process::exit(0);
+        })?;
+    Ok(())
+}
+
+impl Daemon {
+    fn serve(&self, stream: UnixStream) {
+        let Ok(read_half) = stream.try_clone() else {
+            return;
+        };
+        let mut reader = BufReader::new(read_half);
+        let mut stream = stream;
+        loop {
+            let request: Request = match read_frame(&mut reader) {
+                Ok(Some(r)) => r,
+                Ok(None) => return,
+                Err(e) => {
+                    let _ = write_frame(&mut stream, &Frame::Err(e.to_string()));
+                    return;
+                }
+            };
+            let shutdown = matches!(request, Request::Shutdown);
+            let frame = {
+                let mut reporter = Reporter {
+                    stream: &mut stream,
+                };
+                match self.handle(request, &mut reporter) {
+                    Ok(reply) => Frame::Ok(reply),
+                    Err(e) => {
+                        tracing::warn!("request failed: {e:#}");
+                        Frame::Err(format!("{e:#}"))
+                    }
+                }
+            };
+            let _ = write_frame(&mut stream, &frame);
+            if shutdown {
+                std::process::exit(0);
+            }
+        }
+    }
+
+    fn handle(&self, request: Request, r: &mut Reporter) -> Result<Reply> {
+        tracing::debug!(?request, "request");
+        match request {
+            Request::Ping => Ok(Reply::Pong {
+                pid: std::process::id(),
+                node_name: self.cluster.node_name.clone(),
+                node_number: self.cluster.node_number,
+            }),
+            Request::Shutdown => {
+                self.shutdown();
+                Ok(Reply::Done)
+            }
+            Request::NsdCreate { nsds, verify } => self.nsd_create(nsds, verify, r),
+            Request::NsdList => Ok(Reply::Nsds(self.home.nsds()?.nsds)),
+            Request::NsdDelete { names } => self.nsd_delete(&names, r),
+            Request::FsCreate(spec) => self.fs_create(*spec, r),
+            Request::FsShow { name } => self.fs_show(&name),
+            Request::FsDelete { name } => self.fs_delete(&name, r),
+            Request::Mount { name, mount_point } => self.mount_request(&name, mount_point),
+            Request::Umount { name } => self.umount(&name),
+            Request::Df { name } => self.df(&name),
+            Request::Fsck { name, repair } => self.fsck(&name, repair, r),
+            Request::Pmon { name } => self.pmon(name.as_deref()),
+        }
+    }
+
+    /// Unmounts every file system (FUSE first, then the core's final checkpoint) and
+    /// removes the socket and pid file. Failures are logged: shutdown goes on regardless.
+    fn shutdown(&self) {
+        let _admin = self.admin.lock();
+        let mounted = std::mem::take(&mut *self.mounts.lock());
+        for (name, m) in mounted {
+            if let Err(e) = m.fuse.unmount() {
+                tracing::error!("{name}: FUSE unmount of {}: {e}", m.mount_point.display());
+            }
+            match m.fs.unmount() {
+                Ok(()) => tracing::info!("{name}: unmounted from {}", m.mount_point.display()),
+                Err(e) => tracing::error!("{name}: final checkpoint failed: {e}"),
+            }
+        }
+        let _ = std::fs::remove_file(self.home.socket_path());
+        let _ = std::fs::remove_file(self.home.pid_path());
+        tracing::info!("daemon stopped");
+    }
+}

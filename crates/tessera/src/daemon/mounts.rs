@@ -1,0 +1,291 @@
+//! Mounting and unmounting, and the operations that need a file system opened: `df`,
+//! `fsck` and `pmon`. A mount is the core `FileSystem` plus its FUSE session; unmount
+//! stops FUSE first so no request reaches a file system that is being checkpointed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tessera_drive::BlockDevice;
+use tessera_fs::FileSystem;
+use tessera_fuse::FuseOptions;
+use tessera_nsd::NsdId;
+
+use super::nsd_admin::open_nsd;
+use super::{Daemon, Mounted};
+use crate::config::{FsRecord, NsdRegistry};
+use crate::rpc::{DfDiskRow, DfPoolRow, DfRows, FsckOutcome, PmonEntry, Reply};
+
+/// The opened device of each NSD of a file system, `None` where it cannot be opened.
+pub type FsDevices = Vec<Option<(NsdId, Arc<dyn BlockDevice>)>>;
+
+/// Processes whose working directory, root or open files are under `mount_point`.
+fn busy_processes(mount_point: &Path) -> Vec<String> {
+    let mut users = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return users;
+    };
+    let me = std::process::id().to_string();
+    for entry in procs.flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let dir = entry.path();
+        let mut links = vec![dir.join("cwd"), dir.join("root")];
+        if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
+            links.extend(fds.flatten().map(|fd| fd.path()));
+        }
+        let uses = links
+            .iter()
+            .filter_map(|l| std::fs::read_link(l).ok())
+            .any(|target| target.starts_with(mount_point));
+        if uses {
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            users.push(format!("{pid} ({})", comm.trim()));
+        }
+    }
+    users
+}
+
+impl Daemon {
+    /// Opens the NSDs of `record`; also says, per NSD, whether it could be opened.
+    pub(super) fn open_fs_devices(
+        &self,
+        record: &FsRecord,
+        nsds: &NsdRegistry,
+    ) -> (FsDevices, Vec<bool>) {
+        let devices: FsDevices = record
+            .nsds
+            .iter()
+            .map(|name| {
+                let rec = nsds.get(name)?;
+                match open_nsd(rec) {
+                    Ok(dev) => Some((rec.id, dev)),
+                    Err(e) => {
+                        tracing::warn!("{}: NSD {name}: {e:#}", record.name);
+                        None
+                    }
+                }
+            })
+            .collect();
+        let up = devices.iter().map(Option::is_some).collect();
+        (devices, up)
+    }
+
+    /// Mounts the core file system without FUSE, for `df` and checks on an unmounted one.
+    fn open_core(&self, record: &FsRecord) -> Result<Arc<FileSystem>> {
+        let nsds = self.home.nsds()?;
+        let (devices, _) = self.open_fs_devices(record, &nsds);
+        let available: Vec<_> = devices.into_iter().flatten().collect();
+        if available.is_empty() {
+            bail!(
+                "file system {}: none of its NSDs can be opened; see the daemon log",
+                record.name
+            );
+        }
+        FileSystem::mount(available).map_err(|e| anyhow!("file system {}: {e}", record.name))
+    }
+
+    /// Mounts `record` at `mount_point` through FUSE and adds it to the mount table.
+    fn mount_fs(&self, record: &FsRecord, mount_point: &Path) -> Result<()> {
+        std::fs::create_dir_all(mount_point)
+            .with_context(|| format!("cannot create mount point {}", mount_point.display()))?;
+        match tessera_fuse::cleanup_stale_mount(mount_point) {
+            Ok(true) => tracing::info!("{}: detached a stale mount", mount_point.display()),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("{}: stale mount cleanup: {e}", mount_point.display()),
+        }
+        let fs = self.open_core(record)?;
+        let opts = FuseOptions {
+            fs_name: record.name.clone(),
+            allow_other: true,
+            ..FuseOptions::default()
+        };
+        let fuse = match tessera_fuse::mount(Arc::clone(&fs), mount_point, &opts) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs.unmount();
+                bail!(
+                    "cannot mount {} at {}: {e}; check that /dev/fuse exists and fuse3 is \
+                     installed (`apt-get install fuse3`)",
+                    record.name,
+                    mount_point.display()
+                );
+            }
+        };
+        tracing::info!("{}: mounted at {}", record.name, mount_point.display());
+        let mounted = Mounted {
+            fs,
+            fuse,
+            mount_point: mount_point.to_path_buf(),
+        };
+        self.mounts.lock().insert(record.name.clone(), mounted);
+        Ok(())
+    }
+
+    pub(super) fn mount_request(&self, name: &str, mount_point: Option<String>) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut fss = self.home.file_systems()?;
+        let record = fss.require(name)?.clone();
+        if let Some(m) = self.mounts.lock().get(name) {
+            bail!(
+                "file system {name} is already mounted at {}",
+                m.mount_point.display()
+            );
+        }
+        let mount_point = PathBuf::from(mount_point.unwrap_or(record.default_mount_point.clone()));
+        self.mount_fs(&record, &mount_point)?;
+        let rec = fss.get_mut(name).expect("checked above");
+        rec.mounted = true;
+        rec.mount_point = mount_point.display().to_string();
+        self.home.save_file_systems(&fss)?;
+        Ok(Reply::Mounted {
+            mount_point: mount_point.display().to_string(),
+        })
+    }
+
+    pub(super) fn umount(&self, name: &str) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut fss = self.home.file_systems()?;
+        fss.require(name)?;
+        let mut mounts = self.mounts.lock();
+        let Some(m) = mounts.get(name) else {
+            bail!("file system {name} is not mounted");
+        };
+        let users = busy_processes(&m.mount_point);
+        if !users.is_empty() {
+            bail!(
+                "file system {name} is busy at {}: in use by process {}; stop them or leave the \
+                 directory (`fuser -m {}` lists them)",
+                m.mount_point.display(),
+                users.join(", "),
+                m.mount_point.display()
+            );
+        }
+        let m = mounts.remove(name).expect("checked above");
+        drop(mounts);
+        m.fuse.unmount().map_err(|e| {
+            anyhow!(
+                "cannot unmount {name} from {}: {e}; `fuser -m {}` lists the processes using it",
+                m.mount_point.display(),
+                m.mount_point.display()
+            )
+        })?;
+        m.fs.unmount()
+            .map_err(|e| anyhow!("file system {name}: final checkpoint: {e}"))?;
+        tracing::info!("{name}: unmounted from {}", m.mount_point.display());
+        fss.get_mut(name).expect("checked above").mounted = false;
+        self.home.save_file_systems(&fss)?;
+        Ok(Reply::Done)
+    }
+
+    pub(super) fn df(&self, name: &str) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let record = self.home.file_systems()?.require(name)?.clone();
+        let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
+        let report = match mounted {
+            Some(fs) => fs.df(),
+            None => {
+                let fs = self.open_core(&record)?;
+                let report = fs.df();
+                fs.unmount()
+                    .map_err(|e| anyhow!("file system {name}: {e}"))?;
+                report
+            }
+        };
+        let disks = report.disks.into_iter().map(|d| DfDiskRow {
+            nsd_name: d.nsd_name,
+            pool: d.pool,
+            failure_group: d.failure_group,
+            holds_metadata: d.holds_metadata,
+            holds_data: d.holds_data,
+            size_bytes: d.size_bytes,
+            free_full_block_bytes: d.free_full_block_bytes,
+            free_fragment_bytes: d.free_fragment_bytes,
+        });
+        let pools = report.pools.into_iter().map(|p| DfPoolRow {
+            pool: p.pool,
+            size_bytes: p.size_bytes,
+            free_full_block_bytes: p.free_full_block_bytes,
+            free_fragment_bytes: p.free_fragment_bytes,
+        });
+        Ok(Reply::Df(DfRows {
+            block_size: report.block_size,
+            disks: disks.collect(),
+            pools: pools.collect(),
+            inodes_used: report.inodes.used,
+            inodes_free: report.inodes.free,
+            inodes_allocated: report.inodes.allocated,
+            inodes_max: report.inodes.max,
+        }))
+    }
+
+    pub(super) fn fsck(&self, name: &str, repair: bool, r: &mut super::Reporter) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let record = self.home.file_systems()?.require(name)?.clone();
+        if let Some(m) = self.mounts.lock().get(name) {
+            bail!(
+                "file system {name} is mounted at {}; fsck runs offline: unmount it first with \
+                 `tessera umount {name}`",
+                m.mount_point.display()
+            );
+        }
+        let nsds = self.home.nsds()?;
+        let (devices, _) = self.open_fs_devices(&record, &nsds);
+        let available: Vec<_> = devices.into_iter().flatten().collect();
+        r.info(format!("Checking \"{name}\""));
+        let report =
+            tessera_fs::fsck(available, repair).map_err(|e| anyhow!("file system {name}: {e}"))?;
+        Ok(Reply::Fsck(FsckOutcome {
+            problems: report.problems,
+            repaired: report.repaired,
+            inodes: report.inodes,
+            directories: report.directories,
+            blocks: report.blocks,
+        }))
+    }
+
+    pub(super) fn pmon(&self, name: Option<&str>) -> Result<Reply> {
+        if let Some(name) = name {
+            self.home.file_systems()?.require(name)?;
+            if !self.mounts.lock().contains_key(name) {
+                bail!("file system {name} is not mounted; pmon counts I/O of mounted file systems");
+            }
+        }
+        let mounts = self.mounts.lock();
+        let entries = mounts
+            .iter()
+            .filter(|(n, _)| name.is_none_or(|want| want == n.as_str()))
+            .map(|(n, m)| PmonEntry {
+                fs_name: n.clone(),
+                disks: m.fs.descriptor().disks.len(),
+                snapshot: m.fs.pmon(),
+            })
+            .collect();
+        Ok(Reply::Pmon(entries))
+    }
+
+    /// Mounts again every file system that was mounted when the daemon stopped, and those
+    /// with automount. A failure is logged and the rest go on.
+    pub(super) fn remount_at_start(&self) {
+        let _admin = self.admin.lock();
+        let fss = match self.home.file_systems() {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!("cannot read the file system list: {e:#}");
+                return;
+            }
+        };
+        for record in fss.file_systems.iter().filter(|f| f.mounted || f.automount) {
+            let mount_point = PathBuf::from(if record.mounted {
+                &record.mount_point
+            } else {
+                &record.default_mount_point
+            });
+            if let Err(e) = self.mount_fs(record, &mount_point) {
+                tracing::error!("{}: mount at start failed: {e:#}", record.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The admin protocol between the CLI and the local daemon: one JSON request per line on
+//! the Unix socket `$TESSERA_HOME/daemon.sock`, answered by any number of `Info` and
+//! `Progress` frames and then exactly one `Ok` or `Err` frame. Streaming frames let a long
+//! operation (formatting) show progress while it runs.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use tessera_fs::{FsDescriptor, PmonSnapshot};
+use tessera_nsd::{DiskUsage, ThinDiskType};
+
+use crate::config::{FsRecord, Home, NsdRecord};
+
+/// The longest frame accepted, so a confused peer cannot make the other side buffer
+/// without bound.
+pub const FRAME_BYTES_MAX: usize = 16 << 20;
+
+/// One NSD to create, from a `%nsd` stanza with the device path made absolute.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NsdSpec {
+    /// The device as written in the stanza, for messages.
+    pub device_text: String,
+    pub device_path: String,
+    pub nsd: Option<String>,
+    pub usage: DiskUsage,
+    pub failure_group: i32,
+    pub pool: String,
+    pub thin_disk_type: ThinDiskType,
+    pub servers: Vec<String>,
+}
+
+/// One NSD of `fs create`; attributes left out of the stanza come from the registry.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FsDiskSpec {
+    pub nsd: String,
+    pub usage: Option<DiskUsage>,
+    pub failure_group: Option<i32>,
+    pub pool: Option<String>,
+}
+
+/// `fs create` after the CLI has checked every option.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FsCreateSpec {
+    pub name: String,
+    pub disks: Vec<FsDiskSpec>,
+    pub block_size: u32,
+    pub inode_size: u32,
+    pub cluster_placement: bool,
+    pub estimated_nodes: u32,
+    pub mount_point: String,
+    pub automount: bool,
+    /// -S: "no", "yes" or "relatime".
+    pub suppress_atime: String,
+    pub exact_mtime: bool,
+    pub strict_replicas: String,
+    pub log_bytes: u64,
+    /// `None`: sized from the metadata capacity.
+    pub max_inodes: Option<u64>,
+    pub prealloc_inodes: u64,
+    pub max_metadata_replicas: u32,
+    pub max_data_replicas: u32,
+    pub verify: bool,
+    pub shard_count: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Request {
+    Ping,
+    Shutdown,
+    NsdCreate {
+        nsds: Vec<NsdSpec>,
+        verify: bool,
+    },
+    NsdList,
+    NsdDelete {
+        names: Vec<String>,
+    },
+    FsCreate(Box<FsCreateSpec>),
+    FsShow {
+        name: String,
+    },
+    FsDelete {
+        name: String,
+    },
+    Mount {
+        name: String,
+        mount_point: Option<String>,
+    },
+    Umount {
+        name: String,
+    },
+    Df {
+        name: String,
+    },
+    Fsck {
+        name: String,
+        repair: bool,
+    },
+    Pmon {
+        name: Option<String>,
+    },
+}
+
+/// A file system as `fs ls` and `disk ls` show it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FsShow {
+    pub record: FsRecord,
+    pub descriptor: FsDescriptor,
+    /// Per disk of the descriptor: whether its device answers with the right NSD.
+    pub disks_up: Vec<bool>,
+    pub mounted_at: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DfDiskRow {
+    pub nsd_name: String,
+    pub pool: String,
+    pub failure_group: i32,
+    pub holds_metadata: bool,
+    pub holds_data: bool,
+    pub size_bytes: u64,
+    pub free_full_block_bytes: u64,
+    pub free_fragment_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DfPoolRow {
+    pub pool: String,
+    pub size_bytes: u64,
+    pub free_full_block_bytes: u64,
+    pub free_fragment_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DfRows {
+    pub block_size: u32,
+    pub disks: Vec<DfDiskRow>,
+    pub pools: Vec<DfPoolRow>,
+    pub inodes_used: u64,
+    pub inodes_free: u64,
+    pub inodes_allocated: u64,
+    pub inodes_max: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FsckOutcome {
+    pub problems: Vec<String>,
+    pub repaired: u64,
+    pub inodes: u64,
+    pub directories: u64,
+    pub blocks: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PmonEntry {
+    pub fs_name: String,
+    pub disks: usize,
+    pub snapshot: PmonSnapshot,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Done,
+    Pong {
+        pid: u32,
+        node_name: String,
+        node_number: u32,
+    },
+    /// Names of the created NSDs, in stanza order.
+    NsdsCreated(Vec<String>),
+    Nsds(Vec<NsdRecord>),
+    Fs(Box<FsShow>),
+    Mounted {
+        mount_point: String,
+    },
+    Df(DfRows),
+    Fsck(FsckOutcome),
+    Pmon(Vec<PmonEntry>),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Frame {
+    /// A line for the user, printed as it comes.
+    Info(String),
+    Progress {
+        phase: String,
+        done: u64,
+        total: u64,
+    },
+    Ok(Reply),
+    Err(String),
+}
+
+/// Writes one frame as a JSON line.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, value: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(value).expect("frames serialize");
+    line.push(b'\n');
+    w.write_all(&line)?;
+    w.flush()
+}
+
+/// Reads one JSON line; `None` at end of stream.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead) -> Result<Option<T>> {
+    let mut line = Vec::new();
+    let mut limited = std::io::Read::take(&mut *r, FRAME_BYTES_MAX as u64);
+    let n = limited.read_until(b'\n', &mut line)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        bail!("protocol error: frame longer than {FRAME_BYTES_MAX} bytes or cut short");
+    }
+    Ok(Some(
+        serde_json::from_slice(&line).context("protocol error: malformed frame")?,
+    ))
+}
+
+/// A connection to the local daemon.
+pub struct Client {
+    stream: BufReader<UnixStream>,
+}
+
+impl Client {
+    /// Connects, or says that the daemon is not running and how to start it.
+    pub fn connect(home: &Home) -> Result<Client> {
+        let path = home.socket_path();
+        let stream = UnixStream::connect(&path).map_err(|e| {
+            anyhow!(
+                "the Tessera daemon is not running ({}: {e}); start it with `tessera startup`",
+                path.display()
+            )
+        })?;
+        Ok(Client {
+            stream: BufReader::new(stream),
+        })
+    }
+
+    /// True when a daemon answers on the socket within `timeout`.
+    pub fn ping(home: &Home, timeout: Duration) -> Option<Reply> {
+        let mut client = Client::connect(home).ok()?;
+        client
+            .stream
+            .get_ref()
+            .set_read_timeout(Some(timeout))
+            .ok()?;
+        client.call(&Request::Ping, |_| {}).ok()
+    }
+
+    /// Sends `request`, hands every streaming frame to `on_frame`, and returns the reply.
+    pub fn call(&mut self, request: &Request, mut on_frame: impl FnMut(&Frame)) -> Result<Reply> {
+        write_frame(self.stream.get_mut(), request).context("cannot send to the daemon")?;
+        loop {
+            let frame: Frame = read_frame(&mut self.stream)?.ok_or_else(|| {
+                anyhow!("the daemon closed the connection without an answer; see its log")
+            })?;
+            match frame {
+                Frame::Ok(reply) => return Ok(reply),
+                Frame::Err(message) => return Err(anyhow!(message)),
+                other => on_frame(&other),
+            }
+        }
+    }
+}
