@@ -35,7 +35,10 @@ impl Geometry {
     pub fn new(region: JournalRegion) -> Geometry {
         let pages = region.bytes / PAGE_BYTES as u64;
         assert!(pages >= 2, "region must hold a header page and data pages");
-        Geometry { region_offset: region.offset, data_pages: pages - 1 }
+        Geometry {
+            region_offset: region.offset,
+            data_pages: pages - 1,
+        }
     }
 
     /// Device offset of the slot that holds page `seq` (slot 0 is the header page).
@@ -55,7 +58,9 @@ impl Geometry {
     /// The largest payload one record may carry: a quarter of the log, so a few maximal
     /// records always fit between checkpoints.
     pub fn max_record_bytes(&self) -> usize {
-        let pages = usize::try_from(self.data_pages / 4).unwrap_or(usize::MAX).max(1);
+        let pages = usize::try_from(self.data_pages / 4)
+            .unwrap_or(usize::MAX)
+            .max(1);
         let bytes = pages.saturating_mul(PAGE_PAYLOAD_BYTES) - FRAME_HEADER_BYTES;
         bytes.min(u32::MAX as usize)
     }
@@ -144,7 +149,10 @@ impl LogHeader {
         }
         Ok(LogHeader {
             log_id: page[16..32].try_into().expect("16 bytes"),
-            region: JournalRegion { offset: get_u64(page, 32), bytes: get_u64(page, 40) },
+            region: JournalRegion {
+                offset: get_u64(page, 32),
+                bytes: get_u64(page, 40),
+            },
             format_epoch: get_u64(page, 48),
         })
     }
@@ -270,7 +278,10 @@ mod tests {
     fn log_header_roundtrip_and_rejects_damage() {
         let header = LogHeader {
             log_id: [1; 16],
-            region: JournalRegion { offset: 8192, bytes: 1 << 20 },
+            region: JournalRegion {
+                offset: 8192,
+                bytes: 1 << 20,
+            },
             format_epoch: 9,
         };
         let mut page = vec![0; PAGE_BYTES];
@@ -278,12 +289,17 @@ mod tests {
         assert_eq!(LogHeader::decode(&page), Ok(header));
         page[40] ^= 1;
         assert!(LogHeader::decode(&page).unwrap_err().contains("checksum"));
-        assert!(LogHeader::decode(&[0; PAGE_BYTES]).unwrap_err().contains("magic"));
+        assert!(LogHeader::decode(&[0; PAGE_BYTES])
+            .unwrap_err()
+            .contains("magic"));
     }
 
     #[test]
     fn geometry_maps_sequences_onto_slots() {
-        let g = Geometry::new(JournalRegion { offset: 4096, bytes: 5 * 4096 });
+        let g = Geometry::new(JournalRegion {
+            offset: 4096,
+            bytes: 5 * 4096,
+        });
         assert_eq!(g.data_pages, 4);
         assert_eq!(g.page_offset(0), 2 * 4096);
         assert_eq!(g.page_offset(3), 5 * 4096);

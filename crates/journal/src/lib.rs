@@ -70,8 +70,8 @@ use parking_lot::{Condvar, Mutex};
 use tessera_drive::{AlignedBuf, BlockDevice, SECTOR_BYTES};
 
 use format::{
-    frame_header, page_of, Geometry, LogHeader, PageHeader, FRAME_HEADER_BYTES,
-    NO_RECORD_START, PAGE_BYTES, PAGE_PAYLOAD_BYTES,
+    frame_header, page_of, Geometry, LogHeader, PageHeader, FRAME_HEADER_BYTES, NO_RECORD_START,
+    PAGE_BYTES, PAGE_PAYLOAD_BYTES,
 };
 
 /// Log sequence number: byte position in the endless logical log stream; 0 is the start of
@@ -115,33 +115,62 @@ pub enum JournalError {
     Corrupt { device: String, detail: String },
     /// The region is formatted for another log.
     #[error("{device}: journal belongs to log {found:02x?}, expected {expected:02x?}")]
-    WrongLog { device: String, expected: [u8; 16], found: [u8; 16] },
+    WrongLog {
+        device: String,
+        expected: [u8; 16],
+        found: [u8; 16],
+    },
     /// The region description itself is unusable.
     #[error("{device}: invalid journal region {region:?}: {reason}")]
-    InvalidRegion { device: String, region: JournalRegion, reason: String },
+    InvalidRegion {
+        device: String,
+        region: JournalRegion,
+        reason: String,
+    },
 }
 
 /// Adds the operation, offset and device name to an I/O error.
-pub(crate) fn io_context(dev: &dyn BlockDevice, what: &str, offset: u64, e: io::Error) -> io::Error {
+pub(crate) fn io_context(
+    dev: &dyn BlockDevice,
+    what: &str,
+    offset: u64,
+    e: io::Error,
+) -> io::Error {
     let message = e.to_string();
     if message.contains(dev.name()) {
         io::Error::new(e.kind(), format!("{what} at offset {offset}: {message}"))
     } else {
-        io::Error::new(e.kind(), format!("{}: {what} at offset {offset}: {message}", dev.name()))
+        io::Error::new(
+            e.kind(),
+            format!("{}: {what} at offset {offset}: {message}", dev.name()),
+        )
     }
 }
 
+// `is_multiple_of` needs Rust 1.87; the workspace supports 1.80.
+#[allow(clippy::manual_is_multiple_of)]
 fn check_region(dev: &dyn BlockDevice, region: JournalRegion) -> Result<(), JournalError> {
     let reason = if region.offset % SECTOR_BYTES != 0 || region.bytes % SECTOR_BYTES != 0 {
         "offset and size must be multiples of 4096".to_string()
     } else if region.bytes < MIN_REGION_BYTES {
         format!("size must be at least {MIN_REGION_BYTES} bytes")
-    } else if region.offset.checked_add(region.bytes).is_none_or(|end| end > dev.size_bytes()) {
-        format!("runs past the end of the device ({} bytes)", dev.size_bytes())
+    } else if region
+        .offset
+        .checked_add(region.bytes)
+        .is_none_or(|end| end > dev.size_bytes())
+    {
+        format!(
+            "runs past the end of the device ({} bytes)",
+            dev.size_bytes()
+        )
     } else {
         return Ok(());
     };
-    Err(JournalError::InvalidRegion { device: dev.name().to_string(), region, reason })
+    Err(JournalError::InvalidRegion {
+        device: dev.name().to_string(),
+        region,
+        reason,
+    })
 }
 
 /// A value that differs between calls and processes with overwhelming probability.
@@ -179,7 +208,11 @@ pub fn format(
         Ok(old) => old.format_epoch.wrapping_add(1),
         Err(_) => nonce(),
     };
-    let header = LogHeader { log_id, region, format_epoch };
+    let header = LogHeader {
+        log_id,
+        region,
+        format_epoch,
+    };
     header.encode(&mut page);
     let geometry = Geometry::new(region);
     let zero = AlignedBuf::zeroed(PAGE_BYTES);
@@ -187,7 +220,8 @@ pub fn format(
         .map_err(|e| io_context(dev, "journal format", geometry.page_offset(0), e))?;
     dev.write_at(&page, region.offset)
         .map_err(|e| io_context(dev, "journal format", region.offset, e))?;
-    dev.flush().map_err(|e| io_context(dev, "journal flush", region.offset, e))?;
+    dev.flush()
+        .map_err(|e| io_context(dev, "journal flush", region.offset, e))?;
     Ok(())
 }
 
@@ -208,7 +242,12 @@ struct PendingPage {
 
 impl PendingPage {
     fn new(seq: u64) -> PendingPage {
-        PendingPage { seq, used: 0, first_record: None, payload: vec![0; PAGE_PAYLOAD_BYTES].into() }
+        PendingPage {
+            seq,
+            used: 0,
+            first_record: None,
+            payload: vec![0; PAGE_PAYLOAD_BYTES].into(),
+        }
     }
 }
 
@@ -236,7 +275,10 @@ impl State {
 
     fn failed(&self) -> Option<JournalError> {
         self.failure.as_ref().map(|(kind, msg)| {
-            JournalError::Io(io::Error::new(*kind, format!("journal failed earlier: {msg}")))
+            JournalError::Io(io::Error::new(
+                *kind,
+                format!("journal failed earlier: {msg}"),
+            ))
         })
     }
 
@@ -320,16 +362,25 @@ impl Journal {
         let mut page = AlignedBuf::zeroed(PAGE_BYTES);
         dev.read_at(&mut page, region.offset)
             .map_err(|e| io_context(&*dev, "journal header read", region.offset, e))?;
-        let header = LogHeader::decode(&page)
-            .map_err(|detail| JournalError::Corrupt { device: dev.name().to_string(), detail })?;
+        let header = LogHeader::decode(&page).map_err(|detail| JournalError::Corrupt {
+            device: dev.name().to_string(),
+            detail,
+        })?;
         if header.log_id != log_id {
             let device = dev.name().to_string();
-            return Err(JournalError::WrongLog { device, expected: log_id, found: header.log_id });
+            return Err(JournalError::WrongLog {
+                device,
+                expected: log_id,
+                found: header.log_id,
+            });
         }
         if header.region != region {
             return Err(JournalError::Corrupt {
                 device: dev.name().to_string(),
-                detail: format!("header describes region {:?}, opened as {region:?}", header.region),
+                detail: format!(
+                    "header describes region {:?}, opened as {region:?}",
+                    header.region
+                ),
             });
         }
         if replay_from > MAX_LSN {
@@ -340,7 +391,8 @@ impl Journal {
         }
         let geometry = Geometry::new(region);
         let scan = replay::scan(&dev, &header, geometry, replay_from)?;
-        dev.flush().map_err(|e| io_context(&*dev, "journal flush", region.offset, e))?;
+        dev.flush()
+            .map_err(|e| io_context(&*dev, "journal flush", region.offset, e))?;
         let end_lsn = scan.records.last().map_or(replay_from, |r| r.lsn);
         tracing::info!(
             device = dev.name(),
@@ -389,7 +441,10 @@ impl Journal {
     pub fn append(&self, payload: &[u8]) -> Result<Lsn, JournalError> {
         let max = self.max_record_bytes();
         if payload.len() > max {
-            return Err(JournalError::RecordTooLarge { bytes: payload.len(), max });
+            return Err(JournalError::RecordTooLarge {
+                bytes: payload.len(),
+                max,
+            });
         }
         let frame_bytes = FRAME_HEADER_BYTES + payload.len();
         let mut state = self.state.lock();
@@ -397,9 +452,11 @@ impl Journal {
             return Err(err);
         }
         // Pages the frame needs beyond the free space of the open page.
-        let (first_new_seq, free_in_open) =
-            state.open.as_ref().map_or((state.next_seq, 0), |p| (p.seq + 1, PAGE_PAYLOAD_BYTES - p.used));
-        let new_pages = (frame_bytes.saturating_sub(free_in_open)).div_ceil(PAGE_PAYLOAD_BYTES) as u64;
+        let (first_new_seq, free_in_open) = state.open.as_ref().map_or((state.next_seq, 0), |p| {
+            (p.seq + 1, PAGE_PAYLOAD_BYTES - p.used)
+        });
+        let new_pages =
+            (frame_bytes.saturating_sub(free_in_open)).div_ceil(PAGE_PAYLOAD_BYTES) as u64;
         let tail_seq = page_of(state.tail_lsn);
         let limit_seq = tail_seq + self.geometry.data_pages;
         if first_new_seq + new_pages > limit_seq {
@@ -410,7 +467,11 @@ impl Journal {
             });
         }
         let header_end = state.put(&frame_header(payload), true);
-        let lsn = if payload.is_empty() { header_end } else { state.put(payload, false) };
+        let lsn = if payload.is_empty() {
+            header_end
+        } else {
+            state.put(payload, false)
+        };
         assert!(lsn > state.appended_lsn, "LSNs increase");
         assert!(state.end_seq() <= limit_seq);
         state.appended_lsn = lsn;
@@ -446,6 +507,7 @@ impl Journal {
             let mut batch = std::mem::take(&mut state.sealed);
             batch.extend(state.open.take());
             let target = state.appended_lsn;
+            assert!(!batch.is_empty(), "records above the durable LSN are pending");
             drop(state);
             let result = self.write_pages(&batch);
             state = self.state.lock();
@@ -477,15 +539,23 @@ impl Journal {
     /// Writes `pages` (consecutive sequences) in as few device calls as the wrap allows,
     /// then flushes.
     fn write_pages(&self, pages: &[PendingPage]) -> io::Result<()> {
-        assert!(pages.windows(2).all(|w| w[1].seq == w[0].seq + 1), "batch is consecutive");
+        assert!(
+            pages.windows(2).all(|w| w[1].seq == w[0].seq + 1),
+            "batch is consecutive"
+        );
         let mut done = 0;
         while done < pages.len() {
             let first = pages[done].seq;
             let run = (pages.len() - done) as u64;
-            let run = run.min(self.geometry.pages_until_wrap(first)).min(WRITE_CHUNK_PAGES);
+            let run = run
+                .min(self.geometry.pages_until_wrap(first))
+                .min(WRITE_CHUNK_PAGES);
             let run = run as usize;
             let mut buf = AlignedBuf::zeroed(run * PAGE_BYTES);
-            for (page, out) in pages[done..done + run].iter().zip(buf.chunks_mut(PAGE_BYTES)) {
+            for (page, out) in pages[done..done + run]
+                .iter()
+                .zip(buf.chunks_mut(PAGE_BYTES))
+            {
                 self.encode_page(page, out);
             }
             let offset = self.geometry.page_offset(first);
@@ -495,7 +565,9 @@ impl Journal {
             done += run;
         }
         let offset = self.geometry.region_offset;
-        self.dev.flush().map_err(|e| io_context(&*self.dev, "journal flush", offset, e))
+        self.dev
+            .flush()
+            .map_err(|e| io_context(&*self.dev, "journal flush", offset, e))
     }
 
     fn encode_page(&self, page: &PendingPage, out: &mut [u8]) {
@@ -521,7 +593,8 @@ impl Journal {
     }
 
     /// A checkpoint made every record with end LSN <= `lsn` unnecessary: their space may be
-    /// reused. The tail never moves back, nor beyond the appended records.
+    /// reused. The tail never moves back, nor beyond the appended records. `lsn` should be
+    /// durable and is what the checkpoint records as the next `replay_from`.
     pub fn set_tail(&self, lsn: Lsn) {
         let mut state = self.state.lock();
         let lsn = lsn.min(state.appended_lsn);

@@ -116,7 +116,10 @@ impl Assembler {
                     return Err("record checksum mismatch");
                 }
                 let payload = std::mem::take(&mut self.payload);
-                out.push(Record { lsn: lsn_at(seq, pos), payload });
+                out.push(Record {
+                    lsn: lsn_at(seq, pos),
+                    payload,
+                });
                 self.reset();
             }
         }
@@ -182,7 +185,10 @@ pub(crate) fn scan(
     while seq < first_seq + geometry.data_pages {
         let page = reader.page(seq)?;
         let Some(header) = PageHeader::decode(page) else {
-            tracing::debug!(seq, "journal replay stops: page missing, torn or not a log page");
+            tracing::debug!(
+                seq,
+                "journal replay stops: page missing, torn or not a log page"
+            );
             break;
         };
         if let Err(why) = page_continues(&header, log, seq, prev.as_ref()) {
@@ -206,9 +212,9 @@ pub(crate) fn scan(
             });
         }
         let mut page_records = Vec::new();
-        let checked = assembler.feed_page(seq, data, start, &mut page_records).and_then(|first| {
-            check_page_structure(&header, first, &assembler, start, used)
-        });
+        let checked = assembler
+            .feed_page(seq, data, start, &mut page_records)
+            .and_then(|first| check_page_structure(&header, first, &assembler, start, used));
         if let Err(why) = checked {
             tracing::warn!(seq, why, "journal replay stops at an inconsistent page");
             break;
@@ -228,7 +234,10 @@ pub(crate) fn scan(
     }
     assert!(records.windows(2).all(|w| w[0].lsn < w[1].lsn));
     assert!(records.first().is_none_or(|r| r.lsn > replay_from));
-    Ok(Scan { records, next_seq: seq })
+    Ok(Scan {
+        records,
+        next_seq: seq,
+    })
 }
 
 /// Checks the page's own description of its records against what parsing found.
@@ -278,7 +287,11 @@ mod tests {
         let mut out = Vec::with_capacity(bytes + 20_000);
         let mut starts = Vec::new();
         while out.len() < bytes {
-            let len = if rng.gen_bool(0.7) { rng.gen_range(0..300) } else { rng.gen_range(0..9000) };
+            let len = if rng.gen_bool(0.7) {
+                rng.gen_range(0..300)
+            } else {
+                rng.gen_range(0..9000)
+            };
             let payload: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
             let mut header = frame_header(&payload);
             if rng.gen_bool(0.01) {
@@ -301,7 +314,10 @@ mod tests {
         at: &mut usize,
     ) -> Vec<u8> {
         let good = rng.gen_bool(0.97);
-        let next_start = starts.iter().copied().find(|&s| s > *at && s < *at + PAGE_PAYLOAD_BYTES);
+        let next_start = starts
+            .iter()
+            .copied()
+            .find(|&s| s > *at && s < *at + PAGE_PAYLOAD_BYTES);
         let used = match next_start {
             Some(s) if good && rng.gen_bool(0.1) => s - *at,
             _ if good || rng.gen_bool(0.5) => PAGE_PAYLOAD_BYTES,
@@ -310,7 +326,11 @@ mod tests {
         let page_start = *at;
         let payload = stream[*at..*at + used].to_vec();
         let first = starts.iter().copied().find(|&s| s >= *at && s < *at + used);
-        *at = if used < PAGE_PAYLOAD_BYTES && good { *at + used } else { *at + PAGE_PAYLOAD_BYTES };
+        *at = if used < PAGE_PAYLOAD_BYTES && good {
+            *at + used
+        } else {
+            *at + PAGE_PAYLOAD_BYTES
+        };
         let first_record = match (good, rng.gen_range(0..3)) {
             (true, _) | (false, 0) => first.map_or(NO_RECORD_START, |s| (s - page_start) as u16),
             (false, 1) => NO_RECORD_START,
@@ -323,9 +343,21 @@ mod tests {
             first_record
         };
         let header = PageHeader {
-            log_id: if good || rng.gen_bool(0.5) { log.log_id } else { [1; 16] },
-            format_epoch: if good || rng.gen_bool(0.5) { log.format_epoch } else { rng.gen() },
-            seq: if good { seq } else { seq.wrapping_add(rng.gen_range(0..3)) },
+            log_id: if good || rng.gen_bool(0.5) {
+                log.log_id
+            } else {
+                [1; 16]
+            },
+            format_epoch: if good || rng.gen_bool(0.5) {
+                log.format_epoch
+            } else {
+                rng.gen()
+            },
+            seq: if good {
+                seq
+            } else {
+                seq.wrapping_add(rng.gen_range(0..3))
+            },
             session_nonce: if good { 7 } else { rng.gen_range(6..9) },
             session_first_seq: if good { 0 } else { rng.gen_range(0..=seq) },
             used_bytes: used as u16,
@@ -340,8 +372,14 @@ mod tests {
     fn crc_valid_random_pages_never_panic_and_prefix_is_stable() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d");
-        let region = JournalRegion { offset: 0, bytes: 1 << 20 };
-        std::fs::File::create(&path).unwrap().set_len(region.bytes).unwrap();
+        let region = JournalRegion {
+            offset: 0,
+            bytes: 1 << 20,
+        };
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(region.bytes)
+            .unwrap();
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
         let mut rng = StdRng::seed_from_u64(77);
         let (mut opened, mut appended, mut replayed) = (0, 0, 0);
@@ -386,10 +424,19 @@ mod tests {
             appended += 1;
             let (_, second) = Journal::open(dev.clone(), region, LOG_ID, replay_from).unwrap();
             assert_eq!(second.len(), first.len() + 1, "round {round}");
-            assert!(second[..first.len()] == first[..], "round {round}: prefix changed");
+            assert!(
+                second[..first.len()] == first[..],
+                "round {round}: prefix changed"
+            );
             assert_eq!(second.last().unwrap().payload, b"after fuzz");
         }
-        assert!(opened > 50 && appended > 40, "opened {opened}, appended {appended}");
-        assert!(replayed > 100, "the fuzzer must produce parsable logs: {replayed} records");
+        assert!(
+            opened > 50 && appended > 40,
+            "opened {opened}, appended {appended}"
+        );
+        assert!(
+            replayed > 100,
+            "the fuzzer must produce parsable logs: {replayed} records"
+        );
     }
 }

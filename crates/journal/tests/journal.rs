@@ -19,7 +19,11 @@ fn append_all(journal: &Journal, records: &mut Vec<Record>, payloads: Vec<Vec<u8
 }
 
 fn after(records: &[Record], replay_from: Lsn) -> Vec<Record> {
-    records.iter().filter(|r| r.lsn > replay_from).cloned().collect()
+    records
+        .iter()
+        .filter(|r| r.lsn > replay_from)
+        .cloned()
+        .collect()
 }
 
 #[test]
@@ -56,7 +60,11 @@ fn roundtrip_random_sizes_and_replay_point() {
     for k in [0, 1, 17, 42, 69] {
         let from = records[k].lsn;
         let (_, replayed) = disk.open(from);
-        assert_records(&replayed, &after(&records, from), &format!("replay from record {k}"));
+        assert_records(
+            &replayed,
+            &after(&records, from),
+            &format!("replay from record {k}"),
+        );
     }
 }
 
@@ -129,7 +137,10 @@ fn full_until_the_tail_moves() {
     let mut records = Vec::new();
     let err = loop {
         match journal.append(&payload(records.len() as u64, 3000)) {
-            Ok(lsn) => records.push(Record { lsn, payload: payload(records.len() as u64, 3000) }),
+            Ok(lsn) => records.push(Record {
+                lsn,
+                payload: payload(records.len() as u64, 3000),
+            }),
             Err(e) => break e,
         }
         if records.len() % 7 == 0 {
@@ -137,23 +148,34 @@ fn full_until_the_tail_moves() {
         }
         assert!(records.len() < 1000, "never full");
     };
-    let JournalError::Full { needed, free } = err else { panic!("expected Full, got {err}") };
+    let JournalError::Full { needed, free } = err else {
+        panic!("expected Full, got {err}")
+    };
     assert!(needed > free, "needed {needed} free {free}");
     assert!(journal.used_bytes() <= journal.capacity_bytes());
     assert!(journal.used_bytes() + PAGE >= journal.capacity_bytes() - needed);
     journal.commit_all().unwrap();
     // Still full, even after a commit, while the tail stays.
-    assert!(matches!(journal.append(&[1; 3000]), Err(JournalError::Full { .. })));
+    assert!(matches!(
+        journal.append(&[1; 3000]),
+        Err(JournalError::Full { .. })
+    ));
     drop(journal);
 
     // The ring was filled completely; everything is still there.
     let (journal, replayed) = disk.open(0);
     assert_records(&replayed, &records, "replay");
-    assert!(matches!(journal.append(&[1; 3000]), Err(JournalError::Full { .. })));
+    assert!(matches!(
+        journal.append(&[1; 3000]),
+        Err(JournalError::Full { .. })
+    ));
     let tail = records[records.len() / 2].lsn;
     journal.set_tail(tail);
     let lsn = journal.append(&payload(9999, 3000)).unwrap();
-    records.push(Record { lsn, payload: payload(9999, 3000) });
+    records.push(Record {
+        lsn,
+        payload: payload(9999, 3000),
+    });
     journal.commit_all().unwrap();
     drop(journal);
     let (_, replayed) = disk.open(tail);
@@ -167,12 +189,21 @@ fn record_too_large_is_refused() {
     let max = journal.max_record_bytes();
     assert!(max >= 64 << 10);
     let err = journal.append(&vec![0; max + 1]).unwrap_err();
-    assert!(matches!(err, JournalError::RecordTooLarge { bytes, max: m } if bytes == max + 1 && m == max));
+    let JournalError::RecordTooLarge { bytes, max: limit } = err else {
+        panic!("{err}")
+    };
+    assert_eq!((bytes, limit), (max + 1, max));
     let lsn = journal.append(&vec![7; max]).unwrap();
     journal.commit(lsn).unwrap();
     drop(journal);
     let (_, replayed) = disk.open(0);
-    assert_eq!(replayed, vec![Record { lsn, payload: vec![7; max] }]);
+    assert_eq!(
+        replayed,
+        vec![Record {
+            lsn,
+            payload: vec![7; max]
+        }]
+    );
 }
 
 /// Two commits; the second one's pages are damaged as a torn write would leave them.
@@ -191,7 +222,13 @@ fn torn_page_ends_replay_and_stale_pages_stay_dead() {
         let durable = records.len();
         // In later rounds every record fills exactly one page, so the stale pages behind
         // the damage start with a record and only the session check can reject them.
-        let len = |rng: &mut StdRng| if round >= 6 { 4096 - 64 - 8 } else { rng.gen_range(0..3000) };
+        let len = |rng: &mut StdRng| {
+            if round >= 6 {
+                4096 - 64 - 8
+            } else {
+                rng.gen_range(0..3000)
+            }
+        };
         let second: Vec<_> = (0..20).map(|i| payload(100 + i, len(&mut rng))).collect();
         append_all(&journal, &mut records, second);
         journal.commit_all().unwrap();
@@ -199,21 +236,36 @@ fn torn_page_ends_replay_and_stale_pages_stay_dead() {
 
         let first_page = last_page_of(records[durable - 1].lsn) + 1;
         let last_page = last_page_of(records.last().unwrap().lsn);
-        let torn = if round % 2 == 0 { last_page } else { rng.gen_range(first_page..last_page) };
+        let torn = if round % 2 == 0 {
+            last_page
+        } else {
+            rng.gen_range(first_page..last_page)
+        };
         disk.damage_page(torn, *how, &mut rng);
-        let survivors: Vec<Record> =
-            records.iter().filter(|r| last_page_of(r.lsn) < torn).cloned().collect();
+        let survivors: Vec<Record> = records
+            .iter()
+            .filter(|r| last_page_of(r.lsn) < torn)
+            .cloned()
+            .collect();
         assert!(survivors.len() >= durable);
 
         let (journal, replayed) = disk.open(0);
-        assert_records(&replayed, &survivors, &format!("round {round} {how:?} torn page {torn}"));
+        assert_records(
+            &replayed,
+            &survivors,
+            &format!("round {round} {how:?} torn page {torn}"),
+        );
         let mut expected = survivors.clone();
         append_all(&journal, &mut expected, vec![payload(7777, 100)]);
         journal.commit_all().unwrap();
         assert_eq!(last_page_of(expected.last().unwrap().lsn), torn);
         drop(journal);
         let (_, replayed) = disk.open(0);
-        assert_records(&replayed, &expected, &format!("round {round}: stale pages after {torn}"));
+        assert_records(
+            &replayed,
+            &expected,
+            &format!("round {round}: stale pages after {torn}"),
+        );
     }
 }
 
@@ -227,7 +279,11 @@ fn garbage_and_old_pages_after_the_end_are_not_replayed() {
     let mut tag = 0;
     while journal.appended_lsn() < journal.capacity_bytes() * 3 / 2 {
         tag += 1;
-        append_all(&journal, &mut records, vec![payload(tag, rng.gen_range(0..6000))]);
+        append_all(
+            &journal,
+            &mut records,
+            vec![payload(tag, rng.gen_range(0..6000))],
+        );
         journal.commit_all().unwrap();
         journal.set_tail(records[records.len().saturating_sub(20)].lsn);
     }
@@ -261,17 +317,35 @@ fn format_errors_and_reformat() {
 
     let err = Journal::open(disk.dev.clone(), disk.region, [9; 16], 0).unwrap_err();
     assert!(matches!(err, JournalError::WrongLog { .. }), "{err}");
-    let other = JournalRegion { offset: disk.region.offset, bytes: disk.region.bytes - PAGE };
+    let other = JournalRegion {
+        offset: disk.region.offset,
+        bytes: disk.region.bytes - PAGE,
+    };
     let err = Journal::open(disk.dev.clone(), other, LOG_ID, 0).unwrap_err();
     assert!(matches!(err, JournalError::Corrupt { .. }), "{err}");
-    let bad = JournalRegion { offset: 100, bytes: 1 << 20 };
+    let bad = JournalRegion {
+        offset: 100,
+        bytes: 1 << 20,
+    };
     let err = format(&*disk.dev, bad, LOG_ID).unwrap_err();
     assert!(matches!(err, JournalError::InvalidRegion { .. }), "{err}");
-    let small = JournalRegion { offset: 0, bytes: 64 << 10 };
-    assert!(matches!(format(&*disk.dev, small, LOG_ID), Err(JournalError::InvalidRegion { .. })));
-    let past = JournalRegion { offset: 4 * PAGE, bytes: disk.region.bytes };
+    let small = JournalRegion {
+        offset: 0,
+        bytes: 64 << 10,
+    };
+    assert!(matches!(
+        format(&*disk.dev, small, LOG_ID),
+        Err(JournalError::InvalidRegion { .. })
+    ));
+    let past = JournalRegion {
+        offset: 4 * PAGE,
+        bytes: disk.region.bytes,
+    };
     let err = format(&*disk.dev, past, LOG_ID).unwrap_err();
-    assert!(err.to_string().contains(&disk.path.display().to_string()), "{err}");
+    assert!(
+        err.to_string().contains(&disk.path.display().to_string()),
+        "{err}"
+    );
 
     // Same log id, formatted again: the old record must not come back.
     format(&*disk.dev, disk.region, LOG_ID).unwrap();
@@ -281,11 +355,20 @@ fn format_errors_and_reformat() {
     journal.commit(lsn).unwrap();
     drop(journal);
     let (_, replayed) = disk.open(0);
-    assert_eq!(replayed, vec![Record { lsn, payload: b"after reformat".to_vec() }]);
+    assert_eq!(
+        replayed,
+        vec![Record {
+            lsn,
+            payload: b"after reformat".to_vec()
+        }]
+    );
 
     // An unformatted region is corrupt, not an empty log.
     let blank = Disk::new(1 << 20);
-    blank.dev.write_at(&AlignedBuf::zeroed(PAGE as usize), blank.region.offset).unwrap();
+    blank
+        .dev
+        .write_at(&AlignedBuf::zeroed(PAGE as usize), blank.region.offset)
+        .unwrap();
     let err = Journal::open(blank.dev.clone(), blank.region, LOG_ID, 0).unwrap_err();
     assert!(matches!(err, JournalError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("drive"), "names the device: {err}");
@@ -314,7 +397,10 @@ fn concurrent_appenders_share_commits() {
             })
         })
         .collect();
-    let mut all: Vec<Record> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let mut all: Vec<Record> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
     all.sort_by_key(|r| r.lsn);
     drop(journal);
     let (_, replayed) = disk.open(0);
@@ -371,7 +457,9 @@ fn appends_proceed_during_a_commit_and_waiters_share_the_next_flush() {
     let j = journal.clone();
     let committer = std::thread::spawn(move || j.commit(a).unwrap());
     entered.recv().unwrap(); // The committer is inside flush, without the append lock.
-    let b: Vec<Lsn> = (0..50).map(|i| journal.append(&payload(i, 100)).unwrap()).collect();
+    let b: Vec<Lsn> = (0..50)
+        .map(|i| journal.append(&payload(i, 100)).unwrap())
+        .collect();
     assert_eq!(journal.durable_lsn(), 0);
     let waiters: Vec<_> = b
         .iter()
@@ -390,7 +478,11 @@ fn appends_proceed_during_a_commit_and_waiters_share_the_next_flush() {
         w.join().unwrap();
     }
     assert_eq!(journal.durable_lsn(), *b.last().unwrap());
-    assert_eq!(*gated.flushes.lock().unwrap(), 3, "open, first commit, one group commit");
+    assert_eq!(
+        *gated.flushes.lock().unwrap(),
+        3,
+        "open, first commit, one group commit"
+    );
     journal.commit(a).unwrap(); // Already durable: no I/O, so no flush to release.
     assert_eq!(*gated.flushes.lock().unwrap(), 3);
 }
@@ -410,7 +502,9 @@ fn random_region_contents_never_panic() {
             disk.dev.read_at(&mut header, disk.region.offset).unwrap();
             bytes[..PAGE as usize].copy_from_slice(&header);
         }
-        disk.dev.write_at(&AlignedBuf::from_slice(&bytes), disk.region.offset).unwrap();
+        disk.dev
+            .write_at(&AlignedBuf::from_slice(&bytes), disk.region.offset)
+            .unwrap();
         let replay_from = match round % 3 {
             0 => 0,
             1 => rng.gen_range(0..pages * PAGE),

@@ -225,7 +225,10 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 /// Replaces `path` with `bytes` so that a crash leaves either the old or the new content.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().expect("config paths have a parent");
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     let tmp = dir.join(format!(
         ".{}.tmp",
         path.file_name()

@@ -40,12 +40,20 @@ impl Disk {
     pub fn new(region_bytes: u64) -> Disk {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("drive");
-        let region = JournalRegion { offset: 2 * PAGE, bytes: region_bytes };
+        let region = JournalRegion {
+            offset: 2 * PAGE,
+            bytes: region_bytes,
+        };
         let file = std::fs::File::create(&path).unwrap();
         file.set_len(region.offset + region.bytes + PAGE).unwrap();
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
         format(&*dev, region, LOG_ID).unwrap();
-        Disk { dir, path, dev, region }
+        Disk {
+            dir,
+            path,
+            dev,
+            region,
+        }
     }
 
     pub fn open(&self, replay_from: Lsn) -> (Journal, Vec<Record>) {
@@ -69,7 +77,9 @@ impl Disk {
 
     pub fn write_page(&self, seq: u64, bytes: &[u8]) {
         assert_eq!(bytes.len(), PAGE as usize);
-        self.dev.write_at(&AlignedBuf::from_slice(bytes), self.slot_offset(seq)).unwrap();
+        self.dev
+            .write_at(&AlignedBuf::from_slice(bytes), self.slot_offset(seq))
+            .unwrap();
     }
 
     /// Damages page `seq` in one of several ways a crash or stray write could.
@@ -97,7 +107,12 @@ pub enum Damage {
     Garbage,
 }
 
-pub const DAMAGES: [Damage; 4] = [Damage::Zero, Damage::FlipByte, Damage::TearHalf, Damage::Garbage];
+pub const DAMAGES: [Damage; 4] = [
+    Damage::Zero,
+    Damage::FlipByte,
+    Damage::TearHalf,
+    Damage::Garbage,
+];
 
 /// The page holding the last byte of a record ending at `lsn`.
 pub fn last_page_of(lsn: Lsn) -> u64 {

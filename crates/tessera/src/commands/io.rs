@@ -103,7 +103,7 @@ fn df_text(df: &DfRows) -> String {
             ));
         }
         line(format!(
-            "{:<w$} {} {:24} {} {}",
+            "{:<w$} {} {:23} {} {}",
             "",
             "-".repeat(13),
             "",
@@ -111,7 +111,7 @@ fn df_text(df: &DfRows) -> String {
             "-".repeat(19)
         ));
         line(format!(
-            "{:<w$} {:>13} {:24} {}",
+            "{:<w$} {:>13} {:23} {}",
             "(pool total)",
             kb(pool.size_bytes),
             "",
@@ -127,7 +127,7 @@ fn df_text(df: &DfRows) -> String {
     let full: u64 = df.pools.iter().map(|p| p.free_full_block_bytes).sum();
     let frag: u64 = df.pools.iter().map(|p| p.free_fragment_bytes).sum();
     line(format!(
-        "{:<w$} {} {:24} {} {}",
+        "{:<w$} {} {:23} {} {}",
         "",
         "=".repeat(13),
         "",
@@ -135,7 +135,7 @@ fn df_text(df: &DfRows) -> String {
         "=".repeat(19)
     ));
     line(format!(
-        "{:<w$} {:>13} {:24} {}",
+        "{:<w$} {:>13} {:23} {}",
         "(total)",
         kb(size),
         "",

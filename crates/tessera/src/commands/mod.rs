@@ -21,7 +21,8 @@ pub fn call(home: &Home, request: &Request) -> Result<Reply> {
     let mut bar: Option<ProgressBar> = None;
     let result = client.call(request, |frame| match frame {
         Frame::Info(line) => match &bar {
-            Some(b) => b.println(line),
+            // `println` on a hidden bar (stderr not a terminal) would drop the line.
+            Some(b) => b.suspend(|| println!("{line}")),
             None => println!("{line}"),
         },
         Frame::Progress { phase, done, total } => {

@@ -20,7 +20,9 @@ pub fn resolve_device(device: &str) -> Result<String> {
         return Ok(format!("/dev/{device}"));
     }
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
-    Ok(cwd.join(device).display().to_string())
+    // Collecting the components drops the `.` ones: `./d2` becomes `/cwd/d2`.
+    let path: PathBuf = cwd.join(device).components().collect();
+    Ok(path.display().to_string())
 }
 
 pub fn read_stanza_file(path: &Path) -> Result<String> {

@@ -1,0 +1,459 @@
+//! End-to-end tests of the `tessera` binary: a real daemon in a temporary home, file-backed
+//! drives, and (where /dev/fuse is usable) a real FUSE mount. Every test that starts a
+//! daemon holds a [`Node`] whose Drop shuts the daemon down and detaches any mount, so a
+//! failing test leaves no stale mount or process behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+const DRIVE_BYTES: u64 = 128 << 20;
+
+struct Node {
+    dir: tempfile::TempDir,
+    mounts: Vec<PathBuf>,
+    started: bool,
+}
+
+impl Node {
+    fn new() -> Node {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Node {
+            dir,
+            mounts: Vec::new(),
+            started: false,
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn home(&self) -> PathBuf {
+        self.path("home")
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .env("TESSERA_HOME", self.home())
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run tessera")
+    }
+
+    /// Runs and requires success; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "tessera {args:?} failed:\n{stdout}\n{stderr}"
+        );
+        stdout
+    }
+
+    /// Runs and requires failure; returns stderr.
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "tessera {args:?} should fail:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        stderr
+    }
+
+    /// Creates the cluster and starts the daemon.
+    fn start(mut self) -> Node {
+        self.ok(&["cluster", "create", "--name", "testcluster"]);
+        self.ok(&["startup"]);
+        self.started = true;
+        self
+    }
+
+    fn drive(&self, name: &str, bytes: u64) -> PathBuf {
+        let path = self.path(name);
+        let f = std::fs::File::create(&path).expect("create drive");
+        f.set_len(bytes).expect("size drive");
+        path
+    }
+
+    /// The Figure 33 stanzas of seed 000, devices replaced by drive files.
+    fn figure33(&self) -> PathBuf {
+        let mut text = String::from("# ./ef600-nsdstanza-rhel8.sh | tee ef600_mlx.stanza\n");
+        for (i, nsd) in ["de0704a01v1", "de0704a01v2", "de0704a02v1", "de0704a02v2"]
+            .iter()
+            .enumerate()
+        {
+            let dev = self.drive(&format!("nvme0n{}", i + 1), DRIVE_BYTES);
+            text += &format!(
+                "%nsd: device={} nsd={nsd} usage=dataAndMetadata\n",
+                dev.display()
+            );
+            text += "failureGroup=704 pool=system thinDiskType=no\n";
+        }
+        let path = self.path("ef600_mlx.stanza");
+        std::fs::write(&path, text).expect("write stanza");
+        path
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = self.run(&["shutdown"]);
+        }
+        for m in &self.mounts {
+            let _ = Command::new("fusermount3").arg("-uz").arg(m).output();
+        }
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// FUSE needs root and /dev/fuse; say why a test is skipped instead of failing.
+fn fuse_usable() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let usable = root && Path::new("/dev/fuse").exists();
+    if !usable {
+        eprintln!("skipping: FUSE tests need root and /dev/fuse");
+    }
+    usable
+}
+
+#[test]
+fn state_is_down_without_daemon_and_active_with_it() {
+    let node = Node::new();
+    let err = node.fails(&["state"]);
+    assert!(err.contains("tessera cluster create"), "{err}");
+    let node = node.start();
+    assert!(node.ok(&["state"]).contains("active"));
+    let y = node.ok(&["state", "-Y"]);
+    assert!(y.starts_with("state::HEADER:version:reserved:reserved:nodeNumber:nodeName:state:"));
+    let err = node.fails(&["cluster", "create", "--name", "again"]);
+    assert!(err.contains("already defined"), "{err}");
+    node.ok(&["shutdown"]);
+    assert!(node.ok(&["state"]).contains("down"));
+}
+
+#[test]
+fn nsd_create_list_delete_figure33() {
+    let node = Node::new().start();
+    let stanza = node.figure33();
+    let out = node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    assert_eq!(
+        out.matches("tessera nsd create: Processing disk").count(),
+        4,
+        "{out}"
+    );
+    let ls = node.ok(&["nsd", "ls"]);
+    assert!(
+        ls.contains("(free disk)") && ls.contains("de0704a02v2"),
+        "{ls}"
+    );
+    assert!(ls.contains("(directly attached)"));
+    let m = node.ok(&["nsd", "ls", "-m"]);
+    assert!(
+        m.contains("NSD volume ID") && m.contains(s(&node.path("nvme0n1"))),
+        "{m}"
+    );
+    assert!(node.ok(&["nsd", "ls", "-X"]).contains("Devtype"));
+    let y = node.ok(&["nsd", "ls", "-Y"]);
+    assert!(y
+        .lines()
+        .next()
+        .unwrap()
+        .starts_with("nsd::HEADER:version:reserved:reserved:"));
+    assert_eq!(y.lines().count(), 5, "{y}");
+    node.ok(&["nsd", "delete", "de0704a01v1"]);
+    assert!(!node.ok(&["nsd", "ls"]).contains("de0704a01v1"));
+    let err = node.fails(&["nsd", "delete", "nosuch"]);
+    assert!(err.contains("does not exist"), "{err}");
+}
+
+#[test]
+fn nsd_create_generates_names_and_rewrites_stanza() {
+    let node = Node::new().start();
+    node.drive("d0", DRIVE_BYTES);
+    node.drive("d1", DRIVE_BYTES);
+    let stanza = node.path("gen.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=./d0\n# a comment\n%nsd: device=./d1 failureGroup=2\n",
+    )
+    .unwrap();
+    node.ok(&["nsd", "create", "-F", "gen.stanza"]);
+    let text = std::fs::read_to_string(&stanza).unwrap();
+    assert!(
+        text.contains("nsd=nsd1") && text.contains("nsd=nsd2"),
+        "{text}"
+    );
+    assert!(text.contains("# %nsd: device=./d0"), "{text}");
+    let y = node.ok(&["nsd", "ls", "-Y"]);
+    assert!(y.contains(&format!(":{}:", s(&node.path("d1")))), "{y}");
+}
+
+#[test]
+fn nsd_create_bad_input_leaves_nothing() {
+    let node = Node::new().start();
+    let d0 = node.drive("d0", DRIVE_BYTES);
+    let small = node.drive("small", 1 << 20);
+    let bad = node.path("bad.stanza");
+    let nsds = |n: &Node| n.ok(&["nsd", "ls", "-Y"]).lines().count() - 1;
+
+    // Malformed: the error names the line and the field.
+    std::fs::write(
+        &bad,
+        format!("%nsd: device={}\n  usage=dataOnlyy\n", s(&d0)),
+    )
+    .unwrap();
+    let err = node.fails(&["nsd", "create", "-F", s(&bad)]);
+    assert!(err.contains("line 2") && err.contains("usage"), "{err}");
+    assert_eq!(nsds(&node), 0);
+
+    // Too small and missing devices; the good stanza before them is not created either.
+    let text = format!(
+        "%nsd: device={} nsd=good\n%nsd: device={} nsd=tiny\n%nsd: device={}/nope nsd=gone\n",
+        s(&d0),
+        s(&small),
+        node.dir.path().display()
+    );
+    std::fs::write(&bad, text).unwrap();
+    let err = node.fails(&["nsd", "create", "-F", s(&bad)]);
+    assert!(err.contains("too small") && err.contains("nope"), "{err}");
+    assert_eq!(nsds(&node), 0);
+
+    // Duplicate NSD name within a file.
+    let d1 = node.drive("d1", DRIVE_BYTES);
+    std::fs::write(
+        &bad,
+        format!(
+            "%nsd: device={} nsd=a\n%nsd: device={} nsd=a\n",
+            s(&d0),
+            s(&d1)
+        ),
+    )
+    .unwrap();
+    let err = node.fails(&["nsd", "create", "-F", s(&bad)]);
+    assert!(
+        err.contains("line 2") && err.contains("already used"),
+        "{err}"
+    );
+
+    // Device already an NSD: refused without -v no, accepted with it.
+    let ok = node.path("ok.stanza");
+    std::fs::write(&ok, format!("%nsd: device={} nsd=first\n", s(&d0))).unwrap();
+    node.ok(&["nsd", "create", "-F", s(&ok)]);
+    node.ok(&["nsd", "delete", "first"]);
+    // Rewrite the descriptor behind the daemon's back: make d0 an NSD of another cluster.
+    let other = Node::new().start();
+    std::fs::write(&ok, format!("%nsd: device={} nsd=foreign\n", s(&d0))).unwrap();
+    other.ok(&["nsd", "create", "-F", s(&ok)]);
+    drop(other);
+    std::fs::write(&ok, format!("%nsd: device={} nsd=mine\n", s(&d0))).unwrap();
+    let err = node.fails(&["nsd", "create", "-F", s(&ok)]);
+    assert!(
+        err.contains("already holds NSD foreign") && err.contains("-v no"),
+        "{err}"
+    );
+    node.ok(&["nsd", "create", "-F", s(&ok), "-v", "no"]);
+
+    // Name already registered.
+    std::fs::write(&ok, format!("%nsd: device={} nsd=mine\n", s(&d1))).unwrap();
+    let err = node.fails(&["nsd", "create", "-F", s(&ok)]);
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(nsds(&node), 1);
+}
+
+#[test]
+fn fs_create_option_errors() {
+    let node = Node::new().start();
+    let stanza = node.figure33();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let f = s(&stanza);
+    for (args, want) in [
+        (vec!["-B", "3M"], "not a power of two"),
+        (vec!["-B", "32K"], "minimum of 64K"),
+        (vec!["-m", "2"], "not yet supported"),
+        (vec!["-r", "2"], "not yet supported"),
+        (vec!["-i", "2K"], "use 512, 1K or 4K"),
+        (vec!["-j", "random"], "scatter, cluster"),
+        (vec!["-K", "maybe"], "whenpossible"),
+    ] {
+        let mut all = vec!["fs", "create", "fs1", "-F", f];
+        all.extend(args.iter().copied());
+        let err = node.fails(&all);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let err = node.fails(&["fs", "create", "fs1", "-F", f, "--bogus"]);
+    assert!(err.contains("--bogus"), "{err}");
+    let missing = node.path("missing.stanza");
+    std::fs::write(&missing, "%nsd: nsd=nosuch\n").unwrap();
+    let err = node.fails(&["fs", "create", "fs1", "-F", s(&missing)]);
+    assert!(
+        err.contains("NSD nosuch does not exist") && err.contains("nsd create"),
+        "{err}"
+    );
+    // Nothing half-made: every NSD is still free.
+    assert_eq!(node.ok(&["nsd", "ls"]).matches("(free disk)").count(), 4);
+}
+
+#[test]
+fn fs_create_seed000_options_then_ls_disk_df_delete() {
+    let node = Node::new().start();
+    let stanza = node.figure33();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("gpfs/ef600_mlx");
+    let out = node.ok(&[
+        "fs",
+        "create",
+        "ef600_mlx",
+        "-F",
+        s(&stanza),
+        "-T",
+        s(&mnt),
+        "-B",
+        "1m",
+        "-E",
+        "no",
+        "-S",
+        "relatime",
+        "-K",
+        "whenpossible",
+        "-m",
+        "1",
+        "-M",
+        "2",
+        "-r",
+        "1",
+        "-R",
+        "2",
+        "-n",
+        "137",
+        "-A",
+        "no",
+        "--inode-limit",
+        "10000000:5000000",
+    ]);
+    assert!(
+        out.contains("The following disks of ef600_mlx will be formatted"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Completed creation of file system ef600_mlx."),
+        "{out}"
+    );
+    let ls = node.ok(&["fs", "ls", "ef600_mlx"]);
+    for want in [
+        "1048576",
+        "relatime",
+        "whenpossible",
+        "137",
+        "10000000",
+        s(&mnt),
+    ] {
+        assert!(ls.contains(want), "{want} missing from\n{ls}");
+    }
+    let y = node.ok(&["fs", "ls", "ef600_mlx", "-Y"]);
+    assert!(y.contains("fs::0:1:::ef600_mlx:blockSize:1048576::"), "{y}");
+    assert!(y.contains(":automaticMountOption:no:"), "{y}");
+    let disks = node.ok(&["disk", "ls", "ef600_mlx"]);
+    assert_eq!(disks.matches("ready").count(), 4, "{disks}");
+    assert!(disks.contains("704") && disks.contains(" up "), "{disks}");
+    let df = node.ok(&["df", "ef600_mlx"]);
+    assert!(
+        df.contains("Disks in storage pool: system") && df.contains("(total)"),
+        "{df}"
+    );
+    assert!(
+        df.contains("Maximum number of inodes:") && df.contains("10000000"),
+        "{df}"
+    );
+    assert!(node
+        .ok(&["df", "ef600_mlx", "-Y"])
+        .contains("df:inode:0:1:::ef600_mlx:"));
+    assert!(node.ok(&["nsd", "ls"]).contains("ef600_mlx"));
+    node.ok(&["fsck", "ef600_mlx", "-n"]);
+    let err = node.fails(&["fs", "create", "ef600_mlx", "-F", s(&stanza)]);
+    assert!(err.contains("already exists"), "{err}");
+    node.ok(&["fs", "delete", "ef600_mlx"]);
+    assert_eq!(node.ok(&["nsd", "ls"]).matches("(free disk)").count(), 4);
+    // The NSDs are free again and can hold a new file system.
+    node.ok(&[
+        "fs",
+        "create",
+        "again",
+        "-F",
+        s(&stanza),
+        "-B",
+        "256K",
+        "-A",
+        "no",
+    ]);
+}
+
+#[test]
+fn fs_create_seed002_form_mount_write_umount() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let stanza = node.figure33();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("gpfs1");
+    node.mounts.push(mnt.clone());
+    let list = node.path("disk.lst");
+    std::fs::copy(&stanza, &list).unwrap();
+    node.ok(&[
+        "fs",
+        "create",
+        s(&mnt),
+        "gpfs1",
+        "-F",
+        s(&list),
+        "-A",
+        "yes",
+        "-B",
+        "4m",
+        "-v",
+        "no",
+        "-n",
+        "32",
+        "-j",
+        "scatter",
+    ]);
+    let out = node.ok(&["mount", "gpfs1"]);
+    assert!(out.contains(s(&mnt)), "{out}");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(mnt.join("file.bin"), &data).unwrap();
+    assert_eq!(std::fs::read(mnt.join("file.bin")).unwrap(), data);
+    let pmon = node.ok(&["pmon"]);
+    assert!(pmon.contains("fs_io_s") && pmon.contains("gpfs1"), "{pmon}");
+    assert!(node.ok(&["pmon", "-Y"]).contains("_fs_io_s_ _n_"));
+    let err = node.fails(&["fs", "delete", "gpfs1"]);
+    assert!(err.contains("umount"), "{err}");
+    let err = node.fails(&["fsck", "gpfs1"]);
+    assert!(err.contains("unmount it first"), "{err}");
+    assert!(node.ok(&["df", "gpfs1"]).contains("(pool total)"));
+    node.ok(&["umount", "gpfs1"]);
+    assert!(!std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(s(&mnt)));
+    // Mounted again (at another directory), the data is still there.
+    let other = node.path("other");
+    node.mounts.push(other.clone());
+    node.ok(&["mount", "gpfs1", "-T", s(&other)]);
+    assert_eq!(std::fs::read(other.join("file.bin")).unwrap(), data);
+    // A restarted daemon mounts it again where it was.
+    node.ok(&["shutdown"]);
+    node.ok(&["startup"]);
+    assert_eq!(std::fs::read(other.join("file.bin")).unwrap(), data);
+    node.ok(&["umount", "gpfs1"]);
+    node.ok(&["fsck", "gpfs1"]);
+}
