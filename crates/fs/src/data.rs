@@ -17,7 +17,7 @@ use tessera_journal::Lsn;
 
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
-use crate::inode::{Attr, BlockRef, Content, FileKind, Ino, CSUM_SECTOR_BYTES};
+use crate::inode::{Alternative, Attr, BlockRef, Content, FileKind, Ino, CSUM_SECTOR_BYTES};
 use crate::meta::Change;
 
 /// Largest file size: 1 PiB.
@@ -33,7 +33,7 @@ pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
 struct SectorInfo {
     unwritten: bool,
     crc: u32,
-    alternative: Option<u32>,
+    alternative: Option<Alternative>,
 }
 
 /// How a block write proceeds, decided under the metadata lock.
@@ -135,7 +135,15 @@ impl FileSystem {
                 continue;
             }
             let crc = crc32c::crc32c(bytes);
-            if crc != info.crc && Some(crc) != info.alternative {
+            if crc == info.crc || info.alternative == Some(Alternative::Crc(crc)) {
+                continue;
+            }
+            if info.alternative == Some(Alternative::Unwritten) {
+                // A write into a never-written sector did not land before a crash.
+                bytes.fill(0);
+                continue;
+            }
+            {
                 self.pmon.checksum_error();
                 let offset = at + i as u64 * SECTOR;
                 tracing::error!(

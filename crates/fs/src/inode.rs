@@ -71,9 +71,18 @@ pub struct BlockRef {
     /// One bit per sector: set while the sector was allocated but never written, so it
     /// reads as zeros (fallocate, partial writes of a fresh block).
     pub unwritten: Vec<u64>,
-    /// Sectors overwritten in place whose write may not have reached the disk before a
-    /// crash: the sector holds either the data of `crcs` or the older data of this crc.
-    pub pending: BTreeMap<u32, u32>,
+    /// Sectors written in place whose write may not have reached the disk before a crash:
+    /// the sector holds either the data of `crcs` or what the alternative describes.
+    pub pending: BTreeMap<u32, Alternative>,
+}
+
+/// What an in-place sector held before a write that may not have landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Alternative {
+    /// The older data, with this checksum.
+    Crc(u32),
+    /// Nothing: the sector was never written and reads as zeros.
+    Unwritten,
 }
 
 impl BlockRef {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tessera_alloc::Extent;
 
 use crate::error::{FsError, FsResult};
-use crate::inode::{Attr, BlockRef, Content, DirEntry, Directory, FileKind, Ino, Inode};
+use crate::inode::{Alternative, Attr, BlockRef, Content, DirEntry, Directory, FileKind, Ino, Inode};
 
 /// One logged metadata change. Changes carry results (inode numbers, cookies, checksums), never
 /// decisions, so replay is deterministic.
@@ -147,8 +147,15 @@ impl MetaState {
                 }
                 for (i, crc) in crcs.iter().enumerate() {
                     let s = *first as usize + i;
-                    if *in_place && !b.is_unwritten(s) && b.crcs[s] != *crc {
-                        b.pending.insert(s as u32, b.crcs[s]);
+                    if *in_place {
+                        let before = if b.is_unwritten(s) {
+                            Alternative::Unwritten
+                        } else {
+                            Alternative::Crc(b.crcs[s])
+                        };
+                        if before != Alternative::Crc(*crc) {
+                            b.pending.insert(s as u32, before);
+                        }
                     }
                     b.set_written(s, *crc);
                 }

@@ -15,6 +15,22 @@ pub struct TestDisks {
 }
 
 impl TestDisks {
+    /// Uses drives that another process (the crash test's parent) created in `dir`; the NSD
+    /// ids are read back from the drives' descriptors.
+    pub fn adopt(dir: &Path) -> AdoptedDisks {
+        let mut disks = Vec::new();
+        for i in 0.. {
+            let path = dir.join(format!("d{i}"));
+            if !path.exists() {
+                break;
+            }
+            let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
+            let nd = tessera_nsd::descriptor::read_descriptor(dev.as_ref()).unwrap().unwrap();
+            disks.push((nd.id, dev));
+        }
+        AdoptedDisks { disks }
+    }
+
     /// Opens the drives again, as a restarted daemon would.
     pub fn reopen(&self) -> Vec<(NsdId, Arc<dyn BlockDevice>)> {
         self.disks
@@ -79,4 +95,14 @@ pub fn small_opts() -> FormatOptions {
 
 pub fn mount(t: &TestDisks) -> Arc<FileSystem> {
     FileSystem::mount(t.reopen()).unwrap()
+}
+
+pub struct AdoptedDisks {
+    pub disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+}
+
+impl AdoptedDisks {
+    pub fn reopen(&self) -> Vec<(NsdId, Arc<dyn BlockDevice>)> {
+        self.disks.clone()
+    }
 }

@@ -114,7 +114,10 @@ impl FsRegistry {
         }
         let known: Vec<&str> = self.file_systems.iter().map(|f| f.name.as_str()).collect();
         if known.is_empty() {
-            bail!("file system {name} does not exist; there are no file systems yet (create one with `tessera fs create`)");
+            bail!(
+                "file system {name} does not exist; there are no file systems yet \
+                 (create one with `tessera fs create`)"
+            );
         }
         bail!(
             "file system {name} does not exist; known file systems: {}",
@@ -170,7 +173,8 @@ impl Home {
         match read_json::<ClusterConfig>(&self.cluster_path())? {
             Some(c) => Ok(c),
             None => bail!(
-                "no cluster is defined under {}; create one with `tessera cluster create --name NAME` \
+                "no cluster is defined under {}; create one with \
+                 `tessera cluster create --name NAME` \
                  (or set TESSERA_HOME to the home of an existing node)",
                 self.root.display()
             ),

@@ -215,7 +215,8 @@ impl Daemon {
         let record = fss.require(name)?.clone();
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
-                "file system {name} is mounted at {}; unmount it first with `tessera umount {name}`",
+                "file system {name} is mounted at {}; unmount it first with \
+                 `tessera umount {name}`",
                 m.mount_point.display()
             );
         }

@@ -1,0 +1,190 @@
+//! Crash consistency: a child process runs a mixed workload that fsyncs and records in a
+//! ledger what it knows to be durable; the parent kills it with SIGKILL at a random moment,
+//! mounts (replaying the log), checks every file the ledger says is durable, and runs fsck.
+//!
+//! The ledger protocol: before touching a file the child durably records `BEGIN name`; after
+//! the change and its fsync it records `DONE name seed size` or `GONE name`. A file whose last
+//! record is DONE must read back exactly; GONE must not exist; BEGIN may hold either version
+//! but must read without error.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use tessera_fs::{Caller, FileKind, FileSystem, ROOT_INO};
+
+const ITERATIONS: usize = 20;
+const ROOT: Caller = Caller { uid: 0, gid: 0 };
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+struct Ledger(std::fs::File);
+
+impl Ledger {
+    fn record(&mut self, line: &str) {
+        writeln!(self.0, "{line}").unwrap();
+        self.0.sync_data().unwrap();
+    }
+}
+
+/// The workload run by the child; it never returns normally (it is killed).
+#[test]
+#[ignore = "entry point of the crash child; run by crash_loop"]
+fn crash_child() {
+    let Ok(dir) = std::env::var("TESSERA_CRASH_DIR") else { return };
+    let t = TestDisks::adopt(std::path::Path::new(&dir));
+    let fs = FileSystem::mount(t.reopen()).unwrap();
+    let mut ledger = Ledger(
+        std::fs::OpenOptions::new().append(true).create(true).open(format!("{dir}/ledger")).unwrap(),
+    );
+    let iteration: u64 = std::env::var("TESSERA_CRASH_ITER").unwrap().parse().unwrap();
+    let mut rng = iteration.wrapping_mul(6_364_136_223_846_793_005) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for step in 0u64.. {
+        let name = format!("f{}", next() % 40);
+        let seed = iteration * 1_000_000 + step;
+        let size = match next() % 4 {
+            0 => (next() % 3000) as usize,
+            1 => (next() % 100_000) as usize,
+            2 => (next() % 700_000) as usize,
+            _ => (next() % 2_000_000) as usize,
+        };
+        ledger.record(&format!("BEGIN {name}"));
+        let existing = fs.lookup(ROOT_INO, name.as_bytes()).ok();
+        match (next() % 5, existing) {
+            (0, Some(_)) => {
+                fs.remove(ROOT_INO, name.as_bytes(), false).unwrap();
+                fs.sync().unwrap();
+                ledger.record(&format!("GONE {name}"));
+                continue;
+            }
+            (1, Some(a)) if a.size > 0 => {
+                // Same-size rewrite in place: exercises overwrite intents.
+                let data = pattern(a.size as usize, seed);
+                fs.write(a.ino, 0, &data, false).unwrap();
+                fs.fsync(a.ino).unwrap();
+                ledger.record(&format!("DONE {name} {seed} {}", a.size));
+                continue;
+            }
+            (_, Some(a)) => {
+                fs.truncate(a.ino, 0).unwrap();
+                write_file(&fs, a.ino, &pattern(size, seed));
+            }
+            (_, None) => {
+                let a = fs
+                    .create_node(ROOT_INO, name.as_bytes(), FileKind::Regular, 0o644, 0, ROOT, None)
+                    .unwrap();
+                write_file(&fs, a.ino, &pattern(size, seed));
+            }
+        }
+        let ino = fs.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
+        fs.fsync(ino).unwrap();
+        ledger.record(&format!("DONE {name} {seed} {size}"));
+    }
+}
+
+fn write_file(fs: &FileSystem, ino: u64, data: &[u8]) {
+    for (i, chunk) in data.chunks(200_000).enumerate() {
+        fs.write(ino, (i * 200_000) as u64, chunk, false).unwrap();
+    }
+}
+
+#[derive(Debug)]
+enum Expect {
+    Done(u64, usize),
+    Gone,
+    Unknown,
+}
+
+fn read_ledger(dir: &std::path::Path) -> HashMap<String, Expect> {
+    let text = std::fs::read_to_string(dir.join("ledger")).unwrap_or_default();
+    let mut state = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        match f.as_slice() {
+            ["BEGIN", name] => state.insert(name.to_string(), Expect::Unknown),
+            ["DONE", name, seed, size] => state
+                .insert(name.to_string(), Expect::Done(seed.parse().unwrap(), size.parse().unwrap())),
+            ["GONE", name] => state.insert(name.to_string(), Expect::Gone),
+            _ => None, // A torn last line: the child died while writing it.
+        };
+    }
+    state
+}
+
+fn verify(t: &TestDisks) -> usize {
+    let fs = FileSystem::mount(t.reopen()).unwrap();
+    let mut checked = 0;
+    for (name, expect) in read_ledger(t.dir.path()) {
+        let found = fs.lookup(ROOT_INO, name.as_bytes());
+        match expect {
+            Expect::Done(seed, size) => {
+                let a = found.unwrap_or_else(|e| panic!("{name}: durable file missing: {e}"));
+                let data = fs.read(a.ino, 0, (size + 1) as u32).unwrap();
+                assert_eq!(data.len(), size, "{name}: size");
+                assert!(data == pattern(size, seed), "{name}: content differs");
+                checked += 1;
+            }
+            Expect::Gone => assert!(found.is_err(), "{name}: deleted file is back"),
+            Expect::Unknown => {
+                if let Ok(a) = found {
+                    fs.read(a.ino, 0, a.size as u32).unwrap();
+                }
+            }
+        }
+    }
+    fs.unmount().unwrap();
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "fsck: {:?}", report.problems);
+    checked
+}
+
+#[test]
+fn crash_loop() {
+    let t = make_disks(4, 128 << 20);
+    format_fs(&t, &small_opts());
+    let exe = std::env::current_exe().unwrap();
+    let mut total_checked = 0;
+    let iterations = std::env::var("TESSERA_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ITERATIONS);
+    for iteration in 0..iterations {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "crash_child", "--ignored", "--nocapture"])
+            .env("TESSERA_CRASH_DIR", t.dir.path())
+            .env("TESSERA_CRASH_ITER", iteration.to_string())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let delay_ms = 150 + (iteration as u64 * 7919) % 450;
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("crash child exited on its own: {status}");
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        total_checked += verify(&t);
+    }
+    eprintln!("{iterations} crashes, {total_checked} durable files verified");
+    assert!(total_checked > iterations, "the workload made too little progress to test");
+}
