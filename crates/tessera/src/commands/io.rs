@@ -178,7 +178,7 @@ fn df_machine(name: &str, df: &DfRows) {
             "freeFragmentsPct",
         ])
     );
-    let pct = |part: u64, whole: u64| if whole == 0 { 0 } else { part * 100 / whole }.to_string();
+    let pct = |part: u64, whole: u64| (part * 100).checked_div(whole).unwrap_or(0).to_string();
     for d in &df.disks {
         println!(
             "{}",
