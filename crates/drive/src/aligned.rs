@@ -19,7 +19,10 @@ impl AlignedBuf {
         let sector = SECTOR_BYTES as usize;
         let len = len.div_ceil(sector) * sector;
         if len == 0 {
-            return AlignedBuf { ptr: sector as *mut u8, len: 0 };
+            return AlignedBuf {
+                ptr: sector as *mut u8,
+                len: 0,
+            };
         }
         let layout = Layout::from_size_align(len, sector).expect("valid layout");
         // SAFETY: layout has non-zero size.

@@ -25,7 +25,10 @@ impl FileDrive {
         let meta = std::fs::metadata(path).map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!("{}: cannot open drive: {e}; check the device path", path.display()),
+                format!(
+                    "{}: cannot open drive: {e}; check the device path",
+                    path.display()
+                ),
             )
         })?;
         let is_block_device = meta.file_type().is_block_device();
@@ -53,7 +56,11 @@ impl FileDrive {
                 ))
             }
         };
-        let size_bytes = if is_block_device { block_device_bytes(&file)? } else { meta.len() };
+        let size_bytes = if is_block_device {
+            block_device_bytes(&file)?
+        } else {
+            meta.len()
+        };
         let size_bytes = size_bytes - size_bytes % SECTOR_BYTES;
         Ok(FileDrive {
             file,
@@ -99,16 +106,16 @@ impl BlockDevice for FileDrive {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
-        self.file.read_exact_at(buf, offset).map_err(|e| {
-            io::Error::new(e.kind(), format!("{}: read at {offset}: {e}", self.name))
-        })
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: read at {offset}: {e}", self.name)))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
-        self.file.write_all_at(buf, offset).map_err(|e| {
-            io::Error::new(e.kind(), format!("{}: write at {offset}: {e}", self.name))
-        })
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: write at {offset}: {e}", self.name)))
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -129,7 +136,10 @@ mod tests {
     fn write_read_roundtrip_and_alignment_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d0");
-        std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
         let drive = FileDrive::open(&path).unwrap();
         assert_eq!(drive.size_bytes(), 1 << 20);
         let data = AlignedBuf::from_slice(&[0xab; 8192]);
@@ -147,6 +157,9 @@ mod tests {
     #[test]
     fn missing_device_is_named() {
         let err = FileDrive::open(Path::new("/nonexistent/tessera-drive")).unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/tessera-drive"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/tessera-drive"),
+            "{err}"
+        );
     }
 }

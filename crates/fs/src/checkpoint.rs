@@ -60,7 +60,11 @@ fn allocate(
     let mut prev = None;
     while left > 0 {
         let extent = if left >= block {
-            let hint = BlockHint { file_key: shard, block_index: extents.len() as u64, prev };
+            let hint = BlockHint {
+                file_key: shard,
+                block_index: extents.len() as u64,
+                prev,
+            };
             alloc.alloc_block(0, AllocKind::Metadata, hint)
         } else {
             alloc.alloc_fragment(0, AllocKind::Metadata, left.div_ceil(sub) as u32, prev)

@@ -39,7 +39,10 @@ struct SectorInfo {
 /// How a block write proceeds, decided under the metadata lock.
 enum BlockPlan {
     /// Write into a newly allocated extent, copying the old extent's sectors if given.
-    Fresh { extent: Extent, copy: Option<BlockRef> },
+    Fresh {
+        extent: Extent,
+        copy: Option<BlockRef>,
+    },
     /// Overwrite sectors of the current extent.
     InPlace { current: BlockRef },
 }
@@ -100,9 +103,17 @@ impl FileSystem {
             out[..n].copy_from_slice(&d[start..start + n]);
         }
         for (b, lo, hi, info) in blocks {
-            let Some((extent, sectors)) = info else { continue };
+            let Some((extent, sectors)) = info else {
+                continue;
+            };
             let dst = (b * bs + lo - offset) as usize;
-            self.read_sectors(ino, &extent, &sectors, lo, &mut out[dst..dst + (hi - lo) as usize])?;
+            self.read_sectors(
+                ino,
+                &extent,
+                &sectors,
+                lo,
+                &mut out[dst..dst + (hi - lo) as usize],
+            )?;
         }
         self.touch_atime(ino);
         self.pmon.read(len as u64, started.elapsed());
@@ -151,7 +162,11 @@ impl FileSystem {
                     dev.name(),
                     info.crc
                 );
-                return Err(FsError::Checksum { nsd: dev.name().to_string(), offset, ino });
+                return Err(FsError::Checksum {
+                    nsd: dev.name().to_string(),
+                    offset,
+                    ino,
+                });
             }
         }
         let skip = (lo - first * SECTOR) as usize;
@@ -166,7 +181,9 @@ impl FileSystem {
             return;
         }
         let mut m = self.meta.lock();
-        let Some(inode) = m.state.get(ino) else { return };
+        let Some(inode) = m.state.get(ino) else {
+            return;
+        };
         let mut attr = inode.attr;
         let now = self.now();
         let stale = attr.atime <= attr.mtime
@@ -186,7 +203,9 @@ impl FileSystem {
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8], sync: bool) -> FsResult<usize> {
         let started = Instant::now();
         let _data = self.inode_lock(ino).write();
-        let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooLarge)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(FsError::FileTooLarge)?;
         if end > FILE_BYTES_MAX {
             return Err(FsError::FileTooLarge);
         }
@@ -284,7 +303,9 @@ impl FileSystem {
         let (current, prev) = match &inode.content {
             Content::Blocks(map) => (
                 map.get(&b).cloned(),
-                b.checked_sub(1).and_then(|p| map.get(&p)).map(|r| r.extent.addr),
+                b.checked_sub(1)
+                    .and_then(|p| map.get(&p))
+                    .map(|r| r.extent.addr),
             ),
             _ => (None, None),
         };
@@ -293,7 +314,9 @@ impl FileSystem {
         // small files in sub-blocks); everything else uses whole blocks.
         let needed = if b == 0 && size_after <= bs {
             let have = current.as_ref().map_or(0, |c| c.extent.sub_blocks);
-            ((off + len).div_ceil(self.geo.sub_block_bytes) as u32).max(have).min(per)
+            ((off + len).div_ceil(self.geo.sub_block_bytes) as u32)
+                .max(have)
+                .min(per)
         } else {
             per
         };
@@ -303,11 +326,17 @@ impl FileSystem {
             Some(c) => c.extent.sub_blocks < needed || (whole_block && c.any_written()),
         };
         if !fresh {
-            return Ok(BlockPlan::InPlace { current: current.expect("not fresh") });
+            return Ok(BlockPlan::InPlace {
+                current: current.expect("not fresh"),
+            });
         }
         let pool = self.geo.data_pool;
         let extent = if needed == per {
-            let hint = BlockHint { file_key: ino, block_index: b, prev };
+            let hint = BlockHint {
+                file_key: ino,
+                block_index: b,
+                prev,
+            };
             m.alloc.alloc_block(pool, AllocKind::Data, hint)
         } else {
             m.alloc.alloc_fragment(pool, AllocKind::Data, needed, prev)
@@ -331,7 +360,10 @@ impl FileSystem {
         let touched_lo = (off / SECTOR) as usize;
         let touched_hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
         let copy_hi = copy.as_ref().map_or(0, |c| {
-            (0..c.sectors()).rev().find(|s| !c.is_unwritten(*s)).map_or(0, |s| s + 1)
+            (0..c.sectors())
+                .rev()
+                .find(|s| !c.is_unwritten(*s))
+                .map_or(0, |s| s + 1)
         });
         let lo = if copy_hi > 0 { 0 } else { touched_lo };
         let hi = touched_hi.max(copy_hi);
@@ -339,7 +371,13 @@ impl FileSystem {
         let mut buf = AlignedBuf::zeroed((hi - lo) * SECTOR as usize);
         if let Some(old) = &copy {
             let infos = sector_infos(old, 0, copy_hi as u64 * SECTOR).1;
-            self.read_sectors(ino, &old.extent, &infos, 0, &mut buf[..copy_hi * SECTOR as usize])?;
+            self.read_sectors(
+                ino,
+                &old.extent,
+                &infos,
+                0,
+                &mut buf[..copy_hi * SECTOR as usize],
+            )?;
             for s in 0..copy_hi {
                 if !old.is_unwritten(s) {
                     let bytes = &buf[s * SECTOR as usize..(s + 1) * SECTOR as usize];
@@ -351,16 +389,31 @@ impl FileSystem {
         buf[at..at + data.len()].copy_from_slice(data);
         for s in touched_lo..touched_hi {
             let i = s - lo;
-            block.set_written(s, crc32c::crc32c(&buf[i * SECTOR as usize..(i + 1) * SECTOR as usize]));
+            block.set_written(
+                s,
+                crc32c::crc32c(&buf[i * SECTOR as usize..(i + 1) * SECTOR as usize]),
+            );
         }
         let dev = &self.devices[extent.addr.disk as usize];
         dev.write_at(&buf, self.extent_offset(&extent) + (lo as u64) * SECTOR)?;
         let mut m = self.meta.lock();
         let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
-        attr.size = attr.size.max(b * self.geo.block_bytes + off + data.len() as u64);
+        attr.size = attr
+            .size
+            .max(b * self.geo.block_bytes + off + data.len() as u64);
         attr.mtime = self.now();
         attr.ctime = attr.mtime;
-        self.log(&mut m, vec![Change::MapBlock { ino, index: b, block }, Change::PutAttr(attr)])
+        self.log(
+            &mut m,
+            vec![
+                Change::MapBlock {
+                    ino,
+                    index: b,
+                    block,
+                },
+                Change::PutAttr(attr),
+            ],
+        )
     }
 
     fn write_in_place(
@@ -390,7 +443,13 @@ impl FileSystem {
         let crcs: Vec<u32> = buf.chunks(SECTOR as usize).map(crc32c::crc32c).collect();
         let overwrite = (lo..hi).any(|s| !current.is_unwritten(s));
         let size_after = b * self.geo.block_bytes + off + data.len() as u64;
-        let sectors = Change::Sectors { ino, index: b, first: lo as u32, crcs, in_place: overwrite };
+        let sectors = Change::Sectors {
+            ino,
+            index: b,
+            first: lo as u32,
+            crcs,
+            in_place: overwrite,
+        };
         let dev = &self.devices[current.extent.addr.disk as usize];
         let at = self.extent_offset(&current.extent) + (lo as u64) * SECTOR;
         if !overwrite {
@@ -401,7 +460,12 @@ impl FileSystem {
         self.commit(lsn)?;
         dev.write_at(&buf, at)?;
         let mut m = self.meta.lock();
-        let settle = Change::Settle { ino, index: b, first: lo as u32, count: (hi - lo) as u32 };
+        let settle = Change::Settle {
+            ino,
+            index: b,
+            first: lo as u32,
+            count: (hi - lo) as u32,
+        };
         self.log(&mut m, vec![settle])
     }
 
@@ -443,10 +507,17 @@ impl FileSystem {
         let mut changes = Vec::new();
         match &inode.content {
             Content::Inline(d) if (size as usize) < d.len() => {
-                changes.push(Change::Inline { ino, data: d[..size as usize].to_vec() });
+                changes.push(Change::Inline {
+                    ino,
+                    data: d[..size as usize].to_vec(),
+                });
             }
             Content::Blocks(_) if size < attr.size => {
-                changes.push(Change::Truncate { ino, size, block_size: bs });
+                changes.push(Change::Truncate {
+                    ino,
+                    size,
+                    block_size: bs,
+                });
             }
             _ => {}
         }
@@ -496,13 +567,24 @@ impl FileSystem {
                     continue;
                 }
             }
-            let hint = BlockHint { file_key: ino, block_index: b, prev: None };
+            let hint = BlockHint {
+                file_key: ino,
+                block_index: b,
+                prev: None,
+            };
             let extent = m
                 .alloc
                 .alloc_block(self.geo.data_pool, AllocKind::Data, hint)
                 .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "fallocate"))?;
             let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
-            self.log(&mut m, vec![Change::MapBlock { ino, index: b, block }])?;
+            self.log(
+                &mut m,
+                vec![Change::MapBlock {
+                    ino,
+                    index: b,
+                    block,
+                }],
+            )?;
         }
         let mut m = self.meta.lock();
         let mut a = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
@@ -524,7 +606,10 @@ impl FileSystem {
         let bs = self.geo.block_bytes;
         let inline = {
             let m = self.meta.lock();
-            matches!(m.state.get(ino).ok_or(FsError::NotFound)?.content, Content::Inline(_))
+            matches!(
+                m.state.get(ino).ok_or(FsError::NotFound)?.content,
+                Content::Inline(_)
+            )
         };
         let mut lsn = 0;
         for b in offset / bs..end.div_ceil(bs) {

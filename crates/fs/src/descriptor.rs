@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 use tessera_alloc::{Extent, Placement, PoolId};
 use tessera_drive::{AlignedBuf, BlockDevice, SECTOR_BYTES};
 use tessera_journal::{JournalRegion, Lsn};
-use tessera_nsd::layout::{FS_DESCRIPTOR_MAGIC, FS_DESCRIPTOR_SLOT_BYTES, FS_DESCRIPTOR_SLOT_OFFSETS};
+use tessera_nsd::layout::{
+    FS_DESCRIPTOR_MAGIC, FS_DESCRIPTOR_SLOT_BYTES, FS_DESCRIPTOR_SLOT_OFFSETS,
+};
 use tessera_nsd::{DiskUsage, NsdId};
 
 use crate::error::{FsError, FsResult};
@@ -131,7 +133,10 @@ impl FsDescriptor {
     }
 
     pub fn pool_name(&self, pool: PoolId) -> &str {
-        self.pools.get(pool as usize).map(String::as_str).unwrap_or("?")
+        self.pools
+            .get(pool as usize)
+            .map(String::as_str)
+            .unwrap_or("?")
     }
 
     pub fn uuid_hex(&self) -> String {
@@ -147,11 +152,17 @@ impl FsDescriptor {
     /// The pool that receives file data: `system` when it holds data disks, otherwise the
     /// first pool that does (there is no placement policy engine yet).
     pub fn data_pool(&self) -> PoolId {
-        let holds = |p: PoolId| self.disks.iter().any(|d| d.pool == p && d.usage.holds_data());
+        let holds = |p: PoolId| {
+            self.disks
+                .iter()
+                .any(|d| d.pool == p && d.usage.holds_data())
+        };
         if holds(0) {
             return 0;
         }
-        (0..self.pools.len() as PoolId).find(|p| holds(*p)).unwrap_or(0)
+        (0..self.pools.len() as PoolId)
+            .find(|p| holds(*p))
+            .unwrap_or(0)
     }
 
     fn encode_slot(&self) -> AlignedBuf {
@@ -185,7 +196,8 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     if head[0..8] != FS_DESCRIPTOR_MAGIC {
         return Ok(None);
     }
-    let damaged = |why: &str| FsError::Corrupt(format!("{} descriptor slot {slot}: {why}", dev.name()));
+    let damaged =
+        |why: &str| FsError::Corrupt(format!("{} descriptor slot {slot}: {why}", dev.name()));
     if le_u32(&head[8..]) != SLOT_VERSION {
         return Err(damaged("unknown descriptor version"));
     }
@@ -223,7 +235,10 @@ pub fn write_descriptor(
         let Some(dev) = devices.get(disk.index as usize).and_then(|d| d.as_ref()) else {
             continue;
         };
-        match dev.write_at(&buf, FS_DESCRIPTOR_SLOT_OFFSETS[slot]).and_then(|()| dev.flush()) {
+        match dev
+            .write_at(&buf, FS_DESCRIPTOR_SLOT_OFFSETS[slot])
+            .and_then(|()| dev.flush())
+        {
             Ok(()) => written += 1,
             Err(e) => {
                 tracing::error!("writing descriptor to {}: {e}", dev.name());

@@ -45,7 +45,11 @@ pub enum FsError {
     #[error("corrupt file system metadata: {0}; run `tessera fsck DEVICE -n` to inspect")]
     Corrupt(String),
     #[error("disk {nsd} of file system {fs} is not available: {reason}")]
-    MissingDisk { fs: String, nsd: String, reason: String },
+    MissingDisk {
+        fs: String,
+        nsd: String,
+        reason: String,
+    },
     #[error("no valid file system descriptor found: {0}")]
     NoDescriptor(String),
     #[error("read-only file system")]
@@ -84,7 +88,10 @@ impl FsError {
 
     pub(crate) fn from_alloc(e: AllocError, pool: &str, what: &'static str) -> FsError {
         match e {
-            AllocError::NoSpace { .. } => FsError::NoSpace { pool: pool.to_string(), what },
+            AllocError::NoSpace { .. } => FsError::NoSpace {
+                pool: pool.to_string(),
+                what,
+            },
             other => FsError::Corrupt(format!("allocation map: {other}")),
         }
     }

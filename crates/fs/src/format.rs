@@ -102,9 +102,14 @@ fn validate(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
         return Err(usage_err(format!("shard count must be 1..={SHARDS_MAX}")));
     }
     if disks.is_empty() {
-        return Err(usage_err("no disks given; list the NSDs in the stanza file".into()));
+        return Err(usage_err(
+            "no disks given; list the NSDs in the stanza file".into(),
+        ));
     }
-    if !disks.iter().any(|d| d.pool == "system" && d.usage.holds_metadata()) {
+    if !disks
+        .iter()
+        .any(|d| d.pool == "system" && d.usage.holds_metadata())
+    {
         return Err(usage_err(
             "the system pool has no disk that holds metadata; give at least one NSD \
              usage=dataAndMetadata or usage=metadataOnly in pool=system"
@@ -229,21 +234,38 @@ fn format_inner(
         max_data_replicas: opts.max_data_replicas,
         disks: fs_disks,
         pools,
-        log: LogInfo { disk: 0, region: JournalRegion { offset: 0, bytes: 0 }, log_id: [0; 16] },
+        log: LogInfo {
+            disk: 0,
+            region: JournalRegion {
+                offset: 0,
+                bytes: 0,
+            },
+            log_id: [0; 16],
+        },
         generation: 0,
-        checkpoint: Checkpoint { replay_from: 0, shards: Vec::new() },
+        checkpoint: Checkpoint {
+            replay_from: 0,
+            shards: Vec::new(),
+        },
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
     let total = devices.len() as u64 + 3;
     let mut step = 0;
     let mut report = |phase: &str, step: &mut u64| {
         *step += 1;
-        progress(Progress { phase: phase.to_string(), done: *step, total });
+        progress(Progress {
+            phase: phase.to_string(),
+            done: *step,
+            total,
+        });
     };
     for dev in &devices {
         // Old descriptors from an earlier file system must not be found later.
         crate::descriptor::erase_descriptors(std::slice::from_ref(dev))?;
-        report(&format!("Clearing descriptor area of {}", dev.name()), &mut step);
+        report(
+            &format!("Clearing descriptor area of {}", dev.name()),
+            &mut step,
+        );
     }
     let mut alloc = crate::recovery::new_alloc(&desc);
     let log_blocks = opts.log_bytes.div_ceil(bs).max((1 << 20) / bs).max(1);
@@ -257,14 +279,24 @@ fn format_inner(
         })?;
     desc.log = LogInfo {
         disk: start.disk,
-        region: JournalRegion { offset: desc.sub_block_offset(start.sub_block), bytes: count * bs },
+        region: JournalRegion {
+            offset: desc.sub_block_offset(start.sub_block),
+            bytes: count * bs,
+        },
         log_id: rand::random(),
     };
-    tessera_journal::format(devices[start.disk as usize].as_ref(), desc.log.region, desc.log.log_id)?;
+    tessera_journal::format(
+        devices[start.disk as usize].as_ref(),
+        desc.log.region,
+        desc.log.log_id,
+    )?;
     report("Creating the recovery log", &mut step);
     let state = root_state(opts);
     let images = crate::checkpoint::format_images(&desc, &devices, &mut alloc, &state)?;
-    desc.checkpoint = Checkpoint { replay_from: 0, shards: images };
+    desc.checkpoint = Checkpoint {
+        replay_from: 0,
+        shards: images,
+    };
     report("Creating the inode file", &mut step);
     desc.generation = 1;
     let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
@@ -292,7 +324,12 @@ fn root_state(opts: &FormatOptions) -> crate::meta::MetaState {
         generation: 0,
     };
     state.apply(&Change::PutAttr(root)).expect("fresh state");
-    state.apply(&Change::SetParent { dir: ROOT_INO, parent: ROOT_INO }).expect("root exists");
+    state
+        .apply(&Change::SetParent {
+            dir: ROOT_INO,
+            parent: ROOT_INO,
+        })
+        .expect("root exists");
     state
 }
 

@@ -230,13 +230,18 @@ impl FileSystem {
         let old = std::mem::take(&mut desc.checkpoint.shards);
         let images = crate::checkpoint::write_images(self, m)?;
         desc.generation += 1;
-        desc.checkpoint = crate::descriptor::Checkpoint { replay_from: lsn, shards: images };
+        desc.checkpoint = crate::descriptor::Checkpoint {
+            replay_from: lsn,
+            shards: images,
+        };
         let devices: Vec<_> = self.devices.iter().cloned().map(Some).collect();
         crate::descriptor::write_descriptor(&desc, &devices)?;
         *self.desc.lock() = desc;
         self.journal.set_tail(lsn);
         for extent in old.iter().flat_map(|s| s.extents.iter()) {
-            m.alloc.free(*extent).expect("old checkpoint extents were allocated");
+            m.alloc
+                .free(*extent)
+                .expect("old checkpoint extents were allocated");
         }
         release_frees_upto(m, lsn);
         Ok(())
@@ -270,7 +275,9 @@ impl FileSystem {
 
     pub(crate) fn check_inode_limit(&self, m: &Meta) -> FsResult<()> {
         if m.state.inode_count() >= self.geo.max_inodes {
-            return Err(FsError::NoInodes { max: self.geo.max_inodes });
+            return Err(FsError::NoInodes {
+                max: self.geo.max_inodes,
+            });
         }
         Ok(())
     }

@@ -55,8 +55,10 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
             let images = crate::checkpoint::format_images(&desc, &devices, &mut alloc, &rec.state)?;
             let mut new_desc = desc.clone();
             new_desc.generation += 1;
-            new_desc.checkpoint =
-                Checkpoint { replay_from: rec.journal.appended_lsn(), shards: images };
+            new_desc.checkpoint = Checkpoint {
+                replay_from: rec.journal.appended_lsn(),
+                shards: images,
+            };
             let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
             write_descriptor(&new_desc, &slots)?;
             report.repaired = fixes.len() as u64;
@@ -70,7 +72,11 @@ fn check(desc: &crate::FsDescriptor, state: &MetaState, report: &mut FsckReport)
     let mut fixes = Vec::new();
     let mut refs: HashMap<Ino, u32> = HashMap::new();
     let mut subdirs: HashMap<Ino, u32> = HashMap::new();
-    let inodes: Vec<_> = state.shards.iter().flat_map(|s| s.inodes.values()).collect();
+    let inodes: Vec<_> = state
+        .shards
+        .iter()
+        .flat_map(|s| s.inodes.values())
+        .collect();
     report.inodes = inodes.len() as u64;
     let bs = u64::from(desc.block_size);
     let sectors_per_sub = u64::from(desc.sub_block_size) / crate::inode::CSUM_SECTOR_BYTES;
@@ -87,7 +93,10 @@ fn check(desc: &crate::FsDescriptor, state: &MetaState, report: &mut FsckReport)
                                 "directory {ino} entry {name_text:?} points to missing inode {}",
                                 entry.ino
                             ));
-                            fixes.push(Change::DirRemove { dir: ino, name: name.clone() });
+                            fixes.push(Change::DirRemove {
+                                dir: ino,
+                                name: name.clone(),
+                            });
                         }
                         Some(t) if t.attr.kind != entry.kind => {
                             report.problems.push(format!(
@@ -103,7 +112,10 @@ fn check(desc: &crate::FsDescriptor, state: &MetaState, report: &mut FsckReport)
                                         "directory {} has a wrong parent pointer",
                                         entry.ino
                                     ));
-                                    fixes.push(Change::SetParent { dir: entry.ino, parent: ino });
+                                    fixes.push(Change::SetParent {
+                                        dir: entry.ino,
+                                        parent: ino,
+                                    });
                                 }
                             }
                         }
@@ -158,7 +170,9 @@ fn check_links(
             linked
         };
         if ino != ROOT_INO && linked == 0 {
-            report.problems.push(format!("inode {ino} is not referenced by any directory"));
+            report
+                .problems
+                .push(format!("inode {ino} is not referenced by any directory"));
             lost.push(inode.attr);
             continue;
         }
@@ -177,34 +191,67 @@ fn check_links(
     }
     // Unreferenced inodes are kept, not freed: they go to /lost+found under their number.
     let root = state.get(ROOT_INO).and_then(|r| r.dir());
-    let existing = root.and_then(|r| r.entries.get(&b"lost+found"[..])).map(|e| e.ino);
+    let existing = root
+        .and_then(|r| r.entries.get(&b"lost+found"[..]))
+        .map(|e| e.ino);
     let mut cookie = root.map_or(3, |r| r.next_cookie);
     let lf = existing.unwrap_or_else(|| {
-        let max = state.shards.iter().flat_map(|s| s.inodes.keys()).max().copied().unwrap_or(1);
+        let max = state
+            .shards
+            .iter()
+            .flat_map(|s| s.inodes.keys())
+            .max()
+            .copied()
+            .unwrap_or(1);
         let ino = max + 1;
         let mut attr = state.get(ROOT_INO).expect("root exists").attr;
         attr.ino = ino;
         attr.perm = 0o700;
         attr.nlink = 2;
         fixes.push(Change::PutAttr(attr));
-        fixes.push(Change::SetParent { dir: ino, parent: ROOT_INO });
-        let entry = DirEntry { ino, kind: FileKind::Directory, cookie };
+        fixes.push(Change::SetParent {
+            dir: ino,
+            parent: ROOT_INO,
+        });
+        let entry = DirEntry {
+            ino,
+            kind: FileKind::Directory,
+            cookie,
+        };
         cookie += 1;
-        fixes.push(Change::DirInsert { dir: ROOT_INO, name: b"lost+found".to_vec(), entry });
+        fixes.push(Change::DirInsert {
+            dir: ROOT_INO,
+            name: b"lost+found".to_vec(),
+            entry,
+        });
         ino
     });
     let seen: HashSet<Ino> = HashSet::new();
-    let mut lf_cookie = state.get(lf).and_then(|i| i.dir()).map_or(3, |d| d.next_cookie);
+    let mut lf_cookie = state
+        .get(lf)
+        .and_then(|i| i.dir())
+        .map_or(3, |d| d.next_cookie);
     for mut attr in lost {
         if seen.contains(&attr.ino) {
             continue;
         }
-        let entry = DirEntry { ino: attr.ino, kind: attr.kind, cookie: lf_cookie };
+        let entry = DirEntry {
+            ino: attr.ino,
+            kind: attr.kind,
+            cookie: lf_cookie,
+        };
         lf_cookie += 1;
         let name = format!("#{}", attr.ino).into_bytes();
-        fixes.push(Change::DirInsert { dir: lf, name, entry });
+        fixes.push(Change::DirInsert {
+            dir: lf,
+            name,
+            entry,
+        });
         if attr.kind == FileKind::Directory {
-            fixes.push(Change::SetParent { dir: attr.ino, parent: lf });
+            fixes.push(Change::SetParent {
+                dir: attr.ino,
+                parent: lf,
+            });
         } else {
             attr.nlink = 1;
             fixes.push(Change::PutAttr(attr));

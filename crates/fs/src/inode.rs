@@ -38,7 +38,10 @@ impl Timestamp {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() }
+        Timestamp {
+            secs: d.as_secs() as i64,
+            nsecs: d.subsec_nanos(),
+        }
     }
 }
 
@@ -91,7 +94,12 @@ impl BlockRef {
         for s in 0..sectors {
             unwritten[s / 64] |= 1 << (s % 64);
         }
-        BlockRef { extent, crcs: vec![0; sectors], unwritten, pending: BTreeMap::new() }
+        BlockRef {
+            extent,
+            crcs: vec![0; sectors],
+            unwritten,
+            pending: BTreeMap::new(),
+        }
     }
 
     pub fn sectors(&self) -> usize {
@@ -99,7 +107,9 @@ impl BlockRef {
     }
 
     pub fn is_unwritten(&self, sector: usize) -> bool {
-        self.unwritten.get(sector / 64).is_some_and(|w| w & (1 << (sector % 64)) != 0)
+        self.unwritten
+            .get(sector / 64)
+            .is_some_and(|w| w & (1 << (sector % 64)) != 0)
     }
 
     pub fn set_written(&mut self, sector: usize, crc: u32) {
@@ -137,7 +147,10 @@ pub struct Directory {
 impl Directory {
     pub fn new() -> Directory {
         // Cookies 0..=2 are left to ".", ".." and the kernel's initial offset.
-        Directory { next_cookie: 3, ..Default::default() }
+        Directory {
+            next_cookie: 3,
+            ..Default::default()
+        }
     }
 }
 

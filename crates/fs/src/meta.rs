@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use tessera_alloc::Extent;
 
 use crate::error::{FsError, FsResult};
-use crate::inode::{Alternative, Attr, BlockRef, Content, DirEntry, Directory, FileKind, Ino, Inode};
+use crate::inode::{
+    Alternative, Attr, BlockRef, Content, DirEntry, Directory, FileKind, Ino, Inode,
+};
 
 /// One logged metadata change. Changes carry results (inode numbers, cookies, checksums), never
 /// decisions, so replay is deterministic.
@@ -17,29 +19,73 @@ use crate::inode::{Alternative, Attr, BlockRef, Content, DirEntry, Directory, Fi
 pub enum Change {
     /// Creates the inode if it does not exist, otherwise replaces its attributes.
     PutAttr(Attr),
-    DirInsert { dir: Ino, name: Vec<u8>, entry: DirEntry },
-    DirRemove { dir: Ino, name: Vec<u8> },
+    DirInsert {
+        dir: Ino,
+        name: Vec<u8>,
+        entry: DirEntry,
+    },
+    DirRemove {
+        dir: Ino,
+        name: Vec<u8>,
+    },
     /// Sets a directory's parent (after a rename across directories).
-    SetParent { dir: Ino, parent: Ino },
+    SetParent {
+        dir: Ino,
+        parent: Ino,
+    },
     /// Replaces the content with inline bytes, freeing any blocks.
-    Inline { ino: Ino, data: Vec<u8> },
+    Inline {
+        ino: Ino,
+        data: Vec<u8>,
+    },
     /// Maps file block `index`, freeing the extent it replaces.
-    MapBlock { ino: Ino, index: u64, block: BlockRef },
+    MapBlock {
+        ino: Ino,
+        index: u64,
+        block: BlockRef,
+    },
     /// New checksums for sectors `first..first+crcs.len()` of block `index`. With `in_place`
     /// the previous checksum of each written sector is kept as an alternative until the write
     /// is known to be on disk (see [`BlockRef::pending`]).
-    Sectors { ino: Ino, index: u64, first: u32, crcs: Vec<u32>, in_place: bool },
+    Sectors {
+        ino: Ino,
+        index: u64,
+        first: u32,
+        crcs: Vec<u32>,
+        in_place: bool,
+    },
     /// Forgets the pending alternatives of sectors whose in-place write completed.
-    Settle { ino: Ino, index: u64, first: u32, count: u32 },
+    Settle {
+        ino: Ino,
+        index: u64,
+        first: u32,
+        count: u32,
+    },
     /// Drops every block at or past `size` and marks sectors past `size` in the last block
     /// unwritten.
-    Truncate { ino: Ino, size: u64, block_size: u64 },
+    Truncate {
+        ino: Ino,
+        size: u64,
+        block_size: u64,
+    },
     /// Unmaps one block (hole punching).
-    Unmap { ino: Ino, index: u64 },
-    SetXattr { ino: Ino, name: Vec<u8>, value: Vec<u8> },
-    RemoveXattr { ino: Ino, name: Vec<u8> },
+    Unmap {
+        ino: Ino,
+        index: u64,
+    },
+    SetXattr {
+        ino: Ino,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
     /// Removes the inode and frees all its blocks.
-    FreeInode { ino: Ino },
+    FreeInode {
+        ino: Ino,
+    },
 }
 
 /// One shard of the inode space.
@@ -90,7 +136,8 @@ impl MetaState {
     }
 
     fn must(&mut self, ino: Ino) -> FsResult<&mut Inode> {
-        self.get_mut(ino).ok_or_else(|| corrupt(format!("log names missing inode {ino}")))
+        self.get_mut(ino)
+            .ok_or_else(|| corrupt(format!("log names missing inode {ino}")))
     }
 
     pub fn inode_count(&self) -> u64 {
@@ -139,11 +186,19 @@ impl MetaState {
                     }
                 }
             }
-            Change::Sectors { ino, index, first, crcs, in_place } => {
+            Change::Sectors {
+                ino,
+                index,
+                first,
+                crcs,
+                in_place,
+            } => {
                 let b = block_mut(self.must(*ino)?, *index)?;
                 let end = *first as usize + crcs.len();
                 if end > b.sectors() {
-                    return Err(corrupt(format!("log writes past block {index} of inode {ino}")));
+                    return Err(corrupt(format!(
+                        "log writes past block {index} of inode {ino}"
+                    )));
                 }
                 for (i, crc) in crcs.iter().enumerate() {
                     let s = *first as usize + i;
@@ -160,16 +215,23 @@ impl MetaState {
                     b.set_written(s, *crc);
                 }
             }
-            Change::Settle { ino, index, first, count } => {
+            Change::Settle {
+                ino,
+                index,
+                first,
+                count,
+            } => {
                 if let Ok(b) = block_mut(self.must(*ino)?, *index) {
                     for s in *first..first + count {
                         b.pending.remove(&s);
                     }
                 }
             }
-            Change::Truncate { ino, size, block_size } => {
-                truncate(self.must(*ino)?, *size, *block_size, &mut freed)?
-            }
+            Change::Truncate {
+                ino,
+                size,
+                block_size,
+            } => truncate(self.must(*ino)?, *size, *block_size, &mut freed)?,
             Change::Unmap { ino, index } => {
                 if let Some(old) = blocks_mut(self.must(*ino)?)?.remove(index) {
                     freed.push(old.extent);
@@ -183,9 +245,10 @@ impl MetaState {
             }
             Change::FreeInode { ino } => {
                 let s = self.shard_of(*ino);
-                let inode = self.shards[s].inodes.remove(ino).ok_or_else(|| {
-                    corrupt(format!("log frees missing inode {ino}"))
-                })?;
+                let inode = self.shards[s]
+                    .inodes
+                    .remove(ino)
+                    .ok_or_else(|| corrupt(format!("log frees missing inode {ino}")))?;
                 free_content(&inode.content, &mut freed);
             }
         }
@@ -207,7 +270,11 @@ impl MetaState {
                     FileKind::Regular | FileKind::Symlink => Content::Inline(Vec::new()),
                     _ => Content::None,
                 };
-                let inode = Inode { attr: *attr, xattrs: Default::default(), content };
+                let inode = Inode {
+                    attr: *attr,
+                    xattrs: Default::default(),
+                    content,
+                };
                 shard.inodes.insert(attr.ino, inode);
             }
         }
@@ -226,7 +293,10 @@ pub fn first_ino(shard: u64, shard_count: u64) -> Ino {
 fn dir_mut(inode: &mut Inode) -> FsResult<&mut Directory> {
     match &mut inode.content {
         Content::Dir(d) => Ok(d),
-        _ => Err(corrupt(format!("inode {} is not a directory", inode.attr.ino))),
+        _ => Err(corrupt(format!(
+            "inode {} is not a directory",
+            inode.attr.ino
+        ))),
     }
 }
 
@@ -238,7 +308,10 @@ fn blocks_mut(inode: &mut Inode) -> FsResult<&mut std::collections::BTreeMap<u64
     }
     match &mut inode.content {
         Content::Blocks(b) => Ok(b),
-        _ => Err(corrupt(format!("inode {} has no block map", inode.attr.ino))),
+        _ => Err(corrupt(format!(
+            "inode {} has no block map",
+            inode.attr.ino
+        ))),
     }
 }
 
@@ -255,7 +328,12 @@ fn free_content(content: &Content, freed: &mut Vec<Extent>) {
     }
 }
 
-fn truncate(inode: &mut Inode, size: u64, block_size: u64, freed: &mut Vec<Extent>) -> FsResult<()> {
+fn truncate(
+    inode: &mut Inode,
+    size: u64,
+    block_size: u64,
+    freed: &mut Vec<Extent>,
+) -> FsResult<()> {
     match &mut inode.content {
         Content::Inline(data) => data.truncate(size as usize),
         Content::Blocks(blocks) => {
@@ -277,7 +355,12 @@ fn truncate(inode: &mut Inode, size: u64, block_size: u64, freed: &mut Vec<Exten
                 inode.content = Content::Inline(Vec::new());
             }
         }
-        _ => return Err(corrupt(format!("truncate of inode {} without data", inode.attr.ino))),
+        _ => {
+            return Err(corrupt(format!(
+                "truncate of inode {} without data",
+                inode.attr.ino
+            )))
+        }
     }
     Ok(())
 }

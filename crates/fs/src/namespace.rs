@@ -51,14 +51,19 @@ fn check_name(name: &[u8]) -> FsResult<()> {
     }
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
     {
-        return Err(FsError::Invalid(format!("bad file name {:?}", String::from_utf8_lossy(name))));
+        return Err(FsError::Invalid(format!(
+            "bad file name {:?}",
+            String::from_utf8_lossy(name)
+        )));
     }
     Ok(())
 }
 
 fn check_xattr_name(name: &[u8]) -> FsResult<()> {
     if name.len() > XATTR_NAME_BYTES_MAX || name.is_empty() {
-        return Err(FsError::Range { size: XATTR_NAME_BYTES_MAX });
+        return Err(FsError::Range {
+            size: XATTR_NAME_BYTES_MAX,
+        });
     }
     let supported = [&b"user."[..], b"trusted.", b"security."];
     if !supported.iter().any(|p| name.starts_with(p)) {
@@ -88,7 +93,12 @@ impl FileSystem {
             return Err(FsError::NameTooLong);
         }
         let m = self.meta.lock();
-        let dir = m.state.get(parent).ok_or(FsError::NotFound)?.dir().ok_or(FsError::NotDir)?;
+        let dir = m
+            .state
+            .get(parent)
+            .ok_or(FsError::NotFound)?
+            .dir()
+            .ok_or(FsError::NotDir)?;
         let target = match name {
             b"." => parent,
             b".." => dir.parent,
@@ -116,7 +126,10 @@ impl FileSystem {
         if pattr.nlink == 0 {
             return Err(FsError::NotFound);
         }
-        if m.state.get(parent).and_then(|p| p.dir()).is_some_and(|d| d.entries.contains_key(name))
+        if m.state
+            .get(parent)
+            .and_then(|p| p.dir())
+            .is_some_and(|d| d.entries.contains_key(name))
         {
             return Err(FsError::Exists);
         }
@@ -155,7 +168,11 @@ impl FileSystem {
             crtime: now,
             generation: 0,
         };
-        let cookie = m.state.get(parent).and_then(|p| p.dir()).map_or(3, |d| d.next_cookie);
+        let cookie = m
+            .state
+            .get(parent)
+            .and_then(|p| p.dir())
+            .map_or(3, |d| d.next_cookie);
         let mut pattr = pattr;
         pattr.mtime = now;
         pattr.ctime = now;
@@ -170,7 +187,10 @@ impl FileSystem {
             if target.len() > SYMLINK_BYTES_MAX || target.is_empty() {
                 return Err(FsError::NameTooLong);
             }
-            changes.push(Change::Inline { ino, data: target.to_vec() });
+            changes.push(Change::Inline {
+                ino,
+                data: target.to_vec(),
+            });
         }
         changes.push(Change::DirInsert {
             dir: parent,
@@ -218,14 +238,22 @@ impl FileSystem {
         if !dir && is_dir {
             return Err(FsError::IsDir);
         }
-        if is_dir && !m.state.get(entry.ino).and_then(|i| i.dir()).is_some_and(|d| d.entries.is_empty())
+        if is_dir
+            && !m
+                .state
+                .get(entry.ino)
+                .and_then(|i| i.dir())
+                .is_some_and(|d| d.entries.is_empty())
         {
             return Err(FsError::NotEmpty);
         }
         let now = self.now();
         pattr.mtime = now;
         pattr.ctime = now;
-        let mut changes = vec![Change::DirRemove { dir: parent, name: name.to_vec() }];
+        let mut changes = vec![Change::DirRemove {
+            dir: parent,
+            name: name.to_vec(),
+        }];
         if is_dir {
             pattr.nlink -= 1;
             attr.nlink = 0;
@@ -260,7 +288,11 @@ impl FileSystem {
         if attr.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks);
         }
-        let dir = m.state.get(parent).and_then(|p| p.dir()).ok_or(FsError::NotDir)?;
+        let dir = m
+            .state
+            .get(parent)
+            .and_then(|p| p.dir())
+            .ok_or(FsError::NotDir)?;
         if dir.entries.contains_key(name) {
             return Err(FsError::Exists);
         }
@@ -270,9 +302,17 @@ impl FileSystem {
         attr.ctime = now;
         pattr.mtime = now;
         pattr.ctime = now;
-        let entry = DirEntry { ino, kind: attr.kind, cookie };
+        let entry = DirEntry {
+            ino,
+            kind: attr.kind,
+            cookie,
+        };
         let changes = vec![
-            Change::DirInsert { dir: parent, name: name.to_vec(), entry },
+            Change::DirInsert {
+                dir: parent,
+                name: name.to_vec(),
+                entry,
+            },
             Change::PutAttr(attr),
             Change::PutAttr(pattr),
         ];
@@ -314,7 +354,11 @@ impl FileSystem {
         self.dir_attr(&m, parent)?;
         self.dir_attr(&m, new_parent)?;
         let lookup = |m: &Meta, d: Ino, n: &[u8]| {
-            m.state.get(d).and_then(|p| p.dir()).and_then(|d| d.entries.get(n)).copied()
+            m.state
+                .get(d)
+                .and_then(|p| p.dir())
+                .and_then(|d| d.entries.get(n))
+                .copied()
         };
         let src = lookup(&m, parent, name).ok_or(FsError::NotFound)?;
         let dst = lookup(&m, new_parent, new_name);
@@ -332,7 +376,9 @@ impl FileSystem {
         }
         let src_is_dir = src.kind == FileKind::Directory;
         if src_is_dir && self.is_ancestor(&m, src.ino, new_parent) {
-            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+            return Err(FsError::Invalid(
+                "cannot move a directory into itself".into(),
+            ));
         }
         let now = self.now();
         let mut changes = Vec::new();
@@ -346,19 +392,37 @@ impl FileSystem {
             if !src_is_dir && d_is_dir {
                 return Err(FsError::IsDir);
             }
-            if d_is_dir && m.state.get(d.ino).and_then(|i| i.dir()).is_some_and(|x| !x.entries.is_empty())
+            if d_is_dir
+                && m.state
+                    .get(d.ino)
+                    .and_then(|i| i.dir())
+                    .is_some_and(|x| !x.entries.is_empty())
             {
                 return Err(FsError::NotEmpty);
             }
-            changes.push(Change::DirRemove { dir: new_parent, name: new_name.to_vec() });
+            changes.push(Change::DirRemove {
+                dir: new_parent,
+                name: new_name.to_vec(),
+            });
             replaced = Some(dattr);
         }
-        changes.push(Change::DirRemove { dir: parent, name: name.to_vec() });
-        let cookie = m.state.get(new_parent).and_then(|p| p.dir()).map_or(3, |d| d.next_cookie);
+        changes.push(Change::DirRemove {
+            dir: parent,
+            name: name.to_vec(),
+        });
+        let cookie = m
+            .state
+            .get(new_parent)
+            .and_then(|p| p.dir())
+            .map_or(3, |d| d.next_cookie);
         changes.push(Change::DirInsert {
             dir: new_parent,
             name: new_name.to_vec(),
-            entry: DirEntry { ino: src.ino, kind: src.kind, cookie },
+            entry: DirEntry {
+                ino: src.ino,
+                kind: src.kind,
+                cookie,
+            },
         });
         // Link counts: a moved directory's ".." changes parents; a replaced directory goes.
         let same_dir = parent == new_parent;
@@ -375,7 +439,10 @@ impl FileSystem {
             if let Some(np) = npattr.as_mut() {
                 pattr.nlink -= 1;
                 np.nlink += 1;
-                changes.push(Change::SetParent { dir: src.ino, parent: new_parent });
+                changes.push(Change::SetParent {
+                    dir: src.ino,
+                    parent: new_parent,
+                });
             }
         }
         if let Some(mut r) = replaced {
@@ -408,22 +475,34 @@ impl FileSystem {
         let (a_dir, a_name, a_entry) = a;
         let (b_dir, b_name, b_entry) = b;
         if a_entry.kind == FileKind::Directory && self.is_ancestor(m, a_entry.ino, b_dir) {
-            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+            return Err(FsError::Invalid(
+                "cannot move a directory into itself".into(),
+            ));
         }
         if b_entry.kind == FileKind::Directory && self.is_ancestor(m, b_entry.ino, a_dir) {
-            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+            return Err(FsError::Invalid(
+                "cannot move a directory into itself".into(),
+            ));
         }
         let now = self.now();
         let mut changes = vec![
             Change::DirInsert {
                 dir: a_dir,
                 name: a_name.to_vec(),
-                entry: DirEntry { ino: b_entry.ino, kind: b_entry.kind, cookie: a_entry.cookie },
+                entry: DirEntry {
+                    ino: b_entry.ino,
+                    kind: b_entry.kind,
+                    cookie: a_entry.cookie,
+                },
             },
             Change::DirInsert {
                 dir: b_dir,
                 name: b_name.to_vec(),
-                entry: DirEntry { ino: a_entry.ino, kind: a_entry.kind, cookie: b_entry.cookie },
+                entry: DirEntry {
+                    ino: a_entry.ino,
+                    kind: a_entry.kind,
+                    cookie: b_entry.cookie,
+                },
             },
         ];
         if a_dir != b_dir {
@@ -432,12 +511,18 @@ impl FileSystem {
             let mut a_attr = m.state.get(a_dir).expect("checked").attr;
             let mut b_attr = m.state.get(b_dir).expect("checked").attr;
             if a_is_dir {
-                changes.push(Change::SetParent { dir: a_entry.ino, parent: b_dir });
+                changes.push(Change::SetParent {
+                    dir: a_entry.ino,
+                    parent: b_dir,
+                });
                 a_attr.nlink -= 1;
                 b_attr.nlink += 1;
             }
             if b_is_dir {
-                changes.push(Change::SetParent { dir: b_entry.ino, parent: a_dir });
+                changes.push(Change::SetParent {
+                    dir: b_entry.ino,
+                    parent: a_dir,
+                });
                 b_attr.nlink -= 1;
                 a_attr.nlink += 1;
             }
@@ -545,7 +630,9 @@ impl FileSystem {
 
     pub fn statfs(&self) -> StatFs {
         let m = self.meta.lock();
-        let space = m.alloc.pool_space(self.geo.data_pool, tessera_alloc::AllocKind::Data);
+        let space = m
+            .alloc
+            .pool_space(self.geo.data_pool, tessera_alloc::AllocKind::Data);
         let per = u64::from(self.geo.sub_blocks_per_block);
         let used = m.state.inode_count();
         StatFs {
@@ -559,10 +646,19 @@ impl FileSystem {
         }
     }
 
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], create: bool, replace: bool) -> FsResult<()> {
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> FsResult<()> {
         check_xattr_name(name)?;
         if value.len() > XATTR_VALUE_BYTES_MAX {
-            return Err(FsError::Range { size: XATTR_VALUE_BYTES_MAX });
+            return Err(FsError::Range {
+                size: XATTR_VALUE_BYTES_MAX,
+            });
         }
         let mut m = self.meta.lock();
         let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
@@ -576,7 +672,11 @@ impl FileSystem {
         let mut attr = inode.attr;
         attr.ctime = self.now();
         let changes = vec![
-            Change::SetXattr { ino, name: name.to_vec(), value: value.to_vec() },
+            Change::SetXattr {
+                ino,
+                name: name.to_vec(),
+                value: value.to_vec(),
+            },
             Change::PutAttr(attr),
         ];
         self.log(&mut m, changes)?;
@@ -609,7 +709,13 @@ impl FileSystem {
         }
         let mut attr = inode.attr;
         attr.ctime = self.now();
-        let changes = vec![Change::RemoveXattr { ino, name: name.to_vec() }, Change::PutAttr(attr)];
+        let changes = vec![
+            Change::RemoveXattr {
+                ino,
+                name: name.to_vec(),
+            },
+            Change::PutAttr(attr),
+        ];
         self.log(&mut m, changes)?;
         Ok(())
     }

@@ -21,14 +21,23 @@ struct Histogram {
 
 impl Histogram {
     fn record(&self, bytes: u64, latency: Duration) {
-        let size = SIZE_BOUNDS_BYTES.iter().position(|b| bytes < *b).unwrap_or(SIZE_RANGES - 1);
+        let size = SIZE_BOUNDS_BYTES
+            .iter()
+            .position(|b| bytes < *b)
+            .unwrap_or(SIZE_RANGES - 1);
         let ms = latency.as_secs_f64() * 1000.0;
-        let lat = LATENCY_BOUNDS_MS.iter().position(|b| ms <= *b).unwrap_or(LATENCY_RANGES - 1);
+        let lat = LATENCY_BOUNDS_MS
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(LATENCY_RANGES - 1);
         self.counts[size][lat].fetch_add(1, Relaxed);
     }
 
     fn snapshot(&self) -> Vec<Vec<u64>> {
-        self.counts.iter().map(|row| row.iter().map(|c| c.load(Relaxed)).collect()).collect()
+        self.counts
+            .iter()
+            .map(|row| row.iter().map(|c| c.load(Relaxed)).collect())
+            .collect()
     }
 }
 

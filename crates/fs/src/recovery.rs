@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tessera_alloc::{AllocDisk, AllocMap, Extent, DiskAddr};
+use tessera_alloc::{AllocDisk, AllocMap, DiskAddr, Extent};
 use tessera_drive::BlockDevice;
 use tessera_journal::Journal;
 use tessera_nsd::NsdId;
@@ -61,15 +61,25 @@ pub(crate) fn match_devices(
     Ok(out)
 }
 
-pub(crate) fn recover(desc: &FsDescriptor, devices: &[Arc<dyn BlockDevice>]) -> FsResult<Recovered> {
+pub(crate) fn recover(
+    desc: &FsDescriptor,
+    devices: &[Arc<dyn BlockDevice>],
+) -> FsResult<Recovered> {
     let mut state = crate::checkpoint::read_images(desc, devices)?;
     let log_dev = devices[desc.log.disk as usize].clone();
-    let (journal, records) =
-        Journal::open(log_dev, desc.log.region, desc.log.log_id, desc.checkpoint.replay_from)?;
+    let (journal, records) = Journal::open(
+        log_dev,
+        desc.log.region,
+        desc.log.log_id,
+        desc.checkpoint.replay_from,
+    )?;
     let replayed_records = records.len();
     for record in records {
         let changes: Vec<Change> = postcard::from_bytes(&record.payload).map_err(|e| {
-            FsError::Corrupt(format!("log record ending at {} is undecodable: {e}", record.lsn))
+            FsError::Corrupt(format!(
+                "log record ending at {} is undecodable: {e}",
+                record.lsn
+            ))
         })?;
         for change in &changes {
             state.apply(change)?;
@@ -79,7 +89,13 @@ pub(crate) fn recover(desc: &FsDescriptor, devices: &[Arc<dyn BlockDevice>]) -> 
         tracing::info!("{}: replayed {replayed_records} log records", desc.name);
     }
     let (alloc, conflicts) = rebuild_alloc(desc, &state);
-    Ok(Recovered { state, alloc, journal, conflicts, replayed_records })
+    Ok(Recovered {
+        state,
+        alloc,
+        journal,
+        conflicts,
+        replayed_records,
+    })
 }
 
 pub(crate) fn new_alloc(desc: &FsDescriptor) -> AllocMap {
@@ -107,7 +123,10 @@ pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
     let blocks = desc.log.region.bytes / u64::from(desc.block_size);
     (0..blocks)
         .map(|b| Extent {
-            addr: DiskAddr { disk: desc.log.disk, sub_block: first + b * u64::from(per) },
+            addr: DiskAddr {
+                disk: desc.log.disk,
+                sub_block: first + b * u64::from(per),
+            },
             sub_blocks: per,
         })
         .collect()
@@ -115,10 +134,17 @@ pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
 
 /// Every extent the metadata references, with a label for error messages.
 pub(crate) fn referenced_extents(desc: &FsDescriptor, state: &MetaState) -> Vec<(Extent, String)> {
-    let mut out: Vec<(Extent, String)> =
-        log_extents(desc).into_iter().map(|e| (e, "recovery log".to_string())).collect();
+    let mut out: Vec<(Extent, String)> = log_extents(desc)
+        .into_iter()
+        .map(|e| (e, "recovery log".to_string()))
+        .collect();
     for (s, image) in desc.checkpoint.shards.iter().enumerate() {
-        out.extend(image.extents.iter().map(|e| (*e, format!("checkpoint of shard {s}"))));
+        out.extend(
+            image
+                .extents
+                .iter()
+                .map(|e| (*e, format!("checkpoint of shard {s}"))),
+        );
     }
     for shard in &state.shards {
         for inode in shard.inodes.values() {

@@ -25,7 +25,9 @@ impl TestDisks {
                 break;
             }
             let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
-            let nd = tessera_nsd::descriptor::read_descriptor(dev.as_ref()).unwrap().unwrap();
+            let nd = tessera_nsd::descriptor::read_descriptor(dev.as_ref())
+                .unwrap()
+                .unwrap();
             disks.push((nd.id, dev));
         }
         AdoptedDisks { disks }
@@ -50,7 +52,10 @@ pub fn make_disks(count: usize, bytes: u64) -> TestDisks {
     let disks = (0..count)
         .map(|i| {
             let path = dir.path().join(format!("d{i}"));
-            std::fs::File::create(&path).unwrap().set_len(bytes).unwrap();
+            std::fs::File::create(&path)
+                .unwrap()
+                .set_len(bytes)
+                .unwrap();
             let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(Path::new(&path)).unwrap());
             let id = NsdId::random();
             let nd = NsdDescriptor {

@@ -45,13 +45,22 @@ impl Ledger {
 #[test]
 #[ignore = "entry point of the crash child; run by crash_loop"]
 fn crash_child() {
-    let Ok(dir) = std::env::var("TESSERA_CRASH_DIR") else { return };
+    let Ok(dir) = std::env::var("TESSERA_CRASH_DIR") else {
+        return;
+    };
     let t = TestDisks::adopt(std::path::Path::new(&dir));
     let fs = FileSystem::mount(t.reopen()).unwrap();
     let mut ledger = Ledger(
-        std::fs::OpenOptions::new().append(true).create(true).open(format!("{dir}/ledger")).unwrap(),
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(format!("{dir}/ledger"))
+            .unwrap(),
     );
-    let iteration: u64 = std::env::var("TESSERA_CRASH_ITER").unwrap().parse().unwrap();
+    let iteration: u64 = std::env::var("TESSERA_CRASH_ITER")
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut rng = iteration.wrapping_mul(6_364_136_223_846_793_005) | 1;
     let mut next = move || {
         rng ^= rng << 13;
@@ -91,7 +100,15 @@ fn crash_child() {
             }
             (_, None) => {
                 let a = fs
-                    .create_node(ROOT_INO, name.as_bytes(), FileKind::Regular, 0o644, 0, ROOT, None)
+                    .create_node(
+                        ROOT_INO,
+                        name.as_bytes(),
+                        FileKind::Regular,
+                        0o644,
+                        0,
+                        ROOT,
+                        None,
+                    )
                     .unwrap();
                 write_file(&fs, a.ino, &pattern(size, seed));
             }
@@ -122,8 +139,10 @@ fn read_ledger(dir: &std::path::Path) -> HashMap<String, Expect> {
         let f: Vec<&str> = line.split(' ').collect();
         match f.as_slice() {
             ["BEGIN", name] => state.insert(name.to_string(), Expect::Unknown),
-            ["DONE", name, seed, size] => state
-                .insert(name.to_string(), Expect::Done(seed.parse().unwrap(), size.parse().unwrap())),
+            ["DONE", name, seed, size] => state.insert(
+                name.to_string(),
+                Expect::Done(seed.parse().unwrap(), size.parse().unwrap()),
+            ),
             ["GONE", name] => state.insert(name.to_string(), Expect::Gone),
             _ => None, // A torn last line: the child died while writing it.
         };
@@ -186,5 +205,8 @@ fn crash_loop() {
         total_checked += verify(&t);
     }
     eprintln!("{iterations} crashes, {total_checked} durable files verified");
-    assert!(total_checked > iterations, "the workload made too little progress to test");
+    assert!(
+        total_checked > iterations,
+        "the workload made too little progress to test"
+    );
 }

@@ -12,21 +12,40 @@ fn create_write_read_remount() {
     let t = make_disks(4, 64 << 20);
     format_fs(&t, &small_opts());
     let fs = mount(&t);
-    let dir = fs.create_node(ROOT_INO, b"dir", FileKind::Directory, 0o755, 0, ROOT, None).unwrap();
-    let small = fs.create_node(dir.ino, b"small", FileKind::Regular, 0o644, 0, ROOT, None).unwrap();
+    let dir = fs
+        .create_node(ROOT_INO, b"dir", FileKind::Directory, 0o755, 0, ROOT, None)
+        .unwrap();
+    let small = fs
+        .create_node(dir.ino, b"small", FileKind::Regular, 0o644, 0, ROOT, None)
+        .unwrap();
     fs.write(small.ino, 0, b"hello", false).unwrap();
-    let big = fs.create_node(dir.ino, b"big", FileKind::Regular, 0o644, 0, ROOT, None).unwrap();
-    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 1000) as u8).collect();
+    let big = fs
+        .create_node(dir.ino, b"big", FileKind::Regular, 0o644, 0, ROOT, None)
+        .unwrap();
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i * 7 + i / 1000) as u8)
+        .collect();
     for (i, chunk) in data.chunks(128 << 10).enumerate() {
-        fs.write(big.ino, (i * (128 << 10)) as u64, chunk, false).unwrap();
+        fs.write(big.ino, (i * (128 << 10)) as u64, chunk, false)
+            .unwrap();
     }
     // Unaligned overwrite in the middle (read-modify-write, in place).
     fs.write(big.ino, 1_000_001, b"XYZ", false).unwrap();
     let mut expect = data.clone();
     expect[1_000_001..1_000_004].copy_from_slice(b"XYZ");
     assert_eq!(fs.read(big.ino, 0, 4 << 20).unwrap(), expect);
-    fs.create_node(dir.ino, b"link", FileKind::Symlink, 0o777, 0, ROOT, Some(b"big")).unwrap();
-    fs.rename(dir.ino, b"small", ROOT_INO, b"moved", false, false).unwrap();
+    fs.create_node(
+        dir.ino,
+        b"link",
+        FileKind::Symlink,
+        0o777,
+        0,
+        ROOT,
+        Some(b"big"),
+    )
+    .unwrap();
+    fs.rename(dir.ino, b"small", ROOT_INO, b"moved", false, false)
+        .unwrap();
     fs.unmount().unwrap();
     drop(fs);
 
@@ -48,10 +67,14 @@ fn log_replay_without_clean_unmount() {
     let t = make_disks(2, 64 << 20);
     format_fs(&t, &small_opts());
     let fs = mount(&t);
-    let f = fs.create_node(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, ROOT, None).unwrap();
+    let f = fs
+        .create_node(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, ROOT, None)
+        .unwrap();
     let data = vec![0x5a; 700_000];
     fs.write(f.ino, 0, &data, true).unwrap();
-    let g = fs.create_node(ROOT_INO, b"g", FileKind::Regular, 0o644, 0, ROOT, None).unwrap();
+    let g = fs
+        .create_node(ROOT_INO, b"g", FileKind::Regular, 0o644, 0, ROOT, None)
+        .unwrap();
     fs.write(g.ino, 0, b"inline", false).unwrap();
     fs.fsync(g.ino).unwrap();
     // Simulate a crash: no unmount, no checkpoint; the process state is just dropped.

@@ -33,7 +33,10 @@ impl TesseraFuse {
 }
 
 fn errno(e: &FsError) -> Errno {
-    if matches!(e, FsError::Checksum { .. } | FsError::Io(_) | FsError::Corrupt(_)) {
+    if matches!(
+        e,
+        FsError::Checksum { .. } | FsError::Io(_) | FsError::Corrupt(_)
+    ) {
         tracing::error!("{e}");
     }
     Errno::from_i32(e.errno())
@@ -49,8 +52,14 @@ fn time(t: Timestamp) -> SystemTime {
 
 fn timestamp(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() },
-        Err(e) => Timestamp { secs: -(e.duration().as_secs() as i64), nsecs: 0 },
+        Ok(d) => Timestamp {
+            secs: d.as_secs() as i64,
+            nsecs: d.subsec_nanos(),
+        },
+        Err(e) => Timestamp {
+            secs: -(e.duration().as_secs() as i64),
+            nsecs: 0,
+        },
     }
 }
 
@@ -105,7 +114,10 @@ fn file_attr(a: &Attr) -> FileAttr {
 }
 
 fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid() }
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
 }
 
 fn handle_flags(flags: OpenFlags) -> (u64, FopenFlags) {
@@ -321,6 +333,13 @@ impl fuser::Filesystem for TesseraFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // With FUSE_ATOMIC_O_TRUNC the kernel leaves O_TRUNC to us instead of sending a
+        // separate setattr.
+        if flags.0 & libc::O_TRUNC != 0 && flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            if let Err(e) = self.fs.truncate(ino.0, 0) {
+                return reply.error(errno(&e));
+            }
+        }
         match self.fs.open(ino.0) {
             Ok(_) => {
                 let (fh, open) = handle_flags(flags);
@@ -405,8 +424,12 @@ impl fuser::Filesystem for TesseraFuse {
         match self.fs.readdir(ino.0, offset) {
             Ok(listing) => {
                 for (cookie, child, kind, name) in listing.entries {
-                    if reply.add(INodeNo(child), cookie, file_type(kind), OsStr::from_bytes(&name))
-                    {
+                    if reply.add(
+                        INodeNo(child),
+                        cookie,
+                        file_type(kind),
+                        OsStr::from_bytes(&name),
+                    ) {
                         break;
                     }
                 }
@@ -416,7 +439,14 @@ impl fuser::Filesystem for TesseraFuse {
         }
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _ds: bool,
+        reply: ReplyEmpty,
+    ) {
         Self::reply_empty(self.fs.fsync(ino.0), reply);
     }
 
@@ -446,7 +476,11 @@ impl fuser::Filesystem for TesseraFuse {
     ) {
         let create = flags & libc::XATTR_CREATE != 0;
         let replace = flags & libc::XATTR_REPLACE != 0;
-        Self::reply_empty(self.fs.setxattr(ino.0, name.as_bytes(), value, create, replace), reply);
+        Self::reply_empty(
+            self.fs
+                .setxattr(ino.0, name.as_bytes(), value, create, replace),
+            reply,
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

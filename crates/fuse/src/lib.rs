@@ -27,7 +27,11 @@ pub struct FuseOptions {
 
 impl Default for FuseOptions {
     fn default() -> Self {
-        FuseOptions { fs_name: "tessera".into(), allow_other: true, threads: 4 }
+        FuseOptions {
+            fs_name: "tessera".into(),
+            allow_other: true,
+            threads: 4,
+        }
     }
 }
 
@@ -74,20 +78,28 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
     }
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
-    let session = fuser::spawn_mount(adapter::TesseraFuse::new(fs), mountpoint, &config)
-        .map_err(|e| {
+    let session =
+        fuser::spawn_mount(adapter::TesseraFuse::new(fs), mountpoint, &config).map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!("mounting at {}: {e}; check that /dev/fuse exists", mountpoint.display()),
+                format!(
+                    "mounting at {}: {e}; check that /dev/fuse exists",
+                    mountpoint.display()
+                ),
             )
         })?;
-    Ok(FuseMount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+    Ok(FuseMount {
+        session: Some(session),
+        mountpoint: mountpoint.to_path_buf(),
+    })
 }
 
 /// Detaches a FUSE mount left at `mountpoint` by a daemon that died ("Transport endpoint is
 /// not connected"). Returns whether one was found.
 pub fn cleanup_stale_mount(mountpoint: &Path) -> io::Result<bool> {
-    let Ok(canonical) = mountpoint.canonicalize().or_else(|_| Ok::<_, io::Error>(mountpoint.into()))
+    let Ok(canonical) = mountpoint
+        .canonicalize()
+        .or_else(|_| Ok::<_, io::Error>(mountpoint.into()))
     else {
         return Ok(false);
     };
@@ -95,7 +107,11 @@ pub fn cleanup_stale_mount(mountpoint: &Path) -> io::Result<bool> {
     let target = canonical.to_string_lossy().to_string();
     let mounted = mountinfo.lines().any(|line| {
         let fields: Vec<&str> = line.split(' ').collect();
-        let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("");
+        let fstype = line
+            .split(" - ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .unwrap_or("");
         fields.get(4).is_some_and(|m| unescape(m) == target) && fstype.starts_with("fuse")
     });
     if !mounted {
@@ -118,5 +134,8 @@ pub fn cleanup_stale_mount(mountpoint: &Path) -> io::Result<bool> {
 
 /// /proc/self/mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
 }

@@ -28,15 +28,24 @@ pub fn can_mount() -> bool {
 
 impl Mounted {
     pub fn new(disk_count: usize, disk_bytes: u64, opts: FormatOptions) -> Mounted {
-        let dir = tempfile::Builder::new().prefix("tessera-fuse").tempdir().unwrap();
-        // The scratch area must be reachable by the unprivileged user of permission tests.
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        let dir = tempfile::Builder::new()
+            .prefix("tessera-fuse")
+            .tempdir()
             .unwrap();
+        // The scratch area must be reachable by the unprivileged user of permission tests.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let mut ids = Vec::new();
         let mut specs = Vec::new();
         for i in 0..disk_count {
             let path = dir.path().join(format!("d{i}"));
-            std::fs::File::create(&path).unwrap().set_len(disk_bytes).unwrap();
+            std::fs::File::create(&path)
+                .unwrap()
+                .set_len(disk_bytes)
+                .unwrap();
             let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
             let id = NsdId::random();
             let nd = NsdDescriptor {
@@ -58,7 +67,12 @@ impl Mounted {
             });
         }
         tessera_fs::format(specs, &opts, &mut |_| {}).unwrap();
-        let mut m = Mounted { dir, fs: None, mount: None, disks: ids };
+        let mut m = Mounted {
+            dir,
+            fs: None,
+            mount: None,
+            disks: ids,
+        };
         m.mount();
         m
     }
@@ -124,5 +138,9 @@ impl Drop for Mounted {
 }
 
 pub fn small_fs() -> FormatOptions {
-    FormatOptions { block_size: 256 << 10, log_bytes: 16 << 20, ..Default::default() }
+    FormatOptions {
+        block_size: 256 << 10,
+        log_bytes: 16 << 20,
+        ..Default::default()
+    }
 }

@@ -66,6 +66,11 @@ fn regular_files_write_read_overwrite_truncate() {
     assert_eq!(fs::read(&p).unwrap(), expect);
     m.remount();
     assert_eq!(fs::read(&p).unwrap(), expect);
+    // Rewriting a larger file with O_TRUNC leaves only the new bytes.
+    fs::write(&p, b"short").unwrap();
+    assert_eq!(fs::read(&p).unwrap(), b"short");
+    m.remount();
+    assert_eq!(fs::read(&p).unwrap(), b"short");
     m.unmount();
     assert!(m.fsck().is_clean());
 }
@@ -90,16 +95,26 @@ fn sparse_files_and_small_files() {
     assert!(buf.iter().all(|b| *b == 0));
     drop(f);
     // Many small files: inline and fragment sizes.
-    for (i, size) in [0usize, 1, 100, 3000, 3841, 5000, 70_000, 300_000].iter().enumerate() {
+    for (i, size) in [0usize, 1, 100, 3000, 3841, 5000, 70_000, 300_000]
+        .iter()
+        .enumerate()
+    {
         let q = m.path(&format!("small{i}"));
         let d = pattern(*size, i as u32 + 7);
         fs::write(&q, &d).unwrap();
         assert_eq!(fs::read(&q).unwrap(), d, "size {size}");
     }
     m.remount();
-    for (i, size) in [0usize, 1, 100, 3000, 3841, 5000, 70_000, 300_000].iter().enumerate() {
+    for (i, size) in [0usize, 1, 100, 3000, 3841, 5000, 70_000, 300_000]
+        .iter()
+        .enumerate()
+    {
         let q = m.path(&format!("small{i}"));
-        assert_eq!(fs::read(&q).unwrap(), pattern(*size, i as u32 + 7), "size {size}");
+        assert_eq!(
+            fs::read(&q).unwrap(),
+            pattern(*size, i as u32 + 7),
+            "size {size}"
+        );
     }
 }
 
@@ -113,14 +128,19 @@ fn directories_and_readdir() {
     assert_eq!(fs::metadata(m.path("a")).unwrap().nlink(), 3);
     let e = fs::remove_dir(m.path("a/b")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
-    assert_eq!(fs::create_dir(m.path("a")).unwrap_err().kind(), ErrorKind::AlreadyExists);
+    assert_eq!(
+        fs::create_dir(m.path("a")).unwrap_err().kind(),
+        ErrorKind::AlreadyExists
+    );
     let big = m.path("big");
     fs::create_dir(&big).unwrap();
     for i in 0..5000 {
         File::create(big.join(format!("entry-{i:05}"))).unwrap();
     }
-    let mut names: Vec<String> =
-        fs::read_dir(&big).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = fs::read_dir(&big)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     names.sort();
     assert_eq!(names.len(), 5000);
     assert_eq!(names[0], "entry-00000");
@@ -168,11 +188,23 @@ fn rename_semantics() {
     fs::write(m.path("b"), b"B").unwrap();
     let (a, b) = (cstr(&m.path("a")), cstr(&m.path("b")));
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_NOREPLACE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
     };
     assert_eq!((rc, errno()), (-1, libc::EEXIST));
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
     };
     assert_eq!(rc, 0);
     assert_eq!(fs::read(m.path("a")).unwrap(), b"B");
@@ -203,7 +235,12 @@ fn links_and_unlink_of_open_files() {
     assert_eq!(e.raw_os_error(), Some(libc::EPERM));
     // An unlinked file stays usable through its open descriptor until closed.
     let before = free_bytes(&m.mnt());
-    let mut f = OpenOptions::new().read(true).write(true).create(true).open(m.path("o")).unwrap();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(m.path("o"))
+        .unwrap();
     f.write_all(&pattern(4 << 20, 3)).unwrap();
     f.sync_all().unwrap();
     fs::remove_file(m.path("o")).unwrap();
@@ -215,7 +252,10 @@ fn links_and_unlink_of_open_files() {
     // Freed blocks return once the unlink is durable.
     m.remount();
     let after = free_bytes(&m.mnt());
-    assert!(after + (256 << 10) >= before, "space not returned: {before} -> {after}");
+    assert!(
+        after + (256 << 10) >= before,
+        "space not returned: {before} -> {after}"
+    );
 }
 
 fn free_bytes(p: &Path) -> u64 {
@@ -226,7 +266,14 @@ fn free_bytes(p: &Path) -> u64 {
 
 fn as_nobody(cmd: &str) -> std::process::Output {
     Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", cmd])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            cmd,
+        ])
         .output()
         .expect("setpriv runs")
 }
@@ -246,12 +293,18 @@ fn permissions_are_enforced_for_other_users() {
     assert!(!as_nobody(&format!("cat {secret}")).status.success());
     assert!(as_nobody(&format!("cat {public}")).status.success());
     assert!(!as_nobody(&format!("echo x >> {public}")).status.success());
-    assert!(!as_nobody(&format!("touch {}/newfile", m.mnt().display())).status.success());
+    assert!(!as_nobody(&format!("touch {}/newfile", m.mnt().display()))
+        .status
+        .success());
     fs::create_dir(m.path("shared")).unwrap();
     fs::set_permissions(m.path("shared"), fs::Permissions::from_mode(0o1777)).unwrap();
     let shared = m.path("shared").display().to_string();
     let out = as_nobody(&format!("echo mine > {shared}/n && cat {shared}/n"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(fs::metadata(m.path("shared/n")).unwrap().uid(), 65534);
     // setgid directories pass their group on.
     fs::create_dir(m.path("grp")).unwrap();
@@ -260,7 +313,10 @@ fn permissions_are_enforced_for_other_users() {
     fs::write(m.path("grp/f"), b"").unwrap();
     fs::create_dir(m.path("grp/sub")).unwrap();
     assert_eq!(fs::metadata(m.path("grp/f")).unwrap().gid(), 4242);
-    assert_eq!(fs::metadata(m.path("grp/sub")).unwrap().mode() & 0o2000, 0o2000);
+    assert_eq!(
+        fs::metadata(m.path("grp/sub")).unwrap().mode() & 0o2000,
+        0o2000
+    );
 }
 
 #[test]
@@ -273,7 +329,8 @@ fn timestamps_xattrs_statfs() {
     fs::write(&p, b"1").unwrap();
     let f = File::options().write(true).open(&p).unwrap();
     let t = std::time::UNIX_EPOCH + std::time::Duration::new(1_000_000_000, 123_456_789);
-    f.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t)).unwrap();
+    f.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t))
+        .unwrap();
     drop(f);
     let md = fs::metadata(&p).unwrap();
     assert_eq!((md.mtime(), md.mtime_nsec()), (1_000_000_000, 123_456_789));
@@ -324,7 +381,12 @@ fn o_direct_fsync_mmap_fallocate() {
     drop(f);
     // mmap write, msync, read back through read(2) after a remount.
     let q = m.path("mapped");
-    let f = OpenOptions::new().read(true).write(true).create(true).open(&q).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&q)
+        .unwrap();
     f.set_len(1 << 20).unwrap();
     unsafe {
         use std::os::unix::io::AsRawFd;
@@ -345,13 +407,21 @@ fn o_direct_fsync_mmap_fallocate() {
     drop(f);
     // fallocate, then punch a hole.
     let r = m.path("prealloc");
-    let f = OpenOptions::new().read(true).write(true).create(true).open(&r).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&r)
+        .unwrap();
     use std::os::unix::io::AsRawFd;
     assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 2 << 20) }, 0);
     assert_eq!(f.metadata().unwrap().len(), 2 << 20);
     (&f).write_all(&vec![7u8; 2 << 20]).unwrap();
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), mode, 100_000, 600_000) }, 0);
+    assert_eq!(
+        unsafe { libc::fallocate(f.as_raw_fd(), mode, 100_000, 600_000) },
+        0
+    );
     drop(f);
     m.remount();
     let d = fs::read(&q).unwrap();

@@ -89,13 +89,15 @@ impl Daemon {
 
     /// Mounts `record` at `mount_point` through FUSE and adds it to the mount table.
     fn mount_fs(&self, record: &FsRecord, mount_point: &Path) -> Result<()> {
-        std::fs::create_dir_all(mount_point)
-            .with_context(|| format!("cannot create mount point {}", mount_point.display()))?;
+        // A mount left by a killed daemon answers every request with ENOTCONN, even the
+        // stat that creating the directory needs, so it goes first.
         match tessera_fuse::cleanup_stale_mount(mount_point) {
             Ok(true) => tracing::info!("{}: detached a stale mount", mount_point.display()),
             Ok(false) => {}
             Err(e) => tracing::warn!("{}: stale mount cleanup: {e}", mount_point.display()),
         }
+        std::fs::create_dir_all(mount_point)
+            .with_context(|| format!("cannot create mount point {}", mount_point.display()))?;
         let fs = self.open_core(record)?;
         let opts = FuseOptions {
             fs_name: record.name.clone(),
