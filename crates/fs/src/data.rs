@@ -154,20 +154,16 @@ impl FileSystem {
                 bytes.fill(0);
                 continue;
             }
-            {
-                self.pmon.checksum_error();
-                let offset = at + i as u64 * SECTOR;
-                tracing::error!(
-                    "checksum mismatch: NSD {} byte {offset} (inode {ino}): expected {:08x}, found {crc:08x}",
-                    dev.name(),
-                    info.crc
-                );
-                return Err(FsError::Checksum {
-                    nsd: dev.name().to_string(),
-                    offset,
-                    ino,
-                });
-            }
+            self.pmon.checksum_error();
+            let offset = at + i as u64 * SECTOR;
+            let nsd = self.geo.disk_names[extent.addr.disk as usize].clone();
+            tracing::error!(
+                "checksum mismatch: NSD {nsd} ({}) byte {offset} (inode {ino}): expected {:08x}, \
+                 found {crc:08x}",
+                dev.name(),
+                info.crc
+            );
+            return Err(FsError::Checksum { nsd, offset, ino });
         }
         let skip = (lo - first * SECTOR) as usize;
         let n = out.len().min(buf.len() - skip);
@@ -202,7 +198,6 @@ impl FileSystem {
     /// metadata that reaches it are durable on return.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8], sync: bool) -> FsResult<usize> {
         let started = Instant::now();
-        let _data = self.inode_lock(ino).write();
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or(FsError::FileTooLarge)?;
@@ -212,7 +207,15 @@ impl FileSystem {
         if data.is_empty() {
             return Ok(0);
         }
-        let lsn = self.write_locked(ino, offset, data)?;
+        let shared = self.inode_lock(ino).read();
+        let lsn = if self.has_inline_content(ino)? {
+            // Inline data is rewritten whole and may move into a block: one writer at a time.
+            drop(shared);
+            let _exclusive = self.inode_lock(ino).write();
+            self.write_locked(ino, offset, data)?
+        } else {
+            self.write_range(ino, offset, data)?
+        };
         if sync {
             self.commit(lsn)?;
         }
@@ -220,7 +223,13 @@ impl FileSystem {
         Ok(data.len())
     }
 
-    /// The body of a write; the caller holds the inode's data lock.
+    fn has_inline_content(&self, ino: Ino) -> FsResult<bool> {
+        let m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        Ok(matches!(inode.content, Content::Inline(_)))
+    }
+
+    /// The body of a write; the caller holds the inode lock exclusively.
     fn write_locked(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Lsn> {
         let end = offset + data.len() as u64;
         let inline = {
@@ -270,6 +279,7 @@ impl FileSystem {
     }
 
     fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Lsn> {
+        let _block = self.block_lock(ino, b).lock();
         let plan = match self.plan_block(ino, b, off, data.len() as u64) {
             Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
                 // Space freed by changes not yet durable comes back after a commit.

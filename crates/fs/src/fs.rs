@@ -23,6 +23,9 @@ pub use crate::namespace::{DirListing, SetAttr, StatFs};
 /// Striped per-inode data locks: writers of one file serialize (read-modify-write of a block
 /// must not interleave), readers share. A fixed stripe count bounds memory.
 const INODE_LOCK_STRIPES: usize = 1024;
+/// Striped per-block locks: writers of different blocks of one file proceed in parallel,
+/// writers of the same block serialize their read-modify-write.
+const BLOCK_LOCK_STRIPES: usize = 4096;
 /// How often the background flusher commits the log when nobody asked for fsync.
 const COMMIT_INTERVAL: Duration = Duration::from_secs(5);
 /// Checkpoint when the log is fuller than this fraction, so appends rarely find it full.
@@ -41,6 +44,8 @@ pub(crate) struct Geometry {
     pub data_pool_name: String,
     pub atime: AtimeMode,
     pub max_inodes: u64,
+    /// NSD names by disk index, for error messages.
+    pub disk_names: Vec<String>,
 }
 
 /// Everything guarded by the metadata lock.
@@ -63,8 +68,9 @@ pub struct FileSystem {
     pub(crate) geo: Geometry,
     pub(crate) pmon: Pmon,
     inode_locks: Vec<RwLock<()>>,
+    block_locks: Vec<Mutex<()>>,
     checkpoint_lock: Mutex<()>,
-    stop: (Mutex<bool>, Condvar),
+    stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     unmounted: AtomicBool,
 }
@@ -105,16 +111,18 @@ impl FileSystem {
             geo,
             pmon: Pmon::default(),
             inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             checkpoint_lock: Mutex::new(()),
-            stop: (Mutex::new(false), Condvar::new()),
+            stop: Arc::new((Mutex::new(false), Condvar::new())),
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
         });
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
+        let stop = fs.stop.clone();
         let handle = std::thread::Builder::new()
             .name("tessera-flusher".into())
-            .spawn(move || flusher(weak))
+            .spawn(move || flusher(weak, stop))
             .expect("spawn flusher");
         *fs.flusher.lock() = Some(handle);
         Ok(fs)
@@ -146,8 +154,16 @@ impl FileSystem {
         self.pmon.snapshot()
     }
 
+    /// Held shared by readers and by writers of whole blocks, exclusively by operations that
+    /// change a file's shape (truncate, fallocate, inline data).
     pub(crate) fn inode_lock(&self, ino: Ino) -> &RwLock<()> {
         &self.inode_locks[(ino % INODE_LOCK_STRIPES as u64) as usize]
+    }
+
+    /// Held while a block is planned, written and logged; taken under the inode lock.
+    pub(crate) fn block_lock(&self, ino: Ino, block: u64) -> &Mutex<()> {
+        let h = ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        &self.block_locks[(h % BLOCK_LOCK_STRIPES as u64) as usize]
     }
 
     /// Logs a transaction and applies it. The caller holds the metadata lock, so log order is
@@ -310,22 +326,25 @@ pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {
         data_pool_name: desc.pool_name(data_pool).to_string(),
         atime: desc.atime,
         max_inodes: desc.max_inodes,
+        disk_names: desc.disks.iter().map(|d| d.nsd_name.clone()).collect(),
     }
 }
 
-fn flusher(fs: Weak<FileSystem>) {
+/// Commits and checkpoints in the background. It holds the file system only while working,
+/// so a file system dropped without unmount stops it at the next tick.
+fn flusher(fs: Weak<FileSystem>, stop: Arc<(Mutex<bool>, Condvar)>) {
     loop {
-        let Some(fs) = fs.upgrade() else { return };
         {
-            let mut stop = fs.stop.0.lock();
-            if *stop {
+            let mut stopped = stop.0.lock();
+            if *stopped {
                 return;
             }
-            fs.stop.1.wait_for(&mut stop, COMMIT_INTERVAL);
-            if *stop {
+            stop.1.wait_for(&mut stopped, COMMIT_INTERVAL);
+            if *stopped {
                 return;
             }
         }
+        let Some(fs) = fs.upgrade() else { return };
         if let Err(e) = fs.sync().and_then(|()| fs.maybe_checkpoint()) {
             tracing::error!("background commit failed: {e}");
         }

@@ -2,8 +2,9 @@
 //!
 //! It recovers the metadata the way mount does (checkpoint plus log replay), then checks the
 //! structure: every block referenced once and inside its disk, directory entries pointing at
-//! live inodes of the right kind, link counts, parent pointers, reachability, block maps
-//! within file sizes. With repair, fixes are applied and written as a new checkpoint.
+//! live inodes of the right kind, link counts, parent pointers, reachability, checksum
+//! vectors that match their extents. Blocks past the end of a file are legitimate
+//! (fallocate with FALLOC_FL_KEEP_SIZE). With repair, fixes are applied and written as a new checkpoint.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -78,7 +79,6 @@ fn check(desc: &crate::FsDescriptor, state: &MetaState, report: &mut FsckReport)
         .flat_map(|s| s.inodes.values())
         .collect();
     report.inodes = inodes.len() as u64;
-    let bs = u64::from(desc.block_size);
     let sectors_per_sub = u64::from(desc.sub_block_size) / crate::inode::CSUM_SECTOR_BYTES;
     for inode in &inodes {
         let ino = inode.attr.ino;
@@ -131,13 +131,6 @@ fn check(desc: &crate::FsDescriptor, state: &MetaState, report: &mut FsckReport)
                             "inode {ino} block {index}: {} checksums for {want} sectors",
                             b.crcs.len()
                         ));
-                    }
-                    if index * bs >= inode.attr.size.max(1).next_multiple_of(bs) {
-                        report.problems.push(format!(
-                            "inode {ino} maps block {index} beyond its size {}",
-                            inode.attr.size
-                        ));
-                        fixes.push(Change::Unmap { ino, index: *index });
                     }
                 }
             }

@@ -44,6 +44,11 @@ const FILE_BYTES_CAP: u64 = 3 << 20;
 const WRITE_BYTES_MAX: u32 = 600 << 10;
 /// Every this many operations all file contents are compared, not only the touched ones.
 const FULL_CHECK_EVERY: usize = 6;
+/// Whether fallocate(FALLOC_FL_KEEP_SIZE) may reach past the end of file (fsck once reported
+/// such preallocation as corruption; keep the switch to narrow down a regression).
+const KEEP_SIZE_PAST_EOF: bool = true;
+/// Operations per generated case.
+const OPS: std::ops::Range<usize> = 5..80;
 
 // ---------------------------------------------------------------------------------------------
 // A crashable drive: the storage boundary where a crash is injected.
@@ -97,7 +102,10 @@ fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Arc<AtomicBool>) {
         .reopen()
         .into_iter()
         .map(|(id, inner)| {
-            let d: Arc<dyn BlockDevice> = Arc::new(CrashDrive { inner, dead: dead.clone() });
+            let d: Arc<dyn BlockDevice> = Arc::new(CrashDrive {
+                inner,
+                dead: dead.clone(),
+            });
             (id, d)
         })
         .collect();
@@ -112,7 +120,10 @@ fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Arc<AtomicBool>) {
 enum Body {
     /// File contents; shared between history snapshots until changed.
     File(Arc<Vec<u8>>),
-    Dir { entries: BTreeMap<Vec<u8>, Ino>, parent: Ino },
+    Dir {
+        entries: BTreeMap<Vec<u8>, Ino>,
+        parent: Ino,
+    },
     Symlink(Vec<u8>),
 }
 
@@ -134,10 +145,16 @@ type Expect<T> = Result<T, i32>;
 impl Model {
     fn new() -> Model {
         let root = Node {
-            body: Body::Dir { entries: BTreeMap::new(), parent: ROOT_INO },
+            body: Body::Dir {
+                entries: BTreeMap::new(),
+                parent: ROOT_INO,
+            },
             xattrs: BTreeMap::new(),
         };
-        Model { nodes: BTreeMap::from([(ROOT_INO, root)]), open: BTreeMap::new() }
+        Model {
+            nodes: BTreeMap::from([(ROOT_INO, root)]),
+            open: BTreeMap::new(),
+        }
     }
 
     fn entries(&self, dir: Ino) -> Option<&BTreeMap<Vec<u8>, Ino>> {
@@ -155,7 +172,10 @@ impl Model {
     }
 
     fn is_dir(&self, ino: Ino) -> bool {
-        matches!(self.nodes.get(&ino).map(|n| &n.body), Some(Body::Dir { .. }))
+        matches!(
+            self.nodes.get(&ino).map(|n| &n.body),
+            Some(Body::Dir { .. })
+        )
     }
 
     fn is_file(&self, ino: Ino) -> bool {
@@ -211,7 +231,12 @@ impl Model {
 
     fn dirs(&self) -> Vec<Ino> {
         let mut v = vec![ROOT_INO];
-        v.extend(self.walk().into_iter().map(|w| w.3).filter(|i| self.is_dir(*i)));
+        v.extend(
+            self.walk()
+                .into_iter()
+                .map(|w| w.3)
+                .filter(|i| self.is_dir(*i)),
+        );
         v
     }
 
@@ -227,13 +252,20 @@ impl Model {
     }
 
     fn linked_files(&self) -> Vec<Ino> {
-        self.linked_nodes().into_iter().filter(|i| self.is_file(*i)).collect()
+        self.linked_nodes()
+            .into_iter()
+            .filter(|i| self.is_file(*i))
+            .collect()
     }
 
     /// Linked files, then files unlinked while open.
     fn files(&self) -> Vec<Ino> {
         let mut v = self.linked_files();
-        v.extend(self.open.keys().filter(|i| self.links(**i) == 0 && self.is_file(**i)));
+        v.extend(
+            self.open
+                .keys()
+                .filter(|i| self.links(**i) == 0 && self.is_file(**i)),
+        );
         v
     }
 
@@ -306,11 +338,20 @@ impl Model {
     }
 
     fn insert(&mut self, dir: Ino, name: &[u8], ino: Ino, body: Body) {
-        assert!(!self.nodes.contains_key(&ino), "file system reused live inode {ino}");
+        assert!(
+            !self.nodes.contains_key(&ino),
+            "file system reused live inode {ino}"
+        );
         if let Body::Dir { .. } = body {
             assert_eq!(self.parent_of_body(&body), dir);
         }
-        self.nodes.insert(ino, Node { body, xattrs: BTreeMap::new() });
+        self.nodes.insert(
+            ino,
+            Node {
+                body,
+                xattrs: BTreeMap::new(),
+            },
+        );
         self.entries_mut(dir).insert(name.to_vec(), ino);
     }
 
@@ -351,7 +392,12 @@ impl Model {
 
     /// rename(2), in the order the file system checks (the kernel VFS checks some of these
     /// before a FUSE file system is asked at all).
-    fn rename(&mut self, op: (Ino, &[u8], Ino, &[u8]), noreplace: bool, exchange: bool) -> Expect<()> {
+    fn rename(
+        &mut self,
+        op: (Ino, &[u8], Ino, &[u8]),
+        noreplace: bool,
+        exchange: bool,
+    ) -> Expect<()> {
         let (sdir, sname, ddir, dname) = op;
         self.dir_check(sdir)?;
         self.dir_check(ddir)?;
@@ -482,27 +528,46 @@ fn model_tree(m: &Model, with_content: &dyn Fn(Ino) -> bool) -> Tree {
             Body::Symlink(t) => (FileKind::Symlink, t.len() as u64, Some(t.clone())),
         };
         let content = content.filter(|_| with_content(ino));
-        let view = View { ino, kind, nlink: m.nlink(ino), size, content, xattrs: node.xattrs.clone() };
+        let view = View {
+            ino,
+            kind,
+            nlink: m.nlink(ino),
+            size,
+            content,
+            xattrs: node.xattrs.clone(),
+        };
         tree.insert(path, view);
     }
     tree
 }
 
 fn read_all(fs: &FileSystem, ino: Ino, size: u64) -> Vec<u8> {
-    let data = fs.read(ino, 0, u32::try_from(size + 10).unwrap()).unwrap_or_else(|e| {
-        panic!("read of inode {ino} ({size} bytes) failed: {e}");
-    });
-    assert_eq!(data.len() as u64, size, "read of inode {ino} returned a wrong length");
+    let data = fs
+        .read(ino, 0, u32::try_from(size + 10).unwrap())
+        .unwrap_or_else(|e| {
+            panic!("read of inode {ino} ({size} bytes) failed: {e}");
+        });
+    assert_eq!(
+        data.len() as u64,
+        size,
+        "read of inode {ino} returned a wrong length"
+    );
     data
 }
 
 fn fs_xattrs(fs: &FileSystem, ino: Ino) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let list = fs.listxattr(ino).unwrap();
-    assert!(list.is_empty() || list.ends_with(&[0]), "listxattr not NUL-terminated");
+    assert!(
+        list.is_empty() || list.ends_with(&[0]),
+        "listxattr not NUL-terminated"
+    );
     let mut out = BTreeMap::new();
     for name in list.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let v = fs.getxattr(ino, name).unwrap();
-        assert!(out.insert(name.to_vec(), v).is_none(), "listxattr repeats a name");
+        assert!(
+            out.insert(name.to_vec(), v).is_none(),
+            "listxattr repeats a name"
+        );
     }
     out
 }
@@ -519,25 +584,52 @@ fn list_dir(fs: &FileSystem, dir: Ino, parent: Ino) -> Vec<(Vec<u8>, Ino, FileKi
         all.extend(batch);
     }
     assert!(all.len() >= 2, "readdir of {dir} lacks . and ..");
-    assert_eq!((all[0].1, &all[0].3[..]), (dir, &b"."[..]), "first entry of {dir}");
-    assert_eq!((all[1].1, &all[1].3[..]), (parent, &b".."[..]), "second entry of {dir}");
+    assert_eq!(
+        (all[0].1, &all[0].3[..]),
+        (dir, &b"."[..]),
+        "first entry of {dir}"
+    );
+    assert_eq!(
+        (all[1].1, &all[1].3[..]),
+        (parent, &b".."[..]),
+        "second entry of {dir}"
+    );
     for w in all.windows(2) {
-        assert!(w[0].0 < w[1].0, "readdir cookies of {dir} not increasing: {all:?}");
+        assert!(
+            w[0].0 < w[1].0,
+            "readdir cookies of {dir} not increasing: {all:?}"
+        );
     }
     let names: BTreeSet<&Vec<u8>> = all.iter().map(|e| &e.3).collect();
-    assert_eq!(names.len(), all.len(), "readdir of {dir} repeats a name: {all:?}");
+    assert_eq!(
+        names.len(),
+        all.len(),
+        "readdir of {dir} repeats a name: {all:?}"
+    );
     if all.len() > 3 {
         let mid = all.len() / 2;
         let rest = fs.readdir(dir, all[mid].0).unwrap().entries;
-        assert_eq!(rest, all[mid + 1..].to_vec(), "readdir of {dir} resumed at a cookie");
+        assert_eq!(
+            rest,
+            all[mid + 1..].to_vec(),
+            "readdir of {dir} resumed at a cookie"
+        );
     }
     let mut out = Vec::new();
     for (_, ino, kind, name) in all.into_iter().skip(2) {
         let attr = fs.lookup(dir, &name).unwrap();
-        assert_eq!((attr.ino, attr.kind), (ino, kind), "lookup disagrees with readdir");
+        assert_eq!(
+            (attr.ino, attr.kind),
+            (ino, kind),
+            "lookup disagrees with readdir"
+        );
         out.push((name, ino, kind));
     }
-    assert_eq!(fs.lookup(dir, b"..").unwrap().ino, parent, "lookup(..) of {dir}");
+    assert_eq!(
+        fs.lookup(dir, b"..").unwrap().ino,
+        parent,
+        "lookup(..) of {dir}"
+    );
     out
 }
 
@@ -550,12 +642,19 @@ fn fs_tree(fs: &FileSystem, with_content: &dyn Fn(Ino) -> bool) -> Tree {
         let attr = fs.getattr(ino).unwrap();
         let content = match attr.kind {
             FileKind::Regular if with_content(ino) => Some(
-                contents.entry(ino).or_insert_with(|| read_all(fs, ino, attr.size)).clone(),
+                contents
+                    .entry(ino)
+                    .or_insert_with(|| read_all(fs, ino, attr.size))
+                    .clone(),
             ),
             FileKind::Symlink if with_content(ino) => Some(fs.readlink(ino).unwrap()),
             _ => None,
         };
-        let size = if attr.kind == FileKind::Directory { 0 } else { attr.size };
+        let size = if attr.kind == FileKind::Directory {
+            0
+        } else {
+            attr.size
+        };
         let view = View {
             ino,
             kind: attr.kind,
@@ -566,13 +665,20 @@ fn fs_tree(fs: &FileSystem, with_content: &dyn Fn(Ino) -> bool) -> Tree {
         };
         if attr.kind == FileKind::Directory {
             for (name, child, _) in list_dir(fs, ino, parent) {
-                let mut p = if path == b"/" { Vec::new() } else { path.clone() };
+                let mut p = if path == b"/" {
+                    Vec::new()
+                } else {
+                    path.clone()
+                };
                 p.push(b'/');
                 p.extend_from_slice(&name);
                 stack.push((p, child, ino));
             }
         }
-        assert!(tree.insert(path.clone(), view).is_none(), "path {path:?} seen twice");
+        assert!(
+            tree.insert(path.clone(), view).is_none(),
+            "path {path:?} seen twice"
+        );
     }
     tree
 }
@@ -582,19 +688,21 @@ fn show(p: &[u8]) -> String {
 }
 
 /// The first difference between two trees, or `None`. Contents are compared only where
-/// both sides have them; `skip` names a path whose size and contents are not compared.
-fn diff(got: &Tree, want: &Tree, skip: Option<&[u8]>) -> Option<String> {
+/// both sides have them; `skip` names an inode whose size and contents are not compared.
+fn diff(got: &Tree, want: &Tree, skip: Option<Ino>) -> Option<String> {
     let gk: BTreeSet<_> = got.keys().collect();
     let wk: BTreeSet<_> = want.keys().collect();
     if gk != wk {
         let extra: Vec<String> = gk.difference(&wk).map(|p| show(p)).collect();
         let missing: Vec<String> = wk.difference(&gk).map(|p| show(p)).collect();
-        return Some(format!("paths differ: unexpected {extra:?}, missing {missing:?}"));
+        return Some(format!(
+            "paths differ: unexpected {extra:?}, missing {missing:?}"
+        ));
     }
     for (path, w) in want {
         let g = &got[path];
         let p = show(path);
-        let skipped = skip == Some(&path[..]);
+        let skipped = skip == Some(w.ino);
         if (g.ino, g.kind, g.nlink) != (w.ino, w.kind, w.nlink) {
             return Some(format!(
                 "{p}: (ino, kind, nlink) is {:?}, expected {:?}",
@@ -603,7 +711,10 @@ fn diff(got: &Tree, want: &Tree, skip: Option<&[u8]>) -> Option<String> {
             ));
         }
         if g.xattrs != w.xattrs {
-            return Some(format!("{p}: xattrs {:?}, expected {:?}", g.xattrs, w.xattrs));
+            return Some(format!(
+                "{p}: xattrs {:?}, expected {:?}",
+                g.xattrs, w.xattrs
+            ));
         }
         if skipped {
             continue;
@@ -631,30 +742,86 @@ fn diff(got: &Tree, want: &Tree, skip: Option<&[u8]>) -> Option<String> {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { dir: u16, name: u8, kind: u8, target: u16 },
-    Write { file: u16, off_kind: u8, off: u32, len_kind: u8, len: u32, seed: u64, sync: bool },
-    Read { file: u16, off: u32, len: u32 },
-    Truncate { file: u16, kind: u8, raw: u32 },
-    Fallocate { file: u16, off: u32, len: u32, mode: u8 },
-    Rename { sdir: u16, sname: u8, ddir: u16, dname: u8, flag: u8 },
-    Link { node: u16, dir: u16, name: u8 },
-    Unlink { dir: u16, name: u8 },
-    Rmdir { dir: u16, name: u8 },
-    SetXattr { node: u16, name: u8, len: u16, flag: u8 },
-    RemoveXattr { node: u16, name: u8 },
-    OpenUnlinkRead { file: u16 },
-    Open { file: u16 },
+    Create {
+        dir: u16,
+        name: u8,
+        kind: u8,
+        target: u16,
+    },
+    Write {
+        file: u16,
+        off_kind: u8,
+        off: u32,
+        len_kind: u8,
+        len: u32,
+        seed: u64,
+        sync: bool,
+    },
+    Read {
+        file: u16,
+        off: u32,
+        len: u32,
+    },
+    Truncate {
+        file: u16,
+        kind: u8,
+        raw: u32,
+    },
+    Fallocate {
+        file: u16,
+        off: u32,
+        len: u32,
+        mode: u8,
+    },
+    Rename {
+        sdir: u16,
+        sname: u8,
+        ddir: u16,
+        dname: u8,
+        flag: u8,
+    },
+    Link {
+        node: u16,
+        dir: u16,
+        name: u8,
+    },
+    Unlink {
+        dir: u16,
+        name: u8,
+    },
+    Rmdir {
+        dir: u16,
+        name: u8,
+    },
+    SetXattr {
+        node: u16,
+        name: u8,
+        len: u16,
+        flag: u8,
+    },
+    RemoveXattr {
+        node: u16,
+        name: u8,
+    },
+    OpenUnlinkRead {
+        file: u16,
+    },
+    Open {
+        file: u16,
+    },
     ReleaseAll,
     Sync,
     Checkpoint,
     Remount,
-    CrashRemount { sync_first: bool },
+    CrashRemount {
+        sync_first: bool,
+    },
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     let n = || 0..NAMES.len() as u8;
     prop_oneof![
-        8 => (any::<u16>(), n(), any::<u8>(), any::<u16>())
+        14 => (any::<u16>(), n(), any::<u8>(), any::<u16>())
             .prop_map(|(dir, name, kind, target)| Op::Create { dir, name, kind, target }),
         8 => (any::<u16>(), 0..5u8, any::<u32>(), 0..4u8, any::<u32>(), any::<u64>(), any::<bool>())
             .prop_map(|(file, off_kind, off, len_kind, len, seed, sync)| Op::Write {
@@ -670,8 +837,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(sdir, sname, ddir, dname, flag)| Op::Rename { sdir, sname, ddir, dname, flag }),
         2 => (any::<u16>(), any::<u16>(), n())
             .prop_map(|(node, dir, name)| Op::Link { node, dir, name }),
-        3 => (any::<u16>(), n()).prop_map(|(dir, name)| Op::Unlink { dir, name }),
-        2 => (any::<u16>(), n()).prop_map(|(dir, name)| Op::Rmdir { dir, name }),
+        2 => (any::<u16>(), n()).prop_map(|(dir, name)| Op::Unlink { dir, name }),
+        1 => (any::<u16>(), n()).prop_map(|(dir, name)| Op::Rmdir { dir, name }),
         2 => (any::<u16>(), 0..XATTR_NAMES.len() as u8, any::<u16>(), 0..3u8)
             .prop_map(|(node, name, len, flag)| Op::SetXattr { node, name, len, flag }),
         1 => (any::<u16>(), 0..XATTR_NAMES.len() as u8)
@@ -793,9 +960,24 @@ impl Run {
     fn apply(&mut self, i: usize, op: &Op) {
         let mut wrote = None;
         match *op {
-            Op::Create { dir, name, kind, target } => self.create(dir, name, kind, target),
-            Op::Write { file, off_kind, off, len_kind, len, seed, sync } => {
-                let Some(ino) = pick(&self.model.files(), file) else { return };
+            Op::Create {
+                dir,
+                name,
+                kind,
+                target,
+            } => self.create(dir, name, kind, target),
+            Op::Write {
+                file,
+                off_kind,
+                off,
+                len_kind,
+                len,
+                seed,
+                sync,
+            } => {
+                let Some(ino) = pick(&self.model.files(), file) else {
+                    return;
+                };
                 let size = self.model.content(ino).len() as u64;
                 let (off, len) = self.write_off_len(size, (off_kind, off, len_kind, len));
                 let data = pattern(len, seed);
@@ -812,17 +994,24 @@ impl Run {
                 }
             }
             Op::Read { file, off, len } => {
-                let Some(ino) = pick(&self.model.files(), file) else { return };
+                let Some(ino) = pick(&self.model.files(), file) else {
+                    return;
+                };
                 let c = self.model.content(ino).clone();
                 let off = u64::from(off) % (c.len() as u64 + 5000);
                 let len = len % (700 << 10);
                 let got = self.fs().read(ino, off, len).unwrap();
                 let lo = (off as usize).min(c.len());
                 let hi = (off as usize + len as usize).min(c.len());
-                assert!(got == c[lo..hi], "op {i}: read of {len} at {off} from {ino} differs");
+                assert!(
+                    got == c[lo..hi],
+                    "op {i}: read of {len} at {off} from {ino} differs"
+                );
             }
             Op::Truncate { file, kind, raw } => {
-                let Some(ino) = pick(&self.model.files(), file) else { return };
+                let Some(ino) = pick(&self.model.files(), file) else {
+                    return;
+                };
                 let size = self.model.content(ino).len() as u64;
                 let new = match kind {
                     0 => u64::from(raw % 5000),
@@ -838,21 +1027,49 @@ impl Run {
                 self.touched.insert(ino);
                 wrote = Some(ino);
             }
-            Op::Fallocate { file, off, len, mode } => {
-                let Some(ino) = pick(&self.model.files(), file) else { return };
+            Op::Fallocate {
+                file,
+                off,
+                len,
+                mode,
+            } => {
+                let Some(ino) = pick(&self.model.files(), file) else {
+                    return;
+                };
                 let size = self.model.content(ino).len() as u64;
-                let off = u64::from(off) % (size + self.block_bytes);
+                let off = (u64::from(off) % (size + self.block_bytes)).min(FILE_BYTES_CAP - 1);
                 let len = (1 + u64::from(len) % (2 * self.block_bytes)).min(FILE_BYTES_CAP - off);
-                let mode = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE]
-                    [mode as usize];
-                self.fs().fallocate(ino, off, len, mode).unwrap_or_else(|e| {
-                    panic!("op {i}: fallocate({ino}, {off}, {len}, {mode}) failed: {e}")
-                });
+                let mode = [
+                    0,
+                    FALLOC_FL_KEEP_SIZE,
+                    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                ][mode as usize];
+                // fsck calls blocks preallocated past EOF corrupt (see the ignored test
+                // `fsck_accepts_keep_size_preallocation`); stay inside the file until fixed.
+                let len = if mode == FALLOC_FL_KEEP_SIZE && !KEEP_SIZE_PAST_EOF {
+                    len.min(size.saturating_sub(off))
+                } else {
+                    len
+                };
+                if len == 0 {
+                    return;
+                }
+                self.fs()
+                    .fallocate(ino, off, len, mode)
+                    .unwrap_or_else(|e| {
+                        panic!("op {i}: fallocate({ino}, {off}, {len}, {mode}) failed: {e}")
+                    });
                 self.model.fallocate(ino, off, len, mode);
                 self.touched.insert(ino);
                 wrote = Some(ino);
             }
-            Op::Rename { sdir, sname, ddir, dname, flag } => {
+            Op::Rename {
+                sdir,
+                sname,
+                ddir,
+                dname,
+                flag,
+            } => {
                 let (s, d) = (pick_dir(&self.model, sdir), pick_dir(&self.model, ddir));
                 let (sn, dn) = (NAMES[sname as usize], NAMES[dname as usize]);
                 let (noreplace, exchange) = (flag % 8 == 1, flag % 8 == 2);
@@ -861,15 +1078,25 @@ impl Run {
                 agree(&format!("op {i}: {op:?} ({s} -> {d})"), &got, &want);
             }
             Op::Link { node, dir, name } => {
-                let nodes: Vec<Ino> =
-                    self.model.linked_nodes().into_iter().filter(|n| !self.model.is_dir(*n)).collect();
-                let Some(ino) = pick(&nodes, node) else { return };
+                let nodes: Vec<Ino> = self
+                    .model
+                    .linked_nodes()
+                    .into_iter()
+                    .filter(|n| !self.model.is_dir(*n))
+                    .collect();
+                let Some(ino) = pick(&nodes, node) else {
+                    return;
+                };
                 let d = pick_dir(&self.model, dir);
                 let got = errno(self.fs().link(ino, d, NAMES[name as usize]));
                 let want = self.model.link(ino, d, NAMES[name as usize]);
                 agree(&format!("op {i}: {op:?}"), &got, &want);
                 if let Ok(a) = got {
-                    assert_eq!(a.nlink, self.model.nlink(ino), "op {i}: link count returned");
+                    assert_eq!(
+                        a.nlink,
+                        self.model.nlink(ino),
+                        "op {i}: link count returned"
+                    );
                 }
             }
             Op::Unlink { dir, name } | Op::Rmdir { dir, name } => {
@@ -879,7 +1106,12 @@ impl Run {
                 let want = self.model.remove(d, NAMES[name as usize], rmdir);
                 agree(&format!("op {i}: {op:?} in {d}"), &got, &want);
             }
-            Op::SetXattr { node, name, len, flag } => {
+            Op::SetXattr {
+                node,
+                name,
+                len,
+                flag,
+            } => {
                 let ino = pick(&self.model.linked_nodes(), node).unwrap();
                 let value = pattern(len as usize % 300, u64::from(len));
                 let n = XATTR_NAMES[name as usize];
@@ -896,7 +1128,9 @@ impl Run {
             }
             Op::OpenUnlinkRead { file } => self.open_unlink_read(i, file),
             Op::Open { file } => {
-                let Some(ino) = pick(&self.model.files(), file) else { return };
+                let Some(ino) = pick(&self.model.files(), file) else {
+                    return;
+                };
                 self.fs().open(ino).unwrap();
                 *self.model.open.entry(ino).or_default() += 1;
                 self.handles.push(ino);
@@ -941,17 +1175,31 @@ impl Run {
             2 | 3 => (FileKind::Directory, 0o755),
             _ => (FileKind::Symlink, 0o777),
         };
-        let tlen = if target % 17 == 0 { 4095 } else { 1 + target as usize % 300 };
-        let tgt = pattern(tlen, u64::from(target)).iter().map(|b| b'a' + b % 26).collect::<Vec<_>>();
+        let tlen = if target % 17 == 0 {
+            4095
+        } else {
+            1 + target as usize % 300
+        };
+        let tgt = pattern(tlen, u64::from(target))
+            .iter()
+            .map(|b| b'a' + b % 26)
+            .collect::<Vec<_>>();
         let symlink = (kind == FileKind::Symlink).then_some(&tgt[..]);
         let got = errno(self.fs().create_node(d, name, kind, mode, 0, ROOT, symlink));
         let want = self.model.create_check(d, name);
-        agree(&format!("create {kind:?} {} in {d}", show(name)), &got, &want);
+        agree(
+            &format!("create {kind:?} {} in {d}", show(name)),
+            &got,
+            &want,
+        );
         let Ok(attr) = got else { return };
         assert_eq!(attr.kind, kind);
         let body = match kind {
             FileKind::Regular => Body::File(Arc::new(Vec::new())),
-            FileKind::Directory => Body::Dir { entries: BTreeMap::new(), parent: d },
+            FileKind::Directory => Body::Dir {
+                entries: BTreeMap::new(),
+                parent: d,
+            },
             _ => Body::Symlink(tgt.clone()),
         };
         self.model.insert(d, name, attr.ino, body);
@@ -959,9 +1207,15 @@ impl Run {
     }
 
     fn open_unlink_read(&mut self, i: usize, file: u16) {
-        let Some(ino) = pick(&self.model.linked_files(), file) else { return };
-        let (_, dir, name, _) =
-            self.model.walk().into_iter().find(|w| w.3 == ino).expect("linked file has a path");
+        let Some(ino) = pick(&self.model.linked_files(), file) else {
+            return;
+        };
+        let (_, dir, name, _) = self
+            .model
+            .walk()
+            .into_iter()
+            .find(|w| w.3 == ino)
+            .expect("linked file has a path");
         let fs = self.fs.clone().unwrap();
         fs.open(ino).unwrap();
         *self.model.open.entry(ino).or_default() += 1;
@@ -969,8 +1223,15 @@ impl Run {
         self.model.remove(dir, &name, false).unwrap();
         let want = self.model.content(ino).clone();
         let attr = fs.getattr(ino).unwrap();
-        assert_eq!(attr.nlink, self.model.links(ino), "op {i}: nlink of an open unlinked file");
-        assert!(read_all(&fs, ino, attr.size) == *want, "op {i}: read through the handle");
+        assert_eq!(
+            attr.nlink,
+            self.model.links(ino),
+            "op {i}: nlink of an open unlinked file"
+        );
+        assert!(
+            read_all(&fs, ino, attr.size) == *want,
+            "op {i}: read through the handle"
+        );
         fs.release(ino).unwrap();
         *self.model.open.get_mut(&ino).unwrap() -= 1;
         if self.model.open[&ino] == 0 {
@@ -979,7 +1240,11 @@ impl Run {
         self.model.collect(ino);
         if !self.model.nodes.contains_key(&ino) {
             let got = errno(fs.getattr(ino));
-            assert_eq!(got.err(), Some(libc::ENOENT), "op {i}: inode {ino} outlived its last close");
+            assert_eq!(
+                got.err(),
+                Some(libc::ENOENT),
+                "op {i}: inode {ino} outlived its last close"
+            );
         }
     }
 
@@ -994,7 +1259,11 @@ impl Run {
             self.model.collect(ino);
             if !self.model.nodes.contains_key(&ino) {
                 let got = errno(self.fs().getattr(ino));
-                assert_eq!(got.err(), Some(libc::ENOENT), "op {i}: orphan {ino} not freed");
+                assert_eq!(
+                    got.err(),
+                    Some(libc::ENOENT),
+                    "op {i}: orphan {ino} not freed"
+                );
             }
         }
     }
@@ -1013,7 +1282,11 @@ impl Run {
         self.dead.store(true, Ordering::SeqCst);
         drop(self.fs.take());
         let report = tessera_fs::fsck(self.t.reopen(), false).unwrap();
-        assert!(report.is_clean(), "op {i}: fsck of the crash image: {:?}", report.problems);
+        assert!(
+            report.is_clean(),
+            "op {i}: fsck of the crash image: {:?}",
+            report.problems
+        );
         self.remount();
         let got = fs_tree(self.fs(), &|_| true);
         let mut candidates: Vec<Model> = self.history.clone();
@@ -1033,8 +1306,11 @@ impl Run {
             let before = &candidates[k];
             let after = &candidates[k + 1];
             let want = model_tree(before, &|_| true);
-            let Some((path, _)) = want.iter().find(|(_, v)| v.ino == ino) else { continue };
-            if diff(&got, &want, Some(path)).is_some() {
+            // Every name of the file (hard links) shows the same inode.
+            let Some((path, _)) = want.iter().find(|(_, v)| v.ino == ino) else {
+                continue;
+            };
+            if diff(&got, &want, Some(ino)).is_some() {
                 continue;
             }
             let (old, new) = (before.content(ino), after.content(ino));
@@ -1042,7 +1318,9 @@ impl Run {
             let at = |c: &Vec<u8>, j: usize| c.get(j).copied().unwrap_or(0);
             let sizes = old.len().min(new.len())..=old.len().max(new.len());
             if sizes.contains(&g.len())
-                && g.iter().enumerate().all(|(j, b)| *b == at(old, j) || *b == at(new, j))
+                && g.iter()
+                    .enumerate()
+                    .all(|(j, b)| *b == at(old, j) || *b == at(new, j))
             {
                 self.model = before.clone();
                 *self.model.content_mut(ino) = g;
@@ -1070,11 +1348,19 @@ impl Run {
             panic!("after op {i} ({op:?}): {d}");
         }
         // Files unlinked while open live on, unreachable, until their last close.
-        for (&ino, _) in self.model.open.iter().filter(|(i, _)| self.model.links(**i) == 0) {
+        for (&ino, _) in self
+            .model
+            .open
+            .iter()
+            .filter(|(i, _)| self.model.links(**i) == 0)
+        {
             let attr = self.fs().getattr(ino).unwrap();
             assert_eq!(attr.nlink, 0, "after op {i}: orphan {ino}");
             let c = self.model.content(ino);
-            assert!(read_all(self.fs(), ino, attr.size) == **c, "after op {i}: orphan {ino} data");
+            assert!(
+                read_all(self.fs(), ino, attr.size) == **c,
+                "after op {i}: orphan {ino} data"
+            );
         }
     }
 
@@ -1084,7 +1370,11 @@ impl Run {
         fs.unmount().unwrap();
         drop(fs);
         let report = tessera_fs::fsck(self.t.reopen(), false).unwrap();
-        assert!(report.is_clean(), "fsck after the run: {:?}", report.problems);
+        assert!(
+            report.is_clean(),
+            "fsck after the run: {:?}",
+            report.problems
+        );
         self.remount();
         self.check(usize::MAX, &Op::Remount, true);
         self.fs().unmount().unwrap();
@@ -1117,25 +1407,51 @@ fn opts_256k() -> FormatOptions {
 }
 
 fn opts_64k() -> FormatOptions {
-    FormatOptions { block_size: 64 << 10, inode_size: 512, ..small_opts() }
+    FormatOptions {
+        block_size: 64 << 10,
+        inode_size: 512,
+        ..small_opts()
+    }
 }
 
 proptest! {
-    #![proptest_config(config(32))]
+    #![proptest_config(config(96))]
 
     /// 256 KiB blocks, 4 KiB inodes: inline files up to 3840 bytes, fragments, multi-block.
     #[test]
-    fn model_256k_blocks(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+    fn model_256k_blocks(ops in proptest::collection::vec(op_strategy(), OPS)) {
         run(&opts_256k(), &ops);
     }
 }
 
 proptest! {
-    #![proptest_config(config(16))]
+    #![proptest_config(config(48))]
 
     /// 64 KiB blocks, 512-byte inodes: inline files up to 256 bytes, many blocks per file.
     #[test]
-    fn model_64k_blocks(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+    fn model_64k_blocks(ops in proptest::collection::vec(op_strategy(), OPS)) {
         run(&opts_64k(), &ops);
     }
+}
+
+/// fallocate(2) with FALLOC_FL_KEEP_SIZE past the end of file is how applications preallocate
+/// (databases, downloaders): the blocks belong to the file while its size stays. fsck reports
+/// each such block as "maps block N beyond its size" and a repair would unmap it, so an
+/// unmounted healthy file system fails fsck.
+#[test]
+fn fsck_accepts_keep_size_preallocation() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let f = fs
+        .create_node(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, ROOT, None)
+        .unwrap();
+    fs.write(f.ino, 0, b"hello", false).unwrap();
+    fs.fallocate(f.ino, 0, 1 << 20, FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().size, 5);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
 }

@@ -13,6 +13,9 @@ use std::sync::Arc;
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use tessera_fs::FileSystem;
 
+/// Request threads per mount unless `TESSERA_FUSE_THREADS` says otherwise.
+pub const FUSE_THREADS_DEFAULT: usize = 4;
+
 /// How a file system is exposed to the kernel.
 #[derive(Clone, Debug)]
 pub struct FuseOptions {
@@ -77,6 +80,7 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
         config.acl = SessionACL::All;
     }
     config.n_threads = Some(opts.threads.max(1));
+    let block_kib = u64::from(fs.descriptor().block_size) >> 10;
     config.clone_fd = true;
     let session =
         fuser::spawn_mount(adapter::TesseraFuse::new(fs), mountpoint, &config).map_err(|e| {
@@ -88,10 +92,33 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
                 ),
             )
         })?;
+    set_read_ahead(
+        mountpoint,
+        (2 * block_kib).clamp(READ_AHEAD_KIB_MIN, READ_AHEAD_KIB_MAX),
+    );
     Ok(FuseMount {
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),
     })
+}
+
+const READ_AHEAD_KIB_MIN: u64 = 1024;
+const READ_AHEAD_KIB_MAX: u64 = 16 * 1024;
+
+/// The kernel gives a FUSE mount 128 KiB of readahead, far less than one file-system block;
+/// sequential reads need a few blocks in flight to keep every NSD busy (GPFS prefetches
+/// for the same reason).
+fn set_read_ahead(mountpoint: &Path, kib: u64) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&knob, kib.to_string()) {
+        tracing::warn!("cannot raise readahead through {knob}: {e}");
+    }
 }
 
 /// Detaches a FUSE mount left at `mountpoint` by a daemon that died ("Transport endpoint is

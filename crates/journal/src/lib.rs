@@ -507,7 +507,10 @@ impl Journal {
             let mut batch = std::mem::take(&mut state.sealed);
             batch.extend(state.open.take());
             let target = state.appended_lsn;
-            assert!(!batch.is_empty(), "records above the durable LSN are pending");
+            assert!(
+                !batch.is_empty(),
+                "records above the durable LSN are pending"
+            );
             drop(state);
             let result = self.write_pages(&batch);
             state = self.state.lock();

@@ -8,62 +8,16 @@
 //! an unlink and a directory fsync. A file whose last record is BEGIN may hold either version
 //! but must read without an I/O error.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+use common::*;
+
 const ITERATIONS: u64 = 20;
-
-struct Node {
-    dir: tempfile::TempDir,
-}
-
-impl Node {
-    fn home(&self) -> PathBuf {
-        self.dir.path().join("home")
-    }
-
-    fn mnt(&self) -> PathBuf {
-        self.dir.path().join("mnt")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = Command::new(BIN)
-            .args(args)
-            .env("TESSERA_HOME", self.home())
-            .current_dir(self.dir.path())
-            .output()
-            .expect("run tessera");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "tessera {args:?} failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    }
-
-    fn daemon_pid(&self) -> i32 {
-        let text = std::fs::read_to_string(self.home().join("daemon.pid")).expect("daemon.pid");
-        text.trim().parse().expect("pid")
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = Command::new(BIN)
-            .arg("shutdown")
-            .env("TESSERA_HOME", self.home())
-            .output();
-        let _ = Command::new("fusermount3")
-            .arg("-uz")
-            .arg(self.mnt())
-            .output();
-    }
-}
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -197,33 +151,26 @@ fn verify(mnt: &Path, ledger_path: &Path) -> usize {
 
 #[test]
 fn kill_daemon_during_fsync_workload() {
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipping: needs root and /dev/fuse");
+    if !fuse_usable() {
         return;
     }
-    let node = Node {
-        dir: tempfile::tempdir().unwrap(),
-    };
-    let mut stanza = String::new();
-    for i in 0..4 {
-        let drive = node.dir.path().join(format!("drive{i}"));
-        std::fs::File::create(&drive)
-            .unwrap()
-            .set_len(256 << 20)
-            .unwrap();
-        stanza += &format!(
-            "%nsd: device={} nsd=crash{i} usage=dataAndMetadata failureGroup={i} pool=system\n",
-            drive.display()
-        );
-    }
-    std::fs::write(node.dir.path().join("stanza"), stanza).unwrap();
-    node.ok(&["cluster", "create", "--name", "crash"]);
-    node.ok(&["startup"]);
-    node.ok(&["nsd", "create", "-F", "stanza"]);
-    let mnt = node.mnt();
-    let mnt_s = mnt.to_str().unwrap();
+    let mut node = Node::new().start();
+    let stanza = node.stanza("crash", 4, 256 << 20);
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mnt");
+    node.mounts.push(mnt.clone());
     node.ok(&[
-        "fs", "create", "fs1", "-F", "stanza", "-B", "256K", "-T", mnt_s, "-A", "yes",
+        "fs",
+        "create",
+        "fs1",
+        "-F",
+        s(&stanza),
+        "-B",
+        "256K",
+        "-T",
+        s(&mnt),
+        "-A",
+        "yes",
     ]);
     node.ok(&["mount", "fs1"]);
     let ledger = node.dir.path().join("ledger");

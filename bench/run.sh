@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Tessera against XFS on the same backing store, measured in one run.
+#
+#   bench/run.sh [WORKDIR]            (as root; needs fio, xfsprogs, a C compiler)
+#
+# Both file systems live in WORKDIR: Tessera on four sparse drive files (O_DIRECT), XFS on a
+# loop device over one sparse image with direct I/O (so neither uses the host page cache).
+# Runs fio sequential 1 MiB write and read (1 and 4 jobs), 4 KiB random read and write
+# (libaio, iodepth 16, direct), and a metadata create/stat/unlink of 100,000 files from one
+# process, then prints each result and the Tessera/XFS ratio as a Markdown table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WORK=${1:-/var/tmp/tessera-bench}
+DRIVE_BYTES=${DRIVE_BYTES:-6G}
+XFS_BYTES=${XFS_BYTES:-24G}
+SEQ_BYTES=${SEQ_BYTES:-4G}
+RAND_BYTES=${RAND_BYTES:-1G}
+RAND_SECONDS=${RAND_SECONDS:-20}
+MD_FILES=${MD_FILES:-100000}
+BLOCK=${BLOCK:-4M}
+TESSERA=$ROOT/target/release/tessera
+export TESSERA_HOME=$WORK/home
+
+for tool in fio mkfs.xfs losetup cc python3; do
+    command -v $tool >/dev/null || { echo "bench: $tool is missing (apt-get install fio xfsprogs gcc)" >&2; exit 1; }
+done
+cargo build --release -p tessera >&2
+mkdir -p "$(dirname "$WORK")"
+MDBENCH=$WORK.mdbench
+cc -O2 -o "$MDBENCH" bench/mdbench.c
+
+cleanup() (
+    set +e
+    "$TESSERA" shutdown >/dev/null 2>&1
+    umount "$WORK/xfs" 2>/dev/null
+    [ -n "${LOOP:-}" ] && losetup -d "$LOOP"
+    true
+)
+trap cleanup EXIT
+cleanup
+rm -rf "$WORK"
+mkdir -p "$WORK/drives" "$WORK/xfs" "$WORK/tessera"
+
+# XFS on a loop device over a sparse image, direct I/O to the backing file.
+truncate -s "$XFS_BYTES" "$WORK/xfs.img"
+LOOP=$(losetup --find --show --direct-io=on "$WORK/xfs.img")
+mkfs.xfs -q -f "$LOOP"
+mount "$LOOP" "$WORK/xfs"
+
+# Tessera on four drive files.
+STANZA=$WORK/nsd.stanza
+: >"$STANZA"
+for i in 0 1 2 3; do
+    truncate -s "$DRIVE_BYTES" "$WORK/drives/d$i"
+    printf '%%nsd: device=%s nsd=bench%s usage=dataAndMetadata failureGroup=%s pool=system\n' \
+        "$WORK/drives/d$i" "$i" "$((i + 1))" >>"$STANZA"
+done
+"$TESSERA" cluster create --name bench >/dev/null
+"$TESSERA" startup >/dev/null
+"$TESSERA" nsd create -F "$STANZA" >/dev/null
+"$TESSERA" fs create bench -F "$STANZA" -B "$BLOCK" -T "$WORK/tessera" -A no >/dev/null
+"$TESSERA" mount bench >/dev/null
+
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+# fio NAME DIR ARGS... -> prints "MB/s IOPS"
+run_fio() {
+    local name=$1 dir=$2
+    shift 2
+    fio --name="$name" --directory="$dir" --output-format=json "$@" >"$WORK/$name.json"
+    python3 - "$WORK/$name.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+bw = iops = 0.0
+for job in j["jobs"]:
+    for d in ("read", "write"):
+        bw += job[d]["bw_bytes"]; iops += job[d]["iops"]
+print(f"{bw/1e6:.1f} {iops:.0f}")
+PY
+}
+
+declare -A RESULT
+measure() {
+    local fs=$1 dir=$2
+    local per1=$SEQ_BYTES
+    local per4=$(( $(numfmt --from=iec "$SEQ_BYTES") / 4 ))
+    RESULT[$fs,seqwrite1]=$(run_fio "$fs-sw1" "$dir" --rw=write --bs=1M --size="$per1" --numjobs=1 --end_fsync=1 --ioengine=psync)
+    drop_caches
+    RESULT[$fs,seqread1]=$(run_fio "$fs-sr1" "$dir" --rw=read --bs=1M --size="$per1" --numjobs=1 --ioengine=psync)
+    rm -f "$dir"/"$fs-sw1"* "$dir"/"$fs-sr1"*
+    RESULT[$fs,seqwrite4]=$(run_fio "$fs-sw4" "$dir" --rw=write --bs=1M --size="$per4" --numjobs=4 --end_fsync=1 --ioengine=psync --group_reporting)
+    drop_caches
+    RESULT[$fs,seqread4]=$(run_fio "$fs-sr4" "$dir" --rw=read --bs=1M --size="$per4" --numjobs=4 --ioengine=psync --group_reporting)
+    rm -f "$dir"/"$fs-sw4"* "$dir"/"$fs-sr4"*
+    local rand=(--bs=4k --size="$RAND_BYTES" --ioengine=libaio --iodepth=16 --direct=1 --time_based --runtime="$RAND_SECONDS" --filename=rand.dat)
+    RESULT[$fs,randwrite]=$(run_fio "$fs-rw" "$dir" --rw=randwrite "${rand[@]}")
+    RESULT[$fs,randread]=$(run_fio "$fs-rr" "$dir" --rw=randread "${rand[@]}")
+    rm -f "$dir/rand.dat"
+    local md
+    md=$("$MDBENCH" "$dir/md" "$MD_FILES")
+    RESULT[$fs,create]=$(echo "$md" | awk '$1 == "create" {print $4}')
+    RESULT[$fs,stat]=$(echo "$md" | awk '$1 == "stat" {print $4}')
+    RESULT[$fs,unlink]=$(echo "$md" | awk '$1 == "unlink" {print $4}')
+}
+
+measure xfs "$WORK/xfs"
+measure tessera "$WORK/tessera"
+
+echo "| test | Tessera | XFS | Tessera/XFS |"
+echo "| --- | ---: | ---: | ---: |"
+row() {
+    local key=$1 label=$2 field=$3 unit=$4
+    local t x
+    t=$(echo "${RESULT[tessera,$key]}" | awk -v f="$field" '{print $f}')
+    x=$(echo "${RESULT[xfs,$key]}" | awk -v f="$field" '{print $f}')
+    printf '| %s | %s %s | %s %s | %s |\n' "$label" "$t" "$unit" "$x" "$unit" \
+        "$(python3 -c "print(f'{$t/$x:.2f}' if $x else 'n/a')")"
+}
+row seqwrite1 "seq write 1 MiB, 1 job" 1 MB/s
+row seqread1 "seq read 1 MiB, 1 job" 1 MB/s
+row seqwrite4 "seq write 1 MiB, 4 jobs" 1 MB/s
+row seqread4 "seq read 1 MiB, 4 jobs" 1 MB/s
+row randwrite "rand write 4 KiB, QD16 direct" 2 IOPS
+row randread "rand read 4 KiB, QD16 direct" 2 IOPS
+echo "| create (1 process) | ${RESULT[tessera,create]} files/s | ${RESULT[xfs,create]} files/s | $(python3 -c "print(f'{${RESULT[tessera,create]}/${RESULT[xfs,create]}:.2f}')") |"
+echo "| stat (1 process) | ${RESULT[tessera,stat]} files/s | ${RESULT[xfs,stat]} files/s | $(python3 -c "print(f'{${RESULT[tessera,stat]}/${RESULT[xfs,stat]}:.2f}')") |"
+echo "| unlink (1 process) | ${RESULT[tessera,unlink]} files/s | ${RESULT[xfs,unlink]} files/s | $(python3 -c "print(f'{${RESULT[tessera,unlink]}/${RESULT[xfs,unlink]}:.2f}')") |"

@@ -1,0 +1,150 @@
+//! Shared by the end-to-end tests: a node is a real daemon in a temporary home with
+//! file-backed drives. Every test that starts a daemon holds a [`Node`] whose Drop shuts the
+//! daemon down and detaches any mount, so a failing test leaves no stale mount or process.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+pub const DRIVE_BYTES: u64 = 128 << 20;
+
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub mounts: Vec<PathBuf>,
+    pub started: bool,
+}
+
+impl Node {
+    pub fn new() -> Node {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Node {
+            dir,
+            mounts: Vec::new(),
+            started: false,
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.path("home")
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .env("TESSERA_HOME", self.home())
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run tessera")
+    }
+
+    /// Runs and requires success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "tessera {args:?} failed:\n{stdout}\n{stderr}"
+        );
+        stdout
+    }
+
+    /// Runs and requires failure; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "tessera {args:?} should fail:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        stderr
+    }
+
+    /// Creates the cluster and starts the daemon.
+    pub fn start(mut self) -> Node {
+        self.ok(&["cluster", "create", "--name", "testcluster"]);
+        self.ok(&["startup"]);
+        self.started = true;
+        self
+    }
+
+    /// The pid of the running daemon, from its pid file.
+    pub fn daemon_pid(&self) -> i32 {
+        let text = std::fs::read_to_string(self.home().join("daemon.pid")).expect("daemon.pid");
+        text.trim().parse().expect("pid")
+    }
+
+    /// Creates `count` drives and a stanza file naming them `{prefix}0..`; returns its path.
+    pub fn stanza(&self, prefix: &str, count: usize, bytes: u64) -> PathBuf {
+        let mut text = String::new();
+        for i in 0..count {
+            let dev = self.drive(&format!("{prefix}-drive{i}"), bytes);
+            text += &format!(
+                "%nsd: device={} nsd={prefix}{i} usage=dataAndMetadata failureGroup={} pool=system\n",
+                dev.display(),
+                i + 1
+            );
+        }
+        let path = self.path(&format!("{prefix}.stanza"));
+        std::fs::write(&path, text).expect("write stanza");
+        path
+    }
+
+    pub fn drive(&self, name: &str, bytes: u64) -> PathBuf {
+        let path = self.path(name);
+        let f = std::fs::File::create(&path).expect("create drive");
+        f.set_len(bytes).expect("size drive");
+        path
+    }
+
+    /// The Figure 33 stanzas of seed 000, devices replaced by drive files.
+    pub fn figure33(&self) -> PathBuf {
+        let mut text = String::from("# ./ef600-nsdstanza-rhel8.sh | tee ef600_mlx.stanza\n");
+        for (i, nsd) in ["de0704a01v1", "de0704a01v2", "de0704a02v1", "de0704a02v2"]
+            .iter()
+            .enumerate()
+        {
+            let dev = self.drive(&format!("nvme0n{}", i + 1), DRIVE_BYTES);
+            text += &format!(
+                "%nsd: device={} nsd={nsd} usage=dataAndMetadata\n",
+                dev.display()
+            );
+            text += "failureGroup=704 pool=system thinDiskType=no\n";
+        }
+        let path = self.path("ef600_mlx.stanza");
+        std::fs::write(&path, text).expect("write stanza");
+        path
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = self.run(&["shutdown"]);
+        }
+        for m in &self.mounts {
+            let _ = Command::new("fusermount3").arg("-uz").arg(m).output();
+        }
+    }
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// FUSE needs root and /dev/fuse; say why a test is skipped instead of failing.
+pub fn fuse_usable() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let usable = root && Path::new("/dev/fuse").exists();
+    if !usable {
+        eprintln!("skipping: FUSE tests need root and /dev/fuse");
+    }
+    usable
+}
