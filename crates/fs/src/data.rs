@@ -43,8 +43,12 @@ enum BlockPlan {
         extent: Extent,
         copy: Option<BlockRef>,
     },
+    /// Map a newly allocated whole block with every sector unwritten, then write in place.
+    NewBlock { extent: Extent },
     /// Overwrite sectors of the current extent.
     InPlace { current: BlockRef },
+    /// The extent must change, which needs the block's exclusive lock.
+    NeedsExclusive,
 }
 
 impl FileSystem {
@@ -278,34 +282,79 @@ impl FileSystem {
         Ok(lsn)
     }
 
+    /// Writes into one block. Writes that stay inside the block's current extent run under
+    /// the block's shared lock and the locks of the segments they touch, so writers of
+    /// different parts of one block proceed in parallel; changing the extent (a new block, a
+    /// growing fragment, copy-on-write) takes the block's lock exclusively.
     fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Lsn> {
-        let _block = self.block_lock(ino, b).lock();
-        let plan = match self.plan_block(ino, b, off, data.len() as u64) {
-            Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
-                // Space freed by changes not yet durable comes back after a commit.
-                self.sync()?;
-                self.plan_block(ino, b, off, data.len() as u64)?
-            }
-            other => other?,
-        };
-        match plan {
-            BlockPlan::Fresh { extent, copy } => {
-                let result = self.write_fresh(ino, b, off, data, extent, copy);
-                if result.is_err() {
-                    let mut m = self.meta.lock();
-                    let _ = m.alloc.free(extent);
+        let len = data.len() as u64;
+        let block = self.block_lock(ino, b);
+        // A new whole block is first mapped unwritten, then written in place: at most twice.
+        for _ in 0..2 {
+            {
+                let _shared = block.read();
+                let _segments = self.segment_locks(ino, b, off, len);
+                if let BlockPlan::InPlace { current } = self.plan_block(ino, b, off, len, false)? {
+                    return self.write_in_place(ino, b, off, data, current);
                 }
-                result
             }
-            BlockPlan::InPlace { current } => self.write_in_place(ino, b, off, data, current),
+            let _exclusive = block.write();
+            let plan = match self.plan_block(ino, b, off, len, true) {
+                Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
+                    // Space freed by changes not yet durable comes back after a commit.
+                    self.sync()?;
+                    self.plan_block(ino, b, off, len, true)?
+                }
+                other => other?,
+            };
+            match plan {
+                BlockPlan::InPlace { current } => {
+                    return self.write_in_place(ino, b, off, data, current)
+                }
+                BlockPlan::NewBlock { extent } => {
+                    // Unwritten sectors read as zeros, so mapping before writing exposes
+                    // nothing, and later writers of this block need no exclusive lock.
+                    let mut m = self.meta.lock();
+                    let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
+                    self.log(
+                        &mut m,
+                        vec![Change::MapBlock {
+                            ino,
+                            index: b,
+                            block,
+                        }],
+                    )?;
+                }
+                BlockPlan::Fresh { extent, copy } => {
+                    let result = self.write_fresh(ino, b, off, data, extent, copy);
+                    if result.is_err() {
+                        let mut m = self.meta.lock();
+                        let _ = m.alloc.free(extent);
+                    }
+                    return result;
+                }
+                BlockPlan::NeedsExclusive => unreachable!("planned with the exclusive lock"),
+            }
         }
+        Err(FsError::Corrupt(format!(
+            "block {b} of inode {ino} keeps changing under a write"
+        )))
     }
 
     fn has_pending_frees(&self) -> bool {
         !self.meta.lock().pending_free.is_empty()
     }
 
-    fn plan_block(&self, ino: Ino, b: u64, off: u64, len: u64) -> FsResult<BlockPlan> {
+    /// Decides how a write into block `b` proceeds. Without `exclusive` it only recognises
+    /// in-place writes and allocates nothing.
+    fn plan_block(
+        &self,
+        ino: Ino,
+        b: u64,
+        off: u64,
+        len: u64,
+        exclusive: bool,
+    ) -> FsResult<BlockPlan> {
         let bs = self.geo.block_bytes;
         let per = self.geo.sub_blocks_per_block;
         let mut m = self.meta.lock();
@@ -340,6 +389,9 @@ impl FileSystem {
                 current: current.expect("not fresh"),
             });
         }
+        if !exclusive {
+            return Ok(BlockPlan::NeedsExclusive);
+        }
         let pool = self.geo.data_pool;
         let extent = if needed == per {
             let hint = BlockHint {
@@ -352,6 +404,9 @@ impl FileSystem {
             m.alloc.alloc_fragment(pool, AllocKind::Data, needed, prev)
         }
         .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "file data"))?;
+        if current.is_none() && needed == per {
+            return Ok(BlockPlan::NewBlock { extent });
+        }
         let copy = current.filter(|c| !(whole_block || c.extent.sub_blocks >= needed));
         Ok(BlockPlan::Fresh { extent, copy })
     }
@@ -378,7 +433,9 @@ impl FileSystem {
         let lo = if copy_hi > 0 { 0 } else { touched_lo };
         let hi = touched_hi.max(copy_hi);
         assert!(hi <= sectors, "write past the extent: {hi} > {sectors}");
-        let mut buf = AlignedBuf::zeroed((hi - lo) * SECTOR as usize);
+        let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
+        let at = off as usize - lo * SECTOR as usize;
+        buf.zero_outside(at, data.len());
         if let Some(old) = &copy {
             let infos = sector_infos(old, 0, copy_hi as u64 * SECTOR).1;
             self.read_sectors(
@@ -395,7 +452,6 @@ impl FileSystem {
                 }
             }
         }
-        let at = off as usize - lo * SECTOR as usize;
         buf[at..at + data.len()].copy_from_slice(data);
         for s in touched_lo..touched_hi {
             let i = s - lo;
@@ -436,7 +492,8 @@ impl FileSystem {
     ) -> FsResult<Lsn> {
         let lo = (off / SECTOR) as usize;
         let hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
-        let mut buf = AlignedBuf::zeroed((hi - lo) * SECTOR as usize);
+        let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
+        buf.zero_outside(off as usize - lo * SECTOR as usize, data.len());
         // Partial head and tail sectors keep their other bytes: read and verify them.
         for s in [lo, hi - 1] {
             let partial = (s == lo && off % SECTOR != 0)
@@ -661,4 +718,57 @@ fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<SectorInfo>) {
         })
         .collect();
     (r.extent, infos)
+}
+
+/// Sector-aligned scratch space for one write, reused per thread: a fresh megabyte per
+/// request would cost page faults and zeroing for bytes that are overwritten at once.
+struct Scratch {
+    buf: Option<AlignedBuf>,
+    len: usize,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Scratch {
+    /// `len` bytes whose contents are left over from earlier use: callers initialise them.
+    fn take(len: usize) -> Scratch {
+        let cached = SCRATCH
+            .with(|c| c.borrow_mut().take())
+            .filter(|b| b.len() >= len);
+        let buf = cached.unwrap_or_else(|| AlignedBuf::zeroed(len.max(1 << 20)));
+        Scratch {
+            buf: Some(buf),
+            len,
+        }
+    }
+
+    /// Zeroes everything but `len` bytes at `at`, which the caller fills.
+    fn zero_outside(&mut self, at: usize, len: usize) {
+        let all = self.len;
+        self[..at].fill(0);
+        self[at + len..all].fill(0);
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("present until drop")[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.buf.as_mut().expect("present until drop")[..len]
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let buf = self.buf.take();
+        SCRATCH.with(|c| *c.borrow_mut() = buf);
+    }
 }

@@ -26,6 +26,17 @@ const INODE_LOCK_STRIPES: usize = 1024;
 /// Striped per-block locks: writers of different blocks of one file proceed in parallel,
 /// writers of the same block serialize their read-modify-write.
 const BLOCK_LOCK_STRIPES: usize = 4096;
+/// Writers of one block exclude each other per segment of this size (the largest FUSE
+/// request), so sequential 1 MiB writes into a 4 MiB block run side by side.
+const SEGMENT_BYTES: u64 = 1 << 20;
+
+fn stripe(key: &[u64], stripes: usize) -> usize {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    for k in key {
+        h = (h ^ k).wrapping_mul(0x0100_0000_01B3).rotate_left(29);
+    }
+    (h % stripes as u64) as usize
+}
 /// How often the background flusher commits the log when nobody asked for fsync.
 const COMMIT_INTERVAL: Duration = Duration::from_secs(5);
 /// Checkpoint when the log is fuller than this fraction, so appends rarely find it full.
@@ -68,7 +79,8 @@ pub struct FileSystem {
     pub(crate) geo: Geometry,
     pub(crate) pmon: Pmon,
     inode_locks: Vec<RwLock<()>>,
-    block_locks: Vec<Mutex<()>>,
+    block_locks: Vec<RwLock<()>>,
+    segment_locks: Vec<Mutex<()>>,
     checkpoint_lock: Mutex<()>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -111,7 +123,8 @@ impl FileSystem {
             geo,
             pmon: Pmon::default(),
             inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-            block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             checkpoint_lock: Mutex::new(()),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
             flusher: Mutex::new(None),
@@ -160,10 +173,33 @@ impl FileSystem {
         &self.inode_locks[(ino % INODE_LOCK_STRIPES as u64) as usize]
     }
 
-    /// Held while a block is planned, written and logged; taken under the inode lock.
-    pub(crate) fn block_lock(&self, ino: Ino, block: u64) -> &Mutex<()> {
-        let h = ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-        &self.block_locks[(h % BLOCK_LOCK_STRIPES as u64) as usize]
+    /// Held shared by writers that stay inside a block's extent, exclusively by writers that
+    /// change it; taken under the inode lock.
+    pub(crate) fn block_lock(&self, ino: Ino, block: u64) -> &RwLock<()> {
+        &self.block_locks[stripe(&[ino, block], BLOCK_LOCK_STRIPES)]
+    }
+
+    /// Locks the segments of block `block` that bytes `off..off+len` touch, so that writers
+    /// sharing the block never write the same sectors at once (their log records and their
+    /// data would land in different orders). Stripes are taken in ascending order.
+    pub(crate) fn segment_locks(
+        &self,
+        ino: Ino,
+        block: u64,
+        off: u64,
+        len: u64,
+    ) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+        let first = off / SEGMENT_BYTES;
+        let last = (off + len.max(1) - 1) / SEGMENT_BYTES;
+        let mut stripes: Vec<usize> = (first..=last)
+            .map(|s| stripe(&[ino, block, s], BLOCK_LOCK_STRIPES))
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .into_iter()
+            .map(|i| self.segment_locks[i].lock())
+            .collect()
     }
 
     /// Logs a transaction and applies it. The caller holds the metadata lock, so log order is
