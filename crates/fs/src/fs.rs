@@ -82,6 +82,7 @@ pub struct FileSystem {
     block_locks: Vec<RwLock<()>>,
     segment_locks: Vec<Mutex<()>>,
     checkpoint_lock: Mutex<()>,
+    commit_lock: Mutex<()>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     unmounted: AtomicBool,
@@ -126,6 +127,7 @@ impl FileSystem {
             block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             checkpoint_lock: Mutex::new(()),
+            commit_lock: Mutex::new(()),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
@@ -232,10 +234,26 @@ impl FileSystem {
         if self.journal.durable_lsn() >= lsn {
             return Ok(());
         }
+        // Group commit: one caller flushes and commits everything appended so far while the
+        // others wait, then find their records durable.
+        let _one = self.commit_lock.lock();
+        if self.journal.durable_lsn() >= lsn {
+            return Ok(());
+        }
+        let upto = self.journal.appended_lsn();
         self.flush_devices()?;
-        self.journal.commit(lsn)?;
+        self.journal.commit(upto)?;
         self.release_frees();
         Ok(())
+    }
+
+    /// Makes data written so far durable on the drives, and the log up to `lsn`. For writes
+    /// whose log record was committed before the data went out (in-place overwrites).
+    pub(crate) fn commit_data(&self, lsn: Lsn) -> FsResult<()> {
+        if self.journal.durable_lsn() >= lsn {
+            return self.flush_devices();
+        }
+        self.commit(lsn)
     }
 
     /// Commits everything logged so far (fsync, sync, periodic flush).
