@@ -16,7 +16,7 @@ use tessera_drive::AlignedBuf;
 use tessera_journal::Lsn;
 
 use crate::error::{FsError, FsResult};
-use crate::fs::FileSystem;
+use crate::fs::{FileSystem, Meta};
 use crate::inode::{Alternative, Attr, BlockRef, Content, FileKind, Ino, CSUM_SECTOR_BYTES};
 use crate::meta::Change;
 
@@ -315,15 +315,7 @@ impl FileSystem {
                     // Unwritten sectors read as zeros, so mapping before writing exposes
                     // nothing, and later writers of this block need no exclusive lock.
                     let mut m = self.meta.lock();
-                    let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
-                    self.log(
-                        &mut m,
-                        vec![Change::MapBlock {
-                            ino,
-                            index: b,
-                            block,
-                        }],
-                    )?;
+                    self.map_unwritten(&mut m, ino, b, extent)?;
                 }
                 BlockPlan::Fresh { extent, copy } => {
                     let result = self.write_fresh(ino, b, off, data, extent, copy);
@@ -339,6 +331,19 @@ impl FileSystem {
         Err(FsError::Corrupt(format!(
             "block {b} of inode {ino} keeps changing under a write"
         )))
+    }
+
+    /// Maps `extent` as block `b` with every sector unwritten (reads as zeros).
+    fn map_unwritten(&self, m: &mut Meta, ino: Ino, b: u64, extent: Extent) -> FsResult<Lsn> {
+        let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
+        self.log(
+            m,
+            vec![Change::MapBlock {
+                ino,
+                index: b,
+                block,
+            }],
+        )
     }
 
     fn has_pending_frees(&self) -> bool {
@@ -645,15 +650,7 @@ impl FileSystem {
                 .alloc
                 .alloc_block(self.geo.data_pool, AllocKind::Data, hint)
                 .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "fallocate"))?;
-            let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
-            self.log(
-                &mut m,
-                vec![Change::MapBlock {
-                    ino,
-                    index: b,
-                    block,
-                }],
-            )?;
+            self.map_unwritten(&mut m, ino, b, extent)?;
         }
         let mut m = self.meta.lock();
         let mut a = m.state.get(ino).ok_or(FsError::NotFound)?.attr;

@@ -115,46 +115,6 @@ pub struct FsShow {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct DfDiskRow {
-    pub nsd_name: String,
-    pub pool: String,
-    pub failure_group: i32,
-    pub holds_metadata: bool,
-    pub holds_data: bool,
-    pub size_bytes: u64,
-    pub free_full_block_bytes: u64,
-    pub free_fragment_bytes: u64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct DfPoolRow {
-    pub pool: String,
-    pub size_bytes: u64,
-    pub free_full_block_bytes: u64,
-    pub free_fragment_bytes: u64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct DfRows {
-    pub block_size: u32,
-    pub disks: Vec<DfDiskRow>,
-    pub pools: Vec<DfPoolRow>,
-    pub inodes_used: u64,
-    pub inodes_free: u64,
-    pub inodes_allocated: u64,
-    pub inodes_max: u64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FsckOutcome {
-    pub problems: Vec<String>,
-    pub repaired: u64,
-    pub inodes: u64,
-    pub directories: u64,
-    pub blocks: u64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PmonEntry {
     pub fs_name: String,
     pub disks: usize,
@@ -176,8 +136,8 @@ pub enum Reply {
     Mounted {
         mount_point: String,
     },
-    Df(DfRows),
-    Fsck(FsckOutcome),
+    Df(tessera_fs::DfReport),
+    Fsck(tessera_fs::FsckReport),
     Pmon(Vec<PmonEntry>),
 }
 

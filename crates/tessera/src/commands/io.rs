@@ -8,7 +8,8 @@ use super::nsd::absolute;
 use super::{call, unexpected};
 use crate::config::Home;
 use crate::output::{percent, yes_no, YRecord};
-use crate::rpc::{DfRows, Reply, Request};
+use crate::rpc::{Reply, Request};
+use tessera_fs::DfReport;
 
 pub fn mount(home: &Home, name: &str, mount_point: Option<&Path>) -> Result<()> {
     let mount_point = match mount_point {
@@ -49,7 +50,7 @@ fn kb(bytes: u64) -> u64 {
     bytes >> 10
 }
 
-fn df_text(df: &DfRows) -> String {
+fn df_text(df: &DfReport) -> String {
     let w = df
         .disks
         .iter()
@@ -146,21 +147,21 @@ fn df_text(df: &DfRows) -> String {
     line("-----------------".into());
     line(format!(
         "Number of used inodes:      {:>12}",
-        df.inodes_used
+        df.inodes.used
     ));
     line(format!(
         "Number of free inodes:      {:>12}",
-        df.inodes_free
+        df.inodes.free
     ));
     line(format!(
         "Number of allocated inodes: {:>12}",
-        df.inodes_allocated
+        df.inodes.allocated
     ));
-    line(format!("Maximum number of inodes:   {:>12}", df.inodes_max));
+    line(format!("Maximum number of inodes:   {:>12}", df.inodes.max));
     out
 }
 
-fn df_machine(name: &str, df: &DfRows) {
+fn df_machine(name: &str, df: &DfReport) {
     let y = YRecord::new("df", "nsd");
     println!(
         "{}",
@@ -235,10 +236,10 @@ fn df_machine(name: &str, df: &DfRows) {
         "{}",
         y.data(&[
             name.into(),
-            df.inodes_used.to_string(),
-            df.inodes_free.to_string(),
-            df.inodes_allocated.to_string(),
-            df.inodes_max.to_string(),
+            df.inodes.used.to_string(),
+            df.inodes.free.to_string(),
+            df.inodes.allocated.to_string(),
+            df.inodes.max.to_string(),
         ])
     );
 }

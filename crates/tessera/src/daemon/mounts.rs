@@ -14,7 +14,7 @@ use tessera_nsd::NsdId;
 use super::nsd_admin::open_nsd;
 use super::{Daemon, Mounted};
 use crate::config::{FsRecord, NsdRegistry};
-use crate::rpc::{DfDiskRow, DfPoolRow, DfRows, FsckOutcome, PmonEntry, Reply};
+use crate::rpc::{PmonEntry, Reply};
 
 /// The opened device of each NSD of a file system, `None` where it cannot be opened.
 pub type FsDevices = Vec<Option<(NsdId, Arc<dyn BlockDevice>)>>;
@@ -196,31 +196,7 @@ impl Daemon {
                 report
             }
         };
-        let disks = report.disks.into_iter().map(|d| DfDiskRow {
-            nsd_name: d.nsd_name,
-            pool: d.pool,
-            failure_group: d.failure_group,
-            holds_metadata: d.holds_metadata,
-            holds_data: d.holds_data,
-            size_bytes: d.size_bytes,
-            free_full_block_bytes: d.free_full_block_bytes,
-            free_fragment_bytes: d.free_fragment_bytes,
-        });
-        let pools = report.pools.into_iter().map(|p| DfPoolRow {
-            pool: p.pool,
-            size_bytes: p.size_bytes,
-            free_full_block_bytes: p.free_full_block_bytes,
-            free_fragment_bytes: p.free_fragment_bytes,
-        });
-        Ok(Reply::Df(DfRows {
-            block_size: report.block_size,
-            disks: disks.collect(),
-            pools: pools.collect(),
-            inodes_used: report.inodes.used,
-            inodes_free: report.inodes.free,
-            inodes_allocated: report.inodes.allocated,
-            inodes_max: report.inodes.max,
-        }))
+        Ok(Reply::Df(report))
     }
 
     pub(super) fn fsck(&self, name: &str, repair: bool, r: &mut super::Reporter) -> Result<Reply> {
@@ -239,13 +215,7 @@ impl Daemon {
         r.info(format!("Checking \"{name}\""));
         let report =
             tessera_fs::fsck(available, repair).map_err(|e| anyhow!("file system {name}: {e}"))?;
-        Ok(Reply::Fsck(FsckOutcome {
-            problems: report.problems,
-            repaired: report.repaired,
-            inodes: report.inodes,
-            directories: report.directories,
-            blocks: report.blocks,
-        }))
+        Ok(Reply::Fsck(report))
     }
 
     pub(super) fn pmon(&self, name: Option<&str>) -> Result<Reply> {
