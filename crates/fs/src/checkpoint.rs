@@ -9,15 +9,14 @@ use tessera_drive::{AlignedBuf, BlockDevice};
 
 use crate::descriptor::{FsDescriptor, ShardImage};
 use crate::error::{FsError, FsResult};
-use crate::fs::{FileSystem, Meta};
 use crate::inode::Inode;
 use crate::meta::MetaState;
 
-/// Serializes and writes every shard of a mounted file system; returns the new images (not
-/// yet referenced by any descriptor).
-pub(crate) fn write_images(fs: &FileSystem, m: &mut Meta) -> FsResult<Vec<ShardImage>> {
-    let desc = fs.desc.lock().clone();
-    format_images(&desc, &fs.devices, &mut m.alloc, &m.state)
+/// A shard image serialized and given its blocks, not yet written.
+pub(crate) struct PreparedImage {
+    bytes: Vec<u8>,
+    pub(crate) extents: Vec<Extent>,
+    inodes: u64,
 }
 
 /// Serializes and writes every shard of `state`, allocating image blocks from `alloc`.
@@ -27,18 +26,54 @@ pub(crate) fn format_images(
     alloc: &mut AllocMap,
     state: &MetaState,
 ) -> FsResult<Vec<ShardImage>> {
-    let mut images = Vec::with_capacity(state.shards.len());
+    let prepared = prepare_images(desc, alloc, state)?;
+    write_prepared(desc, devices, &prepared)
+}
+
+/// Serializes every shard and allocates its image blocks; nothing is written. This is the
+/// part of a checkpoint that needs the metadata lock.
+pub(crate) fn prepare_images(
+    desc: &FsDescriptor,
+    alloc: &mut AllocMap,
+    state: &MetaState,
+) -> FsResult<Vec<PreparedImage>> {
+    let mut prepared: Vec<PreparedImage> = Vec::with_capacity(state.shards.len());
     for (s, shard) in state.shards.iter().enumerate() {
         let mut inodes: Vec<&Inode> = shard.inodes.values().collect();
         inodes.sort_by_key(|i| i.attr.ino);
         let bytes = postcard::to_stdvec(&inodes).expect("inodes serialize");
-        let extents = allocate(desc, alloc, s as u64, bytes.len() as u64)?;
-        write_bytes(desc, devices, &extents, &bytes)?;
-        images.push(ShardImage {
+        let extents = match allocate(desc, alloc, s as u64, bytes.len() as u64) {
+            Ok(e) => e,
+            Err(e) => {
+                for extent in prepared.iter().flat_map(|p| p.extents.iter()) {
+                    alloc.free(*extent).expect("just allocated");
+                }
+                return Err(e);
+            }
+        };
+        prepared.push(PreparedImage {
+            bytes,
             extents,
-            bytes: bytes.len() as u64,
-            crc32c: crc32c::crc32c(&bytes),
             inodes: inodes.len() as u64,
+        });
+    }
+    Ok(prepared)
+}
+
+/// Writes prepared images and makes them durable; returns what the descriptor records.
+pub(crate) fn write_prepared(
+    desc: &FsDescriptor,
+    devices: &[Arc<dyn BlockDevice>],
+    prepared: &[PreparedImage],
+) -> FsResult<Vec<ShardImage>> {
+    let mut images = Vec::with_capacity(prepared.len());
+    for p in prepared {
+        write_bytes(desc, devices, &p.extents, &p.bytes)?;
+        images.push(ShardImage {
+            extents: p.extents.clone(),
+            bytes: p.bytes.len() as u64,
+            crc32c: crc32c::crc32c(&p.bytes),
+            inodes: p.inodes,
         });
     }
     for dev in devices {

@@ -52,6 +52,8 @@ pub enum FsError {
     },
     #[error("no valid file system descriptor found: {0}")]
     NoDescriptor(String),
+    #[error("this node was fenced from the file system and can no longer write; remount it")]
+    Fenced,
     #[error("read-only file system")]
     ReadOnly,
     #[error("{0}")]
@@ -82,7 +84,8 @@ impl FsError {
             | FsError::Journal(_)
             | FsError::Corrupt(_)
             | FsError::MissingDisk { .. }
-            | FsError::NoDescriptor(_) => libc::EIO,
+            | FsError::NoDescriptor(_)
+            | FsError::Fenced => libc::EIO,
         }
     }
 

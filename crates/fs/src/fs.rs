@@ -83,9 +83,12 @@ pub struct FileSystem {
     segment_locks: Vec<Mutex<()>>,
     checkpoint_lock: Mutex<()>,
     commit_lock: Mutex<()>,
+    /// Extents of superseded checkpoint images, freed under the next metadata lock.
+    deferred_frees: Mutex<Vec<Extent>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     unmounted: AtomicBool,
+    fenced: AtomicBool,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -128,9 +131,11 @@ impl FileSystem {
             segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             checkpoint_lock: Mutex::new(()),
             commit_lock: Mutex::new(()),
+            deferred_frees: Mutex::new(Vec::new()),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
         });
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
@@ -231,6 +236,7 @@ impl FileSystem {
     /// change may reference data written just before it, and the log must never promise data
     /// the drives could still lose.
     pub(crate) fn commit(&self, lsn: Lsn) -> FsResult<()> {
+        self.check_fenced()?;
         if self.journal.durable_lsn() >= lsn {
             return Ok(());
         }
@@ -259,7 +265,10 @@ impl FileSystem {
     /// Commits everything logged so far (fsync, sync, periodic flush).
     pub fn sync(&self) -> FsResult<()> {
         let lsn = self.journal.appended_lsn();
-        self.commit(lsn)
+        self.commit(lsn)?;
+        // Space released by changes that another caller made durable comes back now too.
+        self.release_frees();
+        Ok(())
     }
 
     fn flush_devices(&self) -> FsResult<()> {
@@ -273,6 +282,7 @@ impl FileSystem {
         let durable = self.journal.durable_lsn();
         let mut m = self.meta.lock();
         release_frees_upto(&mut m, durable);
+        self.apply_deferred_frees(&mut m);
     }
 
     /// Writes a checkpoint if the log is getting full.
@@ -284,21 +294,65 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Writes every shard's image and a new descriptor, then trims the log.
+    /// Writes every shard's image and a new descriptor, then trims the log. Only the
+    /// serialization holds the metadata lock; the image I/O runs beside new changes, which
+    /// land in the log after the checkpoint's LSN and are replayed on top of it.
     pub fn checkpoint(&self) -> FsResult<()> {
-        let _one = self.checkpoint_lock.lock();
+        // Lock order: metadata, then checkpoint (as in `log`, which checkpoints when full).
+        self.check_fenced()?;
         let mut m = self.meta.lock();
-        self.checkpoint_locked(&mut m)
+        let _one = self.checkpoint_lock.lock();
+        self.apply_deferred_frees(&mut m);
+        let lsn = self.journal.appended_lsn();
+        let prepared = self.prepare_images(&mut m)?;
+        drop(m);
+        let result = self.write_checkpoint(lsn, &prepared);
+        if result.is_err() {
+            let extents = prepared.iter().flat_map(|p| p.extents.iter().copied());
+            self.deferred_frees.lock().extend(extents);
+        }
+        result
     }
 
+    /// A checkpoint while the caller holds the metadata lock (the log is full). It first
+    /// waits for a checkpoint whose images are being written; that needs no metadata lock.
     fn checkpoint_locked(&self, m: &mut Meta) -> FsResult<()> {
+        self.check_fenced()?;
+        let _one = self.checkpoint_lock.lock();
+        self.apply_deferred_frees(m);
         let lsn = self.journal.appended_lsn();
+        let prepared = self.prepare_images(m)?;
+        let result = self.write_checkpoint(lsn, &prepared);
+        if result.is_err() {
+            for extent in prepared.iter().flat_map(|p| p.extents.iter()) {
+                m.alloc.free(*extent).expect("just allocated");
+            }
+        }
+        self.apply_deferred_frees(m);
+        result
+    }
+
+    fn prepare_images(&self, m: &mut Meta) -> FsResult<Vec<crate::checkpoint::PreparedImage>> {
+        let desc = self.desc.lock().clone();
+        crate::checkpoint::prepare_images(&desc, &mut m.alloc, &m.state)
+    }
+
+    /// Writes prepared images and the descriptor that names them, then trims the log. The
+    /// previous images are freed the next time the metadata lock is taken for it.
+    fn write_checkpoint(
+        &self,
+        lsn: Lsn,
+        prepared: &[crate::checkpoint::PreparedImage],
+    ) -> FsResult<()> {
         // Pages up to the checkpoint LSN must exist on disk so that replay can find the first
         // record after it.
-        self.commit_locked_journal(lsn)?;
+        if self.journal.durable_lsn() < lsn {
+            self.flush_devices()?;
+            self.journal.commit(lsn)?;
+        }
         let mut desc = self.desc.lock().clone();
+        let images = crate::checkpoint::write_prepared(&desc, &self.devices, prepared)?;
         let old = std::mem::take(&mut desc.checkpoint.shards);
-        let images = crate::checkpoint::write_images(self, m)?;
         desc.generation += 1;
         desc.checkpoint = crate::descriptor::Checkpoint {
             replay_from: lsn,
@@ -308,19 +362,35 @@ impl FileSystem {
         crate::descriptor::write_descriptor(&desc, &devices)?;
         *self.desc.lock() = desc;
         self.journal.set_tail(lsn);
-        for extent in old.iter().flat_map(|s| s.extents.iter()) {
-            m.alloc
-                .free(*extent)
-                .expect("old checkpoint extents were allocated");
-        }
-        release_frees_upto(m, lsn);
+        let old_extents = old.into_iter().flat_map(|s| s.extents.into_iter());
+        self.deferred_frees.lock().extend(old_extents);
         Ok(())
     }
 
-    fn commit_locked_journal(&self, lsn: Lsn) -> FsResult<()> {
-        if self.journal.durable_lsn() < lsn {
-            self.flush_devices()?;
-            self.journal.commit(lsn)?;
+    fn apply_deferred_frees(&self, m: &mut Meta) {
+        for extent in std::mem::take(&mut *self.deferred_frees.lock()) {
+            m.alloc
+                .free(extent)
+                .expect("deferred extents were allocated");
+        }
+    }
+
+    /// Stops all writing at once, without a final checkpoint, as a node must when it loses
+    /// its lease: the flusher stops and every later commit or checkpoint fails. Whoever mounts
+    /// next recovers by replaying the log. Tests use it to simulate a crash.
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        self.unmounted.store(true, Ordering::SeqCst);
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(h) = self.flusher.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    fn check_fenced(&self) -> FsResult<()> {
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(FsError::Fenced);
         }
         Ok(())
     }
