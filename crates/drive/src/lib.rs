@@ -46,9 +46,9 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 /// that names the device, so a bug above never becomes a misplaced write.
 pub fn check_io(dev: &dyn BlockDevice, buf: &[u8], offset: u64) -> io::Result<()> {
     let len = buf.len() as u64;
-    let aligned = offset % SECTOR_BYTES == 0
-        && len % SECTOR_BYTES == 0
-        && (buf.as_ptr() as usize) % (SECTOR_BYTES as usize) == 0;
+    let aligned = offset.is_multiple_of(SECTOR_BYTES)
+        && len.is_multiple_of(SECTOR_BYTES)
+        && (buf.as_ptr() as usize).is_multiple_of(SECTOR_BYTES as usize);
     if !aligned {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -501,8 +501,8 @@ impl FileSystem {
         buf.zero_outside(off as usize - lo * SECTOR as usize, data.len());
         // Partial head and tail sectors keep their other bytes: read and verify them.
         for s in [lo, hi - 1] {
-            let partial = (s == lo && off % SECTOR != 0)
-                || (s == hi - 1 && (off + data.len() as u64) % SECTOR != 0);
+            let partial = (s == lo && !off.is_multiple_of(SECTOR))
+                || (s == hi - 1 && !(off + data.len() as u64).is_multiple_of(SECTOR));
             if partial && !current.is_unwritten(s) {
                 let infos = sector_infos(&current, s as u64 * SECTOR, (s as u64 + 1) * SECTOR).1;
                 let i = s - lo;
@@ -570,7 +570,7 @@ impl FileSystem {
                 _ => false,
             }
         };
-        if size < attr.size && size % SECTOR != 0 && boundary_written {
+        if size < attr.size && !size.is_multiple_of(SECTOR) && boundary_written {
             // Bytes past the new end of file must read as zeros if the file grows again.
             let zeros = (SECTOR - size % SECTOR).min(attr.size - size);
             self.write_range(ino, size, &vec![0; zeros as usize])?;

@@ -342,7 +342,7 @@ fn truncate(
             for i in gone {
                 freed.push(blocks.remove(&i).expect("present").extent);
             }
-            if size % block_size != 0 {
+            if !size.is_multiple_of(block_size) {
                 if let Some(b) = blocks.get_mut(&(size / block_size)) {
                     let first_gone = (size % block_size).div_ceil(crate::inode::CSUM_SECTOR_BYTES);
                     for s in first_gone as usize..b.sectors() {

@@ -244,13 +244,8 @@ fn all_descriptor_copies_damaged_fails_mount_naming_the_descriptor() {
     fs.unmount().unwrap();
     drop(fs);
     for d in descriptor_disks(&t) {
-        for slot in 0..2 {
-            flip(
-                &t,
-                d,
-                FS_DESCRIPTOR_SLOT_OFFSETS[slot] + SLOT_PAYLOAD_OFFSET + 3,
-                8,
-            );
+        for slot_offset in FS_DESCRIPTOR_SLOT_OFFSETS {
+            flip(&t, d, slot_offset + SLOT_PAYLOAD_OFFSET + 3, 8);
         }
     }
     let err = FileSystem::mount(t.reopen()).unwrap_err();

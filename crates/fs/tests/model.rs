@@ -1175,7 +1175,7 @@ impl Run {
             2 | 3 => (FileKind::Directory, 0o755),
             _ => (FileKind::Symlink, 0o777),
         };
-        let tlen = if target % 17 == 0 {
+        let tlen = if target.is_multiple_of(17) {
             4095
         } else {
             1 + target as usize % 300

@@ -239,6 +239,7 @@ fn links_and_unlink_of_open_files() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .open(m.path("o"))
         .unwrap();
     f.write_all(&pattern(4 << 20, 3)).unwrap();
@@ -369,6 +370,7 @@ fn o_direct_fsync_mmap_fallocate() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .custom_flags(libc::O_DIRECT)
         .open(&p)
         .unwrap();
@@ -385,6 +387,7 @@ fn o_direct_fsync_mmap_fallocate() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .open(&q)
         .unwrap();
     f.set_len(1 << 20).unwrap();
@@ -411,6 +414,7 @@ fn o_direct_fsync_mmap_fallocate() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .open(&r)
         .unwrap();
     use std::os::unix::io::AsRawFd;

@@ -108,11 +108,8 @@ fn missing_disk_and_destroyed_descriptors_refuse_to_mount() {
     let saved: Vec<Vec<u8>> = (0..4)
         .map(|i| read_slots(&node.path(&format!("d-drive{i}"))))
         .collect();
-    for i in 0..4 {
-        write_slots(
-            &node.path(&format!("d-drive{i}")),
-            &vec![0x5a; saved[i].len()],
-        );
+    for (i, bytes) in saved.iter().enumerate() {
+        write_slots(&node.path(&format!("d-drive{i}")), &vec![0x5a; bytes.len()]);
     }
     let err = node.fails(&["mount", "fs1"]);
     assert!(err.to_lowercase().contains("descriptor"), "{err}");
