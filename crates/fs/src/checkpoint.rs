@@ -162,7 +162,9 @@ pub(crate) fn read_images(
                 return Err(FsError::Corrupt(format!("inode {ino} found in shard {s}")));
             }
             state.apply(&crate::meta::Change::PutAttr(inode.attr))?;
-            *state.get_mut(ino).expect("just put") = inode;
+            let slot = state.get_mut(ino).expect("just put");
+            *slot = inode;
+            slot.count_allocated();
         }
     }
     Ok(state)

@@ -170,9 +170,23 @@ pub struct Inode {
     pub attr: Attr,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     pub content: Content,
+    /// Sub-blocks held by the block map (st_blocks); derived, so never stored or logged.
+    #[serde(skip)]
+    pub allocated_sub_blocks: u64,
 }
 
 impl Inode {
+    /// Recomputes [`Inode::allocated_sub_blocks`] from the block map.
+    pub fn count_allocated(&mut self) {
+        self.allocated_sub_blocks = match &self.content {
+            Content::Blocks(blocks) => blocks
+                .values()
+                .map(|b| u64::from(b.extent.sub_blocks))
+                .sum(),
+            _ => 0,
+        };
+    }
+
     pub fn dir(&self) -> Option<&Directory> {
         match &self.content {
             Content::Dir(d) => Some(d),

@@ -177,10 +177,14 @@ impl MetaState {
                 let inode = self.must(*ino)?;
                 free_content(&inode.content, &mut freed);
                 inode.content = Content::Inline(data.clone());
+                inode.allocated_sub_blocks = 0;
             }
             Change::MapBlock { ino, index, block } => {
-                let blocks = blocks_mut(self.must(*ino)?)?;
-                if let Some(old) = blocks.insert(*index, block.clone()) {
+                let inode = self.must(*ino)?;
+                let old = blocks_mut(inode)?.insert(*index, block.clone());
+                inode.allocated_sub_blocks += u64::from(block.extent.sub_blocks);
+                if let Some(old) = old {
+                    inode.allocated_sub_blocks -= u64::from(old.extent.sub_blocks);
                     if old.extent != block.extent {
                         freed.push(old.extent);
                     }
@@ -231,9 +235,15 @@ impl MetaState {
                 ino,
                 size,
                 block_size,
-            } => truncate(self.must(*ino)?, *size, *block_size, &mut freed)?,
+            } => {
+                let inode = self.must(*ino)?;
+                truncate(inode, *size, *block_size, &mut freed)?;
+                inode.count_allocated();
+            }
             Change::Unmap { ino, index } => {
-                if let Some(old) = blocks_mut(self.must(*ino)?)?.remove(index) {
+                let inode = self.must(*ino)?;
+                if let Some(old) = blocks_mut(inode)?.remove(index) {
+                    inode.allocated_sub_blocks -= u64::from(old.extent.sub_blocks);
                     freed.push(old.extent);
                 }
             }
@@ -274,6 +284,7 @@ impl MetaState {
                     attr: *attr,
                     xattrs: Default::default(),
                     content,
+                    allocated_sub_blocks: 0,
                 };
                 shard.inodes.insert(attr.ino, inode);
             }

@@ -88,6 +88,14 @@ impl FileSystem {
         Ok(m.state.get(ino).ok_or(FsError::NotFound)?.attr)
     }
 
+    /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.
+    pub fn allocated_bytes(&self, ino: Ino) -> u64 {
+        let m = self.meta.lock();
+        m.state
+            .get(ino)
+            .map_or(0, |i| i.allocated_sub_blocks * self.geo.sub_block_bytes)
+    }
+
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         if name.len() > NAME_BYTES_MAX {
             return Err(FsError::NameTooLong);

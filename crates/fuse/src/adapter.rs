@@ -94,11 +94,13 @@ fn kind_of_mode(mode: u32) -> Option<FileKind> {
     }
 }
 
-fn file_attr(a: &Attr) -> FileAttr {
+/// `allocated_bytes` is what the file holds on the NSDs, so `du` sees sparse files and
+/// inline data as they are.
+fn file_attr(a: &Attr, allocated_bytes: u64) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: allocated_bytes.div_ceil(512),
         atime: time(a.atime),
         mtime: time(a.mtime),
         ctime: time(a.ctime),
@@ -135,9 +137,17 @@ fn handle_flags(flags: OpenFlags) -> (u64, FopenFlags) {
 }
 
 impl TesseraFuse {
+    fn file_attr(&self, a: &Attr) -> FileAttr {
+        file_attr(a, self.fs.allocated_bytes(a.ino))
+    }
+
     fn reply_entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(u64::from(a.generation))),
+            Ok(a) => reply.entry(
+                &TTL,
+                &self.file_attr(&a),
+                Generation(u64::from(a.generation)),
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -179,7 +189,7 @@ impl fuser::Filesystem for TesseraFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&TTL, &self.file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -212,7 +222,7 @@ impl fuser::Filesystem for TesseraFuse {
             ctime: ctime.map(timestamp),
         };
         match self.fs.setattr(ino.0, set) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&TTL, &self.file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -528,7 +538,13 @@ impl fuser::Filesystem for TesseraFuse {
             Err(e) => return reply.error(errno(&e)),
         };
         let (fh, open) = handle_flags(OpenFlags(flags));
-        reply.created(&TTL, &file_attr(&attr), Generation(0), FileHandle(fh), open);
+        reply.created(
+            &TTL,
+            &self.file_attr(&attr),
+            Generation(0),
+            FileHandle(fh),
+            open,
+        );
     }
 
     fn fallocate(

@@ -88,6 +88,12 @@ fn sparse_files_and_small_files() {
     drop(f);
     let md = fs::metadata(&p).unwrap();
     assert_eq!(md.len(), (50 << 20) + 3);
+    // st_blocks counts what is allocated: one 256 KiB block, not 50 MiB.
+    assert!(
+        md.blocks() * 512 <= 256 << 10,
+        "sparse file holds {} blocks",
+        md.blocks()
+    );
     let mut f = File::open(&p).unwrap();
     let mut buf = vec![1u8; 1 << 20];
     f.seek(SeekFrom::Start(10 << 20)).unwrap();
@@ -105,6 +111,18 @@ fn sparse_files_and_small_files() {
         assert_eq!(fs::read(&q).unwrap(), d, "size {size}");
     }
     m.remount();
+    let md = fs::metadata(&p).unwrap();
+    assert!(
+        md.blocks() > 0 && md.blocks() * 512 <= 256 << 10,
+        "after remount: {}",
+        md.blocks()
+    );
+    let big = fs::metadata(m.path("small7")).unwrap();
+    assert!(
+        big.blocks() * 512 >= 300_000,
+        "300 kB file holds {} blocks",
+        big.blocks()
+    );
     for (i, size) in [0usize, 1, 100, 3000, 3841, 5000, 70_000, 300_000]
         .iter()
         .enumerate()
