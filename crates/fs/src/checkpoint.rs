@@ -164,7 +164,7 @@ pub(crate) fn read_images(
             state.apply(&crate::meta::Change::PutAttr(inode.attr))?;
             let slot = state.get_mut(ino).expect("just put");
             *slot = inode;
-            slot.count_allocated();
+            slot.rebuild_derived();
         }
     }
     Ok(state)

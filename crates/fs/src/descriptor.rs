@@ -12,7 +12,7 @@
 //! 0        8          12           20        24       28       32
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! | magic  | version  | generation | length  | crc32c | zero   | payload (postcard)   |
-//! | TSRFSD01 | u32 = 1 | u64        | u32     | u32    | u32    | `length` bytes       |
+//! | TSRFSD01 | u32 = 2 | u64        | u32     | u32    | u32    | `length` bytes       |
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! ```
 //! The crc covers the payload; the generation is repeated inside the payload and must match.
@@ -30,7 +30,10 @@ use tessera_nsd::{DiskUsage, NsdId};
 
 use crate::error::{FsError, FsResult};
 
-const SLOT_VERSION: u32 = 1;
+/// Format version of the descriptor and of everything it points to (checkpoint images, log
+/// records). Bumped on any incompatible change; version 2 stopped storing directory cookie
+/// indexes and allocation counts, which are derived at load.
+const SLOT_VERSION: u32 = 2;
 const SLOT_HEADER_BYTES: usize = 32;
 /// How many disks keep a copy of the descriptor (GPFS keeps three on distinct failure groups).
 pub const DESCRIPTOR_REPLICAS_MAX: usize = 3;
@@ -198,8 +201,14 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     let damaged =
         |why: &str| FsError::Corrupt(format!("{} descriptor slot {slot}: {why}", dev.name()));
-    if le_u32(&head[8..]) != SLOT_VERSION {
-        return Err(damaged("unknown descriptor version"));
+    let version = le_u32(&head[8..]);
+    if version != SLOT_VERSION {
+        return Err(FsError::Usage(format!(
+            "{} holds a file system of format version {version}, but this Tessera reads \
+             version {SLOT_VERSION}; use the Tessera release that created it, or recreate the \
+             file system (tessera fs delete, tessera fs create)",
+            dev.name()
+        )));
     }
     let generation = le_u64(&head[12..]);
     let len = le_u32(&head[20..]) as usize;

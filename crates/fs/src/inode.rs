@@ -140,6 +140,8 @@ pub struct Directory {
     /// The directory's parent (`..`); the root is its own parent.
     pub parent: Ino,
     pub entries: BTreeMap<Vec<u8>, DirEntry>,
+    /// Names by cookie, for readdir; derived from `entries`, so never stored.
+    #[serde(skip)]
     pub by_cookie: BTreeMap<u64, Vec<u8>>,
     pub next_cookie: u64,
 }
@@ -176,6 +178,18 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// Rebuilds what is derived from the stored inode (after loading a checkpoint image).
+    pub fn rebuild_derived(&mut self) {
+        self.count_allocated();
+        if let Content::Dir(d) = &mut self.content {
+            d.by_cookie = d
+                .entries
+                .iter()
+                .map(|(name, e)| (e.cookie, name.clone()))
+                .collect();
+        }
+    }
+
     /// Recomputes [`Inode::allocated_sub_blocks`] from the block map.
     pub fn count_allocated(&mut self) {
         self.allocated_sub_blocks = match &self.content {
