@@ -36,6 +36,32 @@ struct SectorInfo {
     alternative: Option<Alternative>,
 }
 
+/// What a write did: the log record that makes it reachable, and the drives it wrote (a
+/// synchronous write whose record is already durable needs only those drives flushed).
+#[derive(Default)]
+struct Written {
+    lsn: Lsn,
+    disks: Vec<u16>,
+}
+
+impl Written {
+    fn on(lsn: Lsn, disk: u16) -> Written {
+        Written {
+            lsn,
+            disks: vec![disk],
+        }
+    }
+
+    fn merge(&mut self, other: Written) {
+        self.lsn = self.lsn.max(other.lsn);
+        for d in other.disks {
+            if !self.disks.contains(&d) {
+                self.disks.push(d);
+            }
+        }
+    }
+}
+
 /// How a block write proceeds, decided under the metadata lock.
 enum BlockPlan {
     /// Write into a newly allocated extent, copying the old extent's sectors if given.
@@ -212,7 +238,7 @@ impl FileSystem {
             return Ok(0);
         }
         let shared = self.inode_lock(ino).read();
-        let lsn = if self.has_inline_content(ino)? {
+        let written = if self.has_inline_content(ino)? {
             // Inline data is rewritten whole and may move into a block: one writer at a time.
             drop(shared);
             let _exclusive = self.inode_lock(ino).write();
@@ -221,7 +247,7 @@ impl FileSystem {
             self.write_range(ino, offset, data)?
         };
         if sync {
-            self.commit_data(lsn)?;
+            self.commit_data(written.lsn, &written.disks)?;
         }
         self.pmon.write(data.len() as u64, started.elapsed());
         Ok(data.len())
@@ -234,7 +260,7 @@ impl FileSystem {
     }
 
     /// The body of a write; the caller holds the inode lock exclusively.
-    fn write_locked(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Lsn> {
+    fn write_locked(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Written> {
         let end = offset + data.len() as u64;
         let inline = {
             let mut m = self.meta.lock();
@@ -256,37 +282,43 @@ impl FileSystem {
                     attr.mtime = self.now();
                     attr.ctime = attr.mtime;
                     let changes = vec![Change::Inline { ino, data: bytes }, Change::PutAttr(attr)];
-                    return self.log(&mut m, changes);
+                    let lsn = self.log(&mut m, changes)?;
+                    return Ok(Written {
+                        lsn,
+                        disks: Vec::new(),
+                    });
                 }
                 Content::Inline(cur) => Some(cur.clone()),
                 _ => None,
             }
         };
+        let mut written = Written::default();
         if let Some(bytes) = inline.filter(|b| !b.is_empty()) {
             // Inline data moves into block 0 before the file grows past the inode.
-            self.write_range(ino, 0, &bytes)?;
+            written.merge(self.write_range(ino, 0, &bytes)?);
         }
-        self.write_range(ino, offset, data)
+        written.merge(self.write_range(ino, offset, data)?);
+        Ok(written)
     }
 
-    fn write_range(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Lsn> {
+    fn write_range(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Written> {
         let bs = self.geo.block_bytes;
         let end = offset + data.len() as u64;
-        let mut lsn = 0;
+        let mut written = Written::default();
         for b in offset / bs..end.div_ceil(bs) {
             let lo = offset.max(b * bs);
             let hi = end.min((b + 1) * bs);
             let chunk = &data[(lo - offset) as usize..(hi - offset) as usize];
-            lsn = self.write_block(ino, b, lo - b * bs, chunk)?;
+            written.merge(self.write_block(ino, b, lo - b * bs, chunk)?);
         }
-        Ok(lsn)
+        Ok(written)
     }
 
     /// Writes into one block. Writes that stay inside the block's current extent run under
     /// the block's shared lock and the locks of the segments they touch, so writers of
     /// different parts of one block proceed in parallel; changing the extent (a new block, a
     /// growing fragment, copy-on-write) takes the block's lock exclusively.
-    fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Lsn> {
+    fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Written> {
         let len = data.len() as u64;
         let block = self.block_lock(ino, b);
         // A new whole block is first mapped unwritten, then written in place: at most twice.
@@ -424,7 +456,7 @@ impl FileSystem {
         data: &[u8],
         extent: Extent,
         copy: Option<BlockRef>,
-    ) -> FsResult<Lsn> {
+    ) -> FsResult<Written> {
         let sectors = self.extent_sectors(&extent);
         let mut block = BlockRef::new_unwritten(extent, sectors);
         let touched_lo = (off / SECTOR) as usize;
@@ -474,17 +506,16 @@ impl FileSystem {
             .max(b * self.geo.block_bytes + off + data.len() as u64);
         attr.mtime = self.now();
         attr.ctime = attr.mtime;
-        self.log(
-            &mut m,
-            vec![
-                Change::MapBlock {
-                    ino,
-                    index: b,
-                    block,
-                },
-                Change::PutAttr(attr),
-            ],
-        )
+        let disk = extent.addr.disk;
+        let changes = vec![
+            Change::MapBlock {
+                ino,
+                index: b,
+                block,
+            },
+            Change::PutAttr(attr),
+        ];
+        Ok(Written::on(self.log(&mut m, changes)?, disk))
     }
 
     fn write_in_place(
@@ -494,7 +525,7 @@ impl FileSystem {
         off: u64,
         data: &[u8],
         current: BlockRef,
-    ) -> FsResult<Lsn> {
+    ) -> FsResult<Written> {
         let lo = (off / SECTOR) as usize;
         let hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
         let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
@@ -524,9 +555,13 @@ impl FileSystem {
         };
         let dev = &self.devices[current.extent.addr.disk as usize];
         let at = self.extent_offset(&current.extent) + (lo as u64) * SECTOR;
+        let disk = current.extent.addr.disk;
         if !overwrite {
             dev.write_at(&buf, at)?;
-            return self.log_with_size(ino, sectors, size_after);
+            return Ok(Written::on(
+                self.log_with_size(ino, sectors, size_after)?,
+                disk,
+            ));
         }
         let lsn = self.log_with_size(ino, sectors, size_after)?;
         self.commit(lsn)?;
@@ -540,7 +575,7 @@ impl FileSystem {
         };
         self.log(&mut m, vec![settle])?;
         // The checksums went to disk with the intent; a sync writer needs only the data.
-        Ok(lsn)
+        Ok(Written::on(lsn, disk))
     }
 
     fn log_with_size(&self, ino: Ino, change: Change, size_after: u64) -> FsResult<Lsn> {
@@ -693,7 +728,9 @@ impl FileSystem {
                 let mut m = self.meta.lock();
                 lsn = self.log(&mut m, vec![Change::Unmap { ino, index: b }])?;
             } else if mapped || inline {
-                lsn = self.write_locked(ino, lo, &vec![0; (hi - lo) as usize])?;
+                lsn = self
+                    .write_locked(ino, lo, &vec![0; (hi - lo) as usize])?
+                    .lsn;
             }
         }
         // Unmapped blocks return to the allocator only once durable.

@@ -253,11 +253,14 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Makes data written so far durable on the drives, and the log up to `lsn`. For writes
-    /// whose log record was committed before the data went out (in-place overwrites).
-    pub(crate) fn commit_data(&self, lsn: Lsn) -> FsResult<()> {
+    /// Makes a synchronous write durable: when its log record is already durable (an
+    /// in-place overwrite commits first), only the drives it wrote need a flush.
+    pub(crate) fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
         if self.journal.durable_lsn() >= lsn {
-            return self.flush_devices();
+            for disk in disks {
+                self.devices[*disk as usize].flush()?;
+            }
+            return Ok(());
         }
         self.commit(lsn)
     }
