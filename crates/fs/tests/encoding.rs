@@ -80,18 +80,6 @@ fn read_file(fs: &FileSystem, name: &[u8]) -> Result<Vec<u8>, FsError> {
     fs.read(a.ino, 0, u32::try_from(a.size).unwrap())
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 fn assert_fsck_clean(t: &TestDisks) {
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     assert!(report.is_clean(), "fsck: {:?}", report.problems);

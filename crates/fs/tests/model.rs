@@ -857,18 +857,6 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 fn pick<T: Copy>(v: &[T], sel: u16) -> Option<T> {
     (!v.is_empty()).then(|| v[sel as usize % v.len()])
 }
