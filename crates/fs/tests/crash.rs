@@ -15,10 +15,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use tessera_fs::{Caller, FileKind, FileSystem, ROOT_INO};
+use tessera_fs::{FileSystem, ROOT_INO};
 
 const ITERATIONS: usize = 20;
-const ROOT: Caller = Caller { uid: 0, gid: 0 };
 
 struct Ledger(std::fs::File);
 
@@ -87,17 +86,7 @@ fn crash_child() {
                 write_file(&fs, a.ino, &pattern(size, seed));
             }
             (_, None) => {
-                let a = fs
-                    .create_node(
-                        ROOT_INO,
-                        name.as_bytes(),
-                        FileKind::Regular,
-                        0o644,
-                        0,
-                        ROOT,
-                        None,
-                    )
-                    .unwrap();
+                let a = create_file(&fs, ROOT_INO, name.as_bytes());
                 write_file(&fs, a.ino, &pattern(size, seed));
             }
         }

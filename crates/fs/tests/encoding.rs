@@ -67,10 +67,8 @@ fn descriptor_on_disk(t: &TestDisks) -> FsDescriptor {
     tessera_fs::read_descriptor(&devs).unwrap()
 }
 
-fn create_file(fs: &FileSystem, name: &[u8], data: &[u8]) -> u64 {
-    let a = fs
-        .create_node(ROOT_INO, name, FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+fn write_new_file(fs: &FileSystem, name: &[u8], data: &[u8]) -> u64 {
+    let a = create_file(fs, ROOT_INO, name);
     assert_eq!(fs.write(a.ino, 0, data, false).unwrap(), data.len());
     a.ino
 }
@@ -97,7 +95,7 @@ fn descriptor_survives_remount_and_highest_generation_wins() {
     let t = setup(&small_opts());
     let fs = mount(&t);
     let g0 = fs.descriptor().generation;
-    create_file(&fs, b"f", b"before checkpoints");
+    write_new_file(&fs, b"f", b"before checkpoints");
     for k in 1..=3 {
         fs.checkpoint().unwrap();
         assert_eq!(
@@ -141,7 +139,7 @@ fn descriptor_survives_remount_and_highest_generation_wins() {
 fn damaged_newest_slot_on_one_replica_is_skipped() {
     let t = setup(&small_opts());
     let fs = mount(&t);
-    create_file(&fs, b"f", b"payload");
+    write_new_file(&fs, b"f", b"payload");
     fs.unmount().unwrap();
     let last = fs.descriptor().generation;
     drop(fs);
@@ -177,7 +175,7 @@ fn damaged_newest_slot_on_one_replica_is_skipped() {
 fn damaged_newest_slot_everywhere_falls_back_to_the_other_slot() {
     let t = setup(&small_opts());
     let fs = mount(&t);
-    create_file(&fs, b"f", b"checkpointed");
+    write_new_file(&fs, b"f", b"checkpointed");
     // Two checkpoints with nothing in between: the older slot then describes the same state,
     // and its image blocks were not reused.
     fs.checkpoint().unwrap();
@@ -207,7 +205,7 @@ fn damaged_newest_slot_everywhere_falls_back_to_the_other_slot() {
 fn damaged_older_slot_everywhere_is_ignored() {
     let t = setup(&small_opts());
     let fs = mount(&t);
-    create_file(&fs, b"f", b"x");
+    write_new_file(&fs, b"f", b"x");
     fs.unmount().unwrap();
     let last = fs.descriptor().generation;
     drop(fs);
@@ -254,7 +252,7 @@ fn all_descriptor_copies_damaged_fails_mount_naming_the_descriptor() {
 fn damaged_checkpoint_image_fails_mount_naming_the_shard() {
     let t = setup(&small_opts());
     let fs = mount(&t);
-    create_file(&fs, b"f", &pattern(1000, 1));
+    write_new_file(&fs, b"f", &pattern(1000, 1));
     fs.unmount().unwrap();
     drop(fs);
     let desc = descriptor_on_disk(&t);
@@ -310,8 +308,8 @@ fn flipped_data_byte_gives_checksum_error_naming_the_drive() {
     let fs = mount(&t);
     let block = 256 << 10;
     let data = pattern(3 * block, 42);
-    let ino = create_file(&fs, b"victim", &data);
-    create_file(&fs, b"bystander", &pattern(100_000, 7));
+    let ino = write_new_file(&fs, b"victim", &data);
+    write_new_file(&fs, b"bystander", &pattern(100_000, 7));
     fs.unmount().unwrap();
     drop(fs);
 
@@ -374,7 +372,7 @@ fn checksum_error_names_the_nsd() {
     let t = setup(&small_opts());
     let fs = mount(&t);
     let data = pattern(64 << 10, 99);
-    let ino = create_file(&fs, b"victim", &data);
+    let ino = write_new_file(&fs, b"victim", &data);
     fs.unmount().unwrap();
     drop(fs);
     let (disk, offset) = find_on_drives(&t, &data[..64]);
@@ -461,8 +459,7 @@ fn inode_limit_gives_enospc_mentioning_the_option() {
     fs.link(f1.ino, ROOT_INO, b"f1-link").unwrap();
     // Freeing one makes room for one.
     fs.remove(ROOT_INO, b"f2", false).unwrap();
-    fs.create_node(ROOT_INO, b"again", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    create_file(&fs, ROOT_INO, b"again");
     let err = fs.create_node(ROOT_INO, b"more", FileKind::Regular, 0o644, 0, ROOT, None);
     assert_eq!(err.unwrap_err().errno(), libc::ENOSPC);
     fs.unmount().unwrap();
@@ -524,9 +521,7 @@ fn data_enospc_never_corrupts() {
         "the partial file holds a prefix of what was written"
     );
     // Small writes that fit in the inode still work, and so do metadata operations.
-    let tiny = fs
-        .create_node(ROOT_INO, b"tiny", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    let tiny = create_file(&fs, ROOT_INO, b"tiny");
     fs.write(tiny.ino, 0, b"fits inline", false).unwrap();
     fs.sync().unwrap();
     for (n, d) in &kept {

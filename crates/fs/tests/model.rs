@@ -1435,9 +1435,7 @@ fn fsck_accepts_keep_size_preallocation() {
     let t = make_disks(4, 64 << 20);
     format_fs(&t, &small_opts());
     let fs = mount(&t);
-    let f = fs
-        .create_node(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    let f = create_file(&fs, ROOT_INO, b"f");
     fs.write(f.ino, 0, b"hello", false).unwrap();
     fs.fallocate(f.ino, 0, 1 << 20, FALLOC_FL_KEEP_SIZE)
         .unwrap();

@@ -15,13 +15,9 @@ fn create_write_read_remount() {
     let dir = fs
         .create_node(ROOT_INO, b"dir", FileKind::Directory, 0o755, 0, ROOT, None)
         .unwrap();
-    let small = fs
-        .create_node(dir.ino, b"small", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    let small = create_file(&fs, dir.ino, b"small");
     fs.write(small.ino, 0, b"hello", false).unwrap();
-    let big = fs
-        .create_node(dir.ino, b"big", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    let big = create_file(&fs, dir.ino, b"big");
     let data: Vec<u8> = (0..3_000_000u32)
         .map(|i| (i * 7 + i / 1000) as u8)
         .collect();
@@ -67,14 +63,10 @@ fn log_replay_without_clean_unmount() {
     let t = make_disks(2, 64 << 20);
     format_fs(&t, &small_opts());
     let fs = mount(&t);
-    let f = fs
-        .create_node(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    let f = create_file(&fs, ROOT_INO, b"f");
     let data = vec![0x5a; 700_000];
     fs.write(f.ino, 0, &data, true).unwrap();
-    let g = fs
-        .create_node(ROOT_INO, b"g", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    let g = create_file(&fs, ROOT_INO, b"g");
     fs.write(g.ino, 0, b"inline", false).unwrap();
     fs.fsync(g.ino).unwrap();
     // Simulate a crash: no unmount, no checkpoint, no further writes.
@@ -103,9 +95,7 @@ fn concurrent_writers_of_one_file() {
         },
     );
     let fs = mount(&t);
-    let f = fs
-        .create_node(ROOT_INO, b"shared", FileKind::Regular, 0o644, 0, ROOT, None)
-        .unwrap();
+    let f = create_file(&fs, ROOT_INO, b"shared");
     const PIECE: u64 = 300_001; // unaligned, so pieces share sectors at their edges
     std::thread::scope(|s| {
         for w in 0..4u64 {
@@ -167,17 +157,7 @@ fn checkpoints_concurrent_with_changes() {
                 for i in 0..150u32 {
                     let name = format!("w{w}-{}", i % 40);
                     let _ = fs.remove(ROOT_INO, name.as_bytes(), false);
-                    let a = fs
-                        .create_node(
-                            ROOT_INO,
-                            name.as_bytes(),
-                            FileKind::Regular,
-                            0o644,
-                            0,
-                            ROOT,
-                            None,
-                        )
-                        .unwrap();
+                    let a = create_file(fs, ROOT_INO, name.as_bytes());
                     let len = (i as usize * 7919) % 400_000;
                     fs.write(a.ino, 0, &vec![w ^ i as u8; len], false).unwrap();
                 }

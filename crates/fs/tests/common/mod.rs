@@ -125,3 +125,18 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Creates a regular file `name` (mode 0644, owned by root) in directory `parent`.
+pub fn create_file(fs: &FileSystem, parent: tessera_fs::Ino, name: &[u8]) -> tessera_fs::Attr {
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    fs.create_node(
+        parent,
+        name,
+        tessera_fs::FileKind::Regular,
+        0o644,
+        0,
+        root,
+        None,
+    )
+    .unwrap()
+}
