@@ -1,0 +1,1 @@
+//! Erasure codes for declustered arrays (work in progress).

@@ -1,0 +1,1 @@
+//! Declustered arrays and vdisks (work in progress).
