@@ -56,6 +56,12 @@ pub const POOL_KEYS: [&str; 7] = [
     "blockGroupFactor",
 ];
 
+/// The attributes of a `%pdisk:` stanza (`tessera da create -F`).
+pub const PDISK_KEYS: [&str; 4] = ["pdisk", "device", "enclosure", "slot"];
+
+/// The highest slot number an enclosure may have; real enclosures have 12 to 106 slots.
+pub const SLOT_MAX: u32 = 4096;
+
 /// The most NSD servers one NSD may list, as in GPFS: beyond a few, more servers add
 /// failover candidates nobody will ever reach.
 pub const MAX_SERVERS: usize = 8;
@@ -109,6 +115,23 @@ pub struct NsdStanza {
     /// NSD servers in preference order; empty means every node reaches the device directly.
     pub servers: Vec<String>,
     /// Line of the `%nsd:` header.
+    pub line: usize,
+}
+
+/// A `%pdisk:` stanza: one drive of a declustered array and where it sits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PdiskStanza {
+    /// The pdisk name; default `<enclosure>s<slot>` (such as `e1s03`).
+    pub pdisk: String,
+    /// A path (`/dev/nvme3n1`, a file) or a name under /dev.
+    pub device: String,
+    /// The enclosure (JBOF, drive server, shelf) holding the drive: placement keeps the
+    /// strips of a stripe in distinct enclosures, so it must name the real failure domain.
+    pub enclosure: String,
+    /// The slot in the enclosure, from 1. Default: the next free slot of that enclosure in
+    /// file order.
+    pub slot: u32,
+    /// Line of the `%pdisk:` header.
     pub line: usize,
 }
 
@@ -241,6 +264,25 @@ pub enum StanzaError {
         first_line: usize,
     },
     #[error(
+        "line {line}: pdisk={name}: pdisk name already used on line {first_line}; \
+         give every pdisk its own name"
+    )]
+    DuplicatePdisk {
+        line: usize,
+        name: String,
+        first_line: usize,
+    },
+    #[error(
+        "line {line}: enclosure={enclosure} slot={slot}: slot already taken on line \
+         {first_line}; give every drive of an enclosure its own slot"
+    )]
+    DuplicateSlot {
+        line: usize,
+        enclosure: String,
+        slot: u32,
+        first_line: usize,
+    },
+    #[error(
         "line {line}: pool={pool}: pool already described on line {first_line}; \
          merge the two %pool stanzas"
     )]
@@ -269,7 +311,9 @@ impl StanzaError {
             | InvalidValue { line, .. }
             | DuplicateNsd { line, .. }
             | DuplicateDevice { line, .. }
-            | DuplicatePool { line, .. } => *line,
+            | DuplicatePool { line, .. }
+            | DuplicatePdisk { line, .. }
+            | DuplicateSlot { line, .. } => *line,
         }
     }
 }
@@ -704,6 +748,80 @@ pub fn parse_pool_stanzas(text: &str) -> Result<Vec<PoolStanza>, StanzaError> {
     Ok(pools)
 }
 
+/// Parses the `%pdisk:` stanzas of `text` and checks that no pdisk name, device or
+/// enclosure slot appears twice. Other known stanza kinds are skipped.
+pub fn parse_pdisk_stanzas(text: &str) -> Result<Vec<PdiskStanza>, StanzaError> {
+    let stanzas = parse_stanzas(text)?;
+    check_kinds(&stanzas)?;
+    let mut names = HashMap::new();
+    let mut devices = HashMap::new();
+    let mut slots: HashMap<(String, u32), usize> = HashMap::new();
+    let mut pdisks = Vec::new();
+    for s in stanzas.iter().filter(|s| s.kind == "pdisk") {
+        check_keys(s, &PDISK_KEYS)?;
+        let device = required(
+            s,
+            "device",
+            "/dev/nvme0n1",
+            field(s, "device", parse_device)?,
+        )?;
+        let enclosure = required(
+            s,
+            "enclosure",
+            "jbof1",
+            field(s, "enclosure", |v| parse_name(v, "enclosure name"))?,
+        )?;
+        let slot = match field(s, "slot", |v| parse_u32_in(v, 1, SLOT_MAX))? {
+            Some(slot) => slot,
+            // The next slot of this enclosure not taken by an earlier stanza.
+            None => (1..=SLOT_MAX)
+                .find(|n| !slots.contains_key(&(enclosure.clone(), *n)))
+                .ok_or_else(|| StanzaError::InvalidValue {
+                    line: s.line,
+                    key: "slot".to_string(),
+                    value: String::new(),
+                    problem: format!("enclosure {enclosure} has no free slot"),
+                    accepted: format!("use at most {SLOT_MAX} drives per enclosure"),
+                })?,
+        };
+        let slot_line = s.get("slot").map_or(s.line, |a| a.line);
+        if let Some(first_line) = slots.insert((enclosure.clone(), slot), slot_line) {
+            return Err(StanzaError::DuplicateSlot {
+                line: slot_line,
+                enclosure,
+                slot,
+                first_line,
+            });
+        }
+        let pdisk = match field(s, "pdisk", |v| parse_name(v, "pdisk name"))? {
+            Some(name) => name,
+            None => format!("{enclosure}s{slot:02}"),
+        };
+        let name_line = s.get("pdisk").map_or(s.line, |a| a.line);
+        claim(&mut names, &pdisk, name_line).map_err(|first_line| StanzaError::DuplicatePdisk {
+            line: name_line,
+            name: pdisk.clone(),
+            first_line,
+        })?;
+        let line = s.get("device").expect("device attribute").line;
+        claim(&mut devices, device_identity(&device), line).map_err(|first_line| {
+            StanzaError::DuplicateDevice {
+                line,
+                device: device.clone(),
+                first_line,
+            }
+        })?;
+        pdisks.push(PdiskStanza {
+            pdisk,
+            device,
+            enclosure,
+            slot,
+            line: s.line,
+        });
+    }
+    Ok(pdisks)
+}
+
 // ---------------------------------------------------------------------------------------
 // Formatting.
 
@@ -746,6 +864,14 @@ pub fn format_pool_stanza(pool: &PoolStanza) -> String {
         pool.block_group_factor.map(|n| n.to_string()),
     );
     out
+}
+
+/// Writes `pdisk` back as a stanza with every attribute explicit.
+pub fn format_pdisk_stanza(pdisk: &PdiskStanza) -> String {
+    format!(
+        "%pdisk:\n  pdisk={}\n  device={}\n  enclosure={}\n  slot={}\n",
+        pdisk.pdisk, pdisk.device, pdisk.enclosure, pdisk.slot
+    )
 }
 
 #[cfg(test)]

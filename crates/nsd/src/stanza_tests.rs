@@ -373,6 +373,89 @@ fn pool_stanza() -> impl Strategy<Value = PoolStanza> {
         })
 }
 
+fn pdisk_stanza() -> impl Strategy<Value = PdiskStanza> {
+    (
+        "(/dev/)?[a-z][a-z0-9-]{0,12}",
+        name(),
+        name(),
+        1u32..=SLOT_MAX,
+    )
+        .prop_map(|(device, pdisk, enclosure, slot)| PdiskStanza {
+            pdisk,
+            device,
+            enclosure,
+            slot,
+            line: 1,
+        })
+}
+
+const PDISK_EXAMPLE: &str = "\
+# two JBOFs, three drives each
+%pdisk: pdisk=e1d1 device=/dev/nvme0n1 enclosure=jbof1 slot=1
+%pdisk: device=/dev/nvme1n1 enclosure=jbof1
+%pdisk:
+  device=/var/tmp/d3
+  enclosure=jbof2
+  slot=7
+%nsd: device=/dev/sdz nsd=other
+";
+
+#[test]
+fn pdisk_stanzas_and_defaults() {
+    let pdisks = parse_pdisk_stanzas(PDISK_EXAMPLE).unwrap();
+    let summary: Vec<_> = pdisks
+        .iter()
+        .map(|p| {
+            (
+                p.pdisk.as_str(),
+                p.device.as_str(),
+                p.enclosure.as_str(),
+                p.slot,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("e1d1", "/dev/nvme0n1", "jbof1", 1),
+            ("jbof1s02", "/dev/nvme1n1", "jbof1", 2),
+            ("jbof2s07", "/var/tmp/d3", "jbof2", 7),
+        ]
+    );
+    // The %nsd stanza of the same file is left to the NSD parser.
+    assert_eq!(parse_nsd_stanzas(PDISK_EXAMPLE).unwrap().len(), 1);
+}
+
+#[test]
+fn pdisk_stanza_errors() {
+    let err = |text: &str| parse_pdisk_stanzas(text).unwrap_err().to_string();
+    assert_eq!(
+        err("%pdisk: device=/dev/a"),
+        "line 1: %pdisk stanza without enclosure=; add enclosure=jbof1"
+    );
+    assert_eq!(
+        err("%pdisk: enclosure=e1"),
+        "line 1: %pdisk stanza without device=; add device=/dev/nvme0n1"
+    );
+    assert!(err("%pdisk: device=/dev/a enclosure=e1 slot=0")
+        .starts_with("line 1: slot=0: out of range; use an integer from 1 to 4096"));
+    assert_eq!(
+        err("%pdisk: device=/dev/a enclosure=e1 slot=3\n%pdisk: device=/dev/b enclosure=e1 slot=3"),
+        "line 2: enclosure=e1 slot=3: slot already taken on line 1; \
+         give every drive of an enclosure its own slot"
+    );
+    assert_eq!(
+        err("%pdisk: device=/dev/a enclosure=e1 pdisk=p\n%pdisk: device=/dev/b enclosure=e2 pdisk=p"),
+        "line 2: pdisk=p: pdisk name already used on line 1; give every pdisk its own name"
+    );
+    assert!(
+        err("%pdisk: device=/dev/a enclosure=e1\n%pdisk: device=a enclosure=e2")
+            .starts_with("line 2: device=a: device already used on line 1")
+    );
+    assert!(err("%pdisk: device=/dev/a enclosure=e1 da=DA1")
+        .starts_with("line 1: da: unknown attribute of a %pdisk stanza"));
+}
+
 proptest! {
     #[test]
     fn nsd_format_parse_roundtrip(nsd in nsd_stanza()) {
@@ -389,13 +472,20 @@ proptest! {
     }
 
     #[test]
+    fn pdisk_format_parse_roundtrip(pdisk in pdisk_stanza()) {
+        let text = format_pdisk_stanza(&pdisk);
+        let parsed = parse_pdisk_stanzas(&text).unwrap();
+        prop_assert_eq!(parsed, vec![pdisk]);
+    }
+
+    #[test]
     fn parse_never_panics_on_arbitrary_text(text in ".{0,400}") {
         check_no_panic(&text)?;
     }
 
     #[test]
     fn parse_never_panics_on_stanza_like_text(
-        text in "([%:=#,\n\t ]|nsd|pool|device|usage|failureGroup|servers|[a-z0-9/-]){0,120}"
+        text in "([%:=#,\n\t ]|nsd|pool|pdisk|device|usage|enclosure|slot|failureGroup|servers|[a-z0-9/-]){0,120}"
     ) {
         check_no_panic(&text)?;
     }
@@ -407,6 +497,7 @@ fn check_no_panic(text: &str) -> Result<(), TestCaseError> {
         parse_stanzas(text).map(|_| ()),
         parse_nsd_stanzas(text).map(|_| ()),
         parse_pool_stanzas(text).map(|_| ()),
+        parse_pdisk_stanzas(text).map(|_| ()),
     ];
     for err in results.into_iter().filter_map(Result::err) {
         let prefix = format!("line {}: ", err.line());
