@@ -51,6 +51,119 @@ pub enum Command {
     Fsck(FsckArgs),
     /// I/O counters and latency histograms of mounted file systems [mmpmon fs_io_s, rhist].
     Pmon(PmonArgs),
+    /// Declustered arrays of pdisks [mmvdisk recoverygroup/declustered array].
+    #[command(subcommand)]
+    Da(DaCommand),
+    /// Erasure-coded virtual disks carved from declustered arrays [mmvdisk vdiskset].
+    #[command(subcommand)]
+    Vdisk(VdiskCommand),
+    /// Physical disks of declustered arrays [mmvdisk pdisk].
+    #[command(subcommand)]
+    Pdisk(PdiskCommand),
+    /// Measure this machine [ceph_erasure_code_benchmark].
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DaCommand {
+    /// Create a declustered array from %pdisk stanzas.
+    Create {
+        /// The array name.
+        name: String,
+        /// The %pdisk stanza file (pdisk= device= enclosure= slot=).
+        #[arg(short = 'F')]
+        stanza_file: PathBuf,
+        /// Spare space, in pdisks' worth of capacity spread over every pdisk
+        /// (default: 1 per 12 pdisks, at least 1).
+        #[arg(long = "spares")]
+        spares: Option<u32>,
+        /// `yes` refuses devices that already hold a pdisk, an NSD or a file system.
+        #[arg(short = 'v', default_value = "yes")]
+        verify: String,
+    },
+    /// List declustered arrays with capacity, state, rebuild and scrub progress.
+    Ls {
+        /// Only this array.
+        name: Option<String>,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+    /// Start a media scan that reads and verifies every strip, and repairs what it can.
+    Scrub { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VdiskCommand {
+    /// Create a vdisk; use it as an NSD with `device=vdisk:NAME` in a %nsd stanza.
+    Create {
+        /// The vdisk name.
+        name: String,
+        /// The declustered array to carve it from.
+        #[arg(long = "da")]
+        da: String,
+        /// 8+2p, 8+3p, 4+2p, 4+3p (any k+mp with k <= 16, m <= 4), 3WayReplication,
+        /// 4WayReplication.
+        #[arg(long = "code", default_value = "8+2p")]
+        code: String,
+        /// The block size of the file system that will use it: one block is one full
+        /// stripe of k strips.
+        #[arg(long = "block-size", default_value = "4M")]
+        block_size: String,
+        /// Capacity: a size such as 500G, or a percentage of the array's free space (80%).
+        #[arg(long = "size", default_value = "100%")]
+        size: String,
+    },
+    /// List vdisks.
+    Ls {
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+    /// Delete a vdisk that no NSD uses.
+    Delete { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PdiskCommand {
+    /// List pdisks.
+    Ls {
+        /// Only pdisks whose state is not ok.
+        #[arg(long = "not-ok")]
+        not_ok: bool,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+    /// Declare a pdisk dead; its data is rebuilt into spare space at once.
+    Fail { name: String },
+    /// Take a pdisk out of service for maintenance, without rebuilding it.
+    Suspend { name: String },
+    /// Return a suspended pdisk to service.
+    Resume { name: String },
+    /// Replace a pdisk with a new drive; data is rebalanced onto it.
+    Replace {
+        name: String,
+        /// The new drive.
+        #[arg(long = "device")]
+        device: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Erasure-code encode and decode speed on one core.
+    Ec {
+        /// The code: 8+2p, 4+3p, ..., 3WayReplication, 4WayReplication.
+        #[arg(long = "code", default_value = "8+2p")]
+        code: String,
+        /// Strip size (one file-system block is k strips), such as 128K or 1M.
+        #[arg(long = "strip", default_value = "128K")]
+        strip: String,
+        /// How long to run encode, and then decode.
+        #[arg(long = "seconds", default_value_t = 3.0)]
+        seconds: f64,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -12,9 +12,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, ClusterCommand, Command, DiskCommand, FsCommand, NsdCommand};
-use crate::commands::{cluster, fs, io, nsd, pmon};
+use crate::cli::{
+    BenchCommand, Cli, ClusterCommand, Command, DaCommand, DiskCommand, FsCommand, NsdCommand,
+    PdiskCommand, VdiskCommand,
+};
+use crate::commands::{bench, cluster, da, fs, io, nsd, pmon};
 use crate::config::Home;
+use crate::rpc::PdiskAction;
 
 /// The words that prefix an error message, as `mmcrnsd:` prefixes GPFS messages.
 fn command_name(c: &Command) -> &'static str {
@@ -36,6 +40,18 @@ fn command_name(c: &Command) -> &'static str {
         Command::Disk(_) => "disk ls",
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
+        Command::Bench(BenchCommand::Ec { .. }) => "bench ec",
+        Command::Da(DaCommand::Create { .. }) => "da create",
+        Command::Da(DaCommand::Ls { .. }) => "da ls",
+        Command::Da(DaCommand::Scrub { .. }) => "da scrub",
+        Command::Vdisk(VdiskCommand::Create { .. }) => "vdisk create",
+        Command::Vdisk(VdiskCommand::Ls { .. }) => "vdisk ls",
+        Command::Vdisk(VdiskCommand::Delete { .. }) => "vdisk delete",
+        Command::Pdisk(PdiskCommand::Ls { .. }) => "pdisk ls",
+        Command::Pdisk(PdiskCommand::Fail { .. }) => "pdisk fail",
+        Command::Pdisk(PdiskCommand::Suspend { .. }) => "pdisk suspend",
+        Command::Pdisk(PdiskCommand::Resume { .. }) => "pdisk resume",
+        Command::Pdisk(PdiskCommand::Replace { .. }) => "pdisk replace",
     }
 }
 
@@ -65,6 +81,42 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),
         Command::Fsck(a) => io::fsck(home, &a.device, a.repair),
         Command::Pmon(a) => pmon::pmon(home, a.device.as_deref(), a.machine),
+        Command::Bench(BenchCommand::Ec {
+            code,
+            strip,
+            seconds,
+            machine,
+        }) => bench::ec(&code, &strip, seconds, machine),
+        Command::Da(DaCommand::Create {
+            name,
+            stanza_file,
+            spares,
+            verify,
+        }) => da::create(home, &name, &stanza_file, spares, &verify),
+        Command::Da(DaCommand::Ls { name, machine }) => da::ls(home, name.as_deref(), machine),
+        Command::Da(DaCommand::Scrub { name }) => da::scrub(home, &name),
+        Command::Vdisk(VdiskCommand::Create {
+            name,
+            da: array,
+            code,
+            block_size,
+            size,
+        }) => da::vdisk_create(home, &name, &array, &code, &block_size, &size),
+        Command::Vdisk(VdiskCommand::Ls { machine }) => da::vdisk_ls(home, machine),
+        Command::Vdisk(VdiskCommand::Delete { name }) => da::vdisk_delete(home, &name),
+        Command::Pdisk(PdiskCommand::Ls { not_ok, machine }) => da::pdisk_ls(home, not_ok, machine),
+        Command::Pdisk(PdiskCommand::Fail { name }) => {
+            da::pdisk_change(home, &name, PdiskAction::Fail)
+        }
+        Command::Pdisk(PdiskCommand::Suspend { name }) => {
+            da::pdisk_change(home, &name, PdiskAction::Suspend)
+        }
+        Command::Pdisk(PdiskCommand::Resume { name }) => {
+            da::pdisk_change(home, &name, PdiskAction::Resume)
+        }
+        Command::Pdisk(PdiskCommand::Replace { name, device }) => {
+            da::pdisk_replace(home, &name, &device)
+        }
     }
 }
 

@@ -66,6 +66,83 @@ pub struct FsCreateSpec {
     pub shard_count: u32,
 }
 
+/// One pdisk of `da create`, from a `%pdisk` stanza with the device path made absolute.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PdiskSpecWire {
+    pub name: String,
+    pub device_text: String,
+    pub device_path: String,
+    pub enclosure: String,
+    pub slot: u32,
+}
+
+/// What an administrator may do to a pdisk [mmvdisk pdisk change/replace].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PdiskAction {
+    /// Declare it dead: its strips are rebuilt elsewhere.
+    Fail,
+    /// Take it out of service for a while (firmware update, reseat); no rebuild.
+    Suspend,
+    /// Bring a suspended pdisk back.
+    Resume,
+}
+
+/// A background task of a declustered array (rebuild, scrub) and how far it got.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TaskRow {
+    pub task: String,
+    pub done: u64,
+    pub total: u64,
+    pub bytes: u64,
+    pub rate_bytes_s: f64,
+    pub eta_seconds: Option<u64>,
+    pub finished: bool,
+    pub remark: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DaRow {
+    pub name: String,
+    pub pdisks: u32,
+    pub enclosures: u32,
+    pub state: String,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub spare_bytes: u64,
+    pub vdisks: u32,
+    pub tasks: Vec<TaskRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PdiskRow {
+    pub name: String,
+    pub da: String,
+    pub device: String,
+    pub enclosure: String,
+    pub slot: u32,
+    pub state: String,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub checksum_errors: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VdiskRow {
+    pub name: String,
+    pub da: String,
+    pub code: String,
+    pub block_size: u64,
+    pub strip_size: u64,
+    pub capacity_bytes: u64,
+    pub state: String,
+    /// What the placement survives, such as "2 pdisks or 1 enclosure".
+    pub tolerance: String,
+    /// The NSD built on it, if any.
+    pub nsd: Option<String>,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
     Ping,
@@ -101,6 +178,38 @@ pub enum Request {
     },
     Pmon {
         name: Option<String>,
+    },
+    DaCreate {
+        name: String,
+        pdisks: Vec<PdiskSpecWire>,
+        spare_pdisks: Option<u32>,
+        verify: bool,
+    },
+    DaList,
+    DaScrub {
+        name: String,
+    },
+    VdiskCreate {
+        name: String,
+        da: String,
+        code: String,
+        block_size: u64,
+        /// Bytes, or a percentage of the array's free capacity (`80%`).
+        size_bytes: Option<u64>,
+        size_percent: Option<u8>,
+    },
+    VdiskList,
+    VdiskDelete {
+        name: String,
+    },
+    PdiskList,
+    PdiskChange {
+        name: String,
+        action: PdiskAction,
+    },
+    PdiskReplace {
+        name: String,
+        device_path: String,
     },
 }
 
@@ -139,6 +248,9 @@ pub enum Reply {
     Df(tessera_fs::DfReport),
     Fsck(tessera_fs::FsckReport),
     Pmon(Vec<PmonEntry>),
+    Das(Vec<DaRow>),
+    Pdisks(Vec<PdiskRow>),
+    Vdisks(Vec<VdiskRow>),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

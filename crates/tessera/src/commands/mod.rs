@@ -1,7 +1,9 @@
 //! The admin commands, run in the CLI process. Each one checks its arguments, sends one
 //! request to the local daemon and renders the reply.
 
+pub mod bench;
 pub mod cluster;
+pub mod da;
 pub mod fs;
 pub mod io;
 pub mod nsd;

@@ -3,6 +3,7 @@
 //! serialized by one admin lock; mounted file systems live in their own map so that `pmon`
 //! and `state` answer while a long format runs.
 
+mod da_admin;
 mod fs_admin;
 mod mounts;
 mod nsd_admin;
@@ -214,6 +215,15 @@ impl Daemon {
             Request::Df { name } => self.df(&name),
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
+            request @ (Request::DaCreate { .. }
+            | Request::DaList
+            | Request::DaScrub { .. }
+            | Request::VdiskCreate { .. }
+            | Request::VdiskList
+            | Request::VdiskDelete { .. }
+            | Request::PdiskList
+            | Request::PdiskChange { .. }
+            | Request::PdiskReplace { .. }) => self.da_request(request, r),
         }
     }
 
