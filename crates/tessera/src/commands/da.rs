@@ -41,11 +41,7 @@ fn duration_text(seconds: u64) -> String {
 
 /// One line per background task: `rebuild  1234/5000 stripes (24%)  1.2 GiB/s  35s left`.
 fn task_text(t: &TaskRow) -> String {
-    let pct = if t.total == 0 {
-        100
-    } else {
-        t.done * 100 / t.total
-    };
+    let pct = (t.done * 100).checked_div(t.total).unwrap_or(100);
     let mut text = format!("{} {}/{} stripes ({pct}%)", t.task, t.done, t.total);
     if t.finished {
         text += ", finished";
