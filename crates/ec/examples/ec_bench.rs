@@ -14,7 +14,9 @@ fn parse_size(s: &str) -> Result<usize, String> {
         Some(i) => s.split_at(i),
         None => (s, ""),
     };
-    let n: usize = digits.parse().map_err(|_| format!("strip size {s:?} is not a number"))?;
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("strip size {s:?} is not a number"))?;
     let scale = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" | "kb" => 1 << 10,
@@ -35,7 +37,10 @@ fn main() {
             "--code" => code = args.next().expect("--code needs a value"),
             "--strip" => strip = args.next().expect("--strip needs a value"),
             "--seconds" => {
-                seconds = args.next().and_then(|s| s.parse().ok()).expect("--seconds needs a number")
+                seconds = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--seconds needs a number")
             }
             "-Y" => machine = true,
             other => {
@@ -56,9 +61,11 @@ fn main() {
         }
     };
     if machine {
-        println!("bench_ec:HEADER:version:code:stripBytes:kernel:encodeGBps:decodeGBps:");
         println!(
-            "bench_ec:0:1:{}:{}:{}:{:.3}:{:.3}:",
+            "bench:ec:HEADER:version:reserved:reserved:code:stripBytes:kernel:encodeGBps:decodeGBps:"
+        );
+        println!(
+            "bench:ec:0:1:::{}:{}:{}:{:.3}:{:.3}:",
             r.code, r.strip_bytes, r.kernel, r.encode_gbps, r.decode_gbps
         );
     } else {

@@ -46,11 +46,16 @@ impl AlignedStrip {
 /// One thread. GB/s = data bytes (k × strip) per second, 1e9 bytes. Decode = reconstruct
 /// with m DATA strips lost (first m data strips). Runs encode for `seconds`, then decode
 /// for `seconds`.
-pub fn run(code: super::Code, strip_bytes: usize, seconds: f64) -> Result<BenchReport, super::CodecError> {
+pub fn run(
+    code: super::Code,
+    strip_bytes: usize,
+    seconds: f64,
+) -> Result<BenchReport, super::CodecError> {
     let codec = Codec::new(code)?;
     let (k, m) = (code.data_strips(), code.parity_strips());
-    let mut strips: Vec<AlignedStrip> =
-        (0..k + m).map(|i| AlignedStrip::new(strip_bytes, i as u64 + 1)).collect();
+    let mut strips: Vec<AlignedStrip> = (0..k + m)
+        .map(|i| AlignedStrip::new(strip_bytes, i as u64 + 1))
+        .collect();
     let budget = Duration::from_secs_f64(seconds.max(0.0));
     let data_bytes = (k * strip_bytes) as f64;
 
@@ -73,15 +78,27 @@ pub fn run(code: super::Code, strip_bytes: usize, seconds: f64) -> Result<BenchR
         let mut views: Vec<&mut [u8]> = strips.iter_mut().map(|s| s.get_mut()).collect();
         let gbps = timed(budget, data_bytes, || {
             // Scribble on the lost strips so every pass really rebuilds them.
-            views[..lost].iter_mut().filter_map(|s| s.first_mut()).for_each(|b| *b ^= 0xA5);
+            views[..lost]
+                .iter_mut()
+                .filter_map(|s| s.first_mut())
+                .for_each(|b| *b ^= 0xA5);
             codec.reconstruct(&mut views, &present)
         })?;
         for (view, want) in views.iter().zip(&expected) {
-            assert!(view[..] == want[..], "benchmark decode did not restore the lost strips");
+            assert!(
+                view[..] == want[..],
+                "benchmark decode did not restore the lost strips"
+            );
         }
         gbps
     };
-    Ok(BenchReport { code, strip_bytes, kernel: codec.kernel(), encode_gbps, decode_gbps })
+    Ok(BenchReport {
+        code,
+        strip_bytes,
+        kernel: codec.kernel(),
+        encode_gbps,
+        decode_gbps,
+    })
 }
 
 /// Repeats `op` until `budget` has passed (at least once) and returns data GB/s.

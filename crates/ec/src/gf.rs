@@ -82,7 +82,11 @@ pub(crate) struct Matrix {
 
 impl Matrix {
     pub fn zero(rows: usize, cols: usize) -> Matrix {
-        Matrix { rows, cols, cells: vec![0; rows * cols] }
+        Matrix {
+            rows,
+            cols,
+            cells: vec![0; rows * cols],
+        }
     }
 
     pub fn identity(n: usize) -> Matrix {
@@ -181,7 +185,10 @@ pub(crate) fn encoding_matrix(k: usize, m: usize) -> Matrix {
         }
     }
     let top: Vec<usize> = (0..k).collect();
-    let top_inv = vm.select_rows(&top).invert().expect("Vandermonde top square is invertible");
+    let top_inv = vm
+        .select_rows(&top)
+        .invert()
+        .expect("Vandermonde top square is invertible");
     let enc = vm.multiply(&top_inv);
     debug_assert_eq!(enc.select_rows(&top), Matrix::identity(k));
     enc

@@ -42,24 +42,38 @@ impl Code {
     /// Parses the GPFS-style names administrators already use: `8+2p`, `4+3P`,
     /// `3WayReplication` (case-insensitive; `3way` is short for `3WayReplication`).
     pub fn parse(s: &str) -> Result<Code, CodecError> {
-        let bad = |reason: String| CodecError::BadCode { input: s.to_string(), reason };
+        let bad = |reason: String| CodecError::BadCode {
+            input: s.to_string(),
+            reason,
+        };
         let t = s.trim().to_ascii_lowercase();
-        if let Some(n) = t.strip_suffix("wayreplication").or_else(|| t.strip_suffix("way")) {
-            let copies: u8 = n.parse().map_err(|_| bad(format!("{n:?} is not a copy count")))?;
+        if let Some(n) = t
+            .strip_suffix("wayreplication")
+            .or_else(|| t.strip_suffix("way"))
+        {
+            let copies: u8 = n
+                .parse()
+                .map_err(|_| bad(format!("{n:?} is not a copy count")))?;
             let code = Code::Replication { copies };
-            code.validate().map_err(|reason| bad(reason))?;
+            code.validate().map_err(&bad)?;
             return Ok(code);
         }
         let body = t
             .strip_suffix('p')
             .ok_or_else(|| bad("neither K+Mp nor NWayReplication".to_string()))?;
-        let (k, m) =
-            body.split_once('+').ok_or_else(|| bad("expected K+Mp, e.g. 8+2p".to_string()))?;
-        let k: u8 = k.trim().parse().map_err(|_| bad(format!("data strip count {k:?} is not a number")))?;
-        let m: u8 =
-            m.trim().parse().map_err(|_| bad(format!("parity strip count {m:?} is not a number")))?;
+        let (k, m) = body
+            .split_once('+')
+            .ok_or_else(|| bad("expected K+Mp, e.g. 8+2p".to_string()))?;
+        let k: u8 = k
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("data strip count {k:?} is not a number")))?;
+        let m: u8 = m
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("parity strip count {m:?} is not a number")))?;
         let code = Code::ReedSolomon { k, m };
-        code.validate().map_err(|reason| bad(reason))?;
+        code.validate().map_err(&bad)?;
         Ok(code)
     }
 
@@ -71,9 +85,9 @@ impl Code {
             Code::ReedSolomon { k, .. } if !(1..=MAX_DATA_STRIPS).contains(&(k as usize)) => {
                 Err(format!("{k} data strips is outside 1..={MAX_DATA_STRIPS}"))
             }
-            Code::ReedSolomon { m, .. } if !(1..=MAX_PARITY_STRIPS).contains(&(m as usize)) => {
-                Err(format!("{m} parity strips is outside 1..={MAX_PARITY_STRIPS}"))
-            }
+            Code::ReedSolomon { m, .. } if !(1..=MAX_PARITY_STRIPS).contains(&(m as usize)) => Err(
+                format!("{m} parity strips is outside 1..={MAX_PARITY_STRIPS}"),
+            ),
             _ => Ok(()),
         }
     }
@@ -125,17 +139,40 @@ pub enum CodecError {
     #[error("invalid erasure code {input:?}: {reason}; {ACCEPTED}")]
     BadCode { input: String, reason: String },
     #[error("{code} needs {expected} {what} strips, got {got}")]
-    StripCount { code: Code, what: &'static str, expected: usize, got: usize },
+    StripCount {
+        code: Code,
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     #[error("strips of one stripe must have equal length: {what} {index} has {got} bytes, expected {expected}")]
-    StripLength { what: &'static str, index: usize, expected: usize, got: usize },
+    StripLength {
+        what: &'static str,
+        index: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("stripe of {code} has {lost} strips missing but survives at most {tolerance}: the data cannot be rebuilt from this stripe alone")]
-    TooManyLost { code: Code, lost: usize, tolerance: usize },
+    TooManyLost {
+        code: Code,
+        lost: usize,
+        tolerance: usize,
+    },
     #[error("data strip index {index} is out of range for {code} (0..{data_strips})")]
-    DataIndex { code: Code, index: usize, data_strips: usize },
-    #[error("unknown codec kernel {name:?} in TESSERA_EC_KERNEL; use gfni-avx512, avx2 or portable")]
+    DataIndex {
+        code: Code,
+        index: usize,
+        data_strips: usize,
+    },
+    #[error(
+        "unknown codec kernel {name:?} in TESSERA_EC_KERNEL; use gfni-avx512, avx2 or portable"
+    )]
     UnknownKernel { name: String },
     #[error("codec kernel {name} is not supported by this CPU; available here: {available}")]
-    KernelUnavailable { name: &'static str, available: String },
+    KernelUnavailable {
+        name: &'static str,
+        available: String,
+    },
 }
 
 /// Parity format ids recorded in stripe metadata; never renumber.
@@ -181,12 +218,18 @@ impl Codec {
 
     /// Kernels this CPU can run, fastest first.
     pub fn available_kernels() -> Vec<&'static str> {
-        Kernel::ALL.into_iter().filter(|k| k.available()).map(|k| k.name()).collect()
+        Kernel::ALL
+            .into_iter()
+            .filter(|k| k.available())
+            .map(|k| k.name())
+            .collect()
     }
 
     fn build(code: Code, kernel: Kernel) -> Result<Codec, CodecError> {
-        code.validate()
-            .map_err(|reason| CodecError::BadCode { input: format!("{code:?}"), reason })?;
+        code.validate().map_err(|reason| CodecError::BadCode {
+            input: format!("{code:?}"),
+            reason,
+        })?;
         let rs = match code {
             Code::Replication { .. } => None,
             Code::ReedSolomon { k, m } => {
@@ -201,7 +244,12 @@ impl Codec {
                         Plan::new(kernel, m, 2, coefs)
                     })
                     .collect();
-                Some(Arc::new(ReedSolomon { matrix, encode, update, decode: Mutex::default() }))
+                Some(Arc::new(ReedSolomon {
+                    matrix,
+                    encode,
+                    update,
+                    decode: Mutex::default(),
+                }))
             }
         };
         Ok(Codec { code, kernel, rs })
@@ -244,7 +292,11 @@ impl Codec {
     /// strips: total_strips() slices of equal length, data first then parity. Recomputes
     /// every strip whose `present[i]` is false from the present ones. Error (nothing
     /// modified) if more than m are absent.
-    pub fn reconstruct(&self, strips: &mut [&mut [u8]], present: &[bool]) -> Result<(), CodecError> {
+    pub fn reconstruct(
+        &self,
+        strips: &mut [&mut [u8]],
+        present: &[bool],
+    ) -> Result<(), CodecError> {
         let total = self.code.total_strips();
         self.check_count("", total, strips.len())?;
         self.check_count("presence flags for", total, present.len())?;
@@ -262,7 +314,10 @@ impl Codec {
             return Ok(());
         }
         let Some(rs) = &self.rs else {
-            let source = present.iter().position(|&p| p).expect("at least one copy survives");
+            let source = present
+                .iter()
+                .position(|&p| p)
+                .expect("at least one copy survives");
             for i in (0..total).filter(|&i| !present[i]) {
                 let (dst, src) = if i < source {
                     let (lo, hi) = strips.split_at_mut(source);
@@ -301,7 +356,11 @@ impl Codec {
     ) -> Result<(), CodecError> {
         let k = self.code.data_strips();
         if data_index >= k {
-            return Err(CodecError::DataIndex { code: self.code, index: data_index, data_strips: k });
+            return Err(CodecError::DataIndex {
+                code: self.code,
+                index: data_index,
+                data_strips: k,
+            });
         }
         self.check_count("parity", self.code.parity_strips(), parity.len())?;
         check_lengths("new data range", old.len(), [new.len()].into_iter())?;
@@ -319,11 +378,21 @@ impl Codec {
         Ok(())
     }
 
-    fn check_count(&self, what: &'static str, expected: usize, got: usize) -> Result<(), CodecError> {
+    fn check_count(
+        &self,
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    ) -> Result<(), CodecError> {
         if expected == got {
             Ok(())
         } else {
-            Err(CodecError::StripCount { code: self.code, what, expected, got })
+            Err(CodecError::StripCount {
+                code: self.code,
+                what,
+                expected,
+                got,
+            })
         }
     }
 }
@@ -335,7 +404,12 @@ fn check_lengths(
 ) -> Result<(), CodecError> {
     for (index, got) in lens.enumerate() {
         if got != expected {
-            return Err(CodecError::StripLength { what, index, expected, got });
+            return Err(CodecError::StripLength {
+                what,
+                index,
+                expected,
+                got,
+            });
         }
     }
     Ok(())
@@ -343,7 +417,10 @@ fn check_lengths(
 
 impl ReedSolomon {
     fn decode_plan(&self, present: &[bool]) -> Arc<Plan> {
-        let mask = present.iter().enumerate().fold(0u32, |m, (i, &p)| m | (p as u32) << i);
+        let mask = present
+            .iter()
+            .enumerate()
+            .fold(0u32, |m, (i, &p)| m | (p as u32) << i);
         let mut cache = self.decode.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(plan) = cache.get(&mask) {
             return plan.clone();

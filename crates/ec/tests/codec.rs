@@ -6,7 +6,10 @@ use proptest::prelude::*;
 use tessera_ec::{Code, Codec, CodecError};
 
 fn all_codes() -> Vec<Code> {
-    let mut codes = vec![Code::Replication { copies: 3 }, Code::Replication { copies: 4 }];
+    let mut codes = vec![
+        Code::Replication { copies: 3 },
+        Code::Replication { copies: 4 },
+    ];
     for k in 1..=16u8 {
         for m in 1..=4u8 {
             codes.push(Code::ReedSolomon { k, m });
@@ -147,13 +150,21 @@ fn every_kernel_writes_identical_parity() {
             for kernel in kernels() {
                 let codec = Codec::with_kernel(code, kernel).unwrap();
                 let mut got = want.clone();
-                got[code.data_strips()..].iter_mut().for_each(|p| p.fill(0xEE));
+                got[code.data_strips()..]
+                    .iter_mut()
+                    .for_each(|p| p.fill(0xEE));
                 encode(&codec, &mut got);
-                assert!(got == want, "{kernel} parity differs from portable for {code} len {len}");
+                assert!(
+                    got == want,
+                    "{kernel} parity differs from portable for {code} len {len}"
+                );
                 // Decode through this kernel too: lose the first m strips.
-                let present: Vec<bool> =
-                    (0..code.total_strips()).map(|i| i >= code.fault_tolerance()).collect();
-                got[..code.fault_tolerance()].iter_mut().for_each(|s| s.fill(0x11));
+                let present: Vec<bool> = (0..code.total_strips())
+                    .map(|i| i >= code.fault_tolerance())
+                    .collect();
+                got[..code.fault_tolerance()]
+                    .iter_mut()
+                    .for_each(|s| s.fill(0x11));
                 reconstruct(&codec, &mut got, &present).unwrap();
                 assert!(got == want, "{kernel} decode differs for {code} len {len}");
             }
@@ -166,7 +177,10 @@ fn parity_matches_independent_implementation() {
     use reed_solomon_erasure::galois_8::ReedSolomon;
     for k in 1..=16usize {
         for m in 1..=4usize {
-            let code = Code::ReedSolomon { k: k as u8, m: m as u8 };
+            let code = Code::ReedSolomon {
+                k: k as u8,
+                m: m as u8,
+            };
             let reference = ReedSolomon::new(k, m).unwrap();
             for kernel in kernels() {
                 let codec = Codec::with_kernel(code, kernel).unwrap();
@@ -175,7 +189,10 @@ fn parity_matches_independent_implementation() {
                 let mut theirs = ours.clone();
                 theirs[k..].iter_mut().for_each(|p| p.fill(0));
                 reference.encode(&mut theirs).unwrap();
-                assert!(ours == theirs, "{kernel}: parity of {code} differs from the reference");
+                assert!(
+                    ours == theirs,
+                    "{kernel}: parity of {code} differs from the reference"
+                );
             }
         }
     }
@@ -207,16 +224,47 @@ fn code_names_round_trip() {
         assert_eq!(Code::parse(&name).unwrap(), code, "{name}");
         assert_eq!(name.parse::<Code>().unwrap(), code);
     }
-    assert_eq!(Code::parse("8+2P").unwrap(), Code::ReedSolomon { k: 8, m: 2 });
-    assert_eq!(Code::parse(" 4+3p ").unwrap(), Code::ReedSolomon { k: 4, m: 3 });
-    assert_eq!(Code::parse("3way").unwrap(), Code::Replication { copies: 3 });
-    assert_eq!(Code::parse("4WAYREPLICATION").unwrap(), Code::Replication { copies: 4 });
+    assert_eq!(
+        Code::parse("8+2P").unwrap(),
+        Code::ReedSolomon { k: 8, m: 2 }
+    );
+    assert_eq!(
+        Code::parse(" 4+3p ").unwrap(),
+        Code::ReedSolomon { k: 4, m: 3 }
+    );
+    assert_eq!(
+        Code::parse("3way").unwrap(),
+        Code::Replication { copies: 3 }
+    );
+    assert_eq!(
+        Code::parse("4WAYREPLICATION").unwrap(),
+        Code::Replication { copies: 4 }
+    );
     assert_eq!(Code::parse("8+2p").unwrap().to_string(), "8+2p");
-    assert_eq!(Code::parse("3wayreplication").unwrap().to_string(), "3WayReplication");
+    assert_eq!(
+        Code::parse("3wayreplication").unwrap().to_string(),
+        "3WayReplication"
+    );
     let c = Code::parse("16+4p").unwrap();
-    assert_eq!((c.data_strips(), c.parity_strips(), c.total_strips(), c.fault_tolerance()), (16, 4, 20, 4));
+    assert_eq!(
+        (
+            c.data_strips(),
+            c.parity_strips(),
+            c.total_strips(),
+            c.fault_tolerance()
+        ),
+        (16, 4, 20, 4)
+    );
     let r = Code::parse("3WayReplication").unwrap();
-    assert_eq!((r.data_strips(), r.parity_strips(), r.total_strips(), r.fault_tolerance()), (1, 2, 3, 2));
+    assert_eq!(
+        (
+            r.data_strips(),
+            r.parity_strips(),
+            r.total_strips(),
+            r.fault_tolerance()
+        ),
+        (1, 2, 3, 2)
+    );
 }
 
 #[test]
@@ -246,7 +294,9 @@ fn misuse_is_an_error_not_a_panic() {
     let mut parity: Vec<&mut [u8]> = p.iter_mut().map(|s| &mut s[..]).collect();
     let err = codec.encode(&[&a, &a, &a], &mut parity).unwrap_err();
     assert!(matches!(err, CodecError::StripCount { .. }), "{err}");
-    let err = codec.encode(&[&a, &a, &a, &short], &mut parity).unwrap_err();
+    let err = codec
+        .encode(&[&a, &a, &a, &short], &mut parity)
+        .unwrap_err();
     assert!(matches!(err, CodecError::StripLength { .. }), "{err}");
     let err = codec.update_parity(4, &a, &a, &mut parity).unwrap_err();
     assert!(matches!(err, CodecError::DataIndex { .. }), "{err}");
@@ -265,4 +315,63 @@ fn bench_run_reports_sane_numbers() {
     let r = tessera_ec::bench::run(Code::ReedSolomon { k: 4, m: 2 }, 4096, 0.01).unwrap();
     assert!(r.encode_gbps > 0.0 && r.decode_gbps > 0.0);
     assert_eq!(r.strip_bytes, 4096);
+}
+
+/// Stripes larger than L2 take the streaming-store path, which only runs on 64-byte
+/// aligned output strips; check it against the portable kernel too.
+#[test]
+fn large_aligned_stripes_match_portable() {
+    let code = Code::ReedSolomon { k: 8, m: 2 };
+    let len = 384 * 1024 + 64 * 3 + 5; // odd tail on purpose
+    let aligned = |seed: u64| {
+        let mut buf = vec![0u8; len + 64];
+        let start = buf.as_ptr().align_offset(64);
+        let mut x = seed | 1;
+        for b in &mut buf[start..start + len] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        (buf, start)
+    };
+    let mut bufs: Vec<(Vec<u8>, usize)> = (0..10).map(|i| aligned(i + 1)).collect();
+    let portable = Codec::with_kernel(code, "portable").unwrap();
+    let mut want = vec![vec![0u8; len]; 2];
+    {
+        let data: Vec<&[u8]> = bufs[..8].iter().map(|(b, s)| &b[*s..*s + len]).collect();
+        let mut parity: Vec<&mut [u8]> = want.iter_mut().map(|p| &mut p[..]).collect();
+        portable.encode(&data, &mut parity).unwrap();
+    }
+    for kernel in kernels() {
+        let codec = Codec::with_kernel(code, kernel).unwrap();
+        let (data, parity) = bufs.split_at_mut(8);
+        let data: Vec<&[u8]> = data.iter().map(|(b, s)| &b[*s..*s + len]).collect();
+        let mut parity: Vec<&mut [u8]> = parity
+            .iter_mut()
+            .map(|(b, s)| &mut b[*s..*s + len])
+            .collect();
+        codec.encode(&data, &mut parity).unwrap();
+        assert!(
+            parity[0][..] == want[0][..] && parity[1][..] == want[1][..],
+            "{kernel}"
+        );
+        parity.iter_mut().for_each(|p| p.fill(0));
+    }
+    let original: Vec<Vec<u8>> = bufs.iter().map(|(b, s)| b[*s..*s + len].to_vec()).collect();
+    for kernel in kernels() {
+        let codec = Codec::with_kernel(code, kernel).unwrap();
+        let mut views: Vec<&mut [u8]> =
+            bufs.iter_mut().map(|(b, s)| &mut b[*s..*s + len]).collect();
+        views[8].copy_from_slice(&want[0]);
+        views[9].copy_from_slice(&want[1]);
+        views[0].fill(0);
+        views[3].fill(0);
+        let present: Vec<bool> = (0..10).map(|i| i != 0 && i != 3).collect();
+        codec.reconstruct(&mut views, &present).unwrap();
+        assert!(
+            views[0][..] == original[0][..] && views[3][..] == original[3][..],
+            "{kernel}"
+        );
+    }
 }

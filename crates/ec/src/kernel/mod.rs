@@ -42,7 +42,9 @@ impl Kernel {
         let kernel = Kernel::ALL
             .into_iter()
             .find(|k| k.name().eq_ignore_ascii_case(name.trim()))
-            .ok_or_else(|| CodecError::UnknownKernel { name: name.to_string() })?;
+            .ok_or_else(|| CodecError::UnknownKernel {
+                name: name.to_string(),
+            })?;
         if !kernel.available() {
             return Err(CodecError::KernelUnavailable {
                 name: kernel.name(),
@@ -72,13 +74,21 @@ impl Kernel {
     pub fn select() -> Result<Kernel, CodecError> {
         match std::env::var(KERNEL_ENV) {
             Ok(name) if !name.trim().is_empty() => Kernel::from_name(&name),
-            _ => Ok(Kernel::ALL.into_iter().find(|k| k.available()).unwrap_or(Kernel::Portable)),
+            _ => Ok(Kernel::ALL
+                .into_iter()
+                .find(|k| k.available())
+                .unwrap_or(Kernel::Portable)),
         }
     }
 }
 
 pub(crate) fn available_names() -> String {
-    Kernel::ALL.into_iter().filter(|k| k.available()).map(|k| k.name()).collect::<Vec<_>>().join(", ")
+    Kernel::ALL
+        .into_iter()
+        .filter(|k| k.available())
+        .map(|k| k.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A coefficient matrix (`outputs` rows by `inputs` columns) prepared for one kernel.
@@ -107,8 +117,14 @@ enum Expanded {
 
 impl Plan {
     pub fn new(kernel: Kernel, outputs: usize, inputs: usize, coefs: Vec<u8>) -> Plan {
-        assert!((1..=MAX_OUTPUTS).contains(&outputs), "plan outputs {outputs} out of range");
-        assert!((1..=MAX_INPUTS).contains(&inputs), "plan inputs {inputs} out of range");
+        assert!(
+            (1..=MAX_OUTPUTS).contains(&outputs),
+            "plan outputs {outputs} out of range"
+        );
+        assert!(
+            (1..=MAX_INPUTS).contains(&inputs),
+            "plan inputs {inputs} out of range"
+        );
         assert_eq!(coefs.len(), outputs * inputs);
         let expanded = match kernel {
             Kernel::Portable => Expanded::None,
@@ -123,7 +139,13 @@ impl Plan {
                     .collect(),
             ),
         };
-        Plan { kernel, outputs, inputs, coefs, expanded }
+        Plan {
+            kernel,
+            outputs,
+            inputs,
+            coefs,
+            expanded,
+        }
     }
 
     pub fn kernel(&self) -> Kernel {
@@ -136,8 +158,14 @@ impl Plan {
         assert_eq!(inputs.len(), self.inputs);
         assert_eq!(outputs.len(), self.outputs);
         let len = inputs[0].len();
-        assert!(inputs.iter().all(|s| s.len() == len), "input strips differ in length");
-        assert!(outputs.iter().all(|s| s.len() == len), "output strips differ in length");
+        assert!(
+            inputs.iter().all(|s| s.len() == len),
+            "input strips differ in length"
+        );
+        assert!(
+            outputs.iter().all(|s| s.len() == len),
+            "output strips differ in length"
+        );
         let done = match (&self.expanded, self.kernel) {
             #[cfg(target_arch = "x86_64")]
             (Expanded::Affine(mats), Kernel::GfniAvx512) => {
@@ -187,4 +215,39 @@ fn nibble_tables(c: u8) -> [u8; 32] {
         t[16 + n as usize] = crate::gf::mul(c, n << 4);
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Software model of the affine instruction, to pin down the row/bit order of
+    /// `affine_matrix` independently of any CPU.
+    fn affine(m: u64, x: u8) -> u8 {
+        (0..8).fold(0u8, |out, i| {
+            let row = (m >> (8 * (7 - i))) as u8;
+            out | ((((row & x).count_ones() & 1) as u8) << i)
+        })
+    }
+
+    #[test]
+    fn affine_matrix_multiplies() {
+        for c in 0..=255u8 {
+            let m = affine_matrix(c);
+            for x in 0..=255u8 {
+                assert_eq!(affine(m, x), crate::gf::mul(c, x), "c={c} x={x}");
+            }
+        }
+    }
+
+    #[test]
+    fn nibble_tables_multiply() {
+        for c in 0..=255u8 {
+            let t = nibble_tables(c);
+            for x in 0..=255u8 {
+                let got = t[(x & 15) as usize] ^ t[16 + (x >> 4) as usize];
+                assert_eq!(got, crate::gf::mul(c, x));
+            }
+        }
+    }
 }
