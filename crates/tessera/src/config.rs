@@ -126,6 +126,37 @@ impl FsRegistry {
     }
 }
 
+/// One pdisk of a declustered array as this node last saw it. The pdisk label on the
+/// drive, not this path, says which pdisk a drive is: the path only says where to look.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PdiskRecord {
+    pub name: String,
+    pub device: String,
+}
+
+/// One declustered array this node opens at startup.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DaRecord {
+    pub name: String,
+    pub pdisks: Vec<PdiskRecord>,
+}
+
+/// `da.json`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DaRegistry {
+    pub arrays: Vec<DaRecord>,
+}
+
+impl DaRegistry {
+    pub fn get(&self, name: &str) -> Option<&DaRecord> {
+        self.arrays.iter().find(|a| a.name == name)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut DaRecord> {
+        self.arrays.iter_mut().find(|a| a.name == name)
+    }
+}
+
 impl Home {
     /// `$TESSERA_HOME` or the default, made absolute so a daemon started from another
     /// directory finds the same home.
@@ -154,6 +185,9 @@ impl Home {
     }
     pub fn fs_path(&self) -> PathBuf {
         self.root.join("fs.json")
+    }
+    pub fn da_path(&self) -> PathBuf {
+        self.root.join("da.json")
     }
     pub fn socket_path(&self) -> PathBuf {
         self.root.join("daemon.sock")
@@ -203,6 +237,14 @@ impl Home {
 
     pub fn save_file_systems(&self, r: &FsRegistry) -> Result<()> {
         write_json(&self.fs_path(), r)
+    }
+
+    pub fn arrays(&self) -> Result<DaRegistry> {
+        Ok(read_json(&self.da_path())?.unwrap_or_default())
+    }
+
+    pub fn save_arrays(&self, r: &DaRegistry) -> Result<()> {
+        write_json(&self.da_path(), r)
     }
 }
 

@@ -1,4 +1,5 @@
-//! A real kernel mount of a Tessera file system on file-backed drives, unmounted on drop.
+//! A real kernel mount of a Tessera file system on file-backed drives or on vdisks,
+//! unmounted on drop. The including test file picks the backend with `BACKEND`.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -8,12 +9,27 @@ use tessera_drive::{BlockDevice, FileDrive};
 use tessera_fs::{DiskSpec, FileSystem, FormatOptions};
 use tessera_nsd::descriptor::{write_descriptor, NsdDescriptor};
 use tessera_nsd::{DiskUsage, NsdId};
+use tessera_vdisk::{Code, DaOptions, DeclusteredArray, PdiskSpec, VdiskSize};
+
+/// What the NSDs of the test file system are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// One sparse file per NSD.
+    Drives,
+    /// One 8+2p vdisk per NSD, carved from one declustered array of 12 file-backed pdisks
+    /// in 6 enclosures, with the file-system block size as the vdisk block size.
+    Vdisks,
+}
+
+const PDISKS: usize = 12;
+const ENCLOSURES: usize = 6;
 
 pub struct Mounted {
     pub dir: tempfile::TempDir,
     pub fs: Option<Arc<FileSystem>>,
     mount: Option<tessera_fuse::FuseMount>,
     disks: Vec<NsdId>,
+    array: Option<Arc<DeclusteredArray>>,
 }
 
 /// True when this process can mount FUSE file systems (root and /dev/fuse).
@@ -38,15 +54,25 @@ impl Mounted {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
+        let array = match crate::BACKEND {
+            Backend::Drives => None,
+            Backend::Vdisks => Some(create_array(dir.path(), disk_count, disk_bytes, &opts)),
+        };
         let mut ids = Vec::new();
         let mut specs = Vec::new();
         for i in 0..disk_count {
-            let path = dir.path().join(format!("d{i}"));
-            std::fs::File::create(&path)
-                .unwrap()
-                .set_len(disk_bytes)
-                .unwrap();
-            let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
+            let dev: Arc<dyn BlockDevice> = match &array {
+                None => {
+                    let path = dir.path().join(format!("d{i}"));
+                    std::fs::File::create(&path)
+                        .unwrap()
+                        .set_len(disk_bytes)
+                        .unwrap();
+                    Arc::new(FileDrive::open(&path).unwrap())
+                }
+                Some(da) => da.vdisk(&format!("vd{i}")).unwrap(),
+            };
+            let disk_bytes = dev.size_bytes();
             let id = NsdId::random();
             let nd = NsdDescriptor {
                 id,
@@ -72,6 +98,7 @@ impl Mounted {
             fs: None,
             mount: None,
             disks: ids,
+            array,
         };
         m.mount();
         m
@@ -90,8 +117,12 @@ impl Mounted {
             .iter()
             .enumerate()
             .map(|(i, id)| {
-                let dev: Arc<dyn BlockDevice> =
-                    Arc::new(FileDrive::open(&self.dir.path().join(format!("d{i}"))).unwrap());
+                let dev: Arc<dyn BlockDevice> = match &self.array {
+                    None => {
+                        Arc::new(FileDrive::open(&self.dir.path().join(format!("d{i}"))).unwrap())
+                    }
+                    Some(da) => da.vdisk(&format!("vd{i}")).unwrap(),
+                };
                 (*id, dev)
             })
             .collect()
@@ -134,7 +165,50 @@ impl Drop for Mounted {
             let _ = fs.unmount();
         }
         let _ = tessera_fuse::cleanup_stale_mount(&self.mnt());
+        if let Some(da) = self.array.take() {
+            let _ = da.close();
+        }
     }
+}
+
+/// A declustered array with one 8+2p vdisk `vd{i}` of `disk_bytes` per NSD.
+fn create_array(
+    dir: &Path,
+    disk_count: usize,
+    disk_bytes: u64,
+    opts: &FormatOptions,
+) -> Arc<DeclusteredArray> {
+    // Room for the data, the parity (10/8), one pdisk's worth of spare, strip headers and
+    // the array's metadata.
+    let pdisk_bytes =
+        (disk_count as u64 * disk_bytes * 10 / 8 / (PDISKS as u64 - 1)) * 5 / 4 + (64 << 20);
+    let pdisks: Vec<PdiskSpec> = (0..PDISKS)
+        .map(|i| {
+            let device = dir.join(format!("pdisk{i}"));
+            std::fs::File::create(&device)
+                .unwrap()
+                .set_len(pdisk_bytes / 4096 * 4096)
+                .unwrap();
+            PdiskSpec {
+                name: format!("p{i}"),
+                device,
+                enclosure: format!("e{}", i % ENCLOSURES),
+                slot: (i / ENCLOSURES) as u32 + 1,
+            }
+        })
+        .collect();
+    let da = DeclusteredArray::create("da1", &pdisks, DaOptions::default()).unwrap();
+    let code = Code::ReedSolomon { k: 8, m: 2 };
+    for i in 0..disk_count {
+        da.create_vdisk(
+            &format!("vd{i}"),
+            code,
+            u64::from(opts.block_size),
+            VdiskSize::Bytes(disk_bytes),
+        )
+        .unwrap();
+    }
+    da
 }
 
 pub fn small_fs() -> FormatOptions {

@@ -11,9 +11,11 @@ use crate::output::{Table, YRecord};
 use crate::rpc::{NsdSpec, Reply, Request};
 
 /// A stanza's device as an absolute path: `nvme0n1` is `/dev/nvme0n1`, a relative path
-/// with a slash is relative to the current directory (the daemon runs elsewhere).
+/// with a slash is relative to the current directory (the daemon runs elsewhere), and
+/// `vdisk:NAME` stays as it is.
 pub fn resolve_device(device: &str) -> Result<String> {
-    if device.starts_with('/') {
+    // `vdisk:NAME` names a vdisk of a declustered array on this node.
+    if device.starts_with('/') || device.starts_with("vdisk:") {
         return Ok(device.to_string());
     }
     if !device.contains('/') {
@@ -112,6 +114,9 @@ fn rewrite_stanzas(text: &str, stanzas: &[NsdStanza], names: &[String]) -> Strin
 }
 
 fn devtype(device: &str) -> &'static str {
+    if device.starts_with("vdisk:") {
+        return "vdisk";
+    }
     let block = std::fs::metadata(device)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);

@@ -1,30 +1,447 @@
-//! Declustered arrays, vdisks and pdisks in the daemon.
+//! Declustered arrays, vdisks and pdisks in the daemon. The daemon opens every array of
+//! `da.json` at startup (before remounting file systems, whose NSDs may be vdisks) and
+//! closes them cleanly at shutdown, after the file systems.
+//!
+//! A vdisk becomes an NSD through a `%nsd` stanza with `device=vdisk:NAME`; the NSD layer
+//! then writes its descriptor on the vdisk like on any drive.
 
-use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use tessera_vdisk::{
+    Code, DaOptions, DaStatus, DeclusteredArray, PdiskSpec, Progress, Tolerance, Vdisk, VdiskSize,
+};
 
 use super::{Daemon, Reporter};
-use crate::rpc::{Reply, Request};
+use crate::config::{DaRecord, PdiskRecord};
+use crate::rpc::{DaRow, PdiskAction, PdiskRow, PdiskSpecWire, Reply, Request, TaskRow, VdiskRow};
 
-impl Daemon {
-    pub(super) fn da_request(&self, request: Request, _r: &mut Reporter) -> Result<Reply> {
-        bail!(
-            "{}: declustered arrays are not available in this build yet",
-            request_name(&request)
-        )
+/// How an NSD device string names a vdisk.
+pub const VDISK_DEVICE_PREFIX: &str = "vdisk:";
+
+/// The vdisk an NSD device string names, if it names one.
+pub fn vdisk_device_name(device: &str) -> Option<&str> {
+    device.strip_prefix(VDISK_DEVICE_PREFIX)
+}
+
+fn tolerance_text(t: Tolerance) -> String {
+    let pdisks = match t.pdisks {
+        1 => "1 pdisk".to_string(),
+        n => format!("{n} pdisks"),
+    };
+    match t.enclosures {
+        0 => format!("{pdisks}, no enclosure"),
+        1 => format!("{pdisks} or 1 enclosure"),
+        n => format!("{pdisks} or {n} enclosures"),
     }
 }
 
-fn request_name(request: &Request) -> &'static str {
-    match request {
-        Request::DaCreate { .. } => "da create",
-        Request::DaList => "da ls",
-        Request::DaScrub { .. } => "da scrub",
-        Request::VdiskCreate { .. } => "vdisk create",
-        Request::VdiskList => "vdisk ls",
-        Request::VdiskDelete { .. } => "vdisk delete",
-        Request::PdiskList => "pdisk ls",
-        Request::PdiskChange { .. } => "pdisk change",
-        Request::PdiskReplace { .. } => "pdisk replace",
-        _ => "request",
+fn task_row(task: &str, p: &Progress) -> Option<TaskRow> {
+    if !p.active && p.passes == 0 {
+        return None;
+    }
+    let mut remark = Vec::new();
+    if p.repaired > 0 {
+        remark.push(format!("{} repaired", p.repaired));
+    }
+    if p.parity_mismatches > 0 {
+        remark.push(format!("{} parity mismatches fixed", p.parity_mismatches));
+    }
+    if p.unrecoverable > 0 {
+        remark.push(format!("{} stripes unrecoverable", p.unrecoverable));
+    }
+    Some(TaskRow {
+        task: task.to_string(),
+        done: p.done,
+        total: p.total,
+        bytes: p.bytes,
+        rate_bytes_s: p.rate_bytes_s as f64,
+        eta_seconds: p.eta_s,
+        finished: !p.active,
+        remark: remark.join(", "),
+    })
+}
+
+fn da_row(s: &DaStatus) -> DaRow {
+    let mut enclosures: Vec<&str> = s.pdisks.iter().map(|p| p.enclosure.as_str()).collect();
+    enclosures.sort_unstable();
+    enclosures.dedup();
+    let state = match s.state {
+        tessera_vdisk::DaState::Ok => "ok",
+        tessera_vdisk::DaState::Degraded => "degraded",
+        tessera_vdisk::DaState::DataLoss => "data loss",
+    };
+    DaRow {
+        name: s.name.clone(),
+        pdisks: s.pdisks.len() as u32,
+        enclosures: enclosures.len() as u32,
+        state: state.to_string(),
+        capacity_bytes: s.capacity_bytes,
+        free_bytes: s.free_bytes,
+        spare_bytes: s.spare_bytes,
+        vdisks: s.vdisks.len() as u32,
+        tasks: [task_row("rebuild", &s.rebuild), task_row("scrub", &s.scrub)]
+            .into_iter()
+            .flatten()
+            .collect(),
+    }
+}
+
+impl Daemon {
+    /// Opens every array of `da.json`. An array that cannot be opened is logged and left
+    /// out: its vdisks' NSDs then show as down, and the rest of the node works.
+    pub(super) fn open_arrays_at_start(&self) {
+        let registry = match self.home.arrays() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot read the array registry: {e:#}");
+                return;
+            }
+        };
+        for rec in registry.arrays {
+            let devices: Vec<PathBuf> = rec
+                .pdisks
+                .iter()
+                .map(|p| PathBuf::from(&p.device))
+                .collect();
+            match DeclusteredArray::open(&rec.name, &devices) {
+                Ok(da) => {
+                    let report = da.recovery_report();
+                    if report.dirty_regions > 0 {
+                        tracing::info!(
+                            "declustered array {}: resynchronised {} dirty regions after an \
+                             unclean shutdown ({} stripes, {} torn sectors accepted, {} strips lost)",
+                            rec.name,
+                            report.dirty_regions,
+                            report.stripes_resynced,
+                            report.torn_sectors,
+                            report.lost_strips
+                        );
+                    }
+                    tracing::info!("declustered array {} open", rec.name);
+                    self.arrays.lock().insert(rec.name.clone(), da);
+                }
+                Err(e) => tracing::error!("declustered array {}: cannot open: {e}", rec.name),
+            }
+        }
+    }
+
+    /// Closes every array cleanly (flushes, clears dirty regions) so the next open needs no
+    /// resynchronisation. Runs after the file systems are unmounted.
+    pub(super) fn close_arrays(&self) {
+        let arrays = std::mem::take(&mut *self.arrays.lock());
+        for (name, da) in arrays {
+            match da.close() {
+                Ok(()) => tracing::info!("declustered array {name} closed"),
+                Err(e) => tracing::error!("declustered array {name}: close failed: {e}"),
+            }
+        }
+    }
+
+    /// The vdisk of that name, from whichever array holds it.
+    pub(super) fn find_vdisk(&self, name: &str) -> Option<Arc<Vdisk>> {
+        self.arrays.lock().values().find_map(|da| da.vdisk(name))
+    }
+
+    fn array(&self, name: &str) -> Result<Arc<DeclusteredArray>> {
+        let arrays = self.arrays.lock();
+        if let Some(da) = arrays.get(name) {
+            return Ok(Arc::clone(da));
+        }
+        if self.home.arrays()?.get(name).is_some() {
+            bail!(
+                "declustered array {name} is registered but could not be opened at startup; \
+                 see the daemon log, fix the drives, and restart the daemon"
+            );
+        }
+        let known: Vec<&str> = arrays.keys().map(String::as_str).collect();
+        if known.is_empty() {
+            bail!("declustered array {name} does not exist; create one with `tessera da create`");
+        }
+        bail!(
+            "declustered array {name} does not exist; known arrays: {}",
+            known.join(", ")
+        )
+    }
+
+    /// The array holding pdisk `name` (pdisk names are unique on a node).
+    fn array_of_pdisk(&self, name: &str) -> Result<Arc<DeclusteredArray>> {
+        let arrays = self.arrays.lock();
+        arrays
+            .values()
+            .find(|da| da.status().pdisks.iter().any(|p| p.name == name))
+            .cloned()
+            .ok_or_else(|| anyhow!("pdisk {name} does not exist; `tessera pdisk ls` lists them"))
+    }
+
+    pub(super) fn da_request(&self, request: Request, r: &mut Reporter) -> Result<Reply> {
+        match request {
+            Request::DaCreate {
+                name,
+                pdisks,
+                spare_pdisks,
+                verify,
+            } => self.da_create(&name, &pdisks, spare_pdisks, verify, r),
+            Request::DaList => Ok(Reply::Das(
+                self.arrays
+                    .lock()
+                    .values()
+                    .map(|da| da_row(&da.status()))
+                    .collect(),
+            )),
+            Request::DaScrub { name } => {
+                self.array(&name)?.start_scrub();
+                Ok(Reply::Done)
+            }
+            Request::VdiskCreate {
+                name,
+                da,
+                code,
+                block_size,
+                size_bytes,
+                size_percent,
+            } => self.vdisk_create(&name, &da, &code, block_size, size_bytes, size_percent),
+            Request::VdiskList => Ok(Reply::Vdisks(self.vdisk_rows(None)?)),
+            Request::VdiskDelete { name } => self.vdisk_delete(&name),
+            Request::PdiskList => Ok(Reply::Pdisks(self.pdisk_rows())),
+            Request::PdiskChange { name, action } => {
+                let da = self.array_of_pdisk(&name)?;
+                match action {
+                    PdiskAction::Fail => da.pdisk_fail(&name)?,
+                    PdiskAction::Suspend => da.pdisk_suspend(&name)?,
+                    PdiskAction::Resume => da.pdisk_resume(&name)?,
+                }
+                Ok(Reply::Done)
+            }
+            Request::PdiskReplace { name, device_path } => self.pdisk_replace(&name, &device_path),
+            other => bail!("protocol error: {other:?} is not an array request"),
+        }
+    }
+
+    fn da_create(
+        &self,
+        name: &str,
+        pdisks: &[PdiskSpecWire],
+        spare_pdisks: Option<u32>,
+        verify: bool,
+        r: &mut Reporter,
+    ) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut registry = self.home.arrays()?;
+        if registry.get(name).is_some() {
+            bail!("declustered array {name} already exists; choose another name");
+        }
+        let nsds = self.home.nsds()?;
+        for p in pdisks {
+            if let Some(nsd) = nsds.nsds.iter().find(|n| n.device == p.device_path) {
+                bail!(
+                    "device={}: is NSD {} of this cluster; a drive is either an NSD or a \
+                     pdisk — delete the NSD first with `tessera nsd delete {}`",
+                    p.device_text,
+                    nsd.name,
+                    nsd.name
+                );
+            }
+            for other in &registry.arrays {
+                if let Some(q) = other.pdisks.iter().find(|q| q.device == p.device_path) {
+                    bail!(
+                        "device={}: is already pdisk {} of declustered array {}",
+                        p.device_text,
+                        q.name,
+                        other.name
+                    );
+                }
+                if other.pdisks.iter().any(|q| q.name == p.name) {
+                    bail!(
+                        "pdisk={}: a pdisk of that name already exists in declustered array \
+                         {}; pdisk names are unique on a node",
+                        p.name,
+                        other.name
+                    );
+                }
+            }
+        }
+        let specs: Vec<PdiskSpec> = pdisks
+            .iter()
+            .map(|p| PdiskSpec {
+                name: p.name.clone(),
+                device: PathBuf::from(&p.device_path),
+                enclosure: p.enclosure.clone(),
+                slot: p.slot,
+            })
+            .collect();
+        let opts = DaOptions {
+            spare_pdisks,
+            force: !verify,
+            ..DaOptions::default()
+        };
+        r.info(format!(
+            "tessera da create: writing labels and metadata on {} pdisks",
+            specs.len()
+        ));
+        let da = DeclusteredArray::create(name, &specs, opts)?;
+        registry.arrays.push(DaRecord {
+            name: name.to_string(),
+            pdisks: pdisks
+                .iter()
+                .map(|p| PdiskRecord {
+                    name: p.name.clone(),
+                    device: p.device_path.clone(),
+                })
+                .collect(),
+        });
+        self.home.save_arrays(&registry)?;
+        let row = da_row(&da.status());
+        self.arrays.lock().insert(name.to_string(), da);
+        Ok(Reply::Das(vec![row]))
+    }
+
+    fn vdisk_create(
+        &self,
+        name: &str,
+        da_name: &str,
+        code: &str,
+        block_size: u64,
+        size_bytes: Option<u64>,
+        size_percent: Option<u8>,
+    ) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        if let Some(existing) = self.find_vdisk(name) {
+            bail!(
+                "vdisk {name} already exists in declustered array {}; vdisk names are unique \
+                 on a node",
+                existing.array_name()
+            );
+        }
+        let da = self.array(da_name)?;
+        let code = Code::parse(code).map_err(|e| anyhow!("--code {code}: {e}"))?;
+        let size = match (size_bytes, size_percent) {
+            (Some(b), None) => VdiskSize::Bytes(b),
+            (None, Some(p)) => VdiskSize::Percent(p),
+            _ => bail!("protocol error: give the vdisk size either in bytes or in percent"),
+        };
+        da.create_vdisk(name, code, block_size, size)?;
+        Ok(Reply::Vdisks(self.vdisk_rows(Some(name))?))
+    }
+
+    fn vdisk_rows(&self, only: Option<&str>) -> Result<Vec<VdiskRow>> {
+        let nsds = self.home.nsds()?;
+        let mut rows = Vec::new();
+        for (da_name, da) in self.arrays.lock().iter() {
+            for v in da.status().vdisks {
+                if only.is_some_and(|o| o != v.name) {
+                    continue;
+                }
+                let device = format!("{VDISK_DEVICE_PREFIX}{}", v.name);
+                let state = if v.critical_stripes > 0 {
+                    format!("critical ({} stripes)", v.critical_stripes)
+                } else if v.degraded_stripes > 0 {
+                    format!("degraded ({} stripes)", v.degraded_stripes)
+                } else {
+                    "ok".to_string()
+                };
+                rows.push(VdiskRow {
+                    name: v.name.clone(),
+                    da: da_name.clone(),
+                    code: v.code.clone(),
+                    block_size: v.block_bytes,
+                    strip_size: v.strip_bytes,
+                    capacity_bytes: v.capacity_bytes,
+                    state,
+                    tolerance: tolerance_text(v.tolerance),
+                    nsd: nsds
+                        .nsds
+                        .iter()
+                        .find(|n| n.device == device)
+                        .map(|n| n.name.clone()),
+                });
+            }
+        }
+        Ok(rows)
+    }
+
+    fn vdisk_delete(&self, name: &str) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let device = format!("{VDISK_DEVICE_PREFIX}{name}");
+        if let Some(nsd) = self.home.nsds()?.nsds.iter().find(|n| n.device == device) {
+            bail!(
+                "vdisk {name} is NSD {}; delete the NSD first with `tessera nsd delete {}`",
+                nsd.name,
+                nsd.name
+            );
+        }
+        let Some(vdisk) = self.find_vdisk(name) else {
+            bail!("vdisk {name} does not exist; `tessera vdisk ls` lists the vdisks");
+        };
+        self.array(vdisk.array_name())?.delete_vdisk(name)?;
+        Ok(Reply::Done)
+    }
+
+    fn pdisk_rows(&self) -> Vec<PdiskRow> {
+        let mut rows = Vec::new();
+        for (da_name, da) in self.arrays.lock().iter() {
+            for p in da.status().pdisks {
+                let mut state = p.state.to_string();
+                if p.catching_up {
+                    state += " (catching up)";
+                }
+                rows.push(PdiskRow {
+                    name: p.name,
+                    da: da_name.clone(),
+                    device: p.device,
+                    enclosure: p.enclosure,
+                    slot: p.slot,
+                    state,
+                    capacity_bytes: p.capacity_bytes,
+                    free_bytes: p.free_bytes,
+                    read_errors: p.read_errors,
+                    write_errors: p.write_errors,
+                    checksum_errors: p.checksum_errors,
+                });
+            }
+        }
+        rows
+    }
+
+    fn pdisk_replace(&self, name: &str, device_path: &str) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut registry = self.home.arrays()?;
+        if let Some(nsd) = self
+            .home
+            .nsds()?
+            .nsds
+            .iter()
+            .find(|n| n.device == device_path)
+        {
+            bail!(
+                "--device {device_path}: is NSD {} of this cluster; use a free drive",
+                nsd.name
+            );
+        }
+        let da = self.array_of_pdisk(name)?;
+        da.pdisk_replace(name, std::path::Path::new(device_path))?;
+        if let Some(rec) = registry.get_mut(da.name()) {
+            if let Some(p) = rec.pdisks.iter_mut().find(|p| p.name == name) {
+                p.device = device_path.to_string();
+            }
+        }
+        self.home.save_arrays(&registry)?;
+        Ok(Reply::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerance_in_words() {
+        let t = |pdisks, enclosures| tolerance_text(Tolerance { pdisks, enclosures });
+        assert_eq!(t(2, 1), "2 pdisks or 1 enclosure");
+        assert_eq!(t(1, 0), "1 pdisk, no enclosure");
+        assert_eq!(t(3, 3), "3 pdisks or 3 enclosures");
+        assert_eq!(vdisk_device_name("vdisk:vd1"), Some("vd1"));
+        assert_eq!(vdisk_device_name("/dev/vd1"), None);
     }
 }

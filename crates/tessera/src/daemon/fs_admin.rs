@@ -9,7 +9,7 @@ use tessera_drive::BlockDevice;
 use tessera_fs::{AtimeMode, DiskSpec, FormatOptions, Placement};
 use tessera_nsd::{check_name, probe_in_use, InUse, NAME_RULE};
 
-use super::nsd_admin::open_nsd;
+use super::da_admin::vdisk_device_name;
 use super::{Daemon, Reporter};
 use crate::config::{FsRecord, NsdRegistry};
 use crate::rpc::{FsCreateSpec, FsShow, Reply};
@@ -19,7 +19,11 @@ use crate::rpc::{FsCreateSpec, FsShow, Reply};
 const DEFAULT_MAX_INODES_MIN: u64 = 100_000;
 
 /// Resolves the stanza's NSDs against the registry and opens them; collects every problem.
-fn resolve_disks(spec: &FsCreateSpec, nsds: &NsdRegistry) -> Result<Vec<DiskSpec>> {
+fn resolve_disks(
+    daemon: &Daemon,
+    spec: &FsCreateSpec,
+    nsds: &NsdRegistry,
+) -> Result<Vec<DiskSpec>> {
     let mut disks = Vec::new();
     let mut problems = Vec::new();
     for d in &spec.disks {
@@ -34,13 +38,31 @@ fn resolve_disks(spec: &FsCreateSpec, nsds: &NsdRegistry) -> Result<Vec<DiskSpec
             problems.push(format!("NSD {} already belongs to file system {fs}", d.nsd));
             continue;
         }
-        let device = match open_nsd(rec) {
+        let device = match daemon.open_nsd(rec) {
             Ok(dev) => dev,
             Err(e) => {
                 problems.push(format!("NSD {}: {e:#}", d.nsd));
                 continue;
             }
         };
+        // One file-system block must be one full stripe, or every block write would be a
+        // read-modify-write of parity.
+        if let Some(vdisk) = vdisk_device_name(&rec.device).and_then(|v| daemon.find_vdisk(v)) {
+            if vdisk.block_size() != u64::from(spec.block_size) {
+                problems.push(format!(
+                    "NSD {} is vdisk {} with block size {} KiB, but the file system block \
+                     size (-B) is {} KiB; one file-system block must be one full stripe: \
+                     use -B {}K or a vdisk created with --block-size {}K",
+                    d.nsd,
+                    vdisk.name(),
+                    vdisk.block_size() >> 10,
+                    spec.block_size >> 10,
+                    vdisk.block_size() >> 10,
+                    spec.block_size >> 10
+                ));
+                continue;
+            }
+        }
         if spec.verify {
             match probe_in_use(device.as_ref()) {
                 Ok(InUse::FileSystem) => problems.push(format!(
@@ -124,7 +146,7 @@ impl Daemon {
             );
         }
         let mut nsds = self.home.nsds()?;
-        let disks = resolve_disks(&spec, &nsds)?;
+        let disks = resolve_disks(self, &spec, &nsds)?;
         let opts = format_options(&spec, &disks);
         let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
         let names: Vec<String> = disks.iter().map(|d| d.nsd_name.clone()).collect();

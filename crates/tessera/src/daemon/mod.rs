@@ -35,6 +35,8 @@ pub struct Daemon {
     /// Held by every operation that changes the configuration or the set of mounts.
     admin: Mutex<()>,
     mounts: Mutex<BTreeMap<String, Mounted>>,
+    /// Declustered arrays open on this node, by name.
+    arrays: Mutex<BTreeMap<String, Arc<tessera_vdisk::DeclusteredArray>>>,
 }
 
 /// Streams `Info` and `Progress` frames to the client of one request.
@@ -75,8 +77,10 @@ pub fn run(home: Home) -> Result<()> {
         cluster,
         admin: Mutex::new(()),
         mounts: Mutex::new(BTreeMap::new()),
+        arrays: Mutex::new(BTreeMap::new()),
     });
     spawn_signal_thread(Arc::clone(&daemon))?;
+    daemon.open_arrays_at_start();
     daemon.remount_at_start();
     tracing::info!("daemon active");
     for stream in listener.incoming() {
@@ -241,6 +245,7 @@ impl Daemon {
                 Err(e) => tracing::error!("{name}: final checkpoint failed: {e}"),
             }
         }
+        self.close_arrays();
         let _ = std::fs::remove_file(self.home.socket_path());
         let _ = std::fs::remove_file(self.home.pid_path());
         tracing::info!("daemon stopped");

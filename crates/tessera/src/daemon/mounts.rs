@@ -11,7 +11,6 @@ use tessera_fs::FileSystem;
 use tessera_fuse::FuseOptions;
 use tessera_nsd::NsdId;
 
-use super::nsd_admin::open_nsd;
 use super::{Daemon, Mounted};
 use crate::config::{FsRecord, NsdRegistry};
 use crate::rpc::{PmonEntry, Reply};
@@ -60,7 +59,7 @@ impl Daemon {
             .iter()
             .map(|name| {
                 let rec = nsds.get(name)?;
-                match open_nsd(rec) {
+                match self.open_nsd(rec) {
                     Ok(dev) => Some((rec.id, dev)),
                     Err(e) => {
                         tracing::warn!("{}: NSD {name}: {e:#}", record.name);

@@ -12,20 +12,36 @@ use tessera_nsd::{
     write_descriptor, InUse, NsdDescriptor, NsdId, NAME_RULE,
 };
 
+use super::da_admin::vdisk_device_name;
 use super::{Daemon, Reporter};
 use crate::config::{now_unix, NsdRecord, NsdRegistry};
 use crate::rpc::{NsdSpec, Reply};
 
-/// Opens a device for NSD work; the drive layer's error already names the path.
-pub fn open_device(path: &str) -> Result<Arc<dyn BlockDevice>> {
-    let drive = FileDrive::open(Path::new(path)).map_err(|e| anyhow!("{e}"))?;
-    Ok(Arc::new(drive))
+impl Daemon {
+    /// Opens a device for NSD work: `vdisk:NAME` is a vdisk of an open declustered array,
+    /// anything else a drive path (the drive layer's error already names the path).
+    pub(super) fn open_device(&self, path: &str) -> Result<Arc<dyn BlockDevice>> {
+        if let Some(name) = vdisk_device_name(path) {
+            let vdisk = self.find_vdisk(name).ok_or_else(|| {
+                anyhow!(
+                    "{path}: no vdisk {name} is open on this node; `tessera vdisk ls` lists \
+                     the vdisks (an array that failed to open at startup is in the daemon log)"
+                )
+            })?;
+            return Ok(vdisk);
+        }
+        let drive = FileDrive::open(Path::new(path)).map_err(|e| anyhow!("{e}"))?;
+        Ok(Arc::new(drive))
+    }
+
+    /// Opens the device of a registered NSD and checks that it still carries that NSD's
+    /// descriptor: the descriptor, not the path, says which NSD a device is.
+    pub(super) fn open_nsd(&self, rec: &NsdRecord) -> Result<Arc<dyn BlockDevice>> {
+        open_checked(rec, self.open_device(&rec.device)?)
+    }
 }
 
-/// Opens the device of a registered NSD and checks that it still carries that NSD's
-/// descriptor: the descriptor, not the path, says which NSD a device is.
-pub fn open_nsd(rec: &NsdRecord) -> Result<Arc<dyn BlockDevice>> {
-    let dev = open_device(&rec.device)?;
+fn open_checked(rec: &NsdRecord, dev: Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>> {
     match read_descriptor(dev.as_ref())? {
         Some(d) if d.id == rec.id => Ok(dev),
         Some(d) => bail!(
@@ -49,6 +65,7 @@ pub fn open_nsd(rec: &NsdRecord) -> Result<Arc<dyn BlockDevice>> {
 
 /// Checks one stanza against the registry and the device; returns the opened device.
 fn check_spec(
+    daemon: &Daemon,
     spec: &NsdSpec,
     verify: bool,
     registry: &NsdRegistry,
@@ -72,7 +89,7 @@ fn check_spec(
             existing.name
         );
     }
-    let dev = open_device(&spec.device_path)?;
+    let dev = daemon.open_device(&spec.device_path)?;
     check_device_size(dev.as_ref())?;
     if verify {
         match probe_in_use(dev.as_ref())? {
@@ -117,7 +134,7 @@ impl Daemon {
         let mut problems = Vec::new();
         let mut devices = Vec::new();
         for spec in &specs {
-            match check_spec(spec, verify, &registry) {
+            match check_spec(self, spec, verify, &registry) {
                 Ok(dev) => devices.push(dev),
                 Err(e) => problems.push(format!("{e:#}")),
             }
@@ -201,7 +218,7 @@ impl Daemon {
         for name in names {
             let rec = registry.get(name).expect("checked above").clone();
             r.info(format!("tessera nsd delete: Processing disk {name}"));
-            match open_nsd(&rec) {
+            match self.open_nsd(&rec) {
                 Ok(dev) => erase_descriptor(dev.as_ref())?,
                 Err(e) => r.info(format!(
                     "tessera nsd delete: warning: {e:#}; NSD {name} is removed from the \

@@ -1,0 +1,172 @@
+//! A pdisk at run time: its device (absent when missing), state, error counters and free
+//! space.
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tessera_drive::{BlockDevice, FileDrive};
+
+use crate::layout::PdiskLayout;
+use crate::meta::{PdiskRecord, PdiskState};
+use crate::space::Extents;
+
+/// Opens a device path as a drive. The default opens a [`FileDrive`] (O_DIRECT); tests pass
+/// a wrapper that injects faults.
+pub type DeviceOpener = Arc<dyn Fn(&Path) -> io::Result<Arc<dyn BlockDevice>> + Send + Sync>;
+
+/// The default [`DeviceOpener`].
+pub fn file_opener() -> DeviceOpener {
+    Arc::new(|path: &Path| {
+        let drive: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(path)?);
+        Ok(drive)
+    })
+}
+
+const STATES: [PdiskState; 6] = [
+    PdiskState::Ok,
+    PdiskState::Suspended,
+    PdiskState::Missing,
+    PdiskState::Dead,
+    PdiskState::Draining,
+    PdiskState::Replaced,
+];
+
+fn state_code(s: PdiskState) -> u8 {
+    STATES.iter().position(|&x| x == s).expect("listed") as u8
+}
+
+#[derive(Debug)]
+pub struct Pdisk {
+    pub index: u16,
+    pub uuid: [u8; 16],
+    pub name: String,
+    pub enclosure: String,
+    pub slot: u32,
+    pub device_bytes: u64,
+    pub layout: PdiskLayout,
+    /// The path the device was found at (or last known, when missing).
+    pub device_path: String,
+    /// `None` when the device was not found.
+    pub dev: Option<Arc<dyn BlockDevice>>,
+    state: AtomicU8,
+    /// Resuming after a suspension: written, but not read until caught up.
+    pub catching_up: AtomicBool,
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub checksum_errors: AtomicU64,
+    /// Set by every write, cleared by a flush: which pdisks a flush must reach.
+    pub needs_flush: AtomicBool,
+    pub space: Mutex<Extents>,
+}
+
+impl Pdisk {
+    pub fn new(
+        index: u16,
+        record: &PdiskRecord,
+        layout: PdiskLayout,
+        dev: Option<Arc<dyn BlockDevice>>,
+    ) -> Pdisk {
+        let start = layout.data_start / crate::layout::SECTOR;
+        Pdisk {
+            index,
+            uuid: record.uuid,
+            name: record.name.clone(),
+            enclosure: record.enclosure.clone(),
+            slot: record.slot,
+            device_bytes: record.device_bytes,
+            layout,
+            device_path: record.device.clone(),
+            dev,
+            state: AtomicU8::new(state_code(record.state)),
+            catching_up: AtomicBool::new(false),
+            read_errors: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+            checksum_errors: AtomicU64::new(0),
+            needs_flush: AtomicBool::new(false),
+            space: Mutex::new(Extents::new(start, layout.data_sectors())),
+        }
+    }
+
+    pub fn state(&self) -> PdiskState {
+        STATES[usize::from(self.state.load(Ordering::Acquire))]
+    }
+
+    pub fn set_state(&self, s: PdiskState) {
+        self.state.store(state_code(s), Ordering::Release);
+    }
+
+    /// Strips on it can be read and are current.
+    pub fn readable(&self) -> bool {
+        self.dev.is_some() && self.state().readable() && !self.catching_up.load(Ordering::Acquire)
+    }
+
+    /// Writes must reach it.
+    pub fn writable(&self) -> bool {
+        self.dev.is_some()
+            && (self.state().readable()
+                || (self.state() == PdiskState::Suspended
+                    && self.catching_up.load(Ordering::Acquire)))
+    }
+
+    pub fn io_errors(&self) -> u64 {
+        self.read_errors.load(Ordering::Relaxed) + self.write_errors.load(Ordering::Relaxed)
+    }
+
+    fn device(&self) -> io::Result<&Arc<dyn BlockDevice>> {
+        self.dev.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("pdisk {}: device {} is missing", self.name, self.device_path),
+            )
+        })
+    }
+
+    /// Reads and counts a failure.
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let r = self.device()?.read_at(buf, offset);
+        if r.is_err() {
+            self.read_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Writes, marks the pdisk for the next flush, and counts a failure.
+    pub fn write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let r = self.device()?.write_at(buf, offset);
+        // Set after the write completed: a flush that began earlier may have missed it, so
+        // the next flush must not be skipped.
+        self.needs_flush.store(true, Ordering::Release);
+        if r.is_err() {
+            self.write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Flushes when something was written since the last flush.
+    pub fn flush_if_needed(&self) -> io::Result<()> {
+        if !self.needs_flush.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let r = self.device()?.flush();
+        if r.is_err() {
+            self.needs_flush.store(true, Ordering::Release);
+            self.write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    pub fn record(&self) -> PdiskRecord {
+        PdiskRecord {
+            uuid: self.uuid,
+            name: self.name.clone(),
+            device: self.device_path.clone(),
+            enclosure: self.enclosure.clone(),
+            slot: self.slot,
+            device_bytes: self.device_bytes,
+            state: self.state(),
+        }
+    }
+}

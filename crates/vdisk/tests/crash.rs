@@ -1,0 +1,233 @@
+//! Crash consistency of vdisk writes: a child process writes full stripes and partial
+//! stripes, flushing now and then, and records in a ledger each write before it starts and
+//! each flush after it returned. The parent kills it with SIGKILL at a random moment,
+//! reopens the array (which resynchronises the dirty regions), and checks every sector:
+//! it must hold the last write that a flush made durable, or one of the writes issued
+//! after that flush (each sector is atomic). Then a scrub must find every stripe
+//! consistent: no checksum failure, no parity mismatch.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::sync::Mutex;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use tessera_drive::{AlignedBuf, BlockDevice};
+use tessera_vdisk::{Code, DaOptions, DeclusteredArray, VdiskSize};
+
+const ITERATIONS: usize = 10;
+const BLOCK: u64 = 256 << 10;
+const VDISK_BYTES: u64 = 72 << 20;
+const SECTOR: u64 = 4096;
+
+/// The content of sector `sector` as written by write `id`: the id and sector number
+/// first (to identify it), then pseudo-random bytes.
+fn sector_content(id: u64, sector: u64, out: &mut [u8]) {
+    let p = pattern(SECTOR as usize, id.wrapping_mul(1_000_003) ^ sector);
+    out.copy_from_slice(&p);
+    out[..8].copy_from_slice(&id.to_le_bytes());
+    out[8..16].copy_from_slice(&sector.to_le_bytes());
+}
+
+fn write_content(id: u64, first_sector: u64, sectors: u64) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed((sectors * SECTOR) as usize);
+    for (i, chunk) in buf.chunks_mut(SECTOR as usize).enumerate() {
+        sector_content(id, first_sector + i as u64, chunk);
+    }
+    buf
+}
+
+struct Ledger(std::fs::File);
+
+impl Ledger {
+    fn record(&mut self, line: &str) {
+        writeln!(self.0, "{line}").unwrap();
+        self.0.sync_data().unwrap();
+    }
+}
+
+/// Writer threads in the child: more writes in flight when the kill lands.
+const WRITERS: u64 = 3;
+
+#[test]
+#[ignore = "entry point of the crash child; run by crash_loop"]
+fn crash_child() {
+    let Ok(dir) = std::env::var("TESSERA_VDISK_CRASH_DIR") else {
+        return;
+    };
+    let iteration: u64 = std::env::var("TESSERA_VDISK_CRASH_ITER").unwrap().parse().unwrap();
+    let paths: Vec<_> = (0..12).map(|i| Path::new(&dir).join(format!("pd{i:02}"))).collect();
+    let da = DeclusteredArray::open("da1", &paths).unwrap();
+    let v = da.vdisk("v").unwrap();
+    let ledger = Mutex::new(Ledger(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(format!("{dir}/ledger-{iteration}"))
+            .unwrap(),
+    ));
+    std::thread::scope(|s| {
+        for writer in 0..WRITERS {
+            let (v, ledger) = (&v, &ledger);
+            s.spawn(move || write_loop(v.as_ref(), ledger, iteration, writer));
+        }
+    });
+}
+
+/// One writer: whole blocks and partial blocks, only in blocks `b % WRITERS == writer` so
+/// that no two writers touch the same sector (their order is then the ledger's order).
+fn write_loop(v: &dyn BlockDevice, ledger: &Mutex<Ledger>, iteration: u64, writer: u64) {
+    let mut rng = (iteration * WRITERS + writer).wrapping_mul(6_364_136_223_846_793_005) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let block_sectors = BLOCK / SECTOR;
+    let blocks = VDISK_BYTES / BLOCK;
+    for step in 0u64.. {
+        let id = ((iteration + 1) * 1_000_000 + step) * WRITERS + writer;
+        // Mostly the first 64 MiB (one dirty region), sometimes the tail.
+        let span = if next() % 10 == 0 { blocks } else { blocks * 2 / 3 };
+        let block = (next() % (span / WRITERS)) * WRITERS + writer;
+        let (first, sectors) = if next() % 3 == 0 {
+            (block * block_sectors, block_sectors)
+        } else {
+            let sectors = 1 + next() % block_sectors;
+            let at = next() % (block_sectors - sectors + 1);
+            (block * block_sectors + at, sectors)
+        };
+        ledger.lock().unwrap().record(&format!("W {id} {first} {sectors}"));
+        v.write_at(&write_content(id, first, sectors), first * SECTOR).unwrap();
+        if next() % 4 == 0 {
+            v.flush().unwrap();
+            ledger.lock().unwrap().record(&format!("D {id}"));
+        }
+    }
+}
+
+/// The writes of one child run (in the order they started) and those made durable.
+fn read_ledger(path: &Path) -> (Vec<(u64, u64, u64)>, HashSet<u64>) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut writes = Vec::new();
+    let mut durable = HashSet::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        match f.as_slice() {
+            ["W", id, first, n] => {
+                writes.push((id.parse().unwrap(), first.parse().unwrap(), n.parse().unwrap()))
+            }
+            ["D", id] => {
+                durable.insert(id.parse().unwrap());
+            }
+            _ => {} // a torn last line
+        }
+    }
+    (writes, durable)
+}
+
+/// Checks every sector against the ledger and updates `baseline` (the write id each sector
+/// holds, 0 = never written) to what was found.
+fn verify(
+    v: &dyn BlockDevice,
+    baseline: &mut [u64],
+    writes: &[(u64, u64, u64)],
+    durable: &HashSet<u64>,
+) -> u64 {
+    let total = baseline.len() as u64;
+    let mut cands: Vec<Vec<u64>> = baseline.iter().map(|&b| vec![b]).collect();
+    for &(id, first, n) in writes {
+        for s in first..first + n {
+            let c = &mut cands[s as usize];
+            // A flush after a write covers every earlier write of the same writer, and
+            // only one writer touches a sector.
+            if durable.contains(&id) {
+                c.clear();
+            }
+            c.push(id);
+        }
+    }
+    let chunk = 4 << 20;
+    let mut checked = 0;
+    let mut expect = vec![0u8; SECTOR as usize];
+    for start in (0..total * SECTOR).step_by(chunk) {
+        let got = read(v, start, chunk).unwrap();
+        for (i, sector) in got.chunks(SECTOR as usize).enumerate() {
+            let s = start / SECTOR + i as u64;
+            let id = u64::from_le_bytes(sector[..8].try_into().unwrap());
+            let ok = if sector.iter().all(|&b| b == 0) {
+                cands[s as usize].contains(&0)
+            } else if cands[s as usize].contains(&id) {
+                sector_content(id, s, &mut expect);
+                sector[..] == expect[..]
+            } else {
+                false
+            };
+            assert!(ok, "sector {s}: holds write {id}, expected one of {:?}", cands[s as usize]);
+            baseline[s as usize] = if sector.iter().all(|&b| b == 0) { 0 } else { id };
+            if cands[s as usize].len() == 1 && cands[s as usize][0] != 0 {
+                checked += 1;
+            }
+        }
+    }
+    checked
+}
+
+#[test]
+fn crash_loop() {
+    let t = make_pdisks(12, 6, 64 * MIB);
+    let da = create(&t, DaOptions::default());
+    da.create_vdisk("v", Code::parse("8+2p").unwrap(), BLOCK, VdiskSize::Bytes(VDISK_BYTES)).unwrap();
+    da.close().unwrap();
+    drop(da);
+    let exe = std::env::current_exe().unwrap();
+    let iterations = std::env::var("TESSERA_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ITERATIONS);
+    let mut baseline = vec![0u64; (VDISK_BYTES / SECTOR) as usize];
+    let (mut resynced, mut durable_sectors, mut writes_total) = (0, 0, 0);
+    for iteration in 0..iterations {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "crash_child", "--ignored", "--nocapture"])
+            .env("TESSERA_VDISK_CRASH_DIR", t.dir.path())
+            .env("TESSERA_VDISK_CRASH_ITER", iteration.to_string())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let delay_ms = 250 + (iteration as u64 * 7919) % 500;
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("crash child exited on its own: {status}");
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+
+        let da = DeclusteredArray::open("da1", &t.paths()).unwrap();
+        let r = da.recovery_report();
+        resynced += r.stripes_resynced;
+        assert_eq!(r.lost_strips, 0, "{r:?}");
+        let v = da.vdisk("v").unwrap();
+        let (writes, durable) = read_ledger(&t.dir.path().join(format!("ledger-{iteration}")));
+        writes_total += writes.len();
+        durable_sectors += verify(v.as_ref(), &mut baseline, &writes, &durable);
+        let scrub = da.scrub_now().unwrap();
+        assert_eq!(
+            (scrub.repaired_sectors, scrub.parity_mismatches, scrub.unrecoverable),
+            (0, 0, 0),
+            "iteration {iteration}: stripes inconsistent after recovery: {scrub:?}, recovery {r:?}"
+        );
+        da.close().unwrap();
+    }
+    eprintln!(
+        "{iterations} crashes, {writes_total} writes, {resynced} stripes resynchronised, \
+         {durable_sectors} sectors checked against durable writes"
+    );
+    assert!(writes_total > iterations * 5, "the workload made too little progress to test");
+    assert!(resynced > 0, "no crash left a stripe to resynchronise");
+}
