@@ -96,6 +96,61 @@ impl Node {
         path
     }
 
+    /// Creates declustered array `da1` of 12 pdisk files of `pdisk_bytes` in 6 enclosures
+    /// (two slots each) and returns the %pdisk stanza file.
+    pub fn pdisk_stanza(&self, pdisk_bytes: u64) -> PathBuf {
+        let mut text = String::from("# twelve drives in six JBOFs\n");
+        for e in 1..=6 {
+            for slot in 1..=2 {
+                let dev = self.drive(&format!("jbof{e}-slot{slot}"), pdisk_bytes);
+                text += &format!(
+                    "%pdisk: pdisk=e{e}s{slot} device={} enclosure=jbof{e} slot={slot}\n",
+                    dev.display()
+                );
+            }
+        }
+        let path = self.path("pdisks.stanza");
+        std::fs::write(&path, text).expect("write stanza");
+        path
+    }
+
+    /// Array `da1` (see [`Node::pdisk_stanza`]) with `count` 8+2p vdisks `{prefix}0..` of
+    /// `vdisk_size` and block size `block`, and a %nsd stanza file naming them as NSDs.
+    pub fn vdisk_stanza(
+        &self,
+        prefix: &str,
+        count: usize,
+        vdisk_size: &str,
+        block: &str,
+    ) -> PathBuf {
+        let pdisks = self.pdisk_stanza(512 << 20);
+        self.ok(&["da", "create", "da1", "-F", s(&pdisks)]);
+        let mut text = String::new();
+        for i in 0..count {
+            let name = format!("{prefix}{i}");
+            self.ok(&[
+                "vdisk",
+                "create",
+                &name,
+                "--da",
+                "da1",
+                "--code",
+                "8+2p",
+                "--block-size",
+                block,
+                "--size",
+                vdisk_size,
+            ]);
+            text += &format!(
+                "%nsd: device=vdisk:{name} nsd={name} usage=dataAndMetadata failureGroup={} pool=system\n",
+                i + 1
+            );
+        }
+        let path = self.path(&format!("{prefix}.stanza"));
+        std::fs::write(&path, text).expect("write stanza");
+        path
+    }
+
     pub fn drive(&self, name: &str, bytes: u64) -> PathBuf {
         let path = self.path(name);
         let f = std::fs::File::create(&path).expect("create drive");
