@@ -150,6 +150,27 @@ pub enum PdiskCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
+    /// Raw drives against a vdisk built on them: sequential write and read, and rebuild.
+    /// DESTROYS the data on the drives of the stanza file.
+    Vdisk {
+        /// %pdisk stanza file naming scratch drives.
+        #[arg(short = 'F')]
+        stanza_file: PathBuf,
+        #[arg(long = "code", default_value = "8+2p")]
+        code: String,
+        /// Vdisk block size (one full stripe); every I/O is one block.
+        #[arg(long = "block-size", default_value = "1M")]
+        block_size: String,
+        /// Data written to the vdisk (and, times (k+m)/k, to the raw drives).
+        #[arg(long = "size", default_value = "2G")]
+        size: String,
+        /// Writer and reader threads on the vdisk.
+        #[arg(long = "threads", default_value_t = 4)]
+        threads: usize,
+        /// Also fail one pdisk and measure the rebuild and a foreground read meanwhile.
+        #[arg(long = "rebuild")]
+        rebuild: bool,
+    },
     /// Erasure-code encode and decode speed on one core.
     Ec {
         /// The code: 8+2p, 4+3p, ..., 3WayReplication, 4WayReplication.
