@@ -14,9 +14,7 @@ use crate::cache::HeaderCache;
 use crate::dirty::{self, DirtyMap};
 use crate::error::VdiskError;
 use crate::layout::{self, SECTOR, SECTOR_USIZE};
-use crate::meta::{
-    DaConfig, MetaImage, PdiskState, StaleStrip, VdiskRecord, META_FORMAT,
-};
+use crate::meta::{DaConfig, MetaImage, PdiskState, StaleStrip, VdiskRecord, META_FORMAT};
 use crate::pdisk::{DeviceOpener, Pdisk};
 use crate::status::Progress;
 
@@ -310,7 +308,11 @@ impl DaCore {
     /// earlier open of the array).
     pub fn next_version(&self) -> u64 {
         let v = self.version.fetch_add(1, Ordering::AcqRel) + 1;
-        assert_eq!(v >> EPOCH_SHIFT, self.write_epoch, "stripe version counter overflow");
+        assert_eq!(
+            v >> EPOCH_SHIFT,
+            self.write_epoch,
+            "stripe version counter overflow"
+        );
         v
     }
 
@@ -450,7 +452,10 @@ impl DaCore {
             self.set_pdisk_state(
                 pd,
                 PdiskState::Dead,
-                &format!("{} I/O errors (limit {limit}); last: {what}: {err}", pd.io_errors()),
+                &format!(
+                    "{} I/O errors (limit {limit}); last: {what}: {err}",
+                    pd.io_errors()
+                ),
             );
             return true;
         }
@@ -605,7 +610,9 @@ impl DaCore {
 
     /// Frees a slot once the next metadata write no longer references it.
     pub fn free_after_persist(&self, loc: Loc, sectors: u64) {
-        self.pending_free.lock().push((loc.pdisk, loc.sector, sectors));
+        self.pending_free
+            .lock()
+            .push((loc.pdisk, loc.sector, sectors));
     }
 
     /// Makes bitmap version `need` durable (no-op if it already is).
@@ -691,7 +698,6 @@ impl DaCore {
         }
         Ok(())
     }
-
 }
 
 /// Writes `buf` at a per-pdisk offset on every target in parallel, then flushes each.

@@ -149,7 +149,12 @@ fn check_unused(dev: &dyn BlockDevice, path: &Path, force: bool) -> Result<(), V
     let s = read_sector0(dev, path)?;
     let device = path.display().to_string();
     match Label::decode(&s) {
-        Ok(Some(l)) => return Err(VdiskError::DeviceInUse { device, da: l.da_name }),
+        Ok(Some(l)) => {
+            return Err(VdiskError::DeviceInUse {
+                device,
+                da: l.da_name,
+            })
+        }
         Err(_) => {
             return Err(VdiskError::DeviceInUse {
                 device,
@@ -249,7 +254,11 @@ impl DeclusteredArray {
                  usable with {count} pdisks; use fewer spares or more pdisks"
             )));
         }
-        let smallest = devs.iter().map(|d| d.size_bytes()).min().expect("non-empty");
+        let smallest = devs
+            .iter()
+            .map(|d| d.size_bytes())
+            .min()
+            .expect("non-empty");
         let config = DaConfig {
             uuid: rand::random(),
             name: name.to_string(),
@@ -289,7 +298,9 @@ impl DeclusteredArray {
         }));
         core.persist_meta()?;
         core.persist_dirty(u64::MAX)?;
-        core.event(format!("created with {count} pdisks, {spare} pdisks' worth of spare"));
+        core.event(format!(
+            "created with {count} pdisks, {spare} pdisks' worth of spare"
+        ));
         Ok(DeclusteredArray::start(core, RecoveryReport::default()))
     }
 
@@ -408,51 +419,12 @@ impl DeclusteredArray {
                 max: VDISKS_MAX,
             });
         }
-        let header_bytes = layout::strip_header_bytes(n, (strip_bytes / SECTOR) as usize) as u64;
-        let slot_sectors = (header_bytes + strip_bytes) / SECTOR;
-        let cands = candidates(core, slot_sectors);
-        let room: u64 = cands.iter().map(|c| c.capacity).sum();
-        let free_bytes = room / n as u64 * block_bytes;
-        let stripes = match size {
-            VdiskSize::Bytes(b) => b / block_bytes,
-            VdiskSize::Percent(p) => room / n as u64 * u64::from(p.min(100)) / 100,
+        let shape = Shape {
+            n,
+            block_bytes,
+            strip_bytes,
         };
-        if stripes == 0 {
-            return Err(VdiskError::NoSpace {
-                da: core.name.clone(),
-                what: format!("vdisk `{name}` (at least one {block_bytes}-byte block)"),
-                needed_bytes: block_bytes,
-                free_bytes,
-            });
-        }
-        let seed: u64 = rand::random();
-        let attempts = if matches!(size, VdiskSize::Percent(_)) { 12 } else { 1 };
-        let mut try_stripes = stripes;
-        let placed = loop {
-            match placement::place(&cands, n, try_stripes, seed) {
-                Ok(p) => break p,
-                Err(_) if try_stripes > 1 && attempts > 1 && try_stripes > stripes / 2 => {
-                    try_stripes -= (try_stripes / 50).max(1);
-                }
-                Err(_) => {
-                    return Err(VdiskError::NoSpace {
-                        da: core.name.clone(),
-                        what: format!("vdisk `{name}`"),
-                        needed_bytes: stripes * block_bytes,
-                        free_bytes,
-                    })
-                }
-            }
-        };
-        let stripes = try_stripes;
-        let (map_pdisk, map_sector) = allocate(core, &placed, slot_sectors).ok_or_else(|| {
-            VdiskError::NoSpace {
-                da: core.name.clone(),
-                what: format!("vdisk `{name}` (free space is fragmented)"),
-                needed_bytes: stripes * block_bytes,
-                free_bytes,
-            }
-        })?;
+        let (stripes, slot_sectors, map_pdisk, map_sector) = layout_vdisk(core, name, shape, size)?;
         let id = core.settings.lock().next_vdisk_id;
         let record = VdiskRecord {
             id,
@@ -544,7 +516,8 @@ impl DeclusteredArray {
             return Err(state_error(&pd, "fail it"));
         }
         pd.catching_up.store(false, Ordering::Release);
-        self.core.set_pdisk_state(&pd, PdiskState::Dead, "failed by the administrator");
+        self.core
+            .set_pdisk_state(&pd, PdiskState::Dead, "failed by the administrator");
         self.core.persist_meta()
     }
 
@@ -555,7 +528,8 @@ impl DeclusteredArray {
         if !pd.state().readable() {
             return Err(state_error(&pd, "suspend it"));
         }
-        self.core.set_pdisk_state(&pd, PdiskState::Suspended, "suspended by the administrator");
+        self.core
+            .set_pdisk_state(&pd, PdiskState::Suspended, "suspended by the administrator");
         self.core.persist_meta()
     }
 
@@ -565,11 +539,16 @@ impl DeclusteredArray {
     pub fn pdisk_resume(&self, name: &str) -> Result<(), VdiskError> {
         let pd = self.core.pdisk_by_name(name)?;
         if pd.state() != PdiskState::Suspended || pd.dev.is_none() {
-            return Err(state_error(&pd, "resume it (only a suspended pdisk can be resumed; \
-                                         a dead or missing one is replaced)"));
+            return Err(state_error(
+                &pd,
+                "resume it (only a suspended pdisk can be resumed; \
+                                         a dead or missing one is replaced)",
+            ));
         }
         pd.catching_up.store(true, Ordering::Release);
-        self.core.event(format!("pdisk {name}: resuming, catching up skipped writes"));
+        self.core.event(format!(
+            "pdisk {name}: resuming, catching up skipped writes"
+        ));
         self.core.kick();
         Ok(())
     }
@@ -581,7 +560,8 @@ impl DeclusteredArray {
         if pd.state() != PdiskState::Ok {
             return Err(state_error(&pd, "drain it"));
         }
-        self.core.set_pdisk_state(&pd, PdiskState::Draining, "drain requested");
+        self.core
+            .set_pdisk_state(&pd, PdiskState::Draining, "drain requested");
         self.core.persist_meta()
     }
 
@@ -595,7 +575,12 @@ impl DeclusteredArray {
 
     /// [`DeclusteredArray::pdisk_replace`], with `force` to overwrite a device that
     /// carries a label of another array or an NSD descriptor.
-    pub fn pdisk_replace_with(&self, name: &str, device: &Path, force: bool) -> Result<(), VdiskError> {
+    pub fn pdisk_replace_with(
+        &self,
+        name: &str,
+        device: &Path,
+        force: bool,
+    ) -> Result<(), VdiskError> {
         let core = &self.core;
         let old = core.pdisk_by_name(name)?;
         if old.state() == PdiskState::Replaced {
@@ -620,23 +605,39 @@ impl DeclusteredArray {
         };
         let config = core.image().da;
         let index = core.pdisks.read().len();
-        write_label(dev.as_ref(), device, &label_for(&config, &record, index as u32))?;
+        write_label(
+            dev.as_ref(),
+            device,
+            &label_for(&config, &record, index as u32),
+        )?;
         let lay = PdiskLayout::new(record.device_bytes, core.meta_slot_bytes);
         let new = Arc::new(Pdisk::new(index as u16, &record, lay, Some(dev)));
         old.catching_up.store(false, Ordering::Release);
         core.pdisks.write().push(new);
-        core.set_pdisk_state(&old, PdiskState::Replaced, &format!("replaced by {}", device.display()));
+        core.set_pdisk_state(
+            &old,
+            PdiskState::Replaced,
+            &format!("replaced by {}", device.display()),
+        );
         core.persist_meta()?;
         core.kick();
         Ok(())
     }
 
-    fn check_replacement(&self, device: &Path, force: bool) -> Result<Arc<dyn BlockDevice>, VdiskError> {
+    fn check_replacement(
+        &self,
+        device: &Path,
+        force: bool,
+    ) -> Result<Arc<dyn BlockDevice>, VdiskError> {
         let core = &self.core;
         let shown = device.display().to_string();
         let id = device_identity(device);
         for p in core.pdisks.read().iter() {
-            if p.dev.is_some() && p.state().in_service() && device_identity(Path::new(&p.device_path)) == id && id.is_some() {
+            if p.dev.is_some()
+                && p.state().in_service()
+                && device_identity(Path::new(&p.device_path)) == id
+                && id.is_some()
+            {
                 return Err(VdiskError::DuplicateDevice {
                     device: shown,
                     other: format!("pdisk {} of this array", p.name),
@@ -671,7 +672,12 @@ impl DeclusteredArray {
     }
 
     /// Changes the rebuild share, scrub rate and error limit of an open array.
-    pub fn set_options(&self, rebuild_io_share: u8, scrub_rate_mb_s: u32, pdisk_error_limit: u32) -> Result<(), VdiskError> {
+    pub fn set_options(
+        &self,
+        rebuild_io_share: u8,
+        scrub_rate_mb_s: u32,
+        pdisk_error_limit: u32,
+    ) -> Result<(), VdiskError> {
         let opts = DaOptions {
             rebuild_io_share,
             scrub_rate_mb_s,
@@ -816,6 +822,70 @@ fn check_block(name: &str, code: Code, block_bytes: u64) -> Result<u64, VdiskErr
     Ok(strip)
 }
 
+/// The geometry of a vdisk being created.
+#[derive(Clone, Copy)]
+struct Shape {
+    n: usize,
+    block_bytes: u64,
+    strip_bytes: u64,
+}
+
+/// Chooses the stripes of a new vdisk and allocates their slots: (stripes, sectors per
+/// strip slot, stripe map pdisks, stripe map sectors). A percentage that the placement
+/// cannot meet exactly (enclosure caps near full pdisks) is reduced step by step.
+fn layout_vdisk(
+    core: &DaCore,
+    name: &str,
+    shape: Shape,
+    size: VdiskSize,
+) -> Result<(u64, u64, Vec<u16>, Vec<u64>), VdiskError> {
+    let Shape {
+        n,
+        block_bytes,
+        strip_bytes,
+    } = shape;
+    let header_bytes = layout::strip_header_bytes(n, (strip_bytes / SECTOR) as usize) as u64;
+    let slot_sectors = (header_bytes + strip_bytes) / SECTOR;
+    let cands = candidates(core, slot_sectors);
+    let room: u64 = cands.iter().map(|c| c.capacity).sum();
+    let free_bytes = room / n as u64 * block_bytes;
+    let wanted = match size {
+        VdiskSize::Bytes(b) => b / block_bytes,
+        VdiskSize::Percent(p) => room / n as u64 * u64::from(p.min(100)) / 100,
+    };
+    let no_space = |what: String, needed_bytes: u64| VdiskError::NoSpace {
+        da: core.name.clone(),
+        what,
+        needed_bytes,
+        free_bytes,
+    };
+    if wanted == 0 {
+        return Err(no_space(
+            format!("vdisk `{name}` (at least one {block_bytes}-byte block)"),
+            block_bytes,
+        ));
+    }
+    let seed: u64 = rand::random();
+    let shrink = matches!(size, VdiskSize::Percent(_));
+    let mut stripes = wanted;
+    let placed = loop {
+        match placement::place(&cands, n, stripes, seed) {
+            Ok(p) => break p,
+            Err(_) if shrink && stripes > 1 && stripes > wanted / 2 => {
+                stripes -= (stripes / 50).max(1);
+            }
+            Err(_) => return Err(no_space(format!("vdisk `{name}`"), wanted * block_bytes)),
+        }
+    };
+    let (map_pdisk, map_sector) = allocate(core, &placed, slot_sectors).ok_or_else(|| {
+        no_space(
+            format!("vdisk `{name}` (free space is fragmented)"),
+            stripes * block_bytes,
+        )
+    })?;
+    Ok((stripes, slot_sectors, map_pdisk, map_sector))
+}
+
 fn label_for(config: &DaConfig, record: &PdiskRecord, index: u32) -> Label {
     Label {
         da_uuid: config.uuid,
@@ -835,7 +905,11 @@ type Found = Vec<(PathBuf, Label, Arc<dyn BlockDevice>)>;
 
 /// Opens the devices and reads their labels; every device must be a pdisk of the array
 /// named `name_hint` (or of one single array when it is empty).
-fn find_labels(name_hint: &str, devices: &[PathBuf], opener: &DeviceOpener) -> Result<Found, VdiskError> {
+fn find_labels(
+    name_hint: &str,
+    devices: &[PathBuf],
+    opener: &DeviceOpener,
+) -> Result<Found, VdiskError> {
     let mut found: Found = Vec::new();
     let mut unopened = Vec::new();
     for path in devices {
@@ -915,10 +989,12 @@ fn build_core(
     generation: u64,
     found: Found,
     opener: DeviceOpener,
-) -> Result<(DaCore, Vec<(u32, u32, Vec<u8>)>), VdiskError> {
+) -> Result<(DaCore, dirty::Bits), VdiskError> {
     let config = image.da.clone();
-    let mut by_uuid: HashMap<[u8; 16], (PathBuf, Arc<dyn BlockDevice>)> =
-        found.into_iter().map(|(p, l, d)| (l.pdisk_uuid, (p, d))).collect();
+    let mut by_uuid: HashMap<[u8; 16], (PathBuf, Arc<dyn BlockDevice>)> = found
+        .into_iter()
+        .map(|(p, l, d)| (l.pdisk_uuid, (p, d)))
+        .collect();
     let mut pdisks = Vec::new();
     let mut notes = Vec::new();
     for (i, rec) in image.pdisks.iter().enumerate() {
@@ -999,15 +1075,18 @@ fn build_core(
 }
 
 /// The newest dirty bitmap found on any pdisk, with its generation.
-fn read_dirty(pdisks: &[Arc<Pdisk>], uuid: [u8; 16]) -> (u64, Vec<(u32, u32, Vec<u8>)>) {
+fn read_dirty(pdisks: &[Arc<Pdisk>], uuid: [u8; 16]) -> (u64, dirty::Bits) {
     let mut copies = Vec::new();
     for p in pdisks.iter().filter(|p| p.dev.is_some()) {
         let dev = p.dev.as_ref().expect("checked");
         for slot in 0..2 {
             let at = p.layout.dirty_slot(slot);
-            let Some((g, u, payload)) =
-                meta::read_slot(dev.as_ref(), layout::DIRTY_MAGIC, at, layout::DIRTY_SLOT_BYTES)
-            else {
+            let Some((g, u, payload)) = meta::read_slot(
+                dev.as_ref(),
+                layout::DIRTY_MAGIC,
+                at,
+                layout::DIRTY_SLOT_BYTES,
+            ) else {
                 continue;
             };
             if u == uuid {
@@ -1149,18 +1228,13 @@ fn allocate(core: &DaCore, placed: &[u16], slot_sectors: u64) -> Option<(Vec<u16
     Some((placed.to_vec(), sectors))
 }
 
-fn status(core: &DaCore) -> DaStatus {
-    let pdisks = core.pdisks.read().clone();
-    let vdisks: Vec<Arc<VdiskCore>> = core.vdisks.read().values().cloned().collect();
-    let enc = enclosure_ids(&pdisks);
-    let mut strips = vec![0u64; pdisks.len()];
-    for vd in &vdisks {
-        for s in 0..vd.stripes {
-            for i in 0..vd.n {
-                strips[usize::from(vd.loc(s, i).pdisk)] += 1;
-            }
-        }
-    }
+/// One row per pdisk, with the totals of the pdisks in service: (rows, capacity, free
+/// outside the spare reserve, spare), in bytes.
+fn pdisk_rows(
+    core: &DaCore,
+    pdisks: &[Arc<Pdisk>],
+    strips: &[u64],
+) -> (Vec<PdiskStatus>, u64, u64, u64) {
     let (mut capacity, mut free, mut spare_total) = (0u64, 0u64, 0u64);
     let rows = pdisks
         .iter()
@@ -1190,56 +1264,76 @@ fn status(core: &DaCore) -> DaStatus {
             }
         })
         .collect();
+    (rows, capacity, free, spare_total)
+}
+
+/// A vdisk's row: its stripes with unavailable strips and its actual enclosure spread.
+fn vdisk_row(
+    vd: &VdiskCore,
+    pdisks: &[Arc<Pdisk>],
+    enc: &[u32],
+    stale: &[crate::meta::StaleStrip],
+) -> VdiskStatus {
+    let (mut degraded, mut critical, mut worst_enclosure) = (0, 0, 1usize);
+    let mut per_enc: HashMap<u32, usize> = HashMap::new();
+    for s in 0..vd.stripes {
+        per_enc.clear();
+        let mut down = 0;
+        for i in 0..vd.n {
+            let loc = vd.loc(s, i);
+            let is_stale = !stale.is_empty()
+                && stale
+                    .binary_search_by_key(&(vd.id, s, i as u16), |x| {
+                        (x.vdisk_id, x.stripe, x.strip)
+                    })
+                    .is_ok();
+            if !pdisks[usize::from(loc.pdisk)].readable() || is_stale {
+                down += 1;
+            }
+            *per_enc.entry(enc[usize::from(loc.pdisk)]).or_default() += 1;
+        }
+        worst_enclosure = worst_enclosure.max(per_enc.values().copied().max().unwrap_or(1));
+        degraded += u64::from(down > 0);
+        critical += u64::from(down > vd.m);
+    }
+    VdiskStatus {
+        name: vd.name.clone(),
+        code: vd.code.to_string(),
+        block_bytes: vd.block_bytes,
+        strip_bytes: vd.strip_bytes as u64,
+        capacity_bytes: vd.capacity_bytes(),
+        tolerance: placement::tolerance(vd.m, worst_enclosure),
+        degraded_stripes: degraded,
+        critical_stripes: critical,
+        stats: crate::vdisk::stats_of(vd),
+    }
+}
+
+fn status(core: &DaCore) -> DaStatus {
+    let pdisks = core.pdisks.read().clone();
+    let vdisks: Vec<Arc<VdiskCore>> = core.vdisks.read().values().cloned().collect();
+    let enc = enclosure_ids(&pdisks);
+    let mut strips = vec![0u64; pdisks.len()];
+    for vd in &vdisks {
+        for s in 0..vd.stripes {
+            for i in 0..vd.n {
+                strips[usize::from(vd.loc(s, i).pdisk)] += 1;
+            }
+        }
+    }
+    let (rows, capacity, free, spare_total) = pdisk_rows(core, &pdisks, &strips);
     let stale = core.stale_list();
-    let mut state = DaState::Ok;
-    let vrows = vdisks
+    let vrows: Vec<VdiskStatus> = vdisks
         .iter()
-        .map(|vd| {
-            let (mut degraded, mut critical, mut worst_enclosure) = (0, 0, 1usize);
-            let mut per_enc: HashMap<u32, usize> = HashMap::new();
-            for s in 0..vd.stripes {
-                per_enc.clear();
-                let mut down = 0;
-                for i in 0..vd.n {
-                    let loc = vd.loc(s, i);
-                    let p = &pdisks[usize::from(loc.pdisk)];
-                    let is_stale = !stale.is_empty()
-                        && stale
-                            .binary_search_by_key(&(vd.id, s, i as u16), |x| {
-                                (x.vdisk_id, x.stripe, x.strip)
-                            })
-                            .is_ok();
-                    if !p.readable() || is_stale {
-                        down += 1;
-                    }
-                    *per_enc.entry(enc[usize::from(loc.pdisk)]).or_default() += 1;
-                }
-                worst_enclosure = worst_enclosure.max(per_enc.values().copied().max().unwrap_or(1));
-                if down > 0 {
-                    degraded += 1;
-                }
-                if down > vd.m {
-                    critical += 1;
-                }
-            }
-            if critical > 0 {
-                state = DaState::DataLoss;
-            } else if degraded > 0 && state == DaState::Ok {
-                state = DaState::Degraded;
-            }
-            VdiskStatus {
-                name: vd.name.clone(),
-                code: vd.code.to_string(),
-                block_bytes: vd.block_bytes,
-                strip_bytes: vd.strip_bytes as u64,
-                capacity_bytes: vd.capacity_bytes(),
-                tolerance: placement::tolerance(vd.m, worst_enclosure),
-                degraded_stripes: degraded,
-                critical_stripes: critical,
-                stats: crate::vdisk::stats_of(vd),
-            }
-        })
+        .map(|vd| vdisk_row(vd, &pdisks, &enc, &stale))
         .collect();
+    let state = if vrows.iter().any(|v| v.critical_stripes > 0) {
+        DaState::DataLoss
+    } else if vrows.iter().any(|v| v.degraded_stripes > 0) {
+        DaState::Degraded
+    } else {
+        DaState::Ok
+    };
     let settings = core.settings.lock().clone();
     DaStatus {
         name: core.name.clone(),

@@ -27,6 +27,9 @@ pub const REGION_BYTES_MIN: u64 = 64 << 20;
 /// A region is cleaned once it saw no write for this long.
 pub const CLEAN_AFTER: Duration = Duration::from_secs(1);
 
+/// Decoded bitmap contents: (vdisk id, region count, bits).
+pub type Bits = Vec<(u32, u32, Vec<u8>)>;
+
 /// Stripes per region for a vdisk of `stripes` stripes of `block_bytes`.
 pub fn region_stripes(stripes: u64, block_bytes: u64) -> u64 {
     let by_bytes = REGION_BYTES_MIN.div_ceil(block_bytes).max(1);
@@ -127,7 +130,7 @@ impl DirtyMap {
     }
 
     /// The current bits and their version, to be written.
-    pub fn snapshot(&self) -> (u64, Vec<(u32, u32, Vec<u8>)>) {
+    pub fn snapshot(&self) -> (u64, Bits) {
         let s = self.state.lock();
         let bits = s
             .regions
@@ -204,7 +207,7 @@ pub fn encode(bits: &[(u32, u32, Vec<u8>)]) -> Vec<u8> {
 }
 
 /// Decodes a slot payload; `None` if it does not decode.
-pub fn decode(payload: &[u8]) -> Option<Vec<(u32, u32, Vec<u8>)>> {
+pub fn decode(payload: &[u8]) -> Option<Bits> {
     postcard::from_bytes(payload).ok()
 }
 

@@ -229,10 +229,7 @@ impl Label {
                 "format version {version}, this Tessera reads version {LABEL_VERSION}"
             ));
         }
-        let (stored, computed) = (
-            raw.crc32c.get(),
-            crc_with_hole(sector, LABEL_CRC_OFFSET),
-        );
+        let (stored, computed) = (raw.crc32c.get(), crc_with_hole(sector, LABEL_CRC_OFFSET));
         if stored != computed {
             return Err(format!(
                 "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
@@ -562,7 +559,10 @@ mod tests {
         };
         let mut buf = vec![0u8; strip_header_bytes(10, 4)];
         h.encode_into([3; 16], id, &mut buf);
-        assert_eq!(StripHeader::decode(&buf, [3; 16], id, 10, 4), Some(h.clone()));
+        assert_eq!(
+            StripHeader::decode(&buf, [3; 16], id, 10, 4),
+            Some(h.clone())
+        );
         let other = StripId { stripe: 78, ..id };
         assert_eq!(StripHeader::decode(&buf, [3; 16], other, 10, 4), None);
         assert_eq!(StripHeader::decode(&buf, [4; 16], id, 10, 4), None);

@@ -20,9 +20,11 @@
 //! reasons and the byte layouts):
 //!
 //! * **Layout.** One vdisk block is one stripe of `k` data and `m` parity strips, each on
-//!   a different pdisk, spread over enclosures (at most `m / tolerance` strips of a stripe
-//!   per enclosure when there are fewer enclosures than strips). Where every strip lives
-//!   is an explicit stripe map in the array's metadata, so rebuild can move single strips.
+//!   a different pdisk, spread over enclosures: one strip per enclosure when there are at
+//!   least `k + m` enclosures, otherwise as few per enclosure as the enclosures allow (2
+//!   for `8+2p` over 6 enclosures, so a whole enclosure can be lost). Where every strip
+//!   lives is an explicit stripe map in the array's metadata, so rebuild can move single
+//!   strips.
 //! * **Integrity.** Every strip starts with a header carrying the stripe's write version
 //!   and the CRC-32C of every 4 KiB sector of every strip. Every read is verified; a bad
 //!   sector is rebuilt from the others, rewritten and counted, never returned.
@@ -65,8 +67,7 @@ pub use meta::PdiskState;
 pub use pdisk::{file_opener, DeviceOpener};
 pub use placement::Tolerance;
 pub use status::{
-    DaState, DaStatus, PdiskStatus, Progress, RecoveryReport, ScrubReport, VdiskStats,
-    VdiskStatus,
+    DaState, DaStatus, PdiskStatus, Progress, RecoveryReport, ScrubReport, VdiskStats, VdiskStatus,
 };
 pub use tessera_ec::Code;
 pub use vdisk::{StripLocation, Vdisk};

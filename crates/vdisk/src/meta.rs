@@ -184,11 +184,17 @@ impl MetaImage {
                 CodeRecord::Replication { copies } => usize::from(copies),
                 CodeRecord::ReedSolomon { k, m } => usize::from(k) + usize::from(m),
             };
-            let want = usize::try_from(v.stripes).unwrap_or(usize::MAX).saturating_mul(n);
+            let want = usize::try_from(v.stripes)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(n);
             if v.map_pdisk.len() != want || v.map_sector.len() != want {
                 return Err(format!("vdisk {}: stripe map has the wrong length", v.name));
             }
-            if let Some(p) = v.map_pdisk.iter().find(|&&p| usize::from(p) >= self.pdisks.len()) {
+            if let Some(p) = v
+                .map_pdisk
+                .iter()
+                .find(|&&p| usize::from(p) >= self.pdisks.len())
+            {
                 return Err(format!("vdisk {}: stripe map names pdisk {p}", v.name));
             }
         }
@@ -213,7 +219,8 @@ pub fn read_slot(
     let mut all = AlignedBuf::zeroed(total as usize);
     all[..SECTOR_USIZE].copy_from_slice(&first);
     if total > SECTOR {
-        dev.read_at(&mut all[SECTOR_USIZE..], offset + SECTOR).ok()?;
+        dev.read_at(&mut all[SECTOR_USIZE..], offset + SECTOR)
+            .ok()?;
     }
     let u = layout::unframe(magic, &all)?;
     Some((u.generation, u.da_uuid, u.payload.to_vec()))

@@ -119,7 +119,10 @@ impl Pdisk {
         self.dev.as_ref().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("pdisk {}: device {} is missing", self.name, self.device_path),
+                format!(
+                    "pdisk {}: device {} is missing",
+                    self.name, self.device_path
+                ),
             )
         })
     }

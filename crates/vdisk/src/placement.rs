@@ -54,7 +54,11 @@ pub fn mix(mut x: u64) -> u64 {
 }
 
 fn enclosure_sizes(cands: &[Candidate]) -> Vec<usize> {
-    let count = cands.iter().map(|c| c.enclosure as usize + 1).max().unwrap_or(0);
+    let count = cands
+        .iter()
+        .map(|c| c.enclosure as usize + 1)
+        .max()
+        .unwrap_or(0);
     let mut sizes = vec![0; count];
     for c in cands {
         sizes[c.enclosure as usize] += 1;
@@ -72,8 +76,12 @@ fn emptier(load_a: u64, cap_a: u64, load_b: u64, cap_b: u64) -> std::cmp::Orderi
 /// Places `stripes` stripes of `n` strips over `cands`: the result holds `n` pdisk numbers
 /// per stripe. Fails when the candidates lack the pdisks or the capacity.
 pub fn place(cands: &[Candidate], n: usize, stripes: u64, seed: u64) -> Result<Vec<u16>, String> {
-    let cap = enclosure_cap(n, &enclosure_sizes(cands))
-        .ok_or_else(|| format!("{n} strips per stripe need {n} pdisks, {} given", cands.len()))?;
+    let cap = enclosure_cap(n, &enclosure_sizes(cands)).ok_or_else(|| {
+        format!(
+            "{n} strips per stripe need {n} pdisks, {} given",
+            cands.len()
+        )
+    })?;
     let mut load: Vec<u64> = cands.iter().map(|c| c.load).collect();
     let mut room: Vec<u64> = cands.iter().map(|c| c.capacity).collect();
     let enclosures = enclosure_sizes(cands).len();
@@ -165,8 +173,20 @@ mod tests {
         assert_eq!(enclosure_cap(10, &[12]), Some(10));
         assert_eq!(enclosure_cap(10, &[8]), None);
         assert_eq!(enclosure_cap(3, &[5, 1]), Some(2));
-        assert_eq!(tolerance(2, 2), Tolerance { pdisks: 2, enclosures: 1 });
-        assert_eq!(tolerance(2, 10), Tolerance { pdisks: 2, enclosures: 0 });
+        assert_eq!(
+            tolerance(2, 2),
+            Tolerance {
+                pdisks: 2,
+                enclosures: 1
+            }
+        );
+        assert_eq!(
+            tolerance(2, 10),
+            Tolerance {
+                pdisks: 2,
+                enclosures: 0
+            }
+        );
     }
 
     #[test]

@@ -100,7 +100,8 @@ pub fn run_all<'a, T: Send + 'a>(jobs: Vec<Job<'a, T>>) -> Vec<T> {
             // which outlive this call: we wait below until every task has run to
             // completion (the latch reaches zero) before returning or unwinding, and a
             // task no longer touches borrowed data once it has counted down.
-            let task: Task = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Task>(task) };
+            let task: Task =
+                unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Task>(task) };
             tx.send(task).expect("pool threads alive");
         }
     }
@@ -145,7 +146,7 @@ mod tests {
     #[test]
     fn a_panicking_job_is_reraised_after_all_finish() {
         let r = std::panic::catch_unwind(|| {
-            let jobs: Vec<Job<'_, u32>> = (0..4)
+            let jobs: Vec<Job<'_, u32>> = (0..4u32)
                 .map(|i| {
                     Box::new(move || {
                         assert_ne!(i, 2, "job 2 fails");

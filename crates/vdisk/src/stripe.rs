@@ -94,6 +94,9 @@ pub struct GatherOpts {
 
 type HeaderRead = io::Result<Option<Arc<StripHeader>>>;
 
+/// A strip write run by the I/O pool: (strip index, outcome).
+type WriteJob<'a> = crate::pool::Job<'a, (usize, io::Result<()>)>;
+
 impl DaCore {
     fn strip_id(vd: &VdiskCore, stripe: u64, i: usize) -> StripId {
         StripId {
@@ -153,14 +156,13 @@ impl DaCore {
     fn write_strip(
         &self,
         vd: &VdiskCore,
-        stripe: u64,
-        i: usize,
+        id: StripId,
         slot: &StripSlot,
         h: &StripHeader,
         first_sector: usize,
         data: &[u8],
     ) -> io::Result<()> {
-        let header = self.encode_header(vd, stripe, i, h);
+        let header = self.encode_header(vd, id.stripe, usize::from(id.strip_index), h);
         if first_sector == 0 {
             let mut buf = AlignedBuf::zeroed(vd.header_bytes + data.len());
             buf[..vd.header_bytes].copy_from_slice(&header);
@@ -172,7 +174,13 @@ impl DaCore {
             .write(data, Self::data_offset(vd, slot.loc, first_sector))
     }
 
-    fn unrecoverable(&self, vd: &VdiskCore, stripe: u64, missing: &[String], reason: &str) -> VdiskError {
+    fn unrecoverable(
+        &self,
+        vd: &VdiskCore,
+        stripe: u64,
+        missing: &[String],
+        reason: &str,
+    ) -> VdiskError {
         vd.stats.unrecoverable.fetch_add(1, Ordering::Relaxed);
         VdiskError::Unrecoverable {
             vdisk: vd.name.clone(),
@@ -223,7 +231,9 @@ impl DaCore {
                 repair: true,
             },
         )?;
-        vd.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
+        if g.auth.is_some() {
+            vd.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
+        }
         for p in &ps {
             if g.lost(p.strip) {
                 return Err(self.unrecoverable(
@@ -260,7 +270,10 @@ impl DaCore {
         if vd.k == 1 {
             // Replicas are identical: spread reads over the copies.
             let first = (stripe % vd.n as u64) as usize;
-            match (0..vd.n).map(|d| (first + d) % vd.n).find(|&i| slots[i].readable) {
+            match (0..vd.n)
+                .map(|d| (first + d) % vd.n)
+                .find(|&i| slots[i].readable)
+            {
                 Some(i) => ps[0].strip = i,
                 None => return false,
             }
@@ -342,7 +355,11 @@ impl DaCore {
                 None => missing.push(format!(
                     "strip {i} on {} ({})",
                     pd.name,
-                    if pd.readable() { "stale" } else { pd.state().as_str() }
+                    if pd.readable() {
+                        "stale"
+                    } else {
+                        pd.state().as_str()
+                    }
                 )),
                 Some((h, d)) => {
                     match h {
@@ -384,7 +401,10 @@ impl DaCore {
         for (i, bad) in bad_before.iter().enumerate() {
             let count = bad.iter().filter(|&&b| b).count() as u64;
             if count > 0 {
-                slots[i].pd.checksum_errors.fetch_add(count, Ordering::Relaxed);
+                slots[i]
+                    .pd
+                    .checksum_errors
+                    .fetch_add(count, Ordering::Relaxed);
                 missing.push(format!(
                     "strip {i} on {} ({count} sectors fail their checksum)",
                     slots[i].pd.name
@@ -704,7 +724,7 @@ impl DaCore {
                 s[hb..].copy_from_slice(data[i]);
             }
         }
-        let jobs: Vec<Box<dyn FnOnce() -> (usize, io::Result<()>) + Send + '_>> = big
+        let jobs: Vec<WriteJob<'_>> = big
             .chunks_exact(slot_bytes)
             .enumerate()
             .filter(|(i, _)| slots[*i].writable)
@@ -799,7 +819,10 @@ impl DaCore {
         let slots = self.view(vd, stripe);
         let ps = pieces(vd, off, data.len());
         let involved: Vec<usize> = ps.iter().map(|p| p.strip).chain(vd.k..vd.n).collect();
-        if involved.iter().any(|&i| !slots[i].readable || !slots[i].writable) {
+        if involved
+            .iter()
+            .any(|&i| !slots[i].readable || !slots[i].writable)
+        {
             return Ok(false);
         }
         let auth = match self.read_header(vd, stripe, vd.k, &slots[vd.k], false) {
@@ -812,39 +835,9 @@ impl DaCore {
         };
         let lo = ps.iter().map(|p| p.sectors.start).min().expect("non-empty");
         let hi = ps.iter().map(|p| p.sectors.end).max().expect("non-empty");
-        let mut old: Vec<AlignedBuf> = ps.iter().map(|p| sectors_buf(p.sectors.len())).collect();
-        let mut parity: Vec<AlignedBuf> = (vd.k..vd.n).map(|_| sectors_buf(hi - lo)).collect();
-        let targets: Vec<(usize, usize)> = ps
-            .iter()
-            .map(|p| (p.strip, p.sectors.start))
-            .chain((vd.k..vd.n).map(|i| (i, lo)))
-            .collect();
-        let jobs: Vec<Box<dyn FnOnce() -> io::Result<()> + Send + '_>> = old
-            .iter_mut()
-            .chain(parity.iter_mut())
-            .zip(&targets)
-            .map(|(buf, &(i, first))| {
-                let slot = &slots[i];
-                Box::new(move || slot.pd.read(buf, Self::data_offset(vd, slot.loc, first)))
-                    as Box<dyn FnOnce() -> _ + Send>
-            })
-            .collect();
-        for (r, &(i, _)) in run_all(jobs).into_iter().zip(&targets) {
-            if let Err(e) = r {
-                self.note_io_error(&slots[i].pd, "reading for read-modify-write", &e);
-                return Ok(false);
-            }
-        }
-        let verify = |buf: &[u8], i: usize, first: usize| {
-            buf.chunks_exact(SECTOR_USIZE)
-                .enumerate()
-                .all(|(t, s)| crc(s) == auth.crc(i, first + t))
-        };
-        let old_ok = ps.iter().zip(&old).all(|(p, b)| verify(b, p.strip, p.sectors.start));
-        let parity_ok = parity.iter().enumerate().all(|(j, b)| verify(b, vd.k + j, lo));
-        if !old_ok || !parity_ok {
+        let Some((old, mut parity)) = self.rmw_read(vd, &slots, &ps, lo..hi, &auth) else {
             return Ok(false);
-        }
+        };
         let mut table = auth.table.clone();
         for (p, o) in ps.iter().zip(&old) {
             let new = &data[p.bytes.clone()];
@@ -868,15 +861,30 @@ impl DaCore {
         let writes: Vec<(usize, usize, &[u8])> = ps
             .iter()
             .map(|p| (p.strip, p.sectors.start, &data[p.bytes.clone()]))
-            .chain(parity.iter().enumerate().map(|(j, b)| (vd.k + j, lo, &b[..])))
+            .chain(
+                parity
+                    .iter()
+                    .enumerate()
+                    .map(|(j, b)| (vd.k + j, lo, &b[..])),
+            )
             .collect();
         let header_ref = &header;
-        let jobs: Vec<Box<dyn FnOnce() -> (usize, io::Result<()>) + Send + '_>> = writes
+        let jobs: Vec<WriteJob<'_>> = writes
             .into_iter()
             .map(|(i, first, bytes)| {
                 let slot = &slots[i];
                 Box::new(move || {
-                    (i, self.write_strip(vd, stripe, i, slot, header_ref, first, bytes))
+                    (
+                        i,
+                        self.write_strip(
+                            vd,
+                            Self::strip_id(vd, stripe, i),
+                            slot,
+                            header_ref,
+                            first,
+                            bytes,
+                        ),
+                    )
                 }) as Box<dyn FnOnce() -> _ + Send>
             })
             .collect();
@@ -892,6 +900,55 @@ impl DaCore {
             ));
         }
         Ok(true)
+    }
+
+    /// The read half of a read-modify-write: the old data of every piece and the parity
+    /// over `range`, all verified against `auth`; `None` on any error or mismatch.
+    fn rmw_read(
+        &self,
+        vd: &VdiskCore,
+        slots: &[StripSlot],
+        ps: &[Piece],
+        range: Range<usize>,
+        auth: &StripHeader,
+    ) -> Option<(Vec<AlignedBuf>, Vec<AlignedBuf>)> {
+        let mut old: Vec<AlignedBuf> = ps.iter().map(|p| sectors_buf(p.sectors.len())).collect();
+        let mut parity: Vec<AlignedBuf> = (vd.k..vd.n).map(|_| sectors_buf(range.len())).collect();
+        let targets: Vec<(usize, usize)> = ps
+            .iter()
+            .map(|p| (p.strip, p.sectors.start))
+            .chain((vd.k..vd.n).map(|i| (i, range.start)))
+            .collect();
+        let jobs: Vec<crate::pool::Job<'_, io::Result<()>>> = old
+            .iter_mut()
+            .chain(parity.iter_mut())
+            .zip(&targets)
+            .map(|(buf, &(i, first))| {
+                let slot = &slots[i];
+                Box::new(move || slot.pd.read(buf, Self::data_offset(vd, slot.loc, first)))
+                    as Box<dyn FnOnce() -> _ + Send>
+            })
+            .collect();
+        for (r, &(i, _)) in run_all(jobs).into_iter().zip(&targets) {
+            if let Err(e) = r {
+                self.note_io_error(&slots[i].pd, "reading for read-modify-write", &e);
+                return None;
+            }
+        }
+        let verify = |buf: &[u8], i: usize, first: usize| {
+            buf.chunks_exact(SECTOR_USIZE)
+                .enumerate()
+                .all(|(t, s)| crc(s) == auth.crc(i, first + t))
+        };
+        let old_ok = ps
+            .iter()
+            .zip(&old)
+            .all(|(p, b)| verify(b, p.strip, p.sectors.start));
+        let parity_ok = parity
+            .iter()
+            .enumerate()
+            .all(|(j, b)| verify(b, vd.k + j, range.start));
+        (old_ok && parity_ok).then_some((old, parity))
     }
 
     /// Partial write of a degraded or never-written stripe: gather (reconstructing what is
@@ -1001,7 +1058,14 @@ impl DaCore {
             readable: false,
             writable: true,
         };
-        if let Err(e) = self.write_strip(vd, stripe, i, &slot, &auth, 0, &g.bufs[i]) {
+        if let Err(e) = self.write_strip(
+            vd,
+            Self::strip_id(vd, stripe, i),
+            &slot,
+            &auth,
+            0,
+            &g.bufs[i],
+        ) {
             if self.note_io_error(&target, "writing a rebuilt strip", &e) {
                 self.persist_meta()?;
             }
@@ -1045,13 +1109,20 @@ impl DaCore {
             let slots = self.view(vd, stripe);
             let max_other = (0..vd.n)
                 .filter(|&j| j != i && slots[j].readable)
-                .filter_map(|j| self.read_header(vd, stripe, j, &slots[j], false).ok().flatten())
+                .filter_map(|j| {
+                    self.read_header(vd, stripe, j, &slots[j], false)
+                        .ok()
+                        .flatten()
+                })
                 .map(|h| h.version)
                 .max();
             let Some(max_other) = max_other else {
                 return Ok(Some(0));
             };
-            let own = self.read_header(vd, stripe, i, &slots[i], true).ok().flatten();
+            let own = self
+                .read_header(vd, stripe, i, &slots[i], true)
+                .ok()
+                .flatten();
             if own.is_some_and(|h| h.version >= max_other) {
                 return Ok(Some(0));
             }
@@ -1118,7 +1189,7 @@ impl DaCore {
             return Ok(false);
         };
         if (0..vd.n).any(|i| !g.strip_ok(i)) {
-            if let Some(r) = report.as_deref_mut() {
+            if let Some(r) = report {
                 r.unrecoverable += 1;
             }
             return Ok(false);
@@ -1134,7 +1205,11 @@ impl DaCore {
             let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
             vd.codec.encode(&data, &mut p)?;
         }
-        if parity.iter().zip(&g.bufs[vd.k..]).all(|(a, b)| a[..] == b[..]) {
+        if parity
+            .iter()
+            .zip(&g.bufs[vd.k..])
+            .all(|(a, b)| a[..] == b[..])
+        {
             return Ok(false);
         }
         if fix {
@@ -1184,7 +1259,12 @@ impl DaCore {
         tables.sort_by_key(|h| std::cmp::Reverse(h.version));
         tables.dedup_by_key(|h| h.version);
         let mut ok: Vec<Vec<bool>> = present.iter().map(|&p| vec![p; vd.sps]).collect();
-        for (j, buf) in bufs.iter().enumerate().take(vd.k).filter(|(j, _)| present[*j]) {
+        for (j, buf) in bufs
+            .iter()
+            .enumerate()
+            .take(vd.k)
+            .filter(|(j, _)| present[*j])
+        {
             report.torn_sectors += buf
                 .chunks_exact(SECTOR_USIZE)
                 .enumerate()
@@ -1249,7 +1329,10 @@ impl DaCore {
             let mut parity: Vec<Vec<u8>> = vec![vec![0; vd.strip_bytes]; vd.m];
             let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
             vd.codec.encode(&data, &mut p)?;
-            return Ok(parity.iter().zip(&bufs[vd.k..]).all(|(a, b)| a[..] == b[..]));
+            return Ok(parity
+                .iter()
+                .zip(&bufs[vd.k..])
+                .all(|(a, b)| a[..] == b[..]));
         }
         Ok(true)
     }

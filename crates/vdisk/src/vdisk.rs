@@ -35,7 +35,11 @@ pub struct StripLocation {
 
 impl std::fmt::Debug for Vdisk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Vdisk({} in {}, {})", self.vd.name, self.core.name, self.vd.code)
+        write!(
+            f,
+            "Vdisk({} in {}, {})",
+            self.vd.name, self.core.name, self.vd.code
+        )
     }
 }
 
@@ -176,7 +180,8 @@ impl BlockDevice for Vdisk {
         self.core.note_foreground();
         let c = &self.vd.stats;
         c.writes.fetch_add(1, Ordering::Relaxed);
-        c.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        c.bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         for (stripe, within, range) in self.split(offset, buf.len()) {
             self.core
                 .write_stripe(&self.vd, stripe, within, &buf[range])?;

@@ -106,7 +106,12 @@ pub fn pending_work(core: &DaCore) -> Option<&'static str> {
     let given_up = core.given_up.lock().clone();
     let pdisks = core.pdisks.read().clone();
     if core.stale_list().iter().any(|s| {
-        let vd = core.vdisks.read().values().find(|v| v.id == s.vdisk_id).cloned();
+        let vd = core
+            .vdisks
+            .read()
+            .values()
+            .find(|v| v.id == s.vdisk_id)
+            .cloned();
         vd.is_some_and(|vd| {
             let loc = vd.loc(s.stripe, usize::from(s.strip));
             pdisks[usize::from(loc.pdisk)].writable()
@@ -165,7 +170,9 @@ fn repair_stale(core: &DaCore) -> Result<bool, VdiskError> {
         };
         let i = usize::from(s.strip);
         let loc = vd.loc(s.stripe, i);
-        if !core.pdisk(loc.pdisk).writable() || core.given_up.lock().contains(&(vd.id, s.stripe, s.strip)) {
+        if !core.pdisk(loc.pdisk).writable()
+            || core.given_up.lock().contains(&(vd.id, s.stripe, s.strip))
+        {
             continue;
         }
         let started = Instant::now();
@@ -423,7 +430,12 @@ fn rebalance_pair(core: &DaCore) -> Option<(Vec<Arc<Pdisk>>, Arc<Pdisk>)> {
         .map(|p| {
             let s = p.space.lock();
             let total = s.total_sectors().max(1);
-            (p.clone(), s.used_sectors() as f64 / total as f64, s.used_sectors(), total)
+            (
+                p.clone(),
+                s.used_sectors() as f64 / total as f64,
+                s.used_sectors(),
+                total,
+            )
         })
         .collect();
     ok.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -444,7 +456,10 @@ fn rebalance_pair(core: &DaCore) -> Option<(Vec<Arc<Pdisk>>, Arc<Pdisk>)> {
 fn imbalanced(heavy: &Pdisk, light: &Pdisk, slot: u64) -> bool {
     let fill = |p: &Pdisk| {
         let s = p.space.lock();
-        (s.used_sectors() as f64 / s.total_sectors().max(1) as f64, s.total_sectors())
+        (
+            s.used_sectors() as f64 / s.total_sectors().max(1) as f64,
+            s.total_sectors(),
+        )
     };
     let ((h, _), (l, l_total)) = (fill(heavy), fill(light));
     (h - l) * l_total as f64 > 2.0 * slot as f64

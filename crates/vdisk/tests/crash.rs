@@ -10,9 +10,9 @@ mod common;
 
 use std::collections::HashSet;
 use std::io::Write;
-use std::sync::Mutex;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
@@ -59,8 +59,13 @@ fn crash_child() {
     let Ok(dir) = std::env::var("TESSERA_VDISK_CRASH_DIR") else {
         return;
     };
-    let iteration: u64 = std::env::var("TESSERA_VDISK_CRASH_ITER").unwrap().parse().unwrap();
-    let paths: Vec<_> = (0..12).map(|i| Path::new(&dir).join(format!("pd{i:02}"))).collect();
+    let iteration: u64 = std::env::var("TESSERA_VDISK_CRASH_ITER")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let paths: Vec<_> = (0..12)
+        .map(|i| Path::new(&dir).join(format!("pd{i:02}")))
+        .collect();
     let da = DeclusteredArray::open("da1", &paths).unwrap();
     let v = da.vdisk("v").unwrap();
     let ledger = Mutex::new(Ledger(
@@ -93,7 +98,11 @@ fn write_loop(v: &dyn BlockDevice, ledger: &Mutex<Ledger>, iteration: u64, write
     for step in 0u64.. {
         let id = ((iteration + 1) * 1_000_000 + step) * WRITERS + writer;
         // Mostly the first 64 MiB (one dirty region), sometimes the tail.
-        let span = if next() % 10 == 0 { blocks } else { blocks * 2 / 3 };
+        let span = if next() % 10 == 0 {
+            blocks
+        } else {
+            blocks * 2 / 3
+        };
         let block = (next() % (span / WRITERS)) * WRITERS + writer;
         let (first, sectors) = if next() % 3 == 0 {
             (block * block_sectors, block_sectors)
@@ -102,8 +111,12 @@ fn write_loop(v: &dyn BlockDevice, ledger: &Mutex<Ledger>, iteration: u64, write
             let at = next() % (block_sectors - sectors + 1);
             (block * block_sectors + at, sectors)
         };
-        ledger.lock().unwrap().record(&format!("W {id} {first} {sectors}"));
-        v.write_at(&write_content(id, first, sectors), first * SECTOR).unwrap();
+        ledger
+            .lock()
+            .unwrap()
+            .record(&format!("W {id} {first} {sectors}"));
+        v.write_at(&write_content(id, first, sectors), first * SECTOR)
+            .unwrap();
         if next() % 4 == 0 {
             v.flush().unwrap();
             ledger.lock().unwrap().record(&format!("D {id}"));
@@ -119,9 +132,11 @@ fn read_ledger(path: &Path) -> (Vec<(u64, u64, u64)>, HashSet<u64>) {
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         match f.as_slice() {
-            ["W", id, first, n] => {
-                writes.push((id.parse().unwrap(), first.parse().unwrap(), n.parse().unwrap()))
-            }
+            ["W", id, first, n] => writes.push((
+                id.parse().unwrap(),
+                first.parse().unwrap(),
+                n.parse().unwrap(),
+            )),
             ["D", id] => {
                 durable.insert(id.parse().unwrap());
             }
@@ -168,8 +183,16 @@ fn verify(
             } else {
                 false
             };
-            assert!(ok, "sector {s}: holds write {id}, expected one of {:?}", cands[s as usize]);
-            baseline[s as usize] = if sector.iter().all(|&b| b == 0) { 0 } else { id };
+            assert!(
+                ok,
+                "sector {s}: holds write {id}, expected one of {:?}",
+                cands[s as usize]
+            );
+            baseline[s as usize] = if sector.iter().all(|&b| b == 0) {
+                0
+            } else {
+                id
+            };
             if cands[s as usize].len() == 1 && cands[s as usize][0] != 0 {
                 checked += 1;
             }
@@ -182,7 +205,13 @@ fn verify(
 fn crash_loop() {
     let t = make_pdisks(12, 6, 64 * MIB);
     let da = create(&t, DaOptions::default());
-    da.create_vdisk("v", Code::parse("8+2p").unwrap(), BLOCK, VdiskSize::Bytes(VDISK_BYTES)).unwrap();
+    da.create_vdisk(
+        "v",
+        Code::parse("8+2p").unwrap(),
+        BLOCK,
+        VdiskSize::Bytes(VDISK_BYTES),
+    )
+    .unwrap();
     da.close().unwrap();
     drop(da);
     let exe = std::env::current_exe().unwrap();
@@ -218,7 +247,11 @@ fn crash_loop() {
         durable_sectors += verify(v.as_ref(), &mut baseline, &writes, &durable);
         let scrub = da.scrub_now().unwrap();
         assert_eq!(
-            (scrub.repaired_sectors, scrub.parity_mismatches, scrub.unrecoverable),
+            (
+                scrub.repaired_sectors,
+                scrub.parity_mismatches,
+                scrub.unrecoverable
+            ),
             (0, 0, 0),
             "iteration {iteration}: stripes inconsistent after recovery: {scrub:?}, recovery {r:?}"
         );
@@ -228,6 +261,9 @@ fn crash_loop() {
         "{iterations} crashes, {writes_total} writes, {resynced} stripes resynchronised, \
          {durable_sectors} sectors checked against durable writes"
     );
-    assert!(writes_total > iterations * 5, "the workload made too little progress to test");
+    assert!(
+        writes_total > iterations * 5,
+        "the workload made too little progress to test"
+    );
     assert!(resynced > 0, "no crash left a stripe to resynchronise");
 }

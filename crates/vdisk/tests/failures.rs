@@ -14,12 +14,26 @@ use tessera_vdisk::{Code, DaOptions, DaState, DeclusteredArray, PdiskState, Vdis
 const BLOCK: u64 = 256 << 10;
 const DATA: usize = 8 << 20;
 
-fn setup(code: &str, block: u64) -> (TestPdisks, FaultBox, std::sync::Arc<DeclusteredArray>, std::sync::Arc<Vdisk>, Vec<u8>) {
+fn setup(
+    code: &str,
+    block: u64,
+) -> (
+    TestPdisks,
+    FaultBox,
+    std::sync::Arc<DeclusteredArray>,
+    std::sync::Arc<Vdisk>,
+    Vec<u8>,
+) {
     let t = make_pdisks(12, 6, 64 * MIB);
     let faults = FaultBox::default();
     let da = create(&t, faults.options());
     let v = da
-        .create_vdisk("v", Code::parse(code).unwrap(), block, VdiskSize::Bytes(16 * MIB))
+        .create_vdisk(
+            "v",
+            Code::parse(code).unwrap(),
+            block,
+            VdiskSize::Bytes(16 * MIB),
+        )
         .unwrap();
     let data = pattern(DATA, 42).to_vec();
     v.write_at(&pattern(DATA, 42), 0).unwrap();
@@ -109,14 +123,27 @@ fn enclosure_loss_rebuild_then_two_more_then_a_third() {
     let (t, faults, da, v, data) = setup("8+2p", BLOCK);
     assert_eq!(v.tolerance().enclosures, 1);
     // Enclosure e0 goes away: both its pdisks vanish.
-    let e0: Vec<_> = t.specs.iter().filter(|s| s.enclosure == "e0").cloned().collect();
+    let e0: Vec<_> = t
+        .specs
+        .iter()
+        .filter(|s| s.enclosure == "e0")
+        .cloned()
+        .collect();
     for s in &e0 {
-        faults.faults(&s.device).vanished.store(true, Ordering::Relaxed);
+        faults
+            .faults(&s.device)
+            .vanished
+            .store(true, Ordering::Relaxed);
     }
     check_all(&v, &data);
     // Enough errors declare them dead (or reads keep them degraded): fail them for sure.
     for s in &e0 {
-        if da.status().pdisks.iter().any(|p| p.name == s.name && p.state == PdiskState::Ok) {
+        if da
+            .status()
+            .pdisks
+            .iter()
+            .any(|p| p.name == s.name && p.state == PdiskState::Ok)
+        {
             da.pdisk_fail(&s.name).unwrap();
         }
     }
@@ -129,7 +156,12 @@ fn enclosure_loss_rebuild_then_two_more_then_a_third() {
     }
     check_all(&v, &data);
     // Full redundancy is back: two more pdisks down still read.
-    let others: Vec<String> = t.specs.iter().filter(|s| s.enclosure != "e0").map(|s| s.name.clone()).collect();
+    let others: Vec<String> = t
+        .specs
+        .iter()
+        .filter(|s| s.enclosure != "e0")
+        .map(|s| s.name.clone())
+        .collect();
     da.pdisk_suspend(&others[0]).unwrap();
     da.pdisk_suspend(&others[1]).unwrap();
     check_all(&v, &data);
@@ -170,7 +202,11 @@ fn flipped_bits_are_repaired_and_counted() {
     let report = da.scrub_now().unwrap();
     assert_eq!(report.unrecoverable, 0, "{report:?}");
     let again = da.scrub_now().unwrap();
-    assert_eq!(again.repaired_sectors + again.parity_mismatches, 0, "{again:?}");
+    assert_eq!(
+        again.repaired_sectors + again.parity_mismatches,
+        0,
+        "{again:?}"
+    );
     check_all(&v, &data);
     da.close().unwrap();
 }
@@ -185,7 +221,11 @@ fn missing_at_open_rebuilds_by_itself() {
     let paths: Vec<_> = t.paths().into_iter().filter(|p| *p != gone).collect();
     let da = DeclusteredArray::open("da1", &paths).unwrap();
     let st = da.status();
-    let p4 = st.pdisks.iter().find(|p| p.name == t.specs[4].name).unwrap();
+    let p4 = st
+        .pdisks
+        .iter()
+        .find(|p| p.name == t.specs[4].name)
+        .unwrap();
     assert_eq!(p4.state, PdiskState::Missing);
     let v = da.vdisk("v").unwrap();
     check_all(&v, &data);
@@ -212,9 +252,18 @@ fn replace_rebalances_onto_the_new_pdisk() {
         .iter()
         .find(|p| p.name == victim && p.state == PdiskState::Ok)
         .unwrap();
-    let ok: Vec<u64> = st.pdisks.iter().filter(|p| p.state == PdiskState::Ok).map(|p| p.strips).collect();
+    let ok: Vec<u64> = st
+        .pdisks
+        .iter()
+        .filter(|p| p.state == PdiskState::Ok)
+        .map(|p| p.strips)
+        .collect();
     let max = *ok.iter().max().unwrap();
-    assert!(new.strips > 0 && new.strips + 4 >= max, "new pdisk holds {} strips, max {max}: {ok:?}", new.strips);
+    assert!(
+        new.strips > 0 && new.strips + 4 >= max,
+        "new pdisk holds {} strips, max {max}: {ok:?}",
+        new.strips
+    );
     check_all(&v, &data);
     // The array reopens with the replacement in place.
     drop(v);
@@ -246,7 +295,10 @@ fn replication_survives_two_losses_and_rebuilds() {
 #[test]
 fn eio_mid_write_degrades_and_rebuilds() {
     let (t, faults, da, v, mut data) = setup("8+2p", BLOCK);
-    faults.faults(&t.specs[7].device).writes_until_failure.store(3, Ordering::Relaxed);
+    faults
+        .faults(&t.specs[7].device)
+        .writes_until_failure
+        .store(3, Ordering::Relaxed);
     for i in 0..16u64 {
         let d = pattern(BLOCK as usize, 100 + i);
         v.write_at(&d, i * BLOCK).unwrap();
@@ -259,9 +311,20 @@ fn eio_mid_write_degrades_and_rebuilds() {
     check_all(&v, &data);
     wait_idle(&da);
     let st = da.status();
-    let p = st.pdisks.iter().find(|p| p.name == t.specs[7].name).unwrap();
+    let p = st
+        .pdisks
+        .iter()
+        .find(|p| p.name == t.specs[7].name)
+        .unwrap();
     assert_eq!(p.state, PdiskState::Dead, "{p:?}");
-    assert_eq!(st.state, DaState::Ok, "{:#?} {:#?} {}", st.events, st.vdisks, st.stale_strips);
+    assert_eq!(
+        st.state,
+        DaState::Ok,
+        "{:#?} {:#?} {}",
+        st.events,
+        st.vdisks,
+        st.stale_strips
+    );
     check_all(&v, &data);
     da.close().unwrap();
     // Reopen: the dead pdisk stays out, the data is intact.
@@ -278,7 +341,11 @@ fn drain_moves_everything_off_a_readable_pdisk() {
     da.pdisk_drain(&t.specs[9].name).unwrap();
     wait_idle(&da);
     let st = da.status();
-    let p = st.pdisks.iter().find(|p| p.name == t.specs[9].name).unwrap();
+    let p = st
+        .pdisks
+        .iter()
+        .find(|p| p.name == t.specs[9].name)
+        .unwrap();
     assert_eq!((p.strips, p.state), (0, PdiskState::Dead), "{p:?}");
     check_all(&v, &data);
     let _ = DaOptions::default();

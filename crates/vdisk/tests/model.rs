@@ -54,7 +54,11 @@ impl World {
 
     fn restore(&mut self) {
         let st = self.da.status();
-        for p in st.pdisks.iter().filter(|p| p.state == PdiskState::Suspended) {
+        for p in st
+            .pdisks
+            .iter()
+            .filter(|p| p.state == PdiskState::Suspended)
+        {
             self.da.pdisk_resume(&p.name).unwrap();
         }
         assert!(
@@ -81,7 +85,10 @@ impl World {
             1 => self.da.pdisk_suspend(&victim).unwrap(),
             _ => {
                 let path = self.device_of(&victim);
-                self.faults.faults(&path).vanished.store(true, Ordering::Relaxed);
+                self.faults
+                    .faults(&path)
+                    .vanished
+                    .store(true, Ordering::Relaxed);
                 // The array notices on I/O; declare it for certain so a later reopen does
                 // not count it as still in service.
                 self.da.pdisk_fail(&victim).unwrap();
@@ -113,7 +120,9 @@ impl World {
         }
         let victim = &dead[rng.below(dead.len() as u64) as usize];
         self.replacements += 1;
-        let path = self.t.new_file(&format!("new{}", self.replacements), 64 * MIB);
+        let path = self
+            .t
+            .new_file(&format!("new{}", self.replacements), 64 * MIB);
         self.da.pdisk_replace(victim, &path).unwrap();
         self.devices.push(path);
     }
@@ -131,7 +140,8 @@ impl World {
 
     fn reopen(&mut self) {
         self.da.close().unwrap();
-        self.da = DeclusteredArray::open_with("da1", &self.devices, &self.faults.options()).unwrap();
+        self.da =
+            DeclusteredArray::open_with("da1", &self.devices, &self.faults.options()).unwrap();
         self.v = self.da.vdisk("v").unwrap();
     }
 }
@@ -142,7 +152,9 @@ fn run(seed: u64, code: &str, block: u64, ops: usize) {
     let faults = FaultBox::default();
     let da = create(&t, faults.options());
     let code = Code::parse(code).unwrap();
-    let v = da.create_vdisk("v", code, block, VdiskSize::Bytes(12 * MIB)).unwrap();
+    let v = da
+        .create_vdisk("v", code, block, VdiskSize::Bytes(12 * MIB))
+        .unwrap();
     let size = v.size_bytes() as usize;
     let devices = t.paths();
     let mut w = World {
@@ -173,7 +185,10 @@ fn run(seed: u64, code: &str, block: u64, ops: usize) {
                 let off = (rng.below((size - len) as u64 / 4096) * 4096) as usize;
                 let got = read(w.v.as_ref(), off as u64, len)
                     .unwrap_or_else(|e| panic!("op {op}: read {off}+{len}: {e}"));
-                assert!(got[..] == w.model[off..off + len], "op {op}: read {off}+{len} differs");
+                assert!(
+                    got[..] == w.model[off..off + len],
+                    "op {op}: read {off}+{len} differs"
+                );
             }
             14 => w.v.flush().unwrap(),
             15 => w.take_down(&mut rng),
@@ -195,19 +210,31 @@ fn run(seed: u64, code: &str, block: u64, ops: usize) {
     w.da.close().unwrap();
 }
 
+/// Seeds per test: 3, or `TESSERA_MODEL_SEEDS` for longer runs.
+fn seeds() -> u64 {
+    std::env::var("TESSERA_MODEL_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
 #[test]
 fn model_8_2p() {
-    for seed in 1..=3 {
+    for seed in 1..=seeds() {
         run(seed, "8+2p", 128 << 10, 160);
     }
 }
 
 #[test]
 fn model_4_2p_small_blocks() {
-    run(11, "4+2p", 32 << 10, 160);
+    for seed in 0..seeds().div_ceil(3) {
+        run(11 + seed, "4+2p", 32 << 10, 160);
+    }
 }
 
 #[test]
 fn model_3way_replication() {
-    run(21, "3WayReplication", 64 << 10, 160);
+    for seed in 0..seeds().div_ceil(3) {
+        run(21 + seed, "3WayReplication", 64 << 10, 160);
+    }
 }

@@ -11,7 +11,12 @@ fn full_and_partial_writes_survive_reopen() {
     let t = make_pdisks(12, 6, 64 * MIB);
     let da = create(&t, DaOptions::default());
     let v = da
-        .create_vdisk("v1", Code::parse("8+2p").unwrap(), 256 << 10, VdiskSize::Bytes(64 * MIB))
+        .create_vdisk(
+            "v1",
+            Code::parse("8+2p").unwrap(),
+            256 << 10,
+            VdiskSize::Bytes(64 * MIB),
+        )
         .unwrap();
     assert_eq!(v.size_bytes(), 64 * MIB);
     assert_eq!(v.strip_size(), 32 << 10);
@@ -38,7 +43,11 @@ fn full_and_partial_writes_survive_reopen() {
     assert!(read(v.as_ref(), 0, 1 << 20).unwrap()[..] == expect[..]);
     assert!(read(v.as_ref(), (2 << 20) + 8192, 300 << 10).unwrap()[..] == odd[..]);
     let report = da.scrub_now().unwrap();
-    assert_eq!(report.repaired_sectors + report.parity_mismatches + report.unrecoverable, 0, "{report:?}");
+    assert_eq!(
+        report.repaired_sectors + report.parity_mismatches + report.unrecoverable,
+        0,
+        "{report:?}"
+    );
     da.close().unwrap();
 }
 
@@ -47,7 +56,12 @@ fn replication_roundtrip() {
     let t = make_pdisks(6, 3, 64 * MIB);
     let da = create(&t, DaOptions::default());
     let v = da
-        .create_vdisk("r", Code::parse("3WayReplication").unwrap(), 64 << 10, VdiskSize::Percent(50))
+        .create_vdisk(
+            "r",
+            Code::parse("3WayReplication").unwrap(),
+            64 << 10,
+            VdiskSize::Percent(50),
+        )
         .unwrap();
     let d = pattern(200 << 10, 9);
     write_read(v.as_ref(), 64 << 10, &d);

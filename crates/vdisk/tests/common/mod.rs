@@ -35,7 +35,10 @@ impl TestPdisks {
     /// A new sparse file in the same directory (for replacements).
     pub fn new_file(&self, name: &str, bytes: u64) -> PathBuf {
         let path = self.dir.path().join(name);
-        std::fs::File::create(&path).unwrap().set_len(bytes).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(bytes)
+            .unwrap();
         path
     }
 }
@@ -46,7 +49,10 @@ pub fn make_pdisks(count: usize, enclosures: usize, bytes: u64) -> TestPdisks {
     let specs = (0..count)
         .map(|i| {
             let device = dir.path().join(format!("pd{i:02}"));
-            std::fs::File::create(&device).unwrap().set_len(bytes).unwrap();
+            std::fs::File::create(&device)
+                .unwrap()
+                .set_len(bytes)
+                .unwrap();
             PdiskSpec {
                 name: format!("e{}s{:02}", i % enclosures, i / enclosures),
                 device,
@@ -75,7 +81,11 @@ pub fn pattern(len: usize, seed: u64) -> AlignedBuf {
 /// Flips one bit of a file at `offset`, behind the array's back.
 pub fn flip_bit(path: &Path, offset: u64, bit: u8) {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, offset).unwrap();
     b[0] ^= 1 << (bit % 8);
@@ -106,7 +116,7 @@ pub struct FaultyDrive {
 }
 
 fn eio(what: &str, dev: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, format!("{dev}: injected {what} error (EIO)"))
+    io::Error::other(format!("{dev}: injected {what} error (EIO)"))
 }
 
 impl BlockDevice for FaultyDrive {
@@ -130,7 +140,13 @@ impl BlockDevice for FaultyDrive {
             return Err(io::Error::from_raw_os_error(libc_enodev()));
         }
         let left = self.faults.writes_until_failure.load(Ordering::Relaxed);
-        if left > 0 && self.faults.writes_until_failure.fetch_sub(1, Ordering::Relaxed) <= 1 {
+        if left > 0
+            && self
+                .faults
+                .writes_until_failure
+                .fetch_sub(1, Ordering::Relaxed)
+                <= 1
+        {
             self.faults.fail_writes.store(true, Ordering::Relaxed);
         }
         if self.faults.fail_writes.load(Ordering::Relaxed) {
