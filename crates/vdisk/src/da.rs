@@ -15,7 +15,7 @@ use tessera_ec::{Code, Codec};
 use crate::core::{now_unix, CoreInit, DaCore, VdiskCore};
 use crate::error::{check_name, VdiskError};
 use crate::layout::{self, Label, PdiskLayout, SECTOR, SECTOR_USIZE};
-use crate::meta::{self, DaConfig, MetaImage, PdiskRecord, PdiskState, VdiskRecord, META_FORMAT};
+use crate::meta::{self, DaConfig, MetaImage, PdiskRecord, PdiskState, VdiskRecord};
 use crate::pdisk::{file_opener, DeviceOpener, Pdisk};
 use crate::placement::{self, Candidate, Tolerance};
 use crate::status::{DaState, DaStatus, PdiskStatus, RecoveryReport, ScrubReport, VdiskStatus};
@@ -1070,7 +1070,6 @@ fn build_core(
     for n in notes {
         core.event(n);
     }
-    let _ = META_FORMAT;
     Ok((core, bits))
 }
 

@@ -358,12 +358,23 @@ fn rebuild(core: &DaCore) -> Result<bool, VdiskError> {
         let cands = targets(core, vd.slot_sectors);
         let salt = placement::mix(u64::from(vd.id) << 40 ^ s ^ (i as u64) << 56);
         let Some(t) = placement::pick_target(&cands, &members(core, &vd, s, i), vd.n, salt) else {
-            core.event(format!(
-                "rebuild: no spare space left for vdisk {} stripe {s} strip {i}; add or \
-                 replace pdisks",
-                vd.name
-            ));
-            core.given_up.lock().insert((vd.id, s, i as u16));
+            let why = if cands.len() < vd.n {
+                format!(
+                    "only {} pdisks are in service and {} needs {} distinct pdisks; \
+                     replace failed pdisks",
+                    cands.len(),
+                    vd.code,
+                    vd.n
+                )
+            } else {
+                "no spare space left; add or replace pdisks".to_string()
+            };
+            if core.given_up.lock().insert((vd.id, s, i as u16)) {
+                core.event(format!(
+                    "rebuild: vdisk {} stripe {s} strip {i} cannot move: {why}",
+                    vd.name
+                ));
+            }
             continue;
         };
         let target = core.pdisk(t);

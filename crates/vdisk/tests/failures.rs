@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use tessera_drive::BlockDevice;
-use tessera_vdisk::{Code, DaOptions, DaState, DeclusteredArray, PdiskState, Vdisk, VdiskSize};
+use tessera_vdisk::{Code, DaState, DeclusteredArray, PdiskState, Vdisk, VdiskSize};
 
 const BLOCK: u64 = 256 << 10;
 const DATA: usize = 8 << 20;
@@ -348,6 +348,5 @@ fn drain_moves_everything_off_a_readable_pdisk() {
         .unwrap();
     assert_eq!((p.strips, p.state), (0, PdiskState::Dead), "{p:?}");
     check_all(&v, &data);
-    let _ = DaOptions::default();
     da.close().unwrap();
 }

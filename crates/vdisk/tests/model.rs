@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use tessera_drive::BlockDevice;
-use tessera_vdisk::{Code, DeclusteredArray, PdiskState, Vdisk, VdiskSize};
+use tessera_vdisk::{Code, DaState, DeclusteredArray, PdiskState, Vdisk, VdiskSize};
 
 struct Rng(u64);
 
@@ -38,6 +38,7 @@ struct World {
     down: usize,
     devices: Vec<std::path::PathBuf>,
     m: usize,
+    n: usize,
     replacements: usize,
 }
 
@@ -67,11 +68,24 @@ impl World {
             self.da.pending_work(),
             self.da.status().events
         );
+        let st = self.da.status();
+        assert_eq!(
+            st.state,
+            DaState::Ok,
+            "redundancy not restored: {:#?}",
+            st.events
+        );
         self.down = 0;
     }
 
     fn take_down(&mut self, rng: &mut Rng) {
         if self.down >= self.m {
+            self.restore();
+        }
+        // Rebuild needs k+m distinct pdisks in service: replace a dead one first when
+        // taking another away would leave too few.
+        if self.in_service().len() <= self.n {
+            self.replace_one(rng);
             self.restore();
         }
         // Latent corruption plus m lost pdisks would exceed the code: repair it first,
@@ -166,6 +180,7 @@ fn run(seed: u64, code: &str, block: u64, ops: usize) {
         down: 0,
         devices,
         m: code.parity_strips(),
+        n: code.total_strips(),
         replacements: 0,
     };
     for op in 0..ops {
@@ -175,8 +190,12 @@ fn run(seed: u64, code: &str, block: u64, ops: usize) {
                 let len = (sectors * 4096) as usize;
                 let off = (rng.below((size - len) as u64 / 4096) * 4096) as usize;
                 let data = pattern(len, seed * 100_000 + op as u64);
-                w.v.write_at(&data, off as u64)
-                    .unwrap_or_else(|e| panic!("op {op}: write {off}+{len}: {e}"));
+                w.v.write_at(&data, off as u64).unwrap_or_else(|e| {
+                    panic!(
+                        "seed {seed} op {op}: write {off}+{len}: {e}\n{:#?}",
+                        w.da.status().events
+                    )
+                });
                 w.model[off..off + len].copy_from_slice(&data);
             }
             8..=13 => {
@@ -184,10 +203,10 @@ fn run(seed: u64, code: &str, block: u64, ops: usize) {
                 let len = (sectors * 4096) as usize;
                 let off = (rng.below((size - len) as u64 / 4096) * 4096) as usize;
                 let got = read(w.v.as_ref(), off as u64, len)
-                    .unwrap_or_else(|e| panic!("op {op}: read {off}+{len}: {e}"));
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: read {off}+{len}: {e}"));
                 assert!(
                     got[..] == w.model[off..off + len],
-                    "op {op}: read {off}+{len} differs"
+                    "seed {seed} op {op}: read {off}+{len} differs"
                 );
             }
             14 => w.v.flush().unwrap(),
@@ -220,7 +239,11 @@ fn seeds() -> u64 {
 
 #[test]
 fn model_8_2p() {
-    for seed in 1..=seeds() {
+    let first = std::env::var("TESSERA_MODEL_FIRST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for seed in first..first + seeds() {
         run(seed, "8+2p", 128 << 10, 160);
     }
 }
