@@ -25,6 +25,9 @@ use crate::status::ScrubReport;
 
 /// Strips moved between metadata writes.
 pub const BATCH_STRIPS: usize = 64;
+/// Stripes rebuilt at once: enough to keep every surviving pdisk busy reading while
+/// strips are reconstructed and written.
+const REBUILD_STRIPES_IN_FLIGHT: usize = 8;
 /// Strips moved per rebalance round.
 const REBALANCE_ROUND: usize = 32;
 /// Longest single throttling pause, so that stop requests are honoured promptly.
@@ -349,56 +352,81 @@ fn rebuild(core: &DaCore) -> Result<bool, VdiskError> {
     }
     let states = fingerprint(core);
     core.rebuild.lock().begin(plan.len() as u64);
-    let mut since_persist = 0;
+    // The plan lists a stripe's strips next to each other; one job rebuilds one stripe,
+    // so jobs running at once never place two strips of a stripe on the same pdisk.
+    let mut jobs: Vec<Vec<(Arc<VdiskCore>, u64, usize)>> = Vec::new();
     for (vd, s, i) in plan {
-        if stopping(core) || fingerprint(core) != states || vd.deleted.load(Ordering::Acquire) {
+        match jobs.last_mut() {
+            Some(job) if job[0].0.id == vd.id && job[0].1 == s => job.push((vd, s, i)),
+            _ => jobs.push(vec![(vd, s, i)]),
+        }
+    }
+    for batch in jobs.chunks(BATCH_STRIPS) {
+        if stopping(core) || fingerprint(core) != states {
             break;
         }
         let started = Instant::now();
-        let cands = targets(core, vd.slot_sectors);
-        let salt = placement::mix(u64::from(vd.id) << 40 ^ s ^ (i as u64) << 56);
-        let Some(t) = placement::pick_target(&cands, &members(core, &vd, s, i), vd.n, salt) else {
-            let why = if cands.len() < vd.n {
-                format!(
-                    "only {} pdisks are in service and {} needs {} distinct pdisks; \
-                     replace failed pdisks",
-                    cands.len(),
-                    vd.code,
-                    vd.n
-                )
-            } else {
-                "no spare space left; add or replace pdisks".to_string()
-            };
-            if core.given_up.lock().insert((vd.id, s, i as u16)) {
-                core.event(format!(
-                    "rebuild: vdisk {} stripe {s} strip {i} cannot move: {why}",
-                    vd.name
-                ));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..REBUILD_STRIPES_IN_FLIGHT.min(batch.len()) {
+                scope.spawn(|| loop {
+                    let at = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = batch.get(at) else { break };
+                    for (vd, s, i) in job {
+                        if vd.deleted.load(Ordering::Acquire) {
+                            break;
+                        }
+                        rebuild_strip(core, vd, *s, *i);
+                    }
+                });
             }
-            continue;
-        };
-        let target = core.pdisk(t);
-        match move_strip(core, &vd, s, i, &target) {
-            Ok(moved) => core.rebuild.lock().bytes += moved.unwrap_or(0),
-            Err(e) => {
-                if matches!(e, VdiskError::Unrecoverable { .. }) {
-                    core.rebuild.lock().unrecoverable += 1;
-                }
-                give_up(core, &vd, s, i, &e);
-            }
-        }
-        core.rebuild.lock().done += 1;
-        since_persist += 1;
-        if since_persist >= BATCH_STRIPS {
-            core.persist_meta()?;
-            since_persist = 0;
-        }
+        });
+        core.persist_meta()?;
         throttle(core, started);
     }
     core.persist_meta()?;
     core.rebuild.lock().finish();
     finish_drains(core)?;
     Ok(true)
+}
+
+/// Reconstructs strip `i` of `stripe` onto a spare slot of a pdisk the stripe does not
+/// use yet, or records why it cannot.
+fn rebuild_strip(core: &DaCore, vd: &Arc<VdiskCore>, s: u64, i: usize) {
+    let cands = targets(core, vd.slot_sectors);
+    let salt = placement::mix(u64::from(vd.id) << 40 ^ s ^ (i as u64) << 56);
+    let Some(t) = placement::pick_target(&cands, &members(core, vd, s, i), vd.n, salt) else {
+        let why = if cands.len() < vd.n {
+            format!(
+                "only {} pdisks are in service and {} needs {} distinct pdisks; \
+                 replace failed pdisks",
+                cands.len(),
+                vd.code,
+                vd.n
+            )
+        } else {
+            "no spare space left; add or replace pdisks".to_string()
+        };
+        if core.given_up.lock().insert((vd.id, s, i as u16)) {
+            core.event(format!(
+                "rebuild: vdisk {} stripe {s} strip {i} cannot move: {why}",
+                vd.name
+            ));
+        }
+        core.rebuild.lock().done += 1;
+        return;
+    };
+    let target = core.pdisk(t);
+    match move_strip(core, vd, s, i, &target) {
+        Ok(moved) => core.rebuild.lock().bytes += moved.unwrap_or(0),
+        Err(e) => {
+            if matches!(e, VdiskError::Unrecoverable { .. }) {
+                core.rebuild.lock().unrecoverable += 1;
+            }
+            give_up(core, vd, s, i, &e);
+        }
+    }
+    core.rebuild.lock().done += 1;
 }
 
 /// Draining pdisks that hold no strips any more are done: declared dead (empty).
