@@ -18,5 +18,5 @@ for e in 1 2 3 4 5 6; do
     done
 done
 target/release/tessera bench vdisk -F "$dir/pdisks.stanza" --code 8+2p \
-    --block-size "$block" --size "$size" --threads 4 --rebuild
+    --block-size "$block" --size "$size" --threads 4 --rounds 3 --rebuild
 rm -f "$dir"/e*s*

@@ -167,6 +167,9 @@ pub enum BenchCommand {
         /// Writer and reader threads on the vdisk.
         #[arg(long = "threads", default_value_t = 4)]
         threads: usize,
+        /// Rounds of raw write, vdisk write, raw read, vdisk read; the median ratio counts.
+        #[arg(long = "rounds", default_value_t = 3)]
+        rounds: usize,
         /// Also fail one pdisk and measure the rebuild and a foreground read meanwhile.
         #[arg(long = "rebuild")]
         rebuild: bool,

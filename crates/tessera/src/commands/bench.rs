@@ -65,12 +65,19 @@ pub fn ec(code: &str, strip: &str, seconds: f64, machine: bool) -> Result<()> {
 /// (with `--rebuild`) the rebuild of one failed pdisk and a foreground read meanwhile.
 /// Destroys whatever the drives held.
 pub struct VdiskBenchArgs<'a> {
+    pub rounds: usize,
     pub stanza: &'a std::path::Path,
     pub code: &'a str,
     pub block_size: &'a str,
     pub size: &'a str,
     pub threads: usize,
     pub rebuild: bool,
+}
+
+/// The median of `values` (sorted in place).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// MB/s (10^6 bytes per second) of `bytes` moved in `elapsed`.
@@ -145,6 +152,9 @@ pub fn vdisk(a: &VdiskBenchArgs) -> Result<()> {
             a.size
         );
     };
+    if a.rounds == 0 || a.rounds > 100 {
+        bail!("--rounds {}: use 1 to 100 rounds", a.rounds);
+    }
     if a.threads == 0 || a.threads > 256 {
         bail!("--threads {}: use 1 to 256 threads", a.threads);
     }
@@ -174,39 +184,35 @@ pub fn vdisk(a: &VdiskBenchArgs) -> Result<()> {
     let n = code.total_strips() as u64;
     let physical = size / k * n;
     let chunk = 1usize << 20;
-
-    // Reference: the raw drives, each streaming its share of the physical bytes.
     let drives: Vec<Arc<dyn BlockDevice>> = specs
         .iter()
         .map(|s| Ok(Arc::new(FileDrive::open(&s.device)?) as Arc<dyn BlockDevice>))
         .collect::<Result<_>>()?;
     let share = (physical / drives.len() as u64).div_ceil(chunk as u64) * chunk as u64;
-    // Past the array's label and metadata area, where vdisk strips will live.
-    let raw_offset = 256u64 << 20;
-    for d in &drives {
-        if d.size_bytes() < raw_offset + share {
-            bail!(
-                "{}: {} bytes is too small for --size {}; use larger drives or a smaller --size",
-                d.name(),
-                d.size_bytes(),
-                a.size
-            );
-        }
+    // The reference runs on the last `share` bytes of every drive. The array allocates
+    // strips first-fit from the front, so the vdisk (about `share` per drive plus
+    // metadata) never reaches that tail when each drive holds three shares and 512 MiB.
+    let smallest = drives.iter().map(|d| d.size_bytes()).min().expect("drives");
+    if smallest < 3 * share + (512 << 20) {
+        bail!(
+            "drives of {} MiB are too small for --size {}: each needs {} MiB (three times its \
+             share of the stripes, plus 512 MiB); use larger drives or a smaller --size",
+            smallest >> 20,
+            a.size,
+            (3 * share + (512 << 20)) >> 20
+        );
     }
-    let jobs: Vec<_> = drives
+    let raw_jobs: Vec<_> = drives
         .iter()
-        .map(|d| (Arc::clone(d), raw_offset, share))
+        .map(|d| {
+            (
+                Arc::clone(d),
+                (d.size_bytes() - share) / chunk as u64 * chunk as u64,
+                share,
+            )
+        })
         .collect();
     let raw_bytes = share * drives.len() as u64;
-    println!(
-        "raw: {} drives, {} MiB each, 1 MiB O_DIRECT I/O, one thread per drive",
-        drives.len(),
-        share >> 20
-    );
-    let raw_write = mb_s(raw_bytes, parallel(&jobs, chunk, true)?);
-    let raw_read = mb_s(raw_bytes, parallel(&jobs, chunk, false)?);
-    drop(jobs);
-    drop(drives);
 
     let opts = DaOptions {
         force: true,
@@ -218,46 +224,66 @@ pub fn vdisk(a: &VdiskBenchArgs) -> Result<()> {
         let size = vd.size_bytes();
         let per_thread = (size / a.threads as u64) / block * block;
         println!(
-            "vdisk: {code}, block {} KiB, {} MiB, {} threads writing whole blocks",
+            "raw: {} drives, {} MiB each at their end, 1 MiB O_DIRECT I/O, one thread per drive",
+            raw_jobs.len(),
+            share >> 20
+        );
+        println!(
+            "vdisk: {code}, block {} KiB, {} MiB, {} threads, whole-block I/O",
             block >> 10,
             size >> 20,
             a.threads
+        );
+        println!(
+            "{} rounds, each: raw write, vdisk write, raw read, vdisk read (interleaved so \
+             that a slow spell of the host hits both)",
+            a.rounds
         );
         let dev: Arc<dyn BlockDevice> = vd;
         let jobs: Vec<_> = (0..a.threads as u64)
             .map(|t| (Arc::clone(&dev), t * per_thread, per_thread))
             .collect();
         let data = per_thread * a.threads as u64;
-        let vd_write = mb_s(data, parallel(&jobs, block as usize, true)?);
-        let vd_read = mb_s(data, parallel(&jobs, block as usize, false)?);
         let efficiency = k as f64 / n as f64;
-        let mut table =
-            Table::new(&["test", "MB/s", "vs raw", "vs raw x k/(k+m)"]).right(&[1, 2, 3]);
-        table.row(vec![
-            "raw write (aggregate)".into(),
-            format!("{raw_write:.0}"),
-            "".into(),
-            "".into(),
-        ]);
-        table.row(vec![
-            "raw read (aggregate)".into(),
-            format!("{raw_read:.0}"),
-            "".into(),
-            "".into(),
-        ]);
-        table.row(vec![
-            "vdisk write (data)".into(),
-            format!("{vd_write:.0}"),
-            format!("{:.2}", vd_write / raw_write),
-            format!("{:.2}", vd_write / (raw_write * efficiency)),
-        ]);
-        table.row(vec![
-            "vdisk read (data)".into(),
-            format!("{vd_read:.0}"),
-            format!("{:.2}", vd_read / raw_read),
-            format!("{:.2}", vd_read / (raw_read * efficiency)),
-        ]);
+        let mut table = Table::new(&[
+            "round",
+            "raw write",
+            "vdisk write",
+            "write / (raw x k/(k+m))",
+            "raw read",
+            "vdisk read",
+            "read / raw",
+        ])
+        .right(&[0, 1, 2, 3, 4, 5, 6]);
+        let (mut write_ratios, mut read_ratios, mut vd_reads) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=a.rounds {
+            let raw_write = mb_s(raw_bytes, parallel(&raw_jobs, chunk, true)?);
+            let vd_write = mb_s(data, parallel(&jobs, block as usize, true)?);
+            let raw_read = mb_s(raw_bytes, parallel(&raw_jobs, chunk, false)?);
+            let vd_read = mb_s(data, parallel(&jobs, block as usize, false)?);
+            let w = vd_write / (raw_write * efficiency);
+            let r = vd_read / raw_read;
+            write_ratios.push(w);
+            read_ratios.push(r);
+            vd_reads.push(vd_read);
+            table.row(vec![
+                round.to_string(),
+                format!("{raw_write:.0} MB/s"),
+                format!("{vd_write:.0} MB/s"),
+                format!("{w:.2}"),
+                format!("{raw_read:.0} MB/s"),
+                format!("{vd_read:.0} MB/s"),
+                format!("{r:.2}"),
+            ]);
+        }
         print!("{}", table.render());
+        println!(
+            "median: vdisk write {:.2} of raw x k/(k+m), vdisk read {:.2} of raw",
+            median(&mut write_ratios),
+            median(&mut read_ratios)
+        );
+        let vd_read = median(&mut vd_reads);
         if a.rebuild {
             let wait_rebuilt = || {
                 while da.status().rebuild.active || da.pending_work().is_some() {
