@@ -38,10 +38,12 @@ pub enum FsError {
     NoInodes { max: u64 },
     #[error("checksum mismatch on NSD {nsd} at byte {offset} (file inode {ino}); the data is not returned")]
     Checksum { nsd: String, offset: u64, ino: u64 },
+    // Inner errors are part of the message and deliberately not a `source()`, so that
+    // printing the chain (`{:#}`) does not repeat them.
     #[error("I/O error: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("journal: {0}")]
-    Journal(#[from] JournalError),
+    Journal(JournalError),
     #[error("corrupt file system metadata: {0}; run `tessera fsck DEVICE -n` to inspect")]
     Corrupt(String),
     #[error("disk {nsd} of file system {fs} is not available: {reason}")]
@@ -101,3 +103,15 @@ impl FsError {
 }
 
 pub type FsResult<T> = Result<T, FsError>;
+
+impl From<io::Error> for FsError {
+    fn from(e: io::Error) -> FsError {
+        FsError::Io(e)
+    }
+}
+
+impl From<JournalError> for FsError {
+    fn from(e: JournalError) -> FsError {
+        FsError::Journal(e)
+    }
+}

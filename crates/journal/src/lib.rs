@@ -98,13 +98,20 @@ pub struct Record {
     pub payload: Vec<u8>,
 }
 
+impl From<io::Error> for JournalError {
+    fn from(e: io::Error) -> JournalError {
+        JournalError::Io(e)
+    }
+}
+
 /// Errors of the journal.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     /// A device error; the message names the device. After a failed commit the journal
     /// refuses further appends and commits: the file system must fail over and replay.
+    // In the message and deliberately not a `source()`: see `FsError`.
     #[error("{0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     /// The record would overwrite records not yet covered by a checkpoint.
     #[error("journal full: {needed} bytes needed, {free} free; checkpoint and retry")]
     Full { needed: u64, free: u64 },

@@ -105,12 +105,13 @@ pub enum InUse {
 /// Errors of the NSD layer on a device.
 #[derive(Debug, thiserror::Error)]
 pub enum NsdError {
-    #[error("{device}: {action}: {source}")]
+    // The I/O error is in the message and deliberately not a `source()`, so that printing
+    // the chain (`{:#}`) does not repeat it.
+    #[error("{device}: {action}: {error}")]
     Io {
         device: String,
         action: &'static str,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     #[error(
         "{device}: the NSD descriptor is corrupt: {reason}; the device cannot be used as \
@@ -210,7 +211,7 @@ fn io_error(dev: &dyn BlockDevice, action: &'static str) -> impl FnOnce(io::Erro
     move |source| NsdError::Io {
         device,
         action,
-        source,
+        error: source,
     }
 }
 

@@ -6,12 +6,13 @@ use std::io;
 /// Everything that can go wrong creating, opening or using a declustered array.
 #[derive(Debug, thiserror::Error)]
 pub enum VdiskError {
-    #[error("{device}: {action}: {source}")]
+    // The I/O error is part of the message and deliberately not a `source()`: callers
+    // print errors with their chain (`{:#}`), which would repeat it.
+    #[error("{device}: {action}: {error}")]
     Io {
         device: String,
         action: String,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     #[error("`{name}`: invalid {what} name: {problem}; {NAME_RULE}")]
     InvalidName {
@@ -129,7 +130,7 @@ pub enum VdiskError {
     #[error("vdisk `{vdisk}` was deleted or its declustered array was closed")]
     Closed { vdisk: String },
     #[error("erasure code: {0}")]
-    Codec(#[from] tessera_ec::CodecError),
+    Codec(tessera_ec::CodecError),
 }
 
 /// The rule for pdisk, array and vdisk names, shown in errors.
@@ -166,13 +167,19 @@ pub fn check_name(what: &'static str, name: &str) -> Result<(), VdiskError> {
     }
 }
 
+impl From<tessera_ec::CodecError> for VdiskError {
+    fn from(e: tessera_ec::CodecError) -> VdiskError {
+        VdiskError::Codec(e)
+    }
+}
+
 impl VdiskError {
     /// Wraps an I/O error with the device and what was being done.
     pub(crate) fn io(device: &str, action: impl Into<String>, source: io::Error) -> VdiskError {
         VdiskError::Io {
             device: device.to_string(),
             action: action.into(),
-            source,
+            error: source,
         }
     }
 }
