@@ -78,9 +78,17 @@ pub enum DaCommand {
         /// (default: 1 per 12 pdisks, at least 1).
         #[arg(long = "spares")]
         spares: Option<u32>,
+        #[command(flatten)]
+        settings: DaSettingsArgs,
         /// `yes` refuses devices that already hold a pdisk, an NSD or a file system.
         #[arg(short = 'v', default_value = "yes")]
         verify: String,
+    },
+    /// Change the rebuild share, scrub rate or error limit of an array.
+    Change {
+        name: String,
+        #[command(flatten)]
+        settings: DaSettingsArgs,
     },
     /// List declustered arrays with capacity, state, rebuild and scrub progress.
     Ls {
@@ -91,6 +99,21 @@ pub enum DaCommand {
     },
     /// Start a media scan that reads and verifies every strip, and repairs what it can.
     Scrub { name: String },
+}
+
+/// Tunables of a declustered array.
+#[derive(Args, Debug)]
+pub struct DaSettingsArgs {
+    /// Percent of I/O time that rebuild leaves to foreground I/O while both run (0-95;
+    /// default 50).
+    #[arg(long = "rebuild-io-share")]
+    pub rebuild_io_share: Option<u8>,
+    /// Background scrub rate in MB/s over all pdisks together (default 200).
+    #[arg(long = "scrub-rate")]
+    pub scrub_rate: Option<u32>,
+    /// I/O errors after which a pdisk is declared dead and rebuilt (default 8).
+    #[arg(long = "pdisk-error-limit")]
+    pub pdisk_error_limit: Option<u32>,
 }
 
 #[derive(Subcommand, Debug)]

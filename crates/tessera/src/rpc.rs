@@ -76,6 +76,17 @@ pub struct PdiskSpecWire {
     pub slot: u32,
 }
 
+/// Tunables of a declustered array; `None` keeps the current value (or the default).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct DaSettings {
+    /// Percent of I/O time rebuild leaves to foreground I/O while both run.
+    pub rebuild_io_share: Option<u8>,
+    /// Background scrub rate, MB/s over all pdisks together.
+    pub scrub_rate_mb_s: Option<u32>,
+    /// I/O errors after which a pdisk is declared dead.
+    pub pdisk_error_limit: Option<u32>,
+}
+
 /// What an administrator may do to a pdisk [mmvdisk pdisk change/replace].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PdiskAction {
@@ -110,6 +121,9 @@ pub struct DaRow {
     pub free_bytes: u64,
     pub spare_bytes: u64,
     pub vdisks: u32,
+    pub rebuild_io_share: u8,
+    pub scrub_rate_mb_s: u32,
+    pub pdisk_error_limit: u32,
     pub tasks: Vec<TaskRow>,
 }
 
@@ -183,7 +197,12 @@ pub enum Request {
         name: String,
         pdisks: Vec<PdiskSpecWire>,
         spare_pdisks: Option<u32>,
+        settings: DaSettings,
         verify: bool,
+    },
+    DaChange {
+        name: String,
+        settings: DaSettings,
     },
     DaList,
     DaScrub {

@@ -1344,6 +1344,7 @@ fn status(core: &DaCore) -> DaStatus {
         spare_pdisks: settings.spare_pdisks,
         rebuild_io_share: settings.rebuild_io_share,
         scrub_rate_mb_s: settings.scrub_rate_mb_s,
+        pdisk_error_limit: settings.pdisk_error_limit,
         pdisks: rows,
         vdisks: vrows,
         stale_strips: stale.len(),

@@ -151,6 +151,7 @@ pub struct DaStatus {
     pub spare_pdisks: u32,
     pub rebuild_io_share: u8,
     pub scrub_rate_mb_s: u32,
+    pub pdisk_error_limit: u32,
     pub pdisks: Vec<PdiskStatus>,
     pub vdisks: Vec<VdiskStatus>,
     /// Strips waiting to be rewritten after a failed write.

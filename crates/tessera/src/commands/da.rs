@@ -11,9 +11,12 @@ use tessera_nsd::parse_pdisk_stanzas;
 use super::nsd::{read_stanza_file, resolve_device};
 use super::units::{parse_block_size, parse_size};
 use super::{call, unexpected, yes_no};
+use crate::cli::DaSettingsArgs;
 use crate::config::Home;
 use crate::output::{Table, YRecord};
-use crate::rpc::{DaRow, PdiskAction, PdiskRow, PdiskSpecWire, Reply, Request, TaskRow, VdiskRow};
+use crate::rpc::{
+    DaRow, DaSettings, PdiskAction, PdiskRow, PdiskSpecWire, Reply, Request, TaskRow, VdiskRow,
+};
 
 /// Bytes in binary units with one decimal, as capacity columns show them (`1.5 TiB`).
 pub fn human_bytes(bytes: u64) -> String {
@@ -57,11 +60,39 @@ fn task_text(t: &TaskRow) -> String {
     text
 }
 
+fn settings(args: &DaSettingsArgs) -> DaSettings {
+    DaSettings {
+        rebuild_io_share: args.rebuild_io_share,
+        scrub_rate_mb_s: args.scrub_rate,
+        pdisk_error_limit: args.pdisk_error_limit,
+    }
+}
+
+pub fn change(home: &Home, name: &str, args: &DaSettingsArgs) -> Result<()> {
+    let s = settings(args);
+    if s.rebuild_io_share.is_none() && s.scrub_rate_mb_s.is_none() && s.pdisk_error_limit.is_none()
+    {
+        bail!("nothing to change; give --rebuild-io-share, --scrub-rate or --pdisk-error-limit");
+    }
+    let request = Request::DaChange {
+        name: name.to_string(),
+        settings: s,
+    };
+    match call(home, &request)? {
+        Reply::Das(rows) => {
+            print!("{}", da_table(&rows));
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
 pub fn create(
     home: &Home,
     name: &str,
     file: &Path,
     spares: Option<u32>,
+    args: &DaSettingsArgs,
     verify: &str,
 ) -> Result<()> {
     let verify = yes_no("-v", verify)?;
@@ -88,6 +119,7 @@ pub fn create(
         name: name.to_string(),
         pdisks,
         spare_pdisks: spares,
+        settings: settings(args),
         verify,
     };
     match call(home, &request)? {
@@ -109,8 +141,10 @@ fn da_table(rows: &[DaRow]) -> String {
         "free",
         "spare",
         "vdisks",
+        "rebuild share",
+        "scrub rate",
     ])
-    .right(&[1, 2, 4, 5, 6, 7]);
+    .right(&[1, 2, 4, 5, 6, 7, 8, 9]);
     for r in rows {
         table.row(vec![
             r.name.clone(),
@@ -121,6 +155,8 @@ fn da_table(rows: &[DaRow]) -> String {
             human_bytes(r.free_bytes),
             human_bytes(r.spare_bytes),
             r.vdisks.to_string(),
+            format!("{}%", r.rebuild_io_share),
+            format!("{} MB/s", r.scrub_rate_mb_s),
         ]);
     }
     let mut out = table.render();
@@ -167,6 +203,9 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
             "freeBytes",
             "spareBytes",
             "vdisks",
+            "rebuildIoShare",
+            "scrubRateMBps",
+            "pdiskErrorLimit",
         ])
     );
     for r in &rows {
@@ -181,6 +220,9 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
                 r.free_bytes.to_string(),
                 r.spare_bytes.to_string(),
                 r.vdisks.to_string(),
+                r.rebuild_io_share.to_string(),
+                r.scrub_rate_mb_s.to_string(),
+                r.pdisk_error_limit.to_string(),
             ])
         );
     }

@@ -15,7 +15,9 @@ use tessera_vdisk::{
 
 use super::{Daemon, Reporter};
 use crate::config::{DaRecord, PdiskRecord};
-use crate::rpc::{DaRow, PdiskAction, PdiskRow, PdiskSpecWire, Reply, Request, TaskRow, VdiskRow};
+use crate::rpc::{
+    DaRow, DaSettings, PdiskAction, PdiskRow, PdiskSpecWire, Reply, Request, TaskRow, VdiskRow,
+};
 
 /// How an NSD device string names a vdisk.
 pub const VDISK_DEVICE_PREFIX: &str = "vdisk:";
@@ -81,6 +83,9 @@ fn da_row(s: &DaStatus) -> DaRow {
         free_bytes: s.free_bytes,
         spare_bytes: s.spare_bytes,
         vdisks: s.vdisks.len() as u32,
+        rebuild_io_share: s.rebuild_io_share,
+        scrub_rate_mb_s: s.scrub_rate_mb_s,
+        pdisk_error_limit: s.pdisk_error_limit,
         tasks: [task_row("rebuild", &s.rebuild), task_row("scrub", &s.scrub)]
             .into_iter()
             .flatten()
@@ -181,8 +186,20 @@ impl Daemon {
                 name,
                 pdisks,
                 spare_pdisks,
+                settings,
                 verify,
-            } => self.da_create(&name, &pdisks, spare_pdisks, verify, r),
+            } => self.da_create(&name, &pdisks, spare_pdisks, settings, verify, r),
+            Request::DaChange { name, settings } => {
+                let _admin = self.admin.lock();
+                let da = self.array(&name)?;
+                let now = da.status();
+                da.set_options(
+                    settings.rebuild_io_share.unwrap_or(now.rebuild_io_share),
+                    settings.scrub_rate_mb_s.unwrap_or(now.scrub_rate_mb_s),
+                    settings.pdisk_error_limit.unwrap_or(now.pdisk_error_limit),
+                )?;
+                Ok(Reply::Das(vec![da_row(&da.status())]))
+            }
             Request::DaList => Ok(Reply::Das(
                 self.arrays
                     .lock()
@@ -224,6 +241,7 @@ impl Daemon {
         name: &str,
         pdisks: &[PdiskSpecWire],
         spare_pdisks: Option<u32>,
+        settings: DaSettings,
         verify: bool,
         r: &mut Reporter,
     ) -> Result<Reply> {
@@ -271,10 +289,18 @@ impl Daemon {
                 slot: p.slot,
             })
             .collect();
+        let defaults = DaOptions::default();
         let opts = DaOptions {
             spare_pdisks,
+            rebuild_io_share: settings
+                .rebuild_io_share
+                .unwrap_or(defaults.rebuild_io_share),
+            scrub_rate_mb_s: settings.scrub_rate_mb_s.unwrap_or(defaults.scrub_rate_mb_s),
+            pdisk_error_limit: settings
+                .pdisk_error_limit
+                .unwrap_or(defaults.pdisk_error_limit),
             force: !verify,
-            ..DaOptions::default()
+            ..defaults
         };
         r.info(format!(
             "tessera da create: writing labels and metadata on {} pdisks",

@@ -220,6 +220,7 @@ impl Daemon {
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
             request @ (Request::DaCreate { .. }
+            | Request::DaChange { .. }
             | Request::DaList
             | Request::DaScrub { .. }
             | Request::VdiskCreate { .. }
