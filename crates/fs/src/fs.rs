@@ -163,6 +163,12 @@ impl FileSystem {
             tracing::info!("reclaiming orphan inode {ino}");
             self.log(&mut m, vec![Change::FreeInode { ino: *ino }])?;
         }
+        drop(m);
+        if !orphans.is_empty() {
+            // Freed blocks only come back once their release is durable; do it now, so the
+            // space of files deleted while open shows as free as soon as the mount returns.
+            self.sync()?;
+        }
         Ok(())
     }
 

@@ -192,3 +192,31 @@ fn checkpoints_concurrent_with_changes() {
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A file unlinked while open and never closed (the kernel's release lost with the
+/// daemon): the next mount reclaims it, and its space is free as soon as mount returns.
+#[test]
+fn orphan_space_is_free_when_mount_returns() {
+    let t = make_disks(2, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    fs.sync().unwrap();
+    let before = fs.statfs().fragments_free;
+    let f = create_file(&fs, ROOT_INO, b"open-then-unlinked");
+    fs.open(f.ino).unwrap();
+    fs.write(f.ino, 0, &pattern(4 << 20, 7), true).unwrap();
+    fs.remove(ROOT_INO, b"open-then-unlinked", false).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    let st = fs.statfs();
+    let orphan_fragments = (4 << 20) / st.fragment_bytes;
+    // The directory may keep a fragment it grew into; the 4 MiB must all be back.
+    assert!(
+        st.fragments_free + 2 >= before,
+        "space of the orphan not free after mount: {before} -> {} free fragments \
+         (the orphan held {orphan_fragments})",
+        st.fragments_free
+    );
+    fs.unmount().unwrap();
+}
