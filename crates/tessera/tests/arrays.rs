@@ -191,7 +191,15 @@ fn array_input_that_does_not_fit_is_refused() {
     let err = node.fails(&["da", "create", "da1", "-F", s(&pdisks)]);
     assert!(err.contains("already exists"), "{err}");
     // Tunables: changed and listed; out of range refused; nothing to change refused.
-    node.ok(&["da", "change", "da1", "--rebuild-io-share", "80", "--scrub-rate", "50"]);
+    node.ok(&[
+        "da",
+        "change",
+        "da1",
+        "--rebuild-io-share",
+        "80",
+        "--scrub-rate",
+        "50",
+    ]);
     let listing = node.ok(&["da", "ls", "da1", "-Y"]);
     assert!(listing.contains(":80:50:8:"), "{listing}");
     let err = node.fails(&["da", "change", "da1", "--rebuild-io-share", "99"]);
