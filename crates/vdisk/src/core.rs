@@ -571,18 +571,22 @@ impl DaCore {
         Ok(())
     }
 
-    /// Flushes every pdisk with unflushed writes; one that fails is declared dead. True
-    /// when all flushes succeeded.
-    fn flush_all_quietly(&self) -> bool {
-        let targets: Vec<Arc<Pdisk>> = self
-            .pdisks
+    /// The pdisks in service written since their last flush.
+    fn pdisks_to_flush(&self) -> Vec<Arc<Pdisk>> {
+        self.pdisks
             .read()
             .iter()
             .filter(|p| {
                 p.needs_flush.load(Ordering::Acquire) && p.dev.is_some() && p.state().in_service()
             })
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Flushes every pdisk with unflushed writes; one that fails is declared dead. True
+    /// when all flushes succeeded.
+    fn flush_all_quietly(&self) -> bool {
+        let targets = self.pdisks_to_flush();
         let jobs: Vec<Box<dyn FnOnce() -> std::io::Result<()> + Send + '_>> = targets
             .iter()
             .map(|p| Box::new(move || p.flush_if_needed()) as Box<dyn FnOnce() -> _ + Send>)
@@ -659,15 +663,7 @@ impl DaCore {
     /// lost any recent write, so it is declared dead (its strips are rebuilt from the
     /// others). Fails when more pdisks failed than `tolerance`.
     pub fn flush_pdisks(&self, tolerance: usize) -> Result<(), VdiskError> {
-        let targets: Vec<Arc<Pdisk>> = self
-            .pdisks
-            .read()
-            .iter()
-            .filter(|p| {
-                p.needs_flush.load(Ordering::Acquire) && p.dev.is_some() && p.state().in_service()
-            })
-            .cloned()
-            .collect();
+        let targets = self.pdisks_to_flush();
         let jobs: Vec<Box<dyn FnOnce() -> std::io::Result<()> + Send + '_>> = targets
             .iter()
             .map(|p| {
