@@ -820,7 +820,12 @@ pub fn write_pdu<W: Write>(
     cfg: &DigestConfig,
 ) -> Result<(), EncodeError> {
     let head = encode_header(header, data.len(), cfg)?;
-    let digest = crc32c::crc32c(data).to_le_bytes();
+    // The digest costs a pass over the data (~90 µs per MiB): only when negotiated.
+    let digest = if head.has_data_digest() {
+        crc32c::crc32c(data).to_le_bytes()
+    } else {
+        [0; 4]
+    };
     let trailer: &[u8] = if head.has_data_digest() { &digest } else { &[] };
     let mut slices = [
         IoSlice::new(head.as_bytes()),

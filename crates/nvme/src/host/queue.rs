@@ -1,0 +1,757 @@
+//! One NVMe/TCP connection is one queue (the admin queue or one I/O queue).
+//!
+//! Many commands are in flight at once. A caller ([`Queue::execute`]) allocates a CID (its
+//! slot; blocking while all are taken, so a queue never holds more than SQSIZE commands),
+//! sends the CapsuleCmd under the write lock, and sleeps on its slot. A dedicated reader
+//! thread demultiplexes what the controller sends by CID: C2HData is read straight into the
+//! caller's buffer (no copy, no allocation), CapsuleResp completes the slot, and R2T is
+//! handed to the caller, which sends the H2CData itself. The reader never writes to the
+//! socket, so a controller that stops reading while it sends cannot deadlock the host.
+//!
+//! A slot is completed only by the reader thread (or by its teardown, on the same thread),
+//! which is what makes lending the caller's buffer to it sound: when a connection dies, the
+//! teardown fails every outstanding slot with a transport error before the reader exits,
+//! and a caller whose command times out shuts the socket down and then waits for that
+//! teardown instead of returning while the reader might still write into its buffer.
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader, IoSlice, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::error::HostError;
+use super::policy::{r2t_in_range, r2t_segments, HOST_MAX_TRANSFER_BYTES};
+use crate::wire::command::{SglDescriptor, FABRICS_OPCODE};
+use crate::wire::fabrics::{connect_response_cntlid, Connect, ConnectData};
+use crate::wire::pdu::{encode_header, DIGEST_BYTES};
+use crate::wire::pdu_reader::MAX_PDU_BYTES_MIN;
+use crate::wire::{
+    Cqe, DataHeader, DigestConfig, IcReq, IcResp, InboundPdu, Nqn, PduError, PduHeader, PduReader,
+    R2t, Side, Sqe, Status,
+};
+
+/// In-capsule data the admin queue and every Fabrics command may carry (NVMe/TCP 1.0
+/// 3.6.2.5: 8 KiB on the admin queue; Linux uses the same limit for Connect on I/O queues).
+pub const ADMIN_IN_CAPSULE_BYTES: usize = 8192;
+/// Outstanding R2Ts one command may have queued at the host; MAXR2T asks for one, so more
+/// is a protocol error, and the bound keeps a broken controller from growing memory.
+const R2T_QUEUED_MAX: usize = 16;
+/// Largest PDU accepted from the controller: the largest transfer the host ever asks for,
+/// plus room for headers.
+const MAX_PDU_BYTES: u32 = HOST_MAX_TRANSFER_BYTES + 4096;
+/// Buffer of the reader: headers arrive in few system calls; big data bypasses it.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// Everything needed to open one queue.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// Controller address.
+    pub addr: SocketAddr,
+    /// Queue identifier: 0 for the admin queue.
+    pub qid: u16,
+    /// Submission queue entries (SQSIZE + 1); at most `entries - 1` commands are in flight.
+    pub entries: u16,
+    /// Keep Alive Timeout for the admin Connect, in milliseconds (0 on I/O queues).
+    pub kato_ms: u32,
+    /// Controller ID: [`crate::wire::fabrics::CNTLID_DYNAMIC`] for the admin queue, else
+    /// the admin queue's.
+    pub cntlid: u16,
+    /// Subsystem NQN.
+    pub subnqn: Nqn,
+    /// Host NQN.
+    pub hostnqn: Nqn,
+    /// Host identifier.
+    pub hostid: [u8; 16],
+    /// Request header digests.
+    pub header_digest: bool,
+    /// Request data digests.
+    pub data_digest: bool,
+    /// In-capsule data limit of non-Fabrics commands on this queue.
+    pub in_capsule_bytes: usize,
+    /// Per-command timeout; a command exceeding it kills the queue.
+    pub command_timeout: Duration,
+    /// TCP connect and ICReq/ICResp timeout.
+    pub connect_timeout: Duration,
+}
+
+/// The data a command moves.
+#[derive(Debug)]
+pub enum Xfer<'a> {
+    /// No data.
+    None,
+    /// Host to controller (writes, Connect data, reservation keys).
+    ToController(&'a [u8]),
+    /// Controller to host (reads, Identify, log pages).
+    FromController(&'a mut [u8]),
+}
+
+/// The caller's read buffer, lent to the reader thread while the command is outstanding.
+#[derive(Clone, Copy)]
+struct RawBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is only dereferenced by the reader thread while the owning caller is
+// blocked in `Queue::wait` on the same slot (see the module documentation).
+unsafe impl Send for RawBuf {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Free,
+    InFlight,
+    Done,
+}
+
+struct SlotState {
+    phase: Phase,
+    result: Option<Result<Cqe, HostError>>,
+    read_buf: Option<RawBuf>,
+    write_len: usize,
+    r2ts: VecDeque<R2t>,
+}
+
+struct Slot {
+    state: Mutex<SlotState>,
+    cv: Condvar,
+}
+
+/// One connected queue.
+pub struct Queue {
+    addr: SocketAddr,
+    qid: u16,
+    writer: Mutex<TcpStream>,
+    control: TcpStream,
+    send: DigestConfig,
+    maxh2cdata: u32,
+    in_capsule_bytes: usize,
+    timeout: Duration,
+    slots: Box<[Slot]>,
+    free: Mutex<Vec<u16>>,
+    free_cv: Condvar,
+    dead: AtomicBool,
+    death: Mutex<Option<String>>,
+    reader: Mutex<Option<JoinHandle<()>>>,
+    on_death: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("addr", &self.addr)
+            .field("qid", &self.qid)
+            .field("dead", &self.is_dead())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    /// Opens the TCP connection, exchanges ICReq/ICResp, starts the reader and sends the
+    /// Fabrics Connect. Returns the queue and the controller ID from the Connect response.
+    ///
+    /// # Errors
+    /// [`HostError::Transport`] when the controller cannot be reached,
+    /// [`HostError::Protocol`] for an unacceptable ICResp, [`HostError::ConnectRefused`]
+    /// when the subsystem refuses the host.
+    pub fn connect(cfg: &QueueConfig) -> Result<(Arc<Queue>, u16), HostError> {
+        assert!(cfg.entries >= 2, "a queue needs at least 2 entries");
+        let addr = cfg.addr;
+        let stream = TcpStream::connect_timeout(&addr, cfg.connect_timeout)
+            .map_err(|e| transport(addr, format!("connecting: {e}")))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| transport(addr, format!("setting TCP_NODELAY: {e}")))?;
+        let (icreq, icresp) = handshake(&stream, cfg)?;
+        let session = DigestConfig::after_handshake(&icreq, &icresp, Side::Host);
+        let socket_err = |e: io::Error| transport(addr, format!("configuring socket: {e}"));
+        stream.set_read_timeout(None).map_err(socket_err)?;
+        stream
+            .set_write_timeout(Some(cfg.command_timeout))
+            .map_err(socket_err)?;
+        let reader_stream = stream.try_clone().map_err(socket_err)?;
+        let control = stream.try_clone().map_err(socket_err)?;
+        let outstanding = cfg.entries - 1;
+        let slots = (0..outstanding)
+            .map(|_| Slot {
+                state: Mutex::new(SlotState {
+                    phase: Phase::Free,
+                    result: None,
+                    read_buf: None,
+                    write_len: 0,
+                    r2ts: VecDeque::new(),
+                }),
+                cv: Condvar::new(),
+            })
+            .collect();
+        let queue = Arc::new(Queue {
+            addr,
+            qid: cfg.qid,
+            writer: Mutex::new(stream),
+            control,
+            send: session.send,
+            maxh2cdata: icresp.maxh2cdata,
+            in_capsule_bytes: cfg.in_capsule_bytes,
+            timeout: cfg.command_timeout,
+            slots,
+            free: Mutex::new((0..outstanding).rev().collect()),
+            free_cv: Condvar::new(),
+            dead: AtomicBool::new(false),
+            death: Mutex::new(None),
+            reader: Mutex::new(None),
+            on_death: Mutex::new(None),
+        });
+        queue.start_reader(reader_stream, session.receive)?;
+        match queue.fabrics_connect(cfg) {
+            Ok(cntlid) => Ok((queue, cntlid)),
+            Err(e) => {
+                queue.close();
+                Err(e)
+            }
+        }
+    }
+
+    fn start_reader(
+        self: &Arc<Self>,
+        stream: TcpStream,
+        receive: DigestConfig,
+    ) -> Result<(), HostError> {
+        let queue = Arc::clone(self);
+        let name = format!("nvme-rx-q{}", self.qid);
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || queue.reader_loop(stream, receive))
+            .map_err(|e| HostError::Io {
+                context: "spawning the queue reader thread".into(),
+                source: e,
+            })?;
+        *self.reader.lock() = Some(handle);
+        Ok(())
+    }
+
+    fn fabrics_connect(&self, cfg: &QueueConfig) -> Result<u16, HostError> {
+        let connect = Connect::new(cfg.qid, u32::from(cfg.entries), cfg.kato_ms)
+            .map_err(|e| HostError::Invalid(format!("queue size {}: {e}", cfg.entries)))?;
+        let data = ConnectData {
+            hostid: cfg.hostid,
+            cntlid: cfg.cntlid,
+            subnqn: cfg.subnqn.clone(),
+            hostnqn: cfg.hostnqn.clone(),
+        }
+        .encode();
+        let cqe = self.execute(connect.to_sqe(0), Xfer::ToController(&data), "Connect")?;
+        if !cqe.status.is_success() {
+            return Err(HostError::ConnectRefused {
+                addr: self.addr,
+                subnqn: cfg.subnqn.to_string(),
+                hostnqn: cfg.hostnqn.to_string(),
+                status: cqe.status,
+                hint: connect_hint(cqe.status, cqe.dw0),
+            });
+        }
+        Ok(connect_response_cntlid(cqe.dw0))
+    }
+
+    /// The controller address.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Whether the connection is gone; every command fails at once.
+    #[must_use]
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Why the connection died, if it did.
+    #[must_use]
+    pub fn death_reason(&self) -> Option<String> {
+        self.death.lock().clone()
+    }
+
+    /// Registers a function run once, on the reader thread, when the connection dies. It
+    /// must not block on this queue (it may kill other queues).
+    pub fn set_on_death(&self, f: Box<dyn FnOnce() + Send>) {
+        *self.on_death.lock() = Some(f);
+        if self.is_dead() {
+            if let Some(f) = self.on_death.lock().take() {
+                f();
+            }
+        }
+    }
+
+    /// Tears the connection down: outstanding commands fail with a transport error naming
+    /// `reason`. Does not wait.
+    pub fn kill(&self, reason: &str) {
+        {
+            let mut death = self.death.lock();
+            if death.is_none() {
+                *death = Some(reason.to_owned());
+            }
+        }
+        self.dead.store(true, Ordering::SeqCst);
+        // Wakes the reader out of its blocking read; errors mean it is already closed.
+        let _ = self.control.shutdown(Shutdown::Both);
+    }
+
+    /// Kills the connection and waits for the reader thread to finish.
+    pub fn close(&self) {
+        self.kill("closed by the host");
+        let handle = self.reader.lock().take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+
+    /// Runs one command to completion and returns its CQE, whatever its status. The SQE's
+    /// CID and data pointer are filled in here.
+    ///
+    /// # Errors
+    /// [`HostError::Transport`] when the connection is or goes down,
+    /// [`HostError::Timeout`] when the controller does not answer in time (the connection
+    /// is then torn down: a stuck controller is a dead path).
+    pub fn execute(&self, sqe: Sqe, xfer: Xfer<'_>, what: &'static str) -> Result<Cqe, HostError> {
+        let deadline = Instant::now() + self.timeout;
+        let cid = self.alloc_cid(deadline, what)?;
+        let result = self.run(cid, sqe, xfer, deadline, what);
+        self.release_cid(cid);
+        result
+    }
+
+    fn alloc_cid(&self, deadline: Instant, what: &'static str) -> Result<u16, HostError> {
+        let mut free = self.free.lock();
+        loop {
+            if self.is_dead() {
+                return Err(self.dead_error());
+            }
+            if let Some(cid) = free.pop() {
+                return Ok(cid);
+            }
+            if self.free_cv.wait_until(&mut free, deadline).timed_out() {
+                return Err(HostError::Timeout {
+                    addr: self.addr,
+                    command: what,
+                    after: self.timeout,
+                });
+            }
+        }
+    }
+
+    fn release_cid(&self, cid: u16) {
+        self.free.lock().push(cid);
+        self.free_cv.notify_one();
+    }
+
+    fn dead_error(&self) -> HostError {
+        let reason = self
+            .death_reason()
+            .unwrap_or_else(|| "connection closed".to_owned());
+        transport(self.addr, reason)
+    }
+
+    fn run(
+        &self,
+        cid: u16,
+        mut sqe: Sqe,
+        xfer: Xfer<'_>,
+        deadline: Instant,
+        what: &'static str,
+    ) -> Result<Cqe, HostError> {
+        sqe.cid = cid;
+        let in_capsule_max = if sqe.opcode == FABRICS_OPCODE {
+            ADMIN_IN_CAPSULE_BYTES
+        } else {
+            self.in_capsule_bytes
+        };
+        let (read_buf, capsule, r2t_source): (Option<RawBuf>, &[u8], &[u8]) = match xfer {
+            Xfer::None => (None, &[], &[]),
+            Xfer::FromController(buf) => {
+                let raw = RawBuf {
+                    ptr: buf.as_mut_ptr(),
+                    len: buf.len(),
+                };
+                (Some(raw), &[], &[])
+            }
+            Xfer::ToController(data) if data.len() <= in_capsule_max => (None, data, &[]),
+            Xfer::ToController(data) => (None, &[], data),
+        };
+        let len = read_buf.map_or(0, |b| b.len) + capsule.len() + r2t_source.len();
+        let len = u32::try_from(len)
+            .map_err(|_| HostError::Invalid(format!("{what}: transfer of {len} bytes")))?;
+        sqe.dptr = if capsule.is_empty() {
+            SglDescriptor::transport(len)
+        } else {
+            SglDescriptor::in_capsule(0, len)
+        };
+        self.arm(cid, read_buf, r2t_source.len());
+        if self.is_dead() {
+            self.cancel(cid);
+        } else if let Err(e) = self.send_pdu(&PduHeader::CapsuleCmd(sqe), capsule) {
+            self.kill(&format!("sending {what}: {e}"));
+        }
+        self.wait(cid, r2t_source, deadline, what)
+    }
+
+    fn arm(&self, cid: u16, read_buf: Option<RawBuf>, write_len: usize) {
+        let mut st = self.slots[usize::from(cid)].state.lock();
+        assert_eq!(st.phase, Phase::Free, "CID {cid} allocated twice");
+        st.phase = Phase::InFlight;
+        st.result = None;
+        st.read_buf = read_buf;
+        st.write_len = write_len;
+        st.r2ts.clear();
+    }
+
+    /// Fails a command that was armed after the reader's teardown already swept the slots.
+    fn cancel(&self, cid: u16) {
+        let err = self.dead_error();
+        let slot = &self.slots[usize::from(cid)];
+        let mut st = slot.state.lock();
+        if st.phase == Phase::InFlight {
+            st.phase = Phase::Done;
+            st.result = Some(Err(err));
+            st.read_buf = None;
+        }
+    }
+
+    /// Waits for the slot to complete, answering R2Ts on the way.
+    fn wait(
+        &self,
+        cid: u16,
+        source: &[u8],
+        deadline: Instant,
+        what: &'static str,
+    ) -> Result<Cqe, HostError> {
+        let slot = &self.slots[usize::from(cid)];
+        let mut timed_out = false;
+        let mut st = slot.state.lock();
+        loop {
+            if st.phase == Phase::Done {
+                st.phase = Phase::Free;
+                let result = st.result.take().unwrap_or_else(|| Err(self.dead_error()));
+                return match result {
+                    Err(HostError::Transport { .. }) if timed_out => Err(HostError::Timeout {
+                        addr: self.addr,
+                        command: what,
+                        after: self.timeout,
+                    }),
+                    other => other,
+                };
+            }
+            if let Some(r2t) = st.r2ts.pop_front() {
+                drop(st);
+                if let Err(e) = self.send_r2t_data(cid, r2t, source) {
+                    self.kill(&format!("sending H2CData for {what}: {e}"));
+                }
+                st = slot.state.lock();
+                continue;
+            }
+            if timed_out {
+                // The reader's teardown completes the slot; shutdown made its read return.
+                slot.cv.wait_for(&mut st, Duration::from_secs(1));
+            } else if slot.cv.wait_until(&mut st, deadline).timed_out()
+                && st.phase == Phase::InFlight
+            {
+                timed_out = true;
+                tracing::warn!(addr = %self.addr, qid = self.qid, cid, "{what} timed out after {:?}; resetting the connection", self.timeout);
+                drop(st);
+                self.kill(&format!("{what} timed out"));
+                st = slot.state.lock();
+            }
+        }
+    }
+
+    fn send_r2t_data(&self, cid: u16, r2t: R2t, source: &[u8]) -> io::Result<()> {
+        for (offset, len, last) in r2t_segments(r2t.r2to, r2t.r2tl, self.maxh2cdata) {
+            let header = DataHeader::h2c(cid, r2t.ttag, offset, len, last);
+            let start = offset as usize;
+            self.send_pdu(
+                &PduHeader::H2CData(header),
+                &source[start..start + len as usize],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Writes one PDU under the write lock as a single vectored write. The data digest is
+    /// computed only when negotiated (the wire module's `write_pdu` always computes it).
+    fn send_pdu(&self, header: &PduHeader, data: &[u8]) -> io::Result<()> {
+        let head = encode_header(header, data.len(), &self.send)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let digest: [u8; DIGEST_BYTES] = if head.has_data_digest() {
+            crc32c::crc32c(data).to_le_bytes()
+        } else {
+            [0; DIGEST_BYTES]
+        };
+        let trailer: &[u8] = if head.has_data_digest() { &digest } else { &[] };
+        let mut slices = [
+            IoSlice::new(head.as_bytes()),
+            IoSlice::new(data),
+            IoSlice::new(trailer),
+        ];
+        let mut writer = self.writer.lock();
+        write_all_vectored(&mut *writer, &mut slices)
+    }
+
+    fn reader_loop(self: Arc<Self>, stream: TcpStream, receive: DigestConfig) {
+        let mut stream = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+        let mut reader = PduReader::new(Side::Host, MAX_PDU_BYTES, receive);
+        let reason = loop {
+            if let Err(reason) = self.read_one(&mut reader, &mut stream) {
+                break reason;
+            }
+        };
+        self.teardown(&reason);
+    }
+
+    fn read_one(
+        &self,
+        reader: &mut PduReader,
+        stream: &mut BufReader<TcpStream>,
+    ) -> Result<(), String> {
+        let pdu = reader
+            .read_header(stream)
+            .map_err(|e| self.read_error(&e))?;
+        match pdu.header {
+            PduHeader::CapsuleResp(cqe) => self.complete(cqe.cid, Ok(cqe)),
+            PduHeader::C2HData(data) => self.receive_data(reader, stream, &pdu, data),
+            PduHeader::R2T(r2t) => self.queue_r2t(r2t),
+            PduHeader::C2HTermReq(term) => {
+                let mut quoted = vec![0u8; pdu.data_len()];
+                let _ = reader.read_data_into(stream, &pdu, &mut quoted);
+                Err(format!(
+                    "the controller terminated the connection (C2HTermReq FES {:#x} FEI {:#x})",
+                    term.fes, term.fei
+                ))
+            }
+            other => Err(format!("unexpected {} PDU", other.pdu_type())),
+        }
+    }
+
+    fn read_error(&self, e: &PduError) -> String {
+        if let Some(reason) = self.death_reason() {
+            return reason;
+        }
+        match e {
+            PduError::Closed => "connection closed by the controller".to_owned(),
+            other => other.to_string(),
+        }
+    }
+
+    fn slot(&self, cid: u16) -> Result<&Slot, String> {
+        self.slots.get(usize::from(cid)).ok_or_else(|| {
+            format!(
+                "controller used CID {cid}, beyond the queue's {} slots",
+                self.slots.len()
+            )
+        })
+    }
+
+    fn complete(&self, cid: u16, result: Result<Cqe, HostError>) -> Result<(), String> {
+        let slot = self.slot(cid)?;
+        let mut st = slot.state.lock();
+        if st.phase != Phase::InFlight {
+            return Err(format!(
+                "completion for CID {cid}, which is not outstanding"
+            ));
+        }
+        st.phase = Phase::Done;
+        st.result = Some(result);
+        st.read_buf = None;
+        slot.cv.notify_one();
+        Ok(())
+    }
+
+    fn receive_data(
+        &self,
+        reader: &mut PduReader,
+        stream: &mut BufReader<TcpStream>,
+        pdu: &InboundPdu,
+        data: DataHeader,
+    ) -> Result<(), String> {
+        let cid = data.cccid;
+        let buf = {
+            let st = self.slot(cid)?.state.lock();
+            match (st.phase, st.read_buf) {
+                (Phase::InFlight, Some(buf)) => buf,
+                _ => return Err(format!("C2HData for CID {cid}, which reads no data")),
+            }
+        };
+        let (start, len) = (data.datao as usize, pdu.data_len());
+        if start.checked_add(len).is_none_or(|end| end > buf.len) {
+            return Err(format!(
+                "C2HData for CID {cid} at offset {start} length {len} outside its {} bytes",
+                buf.len
+            ));
+        }
+        // SAFETY: `buf` is the caller's buffer, lent for as long as the slot is in flight;
+        // only this thread completes the slot, and the range was checked above.
+        let target = unsafe { std::slice::from_raw_parts_mut(buf.ptr.add(start), len) };
+        reader
+            .read_data_into(stream, pdu, target)
+            .map_err(|e| self.read_error(&e))?;
+        if data.success {
+            self.complete(cid, Ok(Cqe::new(cid, Status::SUCCESS)))?;
+        }
+        Ok(())
+    }
+
+    fn queue_r2t(&self, r2t: R2t) -> Result<(), String> {
+        let cid = r2t.cccid;
+        let slot = self.slot(cid)?;
+        let mut st = slot.state.lock();
+        if st.phase != Phase::InFlight || !r2t_in_range(r2t.r2to, r2t.r2tl, st.write_len) {
+            return Err(format!(
+                "R2T for CID {cid} offset {} length {} outside its {} bytes of write data",
+                r2t.r2to, r2t.r2tl, st.write_len
+            ));
+        }
+        if st.r2ts.len() >= R2T_QUEUED_MAX {
+            return Err(format!(
+                "more than {R2T_QUEUED_MAX} R2Ts outstanding for CID {cid}"
+            ));
+        }
+        st.r2ts.push_back(r2t);
+        slot.cv.notify_one();
+        Ok(())
+    }
+
+    /// Runs on the reader thread as it exits: the queue is dead, every outstanding command
+    /// fails with a transport error, and waiters for a CID wake up to see it.
+    fn teardown(&self, reason: &str) {
+        if !self.is_dead() {
+            tracing::warn!(addr = %self.addr, qid = self.qid, "queue lost: {reason}");
+        }
+        self.kill(reason);
+        let err_reason = self.death_reason().unwrap_or_else(|| reason.to_owned());
+        for slot in &*self.slots {
+            let mut st = slot.state.lock();
+            if st.phase == Phase::InFlight {
+                st.phase = Phase::Done;
+                st.result = Some(Err(transport(self.addr, err_reason.clone())));
+                st.read_buf = None;
+                slot.cv.notify_one();
+            }
+        }
+        drop(self.free.lock());
+        self.free_cv.notify_all();
+        let on_death = self.on_death.lock().take();
+        if let Some(f) = on_death {
+            f();
+        }
+    }
+}
+
+fn transport(addr: SocketAddr, reason: String) -> HostError {
+    HostError::Transport { addr, reason }
+}
+
+/// ICReq / ICResp (NVMe/TCP 1.0 3.6.2.2-3.6.2.3): the host asks for no alignment of the
+/// data it receives (HPDA 0, which Linux requires too), the digests it wants, and one R2T
+/// per command (MAXR2T 0's based); the controller must echo the digests and announce a
+/// usable MAXH2CDATA.
+fn handshake(stream: &TcpStream, cfg: &QueueConfig) -> Result<(IcReq, IcResp), HostError> {
+    let addr = cfg.addr;
+    let icreq = IcReq {
+        pfv: 0,
+        hpda: 0,
+        hdgst: cfg.header_digest,
+        ddgst: cfg.data_digest,
+        maxr2t: 0,
+    };
+    stream
+        .set_read_timeout(Some(cfg.connect_timeout))
+        .map_err(|e| transport(addr, format!("configuring socket: {e}")))?;
+    let mut writer = stream;
+    crate::wire::write_pdu(
+        &mut writer,
+        &PduHeader::IcReq(icreq),
+        &[],
+        &DigestConfig::NONE,
+    )
+    .map_err(|e| transport(addr, format!("sending ICReq: {e}")))?;
+    let mut reader = PduReader::new(Side::Host, MAX_PDU_BYTES_MIN, DigestConfig::NONE);
+    let mut input = stream;
+    let pdu = reader
+        .read_header(&mut input)
+        .map_err(|e| transport(addr, format!("reading ICResp: {e}")))?;
+    let icresp = match pdu.header {
+        PduHeader::IcResp(icresp) => icresp,
+        other => {
+            let reason = format!("expected ICResp, got {}", other.pdu_type());
+            return Err(HostError::Protocol { addr, reason });
+        }
+    };
+    check_icresp(addr, &icreq, &icresp)?;
+    Ok((icreq, icresp))
+}
+
+fn check_icresp(addr: SocketAddr, icreq: &IcReq, icresp: &IcResp) -> Result<(), HostError> {
+    let reason = if icresp.pfv != 0 {
+        format!("ICResp PDU format version {} (only 0 exists)", icresp.pfv)
+    } else if icresp.hdgst != icreq.hdgst {
+        format!(
+            "header digest requested {}, controller answered {}",
+            icreq.hdgst, icresp.hdgst
+        )
+    } else if icresp.ddgst != icreq.ddgst {
+        format!(
+            "data digest requested {}, controller answered {}",
+            icreq.ddgst, icresp.ddgst
+        )
+    } else if icresp.maxh2cdata < crate::wire::pdu::MAXH2CDATA_MIN
+        || !icresp.maxh2cdata.is_multiple_of(4)
+    {
+        format!(
+            "ICResp MAXH2CDATA {} (must be a multiple of 4, at least 4096)",
+            icresp.maxh2cdata
+        )
+    } else {
+        return Ok(());
+    };
+    Err(HostError::Protocol { addr, reason })
+}
+
+/// What to tell the administrator about a refused Connect.
+fn connect_hint(status: Status, dw0: u32) -> String {
+    let code = status.code();
+    if code == Status::CONNECT_INVALID_HOST.code() {
+        "; this host NQN is not allowed on the subsystem: add it to the subsystem's allowed \
+         hosts on the drive server"
+            .to_owned()
+    } else if code == Status::CONNECT_INVALID_PARAMETERS.code() {
+        let (in_data, offset) = (dw0 >> 16 & 1 != 0, dw0 & 0xffff);
+        match (in_data, offset) {
+            (true, 256) => "; the subsystem NQN is unknown at this address: check it with \
+                            `tessera nvme discover`"
+                .to_owned(),
+            (true, 512) => "; the controller rejected the host NQN".to_owned(),
+            _ => format!("; invalid parameter at offset {offset} (in data: {in_data})"),
+        }
+    } else if code == Status::CONNECT_CONTROLLER_BUSY.code() {
+        "; the controller is busy (its controller limit may be reached): retry later".to_owned()
+    } else {
+        String::new()
+    }
+}
+
+/// `Write::write_all_vectored` is unstable; this is the same loop.
+fn write_all_vectored<W: Write>(w: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

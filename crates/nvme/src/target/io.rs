@@ -1,0 +1,309 @@
+//! NVM I/O commands against a namespace, run on a connection's drive I/O workers.
+//!
+//! Order of checks for a command naming a namespace: the namespace exists, its ANA group
+//! is accessible through this port, the reservation allows this host, then the command's
+//! own fields (range, transfer length). Drive errors map to media status: Unrecovered Read
+//! Error for reads, Write Fault for everything that writes.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tessera_drive::AlignedBuf;
+
+use super::ana::path_status;
+use super::controller::{Controller, MDTS_BYTES};
+use super::namespace::{Namespace, LBA_BYTES};
+use super::reservation::Requester;
+use crate::wire::command::{DatasetManagement, DsmRange, IoCommand, ReadWrite, WriteZeroes};
+use crate::wire::reservation::{decode_release_data, KeyPair, ReservationReport};
+use crate::wire::Status;
+
+/// The outcome of an I/O command.
+pub(crate) struct IoDone {
+    pub status: Status,
+    /// Data for the host (reads, Reservation Report): buffer and valid length.
+    pub data: Option<(AlignedBuf, usize)>,
+}
+
+impl IoDone {
+    fn status(status: Status) -> IoDone {
+        IoDone { status, data: None }
+    }
+
+    fn ok() -> IoDone {
+        IoDone::status(Status::SUCCESS)
+    }
+}
+
+fn dnr(status: Status) -> IoDone {
+    IoDone::status(status.with_dnr(true))
+}
+
+/// Host-to-controller data received with the command.
+pub(crate) struct HostData {
+    pub buf: AlignedBuf,
+    pub len: usize,
+}
+
+impl HostData {
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Executes `cmd`; `c2h_len` is the host's buffer for data it reads (the SGL length).
+pub(crate) fn execute(
+    ctrl: &Controller,
+    cmd: &IoCommand,
+    data: Option<&HostData>,
+    c2h_len: usize,
+) -> IoDone {
+    if let IoCommand::Flush { nsid: 0xffff_ffff } = cmd {
+        return flush_all(ctrl);
+    }
+    let nsid = command_nsid(cmd);
+    let Some(ns) = ctrl.subsys.namespaces.get(&nsid) else {
+        return dnr(Status::INVALID_NAMESPACE);
+    };
+    if let Some(status) = path_status(ctrl.port.ana.state(ns.ana_grpid)) {
+        return IoDone::status(status);
+    }
+    let done = dispatch(ctrl, ns, cmd, data, c2h_len);
+    if !done.status.is_success() {
+        ns.count(&ns.counters.errors, 1);
+    }
+    done
+}
+
+fn dispatch(
+    ctrl: &Controller,
+    ns: &Arc<Namespace>,
+    cmd: &IoCommand,
+    data: Option<&HostData>,
+    c2h_len: usize,
+) -> IoDone {
+    let write_class = matches!(
+        cmd,
+        IoCommand::Write(_)
+            | IoCommand::WriteZeroes(_)
+            | IoCommand::DatasetManagement(_)
+            | IoCommand::Flush { .. }
+    );
+    if write_class || matches!(cmd, IoCommand::Read(_)) {
+        if let Err(status) = ns
+            .reservation
+            .lock()
+            .check_access(&ctrl.hostid, write_class)
+        {
+            return IoDone::status(status);
+        }
+    }
+    let who = Requester {
+        hostid: ctrl.hostid,
+        cntlid: ctrl.cntlid,
+    };
+    match cmd {
+        IoCommand::Read(rw) => read(ns, rw, c2h_len),
+        IoCommand::Write(rw) => write(ctrl, ns, rw, data),
+        IoCommand::Flush { .. } => flush(ns),
+        IoCommand::WriteZeroes(wz) => write_zeroes(ctrl, ns, wz),
+        IoCommand::DatasetManagement(dsm) => deallocate(ns, dsm, data),
+        IoCommand::ReservationRegister(r) => with_keys(ns, data, |s, k| {
+            s.register(who, r.action, r.iekey, r.cptpl, k.crkey, k.second)
+        }),
+        IoCommand::ReservationAcquire(a) => with_keys(ns, data, |s, k| {
+            s.acquire(who, a.action, a.iekey, a.rtype, k.crkey, k.second)
+        }),
+        IoCommand::ReservationRelease(r) => release(ns, who, r, data),
+        IoCommand::ReservationReport(r) => report(ns, r, c2h_len),
+    }
+}
+
+fn command_nsid(cmd: &IoCommand) -> u32 {
+    match cmd {
+        IoCommand::Flush { nsid } => *nsid,
+        IoCommand::Read(rw) | IoCommand::Write(rw) => rw.nsid,
+        IoCommand::WriteZeroes(wz) => wz.nsid,
+        IoCommand::DatasetManagement(d) => d.nsid,
+        IoCommand::ReservationRegister(r) => r.nsid,
+        IoCommand::ReservationAcquire(a) => a.nsid,
+        IoCommand::ReservationRelease(r) => r.nsid,
+        IoCommand::ReservationReport(r) => r.nsid,
+    }
+}
+
+/// Checks range and MDTS; returns the transfer length in bytes.
+fn transfer(ns: &Namespace, rw: &ReadWrite) -> Result<usize, IoDone> {
+    let blocks = u64::from(rw.blocks());
+    let bytes = blocks * LBA_BYTES;
+    if bytes > u64::from(MDTS_BYTES) {
+        return Err(dnr(Status::INVALID_FIELD));
+    }
+    if !ns.in_range(rw.slba, blocks) {
+        return Err(dnr(Status::LBA_OUT_OF_RANGE));
+    }
+    Ok(bytes as usize)
+}
+
+fn read(ns: &Namespace, rw: &ReadWrite, c2h_len: usize) -> IoDone {
+    let len = match transfer(ns, rw) {
+        Ok(len) => len,
+        Err(done) => return done,
+    };
+    if c2h_len != len {
+        return dnr(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    let mut buf = AlignedBuf::zeroed(len);
+    if let Err(e) = ns.dev.read_at(&mut buf[..len], rw.slba * LBA_BYTES) {
+        tracing::warn!(nsid = ns.nsid, slba = rw.slba, "read failed: {e}");
+        return dnr(Status::UNRECOVERED_READ_ERROR);
+    }
+    ns.count(&ns.counters.reads, 1);
+    ns.count(&ns.counters.read_bytes, len as u64);
+    IoDone {
+        status: Status::SUCCESS,
+        data: Some((buf, len)),
+    }
+}
+
+fn write(ctrl: &Controller, ns: &Namespace, rw: &ReadWrite, data: Option<&HostData>) -> IoDone {
+    let len = match transfer(ns, rw) {
+        Ok(len) => len,
+        Err(done) => return done,
+    };
+    let Some(data) = data.filter(|d| d.len == len) else {
+        return dnr(Status::DATA_SGL_LENGTH_INVALID);
+    };
+    if let Err(e) = ns.dev.write_at(data.bytes(), rw.slba * LBA_BYTES) {
+        tracing::warn!(nsid = ns.nsid, slba = rw.slba, "write failed: {e}");
+        return dnr(Status::WRITE_FAULT);
+    }
+    if rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed) {
+        if let Err(e) = ns.dev.flush() {
+            tracing::warn!(nsid = ns.nsid, "flush after FUA write failed: {e}");
+            return dnr(Status::WRITE_FAULT);
+        }
+    }
+    ns.count(&ns.counters.writes, 1);
+    ns.count(&ns.counters.write_bytes, len as u64);
+    IoDone::ok()
+}
+
+fn flush(ns: &Namespace) -> IoDone {
+    ns.count(&ns.counters.other, 1);
+    match ns.dev.flush() {
+        Ok(()) => IoDone::ok(),
+        Err(e) => {
+            tracing::warn!(nsid = ns.nsid, "flush failed: {e}");
+            dnr(Status::WRITE_FAULT)
+        }
+    }
+}
+
+fn flush_all(ctrl: &Controller) -> IoDone {
+    for ns in ctrl.subsys.namespaces.values() {
+        if path_status(ctrl.port.ana.state(ns.ana_grpid)).is_some() {
+            continue;
+        }
+        let done = flush(ns);
+        if !done.status.is_success() {
+            return done;
+        }
+    }
+    IoDone::ok()
+}
+
+fn write_zeroes(ctrl: &Controller, ns: &Namespace, wz: &WriteZeroes) -> IoDone {
+    let blocks = u64::from(wz.blocks());
+    if !ns.in_range(wz.slba, blocks) {
+        return dnr(Status::LBA_OUT_OF_RANGE);
+    }
+    ns.count(&ns.counters.other, 1);
+    if let Err(e) = ns.write_zeroes(wz.slba, blocks, wz.deallocate) {
+        tracing::warn!(nsid = ns.nsid, slba = wz.slba, "write zeroes failed: {e}");
+        return dnr(Status::WRITE_FAULT);
+    }
+    if wz.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed) {
+        return flush(ns);
+    }
+    IoDone::ok()
+}
+
+fn deallocate(ns: &Namespace, dsm: &DatasetManagement, data: Option<&HostData>) -> IoDone {
+    ns.count(&ns.counters.other, 1);
+    let bytes = data.map_or(&[][..], HostData::bytes);
+    let ranges = match DsmRange::decode_list(bytes, dsm.range_count()) {
+        Ok(r) => r,
+        Err(e) => return IoDone::status(e.status()),
+    };
+    if ranges
+        .iter()
+        .any(|r| !ns.in_range(r.slba, u64::from(r.nlb)))
+    {
+        return dnr(Status::LBA_OUT_OF_RANGE);
+    }
+    if !dsm.deallocate {
+        // Only attribute hints (IDR/IDW): nothing to do.
+        return IoDone::ok();
+    }
+    for r in ranges.iter().filter(|r| r.nlb > 0) {
+        if let Err(e) = ns.deallocate(r.slba, u64::from(r.nlb)) {
+            tracing::warn!(nsid = ns.nsid, slba = r.slba, "deallocate failed: {e}");
+            return dnr(Status::WRITE_FAULT);
+        }
+    }
+    IoDone::ok()
+}
+
+fn with_keys(
+    ns: &Namespace,
+    data: Option<&HostData>,
+    op: impl FnOnce(&mut super::reservation::ReservationState, KeyPair) -> Result<(), Status>,
+) -> IoDone {
+    ns.count(&ns.counters.other, 1);
+    let keys = match KeyPair::decode(data.map_or(&[][..], HostData::bytes)) {
+        Ok(k) => k,
+        Err(e) => return IoDone::status(e.status()),
+    };
+    match op(&mut ns.reservation.lock(), keys) {
+        Ok(()) => IoDone::ok(),
+        Err(status) => IoDone::status(status),
+    }
+}
+
+fn release(
+    ns: &Namespace,
+    who: Requester,
+    r: &crate::wire::reservation::ReservationRelease,
+    data: Option<&HostData>,
+) -> IoDone {
+    ns.count(&ns.counters.other, 1);
+    let crkey = match decode_release_data(data.map_or(&[][..], HostData::bytes)) {
+        Ok(k) => k,
+        Err(e) => return IoDone::status(e.status()),
+    };
+    match ns
+        .reservation
+        .lock()
+        .release(who, r.action, r.iekey, r.rtype, crkey)
+    {
+        Ok(()) => IoDone::ok(),
+        Err(status) => IoDone::status(status),
+    }
+}
+
+/// Reservation Report. Both layouts are served: over Fabrics host identifiers are 128
+/// bits, so the regular layout carries only their first 8 bytes; hosts that need the
+/// full identifier ask for the extended layout (EDS).
+fn report(ns: &Namespace, r: &ReservationReport, c2h_len: usize) -> IoDone {
+    ns.count(&ns.counters.other, 1);
+    let encoded = ns.reservation.lock().report().encode(r.eds);
+    let len = (r.len_bytes().min(MDTS_BYTES.into()) as usize).min(c2h_len);
+    let mut buf = AlignedBuf::zeroed(len);
+    let n = encoded.len().min(len);
+    buf[..n].copy_from_slice(&encoded[..n]);
+    IoDone {
+        status: Status::SUCCESS,
+        data: Some((buf, len)),
+    }
+}

@@ -1,0 +1,194 @@
+//! An exported namespace: a `BlockDevice` with 4096-byte LBAs, its identity, its
+//! reservation state and its counters.
+//!
+//! Deallocation: on a regular file, Dataset Management deallocate and Write Zeroes with
+//! DEAC punch holes (`fallocate(PUNCH_HOLE | KEEP_SIZE)`), and plain Write Zeroes uses
+//! `fallocate(ZERO_RANGE | KEEP_SIZE)`, so deallocated blocks read back as zeroes (DLFEAT
+//! reports this). On a block device, deallocate issues `BLKDISCARD` (a hint: DLFEAT then
+//! promises nothing about what such blocks read back) and Write Zeroes `BLKZEROOUT`. When
+//! the kernel refuses either (no `fallocate` support, or the device was supplied by the
+//! caller of `DriveServer::start_with`), Write Zeroes falls back to writing zero buffers
+//! and deallocate to doing nothing, which the specification allows for a hint.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tessera_drive::{AlignedBuf, BlockDevice};
+
+use super::reservation::ReservationState;
+
+/// Bytes per logical block (LBADS 12).
+pub const LBA_BYTES: u64 = 4096;
+/// The zero buffer used when Write Zeroes has to write.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+/// Per-namespace counters.
+#[derive(Debug, Default)]
+pub(crate) struct NsCounters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub other: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// An exported namespace.
+#[derive(Debug)]
+pub(crate) struct Namespace {
+    pub nsid: u32,
+    pub subnqn: String,
+    pub dev: Arc<dyn BlockDevice>,
+    /// A second, buffered descriptor used only for `fallocate` and ioctls.
+    aux: Option<File>,
+    is_block_device: bool,
+    pub blocks: u64,
+    pub nguid: [u8; 16],
+    pub uuid: [u8; 16],
+    pub ana_grpid: u32,
+    pub reservation: Mutex<ReservationState>,
+    pub counters: NsCounters,
+}
+
+impl Namespace {
+    pub fn new(
+        cfg: &super::config::NamespaceConfig,
+        subnqn: &str,
+        dev: Arc<dyn BlockDevice>,
+        aux_path: Option<&Path>,
+    ) -> Namespace {
+        let aux = aux_path.and_then(|p| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .ok()
+        });
+        let is_block_device = aux
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .is_some_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_block_device()
+            });
+        Namespace {
+            nsid: cfg.nsid,
+            subnqn: subnqn.to_owned(),
+            blocks: dev.size_bytes() / LBA_BYTES,
+            dev,
+            aux,
+            is_block_device,
+            nguid: cfg.nguid,
+            uuid: cfg.uuid,
+            ana_grpid: cfg.ana_grpid,
+            reservation: Mutex::new(ReservationState::default()),
+            counters: NsCounters::default(),
+        }
+    }
+
+    /// True when deallocated blocks read back as zeroes (DLFEAT bits 2:0 = 001b).
+    pub fn deallocate_reads_zeroes(&self) -> bool {
+        self.aux.is_some() && !self.is_block_device
+    }
+
+    /// Checks `slba .. slba + blocks` against the namespace size.
+    pub fn in_range(&self, slba: u64, blocks: u64) -> bool {
+        slba.checked_add(blocks)
+            .is_some_and(|end| end <= self.blocks)
+    }
+
+    /// Deallocates a range (a hint; see the module documentation).
+    pub fn deallocate(&self, slba: u64, blocks: u64) -> io::Result<()> {
+        let (offset, len) = (slba * LBA_BYTES, blocks * LBA_BYTES);
+        let Some(aux) = &self.aux else {
+            return Ok(());
+        };
+        let result = if self.is_block_device {
+            block_ioctl(aux, BLKDISCARD, offset, len)
+        } else {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            fallocate(aux, mode, offset, len)
+        };
+        match result {
+            Err(e) if unsupported(&e) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Makes a range read back as zeroes.
+    pub fn write_zeroes(&self, slba: u64, blocks: u64, deallocate: bool) -> io::Result<()> {
+        let (offset, len) = (slba * LBA_BYTES, blocks * LBA_BYTES);
+        if let Some(aux) = &self.aux {
+            let result = if self.is_block_device {
+                block_ioctl(aux, BLKZEROOUT, offset, len)
+            } else {
+                let mode = if deallocate {
+                    libc::FALLOC_FL_PUNCH_HOLE
+                } else {
+                    libc::FALLOC_FL_ZERO_RANGE
+                };
+                fallocate(aux, mode | libc::FALLOC_FL_KEEP_SIZE, offset, len)
+            };
+            match result {
+                Err(e) if unsupported(&e) => {}
+                other => return other,
+            }
+        }
+        self.write_zero_buffers(offset, len)
+    }
+
+    fn write_zero_buffers(&self, mut offset: u64, len: u64) -> io::Result<()> {
+        let end = offset + len;
+        let zeroes = AlignedBuf::zeroed(ZERO_CHUNK_BYTES.min(len as usize));
+        while offset < end {
+            let n = (end - offset).min(zeroes.len() as u64) as usize;
+            self.dev.write_at(&zeroes[..n], offset)?;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+
+    pub fn count(&self, counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+fn unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::ENOSYS | libc::EINVAL)
+    )
+}
+
+fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: fallocate only reads its scalar arguments; the descriptor is owned by `file`.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, len) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `_IO(0x12, 119)` and `_IO(0x12, 127)` from `<linux/fs.h>`.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+fn block_ioctl(file: &File, request: libc::c_ulong, offset: u64, len: u64) -> io::Result<()> {
+    let range: [u64; 2] = [offset, len];
+    // SAFETY: both ioctls read a `u64[2]` {start, length} that lives across the call.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), request as _, range.as_ptr()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -1,0 +1,481 @@
+//! The host (initiator and native multipath) against Tessera's own drive server: data
+//! through several paths, path loss under load, ctrl_loss_tmo, ANA selection,
+//! reservations between two hosts, access control and discovery.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_drive::{AlignedBuf, BlockDevice};
+use tessera_nvme::host::{
+    discover, nvme_status, AnaPathState, ConnectOptions, DiscoverOptions, Host, HostIdentity,
+    MultipathNamespace, PathState,
+};
+use tessera_nvme::target::config::TargetConfig;
+use tessera_nvme::target::DriveServer;
+use tessera_nvme::wire::log::AnaState;
+use tessera_nvme::wire::reservation::{AcquireAction, RegisterAction, ReservationType};
+use tessera_nvme::wire::Status;
+
+const SUBNQN: &str = "nqn.2024-01.io.tessera:test-jbof";
+const DRIVE_BYTES: u64 = 64 << 20;
+
+fn host_identity(tag: u8) -> HostIdentity {
+    HostIdentity {
+        nqn: format!("nqn.2024-01.io.tessera:host{tag}"),
+        id: [tag; 16],
+    }
+}
+
+struct Setup {
+    server: Option<DriveServer>,
+    addrs: Vec<SocketAddr>,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn server(&self) -> &DriveServer {
+        self.server.as_ref().unwrap()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+        }
+    }
+}
+
+/// A drive server with one 64 MiB namespace exported on two ports of 127.0.0.1; port 2's
+/// ANA group 1 is in `port2_ana`. `allowed`: None allows any host.
+fn start(port2_ana: &str, allowed: Option<&[&str]>) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("drive.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(DRIVE_BYTES)
+        .unwrap();
+    let config = config_json(&file, port2_ana, allowed);
+    let config = TargetConfig::from_json_str(&config).unwrap();
+    let server = DriveServer::start(config).unwrap();
+    let mut addrs: Vec<(u16, SocketAddr)> = server.local_addrs();
+    addrs.sort();
+    Setup {
+        addrs: addrs.into_iter().map(|(_, a)| a).collect(),
+        server: Some(server),
+        _dir: dir,
+    }
+}
+
+fn config_json(file: &Path, port2_ana: &str, allowed: Option<&[&str]>) -> String {
+    let hosts: Vec<String> = allowed
+        .unwrap_or(&[])
+        .iter()
+        .map(|h| format!("{{\"nqn\": \"{h}\"}}"))
+        .collect();
+    let allowed_list: Vec<String> = allowed
+        .unwrap_or(&[])
+        .iter()
+        .map(|h| format!("\"{h}\""))
+        .collect();
+    let allow_any = if allowed.is_none() { "1" } else { "0" };
+    let port = |id: u16, ana: &str| {
+        format!(
+            r#"{{"portid": {id}, "addr": {{"trtype": "tcp", "adrfam": "ipv4",
+                "traddr": "127.0.0.1", "trsvcid": "0"}},
+               "subsystems": ["{SUBNQN}"],
+               "ana_groups": [{{"grpid": 1, "ana": {{"state": "{ana}"}}}}]}}"#
+        )
+    };
+    format!(
+        r#"{{"hosts": [{}],
+            "ports": [{}, {}],
+            "subsystems": [{{"nqn": "{SUBNQN}",
+                "attr": {{"allow_any_host": "{allow_any}"}},
+                "allowed_hosts": [{}],
+                "namespaces": [{{"nsid": 1, "enable": 1, "ana_grpid": 1,
+                                 "device": {{"path": "{}"}}}}]}}]}}"#,
+        hosts.join(","),
+        port(1, "optimized"),
+        port(2, port2_ana),
+        allowed_list.join(","),
+        file.display()
+    )
+}
+
+fn opts(addr: SocketAddr) -> ConnectOptions {
+    ConnectOptions {
+        ctrl_loss_tmo: Duration::from_secs(20),
+        reconnect_delay: Duration::from_millis(100),
+        keep_alive_tmo: Duration::from_secs(2),
+        nr_io_queues: Some(2),
+        ..ConnectOptions::new(addr, SUBNQN)
+    }
+}
+
+fn connect_all(
+    host: &Host,
+    setup: &Setup,
+    tweak: impl Fn(&mut ConnectOptions),
+) -> Arc<MultipathNamespace> {
+    for addr in &setup.addrs {
+        let mut o = opts(*addr);
+        tweak(&mut o);
+        host.connect(o).unwrap();
+    }
+    host.namespace("nvme0n1").expect("nvme0n1 exists")
+}
+
+/// A block whose content names its offset and a generation, so misplaced or lost writes
+/// show up.
+fn pattern(offset: u64, generation: u64, len: usize) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(len);
+    for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
+        let v = offset.wrapping_mul(31) ^ generation.rotate_left(17) ^ (i as u64);
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    buf
+}
+
+fn path_commands(host: &Host) -> Vec<(String, u64)> {
+    let info = host.list();
+    info[0]
+        .paths
+        .iter()
+        .map(|p| (p.addr.to_string(), p.stats.commands))
+        .collect()
+}
+
+#[test]
+fn data_written_through_one_path_reads_back_through_another() {
+    let setup = start("optimized", None);
+    let writer = Host::new(host_identity(1));
+    writer.connect(opts(setup.addrs[0])).unwrap();
+    let ns_a = writer.namespace("nvme0n1").unwrap();
+    let reader = Host::new(host_identity(2));
+    reader.connect(opts(setup.addrs[1])).unwrap();
+    let ns_b = reader.namespace("nvme0n1").unwrap();
+    assert_eq!(ns_a.size_bytes(), DRIVE_BYTES);
+    assert_eq!(ns_a.nguid(), ns_b.nguid());
+    let data = pattern(1 << 20, 7, 1 << 20);
+    ns_a.write_at(&data, 1 << 20).unwrap();
+    ns_a.flush().unwrap();
+    let mut back = AlignedBuf::zeroed(1 << 20);
+    ns_b.read_at(&mut back, 1 << 20).unwrap();
+    assert!(back[..] == data[..], "data read through path 2 differs");
+    // One host with both paths sees one namespace with two live paths.
+    writer.connect(opts(setup.addrs[1])).unwrap();
+    let list = writer.list();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].paths.len(), 2);
+    assert!(list[0].paths.iter().all(|p| p.state == PathState::Live));
+    assert_eq!(list[0].paths[0].controller, "nvme0c1");
+    assert_eq!(writer.connections().len(), 2);
+    assert!(writer.namespace_by_nguid(&ns_a.nguid()).is_some());
+    assert!(
+        writer.connect(opts(setup.addrs[1])).is_err(),
+        "duplicate path refused"
+    );
+    assert_eq!(writer.disconnect(SUBNQN, Some(setup.addrs[0])).unwrap(), 1);
+    assert_eq!(writer.disconnect_all(), 1);
+}
+
+#[test]
+fn small_and_large_io_with_and_without_digests() {
+    let setup = start("optimized", None);
+    for (header, data) in [(false, false), (true, true), (true, false)] {
+        let host = Host::new(host_identity(3));
+        let ns = connect_all(&host, &setup, |o| {
+            o.header_digest = header;
+            o.data_digest = data;
+        });
+        for (i, len) in [4096usize, 1 << 20, 8192, 3 << 20, 16384 + 4096]
+            .into_iter()
+            .enumerate()
+        {
+            let offset = (i as u64) * (4 << 20) + 4096;
+            let buf = pattern(offset, u64::from(header) + 2 * u64::from(data), len);
+            ns.write_at(&buf, offset).unwrap();
+            let mut back = AlignedBuf::zeroed(len);
+            ns.read_at(&mut back, offset).unwrap();
+            assert!(
+                back[..] == buf[..],
+                "mismatch len {len} digests {header}/{data}"
+            );
+        }
+        ns.flush().unwrap();
+        ns.write_zeroes(4096, 8192, false).unwrap();
+        let mut back = AlignedBuf::zeroed(8192);
+        ns.read_at(&mut back, 4096).unwrap();
+        assert!(back.iter().all(|b| *b == 0));
+        ns.deallocate(1 << 20, 1 << 20).unwrap();
+        // Out of range is refused before anything is sent.
+        let mut past = AlignedBuf::zeroed(4096);
+        assert!(ns.read_at(&mut past, DRIVE_BYTES).is_err());
+        host.disconnect_all();
+    }
+}
+
+/// Writers and readers run while port 1 is pulled and plugged back: no I/O fails, every
+/// write is there afterwards, and the path is used again once it reconnects.
+#[test]
+fn losing_a_path_under_load_loses_nothing() {
+    let setup = start("optimized", None);
+    let host = Host::new(host_identity(4));
+    let ns = connect_all(&host, &setup, |_| {});
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let ns = Arc::clone(&ns);
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut generation = 0u64;
+                let mut written = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    generation += 1;
+                    let offset = (t * 256 + generation % 256) * 65536;
+                    let buf = pattern(offset, generation, 65536);
+                    ns.write_at(&buf, offset).expect("write must not fail");
+                    let mut back = AlignedBuf::zeroed(65536);
+                    ns.read_at(&mut back, offset).expect("read must not fail");
+                    assert!(back[..] == buf[..]);
+                    written.retain(|(o, _)| *o != offset);
+                    written.push((offset, generation));
+                }
+                written
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    setup.server().set_port_enabled(1, false).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let during = host.list()[0].paths[0].state;
+    setup.server().set_port_enabled(1, true).unwrap();
+    wait_until(Duration::from_secs(10), || {
+        host.list()[0].paths[0].state == PathState::Live
+    });
+    let before = path_commands(&host)[0].1;
+    std::thread::sleep(Duration::from_millis(700));
+    stop.store(true, Ordering::Relaxed);
+    let written: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(during, PathState::Connecting);
+    ns.flush().unwrap();
+    for (offset, generation) in written {
+        let mut back = AlignedBuf::zeroed(65536);
+        ns.read_at(&mut back, offset).unwrap();
+        assert!(
+            back[..] == pattern(offset, generation, 65536)[..],
+            "lost write at {offset}"
+        );
+    }
+    let after = path_commands(&host)[0].1;
+    assert!(after > before, "path 1 is used again after reconnecting");
+    let retries: u64 = host.list()[0].paths.iter().map(|p| p.stats.retries).sum();
+    println!("retries during the outage: {retries}");
+}
+
+fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// With every path down longer than ctrl_loss_tmo, queued I/O fails with a message naming
+/// the namespace, subsystem and paths; connecting again revives the same namespace.
+#[test]
+fn all_paths_down_fails_after_ctrl_loss_tmo_then_recovers() {
+    let setup = start("optimized", None);
+    let host = Host::new(host_identity(5));
+    let tmo = Duration::from_secs(2);
+    let ns = connect_all(&host, &setup, |o| o.ctrl_loss_tmo = tmo);
+    let data = pattern(0, 1, 4096);
+    ns.write_at(&data, 0).unwrap();
+    setup.server().set_port_enabled(1, false).unwrap();
+    setup.server().set_port_enabled(2, false).unwrap();
+    let start = Instant::now();
+    let mut buf = AlignedBuf::zeroed(4096);
+    let err = ns.read_at(&mut buf, 0).unwrap_err();
+    let waited = start.elapsed();
+    let msg = err.to_string();
+    println!("{msg}");
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "failed after only {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(10), "took {waited:?}");
+    assert!(msg.contains("nvme0n1") && msg.contains(SUBNQN), "{msg}");
+    assert!(
+        msg.contains("ctrl_loss_tmo") && msg.contains("tessera nvme connect"),
+        "{msg}"
+    );
+    wait_until(Duration::from_secs(5), || host.list()[0].paths.is_empty());
+    setup.server().set_port_enabled(1, true).unwrap();
+    setup.server().set_port_enabled(2, true).unwrap();
+    host.connect(opts(setup.addrs[1])).unwrap();
+    ns.read_at(&mut buf, 0).unwrap();
+    assert!(buf[..] == data[..]);
+}
+
+/// A brief outage of every path shorter than ctrl_loss_tmo is invisible: I/O waits.
+#[test]
+fn io_queues_while_all_paths_are_briefly_down() {
+    let setup = start("optimized", None);
+    let host = Host::new(host_identity(6));
+    let ns = connect_all(&host, &setup, |_| {});
+    setup.server().set_port_enabled(1, false).unwrap();
+    setup.server().set_port_enabled(2, false).unwrap();
+    let server_ports = std::thread::scope(|s| {
+        let io = s.spawn(|| {
+            let data = pattern(8192, 3, 8192);
+            ns.write_at(&data, 8192).unwrap();
+            let mut back = AlignedBuf::zeroed(8192);
+            ns.read_at(&mut back, 8192).unwrap();
+            assert!(back[..] == data[..]);
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        setup.server().set_port_enabled(2, true).unwrap();
+        io.join().unwrap();
+        "ok"
+    });
+    assert_eq!(server_ports, "ok");
+}
+
+#[test]
+fn optimized_paths_are_preferred_and_ana_changes_are_followed() {
+    let setup = start("non-optimized", None);
+    let host = Host::new(host_identity(7));
+    let ns = connect_all(&host, &setup, |_| {});
+    let states: Vec<_> = host.list()[0].paths.iter().map(|p| p.ana_state).collect();
+    assert_eq!(
+        states,
+        [AnaPathState::Optimized, AnaPathState::NonOptimized]
+    );
+    let mut buf = AlignedBuf::zeroed(4096);
+    let base = path_commands(&host);
+    for _ in 0..50 {
+        ns.read_at(&mut buf, 0).unwrap();
+    }
+    let now = path_commands(&host);
+    assert_eq!(
+        now[0].1 - base[0].1,
+        50,
+        "all I/O on the optimized path: {now:?}"
+    );
+    assert_eq!(now[1].1, base[1].1);
+    // Port 1 becomes inaccessible: I/O moves to the non-optimized path.
+    setup
+        .server()
+        .set_ana_state(1, 1, AnaState::Inaccessible)
+        .unwrap();
+    for _ in 0..50 {
+        ns.read_at(&mut buf, 0).unwrap();
+    }
+    wait_until(Duration::from_secs(3), || {
+        host.list()[0].paths[0].ana_state == AnaPathState::Inaccessible
+    });
+    let moved = path_commands(&host);
+    for _ in 0..20 {
+        ns.read_at(&mut buf, 0).unwrap();
+    }
+    let last = path_commands(&host);
+    assert_eq!(last[0].1, moved[0].1, "no I/O on the inaccessible path");
+    assert_eq!(last[1].1 - moved[1].1, 20);
+}
+
+#[test]
+fn reservations_fence_another_host() {
+    let setup = start("optimized", None);
+    let a = Host::new(host_identity(0xa));
+    let b = Host::new(host_identity(0xb));
+    let ns_a = connect_all(&a, &setup, |_| {});
+    let ns_b = connect_all(&b, &setup, |_| {});
+    let we = ReservationType::WriteExclusive;
+    ns_a.reservation_register(RegisterAction::Register, 0, 0xa, false)
+        .unwrap();
+    ns_a.reservation_acquire(AcquireAction::Acquire, we, 0xa, 0)
+        .unwrap();
+    let data = pattern(0, 9, 4096);
+    ns_a.write_at(&data, 0).unwrap();
+    let err = ns_b.write_at(&data, 0).unwrap_err();
+    assert_eq!(
+        nvme_status(&err).map(|s| s.code()),
+        Some(Status::RESERVATION_CONFLICT.code()),
+        "{err}"
+    );
+    assert!(MultipathNamespace::is_reservation_conflict(&err));
+    assert!(err.to_string().contains("Reservation Conflict"), "{err}");
+    // B reads fine under Write Exclusive, registers and preempts A.
+    let mut buf = AlignedBuf::zeroed(4096);
+    ns_b.read_at(&mut buf, 0).unwrap();
+    ns_b.reservation_register(RegisterAction::Register, 0, 0xb, false)
+        .unwrap();
+    ns_b.reservation_acquire(AcquireAction::Preempt, we, 0xb, 0xa)
+        .unwrap();
+    let report = ns_b.reservation_report().unwrap();
+    assert_eq!(report.rtype, we as u8);
+    let holder: Vec<_> = report
+        .registrants
+        .iter()
+        .filter(|r| r.holds_reservation)
+        .collect();
+    assert_eq!(holder.len(), 1);
+    assert_eq!(holder[0].hostid, [0xb; 16]);
+    ns_b.write_at(&data, 0).unwrap();
+    let err = ns_a.write_at(&data, 0).unwrap_err();
+    assert!(MultipathNamespace::is_reservation_conflict(&err), "{err}");
+}
+
+#[test]
+fn a_host_not_allowed_gets_a_clear_error() {
+    let allowed = "nqn.2024-01.io.tessera:host1";
+    let setup = start("optimized", Some(&[allowed]));
+    let stranger = Host::new(host_identity(9));
+    let err = stranger
+        .connect(opts(setup.addrs[0]))
+        .unwrap_err()
+        .to_string();
+    println!("{err}");
+    assert!(
+        err.contains("nqn.2024-01.io.tessera:host9") && err.contains(SUBNQN),
+        "{err}"
+    );
+    assert!(err.contains("allowed"), "{err}");
+    let friend = Host::new(host_identity(1));
+    friend.connect(opts(setup.addrs[0])).unwrap();
+    // An unknown subsystem is named as such.
+    let mut wrong = opts(setup.addrs[0]);
+    wrong.subnqn = "nqn.2024-01.io.tessera:nope".into();
+    let err = friend.connect(wrong).unwrap_err().to_string();
+    assert!(err.contains("nqn.2024-01.io.tessera:nope"), "{err}");
+}
+
+#[test]
+fn discovery_lists_the_subsystem_on_every_port() {
+    let setup = start("optimized", None);
+    let entries = discover(
+        setup.addrs[0],
+        &host_identity(1),
+        &DiscoverOptions::default(),
+    )
+    .unwrap();
+    let nvm: Vec<_> = entries
+        .iter()
+        .filter(|e| e.subnqn.as_str() == SUBNQN)
+        .collect();
+    assert_eq!(nvm.len(), 2, "{entries:?}");
+    let ports: Vec<String> = nvm.iter().map(|e| e.trsvcid.as_str().to_owned()).collect();
+    for addr in &setup.addrs {
+        assert!(ports.contains(&addr.port().to_string()), "{ports:?}");
+    }
+}

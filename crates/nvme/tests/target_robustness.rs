@@ -1,0 +1,277 @@
+//! The drive server under bad input and failures: every error gets the specified answer
+//! (an NVMe status or a C2HTermReq), and the server keeps serving other connections.
+
+mod target_util;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use target_util::*;
+use tessera_drive::BlockDevice;
+use tessera_nvme::target::{DriveServer, ServerError, TargetConfig};
+use tessera_nvme::wire::command::{io_opcode, ReadWrite};
+use tessera_nvme::wire::pdu::{encode_pdu, PduHeader};
+use tessera_nvme::wire::{
+    DataHeader, DigestConfig, Fes, PduReader, SglDescriptor, Side, Sqe, Status,
+};
+
+/// The server still serves a fresh host after whatever a test did.
+fn still_serving(f: &Fixture) {
+    let admin = f.admin();
+    let mut io = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
+    let data = pattern(4096, 99);
+    assert!(io.write(1, 1000, &data, true).status().is_success());
+    assert_eq!(io.read(1, 1000, 1).data, data);
+}
+
+fn expect_term(c: &mut Client, fes: Fes) {
+    let pdu = c.next_pdu().expect("a C2HTermReq");
+    let PduHeader::C2HTermReq(t) = pdu.header else {
+        panic!("expected C2HTermReq, got {:?}", pdu.header)
+    };
+    assert_eq!(t.fes, fes as u16);
+    assert!(c.next_pdu().is_err(), "connection closed after the TermReq");
+}
+
+#[test]
+fn garbage_instead_of_icreq() {
+    let f = Fixture::new();
+    let mut s = std::net::TcpStream::connect(f.addr(1)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut reader = PduReader::new(Side::Host, 4096, DigestConfig::NONE);
+    let pdu = reader.read_pdu(&mut s).unwrap();
+    let PduHeader::C2HTermReq(t) = pdu.header else {
+        panic!("{:?}", pdu.header)
+    };
+    assert_eq!(t.fes, Fes::InvalidHeaderField as u16);
+    assert!(reader.read_pdu(&mut s).is_err());
+    // A connection that says nothing and goes away does not disturb anything either.
+    drop(std::net::TcpStream::connect(f.addr(1)).unwrap());
+    still_serving(&f);
+}
+
+#[test]
+fn command_errors_get_statuses() {
+    let f = Fixture::new();
+    let mut admin = f.admin();
+    let done = admin.command(Sqe::new(0x01, 0), None, false, 0);
+    assert_eq!(done.status().code(), Status::INVALID_OPCODE.code());
+    let mut io = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
+    let done = io.command(
+        Sqe {
+            nsid: 1,
+            ..Sqe::new(0x7c, 0)
+        },
+        None,
+        false,
+        0,
+    );
+    assert_eq!(done.status().code(), Status::INVALID_OPCODE.code());
+    let blocks = NS_BYTES / 4096;
+    let done = io.read(1, blocks - 1, 2);
+    assert_eq!(done.status().code(), Status::LBA_OUT_OF_RANGE.code());
+    assert!(done.status().dnr());
+    let done = io.write(1, u64::MAX, &[0; 4096], true);
+    assert_eq!(done.status().code(), Status::LBA_OUT_OF_RANGE.code());
+    assert_eq!(
+        io.read(7, 0, 1).status().code(),
+        Status::INVALID_NAMESPACE.code()
+    );
+    // A write whose SGL length disagrees with NLB.
+    let rw = ReadWrite::new(1, 0, 2, false).unwrap();
+    let done = io.command(rw.to_sqe(io_opcode::WRITE, 0), Some(&[0; 4096]), true, 0);
+    assert_eq!(done.status().code(), Status::DATA_SGL_LENGTH_INVALID.code());
+    // More than MDTS.
+    let rw = ReadWrite::new(1, 0, 512, false).unwrap();
+    let done = io.command(rw.to_sqe(io_opcode::READ, 0), None, false, 512 * 4096);
+    assert!(!done.status().is_success());
+    // The queue still works.
+    assert!(io.read(1, 0, 1).status().is_success());
+    still_serving(&f);
+}
+
+#[test]
+fn header_digest_error_terminates_data_digest_error_does_not() {
+    let f = Fixture::new();
+    let admin = Client::admin(f.addr(1), SUBNQN, HOST1, HOSTID1, 0, true);
+    let mut io = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, true);
+    let mut sqe = ReadWrite::new(1, 5, 1, false)
+        .unwrap()
+        .to_sqe(io_opcode::WRITE, 77);
+    sqe.flags = 0x40;
+    sqe.dptr = SglDescriptor::in_capsule(0, 4096);
+    let mut bytes = encode_pdu(&PduHeader::CapsuleCmd(sqe), &[7; 4096], &io.send).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    io.send_raw(&bytes);
+    let done = io.wait(77, &[], 0);
+    assert_eq!(
+        done.status().code(),
+        Status::TRANSIENT_TRANSPORT_ERROR.code()
+    );
+    assert_eq!(
+        io.read(1, 5, 1).data,
+        vec![0; 4096],
+        "the bad data was not written"
+    );
+
+    let mut bytes = encode_pdu(&PduHeader::CapsuleCmd(sqe), &[7; 4096], &io.send).unwrap();
+    bytes[72] ^= 0xff;
+    io.send_raw(&bytes);
+    expect_term(&mut io, Fes::HeaderDigestError);
+    still_serving(&f);
+}
+
+#[test]
+fn h2c_data_outside_the_r2t_and_disconnect_mid_transfer() {
+    let f = Fixture::with_tessera(r#", "tessera": {"maxh2cdata_bytes": 16384}"#);
+    let admin = f.admin();
+    let mut io = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
+    let rw = ReadWrite::new(1, 0, 16, false).unwrap();
+    let cid = io.send_capsule(rw.to_sqe(io_opcode::WRITE, 0), Some(&[0; 65536]), false, 0);
+    let pdu = io.next_pdu().unwrap();
+    let PduHeader::R2T(r2t) = pdu.header else {
+        panic!("{:?}", pdu.header)
+    };
+    assert_eq!((r2t.r2to, r2t.r2tl), (0, 16384));
+    // 20 KiB against a 16 KiB R2T.
+    let header = PduHeader::H2CData(DataHeader::h2c(cid, r2t.ttag, 0, 20480, true));
+    let bytes = encode_pdu(&header, &[1; 20480], &io.send).unwrap();
+    io.send_raw(&bytes);
+    expect_term(&mut io, Fes::DataTransferLimitExceeded);
+
+    // A host that vanishes half-way through a transfer.
+    let mut io = Client::io(f.addr(1), &admin, 2, HOST1, HOSTID1, false);
+    let cid = io.send_capsule(rw.to_sqe(io_opcode::WRITE, 0), Some(&[0; 65536]), false, 0);
+    let pdu = io.next_pdu().unwrap();
+    let PduHeader::R2T(r2t) = pdu.header else {
+        panic!("{:?}", pdu.header)
+    };
+    io.send_h2c(cid, r2t.ttag, 0, &[3; 8192]);
+    drop(io);
+    still_serving(&f);
+}
+
+#[test]
+fn keep_alive_timeout_ends_the_association() {
+    let f = Fixture::new();
+    let admin = Client::admin(f.addr(1), SUBNQN, HOST1, HOSTID1, 300, false);
+    let mut io = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
+    assert!(io.read(1, 0, 1).status().is_success());
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(io.next_pdu().is_err(), "I/O queue closed");
+    let mut admin = admin;
+    assert!(admin.next_pdu().is_err(), "admin queue closed");
+    // Keep Alive commands keep another association alive.
+    let mut live = Client::admin(f.addr(1), SUBNQN, HOST1, HOSTID1, 400, false);
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(live
+            .command(Sqe::new(0x18, 0), None, false, 0)
+            .status()
+            .is_success());
+    }
+    still_serving(&f);
+}
+
+#[test]
+fn disabling_a_port_drops_its_connections_and_enabling_listens_again() {
+    let f = Fixture::new();
+    let addr = f.addr(1);
+    let admin = f.admin();
+    let mut io = Client::io(addr, &admin, 1, HOST1, HOSTID1, false);
+    let mut other = Client::admin(f.addr(2), SUBNQN, HOST1, HOSTID1, 0, false);
+    f.server.set_port_enabled(1, false).unwrap();
+    assert!(io.next_pdu().is_err());
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "nothing listens"
+    );
+    assert!(
+        other.identify(1, 0).status().is_success(),
+        "port 2 unaffected"
+    );
+    f.server.set_port_enabled(1, true).unwrap();
+    assert_eq!(f.addr(1), addr);
+    still_serving(&f);
+    let stats = f.server.stats();
+    assert!(stats.ports[0].enabled && stats.ports[0].connections_total >= 3);
+}
+
+/// A drive whose reads and writes fail past a boundary, like a drive with bad media.
+#[derive(Debug)]
+struct FailingDrive {
+    inner: tessera_drive::FileDrive,
+    bad_from: u64,
+}
+
+impl BlockDevice for FailingDrive {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if offset >= self.bad_from {
+            return Err(std::io::Error::from_raw_os_error(libc_eio()));
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if offset >= self.bad_from {
+            return Err(std::io::Error::from_raw_os_error(libc_eio()));
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+#[test]
+fn drive_errors_map_to_media_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TargetConfig::from_json_str(&config_json(dir.path(), "")).unwrap();
+    let open = |p: &Path| -> std::io::Result<Arc<dyn BlockDevice>> {
+        Ok(Arc::new(FailingDrive {
+            inner: tessera_drive::FileDrive::open(p)?,
+            bad_from: 1 << 20,
+        }))
+    };
+    let server = DriveServer::start_with(config, &open).unwrap();
+    let addr = server.local_addr(1).unwrap();
+    let admin = Client::admin(addr, SUBNQN, HOST1, HOSTID1, 0, false);
+    let mut io = Client::io(addr, &admin, 1, HOST1, HOSTID1, false);
+    let done = io.read(1, 256, 1);
+    assert_eq!(done.status().code(), Status::UNRECOVERED_READ_ERROR.code());
+    let done = io.write(1, 300, &[1; 4096], true);
+    assert_eq!(done.status().code(), Status::WRITE_FAULT.code());
+    assert!(io.read(1, 0, 1).status().is_success());
+    let ns = server
+        .stats()
+        .namespaces
+        .into_iter()
+        .find(|n| n.nsid == 1)
+        .unwrap();
+    assert_eq!(ns.errors, 2);
+    server.shutdown();
+}
+
+#[test]
+fn missing_device_fails_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = config_json(dir.path(), "");
+    std::fs::remove_file(dir.path().join("d2")).unwrap();
+    let config = TargetConfig::from_json_str(&json).unwrap();
+    let err = DriveServer::start(config).unwrap_err();
+    assert!(matches!(err, ServerError::Device { nsid: 2, .. }), "{err}");
+    assert!(err.to_string().contains("d2"), "{err}");
+}
