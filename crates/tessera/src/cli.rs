@@ -63,6 +63,162 @@ pub enum Command {
     /// Measure this machine [ceph_erasure_code_benchmark].
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Remote drives over NVMe/TCP: discover, connect, list paths, disconnect [nvme-cli,
+    /// multipath -ll].
+    #[command(subcommand)]
+    Nvme(NvmeCommand),
+    /// Export local drives over NVMe/TCP as a drive server (a JBOF or the controllers of
+    /// an array), in the foreground until SIGTERM or SIGINT [nvmet].
+    DriveServer(DriveServerArgs),
+    /// Network tests between nodes [nsdperf].
+    #[command(subcommand)]
+    Perf(PerfCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PerfCommand {
+    /// Network throughput and latency between nodes, to tell a network problem from a
+    /// storage problem.
+    #[command(subcommand)]
+    Net(PerfNetCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PerfNetCommand {
+    /// Answer perf clients on ADDR[:PORT] (default port 6669) until stopped.
+    Server {
+        #[arg(short = 'l', long = "listen", default_value = "0.0.0.0:6669")]
+        listen: String,
+    },
+    /// Stream requests to every server at once and report MB/s and latency per server.
+    Run {
+        /// Servers, ADDR[:PORT], comma separated.
+        #[arg(short = 's', long = "servers", value_delimiter = ',', required = true)]
+        servers: Vec<String>,
+        /// `write` (this node sends) or `read` (the servers send).
+        #[arg(long = "op", default_value = "write")]
+        op: String,
+        /// Request size (K, M suffixes), at most 16M.
+        #[arg(long = "size", default_value = "1M")]
+        size: String,
+        /// Connections per server.
+        #[arg(short = 't', long = "threads", default_value_t = 4)]
+        threads: usize,
+        #[arg(long = "seconds", default_value_t = 5)]
+        seconds: u64,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+}
+
+/// Where a discovery or I/O controller listens; the option letters are nvme-cli's.
+#[derive(Args, Debug, Clone)]
+pub struct NvmeTargetArgs {
+    /// Transport type; only `tcp`.
+    #[arg(short = 't', long = "transport", default_value = "tcp")]
+    pub transport: String,
+    /// Transport address (an IPv4 or IPv6 address, or a host name).
+    #[arg(short = 'a', long = "traddr")]
+    pub traddr: String,
+    /// Transport service id: the TCP port (default 8009 for discovery, 4420 for I/O).
+    #[arg(short = 's', long = "trsvcid")]
+    pub trsvcid: Option<u16>,
+    /// Host NQN to present instead of the node's ($TESSERA_HOME/hostnqn).
+    #[arg(short = 'q', long = "hostnqn")]
+    pub hostnqn: Option<String>,
+}
+
+/// Connection tunables, as nvme-cli names them.
+#[derive(Args, Debug, Clone)]
+pub struct NvmeConnectTunables {
+    /// I/O queue depth (entries per I/O queue).
+    #[arg(short = 'Q', long = "queue-size", default_value_t = 128)]
+    pub queue_size: u16,
+    /// Seconds to keep retrying a lost controller (and queueing I/O while no path is
+    /// usable) before giving up on it.
+    #[arg(short = 'l', long = "ctrl-loss-tmo", default_value_t = 600)]
+    pub ctrl_loss_tmo: u32,
+    /// Seconds between reconnect attempts.
+    #[arg(short = 'c', long = "reconnect-delay", default_value_t = 2)]
+    pub reconnect_delay: u32,
+    /// Keep-alive timeout in seconds.
+    #[arg(short = 'k', long = "keep-alive-tmo", default_value_t = 5)]
+    pub keep_alive_tmo: u32,
+    /// Number of I/O queues (default: one per CPU, at most 4).
+    #[arg(short = 'i', long = "nr-io-queues")]
+    pub nr_io_queues: Option<u16>,
+    /// Header digests (CRC32C).
+    #[arg(short = 'g', long = "hdr-digest")]
+    pub hdr_digest: bool,
+    /// Data digests (CRC32C).
+    #[arg(short = 'G', long = "data-digest")]
+    pub data_digest: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NvmeCommand {
+    /// Print the discovery log page of a discovery controller [nvme discover].
+    Discover {
+        #[command(flatten)]
+        target: NvmeTargetArgs,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+    /// Connect to an NVM subsystem; the daemon keeps the connection and restores it at
+    /// restart [nvme connect].
+    Connect {
+        #[command(flatten)]
+        target: NvmeTargetArgs,
+        /// Subsystem NQN.
+        #[arg(short = 'n', long = "nqn")]
+        nqn: String,
+        #[command(flatten)]
+        tunables: NvmeConnectTunables,
+    },
+    /// Discover and connect to every subsystem of the discovery controllers listed in a
+    /// discovery.conf-style file (one `--transport=tcp --traddr=A --trsvcid=P` line per
+    /// controller), or of the one given with -a [nvme connect-all].
+    ConnectAll {
+        /// The file; default $TESSERA_HOME/discovery.conf.
+        #[arg(short = 'J', long = "config")]
+        config: Option<PathBuf>,
+        #[arg(short = 't', long = "transport", default_value = "tcp")]
+        transport: String,
+        #[arg(short = 'a', long = "traddr")]
+        traddr: Option<String>,
+        #[arg(short = 's', long = "trsvcid")]
+        trsvcid: Option<u16>,
+        #[arg(short = 'q', long = "hostnqn")]
+        hostnqn: Option<String>,
+        #[command(flatten)]
+        tunables: NvmeConnectTunables,
+    },
+    /// Namespaces with every path, its ANA state and counters [nvme list, multipath -ll].
+    List {
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+    /// Disconnect every path to a subsystem, or one path with -a/-s [nvme disconnect].
+    Disconnect {
+        #[arg(short = 'n', long = "nqn")]
+        nqn: String,
+        #[arg(short = 'a', long = "traddr")]
+        traddr: Option<String>,
+        #[arg(short = 's', long = "trsvcid")]
+        trsvcid: Option<u16>,
+    },
+    /// Disconnect every NVMe/TCP controller of this node [nvme disconnect-all].
+    DisconnectAll,
+    /// Print this node's host NQN [nvme show-hostnqn].
+    ShowHostnqn,
+}
+
+#[derive(Args, Debug)]
+pub struct DriveServerArgs {
+    /// The drive-server configuration (JSON in nvmetcli's saveconfig layout: hosts,
+    /// ports, subsystems with namespaces and allowed hosts, ANA groups).
+    #[arg(short = 'c', long = "config")]
+    pub config: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]

@@ -147,6 +147,13 @@ pub struct DaRegistry {
     pub arrays: Vec<DaRecord>,
 }
 
+/// `nvme.json`: the NVMe/TCP controllers this node connected to, in connection order, so
+/// that a restart gives every namespace the same local name (`nvme0n1`) again.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NvmeRegistry {
+    pub connections: Vec<crate::rpc::NvmeConnectSpec>,
+}
+
 impl DaRegistry {
     pub fn get(&self, name: &str) -> Option<&DaRecord> {
         self.arrays.iter().find(|a| a.name == name)
@@ -188,6 +195,19 @@ impl Home {
     }
     pub fn da_path(&self) -> PathBuf {
         self.root.join("da.json")
+    }
+    /// NVMe/TCP connections the daemon restores at startup.
+    pub fn nvme_path(&self) -> PathBuf {
+        self.root.join("nvme.json")
+    }
+    /// The node's host NQN and host identifier (`/etc/nvme/hostnqn` and `hostid` of a
+    /// Linux host).
+    pub fn hostnqn_path(&self) -> PathBuf {
+        self.root.join("hostnqn")
+    }
+    /// The default list of discovery controllers for `nvme connect-all`.
+    pub fn discovery_conf_path(&self) -> PathBuf {
+        self.root.join("discovery.conf")
     }
     pub fn socket_path(&self) -> PathBuf {
         self.root.join("daemon.sock")
@@ -237,6 +257,14 @@ impl Home {
 
     pub fn save_file_systems(&self, r: &FsRegistry) -> Result<()> {
         write_json(&self.fs_path(), r)
+    }
+
+    pub fn nvme(&self) -> Result<NvmeRegistry> {
+        Ok(read_json(&self.nvme_path())?.unwrap_or_default())
+    }
+
+    pub fn save_nvme(&self, r: &NvmeRegistry) -> Result<()> {
+        write_json(&self.nvme_path(), r)
     }
 
     pub fn arrays(&self) -> Result<DaRegistry> {

@@ -14,9 +14,9 @@ use clap::Parser;
 
 use crate::cli::{
     BenchCommand, Cli, ClusterCommand, Command, DaCommand, DiskCommand, FsCommand, NsdCommand,
-    PdiskCommand, VdiskCommand,
+    NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, VdiskCommand,
 };
-use crate::commands::{bench, cluster, da, fs, io, nsd, pmon};
+use crate::commands::{bench, cluster, da, drive_server, fs, io, nsd, nvme, perf, pmon};
 use crate::config::Home;
 use crate::rpc::PdiskAction;
 
@@ -54,6 +54,15 @@ fn command_name(c: &Command) -> &'static str {
         Command::Pdisk(PdiskCommand::Suspend { .. }) => "pdisk suspend",
         Command::Pdisk(PdiskCommand::Resume { .. }) => "pdisk resume",
         Command::Pdisk(PdiskCommand::Replace { .. }) => "pdisk replace",
+        Command::Nvme(NvmeCommand::Discover { .. }) => "nvme discover",
+        Command::Nvme(NvmeCommand::Connect { .. }) => "nvme connect",
+        Command::Nvme(NvmeCommand::ConnectAll { .. }) => "nvme connect-all",
+        Command::Nvme(NvmeCommand::List { .. }) => "nvme list",
+        Command::Nvme(NvmeCommand::Disconnect { .. }) => "nvme disconnect",
+        Command::Nvme(NvmeCommand::DisconnectAll) => "nvme disconnect-all",
+        Command::Nvme(NvmeCommand::ShowHostnqn) => "nvme show-hostnqn",
+        Command::DriveServer(_) => "drive-server",
+        Command::Perf(_) => "perf net",
     }
 }
 
@@ -138,6 +147,64 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Pdisk(PdiskCommand::Replace { name, device }) => {
             da::pdisk_replace(home, &name, &device)
         }
+        Command::Nvme(c) => run_nvme(home, c),
+        Command::DriveServer(a) => drive_server::run(&a.config),
+        Command::Perf(PerfCommand::Net(PerfNetCommand::Server { listen })) => perf::server(&listen),
+        Command::Perf(PerfCommand::Net(PerfNetCommand::Run {
+            servers,
+            op,
+            size,
+            threads,
+            seconds,
+            machine,
+        })) => {
+            let size = commands::units::parse_size(&size)
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| anyhow::anyhow!("--size {size}: use a size like 4K or 1M"))?;
+            perf::run(&perf::RunArgs {
+                servers: &servers,
+                op: &op,
+                size,
+                threads,
+                seconds,
+                machine,
+            })
+        }
+    }
+}
+
+fn run_nvme(home: &Home, command: NvmeCommand) -> anyhow::Result<()> {
+    match command {
+        NvmeCommand::Discover { target, machine } => nvme::discover(home, &target, machine),
+        NvmeCommand::Connect {
+            target,
+            nqn,
+            tunables,
+        } => nvme::connect(home, &target, &nqn, &tunables),
+        NvmeCommand::ConnectAll {
+            config,
+            transport,
+            traddr,
+            trsvcid,
+            hostnqn,
+            tunables,
+        } => nvme::connect_all(
+            home,
+            config.as_deref(),
+            &transport,
+            traddr.as_deref(),
+            trsvcid,
+            hostnqn.as_deref(),
+            &tunables,
+        ),
+        NvmeCommand::List { machine } => nvme::list(home, machine),
+        NvmeCommand::Disconnect {
+            nqn,
+            traddr,
+            trsvcid,
+        } => nvme::disconnect(home, Some(&nqn), traddr.as_deref(), trsvcid),
+        NvmeCommand::DisconnectAll => nvme::disconnect(home, None, None, None),
+        NvmeCommand::ShowHostnqn => nvme::show_hostnqn(home),
     }
 }
 

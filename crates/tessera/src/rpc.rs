@@ -230,6 +230,61 @@ pub enum Request {
         name: String,
         device_path: String,
     },
+    /// Connect to these subsystems (one for `nvme connect`, several for `connect-all`).
+    NvmeConnect(Vec<NvmeConnectSpec>),
+    /// Disconnect the paths to `subnqn` (only the one at `traddr` if given); every
+    /// controller when `subnqn` is `None`.
+    NvmeDisconnect {
+        subnqn: Option<String>,
+        traddr: Option<String>,
+    },
+    NvmeList,
+}
+
+/// One NVMe/TCP I/O controller to connect to, as `nvme connect` names it; `nvme.json`
+/// keeps these so the daemon reconnects at restart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmeConnectSpec {
+    /// `address:port`, resolved by the CLI.
+    pub traddr: String,
+    pub subnqn: String,
+    /// Host NQN to present instead of the node's.
+    pub hostnqn: Option<String>,
+    pub queue_size: u16,
+    pub ctrl_loss_tmo_s: u32,
+    pub reconnect_delay_s: u32,
+    pub keep_alive_tmo_s: u32,
+    pub nr_io_queues: Option<u16>,
+    pub hdr_digest: bool,
+    pub data_digest: bool,
+}
+
+/// A remote namespace and its paths, as `nvme list` shows them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NvmeNamespaceRow {
+    /// The local name (`nvme0n1`); a stanza names it as `device=nvme:nvme0n1`.
+    pub name: String,
+    pub subnqn: String,
+    pub nsid: u32,
+    pub size_bytes: u64,
+    pub lba_bytes: u32,
+    pub nguid: String,
+    pub paths: Vec<NvmePathRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NvmePathRow {
+    pub controller: String,
+    pub traddr: String,
+    pub cntlid: u16,
+    pub ana_state: String,
+    pub state: String,
+    pub commands: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub retries: u64,
+    pub latency_us_p50: u64,
+    pub latency_us_p99: u64,
 }
 
 /// A file system as `fs ls` and `disk ls` show it.
@@ -270,6 +325,9 @@ pub enum Reply {
     Das(Vec<DaRow>),
     Pdisks(Vec<PdiskRow>),
     Vdisks(Vec<VdiskRow>),
+    NvmeNamespaces(Vec<NvmeNamespaceRow>),
+    /// Paths removed by a disconnect.
+    NvmeDisconnected(usize),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

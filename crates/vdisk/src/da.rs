@@ -112,6 +112,14 @@ fn uuid_hex(u: &[u8; 16]) -> String {
 /// The identity of the file behind a path: (device, inode), or the device number of a
 /// block device, so two paths to one drive are caught.
 fn device_identity(path: &Path) -> Option<(u64, u64)> {
+    // A name that is not a path (`nvme:nvme0n1`, a remote namespace) is known only to the
+    // opener; the name itself identifies it, as the host gives each namespace one name.
+    if !path.is_absolute() {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        path.hash(&mut h);
+        return Some((u64::MAX - 1, h.finish()));
+    }
     let m = std::fs::metadata(path).ok()?;
     use std::os::unix::fs::FileTypeExt;
     if m.file_type().is_block_device() {

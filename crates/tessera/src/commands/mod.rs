@@ -4,9 +4,12 @@
 pub mod bench;
 pub mod cluster;
 pub mod da;
+pub mod drive_server;
 pub mod fs;
 pub mod io;
 pub mod nsd;
+pub mod nvme;
+pub mod perf;
 pub mod pmon;
 pub mod units;
 

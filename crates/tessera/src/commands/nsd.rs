@@ -12,10 +12,11 @@ use crate::rpc::{NsdSpec, Reply, Request};
 
 /// A stanza's device as an absolute path: `nvme0n1` is `/dev/nvme0n1`, a relative path
 /// with a slash is relative to the current directory (the daemon runs elsewhere), and
-/// `vdisk:NAME` stays as it is.
+/// `vdisk:NAME` and `nvme:NAME` stay as they are.
 pub fn resolve_device(device: &str) -> Result<String> {
-    // `vdisk:NAME` names a vdisk of a declustered array on this node.
-    if device.starts_with('/') || device.starts_with("vdisk:") {
+    // `vdisk:NAME` names a vdisk of a declustered array on this node, `nvme:NAME` a
+    // namespace connected over NVMe/TCP (`tessera nvme list`).
+    if device.starts_with('/') || device.starts_with("vdisk:") || device.starts_with("nvme:") {
         return Ok(device.to_string());
     }
     if !device.contains('/') {
@@ -116,6 +117,9 @@ fn rewrite_stanzas(text: &str, stanzas: &[NsdStanza], names: &[String]) -> Strin
 fn devtype(device: &str) -> &'static str {
     if device.starts_with("vdisk:") {
         return "vdisk";
+    }
+    if device.starts_with("nvme:") {
+        return "nvme-tcp";
     }
     let block = std::fs::metadata(device)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))

@@ -110,7 +110,11 @@ impl Daemon {
                 .iter()
                 .map(|p| PathBuf::from(&p.device))
                 .collect();
-            match DeclusteredArray::open(&rec.name, &devices) {
+            let opts = DaOptions {
+                opener: Some(self.device_opener()),
+                ..DaOptions::default()
+            };
+            match DeclusteredArray::open_with(&rec.name, &devices, &opts) {
                 Ok(da) => {
                     let report = da.recovery_report();
                     if report.dirty_regions > 0 {
@@ -300,7 +304,7 @@ impl Daemon {
                 .pdisk_error_limit
                 .unwrap_or(defaults.pdisk_error_limit),
             force: !verify,
-            ..defaults
+            opener: Some(self.device_opener()),
         };
         r.info(format!(
             "tessera da create: writing labels and metadata on {} pdisks",

@@ -7,6 +7,7 @@ mod da_admin;
 mod fs_admin;
 mod mounts;
 mod nsd_admin;
+mod nvme_admin;
 
 use std::collections::BTreeMap;
 use std::io::BufReader;
@@ -37,6 +38,8 @@ pub struct Daemon {
     mounts: Mutex<BTreeMap<String, Mounted>>,
     /// Declustered arrays open on this node, by name.
     arrays: Mutex<BTreeMap<String, Arc<tessera_vdisk::DeclusteredArray>>>,
+    /// The NVMe/TCP host: remote controllers, their paths and namespaces.
+    nvme: Arc<tessera_nvme::host::Host>,
 }
 
 /// Streams `Info` and `Progress` frames to the client of one request.
@@ -72,14 +75,19 @@ pub fn run(home: Home) -> Result<()> {
     std::fs::write(home.pid_path(), format!("{}\n", std::process::id()))
         .with_context(|| format!("cannot write {}", home.pid_path().display()))?;
     tracing::info!(cluster = %cluster.name, node = %cluster.node_name, "daemon starting");
+    let identity = tessera_nvme::host::HostIdentity::load_or_create(&home.hostnqn_path())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", home.hostnqn_path().display()))?;
+    tracing::info!(hostnqn = %identity.nqn, "NVMe/TCP host identity");
     let daemon = Arc::new(Daemon {
         home,
         cluster,
         admin: Mutex::new(()),
         mounts: Mutex::new(BTreeMap::new()),
         arrays: Mutex::new(BTreeMap::new()),
+        nvme: Arc::new(tessera_nvme::host::Host::new(identity)),
     });
     spawn_signal_thread(Arc::clone(&daemon))?;
+    daemon.restore_nvme_at_start();
     daemon.open_arrays_at_start();
     daemon.remount_at_start();
     tracing::info!("daemon active");
@@ -229,6 +237,9 @@ impl Daemon {
             | Request::PdiskList
             | Request::PdiskChange { .. }
             | Request::PdiskReplace { .. }) => self.da_request(request, r),
+            request @ (Request::NvmeConnect(_)
+            | Request::NvmeDisconnect { .. }
+            | Request::NvmeList) => self.nvme_request(request, r),
         }
     }
 
@@ -247,6 +258,9 @@ impl Daemon {
             }
         }
         self.close_arrays();
+        // Closes the controllers cleanly; nvme.json keeps them for the next start.
+        let closed = self.nvme.disconnect_all();
+        tracing::info!("NVMe/TCP: {closed} controller(s) disconnected");
         let _ = std::fs::remove_file(self.home.socket_path());
         let _ = std::fs::remove_file(self.home.pid_path());
         tracing::info!("daemon stopped");

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
-use tessera_drive::{BlockDevice, FileDrive};
+use tessera_drive::BlockDevice;
 use tessera_nsd::{
     check_device_size, check_name, erase_descriptor, probe_in_use, read_descriptor,
     write_descriptor, InUse, NsdDescriptor, NsdId, NAME_RULE,
@@ -30,8 +30,14 @@ impl Daemon {
             })?;
             return Ok(vdisk);
         }
-        let drive = FileDrive::open(Path::new(path)).map_err(|e| anyhow!("{e}"))?;
-        Ok(Arc::new(drive))
+        super::nvme_admin::open_drive(&self.nvme, path).map_err(|e| anyhow!("{e}"))
+    }
+
+    /// How the declustered arrays of this node open their pdisks: local paths with
+    /// O_DIRECT, `nvme:NAME` through the NVMe/TCP host.
+    pub(super) fn device_opener(&self) -> tessera_vdisk::DeviceOpener {
+        let host = Arc::clone(&self.nvme);
+        Arc::new(move |path: &Path| super::nvme_admin::open_drive(&host, &path.to_string_lossy()))
     }
 
     /// Opens the device of a registered NSD and checks that it still carries that NSD's

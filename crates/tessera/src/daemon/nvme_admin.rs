@@ -1,0 +1,213 @@
+//! NVMe/TCP host in the daemon: connections made by `tessera nvme connect` live here, are
+//! kept in `$TESSERA_HOME/nvme.json` in connection order and are restored at startup
+//! before the arrays and file systems that may sit on them. A remote namespace is a drive
+//! like a local one: a stanza names it `device=nvme:nvme0n1` (the local name `nvme list`
+//! shows), as an NSD device or as a pdisk.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use tessera_drive::{BlockDevice, FileDrive};
+use tessera_nvme::host::{ConnectOptions, Host, NamespaceInfo};
+
+use super::{Daemon, Reporter};
+use crate::rpc::{NvmeConnectSpec, NvmeNamespaceRow, NvmePathRow, Reply, Request};
+
+/// The stanza prefix of a remote namespace.
+pub const NVME_DEVICE_PREFIX: &str = "nvme:";
+
+/// `nvme:nvme0n1` → `nvme0n1`.
+pub fn nvme_device_name(device: &str) -> Option<&str> {
+    device.strip_prefix(NVME_DEVICE_PREFIX)
+}
+
+/// Opens a drive path or a remote namespace; what the NSD layer and the declustered
+/// arrays use to open their devices.
+pub fn open_drive(host: &Host, device: &str) -> std::io::Result<Arc<dyn BlockDevice>> {
+    if let Some(name) = nvme_device_name(device) {
+        return match host.namespace(name) {
+            Some(ns) => Ok(ns),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "{device}: no NVMe/TCP namespace {name} is connected on this node; \
+                     `tessera nvme list` shows the namespaces, `tessera nvme connect` adds one"
+                ),
+            )),
+        };
+    }
+    let drive: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(Path::new(device))?);
+    Ok(drive)
+}
+
+fn options(spec: &NvmeConnectSpec) -> Result<ConnectOptions> {
+    let addr: SocketAddr = spec
+        .traddr
+        .parse()
+        .map_err(|_| anyhow!("{}: not an address:port", spec.traddr))?;
+    let mut o = ConnectOptions::new(addr, &spec.subnqn);
+    o.host_nqn = spec.hostnqn.clone();
+    o.queue_size = spec.queue_size;
+    o.ctrl_loss_tmo = Duration::from_secs(u64::from(spec.ctrl_loss_tmo_s));
+    o.reconnect_delay = Duration::from_secs(u64::from(spec.reconnect_delay_s.max(1)));
+    o.keep_alive_tmo = Duration::from_secs(u64::from(spec.keep_alive_tmo_s.max(1)));
+    o.nr_io_queues = spec.nr_io_queues;
+    o.header_digest = spec.hdr_digest;
+    o.data_digest = spec.data_digest;
+    Ok(o)
+}
+
+fn same_path(a: &NvmeConnectSpec, b: &NvmeConnectSpec) -> bool {
+    a.subnqn == b.subnqn && a.traddr == b.traddr
+}
+
+/// The upper bound in µs of the power-of-two bucket that holds the `pct` percentile.
+fn percentile_us(buckets: &[u64], pct: u64) -> u64 {
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return 0;
+    }
+    let want = (total * pct).div_ceil(100).max(1);
+    let mut seen = 0;
+    for (b, n) in buckets.iter().enumerate() {
+        seen += n;
+        if seen >= want {
+            return 1u64 << b.min(63);
+        }
+    }
+    1u64 << (buckets.len().min(64) - 1)
+}
+
+fn row(ns: &NamespaceInfo) -> NvmeNamespaceRow {
+    NvmeNamespaceRow {
+        name: ns.name.clone(),
+        subnqn: ns.subnqn.clone(),
+        nsid: ns.nsid,
+        size_bytes: ns.size_bytes,
+        lba_bytes: ns.lba_bytes,
+        nguid: ns.nguid.iter().map(|b| format!("{b:02x}")).collect(),
+        paths: ns
+            .paths
+            .iter()
+            .map(|p| NvmePathRow {
+                controller: p.controller.clone(),
+                traddr: p.addr.to_string(),
+                cntlid: p.cntlid,
+                ana_state: p.ana_state.to_string(),
+                state: p.state.to_string(),
+                commands: p.stats.commands,
+                bytes: p.stats.read_bytes + p.stats.write_bytes,
+                errors: p.stats.errors,
+                retries: p.stats.retries,
+                latency_us_p50: percentile_us(&p.stats.latency_us_log2, 50),
+                latency_us_p99: percentile_us(&p.stats.latency_us_log2, 99),
+            })
+            .collect(),
+    }
+}
+
+impl Daemon {
+    /// Reconnects every controller of `nvme.json`. One that does not answer is logged and
+    /// left out; the drives on it then show as missing, and the rest of the node works.
+    pub(super) fn restore_nvme_at_start(&self) {
+        let registry = match self.home.nvme() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot read the NVMe connection list: {e:#}");
+                return;
+            }
+        };
+        for spec in &registry.connections {
+            let result =
+                options(spec).and_then(|o| self.nvme.connect(o).map_err(|e| anyhow!("{e}")));
+            match result {
+                Ok(_) => tracing::info!("NVMe/TCP: reconnected {} at {}", spec.subnqn, spec.traddr),
+                Err(e) => tracing::error!(
+                    "NVMe/TCP: cannot reconnect {} at {}: {e:#}; `tessera nvme connect` \
+                     retries it",
+                    spec.subnqn,
+                    spec.traddr
+                ),
+            }
+        }
+    }
+
+    pub(super) fn nvme_request(&self, request: Request, r: &mut Reporter) -> Result<Reply> {
+        match request {
+            Request::NvmeConnect(specs) => self.nvme_connect(specs, r),
+            Request::NvmeDisconnect { subnqn, traddr } => {
+                self.nvme_disconnect(subnqn.as_deref(), traddr.as_deref())
+            }
+            Request::NvmeList => Ok(Reply::NvmeNamespaces(
+                self.nvme.list().iter().map(row).collect(),
+            )),
+            other => bail!("not an NVMe request: {other:?}"),
+        }
+    }
+
+    fn nvme_connect(&self, specs: Vec<NvmeConnectSpec>, r: &mut Reporter) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut registry = self.home.nvme()?;
+        let mut subsystems = Vec::new();
+        for spec in specs {
+            if registry.connections.iter().any(|c| same_path(c, &spec)) {
+                r.info(format!(
+                    "{} at {}: already connected",
+                    spec.subnqn, spec.traddr
+                ));
+                subsystems.push(spec.subnqn.clone());
+                continue;
+            }
+            let report = self
+                .nvme
+                .connect(options(&spec)?)
+                .map_err(|e| anyhow!("{} at {}: {e}", spec.subnqn, spec.traddr))?;
+            r.info(format!(
+                "{} at {}: connected as {}",
+                spec.subnqn, spec.traddr, report.controller
+            ));
+            subsystems.push(spec.subnqn.clone());
+            registry.connections.push(spec);
+            self.home.save_nvme(&registry)?;
+        }
+        let rows = self
+            .nvme
+            .list()
+            .iter()
+            .filter(|ns| subsystems.contains(&ns.subnqn))
+            .map(row)
+            .collect();
+        Ok(Reply::NvmeNamespaces(rows))
+    }
+
+    fn nvme_disconnect(&self, subnqn: Option<&str>, traddr: Option<&str>) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut registry = self.home.nvme()?;
+        let removed = match subnqn {
+            None => {
+                registry.connections.clear();
+                self.nvme.disconnect_all()
+            }
+            Some(nqn) => {
+                let addr = match traddr {
+                    Some(a) => Some(
+                        a.parse::<SocketAddr>()
+                            .map_err(|_| anyhow!("{a}: not an address:port"))?,
+                    ),
+                    None => None,
+                };
+                registry
+                    .connections
+                    .retain(|c| c.subnqn != nqn || traddr.is_some_and(|a| c.traddr != a));
+                self.nvme
+                    .disconnect(nqn, addr)
+                    .map_err(|e| anyhow!("{nqn}: {e}"))?
+            }
+        };
+        self.home.save_nvme(&registry)?;
+        Ok(Reply::NvmeDisconnected(removed))
+    }
+}

@@ -1,0 +1,485 @@
+//! NVMe/TCP end to end through the CLI: drive servers as separate processes on loopback,
+//! a node that discovers and connects to them, lists paths with their ANA states, builds
+//! NSDs and a declustered array on remote namespaces, and keeps serving I/O when a path or
+//! a whole drive server dies.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const NS_BYTES: u64 = 256 << 20;
+
+/// A `tessera drive-server` process; killed (SIGKILL, like a power loss of the enclosure)
+/// when dropped.
+struct DriveServer {
+    child: Child,
+    config: PathBuf,
+}
+
+impl DriveServer {
+    fn start(config: &Path) -> DriveServer {
+        // The server's log goes next to its configuration, for a failing test to read.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(config.with_extension("log"))
+            .expect("drive-server log");
+        let mut child = Command::new(BIN)
+            .args(["drive-server", "-c", s(config)])
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn drive-server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < deadline, "drive-server did not come up");
+            match lines.next() {
+                Some(Ok(line)) if line.contains("drive server running") => break,
+                Some(Ok(_)) => continue,
+                _ => panic!("drive-server exited before it was running"),
+            }
+        }
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        DriveServer {
+            child,
+            config: config.to_path_buf(),
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for DriveServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// One port in nvmetcli's saveconfig layout with the given ANA group states.
+fn port_json(portid: u16, port: u16, subnqns: &[&str], ana: &[(u32, &str)]) -> String {
+    let groups: Vec<String> = ana
+        .iter()
+        .map(|(g, st)| format!(r#"{{"grpid":{g},"ana":{{"state":"{st}"}}}}"#))
+        .collect();
+    let subs: Vec<String> = subnqns.iter().map(|n| format!("\"{n}\"")).collect();
+    format!(
+        r#"{{"portid":{portid},"addr":{{"trtype":"tcp","adrfam":"ipv4","traddr":"127.0.0.1","trsvcid":"{port}"}},"subsystems":[{}],"ana_groups":[{}],"referrals":[]}}"#,
+        subs.join(","),
+        groups.join(",")
+    )
+}
+
+/// A subsystem whose namespace `i` (nsid i+1) is `devices[i]` in ANA group `groups[i]`.
+fn subsystem_json(nqn: &str, devices: &[PathBuf], groups: &[u32], allowed: &[&str]) -> String {
+    let namespaces: Vec<String> = devices
+        .iter()
+        .zip(groups)
+        .enumerate()
+        .map(|(i, (d, g))| {
+            format!(
+                r#"{{"nsid":{},"enable":1,"device":{{"path":"{}"}},"ana_grpid":{g}}}"#,
+                i + 1,
+                d.display()
+            )
+        })
+        .collect();
+    let hosts: Vec<String> = allowed.iter().map(|h| format!("\"{h}\"")).collect();
+    format!(
+        r#"{{"nqn":"{nqn}","attr":{{"allow_any_host":"0","serial":"T{}"}},"allowed_hosts":[{}],"namespaces":[{}]}}"#,
+        nqn.len(),
+        hosts.join(","),
+        namespaces.join(",")
+    )
+}
+
+fn write_config(path: &Path, hosts: &[&str], ports: &[String], subsystems: &[String]) {
+    let hosts: Vec<String> = hosts
+        .iter()
+        .map(|h| format!(r#"{{"nqn":"{h}"}}"#))
+        .collect();
+    let text = format!(
+        r#"{{"hosts":[{}],"ports":[{}],"subsystems":[{}]}}"#,
+        hosts.join(","),
+        ports.join(","),
+        subsystems.join(",")
+    );
+    std::fs::write(path, text).expect("write config");
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The `nvme list -Y` rows of one namespace: (path address, ANA state, state).
+fn paths_of(node: &Node, namespace: &str) -> Vec<(String, String, String)> {
+    let listing = node.ok(&["nvme", "list", "-Y"]);
+    listing
+        .lines()
+        .filter(|l| !l.contains(":HEADER:"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            // nvme::0:1:::namespace:sizeBytes:nsid:subnqn:nguid:controller:traddr:...
+            (f.get(6) == Some(&namespace)).then(|| {
+                (
+                    f[12].replace("%3A", ":"),
+                    f[14].to_string(),
+                    f[15].to_string(),
+                )
+            })
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn two_controllers_multipath_nsds_and_path_loss() {
+    if !fuse_usable() {
+        return;
+    }
+    let node = Node::new().start();
+    let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
+    assert!(
+        hostnqn.starts_with("nqn.2014-08.org.nvmexpress:uuid:"),
+        "{hostnqn}"
+    );
+    let nqn = "nqn.2026-11.io.tessera:array1";
+    let devices: Vec<PathBuf> = (1..=2)
+        .map(|i| node.drive(&format!("vol{i}"), NS_BYTES))
+        .collect();
+    let subsystem = subsystem_json(nqn, &devices, &[1, 2], &[&hostnqn]);
+    // Two controllers of one array as two processes: A owns ANA group 1, B group 2.
+    let (pa, pb) = (free_port(), free_port());
+    let conf_a = node.path("ctrl-a.json");
+    let conf_b = node.path("ctrl-b.json");
+    let ana_a = [(1, "optimized"), (2, "non-optimized")];
+    let ana_b = [(1, "non-optimized"), (2, "optimized")];
+    write_config(
+        &conf_a,
+        &[&hostnqn],
+        &[port_json(1, pa, &[nqn], &ana_a)],
+        std::slice::from_ref(&subsystem),
+    );
+    write_config(
+        &conf_b,
+        &[&hostnqn],
+        &[port_json(2, pb, &[nqn], &ana_b)],
+        &[subsystem],
+    );
+    let mut ctrl_a = DriveServer::start(&conf_a);
+    let _ctrl_b = DriveServer::start(&conf_b);
+
+    let log = node.ok(&[
+        "nvme",
+        "discover",
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &pa.to_string(),
+    ]);
+    assert!(log.contains(nqn), "{log}");
+    assert!(log.contains(&format!("trsvcid: {pa}")), "{log}");
+
+    // Bad input first: a subsystem that does not exist, a host that is not allowed.
+    let e = node.fails(&[
+        "nvme",
+        "connect",
+        "-t",
+        "tcp",
+        "-n",
+        "nqn.2026-11.io.tessera:nope",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &pa.to_string(),
+    ]);
+    assert!(e.contains("nqn.2026-11.io.tessera:nope"), "{e}");
+    let e = node.fails(&[
+        "nvme",
+        "connect",
+        "-t",
+        "tcp",
+        "-n",
+        nqn,
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &pa.to_string(),
+        "-q",
+        "nqn.2026-11.io.tessera:intruder",
+    ]);
+    assert!(e.contains("intruder"), "{e}");
+
+    for port in [pa, pb] {
+        node.ok(&[
+            "nvme",
+            "connect",
+            "-t",
+            "tcp",
+            "-n",
+            nqn,
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port.to_string(),
+            "-l",
+            "30",
+            "-c",
+            "1",
+        ]);
+    }
+    let table = node.ok(&["nvme", "list"]);
+    assert!(
+        table.contains("nvme0n1") && table.contains("nvme0n2"),
+        "{table}"
+    );
+    let paths = paths_of(&node, "nvme0n1");
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    let state_at = |paths: &[(String, String, String)], port: u16| {
+        paths
+            .iter()
+            .find(|p| p.0.ends_with(&format!(":{port}")))
+            .map(|p| p.1.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(state_at(&paths, pa), "optimized", "{paths:?}");
+    assert_eq!(state_at(&paths, pb), "non-optimized", "{paths:?}");
+
+    // Two NSDs on the remote namespaces, a file system, data through the mount.
+    let stanza = node.path("remote.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=nvme:nvme0n1 nsd=rem1 usage=dataAndMetadata failureGroup=1 pool=system\n\
+         %nsd: device=nvme:nvme0n2 nsd=rem2 usage=dataAndMetadata failureGroup=2 pool=system\n",
+    )
+    .unwrap();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mnt");
+    node.ok(&[
+        "fs",
+        "create",
+        "rfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    node.ok(&["mount", "rfs"]);
+    let before = pattern(24 << 20, 1);
+    std::fs::write(mnt.join("before"), &before).unwrap();
+
+    // Kill controller A (the optimized path of nvme0n1) in the middle of a write stream.
+    let writer_mnt = mnt.clone();
+    let writer = std::thread::spawn(move || {
+        for i in 0..24u64 {
+            let data = pattern(1 << 20, 100 + i);
+            let f = writer_mnt.join(format!("during{i}"));
+            std::fs::write(&f, &data).expect("write during path loss");
+            let file = std::fs::File::open(&f).unwrap();
+            file.sync_all().expect("fsync during path loss");
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    ctrl_a.kill();
+    writer.join().expect("no I/O error while a path is down");
+    for i in 0..24u64 {
+        assert_eq!(
+            std::fs::read(mnt.join(format!("during{i}"))).unwrap(),
+            pattern(1 << 20, 100 + i)
+        );
+    }
+    let down = paths_of(&node, "nvme0n1");
+    assert_ne!(
+        down.iter()
+            .find(|p| p.0.ends_with(&format!(":{pa}")))
+            .map(|p| p.2.as_str()),
+        Some("live"),
+        "{down:?}"
+    );
+
+    // Controller A comes back: the path reconnects by itself and is optimized again.
+    let _ctrl_a = DriveServer::start(&ctrl_a.config.clone());
+    wait_for("path A to reconnect", 30, || {
+        paths_of(&node, "nvme0n1")
+            .iter()
+            .any(|p| p.0.ends_with(&format!(":{pa}")) && p.2 == "live" && p.1 == "optimized")
+    });
+
+    // Restart of the node daemon: connections come back from nvme.json, data is intact.
+    node.ok(&["umount", "rfs"]);
+    node.ok(&["shutdown"]);
+    node.ok(&["startup"]);
+    assert_eq!(paths_of(&node, "nvme0n1").len(), 2);
+    node.ok(&["mount", "rfs"]);
+    assert_eq!(std::fs::read(mnt.join("before")).unwrap(), before);
+    node.ok(&["umount", "rfs"]);
+    let fsck = node.ok(&["fsck", "rfs", "-n"]);
+    assert!(fsck.to_lowercase().contains("clean"), "{fsck}");
+
+    // A namespace in use by an NSD is still listed after disconnect of one path only.
+    node.ok(&[
+        "nvme",
+        "disconnect",
+        "-n",
+        nqn,
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &pb.to_string(),
+    ]);
+    assert_eq!(paths_of(&node, "nvme0n1").len(), 1);
+}
+
+#[test]
+fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
+    if !fuse_usable() {
+        return;
+    }
+    let node = Node::new().start();
+    let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
+    let mut servers = Vec::new();
+    let mut ports = Vec::new();
+    for j in 1..=3 {
+        let nqn = format!("nqn.2026-11.io.tessera:jbof{j}");
+        let devices: Vec<PathBuf> = (1..=4)
+            .map(|i| node.drive(&format!("jbof{j}-slot{i}"), NS_BYTES))
+            .collect();
+        let port = free_port();
+        let conf = node.path(&format!("jbof{j}.json"));
+        write_config(
+            &conf,
+            &[&hostnqn],
+            &[port_json(1, port, &[&nqn], &[(1, "optimized")])],
+            &[subsystem_json(&nqn, &devices, &[1, 1, 1, 1], &[&hostnqn])],
+        );
+        servers.push(DriveServer::start(&conf));
+        ports.push(port);
+    }
+    // Short loss timeout: the array, not the host, rides out a dead enclosure.
+    for port in &ports {
+        node.ok(&[
+            "nvme",
+            "connect-all",
+            "-t",
+            "tcp",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port.to_string(),
+            "-l",
+            "3",
+            "-c",
+            "1",
+        ]);
+    }
+    let mut stanza = String::new();
+    for j in 0..3 {
+        for i in 1..=4 {
+            stanza += &format!(
+                "%pdisk: pdisk=j{j}s{i} device=nvme:nvme{j}n{i} enclosure=jbof{j} slot={i}\n"
+            );
+        }
+    }
+    let pdisks = node.path("pdisks.stanza");
+    std::fs::write(&pdisks, stanza).unwrap();
+    node.ok(&["da", "create", "da1", "-F", s(&pdisks)]);
+    node.ok(&[
+        "vdisk",
+        "create",
+        "vd1",
+        "--da",
+        "da1",
+        "--code",
+        "4+2p",
+        "--block-size",
+        "1M",
+        "--size",
+        "70%",
+    ]);
+    let nsd = node.path("vd.stanza");
+    std::fs::write(
+        &nsd,
+        "%nsd: device=vdisk:vd1 nsd=vd1 usage=dataAndMetadata\n",
+    )
+    .unwrap();
+    node.ok(&["nsd", "create", "-F", s(&nsd)]);
+    let mnt = node.path("mnt");
+    node.ok(&[
+        "fs",
+        "create",
+        "gfs",
+        "-F",
+        s(&nsd),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    node.ok(&["mount", "gfs"]);
+    let data = pattern(16 << 20, 7);
+    std::fs::write(mnt.join("f"), &data).unwrap();
+    std::fs::File::open(mnt.join("f"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+
+    servers[1].kill();
+    // Reads and new writes go on with one enclosure gone.
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
+    let more = pattern(8 << 20, 8);
+    std::fs::write(mnt.join("g"), &more).unwrap();
+    std::fs::File::open(mnt.join("g"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+    assert_eq!(std::fs::read(mnt.join("g")).unwrap(), more);
+    let pd = node.ok(&["pdisk", "ls", "--not-ok"]);
+    assert!(
+        pd.contains("j1s1"),
+        "the lost enclosure's pdisks are not ok:\n{pd}"
+    );
+}
