@@ -353,6 +353,33 @@ pub enum BenchCommand {
         #[arg(long = "rebuild")]
         rebuild: bool,
     },
+    /// One file through NVMe/TCP over loopback (a drive-server child process) against
+    /// the same file with local O_DIRECT, in the same run: sequential 1 MiB and random
+    /// 4 KiB, throughput, IOPS, latency and ratios.
+    Nvme {
+        /// Directory for the test file (on the backing store to measure).
+        #[arg(long = "dir", default_value = "/var/tmp")]
+        dir: PathBuf,
+        #[arg(long = "size", default_value = "1G")]
+        size: String,
+        /// Seconds per workload per round.
+        #[arg(long = "seconds", default_value_t = 5)]
+        seconds: u64,
+        /// Rounds of local then remote; the median counts.
+        #[arg(long = "rounds", default_value_t = 3)]
+        rounds: usize,
+        /// Queue depth of the random workloads (threads with one I/O each).
+        #[arg(long = "qd", default_value_t = 32)]
+        qd: usize,
+        /// Only the workloads whose name contains this text (`rand read`, `seq`).
+        #[arg(long = "only")]
+        only: Option<String>,
+        /// Skip the local runs, to profile the transport alone.
+        #[arg(long = "remote-only")]
+        remote_only: bool,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
     /// Erasure-code encode and decode speed on one core.
     Ec {
         /// The code: 8+2p, 4+3p, ..., 3WayReplication, 4WayReplication.

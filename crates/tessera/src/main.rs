@@ -16,7 +16,9 @@ use crate::cli::{
     BenchCommand, Cli, ClusterCommand, Command, DaCommand, DiskCommand, FsCommand, NsdCommand,
     NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, VdiskCommand,
 };
-use crate::commands::{bench, cluster, da, drive_server, fs, io, nsd, nvme, perf, pmon};
+use crate::commands::{
+    bench, bench_nvme, cluster, da, drive_server, fs, io, nsd, nvme, perf, pmon,
+};
 use crate::config::Home;
 use crate::rpc::PdiskAction;
 
@@ -42,6 +44,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Pmon(_) => "pmon",
         Command::Bench(BenchCommand::Ec { .. }) => "bench ec",
         Command::Bench(BenchCommand::Vdisk { .. }) => "bench vdisk",
+        Command::Bench(BenchCommand::Nvme { .. }) => "bench nvme",
         Command::Da(DaCommand::Create { .. }) => "da create",
         Command::Da(DaCommand::Ls { .. }) => "da ls",
         Command::Da(DaCommand::Change { .. }) => "da change",
@@ -98,6 +101,26 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
             seconds,
             machine,
         }) => bench::ec(&code, &strip, seconds, machine),
+        Command::Bench(BenchCommand::Nvme {
+            dir,
+            size,
+            seconds,
+            rounds,
+            qd,
+            only,
+            remote_only,
+            machine,
+        }) => bench_nvme::nvme(&bench_nvme::NvmeBenchArgs {
+            dir: &dir,
+            file_bytes: commands::units::parse_size(&size)
+                .ok_or_else(|| anyhow::anyhow!("--size {size}: use a size like 1G"))?,
+            seconds,
+            rounds,
+            queue_depth: qd,
+            only: only.as_deref(),
+            remote_only,
+            machine,
+        }),
         Command::Bench(BenchCommand::Vdisk {
             stanza_file,
             code,

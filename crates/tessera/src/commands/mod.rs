@@ -2,6 +2,7 @@
 //! request to the local daemon and renders the reply.
 
 pub mod bench;
+pub mod bench_nvme;
 pub mod cluster;
 pub mod da;
 pub mod drive_server;
