@@ -1,27 +1,28 @@
-//! The `fuser::Filesystem` implementation: one short method per request.
+//! The request handler: one short function per operation, translating a kernel request
+//! into a `tessera_fs::FileSystem` call and its result into a reply.
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
-};
 use tessera_fs::{Attr, Caller, FileKind, FileSystem, FsError, SetAttr, Timestamp};
+
+use crate::kernel::abi::{self, fattr, init_flags, FuseAttr, Ttl};
+use crate::kernel::reply::{DirBuf, EntryOut, Reply, StatfsOut};
+use crate::kernel::request::{Op, Request, SetattrIn};
+use crate::kernel::session::{Handler, InitParams};
 
 /// How long the kernel may cache attributes and names. One node owns every shard and every
 /// change passes through this mount, so the kernel's cache stays coherent however long it is
 /// kept; when shards move between nodes, token revocation will invalidate it explicitly.
 const TTL: Duration = Duration::from_secs(60);
 /// Largest request the kernel sends; matches the 1 MiB I/O the file system is tuned for.
-const MAX_REQUEST_BYTES: u32 = 1 << 20;
+pub(crate) const MAX_REQUEST_BYTES: u32 = 1 << 20;
 /// File-handle bits recording open flags that change write semantics.
 const FH_SYNC: u64 = 1;
+/// `RENAME_NOREPLACE`, `RENAME_EXCHANGE`, `RENAME_WHITEOUT` from renameat2(2).
+const RENAME_NOREPLACE: u32 = 1 << 0;
+const RENAME_EXCHANGE: u32 = 1 << 1;
+const RENAME_WHITEOUT: u32 = 1 << 2;
 
 pub(crate) struct TesseraFuse {
     fs: Arc<FileSystem>,
@@ -33,54 +34,54 @@ impl TesseraFuse {
     }
 }
 
-fn errno(e: &FsError) -> Errno {
+fn errno(e: &FsError) -> Reply {
     if matches!(
         e,
         FsError::Checksum { .. } | FsError::Io(_) | FsError::Corrupt(_)
     ) {
         tracing::error!("{e}");
     }
-    Errno::from_i32(e.errno())
+    Reply::Error(e.errno())
 }
 
-fn time(t: Timestamp) -> SystemTime {
+/// (seconds, nanoseconds) for the kernel. Times before 1970 lose their nanoseconds, as
+/// they did through `SystemTime` before.
+fn time(t: Timestamp) -> (i64, u32) {
     if t.secs >= 0 {
-        UNIX_EPOCH + Duration::new(t.secs as u64, t.nsecs)
+        (t.secs, t.nsecs)
     } else {
-        UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs())
+        (t.secs, 0)
     }
 }
 
-fn timestamp(t: SystemTime) -> Timestamp {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timestamp {
+fn timestamp((secs, nsecs): (i64, u32)) -> Timestamp {
+    if secs >= 0 {
+        let d = Duration::new(secs as u64, nsecs);
+        Timestamp {
             secs: d.as_secs() as i64,
             nsecs: d.subsec_nanos(),
-        },
-        Err(e) => Timestamp {
-            secs: -(e.duration().as_secs() as i64),
-            nsecs: 0,
-        },
+        }
+    } else {
+        Timestamp { secs, nsecs: 0 }
     }
 }
 
-fn time_or_now(t: TimeOrNow) -> Timestamp {
-    match t {
-        TimeOrNow::SpecificTime(t) => timestamp(t),
-        TimeOrNow::Now => Timestamp::now(),
-    }
-}
-
-fn file_type(kind: FileKind) -> FileType {
+/// `S_IF*` bits of a file kind.
+fn kind_bits(kind: FileKind) -> u32 {
     match kind {
-        FileKind::Regular => FileType::RegularFile,
-        FileKind::Directory => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::Socket => FileType::Socket,
-        FileKind::CharDevice => FileType::CharDevice,
-        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::Regular => libc::S_IFREG,
+        FileKind::Directory => libc::S_IFDIR,
+        FileKind::Symlink => libc::S_IFLNK,
+        FileKind::Fifo => libc::S_IFIFO,
+        FileKind::Socket => libc::S_IFSOCK,
+        FileKind::CharDevice => libc::S_IFCHR,
+        FileKind::BlockDevice => libc::S_IFBLK,
     }
+}
+
+/// `DT_*` of a file kind, for directory entries.
+fn dirent_type(kind: FileKind) -> u32 {
+    kind_bits(kind) >> 12
 }
 
 fn kind_of_mode(mode: u32) -> Option<FileKind> {
@@ -96,477 +97,317 @@ fn kind_of_mode(mode: u32) -> Option<FileKind> {
 
 /// `allocated_bytes` is what the file holds on the NSDs, so `du` sees sparse files and
 /// inline data as they are.
-fn file_attr(a: &Attr, allocated_bytes: u64) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
+fn file_attr(a: &Attr, allocated_bytes: u64) -> FuseAttr {
+    FuseAttr {
+        ino: a.ino,
         size: a.size,
         blocks: allocated_bytes.div_ceil(512),
         atime: time(a.atime),
         mtime: time(a.mtime),
         ctime: time(a.ctime),
-        crtime: time(a.crtime),
-        kind: file_type(a.kind),
-        perm: a.perm,
+        mode: kind_bits(a.kind) | u32::from(a.perm),
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev,
         blksize: MAX_REQUEST_BYTES,
-        flags: 0,
     }
 }
 
-fn caller(req: &Request) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-    }
-}
-
-fn handle_flags(flags: OpenFlags) -> (u64, FopenFlags) {
-    let f = flags.0;
+fn handle_flags(flags: u32) -> (u64, u32) {
+    let f = flags as i32;
     let sync = f & (libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT) != 0;
-    let mut open = FopenFlags::empty();
-    if f & libc::O_DIRECT != 0 {
+    let open = if f & libc::O_DIRECT != 0 {
         // O_DIRECT bypasses the kernel page cache as it does on a local file system.
-        open |= FopenFlags::FOPEN_DIRECT_IO;
+        abi::FOPEN_DIRECT_IO
     } else {
-        open |= FopenFlags::FOPEN_KEEP_CACHE;
-    }
+        abi::FOPEN_KEEP_CACHE
+    };
     (if sync { FH_SYNC } else { 0 }, open)
 }
 
-impl TesseraFuse {
-    fn file_attr(&self, a: &Attr) -> FileAttr {
-        file_attr(a, self.fs.allocated_bytes(a.ino))
-    }
-
-    fn reply_entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
-        match r {
-            Ok(a) => reply.entry(
-                &TTL,
-                &self.file_attr(&a),
-                Generation(u64::from(a.generation)),
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn reply_empty(r: Result<(), FsError>, reply: ReplyEmpty) {
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+fn empty(r: Result<(), FsError>) -> Reply {
+    match r {
+        Ok(()) => Reply::Empty,
+        Err(e) => errno(&e),
     }
 }
 
-impl fuser::Filesystem for TesseraFuse {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let wanted = InitFlags::FUSE_WRITEBACK_CACHE
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_BIG_WRITES
-            | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
-        let supported = wanted & config.capabilities();
-        let _ = config.add_capabilities(supported);
-        let _ = config.set_max_write(MAX_REQUEST_BYTES);
-        let _ = config.set_max_readahead(MAX_REQUEST_BYTES);
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        Ok(())
+/// getxattr/listxattr: size 0 asks only for the size.
+fn xattr(value: Vec<u8>, size: u32) -> Reply {
+    if size == 0 {
+        Reply::XattrSize(value.len() as u32)
+    } else if value.len() > size as usize {
+        Reply::Error(libc::ERANGE)
+    } else {
+        Reply::Data(value)
+    }
+}
+
+fn set_attr(s: &SetattrIn) -> SetAttr {
+    let valid = |bit: u32| s.valid & bit != 0;
+    let time_or_now = |bit: u32, now_bit: u32, t: (i64, u32)| {
+        valid(bit).then(|| {
+            if valid(now_bit) {
+                Timestamp::now()
+            } else {
+                timestamp(t)
+            }
+        })
+    };
+    SetAttr {
+        mode: valid(fattr::MODE).then_some(s.mode),
+        uid: valid(fattr::UID).then_some(s.uid),
+        gid: valid(fattr::GID).then_some(s.gid),
+        size: valid(fattr::SIZE).then_some(s.size),
+        atime: time_or_now(fattr::ATIME, fattr::ATIME_NOW, s.atime),
+        mtime: time_or_now(fattr::MTIME, fattr::MTIME_NOW, s.mtime),
+        ctime: valid(fattr::CTIME).then(|| timestamp(s.ctime)),
+    }
+}
+
+impl TesseraFuse {
+    fn file_attr(&self, a: &Attr) -> FuseAttr {
+        file_attr(a, self.fs.allocated_bytes(a.ino))
     }
 
-    fn destroy(&mut self) {
+    fn entry_out(&self, a: &Attr, generation: u64) -> EntryOut {
+        EntryOut {
+            nodeid: a.ino,
+            generation,
+            ttl: Ttl::from_duration(TTL),
+            attr: self.file_attr(a),
+        }
+    }
+
+    fn entry(&self, r: Result<Attr, FsError>) -> Reply {
+        match r {
+            Ok(a) => Reply::Entry(self.entry_out(&a, u64::from(a.generation))),
+            Err(e) => errno(&e),
+        }
+    }
+
+    fn attr(&self, r: Result<Attr, FsError>) -> Reply {
+        match r {
+            Ok(a) => Reply::Attr {
+                ttl: Ttl::from_duration(TTL),
+                attr: self.file_attr(&a),
+            },
+            Err(e) => errno(&e),
+        }
+    }
+
+    fn create_node(
+        &self,
+        req: &Request<'_>,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        target: Option<&[u8]>,
+    ) -> Result<Attr, FsError> {
+        let caller = Caller {
+            uid: req.header.uid,
+            gid: req.header.gid,
+        };
+        self.fs
+            .create_node(req.header.nodeid, name, kind, mode, rdev, caller, target)
+    }
+
+    fn open(&self, ino: u64, flags: u32) -> Reply {
+        let f = flags as i32;
+        // With FUSE_ATOMIC_O_TRUNC the kernel leaves O_TRUNC to us instead of sending a
+        // separate setattr.
+        if f & libc::O_TRUNC != 0 && f & libc::O_ACCMODE != libc::O_RDONLY {
+            if let Err(e) = self.fs.truncate(ino, 0) {
+                return errno(&e);
+            }
+        }
+        match self.fs.open(ino) {
+            Ok(_) => {
+                let (fh, open_flags) = handle_flags(flags);
+                Reply::Open { fh, open_flags }
+            }
+            Err(e) => errno(&e),
+        }
+    }
+
+    fn create(&self, req: &Request<'_>, flags: u32, mode: u32, umask: u32, name: &[u8]) -> Reply {
+        let r = self.create_node(req, name, FileKind::Regular, mode & !umask, 0, None);
+        let attr = match r.and_then(|a| self.fs.open(a.ino)) {
+            Ok(a) => a,
+            Err(e) => return errno(&e),
+        };
+        let (fh, open_flags) = handle_flags(flags);
+        Reply::Create {
+            entry: self.entry_out(&attr, 0),
+            fh,
+            open_flags,
+        }
+    }
+
+    fn rename(&self, parent: u64, flags: u32, names: (&[u8], u64, &[u8])) -> Reply {
+        if flags & RENAME_WHITEOUT != 0 {
+            return Reply::Error(libc::EINVAL);
+        }
+        let (name, newdir, newname) = names;
+        empty(self.fs.rename(
+            parent,
+            name,
+            newdir,
+            newname,
+            flags & RENAME_NOREPLACE != 0,
+            flags & RENAME_EXCHANGE != 0,
+        ))
+    }
+
+    fn readdir(&self, ino: u64, offset: u64, size: u32) -> Reply {
+        match self.fs.readdir(ino, offset) {
+            Ok(listing) => {
+                let mut buf = DirBuf::new(size);
+                for (cookie, child, kind, name) in listing.entries {
+                    if buf.add(child, cookie, dirent_type(kind), &name) {
+                        break;
+                    }
+                }
+                buf.into_reply()
+            }
+            Err(e) => errno(&e),
+        }
+    }
+
+    fn statfs(&self) -> Reply {
+        let s = self.fs.statfs();
+        Reply::Statfs(StatfsOut {
+            blocks: s.fragments_total,
+            bfree: s.fragments_free,
+            bavail: s.fragments_free,
+            files: s.inodes_total,
+            ffree: s.inodes_free,
+            bsize: s.fragment_bytes as u32,
+            namelen: s.name_bytes_max,
+            frsize: s.fragment_bytes as u32,
+        })
+    }
+}
+
+impl Handler for TesseraFuse {
+    fn init_params(&self) -> InitParams {
+        InitParams {
+            flags: init_flags::ASYNC_READ
+                | init_flags::WRITEBACK_CACHE
+                | init_flags::PARALLEL_DIROPS
+                | init_flags::ASYNC_DIO
+                | init_flags::BIG_WRITES
+                | init_flags::MAX_PAGES
+                | init_flags::ATOMIC_O_TRUNC,
+            max_write: MAX_REQUEST_BYTES,
+            max_readahead: MAX_REQUEST_BYTES,
+            max_background: 64,
+            congestion_threshold: 48,
+        }
+    }
+
+    fn destroy(&self) {
         if let Err(e) = self.fs.sync() {
             tracing::error!("final sync: {e}");
         }
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.reply_entry(self.fs.lookup(parent.0, name.as_bytes()), reply);
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &self.file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(time_or_now),
-            mtime: mtime.map(time_or_now),
-            ctime: ctime.map(timestamp),
-        };
-        match self.fs.setattr(ino.0, set) {
-            Ok(a) => reply.attr(&TTL, &self.file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        let Some(kind) = kind_of_mode(mode) else {
-            return reply.error(Errno::from_i32(libc::EINVAL));
-        };
-        let r = self.fs.create_node(
-            parent.0,
-            name.as_bytes(),
-            kind,
-            mode & !umask,
-            rdev,
-            caller(req),
-            None,
-        );
-        self.reply_entry(r, reply);
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let r = self.fs.create_node(
-            parent.0,
-            name.as_bytes(),
-            FileKind::Directory,
-            mode & !umask,
-            0,
-            caller(req),
-            None,
-        );
-        self.reply_entry(r, reply);
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty(self.fs.remove(parent.0, name.as_bytes(), false), reply);
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty(self.fs.remove(parent.0, name.as_bytes(), true), reply);
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let r = self.fs.create_node(
-            parent.0,
-            link_name.as_bytes(),
-            FileKind::Symlink,
-            0o777,
-            0,
-            caller(req),
-            Some(target.as_os_str().as_bytes()),
-        );
-        self.reply_entry(r, reply);
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::from_i32(libc::EINVAL));
-        }
-        let r = self.fs.rename(
-            parent.0,
-            name.as_bytes(),
-            newparent.0,
-            newname.as_bytes(),
-            flags.contains(RenameFlags::RENAME_NOREPLACE),
-            flags.contains(RenameFlags::RENAME_EXCHANGE),
-        );
-        Self::reply_empty(r, reply);
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        self.reply_entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        // With FUSE_ATOMIC_O_TRUNC the kernel leaves O_TRUNC to us instead of sending a
-        // separate setattr.
-        if flags.0 & libc::O_TRUNC != 0 && flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            if let Err(e) = self.fs.truncate(ino.0, 0) {
-                return reply.error(errno(&e));
-            }
-        }
-        match self.fs.open(ino.0) {
-            Ok(_) => {
-                let (fh, open) = handle_flags(flags);
-                reply.opened(FileHandle(fh), open);
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        match self.fs.read(ino.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        match self.fs.write(ino.0, offset, data, fh.0 & FH_SYNC != 0) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        // close(2) does not promise durability (fsync does) and locks are the kernel's, so
-        // there is nothing to do; ENOSYS tells the kernel to stop sending FLUSH at all, which
-        // saves a round trip on every close.
-        reply.error(Errno::from_i32(libc::ENOSYS));
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        Self::reply_empty(self.fs.release(ino.0), reply);
-    }
-
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        Self::reply_empty(self.fs.fsync(ino.0), reply);
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        match self.fs.readdir(ino.0, offset) {
-            Ok(listing) => {
-                for (cookie, child, kind, name) in listing.entries {
-                    if reply.add(
-                        INodeNo(child),
-                        cookie,
-                        file_type(kind),
-                        OsStr::from_bytes(&name),
-                    ) {
-                        break;
-                    }
+    fn handle(&self, req: &Request<'_>) -> Reply {
+        let ino = req.header.nodeid;
+        match req.op {
+            Op::Lookup { name } => self.entry(self.fs.lookup(ino, name)),
+            Op::Getattr => self.attr(self.fs.getattr(ino)),
+            Op::Setattr(ref s) => self.attr(self.fs.setattr(ino, set_attr(s))),
+            Op::Readlink => match self.fs.readlink(ino) {
+                Ok(t) => Reply::Data(t),
+                Err(e) => errno(&e),
+            },
+            Op::Mknod {
+                mode,
+                rdev,
+                umask,
+                name,
+            } => match kind_of_mode(mode) {
+                Some(kind) => {
+                    self.entry(self.create_node(req, name, kind, mode & !umask, rdev, None))
                 }
-                reply.ok();
+                None => Reply::Error(libc::EINVAL),
+            },
+            Op::Mkdir { mode, umask, name } => {
+                let r = self.create_node(req, name, FileKind::Directory, mode & !umask, 0, None);
+                self.entry(r)
             }
-            Err(e) => reply.error(errno(&e)),
+            Op::Symlink { name, target } => {
+                let r = self.create_node(req, name, FileKind::Symlink, 0o777, 0, Some(target));
+                self.entry(r)
+            }
+            Op::Unlink { name } => empty(self.fs.remove(ino, name, false)),
+            Op::Rmdir { name } => empty(self.fs.remove(ino, name, true)),
+            Op::Rename {
+                newdir,
+                flags,
+                name,
+                newname,
+            } => self.rename(ino, flags, (name, newdir, newname)),
+            Op::Link { oldnodeid, newname } => self.entry(self.fs.link(oldnodeid, ino, newname)),
+            Op::Open { flags } => self.open(ino, flags),
+            // Directories need no state of ours between opendir and releasedir.
+            Op::Opendir => Reply::Open {
+                fh: 0,
+                open_flags: 0,
+            },
+            Op::Releasedir => Reply::Empty,
+            Op::Read { offset, size } => match self.fs.read(ino, offset, size) {
+                Ok(d) => Reply::Data(d),
+                Err(e) => errno(&e),
+            },
+            Op::Write { fh, offset, data } => {
+                match self.fs.write(ino, offset, data, fh & FH_SYNC != 0) {
+                    Ok(n) => Reply::Write { size: n as u32 },
+                    Err(e) => errno(&e),
+                }
+            }
+            // close(2) does not promise durability (fsync does) and locks are the kernel's,
+            // so there is nothing to do; ENOSYS tells the kernel to stop sending FLUSH at
+            // all, which saves a round trip on every close.
+            Op::Flush => Reply::Error(libc::ENOSYS),
+            Op::Release => empty(self.fs.release(ino)),
+            Op::Fsync | Op::Fsyncdir => empty(self.fs.fsync(ino)),
+            Op::Readdir { offset, size } => self.readdir(ino, offset, size),
+            Op::Statfs => self.statfs(),
+            Op::Setxattr { name, value, flags } => {
+                let create = flags as i32 & libc::XATTR_CREATE != 0;
+                let replace = flags as i32 & libc::XATTR_REPLACE != 0;
+                empty(self.fs.setxattr(ino, name, value, create, replace))
+            }
+            Op::Getxattr { name, size } => match self.fs.getxattr(ino, name) {
+                Ok(v) => xattr(v, size),
+                Err(e) => errno(&e),
+            },
+            Op::Listxattr { size } => match self.fs.listxattr(ino) {
+                Ok(v) => xattr(v, size),
+                Err(e) => errno(&e),
+            },
+            Op::Removexattr { name } => empty(self.fs.removexattr(ino, name)),
+            Op::Create {
+                flags,
+                mode,
+                umask,
+                name,
+            } => self.create(req, flags, mode, umask, name),
+            Op::Fallocate {
+                offset,
+                length,
+                mode,
+            } => empty(self.fs.fallocate(ino, offset, length, mode as i32)),
+            Op::Init(_)
+            | Op::Destroy
+            | Op::Forget
+            | Op::BatchForget
+            | Op::Interrupt
+            | Op::Unsupported(_) => Reply::Error(libc::ENOSYS),
         }
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _ds: bool,
-        reply: ReplyEmpty,
-    ) {
-        Self::reply_empty(self.fs.fsync(ino.0), reply);
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
-        reply.statfs(
-            s.fragments_total,
-            s.fragments_free,
-            s.fragments_free,
-            s.inodes_total,
-            s.inodes_free,
-            s.fragment_bytes as u32,
-            s.name_bytes_max,
-            s.fragment_bytes as u32,
-        );
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        let create = flags & libc::XATTR_CREATE != 0;
-        let replace = flags & libc::XATTR_REPLACE != 0;
-        Self::reply_empty(
-            self.fs
-                .setxattr(ino.0, name.as_bytes(), value, create, replace),
-            reply,
-        );
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.fs.getxattr(ino.0, name.as_bytes()) {
-            Ok(v) => reply_xattr(v, size, reply),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0) {
-            Ok(v) => reply_xattr(v, size, reply),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty(self.fs.removexattr(ino.0, name.as_bytes()), reply);
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let r = self.fs.create_node(
-            parent.0,
-            name.as_bytes(),
-            FileKind::Regular,
-            mode & !umask,
-            0,
-            caller(req),
-            None,
-        );
-        let attr = match r.and_then(|a| self.fs.open(a.ino)) {
-            Ok(a) => a,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let (fh, open) = handle_flags(OpenFlags(flags));
-        reply.created(
-            &TTL,
-            &self.file_attr(&attr),
-            Generation(0),
-            FileHandle(fh),
-            open,
-        );
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        Self::reply_empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
-    }
-}
-
-fn reply_xattr(value: Vec<u8>, size: u32, reply: ReplyXattr) {
-    if size == 0 {
-        reply.size(value.len() as u32);
-    } else if value.len() > size as usize {
-        reply.error(Errno::from_i32(libc::ERANGE));
-    } else {
-        reply.data(&value);
     }
 }

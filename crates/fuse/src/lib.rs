@@ -3,14 +3,21 @@
 //! This layer only translates: kernel requests become `tessera_fs::FileSystem` calls and
 //! `FsError`s become errnos. Permission checks are left to the kernel (`default_permissions`),
 //! exactly as for a local file system, so every user of the machine can use the mount.
+//!
+//! It speaks the kernel's FUSE protocol itself (`kernel`): over FUSE-over-io_uring when the
+//! kernel offers it (one ring queue per CPU, served by threads pinned to that CPU, so a
+//! request never wakes another CPU), else over the classic /dev/fuse read/write loop.
+//! `TESSERA_FUSE_URING=0` forces the classic loop.
 
 mod adapter;
+mod kernel;
 
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use kernel::session::{Session, SessionOptions, Transport};
 use tessera_fs::FileSystem;
 
 /// Request threads per mount unless `TESSERA_FUSE_THREADS` says otherwise.
@@ -23,8 +30,9 @@ pub struct FuseOptions {
     pub fs_name: String,
     /// Let every user of the machine use the mount (`allow_other`).
     pub allow_other: bool,
-    /// Threads reading requests from the kernel; requests on different threads run in
-    /// parallel.
+    /// Threads reading requests from the kernel over /dev/fuse; requests on different
+    /// threads run in parallel. With io_uring, the rings have their own threads
+    /// (`RING_THREADS_PER_QUEUE` per CPU) and one /dev/fuse thread remains.
     pub threads: usize,
 }
 
@@ -40,8 +48,13 @@ impl Default for FuseOptions {
 
 /// A live kernel mount. Dropping it without [`FuseMount::unmount`] also unmounts.
 pub struct FuseMount {
-    session: Option<BackgroundSession>,
+    session: Option<Session>,
+    /// As the caller named it.
     mountpoint: PathBuf,
+    /// Canonical, as the kernel knows it; what umount2 is given.
+    target: PathBuf,
+    /// The mount's device number: names its connection under /sys/fs/fuse/connections.
+    dev: u64,
 }
 
 impl std::fmt::Debug for FuseMount {
@@ -57,48 +70,130 @@ impl FuseMount {
 
     /// Unmounts and waits for the request threads to finish.
     pub fn unmount(mut self) -> io::Result<()> {
-        match self.session.take() {
-            Some(s) => s.umount_and_join(),
-            None => Ok(()),
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> io::Result<()> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        match kernel::mount::unmount(&self.target, 0) {
+            // EINVAL: no longer mounted (someone else unmounted it); the threads have seen
+            // the connection end.
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => {
+                // Busy: detach it and end the connection, so no thread is left waiting
+                // on a mount nobody can reach.
+                let _ = kernel::mount::unmount(&self.target, libc::MNT_DETACH);
+                if let Err(abort) = kernel::mount::abort_connection(self.dev) {
+                    tracing::error!(
+                        "{}: cannot abort the FUSE connection ({abort}); its threads stay",
+                        self.mountpoint.display()
+                    );
+                    std::mem::forget(session);
+                    return Err(e);
+                }
+                session.join();
+                return Err(e);
+            }
         }
+        session.join();
+        Ok(())
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if let Err(e) = self.shut_down() {
+            tracing::error!("unmounting {}: {e}", self.mountpoint.display());
+        }
+    }
+}
+
+/// Whether to try FUSE-over-io_uring: not when `TESSERA_FUSE_URING=0`. When the kernel
+/// supports it but its `enable_uring` switch is off and we are root, it is turned on.
+fn want_uring() -> bool {
+    if std::env::var("TESSERA_FUSE_URING").is_ok_and(|v| v.trim() == "0") {
+        tracing::info!("FUSE: TESSERA_FUSE_URING=0, using /dev/fuse");
+        return false;
+    }
+    const KNOB: &str = "/sys/module/fuse/parameters/enable_uring";
+    match std::fs::read_to_string(KNOB) {
+        Ok(v) if v.trim() == "Y" => true,
+        Ok(_) => {
+            // SAFETY: geteuid cannot fail.
+            if unsafe { libc::geteuid() } != 0 {
+                return false;
+            }
+            match std::fs::write(KNOB, b"Y") {
+                Ok(()) => {
+                    tracing::info!("FUSE: enabled FUSE-over-io_uring ({KNOB} = Y)");
+                    true
+                }
+                Err(e) => {
+                    tracing::info!("FUSE: cannot enable io_uring through {KNOB}: {e}");
+                    false
+                }
+            }
+        }
+        // Kernel without CONFIG_FUSE_IO_URING.
+        Err(_) => false,
     }
 }
 
 /// Mounts `fs` at `mountpoint`.
 pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<FuseMount> {
     cleanup_stale_mount(mountpoint)?;
-    let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::FSName(opts.fs_name.clone()),
-        MountOption::Subtype("tessera".into()),
-        MountOption::DefaultPermissions,
-        MountOption::RW,
-        MountOption::Dev,
-        MountOption::Suid,
-    ];
-    if opts.allow_other {
-        config.acl = SessionACL::All;
-    }
-    config.n_threads = Some(opts.threads.max(1));
+    let target = mountpoint.canonicalize()?;
+    let uring = want_uring();
+    let dev = kernel::mount::open_dev().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "mounting at {}: {e}; check that /dev/fuse exists",
+                target.display()
+            ),
+        )
+    })?;
+    let cfg = kernel::mount::MountConfig {
+        fs_name: &opts.fs_name,
+        subtype: "tessera",
+        allow_other: opts.allow_other,
+        max_read: adapter::MAX_REQUEST_BYTES,
+    };
+    kernel::mount::mount(std::os::fd::AsRawFd::as_raw_fd(&dev), &target, &cfg)?;
     let block_kib = u64::from(fs.descriptor().block_size) >> 10;
-    config.clone_fd = true;
-    let session =
-        fuser::spawn_mount(adapter::TesseraFuse::new(fs), mountpoint, &config).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "mounting at {}: {e}; check that /dev/fuse exists",
-                    mountpoint.display()
-                ),
-            )
-        })?;
+    let session_opts = SessionOptions {
+        classic_threads: opts.threads.max(1),
+        uring,
+    };
+    let session = match Session::start(dev, Arc::new(adapter::TesseraFuse::new(fs)), &session_opts)
+    {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = kernel::mount::unmount(&target, libc::MNT_DETACH);
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        "FUSE: {} served over {}",
+        target.display(),
+        match session.transport {
+            Transport::Uring => "io_uring",
+            Transport::Classic => "/dev/fuse",
+        }
+    );
+    let dev = std::fs::metadata(&target).map(|m| m.dev()).unwrap_or(0);
     set_read_ahead(
-        mountpoint,
+        dev,
         (2 * block_kib).clamp(READ_AHEAD_KIB_MIN, READ_AHEAD_KIB_MAX),
     );
     Ok(FuseMount {
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),
+        target,
+        dev,
     })
 }
 
@@ -108,12 +203,7 @@ const READ_AHEAD_KIB_MAX: u64 = 16 * 1024;
 /// The kernel gives a FUSE mount 128 KiB of readahead, far less than one file-system block;
 /// sequential reads need a few blocks in flight to keep every NSD busy (GPFS prefetches
 /// for the same reason).
-fn set_read_ahead(mountpoint: &Path, kib: u64) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(mountpoint) else {
-        return;
-    };
-    let dev = meta.dev();
+fn set_read_ahead(dev: u64, kib: u64) {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     if let Err(e) = std::fs::write(&knob, kib.to_string()) {

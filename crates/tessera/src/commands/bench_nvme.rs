@@ -62,7 +62,7 @@ impl Drop for ServerChild {
 }
 
 pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
-    if a.file_bytes < (64 << 20) || a.file_bytes % (1 << 20) != 0 {
+    if a.file_bytes < (64 << 20) || !a.file_bytes.is_multiple_of(1 << 20) {
         bail!("--size: use a whole number of MiB, at least 64M");
     }
     if a.queue_depth == 0 || a.queue_depth > 256 {

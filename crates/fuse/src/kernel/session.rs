@@ -1,0 +1,362 @@
+//! A FUSE connection: the INIT handshake over /dev/fuse, the classic read/write request
+//! loop, and the choice between it and FUSE-over-io_uring ([`super::uring`]).
+//!
+//! With rings active, one /dev/fuse thread stays: FORGET, BATCH_FORGET and INTERRUPT (and
+//! anything sent before every ring queue was registered) still arrive there, and its
+//! `ENODEV` marks the end of the connection.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Once};
+use std::thread::JoinHandle;
+
+use super::abi::{self, init_flags};
+use super::reply::{InitOut, Reply};
+use super::request::{self, Op, ParseError, Request};
+use super::uring;
+
+/// What the file system asks of the kernel at INIT.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InitParams {
+    /// Wanted `init_flags`; only those the kernel offers are granted.
+    pub(crate) flags: u64,
+    pub(crate) max_write: u32,
+    pub(crate) max_readahead: u32,
+    pub(crate) max_background: u16,
+    pub(crate) congestion_threshold: u16,
+}
+
+/// The file-system side of a session: turns requests into replies. Implementations block
+/// freely; each transport thread serves one request at a time.
+pub(crate) trait Handler: Send + Sync + 'static {
+    fn init_params(&self) -> InitParams;
+    /// Answers one request (never INIT, DESTROY or a no-reply request).
+    fn handle(&self, req: &Request<'_>) -> Reply;
+    /// The connection ends: make everything durable.
+    fn destroy(&self);
+}
+
+/// Shared by every transport thread of one connection.
+pub(crate) struct Shared {
+    pub(crate) handler: Arc<dyn Handler>,
+    destroyed: Once,
+}
+
+impl Shared {
+    /// Runs the handler's `destroy` once, however many threads see the connection end.
+    pub(crate) fn destroy(&self) {
+        self.destroyed.call_once(|| self.handler.destroy());
+    }
+
+    /// The reply to a parsed request; `None` when the kernel expects none.
+    pub(crate) fn serve(&self, req: &Request<'_>) -> Option<Reply> {
+        match req.op {
+            _ if req.op.is_noreply() => None,
+            // INIT after the handshake is a protocol error.
+            Op::Init(_) => Some(Reply::Error(libc::EIO)),
+            Op::Destroy => {
+                self.destroy();
+                Some(Reply::Empty)
+            }
+            _ => Some(self.handler.handle(req)),
+        }
+    }
+
+    /// The reply to whatever a transport received: a request, or bytes that did not parse.
+    /// Returns the `unique` to answer and the reply, or `None` for nothing to send.
+    pub(crate) fn serve_parsed(
+        &self,
+        parsed: Result<Request<'_>, ParseError>,
+    ) -> Option<(u64, Reply)> {
+        match parsed {
+            Ok(req) => {
+                let unique = req.header.unique;
+                self.serve(&req).map(|r| (unique, r))
+            }
+            Err(ParseError::NoHeader) => {
+                tracing::error!("FUSE request shorter than its header; ignored");
+                None
+            }
+            Err(ParseError::BadArgs { unique, opcode }) => {
+                tracing::error!("malformed FUSE request (opcode {opcode}); answered EINVAL");
+                Some((unique, Reply::Error(libc::EINVAL)))
+            }
+        }
+    }
+}
+
+/// Largest request the classic loop reads: `max_write` of data plus headers, with room to
+/// spare (the kernel refuses reads into buffers smaller than it could need).
+fn dev_buffer_bytes(max_write: u32) -> usize {
+    max_write as usize + (64 << 10)
+}
+
+/// How the session's requests are transported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transport {
+    Classic,
+    Uring,
+}
+
+/// A running session.
+pub(crate) struct Session {
+    /// The /dev/fuse file the mount was made with; every ring command names it.
+    _dev: Arc<OwnedFd>,
+    threads: Vec<JoinHandle<()>>,
+    pub(crate) transport: Transport,
+}
+
+/// Session options.
+pub(crate) struct SessionOptions {
+    /// Classic /dev/fuse request threads when rings are not used.
+    pub(crate) classic_threads: usize,
+    /// Try FUSE-over-io_uring when the kernel offers it.
+    pub(crate) uring: bool,
+}
+
+impl Session {
+    /// Answers INIT on `dev` (a mounted connection) and starts the request threads.
+    pub(crate) fn start(
+        dev: OwnedFd,
+        handler: Arc<dyn Handler>,
+        opts: &SessionOptions,
+    ) -> io::Result<Session> {
+        let dev = Arc::new(dev);
+        let shared = Arc::new(Shared {
+            handler,
+            destroyed: Once::new(),
+        });
+        let params = shared.handler.init_params();
+        let mut buf = vec![0u8; dev_buffer_bytes(params.max_write)];
+        let init = read_init(dev.as_raw_fd(), &mut buf)?;
+        let mut out = negotiate(&init.1, &params);
+
+        // Rings are prepared (threads, rings, buffers) before INIT is answered: once the
+        // kernel accepts FUSE_OVER_IO_URING it holds back every request until each CPU's
+        // queue has a registered entry, so failing after that point would hang the mount.
+        let offered = init.1.flags & init_flags::OVER_IO_URING != 0;
+        if opts.uring && !offered {
+            tracing::info!("FUSE: the kernel does not offer io_uring; using /dev/fuse");
+        }
+        let mut rings = None;
+        if opts.uring && offered {
+            match uring::Rings::prepare(&dev, &shared, params.max_write) {
+                Ok(r) => {
+                    out.flags |= init_flags::OVER_IO_URING;
+                    rings = Some(r);
+                }
+                Err(e) => tracing::warn!("FUSE: cannot set up io_uring ({e}); using /dev/fuse"),
+            }
+        }
+        let reply = Reply::Init(out);
+        send(dev.as_raw_fd(), init.0, &reply, &mut Vec::new())?;
+
+        let mut threads = Vec::new();
+        let mut transport = Transport::Classic;
+        let mut classic_threads = opts.classic_threads.max(1);
+        if let Some(r) = rings {
+            let (handles, registered) = r.register();
+            threads.extend(handles);
+            if registered {
+                transport = Transport::Uring;
+                classic_threads = 1;
+            } else {
+                tracing::warn!("FUSE: io_uring registration failed; using /dev/fuse");
+            }
+        }
+        for i in 0..classic_threads {
+            let fd = if i == 0 {
+                None
+            } else {
+                Some(super::mount::clone_dev(dev.as_raw_fd())?)
+            };
+            let dev = Arc::clone(&dev);
+            let shared = Arc::clone(&shared);
+            let bytes = buf.len();
+            let t = std::thread::Builder::new()
+                .name(format!("fuse-dev-{i}"))
+                .spawn(move || {
+                    let raw = fd.as_ref().map_or(dev.as_raw_fd(), AsRawFd::as_raw_fd);
+                    classic_loop(raw, &shared, bytes);
+                    drop(fd);
+                })?;
+            threads.push(t);
+        }
+        Ok(Session {
+            _dev: dev,
+            threads,
+            transport,
+        })
+    }
+
+    /// Waits for every request thread; call once the connection has ended (unmounted or
+    /// aborted), or it waits forever.
+    pub(crate) fn join(mut self) {
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a FUSE request thread panicked");
+            }
+        }
+    }
+}
+
+/// Reads until INIT arrives; returns its `unique` and arguments.
+fn read_init(fd: RawFd, buf: &mut [u8]) -> io::Result<(u64, request::InitIn)> {
+    loop {
+        let n = read_dev(fd, buf)?;
+        let Some(n) = n else { continue };
+        match request::parse_dev(&buf[..n]) {
+            Ok(Request {
+                header,
+                op: Op::Init(init),
+            }) => {
+                if init.major != abi::KERNEL_VERSION {
+                    // A newer major would retry with ours; an older one cannot be spoken.
+                    send(
+                        fd,
+                        header.unique,
+                        &Reply::Error(libc::EPROTO),
+                        &mut Vec::new(),
+                    )?;
+                    return Err(io::Error::other(format!(
+                        "FUSE kernel protocol {}.{} is not supported",
+                        init.major, init.minor
+                    )));
+                }
+                return Ok((header.unique, init));
+            }
+            Ok(req) => {
+                tracing::error!("FUSE request before INIT (opcode {})", req.header.opcode);
+                send(
+                    fd,
+                    req.header.unique,
+                    &Reply::Error(libc::EIO),
+                    &mut Vec::new(),
+                )?;
+            }
+            Err(e) => tracing::error!("malformed FUSE request before INIT: {e:?}"),
+        }
+    }
+}
+
+/// The INIT reply: what we want of what the kernel offers.
+fn negotiate(init: &request::InitIn, p: &InitParams) -> InitOut {
+    let flags = (p.flags | init_flags::INIT_EXT) & init.flags;
+    let max_readahead = p.max_readahead.min(init.max_readahead);
+    let page = 4096;
+    let max_pages = (p.max_write.max(max_readahead) - 1) / page + 1;
+    InitOut {
+        major: abi::KERNEL_VERSION,
+        minor: abi::KERNEL_MINOR_VERSION.min(init.minor),
+        max_readahead,
+        flags,
+        max_background: p.max_background,
+        congestion_threshold: p.congestion_threshold,
+        max_write: p.max_write,
+        time_gran: 1,
+        max_pages: u16::try_from(max_pages).unwrap_or(u16::MAX),
+    }
+}
+
+/// One read of a request; `Ok(None)` for the errors that mean "try again".
+fn read_dev(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    // SAFETY: buf is valid for writes of buf.len() bytes.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n >= 0 {
+        return Ok(Some(n as usize));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // ENOENT: the request was interrupted before we read it.
+        Some(libc::ENOENT | libc::EINTR | libc::EAGAIN) => Ok(None),
+        _ => Err(e),
+    }
+}
+
+/// Writes a reply to /dev/fuse in one writev.
+fn send(fd: RawFd, unique: u64, reply: &Reply, scratch: &mut Vec<u8>) -> io::Result<()> {
+    let (error, body) = reply.encode(scratch);
+    let header = abi::out_header(unique, error, body.len());
+    let iov = [
+        libc::iovec {
+            iov_base: header.as_ptr() as *mut libc::c_void,
+            iov_len: header.len(),
+        },
+        libc::iovec {
+            iov_base: body.as_ptr() as *mut libc::c_void,
+            iov_len: body.len(),
+        },
+    ];
+    // SAFETY: both iovecs point at live buffers of the given lengths.
+    let n = unsafe { libc::writev(fd, iov.as_ptr(), 2) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        // ENOENT: the request was interrupted or the connection aborted meanwhile.
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Serves requests read from `fd` until the connection ends.
+fn classic_loop(fd: RawFd, shared: &Shared, buf_bytes: usize) {
+    // One buffer per thread, reused for every request.
+    let mut buf = vec![0u8; buf_bytes];
+    let mut scratch = Vec::with_capacity(4096);
+    loop {
+        let n = match read_dev(fd, &mut buf) {
+            Ok(Some(n)) => n,
+            Ok(None) => continue,
+            Err(e) => {
+                if e.raw_os_error() != Some(libc::ENODEV) {
+                    tracing::error!("reading /dev/fuse: {e}");
+                }
+                break;
+            }
+        };
+        let parsed = request::parse_dev(&buf[..n]);
+        if let Some((unique, reply)) = shared.serve_parsed(parsed) {
+            if let Err(e) = send(fd, unique, &reply, &mut scratch) {
+                if e.raw_os_error() == Some(libc::ENODEV) {
+                    break;
+                }
+                tracing::error!("replying on /dev/fuse: {e}");
+            }
+        }
+    }
+    shared.destroy();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation_grants_only_offered_flags() {
+        let init = request::InitIn {
+            major: 7,
+            minor: 44,
+            max_readahead: 131072,
+            flags: init_flags::ASYNC_READ | init_flags::INIT_EXT | init_flags::OVER_IO_URING,
+        };
+        let p = InitParams {
+            flags: init_flags::ASYNC_READ | init_flags::WRITEBACK_CACHE,
+            max_write: 1 << 20,
+            max_readahead: 1 << 20,
+            max_background: 64,
+            congestion_threshold: 48,
+        };
+        let out = negotiate(&init, &p);
+        assert_eq!(out.flags, init_flags::ASYNC_READ | init_flags::INIT_EXT);
+        assert_eq!(out.minor, abi::KERNEL_MINOR_VERSION);
+        assert_eq!(out.max_readahead, 131072);
+        assert_eq!(out.max_pages, 256);
+    }
+
+    #[test]
+    fn opcode_constants_are_the_kernels() {
+        assert_eq!(abi::opcode::INIT, 26);
+        assert_eq!(abi::opcode::RENAME2, 45);
+    }
+}
