@@ -4,7 +4,9 @@
 //! slot; blocking while all are taken, so a queue never holds more than SQSIZE commands),
 //! sends the CapsuleCmd under the write lock, and sleeps on its slot. A dedicated reader
 //! thread demultiplexes what the controller sends by CID: C2HData is read straight into the
-//! caller's buffer (no copy, no allocation), CapsuleResp completes the slot, and R2T is
+//! caller's buffer (no copy, no allocation), CapsuleResp completes the slot (so does a
+//! C2HData with SUCCESS: I/O queues disable SQ flow control at Connect, which lets the
+//! controller skip the CapsuleResp of a successful read), and R2T is
 //! handed to the caller, which sends the H2CData itself. The reader never writes to the
 //! socket, so a controller that stops reading while it sends cannot deadlock the host.
 //!
@@ -27,7 +29,9 @@ use parking_lot::{Condvar, Mutex};
 use super::error::HostError;
 use super::policy::{r2t_in_range, r2t_segments, HOST_MAX_TRANSFER_BYTES};
 use crate::wire::command::{SglDescriptor, FABRICS_OPCODE};
-use crate::wire::fabrics::{connect_response_cntlid, Connect, ConnectData};
+use crate::wire::fabrics::{
+    connect_response_cntlid, Connect, ConnectData, CATTR_DISABLE_SQ_FLOW_CONTROL,
+};
 use crate::wire::pdu::{encode_header, DIGEST_BYTES};
 use crate::wire::pdu_reader::MAX_PDU_BYTES_MIN;
 use crate::wire::{
@@ -234,8 +238,13 @@ impl Queue {
     }
 
     fn fabrics_connect(&self, cfg: &QueueConfig) -> Result<u16, HostError> {
-        let connect = Connect::new(cfg.qid, u32::from(cfg.entries), cfg.kato_ms)
+        let mut connect = Connect::new(cfg.qid, u32::from(cfg.entries), cfg.kato_ms)
             .map_err(|e| HostError::Invalid(format!("queue size {}: {e}", cfg.entries)))?;
+        if cfg.qid > 0 {
+            // No SQHD flow control on I/O queues (slots already bound what is in flight),
+            // which lets the controller complete a read with its C2HData alone.
+            connect.cattr |= CATTR_DISABLE_SQ_FLOW_CONTROL;
+        }
         let data = ConnectData {
             hostid: cfg.hostid,
             cntlid: cfg.cntlid,

@@ -10,6 +10,12 @@
 //! completes the command, serialised by [`ConnWriter`]; read data and its CapsuleResp go
 //! out in one vectored write.
 //!
+//! Reads of namespaces whose device the server opened itself skip the pool: this thread
+//! queues them on the connection's io_uring and completes them while it waits for the
+//! socket (`super::uring`), answering all reads that finished together in one write. When
+//! the host disabled SQ flow control at Connect, a successful read's C2HData carries the
+//! SUCCESS flag and no CapsuleResp follows it.
+//!
 //! Fatal transport errors (malformed PDUs, header digest errors, data outside the R2T)
 //! answer with a C2HTermReq and close the connection; a data digest error completes the
 //! command with Transient Transport Error and the connection continues.
@@ -17,7 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, IoSlice, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -28,9 +34,11 @@ use tessera_drive::AlignedBuf;
 use super::controller::{Controller, NewController, Reply, ADMIN_INLINE_BYTES, MDTS_BYTES};
 use super::io::{self, HostData};
 use super::server::{Port, ServerShared};
-use crate::wire::command::SglKind;
+use super::uring::Socket;
+use crate::wire::command::{IoCommand, SglKind};
 use crate::wire::fabrics::{
-    connect_invalid_parameter_dw0, Connect, ConnectData, FabricsCommand, CNTLID_DYNAMIC,
+    connect_invalid_parameter_dw0, Connect, ConnectData, FabricsCommand,
+    CATTR_DISABLE_SQ_FLOW_CONTROL, CNTLID_DYNAMIC,
 };
 use crate::wire::pdu::{encode_header, IC_PDU_BYTES};
 use crate::wire::{
@@ -51,6 +59,9 @@ pub(crate) struct ConnWriter {
     inner: Mutex<WriterInner>,
     sqid: AtomicU16,
     sq_head: AtomicU16,
+    /// The host disabled SQ flow control at Connect, so a read's C2HData may carry
+    /// SUCCESS and stand for its completion (NVMe/TCP 3.6.2.8): one PDU less per read.
+    data_success: AtomicBool,
     port: Arc<Port>,
 }
 
@@ -94,12 +105,54 @@ impl ConnWriter {
             .read_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        if self.implied_completion(status, dw0, dw1) {
+            let c2h = PduHeader::C2HData(DataHeader::c2h(cid, 0, len, true, true));
+            self.send(&[(&c2h, data)]);
+            return;
+        }
         let c2h = PduHeader::C2HData(DataHeader::c2h(cid, 0, len, true, false));
         self.send(&[(&c2h, data), (&resp, &[])]);
     }
 
+    /// Whether a C2HData with SUCCESS can replace this completion: only a plain success
+    /// (nothing in DW0/DW1) when the host disabled SQ flow control.
+    fn implied_completion(&self, status: Status, dw0: u32, dw1: u32) -> bool {
+        status == Status::SUCCESS
+            && dw0 == 0
+            && dw1 == 0
+            && self.data_success.load(Ordering::Relaxed)
+    }
+
     fn send_pdu(&self, header: &PduHeader, data: &[u8]) {
         self.send(&[(header, data)]);
+    }
+
+    /// Completes reads in one write: for each, its C2HData and its completion (only the
+    /// completion for a failed read).
+    pub fn respond_reads(&self, done: &[(u16, Status, &[u8])]) {
+        let counters = &self.port.counters;
+        let mut headers = Vec::with_capacity(done.len() * 2);
+        for &(cid, status, data) in done {
+            if status.is_success() && !data.is_empty() {
+                counters
+                    .read_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+                let success = self.implied_completion(status, 0, 0);
+                let c2h = DataHeader::c2h(cid, 0, len, true, success);
+                headers.push((PduHeader::C2HData(c2h), data));
+                if success {
+                    continue;
+                }
+            }
+            if !status.is_success() {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            let resp = PduHeader::CapsuleResp(self.cqe(cid, status, 0, 0));
+            headers.push((resp, &[][..]));
+        }
+        let pdus: Vec<(&PduHeader, &[u8])> = headers.iter().map(|(h, d)| (h, *d)).collect();
+        self.send(&pdus);
     }
 
     /// Writes PDUs back to back; a failed write marks the connection broken and shuts
@@ -294,7 +347,7 @@ struct Conn {
     port: Arc<Port>,
     peer: SocketAddr,
     stream: TcpStream,
-    rd: BufReader<TcpStream>,
+    rd: BufReader<Socket>,
     reader: PduReader,
     writer: Arc<ConnWriter>,
     maxh2cdata: u32,
@@ -343,7 +396,7 @@ impl Conn {
         stream
             .set_read_timeout(Some(CONNECT_TIMEOUT))
             .map_err(|e| e.to_string())?;
-        let mut rd = BufReader::with_capacity(READ_BUFFER_BYTES, clone(&stream)?);
+        let mut rd = BufReader::with_capacity(READ_BUFFER_BYTES, Socket::new(clone(&stream)?));
         let mut reader = PduReader::new(Side::Controller, IC_PDU_BYTES as u32, DigestConfig::NONE);
         let none = DigestConfig::NONE;
         let ic = match reader.read_header(&mut rd).map(|p| p.header) {
@@ -385,6 +438,7 @@ impl Conn {
             }),
             sqid: AtomicU16::new(0),
             sq_head: AtomicU16::new(0),
+            data_success: AtomicBool::new(false),
             port: Arc::clone(port),
         });
         Ok(Conn {
@@ -605,6 +659,9 @@ impl Conn {
                 if !ctrl.ready() {
                     return self.respond(sqe.cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(true));
                 }
+                if self.read_on_ring(&ctrl, sqe.cid, &io_cmd, c2h_len) {
+                    return Ok(());
+                }
                 let writer = Arc::clone(&self.writer);
                 let inflight = Arc::clone(&self.inflight);
                 inflight.fetch_add(1, Ordering::SeqCst);
@@ -628,6 +685,36 @@ impl Conn {
             }
             Command::Fabrics(_) => Ok(()),
         }
+    }
+
+    /// Issues a Read through the connection's ring when it has one and the namespace a
+    /// direct descriptor; false leaves the command to the worker pool.
+    fn read_on_ring(
+        &mut self,
+        ctrl: &Controller,
+        cid: u16,
+        cmd: &IoCommand,
+        c2h_len: usize,
+    ) -> bool {
+        let IoCommand::Read(rw) = cmd else {
+            return false;
+        };
+        let direct = ctrl
+            .subsys
+            .namespaces
+            .get(&rw.nsid)
+            .is_some_and(|ns| ns.direct.is_some());
+        let Some(engine) = self.rd.get_mut().engine().filter(|_| direct) else {
+            return false;
+        };
+        match io::plan_read(ctrl, rw, c2h_len) {
+            Ok(plan) => {
+                self.inflight.fetch_add(1, Ordering::SeqCst);
+                engine.submit_read(cid, plan);
+            }
+            Err(done) => self.writer.respond(cid, done.status, 0, 0),
+        }
+        true
     }
 
     fn send_reply(&self, cid: u16, reply: Reply, c2h_len: usize) -> Result<(), End> {
@@ -737,11 +824,17 @@ impl Conn {
         };
         ctrl.touch();
         self.writer.sqid.store(c.qid, Ordering::Relaxed);
+        let sq_flow_off = c.cattr & CATTR_DISABLE_SQ_FLOW_CONTROL != 0;
+        self.writer
+            .data_success
+            .store(sq_flow_off, Ordering::Relaxed);
         self.writer
             .respond(sqe.cid, Status::SUCCESS, u32::from(ctrl.cntlid), 0);
         let _ = self.stream.set_read_timeout(None);
         if c.qid > 0 {
             self.pool = Some(Pool::new(self.shared.limits.io_threads_per_queue as usize));
+            let (writer, inflight) = (Arc::clone(&self.writer), Arc::clone(&self.inflight));
+            self.rd.get_mut().start_engine(writer, inflight);
         }
         self.queue = Some(Queue {
             qid: c.qid,

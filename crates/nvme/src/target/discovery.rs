@@ -60,7 +60,7 @@ fn entry(kind: u8, portid: u16, addr: &PortAddr, subnqn: Nqn) -> DiscoveryEntry 
             adrfam::IPV4
         },
         subtype: kind,
-        treq: treq::SECURE_CHANNEL_NOT_REQUIRED,
+        treq: treq::SECURE_CHANNEL_NOT_REQUIRED | treq::SQ_FLOW_CONTROL_DISABLE,
         portid,
         cntlid: crate::wire::fabrics::CNTLID_DYNAMIC,
         asqsz: ASQSZ,

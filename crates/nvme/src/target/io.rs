@@ -145,6 +145,66 @@ fn transfer(ns: &Namespace, rw: &ReadWrite) -> Result<usize, IoDone> {
     Ok(bytes as usize)
 }
 
+/// A Read that passed every check and may go to the drive asynchronously.
+pub(crate) struct ReadPlan {
+    pub ns: Arc<Namespace>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// Runs the checks [`execute`] runs for a Read, in the same order and with the same
+/// counting, without touching the drive: either the read to issue or its failure.
+pub(crate) fn plan_read(
+    ctrl: &Controller,
+    rw: &ReadWrite,
+    c2h_len: usize,
+) -> Result<ReadPlan, IoDone> {
+    let Some(ns) = ctrl.subsys.namespaces.get(&rw.nsid) else {
+        return Err(dnr(Status::INVALID_NAMESPACE));
+    };
+    if let Some(status) = path_status(ctrl.port.ana.state(ns.ana_grpid)) {
+        return Err(IoDone::status(status));
+    }
+    let checked = ns
+        .reservation
+        .lock()
+        .check_access(&ctrl.hostid, false)
+        .map_err(IoDone::status)
+        .and_then(|()| transfer(ns, rw))
+        .and_then(|len| {
+            if c2h_len == len {
+                Ok(len)
+            } else {
+                Err(dnr(Status::DATA_SGL_LENGTH_INVALID))
+            }
+        });
+    match checked {
+        Ok(len) => Ok(ReadPlan {
+            ns: Arc::clone(ns),
+            offset: rw.slba * LBA_BYTES,
+            len,
+        }),
+        Err(done) => {
+            ns.count(&ns.counters.errors, 1);
+            Err(done)
+        }
+    }
+}
+
+/// Accounts for a planned read the drive finished: `Ok` when all of it was read.
+pub(crate) fn read_done(plan: &ReadPlan, result: std::io::Result<()>) -> Status {
+    let ns = &plan.ns;
+    if let Err(e) = result {
+        let slba = plan.offset / LBA_BYTES;
+        tracing::warn!(nsid = ns.nsid, slba, "read failed: {e}");
+        ns.count(&ns.counters.errors, 1);
+        return Status::UNRECOVERED_READ_ERROR.with_dnr(true);
+    }
+    ns.count(&ns.counters.reads, 1);
+    ns.count(&ns.counters.read_bytes, plan.len as u64);
+    Status::SUCCESS
+}
+
 fn read(ns: &Namespace, rw: &ReadWrite, c2h_len: usize) -> IoDone {
     let len = match transfer(ns, rw) {
         Ok(len) => len,

@@ -81,6 +81,7 @@ mod namespace;
 pub mod reservation;
 mod server;
 mod subsystem;
+mod uring;
 
 pub use crate::wire::log::AnaState;
 pub use config::{

@@ -46,6 +46,10 @@ pub(crate) struct Namespace {
     pub dev: Arc<dyn BlockDevice>,
     /// A second, buffered descriptor used only for `fallocate` and ioctls.
     aux: Option<File>,
+    /// A read-only descriptor (O_DIRECT where the file system allows it) that the
+    /// connection threads hand to io_uring for reads; only when the server opened the
+    /// device itself, so a caller-supplied `BlockDevice` always sees every read.
+    pub direct: Option<File>,
     is_block_device: bool,
     pub blocks: u64,
     pub nguid: [u8; 16],
@@ -76,12 +80,14 @@ impl Namespace {
                 use std::os::unix::fs::FileTypeExt;
                 m.file_type().is_block_device()
             });
+        let direct = aux_path.and_then(open_direct);
         Namespace {
             nsid: cfg.nsid,
             subnqn: subnqn.to_owned(),
             blocks: dev.size_bytes() / LBA_BYTES,
             dev,
             aux,
+            direct,
             is_block_device,
             nguid: cfg.nguid,
             uuid: cfg.uuid,
@@ -155,6 +161,23 @@ impl Namespace {
 
     pub fn count(&self, counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Opens `path` read-only with O_DIRECT, or buffered where O_DIRECT is refused (tmpfs),
+/// as `FileDrive::open` does for the device itself.
+fn open_direct(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |flags| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    match open(libc::O_DIRECT) {
+        Ok(f) => Some(f),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(0).ok(),
+        Err(_) => None,
     }
 }
 
