@@ -4,10 +4,14 @@
 //! `FsError`s become errnos. Permission checks are left to the kernel (`default_permissions`),
 //! exactly as for a local file system, so every user of the machine can use the mount.
 //!
-//! It speaks the kernel's FUSE protocol itself (`kernel`): over FUSE-over-io_uring when the
-//! kernel offers it (one ring queue per CPU, served by threads pinned to that CPU, so a
-//! request never wakes another CPU), else over the classic /dev/fuse read/write loop.
-//! `TESSERA_FUSE_URING=0` forces the classic loop.
+//! It speaks the kernel's FUSE protocol itself (`kernel`): over the classic /dev/fuse
+//! read/write loop by default, or over FUSE-over-io_uring (one ring queue per CPU, served by
+//! threads pinned to that CPU, so a request never wakes another CPU) when
+//! [`FuseOptions::uring`] asks for it (`TESSERA_FUSE_URING=1`) and the kernel offers it.
+//! Rings are not the default because they tie a request to the CPU that issued it: a
+//! single-stream reader's readahead then runs on one CPU only (measured: 477–500 MB/s
+//! against 580–619 MB/s with the classic loop), while metadata rates are the same on an
+//! idle machine and better with rings only on a busy one (bench/RESULTS.md).
 
 mod adapter;
 mod kernel;
@@ -34,6 +38,9 @@ pub struct FuseOptions {
     /// threads run in parallel. With io_uring, the rings have their own threads
     /// (`RING_THREADS_PER_QUEUE` per CPU) and one /dev/fuse thread remains.
     pub threads: usize,
+    /// Serve the mount over FUSE-over-io_uring when the kernel offers it (default: the
+    /// `TESSERA_FUSE_URING=1` environment setting; otherwise the classic loop).
+    pub uring: bool,
 }
 
 impl Default for FuseOptions {
@@ -42,6 +49,7 @@ impl Default for FuseOptions {
             fs_name: "tessera".into(),
             allow_other: true,
             threads: 4,
+            uring: std::env::var("TESSERA_FUSE_URING").is_ok_and(|v| v.trim() == "1"),
         }
     }
 }
@@ -111,11 +119,11 @@ impl Drop for FuseMount {
     }
 }
 
-/// Whether to try FUSE-over-io_uring: not when `TESSERA_FUSE_URING=0`. When the kernel
-/// supports it but its `enable_uring` switch is off and we are root, it is turned on.
-fn want_uring() -> bool {
-    if std::env::var("TESSERA_FUSE_URING").is_ok_and(|v| v.trim() == "0") {
-        tracing::info!("FUSE: TESSERA_FUSE_URING=0, using /dev/fuse");
+/// Whether to try FUSE-over-io_uring: only when asked. When the kernel supports it but its
+/// `enable_uring` switch is off and we are root, it is turned on (it only lets FUSE
+/// servers that ask for rings use them).
+fn want_uring(asked: bool) -> bool {
+    if !asked {
         return false;
     }
     const KNOB: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -146,7 +154,7 @@ fn want_uring() -> bool {
 pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<FuseMount> {
     cleanup_stale_mount(mountpoint)?;
     let target = mountpoint.canonicalize()?;
-    let uring = want_uring();
+    let uring = want_uring(opts.uring);
     let dev = kernel::mount::open_dev().map_err(|e| {
         io::Error::new(
             e.kind(),

@@ -131,7 +131,13 @@ impl Mounted {
     pub fn mount(&mut self) {
         std::fs::create_dir_all(self.mnt()).unwrap();
         let fs = FileSystem::mount(self.devices()).unwrap();
-        let m = tessera_fuse::mount(fs.clone(), &self.mnt(), &Default::default()).unwrap();
+        // The vdisk run of the POSIX set also covers the io_uring transport, the drive run
+        // the classic loop.
+        let opts = tessera_fuse::FuseOptions {
+            uring: crate::BACKEND == Backend::Vdisks,
+            ..Default::default()
+        };
+        let m = tessera_fuse::mount(fs.clone(), &self.mnt(), &opts).unwrap();
         self.fs = Some(fs);
         self.mount = Some(m);
     }
