@@ -7,6 +7,7 @@ mod config;
 mod daemon;
 mod output;
 mod rpc;
+mod signals;
 
 use std::process::ExitCode;
 

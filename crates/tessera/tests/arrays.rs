@@ -8,18 +8,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Waits until `da ls -Y` shows no unfinished task and every pdisk left in service is ok.
 fn wait_rebuilt(node: &Node) {
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -126,18 +126,6 @@ fn write_config(path: &Path, hosts: &[&str], ports: &[String], subsystems: &[Str
     std::fs::write(path, text).expect("write config");
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// The `nvme list -Y` rows of one namespace: (path address, ANA state, state).
 fn paths_of(node: &Node, namespace: &str) -> Vec<(String, String, String)> {
     let listing = node.ok(&["nvme", "list", "-Y"]);

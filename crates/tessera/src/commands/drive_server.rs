@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 
 use crate::output::Table;
 
@@ -12,7 +12,8 @@ pub fn run(config_path: &Path) -> Result<()> {
     init_logging();
     let config = tessera_nvme::target::TargetConfig::load(config_path)
         .map_err(|e| anyhow!("{}: {e}", config_path.display()))?;
-    let signals = block_signals()?;
+    // Blocked before the server starts its threads, so they inherit the mask.
+    let signals = crate::signals::block_termination()?;
     let server = tessera_nvme::target::DriveServer::start(config)
         .map_err(|e| anyhow!("{}: {e}", config_path.display()))?;
     let mut table = Table::new(&["port", "address"]).right(&[0]);
@@ -21,9 +22,7 @@ pub fn run(config_path: &Path) -> Result<()> {
     }
     print!("{}", table.render());
     println!("drive server running; stop it with SIGTERM or Ctrl-C");
-    let mut signal: libc::c_int = 0;
-    // SAFETY: `signals` is an initialized set and `signal` a valid out pointer.
-    unsafe { libc::sigwait(&signals, &mut signal) };
+    let signal = crate::signals::wait(&signals);
     tracing::info!("signal {signal} received; stopping the drive server");
     server.shutdown();
     Ok(())
@@ -39,24 +38,4 @@ fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .try_init();
-}
-
-/// Blocks SIGTERM and SIGINT in every thread (the server's threads inherit the mask) so
-/// the main thread can wait for them and shut down in order.
-fn block_signals() -> Result<libc::sigset_t> {
-    // SAFETY: plain libc calls on a locally owned, initialized signal set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            bail!(
-                "cannot block signals: {}",
-                std::io::Error::from_raw_os_error(rc)
-            );
-        }
-        Ok(set)
-    }
 }

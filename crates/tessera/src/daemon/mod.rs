@@ -140,27 +140,11 @@ fn bind_socket(home: &Home) -> Result<UnixListener> {
 /// Blocks SIGTERM and SIGINT in every thread and waits for them in one, so shutdown runs
 /// as ordinary code rather than in a signal handler.
 fn spawn_signal_thread(daemon: Arc<Daemon>) -> Result<()> {
-    // SAFETY: plain libc calls on a locally owned, initialized signal set.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            bail!(
-                "cannot block signals: {}",
-                std::io::Error::from_raw_os_error(rc)
-            );
-        }
-        set
-    };
+    let set = crate::signals::block_termination()?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let mut signal: libc::c_int = 0;
-            // SAFETY: `set` is initialized and `signal` is a valid out pointer.
-            unsafe { libc::sigwait(&set, &mut signal) };
+            let signal = crate::signals::wait(&set);
             tracing::info!("signal {signal} received; shutting down");
             daemon.shutdown();
             std::process::exit(0);
