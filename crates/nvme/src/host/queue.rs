@@ -17,7 +17,7 @@
 //! teardown instead of returning while the reader might still write into its buffer.
 
 use std::collections::VecDeque;
-use std::io::{self, BufReader, IoSlice, Write};
+use std::io::{self, BufReader};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -32,7 +32,7 @@ use crate::wire::command::{SglDescriptor, FABRICS_OPCODE};
 use crate::wire::fabrics::{
     connect_response_cntlid, Connect, ConnectData, CATTR_DISABLE_SQ_FLOW_CONTROL,
 };
-use crate::wire::pdu::{encode_header, DIGEST_BYTES};
+use crate::wire::pdu::{write_pdu, EncodeError};
 use crate::wire::pdu_reader::MAX_PDU_BYTES_MIN;
 use crate::wire::{
     Cqe, DataHeader, DigestConfig, IcReq, IcResp, InboundPdu, Nqn, PduError, PduHeader, PduReader,
@@ -492,21 +492,11 @@ impl Queue {
     /// Writes one PDU under the write lock as a single vectored write. The data digest is
     /// computed only when negotiated (the wire module's `write_pdu` always computes it).
     fn send_pdu(&self, header: &PduHeader, data: &[u8]) -> io::Result<()> {
-        let head = encode_header(header, data.len(), &self.send)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let digest: [u8; DIGEST_BYTES] = if head.has_data_digest() {
-            crc32c::crc32c(data).to_le_bytes()
-        } else {
-            [0; DIGEST_BYTES]
-        };
-        let trailer: &[u8] = if head.has_data_digest() { &digest } else { &[] };
-        let mut slices = [
-            IoSlice::new(head.as_bytes()),
-            IoSlice::new(data),
-            IoSlice::new(trailer),
-        ];
         let mut writer = self.writer.lock();
-        write_all_vectored(&mut *writer, &mut slices)
+        write_pdu(&mut *writer, header, data, &self.send).map_err(|e| match e {
+            EncodeError::Io(e) => e,
+            other => io::Error::new(io::ErrorKind::InvalidInput, other.to_string()),
+        })
     }
 
     fn reader_loop(self: Arc<Self>, stream: TcpStream, receive: DigestConfig) {
@@ -749,18 +739,4 @@ fn connect_hint(status: Status, dw0: u32) -> String {
     } else {
         String::new()
     }
-}
-
-/// `Write::write_all_vectored` is unstable; this is the same loop.
-fn write_all_vectored<W: Write>(w: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
-    IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        match w.write_vectored(slices) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

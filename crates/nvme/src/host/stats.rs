@@ -77,3 +77,24 @@ pub struct PathStats {
     /// Latency histogram, [`LATENCY_BUCKETS`] power-of-two microsecond buckets.
     pub latency_us_log2: Vec<u64>,
 }
+
+impl PathStats {
+    /// The upper bound in µs of the bucket that holds the `pct` percentile (0 without
+    /// samples): what `nvme list` shows as p50/p99.
+    pub fn latency_us_percentile(&self, pct: u64) -> u64 {
+        let buckets = &self.latency_us_log2;
+        let total: u64 = buckets.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let want = (total * pct).div_ceil(100).max(1);
+        let mut seen = 0;
+        for (b, n) in buckets.iter().enumerate() {
+            seen += n;
+            if seen >= want {
+                return 1u64 << b.min(63);
+            }
+        }
+        1u64 << (buckets.len().min(64) - 1)
+    }
+}

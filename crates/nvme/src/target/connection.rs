@@ -21,7 +21,7 @@
 //! command with Transient Transport Error and the connection continues.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{BufReader, IoSlice, Write};
+use std::io::{BufReader, IoSlice};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -40,7 +40,7 @@ use crate::wire::fabrics::{
     connect_invalid_parameter_dw0, Connect, ConnectData, FabricsCommand,
     CATTR_DISABLE_SQ_FLOW_CONTROL, CNTLID_DYNAMIC,
 };
-use crate::wire::pdu::{encode_header, IC_PDU_BYTES};
+use crate::wire::pdu::{encode_header, write_all_vectored, IC_PDU_BYTES};
 use crate::wire::{
     Command, Cqe, DataHeader, DigestConfig, IcResp, InboundPdu, Pdu, PduError, PduHeader,
     PduReader, PduType, QueueKind, R2t, Side, Sqe, Status,
@@ -200,19 +200,6 @@ impl ConnWriter {
         inner.broken = true;
         let _ = inner.stream.shutdown(std::net::Shutdown::Both);
     }
-}
-
-fn write_all_vectored(w: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        match w.write_vectored(slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 type Job = Box<dyn FnOnce() + Send>;

@@ -836,8 +836,9 @@ pub fn write_pdu<W: Write>(
     Ok(())
 }
 
-/// `Write::write_all_vectored` is unstable; this is the same loop.
-fn write_all_vectored<W: Write>(w: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+/// `Write::write_all_vectored` is unstable; this is the same loop. Shared by the host and
+/// the drive server, which send header, data and digest slices in one system call.
+pub fn write_all_vectored<W: Write>(w: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
     IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
         match w.write_vectored(slices) {

@@ -64,23 +64,6 @@ fn same_path(a: &NvmeConnectSpec, b: &NvmeConnectSpec) -> bool {
     a.subnqn == b.subnqn && a.traddr == b.traddr
 }
 
-/// The upper bound in µs of the power-of-two bucket that holds the `pct` percentile.
-fn percentile_us(buckets: &[u64], pct: u64) -> u64 {
-    let total: u64 = buckets.iter().sum();
-    if total == 0 {
-        return 0;
-    }
-    let want = (total * pct).div_ceil(100).max(1);
-    let mut seen = 0;
-    for (b, n) in buckets.iter().enumerate() {
-        seen += n;
-        if seen >= want {
-            return 1u64 << b.min(63);
-        }
-    }
-    1u64 << (buckets.len().min(64) - 1)
-}
-
 fn row(ns: &NamespaceInfo) -> NvmeNamespaceRow {
     NvmeNamespaceRow {
         name: ns.name.clone(),
@@ -102,8 +85,8 @@ fn row(ns: &NamespaceInfo) -> NvmeNamespaceRow {
                 bytes: p.stats.read_bytes + p.stats.write_bytes,
                 errors: p.stats.errors,
                 retries: p.stats.retries,
-                latency_us_p50: percentile_us(&p.stats.latency_us_log2, 50),
-                latency_us_p99: percentile_us(&p.stats.latency_us_log2, 99),
+                latency_us_p50: p.stats.latency_us_percentile(50),
+                latency_us_p99: p.stats.latency_us_percentile(99),
             })
             .collect(),
     }
