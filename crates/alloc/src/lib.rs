@@ -52,7 +52,9 @@
 //!   hash of `file_key`; block `i` goes to position `start + i * stride`. Any `d` consecutive
 //!   blocks of a file therefore land on `d` distinct disks and every file stripes evenly,
 //!   without any shared cursor that would serialize allocation. Inside the disk the block is
-//!   the first free block after a pseudo-random position. If the preferred disk is full the
+//!   the first free block at or after the file's own pseudo-random starting place on that
+//!   disk plus the number of times the rotation has come round to it (`i / d`), so a file
+//!   written in order is one sequential run per disk. If the preferred disk is full the
 //!   block goes to the disk with the most free blocks (other than the previous block's disk
 //!   when possible), which pulls the pool back towards balance.
 //! - [`Placement::Cluster`] (sequential runs). A block continues right after `hint.prev` on
@@ -62,7 +64,7 @@
 //!   preferring the disk of `near`; only when no partial block has a long enough free run is a
 //!   free block split (on `near`'s disk if it has free blocks, else the disk with most).
 //!
-//! The pseudo-random choices use a deterministic generator, so a given sequence of calls
+//! The pseudo-random choices are hashes of the file key, so a given sequence of calls
 //! always produces the same layout (useful for simulation and for replaying failures).
 //!
 //! # Errors and assertions
@@ -173,8 +175,6 @@ pub struct AllocMap {
     disks: Vec<AllocDisk>,
     states: Vec<DiskState>,
     slot_of_disk: HashMap<DiskIndex, usize>,
-    /// State of the deterministic pseudo-random generator (`SplitMix64`).
-    random_state: u64,
     /// Round-robin cursor over eligible disks for Cluster runs that have no previous block.
     round_robin: usize,
 }
@@ -213,7 +213,6 @@ impl AllocMap {
             disks,
             states,
             slot_of_disk,
-            random_state: 0x5445_5353_4552_4131, // "TESSERA1": any fixed seed will do.
             round_robin: 0,
         }
     }
@@ -499,7 +498,7 @@ impl AllocMap {
         self.states[slot].is_block_free(block)
     }
 
-    /// Scatter: the file's rotation picks the disk, a pseudo-random position the block.
+    /// Scatter: the file's rotation picks the disk, the file's place on that disk the block.
     fn place_scatter(&mut self, eligible: &[usize], hint: BlockHint) -> Option<(usize, u64)> {
         if eligible.is_empty() {
             return None;
@@ -520,11 +519,16 @@ impl AllocMap {
         if self.states[slot].free_block_count() == 0 {
             slot = self.fallback_slot(eligible, prev_slot)?;
         }
-        let random = self.next_random();
+        // Each file starts at its own pseudo-random place on each disk, and its block `i`
+        // goes to the first free block at or after that place plus `i / count` (how many
+        // times the rotation has come round to this disk). Files spread over the whole disk
+        // as before, but a file written in order lies in one sequential run per disk, so a
+        // sequential reader streams from every drive instead of seeking on each.
         let state = &self.states[slot];
-        let block = state
-            .next_free_block(random % state.blocks())
-            .expect("disk has free blocks");
+        let blocks = state.blocks();
+        let base = mix64(hint.file_key ^ mix64(slot as u64 + 1)) % blocks;
+        let target = (base + hint.block_index / count) % blocks;
+        let block = state.next_free_block(target).expect("disk has free blocks");
         Some((slot, block))
     }
 
@@ -616,12 +620,6 @@ impl AllocMap {
             .next_free_block(state.cursor)
             .expect("disk has free blocks");
         Some((slot, block))
-    }
-
-    /// `SplitMix64`: small, fast, and good enough to spread blocks over a disk.
-    fn next_random(&mut self) -> u64 {
-        self.random_state = self.random_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix64(self.random_state)
     }
 }
 
