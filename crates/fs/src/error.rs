@@ -60,6 +60,12 @@ pub enum FsError {
     ReadOnly,
     #[error("{0}")]
     Usage(String),
+    /// The mode bits of the file or a directory on its path deny the caller (EACCES).
+    #[error("permission denied by the mode bits of the file or of its directory")]
+    PermissionDenied,
+    /// Only the owner or root may do this (EPERM).
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
 }
 
 impl FsError {
@@ -80,6 +86,8 @@ impl FsError {
             FsError::FileTooLarge => libc::EFBIG,
             FsError::NoSpace { .. } | FsError::NoInodes { .. } => libc::ENOSPC,
             FsError::ReadOnly => libc::EROFS,
+            FsError::PermissionDenied => libc::EACCES,
+            FsError::NotPermitted(_) => libc::EPERM,
             FsError::Journal(JournalError::Full { .. }) => libc::ENOSPC,
             FsError::Checksum { .. }
             | FsError::Io(_)

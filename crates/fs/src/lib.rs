@@ -6,6 +6,7 @@
 //! inodes into metadata blocks. Any node that can read the NSDs can rebuild a shard from its
 //! checkpoint image plus the log. See ARCHITECTURE.md for the formats and the reasons.
 
+pub mod access;
 mod checkpoint;
 mod data;
 pub mod descriptor;
