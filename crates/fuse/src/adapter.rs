@@ -1,12 +1,32 @@
 //! The request handler: one short function per operation, translating a kernel request
 //! into a `tessera_fs::FileSystem` call and its result into a reply.
+//!
+//! Permissions are checked here, before each operation, by the file system's rules
+//! (`tessera_fs::access`) with the caller's credentials from the request header; the mount
+//! has no `default_permissions`. A check and its operation take the metadata lock
+//! separately, so a concurrent chmod between them orders the operation before the chmod.
+//!
+//! Without `default_permissions` the kernel does not check search permission on the
+//! directories of a path it walks, and a name it has cached never reaches our LOOKUP. So a
+//! name is cached (given an entry lifetime) only when everyone may search its directory;
+//! otherwise every walk through the directory asks us, and is checked. Two changes would
+//! leave names cached that should not be, and are followed by invalidations sent from the
+//! session's notifier thread: a chmod that makes a directory unsearchable for some users
+//! (every name in it), and a rename into such a directory (the moved name, which the kernel
+//! keeps with the lifetime it had in its old directory). One narrow race remains: a
+//! revalidating LOOKUP answered just before such a chmod whose reply the kernel applies
+//! only after the invalidation keeps its name cached for one lifetime.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tessera_fs::access::{
+    self, AttrChange, Credentials, TimeChange, MAY_EXEC, MAY_READ, MAY_WRITE,
+};
 use tessera_fs::{Attr, Caller, FileKind, FileSystem, FsError, SetAttr, Timestamp};
 
 use crate::kernel::abi::{self, fattr, init_flags, FuseAttr, Ttl};
+use crate::kernel::notify::Notifier;
 use crate::kernel::reply::{DirBuf, EntryOut, Reply, StatfsOut};
 use crate::kernel::request::{Op, Request, SetattrIn};
 use crate::kernel::session::{Handler, InitParams};
@@ -23,14 +43,72 @@ const FH_SYNC: u64 = 1;
 const RENAME_NOREPLACE: u32 = 1 << 0;
 const RENAME_EXCHANGE: u32 = 1 << 1;
 const RENAME_WHITEOUT: u32 = 1 << 2;
+/// `__FMODE_EXEC` in the open flags: the kernel opens the file to execute it.
+const OPEN_FLAG_EXEC: u32 = 0x20;
 
 pub(crate) struct TesseraFuse {
     fs: Arc<FileSystem>,
+    notifier: Notifier,
 }
 
 impl TesseraFuse {
-    pub(crate) fn new(fs: Arc<FileSystem>) -> TesseraFuse {
-        TesseraFuse { fs }
+    pub(crate) fn new(fs: Arc<FileSystem>, notifier: Notifier) -> TesseraFuse {
+        TesseraFuse { fs, notifier }
+    }
+}
+
+/// The value of a permission check, or its errno as the reply.
+macro_rules! check {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return errno(&e),
+        }
+    };
+}
+
+fn credentials(req: &Request<'_>) -> Credentials {
+    Credentials::new(req.header.uid, req.header.gid, req.header.pid)
+}
+
+/// The permission an open needs: its access mode, write to truncate, execute to exec.
+fn open_mask(flags: u32) -> u32 {
+    let f = flags as i32;
+    if flags & OPEN_FLAG_EXEC != 0 {
+        // execve(2) opens read-only but needs only execute permission, as on any local
+        // file system: a mode 0711 binary runs for everyone.
+        return MAY_EXEC;
+    }
+    let mut mask = match f & libc::O_ACCMODE {
+        libc::O_RDONLY => MAY_READ,
+        libc::O_WRONLY => MAY_WRITE,
+        _ => MAY_READ | MAY_WRITE,
+    };
+    if f & libc::O_TRUNC != 0 {
+        mask |= MAY_WRITE;
+    }
+    mask
+}
+
+/// What a setattr asks, for its permission check.
+fn attr_change(s: &SetattrIn) -> AttrChange {
+    let valid = |bit: u32| s.valid & bit != 0;
+    let time = |bit: u32, now_bit: u32| {
+        valid(bit).then_some(if valid(now_bit) {
+            TimeChange::Now
+        } else {
+            TimeChange::Explicit
+        })
+    };
+    AttrChange {
+        mode: valid(fattr::MODE).then_some(s.mode),
+        uid: valid(fattr::UID).then_some(s.uid),
+        gid: valid(fattr::GID).then_some(s.gid),
+        size: valid(fattr::SIZE),
+        atime: time(fattr::ATIME, fattr::ATIME_NOW),
+        mtime: time(fattr::MTIME, fattr::MTIME_NOW),
+        ctime: valid(fattr::CTIME),
+        open_for_write: valid(fattr::FH),
     }
 }
 
@@ -171,18 +249,22 @@ impl TesseraFuse {
         file_attr(a, self.fs.allocated_bytes(a.ino))
     }
 
-    fn entry_out(&self, a: &Attr, generation: u64) -> EntryOut {
+    /// `public`: everyone may search the entry's directory, so the kernel may keep the
+    /// name (see the module comment); otherwise it must ask again on every walk.
+    fn entry_out(&self, a: &Attr, generation: u64, public: bool) -> EntryOut {
+        let entry_ttl = if public { TTL } else { Duration::ZERO };
         EntryOut {
             nodeid: a.ino,
             generation,
-            ttl: Ttl::from_duration(TTL),
+            entry_ttl: Ttl::from_duration(entry_ttl),
+            attr_ttl: Ttl::from_duration(TTL),
             attr: self.file_attr(a),
         }
     }
 
-    fn entry(&self, r: Result<Attr, FsError>) -> Reply {
+    fn entry(&self, r: Result<Attr, FsError>, public: bool) -> Reply {
         match r {
-            Ok(a) => Reply::Entry(self.entry_out(&a, u64::from(a.generation))),
+            Ok(a) => Reply::Entry(self.entry_out(&a, u64::from(a.generation), public)),
             Err(e) => errno(&e),
         }
     }
@@ -214,6 +296,45 @@ impl TesseraFuse {
             .create_node(req.header.nodeid, name, kind, mode, rdev, caller, target)
     }
 
+    /// mknod, mkdir, symlink: write and search on the directory, then create.
+    fn make_node(
+        &self,
+        req: &Request<'_>,
+        name: &[u8],
+        (kind, mode, rdev): (FileKind, u32, u32),
+        target: Option<&[u8]>,
+    ) -> Reply {
+        let cred = credentials(req);
+        let public = check!(self
+            .fs
+            .may_use_dir(req.header.nodeid, &cred, MAY_WRITE | MAY_EXEC));
+        self.entry(
+            self.create_node(req, name, kind, mode, rdev, target),
+            public,
+        )
+    }
+
+    fn lookup(&self, parent: u64, name: &[u8], cred: &Credentials) -> Reply {
+        let public = check!(self.fs.may_use_dir(parent, cred, MAY_EXEC));
+        self.entry(self.fs.lookup(parent, name), public)
+    }
+
+    fn setattr(&self, ino: u64, s: &SetattrIn, cred: &Credentials) -> Reply {
+        let permit = check!(self.fs.may_setattr(ino, cred, &attr_change(s)));
+        let mut set = set_attr(s);
+        set.mode = permit.mode;
+        let r = self.fs.setattr(ino, set);
+        if let Ok(a) = &r {
+            // Names cached while everyone could search the directory must go. Decided on
+            // the result alone, so that two racing chmods cannot both skip it.
+            if set.mode.is_some() && a.kind == FileKind::Directory && !access::searchable_by_all(a)
+            {
+                self.notifier.inval_entries(ino, self.fs.child_names(ino));
+            }
+        }
+        self.attr(r)
+    }
+
     fn open(&self, ino: u64, flags: u32) -> Reply {
         let f = flags as i32;
         // With FUSE_ATOMIC_O_TRUNC the kernel leaves O_TRUNC to us instead of sending a
@@ -232,7 +353,13 @@ impl TesseraFuse {
         }
     }
 
+    /// A new file needs write and search on its directory, and nothing on itself: its
+    /// creator may open it as asked whatever its mode (open(O_CREAT | O_RDWR, 0444)).
     fn create(&self, req: &Request<'_>, flags: u32, mode: u32, umask: u32, name: &[u8]) -> Reply {
+        let cred = credentials(req);
+        let public = check!(self
+            .fs
+            .may_use_dir(req.header.nodeid, &cred, MAY_WRITE | MAY_EXEC));
         let r = self.create_node(req, name, FileKind::Regular, mode & !umask, 0, None);
         let attr = match r.and_then(|a| self.fs.open(a.ino)) {
             Ok(a) => a,
@@ -240,25 +367,47 @@ impl TesseraFuse {
         };
         let (fh, open_flags) = handle_flags(flags);
         Reply::Create {
-            entry: self.entry_out(&attr, 0),
+            entry: self.entry_out(&attr, 0, public),
             fh,
             open_flags,
         }
     }
 
-    fn rename(&self, parent: u64, flags: u32, names: (&[u8], u64, &[u8])) -> Reply {
+    fn rename(
+        &self,
+        parent: u64,
+        flags: u32,
+        names: (&[u8], u64, &[u8]),
+        cred: &Credentials,
+    ) -> Reply {
         if flags & RENAME_WHITEOUT != 0 {
             return Reply::Error(libc::EINVAL);
         }
         let (name, newdir, newname) = names;
-        empty(self.fs.rename(
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        let (old_public, new_public) =
+            check!(self
+                .fs
+                .may_rename((parent, name), (newdir, newname), exchange, cred));
+        let r = self.fs.rename(
             parent,
             name,
             newdir,
             newname,
             flags & RENAME_NOREPLACE != 0,
-            flags & RENAME_EXCHANGE != 0,
-        ))
+            exchange,
+        );
+        if r.is_ok() {
+            // The kernel moves its cached entry to the new name with the lifetime it had;
+            // in a directory not everyone may search it must not have one.
+            if !new_public {
+                self.notifier.inval_entries(newdir, vec![newname.to_vec()]);
+            }
+            if exchange && !old_public {
+                self.notifier.inval_entries(parent, vec![name.to_vec()]);
+            }
+        }
+        empty(r)
     }
 
     fn readdir(&self, ino: u64, offset: u64, size: u32) -> Reply {
@@ -316,10 +465,11 @@ impl Handler for TesseraFuse {
 
     fn handle(&self, req: &Request<'_>) -> Reply {
         let ino = req.header.nodeid;
+        let cred = credentials(req);
         match req.op {
-            Op::Lookup { name } => self.entry(self.fs.lookup(ino, name)),
+            Op::Lookup { name } => self.lookup(ino, name, &cred),
             Op::Getattr => self.attr(self.fs.getattr(ino)),
-            Op::Setattr(ref s) => self.attr(self.fs.setattr(ino, set_attr(s))),
+            Op::Setattr(ref s) => self.setattr(ino, s, &cred),
             Op::Readlink => match self.fs.readlink(ino) {
                 Ok(t) => Reply::Data(t),
                 Err(e) => errno(&e),
@@ -330,34 +480,47 @@ impl Handler for TesseraFuse {
                 umask,
                 name,
             } => match kind_of_mode(mode) {
-                Some(kind) => {
-                    self.entry(self.create_node(req, name, kind, mode & !umask, rdev, None))
-                }
+                Some(kind) => self.make_node(req, name, (kind, mode & !umask, rdev), None),
                 None => Reply::Error(libc::EINVAL),
             },
             Op::Mkdir { mode, umask, name } => {
-                let r = self.create_node(req, name, FileKind::Directory, mode & !umask, 0, None);
-                self.entry(r)
+                self.make_node(req, name, (FileKind::Directory, mode & !umask, 0), None)
             }
             Op::Symlink { name, target } => {
-                let r = self.create_node(req, name, FileKind::Symlink, 0o777, 0, Some(target));
-                self.entry(r)
+                self.make_node(req, name, (FileKind::Symlink, 0o777, 0), Some(target))
             }
-            Op::Unlink { name } => empty(self.fs.remove(ino, name, false)),
-            Op::Rmdir { name } => empty(self.fs.remove(ino, name, true)),
+            Op::Unlink { name } => {
+                check!(self.fs.may_remove(ino, name, &cred));
+                empty(self.fs.remove(ino, name, false))
+            }
+            Op::Rmdir { name } => {
+                check!(self.fs.may_remove(ino, name, &cred));
+                empty(self.fs.remove(ino, name, true))
+            }
             Op::Rename {
                 newdir,
                 flags,
                 name,
                 newname,
-            } => self.rename(ino, flags, (name, newdir, newname)),
-            Op::Link { oldnodeid, newname } => self.entry(self.fs.link(oldnodeid, ino, newname)),
-            Op::Open { flags } => self.open(ino, flags),
+            } => self.rename(ino, flags, (name, newdir, newname), &cred),
+            Op::Link { oldnodeid, newname } => {
+                let public = check!(self.fs.may_link(oldnodeid, ino, &cred));
+                self.entry(self.fs.link(oldnodeid, ino, newname), public)
+            }
+            Op::Open { flags } => {
+                check!(self.fs.may_access(ino, &cred, open_mask(flags)));
+                self.open(ino, flags)
+            }
             // Directories need no state of ours between opendir and releasedir.
-            Op::Opendir => Reply::Open {
-                fh: 0,
-                open_flags: 0,
-            },
+            Op::Opendir => {
+                check!(self.fs.may_access(ino, &cred, MAY_READ));
+                Reply::Open {
+                    fh: 0,
+                    open_flags: 0,
+                }
+            }
+            // chdir(2) asks for search, access(2) for its mask; 0 asks only for existence.
+            Op::Access { mask } => empty(self.fs.may_access(ino, &cred, mask)),
             Op::Releasedir => Reply::Empty,
             Op::Read { offset, size } => match self.fs.read(ino, offset, size) {
                 Ok(d) => Reply::Data(d),
@@ -378,19 +541,26 @@ impl Handler for TesseraFuse {
             Op::Readdir { offset, size } => self.readdir(ino, offset, size),
             Op::Statfs => self.statfs(),
             Op::Setxattr { name, value, flags } => {
+                check!(self.fs.may_xattr(ino, &cred, name, true));
                 let create = flags as i32 & libc::XATTR_CREATE != 0;
                 let replace = flags as i32 & libc::XATTR_REPLACE != 0;
                 empty(self.fs.setxattr(ino, name, value, create, replace))
             }
-            Op::Getxattr { name, size } => match self.fs.getxattr(ino, name) {
-                Ok(v) => xattr(v, size),
-                Err(e) => errno(&e),
-            },
+            Op::Getxattr { name, size } => {
+                check!(self.fs.may_xattr(ino, &cred, name, false));
+                match self.fs.getxattr(ino, name) {
+                    Ok(v) => xattr(v, size),
+                    Err(e) => errno(&e),
+                }
+            }
             Op::Listxattr { size } => match self.fs.listxattr(ino) {
-                Ok(v) => xattr(v, size),
+                Ok(v) => xattr(access::visible_xattr_names(v, &cred), size),
                 Err(e) => errno(&e),
             },
-            Op::Removexattr { name } => empty(self.fs.removexattr(ino, name)),
+            Op::Removexattr { name } => {
+                check!(self.fs.may_xattr(ino, &cred, name, true));
+                empty(self.fs.removexattr(ino, name))
+            }
             Op::Create {
                 flags,
                 mode,
@@ -409,5 +579,50 @@ impl Handler for TesseraFuse {
             | Op::Interrupt
             | Op::Unsupported(_) => Reply::Error(libc::ENOSYS),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_needs_its_access_mode_and_more() {
+        assert_eq!(open_mask(libc::O_RDONLY as u32), MAY_READ);
+        assert_eq!(open_mask(libc::O_WRONLY as u32), MAY_WRITE);
+        assert_eq!(open_mask(libc::O_RDWR as u32), MAY_READ | MAY_WRITE);
+        assert_eq!(
+            open_mask((libc::O_RDONLY | libc::O_TRUNC) as u32),
+            MAY_READ | MAY_WRITE
+        );
+        assert_eq!(open_mask(libc::O_RDONLY as u32 | OPEN_FLAG_EXEC), MAY_EXEC);
+        assert_eq!(OPEN_FLAG_EXEC & (libc::O_ACCMODE | libc::O_CREAT) as u32, 0);
+    }
+
+    #[test]
+    fn setattr_requests_as_permission_questions() {
+        let touch = SetattrIn {
+            valid: fattr::ATIME | fattr::ATIME_NOW | fattr::MTIME | fattr::CTIME,
+            ..SetattrIn::default()
+        };
+        let c = attr_change(&touch);
+        assert_eq!(c.atime, Some(TimeChange::Now));
+        assert_eq!(c.mtime, Some(TimeChange::Explicit));
+        assert!(c.ctime && !c.size && !c.open_for_write && c.mode.is_none());
+        let ftruncate = SetattrIn {
+            valid: fattr::SIZE | fattr::FH,
+            ..SetattrIn::default()
+        };
+        let c = attr_change(&ftruncate);
+        assert!(c.size && c.open_for_write && c.atime.is_none());
+        let chown = SetattrIn {
+            valid: fattr::UID | fattr::GID | fattr::MODE,
+            uid: 5,
+            gid: 6,
+            mode: 0o755,
+            ..SetattrIn::default()
+        };
+        let c = attr_change(&chown);
+        assert_eq!((c.uid, c.gid, c.mode), (Some(5), Some(6), Some(0o755)));
     }
 }

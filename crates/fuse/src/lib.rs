@@ -1,8 +1,13 @@
 //! Layer 5 of Tessera: the FUSE adapter.
 //!
 //! This layer only translates: kernel requests become `tessera_fs::FileSystem` calls and
-//! `FsError`s become errnos. Permission checks are left to the kernel (`default_permissions`),
-//! exactly as for a local file system, so every user of the machine can use the mount.
+//! `FsError`s become errnos. Every user of the machine can use the mount (`allow_other`), and
+//! POSIX permissions are enforced by the file system (`tessera_fs::access`), checked by the
+//! adapter before each operation with the caller's uid, gid and groups, with the same answers
+//! as a local file system. The kernel's own check (`default_permissions`) is not used: it
+//! costs a GETATTR round trip after every create and unlink. Without it the kernel does not
+//! check search permission on cached names, so names in a directory that not everyone may
+//! search are never cached (see `adapter`).
 //!
 //! It speaks the kernel's FUSE protocol itself (`kernel`): over the classic /dev/fuse
 //! read/write loop by default, or over FUSE-over-io_uring (one ring queue per CPU, served by
@@ -48,7 +53,11 @@ impl Default for FuseOptions {
         FuseOptions {
             fs_name: "tessera".into(),
             allow_other: true,
-            threads: 4,
+            threads: std::env::var("TESSERA_FUSE_THREADS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .filter(|&n: &usize| (1..=256).contains(&n))
+                .unwrap_or(FUSE_THREADS_DEFAULT),
             uring: std::env::var("TESSERA_FUSE_URING").is_ok_and(|v| v.trim() == "1"),
         }
     }
@@ -176,8 +185,9 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
         classic_threads: opts.threads.max(1),
         uring,
     };
-    let session = match Session::start(dev, Arc::new(adapter::TesseraFuse::new(fs)), &session_opts)
-    {
+    let (notifier, notifications) = kernel::notify::channel();
+    let handler = Arc::new(adapter::TesseraFuse::new(fs, notifier));
+    let session = match Session::start(dev, handler, &session_opts, notifications) {
         Ok(s) => s,
         Err(e) => {
             let _ = kernel::mount::unmount(&target, libc::MNT_DETACH);

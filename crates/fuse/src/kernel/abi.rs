@@ -77,10 +77,17 @@ pub(crate) mod fattr {
     pub(crate) const SIZE: u32 = 1 << 3;
     pub(crate) const ATIME: u32 = 1 << 4;
     pub(crate) const MTIME: u32 = 1 << 5;
+    /// The request names an open file handle (`fh`).
+    pub(crate) const FH: u32 = 1 << 6;
     pub(crate) const ATIME_NOW: u32 = 1 << 7;
     pub(crate) const MTIME_NOW: u32 = 1 << 8;
     pub(crate) const CTIME: u32 = 1 << 10;
 }
+
+/// `FUSE_NOTIFY_INVAL_ENTRY`: the `error` field of a notification that drops a cached name.
+pub(crate) const NOTIFY_INVAL_ENTRY: i32 = 3;
+/// `struct fuse_notify_inval_entry_out`: parent, namelen, flags.
+pub(crate) const NOTIFY_INVAL_ENTRY_OUT_BYTES: usize = 16;
 
 /// `struct fuse_in_header`.
 pub(crate) const IN_HEADER_BYTES: usize = 40;

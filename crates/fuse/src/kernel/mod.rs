@@ -3,6 +3,7 @@
 
 pub(crate) mod abi;
 pub(crate) mod mount;
+pub(crate) mod notify;
 pub(crate) mod reply;
 pub(crate) mod request;
 pub(crate) mod session;

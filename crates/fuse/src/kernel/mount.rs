@@ -48,13 +48,14 @@ pub(crate) struct MountConfig<'a> {
     pub(crate) max_read: u32,
 }
 
-/// The option string for the kernel; the permission checks are the kernel's
-/// (`default_permissions`).
+/// The option string for the kernel. There is no `default_permissions`: the file system
+/// checks permissions itself (`tessera_fs::access`), which saves the GETATTR round trip
+/// the kernel's own check needs after every change of a directory.
 pub(crate) fn mount_options(fd: RawFd, cfg: &MountConfig<'_>) -> String {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut opts = format!(
-        "fd={fd},rootmode=40000,user_id={uid},group_id={gid},default_permissions,max_read={},\
+        "fd={fd},rootmode=40000,user_id={uid},group_id={gid},max_read={},\
          subtype={}",
         cfg.max_read, cfg.subtype
     );
@@ -106,4 +107,23 @@ pub(crate) fn unmount(mountpoint: &Path, flags: libc::c_int) -> io::Result<()> {
 pub(crate) fn abort_connection(dev: u64) -> io::Result<()> {
     let path = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(dev));
     std::fs::write(&path, b"1").map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_system_checks_permissions_not_the_kernel() {
+        let cfg = MountConfig {
+            fs_name: "t",
+            subtype: "tessera",
+            allow_other: true,
+            max_read: 1 << 20,
+        };
+        let opts = mount_options(3, &cfg);
+        assert!(!opts.contains("default_permissions"), "{opts}");
+        assert!(opts.ends_with(",allow_other"), "{opts}");
+        assert!(opts.starts_with("fd=3,"), "{opts}");
+    }
 }

@@ -7,7 +7,10 @@ use super::abi::{self, put16, put32, put64, FuseAttr, Ttl};
 pub(crate) struct EntryOut {
     pub(crate) nodeid: u64,
     pub(crate) generation: u64,
-    pub(crate) ttl: Ttl,
+    /// How long the kernel may use the name without asking us again (LOOKUP).
+    pub(crate) entry_ttl: Ttl,
+    /// How long it may use the attributes.
+    pub(crate) attr_ttl: Ttl,
     pub(crate) attr: FuseAttr,
 }
 
@@ -114,10 +117,10 @@ impl Reply {
 fn encode_entry(out: &mut Vec<u8>, e: &EntryOut) {
     put64(out, e.nodeid);
     put64(out, e.generation);
-    put64(out, e.ttl.secs); // entry_valid
-    put64(out, e.ttl.secs); // attr_valid
-    put32(out, e.ttl.nsecs);
-    put32(out, e.ttl.nsecs);
+    put64(out, e.entry_ttl.secs); // entry_valid
+    put64(out, e.attr_ttl.secs); // attr_valid
+    put32(out, e.entry_ttl.nsecs);
+    put32(out, e.attr_ttl.nsecs);
     e.attr.encode(out);
 }
 
@@ -214,7 +217,8 @@ mod tests {
         let entry = EntryOut {
             nodeid: 5,
             generation: 1,
-            ttl,
+            entry_ttl: ttl,
+            attr_ttl: ttl,
             attr: attr(),
         };
         assert_eq!(
@@ -251,7 +255,8 @@ mod tests {
         let e = EntryOut {
             nodeid: 0x11,
             generation: 0x22,
-            ttl: Ttl { secs: 60, nsecs: 5 },
+            entry_ttl: Ttl { secs: 0, nsecs: 0 },
+            attr_ttl: Ttl { secs: 60, nsecs: 5 },
             attr: attr(),
         };
         let r = Reply::Entry(e);
@@ -261,9 +266,9 @@ mod tests {
         let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
         assert_eq!(
             (u64_at(0), u64_at(8), u64_at(16), u64_at(24)),
-            (0x11, 0x22, 60, 60)
+            (0x11, 0x22, 0, 60)
         );
-        assert_eq!((u32_at(32), u32_at(36)), (5, 5));
+        assert_eq!((u32_at(32), u32_at(36)), (0, 5));
         assert_eq!(u64_at(40), 5); // attr.ino
         assert_eq!(u32_at(40 + 60), 0o100644); // attr.mode
     }

@@ -126,6 +126,10 @@ pub(crate) enum Op<'a> {
         length: u64,
         mode: u32,
     },
+    /// access(2) and chdir(2): `mask` is `R_OK | W_OK | X_OK`, 0 for existence.
+    Access {
+        mask: u32,
+    },
     /// Any opcode we do not implement; answered with ENOSYS.
     Unsupported(u32),
 }
@@ -272,6 +276,7 @@ fn parse_op<'a>(op: u32, op_in: &'a [u8], payload: &'a [u8]) -> Option<Op<'a>> {
                 mode: h.u32()?,
             }
         }
+        opcode::ACCESS => Op::Access { mask: h.u32()? },
         other => Op::Unsupported(other),
     })
 }
@@ -493,6 +498,17 @@ mod tests {
             parse_dev(&msg(opcode::INIT, &body)).unwrap().op,
             Op::Init(InitIn { minor: 31, .. })
         ));
+    }
+
+    #[test]
+    fn access_mask() {
+        // `fuse_access_in`: mask and padding.
+        let m = msg(opcode::ACCESS, &u32s(&[4 | 1, 0]));
+        assert_eq!(parse_dev(&m).unwrap().op, Op::Access { mask: 5 });
+        let op_in = u32s(&[2, 0]);
+        let r = parse_parts(&header(opcode::ACCESS, 0), &op_in, &[]).unwrap();
+        assert_eq!(r.op, Op::Access { mask: 2 });
+        assert!(parse_dev(&msg(opcode::ACCESS, &[1, 0])).is_err());
     }
 
     #[test]

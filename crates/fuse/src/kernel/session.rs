@@ -11,6 +11,7 @@ use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
 
 use super::abi::{self, init_flags};
+use super::notify::{self, NotifyQueue};
 use super::reply::{InitOut, Reply};
 use super::request::{self, Op, ParseError, Request};
 use super::uring;
@@ -115,11 +116,13 @@ pub(crate) struct SessionOptions {
 }
 
 impl Session {
-    /// Answers INIT on `dev` (a mounted connection) and starts the request threads.
+    /// Answers INIT on `dev` (a mounted connection) and starts the request threads, and
+    /// the thread that writes the handler's notifications from `notifications`.
     pub(crate) fn start(
         dev: OwnedFd,
         handler: Arc<dyn Handler>,
         opts: &SessionOptions,
+        notifications: NotifyQueue,
     ) -> io::Result<Session> {
         let dev = Arc::new(dev);
         let shared = Arc::new(Shared {
@@ -182,6 +185,7 @@ impl Session {
                 })?;
             threads.push(t);
         }
+        threads.push(notify::spawn(Arc::clone(&dev), notifications)?);
         Ok(Session {
             _dev: dev,
             threads,

@@ -144,6 +144,20 @@ impl Mounted {
 
     pub fn unmount(&mut self) {
         if let Some(m) = self.mount.take() {
+            // Other tests of this binary spawn processes (setpriv); between fork and exec
+            // such a child briefly holds copies of every open descriptor, this test's too,
+            // and the kernel then calls the mount busy. Wait that window out.
+            let target = std::ffi::CString::new(self.mnt().as_os_str().as_encoded_bytes())
+                .expect("no NUL in path");
+            for _ in 0..200 {
+                // SAFETY: target is a valid NUL-terminated path.
+                if unsafe { libc::umount2(target.as_ptr(), 0) } == 0
+                    || std::io::Error::last_os_error().raw_os_error() != Some(libc::EBUSY)
+                {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             m.unmount().unwrap();
         }
         if let Some(fs) = self.fs.take() {

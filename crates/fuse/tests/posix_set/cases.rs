@@ -2,7 +2,6 @@
 // Included by `posix.rs` (NSDs on file-backed drives) and `posix_vdisk.rs` (NSDs on
 // erasure-coded vdisks), which set `BACKEND`; every test mounts a fresh file system.
 
-
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
@@ -481,4 +480,303 @@ fn full_file_system_gives_enospc_and_recovers() {
     m.unmount();
     let report = m.fsck();
     assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+/// Runs `cmd` with `sh -c` as uid and gid 65534 with the supplementary groups `groups`
+/// (`--clear-groups` or `--groups=...` of setpriv).
+fn as_nobody_with(groups: &str, cmd: &str) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", groups, "sh", "-c", cmd])
+        .output()
+        .expect("setpriv runs")
+}
+
+/// The stderr of a command that must fail as nobody without supplementary groups.
+fn nobody_fails(cmd: &str) -> String {
+    let out = as_nobody(cmd);
+    assert!(!out.status.success(), "`{cmd}` succeeded as nobody");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn nobody_succeeds(cmd: &str) -> String {
+    let out = as_nobody(cmd);
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed as nobody: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const EACCES_TEXT: &str = "Permission denied";
+const EPERM_TEXT: &str = "Operation not permitted";
+
+/// Runs `f` on a new thread that has dropped to the uid, gid and supplementary groups given,
+/// and returns the errno it reports (0 for success). The raw system calls change only the
+/// calling thread's credentials (glibc's wrappers would change every thread's), and a thread
+/// rather than a forked child holds no copies of other tests' open files, which would keep
+/// their mounts busy.
+fn errno_as(uid: u32, gid: u32, groups: &[libc::gid_t], f: impl FnOnce() -> i32 + Send) -> i32 {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: plain system calls on this thread's credentials.
+            unsafe {
+                assert_eq!(
+                    libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()),
+                    0
+                );
+                assert_eq!(libc::syscall(libc::SYS_setresgid, gid, gid, gid), 0);
+                assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+            }
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn rc_errno(rc: libc::c_int) -> i32 {
+    if rc == 0 {
+        0
+    } else {
+        errno()
+    }
+}
+
+fn write_mode(p: &Path, data: &[u8], mode: u32) {
+    fs::write(p, data).unwrap();
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mkdir_mode(p: &Path, mode: u32) {
+    fs::create_dir(p).unwrap();
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn mode_bits_and_owner_rules_are_enforced_by_the_file_system() {
+    //! The mount has no `default_permissions`: every answer below comes from the file
+    //! system's own checks, and must be what ext4 gives an unprivileged user.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    let p = |rel: &str| m.path(rel).display().to_string();
+    write_mode(&m.path("secret"), b"s", 0o600);
+    write_mode(&m.path("public"), b"p", 0o644);
+    write_mode(&m.path("open"), b"o", 0o666);
+    mkdir_mode(&m.path("rootdir"), 0o755);
+    assert!(nobody_fails(&format!("cat {}", p("secret"))).contains(EACCES_TEXT));
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("public"))), "p");
+    assert!(nobody_fails(&format!("echo x >> {}", p("public"))).contains(EACCES_TEXT));
+    assert!(nobody_fails(&format!("truncate -s 0 {}", p("public"))).contains(EACCES_TEXT));
+    nobody_succeeds(&format!("echo x >> {}", p("open")));
+    // No create, mkdir, symlink, link, rename or unlink in a directory nobody cannot write.
+    for cmd in [
+        format!("touch {}/new", p("rootdir")),
+        format!("mkdir {}/d", p("rootdir")),
+        format!("ln -s x {}/l", p("rootdir")),
+        format!("mv {} {}/moved", p("open"), p("rootdir")),
+        format!("rm -f {}", p("public")),
+    ] {
+        assert!(nobody_fails(&cmd).contains(EACCES_TEXT), "{cmd}");
+    }
+    assert!(m.path("public").exists() && m.path("open").exists());
+    // Sticky directories: only one's own files go.
+    mkdir_mode(&m.path("tmp"), 0o1777);
+    fs::write(m.path("tmp/theirs"), b"").unwrap();
+    nobody_succeeds(&format!("echo mine > {}", p("tmp/mine")));
+    assert!(nobody_fails(&format!("rm -f {}", p("tmp/theirs"))).contains(EPERM_TEXT));
+    assert!(nobody_fails(&format!("mv {} {}", p("tmp/theirs"), p("tmp/x"))).contains(EPERM_TEXT));
+    nobody_succeeds(&format!(
+        "mv {} {} && rm {}",
+        p("tmp/mine"),
+        p("tmp/m2"),
+        p("tmp/m2")
+    ));
+    assert!(m.path("tmp/theirs").exists() && !m.path("tmp/m2").exists());
+    // Hard links to files one may not read and write (protected_hardlinks).
+    assert!(nobody_fails(&format!("ln {} {}", p("public"), p("tmp/l"))).contains(EPERM_TEXT));
+    nobody_succeeds(&format!("ln {} {}", p("open"), p("tmp/l")));
+    // Only the owner changes modes, owners and chosen times; writers may touch.
+    for cmd in [
+        format!("chmod 777 {}", p("public")),
+        format!("chown 65534 {}", p("open")),
+        format!("chgrp 65534 {}", p("open")),
+        format!("touch -d 2001-01-01 {}", p("open")),
+    ] {
+        assert!(nobody_fails(&cmd).contains(EPERM_TEXT), "{cmd}");
+    }
+    assert_eq!(fs::metadata(m.path("open")).unwrap().uid(), 0);
+    let before = fs::metadata(m.path("open")).unwrap().mtime();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    nobody_succeeds(&format!("touch {}", p("open")));
+    assert!(fs::metadata(m.path("open")).unwrap().mtime() > before);
+    assert!(nobody_fails(&format!("touch {}", p("public"))).contains(EACCES_TEXT));
+    // Execution needs an execute bit for the caller; reading a script needs only read.
+    write_mode(&m.path("s744"), b"#!/bin/sh\necho ran\n", 0o744);
+    write_mode(&m.path("s755"), b"#!/bin/sh\necho ran\n", 0o755);
+    assert!(nobody_fails(&p("s744")).contains(EACCES_TEXT));
+    assert_eq!(nobody_succeeds(&p("s755")), "ran\n");
+    assert_eq!(nobody_succeeds(&format!("sh {}", p("s744"))), "ran\n");
+    // access(2), through the shell's test and directly.
+    nobody_succeeds(&format!(
+        "test -r {} && ! test -w {} && ! test -r {} && test -x {} && ! test -x {}",
+        p("public"),
+        p("public"),
+        p("secret"),
+        p("s755"),
+        p("s744")
+    ));
+    let (secret, s744) = (cstr(&m.path("secret")), cstr(&m.path("s744")));
+    let access = |path: &CString, mode| {
+        errno_as(65534, 65534, &[], || {
+            rc_errno(unsafe { libc::access(path.as_ptr(), mode) })
+        })
+    };
+    assert_eq!(access(&secret, libc::F_OK), 0);
+    assert_eq!(access(&secret, libc::R_OK), libc::EACCES);
+    assert_eq!(access(&s744, libc::R_OK), 0);
+    assert_eq!(access(&s744, libc::X_OK), libc::EACCES);
+    // Root is not bound by the mode bits, except for execution.
+    assert_eq!(fs::read(m.path("secret")).unwrap(), b"s");
+    assert_eq!(unsafe { libc::access(s744.as_ptr(), libc::X_OK) }, 0);
+    let c = cstr(&m.path("public"));
+    assert_eq!(unsafe { libc::access(c.as_ptr(), libc::X_OK) }, -1);
+    // A creator may open his new read-only file for writing (open(O_CREAT|O_RDWR, 0444)).
+    nobody_succeeds(&format!("umask 222 && echo fresh > {}", p("tmp/ro")));
+    assert_eq!(
+        fs::metadata(m.path("tmp/ro")).unwrap().mode() & 0o777,
+        0o444
+    );
+    assert_eq!(fs::read(m.path("tmp/ro")).unwrap(), b"fresh\n");
+}
+
+#[test]
+fn search_permission_holds_for_names_the_kernel_has_cached() {
+    //! Without `default_permissions` the kernel checks no search permission while walking
+    //! a path, and a cached name skips our LOOKUP. Root's lookups must not open a way
+    //! through a directory nobody may not search, nor may a chmod or a rename that closes
+    //! a directory leave such a way behind.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    let p = |rel: &str| m.path(rel).display().to_string();
+    mkdir_mode(&m.path("private"), 0o700);
+    write_mode(&m.path("private/f"), b"f", 0o644);
+    fs::metadata(m.path("private/f")).unwrap();
+    assert!(nobody_fails(&format!("stat {}", p("private/f"))).contains(EACCES_TEXT));
+    assert!(nobody_fails(&format!("cat {}", p("private/f"))).contains(EACCES_TEXT));
+    // dash says only "can't cd"; chdir(2) asked us through FUSE_ACCESS.
+    nobody_fails(&format!("cd {}", p("private")));
+    assert!(nobody_fails(&format!("ls {}", p("private"))).contains(EACCES_TEXT));
+    // Closing a directory whose names are cached.
+    mkdir_mode(&m.path("closing"), 0o755);
+    write_mode(&m.path("closing/g"), b"g", 0o644);
+    fs::metadata(m.path("closing/g")).unwrap();
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("closing/g"))), "g");
+    fs::set_permissions(m.path("closing"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::metadata(m.path("closing/g")).unwrap();
+    assert!(nobody_fails(&format!("stat {}", p("closing/g"))).contains(EACCES_TEXT));
+    // Moving a cached name into a closed directory.
+    mkdir_mode(&m.path("pub"), 0o755);
+    write_mode(&m.path("pub/h"), b"h", 0o644);
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("pub/h"))), "h");
+    fs::rename(m.path("pub/h"), m.path("private/h")).unwrap();
+    fs::metadata(m.path("private/h")).unwrap();
+    assert!(nobody_fails(&format!("stat {}", p("private/h"))).contains(EACCES_TEXT));
+    // Opening the directory again lets nobody back in.
+    fs::set_permissions(m.path("closing"), fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("closing/g"))), "g");
+    // A directory only its group may search: membership decides at every walk.
+    fs::create_dir(m.path("team")).unwrap();
+    std::os::unix::fs::chown(m.path("team"), Some(0), Some(4242)).unwrap();
+    fs::set_permissions(m.path("team"), fs::Permissions::from_mode(0o750)).unwrap();
+    write_mode(&m.path("team/plan"), b"plan", 0o644);
+    let member = as_nobody_with("--groups=4242", &format!("cat {}", p("team/plan")));
+    assert!(member.status.success());
+    assert_eq!(member.stdout, b"plan");
+    assert!(nobody_fails(&format!("cat {}", p("team/plan"))).contains(EACCES_TEXT));
+}
+
+#[test]
+fn supplementary_groups_and_extended_attribute_permissions() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    let p = |rel: &str| m.path(rel).display().to_string();
+    write_mode(&m.path("g"), b"group", 0o640);
+    std::os::unix::fs::chown(m.path("g"), Some(0), Some(4242)).unwrap();
+    let member = as_nobody_with("--groups=4242", &format!("cat {}", p("g")));
+    assert!(member.status.success());
+    assert_eq!(member.stdout, b"group");
+    assert!(nobody_fails(&format!("cat {}", p("g"))).contains(EACCES_TEXT));
+    // chgrp of one's own file: only to a group one is in.
+    mkdir_mode(&m.path("tmp"), 0o1777);
+    nobody_succeeds(&format!("touch {}", p("tmp/own")));
+    assert!(nobody_fails(&format!("chgrp 4242 {}", p("tmp/own"))).contains(EPERM_TEXT));
+    let out = as_nobody_with("--groups=4242", &format!("chgrp 4242 {}", p("tmp/own")));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::metadata(m.path("tmp/own")).unwrap().gid(), 4242);
+    // Extended attributes.
+    write_mode(&m.path("theirs"), b"", 0o644);
+    let (own, theirs) = (cstr(&m.path("tmp/own")), cstr(&m.path("theirs")));
+    let (user, trusted) = (
+        CString::new("user.k").unwrap(),
+        CString::new("trusted.k").unwrap(),
+    );
+    let set = |path: &CString, name: &CString| {
+        errno_as(65534, 65534, &[], || {
+            let v = b"v".as_ptr().cast();
+            rc_errno(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), v, 1, 0) })
+        })
+    };
+    assert_eq!(set(&own, &user), 0);
+    assert_eq!(set(&theirs, &user), libc::EACCES);
+    assert_eq!(set(&own, &trusted), libc::EPERM);
+    // Root's trusted.* attributes are invisible to others.
+    let rc = unsafe {
+        libc::setxattr(
+            theirs.as_ptr(),
+            trusted.as_ptr(),
+            b"t".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    assert_eq!(rc, 0);
+    let rc = unsafe { libc::setxattr(theirs.as_ptr(), user.as_ptr(), b"u".as_ptr().cast(), 1, 0) };
+    assert_eq!(rc, 0);
+    let list_len = |uid| {
+        errno_as(uid, uid, &[], || {
+            let mut buf = [0u8; 64];
+            let n = unsafe { libc::listxattr(theirs.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+            n as i32
+        })
+    };
+    assert_eq!(list_len(65534), "user.k\0".len() as i32);
+    assert_eq!(list_len(0), "user.k\0trusted.k\0".len() as i32);
+    let get = |uid, name: &CString| {
+        errno_as(uid, uid, &[], || {
+            let mut buf = [0u8; 8];
+            let (path, name) = (theirs.as_ptr(), name.as_ptr());
+            let n = unsafe { libc::getxattr(path, name, buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                errno()
+            } else {
+                0
+            }
+        })
+    };
+    assert_eq!(get(65534, &user), 0);
+    assert_eq!(get(65534, &trusted), libc::ENODATA);
+    assert_eq!(get(0, &trusted), 0);
+    fs::set_permissions(m.path("theirs"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(get(65534, &user), libc::EACCES);
 }
