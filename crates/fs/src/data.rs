@@ -19,6 +19,7 @@ use crate::error::{FsError, FsResult};
 use crate::fs::{FileSystem, Meta};
 use crate::inode::{Alternative, Attr, BlockRef, Content, FileKind, Ino, CSUM_SECTOR_BYTES};
 use crate::meta::Change;
+use crate::prefetch::{BlockData, SectorState};
 
 /// Largest file size: 1 PiB.
 pub const FILE_BYTES_MAX: u64 = 1 << 50;
@@ -101,7 +102,7 @@ impl FileSystem {
         let started = Instant::now();
         let _data = self.inode_lock(ino).read();
         let bs = self.geo.block_bytes;
-        let (len, inline, blocks) = {
+        let (len, inline, blocks, file_blocks) = {
             let m = self.meta.lock();
             let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
             if inode.attr.kind == FileKind::Directory {
@@ -112,8 +113,9 @@ impl FileSystem {
                 return Ok(Vec::new());
             }
             let end = offset + len as u64;
+            let file_blocks = inode.attr.size.div_ceil(bs);
             match &inode.content {
-                Content::Inline(d) => (len, Some(d.clone()), Vec::new()),
+                Content::Inline(d) => (len, Some(d.clone()), Vec::new(), file_blocks),
                 Content::Blocks(map) => {
                     let mut parts = Vec::new();
                     for b in offset / bs..end.div_ceil(bs) {
@@ -121,32 +123,67 @@ impl FileSystem {
                         let hi = end.min((b + 1) * bs) - b * bs;
                         parts.push((b, lo, hi, map.get(&b).map(|r| sector_infos(r, lo, hi))));
                     }
-                    (len, None, parts)
+                    (len, None, parts, file_blocks)
                 }
                 _ => return Err(FsError::Invalid("not a regular file".into())),
             }
         };
-        let mut out = vec![0u8; len];
-        if let Some(d) = inline {
-            let start = (offset as usize).min(d.len());
-            let n = d.len().saturating_sub(start).min(len);
-            out[..n].copy_from_slice(&d[start..start + n]);
-        }
-        for (b, lo, hi, info) in blocks {
-            let Some((extent, sectors)) = info else {
-                continue;
-            };
-            let dst = (b * bs + lo - offset) as usize;
-            self.read_sectors(
-                ino,
-                &extent,
-                &sectors,
-                lo,
-                &mut out[dst..dst + (hi - lo) as usize],
-            )?;
-        }
+        let slots = match (blocks.first(), blocks.last()) {
+            (Some(first), Some(last)) => self.prefetch.on_read(ino, first.0, last.0, file_blocks),
+            _ => None,
+        };
+        let out = match slots {
+            Some(slots) => self.read_ahead_parts(ino, len, blocks, &slots)?,
+            None => {
+                let mut out = vec![0u8; len];
+                if let Some(d) = inline {
+                    let start = (offset as usize).min(d.len());
+                    let n = d.len().saturating_sub(start).min(len);
+                    out[..n].copy_from_slice(&d[start..start + n]);
+                }
+                for (b, lo, hi, info) in blocks {
+                    let Some((extent, sectors)) = info else {
+                        continue;
+                    };
+                    let dst = (b * bs + lo - offset) as usize;
+                    let out = &mut out[dst..dst + (hi - lo) as usize];
+                    self.read_sectors(ino, &extent, &sectors, lo, out)?;
+                }
+                out
+            }
+        };
         self.touch_atime(ino);
         self.pmon.read(len as u64, started.elapsed());
+        Ok(out)
+    }
+
+    /// A sequential read: its blocks come from read-ahead slots when those still hold what
+    /// the block map says, else straight from the drives. `parts` are consecutive, so the
+    /// reply is built front to back without zero-filling it first.
+    #[allow(clippy::type_complexity)]
+    fn read_ahead_parts(
+        &self,
+        ino: Ino,
+        len: usize,
+        parts: Vec<(u64, u64, u64, Option<(Extent, Vec<SectorInfo>)>)>,
+        slots: &[std::sync::Arc<crate::prefetch::Slot>],
+    ) -> FsResult<Vec<u8>> {
+        let mut out = Vec::with_capacity(len);
+        for ((b, lo, hi, info), slot) in parts.into_iter().zip(slots) {
+            let n = (hi - lo) as usize;
+            let at = out.len();
+            let Some((extent, sectors)) = info else {
+                out.resize(at + n, 0);
+                continue;
+            };
+            let data = slot.get(self, ino, b);
+            if data.is_some_and(|d| append_if_current(&d, &extent, &sectors, lo, n, &mut out)) {
+                continue;
+            }
+            out.resize(at + n, 0);
+            self.read_sectors(ino, &extent, &sectors, lo, &mut out[at..])?;
+        }
+        debug_assert_eq!(out.len(), len);
         Ok(out)
     }
 
@@ -166,22 +203,45 @@ impl FileSystem {
             return Ok(()); // Beyond a short fragment or never written: zeros.
         }
         let mut buf = AlignedBuf::zeroed(((last - first) * SECTOR) as usize);
-        let dev = &self.devices[extent.addr.disk as usize];
         let at = self.extent_offset(extent) + first * SECTOR;
-        dev.read_at(&mut buf, at)?;
-        for (i, info) in sectors.iter().enumerate().take((last - first) as usize) {
+        self.read_verified(ino, extent, at, &mut buf, sectors)?;
+        let skip = (lo - first * SECTOR) as usize;
+        let n = out.len().min(buf.len() - skip);
+        out[..n].copy_from_slice(&buf[skip..skip + n]);
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes of `extent` at byte `at` of its disk and checks them against
+    /// `sectors` (one per sector of `buf`): unwritten sectors become zeros, a mismatch is EIO
+    /// and a log line naming the NSD and the byte. Returns what each sector verified as.
+    fn read_verified(
+        &self,
+        ino: Ino,
+        extent: &Extent,
+        at: u64,
+        buf: &mut [u8],
+        sectors: &[SectorInfo],
+    ) -> FsResult<Vec<SectorState>> {
+        let dev = &self.devices[extent.addr.disk as usize];
+        dev.read_at(buf, at)?;
+        let count = buf.len() / SECTOR as usize;
+        let mut states = Vec::with_capacity(count);
+        for (i, info) in sectors.iter().enumerate().take(count) {
             let bytes = &mut buf[i * SECTOR as usize..(i + 1) * SECTOR as usize];
             if info.unwritten {
                 bytes.fill(0);
+                states.push(SectorState::Unwritten);
                 continue;
             }
             let crc = crc32c::crc32c(bytes);
             if crc == info.crc || info.alternative == Some(Alternative::Crc(crc)) {
+                states.push(SectorState::Crc(crc));
                 continue;
             }
             if info.alternative == Some(Alternative::Unwritten) {
                 // A write into a never-written sector did not land before a crash.
                 bytes.fill(0);
+                states.push(SectorState::Unwritten);
                 continue;
             }
             self.pmon.checksum_error();
@@ -195,10 +255,33 @@ impl FileSystem {
             );
             return Err(FsError::Checksum { nsd, offset, ino });
         }
-        let skip = (lo - first * SECTOR) as usize;
-        let n = out.len().min(buf.len() - skip);
-        out[..n].copy_from_slice(&buf[skip..skip + n]);
-        Ok(())
+        Ok(states)
+    }
+
+    /// Reads block `block` of a file whole and verified, for read-ahead. `None` when the
+    /// block is unmapped or never written (readers produce its zeros themselves).
+    pub(crate) fn load_block(&self, ino: Ino, block: u64) -> FsResult<Option<BlockData>> {
+        let found = {
+            let m = self.meta.lock();
+            match m.state.get(ino).map(|i| &i.content) {
+                Some(Content::Blocks(map)) => map
+                    .get(&block)
+                    .map(|r| sector_infos(r, 0, r.sectors() as u64 * SECTOR)),
+                _ => None,
+            }
+        };
+        let Some((extent, sectors)) = found else {
+            return Ok(None);
+        };
+        let present = self.extent_sectors(&extent).min(sectors.len());
+        if present == 0 || sectors.iter().all(|s| s.unwritten) {
+            return Ok(None);
+        }
+        let bytes = present * SECTOR as usize;
+        let mut buf = self.prefetch.buffer(bytes);
+        let at = self.extent_offset(&extent);
+        let states = self.read_verified(ino, &extent, at, &mut buf[..bytes], &sectors)?;
+        Ok(Some(self.prefetch.block_data(extent, buf, bytes, states)))
     }
 
     fn touch_atime(&self, ino: Ino) {
@@ -227,6 +310,7 @@ impl FileSystem {
     /// Writes `data` at `offset`. With `sync` (O_SYNC, O_DSYNC, O_DIRECT) the data and the
     /// metadata that reaches it are durable on return.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8], sync: bool) -> FsResult<usize> {
+        let _stale = self.prefetch.invalidate_after(ino);
         let started = Instant::now();
         let end = offset
             .checked_add(data.len() as u64)
@@ -589,6 +673,7 @@ impl FileSystem {
 
     /// Sets the file size (truncate and extend).
     pub fn truncate(&self, ino: Ino, size: u64) -> FsResult<()> {
+        let _stale = self.prefetch.invalidate_after(ino);
         if size > FILE_BYTES_MAX {
             return Err(FsError::FileTooLarge);
         }
@@ -647,6 +732,7 @@ impl FileSystem {
 
     /// fallocate(2): preallocate (optionally keeping the size) or punch a hole.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        let _stale = self.prefetch.invalidate_after(ino);
         let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX);
         let end = end.ok_or(FsError::FileTooLarge)?;
         if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE {
@@ -743,6 +829,47 @@ impl FileSystem {
 }
 
 /// The extent of `r` and the sector infos covering bytes `lo..hi` of its block.
+/// Appends bytes `lo..lo+n` of a block read ahead to `out`, if what was read is still what
+/// the block map (as the reader copied it) says the block holds: the same extent and, for
+/// every sector, the same checksum or the same unwritten state. Otherwise appends nothing
+/// and returns false; the caller reads the block itself.
+fn append_if_current(
+    data: &BlockData,
+    extent: &Extent,
+    sectors: &[SectorInfo],
+    lo: u64,
+    n: usize,
+    out: &mut Vec<u8>,
+) -> bool {
+    if data.extent != *extent {
+        return false;
+    }
+    let first = (lo / SECTOR) as usize;
+    for (i, info) in sectors.iter().enumerate() {
+        let Some(&held) = data.sectors.get(first + i) else {
+            return false;
+        };
+        let current = match held {
+            SectorState::Unwritten => {
+                info.unwritten || info.alternative == Some(Alternative::Unwritten)
+            }
+            SectorState::Crc(c) => {
+                !info.unwritten && (c == info.crc || info.alternative == Some(Alternative::Crc(c)))
+            }
+        };
+        if !current {
+            return false;
+        }
+    }
+    let bytes = data.bytes();
+    let start = (lo as usize).min(bytes.len());
+    let m = (bytes.len() - start).min(n);
+    out.extend_from_slice(&bytes[start..start + m]);
+    // Past the end of a short fragment: zeros.
+    out.resize(out.len() + n - m, 0);
+    true
+}
+
 fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<SectorInfo>) {
     let first = (lo / SECTOR) as usize;
     let last = (hi.div_ceil(SECTOR) as usize).min(r.sectors());
@@ -773,7 +900,7 @@ impl Scratch {
         let cached = SCRATCH
             .with(|c| c.borrow_mut().take())
             .filter(|b| b.len() >= len);
-        let buf = cached.unwrap_or_else(|| AlignedBuf::zeroed(len.max(1 << 20)));
+        let buf = cached.unwrap_or_else(|| AlignedBuf::huge(len.max(1 << 20)));
         Scratch {
             buf: Some(buf),
             len,

@@ -17,6 +17,7 @@ use crate::error::{FsError, FsResult};
 use crate::inode::{Ino, Timestamp};
 use crate::meta::{Change, MetaState};
 use crate::pmon::{Pmon, PmonSnapshot};
+use crate::prefetch::Prefetcher;
 
 pub use crate::namespace::{DirListing, SetAttr, StatFs};
 
@@ -78,6 +79,7 @@ pub struct FileSystem {
     pub(crate) journal: Journal,
     pub(crate) geo: Geometry,
     pub(crate) pmon: Pmon,
+    pub(crate) prefetch: Prefetcher,
     inode_locks: Vec<RwLock<()>>,
     block_locks: Vec<RwLock<()>>,
     segment_locks: Vec<Mutex<()>>,
@@ -114,6 +116,7 @@ impl FileSystem {
             )));
         }
         let geo = geometry(&desc);
+        let prefetch = Prefetcher::new(geo.block_bytes);
         let fs = Arc::new(FileSystem {
             desc: Mutex::new(desc),
             devices,
@@ -126,6 +129,7 @@ impl FileSystem {
             journal: recovered.journal,
             geo,
             pmon: Pmon::default(),
+            prefetch,
             inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
@@ -145,6 +149,7 @@ impl FileSystem {
             .spawn(move || flusher(weak, stop))
             .expect("spawn flusher");
         *fs.flusher.lock() = Some(handle);
+        fs.prefetch.start(Arc::downgrade(&fs));
         Ok(fs)
     }
 
@@ -403,6 +408,7 @@ impl FileSystem {
         if let Some(h) = self.flusher.lock().take() {
             let _ = h.join();
         }
+        self.prefetch.stop();
     }
 
     fn check_fenced(&self) -> FsResult<()> {
@@ -422,6 +428,7 @@ impl FileSystem {
         if let Some(h) = self.flusher.lock().take() {
             let _ = h.join();
         }
+        self.prefetch.stop();
         self.sync()?;
         self.checkpoint()
     }

@@ -18,6 +18,7 @@ pub mod inode;
 mod meta;
 mod namespace;
 pub mod pmon;
+mod prefetch;
 mod recovery;
 mod report;
 

@@ -1,0 +1,427 @@
+//! Sequential read-ahead of whole blocks, like GPFS prefetching into its pagepool.
+//!
+//! A file's blocks are striped over every NSD of its pool, so a sequential reader can keep
+//! every drive busy only if the blocks after the one it is reading are already being read.
+//! The kernel's own read-ahead asks for 1 MiB pieces of the next few megabytes, which with
+//! 4 MiB blocks lands on one or two drives at a time, and each piece is a separate small
+//! drive read (measured: 0.8–1.0 GB/s against 1.6–3.7 GB/s for XFS on the same disk).
+//!
+//! When a file is read sequentially, the reader's block and the `depth` blocks after it get
+//! a [`Slot`]; worker threads read ahead blocks whole, verifying every sector's checksum,
+//! and the reader copies its range out of the slot. A reader whose block nobody has started
+//! yet reads it itself rather than wait in the queue.
+//!
+//! A slot is only a hint: before its bytes are used they are compared, sector by sector,
+//! with the block map the reader copied under the metadata lock (same extent, same
+//! checksum or the same unwritten state), so a block rewritten, truncated or freed since it
+//! was read ahead is never served; the reader then reads the block itself. Writes also drop
+//! the file's slots so that memory is not held for stale data.
+//!
+//! Bounds: at most `STREAMS_MAX` files are tracked, and slots (read or in flight) never hold
+//! more than `BUDGET_BYTES` in total; past the budget no new read-ahead starts.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use tessera_alloc::Extent;
+use tessera_drive::AlignedBuf;
+
+use crate::error::FsResult;
+use crate::fs::FileSystem;
+use crate::inode::Ino;
+
+/// Worker threads reading ahead; each has one drive read in flight.
+const WORKERS: usize = 8;
+/// Files whose sequential position is remembered; the least recently read is forgotten.
+const STREAMS_MAX: usize = 256;
+/// Bytes that slots may hold at once, read or being read.
+const BUDGET_BYTES: u64 = 256 << 20;
+/// Bytes read ahead of a sequential reader: 4 blocks of 4 MiB, 16 of 1 MiB.
+const AHEAD_BYTES: u64 = 16 << 20;
+const DEPTH_MIN: u64 = 2;
+const DEPTH_MAX: u64 = 16;
+/// Free block buffers kept for reuse.
+const POOL_BYTES: u64 = 64 << 20;
+
+/// One sector of a block as it was when read: unwritten (zeros), or the checksum its bytes
+/// verified against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SectorState {
+    Unwritten,
+    Crc(u32),
+}
+
+/// A block read whole and verified.
+pub(crate) struct BlockData {
+    pub extent: Extent,
+    /// Holds the block's bytes in its first `len` bytes; goes back to the pool when done.
+    buf: Option<AlignedBuf>,
+    len: usize,
+    pub sectors: Vec<SectorState>,
+    pool: Arc<BufferPool>,
+}
+
+impl BlockData {
+    /// Bytes of every sector the extent holds; unwritten sectors are zeros.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf.as_ref().expect("held until drop")[..self.len]
+    }
+}
+
+impl Drop for BlockData {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.pool.put(buf);
+        }
+    }
+}
+
+/// Whole-block buffers kept for reuse: a fresh one would be zeroed by the kernel only to be
+/// overwritten by the drive read at once. They sit on huge pages, so one block is one drive
+/// request (see `AlignedBuf::huge`).
+struct BufferPool {
+    block_bytes: usize,
+    free: Mutex<Vec<AlignedBuf>>,
+}
+
+impl BufferPool {
+    fn get(&self, len: usize) -> AlignedBuf {
+        if len <= self.block_bytes {
+            if let Some(b) = self.free.lock().pop() {
+                return b;
+            }
+            return AlignedBuf::huge(self.block_bytes);
+        }
+        AlignedBuf::huge(len)
+    }
+
+    fn put(&self, buf: AlignedBuf) {
+        let mut free = self.free.lock();
+        if buf.len() == self.block_bytes
+            && (free.len() as u64) * (self.block_bytes as u64) < POOL_BYTES
+        {
+            free.push(buf);
+        }
+    }
+}
+
+enum SlotState {
+    /// Waiting for a worker; a reader that needs it now takes it over.
+    Queued,
+    Reading,
+    Ready(Arc<BlockData>),
+    /// Unmapped, or the read failed: whoever needs the block reads it directly (and gets
+    /// the precise error for its own range).
+    Failed,
+}
+
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+    done: Condvar,
+    /// Charged against the budget while the slot exists.
+    charge: u64,
+    budget: Arc<AtomicU64>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.budget.fetch_sub(self.charge, Ordering::Relaxed);
+    }
+}
+
+impl Slot {
+    /// Takes the slot over if nobody has started it.
+    fn claim(&self) -> bool {
+        let mut s = self.state.lock();
+        if matches!(*s, SlotState::Queued) {
+            *s = SlotState::Reading;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn finish(&self, r: FsResult<Option<BlockData>>) {
+        let state = match r {
+            Ok(Some(d)) => SlotState::Ready(Arc::new(d)),
+            Ok(None) => SlotState::Failed,
+            Err(e) => {
+                tracing::debug!("read-ahead failed: {e}");
+                SlotState::Failed
+            }
+        };
+        *self.state.lock() = state;
+        self.done.notify_all();
+    }
+
+    /// The block's data once read; reads it here if no worker has started it.
+    pub(crate) fn get(&self, fs: &FileSystem, ino: Ino, block: u64) -> Option<Arc<BlockData>> {
+        if self.claim() {
+            self.finish(fs.load_block(ino, block));
+        }
+        let mut s = self.state.lock();
+        loop {
+            match &*s {
+                SlotState::Ready(d) => return Some(Arc::clone(d)),
+                SlotState::Failed => return None,
+                SlotState::Queued | SlotState::Reading => self.done.wait(&mut s),
+            }
+        }
+    }
+}
+
+struct Stream {
+    /// One past the highest block read.
+    next_block: u64,
+    slots: BTreeMap<u64, Arc<Slot>>,
+    last_read: Instant,
+}
+
+struct Job {
+    slot: Arc<Slot>,
+    ino: Ino,
+    block: u64,
+}
+
+struct Queue {
+    jobs: Mutex<(VecDeque<Job>, bool)>,
+    ready: Condvar,
+}
+
+pub(crate) struct Prefetcher {
+    streams: Mutex<HashMap<Ino, Stream>>,
+    queue: Arc<Queue>,
+    budget: Arc<AtomicU64>,
+    pool: Arc<BufferPool>,
+    block_bytes: u64,
+    depth: u64,
+    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Prefetcher {
+    pub(crate) fn new(block_bytes: u64) -> Prefetcher {
+        Prefetcher {
+            streams: Mutex::new(HashMap::new()),
+            queue: Arc::new(Queue {
+                jobs: Mutex::new((VecDeque::new(), false)),
+                ready: Condvar::new(),
+            }),
+            budget: Arc::new(AtomicU64::new(0)),
+            pool: Arc::new(BufferPool {
+                block_bytes: block_bytes as usize,
+                free: Mutex::new(Vec::new()),
+            }),
+            block_bytes,
+            depth: (env_u64("TESSERA_PREFETCH_AHEAD_MB").map_or(AHEAD_BYTES, |m| m << 20)
+                / block_bytes)
+                .clamp(DEPTH_MIN, DEPTH_MAX),
+            workers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Starts the workers; they hold the file system only while reading a block.
+    pub(crate) fn start(&self, fs: Weak<FileSystem>) {
+        let mut workers = self.workers.lock();
+        let workers_n = env_u64("TESSERA_PREFETCH_THREADS").map_or(WORKERS, |n| n as usize);
+        for i in 0..workers_n {
+            let fs = fs.clone();
+            let queue = Arc::clone(&self.queue);
+            let h = std::thread::Builder::new()
+                .name(format!("tessera-prefetch-{i}"))
+                .spawn(move || worker(fs, queue))
+                .expect("spawn read-ahead worker");
+            workers.push(h);
+        }
+    }
+
+    /// Stops the workers and waits for them (unmount, fence).
+    pub(crate) fn stop(&self) {
+        self.signal_stop();
+        let me = std::thread::current().id();
+        for h in self.workers.lock().drain(..) {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+        self.streams.lock().clear();
+    }
+
+    fn signal_stop(&self) {
+        {
+            let mut q = self.queue.jobs.lock();
+            q.1 = true;
+            q.0.clear();
+        }
+        self.queue.ready.notify_all();
+    }
+
+    /// Records a read of blocks `first..=last` of a file of `file_blocks` blocks. For a
+    /// sequential reader, returns a slot for each of those blocks and starts reading ahead;
+    /// otherwise returns nothing and the reader reads directly.
+    pub(crate) fn on_read(
+        &self,
+        ino: Ino,
+        first: u64,
+        last: u64,
+        file_blocks: u64,
+    ) -> Option<Vec<Arc<Slot>>> {
+        let mut streams = self.streams.lock();
+        if !streams.contains_key(&ino) && streams.len() >= STREAMS_MAX {
+            let oldest = streams
+                .iter()
+                .min_by_key(|(_, s)| s.last_read)
+                .map(|(i, _)| *i)
+                .expect("not empty");
+            streams.remove(&oldest);
+        }
+        let stream = streams.entry(ino).or_insert(Stream {
+            next_block: 0,
+            slots: BTreeMap::new(),
+            last_read: Instant::now(),
+        });
+        stream.last_read = Instant::now();
+        // The kernel's read-ahead requests run on several threads and may arrive slightly
+        // out of order, hence the window around the expected block.
+        let sequential = if stream.next_block == 0 {
+            first == 0
+        } else {
+            first + 2 >= stream.next_block && first <= stream.next_block + 1
+        };
+        if !sequential {
+            // A jump: a reader continuing from here is sequential again.
+            stream.next_block = last + 1;
+            stream.slots.clear();
+            return None;
+        }
+        stream.next_block = stream.next_block.max(last + 1);
+        // Blocks behind the reader are done with (a reader still copying holds its slot).
+        let keep_from = first.saturating_sub(1);
+        stream.slots = stream.slots.split_off(&keep_from);
+        let mut mine = Vec::with_capacity((last - first + 1) as usize);
+        let mut jobs = Vec::new();
+        let ahead_end = (last + 1 + self.depth).min(file_blocks);
+        for block in first..ahead_end.max(last + 1) {
+            let is_mine = block <= last;
+            if let Some(slot) = stream.slots.get(&block) {
+                if is_mine {
+                    mine.push(Arc::clone(slot));
+                }
+                continue;
+            }
+            let used = self.budget.load(Ordering::Relaxed);
+            if !is_mine && used + self.block_bytes > BUDGET_BYTES {
+                break;
+            }
+            self.budget.fetch_add(self.block_bytes, Ordering::Relaxed);
+            let slot = Arc::new(Slot {
+                state: Mutex::new(SlotState::Queued),
+                done: Condvar::new(),
+                charge: self.block_bytes,
+                budget: Arc::clone(&self.budget),
+            });
+            stream.slots.insert(block, Arc::clone(&slot));
+            if is_mine {
+                mine.push(slot);
+            } else {
+                jobs.push(Job { slot, ino, block });
+            }
+        }
+        drop(streams);
+        if !jobs.is_empty() {
+            self.queue.jobs.lock().0.extend(jobs);
+            self.queue.ready.notify_all();
+        }
+        Some(mine)
+    }
+
+    /// A buffer of at least `len` bytes whose contents are left over from earlier use.
+    pub(crate) fn buffer(&self, len: usize) -> AlignedBuf {
+        self.pool.get(len)
+    }
+
+    /// Wraps a verified block read into `buf` (its first `len` bytes).
+    pub(crate) fn block_data(
+        &self,
+        extent: Extent,
+        buf: AlignedBuf,
+        len: usize,
+        sectors: Vec<SectorState>,
+    ) -> BlockData {
+        BlockData {
+            extent,
+            buf: Some(buf),
+            len,
+            sectors,
+            pool: Arc::clone(&self.pool),
+        }
+    }
+
+    /// Forgets what was read ahead of `ino` when the returned guard drops: at the end of a
+    /// write, truncate or fallocate, whichever way it returns.
+    pub(crate) fn invalidate_after(&self, ino: Ino) -> InvalidateAfter<'_> {
+        InvalidateAfter {
+            prefetch: self,
+            ino,
+        }
+    }
+
+    /// Forgets what was read ahead of a file whose contents or shape changed.
+    pub(crate) fn invalidate(&self, ino: Ino) {
+        let mut streams = self.streams.lock();
+        if let Some(s) = streams.get_mut(&ino) {
+            s.slots.clear();
+            s.next_block = 0;
+        }
+    }
+}
+
+pub(crate) struct InvalidateAfter<'a> {
+    prefetch: &'a Prefetcher,
+    ino: Ino,
+}
+
+impl Drop for InvalidateAfter<'_> {
+    fn drop(&mut self) {
+        self.prefetch.invalidate(self.ino);
+    }
+}
+
+impl Drop for Prefetcher {
+    /// A file system dropped without unmount (a test, a failed mount) still ends its
+    /// workers; they may hold the last reference, so they are not joined here.
+    fn drop(&mut self) {
+        self.signal_stop();
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
+fn worker(fs: Weak<FileSystem>, queue: Arc<Queue>) {
+    loop {
+        let job = {
+            let mut q = queue.jobs.lock();
+            loop {
+                if q.1 {
+                    return;
+                }
+                if let Some(j) = q.0.pop_front() {
+                    break j;
+                }
+                queue.ready.wait(&mut q);
+            }
+        };
+        if !job.slot.claim() {
+            continue;
+        }
+        let Some(fs) = fs.upgrade() else {
+            job.slot.finish(Ok(None));
+            return;
+        };
+        job.slot.finish(fs.load_block(job.ino, job.block));
+    }
+}
