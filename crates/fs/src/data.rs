@@ -9,6 +9,7 @@
 //!   with the new checksums, which keeps the old checksum as an alternative, so after a crash
 //!   the sector verifies whether or not the new data reached the disk.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tessera_alloc::{AllocKind, BlockHint, Extent};
@@ -99,6 +100,12 @@ impl FileSystem {
 
     /// Reads up to `size` bytes at `offset`; short at end of file.
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        Ok(self.read_data(ino, offset, size)?.into_vec())
+    }
+
+    /// [`FileSystem::read`] without the final copy: blocks read ahead are handed out as
+    /// shared pieces, which the FUSE layer writes to the kernel straight from the slot.
+    pub fn read_data(&self, ino: Ino, offset: u64, size: u32) -> FsResult<FileData> {
         let started = Instant::now();
         let _data = self.inode_lock(ino).read();
         let bs = self.geo.block_bytes;
@@ -110,7 +117,7 @@ impl FileSystem {
             }
             let len = inode.attr.size.saturating_sub(offset).min(u64::from(size)) as usize;
             if len == 0 {
-                return Ok(Vec::new());
+                return Ok(FileData::default());
             }
             let end = offset + len as u64;
             let file_blocks = inode.attr.size.div_ceil(bs);
@@ -149,7 +156,7 @@ impl FileSystem {
                     let out = &mut out[dst..dst + (hi - lo) as usize];
                     self.read_sectors(ino, &extent, &sectors, lo, out)?;
                 }
-                out
+                FileData::from(out)
             }
         };
         self.touch_atime(ino);
@@ -158,8 +165,7 @@ impl FileSystem {
     }
 
     /// A sequential read: its blocks come from read-ahead slots when those still hold what
-    /// the block map says, else straight from the drives. `parts` are consecutive, so the
-    /// reply is built front to back without zero-filling it first.
+    /// the block map says (handed out shared, not copied), else straight from the drives.
     #[allow(clippy::type_complexity)]
     fn read_ahead_parts(
         &self,
@@ -167,21 +173,30 @@ impl FileSystem {
         len: usize,
         parts: Vec<(u64, u64, u64, Option<(Extent, Vec<SectorInfo>)>)>,
         slots: &[std::sync::Arc<crate::prefetch::Slot>],
-    ) -> FsResult<Vec<u8>> {
-        let mut out = Vec::with_capacity(len);
+    ) -> FsResult<FileData> {
+        let mut out = FileData::default();
         for ((b, lo, hi, info), slot) in parts.into_iter().zip(slots) {
             let n = (hi - lo) as usize;
-            let at = out.len();
             let Some((extent, sectors)) = info else {
-                out.resize(at + n, 0);
+                out.push(Piece::Zeros(n));
                 continue;
             };
             let data = slot.get(self, ino, b);
-            if data.is_some_and(|d| append_if_current(&d, &extent, &sectors, lo, n, &mut out)) {
+            if let Some(d) = data.filter(|d| is_current(d, &extent, &sectors, lo)) {
+                let start = (lo as usize).min(d.bytes().len());
+                let m = (d.bytes().len() - start).min(n);
+                out.push(Piece::Block {
+                    data: d,
+                    start,
+                    len: m,
+                });
+                // Past the end of a short fragment: zeros.
+                out.push(Piece::Zeros(n - m));
                 continue;
             }
-            out.resize(at + n, 0);
-            self.read_sectors(ino, &extent, &sectors, lo, &mut out[at..])?;
+            let mut bytes = vec![0u8; n];
+            self.read_sectors(ino, &extent, &sectors, lo, &mut bytes)?;
+            out.push(Piece::Bytes(bytes));
         }
         debug_assert_eq!(out.len(), len);
         Ok(out)
@@ -829,45 +844,135 @@ impl FileSystem {
 }
 
 /// The extent of `r` and the sector infos covering bytes `lo..hi` of its block.
-/// Appends bytes `lo..lo+n` of a block read ahead to `out`, if what was read is still what
-/// the block map (as the reader copied it) says the block holds: the same extent and, for
-/// every sector, the same checksum or the same unwritten state. Otherwise appends nothing
-/// and returns false; the caller reads the block itself.
-fn append_if_current(
-    data: &BlockData,
-    extent: &Extent,
-    sectors: &[SectorInfo],
-    lo: u64,
-    n: usize,
-    out: &mut Vec<u8>,
-) -> bool {
+/// Whether a block read ahead still holds what the block map (as the reader copied it)
+/// says the block holds from byte `lo` on: the same extent and, for every sector, the same
+/// checksum or the same unwritten state.
+fn is_current(data: &BlockData, extent: &Extent, sectors: &[SectorInfo], lo: u64) -> bool {
     if data.extent != *extent {
         return false;
     }
     let first = (lo / SECTOR) as usize;
-    for (i, info) in sectors.iter().enumerate() {
-        let Some(&held) = data.sectors.get(first + i) else {
-            return false;
-        };
-        let current = match held {
-            SectorState::Unwritten => {
+    sectors
+        .iter()
+        .enumerate()
+        .all(|(i, info)| match data.sectors.get(first + i) {
+            None => false,
+            Some(SectorState::Unwritten) => {
                 info.unwritten || info.alternative == Some(Alternative::Unwritten)
             }
-            SectorState::Crc(c) => {
+            Some(&SectorState::Crc(c)) => {
                 !info.unwritten && (c == info.crc || info.alternative == Some(Alternative::Crc(c)))
             }
+        })
+}
+
+/// Zeros for holes, shared by every read.
+static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
+
+/// One piece of the bytes a read returns.
+enum Piece {
+    Bytes(Vec<u8>),
+    /// Bytes `start..start+len` of a block read ahead.
+    Block {
+        data: Arc<BlockData>,
+        start: usize,
+        len: usize,
+    },
+    Zeros(usize),
+}
+
+/// The bytes a read returns, in pieces: owned bytes, shared pieces of blocks read ahead,
+/// and runs of zeros. [`FileData::slices`] gives them in order without copying.
+#[derive(Default)]
+pub struct FileData {
+    pieces: Vec<Piece>,
+    len: usize,
+}
+
+impl std::fmt::Debug for FileData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "FileData({} bytes in {} pieces)",
+            self.len,
+            self.pieces.len()
+        )
+    }
+}
+
+/// Equal bytes, however they are split into pieces.
+impl PartialEq for FileData {
+    fn eq(&self, other: &FileData) -> bool {
+        self.len == other.len
+            && self
+                .slices()
+                .flatten()
+                .copied()
+                .eq(other.slices().flatten().copied())
+    }
+}
+
+impl Eq for FileData {}
+
+impl From<Vec<u8>> for FileData {
+    fn from(bytes: Vec<u8>) -> FileData {
+        let mut d = FileData::default();
+        d.push(Piece::Bytes(bytes));
+        d
+    }
+}
+
+impl FileData {
+    fn push(&mut self, piece: Piece) {
+        let n = match &piece {
+            Piece::Bytes(b) => b.len(),
+            Piece::Block { len, .. } | Piece::Zeros(len) => *len,
         };
-        if !current {
-            return false;
+        if n > 0 {
+            self.len += n;
+            self.pieces.push(piece);
         }
     }
-    let bytes = data.bytes();
-    let start = (lo as usize).min(bytes.len());
-    let m = (bytes.len() - start).min(n);
-    out.extend_from_slice(&bytes[start..start + m]);
-    // Past the end of a short fragment: zeros.
-    out.resize(out.len() + n - m, 0);
-    true
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes in order, as borrowed slices (runs of zeros as slices of a shared zero
+    /// buffer).
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> {
+        self.pieces.iter().flat_map(|p| {
+            let (one, zeros): (Option<&[u8]>, usize) = match p {
+                Piece::Bytes(b) => (Some(b), 0),
+                Piece::Block { data, start, len } => (Some(&data.bytes()[*start..start + len]), 0),
+                Piece::Zeros(n) => (None, *n),
+            };
+            let runs = (0..zeros.div_ceil(ZEROS.len()))
+                .map(move |i| &ZEROS[..(zeros - i * ZEROS.len()).min(ZEROS.len())]);
+            one.into_iter().chain(runs)
+        })
+    }
+
+    /// The bytes as one vector (one copy; a single owned piece moves without copying).
+    pub fn into_vec(mut self) -> Vec<u8> {
+        if self.pieces.len() == 1 {
+            if let Some(Piece::Bytes(_)) = self.pieces.first() {
+                let Some(Piece::Bytes(b)) = self.pieces.pop() else {
+                    unreachable!("checked above")
+                };
+                return b;
+            }
+        }
+        let mut out = Vec::with_capacity(self.len);
+        for s in self.slices() {
+            out.extend_from_slice(s);
+        }
+        out
+    }
 }
 
 fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<SectorInfo>) {
@@ -933,5 +1038,29 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let buf = self.buf.take();
         SCRATCH.with(|c| *c.borrow_mut() = buf);
+    }
+}
+
+#[cfg(test)]
+mod file_data_tests {
+    use super::*;
+
+    #[test]
+    fn pieces_read_back_in_order_with_zero_runs_of_any_length() {
+        let mut d = FileData::default();
+        d.push(Piece::Bytes(vec![1; 10]));
+        d.push(Piece::Zeros(ZEROS.len() * 2 + 7));
+        d.push(Piece::Zeros(0));
+        d.push(Piece::Bytes(vec![2; 3]));
+        let total = 10 + ZEROS.len() * 2 + 7 + 3;
+        assert_eq!(d.len(), total);
+        let lens: Vec<usize> = d.slices().map(<[u8]>::len).collect();
+        assert_eq!(lens, vec![10, ZEROS.len(), ZEROS.len(), 7, 3]);
+        let mut expect = vec![1u8; 10];
+        expect.resize(total - 3, 0);
+        expect.extend([2, 2, 2]);
+        assert_eq!(d, FileData::from(expect.clone()));
+        assert_eq!(d.into_vec(), expect);
+        assert!(FileData::default().is_empty());
     }
 }

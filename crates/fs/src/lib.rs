@@ -22,7 +22,7 @@ mod prefetch;
 mod recovery;
 mod report;
 
-pub use data::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
+pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
 pub use descriptor::{read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk};
 pub use error::{FsError, FsResult};
 pub use format::{erase, format, DiskSpec, FormatOptions, Progress};

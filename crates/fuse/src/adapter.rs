@@ -522,8 +522,8 @@ impl Handler for TesseraFuse {
             // chdir(2) asks for search, access(2) for its mask; 0 asks only for existence.
             Op::Access { mask } => empty(self.fs.may_access(ino, &cred, mask)),
             Op::Releasedir => Reply::Empty,
-            Op::Read { offset, size } => match self.fs.read(ino, offset, size) {
-                Ok(d) => Reply::Data(d),
+            Op::Read { offset, size } => match self.fs.read_data(ino, offset, size) {
+                Ok(d) => Reply::File(d),
                 Err(e) => errno(&e),
             },
             Op::Write { fh, offset, data } => {

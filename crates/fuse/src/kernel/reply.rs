@@ -67,6 +67,9 @@ pub(crate) enum Reply {
     },
     /// Raw bytes: file data, a symlink target, xattr values, directory entries.
     Data(Vec<u8>),
+    /// File data in pieces, some shared with the file system's read-ahead: the classic
+    /// transport writes them to the kernel without gathering them first.
+    File(tessera_fs::FileData),
     Statfs(StatfsOut),
     /// `fuse_getxattr_out`: the size a getxattr/listxattr probe asked for.
     XattrSize(u32),
@@ -86,6 +89,12 @@ impl Reply {
                 return (if *e > 0 { -e } else { -libc::EIO }, &[]);
             }
             Reply::Data(d) => return (0, d),
+            Reply::File(d) => {
+                scratch.reserve(d.len());
+                for piece in d.slices() {
+                    scratch.extend_from_slice(piece);
+                }
+            }
             Reply::Empty => {}
             Reply::Entry(e) => encode_entry(scratch, e),
             Reply::Attr { ttl, attr } => {
