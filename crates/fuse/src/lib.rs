@@ -30,7 +30,7 @@ use kernel::session::{Session, SessionOptions, Transport};
 use tessera_fs::FileSystem;
 
 /// Request threads per mount unless `TESSERA_FUSE_THREADS` says otherwise.
-pub const FUSE_THREADS_DEFAULT: usize = 4;
+pub const FUSE_THREADS_DEFAULT: usize = 8;
 
 /// How a file system is exposed to the kernel.
 #[derive(Clone, Debug)]
