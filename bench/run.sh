@@ -3,11 +3,17 @@
 #
 #   bench/run.sh [WORKDIR]            (as root; needs fio, xfsprogs, a C compiler)
 #
-# Both file systems live in WORKDIR: Tessera on four sparse drive files (O_DIRECT), XFS on a
-# loop device over one sparse image with direct I/O (so neither uses the host page cache).
-# Runs fio sequential 1 MiB write and read (1 and 4 jobs), 4 KiB random read and write
-# (libaio, iodepth 16, direct), and a metadata create/stat/unlink of 100,000 files from one
-# process, then prints each result and the Tessera/XFS ratio as a Markdown table.
+# Both file systems live in WORKDIR: Tessera on four preallocated drive files (O_DIRECT, like
+# four contiguous drives), XFS on a loop device over one sparse image with direct I/O (so
+# neither uses the guest page cache). Runs fio sequential 1 MiB write and read (1 and 4
+# jobs), 4 KiB random read and write (libaio, iodepth 16, direct), and a metadata
+# create/stat/unlink of 100,000 files from one process, then prints each result and the
+# Tessera/XFS ratio as a Markdown table.
+#
+# The machine's disk is shared and its speed moves by 2x within minutes, so the whole set
+# runs ROUNDS times (default 3), alternating which file system goes first, and the table
+# shows medians: of each file system's results, and of the per-round ratios (with their
+# range), each ratio taken from two runs minutes apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -19,6 +25,7 @@ RAND_BYTES=${RAND_BYTES:-1G}
 RAND_SECONDS=${RAND_SECONDS:-20}
 MD_FILES=${MD_FILES:-100000}
 BLOCK=${BLOCK:-4M}
+ROUNDS=${ROUNDS:-3}
 TESSERA=$ROOT/target/release/tessera
 export TESSERA_HOME=$WORK/home
 
@@ -52,7 +59,7 @@ mount "$LOOP" "$WORK/xfs"
 STANZA=$WORK/nsd.stanza
 : >"$STANZA"
 for i in 0 1 2 3; do
-    truncate -s "$DRIVE_BYTES" "$WORK/drives/d$i"
+    fallocate -l "$DRIVE_BYTES" "$WORK/drives/d$i"
     printf '%%nsd: device=%s nsd=bench%s usage=dataAndMetadata failureGroup=%s pool=system\n' \
         "$WORK/drives/d$i" "$i" "$((i + 1))" >>"$STANZA"
 done
@@ -81,48 +88,70 @@ PY
 }
 
 declare -A RESULT
+# measure FS DIR ROUND: one run of every test, results kept as RESULT[FS,TEST,ROUND].
 measure() {
-    local fs=$1 dir=$2
+    local fs=$1 dir=$2 r=$3
     local per1=$SEQ_BYTES
     local per4=$(( $(numfmt --from=iec "$SEQ_BYTES") / 4 ))
-    RESULT[$fs,seqwrite1]=$(run_fio "$fs-sw1" "$dir" --rw=write --bs=1M --size="$per1" --numjobs=1 --end_fsync=1 --ioengine=psync)
+    RESULT[$fs,seqwrite1,$r]=$(run_fio "$fs-sw1" "$dir" --rw=write --bs=1M --size="$per1" --numjobs=1 --end_fsync=1 --ioengine=psync)
     drop_caches
-    RESULT[$fs,seqread1]=$(run_fio "$fs-sr1" "$dir" --rw=read --bs=1M --size="$per1" --numjobs=1 --ioengine=psync)
+    RESULT[$fs,seqread1,$r]=$(run_fio "$fs-sr1" "$dir" --rw=read --bs=1M --size="$per1" --numjobs=1 --ioengine=psync)
     rm -f "$dir"/"$fs-sw1"* "$dir"/"$fs-sr1"*
-    RESULT[$fs,seqwrite4]=$(run_fio "$fs-sw4" "$dir" --rw=write --bs=1M --size="$per4" --numjobs=4 --end_fsync=1 --ioengine=psync --group_reporting)
+    RESULT[$fs,seqwrite4,$r]=$(run_fio "$fs-sw4" "$dir" --rw=write --bs=1M --size="$per4" --numjobs=4 --end_fsync=1 --ioengine=psync --group_reporting)
     drop_caches
-    RESULT[$fs,seqread4]=$(run_fio "$fs-sr4" "$dir" --rw=read --bs=1M --size="$per4" --numjobs=4 --ioengine=psync --group_reporting)
+    RESULT[$fs,seqread4,$r]=$(run_fio "$fs-sr4" "$dir" --rw=read --bs=1M --size="$per4" --numjobs=4 --ioengine=psync --group_reporting)
     rm -f "$dir"/"$fs-sw4"* "$dir"/"$fs-sr4"*
     local rand=(--bs=4k --size="$RAND_BYTES" --ioengine=libaio --iodepth=16 --direct=1 --time_based --runtime="$RAND_SECONDS" --filename=rand.dat)
-    RESULT[$fs,randwrite]=$(run_fio "$fs-rw" "$dir" --rw=randwrite "${rand[@]}")
-    RESULT[$fs,randread]=$(run_fio "$fs-rr" "$dir" --rw=randread "${rand[@]}")
+    RESULT[$fs,randwrite,$r]=$(run_fio "$fs-rw" "$dir" --rw=randwrite "${rand[@]}" | awk '{print $2}')
+    RESULT[$fs,randread,$r]=$(run_fio "$fs-rr" "$dir" --rw=randread "${rand[@]}" | awk '{print $2}')
     rm -f "$dir/rand.dat"
     local md
     md=$("$MDBENCH" "$dir/md" "$MD_FILES")
-    RESULT[$fs,create]=$(echo "$md" | awk '$1 == "create" {print $4}')
-    RESULT[$fs,stat]=$(echo "$md" | awk '$1 == "stat" {print $4}')
-    RESULT[$fs,unlink]=$(echo "$md" | awk '$1 == "unlink" {print $4}')
+    RESULT[$fs,create,$r]=$(echo "$md" | awk '$1 == "create" {print $4}')
+    RESULT[$fs,stat,$r]=$(echo "$md" | awk '$1 == "stat" {print $4}')
+    RESULT[$fs,unlink,$r]=$(echo "$md" | awk '$1 == "unlink" {print $4}')
+    for key in seqwrite1 seqread1 seqwrite4 seqread4; do
+        RESULT[$fs,$key,$r]=$(echo "${RESULT[$fs,$key,$r]}" | awk '{print $1}')
+    done
+    echo "round $r $fs: seq w1 ${RESULT[$fs,seqwrite1,$r]} r1 ${RESULT[$fs,seqread1,$r]} w4 ${RESULT[$fs,seqwrite4,$r]} r4 ${RESULT[$fs,seqread4,$r]} MB/s; rand w ${RESULT[$fs,randwrite,$r]} r ${RESULT[$fs,randread,$r]} IOPS; create ${RESULT[$fs,create,$r]} stat ${RESULT[$fs,stat,$r]} unlink ${RESULT[$fs,unlink,$r]} /s" >&2
 }
 
-measure xfs "$WORK/xfs"
-measure tessera "$WORK/tessera"
+for r in $(seq 1 "$ROUNDS"); do
+    if [ $((r % 2)) -eq 1 ]; then
+        measure xfs "$WORK/xfs" "$r"
+        measure tessera "$WORK/tessera" "$r"
+    else
+        measure tessera "$WORK/tessera" "$r"
+        measure xfs "$WORK/xfs" "$r"
+    fi
+done
 
-echo "| test | Tessera | XFS | Tessera/XFS |"
-echo "| --- | ---: | ---: | ---: |"
+# row KEY LABEL UNIT: medians over rounds and the median (min-max) of per-round ratios.
 row() {
-    local key=$1 label=$2 field=$3 unit=$4
-    local t x
-    t=$(echo "${RESULT[tessera,$key]}" | awk -v f="$field" '{print $f}')
-    x=$(echo "${RESULT[xfs,$key]}" | awk -v f="$field" '{print $f}')
-    printf '| %s | %s %s | %s %s | %s |\n' "$label" "$t" "$unit" "$x" "$unit" \
-        "$(python3 -c "print(f'{$t/$x:.2f}' if $x else 'n/a')")"
+    local key=$1 label=$2 unit=$3
+    local t=() x=()
+    for r in $(seq 1 "$ROUNDS"); do
+        t+=("${RESULT[tessera,$key,$r]}")
+        x+=("${RESULT[xfs,$key,$r]}")
+    done
+    python3 - "$label" "$unit" "${t[*]}" "${x[*]}" <<'PY'
+import statistics, sys
+label, unit, t, x = sys.argv[1], sys.argv[2], list(map(float, sys.argv[3].split())), list(map(float, sys.argv[4].split()))
+ratios = [a / b for a, b in zip(t, x) if b]
+fmt = (lambda v: f"{v:.0f}") if unit != "MB/s" else (lambda v: f"{v:.1f}")
+spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
+print(f"| {label} | {fmt(statistics.median(t))} {unit} | {fmt(statistics.median(x))} {unit} | "
+      f"{statistics.median(ratios):.2f}{spread} |")
+PY
 }
-row seqwrite1 "seq write 1 MiB, 1 job" 1 MB/s
-row seqread1 "seq read 1 MiB, 1 job" 1 MB/s
-row seqwrite4 "seq write 1 MiB, 4 jobs" 1 MB/s
-row seqread4 "seq read 1 MiB, 4 jobs" 1 MB/s
-row randwrite "rand write 4 KiB, QD16 direct" 2 IOPS
-row randread "rand read 4 KiB, QD16 direct" 2 IOPS
-echo "| create (1 process) | ${RESULT[tessera,create]} files/s | ${RESULT[xfs,create]} files/s | $(python3 -c "print(f'{${RESULT[tessera,create]}/${RESULT[xfs,create]}:.2f}')") |"
-echo "| stat (1 process) | ${RESULT[tessera,stat]} files/s | ${RESULT[xfs,stat]} files/s | $(python3 -c "print(f'{${RESULT[tessera,stat]}/${RESULT[xfs,stat]}:.2f}')") |"
-echo "| unlink (1 process) | ${RESULT[tessera,unlink]} files/s | ${RESULT[xfs,unlink]} files/s | $(python3 -c "print(f'{${RESULT[tessera,unlink]}/${RESULT[xfs,unlink]}:.2f}')") |"
+echo "| test | Tessera | XFS | Tessera/XFS, median (range) of $ROUNDS rounds |"
+echo "| --- | ---: | ---: | ---: |"
+row seqwrite1 "seq write 1 MiB, 1 job" MB/s
+row seqread1 "seq read 1 MiB, 1 job" MB/s
+row seqwrite4 "seq write 1 MiB, 4 jobs" MB/s
+row seqread4 "seq read 1 MiB, 4 jobs" MB/s
+row randwrite "rand write 4 KiB, QD16 direct" IOPS
+row randread "rand read 4 KiB, QD16 direct" IOPS
+row create "create (1 process)" files/s
+row stat "stat (1 process)" files/s
+row unlink "unlink (1 process)" files/s
