@@ -17,6 +17,7 @@
 //! revalidating LOOKUP answered just before such a chmod whose reply the kernel applies
 //! only after the invalidation keeps its name cached for one lifetime.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,17 +44,25 @@ const FH_SYNC: u64 = 1;
 const RENAME_NOREPLACE: u32 = 1 << 0;
 const RENAME_EXCHANGE: u32 = 1 << 1;
 const RENAME_WHITEOUT: u32 = 1 << 2;
+/// Read-only opens of files at least this large stream past the page cache (`streams`).
+const STREAM_BYTES_MIN: u64 = 64 << 20;
 /// `__FMODE_EXEC` in the open flags: the kernel opens the file to execute it.
 const OPEN_FLAG_EXEC: u32 = 0x20;
 
 pub(crate) struct TesseraFuse {
     fs: Arc<FileSystem>,
     notifier: Notifier,
+    /// The kernel granted `DIRECT_IO_ALLOW_MMAP`, so large read-only opens may stream.
+    streaming: AtomicBool,
 }
 
 impl TesseraFuse {
     pub(crate) fn new(fs: Arc<FileSystem>, notifier: Notifier) -> TesseraFuse {
-        TesseraFuse { fs, notifier }
+        TesseraFuse {
+            fs,
+            notifier,
+            streaming: AtomicBool::new(false),
+        }
     }
 }
 
@@ -204,6 +213,25 @@ fn handle_flags(flags: u32) -> (u64, u32) {
     (if sync { FH_SYNC } else { 0 }, open)
 }
 
+/// Whether an open streams its reads past the kernel page cache: read-only opens of
+/// regular files of at least `STREAM_BYTES_MIN`, when the kernel lets such files still be
+/// mmapped. Their sequential reads are served from the file system's own read-ahead
+/// (whole blocks, see `tessera_fs` prefetch), copied once, by the kernel, into the
+/// reader's buffer; through the page cache every byte was copied in by us and out by the
+/// reader, which on two CPUs held 1 MiB sequential reads to 1.1-1.3 GB/s against
+/// 2.8-3.1 GB/s streamed. Small files, and every open that may write, keep the page cache
+/// (re-reads and small reads stay memory-fast; writes are gathered by writeback). The
+/// kernel writes back dirty pages of the range before a direct read, so a streaming reader
+/// sees what a cached writer wrote.
+fn streams(flags: u32, attr: &Attr, allowed: bool) -> bool {
+    let f = flags as i32;
+    allowed
+        && attr.kind == FileKind::Regular
+        && f & libc::O_ACCMODE == libc::O_RDONLY
+        && f & libc::O_TRUNC == 0
+        && attr.size >= STREAM_BYTES_MIN
+}
+
 fn empty(r: Result<(), FsError>) -> Reply {
     match r {
         Ok(()) => Reply::Empty,
@@ -345,8 +373,11 @@ impl TesseraFuse {
             }
         }
         match self.fs.open(ino) {
-            Ok(_) => {
-                let (fh, open_flags) = handle_flags(flags);
+            Ok(attr) => {
+                let (fh, mut open_flags) = handle_flags(flags);
+                if streams(flags, &attr, self.streaming.load(Ordering::Relaxed)) {
+                    open_flags = abi::FOPEN_DIRECT_IO;
+                }
                 Reply::Open { fh, open_flags }
             }
             Err(e) => errno(&e),
@@ -449,11 +480,22 @@ impl Handler for TesseraFuse {
                 | init_flags::ASYNC_DIO
                 | init_flags::BIG_WRITES
                 | init_flags::MAX_PAGES
-                | init_flags::ATOMIC_O_TRUNC,
+                | init_flags::ATOMIC_O_TRUNC
+                | init_flags::DIRECT_IO_ALLOW_MMAP,
             max_write: MAX_REQUEST_BYTES,
             max_readahead: MAX_REQUEST_BYTES,
             max_background: 64,
             congestion_threshold: 48,
+        }
+    }
+
+    fn initialized(&self, granted: u64) {
+        let streaming = granted & init_flags::DIRECT_IO_ALLOW_MMAP != 0;
+        self.streaming.store(streaming, Ordering::Relaxed);
+        if !streaming {
+            tracing::info!(
+                "FUSE: kernel without DIRECT_IO_ALLOW_MMAP; large files are read through the page cache"
+            );
         }
     }
 

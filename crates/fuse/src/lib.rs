@@ -159,11 +159,37 @@ fn want_uring(asked: bool) -> bool {
     }
 }
 
+/// Lets one request carry `max_write` bytes from a buffer that is not page-aligned (which
+/// spans one page more): most programs read into malloc'd buffers, 16 bytes past a page
+/// boundary, and the kernel split each of their 1 MiB reads into a 1 MiB-less-a-page and a
+/// one-page request. The kernel caps every mount's pages per request at
+/// `fs.fuse.max_pages_limit` (256 by default); as root we raise it just enough, and log
+/// it. It only allows larger requests; other FUSE mounts keep what they negotiated.
+fn allow_unaligned_full_requests() {
+    const KNOB: &str = "/proc/sys/fs/fuse/max_pages_limit";
+    let need = kernel::session::max_pages(adapter::MAX_REQUEST_BYTES);
+    let Ok(current) = std::fs::read_to_string(KNOB) else {
+        return; // Older kernel: the limit is fixed at 256.
+    };
+    let Ok(current) = current.trim().parse::<u32>() else {
+        return;
+    };
+    // SAFETY: geteuid cannot fail.
+    if current >= need || unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    match std::fs::write(KNOB, need.to_string()) {
+        Ok(()) => tracing::info!("FUSE: raised {KNOB} from {current} to {need}"),
+        Err(e) => tracing::info!("FUSE: cannot raise {KNOB} to {need}: {e}"),
+    }
+}
+
 /// Mounts `fs` at `mountpoint`.
 pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<FuseMount> {
     cleanup_stale_mount(mountpoint)?;
     let target = mountpoint.canonicalize()?;
     let uring = want_uring(opts.uring);
+    allow_unaligned_full_requests();
     let dev = kernel::mount::open_dev().map_err(|e| {
         io::Error::new(
             e.kind(),

@@ -62,6 +62,8 @@ pub(crate) mod init_flags {
     pub(crate) const PARALLEL_DIROPS: u64 = 1 << 18;
     pub(crate) const MAX_PAGES: u64 = 1 << 22;
     pub(crate) const INIT_EXT: u64 = 1 << 30;
+    /// Files opened with `FOPEN_DIRECT_IO` may still be mmapped (through the page cache).
+    pub(crate) const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
     pub(crate) const OVER_IO_URING: u64 = 1 << 41;
 }
 

@@ -31,6 +31,8 @@ pub(crate) struct InitParams {
 /// freely; each transport thread serves one request at a time.
 pub(crate) trait Handler: Send + Sync + 'static {
     fn init_params(&self) -> InitParams;
+    /// The INIT flags the kernel granted, before any other request arrives.
+    fn initialized(&self, _granted: u64) {}
     /// Answers one request (never INIT, DESTROY or a no-reply request).
     fn handle(&self, req: &Request<'_>) -> Reply;
     /// The connection ends: make everything durable.
@@ -133,6 +135,7 @@ impl Session {
         let mut buf = vec![0u8; dev_buffer_bytes(params.max_write)];
         let init = read_init(dev.as_raw_fd(), &mut buf)?;
         let mut out = negotiate(&init.1, &params);
+        shared.handler.initialized(out.flags);
 
         // Rings are prepared (threads, rings, buffers) before INIT is answered: once the
         // kernel accepts FUSE_OVER_IO_URING it holds back every request until each CPU's
@@ -244,11 +247,17 @@ fn read_init(fd: RawFd, buf: &mut [u8]) -> io::Result<(u64, request::InitIn)> {
 }
 
 /// The INIT reply: what we want of what the kernel offers.
+/// Pages a request of `bytes` may span: one more than it fills, so that a buffer not
+/// aligned to a page still goes in one request.
+pub(crate) fn max_pages(bytes: u32) -> u32 {
+    const PAGE: u32 = 4096;
+    bytes.div_ceil(PAGE) + 1
+}
+
 fn negotiate(init: &request::InitIn, p: &InitParams) -> InitOut {
     let flags = (p.flags | init_flags::INIT_EXT) & init.flags;
     let max_readahead = p.max_readahead.min(init.max_readahead);
-    let page = 4096;
-    let max_pages = (p.max_write.max(max_readahead) - 1) / page + 1;
+    let max_pages = max_pages(p.max_write.max(max_readahead));
     InitOut {
         major: abi::KERNEL_VERSION,
         minor: abi::KERNEL_MINOR_VERSION.min(init.minor),
@@ -359,7 +368,7 @@ mod tests {
         assert_eq!(out.flags, init_flags::ASYNC_READ | init_flags::INIT_EXT);
         assert_eq!(out.minor, abi::KERNEL_MINOR_VERSION);
         assert_eq!(out.max_readahead, 131072);
-        assert_eq!(out.max_pages, 256);
+        assert_eq!(out.max_pages, 257);
     }
 
     #[test]

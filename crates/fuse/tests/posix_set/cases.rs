@@ -377,6 +377,78 @@ fn timestamps_xattrs_statfs() {
 }
 
 #[test]
+fn large_files_read_only_stream_and_stay_coherent_with_writers_and_mappings() {
+    if !can_mount() {
+        return;
+    }
+    // Read-only opens of files of 64 MiB and more bypass the page cache (streaming); every
+    // other open uses it. Whatever mix of the two, each sees the others' bytes.
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    let p = m.path("large");
+    let len = 72 << 20;
+    let data = pattern(len, 21);
+    fs::write(&p, &data).unwrap();
+    // A plain sequential read through a buffer that is not page aligned.
+    let mut f = File::open(&p).unwrap();
+    let mut raw = vec![0u8; (1 << 20) + 64];
+    let buf = &mut raw[16..16 + (1 << 20)];
+    let mut got = Vec::with_capacity(len);
+    loop {
+        let n = f.read(buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got == data, "streamed bytes differ");
+    // A writer's bytes still in its page cache, and a shared mapping's store, are seen by
+    // a streaming reader and by a read-only mapping.
+    let w = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    use std::os::unix::fs::FileExt;
+    w.write_at(b"WRITER", 70 << 20).unwrap();
+    let r = File::open(&p).unwrap();
+    let mut four = [0u8; 6];
+    r.read_exact_at(&mut four, 70 << 20).unwrap();
+    assert_eq!(&four, b"WRITER");
+    unsafe {
+        use std::os::unix::io::AsRawFd;
+        let shared = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            w.as_raw_fd(),
+            0,
+        );
+        assert_ne!(shared, libc::MAP_FAILED);
+        std::ptr::copy_nonoverlapping(b"MAPPED".as_ptr(), shared.cast::<u8>().add(71 << 20), 6);
+        r.read_exact_at(&mut four, 71 << 20).unwrap();
+        assert_eq!(&four, b"MAPPED");
+        let ro = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            r.as_raw_fd(),
+            0,
+        );
+        assert_ne!(ro, libc::MAP_FAILED, "a streaming open can still be mapped");
+        let mapped = std::slice::from_raw_parts(ro.cast::<u8>(), len);
+        assert_eq!(&mapped[70 << 20..(70 << 20) + 6], b"WRITER");
+        assert_eq!(&mapped[71 << 20..(71 << 20) + 6], b"MAPPED");
+        assert_eq!(&mapped[..1 << 20], &data[..1 << 20]);
+        libc::munmap(ro, len);
+        libc::munmap(shared, len);
+    }
+    drop(w);
+    drop(r);
+    let mut expect = data;
+    expect[70 << 20..(70 << 20) + 6].copy_from_slice(b"WRITER");
+    expect[71 << 20..(71 << 20) + 6].copy_from_slice(b"MAPPED");
+    assert!(fs::read(&p).unwrap() == expect, "final bytes differ");
+}
+
+#[test]
 fn o_direct_fsync_mmap_fallocate() {
     if !can_mount() {
         return;
