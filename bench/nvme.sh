@@ -3,7 +3,10 @@
 # one run on the same backing store: 1 MiB sequential write/read at QD1 and QD4, 4 KiB
 # random read/write at QD32; throughput, IOPS, p50/p99 latency and ratios (medians of
 # interleaved rounds).
-#   bench/nvme.sh [DIR] [SIZE] [SECONDS] [ROUNDS]   (default /var/tmp/tessera-nvme-bench 1G 5 3)
+#   bench/nvme.sh [DIR] [SIZE] [SECONDS] [ROUNDS] [OPTIONS...]
+#                                 (default /var/tmp/tessera-nvme-bench 1G 5 3)
+# OPTIONS go to `tessera bench nvme`, e.g. --huge-buffers to give the benchmark's own
+# buffers (local and remote) huge pages instead of base pages like fio's.
 # A `tessera drive-server` child process exports the file on 127.0.0.1; the benchmark
 # process is the host.
 set -euo pipefail
@@ -12,6 +15,7 @@ dir=${1:-/var/tmp/tessera-nvme-bench}
 size=${2:-1G}
 seconds=${3:-5}
 rounds=${4:-3}
+shift $(( $# < 4 ? $# : 4 ))
 cargo build --release -q -p tessera
 target/release/tessera bench nvme --dir "$dir" --size "$size" --seconds "$seconds" \
-    --rounds "$rounds" --qd 32
+    --rounds "$rounds" --qd 32 "$@"

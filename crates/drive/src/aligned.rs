@@ -13,6 +13,9 @@ pub struct AlignedBuf {
 
 /// Size of a transparent huge page on x86-64 and arm64 (4 KiB base pages).
 const HUGE_PAGE_BYTES: usize = 2 << 20;
+/// From this size [`AlignedBuf::for_io`] uses huge pages: a 256 KiB request from base pages
+/// already needs 64 segments.
+const IO_HUGE_MIN_BYTES: usize = 256 << 10;
 
 // The buffer owns its allocation exclusively, like a Vec<u8>.
 unsafe impl Send for AlignedBuf {}
@@ -91,6 +94,17 @@ impl AlignedBuf {
             ptr: aligned as *mut u8,
             len,
             mapped: want,
+        }
+    }
+
+    /// A zero-filled buffer for one drive request of `len` bytes: on huge pages from
+    /// 256 KiB up (a large request then leaves as one request, see [`AlignedBuf::huge`]),
+    /// on the heap below, where a huge page would be mostly wasted.
+    pub fn for_io(len: usize) -> AlignedBuf {
+        if len >= IO_HUGE_MIN_BYTES {
+            AlignedBuf::huge(len)
+        } else {
+            AlignedBuf::zeroed(len)
         }
     }
 

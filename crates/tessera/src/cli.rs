@@ -377,6 +377,10 @@ pub enum BenchCommand {
         /// Skip the local runs, to profile the transport alone.
         #[arg(long = "remote-only")]
         remote_only: bool,
+        /// Put the benchmark's own I/O buffers (local and remote) on huge pages; by default
+        /// they are on base pages, like fio's.
+        #[arg(long = "huge-buffers")]
+        huge_buffers: bool,
         #[arg(short = 'Y')]
         machine: bool,
     },

@@ -110,6 +110,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
             qd,
             only,
             remote_only,
+            huge_buffers,
             machine,
         }) => bench_nvme::nvme(&bench_nvme::NvmeBenchArgs {
             dir: &dir,
@@ -120,6 +121,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
             queue_depth: qd,
             only: only.as_deref(),
             remote_only,
+            huge_buffers,
             machine,
         }),
         Command::Bench(BenchCommand::Vdisk {

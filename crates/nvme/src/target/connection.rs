@@ -970,7 +970,7 @@ impl Conn {
         let mut p = PendingWrite {
             sqe,
             cmd,
-            buf: AlignedBuf::zeroed(length as usize),
+            buf: AlignedBuf::for_io(length as usize),
             total: length,
             received: 0,
             r2t_end: 0,

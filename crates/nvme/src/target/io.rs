@@ -213,7 +213,7 @@ fn read(ns: &Namespace, rw: &ReadWrite, c2h_len: usize) -> IoDone {
     if c2h_len != len {
         return dnr(Status::DATA_SGL_LENGTH_INVALID);
     }
-    let mut buf = AlignedBuf::zeroed(len);
+    let mut buf = AlignedBuf::for_io(len);
     if let Err(e) = ns.dev.read_at(&mut buf[..len], rw.slba * LBA_BYTES) {
         tracing::warn!(nsid = ns.nsid, slba = rw.slba, "read failed: {e}");
         return dnr(Status::UNRECOVERED_READ_ERROR);

@@ -272,7 +272,7 @@ impl Engine {
         self.pool
             .get_mut(&len)
             .and_then(Vec::pop)
-            .unwrap_or_else(|| AlignedBuf::zeroed(len))
+            .unwrap_or_else(|| AlignedBuf::for_io(len))
     }
 
     fn put_buf(&mut self, buf: AlignedBuf) {
