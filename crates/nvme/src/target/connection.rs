@@ -127,19 +127,29 @@ impl ConnWriter {
         self.send(&[(header, data)]);
     }
 
-    /// Completes reads in one write: for each, its C2HData and its completion (only the
-    /// completion for a failed read).
-    pub fn respond_reads(&self, done: &[(u16, Status, &[u8])]) {
+    /// Sends read data in one write: `(cid, offset, data, completion)` per piece, in order;
+    /// `completion` is the command's status on its final piece (whose data is empty when
+    /// the read failed): that piece carries LAST (and SUCCESS when the host allows it),
+    /// else the completion follows as a response capsule.
+    pub fn respond_read_pieces(&self, pieces: &[(u16, u32, &[u8], Option<Status>)]) {
         let counters = &self.port.counters;
-        let mut headers = Vec::with_capacity(done.len() * 2);
-        for &(cid, status, data) in done {
+        let mut headers = Vec::with_capacity(pieces.len() + 1);
+        for &(cid, offset, data, completion) in pieces {
+            let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            let Some(status) = completion else {
+                counters
+                    .read_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                let c2h = DataHeader::c2h(cid, offset, len, false, false);
+                headers.push((PduHeader::C2HData(c2h), data));
+                continue;
+            };
             if status.is_success() && !data.is_empty() {
                 counters
                     .read_bytes
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
-                let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
                 let success = self.implied_completion(status, 0, 0);
-                let c2h = DataHeader::c2h(cid, 0, len, true, success);
+                let c2h = DataHeader::c2h(cid, offset, len, true, success);
                 headers.push((PduHeader::C2HData(c2h), data));
                 if success {
                     continue;

@@ -9,6 +9,11 @@
 //! wake-up, and the reads queued while parsing a burst of capsules go to the kernel in the
 //! same `io_uring_enter` as the next `RECV`.
 //!
+//! A read larger than `PIECE_BYTES` is issued as several drive reads at once, and its data
+//! goes to the host piece by piece, in order, as the pieces finish: at queue depth 1 the
+//! transfer of the first piece then overlaps the drive reading the rest, where one read
+//! made the host wait for the whole drive read and then for the whole transfer.
+//!
 //! Only Reads of namespaces whose device the server opened itself take this path (the
 //! namespace then has a read descriptor of its own); everything else, and every read when
 //! the kernel refuses io_uring, runs on the worker pool as before.
@@ -36,8 +41,11 @@ use crate::wire::Status;
 /// Submission queue entries; the completion queue has twice as many and the kernel keeps
 /// any overflow, so this bounds only how many reads go to the kernel per system call.
 const RING_ENTRIES: u32 = 128;
-/// `user_data` of the socket receive; drive reads use their slot index.
+/// `user_data` of the socket receive; drive reads use `slot << PIECE_BITS | piece`.
 const RECV: u64 = u64::MAX;
+/// Bytes of one drive read within a command.
+const PIECE_BYTES: usize = 256 << 10;
+const PIECE_BITS: u32 = 8;
 /// Idle read buffers kept per buffer size.
 const POOL_BYTES_PER_SIZE: usize = 4 << 20;
 
@@ -91,11 +99,30 @@ impl Read for Socket {
     }
 }
 
-/// A drive read in flight.
+/// A Read command in flight: its pieces, each a drive read of up to `PIECE_BYTES`.
 struct Op {
     cid: u16,
     plan: ReadPlan,
     buf: AlignedBuf,
+    /// Per piece: whether its bytes are in `buf`.
+    done: Vec<bool>,
+    /// Pieces already sent to the host, in order.
+    sent: usize,
+    /// Pieces still with the kernel.
+    pending: usize,
+    /// The first piece that failed; the command fails once every piece is back.
+    failed: Option<io::Error>,
+}
+
+impl Op {
+    fn pieces(&self) -> usize {
+        self.done.len()
+    }
+
+    fn piece_range(&self, piece: usize) -> std::ops::Range<usize> {
+        let start = piece * PIECE_BYTES;
+        start..(start + PIECE_BYTES).min(self.plan.len)
+    }
 }
 
 /// One connection's ring, its reads in flight and its idle buffers.
@@ -108,7 +135,8 @@ pub(crate) struct Engine {
     pool: HashMap<usize, Vec<AlignedBuf>>,
     writer: Arc<ConnWriter>,
     inflight: Arc<AtomicUsize>,
-    finished: Vec<(u16, Status, AlignedBuf, usize)>,
+    /// Read commands with something to send after a reap: their slots.
+    ready: Vec<usize>,
 }
 
 impl Engine {
@@ -129,7 +157,7 @@ impl Engine {
             pool: HashMap::new(),
             writer,
             inflight,
-            finished: Vec::new(),
+            ready: Vec::new(),
         })
     }
 
@@ -142,12 +170,10 @@ impl Engine {
             .as_ref()
             .expect("only namespaces with a direct descriptor are read here")
             .as_raw_fd();
-        let len = u32::try_from(plan.len).expect("MDTS bounds a read");
         let mut buf = self.take_buf(plan.len);
         assert!(buf.len() >= plan.len);
-        let sqe = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len)
-            .offset(plan.offset)
-            .build();
+        let pieces = plan.len.div_ceil(PIECE_BYTES).max(1);
+        assert!(pieces < 1 << PIECE_BITS, "MDTS bounds a read");
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
             None => {
@@ -156,10 +182,31 @@ impl Engine {
             }
         };
         assert!(self.ops[slot].is_none(), "read slot {slot} in use");
+        let base = buf.as_mut_ptr();
+        let offset = plan.offset;
         // The buffer's heap block does not move with the `AlignedBuf`.
-        self.ops[slot] = Some(Op { cid, plan, buf });
-        self.outstanding += 1;
-        self.push(&sqe.user_data(slot as u64));
+        let op = Op {
+            cid,
+            plan,
+            buf,
+            done: vec![false; pieces],
+            sent: 0,
+            pending: pieces,
+            failed: None,
+        };
+        let ranges: Vec<_> = (0..pieces).map(|i| op.piece_range(i)).collect();
+        self.ops[slot] = Some(op);
+        for (i, r) in ranges.into_iter().enumerate() {
+            let len = u32::try_from(r.len()).expect("a piece fits u32");
+            // SAFETY: `r` lies inside the buffer (piece_range is bounded by plan.len).
+            let at = unsafe { base.add(r.start) };
+            let sqe = opcode::Read::new(types::Fd(fd), at, len)
+                .offset(offset + r.start as u64)
+                .build()
+                .user_data((slot as u64) << PIECE_BITS | i as u64);
+            self.outstanding += 1;
+            self.push(&sqe);
+        }
     }
 
     /// Receives from the socket while completing the drive reads that finish meanwhile.
@@ -215,7 +262,7 @@ impl Engine {
         }
     }
 
-    /// Completes the drive reads that finished and answers them in one write; returns the
+    /// Takes in the drive reads that finished, sends what is ready in one write; returns the
     /// RECV's result if it completed.
     fn reap(&mut self) -> Option<i32> {
         let mut received = None;
@@ -224,48 +271,85 @@ impl Engine {
                 received = Some(cqe.result());
                 continue;
             }
-            let slot = cqe.user_data() as usize;
-            let mut op = self.ops[slot]
-                .take()
-                .expect("completion of an idle read slot");
-            self.free_slots.push(slot);
+            let slot = (cqe.user_data() >> PIECE_BITS) as usize;
+            let piece = (cqe.user_data() & ((1 << PIECE_BITS) - 1)) as usize;
             self.outstanding -= 1;
-            let len = op.plan.len;
+            let op = self.ops[slot]
+                .as_mut()
+                .expect("completion of an idle read slot");
+            op.pending -= 1;
+            let range = op.piece_range(piece);
             let result = match cqe.result() {
-                n if n >= 0 && n as usize == len => Ok(()),
+                n if n >= 0 && n as usize == range.len() => Ok(()),
                 n if n >= 0 => {
-                    // Short read (should not happen inside the device): read it again,
-                    // whole, through the device itself.
-                    op.plan.ns.dev.read_at(&mut op.buf[..len], op.plan.offset)
+                    // Short read (should not happen inside the device): read the piece
+                    // again, whole, through the device itself.
+                    let at = op.plan.offset + range.start as u64;
+                    op.plan.ns.dev.read_at(&mut op.buf[range], at)
                 }
                 e => Err(io::Error::from_raw_os_error(-e)),
             };
-            let status = read_done(&op.plan, result);
-            self.finished.push((op.cid, status, op.buf, len));
+            match result {
+                Ok(()) => op.done[piece] = true,
+                Err(e) => {
+                    op.failed.get_or_insert(e);
+                }
+            }
+            if !self.ready.contains(&slot) {
+                self.ready.push(slot);
+            }
         }
-        if !self.finished.is_empty() {
+        if !self.ready.is_empty() {
             self.answer();
         }
         received
     }
 
+    /// Sends, for every command that moved, its pieces that are next in order, and its
+    /// completion once it is whole or once every piece of a failed one is back.
     fn answer(&mut self) {
-        // Free the slots before the host can see the completions and reuse them.
-        self.inflight
-            .fetch_sub(self.finished.len(), Ordering::SeqCst);
+        let mut sends: Vec<(usize, std::ops::Range<usize>, Option<Status>)> = Vec::new();
+        let mut finished = Vec::new();
+        for &slot in &self.ready {
+            let op = self.ops[slot].as_mut().expect("ready slot holds a read");
+            if op.failed.is_some() {
+                if op.pending == 0 {
+                    let e = op.failed.take().expect("checked");
+                    let status = read_done(&op.plan, Err(e));
+                    sends.push((slot, 0..0, Some(status)));
+                    finished.push(slot);
+                }
+                continue;
+            }
+            while op.sent < op.pieces() && op.done[op.sent] {
+                let last = op.sent + 1 == op.pieces();
+                let status = last.then(|| read_done(&op.plan, Ok(())));
+                sends.push((slot, op.piece_range(op.sent), status));
+                op.sent += 1;
+            }
+            if op.sent == op.pieces() {
+                finished.push(slot);
+            }
+        }
+        self.ready.clear();
+        // Free the command slots before the host can see the completions and reuse them.
+        self.inflight.fetch_sub(finished.len(), Ordering::SeqCst);
         {
-            let replies: Vec<(u16, Status, &[u8])> = self
-                .finished
+            let pieces: Vec<(u16, u32, &[u8], Option<Status>)> = sends
                 .iter()
-                .map(|(cid, status, buf, len)| (*cid, *status, &buf[..*len]))
+                .map(|(slot, range, status)| {
+                    let op = self.ops[*slot].as_ref().expect("ready slot holds a read");
+                    let offset = u32::try_from(range.start).expect("MDTS bounds a read");
+                    (op.cid, offset, &op.buf[range.clone()], *status)
+                })
                 .collect();
-            self.writer.respond_reads(&replies);
+            self.writer.respond_read_pieces(&pieces);
         }
-        let mut finished = std::mem::take(&mut self.finished);
-        for (_, _, buf, _) in finished.drain(..) {
-            self.put_buf(buf);
+        for slot in finished {
+            let op = self.ops[slot].take().expect("finished slot holds a read");
+            self.free_slots.push(slot);
+            self.put_buf(op.buf);
         }
-        self.finished = finished;
     }
 
     fn take_buf(&mut self, len: usize) -> AlignedBuf {
@@ -291,11 +375,7 @@ impl Drop for Engine {
         while self.outstanding > 0 {
             self.enter(1);
             for cqe in self.ring.completion() {
-                if cqe.user_data() == RECV {
-                    continue;
-                }
-                let slot = cqe.user_data() as usize;
-                if self.ops[slot].take().is_some() {
+                if cqe.user_data() != RECV {
                     self.outstanding -= 1;
                 }
             }
