@@ -2,6 +2,7 @@
 # Tessera against XFS on the same backing store, measured in one run.
 #
 #   bench/run.sh [WORKDIR]            (as root; needs fio, xfsprogs, a C compiler)
+#   ROUNDS=N (default 3), KEEP=1 keeps WORKDIR (the drives and the XFS image) afterwards.
 #
 # Both file systems live in WORKDIR: Tessera on four preallocated drive files (O_DIRECT, like
 # four contiguous drives), XFS on a loop device over one sparse image with direct I/O (so
@@ -44,7 +45,14 @@ cleanup() (
     [ -n "${LOOP:-}" ] && losetup -d "$LOOP"
     true
 )
-trap cleanup EXIT
+# At the end the drives and the XFS image (tens of GiB) go too, unless KEEP=1.
+finish() {
+    cleanup
+    if [ "${KEEP:-0}" != 1 ] && [ -d "$WORK/drives" ]; then
+        rm -rf "$WORK"
+    fi
+}
+trap finish EXIT
 cleanup
 rm -rf "$WORK"
 mkdir -p "$WORK/drives" "$WORK/xfs" "$WORK/tessera"
