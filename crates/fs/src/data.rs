@@ -959,13 +959,8 @@ impl FileData {
 
     /// The bytes as one vector (one copy; a single owned piece moves without copying).
     pub fn into_vec(mut self) -> Vec<u8> {
-        if self.pieces.len() == 1 {
-            if let Some(Piece::Bytes(_)) = self.pieces.first() {
-                let Some(Piece::Bytes(b)) = self.pieces.pop() else {
-                    unreachable!("checked above")
-                };
-                return b;
-            }
+        if let [Piece::Bytes(b)] = self.pieces.as_mut_slice() {
+            return std::mem::take(b);
         }
         let mut out = Vec::with_capacity(self.len);
         for s in self.slices() {

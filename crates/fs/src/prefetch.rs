@@ -222,9 +222,7 @@ impl Prefetcher {
                 free: Mutex::new(Vec::new()),
             }),
             block_bytes,
-            depth: (env_u64("TESSERA_PREFETCH_AHEAD_MB").map_or(AHEAD_BYTES, |m| m << 20)
-                / block_bytes)
-                .clamp(DEPTH_MIN, DEPTH_MAX),
+            depth: (AHEAD_BYTES / block_bytes).clamp(DEPTH_MIN, DEPTH_MAX),
             workers: Mutex::new(Vec::new()),
         }
     }
@@ -232,8 +230,7 @@ impl Prefetcher {
     /// Starts the workers; they hold the file system only while reading a block.
     pub(crate) fn start(&self, fs: Weak<FileSystem>) {
         let mut workers = self.workers.lock();
-        let workers_n = env_u64("TESSERA_PREFETCH_THREADS").map_or(WORKERS, |n| n as usize);
-        for i in 0..workers_n {
+        for i in 0..WORKERS {
             let fs = fs.clone();
             let queue = Arc::clone(&self.queue);
             let h = std::thread::Builder::new()
@@ -407,10 +404,6 @@ impl Drop for Prefetcher {
     fn drop(&mut self) {
         self.signal_stop();
     }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 fn worker(fs: Weak<FileSystem>, queue: Arc<Queue>) {

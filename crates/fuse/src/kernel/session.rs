@@ -288,24 +288,24 @@ fn read_dev(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
 
 /// Writes a reply to /dev/fuse in one writev; file data goes straight from its pieces.
 fn send(fd: RawFd, unique: u64, reply: &Reply, scratch: &mut Vec<u8>) -> io::Result<()> {
-    let header;
-    let mut iov = Vec::with_capacity(4);
     let slice = |b: &[u8]| libc::iovec {
         iov_base: b.as_ptr() as *mut libc::c_void,
         iov_len: b.len(),
     };
-    if let Reply::File(d) = reply {
-        header = abi::out_header(unique, 0, d.len());
-        iov.push(slice(&header));
-        iov.extend(d.slices().map(slice));
+    let n = if let Reply::File(d) = reply {
+        let header = abi::out_header(unique, 0, d.len());
+        let iov: Vec<libc::iovec> = std::iter::once(slice(&header))
+            .chain(d.slices().map(slice))
+            .collect();
+        // SAFETY: every iovec points at a live buffer of the given length.
+        unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) }
     } else {
         let (error, body) = reply.encode(scratch);
-        header = abi::out_header(unique, error, body.len());
-        iov.push(slice(&header));
-        iov.push(slice(body));
-    }
-    // SAFETY: every iovec points at a live buffer of the given length.
-    let n = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+        let header = abi::out_header(unique, error, body.len());
+        let iov = [slice(&header), slice(body)];
+        // SAFETY: both iovecs point at live buffers of the given lengths.
+        unsafe { libc::writev(fd, iov.as_ptr(), 2) }
+    };
     if n < 0 {
         let e = io::Error::last_os_error();
         // ENOENT: the request was interrupted or the connection aborted meanwhile.

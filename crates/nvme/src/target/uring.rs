@@ -104,8 +104,10 @@ struct Op {
     cid: u16,
     plan: ReadPlan,
     buf: AlignedBuf,
-    /// Per piece: whether its bytes are in `buf`.
-    done: Vec<bool>,
+    /// How many pieces the read has (at most 64).
+    pieces: usize,
+    /// Bit `i`: piece `i`'s bytes are in `buf`.
+    done: u64,
     /// Pieces already sent to the host, in order.
     sent: usize,
     /// Pieces still with the kernel.
@@ -115,14 +117,19 @@ struct Op {
 }
 
 impl Op {
-    fn pieces(&self) -> usize {
-        self.done.len()
+    fn piece_range(&self, piece: usize) -> std::ops::Range<usize> {
+        piece_range(self.plan.len, piece)
     }
 
-    fn piece_range(&self, piece: usize) -> std::ops::Range<usize> {
-        let start = piece * PIECE_BYTES;
-        start..(start + PIECE_BYTES).min(self.plan.len)
+    fn is_done(&self, piece: usize) -> bool {
+        self.done & (1 << piece) != 0
     }
+}
+
+/// Bytes of piece `piece` of a read of `len` bytes.
+fn piece_range(len: usize, piece: usize) -> std::ops::Range<usize> {
+    let start = piece * PIECE_BYTES;
+    start..(start + PIECE_BYTES).min(len)
 }
 
 /// One connection's ring, its reads in flight and its idle buffers.
@@ -173,7 +180,7 @@ impl Engine {
         let mut buf = self.take_buf(plan.len);
         assert!(buf.len() >= plan.len);
         let pieces = plan.len.div_ceil(PIECE_BYTES).max(1);
-        assert!(pieces < 1 << PIECE_BITS, "MDTS bounds a read");
+        assert!(pieces <= 64, "MDTS bounds a read");
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
             None => {
@@ -183,20 +190,20 @@ impl Engine {
         };
         assert!(self.ops[slot].is_none(), "read slot {slot} in use");
         let base = buf.as_mut_ptr();
-        let offset = plan.offset;
+        let (offset, len) = (plan.offset, plan.len);
         // The buffer's heap block does not move with the `AlignedBuf`.
-        let op = Op {
+        self.ops[slot] = Some(Op {
             cid,
             plan,
             buf,
-            done: vec![false; pieces],
+            pieces,
+            done: 0,
             sent: 0,
             pending: pieces,
             failed: None,
-        };
-        let ranges: Vec<_> = (0..pieces).map(|i| op.piece_range(i)).collect();
-        self.ops[slot] = Some(op);
-        for (i, r) in ranges.into_iter().enumerate() {
+        });
+        for i in 0..pieces {
+            let r = piece_range(len, i);
             let len = u32::try_from(r.len()).expect("a piece fits u32");
             // SAFETY: `r` lies inside the buffer (piece_range is bounded by plan.len).
             let at = unsafe { base.add(r.start) };
@@ -290,7 +297,7 @@ impl Engine {
                 e => Err(io::Error::from_raw_os_error(-e)),
             };
             match result {
-                Ok(()) => op.done[piece] = true,
+                Ok(()) => op.done |= 1 << piece,
                 Err(e) => {
                     op.failed.get_or_insert(e);
                 }
@@ -321,13 +328,13 @@ impl Engine {
                 }
                 continue;
             }
-            while op.sent < op.pieces() && op.done[op.sent] {
-                let last = op.sent + 1 == op.pieces();
+            while op.sent < op.pieces && op.is_done(op.sent) {
+                let last = op.sent + 1 == op.pieces;
                 let status = last.then(|| read_done(&op.plan, Ok(())));
                 sends.push((slot, op.piece_range(op.sent), status));
                 op.sent += 1;
             }
-            if op.sent == op.pieces() {
+            if op.sent == op.pieces {
                 finished.push(slot);
             }
         }
