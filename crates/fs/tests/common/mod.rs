@@ -112,19 +112,9 @@ impl AdoptedDisks {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so tests can regenerate expected contents
-/// from a seed instead of keeping them.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+/// Deterministic pseudo-random test bytes (not every test binary of this crate uses them).
+#[allow(unused_imports)]
+pub use tessera_testkit::pattern;
 
 /// Creates a regular file `name` (mode 0644, owned by root) in directory `parent`.
 pub fn create_file(fs: &FileSystem, parent: tessera_fs::Ino, name: &[u8]) -> tessera_fs::Attr {

@@ -121,13 +121,5 @@ pub fn last_page_of(lsn: Lsn) -> u64 {
 
 /// A payload whose bytes depend on `tag`, so mix-ups are visible.
 pub fn payload(tag: u64, len: usize) -> Vec<u8> {
-    let mut x = tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    tessera_testkit::pattern(len, tag)
 }

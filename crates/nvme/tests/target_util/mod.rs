@@ -369,18 +369,9 @@ fn check_icresp(resp: &IcResp, digests: bool) {
     assert!(resp.maxh2cdata >= 4096);
 }
 
-/// A recognisable pattern for block `lba` of a write.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+/// Deterministic pseudo-random test bytes (not every test binary of this crate uses them).
+#[allow(unused_imports)]
+pub use tessera_testkit::pattern;
 
 pub fn identify_cns() -> (u8, u8, u8, u8) {
     (

@@ -189,19 +189,9 @@ impl Drop for Node {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so a test can write data and later check
-/// every byte without keeping a copy.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+/// Deterministic pseudo-random test bytes (not every test binary of this crate uses them).
+#[allow(unused_imports)]
+pub use tessera_testkit::pattern;
 
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
