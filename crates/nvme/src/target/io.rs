@@ -352,11 +352,16 @@ fn release(
     }
 }
 
-/// Reservation Report. Both layouts are served: over Fabrics host identifiers are 128
-/// bits, so the regular layout carries only their first 8 bytes; hosts that need the
-/// full identifier ask for the extended layout (EDS).
+/// Reservation Report. Over Fabrics every host identifier is 128 bits (Connect carries 16
+/// bytes), and only the extended layout (EDS) holds one whole. A report without EDS is
+/// therefore refused with Host Identifier Inconsistent Format, as the base specification
+/// requires of a controller whose hosts use 128-bit identifiers; Linux's host and nvme-cli
+/// ask with EDS first.
 fn report(ns: &Namespace, r: &ReservationReport, c2h_len: usize) -> IoDone {
     ns.count(&ns.counters.other, 1);
+    if !r.eds {
+        return IoDone::status(Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr(true));
+    }
     let encoded = ns.reservation.lock().report().encode(r.eds);
     let len = (r.len_bytes().min(MDTS_BYTES.into()) as usize).min(c2h_len);
     let mut buf = AlignedBuf::zeroed(len);

@@ -1,0 +1,204 @@
+#!/bin/busybox sh
+# /init of the interop guest: a Debian kernel with its own NVMe/TCP host (nvme-tcp) and
+# target (nvmet-tcp), driven by nvme-cli. linux-kernel.sh builds the initramfs around this
+# file and reads the console: every check prints one "INTEROP PASS name" or
+# "INTEROP FAIL name: why" line; "INTEROP DATA key value" lines carry checksums the host
+# compares with the drive server's backing file.
+#
+# Phase A: the Linux host against `tessera drive-server` (two ports, two ANA states).
+# Phase B: the Linux target (nvmet) is set up for `tessera nvme` on the host side; the guest
+# waits for the host to say it is done and powers off.
+
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/sbin:/usr/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /tmp /run && mount -t tmpfs tmp /tmp
+exec >/dev/console 2>&1
+. /interop.env
+
+pass() { echo "INTEROP PASS $1"; }
+fail() { echo "INTEROP FAIL $1: $2"; }
+check() { # check NAME CMD... : PASS when CMD succeeds
+    name=$1
+    shift
+    if out=$("$@" 2>&1); then pass "$name"; else fail "$name" "$(echo "$out" | tail -3 | tr '\n' ' ')"; fi
+}
+finish() {
+    echo "== kernel log (nvme)"
+    dmesg | grep -i -E "nvme|nvmet" | tail -60
+    echo "INTEROP END"
+    poweroff -f
+}
+
+for m in $(cat /modules.list); do
+    case $m in
+    */brd.ko) insmod "/modules/$m" rd_nr=1 rd_size="$BRD_KIB" ;;
+    *) insmod "/modules/$m" ;;
+    esac
+done
+ip link set lo up
+ip link set eth0 up
+ip addr add "$GUEST_IP/24" dev eth0
+echo "$GUEST_NQN" >/tmp/hostnqn
+echo "guest up: $(uname -r), $(nproc) cpus"
+
+# --- phase A: Linux nvme-tcp host -> tessera drive-server -----------------------------
+NVME="nvme"
+HQ="-q $GUEST_NQN"
+
+out=$($NVME discover -t tcp -a "$HOST_IP" -s "$PORT1" $HQ 2>&1)
+echo "$out"
+if echo "$out" | grep -q "subnqn: *$SUBNQN" && echo "$out" | grep -q "trsvcid: *$PORT2"; then
+    pass discover
+else
+    fail discover "subsystem or second port missing from the discovery log"
+fi
+
+# The first discovery-log entry for the allowed subsystem must connect with connect-all.
+check connect-port1 $NVME connect -t tcp -a "$HOST_IP" -s "$PORT1" -n "$SUBNQN" $HQ -i 2
+check connect-port2 $NVME connect -t tcp -a "$HOST_IP" -s "$PORT2" -n "$SUBNQN" $HQ -i 2
+i=0
+while [ ! -b /dev/nvme0n1 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+$NVME list
+$NVME list-subsys
+
+# ANA: through port 1 the namespace is optimized, through port 2 non-optimized.
+for c in /sys/class/nvme/nvme*; do
+    addr=$(cat "$c/address")
+    st=$(cat "$c"/nvme*c*n1/ana_state 2>/dev/null)
+    echo "path $(basename "$c") $addr ana_state=$st"
+    case "$addr" in
+    *trsvcid=$PORT1*) [ "$st" = optimized ] && pass ana-port1 || fail ana-port1 "state $st" ;;
+    *trsvcid=$PORT2*) [ "$st" = non-optimized ] && pass ana-port2 || fail ana-port2 "state $st" ;;
+    esac
+done
+
+$NVME id-ctrl /dev/nvme0 | grep -E "^(vid|sn|mn|fr|mdts|cntlid|ver|oacs|oncs|anacap|anagrpmax|nanagrpid|sgls|subnqn|ioccsz|iorcsz|cmic|kas|nn|awun) "
+$NVME id-ns /dev/nvme0n1 | grep -E "^(nsze|ncap|nuse|nlbaf|flbas|dlfeat|anagrpid|nguid|lbaf  0)"
+bytes=$(($(cat /sys/block/nvme0n1/size) * 512))
+[ "$bytes" = "$NS_BYTES" ] && pass ns-size || fail ns-size "$bytes bytes, expected $NS_BYTES"
+
+sum() { md5sum | cut -d' ' -f1; }
+got=$(dd if=/dev/nvme0n1 bs=1M count=8 iflag=direct 2>/dev/null | sum)
+[ "$got" = "$PRELOAD_MD5" ] && pass read-preloaded || fail read-preloaded "md5 $got, expected $PRELOAD_MD5"
+
+dd if=/dev/urandom of=/tmp/w16 bs=1M count=8 2>/dev/null
+w16=$(sum </tmp/w16)
+check write-direct dd if=/tmp/w16 of=/dev/nvme0n1 bs=1M seek=16 oflag=direct conv=fsync
+echo "INTEROP DATA at16M $w16"
+got=$(dd if=/dev/nvme0n1 bs=1M skip=16 count=8 iflag=direct 2>/dev/null | sum)
+[ "$got" = "$w16" ] && pass read-back || fail read-back "md5 $got, expected $w16"
+
+# Small writes, 4 KiB each, at scattered LBAs through the page cache and fsync.
+dd if=/dev/urandom of=/tmp/w4k bs=4k count=64 2>/dev/null
+check write-4k sh -c 'i=0; while [ $i -lt 64 ]; do dd if=/tmp/w4k of=/dev/nvme0n1 bs=4k skip=$i seek=$((10240 + i * 3)) count=1 oflag=direct 2>/dev/null || exit 1; i=$((i + 1)); done'
+check flush $NVME flush /dev/nvme0n1 -n 1
+ok=1
+i=0
+while [ $i -lt 64 ]; do
+    a=$(dd if=/tmp/w4k bs=4k skip=$i count=1 2>/dev/null | sum)
+    b=$(dd if=/dev/nvme0n1 bs=4k skip=$((10240 + i * 3)) count=1 iflag=direct 2>/dev/null | sum)
+    [ "$a" = "$b" ] || ok=0
+    i=$((i + 1))
+done
+[ $ok = 1 ] && pass read-4k || fail read-4k "a 4 KiB block read back different"
+
+zero1m=$(dd if=/dev/zero bs=1M count=1 2>/dev/null | sum)
+# Write Zeroes over 1 MiB at 24 MiB (LBA 6144, 256 blocks, count zero-based).
+dd if=/dev/urandom of=/dev/nvme0n1 bs=1M seek=24 count=1 oflag=direct 2>/dev/null
+check write-zeroes $NVME write-zeroes /dev/nvme0n1 -n 1 -s 6144 -c 255
+got=$(dd if=/dev/nvme0n1 bs=1M skip=24 count=1 iflag=direct 2>/dev/null | sum)
+[ "$got" = "$zero1m" ] && pass write-zeroes-reads-zero || fail write-zeroes-reads-zero "md5 $got"
+
+# Deallocate 1 MiB at 32 MiB through the block layer (discard -> DSM AD).
+dd if=/dev/urandom of=/dev/nvme0n1 bs=1M seek=32 count=1 oflag=direct 2>/dev/null
+check blkdiscard blkdiscard -o $((32 << 20)) -l $((1 << 20)) /dev/nvme0n1
+got=$(dd if=/dev/nvme0n1 bs=1M skip=32 count=1 iflag=direct 2>/dev/null | sum)
+[ "$got" = "$zero1m" ] && pass discard-reads-zero || fail discard-reads-zero "md5 $got (DLFEAT promises zeroes on a file)"
+check dsm-deallocate $NVME dsm /dev/nvme0n1 -n 1 --ad -s 8192 -b 16
+
+# Reservations through nvme-cli: register, acquire Write Exclusive, report, release,
+# unregister.
+check resv-register $NVME resv-register /dev/nvme0n1 -n 1 -k 0xab12 -r 0
+check resv-acquire $NVME resv-acquire /dev/nvme0n1 -n 1 -c 0xab12 -t 1 -a 0
+# Fabrics host identifiers are 128 bits, so only the extended report (EDS) may be served;
+# the regular one is refused with Host Identifier Inconsistent Format.
+out=$($NVME resv-report /dev/nvme0n1 -n 1 -d 256 2>&1)
+echo "$out"
+echo "$out" | grep -qi "Host Identifier Inconsistent" && pass resv-report-regular-refused ||
+    fail resv-report-regular-refused "$(echo "$out" | tail -2 | tr '\n' ' ')"
+out=$($NVME resv-report /dev/nvme0n1 -n 1 -d 256 --eds 2>&1)
+echo "$out"
+if echo "$out" | grep -qi "rtype *: *1" && echo "$out" | grep -qi "rkey *: *ab12" &&
+    echo "$out" | grep -qi "rcsts *: *1"; then
+    pass resv-report-eds
+else
+    fail resv-report-eds "holder, type or key missing from the report"
+fi
+check resv-release $NVME resv-release /dev/nvme0n1 -n 1 -c 0xab12 -t 1 -a 0
+check resv-unregister $NVME resv-register /dev/nvme0n1 -n 1 -c 0xab12 -r 1
+
+# Keep-alive: the controllers stay live past the 5 s default KATO.
+sleep 12
+for c in /sys/class/nvme/nvme*; do
+    st=$(cat "$c/state")
+    [ "$st" = live ] && pass "keep-alive-$(basename "$c")" || fail "keep-alive-$(basename "$c")" "state $st"
+done
+
+# Failover: drop the optimized path; the namespace stays readable via the other one.
+for c in /sys/class/nvme/nvme*; do
+    case "$(cat "$c/address")" in *trsvcid=$PORT1*) opt=$(basename "$c") ;; esac
+done
+check disconnect-optimized $NVME disconnect -d "/dev/$opt"
+got=$(dd if=/dev/nvme0n1 bs=1M skip=16 count=8 iflag=direct 2>/dev/null | sum)
+[ "$got" = "$w16" ] && pass read-non-optimized || fail read-non-optimized "md5 $got, expected $w16"
+check disconnect-all $NVME disconnect-all
+sleep 0.5
+
+# Header and data digests (CRC32C) and a host that disables SQ flow control.
+check connect-digests $NVME connect -t tcp -a "$HOST_IP" -s "$PORT2" -n "$SUBNQN" $HQ -i 1 -g -G -d
+i=0
+while [ ! -b /dev/nvme0n1 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+dd if=/dev/urandom of=/tmp/w40 bs=1M count=4 2>/dev/null
+w40=$(sum </tmp/w40)
+check write-digests dd if=/tmp/w40 of=/dev/nvme0n1 bs=1M seek=40 oflag=direct conv=fsync
+echo "INTEROP DATA at40M $w40"
+got=$(dd if=/dev/nvme0n1 bs=1M skip=40 count=4 iflag=direct 2>/dev/null | sum)
+[ "$got" = "$w40" ] && pass read-digests || fail read-digests "md5 $got, expected $w40"
+check disconnect-digests $NVME disconnect -n "$SUBNQN"
+
+# A host the drive server does not allow is refused.
+if $NVME connect -t tcp -a "$HOST_IP" -s "$PORT1" -n "$SUBNQN" -q "$GUEST_NQN.not-allowed" >/tmp/out 2>&1; then
+    fail refuse-unknown-host "connected"
+    $NVME disconnect-all
+else
+    pass refuse-unknown-host
+fi
+echo "INTEROP PHASE-A-DONE"
+
+# --- phase B: Linux nvmet target for tessera nvme on the host -------------------------
+mount -t configfs none /sys/kernel/config
+T=/sys/kernel/config/nvmet
+S=$T/subsystems/$LINUX_SUBNQN
+mkdir "$S" "$T/hosts/$TESSERA_NQN"
+echo 0 >"$S/attr_allow_any_host"
+ln -s "$T/hosts/$TESSERA_NQN" "$S/allowed_hosts/$TESSERA_NQN"
+mkdir "$S/namespaces/1"
+echo -n /dev/ram0 >"$S/namespaces/1/device_path"
+echo 1 >"$S/namespaces/1/enable"
+for p in 1 2; do
+    mkdir "$T/ports/$p"
+    echo tcp >"$T/ports/$p/addr_trtype"
+    echo ipv4 >"$T/ports/$p/addr_adrfam"
+    echo "$GUEST_IP" >"$T/ports/$p/addr_traddr"
+    eval echo "\$LPORT$p" >"$T/ports/$p/addr_trsvcid"
+    ln -s "$S" "$T/ports/$p/subsystems/$LINUX_SUBNQN"
+done
+echo non-optimized >"$T/ports/2/ana_groups/1/ana_state"
+echo "INTEROP READY-B"
+# The host connects to port 7777 when it is done (or gives up).
+nc -l -p 7777 </dev/null
+echo "host done with phase B"
+finish
