@@ -147,6 +147,28 @@ for c in /sys/class/nvme/nvme*; do
     [ "$st" = live ] && pass "keep-alive-$(basename "$c")" || fail "keep-alive-$(basename "$c")" "state $st"
 done
 
+# ANA change: the drive server swaps the two ports' states (SIGHUP after its file changed)
+# and tells this host with an asynchronous event; the kernel rereads the ANA log.
+ana_of() { # ana_of PORT: the ANA state of the path through PORT
+    for c in /sys/class/nvme/nvme*; do
+        case "$(cat "$c/address")" in *trsvcid=$1*) cat "$c"/nvme*c*n1/ana_state ;; esac
+    done
+}
+wait_ana() { # wait_ana STATE1 STATE2: up to 10 s for port 1 and port 2 to show them
+    i=0
+    while [ $i -lt 100 ]; do
+        [ "$(ana_of "$PORT1")" = "$1" ] && [ "$(ana_of "$PORT2")" = "$2" ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    echo "port $PORT1: $(ana_of "$PORT1"), port $PORT2: $(ana_of "$PORT2")"
+    return 1
+}
+echo "INTEROP ANA-SWAP"
+check ana-change-event wait_ana non-optimized optimized
+echo "INTEROP ANA-BACK"
+check ana-change-back wait_ana optimized non-optimized
+
 # Failover: drop the optimized path; the namespace stays readable via the other one.
 for c in /sys/class/nvme/nvme*; do
     case "$(cat "$c/address")" in *trsvcid=$PORT1*) opt=$(basename "$c") ;; esac
@@ -168,6 +190,40 @@ echo "INTEROP DATA at40M $w40"
 got=$(dd if=/dev/nvme0n1 bs=1M skip=40 count=4 iflag=direct 2>/dev/null | sum)
 [ "$got" = "$w40" ] && pass read-digests || fail read-digests "md5 $got, expected $w40"
 check disconnect-digests $NVME disconnect -n "$SUBNQN"
+
+# Several writers at once over both I/O queues, 256 KiB each (one R2T each).
+check connect-again $NVME connect -t tcp -a "$HOST_IP" -s "$PORT1" -n "$SUBNQN" $HQ -i 2 -c 1 -l 60
+i=0
+while [ ! -b /dev/nvme0n1 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+for off in 48 52 56 60; do
+    dd if=/dev/urandom of=/tmp/p$off bs=1M count=4 2>/dev/null
+    echo "INTEROP DATA at${off}M $(sum </tmp/p$off)"
+done
+pids=
+for off in 48 52 56 60; do
+    dd if=/tmp/p$off of=/dev/nvme0n1 bs=256k seek=$((off * 4)) oflag=direct 2>/dev/null &
+    pids="$pids $!"
+done
+ok=1
+for p in $pids; do wait "$p" || ok=0; done
+[ $ok = 1 ] && pass parallel-writes || fail parallel-writes "a writer failed"
+
+# The drive server is killed (-9) and restarted while this host writes: the kernel
+# reconnects by itself and the writes complete without an error.
+echo "INTEROP RESTART-TARGET"
+dd if=/dev/urandom of=/tmp/rs bs=1M count=8 2>/dev/null
+echo "INTEROP DATA at2M $(sum </tmp/rs)"
+ok=1
+i=0
+while [ $i -lt 8 ]; do
+    dd if=/tmp/rs of=/dev/nvme0n1 bs=1M skip=$i seek=$((2 + i)) count=1 oflag=direct 2>/dev/null || ok=0
+    sleep 1
+    i=$((i + 1))
+done
+[ $ok = 1 ] && pass writes-across-target-restart || fail writes-across-target-restart "a write failed"
+st=$(cat /sys/class/nvme/nvme0/state)
+[ "$st" = live ] && pass reconnected || fail reconnected "state $st"
+check disconnect-again $NVME disconnect-all
 
 # A host the drive server does not allow is refused.
 if $NVME connect -t tcp -a "$HOST_IP" -s "$PORT1" -n "$SUBNQN" -q "$GUEST_NQN.not-allowed" >/tmp/out 2>&1; then

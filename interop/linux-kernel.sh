@@ -129,14 +129,15 @@ TESSERA_NQN=$("$TESSERA" nvme show-hostnqn)
 
 head -c "$NS_BYTES" /dev/urandom >"$W/ns1.img"
 PRELOAD_MD5=$(head -c $((8 << 20)) "$W/ns1.img" | md5sum | cut -d' ' -f1)
-cat >"$W/drive-server.json" <<EOF
+drive_server_config() { # drive_server_config STATE1 STATE2: ANA states of ports 1 and 2
+    cat >"$W/drive-server.json" <<EOF
 {
   "hosts": [{"nqn": "$GUEST_NQN"}],
   "ports": [
     {"portid": 1, "addr": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "$HOST_IP", "trsvcid": "$PORT1"},
-     "subsystems": ["$SUBNQN"], "ana_groups": [{"grpid": 1, "ana": {"state": "optimized"}}]},
+     "subsystems": ["$SUBNQN"], "ana_groups": [{"grpid": 1, "ana": {"state": "$1"}}]},
     {"portid": 2, "addr": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "$HOST_IP", "trsvcid": "$PORT2"},
-     "subsystems": ["$SUBNQN"], "ana_groups": [{"grpid": 1, "ana": {"state": "non-optimized"}}]}
+     "subsystems": ["$SUBNQN"], "ana_groups": [{"grpid": 1, "ana": {"state": "$2"}}]}
   ],
   "subsystems": [
     {"nqn": "$SUBNQN", "attr": {"allow_any_host": "0", "serial": "INTEROP1"},
@@ -145,6 +146,8 @@ cat >"$W/drive-server.json" <<EOF
   ]
 }
 EOF
+}
+drive_server_config optimized non-optimized
 "$TESSERA" drive-server -c "$W/drive-server.json" >"$W/drive-server.log" 2>&1 &
 DS_PID=$!
 
@@ -196,11 +199,28 @@ hfail() {
 }
 : >"$W/host.log"
 
+# Fail the namespace over between the ports and back, as an array's controllers would.
+if wait_for "INTEROP ANA-SWAP"; then
+    drive_server_config non-optimized optimized
+    kill -HUP "$DS_PID"
+fi
+if wait_for "INTEROP ANA-BACK"; then
+    drive_server_config optimized non-optimized
+    kill -HUP "$DS_PID"
+fi
+if wait_for "INTEROP RESTART-TARGET"; then
+    sleep 2
+    kill -9 "$DS_PID"
+    wait "$DS_PID" 2>/dev/null || true
+    sleep 3
+    "$TESSERA" drive-server -c "$W/drive-server.json" >>"$W/drive-server.log" 2>&1 &
+    DS_PID=$!
+fi
 if ! wait_for "INTEROP PHASE-A-DONE"; then
     hfail phase-a "the guest did not finish phase A; see $W/console.log"
 else
     # The guest's writes must be in the drive server's backing file.
-    for key_off in "at16M 16 8" "at40M 40 4"; do
+    for key_off in "at16M 16 8" "at40M 40 4" "at48M 48 4" "at52M 52 4" "at56M 56 4" "at60M 60 4" "at2M 2 8"; do
         set -- $key_off
         want=$(awk -v k="$1" '$1 == "INTEROP" && $2 == "DATA" && $3 == k {print $4}' "$W/console.log" | tr -d '\r')
         got=$(dd if="$W/ns1.img" bs=1M skip="$2" count="$3" 2>/dev/null | md5sum | cut -d' ' -f1)
@@ -230,7 +250,8 @@ if wait_for "INTEROP READY-B"; then
             hfail "tessera-discover-nvmet-$p" "subsystem missing from the discovery log"
         fi
     done
-    run tessera-connect-port1 "$TESSERA" nvme connect -t tcp -n "$LINUX_SUBNQN" -a "$GUEST_IP" -s "$LPORT1" -l 30
+    # Port 1 through its discovery log entry, port 2 by hand.
+    run tessera-connect-all-port1 "$TESSERA" nvme connect-all -t tcp -a "$GUEST_IP" -s "$LPORT1" -l 30
     run tessera-connect-port2 "$TESSERA" nvme connect -t tcp -n "$LINUX_SUBNQN" -a "$GUEST_IP" -s "$LPORT2" -l 30
     sleep 2
     out=$("$TESSERA" nvme list 2>&1) || true

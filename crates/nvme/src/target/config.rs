@@ -56,7 +56,7 @@ fn invalid(path: &str, message: impl Into<String>) -> ConfigError {
 }
 
 /// A validated configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
     /// Host NQNs that subsystems may list in `allowed_hosts`.
     pub hosts: Vec<Nqn>,
@@ -80,7 +80,7 @@ pub struct PortAddr {
 }
 
 /// One port: an address with the subsystems exported there and its ANA group states.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortConfig {
     /// Port identifier (PORTID in the discovery log).
     pub portid: u16,
@@ -97,7 +97,7 @@ pub struct PortConfig {
 }
 
 /// A discovery referral (subtype 1 entry).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Referral {
     /// Port identifier reported.
     pub portid: u16,
@@ -106,7 +106,7 @@ pub struct Referral {
 }
 
 /// One NVM subsystem.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubsystemConfig {
     /// Subsystem NQN.
     pub nqn: Nqn,
@@ -123,7 +123,7 @@ pub struct SubsystemConfig {
 }
 
 /// One namespace.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceConfig {
     /// Namespace identifier, 1..=[`NSID_MAX`].
     pub nsid: u32,
@@ -169,7 +169,69 @@ impl Default for Limits {
     }
 }
 
+/// What rereading the configuration file changes on a running drive server.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReloadPlan {
+    /// ANA state changes to apply: (portid, grpid, new state).
+    pub ana_changes: Vec<(u16, u32, AnaState)>,
+    /// Other differences, which take effect only when the drive server is restarted.
+    pub needs_restart: Vec<String>,
+}
+
 impl TargetConfig {
+    /// Compares a running configuration with a newly read one. ANA states can change
+    /// live (that is how an array fails its namespaces over between controllers); every
+    /// other difference is named in [`ReloadPlan::needs_restart`].
+    #[must_use]
+    pub fn reload_plan(&self, new: &TargetConfig) -> ReloadPlan {
+        let mut plan = ReloadPlan::default();
+        let state =
+            |p: &PortConfig, g: u32| p.ana_groups.get(&g).copied().unwrap_or(AnaState::Optimized);
+        for old_port in &self.ports {
+            let Some(new_port) = new.ports.iter().find(|p| p.portid == old_port.portid) else {
+                plan.needs_restart
+                    .push(format!("port {} removed", old_port.portid));
+                continue;
+            };
+            let groups: BTreeSet<u32> = old_port
+                .ana_groups
+                .keys()
+                .chain(new_port.ana_groups.keys())
+                .copied()
+                .collect();
+            for g in groups {
+                if state(old_port, g) != state(new_port, g) {
+                    plan.ana_changes
+                        .push((old_port.portid, g, state(new_port, g)));
+                }
+            }
+            let same_but_ana = PortConfig {
+                ana_groups: old_port.ana_groups.clone(),
+                ..new_port.clone()
+            };
+            if same_but_ana != *old_port {
+                plan.needs_restart
+                    .push(format!("port {} changed", old_port.portid));
+            }
+        }
+        for p in &new.ports {
+            if !self.ports.iter().any(|o| o.portid == p.portid) {
+                plan.needs_restart.push(format!("port {} added", p.portid));
+            }
+        }
+        if self.hosts != new.hosts {
+            plan.needs_restart.push("hosts changed".to_string());
+        }
+        if self.subsystems != new.subsystems {
+            plan.needs_restart.push("subsystems changed".to_string());
+        }
+        if self.tessera != new.tessera {
+            plan.needs_restart
+                .push("\"tessera\" limits changed".to_string());
+        }
+        plan
+    }
+
     /// Reads and validates the configuration file at `path`.
     ///
     /// # Errors
@@ -747,6 +809,33 @@ mod tests {
                       "namespaces": [{"nsid": 1, "enable": 1,
                                       "device": {"path": "/tmp/x"}, "ana_grpid": 2}]}]
     }"#;
+
+    #[test]
+    fn reload_plan_applies_ana_states_and_names_the_rest() {
+        let running = TargetConfig::from_json_str(GOOD).unwrap();
+        assert_eq!(running.reload_plan(&running.clone()), ReloadPlan::default());
+
+        // Swap the two groups' states, and drop group 1 (unlisted means optimized).
+        let failover = GOOD
+            .replace(r#"{"grpid": 1, "ana": {"state": "optimized"}},"#, "")
+            .replace(r#""state": "non-optimized""#, r#""state": "inaccessible""#);
+        let plan = running.reload_plan(&TargetConfig::from_json_str(&failover).unwrap());
+        assert_eq!(plan.ana_changes, vec![(1, 2, AnaState::Inaccessible)]);
+        assert!(plan.needs_restart.is_empty(), "{:?}", plan.needs_restart);
+
+        let moved = GOOD
+            .replace(r#""serial": "S1""#, r#""serial": "S2""#)
+            .replace(
+                r#""inline_data_size": "8192""#,
+                r#""inline_data_size": "4096""#,
+            );
+        let plan = running.reload_plan(&TargetConfig::from_json_str(&moved).unwrap());
+        assert!(plan.ana_changes.is_empty());
+        assert_eq!(
+            plan.needs_restart,
+            vec!["port 1 changed", "subsystems changed"]
+        );
+    }
 
     #[test]
     fn parses_nvmetcli_shape() {

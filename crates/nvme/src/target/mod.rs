@@ -85,6 +85,7 @@ mod uring;
 
 pub use crate::wire::log::AnaState;
 pub use config::{
-    ConfigError, Limits, NamespaceConfig, PortAddr, PortConfig, SubsystemConfig, TargetConfig,
+    ConfigError, Limits, NamespaceConfig, PortAddr, PortConfig, ReloadPlan, SubsystemConfig,
+    TargetConfig,
 };
 pub use server::{DeviceOpener, DriveServer, NamespaceStats, PortStats, ServerError, ServerStats};

@@ -10,22 +10,70 @@ use crate::output::Table;
 
 pub fn run(config_path: &Path) -> Result<()> {
     init_logging();
-    let config = tessera_nvme::target::TargetConfig::load(config_path)
+    let mut config = tessera_nvme::target::TargetConfig::load(config_path)
         .map_err(|e| anyhow!("{}: {e}", config_path.display()))?;
     // Blocked before the server starts its threads, so they inherit the mask.
-    let signals = crate::signals::block_termination()?;
-    let server = tessera_nvme::target::DriveServer::start(config)
+    let signals = crate::signals::block_termination_and_reload()?;
+    let server = tessera_nvme::target::DriveServer::start(config.clone())
         .map_err(|e| anyhow!("{}: {e}", config_path.display()))?;
     let mut table = Table::new(&["port", "address"]).right(&[0]);
     for (portid, addr) in server.local_addrs() {
         table.row(vec![portid.to_string(), addr.to_string()]);
     }
     print!("{}", table.render());
-    println!("drive server running; stop it with SIGTERM or Ctrl-C");
-    let signal = crate::signals::wait(&signals);
-    tracing::info!("signal {signal} received; stopping the drive server");
+    println!("drive server running; SIGHUP rereads the ANA states, SIGTERM or Ctrl-C stops it");
+    loop {
+        let signal = crate::signals::wait(&signals);
+        if signal != libc::SIGHUP {
+            tracing::info!("signal {signal} received; stopping the drive server");
+            break;
+        }
+        reload(config_path, &server, &mut config);
+    }
     server.shutdown();
     Ok(())
+}
+
+/// SIGHUP: rereads the configuration and applies its ANA states, the way an array fails
+/// namespaces over between its controllers; hosts that asked for ANA change events get
+/// one. A file that does not validate changes nothing. Other differences are logged as
+/// waiting for a restart rather than half applied.
+fn reload(
+    path: &Path,
+    server: &tessera_nvme::target::DriveServer,
+    running: &mut tessera_nvme::target::TargetConfig,
+) {
+    let new = match tessera_nvme::target::TargetConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(
+                "SIGHUP: {}: {e}; nothing changed, fix the file and signal again",
+                path.display()
+            );
+            return;
+        }
+    };
+    let plan = running.reload_plan(&new);
+    for &(portid, grpid, state) in &plan.ana_changes {
+        match server.set_ana_state(portid, grpid, state) {
+            Ok(()) => {
+                if let Some(p) = running.ports.iter_mut().find(|p| p.portid == portid) {
+                    p.ana_groups.insert(grpid, state);
+                }
+            }
+            Err(e) => tracing::error!("SIGHUP: port {portid} ANA group {grpid}: {e}"),
+        }
+    }
+    if plan.ana_changes.is_empty() {
+        tracing::info!("SIGHUP: {}: no ANA state changed", path.display());
+    }
+    if !plan.needs_restart.is_empty() {
+        tracing::warn!(
+            "SIGHUP: {}: {} take effect only when the drive server restarts",
+            path.display(),
+            plan.needs_restart.join(", ")
+        );
+    }
 }
 
 /// Logs go to stderr: the drive server is a foreground process whose output a service
