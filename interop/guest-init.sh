@@ -254,7 +254,17 @@ for p in 1 2; do
 done
 echo non-optimized >"$T/ports/2/ana_groups/1/ana_state"
 echo "INTEROP READY-B"
-# The host connects to port 7777 when it is done (or gives up).
-nc -l -p 7777 </dev/null
+# The host steers the target through port 7777, one word per connection: drop1 takes the
+# subsystem off port 1 (nvmet deletes its controllers there and refuses new ones, a path
+# lost), restore1 puts it back, done ends the run.
+while true; do
+    cmd=$(nc -l -p 7777 </dev/null | tr -d '\r\n')
+    case $cmd in
+    drop1) rm "$T/ports/1/subsystems/$LINUX_SUBNQN" ;;
+    restore1) ln -s "$S" "$T/ports/1/subsystems/$LINUX_SUBNQN" ;;
+    *) break ;;
+    esac
+    echo "INTEROP ACK $cmd"
+done
 echo "host done with phase B"
 finish

@@ -191,6 +191,16 @@ wait_for() { # wait_for PATTERN: until the console shows it, the guest dies or t
     done
 }
 
+steer() { # steer WORD: tell the guest's target what to do; wait for its acknowledgement
+    local t=0
+    until echo "$1" 2>/dev/null >"/dev/tcp/$GUEST_IP/7777"; do
+        sleep 0.2
+        t=$((t + 1))
+        [ $t -lt 50 ] || return 1
+    done
+    [ "$1" = done ] || wait_for "INTEROP ACK $1"
+}
+
 FAILED=0
 hpass() { echo "INTEROP PASS $1" | tee -a "$W/host.log"; }
 hfail() {
@@ -274,6 +284,37 @@ EOF
     run tessera-umount "$TESSERA" umount ifs
     run tessera-remount "$TESSERA" mount ifs
     run tessera-read-back sh -c "cmp '$W/cmp/big' '$W/mnt/big' && diff -r '$W/cmp/doc' '$W/mnt/doc'"
+    # Keep-alive: both paths stay live past the 5 s KATO (nvmet would drop them).
+    sleep 12
+    out=$("$TESSERA" nvme list 2>&1) || true
+    echo "$out" >>"$W/host.log"
+    if [ "$(echo "$out" | grep -c " live ")" = 2 ]; then
+        hpass tessera-keep-alive
+    else
+        hfail tessera-keep-alive "both paths should be live: $out"
+    fi
+    # The target takes the subsystem off the optimized port while files are written and
+    # synced: writes go on through the non-optimized path, without an error, and the
+    # optimized path is used again once the port is back.
+    head -c $((2 << 20)) /dev/urandom >"$W/cmp/small"
+    (for i in $(seq 1 24); do cp "$W/cmp/small" "$W/mnt/during$i" && sync || exit 1; sleep 0.25; done) &
+    writer=$!
+    sleep 1
+    steer drop1
+    sleep 3
+    steer restore1
+    if wait "$writer"; then hpass tessera-writes-across-path-loss; else hfail tessera-writes-across-path-loss "a write failed; see $W/host.log"; fi
+    ok=1
+    for i in $(seq 1 24); do cmp -s "$W/cmp/small" "$W/mnt/during$i" || ok=0; done
+    [ $ok = 1 ] && hpass tessera-data-across-path-loss || hfail tessera-data-across-path-loss "a file differs"
+    t=0
+    while [ $t -lt 30 ]; do
+        [ "$("$TESSERA" nvme list 2>/dev/null | grep -c " live ")" = 2 ] && break
+        sleep 1
+        t=$((t + 1))
+    done
+    "$TESSERA" nvme list >>"$W/host.log" 2>&1 || true
+    [ $t -lt 30 ] && hpass tessera-path-restored || hfail tessera-path-restored "port 1 path not live again after 30 s"
     # Lose the optimized path: reads go on through the non-optimized one.
     run tessera-disconnect-optimized "$TESSERA" nvme disconnect -n "$LINUX_SUBNQN" -a "$GUEST_IP" -s "$LPORT1"
     run tessera-umount-2 "$TESSERA" umount ifs
@@ -285,8 +326,11 @@ else
     hfail phase-b "the guest did not set up its target; see $W/console.log"
 fi
 # Let the guest go.
-exec 3<>"/dev/tcp/$GUEST_IP/7777" && exec 3>&- || true
+steer done || true
 wait_for "INTEROP END" || true
+if grep -a -q "keep-alive timer" "$W/console.log"; then
+    hfail nvmet-keep-alive "nvmet saw a keep-alive timeout; see $W/console.log"
+fi
 
 echo
 echo "== results (guest console: $W/console.log, this side: $W/host.log)"
