@@ -33,6 +33,7 @@ pub mod namespace;
 pub mod path;
 pub mod policy;
 pub mod queue;
+mod sender;
 pub mod stats;
 
 use std::collections::BTreeMap;

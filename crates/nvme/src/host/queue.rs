@@ -2,7 +2,8 @@
 //!
 //! Many commands are in flight at once. A caller ([`Queue::execute`]) allocates a CID (its
 //! slot; blocking while all are taken, so a queue never holds more than SQSIZE commands),
-//! sends the CapsuleCmd under the write lock, and sleeps on its slot. A dedicated reader
+//! sends the CapsuleCmd (combined with other threads' capsules, [`super::sender`]), and
+//! sleeps on its slot. A dedicated reader
 //! thread demultiplexes what the controller sends by CID: C2HData is read straight into the
 //! caller's buffer (no copy, no allocation), CapsuleResp completes the slot (so does a
 //! C2HData with SUCCESS: I/O queues disable SQ flow control at Connect, which lets the
@@ -28,11 +29,11 @@ use parking_lot::{Condvar, Mutex};
 
 use super::error::HostError;
 use super::policy::{r2t_in_range, r2t_segments, HOST_MAX_TRANSFER_BYTES};
+use super::sender::Sender;
 use crate::wire::command::{SglDescriptor, FABRICS_OPCODE};
 use crate::wire::fabrics::{
     connect_response_cntlid, Connect, ConnectData, CATTR_DISABLE_SQ_FLOW_CONTROL,
 };
-use crate::wire::pdu::{write_pdu, EncodeError};
 use crate::wire::pdu_reader::MAX_PDU_BYTES_MIN;
 use crate::wire::{
     Cqe, DataHeader, DigestConfig, IcReq, IcResp, InboundPdu, Nqn, PduError, PduHeader, PduReader,
@@ -129,9 +130,8 @@ struct Slot {
 pub struct Queue {
     addr: SocketAddr,
     qid: u16,
-    writer: Mutex<TcpStream>,
+    sender: Sender,
     control: TcpStream,
-    send: DigestConfig,
     maxh2cdata: u32,
     in_capsule_bytes: usize,
     timeout: Duration,
@@ -195,9 +195,8 @@ impl Queue {
         let queue = Arc::new(Queue {
             addr,
             qid: cfg.qid,
-            writer: Mutex::new(stream),
+            sender: Sender::new(stream, session.send),
             control,
-            send: session.send,
             maxh2cdata: icresp.maxh2cdata,
             in_capsule_bytes: cfg.in_capsule_bytes,
             timeout: cfg.command_timeout,
@@ -489,14 +488,9 @@ impl Queue {
         Ok(())
     }
 
-    /// Writes one PDU under the write lock as a single vectored write. The data digest is
-    /// computed only when negotiated (the wire module's `write_pdu` always computes it).
+    /// Sends one PDU, combined with other threads' capsules (see [`super::sender`]).
     fn send_pdu(&self, header: &PduHeader, data: &[u8]) -> io::Result<()> {
-        let mut writer = self.writer.lock();
-        write_pdu(&mut *writer, header, data, &self.send).map_err(|e| match e {
-            EncodeError::Io(e) => e,
-            other => io::Error::new(io::ErrorKind::InvalidInput, other.to_string()),
-        })
+        self.sender.send(header, data)
     }
 
     fn reader_loop(self: Arc<Self>, stream: TcpStream, receive: DigestConfig) {
