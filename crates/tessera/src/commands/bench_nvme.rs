@@ -317,6 +317,15 @@ fn median(v: &mut [Sample]) -> Sample {
     v[v.len() / 2]
 }
 
+/// Remote over local; "-" when there was no local run (`--remote-only`).
+fn ratio(local: &Sample, remote: &Sample) -> String {
+    if local.mb_s > 0.0 {
+        format!("{:.2}", remote.mb_s / local.mb_s)
+    } else {
+        "-".to_string()
+    }
+}
+
 fn report(rows: &[(&str, usize, Sample, Sample)], machine: bool) {
     if machine {
         let y = YRecord::new("bench", "nvme");
@@ -346,7 +355,7 @@ fn report(rows: &[(&str, usize, Sample, Sample)], machine: bool) {
                     format!("{:.1}", r.mb_s),
                     format!("{:.0}", l.iops),
                     format!("{:.0}", r.iops),
-                    format!("{:.2}", r.mb_s / l.mb_s.max(1e-9)),
+                    ratio(l, r),
                     l.p50_us.to_string(),
                     l.p99_us.to_string(),
                     r.p50_us.to_string(),
@@ -376,7 +385,7 @@ fn report(rows: &[(&str, usize, Sample, Sample)], machine: bool) {
             format!("{:.1}", r.mb_s),
             format!("{:.0}", l.iops),
             format!("{:.0}", r.iops),
-            format!("{:.2}", r.mb_s / l.mb_s.max(1e-9)),
+            ratio(l, r),
             format!("{}/{}", l.p50_us, l.p99_us),
             format!("{}/{}", r.p50_us, r.p99_us),
         ]);
