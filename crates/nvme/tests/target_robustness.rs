@@ -275,3 +275,127 @@ fn missing_device_fails_before_listening() {
     assert!(matches!(err, ServerError::Device { nsid: 2, .. }), "{err}");
     assert!(err.to_string().contains("d2"), "{err}");
 }
+
+/// Sends a 1 MiB Write whose data goes as four 256 KiB H2CData PDUs (the drive server
+/// writes each piece as it arrives), corrupting the data digest of PDU `bad_digest`.
+fn streamed_write(io: &mut Client, slba: u64, data: &[u8], bad_digest: Option<usize>) -> Done {
+    let rw = ReadWrite::new(1, slba, (data.len() / 4096) as u32, false).unwrap();
+    let cid = io.send_capsule(rw.to_sqe(io_opcode::WRITE, 0), Some(data), false, 0);
+    let pdu = io.next_pdu().unwrap();
+    let PduHeader::R2T(r2t) = pdu.header else {
+        panic!("{:?}", pdu.header)
+    };
+    assert_eq!((r2t.r2to, r2t.r2tl as usize), (0, data.len()));
+    let piece = data.len() / 4;
+    for i in 0..4 {
+        let chunk = &data[i * piece..(i + 1) * piece];
+        let header = PduHeader::H2CData(DataHeader::h2c(
+            cid,
+            r2t.ttag,
+            (i * piece) as u32,
+            piece as u32,
+            i == 3,
+        ));
+        let mut bytes = encode_pdu(&header, chunk, &io.send).unwrap();
+        if bad_digest == Some(i) {
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
+        }
+        io.send_raw(&bytes);
+    }
+    io.wait(cid, &[], 0)
+}
+
+#[test]
+fn streamed_writes_land_and_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TargetConfig::from_json_str(&config_json(dir.path(), "")).unwrap();
+    let open = |p: &Path| -> std::io::Result<Arc<dyn BlockDevice>> {
+        Ok(Arc::new(FailingDrive {
+            inner: tessera_drive::FileDrive::open(p)?,
+            bad_from: 16 << 20,
+        }))
+    };
+    let server = DriveServer::start_with(config, &open).unwrap();
+    let addr = server.local_addr(1).unwrap();
+    let admin = Client::admin(addr, SUBNQN, HOST1, HOSTID1, 0, true);
+    let mut io = Client::io(addr, &admin, 1, HOST1, HOSTID1, true);
+    let data: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i * 7 + i / 4096) as u8)
+        .collect();
+
+    // Whole and in place.
+    assert!(streamed_write(&mut io, 256, &data, None)
+        .status()
+        .is_success());
+    assert_eq!(io.read(1, 256, 256).data, data);
+
+    // A data digest error in the third PDU fails the command; the queue stays in sync.
+    let done = streamed_write(&mut io, 512, &data, Some(2));
+    assert_eq!(
+        done.status().code(),
+        Status::TRANSIENT_TRANSPORT_ERROR.code()
+    );
+    assert!(io.read(1, 0, 1).status().is_success());
+
+    // The drive fails past 16 MiB: a write across the boundary (its last two pieces fail)
+    // is a Write Fault, counted once; with the digest failure, two failed writes.
+    let done = streamed_write(&mut io, 4096 - 128, &data, None);
+    assert_eq!(done.status().code(), Status::WRITE_FAULT.code());
+    assert!(done.status().dnr());
+    let errors = |server: &DriveServer| {
+        server
+            .stats()
+            .namespaces
+            .into_iter()
+            .find(|n| n.nsid == 1)
+            .unwrap()
+            .errors
+    };
+    assert_eq!(errors(&server), 2);
+
+    // A full queue of streamed writes at once, all answered.
+    let cids: Vec<(u16, u16)> = (0..8u64)
+        .map(|i| {
+            let rw = ReadWrite::new(1, 2048 + i * 256, 256, false).unwrap();
+            let cid = io.send_capsule(
+                rw.to_sqe(io_opcode::WRITE, 10 + i as u16),
+                Some(&data),
+                false,
+                0,
+            );
+            let PduHeader::R2T(r2t) = io.next_pdu().unwrap().header else {
+                panic!("R2T expected")
+            };
+            (cid, r2t.ttag)
+        })
+        .collect();
+    for &(cid, ttag) in &cids {
+        for i in 0..4 {
+            let piece = &data[i << 18..(i + 1) << 18];
+            let header = PduHeader::H2CData(DataHeader::h2c(
+                cid,
+                ttag,
+                (i << 18) as u32,
+                1 << 18,
+                i == 3,
+            ));
+            io.send_raw(&encode_pdu(&header, piece, &io.send).unwrap());
+        }
+    }
+    let mut answered = 0;
+    while answered < cids.len() {
+        match io.next_pdu().unwrap().header {
+            PduHeader::CapsuleResp(cqe) => {
+                assert!(cids.iter().any(|(c, _)| *c == cqe.cid));
+                assert!(cqe.status.is_success(), "{cqe:?}");
+                answered += 1;
+            }
+            other => panic!("unexpected PDU {other:?}"),
+        }
+    }
+    for i in 0..8u64 {
+        assert_eq!(io.read(1, 2048 + i * 256, 256).data, data);
+    }
+    server.shutdown();
+}

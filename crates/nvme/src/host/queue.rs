@@ -49,6 +49,9 @@ const R2T_QUEUED_MAX: usize = 16;
 /// Largest PDU accepted from the controller: the largest transfer the host ever asks for,
 /// plus room for headers.
 const MAX_PDU_BYTES: u32 = HOST_MAX_TRANSFER_BYTES + 4096;
+/// H2CData PDUs carry at most this much even when MAXH2CDATA allows more: the drive
+/// server can then write each piece to its drive while the next one is on the wire.
+const H2C_PDU_MAX_BYTES: u32 = 256 << 10;
 /// Buffer of the reader: headers arrive in few system calls; big data bypasses it.
 const READ_BUFFER_BYTES: usize = 64 << 10;
 
@@ -477,7 +480,8 @@ impl Queue {
     }
 
     fn send_r2t_data(&self, cid: u16, r2t: R2t, source: &[u8]) -> io::Result<()> {
-        for (offset, len, last) in r2t_segments(r2t.r2to, r2t.r2tl, self.maxh2cdata) {
+        let pdu_max = self.maxh2cdata.min(H2C_PDU_MAX_BYTES);
+        for (offset, len, last) in r2t_segments(r2t.r2to, r2t.r2tl, pdu_max) {
             let header = DataHeader::h2c(cid, r2t.ttag, offset, len, last);
             let start = offset as usize;
             self.send_pdu(

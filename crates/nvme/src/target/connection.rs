@@ -33,6 +33,7 @@ use tessera_drive::AlignedBuf;
 
 use super::controller::{Controller, NewController, Reply, ADMIN_INLINE_BYTES, MDTS_BYTES};
 use super::io::{self, HostData};
+use super::namespace::LBA_BYTES;
 use super::server::{Port, ServerShared};
 use super::uring::Socket;
 use crate::wire::command::{IoCommand, SglKind};
@@ -50,6 +51,7 @@ use crate::wire::{
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Socket read buffer: PDU headers arrive in small reads; large data bypasses it.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+const LBA_BYTES_U32: u32 = LBA_BYTES as u32;
 /// Room for a PDU's header, digests and padding on top of its data.
 const PDU_OVERHEAD_BYTES: u32 = 256;
 
@@ -337,6 +339,82 @@ struct PendingWrite {
     received: u32,
     r2t_end: u32,
     failed: Option<Status>,
+    /// Set when the data goes to the drive piece by piece as it arrives; `buf` is then
+    /// empty and the data lives in the stream.
+    stream: Option<Arc<WriteStream>>,
+    /// Bytes of the stream handed to the drive so far.
+    dispatched: u32,
+}
+
+/// Data of a Write arriving in several H2CData PDUs is written to the drive as it comes,
+/// in pieces of at least [`STREAM_PIECE_BYTES`], while the next PDUs are still on the wire:
+/// at queue depth 1 the transfer then overlaps the drive write instead of preceding it.
+/// The command completes when the last piece is written (and flushed, for FUA).
+///
+/// The buffer is shared between the connection thread, which receives into the part not
+/// yet handed out, and the workers, which write the parts handed to them: the parts never
+/// overlap, and a part is handed to a worker (through the pool's lock) only after the
+/// connection thread has finished receiving into it.
+struct WriteStream {
+    plan: io::WritePlan,
+    cid: u16,
+    /// Owns the memory; only ever reached through `base`, after creation.
+    _buf: AlignedBuf,
+    base: *mut u8,
+    /// Bytes not yet written to the drive or given up on, plus one for the end of
+    /// reception; whoever takes it to zero completes the command.
+    remaining: AtomicUsize,
+    failed: Mutex<Option<Status>>,
+}
+
+// SAFETY: the buffer is only reached through `base`, in disjoint ranges, as explained
+// above; every other field is Send and Sync.
+unsafe impl Send for WriteStream {}
+unsafe impl Sync for WriteStream {}
+
+/// Smallest part of a streamed write handed to the drive at once.
+const STREAM_PIECE_BYTES: u32 = 256 << 10;
+
+impl WriteStream {
+    /// The part `range` of the buffer for receiving into.
+    ///
+    /// # Safety
+    /// Only the connection thread calls this, for bytes not yet handed to a worker.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn receive_part(&self, range: std::ops::Range<usize>) -> &mut [u8] {
+        assert!(range.start <= range.end && range.end <= self.plan.len);
+        std::slice::from_raw_parts_mut(self.base.add(range.start), range.len())
+    }
+
+    /// The part `range` of the buffer for writing to the drive.
+    ///
+    /// # Safety
+    /// Only for bytes handed to the caller, which the connection thread no longer touches.
+    unsafe fn handed_part(&self, range: std::ops::Range<usize>) -> &[u8] {
+        assert!(range.start <= range.end && range.end <= self.plan.len);
+        std::slice::from_raw_parts(self.base.add(range.start), range.len())
+    }
+
+    /// Accounts for `bytes` written (or given up on with `failure`); the call that
+    /// accounts for the last byte completes the command.
+    fn settle(
+        &self,
+        bytes: usize,
+        failure: Option<Status>,
+        writer: &ConnWriter,
+        inflight: &AtomicUsize,
+    ) {
+        if let Some(status) = failure {
+            self.failed.lock().get_or_insert(status);
+        }
+        if self.remaining.fetch_sub(bytes, Ordering::AcqRel) != bytes {
+            return;
+        }
+        let failed = *self.failed.lock();
+        let status = io::write_done(&self.plan, failed);
+        inflight.fetch_sub(1, Ordering::SeqCst);
+        writer.respond(self.cid, status, 0, 0);
+    }
 }
 
 struct Conn {
@@ -977,18 +1055,92 @@ impl Conn {
 
     fn start_r2t(&mut self, sqe: Sqe, cmd: Command, length: u32) -> Result<(), End> {
         let ttag = self.alloc_ttag();
+        let stream = self.plan_stream(sqe.cid, &cmd, length);
+        let buf = if stream.is_some() {
+            AlignedBuf::zeroed(0)
+        } else {
+            AlignedBuf::for_io(length as usize)
+        };
         let mut p = PendingWrite {
             sqe,
             cmd,
-            buf: AlignedBuf::for_io(length as usize),
+            buf,
             total: length,
             received: 0,
             r2t_end: 0,
             failed: None,
+            stream,
+            dispatched: 0,
         };
         self.send_r2t(ttag, &mut p);
         self.pending.insert(ttag, p);
         Ok(())
+    }
+
+    /// A Write larger than one piece, on a ready controller, whose checks pass now, is
+    /// streamed; anything else (including a Write that fails its checks, which then fails
+    /// as before once its data is in) is executed whole.
+    fn plan_stream(&mut self, cid: u16, cmd: &Command, length: u32) -> Option<Arc<WriteStream>> {
+        let Command::Io(IoCommand::Write(rw)) = cmd else {
+            return None;
+        };
+        let ctrl = &self.queue.as_ref()?.ctrl;
+        if length <= STREAM_PIECE_BYTES || !ctrl.ready() || self.pool.is_none() {
+            return None;
+        }
+        let plan = io::plan_write(ctrl, rw, length as usize).ok()?;
+        let mut buf = AlignedBuf::for_io(length as usize);
+        let base = buf.as_mut_ptr();
+        Some(Arc::new(WriteStream {
+            plan,
+            cid,
+            _buf: buf,
+            base,
+            // One more than the bytes: the end of reception, which the connection thread
+            // settles, so the command cannot complete while it still counts as pending.
+            remaining: AtomicUsize::new(length as usize + 1),
+            failed: Mutex::new(None),
+        }))
+    }
+
+    /// Hands the received, LBA-aligned data of a streamed write not yet handed out to a
+    /// worker, once there is at least a piece of it or all of it is in.
+    fn dispatch_stream(&mut self, p: &mut PendingWrite) {
+        let Some(stream) = p.stream.as_ref() else {
+            return;
+        };
+        let ready = if p.received == p.total {
+            p.total
+        } else {
+            p.received & !(LBA_BYTES_U32 - 1)
+        };
+        let len = ready - p.dispatched;
+        if len == 0 || (len < STREAM_PIECE_BYTES && ready < p.total) {
+            return;
+        }
+        let (start, end) = (p.dispatched as usize, ready as usize);
+        p.dispatched = ready;
+        let stream = Arc::clone(stream);
+        let writer = Arc::clone(&self.writer);
+        let inflight = Arc::clone(&self.inflight);
+        let job = Box::new(move || {
+            // SAFETY: `start..end` was received completely before this job was submitted,
+            // and the connection thread never touches it again.
+            let data = unsafe { stream.handed_part(start..end) };
+            let plan = &stream.plan;
+            let failure = match plan.ns.dev.write_at(data, plan.offset + start as u64) {
+                Ok(()) => None,
+                Err(e) => {
+                    let slba = (plan.offset + start as u64) / u64::from(LBA_BYTES_U32);
+                    tracing::warn!(nsid = plan.ns.nsid, slba, "write failed: {e}");
+                    Some(Status::WRITE_FAULT.with_dnr(true))
+                }
+            };
+            stream.settle(end - start, failure, &writer, &inflight);
+        });
+        if let Some(pool) = self.pool.as_mut() {
+            pool.submit(job);
+        }
     }
 
     fn send_r2t(&self, ttag: u16, p: &mut PendingWrite) {
@@ -1030,10 +1182,12 @@ impl Conn {
             return Err(End::Fatal(PduError::DataOutOfRange { offset, len, limit }));
         }
         let range = h.datao as usize..end as usize;
-        match self
-            .reader
-            .read_data_into(&mut self.rd, pdu, &mut p.buf[range])
-        {
+        let into = match p.stream.as_ref() {
+            // SAFETY: bytes from `received` on have not been handed to a worker.
+            Some(stream) => unsafe { stream.receive_part(range) },
+            None => &mut p.buf[range],
+        };
+        match self.reader.read_data_into(&mut self.rd, pdu, into) {
             Ok(()) => {}
             Err(e) if e.stream_in_sync() => {
                 tracing::warn!(peer = %self.peer, "H2CData digest error: {e}");
@@ -1046,6 +1200,17 @@ impl Conn {
             .write_bytes
             .fetch_add(u64::from(h.datal), Ordering::Relaxed);
         p.received += h.datal;
+        if p.failed.is_none() {
+            let mut taken = self
+                .pending
+                .remove(&h.ttag)
+                .ok_or(End::Quiet("lost transfer"))?;
+            self.dispatch_stream(&mut taken);
+            self.pending.insert(h.ttag, taken);
+        }
+        let Some(p) = self.pending.get_mut(&h.ttag) else {
+            return Err(End::Quiet("lost transfer"));
+        };
         if p.received < p.r2t_end {
             return Ok(());
         }
@@ -1062,7 +1227,21 @@ impl Conn {
             .pending
             .remove(&h.ttag)
             .ok_or(End::Quiet("lost transfer"))?;
+        if let Some(stream) = p.stream {
+            // No longer pending, so in flight until its completion; the bytes never
+            // handed out are settled with the end of reception.
+            self.inflight.fetch_add(1, Ordering::SeqCst);
+            let never = (p.total - p.dispatched) as usize;
+            stream.settle(never + 1, p.failed, &self.writer, &self.inflight);
+            return Ok(());
+        }
         if let Some(status) = p.failed {
+            // A write that failed in transit failed on its namespace, as a streamed one does.
+            if let (Command::Io(IoCommand::Write(rw)), Some(q)) = (&p.cmd, &self.queue) {
+                if let Some(ns) = q.ctrl.subsys.namespaces.get(&rw.nsid) {
+                    ns.count(&ns.counters.errors, 1);
+                }
+            }
             return self.respond(p.sqe.cid, status);
         }
         let data = HostData {

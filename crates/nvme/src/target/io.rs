@@ -191,6 +191,80 @@ pub(crate) fn plan_read(
     }
 }
 
+/// A Write that passed every check and may go to the drive piece by piece as its data
+/// arrives (see `connection.rs`, `WriteStream`).
+pub(crate) struct WritePlan {
+    pub ns: Arc<Namespace>,
+    pub offset: u64,
+    pub len: usize,
+    /// FUA, or the volatile write cache is off: flush once every piece is written.
+    pub flush: bool,
+}
+
+/// Runs the checks [`execute`] runs for a Write of `data_len` bytes, in the same order,
+/// without touching the drive.
+pub(crate) fn plan_write(
+    ctrl: &Controller,
+    rw: &ReadWrite,
+    data_len: usize,
+) -> Result<WritePlan, IoDone> {
+    let Some(ns) = ctrl.subsys.namespaces.get(&rw.nsid) else {
+        return Err(dnr(Status::INVALID_NAMESPACE));
+    };
+    if let Some(status) = path_status(ctrl.port.ana.state(ns.ana_grpid)) {
+        return Err(IoDone::status(status));
+    }
+    let checked = ns
+        .reservation
+        .lock()
+        .check_access(&ctrl.hostid, true)
+        .map_err(IoDone::status)
+        .and_then(|()| transfer(ns, rw))
+        .and_then(|len| {
+            if data_len == len {
+                Ok(len)
+            } else {
+                Err(dnr(Status::DATA_SGL_LENGTH_INVALID))
+            }
+        });
+    match checked {
+        Ok(len) => Ok(WritePlan {
+            ns: Arc::clone(ns),
+            offset: rw.slba * LBA_BYTES,
+            len,
+            flush: rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed),
+        }),
+        Err(done) => {
+            ns.count(&ns.counters.errors, 1);
+            Err(done)
+        }
+    }
+}
+
+/// Finishes a planned write whose pieces all reached the drive (`failed` is `None`) or
+/// did not: flushes when the plan asks for it and counts.
+pub(crate) fn write_done(plan: &WritePlan, failed: Option<Status>) -> Status {
+    let ns = &plan.ns;
+    let status = match failed {
+        Some(status) => status,
+        None if plan.flush => match ns.dev.flush() {
+            Ok(()) => Status::SUCCESS,
+            Err(e) => {
+                tracing::warn!(nsid = ns.nsid, "flush after FUA write failed: {e}");
+                Status::WRITE_FAULT.with_dnr(true)
+            }
+        },
+        None => Status::SUCCESS,
+    };
+    if status.is_success() {
+        ns.count(&ns.counters.writes, 1);
+        ns.count(&ns.counters.write_bytes, plan.len as u64);
+    } else {
+        ns.count(&ns.counters.errors, 1);
+    }
+    status
+}
+
 /// Accounts for a planned read the drive finished: `Ok` when all of it was read.
 pub(crate) fn read_done(plan: &ReadPlan, result: std::io::Result<()>) -> Status {
     let ns = &plan.ns;
