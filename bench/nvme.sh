@@ -4,6 +4,7 @@
 # random read/write at QD32; throughput, IOPS, p50/p99 latency and ratios (medians of
 # interleaved rounds).
 #   bench/nvme.sh [DIR] [SIZE] [SECONDS] [ROUNDS] [OPTIONS...]
+# bench/nvme_fio.py runs the same with fio as a second local reference.
 #                                 (default /var/tmp/tessera-nvme-bench 1G 5 3)
 # OPTIONS go to `tessera bench nvme`, e.g. --huge-buffers to give the benchmark's own
 # buffers (local and remote) huge pages instead of base pages like fio's.
