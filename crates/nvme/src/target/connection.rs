@@ -737,6 +737,10 @@ impl Conn {
                 if self.read_on_ring(&ctrl, sqe.cid, &io_cmd, c2h_len) {
                     return Ok(());
                 }
+                let data = match self.write_on_ring(&ctrl, sqe.cid, &io_cmd, data) {
+                    Ok(()) => return Ok(()),
+                    Err(data) => data,
+                };
                 let writer = Arc::clone(&self.writer);
                 let inflight = Arc::clone(&self.inflight);
                 inflight.fetch_add(1, Ordering::SeqCst);
@@ -790,6 +794,48 @@ impl Conn {
             Err(done) => self.writer.respond(cid, done.status, 0, 0),
         }
         true
+    }
+
+    /// Issues a Write of at most one ring piece, its data all received, through the
+    /// connection's ring, when it needs no flush (no FUA, volatile write cache on), the
+    /// namespace has a direct descriptor and the data buffer suits O_DIRECT; otherwise
+    /// gives the data back for the worker pool. A Write that fails its checks is answered
+    /// here.
+    fn write_on_ring(
+        &mut self,
+        ctrl: &Controller,
+        cid: u16,
+        cmd: &IoCommand,
+        data: Option<HostData>,
+    ) -> Result<(), Option<HostData>> {
+        let (IoCommand::Write(rw), Some(d)) = (cmd, data.as_ref()) else {
+            return Err(data);
+        };
+        let lba = LBA_BYTES as usize;
+        let suitable = d.len <= super::uring::PIECE_BYTES
+            && d.len.is_multiple_of(lba)
+            && (d.buf.as_ptr() as usize).is_multiple_of(lba)
+            && ctrl
+                .subsys
+                .namespaces
+                .get(&rw.nsid)
+                .is_some_and(|ns| ns.direct.is_some());
+        if !suitable || rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed) {
+            return Err(data);
+        }
+        if self.rd.get_mut().engine().is_none() {
+            return Err(data);
+        }
+        match io::plan_write(ctrl, rw, d.len) {
+            Ok(plan) => {
+                let d = data.expect("checked above");
+                self.inflight.fetch_add(1, Ordering::SeqCst);
+                let engine = self.rd.get_mut().engine().expect("checked above");
+                engine.submit_write(cid, plan, d.buf);
+            }
+            Err(done) => self.writer.respond(cid, done.status, 0, 0),
+        }
+        Ok(())
     }
 
     fn send_reply(&self, cid: u16, reply: Reply, c2h_len: usize) -> Result<(), End> {

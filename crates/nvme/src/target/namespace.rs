@@ -46,9 +46,9 @@ pub(crate) struct Namespace {
     pub dev: Arc<dyn BlockDevice>,
     /// A second, buffered descriptor used only for `fallocate` and ioctls.
     aux: Option<File>,
-    /// A read-only descriptor (O_DIRECT where the file system allows it) that the
-    /// connection threads hand to io_uring for reads; only when the server opened the
-    /// device itself, so a caller-supplied `BlockDevice` always sees every read.
+    /// A descriptor (O_DIRECT where the file system allows it) that the connection
+    /// threads hand to io_uring for reads and small writes; only when the server opened
+    /// the device itself, so a caller-supplied `BlockDevice` always sees every I/O.
     pub direct: Option<File>,
     is_block_device: bool,
     pub blocks: u64,
@@ -164,13 +164,14 @@ impl Namespace {
     }
 }
 
-/// Opens `path` read-only with O_DIRECT, or buffered where O_DIRECT is refused (tmpfs),
-/// as `FileDrive::open` does for the device itself.
+/// Opens `path` for reading and writing with O_DIRECT, or buffered where O_DIRECT is
+/// refused (tmpfs), as `FileDrive::open` does for the device itself.
 fn open_direct(path: &Path) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let open = |flags| {
         std::fs::OpenOptions::new()
             .read(true)
+            .write(true)
             .custom_flags(flags)
             .open(path)
     };

@@ -14,9 +14,14 @@
 //! transfer of the first piece then overlaps the drive reading the rest, where one read
 //! made the host wait for the whole drive read and then for the whole transfer.
 //!
-//! Only Reads of namespaces whose device the server opened itself take this path (the
-//! namespace then has a read descriptor of its own); everything else, and every read when
-//! the kernel refuses io_uring, runs on the worker pool as before.
+//! Writes of up to one piece whose data is all in and that need no flush (no FUA, the
+//! volatile write cache on) take the same path: a 4 KiB write through the worker pool
+//! paid the same hand-offs, and random 4 KiB writes at QD32 went from 19–22k to 35–36k
+//! IOPS (p99 from about 19 ms to 3.4 ms) when they moved here.
+//!
+//! Only namespaces whose device the server opened itself take this path (the namespace
+//! then has a descriptor of its own); everything else, and everything when the kernel
+//! refuses io_uring, runs on the worker pool as before.
 //!
 //! Soundness: a buffer handed to the kernel (a read's [`AlignedBuf`], kept in its [`Op`];
 //! the caller's buffer of a `RECV`) stays alive until its completion is reaped: `RECV` is
@@ -35,7 +40,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use tessera_drive::AlignedBuf;
 
 use super::connection::ConnWriter;
-use super::io::{read_done, ReadPlan};
+use super::io::{read_done, write_done, ReadPlan, WritePlan};
 use crate::wire::Status;
 
 /// Submission queue entries; the completion queue has twice as many and the kernel keeps
@@ -43,8 +48,8 @@ use crate::wire::Status;
 const RING_ENTRIES: u32 = 128;
 /// `user_data` of the socket receive; drive reads use `slot << PIECE_BITS | piece`.
 const RECV: u64 = u64::MAX;
-/// Bytes of one drive read within a command.
-const PIECE_BYTES: usize = 256 << 10;
+/// Bytes of one drive read within a command, and the largest write issued here.
+pub(crate) const PIECE_BYTES: usize = 256 << 10;
 const PIECE_BITS: u32 = 8;
 /// Idle read buffers kept per buffer size.
 const POOL_BYTES_PER_SIZE: usize = 4 << 20;
@@ -99,10 +104,49 @@ impl Read for Socket {
     }
 }
 
-/// A Read command in flight: its pieces, each a drive read of up to `PIECE_BYTES`.
+/// What a command in flight on the ring does.
+enum Plan {
+    Read(ReadPlan),
+    /// A write of at most one piece whose data came with the command (in the capsule).
+    Write(WritePlan),
+}
+
+impl Plan {
+    fn len(&self) -> usize {
+        match self {
+            Plan::Read(p) => p.len,
+            Plan::Write(p) => p.len,
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        match self {
+            Plan::Read(p) => p.offset,
+            Plan::Write(p) => p.offset,
+        }
+    }
+
+    /// Accounts for the finished command; its completion status.
+    fn done(&self, result: io::Result<()>) -> Status {
+        match self {
+            Plan::Read(p) => read_done(p, result),
+            Plan::Write(p) => {
+                let failed = result.err().map(|e| {
+                    let slba = p.offset / 4096;
+                    tracing::warn!(nsid = p.ns.nsid, slba, "write failed: {e}");
+                    Status::WRITE_FAULT.with_dnr(true)
+                });
+                write_done(p, failed)
+            }
+        }
+    }
+}
+
+/// A command in flight: its pieces, each a drive read (or, for a write, the one drive
+/// write) of up to `PIECE_BYTES`.
 struct Op {
     cid: u16,
-    plan: ReadPlan,
+    plan: Plan,
     buf: AlignedBuf,
     /// How many pieces the read has (at most 64).
     pieces: usize,
@@ -118,7 +162,7 @@ struct Op {
 
 impl Op {
     fn piece_range(&self, piece: usize) -> std::ops::Range<usize> {
-        piece_range(self.plan.len, piece)
+        piece_range(self.plan.len(), piece)
     }
 
     fn is_done(&self, piece: usize) -> bool {
@@ -179,29 +223,11 @@ impl Engine {
             .as_raw_fd();
         let mut buf = self.take_buf(plan.len);
         assert!(buf.len() >= plan.len);
-        let pieces = plan.len.div_ceil(PIECE_BYTES).max(1);
-        assert!(pieces <= 64, "MDTS bounds a read");
-        let slot = match self.free_slots.pop() {
-            Some(slot) => slot,
-            None => {
-                self.ops.push(None);
-                self.ops.len() - 1
-            }
-        };
-        assert!(self.ops[slot].is_none(), "read slot {slot} in use");
         let base = buf.as_mut_ptr();
         let (offset, len) = (plan.offset, plan.len);
         // The buffer's heap block does not move with the `AlignedBuf`.
-        self.ops[slot] = Some(Op {
-            cid,
-            plan,
-            buf,
-            pieces,
-            done: 0,
-            sent: 0,
-            pending: pieces,
-            failed: None,
-        });
+        let slot = self.start_op(cid, Plan::Read(plan), buf);
+        let pieces = self.ops[slot].as_ref().expect("just started").pieces;
         for i in 0..pieces {
             let r = piece_range(len, i);
             let len = u32::try_from(r.len()).expect("a piece fits u32");
@@ -214,6 +240,58 @@ impl Engine {
             self.outstanding += 1;
             self.push(&sqe);
         }
+    }
+
+    /// Queues a checked write of `data` (all received, at most one piece, aligned for
+    /// O_DIRECT) to `plan.ns`, whose namespace has a direct descriptor and whose plan asks
+    /// for no flush; the caller has counted it in `inflight`. Answered with a response
+    /// capsule once the drive has it.
+    pub fn submit_write(&mut self, cid: u16, plan: WritePlan, data: AlignedBuf) {
+        let fd = plan
+            .ns
+            .direct
+            .as_ref()
+            .expect("only namespaces with a direct descriptor are written here")
+            .as_raw_fd();
+        assert!(
+            !plan.flush,
+            "writes that need a flush go to the worker pool"
+        );
+        assert!(plan.len <= PIECE_BYTES && data.len() >= plan.len);
+        let (offset, len) = (plan.offset, plan.len);
+        let at = data.as_ptr();
+        let slot = self.start_op(cid, Plan::Write(plan), data);
+        let sqe = opcode::Write::new(types::Fd(fd), at, u32::try_from(len).expect("one piece"))
+            .offset(offset)
+            .build()
+            .user_data((slot as u64) << PIECE_BITS);
+        self.outstanding += 1;
+        self.push(&sqe);
+    }
+
+    /// Takes a command slot for `plan`, whose drive I/O uses `buf`.
+    fn start_op(&mut self, cid: u16, plan: Plan, buf: AlignedBuf) -> usize {
+        let pieces = plan.len().div_ceil(PIECE_BYTES).max(1);
+        assert!(pieces <= 64, "MDTS bounds a command");
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None => {
+                self.ops.push(None);
+                self.ops.len() - 1
+            }
+        };
+        assert!(self.ops[slot].is_none(), "command slot {slot} in use");
+        self.ops[slot] = Some(Op {
+            cid,
+            plan,
+            buf,
+            pieces,
+            done: 0,
+            sent: 0,
+            pending: pieces,
+            failed: None,
+        });
+        slot
     }
 
     /// Receives from the socket while completing the drive reads that finish meanwhile.
@@ -289,10 +367,13 @@ impl Engine {
             let result = match cqe.result() {
                 n if n >= 0 && n as usize == range.len() => Ok(()),
                 n if n >= 0 => {
-                    // Short read (should not happen inside the device): read the piece
+                    // Short transfer (should not happen inside the device): do the piece
                     // again, whole, through the device itself.
-                    let at = op.plan.offset + range.start as u64;
-                    op.plan.ns.dev.read_at(&mut op.buf[range], at)
+                    let at = op.plan.offset() + range.start as u64;
+                    match &op.plan {
+                        Plan::Read(p) => p.ns.dev.read_at(&mut op.buf[range], at),
+                        Plan::Write(p) => p.ns.dev.write_at(&op.buf[range], at),
+                    }
                 }
                 e => Err(io::Error::from_raw_os_error(-e)),
             };
@@ -318,19 +399,26 @@ impl Engine {
         let mut sends: Vec<(usize, std::ops::Range<usize>, Option<Status>)> = Vec::new();
         let mut finished = Vec::new();
         for &slot in &self.ready {
-            let op = self.ops[slot].as_mut().expect("ready slot holds a read");
+            let op = self.ops[slot].as_mut().expect("ready slot holds a command");
             if op.failed.is_some() {
                 if op.pending == 0 {
                     let e = op.failed.take().expect("checked");
-                    let status = read_done(&op.plan, Err(e));
+                    let status = op.plan.done(Err(e));
                     sends.push((slot, 0..0, Some(status)));
                     finished.push(slot);
                 }
                 continue;
             }
+            if matches!(op.plan, Plan::Write(_)) {
+                // A write is answered with a response capsule, no data.
+                sends.push((slot, 0..0, Some(op.plan.done(Ok(())))));
+                op.sent = op.pieces;
+                finished.push(slot);
+                continue;
+            }
             while op.sent < op.pieces && op.is_done(op.sent) {
                 let last = op.sent + 1 == op.pieces;
-                let status = last.then(|| read_done(&op.plan, Ok(())));
+                let status = last.then(|| op.plan.done(Ok(())));
                 sends.push((slot, op.piece_range(op.sent), status));
                 op.sent += 1;
             }
@@ -345,7 +433,9 @@ impl Engine {
             let pieces: Vec<(u16, u32, &[u8], Option<Status>)> = sends
                 .iter()
                 .map(|(slot, range, status)| {
-                    let op = self.ops[*slot].as_ref().expect("ready slot holds a read");
+                    let op = self.ops[*slot]
+                        .as_ref()
+                        .expect("ready slot holds a command");
                     let offset = u32::try_from(range.start).expect("MDTS bounds a read");
                     (op.cid, offset, &op.buf[range.clone()], *status)
                 })
@@ -353,9 +443,13 @@ impl Engine {
             self.writer.respond_read_pieces(&pieces);
         }
         for slot in finished {
-            let op = self.ops[slot].take().expect("finished slot holds a read");
+            let op = self.ops[slot]
+                .take()
+                .expect("finished slot holds a command");
             self.free_slots.push(slot);
-            self.put_buf(op.buf);
+            if matches!(op.plan, Plan::Read(_)) {
+                self.put_buf(op.buf);
+            }
         }
     }
 
