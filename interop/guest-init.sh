@@ -25,6 +25,10 @@ check() { # check NAME CMD... : PASS when CMD succeeds
     shift
     if out=$("$@" 2>&1); then pass "$name"; else fail "$name" "$(echo "$out" | tail -3 | tr '\n' ' ')"; fi
 }
+wait_ns() { # up to 5 s for the namespace's block device after a connect
+    i=0
+    while [ ! -b /dev/nvme0n1 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+}
 finish() {
     echo "== kernel log (nvme)"
     dmesg | grep -i -E "nvme|nvmet" | tail -60
@@ -59,8 +63,7 @@ fi
 # The first discovery-log entry for the allowed subsystem must connect with connect-all.
 check connect-port1 $NVME connect -t tcp -a "$HOST_IP" -s "$PORT1" -n "$SUBNQN" $HQ -i 2
 check connect-port2 $NVME connect -t tcp -a "$HOST_IP" -s "$PORT2" -n "$SUBNQN" $HQ -i 2
-i=0
-while [ ! -b /dev/nvme0n1 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+wait_ns
 $NVME list
 $NVME list-subsys
 
@@ -181,8 +184,7 @@ sleep 0.5
 
 # Header and data digests (CRC32C) and a host that disables SQ flow control.
 check connect-digests $NVME connect -t tcp -a "$HOST_IP" -s "$PORT2" -n "$SUBNQN" $HQ -i 1 -g -G -d
-i=0
-while [ ! -b /dev/nvme0n1 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+wait_ns
 dd if=/dev/urandom of=/tmp/w40 bs=1M count=4 2>/dev/null
 w40=$(sum </tmp/w40)
 check write-digests dd if=/tmp/w40 of=/dev/nvme0n1 bs=1M seek=40 oflag=direct conv=fsync
@@ -193,8 +195,7 @@ check disconnect-digests $NVME disconnect -n "$SUBNQN"
 
 # Several writers at once over both I/O queues, 256 KiB each (one R2T each).
 check connect-again $NVME connect -t tcp -a "$HOST_IP" -s "$PORT1" -n "$SUBNQN" $HQ -i 2 -c 1 -l 60
-i=0
-while [ ! -b /dev/nvme0n1 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+wait_ns
 for off in 48 52 56 60; do
     dd if=/dev/urandom of=/tmp/p$off bs=1M count=4 2>/dev/null
     echo "INTEROP DATA at${off}M $(sum </tmp/p$off)"

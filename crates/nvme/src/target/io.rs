@@ -159,40 +159,17 @@ pub(crate) fn plan_read(
     rw: &ReadWrite,
     c2h_len: usize,
 ) -> Result<ReadPlan, IoDone> {
-    let Some(ns) = ctrl.subsys.namespaces.get(&rw.nsid) else {
-        return Err(dnr(Status::INVALID_NAMESPACE));
-    };
-    if let Some(status) = path_status(ctrl.port.ana.state(ns.ana_grpid)) {
-        return Err(IoDone::status(status));
-    }
-    let checked = ns
-        .reservation
-        .lock()
-        .check_access(&ctrl.hostid, false)
-        .map_err(IoDone::status)
-        .and_then(|()| transfer(ns, rw))
-        .and_then(|len| {
-            if c2h_len == len {
-                Ok(len)
-            } else {
-                Err(dnr(Status::DATA_SGL_LENGTH_INVALID))
-            }
-        });
-    match checked {
-        Ok(len) => Ok(ReadPlan {
-            ns: Arc::clone(ns),
-            offset: rw.slba * LBA_BYTES,
-            len,
-        }),
-        Err(done) => {
-            ns.count(&ns.counters.errors, 1);
-            Err(done)
-        }
-    }
+    let (ns, len) = check_transfer(ctrl, rw, false, c2h_len)?;
+    Ok(ReadPlan {
+        ns,
+        offset: rw.slba * LBA_BYTES,
+        len,
+    })
 }
 
-/// A Write that passed every check and may go to the drive piece by piece as its data
-/// arrives (see `connection.rs`, `WriteStream`).
+/// A Write that passed every check and may go to the drive asynchronously: piece by
+/// piece as its data arrives (`connection.rs`, `WriteStream`), or through the
+/// connection's ring (`uring.rs`).
 pub(crate) struct WritePlan {
     pub ns: Arc<Namespace>,
     pub offset: u64,
@@ -208,6 +185,24 @@ pub(crate) fn plan_write(
     rw: &ReadWrite,
     data_len: usize,
 ) -> Result<WritePlan, IoDone> {
+    let (ns, len) = check_transfer(ctrl, rw, true, data_len)?;
+    Ok(WritePlan {
+        ns,
+        offset: rw.slba * LBA_BYTES,
+        len,
+        flush: rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed),
+    })
+}
+
+/// The checks of a Read or Write that goes to the drive asynchronously, in the order
+/// [`execute`] applies them: namespace, the path's ANA state, reservation, range and
+/// MDTS, and the transfer length the host gave. A failure is counted on the namespace.
+fn check_transfer(
+    ctrl: &Controller,
+    rw: &ReadWrite,
+    write: bool,
+    data_len: usize,
+) -> Result<(Arc<Namespace>, usize), IoDone> {
     let Some(ns) = ctrl.subsys.namespaces.get(&rw.nsid) else {
         return Err(dnr(Status::INVALID_NAMESPACE));
     };
@@ -217,7 +212,7 @@ pub(crate) fn plan_write(
     let checked = ns
         .reservation
         .lock()
-        .check_access(&ctrl.hostid, true)
+        .check_access(&ctrl.hostid, write)
         .map_err(IoDone::status)
         .and_then(|()| transfer(ns, rw))
         .and_then(|len| {
@@ -228,12 +223,7 @@ pub(crate) fn plan_write(
             }
         });
     match checked {
-        Ok(len) => Ok(WritePlan {
-            ns: Arc::clone(ns),
-            offset: rw.slba * LBA_BYTES,
-            len,
-            flush: rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed),
-        }),
+        Ok(len) => Ok((Arc::clone(ns), len)),
         Err(done) => {
             ns.count(&ns.counters.errors, 1);
             Err(done)
