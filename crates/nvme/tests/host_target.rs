@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_drive::{AlignedBuf, BlockDevice};
+use tessera_nvme::host::completion::Completions;
 use tessera_nvme::host::{
     discover, nvme_status, AnaPathState, ConnectOptions, DiscoverOptions, Host, HostIdentity,
     MultipathNamespace, PathState,
@@ -258,6 +259,77 @@ fn many_threads_mixing_small_and_large_commands_on_shared_queues() {
         });
         host.disconnect_all();
     }
+}
+
+/// Keeps `depth` reads of 4 KiB in flight from this one thread until `total` have
+/// completed, checking each against the pattern written at its offset; `midway` runs once
+/// half of them are done.
+fn submitted_reads(ns: &MultipathNamespace, depth: usize, total: u64, mut midway: impl FnMut()) {
+    let cq = Completions::new(Duration::from_secs(10));
+    let offset_of = |n: u64| (n * 7919 % 1024) * 4096;
+    let mut next = 0u64;
+    let mut done = 0u64;
+    while next < depth as u64 {
+        ns.submit_read(AlignedBuf::zeroed(4096), offset_of(next), next, &cq)
+            .unwrap();
+        next += 1;
+    }
+    while done < total {
+        let batch = cq.wait(Duration::from_secs(30));
+        assert!(!batch.is_empty(), "no completion within 30 s");
+        for c in batch {
+            let n = c.tag;
+            let buf = ns.finish_read(c, offset_of(n)).expect("read must not fail");
+            let offset = offset_of(n);
+            let want = pattern(offset & !0xffff, 1, 65536);
+            let at = (offset & 0xffff) as usize;
+            assert!(
+                buf[..] == want[at..at + 4096],
+                "read {n} at {offset} differs"
+            );
+            done += 1;
+            if done == total / 2 {
+                midway();
+            }
+            if next < total {
+                ns.submit_read(AlignedBuf::zeroed(4096), offset_of(next), next, &cq)
+                    .unwrap();
+                next += 1;
+            }
+        }
+    }
+    assert_eq!(cq.in_flight(), 0);
+}
+
+/// One thread keeps 32 reads in flight (as fio does with io_uring) over both paths; then
+/// again while port 1 is pulled, where the reads on the lost path are retried on the
+/// other and none fails.
+#[test]
+fn reads_submitted_from_one_thread_complete_and_survive_a_path_loss() {
+    let setup = start("optimized", None);
+    let host = Host::new(host_identity(10));
+    let ns = connect_all(&host, &setup, |_| {});
+    for chunk in 0..64u64 {
+        let offset = chunk * 65536;
+        ns.write_at(&pattern(offset, 1, 65536), offset).unwrap();
+    }
+    submitted_reads(&ns, 32, 4000, || {});
+    let before = path_commands(&host);
+    assert!(
+        before.iter().all(|(_, n)| *n > 0),
+        "both paths used: {before:?}"
+    );
+
+    submitted_reads(&ns, 32, 4000, || {
+        setup.server().set_port_enabled(1, false).unwrap();
+    });
+    setup.server().set_port_enabled(1, true).unwrap();
+    // Out of range is refused at once, before anything is sent.
+    let cq = Completions::new(Duration::from_secs(10));
+    assert!(ns
+        .submit_read(AlignedBuf::zeroed(4096), DRIVE_BYTES, 0, &cq)
+        .is_err());
+    host.disconnect_all();
 }
 
 /// Writers and readers run while port 1 is pulled and plugged back: no I/O fails, every

@@ -379,6 +379,11 @@ impl Controller {
         xfer: Xfer<'_>,
         what: &'static str,
     ) -> Result<Cqe, HostError> {
+        checked(self.io_queue()?, sqe, xfer, what)
+    }
+
+    /// The I/O queue the next command goes to, by the queue policy.
+    pub(crate) fn io_queue(&self) -> Result<&Arc<Queue>, HostError> {
         let count = self.io.len();
         if count == 0 {
             return Err(HostError::Invalid(format!("{}: no I/O queues", self.addr)));
@@ -387,7 +392,7 @@ impl Controller {
             QueuePolicy::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % count,
             QueuePolicy::Cpu => current_cpu() % count,
         };
-        checked(&self.io[index], sqe, xfer, what)
+        Ok(&self.io[index])
     }
 
     /// The active namespace IDs, in order.

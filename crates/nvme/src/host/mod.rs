@@ -26,6 +26,7 @@
 //! states are read at connect, after every ANA status, and re-read every second by the
 //! monitor (the host does not use Asynchronous Event Requests).
 
+pub mod completion;
 pub mod controller;
 pub mod error;
 pub mod identity;

@@ -24,8 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use tessera_drive::{check_io, BlockDevice};
+use tessera_drive::{check_io, AlignedBuf, BlockDevice};
 
+use super::completion::{Completed, Completions, Finished};
 use super::controller::Controller;
 use super::error::{status_kind, status_name, HostError, NvmeStatusError};
 use super::path::{Notifier, Path};
@@ -393,6 +394,115 @@ impl MultipathNamespace {
 
     fn max_transfer(&self) -> u32 {
         self.max_transfer.load(Ordering::Relaxed).max(4096)
+    }
+
+    /// Starts a read of `buf.len()` bytes at `offset` (within one transfer, see
+    /// [`MultipathNamespace::max_read_submit`]) on a usable path and returns without
+    /// waiting; it is posted to `cq` with `tag`. Every [`Completed`] must go through
+    /// [`MultipathNamespace::finish_read`], which retries what failed on a path the way
+    /// `read_at` does. When no path can take the read now, it is done at once with
+    /// `read_at` (queueing for a path up to `ctrl_loss_tmo`) and posted as finished.
+    ///
+    /// # Errors
+    /// A request outside the namespace or not in whole blocks; the buffer is dropped.
+    pub fn submit_read(
+        &self,
+        mut buf: AlignedBuf,
+        offset: u64,
+        tag: u64,
+        cq: &Arc<Completions>,
+    ) -> io::Result<()> {
+        check_io(self, &buf, offset)?;
+        if buf.len() > self.max_read_submit() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: a submitted read is at most {} bytes, not {}",
+                    self.describe(),
+                    self.max_read_submit(),
+                    buf.len()
+                ),
+            ));
+        }
+        let sqe = self.rw_sqe(crate::wire::command::io_opcode::READ, offset, buf.len())?;
+        if !self.removed.load(Ordering::SeqCst) {
+            if let Some((nspath, ctrl)) = self.pick(&[]) {
+                if let Ok(queue) = ctrl.io_queue() {
+                    let len = buf.len();
+                    let path = Some(Arc::clone(&nspath.path));
+                    match queue.submit_read(sqe, buf, len, (cq, tag, path)) {
+                        Ok(()) => return Ok(()),
+                        Err(not_sent) => {
+                            // No error: the queue is full, and this read waits its turn on
+                            // the blocking path.
+                            if let Some(e) = &not_sent.error {
+                                self.after_path_error(&ctrl, &nspath.path, e);
+                            }
+                            buf = not_sent.buf;
+                        }
+                    }
+                }
+            }
+        }
+        // No path took it: the blocking path waits for one, retries, or fails.
+        let result = self.read_at(&mut buf, offset);
+        cq.post_finished(tag, buf, result);
+        Ok(())
+    }
+
+    /// The largest read [`MultipathNamespace::submit_read`] takes: one command.
+    #[must_use]
+    pub fn max_read_submit(&self) -> usize {
+        self.max_transfer() as usize
+    }
+
+    /// The outcome of a submitted read: its buffer with the data, or the error after the
+    /// retries `read_at` makes (other paths, queueing up to `ctrl_loss_tmo`).
+    ///
+    /// # Errors
+    /// As [`BlockDevice::read_at`].
+    pub fn finish_read(&self, c: Completed, offset: u64) -> io::Result<AlignedBuf> {
+        let (mut buf, finished) = c.take();
+        let (error, path) = match finished {
+            Finished::Done(r) => return r.map(|()| buf),
+            Finished::Command {
+                result,
+                addr,
+                submitted,
+                path,
+            } => match result {
+                Ok(cqe) if cqe.status.is_success() => {
+                    if let Some(path) = &path {
+                        path.counters
+                            .record(buf.len() as u64, 0, submitted.elapsed());
+                    }
+                    return Ok(buf);
+                }
+                Ok(cqe) => (
+                    HostError::Status {
+                        addr,
+                        command: "Read",
+                        status: cqe.status,
+                    },
+                    path,
+                ),
+                Err(e) => (e, path),
+            },
+        };
+        if let Some(path) = &path {
+            path.counters.record_error(error.is_path_error());
+        }
+        if !error.is_path_error() {
+            return Err(self.io_error("Read", error));
+        }
+        if let Some(path) = &path {
+            if let Some(ctrl) = path.controller() {
+                self.after_path_error(&ctrl, path, &error);
+            }
+        }
+        tracing::warn!(ns = %self.name, "submitted Read: {error}; retrying on any path");
+        self.read_at(&mut buf, offset)?;
+        Ok(buf)
     }
 
     fn rw_sqe(&self, opcode: u8, offset: u64, len: usize) -> io::Result<crate::wire::Sqe> {

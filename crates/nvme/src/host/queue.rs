@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::completion::{Completed, Completions};
 use super::error::HostError;
+use super::path::Path;
 use super::policy::{r2t_in_range, r2t_segments, HOST_MAX_TRANSFER_BYTES};
 use super::sender::Sender;
 use crate::wire::command::{SglDescriptor, FABRICS_OPCODE};
@@ -39,6 +41,7 @@ use crate::wire::{
     Cqe, DataHeader, DigestConfig, IcReq, IcResp, InboundPdu, Nqn, PduError, PduHeader, PduReader,
     R2t, Side, Sqe, Status,
 };
+use tessera_drive::AlignedBuf;
 
 /// In-capsule data the admin queue and every Fabrics command may carry (NVMe/TCP 1.0
 /// 3.6.2.5: 8 KiB on the admin queue; Linux uses the same limit for Connect on I/O queues).
@@ -122,6 +125,35 @@ struct SlotState {
     read_buf: Option<RawBuf>,
     write_len: usize,
     r2ts: VecDeque<R2t>,
+    /// A submitted read ([`Queue::submit_read`]): posted when it completes instead of
+    /// waking a waiter.
+    post: Option<Post>,
+}
+
+/// A submitted read that was not sent: its buffer back, with the queue's error, or with
+/// none when every slot of the queue was taken.
+pub(crate) struct NotSent {
+    pub buf: AlignedBuf,
+    pub error: Option<Box<HostError>>,
+}
+
+impl NotSent {
+    fn dead(buf: AlignedBuf, error: HostError) -> NotSent {
+        NotSent {
+            buf,
+            error: Some(Box::new(error)),
+        }
+    }
+}
+
+/// Where a submitted read goes when it completes, with the buffer it reads into.
+struct Post {
+    cq: Arc<Completions>,
+    tag: u64,
+    buf: AlignedBuf,
+    queue: Arc<Queue>,
+    submitted: Instant,
+    path: Option<Arc<Path>>,
 }
 
 struct Slot {
@@ -191,6 +223,7 @@ impl Queue {
                     read_buf: None,
                     write_len: 0,
                     r2ts: VecDeque::new(),
+                    post: None,
                 }),
                 cv: Condvar::new(),
             })
@@ -553,17 +586,100 @@ impl Queue {
 
     fn complete(&self, cid: u16, result: Result<Cqe, HostError>) -> Result<(), String> {
         let slot = self.slot(cid)?;
-        let mut st = slot.state.lock();
+        let st = slot.state.lock();
         if st.phase != Phase::InFlight {
             return Err(format!(
                 "completion for CID {cid}, which is not outstanding"
             ));
         }
-        st.phase = Phase::Done;
-        st.result = Some(result);
-        st.read_buf = None;
-        slot.cv.notify_one();
+        finish_slot(slot, st, cid, result);
         Ok(())
+    }
+
+    /// Sends a Read of `len` bytes into `buf` and returns without waiting; the command is
+    /// posted to `cq` with `tag` when it completes (also when the queue dies). The
+    /// buffer comes back when the command could not be sent: with the error, or with
+    /// `None` when every slot of the queue is taken (it never waits for one, since the
+    /// slots of submitted reads come free only when their caller reaps them).
+    pub(crate) fn submit_read(
+        self: &Arc<Self>,
+        mut sqe: Sqe,
+        mut buf: AlignedBuf,
+        len: usize,
+        post: (&Arc<Completions>, u64, Option<Arc<Path>>),
+    ) -> Result<(), NotSent> {
+        assert!(
+            len <= buf.len(),
+            "read of {len} bytes into {} bytes",
+            buf.len()
+        );
+        let (cq, tag, path) = post;
+        if self.is_dead() {
+            return Err(NotSent::dead(buf, self.dead_error()));
+        }
+        let Some(cid) = self.free.lock().pop() else {
+            return Err(NotSent { buf, error: None });
+        };
+        // Counted before the slot is armed, so a completion can never come first.
+        cq.submitted(self, cid);
+        sqe.cid = cid;
+        sqe.dptr = SglDescriptor::transport(u32::try_from(len).expect("MDTS bounds a read"));
+        let raw = RawBuf {
+            ptr: buf.as_mut_ptr(),
+            len,
+        };
+        {
+            let mut st = self.slots[usize::from(cid)].state.lock();
+            assert_eq!(st.phase, Phase::Free, "CID {cid} allocated twice");
+            st.phase = Phase::InFlight;
+            st.result = None;
+            // The buffer's heap block does not move with the `AlignedBuf` kept in `post`.
+            st.read_buf = Some(raw);
+            st.write_len = 0;
+            st.r2ts.clear();
+            st.post = Some(Post {
+                cq: Arc::clone(cq),
+                tag,
+                buf,
+                queue: Arc::clone(self),
+                submitted: Instant::now(),
+                path,
+            });
+        }
+        if self.is_dead() {
+            // Armed after the teardown swept the slots, or just before it: whoever takes
+            // the slot out of flight answers for it.
+            let slot = &self.slots[usize::from(cid)];
+            let mut st = slot.state.lock();
+            if st.phase == Phase::InFlight {
+                let post = st.post.take().expect("armed above");
+                st.phase = Phase::Free;
+                st.read_buf = None;
+                drop(st);
+                cq.forget(self, cid);
+                self.release_cid(cid);
+                return Err(NotSent::dead(post.buf, self.dead_error()));
+            }
+            return Ok(());
+        }
+        if let Err(e) = self.send_pdu(&PduHeader::CapsuleCmd(sqe), &[]) {
+            self.kill(&format!("sending Read: {e}"));
+        }
+        Ok(())
+    }
+
+    /// Frees the slot of a submitted read once its completion has been seen.
+    pub(crate) fn recycle(&self, cid: u16) {
+        let mut st = self.slots[usize::from(cid)].state.lock();
+        assert_eq!(
+            st.phase,
+            Phase::Done,
+            "recycling CID {cid}, which is not done"
+        );
+        st.phase = Phase::Free;
+        st.result = None;
+        drop(st);
+        self.release_cid(cid);
     }
 
     fn receive_data(
@@ -628,13 +744,12 @@ impl Queue {
         }
         self.kill(reason);
         let err_reason = self.death_reason().unwrap_or_else(|| reason.to_owned());
-        for slot in &*self.slots {
-            let mut st = slot.state.lock();
+        for (cid, slot) in self.slots.iter().enumerate() {
+            let st = slot.state.lock();
             if st.phase == Phase::InFlight {
-                st.phase = Phase::Done;
-                st.result = Some(Err(transport(self.addr, err_reason.clone())));
-                st.read_buf = None;
-                slot.cv.notify_one();
+                let cid = u16::try_from(cid).expect("CIDs fit u16");
+                let err = transport(self.addr, err_reason.clone());
+                finish_slot(slot, st, cid, Err(err));
             }
         }
         drop(self.free.lock());
@@ -642,6 +757,38 @@ impl Queue {
         let on_death = self.on_death.lock().take();
         if let Some(f) = on_death {
             f();
+        }
+    }
+}
+
+/// Takes an in-flight slot to Done with `result`: posts a submitted read to its
+/// completion queue, or wakes the thread waiting in [`Queue::execute`].
+fn finish_slot(
+    slot: &Slot,
+    mut st: parking_lot::MutexGuard<'_, SlotState>,
+    cid: u16,
+    result: Result<Cqe, HostError>,
+) {
+    st.phase = Phase::Done;
+    st.read_buf = None;
+    match st.post.take() {
+        Some(post) => {
+            drop(st);
+            let Post {
+                cq,
+                tag,
+                buf,
+                queue,
+                submitted,
+                path,
+            } = post;
+            cq.post(Completed::command(
+                tag, buf, result, queue, cid, submitted, path,
+            ));
+        }
+        None => {
+            st.result = Some(result);
+            slot.cv.notify_one();
         }
     }
 }

@@ -43,6 +43,9 @@ struct Workload {
     threads: usize,
     write: bool,
     random: bool,
+    /// One thread keeps `threads` reads in flight: io_uring locally, submitted reads
+    /// (`MultipathNamespace::submit_read`) remotely.
+    submitted: bool,
 }
 
 /// The result of one workload on one device: bytes/s, IOPS and latency percentiles.
@@ -81,9 +84,10 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
     opts.queue_size = 128;
     host.connect(opts)
         .map_err(|e| anyhow!("connecting to the drive server: {e}"))?;
-    let remote: Arc<dyn BlockDevice> = host
+    let remote_ns = host
         .namespace("nvme0n1")
         .ok_or_else(|| anyhow!("the drive server exported no namespace"))?;
+    let remote: Arc<dyn BlockDevice> = remote_ns.clone();
     let local: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&file)?);
     let qd = a.queue_depth;
     let workloads = [
@@ -93,6 +97,7 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
             threads: 1,
             write: true,
             random: false,
+            submitted: false,
         },
         Workload {
             name: "seq read 1 MiB, QD1",
@@ -100,6 +105,7 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
             threads: 1,
             write: false,
             random: false,
+            submitted: false,
         },
         Workload {
             name: "seq write 1 MiB, QD4",
@@ -107,6 +113,7 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
             threads: 4,
             write: true,
             random: false,
+            submitted: false,
         },
         Workload {
             name: "seq read 1 MiB, QD4",
@@ -114,6 +121,7 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
             threads: 4,
             write: false,
             random: false,
+            submitted: false,
         },
         Workload {
             name: "rand read 4 KiB",
@@ -121,6 +129,15 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
             threads: qd,
             write: false,
             random: true,
+            submitted: false,
+        },
+        Workload {
+            name: "rand read 4 KiB, 1 thread",
+            io_bytes: 4096,
+            threads: qd,
+            write: false,
+            random: true,
+            submitted: true,
         },
         Workload {
             name: "rand write 4 KiB",
@@ -128,6 +145,7 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
             threads: qd,
             write: true,
             random: true,
+            submitted: false,
         },
     ];
     let run = Duration::from_secs(a.seconds.max(1));
@@ -138,6 +156,20 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
     {
         let (mut l, mut r) = (Vec::new(), Vec::new());
         for _ in 0..a.rounds.max(1) {
+            if w.submitted {
+                if !a.remote_only {
+                    l.push(local_uring_reads(&file, w.threads, a.file_bytes, run)?);
+                } else {
+                    l.push(Sample::default());
+                }
+                r.push(remote_submitted_reads(
+                    &remote_ns,
+                    w.threads,
+                    a.file_bytes,
+                    run,
+                )?);
+                continue;
+            }
             if !a.remote_only {
                 l.push(measure(
                     local.as_ref(),
@@ -160,6 +192,7 @@ pub fn nvme(a: &NvmeBenchArgs) -> Result<()> {
         rows.push((w.name, w.threads, median(&mut l), median(&mut r)));
     }
     drop(remote);
+    drop(remote_ns);
     host.disconnect_all();
     report(&rows, a.machine);
     let _ = std::fs::remove_file(&file);
@@ -310,6 +343,139 @@ fn worker(
         bytes.fetch_add(io, Ordering::Relaxed);
     }
     lat
+}
+
+/// A 4 KiB-aligned random offset in a file of `file_bytes` (xorshift).
+fn random_offset(x: &mut u64, file_bytes: u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    (*x % (file_bytes / 4096)) * 4096
+}
+
+fn sample(latencies: &mut [u32], secs: f64, io_bytes: usize) -> Sample {
+    latencies.sort_unstable();
+    let pct = |p: f64| -> u64 {
+        if latencies.is_empty() {
+            return 0;
+        }
+        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+        u64::from(latencies[i])
+    };
+    Sample {
+        mb_s: (latencies.len() * io_bytes) as f64 / secs / 1e6,
+        iops: latencies.len() as f64 / secs,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    }
+}
+
+fn micros(since: Instant) -> u32 {
+    since.elapsed().as_micros().min(u128::from(u32::MAX)) as u32
+}
+
+/// One thread keeping `qd` random 4 KiB O_DIRECT reads in flight on io_uring, as fio
+/// does with `--ioengine=io_uring --iodepth=QD`.
+fn local_uring_reads(file: &Path, qd: usize, file_bytes: u64, run: Duration) -> Result<Sample> {
+    use io_uring::{opcode, types, IoUring};
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(file)
+        .with_context(|| format!("cannot open {} with O_DIRECT", file.display()))?;
+    let mut ring = IoUring::new(u32::try_from(qd * 2)?).context("io_uring setup")?;
+    let mut bufs: Vec<AlignedBuf> = (0..qd).map(|_| AlignedBuf::zeroed(4096)).collect();
+    let mut started = vec![Instant::now(); qd];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut latencies = Vec::with_capacity(1 << 18);
+    let submit = |ring: &mut IoUring, buf: &mut AlignedBuf, i: usize, offset: u64| {
+        let sqe = opcode::Read::new(types::Fd(f.as_raw_fd()), buf.as_mut_ptr(), 4096)
+            .offset(offset)
+            .build()
+            .user_data(i as u64);
+        // SAFETY: the buffer stays in `bufs`, untouched, until its completion is reaped
+        // (every read is reaped before this function returns).
+        unsafe { ring.submission().push(&sqe) }.expect("the ring holds qd entries");
+    };
+    let start = Instant::now();
+    for (i, buf) in bufs.iter_mut().enumerate() {
+        submit(&mut ring, buf, i, random_offset(&mut x, file_bytes));
+        started[i] = Instant::now();
+    }
+    let mut in_flight = qd;
+    let mut failed = None;
+    while in_flight > 0 {
+        ring.submit_and_wait(1).context("io_uring_enter")?;
+        let done: Vec<(usize, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data() as usize, c.result()))
+            .collect();
+        for (i, res) in done {
+            in_flight -= 1;
+            if res != 4096 {
+                failed.get_or_insert(res);
+                continue;
+            }
+            latencies.push(micros(started[i]));
+            if start.elapsed() < run && failed.is_none() {
+                submit(
+                    &mut ring,
+                    &mut bufs[i],
+                    i,
+                    random_offset(&mut x, file_bytes),
+                );
+                started[i] = Instant::now();
+                in_flight += 1;
+            }
+        }
+    }
+    if let Some(res) = failed {
+        bail!(
+            "local io_uring read failed: {}",
+            std::io::Error::from_raw_os_error(-res)
+        );
+    }
+    Ok(sample(&mut latencies, start.elapsed().as_secs_f64(), 4096))
+}
+
+/// One thread keeping `qd` random 4 KiB reads in flight through the host
+/// (`MultipathNamespace::submit_read`).
+fn remote_submitted_reads(
+    ns: &tessera_nvme::host::MultipathNamespace,
+    qd: usize,
+    file_bytes: u64,
+    run: Duration,
+) -> Result<Sample> {
+    use tessera_nvme::host::completion::Completions;
+    let cq = Completions::new(Duration::from_secs(30));
+    let mut offsets = vec![0u64; qd];
+    let mut started = vec![Instant::now(); qd];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut latencies = Vec::with_capacity(1 << 18);
+    let start = Instant::now();
+    for i in 0..qd {
+        offsets[i] = random_offset(&mut x, file_bytes);
+        started[i] = Instant::now();
+        ns.submit_read(AlignedBuf::zeroed(4096), offsets[i], i as u64, &cq)?;
+    }
+    let mut in_flight = qd;
+    while in_flight > 0 {
+        for c in cq.wait(Duration::from_secs(30)) {
+            in_flight -= 1;
+            let i = c.tag as usize;
+            let buf = ns.finish_read(c, offsets[i])?;
+            latencies.push(micros(started[i]));
+            if start.elapsed() < run {
+                offsets[i] = random_offset(&mut x, file_bytes);
+                started[i] = Instant::now();
+                ns.submit_read(buf, offsets[i], i as u64, &cq)?;
+                in_flight += 1;
+            }
+        }
+    }
+    Ok(sample(&mut latencies, start.elapsed().as_secs_f64(), 4096))
 }
 
 fn median(v: &mut [Sample]) -> Sample {
