@@ -278,20 +278,11 @@ fn measure(
             .collect()
     });
     let secs = start.elapsed().as_secs_f64();
-    latencies.sort_unstable();
-    let pct = |p: f64| -> u64 {
-        if latencies.is_empty() {
-            return 0;
-        }
-        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
-        u64::from(latencies[i])
-    };
-    Sample {
-        mb_s: bytes.load(Ordering::Relaxed) as f64 / secs / 1e6,
-        iops: latencies.len() as f64 / secs,
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
-    }
+    debug_assert_eq!(
+        bytes.load(Ordering::Relaxed),
+        (latencies.len() * w.io_bytes) as u64
+    );
+    sample(&mut latencies, secs, w.io_bytes)
 }
 
 /// One thread of a workload; returns each I/O's latency in µs. An I/O error ends the
