@@ -506,6 +506,38 @@ fn optimized_paths_are_preferred_and_ana_changes_are_followed() {
     assert_eq!(last[1].1 - moved[1].1, 20);
 }
 
+/// ANA changes reach the host as asynchronous events, without I/O to provoke an ANA
+/// error: each flip of port 2's state shows within half a second (the fallback poll runs
+/// once a second, so four flips in a row would rarely all be that quick without events).
+#[test]
+fn ana_change_events_update_paths_without_io() {
+    let setup = start("non-optimized", None);
+    let host = Host::new(host_identity(11));
+    let _ns = connect_all(&host, &setup, |_| {});
+    for (i, state) in [
+        AnaState::Optimized,
+        AnaState::NonOptimized,
+        AnaState::Inaccessible,
+        AnaState::NonOptimized,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let want = AnaPathState::from_wire(state);
+        let t0 = Instant::now();
+        setup.server().set_ana_state(2, 1, state).unwrap();
+        wait_until(Duration::from_secs(3), || {
+            host.list()[0].paths[1].ana_state == want
+        });
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(500),
+            "flip {i} to {state:?} took {took:?}"
+        );
+    }
+    host.disconnect_all();
+}
+
 #[test]
 fn reservations_fence_another_host() {
     let setup = start("optimized", None);

@@ -187,6 +187,8 @@ pub struct Controller {
     health: Arc<Health>,
     stop: Arc<Stop>,
     keepalive: Mutex<Option<JoinHandle<()>>>,
+    /// Set when the controller sent an ANA change notice; the path re-reads the ANA log.
+    ana_event: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -270,9 +272,13 @@ impl Controller {
                 cv: Condvar::new(),
             }),
             keepalive: Mutex::new(None),
+            ana_event: Arc::new(AtomicBool::new(false)),
         };
         if kato_ms > 0 {
             ctrl.start_keepalive(Duration::from_millis(u64::from(kato_ms)))?;
+        }
+        if !discovery {
+            ctrl.start_ana_events();
         }
         Ok(ctrl)
     }
@@ -323,6 +329,41 @@ impl Controller {
     #[must_use]
     pub fn io_queue_entries(&self) -> u16 {
         self.io_queue_entries
+    }
+
+    /// True once after the controller sent an ANA change notice (an asynchronous event):
+    /// the caller re-reads the ANA log, which also lets the controller send the next one.
+    pub(crate) fn take_ana_event(&self) -> bool {
+        self.ana_event.swap(false, Ordering::AcqRel)
+    }
+
+    /// Asks a controller that reports ANA and sends ANA change notices (OAES bit 11) for
+    /// them, and keeps one Asynchronous Event Request outstanding on the admin queue for
+    /// as long as the queue lives. Without it (or when the controller refuses) the paths
+    /// still poll the ANA log every second.
+    fn start_ana_events(&self) {
+        if !self.ana_reporting() || self.id.oaes & OAES_ANA_CHANGE == 0 {
+            return;
+        }
+        let cmd = SetFeatures {
+            nsid: 0,
+            save: false,
+            feature: Feature::AsyncEventConfig(OAES_ANA_CHANGE),
+        };
+        let sqe = AdminCommand::SetFeatures(cmd).to_sqe(0);
+        if let Err(e) = checked(&self.admin, sqe, Xfer::None, "Set Features (async events)") {
+            tracing::info!(addr = %self.addr, "ANA change events not enabled ({e}); polling the ANA log");
+            return;
+        }
+        let admin = Arc::clone(&self.admin);
+        let flag = Arc::clone(&self.ana_event);
+        let addr = self.addr;
+        let spawned = std::thread::Builder::new()
+            .name(format!("nvme-aer-{}", self.cntlid))
+            .spawn(move || async_event_loop(&admin, &flag, addr));
+        if let Err(e) = spawned {
+            tracing::warn!(%addr, "cannot start the async event thread ({e}); polling the ANA log");
+        }
     }
 
     /// Whether the controller reports ANA states.
@@ -594,6 +635,39 @@ impl Controller {
 impl Drop for Controller {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// OAES and Asynchronous Event Configuration bit 11: ANA change notices.
+const OAES_ANA_CHANGE: u32 = 1 << 11;
+/// Asynchronous event type "notice" (completion DW0 bits 2:0).
+const AEN_TYPE_NOTICE: u32 = 0x2;
+/// Notice "ANA change" (completion DW0 bits 15:8).
+const AEN_NOTICE_ANA_CHANGE: u32 = 0x03;
+
+/// Keeps one Asynchronous Event Request outstanding and flags each ANA change notice. It
+/// ends when the admin queue dies (its teardown completes the request with an error) or
+/// when the controller refuses the request.
+fn async_event_loop(admin: &Queue, flag: &AtomicBool, addr: SocketAddr) {
+    loop {
+        let sqe = AdminCommand::AsyncEventRequest.to_sqe(0);
+        match admin.execute_unbounded(sqe, "Asynchronous Event Request") {
+            Ok(cqe) if cqe.status.is_success() => {
+                let kind = cqe.dw0 & 0x7;
+                let info = (cqe.dw0 >> 8) & 0xff;
+                if kind == AEN_TYPE_NOTICE && info == AEN_NOTICE_ANA_CHANGE {
+                    tracing::debug!(%addr, "ANA change notice");
+                    flag.store(true, Ordering::Release);
+                } else {
+                    tracing::debug!(%addr, dw0 = cqe.dw0, "asynchronous event ignored");
+                }
+            }
+            Ok(cqe) => {
+                tracing::info!(%addr, status = %cqe.status, "Asynchronous Event Request refused; polling the ANA log");
+                return;
+            }
+            Err(_) => return,
+        }
     }
 }
 

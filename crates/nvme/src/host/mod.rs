@@ -23,8 +23,9 @@
 //! timeout, Keep Alive failure) the association is torn down, in-flight commands fail with
 //! a path error and are retried on another path by the namespace, and the path's monitor
 //! reconnects every `reconnect_delay`; after `ctrl_loss_tmo` it removes the path. ANA
-//! states are read at connect, after every ANA status, and re-read every second by the
-//! monitor (the host does not use Asynchronous Event Requests).
+//! states are read at connect, after every ANA status, when the controller sends an ANA
+//! change notice (one Asynchronous Event Request is kept outstanding on the admin queue of
+//! a controller that offers them), and every second by the monitor as a fallback.
 
 pub mod completion;
 pub mod controller;

@@ -4,8 +4,8 @@
 //! keep alive failed, a command timed out) the path's monitor thread marks it connecting,
 //! reconnects every `reconnect_delay` and, after `ctrl_loss_tmo` without success, removes
 //! the path from the host (Linux `nvme_tcp_reconnect_or_remove`). While live, the monitor
-//! also re-reads the ANA log periodically, so ANA changes made on the target show up
-//! without an Asynchronous Event (see the module documentation of [`super`]).
+//! re-reads the ANA log when the controller sends an ANA change notice (an Asynchronous
+//! Event, within a monitor tick) and, for controllers that send none, once a second.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -257,7 +257,8 @@ impl Path {
         let mut last_ana = Instant::now();
         while !self.wait_stop(MONITOR_TICK) {
             if let Some(ctrl) = self.controller() {
-                if last_ana.elapsed() >= ANA_POLL_INTERVAL && ctrl.ana_reporting() {
+                let event = ctrl.take_ana_event();
+                if (event || last_ana.elapsed() >= ANA_POLL_INTERVAL) && ctrl.ana_reporting() {
                     self.refresh_ana(&ctrl);
                     last_ana = Instant::now();
                 }

@@ -364,7 +364,20 @@ impl Queue {
     pub fn execute(&self, sqe: Sqe, xfer: Xfer<'_>, what: &'static str) -> Result<Cqe, HostError> {
         let deadline = Instant::now() + self.timeout;
         let cid = self.alloc_cid(deadline, what)?;
-        let result = self.run(cid, sqe, xfer, deadline, what);
+        let result = self.run(cid, sqe, xfer, Some(deadline), what);
+        self.release_cid(cid);
+        result
+    }
+
+    /// As [`Queue::execute`] for a command the controller may hold for as long as it
+    /// likes (an Asynchronous Event Request): no timeout; it ends when the controller
+    /// completes it or the queue dies.
+    ///
+    /// # Errors
+    /// As [`Queue::execute`], but never a timeout.
+    pub fn execute_unbounded(&self, sqe: Sqe, what: &'static str) -> Result<Cqe, HostError> {
+        let cid = self.alloc_cid(Instant::now() + self.timeout, what)?;
+        let result = self.run(cid, sqe, Xfer::None, None, what);
         self.release_cid(cid);
         result
     }
@@ -405,7 +418,7 @@ impl Queue {
         cid: u16,
         mut sqe: Sqe,
         xfer: Xfer<'_>,
-        deadline: Instant,
+        deadline: Option<Instant>,
         what: &'static str,
     ) -> Result<Cqe, HostError> {
         sqe.cid = cid;
@@ -470,7 +483,7 @@ impl Queue {
         &self,
         cid: u16,
         source: &[u8],
-        deadline: Instant,
+        deadline: Option<Instant>,
         what: &'static str,
     ) -> Result<Cqe, HostError> {
         let slot = &self.slots[usize::from(cid)];
@@ -497,6 +510,10 @@ impl Queue {
                 st = slot.state.lock();
                 continue;
             }
+            let Some(deadline) = deadline else {
+                slot.cv.wait(&mut st);
+                continue;
+            };
             if timed_out {
                 // The reader's teardown completes the slot; shutdown made its read return.
                 slot.cv.wait_for(&mut st, Duration::from_secs(1));
