@@ -87,12 +87,18 @@ sum() { md5sum | cut -d' ' -f1; }
 got=$(dd if=/dev/nvme0n1 bs=1M count=8 iflag=direct 2>/dev/null | sum)
 [ "$got" = "$PRELOAD_MD5" ] && pass read-preloaded || fail read-preloaded "md5 $got, expected $PRELOAD_MD5"
 
-dd if=/dev/urandom of=/tmp/w16 bs=1M count=8 2>/dev/null
-w16=$(sum </tmp/w16)
-check write-direct dd if=/tmp/w16 of=/dev/nvme0n1 bs=1M seek=16 oflag=direct conv=fsync
-echo "INTEROP DATA at16M $w16"
-got=$(dd if=/dev/nvme0n1 bs=1M skip=16 count=8 iflag=direct 2>/dev/null | sum)
-[ "$got" = "$w16" ] && pass read-back || fail read-back "md5 $got, expected $w16"
+# write_check WRITE READ AT N: N MiB of random data written at AT MiB with O_DIRECT, its
+# checksum announced for the host to find in the backing file, and read back; sets $w.
+write_check() {
+    dd if=/dev/urandom of="/tmp/w$3" bs=1M count="$4" 2>/dev/null
+    w=$(sum <"/tmp/w$3")
+    check "$1" dd if="/tmp/w$3" of=/dev/nvme0n1 bs=1M seek="$3" oflag=direct conv=fsync
+    echo "INTEROP DATA at$3M $w"
+    got=$(dd if=/dev/nvme0n1 bs=1M skip="$3" count="$4" iflag=direct 2>/dev/null | sum)
+    [ "$got" = "$w" ] && pass "$2" || fail "$2" "md5 $got, expected $w"
+}
+write_check write-direct read-back 16 8
+w16=$w
 
 # Small writes, 4 KiB each, at scattered LBAs through the page cache and fsync.
 dd if=/dev/urandom of=/tmp/w4k bs=4k count=64 2>/dev/null
@@ -185,12 +191,7 @@ sleep 0.5
 # Header and data digests (CRC32C) and a host that disables SQ flow control.
 check connect-digests $NVME connect -t tcp -a "$HOST_IP" -s "$PORT2" -n "$SUBNQN" $HQ -i 1 -g -G -d
 wait_ns
-dd if=/dev/urandom of=/tmp/w40 bs=1M count=4 2>/dev/null
-w40=$(sum </tmp/w40)
-check write-digests dd if=/tmp/w40 of=/dev/nvme0n1 bs=1M seek=40 oflag=direct conv=fsync
-echo "INTEROP DATA at40M $w40"
-got=$(dd if=/dev/nvme0n1 bs=1M skip=40 count=4 iflag=direct 2>/dev/null | sum)
-[ "$got" = "$w40" ] && pass read-digests || fail read-digests "md5 $got, expected $w40"
+write_check write-digests read-digests 40 4
 check disconnect-digests $NVME disconnect -n "$SUBNQN"
 
 # Several writers at once over both I/O queues, 256 KiB each (one R2T each).

@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use tessera_ec::{Code, Codec, CodecError};
+use tessera_testkit::pattern;
 
 fn all_codes() -> Vec<Code> {
     let mut codes = vec![
@@ -19,20 +20,12 @@ fn all_codes() -> Vec<Code> {
 }
 
 fn stripe(code: Code, len: usize, seed: u64) -> Vec<Vec<u8>> {
-    let mut x = seed | 1;
     (0..code.total_strips())
         .map(|i| {
             if i >= code.data_strips() {
                 return vec![0; len];
             }
-            (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
+            pattern(len, seed.wrapping_mul(64) + i as u64)
         })
         .collect()
 }

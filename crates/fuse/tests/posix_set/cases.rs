@@ -2,6 +2,7 @@
 // Included by `posix.rs` (NSDs on file-backed drives) and `posix_vdisk.rs` (NSDs on
 // erasure-coded vdisks), which set `BACKEND`; every test mounts a fresh file system.
 
+use tessera_testkit::pattern;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
@@ -18,18 +19,6 @@ fn cstr(p: &Path) -> CString {
 
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap()
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]
@@ -105,7 +94,7 @@ fn sparse_files_and_small_files() {
         .enumerate()
     {
         let q = m.path(&format!("small{i}"));
-        let d = pattern(*size, i as u32 + 7);
+        let d = pattern(*size, i as u64 + 7);
         fs::write(&q, &d).unwrap();
         assert_eq!(fs::read(&q).unwrap(), d, "size {size}");
     }
@@ -129,7 +118,7 @@ fn sparse_files_and_small_files() {
         let q = m.path(&format!("small{i}"));
         assert_eq!(
             fs::read(&q).unwrap(),
-            pattern(*size, i as u32 + 7),
+            pattern(*size, i as u64 + 7),
             "size {size}"
         );
     }

@@ -1174,14 +1174,13 @@ impl Conn {
             // and the connection thread never touches it again.
             let data = unsafe { stream.handed_part(start..end) };
             let plan = &stream.plan;
-            let failure = match plan.ns.dev.write_at(data, plan.offset + start as u64) {
-                Ok(()) => None,
-                Err(e) => {
-                    let slba = (plan.offset + start as u64) / u64::from(LBA_BYTES_U32);
-                    tracing::warn!(nsid = plan.ns.nsid, slba, "write failed: {e}");
-                    Some(Status::WRITE_FAULT.with_dnr(true))
-                }
-            };
+            let offset = plan.offset + start as u64;
+            let failure = plan
+                .ns
+                .dev
+                .write_at(data, offset)
+                .err()
+                .map(|e| io::write_fault(&plan.ns, offset, &e));
             stream.settle(end - start, failure, &writer, &inflight);
         });
         if let Some(pool) = self.pool.as_mut() {

@@ -232,12 +232,29 @@ fn check_transfer(
 }
 
 /// Finishes a planned write whose pieces all reached the drive (`failed` is `None`) or
-/// did not: flushes when the plan asks for it and counts.
+/// did not: flushes when the plan asks for it and counts, failures included (planned
+/// writes do not pass through [`execute`], which counts the others).
 pub(crate) fn write_done(plan: &WritePlan, failed: Option<Status>) -> Status {
-    let ns = &plan.ns;
+    let status = finish_write(&plan.ns, plan.len, plan.flush, failed);
+    if !status.is_success() {
+        plan.ns.count(&plan.ns.counters.errors, 1);
+    }
+    status
+}
+
+/// A drive write that failed: logged, and a Write Fault for the host.
+pub(crate) fn write_fault(ns: &Namespace, offset: u64, e: &std::io::Error) -> Status {
+    let slba = offset / LBA_BYTES;
+    tracing::warn!(nsid = ns.nsid, slba, "write failed: {e}");
+    Status::WRITE_FAULT.with_dnr(true)
+}
+
+/// Completes a write whose data reached the drive (`failed` is `None`) or did not:
+/// flushes when `flush` (FUA, or the volatile write cache off) and counts the success.
+fn finish_write(ns: &Namespace, len: usize, flush: bool, failed: Option<Status>) -> Status {
     let status = match failed {
         Some(status) => status,
-        None if plan.flush => match ns.dev.flush() {
+        None if flush => match ns.dev.flush() {
             Ok(()) => Status::SUCCESS,
             Err(e) => {
                 tracing::warn!(nsid = ns.nsid, "flush after FUA write failed: {e}");
@@ -248,9 +265,7 @@ pub(crate) fn write_done(plan: &WritePlan, failed: Option<Status>) -> Status {
     };
     if status.is_success() {
         ns.count(&ns.counters.writes, 1);
-        ns.count(&ns.counters.write_bytes, plan.len as u64);
-    } else {
-        ns.count(&ns.counters.errors, 1);
+        ns.count(&ns.counters.write_bytes, len as u64);
     }
     status
 }
@@ -298,19 +313,14 @@ fn write(ctrl: &Controller, ns: &Namespace, rw: &ReadWrite, data: Option<&HostDa
     let Some(data) = data.filter(|d| d.len == len) else {
         return dnr(Status::DATA_SGL_LENGTH_INVALID);
     };
-    if let Err(e) = ns.dev.write_at(data.bytes(), rw.slba * LBA_BYTES) {
-        tracing::warn!(nsid = ns.nsid, slba = rw.slba, "write failed: {e}");
-        return dnr(Status::WRITE_FAULT);
-    }
-    if rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed) {
-        if let Err(e) = ns.dev.flush() {
-            tracing::warn!(nsid = ns.nsid, "flush after FUA write failed: {e}");
-            return dnr(Status::WRITE_FAULT);
-        }
-    }
-    ns.count(&ns.counters.writes, 1);
-    ns.count(&ns.counters.write_bytes, len as u64);
-    IoDone::ok()
+    let offset = rw.slba * LBA_BYTES;
+    let failed = ns
+        .dev
+        .write_at(data.bytes(), offset)
+        .err()
+        .map(|e| write_fault(ns, offset, &e));
+    let flush = rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed);
+    IoDone::status(finish_write(ns, len, flush, failed))
 }
 
 fn flush(ns: &Namespace) -> IoDone {

@@ -40,7 +40,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use tessera_drive::AlignedBuf;
 
 use super::connection::ConnWriter;
-use super::io::{read_done, write_done, ReadPlan, WritePlan};
+use super::io::{read_done, write_done, write_fault, ReadPlan, WritePlan};
 use crate::wire::Status;
 
 /// Submission queue entries; the completion queue has twice as many and the kernel keeps
@@ -131,11 +131,7 @@ impl Plan {
         match self {
             Plan::Read(p) => read_done(p, result),
             Plan::Write(p) => {
-                let failed = result.err().map(|e| {
-                    let slba = p.offset / 4096;
-                    tracing::warn!(nsid = p.ns.nsid, slba, "write failed: {e}");
-                    Status::WRITE_FAULT.with_dnr(true)
-                });
+                let failed = result.err().map(|e| write_fault(&p.ns, p.offset, &e));
                 write_done(p, failed)
             }
         }
