@@ -265,6 +265,51 @@ fn drive_errors_map_to_media_status() {
     server.shutdown();
 }
 
+/// Errors of reads on the connection's io_uring (the path of namespaces whose device the
+/// server opened itself): the backing file shrinks under the server, as when an operator
+/// truncates it, so ring reads past the new end come back short and the server's retry
+/// through the device fails. Whole and partly failed multi-piece reads get the media
+/// status, and the connection and the other namespace keep working.
+#[test]
+fn ring_read_errors_map_to_media_status() {
+    let f = Fixture::new();
+    let admin = f.admin();
+    let mut io = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
+    let data = pattern(4096, 7);
+    assert!(io.write(1, 0, &data, true).status().is_success());
+    assert_eq!(io.read(1, 0, 1).data, data, "ring read before the fault");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(f.dir.path().join("d1"))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let done = io.read(1, 512, 1);
+    assert_eq!(done.status().code(), Status::UNRECOVERED_READ_ERROR.code());
+    assert!(done.status().dnr());
+    // 1 MiB from 512 KiB: the first two 256 KiB pieces read, the last two fail; the
+    // command fails as a whole.
+    let done = io.read(1, 128, 256);
+    assert_eq!(done.status().code(), Status::UNRECOVERED_READ_ERROR.code());
+    assert_eq!(
+        io.read(1, 0, 1).data,
+        data,
+        "same connection, readable part"
+    );
+    let ns = f
+        .server
+        .stats()
+        .namespaces
+        .into_iter()
+        .find(|n| n.nsid == 1)
+        .unwrap();
+    assert_eq!(ns.errors, 2);
+    assert!(io.read(2, 4096, 8).status().is_success(), "namespace 2");
+    drop(io);
+    drop(admin);
+    still_serving(&f);
+}
+
 #[test]
 fn missing_device_fails_before_listening() {
     let dir = tempfile::tempdir().unwrap();
