@@ -263,8 +263,14 @@ fn many_threads_mixing_small_and_large_commands_on_shared_queues() {
 
 /// Keeps `depth` reads of 4 KiB in flight from this one thread until `total` have
 /// completed, checking each against the pattern written at its offset; `midway` runs once
-/// half of them are done.
-fn submitted_reads(ns: &MultipathNamespace, depth: usize, total: u64, mut midway: impl FnMut()) {
+/// half of them are done. `batched` starts the reads of one wake-up as a `ReadBatch`.
+fn submitted_reads(
+    ns: &MultipathNamespace,
+    depth: usize,
+    total: u64,
+    batched: bool,
+    mut midway: impl FnMut(),
+) {
     let cq = Completions::new(Duration::from_secs(10));
     let offset_of = |n: u64| (n * 7919 % 1024) * 4096;
     let mut next = 0u64;
@@ -275,9 +281,10 @@ fn submitted_reads(ns: &MultipathNamespace, depth: usize, total: u64, mut midway
         next += 1;
     }
     while done < total {
-        let batch = cq.wait(Duration::from_secs(30));
-        assert!(!batch.is_empty(), "no completion within 30 s");
-        for c in batch {
+        let completed = cq.wait(Duration::from_secs(30));
+        assert!(!completed.is_empty(), "no completion within 30 s");
+        let mut batch = batched.then(|| ns.read_batch(&cq));
+        for c in completed {
             let n = c.tag;
             let buf = ns.finish_read(c, offset_of(n)).expect("read must not fail");
             let offset = offset_of(n);
@@ -292,18 +299,24 @@ fn submitted_reads(ns: &MultipathNamespace, depth: usize, total: u64, mut midway
                 midway();
             }
             if next < total {
-                ns.submit_read(AlignedBuf::zeroed(4096), offset_of(next), next, &cq)
-                    .unwrap();
+                let buf = AlignedBuf::zeroed(4096);
+                match &mut batch {
+                    Some(batch) => batch.read(buf, offset_of(next), next).unwrap(),
+                    None => ns.submit_read(buf, offset_of(next), next, &cq).unwrap(),
+                }
                 next += 1;
             }
+        }
+        if let Some(batch) = batch {
+            batch.submit();
         }
     }
     assert_eq!(cq.in_flight(), 0);
 }
 
-/// One thread keeps 32 reads in flight (as fio does with io_uring) over both paths; then
-/// again while port 1 is pulled, where the reads on the lost path are retried on the
-/// other and none fails.
+/// One thread keeps 32 reads in flight (as fio does with io_uring) over both paths, one
+/// by one and in batches; then again while port 1 is pulled, where the reads on the lost
+/// path are retried on the other and none fails.
 #[test]
 fn reads_submitted_from_one_thread_complete_and_survive_a_path_loss() {
     let setup = start("optimized", None);
@@ -313,17 +326,26 @@ fn reads_submitted_from_one_thread_complete_and_survive_a_path_loss() {
         let offset = chunk * 65536;
         ns.write_at(&pattern(offset, 1, 65536), offset).unwrap();
     }
-    submitted_reads(&ns, 32, 4000, || {});
+    submitted_reads(&ns, 32, 4000, false, || {});
+    submitted_reads(&ns, 32, 4000, true, || {});
     let before = path_commands(&host);
     assert!(
         before.iter().all(|(_, n)| *n > 0),
         "both paths used: {before:?}"
     );
 
-    submitted_reads(&ns, 32, 4000, || {
-        setup.server().set_port_enabled(1, false).unwrap();
-    });
-    setup.server().set_port_enabled(1, true).unwrap();
+    for batched in [false, true] {
+        submitted_reads(&ns, 32, 4000, batched, || {
+            setup.server().set_port_enabled(1, false).unwrap();
+        });
+        setup.server().set_port_enabled(1, true).unwrap();
+        wait_until(Duration::from_secs(10), || {
+            host.list()[0]
+                .paths
+                .iter()
+                .all(|p| p.state == PathState::Live)
+        });
+    }
     // Out of range is refused at once, before anything is sent.
     let cq = Completions::new(Duration::from_secs(10));
     assert!(ns

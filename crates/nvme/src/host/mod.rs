@@ -53,7 +53,7 @@ pub use controller::{
 };
 pub use error::{nvme_status, HostError, NvmeStatusError};
 pub use identity::HostIdentity;
-pub use namespace::{MultipathNamespace, PATHS_PER_NAMESPACE_MAX};
+pub use namespace::{MultipathNamespace, ReadBatch, PATHS_PER_NAMESPACE_MAX};
 pub use policy::AnaPathState;
 pub use stats::{PathStats, LATENCY_BUCKETS};
 

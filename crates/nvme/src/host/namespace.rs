@@ -31,7 +31,7 @@ use super::controller::Controller;
 use super::error::{status_kind, status_name, HostError, NvmeStatusError};
 use super::path::{Notifier, Path};
 use super::policy::{select_path, split_request, AnaPathState, Candidate};
-use super::queue::Xfer;
+use super::queue::{Dispatch, Queue, Xfer};
 use super::PathState;
 use crate::wire::command::{
     DatasetManagement, DsmRange, IoCommand, ReadWrite, WriteZeroes, DSM_RANGES_MAX,
@@ -407,10 +407,35 @@ impl MultipathNamespace {
     /// A request outside the namespace or not in whole blocks; the buffer is dropped.
     pub fn submit_read(
         &self,
+        buf: AlignedBuf,
+        offset: u64,
+        tag: u64,
+        cq: &Arc<Completions>,
+    ) -> io::Result<()> {
+        self.submit(buf, offset, tag, cq, None)
+    }
+
+    /// A batch of submitted reads whose capsules leave together when the batch is
+    /// dropped (or [`ReadBatch::submit`]), one system call per queue instead of one per
+    /// read: for a caller that reaps several completions and starts as many reads again.
+    #[must_use]
+    pub fn read_batch<'a>(&'a self, cq: &'a Arc<Completions>) -> ReadBatch<'a> {
+        ReadBatch {
+            ns: self,
+            cq,
+            queues: Vec::new(),
+        }
+    }
+
+    /// [`MultipathNamespace::submit_read`]; with `batch`, the capsule waits in its queue's
+    /// sender and the queue is noted for the batch's flush.
+    fn submit(
+        &self,
         mut buf: AlignedBuf,
         offset: u64,
         tag: u64,
         cq: &Arc<Completions>,
+        batch: Option<&mut Vec<Arc<Queue>>>,
     ) -> io::Result<()> {
         check_io(self, &buf, offset)?;
         if buf.len() > self.max_read_submit() {
@@ -430,8 +455,20 @@ impl MultipathNamespace {
                 if let Ok(queue) = ctrl.io_queue() {
                     let len = buf.len();
                     let path = Some(Arc::clone(&nspath.path));
-                    match queue.submit_read(sqe, buf, len, (cq, tag, path)) {
-                        Ok(()) => return Ok(()),
+                    let dispatch = if batch.is_some() {
+                        Dispatch::Deferred
+                    } else {
+                        Dispatch::Now
+                    };
+                    match queue.submit_read(sqe, buf, len, (cq, tag, path), dispatch) {
+                        Ok(()) => {
+                            if let Some(queues) = batch {
+                                if !queues.iter().any(|q| Arc::ptr_eq(q, queue)) {
+                                    queues.push(Arc::clone(queue));
+                                }
+                            }
+                            return Ok(());
+                        }
                         Err(not_sent) => {
                             // No error: the queue is full, and this read waits its turn on
                             // the blocking path.
@@ -779,5 +816,36 @@ impl MultipathNamespace {
     #[must_use]
     pub fn is_reservation_conflict(err: &io::Error) -> bool {
         super::nvme_status(err).is_some_and(|s| s.code() == Status::RESERVATION_CONFLICT.code())
+    }
+}
+
+/// Reads started together ([`MultipathNamespace::read_batch`]): each is queued at once,
+/// and their capsules are sent when the batch is submitted or dropped.
+pub struct ReadBatch<'a> {
+    ns: &'a MultipathNamespace,
+    cq: &'a Arc<Completions>,
+    /// Queues holding deferred capsules of this batch.
+    queues: Vec<Arc<Queue>>,
+}
+
+impl ReadBatch<'_> {
+    /// Adds a read, as [`MultipathNamespace::submit_read`] but sent with the batch.
+    ///
+    /// # Errors
+    /// As [`MultipathNamespace::submit_read`]; the reads added before stay in the batch.
+    pub fn read(&mut self, buf: AlignedBuf, offset: u64, tag: u64) -> io::Result<()> {
+        self.ns
+            .submit(buf, offset, tag, self.cq, Some(&mut self.queues))
+    }
+
+    /// Sends the batch's capsules.
+    pub fn submit(self) {}
+}
+
+impl Drop for ReadBatch<'_> {
+    fn drop(&mut self) {
+        for queue in self.queues.drain(..) {
+            queue.flush_deferred();
+        }
     }
 }

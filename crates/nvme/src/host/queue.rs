@@ -130,6 +130,16 @@ struct SlotState {
     post: Option<Post>,
 }
 
+/// When a submitted read's capsule leaves for the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dispatch {
+    /// Sent now (or by the thread already writing on the queue).
+    Now,
+    /// Left pending with the queue's sender until [`Queue::flush_deferred`]: a batch of
+    /// reads goes out in one system call.
+    Deferred,
+}
+
 /// A submitted read that was not sent: its buffer back, with the queue's error, or with
 /// none when every slot of the queue was taken.
 pub(crate) struct NotSent {
@@ -618,12 +628,14 @@ impl Queue {
     /// buffer comes back when the command could not be sent: with the error, or with
     /// `None` when every slot of the queue is taken (it never waits for one, since the
     /// slots of submitted reads come free only when their caller reaps them).
+    /// `Dispatch::Deferred` leaves the capsule pending until [`Queue::flush_deferred`].
     pub(crate) fn submit_read(
         self: &Arc<Self>,
         mut sqe: Sqe,
         mut buf: AlignedBuf,
         len: usize,
         post: (&Arc<Completions>, u64, Option<Arc<Path>>),
+        dispatch: Dispatch,
     ) -> Result<(), NotSent> {
         assert!(
             len <= buf.len(),
@@ -679,10 +691,22 @@ impl Queue {
             }
             return Ok(());
         }
-        if let Err(e) = self.send_pdu(&PduHeader::CapsuleCmd(sqe), &[]) {
+        let capsule = PduHeader::CapsuleCmd(sqe);
+        let sent = match dispatch {
+            Dispatch::Now => self.send_pdu(&capsule, &[]),
+            Dispatch::Deferred => self.sender.defer(&capsule, &[]),
+        };
+        if let Err(e) = sent {
             self.kill(&format!("sending Read: {e}"));
         }
         Ok(())
+    }
+
+    /// Sends the capsules that `Dispatch::Deferred` left pending, in one write.
+    pub(crate) fn flush_deferred(&self) {
+        if let Err(e) = self.sender.flush() {
+            self.kill(&format!("sending Read: {e}"));
+        }
     }
 
     /// Frees the slot of a submitted read once its completion has been seen.

@@ -14,6 +14,11 @@
 //! writing, sends what is pending, then its own PDU straight from the caller's buffer,
 //! keeping the order in which the PDUs were handed over.
 //!
+//! A thread that submits several commands at once (a batch of reads,
+//! [`super::namespace::ReadBatch`]) defers them: each is appended to the pending buffer
+//! and nothing is sent until [`Sender::flush`], so the batch leaves in one system call, as
+//! a kernel block plug sends a burst of requests to a drive in one doorbell.
+//!
 //! A failed write is returned to the thread that made it, which kills the queue; PDUs that
 //! other threads had left pending are lost with the connection, and the queue's teardown
 //! fails their commands, as it does every command in flight on a dead connection.
@@ -89,9 +94,52 @@ impl Sender {
             result =
                 write_pdu(&mut &self.stream, header, data, &self.digests).map_err(encode_error);
         }
+        batch.clear();
+        self.drain(batch, result)
+    }
+
+    /// Appends a small PDU (at most [`COMBINE_MAX_BYTES`] of data) to the pending buffer
+    /// without sending it: the caller calls [`Sender::flush`] once its batch is queued.
+    /// Past the pending bound the batch so far is sent first.
+    pub fn defer(&self, header: &PduHeader, data: &[u8]) -> io::Result<()> {
+        assert!(
+            data.len() <= COMBINE_MAX_BYTES,
+            "only small PDUs are deferred"
+        );
+        let mut st = self.state.lock();
+        while st.busy && st.pending.len() >= PENDING_MAX_BYTES {
+            self.idle.wait(&mut st);
+        }
+        if !st.busy && st.pending.len() >= PENDING_MAX_BYTES {
+            drop(st);
+            self.flush()?;
+            st = self.state.lock();
+        }
+        write_pdu(&mut st.pending, header, data, &self.digests).map_err(encode_error)
+    }
+
+    /// Sends what is pending, unless a writer is busy (it sends it before letting go).
+    pub fn flush(&self) -> io::Result<()> {
+        let mut st = self.state.lock();
+        if st.busy || st.pending.is_empty() {
+            return Ok(());
+        }
+        st.busy = true;
+        let spare = std::mem::take(&mut st.spare);
+        let batch = std::mem::replace(&mut st.pending, spare);
+        drop(st);
+        self.drain(batch, Ok(()))
+    }
+
+    /// As the writer, with `batch` still to send unless `result` already failed: sends it
+    /// and then whatever other threads left pending meanwhile, until nothing is.
+    fn drain(&self, mut batch: Vec<u8>, mut result: io::Result<()>) -> io::Result<()> {
         loop {
-            let mut st = self.state.lock();
+            if result.is_ok() && !batch.is_empty() {
+                result = (&self.stream).write_all(&batch);
+            }
             batch.clear();
+            let mut st = self.state.lock();
             if result.is_err() || st.pending.is_empty() {
                 st.busy = false;
                 st.spare = batch;
@@ -100,8 +148,6 @@ impl Sender {
                 return result;
             }
             std::mem::swap(&mut st.pending, &mut batch);
-            drop(st);
-            result = (&self.stream).write_all(&batch);
         }
     }
 }
