@@ -44,7 +44,7 @@ struct Workload {
     write: bool,
     random: bool,
     /// One thread keeps `threads` reads in flight: io_uring locally, submitted reads
-    /// (`MultipathNamespace::submit_read`) remotely.
+    /// (`MultipathNamespace::submit_read`, restarted in batches) remotely.
     submitted: bool,
 }
 
@@ -432,7 +432,7 @@ fn local_uring_reads(file: &Path, qd: usize, file_bytes: u64, run: Duration) -> 
 }
 
 /// One thread keeping `qd` random 4 KiB reads in flight through the host
-/// (`MultipathNamespace::submit_read`).
+/// (`MultipathNamespace::submit_read`; the reads restarted per wake-up go as one batch).
 fn remote_submitted_reads(
     ns: &tessera_nvme::host::MultipathNamespace,
     qd: usize,
