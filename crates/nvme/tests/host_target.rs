@@ -568,7 +568,7 @@ fn reservations_fence_another_host() {
     let ns_a = connect_all(&a, &setup, |_| {});
     let ns_b = connect_all(&b, &setup, |_| {});
     let we = ReservationType::WriteExclusive;
-    ns_a.reservation_register(RegisterAction::Register, 0, 0xa, false)
+    ns_a.reservation_register(RegisterAction::Register, 0, 0xa, false, None)
         .unwrap();
     ns_a.reservation_acquire(AcquireAction::Acquire, we, 0xa, 0)
         .unwrap();
@@ -585,7 +585,7 @@ fn reservations_fence_another_host() {
     // B reads fine under Write Exclusive, registers and preempts A.
     let mut buf = AlignedBuf::zeroed(4096);
     ns_b.read_at(&mut buf, 0).unwrap();
-    ns_b.reservation_register(RegisterAction::Register, 0, 0xb, false)
+    ns_b.reservation_register(RegisterAction::Register, 0, 0xb, false, None)
         .unwrap();
     ns_b.reservation_acquire(AcquireAction::Preempt, we, 0xb, 0xa)
         .unwrap();

@@ -471,3 +471,145 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
         "the lost enclosure's pdisks are not ok:\n{pd}"
     );
 }
+
+/// Reservations with Persist Through Power Loss are on stable storage when their command
+/// completes: a drive server killed with SIGKILL at random moments, while a host keeps
+/// replacing its key, comes back with the last acknowledged key (or the one in flight when
+/// it died), still holding the reservation that fences the other host.
+#[test]
+fn ptpl_reservations_survive_kill_9_of_the_drive_server() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use tessera_drive::BlockDevice;
+    use tessera_nvme::host::{ConnectOptions, Host, HostIdentity, MultipathNamespace};
+    use tessera_nvme::wire::reservation::{AcquireAction, RegisterAction, ReservationType};
+
+    const SUBNQN: &str = "nqn.2024-01.io.tessera:ptpl-jbof";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let drive = dir.path().join("d1.img");
+    std::fs::File::create(&drive)
+        .and_then(|f| f.set_len(NS_BYTES))
+        .expect("drive file");
+    let hosts = [
+        "nqn.2024-01.io.tessera:ptpl-a",
+        "nqn.2024-01.io.tessera:ptpl-b",
+    ];
+    let port = free_port();
+    let config = dir.path().join("jbof.json");
+    write_config(
+        &config,
+        &hosts,
+        &[port_json(1, port, &[SUBNQN], &[(1, "optimized")])],
+        &[subsystem_json(SUBNQN, &[drive], &[1], &hosts)],
+    );
+    // The layout of write_config, with the state directory added.
+    let text = std::fs::read_to_string(&config).expect("read config");
+    let state = dir.path().join("state");
+    let text = format!(
+        r#"{},"tessera":{{"state_dir":"{}"}}}}"#,
+        text.trim_end().trim_end_matches('}'),
+        state.display()
+    );
+    std::fs::write(&config, text).expect("write config");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let connect = |tag: u8| -> (Host, Arc<MultipathNamespace>) {
+        let host = Host::new(HostIdentity {
+            nqn: hosts[usize::from(tag)].to_string(),
+            id: [tag + 1; 16],
+        });
+        host.connect(ConnectOptions {
+            ctrl_loss_tmo: Duration::from_secs(1),
+            reconnect_delay: Duration::from_millis(100),
+            ..ConnectOptions::new(addr, SUBNQN)
+        })
+        .expect("connect");
+        let ns = host.namespace("nvme0n1").expect("namespace");
+        (host, ns)
+    };
+    let fenced = |ns: &MultipathNamespace| {
+        let block = tessera_drive::AlignedBuf::zeroed(4096);
+        let err = ns
+            .write_at(&block, 0)
+            .expect_err("the fenced host cannot write");
+        assert!(MultipathNamespace::is_reservation_conflict(&err), "{err}");
+    };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    println!("kill points from seed {seed}");
+    let mut x = seed;
+    let mut acked = 1u64;
+    for round in 0..5 {
+        let mut server = DriveServer::start(&config);
+        let (a, ns_a) = connect(0);
+        let (b, ns_b) = connect(1);
+        if round == 0 {
+            ns_a.reservation_register(RegisterAction::Register, 0, acked, false, Some(true))
+                .expect("register with PTPL");
+            ns_a.reservation_acquire(
+                AcquireAction::Acquire,
+                ReservationType::WriteExclusive,
+                acked,
+                0,
+            )
+            .expect("acquire");
+            ns_b.reservation_register(RegisterAction::Register, 0, 0xb, false, None)
+                .expect("register b");
+            ns_a.reservation_acquire(
+                AcquireAction::Preempt,
+                ReservationType::WriteExclusive,
+                acked,
+                0xb,
+            )
+            .expect("fence b");
+        } else {
+            let report = ns_a.reservation_report().expect("report");
+            assert_eq!(
+                (report.regctl, report.ptpls),
+                (1, 1),
+                "round {round}: {report:?}"
+            );
+            assert_eq!(report.rtype, ReservationType::WriteExclusive as u8);
+            let key = report.registrants[0].rkey;
+            assert!(
+                key == acked || key == acked + 1,
+                "round {round}: key {key} after the kill, last acknowledged {acked}"
+            );
+            assert!(report.registrants[0].holds_reservation);
+            println!(
+                "round {round}: key {key} after the restart, {acked} acknowledged before the kill"
+            );
+            acked = key;
+        }
+        fenced(&ns_b);
+        // Replace the key again and again until the server dies under the host.
+        let last = Arc::new(AtomicU64::new(acked));
+        let replacer = {
+            let (ns, last) = (Arc::clone(&ns_a), Arc::clone(&last));
+            std::thread::spawn(move || loop {
+                let k = last.load(Ordering::SeqCst);
+                if ns
+                    .reservation_register(RegisterAction::Replace, k, k + 1, false, None)
+                    .is_err()
+                {
+                    break;
+                }
+                last.store(k + 1, Ordering::SeqCst);
+            })
+        };
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        std::thread::sleep(Duration::from_millis(20 + x % 180));
+        server.kill();
+        replacer.join().expect("replacer");
+        acked = last.load(Ordering::SeqCst);
+        assert!(
+            acked > 1,
+            "round {round}: no key change completed before the kill"
+        );
+        a.disconnect_all();
+        b.disconnect_all();
+    }
+}

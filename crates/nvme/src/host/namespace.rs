@@ -705,7 +705,10 @@ impl MultipathNamespace {
 
     /// Reservation Register: `Register` a new key `nrkey`, `Unregister` `crkey`, or
     /// `Replace` `crkey` by `nrkey` (`iekey` ignores the current key). The registration
-    /// belongs to the host ID, so it covers every path.
+    /// belongs to the host ID, so it covers every path. `persist` changes whether the
+    /// namespace's registrations and reservation survive a power loss (a restart of a
+    /// drive server): `Some(true)` asks for it (CPTPL 11b; Invalid Field from a namespace
+    /// that cannot), `Some(false)` turns it off (10b), `None` leaves it.
     ///
     /// # Errors
     /// NVMe errors carry their status ([`super::nvme_status`]).
@@ -715,12 +718,17 @@ impl MultipathNamespace {
         crkey: u64,
         nrkey: u64,
         iekey: bool,
+        persist: Option<bool>,
     ) -> io::Result<()> {
         let cmd = ReservationRegister {
             nsid: self.nsid,
             action,
             iekey,
-            cptpl: 0,
+            cptpl: match persist {
+                None => 0b00,
+                Some(false) => 0b10,
+                Some(true) => 0b11,
+            },
         };
         let data = KeyPair {
             crkey,

@@ -66,6 +66,10 @@ pub struct TargetConfig {
     pub subsystems: Vec<SubsystemConfig>,
     /// Tessera-specific limits.
     pub tessera: Limits,
+    /// Where the reservation state of namespaces whose hosts asked for persistence
+    /// through power loss (PTPL) is kept (`"tessera": {"state_dir": ...}`); without it
+    /// reservations do not survive a restart and PTPL is refused (RESCAP.PTPLC 0).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Transport address of a port or referral.
@@ -229,6 +233,10 @@ impl TargetConfig {
             plan.needs_restart
                 .push("\"tessera\" limits changed".to_string());
         }
+        if self.state_dir != new.state_dir {
+            plan.needs_restart
+                .push("\"tessera\".state_dir changed".to_string());
+        }
         plan
     }
 
@@ -263,15 +271,16 @@ impl TargetConfig {
             .iter()
             .map(|(v, path)| parse_port(v, path))
             .collect::<Result<Vec<_>, _>>()?;
-        let tessera = match root.get("tessera") {
+        let (tessera, state_dir) = match root.get("tessera") {
             Some(v) => parse_limits(v, "tessera")?,
-            None => Limits::default(),
+            None => (Limits::default(), None),
         };
         let config = TargetConfig {
             hosts,
             ports,
             subsystems,
             tessera,
+            state_dir,
         };
         config.check_references()?;
         Ok(config)
@@ -596,9 +605,10 @@ fn parse_referral(v: &Value, path: &str) -> Result<Referral, ConfigError> {
     Ok(Referral { portid, addr })
 }
 
-fn parse_limits(v: &Value, path: &str) -> Result<Limits, ConfigError> {
+fn parse_limits(v: &Value, path: &str) -> Result<(Limits, Option<PathBuf>), ConfigError> {
     let o = Obj::new(v, path)?;
     o.only(&[
+        "state_dir",
         "keep_alive_max_ms",
         "io_threads_per_queue",
         "max_connections_per_port",
@@ -629,7 +639,20 @@ fn parse_limits(v: &Value, path: &str) -> Result<Limits, ConfigError> {
             "must be a multiple of 4096",
         ));
     }
-    Ok(limits)
+    let state_dir = o.text("state_dir", 4096)?.map(PathBuf::from);
+    if let Some(dir) = &state_dir {
+        if !dir.is_absolute() {
+            return Err(invalid(
+                &o.at("state_dir"),
+                format!(
+                    "\"{}\" must be an absolute path (a directory the drive server keeps \
+                     reservation state in)",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok((limits, state_dir))
 }
 
 fn parse_nqn_value(v: &Value, path: &str) -> Result<Nqn, ConfigError> {
@@ -873,5 +896,26 @@ mod tests {
         );
         let e = err(&GOOD.replace("\"nqn\": \"nqn.2024-01.io.tessera:d1\"", "\"nqn\": \"bad\""));
         assert!(e.contains("subsystems[0].nqn: invalid NQN"), "{e}");
+    }
+
+    #[test]
+    fn state_dir_is_an_absolute_path_and_needs_a_restart() {
+        let with = |dir: &str| {
+            GOOD.trim_end().trim_end_matches('}').to_owned()
+                + &format!(r#", "tessera": {{"state_dir": "{dir}"}}}}"#)
+        };
+        let running = TargetConfig::from_json_str(GOOD).unwrap();
+        assert_eq!(running.state_dir, None);
+        let c = TargetConfig::from_json_str(&with("/var/lib/tessera/resv")).unwrap();
+        assert_eq!(c.state_dir, Some(PathBuf::from("/var/lib/tessera/resv")));
+        assert_eq!(
+            running.reload_plan(&c).needs_restart,
+            vec!["\"tessera\".state_dir changed"]
+        );
+        let e = err(&with("state"));
+        assert!(
+            e.contains("tessera.state_dir") && e.contains("absolute"),
+            "{e}"
+        );
     }
 }

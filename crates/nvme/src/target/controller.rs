@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::connection::ConnWriter;
-use super::namespace::LBA_BYTES;
+use super::namespace::{Namespace, LBA_BYTES};
 use super::server::{Port, ServerShared};
 use super::subsystem::Subsystem;
 use crate::wire::command::{
@@ -24,6 +24,9 @@ use crate::wire::identify::{
 };
 use crate::wire::log::{lid, SmartLog};
 use crate::wire::{FixedAscii, Status};
+
+/// The broadcast NSID: a namespace-specific feature set for every namespace.
+const NSID_ALL: u32 = 0xffff_ffff;
 
 /// Largest data transfer: MDTS 8 = 2^8 pages of 4 KiB (CAP.MPSMIN 0).
 pub const MDTS_BYTES: u32 = 1 << 20;
@@ -395,8 +398,9 @@ impl Controller {
             nsfeat: 1 << 3,
             flbas: 0,
             nmic: NMIC_SHARED,
-            // Types 1-6 and IEKEY per NVMe 1.3; no persistence through power loss.
-            rescap: 0xfe,
+            // Types 1-6 and IEKEY per NVMe 1.3; PTPL where the server has a state
+            // directory.
+            rescap: 0xfe | u8::from(ns.reservation.lock().ptpl_capable()),
             dlfeat,
             anagrpid: ns.ana_grpid,
             nsattr: 0,
@@ -481,10 +485,18 @@ impl Controller {
     }
 
     fn set_features(&self, sf: &SetFeatures) -> Reply {
+        let discovery = self.subsys.is_discovery;
+        if let Feature::ReservationPersistence { ptpl } = sf.feature {
+            if discovery {
+                return invalid_field();
+            }
+            // The setting is kept with the state it governs, so saving is what it always
+            // does; SV is accepted.
+            return self.set_reservation_persistence(sf.nsid, ptpl);
+        }
         if sf.save {
             return Reply::status(Status::FEATURE_NOT_SAVEABLE.with_dnr(true));
         }
-        let discovery = self.subsys.is_discovery;
         match sf.feature {
             Feature::NumberOfQueues { nsqr, ncqr } if !discovery => {
                 self.set_queue_count(nsqr, ncqr)
@@ -504,6 +516,24 @@ impl Controller {
             }
             _ => invalid_field(),
         }
+    }
+
+    /// Reservation Persistence for one namespace, or every namespace (NSID FFFFFFFFh).
+    fn set_reservation_persistence(&self, nsid: u32, ptpl: bool) -> Reply {
+        let targets: Vec<&Arc<Namespace>> = if nsid == NSID_ALL {
+            self.subsys.namespaces.values().collect()
+        } else {
+            match self.subsys.namespaces.get(&nsid) {
+                Some(ns) => vec![ns],
+                None => return Reply::status(Status::INVALID_NAMESPACE.with_dnr(true)),
+            }
+        };
+        for ns in targets {
+            if let Err(status) = ns.reservation.update(|s| s.set_ptpl(ptpl)) {
+                return Reply::status(status);
+            }
+        }
+        Reply::ok(0)
     }
 
     /// Number of Queues: grants up to the configured maximum; the answer is 0's based.
@@ -536,6 +566,17 @@ impl Controller {
             fid::ASYNC_EVENT_CONFIG => self.regs.lock().aec,
             fid::VOLATILE_WRITE_CACHE if !self.subsys.is_discovery => {
                 u32::from(default || self.vwc_enabled.load(Ordering::Relaxed))
+            }
+            fid::RESERVATION_PERSISTENCE if !self.subsys.is_discovery => {
+                let Some(ns) = self.subsys.namespaces.get(&gf.nsid) else {
+                    return Reply::status(Status::INVALID_NAMESPACE.with_dnr(true));
+                };
+                let state = ns.reservation.lock();
+                if gf.select == FeatureSelect::SupportedCapabilities {
+                    // Namespace specific and changeable; saveable where it can persist.
+                    return Reply::ok(0b110 | u32::from(state.ptpl_capable()));
+                }
+                u32::from(!default && state.ptpl())
             }
             // Arbitration, power management, error recovery, interrupt coalescing: zero.
             0x01 | 0x02 | 0x05 | 0x08 if !self.subsys.is_discovery => 0,

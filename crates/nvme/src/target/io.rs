@@ -399,7 +399,7 @@ fn with_keys(
         Ok(k) => k,
         Err(e) => return IoDone::status(e.status()),
     };
-    match op(&mut ns.reservation.lock(), keys) {
+    match ns.reservation.update(|s| op(s, keys)) {
         Ok(()) => IoDone::ok(),
         Err(status) => IoDone::status(status),
     }
@@ -418,8 +418,7 @@ fn release(
     };
     match ns
         .reservation
-        .lock()
-        .release(who, r.action, r.iekey, r.rtype, crkey)
+        .update(|s| s.release(who, r.action, r.iekey, r.rtype, crkey))
     {
         Ok(()) => IoDone::ok(),
         Err(status) => IoDone::status(status),

@@ -65,11 +65,12 @@
 //! host asks, CPDA 0; admin: Identify (controller, namespace, active NSID list, NS
 //! identification descriptors), Get Log Page (error, SMART, firmware slot, ANA with RGO,
 //! reservation notification, discovery), Set/Get Features (Number of Queues, Keep Alive
-//! Timer, Async Event Configuration, Volatile Write Cache), Keep Alive, Asynchronous
+//! Timer, Async Event Configuration, Volatile Write Cache, Reservation Persistence), Keep Alive, Asynchronous
 //! Event Request (completed on ANA change), Abort (never aborts); I/O: Read, Write,
 //! Flush, Write Zeroes, Dataset Management (deallocate), Reservation Register / Acquire /
 //! Release / Report (types 1-6, shared by every controller of the subsystem, keyed by
-//! HOSTID). See the module documentation of each part for the details.
+//! HOSTID; persisted through a restart when the host turns PTPL on and the server has a
+//! state directory). See the module documentation of each part for the details.
 
 mod ana;
 pub mod config;
@@ -79,6 +80,7 @@ mod discovery;
 mod io;
 mod namespace;
 pub mod reservation;
+mod reservation_store;
 mod server;
 mod subsystem;
 mod uring;

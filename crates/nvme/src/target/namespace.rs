@@ -17,10 +17,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use tessera_drive::{AlignedBuf, BlockDevice};
 
-use super::reservation::ReservationState;
+use super::reservation_store::Reservations;
 
 /// Bytes per logical block (LBADS 12).
 pub const LBA_BYTES: u64 = 4096;
@@ -55,7 +54,7 @@ pub(crate) struct Namespace {
     pub nguid: [u8; 16],
     pub uuid: [u8; 16],
     pub ana_grpid: u32,
-    pub reservation: Mutex<ReservationState>,
+    pub reservation: Reservations,
     pub counters: NsCounters,
 }
 
@@ -65,6 +64,7 @@ impl Namespace {
         subnqn: &str,
         dev: Arc<dyn BlockDevice>,
         aux_path: Option<&Path>,
+        reservation: Reservations,
     ) -> Namespace {
         let aux = aux_path.and_then(|p| {
             std::fs::OpenOptions::new()
@@ -92,7 +92,7 @@ impl Namespace {
             nguid: cfg.nguid,
             uuid: cfg.uuid,
             ana_grpid: cfg.ana_grpid,
-            reservation: Mutex::new(ReservationState::default()),
+            reservation,
             counters: NsCounters::default(),
         }
     }

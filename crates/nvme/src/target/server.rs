@@ -22,6 +22,7 @@ use super::ana::PortAna;
 use super::config::{ConfigError, Limits, PortConfig, TargetConfig, ANA_GROUP_MAX};
 use super::controller::Controller;
 use super::namespace::Namespace;
+use super::reservation_store::Reservations;
 use super::subsystem::Subsystem;
 use crate::wire::log::AnaState;
 
@@ -45,6 +46,25 @@ pub enum ServerError {
         path: PathBuf,
         /// The error.
         source: io::Error,
+    },
+    /// A namespace's persisted reservation state cannot be read. Starting without it would
+    /// lift the reservations that fence hosts, so the server does not start.
+    #[error(
+        "subsystem {subnqn} namespace {nsid}: reservation state {path}: {why}; \
+         the drive server does not start without it, because the reservations in it may \
+         fence hosts. Restore the file from a backup, or remove it to start with no \
+         registrations (every host must then register again, and fenced hosts are no \
+         longer fenced)"
+    )]
+    ReservationState {
+        /// Subsystem.
+        subnqn: String,
+        /// Namespace.
+        nsid: u32,
+        /// The state file (or directory).
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
     },
     /// A namespace is smaller than one 4096-byte block.
     #[error("subsystem {subnqn} namespace {nsid}: {path} holds no 4096-byte block")]
@@ -525,10 +545,35 @@ fn open_subsystems(
                 });
             }
             let aux = own_devices.then_some(ns.path.as_path());
-            let namespace = Namespace::new(ns, s.nqn.as_str(), dev, aux);
+            let reservations = match &config.state_dir {
+                Some(dir) => Reservations::persistent(dir, ns.nguid).map_err(|(path, why)| {
+                    ServerError::ReservationState {
+                        subnqn: s.nqn.to_string(),
+                        nsid: ns.nsid,
+                        path,
+                        why,
+                    }
+                })?,
+                None => Reservations::volatile(ns.nguid),
+            };
+            let namespace = Namespace::new(ns, s.nqn.as_str(), dev, aux, reservations);
             namespaces.insert(ns.nsid, Arc::new(namespace));
         }
         out.insert(s.nqn.to_string(), Arc::new(Subsystem::new(s, namespaces)));
+    }
+    if let Some(dir) = &config.state_dir {
+        let claimed: Vec<[u8; 16]> = config
+            .subsystems
+            .iter()
+            .flat_map(|s| s.namespaces.iter().filter(|n| n.enable).map(|n| n.nguid))
+            .collect();
+        for orphan in Reservations::orphans(dir, &claimed) {
+            tracing::warn!(
+                file = %orphan.display(),
+                "reservation state of no configured namespace (was its NSID, subsystem or \
+                 NGUID changed?); its registrations are not in force"
+            );
+        }
     }
     Ok(out)
 }

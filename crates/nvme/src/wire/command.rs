@@ -926,6 +926,8 @@ pub mod fid {
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     /// Keep Alive Timer: CDW11 is KATO in milliseconds.
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
+    /// Reservation Persistence (namespace specific): CDW11 bit 0 PTPL.
+    pub const RESERVATION_PERSISTENCE: u8 = 0x83;
 }
 
 /// A feature value, typed for the features a Fabrics target needs.
@@ -949,6 +951,11 @@ pub enum Feature {
     KeepAliveTimer {
         /// KATO in milliseconds.
         kato_ms: u32,
+    },
+    /// Reservation Persistence: reservations persist through power loss.
+    ReservationPersistence {
+        /// PTPL.
+        ptpl: bool,
     },
     /// Any other feature, raw.
     Other {
@@ -974,6 +981,7 @@ impl Feature {
             },
             fid::ASYNC_EVENT_CONFIG => Feature::AsyncEventConfig(dw),
             fid::KEEP_ALIVE_TIMER => Feature::KeepAliveTimer { kato_ms: dw },
+            fid::RESERVATION_PERSISTENCE => Feature::ReservationPersistence { ptpl: dw & 1 != 0 },
             fid => Feature::Other { fid, cdw11: dw },
         }
     }
@@ -986,6 +994,7 @@ impl Feature {
             Feature::NumberOfQueues { .. } => fid::NUMBER_OF_QUEUES,
             Feature::AsyncEventConfig(_) => fid::ASYNC_EVENT_CONFIG,
             Feature::KeepAliveTimer { .. } => fid::KEEP_ALIVE_TIMER,
+            Feature::ReservationPersistence { .. } => fid::RESERVATION_PERSISTENCE,
             Feature::Other { fid, .. } => *fid,
         }
     }
@@ -998,6 +1007,7 @@ impl Feature {
             Feature::NumberOfQueues { nsqr, ncqr } => u32::from(nsqr) | u32::from(ncqr) << 16,
             Feature::AsyncEventConfig(mask) => mask,
             Feature::KeepAliveTimer { kato_ms } => kato_ms,
+            Feature::ReservationPersistence { ptpl } => u32::from(ptpl),
             Feature::Other { cdw11, .. } => cdw11,
         }
     }

@@ -21,6 +21,17 @@ pub fn run(config_path: &Path) -> Result<()> {
         table.row(vec![portid.to_string(), addr.to_string()]);
     }
     print!("{}", table.render());
+    match &config.state_dir {
+        Some(dir) => println!(
+            "reservations with PTPL persist through restarts in {}",
+            dir.display()
+        ),
+        None => println!(
+            "reservations do not survive a restart (no \"tessera\".state_dir in {}); \
+             hosts asking for PTPL get Invalid Field",
+            config_path.display()
+        ),
+    }
     println!("drive server running; SIGHUP rereads the ANA states, SIGTERM or Ctrl-C stops it");
     loop {
         let signal = crate::signals::wait(&signals);
