@@ -50,7 +50,10 @@ echo "guest up: $(uname -r), $(nproc) cpus"
 
 # --- phase A: Linux nvme-tcp host -> tessera drive-server -----------------------------
 NVME="nvme"
-HQ="-q $GUEST_NQN"
+# A fixed host identifier, as /etc/nvme/hostid gives a real host: reservations belong to
+# it, and the one registered below must still be this host's after reconnects.
+GUEST_HOSTID=7e55e2a0-1c2b-4d3e-8f40-5a6b7c8d9e01
+HQ="-q $GUEST_NQN -I $GUEST_HOSTID"
 
 out=$($NVME discover -t tcp -a "$HOST_IP" -s "$PORT1" $HQ 2>&1)
 echo "$out"
@@ -128,9 +131,10 @@ got=$(dd if=/dev/nvme0n1 bs=1M skip=32 count=1 iflag=direct 2>/dev/null | sum)
 [ "$got" = "$zero1m" ] && pass discard-reads-zero || fail discard-reads-zero "md5 $got (DLFEAT promises zeroes on a file)"
 check dsm-deallocate $NVME dsm /dev/nvme0n1 -n 1 --ad -s 8192 -b 16
 
-# Reservations through nvme-cli: register, acquire Write Exclusive, report, release,
+# Reservations through nvme-cli: register (asking for Persist Through Power Loss: the
+# drive server has a state directory), acquire Write Exclusive, report, release,
 # unregister.
-check resv-register $NVME resv-register /dev/nvme0n1 -n 1 -k 0xab12 -r 0
+check resv-register $NVME resv-register /dev/nvme0n1 -n 1 -k 0xab12 -r 0 -p 3
 check resv-acquire $NVME resv-acquire /dev/nvme0n1 -n 1 -c 0xab12 -t 1 -a 0
 # Fabrics host identifiers are 128 bits, so only the extended report (EDS) may be served;
 # the regular one is refused with Host Identifier Inconsistent Format.
@@ -146,8 +150,15 @@ if echo "$out" | grep -qi "rtype *: *1" && echo "$out" | grep -qi "rkey *: *ab12
 else
     fail resv-report-eds "holder, type or key missing from the report"
 fi
+echo "$out" | grep -qi "ptpls *: *1" && pass resv-report-ptpl || fail resv-report-ptpl "PTPLS not 1"
+out=$($NVME get-feature /dev/nvme0n1 -n 1 -f 0x83 2>&1)
+echo "$out"
+echo "$out" | grep -qiE "value: *0x0*1( |$)" && pass get-feature-ptpl ||
+    fail get-feature-ptpl "$(echo "$out" | tail -1)"
 check resv-release $NVME resv-release /dev/nvme0n1 -n 1 -c 0xab12 -t 1 -a 0
 check resv-unregister $NVME resv-register /dev/nvme0n1 -n 1 -c 0xab12 -r 1
+# A registration that must outlive the drive server's kill -9 and restart further down.
+check resv-register-keep $NVME resv-register /dev/nvme0n1 -n 1 -k 0xcd34 -r 0
 
 # Keep-alive: the controllers stay live past the 5 s default KATO.
 sleep 12
@@ -225,6 +236,15 @@ done
 [ $ok = 1 ] && pass writes-across-target-restart || fail writes-across-target-restart "a write failed"
 st=$(cat /sys/class/nvme/nvme0/state)
 [ "$st" = live ] && pass reconnected || fail reconnected "state $st"
+# PTPL: the registration made before the kill is still there, with its key.
+out=$($NVME resv-report /dev/nvme0n1 -n 1 -d 256 --eds 2>&1)
+echo "$out"
+if echo "$out" | grep -qi "rkey *: *cd34" && echo "$out" | grep -qi "ptpls *: *1"; then
+    pass resv-survives-target-restart
+else
+    fail resv-survives-target-restart "registration or PTPLS missing after the restart"
+fi
+check resv-unregister-after-restart $NVME resv-register /dev/nvme0n1 -n 1 -c 0xcd34 -r 1 -p 2
 check disconnect-again $NVME disconnect-all
 
 # A host the drive server does not allow is refused.

@@ -143,10 +143,13 @@ drive_server_config() { # drive_server_config STATE1 STATE2: ANA states of ports
     {"nqn": "$SUBNQN", "attr": {"allow_any_host": "0", "serial": "INTEROP1"},
      "allowed_hosts": ["$GUEST_NQN"],
      "namespaces": [{"nsid": 1, "enable": 1, "ana_grpid": 1, "device": {"path": "$W/ns1.img"}}]}
-  ]
+  ],
+  "tessera": {"state_dir": "$W/resv-state"}
 }
 EOF
 }
+# Reservations with PTPL from an earlier run must not leak into this one.
+rm -rf "$W/resv-state"
 drive_server_config optimized non-optimized
 "$TESSERA" drive-server -c "$W/drive-server.json" >"$W/drive-server.log" 2>&1 &
 DS_PID=$!
