@@ -11,7 +11,9 @@ use std::time::Duration;
 use target_util::*;
 use tessera_drive::BlockDevice;
 use tessera_nvme::target::{DriveServer, ServerError, TargetConfig};
-use tessera_nvme::wire::command::{io_opcode, ReadWrite};
+use tessera_nvme::wire::command::{
+    io_opcode, DatasetManagement, DsmRange, IoCommand, ReadWrite, WriteZeroes,
+};
 use tessera_nvme::wire::pdu::{encode_pdu, PduHeader};
 use tessera_nvme::wire::{
     DataHeader, DigestConfig, Fes, PduReader, SglDescriptor, Side, Sqe, Status,
@@ -308,6 +310,105 @@ fn ring_read_errors_map_to_media_status() {
     drop(io);
     drop(admin);
     still_serving(&f);
+}
+
+/// A tmpfs mount that is unmounted when dropped.
+struct SmallTmpfs(tempfile::TempDir);
+
+impl SmallTmpfs {
+    /// `None` where this process may not mount (not root).
+    fn mount(bytes: u64) -> Option<SmallTmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(SmallTmpfs(dir))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// Namespaces on sparse files whose file system fills up (a thin-provisioned drive out of
+/// space): writes on the connection's io_uring, through R2T and the worker pool, and
+/// Write Zeroes get Capacity Exceeded, not a media error; what was written reads back;
+/// deallocating blocks gives the space back and writes succeed again.
+#[test]
+fn a_full_backing_store_gives_capacity_exceeded() {
+    let Some(fs) = SmallTmpfs::mount(2 << 20) else {
+        assert_ne!(
+            unsafe { libc::geteuid() },
+            0,
+            "root could not mount a tmpfs"
+        );
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let config = TargetConfig::from_json_str(&config_json(fs.0.path(), "")).unwrap();
+    let server = DriveServer::start(config).unwrap();
+    let addr = server.local_addr(1).unwrap();
+    let admin = Client::admin(addr, SUBNQN, HOST1, HOSTID1, 0, false);
+    let mut io = Client::io(addr, &admin, 1, HOST1, HOSTID1, false);
+    let capacity_exceeded = |s: Status| s.code() == Status::CAPACITY_EXCEEDED.code() && s.dnr();
+
+    // 4 KiB in-capsule writes until the 2 MiB file system is full.
+    let mut written = Vec::new();
+    let full = loop {
+        let slba = written.len() as u64 * 3;
+        let data = pattern(4096, slba);
+        let done = io.write(1, slba, &data, true);
+        if !done.status().is_success() {
+            break done.status();
+        }
+        written.push((slba, data));
+        assert!(written.len() < 1024, "2 MiB of tmpfs took 4 MiB of writes");
+    };
+    assert!(capacity_exceeded(full), "{full:?}");
+    assert!(written.len() >= 64, "only {} blocks fit", written.len());
+    // A large write (R2T, worker pool) and Write Zeroes without deallocation fail the same.
+    let done = io.write(1, 8192, &pattern(1 << 20, 5), false);
+    assert!(capacity_exceeded(done.status()), "{:?}", done.status());
+    let wz = IoCommand::WriteZeroes(WriteZeroes {
+        nsid: 1,
+        slba: 9000,
+        nlb: 255,
+        fua: false,
+        deallocate: false,
+    });
+    let done = io.command(wz.to_sqe(0), None, false, 0);
+    assert!(capacity_exceeded(done.status()), "{:?}", done.status());
+    for (slba, data) in &written {
+        assert_eq!(&io.read(1, *slba, 1).data, data, "block {slba}");
+    }
+    // Trim half of what was written: the writes fit again.
+    for (slba, _) in written.iter().step_by(2) {
+        let range = DsmRange::encode_list(&[DsmRange {
+            context_attributes: 0,
+            nlb: 1,
+            slba: *slba,
+        }]);
+        let dsm = IoCommand::DatasetManagement(DatasetManagement {
+            nsid: 1,
+            nr: 0,
+            idr: false,
+            idw: false,
+            deallocate: true,
+        });
+        let done = io.command(dsm.to_sqe(0), Some(&range), true, 0);
+        assert!(done.status().is_success());
+    }
+    let data = pattern(4096, 77);
+    assert!(io.write(1, 1, &data, true).status().is_success());
+    assert_eq!(io.read(1, 1, 1).data, data);
+    drop((io, admin));
+    server.shutdown();
 }
 
 #[test]

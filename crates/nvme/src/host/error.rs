@@ -165,6 +165,8 @@ pub fn status_kind(status: Status) -> io::ErrorKind {
         io::ErrorKind::InvalidInput
     } else if code == Status::NAMESPACE_WRITE_PROTECTED.code() {
         io::ErrorKind::ReadOnlyFilesystem
+    } else if code == Status::CAPACITY_EXCEEDED.code() {
+        io::ErrorKind::StorageFull
     } else {
         io::ErrorKind::Other
     }
@@ -176,5 +178,33 @@ pub fn status_name(status: Status) -> String {
     match status.name() {
         Some(name) => name.to_owned(),
         None => format!("SCT {:#x} SC {:#04x}", status.sct(), status.sc()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_the_error_kinds_callers_test_for() {
+        let cases = [
+            (
+                Status::RESERVATION_CONFLICT,
+                io::ErrorKind::PermissionDenied,
+            ),
+            (Status::LBA_OUT_OF_RANGE, io::ErrorKind::InvalidInput),
+            (
+                Status::NAMESPACE_WRITE_PROTECTED,
+                io::ErrorKind::ReadOnlyFilesystem,
+            ),
+            (
+                Status::CAPACITY_EXCEEDED.with_dnr(true),
+                io::ErrorKind::StorageFull,
+            ),
+            (Status::WRITE_FAULT, io::ErrorKind::Other),
+        ];
+        for (status, kind) in cases {
+            assert_eq!(status_kind(status), kind, "{status:?}");
+        }
     }
 }

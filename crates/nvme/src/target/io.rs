@@ -245,8 +245,29 @@ pub(crate) fn write_done(plan: &WritePlan, failed: Option<Status>) -> Status {
 /// A drive write that failed: logged, and a Write Fault for the host.
 pub(crate) fn write_fault(ns: &Namespace, offset: u64, e: &std::io::Error) -> Status {
     let slba = offset / LBA_BYTES;
+    if out_of_space(e) {
+        // A sparse file (or thin volume) whose file system filled up: the namespace is
+        // thin provisioned and out of capacity, which the host can tell from a bad drive.
+        tracing::warn!(
+            nsid = ns.nsid,
+            slba,
+            "write failed: {e}: the backing store of {} is full; free space on it or \
+             deallocate (trim) unused blocks",
+            ns.dev.name()
+        );
+        return Status::CAPACITY_EXCEEDED.with_dnr(true);
+    }
     tracing::warn!(nsid = ns.nsid, slba, "write failed: {e}");
     Status::WRITE_FAULT.with_dnr(true)
+}
+
+/// ENOSPC or EDQUOT, also when a device wrapped the OS error with its name.
+fn out_of_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        || matches!(
+            e.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        )
 }
 
 /// Completes a write whose data reached the drive (`failed` is `None`) or did not:
@@ -354,8 +375,7 @@ fn write_zeroes(ctrl: &Controller, ns: &Namespace, wz: &WriteZeroes) -> IoDone {
     }
     ns.count(&ns.counters.other, 1);
     if let Err(e) = ns.write_zeroes(wz.slba, blocks, wz.deallocate) {
-        tracing::warn!(nsid = ns.nsid, slba = wz.slba, "write zeroes failed: {e}");
-        return dnr(Status::WRITE_FAULT);
+        return IoDone::status(write_fault(ns, wz.slba * LBA_BYTES, &e));
     }
     if wz.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed) {
         return flush(ns);
