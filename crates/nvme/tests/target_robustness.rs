@@ -343,12 +343,8 @@ impl Drop for SmallTmpfs {
 #[test]
 fn a_full_backing_store_gives_capacity_exceeded() {
     let Some(fs) = SmallTmpfs::mount(2 << 20) else {
-        assert_ne!(
-            unsafe { libc::geteuid() },
-            0,
-            "root could not mount a tmpfs"
-        );
-        eprintln!("skipped: mounting a tmpfs needs root");
+        // Like the FUSE tests: only where this process may mount (root, CAP_SYS_ADMIN).
+        eprintln!("skipped: this process cannot mount a tmpfs");
         return;
     };
     let config = TargetConfig::from_json_str(&config_json(fs.0.path(), "")).unwrap();
