@@ -415,6 +415,73 @@ fn losing_a_path_under_load_loses_nothing() {
     println!("retries during the outage: {retries}");
 }
 
+/// fast_io_fail_tmo: with every path down, I/O fails after it (not after the long
+/// ctrl_loss_tmo), new I/O fails at once while the paths are still down, the paths stay
+/// and keep reconnecting, and I/O works again when they are back, with no new connect.
+#[test]
+fn fast_io_fail_tmo_fails_io_early_and_paths_come_back() {
+    let setup = start("optimized", None);
+    let host = Host::new(host_identity(11));
+    let ns = connect_all(&host, &setup, |o| {
+        o.ctrl_loss_tmo = Duration::from_secs(60);
+        o.fast_io_fail_tmo = Some(Duration::from_secs(1));
+    });
+    let data = pattern(0, 3, 4096);
+    ns.write_at(&data, 0).unwrap();
+    setup.server().set_port_enabled(1, false).unwrap();
+    setup.server().set_port_enabled(2, false).unwrap();
+    let start = Instant::now();
+    let mut buf = AlignedBuf::zeroed(4096);
+    let err = ns.read_at(&mut buf, 0).unwrap_err();
+    let waited = start.elapsed();
+    let msg = err.to_string();
+    println!("{msg}");
+    assert!(
+        waited >= Duration::from_millis(800),
+        "failed after only {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "took {waited:?}, not fast_io_fail_tmo"
+    );
+    assert!(
+        msg.contains("fast_io_fail_tmo 1 s") && msg.contains("ctrl_loss_tmo 60 s"),
+        "{msg}"
+    );
+    // Still no path: the next command fails at once, and the paths are not removed.
+    let again = Instant::now();
+    assert!(ns.write_at(&data, 4096).is_err());
+    assert!(
+        again.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        again.elapsed()
+    );
+    assert_eq!(host.list()[0].paths.len(), 2);
+    setup.server().set_port_enabled(1, true).unwrap();
+    setup.server().set_port_enabled(2, true).unwrap();
+    wait_until(Duration::from_secs(10), || {
+        host.list()[0]
+            .paths
+            .iter()
+            .any(|p| p.state == PathState::Live)
+    });
+    ns.read_at(&mut buf, 0).unwrap();
+    assert!(buf[..] == data[..]);
+    // Longer than ctrl_loss_tmo is refused when connecting.
+    let mut o = opts(setup.addrs[0]);
+    o.ctrl_loss_tmo = Duration::from_secs(5);
+    o.fast_io_fail_tmo = Some(Duration::from_secs(6));
+    let err = Host::new(host_identity(12))
+        .connect(o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("fast_io_fail_tmo 6 s is longer than ctrl_loss_tmo 5 s"),
+        "{err}"
+    );
+    host.disconnect_all();
+}
+
 fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !ok() {

@@ -138,6 +138,12 @@ pub struct NvmeConnectTunables {
     /// usable) before giving up on it.
     #[arg(short = 'l', long = "ctrl-loss-tmo", default_value_t = 600)]
     pub ctrl_loss_tmo: u32,
+    /// Seconds I/O waits for a lost controller before failing, while reconnecting goes on
+    /// until ctrl-loss-tmo (default: off, I/O waits ctrl-loss-tmo). Set it short under a
+    /// declustered array, which then serves from parity and gets the drives back when
+    /// their enclosure returns.
+    #[arg(short = 'f', long = "fast-io-fail-tmo", alias = "fast_io_fail_tmo")]
+    pub fast_io_fail_tmo: Option<u32>,
     /// Seconds between reconnect attempts.
     #[arg(short = 'c', long = "reconnect-delay", default_value_t = 2)]
     pub reconnect_delay: u32,
@@ -563,4 +569,44 @@ pub struct FsCreateArgs {
     /// Number of inode shards.
     #[arg(long = "shards", default_value_t = 8)]
     pub shards: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    /// Every subcommand's options are consistent (no two options share a letter or a
+    /// name), which clap checks only when a command is built.
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn nvme_connect_takes_nvme_cli_fast_io_fail_tmo() {
+        for spelling in ["-f", "--fast-io-fail-tmo", "--fast_io_fail_tmo"] {
+            let cli = Cli::try_parse_from([
+                "tessera",
+                "nvme",
+                "connect",
+                "-a",
+                "10.0.0.1",
+                "-n",
+                "nqn.2024-01.io.x:y",
+                "-l",
+                "60",
+                spelling,
+                "5",
+            ])
+            .unwrap();
+            let Command::Nvme(NvmeCommand::Connect { tunables, .. }) = cli.command else {
+                panic!("{:?}", cli.command)
+            };
+            assert_eq!(
+                (tunables.ctrl_loss_tmo, tunables.fast_io_fail_tmo),
+                (60, Some(5))
+            );
+        }
+    }
 }

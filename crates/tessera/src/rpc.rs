@@ -252,6 +252,9 @@ pub struct NvmeConnectSpec {
     pub hostnqn: Option<String>,
     pub queue_size: u16,
     pub ctrl_loss_tmo_s: u32,
+    /// Absent in files written before the option existed: off.
+    #[serde(default)]
+    pub fast_io_fail_tmo_s: Option<u32>,
     pub reconnect_delay_s: u32,
     pub keep_alive_tmo_s: u32,
     pub nr_io_queues: Option<u16>,

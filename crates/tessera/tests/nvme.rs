@@ -383,7 +383,8 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
         servers.push(DriveServer::start(&conf));
         ports.push(port);
     }
-    // Short loss timeout: the array, not the host, rides out a dead enclosure.
+    // I/O fails fast (-f) so the array, not the host, rides out a dead enclosure, while the
+    // paths keep reconnecting (-l) and come back by themselves with the enclosure.
     for port in &ports {
         node.ok(&[
             "nvme",
@@ -395,7 +396,9 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
             "-s",
             &port.to_string(),
             "-l",
-            "3",
+            "120",
+            "-f",
+            "2",
             "-c",
             "1",
         ]);
@@ -470,6 +473,16 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
         pd.contains("j1s1"),
         "the lost enclosure's pdisks are not ok:\n{pd}"
     );
+    // The enclosure comes back: its paths reconnect without a new `nvme connect`.
+    let conf = servers[1].config.clone();
+    servers[1] = DriveServer::start(&conf);
+    wait_for("the enclosure's paths to reconnect", 30, || {
+        (1..=4).all(|i| {
+            paths_of(&node, &format!("nvme1n{i}"))
+                .iter()
+                .any(|(_, _, state)| state == "live")
+        })
+    });
 }
 
 /// Reservations with Persist Through Power Loss are on stable storage when their command

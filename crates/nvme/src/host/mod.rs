@@ -73,6 +73,13 @@ pub struct ConnectOptions {
     pub queue_size: u16,
     /// How long a lost path is reconnected before it is removed (`-l`), default 600 s.
     pub ctrl_loss_tmo: Duration,
+    /// How long I/O waits for a lost path before failing (`-f`, fast_io_fail_tmo), while
+    /// the path keeps reconnecting up to `ctrl_loss_tmo`; `None` (Linux's default, off):
+    /// I/O waits as long as the path may come back. A vdisk that rides out a lost
+    /// enclosure from parity sets it short and keeps `ctrl_loss_tmo` long, so the drives
+    /// come back by themselves when the enclosure does.
+    #[serde(default)]
+    pub fast_io_fail_tmo: Option<Duration>,
     /// Delay between reconnection attempts (`-c`), default 2 s.
     pub reconnect_delay: Duration,
     /// Keep Alive Timeout (`-k`), default 5 s.
@@ -95,12 +102,21 @@ impl ConnectOptions {
             host_nqn: None,
             queue_size: 128,
             ctrl_loss_tmo: Duration::from_secs(600),
+            fast_io_fail_tmo: None,
             reconnect_delay: Duration::from_secs(2),
             keep_alive_tmo: Duration::from_secs(5),
             nr_io_queues: None,
             header_digest: false,
             data_digest: false,
         }
+    }
+
+    /// How long I/O waits for this path once it is lost: `fast_io_fail_tmo` if set, never
+    /// longer than `ctrl_loss_tmo`.
+    #[must_use]
+    pub fn io_fail_tmo(&self) -> Duration {
+        self.fast_io_fail_tmo
+            .map_or(self.ctrl_loss_tmo, |f| f.min(self.ctrl_loss_tmo))
     }
 
     /// The association options these connect options imply.
@@ -126,6 +142,16 @@ impl ConnectOptions {
         }
         if self.reconnect_delay.is_zero() {
             return bad("reconnect_delay 0 (at least 1 ms)".to_owned());
+        }
+        if let Some(fast) = self.fast_io_fail_tmo {
+            if fast > self.ctrl_loss_tmo {
+                return bad(format!(
+                    "fast_io_fail_tmo {} s is longer than ctrl_loss_tmo {} s; I/O never waits \
+                     longer than the path may come back",
+                    fast.as_secs(),
+                    self.ctrl_loss_tmo.as_secs()
+                ));
+            }
         }
         crate::wire::Nqn::new(&self.subnqn)
             .map_err(|e| HostError::Invalid(format!("subsystem NQN {:?}: {e}", self.subnqn)))?;

@@ -4,8 +4,10 @@
 //! ([`select_path`]: live OPTIMIZED paths round robin, else NON-OPTIMIZED), run the command
 //! there, and on a path error try another path without telling the caller (block reads and
 //! writes are idempotent). When no path is usable the command waits for one, up to
-//! `ctrl_loss_tmo` after the namespace lost its last usable path, then fails with a message
-//! that names the paths and what to check. Errors the drive itself returns (LBA out of
+//! `ctrl_loss_tmo` (or the shorter `fast_io_fail_tmo`, taking the longest over the paths)
+//! after the namespace lost its last usable path, then fails with a message that names the
+//! paths and what to check. Past `fast_io_fail_tmo` new commands fail at once until a path
+//! is usable again; the paths keep reconnecting until `ctrl_loss_tmo`. Errors the drive itself returns (LBA out of
 //! range, media errors, Reservation Conflict) fail at once and carry their [`Status`].
 //!
 //! # Flush
@@ -72,6 +74,9 @@ pub struct MultipathNamespace {
     paths: RwLock<Vec<Arc<NsPath>>>,
     max_transfer: AtomicU32,
     ctrl_loss_tmo_ms: AtomicU64,
+    /// How long commands wait without a usable path: the longest `io_fail_tmo` of the
+    /// paths (`fast_io_fail_tmo`, else `ctrl_loss_tmo`).
+    io_fail_tmo_ms: AtomicU64,
     rr: AtomicUsize,
     unusable_since: Mutex<Option<Instant>>,
     /// Set while `unusable_since` is, so the I/O path skips its lock.
@@ -116,6 +121,7 @@ impl MultipathNamespace {
             paths: RwLock::new(Vec::new()),
             max_transfer: AtomicU32::new(u32::MAX),
             ctrl_loss_tmo_ms: AtomicU64::new(0),
+            io_fail_tmo_ms: AtomicU64::new(0),
             rr: AtomicUsize::new(0),
             unusable_since: Mutex::new(None),
             unusable: AtomicBool::new(false),
@@ -183,6 +189,8 @@ impl MultipathNamespace {
         self.max_transfer.fetch_min(max_transfer, Ordering::Relaxed);
         let tmo_ms = u64::try_from(path.opts.ctrl_loss_tmo.as_millis()).unwrap_or(u64::MAX);
         self.ctrl_loss_tmo_ms.fetch_max(tmo_ms, Ordering::Relaxed);
+        let fail_ms = u64::try_from(path.opts.io_fail_tmo().as_millis()).unwrap_or(u64::MAX);
+        self.io_fail_tmo_ms.fetch_max(fail_ms, Ordering::Relaxed);
         drop(paths);
         self.notifier.notify();
     }
@@ -279,7 +287,7 @@ impl MultipathNamespace {
                     tracing::warn!(ns = %self.name, path = %path.name, "{what}: {e}; retrying on another path");
                     self.after_path_error(&ctrl, path, &e);
                     let since = *first_error.get_or_insert_with(Instant::now);
-                    if since.elapsed() > self.ctrl_loss_tmo() {
+                    if since.elapsed() > self.io_fail_tmo() {
                         return Err(self.io_error(what, e));
                     }
                     tried.push(path.id);
@@ -305,12 +313,17 @@ impl MultipathNamespace {
         Duration::from_millis(self.ctrl_loss_tmo_ms.load(Ordering::Relaxed))
     }
 
-    /// Waits for a path to become usable; fails once `ctrl_loss_tmo` has passed since the
-    /// namespace lost its last usable path, or at once when no path is left at all.
+    fn io_fail_tmo(&self) -> Duration {
+        Duration::from_millis(self.io_fail_tmo_ms.load(Ordering::Relaxed))
+    }
+
+    /// Waits for a path to become usable; fails once `io_fail_tmo` (`fast_io_fail_tmo`, or
+    /// `ctrl_loss_tmo`) has passed since the namespace lost its last usable path, or at once
+    /// when no path is left at all.
     fn wait_for_path(&self) -> io::Result<()> {
         self.unusable.store(true, Ordering::Relaxed);
         let since = *self.unusable_since.lock().get_or_insert_with(Instant::now);
-        let tmo = self.ctrl_loss_tmo();
+        let tmo = self.io_fail_tmo();
         let deadline = super::policy::io_deadline(since, tmo);
         let now = Instant::now();
         if self.path_count() == 0 || now >= deadline {
@@ -329,15 +342,30 @@ impl MultipathNamespace {
             let list: Vec<String> = paths.iter().map(|p| self.describe_path(&p.path)).collect();
             format!("paths {}", list.join(", "))
         };
+        let ctrl_loss = self.ctrl_loss_tmo();
+        let (limit, then) = if tmo < ctrl_loss && !paths.is_empty() {
+            (
+                format!("fast_io_fail_tmo {} s", tmo.as_secs()),
+                format!(
+                    "I/O works again as soon as a path reconnects (they keep trying for up to \
+                     ctrl_loss_tmo {} s)",
+                    ctrl_loss.as_secs()
+                ),
+            )
+        } else {
+            (
+                format!("ctrl_loss_tmo {} s", tmo.as_secs()),
+                "then `tessera nvme connect` again".to_owned(),
+            )
+        };
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
-                "no usable path to {} ({}, {detail}) after waiting {} s (ctrl_loss_tmo {} s); \
-                 check the drive server and the network, then `tessera nvme connect` again",
+                "no usable path to {} ({}, {detail}) after waiting {} s ({limit}); \
+                 check the drive server and the network; {then}",
                 self.name,
                 self.subnqn,
                 since.elapsed().as_secs(),
-                tmo.as_secs()
             ),
         )
     }

@@ -180,12 +180,20 @@ fn spec(
     if t.nr_io_queues == Some(0) {
         bail!("-i 0: at least one I/O queue is needed");
     }
+    if let Some(f) = t.fast_io_fail_tmo.filter(|&f| f > t.ctrl_loss_tmo) {
+        bail!(
+            "-f {f}: fast-io-fail-tmo is longer than ctrl-loss-tmo ({} s), so it would never \
+             take effect; make it shorter, or raise -l",
+            t.ctrl_loss_tmo
+        );
+    }
     Ok(NvmeConnectSpec {
         traddr: addr.to_string(),
         subnqn: subnqn.to_string(),
         hostnqn: hostnqn.map(str::to_string),
         queue_size: t.queue_size,
         ctrl_loss_tmo_s: t.ctrl_loss_tmo,
+        fast_io_fail_tmo_s: t.fast_io_fail_tmo,
         reconnect_delay_s: t.reconnect_delay.max(1),
         keep_alive_tmo_s: t.keep_alive_tmo,
         nr_io_queues: t.nr_io_queues,

@@ -52,6 +52,9 @@ fn options(spec: &NvmeConnectSpec) -> Result<ConnectOptions> {
     o.host_nqn = spec.hostnqn.clone();
     o.queue_size = spec.queue_size;
     o.ctrl_loss_tmo = Duration::from_secs(u64::from(spec.ctrl_loss_tmo_s));
+    o.fast_io_fail_tmo = spec
+        .fast_io_fail_tmo_s
+        .map(|s| Duration::from_secs(u64::from(s)));
     o.reconnect_delay = Duration::from_secs(u64::from(spec.reconnect_delay_s.max(1)));
     o.keep_alive_tmo = Duration::from_secs(u64::from(spec.keep_alive_tmo_s.max(1)));
     o.nr_io_queues = spec.nr_io_queues;
