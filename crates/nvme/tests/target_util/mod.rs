@@ -179,7 +179,7 @@ impl Client {
         c
     }
 
-    /// An I/O queue of the controller `admin` belongs to.
+    /// An I/O queue of the controller `admin` belongs to (in subsystem [`SUBNQN`]).
     pub fn io(
         addr: SocketAddr,
         admin: &Client,
@@ -188,8 +188,20 @@ impl Client {
         hostid: [u8; 16],
         digests: bool,
     ) -> Client {
+        Client::io_in(addr, SUBNQN, admin, qid, (hostnqn, hostid), digests)
+    }
+
+    /// An I/O queue of the controller `admin` belongs to, in subsystem `subnqn`.
+    pub fn io_in(
+        addr: SocketAddr,
+        subnqn: &str,
+        admin: &Client,
+        qid: u16,
+        (hostnqn, hostid): (&str, [u8; 16]),
+        digests: bool,
+    ) -> Client {
         let mut c = Client::handshake(addr, digests);
-        let done = c.connect(qid, admin.cntlid, SUBNQN, hostnqn, hostid, 0);
+        let done = c.connect(qid, admin.cntlid, subnqn, hostnqn, hostid, 0);
         assert!(
             done.status().is_success(),
             "io connect: {:?}",
