@@ -42,6 +42,24 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn flush(&self) -> io::Result<()>;
 }
 
+/// True for the errors of a drive that cannot be reached right now (a remote namespace
+/// with no usable path, a connection that broke), as opposed to a drive that answered
+/// with a failure: the drive may well come back with its data intact.
+pub fn is_unreachable(e: &io::Error) -> bool {
+    use io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::TimedOut
+            | K::NotConnected
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::BrokenPipe
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+            | K::NetworkDown
+    )
+}
+
 /// Checks the alignment contract of [`BlockDevice`] and turns a violation into an error
 /// that names the device, so a bug above never becomes a misplaced write.
 pub fn check_io(dev: &dyn BlockDevice, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -473,7 +473,8 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
         pd.contains("j1s1"),
         "the lost enclosure's pdisks are not ok:\n{pd}"
     );
-    // The enclosure comes back: its paths reconnect without a new `nvme connect`.
+    // The enclosure comes back: its paths reconnect without a new `nvme connect`, the
+    // array finds its pdisks reachable again and catches up the writes they missed.
     let conf = servers[1].config.clone();
     servers[1] = DriveServer::start(&conf);
     wait_for("the enclosure's paths to reconnect", 30, || {
@@ -483,6 +484,23 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
                 .any(|(_, _, state)| state == "live")
         })
     });
+    println!("{}", node.ok(&["pdisk", "ls"]));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while node.ok(&["pdisk", "ls", "--not-ok"]).contains("j1s") {
+        assert!(
+            Instant::now() < deadline,
+            "the enclosure's pdisks did not come back into service:\n{}\n{}",
+            node.ok(&["pdisk", "ls"]),
+            node.ok(&["da", "ls"])
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Now another enclosure goes: what was written during the first outage must be on the
+    // pdisks that came back.
+    servers[2].kill();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+    assert_eq!(std::fs::read(mnt.join("g")).unwrap(), more);
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
 }
 
 /// Reservations with Persist Through Power Loss are on stable storage when their command

@@ -444,6 +444,33 @@ impl DaCore {
         let limit = u64::from(self.settings.lock().pdisk_error_limit);
         tracing::warn!(da = %self.name, pdisk = %pd.name, "{what}: {err}");
         let state = pd.state();
+        if tessera_drive::is_unreachable(err) {
+            // A drive that cannot be reached (its enclosure or the network is down) is not
+            // a failing drive: written around and probed, not rebuilt at once.
+            let mut unreachable = pd.unreachable.lock();
+            if unreachable.is_some() {
+                return false;
+            }
+            if state == PdiskState::Ok {
+                let now = std::time::Instant::now();
+                *unreachable = Some(crate::pdisk::Unreachable {
+                    since: now,
+                    last_probe: now,
+                    failed_probes: 0,
+                });
+                drop(unreachable);
+                self.set_pdisk_state(
+                    pd,
+                    PdiskState::Suspended,
+                    &format!(
+                        "unreachable ({what}: {err}); written around, probed every {} s, \
+                         resumed when it answers, dead after {limit} failed probes",
+                        crate::worker::PROBE_INTERVAL.as_secs()
+                    ),
+                );
+                return false;
+            }
+        }
         let failing = matches!(
             state,
             PdiskState::Ok | PdiskState::Draining | PdiskState::Suspended
@@ -571,13 +598,18 @@ impl DaCore {
         Ok(())
     }
 
-    /// The pdisks in service written since their last flush.
+    /// The pdisks in service written since their last flush. An unreachable one is left
+    /// out, as a dead one is: its strips are written around and caught up (or found by
+    /// their checksums) when it returns, so the stripes are durable without it.
     fn pdisks_to_flush(&self) -> Vec<Arc<Pdisk>> {
         self.pdisks
             .read()
             .iter()
             .filter(|p| {
-                p.needs_flush.load(Ordering::Acquire) && p.dev.is_some() && p.state().in_service()
+                p.needs_flush.load(Ordering::Acquire)
+                    && p.dev.is_some()
+                    && p.state().in_service()
+                    && !p.is_unreachable()
             })
             .cloned()
             .collect()
@@ -596,7 +628,7 @@ impl DaCore {
             if let Err(e) = r {
                 all_ok = false;
                 self.note_io_error(p, "flush", &e);
-                if p.state().in_service() {
+                if p.state().in_service() && !p.is_unreachable() {
                     self.set_pdisk_state(p, PdiskState::Dead, &format!("flush failed: {e}"));
                 }
             }
@@ -675,7 +707,11 @@ impl DaCore {
         for (p, r) in targets.iter().zip(run_all(jobs)) {
             if let Err(e) = r {
                 self.note_io_error(p, "flush", &e);
-                if p.state().readable() || p.state() == PdiskState::Suspended {
+                // An unreachable drive stays suspended: writes it may have lost are caught
+                // up (stripe versions) or found by their checksums when it returns.
+                if (p.state().readable() || p.state() == PdiskState::Suspended)
+                    && !p.is_unreachable()
+                {
                     self.set_pdisk_state(p, PdiskState::Dead, &format!("flush failed: {e}"));
                 }
                 failed.push(format!("{} ({e})", p.name));

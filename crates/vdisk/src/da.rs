@@ -553,6 +553,7 @@ impl DeclusteredArray {
                                          a dead or missing one is replaced)",
             ));
         }
+        *pd.unreachable.lock() = None;
         pd.catching_up.store(true, Ordering::Release);
         self.core.event(format!(
             "pdisk {name}: resuming, catching up skipped writes"

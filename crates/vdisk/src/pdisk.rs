@@ -38,6 +38,14 @@ fn state_code(s: PdiskState) -> u8 {
     STATES.iter().position(|&x| x == s).expect("listed") as u8
 }
 
+/// An automatic suspension for an unreachable drive.
+#[derive(Debug, Clone, Copy)]
+pub struct Unreachable {
+    pub since: std::time::Instant,
+    pub last_probe: std::time::Instant,
+    pub failed_probes: u32,
+}
+
 #[derive(Debug)]
 pub struct Pdisk {
     pub index: u16,
@@ -59,6 +67,10 @@ pub struct Pdisk {
     pub checksum_errors: AtomicU64,
     /// Set by every write, cleared by a flush: which pdisks a flush must reach.
     pub needs_flush: AtomicBool,
+    /// Suspended because its drive could not be reached (not by the administrator): when,
+    /// the last probe, and the probes that failed. The maintenance worker probes it and
+    /// resumes it when it answers (see `worker::probe_unreachable`).
+    pub unreachable: Mutex<Option<Unreachable>>,
     pub space: Mutex<Extents>,
 }
 
@@ -86,6 +98,7 @@ impl Pdisk {
             write_errors: AtomicU64::new(0),
             checksum_errors: AtomicU64::new(0),
             needs_flush: AtomicBool::new(false),
+            unreachable: Mutex::new(None),
             space: Mutex::new(Extents::new(start, layout.data_sectors())),
         }
     }
@@ -109,6 +122,11 @@ impl Pdisk {
             && (self.state().readable()
                 || (self.state() == PdiskState::Suspended
                     && self.catching_up.load(Ordering::Acquire)))
+    }
+
+    /// Suspended because its drive could not be reached.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable.lock().is_some()
     }
 
     pub fn io_errors(&self) -> u64 {

@@ -90,8 +90,16 @@ fn maintenance(core: &DaCore) {
     }
 }
 
+/// How often a pdisk suspended as unreachable is probed. With the default
+/// `pdisk_error_limit` of 8 failed probes, an enclosure has about two minutes to come back
+/// before its pdisks are declared dead and rebuilt.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(15);
+
 /// One bounded unit of maintenance; true when something was done.
 fn run_once(core: &DaCore) -> Result<bool, VdiskError> {
+    if probe_unreachable(core)? {
+        return Ok(true);
+    }
     if repair_stale(core)? {
         return Ok(true);
     }
@@ -189,6 +197,75 @@ fn repair_stale(core: &DaCore) -> Result<bool, VdiskError> {
         core.persist_meta()?;
     }
     Ok(done > 0)
+}
+
+/// Probes the pdisks suspended because their drive was unreachable: one whose label reads
+/// back as this array's and this pdisk's is resumed (its skipped writes are caught up);
+/// one that failed `pdisk_error_limit` probes is declared dead, and rebuilt.
+fn probe_unreachable(core: &DaCore) -> Result<bool, VdiskError> {
+    let limit = core.settings.lock().pdisk_error_limit;
+    let pdisks = core.pdisks.read().clone();
+    let mut changed = false;
+    for pd in &pdisks {
+        let Some(u) = *pd.unreachable.lock() else {
+            continue;
+        };
+        if pd.state() != PdiskState::Suspended {
+            // An administrator took over (resume, fail, replace).
+            *pd.unreachable.lock() = None;
+            continue;
+        }
+        if u.last_probe.elapsed() < PROBE_INTERVAL {
+            continue;
+        }
+        let mut sector = tessera_drive::AlignedBuf::zeroed(crate::layout::SECTOR_USIZE);
+        let answer = pd
+            .read(&mut sector, crate::layout::LABEL_OFFSET)
+            .map_err(|e| e.to_string())
+            .and_then(|()| crate::layout::Label::decode(&sector))
+            .and_then(|label| match label {
+                Some(l) if l.da_uuid == core.uuid && l.pdisk_uuid == pd.uuid => Ok(()),
+                _ => Err("the drive answers but does not carry this pdisk's label".to_owned()),
+            });
+        let mut guard = pd.unreachable.lock();
+        match answer {
+            Ok(()) => {
+                *guard = None;
+                drop(guard);
+                pd.catching_up.store(true, Ordering::Release);
+                core.event(format!(
+                    "pdisk {}: reachable again after {} s; resuming, catching up skipped writes",
+                    pd.name,
+                    u.since.elapsed().as_secs()
+                ));
+                core.kick();
+                changed = true;
+            }
+            Err(why) => {
+                let failed = u.failed_probes + 1;
+                *guard = Some(crate::pdisk::Unreachable {
+                    last_probe: Instant::now(),
+                    failed_probes: failed,
+                    ..u
+                });
+                drop(guard);
+                if failed >= limit {
+                    *pd.unreachable.lock() = None;
+                    core.set_pdisk_state(
+                        pd,
+                        PdiskState::Dead,
+                        &format!(
+                            "unreachable for {} s ({failed} failed probes; last: {why})",
+                            u.since.elapsed().as_secs()
+                        ),
+                    );
+                    core.persist_meta()?;
+                    changed = true;
+                }
+            }
+        }
+    }
+    Ok(changed)
 }
 
 fn catch_up(core: &DaCore) -> Result<bool, VdiskError> {

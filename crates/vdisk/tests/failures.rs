@@ -116,6 +116,61 @@ fn writes_while_suspended_are_caught_up_on_resume() {
     da.close().unwrap();
 }
 
+/// Drives that cannot be reached (remote drives without a path) are suspended and written
+/// around, not declared dead; one that answers again at a probe is resumed and caught up,
+/// one that fails `pdisk_error_limit` probes is declared dead and rebuilt. Takes one probe
+/// interval (15 s).
+#[test]
+fn unreachable_pdisks_are_written_around_then_resumed_or_rebuilt() {
+    let (t, faults, da, v, mut data) = setup("8+2p", BLOCK);
+    let (back, gone) = (&t.specs[2], &t.specs[7]);
+    for s in [back, gone] {
+        faults
+            .faults(&s.device)
+            .unreachable
+            .store(true, Ordering::Relaxed);
+    }
+    // One failed probe is enough to give up on a drive.
+    da.set_options(50, 200, 1).unwrap();
+    check_all(&v, &data);
+    let new = pattern(4 << 20, 9);
+    v.write_at(&new, 2 << 20).unwrap();
+    v.flush().unwrap();
+    data[2 << 20..6 << 20].copy_from_slice(&new);
+    check_all(&v, &data);
+    let state = |name: &str| {
+        da.status()
+            .pdisks
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.state)
+            .unwrap()
+    };
+    assert_eq!(state(&back.name), PdiskState::Suspended);
+    assert_eq!(state(&gone.name), PdiskState::Suspended);
+    faults
+        .faults(&back.device)
+        .unreachable
+        .store(false, Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while state(&back.name) != PdiskState::Ok || state(&gone.name) != PdiskState::Dead {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?} {:?}: {:#?}",
+            state(&back.name),
+            state(&gone.name),
+            da.status().events
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_idle(&da);
+    // The resumed pdisk carries the writes it missed: lose two others with it in place.
+    da.pdisk_suspend(&t.specs[0].name).unwrap();
+    da.pdisk_suspend(&t.specs[5].name).unwrap();
+    check_all(&v, &data);
+    da.close().unwrap();
+}
+
 #[test]
 fn enclosure_loss_rebuild_then_two_more_then_a_third() {
     let (t, faults, da, v, data) = setup("8+2p", BLOCK);

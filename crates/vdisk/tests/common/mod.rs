@@ -102,6 +102,9 @@ pub struct Faults {
     pub fail_writes: AtomicBool,
     /// The device has gone: everything fails with ENODEV.
     pub vanished: AtomicBool,
+    /// The device cannot be reached (a remote drive with no path): everything fails with
+    /// a timeout, as the NVMe/TCP host reports it.
+    pub unreachable: AtomicBool,
     /// When positive, counts writes down; the write that reaches zero and every later one
     /// fail with EIO.
     pub writes_until_failure: AtomicI64,
@@ -113,6 +116,13 @@ pub struct Faults {
 pub struct FaultyDrive {
     inner: FileDrive,
     faults: Arc<Faults>,
+}
+
+fn unreachable(dev: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("{dev}: injected: no usable path"),
+    )
 }
 
 fn eio(what: &str, dev: &str) -> io::Error {
@@ -127,6 +137,9 @@ impl BlockDevice for FaultyDrive {
         self.inner.size_bytes()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.faults.unreachable.load(Ordering::Relaxed) {
+            return Err(unreachable(self.name()));
+        }
         if self.faults.vanished.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc_enodev()));
         }
@@ -136,6 +149,9 @@ impl BlockDevice for FaultyDrive {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.faults.unreachable.load(Ordering::Relaxed) {
+            return Err(unreachable(self.name()));
+        }
         if self.faults.vanished.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc_enodev()));
         }
@@ -155,6 +171,9 @@ impl BlockDevice for FaultyDrive {
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> io::Result<()> {
+        if self.faults.unreachable.load(Ordering::Relaxed) {
+            return Err(unreachable(self.name()));
+        }
         if self.faults.vanished.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc_enodev()));
         }
