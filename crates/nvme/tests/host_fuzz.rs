@@ -99,15 +99,7 @@ fn expected(offset: u64, len: usize) -> AlignedBuf {
 
 #[test]
 fn corrupted_and_cut_streams_never_return_wrong_data() {
-    let panics = Arc::new(AtomicUsize::new(0));
-    {
-        let panics = Arc::clone(&panics);
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            panics.fetch_add(1, Ordering::SeqCst);
-            default(info);
-        }));
-    }
+    let panics = tessera_testkit::count_panics();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("drive.img");
     std::fs::File::create(&file)

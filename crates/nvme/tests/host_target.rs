@@ -427,15 +427,8 @@ fn fast_io_fail_tmo_fails_io_early_and_paths_come_back() {
         o.fast_io_fail_tmo = Some(Duration::from_secs(1));
     });
     let data = pattern(0, 3, 4096);
-    ns.write_at(&data, 0).unwrap();
-    setup.server().set_port_enabled(1, false).unwrap();
-    setup.server().set_port_enabled(2, false).unwrap();
-    let start = Instant::now();
+    let (msg, waited) = read_with_every_port_down(&setup, &ns, &data);
     let mut buf = AlignedBuf::zeroed(4096);
-    let err = ns.read_at(&mut buf, 0).unwrap_err();
-    let waited = start.elapsed();
-    let msg = err.to_string();
-    println!("{msg}");
     assert!(
         waited >= Duration::from_millis(800),
         "failed after only {waited:?}"
@@ -482,6 +475,25 @@ fn fast_io_fail_tmo_fails_io_early_and_paths_come_back() {
     host.disconnect_all();
 }
 
+/// Writes `data` at 0, takes both ports down and reads it back: the read's error message
+/// and how long it took to fail.
+fn read_with_every_port_down(
+    setup: &Setup,
+    ns: &MultipathNamespace,
+    data: &[u8],
+) -> (String, Duration) {
+    ns.write_at(data, 0).unwrap();
+    setup.server().set_port_enabled(1, false).unwrap();
+    setup.server().set_port_enabled(2, false).unwrap();
+    let start = Instant::now();
+    let mut buf = AlignedBuf::zeroed(data.len());
+    let err = ns.read_at(&mut buf, 0).unwrap_err();
+    let waited = start.elapsed();
+    let msg = err.to_string();
+    println!("{msg}");
+    (msg, waited)
+}
+
 fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !ok() {
@@ -502,15 +514,8 @@ fn all_paths_down_fails_after_ctrl_loss_tmo_then_recovers() {
     let tmo = Duration::from_secs(2);
     let ns = connect_all(&host, &setup, |o| o.ctrl_loss_tmo = tmo);
     let data = pattern(0, 1, 4096);
-    ns.write_at(&data, 0).unwrap();
-    setup.server().set_port_enabled(1, false).unwrap();
-    setup.server().set_port_enabled(2, false).unwrap();
-    let start = Instant::now();
+    let (msg, waited) = read_with_every_port_down(&setup, &ns, &data);
     let mut buf = AlignedBuf::zeroed(4096);
-    let err = ns.read_at(&mut buf, 0).unwrap_err();
-    let waited = start.elapsed();
-    let msg = err.to_string();
-    println!("{msg}");
     assert!(
         waited >= Duration::from_millis(1500),
         "failed after only {waited:?}"

@@ -7,8 +7,7 @@
 mod target_util;
 
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -133,15 +132,7 @@ fn mutate(rng: &mut StdRng, mut pdu: Vec<u8>) -> Vec<u8> {
 
 #[test]
 fn mutated_pdus_on_live_connections_never_hurt_the_server() {
-    let panics = Arc::new(AtomicUsize::new(0));
-    {
-        let panics = Arc::clone(&panics);
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            panics.fetch_add(1, Ordering::SeqCst);
-            default(info);
-        }));
-    }
+    let panics = tessera_testkit::count_panics();
     let dir = tempfile::tempdir().unwrap();
     let server =
         DriveServer::start(TargetConfig::from_json_str(&config(dir.path())).unwrap()).unwrap();

@@ -5,9 +5,7 @@ mod target_util;
 
 use target_util::*;
 use tessera_nvme::target::AnaState;
-use tessera_nvme::wire::command::{
-    cns, io_opcode, DatasetManagement, DsmRange, IoCommand, WriteZeroes,
-};
+use tessera_nvme::wire::command::{cns, io_opcode, IoCommand, WriteZeroes};
 use tessera_nvme::wire::fabrics::CNTLID_DYNAMIC;
 use tessera_nvme::wire::identify::{
     cmic, cntrltype, decode_nsid_list, oncs, IdentifyController, IdentifyNamespace, NsIdDescriptor,
@@ -193,22 +191,7 @@ fn write_zeroes_and_deallocate_read_back_zeroes() {
     let back = io.read(1, 0, 16).data;
     assert_eq!(&back[..4 * 4096], &vec![0; 4 * 4096][..]);
     assert_eq!(&back[4 * 4096..], &data[4 * 4096..]);
-    let ranges = DsmRange::encode_list(&[DsmRange {
-        context_attributes: 0,
-        nlb: 8,
-        slba: 8,
-    }]);
-    let dsm = IoCommand::DatasetManagement(DatasetManagement {
-        nsid: 1,
-        nr: 0,
-        idr: false,
-        idw: false,
-        deallocate: true,
-    });
-    assert!(io
-        .command(dsm.to_sqe(0), Some(&ranges), true, 0)
-        .status()
-        .is_success());
+    assert!(io.deallocate(1, 8, 8).status().is_success());
     assert_eq!(io.read(1, 8, 8).data, vec![0; 8 * 4096]);
     assert_eq!(io.read(1, 4, 4).data, &data[4 * 4096..8 * 4096]);
 }

@@ -11,9 +11,7 @@ use std::time::Duration;
 use target_util::*;
 use tessera_drive::BlockDevice;
 use tessera_nvme::target::{DriveServer, ServerError, TargetConfig};
-use tessera_nvme::wire::command::{
-    io_opcode, DatasetManagement, DsmRange, IoCommand, ReadWrite, WriteZeroes,
-};
+use tessera_nvme::wire::command::{io_opcode, IoCommand, ReadWrite, WriteZeroes};
 use tessera_nvme::wire::pdu::{encode_pdu, PduHeader};
 use tessera_nvme::wire::{
     DataHeader, DigestConfig, Fes, PduReader, SglDescriptor, Side, Sqe, Status,
@@ -234,6 +232,17 @@ impl BlockDevice for FailingDrive {
     }
 }
 
+/// The error completions the server counted for namespace `nsid`.
+fn namespace_errors(server: &DriveServer, nsid: u32) -> u64 {
+    server
+        .stats()
+        .namespaces
+        .into_iter()
+        .find(|n| n.nsid == nsid)
+        .expect("the namespace is exported")
+        .errors
+}
+
 fn libc_eio() -> i32 {
     5
 }
@@ -257,13 +266,7 @@ fn drive_errors_map_to_media_status() {
     let done = io.write(1, 300, &[1; 4096], true);
     assert_eq!(done.status().code(), Status::WRITE_FAULT.code());
     assert!(io.read(1, 0, 1).status().is_success());
-    let ns = server
-        .stats()
-        .namespaces
-        .into_iter()
-        .find(|n| n.nsid == 1)
-        .unwrap();
-    assert_eq!(ns.errors, 2);
+    assert_eq!(namespace_errors(&server, 1), 2);
     server.shutdown();
 }
 
@@ -298,14 +301,7 @@ fn ring_read_errors_map_to_media_status() {
         data,
         "same connection, readable part"
     );
-    let ns = f
-        .server
-        .stats()
-        .namespaces
-        .into_iter()
-        .find(|n| n.nsid == 1)
-        .unwrap();
-    assert_eq!(ns.errors, 2);
+    assert_eq!(namespace_errors(&f.server, 1), 2);
     assert!(io.read(2, 4096, 8).status().is_success(), "namespace 2");
     drop(io);
     drop(admin);
@@ -385,20 +381,7 @@ fn a_full_backing_store_gives_capacity_exceeded() {
     }
     // Trim half of what was written: the writes fit again.
     for (slba, _) in written.iter().step_by(2) {
-        let range = DsmRange::encode_list(&[DsmRange {
-            context_attributes: 0,
-            nlb: 1,
-            slba: *slba,
-        }]);
-        let dsm = IoCommand::DatasetManagement(DatasetManagement {
-            nsid: 1,
-            nr: 0,
-            idr: false,
-            idw: false,
-            deallocate: true,
-        });
-        let done = io.command(dsm.to_sqe(0), Some(&range), true, 0);
-        assert!(done.status().is_success());
+        assert!(io.deallocate(1, *slba, 1).status().is_success());
     }
     let data = pattern(4096, 77);
     assert!(io.write(1, 1, &data, true).status().is_success());

@@ -14,6 +14,20 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Counts panics in every thread of the process from now on (a server's threads included,
+/// whose panics would not fail a test by themselves), still printing them as usual.
+pub fn count_panics() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let panics = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&panics);
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        default(info);
+    }));
+    panics
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tessera_nvme::target::{DriveServer, TargetConfig};
-use tessera_nvme::wire::command::{cns, io_opcode, GetLogPage, Identify, ReadWrite};
+use tessera_nvme::wire::command::{
+    cns, io_opcode, DatasetManagement, DsmRange, GetLogPage, Identify, IoCommand, ReadWrite,
+};
 use tessera_nvme::wire::fabrics::{
     property, Connect, ConnectData, PropertyGet, PropertySet, PropertySize, CNTLID_DYNAMIC,
 };
@@ -271,6 +273,23 @@ impl Client {
             .unwrap()
             .to_sqe(io_opcode::WRITE, 0);
         self.command(sqe, Some(data), in_capsule, 0)
+    }
+
+    /// Dataset Management with AD for one range, its descriptor in the capsule.
+    pub fn deallocate(&mut self, nsid: u32, slba: u64, blocks: u32) -> Done {
+        let ranges = DsmRange::encode_list(&[DsmRange {
+            context_attributes: 0,
+            nlb: blocks,
+            slba,
+        }]);
+        let dsm = IoCommand::DatasetManagement(DatasetManagement {
+            nsid,
+            nr: 0,
+            idr: false,
+            idw: false,
+            deallocate: true,
+        });
+        self.command(dsm.to_sqe(0), Some(&ranges), true, 0)
     }
 
     pub fn read(&mut self, nsid: u32, slba: u64, blocks: u32) -> Done {
