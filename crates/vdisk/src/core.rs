@@ -190,6 +190,9 @@ pub struct StripSlot {
     pub writable: bool,
 }
 
+/// Per (vdisk, what went wrong): how many strips, and the first one's message.
+pub type FailedMoves = std::collections::BTreeMap<(String, &'static str), (u64, String)>;
+
 /// The state shared by an array, its vdisk handles and its background workers.
 pub struct DaCore {
     pub uuid: [u8; 16],
@@ -229,7 +232,7 @@ pub struct DaCore {
     /// Strips that could not be rebuilt or moved in the current maintenance step, per
     /// (vdisk, what went wrong): a count and the first strip's message. Reported as one
     /// event each when the step ends, since a vdisk that lost data has thousands.
-    pub failed_moves: Mutex<std::collections::BTreeMap<(String, &'static str), (u64, String)>>,
+    pub failed_moves: Mutex<FailedMoves>,
     /// The last rebalance round could move nothing; cleared when pdisks or vdisks change.
     pub rebalance_stuck: AtomicBool,
     pub opener: DeviceOpener,
