@@ -715,7 +715,8 @@ impl DeclusteredArray {
             dev.as_ref(),
             device,
             force,
-            "wipe the start of the drive (or use another one) and replace again",
+            "wipe the start of the drive or use another one (pdisk_replace_with with force \
+             overrides this check)",
         )?;
         Ok(dev)
     }
