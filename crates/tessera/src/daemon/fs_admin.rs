@@ -314,14 +314,19 @@ impl Daemon {
             .map(|(nsd, _)| nsd)
             .collect();
         if !unreadable_ok {
-            let mut down: Vec<String> = unreachable
+            let down: Vec<String> = record
+                .nsds
                 .iter()
-                .map(|n| format!("NSD {n} cannot be opened (see the daemon log)"))
+                .filter_map(|n| {
+                    let lost = nsds.get(n).and_then(|rec| self.data_lost_on(&rec.device));
+                    match lost {
+                        Some(why) => Some(format!("NSD {n} is down: {why}")),
+                        None => unreachable
+                            .contains(&n)
+                            .then(|| format!("NSD {n} cannot be opened (see the daemon log)")),
+                    }
+                })
                 .collect();
-            down.extend(record.nsds.iter().filter_map(|n| {
-                let why = self.data_lost_on(&nsds.get(n)?.device)?;
-                Some(format!("NSD {n} is down: {why}"))
-            }));
             if !down.is_empty() {
                 bail!(
                     "file system {name}: {}; nothing was deleted. If the disks cannot be \
