@@ -42,6 +42,14 @@ pub struct FormatOptions {
     pub log_bytes: u64,
 }
 
+impl FormatOptions {
+    /// Every check `format` makes before it writes anything, so that a caller can refuse
+    /// bad input before announcing what it will format.
+    pub fn check(&self, disks: &[DiskSpec]) -> FsResult<()> {
+        validate(disks, self)
+    }
+}
+
 impl Default for FormatOptions {
     fn default() -> Self {
         FormatOptions {

@@ -7,7 +7,7 @@ const SEED_EXAMPLE: &str = "\
 failureGroup=704 pool=system thinDiskType=no
 %nsd:
   device=/dev/dm-3
-  nsd=d2 servers=node1,node2 usage=dataOnly failureGroup=1 pool=data
+  nsd=d2 usage=dataOnly failureGroup=1 pool=data
 ";
 
 fn nsd_err(text: &str) -> StanzaError {
@@ -37,7 +37,7 @@ fn seed_example() {
                 failure_group: 1,
                 pool: "data".into(),
                 thin_disk_type: ThinDiskType::No,
-                servers: vec!["node1".into(), "node2".into()],
+                servers: vec![],
                 line: 3,
             },
         ]
@@ -224,6 +224,16 @@ fn error_bad_thin_disk_type() {
 }
 
 #[test]
+fn servers_are_refused_until_nsd_servers_exist() {
+    let err = nsd_err("%nsd: device=sdb\n  servers=node1,node2");
+    assert_eq!(
+        err.to_string(),
+        "line 2: servers=node1,node2: NSD servers are not implemented yet; every node must \
+         reach the device directly; remove servers= from the stanza"
+    );
+}
+
+#[test]
 fn error_bad_servers() {
     for bad in ["a,,b", "a,a", "1,2,3,4,5,6,7,8,9", "a,b/c"] {
         let err = nsd_err(&format!("%nsd: device=sdb servers={bad}"));
@@ -330,7 +340,8 @@ fn nsd_stanza() -> impl Strategy<Value = NsdStanza> {
         FAILURE_GROUP_MIN..=FAILURE_GROUP_MAX,
         name(),
         proptest::sample::select(ThinDiskType::ALL.to_vec()),
-        proptest::collection::btree_set("[a-z0-9][a-z0-9.:_-]{0,10}", 0..=MAX_SERVERS),
+        // servers= is refused until NSD servers exist.
+        proptest::collection::btree_set("[a-z0-9][a-z0-9.:_-]{0,10}", 0..=0),
     )
         .prop_map(
             |(device, nsd, usage, failure_group, pool, thin_disk_type, servers)| NsdStanza {

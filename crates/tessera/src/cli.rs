@@ -41,6 +41,11 @@ pub enum Command {
     /// Mount a file system [mmmount].
     Mount(MountArgs),
     /// Unmount a file system [mmumount].
+    #[command(
+        after_help = "Exit status: 0 unmounted; 2 unmounted, but the final checkpoint \
+                            could not be written (the next mount replays the recovery log); \
+                            1 not unmounted."
+    )]
     Umount(DeviceArgs),
     /// Free space per disk and per storage pool [mmdf].
     Df(DeviceListArgs),
@@ -85,10 +90,14 @@ pub enum PerfCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum PerfNetCommand {
-    /// Answer perf clients on ADDR[:PORT] (default port 6669) until stopped.
+    /// Answer perf clients on ADDR[:PORT] (default 0.0.0.0, port 6669) until stopped.
     Server {
-        #[arg(short = 'l', long = "listen", default_value = "0.0.0.0:6669")]
-        listen: String,
+        /// ADDR[:PORT] to listen on.
+        #[arg(value_name = "ADDR[:PORT]", conflicts_with = "listen_option")]
+        listen: Option<String>,
+        /// The same, as an option.
+        #[arg(short = 'l', long = "listen", value_name = "ADDR[:PORT]")]
+        listen_option: Option<String>,
     },
     /// Stream requests to every server at once and report MB/s and latency per server.
     Run {
@@ -246,7 +255,9 @@ pub enum DaCommand {
         #[arg(short = 'v', default_value = "yes")]
         verify: String,
     },
-    /// Change the rebuild share, scrub rate or error limit of an array.
+    /// Delete a declustered array that holds no vdisks; its drives are free again.
+    Delete { name: String },
+    /// Change the foreground I/O share, scrub rate or error limit of an array.
     Change {
         name: String,
         #[command(flatten)]
@@ -266,10 +277,14 @@ pub enum DaCommand {
 /// Tunables of a declustered array.
 #[derive(Args, Debug)]
 pub struct DaSettingsArgs {
-    /// Percent of I/O time that rebuild leaves to foreground I/O while both run (0-95;
-    /// default 50).
-    #[arg(long = "rebuild-io-share")]
-    pub rebuild_io_share: Option<u8>,
+    /// Percent of I/O time kept for foreground I/O while a rebuild runs (0-95; default
+    /// 50); the rest goes to the rebuild. An idle array rebuilds at full speed.
+    #[arg(
+        long = "foreground-io-share",
+        alias = "rebuild-io-share",
+        value_name = "PCT"
+    )]
+    pub foreground_io_share: Option<u8>,
     /// Background scrub rate in MB/s over all pdisks together (default 200).
     #[arg(long = "scrub-rate")]
     pub scrub_rate: Option<u32>,
@@ -304,22 +319,32 @@ pub enum VdiskCommand {
         #[arg(short = 'Y')]
         machine: bool,
     },
-    /// Delete a vdisk that no NSD uses.
+    /// Delete a vdisk that no NSD uses, also one that lost data.
     Delete { name: String },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum PdiskCommand {
-    /// List pdisks.
+    /// List pdisks (without the records of replaced drives; --all shows them).
     Ls {
         /// Only pdisks whose state is not ok.
         #[arg(long = "not-ok")]
         not_ok: bool,
+        /// Also the records of drives that were replaced.
+        #[arg(long = "all")]
+        all: bool,
         #[arg(short = 'Y')]
         machine: bool,
     },
-    /// Declare a pdisk dead; its data is rebuilt into spare space at once.
-    Fail { name: String },
+    /// Declare a pdisk dead; its data is rebuilt into spare space at once. Refused when
+    /// a vdisk would lose data (the pdisks already down count), unless --force.
+    Fail {
+        name: String,
+        /// Fail it even though vdisks lose data: their NSDs and file systems become
+        /// partly unreadable.
+        #[arg(long = "force")]
+        force: bool,
+    },
     /// Take a pdisk out of service for maintenance, without rebuilding it.
     Suspend { name: String },
     /// Return a suspended pdisk to service.
@@ -459,7 +484,7 @@ pub enum FsCommand {
     /// List the attributes of a file system [mmlsfs].
     Ls(DeviceListArgs),
     /// Delete an unmounted file system; its NSDs become free [mmdelfs].
-    Delete(DeviceArgs),
+    Delete(FsDeleteArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -472,6 +497,17 @@ pub enum DiskCommand {
 pub struct DeviceArgs {
     /// The file system device name.
     pub device: String,
+}
+
+#[derive(Args, Debug)]
+pub struct FsDeleteArgs {
+    /// The file system device name.
+    pub device: String,
+    /// Delete it even if disks cannot be opened, read or written (lost data, a dead
+    /// drive): what cannot be erased stays on the disk, and the NSDs are free in the
+    /// cluster. Without -p such a file system is not deleted.
+    #[arg(short = 'p')]
+    pub unreadable_ok: bool,
 }
 
 #[derive(Args, Debug)]
@@ -515,7 +551,9 @@ pub struct FsCreateArgs {
     /// DEVICE, or the old form MOUNTPOINT DEVICE (`/gpfs1 gpfs1`).
     #[arg(required = true, num_args = 1..=2, value_name = "DEVICE")]
     pub positional: Vec<String>,
-    /// The %nsd stanza file naming the NSDs (created with `tessera nsd create`).
+    /// The %nsd stanza file naming the NSDs (created with `tessera nsd create`). A %pool
+    /// stanza may only repeat what the file system does: blockSize= as -B, layoutMap= as
+    /// -j (pools with their own block size or layout are not implemented yet).
     #[arg(short = 'F')]
     pub stanza_file: PathBuf,
     /// Block size: 64K to 16M, a power of two.
@@ -551,13 +589,15 @@ pub struct FsCreateArgs {
     /// MAX[:PREALLOC] inodes.
     #[arg(long = "inode-limit")]
     pub inode_limit: Option<String>,
-    /// Default number of metadata replicas (only 1 for now).
+    /// Default number of metadata replicas (only 1: replication across failure groups is
+    /// not implemented yet).
     #[arg(short = 'm', default_value_t = 1)]
     pub metadata_replicas: u32,
     /// Maximum number of metadata replicas (1 to 3).
     #[arg(short = 'M', default_value_t = 2)]
     pub max_metadata_replicas: u32,
-    /// Default number of data replicas (only 1 for now).
+    /// Default number of data replicas (only 1: replication across failure groups is not
+    /// implemented yet).
     #[arg(short = 'r', default_value_t = 1)]
     pub data_replicas: u32,
     /// Maximum number of data replicas (1 to 3).

@@ -49,6 +49,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Da(DaCommand::Create { .. }) => "da create",
         Command::Da(DaCommand::Ls { .. }) => "da ls",
         Command::Da(DaCommand::Change { .. }) => "da change",
+        Command::Da(DaCommand::Delete { .. }) => "da delete",
         Command::Da(DaCommand::Scrub { .. }) => "da scrub",
         Command::Vdisk(VdiskCommand::Create { .. }) => "vdisk create",
         Command::Vdisk(VdiskCommand::Ls { .. }) => "vdisk ls",
@@ -89,7 +90,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Nsd(NsdCommand::Delete { names }) => nsd::delete(home, &names),
         Command::Fs(FsCommand::Create(a)) => fs::create(home, &a),
         Command::Fs(FsCommand::Ls(a)) => fs::ls(home, &a.device, a.machine),
-        Command::Fs(FsCommand::Delete(a)) => fs::delete(home, &a.device),
+        Command::Fs(FsCommand::Delete(a)) => fs::delete(home, &a.device, a.unreadable_ok),
         Command::Mount(a) => io::mount(home, &a.device, a.mount_point.as_deref()),
         Command::Umount(a) => io::umount(home, &a.device),
         Command::Df(a) => io::df(home, &a.device, a.machine),
@@ -149,6 +150,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
             verify,
         }) => da::create(home, &name, &stanza_file, spares, &settings, &verify),
         Command::Da(DaCommand::Change { name, settings }) => da::change(home, &name, &settings),
+        Command::Da(DaCommand::Delete { name }) => da::delete(home, &name),
         Command::Da(DaCommand::Ls { name, machine }) => da::ls(home, name.as_deref(), machine),
         Command::Da(DaCommand::Scrub { name }) => da::scrub(home, &name),
         Command::Vdisk(VdiskCommand::Create {
@@ -160,22 +162,34 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         }) => da::vdisk_create(home, &name, &array, &code, &block_size, &size),
         Command::Vdisk(VdiskCommand::Ls { machine }) => da::vdisk_ls(home, machine),
         Command::Vdisk(VdiskCommand::Delete { name }) => da::vdisk_delete(home, &name),
-        Command::Pdisk(PdiskCommand::Ls { not_ok, machine }) => da::pdisk_ls(home, not_ok, machine),
-        Command::Pdisk(PdiskCommand::Fail { name }) => {
-            da::pdisk_change(home, &name, PdiskAction::Fail)
+        Command::Pdisk(PdiskCommand::Ls {
+            not_ok,
+            all,
+            machine,
+        }) => da::pdisk_ls(home, not_ok, all, machine),
+        Command::Pdisk(PdiskCommand::Fail { name, force }) => {
+            da::pdisk_change(home, &name, PdiskAction::Fail, force)
         }
         Command::Pdisk(PdiskCommand::Suspend { name }) => {
-            da::pdisk_change(home, &name, PdiskAction::Suspend)
+            da::pdisk_change(home, &name, PdiskAction::Suspend, false)
         }
         Command::Pdisk(PdiskCommand::Resume { name }) => {
-            da::pdisk_change(home, &name, PdiskAction::Resume)
+            da::pdisk_change(home, &name, PdiskAction::Resume, false)
         }
         Command::Pdisk(PdiskCommand::Replace { name, device }) => {
             da::pdisk_replace(home, &name, &device)
         }
         Command::Nvme(c) => run_nvme(home, c),
         Command::DriveServer(a) => drive_server::run(&a.config),
-        Command::Perf(PerfCommand::Net(PerfNetCommand::Server { listen })) => perf::server(&listen),
+        Command::Perf(PerfCommand::Net(PerfNetCommand::Server {
+            listen,
+            listen_option,
+        })) => perf::server(
+            listen
+                .or(listen_option)
+                .as_deref()
+                .unwrap_or(perf::LISTEN_DEFAULT),
+        ),
         Command::Perf(PerfCommand::Net(PerfNetCommand::Run {
             servers,
             op,
@@ -255,7 +269,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tessera {name}: {e:#}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<output::PartlyDone>() {
+                Some(partly) => ExitCode::from(partly.code),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

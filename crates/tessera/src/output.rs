@@ -157,6 +157,23 @@ pub fn local_time(unix: u64, zone: bool) -> String {
     }
 }
 
+/// A command that did its main work but not all of it (`umount` whose final checkpoint
+/// failed): the message says what happened, and the process exits with `code` so that a
+/// script can tell it from a plain failure (1).
+#[derive(Debug)]
+pub struct PartlyDone {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for PartlyDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PartlyDone {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

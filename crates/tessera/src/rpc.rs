@@ -79,8 +79,8 @@ pub struct PdiskSpecWire {
 /// Tunables of a declustered array; `None` keeps the current value (or the default).
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct DaSettings {
-    /// Percent of I/O time rebuild leaves to foreground I/O while both run.
-    pub rebuild_io_share: Option<u8>,
+    /// Percent of I/O time kept for foreground I/O while a rebuild runs.
+    pub foreground_io_share: Option<u8>,
     /// Background scrub rate, MB/s over all pdisks together.
     pub scrub_rate_mb_s: Option<u32>,
     /// I/O errors after which a pdisk is declared dead.
@@ -121,7 +121,8 @@ pub struct DaRow {
     pub free_bytes: u64,
     pub spare_bytes: u64,
     pub vdisks: u32,
-    pub rebuild_io_share: u8,
+    /// Percent of I/O time kept for foreground I/O while a rebuild runs.
+    pub foreground_io_share: u8,
     pub scrub_rate_mb_s: u32,
     pub pdisk_error_limit: u32,
     pub tasks: Vec<TaskRow>,
@@ -175,6 +176,9 @@ pub enum Request {
     },
     FsDelete {
         name: String,
+        /// `fs delete -p`: go on when disks cannot be erased.
+        #[serde(default)]
+        unreadable_ok: bool,
     },
     Mount {
         name: String,
@@ -205,6 +209,9 @@ pub enum Request {
         settings: DaSettings,
     },
     DaList,
+    DaDelete {
+        name: String,
+    },
     DaScrub {
         name: String,
     },
@@ -225,6 +232,9 @@ pub enum Request {
     PdiskChange {
         name: String,
         action: PdiskAction,
+        /// Fail even though vdisks lose data.
+        #[serde(default)]
+        force: bool,
     },
     PdiskReplace {
         name: String,
@@ -297,6 +307,10 @@ pub struct FsShow {
     pub descriptor: FsDescriptor,
     /// Per disk of the descriptor: whether its device answers with the right NSD.
     pub disks_up: Vec<bool>,
+    /// Per disk of the descriptor: why part of it cannot be read although the device
+    /// answers (a vdisk that lost data).
+    #[serde(default)]
+    pub disks_lost: Vec<Option<String>>,
     pub mounted_at: Option<String>,
 }
 
@@ -321,6 +335,11 @@ pub enum Reply {
     Fs(Box<FsShow>),
     Mounted {
         mount_point: String,
+    },
+    /// The file system is unmounted; `checkpoint_error` says why its final checkpoint
+    /// could not be written, if it could not.
+    Unmounted {
+        checkpoint_error: Option<String>,
     },
     Df(tessera_fs::DfReport),
     Fsck(tessera_fs::FsckReport),
@@ -370,6 +389,18 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead) -> Result<
     ))
 }
 
+/// The caller may not connect to the daemon's socket (not root).
+#[derive(Debug)]
+pub struct SocketDenied(String);
+
+impl std::fmt::Display for SocketDenied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SocketDenied {}
+
 /// A connection to the local daemon.
 pub struct Client {
     stream: BufReader<UnixStream>,
@@ -380,6 +411,13 @@ impl Client {
     pub fn connect(home: &Home) -> Result<Client> {
         let path = home.socket_path();
         let stream = UnixStream::connect(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                return anyhow::Error::new(SocketDenied(format!(
+                    "permission denied on the daemon's socket {} ({e}); the admin commands \
+                     need root: run them as root (sudo tessera ...)",
+                    path.display()
+                )));
+            }
             anyhow!(
                 "the Tessera daemon is not running ({}: {e}); start it with `tessera startup`",
                 path.display()
@@ -388,6 +426,12 @@ impl Client {
         Ok(Client {
             stream: BufReader::new(stream),
         })
+    }
+
+    /// Whether connecting failed because the caller may not use the socket (the daemon
+    /// may well be running).
+    pub fn denied(error: &anyhow::Error) -> bool {
+        error.downcast_ref::<SocketDenied>().is_some()
     }
 
     /// True when a daemon answers on the socket within `timeout`.

@@ -220,3 +220,212 @@ fn array_input_that_does_not_fit_is_refused() {
     let err = node.fails(&["vdisk", "create", "w", "--da", "small", "--code", "8+2p"]);
     assert!(err.contains("10") || err.contains("pdisks"), "{err}");
 }
+
+/// Array `da1`, 8+2p vdisk `vd0` with 1 MiB blocks as NSD `vd0`, and file system `gfs`
+/// on it, mounted at `mnt` when FUSE is usable; returns the mount point.
+fn file_system_on_vdisk(node: &mut Node, size: &str) -> std::path::PathBuf {
+    let pdisks = node.pdisk_stanza(256 << 20);
+    node.ok(&["da", "create", "da1", "-F", s(&pdisks)]);
+    node.ok(&[
+        "vdisk",
+        "create",
+        "vd0",
+        "--da",
+        "da1",
+        "--block-size",
+        "1M",
+        "--size",
+        size,
+    ]);
+    let stanza = node.path("vd.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=vdisk:vd0 nsd=vd0 usage=dataAndMetadata\n",
+    )
+    .unwrap();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mnt");
+    node.mounts.push(mnt.clone());
+    node.ok(&[
+        "fs",
+        "create",
+        "gfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    mnt
+}
+
+/// Two pdisks suspended (no rebuild), so every stripe on both is at its tolerance: failing
+/// a third loses data, which `pdisk fail` refuses without --force. After the loss every
+/// listing says so, umount says the file system is unmounted although the last checkpoint
+/// was not written, and the objects can be deleted top down (fs delete -p, nsd delete,
+/// vdisk delete, da delete), each refusing while the one above still uses it.
+#[test]
+fn data_loss_is_refused_then_shown_and_cleaned_up() {
+    let mut node = Node::new().start();
+    let mnt = file_system_on_vdisk(&mut node, "512M");
+    let fuse = fuse_usable();
+    if fuse {
+        node.ok(&["mount", "gfs"]);
+        std::fs::write(mnt.join("before"), pattern(3 << 20, 7)).unwrap();
+        assert!(std::process::Command::new("sync")
+            .status()
+            .unwrap()
+            .success());
+    }
+    node.ok(&["pdisk", "suspend", "e1s1"]);
+    node.ok(&["pdisk", "suspend", "e2s1"]);
+    let err = node.fails(&["pdisk", "fail", "e3s1"]);
+    for want in ["vd0", "NSD vd0", "file system gfs", "--force"] {
+        assert!(err.contains(want), "{want} missing from: {err}");
+    }
+    let state = node.ok(&["pdisk", "ls", "-Y"]);
+    assert!(
+        state.contains(":e3s1:da1:") && !state.contains("dead"),
+        "{state}"
+    );
+    // Five of twelve pdisks: every 10-strip stripe has at least three strips on them, so
+    // every stripe is lost (the descriptor's too) whatever the placement.
+    for pdisk in ["e3s1", "e4s1", "e5s1", "e1s1", "e2s1"] {
+        node.ok(&["pdisk", "fail", pdisk, "--force"]);
+    }
+
+    // Item 11: the array, the vdisk and the disk of the file system agree.
+    assert!(node.ok(&["da", "ls"]).contains("data loss"));
+    assert!(node.ok(&["vdisk", "ls"]).contains("critical"));
+    let disk_ls = |node: &Node| {
+        let out = node.run(&["disk", "ls", "gfs"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!text.contains(" up "), "{text}");
+        assert!(
+            text.contains("down") && text.contains("lost data"),
+            "{text}"
+        );
+    };
+    disk_ls(&node);
+    if fuse {
+        let y = node.ok(&["disk", "ls", "gfs", "-Y"]);
+        assert!(y.contains(":ready:down:"), "{y}");
+    }
+
+    // Item 12: the unmount happens even when the final checkpoint cannot be written.
+    if fuse {
+        for i in 0..50 {
+            let _ = std::fs::create_dir(mnt.join(format!("after{i}")));
+        }
+        let out = node.run(&["umount", "gfs"]);
+        let text = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        assert!(!mounts.contains(s(&mnt)), "{text}");
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(
+            text.contains("is unmounted") && text.contains("replays the recovery log"),
+            "{text}"
+        );
+        let err = node.fails(&["umount", "gfs"]);
+        assert!(err.contains("not mounted"), "{err}");
+    }
+
+    // Item 14: a restart with the lost vdisk logs the strips it cannot rebuild once per
+    // vdisk and pass, with a count, not once per strip.
+    node.ok(&["shutdown"]);
+    node.ok(&["startup"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while node
+        .ok(&["da", "ls", "da1", "-Y"])
+        .lines()
+        .any(|l| l.starts_with("da:task:0:") && l.trim_end_matches(':').ends_with("false"))
+    {
+        assert!(Instant::now() < deadline, "rebuild pass did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = std::fs::read_to_string(node.home().join("log/daemon.log")).unwrap();
+    let per_strip = log
+        .lines()
+        .filter(|l| l.contains("cannot rebuild") || l.contains("cannot move"))
+        .count();
+    assert!(per_strip > 0 && per_strip < 20, "{per_strip} lines:\n{log}");
+    disk_ls(&node);
+
+    // Item 10: delete top down, each step refused while the one above uses the object.
+    let err = node.fails(&["da", "delete", "da1"]);
+    assert!(err.contains("vd0") && err.contains("vdisk delete"), "{err}");
+    let err = node.fails(&["vdisk", "delete", "vd0"]);
+    assert!(err.contains("nsd delete vd0"), "{err}");
+    let err = node.fails(&["nsd", "delete", "vd0"]);
+    assert!(err.contains("fs delete gfs"), "{err}");
+    let err = node.fails(&["fs", "delete", "gfs"]);
+    assert!(err.contains("-p"), "{err}");
+    let out = node.ok(&["fs", "delete", "gfs", "-p"]);
+    assert_eq!(out.matches("will be destroyed").count(), 1, "{out}");
+    node.ok(&["nsd", "delete", "vd0"]);
+    node.ok(&["vdisk", "delete", "vd0"]);
+    node.ok(&["da", "delete", "da1"]);
+    assert!(node.ok(&["da", "ls"]).contains("no declustered arrays"));
+    assert!(node.ok(&["pdisk", "ls"]).contains("no pdisks"));
+    let err = node.fails(&["da", "delete", "da1"]);
+    assert!(err.contains("does not exist"), "{err}");
+    // The drives are free again.
+    let pdisks = node.path("pdisks.stanza");
+    node.ok(&["da", "create", "da2", "-F", s(&pdisks)]);
+}
+
+/// Item 13: the spare column shrinks when a rebuild used spare space, a replaced pdisk
+/// leaves the default listing (`--all` shows it), and the foreground share is named so.
+#[test]
+fn rebuild_uses_spare_and_replaced_pdisks_leave_the_listing() {
+    let mut node = Node::new().start();
+    file_system_on_vdisk(&mut node, "256M");
+    let spare = |node: &Node| -> u64 {
+        let y = node.ok(&["da", "ls", "da1", "-Y"]);
+        let header = y.lines().find(|l| l.starts_with("da::HEADER:")).unwrap();
+        let row = y.lines().find(|l| l.starts_with("da::0:")).unwrap();
+        let col = header.split(':').position(|c| c == "spareBytes").unwrap();
+        row.split(':').nth(col).unwrap().parse().unwrap()
+    };
+    let before = spare(&node);
+    assert!(before > 0);
+    node.ok(&["pdisk", "fail", "e4s2"]);
+    wait_rebuilt(&node);
+    let after = spare(&node);
+    assert!(after < before, "spare {before} -> {after}");
+
+    let new = node.drive("new-e4s2", 256 << 20);
+    node.ok(&["pdisk", "replace", "e4s2", "--device", s(&new)]);
+    wait_rebuilt(&node);
+    let listing = node.ok(&["pdisk", "ls"]);
+    assert!(!listing.contains("replaced"), "{listing}");
+    let rows = listing.lines().filter(|l| l.starts_with("e4s2 ")).count();
+    assert_eq!(rows, 1, "{listing}");
+    assert!(node
+        .ok(&["pdisk", "ls", "--not-ok"])
+        .contains("every pdisk is ok"));
+    let all = node.ok(&["pdisk", "ls", "--all"]);
+    assert!(all.contains("replaced"), "{all}");
+    assert!(
+        spare(&node) >= before,
+        "spare after replacement: {}",
+        spare(&node)
+    );
+
+    node.ok(&["da", "change", "da1", "--foreground-io-share", "70"]);
+    node.ok(&["da", "change", "da1", "--rebuild-io-share", "60"]);
+    let listing = node.ok(&["da", "ls", "da1"]);
+    assert!(
+        listing.contains("foreground share") && listing.contains("60%"),
+        "{listing}"
+    );
+    let y = node.ok(&["da", "ls", "da1", "-Y"]);
+    assert!(y.contains(":foregroundIoShare:"), "{y}");
+    let help = node.ok(&["da", "change", "--help"]);
+    assert!(help.contains("--foreground-io-share"), "{help}");
+}

@@ -190,6 +190,9 @@ pub struct StripSlot {
     pub writable: bool,
 }
 
+/// Per (vdisk, what went wrong): how many strips, and the first one's message.
+pub type FailedMoves = std::collections::BTreeMap<(String, &'static str), (u64, String)>;
+
 /// The state shared by an array, its vdisk handles and its background workers.
 pub struct DaCore {
     pub uuid: [u8; 16],
@@ -226,6 +229,10 @@ pub struct DaCore {
     /// Strips the maintenance worker could not rebuild (data lost): not retried until a
     /// pdisk changes state.
     pub given_up: Mutex<HashSet<(u32, u64, u16)>>,
+    /// Strips that could not be rebuilt or moved in the current maintenance step, per
+    /// (vdisk, what went wrong): a count and the first strip's message. Reported as one
+    /// event each when the step ends, since a vdisk that lost data has thousands.
+    pub failed_moves: Mutex<FailedMoves>,
     /// The last rebalance round could move nothing; cleared when pdisks or vdisks change.
     pub rebalance_stuck: AtomicBool,
     pub opener: DeviceOpener,
@@ -299,6 +306,7 @@ impl DaCore {
             rebuild: Mutex::new(Progress::default()),
             scrub: Mutex::new(Progress::default()),
             given_up: Mutex::new(HashSet::new()),
+            failed_moves: Mutex::new(std::collections::BTreeMap::new()),
             rebalance_stuck: AtomicBool::new(false),
             opener: init.opener,
         }

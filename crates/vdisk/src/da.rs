@@ -150,7 +150,12 @@ fn write_label(dev: &dyn BlockDevice, path: &Path, label: &Label) -> Result<(), 
 }
 
 /// Refuses devices that already belong to something, unless forced.
-fn check_unused(dev: &dyn BlockDevice, path: &Path, force: bool) -> Result<(), VdiskError> {
+fn check_unused(
+    dev: &dyn BlockDevice,
+    path: &Path,
+    force: bool,
+    how_to_force: &'static str,
+) -> Result<(), VdiskError> {
     if force {
         return Ok(());
     }
@@ -161,12 +166,14 @@ fn check_unused(dev: &dyn BlockDevice, path: &Path, force: bool) -> Result<(), V
             return Err(VdiskError::DeviceInUse {
                 device,
                 da: l.da_name,
+                how_to_force,
             })
         }
         Err(_) => {
             return Err(VdiskError::DeviceInUse {
                 device,
                 da: "(damaged label)".into(),
+                how_to_force,
             })
         }
         Ok(None) => {}
@@ -174,7 +181,7 @@ fn check_unused(dev: &dyn BlockDevice, path: &Path, force: bool) -> Result<(), V
     if &s[..8] == b"TSRNSD01" {
         return Err(VdiskError::Invalid(format!(
             "{device}: holds an NSD descriptor (the device is an NSD, maybe with a file \
-             system); pass force to overwrite it"
+             system); if its data is no longer needed, {how_to_force}"
         )));
     }
     Ok(())
@@ -251,7 +258,12 @@ impl DeclusteredArray {
                     min_bytes: layout::PDISK_BYTES_MIN,
                 });
             }
-            check_unused(dev.as_ref(), &s.device, opts.force)?;
+            check_unused(
+                dev.as_ref(),
+                &s.device,
+                opts.force,
+                "create the array with `-v no` (DaOptions::force)",
+            )?;
             devs.push(dev);
         }
         let count = pdisks.len() as u32;
@@ -516,6 +528,29 @@ impl DeclusteredArray {
         Ok(())
     }
 
+    /// The vdisks that would lose data if pdisk `name` failed now, with the number of
+    /// stripes each would lose, counting the pdisks that are already down (dead, missing,
+    /// suspended, catching up) and stale strips. Empty when the failure is survivable.
+    pub fn loss_if_failed(&self, name: &str) -> Result<Vec<(String, u64)>, VdiskError> {
+        let core = &self.core;
+        let pd = core.pdisk_by_name(name)?;
+        let pdisks = core.pdisks.read().clone();
+        let stale = core.stale_list();
+        let vdisks: Vec<Arc<VdiskCore>> = core.vdisks.read().values().cloned().collect();
+        let mut lost: Vec<(String, u64)> = vdisks
+            .iter()
+            .map(|vd| {
+                (
+                    vd.name.clone(),
+                    stripes_lost_without(vd, pd.index, &pdisks, &stale),
+                )
+            })
+            .filter(|(_, stripes)| *stripes > 0)
+            .collect();
+        lost.sort();
+        Ok(lost)
+    }
+
     /// Declares a pdisk dead: it is no longer read or written and its strips are rebuilt
     /// into spare space.
     pub fn pdisk_fail(&self, name: &str) -> Result<(), VdiskError> {
@@ -676,7 +711,13 @@ impl DeclusteredArray {
                 return Ok(dev);
             }
         }
-        check_unused(dev.as_ref(), device, force)?;
+        check_unused(
+            dev.as_ref(),
+            device,
+            force,
+            "wipe the start of the drive or use another one (pdisk_replace_with with force \
+             overrides this check)",
+        )?;
         Ok(dev)
     }
 
@@ -759,6 +800,56 @@ impl DeclusteredArray {
         Ok(())
     }
 
+    /// Deletes the array: refused while it holds vdisks. Closes it and wipes the label of
+    /// every pdisk whose drive answers, so the drives count as unused again and the array
+    /// cannot be opened any more. Returns the pdisks whose label could not be wiped.
+    pub fn destroy(&self) -> Result<Vec<String>, VdiskError> {
+        let core = &self.core;
+        let vdisks: Vec<String> = core.vdisks.read().keys().cloned().collect();
+        if !vdisks.is_empty() {
+            return Err(VdiskError::Invalid(format!(
+                "declustered array `{}` still holds vdisks {}; delete them first",
+                core.name,
+                vdisks.join(", ")
+            )));
+        }
+        // A failed close (a drive that no longer answers) must not keep the array alive:
+        // its metadata is about to become unreachable anyway.
+        if let Err(e) = self.close() {
+            tracing::warn!(da = %core.name, "deleting: close failed: {e}");
+        }
+        let mut kept = Vec::new();
+        for p in core.pdisks.read().iter() {
+            if p.state() == PdiskState::Replaced {
+                continue;
+            }
+            if let Err(e) = self.wipe_label(p) {
+                kept.push(format!("{} ({}): {e}", p.name, p.device_path));
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Zeroes the label of pdisk `p` if its drive still carries it. A pdisk that failed
+    /// has no open drive: its path is opened again, and wiped only if the label there is
+    /// still this pdisk's (the path may name another drive by now).
+    fn wipe_label(&self, p: &Pdisk) -> Result<(), String> {
+        let path = Path::new(&p.device_path);
+        let dev = match &p.dev {
+            Some(dev) => Arc::clone(dev),
+            None => open_device(&self.core.opener, path).map_err(|e| e.to_string())?,
+        };
+        let sector = read_sector0(dev.as_ref(), path).map_err(|e| e.to_string())?;
+        match Label::decode(&sector) {
+            Ok(Some(l)) if l.da_uuid == self.core.uuid && l.pdisk_uuid == p.uuid => {}
+            _ => return Err("the drive no longer carries this pdisk's label".into()),
+        }
+        let zero = AlignedBuf::zeroed(layout::SECTOR_USIZE);
+        dev.write_at(&zero, layout::LABEL_OFFSET)
+            .and_then(|()| dev.flush())
+            .map_err(|e| e.to_string())
+    }
+
     fn stop_workers(&self) {
         self.core.stop.store(true, Ordering::Release);
         self.core.kick();
@@ -792,8 +883,9 @@ fn state_error(pd: &Pdisk, action: &'static str) -> VdiskError {
 fn check_settings(name: &str, opts: &DaOptions) -> Result<(), VdiskError> {
     if opts.rebuild_io_share > 95 {
         return Err(VdiskError::Invalid(format!(
-            "declustered array `{name}`: rebuild I/O share {}% leaves rebuild too little; \
-             use 0 to 95 (percent of I/O time kept for foreground I/O)",
+            "declustered array `{name}`: foreground I/O share {}% (the rebuild I/O share: \
+             percent of I/O time kept for foreground I/O while a rebuild runs) leaves the \
+             rebuild too little; use 0 to 95",
             opts.rebuild_io_share
         )));
     }
@@ -1164,16 +1256,25 @@ pub fn enclosure_ids(pdisks: &[Arc<Pdisk>]) -> Vec<u32> {
     pdisks.iter().map(|p| ids[p.enclosure.as_str()]).collect()
 }
 
-/// Sectors of pdisk `p` kept free as spare.
+/// Sectors of pdisk `p` kept free as spare. Every pdisk that left service without a
+/// replacement (dead, missing) has its strips rebuilt into the reserve, so it uses up one
+/// pdisk's worth of it: the reserve left shrinks, and the space new vdisks may use stays
+/// what it was. A replacement drive brings the reserve back.
 pub fn spare_sectors(core: &DaCore, p: &Pdisk) -> u64 {
-    let in_service = core
-        .pdisks
-        .read()
+    let pdisks = core.pdisks.read();
+    let in_service = pdisks
         .iter()
         .filter(|p| p.state().in_service())
         .count()
         .max(1) as u64;
-    let spare = u64::from(core.settings.lock().spare_pdisks).min(in_service);
+    let consumed = pdisks
+        .iter()
+        .filter(|p| matches!(p.state(), PdiskState::Dead | PdiskState::Missing))
+        .count() as u64;
+    drop(pdisks);
+    let spare = u64::from(core.settings.lock().spare_pdisks)
+        .saturating_sub(consumed)
+        .min(in_service);
     p.layout.data_sectors() * spare / in_service
 }
 
@@ -1275,6 +1376,45 @@ fn pdisk_rows(
     (rows, capacity, free, spare_total)
 }
 
+/// Whether strip `i` of stripe `s` cannot be read now: its pdisk is not readable or the
+/// strip waits to be rewritten after a failed write.
+fn strip_unavailable(
+    vd: &VdiskCore,
+    s: u64,
+    i: usize,
+    pdisks: &[Arc<Pdisk>],
+    stale: &[crate::meta::StaleStrip],
+) -> bool {
+    let is_stale = !stale.is_empty()
+        && stale
+            .binary_search_by_key(&(vd.id, s, i as u16), |x| (x.vdisk_id, x.stripe, x.strip))
+            .is_ok();
+    is_stale || !pdisks[usize::from(vd.loc(s, i).pdisk)].readable()
+}
+
+/// Stripes of `vd` that are readable now and would not be if pdisk `index` stopped being
+/// read: they already miss as many strips as the code tolerates and hold one on it.
+fn stripes_lost_without(
+    vd: &VdiskCore,
+    index: u16,
+    pdisks: &[Arc<Pdisk>],
+    stale: &[crate::meta::StaleStrip],
+) -> u64 {
+    let mut lost = 0;
+    for s in 0..vd.stripes {
+        let (mut down, mut on_it) = (0, 0);
+        for i in 0..vd.n {
+            if strip_unavailable(vd, s, i, pdisks, stale) {
+                down += 1;
+            } else if vd.loc(s, i).pdisk == index {
+                on_it += 1;
+            }
+        }
+        lost += u64::from(down <= vd.m && down + on_it > vd.m);
+    }
+    lost
+}
+
 /// A vdisk's row: its stripes with unavailable strips and its actual enclosure spread.
 fn vdisk_row(
     vd: &VdiskCore,
@@ -1289,13 +1429,7 @@ fn vdisk_row(
         let mut down = 0;
         for i in 0..vd.n {
             let loc = vd.loc(s, i);
-            let is_stale = !stale.is_empty()
-                && stale
-                    .binary_search_by_key(&(vd.id, s, i as u16), |x| {
-                        (x.vdisk_id, x.stripe, x.strip)
-                    })
-                    .is_ok();
-            if !pdisks[usize::from(loc.pdisk)].readable() || is_stale {
+            if strip_unavailable(vd, s, i, pdisks, stale) {
                 down += 1;
             }
             *per_enc.entry(enc[usize::from(loc.pdisk)]).or_default() += 1;

@@ -29,9 +29,14 @@ pub enum VdiskError {
     DuplicateDevice { device: String, other: String },
     #[error(
         "{device}: already holds a pdisk label of declustered array `{da}`; to reuse the \
-         drive and destroy what it holds, pass force"
+         drive and destroy what it holds, {how_to_force}"
     )]
-    DeviceInUse { device: String, da: String },
+    DeviceInUse {
+        device: String,
+        da: String,
+        /// How the caller overrides the check, in the words of its interface.
+        how_to_force: &'static str,
+    },
     #[error(
         "{device}: belongs to declustered array `{other_da}` ({other_uuid}), not to `{da}`; \
          remove it from the device list (or open `{other_da}` with it)"

@@ -80,6 +80,7 @@ fn maintenance(core: &DaCore) {
                 false
             }
         };
+        report_failed_moves(core);
         if !did {
             let mut woken = core.wake_lock.lock();
             if !*woken && !stopping(core) {
@@ -153,21 +154,42 @@ fn throttle(core: &DaCore, work_started: Instant) {
     std::thread::sleep(pause.min(PAUSE_MAX));
 }
 
+/// Counts a strip that could not be rebuilt or moved, for [`report_failed_moves`].
+fn note_failed_move(core: &DaCore, vd: &VdiskCore, what: &'static str, first: String) {
+    let mut failed = core.failed_moves.lock();
+    let entry = failed
+        .entry((vd.name.clone(), what))
+        .or_insert_with(|| (0, first));
+    entry.0 += 1;
+}
+
+/// One event per vdisk and kind of failure of the step that just ended, with a count.
+fn report_failed_moves(core: &DaCore) {
+    let failed = std::mem::take(&mut *core.failed_moves.lock());
+    for ((vdisk, what), (count, first)) in failed {
+        let strips = if count == 1 { "strip" } else { "strips" };
+        core.event(format!(
+            "vdisk {vdisk}: {what} {count} {strips} (the first: {first})"
+        ));
+    }
+}
+
 /// Records a failed strip move. Data loss is not retried until a pdisk changes state; an
 /// I/O error (a failing target, counted against it) is retried on the next pass.
 fn give_up(core: &DaCore, vd: &VdiskCore, stripe: u64, strip: usize, e: &VdiskError) {
+    let first = format!("stripe {stripe} strip {strip}: {e}");
     if !matches!(e, VdiskError::Unrecoverable { .. }) {
-        core.event(format!(
-            "vdisk {} stripe {stripe} strip {strip}: move failed, will retry: {e}",
-            vd.name
-        ));
+        note_failed_move(core, vd, "move failed, will retry, for", first);
         return;
     }
     if core.given_up.lock().insert((vd.id, stripe, strip as u16)) {
-        core.event(format!(
-            "vdisk {} stripe {stripe} strip {strip}: cannot rebuild: {e}",
-            vd.name
-        ));
+        note_failed_move(
+            core,
+            vd,
+            "cannot rebuild (more strips lost than the code tolerates; reads of them \
+             fail)",
+            first,
+        );
     }
 }
 
@@ -485,10 +507,12 @@ fn rebuild_strip(core: &DaCore, vd: &Arc<VdiskCore>, s: u64, i: usize) {
             "no spare space left; add or replace pdisks".to_string()
         };
         if core.given_up.lock().insert((vd.id, s, i as u16)) {
-            core.event(format!(
-                "rebuild: vdisk {} stripe {s} strip {i} cannot move: {why}",
-                vd.name
-            ));
+            note_failed_move(
+                core,
+                vd,
+                "rebuild cannot move",
+                format!("stripe {s} strip {i}: {why}"),
+            );
         }
         core.rebuild.lock().done += 1;
         return;

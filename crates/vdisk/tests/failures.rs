@@ -403,3 +403,52 @@ fn drain_moves_everything_off_a_readable_pdisk() {
     check_all(&v, &data);
     da.close().unwrap();
 }
+
+/// `loss_if_failed` counts the pdisks already down: with two suspended, failing a third
+/// that shares stripes with both would lose data; the prediction matches what the array
+/// reports once it is failed. Each pdisk lost without replacement uses up one pdisk's
+/// worth of the spare reserve, not of the space left for vdisks.
+#[test]
+fn loss_is_predicted_and_spare_shrinks_per_lost_pdisk() {
+    let (t, _faults, da, _v, _data) = setup("8+2p", BLOCK);
+    let name = |i: usize| t.specs[i].name.clone();
+    assert!(da.loss_if_failed(&name(0)).unwrap().is_empty());
+    let before = da.status();
+    da.pdisk_fail(&name(0)).unwrap();
+    wait_idle(&da);
+    let after = da.status();
+    assert!(
+        after.spare_bytes < before.spare_bytes,
+        "spare {} -> {}",
+        before.spare_bytes,
+        after.spare_bytes
+    );
+    assert_eq!(after.state, DaState::Ok);
+    da.pdisk_suspend(&name(1)).unwrap();
+    da.pdisk_suspend(&name(2)).unwrap();
+    let third = (3..12)
+        .map(name)
+        .find(|p| !da.loss_if_failed(p).unwrap().is_empty())
+        .expect("some pdisk shares stripes with p1 and p2");
+    let lost = da.loss_if_failed(&third).unwrap();
+    assert_eq!(lost[0].0, "v");
+    da.pdisk_fail(&third).unwrap();
+    let st = da.status();
+    assert_eq!(st.state, DaState::DataLoss);
+    assert_eq!(st.vdisks[0].critical_stripes, lost[0].1);
+    assert!(da.loss_if_failed("no-such").is_err());
+}
+
+/// `destroy` is refused while vdisks remain; afterwards the drives carry no label, so a
+/// new array takes them without force.
+#[test]
+fn destroy_frees_the_drives() {
+    let (t, _faults, da, _v, _data) = setup("8+2p", BLOCK);
+    let err = da.destroy().unwrap_err().to_string();
+    assert!(err.contains("still holds vdisks v"), "{err}");
+    da.pdisk_fail(&t.specs[3].name).unwrap();
+    da.delete_vdisk("v").unwrap();
+    assert!(da.destroy().unwrap().is_empty());
+    drop(da);
+    create(&t, tessera_vdisk::DaOptions::default());
+}

@@ -101,12 +101,45 @@ pub(crate) fn unmount(mountpoint: &Path, flags: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Where the fusectl file system lists the FUSE connections.
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
 /// Aborts the FUSE connection of the mount whose device number is `dev` through the fusectl
 /// file system, which makes every pending request and every request thread finish. Used
-/// only when a regular unmount failed.
+/// only when a regular unmount failed. Machines without systemd (containers, minimal
+/// installs) often do not mount fusectl: it is mounted here first, as systemd would.
 pub(crate) fn abort_connection(dev: u64) -> io::Result<()> {
-    let path = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(dev));
+    let dir = format!("{FUSECTL}/{}", libc::minor(dev));
+    if !Path::new(&dir).exists() {
+        mount_fusectl()?;
+    }
+    let path = format!("{dir}/abort");
     std::fs::write(&path, b"1").map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
+}
+
+/// Mounts fusectl at its usual place; an already mounted one (EBUSY) is fine.
+fn mount_fusectl() -> io::Result<()> {
+    let target = CString::new(FUSECTL).expect("no NUL");
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            c"fusectl".as_ptr(),
+            target.as_ptr(),
+            c"fusectl".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("fusectl is not mounted at {FUSECTL} and mounting it failed: {e}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -75,6 +75,11 @@ fn tail(path: &std::path::Path, lines: usize) -> String {
 
 pub fn startup(home: &Home) -> Result<()> {
     let cluster = home.cluster()?;
+    if let Err(e) = Client::connect(home) {
+        if Client::denied(&e) {
+            return Err(e);
+        }
+    }
     if let Some(Reply::Pong { pid, .. }) = Client::ping(home, PING_TIMEOUT) {
         println!("tessera startup: the daemon is already running (pid {pid})");
         return Ok(());
@@ -130,9 +135,13 @@ pub fn startup(home: &Home) -> Result<()> {
 }
 
 pub fn shutdown(home: &Home) -> Result<()> {
-    let Ok(mut client) = Client::connect(home) else {
-        println!("tessera shutdown: the daemon is not running");
-        return Ok(());
+    let mut client = match Client::connect(home) {
+        Ok(c) => c,
+        Err(e) if Client::denied(&e) => return Err(e),
+        Err(_) => {
+            println!("tessera shutdown: the daemon is not running");
+            return Ok(());
+        }
     };
     stamp("shutdown", "Starting force unmount of Tessera file systems");
     client.call(&Request::Shutdown, |_| {})?;
@@ -152,6 +161,11 @@ pub fn shutdown(home: &Home) -> Result<()> {
 
 pub fn state(home: &Home, machine: bool) -> Result<()> {
     let cluster = home.cluster()?;
+    if let Err(e) = Client::connect(home) {
+        if Client::denied(&e) {
+            return Err(e);
+        }
+    }
     let state = match Client::ping(home, PING_TIMEOUT) {
         Some(_) => "active",
         None => "down",

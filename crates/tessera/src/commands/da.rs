@@ -62,7 +62,7 @@ fn task_text(t: &TaskRow) -> String {
 
 fn settings(args: &DaSettingsArgs) -> DaSettings {
     DaSettings {
-        rebuild_io_share: args.rebuild_io_share,
+        foreground_io_share: args.foreground_io_share,
         scrub_rate_mb_s: args.scrub_rate,
         pdisk_error_limit: args.pdisk_error_limit,
     }
@@ -70,9 +70,14 @@ fn settings(args: &DaSettingsArgs) -> DaSettings {
 
 pub fn change(home: &Home, name: &str, args: &DaSettingsArgs) -> Result<()> {
     let s = settings(args);
-    if s.rebuild_io_share.is_none() && s.scrub_rate_mb_s.is_none() && s.pdisk_error_limit.is_none()
+    if s.foreground_io_share.is_none()
+        && s.scrub_rate_mb_s.is_none()
+        && s.pdisk_error_limit.is_none()
     {
-        bail!("nothing to change; give --rebuild-io-share, --scrub-rate or --pdisk-error-limit");
+        bail!(
+            "nothing to change; give --foreground-io-share, --scrub-rate or \
+             --pdisk-error-limit"
+        );
     }
     let request = Request::DaChange {
         name: name.to_string(),
@@ -141,7 +146,7 @@ fn da_table(rows: &[DaRow]) -> String {
         "free",
         "spare",
         "vdisks",
-        "rebuild share",
+        "foreground share",
         "scrub rate",
     ])
     .right(&[1, 2, 4, 5, 6, 7, 8, 9]);
@@ -155,7 +160,7 @@ fn da_table(rows: &[DaRow]) -> String {
             human_bytes(r.free_bytes),
             human_bytes(r.spare_bytes),
             r.vdisks.to_string(),
-            format!("{}%", r.rebuild_io_share),
+            format!("{}%", r.foreground_io_share),
             format!("{} MB/s", r.scrub_rate_mb_s),
         ]);
     }
@@ -203,7 +208,7 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
             "freeBytes",
             "spareBytes",
             "vdisks",
-            "rebuildIoShare",
+            "foregroundIoShare",
             "scrubRateMBps",
             "pdiskErrorLimit",
         ])
@@ -220,7 +225,7 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
                 r.free_bytes.to_string(),
                 r.spare_bytes.to_string(),
                 r.vdisks.to_string(),
-                r.rebuild_io_share.to_string(),
+                r.foreground_io_share.to_string(),
                 r.scrub_rate_mb_s.to_string(),
                 r.pdisk_error_limit.to_string(),
             ])
@@ -258,6 +263,19 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+pub fn delete(home: &Home, name: &str) -> Result<()> {
+    let request = Request::DaDelete {
+        name: name.to_string(),
+    };
+    match call(home, &request)? {
+        Reply::Done => {
+            println!("tessera da delete: declustered array {name} deleted");
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
 }
 
 pub fn scrub(home: &Home, name: &str) -> Result<()> {
@@ -406,11 +424,18 @@ pub fn vdisk_delete(home: &Home, name: &str) -> Result<()> {
     }
 }
 
-pub fn pdisk_ls(home: &Home, not_ok: bool, machine: bool) -> Result<()> {
+/// How a pdisk whose drive was replaced is listed; the record stays in the array's
+/// metadata, but is no drive to look after.
+const REPLACED: &str = "replaced";
+
+pub fn pdisk_ls(home: &Home, not_ok: bool, all: bool, machine: bool) -> Result<()> {
     let mut rows: Vec<PdiskRow> = match call(home, &Request::PdiskList)? {
         Reply::Pdisks(rows) => rows,
         other => return Err(unexpected(other)),
     };
+    if !all {
+        rows.retain(|r| r.state != REPLACED);
+    }
     if not_ok {
         rows.retain(|r| r.state != "ok");
     }
@@ -492,10 +517,11 @@ pub fn pdisk_ls(home: &Home, not_ok: bool, machine: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn pdisk_change(home: &Home, name: &str, action: PdiskAction) -> Result<()> {
+pub fn pdisk_change(home: &Home, name: &str, action: PdiskAction, force: bool) -> Result<()> {
     let request = Request::PdiskChange {
         name: name.to_string(),
         action,
+        force,
     };
     match call(home, &request)? {
         Reply::Done => Ok(()),

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
 use tessera_fs::DiskStatus;
-use tessera_nsd::{check_name, parse_stanzas, DiskUsage, NAME_RULE};
+use tessera_nsd::{check_name, parse_pool_stanzas, parse_stanzas, DiskUsage, NAME_RULE};
 
 use super::nsd::{absolute, read_stanza_file};
 use super::units::{parse_block_size, parse_inode_limit, parse_inode_size, parse_size};
@@ -119,10 +119,12 @@ fn one_of<'a>(option: &str, value: &str, accepted: &[&'a str]) -> Result<&'a str
         .ok_or_else(|| anyhow!("{option} {value}: use one of {}", accepted.join(", ")))
 }
 
-fn check_replicas(a: &FsCreateArgs) -> Result<()> {
+fn check_replicas(a: &FsCreateArgs, problems: &mut Vec<String>) {
     for (opt, max) in [("-M", a.max_metadata_replicas), ("-R", a.max_data_replicas)] {
         if !(1..=REPLICAS_MAX).contains(&max) {
-            bail!("{opt} {max}: the maximum number of replicas must be 1, 2 or 3");
+            problems.push(format!(
+                "{opt} {max}: the maximum number of replicas must be 1, 2 or 3"
+            ));
         }
     }
     for (opt, n, max) in [
@@ -130,19 +132,80 @@ fn check_replicas(a: &FsCreateArgs) -> Result<()> {
         ("-r", a.data_replicas, a.max_data_replicas),
     ] {
         if n == 0 {
-            bail!("{opt} 0: at least one replica is needed; use {opt} 1");
-        }
-        if n > 1 {
-            bail!(
-                "{opt} {n}: replication factor {n} is not yet supported; use -m 1 -r 1 \
-                 (replication arrives with erasure-coded vdisks)"
-            );
-        }
-        if n > max {
-            bail!(
+            problems.push(format!(
+                "{opt} 0: at least one replica is needed; use {opt} 1"
+            ));
+        } else if n > 1 {
+            problems.push(format!(
+                "{opt} {n}: replication factor {n} is not yet supported: replication across \
+                 failure groups is not implemented yet; use -m 1 -r 1 (erasure-coded vdisks \
+                 protect data today: put the file system on vdisks of a declustered array)"
+            ));
+        } else if n > max {
+            problems.push(format!(
                 "{opt} {n} is above the maximum set with {}",
                 opt.to_uppercase()
-            );
+            ));
+        }
+    }
+}
+
+/// The value of `result`, or `None` with its error added to `problems`: every bad option
+/// is reported at once.
+fn keep<T>(problems: &mut Vec<String>, result: Result<T>) -> Option<T> {
+    result.map_err(|e| problems.push(format!("{e:#}"))).ok()
+}
+
+/// `%pool` stanzas: checked like every stanza, and refused where they ask for what is not
+/// implemented (pools with their own block size or layout, write affinity).
+fn check_pools(
+    file: &Path,
+    text: &str,
+    block_size: Option<u32>,
+    placement: Option<&str>,
+) -> Result<()> {
+    let at = |line: usize, msg: String| anyhow!("{}: line {line}: {msg}", file.display());
+    for pool in parse_pool_stanzas(text).map_err(|e| anyhow!("{}: {e}", file.display()))? {
+        if let (Some(text), Some(bytes)) = (&pool.block_size, pool.block_size_bytes()) {
+            if block_size.is_some_and(|b| u64::from(b) != bytes) {
+                return Err(at(
+                    pool.line,
+                    format!(
+                        "pool={}: blockSize={text}: a pool block size other than the file \
+                         system's (-B) is not implemented yet; remove blockSize= or make it \
+                         equal to -B",
+                        pool.pool
+                    ),
+                ));
+            }
+        }
+        if let Some(map) = pool.layout_map {
+            if placement.is_some_and(|p| p != map.as_str()) {
+                return Err(at(
+                    pool.line,
+                    format!(
+                        "pool={}: layoutMap={}: a pool layout other than the file system's \
+                         (-j) is not implemented yet; remove layoutMap= or make it equal to -j",
+                        pool.pool,
+                        map.as_str()
+                    ),
+                ));
+            }
+        }
+        let unimplemented = [
+            ("usage", pool.usage.is_some()),
+            ("allowWriteAffinity", pool.allow_write_affinity.is_some()),
+            ("writeAffinityDepth", pool.write_affinity_depth.is_some()),
+            ("blockGroupFactor", pool.block_group_factor.is_some()),
+        ];
+        if let Some((key, _)) = unimplemented.iter().find(|(_, given)| *given) {
+            return Err(at(
+                pool.line,
+                format!(
+                    "pool={}: {key}= is not implemented yet; remove it from the %pool stanza",
+                    pool.pool
+                ),
+            ));
         }
     }
     Ok(())
@@ -173,35 +236,91 @@ fn device_and_mount_point(a: &FsCreateArgs) -> Result<(String, Option<String>)> 
 }
 
 pub fn create(home: &Home, a: &FsCreateArgs) -> Result<()> {
-    let (name, mount_point) = device_and_mount_point(a)?;
-    let block_size = parse_block_size(&a.block_size)?;
-    let inode_size = parse_inode_size(&a.inode_size)?;
-    let placement = one_of("-j", &a.placement, &["scatter", "cluster"])?;
-    check_replicas(a)?;
+    let spec = create_spec(a)?;
+    call(home, &Request::FsCreate(Box::new(spec)))?;
+    Ok(())
+}
+
+/// Checks every option and the stanza file, and reports every problem at once.
+fn create_spec(a: &FsCreateArgs) -> Result<FsCreateSpec> {
+    let mut p = Vec::new();
+    let names = keep(&mut p, device_and_mount_point(a));
+    let block_size = keep(&mut p, parse_block_size(&a.block_size));
+    let inode_size = keep(&mut p, parse_inode_size(&a.inode_size));
+    let placement = keep(&mut p, one_of("-j", &a.placement, &["scatter", "cluster"]));
+    check_replicas(a, &mut p);
     if a.nodes == 0 {
-        bail!("-n 0: estimate at least 1 node");
+        p.push("-n 0: estimate at least 1 node".into());
     }
     if !(1..=SHARDS_MAX).contains(&a.shards) {
-        bail!("--shards {}: use 1 to {SHARDS_MAX}", a.shards);
+        p.push(format!("--shards {}: use 1 to {SHARDS_MAX}", a.shards));
     }
-    let log_bytes = parse_size(&a.log_size)
-        .filter(|b| *b >= u64::from(block_size).min(1 << 20))
-        .ok_or_else(|| {
-            anyhow!(
-                "-L {}: use a size of at least 1M, such as 16M or 64M",
-                a.log_size
-            )
-        })?;
-    let (max_inodes, prealloc_inodes) = match &a.inode_limit {
-        Some(text) => {
-            let (max, pre) = parse_inode_limit(text)?;
-            (Some(max), pre)
-        }
-        None => (None, 0),
+    let log_min = u64::from(block_size.unwrap_or(1 << 20)).min(1 << 20);
+    let log_bytes = parse_size(&a.log_size).filter(|b| *b >= log_min);
+    if log_bytes.is_none() {
+        p.push(format!(
+            "-L {}: use a size of at least 1M, such as 16M or 64M",
+            a.log_size
+        ));
+    }
+    let inode_limit = match &a.inode_limit {
+        Some(text) => keep(&mut p, parse_inode_limit(text)).map(|(max, pre)| (Some(max), pre)),
+        None => Some((None, 0)),
     };
-    let text = read_stanza_file(&a.stanza_file)?;
-    let disks = disks_from_stanzas(&a.stanza_file, &text)?;
-    let spec = FsCreateSpec {
+    let automount = keep(&mut p, yes_no("-A", &a.automount));
+    let suppress_atime = keep(
+        &mut p,
+        one_of("-S", &a.suppress_atime, &["no", "yes", "relatime"]),
+    );
+    let exact_mtime = keep(&mut p, yes_no("-E", &a.exact_mtime));
+    let strict_replicas = keep(
+        &mut p,
+        one_of("-K", &a.strict_replicas, &["no", "whenpossible", "always"]),
+    );
+    let verify = keep(&mut p, yes_no("-v", &a.verify));
+    let disks = keep(&mut p, read_stanza_file(&a.stanza_file)).and_then(|text| {
+        keep(
+            &mut p,
+            check_pools(&a.stanza_file, &text, block_size, placement),
+        )?;
+        keep(&mut p, disks_from_stanzas(&a.stanza_file, &text))
+    });
+    match p.len() {
+        0 => {}
+        1 => bail!("{}", p[0]),
+        n => bail!("{n} problems:\n  {}", p.join("\n  ")),
+    }
+    let (
+        Some((name, mount_point)),
+        Some(block_size),
+        Some(inode_size),
+        Some(placement),
+        Some(log_bytes),
+        Some((max_inodes, prealloc_inodes)),
+        Some(automount),
+        Some(suppress_atime),
+        Some(exact_mtime),
+        Some(strict_replicas),
+        Some(verify),
+        Some(disks),
+    ) = (
+        names,
+        block_size,
+        inode_size,
+        placement,
+        log_bytes,
+        inode_limit,
+        automount,
+        suppress_atime,
+        exact_mtime,
+        strict_replicas,
+        verify,
+        disks,
+    )
+    else {
+        unreachable!("every None added a problem");
+    };
+    Ok(FsCreateSpec {
         mount_point: mount_point.unwrap_or_else(|| format!("/gpfs/{name}")),
         name,
         disks,
@@ -209,21 +328,18 @@ pub fn create(home: &Home, a: &FsCreateArgs) -> Result<()> {
         inode_size,
         cluster_placement: placement == "cluster",
         estimated_nodes: a.nodes,
-        automount: yes_no("-A", &a.automount)?,
-        suppress_atime: one_of("-S", &a.suppress_atime, &["no", "yes", "relatime"])?.into(),
-        exact_mtime: yes_no("-E", &a.exact_mtime)?,
-        strict_replicas: one_of("-K", &a.strict_replicas, &["no", "whenpossible", "always"])?
-            .into(),
+        automount,
+        suppress_atime: suppress_atime.into(),
+        exact_mtime,
+        strict_replicas: strict_replicas.into(),
         log_bytes,
         max_inodes,
         prealloc_inodes,
         max_metadata_replicas: a.max_metadata_replicas,
         max_data_replicas: a.max_data_replicas,
-        verify: yes_no("-v", &a.verify)?,
+        verify,
         shard_count: a.shards,
-    };
-    call(home, &Request::FsCreate(Box::new(spec)))?;
-    Ok(())
+    })
 }
 
 pub fn show(home: &Home, name: &str) -> Result<FsShow> {
@@ -402,11 +518,12 @@ pub fn ls(home: &Home, name: &str, machine: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn delete(home: &Home, name: &str) -> Result<()> {
+pub fn delete(home: &Home, name: &str, unreadable_ok: bool) -> Result<()> {
     call(
         home,
         &Request::FsDelete {
             name: name.to_string(),
+            unreadable_ok,
         },
     )?;
     Ok(())
@@ -415,11 +532,16 @@ pub fn delete(home: &Home, name: &str) -> Result<()> {
 pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
     let s = show(home, name)?;
     let d = &s.descriptor;
+    let lost = |i: usize| s.disks_lost.get(i).cloned().flatten();
     let rows: Vec<Vec<String>> = d
         .disks
         .iter()
         .zip(&s.disks_up)
-        .map(|(disk, up)| {
+        .enumerate()
+        .map(|(i, (disk, up))| {
+            // A disk part of which cannot be read is down, as mmlsdisk shows a disk whose
+            // data cannot be reached: `up` would promise reads that fail.
+            let up = *up && lost(i).is_none();
             let status = match disk.status {
                 DiskStatus::Ready => "ready",
                 DiskStatus::Suspended => "suspended",
@@ -432,7 +554,7 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
                 yn(disk.usage.holds_metadata()).into(),
                 yn(disk.usage.holds_data()).into(),
                 status.into(),
-                if *up { "up" } else { "down" }.into(),
+                if up { "up" } else { "down" }.into(),
                 d.pool_name(disk.pool).to_string(),
             ]
         })
@@ -477,5 +599,10 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
         t.row(row);
     }
     print!("{}", t.render());
+    for (i, disk) in d.disks.iter().enumerate() {
+        if let Some(why) = lost(i) {
+            println!("{}: down: {why}", disk.nsd_name);
+        }
+    }
     Ok(())
 }

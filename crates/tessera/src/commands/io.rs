@@ -36,14 +36,29 @@ pub fn mount(home: &Home, name: &str, mount_point: Option<&Path>) -> Result<()> 
 }
 
 pub fn umount(home: &Home, name: &str) -> Result<()> {
-    call(
-        home,
-        &Request::Umount {
-            name: name.to_string(),
-        },
-    )?;
-    println!("File system {name} is unmounted");
-    Ok(())
+    let request = Request::Umount {
+        name: name.to_string(),
+    };
+    match call(home, &request)? {
+        Reply::Unmounted {
+            checkpoint_error: None,
+        } => {
+            println!("File system {name} is unmounted");
+            Ok(())
+        }
+        Reply::Unmounted {
+            checkpoint_error: Some(e),
+        } => Err(crate::output::PartlyDone {
+            code: 2,
+            message: format!(
+                "file system {name} is unmounted, but its final checkpoint could not be \
+                 written ({e}); nothing acknowledged by fsync is lost: the next mount \
+                 replays the recovery log (see `tessera disk ls {name}` if it fails too)"
+            ),
+        }
+        .into()),
+        other => Err(super::unexpected(other)),
+    }
 }
 
 fn kb(bytes: u64) -> u64 {

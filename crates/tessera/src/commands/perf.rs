@@ -30,6 +30,8 @@ pub const REQUEST_BYTES_MAX: u32 = 16 << 20;
 const CONNECTIONS_MAX: usize = 256;
 /// The default TCP port, next to nsdperf's 6668.
 pub const PERF_PORT: u16 = 6669;
+/// Where `perf net server` listens without an address.
+pub const LISTEN_DEFAULT: &str = "0.0.0.0:6669";
 
 fn header(op: u32, size: u32) -> [u8; 16] {
     let mut h = [0u8; 16];
@@ -367,5 +369,14 @@ mod tests {
                 h.count
             );
         }
+    }
+
+    #[test]
+    fn listen_address_without_port_takes_the_perf_port() {
+        assert_eq!(
+            parse_listen("127.0.0.1").unwrap(),
+            "127.0.0.1:6669".parse().unwrap()
+        );
+        assert_eq!(parse_listen(LISTEN_DEFAULT).unwrap().port(), PERF_PORT);
     }
 }

@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use tessera_vdisk::{
-    Code, DaOptions, DaStatus, DeclusteredArray, PdiskSpec, Progress, Tolerance, Vdisk, VdiskSize,
+    Code, DaOptions, DaStatus, DeclusteredArray, PdiskSpec, PdiskState, Progress, Tolerance, Vdisk,
+    VdiskSize,
 };
 
 use super::{Daemon, Reporter};
-use crate::config::{DaRecord, PdiskRecord};
+use crate::config::{DaRecord, DaRegistry, PdiskRecord};
 use crate::rpc::{
     DaRow, DaSettings, PdiskAction, PdiskRow, PdiskSpecWire, Reply, Request, TaskRow, VdiskRow,
 };
@@ -83,7 +84,7 @@ fn da_row(s: &DaStatus) -> DaRow {
         free_bytes: s.free_bytes,
         spare_bytes: s.spare_bytes,
         vdisks: s.vdisks.len() as u32,
-        rebuild_io_share: s.rebuild_io_share,
+        foreground_io_share: s.rebuild_io_share,
         scrub_rate_mb_s: s.scrub_rate_mb_s,
         pdisk_error_limit: s.pdisk_error_limit,
         tasks: [task_row("rebuild", &s.rebuild), task_row("scrub", &s.scrub)]
@@ -198,7 +199,7 @@ impl Daemon {
                 let da = self.array(&name)?;
                 let now = da.status();
                 da.set_options(
-                    settings.rebuild_io_share.unwrap_or(now.rebuild_io_share),
+                    settings.foreground_io_share.unwrap_or(now.rebuild_io_share),
                     settings.scrub_rate_mb_s.unwrap_or(now.scrub_rate_mb_s),
                     settings.pdisk_error_limit.unwrap_or(now.pdisk_error_limit),
                 )?;
@@ -211,6 +212,7 @@ impl Daemon {
                     .map(|da| da_row(&da.status()))
                     .collect(),
             )),
+            Request::DaDelete { name } => self.da_delete(&name, r),
             Request::DaScrub { name } => {
                 self.array(&name)?.start_scrub();
                 Ok(Reply::Done)
@@ -226,10 +228,20 @@ impl Daemon {
             Request::VdiskList => Ok(Reply::Vdisks(self.vdisk_rows(None)?)),
             Request::VdiskDelete { name } => self.vdisk_delete(&name),
             Request::PdiskList => Ok(Reply::Pdisks(self.pdisk_rows())),
-            Request::PdiskChange { name, action } => {
+            Request::PdiskChange {
+                name,
+                action,
+                force,
+            } => {
+                let _admin = self.admin.lock();
                 let da = self.array_of_pdisk(&name)?;
                 match action {
-                    PdiskAction::Fail => da.pdisk_fail(&name)?,
+                    PdiskAction::Fail => {
+                        if !force {
+                            self.refuse_data_loss(&da, &name)?;
+                        }
+                        da.pdisk_fail(&name)?
+                    }
                     PdiskAction::Suspend => da.pdisk_suspend(&name)?,
                     PdiskAction::Resume => da.pdisk_resume(&name)?,
                 }
@@ -297,7 +309,7 @@ impl Daemon {
         let opts = DaOptions {
             spare_pdisks,
             rebuild_io_share: settings
-                .rebuild_io_share
+                .foreground_io_share
                 .unwrap_or(defaults.rebuild_io_share),
             scrub_rate_mb_s: settings.scrub_rate_mb_s.unwrap_or(defaults.scrub_rate_mb_s),
             pdisk_error_limit: settings
@@ -405,6 +417,117 @@ impl Daemon {
             bail!("vdisk {name} does not exist; `tessera vdisk ls` lists the vdisks");
         };
         self.array(vdisk.array_name())?.delete_vdisk(name)?;
+        Ok(Reply::Done)
+    }
+
+    /// Refuses to fail pdisk `name` when a vdisk would lose data, naming the vdisks, the
+    /// NSDs and file systems on them, and the pdisks already down.
+    fn refuse_data_loss(&self, da: &DeclusteredArray, name: &str) -> Result<()> {
+        let lost = da.loss_if_failed(name)?;
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let nsds = self.home.nsds()?;
+        let victims: Vec<String> = lost
+            .iter()
+            .map(|(vdisk, stripes)| {
+                let device = format!("{VDISK_DEVICE_PREFIX}{vdisk}");
+                let user = match nsds.nsds.iter().find(|n| n.device == device) {
+                    Some(n) => match &n.file_system {
+                        Some(fs) => format!(", NSD {} of file system {fs}", n.name),
+                        None => format!(", NSD {}", n.name),
+                    },
+                    None => String::new(),
+                };
+                format!("vdisk {vdisk} ({stripes} stripes{user})")
+            })
+            .collect();
+        let down: Vec<String> = da
+            .status()
+            .pdisks
+            .iter()
+            .filter(|p| {
+                p.state != PdiskState::Replaced && (p.state != PdiskState::Ok || p.catching_up)
+            })
+            .map(|p| format!("{} ({})", p.name, p.state))
+            .collect();
+        let already = if down.is_empty() {
+            String::new()
+        } else {
+            format!(" with {} already down", down.join(", "))
+        };
+        bail!(
+            "failing pdisk {name}{already} loses data: {} would have stripes with fewer \
+             readable strips than their code needs; resume or replace the pdisks that are \
+             down first, or give --force to fail it anyway",
+            victims.join("; ")
+        )
+    }
+
+    /// `da delete`: refused while the array holds vdisks; wipes the pdisk labels so the
+    /// drives are free for a new array or NSDs.
+    fn da_delete(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut registry = self.home.arrays()?;
+        if registry.get(name).is_none() {
+            bail!("declustered array {name} does not exist; `tessera da ls` lists them");
+        }
+        let open = self.arrays.lock().get(name).cloned();
+        let Some(da) = open else {
+            return self.forget_unopened_array(name, registry, r);
+        };
+        let vdisks: Vec<String> = da.status().vdisks.into_iter().map(|v| v.name).collect();
+        if !vdisks.is_empty() {
+            bail!(
+                "declustered array {name} still holds vdisks {}; delete them first with \
+                 `tessera vdisk delete NAME` (after `tessera nsd delete` of their NSDs and \
+                 `tessera fs delete` of the file systems on those)",
+                vdisks.join(", ")
+            );
+        }
+        let kept = da.destroy()?;
+        self.arrays.lock().remove(name);
+        registry.arrays.retain(|a| a.name != name);
+        self.home.save_arrays(&registry)?;
+        for k in &kept {
+            r.info(format!(
+                "tessera da delete: warning: the label of pdisk {k} was not wiped; reuse that \
+                 drive with `-v no`"
+            ));
+        }
+        tracing::info!("declustered array {name} deleted");
+        Ok(Reply::Done)
+    }
+
+    /// `da delete` of an array that could not be opened: its vdisks are unknown, so it is
+    /// removed from the registry only while no NSD names a vdisk that no open array has.
+    fn forget_unopened_array(
+        &self,
+        name: &str,
+        mut registry: DaRegistry,
+        r: &mut Reporter,
+    ) -> Result<Reply> {
+        let nsds = self.home.nsds()?;
+        let unknown: Vec<String> = nsds
+            .nsds
+            .iter()
+            .filter(|n| vdisk_device_name(&n.device).is_some_and(|v| self.find_vdisk(v).is_none()))
+            .map(|n| n.name.clone())
+            .collect();
+        if !unknown.is_empty() {
+            bail!(
+                "declustered array {name} could not be opened at startup, and NSDs {} are on \
+                 vdisks that may be in it; delete those NSDs first (`tessera nsd delete`), or \
+                 fix the drives and restart the daemon",
+                unknown.join(", ")
+            );
+        }
+        registry.arrays.retain(|a| a.name != name);
+        self.home.save_arrays(&registry)?;
+        r.info(format!(
+            "tessera da delete: warning: declustered array {name} could not be opened, so its \
+             pdisk labels stay: reuse its drives with `-v no`"
+        ));
         Ok(Reply::Done)
     }
 

@@ -148,6 +148,9 @@ impl Daemon {
         let mut nsds = self.home.nsds()?;
         let disks = resolve_disks(self, &spec, &nsds)?;
         let opts = format_options(&spec, &disks);
+        // Refused input is reported before anything is announced as being formatted.
+        opts.check(&disks)
+            .map_err(|e| anyhow!("{e}; file system {} was not created", spec.name))?;
         let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
         let names: Vec<String> = disks.iter().map(|d| d.nsd_name.clone()).collect();
         r.info(format!(
@@ -208,7 +211,7 @@ impl Daemon {
             None => {
                 let available: Vec<_> = devices.iter().flatten().map(|(_, d)| d.clone()).collect();
                 tessera_fs::read_descriptor(&available)
-                    .map_err(|e| anyhow!("file system {name}: {e}"))?
+                    .map_err(|e| self.unreadable_descriptor(&record, &nsds, &e.to_string()))?
             }
         };
         let disks_up = descriptor
@@ -222,16 +225,74 @@ impl Daemon {
                     .is_some_and(|i| up[i])
             })
             .collect();
+        let disks_lost = descriptor
+            .disks
+            .iter()
+            .map(|d| {
+                let rec = nsds.get(&d.nsd_name)?;
+                self.data_lost_on(&rec.device)
+            })
+            .collect();
         let mounted_at = mounted.map(|(_, mp)| mp.display().to_string());
         Ok(Reply::Fs(Box::new(FsShow {
             record,
             descriptor,
             disks_up,
+            disks_lost,
             mounted_at,
         })))
     }
 
-    pub(super) fn fs_delete(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
+    /// The error for a file system whose descriptor cannot be read, naming the NSDs that
+    /// are down because their vdisk lost data, and the way out.
+    fn unreadable_descriptor(
+        &self,
+        record: &FsRecord,
+        nsds: &NsdRegistry,
+        error: &str,
+    ) -> anyhow::Error {
+        let name = &record.name;
+        let lost: Vec<String> = record
+            .nsds
+            .iter()
+            .filter_map(|n| {
+                let why = self.data_lost_on(&nsds.get(n)?.device)?;
+                Some(format!("NSD {n} is down: {why}"))
+            })
+            .collect();
+        if lost.is_empty() {
+            return anyhow!("file system {name}: {error}");
+        }
+        anyhow!(
+            "file system {name}: cannot read its descriptor ({error}); {}. If the data cannot \
+             be brought back, delete it with `tessera fs delete {name} -p`",
+            lost.join("; ")
+        )
+    }
+
+    /// Why part of the NSD on `device` cannot be read although it opens: a vdisk with
+    /// stripes that lost more strips than its code tolerates.
+    fn data_lost_on(&self, device: &str) -> Option<String> {
+        let vdisk = vdisk_device_name(device)?;
+        let arrays = self.arrays.lock();
+        arrays.values().find_map(|da| {
+            let v = da.status().vdisks.into_iter().find(|v| v.name == vdisk)?;
+            (v.critical_stripes > 0).then(|| {
+                format!(
+                    "vdisk {vdisk} lost data: {} stripes have fewer readable strips than \
+                     {} needs; reads of them fail",
+                    v.critical_stripes, v.code
+                )
+            })
+        })
+    }
+
+    pub(super) fn fs_delete(
+        &self,
+        name: &str,
+        unreadable_ok: bool,
+        r: &mut Reporter,
+    ) -> Result<Reply> {
         let _admin = self.admin.lock();
         let mut fss = self.home.file_systems()?;
         let record = fss.require(name)?.clone();
@@ -245,13 +306,40 @@ impl Daemon {
         let mut nsds = self.home.nsds()?;
         let (devices, _) = self.open_fs_devices(&record, &nsds);
         let available: Vec<_> = devices.iter().flatten().map(|(_, d)| d.clone()).collect();
-        for (nsd, dev) in record.nsds.iter().zip(&devices) {
-            if dev.is_none() {
-                r.info(format!(
-                    "tessera fs delete: warning: NSD {nsd} cannot be reached; its copy of the \
-                     file system descriptor stays (use `tessera nsd create -v no` to reuse it)"
-                ));
+        let unreachable: Vec<&String> = record
+            .nsds
+            .iter()
+            .zip(&devices)
+            .filter(|(_, dev)| dev.is_none())
+            .map(|(nsd, _)| nsd)
+            .collect();
+        if !unreadable_ok {
+            let down: Vec<String> = record
+                .nsds
+                .iter()
+                .filter_map(|n| {
+                    let lost = nsds.get(n).and_then(|rec| self.data_lost_on(&rec.device));
+                    match lost {
+                        Some(why) => Some(format!("NSD {n} is down: {why}")),
+                        None => unreachable
+                            .contains(&n)
+                            .then(|| format!("NSD {n} cannot be opened (see the daemon log)")),
+                    }
+                })
+                .collect();
+            if !down.is_empty() {
+                bail!(
+                    "file system {name}: {}; nothing was deleted. If the disks cannot be \
+                     repaired, delete it anyway with `tessera fs delete {name} -p`",
+                    down.join("; ")
+                );
             }
+        }
+        for nsd in unreachable {
+            r.info(format!(
+                "tessera fs delete: warning: NSD {nsd} cannot be reached; its copy of the \
+                 file system descriptor stays (use `tessera nsd create -v no` to reuse it)"
+            ));
         }
         r.info(format!(
             "All data on the following disks of {name} will be destroyed:"
@@ -259,7 +347,16 @@ impl Daemon {
         for nsd in &record.nsds {
             r.info(format!("    {nsd}"));
         }
-        tessera_fs::erase(&available).map_err(|e| anyhow!("file system {name}: {e}"))?;
+        if unreadable_ok {
+            erase_what_can_be(name, &record.nsds, &devices, r);
+        } else {
+            tessera_fs::erase(&available).map_err(|e| {
+                anyhow!(
+                    "file system {name}: {e}; nothing was deleted. If the disks cannot be \
+                     repaired, delete it anyway with `tessera fs delete {name} -p`"
+                )
+            })?;
+        }
         for nsd in &record.nsds {
             if let Some(rec) = nsds.get_mut(nsd) {
                 rec.file_system = None;
@@ -268,13 +365,26 @@ impl Daemon {
         fss.file_systems.retain(|f| f.name != name);
         self.home.save_nsds(&nsds)?;
         self.home.save_file_systems(&fss)?;
-        r.info(format!(
-            "All data on the following disks of {name} will be destroyed:"
-        ));
-        for nsd in &record.nsds {
-            r.info(format!("    {nsd}"));
-        }
         r.info(format!("Completed deletion of file system {name}."));
         Ok(Reply::Done)
+    }
+}
+
+/// `fs delete -p`: erases the descriptor copy on every NSD that takes it; one that does
+/// not keeps its copy, which only `nsd create -v no` overwrites.
+fn erase_what_can_be(
+    name: &str,
+    nsds: &[String],
+    devices: &super::mounts::FsDevices,
+    r: &mut Reporter,
+) {
+    for (nsd, dev) in nsds.iter().zip(devices) {
+        let Some((_, dev)) = dev else { continue };
+        if let Err(e) = tessera_fs::erase(std::slice::from_ref(dev)) {
+            r.info(format!(
+                "tessera fs delete: warning: NSD {nsd}: {e}; its copy of the descriptor of \
+                 {name} stays (use `tessera nsd create -v no` to reuse it)"
+            ));
+        }
     }
 }

@@ -205,7 +205,10 @@ impl Daemon {
             Request::NsdDelete { names } => self.nsd_delete(&names, r),
             Request::FsCreate(spec) => self.fs_create(*spec, r),
             Request::FsShow { name } => self.fs_show(&name),
-            Request::FsDelete { name } => self.fs_delete(&name, r),
+            Request::FsDelete {
+                name,
+                unreadable_ok,
+            } => self.fs_delete(&name, unreadable_ok, r),
             Request::Mount { name, mount_point } => self.mount_request(&name, mount_point),
             Request::Umount { name } => self.umount(&name),
             Request::Df { name } => self.df(&name),
@@ -214,6 +217,7 @@ impl Daemon {
             request @ (Request::DaCreate { .. }
             | Request::DaChange { .. }
             | Request::DaList
+            | Request::DaDelete { .. }
             | Request::DaScrub { .. }
             | Request::VdiskCreate { .. }
             | Request::VdiskList

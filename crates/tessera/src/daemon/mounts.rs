@@ -173,12 +173,24 @@ impl Daemon {
                 m.mount_point.display()
             )
         })?;
-        m.fs.unmount()
-            .map_err(|e| anyhow!("file system {name}: final checkpoint: {e}"))?;
-        tracing::info!("{name}: unmounted from {}", m.mount_point.display());
+        // The kernel mount is gone whatever the checkpoint does, so the registry must say
+        // unmounted, or the next start would mount it again behind the admin's back.
+        let checkpoint_error = match m.fs.unmount() {
+            Ok(()) => {
+                tracing::info!("{name}: unmounted from {}", m.mount_point.display());
+                None
+            }
+            Err(e) => {
+                tracing::error!(
+                    "{name}: unmounted from {}, but the final checkpoint was not written: {e}",
+                    m.mount_point.display()
+                );
+                Some(e.to_string())
+            }
+        };
         fss.get_mut(name).expect("checked above").mounted = false;
         self.home.save_file_systems(&fss)?;
-        Ok(Reply::Done)
+        Ok(Reply::Unmounted { checkpoint_error })
     }
 
     pub(super) fn df(&self, name: &str) -> Result<Reply> {

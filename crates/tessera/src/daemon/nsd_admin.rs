@@ -224,8 +224,13 @@ impl Daemon {
         for name in names {
             let rec = registry.get(name).expect("checked above").clone();
             r.info(format!("tessera nsd delete: Processing disk {name}"));
-            match self.open_nsd(&rec) {
-                Ok(dev) => erase_descriptor(dev.as_ref())?,
+            // A descriptor that cannot be erased (a vdisk that lost data) must not keep
+            // the NSD, and the file systems and vdisks under it, from being deleted.
+            match self
+                .open_nsd(&rec)
+                .and_then(|dev| Ok(erase_descriptor(dev.as_ref())?))
+            {
+                Ok(()) => {}
                 Err(e) => r.info(format!(
                     "tessera nsd delete: warning: {e:#}; NSD {name} is removed from the \
                      cluster but no descriptor was erased"
