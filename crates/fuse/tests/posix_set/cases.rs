@@ -841,3 +841,176 @@ fn supplementary_groups_and_extended_attribute_permissions() {
     fs::set_permissions(m.path("theirs"), fs::Permissions::from_mode(0o600)).unwrap();
     assert_eq!(get(65534, &user), libc::EACCES);
 }
+
+/// open(2) of `path` with `flags` as nobody (no supplementary groups); 0 or the errno.
+fn open_as_nobody(path: &CString, flags: i32) -> i32 {
+    errno_as(65534, 65534, &[], || {
+        let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return errno();
+        }
+        unsafe { libc::close(fd) };
+        0
+    })
+}
+
+fn mknod(p: &Path, mode: u32, dev: libc::dev_t) {
+    let rc = unsafe { libc::mknod(cstr(p).as_ptr(), mode, dev) };
+    assert_eq!(rc, 0, "mknod {}: {}", p.display(), std::io::Error::last_os_error());
+    fs::set_permissions(p, fs::Permissions::from_mode(mode & 0o7777)).unwrap();
+}
+
+#[test]
+fn fifos_and_device_nodes_open_only_with_permission() {
+    //! The kernel opens FIFOs, sockets and device nodes itself, without asking the file
+    //! system: a root-owned 0600 FIFO or block device node must still refuse nobody.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    mknod(&m.path("fifo600"), libc::S_IFIFO | 0o600, 0);
+    mknod(&m.path("fifo666"), libc::S_IFIFO | 0o666, 0);
+    mknod(&m.path("null600"), libc::S_IFCHR | 0o600, libc::makedev(1, 3));
+    mknod(&m.path("null666"), libc::S_IFCHR | 0o666, libc::makedev(1, 3));
+    mknod(&m.path("loop600"), libc::S_IFBLK | 0o600, libc::makedev(7, 0));
+    let (fifo, open_fifo) = (cstr(&m.path("fifo600")), cstr(&m.path("fifo666")));
+    let nonblock_read = libc::O_RDONLY | libc::O_NONBLOCK;
+    assert_eq!(open_as_nobody(&fifo, libc::O_RDWR), libc::EACCES);
+    assert_eq!(open_as_nobody(&fifo, nonblock_read), libc::EACCES);
+    assert_eq!(open_as_nobody(&open_fifo, nonblock_read), 0);
+    assert_eq!(open_as_nobody(&open_fifo, libc::O_RDWR), 0);
+    let null = cstr(&m.path("null600"));
+    assert_eq!(open_as_nobody(&null, libc::O_RDWR), libc::EACCES);
+    assert_eq!(open_as_nobody(&null, libc::O_RDONLY), libc::EACCES);
+    assert_eq!(open_as_nobody(&cstr(&m.path("null666")), libc::O_RDWR), 0);
+    let disk = cstr(&m.path("loop600"));
+    assert_eq!(open_as_nobody(&disk, libc::O_RDONLY), libc::EACCES);
+    // Root still may.
+    let fd = unsafe { libc::open(fifo.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    unsafe { libc::close(fd) };
+}
+
+/// utimensat(2) of `path` as nobody with `times` ([atime, mtime]); 0 or the errno.
+fn utimens_as_nobody(path: &CString, times: Option<[libc::timespec; 2]>) -> i32 {
+    errno_as(65534, 65534, &[], || {
+        let ptr = times.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
+        rc_errno(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), ptr, 0) })
+    })
+}
+
+fn ts(sec: i64, nsec: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: sec,
+        tv_nsec: nsec,
+    }
+}
+
+#[test]
+fn only_the_owner_sets_chosen_times_writers_only_now() {
+    //! utimensat with an explicit time needs ownership (EPERM), with "now" write
+    //! permission (EACCES); a writer of a 0666 file can neither back-date nor forward-date
+    //! it, neither through utimensat nor through the time flushes of the writeback cache.
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new(2, 128 << 20, small_fs());
+    write_mode(&m.path("open"), b"o", 0o666);
+    write_mode(&m.path("public"), b"p", 0o644);
+    let (open, public) = (cstr(&m.path("open")), cstr(&m.path("public")));
+    let omit = ts(0, libc::UTIME_OMIT);
+    let now = ts(0, libc::UTIME_NOW);
+    let past = ts(946_684_800, 0);
+    let future = ts(4_102_444_800, 0);
+    let before = fs::metadata(m.path("open")).unwrap().mtime();
+    for t in [past, future] {
+        assert_eq!(utimens_as_nobody(&open, Some([omit, t])), libc::EPERM);
+        assert_eq!(utimens_as_nobody(&open, Some([t, omit])), libc::EPERM);
+        assert_eq!(utimens_as_nobody(&public, Some([omit, t])), libc::EPERM);
+    }
+    assert_eq!(utimens_as_nobody(&public, None), libc::EACCES);
+    assert_eq!(utimens_as_nobody(&public, Some([now, now])), libc::EACCES);
+    // Linux counts one time set to now and the other omitted as a chosen time, as XFS does.
+    assert_eq!(utimens_as_nobody(&open, Some([omit, now])), libc::EPERM);
+    // Writing and then asking for a chosen time through the open file changes nothing.
+    let back_dated = errno_as(65534, 65534, &[], || {
+        let fd = unsafe { libc::open(open.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        assert!(fd >= 0);
+        assert_eq!(unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) }, 1);
+        let rc = rc_errno(unsafe { libc::futimens(fd, [omit, past].as_ptr()) });
+        unsafe { libc::close(fd) };
+        rc
+    });
+    assert_eq!(back_dated, libc::EPERM);
+    m.remount();
+    let after = fs::metadata(m.path("open")).unwrap().mtime();
+    assert!(
+        after >= before && after < future.tv_sec,
+        "mtime {after} (was {before})"
+    );
+    // "Now" is what write permission allows.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(utimens_as_nobody(&open, Some([now, now])), 0);
+    assert_eq!(utimens_as_nobody(&open, None), 0);
+    assert!(fs::metadata(m.path("open")).unwrap().mtime() > after);
+    // The owner may set any time.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, public.as_ptr(), [omit, past].as_ptr(), 0) };
+    assert_eq!(rc, 0);
+    m.remount();
+    assert_eq!(fs::metadata(m.path("public")).unwrap().mtime(), past.tv_sec);
+}
+
+#[test]
+fn chown_to_the_same_owner_and_group_is_allowed_to_anyone() {
+    //! chown(path, -1, -1) changes nothing and succeeds for every user, as on XFS.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    write_mode(&m.path("f"), b"f", 0o644);
+    write_mode(&m.path("open"), b"f", 0o666);
+    mkdir_mode(&m.path("d"), 0o755);
+    std::os::unix::fs::symlink("f", m.path("l")).unwrap();
+    for name in ["f", "open", "d", "l"] {
+        let path = cstr(&m.path(name));
+        let rc = errno_as(65534, 65534, &[], || {
+            let none = u32::MAX;
+            let c = rc_errno(unsafe { libc::chown(path.as_ptr(), none, none) });
+            let l = rc_errno(unsafe { libc::lchown(path.as_ptr(), none, none) });
+            c.max(l)
+        });
+        assert_eq!(rc, 0, "{name}");
+    }
+    assert_eq!(fs::metadata(m.path("f")).unwrap().uid(), 0);
+    assert_eq!(fs::metadata(m.path("f")).unwrap().mode() & 0o7777, 0o644);
+}
+
+fn syncfs(dir: &Path) -> i32 {
+    let d = File::open(dir).unwrap();
+    rc_errno(unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) })
+}
+
+#[test]
+fn syncfs_succeeds_after_unlink_and_rename_over_written_files() {
+    //! The kernel writes back the times of a dead inode after its name is gone; that must
+    //! not make syncfs (or `sync -f`) fail.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    for round in 0..5 {
+        let a = m.path(&format!("a{round}"));
+        let b = m.path(&format!("b{round}"));
+        fs::write(&a, b"old").unwrap();
+        fs::write(&b, b"new").unwrap();
+        fs::rename(&b, &a).unwrap();
+        assert_eq!(syncfs(&m.mnt()), 0, "syncfs after rename, round {round}");
+        fs::write(&b, b"gone").unwrap();
+        fs::remove_file(&b).unwrap();
+        assert_eq!(syncfs(&m.mnt()), 0, "syncfs after unlink, round {round}");
+        fs::write(&b, b"gone").unwrap();
+        fs::remove_file(&b).unwrap();
+        let out = Command::new("sync").arg("-f").arg(m.mnt()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
