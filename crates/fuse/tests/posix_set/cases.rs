@@ -1014,3 +1014,168 @@ fn syncfs_succeeds_after_unlink_and_rename_over_written_files() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// Runs `cmd` with `sh -c` as root and returns its stdout; panics if it fails.
+fn root_succeeds(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The ACL of `path` as `getfacl -cn` prints it (numeric ids, no header), one entry a line.
+fn acl_of(path: &str) -> Vec<String> {
+    root_succeeds(&format!("getfacl -cnp {path}"))
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split('\t').next().unwrap().to_string())
+        .collect()
+}
+
+fn has(acl: &[String], entry: &str) -> bool {
+    acl.iter().any(|e| e == entry)
+}
+
+#[test]
+fn posix_acls_named_users_groups_mask_and_chmod() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new(2, 128 << 20, small_fs());
+    let secret = m.path("secret").display().to_string();
+    let p = |rel: &str| m.path(rel).display().to_string();
+    write_mode(&m.path("secret"), b"s", 0o600);
+    assert!(nobody_fails(&format!("cat {}", p("secret"))).contains(EACCES_TEXT));
+    // A named user: read only.
+    root_succeeds(&format!("setfacl -m u:65534:r {}", p("secret")));
+    let acl = acl_of(&p("secret"));
+    assert!(has(&acl, "user:65534:r--") && has(&acl, "mask::r--"), "{acl:?}");
+    assert_eq!(fs::metadata(m.path("secret")).unwrap().mode() & 0o777, 0o640);
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("secret"))), "s");
+    assert!(nobody_fails(&format!("echo x >> {}", p("secret"))).contains(EACCES_TEXT));
+    // The mask limits the named user: rw- granted, r-- effective.
+    root_succeeds(&format!("setfacl -m u:65534:rw,m::r {}", p("secret")));
+    assert!(nobody_fails(&format!("echo x >> {}", p("secret"))).contains(EACCES_TEXT));
+    root_succeeds(&format!("setfacl -m m::rw {}", p("secret")));
+    nobody_succeeds(&format!("echo x >> {}", p("secret")));
+    // chmod sets the mask from the group bits, and leaves the named entry alone.
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    let acl = acl_of(&p("secret"));
+    assert!(has(&acl, "mask::---") && has(&acl, "user:65534:rw-"), "{acl:?}");
+    assert!(nobody_fails(&format!("cat {}", p("secret"))).contains(EACCES_TEXT));
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("secret"))), "sx\n");
+    // A named group.
+    write_mode(&m.path("team"), b"t", 0o600);
+    root_succeeds(&format!("setfacl -m g:4242:rw {}", p("team")));
+    let member = as_nobody_with("--groups=4242", &format!("echo m >> {}", p("team")));
+    assert!(member.status.success(), "{}", String::from_utf8_lossy(&member.stderr));
+    assert!(nobody_fails(&format!("cat {}", p("team"))).contains(EACCES_TEXT));
+    // Only the owner sets ACLs; a non-root owner may.
+    assert!(nobody_fails(&format!("setfacl -m u:65534:rw {}", p("team"))).contains(EPERM_TEXT));
+    mkdir_mode(&m.path("tmp"), 0o1777);
+    nobody_succeeds(&format!("echo own > {}", p("tmp/own")));
+    nobody_succeeds(&format!("chmod 600 {0} && setfacl -m u:4343:r {0}", p("tmp/own")));
+    assert!(nobody_succeeds(&format!("getfacl -cn {}", p("tmp/own"))).contains("user:4343:r--"));
+    let read_as_4343 = errno_as(4343, 4343, &[], || {
+        rc_errno(unsafe { libc::access(cstr(&m.path("tmp/own")).as_ptr(), libc::R_OK) })
+    });
+    assert_eq!(read_as_4343, 0);
+    let write_as_4343 = errno_as(4343, 4343, &[], || {
+        rc_errno(unsafe { libc::access(cstr(&m.path("tmp/own")).as_ptr(), libc::W_OK) })
+    });
+    assert_eq!(write_as_4343, libc::EACCES);
+    // An ACL that says no more than the mode is kept as the mode alone.
+    root_succeeds(&format!("setfacl --set u::rw,g::r,o::- {}", p("team")));
+    assert_eq!(fs::metadata(m.path("team")).unwrap().mode() & 0o777, 0o640);
+    let (path, name) = (cstr(&m.path("team")), CString::new("system.posix_acl_access").unwrap());
+    let listed = unsafe { libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(listed, 0, "no attribute stored");
+    // Malformed values are refused (EINVAL; another version is EOPNOTSUPP, as on XFS).
+    let entry = |tag: u16, perm: u16| {
+        [&tag.to_le_bytes()[..], &perm.to_le_bytes(), &u32::MAX.to_le_bytes()].concat()
+    };
+    let acl = |version: u32, entries: &[(u16, u16)]| {
+        let mut v = version.to_le_bytes().to_vec();
+        entries.iter().for_each(|&(t, p)| v.extend(entry(t, p)));
+        v
+    };
+    let set = |value: &[u8]| {
+        let v = value.as_ptr().cast();
+        rc_errno(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), v, value.len(), 0) })
+    };
+    let good = acl(2, &[(1, 6), (4, 4), (0x20, 0)]);
+    assert_eq!(set(&good[..good.len() - 2]), libc::EINVAL, "torn entry");
+    assert_eq!(set(&acl(2, &[(1, 0o10), (4, 4), (0x20, 0)])), libc::EINVAL, "perm");
+    assert_eq!(set(&acl(2, &[(1, 6), (4, 4)])), libc::EINVAL, "no other entry");
+    assert_eq!(set(&acl(2, &[(1, 6), (0x40, 4), (0x20, 0)])), libc::EINVAL, "tag");
+    assert_eq!(set(&acl(1, &[(1, 6), (4, 4), (0x20, 0)])), libc::EOPNOTSUPP);
+    assert_eq!(set(&good), 0);
+    // ACLs survive a remount.
+    m.remount();
+    assert!(has(&acl_of(&secret), "user:65534:rw-"));
+    assert_eq!(nobody_succeeds(&format!("cat {secret}")), "sx\n");
+}
+
+#[test]
+fn default_acls_are_inherited_in_place_of_the_umask() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    let p = |rel: &str| m.path(rel).display().to_string();
+    mkdir_mode(&m.path("proj"), 0o750);
+    root_succeeds(&format!(
+        "setfacl -m u:65534:rwx {0} && setfacl -d -m u:65534:rwx,g:4242:rx,o::- {0}",
+        p("proj")
+    ));
+    // nobody creates with umask 077; the default ACL decides instead of the umask.
+    nobody_succeeds(&format!(
+        "umask 077 && echo n > {0}/f && mkdir {0}/sub && mkfifo {0}/fifo && ln -s f {0}/l",
+        p("proj")
+    ));
+    let f = acl_of(&p("proj/f"));
+    assert!(has(&f, "user:65534:rwx") && has(&f, "mask::rw-"), "{f:?}");
+    assert!(has(&f, "group:4242:r-x") && has(&f, "other::---"), "{f:?}");
+    assert_eq!(fs::metadata(m.path("proj/f")).unwrap().mode() & 0o777, 0o660);
+    let sub = acl_of(&p("proj/sub"));
+    assert!(has(&sub, "default:user:65534:rwx"), "{sub:?}");
+    assert!(has(&sub, "user:65534:rwx") && has(&sub, "mask::rwx"), "{sub:?}");
+    assert_eq!(fs::metadata(m.path("proj/sub")).unwrap().mode() & 0o777, 0o770);
+    assert_eq!(fs::metadata(m.path("proj/fifo")).unwrap().mode() & 0o777, 0o660);
+    assert!(has(&acl_of(&p("proj/fifo")), "group:4242:r-x"));
+    // The inherited entries grant what they say: a member of 4242 reads, others do not.
+    let member = as_nobody_with("--groups=4242", &format!("cat {}", p("proj/f")));
+    let read_as = |uid, groups: &[libc::gid_t]| {
+        errno_as(uid, uid, groups, || {
+            rc_errno(unsafe { libc::access(cstr(&m.path("proj/f")).as_ptr(), libc::R_OK) })
+        })
+    };
+    assert!(member.status.success());
+    assert_eq!(read_as(4343, &[4242]), libc::EACCES, "no search permission on proj");
+    root_succeeds(&format!("setfacl -m g:4242:rx {}", p("proj")));
+    assert_eq!(read_as(4343, &[4242]), 0);
+    assert_eq!(read_as(4343, &[]), libc::EACCES);
+    // Grandchildren inherit through the new directory's default ACL.
+    nobody_succeeds(&format!("umask 077 && touch {}", p("proj/sub/g")));
+    assert!(has(&acl_of(&p("proj/sub/g")), "user:65534:rwx"));
+    // Without a default ACL the umask applies.
+    mkdir_mode(&m.path("tmp"), 0o1777);
+    nobody_succeeds(&format!("umask 027 && touch {0}/u && mkdir {0}/d", p("tmp")));
+    assert_eq!(fs::metadata(m.path("tmp/u")).unwrap().mode() & 0o777, 0o640);
+    assert_eq!(fs::metadata(m.path("tmp/d")).unwrap().mode() & 0o777, 0o750);
+    // A default ACL exists only on directories.
+    let out = Command::new("setfacl")
+        .args(["-d", "-m", "u:1:r", &p("proj/f")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // Removing the default ACL stops inheritance.
+    root_succeeds(&format!("setfacl -k {}", p("proj")));
+    nobody_succeeds(&format!("umask 077 && touch {}", p("proj/late")));
+    assert_eq!(fs::metadata(m.path("proj/late")).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(acl_of(&p("proj/late")).len(), 3);
+}
