@@ -78,7 +78,7 @@ impl Acl {
     /// known tags, permissions within rwx, exactly one owner, owning-group and other entry,
     /// a mask when there is a named entry (at most one), and no uid or gid named twice.
     pub fn decode(bytes: &[u8]) -> FsResult<Acl> {
-        if bytes.len() < HEADER_BYTES || (bytes.len() - HEADER_BYTES) % ENTRY_BYTES != 0 {
+        if bytes.len() < HEADER_BYTES || !(bytes.len() - HEADER_BYTES).is_multiple_of(ENTRY_BYTES) {
             return Err(invalid(format!(
                 "{} bytes is not a 4-byte header and 8-byte entries",
                 bytes.len()

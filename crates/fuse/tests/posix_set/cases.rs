@@ -616,8 +616,9 @@ fn mkdir_mode(p: &Path, mode: u32) {
 
 #[test]
 fn mode_bits_and_owner_rules_are_enforced_by_the_file_system() {
-    //! The mount has no `default_permissions`: every answer below comes from the file
-    //! system's own checks, and must be what ext4 gives an unprivileged user.
+    //! Every answer below must be what ext4 gives an unprivileged user. The kernel checks
+    //! first (`default_permissions`) and the file system again; the unit tests of
+    //! `tessera_fs::access` hold the file system's own answers to the same rules.
     if !can_mount() {
         return;
     }
@@ -715,10 +716,10 @@ fn mode_bits_and_owner_rules_are_enforced_by_the_file_system() {
 
 #[test]
 fn search_permission_holds_for_names_the_kernel_has_cached() {
-    //! Without `default_permissions` the kernel checks no search permission while walking
-    //! a path, and a cached name skips our LOOKUP. Root's lookups must not open a way
-    //! through a directory nobody may not search, nor may a chmod or a rename that closes
-    //! a directory leave such a way behind.
+    //! A cached name skips our LOOKUP, so only the kernel's check of search permission
+    //! (`default_permissions`) guards it. Root's lookups must not open a way through a
+    //! directory nobody may not search, nor may a chmod or a rename that closes a
+    //! directory leave such a way behind.
     if !can_mount() {
         return;
     }
