@@ -886,6 +886,18 @@ fn fifos_and_device_nodes_open_only_with_permission() {
     assert_eq!(open_as_nobody(&cstr(&m.path("null666")), libc::O_RDWR), 0);
     let disk = cstr(&m.path("loop600"));
     assert_eq!(open_as_nobody(&disk, libc::O_RDONLY), libc::EACCES);
+    // A socket: connecting needs write permission.
+    let _listener = std::os::unix::net::UnixListener::bind(m.path("sock")).unwrap();
+    fs::set_permissions(m.path("sock"), fs::Permissions::from_mode(0o600)).unwrap();
+    let sock = m.path("sock");
+    let connect = errno_as(65534, 65534, &[], || {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(_) => 0,
+            Err(e) => e.raw_os_error().unwrap(),
+        }
+    });
+    assert_eq!(connect, libc::EACCES);
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
     // Root still may.
     let fd = unsafe { libc::open(fifo.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     assert!(fd >= 0, "{}", std::io::Error::last_os_error());
