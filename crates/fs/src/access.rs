@@ -1,11 +1,12 @@
-//! Permission checks of the POSIX namespace (owner, group, other bits; sticky directories;
-//! who may change attributes), done by the file system itself rather than the kernel.
+//! Permission checks of the POSIX namespace (owner, group, other bits and POSIX ACLs;
+//! sticky directories; who may change attributes), done by the file system itself.
 //!
-//! The mount does not use the kernel's `default_permissions`: with it, the kernel refreshes a
-//! directory's attributes with a GETATTR round trip after every create and unlink before it
-//! can check them, which costs a quarter of the create rate. The rules here are those of the
-//! kernel's `generic_permission`, `may_delete`, `setattr_prepare` and `xattr_permission`, so
-//! a non-root user sees the same answers as on ext4 or XFS.
+//! The FUSE mount also lets the kernel check (`default_permissions`, see `tessera-fuse`):
+//! the kernel opens FIFOs and device nodes without asking the file system, so only its own
+//! check can refuse them. These checks stay the file system's authority for every request
+//! that reaches it. The rules are those of the kernel's `generic_permission` (with
+//! `posix_acl_permission`), `may_delete`, `setattr_prepare` and `xattr_permission`, so a
+//! non-root user sees the same answers as on ext4 or XFS.
 //!
 //! Every check takes the metadata lock briefly and is made before the operation, which takes
 //! it again. A `chmod` that lands between the two is therefore ordered after the operation,
@@ -13,9 +14,10 @@
 
 use std::sync::OnceLock;
 
+use crate::acl::{self, Acl};
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
-use crate::inode::{Attr, FileKind, Ino};
+use crate::inode::{Attr, FileKind, Ino, Timestamp};
 
 /// Read, write and execute/search, as in the kernel's `MAY_*` masks and access(2).
 pub const MAY_READ: u32 = 4;
@@ -102,15 +104,33 @@ fn parse_groups(status: &str) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// The kernel's `generic_permission`: may `cred` do `mask` (`MAY_*` bits) to `attr`?
-/// The owner gets the owner bits, a member of the file's group the group bits, everyone
-/// else the other bits. Root may always read and write, and execute a directory (search)
-/// or a file with at least one execute bit.
-pub fn permitted(attr: &Attr, cred: &Credentials, mask: u32) -> bool {
+/// What guards an inode: its attributes and its access ACL, if it has one.
+#[derive(Clone, Debug)]
+pub struct Protection {
+    pub attr: Attr,
+    pub acl: Option<Acl>,
+}
+
+impl From<Attr> for Protection {
+    fn from(attr: Attr) -> Protection {
+        Protection { attr, acl: None }
+    }
+}
+
+/// The kernel's `generic_permission`: may `cred` do `mask` (`MAY_*` bits) to `p`?
+/// The owner gets the owner bits; others are judged by the access ACL if there is one,
+/// else a member of the file's group gets the group bits and everyone else the other
+/// bits. Root may always read and write, and execute a directory (search) or a file with
+/// at least one execute bit.
+pub fn permitted(p: &Protection, cred: &Credentials, mask: u32) -> bool {
+    let attr = &p.attr;
     let mask = mask & (MAY_READ | MAY_WRITE | MAY_EXEC);
     let mode = u32::from(attr.perm);
     if cred.is_root() {
         return mask & MAY_EXEC == 0 || attr.kind == FileKind::Directory || mode & S_IXUGO != 0;
+    }
+    if let Some(acl) = p.acl.as_ref().filter(|_| cred.uid != attr.uid) {
+        return acl.permits(cred.uid, attr.gid, |g| cred.in_group(g), mask);
     }
     let bits = if cred.uid == attr.uid {
         mode >> 6
@@ -124,8 +144,8 @@ pub fn permitted(attr: &Attr, cred: &Credentials, mask: u32) -> bool {
     mask & !bits & 7 == 0
 }
 
-fn require(attr: &Attr, cred: &Credentials, mask: u32) -> FsResult<()> {
-    if permitted(attr, cred, mask) {
+fn require(p: &Protection, cred: &Credentials, mask: u32) -> FsResult<()> {
+    if permitted(p, cred, mask) {
         Ok(())
     } else {
         Err(FsError::PermissionDenied)
@@ -144,11 +164,12 @@ pub fn searchable_by_all(attr: &Attr) -> bool {
 
 /// The kernel's `may_delete` minus existence: search and write on the directory, and in a
 /// sticky directory ownership of the file or the directory.
-fn may_delete(dir: &Attr, victim: Option<&Attr>, cred: &Credentials) -> FsResult<()> {
+fn may_delete(dir: &Protection, victim: Option<&Attr>, cred: &Credentials) -> FsResult<()> {
     require(dir, cred, MAY_WRITE | MAY_EXEC)?;
     let Some(victim) = victim else {
         return Ok(());
     };
+    let dir = &dir.attr;
     let sticky = u32::from(dir.perm) & S_ISVTX != 0;
     if sticky && !cred.is_root() && cred.uid != victim.uid && cred.uid != dir.uid {
         return Err(FsError::NotPermitted(
@@ -165,8 +186,8 @@ fn may_delete(dir: &Attr, victim: Option<&Attr>, cred: &Credentials) -> FsResult
 pub enum TimeChange {
     /// To the current time (`utimensat` with `UTIME_NOW` or no times).
     Now,
-    /// To a time the caller chose.
-    Explicit,
+    /// To this time.
+    Explicit(Timestamp),
 }
 
 /// What a setattr asks to change, for its permission check.
@@ -178,11 +199,27 @@ pub struct AttrChange {
     pub size: bool,
     pub atime: Option<TimeChange>,
     pub mtime: Option<TimeChange>,
-    pub ctime: bool,
+    /// The status-change time; only the kernel sends one (no system call sets it).
+    pub ctime: Option<Timestamp>,
     /// The request names a handle open for writing. The kernel names one only for
     /// ftruncate (the VFS checked the file is open for writing), open with O_TRUNC, and the
     /// time flushes of written files, so it stands for write permission checked at open.
     pub open_for_write: bool,
+}
+
+/// How far back a modification or status-change time written back by the kernel may lie.
+/// With the writeback cache the kernel stamps mtime and ctime itself when a file is
+/// written or touched and sends them later as explicit times (`fuse_flush_times`), from
+/// whichever process triggers the writeback: at close, fsync, syncfs, or the flusher after
+/// `dirty_expire_centisecs` (30 s by default). Such a time is now or a little in the past.
+pub const FLUSHED_TIME_WINDOW_SECS: i64 = 600;
+/// Clock skew allowed above now (the kernel's and our clock are the same clock, read at
+/// different moments).
+const FLUSHED_TIME_SLACK_SECS: i64 = 1;
+
+/// Whether `t` may be a time the kernel stamped and now writes back.
+fn recent(t: Timestamp, now: Timestamp) -> bool {
+    t.secs >= now.secs - FLUSHED_TIME_WINDOW_SECS && t.secs <= now.secs + FLUSHED_TIME_SLACK_SECS
 }
 
 /// Whether a non-owner's chmod only clears setuid or setgid bits. The kernel sends such a
@@ -194,20 +231,27 @@ fn only_clears_suid_sgid(old: u32, new: u32) -> bool {
     new != old && new & !old == 0 && (old ^ new) & !(S_ISUID | S_ISGID) == 0
 }
 
+fn eperm<T>(what: &str) -> FsResult<T> {
+    Err(FsError::NotPermitted(format!(
+        "only the owner or root may {what}"
+    )))
+}
+
 /// The kernel's `setattr_prepare` (and the write check of truncate and `touch`) for one
-/// setattr of `attr` by `cred`. Returns the mode to store, if the request changes it:
+/// setattr of `p` by `cred` at `now`. Returns the mode to store, if the request changes it:
 /// a non-root caller outside the file's (new) group cannot keep `S_ISGID`, as in the
 /// kernel. EPERM where only the owner may act, EACCES where write permission would do.
-pub fn check_setattr(attr: &Attr, cred: &Credentials, c: &AttrChange) -> FsResult<Option<u32>> {
+pub fn check_setattr(
+    p: &Protection,
+    cred: &Credentials,
+    c: &AttrChange,
+    now: Timestamp,
+) -> FsResult<Option<u32>> {
+    let attr = &p.attr;
     let root = cred.is_root();
     let owner = cred.uid == attr.uid;
-    let writer = || c.open_for_write || permitted(attr, cred, MAY_WRITE);
-    let eperm = |what: &str| {
-        Err(FsError::NotPermitted(format!(
-            "only the owner or root may {what}"
-        )))
-    };
-    if c.size && !c.open_for_write && !permitted(attr, cred, MAY_WRITE) {
+    let writer = || c.open_for_write || permitted(p, cred, MAY_WRITE);
+    if c.size && !c.open_for_write && !permitted(p, cred, MAY_WRITE) {
         return Err(FsError::PermissionDenied);
     }
     if let Some(uid) = c.uid {
@@ -238,20 +282,38 @@ pub fn check_setattr(attr: &Attr, cred: &Credentials, c: &AttrChange) -> FsResul
         }
     }
     if !(root || owner) {
-        if c.atime == Some(TimeChange::Explicit) {
-            return eperm("set the access time to a chosen value");
-        }
-        // With the writeback cache the kernel sends `touch` and its own flushes of the
-        // modification time as an explicit mtime (and ctime) without MTIME_NOW, from
-        // whichever process caused them. So an explicit mtime, like one set to now, is
-        // allowed to anyone who may write the file: a writer can change the contents, and
-        // with them the modification time, anyway.
-        let times = c.atime.is_some() || c.mtime.is_some() || c.ctime;
-        if times && !writer() {
-            return Err(FsError::PermissionDenied);
-        }
+        check_times_of_non_owner(c, now, writer)?;
     }
     Ok(mode)
+}
+
+/// A non-owner may set times only to now, with write permission (EACCES), never to a
+/// chosen time (EPERM). The one exception is what the kernel writes back itself (see
+/// [`FLUSHED_TIME_WINDOW_SECS`]): an explicit mtime or ctime within the window, from
+/// whoever triggered the writeback, which need not be a writer (`syncfs` of a file system
+/// holding another user's written files). Such a time cannot back-date or forward-date a
+/// file by more than the window; ctime alone is also what `chown(f, -1, -1)` sends.
+fn check_times_of_non_owner(
+    c: &AttrChange,
+    now: Timestamp,
+    writer: impl Fn() -> bool,
+) -> FsResult<()> {
+    if matches!(c.atime, Some(TimeChange::Explicit(_))) {
+        return eperm("set the access time to a chosen value");
+    }
+    if let Some(TimeChange::Explicit(t)) = c.mtime {
+        if !recent(t, now) {
+            return eperm("set the modification time to a chosen value");
+        }
+    }
+    if c.ctime.is_some_and(|t| !recent(t, now)) {
+        return eperm("set the status change time");
+    }
+    let to_now = c.atime == Some(TimeChange::Now) || c.mtime == Some(TimeChange::Now);
+    if to_now && !writer() {
+        return Err(FsError::PermissionDenied);
+    }
+    Ok(())
 }
 
 /// The namespaces of extended attributes, as they are guarded.
@@ -260,11 +322,14 @@ enum XattrSpace {
     User,
     Trusted,
     Security,
+    PosixAcl,
     Other,
 }
 
 fn xattr_space(name: &[u8]) -> XattrSpace {
-    if name.starts_with(b"user.") {
+    if acl::acl_xattr(name).is_some() {
+        XattrSpace::PosixAcl
+    } else if name.starts_with(b"user.") {
         XattrSpace::User
     } else if name.starts_with(b"trusted.") {
         XattrSpace::Trusted
@@ -278,8 +343,10 @@ fn xattr_space(name: &[u8]) -> XattrSpace {
 /// The kernel's `xattr_permission` plus the capability checks of `security.*`:
 /// `user.*` needs read or write permission and exists only on regular files and
 /// directories (in a sticky directory only its owner may write them); `trusted.*` is
-/// root's; `security.*` anyone may read and only root may write.
-pub fn check_xattr(attr: &Attr, cred: &Credentials, name: &[u8], write: bool) -> FsResult<()> {
+/// root's; `security.*` anyone may read and only root may write; POSIX ACLs anyone may
+/// read and only the owner or root may set (the kernel's `posix_acl_xattr_set`).
+pub fn check_xattr(p: &Protection, cred: &Credentials, name: &[u8], write: bool) -> FsResult<()> {
+    let attr = &p.attr;
     let denied = |what: &str| {
         if write {
             Err(FsError::NotPermitted(what.to_string()))
@@ -297,13 +364,18 @@ pub fn check_xattr(attr: &Attr, cred: &Credentials, name: &[u8], write: bool) ->
             if write && sticky_dir && !owner_or_root(attr, cred) {
                 return denied("only the owner may set attributes of a sticky directory");
             }
-            require(attr, cred, if write { MAY_WRITE } else { MAY_READ })
+            require(p, cred, if write { MAY_WRITE } else { MAY_READ })
+        }
+        XattrSpace::PosixAcl if write && !owner_or_root(attr, cred) => {
+            eperm("set the ACL of a file")
         }
         XattrSpace::Trusted if !cred.is_root() => denied("trusted.* attributes are root's"),
         XattrSpace::Security if write && !cred.is_root() => {
             denied("only root may set security.* attributes")
         }
-        XattrSpace::Trusted | XattrSpace::Security | XattrSpace::Other => Ok(()),
+        XattrSpace::Trusted | XattrSpace::Security | XattrSpace::PosixAcl | XattrSpace::Other => {
+            Ok(())
+        }
     }
 }
 
@@ -325,7 +397,8 @@ pub fn visible_xattr_names(names: Vec<u8>, cred: &Credentials) -> Vec<u8> {
 /// The kernel's `may_linkat` with `fs.protected_hardlinks` on (every distribution's
 /// default): a non-owner may link only a regular file that is not setuid, not setgid and
 /// group-executable, and that he may read and write.
-fn may_link_source(attr: &Attr, cred: &Credentials) -> FsResult<()> {
+fn may_link_source(p: &Protection, cred: &Credentials) -> FsResult<()> {
+    let attr = &p.attr;
     if owner_or_root(attr, cred) {
         return Ok(());
     }
@@ -333,7 +406,7 @@ fn may_link_source(attr: &Attr, cred: &Credentials) -> FsResult<()> {
     let safe = attr.kind == FileKind::Regular
         && mode & S_ISUID == 0
         && mode & (S_ISGID | S_IXGRP) != S_ISGID | S_IXGRP
-        && permitted(attr, cred, MAY_READ | MAY_WRITE);
+        && permitted(p, cred, MAY_READ | MAY_WRITE);
     if safe {
         Ok(())
     } else {
@@ -351,25 +424,31 @@ pub struct SetattrPermit {
 }
 
 impl FileSystem {
-    fn attr_of(&self, ino: Ino) -> FsResult<Attr> {
+    fn protection_of(&self, ino: Ino) -> FsResult<Protection> {
         let m = self.meta.lock();
-        Ok(m.state.get(ino).ok_or(FsError::NotFound)?.attr)
+        Self::protection(&m, ino)
+    }
+
+    fn protection(m: &crate::fs::Meta, ino: Ino) -> FsResult<Protection> {
+        let attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let acl = crate::namespace::stored_acl(m, ino, acl::ACCESS_XATTR)?;
+        Ok(Protection { attr, acl })
     }
 
     /// EACCES unless `cred` may do `mask` (`MAY_*`) to `ino`; `mask` 0 checks existence.
     pub fn may_access(&self, ino: Ino, cred: &Credentials, mask: u32) -> FsResult<()> {
-        require(&self.attr_of(ino)?, cred, mask)
+        require(&self.protection_of(ino)?, cred, mask)
     }
 
     /// Checks `mask` on the directory `dir` (search for a lookup, write and search for a
     /// create) and returns whether every user may search it (see [`searchable_by_all`]).
     /// A non-directory passes, so that the operation itself answers ENOTDIR.
     pub fn may_use_dir(&self, dir: Ino, cred: &Credentials, mask: u32) -> FsResult<bool> {
-        let attr = self.attr_of(dir)?;
-        if attr.kind == FileKind::Directory {
-            require(&attr, cred, mask)?;
+        let p = self.protection_of(dir)?;
+        if p.attr.kind == FileKind::Directory {
+            require(&p, cred, mask)?;
         }
-        Ok(searchable_by_all(&attr))
+        Ok(searchable_by_all(&p.attr))
     }
 
     /// The entry `name` of `dir` and its attributes, if both exist.
@@ -381,12 +460,12 @@ impl FileSystem {
     /// unlink and rmdir: write and search on `dir`, and the sticky-directory rule.
     pub fn may_remove(&self, dir: Ino, name: &[u8], cred: &Credentials) -> FsResult<()> {
         let m = self.meta.lock();
-        let dattr = m.state.get(dir).ok_or(FsError::NotFound)?.attr;
-        if dattr.kind != FileKind::Directory {
+        let d = Self::protection(&m, dir)?;
+        if d.attr.kind != FileKind::Directory {
             return Ok(());
         }
         let victim = Self::child_attr(&m, dir, name);
-        may_delete(&dattr, victim.as_ref(), cred)
+        may_delete(&d, victim.as_ref(), cred)
     }
 
     /// rename and renameat2: removal from the old directory, removal of a replaced
@@ -401,17 +480,17 @@ impl FileSystem {
         cred: &Credentials,
     ) -> FsResult<(bool, bool)> {
         let m = self.meta.lock();
-        let dattr = m.state.get(dir).ok_or(FsError::NotFound)?.attr;
-        let nattr = m.state.get(new_dir).ok_or(FsError::NotFound)?.attr;
-        let public = (searchable_by_all(&dattr), searchable_by_all(&nattr));
-        if dattr.kind != FileKind::Directory || nattr.kind != FileKind::Directory {
+        let d = Self::protection(&m, dir)?;
+        let n = Self::protection(&m, new_dir)?;
+        let public = (searchable_by_all(&d.attr), searchable_by_all(&n.attr));
+        if d.attr.kind != FileKind::Directory || n.attr.kind != FileKind::Directory {
             return Ok(public);
         }
         let source = Self::child_attr(&m, dir, name);
         let target = Self::child_attr(&m, new_dir, new_name);
-        may_delete(&dattr, source.as_ref(), cred)?;
+        may_delete(&d, source.as_ref(), cred)?;
         // Without a target this is the create check: write and search.
-        may_delete(&nattr, target.as_ref(), cred)?;
+        may_delete(&n, target.as_ref(), cred)?;
         if dir != new_dir {
             for moved in [source, exchange.then_some(target).flatten()]
                 .into_iter()
@@ -419,7 +498,7 @@ impl FileSystem {
             {
                 // A directory that changes parents has its `..` rewritten.
                 if moved.kind == FileKind::Directory {
-                    require(&moved, cred, MAY_WRITE)?;
+                    require(&Self::protection(&m, moved.ino)?, cred, MAY_WRITE)?;
                 }
             }
         }
@@ -430,13 +509,12 @@ impl FileSystem {
     /// source. Returns whether every user may search the new directory.
     pub fn may_link(&self, ino: Ino, new_dir: Ino, cred: &Credentials) -> FsResult<bool> {
         let m = self.meta.lock();
-        let nattr = m.state.get(new_dir).ok_or(FsError::NotFound)?.attr;
-        let attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
-        if nattr.kind == FileKind::Directory {
-            require(&nattr, cred, MAY_WRITE | MAY_EXEC)?;
+        let n = Self::protection(&m, new_dir)?;
+        if n.attr.kind == FileKind::Directory {
+            require(&n, cred, MAY_WRITE | MAY_EXEC)?;
         }
-        may_link_source(&attr, cred)?;
-        Ok(searchable_by_all(&nattr))
+        may_link_source(&Self::protection(&m, ino)?, cred)?;
+        Ok(searchable_by_all(&n.attr))
     }
 
     /// setattr: see [`check_setattr`].
@@ -446,9 +524,9 @@ impl FileSystem {
         cred: &Credentials,
         change: &AttrChange,
     ) -> FsResult<SetattrPermit> {
-        let attr = self.attr_of(ino)?;
+        let p = self.protection_of(ino)?;
         Ok(SetattrPermit {
-            mode: check_setattr(&attr, cred, change)?,
+            mode: check_setattr(&p, cred, change, self.now())?,
         })
     }
 
@@ -460,7 +538,7 @@ impl FileSystem {
         name: &[u8],
         write: bool,
     ) -> FsResult<()> {
-        check_xattr(&self.attr_of(ino)?, cred, name, write)
+        check_xattr(&self.protection_of(ino)?, cred, name, write)
     }
 
     /// Every name in the directory `dir` (none if it is not one), for invalidating the
@@ -498,8 +576,12 @@ mod tests {
         }
     }
 
-    fn file(perm: u16) -> Attr {
-        attr(FileKind::Regular, perm, 1000, 100)
+    fn file(perm: u16) -> Protection {
+        attr(FileKind::Regular, perm, 1000, 100).into()
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::now()
     }
 
     fn user(uid: u32, gid: u32, groups: &[u32]) -> Credentials {
@@ -537,7 +619,7 @@ mod tests {
         assert!(!permitted(&file(0o644), &root, X));
         assert!(permitted(&file(0o744), &root, X));
         assert!(permitted(&file(0o001), &root, X));
-        let dir = attr(FileKind::Directory, 0o000, 1000, 100);
+        let dir = Protection::from(attr(FileKind::Directory, 0o000, 1000, 100));
         assert!(permitted(&dir, &root, R | W | X));
     }
 
@@ -557,21 +639,21 @@ mod tests {
 
     #[test]
     fn sticky_directories_protect_other_users_files() {
-        let dir = attr(FileKind::Directory, 0o1777, 0, 0);
+        let dir = Protection::from(attr(FileKind::Directory, 0o1777, 0, 0));
         let theirs = file(0o644);
         let mine = attr(FileKind::Regular, 0o644, 65534, 65534);
         let nobody = user(65534, 65534, &[]);
         assert!(matches!(
-            may_delete(&dir, Some(&theirs), &nobody),
+            may_delete(&dir, Some(&theirs.attr), &nobody),
             Err(FsError::NotPermitted(_))
         ));
         assert!(may_delete(&dir, Some(&mine), &nobody).is_ok());
-        assert!(may_delete(&dir, Some(&theirs), &user(0, 0, &[])).is_ok());
+        assert!(may_delete(&dir, Some(&theirs.attr), &user(0, 0, &[])).is_ok());
         // The directory's owner may remove anything in it.
-        let own_dir = attr(FileKind::Directory, 0o1777, 65534, 0);
-        assert!(may_delete(&own_dir, Some(&theirs), &nobody).is_ok());
+        let own_dir = Protection::from(attr(FileKind::Directory, 0o1777, 65534, 0));
+        assert!(may_delete(&own_dir, Some(&theirs.attr), &nobody).is_ok());
         // Without write permission the answer is EACCES before the sticky rule.
-        let closed = attr(FileKind::Directory, 0o1755, 0, 0);
+        let closed = Protection::from(attr(FileKind::Directory, 0o1755, 0, 0));
         assert!(matches!(
             may_delete(&closed, Some(&mine), &nobody),
             Err(FsError::PermissionDenied)
@@ -596,21 +678,21 @@ mod tests {
             gid: Some(gid),
             ..change()
         };
-        assert!(check_setattr(&f, &root, &to_uid(5)).is_ok());
+        assert!(check_setattr(&f, &root, &to_uid(5), now()).is_ok());
         assert!(matches!(
-            check_setattr(&f, &owner, &to_uid(5)),
+            check_setattr(&f, &owner, &to_uid(5), now()),
             Err(FsError::NotPermitted(_))
         ));
-        assert!(check_setattr(&f, &owner, &to_uid(1000)).is_ok());
-        assert!(check_setattr(&f, &other, &to_uid(3000)).is_err());
-        assert!(check_setattr(&f, &owner, &to_gid(200)).is_ok());
-        assert!(check_setattr(&f, &owner, &to_gid(100)).is_ok());
+        assert!(check_setattr(&f, &owner, &to_uid(1000), now()).is_ok());
+        assert!(check_setattr(&f, &other, &to_uid(3000), now()).is_err());
+        assert!(check_setattr(&f, &owner, &to_gid(200), now()).is_ok());
+        assert!(check_setattr(&f, &owner, &to_gid(100), now()).is_ok());
         assert!(matches!(
-            check_setattr(&f, &owner, &to_gid(300)),
+            check_setattr(&f, &owner, &to_gid(300), now()),
             Err(FsError::NotPermitted(_))
         ));
-        assert!(check_setattr(&f, &other, &to_gid(100)).is_err());
-        assert!(check_setattr(&f, &root, &to_gid(300)).is_ok());
+        assert!(check_setattr(&f, &other, &to_gid(100), now()).is_err());
+        assert!(check_setattr(&f, &root, &to_gid(300), now()).is_ok());
     }
 
     #[test]
@@ -623,77 +705,102 @@ mod tests {
         let owner_in_group = user(1000, 100, &[]);
         let owner_outside = user(1000, 5, &[]);
         assert_eq!(
-            check_setattr(&f, &owner_in_group, &mode(0o2755)).unwrap(),
+            check_setattr(&f, &owner_in_group, &mode(0o2755), now()).unwrap(),
             Some(0o2755)
         );
         assert_eq!(
-            check_setattr(&f, &owner_outside, &mode(0o2755)).unwrap(),
+            check_setattr(&f, &owner_outside, &mode(0o2755), now()).unwrap(),
             Some(0o755)
         );
         assert_eq!(
-            check_setattr(&f, &user(0, 0, &[]), &mode(0o2755)).unwrap(),
+            check_setattr(&f, &user(0, 0, &[]), &mode(0o2755), now()).unwrap(),
             Some(0o2755)
         );
         let other = user(3000, 3000, &[]);
         assert!(matches!(
-            check_setattr(&file(0o666), &other, &mode(0o777)),
+            check_setattr(&file(0o666), &other, &mode(0o777), now()),
             Err(FsError::NotPermitted(_))
         ));
         // The kernel's own chmod after a non-owner's write to a setuid file.
         let suid = file(0o4766);
         assert_eq!(
-            check_setattr(&suid, &other, &mode(0o766)).unwrap(),
+            check_setattr(&suid, &other, &mode(0o766), now()).unwrap(),
             Some(0o766)
         );
-        assert!(check_setattr(&file(0o4755), &other, &mode(0o755)).is_err());
-        assert!(check_setattr(&suid, &other, &mode(0o4766)).is_err());
-        assert!(check_setattr(&suid, &other, &mode(0o4777)).is_err());
+        assert!(check_setattr(&file(0o4755), &other, &mode(0o755), now()).is_err());
+        assert!(check_setattr(&suid, &other, &mode(0o4766), now()).is_err());
+        assert!(check_setattr(&suid, &other, &mode(0o4777), now()).is_err());
     }
 
     #[test]
     fn times_and_size() {
         let other = user(3000, 3000, &[]);
         let owner = user(1000, 100, &[]);
-        let explicit_atime = AttrChange {
-            atime: Some(TimeChange::Explicit),
-            mtime: Some(TimeChange::Explicit),
-            ctime: true,
+        let t = |secs: i64| Timestamp { secs, nsecs: 0 };
+        let now = now();
+        let long_ago = t(946_684_800);
+        let far_ahead = t(now.secs + 365 * 86_400);
+        let chosen = |atime, mtime| AttrChange {
+            atime,
+            mtime,
+            ctime: Some(now),
             ..change()
         };
-        // `touch -d` on someone else's file, even a writable one.
+        // `touch -d` and utimensat with a chosen mtime on someone else's file, even a
+        // writable one: EPERM, whether or not he may write (POSIX).
+        for f in [file(0o666), file(0o644)] {
+            for when in [long_ago, far_ahead] {
+                let explicit = Some(TimeChange::Explicit(when));
+                for c in [chosen(explicit, explicit), chosen(None, explicit)] {
+                    assert!(matches!(
+                        check_setattr(&f, &other, &c, now),
+                        Err(FsError::NotPermitted(_))
+                    ));
+                }
+            }
+        }
+        let explicit = Some(TimeChange::Explicit(long_ago));
+        assert!(check_setattr(&file(0o600), &owner, &chosen(explicit, explicit), now).is_ok());
+        // `touch` through the writeback cache: atime now, explicit mtime and ctime of now.
+        let touch = chosen(Some(TimeChange::Now), Some(TimeChange::Explicit(now)));
+        assert!(check_setattr(&file(0o666), &other, &touch, now).is_ok());
         assert!(matches!(
-            check_setattr(&file(0o666), &other, &explicit_atime),
-            Err(FsError::NotPermitted(_))
-        ));
-        assert!(check_setattr(&file(0o600), &owner, &explicit_atime).is_ok());
-        // `touch` through the writeback cache: atime now, explicit mtime and ctime.
-        let touch = AttrChange {
-            atime: Some(TimeChange::Now),
-            mtime: Some(TimeChange::Explicit),
-            ctime: true,
-            ..change()
-        };
-        assert!(check_setattr(&file(0o666), &other, &touch).is_ok());
-        assert!(matches!(
-            check_setattr(&file(0o644), &other, &touch),
+            check_setattr(&file(0o644), &other, &touch, now),
             Err(FsError::PermissionDenied)
         ));
-        assert!(check_setattr(&file(0o444), &owner, &touch).is_ok());
-        // The kernel's mtime flush of a file written through a handle.
+        assert!(check_setattr(&file(0o444), &owner, &touch, now).is_ok());
+        // The kernel's writeback of times it stamped a little earlier, triggered by anyone
+        // (syncfs); and ctime alone, which chown(f, -1, -1) sends.
         let flush = AttrChange {
-            mtime: Some(TimeChange::Explicit),
-            ctime: true,
-            open_for_write: true,
+            mtime: Some(TimeChange::Explicit(t(now.secs - 40))),
+            ctime: Some(t(now.secs - 40)),
             ..change()
         };
-        assert!(check_setattr(&file(0o644), &other, &flush).is_ok());
+        assert!(check_setattr(&file(0o600), &other, &flush, now).is_ok());
+        let stale = AttrChange {
+            mtime: Some(TimeChange::Explicit(t(
+                now.secs - 2 * FLUSHED_TIME_WINDOW_SECS
+            ))),
+            ..flush
+        };
+        assert!(check_setattr(&file(0o666), &other, &stale, now).is_err());
+        let ctime_only = AttrChange {
+            ctime: Some(now),
+            ..change()
+        };
+        assert!(check_setattr(&file(0o600), &other, &ctime_only, now).is_ok());
+        let old_ctime = AttrChange {
+            ctime: Some(long_ago),
+            ..change()
+        };
+        assert!(check_setattr(&file(0o666), &other, &old_ctime, now).is_err());
         let truncate = AttrChange {
             size: true,
             ..change()
         };
-        assert!(check_setattr(&file(0o666), &other, &truncate).is_ok());
+        assert!(check_setattr(&file(0o666), &other, &truncate, now).is_ok());
         assert!(matches!(
-            check_setattr(&file(0o644), &other, &truncate),
+            check_setattr(&file(0o644), &other, &truncate, now),
             Err(FsError::PermissionDenied)
         ));
         let ftruncate = AttrChange {
@@ -701,7 +808,50 @@ mod tests {
             open_for_write: true,
             ..change()
         };
-        assert!(check_setattr(&file(0o644), &other, &ftruncate).is_ok());
+        assert!(check_setattr(&file(0o644), &other, &ftruncate, now).is_ok());
+    }
+
+    #[test]
+    fn acls_decide_for_everyone_but_the_owner() {
+        use crate::acl::{Entry, Tag};
+        let e = |tag, perm, id| Entry { tag, perm, id };
+        let acl = Acl::new(vec![
+            e(Tag::UserObj, 6, u32::MAX),
+            e(Tag::User, 6, 3000),
+            e(Tag::GroupObj, 0, u32::MAX),
+            e(Tag::Group, 4, 50),
+            e(Tag::Mask, 6, u32::MAX),
+            e(Tag::Other, 0, u32::MAX),
+        ])
+        .unwrap();
+        let p = Protection {
+            attr: attr(FileKind::Regular, 0o660, 1000, 100),
+            acl: Some(acl),
+        };
+        assert!(permitted(&p, &user(3000, 3000, &[]), R | W));
+        assert!(permitted(&p, &user(4000, 4000, &[50]), R));
+        assert!(!permitted(&p, &user(4000, 4000, &[50]), W));
+        // A member of the owning group gets the group entry (---), not the mask (rw-).
+        assert!(!permitted(&p, &user(4000, 100, &[]), R));
+        assert!(!permitted(&p, &user(4000, 4000, &[]), R));
+        assert!(permitted(&p, &user(1000, 1, &[]), R | W));
+        assert!(permitted(&p, &user(0, 0, &[]), R | W));
+        // The named user may write, so he may touch; setting a chosen time stays EPERM.
+        let named = user(3000, 3000, &[]);
+        let touch = AttrChange {
+            mtime: Some(TimeChange::Now),
+            ..change()
+        };
+        assert!(check_setattr(&p, &named, &touch, now()).is_ok());
+        assert!(check_setattr(&p, &user(4000, 4000, &[]), &touch, now()).is_err());
+        // Only the owner sets ACLs; anyone reads them.
+        let name = acl::ACCESS_XATTR;
+        assert!(matches!(
+            check_xattr(&p, &named, name, true),
+            Err(FsError::NotPermitted(_))
+        ));
+        assert!(check_xattr(&p, &named, name, false).is_ok());
+        assert!(check_xattr(&p, &user(1000, 1, &[]), name, true).is_ok());
     }
 
     #[test]
@@ -727,9 +877,9 @@ mod tests {
         assert!(check_xattr(&ro, &root, b"trusted.a", true).is_ok());
         assert!(check_xattr(&rw, &other, b"security.a", true).is_err());
         assert!(check_xattr(&ro, &other, b"security.a", false).is_ok());
-        let link = attr(FileKind::Symlink, 0o777, 3000, 3000);
+        let link = Protection::from(attr(FileKind::Symlink, 0o777, 3000, 3000));
         assert!(check_xattr(&link, &other, b"user.a", true).is_err());
-        let sticky = attr(FileKind::Directory, 0o1777, 0, 0);
+        let sticky = Protection::from(attr(FileKind::Directory, 0o1777, 0, 0));
         assert!(check_xattr(&sticky, &other, b"user.a", true).is_err());
         assert!(check_xattr(&sticky, &other, b"user.a", false).is_ok());
         let names = b"user.a\0trusted.b\0security.c\0".to_vec();
@@ -756,6 +906,6 @@ mod tests {
         assert!(searchable_by_all(&attr(FileKind::Directory, 0o711, 0, 0)));
         assert!(!searchable_by_all(&attr(FileKind::Directory, 0o750, 0, 0)));
         assert!(!searchable_by_all(&attr(FileKind::Directory, 0o700, 0, 0)));
-        assert!(!searchable_by_all(&file(0o777)));
+        assert!(!searchable_by_all(&file(0o777).attr));
     }
 }

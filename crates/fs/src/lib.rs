@@ -7,6 +7,7 @@
 //! checkpoint image plus the log. See ARCHITECTURE.md for the formats and the reasons.
 
 pub mod access;
+pub mod acl;
 mod checkpoint;
 mod data;
 pub mod descriptor;

@@ -1,6 +1,7 @@
 //! Namespace operations: lookups, creation, removal, rename, links, attributes, extended
 //! attributes. Each is one logged transaction under the metadata lock.
 
+use crate::acl::{self, Acl, AclKind};
 use crate::error::{FsError, FsResult};
 use crate::fs::{FileSystem, Meta};
 use crate::inode::{Attr, Content, DirEntry, FileKind, Ino, Timestamp, ROOT_INO};
@@ -66,9 +67,10 @@ fn check_xattr_name(name: &[u8]) -> FsResult<()> {
         });
     }
     let supported = [&b"user."[..], b"trusted.", b"security."];
-    if !supported.iter().any(|p| name.starts_with(p)) {
+    if !supported.iter().any(|p| name.starts_with(p)) && acl::acl_xattr(name).is_none() {
         return Err(FsError::NotSupported(format!(
-            "extended attribute namespace of {:?}; use user.*",
+            "extended attribute namespace of {:?}; use user.* (of system.*, only the POSIX \
+             ACLs system.posix_acl_access and system.posix_acl_default exist)",
             String::from_utf8_lossy(name)
         )));
     }
@@ -115,7 +117,8 @@ impl FileSystem {
         Ok(m.state.get(target).ok_or(FsError::NotFound)?.attr)
     }
 
-    /// Creates a file, directory, symlink or special file in `parent`.
+    /// Creates a file, directory, symlink or special file in `parent` with `mode` as given
+    /// (a default ACL of `parent` still applies, see [`FileSystem::create_node_umask`]).
     #[allow(clippy::too_many_arguments)]
     pub fn create_node(
         &self,
@@ -123,6 +126,23 @@ impl FileSystem {
         name: &[u8],
         kind: FileKind,
         mode: u32,
+        rdev: u32,
+        caller: Caller,
+        symlink_target: Option<&[u8]>,
+    ) -> FsResult<Attr> {
+        self.create_node_umask(parent, name, kind, (mode, 0), rdev, caller, symlink_target)
+    }
+
+    /// Creates a file, directory, symlink or special file in `parent`. `(mode, umask)` are
+    /// the creator's: when `parent` has a default ACL the new node inherits it and the
+    /// umask is ignored (POSIX.1e), otherwise the mode is `mode & !umask`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_node_umask(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        (mode, umask): (u32, u32),
         rdev: u32,
         caller: Caller,
         symlink_target: Option<&[u8]>,
@@ -157,6 +177,7 @@ impl FileSystem {
         // BSD group semantics of a setgid directory, as ext4 and XFS implement them.
         let setgid_dir = pattr.perm & 0o2000 != 0;
         let gid = if setgid_dir { pattr.gid } else { caller.gid };
+        let (acl_changes, mode) = inherited_acls(&m, parent, ino, kind, mode, umask)?;
         let mut perm = (mode & 0o7777) as u16;
         if setgid_dir && kind == FileKind::Directory {
             perm |= 0o2000;
@@ -188,6 +209,7 @@ impl FileSystem {
             pattr.nlink += 1;
         }
         let mut changes = vec![Change::PutAttr(attr)];
+        changes.extend(acl_changes);
         if kind == FileKind::Directory {
             changes.push(Change::SetParent { dir: ino, parent });
         }
@@ -582,7 +604,11 @@ impl FileSystem {
             attr.mtime = t;
         }
         attr.ctime = set.ctime.unwrap_or(now);
-        self.log(&mut m, vec![Change::PutAttr(attr)])?;
+        let mut changes = vec![Change::PutAttr(attr)];
+        if let Some(mode) = set.mode {
+            changes.extend(chmod_access_acl(&m, ino, mode)?);
+        }
+        self.log(&mut m, changes)?;
         Ok(attr)
     }
 
@@ -663,6 +689,9 @@ impl FileSystem {
         replace: bool,
     ) -> FsResult<()> {
         check_xattr_name(name)?;
+        if let Some(kind) = acl::acl_xattr(name) {
+            return self.set_acl(ino, kind, value, (create, replace), false);
+        }
         if value.len() > XATTR_VALUE_BYTES_MAX {
             return Err(FsError::Range {
                 size: XATTR_VALUE_BYTES_MAX,
@@ -727,4 +756,125 @@ impl FileSystem {
         self.log(&mut m, changes)?;
         Ok(())
     }
+
+    /// Sets an access or default ACL from its extended attribute value (checked, EINVAL
+    /// if malformed). An access ACL sets the mode bits it mirrors and is stored only if it
+    /// says more than they do; `drop_setgid` clears the setgid bit as the kernel's
+    /// `posix_acl_update_mode` does for a caller outside the file's group. A default ACL
+    /// exists only on directories.
+    pub fn set_acl(
+        &self,
+        ino: Ino,
+        kind: AclKind,
+        value: &[u8],
+        (create, replace): (bool, bool),
+        drop_setgid: bool,
+    ) -> FsResult<()> {
+        let acl = Acl::decode(value)?;
+        let name = match kind {
+            AclKind::Access => acl::ACCESS_XATTR,
+            AclKind::Default => acl::DEFAULT_XATTR,
+        };
+        let mut m = self.meta.lock();
+        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        let exists = inode.xattrs.contains_key(name);
+        if create && exists {
+            return Err(FsError::Exists);
+        }
+        if replace && !exists {
+            return Err(FsError::NoXattr);
+        }
+        let mut attr = inode.attr;
+        if kind == AclKind::Default && attr.kind != FileKind::Directory {
+            return Err(FsError::PermissionDenied);
+        }
+        attr.ctime = self.now();
+        let mut store = true;
+        if kind == AclKind::Access {
+            let keep = u32::from(attr.perm) & 0o7000 & if drop_setgid { !0o2000 } else { !0 };
+            attr.perm = (keep | acl.mode_bits()) as u16;
+            store = !acl.is_minimal();
+        }
+        let name = name.to_vec();
+        let mut changes = vec![Change::PutAttr(attr)];
+        if store {
+            changes.push(Change::SetXattr {
+                ino,
+                name,
+                value: acl.encode(),
+            });
+        } else if exists {
+            changes.push(Change::RemoveXattr { ino, name });
+        }
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+
+    /// The access ACL of `ino`, if it has one.
+    pub fn access_acl(&self, ino: Ino) -> FsResult<Option<Acl>> {
+        let m = self.meta.lock();
+        stored_acl(&m, ino, acl::ACCESS_XATTR)
+    }
+}
+
+/// The ACL stored under `name` for `ino`; a stored value that no longer parses is
+/// corruption, since every value was checked when it was set.
+pub(crate) fn stored_acl(m: &Meta, ino: Ino, name: &[u8]) -> FsResult<Option<Acl>> {
+    let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+    match inode.xattrs.get(name) {
+        None => Ok(None),
+        Some(v) => Acl::decode(v)
+            .map(Some)
+            .map_err(|e| FsError::Corrupt(format!("inode {ino}: {e}"))),
+    }
+}
+
+/// A chmod keeps the owner, mask (or owning group) and other entries of the access ACL in
+/// step with the new mode.
+fn chmod_access_acl(m: &Meta, ino: Ino, mode: u32) -> FsResult<Option<Change>> {
+    let Some(mut acl) = stored_acl(m, ino, acl::ACCESS_XATTR)? else {
+        return Ok(None);
+    };
+    acl.chmod(mode);
+    Ok(Some(Change::SetXattr {
+        ino,
+        name: acl::ACCESS_XATTR.to_vec(),
+        value: acl.encode(),
+    }))
+}
+
+/// What a new node inherits from the default ACL of `parent`: the ACL records to log and
+/// the mode to create it with. Without a default ACL the umask applies; symlinks take
+/// neither, as on Linux.
+fn inherited_acls(
+    m: &Meta,
+    parent: Ino,
+    ino: Ino,
+    kind: FileKind,
+    mode: u32,
+    umask: u32,
+) -> FsResult<(Vec<Change>, u32)> {
+    if kind == FileKind::Symlink {
+        return Ok((Vec::new(), mode));
+    }
+    let Some(default) = stored_acl(m, parent, acl::DEFAULT_XATTR)? else {
+        return Ok((Vec::new(), mode & !umask));
+    };
+    let mut changes = Vec::new();
+    if kind == FileKind::Directory {
+        changes.push(Change::SetXattr {
+            ino,
+            name: acl::DEFAULT_XATTR.to_vec(),
+            value: default.encode(),
+        });
+    }
+    let (access, mode) = Acl::inherit(&default, mode);
+    if let Some(access) = access {
+        changes.push(Change::SetXattr {
+            ino,
+            name: acl::ACCESS_XATTR.to_vec(),
+            value: access.encode(),
+        });
+    }
+    Ok((changes, mode))
 }

@@ -1,21 +1,15 @@
 //! The request handler: one short function per operation, translating a kernel request
 //! into a `tessera_fs::FileSystem` call and its result into a reply.
 //!
-//! Permissions are checked here, before each operation, by the file system's rules
-//! (`tessera_fs::access`) with the caller's credentials from the request header; the mount
-//! has no `default_permissions`. A check and its operation take the metadata lock
-//! separately, so a concurrent chmod between them orders the operation before the chmod.
-//!
-//! Without `default_permissions` the kernel does not check search permission on the
-//! directories of a path it walks, and a name it has cached never reaches our LOOKUP. So a
-//! name is cached (given an entry lifetime) only when everyone may search its directory;
-//! otherwise every walk through the directory asks us, and is checked. Two changes would
-//! leave names cached that should not be, and are followed by invalidations sent from the
-//! session's notifier thread: a chmod that makes a directory unsearchable for some users
-//! (every name in it), and a rename into such a directory (the moved name, which the kernel
-//! keeps with the lifetime it had in its old directory). One narrow race remains: a
-//! revalidating LOOKUP answered just before such a chmod whose reply the kernel applies
-//! only after the invalidation keeps its name cached for one lifetime.
+//! Permissions are checked twice. The kernel checks them (`default_permissions`, and POSIX
+//! ACLs with FUSE_POSIX_ACL): on every path walk, cached names included, and on every open,
+//! including opens of FIFOs, sockets and device nodes, which never reach us. Here, before
+//! each operation, the file system checks them again by the same rules
+//! (`tessera_fs::access`) with the caller's credentials from the request header: it stays
+//! the authority for what it stores (ACL inheritance, which times a non-owner may write),
+//! and for every caller of the file system that is not this kernel mount. A check and its
+//! operation take the metadata lock separately, so a concurrent chmod between them orders
+//! the operation before the chmod.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,10 +18,10 @@ use std::time::Duration;
 use tessera_fs::access::{
     self, AttrChange, Credentials, TimeChange, MAY_EXEC, MAY_READ, MAY_WRITE,
 };
+use tessera_fs::acl::{self as posix_acl, AclKind};
 use tessera_fs::{Attr, Caller, FileKind, FileSystem, FsError, SetAttr, Timestamp};
 
 use crate::kernel::abi::{self, fattr, init_flags, FuseAttr, Ttl};
-use crate::kernel::notify::Notifier;
 use crate::kernel::reply::{DirBuf, EntryOut, Reply, StatfsOut};
 use crate::kernel::request::{Op, Request, SetattrIn};
 use crate::kernel::session::{Handler, InitParams};
@@ -51,17 +45,19 @@ const OPEN_FLAG_EXEC: u32 = 0x20;
 
 pub(crate) struct TesseraFuse {
     fs: Arc<FileSystem>,
-    notifier: Notifier,
     /// The kernel granted `DIRECT_IO_ALLOW_MMAP`, so large read-only opens may stream.
     streaming: AtomicBool,
+    /// The kernel granted `POSIX_ACL`, so it checks the ACLs we store; without it an ACL
+    /// would be obeyed by us and ignored by the kernel's check, so none may be set.
+    acls: AtomicBool,
 }
 
 impl TesseraFuse {
-    pub(crate) fn new(fs: Arc<FileSystem>, notifier: Notifier) -> TesseraFuse {
+    pub(crate) fn new(fs: Arc<FileSystem>) -> TesseraFuse {
         TesseraFuse {
             fs,
-            notifier,
             streaming: AtomicBool::new(false),
+            acls: AtomicBool::new(false),
         }
     }
 }
@@ -102,11 +98,11 @@ fn open_mask(flags: u32) -> u32 {
 /// What a setattr asks, for its permission check.
 fn attr_change(s: &SetattrIn) -> AttrChange {
     let valid = |bit: u32| s.valid & bit != 0;
-    let time = |bit: u32, now_bit: u32| {
+    let time = |bit: u32, now_bit: u32, t| {
         valid(bit).then_some(if valid(now_bit) {
             TimeChange::Now
         } else {
-            TimeChange::Explicit
+            TimeChange::Explicit(timestamp(t))
         })
     };
     AttrChange {
@@ -114,9 +110,9 @@ fn attr_change(s: &SetattrIn) -> AttrChange {
         uid: valid(fattr::UID).then_some(s.uid),
         gid: valid(fattr::GID).then_some(s.gid),
         size: valid(fattr::SIZE),
-        atime: time(fattr::ATIME, fattr::ATIME_NOW),
-        mtime: time(fattr::MTIME, fattr::MTIME_NOW),
-        ctime: valid(fattr::CTIME),
+        atime: time(fattr::ATIME, fattr::ATIME_NOW, s.atime),
+        mtime: time(fattr::MTIME, fattr::MTIME_NOW, s.mtime),
+        ctime: valid(fattr::CTIME).then(|| timestamp(s.ctime)),
         open_for_write: valid(fattr::FH),
     }
 }
@@ -277,22 +273,20 @@ impl TesseraFuse {
         file_attr(a, self.fs.allocated_bytes(a.ino))
     }
 
-    /// `public`: everyone may search the entry's directory, so the kernel may keep the
-    /// name (see the module comment); otherwise it must ask again on every walk.
-    fn entry_out(&self, a: &Attr, generation: u64, public: bool) -> EntryOut {
-        let entry_ttl = if public { TTL } else { Duration::ZERO };
+    /// Every name may be cached: the kernel checks search permission on cached walks.
+    fn entry_out(&self, a: &Attr, generation: u64) -> EntryOut {
         EntryOut {
             nodeid: a.ino,
             generation,
-            entry_ttl: Ttl::from_duration(entry_ttl),
+            entry_ttl: Ttl::from_duration(TTL),
             attr_ttl: Ttl::from_duration(TTL),
             attr: self.file_attr(a),
         }
     }
 
-    fn entry(&self, r: Result<Attr, FsError>, public: bool) -> Reply {
+    fn entry(&self, r: Result<Attr, FsError>) -> Reply {
         match r {
-            Ok(a) => Reply::Entry(self.entry_out(&a, u64::from(a.generation), public)),
+            Ok(a) => Reply::Entry(self.entry_out(&a, u64::from(a.generation))),
             Err(e) => errno(&e),
         }
     }
@@ -307,12 +301,14 @@ impl TesseraFuse {
         }
     }
 
+    /// Creates a node with the creator's mode and umask: the file system applies the
+    /// umask, or the directory's default ACL in its place (the kernel leaves both to us,
+    /// FUSE_DONT_MASK).
     fn create_node(
         &self,
         req: &Request<'_>,
         name: &[u8],
-        kind: FileKind,
-        mode: u32,
+        (kind, mode, umask): (FileKind, u32, u32),
         rdev: u32,
         target: Option<&[u8]>,
     ) -> Result<Attr, FsError> {
@@ -320,8 +316,15 @@ impl TesseraFuse {
             uid: req.header.uid,
             gid: req.header.gid,
         };
-        self.fs
-            .create_node(req.header.nodeid, name, kind, mode, rdev, caller, target)
+        self.fs.create_node_umask(
+            req.header.nodeid,
+            name,
+            kind,
+            (mode, umask),
+            rdev,
+            caller,
+            target,
+        )
     }
 
     /// mknod, mkdir, symlink: write and search on the directory, then create.
@@ -329,38 +332,64 @@ impl TesseraFuse {
         &self,
         req: &Request<'_>,
         name: &[u8],
-        (kind, mode, rdev): (FileKind, u32, u32),
+        (kind, mode, umask, rdev): (FileKind, u32, u32, u32),
         target: Option<&[u8]>,
     ) -> Reply {
         let cred = credentials(req);
-        let public = check!(self
+        check!(self
             .fs
             .may_use_dir(req.header.nodeid, &cred, MAY_WRITE | MAY_EXEC));
-        self.entry(
-            self.create_node(req, name, kind, mode, rdev, target),
-            public,
-        )
+        self.entry(self.create_node(req, name, (kind, mode, umask), rdev, target))
     }
 
     fn lookup(&self, parent: u64, name: &[u8], cred: &Credentials) -> Reply {
-        let public = check!(self.fs.may_use_dir(parent, cred, MAY_EXEC));
-        self.entry(self.fs.lookup(parent, name), public)
+        check!(self.fs.may_use_dir(parent, cred, MAY_EXEC));
+        self.entry(self.fs.lookup(parent, name))
     }
 
     fn setattr(&self, ino: u64, s: &SetattrIn, cred: &Credentials) -> Reply {
+        if let Some(reply) = self.dead_inode_times(ino, s) {
+            return reply;
+        }
         let permit = check!(self.fs.may_setattr(ino, cred, &attr_change(s)));
         let mut set = set_attr(s);
         set.mode = permit.mode;
-        let r = self.fs.setattr(ino, set);
-        if let Ok(a) = &r {
-            // Names cached while everyone could search the directory must go. Decided on
-            // the result alone, so that two racing chmods cannot both skip it.
-            if set.mode.is_some() && a.kind == FileKind::Directory && !access::searchable_by_all(a)
-            {
-                self.notifier.inval_entries(ino, self.fs.child_names(ino));
-            }
+        self.attr(self.fs.setattr(ino, set))
+    }
+
+    /// The kernel writes back the times it stamped on a regular file (writeback cache)
+    /// after the file may be gone: closed, then unlinked or replaced by a rename, while the
+    /// kernel still holds its inode. There is nothing left to update, and failing would fail
+    /// the `syncfs` or `sync -f` that triggered the writeback. Only a setattr of times alone
+    /// is answered so; the attributes are those of a dead regular file with those times.
+    fn dead_inode_times(&self, ino: u64, s: &SetattrIn) -> Option<Reply> {
+        let times_only = fattr::MTIME | fattr::CTIME | fattr::FH;
+        if s.valid & !times_only != 0 || s.valid & (fattr::MTIME | fattr::CTIME) == 0 {
+            return None;
         }
-        self.attr(r)
+        if !matches!(self.fs.getattr(ino), Err(FsError::NotFound)) {
+            return None;
+        }
+        let mtime = timestamp(s.mtime);
+        let attr = Attr {
+            ino,
+            kind: FileKind::Regular,
+            perm: 0,
+            uid: 0,
+            gid: 0,
+            nlink: 0,
+            size: 0,
+            rdev: 0,
+            atime: mtime,
+            mtime,
+            ctime: timestamp(s.ctime),
+            crtime: mtime,
+            generation: 0,
+        };
+        Some(Reply::Attr {
+            ttl: Ttl::from_duration(Duration::ZERO),
+            attr: file_attr(&attr, 0),
+        })
     }
 
     fn open(&self, ino: u64, flags: u32) -> Reply {
@@ -388,17 +417,17 @@ impl TesseraFuse {
     /// creator may open it as asked whatever its mode (open(O_CREAT | O_RDWR, 0444)).
     fn create(&self, req: &Request<'_>, flags: u32, mode: u32, umask: u32, name: &[u8]) -> Reply {
         let cred = credentials(req);
-        let public = check!(self
+        check!(self
             .fs
             .may_use_dir(req.header.nodeid, &cred, MAY_WRITE | MAY_EXEC));
-        let r = self.create_node(req, name, FileKind::Regular, mode & !umask, 0, None);
+        let r = self.create_node(req, name, (FileKind::Regular, mode, umask), 0, None);
         let attr = match r.and_then(|a| self.fs.open(a.ino)) {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
         let (fh, open_flags) = handle_flags(flags);
         Reply::Create {
-            entry: self.entry_out(&attr, 0, public),
+            entry: self.entry_out(&attr, 0),
             fh,
             open_flags,
         }
@@ -416,29 +445,36 @@ impl TesseraFuse {
         }
         let (name, newdir, newname) = names;
         let exchange = flags & RENAME_EXCHANGE != 0;
-        let (old_public, new_public) =
-            check!(self
-                .fs
-                .may_rename((parent, name), (newdir, newname), exchange, cred));
-        let r = self.fs.rename(
+        check!(self
+            .fs
+            .may_rename((parent, name), (newdir, newname), exchange, cred));
+        empty(self.fs.rename(
             parent,
             name,
             newdir,
             newname,
             flags & RENAME_NOREPLACE != 0,
             exchange,
-        );
-        if r.is_ok() {
-            // The kernel moves its cached entry to the new name with the lifetime it had;
-            // in a directory not everyone may search it must not have one.
-            if !new_public {
-                self.notifier.inval_entries(newdir, vec![newname.to_vec()]);
-            }
-            if exchange && !old_public {
-                self.notifier.inval_entries(parent, vec![name.to_vec()]);
-            }
+        ))
+    }
+
+    /// setxattr of `system.posix_acl_*`: the kernel checked ownership and the format; the
+    /// file system checks them again and keeps the mode in step. A caller outside the
+    /// file's group loses the setgid bit, as with the kernel's `posix_acl_update_mode`.
+    fn set_acl(
+        &self,
+        ino: u64,
+        kind: AclKind,
+        value: &[u8],
+        flags: (bool, bool),
+        cred: &Credentials,
+    ) -> Reply {
+        if !self.acls.load(Ordering::Relaxed) {
+            return Reply::Error(libc::EOPNOTSUPP);
         }
-        empty(r)
+        let attr = check!(self.fs.getattr(ino));
+        let drop_setgid = !cred.is_root() && !cred.in_group(attr.gid);
+        empty(self.fs.set_acl(ino, kind, value, flags, drop_setgid))
     }
 
     fn readdir(&self, ino: u64, offset: u64, size: u32) -> Reply {
@@ -481,7 +517,9 @@ impl Handler for TesseraFuse {
                 | init_flags::BIG_WRITES
                 | init_flags::MAX_PAGES
                 | init_flags::ATOMIC_O_TRUNC
-                | init_flags::DIRECT_IO_ALLOW_MMAP,
+                | init_flags::DIRECT_IO_ALLOW_MMAP
+                | init_flags::POSIX_ACL
+                | init_flags::DONT_MASK,
             max_write: MAX_REQUEST_BYTES,
             max_readahead: MAX_REQUEST_BYTES,
             max_background: 64,
@@ -490,6 +528,11 @@ impl Handler for TesseraFuse {
     }
 
     fn initialized(&self, granted: u64) {
+        let acls = granted & init_flags::POSIX_ACL != 0;
+        self.acls.store(acls, Ordering::Relaxed);
+        if !acls {
+            tracing::warn!("FUSE: kernel without POSIX_ACL; setting POSIX ACLs is refused");
+        }
         let streaming = granted & init_flags::DIRECT_IO_ALLOW_MMAP != 0;
         self.streaming.store(streaming, Ordering::Relaxed);
         if !streaming {
@@ -522,14 +565,14 @@ impl Handler for TesseraFuse {
                 umask,
                 name,
             } => match kind_of_mode(mode) {
-                Some(kind) => self.make_node(req, name, (kind, mode & !umask, rdev), None),
+                Some(kind) => self.make_node(req, name, (kind, mode, umask, rdev), None),
                 None => Reply::Error(libc::EINVAL),
             },
             Op::Mkdir { mode, umask, name } => {
-                self.make_node(req, name, (FileKind::Directory, mode & !umask, 0), None)
+                self.make_node(req, name, (FileKind::Directory, mode, umask, 0), None)
             }
             Op::Symlink { name, target } => {
-                self.make_node(req, name, (FileKind::Symlink, 0o777, 0), Some(target))
+                self.make_node(req, name, (FileKind::Symlink, 0o777, 0, 0), Some(target))
             }
             Op::Unlink { name } => {
                 check!(self.fs.may_remove(ino, name, &cred));
@@ -546,8 +589,8 @@ impl Handler for TesseraFuse {
                 newname,
             } => self.rename(ino, flags, (name, newdir, newname), &cred),
             Op::Link { oldnodeid, newname } => {
-                let public = check!(self.fs.may_link(oldnodeid, ino, &cred));
-                self.entry(self.fs.link(oldnodeid, ino, newname), public)
+                check!(self.fs.may_link(oldnodeid, ino, &cred));
+                self.entry(self.fs.link(oldnodeid, ino, newname))
             }
             Op::Open { flags } => {
                 check!(self.fs.may_access(ino, &cred, open_mask(flags)));
@@ -586,7 +629,10 @@ impl Handler for TesseraFuse {
                 check!(self.fs.may_xattr(ino, &cred, name, true));
                 let create = flags as i32 & libc::XATTR_CREATE != 0;
                 let replace = flags as i32 & libc::XATTR_REPLACE != 0;
-                empty(self.fs.setxattr(ino, name, value, create, replace))
+                match posix_acl::acl_xattr(name) {
+                    Some(kind) => self.set_acl(ino, kind, value, (create, replace), &cred),
+                    None => empty(self.fs.setxattr(ino, name, value, create, replace)),
+                }
             }
             Op::Getxattr { name, size } => {
                 check!(self.fs.may_xattr(ino, &cred, name, false));
@@ -649,8 +695,8 @@ mod tests {
         };
         let c = attr_change(&touch);
         assert_eq!(c.atime, Some(TimeChange::Now));
-        assert_eq!(c.mtime, Some(TimeChange::Explicit));
-        assert!(c.ctime && !c.size && !c.open_for_write && c.mode.is_none());
+        assert_eq!(c.mtime, Some(TimeChange::Explicit(Timestamp::default())));
+        assert!(c.ctime.is_some() && !c.size && !c.open_for_write && c.mode.is_none());
         let ftruncate = SetattrIn {
             valid: fattr::SIZE | fattr::FH,
             ..SetattrIn::default()

@@ -1,13 +1,12 @@
 //! Layer 5 of Tessera: the FUSE adapter.
 //!
 //! This layer only translates: kernel requests become `tessera_fs::FileSystem` calls and
-//! `FsError`s become errnos. Every user of the machine can use the mount (`allow_other`), and
-//! POSIX permissions are enforced by the file system (`tessera_fs::access`), checked by the
-//! adapter before each operation with the caller's uid, gid and groups, with the same answers
-//! as a local file system. The kernel's own check (`default_permissions`) is not used: it
-//! costs a GETATTR round trip after every create and unlink. Without it the kernel does not
-//! check search permission on cached names, so names in a directory that not everyone may
-//! search are never cached (see `adapter`).
+//! `FsError`s become errnos. Every user of the machine can use the mount (`allow_other`).
+//! POSIX permissions and POSIX ACLs are checked by the kernel (`default_permissions`,
+//! FUSE_POSIX_ACL), which alone sees the opens of FIFOs and device nodes and the walks
+//! through cached names, and again by the file system (`tessera_fs::access`) before each
+//! operation with the caller's uid, gid and groups, with the same answers as a local file
+//! system (see `adapter`).
 //!
 //! It speaks the kernel's FUSE protocol itself (`kernel`): over the classic /dev/fuse
 //! read/write loop by default, or over FUSE-over-io_uring (one ring queue per CPU, served by
@@ -211,8 +210,11 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
         classic_threads: opts.threads.max(1),
         uring,
     };
-    let (notifier, notifications) = kernel::notify::channel();
-    let handler = Arc::new(adapter::TesseraFuse::new(fs, notifier));
+    // No notifications yet: the kernel checks permissions on cached names itself
+    // (`default_permissions`), so nothing cached needs invalidating; token revocation will
+    // send them when shards move between nodes.
+    let (_, notifications) = kernel::notify::channel();
+    let handler = Arc::new(adapter::TesseraFuse::new(fs));
     let session = match Session::start(dev, handler, &session_opts, notifications) {
         Ok(s) => s,
         Err(e) => {

@@ -57,9 +57,13 @@ pub(crate) mod init_flags {
     pub(crate) const ASYNC_READ: u64 = 1 << 0;
     pub(crate) const ATOMIC_O_TRUNC: u64 = 1 << 3;
     pub(crate) const BIG_WRITES: u64 = 1 << 5;
+    /// The kernel leaves the umask to us (create requests carry it).
+    pub(crate) const DONT_MASK: u64 = 1 << 6;
     pub(crate) const ASYNC_DIO: u64 = 1 << 15;
     pub(crate) const WRITEBACK_CACHE: u64 = 1 << 16;
     pub(crate) const PARALLEL_DIROPS: u64 = 1 << 18;
+    /// The kernel checks POSIX ACLs (read with GETXATTR) and implies `default_permissions`.
+    pub(crate) const POSIX_ACL: u64 = 1 << 20;
     pub(crate) const MAX_PAGES: u64 = 1 << 22;
     pub(crate) const INIT_EXT: u64 = 1 << 30;
     /// Files opened with `FOPEN_DIRECT_IO` may still be mmapped (through the page cache).

@@ -48,15 +48,15 @@ pub(crate) struct MountConfig<'a> {
     pub(crate) max_read: u32,
 }
 
-/// The option string for the kernel. There is no `default_permissions`: the file system
-/// checks permissions itself (`tessera_fs::access`), which saves the GETATTR round trip
-/// the kernel's own check needs after every change of a directory.
+/// The option string for the kernel. With `default_permissions` the kernel checks
+/// permissions too: it opens FIFOs, sockets and device nodes without asking the file
+/// system, so without its check a root-owned 0600 FIFO or disk node would open for anyone.
 pub(crate) fn mount_options(fd: RawFd, cfg: &MountConfig<'_>) -> String {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut opts = format!(
         "fd={fd},rootmode=40000,user_id={uid},group_id={gid},max_read={},\
-         subtype={}",
+         subtype={},default_permissions",
         cfg.max_read, cfg.subtype
     );
     if cfg.allow_other {
@@ -147,7 +147,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_file_system_checks_permissions_not_the_kernel() {
+    fn the_kernel_checks_permissions_too() {
         let cfg = MountConfig {
             fs_name: "t",
             subtype: "tessera",
@@ -155,7 +155,7 @@ mod tests {
             max_read: 1 << 20,
         };
         let opts = mount_options(3, &cfg);
-        assert!(!opts.contains("default_permissions"), "{opts}");
+        assert!(opts.contains(",default_permissions"), "{opts}");
         assert!(opts.ends_with(",allow_other"), "{opts}");
         assert!(opts.starts_with("fd=3,"), "{opts}");
     }

@@ -616,8 +616,9 @@ fn mkdir_mode(p: &Path, mode: u32) {
 
 #[test]
 fn mode_bits_and_owner_rules_are_enforced_by_the_file_system() {
-    //! The mount has no `default_permissions`: every answer below comes from the file
-    //! system's own checks, and must be what ext4 gives an unprivileged user.
+    //! Every answer below must be what ext4 gives an unprivileged user. The kernel checks
+    //! first (`default_permissions`) and the file system again; the unit tests of
+    //! `tessera_fs::access` hold the file system's own answers to the same rules.
     if !can_mount() {
         return;
     }
@@ -715,10 +716,10 @@ fn mode_bits_and_owner_rules_are_enforced_by_the_file_system() {
 
 #[test]
 fn search_permission_holds_for_names_the_kernel_has_cached() {
-    //! Without `default_permissions` the kernel checks no search permission while walking
-    //! a path, and a cached name skips our LOOKUP. Root's lookups must not open a way
-    //! through a directory nobody may not search, nor may a chmod or a rename that closes
-    //! a directory leave such a way behind.
+    //! A cached name skips our LOOKUP, so only the kernel's check of search permission
+    //! (`default_permissions`) guards it. Root's lookups must not open a way through a
+    //! directory nobody may not search, nor may a chmod or a rename that closes a
+    //! directory leave such a way behind.
     if !can_mount() {
         return;
     }
@@ -840,4 +841,354 @@ fn supplementary_groups_and_extended_attribute_permissions() {
     assert_eq!(get(0, &trusted), 0);
     fs::set_permissions(m.path("theirs"), fs::Permissions::from_mode(0o600)).unwrap();
     assert_eq!(get(65534, &user), libc::EACCES);
+}
+
+/// open(2) of `path` with `flags` as nobody (no supplementary groups); 0 or the errno.
+fn open_as_nobody(path: &CString, flags: i32) -> i32 {
+    errno_as(65534, 65534, &[], || {
+        let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return errno();
+        }
+        unsafe { libc::close(fd) };
+        0
+    })
+}
+
+fn mknod(p: &Path, mode: u32, dev: libc::dev_t) {
+    let rc = unsafe { libc::mknod(cstr(p).as_ptr(), mode, dev) };
+    assert_eq!(rc, 0, "mknod {}: {}", p.display(), std::io::Error::last_os_error());
+    fs::set_permissions(p, fs::Permissions::from_mode(mode & 0o7777)).unwrap();
+}
+
+#[test]
+fn fifos_and_device_nodes_open_only_with_permission() {
+    //! The kernel opens FIFOs, sockets and device nodes itself, without asking the file
+    //! system: a root-owned 0600 FIFO or block device node must still refuse nobody.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    mknod(&m.path("fifo600"), libc::S_IFIFO | 0o600, 0);
+    mknod(&m.path("fifo666"), libc::S_IFIFO | 0o666, 0);
+    mknod(&m.path("null600"), libc::S_IFCHR | 0o600, libc::makedev(1, 3));
+    mknod(&m.path("null666"), libc::S_IFCHR | 0o666, libc::makedev(1, 3));
+    mknod(&m.path("loop600"), libc::S_IFBLK | 0o600, libc::makedev(7, 0));
+    let (fifo, open_fifo) = (cstr(&m.path("fifo600")), cstr(&m.path("fifo666")));
+    let nonblock_read = libc::O_RDONLY | libc::O_NONBLOCK;
+    assert_eq!(open_as_nobody(&fifo, libc::O_RDWR), libc::EACCES);
+    assert_eq!(open_as_nobody(&fifo, nonblock_read), libc::EACCES);
+    assert_eq!(open_as_nobody(&open_fifo, nonblock_read), 0);
+    assert_eq!(open_as_nobody(&open_fifo, libc::O_RDWR), 0);
+    let null = cstr(&m.path("null600"));
+    assert_eq!(open_as_nobody(&null, libc::O_RDWR), libc::EACCES);
+    assert_eq!(open_as_nobody(&null, libc::O_RDONLY), libc::EACCES);
+    assert_eq!(open_as_nobody(&cstr(&m.path("null666")), libc::O_RDWR), 0);
+    let disk = cstr(&m.path("loop600"));
+    assert_eq!(open_as_nobody(&disk, libc::O_RDONLY), libc::EACCES);
+    // A socket: connecting needs write permission.
+    let _listener = std::os::unix::net::UnixListener::bind(m.path("sock")).unwrap();
+    fs::set_permissions(m.path("sock"), fs::Permissions::from_mode(0o600)).unwrap();
+    let sock = m.path("sock");
+    let connect = errno_as(65534, 65534, &[], || {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(_) => 0,
+            Err(e) => e.raw_os_error().unwrap(),
+        }
+    });
+    assert_eq!(connect, libc::EACCES);
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
+    // Root still may.
+    let fd = unsafe { libc::open(fifo.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    unsafe { libc::close(fd) };
+}
+
+/// utimensat(2) of `path` as nobody with `times` ([atime, mtime]); 0 or the errno.
+fn utimens_as_nobody(path: &CString, times: Option<[libc::timespec; 2]>) -> i32 {
+    errno_as(65534, 65534, &[], || {
+        let ptr = times.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
+        rc_errno(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), ptr, 0) })
+    })
+}
+
+fn ts(sec: i64, nsec: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: sec,
+        tv_nsec: nsec,
+    }
+}
+
+#[test]
+fn only_the_owner_sets_chosen_times_writers_only_now() {
+    //! utimensat with an explicit time needs ownership (EPERM), with "now" write
+    //! permission (EACCES); a writer of a 0666 file can neither back-date nor forward-date
+    //! it, neither through utimensat nor through the time flushes of the writeback cache.
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new(2, 128 << 20, small_fs());
+    write_mode(&m.path("open"), b"o", 0o666);
+    write_mode(&m.path("public"), b"p", 0o644);
+    let (open, public) = (cstr(&m.path("open")), cstr(&m.path("public")));
+    let omit = ts(0, libc::UTIME_OMIT);
+    let now = ts(0, libc::UTIME_NOW);
+    let past = ts(946_684_800, 0);
+    let future = ts(4_102_444_800, 0);
+    let before = fs::metadata(m.path("open")).unwrap().mtime();
+    for t in [past, future] {
+        assert_eq!(utimens_as_nobody(&open, Some([omit, t])), libc::EPERM);
+        assert_eq!(utimens_as_nobody(&open, Some([t, omit])), libc::EPERM);
+        assert_eq!(utimens_as_nobody(&public, Some([omit, t])), libc::EPERM);
+    }
+    assert_eq!(utimens_as_nobody(&public, None), libc::EACCES);
+    assert_eq!(utimens_as_nobody(&public, Some([now, now])), libc::EACCES);
+    // Linux counts one time set to now and the other omitted as a chosen time, as XFS does.
+    assert_eq!(utimens_as_nobody(&open, Some([omit, now])), libc::EPERM);
+    // Writing and then asking for a chosen time through the open file changes nothing.
+    let back_dated = errno_as(65534, 65534, &[], || {
+        let fd = unsafe { libc::open(open.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        assert!(fd >= 0);
+        assert_eq!(unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) }, 1);
+        let rc = rc_errno(unsafe { libc::futimens(fd, [omit, past].as_ptr()) });
+        unsafe { libc::close(fd) };
+        rc
+    });
+    assert_eq!(back_dated, libc::EPERM);
+    m.remount();
+    let after = fs::metadata(m.path("open")).unwrap().mtime();
+    assert!(
+        after >= before && after < future.tv_sec,
+        "mtime {after} (was {before})"
+    );
+    // "Now" is what write permission allows.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(utimens_as_nobody(&open, Some([now, now])), 0);
+    assert_eq!(utimens_as_nobody(&open, None), 0);
+    assert!(fs::metadata(m.path("open")).unwrap().mtime() > after);
+    // The owner may set any time.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, public.as_ptr(), [omit, past].as_ptr(), 0) };
+    assert_eq!(rc, 0);
+    m.remount();
+    assert_eq!(fs::metadata(m.path("public")).unwrap().mtime(), past.tv_sec);
+}
+
+#[test]
+fn chown_to_the_same_owner_and_group_is_allowed_to_anyone() {
+    //! chown(path, -1, -1) changes nothing and succeeds for every user, as on XFS.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    write_mode(&m.path("f"), b"f", 0o644);
+    write_mode(&m.path("open"), b"f", 0o666);
+    mkdir_mode(&m.path("d"), 0o755);
+    std::os::unix::fs::symlink("f", m.path("l")).unwrap();
+    for name in ["f", "open", "d", "l"] {
+        let path = cstr(&m.path(name));
+        let rc = errno_as(65534, 65534, &[], || {
+            let none = u32::MAX;
+            let c = rc_errno(unsafe { libc::chown(path.as_ptr(), none, none) });
+            let l = rc_errno(unsafe { libc::lchown(path.as_ptr(), none, none) });
+            c.max(l)
+        });
+        assert_eq!(rc, 0, "{name}");
+    }
+    assert_eq!(fs::metadata(m.path("f")).unwrap().uid(), 0);
+    assert_eq!(fs::metadata(m.path("f")).unwrap().mode() & 0o7777, 0o644);
+}
+
+fn syncfs(dir: &Path) -> i32 {
+    let d = File::open(dir).unwrap();
+    rc_errno(unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) })
+}
+
+#[test]
+fn syncfs_succeeds_after_unlink_and_rename_over_written_files() {
+    //! The kernel writes back the times of a dead inode after its name is gone; that must
+    //! not make syncfs (or `sync -f`) fail.
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    for round in 0..5 {
+        let a = m.path(&format!("a{round}"));
+        let b = m.path(&format!("b{round}"));
+        fs::write(&a, b"old").unwrap();
+        fs::write(&b, b"new").unwrap();
+        fs::rename(&b, &a).unwrap();
+        assert_eq!(syncfs(&m.mnt()), 0, "syncfs after rename, round {round}");
+        fs::write(&b, b"gone").unwrap();
+        fs::remove_file(&b).unwrap();
+        assert_eq!(syncfs(&m.mnt()), 0, "syncfs after unlink, round {round}");
+        fs::write(&b, b"gone").unwrap();
+        fs::remove_file(&b).unwrap();
+        let out = Command::new("sync").arg("-f").arg(m.mnt()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// Runs `cmd` with `sh -c` as root and returns its stdout; panics if it fails.
+fn root_succeeds(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The ACL of `path` as `getfacl -cn` prints it (numeric ids, no header), one entry a line.
+fn acl_of(path: &str) -> Vec<String> {
+    root_succeeds(&format!("getfacl -cnp {path}"))
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split('\t').next().unwrap().to_string())
+        .collect()
+}
+
+fn has(acl: &[String], entry: &str) -> bool {
+    acl.iter().any(|e| e == entry)
+}
+
+#[test]
+fn posix_acls_named_users_groups_mask_and_chmod() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new(2, 128 << 20, small_fs());
+    let secret = m.path("secret").display().to_string();
+    let p = |rel: &str| m.path(rel).display().to_string();
+    write_mode(&m.path("secret"), b"s", 0o600);
+    assert!(nobody_fails(&format!("cat {}", p("secret"))).contains(EACCES_TEXT));
+    // A named user: read only.
+    root_succeeds(&format!("setfacl -m u:65534:r {}", p("secret")));
+    let acl = acl_of(&p("secret"));
+    assert!(has(&acl, "user:65534:r--") && has(&acl, "mask::r--"), "{acl:?}");
+    assert_eq!(fs::metadata(m.path("secret")).unwrap().mode() & 0o777, 0o640);
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("secret"))), "s");
+    assert!(nobody_fails(&format!("echo x >> {}", p("secret"))).contains(EACCES_TEXT));
+    // The mask limits the named user: rw- granted, r-- effective.
+    root_succeeds(&format!("setfacl -m u:65534:rw,m::r {}", p("secret")));
+    assert!(nobody_fails(&format!("echo x >> {}", p("secret"))).contains(EACCES_TEXT));
+    root_succeeds(&format!("setfacl -m m::rw {}", p("secret")));
+    nobody_succeeds(&format!("echo x >> {}", p("secret")));
+    // chmod sets the mask from the group bits, and leaves the named entry alone.
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    let acl = acl_of(&p("secret"));
+    assert!(has(&acl, "mask::---") && has(&acl, "user:65534:rw-"), "{acl:?}");
+    assert!(nobody_fails(&format!("cat {}", p("secret"))).contains(EACCES_TEXT));
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(nobody_succeeds(&format!("cat {}", p("secret"))), "sx\n");
+    // A named group.
+    write_mode(&m.path("team"), b"t", 0o600);
+    root_succeeds(&format!("setfacl -m g:4242:rw {}", p("team")));
+    let member = as_nobody_with("--groups=4242", &format!("echo m >> {}", p("team")));
+    assert!(member.status.success(), "{}", String::from_utf8_lossy(&member.stderr));
+    assert!(nobody_fails(&format!("cat {}", p("team"))).contains(EACCES_TEXT));
+    // Only the owner sets ACLs; a non-root owner may.
+    assert!(nobody_fails(&format!("setfacl -m u:65534:rw {}", p("team"))).contains(EPERM_TEXT));
+    mkdir_mode(&m.path("tmp"), 0o1777);
+    nobody_succeeds(&format!("echo own > {}", p("tmp/own")));
+    nobody_succeeds(&format!("chmod 600 {0} && setfacl -m u:4343:r {0}", p("tmp/own")));
+    assert!(nobody_succeeds(&format!("getfacl -cn {}", p("tmp/own"))).contains("user:4343:r--"));
+    let read_as_4343 = errno_as(4343, 4343, &[], || {
+        rc_errno(unsafe { libc::access(cstr(&m.path("tmp/own")).as_ptr(), libc::R_OK) })
+    });
+    assert_eq!(read_as_4343, 0);
+    let write_as_4343 = errno_as(4343, 4343, &[], || {
+        rc_errno(unsafe { libc::access(cstr(&m.path("tmp/own")).as_ptr(), libc::W_OK) })
+    });
+    assert_eq!(write_as_4343, libc::EACCES);
+    // An ACL that says no more than the mode is kept as the mode alone.
+    root_succeeds(&format!("setfacl --set u::rw,g::r,o::- {}", p("team")));
+    assert_eq!(fs::metadata(m.path("team")).unwrap().mode() & 0o777, 0o640);
+    let (path, name) = (cstr(&m.path("team")), CString::new("system.posix_acl_access").unwrap());
+    let listed = unsafe { libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(listed, 0, "no attribute stored");
+    // Malformed values are refused (EINVAL; another version is EOPNOTSUPP, as on XFS).
+    let entry = |tag: u16, perm: u16| {
+        [&tag.to_le_bytes()[..], &perm.to_le_bytes(), &u32::MAX.to_le_bytes()].concat()
+    };
+    let acl = |version: u32, entries: &[(u16, u16)]| {
+        let mut v = version.to_le_bytes().to_vec();
+        entries.iter().for_each(|&(t, p)| v.extend(entry(t, p)));
+        v
+    };
+    let set = |value: &[u8]| {
+        let v = value.as_ptr().cast();
+        rc_errno(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), v, value.len(), 0) })
+    };
+    let good = acl(2, &[(1, 6), (4, 4), (0x20, 0)]);
+    assert_eq!(set(&good[..good.len() - 2]), libc::EINVAL, "torn entry");
+    assert_eq!(set(&acl(2, &[(1, 0o10), (4, 4), (0x20, 0)])), libc::EINVAL, "perm");
+    assert_eq!(set(&acl(2, &[(1, 6), (4, 4)])), libc::EINVAL, "no other entry");
+    assert_eq!(set(&acl(2, &[(1, 6), (0x40, 4), (0x20, 0)])), libc::EINVAL, "tag");
+    assert_eq!(set(&acl(1, &[(1, 6), (4, 4), (0x20, 0)])), libc::EOPNOTSUPP);
+    assert_eq!(set(&good), 0);
+    // ACLs survive a remount.
+    m.remount();
+    assert!(has(&acl_of(&secret), "user:65534:rw-"));
+    assert_eq!(nobody_succeeds(&format!("cat {secret}")), "sx\n");
+}
+
+#[test]
+fn default_acls_are_inherited_in_place_of_the_umask() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    let p = |rel: &str| m.path(rel).display().to_string();
+    mkdir_mode(&m.path("proj"), 0o750);
+    root_succeeds(&format!(
+        "setfacl -m u:65534:rwx {0} && setfacl -d -m u:65534:rwx,g:4242:rx,o::- {0}",
+        p("proj")
+    ));
+    // nobody creates with umask 077; the default ACL decides instead of the umask.
+    nobody_succeeds(&format!(
+        "umask 077 && echo n > {0}/f && mkdir {0}/sub && mkfifo {0}/fifo && ln -s f {0}/l",
+        p("proj")
+    ));
+    let f = acl_of(&p("proj/f"));
+    assert!(has(&f, "user:65534:rwx") && has(&f, "mask::rw-"), "{f:?}");
+    assert!(has(&f, "group:4242:r-x") && has(&f, "other::---"), "{f:?}");
+    assert_eq!(fs::metadata(m.path("proj/f")).unwrap().mode() & 0o777, 0o660);
+    let sub = acl_of(&p("proj/sub"));
+    assert!(has(&sub, "default:user:65534:rwx"), "{sub:?}");
+    assert!(has(&sub, "user:65534:rwx") && has(&sub, "mask::rwx"), "{sub:?}");
+    assert_eq!(fs::metadata(m.path("proj/sub")).unwrap().mode() & 0o777, 0o770);
+    assert_eq!(fs::metadata(m.path("proj/fifo")).unwrap().mode() & 0o777, 0o660);
+    assert!(has(&acl_of(&p("proj/fifo")), "group:4242:r-x"));
+    // The inherited entries grant what they say: a member of 4242 reads, others do not.
+    let member = as_nobody_with("--groups=4242", &format!("cat {}", p("proj/f")));
+    let read_as = |uid, groups: &[libc::gid_t]| {
+        errno_as(uid, uid, groups, || {
+            rc_errno(unsafe { libc::access(cstr(&m.path("proj/f")).as_ptr(), libc::R_OK) })
+        })
+    };
+    assert!(member.status.success());
+    assert_eq!(read_as(4343, &[4242]), libc::EACCES, "no search permission on proj");
+    root_succeeds(&format!("setfacl -m g:4242:rx {}", p("proj")));
+    assert_eq!(read_as(4343, &[4242]), 0);
+    assert_eq!(read_as(4343, &[]), libc::EACCES);
+    // Grandchildren inherit through the new directory's default ACL.
+    nobody_succeeds(&format!("umask 077 && touch {}", p("proj/sub/g")));
+    assert!(has(&acl_of(&p("proj/sub/g")), "user:65534:rwx"));
+    // Without a default ACL the umask applies.
+    mkdir_mode(&m.path("tmp"), 0o1777);
+    nobody_succeeds(&format!("umask 027 && touch {0}/u && mkdir {0}/d", p("tmp")));
+    assert_eq!(fs::metadata(m.path("tmp/u")).unwrap().mode() & 0o777, 0o640);
+    assert_eq!(fs::metadata(m.path("tmp/d")).unwrap().mode() & 0o777, 0o750);
+    // A default ACL exists only on directories.
+    let out = Command::new("setfacl")
+        .args(["-d", "-m", "u:1:r", &p("proj/f")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // Removing the default ACL stops inheritance.
+    root_succeeds(&format!("setfacl -k {}", p("proj")));
+    nobody_succeeds(&format!("umask 077 && touch {}", p("proj/late")));
+    assert_eq!(fs::metadata(m.path("proj/late")).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(acl_of(&p("proj/late")).len(), 3);
 }
