@@ -156,12 +156,6 @@ fn owner_or_root(attr: &Attr, cred: &Credentials) -> bool {
     cred.is_root() || cred.uid == attr.uid
 }
 
-/// Whether every user may search the directory: then a name cached by the kernel may skip
-/// our LOOKUP without skipping a check.
-pub fn searchable_by_all(attr: &Attr) -> bool {
-    attr.kind == FileKind::Directory && u32::from(attr.perm) & S_IXUGO == S_IXUGO
-}
-
 /// The kernel's `may_delete` minus existence: search and write on the directory, and in a
 /// sticky directory ownership of the file or the directory.
 fn may_delete(dir: &Protection, victim: Option<&Attr>, cred: &Credentials) -> FsResult<()> {
@@ -441,14 +435,14 @@ impl FileSystem {
     }
 
     /// Checks `mask` on the directory `dir` (search for a lookup, write and search for a
-    /// create) and returns whether every user may search it (see [`searchable_by_all`]).
+    /// create).
     /// A non-directory passes, so that the operation itself answers ENOTDIR.
-    pub fn may_use_dir(&self, dir: Ino, cred: &Credentials, mask: u32) -> FsResult<bool> {
+    pub fn may_use_dir(&self, dir: Ino, cred: &Credentials, mask: u32) -> FsResult<()> {
         let p = self.protection_of(dir)?;
         if p.attr.kind == FileKind::Directory {
             require(&p, cred, mask)?;
         }
-        Ok(searchable_by_all(&p.attr))
+        Ok(())
     }
 
     /// The entry `name` of `dir` and its attributes, if both exist.
@@ -470,21 +464,19 @@ impl FileSystem {
 
     /// rename and renameat2: removal from the old directory, removal of a replaced
     /// target or creation in the new one, and write permission on a directory whose `..`
-    /// changes. `exchange` applies the rules to both sides. Returns whether every user may
-    /// search the old and the new directory.
+    /// changes. `exchange` applies the rules to both sides.
     pub fn may_rename(
         &self,
         (dir, name): (Ino, &[u8]),
         (new_dir, new_name): (Ino, &[u8]),
         exchange: bool,
         cred: &Credentials,
-    ) -> FsResult<(bool, bool)> {
+    ) -> FsResult<()> {
         let m = self.meta.lock();
         let d = Self::protection(&m, dir)?;
         let n = Self::protection(&m, new_dir)?;
-        let public = (searchable_by_all(&d.attr), searchable_by_all(&n.attr));
         if d.attr.kind != FileKind::Directory || n.attr.kind != FileKind::Directory {
-            return Ok(public);
+            return Ok(());
         }
         let source = Self::child_attr(&m, dir, name);
         let target = Self::child_attr(&m, new_dir, new_name);
@@ -502,19 +494,19 @@ impl FileSystem {
                 }
             }
         }
-        Ok(public)
+        Ok(())
     }
 
     /// link: write and search on the new directory, and `protected_hardlinks` on the
-    /// source. Returns whether every user may search the new directory.
-    pub fn may_link(&self, ino: Ino, new_dir: Ino, cred: &Credentials) -> FsResult<bool> {
+    /// source.
+    pub fn may_link(&self, ino: Ino, new_dir: Ino, cred: &Credentials) -> FsResult<()> {
         let m = self.meta.lock();
         let n = Self::protection(&m, new_dir)?;
         if n.attr.kind == FileKind::Directory {
             require(&n, cred, MAY_WRITE | MAY_EXEC)?;
         }
         may_link_source(&Self::protection(&m, ino)?, cred)?;
-        Ok(searchable_by_all(&n.attr))
+        Ok(())
     }
 
     /// setattr: see [`check_setattr`].
@@ -539,17 +531,6 @@ impl FileSystem {
         write: bool,
     ) -> FsResult<()> {
         check_xattr(&self.protection_of(ino)?, cred, name, write)
-    }
-
-    /// Every name in the directory `dir` (none if it is not one), for invalidating the
-    /// kernel's cached entries when the directory stops being searchable by everyone.
-    pub fn child_names(&self, dir: Ino) -> Vec<Vec<u8>> {
-        let m = self.meta.lock();
-        m.state
-            .get(dir)
-            .and_then(|i| i.dir())
-            .map(|d| d.entries.keys().cloned().collect())
-            .unwrap_or_default()
     }
 }
 
@@ -898,14 +879,5 @@ mod tests {
         assert!(may_link_source(&file(0o4777), &other).is_err());
         assert!(may_link_source(&file(0o2777), &other).is_err());
         assert!(may_link_source(&file(0o600), &user(1000, 1, &[])).is_ok());
-    }
-
-    #[test]
-    fn searchable_by_everyone() {
-        assert!(searchable_by_all(&attr(FileKind::Directory, 0o755, 0, 0)));
-        assert!(searchable_by_all(&attr(FileKind::Directory, 0o711, 0, 0)));
-        assert!(!searchable_by_all(&attr(FileKind::Directory, 0o750, 0, 0)));
-        assert!(!searchable_by_all(&attr(FileKind::Directory, 0o700, 0, 0)));
-        assert!(!searchable_by_all(&file(0o777).attr));
     }
 }
