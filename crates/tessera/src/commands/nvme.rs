@@ -392,6 +392,7 @@ fn print_list_y(rows: &[NvmeNamespaceRow]) {
             "retries",
             "latencyUsP50",
             "latencyUsP99",
+            "id",
         ])
     );
     for r in rows {
@@ -415,6 +416,7 @@ fn print_list_y(rows: &[NvmeNamespaceRow]) {
                     p.retries.to_string(),
                     p.latency_us_p50.to_string(),
                     p.latency_us_p99.to_string(),
+                    r.id.clone(),
                 ])
             );
         }
@@ -426,6 +428,7 @@ fn print_list_y(rows: &[NvmeNamespaceRow]) {
 fn print_list(rows: &[NvmeNamespaceRow]) {
     let mut table = Table::new(&[
         "namespace",
+        "id",
         "size",
         "nsid",
         "subsystem",
@@ -438,11 +441,12 @@ fn print_list(rows: &[NvmeNamespaceRow]) {
         "errors",
         "p99 us",
     ])
-    .right(&[1, 2, 6, 9, 10, 11]);
+    .right(&[2, 3, 7, 10, 11, 12]);
     for r in rows {
         if r.paths.is_empty() {
             table.row(vec![
                 r.name.clone(),
+                r.id.clone(),
                 format_bytes(r.size_bytes),
                 r.nsid.to_string(),
                 r.subnqn.clone(),
@@ -461,6 +465,7 @@ fn print_list(rows: &[NvmeNamespaceRow]) {
             let cell = |s: String| if first { s } else { String::new() };
             table.row(vec![
                 cell(r.name.clone()),
+                cell(r.id.clone()),
                 cell(format_bytes(r.size_bytes)),
                 cell(r.nsid.to_string()),
                 cell(r.subnqn.clone()),

@@ -105,11 +105,7 @@ impl Daemon {
             }
         };
         for rec in registry.arrays {
-            let devices: Vec<PathBuf> = rec
-                .pdisks
-                .iter()
-                .map(|p| PathBuf::from(&p.device))
-                .collect();
+            let devices = self.pdisk_devices(&rec);
             let opts = DaOptions {
                 opener: Some(self.device_opener()),
                 ..DaOptions::default()
@@ -288,7 +284,7 @@ impl Daemon {
             .iter()
             .map(|p| PdiskSpec {
                 name: p.name.clone(),
-                device: PathBuf::from(&p.device_path),
+                device: PathBuf::from(self.stable_device_name(&p.device_path)),
                 enclosure: p.enclosure.clone(),
                 slot: p.slot,
             })
@@ -317,7 +313,7 @@ impl Daemon {
                 .iter()
                 .map(|p| PdiskRecord {
                     name: p.name.clone(),
-                    device: p.device_path.clone(),
+                    device: self.stable_device_name(&p.device_path),
                 })
                 .collect(),
         });
