@@ -783,6 +783,18 @@ fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_t
     });
     let table = node.ok(&["nvme", "list"]);
     assert!(table.contains("no path"), "{table}");
+    let e = node.fails(&[
+        "nvme",
+        "discover",
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port.to_string(),
+    ]);
+    let addr = format!("127.0.0.1:{port}");
+    assert_eq!(e.matches(&addr).count(), 1, "the address once: {e}");
     // Still down: connect tries (and says why it fails), it does not claim to be connected.
     let e = node.fails(&[
         "nvme",
@@ -797,6 +809,7 @@ fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_t
         &port.to_string(),
     ]);
     assert!(!e.contains("already connected"), "{e}");
+    assert_eq!(e.matches(&addr).count(), 1, "the address once: {e}");
     let _server = DriveServer::start(&conf);
     let out = connect(&node, nqn1, port);
     assert!(

@@ -159,10 +159,17 @@ impl Daemon {
                 subsystems.push(spec.subnqn.clone());
                 continue;
             }
-            let report = self
-                .nvme
-                .connect(opts)
-                .map_err(|e| anyhow!("{} at {}: {e}", spec.subnqn, spec.traddr))?;
+            let report = self.nvme.connect(opts).map_err(|e| {
+                // Most host errors begin with the address already.
+                let why = e.to_string();
+                let why = why
+                    .strip_prefix(&spec.traddr)
+                    .map_or(why.as_str(), |rest| {
+                        rest.trim_start_matches(':').trim_start()
+                    })
+                    .to_string();
+                anyhow!("{} at {}: {why}", spec.subnqn, spec.traddr)
+            })?;
             r.info(format!(
                 "{} at {}: connected as {}",
                 spec.subnqn, spec.traddr, report.controller
