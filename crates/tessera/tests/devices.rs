@@ -297,3 +297,60 @@ fn a_second_daemon_cannot_take_a_file_or_loop_device_the_first_one_uses() {
     let theirs = nsd_stanza(&second, "c.stanza", &[(s(&file), "theirs")]);
     second.ok(&["nsd", "create", "-F", s(&theirs), "-v", "no"]);
 }
+
+#[test]
+fn pdisks_are_found_by_label_after_their_files_move_and_a_second_daemon_is_refused() {
+    if !fuse_usable() {
+        return;
+    }
+    let node = Node::new().start();
+    let stanza = node.vdisk_stanza("vd", 1, "512M", "1M");
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mnt");
+    fs_create(&node, "vfs", &stanza, &mnt);
+    node.ok(&["mount", "vfs"]);
+    let data = pattern(8 << 20, 11);
+    std::fs::write(mnt.join("f"), &data).unwrap();
+
+    // A second daemon may not take the pdisks of an array the first one serves.
+    let second = Node::new().start();
+    let e = second.fails(&[
+        "da",
+        "create",
+        "dax",
+        "-F",
+        s(&node.path("pdisks.stanza")),
+        "-v",
+        "no",
+    ]);
+    assert!(e.contains("in use"), "{e}");
+    assert!(e.contains(&format!("pid {}", node.daemon_pid())), "{e}");
+    assert!(e.contains("of declustered array da1"), "{e}");
+    drop(second);
+
+    node.ok(&["umount", "vfs"]);
+    node.ok(&["shutdown"]);
+    let moved = node.path("moved");
+    std::fs::create_dir_all(&moved).unwrap();
+    for e in 1..=6 {
+        for slot in 1..=2 {
+            let name = format!("jbof{e}-slot{slot}");
+            std::fs::rename(node.path(&name), moved.join(&name)).unwrap();
+        }
+    }
+    std::fs::write(
+        node.home().join("nsddevices"),
+        format!("{}/jbof*\n", moved.display()),
+    )
+    .unwrap();
+    node.ok(&["startup"]);
+    let pdisks = node.ok(&["pdisk", "ls"]);
+    let rows: Vec<&str> = pdisks.lines().filter(|l| l.contains("jbof")).collect();
+    assert_eq!(rows.len(), 12, "{pdisks}");
+    for row in rows {
+        assert!(row.contains("/moved/") && row.contains(" ok"), "{pdisks}");
+    }
+    node.ok(&["mount", "vfs"]);
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
+    node.ok(&["umount", "vfs"]);
+}

@@ -13,6 +13,7 @@ use tessera_nsd::{
     check_device_size, check_name, erase_descriptor, probe_in_use, read_descriptor, scan,
     write_descriptor, InUse, NsdDescriptor, NsdId, NAME_RULE,
 };
+use tessera_nvme::host::Host;
 use tessera_vdisk::read_pdisk_label;
 
 use super::da_admin::vdisk_device_name;
@@ -35,20 +36,23 @@ impl Daemon {
             })?;
             return Ok(vdisk);
         }
-        super::nvme_admin::open_drive(&self.nvme, path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::ResourceBusy {
-                anyhow!("{e}; {}", self.describe_contents(path))
-            } else {
-                anyhow!("{e}")
-            }
-        })
+        let cluster = self.cluster_identity();
+        open_claimed(&self.nvme, &cluster, path).map_err(|e| anyhow!("{e}"))
     }
 
     /// How the declustered arrays of this node open their pdisks: local paths with
     /// O_DIRECT, `nvme:NAME` through the NVMe/TCP host.
     pub(super) fn device_opener(&self) -> tessera_vdisk::DeviceOpener {
         let host = Arc::clone(&self.nvme);
-        Arc::new(move |path: &Path| super::nvme_admin::open_drive(&host, &path.to_string_lossy()))
+        let cluster = self.cluster_identity();
+        Arc::new(move |path: &Path| open_claimed(&host, &cluster, &path.to_string_lossy()))
+    }
+
+    fn cluster_identity(&self) -> ClusterIdentity {
+        ClusterIdentity {
+            id: self.cluster.cluster_id_bytes(),
+            name: self.cluster.name.clone(),
+        }
     }
 
     /// Opens the device of a registered NSD and checks that it still carries that NSD's
@@ -125,15 +129,8 @@ impl Daemon {
         all
     }
 
-    /// Reads sector 0 of a candidate without claiming it (it may be another daemon's).
     fn probe(&self, candidate: &str) -> Option<Arc<dyn BlockDevice>> {
-        if let Some(name) = nvme_device_name(candidate) {
-            let ns: Arc<dyn BlockDevice> = self.nvme.namespace(name)?;
-            return Some(ns);
-        }
-        let dev: Arc<dyn BlockDevice> =
-            Arc::new(FileDrive::open_for_probe(Path::new(candidate)).ok()?);
-        Some(dev)
+        probe(&self.nvme, candidate)
     }
 
     /// The first candidate whose descriptor carries `rec`'s NSD id and this cluster's id.
@@ -241,35 +238,6 @@ impl Daemon {
             )
     }
 
-    /// What a busy device holds, for the refusal: its NSD (and cluster), file system or
-    /// declustered array, read without claiming it.
-    fn describe_contents(&self, path: &str) -> String {
-        let Some(dev) = self.probe(path) else {
-            return "its contents cannot be read".into();
-        };
-        if let Some(label) = read_pdisk_label(dev.as_ref()) {
-            return format!(
-                "it is pdisk {} of declustered array {}",
-                label.pdisk_name, label.da_name
-            );
-        }
-        let mut what = match read_descriptor(dev.as_ref()) {
-            Ok(Some(d)) => {
-                let cluster = if d.cluster_id == self.cluster.cluster_id_bytes() {
-                    format!("this cluster ({})", self.cluster.name)
-                } else {
-                    format!("cluster {}", hex(&d.cluster_id))
-                };
-                format!("it holds NSD {} of {cluster}", d.name)
-            }
-            _ => "it holds no NSD descriptor".into(),
-        };
-        if let Ok(fs) = tessera_fs::read_descriptor(&[Arc::clone(&dev)]) {
-            what += &format!(" and is a disk of file system {}", fs.name);
-        }
-        what + "; stop the process that holds it before reusing the device"
-    }
-
     /// `nsd change NSD --device PATH` [mmchnsd]: records a device that scanning cannot
     /// find, after checking that it carries the NSD's descriptor.
     pub(super) fn nsd_change(&self, name: &str, device: &str) -> Result<Reply> {
@@ -299,6 +267,68 @@ impl Daemon {
         }
         Ok(Reply::Done)
     }
+}
+
+/// This node's cluster, to tell its NSDs from another cluster's in messages.
+struct ClusterIdentity {
+    id: [u8; 16],
+    name: String,
+}
+
+/// Opens and claims a drive; a device another process holds is refused with what it
+/// holds, so the admin knows whose it is.
+fn open_claimed(
+    host: &Host,
+    cluster: &ClusterIdentity,
+    path: &str,
+) -> std::io::Result<Arc<dyn BlockDevice>> {
+    super::nvme_admin::open_drive(host, path).map_err(|e| {
+        if e.kind() != std::io::ErrorKind::ResourceBusy {
+            return e;
+        }
+        let what = describe_contents(host, cluster, path);
+        std::io::Error::new(e.kind(), format!("{e}; {what}"))
+    })
+}
+
+/// Reads sector 0 of a candidate without claiming it (it may be another daemon's).
+fn probe(host: &Host, candidate: &str) -> Option<Arc<dyn BlockDevice>> {
+    if let Some(name) = nvme_device_name(candidate) {
+        let ns: Arc<dyn BlockDevice> = host.namespace(name)?;
+        return Some(ns);
+    }
+    let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open_for_probe(Path::new(candidate)).ok()?);
+    Some(dev)
+}
+
+/// What a busy device holds, for the refusal: its NSD (and cluster), file system or
+/// declustered array, read without claiming it.
+fn describe_contents(host: &Host, cluster: &ClusterIdentity, path: &str) -> String {
+    let Some(dev) = probe(host, path) else {
+        return "its contents cannot be read".into();
+    };
+    if let Some(label) = read_pdisk_label(dev.as_ref()) {
+        return format!(
+            "it is pdisk {} of declustered array {}; stop the process that holds it before \
+             reusing the device",
+            label.pdisk_name, label.da_name
+        );
+    }
+    let mut what = match read_descriptor(dev.as_ref()) {
+        Ok(Some(d)) => {
+            let whose = if d.cluster_id == cluster.id {
+                format!("this cluster ({})", cluster.name)
+            } else {
+                format!("cluster {}", hex(&d.cluster_id))
+            };
+            format!("it holds NSD {} of {whose}", d.name)
+        }
+        _ => "it holds no NSD descriptor".into(),
+    };
+    if let Ok(fs) = tessera_fs::read_descriptor(&[Arc::clone(&dev)]) {
+        what += &format!(" and is a disk of file system {}", fs.name);
+    }
+    what + "; stop the process that holds it before reusing the device"
 }
 
 /// The search list an administrator keeps in `$TESSERA_HOME`: one path or glob per line.
