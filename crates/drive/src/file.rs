@@ -141,29 +141,41 @@ fn open_file(path: &Path, write: bool, extra_flags: i32, is_block: bool) -> io::
 }
 
 /// Opens and claims the device, or shares this process's existing claim on it.
-fn claim(path: &Path, meta: &std::fs::Metadata) -> io::Result<Arc<Claim>> {
+///
+/// An exclusive claim is an advisory `flock(LOCK_EX)` on the device node or file, and for a
+/// block device also O_EXCL, which the kernel enforces against every other exclusive
+/// opener (a mounted kernel file system, md, LVM). A shared claim is `flock(LOCK_SH)`: the
+/// controllers of one subsystem served by separate processes share their drives as the
+/// controllers of a dual-controller array do, while any exclusive claim excludes them.
+fn claim(path: &Path, meta: &std::fs::Metadata, exclusive: bool) -> io::Result<Arc<Claim>> {
     let key = DeviceKey::of(meta);
     let is_block = matches!(key, DeviceKey::Block(_));
     let mut map = claims().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(held) = map.get(&key).and_then(Weak::upgrade) {
         return Ok(held);
     }
-    let excl = if is_block { libc::O_EXCL } else { 0 };
+    let excl = if is_block && exclusive {
+        libc::O_EXCL
+    } else {
+        0
+    };
     let file = match open_file(path, true, excl, is_block) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(busy_error(path)),
         Err(e) => return Err(open_error(path, e)),
     };
-    if !is_block {
-        // SAFETY: flock on a descriptor we own.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(busy_error(path));
-            }
-            return Err(open_error(path, e));
+    let mode = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), mode | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(busy_error(path));
         }
+        return Err(open_error(path, e));
     }
     let claim = Arc::new(Claim {
         key,
@@ -212,7 +224,16 @@ impl FileDrive {
     /// opened buffered instead; [`BlockDevice::flush`] still makes them durable with fdatasync.
     pub fn open(path: &Path) -> io::Result<FileDrive> {
         let meta = drive_metadata(path)?;
-        let handle = Handle::Claimed(claim(path, &meta)?);
+        let handle = Handle::Claimed(claim(path, &meta, true)?);
+        FileDrive::new(path, &meta, handle)
+    }
+
+    /// Opens `path` for reading and writing with a shared claim: other shared claimants
+    /// (the other controllers of a multi-controller subsystem) may open it too, a process
+    /// holding it exclusively (a daemon, an array) may not, and vice versa.
+    pub fn open_shared(path: &Path) -> io::Result<FileDrive> {
+        let meta = drive_metadata(path)?;
+        let handle = Handle::Claimed(claim(path, &meta, false)?);
         FileDrive::new(path, &meta, handle)
     }
 
@@ -395,9 +416,48 @@ mod tests {
         let probe = FileDrive::open_for_probe(&path).unwrap();
         probe.read_at(&mut back, 0).unwrap();
         assert!(probe.write_at(&back, 0).is_err());
+        assert_eq!(
+            FileDrive::open_shared(&path).unwrap_err().kind(),
+            io::ErrorKind::ResourceBusy
+        );
         holder.kill().unwrap();
         holder.wait().unwrap();
         FileDrive::open(&path).expect("free again once the holder is gone");
+    }
+
+    #[test]
+    fn shared_claims_coexist_and_exclude_an_exclusive_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d0");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        // Another process shares the drive, as a second controller of a subsystem does.
+        let mut other = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "exec 9<>\"$0\"; flock -s 9; exec sleep 30",
+                path.to_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let err = loop {
+            match FileDrive::open(&path) {
+                Ok(d) => drop(d),
+                Err(e) => break e,
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock never took the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(err.kind(), io::ErrorKind::ResourceBusy, "{err}");
+        FileDrive::open_shared(&path).expect("shared with the other controller");
+        other.kill().unwrap();
+        other.wait().unwrap();
     }
 
     #[test]
