@@ -350,6 +350,12 @@ fn pdisks_are_found_by_label_after_their_files_move_and_a_second_daemon_is_refus
     for row in rows {
         assert!(row.contains("/moved/") && row.contains(" ok"), "{pdisks}");
     }
+    let table = node.ok(&["nsd", "discover"]);
+    let row = table
+        .lines()
+        .find(|l| l.contains("vdisk:vd0"))
+        .expect("vd0 row");
+    assert!(row.contains("found"), "{table}");
     node.ok(&["mount", "vfs"]);
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
     node.ok(&["umount", "vfs"]);

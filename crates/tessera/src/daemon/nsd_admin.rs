@@ -149,8 +149,12 @@ impl Daemon {
         let mut candidates: Option<Vec<String>> = None;
         let mut rows = Vec::new();
         for rec in &registry.nsds {
-            let here = self
-                .probe(&rec.device)
+            let dev = match vdisk_device_name(&rec.device) {
+                // A vdisk's name is its identity; it is reachable once its array is open.
+                Some(v) => self.find_vdisk(v).map(|v| v as Arc<dyn BlockDevice>),
+                None => self.probe(&rec.device),
+            };
+            let here = dev
                 .and_then(|d| read_descriptor(d.as_ref()).ok().flatten())
                 .is_some_and(|d| d.id == rec.id);
             if here || vdisk_device_name(&rec.device).is_some() {
@@ -176,7 +180,11 @@ impl Daemon {
     pub(super) fn discover_nsds_at_start(&self) {
         match self.discover_nsds() {
             Ok(rows) => {
-                for r in rows.iter().filter(|r| r.device_now.is_none()) {
+                // Vdisks are checked when their arrays open, after this scan.
+                let lost = rows.iter().filter(|r| {
+                    r.device_now.is_none() && vdisk_device_name(&r.device_before).is_none()
+                });
+                for r in lost {
                     tracing::error!(
                         "NSD {}: not found at {} nor on any other device of this node; \
                          `tessera nsd change {} --device PATH` records where it is",
