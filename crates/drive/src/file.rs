@@ -1,15 +1,216 @@
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::mem::ManuallyDrop;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::{check_io, BlockDevice, SECTOR_BYTES};
 
+/// What identifies a device whatever path reaches it: the device number of a block device,
+/// or the file system and inode of a regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum DeviceKey {
+    Block(u64),
+    File(u64, u64),
+}
+
+impl DeviceKey {
+    fn of(meta: &std::fs::Metadata) -> DeviceKey {
+        if meta.file_type().is_block_device() {
+            DeviceKey::Block(meta.rdev())
+        } else {
+            DeviceKey::File(meta.dev(), meta.ino())
+        }
+    }
+}
+
+/// A device file this process holds exclusively (O_EXCL for a block device, an advisory
+/// `flock` for a regular file). Every [`FileDrive`] of the process that opens the same
+/// device shares it: a second exclusive open from the same process would be refused by the
+/// kernel just like one from another process, and one daemon legitimately opens a device
+/// more than once (a mounted NSD that `nsd discover` reads again, a pdisk that an array
+/// reopens).
+#[derive(Debug)]
+struct Claim {
+    key: DeviceKey,
+    file: ManuallyDrop<File>,
+}
+
+fn claims() -> &'static Mutex<HashMap<DeviceKey, Weak<Claim>>> {
+    static CLAIMS: OnceLock<Mutex<HashMap<DeviceKey, Weak<Claim>>>> = OnceLock::new();
+    CLAIMS.get_or_init(Mutex::default)
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // Closing under the registry lock: an open racing with this drop must not find the
+        // entry gone while the old descriptor (and its lock) still exists.
+        let mut map = claims().lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
+            map.remove(&self.key);
+        }
+        // SAFETY: dropped exactly once, here; `file` is not used after.
+        unsafe { ManuallyDrop::drop(&mut self.file) };
+    }
+}
+
+/// The processes other than this one that have `path`'s device open, as (pid, command),
+/// found through `/proc/*/fd`. Processes this one may not inspect are left out.
+pub fn device_holders(path: &Path) -> Vec<(u32, String)> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Vec::new();
+    };
+    let key = DeviceKey::of(&meta);
+    let me = std::process::id();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut holders = Vec::new();
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || !holds(&entry.path().join("fd"), key) {
+            continue;
+        }
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        holders.push((pid, comm.trim().to_string()));
+    }
+    holders
+}
+
+fn holds(fd_dir: &Path, key: DeviceKey) -> bool {
+    let Ok(fds) = std::fs::read_dir(fd_dir) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::metadata(fd.path()).is_ok_and(|m| {
+            (m.file_type().is_block_device() || m.is_file()) && DeviceKey::of(&m) == key
+        })
+    })
+}
+
+fn busy_error(path: &Path) -> io::Error {
+    let holders = device_holders(path);
+    let by = if holders.is_empty() {
+        String::from("another process")
+    } else {
+        holders
+            .iter()
+            .map(|(pid, comm)| format!("pid {pid} ({comm})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        format!(
+            "{}: device is in use, held by {by}; a drive is open in one Tessera daemon, \
+             drive server or array at a time",
+            path.display()
+        ),
+    )
+}
+
+fn open_error(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("{}: cannot open drive: {e}", path.display()),
+    )
+}
+
+/// Opens `path` with O_DIRECT, falling back to buffered I/O for a regular file on a file
+/// system without O_DIRECT (tmpfs on older kernels).
+fn open_file(path: &Path, write: bool, extra_flags: i32, is_block: bool) -> io::Result<File> {
+    let open = |direct: bool| {
+        let mut options = OpenOptions::new();
+        options.read(true).write(write);
+        options.custom_flags(extra_flags | if direct { libc::O_DIRECT } else { 0 });
+        options.open(path)
+    };
+    match open(true) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) && !is_block => open(false),
+        other => other,
+    }
+}
+
+/// Opens and claims the device, or shares this process's existing claim on it.
+///
+/// An exclusive claim is an advisory `flock(LOCK_EX)` on the device node or file, and for a
+/// block device also O_EXCL, which the kernel enforces against every other exclusive
+/// opener (a mounted kernel file system, md, LVM). A shared claim is `flock(LOCK_SH)`: the
+/// controllers of one subsystem served by separate processes share their drives as the
+/// controllers of a dual-controller array do, while any exclusive claim excludes them.
+fn claim(path: &Path, meta: &std::fs::Metadata, exclusive: bool) -> io::Result<Arc<Claim>> {
+    let key = DeviceKey::of(meta);
+    let is_block = matches!(key, DeviceKey::Block(_));
+    let mut map = claims().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(held) = map.get(&key).and_then(Weak::upgrade) {
+        return Ok(held);
+    }
+    let excl = if is_block && exclusive {
+        libc::O_EXCL
+    } else {
+        0
+    };
+    let file = match open_file(path, true, excl, is_block) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(busy_error(path)),
+        Err(e) => return Err(open_error(path, e)),
+    };
+    let mode = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), mode | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(busy_error(path));
+        }
+        return Err(open_error(path, e));
+    }
+    let claim = Arc::new(Claim {
+        key,
+        file: ManuallyDrop::new(file),
+    });
+    map.insert(key, Arc::downgrade(&claim));
+    Ok(claim)
+}
+
+/// The open descriptor of a drive: claimed (shared within the process), or a read-only
+/// probe that claims nothing.
+#[derive(Debug)]
+enum Handle {
+    Claimed(Arc<Claim>),
+    Probe(File),
+}
+
+impl Handle {
+    fn file(&self) -> &File {
+        match self {
+            Handle::Claimed(c) => &c.file,
+            Handle::Probe(f) => f,
+        }
+    }
+}
+
 /// A drive backed by a local block device or a regular file, opened with O_DIRECT so that
 /// the host page cache neither hides device errors nor double-buffers data.
+///
+/// [`FileDrive::open`] claims the device for this process (see [`Claim`]): another process
+/// that opens it is refused with [`io::ErrorKind::ResourceBusy`] and an error naming the
+/// holder's pid, so two daemons never write one drive.
 #[derive(Debug)]
 pub struct FileDrive {
-    file: File,
+    handle: Handle,
     path: PathBuf,
     name: String,
     size_bytes: u64,
@@ -17,56 +218,47 @@ pub struct FileDrive {
 }
 
 impl FileDrive {
-    /// Opens `path` for reading and writing.
+    /// Opens `path` for reading and writing and claims it exclusively.
     ///
     /// Regular files on file systems without O_DIRECT support (tmpfs on older kernels) are
     /// opened buffered instead; [`BlockDevice::flush`] still makes them durable with fdatasync.
     pub fn open(path: &Path) -> io::Result<FileDrive> {
-        let meta = std::fs::metadata(path).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "{}: cannot open drive: {e}; check the device path",
-                    path.display()
-                ),
-            )
-        })?;
+        let meta = drive_metadata(path)?;
+        let handle = Handle::Claimed(claim(path, &meta, true)?);
+        FileDrive::new(path, &meta, handle)
+    }
+
+    /// Opens `path` for reading and writing with a shared claim: other shared claimants
+    /// (the other controllers of a multi-controller subsystem) may open it too, a process
+    /// holding it exclusively (a daemon, an array) may not, and vice versa.
+    pub fn open_shared(path: &Path) -> io::Result<FileDrive> {
+        let meta = drive_metadata(path)?;
+        let handle = Handle::Claimed(claim(path, &meta, false)?);
+        FileDrive::new(path, &meta, handle)
+    }
+
+    /// Opens `path` read-only without claiming it, to read a label or descriptor of a
+    /// device that may be in use elsewhere (device scans, naming the holder of a busy
+    /// device). Writes fail.
+    pub fn open_for_probe(path: &Path) -> io::Result<FileDrive> {
+        let meta = drive_metadata(path)?;
+        let file = open_file(path, false, 0, meta.file_type().is_block_device())
+            .map_err(|e| open_error(path, e))?;
+        FileDrive::new(path, &meta, Handle::Probe(file))
+    }
+
+    fn new(path: &Path, meta: &std::fs::Metadata, handle: Handle) -> io::Result<FileDrive> {
         let is_block_device = meta.file_type().is_block_device();
-        if !is_block_device && !meta.is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{}: not a block device or regular file", path.display()),
-            ));
-        }
-        let open = |direct: bool| {
-            let mut options = OpenOptions::new();
-            options.read(true).write(true);
-            if direct {
-                options.custom_flags(libc::O_DIRECT);
-            }
-            options.open(path)
-        };
-        let file = match open(true) {
-            Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && !is_block_device => open(false)?,
-            Err(e) => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("{}: cannot open drive: {e}", path.display()),
-                ))
-            }
-        };
         let size_bytes = if is_block_device {
-            block_device_bytes(&file)?
+            block_device_bytes(handle.file())?
         } else {
             meta.len()
         };
-        let size_bytes = size_bytes - size_bytes % SECTOR_BYTES;
         Ok(FileDrive {
-            file,
+            handle,
             path: path.to_path_buf(),
             name: path.display().to_string(),
-            size_bytes,
+            size_bytes: size_bytes - size_bytes % SECTOR_BYTES,
             is_block_device,
         })
     }
@@ -80,10 +272,32 @@ impl FileDrive {
     pub fn is_block_device(&self) -> bool {
         self.is_block_device
     }
+
+    fn file(&self) -> &File {
+        self.handle.file()
+    }
+}
+
+fn drive_metadata(path: &Path) -> io::Result<std::fs::Metadata> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{}: cannot open drive: {e}; check the device path",
+                path.display()
+            ),
+        )
+    })?;
+    if !meta.file_type().is_block_device() && !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a block device or regular file", path.display()),
+        ));
+    }
+    Ok(meta)
 }
 
 fn block_device_bytes(file: &File) -> io::Result<u64> {
-    use std::os::unix::io::AsRawFd;
     // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
     const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
     let mut bytes: u64 = 0;
@@ -94,7 +308,6 @@ fn block_device_bytes(file: &File) -> io::Result<u64> {
     }
     Ok(bytes)
 }
-
 impl BlockDevice for FileDrive {
     fn name(&self) -> &str {
         &self.name
@@ -106,14 +319,14 @@ impl BlockDevice for FileDrive {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
-        self.file
+        self.file()
             .read_exact_at(buf, offset)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: read at {offset}: {e}", self.name)))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
-        self.file
+        self.file()
             .write_all_at(buf, offset)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: write at {offset}: {e}", self.name)))
     }
@@ -121,7 +334,7 @@ impl BlockDevice for FileDrive {
     fn flush(&self) -> io::Result<()> {
         // O_DIRECT bypasses the page cache but not the drive's volatile cache nor, for a
         // regular file, the host file system's block mapping; fdatasync covers both.
-        self.file
+        self.file()
             .sync_data()
             .map_err(|e| io::Error::new(e.kind(), format!("{}: flush: {e}", self.name)))
     }
@@ -152,6 +365,99 @@ mod tests {
         assert!(err.to_string().contains("unaligned"), "{err}");
         let err = drive.write_at(&data, (1 << 20) - 4096).unwrap_err();
         assert!(err.to_string().contains("past the end"), "{err}");
+    }
+
+    #[test]
+    fn one_process_shares_its_claim_and_another_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d0");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let first = FileDrive::open(&path).unwrap();
+        // A hard link is the same drive: shared, not a second claim.
+        let link = dir.path().join("d0-link");
+        std::fs::hard_link(&path, &link).unwrap();
+        let second = FileDrive::open(&link).unwrap();
+        second
+            .write_at(&AlignedBuf::from_slice(&[7; 4096]), 0)
+            .unwrap();
+        let mut back = AlignedBuf::zeroed(4096);
+        first.read_at(&mut back, 0).unwrap();
+        assert_eq!(back[0], 7);
+        drop((first, second));
+
+        // Another process holds the lock: refused, and the holder is named.
+        let mut holder = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "exec 9<>\"$0\"; flock -x 9; exec sleep 30",
+                path.to_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let err = loop {
+            match FileDrive::open(&path) {
+                Ok(d) => drop(d),
+                Err(e) => break e,
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock never took the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(err.kind(), io::ErrorKind::ResourceBusy, "{err}");
+        assert!(err.to_string().contains("in use"), "{err}");
+        assert!(err.to_string().contains("pid "), "{err}");
+        // Reading a label without claiming still works.
+        let probe = FileDrive::open_for_probe(&path).unwrap();
+        probe.read_at(&mut back, 0).unwrap();
+        assert!(probe.write_at(&back, 0).is_err());
+        assert_eq!(
+            FileDrive::open_shared(&path).unwrap_err().kind(),
+            io::ErrorKind::ResourceBusy
+        );
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        FileDrive::open(&path).expect("free again once the holder is gone");
+    }
+
+    #[test]
+    fn shared_claims_coexist_and_exclude_an_exclusive_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d0");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        // Another process shares the drive, as a second controller of a subsystem does.
+        let mut other = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "exec 9<>\"$0\"; flock -s 9; exec sleep 30",
+                path.to_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let err = loop {
+            match FileDrive::open(&path) {
+                Ok(d) => drop(d),
+                Err(e) => break e,
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock never took the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(err.kind(), io::ErrorKind::ResourceBusy, "{err}");
+        FileDrive::open_shared(&path).expect("shared with the other controller");
+        other.kill().unwrap();
+        other.wait().unwrap();
     }
 
     #[test]

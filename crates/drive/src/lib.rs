@@ -9,7 +9,7 @@ mod aligned;
 mod file;
 
 pub use aligned::AlignedBuf;
-pub use file::FileDrive;
+pub use file::{device_holders, FileDrive};
 
 use std::io;
 

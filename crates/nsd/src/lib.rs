@@ -8,6 +8,7 @@
 
 pub mod descriptor;
 pub mod layout;
+pub mod scan;
 pub mod stanza;
 mod types;
 

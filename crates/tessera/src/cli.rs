@@ -475,6 +475,20 @@ pub enum NsdCommand {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// Find every NSD by the id in its descriptor and record where it is now
+    /// [mmnsddiscover]. Searches the block devices of this node, the connected NVMe/TCP
+    /// namespaces, the recorded paths and the paths and globs listed one per line in
+    /// $TESSERA_HOME/nsddevices.
+    Discover,
+    /// Record a new device path for an NSD that scanning cannot find [mmchnsd]; the device
+    /// must carry the NSD's descriptor.
+    Change {
+        /// The NSD.
+        name: String,
+        /// Its device now: a path, a block device name, or nvme:NAME.
+        #[arg(long = "device", short = 'd')]
+        device: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]

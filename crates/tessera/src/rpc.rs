@@ -170,6 +170,13 @@ pub enum Request {
     NsdDelete {
         names: Vec<String>,
     },
+    /// `nsd discover`: find every NSD by the id in its descriptor.
+    NsdDiscover,
+    /// `nsd change NSD --device PATH`.
+    NsdChange {
+        name: String,
+        device: String,
+    },
     FsCreate(Box<FsCreateSpec>),
     FsShow {
         name: String,
@@ -277,6 +284,9 @@ pub struct NvmeConnectSpec {
 pub struct NvmeNamespaceRow {
     /// The local name (`nvme0n1`); a stanza names it as `device=nvme:nvme0n1`.
     pub name: String,
+    /// The stable name (`eui.<NGUID>`), which survives reconnects in another order.
+    #[serde(default)]
+    pub id: String,
     pub subnqn: String,
     pub nsid: u32,
     pub size_bytes: u64,
@@ -298,6 +308,17 @@ pub struct NvmePathRow {
     pub retries: u64,
     pub latency_us_p50: u64,
     pub latency_us_p99: u64,
+}
+
+/// One NSD as `nsd discover` found it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NsdDiscoverRow {
+    pub nsd: String,
+    pub device_before: String,
+    /// Where the descriptor was found; `None` when no candidate device holds it.
+    pub device_now: Option<String>,
+    /// "found", "moved", "not found", or why the device could not be checked.
+    pub status: String,
 }
 
 /// A file system as `fs ls` and `disk ls` show it.
@@ -332,6 +353,7 @@ pub enum Reply {
     /// Names of the created NSDs, in stanza order.
     NsdsCreated(Vec<String>),
     Nsds(Vec<NsdRecord>),
+    NsdDiscovery(Vec<NsdDiscoverRow>),
     Fs(Box<FsShow>),
     Mounted {
         mount_point: String,

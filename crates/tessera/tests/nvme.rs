@@ -644,3 +644,184 @@ fn ptpl_reservations_survive_kill_9_of_the_drive_server() {
         b.disconnect_all();
     }
 }
+
+/// Both streams of a command that must succeed.
+fn ok_all(node: &Node, args: &[&str]) -> String {
+    let out = node.run(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "tessera {args:?} failed:\n{text}");
+    text
+}
+
+/// `nvme list -Y` as (local name, stable id, subsystem NQN, path states).
+fn namespaces(node: &Node) -> Vec<(String, String, String, Vec<String>)> {
+    let mut rows: Vec<(String, String, String, Vec<String>)> = Vec::new();
+    for l in node.ok(&["nvme", "list", "-Y"]).lines() {
+        if l.contains(":HEADER:") {
+            continue;
+        }
+        let f: Vec<&str> = l.split(':').collect();
+        let (name, nqn, id) = (f[6], f[9].replace("%3A", ":"), f[f.len() - 2]);
+        match rows.iter_mut().find(|r| r.0 == name) {
+            Some(r) => r.3.push(f[15].to_string()),
+            None => rows.push((name.into(), id.into(), nqn, vec![f[15].to_string()])),
+        }
+    }
+    rows
+}
+
+fn connect(node: &Node, nqn: &str, port: u16) -> String {
+    ok_all(
+        node,
+        &[
+            "nvme",
+            "connect",
+            "-t",
+            "tcp",
+            "-n",
+            nqn,
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port.to_string(),
+            "-l",
+            "3",
+            "-c",
+            "1",
+        ],
+    )
+}
+
+#[test]
+fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_tmo() {
+    if !fuse_usable() {
+        return;
+    }
+    let node = Node::new().start();
+    let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
+    let (nqn1, nqn2) = (
+        "nqn.2026-11.io.tessera:first",
+        "nqn.2026-11.io.tessera:second",
+    );
+    let d1 = node.drive("first", NS_BYTES);
+    let d2 = node.drive("second", NS_BYTES);
+    let port = free_port();
+    let conf = node.path("server.json");
+    write_config(
+        &conf,
+        &[&hostnqn],
+        &[port_json(1, port, &[nqn1, nqn2], &[(1, "optimized")])],
+        &[
+            subsystem_json(nqn1, &[d1], &[1], &[&hostnqn]),
+            subsystem_json(nqn2, &[d2], &[1], &[&hostnqn]),
+        ],
+    );
+    let mut server = DriveServer::start(&conf);
+    connect(&node, nqn1, port);
+    connect(&node, nqn2, port);
+    let listed = namespaces(&node);
+    let first = listed.iter().find(|r| r.2 == nqn1).expect("first").clone();
+    assert_eq!(first.0, "nvme0n1", "{listed:?}");
+    assert!(first.1.starts_with("eui."), "{listed:?}");
+    let table = node.ok(&["nvme", "list"]);
+    assert!(table.contains(&first.1), "{table}");
+
+    // NSDs named by the counter names are recorded by their stable names.
+    let stanza = node.path("nvme.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=nvme:nvme0n1 nsd=n1 usage=dataAndMetadata failureGroup=1 pool=system\n\
+         %nsd: device=nvme:nvme1n1 nsd=n2 usage=dataAndMetadata failureGroup=2 pool=system\n",
+    )
+    .unwrap();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let nsds = node.ok(&["nsd", "ls", "-m"]);
+    assert!(nsds.contains(&format!("nvme:{}", first.1)), "{nsds}");
+    let mnt = node.path("mnt");
+    node.ok(&[
+        "fs",
+        "create",
+        "nfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    node.ok(&["mount", "nfs"]);
+    let data = pattern(4 << 20, 5);
+    std::fs::write(mnt.join("f"), &data).unwrap();
+    node.ok(&["umount", "nfs"]);
+
+    // Reconnect in the other order and restart: the counters now point elsewhere.
+    node.ok(&["nvme", "disconnect-all"]);
+    connect(&node, nqn2, port);
+    connect(&node, nqn1, port);
+    node.ok(&["shutdown"]);
+    node.ok(&["startup"]);
+    let listed = namespaces(&node);
+    let now = listed.iter().find(|r| r.2 == nqn1).expect("first").clone();
+    assert_ne!(now.0, first.0, "the local name did not change: {listed:?}");
+    assert_eq!(now.1, first.1, "{listed:?}");
+    node.ok(&["mount", "nfs"]);
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
+    node.ok(&["umount", "nfs"]);
+
+    // The drive server goes away for longer than ctrl_loss_tmo: the paths give up.
+    server.kill();
+    wait_for("the paths to give up", 30, || {
+        namespaces(&node)
+            .iter()
+            .all(|r| r.3.is_empty() || r.3 == [""])
+    });
+    let table = node.ok(&["nvme", "list"]);
+    assert!(table.contains("no path"), "{table}");
+    let e = node.fails(&[
+        "nvme",
+        "discover",
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port.to_string(),
+    ]);
+    let addr = format!("127.0.0.1:{port}");
+    assert_eq!(e.matches(&addr).count(), 1, "the address once: {e}");
+    // Still down: connect tries (and says why it fails), it does not claim to be connected.
+    let e = node.fails(&[
+        "nvme",
+        "connect",
+        "-t",
+        "tcp",
+        "-n",
+        nqn1,
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port.to_string(),
+    ]);
+    assert!(!e.contains("already connected"), "{e}");
+    assert_eq!(e.matches(&addr).count(), 1, "the address once: {e}");
+    let _server = DriveServer::start(&conf);
+    let out = connect(&node, nqn1, port);
+    assert!(
+        !out.contains("already connected") && out.contains("connected as"),
+        "{out}"
+    );
+    connect(&node, nqn2, port);
+    let listed = namespaces(&node);
+    let back = listed.iter().find(|r| r.2 == nqn1).expect("first");
+    assert_eq!((&back.0, &back.1), (&now.0, &now.1), "{listed:?}");
+    assert_eq!(back.3, ["live"], "{listed:?}");
+    node.ok(&["mount", "nfs"]);
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
+    node.ok(&["umount", "nfs"]);
+}

@@ -64,7 +64,7 @@ pub use da::{
 pub use error::{VdiskError, NAME_MAX_BYTES, NAME_RULE};
 pub use layout::PDISK_BYTES_MIN;
 pub use meta::PdiskState;
-pub use pdisk::{file_opener, DeviceOpener};
+pub use pdisk::{file_opener, read_pdisk_label, DeviceOpener, PdiskLabelInfo};
 pub use placement::Tolerance;
 pub use status::{
     DaState, DaStatus, PdiskStatus, Progress, RecoveryReport, ScrubReport, VdiskStats, VdiskStatus,

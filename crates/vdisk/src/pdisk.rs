@@ -25,6 +25,33 @@ pub fn file_opener() -> DeviceOpener {
     })
 }
 
+/// Whose pdisk a drive is, as its label says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PdiskLabelInfo {
+    pub da_uuid: [u8; 16],
+    pub da_name: String,
+    pub pdisk_uuid: [u8; 16],
+    pub pdisk_name: String,
+}
+
+/// Reads the pdisk label of `dev`, if it has a valid one: how a scan of candidate devices
+/// finds the pdisks of an array whose device paths changed (the label's pdisk uuid, not
+/// the path, says which pdisk a drive is).
+pub fn read_pdisk_label(dev: &dyn BlockDevice) -> Option<PdiskLabelInfo> {
+    if dev.size_bytes() < crate::layout::LABEL_OFFSET + crate::layout::SECTOR {
+        return None;
+    }
+    let mut sector = tessera_drive::AlignedBuf::zeroed(crate::layout::SECTOR as usize);
+    dev.read_at(&mut sector, crate::layout::LABEL_OFFSET).ok()?;
+    let label = crate::layout::Label::decode(&sector).ok()??;
+    Some(PdiskLabelInfo {
+        da_uuid: label.da_uuid,
+        da_name: label.da_name,
+        pdisk_uuid: label.pdisk_uuid,
+        pdisk_name: label.pdisk_name,
+    })
+}
+
 const STATES: [PdiskState; 6] = [
     PdiskState::Ok,
     PdiskState::Suspended,

@@ -318,3 +318,57 @@ fn device_vanishing_mid_write_degrades_without_errors() {
     assert!(read(v.as_ref(), 0, 16 << 20).unwrap()[..] == model[..]);
     da.close().unwrap();
 }
+
+/// The second process of [`a_second_process_cannot_open_an_array_one_serves`]: opens the
+/// array at the paths in `TESSERA_TEST_DA_PATHS` and prints the outcome.
+#[test]
+#[ignore = "run by a_second_process_cannot_open_an_array_one_serves in a child process"]
+fn second_process_opens_the_array() {
+    let Ok(paths) = std::env::var("TESSERA_TEST_DA_PATHS") else {
+        return;
+    };
+    let devices: Vec<std::path::PathBuf> = paths.split(',').map(Into::into).collect();
+    match DeclusteredArray::open("", &devices) {
+        Ok(da) => {
+            println!("OUTCOME: opened");
+            da.close().unwrap();
+        }
+        Err(e) => println!("OUTCOME: refused: {e}"),
+    }
+}
+
+#[test]
+fn a_second_process_cannot_open_an_array_one_serves() {
+    let t = make_pdisks(6, 3, 64 * MIB);
+    let da = create(&t, DaOptions::default());
+    let paths: Vec<String> = t.paths().iter().map(|p| p.display().to_string()).collect();
+    let second = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "second_process_opens_the_array",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("TESSERA_TEST_DA_PATHS", paths.join(","))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("OUTCOME: "))
+            .expect("the child reports")
+            .to_string()
+    };
+    let outcome = second();
+    assert!(
+        outcome.contains("refused") && outcome.contains("in use"),
+        "{outcome}"
+    );
+    assert!(
+        outcome.contains(&format!("pid {}", std::process::id())),
+        "{outcome}"
+    );
+    da.close().unwrap();
+    drop(da);
+    assert_eq!(second(), "OUTCOME: opened");
+}

@@ -15,7 +15,12 @@
 //!
 //! Every subsystem NQN gets an instance number on first connect ("nvme0"); its namespaces
 //! are "nvme0n<nsid>" and its paths "nvme0c<k>" (k counts up per subsystem), like Linux
-//! with native multipath. The names stay stable while the host runs.
+//! with native multipath. The names stay stable while the host runs, but they count
+//! subsystems in connection order, so a restart or a reconnect in another order renames
+//! them. Each namespace therefore also has a stable name from its identifiers
+//! ([`stable_namespace_name`]): "eui.<NGUID>" (Linux's `/dev/disk/by-id/nvme-eui.*`),
+//! "eui.<EUI-64>" when only that is reported, else "<subsystem NQN>/<NSID>".
+//! [`Host::namespace`] accepts both.
 //!
 //! # Path life cycle
 //!
@@ -222,6 +227,9 @@ pub struct PathInfo {
 pub struct NamespaceInfo {
     /// Local name, "nvme0n1".
     pub name: String,
+    /// Stable name, "eui.<NGUID>" (see [`stable_namespace_name`]).
+    #[serde(default)]
+    pub stable_name: String,
     /// Subsystem NQN.
     pub subnqn: String,
     /// Namespace ID.
@@ -483,7 +491,8 @@ impl Host {
         namespaces.iter().map(|ns| namespace_info(ns)).collect()
     }
 
-    /// The namespace called `name` ("nvme0n1").
+    /// The namespace called `name`: its local name ("nvme0n1") or its stable name
+    /// ("eui.<NGUID>", see [`stable_namespace_name`]).
     #[must_use]
     pub fn namespace(&self, name: &str) -> Option<Arc<MultipathNamespace>> {
         let registry = self.shared.registry.lock();
@@ -491,7 +500,7 @@ impl Host {
             .subsystems
             .iter()
             .flat_map(|s| s.namespaces.values())
-            .find(|ns| ns.local_name() == name)
+            .find(|ns| ns.local_name() == name || ns.stable_name() == name)
             .cloned()
     }
 
@@ -593,6 +602,19 @@ fn check_namespaces(
     Ok(())
 }
 
+/// The name of a namespace that does not depend on connection order: "eui.<NGUID hex>",
+/// "eui.<EUI-64 hex>" when the NGUID is zero, else "<subsystem NQN>/<NSID>".
+#[must_use]
+pub fn stable_namespace_name(nguid: &[u8; 16], eui64: &[u8; 8], subnqn: &str, nsid: u32) -> String {
+    if *nguid != [0; 16] {
+        format!("eui.{}", hex(nguid))
+    } else if *eui64 != [0; 8] {
+        format!("eui.{}", hex(eui64))
+    } else {
+        format!("{subnqn}/{nsid}")
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -617,6 +639,7 @@ fn namespace_info(ns: &MultipathNamespace) -> NamespaceInfo {
         .collect();
     NamespaceInfo {
         name: ns.local_name().to_owned(),
+        stable_name: ns.stable_name(),
         subnqn: ns.subnqn().to_owned(),
         nsid: ns.nsid(),
         size_bytes: tessera_drive::BlockDevice::size_bytes(ns),

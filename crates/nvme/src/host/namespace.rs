@@ -136,6 +136,13 @@ impl MultipathNamespace {
         &self.name
     }
 
+    /// The name that survives reconnects and restarts ("eui.<NGUID>"), unlike
+    /// [`MultipathNamespace::local_name`], which counts subsystems in connection order.
+    #[must_use]
+    pub fn stable_name(&self) -> String {
+        super::stable_namespace_name(&self.nguid, &self.eui64, &self.subnqn, self.nsid)
+    }
+
     /// Subsystem NQN.
     #[must_use]
     pub fn subnqn(&self) -> &str {

@@ -284,8 +284,10 @@ impl std::fmt::Debug for DriveServer {
     }
 }
 
+/// A shared claim: the controllers of one subsystem may run as separate drive servers over
+/// the same drives, but no daemon or array may open a drive a drive server exports.
 fn open_file_drive(path: &Path) -> io::Result<Arc<dyn BlockDevice>> {
-    Ok(Arc::new(FileDrive::open(path)?))
+    Ok(Arc::new(FileDrive::open_shared(path)?))
 }
 
 impl DriveServer {

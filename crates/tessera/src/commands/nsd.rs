@@ -1,4 +1,5 @@
-//! `nsd create`, `nsd ls` and `nsd delete` [mmcrnsd, mmlsnsd, mmdelnsd].
+//! `nsd create`, `nsd ls`, `nsd delete`, `nsd discover` and `nsd change` [mmcrnsd, mmlsnsd,
+//! mmdelnsd, mmnsddiscover, mmchnsd].
 
 use std::path::{Path, PathBuf};
 
@@ -263,6 +264,52 @@ pub fn delete(home: &Home, names: &[String]) -> Result<()> {
         },
     )?;
     println!("tessera nsd delete: Command successfully completed");
+    Ok(())
+}
+
+/// `nsd discover` [mmnsddiscover]: one row per NSD, with where it was and where it is.
+pub fn discover(home: &Home) -> Result<()> {
+    let rows = match call(home, &Request::NsdDiscover)? {
+        Reply::NsdDiscovery(rows) => rows,
+        other => return Err(unexpected(other)),
+    };
+    if rows.is_empty() {
+        println!("no NSDs; create them with `tessera nsd create -F STANZA`");
+        return Ok(());
+    }
+    let mut t = Table::new(&["NSD", "device before", "device now", "status"]);
+    for r in &rows {
+        let now = r.device_now.clone().unwrap_or_else(|| "-".into());
+        t.row(vec![
+            r.nsd.clone(),
+            r.device_before.clone(),
+            now,
+            r.status.clone(),
+        ]);
+    }
+    print!("{}", t.render());
+    let lost = rows.iter().filter(|r| r.device_now.is_none()).count();
+    if lost > 0 {
+        bail!(
+            "{lost} NSD(s) not found on any device of this node; attach the device (or list \
+             its path in {}) and rerun, or record it with `tessera nsd change NSD --device PATH`",
+            home.root().join("nsddevices").display()
+        );
+    }
+    Ok(())
+}
+
+/// `nsd change NSD --device PATH` [mmchnsd]: the daemon checks the descriptor first.
+pub fn change(home: &Home, name: &str, device: &str) -> Result<()> {
+    let device = resolve_device(device)?;
+    call(
+        home,
+        &Request::NsdChange {
+            name: name.to_string(),
+            device,
+        },
+    )?;
+    println!("tessera nsd change: Command successfully completed");
     Ok(())
 }
 

@@ -69,7 +69,7 @@ fn discover_records(home: &Home, addr: SocketAddr, hostnqn: Option<&str>) -> Res
     let id = identity(home, hostnqn)?;
     let opts = tessera_nvme::host::DiscoverOptions::default();
     let entries = tessera_nvme::host::discover(addr, &id, &opts)
-        .map_err(|e| anyhow!("discovery at {addr}: {e}"))?;
+        .map_err(|e| anyhow!("{}", discovery_error(addr, &e.to_string())))?;
     Ok(entries
         .into_iter()
         .map(|e| Record {
@@ -82,6 +82,15 @@ fn discover_records(home: &Home, addr: SocketAddr, hostnqn: Option<&str>) -> Res
             traddr: e.traddr.as_str().trim().to_string(),
         })
         .collect())
+}
+
+/// "discovery at ADDR: why", naming the address once: most host errors already begin
+/// with it.
+fn discovery_error(addr: SocketAddr, why: &str) -> String {
+    let why = why
+        .strip_prefix(&addr.to_string())
+        .map_or(why, |rest| rest.trim_start_matches(':').trim_start());
+    format!("discovery at {addr}: {why}")
 }
 
 /// The names nvme-cli prints for the discovery log's codes.
@@ -392,6 +401,7 @@ fn print_list_y(rows: &[NvmeNamespaceRow]) {
             "retries",
             "latencyUsP50",
             "latencyUsP99",
+            "id",
         ])
     );
     for r in rows {
@@ -415,6 +425,7 @@ fn print_list_y(rows: &[NvmeNamespaceRow]) {
                     p.retries.to_string(),
                     p.latency_us_p50.to_string(),
                     p.latency_us_p99.to_string(),
+                    r.id.clone(),
                 ])
             );
         }
@@ -426,6 +437,7 @@ fn print_list_y(rows: &[NvmeNamespaceRow]) {
 fn print_list(rows: &[NvmeNamespaceRow]) {
     let mut table = Table::new(&[
         "namespace",
+        "id",
         "size",
         "nsid",
         "subsystem",
@@ -438,11 +450,12 @@ fn print_list(rows: &[NvmeNamespaceRow]) {
         "errors",
         "p99 us",
     ])
-    .right(&[1, 2, 6, 9, 10, 11]);
+    .right(&[2, 3, 7, 10, 11, 12]);
     for r in rows {
         if r.paths.is_empty() {
             table.row(vec![
                 r.name.clone(),
+                r.id.clone(),
                 format_bytes(r.size_bytes),
                 r.nsid.to_string(),
                 r.subnqn.clone(),
@@ -461,6 +474,7 @@ fn print_list(rows: &[NvmeNamespaceRow]) {
             let cell = |s: String| if first { s } else { String::new() };
             table.row(vec![
                 cell(r.name.clone()),
+                cell(r.id.clone()),
                 cell(format_bytes(r.size_bytes)),
                 cell(r.nsid.to_string()),
                 cell(r.subnqn.clone()),
@@ -481,6 +495,21 @@ fn print_list(rows: &[NvmeNamespaceRow]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discovery_errors_name_the_address_once() {
+        let addr: SocketAddr = "127.0.0.2:8009".parse().unwrap();
+        let e = discovery_error(addr, "127.0.0.2:8009: transport error: connecting: refused");
+        assert_eq!(
+            e,
+            "discovery at 127.0.0.2:8009: transport error: connecting: refused"
+        );
+        let e = discovery_error(addr, "the subsystem refused host nqn.x");
+        assert_eq!(
+            e,
+            "discovery at 127.0.0.2:8009: the subsystem refused host nqn.x"
+        );
+    }
 
     #[test]
     fn discovery_conf_lines_take_both_option_forms() {

@@ -106,11 +106,7 @@ impl Daemon {
             }
         };
         for rec in registry.arrays {
-            let devices: Vec<PathBuf> = rec
-                .pdisks
-                .iter()
-                .map(|p| PathBuf::from(&p.device))
-                .collect();
+            let devices = self.pdisk_devices(&rec);
             let opts = DaOptions {
                 opener: Some(self.device_opener()),
                 ..DaOptions::default()
@@ -300,7 +296,7 @@ impl Daemon {
             .iter()
             .map(|p| PdiskSpec {
                 name: p.name.clone(),
-                device: PathBuf::from(&p.device_path),
+                device: PathBuf::from(self.stable_device_name(&p.device_path)),
                 enclosure: p.enclosure.clone(),
                 slot: p.slot,
             })
@@ -329,7 +325,7 @@ impl Daemon {
                 .iter()
                 .map(|p| PdiskRecord {
                     name: p.name.clone(),
-                    device: p.device_path.clone(),
+                    device: self.stable_device_name(&p.device_path),
                 })
                 .collect(),
         });

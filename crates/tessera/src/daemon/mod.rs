@@ -88,6 +88,9 @@ pub fn run(home: Home) -> Result<()> {
     });
     spawn_signal_thread(Arc::clone(&daemon))?;
     daemon.restore_nvme_at_start();
+    // Devices may have been renamed since the last start: find NSDs by their descriptors
+    // (and pdisks by their labels, when the arrays open) before anything mounts.
+    daemon.discover_nsds_at_start();
     daemon.open_arrays_at_start();
     daemon.remount_at_start();
     tracing::info!("daemon active");
@@ -203,6 +206,11 @@ impl Daemon {
             Request::NsdCreate { nsds, verify } => self.nsd_create(nsds, verify, r),
             Request::NsdList => Ok(Reply::Nsds(self.home.nsds()?.nsds)),
             Request::NsdDelete { names } => self.nsd_delete(&names, r),
+            Request::NsdDiscover => {
+                let _admin = self.admin.lock();
+                Ok(Reply::NsdDiscovery(self.discover_nsds()?))
+            }
+            Request::NsdChange { name, device } => self.nsd_change(&name, &device),
             Request::FsCreate(spec) => self.fs_create(*spec, r),
             Request::FsShow { name } => self.fs_show(&name),
             Request::FsDelete {

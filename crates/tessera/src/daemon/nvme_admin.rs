@@ -2,7 +2,9 @@
 //! kept in `$TESSERA_HOME/nvme.json` in connection order and are restored at startup
 //! before the arrays and file systems that may sit on them. A remote namespace is a drive
 //! like a local one: a stanza names it `device=nvme:nvme0n1` (the local name `nvme list`
-//! shows), as an NSD device or as a pdisk.
+//! shows) or `device=nvme:eui.<NGUID>` (its stable name, the `id` column), as an NSD
+//! device or as a pdisk. Local names count subsystems in connection order, so the
+//! registries record the stable name.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -70,6 +72,7 @@ fn same_path(a: &NvmeConnectSpec, b: &NvmeConnectSpec) -> bool {
 fn row(ns: &NamespaceInfo) -> NvmeNamespaceRow {
     NvmeNamespaceRow {
         name: ns.name.clone(),
+        id: ns.stable_name.clone(),
         subnqn: ns.subnqn.clone(),
         nsid: ns.nsid,
         size_bytes: ns.size_bytes,
@@ -139,7 +142,16 @@ impl Daemon {
         let mut registry = self.home.nvme()?;
         let mut subsystems = Vec::new();
         for spec in specs {
-            if registry.connections.iter().any(|c| same_path(c, &spec)) {
+            // The host, not nvme.json, says what is connected: a path that gave up after
+            // ctrl_loss_tmo is gone from the host but still listed for the next start, and
+            // must connect again (its namespaces keep their names).
+            let opts = options(&spec)?;
+            let live = self
+                .nvme
+                .connections()
+                .iter()
+                .any(|c| c.subnqn == opts.subnqn && c.addr == opts.addr);
+            if live {
                 r.info(format!(
                     "{} at {}: already connected",
                     spec.subnqn, spec.traddr
@@ -147,15 +159,23 @@ impl Daemon {
                 subsystems.push(spec.subnqn.clone());
                 continue;
             }
-            let report = self
-                .nvme
-                .connect(options(&spec)?)
-                .map_err(|e| anyhow!("{} at {}: {e}", spec.subnqn, spec.traddr))?;
+            let report = self.nvme.connect(opts).map_err(|e| {
+                // Most host errors begin with the address already.
+                let why = e.to_string();
+                let why = why
+                    .strip_prefix(&spec.traddr)
+                    .map_or(why.as_str(), |rest| {
+                        rest.trim_start_matches(':').trim_start()
+                    })
+                    .to_string();
+                anyhow!("{} at {}: {why}", spec.subnqn, spec.traddr)
+            })?;
             r.info(format!(
                 "{} at {}: connected as {}",
                 spec.subnqn, spec.traddr, report.controller
             ));
             subsystems.push(spec.subnqn.clone());
+            registry.connections.retain(|c| !same_path(c, &spec));
             registry.connections.push(spec);
             self.home.save_nvme(&registry)?;
         }
