@@ -181,10 +181,7 @@ impl VolatileCache {
         }
     }
 
-    fn powered<'a>(
-        &self,
-        st: MutexGuard<'a, State>,
-    ) -> io::Result<MutexGuard<'a, State>> {
+    fn powered<'a>(&self, st: MutexGuard<'a, State>) -> io::Result<MutexGuard<'a, State>> {
         if st.powered_off {
             return Err(io::Error::other(format!(
                 "{}: the drive lost power (simulated); reopen it",
@@ -357,7 +354,10 @@ mod tests {
         cache.power_cut();
         let after = read(backing.as_ref(), 0, 4);
         assert_eq!(&after[4096..3 * 4096], &sector(2, 2)[..]);
-        assert!(cache.read_at(&mut sector(0, 1), 0).is_err(), "no I/O after power loss");
+        assert!(
+            cache.read_at(&mut sector(0, 1), 0).is_err(),
+            "no I/O after power loss"
+        );
     }
 
     #[test]
@@ -376,7 +376,10 @@ mod tests {
                 s[0] == 9
             })
             .count();
-        assert!(0 < kept && kept < 64, "kept {kept} of 64: not a random subset");
+        assert!(
+            0 < kept && kept < 64,
+            "kept {kept} of 64: not a random subset"
+        );
     }
 
     #[test]

@@ -401,7 +401,13 @@ fn parse_attr(o: &Obj<'_>, nqn: &Nqn) -> Result<(bool, String, String), ConfigEr
 
 fn parse_namespace(v: &Value, path: &str, subnqn: &Nqn) -> Result<NamespaceConfig, ConfigError> {
     let o = Obj::new(v, path)?;
-    o.only(&["nsid", "enable", "device", "ana_grpid", "volatile_write_cache"])?;
+    o.only(&[
+        "nsid",
+        "enable",
+        "device",
+        "ana_grpid",
+        "volatile_write_cache",
+    ])?;
     let nsid = o
         .number("nsid", 1, u64::from(NSID_MAX))?
         .ok_or_else(|| invalid(&o.at("nsid"), format!("required: a number 1..={NSID_MAX}")))?
@@ -959,8 +965,9 @@ mod tests {
                 &format!(r#""ana_grpid": 2, "volatile_write_cache": {v}}}"#),
             )
         };
-        let ns = |t: &str| TargetConfig::from_json_str(t).unwrap().subsystems[0].namespaces[0]
-            .volatile_write_cache;
+        let ns = |t: &str| {
+            TargetConfig::from_json_str(t).unwrap().subsystems[0].namespaces[0].volatile_write_cache
+        };
         assert_eq!(ns(GOOD), None);
         assert_eq!(ns(&with("false")), None);
         assert_eq!(
@@ -970,7 +977,9 @@ mod tests {
                 ..VolatileCacheConfig::default()
             })
         );
-        let c = ns(&with(r#"{"seed": 42, "capacity_mib": 8, "early_destage_one_in": 0}"#));
+        let c = ns(&with(
+            r#"{"seed": 42, "capacity_mib": 8, "early_destage_one_in": 0}"#,
+        ));
         assert_eq!(
             c,
             Some(VolatileCacheConfig {
