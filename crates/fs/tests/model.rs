@@ -20,7 +20,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

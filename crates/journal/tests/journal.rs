@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use common::{assert_records, last_page_of, payload, Damage, Disk, DAMAGES, LOG_ID, PAGE};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera_drive::{AlignedBuf, BlockDevice};
+use tessera_drive::AlignedBuf;
 use tessera_journal::{format, Journal, JournalError, JournalRegion, Lsn, Record};
 use tessera_testkit::SimDrive;
 
