@@ -486,6 +486,9 @@ fn power_loss_loop(
             "fsck after power loss {round}: {report}"
         );
         node.ok(&["mount", "fs1"]);
+        if (round + 1) % 50 == 0 {
+            eprintln!("{} power losses, {:.0?}", round + 1, started.elapsed());
+        }
     }
     eprintln!(
         "{rounds} power losses in {:.0?}, {verified} fsynced bytes verified",
