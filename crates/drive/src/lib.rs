@@ -7,9 +7,11 @@
 
 mod aligned;
 mod file;
+mod volatile;
 
 pub use aligned::AlignedBuf;
 pub use file::{device_holders, FileDrive};
+pub use volatile::{VolatileCache, VolatileCacheConfig};
 
 use std::io;
 

@@ -2,6 +2,11 @@
 //! ledger what it knows to be durable; the parent kills it with SIGKILL at a random moment,
 //! mounts (replaying the log), checks every file the ledger says is durable, and runs fsck.
 //!
+//! `crash_loop` kills the process only: every write it issued reaches the files. In
+//! `power_loss_loop` the child's drives have volatile write caches (`SimDrive`), so the kill
+//! is also a power loss: writes not flushed are lost or kept at random, sector by sector
+//! (`TESSERA_POWERLOSS_ITERATIONS`, default 20).
+//!
 //! The ledger protocol: before touching a file the child durably records `BEGIN name`; after
 //! the change and its fsync it records `DONE name seed size` or `GONE name`. A file whose last
 //! record is DONE must read back exactly; GONE must not exist; BEGIN may hold either version
@@ -12,10 +17,13 @@ mod common;
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use tessera_drive::VolatileCacheConfig;
 use tessera_fs::{FileSystem, ROOT_INO};
+use tessera_testkit::SimDrive;
 
 const ITERATIONS: usize = 20;
 
@@ -36,7 +44,22 @@ fn crash_child() {
         return;
     };
     let t = TestDisks::adopt(std::path::Path::new(&dir));
-    let fs = FileSystem::mount(t.reopen()).unwrap();
+    let iteration: u64 = std::env::var("TESSERA_CRASH_ITER")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut disks = t.reopen();
+    if std::env::var_os("TESSERA_CRASH_VOLATILE").is_some() {
+        for (i, (_, dev)) in disks.iter_mut().enumerate() {
+            let cache = VolatileCacheConfig {
+                seed: iteration * 16 + i as u64,
+                capacity_bytes: 16 << 20,
+                ..VolatileCacheConfig::default()
+            };
+            *dev = Arc::new(SimDrive::with_cache(dev.clone(), Arc::default(), cache));
+        }
+    }
+    let fs = FileSystem::mount(disks).unwrap();
     let mut ledger = Ledger(
         std::fs::OpenOptions::new()
             .append(true)
@@ -44,10 +67,6 @@ fn crash_child() {
             .open(format!("{dir}/ledger"))
             .unwrap(),
     );
-    let iteration: u64 = std::env::var("TESSERA_CRASH_ITER")
-        .unwrap()
-        .parse()
-        .unwrap();
     let mut rng = iteration.wrapping_mul(6_364_136_223_846_793_005) | 1;
     let mut next = move || {
         rng ^= rng << 13;
@@ -156,22 +175,40 @@ fn verify(t: &TestDisks) -> usize {
 
 #[test]
 fn crash_loop() {
-    let t = make_disks(4, 128 << 20);
-    format_fs(&t, &small_opts());
-    let exe = std::env::current_exe().unwrap();
-    let mut total_checked = 0;
     let iterations = std::env::var("TESSERA_CRASH_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(ITERATIONS);
+    kill_loop(iterations, false);
+}
+
+#[test]
+fn power_loss_loop() {
+    let iterations = std::env::var("TESSERA_POWERLOSS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ITERATIONS);
+    kill_loop(iterations, true);
+}
+
+/// Runs the child `iterations` times, killing it at a random moment; with `volatile`, its
+/// drives have volatile write caches and the kill is a power loss.
+fn kill_loop(iterations: usize, volatile: bool) {
+    let t = make_disks(4, 128 << 20);
+    format_fs(&t, &small_opts());
+    let exe = std::env::current_exe().unwrap();
+    let mut total_checked = 0;
     for iteration in 0..iterations {
-        let mut child = Command::new(&exe)
+        let mut child = Command::new(&exe);
+        child
             .args(["--exact", "crash_child", "--ignored", "--nocapture"])
             .env("TESSERA_CRASH_DIR", t.dir.path())
             .env("TESSERA_CRASH_ITER", iteration.to_string())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+            .stdout(std::process::Stdio::null());
+        if volatile {
+            child.env("TESSERA_CRASH_VOLATILE", "1");
+        }
+        let mut child = child.spawn().unwrap();
         let delay_ms = 150 + (iteration as u64 * 7919) % 450;
         std::thread::sleep(Duration::from_millis(delay_ms));
         if let Ok(Some(status)) = child.try_wait() {
@@ -181,7 +218,8 @@ fn crash_loop() {
         child.wait().unwrap();
         total_checked += verify(&t);
     }
-    eprintln!("{iterations} crashes, {total_checked} durable files verified");
+    let what = if volatile { "power losses" } else { "crashes" };
+    eprintln!("{iterations} {what}, {total_checked} durable files verified");
     assert!(
         total_checked > iterations,
         "the workload made too little progress to test"

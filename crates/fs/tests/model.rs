@@ -8,9 +8,10 @@
 //! attributes, and file contents for every file touched, all of them every few operations).
 //!
 //! Remounts check that the checkpoint written at unmount holds everything. Crashes check the
-//! "written versus durable" split (STYLE lesson 5): the disks sit behind [`CrashDrive`], which
-//! makes every write of the crashed instance fail once it is declared dead, so nothing that
-//! was only in memory can leak to disk afterwards; the recovered tree must equal the model as
+//! "written versus durable" split (STYLE lesson 5): the disks are `tessera_testkit::SimDrive`s
+//! with volatile write caches, and a crash is their power cut: unflushed writes survive at
+//! random (torn at sector boundaries), and nothing the crashed instance still holds in
+//! memory can reach the disks afterwards; the recovered tree must equal the model as
 //! it was after some operation at or after the last point known to be durable (a sync, an
 //! fsync'ed write, a checkpoint, a remount). Operations may become durable earlier than that,
 //! because some operations commit the log themselves and a background flusher commits every
@@ -19,19 +20,19 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use tessera_drive::BlockDevice;
+use tessera_drive::{BlockDevice, VolatileCacheConfig};
 use tessera_fs::{
     Caller, FileKind, FileSystem, FormatOptions, FsError, FALLOC_FL_KEEP_SIZE,
     FALLOC_FL_PUNCH_HOLE, ROOT_INO,
 };
 use tessera_nsd::NsdId;
+use tessera_testkit::SimDrive;
 
 type Ino = u64;
 
@@ -51,65 +52,35 @@ const KEEP_SIZE_PAST_EOF: bool = true;
 const OPS: std::ops::Range<usize> = 5..80;
 
 // ---------------------------------------------------------------------------------------------
-// A crashable drive: the storage boundary where a crash is injected.
+// Crashable drives: the storage boundary where a power loss is injected.
 // ---------------------------------------------------------------------------------------------
 
-/// Forwards to a real drive until `dead` is set; from then on every write and flush fails.
+/// Mounts through fresh simulated drives with volatile write caches; returns the file
+/// system and its drives, whose power cut is the crash.
 ///
 /// A "crashed" [`FileSystem`] is dropped without unmount, but its background flusher may still
 /// hold a reference and commit the log seconds later, while the next mount already uses the
-/// same drives. Failing its writes makes the crash as final as a killed process.
-#[derive(Debug)]
-struct CrashDrive {
-    inner: Arc<dyn BlockDevice>,
-    dead: Arc<AtomicBool>,
-}
-
-impl CrashDrive {
-    fn gone(&self) -> io::Error {
-        io::Error::other(format!("{}: crashed instance", self.inner.name()))
-    }
-}
-
-impl BlockDevice for CrashDrive {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.dead.load(Ordering::SeqCst) {
-            return Err(self.gone());
-        }
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> io::Result<()> {
-        if self.dead.load(Ordering::SeqCst) {
-            return Err(self.gone());
-        }
-        self.inner.flush()
-    }
-}
-
-/// Mounts through fresh [`CrashDrive`]s; returns the file system and its kill switch.
-fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Arc<AtomicBool>) {
-    let dead = Arc::new(AtomicBool::new(false));
+/// same drives: the cut drives refuse it, as a dead process writes nothing.
+fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
+    static MOUNTS: AtomicU64 = AtomicU64::new(0);
+    let mount = MOUNTS.fetch_add(1, Ordering::Relaxed);
+    let mut drives = Vec::new();
     let disks: Vec<(NsdId, Arc<dyn BlockDevice>)> = t
         .reopen()
         .into_iter()
-        .map(|(id, inner)| {
-            let d: Arc<dyn BlockDevice> = Arc::new(CrashDrive {
-                inner,
-                dead: dead.clone(),
-            });
+        .enumerate()
+        .map(|(i, (id, inner))| {
+            let cache = VolatileCacheConfig {
+                seed: mount * 64 + i as u64,
+                ..VolatileCacheConfig::default()
+            };
+            let d = Arc::new(SimDrive::with_cache(inner, Arc::default(), cache));
+            drives.push(d.clone());
+            let d: Arc<dyn BlockDevice> = d;
             (id, d)
         })
         .collect();
-    (FileSystem::mount(disks).expect("mount"), dead)
+    (FileSystem::mount(disks).expect("mount"), drives)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -889,7 +860,7 @@ fn agree<A: std::fmt::Debug, B: std::fmt::Debug>(what: &str, got: &Expect<A>, wa
 struct Run {
     t: TestDisks,
     fs: Option<Arc<FileSystem>>,
-    dead: Arc<AtomicBool>,
+    drives: Vec<Arc<SimDrive>>,
     block_bytes: u64,
     model: Model,
     handles: Vec<Ino>,
@@ -904,12 +875,12 @@ impl Run {
     fn new(opts: &FormatOptions) -> Run {
         let t = make_disks(4, 64 << 20);
         format_fs(&t, opts);
-        let (fs, dead) = mount_crashable(&t);
+        let (fs, drives) = mount_crashable(&t);
         let model = Model::new();
         Run {
             t,
             fs: Some(fs),
-            dead,
+            drives,
             block_bytes: u64::from(opts.block_size),
             history: vec![model.clone()],
             history_writes: Vec::new(),
@@ -1261,9 +1232,9 @@ impl Run {
     }
 
     fn remount(&mut self) {
-        let (fs, dead) = mount_crashable(&self.t);
+        let (fs, drives) = mount_crashable(&self.t);
         self.fs = Some(fs);
-        self.dead = dead;
+        self.drives = drives;
         self.handles.clear();
         self.model.drop_handles();
     }
@@ -1271,7 +1242,9 @@ impl Run {
     /// Kills the instance at the storage boundary, checks the crash image with fsck, mounts
     /// it and finds which model state since the last durable point it holds.
     fn crash(&mut self, i: usize) {
-        self.dead.store(true, Ordering::SeqCst);
+        for d in &self.drives {
+            d.power_cut();
+        }
         drop(self.fs.take());
         let report = tessera_fs::fsck(self.t.reopen(), false).unwrap();
         assert!(

@@ -3,13 +3,15 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use common::{assert_records, last_page_of, payload, Damage, Disk, DAMAGES, LOG_ID, PAGE};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera_drive::{AlignedBuf, BlockDevice};
+use tessera_drive::AlignedBuf;
 use tessera_journal::{format, Journal, JournalError, JournalRegion, Lsn, Record};
+use tessera_testkit::SimDrive;
 
 fn append_all(journal: &Journal, records: &mut Vec<Record>, payloads: Vec<Vec<u8>>) {
     for p in payloads {
@@ -408,46 +410,20 @@ fn concurrent_appenders_share_commits() {
     assert_records(&replayed, &all, "replay");
 }
 
-/// A drive whose flush blocks until the test lets it go, to observe group commit.
-#[derive(Debug)]
-struct GatedDrive {
-    inner: Arc<dyn BlockDevice>,
-    flushes: Mutex<u32>,
-    entered: Mutex<mpsc::Sender<()>>,
-    release: Mutex<mpsc::Receiver<()>>,
-}
-
-impl BlockDevice for GatedDrive {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        *self.flushes.lock().unwrap() += 1;
-        self.entered.lock().unwrap().send(()).unwrap();
-        self.release.lock().unwrap().recv().unwrap();
-        self.inner.flush()
-    }
-}
-
 #[test]
 fn appends_proceed_during_a_commit_and_waiters_share_the_next_flush() {
     let disk = Disk::new(1 << 20);
     let (entered_tx, entered) = mpsc::channel();
     let (release, release_rx) = mpsc::channel();
-    let gated = Arc::new(GatedDrive {
-        inner: disk.dev.clone(),
-        flushes: Mutex::new(0),
-        entered: Mutex::new(entered_tx),
-        release: Mutex::new(release_rx),
+    // Every flush announces itself and waits to be released.
+    let gated = Arc::new(SimDrive::new(disk.dev.clone(), Arc::default()));
+    let flushes = Arc::new(AtomicU32::new(0));
+    let (counted, entered_tx) = (flushes.clone(), Mutex::new(entered_tx));
+    let release_rx = Mutex::new(release_rx);
+    gated.set_flush_hook(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        entered_tx.lock().unwrap().send(()).unwrap();
+        release_rx.lock().unwrap().recv().unwrap();
     });
     release.send(()).unwrap(); // Let the flush in open pass.
     let (journal, _) = Journal::open(gated.clone(), disk.region, LOG_ID, 0).unwrap();
@@ -479,12 +455,12 @@ fn appends_proceed_during_a_commit_and_waiters_share_the_next_flush() {
     }
     assert_eq!(journal.durable_lsn(), *b.last().unwrap());
     assert_eq!(
-        *gated.flushes.lock().unwrap(),
+        flushes.load(Ordering::SeqCst),
         3,
         "open, first commit, one group commit"
     );
     journal.commit(a).unwrap(); // Already durable: no I/O, so no flush to release.
-    assert_eq!(*gated.flushes.lock().unwrap(), 3);
+    assert_eq!(flushes.load(Ordering::SeqCst), 3);
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod target_util;
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -201,37 +202,6 @@ fn disabling_a_port_drops_its_connections_and_enabling_listens_again() {
     assert!(stats.ports[0].enabled && stats.ports[0].connections_total >= 3);
 }
 
-/// A drive whose reads and writes fail past a boundary, like a drive with bad media.
-#[derive(Debug)]
-struct FailingDrive {
-    inner: tessera_drive::FileDrive,
-    bad_from: u64,
-}
-
-impl BlockDevice for FailingDrive {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        if offset >= self.bad_from {
-            return Err(std::io::Error::from_raw_os_error(libc_eio()));
-        }
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        if offset >= self.bad_from {
-            return Err(std::io::Error::from_raw_os_error(libc_eio()));
-        }
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 /// The error completions the server counted for namespace `nsid`.
 fn namespace_errors(server: &DriveServer, nsid: u32) -> u64 {
     server
@@ -243,19 +213,15 @@ fn namespace_errors(server: &DriveServer, nsid: u32) -> u64 {
         .errors
 }
 
-fn libc_eio() -> i32 {
-    5
-}
-
 #[test]
 fn drive_errors_map_to_media_status() {
     let dir = tempfile::tempdir().unwrap();
     let config = TargetConfig::from_json_str(&config_json(dir.path(), "")).unwrap();
+    // Bad media from 1 MiB on.
     let open = |p: &Path| -> std::io::Result<Arc<dyn BlockDevice>> {
-        Ok(Arc::new(FailingDrive {
-            inner: tessera_drive::FileDrive::open(p)?,
-            bad_from: 1 << 20,
-        }))
+        let drive = tessera_testkit::SimDrive::open(p)?;
+        drive.faults.bad_from.store(1 << 20, Ordering::Relaxed);
+        Ok(Arc::new(drive))
     };
     let server = DriveServer::start_with(config, &open).unwrap();
     let addr = server.local_addr(1).unwrap();
@@ -435,11 +401,11 @@ fn streamed_write(io: &mut Client, slba: u64, data: &[u8], bad_digest: Option<us
 fn streamed_writes_land_and_fail_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let config = TargetConfig::from_json_str(&config_json(dir.path(), "")).unwrap();
+    // Bad media from 16 MiB on.
     let open = |p: &Path| -> std::io::Result<Arc<dyn BlockDevice>> {
-        Ok(Arc::new(FailingDrive {
-            inner: tessera_drive::FileDrive::open(p)?,
-            bad_from: 16 << 20,
-        }))
+        let drive = tessera_testkit::SimDrive::open(p)?;
+        drive.faults.bad_from.store(16 << 20, Ordering::Relaxed);
+        Ok(Arc::new(drive))
     };
     let server = DriveServer::start_with(config, &open).unwrap();
     let addr = server.local_addr(1).unwrap();
@@ -522,5 +488,56 @@ fn streamed_writes_land_and_fail_cleanly() {
     for i in 0..8u64 {
         assert_eq!(io.read(1, 2048 + i * 256, 256).data, data);
     }
+    server.shutdown();
+}
+
+/// A namespace with `volatile_write_cache`: acknowledged writes stay in the server's memory
+/// (readable, not in the backing file) until Flush; a FUA write reaches the file at once.
+/// Identify Controller reports the cache, so hosts know to send Flush.
+#[test]
+fn volatile_write_cache_holds_writes_until_flush_or_fua() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_json(dir.path(), "").replacen(
+        r#""ana_grpid": 1}"#,
+        r#""ana_grpid": 1, "volatile_write_cache": {"early_destage_one_in": 0}}"#,
+        1,
+    );
+    let server = DriveServer::start(TargetConfig::from_json_str(&text).unwrap()).unwrap();
+    let addr = server.local_addr(1).unwrap();
+    let mut admin = Client::admin(addr, SUBNQN, HOST1, HOSTID1, 0, false);
+    let (_, cns_ctrl, ..) = identify_cns();
+    let id = admin.identify(cns_ctrl, 0);
+    assert_eq!(
+        id.data[525] & 1,
+        1,
+        "Identify Controller VWC: cache present"
+    );
+    let mut io = Client::io(addr, &admin, 1, HOST1, HOSTID1, false);
+    let on_file = |lba: u64| {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; 4096];
+        let f = std::fs::File::open(dir.path().join("d1")).unwrap();
+        f.read_exact_at(&mut b, lba * 4096).unwrap();
+        b
+    };
+    let (cached, forced) = (pattern(8192, 1), pattern(4096, 2));
+    assert!(io.write(1, 10, &cached, true).status().is_success());
+    assert_eq!(io.read(1, 10, 2).data, cached, "reads see the cache");
+    assert_eq!(
+        on_file(10),
+        vec![0; 4096],
+        "not flushed: not in the backing file"
+    );
+    let fua = ReadWrite::new(1, 20, 1, true).unwrap();
+    let done = io.command(fua.to_sqe(io_opcode::WRITE, 0), Some(&forced), true, 0);
+    assert!(done.status().is_success());
+    assert_eq!(
+        on_file(20),
+        forced,
+        "FUA: in the backing file on completion"
+    );
+    let done = io.command(IoCommand::Flush { nsid: 1 }.to_sqe(0), None, false, 0);
+    assert!(done.status().is_success());
+    assert_eq!(on_file(11), cached[4096..], "flushed");
     server.shutdown();
 }

@@ -1,5 +1,9 @@
 //! Helpers shared by the test suites of Tessera's crates (a dev-dependency only).
 
+mod drive;
+
+pub use drive::{Faults, SimDrive};
+
 /// Deterministic pseudo-random bytes (xorshift), so a test can write data and later check
 /// every byte by regenerating it from the seed instead of keeping a copy.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {

@@ -5,6 +5,10 @@
 //! it must hold the last write that a flush made durable, or one of the writes issued
 //! after that flush (each sector is atomic). Then a scrub must find every stripe
 //! consistent: no checksum failure, no parity mismatch.
+//!
+//! `power_loss_loop` runs the same with the child's pdisks behind volatile write caches
+//! (`SimDrive`): the kill is then also a power loss of every pdisk, which keeps a random
+//! subset of the unflushed sectors (`TESSERA_POWERLOSS_ITERATIONS`, default 10).
 
 mod common;
 
@@ -12,11 +16,12 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use tessera_drive::{AlignedBuf, BlockDevice};
+use tessera_drive::{AlignedBuf, BlockDevice, VolatileCacheConfig};
 use tessera_vdisk::{Code, DaOptions, DeclusteredArray, VdiskSize};
 
 const ITERATIONS: usize = 10;
@@ -66,7 +71,11 @@ fn crash_child() {
     let paths: Vec<_> = (0..12)
         .map(|i| Path::new(&dir).join(format!("pd{i:02}")))
         .collect();
-    let da = DeclusteredArray::open("da1", &paths).unwrap();
+    let da = if std::env::var_os("TESSERA_VDISK_VOLATILE").is_some() {
+        DeclusteredArray::open_with("da1", &paths, &volatile_pdisks(iteration)).unwrap()
+    } else {
+        DeclusteredArray::open("da1", &paths).unwrap()
+    };
     let v = da.vdisk("v").unwrap();
     let ledger = Mutex::new(Ledger(
         std::fs::OpenOptions::new()
@@ -81,6 +90,25 @@ fn crash_child() {
             s.spawn(move || write_loop(v.as_ref(), ledger, iteration, writer));
         }
     });
+}
+
+/// Pdisks behind volatile write caches, seeded per run and per pdisk.
+fn volatile_pdisks(iteration: u64) -> DaOptions {
+    let opened = Arc::new(AtomicU64::new(0));
+    let opener: tessera_vdisk::DeviceOpener = Arc::new(move |path: &Path| {
+        let cache = VolatileCacheConfig {
+            seed: iteration * 64 + opened.fetch_add(1, Ordering::Relaxed),
+            capacity_bytes: 8 << 20,
+            ..VolatileCacheConfig::default()
+        };
+        let inner = Arc::new(tessera_drive::FileDrive::open(path)?);
+        let d: Arc<dyn BlockDevice> = Arc::new(SimDrive::with_cache(inner, Arc::default(), cache));
+        Ok(d)
+    });
+    DaOptions {
+        opener: Some(opener),
+        ..DaOptions::default()
+    }
 }
 
 /// One writer: whole blocks and partial blocks, only in blocks `b % WRITERS == writer` so
@@ -203,6 +231,25 @@ fn verify(
 
 #[test]
 fn crash_loop() {
+    let iterations = std::env::var("TESSERA_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ITERATIONS);
+    kill_loop(iterations, false);
+}
+
+#[test]
+fn power_loss_loop() {
+    let iterations = std::env::var("TESSERA_POWERLOSS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ITERATIONS);
+    kill_loop(iterations, true);
+}
+
+/// Runs the child `iterations` times and kills it; with `volatile` its pdisks have
+/// volatile write caches, so the kill is a power loss.
+fn kill_loop(iterations: usize, volatile: bool) {
     let t = make_pdisks(12, 6, 64 * MIB);
     let da = create(&t, DaOptions::default());
     da.create_vdisk(
@@ -215,21 +262,20 @@ fn crash_loop() {
     da.close().unwrap();
     drop(da);
     let exe = std::env::current_exe().unwrap();
-    let iterations = std::env::var("TESSERA_CRASH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ITERATIONS);
     let mut baseline = vec![0u64; (VDISK_BYTES / SECTOR) as usize];
     let (mut resynced, mut durable_sectors, mut writes_total) = (0, 0, 0);
     let mut dirty_regions = 0;
     for iteration in 0..iterations {
-        let mut child = Command::new(&exe)
+        let mut child = Command::new(&exe);
+        child
             .args(["--exact", "crash_child", "--ignored", "--nocapture"])
             .env("TESSERA_VDISK_CRASH_DIR", t.dir.path())
             .env("TESSERA_VDISK_CRASH_ITER", iteration.to_string())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+            .stdout(std::process::Stdio::null());
+        if volatile {
+            child.env("TESSERA_VDISK_VOLATILE", "1");
+        }
+        let mut child = child.spawn().unwrap();
         let delay_ms = 250 + (iteration as u64 * 7919) % 500;
         std::thread::sleep(Duration::from_millis(delay_ms));
         if let Ok(Some(status)) = child.try_wait() {
@@ -259,8 +305,9 @@ fn crash_loop() {
         );
         da.close().unwrap();
     }
+    let what = if volatile { "power losses" } else { "crashes" };
     eprintln!(
-        "{iterations} crashes, {writes_total} writes, {resynced} stripes resynchronised, \
+        "{iterations} {what}, {writes_total} writes, {resynced} stripes resynchronised, \
          {durable_sectors} sectors checked against durable writes"
     );
     assert!(

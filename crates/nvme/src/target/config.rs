@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
+use tessera_drive::VolatileCacheConfig;
 
 use crate::wire::log::AnaState;
 use crate::wire::text::DISCOVERY_NQN;
@@ -141,6 +142,9 @@ pub struct NamespaceConfig {
     pub uuid: [u8; 16],
     /// ANA group, 1..=[`ANA_GROUP_MAX`].
     pub ana_grpid: u32,
+    /// Serve the namespace through a volatile write cache that a kill of the server
+    /// loses, as a drive loses its cache on power loss (for crash testing).
+    pub volatile_write_cache: Option<VolatileCacheConfig>,
 }
 
 /// Limits that nvmetcli has no field for (`"tessera": {...}`).
@@ -397,7 +401,13 @@ fn parse_attr(o: &Obj<'_>, nqn: &Nqn) -> Result<(bool, String, String), ConfigEr
 
 fn parse_namespace(v: &Value, path: &str, subnqn: &Nqn) -> Result<NamespaceConfig, ConfigError> {
     let o = Obj::new(v, path)?;
-    o.only(&["nsid", "enable", "device", "ana_grpid"])?;
+    o.only(&[
+        "nsid",
+        "enable",
+        "device",
+        "ana_grpid",
+        "volatile_write_cache",
+    ])?;
     let nsid = o
         .number("nsid", 1, u64::from(NSID_MAX))?
         .ok_or_else(|| invalid(&o.at("nsid"), format!("required: a number 1..={NSID_MAX}")))?
@@ -432,7 +442,35 @@ fn parse_namespace(v: &Value, path: &str, subnqn: &Nqn) -> Result<NamespaceConfi
         nguid,
         uuid,
         ana_grpid,
+        volatile_write_cache: parse_volatile_cache(&o, nsid)?,
     })
+}
+
+/// `"volatile_write_cache"`: a flag, or an object with the cache's seed and limits.
+fn parse_volatile_cache(
+    ns: &Obj<'_>,
+    nsid: u32,
+) -> Result<Option<VolatileCacheConfig>, ConfigError> {
+    let key = "volatile_write_cache";
+    let defaults = VolatileCacheConfig {
+        // Namespaces of one server destage differently unless seeded alike on purpose.
+        seed: u64::from(nsid),
+        ..VolatileCacheConfig::default()
+    };
+    let Some(v @ Value::Object(_)) = ns.get(key) else {
+        return Ok(ns.flag(key, false)?.then_some(defaults));
+    };
+    let o = Obj::new(v, &ns.at(key))?;
+    o.only(&["seed", "capacity_mib", "early_destage_one_in"])?;
+    Ok(Some(VolatileCacheConfig {
+        seed: o.number("seed", 0, u64::MAX)?.unwrap_or(defaults.seed),
+        capacity_bytes: o
+            .number("capacity_mib", 1, 65_536)?
+            .map_or(defaults.capacity_bytes, |m| m << 20),
+        early_destage_one_in: o
+            .number("early_destage_one_in", 0, 1 << 20)?
+            .map_or(defaults.early_destage_one_in, |n| n as u32),
+    }))
 }
 
 fn parse_port(v: &Value, path: &str) -> Result<PortConfig, ConfigError> {
@@ -917,5 +955,45 @@ mod tests {
             e.contains("tessera.state_dir") && e.contains("absolute"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn volatile_write_cache_is_a_flag_or_an_object_and_typos_are_refused() {
+        let with = |v: &str| {
+            GOOD.replace(
+                r#""ana_grpid": 2}"#,
+                &format!(r#""ana_grpid": 2, "volatile_write_cache": {v}}}"#),
+            )
+        };
+        let ns = |t: &str| {
+            TargetConfig::from_json_str(t).unwrap().subsystems[0].namespaces[0].volatile_write_cache
+        };
+        assert_eq!(ns(GOOD), None);
+        assert_eq!(ns(&with("false")), None);
+        assert_eq!(
+            ns(&with("true")),
+            Some(VolatileCacheConfig {
+                seed: 1,
+                ..VolatileCacheConfig::default()
+            })
+        );
+        let c = ns(&with(
+            r#"{"seed": 42, "capacity_mib": 8, "early_destage_one_in": 0}"#,
+        ));
+        assert_eq!(
+            c,
+            Some(VolatileCacheConfig {
+                seed: 42,
+                capacity_bytes: 8 << 20,
+                early_destage_one_in: 0
+            })
+        );
+        let e = err(&with(r#"{"sead": 1}"#));
+        assert!(
+            e.contains("namespaces[0].volatile_write_cache.sead: unknown key"),
+            "{e}"
+        );
+        let e = err(&with(r#"{"capacity_mib": 0}"#));
+        assert!(e.contains("volatile_write_cache.capacity_mib"), "{e}");
     }
 }

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tessera_drive::{BlockDevice, FileDrive};
+use tessera_drive::{BlockDevice, FileDrive, VolatileCache};
 
 use super::ana::PortAna;
 use super::config::{ConfigError, Limits, PortConfig, TargetConfig, ANA_GROUP_MAX};
@@ -546,7 +546,15 @@ fn open_subsystems(
                     path: ns.path.clone(),
                 });
             }
-            let aux = own_devices.then_some(ns.path.as_path());
+            let (dev, aux) = match ns.volatile_write_cache {
+                // Every byte must go through the cache: no second descriptor for io_uring
+                // or fallocate that would reach the backing store behind its back.
+                Some(cache) => {
+                    let dev: Arc<dyn BlockDevice> = Arc::new(VolatileCache::new(dev, cache));
+                    (dev, None)
+                }
+                None => (dev, own_devices.then_some(ns.path.as_path())),
+            };
             let reservations = match &config.state_dir {
                 Some(dir) => Reservations::persistent(dir, ns.nguid).map_err(|(path, why)| {
                     ServerError::ReservationState {

@@ -1,11 +1,11 @@
-//! Shared helpers: file-backed pdisks in a temporary directory, a fault-injecting device
-//! wrapper, and data patterns.
+//! Shared helpers: file-backed pdisks in a temporary directory behind simulated drives
+//! that inject faults, and data patterns.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tessera_drive::{AlignedBuf, BlockDevice, FileDrive};
@@ -93,99 +93,10 @@ pub fn flip_bit(path: &Path, offset: u64, bit: u8) {
     f.sync_all().unwrap();
 }
 
-/// Faults injected into one device.
-#[derive(Default, Debug)]
-pub struct Faults {
-    /// Every read fails with EIO.
-    pub fail_reads: AtomicBool,
-    /// Every write fails with EIO.
-    pub fail_writes: AtomicBool,
-    /// The device has gone: everything fails with ENODEV.
-    pub vanished: AtomicBool,
-    /// The device cannot be reached (a remote drive with no path): everything fails with
-    /// a timeout, as the NVMe/TCP host reports it.
-    pub unreachable: AtomicBool,
-    /// When positive, counts writes down; the write that reaches zero and every later one
-    /// fail with EIO.
-    pub writes_until_failure: AtomicI64,
-}
+/// Faults injected into one device: the simulated drive shared by every test suite.
+pub use tessera_testkit::{Faults, SimDrive};
 
-/// A drive that fails on command. Faults are a property of the path, so they survive
-/// reopening the array.
-#[derive(Debug)]
-pub struct FaultyDrive {
-    inner: FileDrive,
-    faults: Arc<Faults>,
-}
-
-fn unreachable(dev: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        format!("{dev}: injected: no usable path"),
-    )
-}
-
-fn eio(what: &str, dev: &str) -> io::Error {
-    io::Error::other(format!("{dev}: injected {what} error (EIO)"))
-}
-
-impl BlockDevice for FaultyDrive {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.faults.unreachable.load(Ordering::Relaxed) {
-            return Err(unreachable(self.name()));
-        }
-        if self.faults.vanished.load(Ordering::Relaxed) {
-            return Err(io::Error::from_raw_os_error(libc_enodev()));
-        }
-        if self.faults.fail_reads.load(Ordering::Relaxed) {
-            return Err(eio("read", self.name()));
-        }
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.faults.unreachable.load(Ordering::Relaxed) {
-            return Err(unreachable(self.name()));
-        }
-        if self.faults.vanished.load(Ordering::Relaxed) {
-            return Err(io::Error::from_raw_os_error(libc_enodev()));
-        }
-        let left = self.faults.writes_until_failure.load(Ordering::Relaxed);
-        if left > 0
-            && self
-                .faults
-                .writes_until_failure
-                .fetch_sub(1, Ordering::Relaxed)
-                <= 1
-        {
-            self.faults.fail_writes.store(true, Ordering::Relaxed);
-        }
-        if self.faults.fail_writes.load(Ordering::Relaxed) {
-            return Err(eio("write", self.name()));
-        }
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> io::Result<()> {
-        if self.faults.unreachable.load(Ordering::Relaxed) {
-            return Err(unreachable(self.name()));
-        }
-        if self.faults.vanished.load(Ordering::Relaxed) {
-            return Err(io::Error::from_raw_os_error(libc_enodev()));
-        }
-        self.inner.flush()
-    }
-}
-
-fn libc_enodev() -> i32 {
-    19
-}
-
-/// Hands out [`FaultyDrive`]s and keeps their fault switches by path.
+/// Hands out [`SimDrive`]s and keeps their fault switches by path.
 #[derive(Default, Clone)]
 pub struct FaultBox {
     faults: Arc<Mutex<HashMap<PathBuf, Arc<Faults>>>>,
@@ -211,8 +122,8 @@ impl FaultBox {
                     format!("{}: no such device", path.display()),
                 ));
             }
-            let inner = FileDrive::open(path)?;
-            let d: Arc<dyn BlockDevice> = Arc::new(FaultyDrive { inner, faults });
+            let inner = Arc::new(FileDrive::open(path)?);
+            let d: Arc<dyn BlockDevice> = Arc::new(SimDrive::new(inner, faults));
             Ok(d)
         })
     }
