@@ -194,8 +194,9 @@ fn power_loss_loop() {
 /// Runs the child `iterations` times, killing it at a random moment; with `volatile`, its
 /// drives have volatile write caches and the kill is a power loss.
 fn kill_loop(iterations: usize, volatile: bool) {
-    let t = make_disks(4, 128 << 20);
+    let mut t = make_disks(4, 128 << 20);
     format_fs(&t, &small_opts());
+    t.close_drives();
     let exe = std::env::current_exe().unwrap();
     let mut total_checked = 0;
     for iteration in 0..iterations {

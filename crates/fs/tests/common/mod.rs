@@ -12,6 +12,8 @@ use tessera_nsd::{DiskUsage, NsdId};
 pub struct TestDisks {
     pub dir: tempfile::TempDir,
     pub disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+    /// The NSD ids of the drives `d0`, `d1`, ... in `dir`, kept when the handles are closed.
+    pub ids: Vec<NsdId>,
 }
 
 impl TestDisks {
@@ -35,21 +37,27 @@ impl TestDisks {
 
     /// Opens the drives again, as a restarted daemon would.
     pub fn reopen(&self) -> Vec<(NsdId, Arc<dyn BlockDevice>)> {
-        self.disks
+        self.ids
             .iter()
             .enumerate()
-            .map(|(i, (id, _))| {
+            .map(|(i, id)| {
                 let path = self.dir.path().join(format!("d{i}"));
                 let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
                 (*id, dev)
             })
             .collect()
     }
+
+    /// Closes this process's handles on the drives, so that a child process can open them:
+    /// a drive is claimed by one process at a time, as a daemon claims its devices.
+    pub fn close_drives(&mut self) {
+        self.disks.clear();
+    }
 }
 
 pub fn make_disks(count: usize, bytes: u64) -> TestDisks {
     let dir = tempfile::tempdir().unwrap();
-    let disks = (0..count)
+    let disks: Vec<(NsdId, Arc<dyn BlockDevice>)> = (0..count)
         .map(|i| {
             let path = dir.path().join(format!("d{i}"));
             std::fs::File::create(&path)
@@ -69,7 +77,8 @@ pub fn make_disks(count: usize, bytes: u64) -> TestDisks {
             (id, dev)
         })
         .collect();
-    TestDisks { dir, disks }
+    let ids = disks.iter().map(|(id, _)| *id).collect();
+    TestDisks { dir, disks, ids }
 }
 
 pub fn format_fs(t: &TestDisks, opts: &FormatOptions) {
