@@ -12,8 +12,12 @@ use crate::config::{host_name, now_unix, ClusterConfig, Home};
 use crate::output::{local_time, Table, YRecord};
 use crate::rpc::{Client, Reply, Request};
 
-/// How long `startup` waits for the daemon to answer.
-const STARTUP_WAIT: Duration = Duration::from_secs(10);
+/// How long `startup` waits for a daemon that is alive but not answering yet. Opening
+/// arrays after a power loss resynchronises their dirty regions and replays logs before the
+/// daemon answers, which takes seconds to minutes; a daemon that exits is reported at once.
+const STARTUP_WAIT: Duration = Duration::from_secs(600);
+/// How often `startup` shows what a daemon that is still starting is doing.
+const STARTUP_PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// How long `shutdown` waits for the daemon to go away after it acknowledged.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(60);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
@@ -73,6 +77,19 @@ fn tail(path: &std::path::Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The last complete line written to `path` after byte `start` (what this daemon logged,
+/// not an earlier run), or nothing.
+fn last_line_since(path: &std::path::Path, start: u64) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(start.max(len.saturating_sub(16 << 10))));
+    let mut text = String::new();
+    let _ = f.read_to_string(&mut text);
+    text.lines().last().unwrap_or_default().to_string()
+}
+
 pub fn startup(home: &Home) -> Result<()> {
     let cluster = home.cluster()?;
     if let Err(e) = Client::connect(home) {
@@ -107,9 +124,21 @@ pub fn startup(home: &Home) -> Result<()> {
             Ok(())
         });
     }
+    let log_start = std::fs::metadata(home.log_path()).map_or(0, |m| m.len());
     let mut child = command.spawn().context("cannot start the daemon")?;
-    let deadline = Instant::now() + STARTUP_WAIT;
+    let started = Instant::now();
+    let deadline = started + STARTUP_WAIT;
+    let mut next_progress = started + STARTUP_PROGRESS_EVERY;
+    let mut last_shown = String::new();
     while Instant::now() < deadline {
+        if Instant::now() >= next_progress {
+            next_progress += STARTUP_PROGRESS_EVERY;
+            let last = last_line_since(&home.log_path(), log_start);
+            if !last.trim().is_empty() && last != last_shown {
+                println!("tessera startup: the daemon is starting: {}", last.trim());
+                last_shown = last;
+            }
+        }
         if Client::ping(home, PING_TIMEOUT).is_some() {
             println!(
                 "tessera startup: node {} of cluster {} is active",
