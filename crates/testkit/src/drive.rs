@@ -67,7 +67,7 @@ impl Default for Faults {
     }
 }
 
-type FlushHook = Box<dyn Fn() + Send + Sync>;
+type FlushHook = Arc<dyn Fn() + Send + Sync>;
 
 /// A drive with injectable faults (see the module documentation).
 pub struct SimDrive {
@@ -140,7 +140,7 @@ impl SimDrive {
 
     /// Runs `hook` at the start of every flush (it may block to hold the flush).
     pub fn set_flush_hook(&self, hook: impl Fn() + Send + Sync + 'static) {
-        *self.flush_hook.lock().unwrap() = Some(Box::new(hook));
+        *self.flush_hook.lock().unwrap() = Some(Arc::new(hook));
     }
 
     /// The faults every request meets: reachability, presence, and (for writes and
@@ -207,7 +207,9 @@ impl BlockDevice for SimDrive {
     }
     fn flush(&self) -> io::Result<()> {
         self.check_reachable(true)?;
-        if let Some(hook) = &*self.flush_hook.lock().unwrap() {
+        // Called without the lock held: a hook that stalls one flush must not stall others.
+        let hook = self.flush_hook.lock().unwrap().clone();
+        if let Some(hook) = hook {
             hook();
         }
         self.front.flush()

@@ -614,7 +614,7 @@ impl DaCore {
             .read()
             .iter()
             .filter(|p| {
-                p.needs_flush.load(Ordering::Acquire)
+                p.has_unflushed_writes()
                     && p.dev.is_some()
                     && p.state().in_service()
                     && !p.is_unreachable()

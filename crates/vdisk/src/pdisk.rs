@@ -92,8 +92,13 @@ pub struct Pdisk {
     pub read_errors: AtomicU64,
     pub write_errors: AtomicU64,
     pub checksum_errors: AtomicU64,
-    /// Set by every write, cleared by a flush: which pdisks a flush must reach.
-    pub needs_flush: AtomicBool,
+    /// Writes completed so far, counted after each returns.
+    writes_done: AtomicU64,
+    /// The `writes_done` a successful flush started from: every write counted up to it is
+    /// durable. A flush is skipped only when this covers every completed write, never
+    /// because another flush is merely under way (it may not have finished when the
+    /// skipper reports its writes durable).
+    writes_flushed: AtomicU64,
     /// Suspended because its drive could not be reached (not by the administrator): when,
     /// the last probe, and the probes that failed. The maintenance worker probes it and
     /// resumes it when it answers (see `worker::probe_unreachable`).
@@ -124,7 +129,8 @@ impl Pdisk {
             read_errors: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
             checksum_errors: AtomicU64::new(0),
-            needs_flush: AtomicBool::new(false),
+            writes_done: AtomicU64::new(0),
+            writes_flushed: AtomicU64::new(0),
             unreachable: Mutex::new(None),
             space: Mutex::new(Extents::new(start, layout.data_sectors())),
         }
@@ -184,24 +190,35 @@ impl Pdisk {
     /// Writes, marks the pdisk for the next flush, and counts a failure.
     pub fn write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let r = self.device()?.write_at(buf, offset);
-        // Set after the write completed: a flush that began earlier may have missed it, so
-        // the next flush must not be skipped.
-        self.needs_flush.store(true, Ordering::Release);
+        // Counted after the write completed: a flush that began earlier may have missed it,
+        // so the next flush must not be skipped.
+        self.writes_done.fetch_add(1, Ordering::AcqRel);
         if r.is_err() {
             self.write_errors.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
 
-    /// Flushes when something was written since the last flush.
+    /// Whether a write completed that no finished flush covers.
+    pub fn has_unflushed_writes(&self) -> bool {
+        self.writes_flushed.load(Ordering::Acquire) < self.writes_done.load(Ordering::Acquire)
+    }
+
+    /// Flushes unless every write completed before this call is already covered by a
+    /// flush that finished: returns only once those writes are durable.
     pub fn flush_if_needed(&self) -> io::Result<()> {
-        if !self.needs_flush.swap(false, Ordering::AcqRel) {
+        let covers = self.writes_done.load(Ordering::Acquire);
+        if self.writes_flushed.load(Ordering::Acquire) >= covers {
             return Ok(());
         }
         let r = self.device()?.flush();
-        if r.is_err() {
-            self.needs_flush.store(true, Ordering::Release);
-            self.write_errors.fetch_add(1, Ordering::Relaxed);
+        match &r {
+            Ok(()) => {
+                self.writes_flushed.fetch_max(covers, Ordering::AcqRel);
+            }
+            Err(_) => {
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+            }
         }
         r
     }
