@@ -398,10 +398,13 @@ mod tests {
             .spawn()
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // The shell takes the lock through flock(1) and then execs sleep; while it execs,
+        // its descriptors cannot be read from /proc, so wait until the holder is settled.
         let err = loop {
             match FileDrive::open(&path) {
                 Ok(d) => drop(d),
-                Err(e) => break e,
+                Err(e) if e.to_string().contains("pid ") => break e,
+                Err(_) => {}
             }
             assert!(
                 std::time::Instant::now() < deadline,
@@ -443,10 +446,13 @@ mod tests {
             .spawn()
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // The shell takes the lock through flock(1) and then execs sleep; while it execs,
+        // its descriptors cannot be read from /proc, so wait until the holder is settled.
         let err = loop {
             match FileDrive::open(&path) {
                 Ok(d) => drop(d),
-                Err(e) => break e,
+                Err(e) if e.to_string().contains("pid ") => break e,
+                Err(_) => {}
             }
             assert!(
                 std::time::Instant::now() < deadline,
