@@ -367,6 +367,31 @@ mod tests {
         assert!(err.to_string().contains("past the end"), "{err}");
     }
 
+    /// Starts a shell that holds `path` locked with `flock FLAG` and waits until opening
+    /// the drive is refused with the holder named; returns the holder and that refusal.
+    fn lock_in_other_process(path: &Path, flag: &str) -> (std::process::Child, io::Error) {
+        let script = format!("exec 9<>\"$0\"; flock {flag} 9; exec sleep 30");
+        let holder = std::process::Command::new("sh")
+            .args(["-c", &script, path.to_str().unwrap()])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // The shell takes the lock through flock(1) and then execs sleep; while it execs,
+        // its descriptors cannot be read from /proc, so wait until the holder is settled.
+        loop {
+            match FileDrive::open(path) {
+                Ok(d) => drop(d),
+                Err(e) if e.to_string().contains("pid ") => return (holder, e),
+                Err(_) => {}
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock never took the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     #[test]
     fn one_process_shares_its_claim_and_another_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
@@ -389,29 +414,7 @@ mod tests {
         drop((first, second));
 
         // Another process holds the lock: refused, and the holder is named.
-        let mut holder = std::process::Command::new("sh")
-            .args([
-                "-c",
-                "exec 9<>\"$0\"; flock -x 9; exec sleep 30",
-                path.to_str().unwrap(),
-            ])
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        // The shell takes the lock through flock(1) and then execs sleep; while it execs,
-        // its descriptors cannot be read from /proc, so wait until the holder is settled.
-        let err = loop {
-            match FileDrive::open(&path) {
-                Ok(d) => drop(d),
-                Err(e) if e.to_string().contains("pid ") => break e,
-                Err(_) => {}
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "flock never took the lock"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        let (mut holder, err) = lock_in_other_process(&path, "-x");
         assert_eq!(err.kind(), io::ErrorKind::ResourceBusy, "{err}");
         assert!(err.to_string().contains("in use"), "{err}");
         assert!(err.to_string().contains("pid "), "{err}");
@@ -437,29 +440,7 @@ mod tests {
             .set_len(1 << 20)
             .unwrap();
         // Another process shares the drive, as a second controller of a subsystem does.
-        let mut other = std::process::Command::new("sh")
-            .args([
-                "-c",
-                "exec 9<>\"$0\"; flock -s 9; exec sleep 30",
-                path.to_str().unwrap(),
-            ])
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        // The shell takes the lock through flock(1) and then execs sleep; while it execs,
-        // its descriptors cannot be read from /proc, so wait until the holder is settled.
-        let err = loop {
-            match FileDrive::open(&path) {
-                Ok(d) => drop(d),
-                Err(e) if e.to_string().contains("pid ") => break e,
-                Err(_) => {}
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "flock never took the lock"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        let (mut other, err) = lock_in_other_process(&path, "-s");
         assert_eq!(err.kind(), io::ErrorKind::ResourceBusy, "{err}");
         FileDrive::open_shared(&path).expect("shared with the other controller");
         other.kill().unwrap();
