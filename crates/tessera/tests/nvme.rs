@@ -278,21 +278,7 @@ fn two_controllers_multipath_nsds_and_path_loss() {
     )
     .unwrap();
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("mnt");
-    node.ok(&[
-        "fs",
-        "create",
-        "rfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
-    node.ok(&["mount", "rfs"]);
+    let mnt = create_and_mount(&node, "rfs", &stanza);
     let before = pattern(24 << 20, 1);
     std::fs::write(mnt.join("before"), &before).unwrap();
 
@@ -434,21 +420,7 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
     )
     .unwrap();
     node.ok(&["nsd", "create", "-F", s(&nsd)]);
-    let mnt = node.path("mnt");
-    node.ok(&[
-        "fs",
-        "create",
-        "gfs",
-        "-F",
-        s(&nsd),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
-    node.ok(&["mount", "gfs"]);
+    let mnt = create_and_mount(&node, "gfs", &nsd);
     let data = pattern(16 << 20, 7);
     std::fs::write(mnt.join("f"), &data).unwrap();
     std::fs::File::open(mnt.join("f"))
@@ -741,21 +713,7 @@ fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_t
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
     let nsds = node.ok(&["nsd", "ls", "-m"]);
     assert!(nsds.contains(&format!("nvme:{}", first.1)), "{nsds}");
-    let mnt = node.path("mnt");
-    node.ok(&[
-        "fs",
-        "create",
-        "nfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
-    node.ok(&["mount", "nfs"]);
+    let mnt = create_and_mount(&node, "nfs", &stanza);
     let data = pattern(4 << 20, 5);
     std::fs::write(mnt.join("f"), &data).unwrap();
     node.ok(&["umount", "nfs"]);
@@ -824,4 +782,25 @@ fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_t
     node.ok(&["mount", "nfs"]);
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
     node.ok(&["umount", "nfs"]);
+}
+
+/// Creates file system `name` (1 MiB blocks) on the NSDs of `stanza` and mounts it at the
+/// node's `mnt`, which it returns.
+fn create_and_mount(node: &Node, name: &str, stanza: &Path) -> PathBuf {
+    let mnt = node.path("mnt");
+    node.ok(&[
+        "fs",
+        "create",
+        name,
+        "-F",
+        s(stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    node.ok(&["mount", name]);
+    mnt
 }
