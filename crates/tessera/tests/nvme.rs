@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -24,31 +23,7 @@ struct DriveServer {
 
 impl DriveServer {
     fn start(config: &Path) -> DriveServer {
-        // The server's log goes next to its configuration, for a failing test to read.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(config.with_extension("log"))
-            .expect("drive-server log");
-        let mut child = Command::new(BIN)
-            .args(["drive-server", "-c", s(config)])
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn drive-server");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            assert!(Instant::now() < deadline, "drive-server did not come up");
-            match lines.next() {
-                Some(Ok(line)) if line.contains("drive server running") => break,
-                Some(Ok(_)) => continue,
-                _ => panic!("drive-server exited before it was running"),
-            }
-        }
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines.by_ref() {});
+        let child = spawn_drive_server(config);
         DriveServer {
             child,
             config: config.to_path_buf(),

@@ -21,11 +21,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -79,28 +79,7 @@ struct DriveServer {
 
 impl DriveServer {
     fn start(config: &Path) -> DriveServer {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(config.with_extension("log"))
-            .expect("drive-server log");
-        let mut child = Command::new(BIN)
-            .args(["drive-server", "-c", s(config)])
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn drive-server");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            assert!(Instant::now() < deadline, "drive-server did not come up");
-            match lines.next() {
-                Some(Ok(line)) if line.contains("drive server running") => break,
-                Some(Ok(_)) => continue,
-                _ => panic!("drive-server {} exited before it was running", s(config)),
-            }
-        }
-        std::thread::spawn(move || for _ in lines.by_ref() {});
+        let child = spawn_drive_server(config);
         DriveServer { child: Some(child) }
     }
 

@@ -3,8 +3,10 @@
 //! daemon down and detaches any mount, so a failing test leaves no stale mount or process.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tessera");
 pub const DRIVE_BYTES: u64 = 128 << 20;
@@ -206,4 +208,33 @@ pub fn fuse_usable() -> bool {
         eprintln!("skipping: FUSE tests need root and /dev/fuse");
     }
     usable
+}
+
+/// Starts `tessera drive-server -c CONFIG` and returns once it says it is running. Its log
+/// goes next to the configuration, for a failing test to read; its stdout keeps being
+/// drained so that the server never blocks on a full pipe.
+pub fn spawn_drive_server(config: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(config.with_extension("log"))
+        .expect("drive-server log");
+    let mut child = Command::new(BIN)
+        .args(["drive-server", "-c", s(config)])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("spawn drive-server");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "drive-server did not come up");
+        match lines.next() {
+            Some(Ok(line)) if line.contains("drive server running") => break,
+            Some(Ok(_)) => continue,
+            _ => panic!("drive-server {} exited before it was running", s(config)),
+        }
+    }
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    child
 }
