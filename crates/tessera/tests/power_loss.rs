@@ -35,10 +35,7 @@ const NS_BYTES: u64 = 256 << 20;
 const CACHE_MIB: u32 = 16;
 
 fn iterations() -> u64 {
-    std::env::var("TESSERA_POWERLOSS_ITERATIONS")
-        .ok()
-        .map(|v| v.parse().expect("TESSERA_POWERLOSS_ITERATIONS: a number"))
-        .unwrap_or(20)
+    tessera_testkit::iterations("TESSERA_POWERLOSS_ITERATIONS", 20) as u64
 }
 
 fn run_seed() -> u64 {

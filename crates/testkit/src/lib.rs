@@ -18,6 +18,18 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// How many rounds a crash or power-loss loop runs: the number in environment variable
+/// `var` (e.g. `TESSERA_POWERLOSS_ITERATIONS=500` for a long run by hand), else `default`.
+/// A value that is not a number stops the test rather than silently running the default.
+pub fn iterations(var: &str, default: usize) -> usize {
+    match std::env::var(var) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{var}={v}: expected a number of rounds")),
+        Err(_) => default,
+    }
+}
+
 /// Counts panics in every thread of the process from now on (a server's threads included,
 /// whose panics would not fail a test by themselves), still printing them as usual.
 pub fn count_panics() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {

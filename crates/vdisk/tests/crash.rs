@@ -231,19 +231,13 @@ fn verify(
 
 #[test]
 fn crash_loop() {
-    let iterations = std::env::var("TESSERA_CRASH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ITERATIONS);
+    let iterations = tessera_testkit::iterations("TESSERA_CRASH_ITERATIONS", ITERATIONS);
     kill_loop(iterations, false);
 }
 
 #[test]
 fn power_loss_loop() {
-    let iterations = std::env::var("TESSERA_POWERLOSS_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ITERATIONS);
+    let iterations = tessera_testkit::iterations("TESSERA_POWERLOSS_ITERATIONS", ITERATIONS);
     kill_loop(iterations, true);
 }
 
