@@ -5,3 +5,8 @@
 //! Code here reads time, randomness and the network only through seams a simulation can
 //! drive, so that a failing schedule of kills, partitions and clock jumps replays from its
 //! seed.
+
+pub mod lease;
+pub mod node;
+pub mod params;
+pub mod state;

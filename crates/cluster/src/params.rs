@@ -1,0 +1,250 @@
+//! Configuration parameters set with `tessera config set` [mmchconfig] and listed with
+//! `tessera config ls` [mmlsconfig].
+//!
+//! Only parameters that Tessera implements are known; any other name is refused with the
+//! list of known ones, so a GPFS habit such as `pagepool=` is never silently ignored.
+//! Values are validated and stored normalized, so every node reads the same text.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::node::NodeNumber;
+
+/// Whether a parameter may differ between nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// One value for the whole cluster: `-N` is refused.
+    Cluster,
+    /// A cluster default with optional per-node values (`-N`).
+    Node,
+}
+
+/// A parameter Tessera knows.
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub scope: Scope,
+    pub help: &'static str,
+    /// Checks a value and returns it normalized.
+    pub check: fn(&str) -> Result<String, String>,
+}
+
+/// Every known parameter.
+pub const PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "failureDetectionTime",
+        default: "35",
+        scope: Scope::Cluster,
+        help: "seconds until a node that stopped renewing its disk lease is expelled; \
+               also the lease length",
+        check: |v| check_seconds(v, 0.5, 300.0),
+    },
+    ParamSpec {
+        name: "leaseRecoveryWait",
+        default: "35",
+        scope: Scope::Cluster,
+        help: "seconds to wait after an expel before the node's work is recovered, so \
+               its in-flight I/O has drained",
+        check: |v| check_seconds(v, 0.0, 300.0),
+    },
+];
+
+/// The spec of a known parameter; unknown names get the list of known ones.
+pub fn spec(name: &str) -> Result<&'static ParamSpec, String> {
+    if name == "tiebreakerDisks" {
+        return Err(
+            "node quorum with tiebreaker disks is not implemented yet; define three \
+                    (or five) quorum nodes so that a majority survives a node failure"
+                .into(),
+        );
+    }
+    PARAMS.iter().find(|p| p.name == name).ok_or_else(|| {
+        let known: Vec<&str> = PARAMS.iter().map(|p| p.name).collect();
+        format!(
+            "unknown configuration parameter `{name}`; Tessera implements: {}",
+            known.join(", ")
+        )
+    })
+}
+
+/// Seconds with up to three decimals (`35`, `2.5`), normalized without trailing zeros.
+fn check_seconds(value: &str, min: f64, max: f64) -> Result<String, String> {
+    let seconds: f64 = value
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite())
+        .ok_or_else(|| format!("`{value}` is not a number of seconds"))?;
+    if !(min..=max).contains(&seconds) {
+        return Err(format!("{value} is outside {min} to {max} seconds"));
+    }
+    let millis = (seconds * 1000.0).round() as u64;
+    Ok(format_millis(millis))
+}
+
+fn format_millis(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        (millis / 1000).to_string()
+    } else {
+        let text = format!("{}.{:03}", millis / 1000, millis % 1000);
+        text.trim_end_matches('0').to_string()
+    }
+}
+
+fn parse_seconds(value: &str) -> Duration {
+    Duration::from_secs_f64(value.parse::<f64>().unwrap_or(0.0))
+}
+
+/// The parameters in force: cluster-wide values and per-node overrides; defaults are not
+/// stored, so a changed default reaches every cluster that never set the parameter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Params {
+    pub cluster: BTreeMap<String, String>,
+    pub per_node: BTreeMap<NodeNumber, BTreeMap<String, String>>,
+}
+
+impl Params {
+    /// The value in force on `node` (its own, else the cluster's, else the default).
+    pub fn get(&self, name: &str, node: Option<NodeNumber>) -> String {
+        let own = node
+            .and_then(|n| self.per_node.get(&n))
+            .and_then(|m| m.get(name));
+        if let Some(v) = own.or_else(|| self.cluster.get(name)) {
+            return v.clone();
+        }
+        PARAMS
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.default.to_string())
+            .unwrap_or_default()
+    }
+
+    /// The disk-lease and failure-detection timings.
+    pub fn lease_timings(&self) -> LeaseTimings {
+        LeaseTimings::new(
+            parse_seconds(&self.get("failureDetectionTime", None)),
+            parse_seconds(&self.get("leaseRecoveryWait", None)),
+        )
+    }
+}
+
+/// One `NAME=VALUE` of a `config set`, checked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamChange {
+    pub name: String,
+    /// Normalized value; `DEFAULT` (GPFS's word) removes the setting.
+    pub value: Option<String>,
+}
+
+/// Parses `NAME=VALUE[,NAME=VALUE...]` and checks every name, value and scope against
+/// whether `-N` was given. Nothing is returned unless everything is valid.
+pub fn parse_changes(text: &str, per_node: bool) -> Result<Vec<ParamChange>, String> {
+    let mut changes = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("`{item}`: expected NAME=VALUE"))?;
+        let spec = spec(name.trim())?;
+        if per_node && spec.scope == Scope::Cluster {
+            return Err(format!(
+                "{} is one value for the whole cluster; set it without -N",
+                spec.name
+            ));
+        }
+        let value = value.trim();
+        let value = if value.eq_ignore_ascii_case("DEFAULT") {
+            None
+        } else {
+            Some((spec.check)(value).map_err(|e| format!("{}: {e}", spec.name))?)
+        };
+        changes.push(ParamChange {
+            name: spec.name.to_string(),
+            value,
+        });
+    }
+    if changes.is_empty() {
+        return Err("no NAME=VALUE given".into());
+    }
+    Ok(changes)
+}
+
+/// Disk-lease timings, all derived from the two parameters so that an admin tunes
+/// failure detection with one number, as in GPFS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTimings {
+    /// How long a grant lasts, measured by the node from when it *sent* the renewal.
+    pub lease: Duration,
+    /// How often a node renews: a quarter of the lease, so three renewals can be lost
+    /// before the lease runs out.
+    pub renew_every: Duration,
+    /// How long the manager waits after a node's last renewal before expelling it.
+    pub failure_detection: Duration,
+    /// How long after an expel the node's work may be recovered by others.
+    pub recovery_wait: Duration,
+}
+
+impl LeaseTimings {
+    pub fn new(failure_detection: Duration, recovery_wait: Duration) -> LeaseTimings {
+        assert!(failure_detection > Duration::ZERO);
+        LeaseTimings {
+            lease: failure_detection,
+            renew_every: failure_detection / 4,
+            failure_detection,
+            recovery_wait,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let e = parse_changes("pagepool=4G", false).unwrap_err();
+        assert!(
+            e.contains("unknown configuration parameter `pagepool`"),
+            "{e}"
+        );
+        assert!(e.contains("failureDetectionTime"), "{e}");
+    }
+
+    #[test]
+    fn values_are_checked_and_normalized() {
+        let c = parse_changes("failureDetectionTime=2.50, leaseRecoveryWait=0", false).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("2.5"));
+        assert_eq!(c[1].value.as_deref(), Some("0"));
+        let e = parse_changes("failureDetectionTime=abc", false).unwrap_err();
+        assert!(e.contains("not a number of seconds"), "{e}");
+        let e = parse_changes("failureDetectionTime=1000", false).unwrap_err();
+        assert!(e.contains("outside"), "{e}");
+        let e = parse_changes("failureDetectionTime=NaN", false).unwrap_err();
+        assert!(e.contains("not a number"), "{e}");
+        assert!(parse_changes("failureDetectionTime", false).is_err());
+    }
+
+    #[test]
+    fn tiebreaker_disks_are_refused_with_what_to_do_instead() {
+        let e = parse_changes("tiebreakerDisks=nsd1", false).unwrap_err();
+        assert!(e.contains("three"), "{e}");
+    }
+
+    #[test]
+    fn cluster_wide_parameters_refuse_dash_n() {
+        let e = parse_changes("failureDetectionTime=10", true).unwrap_err();
+        assert!(e.contains("without -N"), "{e}");
+    }
+
+    #[test]
+    fn get_falls_back_to_cluster_then_default() {
+        let mut p = Params::default();
+        assert_eq!(p.get("failureDetectionTime", Some(3)), "35");
+        p.cluster.insert("failureDetectionTime".into(), "2".into());
+        assert_eq!(p.get("failureDetectionTime", Some(3)), "2");
+        let t = p.lease_timings();
+        assert_eq!(t.lease, Duration::from_secs(2));
+        assert_eq!(t.renew_every, Duration::from_millis(500));
+        assert_eq!(t.recovery_wait, Duration::from_secs(35));
+    }
+}
