@@ -9,4 +9,7 @@
 pub mod lease;
 pub mod node;
 pub mod params;
+pub mod raft;
+pub mod rpc;
+pub mod service;
 pub mod state;

@@ -1,0 +1,537 @@
+//! One node's cluster service: its Raft member, its disk lease, and — on the node that is
+//! the Raft leader — the cluster manager's duties (granting leases, expelling nodes that
+//! stop renewing, keeping Raft's voters equal to the quorum nodes).
+//!
+//! The service is async (openraft is) and reaches other nodes only through [`NodeNet`] and
+//! reads time only through [`Clock`], so the daemon runs it over the node transport and a
+//! simulation over a simulated network and clock.
+//!
+//! The cluster manager is the Raft leader. Only manager candidates
+//! ([`ConfigState::manager_candidates`]) start elections; other quorum nodes vote but never
+//! stand, which is how "the cluster manager is elected among the quorum-manager nodes".
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, Config, ServerState};
+use parking_lot::Mutex;
+
+use crate::lease::{ClockTime, Grant, LeaseHolder, LeaseManager, Refusal};
+use crate::node::NodeNumber;
+use crate::params::LeaseTimings;
+use crate::raft::{ConfigRaft, PeerLinks, TypeConfig};
+use crate::rpc::{NetError, NodeNet, NodeStatus, PeerReply, PeerRequest, ProposeError};
+use crate::state::{Command, ConfigState, Response};
+
+/// A node's monotonic clock. `offset` and `rate` let a simulation give each node a clock
+/// that started elsewhere and runs a little fast or slow.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    origin: tokio::time::Instant,
+    offset: Duration,
+    /// Parts per million faster (positive) or slower than the reference.
+    rate_ppm: i32,
+}
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock::skewed(Duration::ZERO, 0)
+    }
+
+    pub fn skewed(offset: Duration, rate_ppm: i32) -> Clock {
+        Clock {
+            origin: tokio::time::Instant::now(),
+            offset,
+            rate_ppm,
+        }
+    }
+
+    pub fn now(&self) -> ClockTime {
+        let elapsed = self.origin.elapsed();
+        let scaled = elapsed.as_nanos() as i128 * (1_000_000 + self.rate_ppm as i128) / 1_000_000;
+        ClockTime(self.offset + Duration::from_nanos(scaled.max(0) as u64))
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock::new()
+    }
+}
+
+/// Reads this node's applied copy of the configuration.
+pub type StateReader = Arc<dyn Fn() -> ConfigState + Send + Sync>;
+
+/// Raft timings derived from `failureDetectionTime`, so one parameter tunes detection:
+/// heartbeats every F/16, elections after F/4 to F/2 of silence. A new cluster manager is
+/// therefore elected well within one failure-detection time.
+pub fn raft_config(timings: &LeaseTimings, cluster_name: &str) -> Config {
+    let f = timings.failure_detection.as_millis().max(64) as u64;
+    Config {
+        cluster_name: cluster_name.to_string(),
+        heartbeat_interval: f / 16,
+        election_timeout_min: f / 4,
+        election_timeout_max: f / 2,
+        // The configuration is small: snapshot often so a new node catches up from one.
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
+        max_in_snapshot_log_to_keep: 100,
+        ..Config::default()
+    }
+}
+
+/// The cluster service of one node.
+pub struct ClusterNode<N: NodeNet> {
+    me: NodeNumber,
+    raft: ConfigRaft,
+    net: Arc<N>,
+    read_state: StateReader,
+    clock: Clock,
+    holder: Mutex<LeaseHolder>,
+    manager: Mutex<Option<LeaseManager>>,
+    /// When the last leadership confirmation that succeeded had started.
+    confirmed_from: tokio::sync::Mutex<Option<ClockTime>>,
+}
+
+/// How long a forwarded or local proposal may take before the admin is told.
+pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl<N: NodeNet> ClusterNode<N> {
+    /// Starts the Raft member over the given stores. `read_state` reads the state machine
+    /// store's applied copy.
+    pub async fn start<LS, SM>(
+        me: NodeNumber,
+        config: Config,
+        net: Arc<N>,
+        log_store: LS,
+        state_machine: SM,
+        read_state: StateReader,
+        clock: Clock,
+    ) -> anyhow::Result<Arc<ClusterNode<N>>>
+    where
+        LS: openraft::storage::RaftLogStorage<TypeConfig>,
+        SM: openraft::storage::RaftStateMachine<TypeConfig>,
+    {
+        let config = Arc::new(config.validate()?);
+        let links = PeerLinks::new(Arc::clone(&net));
+        let raft = ConfigRaft::new(u64::from(me), config, links, log_store, state_machine).await?;
+        let node = Arc::new(ClusterNode {
+            me,
+            raft,
+            net,
+            read_state,
+            clock,
+            holder: Mutex::new(LeaseHolder::default()),
+            manager: Mutex::new(None),
+            confirmed_from: tokio::sync::Mutex::new(None),
+        });
+        node.update_electability();
+        Ok(node)
+    }
+
+    pub fn me(&self) -> NodeNumber {
+        self.me
+    }
+
+    pub fn raft(&self) -> &ConfigRaft {
+        &self.raft
+    }
+
+    pub fn state(&self) -> ConfigState {
+        (self.read_state)()
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Makes the first configuration of a new cluster: the quorum nodes become the voters,
+    /// and `create` is proposed until a majority of them commit it. Safe to repeat.
+    pub async fn bootstrap(&self, create: &Command) -> Result<Response, ProposeError> {
+        let Command::Create { nodes, .. } = create else {
+            panic!("bootstrap takes a Create command");
+        };
+        if self.state().identity.is_some() {
+            return Ok(Response::Nothing);
+        }
+        let mut voters = BTreeMap::new();
+        for (number, spec) in (1..).zip(nodes) {
+            if spec.designation.quorum {
+                voters.insert(number, BasicNode::new(&spec.address));
+            }
+        }
+        // Refused once initialized (by us earlier, or by a leader's first message): fine.
+        if let Err(e) = self.raft.initialize(voters).await {
+            tracing::debug!("raft initialize: {e}");
+        }
+        self.propose(create.clone(), PROPOSE_TIMEOUT).await
+    }
+
+    /// Commits `command` through the cluster manager, from any node.
+    pub async fn propose(
+        &self,
+        command: Command,
+        timeout: Duration,
+    ) -> Result<Response, ProposeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let leader = self.raft.metrics().borrow().current_leader;
+            let outcome = match leader {
+                Some(l) if l == u64::from(self.me) => self.propose_here(&command).await,
+                Some(l) => self.propose_at(l, &command, deadline).await,
+                None => Err(ProposeError::NoQuorum),
+            };
+            match outcome {
+                Err(ProposeError::NotManager { .. } | ProposeError::NoQuorum)
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(ProposeError::NotManager { .. }) => return Err(ProposeError::NoQuorum),
+                other => return other,
+            }
+        }
+    }
+
+    async fn propose_here(&self, command: &Command) -> Result<Response, ProposeError> {
+        match self.raft.client_write(command.clone()).await {
+            Ok(written) => Ok(written.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ProposeError::NotManager {
+                    asked: self.me,
+                    leader: f.leader_id.map(|l| l as NodeNumber),
+                })
+            }
+            Err(e) => Err(ProposeError::Stopping(e.to_string())),
+        }
+    }
+
+    async fn propose_at(
+        &self,
+        leader: u64,
+        command: &Command,
+        deadline: tokio::time::Instant,
+    ) -> Result<Response, ProposeError> {
+        let Some(address) = self.address_of(leader) else {
+            return Err(ProposeError::NoQuorum);
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let request = PeerRequest::Propose(command.clone());
+        match self
+            .net
+            .call(leader as NodeNumber, &address, request, left)
+            .await
+        {
+            Ok(PeerReply::Proposed(result)) => result,
+            Ok(_) => Err(ProposeError::Stopping(format!(
+                "node {leader} answered a proposal with another message"
+            ))),
+            // The proposal may or may not have been committed; the retry of an admin
+            // command is refused or harmless (duplicate names, compare-and-set versions).
+            Err(_) => Err(ProposeError::NoQuorum),
+        }
+    }
+
+    /// The daemon address of a Raft member, from the membership (known before the first
+    /// configuration is committed) or the node table.
+    fn address_of(&self, node: u64) -> Option<String> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if let Some(n) = metrics.membership_config.membership().get_node(&node) {
+            return Some(n.addr.clone());
+        }
+        self.state()
+            .nodes
+            .get(&(node as NodeNumber))
+            .map(|n| n.address.clone())
+    }
+
+    /// Answers a request from another node.
+    pub async fn handle(&self, request: PeerRequest) -> PeerReply {
+        match request {
+            PeerRequest::Append(rpc) => PeerReply::Append(self.raft.append_entries(rpc).await),
+            PeerRequest::Vote(rpc) => PeerReply::Vote(self.raft.vote(rpc).await),
+            PeerRequest::Snapshot(rpc) => {
+                PeerReply::Snapshot(self.raft.install_snapshot(rpc).await)
+            }
+            PeerRequest::Propose(command) => PeerReply::Proposed(self.propose_here(&command).await),
+            PeerRequest::Renew { node, epoch } => {
+                let received_at = self.clock.now();
+                PeerReply::Renewed(self.renew(node, epoch, received_at).await)
+            }
+            PeerRequest::Status => PeerReply::Status(self.status()),
+        }
+    }
+
+    /// The manager's answer to a renewal (see [`crate::lease`] for why it is safe).
+    async fn renew(
+        &self,
+        node: NodeNumber,
+        epoch: u64,
+        received_at: ClockTime,
+    ) -> Result<Grant, Refusal> {
+        let term = self.manager.lock().as_ref().map(|m| m.term());
+        let not_manager = || Refusal::NotManager {
+            leader: self
+                .raft
+                .metrics()
+                .borrow()
+                .current_leader
+                .map(|l| l as NodeNumber),
+        };
+        let Some(term) = term else {
+            return Err(not_manager());
+        };
+        if !self.confirm_leadership_after(received_at).await {
+            return Err(not_manager());
+        }
+        let state = self.state();
+        let mut manager = self.manager.lock();
+        match manager.as_mut() {
+            Some(m) if m.term() == term => m.renew(node, epoch, received_at, &state),
+            _ => Err(not_manager()),
+        }
+    }
+
+    /// Whether a leadership confirmation that started at or after `since` has succeeded.
+    /// Concurrent renewals share one confirmation round.
+    async fn confirm_leadership_after(&self, since: ClockTime) -> bool {
+        let mut confirmed_from = self.confirmed_from.lock().await;
+        if confirmed_from.is_some_and(|c| c >= since) {
+            return true;
+        }
+        let started = self.clock.now();
+        match self.raft.get_read_log_id().await {
+            Ok(_) => {
+                *confirmed_from = Some(started);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// This node's report of itself.
+    pub fn status(&self) -> NodeStatus {
+        let metrics = self.raft.metrics().borrow().clone();
+        let holder = self.holder.lock();
+        NodeStatus {
+            node: self.me,
+            state: holder.state(self.clock.now()),
+            epoch: holder.epoch(),
+            manager: metrics.current_leader.map(|l| l as NodeNumber),
+            term: metrics.current_term,
+            config_version: self.state().version,
+        }
+    }
+
+    /// Whether this node may submit I/O now: it holds a valid disk lease.
+    pub fn may_do_io(&self) -> bool {
+        self.holder.lock().may_do_io(self.clock.now())
+    }
+
+    /// The epoch of this node's incarnation, while it holds a lease.
+    pub fn io_epoch(&self) -> Option<u64> {
+        let holder = self.holder.lock();
+        holder
+            .may_do_io(self.clock.now())
+            .then(|| holder.epoch())
+            .flatten()
+    }
+
+    /// Runs the lease holder and, while leader, the cluster manager, until the Raft member
+    /// stops.
+    pub async fn run(self: Arc<Self>) {
+        let holder = tokio::spawn(Arc::clone(&self).run_holder());
+        let manager = tokio::spawn(Arc::clone(&self).run_manager());
+        let _ = tokio::join!(holder, manager);
+    }
+
+    fn timings(&self) -> LeaseTimings {
+        self.state().params.lease_timings()
+    }
+
+    fn running(&self) -> bool {
+        self.raft.metrics().borrow().running_state.is_ok()
+    }
+
+    /// Joins (gets an epoch) and renews the lease every `renew_every`.
+    async fn run_holder(self: Arc<Self>) {
+        while self.running() {
+            let timings = self.timings();
+            self.update_electability();
+            if self.state().nodes.contains_key(&self.me) {
+                self.renew_once(&timings).await;
+            }
+            tokio::time::sleep(timings.renew_every).await;
+        }
+    }
+
+    async fn renew_once(&self, timings: &LeaseTimings) {
+        let epoch = self.holder.lock().epoch();
+        let Some(epoch) = epoch else {
+            match self
+                .propose(Command::Join { node: self.me }, timings.renew_every)
+                .await
+            {
+                Ok(Response::Joined { epoch }) => {
+                    tracing::info!(epoch, "joined the cluster");
+                    self.holder.lock().joined(epoch);
+                }
+                Ok(other) => tracing::warn!("join refused: {other:?}"),
+                Err(e) => tracing::debug!("cannot join yet: {e}"),
+            }
+            return;
+        };
+        let leader = self.raft.metrics().borrow().current_leader;
+        let Some(leader) = leader else { return };
+        let sent_at = self.clock.now();
+        let answer = if leader == u64::from(self.me) {
+            self.renew(self.me, epoch, sent_at).await
+        } else {
+            let Some(address) = self.address_of(leader) else {
+                return;
+            };
+            let request = PeerRequest::Renew {
+                node: self.me,
+                epoch,
+            };
+            match self
+                .net
+                .call(leader as NodeNumber, &address, request, timings.renew_every)
+                .await
+            {
+                Ok(PeerReply::Renewed(answer)) => answer,
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!("lease renewal: {e}");
+                    return;
+                }
+            }
+        };
+        match answer {
+            Ok(grant) => self.holder.lock().granted(sent_at, &grant),
+            Err(Refusal::NotLive { epoch }) => {
+                tracing::warn!(
+                    epoch,
+                    "the cluster manager expelled this node; joining again"
+                );
+                self.holder.lock().expelled();
+            }
+            Err(Refusal::NotManager { .. }) => {}
+        }
+    }
+
+    /// While this node is the Raft leader: keeps a lease manager for its term, expels
+    /// overdue incarnations, and keeps Raft's membership equal to the node table.
+    async fn run_manager(self: Arc<Self>) {
+        while self.running() {
+            let timings = self.timings();
+            self.manage_once(&timings).await;
+            tokio::time::sleep((timings.renew_every / 2).max(Duration::from_millis(10))).await;
+        }
+    }
+
+    async fn manage_once(&self, timings: &LeaseTimings) {
+        let metrics = self.raft.metrics().borrow().clone();
+        let leading = metrics.state == ServerState::Leader
+            && metrics.current_leader == Some(u64::from(self.me));
+        if !leading {
+            *self.manager.lock() = None;
+            return;
+        }
+        let state = self.state();
+        let now = self.clock.now();
+        let overdue = {
+            let mut manager = self.manager.lock();
+            if manager.as_ref().map(|m| m.term()) != Some(metrics.current_term) {
+                tracing::info!(
+                    term = metrics.current_term,
+                    "this node is the cluster manager"
+                );
+                *manager = Some(LeaseManager::new(self.me, metrics.current_term, *timings));
+            }
+            let m = manager.as_mut().expect("just set");
+            m.set_timings(*timings);
+            m.observe(&state, now);
+            m.overdue(now)
+        };
+        for (node, epoch) in overdue {
+            tracing::warn!(
+                node,
+                epoch,
+                "node missed failureDetectionTime; expelling it"
+            );
+            let expel = Command::Expel { node, epoch };
+            if let Err(e) = self.propose_here(&expel).await {
+                tracing::warn!(node, "expel not committed: {e}");
+            }
+        }
+        self.reconcile_membership(&state, &metrics).await;
+    }
+
+    /// Makes Raft's members the node table: quorum nodes vote, the rest learn.
+    async fn reconcile_membership(
+        &self,
+        state: &ConfigState,
+        metrics: &openraft::RaftMetrics<u64, BasicNode>,
+    ) {
+        if state.identity.is_none() {
+            return;
+        }
+        let membership = metrics.membership_config.membership();
+        if membership.get_joint_config().len() > 1 {
+            return; // a change is in progress
+        }
+        let members: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
+        for node in state.nodes.values() {
+            if !members.contains(&u64::from(node.number)) {
+                let basic = BasicNode::new(&node.address);
+                if let Err(e) = self
+                    .raft
+                    .add_learner(node.number.into(), basic, false)
+                    .await
+                {
+                    tracing::warn!(node = node.number, "cannot add as learner: {e}");
+                    return;
+                }
+            }
+        }
+        let voters: BTreeSet<u64> = state.quorum_nodes().map(|n| n.number.into()).collect();
+        let current: BTreeSet<u64> = membership.voter_ids().collect();
+        if voters != current {
+            tracing::info!(?voters, "changing the Raft voters to the quorum nodes");
+            if let Err(e) = self.raft.change_membership(voters, true).await {
+                tracing::warn!("voter change not committed: {e}");
+                return;
+            }
+        }
+        let gone: BTreeSet<u64> = members
+            .iter()
+            .filter(|id| !state.nodes.contains_key(&(**id as NodeNumber)))
+            .copied()
+            .collect();
+        if !gone.is_empty() {
+            let change = ChangeMembers::RemoveNodes(gone);
+            if let Err(e) = self.raft.change_membership(change, false).await {
+                tracing::warn!("removing deleted nodes from Raft: {e}");
+            }
+        }
+    }
+
+    /// Only manager candidates stand for election.
+    pub fn update_electability(&self) {
+        let state = self.state();
+        let electable = state.identity.is_none() || state.manager_candidates().contains(&self.me);
+        self.raft.runtime_config().elect(electable);
+    }
+
+    /// Stops the Raft member; `run` returns.
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+}
+
+/// Maps a transport failure for callers that only need "no answer".
+pub fn unreachable(node: NodeNumber, why: impl std::fmt::Display) -> NetError {
+    NetError::Unreachable(node, why.to_string())
+}
