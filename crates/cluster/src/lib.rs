@@ -5,3 +5,5 @@
 //! Code here reads time, randomness and the network only through seams a simulation can
 //! drive, so that a failing schedule of kills, partitions and clock jumps replays from its
 //! seed.
+
+pub mod store;
