@@ -43,10 +43,45 @@ pub(crate) struct Db {
 }
 
 impl Db {
-    /// Opens or creates the file, verifying every page checksum first: a file damaged outside
-    /// redb must fail here with an error, not later inside Raft.
+    /// Opens the file, creating it first if it does not exist, and verifies every page
+    /// checksum: a file damaged outside redb must fail here with an error, not later in Raft.
     pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
-        let existed = path.exists();
+        if !path.exists() {
+            Db::create(path)?;
+        }
+        let len = fs::metadata(path)
+            .map_err(|source| StoreError::Io {
+                path: path.to_path_buf(),
+                action: "stat",
+                source,
+            })?
+            .len();
+        // redb would quietly initialise an empty file, and a node that forgot its vote could
+        // vote twice in one term. `create` never leaves an empty file at `path`.
+        if len == 0 {
+            return Err(StoreError::damaged(path, "the file is empty"));
+        }
+        let db = Db::open_redb(path)?;
+        db.check_format()?;
+        Ok(db)
+    }
+
+    fn open_redb(path: &Path) -> Result<Db, StoreError> {
+        let db = Database::builder()
+            .set_check_integrity_on_open(true)
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .at(path, "open the Raft store")?;
+        Ok(Db {
+            db,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Builds a new store beside `path` and renames it into place, so that a file at `path`
+    /// always holds at least the format stamp and an empty or short one is damage, never a
+    /// creation cut short by a crash.
+    fn create(path: &Path) -> Result<(), StoreError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             fs::create_dir_all(parent).map_err(|source| StoreError::Io {
                 path: parent.to_path_buf(),
@@ -54,40 +89,29 @@ impl Db {
                 source,
             })?;
         }
-        let db = Database::builder()
-            .set_check_integrity_on_open(true)
-            .set_cache_size(CACHE_BYTES)
-            .create(path)
-            .at(path, "open the Raft store")?;
-        let db = Db {
-            db,
-            path: path.to_path_buf(),
-        };
-        if !existed {
-            db.sync_parent_dir()?;
-        }
-        db.check_format()?;
-        Ok(db)
-    }
-
-    /// A new file's directory entry is not durable until its directory is synced; without it a
-    /// crash right after `tessera cluster create` could lose the whole store.
-    fn sync_parent_dir(&self) -> Result<(), StoreError> {
-        let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) else {
-            return Ok(());
-        };
-        let sync = fs::File::open(parent).and_then(|dir| dir.sync_all());
-        sync.map_err(|source| StoreError::Io {
-            path: parent.to_path_buf(),
-            action: "sync the directory of the new Raft store",
+        let mut staging = path.as_os_str().to_owned();
+        staging.push(".new");
+        let staging = PathBuf::from(staging);
+        let io_err = |action, source| StoreError::Io {
+            path: staging.clone(),
+            action,
             source,
-        })
+        };
+        match fs::remove_file(&staging) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io_err("remove a leftover half-created Raft store", err));
+            }
+            _ => {}
+        }
+        Db::open_redb(&staging)?.check_format()?;
+        fs::rename(&staging, path).map_err(|e| io_err("move the new Raft store into place", e))?;
+        sync_parent_dir(path)
     }
 
     /// Stamps a new file with [`FORMAT_VERSION`] and refuses a file of any other version.
     fn check_format(&self) -> Result<(), StoreError> {
         let path = &self.path;
-        let txn = self.db.begin_write().at(path, "begin the format check")?;
+        let txn = self.begin_write()?;
         let table_count = txn.list_tables().at(path, "list tables")?.count();
         let found = {
             let mut meta = txn.open_table(META).at(path, "open the meta table")?;
@@ -195,6 +219,20 @@ impl Db {
         }
         txn.commit().at(&self.path, "commit a record")
     }
+}
+
+/// A new file's directory entry is not durable until its directory is synced; without it a
+/// crash right after `tessera cluster create` could lose the whole store.
+fn sync_parent_dir(path: &Path) -> Result<(), StoreError> {
+    let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let sync = fs::File::open(parent).and_then(|dir| dir.sync_all());
+    sync.map_err(|source| StoreError::Io {
+        path: parent.to_path_buf(),
+        action: "sync the directory of the new Raft store",
+        source,
+    })
 }
 
 fn decode_version(path: &Path, bytes: &[u8]) -> Result<u32, StoreError> {
