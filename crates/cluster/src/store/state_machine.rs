@@ -99,7 +99,9 @@ where
         db.get::<SnapshotMeta<u64, BasicNode>>(STATE_MACHINE, KEY_SNAPSHOT_META)?;
         db.get::<u64>(STATE_MACHINE, KEY_SNAPSHOT_SEQ)?;
         if let Some(data) = db.get_raw(STATE_MACHINE, KEY_SNAPSHOT_DATA)? {
-            decode_snapshot::<S>(&data).map_err(|detail| StoreError::damaged(&db.path, detail))?;
+            decode_snapshot::<S>(&data).map_err(|detail| {
+                StoreError::damaged(&db.path, format!("record `{KEY_SNAPSHOT_DATA}`: {detail}"))
+            })?;
         }
         let (applied_tx, _) = watch::channel(meta.last_applied);
         let current = Mutex::new(Arc::new(Applied { meta, state }));
