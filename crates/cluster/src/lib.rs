@@ -13,3 +13,4 @@ pub mod raft;
 pub mod rpc;
 pub mod service;
 pub mod state;
+pub mod store;
