@@ -17,7 +17,10 @@
 //!    `failure_detection` (= `lease`), counted from the last renewal it *received*, or from
 //!    when it first saw the incarnation (its own takeover, or the incarnation's join). Both
 //!    are later than any `t_send` a grant, by it or a predecessor, was based on, so the
-//!    node's lease has run out by then. The expel is a Raft entry: once committed, the
+//!    node's lease has run out by then. Leases granted before `failureDetectionTime` was
+//!    shortened are longer than the new value: the manager waits out the length it granted
+//!    and, for grants a predecessor may have made, the longest lease the cluster ever had
+//!    in force ([`ConfigState::longest_lease`]). The expel is a Raft entry: once committed, the
 //!    epoch is dead for every fenced layer, and the node must join again with a new epoch.
 //! 4. Others may take over the expelled node's work `recovery_wait` after the expel, so
 //!    I/O the node had in flight when its lease ran out has drained.
@@ -148,6 +151,18 @@ impl LeaseHolder {
     }
 }
 
+/// What the manager knows of one live incarnation.
+#[derive(Clone, Copy, Debug)]
+struct Heard {
+    epoch: u64,
+    /// When its last renewal (or first sighting) arrived.
+    at: ClockTime,
+    /// The longest lease the node may hold from that point: the length this manager
+    /// granted, or, for a first sighting, the longest lease the cluster ever had in force,
+    /// because a predecessor may have granted that.
+    holds: Duration,
+}
+
 /// The cluster manager's record of who renewed when. One exists per manager term; a new
 /// manager starts from nothing, as if every live incarnation renewed at its takeover.
 #[derive(Clone, Debug)]
@@ -155,8 +170,7 @@ pub struct LeaseManager {
     node: NodeNumber,
     term: u64,
     timings: LeaseTimings,
-    /// Per node: the epoch and when its last renewal (or first sighting) arrived.
-    heard: BTreeMap<NodeNumber, (u64, ClockTime)>,
+    heard: BTreeMap<NodeNumber, Heard>,
 }
 
 impl LeaseManager {
@@ -181,14 +195,20 @@ impl LeaseManager {
     /// at `now`, and forgets incarnations that are gone.
     pub fn observe(&mut self, state: &ConfigState, now: ClockTime) {
         self.heard
-            .retain(|node, (epoch, _)| state.epoch_is_live(*node, *epoch));
+            .retain(|node, h| state.epoch_is_live(*node, h.epoch));
+        let holds = state.longest_lease().max(self.timings.lease);
         for (node, epoch) in &state.incarnations {
-            self.heard.entry(*node).or_insert((*epoch, now));
+            self.heard.entry(*node).or_insert(Heard {
+                epoch: *epoch,
+                at: now,
+                holds,
+            });
         }
     }
 
     /// Answers a renewal that arrived at `received_at`. The caller guarantees that a
-    /// leadership confirmation started after `received_at` has succeeded.
+    /// leadership confirmation started after `received_at` has succeeded, and that `state`
+    /// is applied up to that confirmation.
     pub fn renew(
         &mut self,
         node: NodeNumber,
@@ -199,30 +219,46 @@ impl LeaseManager {
         if !state.epoch_is_live(node, epoch) {
             return Err(Refusal::NotLive { epoch });
         }
-        let heard = self.heard.entry(node).or_insert((epoch, received_at));
-        assert_eq!(heard.0, epoch, "observe keeps only live epochs");
-        heard.1 = heard.1.max(received_at);
+        let lease = self.timings.lease;
+        let heard = self.heard.entry(node).or_insert(Heard {
+            epoch,
+            at: received_at,
+            holds: lease,
+        });
+        assert_eq!(heard.epoch, epoch, "observe keeps only live epochs");
+        if received_at >= heard.at {
+            // The new grant supersedes what the node held: after a shorter
+            // failureDetectionTime, the node's lease ends no later than this one.
+            let previous_end = heard.at + heard.holds;
+            heard.at = received_at;
+            heard.holds = if received_at + lease >= previous_end {
+                lease
+            } else {
+                previous_end - received_at
+            };
+        }
         Ok(Grant {
             node,
             epoch,
             manager: self.node,
             manager_term: self.term,
-            lease: self.timings.lease,
+            lease,
         })
     }
 
-    /// Live incarnations not heard from for `failure_detection`: to be expelled.
+    /// Live incarnations whose every lease has run out, with a failure-detection time to
+    /// spare: to be expelled.
     pub fn overdue(&self, now: ClockTime) -> Vec<(NodeNumber, u64)> {
         self.heard
             .iter()
-            .filter(|(_, (_, at))| now - *at > self.timings.failure_detection)
-            .map(|(node, (epoch, _))| (*node, *epoch))
+            .filter(|(_, h)| now - h.at > h.holds.max(self.timings.failure_detection))
+            .map(|(node, h)| (*node, h.epoch))
             .collect()
     }
 
     /// When an incarnation was last heard from, for `state` listings and logs.
     pub fn last_heard(&self, node: NodeNumber) -> Option<ClockTime> {
-        self.heard.get(&node).map(|(_, at)| *at)
+        self.heard.get(&node).map(|h| h.at)
     }
 }
 
@@ -245,6 +281,7 @@ mod tests {
         s.apply(&Command::Create {
             identity: ClusterIdentity::default(),
             nodes: parse_node_list("a:quorum-manager:10.0.0.1,b::10.0.0.2").unwrap(),
+            params: crate::params::parse_changes("failureDetectionTime=2", false).unwrap(),
         });
         let Response::Joined { epoch } = s.apply(&Command::Join { node }) else {
             panic!()
@@ -292,6 +329,28 @@ mod tests {
         assert!(manager.overdue(t(2999)).is_empty());
         assert!(manager.overdue(t(3000)).is_empty());
         assert_eq!(manager.overdue(t(3001)), vec![(2, epoch)]);
+    }
+
+    #[test]
+    fn a_shortened_failure_detection_time_waits_out_longer_grants() {
+        let (mut s, epoch) = cluster_with_joined(2);
+        let mut manager = LeaseManager::new(1, 1, s.params.lease_timings());
+        manager.observe(&s, t(0));
+        manager.renew(2, epoch, t(100), &s).unwrap();
+        let changes = crate::params::parse_changes("failureDetectionTime=1", false).unwrap();
+        s.apply(&Command::SetParams {
+            nodes: vec![],
+            changes,
+        });
+        manager.set_timings(s.params.lease_timings());
+        // The node still holds the 2 s lease granted at 100 ms.
+        assert!(manager.overdue(t(2100)).is_empty());
+        assert_eq!(manager.overdue(t(2101)), vec![(2, epoch)]);
+        // A successor waits out the longest lease ever in force.
+        let mut successor = LeaseManager::new(1, 2, s.params.lease_timings());
+        successor.observe(&s, t(5000));
+        assert!(successor.overdue(t(7000)).is_empty());
+        assert_eq!(s.longest_lease(), Duration::from_secs(2));
     }
 
     #[test]

@@ -288,7 +288,10 @@ impl<N: NodeNet> ClusterNode<N> {
         let state = self.state();
         let mut manager = self.manager.lock();
         match manager.as_mut() {
-            Some(m) if m.term() == term => m.renew(node, epoch, received_at, &state),
+            Some(m) if m.term() == term => {
+                m.set_timings(state.params.lease_timings());
+                m.renew(node, epoch, received_at, &state)
+            }
             _ => Err(not_manager()),
         }
     }
@@ -301,7 +304,9 @@ impl<N: NodeNet> ClusterNode<N> {
             return true;
         }
         let started = self.clock.now();
-        match self.raft.get_read_log_id().await {
+        // Also waits until the state machine has applied everything committed before the
+        // confirmation, so the grant uses the parameters in force.
+        match self.raft.ensure_linearizable().await {
             Ok(_) => {
                 *confirmed_from = Some(started);
                 true

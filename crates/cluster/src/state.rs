@@ -60,6 +60,8 @@ pub enum Command {
     Create {
         identity: ClusterIdentity,
         nodes: Vec<NodeSpec>,
+        /// Parameters different from the defaults (`cluster create --config`).
+        params: Vec<ParamChange>,
     },
     AddNodes {
         nodes: Vec<NodeSpec>,
@@ -129,6 +131,10 @@ pub struct ConfigState {
     pub incarnations: BTreeMap<NodeNumber, u64>,
     /// Bumped by every change, so a listing can say which version it shows.
     pub version: u64,
+    /// The longest disk lease ever in force (ms): a new cluster manager waits this long
+    /// before expelling an incarnation it has not heard from, because its predecessor may
+    /// have granted such a lease before `failureDetectionTime` was shortened.
+    pub longest_lease_ms: u64,
 }
 
 impl ConfigState {
@@ -156,7 +162,11 @@ impl ConfigState {
             return Err("the cluster is not created yet".into());
         }
         match command {
-            Command::Create { identity, nodes } => self.create(identity, nodes),
+            Command::Create {
+                identity,
+                nodes,
+                params,
+            } => self.create(identity, nodes, params),
             Command::AddNodes { nodes } => self.add_nodes(nodes),
             Command::DeleteNodes { names } => self.delete_nodes(names),
             Command::ChangeNodes {
@@ -179,6 +189,7 @@ impl ConfigState {
         &mut self,
         identity: &ClusterIdentity,
         nodes: &[NodeSpec],
+        params: &[ParamChange],
     ) -> Result<Response, String> {
         if let Some(existing) = &self.identity {
             return Err(format!("cluster {} already exists", existing.name));
@@ -188,6 +199,7 @@ impl ConfigState {
         self.next_epoch = 1;
         let added = self.add_nodes(nodes)?;
         self.check_quorum_nodes()?;
+        self.set_params(&[], params)?;
         Ok(added)
     }
 
@@ -266,7 +278,15 @@ impl ConfigState {
             }
             self.params.per_node.retain(|_, m| !m.is_empty());
         }
+        let lease = self.params.lease_timings().lease;
+        self.longest_lease_ms = self.longest_lease_ms.max(lease.as_millis() as u64);
         Ok(Response::Nothing)
+    }
+
+    /// The longest disk lease ever in force (at least the current one).
+    pub fn longest_lease(&self) -> std::time::Duration {
+        let current = self.params.lease_timings().lease;
+        current.max(std::time::Duration::from_millis(self.longest_lease_ms))
     }
 
     fn put_document(&mut self, key: &str, expected: u64, json: &str) -> Result<Response, String> {
@@ -374,6 +394,15 @@ impl ConfigState {
     }
 }
 
+impl crate::store::Replicated for ConfigState {
+    type Command = Command;
+    type Response = Response;
+
+    fn apply(&mut self, command: &Command) -> Response {
+        ConfigState::apply(self, command)
+    }
+}
+
 fn spec_of(record: &NodeRecord) -> NodeSpec {
     NodeSpec {
         name: record.name.clone(),
@@ -406,7 +435,11 @@ mod tests {
             created_unix: 1,
             remote_shell: "ssh".into(),
         };
-        let r = s.apply(&Command::Create { identity, nodes });
+        let r = s.apply(&Command::Create {
+            identity,
+            nodes,
+            params: vec![],
+        });
         assert!(
             matches!(r, Response::Added { ref nodes } if nodes.len() == 3),
             "{r:?}"
