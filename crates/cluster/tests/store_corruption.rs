@@ -16,9 +16,11 @@ use redb::TableDefinition;
 use store_support::{log_id, open_kv, runtime, set_entry, KvState};
 use tessera_cluster::store::{StoreError, FORMAT_VERSION};
 
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+type RecordTable = TableDefinition<'static, &'static str, &'static [u8]>;
+
+const META: RecordTable = TableDefinition::new("meta");
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const STATE_MACHINE: TableDefinition<&str, &[u8]> = TableDefinition::new("state_machine");
+const STATE_MACHINE: RecordTable = TableDefinition::new("state_machine");
 
 /// What a healthy file reads back as, to compare a file that opened despite a flipped byte.
 #[derive(Debug, PartialEq)]
@@ -214,7 +216,7 @@ fn newer_format_version_is_refused_by_name() {
 #[test]
 fn records_that_do_not_decode_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, TableDefinition<&str, &[u8]>, &str, &[u8]); 5] = [
+    let cases: [(&str, RecordTable, &str, &[u8]); 5] = [
         (
             "vote",
             META,

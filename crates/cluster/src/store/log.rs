@@ -91,10 +91,13 @@ impl<C: StoreTypeConfig> LogStore<C> {
         let mut entries = Vec::with_capacity(raw.len());
         for (index, bytes) in raw {
             let entry: openraft::Entry<C> = db::decode(&self.db.path, "log entry", &bytes)?;
-            assert_eq!(
-                entry.log_id.index, index,
-                "log entry stored under another index"
-            );
+            if entry.log_id.index != index {
+                let detail = format!(
+                    "log entry at key {index} claims index {}",
+                    entry.log_id.index
+                );
+                return Err(StoreError::damaged(&self.db.path, detail));
+            }
             entries.push(entry);
         }
         Ok(entries)

@@ -27,18 +27,21 @@
 //!
 //! # Table layout
 //!
-//! | table           | key (type)               | value                                        |
-//! |-----------------|--------------------------|----------------------------------------------|
-//! | `meta`          | `"format_version"` (str) | u32 little-endian, 4 bytes: [`FORMAT_VERSION`] |
-//! | `meta`          | `"vote"`                 | `Vote<u64>`                                  |
-//! | `meta`          | `"committed"`            | `Option<LogId<u64>>`                         |
-//! | `meta`          | `"last_purged"`          | `LogId<u64>`                                 |
-//! | `log`           | log index (u64)          | `openraft::Entry<C>`                         |
-//! | `state_machine` | `"applied"`              | `{ last_applied: Option<LogId>, last_membership: StoredMembership }` |
-//! | `state_machine` | `"state"`                | the application state `S`                    |
-//! | `state_machine` | `"snapshot_meta"`        | `SnapshotMeta<u64, BasicNode>`               |
-//! | `state_machine` | `"snapshot_data"`        | snapshot blob, below                         |
-//! | `state_machine` | `"snapshot_seq"`         | u64, builds so far (makes snapshot ids unique) |
+//! | table           | key                  | value                                          |
+//! |-----------------|----------------------|------------------------------------------------|
+//! | `meta`          | `"format_version"`   | u32 little-endian, 4 bytes: [`FORMAT_VERSION`] |
+//! | `meta`          | `"vote"`             | `Vote<u64>`                                    |
+//! | `meta`          | `"committed"`        | `Option<LogId<u64>>`                           |
+//! | `meta`          | `"last_purged"`      | `LogId<u64>`                                   |
+//! | `log`           | log index (u64)      | `openraft::Entry<C>`                           |
+//! | `state_machine` | `"applied"`          | `{ last_applied, last_membership }` (1)        |
+//! | `state_machine` | `"state"`            | the application state `S`                      |
+//! | `state_machine` | `"snapshot_meta"`    | `SnapshotMeta<u64, BasicNode>`                 |
+//! | `state_machine` | `"snapshot_data"`    | snapshot blob (2)                              |
+//! | `state_machine` | `"snapshot_seq"`     | u64: snapshots built so far, for unique ids    |
+//!
+//! Keys of `meta` and `state_machine` are `&str`, values `&[u8]`. (1) `last_applied:
+//! Option<LogId<u64>>`, `last_membership: StoredMembership<u64, BasicNode>`. (2) below.
 //!
 //! Values other than the format version are postcard encodings of the named Rust types, so
 //! their bytes follow the field order of those types; changing any of them (openraft's
