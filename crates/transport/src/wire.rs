@@ -600,3 +600,81 @@ fn hex_value(ch: char) -> Option<u8> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Golden bytes: the layouts in the crate doc, pinned, so an accidental change to the
+    //! wire format fails here rather than between two releases in a cluster.
+
+    use super::*;
+
+    #[test]
+    fn client_hello_bytes_match_the_documented_layout() {
+        let hello = HandshakeMessage::ClientHello {
+            version_min: 1,
+            version_max: 2,
+            cluster_id: ClusterId([0x11; 16]),
+            nonce: [0x22; 32],
+            node_name: "n1".to_owned(),
+        };
+        let mut expected = b"TSHK\x01\x37\x00\x01\x00\x02\x00".to_vec();
+        expected.extend_from_slice(&[0x11; 16]);
+        expected.extend_from_slice(&[0x22; 32]);
+        expected.extend_from_slice(b"\x02n1");
+        assert_eq!(hello.encode(), expected);
+        assert_eq!(HandshakeMessage::decode(&expected).unwrap(), hello);
+    }
+
+    #[test]
+    fn refusal_bytes_match_the_documented_layout() {
+        let refusal = HandshakeMessage::Refusal {
+            code: RefusalCode::VersionMismatch,
+            cluster_id: ClusterId([0xaa; 16]),
+            version_min: 1,
+            version_max: 3,
+        };
+        let mut expected = b"TSHK\x05\x15\x00\x02".to_vec();
+        expected.extend_from_slice(&[0xaa; 16]);
+        expected.extend_from_slice(b"\x01\x00\x03\x00");
+        assert_eq!(refusal.encode(), expected);
+    }
+
+    #[test]
+    fn frame_bytes_match_the_documented_layout() {
+        let mac = FrameMac::new(&[0x42; 32]);
+        let frame = seal_frame(&mac, 7, 1, 0, b"abc");
+        assert_eq!(&frame[..12], b"TSFR\x01\x00\x00\x00\x03\x00\x00\x00");
+        assert_eq!(&frame[12..15], b"abc");
+        let mut full = HmacSha256::new_from_slice(&[0x42; 32]).unwrap();
+        full.update(&7u64.to_le_bytes());
+        full.update(&frame[..15]);
+        assert_eq!(&frame[15..], &full.finalize().into_bytes()[..16]);
+        let (header, payload) = open_frame(&mac, 7, 1, &frame).unwrap();
+        assert_eq!(
+            (header.flags, header.payload_bytes, payload),
+            (0, 3, &b"abc"[..])
+        );
+        assert_eq!(
+            open_frame(&mac, 8, 1, &frame).unwrap_err(),
+            WireError::BadMac
+        );
+    }
+
+    #[test]
+    fn hex_round_trips_and_names_the_bad_character() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        assert_eq!(hex_decode(&hex_encode(&bytes)).unwrap(), bytes);
+        assert!(hex_decode("0g").unwrap_err().contains("'g' at position 2"));
+        assert!(hex_decode("abc").unwrap_err().contains("odd"));
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("node-1.example.com").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a b").is_err());
+        assert!(validate_name("a\u{7}").is_err());
+        assert!(validate_name(&"x".repeat(256)).is_err());
+        assert!(validate_name(&"x".repeat(255)).is_ok());
+    }
+}
