@@ -411,13 +411,20 @@ impl Connection {
             self.state = State::PeerClosed;
             return Ok(None);
         }
+        // The frame was authentic and is consumed, so the stream stays in step even if the
+        // payload is not a `T`: the caller may answer "unsupported" and carry on.
+        self.state = State::Open;
         let payload =
             &self.recv_buffer[FRAME_HEADER_BYTES..self.recv_buffer.len() - FRAME_MAC_BYTES];
-        let decoded = postcard::take_from_bytes::<T>(payload);
+        let decoded =
+            postcard::take_from_bytes::<T>(payload).map(|(message, rest)| (message, rest.len()));
+        if self.recv_buffer.capacity() > BUFFER_KEEP_BYTES {
+            self.recv_buffer = Vec::new();
+        }
         let message = match decoded {
-            Ok((message, [])) => message,
+            Ok((message, 0)) => message,
             Ok((_, rest)) => {
-                let detail = format!("{} bytes left over after the message", rest.len());
+                let detail = format!("{rest} bytes left over after the message");
                 return Err(TransportError::Decode { peer, detail });
             }
             Err(error) => {
@@ -427,10 +434,6 @@ impl Connection {
                 })
             }
         };
-        if self.recv_buffer.capacity() > BUFFER_KEEP_BYTES {
-            self.recv_buffer = Vec::new();
-        }
-        self.state = State::Open;
         Ok(Some(message))
     }
 

@@ -91,6 +91,12 @@ impl ClusterId {
     }
 }
 
+impl From<[u8; 16]> for ClusterId {
+    fn from(bytes: [u8; 16]) -> ClusterId {
+        ClusterId(bytes)
+    }
+}
+
 impl std::fmt::Display for ClusterId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&wire::hex_encode(&self.0))

@@ -225,6 +225,13 @@ async fn a_message_of_the_wrong_type_is_a_decode_error() {
     raw.write(&frame).await;
     let error = server_side.recv::<Request>().await.unwrap_err();
     assert!(matches!(error, TransportError::Decode { .. }), "{error}");
+    // The frame was authentic and consumed: the connection carries on.
+    let frame = raw.seal(&Request::Ping { nonce: 3 });
+    raw.write(&frame).await;
+    assert_eq!(
+        server_side.recv::<Request>().await.unwrap(),
+        Some(Request::Ping { nonce: 3 })
+    );
 }
 
 #[tokio::test]
