@@ -115,6 +115,23 @@ async fn clean_close_is_none_and_a_vanished_peer_is_connection_lost() {
 }
 
 #[tokio::test]
+async fn dropping_a_connection_says_goodbye() {
+    let (server_identity, client_identity) = cluster_pair();
+    let (addr, accepted) = accept_one(server_identity, TIMEOUT).await;
+    let mut client = connect(&addr.to_string(), &client_identity, TIMEOUT)
+        .await
+        .unwrap();
+    let mut server_side = accepted.await.unwrap().expect("accepted");
+    client.send(&Request::Ping { nonce: 1 }).await.unwrap();
+    drop(client);
+    assert_eq!(
+        server_side.recv::<Request>().await.unwrap(),
+        Some(Request::Ping { nonce: 1 })
+    );
+    assert_eq!(server_side.recv::<Request>().await.unwrap(), None);
+}
+
+#[tokio::test]
 async fn wrong_secret_on_the_client_is_refused_by_both_sides() {
     let (server_identity, mut client_identity) = cluster_pair();
     client_identity.secret = ClusterSecret::generate();
