@@ -143,10 +143,7 @@ pub async fn accept_with(
     options.versions.validate()?;
     let peer = stream
         .peer_addr()
-        .map_err(|source| TransportError::Connect {
-            addr: "an accepted connection".to_owned(),
-            source,
-        })?;
+        .map_err(|source| TransportError::AcceptedVanished { source })?;
     let deadline = Instant::now() + options.timeout;
     let mut io = HandshakeIo {
         stream: &mut stream,

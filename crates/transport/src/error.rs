@@ -59,6 +59,8 @@ pub enum TransportError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("an accepted connection was gone before its handshake began: {source}")]
+    AcceptedVanished { source: std::io::Error },
     #[error("I/O error with peer {peer} while {doing}: {source}")]
     Io {
         peer: SocketAddr,
