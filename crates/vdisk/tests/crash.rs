@@ -161,7 +161,7 @@ fn write_loop(
     let block_sectors = BLOCK / SECTOR;
     let blocks = VDISK_BYTES / BLOCK;
     for step in 0u64.. {
-        let id = ((iteration + 1) * 1_000_000 + step) * WRITERS + writer;
+        let id = forensics::write_id(iteration, step, writer, WRITERS);
         // Mostly the first 64 MiB (one dirty region), sometimes the tail.
         let span = if next() % 10 == 0 {
             blocks
@@ -352,6 +352,8 @@ fn kill_loop(iterations: usize, volatile: bool) {
                     seed,
                     iteration,
                     sector: bad.sector,
+                    found: bad.found,
+                    expected: &bad.expected,
                     writes: &writes,
                     durable: &durable,
                     writers: WRITERS,

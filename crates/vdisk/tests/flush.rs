@@ -2,6 +2,12 @@
 //! the same pdisks is still under way (found by `crash.rs::power_loss_loop` on a loaded
 //! machine: a writer's flush returned while another thread's flush of a pdisk had not yet
 //! written back that pdisk's cache, and the power loss right after took the write).
+//!
+//! Its signature in the loop was `sector 8835: holds write 0, expected one of [6000111]`:
+//! write 6000111 is round 1, writer 0, step 37 (ids are `((round + 1) * 10^6 + step) *
+//! writers + writer`), the first write into stripe 138, flushed at once, read back as never
+//! written after that round's power loss. The expected list holding only that id means the
+//! round's own ledger recorded its flush; the loop now spells ids out this way.
 
 mod common;
 

@@ -145,12 +145,39 @@ fn read_strip(f: &std::fs::File, loc: &StripLocation, stripe: u64, i: usize, n: 
 /// A write of the ledger: (id, first vdisk sector, sectors).
 pub type Write = (u64, u64, u64);
 
+/// Steps a writer may take in one round: ids of different rounds never collide.
+const STEPS_MAX: u64 = 1_000_000;
+
+/// The id of write `step` of `writer` (of `writers`) in round `round`: never 0 (0 stands
+/// for "never written"), and unique across rounds and writers.
+pub fn write_id(round: u64, step: u64, writer: u64, writers: u64) -> u64 {
+    assert!(step < STEPS_MAX && writer < writers);
+    ((round + 1) * STEPS_MAX + step) * writers + writer
+}
+
+/// Where write `id` came from, spelled out: reading the round off the id's leading digits
+/// is wrong by the factor `writers`.
+pub fn origin(id: u64, writers: u64) -> String {
+    if id == 0 {
+        return "never written".into();
+    }
+    let (round_step, writer) = (id / writers, id % writers);
+    format!(
+        "round {}, writer {writer}, step {}",
+        (round_step / STEPS_MAX).saturating_sub(1),
+        round_step % STEPS_MAX
+    )
+}
+
 /// What the loop knows about the failing sector.
 pub struct Failure<'a> {
     pub what: String,
     pub seed: u64,
     pub iteration: usize,
     pub sector: u64,
+    /// The write id the sector holds (0: zeros) and those it may hold.
+    pub found: u64,
+    pub expected: &'a [u64],
     pub writes: &'a [Write],
     pub durable: &'a HashSet<u64>,
     pub writers: u64,
@@ -179,9 +206,20 @@ pub fn explain(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{}\n  seed {} (TESSERA_POWERLOSS_SEED={} replays the random choices), iteration {}\n  \
-         sector {} = stripe {stripe}, data strip {strip}, sector {t} of the strip",
-        f.what, f.seed, f.seed, f.iteration, f.sector
+        "{}\n  seed {} (TESSERA_POWERLOSS_SEED={} replays the random choices), round {}\n  \
+         sector {} = stripe {stripe}, data strip {strip}, sector {t} of the strip\n  \
+         found: {}; expected: {}",
+        f.what,
+        f.seed,
+        f.seed,
+        f.iteration,
+        f.sector,
+        origin(f.found, f.writers),
+        f.expected
+            .iter()
+            .map(|&id| format!("{id} ({})", origin(id, f.writers)))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let _ = writeln!(out, "  recovery at reopen: {recovery}");
     if map_before[stripe as usize] != map_now {
