@@ -5,9 +5,10 @@
 //!
 //! Its signature in the loop was `sector 8835: holds write 0, expected one of [6000111]`:
 //! write 6000111 is round 1, writer 0, step 37 (ids are `((round + 1) * 10^6 + step) *
-//! writers + writer`), the first write into stripe 138, flushed at once, read back as never
-//! written after that round's power loss. The expected list holding only that id means the
-//! round's own ledger recorded its flush; the loop now spells ids out this way.
+//! writers + writer`; the loop now spells them out), the first write into stripe 138 and
+//! flushed at once, read back as never written: a flushed write lost, as this race loses it
+//! (read as "round 5" from the id's leading digits, it looked like an older write destroyed
+//! by recovery).
 
 mod common;
 
