@@ -308,7 +308,7 @@ fn kill_loop(iterations: usize, volatile: bool) {
     let exe = std::env::current_exe().unwrap();
     let mut baseline = vec![0u64; (VDISK_BYTES / SECTOR) as usize];
     let (mut resynced, mut durable_sectors, mut writes_total) = (0, 0, 0);
-    let mut dirty_regions = 0;
+    let (mut dirty_regions, mut rolled_back) = (0, 0);
     let started = std::time::Instant::now();
     let mut snapshot_time = Duration::ZERO;
     for iteration in 0..iterations {
@@ -337,6 +337,7 @@ fn kill_loop(iterations: usize, volatile: bool) {
         let da = DeclusteredArray::open("da1", &t.paths()).unwrap();
         let r = da.recovery_report();
         resynced += r.stripes_resynced;
+        rolled_back += r.rolled_back_strips;
         dirty_regions += r.dirty_regions;
         let v = da.vdisk("v").unwrap();
         let (writes, durable) = read_ledger(&t.dir.path().join(format!("ledger-{iteration}")));
@@ -392,8 +393,8 @@ fn kill_loop(iterations: usize, volatile: bool) {
     let what = if volatile { "power losses" } else { "crashes" };
     eprintln!(
         "{iterations} {what} in {:.0} s (seed {seed}), {writes_total} writes, {resynced} \
-         stripes resynchronised, {durable_sectors} sectors checked against durable writes \
-         (forensic snapshots took {:.1} s)",
+         stripes resynchronised, {rolled_back} rolled-back strips zeroed, {durable_sectors} \
+         sectors checked against durable writes (forensic snapshots took {:.1} s)",
         started.elapsed().as_secs_f64(),
         snapshot_time.as_secs_f64()
     );
