@@ -1368,6 +1368,10 @@ impl DaCore {
         present: &[bool],
         report: &mut RecoveryReport,
     ) {
+        // As for reads: with fewer than k strips readable, "no header" proves nothing.
+        if present.iter().filter(|&&p| p).count() < vd.k {
+            return;
+        }
         let zeros = sectors_buf(vd.sps);
         for (i, slot) in slots.iter().enumerate() {
             if !present[i] || !slot.writable || bufs[i].iter().all(|&b| b == 0) {
