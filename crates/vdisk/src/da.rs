@@ -1224,12 +1224,14 @@ fn resync_dirty(core: &DaCore, bits: &[(u32, u32, Vec<u8>)]) -> Result<RecoveryR
     if report.dirty_regions > 0 {
         core.event(format!(
             "unclean shutdown: {} dirty regions, {} stripes checked, {} resynchronised, {} \
-             torn sectors accepted, {} strips lost",
+             torn sectors accepted, {} strips lost, {} rolled-back strips of unwritten \
+             stripes zeroed",
             report.dirty_regions,
             report.stripes_checked,
             report.stripes_resynced,
             report.torn_sectors,
-            report.lost_strips
+            report.lost_strips,
+            report.rolled_back_strips
         ));
     }
     core.flush_pdisks(usize::MAX)?;

@@ -189,4 +189,7 @@ pub struct RecoveryReport {
     /// Strips whose content could not be recovered (a torn write into an already degraded
     /// stripe); reads of them fail with EIO.
     pub lost_strips: u64,
+    /// Strips of never-written stripes (no valid header anywhere) that held data of a first
+    /// write the crash rolled back; zeroed, so that a later torn write cannot bring it back.
+    pub rolled_back_strips: u64,
 }

@@ -1302,6 +1302,7 @@ impl DaCore {
             }
         }
         let Some(auth) = heads.iter().flatten().max_by_key(|h| h.version).cloned() else {
+            self.zero_rolled_back(vd, &slots, &bufs, &present, report);
             return Ok(());
         };
         if self.stripe_consistent(vd, &bufs, &heads, &present, &auth)? {
@@ -1351,6 +1352,40 @@ impl DaCore {
         }
         report.stripes_resynced += 1;
         self.write_full(vd, stripe, &block, lost)
+    }
+
+    /// Zeroes the strips of a never-written stripe that hold data. It reads as zeros (no
+    /// valid header anywhere), but a first write that the crash rolled back (none of its
+    /// headers survived) may have left some of its sectors behind. Resync takes data strips
+    /// as they are, so if a later write to the stripe were torn in turn, those sectors would
+    /// come back as data that was never written durably. Made durable by the flush that
+    /// ends the resync, before the bitmap is cleared.
+    fn zero_rolled_back(
+        &self,
+        vd: &VdiskCore,
+        slots: &[StripSlot],
+        bufs: &[AlignedBuf],
+        present: &[bool],
+        report: &mut RecoveryReport,
+    ) {
+        // As for reads: with fewer than k strips readable, "no header" proves nothing.
+        if present.iter().filter(|&&p| p).count() < vd.k {
+            return;
+        }
+        let zeros = sectors_buf(vd.sps);
+        for (i, slot) in slots.iter().enumerate() {
+            if !present[i] || !slot.writable || bufs[i].iter().all(|&b| b == 0) {
+                continue;
+            }
+            match slot.pd.write(&zeros, Self::data_offset(vd, slot.loc, 0)) {
+                Ok(()) => report.rolled_back_strips += 1,
+                Err(e) => {
+                    if self.note_io_error(&slot.pd, "zeroing a rolled-back strip", &e) {
+                        let _ = self.persist_meta();
+                    }
+                }
+            }
+        }
     }
 
     /// Every readable strip has a valid header, every sector verifies against the newest

@@ -8,9 +8,16 @@
 //!
 //! `power_loss_loop` runs the same with the child's pdisks behind volatile write caches
 //! (`SimDrive`): the kill is then also a power loss of every pdisk, which keeps a random
-//! subset of the unflushed sectors (`TESSERA_POWERLOSS_ITERATIONS`, default 10).
+//! subset of the unflushed sectors (`TESSERA_POWERLOSS_ITERATIONS`, default 10;
+//! `TESSERA_POWERLOSS_SEED` replays the random choices of a run, printed at its start).
+//!
+//! Before every reopen the loop takes a snapshot of every strip (headers and per-sector
+//! checksums, read from the files); a sector that fails its check is explained from it
+//! (`forensics`): the stripe's strips before and after recovery, the writes that touched
+//! it, and what recovery reported.
 
 mod common;
+mod forensics;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -68,11 +75,16 @@ fn crash_child() {
         .unwrap()
         .parse()
         .unwrap();
+    let seed: u64 = std::env::var("TESSERA_VDISK_CRASH_SEED")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let round = mix(seed, iteration);
     let paths: Vec<_> = (0..12)
         .map(|i| Path::new(&dir).join(format!("pd{i:02}")))
         .collect();
     let da = if std::env::var_os("TESSERA_VDISK_VOLATILE").is_some() {
-        DeclusteredArray::open_with("da1", &paths, &volatile_pdisks(iteration)).unwrap()
+        DeclusteredArray::open_with("da1", &paths, &volatile_pdisks(round)).unwrap()
     } else {
         DeclusteredArray::open("da1", &paths).unwrap()
     };
@@ -87,17 +99,36 @@ fn crash_child() {
     std::thread::scope(|s| {
         for writer in 0..WRITERS {
             let (v, ledger) = (&v, &ledger);
-            s.spawn(move || write_loop(v.as_ref(), ledger, iteration, writer));
+            s.spawn(move || write_loop(v.as_ref(), ledger, iteration, round, writer));
         }
     });
 }
 
-/// Pdisks behind volatile write caches, seeded per run and per pdisk.
-fn volatile_pdisks(iteration: u64) -> DaOptions {
+/// A seed for round `iteration` of a run seeded with `seed`.
+fn mix(seed: u64, iteration: u64) -> u64 {
+    (seed ^ iteration.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+/// The run's seed: `TESSERA_POWERLOSS_SEED`, else the clock (printed, so a run replays).
+fn run_seed() -> u64 {
+    let seed = std::env::var("TESSERA_POWERLOSS_SEED")
+        .ok()
+        .map(|v| v.parse().expect("TESSERA_POWERLOSS_SEED: a number"))
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("crash loop seed {seed} (TESSERA_POWERLOSS_SEED={seed} replays it)");
+    seed
+}
+
+/// Pdisks behind volatile write caches, seeded per round and per pdisk.
+fn volatile_pdisks(round: u64) -> DaOptions {
     let opened = Arc::new(AtomicU64::new(0));
     let opener: tessera_vdisk::DeviceOpener = Arc::new(move |path: &Path| {
         let cache = VolatileCacheConfig {
-            seed: iteration * 64 + opened.fetch_add(1, Ordering::Relaxed),
+            seed: round.wrapping_add(opened.fetch_add(1, Ordering::Relaxed)),
             capacity_bytes: 8 << 20,
             ..VolatileCacheConfig::default()
         };
@@ -113,8 +144,14 @@ fn volatile_pdisks(iteration: u64) -> DaOptions {
 
 /// One writer: whole blocks and partial blocks, only in blocks `b % WRITERS == writer` so
 /// that no two writers touch the same sector (their order is then the ledger's order).
-fn write_loop(v: &dyn BlockDevice, ledger: &Mutex<Ledger>, iteration: u64, writer: u64) {
-    let mut rng = (iteration * WRITERS + writer).wrapping_mul(6_364_136_223_846_793_005) | 1;
+fn write_loop(
+    v: &dyn BlockDevice,
+    ledger: &Mutex<Ledger>,
+    iteration: u64,
+    round: u64,
+    writer: u64,
+) {
+    let mut rng = (round ^ writer).wrapping_mul(6_364_136_223_846_793_005) | 1;
     let mut next = move || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -124,7 +161,7 @@ fn write_loop(v: &dyn BlockDevice, ledger: &Mutex<Ledger>, iteration: u64, write
     let block_sectors = BLOCK / SECTOR;
     let blocks = VDISK_BYTES / BLOCK;
     for step in 0u64.. {
-        let id = ((iteration + 1) * 1_000_000 + step) * WRITERS + writer;
+        let id = forensics::write_id(iteration, step, writer, WRITERS);
         // Mostly the first 64 MiB (one dirty region), sometimes the tail.
         let span = if next() % 10 == 0 {
             blocks
@@ -174,14 +211,22 @@ fn read_ledger(path: &Path) -> (Vec<(u64, u64, u64)>, HashSet<u64>) {
     (writes, durable)
 }
 
+/// A sector that holds neither its last durable write nor a later one.
+struct BadSector {
+    sector: u64,
+    found: u64,
+    expected: Vec<u64>,
+}
+
 /// Checks every sector against the ledger and updates `baseline` (the write id each sector
-/// holds, 0 = never written) to what was found.
+/// holds, 0 = never written) to what was found. Returns the sectors checked against a
+/// durable write, or the first sector that is wrong.
 fn verify(
     v: &dyn BlockDevice,
     baseline: &mut [u64],
     writes: &[(u64, u64, u64)],
     durable: &HashSet<u64>,
-) -> u64 {
+) -> Result<u64, BadSector> {
     let total = baseline.len() as u64;
     let mut cands: Vec<Vec<u64>> = baseline.iter().map(|&b| vec![b]).collect();
     for &(id, first, n) in writes {
@@ -211,11 +256,13 @@ fn verify(
             } else {
                 false
             };
-            assert!(
-                ok,
-                "sector {s}: holds write {id}, expected one of {:?}",
-                cands[s as usize]
-            );
+            if !ok {
+                return Err(BadSector {
+                    sector: s,
+                    found: id,
+                    expected: cands[s as usize].clone(),
+                });
+            }
             baseline[s as usize] = if sector.iter().all(|&b| b == 0) {
                 0
             } else {
@@ -226,7 +273,7 @@ fn verify(
             }
         }
     }
-    checked
+    Ok(checked)
 }
 
 #[test]
@@ -244,33 +291,39 @@ fn power_loss_loop() {
 /// Runs the child `iterations` times and kills it; with `volatile` its pdisks have
 /// volatile write caches, so the kill is a power loss.
 fn kill_loop(iterations: usize, volatile: bool) {
+    let seed = run_seed();
     let t = make_pdisks(12, 6, 64 * MIB);
     let da = create(&t, DaOptions::default());
-    da.create_vdisk(
-        "v",
-        Code::parse("8+2p").unwrap(),
-        BLOCK,
-        VdiskSize::Bytes(VDISK_BYTES),
-    )
-    .unwrap();
+    let v = da
+        .create_vdisk(
+            "v",
+            Code::parse("8+2p").unwrap(),
+            BLOCK,
+            VdiskSize::Bytes(VDISK_BYTES),
+        )
+        .unwrap();
+    let mut map = forensics::stripe_map(&v);
     da.close().unwrap();
-    drop(da);
+    drop((v, da));
     let exe = std::env::current_exe().unwrap();
     let mut baseline = vec![0u64; (VDISK_BYTES / SECTOR) as usize];
     let (mut resynced, mut durable_sectors, mut writes_total) = (0, 0, 0);
-    let mut dirty_regions = 0;
+    let (mut dirty_regions, mut rolled_back) = (0, 0);
+    let started = std::time::Instant::now();
+    let mut snapshot_time = Duration::ZERO;
     for iteration in 0..iterations {
         let mut child = Command::new(&exe);
         child
             .args(["--exact", "crash_child", "--ignored", "--nocapture"])
             .env("TESSERA_VDISK_CRASH_DIR", t.dir.path())
             .env("TESSERA_VDISK_CRASH_ITER", iteration.to_string())
+            .env("TESSERA_VDISK_CRASH_SEED", seed.to_string())
             .stdout(std::process::Stdio::null());
         if volatile {
             child.env("TESSERA_VDISK_VOLATILE", "1");
         }
         let mut child = child.spawn().unwrap();
-        let delay_ms = 250 + (iteration as u64 * 7919) % 500;
+        let delay_ms = 250 + mix(seed, iteration as u64) % 500;
         std::thread::sleep(Duration::from_millis(delay_ms));
         if let Ok(Some(status)) = child.try_wait() {
             panic!("crash child exited on its own: {status}");
@@ -278,15 +331,44 @@ fn kill_loop(iterations: usize, volatile: bool) {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
 
+        let snap_started = std::time::Instant::now();
+        let before = forensics::snapshot(&map);
+        snapshot_time += snap_started.elapsed();
         let da = DeclusteredArray::open("da1", &t.paths()).unwrap();
         let r = da.recovery_report();
         resynced += r.stripes_resynced;
+        rolled_back += r.rolled_back_strips;
         dirty_regions += r.dirty_regions;
-        assert_eq!(r.lost_strips, 0, "{r:?}");
         let v = da.vdisk("v").unwrap();
         let (writes, durable) = read_ledger(&t.dir.path().join(format!("ledger-{iteration}")));
         writes_total += writes.len();
-        durable_sectors += verify(v.as_ref(), &mut baseline, &writes, &durable);
+        match verify(v.as_ref(), &mut baseline, &writes, &durable) {
+            Ok(checked) => durable_sectors += checked,
+            Err(bad) => {
+                let failure = forensics::Failure {
+                    what: format!(
+                        "sector {}: holds write {}, expected one of {:?}",
+                        bad.sector, bad.found, bad.expected
+                    ),
+                    seed,
+                    iteration,
+                    sector: bad.sector,
+                    found: bad.found,
+                    expected: &bad.expected,
+                    writes: &writes,
+                    durable: &durable,
+                    writers: WRITERS,
+                };
+                let events = da.status().events;
+                let report =
+                    forensics::explain(&failure, &map, &before, &v, &format!("{r:?}"), &events);
+                panic!("{report}");
+            }
+        }
+        assert_eq!(
+            r.lost_strips, 0,
+            "iteration {iteration} (seed {seed}): {r:?}"
+        );
         let scrub = da.scrub_now().unwrap();
         assert_eq!(
             (
@@ -295,14 +377,26 @@ fn kill_loop(iterations: usize, volatile: bool) {
                 scrub.unrecoverable
             ),
             (0, 0, 0),
-            "iteration {iteration}: stripes inconsistent after recovery: {scrub:?}, recovery {r:?}"
+            "iteration {iteration} (seed {seed}): stripes inconsistent after recovery: \
+             {scrub:?}, recovery {r:?}"
         );
+        map = forensics::stripe_map(&v);
         da.close().unwrap();
+        if (iteration + 1) % 50 == 0 {
+            eprintln!(
+                "{} rounds in {:.0} s, {writes_total} writes",
+                iteration + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
     let what = if volatile { "power losses" } else { "crashes" };
     eprintln!(
-        "{iterations} {what}, {writes_total} writes, {resynced} stripes resynchronised, \
-         {durable_sectors} sectors checked against durable writes"
+        "{iterations} {what} in {:.0} s (seed {seed}), {writes_total} writes, {resynced} \
+         stripes resynchronised, {rolled_back} rolled-back strips zeroed, {durable_sectors} \
+         sectors checked against durable writes (forensic snapshots took {:.1} s)",
+        started.elapsed().as_secs_f64(),
+        snapshot_time.as_secs_f64()
     );
     assert!(
         writes_total > iterations * 5,

@@ -2,6 +2,13 @@
 //! the same pdisks is still under way (found by `crash.rs::power_loss_loop` on a loaded
 //! machine: a writer's flush returned while another thread's flush of a pdisk had not yet
 //! written back that pdisk's cache, and the power loss right after took the write).
+//!
+//! Its signature in the loop was `sector 8835: holds write 0, expected one of [6000111]`:
+//! write 6000111 is round 1, writer 0, step 37 (ids are `((round + 1) * 10^6 + step) *
+//! writers + writer`; the loop now spells them out), the first write into stripe 138 and
+//! flushed at once, read back as never written: a flushed write lost, as this race loses it
+//! (read as "round 5" from the id's leading digits, it looked like an older write destroyed
+//! by recovery).
 
 mod common;
 
