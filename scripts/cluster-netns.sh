@@ -272,7 +272,9 @@ cmd_run() {
     [[ ${1:-} == -- ]] || die "usage: run K -- CMD..."
     shift
     [[ $# -gt 0 ]] || die "run: no command given"
-    in_node "$k" "$@"
+    # exec: the caller's pid is the command's, so signals and exit status are its own.
+    node_cmd "$k"
+    exec "${NODE_CMD[@]}" "$@"
 }
 
 # The remote shell contract of `tessera cluster create -r` (that of ssh): the words after
@@ -293,11 +295,11 @@ cmd_rsh() {
     fi
     k=$(node_arg "$k")
     [[ $# -gt 0 ]] || die "rsh: no command given (an interactive shell is not offered)"
+    node_cmd "$k"
     if [[ $no_stdin -eq 1 ]]; then
-        in_node "$k" bash -c "$*" </dev/null
-    else
-        in_node "$k" bash -c "$*"
+        exec "${NODE_CMD[@]}" bash -c "$*" </dev/null
     fi
+    exec "${NODE_CMD[@]}" bash -c "$*"
 }
 
 cmd_mountpoint() {
@@ -366,7 +368,8 @@ cmd_stanza() {
             echo "%pdisk: pdisk=node${k}d$j device=$f enclosure=node$k slot=$j"
         fi
     done < <(drive_files)
-    [[ $found -eq 1 ]] || die "no drives under $BASE/drives; create them with 'up N --drives D --size S'"
+    [[ $found -eq 1 ]] ||
+        die "no drives under $BASE/drives; create them with 'up N --drives D --size S'"
 }
 
 cmd_status() {
@@ -433,7 +436,7 @@ cmd_down() {
             die "$BASE was not made by this script for prefix '$PREFIX'; not removing it"
         rm -rf --one-file-system "$BASE"
     fi
-    echo "cluster-netns: down (prefix '$PREFIX', $BASE removed)"
+    echo "cluster-netns: down (prefix '$PREFIX'; nothing left under $BASE)"
 }
 
 main() {
