@@ -37,7 +37,8 @@ usage: $(basename "$0") COMMAND [ARGS]   (as root)
   down                   unmount, stop, delete namespaces, bridges and $BASE
 
 environment: TSR_PREFIX (names, default tsr-), TSR_BASE (state, default /tmp/tessera-netns),
-TSR_SUBNET (first three octets, default 10.77.0), TESSERA_BIN (the tessera binary; default
+TSR_SUBNET (first three octets, default 10.77.0), TSR_UP_TIMEOUT (seconds 'up' waits for
+every node to be active, default 60), TESSERA_BIN (the tessera binary; default
 target/release/tessera, then target/debug/tessera, then tessera on PATH)
 EOF
 }
@@ -65,6 +66,8 @@ BRIDGE=${PREFIX}br0     # every node's port, except partitioned ones
 ISLAND=${PREFIX}br1     # the ports of partitioned nodes
 MARKER=$BASE/.tessera-netns
 MAX_NODES=250
+UP_TIMEOUT=${TSR_UP_TIMEOUT:-60}
+[[ $UP_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "TSR_UP_TIMEOUT '$UP_TIMEOUT' must be whole seconds"
 
 ns_name() { echo "${PREFIX}node$1"; }
 veth_name() { echo "${PREFIX}h$1"; }
@@ -236,7 +239,7 @@ create_cluster() {
     local rsh="env TSR_PREFIX=$PREFIX TSR_BASE=$BASE TSR_SUBNET=$SUBNET $SCRIPT rsh"
     in_node 1 tessera cluster create --name tsr -N "$BASE/nodes" -r "$rsh"
     in_node 1 tessera startup -a
-    wait_active "$n" 60
+    wait_active "$n" "$UP_TIMEOUT"
 }
 
 # Polls `tessera state -a -Y` on node 1 until all N nodes are active; reads columns by
@@ -406,12 +409,16 @@ unmount_all() {
 cmd_down() {
     local k pid ns pids link
     unmount_all
+    # A clean shutdown first, all nodes at once (one by one, the last ones could wait for
+    # a quorum already gone); whatever does not stop in time is killed below.
     for k in $(our_nodes); do
-        # A clean shutdown first, so a daemon gets to leave the cluster; kill what remains.
         if [[ -n $(daemon_pid "$k") && -x $BASE/bin/tessera ]]; then
             node_cmd "$k"
-            timeout 20 "${NODE_CMD[@]}" tessera shutdown >/dev/null 2>&1 || true
+            timeout 20 "${NODE_CMD[@]}" tessera shutdown >/dev/null 2>&1 &
         fi
+    done
+    wait || true
+    for k in $(our_nodes); do
         ns=$(ns_name "$k")
         # Any process left in the namespace (a daemon, a command started with `run`) would
         # keep it and its veth alive after `ip netns del`.

@@ -370,8 +370,22 @@ fn bad_requests_are_refused_and_change_nothing() {
         .fails(&["mountpoint", "1", "fs1"])
         .contains("no file system fs1"));
 
-    // A directory the script did not make is never deleted, whatever TSR_BASE says.
+    // An `up` that fails half way (node 2's port name is taken) leaves node 1 built;
+    // `down` removes it and the squatter of our name.
     c.ok(&["down"]);
+    let squatter = format!("{}h2", c.prefix);
+    let added = Command::new("ip")
+        .args(["link", "add", &squatter, "type", "bridge"])
+        .status();
+    assert!(added.expect("ip link add").success());
+    let err = c.fails(&["up", "3", "--no-cluster"]);
+    assert!(err.contains("up failed"), "{err}");
+    assert!(c.leftovers().contains(&format!("{}node1", c.prefix)));
+    c.ok(&["down"]);
+    assert_eq!(c.leftovers(), Vec::<String>::new());
+    assert!(!c.base.exists());
+
+    // A directory the script did not make is never deleted, whatever TSR_BASE says.
     std::fs::create_dir_all(c.base.join("precious")).unwrap();
     assert!(c.fails(&["down"]).contains("not made by this script"));
     assert!(c.base.join("precious").exists());
