@@ -29,7 +29,8 @@ usage: $(basename "$0") COMMAND [ARGS]   (as root)
   mountpoint K DEVICE    print where node K has file system DEVICE mounted
   kill K                 kill -9 node K's daemon
   start K                start node K's daemon (tessera startup in its namespace)
-  partition K [K...]     cut those nodes off from the rest (they still reach each other)
+  partition K [K...]     cut exactly those nodes off from the rest (they still reach each
+                         other); a new partition replaces the last
   heal                   undo every partition
   stanza nsd|pdisk       print %nsd (failureGroup = node number) or %pdisk
                          (enclosure = nodeK) stanzas for the drives
@@ -145,6 +146,16 @@ daemon_pid() {
     home=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^TESSERA_HOME=//p')
     [[ $(readlink -m "$home") == $(readlink -m "$(home_of "$k")") ]] || return 0
     echo "$pid"
+}
+
+# Waits up to 10 s for a killed process to be gone. A zombie counts as gone: it holds no
+# socket, namespace or lease any more.
+wait_gone() {
+    local pid=$1 tries=200
+    while [[ -d /proc/$pid && $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; do
+        ((--tries > 0)) || return 1
+        sleep 0.05
+    done
 }
 
 cmd_up() {
@@ -322,10 +333,7 @@ cmd_kill() {
     pid=$(daemon_pid "$k")
     [[ -n $pid ]] || die "node $k has no running daemon"
     kill -9 "$pid"
-    # Gone means reaped or a zombie: either way it holds no socket or lease any more.
-    while [[ -d /proc/$pid && $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; do
-        sleep 0.05
-    done
+    wait_gone "$pid" || die "node $k's daemon (pid $pid) survived kill -9 for 10 s (stuck in I/O?)"
     echo "cluster-netns: killed node $k's daemon (pid $pid)"
 }
 
@@ -335,11 +343,18 @@ cmd_start() {
     in_node "$k" tessera startup
 }
 
+# The island is exactly the nodes named: a second partition replaces the first.
 cmd_partition() {
     [[ $# -gt 0 ]] || die "usage: partition K [K...]"
-    local k
-    for k in "$@"; do node_arg "$k" >/dev/null; done
-    for k in "$@"; do ip link set "$(veth_name "$k")" master "$ISLAND"; done
+    local k island=" "
+    for k in "$@"; do island+="$(node_arg "$k") "; done
+    for k in $(our_nodes); do
+        if [[ $island == *" $k "* ]]; then
+            ip link set "$(veth_name "$k")" master "$ISLAND"
+        else
+            ip link set "$(veth_name "$k")" master "$BRIDGE"
+        fi
+    done
     echo "cluster-netns: nodes $* cut off from the rest"
 }
 
@@ -425,8 +440,7 @@ cmd_down() {
         pids=$(ip netns pids "$ns" 2>/dev/null || true)
         for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
         for pid in $pids; do
-            while [[ -d /proc/$pid && $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
-            do sleep 0.05; done
+            wait_gone "$pid" || echo "cluster-netns: pid $pid survives kill -9; going on" >&2
         done
         ip netns del "$ns" 2>/dev/null || true
     done

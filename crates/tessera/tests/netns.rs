@@ -253,6 +253,14 @@ fn three_namespaces_talk_partition_and_heal() {
         "node 3 is partitioned but reaches node 2"
     );
 
+    // A second partition replaces the first rather than adding to it.
+    c.ok(&["partition", "2"]);
+    let status = c.ok(&["status"]);
+    assert_eq!(status.matches("(partitioned)").count(), 1, "{status}");
+    assert!(status
+        .lines()
+        .any(|l| l.starts_with("node2 ") && l.ends_with("(partitioned)")));
+
     c.ok(&["heal"]);
     assert!(!c.ok(&["status"]).contains("(partitioned)"));
     assert!(
