@@ -161,6 +161,9 @@ struct Heard {
     /// granted, or, for a first sighting, the longest lease the cluster ever had in force,
     /// because a predecessor may have granted that.
     holds: Duration,
+    /// The manager decided to expel it: it gets no grant from now on, since the expel
+    /// commits later and a grant in between would outlive the decision.
+    expelling: bool,
 }
 
 /// The cluster manager's record of who renewed when. One exists per manager term; a new
@@ -202,6 +205,7 @@ impl LeaseManager {
                 epoch: *epoch,
                 at: now,
                 holds,
+                expelling: false,
             });
         }
     }
@@ -224,8 +228,12 @@ impl LeaseManager {
             epoch,
             at: received_at,
             holds: lease,
+            expelling: false,
         });
         assert_eq!(heard.epoch, epoch, "observe keeps only live epochs");
+        if heard.expelling {
+            return Err(Refusal::NotLive { epoch });
+        }
         if received_at >= heard.at {
             // The new grant supersedes what the node held: after a shorter
             // failureDetectionTime, the node's lease ends no later than this one.
@@ -247,12 +255,16 @@ impl LeaseManager {
     }
 
     /// Live incarnations whose every lease has run out, with a failure-detection time to
-    /// spare: to be expelled.
-    pub fn overdue(&self, now: ClockTime) -> Vec<(NodeNumber, u64)> {
+    /// spare: to be expelled. They get no further grant from this manager.
+    pub fn overdue(&mut self, now: ClockTime) -> Vec<(NodeNumber, u64)> {
+        let detection = self.timings.failure_detection;
         self.heard
-            .iter()
-            .filter(|(_, h)| now - h.at > h.holds.max(self.timings.failure_detection))
-            .map(|(node, h)| (*node, h.epoch))
+            .iter_mut()
+            .filter(|(_, h)| h.expelling || now - h.at > h.holds.max(detection))
+            .map(|(node, h)| {
+                h.expelling = true;
+                (*node, h.epoch)
+            })
             .collect()
     }
 
@@ -283,7 +295,7 @@ mod tests {
             nodes: parse_node_list("a:quorum-manager:10.0.0.1,b::10.0.0.2").unwrap(),
             params: crate::params::parse_changes("failureDetectionTime=2", false).unwrap(),
         });
-        let Response::Joined { epoch } = s.apply(&Command::Join { node }) else {
+        let Response::Joined { epoch } = s.apply(&Command::Join { node, process: 1 }) else {
             panic!()
         };
         (s, epoch)
@@ -354,6 +366,24 @@ mod tests {
     }
 
     #[test]
+    fn no_grant_after_the_decision_to_expel() {
+        let (s, epoch) = cluster_with_joined(2);
+        let mut manager = LeaseManager::new(1, 1, s.params.lease_timings());
+        manager.observe(&s, t(0));
+        assert_eq!(manager.overdue(t(2001)), vec![(2, epoch)]);
+        // The renewal arrives while the expel is being committed: refused.
+        assert_eq!(
+            manager.renew(2, epoch, t(2002), &s),
+            Err(Refusal::NotLive { epoch })
+        );
+        assert_eq!(
+            manager.overdue(t(2003)),
+            vec![(2, epoch)],
+            "retried until committed"
+        );
+    }
+
+    #[test]
     fn a_new_manager_counts_from_its_takeover() {
         let (s, epoch) = cluster_with_joined(2);
         let mut successor = LeaseManager::new(1, 2, timings());
@@ -384,7 +414,10 @@ mod tests {
     #[test]
     fn grants_for_a_previous_incarnation_are_ignored() {
         let (mut s, e1) = cluster_with_joined(2);
-        let Response::Joined { epoch: e2 } = s.apply(&Command::Join { node: 2 }) else {
+        let Response::Joined { epoch: e2 } = s.apply(&Command::Join {
+            node: 2,
+            process: 2,
+        }) else {
             panic!()
         };
         let mut holder = LeaseHolder::default();

@@ -84,6 +84,8 @@ pub fn raft_config(timings: &LeaseTimings, cluster_name: &str) -> Config {
 /// The cluster service of one node.
 pub struct ClusterNode<N: NodeNet> {
     me: NodeNumber,
+    /// Drawn once per start: identifies this process's Join (see `Command::Join`).
+    process: u64,
     raft: ConfigRaft,
     net: Arc<N>,
     read_state: StateReader,
@@ -98,10 +100,12 @@ pub struct ClusterNode<N: NodeNet> {
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl<N: NodeNet> ClusterNode<N> {
-    /// Starts the Raft member over the given stores. `read_state` reads the state machine
-    /// store's applied copy.
+    /// Starts the Raft member over the given stores. `process` is a random number drawn
+    /// for this start; `read_state` reads the state machine store's applied copy.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start<LS, SM>(
         me: NodeNumber,
+        process: u64,
         config: Config,
         net: Arc<N>,
         log_store: LS,
@@ -118,6 +122,7 @@ impl<N: NodeNet> ClusterNode<N> {
         let raft = ConfigRaft::new(u64::from(me), config, links, log_store, state_machine).await?;
         let node = Arc::new(ClusterNode {
             me,
+            process,
             raft,
             net,
             read_state,
@@ -178,7 +183,13 @@ impl<N: NodeNet> ClusterNode<N> {
         loop {
             let leader = self.raft.metrics().borrow().current_leader;
             let outcome = match leader {
-                Some(l) if l == u64::from(self.me) => self.propose_here(&command).await,
+                Some(l) if l == u64::from(self.me) => {
+                    // A leader cut off from its majority never commits: bound the wait.
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::timeout(left, self.propose_here(&command))
+                        .await
+                        .unwrap_or(Err(ProposeError::NoQuorum))
+                }
                 Some(l) => self.propose_at(l, &command, deadline).await,
                 None => Err(ProposeError::NoQuorum),
             };
@@ -306,12 +317,13 @@ impl<N: NodeNet> ClusterNode<N> {
         let started = self.clock.now();
         // Also waits until the state machine has applied everything committed before the
         // confirmation, so the grant uses the parameters in force.
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => {
+        let round = self.raft.ensure_linearizable();
+        match tokio::time::timeout(self.timings().renew_every, round).await {
+            Ok(Ok(_)) => {
                 *confirmed_from = Some(started);
                 true
             }
-            Err(_) => false,
+            Ok(Err(_)) | Err(_) => false,
         }
     }
 
@@ -375,7 +387,13 @@ impl<N: NodeNet> ClusterNode<N> {
         let epoch = self.holder.lock().epoch();
         let Some(epoch) = epoch else {
             match self
-                .propose(Command::Join { node: self.me }, timings.renew_every)
+                .propose(
+                    Command::Join {
+                        node: self.me,
+                        process: self.process,
+                    },
+                    timings.renew_every,
+                )
                 .await
             {
                 Ok(Response::Joined { epoch }) => {
@@ -467,11 +485,21 @@ impl<N: NodeNet> ClusterNode<N> {
                 "node missed failureDetectionTime; expelling it"
             );
             let expel = Command::Expel { node, epoch };
-            if let Err(e) = self.propose_here(&expel).await {
-                tracing::warn!(node, "expel not committed: {e}");
+            let bounded =
+                tokio::time::timeout(timings.failure_detection, self.propose_here(&expel));
+            match bounded.await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(node, "expel not committed: {e}"),
+                Err(_) => tracing::warn!(node, "expel not committed: no majority answers"),
             }
         }
-        self.reconcile_membership(&state, &metrics).await;
+        let reconcile = self.reconcile_membership(&state, &metrics);
+        if tokio::time::timeout(timings.failure_detection, reconcile)
+            .await
+            .is_err()
+        {
+            tracing::warn!("membership change not committed: no majority answers");
+        }
     }
 
     /// Makes Raft's members the node table: quorum nodes vote, the rest learn.

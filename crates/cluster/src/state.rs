@@ -90,6 +90,10 @@ pub enum Command {
     /// new epoch. Its previous epoch, if any, is fenced.
     Join {
         node: NodeNumber,
+        /// A random number drawn once per daemon process: a Join that arrives twice (a
+        /// retried proposal whose first attempt committed late) gets the same epoch back
+        /// instead of retiring the incarnation that is running.
+        process: u64,
     },
     /// The cluster manager expels an incarnation that stopped renewing its lease. Applies
     /// only if `epoch` is still the node's current one (a node that re-joined meanwhile is
@@ -129,6 +133,8 @@ pub struct ConfigState {
     /// The current incarnation of each running node; absent when the node never joined or
     /// was expelled.
     pub incarnations: BTreeMap<NodeNumber, u64>,
+    /// The `process` number of each current incarnation's Join.
+    pub incarnation_processes: BTreeMap<NodeNumber, u64>,
     /// Bumped by every change, so a listing can say which version it shows.
     pub version: u64,
     /// The longest disk lease ever in force (ms): a new cluster manager waits this long
@@ -180,7 +186,7 @@ impl ConfigState {
                 expected,
                 json,
             } => self.put_document(key, *expected, json),
-            Command::Join { node } => self.join(*node),
+            Command::Join { node, process } => self.join(*node, *process),
             Command::Expel { node, epoch } => self.expel(*node, *epoch),
         }
     }
@@ -227,6 +233,7 @@ impl ConfigState {
         for number in &numbers {
             self.nodes.remove(number);
             self.incarnations.remove(number);
+            self.incarnation_processes.remove(number);
             self.params.per_node.remove(number);
         }
         self.check_quorum_nodes()
@@ -309,14 +316,20 @@ impl ConfigState {
         Ok(Response::Nothing)
     }
 
-    fn join(&mut self, node: NodeNumber) -> Result<Response, String> {
+    fn join(&mut self, node: NodeNumber, process: u64) -> Result<Response, String> {
         if !self.nodes.contains_key(&node) {
             return Err(format!("node number {node} is not in the cluster"));
+        }
+        if let Some(epoch) = self.incarnations.get(&node) {
+            if self.incarnation_processes.get(&node) == Some(&process) {
+                return Ok(Response::Joined { epoch: *epoch });
+            }
         }
         let epoch = self.next_epoch;
         assert!(epoch > 0, "epoch 0 is never issued");
         self.next_epoch += 1;
         self.incarnations.insert(node, epoch);
+        self.incarnation_processes.insert(node, process);
         Ok(Response::Joined { epoch })
     }
 
@@ -324,6 +337,7 @@ impl ConfigState {
         match self.incarnations.get(&node) {
             Some(current) if *current == epoch => {
                 self.incarnations.remove(&node);
+                self.incarnation_processes.remove(&node);
                 Ok(Response::Nothing)
             }
             Some(current) => Err(format!(
@@ -450,7 +464,10 @@ mod tests {
     #[test]
     fn nothing_changes_before_create() {
         let mut s = ConfigState::default();
-        let r = s.apply(&Command::Join { node: 1 });
+        let r = s.apply(&Command::Join {
+            node: 1,
+            process: 1,
+        });
         assert!(matches!(r, Response::Refused { .. }));
         assert_eq!(s, ConfigState::default());
     }
@@ -500,10 +517,16 @@ mod tests {
     #[test]
     fn epochs_only_grow_and_expel_fences_only_the_current_incarnation() {
         let mut s = created();
-        let Response::Joined { epoch: e1 } = s.apply(&Command::Join { node: 2 }) else {
+        let Response::Joined { epoch: e1 } = s.apply(&Command::Join {
+            node: 2,
+            process: 1,
+        }) else {
             panic!()
         };
-        let Response::Joined { epoch: e2 } = s.apply(&Command::Join { node: 2 }) else {
+        let Response::Joined { epoch: e2 } = s.apply(&Command::Join {
+            node: 2,
+            process: 2,
+        }) else {
             panic!()
         };
         assert!(e2 > e1);
@@ -514,10 +537,29 @@ mod tests {
         assert!(s.epoch_is_live(2, e2));
         s.apply(&Command::Expel { node: 2, epoch: e2 });
         assert!(!s.epoch_is_live(2, e2));
-        let Response::Joined { epoch: e3 } = s.apply(&Command::Join { node: 2 }) else {
+        let Response::Joined { epoch: e3 } = s.apply(&Command::Join {
+            node: 2,
+            process: 3,
+        }) else {
             panic!()
         };
         assert!(e3 > e2);
+    }
+
+    #[test]
+    fn a_join_that_arrives_twice_keeps_the_running_incarnation() {
+        let mut s = created();
+        let join = Command::Join {
+            node: 3,
+            process: 77,
+        };
+        let first = s.apply(&join);
+        let again = s.apply(&join);
+        assert_eq!(first, again);
+        let Response::Joined { epoch } = first else {
+            panic!("{first:?}")
+        };
+        assert!(s.epoch_is_live(3, epoch));
     }
 
     #[test]

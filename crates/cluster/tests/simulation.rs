@@ -20,6 +20,13 @@ use sim::Sim;
 use tessera_cluster::lease::NodeState;
 
 fn runtime() -> tokio::runtime::Runtime {
+    // `TESSERA_LOG=info` shows what the services did, on the virtual clock.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -29,7 +36,10 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn env_u64(name: &str) -> Option<u64> {
     let text = std::env::var(name).ok()?;
-    Some(text.parse().unwrap_or_else(|_| panic!("{name}={text} is not a number")))
+    Some(
+        text.parse()
+            .unwrap_or_else(|_| panic!("{name}={text} is not a number")),
+    )
 }
 
 /// Starts every node, creates the cluster and waits until all are active.
@@ -154,16 +164,19 @@ fn a_new_manager_is_active_soon_after_the_manager_dies() {
                 .map(|n| sim.node(n).unwrap().status())
                 .collect();
             let new = survivors[0].manager;
-            if new.is_some() && new != Some(manager) && survivors.iter().all(|s| s.manager == new)
-            {
+            if new.is_some() && new != Some(manager) && survivors.iter().all(|s| s.manager == new) {
                 break;
             }
-            assert!(waited < Duration::from_secs(10), "no new manager within 10 s");
+            assert!(
+                waited < Duration::from_secs(10),
+                "no new manager within 10 s"
+            );
         }
         println!("new manager after {waited:?} (failureDetectionTime 2 s)");
         // The dead manager's incarnation is expelled once it misses failureDetectionTime.
         sim.run_for(Duration::from_secs(4)).await;
-        assert!(sim.newest_state().unwrap().incarnations.get(&manager).is_none());
+        let state = sim.newest_state().unwrap();
+        assert!(!state.incarnations.contains_key(&manager), "expelled");
         assert!(sim.violations().is_empty(), "{:#?}", sim.violations());
         sim.stop_all().await;
     });

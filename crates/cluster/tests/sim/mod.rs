@@ -22,7 +22,7 @@ use tessera_cluster::node::{parse_node_list, NodeNumber, NodeSpec};
 use tessera_cluster::params::LeaseTimings;
 use tessera_cluster::raft::TypeConfig;
 use tessera_cluster::rpc::{NetError, NodeNet, PeerReply, PeerRequest};
-use tessera_cluster::service::{raft_config, ClusterNode, Clock, StateReader};
+use tessera_cluster::service::{raft_config, Clock, ClusterNode, StateReader};
 use tessera_cluster::state::{ClusterIdentity, Command, ConfigState, Response};
 
 pub type SimNode = ClusterNode<Endpoint>;
@@ -248,10 +248,23 @@ impl Sim {
             me: node,
             fabric: Arc::clone(&self.fabric),
         });
-        let service = ClusterNode::start(node, config, endpoint, log, machine, read_state, member.clock)
-            .await
-            .expect("cluster service starts");
-        self.fabric.nodes.lock().insert(node, Arc::downgrade(&service));
+        let process = self.rng.gen();
+        let service = ClusterNode::start(
+            node,
+            process,
+            config,
+            endpoint,
+            log,
+            machine,
+            read_state,
+            member.clock,
+        )
+        .await
+        .expect("cluster service starts");
+        self.fabric
+            .nodes
+            .lock()
+            .insert(node, Arc::downgrade(&service));
         let task = tokio::spawn(Arc::clone(&service).run());
         member.running = Some((service, task));
     }
@@ -268,7 +281,10 @@ impl Sim {
     }
 
     pub fn node(&self, node: NodeNumber) -> Option<Arc<SimNode>> {
-        self.members[&node].running.as_ref().map(|(s, _)| Arc::clone(s))
+        self.members[&node]
+            .running
+            .as_ref()
+            .map(|(s, _)| Arc::clone(s))
     }
 
     /// Cuts `side` off from the rest.
@@ -305,7 +321,11 @@ impl Sim {
     /// Proposes a unique document write from a random running node; remembers it if the
     /// cluster acknowledged it.
     pub async fn write_document(&mut self) {
-        let up: Vec<NodeNumber> = self.numbers().into_iter().filter(|n| self.is_up(*n)).collect();
+        let up: Vec<NodeNumber> = self
+            .numbers()
+            .into_iter()
+            .filter(|n| self.is_up(*n))
+            .collect();
         if up.is_empty() {
             return;
         }
@@ -335,16 +355,24 @@ impl Sim {
 
     /// The safety checks that must hold at every instant.
     pub fn check_invariants(&self) {
-        let Some(newest) = self.newest_state() else { return };
+        let Some(newest) = self.newest_state() else {
+            return;
+        };
         for (number, member) in &self.members {
-            let Some((service, _)) = &member.running else { continue };
-            let Some(epoch) = service.io_epoch() else { continue };
+            let Some((service, _)) = &member.running else {
+                continue;
+            };
+            let Some(epoch) = service.io_epoch() else {
+                continue;
+            };
             let replaced = newest.next_epoch > epoch && !newest.epoch_is_live(*number, epoch);
             if replaced {
                 self.fabric.violations.lock().push(format!(
                     "node {number} may do I/O with epoch {epoch}, which the committed \
-                     configuration (version {}) has expelled",
-                    newest.version
+                     configuration (version {}) has expelled; node status {:?}, clock {:?}",
+                    newest.version,
+                    service.status(),
+                    service.clock().now()
                 ));
             }
         }
@@ -365,7 +393,9 @@ impl Sim {
     pub fn all_active(&self) -> bool {
         let mut managers = BTreeSet::new();
         for member in self.members.values() {
-            let Some((service, _)) = &member.running else { return false };
+            let Some((service, _)) = &member.running else {
+                return false;
+            };
             let status = service.status();
             if status.state != NodeState::Active {
                 return false;
@@ -403,7 +433,10 @@ async fn open_store(
             Err(e) => panic!("store {}: {e}", path.display()),
         }
     }
-    panic!("store {} stayed in use after its service stopped", path.display());
+    panic!(
+        "store {} stayed in use after its service stopped",
+        path.display()
+    );
 }
 
 fn shm_or_tmp() -> PathBuf {
