@@ -22,6 +22,12 @@
 //!    and, for grants a predecessor may have made, the longest lease the cluster ever had
 //!    in force ([`ConfigState::longest_lease`]). The expel is a Raft entry: once committed, the
 //!    epoch is dead for every fenced layer, and the node must join again with a new epoch.
+//!    A manager decides an expel from what *it* heard; the decision commits later, maybe
+//!    much later (a leader cut off with the entry in its log, elected again after others
+//!    managed). So a manager commits `Takeover` for its term before it grants or expels,
+//!    an `Expel` carries the deciding manager's term, and one decided before the latest
+//!    takeover is refused; and a manager grants nothing to an incarnation it has decided
+//!    to expel.
 //! 4. Others may take over the expelled node's work `recovery_wait` after the expel, so
 //!    I/O the node had in flight when its lease ran out has drained.
 //!
@@ -397,7 +403,11 @@ mod tests {
         let (mut s, epoch) = cluster_with_joined(2);
         let mut manager = LeaseManager::new(1, 1, timings());
         manager.observe(&s, t(0));
-        s.apply(&Command::Expel { node: 2, epoch });
+        s.apply(&Command::Expel {
+            node: 2,
+            epoch,
+            term: 1,
+        });
         manager.observe(&s, t(10));
         assert!(manager.overdue(t(100_000)).is_empty());
         assert_eq!(

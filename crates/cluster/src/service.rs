@@ -462,18 +462,18 @@ impl<N: NodeNet> ClusterNode<N> {
             *self.manager.lock() = None;
             return;
         }
+        let term = metrics.current_term;
+        let managing = self.manager.lock().as_ref().map(|m| m.term()) == Some(term);
+        if !managing && !self.take_over(term, timings).await {
+            return;
+        }
         let state = self.state();
         let now = self.clock.now();
         let overdue = {
             let mut manager = self.manager.lock();
-            if manager.as_ref().map(|m| m.term()) != Some(metrics.current_term) {
-                tracing::info!(
-                    term = metrics.current_term,
-                    "this node is the cluster manager"
-                );
-                *manager = Some(LeaseManager::new(self.me, metrics.current_term, *timings));
-            }
-            let m = manager.as_mut().expect("just set");
+            let Some(m) = manager.as_mut().filter(|m| m.term() == term) else {
+                return;
+            };
             m.set_timings(*timings);
             m.observe(&state, now);
             m.overdue(now)
@@ -484,7 +484,7 @@ impl<N: NodeNet> ClusterNode<N> {
                 epoch,
                 "node missed failureDetectionTime; expelling it"
             );
-            let expel = Command::Expel { node, epoch };
+            let expel = Command::Expel { node, epoch, term };
             let bounded =
                 tokio::time::timeout(timings.failure_detection, self.propose_here(&expel));
             match bounded.await {
@@ -500,6 +500,33 @@ impl<N: NodeNet> ClusterNode<N> {
         {
             tracing::warn!("membership change not committed: no majority answers");
         }
+    }
+
+    /// Commits `Takeover` for this term before managing: until then this node grants and
+    /// expels nothing (see `Command::Takeover`). Returns whether it now manages.
+    async fn take_over(&self, term: u64, timings: &LeaseTimings) -> bool {
+        *self.manager.lock() = None;
+        if self.state().identity.is_none() {
+            return false;
+        }
+        let takeover = Command::Takeover {
+            node: self.me,
+            term,
+        };
+        let bounded = tokio::time::timeout(timings.failure_detection, self.propose_here(&takeover));
+        match bounded.await {
+            Ok(Ok(Response::Changed { .. })) => {}
+            Ok(other) => {
+                tracing::debug!("takeover of term {term} not committed: {other:?}");
+                return false;
+            }
+            Err(_) => return false,
+        }
+        tracing::info!(term, "this node is the cluster manager");
+        let mut manager = LeaseManager::new(self.me, term, *timings);
+        manager.observe(&self.state(), self.clock.now());
+        *self.manager.lock() = Some(manager);
+        true
     }
 
     /// Makes Raft's members the node table: quorum nodes vote, the rest learn.

@@ -101,6 +101,15 @@ pub enum Command {
     Expel {
         node: NodeNumber,
         epoch: u64,
+        /// The Raft term of the manager that decided it.
+        term: u64,
+    },
+    /// A new cluster manager starts managing: committed before it grants or expels, so an
+    /// expel decided by an earlier manager that only commits after this is refused (its
+    /// decision may predate leases this manager's predecessors granted).
+    Takeover {
+        node: NodeNumber,
+        term: u64,
     },
 }
 
@@ -141,6 +150,9 @@ pub struct ConfigState {
     /// before expelling an incarnation it has not heard from, because its predecessor may
     /// have granted such a lease before `failureDetectionTime` was shortened.
     pub longest_lease_ms: u64,
+    /// The term of the latest cluster manager that took over, and its node.
+    pub manager_term: u64,
+    pub manager: Option<NodeNumber>,
 }
 
 impl ConfigState {
@@ -187,7 +199,8 @@ impl ConfigState {
                 json,
             } => self.put_document(key, *expected, json),
             Command::Join { node, process } => self.join(*node, *process),
-            Command::Expel { node, epoch } => self.expel(*node, *epoch),
+            Command::Expel { node, epoch, term } => self.expel(*node, *epoch, *term),
+            Command::Takeover { node, term } => self.takeover(*node, *term),
         }
     }
 
@@ -333,7 +346,26 @@ impl ConfigState {
         Ok(Response::Joined { epoch })
     }
 
-    fn expel(&mut self, node: NodeNumber, epoch: u64) -> Result<Response, String> {
+    fn takeover(&mut self, node: NodeNumber, term: u64) -> Result<Response, String> {
+        if term < self.manager_term {
+            return Err(format!(
+                "manager term {term} is older than term {}",
+                self.manager_term
+            ));
+        }
+        self.manager_term = term;
+        self.manager = Some(node);
+        Ok(Response::Nothing)
+    }
+
+    fn expel(&mut self, node: NodeNumber, epoch: u64, term: u64) -> Result<Response, String> {
+        if term < self.manager_term {
+            return Err(format!(
+                "the expel of node {node} was decided by the manager of term {term}, and a \
+                 later manager (term {}) has taken over since; not expelled",
+                self.manager_term
+            ));
+        }
         match self.incarnations.get(&node) {
             Some(current) if *current == epoch => {
                 self.incarnations.remove(&node);
@@ -532,10 +564,18 @@ mod tests {
         assert!(e2 > e1);
         assert!(!s.epoch_is_live(2, e1) && s.epoch_is_live(2, e2));
         // A late expel of the earlier incarnation does not touch the new one.
-        let r = s.apply(&Command::Expel { node: 2, epoch: e1 });
+        let r = s.apply(&Command::Expel {
+            node: 2,
+            epoch: e1,
+            term: 0,
+        });
         assert!(matches!(r, Response::Refused { .. }));
         assert!(s.epoch_is_live(2, e2));
-        s.apply(&Command::Expel { node: 2, epoch: e2 });
+        s.apply(&Command::Expel {
+            node: 2,
+            epoch: e2,
+            term: 0,
+        });
         assert!(!s.epoch_is_live(2, e2));
         let Response::Joined { epoch: e3 } = s.apply(&Command::Join {
             node: 2,
@@ -560,6 +600,34 @@ mod tests {
             panic!("{first:?}")
         };
         assert!(s.epoch_is_live(3, epoch));
+    }
+
+    #[test]
+    fn an_expel_decided_before_a_takeover_is_refused() {
+        let mut s = created();
+        let Response::Joined { epoch } = s.apply(&Command::Join {
+            node: 2,
+            process: 9,
+        }) else {
+            panic!()
+        };
+        s.apply(&Command::Takeover { node: 1, term: 5 });
+        let stale = Command::Expel {
+            node: 2,
+            epoch,
+            term: 4,
+        };
+        assert!(matches!(s.apply(&stale), Response::Refused { .. }));
+        assert!(s.epoch_is_live(2, epoch));
+        let r = s.apply(&Command::Takeover { node: 3, term: 4 });
+        assert!(matches!(r, Response::Refused { .. }));
+        let current = Command::Expel {
+            node: 2,
+            epoch,
+            term: 5,
+        };
+        assert!(matches!(s.apply(&current), Response::Changed { .. }));
+        assert_eq!(s.manager, Some(1));
     }
 
     #[test]
