@@ -361,6 +361,12 @@ cmd_partition() {
 cmd_heal() {
     local k
     for k in $(our_nodes); do ip link set "$(veth_name "$k")" master "$BRIDGE"; done
+    # Neighbour entries that failed during the partition would delay the first packets
+    # after it by seconds; forget them so nodes find each other at once, as after a
+    # switch port comes back.
+    for k in $(our_nodes); do
+        nsenter "--net=/run/netns/$(ns_name "$k")" ip neigh flush all 2>/dev/null || true
+    done
     echo "cluster-netns: every node back on $BRIDGE"
 }
 

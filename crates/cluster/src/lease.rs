@@ -236,7 +236,16 @@ impl LeaseManager {
             holds: lease,
             expelling: false,
         });
-        assert_eq!(heard.epoch, epoch, "observe keeps only live epochs");
+        if heard.epoch != epoch {
+            // A new incarnation this manager has not observed yet (its state moved on
+            // since): a first sighting, as in `observe`.
+            *heard = Heard {
+                epoch,
+                at: received_at,
+                holds: state.longest_lease().max(lease),
+                expelling: false,
+            };
+        }
         if heard.expelling {
             return Err(Refusal::NotLive { epoch });
         }

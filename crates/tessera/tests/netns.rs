@@ -165,6 +165,12 @@ impl Cluster {
     }
 
     /// Whether `from` gets a TCP connection to `to`'s listener.
+    /// Whether `from` reaches `to` within a few tries: a loaded machine can take a moment to
+    /// forward again after a bridge change.
+    fn connects_soon(&self, from: u32, to: u32) -> bool {
+        (0..5).any(|_| self.connects(from, to))
+    }
+
     fn connects(&self, from: u32, to: u32) -> bool {
         let (addr, port) = (self.address(to), PORT.to_string());
         let from = from.to_string();
@@ -236,12 +242,12 @@ fn three_namespaces_talk_partition_and_heal() {
     c.listen(1);
     c.listen(2);
     c.listen(3);
-    assert!(c.connects(1, 2) && c.connects(1, 3) && c.connects(3, 1));
+    assert!(c.connects_soon(1, 2) && c.connects_soon(1, 3) && c.connects_soon(3, 1));
 
     c.ok(&["partition", "3"]);
     assert!(c.ok(&["status"]).contains("(partitioned)"));
     assert!(
-        c.connects(1, 2) && c.connects(2, 1),
+        c.connects_soon(1, 2) && c.connects_soon(2, 1),
         "the majority must still talk"
     );
     assert!(
@@ -264,7 +270,7 @@ fn three_namespaces_talk_partition_and_heal() {
     c.ok(&["heal"]);
     assert!(!c.ok(&["status"]).contains("(partitioned)"));
     assert!(
-        c.connects(1, 3) && c.connects(3, 2),
+        c.connects_soon(1, 3) && c.connects_soon(3, 2),
         "heal did not restore node 3"
     );
 }
