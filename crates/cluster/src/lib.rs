@@ -7,6 +7,7 @@
 //! seed.
 
 pub mod lease;
+pub mod net;
 pub mod node;
 pub mod params;
 pub mod raft;

@@ -1,0 +1,118 @@
+//! The cluster layer over the node transport: [`TransportNet`] is the [`NodeNet`] daemons
+//! use, and [`serve`] answers other nodes' requests on the daemon port.
+//!
+//! One request is outstanding per connection; idle connections to each peer are kept for
+//! reuse (a few per peer: Raft replication, lease renewals and proposals run at once). A
+//! connection that failed or timed out is dropped, never reused, because the transport
+//! breaks a connection whose call was cut short.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tessera_transport::{Connection, Identity};
+use tokio::net::TcpListener;
+
+use crate::node::NodeNumber;
+use crate::rpc::{NetError, NodeNet, PeerReply, PeerRequest};
+use crate::service::ClusterNode;
+
+/// Idle connections kept per peer address.
+pub const IDLE_CONNECTIONS_PER_PEER: usize = 4;
+
+/// Reaches other nodes over authenticated TCP.
+pub struct TransportNet {
+    identity: Arc<Identity>,
+    idle: Mutex<HashMap<String, Vec<Connection>>>,
+}
+
+impl TransportNet {
+    pub fn new(identity: Arc<Identity>) -> TransportNet {
+        TransportNet {
+            identity,
+            idle: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn connection(
+        &self,
+        to: NodeNumber,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<Connection, NetError> {
+        if let Some(connection) = self.idle.lock().get_mut(address).and_then(Vec::pop) {
+            return Ok(connection);
+        }
+        tessera_transport::connect(address, &self.identity, timeout)
+            .await
+            .map_err(|e| NetError::Unreachable(to, e.to_string()))
+    }
+
+    fn put_back(&self, address: &str, connection: Connection) {
+        let mut idle = self.idle.lock();
+        let pool = idle.entry(address.to_string()).or_default();
+        if pool.len() < IDLE_CONNECTIONS_PER_PEER {
+            pool.push(connection);
+        }
+    }
+}
+
+impl NodeNet for TransportNet {
+    async fn call(
+        &self,
+        to: NodeNumber,
+        address: &str,
+        request: PeerRequest,
+        timeout: Duration,
+    ) -> Result<PeerReply, NetError> {
+        let started = tokio::time::Instant::now();
+        let mut connection = self.connection(to, address, timeout).await?;
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(NetError::Timeout(to, timeout));
+        }
+        match connection
+            .call::<PeerRequest, PeerReply>(&request, left)
+            .await
+        {
+            Ok(reply) => {
+                self.put_back(address, connection);
+                Ok(reply)
+            }
+            Err(e) => Err(NetError::Unreachable(to, e.to_string())),
+        }
+    }
+}
+
+/// Answers other nodes on `listener` until the task running it is aborted. Each
+/// authenticated connection is served in its own task, one request at a time.
+pub async fn serve(
+    listener: TcpListener,
+    identity: Arc<Identity>,
+    node: Arc<ClusterNode<TransportNet>>,
+) {
+    tessera_transport::serve(listener, identity, move |connection| {
+        let node = Arc::clone(&node);
+        serve_connection(connection, node)
+    })
+    .await
+}
+
+async fn serve_connection(mut connection: Connection, node: Arc<ClusterNode<TransportNet>>) {
+    loop {
+        let request = match connection.recv::<PeerRequest>().await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(peer = connection.peer_name(), "connection ends: {e}");
+                return;
+            }
+        };
+        let reply = node.handle(request).await;
+        if let Err(e) = connection.send(&reply).await {
+            tracing::debug!(peer = connection.peer_name(), "cannot answer: {e}");
+            return;
+        }
+    }
+}
