@@ -16,6 +16,28 @@ pub struct TestDisks {
     pub ids: Vec<NsdId>,
 }
 
+/// Opens a drive, waiting out a claim that is only passing through: another test thread of
+/// this process may fork a child while it has the drive open, and the child holds the
+/// drive's lock until its exec closes the descriptor, which on a loaded machine can take a
+/// moment.
+pub fn open_drive(path: &Path) -> FileDrive {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match FileDrive::open(path) {
+            Ok(drive) => return drive,
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{}: {e}",
+                    path.display()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+}
+
 impl TestDisks {
     /// Uses drives that another process (the crash test's parent) created in `dir`; the NSD
     /// ids are read back from the drives' descriptors.
@@ -26,7 +48,7 @@ impl TestDisks {
             if !path.exists() {
                 break;
             }
-            let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
+            let dev: Arc<dyn BlockDevice> = Arc::new(open_drive(&path));
             let nd = tessera_nsd::descriptor::read_descriptor(dev.as_ref())
                 .unwrap()
                 .unwrap();
@@ -42,7 +64,7 @@ impl TestDisks {
             .enumerate()
             .map(|(i, id)| {
                 let path = self.dir.path().join(format!("d{i}"));
-                let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
+                let dev: Arc<dyn BlockDevice> = Arc::new(open_drive(&path));
                 (*id, dev)
             })
             .collect()
