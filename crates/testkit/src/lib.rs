@@ -6,6 +6,25 @@ pub use drive::{Faults, SimDrive};
 
 /// Deterministic pseudo-random bytes (xorshift), so a test can write data and later check
 /// every byte by regenerating it from the seed instead of keeping a copy.
+/// Opens a file drive, waiting out a claim that is only passing through: a test binary
+/// runs several crash loops as threads of one process, and a child one thread forks while
+/// another has the drive open holds the drive's lock until its exec closes the descriptor,
+/// which on a loaded machine can take a moment. Other errors return at once.
+pub fn open_drive_waiting(path: &std::path::Path) -> std::io::Result<tessera_drive::FileDrive> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match tessera_drive::FileDrive::open(path) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ResourceBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)

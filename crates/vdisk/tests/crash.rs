@@ -132,7 +132,7 @@ fn volatile_pdisks(round: u64) -> DaOptions {
             capacity_bytes: 8 << 20,
             ..VolatileCacheConfig::default()
         };
-        let inner = Arc::new(tessera_drive::FileDrive::open(path)?);
+        let inner = Arc::new(tessera_testkit::open_drive_waiting(path)?);
         let d: Arc<dyn BlockDevice> = Arc::new(SimDrive::with_cache(inner, Arc::default(), cache));
         Ok(d)
     });

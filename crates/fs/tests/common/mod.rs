@@ -16,26 +16,8 @@ pub struct TestDisks {
     pub ids: Vec<NsdId>,
 }
 
-/// Opens a drive, waiting out a claim that is only passing through: another test thread of
-/// this process may fork a child while it has the drive open, and the child holds the
-/// drive's lock until its exec closes the descriptor, which on a loaded machine can take a
-/// moment.
-pub fn open_drive(path: &Path) -> FileDrive {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match FileDrive::open(path) {
-            Ok(drive) => return drive,
-            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{}: {e}",
-                    path.display()
-                );
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(e) => panic!("{}: {e}", path.display()),
-        }
-    }
+fn open_drive(path: &Path) -> FileDrive {
+    tessera_testkit::open_drive_waiting(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 impl TestDisks {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use tessera_drive::{AlignedBuf, BlockDevice, FileDrive};
+use tessera_drive::{AlignedBuf, BlockDevice};
 use tessera_vdisk::{DaOptions, DeclusteredArray, DeviceOpener, PdiskSpec};
 
 pub const MIB: u64 = 1 << 20;
@@ -122,7 +122,7 @@ impl FaultBox {
                     format!("{}: no such device", path.display()),
                 ));
             }
-            let inner = Arc::new(FileDrive::open(path)?);
+            let inner = Arc::new(tessera_testkit::open_drive_waiting(path)?);
             let d: Arc<dyn BlockDevice> = Arc::new(SimDrive::new(inner, faults));
             Ok(d)
         })
