@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{accept_one, cluster_pair, identity, start_server, Request, Response, TIMEOUT};
+use common::{
+    accept_one, cluster_pair, identity, refused_connect, start_server, Request, Response, TIMEOUT,
+};
 use tessera_transport::wire::{self, HandshakeMessage};
 use tessera_transport::{
     connect, connect_with, ClusterId, ClusterSecret, HandshakeOptions, ServeOptions,
@@ -136,9 +138,7 @@ async fn wrong_secret_on_the_client_is_refused_by_both_sides() {
     let (server_identity, mut client_identity) = cluster_pair();
     client_identity.secret = ClusterSecret::generate();
     let (addr, accepted) = accept_one(server_identity, TIMEOUT).await;
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     assert!(
         matches!(error, TransportError::AuthenticationFailed { .. }),
         "{error}"
@@ -164,9 +164,7 @@ async fn client_refuses_a_server_without_the_secret() {
     let (mut server_identity, client_identity) = cluster_pair();
     server_identity.secret = ClusterSecret::generate();
     let (addr, accepted) = accept_one(server_identity, TIMEOUT).await;
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     assert!(
         matches!(error, TransportError::AuthenticationFailed { .. }),
         "{error}"
@@ -193,9 +191,7 @@ async fn client_refuses_a_server_without_the_secret() {
         stream.write_all(&proof.encode()).await.unwrap();
         let _ = stream.read(&mut buf).await;
     });
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     assert!(
         matches!(error, TransportError::AuthenticationFailed { .. }),
         "{error}"
@@ -209,9 +205,7 @@ async fn wrong_cluster_id_names_both_ids() {
     let other = ClusterId::generate();
     let client_identity = identity("stranger", other, &server_identity.secret);
     let (addr, accepted) = accept_one(server_identity.clone(), TIMEOUT).await;
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     let text = error.to_string();
     assert!(
         matches!(error, TransportError::WrongCluster { .. }),
@@ -276,9 +270,7 @@ async fn client_reports_a_peer_that_is_not_tessera() {
         let mut buf = [0u8; 512];
         let _ = stream.read(&mut buf).await;
     });
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     assert!(
         matches!(error, TransportError::NotTesseraPeer { .. }),
         "{error}"
@@ -384,9 +376,7 @@ async fn truncated_handshakes_are_refused_both_ways() {
         let _ = stream.read(&mut buf).await.unwrap();
         stream.write_all(b"TSHK\x02\x33\x00\x01\x00").await.unwrap();
     });
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     assert!(matches!(error, TransportError::Protocol { .. }), "{error}");
     assert!(error.to_string().contains("truncated"), "{error}");
     half.await.unwrap();
@@ -395,9 +385,7 @@ async fn truncated_handshakes_are_refused_both_ways() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let closer = tokio::spawn(async move { drop(listener.accept().await.unwrap()) });
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     assert!(
         matches!(
             error,

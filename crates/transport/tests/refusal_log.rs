@@ -6,8 +6,8 @@ mod common;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use common::{accept_one, cluster_pair, TIMEOUT};
-use tessera_transport::{connect, ClusterSecret, TransportError};
+use common::{accept_one, cluster_pair, refused_connect, TIMEOUT};
+use tessera_transport::{ClusterSecret, TransportError};
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -37,9 +37,7 @@ async fn refusals_are_logged_with_the_peer_address_and_reason() {
     let (server_identity, mut client_identity) = cluster_pair();
     client_identity.secret = ClusterSecret::generate();
     let (addr, accepted) = accept_one(server_identity, TIMEOUT).await;
-    let error = connect(&addr.to_string(), &client_identity, TIMEOUT)
-        .await
-        .unwrap_err();
+    let error = refused_connect(addr, &client_identity).await;
     assert!(
         matches!(error, TransportError::AuthenticationFailed { .. }),
         "{error}"

@@ -204,6 +204,16 @@ impl RawPeer {
     }
 }
 
+/// Connects to `addr` as `identity`, expecting the connection to be refused.
+pub async fn refused_connect(
+    addr: SocketAddr,
+    identity: &Identity,
+) -> tessera_transport::TransportError {
+    tessera_transport::connect(&addr.to_string(), identity, TIMEOUT)
+        .await
+        .expect_err("the connection is refused")
+}
+
 /// A listener whose accepted connections go to `tessera_transport::accept` one at a time;
 /// the results come back on a channel.
 pub async fn accept_one(
