@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tessera_cluster::state::{ClusterIdentity, Command, NodeRecord};
 use tessera_nsd::{DiskUsage, NsdId, ThinDiskType};
+use tessera_transport::ClusterSecret;
 
 /// Where a node keeps everything when `$TESSERA_HOME` is not set.
 pub const DEFAULT_HOME: &str = "/var/lib/tessera";
@@ -20,7 +22,9 @@ pub struct Home {
     root: PathBuf,
 }
 
-/// `cluster.json`: the cluster this node belongs to.
+/// `cluster.json`: the cluster this node belongs to and who this node is in it. Written
+/// last when a node is set up (`cluster create`, `cluster accept`), so its presence means
+/// the secret and the bootstrap entry are in place.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClusterConfig {
     pub name: String,
@@ -29,6 +33,43 @@ pub struct ClusterConfig {
     pub node_name: String,
     pub node_number: u32,
     pub created_unix: u64,
+    /// Where this node's daemon listens for other nodes (`host:port`; port 0: loopback,
+    /// any free port, for a cluster of this one node). The node table in the replicated
+    /// configuration has the last word; this is what the daemon uses before it has one.
+    #[serde(default)]
+    pub address: String,
+    /// 0: a one-node home from before the cluster layer, upgraded at the next daemon
+    /// start (its registries move into the replicated configuration); 1: current.
+    #[serde(default)]
+    pub format: u32,
+}
+
+/// The current `cluster.json` format.
+pub const CLUSTER_FORMAT: u32 = 1;
+
+/// What a node needs to become a member: written by `cluster create` (for every node) and
+/// `node add` (for the new nodes), handed over on the standard input of `tessera cluster
+/// accept` through the remote shell, or as a file the admin copies (it holds the secret:
+/// keep it like a private key).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AcceptPackage {
+    pub identity: ClusterIdentity,
+    /// The cluster secret in its file format (`ClusterSecret::to_file_text`).
+    pub secret: String,
+    /// The receiving node.
+    pub node: NodeRecord,
+    /// The node table as the sender knew it, so `startup -a` works before the daemon ran.
+    pub nodes: Vec<NodeRecord>,
+    /// The first configuration entry, for the quorum nodes of a new cluster.
+    pub bootstrap: Option<Command>,
+}
+
+/// `cluster/nodes.json`: the node table as the daemon last applied it, for the commands
+/// that must reach other nodes while the local daemon is down (`startup -a`, `state -a`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NodesCache {
+    pub identity: ClusterIdentity,
+    pub nodes: Vec<NodeRecord>,
 }
 
 impl ClusterConfig {
@@ -84,6 +125,11 @@ pub struct FsRecord {
     pub automount: bool,
     /// True while mounted, so a restarted daemon mounts it again.
     pub mounted: bool,
+    /// The node that has it mounted. Until file systems are shared between nodes, one
+    /// node at a time mounts a file system; `None` in a home from before the cluster
+    /// layer means this node.
+    #[serde(default)]
+    pub mounted_on: Option<String>,
     /// Where it was last mounted (`mount -T` may differ from the default).
     pub mount_point: String,
     /// `-K` as given. With one replica of everything it has no effect: there is never a
@@ -134,11 +180,15 @@ pub struct PdiskRecord {
     pub device: String,
 }
 
-/// One declustered array this node opens at startup.
+/// One declustered array and the node that serves it (opens it at startup).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DaRecord {
     pub name: String,
     pub pdisks: Vec<PdiskRecord>,
+    /// The node that opens the array; `None` in a home from before the cluster layer
+    /// means this node.
+    #[serde(default)]
+    pub server: Option<String>,
 }
 
 /// `da.json`.
@@ -209,6 +259,25 @@ impl Home {
     pub fn discovery_conf_path(&self) -> PathBuf {
         self.root.join("discovery.conf")
     }
+    /// The cluster secret every daemon connection is authenticated with (mode 0600).
+    pub fn secret_path(&self) -> PathBuf {
+        self.root.join("cluster.secret")
+    }
+    /// The cluster layer's local state.
+    pub fn cluster_dir(&self) -> PathBuf {
+        self.root.join("cluster")
+    }
+    /// The Raft log and the applied configuration (redb).
+    pub fn raft_path(&self) -> PathBuf {
+        self.cluster_dir().join("raft.redb")
+    }
+    /// The first configuration entry of a new cluster, until it is committed.
+    pub fn bootstrap_path(&self) -> PathBuf {
+        self.cluster_dir().join("bootstrap.json")
+    }
+    pub fn nodes_cache_path(&self) -> PathBuf {
+        self.cluster_dir().join("nodes.json")
+    }
     pub fn socket_path(&self) -> PathBuf {
         self.root.join("daemon.sock")
     }
@@ -241,6 +310,71 @@ impl Home {
 
     pub fn save_cluster(&self, c: &ClusterConfig) -> Result<()> {
         write_json(&self.cluster_path(), c)
+    }
+
+    /// Makes this home a member as `package` says. Repeating it with the same package is
+    /// harmless (a retried `cluster create`); a home of another cluster or node is refused.
+    pub fn accept(&self, package: &AcceptPackage) -> Result<()> {
+        let me = &package.node;
+        if let Some(existing) = read_json::<ClusterConfig>(&self.cluster_path())? {
+            let same = existing.cluster_id == package.identity.id
+                && existing.node_name == me.name
+                && existing.node_number == me.number;
+            if !same {
+                bail!(
+                    "{} already belongs to cluster {} (id {}) as node {} ({}); to make it \
+                     node {} of cluster {}, stop its daemon and remove {} first (this forgets \
+                     everything the node knew), or use another TESSERA_HOME",
+                    self.root.display(),
+                    existing.name,
+                    existing.cluster_id,
+                    existing.node_number,
+                    existing.node_name,
+                    me.name,
+                    package.identity.name,
+                    self.root.display()
+                );
+            }
+        }
+        fs::create_dir_all(self.cluster_dir())
+            .with_context(|| format!("cannot create {}", self.cluster_dir().display()))?;
+        fs::create_dir_all(self.log_dir())
+            .with_context(|| format!("cannot create {}", self.log_dir().display()))?;
+        let secret_path = self.secret_path();
+        let secret = ClusterSecret::parse_file_text(&secret_path, package.secret.as_bytes())
+            .map_err(|e| anyhow::anyhow!("the accept package's secret: {e}"))?;
+        secret
+            .save(&secret_path)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if let Some(create) = &package.bootstrap {
+            write_json(&self.bootstrap_path(), create)?;
+        }
+        self.save_nodes_cache(&NodesCache {
+            identity: package.identity.clone(),
+            nodes: package.nodes.clone(),
+        })?;
+        self.save_cluster(&ClusterConfig {
+            name: package.identity.name.clone(),
+            cluster_id: package.identity.id.clone(),
+            node_name: me.name.clone(),
+            node_number: me.number,
+            created_unix: package.identity.created_unix,
+            address: me.address.clone(),
+            format: CLUSTER_FORMAT,
+        })
+    }
+
+    /// The first configuration entry waiting to be committed, if any.
+    pub fn bootstrap(&self) -> Result<Option<Command>> {
+        read_json(&self.bootstrap_path())
+    }
+
+    pub fn nodes_cache(&self) -> Result<Option<NodesCache>> {
+        read_json(&self.nodes_cache_path())
+    }
+
+    pub fn save_nodes_cache(&self, cache: &NodesCache) -> Result<()> {
+        write_json(&self.nodes_cache_path(), cache)
     }
 
     pub fn nsds(&self) -> Result<NsdRegistry> {

@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 use tessera_fs::{FsDescriptor, PmonSnapshot};
 use tessera_nsd::{DiskUsage, ThinDiskType};
 
+use tessera_cluster::node::{Designation, NodeNumber, NodeSpec};
+use tessera_cluster::params::{ParamChange, Params};
+use tessera_cluster::state::{ClusterIdentity, NodeRecord};
+
 use crate::config::{FsRecord, Home, NsdRecord};
 
 /// The longest frame accepted, so a confused peer cannot make the other side buffer
@@ -162,6 +166,35 @@ pub struct VdiskRow {
 pub enum Request {
     Ping,
     Shutdown,
+    /// `cluster ls`, `config ls`: the replicated configuration as this node has applied it.
+    ClusterShow,
+    /// `node add`: numbers are assigned by the cluster; the CLI then hands each new node
+    /// its accept package.
+    NodeAdd {
+        nodes: Vec<NodeSpec>,
+    },
+    /// `node delete`: refused for a node whose daemon is active or that has a file system
+    /// mounted, for the node that runs the command, and for the last quorum nodes.
+    NodeDelete {
+        names: Vec<String>,
+    },
+    /// `node change`; `None` keeps that part. `address` takes exactly one node and takes
+    /// effect at that node's next daemon start.
+    NodeChange {
+        names: Vec<String>,
+        quorum: Option<bool>,
+        manager: Option<bool>,
+        address: Option<String>,
+    },
+    /// `config set`; empty `nodes` sets the cluster-wide value.
+    ConfigSet {
+        nodes: Vec<String>,
+        changes: Vec<ParamChange>,
+    },
+    /// `state`: empty `names` is every node of the cluster.
+    ClusterState {
+        names: Vec<String>,
+    },
     NsdCreate {
         nsds: Vec<NsdSpec>,
         verify: bool,
@@ -372,6 +405,47 @@ pub enum Reply {
     NvmeNamespaces(Vec<NvmeNamespaceRow>),
     /// Paths removed by a disconnect.
     NvmeDisconnected(usize),
+    Cluster(Box<ClusterView>),
+    /// The nodes `node add` added, with their numbers.
+    NodesAdded(Vec<NodeRecord>),
+    States(ClusterStates),
+}
+
+/// The replicated configuration as one node has applied it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub identity: ClusterIdentity,
+    pub nodes: Vec<NodeRecord>,
+    /// The node that answered.
+    pub me: NodeNumber,
+    /// The cluster manager the answering node follows, if it knows one.
+    pub manager: Option<NodeNumber>,
+    pub config_version: u64,
+    pub params: Params,
+}
+
+/// `state`: one row per node asked about, and the quorum summary (`-s`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterStates {
+    pub rows: Vec<NodeStateRow>,
+    pub manager: Option<NodeNumber>,
+    pub quorum_nodes_defined: usize,
+    pub quorum_nodes_up: usize,
+    /// A majority of the quorum nodes.
+    pub quorum_needed: usize,
+}
+
+/// One node's state as `mmgetstate` prints it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeStateRow {
+    pub number: NodeNumber,
+    pub name: String,
+    pub designation: Designation,
+    /// `active`, `arbitrating`, `down` (its daemon does not answer: nothing listens) or
+    /// `unknown` (no answer: unreachable or too slow).
+    pub state: String,
+    /// The epoch of its incarnation, if it has joined.
+    pub epoch: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

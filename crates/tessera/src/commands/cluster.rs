@@ -54,6 +54,8 @@ pub fn create(home: &Home, name: &str) -> Result<()> {
         node_name,
         node_number: 1,
         created_unix: now_unix(),
+        address: String::new(),
+        format: 0,
     };
     home.save_cluster(&config)?;
     println!("tessera cluster create: Command successfully completed");

@@ -328,6 +328,7 @@ impl Daemon {
                     device: self.stable_device_name(&p.device_path),
                 })
                 .collect(),
+            server: Some(self.cluster.node_name.clone()),
         });
         self.home.save_arrays(&registry)?;
         let row = da_row(&da.status());

@@ -180,6 +180,7 @@ impl Daemon {
             default_mount_point: spec.mount_point.clone(),
             automount: spec.automount,
             mounted: false,
+            mounted_on: None,
             mount_point: spec.mount_point.clone(),
             strict_replicas: spec.strict_replicas.clone(),
             log_bytes: opts.log_bytes,

@@ -233,6 +233,14 @@ impl Daemon {
             | Request::PdiskList
             | Request::PdiskChange { .. }
             | Request::PdiskReplace { .. }) => self.da_request(request, r),
+            Request::ClusterShow
+            | Request::NodeAdd { .. }
+            | Request::NodeDelete { .. }
+            | Request::NodeChange { .. }
+            | Request::ConfigSet { .. }
+            | Request::ClusterState { .. } => {
+                bail!("this daemon does not run the cluster layer yet; upgrade it")
+            }
             request @ (Request::NvmeConnect(_)
             | Request::NvmeDisconnect { .. }
             | Request::NvmeList) => self.nvme_request(request, r),
