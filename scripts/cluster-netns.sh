@@ -15,12 +15,15 @@ usage() {
     cat <<EOF
 usage: $(basename "$0") COMMAND [ARGS]   (as root)
 
-  up N [--drives D --size S] [--no-cluster]
+  up N [--drives D --size S] [--quorum Q] [--config NAME=VALUE[,...]] [--no-cluster]
                          N nodes node1..nodeN in namespaces ${PREFIX}node1.., addresses
                          $SUBNET.K/24; with --drives, D sparse drives of S bytes (1G, 512M)
                          per node under $BASE/drives, reachable by every node (SAN
-                         mode); then the cluster is created, started and awaited unless
-                         --no-cluster is given (namespaces, homes and drives only)
+                         mode); then the cluster is created (nodes 1..Q quorum-manager,
+                         default Q = 3 or N if fewer, the rest clients; --config as
+                         'tessera cluster create --config', e.g. failureDetectionTime=3 for
+                         quick failover), started and awaited unless --no-cluster is given
+                         (namespaces, homes and drives only)
   run K -- CMD...        run CMD in node K's namespace with its TESSERA_HOME and
                          TESSERA_NODE=nodeK; 'tessera' is the binary 'up' chose
   rsh NODE CMD...        the remote shell the cluster uses (ssh shape): NODE is nodeK or
@@ -159,18 +162,23 @@ wait_gone() {
 }
 
 cmd_up() {
-    local n=${1:-} drives=0 size="" cluster=1
+    local n=${1:-} drives=0 size="" cluster=1 quorum="" config=""
     [[ $n =~ ^[1-9][0-9]*$ && $n -le $MAX_NODES ]] || die "up: N must be 1..$MAX_NODES"
     shift
     while [[ $# -gt 0 ]]; do
         case $1 in
         --drives) drives=${2:-}; shift 2 || die "up: --drives needs a count" ;;
         --size) size=${2:-}; shift 2 || die "up: --size needs a size such as 1G" ;;
+        --quorum) quorum=${2:-}; shift 2 || die "up: --quorum needs a count" ;;
+        --config) config=${2:-}; shift 2 || die "up: --config needs NAME=VALUE[,...]" ;;
         --no-cluster) cluster=0; shift ;;
         *) die "up: unknown option '$1' (see --help)" ;;
         esac
     done
     [[ $drives =~ ^[0-9]+$ && $drives -le 64 ]] || die "up: --drives must be 0..64"
+    [[ -z $quorum ]] && quorum=$((n < 3 ? n : 3))
+    [[ $quorum =~ ^[1-9][0-9]*$ && $quorum -le $n ]] || die "up: --quorum must be 1..$n"
+    [[ $config =~ ^[A-Za-z0-9_.,=:-]*$ ]] || die "up: --config '$config' is not NAME=VALUE[,...]"
     if [[ $drives -gt 0 ]]; then
         [[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] ||
             die "up: --drives needs --size S (bytes, or with K, M, G, T such as 2G)"
@@ -223,7 +231,7 @@ cmd_up() {
     fi
     echo "$n" >"$BASE/size"
     echo "cluster-netns: $n nodes up ($SUBNET.1-$SUBNET.$n), state under $BASE"
-    [[ $cluster -eq 0 ]] || create_cluster "$n"
+    [[ $cluster -eq 0 ]] || create_cluster "$n" "$quorum" "$config"
     trap - EXIT
 }
 
@@ -231,11 +239,11 @@ up_failed() {
     [[ $1 -eq 0 ]] || echo "cluster-netns: up failed; '$SCRIPT down' removes what it made" >&2
 }
 
-# The first three nodes (all, if fewer) are quorum managers, the rest non-quorum clients.
+# Nodes 1..Q are quorum managers, the rest non-quorum clients.
 write_node_file() {
-    local n=$1 k
+    local n=$1 quorum=$2 k
     for ((k = 1; k <= n; k++)); do
-        if [[ $k -le 3 ]]; then
+        if [[ $k -le $quorum ]]; then
             echo "node$k:quorum-manager:$SUBNET.$k"
         else
             echo "node$k::$SUBNET.$k"
@@ -244,11 +252,13 @@ write_node_file() {
 }
 
 create_cluster() {
-    local n=$1
-    write_node_file "$n"
+    local n=$1 quorum=$2 config=$3
+    write_node_file "$n" "$quorum"
     # The remote shell carries our settings, so it works from any shell or daemon later.
     local rsh="env TSR_PREFIX=$PREFIX TSR_BASE=$BASE TSR_SUBNET=$SUBNET $SCRIPT rsh"
-    in_node 1 tessera cluster create --name tsr -N "$BASE/nodes" -r "$rsh"
+    local extra=()
+    [[ -z $config ]] || extra=(--config "$config")
+    in_node 1 tessera cluster create --name tsr -N "$BASE/nodes" -r "$rsh" "${extra[@]}"
     in_node 1 tessera startup -a
     wait_active "$n" "$UP_TIMEOUT"
 }

@@ -96,6 +96,10 @@ pub struct ClusterNode<N: NodeNet> {
     confirmed_from: tokio::sync::Mutex<Option<ClockTime>>,
 }
 
+/// How often a node without a lease asks for one, and a quorum node that does not manage
+/// checks whether it leads.
+pub const UNLEASED_POLL: Duration = Duration::from_millis(200);
+
 /// How long a forwarded or local proposal may take before the admin is told.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -244,17 +248,15 @@ impl<N: NodeNet> ClusterNode<N> {
         }
     }
 
-    /// The daemon address of a Raft member, from the membership (known before the first
-    /// configuration is committed) or the node table.
+    /// The daemon address of a Raft member, from the node table (which `node change
+    /// --address` changes) or, before the first configuration is committed, the membership.
     fn address_of(&self, node: u64) -> Option<String> {
-        let metrics = self.raft.metrics().borrow().clone();
-        if let Some(n) = metrics.membership_config.membership().get_node(&node) {
-            return Some(n.addr.clone());
+        if let Some(n) = self.state().nodes.get(&(node as NodeNumber)) {
+            return Some(n.address.clone());
         }
-        self.state()
-            .nodes
-            .get(&(node as NodeNumber))
-            .map(|n| n.address.clone())
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        membership.get_node(&node).map(|n| n.addr.clone())
     }
 
     /// Answers a request from another node.
@@ -377,9 +379,23 @@ impl<N: NodeNet> ClusterNode<N> {
             let timings = self.timings();
             self.update_electability();
             if self.state().nodes.contains_key(&self.me) {
+                let joined_before = self.holder.lock().epoch().is_some();
                 self.renew_once(&timings).await;
+                // A new incarnation asks for its first lease at once rather than a renewal
+                // period later: a starting daemon waits for it before it mounts.
+                if !joined_before && self.holder.lock().epoch().is_some() {
+                    continue;
+                }
             }
-            tokio::time::sleep(timings.renew_every).await;
+            // Without a lease (starting, or the manager changed) a node asks often, so it
+            // is active soon after a manager is; with one, every renewal period.
+            let leased = self.may_do_io();
+            let period = if leased {
+                timings.renew_every
+            } else {
+                timings.renew_every.min(UNLEASED_POLL)
+            };
+            tokio::time::sleep(period).await;
         }
     }
 
@@ -450,7 +466,16 @@ impl<N: NodeNet> ClusterNode<N> {
         while self.running() {
             let timings = self.timings();
             self.manage_once(&timings).await;
-            tokio::time::sleep((timings.renew_every / 2).max(Duration::from_millis(10))).await;
+            // Checking leadership is cheap; taking over soon after an election shortens
+            // failover, so a node that does not manage looks often.
+            let period = (timings.renew_every / 2).max(Duration::from_millis(10));
+            let managing = self.manager.lock().is_some();
+            let period = if managing {
+                period
+            } else {
+                period.min(UNLEASED_POLL)
+            };
+            tokio::time::sleep(period).await;
         }
     }
 
@@ -562,6 +587,28 @@ impl<N: NodeNet> ClusterNode<N> {
             tracing::info!(?voters, "changing the Raft voters to the quorum nodes");
             if let Err(e) = self.raft.change_membership(voters, true).await {
                 tracing::warn!("voter change not committed: {e}");
+                return;
+            }
+        }
+        // `node change --address`: the Raft links follow the node table.
+        let moved: BTreeMap<u64, BasicNode> = state
+            .nodes
+            .values()
+            .filter(|n| {
+                membership
+                    .get_node(&u64::from(n.number))
+                    .is_some_and(|b| b.addr != n.address)
+            })
+            .map(|n| (u64::from(n.number), BasicNode::new(&n.address)))
+            .collect();
+        if !moved.is_empty() {
+            tracing::info!(?moved, "nodes have new daemon addresses");
+            if let Err(e) = self
+                .raft
+                .change_membership(ChangeMembers::SetNodes(moved), false)
+                .await
+            {
+                tracing::warn!("address change not committed: {e}");
                 return;
             }
         }

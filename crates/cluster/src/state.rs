@@ -75,6 +75,11 @@ pub enum Command {
         quorum: Option<bool>,
         manager: Option<bool>,
     },
+    /// `node change --address`: where the node's daemon listens from its next start.
+    SetAddress {
+        name: String,
+        address: String,
+    },
     /// `config set`; empty `nodes` is the cluster-wide value.
     SetParams {
         nodes: Vec<String>,
@@ -192,6 +197,7 @@ impl ConfigState {
                 quorum,
                 manager,
             } => self.change_nodes(names, *quorum, *manager),
+            Command::SetAddress { name, address } => self.set_address(name, address),
             Command::SetParams { nodes, changes } => self.set_params(nodes, changes),
             Command::PutDocument {
                 key,
@@ -267,6 +273,33 @@ impl ConfigState {
         }
         self.check_quorum_nodes()
             .map_err(|e| format!("{e}; nothing was changed"))?;
+        Ok(Response::Nothing)
+    }
+
+    fn set_address(&mut self, name: &str, address: &str) -> Result<Response, String> {
+        let normalized = crate::node::parse_address(address)?;
+        if normalized != address {
+            return Err(format!(
+                "address `{address}` is not normalized (`{normalized}`)"
+            ));
+        }
+        let [number] = self.numbers_of(&[name.to_string()])?[..] else {
+            unreachable!("one name, one number");
+        };
+        if let Some(other) = self
+            .nodes
+            .values()
+            .find(|n| n.address == address && n.number != number)
+        {
+            return Err(format!(
+                "address {address} is already node {}'s; nothing was changed",
+                other.name
+            ));
+        }
+        self.nodes
+            .get_mut(&number)
+            .expect("numbers_of checked it")
+            .address = address.into();
         Ok(Response::Nothing)
     }
 
@@ -666,5 +699,28 @@ mod tests {
     fn manager_candidates_prefer_quorum_managers() {
         let s = created();
         assert_eq!(s.manager_candidates(), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_node_moves_to_a_free_normalized_address_only() {
+        let mut s = created();
+        let moved = s.apply(&Command::SetAddress {
+            name: "n2".into(),
+            address: "10.0.0.9:1191".into(),
+        });
+        assert!(matches!(moved, Response::Changed { .. }), "{moved:?}");
+        assert_eq!(s.node_by_name("n2").unwrap().address, "10.0.0.9:1191");
+        let before = s.clone();
+        for (name, address) in [("n1", "10.0.0.9:1191"), ("n1", "10.0.0.7"), ("nx", "h:1")] {
+            let r = s.apply(&Command::SetAddress {
+                name: name.into(),
+                address: address.into(),
+            });
+            assert!(
+                matches!(r, Response::Refused { .. }),
+                "{name} {address}: {r:?}"
+            );
+        }
+        assert_eq!(s, before, "refused changes change nothing");
     }
 }

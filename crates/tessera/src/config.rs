@@ -104,6 +104,9 @@ pub struct NsdRecord {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NsdRegistry {
     pub nsds: Vec<NsdRecord>,
+    /// The version of the replicated document this copy was read from (compare-and-set).
+    #[serde(skip)]
+    pub version: u64,
 }
 
 impl NsdRegistry {
@@ -142,6 +145,9 @@ pub struct FsRecord {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FsRegistry {
     pub file_systems: Vec<FsRecord>,
+    /// The version of the replicated document this copy was read from (compare-and-set).
+    #[serde(skip)]
+    pub version: u64,
 }
 
 impl FsRegistry {
@@ -195,6 +201,9 @@ pub struct DaRecord {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct DaRegistry {
     pub arrays: Vec<DaRecord>,
+    /// The version of the replicated document this copy was read from (compare-and-set).
+    #[serde(skip)]
+    pub version: u64,
 }
 
 /// `nvme.json`: the NVMe/TCP controllers this node connected to, in connection order, so

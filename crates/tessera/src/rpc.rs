@@ -444,7 +444,8 @@ pub struct NodeStateRow {
     /// `active`, `arbitrating`, `down` (its daemon does not answer: nothing listens) or
     /// `unknown` (no answer: unreachable or too slow).
     pub state: String,
-    /// The epoch of its incarnation, if it has joined.
+    /// The epoch of its incarnation: what the node says, or for a node that does not
+    /// answer, its live incarnation in the configuration (none once it is expelled).
     pub epoch: Option<u64>,
 }
 

@@ -98,14 +98,19 @@ impl Daemon {
     /// Opens every array of `da.json`. An array that cannot be opened is logged and left
     /// out: its vdisks' NSDs then show as down, and the rest of the node works.
     pub(super) fn open_arrays_at_start(&self) {
-        let registry = match self.home.arrays() {
+        let registry = match self.arrays() {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!("cannot read the array registry: {e:#}");
                 return;
             }
         };
+        let me = self.cluster.node_name.as_str();
         for rec in registry.arrays {
+            // Another node serves it: opening it here too would write its stripes twice.
+            if rec.server.as_deref().is_some_and(|s| s != me) {
+                continue;
+            }
             let devices = self.pdisk_devices(&rec);
             let opts = DaOptions {
                 opener: Some(self.device_opener()),
@@ -155,7 +160,7 @@ impl Daemon {
         if let Some(da) = arrays.get(name) {
             return Ok(Arc::clone(da));
         }
-        if self.home.arrays()?.get(name).is_some() {
+        if self.arrays()?.get(name).is_some() {
             bail!(
                 "declustered array {name} is registered but could not be opened at startup; \
                  see the daemon log, fix the drives, and restart the daemon"
@@ -258,11 +263,11 @@ impl Daemon {
         r: &mut Reporter,
     ) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.home.arrays()?;
+        let mut registry = self.arrays()?;
         if registry.get(name).is_some() {
             bail!("declustered array {name} already exists; choose another name");
         }
-        let nsds = self.home.nsds()?;
+        let nsds = self.nsds()?;
         for p in pdisks {
             if let Some(nsd) = nsds.nsds.iter().find(|n| n.device == p.device_path) {
                 bail!(
@@ -330,7 +335,7 @@ impl Daemon {
                 .collect(),
             server: Some(self.cluster.node_name.clone()),
         });
-        self.home.save_arrays(&registry)?;
+        self.save_arrays(&registry)?;
         let row = da_row(&da.status());
         self.arrays.lock().insert(name.to_string(), da);
         Ok(Reply::Das(vec![row]))
@@ -365,7 +370,7 @@ impl Daemon {
     }
 
     fn vdisk_rows(&self, only: Option<&str>) -> Result<Vec<VdiskRow>> {
-        let nsds = self.home.nsds()?;
+        let nsds = self.nsds()?;
         let mut rows = Vec::new();
         for (da_name, da) in self.arrays.lock().iter() {
             for v in da.status().vdisks {
@@ -403,7 +408,7 @@ impl Daemon {
     fn vdisk_delete(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
         let device = format!("{VDISK_DEVICE_PREFIX}{name}");
-        if let Some(nsd) = self.home.nsds()?.nsds.iter().find(|n| n.device == device) {
+        if let Some(nsd) = self.nsds()?.nsds.iter().find(|n| n.device == device) {
             bail!(
                 "vdisk {name} is NSD {}; delete the NSD first with `tessera nsd delete {}`",
                 nsd.name,
@@ -424,7 +429,7 @@ impl Daemon {
         if lost.is_empty() {
             return Ok(());
         }
-        let nsds = self.home.nsds()?;
+        let nsds = self.nsds()?;
         let victims: Vec<String> = lost
             .iter()
             .map(|(vdisk, stripes)| {
@@ -465,7 +470,7 @@ impl Daemon {
     /// drives are free for a new array or NSDs.
     fn da_delete(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.home.arrays()?;
+        let mut registry = self.arrays()?;
         if registry.get(name).is_none() {
             bail!("declustered array {name} does not exist; `tessera da ls` lists them");
         }
@@ -485,7 +490,7 @@ impl Daemon {
         let kept = da.destroy()?;
         self.arrays.lock().remove(name);
         registry.arrays.retain(|a| a.name != name);
-        self.home.save_arrays(&registry)?;
+        self.save_arrays(&registry)?;
         for k in &kept {
             r.info(format!(
                 "tessera da delete: warning: the label of pdisk {k} was not wiped; reuse that \
@@ -504,7 +509,7 @@ impl Daemon {
         mut registry: DaRegistry,
         r: &mut Reporter,
     ) -> Result<Reply> {
-        let nsds = self.home.nsds()?;
+        let nsds = self.nsds()?;
         let unknown: Vec<String> = nsds
             .nsds
             .iter()
@@ -520,7 +525,7 @@ impl Daemon {
             );
         }
         registry.arrays.retain(|a| a.name != name);
-        self.home.save_arrays(&registry)?;
+        self.save_arrays(&registry)?;
         r.info(format!(
             "tessera da delete: warning: declustered array {name} could not be opened, so its \
              pdisk labels stay: reuse its drives with `-v no`"
@@ -556,14 +561,8 @@ impl Daemon {
 
     fn pdisk_replace(&self, name: &str, device_path: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.home.arrays()?;
-        if let Some(nsd) = self
-            .home
-            .nsds()?
-            .nsds
-            .iter()
-            .find(|n| n.device == device_path)
-        {
+        let mut registry = self.arrays()?;
+        if let Some(nsd) = self.nsds()?.nsds.iter().find(|n| n.device == device_path) {
             bail!(
                 "--device {device_path}: is NSD {} of this cluster; use a free drive",
                 nsd.name
@@ -576,7 +575,7 @@ impl Daemon {
                 p.device = device_path.to_string();
             }
         }
-        self.home.save_arrays(&registry)?;
+        self.save_arrays(&registry)?;
         Ok(Reply::Done)
     }
 }

@@ -137,7 +137,7 @@ impl Daemon {
         let _admin = self.admin.lock();
         check_name(&spec.name)
             .map_err(|p| anyhow!("{}: invalid file system name: {p}; {NAME_RULE}", spec.name))?;
-        let mut fss = self.home.file_systems()?;
+        let mut fss = self.file_systems()?;
         if fss.get(&spec.name).is_some() {
             bail!(
                 "file system {0} already exists; choose another name or delete it with \
@@ -145,7 +145,7 @@ impl Daemon {
                 spec.name
             );
         }
-        let mut nsds = self.home.nsds()?;
+        let mut nsds = self.nsds()?;
         let disks = resolve_disks(self, &spec, &nsds)?;
         let opts = format_options(&spec, &disks);
         // Refused input is reported before anything is announced as being formatted.
@@ -186,9 +186,8 @@ impl Daemon {
             log_bytes: opts.log_bytes,
         });
         let saved = self
-            .home
             .save_nsds(&nsds)
-            .and_then(|()| self.home.save_file_systems(&fss));
+            .and_then(|()| self.save_file_systems(&fss));
         if let Err(e) = saved {
             let _ = tessera_fs::erase(&devices);
             return Err(e.context(format!("file system {} was not created", spec.name)));
@@ -198,9 +197,9 @@ impl Daemon {
     }
 
     pub(super) fn fs_show(&self, name: &str) -> Result<Reply> {
-        let fss = self.home.file_systems()?;
+        let fss = self.file_systems()?;
         let record = fss.require(name)?.clone();
-        let nsds = self.home.nsds()?;
+        let nsds = self.nsds()?;
         let mounted = self
             .mounts
             .lock()
@@ -295,7 +294,7 @@ impl Daemon {
         r: &mut Reporter,
     ) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut fss = self.home.file_systems()?;
+        let mut fss = self.file_systems()?;
         let record = fss.require(name)?.clone();
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
@@ -304,7 +303,8 @@ impl Daemon {
                 m.mount_point.display()
             );
         }
-        let mut nsds = self.home.nsds()?;
+        self.check_not_mounted_elsewhere(&record, "deleting it")?;
+        let mut nsds = self.nsds()?;
         let (devices, _) = self.open_fs_devices(&record, &nsds);
         let available: Vec<_> = devices.iter().flatten().map(|(_, d)| d.clone()).collect();
         let unreachable: Vec<&String> = record
@@ -364,8 +364,8 @@ impl Daemon {
             }
         }
         fss.file_systems.retain(|f| f.name != name);
-        self.home.save_nsds(&nsds)?;
-        self.home.save_file_systems(&fss)?;
+        self.save_nsds(&nsds)?;
+        self.save_file_systems(&fss)?;
         r.info(format!("Completed deletion of file system {name}."));
         Ok(Reply::Done)
     }

@@ -3,17 +3,21 @@
 //! serialized by one admin lock; mounted file systems live in their own map so that `pmon`
 //! and `state` answer while a long format runs.
 
+mod cluster_admin;
 mod da_admin;
 mod fs_admin;
+pub mod member;
 mod mounts;
 mod nsd_admin;
 mod nvme_admin;
+mod registry;
 
 use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use parking_lot::Mutex;
@@ -40,6 +44,8 @@ pub struct Daemon {
     arrays: Mutex<BTreeMap<String, Arc<tessera_vdisk::DeclusteredArray>>>,
     /// The NVMe/TCP host: remote controllers, their paths and namespaces.
     nvme: Arc<tessera_nvme::host::Host>,
+    /// This node in the cluster: the replicated configuration, its lease.
+    member: member::Member,
 }
 
 /// Streams `Info` and `Progress` frames to the client of one request.
@@ -78,6 +84,7 @@ pub fn run(home: Home) -> Result<()> {
     let identity = tessera_nvme::host::HostIdentity::load_or_create(&home.hostnqn_path())
         .map_err(|e| anyhow::anyhow!("{}: {e}", home.hostnqn_path().display()))?;
     tracing::info!(hostnqn = %identity.nqn, "NVMe/TCP host identity");
+    let member = member::Member::start(&home, &cluster)?;
     let daemon = Arc::new(Daemon {
         home,
         cluster,
@@ -85,14 +92,28 @@ pub fn run(home: Home) -> Result<()> {
         mounts: Mutex::new(BTreeMap::new()),
         arrays: Mutex::new(BTreeMap::new()),
         nvme: Arc::new(tessera_nvme::host::Host::new(identity)),
+        member,
     });
     spawn_signal_thread(Arc::clone(&daemon))?;
+    let active = daemon.join_at_start()?;
     daemon.restore_nvme_at_start();
     // Devices may have been renamed since the last start: find NSDs by their descriptors
     // (and pdisks by their labels, when the arrays open) before anything mounts.
     daemon.discover_nsds_at_start();
     daemon.open_arrays_at_start();
-    daemon.remount_at_start();
+    if active {
+        daemon.remount_at_start();
+    } else {
+        // A node of a larger cluster mounts once it holds a lease; its admin socket
+        // answers meanwhile (`tessera state` says arbitrating).
+        let waiting = Arc::clone(&daemon);
+        std::thread::Builder::new()
+            .name("remount".into())
+            .spawn(move || {
+                while !waiting.member.wait_active(Duration::from_secs(3600)) {}
+                waiting.remount_at_start();
+            })?;
+    }
     tracing::info!("daemon active");
     for stream in listener.incoming() {
         let stream = match stream {
@@ -204,7 +225,7 @@ impl Daemon {
                 Ok(Reply::Done)
             }
             Request::NsdCreate { nsds, verify } => self.nsd_create(nsds, verify, r),
-            Request::NsdList => Ok(Reply::Nsds(self.home.nsds()?.nsds)),
+            Request::NsdList => Ok(Reply::Nsds(self.nsds()?.nsds)),
             Request::NsdDelete { names } => self.nsd_delete(&names, r),
             Request::NsdDiscover => {
                 let _admin = self.admin.lock();
@@ -233,14 +254,12 @@ impl Daemon {
             | Request::PdiskList
             | Request::PdiskChange { .. }
             | Request::PdiskReplace { .. }) => self.da_request(request, r),
-            Request::ClusterShow
+            request @ (Request::ClusterShow
             | Request::NodeAdd { .. }
             | Request::NodeDelete { .. }
             | Request::NodeChange { .. }
             | Request::ConfigSet { .. }
-            | Request::ClusterState { .. } => {
-                bail!("this daemon does not run the cluster layer yet; upgrade it")
-            }
+            | Request::ClusterState { .. }) => self.cluster_request(request),
             request @ (Request::NvmeConnect(_)
             | Request::NvmeDisconnect { .. }
             | Request::NvmeList) => self.nvme_request(request, r),
@@ -265,6 +284,7 @@ impl Daemon {
         // Closes the controllers cleanly; nvme.json keeps them for the next start.
         let closed = self.nvme.disconnect_all();
         tracing::info!("NVMe/TCP: {closed} controller(s) disconnected");
+        self.member.shutdown();
         let _ = std::fs::remove_file(self.home.socket_path());
         let _ = std::fs::remove_file(self.home.pid_path());
         tracing::info!("daemon stopped");

@@ -74,7 +74,7 @@ impl Daemon {
 
     /// Mounts the core file system without FUSE, for `df` and checks on an unmounted one.
     fn open_core(&self, record: &FsRecord) -> Result<Arc<FileSystem>> {
-        let nsds = self.home.nsds()?;
+        let nsds = self.nsds()?;
         let (devices, _) = self.open_fs_devices(record, &nsds);
         let available: Vec<_> = devices.into_iter().flatten().collect();
         if available.is_empty() {
@@ -127,8 +127,7 @@ impl Daemon {
 
     pub(super) fn mount_request(&self, name: &str, mount_point: Option<String>) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut fss = self.home.file_systems()?;
-        let record = fss.require(name)?.clone();
+        let record = self.file_systems()?.require(name)?.clone();
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
                 "file system {name} is already mounted at {}",
@@ -136,19 +135,62 @@ impl Daemon {
             );
         }
         let mount_point = PathBuf::from(mount_point.unwrap_or(record.default_mount_point.clone()));
-        self.mount_fs(&record, &mount_point)?;
-        let rec = fss.get_mut(name).expect("checked above");
-        rec.mounted = true;
-        rec.mount_point = mount_point.display().to_string();
-        self.home.save_file_systems(&fss)?;
+        self.claim_and_mount(name, &mount_point)?;
         Ok(Reply::Mounted {
             mount_point: mount_point.display().to_string(),
         })
     }
 
+    /// The node other than this one that has `record` mounted, if any.
+    pub(super) fn mounted_elsewhere<'r>(&self, record: &'r FsRecord) -> Option<&'r str> {
+        let on = record.mounted_on.as_deref()?;
+        (record.mounted && on != self.cluster.node_name).then_some(on)
+    }
+
+    /// Refuses an operation on `record` while another node has it mounted.
+    pub(super) fn check_not_mounted_elsewhere(&self, record: &FsRecord, what: &str) -> Result<()> {
+        if let Some(node) = self.mounted_elsewhere(record) {
+            bail!(
+                "file system {} is mounted on node {node}; {what} while it is mounted there \
+                 would race that node's writes. Until file systems are shared between nodes, \
+                 one node at a time mounts a file system: run this on {node}, or unmount it \
+                 there first (`tessera umount {}` on {node})",
+                record.name,
+                record.name
+            );
+        }
+        Ok(())
+    }
+
+    /// Records in the replicated file-system table that this node mounts `name`, then
+    /// mounts it. The record goes first: of two nodes that try at once, the
+    /// compare-and-set lets one win before either touches the disks.
+    fn claim_and_mount(&self, name: &str, mount_point: &Path) -> Result<()> {
+        let mut fss = self.file_systems()?;
+        let record = fss.require(name)?.clone();
+        self.check_not_mounted_elsewhere(&record, "mounting it here")?;
+        let rec = fss.get_mut(name).expect("checked above");
+        rec.mounted = true;
+        rec.mounted_on = Some(self.cluster.node_name.clone());
+        rec.mount_point = mount_point.display().to_string();
+        self.save_file_systems(&fss)?;
+        if let Err(e) = self.mount_fs(&record, mount_point) {
+            let mut fss = self.file_systems()?;
+            if let Some(rec) = fss.get_mut(name) {
+                rec.mounted = false;
+                rec.mounted_on = None;
+            }
+            if let Err(undo) = self.save_file_systems(&fss) {
+                tracing::error!("{name}: cannot record that the mount failed: {undo:#}");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     pub(super) fn umount(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut fss = self.home.file_systems()?;
+        let mut fss = self.file_systems()?;
         fss.require(name)?;
         let mut mounts = self.mounts.lock();
         let Some(m) = mounts.get(name) else {
@@ -188,18 +230,21 @@ impl Daemon {
                 Some(e.to_string())
             }
         };
-        fss.get_mut(name).expect("checked above").mounted = false;
-        self.home.save_file_systems(&fss)?;
+        let rec = fss.get_mut(name).expect("checked above");
+        rec.mounted = false;
+        rec.mounted_on = None;
+        self.save_file_systems(&fss)?;
         Ok(Reply::Unmounted { checkpoint_error })
     }
 
     pub(super) fn df(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let record = self.home.file_systems()?.require(name)?.clone();
+        let record = self.file_systems()?.require(name)?.clone();
         let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
         let report = match mounted {
             Some(fs) => fs.df(),
             None => {
+                self.check_not_mounted_elsewhere(&record, "opening it here for df")?;
                 let fs = self.open_core(&record)?;
                 let report = fs.df();
                 fs.unmount()
@@ -212,7 +257,7 @@ impl Daemon {
 
     pub(super) fn fsck(&self, name: &str, repair: bool, r: &mut super::Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let record = self.home.file_systems()?.require(name)?.clone();
+        let record = self.file_systems()?.require(name)?.clone();
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
                 "file system {name} is mounted at {}; fsck runs offline: unmount it first with \
@@ -220,7 +265,8 @@ impl Daemon {
                 m.mount_point.display()
             );
         }
-        let nsds = self.home.nsds()?;
+        self.check_not_mounted_elsewhere(&record, "checking it offline")?;
+        let nsds = self.nsds()?;
         let (devices, _) = self.open_fs_devices(&record, &nsds);
         let available: Vec<_> = devices.into_iter().flatten().collect();
         r.info(format!("Checking \"{name}\""));
@@ -231,7 +277,7 @@ impl Daemon {
 
     pub(super) fn pmon(&self, name: Option<&str>) -> Result<Reply> {
         if let Some(name) = name {
-            self.home.file_systems()?.require(name)?;
+            self.file_systems()?.require(name)?;
             if !self.mounts.lock().contains_key(name) {
                 bail!("file system {name} is not mounted; pmon counts I/O of mounted file systems");
             }
@@ -253,20 +299,26 @@ impl Daemon {
     /// with automount. A failure is logged and the rest go on.
     pub(super) fn remount_at_start(&self) {
         let _admin = self.admin.lock();
-        let fss = match self.home.file_systems() {
+        let fss = match self.file_systems() {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!("cannot read the file system list: {e:#}");
                 return;
             }
         };
-        for record in fss.file_systems.iter().filter(|f| f.mounted || f.automount) {
+        let me = self.cluster.node_name.as_str();
+        for record in &fss.file_systems {
+            let ours = record.mounted && record.mounted_on.as_deref().is_none_or(|n| n == me);
+            let automount = record.automount && !record.mounted;
+            if !ours && !automount {
+                continue;
+            }
             let mount_point = PathBuf::from(if record.mounted {
                 &record.mount_point
             } else {
                 &record.default_mount_point
             });
-            if let Err(e) = self.mount_fs(record, &mount_point) {
+            if let Err(e) = self.claim_and_mount(&record.name, &mount_point) {
                 tracing::error!("{}: mount at start failed: {e:#}", record.name);
             }
         }

@@ -68,7 +68,7 @@ impl Daemon {
             Err(e) if vdisk_device_name(&rec.device).is_some() => return Err(e),
             Err(e) => e,
         };
-        let Some(found) = self.search_nsd(rec, &self.candidates(&self.home.nsds()?)) else {
+        let Some(found) = self.search_nsd(rec, &self.candidates(&self.nsds()?)) else {
             return Err(err.context(format!(
                 "NSD {} was not found on any other device of this node either; \
                  `tessera nsd change {} --device PATH` records where it is",
@@ -81,11 +81,11 @@ impl Daemon {
 
     /// Notes in the registry that NSD `name` moved from `before` to `now`.
     fn record_moved_nsd(&self, name: &str, before: &str, now: &str) -> Result<()> {
-        let mut registry = self.home.nsds()?;
+        let mut registry = self.nsds()?;
         if let Some(r) = registry.get_mut(name) {
             r.device = now.to_string();
         }
-        self.home.save_nsds(&registry)?;
+        self.save_nsds(&registry)?;
         tracing::warn!("NSD {name}: device changed from {before} to {now}");
         Ok(())
     }
@@ -100,7 +100,7 @@ impl Daemon {
             .filter(|n| vdisk_device_name(&n.device).is_none())
             .map(|n| n.device.clone())
             .collect();
-        if let Ok(arrays) = self.home.arrays() {
+        if let Ok(arrays) = self.arrays() {
             all.extend(
                 arrays
                     .arrays
@@ -145,7 +145,7 @@ impl Daemon {
     /// `nsd discover` and the startup scan: finds every NSD by its descriptor and records
     /// new paths. An NSD still at its path is not searched for.
     pub(super) fn discover_nsds(&self) -> Result<Vec<NsdDiscoverRow>> {
-        let registry = self.home.nsds()?;
+        let registry = self.nsds()?;
         let mut candidates: Option<Vec<String>> = None;
         let mut rows = Vec::new();
         for rec in &registry.nsds {
@@ -202,7 +202,7 @@ impl Daemon {
     /// label names this array, each pdisk (by label uuid) once, recorded paths first. A
     /// pdisk whose path changed is found wherever its label now is.
     pub(super) fn pdisk_devices(&self, rec: &crate::config::DaRecord) -> Vec<PathBuf> {
-        let registry = self.home.nsds().unwrap_or_default();
+        let registry = self.nsds().unwrap_or_default();
         let mut candidates: Vec<String> = rec
             .pdisks
             .iter()
@@ -250,7 +250,7 @@ impl Daemon {
     /// find, after checking that it carries the NSD's descriptor.
     pub(super) fn nsd_change(&self, name: &str, device: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let registry = self.home.nsds()?;
+        let registry = self.nsds()?;
         let Some(rec) = registry.get(name) else {
             bail!("NSD {name} does not exist; `tessera nsd ls` lists the NSDs");
         };
@@ -442,7 +442,7 @@ impl Daemon {
         r: &mut Reporter,
     ) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.home.nsds()?;
+        let mut registry = self.nsds()?;
         if specs.is_empty() {
             bail!("the stanza file has no %nsd stanzas; add one per device");
         }
@@ -507,7 +507,7 @@ impl Daemon {
             });
         }
         registry.nsds.extend(records);
-        if let Err(e) = self.home.save_nsds(&registry) {
+        if let Err(e) = self.save_nsds(&registry) {
             for dev in &written {
                 let _ = erase_descriptor(dev.as_ref());
             }
@@ -518,7 +518,7 @@ impl Daemon {
 
     pub(super) fn nsd_delete(&self, names: &[String], r: &mut Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.home.nsds()?;
+        let mut registry = self.nsds()?;
         for name in names {
             let Some(rec) = registry.get(name) else {
                 bail!("NSD {name} does not exist; `tessera nsd ls` lists the NSDs");
@@ -546,7 +546,7 @@ impl Daemon {
                 )),
             }
             registry.nsds.retain(|n| n.name != *name);
-            self.home.save_nsds(&registry)?;
+            self.save_nsds(&registry)?;
         }
         Ok(Reply::Done)
     }

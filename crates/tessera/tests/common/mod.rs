@@ -3,6 +3,8 @@
 //! daemon down and detaches any mount, so a failing test leaves no stale mount or process.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,211 @@
+//! A cluster of `scripts/cluster-netns.sh` for tests: its own name prefix, state
+//! directory and subnet, so tests (and a user's own cluster) run side by side; Drop runs
+//! `down` even when a test fails.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::BIN;
+
+/// The port test listeners use; every node has its own network, so one port serves all.
+pub const PORT: u16 = 7000;
+
+/// Waits for connections and says when it listens, so a probe never races its bind.
+const LISTENER: &str = "import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', int(sys.argv[1])))
+s.listen(64)
+print('listening', flush=True)
+while True:
+    s.accept()[0].close()
+";
+
+/// Exit 0 if a TCP connection to argv[1]:argv[2] is accepted within 2 s, else 1.
+const PROBE: &str = "import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()
+except OSError as e:
+    print(e, file=sys.stderr)
+    sys.exit(1)
+";
+
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cluster-netns.sh")
+}
+
+/// Whether the machine can run these tests; under CI it must.
+pub fn netns_usable() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let ip_netns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if root && ip_netns {
+        return true;
+    }
+    let why = if root {
+        "`ip netns` does not work"
+    } else {
+        "not root"
+    };
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true but the network namespace tests cannot run: {why}"
+    );
+    eprintln!("skipping: network namespace tests need root and `ip netns` ({why})");
+    false
+}
+
+/// One cluster of the script, with names no other test uses; Drop runs `down`.
+pub struct Cluster {
+    pub prefix: String,
+    pub subnet: String,
+    pub base: PathBuf,
+    _parent: tempfile::TempDir,
+    listeners: Vec<Child>,
+}
+
+impl Cluster {
+    pub fn new() -> Cluster {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < 50, "more clusters than subnets set aside for them");
+        let pid = std::process::id();
+        let parent = tempfile::tempdir().expect("temp dir");
+        Cluster {
+            prefix: format!("t{:x}{n}-", pid & 0xfffff),
+            subnet: format!("10.{}.{}", 200 + n, pid % 250),
+            base: parent.path().join("cluster"),
+            _parent: parent,
+            listeners: Vec::new(),
+        }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(script());
+        c.args(args)
+            .env("TSR_PREFIX", &self.prefix)
+            .env("TSR_BASE", &self.base)
+            .env("TSR_SUBNET", &self.subnet)
+            .env("TESSERA_BIN", BIN);
+        c
+    }
+
+    pub fn sh(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run cluster-netns.sh")
+    }
+
+    /// Runs and requires success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.sh(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "cluster-netns.sh {args:?} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// Runs and requires failure; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.sh(args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "cluster-netns.sh {args:?} should fail:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        stderr
+    }
+
+    pub fn address(&self, node: u32) -> String {
+        format!("{}.{node}", self.subnet)
+    }
+
+    /// A TCP listener in `node`, returned once it listens; `down` ends it.
+    pub fn listen(&mut self, node: u32) {
+        let port = PORT.to_string();
+        let mut child = self
+            .command(&[
+                "run",
+                &node.to_string(),
+                "--",
+                "python3",
+                "-c",
+                LISTENER,
+                &port,
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn listener");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("listener output");
+        assert_eq!(
+            line.trim(),
+            "listening",
+            "listener in node {node} did not start"
+        );
+        self.listeners.push(child);
+    }
+
+    /// Whether `from` gets a TCP connection to `to`'s listener.
+    /// Whether `from` reaches `to` within a few tries: a loaded machine can take a moment to
+    /// forward again after a bridge change.
+    pub fn connects_soon(&self, from: u32, to: u32) -> bool {
+        (0..5).any(|_| self.connects(from, to))
+    }
+
+    pub fn connects(&self, from: u32, to: u32) -> bool {
+        let (addr, port) = (self.address(to), PORT.to_string());
+        let from = from.to_string();
+        let out = self.sh(&["run", &from, "--", "python3", "-c", PROBE, &addr, &port]);
+        out.status.success()
+    }
+
+    /// The names in `ip` listings that carry our prefix: namespaces, veths, bridges.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for args in [&["netns", "list"][..], &["-o", "link", "show"][..]] {
+            let out = Command::new("ip").args(args).output().expect("ip");
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let names = line.split([' ', ':', '@']).filter(|w| !w.is_empty());
+                found.extend(
+                    names
+                        .filter(|w| w.starts_with(&self.prefix))
+                        .map(String::from),
+                );
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let out = self.sh(&["down"]);
+        if !out.status.success() {
+            eprintln!("down failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        for mut child in self.listeners.drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Whether process `pid` still runs (a zombie holds nothing and counts as gone).
+pub fn alive(pid: &str) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit(") ")
+        .next()
+        .and_then(|rest| rest.chars().next());
+    !matches!(state, None | Some('Z'))
+}

@@ -1,0 +1,327 @@
+//! Clusters of real daemons in network namespaces, built and driven with
+//! `scripts/cluster-netns.sh` as a user would: elections, disk leases, expels, partitions,
+//! restarts, a node with the wrong secret and garbage on the daemon port. Test timings
+//! (`failureDetectionTime=3`) keep each scenario within a minute or two.
+//!
+//! The tests need root and `ip netns`; without them they say why and pass, except under
+//! CI=true, where they fail, so CI never silently checks nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::netns::{netns_usable, Cluster};
+
+/// Failure detection in 3 s: leases renew every 0.75 s, elections after 0.75-1.5 s.
+const TEST_TIMINGS: &str = "failureDetectionTime=3,leaseRecoveryWait=1";
+/// What the issue allows for a new cluster manager after a kill, with test timings.
+const NEW_MANAGER_WITHIN: Duration = Duration::from_secs(10);
+/// Generous bounds for the rest; the machine may be loaded.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Runs `tessera ARGS` in node `k`.
+fn tessera(c: &Cluster, k: u32, args: &[&str]) -> Output {
+    let k = k.to_string();
+    let mut all = vec!["run", k.as_str(), "--", "tessera"];
+    all.extend_from_slice(args);
+    c.sh(&all)
+}
+
+/// Runs `tessera ARGS` in node `k`, requires success, returns stdout.
+fn tessera_ok(c: &Cluster, k: u32, args: &[&str]) -> String {
+    let out = tessera(c, k, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "node {k}: tessera {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The data rows of `-Y` output for records starting with `prefix` (`state:`), each as
+/// column name -> value, read by the HEADER line's names.
+fn y_rows(text: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
+    let mut names: Vec<String> = Vec::new();
+    let mut rows = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with(prefix)) {
+        let fields: Vec<&str> = line.split(':').collect();
+        if fields.get(2) == Some(&"HEADER") {
+            names = fields.iter().map(|f| f.to_string()).collect();
+            continue;
+        }
+        let row = names
+            .iter()
+            .zip(&fields)
+            .map(|(n, v)| (n.clone(), v.to_string()))
+            .collect();
+        rows.push(row);
+    }
+    rows
+}
+
+/// `tessera state -a -Y` as seen from node `k`: node name -> (state, epoch); empty when
+/// the command fails (node `k` is down).
+fn states(c: &Cluster, k: u32) -> BTreeMap<String, (String, String)> {
+    let out = tessera(c, k, &["state", "-a", "-Y"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    y_rows(&text, "state:")
+        .into_iter()
+        .map(|r| {
+            let epoch = r.get("epoch").cloned().unwrap_or_default();
+            (r["nodeName"].clone(), (r["state"].clone(), epoch))
+        })
+        .collect()
+}
+
+/// The cluster manager's node number as node `k` knows it.
+fn manager(c: &Cluster, k: u32) -> Option<u32> {
+    let out = tessera(c, k, &["state", "-a", "-s", "-Y"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    y_rows(&text, "state:summary:")
+        .first()
+        .and_then(|r| r.get("managerNumber"))
+        .and_then(|m| m.parse().ok())
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    started.elapsed()
+}
+
+fn all_in_state(c: &Cluster, from: u32, nodes: &[u32], state: &str) -> bool {
+    let seen = states(c, from);
+    nodes.iter().all(|n| {
+        seen.get(&format!("node{n}"))
+            .is_some_and(|(s, _)| s == state)
+    })
+}
+
+/// Kills the manager and waits for a new one that every live node follows; returns it.
+fn kill_manager_and_wait(c: &Cluster, nodes: &[u32]) -> (u32, u32, Duration) {
+    let old = manager(c, nodes[0]).expect("a cluster manager");
+    let survivors: Vec<u32> = nodes.iter().copied().filter(|n| *n != old).collect();
+    c.ok(&["kill", &old.to_string()]);
+    let killed_at = Instant::now();
+    let mut new = 0;
+    wait_for(
+        "a new cluster manager",
+        NEW_MANAGER_WITHIN,
+        || match manager(c, survivors[0]) {
+            Some(m) if m != old => {
+                new = m;
+                all_in_state(c, survivors[0], &survivors, "active")
+            }
+            _ => false,
+        },
+    );
+    (old, new, killed_at.elapsed())
+}
+
+#[test]
+fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&["up", "4", "--config", TEST_TIMINGS]);
+    let all = [1, 2, 3, 4];
+    assert!(all_in_state(&c, 4, &all, "active"), "{:?}", states(&c, 4));
+
+    // A change made on one node is seen on every other, the client too.
+    tessera_ok(&c, 2, &["config", "set", "leaseRecoveryWait=2"]);
+    wait_for("the change on the client", SETTLE, || {
+        tessera_ok(&c, 4, &["config", "ls"]).contains("leaseRecoveryWait 2")
+    });
+
+    // kill -9 of the cluster manager: another quorum node takes over quickly.
+    let (old, new, took) = kill_manager_and_wait(&c, &all);
+    eprintln!("manager {old} killed; node {new} manages after {took:?}");
+    // The killed node is expelled (its incarnation is no longer live)...
+    wait_for("the expel of the killed manager", SETTLE, || {
+        states(&c, new)
+            .get(&format!("node{old}"))
+            .is_some_and(|(s, epoch)| s == "down" && epoch.is_empty())
+    });
+    // ...and comes back by itself once restarted, with a new epoch.
+    c.ok(&["start", &old.to_string()]);
+    wait_for("all active after the restart", SETTLE, || {
+        all_in_state(&c, new, &all, "active")
+    });
+
+    // kill -9 of a client: expelled after failureDetectionTime, back after a restart.
+    let before = states(&c, 1)["node4"].1.clone();
+    c.ok(&["kill", "4"]);
+    wait_for("the expel of the client", SETTLE, || {
+        states(&c, 1)
+            .get("node4")
+            .is_some_and(|(s, epoch)| s == "down" && epoch.is_empty())
+    });
+    c.ok(&["start", "4"]);
+    wait_for("the client active again", SETTLE, || {
+        all_in_state(&c, 1, &all, "active")
+    });
+    let after = states(&c, 1)["node4"].1.clone();
+    let (before, after): (u64, u64) = (before.parse().unwrap(), after.parse().unwrap());
+    assert!(
+        after > before,
+        "a new incarnation gets a larger epoch: {before} -> {after}"
+    );
+
+    // A quorum node cut off alone goes arbitrating; the majority stays active.
+    let lonely = if manager(&c, 1) == Some(3) { 2 } else { 3 };
+    let majority: Vec<u32> = all.iter().copied().filter(|n| *n != lonely).collect();
+    c.ok(&["partition", &lonely.to_string()]);
+    wait_for("the cut-off node arbitrating", SETTLE, || {
+        let own = tessera(&c, lonely, &["state", "-Y"]);
+        String::from_utf8_lossy(&own.stdout).contains(":arbitrating:")
+    });
+    assert!(
+        all_in_state(&c, majority[0], &majority, "active"),
+        "the majority must stay active: {:?}",
+        states(&c, majority[0])
+    );
+    // The minority cannot change the configuration.
+    let refused = tessera(&c, lonely, &["config", "set", "leaseRecoveryWait=3"]);
+    assert!(!refused.status.success(), "a minority committed a change");
+    c.ok(&["heal"]);
+    wait_for("all active after heal", SETTLE, || {
+        all_in_state(&c, 1, &all, "active")
+    });
+
+    // Every daemon killed at once, then all started: the configuration is intact.
+    for k in all {
+        c.ok(&["kill", &k.to_string()]);
+    }
+    tessera_ok(&c, 1, &["startup", "-a"]);
+    wait_for("all active after a restart of all", SETTLE, || {
+        all_in_state(&c, 1, &all, "active")
+    });
+    let config = tessera_ok(&c, 3, &["config", "ls"]);
+    assert!(config.contains("leaseRecoveryWait 2"), "{config}");
+    assert!(config.contains("failureDetectionTime 3"), "{config}");
+    let listing = tessera_ok(&c, 4, &["cluster", "ls"]);
+    for k in all {
+        assert!(listing.contains(&format!("node{k}")), "{listing}");
+    }
+}
+
+#[test]
+fn five_quorum_nodes_survive_a_manager_kill_and_a_two_node_partition() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&["up", "6", "--quorum", "5", "--config", TEST_TIMINGS]);
+    let all = [1, 2, 3, 4, 5, 6];
+    let summary = tessera_ok(&c, 6, &["state", "-a", "-s"]);
+    assert!(summary.contains('5'), "{summary}");
+
+    let (old, new, took) = kill_manager_and_wait(&c, &all);
+    eprintln!("manager {old} killed; node {new} manages after {took:?}");
+    c.ok(&["start", &old.to_string()]);
+    wait_for("all active after the restart", SETTLE, || {
+        all_in_state(&c, new, &all, "active")
+    });
+
+    // Two of five quorum nodes cut off: they lose their leases, the three keep theirs.
+    let cut: Vec<u32> = [4, 5, 1, 2]
+        .into_iter()
+        .filter(|n| Some(*n) != manager(&c, 6))
+        .take(2)
+        .collect();
+    let rest: Vec<u32> = all.iter().copied().filter(|n| !cut.contains(n)).collect();
+    c.ok(&["partition", &cut[0].to_string(), &cut[1].to_string()]);
+    wait_for("the minority arbitrating", SETTLE, || {
+        cut.iter().all(|k| {
+            let own = tessera(&c, *k, &["state", "-Y"]);
+            String::from_utf8_lossy(&own.stdout).contains(":arbitrating:")
+        })
+    });
+    assert!(
+        all_in_state(&c, rest[0], &rest, "active"),
+        "{:?}",
+        states(&c, rest[0])
+    );
+    c.ok(&["heal"]);
+    wait_for("all active after heal", SETTLE, || {
+        all_in_state(&c, 6, &all, "active")
+    });
+}
+
+#[test]
+fn a_wrong_secret_and_garbage_on_the_daemon_port_are_refused() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&["up", "3", "--config", TEST_TIMINGS]);
+    let all = [1, 2, 3];
+
+    // Garbage, a truncated handshake and an absurd length prefix on node 1's daemon port.
+    let target = format!("{}.1", c.subnet);
+    let garbage = format!(
+        "import os, socket\n\
+         for payload in [os.urandom(4096), b'TSR', b'\\xff' * 64, b'\\x00\\x00\\x00\\x10']:\n\
+         \x20   s = socket.create_connection(('{target}', 1191), timeout=5)\n\
+         \x20   s.sendall(payload)\n\
+         \x20   s.close()\n"
+    );
+    let out = c.sh(&["run", "2", "--", "python3", "-c", &garbage]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        all_in_state(&c, 1, &all, "active"),
+        "garbage must not disturb the cluster: {:?}",
+        states(&c, 1)
+    );
+
+    // Node 3 restarted with another cluster's secret: refused, never active.
+    tessera_ok(&c, 3, &["shutdown"]);
+    let secret = c.base.join("node3/home/cluster.secret");
+    let good = std::fs::read(&secret).expect("node 3's secret");
+    let other = tempfile::tempdir().unwrap();
+    let created = std::process::Command::new(common::BIN)
+        .args(["cluster", "create", "--name", "other"])
+        .env("TESSERA_HOME", other.path())
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{created:?}");
+    std::fs::copy(other.path().join("cluster.secret"), &secret).unwrap();
+    c.ok(&["start", "3"]);
+    std::thread::sleep(Duration::from_secs(8));
+    let seen = states(&c, 1);
+    assert_ne!(
+        seen["node3"].0, "active",
+        "a node with the wrong secret: {seen:?}"
+    );
+    let own = tessera(&c, 3, &["state", "-Y"]);
+    assert!(
+        String::from_utf8_lossy(&own.stdout).contains(":arbitrating:"),
+        "{}",
+        String::from_utf8_lossy(&own.stdout)
+    );
+    let log = std::fs::read_to_string(c.base.join("node1/home/log/daemon.log")).unwrap();
+    assert!(
+        log.contains("secret") || log.contains("authenticat"),
+        "node 1 logs the refused handshake"
+    );
+
+    // With the right secret back, it rejoins.
+    tessera_ok(&c, 3, &["shutdown"]);
+    std::fs::write(&secret, good).unwrap();
+    c.ok(&["start", "3"]);
+    wait_for("node 3 active with the right secret", SETTLE, || {
+        all_in_state(&c, 1, &all, "active")
+    });
+}
