@@ -32,14 +32,22 @@ pub enum Command {
     /// Configuration parameters of the cluster [mmchconfig, mmlsconfig].
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Start the daemon in the background: on this node, or with -a/-N on those nodes
-    /// (other nodes through the cluster's remote shell) [mmstartup].
+    /// Start daemons in the background [mmstartup].
+    ///
+    /// This node's, or with -a/-N those nodes' (other nodes through the cluster's remote
+    /// shell, all at once). Exits non-zero naming the nodes that failed.
     Startup(NodeSelectArgs),
-    /// Unmount every file system and stop the daemon: on this node, or with -a/-N on those
-    /// nodes; -a stops the other nodes first and this node last [mmshutdown].
+    /// Unmount every file system and stop daemons [mmshutdown].
+    ///
+    /// This node's, or with -a/-N those nodes' (other nodes through the cluster's remote
+    /// shell): the other nodes first, this node last. Exits non-zero naming the nodes that
+    /// failed.
     Shutdown(NodeSelectArgs),
-    /// The state of the daemons: active, arbitrating (no quorum), down (nothing listens)
-    /// or unknown (no answer); this node alone unless -a or -N [mmgetstate].
+    /// The state of the daemons [mmgetstate].
+    ///
+    /// active, arbitrating (no quorum), down (nothing listens) or unknown (no answer); this
+    /// node alone unless -a or -N. With the local daemon down, this node is down and the
+    /// others (from the node table this node keeps) unknown.
     State(StateArgs),
     /// Network shared disks [mmcrnsd, mmlsnsd, mmdelnsd].
     #[command(subcommand)]
@@ -465,9 +473,11 @@ pub enum ClusterCommand {
     /// `node add` wrote (JSON, on standard input) and sets up $TESSERA_HOME from it.
     #[command(hide = true)]
     Accept,
-    /// The cluster's name, id, remote shell, manager and node table [mmlscluster]. With
-    /// the local daemon down: the node table as this node last knew it.
+    /// The cluster's name, id, remote shell, manager and node table [mmlscluster].
+    ///
+    /// With the local daemon down: the node table as this node last knew it.
     Ls {
+        /// Colon-separated machine-readable output.
         #[arg(short = 'Y')]
         machine: bool,
     },
@@ -536,9 +546,11 @@ pub enum NodeCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum ConfigCommand {
-    /// Set parameters for the whole cluster, or with -N for those nodes (only parameters
-    /// that may differ between nodes); VALUE `DEFAULT` removes a setting [mmchconfig].
-    /// Unknown parameters are refused with the list of known ones.
+    /// Set configuration parameters [mmchconfig].
+    ///
+    /// For the whole cluster, or with -N for those nodes (only parameters that may differ
+    /// between nodes); VALUE `DEFAULT` removes a setting. Unknown parameters are refused
+    /// with the list of known ones.
     Set {
         /// NAME=VALUE[,NAME=VALUE...]
         #[arg(value_name = "NAME=VALUE[,...]")]
@@ -547,10 +559,13 @@ pub enum ConfigCommand {
         #[arg(short = 'N', value_name = "NODE[,NODE...]")]
         nodes: Option<String>,
     },
+    /// List the configuration parameters [mmlsconfig].
+    ///
     /// Every parameter with the value in force, `(default)` after values nobody set, then
-    /// per-node values in `[node,...]` sections [mmlsconfig]. -Y: one row per parameter
-    /// and node (empty node: the cluster-wide value).
+    /// per-node values in `[node,...]` sections. -Y: one row per parameter and node (empty
+    /// node: the cluster-wide value).
     Ls {
+        /// Colon-separated machine-readable output.
         #[arg(short = 'Y')]
         machine: bool,
     },
@@ -574,6 +589,7 @@ pub struct StateArgs {
     /// Add the quorum summary: quorum nodes defined and active, and the quorum needed.
     #[arg(short = 's')]
     pub summary: bool,
+    /// Colon-separated machine-readable output.
     #[arg(short = 'Y')]
     pub machine: bool,
 }
