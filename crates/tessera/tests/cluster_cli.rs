@@ -347,11 +347,12 @@ fn accept_refuses_another_cluster_another_node_and_garbage() {
     );
     assert!(!site.home("node3").exists());
 
+    let oversized = vec![b' '; (16 << 20) + 1];
     let cases: [(&[u8], &str); 4] = [
         (b"", "no accept package on standard input"),
         (b"garbage\n", "is not an accept package"),
         (&package[..package.len() / 2], "is not an accept package"),
-        (&[b' '; (1 << 20) + 1], "larger than"),
+        (&oversized, "larger than"),
     ];
     for (input, expected) in cases {
         let out = site.run("node5", &["cluster", "accept"], Some(input));
@@ -444,6 +445,16 @@ fn bad_node_lists_and_parameters_change_nothing() {
             "node1",
             &["-N", "node1:quorum-manager:127.0.0.1:0"],
             "port `0`",
+        ),
+        (
+            "node1",
+            &[
+                "-N",
+                "node1:quorum-manager:127.0.0.1:1,node2::127.0.0.1:2",
+                "-r",
+                "/no/rsh -x",
+            ],
+            "the remote shell `/no/rsh` is not an executable file",
         ),
     ];
     for (node, extra, expected) in cases {

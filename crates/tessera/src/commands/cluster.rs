@@ -32,9 +32,10 @@ use crate::rpc::{Client, ClusterView, Reply, Request};
 /// How long one node may take to accept its package through the remote shell.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The most bytes of an accept package read from standard input: a package of the
-/// largest node table is a few MiB less than this.
-const ACCEPT_PACKAGE_BYTES_MAX: u64 = 1 << 20;
+/// The most bytes of an accept package read from standard input. A package holds the
+/// node table twice (records, and the first configuration entry on quorum nodes), about
+/// 220 bytes per node: at `MAX_NODES_PER_REQUEST` nodes some 4 MiB, well below this.
+const ACCEPT_PACKAGE_BYTES_MAX: u64 = 16 << 20;
 
 /// The address of the node of a one-node cluster: loopback, any free port (the daemon
 /// picks one; no other node needs to find it).
@@ -83,6 +84,9 @@ pub fn create(home: &Home, args: &CreateArgs) -> Result<()> {
         params,
     };
     let records = number_nodes(&create)?;
+    if records.len() > 1 {
+        rsh.check_runnable()?;
+    }
     let secret = ClusterSecret::generate().to_file_text();
     let package = |node: &NodeRecord| AcceptPackage {
         identity: identity.clone(),

@@ -32,6 +32,7 @@ pub fn add(home: &Home, nodes_text: &str) -> Result<()> {
         .to_file_text();
     let before = require_view(home)?;
     let rsh = RemoteShell::parse(&before.identity.remote_shell)?;
+    rsh.check_runnable()?;
     let added = match super::call(home, &Request::NodeAdd { nodes: specs })? {
         Reply::NodesAdded(records) => records,
         other => return Err(super::unexpected(other)),

@@ -8,6 +8,7 @@
 //! Also: which node of a list this host is, and the `-N` arguments shared by the commands.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,6 +57,35 @@ impl RemoteShell {
             program,
             args: words.collect(),
         })
+    }
+
+    /// Refuses a remote shell that cannot be started here, before a command changes
+    /// anything it would then be unable to hand to the other nodes.
+    pub fn check_runnable(&self) -> Result<()> {
+        let executable = |path: &Path| {
+            std::fs::metadata(path)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        };
+        let found = if self.program.contains('/') {
+            executable(Path::new(&self.program))
+        } else {
+            std::env::var_os("PATH").is_some_and(|paths| {
+                std::env::split_paths(&paths).any(|dir| executable(&dir.join(&self.program)))
+            })
+        };
+        if !found {
+            bail!(
+                "the remote shell `{}` is not an executable file{}; give the command that \
+                 reaches the other nodes with -r (it is called as ssh is: RSH NODE \"CMD\")",
+                self.program,
+                if self.program.contains('/') {
+                    ""
+                } else {
+                    " in PATH"
+                }
+            );
+        }
+        Ok(())
     }
 
     /// Runs `command_line` on `node`, feeding `stdin` (or nothing), and waits at most
@@ -305,6 +335,16 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("no answer within"), "{e}");
         let missing = RemoteShell::parse("/nonexistent/rsh -x").unwrap();
+        assert!(missing.check_runnable().is_err());
+        assert!(RemoteShell::parse("sh -c")
+            .unwrap()
+            .check_runnable()
+            .is_ok());
+        let e = RemoteShell::parse("no-such-rsh-9")
+            .unwrap()
+            .check_runnable()
+            .unwrap_err();
+        assert!(e.to_string().contains("in PATH"), "{e}");
         let e = missing
             .run("n1", "true", None, Duration::from_secs(1))
             .unwrap_err();
