@@ -345,31 +345,41 @@ pub fn cached_nodes(home: &Home) -> Result<NodesCache> {
 /// `cluster ls` [mmlscluster].
 pub fn ls(home: &Home, machine: bool) -> Result<()> {
     home.cluster()?;
-    let (view, live) = match cluster_view(home)? {
-        Some(view) => (ListedCluster::from_view(view), true),
-        None => {
-            let cache = home.nodes_cache()?.ok_or_else(|| {
-                anyhow!(
-                    "the local daemon is not running and this node has no copy of the node \
-                     table ({}); start the daemon with `tessera startup`",
-                    home.nodes_cache_path().display()
-                )
-            })?;
-            (ListedCluster::from_cache(cache), false)
+    let why_not_live = match cluster_view(home) {
+        Ok(Some(view)) => {
+            let view = ListedCluster::from_view(view);
+            if machine {
+                print_cluster_y(&view);
+            } else {
+                print_cluster(&view);
+            }
+            return Ok(());
         }
+        Err(e) if Client::denied(&e) => return Err(e),
+        Ok(None) => "the local daemon is down".to_string(),
+        // A daemon still waiting for its quorum has no configuration to show yet.
+        Err(e) => format!("the local daemon cannot show the configuration ({e:#})"),
     };
-    if machine {
-        print_cluster_y(&view);
-        return Ok(());
-    }
-    if !live {
-        println!(
-            "The local daemon is down: this is the last known node table of this node \
-             ({}).\n",
+    let cache = home.nodes_cache()?.ok_or_else(|| {
+        anyhow!(
+            "{why_not_live}, and this node has no copy of the node table ({}); start the \
+             daemon with `tessera startup`",
             home.nodes_cache_path().display()
-        );
+        )
+    })?;
+    let note = format!(
+        "{why_not_live}: this is the last known node table of this node ({})",
+        home.nodes_cache_path().display()
+    );
+    let view = ListedCluster::from_cache(cache);
+    if machine {
+        // On stderr, so that a script reading the records is not disturbed.
+        eprintln!("tessera cluster ls: {note}");
+        print_cluster_y(&view);
+    } else {
+        println!("{}{}.\n", note[..1].to_uppercase(), &note[1..]);
+        print_cluster(&view);
     }
-    print_cluster(&view);
     Ok(())
 }
 
