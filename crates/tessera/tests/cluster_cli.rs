@@ -220,7 +220,7 @@ fn create_sets_up_three_homes_through_the_remote_shell() {
     for node in ["node2", "node3"] {
         assert!(
             down.contains(&format!(
-                "tessera shutdown: {node}: tessera shutdown: the daemon is not running"
+                "tessera shutdown: {node}: the daemon is not running"
             )),
             "{down}"
         );

@@ -113,3 +113,44 @@ fn print_y(view: &ClusterView) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_cluster::node::Designation;
+    use tessera_cluster::params::Params;
+    use tessera_cluster::state::{ClusterIdentity, NodeRecord};
+
+    #[test]
+    fn nodes_with_the_same_settings_share_a_section() {
+        let node = |number: u32| NodeRecord {
+            number,
+            name: format!("n{number}"),
+            address: format!("10.0.0.{number}:1191"),
+            designation: Designation::CLIENT,
+        };
+        let mut params = Params::default();
+        let fast: BTreeMap<String, String> = [("p".to_string(), "1".to_string())].into();
+        let slow: BTreeMap<String, String> = [("p".to_string(), "9".to_string())].into();
+        params.per_node.insert(1, fast.clone());
+        params.per_node.insert(2, slow.clone());
+        params.per_node.insert(3, fast.clone());
+        params.per_node.insert(7, slow.clone());
+        let view = ClusterView {
+            identity: ClusterIdentity::default(),
+            nodes: (1..=3).map(node).collect(),
+            me: 1,
+            manager: None,
+            config_version: 1,
+            params,
+        };
+        let sections = node_sections(&view);
+        assert_eq!(
+            sections,
+            vec![
+                (vec!["n1".to_string(), "n3".to_string()], fast),
+                (vec!["n2".to_string(), "node number 7".to_string()], slow),
+            ]
+        );
+    }
+}

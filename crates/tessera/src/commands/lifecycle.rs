@@ -225,6 +225,9 @@ impl Plan {
             match &outcome {
                 Ok(out) => {
                     let said = super::remote::last_line(&out.stdout).unwrap_or("done");
+                    // The node's own line already says which command it was.
+                    let prefix = format!("tessera {command}: ");
+                    let said = said.split_once(&prefix).map_or(said, |(_, rest)| rest);
                     println!("tessera {command}: {}: {}", node.name, said.trim());
                 }
                 Err(why) => println!("tessera {command}: {}: failed: {why}", node.name),
