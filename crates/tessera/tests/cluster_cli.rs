@@ -214,6 +214,13 @@ fn create_sets_up_three_homes_through_the_remote_shell() {
     assert!(summary.contains("Number of quorum nodes defined in the cluster:  2"));
     assert!(summary.contains("Quorum = 2"), "{summary}");
     assert!(!summary.contains("node2"), "{summary}");
+    let y = site.ok("node2", &["state", "-a", "-s", "-Y"]);
+    assert!(
+        y.contains("state:summary:HEADER:version:reserved:reserved:quorumNodesDefined:")
+            && y.contains(":managerNumber:")
+            && y.contains("state:summary:0:1:::2:0:2::"),
+        "{y}"
+    );
 
     // Shutdown -a reaches every node through the remote shell: none runs a daemon.
     let down = site.ok("node1", &["shutdown", "-a"]);

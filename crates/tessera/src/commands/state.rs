@@ -193,7 +193,7 @@ fn print_y(states: &ClusterStates, summary: bool) {
             "quorumNodesDefined",
             "quorumNodesActive",
             "quorumNeeded",
-            "clusterManager"
+            "managerNumber",
         ])
     );
     let manager = states.manager.map_or_else(String::new, |m| m.to_string());
