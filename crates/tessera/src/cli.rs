@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -23,15 +23,32 @@ pub struct Cli {
 pub enum Command {
     /// Run the node daemon in the foreground (`tessera startup` runs it in the background).
     Daemon,
-    /// Cluster configuration [mmcrcluster].
+    /// Create a cluster and list it [mmcrcluster, mmlscluster].
     #[command(subcommand)]
     Cluster(ClusterCommand),
-    /// Start the local daemon in the background [mmstartup].
-    Startup,
-    /// Unmount every file system and stop the local daemon [mmshutdown].
-    Shutdown,
-    /// Show whether the local node is active [mmgetstate].
-    State(ListArgs),
+    /// Add, delete and change nodes of the cluster [mmaddnode, mmdelnode, mmchnode].
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Configuration parameters of the cluster [mmchconfig, mmlsconfig].
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Start daemons in the background [mmstartup].
+    ///
+    /// This node's, or with -a/-N those nodes' (other nodes through the cluster's remote
+    /// shell, all at once). Exits non-zero naming the nodes that failed.
+    Startup(NodeSelectArgs),
+    /// Unmount every file system and stop daemons [mmshutdown].
+    ///
+    /// This node's, or with -a/-N those nodes' (other nodes through the cluster's remote
+    /// shell): the other nodes first, this node last. Exits non-zero naming the nodes that
+    /// failed.
+    Shutdown(NodeSelectArgs),
+    /// The state of the daemons [mmgetstate].
+    ///
+    /// active, arbitrating (no quorum), down (nothing listens) or unknown (no answer); this
+    /// node alone unless -a or -N. With the local daemon down, this node is down and the
+    /// others (from the node table this node keeps) unknown.
+    State(StateArgs),
     /// Network shared disks [mmcrnsd, mmlsnsd, mmdelnsd].
     #[command(subcommand)]
     Nsd(NsdCommand),
@@ -433,16 +450,145 @@ pub enum BenchCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
-    /// Create a one-node cluster on this node [mmcrcluster].
+    /// Create a cluster of the nodes of -N (without -N: of this node alone) [mmcrcluster].
+    #[command(after_help = CLUSTER_CREATE_HELP)]
     Create {
         /// The cluster name.
         #[arg(long = "name", short = 'C')]
         name: String,
+        /// The nodes: a node file, or `name[:designation[:address]]` entries separated by
+        /// commas. This node must be one of them.
+        #[arg(short = 'N', value_name = "NODEFILE|NODE[,NODE...]")]
+        nodes: Option<String>,
+        /// The command that reaches another node, called as ssh is:
+        /// `RSH NODE "COMMAND LINE"`. Kept for `startup -a` and `node add`.
+        #[arg(short = 'r', long = "remote-shell", default_value = "ssh")]
+        remote_shell: String,
+        /// Parameters different from the defaults, NAME=VALUE[,NAME=VALUE...] as for
+        /// `tessera config set`.
+        #[arg(long = "config", value_name = "NAME=VALUE[,...]")]
+        config: Option<String>,
+    },
+    /// Make this node a member: reads the accept package that `cluster create` or
+    /// `node add` wrote (JSON, on standard input) and sets up $TESSERA_HOME from it.
+    #[command(hide = true)]
+    Accept,
+    /// The cluster's name, id, remote shell, manager and node table [mmlscluster].
+    ///
+    /// With the local daemon down: the node table as this node last knew it.
+    Ls {
+        /// Colon-separated machine-readable output.
+        #[arg(short = 'Y')]
+        machine: bool,
     },
 }
 
+/// How `cluster create` reaches the other nodes.
+const CLUSTER_CREATE_HELP: &str = "\
+Node entries, one per line in a node file (# starts a comment) or comma separated:
+  name[:designation[:address]]
+designation: quorum or nonquorum and manager or client, joined by `-` (quorum-manager,
+quorum, manager, client; empty: client). address: host, host:port, [ipv6]:port; default
+the node name, port 1191. Several nodes on one machine differ by address or port.
+
+This node is $TESSERA_NODE if set, else the one named like this host (full or short name).
+It is set up directly; every other node gets its accept package (cluster identity, node
+table, secret) on the standard input of `RSH NODE \"tessera cluster accept\"`. A node
+the remote shell cannot reach gets nothing: its package is left in
+$TESSERA_HOME/cluster/accept-NODE.json (it holds the cluster secret: mode 0600); copy it to
+the node and run `tessera cluster accept < accept-NODE.json` there. Then start the
+cluster with `tessera startup -a`.
+
+Exit status: 0 every node set up; 2 the cluster is created but some nodes still need their
+package; 1 nothing was created.";
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Add nodes to the cluster; each gets its accept package through the remote shell
+    /// [mmaddnode]. Start them with `tessera startup -N NODES`.
+    Add {
+        /// A node file or `name[:designation[:address]]` entries separated by commas (see
+        /// `tessera cluster create --help`).
+        #[arg(short = 'N', value_name = "NODEFILE|NODE[,NODE...]")]
+        nodes: String,
+    },
+    /// Delete nodes whose daemon is down and that have nothing mounted [mmdelnode].
+    Delete {
+        /// Node names separated by commas, or a node file.
+        #[arg(short = 'N', value_name = "NODE[,NODE...]")]
+        nodes: String,
+    },
+    /// Change the designation of nodes, or the daemon address of one node (in effect at
+    /// its next daemon start) [mmchnode].
+    #[command(group(ArgGroup::new("change").required(true).multiple(true)
+        .args(["quorum", "nonquorum", "manager", "client", "address"])))]
+    Change {
+        /// Node names separated by commas, or a node file.
+        #[arg(short = 'N', value_name = "NODE[,NODE...]")]
+        nodes: String,
+        /// Make them quorum nodes (they vote and keep a copy of the configuration).
+        #[arg(long = "quorum", conflicts_with = "nonquorum")]
+        quorum: bool,
+        /// Make them non-quorum nodes.
+        #[arg(long = "nonquorum")]
+        nonquorum: bool,
+        /// Make them manager nodes (may become cluster manager if also quorum).
+        #[arg(long = "manager", conflicts_with = "client")]
+        manager: bool,
+        /// Make them client nodes (never manager).
+        #[arg(long = "client")]
+        client: bool,
+        /// The daemon address HOST:PORT of the one node named.
+        #[arg(long = "address", value_name = "HOST:PORT")]
+        address: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Set configuration parameters [mmchconfig].
+    ///
+    /// For the whole cluster, or with -N for those nodes (only parameters that may differ
+    /// between nodes); VALUE `DEFAULT` removes a setting. Unknown parameters are refused
+    /// with the list of known ones.
+    Set {
+        /// NAME=VALUE[,NAME=VALUE...]
+        #[arg(value_name = "NAME=VALUE[,...]")]
+        changes: String,
+        /// Node names separated by commas, or a node file.
+        #[arg(short = 'N', value_name = "NODE[,NODE...]")]
+        nodes: Option<String>,
+    },
+    /// List the configuration parameters [mmlsconfig].
+    ///
+    /// Every parameter with the value in force, `(default)` after values nobody set, then
+    /// per-node values in `[node,...]` sections. -Y: one row per parameter and node (empty
+    /// node: the cluster-wide value).
+    Ls {
+        /// Colon-separated machine-readable output.
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
+}
+
+/// `-a` or `-N`: which nodes a command acts on.
+#[derive(Args, Debug, Clone)]
+pub struct NodeSelectArgs {
+    /// Every node of the cluster.
+    #[arg(short = 'a', conflicts_with = "nodes")]
+    pub all: bool,
+    /// These nodes (names separated by commas, or a node file).
+    #[arg(short = 'N', value_name = "NODE[,NODE...]")]
+    pub nodes: Option<String>,
+}
+
 #[derive(Args, Debug)]
-pub struct ListArgs {
+pub struct StateArgs {
+    #[command(flatten)]
+    pub select: NodeSelectArgs,
+    /// Add the quorum summary: quorum nodes defined and active, and the quorum needed.
+    #[arg(short = 's')]
+    pub summary: bool,
     /// Colon-separated machine-readable output.
     #[arg(short = 'Y')]
     pub machine: bool,

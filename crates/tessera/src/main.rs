@@ -14,11 +14,12 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{
-    BenchCommand, Cli, ClusterCommand, Command, DaCommand, DiskCommand, FsCommand, NsdCommand,
-    NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, VdiskCommand,
+    BenchCommand, Cli, ClusterCommand, Command, ConfigCommand, DaCommand, DiskCommand, FsCommand,
+    NodeCommand, NsdCommand, NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, VdiskCommand,
 };
 use crate::commands::{
-    bench, bench_nvme, cluster, da, drive_server, fs, io, nsd, nvme, perf, pmon,
+    bench, bench_nvme, cluster, cluster_config, da, drive_server, fs, io, lifecycle, node, nsd,
+    nvme, perf, pmon, state,
 };
 use crate::config::Home;
 use crate::rpc::PdiskAction;
@@ -27,9 +28,16 @@ use crate::rpc::PdiskAction;
 fn command_name(c: &Command) -> &'static str {
     match c {
         Command::Daemon => "daemon",
-        Command::Cluster(_) => "cluster create",
-        Command::Startup => "startup",
-        Command::Shutdown => "shutdown",
+        Command::Cluster(ClusterCommand::Create { .. }) => "cluster create",
+        Command::Cluster(ClusterCommand::Accept) => "cluster accept",
+        Command::Cluster(ClusterCommand::Ls { .. }) => "cluster ls",
+        Command::Node(NodeCommand::Add { .. }) => "node add",
+        Command::Node(NodeCommand::Delete { .. }) => "node delete",
+        Command::Node(NodeCommand::Change { .. }) => "node change",
+        Command::Config(ConfigCommand::Set { .. }) => "config set",
+        Command::Config(ConfigCommand::Ls { .. }) => "config ls",
+        Command::Startup(_) => "startup",
+        Command::Shutdown(_) => "shutdown",
         Command::State(_) => "state",
         Command::Nsd(NsdCommand::Create { .. }) => "nsd create",
         Command::Nsd(NsdCommand::Ls { .. }) => "nsd ls",
@@ -76,10 +84,15 @@ fn command_name(c: &Command) -> &'static str {
 fn run(home: &Home, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Daemon => daemon::run(home.clone()),
-        Command::Cluster(ClusterCommand::Create { name }) => cluster::create(home, &name),
-        Command::Startup => cluster::startup(home),
-        Command::Shutdown => cluster::shutdown(home),
-        Command::State(a) => cluster::state(home, a.machine),
+        Command::Cluster(c) => run_cluster(home, c),
+        Command::Node(c) => run_node(home, c),
+        Command::Config(ConfigCommand::Set { changes, nodes }) => {
+            cluster_config::set(home, &changes, nodes.as_deref())
+        }
+        Command::Config(ConfigCommand::Ls { machine }) => cluster_config::ls(home, machine),
+        Command::Startup(a) => lifecycle::startup_nodes(home, &a),
+        Command::Shutdown(a) => lifecycle::shutdown_nodes(home, &a),
+        Command::State(a) => state::state(home, &a.select, a.summary, a.machine),
         Command::Nsd(NsdCommand::Create {
             stanza_file,
             verify,
@@ -214,6 +227,52 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
                 machine,
             })
         }
+    }
+}
+
+fn run_cluster(home: &Home, command: ClusterCommand) -> anyhow::Result<()> {
+    match command {
+        ClusterCommand::Create {
+            name,
+            nodes,
+            remote_shell,
+            config,
+        } => cluster::create(
+            home,
+            &cluster::CreateArgs {
+                name: &name,
+                nodes: nodes.as_deref(),
+                remote_shell: &remote_shell,
+                config: config.as_deref(),
+            },
+        ),
+        ClusterCommand::Accept => cluster::accept(home),
+        ClusterCommand::Ls { machine } => cluster::ls(home, machine),
+    }
+}
+
+fn run_node(home: &Home, command: NodeCommand) -> anyhow::Result<()> {
+    match command {
+        NodeCommand::Add { nodes } => node::add(home, &nodes),
+        NodeCommand::Delete { nodes } => node::delete(home, &nodes),
+        NodeCommand::Change {
+            nodes,
+            quorum,
+            nonquorum,
+            manager,
+            client,
+            address,
+        } => node::change(
+            home,
+            &node::ChangeArgs {
+                nodes: &nodes,
+                quorum,
+                nonquorum,
+                manager,
+                client,
+                address: address.as_deref(),
+            },
+        ),
     }
 }
 

@@ -4,14 +4,19 @@
 pub mod bench;
 pub mod bench_nvme;
 pub mod cluster;
+pub mod cluster_config;
 pub mod da;
 pub mod drive_server;
 pub mod fs;
 pub mod io;
+pub mod lifecycle;
+pub mod node;
 pub mod nsd;
 pub mod nvme;
 pub mod perf;
 pub mod pmon;
+pub mod remote;
+pub mod state;
 pub mod units;
 
 use anyhow::{bail, Result};
