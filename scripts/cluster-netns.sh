@@ -43,7 +43,7 @@ usage: $(basename "$0") COMMAND [ARGS]   (as root)
 environment: TSR_PREFIX (names, default tsr-), TSR_BASE (state, default /tmp/tessera-netns),
 TSR_SUBNET (first three octets, default 10.77.0), TSR_UP_TIMEOUT (seconds 'up' waits for
 every node to be active, default 60), TESSERA_BIN (the tessera binary; default
-target/release/tessera, then target/debug/tessera, then tessera on PATH)
+the newer of target/release/tessera and target/debug/tessera, else tessera on PATH)
 EOF
 }
 
@@ -107,7 +107,8 @@ choose_binary() {
     if [[ -n ${TESSERA_BIN:-} ]]; then
         [[ -x $TESSERA_BIN ]] || die "TESSERA_BIN=$TESSERA_BIN is not an executable file"
         readlink -f "$TESSERA_BIN"
-    elif [[ -x $REPO/target/release/tessera ]]; then
+    elif [[ -x $REPO/target/release/tessera && ( ! -x $REPO/target/debug/tessera ||
+        $REPO/target/release/tessera -nt $REPO/target/debug/tessera ) ]]; then
         echo "$REPO/target/release/tessera"
     elif [[ -x $REPO/target/debug/tessera ]]; then
         echo "$REPO/target/debug/tessera"

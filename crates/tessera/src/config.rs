@@ -386,36 +386,12 @@ impl Home {
         write_json(&self.nodes_cache_path(), cache)
     }
 
-    pub fn nsds(&self) -> Result<NsdRegistry> {
-        Ok(read_json(&self.nsd_path())?.unwrap_or_default())
-    }
-
-    pub fn save_nsds(&self, r: &NsdRegistry) -> Result<()> {
-        write_json(&self.nsd_path(), r)
-    }
-
-    pub fn file_systems(&self) -> Result<FsRegistry> {
-        Ok(read_json(&self.fs_path())?.unwrap_or_default())
-    }
-
-    pub fn save_file_systems(&self, r: &FsRegistry) -> Result<()> {
-        write_json(&self.fs_path(), r)
-    }
-
     pub fn nvme(&self) -> Result<NvmeRegistry> {
         Ok(read_json(&self.nvme_path())?.unwrap_or_default())
     }
 
     pub fn save_nvme(&self, r: &NvmeRegistry) -> Result<()> {
         write_json(&self.nvme_path(), r)
-    }
-
-    pub fn arrays(&self) -> Result<DaRegistry> {
-        Ok(read_json(&self.da_path())?.unwrap_or_default())
-    }
-
-    pub fn save_arrays(&self, r: &DaRegistry) -> Result<()> {
-        write_json(&self.da_path(), r)
     }
 }
 

@@ -41,8 +41,6 @@ pub struct Member {
     node: Arc<ClusterNode<TransportNet>>,
     net: Arc<TransportNet>,
     machine: tessera_cluster::store::StateMachineStore<TypeConfig, ConfigState>,
-    /// Where the daemon port is bound.
-    pub bound: SocketAddr,
 }
 
 impl Member {
@@ -94,7 +92,6 @@ impl Member {
             node,
             net,
             machine,
-            bound,
         };
         member.elect_if_alone();
         if let Some(create) = bootstrap {
