@@ -325,3 +325,69 @@ fn a_wrong_secret_and_garbage_on_the_daemon_port_are_refused() {
         all_in_state(&c, 1, &all, "active")
     });
 }
+
+#[test]
+fn nodes_are_deleted_added_and_changed_while_the_cluster_runs() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&["up", "4", "--config", TEST_TIMINGS]);
+
+    // A running node cannot be deleted; a stopped one can, and is gone from every table.
+    let refused = tessera(&c, 1, &["node", "delete", "-N", "node4"]);
+    assert!(!refused.status.success(), "deleted a running node");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("shutdown"));
+    tessera_ok(&c, 1, &["shutdown", "-N", "node4"]);
+    tessera_ok(&c, 1, &["node", "delete", "-N", "node4"]);
+    wait_for("node4 gone on node 3", SETTLE, || {
+        !tessera_ok(&c, 3, &["cluster", "ls"]).contains("node4")
+    });
+
+    // Added again (its old home cleared, as after a reinstall): a new number, active.
+    let home = c.base.join("node4/home");
+    std::fs::remove_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&home).unwrap();
+    let entry = format!("node4::{}.4", c.subnet);
+    tessera_ok(&c, 2, &["node", "add", "-N", &entry]);
+    tessera_ok(&c, 2, &["startup", "-N", "node4"]);
+    wait_for("the added node active", SETTLE, || {
+        all_in_state(&c, 1, &[1, 2, 3, 4], "active")
+    });
+    let listing = tessera_ok(&c, 4, &["cluster", "ls", "-Y"]);
+    assert!(
+        listing.lines().any(|l| l.contains(":5:node4:")),
+        "node4 comes back as node number 5:\n{listing}"
+    );
+
+    // A quorum node becomes a client: two quorum nodes left, so two are needed.
+    let non_manager = [3, 2, 1]
+        .into_iter()
+        .find(|n| Some(*n) != manager(&c, 1))
+        .unwrap();
+    let name = format!("node{non_manager}");
+    tessera_ok(&c, 1, &["node", "change", "-N", &name, "--nonquorum"]);
+    wait_for("two quorum nodes", SETTLE, || {
+        let out = tessera(&c, 4, &["state", "-a", "-s", "-Y"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        y_rows(&text, "state:summary:")
+            .first()
+            .is_some_and(|r| r["quorumNodesDefined"] == "2")
+    });
+    // The last quorum nodes cannot all go.
+    let quorum: Vec<String> = [1, 2, 3]
+        .into_iter()
+        .filter(|n| *n != non_manager)
+        .map(|n| format!("node{n}"))
+        .collect();
+    let refused = tessera(
+        &c,
+        4,
+        &["node", "change", "-N", &quorum.join(","), "--nonquorum"],
+    );
+    assert!(!refused.status.success(), "a cluster without quorum nodes");
+    tessera_ok(&c, 1, &["node", "change", "-N", &name, "--quorum"]);
+    wait_for("all active with three quorum nodes", SETTLE, || {
+        all_in_state(&c, 1, &[1, 2, 3, 4], "active")
+    });
+}

@@ -312,9 +312,13 @@ impl Daemon {
                 epoch: epoch.or_else(|| state.incarnations.get(&n.number).copied()),
             })
             .collect();
+        // Without a lease this node cannot tell whether the manager it last followed still
+        // is one (a cut-off manager does not know it was replaced).
+        let active = status.state == tessera_cluster::lease::NodeState::Active;
+        let manager = status.manager.filter(|_| active);
         Ok(ClusterStates {
             rows,
-            manager: status.manager,
+            manager,
             quorum_nodes_defined: quorum.len(),
             quorum_nodes_up: quorum_up,
             quorum_needed: quorum.len() / 2 + 1,

@@ -194,9 +194,10 @@ impl Member {
         self.node.status()
     }
 
-    /// Whether this node holds a valid disk lease.
-    pub fn may_do_io(&self) -> bool {
-        self.node.may_do_io()
+    /// Whether this node holds a valid disk lease, as a check devices can keep.
+    pub fn lease_check(&self) -> super::lease_gate::LeaseCheck {
+        let node = Arc::clone(&self.node);
+        Arc::new(move || node.may_do_io())
     }
 
     /// Commits `command` and waits until this node has applied it, so the admin's next

@@ -6,6 +6,7 @@
 mod cluster_admin;
 mod da_admin;
 mod fs_admin;
+mod lease_gate;
 pub mod member;
 mod mounts;
 mod nsd_admin;

@@ -11,6 +11,7 @@ use tessera_fs::FileSystem;
 use tessera_fuse::FuseOptions;
 use tessera_nsd::NsdId;
 
+use super::lease_gate::LeaseGated;
 use super::{Daemon, Mounted};
 use crate::config::{FsRecord, NsdRegistry};
 use crate::rpc::{PmonEntry, Reply};
@@ -60,7 +61,7 @@ impl Daemon {
             .map(|name| {
                 let rec = nsds.get(name)?;
                 match self.open_nsd(rec) {
-                    Ok(dev) => Some((rec.id, dev)),
+                    Ok(dev) => Some((rec.id, LeaseGated::wrap(dev, self.member.lease_check()))),
                     Err(e) => {
                         tracing::warn!("{}: NSD {name}: {e:#}", record.name);
                         None

@@ -1,0 +1,73 @@
+//! Disk I/O only under a disk lease. Every device a mounted file system uses is wrapped so
+//! that a read, write or flush is refused while this node holds no valid lease: a node cut
+//! off from the cluster manager stops touching shared disks by itself, before the manager
+//! expels it and lets other nodes recover its work. The check is made when the request is
+//! submitted; the lease runs out a safety margin before the manager's view of it does, so
+//! a request admitted just in time still finishes inside the manager's lease.
+
+use std::io;
+use std::sync::Arc;
+
+use tessera_drive::BlockDevice;
+
+/// Whether this node may do I/O now.
+pub type LeaseCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+pub struct LeaseGated {
+    inner: Arc<dyn BlockDevice>,
+    may_do_io: LeaseCheck,
+}
+
+impl LeaseGated {
+    pub fn wrap(inner: Arc<dyn BlockDevice>, may_do_io: LeaseCheck) -> Arc<dyn BlockDevice> {
+        Arc::new(LeaseGated { inner, may_do_io })
+    }
+
+    fn admit(&self) -> io::Result<()> {
+        if (self.may_do_io)() {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotConnected,
+            format!(
+                "{}: no disk lease: this node lost contact with the cluster manager (or a \
+                 quorum), so it does no disk I/O; `tessera state -a` shows the cluster, \
+                 and I/O resumes once this node is active again",
+                self.inner.name()
+            ),
+        ))
+    }
+}
+
+impl std::fmt::Debug for LeaseGated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGated")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl BlockDevice for LeaseGated {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.admit()?;
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.admit()?;
+        self.inner.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.admit()?;
+        self.inner.flush()
+    }
+}
