@@ -5,17 +5,17 @@
 # and its extrapolation to 1,000 and 10,000 nodes. 3 and 5 quorum-manager nodes, plus one
 # client each, first with test timings, then with the production defaults.
 #
-#   bench/cluster.sh [TEST_ROUNDS] [PRODUCTION_ROUNDS] [CHANGES]   (defaults 5, 1, 200)
+#   bench/cluster.sh [TEST_ROUNDS] [PRODUCTION_ROUNDS] [CHANGES]   (defaults 5, 2, 200)
 #
 # Test timings: failureDetectionTime=$TEST_FDT (default 2), leaseRecoveryWait=1. Production
-# timings: 35 and 35 (the defaults); each of their rounds takes about 2.5 minutes, so the
-# default production part takes 5-6 minutes. 0 rounds skips a part. CHANGES is the number
+# timings: 35 and 35 (the defaults); each of their rounds takes 2-2.5 minutes, so the
+# default production part takes about 9 minutes. 0 rounds skips a part. CHANGES is the number
 # of `config set` samples per round, half at the manager and half at the client.
 # Prints Markdown tables; the measurements are explained in bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 test_rounds=${1:-5}
-production_rounds=${2:-1}
+production_rounds=${2:-2}
 changes=${3:-200}
 test_fdt=${TEST_FDT:-2}
 cargo build --release -q -p tessera-cluster --example cluster_timings

@@ -34,6 +34,11 @@ fn emit(event: &str, fields: std::fmt::Arguments) {
     println!("{event} {} {fields}", monotonic_nanos());
 }
 
+/// A message as one word of the line protocol, which splits fields at white space.
+fn one_word(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join("_")
+}
+
 struct NodeOptions {
     number: NodeNumber,
     name: String,
@@ -163,10 +168,7 @@ async fn obey(node: &Arc<Member>, net: &Arc<CountingNet>, options: &NodeOptions,
         ["bootstrap", fdt, lrw, nodes] => {
             let result = bootstrap(node, options, fdt, lrw, nodes).await;
             let text = result.map_or_else(|e| format!("error:{e}"), |()| "ok".into());
-            emit(
-                "bootstrapped",
-                format_args!("result={}", text.replace(' ', "_")),
-            );
+            emit("bootstrapped", format_args!("result={}", one_word(&text)));
         }
         ["propose", change] => propose(node, change).await,
         ["counters"] => net.traffic.print(),
@@ -210,7 +212,12 @@ async fn propose(node: &Member, change: &str) {
     let start = monotonic_nanos();
     let changes = match parse_changes(change, false) {
         Ok(changes) => changes,
-        Err(e) => return emit("proposed", format_args!("start={start} error={e:?}")),
+        Err(e) => {
+            return emit(
+                "proposed",
+                format_args!("start={start} error={}", one_word(&e)),
+            )
+        }
     };
     let command = Command::SetParams {
         nodes: vec![],
@@ -222,7 +229,7 @@ async fn propose(node: &Member, change: &str) {
         }
         other => emit(
             "proposed",
-            format_args!("start={start} error={:?}", format!("{other:?}")),
+            format_args!("start={start} error={}", one_word(&format!("{other:?}"))),
         ),
     }
 }
