@@ -669,7 +669,9 @@ fn measure_failover(
                 None
             }
             "lease" => {
-                let gap = lapsed.remove(&e.node).map_or(0, |from| e.nanos - from);
+                let gap = lapsed
+                    .remove(&e.node)
+                    .map_or(0, |from| e.nanos.saturating_sub(from));
                 longest_gap = longest_gap.max(gap);
                 None
             }
@@ -698,7 +700,10 @@ fn print_results(options: &Options, quorum: usize, r: &QuorumResults) {
          ({} round(s))\n",
         r.startup.len()
     );
-    println!("| after kill -9 of | until | seconds, median (min–max) | / failureDetectionTime | each round, s |");
+    println!(
+        "| after kill -9 of | until | seconds, median (min–max) | / failureDetectionTime \
+         | each round, s |"
+    );
     println!("| --- | --- | ---: | ---: | --- |");
     let rows = [
         ("the manager", "a survivor follows a new leader", &r.elected),
