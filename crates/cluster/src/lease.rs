@@ -107,6 +107,8 @@ pub fn margin(lease: Duration) -> Duration {
 pub struct LeaseHolder {
     epoch: Option<u64>,
     valid_until: Option<ClockTime>,
+    /// The manager of the latest grant.
+    granted_by: Option<NodeNumber>,
 }
 
 impl LeaseHolder {
@@ -129,6 +131,7 @@ impl LeaseHolder {
             return;
         }
         let until = sent_at + grant.lease.saturating_sub(margin(grant.lease));
+        self.granted_by = Some(grant.manager);
         // Grants can arrive out of order; a lease never shrinks because of an older one.
         self.valid_until = Some(self.valid_until.map_or(until, |v| v.max(until)));
     }
@@ -137,6 +140,12 @@ impl LeaseHolder {
     pub fn expelled(&mut self) {
         self.epoch = None;
         self.valid_until = None;
+        self.granted_by = None;
+    }
+
+    /// The cluster manager that granted the latest lease.
+    pub fn granted_by(&self) -> Option<NodeNumber> {
+        self.granted_by
     }
 
     /// Whether the node may submit I/O at `now`.

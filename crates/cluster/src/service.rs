@@ -64,16 +64,19 @@ impl Default for Clock {
 /// Reads this node's applied copy of the configuration.
 pub type StateReader = Arc<dyn Fn() -> ConfigState + Send + Sync>;
 
-/// Raft timings derived from `failureDetectionTime`, so one parameter tunes detection:
-/// heartbeats every F/16, elections after F/4 to F/2 of silence. A new cluster manager is
-/// therefore elected well within one failure-detection time.
+/// Raft timings derived from `failureDetectionTime` (F), so one parameter tunes detection:
+/// heartbeats every F/32, election timeouts F/8 to F/4. openraft lets a follower stand
+/// only once its leader's lease (the longest election timeout) has also run out since
+/// the last heartbeat, so a new cluster manager is elected 3F/8 to F/2 after the old one
+/// died: before the disk leases it granted (F from a renewal sent every F/4, so at least
+/// 3F/4 after its death) run out, and survivors keep doing I/O through a failover.
 pub fn raft_config(timings: &LeaseTimings, cluster_name: &str) -> Config {
     let f = timings.failure_detection.as_millis().max(64) as u64;
     Config {
         cluster_name: cluster_name.to_string(),
-        heartbeat_interval: f / 16,
-        election_timeout_min: f / 4,
-        election_timeout_max: f / 2,
+        heartbeat_interval: f / 32,
+        election_timeout_min: f / 8,
+        election_timeout_max: f / 4,
         // The configuration is small: snapshot often so a new node catches up from one.
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
         max_in_snapshot_log_to_keep: 100,
@@ -387,15 +390,38 @@ impl<N: NodeNet> ClusterNode<N> {
                     continue;
                 }
             }
-            // Without a lease (starting, or the manager changed) a node asks often, so it
-            // is active soon after a manager is; with one, every renewal period.
-            let leased = self.may_do_io();
-            let period = if leased {
+            // A node without a lease, or whose lease comes from a manager that is no longer
+            // the leader, asks often, so it holds a lease from the new manager soon after
+            // that one takes over; otherwise it renews every renewal period, or at once
+            // when the leader changes.
+            let leader = self.raft.metrics().borrow().current_leader;
+            let current = {
+                let holder = self.holder.lock();
+                holder.granted_by().map(u64::from) == leader
+            };
+            let period = if self.may_do_io() && current {
                 timings.renew_every
             } else {
                 timings.renew_every.min(UNLEASED_POLL)
             };
-            tokio::time::sleep(period).await;
+            self.sleep_or_leader_change(period).await;
+        }
+    }
+
+    /// Sleeps `period`, or less if the Raft leader changes meanwhile.
+    async fn sleep_or_leader_change(&self, period: Duration) {
+        let mut metrics = self.raft.metrics();
+        let leader = metrics.borrow_and_update().current_leader;
+        let wake = tokio::time::Instant::now() + period;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => return,
+                changed = metrics.changed() => {
+                    if changed.is_err() || metrics.borrow_and_update().current_leader != leader {
+                        return;
+                    }
+                }
+            }
         }
     }
 
@@ -469,13 +495,11 @@ impl<N: NodeNet> ClusterNode<N> {
             // Checking leadership is cheap; taking over soon after an election shortens
             // failover, so a node that does not manage looks often.
             let period = (timings.renew_every / 2).max(Duration::from_millis(10));
-            let managing = self.manager.lock().is_some();
-            let period = if managing {
-                period
+            if self.manager.lock().is_some() {
+                tokio::time::sleep(period).await;
             } else {
-                period.min(UNLEASED_POLL)
-            };
-            tokio::time::sleep(period).await;
+                self.sleep_or_leader_change(period.min(UNLEASED_POLL)).await;
+            }
         }
     }
 

@@ -10,11 +10,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::Command;
 
 use common::netns::{alive, netns_usable, Cluster};
 use common::{fuse_usable, BIN};
