@@ -11,6 +11,7 @@
 //! stand, which is how "the cluster manager is elected among the quorum-manager nodes".
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,6 +98,8 @@ pub struct ClusterNode<N: NodeNet> {
     manager: Mutex<Option<LeaseManager>>,
     /// When the last leadership confirmation that succeeded had started.
     confirmed_from: tokio::sync::Mutex<Option<ClockTime>>,
+    /// A membership change (`reconcile_membership`) is running.
+    membership_busy: AtomicBool,
 }
 
 /// How often a node without a lease asks for one, and a quorum node that does not manage
@@ -137,6 +140,7 @@ impl<N: NodeNet> ClusterNode<N> {
             holder: Mutex::new(LeaseHolder::default()),
             manager: Mutex::new(None),
             confirmed_from: tokio::sync::Mutex::new(None),
+            membership_busy: AtomicBool::new(false),
         });
         node.update_electability();
         Ok(node)
@@ -503,7 +507,7 @@ impl<N: NodeNet> ClusterNode<N> {
         }
     }
 
-    async fn manage_once(&self, timings: &LeaseTimings) {
+    async fn manage_once(self: &Arc<Self>, timings: &LeaseTimings) {
         let metrics = self.raft.metrics().borrow().clone();
         let leading = metrics.state == ServerState::Leader
             && metrics.current_leader == Some(u64::from(self.me));
@@ -542,12 +546,14 @@ impl<N: NodeNet> ClusterNode<N> {
                 Err(_) => tracing::warn!(node, "expel not committed: no majority answers"),
             }
         }
-        let reconcile = self.reconcile_membership(&state, &metrics);
-        if tokio::time::timeout(timings.failure_detection, reconcile)
-            .await
-            .is_err()
-        {
-            tracing::warn!("membership change not committed: no majority answers");
+        // A membership change runs to its end in its own task: cut short between its two
+        // steps, it would leave Raft in a joint configuration. One at a time.
+        if !self.membership_busy.swap(true, Ordering::AcqRel) {
+            let node = Arc::clone(self);
+            tokio::spawn(async move {
+                node.reconcile_membership(&state, &metrics).await;
+                node.membership_busy.store(false, Ordering::Release);
+            });
         }
     }
 
@@ -588,9 +594,9 @@ impl<N: NodeNet> ClusterNode<N> {
             return;
         }
         let membership = metrics.membership_config.membership();
-        if membership.get_joint_config().len() > 1 {
-            return; // a change is in progress
-        }
+        // A joint configuration left by a change cut short (its leader lost leadership
+        // between the two steps) is finished by the next change below.
+        let joint = membership.get_joint_config().len() > 1;
         let members: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
         for node in state.nodes.values() {
             if !members.contains(&u64::from(node.number)) {
@@ -607,7 +613,7 @@ impl<N: NodeNet> ClusterNode<N> {
         }
         let voters: BTreeSet<u64> = state.quorum_nodes().map(|n| n.number.into()).collect();
         let current: BTreeSet<u64> = membership.voter_ids().collect();
-        if voters != current {
+        if voters != current || joint {
             tracing::info!(?voters, "changing the Raft voters to the quorum nodes");
             if let Err(e) = self.raft.change_membership(voters, true).await {
                 tracing::warn!("voter change not committed: {e}");

@@ -130,7 +130,7 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
         return;
     }
     let c = Cluster::new();
-    c.ok(&["up", "4", "--config", TEST_TIMINGS]);
+    c.ok(&["up", "4", "--drives", "1", "--size", "256M", "--config", TEST_TIMINGS]);
     let all = [1, 2, 3, 4];
     assert!(all_in_state(&c, 4, &all, "active"), "{:?}", states(&c, 4));
 
@@ -177,6 +177,24 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     // A quorum node cut off alone goes arbitrating; the majority stays active.
     let lonely = if manager(&c, 1) == Some(3) { 2 } else { 3 };
     let majority: Vec<u32> = all.iter().copied().filter(|n| *n != lonely).collect();
+    // It has a file system mounted: its disk I/O must stop while it has no lease.
+    let stanza = c.base.join("nsd.stanza");
+    let drive = format!(
+        "%nsd: device={} nsd=n1 usage=dataAndMetadata failureGroup=1 pool=system\n",
+        c.base.join("drives/node1-d1.img").display()
+    );
+    std::fs::write(&stanza, drive).unwrap();
+    let stanza = stanza.to_str().unwrap();
+    let mnt = c.base.join(format!("node{lonely}/mnt/g1"));
+    tessera_ok(&c, lonely, &["nsd", "create", "-F", stanza]);
+    tessera_ok(&c, lonely, &["fs", "create", "g1", "-F", stanza, "-T", mnt.to_str().unwrap()]);
+    tessera_ok(&c, lonely, &["mount", "g1"]);
+    std::fs::write(mnt.join("before"), b"with a lease").unwrap();
+    let elsewhere = tessera(&c, majority[0], &["mount", "g1"]);
+    assert!(
+        String::from_utf8_lossy(&elsewhere.stderr).contains(&format!("node{lonely}")),
+        "a second node mounted g1: {elsewhere:?}"
+    );
     c.ok(&["partition", &lonely.to_string()]);
     wait_for("the cut-off node arbitrating", SETTLE, || {
         let own = tessera(&c, lonely, &["state", "-Y"]);
@@ -187,13 +205,24 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
         "the majority must stay active: {:?}",
         states(&c, majority[0])
     );
-    // The minority cannot change the configuration.
+    // The minority cannot change the configuration, nor write to its disks.
     let refused = tessera(&c, lonely, &["config", "set", "leaseRecoveryWait=3"]);
     assert!(!refused.status.success(), "a minority committed a change");
+    let write_and_sync = |name: &str| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.join(name))?;
+        f.write_all(&[7u8; 65536])?;
+        f.sync_all()
+    };
+    let cut_off = write_and_sync("during");
+    assert!(cut_off.is_err(), "a node without a lease wrote to its disks");
     c.ok(&["heal"]);
     wait_for("all active after heal", SETTLE, || {
         all_in_state(&c, 1, &all, "active")
     });
+    write_and_sync("after").expect("I/O resumes once the node is active again");
+    assert_eq!(std::fs::read(mnt.join("before")).unwrap(), b"with a lease");
+    tessera_ok(&c, lonely, &["umount", "g1"]);
 
     // Every daemon killed at once, then all started: the configuration is intact.
     for k in all {
@@ -210,6 +239,11 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     for k in all {
         assert!(listing.contains(&format!("node{k}")), "{listing}");
     }
+
+    // shutdown -a from any node stops every daemon.
+    tessera_ok(&c, 2, &["shutdown", "-a"]);
+    let status = c.ok(&["status"]);
+    assert_eq!(status.matches(" down ").count(), 4, "{status}");
 }
 
 #[test]
