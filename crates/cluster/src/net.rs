@@ -15,7 +15,7 @@ use tessera_transport::{Connection, Identity};
 use tokio::net::TcpListener;
 
 use crate::node::NodeNumber;
-use crate::rpc::{NetError, NodeNet, PeerReply, PeerRequest};
+use crate::rpc::{NetError, NodeNet, NodeStatus, PeerReply, PeerRequest};
 use crate::service::ClusterNode;
 
 /// Idle connections kept per peer address.
@@ -115,4 +115,40 @@ async fn serve_connection(mut connection: Connection, node: Arc<ClusterNode<Tran
             return;
         }
     }
+}
+
+/// Asks each of `nodes` (number, daemon address) what it says of itself, all at once,
+/// each within `timeout`: `tessera state` on any node, with or without its own daemon.
+pub async fn ask_statuses(
+    net: Arc<TransportNet>,
+    nodes: &[(NodeNumber, String)],
+    timeout: Duration,
+) -> Vec<Result<NodeStatus, NetError>> {
+    let asks: Vec<_> = nodes
+        .iter()
+        .map(|(number, address)| {
+            let net = Arc::clone(&net);
+            let (number, address) = (*number, address.clone());
+            tokio::spawn(async move {
+                match net
+                    .call(number, &address, PeerRequest::Status, timeout)
+                    .await?
+                {
+                    PeerReply::Status(status) => Ok(status),
+                    _ => Err(NetError::WrongReply(number)),
+                }
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(asks.len());
+    for ask in asks {
+        answers.push(ask.await.expect("status queries do not panic"));
+    }
+    answers
+}
+
+/// Whether a failed call found nothing listening on the daemon port (the daemon is down),
+/// rather than no answer (the node or the network is).
+pub fn nothing_listens(e: &NetError) -> bool {
+    matches!(e, NetError::Unreachable(_, why) if why.contains("refused"))
 }

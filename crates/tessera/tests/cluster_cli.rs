@@ -208,7 +208,8 @@ fn create_sets_up_three_homes_through_the_remote_shell() {
     for column in ["nodeNumber", "nodeName", "state"] {
         assert!(header.contains(&column), "{state}");
     }
-    assert!(lines[1].contains(":1:node1:unknown:"), "{state}");
+    // Asked directly: nothing listens on node1's daemon port.
+    assert!(lines[1].contains(":1:node1:down:"), "{state}");
     assert!(lines[2].contains(":2:node2:down:"), "{state}");
     let summary = site.ok("node2", &["state", "-N", "node3,node1", "-s"]);
     assert!(summary.contains("Number of quorum nodes defined in the cluster:  2"));

@@ -130,7 +130,16 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
         return;
     }
     let c = Cluster::new();
-    c.ok(&["up", "4", "--drives", "1", "--size", "256M", "--config", TEST_TIMINGS]);
+    c.ok(&[
+        "up",
+        "4",
+        "--drives",
+        "1",
+        "--size",
+        "256M",
+        "--config",
+        TEST_TIMINGS,
+    ]);
     let all = [1, 2, 3, 4];
     assert!(all_in_state(&c, 4, &all, "active"), "{:?}", states(&c, 4));
 
@@ -158,6 +167,10 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     // kill -9 of a client: expelled after failureDetectionTime, back after a restart.
     let before = states(&c, 1)["node4"].1.clone();
     c.ok(&["kill", "4"]);
+    // Its own `state -a` still answers, asking the others directly.
+    let seen = states(&c, 4);
+    assert_eq!(seen["node4"].0, "down", "{seen:?}");
+    assert_eq!(seen["node1"].0, "active", "{seen:?}");
     wait_for("the expel of the client", SETTLE, || {
         states(&c, 1)
             .get("node4")
@@ -187,7 +200,19 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     let stanza = stanza.to_str().unwrap();
     let mnt = c.base.join(format!("node{lonely}/mnt/g1"));
     tessera_ok(&c, lonely, &["nsd", "create", "-F", stanza]);
-    tessera_ok(&c, lonely, &["fs", "create", "g1", "-F", stanza, "-T", mnt.to_str().unwrap()]);
+    tessera_ok(
+        &c,
+        lonely,
+        &[
+            "fs",
+            "create",
+            "g1",
+            "-F",
+            stanza,
+            "-T",
+            mnt.to_str().unwrap(),
+        ],
+    );
     tessera_ok(&c, lonely, &["mount", "g1"]);
     std::fs::write(mnt.join("before"), b"with a lease").unwrap();
     let elsewhere = tessera(&c, majority[0], &["mount", "g1"]);
@@ -215,7 +240,10 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
         f.sync_all()
     };
     let cut_off = write_and_sync("during");
-    assert!(cut_off.is_err(), "a node without a lease wrote to its disks");
+    assert!(
+        cut_off.is_err(),
+        "a node without a lease wrote to its disks"
+    );
     c.ok(&["heal"]);
     wait_for("all active after heal", SETTLE, || {
         all_in_state(&c, 1, &all, "active")

@@ -60,7 +60,11 @@ pub fn add(home: &Home, nodes_text: &str) -> Result<()> {
     let names: Vec<&str> = added.iter().map(|n| n.name.as_str()).collect();
     if !failed.is_empty() {
         return Err(not_all_reached(
-            &format!("nodes {} are added", names.join(", ")),
+            &if names.len() == 1 {
+                format!("node {} is added", names[0])
+            } else {
+                format!("nodes {} are added", names.join(", "))
+            },
             &failed,
             added.len(),
         ));

@@ -1,22 +1,24 @@
 //! `state [-a | -N nodes] [-s] [-Y]` [mmgetstate]: each node's daemon state as the local
-//! daemon sees it, and the quorum summary. With the local daemon down nobody can be
-//! asked: this node is `down` and the others, from this node's copy of the node table,
-//! `unknown`.
+//! daemon sees it, and the quorum summary. With the local daemon down, this node is `down`
+//! and the command asks the others itself, over the node transport with the cluster
+//! secret, from this node's copy of the node table.
+
+use std::sync::Arc;
 
 use anyhow::Result;
+use tessera_cluster::net::{ask_statuses, nothing_listens, TransportNet};
+use tessera_cluster::rpc::{NetError, NodeStatus};
 use tessera_cluster::state::NodeRecord;
+use tessera_transport::{ClusterId, ClusterSecret, Identity};
 
 use super::cluster::cached_nodes;
 use super::lifecycle::PING_TIMEOUT;
 use super::remote::parse_node_names;
 use crate::cli::NodeSelectArgs;
 use crate::config::{ClusterConfig, Home};
+use crate::daemon::member::STATUS_TIMEOUT;
 use crate::output::{Table, YRecord};
 use crate::rpc::{Client, ClusterStates, NodeStateRow, Reply, Request};
-
-/// The refusal of a daemon from before the cluster layer. Such a daemon still answers for
-/// its own node (a ping), which is all a one-node home needs.
-const PRE_CLUSTER_DAEMON: &str = "does not run the cluster layer";
 
 pub fn state(home: &Home, select: &NodeSelectArgs, summary: bool, machine: bool) -> Result<()> {
     let cluster = home.cluster()?;
@@ -33,7 +35,7 @@ pub fn state(home: &Home, select: &NodeSelectArgs, summary: bool, machine: bool)
         vec![cluster.node_name.clone()]
     };
     let (states, asked) = match Client::ping(home, PING_TIMEOUT) {
-        None => (offline_states(home, &cluster, &names, "down")?, false),
+        None => offline_states(home, &cluster, &names)?,
         Some(_) => match super::call(
             home,
             &Request::ClusterState {
@@ -42,9 +44,6 @@ pub fn state(home: &Home, select: &NodeSelectArgs, summary: bool, machine: bool)
         ) {
             Ok(Reply::States(states)) => (states, true),
             Ok(other) => return Err(super::unexpected(other)),
-            Err(e) if e.to_string().contains(PRE_CLUSTER_DAEMON) => {
-                (offline_states(home, &cluster, &names, "active")?, false)
-            }
             Err(e) => return Err(e),
         },
     };
@@ -56,14 +55,13 @@ pub fn state(home: &Home, select: &NodeSelectArgs, summary: bool, machine: bool)
     Ok(())
 }
 
-/// The states this node can tell without its daemon: its own (`local_state`) and
-/// `unknown` for every other node.
+/// The states without the local daemon: this node is `down`; every other node is asked
+/// directly (`unknown` if the secret cannot be read). Returns whether others were asked.
 fn offline_states(
     home: &Home,
     cluster: &ClusterConfig,
     names: &[String],
-    local_state: &str,
-) -> Result<ClusterStates> {
+) -> Result<(ClusterStates, bool)> {
     let known = cached_nodes(home)?;
     let chosen = super::lifecycle::select_nodes(
         &known.nodes,
@@ -72,36 +70,85 @@ fn offline_states(
             nodes: (!names.is_empty()).then(|| names.join(",")),
         },
     )?;
-    let rows: Vec<NodeStateRow> = chosen
-        .iter()
-        .map(|node| NodeStateRow {
-            number: node.number,
-            name: node.name.clone(),
-            designation: node.designation,
-            state: if node.name == cluster.node_name {
-                local_state.to_string()
-            } else {
-                "unknown".to_string()
-            },
-            epoch: None,
-        })
-        .collect();
     let quorum: Vec<&NodeRecord> = known
         .nodes
         .iter()
         .filter(|n| n.designation.quorum)
         .collect();
-    let up = quorum
+    let mut ask: Vec<&NodeRecord> = chosen.iter().collect();
+    ask.extend(quorum.iter().copied());
+    ask.retain(|n| n.name != cluster.node_name);
+    ask.sort_by_key(|n| n.number);
+    ask.dedup_by_key(|n| n.number);
+    let answers = ask_directly(home, cluster, &ask);
+    let state_of = |node: &NodeRecord| -> (String, Option<u64>) {
+        if node.name == cluster.node_name {
+            return ("down".into(), None);
+        }
+        let at = ask.iter().position(|n| n.number == node.number);
+        match (&answers, at) {
+            (Some(answers), Some(at)) => match &answers[at] {
+                Ok(status) => (crate::daemon::member::state_word(status), status.epoch),
+                Err(e) if nothing_listens(e) => ("down".into(), None),
+                Err(_) => ("unknown".into(), None),
+            },
+            _ => ("unknown".into(), None),
+        }
+    };
+    let rows: Vec<NodeStateRow> = chosen
         .iter()
-        .filter(|n| n.name == cluster.node_name && local_state == "active")
-        .count();
-    Ok(ClusterStates {
+        .map(|node| {
+            let (state, epoch) = state_of(node);
+            NodeStateRow {
+                number: node.number,
+                name: node.name.clone(),
+                designation: node.designation,
+                state,
+                epoch,
+            }
+        })
+        .collect();
+    let up = quorum.iter().filter(|n| state_of(n).0 == "active").count();
+    let manager = answers.as_ref().and_then(|answers| {
+        answers
+            .iter()
+            .flatten()
+            .find(|s| s.state == tessera_cluster::lease::NodeState::Active)
+            .and_then(|s| s.manager)
+    });
+    let states = ClusterStates {
         rows,
-        manager: None,
+        manager,
         quorum_nodes_defined: quorum.len(),
         quorum_nodes_up: up,
         quorum_needed: quorum.len() / 2 + 1,
-    })
+    };
+    Ok((states, answers.is_some()))
+}
+
+/// Asks `nodes` for their status over the node transport, as this node; `None` when this
+/// node cannot authenticate (no readable secret).
+fn ask_directly(
+    home: &Home,
+    cluster: &ClusterConfig,
+    nodes: &[&NodeRecord],
+) -> Option<Vec<Result<NodeStatus, NetError>>> {
+    let secret = ClusterSecret::load(&home.secret_path()).ok()?;
+    let identity = Arc::new(Identity {
+        cluster_id: ClusterId(cluster.cluster_id_bytes()),
+        node_name: cluster.node_name.clone(),
+        secret,
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let net = Arc::new(TransportNet::new(identity));
+    let targets: Vec<_> = nodes
+        .iter()
+        .map(|n| (n.number, n.address.clone()))
+        .collect();
+    Some(runtime.block_on(ask_statuses(net, &targets, STATUS_TIMEOUT)))
 }
 
 fn remarks(row: &NodeStateRow, states: &ClusterStates) -> String {
@@ -139,8 +186,8 @@ fn print_table(states: &ClusterStates, summary: bool, asked: bool) {
     if !asked {
         println!("Number of quorum nodes active in the cluster:   unknown");
         println!(
-            "Quorum = {}, unknown: no other node was asked (the local daemon is down or \
-             predates the cluster layer)",
+            "Quorum = {}, unknown: no other node was asked (the local daemon is down and \
+             the cluster secret cannot be read)",
             states.quorum_needed
         );
         return;

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use tessera_cluster::net::{serve, TransportNet};
+use tessera_cluster::net::{ask_statuses, nothing_listens, serve, TransportNet};
 use tessera_cluster::node::{Designation, NodeNumber, NodeSpec};
 use tessera_cluster::params::LeaseTimings;
 use tessera_cluster::raft::TypeConfig;
-use tessera_cluster::rpc::{NetError, NodeNet, NodeStatus, PeerReply, PeerRequest};
+use tessera_cluster::rpc::NodeStatus;
 use tessera_cluster::service::{raft_config, Clock, ClusterNode, StateReader};
 use tessera_cluster::state::{ClusterIdentity, Command, ConfigState, NodeRecord, Response};
 use tessera_transport::{ClusterId, ClusterSecret, Identity};
@@ -31,7 +31,7 @@ use crate::config::{ClusterConfig, Home, NodesCache};
 pub const LOOPBACK_ANY_PORT: &str = "127.0.0.1:0";
 
 /// How long a `state` query waits for another node's answer before calling it `unknown`.
-const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long an admin command waits for its change to be committed and applied here.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -255,36 +255,29 @@ impl Member {
     pub fn node_states(&self, nodes: &[NodeRecord]) -> Vec<(String, Option<u64>)> {
         let me = self.node.me();
         let own = self.node.status();
+        let others: Vec<(NodeNumber, String)> = nodes
+            .iter()
+            .filter(|n| n.number != me)
+            .map(|n| (n.number, n.address.clone()))
+            .collect();
         let net = Arc::clone(&self.net);
-        self.runtime.block_on(async move {
-            let asks = nodes.iter().map(|record| {
-                let net = Arc::clone(&net);
-                let own = own.clone();
-                let record = record.clone();
-                async move {
-                    if record.number == me {
-                        return (state_word(&own), own.epoch);
-                    }
-                    let asked = net
-                        .call(
-                            record.number,
-                            &record.address,
-                            PeerRequest::Status,
-                            STATUS_TIMEOUT,
-                        )
-                        .await;
-                    match asked {
-                        Ok(PeerReply::Status(status)) => (state_word(&status), status.epoch),
-                        Ok(_) => ("unknown".to_string(), None),
-                        Err(NetError::Unreachable(_, why)) if why.contains("refused") => {
-                            ("down".to_string(), None)
-                        }
-                        Err(_) => ("unknown".to_string(), None),
-                    }
+        let mut answers = self
+            .runtime
+            .block_on(ask_statuses(net, &others, STATUS_TIMEOUT))
+            .into_iter();
+        nodes
+            .iter()
+            .map(|n| {
+                if n.number == me {
+                    return (state_word(&own), own.epoch);
                 }
-            });
-            futures_join_all(asks).await
-        })
+                match answers.next().expect("one answer per node asked") {
+                    Ok(status) => (state_word(&status), status.epoch),
+                    Err(e) if nothing_listens(&e) => ("down".to_string(), None),
+                    Err(_) => ("unknown".to_string(), None),
+                }
+            })
+            .collect()
     }
 
     /// Stops the Raft member; other nodes see this node go away.
@@ -294,26 +287,12 @@ impl Member {
     }
 }
 
-fn state_word(status: &NodeStatus) -> String {
+/// `tessera state`'s word for a node that answered.
+pub fn state_word(status: &NodeStatus) -> String {
     match status.state {
         tessera_cluster::lease::NodeState::Active => "active".into(),
         tessera_cluster::lease::NodeState::Arbitrating => "arbitrating".into(),
     }
-}
-
-/// Runs the futures concurrently and returns their outputs in order.
-async fn futures_join_all<F: std::future::Future + Send + 'static>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<F::Output>
-where
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futures.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for handle in handles {
-        out.push(handle.await.expect("state queries do not panic"));
-    }
-    out
 }
 
 /// The timings Raft's heartbeats and elections follow (fixed for the life of the daemon:
