@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use tessera_transport::{Connection, Identity};
 use tokio::net::TcpListener;
 
@@ -72,10 +73,18 @@ impl NodeNet for TransportNet {
         if left.is_zero() {
             return Err(NetError::Timeout(to, timeout));
         }
+        let addressed = Addressed { to, request };
         match connection
-            .call::<PeerRequest, PeerReply>(&request, left)
+            .call::<Addressed, PeerReply>(&addressed, left)
             .await
         {
+            Ok(PeerReply::NotAddressee { me }) => {
+                self.put_back(address, connection);
+                Err(NetError::Unreachable(
+                    to,
+                    format!("{address} is node {me} now, not node {to}"),
+                ))
+            }
             Ok(reply) => {
                 self.put_back(address, connection);
                 Ok(reply)
@@ -83,6 +92,24 @@ impl NodeNet for TransportNet {
             Err(e) => Err(NetError::Unreachable(to, e.to_string())),
         }
     }
+}
+
+/// What travels on a connection: a request and the number of the node it is for. A node
+/// answers only what is addressed to it: after `node delete` and `node add` a new node can
+/// listen where the deleted one did, and Raft must never take the new node's empty log for
+/// the old node's (openraft stops on a follower whose log went backwards).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Addressed {
+    pub to: NodeNumber,
+    pub request: PeerRequest,
+}
+
+/// The answer of `node` to one addressed request.
+pub async fn answer<N: NodeNet>(node: &ClusterNode<N>, addressed: Addressed) -> PeerReply {
+    if addressed.to != node.me() {
+        return PeerReply::NotAddressee { me: node.me() };
+    }
+    node.handle(addressed.request).await
 }
 
 /// Answers other nodes on `listener` until the task running it is aborted. Each
@@ -101,15 +128,15 @@ pub async fn serve(
 
 async fn serve_connection(mut connection: Connection, node: Arc<ClusterNode<TransportNet>>) {
     loop {
-        let request = match connection.recv::<PeerRequest>().await {
-            Ok(Some(request)) => request,
+        let addressed = match connection.recv::<Addressed>().await {
+            Ok(Some(addressed)) => addressed,
             Ok(None) => return,
             Err(e) => {
                 tracing::debug!(peer = connection.peer_name(), "connection ends: {e}");
                 return;
             }
         };
-        let reply = node.handle(request).await;
+        let reply = answer(&node, addressed).await;
         if let Err(e) = connection.send(&reply).await {
             tracing::debug!(peer = connection.peer_name(), "cannot answer: {e}");
             return;

@@ -47,6 +47,10 @@ pub enum PeerReply {
     Proposed(Result<Response, ProposeError>),
     Renewed(Result<Grant, Refusal>),
     Status(NodeStatus),
+    /// The request was for another node number than this node's (see `net::Addressed`).
+    NotAddressee {
+        me: NodeNumber,
+    },
 }
 
 /// Why a proposal was not committed.

@@ -513,8 +513,20 @@ impl<N: NodeNet> ClusterNode<N> {
             && metrics.current_leader == Some(u64::from(self.me));
         if !leading {
             *self.manager.lock() = None;
+            self.raft.runtime_config().heartbeat(true);
             return;
         }
+        if !self.is_manager_candidate() {
+            // Demoted (`node change --nonquorum` or `--client`) while leading: stop managing
+            // and stop the heartbeats, so the followers elect a candidate (openraft 0.9 has
+            // no leadership transfer); the new leader then takes this node off the voters.
+            if self.manager.lock().take().is_some() {
+                tracing::info!("no longer a manager candidate: letting another node manage");
+            }
+            self.raft.runtime_config().heartbeat(false);
+            return;
+        }
+        self.raft.runtime_config().heartbeat(true);
         let term = metrics.current_term;
         let managing = self.manager.lock().as_ref().map(|m| m.term()) == Some(term);
         if !managing && !self.take_over(term, timings).await {
@@ -657,9 +669,14 @@ impl<N: NodeNet> ClusterNode<N> {
 
     /// Only manager candidates stand for election.
     pub fn update_electability(&self) {
+        self.raft
+            .runtime_config()
+            .elect(self.is_manager_candidate());
+    }
+
+    fn is_manager_candidate(&self) -> bool {
         let state = self.state();
-        let electable = state.identity.is_none() || state.manager_candidates().contains(&self.me);
-        self.raft.runtime_config().elect(electable);
+        state.identity.is_none() || state.manager_candidates().contains(&self.me)
     }
 
     /// Stops the Raft member; `run` returns.

@@ -422,24 +422,26 @@ fn nodes_are_deleted_added_and_changed_while_the_cluster_runs() {
         "node4 comes back as node number 5:\n{listing}"
     );
 
-    // A quorum node becomes a client: two quorum nodes left, so two are needed.
-    let non_manager = [3, 2, 1]
-        .into_iter()
-        .find(|n| Some(*n) != manager(&c, 1))
-        .unwrap();
-    let name = format!("node{non_manager}");
+    // The cluster manager itself becomes a client: another quorum node takes over, and two
+    // quorum nodes are left, so two are needed.
+    let demoted = manager(&c, 1).expect("a cluster manager");
+    let name = format!("node{demoted}");
     tessera_ok(&c, 1, &["node", "change", "-N", &name, "--nonquorum"]);
-    wait_for("two quorum nodes", SETTLE, || {
+    wait_for("another manager, two quorum nodes", SETTLE, || {
         let out = tessera(&c, 4, &["state", "-a", "-s", "-Y"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        y_rows(&text, "state:summary:")
-            .first()
-            .is_some_and(|r| r["quorumNodesDefined"] == "2")
+        let summary = y_rows(&text, "state:summary:");
+        summary.first().is_some_and(|r| {
+            r["quorumNodesDefined"] == "2"
+                && r["managerNumber"]
+                    .parse::<u32>()
+                    .is_ok_and(|m| m != demoted)
+        }) && all_in_state(&c, 4, &[1, 2, 3, 4], "active")
     });
     // The last quorum nodes cannot all go.
     let quorum: Vec<String> = [1, 2, 3]
         .into_iter()
-        .filter(|n| *n != non_manager)
+        .filter(|n| *n != demoted)
         .map(|n| format!("node{n}"))
         .collect();
     let refused = tessera(

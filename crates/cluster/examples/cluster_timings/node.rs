@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use parking_lot::Mutex;
 use tessera_cluster::lease::NodeState;
-use tessera_cluster::net::TransportNet;
+use tessera_cluster::net::{Addressed, TransportNet};
 use tessera_cluster::node::{parse_node_list, NodeNumber};
 use tessera_cluster::params::{parse_changes, LeaseTimings};
 use tessera_cluster::raft::TypeConfig;
@@ -459,10 +459,10 @@ async fn serve_counted(
 }
 
 async fn answer(mut connection: Connection, node: Arc<Member>, traffic: Arc<Traffic>) {
-    while let Ok(Some(request)) = connection.recv::<PeerRequest>().await {
-        let kind = kind_of(&request);
-        let request_bytes = wire_bytes(&request);
-        let reply = node.handle(request).await;
+    while let Ok(Some(addressed)) = connection.recv::<Addressed>().await {
+        let kind = kind_of(&addressed.request);
+        let request_bytes = wire_bytes(&addressed);
+        let reply = tessera_cluster::net::answer(&node, addressed).await;
         traffic.answered(kind, request_bytes + wire_bytes(&reply));
         if connection.send(&reply).await.is_err() {
             return;

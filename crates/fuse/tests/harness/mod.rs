@@ -5,10 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tessera_drive::{BlockDevice, FileDrive};
+use tessera_drive::BlockDevice;
 use tessera_fs::{DiskSpec, FileSystem, FormatOptions};
 use tessera_nsd::descriptor::{write_descriptor, NsdDescriptor};
 use tessera_nsd::{DiskUsage, NsdId};
+use tessera_testkit::open_drive_waiting;
 use tessera_vdisk::{Code, DaOptions, DeclusteredArray, PdiskSpec, VdiskSize};
 
 /// What the NSDs of the test file system are.
@@ -68,7 +69,7 @@ impl Mounted {
                         .unwrap()
                         .set_len(disk_bytes)
                         .unwrap();
-                    Arc::new(FileDrive::open(&path).unwrap())
+                    Arc::new(open_drive_waiting(&path).unwrap())
                 }
                 Some(da) => da.vdisk(&format!("vd{i}")).unwrap(),
             };
@@ -118,9 +119,9 @@ impl Mounted {
             .enumerate()
             .map(|(i, id)| {
                 let dev: Arc<dyn BlockDevice> = match &self.array {
-                    None => {
-                        Arc::new(FileDrive::open(&self.dir.path().join(format!("d{i}"))).unwrap())
-                    }
+                    None => Arc::new(
+                        open_drive_waiting(&self.dir.path().join(format!("d{i}"))).unwrap(),
+                    ),
                     Some(da) => da.vdisk(&format!("vd{i}")).unwrap(),
                 };
                 (*id, dev)
