@@ -25,6 +25,7 @@ use crate::params::LeaseTimings;
 use crate::raft::{ConfigRaft, PeerLinks, TypeConfig};
 use crate::rpc::{NetError, NodeNet, NodeStatus, PeerReply, PeerRequest, ProposeError};
 use crate::state::{Command, ConfigState, Response};
+use crate::store::SharedState;
 
 /// A node's monotonic clock. `offset` and `rate` let a simulation give each node a clock
 /// that started elsewhere and runs a little fast or slow.
@@ -63,7 +64,7 @@ impl Default for Clock {
 }
 
 /// Reads this node's applied copy of the configuration.
-pub type StateReader = Arc<dyn Fn() -> ConfigState + Send + Sync>;
+pub type StateReader = Arc<dyn Fn() -> SharedState<ConfigState> + Send + Sync>;
 
 /// Raft timings derived from `failureDetectionTime` (F), so one parameter tunes detection:
 /// heartbeats every F/32, election timeouts F/8 to F/4. openraft lets a follower stand
@@ -154,7 +155,7 @@ impl<N: NodeNet> ClusterNode<N> {
         &self.raft
     }
 
-    pub fn state(&self) -> ConfigState {
+    pub fn state(&self) -> SharedState<ConfigState> {
         (self.read_state)()
     }
 
