@@ -25,7 +25,6 @@ use crate::params::LeaseTimings;
 use crate::raft::{ConfigRaft, PeerLinks, TypeConfig};
 use crate::rpc::{NetError, NodeNet, NodeStatus, PeerReply, PeerRequest, ProposeError};
 use crate::state::{Command, ConfigState, Response};
-use crate::store::SharedState;
 
 /// A node's monotonic clock. `offset` and `rate` let a simulation give each node a clock
 /// that started elsewhere and runs a little fast or slow.
@@ -64,7 +63,7 @@ impl Default for Clock {
 }
 
 /// Reads this node's applied copy of the configuration.
-pub type StateReader = Arc<dyn Fn() -> SharedState<ConfigState> + Send + Sync>;
+pub type StateReader = Arc<dyn Fn() -> ConfigState + Send + Sync>;
 
 /// Raft timings derived from `failureDetectionTime` (F), so one parameter tunes detection:
 /// heartbeats every F/32, election timeouts F/8 to F/4. openraft lets a follower stand
@@ -155,7 +154,7 @@ impl<N: NodeNet> ClusterNode<N> {
         &self.raft
     }
 
-    pub fn state(&self) -> SharedState<ConfigState> {
+    pub fn state(&self) -> ConfigState {
         (self.read_state)()
     }
 

@@ -41,7 +41,7 @@ async fn start(
     let (log, machine) =
         tessera_cluster::store::open::<TypeConfig, ConfigState>(store).expect("store opens");
     let reader = machine.clone();
-    let read_state: StateReader = Arc::new(move || reader.shared());
+    let read_state: StateReader = Arc::new(move || reader.state());
     let net = Arc::new(TransportNet::new(Arc::clone(&identity)));
     let node = ClusterNode::start(
         number,

@@ -116,7 +116,7 @@ async fn serve_member(options: NodeOptions) -> anyhow::Result<()> {
     let port = listener.local_addr()?.port();
     let (log, machine) = tessera_cluster::store::open::<TypeConfig, ConfigState>(&options.store)?;
     let reader = machine.clone();
-    let read_state: StateReader = Arc::new(move || reader.shared());
+    let read_state: StateReader = Arc::new(move || reader.state());
     let traffic = Arc::new(Traffic::default());
     let net = Arc::new(CountingNet {
         inner: TransportNet::new(Arc::clone(&identity)),

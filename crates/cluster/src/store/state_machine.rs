@@ -36,17 +36,6 @@ struct Applied<S> {
     state: S,
 }
 
-/// One applied version of the state, read without copying it; later applies do not change
-/// it (they make a new version).
-pub struct SharedState<S>(Arc<Applied<S>>);
-
-impl<S> std::ops::Deref for SharedState<S> {
-    type Target = S;
-    fn deref(&self) -> &S {
-        &self.0.state
-    }
-}
-
 /// The body of a snapshot blob, after its 4-byte format version.
 #[derive(Serialize)]
 struct SnapshotBodyRef<'a, S> {
@@ -131,11 +120,6 @@ where
     /// has applied, which may lag the leader.
     pub fn state(&self) -> S {
         self.current().state.clone()
-    }
-
-    /// The applied state as a cheap handle (no copy), for readers that look often.
-    pub fn shared(&self) -> SharedState<S> {
-        SharedState(self.current())
     }
 
     /// Runs `read` on the applied state without copying it.

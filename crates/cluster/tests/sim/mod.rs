@@ -243,7 +243,7 @@ impl Sim {
         config.election_timeout_max = timeout_ms + 1;
         let (log, machine) = open_store(&member.store).await;
         let reader_handle = machine.clone();
-        let read_state: StateReader = Arc::new(move || reader_handle.shared());
+        let read_state: StateReader = Arc::new(move || reader_handle.state());
         let endpoint = Arc::new(Endpoint {
             me: node,
             fabric: Arc::clone(&self.fabric),
@@ -351,7 +351,6 @@ impl Sim {
             .filter_map(|m| m.running.as_ref())
             .map(|(s, _)| s.state())
             .max_by_key(|s| s.version)
-            .map(|s| (*s).clone())
     }
 
     /// The safety checks that must hold at every instant.

@@ -66,7 +66,7 @@ impl Member {
         let address = own_address(&machine.state(), cluster, bootstrap.as_ref());
         let net = Arc::new(TransportNet::new(Arc::clone(&identity)));
         let reader = machine.clone();
-        let read_state: StateReader = Arc::new(move || reader.shared());
+        let read_state: StateReader = Arc::new(move || reader.state());
         let timings = raft_timings(&machine.state(), bootstrap.as_ref());
         let (node, bound) = runtime.block_on(async {
             let listener = bind(&address).await?;
