@@ -395,7 +395,7 @@ impl Home {
     }
 }
 
-pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     let text = match fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

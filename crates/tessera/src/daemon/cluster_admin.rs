@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use tessera_cluster::node::NodeSpec;
+use tessera_cluster::node::{check_unique, NodeSpec};
 use tessera_cluster::state::{Command, ConfigState, Response};
 
 use super::member::LOOPBACK_ANY_PORT;
 use super::Daemon;
-use crate::config::CLUSTER_FORMAT;
+use crate::config::{write_atomic, CLUSTER_FORMAT};
 use crate::rpc::{ClusterStates, ClusterView, NodeStateRow, Reply, Request};
 
 /// How long a daemon that is the only quorum node waits to lead itself and hold a lease
@@ -41,7 +41,9 @@ impl Daemon {
             let mut upgraded = self.cluster.clone();
             upgraded.format = CLUSTER_FORMAT;
             upgraded.address = LOOPBACK_ANY_PORT.into();
-            self.home.save_cluster(&upgraded)?;
+            let mut text = serde_json::to_vec_pretty(&upgraded).expect("serializes");
+            text.push(b'\n');
+            write_atomic(&self.home.cluster_path(), &text)?;
             tracing::info!(
                 "this home from before the cluster layer is now a one-node cluster; its NSD, \
                  file system and array tables are in the replicated configuration"
@@ -137,6 +139,17 @@ impl Daemon {
                 alone.name
             );
         }
+        let mut all: Vec<NodeSpec> = state
+            .nodes
+            .values()
+            .map(|n| NodeSpec {
+                name: n.name.clone(),
+                designation: n.designation,
+                address: n.address.clone(),
+            })
+            .collect();
+        all.extend(nodes.iter().cloned());
+        check_unique(&all).map_err(|e| anyhow::anyhow!("{e}; nothing was added"))?;
         match self.member.propose(Command::AddNodes { nodes })? {
             Response::Added { nodes } => {
                 self.wait_applied(|s| nodes.iter().all(|n| s.nodes.contains_key(&n.number)));

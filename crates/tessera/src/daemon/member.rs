@@ -162,11 +162,9 @@ impl Member {
         self.runtime.spawn(async move {
             let mut written: Option<(ClusterIdentity, Vec<NodeRecord>)> = None;
             loop {
-                let table = machine.read(|s| {
-                    let nodes: Vec<NodeRecord> = s.nodes.values().cloned().collect();
-                    s.identity.clone().map(|identity| (identity, nodes))
-                });
-                if let Some((identity, nodes)) = table {
+                let state = machine.state();
+                if let Some(identity) = state.identity.clone() {
+                    let nodes: Vec<NodeRecord> = state.nodes.values().cloned().collect();
                     let now = Some((identity.clone(), nodes.clone()));
                     if now != written {
                         let cache = NodesCache { identity, nodes };

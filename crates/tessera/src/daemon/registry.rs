@@ -12,7 +12,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tessera_cluster::state::Command;
 
 use super::Daemon;
-use crate::config::{read_json, DaRegistry, FsRegistry, Home, NsdRegistry};
+use crate::config::{DaRegistry, FsRegistry, Home, NsdRegistry};
 
 const NSD_KEY: &str = "nsd";
 const FS_KEY: &str = "fs";
@@ -98,7 +98,7 @@ impl Daemon {
     /// nothing twice, because the compare-and-set of version 0 is then refused).
     pub(super) fn import_home_registries(&self, home: &Home) -> Result<()> {
         let me = self.cluster.node_name.clone();
-        if let Some(mut fss) = read_json::<FsRegistry>(&home.fs_path())? {
+        if let Some(mut fss) = read_old::<FsRegistry>(&home.fs_path())? {
             for fs in &mut fss.file_systems {
                 if fs.mounted && fs.mounted_on.is_none() {
                     fs.mounted_on = Some(me.clone());
@@ -106,13 +106,13 @@ impl Daemon {
             }
             self.import_one(FS_KEY, &home.fs_path(), &fss)?;
         }
-        if let Some(mut das) = read_json::<DaRegistry>(&home.da_path())? {
+        if let Some(mut das) = read_old::<DaRegistry>(&home.da_path())? {
             for da in &mut das.arrays {
                 da.server.get_or_insert_with(|| me.clone());
             }
             self.import_one(DA_KEY, &home.da_path(), &das)?;
         }
-        if let Some(nsds) = read_json::<NsdRegistry>(&home.nsd_path())? {
+        if let Some(nsds) = read_old::<NsdRegistry>(&home.nsd_path())? {
             self.import_one(NSD_KEY, &home.nsd_path(), &nsds)?;
         }
         Ok(())
@@ -136,4 +136,20 @@ impl Daemon {
             .with_context(|| format!("cannot rename {} to {}", path.display(), done.display()))?;
         Ok(())
     }
+}
+
+fn read_old<T: DeserializeOwned>(path: &std::path::Path) -> Result<Option<T>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not valid; restore it from a backup or fix the JSON by hand, then start \
+             the daemon again",
+            path.display()
+        )
+    })?;
+    Ok(Some(value))
 }
