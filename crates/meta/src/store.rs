@@ -1,0 +1,838 @@
+//! The metadata store: copy-on-write B+trees over metadata pages, a bounded cache of clean
+//! pages, the changed pages waiting for the next checkpoint, and the checkpoint itself.
+//!
+//! Keys and values are byte strings compared bytewise (callers encode numbers big-endian).
+//! A tree is reached through a [`Tree`] handle that its owner keeps (in an inode slot, in a
+//! descriptor); the handle names the root page, or the changed root waiting in memory.
+//! Every operation is O(height) page visits, the height being about log_fanout(n) with a
+//! fanout of tens to hundreds.
+
+use std::sync::Arc;
+
+use crate::cache::PageCache;
+use crate::page::{self, Decoded, PageFormat, PagePtr};
+use crate::{MetaError, MetaResult, PageAddr};
+
+/// Reads pages for the store (a file system reads them from its metadata disks).
+pub trait PageReader: Send + Sync {
+    /// Fills `page` (one page) from `addr`.
+    fn read_page(&self, addr: PageAddr, page: &mut [u8]) -> std::io::Result<()>;
+}
+
+/// A child of a branch, or a tree's root: a page on disk, or a changed node in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Child {
+    Disk(PagePtr),
+    Dirty(usize),
+}
+
+/// A B+tree node in memory. Clean nodes (in the cache) have only `Disk` children.
+#[derive(Clone, Debug)]
+pub(crate) enum Node {
+    Leaf(Vec<(Vec<u8>, Vec<u8>)>),
+    Branch {
+        level: u8,
+        /// `keys[i]` is the smallest key of `children[i + 1]`.
+        keys: Vec<Vec<u8>>,
+        children: Vec<Child>,
+    },
+}
+
+impl Node {
+    fn level(&self) -> u8 {
+        match self {
+            Node::Leaf(_) => 0,
+            Node::Branch { level, .. } => *level,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Node::Leaf(entries) => {
+                page::leaf_bytes(entries.iter().map(|(k, v)| (k.as_slice(), v.as_slice())))
+            }
+            Node::Branch { keys, .. } => page::branch_bytes(keys.iter().map(|k| k.as_slice())),
+        }
+    }
+
+    fn from_decoded(d: Decoded) -> Node {
+        match d {
+            Decoded::Leaf(entries) => Node::Leaf(entries),
+            Decoded::Branch { level, first, seps } => {
+                let mut keys = Vec::with_capacity(seps.len());
+                let mut children = Vec::with_capacity(seps.len() + 1);
+                children.push(Child::Disk(first));
+                for (k, c) in seps {
+                    keys.push(k);
+                    children.push(Child::Disk(c));
+                }
+                Node::Branch {
+                    level,
+                    keys,
+                    children,
+                }
+            }
+        }
+    }
+
+    /// The on-disk form; every child must already be on disk.
+    fn to_decoded(&self) -> Decoded {
+        match self {
+            Node::Leaf(entries) => Decoded::Leaf(entries.clone()),
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                let ptr = |c: &Child| match c {
+                    Child::Disk(p) => *p,
+                    Child::Dirty(_) => panic!("encoding a branch with a child in memory"),
+                };
+                Decoded::Branch {
+                    level: *level,
+                    first: ptr(&children[0]),
+                    seps: keys
+                        .iter()
+                        .cloned()
+                        .zip(children[1..].iter().map(ptr))
+                        .collect(),
+                }
+            }
+        }
+    }
+}
+
+/// Index of the child of a branch that holds `key`: the number of separators <= key.
+fn child_index(keys: &[Vec<u8>], key: &[u8]) -> usize {
+    keys.partition_point(|k| k.as_slice() <= key)
+}
+
+/// A handle on one B+tree. Not `Clone`: two handles on one changed tree would diverge.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Tree {
+    root: Child,
+}
+
+impl Tree {
+    /// A tree whose root page is on disk (from a checkpoint's record).
+    pub fn on_disk(root: PagePtr) -> Tree {
+        Tree {
+            root: Child::Disk(root),
+        }
+    }
+
+    /// The root page when the tree has no change waiting for a checkpoint.
+    pub fn root(&self) -> Option<PagePtr> {
+        match self.root {
+            Child::Disk(p) => Some(p),
+            Child::Dirty(_) => None,
+        }
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        matches!(self.root, Child::Dirty(_))
+    }
+}
+
+/// What a checkpoint writes and what it frees.
+#[derive(Debug)]
+pub struct Checkpoint {
+    pub generation: u64,
+    /// Every changed page, children before parents, with its new address.
+    pub pages: Vec<(PageAddr, Vec<u8>)>,
+    /// Pages of earlier checkpoints that no tree reaches once this one is durable: free
+    /// them only after the roots of this checkpoint are durable.
+    pub superseded: Vec<PageAddr>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub cached_pages: usize,
+    pub dirty_pages: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+pub struct MetaStore {
+    format: PageFormat,
+    reader: Arc<dyn PageReader>,
+    cache: PageCache,
+    /// Changed nodes, waiting for the next checkpoint; `None` slots are free.
+    dirty: Vec<Option<Arc<Node>>>,
+    free_slots: Vec<usize>,
+    dirty_count: usize,
+    superseded: Vec<PageAddr>,
+    /// Generation of the next checkpoint.
+    generation: u64,
+    poisoned: bool,
+}
+
+impl std::fmt::Debug for MetaStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaStore")
+            .field("format", &self.format)
+            .field("stats", &self.stats())
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MetaStore {
+    /// A store whose next checkpoint is `generation` (one past the newest on disk, so that
+    /// page generations only grow), caching up to `cache_pages` clean pages.
+    pub fn new(
+        format: PageFormat,
+        reader: Arc<dyn PageReader>,
+        cache_pages: usize,
+        generation: u64,
+    ) -> MetaStore {
+        MetaStore {
+            format,
+            reader,
+            cache: PageCache::new(cache_pages),
+            dirty: Vec::new(),
+            free_slots: Vec::new(),
+            dirty_count: 0,
+            superseded: Vec::new(),
+            generation,
+            poisoned: false,
+        }
+    }
+
+    pub fn format(&self) -> &PageFormat {
+        &self.format
+    }
+
+    pub fn set_cache_pages(&mut self, pages: usize) {
+        self.cache.set_capacity(pages);
+    }
+
+    /// Changed pages in memory, waiting for a checkpoint.
+    pub fn dirty_pages(&self) -> usize {
+        self.dirty_count
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            cached_pages: self.cache.len(),
+            dirty_pages: self.dirty_count,
+            hits: self.cache.hits,
+            misses: self.cache.misses,
+            evictions: self.cache.evictions,
+        }
+    }
+
+    /// A new, empty tree (an empty leaf, written by the next checkpoint).
+    pub fn create_tree(&mut self) -> Tree {
+        Tree {
+            root: Child::Dirty(self.add_dirty(Node::Leaf(Vec::new()))),
+        }
+    }
+
+    pub fn get(&mut self, tree: &Tree, key: &[u8]) -> MetaResult<Option<Vec<u8>>> {
+        let mut child = tree.root;
+        let mut level = None;
+        loop {
+            let node = self.node(child, level)?;
+            match &*node {
+                Node::Leaf(entries) => {
+                    return Ok(entries
+                        .binary_search_by(|(k, _)| k.as_slice().cmp(key))
+                        .ok()
+                        .map(|i| entries[i].1.clone()))
+                }
+                Node::Branch {
+                    level: l,
+                    keys,
+                    children,
+                } => {
+                    child = children[child_index(keys, key)];
+                    level = Some(l - 1);
+                }
+            }
+        }
+    }
+
+    /// Inserts or replaces; returns the value replaced.
+    pub fn insert(
+        &mut self,
+        tree: &mut Tree,
+        key: &[u8],
+        value: &[u8],
+    ) -> MetaResult<Option<Vec<u8>>> {
+        let max = self.format.max_entry_bytes();
+        if key.len() > page::MAX_KEY_BYTES || key.len() + value.len() > max {
+            return Err(MetaError::EntryTooLarge {
+                key: key.len(),
+                value: value.len(),
+                max,
+            });
+        }
+        let root = self.make_dirty(tree.root, None)?;
+        tree.root = Child::Dirty(root);
+        let (old, split) = self.insert_at(root, key, value)?;
+        if let Some((sep, right)) = split {
+            let level = self.dirty_node(root).level() + 1;
+            let new_root = self.add_dirty(Node::Branch {
+                level,
+                keys: vec![sep],
+                children: vec![Child::Dirty(root), Child::Dirty(right)],
+            });
+            tree.root = Child::Dirty(new_root);
+        }
+        Ok(old)
+    }
+
+    /// Removes `key`; returns its value. A missing key changes nothing (no page is copied).
+    pub fn remove(&mut self, tree: &mut Tree, key: &[u8]) -> MetaResult<Option<Vec<u8>>> {
+        if self.get(tree, key)?.is_none() {
+            return Ok(None);
+        }
+        let root = self.make_dirty(tree.root, None)?;
+        tree.root = Child::Dirty(root);
+        let old = self.remove_at(root, key)?;
+        // A root branch left with one child gives way to it.
+        let mut root = Child::Dirty(root);
+        loop {
+            let only = match &*self.node(root, None)? {
+                Node::Branch { children, .. } if children.len() == 1 => children[0],
+                _ => break,
+            };
+            match root {
+                Child::Dirty(id) => {
+                    self.take_dirty(id);
+                }
+                Child::Disk(ptr) => {
+                    self.cache.remove(ptr.addr);
+                    self.superseded.push(ptr.addr);
+                }
+            }
+            root = only;
+        }
+        tree.root = root;
+        Ok(old)
+    }
+
+    /// Up to `limit` entries with `start <= key < end` (no end when `end` is None), in key
+    /// order. Resuming a scan at the key after the last one returned sees every entry that
+    /// was not removed meanwhile exactly once.
+    pub fn range(
+        &mut self,
+        tree: &Tree,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> MetaResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        if limit > 0 {
+            self.collect(tree.root, None, start, end, limit, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// The entry with the greatest key below `end` (or the greatest of all), if any.
+    pub fn last_before(
+        &mut self,
+        tree: &Tree,
+        end: Option<&[u8]>,
+    ) -> MetaResult<Option<(Vec<u8>, Vec<u8>)>> {
+        self.last_rec(tree.root, None, end)
+    }
+
+    /// Removes the whole tree; its pages on disk are superseded.
+    pub fn drop_tree(&mut self, tree: Tree) -> MetaResult<()> {
+        self.drop_rec(tree.root, None)
+    }
+
+    /// Every page on disk that the tree reaches, with its level (for fsck and for counting
+    /// what a file system uses). Reads pages through the cache; changed nodes are walked
+    /// but not reported (they have no address yet).
+    pub fn visit_pages(&mut self, tree: &Tree, f: &mut dyn FnMut(PageAddr, u8)) -> MetaResult<()> {
+        self.visit_rec(tree.root, None, f)
+    }
+
+    /// Gives every changed node of `trees` its address and page image, children before
+    /// parents, and turns the trees' roots into pages. `allocate(n)` returns n free page
+    /// addresses (or fails, and then nothing has changed). Every changed node must belong
+    /// to one of `trees`. The pages stay pinned in the cache until [`MetaStore::written`].
+    pub fn checkpoint(
+        &mut self,
+        trees: &mut [&mut Tree],
+        allocate: &mut dyn FnMut(usize) -> MetaResult<Vec<PageAddr>>,
+    ) -> MetaResult<Checkpoint> {
+        if self.poisoned {
+            return Err(MetaError::Poisoned);
+        }
+        let generation = self.generation;
+        let mut addrs = allocate(self.dirty_count)?;
+        assert_eq!(
+            addrs.len(),
+            self.dirty_count,
+            "allocator returned a wrong count"
+        );
+        addrs.reverse();
+        let mut pages = Vec::with_capacity(self.dirty_count);
+        for tree in trees.iter_mut() {
+            if let Child::Dirty(id) = tree.root {
+                tree.root = Child::Disk(self.write_rec(id, generation, &mut addrs, &mut pages));
+            }
+        }
+        assert_eq!(
+            self.dirty_count, 0,
+            "changed metadata pages that belong to no tree given to the checkpoint"
+        );
+        assert!(addrs.is_empty());
+        self.dirty.clear();
+        self.free_slots.clear();
+        self.generation += 1;
+        Ok(Checkpoint {
+            generation,
+            pages,
+            superseded: std::mem::take(&mut self.superseded),
+        })
+    }
+
+    /// The pages of checkpoint `generation` are on disk: they may be evicted now.
+    pub fn written(&mut self, generation: u64) {
+        self.cache.unpin(generation);
+    }
+
+    /// A checkpoint's pages could not be written: the cache now names pages that are not on
+    /// disk, so the store refuses further checkpoints (recovery is from the log).
+    pub fn poison(&mut self) {
+        self.poisoned = true;
+    }
+
+    // ---- internals ----
+
+    fn add_dirty(&mut self, node: Node) -> usize {
+        self.dirty_count += 1;
+        let node = Some(Arc::new(node));
+        match self.free_slots.pop() {
+            Some(id) => {
+                self.dirty[id] = node;
+                id
+            }
+            None => {
+                self.dirty.push(node);
+                self.dirty.len() - 1
+            }
+        }
+    }
+
+    fn take_dirty(&mut self, id: usize) -> Arc<Node> {
+        let node = self.dirty[id].take().expect("dirty slot in use");
+        self.dirty_count -= 1;
+        self.free_slots.push(id);
+        node
+    }
+
+    fn dirty_node(&self, id: usize) -> &Node {
+        self.dirty[id].as_deref().expect("dirty slot in use")
+    }
+
+    fn dirty_mut(&mut self, id: usize) -> &mut Node {
+        Arc::make_mut(self.dirty[id].as_mut().expect("dirty slot in use"))
+    }
+
+    /// The node a child names, reading and checking its page on a cache miss.
+    fn node(&mut self, child: Child, level: Option<u8>) -> MetaResult<Arc<Node>> {
+        match child {
+            Child::Dirty(id) => Ok(self.dirty[id].clone().expect("dirty slot in use")),
+            Child::Disk(ptr) => {
+                if let Some(node) = self.cache.get(ptr.addr) {
+                    if let Some(want) = level {
+                        assert_eq!(
+                            node.level(),
+                            want,
+                            "cached page at {} changed level",
+                            ptr.addr
+                        );
+                    }
+                    return Ok(node);
+                }
+                let mut buf = vec![0u8; self.format.page_bytes];
+                self.reader
+                    .read_page(ptr.addr, &mut buf)
+                    .map_err(|source| MetaError::Io {
+                        addr: ptr.addr,
+                        source,
+                    })?;
+                let node = Arc::new(Node::from_decoded(page::decode(
+                    &self.format,
+                    ptr,
+                    level,
+                    &buf,
+                )?));
+                self.cache.insert(ptr.addr, node.clone(), None);
+                Ok(node)
+            }
+        }
+    }
+
+    /// Copies a node on disk into memory to change it (its page is superseded); a node
+    /// already in memory is changed where it is.
+    fn make_dirty(&mut self, child: Child, level: Option<u8>) -> MetaResult<usize> {
+        match child {
+            Child::Dirty(id) => Ok(id),
+            Child::Disk(ptr) => {
+                let node = self.node(child, level)?;
+                self.cache.remove(ptr.addr);
+                self.superseded.push(ptr.addr);
+                Ok(self.add_dirty(Arc::unwrap_or_clone(node)))
+            }
+        }
+    }
+
+    /// Inserts into the changed node `id`; returns the old value and, when the node split,
+    /// the separator and the new right sibling.
+    #[allow(clippy::type_complexity)]
+    fn insert_at(
+        &mut self,
+        id: usize,
+        key: &[u8],
+        value: &[u8],
+    ) -> MetaResult<(Option<Vec<u8>>, Option<(Vec<u8>, usize)>)> {
+        let (i, child, level) = match self.dirty_mut(id) {
+            Node::Leaf(entries) => {
+                let old = match entries.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+                    Ok(i) => Some(std::mem::replace(&mut entries[i].1, value.to_vec())),
+                    Err(i) => {
+                        entries.insert(i, (key.to_vec(), value.to_vec()));
+                        None
+                    }
+                };
+                let split = self.split_if_full(id);
+                return Ok((old, split));
+            }
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                let i = child_index(keys, key);
+                (i, children[i], *level)
+            }
+        };
+        let cid = self.make_dirty(child, Some(level - 1))?;
+        let (old, split) = self.insert_at(cid, key, value)?;
+        let Node::Branch { keys, children, .. } = self.dirty_mut(id) else {
+            unreachable!()
+        };
+        children[i] = Child::Dirty(cid);
+        if let Some((sep, right)) = split {
+            keys.insert(i, sep);
+            children.insert(i + 1, Child::Dirty(right));
+        }
+        Ok((old, self.split_if_full(id)))
+    }
+
+    /// Splits a changed node that no longer fits its page into two that do, choosing the
+    /// split point that leaves the larger half smallest.
+    fn split_if_full(&mut self, id: usize) -> Option<(Vec<u8>, usize)> {
+        let page_bytes = self.format.page_bytes;
+        if self.dirty_node(id).bytes() <= page_bytes {
+            return None;
+        }
+        let (sep, right) = match self.dirty_mut(id) {
+            Node::Leaf(entries) => {
+                let sizes: Vec<usize> = entries
+                    .iter()
+                    .map(|(k, v)| page::LEAF_ENTRY_OVERHEAD + k.len() + v.len())
+                    .collect();
+                let m = best_split(&sizes, 1, |_| 0);
+                let right = entries.split_off(m);
+                (right[0].0.clone(), Node::Leaf(right))
+            }
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                let sizes: Vec<usize> = keys
+                    .iter()
+                    .map(|k| page::BRANCH_ENTRY_OVERHEAD + k.len())
+                    .collect();
+                // Separator m moves up: left keeps keys[..m], right gets keys[m + 1..].
+                let m = best_split(&sizes, 0, |m| sizes[m]);
+                let right_keys = keys.split_off(m + 1);
+                let sep = keys.pop().expect("separator");
+                let right_children = children.split_off(m + 1);
+                (
+                    sep,
+                    Node::Branch {
+                        level: *level,
+                        keys: right_keys,
+                        children: right_children,
+                    },
+                )
+            }
+        };
+        assert!(
+            self.dirty_node(id).bytes() <= page_bytes,
+            "left half of a split overflows"
+        );
+        assert!(
+            right.bytes() <= page_bytes,
+            "right half of a split overflows"
+        );
+        Some((sep, self.add_dirty(right)))
+    }
+
+    fn remove_at(&mut self, id: usize, key: &[u8]) -> MetaResult<Option<Vec<u8>>> {
+        let (i, child, level) = match self.dirty_mut(id) {
+            Node::Leaf(entries) => {
+                return Ok(entries
+                    .binary_search_by(|(k, _)| k.as_slice().cmp(key))
+                    .ok()
+                    .map(|i| entries.remove(i).1));
+            }
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                let i = child_index(keys, key);
+                (i, children[i], *level)
+            }
+        };
+        let cid = self.make_dirty(child, Some(level - 1))?;
+        if let Node::Branch { children, .. } = self.dirty_mut(id) {
+            children[i] = Child::Dirty(cid);
+        }
+        let old = self.remove_at(cid, key)?;
+        if self.dirty_node(cid).bytes() < self.format.page_bytes / 4 {
+            self.merge_child(id, i, level - 1)?;
+        }
+        Ok(old)
+    }
+
+    /// Merges child `i` of branch `id` with a neighbour when both fit one page.
+    fn merge_child(&mut self, id: usize, i: usize, child_level: u8) -> MetaResult<()> {
+        let (l, r, lchild, rchild, sep) = match self.dirty_node(id) {
+            Node::Branch { keys, children, .. } => {
+                if children.len() < 2 {
+                    return Ok(());
+                }
+                let l = if i + 1 < children.len() { i } else { i - 1 };
+                (l, l + 1, children[l], children[l + 1], keys[l].clone())
+            }
+            Node::Leaf(_) => unreachable!("merge under a leaf"),
+        };
+        let lnode = self.node(lchild, Some(child_level))?;
+        let rnode = self.node(rchild, Some(child_level))?;
+        let merged = match (&*lnode, &*rnode) {
+            (Node::Leaf(a), Node::Leaf(b)) => Node::Leaf(a.iter().chain(b).cloned().collect()),
+            (
+                Node::Branch {
+                    level,
+                    keys: ak,
+                    children: ac,
+                },
+                Node::Branch {
+                    keys: bk,
+                    children: bc,
+                    ..
+                },
+            ) => Node::Branch {
+                level: *level,
+                keys: ak
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::once(sep))
+                    .chain(bk.iter().cloned())
+                    .collect(),
+                children: ac.iter().chain(bc).copied().collect(),
+            },
+            _ => unreachable!("siblings at different levels"),
+        };
+        if merged.bytes() > self.format.page_bytes {
+            return Ok(());
+        }
+        // The merged node replaces both: what they were is superseded (on disk) or dropped
+        // (in memory), and their children now belong to it.
+        for c in [lchild, rchild] {
+            match c {
+                Child::Dirty(cid) => {
+                    self.take_dirty(cid);
+                }
+                Child::Disk(ptr) => {
+                    self.cache.remove(ptr.addr);
+                    self.superseded.push(ptr.addr);
+                }
+            }
+        }
+        let mid = self.add_dirty(merged);
+        if let Node::Branch { keys, children, .. } = self.dirty_mut(id) {
+            keys.remove(l);
+            children.remove(r);
+            children[l] = Child::Dirty(mid);
+        }
+        Ok(())
+    }
+
+    fn collect(
+        &mut self,
+        child: Child,
+        level: Option<u8>,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        out: &mut Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> MetaResult<()> {
+        let node = self.node(child, level)?;
+        match &*node {
+            Node::Leaf(entries) => {
+                let from = entries.partition_point(|(k, _)| k.as_slice() < start);
+                for (k, v) in &entries[from..] {
+                    if out.len() >= limit || end.is_some_and(|e| k.as_slice() >= e) {
+                        break;
+                    }
+                    out.push((k.clone(), v.clone()));
+                }
+            }
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                for j in child_index(keys, start)..children.len() {
+                    if out.len() >= limit
+                        || (j > 0 && end.is_some_and(|e| keys[j - 1].as_slice() >= e))
+                    {
+                        break;
+                    }
+                    self.collect(children[j], Some(level - 1), start, end, limit, out)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn last_rec(
+        &mut self,
+        child: Child,
+        level: Option<u8>,
+        end: Option<&[u8]>,
+    ) -> MetaResult<Option<(Vec<u8>, Vec<u8>)>> {
+        let node = self.node(child, level)?;
+        match &*node {
+            Node::Leaf(entries) => {
+                let upto = match end {
+                    Some(e) => entries.partition_point(|(k, _)| k.as_slice() < e),
+                    None => entries.len(),
+                };
+                Ok(upto.checked_sub(1).map(|i| entries[i].clone()))
+            }
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                // The child that holds `end` may have nothing below it; then look left.
+                let top = match end {
+                    Some(e) => keys.partition_point(|k| k.as_slice() < e),
+                    None => keys.len(),
+                };
+                for j in (0..=top).rev() {
+                    if let Some(found) = self.last_rec(children[j], Some(level - 1), end)? {
+                        return Ok(Some(found));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn drop_rec(&mut self, child: Child, level: Option<u8>) -> MetaResult<()> {
+        let node = match child {
+            Child::Dirty(id) => self.take_dirty(id),
+            Child::Disk(ptr) => {
+                self.superseded.push(ptr.addr);
+                if level == Some(0) {
+                    // A leaf on disk has no children: no need to read it.
+                    self.cache.remove(ptr.addr);
+                    return Ok(());
+                }
+                let node = self.node(child, level)?;
+                self.cache.remove(ptr.addr);
+                node
+            }
+        };
+        if let Node::Branch {
+            level, children, ..
+        } = &*node
+        {
+            for c in children {
+                self.drop_rec(*c, Some(level - 1))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_rec(
+        &mut self,
+        child: Child,
+        level: Option<u8>,
+        f: &mut dyn FnMut(PageAddr, u8),
+    ) -> MetaResult<()> {
+        let node = self.node(child, level)?;
+        if let Child::Disk(ptr) = child {
+            f(ptr.addr, node.level());
+        }
+        if let Node::Branch {
+            level, children, ..
+        } = &*node
+        {
+            for c in children {
+                self.visit_rec(*c, Some(level - 1), f)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_rec(
+        &mut self,
+        id: usize,
+        generation: u64,
+        addrs: &mut Vec<PageAddr>,
+        pages: &mut Vec<(PageAddr, Vec<u8>)>,
+    ) -> PagePtr {
+        let mut node = self.take_dirty(id);
+        if let Node::Branch { children, .. } = Arc::make_mut(&mut node) {
+            for c in children.iter_mut() {
+                if let Child::Dirty(cid) = *c {
+                    *c = Child::Disk(self.write_rec(cid, generation, addrs, pages));
+                }
+            }
+        }
+        let addr = addrs.pop().expect("an address for every changed page");
+        let mut buf = vec![0u8; self.format.page_bytes];
+        let ptr = page::encode(&self.format, &node.to_decoded(), generation, addr, &mut buf);
+        pages.push((addr, buf));
+        self.cache.insert(addr, node, Some(generation));
+        ptr
+    }
+}
+
+/// The split point that minimises the larger half. Entry `m` goes right for leaves
+/// (`min_left` = 1 keeps the left non-empty); for branches entry `m` moves up and is
+/// counted in neither half (`moved(m)` is its size).
+fn best_split(sizes: &[usize], min_left: usize, moved: impl Fn(usize) -> usize) -> usize {
+    let total: usize = sizes.iter().sum();
+    let mut left = 0;
+    let mut best = (usize::MAX, min_left);
+    for (m, size) in sizes.iter().enumerate() {
+        if m >= min_left && m < sizes.len() {
+            let right = total - left - moved(m);
+            let worst = left.max(right);
+            if worst < best.0 {
+                best = (worst, m);
+            }
+        }
+        left += size;
+    }
+    best.1
+}

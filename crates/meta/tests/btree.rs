@@ -1,0 +1,335 @@
+//! Copy-on-write B+trees against an in-memory model, over a real file-backed drive, with a
+//! cache of a few pages so that nearly every visit evicts and re-reads.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::{key, value, Harness};
+use proptest::prelude::*;
+use tessera_drive::{BlockDevice, FileDrive};
+use tessera_meta::{MetaError, Tree};
+
+const PAGE: usize = 4096;
+
+fn drive(pages: u64) -> (tempfile::TempDir, Arc<dyn BlockDevice>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.img");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(pages * PAGE as u64).unwrap();
+    drop(f);
+    let d: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
+    (dir, d)
+}
+
+fn contents(h: &mut Harness, t: &Tree) -> Vec<(Vec<u8>, Vec<u8>)> {
+    h.store.range(t, &[], None, usize::MAX).unwrap()
+}
+
+fn model_vec(m: &BTreeMap<Vec<u8>, Vec<u8>>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert { k: u64, pad: usize, vlen: usize },
+    Remove { k: u64, pad: usize },
+    Get { k: u64, pad: usize },
+    Range { k: u64, limit: usize },
+    Checkpoint,
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Keys from a small space so that replaces and removes of present keys are common;
+    // value sizes up to the largest a 4 KiB page takes (2020 bytes with the key).
+    prop_oneof![
+        8 => (0u64..400, 0usize..40, 0usize..300).prop_map(|(k, pad, vlen)| Op::Insert { k, pad: pad % 4, vlen }),
+        1 => (0u64..400, 0usize..1500).prop_map(|(k, vlen)| Op::Insert { k, pad: 0, vlen }),
+        5 => (0u64..400, 0usize..4).prop_map(|(k, pad)| Op::Remove { k, pad }),
+        3 => (0u64..400, 0usize..4).prop_map(|(k, pad)| Op::Get { k, pad }),
+        2 => (0u64..400, 1usize..50).prop_map(|(k, limit)| Op::Range { k, limit }),
+        1 => Just(Op::Checkpoint),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn run_ops(ops: &[Op], cache_pages: usize) {
+    let (_dir, d) = drive(4096);
+    let mut h = Harness::new(d.clone(), PAGE, cache_pages);
+    let mut tree = h.store.create_tree();
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut durable_model = BTreeMap::new();
+    h.checkpoint(&mut [&mut tree]).unwrap();
+    for op in ops {
+        match op {
+            Op::Insert { k, pad, vlen } => {
+                let (kk, v) = (key(*k, *pad), value(*k + *vlen as u64, *vlen));
+                let old = h.store.insert(&mut tree, &kk, &v).unwrap();
+                assert_eq!(old, model.insert(kk, v));
+            }
+            Op::Remove { k, pad } => {
+                let kk = key(*k, *pad);
+                assert_eq!(h.store.remove(&mut tree, &kk).unwrap(), model.remove(&kk));
+            }
+            Op::Get { k, pad } => {
+                let kk = key(*k, *pad);
+                assert_eq!(h.store.get(&tree, &kk).unwrap(), model.get(&kk).cloned());
+            }
+            Op::Range { k, limit } => {
+                let start = key(*k, 0);
+                let got = h.store.range(&tree, &start, None, *limit).unwrap();
+                let want: Vec<_> = model
+                    .range(start..)
+                    .take(*limit)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                assert_eq!(got, want);
+                let end = key(*k + 20, 0);
+                let got = h.store.range(&tree, &[], Some(&end), usize::MAX).unwrap();
+                let want: Vec<_> = model
+                    .range(..end.clone())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                assert_eq!(got, want);
+                let last = h.store.last_before(&tree, Some(&end)).unwrap();
+                let want = model
+                    .range(..end)
+                    .next_back()
+                    .map(|(k, v)| (k.clone(), v.clone()));
+                assert_eq!(last, want);
+            }
+            Op::Checkpoint => {
+                h.checkpoint(&mut [&mut tree]).unwrap();
+                durable_model = model.clone();
+            }
+            Op::Reopen => {
+                // What was not checkpointed is gone (the log would replay it).
+                let roots = h.durable_roots.clone();
+                let (h2, mut trees) =
+                    Harness::reopen(d.clone(), PAGE, cache_pages, &roots, h.durable_generation);
+                // Free is what the durable tree does not reach: nothing leaked, nothing
+                // freed that the durable tree still needs.
+                let leaked: Vec<_> = h2.free.difference(&h.free).collect();
+                let early: Vec<_> = h.free.difference(&h2.free).collect();
+                assert!(
+                    leaked.is_empty() && early.is_empty(),
+                    "pages leaked: {leaked:?}; freed while still reached: {early:?}"
+                );
+                h = h2;
+                tree = trees.pop().unwrap();
+                model = durable_model.clone();
+                assert_eq!(contents(&mut h, &tree), model_vec(&model));
+            }
+        }
+    }
+    assert_eq!(contents(&mut h, &tree), model_vec(&model));
+    h.checkpoint(&mut [&mut tree]).unwrap();
+    let roots = h.durable_roots.clone();
+    let (mut h2, trees) = Harness::reopen(d, PAGE, cache_pages, &roots, h.durable_generation);
+    assert_eq!(contents(&mut h2, &trees[0]), model_vec(&model));
+    // Every page is either free or reached by the tree: nothing leaked by splits, merges,
+    // copies or frees (reopen counts the reached ones).
+    assert_eq!(h2.free.len(), h.free.len());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn tree_matches_a_model_with_a_tiny_cache(ops in proptest::collection::vec(op(), 1..1500)) {
+        run_ops(&ops, 3);
+    }
+
+    #[test]
+    fn tree_matches_a_model_with_a_roomy_cache(ops in proptest::collection::vec(op(), 1..1500)) {
+        run_ops(&ops, 1000);
+    }
+}
+
+#[test]
+fn hundred_thousand_keys_stay_logarithmic_and_survive_reopen() {
+    let (_dir, d) = drive(1 << 16);
+    let mut h = Harness::new(d.clone(), PAGE, 64);
+    let mut tree = h.store.create_tree();
+    let n = 100_000u64;
+    for i in 0..n {
+        // A scrambled order, so splits happen everywhere in the tree.
+        let k = (i * 7919) % n;
+        h.store
+            .insert(&mut tree, &key(k, 12), &value(k, 40))
+            .unwrap();
+        if i % 20_000 == 19_999 {
+            h.checkpoint(&mut [&mut tree]).unwrap();
+        }
+    }
+    h.checkpoint(&mut [&mut tree]).unwrap();
+    let mut levels = BTreeMap::new();
+    h.store
+        .visit_pages(&tree, &mut |_, level| {
+            *levels.entry(level).or_insert(0u64) += 1
+        })
+        .unwrap();
+    // ~56-byte entries, 4 KiB pages: about 70 per leaf, 1,400+ leaves, three or four levels.
+    assert!(levels.len() <= 4, "levels {levels:?}");
+    let pages: u64 = levels.values().sum();
+    assert!(pages < 3_000, "{pages} pages for {n} keys");
+
+    // Reads from a cold store of 64 pages cost at most one page per level.
+    let roots = h.durable_roots.clone();
+    let (mut h2, trees) = Harness::reopen(d.clone(), PAGE, 64, &roots, h.durable_generation);
+    let before = h2.store.stats();
+    for i in (0..n).step_by(997) {
+        assert_eq!(
+            h2.store.get(&trees[0], &key(i, 12)).unwrap(),
+            Some(value(i, 40))
+        );
+    }
+    let misses = h2.store.stats().misses - before.misses;
+    assert!(
+        misses <= (n / 997 + 1) * levels.len() as u64,
+        "{misses} page reads"
+    );
+
+    // Delete everything but every hundredth key: merges shrink the tree again.
+    let mut tree = Tree::on_disk(roots[0]);
+    for i in 0..n {
+        if i % 100 != 0 {
+            assert!(h2.store.remove(&mut tree, &key(i, 12)).unwrap().is_some());
+        }
+    }
+    h2.checkpoint(&mut [&mut tree]).unwrap();
+    let mut after = 0u64;
+    h2.store.visit_pages(&tree, &mut |_, _| after += 1).unwrap();
+    assert!(
+        after < pages / 20,
+        "{after} pages left of {pages} after removing 99%"
+    );
+    let total = d.size_bytes() / PAGE as u64;
+    assert_eq!(
+        h2.free.len() as u64 + after,
+        total,
+        "pages leaked or freed twice"
+    );
+    let left = h2.store.range(&tree, &[], None, usize::MAX).unwrap();
+    assert_eq!(left.len() as u64, n / 100);
+    assert!(left
+        .iter()
+        .enumerate()
+        .all(|(j, (k, _))| *k == key(j as u64 * 100, 12)));
+}
+
+#[test]
+fn a_checkpoint_writes_what_changed_not_the_whole_tree() {
+    let (_dir, d) = drive(1 << 15);
+    let mut h = Harness::new(d, PAGE, 256);
+    let mut tree = h.store.create_tree();
+    for i in 0..50_000u64 {
+        h.store
+            .insert(&mut tree, &key(i, 0), &value(i, 32))
+            .unwrap();
+    }
+    h.checkpoint(&mut [&mut tree]).unwrap();
+    let full = h.pages_written;
+    for i in [10u64, 20_000, 49_999] {
+        h.store
+            .insert(&mut tree, &key(i, 0), &value(i + 1, 32))
+            .unwrap();
+    }
+    h.checkpoint(&mut [&mut tree]).unwrap();
+    let incremental = h.pages_written - full;
+    // Three leaves and their paths (three levels at most, sharing the root).
+    assert!(
+        incremental <= 9,
+        "{incremental} pages written for 3 changes (first: {full})"
+    );
+}
+
+#[test]
+fn many_trees_share_one_store_and_dropped_trees_free_their_pages() {
+    let (_dir, d) = drive(1 << 14);
+    let mut h = Harness::new(d.clone(), PAGE, 16);
+    let free_at_start = h.free.len();
+    let mut trees: Vec<Tree> = (0..20).map(|_| h.store.create_tree()).collect();
+    for (t, tree) in trees.iter_mut().enumerate() {
+        for i in 0..(t as u64 * 300) {
+            h.store.insert(tree, &key(i, t), &value(i, 20)).unwrap();
+        }
+    }
+    {
+        let mut refs: Vec<&mut Tree> = trees.iter_mut().collect();
+        h.checkpoint(&mut refs).unwrap();
+    }
+    // Drop every other tree, one before and one after its next change.
+    let mut kept = Vec::new();
+    for (t, mut tree) in trees.into_iter().enumerate() {
+        if t % 2 == 0 {
+            if t % 4 == 0 {
+                h.store.insert(&mut tree, b"x", b"y").unwrap();
+            }
+            h.store.drop_tree(tree).unwrap();
+        } else {
+            kept.push((t, tree));
+        }
+    }
+    {
+        let mut refs: Vec<&mut Tree> = kept.iter_mut().map(|(_, t)| t).collect();
+        h.checkpoint(&mut refs).unwrap();
+    }
+    let mut used = 0usize;
+    for (t, tree) in &kept {
+        let got = h.store.range(tree, &[], None, usize::MAX).unwrap();
+        assert_eq!(got.len(), *t * 300);
+        h.store.visit_pages(tree, &mut |_, _| used += 1).unwrap();
+    }
+    assert_eq!(
+        h.free.len() + used,
+        free_at_start,
+        "pages leaked or freed twice"
+    );
+}
+
+#[test]
+fn oversized_entries_are_refused_and_change_nothing() {
+    let (_dir, d) = drive(64);
+    let mut h = Harness::new(d, PAGE, 8);
+    let mut tree = h.store.create_tree();
+    h.store.insert(&mut tree, b"a", b"1").unwrap();
+    let max = h.format.max_entry_bytes();
+    let err = h
+        .store
+        .insert(&mut tree, b"b", &vec![0u8; max])
+        .unwrap_err();
+    assert!(matches!(err, MetaError::EntryTooLarge { .. }), "{err}");
+    assert!(
+        err.to_string().contains("larger than a page allows"),
+        "{err}"
+    );
+    let err = h.store.insert(&mut tree, &[7u8; 513], b"").unwrap_err();
+    assert!(matches!(err, MetaError::EntryTooLarge { .. }), "{err}");
+    h.store
+        .insert(&mut tree, b"b", &vec![1u8; max - 1])
+        .unwrap();
+    assert_eq!(h.store.range(&tree, &[], None, 10).unwrap().len(), 2);
+}
+
+#[test]
+fn running_out_of_page_space_changes_nothing() {
+    let (_dir, d) = drive(8);
+    let mut h = Harness::new(d, PAGE, 8);
+    let mut tree = h.store.create_tree();
+    for i in 0..2_000u64 {
+        h.store
+            .insert(&mut tree, &key(i, 0), &value(i, 16))
+            .unwrap();
+    }
+    let dirty = h.store.dirty_pages();
+    let err = h.checkpoint(&mut [&mut tree]).unwrap_err();
+    assert!(matches!(err, MetaError::NoSpace(_)), "{err}");
+    assert!(tree.is_dirty());
+    assert_eq!(h.store.dirty_pages(), dirty);
+    assert_eq!(
+        h.store.range(&tree, &[], None, usize::MAX).unwrap().len(),
+        2_000
+    );
+}
