@@ -22,6 +22,7 @@ pub mod pmon;
 mod prefetch;
 mod recovery;
 mod report;
+mod shard_tree;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
 pub use descriptor::{read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk};

@@ -1,0 +1,826 @@
+//! A shard's metadata on disk: every inode, directory entry, block reference and extended
+//! attribute of the shard as an *item* of one copy-on-write B+tree (`tessera-meta`), read
+//! on demand through the bounded page cache.
+//!
+//! # Items
+//!
+//! Keys start with the inode number, so everything about one inode is adjacent (one or two
+//! leaves for a small file) and removing an inode is one key range. All numbers in keys
+//! are big-endian, so key order is number order.
+//!
+//! ```text
+//! key                                         value
+//! ------------------------------------------  -------------------------------------------
+//! [0 u64][01]                                 shard header: next inode number, inode count
+//! [0 u64][05][ino u64]                        orphan: inode unlinked while open (no value)
+//! [ino u64][01]                               inode record (attributes, inline data)
+//! [ino u64][02][name][00][chunk u8]           extended attribute, in chunks of 4 KiB
+//! [ino u64][03][cookie u64]                   directory entry: ino, kind, name
+//! [ino u64][04][block index u64]              block reference: extent and sector checksums
+//! ```
+//!
+//! # Directories
+//!
+//! An entry's key is its readdir cookie, derived from a hash of its name:
+//! `cookie = 2^62 | (hash54(name) << 8) | n`, where `n` (0..=255) is the first index free
+//! among names with the same 54-bit hash. Lookup by name visits the few keys of one hash
+//! (one leaf); insert and remove are one B+tree update; readdir resumes at any cookie in
+//! O(log n). An entry keeps its cookie for as long as it exists, so a readdir that resumes
+//! after changes sees every entry that stayed exactly once (POSIX leaves entries added
+//! meanwhile unspecified). Cookies are at least 2^62, clear of the kernel's 0..=2, and
+//! below 2^63, as `loff_t` needs. A directory with tens of millions of entries costs what
+//! any B+tree does: about four page visits per lookup, most of them cached.
+//!
+//! # Record layouts
+//!
+//! ```text
+//! inode record (little-endian)
+//!  0  1 version = 1      1  1 kind           2  2 perm         4  4 uid
+//!  8  4 gid             12  4 nlink         16  8 size        24  4 rdev
+//! 28  4 generation      32 12 atime (i64 s, u32 ns)           44 12 mtime
+//! 56 12 ctime           68 12 crtime        80  1 content: 0 none, 1 inline, 2 blocks, 3 dir
+//! 81  3 zero            84  8 dir: parent ino; blocks: allocated sub-blocks; else 0
+//! 92  4 inline bytes    96  … inline data (file tail or symlink target)
+//!
+//! directory entry       0  8 ino   8  1 kind   9  1 name length   10  … name
+//!
+//! block reference
+//!  0  2 disk           2  6 zero            8  8 sub-block        16  4 sub-blocks
+//! 20  2 sectors (s)   22  2 pending (p)    24  4·s crc32c per sector
+//!  …  8·⌈s/64⌉ unwritten bitmap            …  9·p pending: sector u32, tag u8 (0 crc,
+//!                                              1 unwritten), crc u32
+//!
+//! shard header          0  8 next inode number   8  8 inode count
+//! ```
+
+// The shard tree replaces the in-memory `MetaState` shards in the next step of the
+// on-disk metadata work; until then only its tests use it.
+#![allow(dead_code)]
+
+use tessera_alloc::{DiskAddr, Extent};
+use tessera_meta::{MetaError, MetaStore, Tree};
+
+use crate::error::{FsError, FsResult};
+use crate::inode::{Alternative, Attr, BlockRef, FileKind, Ino, Timestamp};
+
+const TAG_HEADER: u8 = 0x01;
+const TAG_INODE: u8 = 0x01;
+const TAG_XATTR: u8 = 0x02;
+const TAG_DIRENT: u8 = 0x03;
+const TAG_BLOCK: u8 = 0x04;
+const TAG_ORPHAN: u8 = 0x05;
+
+const RECORD_VERSION: u8 = 1;
+const INODE_FIXED_BYTES: usize = 96;
+/// Extended attribute values are stored in chunks of this size (Linux allows 64 KiB).
+const XATTR_CHUNK_BYTES: usize = 4096;
+/// Most chunks of one value: 64 KiB.
+const XATTR_CHUNKS_MAX: usize = 16;
+const COOKIE_BASE: u64 = 1 << 62;
+const COOKIE_HASH_BITS: u32 = 54;
+const COOKIE_SLOTS: u64 = 256;
+
+/// What an inode holds besides its attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RecordContent {
+    None,
+    Inline(Vec<u8>),
+    /// A block map (items under the inode's key); the count of sub-blocks it holds.
+    Blocks {
+        allocated_sub_blocks: u64,
+    },
+    /// A directory (entries under the inode's key) and its parent.
+    Dir {
+        parent: Ino,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct InodeRecord {
+    pub attr: Attr,
+    pub content: RecordContent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DirItem {
+    pub cookie: u64,
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ShardHeader {
+    pub next_ino: Ino,
+    pub inode_count: u64,
+}
+
+fn meta_err(e: MetaError) -> FsError {
+    match e {
+        MetaError::Io { source, .. } => FsError::Io(source),
+        other => FsError::Corrupt(other.to_string()),
+    }
+}
+
+fn corrupt(what: String) -> FsError {
+    FsError::Corrupt(what)
+}
+
+// ---- keys ----
+
+fn key(ino: Ino, tag: u8) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k.push(tag);
+    k
+}
+
+fn key_u64(ino: Ino, tag: u8, n: u64) -> Vec<u8> {
+    let mut k = key(ino, tag);
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+
+fn xattr_key(ino: Ino, name: &[u8], chunk: u8) -> Vec<u8> {
+    let mut k = key(ino, TAG_XATTR);
+    k.extend_from_slice(name);
+    k.push(0);
+    k.push(chunk);
+    k
+}
+
+fn tail_u64(k: &[u8]) -> u64 {
+    u64::from_be_bytes(k[k.len() - 8..].try_into().expect("8 bytes"))
+}
+
+/// The 54-bit name hash of directory cookies: two CRC-32C passes with different seeds.
+/// It is part of the on-disk format: changing it moves every entry.
+pub(crate) fn name_hash(name: &[u8]) -> u64 {
+    let lo = crc32c::crc32c(name);
+    let hi = crc32c::crc32c_append(0x9e37_79b9, name);
+    ((u64::from(hi) << 32) | u64::from(lo)) & ((1 << COOKIE_HASH_BITS) - 1)
+}
+
+fn cookie_range(name: &[u8]) -> (u64, u64) {
+    let first = COOKIE_BASE | (name_hash(name) << 8);
+    (first, first + COOKIE_SLOTS)
+}
+
+// ---- record encodings ----
+
+fn kind_code(k: FileKind) -> u8 {
+    match k {
+        FileKind::Regular => 1,
+        FileKind::Directory => 2,
+        FileKind::Symlink => 3,
+        FileKind::Fifo => 4,
+        FileKind::Socket => 5,
+        FileKind::CharDevice => 6,
+        FileKind::BlockDevice => 7,
+    }
+}
+
+fn kind_from(code: u8) -> Option<FileKind> {
+    Some(match code {
+        1 => FileKind::Regular,
+        2 => FileKind::Directory,
+        3 => FileKind::Symlink,
+        4 => FileKind::Fifo,
+        5 => FileKind::Socket,
+        6 => FileKind::CharDevice,
+        7 => FileKind::BlockDevice,
+        _ => return None,
+    })
+}
+
+fn put_time(out: &mut Vec<u8>, t: Timestamp) {
+    out.extend_from_slice(&t.secs.to_le_bytes());
+    out.extend_from_slice(&t.nsecs.to_le_bytes());
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2)
+            .map(|b| u16::from_le_bytes(b.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
+    }
+    fn time(&mut self) -> Option<Timestamp> {
+        let secs = i64::from_le_bytes(self.take(8)?.try_into().expect("8"));
+        let nsecs = self.u32()?;
+        (nsecs < 1_000_000_000).then_some(Timestamp { secs, nsecs })
+    }
+    fn done(&self) -> bool {
+        self.at == self.b.len()
+    }
+}
+
+pub(crate) fn encode_inode(rec: &InodeRecord) -> Vec<u8> {
+    let a = &rec.attr;
+    let inline = match &rec.content {
+        RecordContent::Inline(d) => d.as_slice(),
+        _ => &[],
+    };
+    let mut out = Vec::with_capacity(INODE_FIXED_BYTES + inline.len());
+    out.push(RECORD_VERSION);
+    out.push(kind_code(a.kind));
+    out.extend_from_slice(&a.perm.to_le_bytes());
+    out.extend_from_slice(&a.uid.to_le_bytes());
+    out.extend_from_slice(&a.gid.to_le_bytes());
+    out.extend_from_slice(&a.nlink.to_le_bytes());
+    out.extend_from_slice(&a.size.to_le_bytes());
+    out.extend_from_slice(&a.rdev.to_le_bytes());
+    out.extend_from_slice(&a.generation.to_le_bytes());
+    for t in [a.atime, a.mtime, a.ctime, a.crtime] {
+        put_time(&mut out, t);
+    }
+    let (code, word) = match &rec.content {
+        RecordContent::None => (0u8, 0u64),
+        RecordContent::Inline(_) => (1, 0),
+        RecordContent::Blocks {
+            allocated_sub_blocks,
+        } => (2, *allocated_sub_blocks),
+        RecordContent::Dir { parent } => (3, *parent),
+    };
+    out.push(code);
+    out.extend_from_slice(&[0; 3]);
+    out.extend_from_slice(&word.to_le_bytes());
+    out.extend_from_slice(&(inline.len() as u32).to_le_bytes());
+    debug_assert_eq!(out.len(), INODE_FIXED_BYTES);
+    out.extend_from_slice(inline);
+    out
+}
+
+pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
+    let bad = |why: &str| corrupt(format!("inode {ino}: record {why}"));
+    let mut r = Reader { b, at: 0 };
+    let version = r.u8().ok_or_else(|| bad("is empty"))?;
+    if version != RECORD_VERSION {
+        return Err(bad(&format!(
+            "has version {version} (this build reads {RECORD_VERSION})"
+        )));
+    }
+    let short = || bad("is truncated");
+    let kind =
+        kind_from(r.u8().ok_or_else(short)?).ok_or_else(|| bad("has an unknown file kind"))?;
+    let perm = r.u16().ok_or_else(short)?;
+    let uid = r.u32().ok_or_else(short)?;
+    let gid = r.u32().ok_or_else(short)?;
+    let nlink = r.u32().ok_or_else(short)?;
+    let size = r.u64().ok_or_else(short)?;
+    let rdev = r.u32().ok_or_else(short)?;
+    let generation = r.u32().ok_or_else(short)?;
+    let mut times = [Timestamp::default(); 4];
+    for t in &mut times {
+        *t = r.time().ok_or_else(|| bad("has a bad timestamp"))?;
+    }
+    let code = r.u8().ok_or_else(short)?;
+    if r.take(3).ok_or_else(short)? != [0, 0, 0] {
+        return Err(bad("has non-zero reserved bytes"));
+    }
+    let word = r.u64().ok_or_else(short)?;
+    let inline_len = r.u32().ok_or_else(short)? as usize;
+    let inline = r.take(inline_len).ok_or_else(short)?;
+    if !r.done() {
+        return Err(bad("has trailing bytes"));
+    }
+    let content = match code {
+        0 => RecordContent::None,
+        1 => RecordContent::Inline(inline.to_vec()),
+        2 => RecordContent::Blocks {
+            allocated_sub_blocks: word,
+        },
+        3 => RecordContent::Dir { parent: word },
+        _ => return Err(bad("has an unknown content type")),
+    };
+    if code != 1 && inline_len != 0 {
+        return Err(bad("has inline bytes without inline content"));
+    }
+    Ok(InodeRecord {
+        attr: Attr {
+            ino,
+            kind,
+            perm,
+            uid,
+            gid,
+            nlink,
+            size,
+            rdev,
+            atime: times[0],
+            mtime: times[1],
+            ctime: times[2],
+            crtime: times[3],
+            generation,
+        },
+        content,
+    })
+}
+
+fn encode_dirent(item: &DirItem) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10 + item.name.len());
+    out.extend_from_slice(&item.ino.to_le_bytes());
+    out.push(kind_code(item.kind));
+    out.push(item.name.len() as u8);
+    out.extend_from_slice(&item.name);
+    out
+}
+
+fn decode_dirent(dir: Ino, cookie: u64, b: &[u8]) -> FsResult<DirItem> {
+    let bad = || {
+        corrupt(format!(
+            "directory {dir}: entry at cookie {cookie:#x} is malformed"
+        ))
+    };
+    let mut r = Reader { b, at: 0 };
+    let ino = r.u64().ok_or_else(bad)?;
+    let kind = kind_from(r.u8().ok_or_else(bad)?).ok_or_else(bad)?;
+    let len = r.u8().ok_or_else(bad)? as usize;
+    let name = r.take(len).ok_or_else(bad)?.to_vec();
+    if !r.done() || name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(bad());
+    }
+    Ok(DirItem {
+        cookie,
+        name,
+        ino,
+        kind,
+    })
+}
+
+pub(crate) fn encode_block(b: &BlockRef) -> Vec<u8> {
+    let s = b.sectors();
+    let mut out = Vec::with_capacity(24 + 4 * s + 8 * s.div_ceil(64) + 9 * b.pending.len());
+    out.extend_from_slice(&b.extent.addr.disk.to_le_bytes());
+    out.extend_from_slice(&[0; 6]);
+    out.extend_from_slice(&b.extent.addr.sub_block.to_le_bytes());
+    out.extend_from_slice(&b.extent.sub_blocks.to_le_bytes());
+    out.extend_from_slice(&(s as u16).to_le_bytes());
+    out.extend_from_slice(&(b.pending.len() as u16).to_le_bytes());
+    for c in &b.crcs {
+        out.extend_from_slice(&c.to_le_bytes());
+    }
+    for w in 0..s.div_ceil(64) {
+        out.extend_from_slice(&b.unwritten.get(w).copied().unwrap_or(0).to_le_bytes());
+    }
+    for (sector, alt) in &b.pending {
+        out.extend_from_slice(&sector.to_le_bytes());
+        match alt {
+            Alternative::Crc(c) => {
+                out.push(0);
+                out.extend_from_slice(&c.to_le_bytes());
+            }
+            Alternative::Unwritten => {
+                out.push(1);
+                out.extend_from_slice(&[0; 4]);
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn decode_block(ino: Ino, index: u64, b: &[u8]) -> FsResult<BlockRef> {
+    let bad = |why: &str| corrupt(format!("inode {ino}: block {index} reference {why}"));
+    let short = || bad("is truncated");
+    let mut r = Reader { b, at: 0 };
+    let disk = r.u16().ok_or_else(short)?;
+    if r.take(6).ok_or_else(short)?.iter().any(|x| *x != 0) {
+        return Err(bad("has non-zero reserved bytes"));
+    }
+    let sub_block = r.u64().ok_or_else(short)?;
+    let sub_blocks = r.u32().ok_or_else(short)?;
+    let sectors = r.u16().ok_or_else(short)? as usize;
+    let pending_count = r.u16().ok_or_else(short)? as usize;
+    if sectors == 0 || sub_blocks == 0 {
+        return Err(bad("is empty"));
+    }
+    let crcs = (0..sectors)
+        .map(|_| r.u32())
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(short)?;
+    let unwritten = (0..sectors.div_ceil(64))
+        .map(|_| r.u64())
+        .collect::<Option<Vec<u64>>>()
+        .ok_or_else(short)?;
+    let mut pending = std::collections::BTreeMap::new();
+    for _ in 0..pending_count {
+        let sector = r.u32().ok_or_else(short)?;
+        let tag = r.u8().ok_or_else(short)?;
+        let crc = r.u32().ok_or_else(short)?;
+        if sector as usize >= sectors {
+            return Err(bad("names a pending sector past its end"));
+        }
+        let alt = match tag {
+            0 => Alternative::Crc(crc),
+            1 if crc == 0 => Alternative::Unwritten,
+            _ => return Err(bad("has an unknown pending tag")),
+        };
+        if pending.insert(sector, alt).is_some() {
+            return Err(bad("names a pending sector twice"));
+        }
+    }
+    if !r.done() {
+        return Err(bad("has trailing bytes"));
+    }
+    Ok(BlockRef {
+        extent: Extent {
+            addr: DiskAddr { disk, sub_block },
+            sub_blocks,
+        },
+        crcs,
+        unwritten,
+        pending,
+    })
+}
+
+// ---- the shard tree ----
+
+/// The items of one shard. Operations take the store that caches every shard's pages.
+#[derive(Debug)]
+pub(crate) struct ShardTree {
+    pub tree: Tree,
+}
+
+impl ShardTree {
+    pub fn create(store: &mut MetaStore, first_ino: Ino) -> FsResult<ShardTree> {
+        let mut t = ShardTree {
+            tree: store.create_tree(),
+        };
+        t.set_header(
+            store,
+            ShardHeader {
+                next_ino: first_ino,
+                inode_count: 0,
+            },
+        )?;
+        Ok(t)
+    }
+
+    pub fn header(&self, store: &mut MetaStore) -> FsResult<ShardHeader> {
+        let v = store
+            .get(&self.tree, &key(0, TAG_HEADER))
+            .map_err(meta_err)?
+            .ok_or_else(|| corrupt("shard tree has no header".into()))?;
+        let mut r = Reader { b: &v, at: 0 };
+        match (r.u64(), r.u64(), r.done()) {
+            (Some(next_ino), Some(inode_count), true) => Ok(ShardHeader {
+                next_ino,
+                inode_count,
+            }),
+            _ => Err(corrupt("shard header is malformed".into())),
+        }
+    }
+
+    pub fn set_header(&mut self, store: &mut MetaStore, h: ShardHeader) -> FsResult<()> {
+        let mut v = h.next_ino.to_le_bytes().to_vec();
+        v.extend_from_slice(&h.inode_count.to_le_bytes());
+        store
+            .insert(&mut self.tree, &key(0, TAG_HEADER), &v)
+            .map_err(meta_err)?;
+        Ok(())
+    }
+
+    pub fn inode(&self, store: &mut MetaStore, ino: Ino) -> FsResult<Option<InodeRecord>> {
+        store
+            .get(&self.tree, &key(ino, TAG_INODE))
+            .map_err(meta_err)?
+            .map(|v| decode_inode(ino, &v))
+            .transpose()
+    }
+
+    /// Writes the inode record; returns whether the inode is new.
+    pub fn put_inode(&mut self, store: &mut MetaStore, rec: &InodeRecord) -> FsResult<bool> {
+        let old = store
+            .insert(
+                &mut self.tree,
+                &key(rec.attr.ino, TAG_INODE),
+                &encode_inode(rec),
+            )
+            .map_err(meta_err)?;
+        Ok(old.is_none())
+    }
+
+    /// Removes the inode and every item under it; returns the block references it held.
+    pub fn remove_inode(&mut self, store: &mut MetaStore, ino: Ino) -> FsResult<Vec<BlockRef>> {
+        let mut blocks = Vec::new();
+        let start = key(ino, 0);
+        let end = key(ino + 1, 0);
+        loop {
+            let batch = store
+                .range(&self.tree, &start, Some(&end), 256)
+                .map_err(meta_err)?;
+            if batch.is_empty() {
+                break;
+            }
+            for (k, v) in batch {
+                if k.len() == 17 && k[8] == TAG_BLOCK {
+                    blocks.push(decode_block(ino, tail_u64(&k), &v)?);
+                }
+                store.remove(&mut self.tree, &k).map_err(meta_err)?;
+            }
+        }
+        Ok(blocks)
+    }
+
+    pub fn set_orphan(&mut self, store: &mut MetaStore, ino: Ino, orphan: bool) -> FsResult<()> {
+        let k = key_u64(0, TAG_ORPHAN, ino);
+        if orphan {
+            store.insert(&mut self.tree, &k, &[]).map_err(meta_err)?;
+        } else {
+            store.remove(&mut self.tree, &k).map_err(meta_err)?;
+        }
+        Ok(())
+    }
+
+    pub fn orphans(&self, store: &mut MetaStore) -> FsResult<Vec<Ino>> {
+        let items = store
+            .range(
+                &self.tree,
+                &key(0, TAG_ORPHAN),
+                Some(&key(0, TAG_ORPHAN + 1)),
+                usize::MAX,
+            )
+            .map_err(meta_err)?;
+        Ok(items.iter().map(|(k, _)| tail_u64(k)).collect())
+    }
+
+    // ---- directories ----
+
+    pub fn dir_lookup(
+        &self,
+        store: &mut MetaStore,
+        dir: Ino,
+        name: &[u8],
+    ) -> FsResult<Option<DirItem>> {
+        let (first, end) = cookie_range(name);
+        let items = store
+            .range(
+                &self.tree,
+                &key_u64(dir, TAG_DIRENT, first),
+                Some(&key_u64(dir, TAG_DIRENT, end)),
+                COOKIE_SLOTS as usize,
+            )
+            .map_err(meta_err)?;
+        for (k, v) in items {
+            let item = decode_dirent(dir, tail_u64(&k), &v)?;
+            if item.name == name {
+                return Ok(Some(item));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The cookie a new entry `name` gets: the first free index among its hash's slots.
+    pub fn dir_new_cookie(&self, store: &mut MetaStore, dir: Ino, name: &[u8]) -> FsResult<u64> {
+        let (first, end) = cookie_range(name);
+        let items = store
+            .range(
+                &self.tree,
+                &key_u64(dir, TAG_DIRENT, first),
+                Some(&key_u64(dir, TAG_DIRENT, end)),
+                COOKIE_SLOTS as usize,
+            )
+            .map_err(meta_err)?;
+        let mut cookie = first;
+        for (k, _) in &items {
+            if tail_u64(k) != cookie {
+                break;
+            }
+            cookie += 1;
+        }
+        if cookie >= end {
+            return Err(FsError::NoSpace {
+                pool: "system".into(),
+                what: "a directory entry (256 names of this directory share one hash)",
+            });
+        }
+        Ok(cookie)
+    }
+
+    /// Inserts (or replaces) the entry at `item.cookie`.
+    pub fn dir_insert(&mut self, store: &mut MetaStore, dir: Ino, item: &DirItem) -> FsResult<()> {
+        let (first, end) = cookie_range(&item.name);
+        if !(first..end).contains(&item.cookie) {
+            return Err(corrupt(format!(
+                "directory {dir}: cookie {:#x} does not belong to its name",
+                item.cookie
+            )));
+        }
+        store
+            .insert(
+                &mut self.tree,
+                &key_u64(dir, TAG_DIRENT, item.cookie),
+                &encode_dirent(item),
+            )
+            .map_err(meta_err)?;
+        Ok(())
+    }
+
+    pub fn dir_remove(
+        &mut self,
+        store: &mut MetaStore,
+        dir: Ino,
+        name: &[u8],
+    ) -> FsResult<Option<DirItem>> {
+        let Some(item) = self.dir_lookup(store, dir, name)? else {
+            return Ok(None);
+        };
+        store
+            .remove(&mut self.tree, &key_u64(dir, TAG_DIRENT, item.cookie))
+            .map_err(meta_err)?;
+        Ok(Some(item))
+    }
+
+    /// Up to `limit` entries with cookies at or after `from`, in cookie order.
+    pub fn dir_list(
+        &self,
+        store: &mut MetaStore,
+        dir: Ino,
+        from: u64,
+        limit: usize,
+    ) -> FsResult<Vec<DirItem>> {
+        let items = store
+            .range(
+                &self.tree,
+                &key_u64(dir, TAG_DIRENT, from.max(COOKIE_BASE)),
+                Some(&key(dir, TAG_DIRENT + 1)),
+                limit,
+            )
+            .map_err(meta_err)?;
+        items
+            .iter()
+            .map(|(k, v)| decode_dirent(dir, tail_u64(k), v))
+            .collect()
+    }
+
+    pub fn dir_is_empty(&self, store: &mut MetaStore, dir: Ino) -> FsResult<bool> {
+        Ok(self.dir_list(store, dir, 0, 1)?.is_empty())
+    }
+
+    // ---- block maps ----
+
+    pub fn block(&self, store: &mut MetaStore, ino: Ino, index: u64) -> FsResult<Option<BlockRef>> {
+        store
+            .get(&self.tree, &key_u64(ino, TAG_BLOCK, index))
+            .map_err(meta_err)?
+            .map(|v| decode_block(ino, index, &v))
+            .transpose()
+    }
+
+    /// Maps block `index`; returns the reference it replaces.
+    pub fn put_block(
+        &mut self,
+        store: &mut MetaStore,
+        ino: Ino,
+        index: u64,
+        block: &BlockRef,
+    ) -> FsResult<Option<BlockRef>> {
+        store
+            .insert(
+                &mut self.tree,
+                &key_u64(ino, TAG_BLOCK, index),
+                &encode_block(block),
+            )
+            .map_err(meta_err)?
+            .map(|v| decode_block(ino, index, &v))
+            .transpose()
+    }
+
+    pub fn remove_block(
+        &mut self,
+        store: &mut MetaStore,
+        ino: Ino,
+        index: u64,
+    ) -> FsResult<Option<BlockRef>> {
+        store
+            .remove(&mut self.tree, &key_u64(ino, TAG_BLOCK, index))
+            .map_err(meta_err)?
+            .map(|v| decode_block(ino, index, &v))
+            .transpose()
+    }
+
+    /// Up to `limit` mapped blocks with index >= `from`, in index order.
+    pub fn blocks(
+        &self,
+        store: &mut MetaStore,
+        ino: Ino,
+        from: u64,
+        limit: usize,
+    ) -> FsResult<Vec<(u64, BlockRef)>> {
+        let items = store
+            .range(
+                &self.tree,
+                &key_u64(ino, TAG_BLOCK, from),
+                Some(&key(ino, TAG_BLOCK + 1)),
+                limit,
+            )
+            .map_err(meta_err)?;
+        items
+            .iter()
+            .map(|(k, v)| {
+                let index = tail_u64(k);
+                Ok((index, decode_block(ino, index, v)?))
+            })
+            .collect()
+    }
+
+    // ---- extended attributes ----
+
+    pub fn xattr(&self, store: &mut MetaStore, ino: Ino, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
+        let mut value: Option<Vec<u8>> = None;
+        for chunk in 0..XATTR_CHUNKS_MAX as u8 {
+            match store
+                .get(&self.tree, &xattr_key(ino, name, chunk))
+                .map_err(meta_err)?
+            {
+                Some(part) => value.get_or_insert_with(Vec::new).extend_from_slice(&part),
+                None => break,
+            }
+        }
+        Ok(value)
+    }
+
+    pub fn set_xattr(
+        &mut self,
+        store: &mut MetaStore,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+    ) -> FsResult<()> {
+        if name.is_empty()
+            || name.contains(&0)
+            || value.len() > XATTR_CHUNK_BYTES * XATTR_CHUNKS_MAX
+        {
+            return Err(FsError::Invalid(format!(
+                "extended attribute of {} name bytes and {} value bytes",
+                name.len(),
+                value.len()
+            )));
+        }
+        self.remove_xattr(store, ino, name)?;
+        let chunks: Vec<&[u8]> = if value.is_empty() {
+            vec![&[][..]]
+        } else {
+            value.chunks(XATTR_CHUNK_BYTES).collect()
+        };
+        for (i, part) in chunks.iter().enumerate() {
+            store
+                .insert(&mut self.tree, &xattr_key(ino, name, i as u8), part)
+                .map_err(meta_err)?;
+        }
+        Ok(())
+    }
+
+    pub fn remove_xattr(&mut self, store: &mut MetaStore, ino: Ino, name: &[u8]) -> FsResult<bool> {
+        let mut any = false;
+        for chunk in 0..XATTR_CHUNKS_MAX as u8 {
+            if store
+                .remove(&mut self.tree, &xattr_key(ino, name, chunk))
+                .map_err(meta_err)?
+                .is_none()
+            {
+                break;
+            }
+            any = true;
+        }
+        Ok(any)
+    }
+
+    pub fn xattr_names(&self, store: &mut MetaStore, ino: Ino) -> FsResult<Vec<Vec<u8>>> {
+        let items = store
+            .range(
+                &self.tree,
+                &key(ino, TAG_XATTR),
+                Some(&key(ino, TAG_XATTR + 1)),
+                usize::MAX,
+            )
+            .map_err(meta_err)?;
+        Ok(items
+            .iter()
+            .filter(|(k, _)| k[k.len() - 1] == 0)
+            .map(|(k, _)| k[9..k.len() - 2].to_vec())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+#[path = "shard_tree_tests.rs"]
+mod tests;
