@@ -419,12 +419,12 @@ pub struct SetattrPermit {
 
 impl FileSystem {
     fn protection_of(&self, ino: Ino) -> FsResult<Protection> {
-        let m = self.meta.lock();
-        Self::protection(&m, ino)
+        let mut m = self.meta.lock();
+        Self::protection(&mut m, ino)
     }
 
-    fn protection(m: &crate::fs::Meta, ino: Ino) -> FsResult<Protection> {
-        let attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+    fn protection(m: &mut crate::fs::Meta, ino: Ino) -> FsResult<Protection> {
+        let attr = m.state.attr(ino)?;
         let acl = crate::namespace::stored_acl(m, ino, acl::ACCESS_XATTR)?;
         Ok(Protection { attr, acl })
     }
@@ -446,19 +446,22 @@ impl FileSystem {
     }
 
     /// The entry `name` of `dir` and its attributes, if both exist.
-    fn child_attr(m: &crate::fs::Meta, dir: Ino, name: &[u8]) -> Option<Attr> {
-        let entry = m.state.get(dir)?.dir()?.entries.get(name)?;
-        Some(m.state.get(entry.ino)?.attr)
+    fn child_attr(m: &mut crate::fs::Meta, dir: Ino, name: &[u8]) -> FsResult<Option<Attr>> {
+        match m.state.lookup(dir, name) {
+            Ok(Some(entry)) => m.state.find_attr(entry.ino),
+            Ok(None) | Err(FsError::NotFound | FsError::NotDir) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// unlink and rmdir: write and search on `dir`, and the sticky-directory rule.
     pub fn may_remove(&self, dir: Ino, name: &[u8], cred: &Credentials) -> FsResult<()> {
-        let m = self.meta.lock();
-        let d = Self::protection(&m, dir)?;
+        let mut m = self.meta.lock();
+        let d = Self::protection(&mut m, dir)?;
         if d.attr.kind != FileKind::Directory {
             return Ok(());
         }
-        let victim = Self::child_attr(&m, dir, name);
+        let victim = Self::child_attr(&mut m, dir, name)?;
         may_delete(&d, victim.as_ref(), cred)
     }
 
@@ -472,14 +475,14 @@ impl FileSystem {
         exchange: bool,
         cred: &Credentials,
     ) -> FsResult<()> {
-        let m = self.meta.lock();
-        let d = Self::protection(&m, dir)?;
-        let n = Self::protection(&m, new_dir)?;
+        let mut m = self.meta.lock();
+        let d = Self::protection(&mut m, dir)?;
+        let n = Self::protection(&mut m, new_dir)?;
         if d.attr.kind != FileKind::Directory || n.attr.kind != FileKind::Directory {
             return Ok(());
         }
-        let source = Self::child_attr(&m, dir, name);
-        let target = Self::child_attr(&m, new_dir, new_name);
+        let source = Self::child_attr(&mut m, dir, name)?;
+        let target = Self::child_attr(&mut m, new_dir, new_name)?;
         may_delete(&d, source.as_ref(), cred)?;
         // Without a target this is the create check: write and search.
         may_delete(&n, target.as_ref(), cred)?;
@@ -490,7 +493,7 @@ impl FileSystem {
             {
                 // A directory that changes parents has its `..` rewritten.
                 if moved.kind == FileKind::Directory {
-                    require(&Self::protection(&m, moved.ino)?, cred, MAY_WRITE)?;
+                    require(&Self::protection(&mut m, moved.ino)?, cred, MAY_WRITE)?;
                 }
             }
         }
@@ -500,12 +503,12 @@ impl FileSystem {
     /// link: write and search on the new directory, and `protected_hardlinks` on the
     /// source.
     pub fn may_link(&self, ino: Ino, new_dir: Ino, cred: &Credentials) -> FsResult<()> {
-        let m = self.meta.lock();
-        let n = Self::protection(&m, new_dir)?;
+        let mut m = self.meta.lock();
+        let n = Self::protection(&mut m, new_dir)?;
         if n.attr.kind == FileKind::Directory {
             require(&n, cred, MAY_WRITE | MAY_EXEC)?;
         }
-        may_link_source(&Self::protection(&m, ino)?, cred)?;
+        may_link_source(&Self::protection(&mut m, ino)?, cred)?;
         Ok(())
     }
 

@@ -18,8 +18,8 @@ use tessera_journal::Lsn;
 
 use crate::error::{FsError, FsResult};
 use crate::fs::{FileSystem, Meta};
-use crate::inode::{Alternative, Attr, BlockRef, Content, FileKind, Ino, CSUM_SECTOR_BYTES};
-use crate::meta::Change;
+use crate::inode::{Alternative, Attr, BlockRef, FileKind, Ino, CSUM_SECTOR_BYTES};
+use crate::meta::{Change, ContentKind};
 use crate::prefetch::{BlockData, SectorState};
 
 /// Largest file size: 1 PiB.
@@ -89,8 +89,8 @@ impl FileSystem {
     }
 
     fn regular_attr(&self, ino: Ino) -> FsResult<Attr> {
-        let m = self.meta.lock();
-        let attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let mut m = self.meta.lock();
+        let attr = m.state.attr(ino)?;
         match attr.kind {
             FileKind::Regular => Ok(attr),
             FileKind::Directory => Err(FsError::IsDir),
@@ -110,25 +110,31 @@ impl FileSystem {
         let _data = self.inode_lock(ino).read();
         let bs = self.geo.block_bytes;
         let (len, inline, blocks, file_blocks) = {
-            let m = self.meta.lock();
-            let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-            if inode.attr.kind == FileKind::Directory {
+            let mut m = self.meta.lock();
+            let attr = m.state.attr(ino)?;
+            if attr.kind == FileKind::Directory {
                 return Err(FsError::IsDir);
             }
-            let len = inode.attr.size.saturating_sub(offset).min(u64::from(size)) as usize;
+            let len = attr.size.saturating_sub(offset).min(u64::from(size)) as usize;
             if len == 0 {
                 return Ok(FileData::default());
             }
             let end = offset + len as u64;
-            let file_blocks = inode.attr.size.div_ceil(bs);
-            match &inode.content {
-                Content::Inline(d) => (len, Some(d.clone()), Vec::new(), file_blocks),
-                Content::Blocks(map) => {
+            let file_blocks = attr.size.div_ceil(bs);
+            match m.state.content_kind(ino)? {
+                ContentKind::Inline => {
+                    let d = m.state.inline_data(ino)?.unwrap_or_default();
+                    (len, Some(d), Vec::new(), file_blocks)
+                }
+                ContentKind::Blocks => {
+                    let (first, last) = (offset / bs, end.div_ceil(bs));
+                    let mut mapped = m.state.blocks(ino, first..last)?.into_iter().peekable();
                     let mut parts = Vec::new();
-                    for b in offset / bs..end.div_ceil(bs) {
+                    for b in first..last {
                         let lo = offset.max(b * bs) - b * bs;
                         let hi = end.min((b + 1) * bs) - b * bs;
-                        parts.push((b, lo, hi, map.get(&b).map(|r| sector_infos(r, lo, hi))));
+                        let r = mapped.next_if(|(i, _)| *i == b).map(|(_, r)| r);
+                        parts.push((b, lo, hi, r.map(|r| sector_infos(&r, lo, hi))));
                     }
                     (len, None, parts, file_blocks)
                 }
@@ -277,12 +283,10 @@ impl FileSystem {
     /// block is unmapped or never written (readers produce its zeros themselves).
     pub(crate) fn load_block(&self, ino: Ino, block: u64) -> FsResult<Option<BlockData>> {
         let found = {
-            let m = self.meta.lock();
-            match m.state.get(ino).map(|i| &i.content) {
-                Some(Content::Blocks(map)) => map
-                    .get(&block)
-                    .map(|r| sector_infos(r, 0, r.sectors() as u64 * SECTOR)),
-                _ => None,
+            let mut m = self.meta.lock();
+            match m.state.block(ino, block) {
+                Ok(r) => r.map(|r| sector_infos(&r, 0, r.sectors() as u64 * SECTOR)),
+                Err(_) => None,
             }
         };
         let Some((extent, sectors)) = found else {
@@ -305,10 +309,9 @@ impl FileSystem {
             return;
         }
         let mut m = self.meta.lock();
-        let Some(inode) = m.state.get(ino) else {
+        let Ok(Some(mut attr)) = m.state.find_attr(ino) else {
             return;
         };
-        let mut attr = inode.attr;
         let now = self.now();
         let stale = attr.atime <= attr.mtime
             || attr.atime <= attr.ctime
@@ -353,9 +356,8 @@ impl FileSystem {
     }
 
     fn has_inline_content(&self, ino: Ino) -> FsResult<bool> {
-        let m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        Ok(matches!(inode.content, Content::Inline(_)))
+        let mut m = self.meta.lock();
+        Ok(m.state.content_kind(ino)? == ContentKind::Inline)
     }
 
     /// The body of a write; the caller holds the inode lock exclusively.
@@ -363,8 +365,7 @@ impl FileSystem {
         let end = offset + data.len() as u64;
         let inline = {
             let mut m = self.meta.lock();
-            let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-            let mut attr = inode.attr;
+            let mut attr = m.state.attr(ino)?;
             if attr.kind != FileKind::Regular {
                 return Err(if attr.kind == FileKind::Directory {
                     FsError::IsDir
@@ -372,9 +373,9 @@ impl FileSystem {
                     FsError::Invalid("not a regular file".into())
                 });
             }
-            match &inode.content {
-                Content::Inline(cur) if end as usize <= self.geo.inline_max_bytes => {
-                    let mut bytes = cur.clone();
+            match m.state.inline_data(ino)? {
+                Some(cur) if end as usize <= self.geo.inline_max_bytes => {
+                    let mut bytes = cur;
                     bytes.resize(bytes.len().max(end as usize), 0);
                     bytes[offset as usize..end as usize].copy_from_slice(data);
                     attr.size = attr.size.max(end);
@@ -387,8 +388,7 @@ impl FileSystem {
                         disks: Vec::new(),
                     });
                 }
-                Content::Inline(cur) => Some(cur.clone()),
-                _ => None,
+                other => other,
             }
         };
         let mut written = Written::default();
@@ -494,17 +494,20 @@ impl FileSystem {
         let bs = self.geo.block_bytes;
         let per = self.geo.sub_blocks_per_block;
         let mut m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        let (current, prev) = match &inode.content {
-            Content::Blocks(map) => (
-                map.get(&b).cloned(),
-                b.checked_sub(1)
-                    .and_then(|p| map.get(&p))
-                    .map(|r| r.extent.addr),
-            ),
+        let attr = m.state.attr(ino)?;
+        let (current, prev) = match m.state.content_kind(ino)? {
+            ContentKind::Blocks => {
+                let near = m.state.blocks(ino, b.saturating_sub(1)..b + 1)?;
+                let current = near.iter().find(|(i, _)| *i == b).map(|(_, r)| r.clone());
+                let prev = near
+                    .iter()
+                    .find(|(i, _)| b > 0 && *i == b - 1)
+                    .map(|(_, r)| r.extent.addr);
+                (current, prev)
+            }
             _ => (None, None),
         };
-        let size_after = inode.attr.size.max(b * bs + off + len);
+        let size_after = attr.size.max(b * bs + off + len);
         // Only a file that fits in one block gets a fragment (GPFS keeps the last block of
         // small files in sub-blocks); everything else uses whole blocks.
         let needed = if b == 0 && size_after <= bs {
@@ -599,7 +602,7 @@ impl FileSystem {
         let dev = &self.devices[extent.addr.disk as usize];
         dev.write_at(&buf, self.extent_offset(&extent) + (lo as u64) * SECTOR)?;
         let mut m = self.meta.lock();
-        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let mut attr = m.state.attr(ino)?;
         attr.size = attr
             .size
             .max(b * self.geo.block_bytes + off + data.len() as u64);
@@ -679,7 +682,7 @@ impl FileSystem {
 
     fn log_with_size(&self, ino: Ino, change: Change, size_after: u64) -> FsResult<Lsn> {
         let mut m = self.meta.lock();
-        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let mut attr = m.state.attr(ino)?;
         attr.size = attr.size.max(size_after);
         attr.mtime = self.now();
         attr.ctime = attr.mtime;
@@ -696,14 +699,11 @@ impl FileSystem {
         let attr = self.regular_attr(ino)?;
         let bs = self.geo.block_bytes;
         let boundary_written = {
-            let m = self.meta.lock();
-            match &m.state.get(ino).ok_or(FsError::NotFound)?.content {
-                Content::Blocks(map) => map.get(&(size / bs)).is_some_and(|r| {
-                    let s = ((size % bs) / SECTOR) as usize;
-                    s < r.sectors() && !r.is_unwritten(s)
-                }),
-                _ => false,
-            }
+            let mut m = self.meta.lock();
+            m.state.block(ino, size / bs)?.is_some_and(|r| {
+                let s = ((size % bs) / SECTOR) as usize;
+                s < r.sectors() && !r.is_unwritten(s)
+            })
         };
         if size < attr.size && !size.is_multiple_of(SECTOR) && boundary_written {
             // Bytes past the new end of file must read as zeros if the file grows again.
@@ -711,17 +711,19 @@ impl FileSystem {
             self.write_range(ino, size, &vec![0; zeros as usize])?;
         }
         let mut m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        let mut attr = inode.attr;
+        let mut attr = m.state.attr(ino)?;
         let mut changes = Vec::new();
-        match &inode.content {
-            Content::Inline(d) if (size as usize) < d.len() => {
-                changes.push(Change::Inline {
-                    ino,
-                    data: d[..size as usize].to_vec(),
-                });
+        match m.state.content_kind(ino)? {
+            ContentKind::Inline => {
+                let d = m.state.inline_data(ino)?.unwrap_or_default();
+                if (size as usize) < d.len() {
+                    changes.push(Change::Inline {
+                        ino,
+                        data: d[..size as usize].to_vec(),
+                    });
+                }
             }
-            Content::Blocks(_) if size < attr.size => {
+            ContentKind::Blocks if size < attr.size => {
                 changes.push(Change::Truncate {
                     ino,
                     size,
@@ -759,11 +761,8 @@ impl FileSystem {
         let _data = self.inode_lock(ino).write();
         let attr = self.regular_attr(ino)?;
         let inline = {
-            let m = self.meta.lock();
-            match &m.state.get(ino).ok_or(FsError::NotFound)?.content {
-                Content::Inline(d) => Some(d.clone()),
-                _ => None,
-            }
+            let mut m = self.meta.lock();
+            m.state.inline_data(ino)?
         };
         if let Some(bytes) = inline.filter(|b| !b.is_empty()) {
             self.write_range(ino, 0, &bytes)?;
@@ -771,11 +770,8 @@ impl FileSystem {
         let bs = self.geo.block_bytes;
         for b in offset / bs..end.div_ceil(bs) {
             let mut m = self.meta.lock();
-            let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-            if let Content::Blocks(map) = &inode.content {
-                if map.contains_key(&b) {
-                    continue;
-                }
+            if m.state.block(ino, b)?.is_some() {
+                continue;
             }
             let hint = BlockHint {
                 file_key: ino,
@@ -789,7 +785,7 @@ impl FileSystem {
             self.map_unwritten(&mut m, ino, b, extent)?;
         }
         let mut m = self.meta.lock();
-        let mut a = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let mut a = m.state.attr(ino)?;
         if mode & FALLOC_FL_KEEP_SIZE == 0 && end > attr.size {
             a.size = a.size.max(end);
         }
@@ -807,11 +803,8 @@ impl FileSystem {
         }
         let bs = self.geo.block_bytes;
         let inline = {
-            let m = self.meta.lock();
-            matches!(
-                m.state.get(ino).ok_or(FsError::NotFound)?.content,
-                Content::Inline(_)
-            )
+            let mut m = self.meta.lock();
+            m.state.content_kind(ino)? == ContentKind::Inline
         };
         let mut lsn = 0;
         for b in offset / bs..end.div_ceil(bs) {
@@ -819,11 +812,8 @@ impl FileSystem {
             let hi = end.min((b + 1) * bs);
             let whole = lo == b * bs && hi == (b + 1) * bs;
             let mapped = {
-                let m = self.meta.lock();
-                match &m.state.get(ino).ok_or(FsError::NotFound)?.content {
-                    Content::Blocks(map) => map.contains_key(&b),
-                    _ => false,
-                }
+                let mut m = self.meta.lock();
+                m.state.block(ino, b)?.is_some()
             };
             if whole && mapped {
                 let mut m = self.meta.lock();

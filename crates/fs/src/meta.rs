@@ -88,6 +88,15 @@ pub enum Change {
     },
 }
 
+/// What an inode's content is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContentKind {
+    Inline,
+    Blocks,
+    Dir,
+    None,
+}
+
 /// One shard of the inode space.
 #[derive(Default)]
 pub struct Shard {
@@ -150,6 +159,127 @@ impl MetaState {
         let ino = self.shards[shard].next_ino;
         self.shards[shard].next_ino += n;
         ino
+    }
+
+    // ---- reads ----
+    //
+    // Every read of metadata outside this module goes through these methods, which return
+    // owned values and take `&mut self`: the state they read is a cache over on-disk
+    // metadata (a read may load a page), not a structure callers may borrow.
+
+    /// The attributes of `ino`; `NotFound` when it does not exist.
+    pub fn attr(&mut self, ino: Ino) -> FsResult<Attr> {
+        self.find_attr(ino)?.ok_or(FsError::NotFound)
+    }
+
+    pub fn find_attr(&mut self, ino: Ino) -> FsResult<Option<Attr>> {
+        Ok(self.get(ino).map(|i| i.attr))
+    }
+
+    fn directory(&self, dir: Ino) -> FsResult<&Directory> {
+        self.get(dir)
+            .ok_or(FsError::NotFound)?
+            .dir()
+            .ok_or(FsError::NotDir)
+    }
+
+    /// The entry `name` of directory `dir` (`NotFound` if `dir` does not exist, `NotDir` if
+    /// it is not a directory).
+    pub fn lookup(&mut self, dir: Ino, name: &[u8]) -> FsResult<Option<DirEntry>> {
+        Ok(self.directory(dir)?.entries.get(name).copied())
+    }
+
+    /// The parent (`..`) of directory `dir`.
+    pub fn dir_parent(&mut self, dir: Ino) -> FsResult<Ino> {
+        Ok(self.directory(dir)?.parent)
+    }
+
+    pub fn dir_is_empty(&mut self, dir: Ino) -> FsResult<bool> {
+        Ok(self.directory(dir)?.entries.is_empty())
+    }
+
+    /// Up to `limit` entries of `dir` with cookies greater than `after`, in cookie order.
+    pub fn dir_entries(
+        &mut self,
+        dir: Ino,
+        after: u64,
+        limit: usize,
+    ) -> FsResult<Vec<(Vec<u8>, DirEntry)>> {
+        let d = self.directory(dir)?;
+        Ok(d.by_cookie
+            .range(after.saturating_add(1)..)
+            .take(limit)
+            .map(|(_, name)| (name.clone(), d.entries[name]))
+            .collect())
+    }
+
+    /// The readdir cookie a new entry `name` of `dir` gets.
+    pub fn new_cookie(&mut self, dir: Ino, _name: &[u8]) -> FsResult<u64> {
+        Ok(self.directory(dir)?.next_cookie)
+    }
+
+    /// What the inode's content is, without loading it.
+    pub fn content_kind(&mut self, ino: Ino) -> FsResult<ContentKind> {
+        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
+            Content::Inline(_) => ContentKind::Inline,
+            Content::Blocks(_) => ContentKind::Blocks,
+            Content::Dir(_) => ContentKind::Dir,
+            Content::None => ContentKind::None,
+        })
+    }
+
+    /// The inline bytes of a small file or symlink; `None` when the content is not inline.
+    pub fn inline_data(&mut self, ino: Ino) -> FsResult<Option<Vec<u8>>> {
+        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
+            Content::Inline(d) => Some(d.clone()),
+            _ => None,
+        })
+    }
+
+    /// Block `index` of a file's block map.
+    pub fn block(&mut self, ino: Ino, index: u64) -> FsResult<Option<BlockRef>> {
+        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
+            Content::Blocks(map) => map.get(&index).cloned(),
+            _ => None,
+        })
+    }
+
+    /// The mapped blocks of a file with indexes in `range`, in index order.
+    pub fn blocks(
+        &mut self,
+        ino: Ino,
+        range: std::ops::Range<u64>,
+    ) -> FsResult<Vec<(u64, BlockRef)>> {
+        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
+            Content::Blocks(map) if range.start < range.end => {
+                map.range(range).map(|(i, b)| (*i, b.clone())).collect()
+            }
+            _ => Vec::new(),
+        })
+    }
+
+    /// Sub-blocks held by a file's block map (st_blocks).
+    pub fn allocated_sub_blocks(&mut self, ino: Ino) -> FsResult<u64> {
+        Ok(self.get(ino).ok_or(FsError::NotFound)?.allocated_sub_blocks)
+    }
+
+    pub fn xattr(&mut self, ino: Ino, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
+        Ok(self
+            .get(ino)
+            .ok_or(FsError::NotFound)?
+            .xattrs
+            .get(name)
+            .cloned())
+    }
+
+    pub fn xattr_names(&mut self, ino: Ino) -> FsResult<Vec<Vec<u8>>> {
+        Ok(self
+            .get(ino)
+            .ok_or(FsError::NotFound)?
+            .xattrs
+            .keys()
+            .cloned()
+            .collect())
     }
 
     /// Applies one change; returns the extents it stopped referencing.

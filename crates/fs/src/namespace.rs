@@ -4,7 +4,7 @@
 use crate::acl::{self, Acl, AclKind};
 use crate::error::{FsError, FsResult};
 use crate::fs::{FileSystem, Meta};
-use crate::inode::{Attr, Content, DirEntry, FileKind, Ino, Timestamp, ROOT_INO};
+use crate::inode::{Attr, DirEntry, FileKind, Ino, Timestamp, ROOT_INO};
 use crate::meta::Change;
 
 /// Longest file name in bytes, as on every Linux file system.
@@ -86,35 +86,32 @@ pub struct Caller {
 
 impl FileSystem {
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        let m = self.meta.lock();
-        Ok(m.state.get(ino).ok_or(FsError::NotFound)?.attr)
+        let mut m = self.meta.lock();
+        m.state.attr(ino)
     }
 
     /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.
     pub fn allocated_bytes(&self, ino: Ino) -> u64 {
-        let m = self.meta.lock();
+        let mut m = self.meta.lock();
         m.state
-            .get(ino)
-            .map_or(0, |i| i.allocated_sub_blocks * self.geo.sub_block_bytes)
+            .allocated_sub_blocks(ino)
+            .map_or(0, |n| n * self.geo.sub_block_bytes)
     }
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         if name.len() > NAME_BYTES_MAX {
             return Err(FsError::NameTooLong);
         }
-        let m = self.meta.lock();
-        let dir = m
-            .state
-            .get(parent)
-            .ok_or(FsError::NotFound)?
-            .dir()
-            .ok_or(FsError::NotDir)?;
+        let mut m = self.meta.lock();
         let target = match name {
-            b"." => parent,
-            b".." => dir.parent,
-            _ => dir.entries.get(name).ok_or(FsError::NotFound)?.ino,
+            b"." => {
+                m.state.dir_parent(parent)?;
+                parent
+            }
+            b".." => m.state.dir_parent(parent)?,
+            _ => m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?.ino,
         };
-        Ok(m.state.get(target).ok_or(FsError::NotFound)?.attr)
+        m.state.attr(target)
     }
 
     /// Creates a file, directory, symlink or special file in `parent` with `mode` as given
@@ -150,15 +147,11 @@ impl FileSystem {
         check_name(name)?;
         let mut m = self.meta.lock();
         self.check_inode_limit(&m)?;
-        let pattr = self.dir_attr(&m, parent)?;
+        let pattr = self.dir_attr(&mut m, parent)?;
         if pattr.nlink == 0 {
             return Err(FsError::NotFound);
         }
-        if m.state
-            .get(parent)
-            .and_then(|p| p.dir())
-            .is_some_and(|d| d.entries.contains_key(name))
-        {
+        if m.state.lookup(parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
         if kind == FileKind::Directory && pattr.nlink >= LINKS_MAX {
@@ -177,7 +170,7 @@ impl FileSystem {
         // BSD group semantics of a setgid directory, as ext4 and XFS implement them.
         let setgid_dir = pattr.perm & 0o2000 != 0;
         let gid = if setgid_dir { pattr.gid } else { caller.gid };
-        let (acl_changes, mode) = inherited_acls(&m, parent, ino, kind, mode, umask)?;
+        let (acl_changes, mode) = inherited_acls(&mut m, parent, ino, kind, mode, umask)?;
         let mut perm = (mode & 0o7777) as u16;
         if setgid_dir && kind == FileKind::Directory {
             perm |= 0o2000;
@@ -197,11 +190,7 @@ impl FileSystem {
             crtime: now,
             generation: 0,
         };
-        let cookie = m
-            .state
-            .get(parent)
-            .and_then(|p| p.dir())
-            .map_or(3, |d| d.next_cookie);
+        let cookie = m.state.new_cookie(parent, name)?;
         let mut pattr = pattr;
         pattr.mtime = now;
         pattr.ctime = now;
@@ -232,19 +221,19 @@ impl FileSystem {
         Ok(attr)
     }
 
-    fn dir_attr(&self, m: &Meta, ino: Ino) -> FsResult<Attr> {
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        if inode.attr.kind != FileKind::Directory {
+    fn dir_attr(&self, m: &mut Meta, ino: Ino) -> FsResult<Attr> {
+        let attr = m.state.attr(ino)?;
+        if attr.kind != FileKind::Directory {
             return Err(FsError::NotDir);
         }
-        Ok(inode.attr)
+        Ok(attr)
     }
 
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        match (&inode.attr.kind, &inode.content) {
-            (FileKind::Symlink, Content::Inline(t)) => Ok(t.clone()),
+        let mut m = self.meta.lock();
+        let kind = m.state.attr(ino)?.kind;
+        match (kind, m.state.inline_data(ino)?) {
+            (FileKind::Symlink, Some(t)) => Ok(t),
             _ => Err(FsError::Invalid("not a symbolic link".into())),
         }
     }
@@ -253,14 +242,9 @@ impl FileSystem {
     pub fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
         check_name(name)?;
         let mut m = self.meta.lock();
-        let mut pattr = self.dir_attr(&m, parent)?;
-        let entry = *m
-            .state
-            .get(parent)
-            .and_then(|p| p.dir())
-            .and_then(|d| d.entries.get(name))
-            .ok_or(FsError::NotFound)?;
-        let mut attr = m.state.get(entry.ino).ok_or(FsError::NotFound)?.attr;
+        let mut pattr = self.dir_attr(&mut m, parent)?;
+        let entry = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
+        let mut attr = m.state.attr(entry.ino)?;
         let is_dir = attr.kind == FileKind::Directory;
         if dir && !is_dir {
             return Err(FsError::NotDir);
@@ -268,13 +252,7 @@ impl FileSystem {
         if !dir && is_dir {
             return Err(FsError::IsDir);
         }
-        if is_dir
-            && !m
-                .state
-                .get(entry.ino)
-                .and_then(|i| i.dir())
-                .is_some_and(|d| d.entries.is_empty())
-        {
+        if is_dir && !m.state.dir_is_empty(entry.ino)? {
             return Err(FsError::NotEmpty);
         }
         let now = self.now();
@@ -310,23 +288,18 @@ impl FileSystem {
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         check_name(name)?;
         let mut m = self.meta.lock();
-        let mut pattr = self.dir_attr(&m, parent)?;
-        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let mut pattr = self.dir_attr(&mut m, parent)?;
+        let mut attr = m.state.attr(ino)?;
         if attr.kind == FileKind::Directory {
             return Err(FsError::NotSupported("hard links to directories".into()));
         }
         if attr.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks);
         }
-        let dir = m
-            .state
-            .get(parent)
-            .and_then(|p| p.dir())
-            .ok_or(FsError::NotDir)?;
-        if dir.entries.contains_key(name) {
+        if m.state.lookup(parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
-        let cookie = dir.next_cookie;
+        let cookie = m.state.new_cookie(parent, name)?;
         let now = self.now();
         attr.nlink += 1;
         attr.ctime = now;
@@ -351,7 +324,7 @@ impl FileSystem {
     }
 
     /// True when `ancestor` is `dir` or one of its ancestors.
-    fn is_ancestor(&self, m: &Meta, ancestor: Ino, mut dir: Ino) -> bool {
+    fn is_ancestor(&self, m: &mut Meta, ancestor: Ino, mut dir: Ino) -> bool {
         // The depth bound guards against a corrupt parent chain looping forever.
         for _ in 0..100_000 {
             if dir == ancestor {
@@ -360,9 +333,9 @@ impl FileSystem {
             if dir == ROOT_INO {
                 return false;
             }
-            match m.state.get(dir).and_then(|i| i.dir()) {
-                Some(d) => dir = d.parent,
-                None => return false,
+            match m.state.dir_parent(dir) {
+                Ok(parent) => dir = parent,
+                Err(_) => return false,
             }
         }
         false
@@ -381,17 +354,10 @@ impl FileSystem {
         check_name(name)?;
         check_name(new_name)?;
         let mut m = self.meta.lock();
-        self.dir_attr(&m, parent)?;
-        self.dir_attr(&m, new_parent)?;
-        let lookup = |m: &Meta, d: Ino, n: &[u8]| {
-            m.state
-                .get(d)
-                .and_then(|p| p.dir())
-                .and_then(|d| d.entries.get(n))
-                .copied()
-        };
-        let src = lookup(&m, parent, name).ok_or(FsError::NotFound)?;
-        let dst = lookup(&m, new_parent, new_name);
+        self.dir_attr(&mut m, parent)?;
+        self.dir_attr(&mut m, new_parent)?;
+        let src = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
+        let dst = m.state.lookup(new_parent, new_name)?;
         if noreplace && dst.is_some() {
             return Err(FsError::Exists);
         }
@@ -405,7 +371,7 @@ impl FileSystem {
             }
         }
         let src_is_dir = src.kind == FileKind::Directory;
-        if src_is_dir && self.is_ancestor(&m, src.ino, new_parent) {
+        if src_is_dir && self.is_ancestor(&mut m, src.ino, new_parent) {
             return Err(FsError::Invalid(
                 "cannot move a directory into itself".into(),
             ));
@@ -414,7 +380,7 @@ impl FileSystem {
         let mut changes = Vec::new();
         let mut replaced = None;
         if let Some(d) = dst {
-            let dattr = m.state.get(d.ino).ok_or(FsError::NotFound)?.attr;
+            let dattr = m.state.attr(d.ino)?;
             let d_is_dir = dattr.kind == FileKind::Directory;
             if src_is_dir && !d_is_dir {
                 return Err(FsError::NotDir);
@@ -422,12 +388,7 @@ impl FileSystem {
             if !src_is_dir && d_is_dir {
                 return Err(FsError::IsDir);
             }
-            if d_is_dir
-                && m.state
-                    .get(d.ino)
-                    .and_then(|i| i.dir())
-                    .is_some_and(|x| !x.entries.is_empty())
-            {
+            if d_is_dir && !m.state.dir_is_empty(d.ino)? {
                 return Err(FsError::NotEmpty);
             }
             changes.push(Change::DirRemove {
@@ -440,11 +401,7 @@ impl FileSystem {
             dir: parent,
             name: name.to_vec(),
         });
-        let cookie = m
-            .state
-            .get(new_parent)
-            .and_then(|p| p.dir())
-            .map_or(3, |d| d.next_cookie);
+        let cookie = m.state.new_cookie(new_parent, new_name)?;
         changes.push(Change::DirInsert {
             dir: new_parent,
             name: new_name.to_vec(),
@@ -456,15 +413,17 @@ impl FileSystem {
         });
         // Link counts: a moved directory's ".." changes parents; a replaced directory goes.
         let same_dir = parent == new_parent;
-        let mut pattr = m.state.get(parent).expect("checked").attr;
+        let mut pattr = m.state.attr(parent)?;
         pattr.mtime = now;
         pattr.ctime = now;
-        let mut npattr = (!same_dir).then(|| {
-            let mut a = m.state.get(new_parent).expect("checked").attr;
+        let mut npattr = if same_dir {
+            None
+        } else {
+            let mut a = m.state.attr(new_parent)?;
             a.mtime = now;
             a.ctime = now;
-            a
-        });
+            Some(a)
+        };
         if src_is_dir {
             if let Some(np) = npattr.as_mut() {
                 pattr.nlink -= 1;
@@ -489,7 +448,7 @@ impl FileSystem {
         if let Some(np) = npattr {
             changes.push(Change::PutAttr(np));
         }
-        let mut sattr = m.state.get(src.ino).expect("entry target exists").attr;
+        let mut sattr = m.state.attr(src.ino)?;
         sattr.ctime = now;
         changes.push(Change::PutAttr(sattr));
         self.log(&mut m, changes)?;
@@ -538,8 +497,8 @@ impl FileSystem {
         if a_dir != b_dir {
             let a_is_dir = a_entry.kind == FileKind::Directory;
             let b_is_dir = b_entry.kind == FileKind::Directory;
-            let mut a_attr = m.state.get(a_dir).expect("checked").attr;
-            let mut b_attr = m.state.get(b_dir).expect("checked").attr;
+            let mut a_attr = m.state.attr(a_dir)?;
+            let mut b_attr = m.state.attr(b_dir)?;
             if a_is_dir {
                 changes.push(Change::SetParent {
                     dir: a_entry.ino,
@@ -562,7 +521,7 @@ impl FileSystem {
                 changes.push(Change::PutAttr(attr));
             }
         } else {
-            let mut attr = m.state.get(a_dir).expect("checked").attr;
+            let mut attr = m.state.attr(a_dir)?;
             attr.mtime = now;
             attr.ctime = now;
             changes.push(Change::PutAttr(attr));
@@ -577,7 +536,7 @@ impl FileSystem {
             self.truncate(ino, size)?;
         }
         let mut m = self.meta.lock();
-        let mut attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let mut attr = m.state.attr(ino)?;
         let now = self.now();
         if let Some(mode) = set.mode {
             attr.perm = (mode & 0o7777) as u16;
@@ -606,7 +565,7 @@ impl FileSystem {
         attr.ctime = set.ctime.unwrap_or(now);
         let mut changes = vec![Change::PutAttr(attr)];
         if let Some(mode) = set.mode {
-            changes.extend(chmod_access_acl(&m, ino, mode)?);
+            changes.extend(chmod_access_acl(&mut m, ino, mode)?);
         }
         self.log(&mut m, changes)?;
         Ok(attr)
@@ -614,7 +573,7 @@ impl FileSystem {
 
     pub fn open(&self, ino: Ino) -> FsResult<Attr> {
         let mut m = self.meta.lock();
-        let attr = m.state.get(ino).ok_or(FsError::NotFound)?.attr;
+        let attr = m.state.attr(ino)?;
         *m.open.entry(ino).or_insert(0) += 1;
         self.pmon.open();
         Ok(attr)
@@ -633,7 +592,7 @@ impl FileSystem {
         };
         if left == 0 {
             m.open.remove(&ino);
-            if m.state.get(ino).is_some_and(|i| i.attr.nlink == 0) {
+            if m.state.find_attr(ino)?.is_some_and(|a| a.nlink == 0) {
                 self.log(&mut m, vec![Change::FreeInode { ino }])?;
             }
         }
@@ -642,22 +601,18 @@ impl FileSystem {
 
     pub fn readdir(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
         self.pmon.readdir();
-        let m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        let dir = inode.dir().ok_or(FsError::NotDir)?;
+        let mut m = self.meta.lock();
+        let parent = m.state.dir_parent(ino)?;
         let mut entries = Vec::new();
         if after < 1 {
             entries.push((1, ino, FileKind::Directory, b".".to_vec()));
         }
         if after < 2 {
-            entries.push((2, dir.parent, FileKind::Directory, b"..".to_vec()));
+            entries.push((2, parent, FileKind::Directory, b"..".to_vec()));
         }
-        for (cookie, name) in dir.by_cookie.range(after.max(2) + 1..) {
-            if entries.len() >= READDIR_BATCH_MAX {
-                break;
-            }
-            let e = dir.entries[name];
-            entries.push((*cookie, e.ino, e.kind, name.clone()));
+        let room = READDIR_BATCH_MAX - entries.len();
+        for (name, e) in m.state.dir_entries(ino, after.max(2), room)? {
+            entries.push((e.cookie, e.ino, e.kind, name));
         }
         Ok(DirListing { entries })
     }
@@ -698,15 +653,14 @@ impl FileSystem {
             });
         }
         let mut m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        let exists = inode.xattrs.contains_key(name);
+        let mut attr = m.state.attr(ino)?;
+        let exists = m.state.xattr(ino, name)?.is_some();
         if create && exists {
             return Err(FsError::Exists);
         }
         if replace && !exists {
             return Err(FsError::NoXattr);
         }
-        let mut attr = inode.attr;
         attr.ctime = self.now();
         let changes = vec![
             Change::SetXattr {
@@ -721,18 +675,16 @@ impl FileSystem {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        let m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        inode.xattrs.get(name).cloned().ok_or(FsError::NoXattr)
+        let mut m = self.meta.lock();
+        m.state.xattr(ino, name)?.ok_or(FsError::NoXattr)
     }
 
     /// Names as the kernel wants them: each followed by a NUL.
     pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
+        let mut m = self.meta.lock();
         let mut out = Vec::new();
-        for name in inode.xattrs.keys() {
-            out.extend_from_slice(name);
+        for name in m.state.xattr_names(ino)? {
+            out.extend_from_slice(&name);
             out.push(0);
         }
         Ok(out)
@@ -740,11 +692,10 @@ impl FileSystem {
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
         let mut m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        if !inode.xattrs.contains_key(name) {
+        let mut attr = m.state.attr(ino)?;
+        if m.state.xattr(ino, name)?.is_none() {
             return Err(FsError::NoXattr);
         }
-        let mut attr = inode.attr;
         attr.ctime = self.now();
         let changes = vec![
             Change::RemoveXattr {
@@ -776,15 +727,14 @@ impl FileSystem {
             AclKind::Default => acl::DEFAULT_XATTR,
         };
         let mut m = self.meta.lock();
-        let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-        let exists = inode.xattrs.contains_key(name);
+        let mut attr = m.state.attr(ino)?;
+        let exists = m.state.xattr(ino, name)?.is_some();
         if create && exists {
             return Err(FsError::Exists);
         }
         if replace && !exists {
             return Err(FsError::NoXattr);
         }
-        let mut attr = inode.attr;
         if kind == AclKind::Default && attr.kind != FileKind::Directory {
             return Err(FsError::PermissionDenied);
         }
@@ -812,18 +762,17 @@ impl FileSystem {
 
     /// The access ACL of `ino`, if it has one.
     pub fn access_acl(&self, ino: Ino) -> FsResult<Option<Acl>> {
-        let m = self.meta.lock();
-        stored_acl(&m, ino, acl::ACCESS_XATTR)
+        let mut m = self.meta.lock();
+        stored_acl(&mut m, ino, acl::ACCESS_XATTR)
     }
 }
 
 /// The ACL stored under `name` for `ino`; a stored value that no longer parses is
 /// corruption, since every value was checked when it was set.
-pub(crate) fn stored_acl(m: &Meta, ino: Ino, name: &[u8]) -> FsResult<Option<Acl>> {
-    let inode = m.state.get(ino).ok_or(FsError::NotFound)?;
-    match inode.xattrs.get(name) {
+pub(crate) fn stored_acl(m: &mut Meta, ino: Ino, name: &[u8]) -> FsResult<Option<Acl>> {
+    match m.state.xattr(ino, name)? {
         None => Ok(None),
-        Some(v) => Acl::decode(v)
+        Some(v) => Acl::decode(&v)
             .map(Some)
             .map_err(|e| FsError::Corrupt(format!("inode {ino}: {e}"))),
     }
@@ -831,7 +780,7 @@ pub(crate) fn stored_acl(m: &Meta, ino: Ino, name: &[u8]) -> FsResult<Option<Acl
 
 /// A chmod keeps the owner, mask (or owning group) and other entries of the access ACL in
 /// step with the new mode.
-fn chmod_access_acl(m: &Meta, ino: Ino, mode: u32) -> FsResult<Option<Change>> {
+fn chmod_access_acl(m: &mut Meta, ino: Ino, mode: u32) -> FsResult<Option<Change>> {
     let Some(mut acl) = stored_acl(m, ino, acl::ACCESS_XATTR)? else {
         return Ok(None);
     };
@@ -847,7 +796,7 @@ fn chmod_access_acl(m: &Meta, ino: Ino, mode: u32) -> FsResult<Option<Change>> {
 /// the mode to create it with. Without a default ACL the umask applies; symlinks take
 /// neither, as on Linux.
 fn inherited_acls(
-    m: &Meta,
+    m: &mut Meta,
     parent: Ino,
     ino: Ino,
     kind: FileKind,
