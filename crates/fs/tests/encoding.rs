@@ -249,35 +249,26 @@ fn all_descriptor_copies_damaged_fails_mount_naming_the_descriptor() {
 }
 
 #[test]
-fn damaged_checkpoint_image_fails_mount_naming_the_shard() {
+fn damaged_shard_root_page_fails_mount_naming_the_page() {
     let t = setup(&small_opts());
     let fs = mount(&t);
     write_new_file(&fs, b"f", &pattern(1000, 1));
     fs.unmount().unwrap();
     drop(fs);
     let desc = descriptor_on_disk(&t);
-    let (shard, image) = desc
-        .checkpoint
-        .shards
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.inodes > 0)
-        .expect("some shard has inodes");
-    let e = image.extents[0];
-    flip(
-        &t,
-        e.addr.disk as usize,
-        desc.sub_block_offset(e.addr.sub_block) + 10,
-        1,
-    );
+    // A page address is the disk index (top 16 bits) and the sub-block number.
+    let root = desc.checkpoint.roots[1];
+    let (disk, sub_block) = ((root.addr >> 48) as usize, root.addr & ((1 << 48) - 1));
+    flip(&t, disk, desc.sub_block_offset(sub_block) + 100, 1);
     let err = FileSystem::mount(t.reopen()).unwrap_err();
     assert_eq!(err.errno(), libc::EIO, "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains(&format!("checkpoint image of shard {shard}")),
+        msg.contains(&format!("metadata page {:#x}", root.addr)),
         "{msg}"
     );
     assert!(msg.contains("checksum"), "{msg}");
+    assert!(msg.contains("fsck"), "the message says what to do: {msg}");
 }
 
 /// Finds `needle` at a sector boundary in one of the drive files: `(disk, offset)`.
