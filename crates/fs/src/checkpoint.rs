@@ -20,8 +20,10 @@ const MIN_PAGE_BYTES: u32 = 16 * 1024;
 /// Clean metadata pages cached per mounted file system, until the cache size becomes a
 /// configuration parameter: 64 MiB of 16 KiB pages.
 pub(crate) const DEFAULT_CACHE_PAGES: usize = 4096;
-/// Changed pages held before a checkpoint is started to write them.
+/// Changed pages held before the background flusher starts a checkpoint.
 pub(crate) const DIRTY_PAGES_SOFT: usize = 8192;
+/// Changed pages held before a change waits for a checkpoint itself.
+pub(crate) const DIRTY_PAGES_HARD: usize = 4 * DIRTY_PAGES_SOFT;
 
 /// The metadata page size of a file system with these block and sub-block sizes: at least
 /// 16 KiB, at least 1/256 of a block (a block reference's checksums), a whole number of

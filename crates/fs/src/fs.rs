@@ -170,6 +170,17 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Bounds the cache of clean metadata pages (changed pages stay until the next
+    /// checkpoint). A small cache costs speed, never correctness.
+    pub fn set_metadata_cache_pages(&self, pages: usize) {
+        self.meta.lock().state.store_mut().set_cache_pages(pages);
+    }
+
+    /// Counters of the metadata page cache.
+    pub fn metadata_cache_stats(&self) -> tessera_meta::StoreStats {
+        self.meta.lock().state.store_mut().stats()
+    }
+
     pub fn descriptor(&self) -> FsDescriptor {
         self.desc.lock().clone()
     }
@@ -226,13 +237,28 @@ impl FileSystem {
             Err(e) => return Err(e.into()),
         };
         for change in &changes {
-            let freed = m
-                .state
-                .apply(change)
-                .unwrap_or_else(|e| panic!("metanode built a change it cannot apply: {e}"));
+            let freed = match m.state.apply(change) {
+                Ok(freed) => freed,
+                // A page of metadata that cannot be read or is damaged: the change is in the
+                // log but not in memory, so this node must stop writing; the next mount
+                // replays the log (and fsck repairs what the damage left).
+                Err(e @ (FsError::Io(_) | FsError::Corrupt(_))) => {
+                    tracing::error!(
+                        "applying a logged change failed: {e}; fencing the file system"
+                    );
+                    self.fenced.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+                Err(e) => panic!("metanode built a change it cannot apply: {e}"),
+            };
             m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
         }
         self.pmon.inode_update();
+        if m.state.store_mut().dirty_pages() > crate::checkpoint::DIRTY_PAGES_HARD {
+            // The background checkpoint did not keep up: write the changed pages now, so
+            // that memory stays bounded however fast metadata changes.
+            self.checkpoint_locked(m)?;
+        }
         Ok(lsn)
     }
 

@@ -248,6 +248,41 @@ fn all_descriptor_copies_damaged_fails_mount_naming_the_descriptor() {
     assert!(err.to_string().contains("descriptor"), "{err}");
 }
 
+/// A file system of format version 2 (whole checkpoint images, before the on-disk shard
+/// trees) is refused at mount and by fsck, saying what to do, and nothing is written.
+#[test]
+fn a_format_2_file_system_is_refused_with_what_to_do() {
+    let t = setup(&small_opts());
+    let fs = mount(&t);
+    fs.unmount().unwrap();
+    drop(fs);
+    // The format version is the slot header's bytes 8..12, outside the payload checksum.
+    for d in descriptor_disks(&t) {
+        for slot_offset in FS_DESCRIPTOR_SLOT_OFFSETS {
+            if read_bytes(&t, d, slot_offset, 8) != b"TSRFSD01" {
+                continue;
+            }
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(disk_path(&t, d))
+                .unwrap();
+            f.write_all_at(&2u32.to_le_bytes(), slot_offset + 8)
+                .unwrap();
+        }
+    }
+    let before: Vec<Vec<u8>> = (0..DISKS).map(|d| read_bytes(&t, d, 0, 1 << 20)).collect();
+    for err in [
+        FileSystem::mount(t.reopen()).unwrap_err(),
+        tessera_fs::fsck(t.reopen(), true).unwrap_err(),
+    ] {
+        let msg = err.to_string();
+        assert!(msg.contains("format version 2"), "{msg}");
+        assert!(msg.contains("recreate the file system"), "{msg}");
+    }
+    let after: Vec<Vec<u8>> = (0..DISKS).map(|d| read_bytes(&t, d, 0, 1 << 20)).collect();
+    assert!(before == after, "a refused file system is not written to");
+}
+
 #[test]
 fn damaged_shard_root_page_fails_mount_naming_the_page() {
     let t = setup(&small_opts());
