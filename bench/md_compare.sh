@@ -29,7 +29,8 @@ cc -O2 -o "$MDBENCH" bench/mdbench.c
 
 # run BINARY TAG -> prints "create stat unlink" (operations per second)
 run() {
-    local bin=$1 tag=$2 dir=$WORK/$tag
+    local bin=$1 tag=$2
+    local dir=$WORK/$tag
     export TESSERA_HOME=$dir/home
     "$bin" shutdown >/dev/null 2>&1 || true
     rm -rf "$dir"
@@ -66,7 +67,7 @@ done
 python3 - "$MD_FILES" "${B[@]}" -- "${A[@]}" <<'PY'
 import statistics, sys
 files = sys.argv[1]
-args = sys.argv[2:]
+args = " ".join(sys.argv[2:]).split()
 cut = args.index("--")
 b = [list(map(float, args[i:i+3])) for i in range(0, cut, 3)]
 a = [list(map(float, args[cut+1+i:cut+4+i])) for i in range(0, len(args) - cut - 1, 3)]

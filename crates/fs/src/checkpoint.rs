@@ -137,6 +137,7 @@ pub(crate) fn prepare(
     state: &mut MetaState,
 ) -> FsResult<Prepared> {
     let subs = desc.checkpoint.page_bytes / desc.sub_block_size;
+    state.write_headers()?;
     let (store, mut trees) = state.trees_mut();
     let cp = store
         .checkpoint(&mut trees, &mut |n| {

@@ -56,6 +56,9 @@ pub(crate) struct Geometry {
     pub data_pool_name: String,
     pub atime: AtimeMode,
     pub max_inodes: u64,
+    /// Sub-blocks of the system pool's metadata disks that file data leaves free, so that
+    /// checkpoints always find pages (0 when data goes to other disks only).
+    pub metadata_reserve_sub_blocks: u64,
     /// NSD names by disk index, for error messages.
     pub disk_names: Vec<String>,
 }
@@ -91,6 +94,8 @@ pub struct FileSystem {
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     unmounted: AtomicBool,
     fenced: AtomicBool,
+    /// A checkpoint failed after giving its pages addresses: no further checkpoint is safe.
+    checkpoint_failed: AtomicBool,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -140,6 +145,7 @@ impl FileSystem {
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
+            checkpoint_failed: AtomicBool::new(false),
         });
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
@@ -174,6 +180,11 @@ impl FileSystem {
     /// checkpoint). A small cache costs speed, never correctness.
     pub fn set_metadata_cache_pages(&self, pages: usize) {
         self.meta.lock().state.store_mut().set_cache_pages(pages);
+    }
+
+    /// Bounds the cache of decoded inode records (`maxFilesToCache`).
+    pub fn set_inode_cache(&self, records: usize) {
+        self.meta.lock().state.set_inode_cache(records);
     }
 
     /// Counters of the metadata page cache.
@@ -352,6 +363,14 @@ impl FileSystem {
             locked.as_millis(),
             started.elapsed().as_millis()
         );
+        if result.is_err() {
+            // Set before the checkpoint lock goes: no later checkpoint may start from a
+            // cache that names pages this one failed to write.
+            self.checkpoint_failed.store(true, Ordering::SeqCst);
+        }
+        // Lock order is metadata, then checkpoint: let the checkpoint lock go before taking
+        // the metadata lock again.
+        drop(_one);
         self.finish_checkpoint(&mut self.meta.lock(), &prepared, &result);
         result
     }
@@ -364,11 +383,22 @@ impl FileSystem {
         let lsn = self.journal.appended_lsn();
         let prepared = self.prepare_checkpoint(m)?;
         let result = self.write_checkpoint(lsn, &prepared);
+        if result.is_err() {
+            self.checkpoint_failed.store(true, Ordering::SeqCst);
+        }
         self.finish_checkpoint(m, &prepared, &result);
         result
     }
 
     fn prepare_checkpoint(&self, m: &mut Meta) -> FsResult<crate::checkpoint::Prepared> {
+        if self.checkpoint_failed.load(Ordering::SeqCst) {
+            m.state.store_mut().poison();
+            return Err(FsError::Corrupt(
+                "an earlier checkpoint could not write its metadata pages; unmount and mount \
+                 again to recover from the log"
+                    .into(),
+            ));
+        }
         let desc = self.desc.lock().clone();
         let Meta { state, alloc, .. } = m;
         crate::checkpoint::prepare(&desc, alloc, state)
@@ -508,8 +538,24 @@ pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {
         data_pool_name: desc.pool_name(data_pool).to_string(),
         atime: desc.atime,
         max_inodes: desc.max_inodes,
+        metadata_reserve_sub_blocks: metadata_reserve(desc, data_pool),
         disk_names: desc.disks.iter().map(|d| d.nsd_name.clone()).collect(),
     }
+}
+
+/// The metadata reserve: when file data shares the system pool's metadata disks, 1/64 of
+/// their blocks, at least four, stay for metadata pages.
+fn metadata_reserve(desc: &FsDescriptor, data_pool: tessera_alloc::PoolId) -> u64 {
+    let shared: u64 = desc
+        .disks
+        .iter()
+        .filter(|d| d.pool == 0 && d.usage.holds_metadata() && d.usage.holds_data())
+        .map(|d| d.blocks)
+        .sum();
+    if data_pool != 0 || shared == 0 {
+        return 0;
+    }
+    (shared / 64).max(4) * u64::from(desc.sub_blocks_per_block())
 }
 
 /// Commits and checkpoints in the background. It holds the file system only while working,

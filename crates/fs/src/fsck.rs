@@ -100,7 +100,7 @@ fn check(
                 );
             }
             Item::Dirent { dir, item } => {
-                if !inodes.get(&dir).is_some_and(|s| s.parent.is_some()) {
+                if inodes.get(&dir).is_none_or(|s| s.parent.is_none()) {
                     homeless.push(format!(
                         "directory entries of inode {dir}, which is not a directory"
                     ));

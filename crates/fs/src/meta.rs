@@ -3,6 +3,8 @@
 //! Mount applies the same records in the same order after loading the checkpoint, so live
 //! state and recovered state come from one function and cannot drift apart.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 use tessera_alloc::Extent;
 use tessera_meta::{MetaStore, PagePtr, Tree};
@@ -102,7 +104,15 @@ pub struct MetaState {
     pub(crate) store: MetaStore,
     pub(crate) shards: Vec<ShardTree>,
     headers: Vec<ShardHeader>,
+    /// Decoded inode records of recently used inodes (GPFS's `maxFilesToCache`): every
+    /// operation reads the attributes of the inodes it names, often several times, and a
+    /// record read from its page costs a tree descent and a decode. Written through.
+    inodes: HashMap<Ino, InodeRecord>,
+    inode_cache_max: usize,
 }
+
+/// Inode records cached by default.
+pub const DEFAULT_INODE_CACHE: usize = 50_000;
 
 fn corrupt(what: String) -> FsError {
     FsError::Corrupt(what)
@@ -122,11 +132,38 @@ impl MetaState {
             headers.push(t.header(&mut store)?);
             shards.push(t);
         }
-        Ok(MetaState {
+        Ok(MetaState::with(store, shards, headers))
+    }
+
+    fn with(store: MetaStore, shards: Vec<ShardTree>, headers: Vec<ShardHeader>) -> MetaState {
+        MetaState {
             store,
             shards,
             headers,
-        })
+            inodes: HashMap::new(),
+            inode_cache_max: DEFAULT_INODE_CACHE,
+        }
+    }
+
+    /// Bounds the cache of inode records.
+    pub fn set_inode_cache(&mut self, records: usize) {
+        self.inode_cache_max = records.max(1);
+        while self.inodes.len() > self.inode_cache_max {
+            self.evict_one();
+        }
+    }
+
+    fn evict_one(&mut self) {
+        if let Some(ino) = self.inodes.keys().next().copied() {
+            self.inodes.remove(&ino);
+        }
+    }
+
+    fn cache_record(&mut self, rec: &InodeRecord) {
+        if !self.inodes.contains_key(&rec.attr.ino) && self.inodes.len() >= self.inode_cache_max {
+            self.evict_one();
+        }
+        self.inodes.insert(rec.attr.ino, rec.clone());
     }
 
     /// The shards of a checkpoint, from their root pages.
@@ -141,11 +178,7 @@ impl MetaState {
             .iter()
             .map(|t| t.header(&mut store))
             .collect::<FsResult<Vec<_>>>()?;
-        Ok(MetaState {
-            store,
-            shards,
-            headers,
-        })
+        Ok(MetaState::with(store, shards, headers))
     }
 
     pub fn shard_count(&self) -> u64 {
@@ -183,8 +216,15 @@ impl MetaState {
     }
 
     fn record(&mut self, ino: Ino) -> FsResult<Option<InodeRecord>> {
+        if let Some(rec) = self.inodes.get(&ino) {
+            return Ok(Some(rec.clone()));
+        }
         let s = self.shard_of(ino);
-        self.shards[s].inode(&mut self.store, ino)
+        let rec = self.shards[s].inode(&mut self.store, ino)?;
+        if let Some(rec) = &rec {
+            self.cache_record(rec);
+        }
+        Ok(rec)
     }
 
     fn must(&mut self, ino: Ino) -> FsResult<InodeRecord> {
@@ -195,6 +235,7 @@ impl MetaState {
     fn put(&mut self, rec: &InodeRecord) -> FsResult<()> {
         let s = self.shard_of(rec.attr.ino);
         self.shards[s].put_inode(&mut self.store, rec)?;
+        self.cache_record(rec);
         Ok(())
     }
 
@@ -214,12 +255,22 @@ impl MetaState {
     }
 
     pub fn find_attr(&mut self, ino: Ino) -> FsResult<Option<Attr>> {
+        // The common case, without copying the record's inline data.
+        if let Some(rec) = self.inodes.get(&ino) {
+            return Ok(Some(rec.attr));
+        }
         Ok(self.record(ino)?.map(|r| r.attr))
     }
 
     /// The parent of directory `dir` (`NotFound` if `dir` does not exist, `NotDir` if it is
     /// not a directory).
     pub fn dir_parent(&mut self, dir: Ino) -> FsResult<Ino> {
+        if let Some(rec) = self.inodes.get(&dir) {
+            return match rec.content {
+                RecordContent::Dir { parent } => Ok(parent),
+                _ => Err(FsError::NotDir),
+            };
+        }
         match self.record(dir)?.ok_or(FsError::NotFound)?.content {
             RecordContent::Dir { parent } => Ok(parent),
             _ => Err(FsError::NotDir),
@@ -326,9 +377,14 @@ impl MetaState {
     }
 
     pub fn xattr(&mut self, ino: Ino, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
-        self.attr(ino)?;
         let (t, store) = self.shard_for(ino);
-        t.xattr(store, ino, name)
+        match t.xattr(store, ino, name)? {
+            Some(v) => Ok(Some(v)),
+            None => {
+                self.attr(ino)?;
+                Ok(None)
+            }
+        }
     }
 
     pub fn xattr_names(&mut self, ino: Ino) -> FsResult<Vec<Vec<u8>>> {
@@ -491,15 +547,17 @@ impl MetaState {
                 t.remove_xattr(store, *ino, name)?;
             }
             Change::FreeInode { ino } => {
-                self.must(*ino)
+                let rec = self
+                    .must(*ino)
                     .map_err(|_| corrupt(format!("log frees missing inode {ino}")))?;
                 let s = self.shard_of(*ino);
+                self.inodes.remove(ino);
                 let blocks = self.shards[s].remove_inode(&mut self.store, *ino)?;
                 freed.extend(blocks.into_iter().map(|b| b.extent));
-                self.shards[s].set_orphan(&mut self.store, *ino, false)?;
+                if rec.attr.nlink == 0 {
+                    self.shards[s].set_orphan(&mut self.store, *ino, false)?;
+                }
                 self.headers[s].inode_count -= 1;
-                let h = self.headers[s];
-                self.shards[s].set_header(&mut self.store, h)?;
             }
         }
         Ok(freed)
@@ -593,10 +651,11 @@ impl MetaState {
     fn put_attr(&mut self, attr: &Attr) -> FsResult<()> {
         let s = self.shard_of(attr.ino);
         let n = self.shard_count();
-        let rec = match self.record(attr.ino)? {
+        let (rec, was_orphan) = match self.record(attr.ino)? {
             Some(mut rec) => {
+                let was = rec.attr.nlink == 0;
                 rec.attr = *attr;
-                rec
+                (rec, was)
             }
             None => {
                 let h = &mut self.headers[s];
@@ -604,22 +663,33 @@ impl MetaState {
                 if h.next_ino <= attr.ino {
                     h.next_ino = attr.ino + n;
                 }
-                let h = *h;
-                self.shards[s].set_header(&mut self.store, h)?;
-                InodeRecord {
+                let rec = InodeRecord {
                     attr: *attr,
                     content: match attr.kind {
                         FileKind::Directory => RecordContent::Dir { parent: 0 },
                         FileKind::Regular | FileKind::Symlink => RecordContent::Inline(Vec::new()),
                         _ => RecordContent::None,
                     },
-                }
+                };
+                (rec, false)
             }
         };
         self.put(&rec)?;
         // Inodes without links are orphans until freed: mount reclaims them without a scan.
         let orphan = attr.nlink == 0;
-        self.shards[s].set_orphan(&mut self.store, attr.ino, orphan)
+        if orphan != was_orphan {
+            self.shards[s].set_orphan(&mut self.store, attr.ino, orphan)?;
+        }
+        Ok(())
+    }
+
+    /// Writes every shard's header item (next inode number, inode count), kept in memory
+    /// between checkpoints; a checkpoint calls it first.
+    pub(crate) fn write_headers(&mut self) -> FsResult<()> {
+        for (t, h) in self.shards.iter_mut().zip(&self.headers) {
+            t.set_header(&mut self.store, *h)?;
+        }
+        Ok(())
     }
 }
 

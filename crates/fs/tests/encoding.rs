@@ -32,6 +32,24 @@ fn read_bytes(t: &TestDisks, disk: usize, offset: u64, len: usize) -> Vec<u8> {
     buf
 }
 
+/// A file system made and cleanly unmounted.
+fn made_and_unmounted() -> TestDisks {
+    let t = setup(&small_opts());
+    let fs = mount(&t);
+    fs.unmount().unwrap();
+    drop(fs);
+    t
+}
+
+/// Calls `f(disk, slot offset)` for both descriptor slots of every descriptor disk.
+fn for_each_descriptor_slot(t: &TestDisks, f: &mut dyn FnMut(usize, u64)) {
+    for d in descriptor_disks(t) {
+        for slot_offset in FS_DESCRIPTOR_SLOT_OFFSETS {
+            f(d, slot_offset);
+        }
+    }
+}
+
 /// Inverts `len` bytes at `offset` of drive file `disk`.
 fn flip(t: &TestDisks, disk: usize, offset: u64, len: usize) {
     let before = read_bytes(t, disk, offset, len);
@@ -225,15 +243,10 @@ fn damaged_older_slot_everywhere_is_ignored() {
 
 #[test]
 fn all_descriptor_copies_damaged_fails_mount_naming_the_descriptor() {
-    let t = setup(&small_opts());
-    let fs = mount(&t);
-    fs.unmount().unwrap();
-    drop(fs);
-    for d in descriptor_disks(&t) {
-        for slot_offset in FS_DESCRIPTOR_SLOT_OFFSETS {
-            flip(&t, d, slot_offset + SLOT_PAYLOAD_OFFSET + 3, 8);
-        }
-    }
+    let t = made_and_unmounted();
+    for_each_descriptor_slot(&t, &mut |d, slot_offset| {
+        flip(&t, d, slot_offset + SLOT_PAYLOAD_OFFSET + 3, 8);
+    });
     let err = FileSystem::mount(t.reopen()).unwrap_err();
     assert!(matches!(err, FsError::NoDescriptor(_)), "{err:?}");
     assert_eq!(err.errno(), libc::EIO);

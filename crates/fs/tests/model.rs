@@ -84,10 +84,12 @@ fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
     // A cache of a few pages (a few hundred inodes): nearly every operation evicts and
     // reads metadata pages again.
     fs.set_metadata_cache_pages(TINY_CACHE_PAGES);
+    fs.set_inode_cache(TINY_INODE_CACHE);
     (fs, drives)
 }
 
 const TINY_CACHE_PAGES: usize = 4;
+const TINY_INODE_CACHE: usize = 8;
 
 // ---------------------------------------------------------------------------------------------
 // The model.
