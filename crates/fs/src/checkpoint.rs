@@ -1,196 +1,211 @@
-//! Shard checkpoint images: each shard's inodes serialized (postcard) into metadata blocks of
-//! the system pool. An image is only referenced by a descriptor written after the image is
-//! durable, and the previous image is freed only after that descriptor is durable.
+//! Checkpoints of the shard trees. A checkpoint gives every changed metadata page a new
+//! place in the system pool (copy-on-write, see `tessera-meta`), writes the pages, and only
+//! then does the caller write a descriptor naming the new roots and the log position they
+//! hold; the pages the previous checkpoint used and this one replaced are freed after that
+//! descriptor is durable. What a checkpoint writes is what changed since the last one.
 
 use std::sync::Arc;
 
-use tessera_alloc::{AllocKind, AllocMap, BlockHint, Extent};
+use tessera_alloc::{AllocKind, AllocMap, DiskAddr, Extent};
 use tessera_drive::{AlignedBuf, BlockDevice};
+use tessera_meta::{MetaError, MetaStore, PageAddr, PageFormat, PagePtr, PageReader};
 
-use crate::descriptor::{FsDescriptor, ShardImage};
+use crate::descriptor::{FsDescriptor, ShardRoot};
 use crate::error::{FsError, FsResult};
-use crate::inode::Inode;
 use crate::meta::MetaState;
 
-/// A shard image serialized and given its blocks, not yet written.
-pub(crate) struct PreparedImage {
-    bytes: Vec<u8>,
-    pub(crate) extents: Vec<Extent>,
-    inodes: u64,
+/// Smallest metadata page: room for a 4 MiB block's reference (a checksum per 4 KiB sector)
+/// as one B+tree item, which may take half a page.
+const MIN_PAGE_BYTES: u32 = 16 * 1024;
+/// Clean metadata pages cached per mounted file system, until the cache size becomes a
+/// configuration parameter: 64 MiB of 16 KiB pages.
+pub(crate) const DEFAULT_CACHE_PAGES: usize = 4096;
+/// Changed pages held before the background flusher starts a checkpoint.
+pub(crate) const DIRTY_PAGES_SOFT: usize = 8192;
+/// Changed pages held before a change waits for a checkpoint itself.
+pub(crate) const DIRTY_PAGES_HARD: usize = 4 * DIRTY_PAGES_SOFT;
+
+/// The metadata page size of a file system with these block and sub-block sizes: at least
+/// 16 KiB, at least 1/256 of a block (a block reference's checksums), a whole number of
+/// sub-blocks.
+pub(crate) fn page_bytes(block_size: u32, sub_block_size: u32) -> u32 {
+    MIN_PAGE_BYTES.max(block_size / 256).max(sub_block_size)
 }
 
-/// Serializes and writes every shard of `state`, allocating image blocks from `alloc`.
-pub(crate) fn format_images(
+pub(crate) fn page_addr(a: DiskAddr) -> PageAddr {
+    assert!(a.sub_block < 1 << 48, "sub-block number fits 48 bits");
+    PageAddr((u64::from(a.disk) << 48) | a.sub_block)
+}
+
+pub(crate) fn disk_addr(p: PageAddr) -> DiskAddr {
+    DiskAddr {
+        disk: (p.0 >> 48) as u16,
+        sub_block: p.0 & ((1 << 48) - 1),
+    }
+}
+
+pub(crate) fn page_extent(desc: &FsDescriptor, p: PageAddr) -> Extent {
+    Extent {
+        addr: disk_addr(p),
+        sub_blocks: desc.checkpoint.page_bytes / desc.sub_block_size,
+    }
+}
+
+/// Reads metadata pages from the file system's disks.
+struct DiskPages {
+    devices: Vec<Arc<dyn BlockDevice>>,
+    data_start: u64,
+    sub_block_bytes: u64,
+    page_bytes: usize,
+}
+
+impl PageReader for DiskPages {
+    fn read_page(&self, addr: PageAddr, page: &mut [u8]) -> std::io::Result<()> {
+        let a = disk_addr(addr);
+        let dev = self.devices.get(a.disk as usize).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "metadata page {addr} names disk {}, which the file system lacks",
+                    a.disk
+                ),
+            )
+        })?;
+        let mut buf = AlignedBuf::zeroed(self.page_bytes);
+        dev.read_at(
+            &mut buf,
+            self.data_start + a.sub_block * self.sub_block_bytes,
+        )?;
+        page.copy_from_slice(&buf);
+        Ok(())
+    }
+}
+
+/// The page store of a file system, its next checkpoint being `generation`.
+pub(crate) fn new_store(
     desc: &FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
-    alloc: &mut AllocMap,
-    state: &MetaState,
-) -> FsResult<Vec<ShardImage>> {
-    let prepared = prepare_images(desc, alloc, state)?;
-    write_prepared(desc, devices, &prepared)
+    generation: u64,
+) -> FsResult<MetaStore> {
+    let page = desc.checkpoint.page_bytes as usize;
+    let owner = u64::from_le_bytes(desc.fs_uuid[..8].try_into().expect("8 bytes"));
+    let format = PageFormat::new(page, owner).map_err(|e| FsError::Corrupt(e.to_string()))?;
+    let reader = Arc::new(DiskPages {
+        devices: devices.to_vec(),
+        data_start: tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size)),
+        sub_block_bytes: u64::from(desc.sub_block_size),
+        page_bytes: page,
+    });
+    Ok(MetaStore::new(
+        format,
+        reader,
+        DEFAULT_CACHE_PAGES,
+        generation,
+    ))
 }
 
-/// Serializes every shard and allocates its image blocks; nothing is written. This is the
-/// part of a checkpoint that needs the metadata lock.
-pub(crate) fn prepare_images(
-    desc: &FsDescriptor,
-    alloc: &mut AllocMap,
-    state: &MetaState,
-) -> FsResult<Vec<PreparedImage>> {
-    let mut prepared: Vec<PreparedImage> = Vec::with_capacity(state.shards.len());
-    for (s, shard) in state.shards.iter().enumerate() {
-        let mut inodes: Vec<&Inode> = shard.inodes.values().collect();
-        inodes.sort_by_key(|i| i.attr.ino);
-        let bytes = postcard::to_stdvec(&inodes).expect("inodes serialize");
-        let extents = match allocate(desc, alloc, s as u64, bytes.len() as u64) {
-            Ok(e) => e,
-            Err(e) => {
-                for extent in prepared.iter().flat_map(|p| p.extents.iter()) {
-                    alloc.free(*extent).expect("just allocated");
-                }
-                return Err(e);
-            }
-        };
-        prepared.push(PreparedImage {
-            bytes,
-            extents,
-            inodes: inodes.len() as u64,
-        });
-    }
-    Ok(prepared)
-}
-
-/// Writes prepared images and makes them durable; returns what the descriptor records.
-pub(crate) fn write_prepared(
-    desc: &FsDescriptor,
-    devices: &[Arc<dyn BlockDevice>],
-    prepared: &[PreparedImage],
-) -> FsResult<Vec<ShardImage>> {
-    let mut images = Vec::with_capacity(prepared.len());
-    for p in prepared {
-        write_bytes(desc, devices, &p.extents, &p.bytes)?;
-        images.push(ShardImage {
-            extents: p.extents.clone(),
-            bytes: p.bytes.len() as u64,
-            crc32c: crc32c::crc32c(&p.bytes),
-            inodes: p.inodes,
-        });
-    }
-    for dev in devices {
-        dev.flush()?;
-    }
-    Ok(images)
-}
-
-fn allocate(
-    desc: &FsDescriptor,
-    alloc: &mut AllocMap,
-    shard: u64,
-    bytes: u64,
-) -> FsResult<Vec<Extent>> {
-    let block = u64::from(desc.block_size);
-    let sub = u64::from(desc.sub_block_size);
-    let mut extents = Vec::new();
-    let mut left = bytes.max(1);
-    let mut prev = None;
-    while left > 0 {
-        let extent = if left >= block {
-            let hint = BlockHint {
-                file_key: shard,
-                block_index: extents.len() as u64,
-                prev,
-            };
-            alloc.alloc_block(0, AllocKind::Metadata, hint)
-        } else {
-            alloc.alloc_fragment(0, AllocKind::Metadata, left.div_ceil(sub) as u32, prev)
-        };
-        let extent = match extent {
-            Ok(e) => e,
-            Err(e) => {
-                for x in &extents {
-                    alloc.free(*x).expect("just allocated");
-                }
-                return Err(FsError::from_alloc(e, "system", "a metadata checkpoint"));
-            }
-        };
-        left = left.saturating_sub(u64::from(extent.sub_blocks) * sub);
-        prev = Some(extent.addr);
-        extents.push(extent);
-    }
-    Ok(extents)
-}
-
-fn write_bytes(
-    desc: &FsDescriptor,
-    devices: &[Arc<dyn BlockDevice>],
-    extents: &[Extent],
-    bytes: &[u8],
-) -> FsResult<()> {
-    let mut pos = 0usize;
-    for e in extents {
-        let cap = (u64::from(e.sub_blocks) * u64::from(desc.sub_block_size)) as usize;
-        let n = cap.min(bytes.len() - pos);
-        let buf = AlignedBuf::from_slice(&bytes[pos..pos + n]);
-        let dev = &devices[e.addr.disk as usize];
-        dev.write_at(&buf, desc.sub_block_offset(e.addr.sub_block))?;
-        pos += n;
-    }
-    Ok(())
-}
-
-/// Loads every shard image named by `desc`.
-pub(crate) fn read_images(
+/// The metadata of the checkpoint `desc` names.
+pub(crate) fn open_state(
     desc: &FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
 ) -> FsResult<MetaState> {
-    let mut state = MetaState::new(desc.shard_count);
-    if desc.checkpoint.shards.len() != desc.shard_count as usize {
+    if desc.checkpoint.roots.len() != desc.shard_count as usize {
         return Err(FsError::Corrupt(format!(
-            "descriptor lists {} shard images for {} shards",
-            desc.checkpoint.shards.len(),
+            "descriptor lists {} shard roots for {} shards",
+            desc.checkpoint.roots.len(),
             desc.shard_count
         )));
     }
-    for (s, image) in desc.checkpoint.shards.iter().enumerate() {
-        let bytes = read_image(desc, devices, image)
-            .map_err(|e| FsError::Corrupt(format!("checkpoint image of shard {s}: {e}")))?;
-        let inodes: Vec<Inode> = postcard::from_bytes(&bytes)
-            .map_err(|e| FsError::Corrupt(format!("checkpoint image of shard {s}: {e}")))?;
-        for inode in inodes {
-            let ino = inode.attr.ino;
-            if state.shard_of(ino) != s {
-                return Err(FsError::Corrupt(format!("inode {ino} found in shard {s}")));
-            }
-            state.apply(&crate::meta::Change::PutAttr(inode.attr))?;
-            let slot = state.get_mut(ino).expect("just put");
-            *slot = inode;
-            slot.rebuild_derived();
-        }
-    }
-    Ok(state)
+    let store = new_store(desc, devices, desc.checkpoint.generation + 1)?;
+    let roots: Vec<PagePtr> = desc.checkpoint.roots.iter().map(|r| r.ptr()).collect();
+    MetaState::open(store, &roots)
 }
 
-fn read_image(
+/// A checkpoint whose pages have their places but are not written yet.
+pub(crate) struct Prepared {
+    pub generation: u64,
+    pub pages: Vec<(PageAddr, Vec<u8>)>,
+    pub roots: Vec<ShardRoot>,
+    /// Pages of earlier checkpoints this one no longer reaches: free once it is durable.
+    pub superseded: Vec<Extent>,
+}
+
+/// Places every changed page (the part of a checkpoint that needs the metadata lock).
+pub(crate) fn prepare(
+    desc: &FsDescriptor,
+    alloc: &mut AllocMap,
+    state: &mut MetaState,
+) -> FsResult<Prepared> {
+    let subs = desc.checkpoint.page_bytes / desc.sub_block_size;
+    state.write_headers()?;
+    let (store, mut trees) = state.trees_mut();
+    let cp = store
+        .checkpoint(&mut trees, &mut |n| {
+            let mut out: Vec<PageAddr> = Vec::with_capacity(n);
+            let mut prev = None;
+            for _ in 0..n {
+                match alloc.alloc_fragment(0, AllocKind::Metadata, subs, prev) {
+                    Ok(e) => {
+                        prev = Some(e.addr);
+                        out.push(page_addr(e.addr));
+                    }
+                    Err(e) => {
+                        for a in &out {
+                            let _ = alloc.free(Extent {
+                                addr: disk_addr(*a),
+                                sub_blocks: subs,
+                            });
+                        }
+                        return Err(MetaError::NoSpace(e.to_string()));
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .map_err(|e| match e {
+            MetaError::NoSpace(_) => FsError::NoSpace {
+                pool: "system".into(),
+                what: "metadata pages of a checkpoint",
+            },
+            other => FsError::Corrupt(other.to_string()),
+        })?;
+    let roots = trees
+        .iter()
+        .map(|t| ShardRoot::from(t.root().expect("checkpointed tree has a root page")))
+        .collect();
+    let superseded = cp
+        .superseded
+        .iter()
+        .map(|a| page_extent(desc, *a))
+        .collect();
+    Ok(Prepared {
+        generation: cp.generation,
+        pages: cp.pages,
+        roots,
+        superseded,
+    })
+}
+
+/// Writes a prepared checkpoint's pages and makes them durable.
+pub(crate) fn write_pages(
     desc: &FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
-    image: &ShardImage,
-) -> FsResult<Vec<u8>> {
-    let mut out = Vec::with_capacity(image.bytes as usize);
-    for e in &image.extents {
-        let len = u64::from(e.sub_blocks) * u64::from(desc.sub_block_size);
-        let mut buf = AlignedBuf::zeroed(len as usize);
-        let dev = devices.get(e.addr.disk as usize).ok_or_else(|| {
-            FsError::Corrupt(format!("image extent on unknown disk {}", e.addr.disk))
-        })?;
-        dev.read_at(&mut buf, desc.sub_block_offset(e.addr.sub_block))?;
-        let n = (image.bytes as usize - out.len()).min(buf.len());
-        out.extend_from_slice(&buf[..n]);
+    prepared: &Prepared,
+) -> FsResult<()> {
+    let mut touched = vec![false; devices.len()];
+    for (addr, bytes) in &prepared.pages {
+        let a = disk_addr(*addr);
+        let dev = &devices[a.disk as usize];
+        dev.write_at(
+            &AlignedBuf::from_slice(bytes),
+            desc.sub_block_offset(a.sub_block),
+        )?;
+        touched[a.disk as usize] = true;
     }
-    if out.len() as u64 != image.bytes {
-        return Err(FsError::Corrupt("image shorter than recorded".into()));
+    for (dev, t) in devices.iter().zip(touched) {
+        if t {
+            dev.flush()?;
+        }
     }
-    if crc32c::crc32c(&out) != image.crc32c {
-        return Err(FsError::Corrupt("image checksum mismatch".into()));
-    }
-    Ok(out)
+    Ok(())
 }

@@ -84,6 +84,31 @@ impl FileSystem {
         self.geo.data_start_bytes + e.addr.sub_block * self.geo.sub_block_bytes
     }
 
+    /// Refuses a data allocation that would eat into the space kept for metadata pages
+    /// on disks that hold both: a checkpoint (at unmount, too) needs fresh pages, and a data
+    /// pool filled to the last sub-block must not stop it.
+    fn keep_metadata_reserve(
+        &self,
+        m: &crate::fs::Meta,
+        sub_blocks: u32,
+        what: &'static str,
+    ) -> FsResult<()> {
+        let reserve = self.geo.metadata_reserve_sub_blocks;
+        if reserve == 0 {
+            return Ok(());
+        }
+        let space = m.alloc.pool_space(0, AllocKind::Metadata);
+        let free = space.blocks_free * u64::from(self.geo.sub_blocks_per_block)
+            + space.sub_blocks_free_in_fragments;
+        if free < reserve + u64::from(sub_blocks) {
+            return Err(FsError::NoSpace {
+                pool: self.geo.data_pool_name.clone(),
+                what,
+            });
+        }
+        Ok(())
+    }
+
     fn extent_sectors(&self, e: &Extent) -> usize {
         (u64::from(e.sub_blocks) * self.geo.sub_block_bytes / SECTOR) as usize
     }
@@ -532,6 +557,7 @@ impl FileSystem {
             return Ok(BlockPlan::NeedsExclusive);
         }
         let pool = self.geo.data_pool;
+        self.keep_metadata_reserve(&m, needed, "file data")?;
         let extent = if needed == per {
             let hint = BlockHint {
                 file_key: ino,
@@ -778,6 +804,7 @@ impl FileSystem {
                 block_index: b,
                 prev: None,
             };
+            self.keep_metadata_reserve(&m, self.geo.sub_blocks_per_block, "fallocate")?;
             let extent = m
                 .alloc
                 .alloc_block(self.geo.data_pool, AllocKind::Data, hint)

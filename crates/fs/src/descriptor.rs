@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tessera_alloc::{Extent, Placement, PoolId};
+use tessera_alloc::{Placement, PoolId};
 use tessera_drive::{AlignedBuf, BlockDevice, SECTOR_BYTES};
 use tessera_journal::{JournalRegion, Lsn};
 use tessera_nsd::layout::{
@@ -30,10 +30,11 @@ use tessera_nsd::{DiskUsage, NsdId};
 
 use crate::error::{FsError, FsResult};
 
-/// Format version of the descriptor and of everything it points to (checkpoint images, log
+/// Format version of the descriptor and of everything it points to (metadata pages, log
 /// records). Bumped on any incompatible change; version 2 stopped storing directory cookie
-/// indexes and allocation counts, which are derived at load.
-const SLOT_VERSION: u32 = 2;
+/// indexes and allocation counts, which are derived at load; version 3 replaced whole
+/// checkpoint images by copy-on-write shard trees of metadata pages.
+const SLOT_VERSION: u32 = 3;
 const SLOT_HEADER_BYTES: usize = 32;
 /// How many disks keep a copy of the descriptor (GPFS keeps three on distinct failure groups).
 pub const DESCRIPTOR_REPLICAS_MAX: usize = 3;
@@ -88,20 +89,41 @@ pub struct LogInfo {
     pub log_id: [u8; 16],
 }
 
-/// One shard's checkpoint image: its inodes, serialized, in metadata blocks.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ShardImage {
-    pub extents: Vec<Extent>,
-    pub bytes: u64,
+/// The root page of one shard's tree, as the descriptor records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRoot {
+    pub addr: u64,
     pub crc32c: u32,
-    pub inodes: u64,
+}
+
+impl ShardRoot {
+    pub fn ptr(self) -> tessera_meta::PagePtr {
+        tessera_meta::PagePtr {
+            addr: tessera_meta::PageAddr(self.addr),
+            crc: self.crc32c,
+        }
+    }
+}
+
+impl From<tessera_meta::PagePtr> for ShardRoot {
+    fn from(p: tessera_meta::PagePtr) -> ShardRoot {
+        ShardRoot {
+            addr: p.addr.0,
+            crc32c: p.crc,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// Journal records with an end LSN above this are replayed at mount.
     pub replay_from: Lsn,
-    pub shards: Vec<ShardImage>,
+    /// Size of a metadata page (a whole number of sub-blocks).
+    pub page_bytes: u32,
+    /// The page generation this checkpoint wrote; the next one writes generation + 1.
+    pub generation: u64,
+    /// The root page of every shard's tree.
+    pub roots: Vec<ShardRoot>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -202,6 +224,16 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     let damaged =
         |why: &str| FsError::Corrupt(format!("{} descriptor slot {slot}: {why}", dev.name()));
     let version = le_u32(&head[8..]);
+    if version == 2 {
+        return Err(FsError::Usage(format!(
+            "{} holds a file system of format version 2, which kept each shard's inodes in \
+             one checkpoint image that mount loads whole; this Tessera (format version \
+             {SLOT_VERSION}) keeps metadata in on-disk trees and does not read version 2. \
+             Copy the data out with the Tessera release that created it, then recreate the \
+             file system (tessera fs delete, tessera fs create)",
+            dev.name()
+        )));
+    }
     if version != SLOT_VERSION {
         return Err(FsError::Usage(format!(
             "{} holds a file system of format version {version}, but this Tessera reads \

@@ -253,7 +253,9 @@ fn format_inner(
         generation: 0,
         checkpoint: Checkpoint {
             replay_from: 0,
-            shards: Vec::new(),
+            page_bytes: crate::checkpoint::page_bytes(opts.block_size, sub_block_size),
+            generation: 0,
+            roots: Vec::new(),
         },
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
@@ -299,12 +301,12 @@ fn format_inner(
         desc.log.log_id,
     )?;
     report("Creating the recovery log", &mut step);
-    let state = root_state(opts);
-    let images = crate::checkpoint::format_images(&desc, &devices, &mut alloc, &state)?;
-    desc.checkpoint = Checkpoint {
-        replay_from: 0,
-        shards: images,
-    };
+    let store = crate::checkpoint::new_store(&desc, &devices, 1)?;
+    let mut state = root_state(store, opts)?;
+    let prepared = crate::checkpoint::prepare(&desc, &mut alloc, &mut state)?;
+    crate::checkpoint::write_pages(&desc, &devices, &prepared)?;
+    desc.checkpoint.generation = prepared.generation;
+    desc.checkpoint.roots = prepared.roots;
     report("Creating the inode file", &mut step);
     desc.generation = 1;
     let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
@@ -313,8 +315,11 @@ fn format_inner(
     Ok(desc)
 }
 
-fn root_state(opts: &FormatOptions) -> crate::meta::MetaState {
-    let mut state = crate::meta::MetaState::new(opts.shard_count);
+fn root_state(
+    store: tessera_meta::MetaStore,
+    opts: &FormatOptions,
+) -> FsResult<crate::meta::MetaState> {
+    let mut state = crate::meta::MetaState::create(store, opts.shard_count)?;
     let now = Timestamp::now();
     let root = Attr {
         ino: ROOT_INO,
@@ -331,14 +336,12 @@ fn root_state(opts: &FormatOptions) -> crate::meta::MetaState {
         crtime: now,
         generation: 0,
     };
-    state.apply(&Change::PutAttr(root)).expect("fresh state");
-    state
-        .apply(&Change::SetParent {
-            dir: ROOT_INO,
-            parent: ROOT_INO,
-        })
-        .expect("root exists");
-    state
+    state.apply(&Change::PutAttr(root))?;
+    state.apply(&Change::SetParent {
+        dir: ROOT_INO,
+        parent: ROOT_INO,
+    })?;
+    Ok(state)
 }
 
 /// Erases the file system descriptors on `devices` (mmdelfs); the NSDs stay.

@@ -56,6 +56,9 @@ pub(crate) struct Geometry {
     pub data_pool_name: String,
     pub atime: AtimeMode,
     pub max_inodes: u64,
+    /// Sub-blocks of the system pool's metadata disks that file data leaves free, so that
+    /// checkpoints always find pages (0 when data goes to other disks only).
+    pub metadata_reserve_sub_blocks: u64,
     /// NSD names by disk index, for error messages.
     pub disk_names: Vec<String>,
 }
@@ -85,12 +88,14 @@ pub struct FileSystem {
     segment_locks: Vec<Mutex<()>>,
     checkpoint_lock: Mutex<()>,
     commit_lock: Mutex<()>,
-    /// Extents of superseded checkpoint images, freed under the next metadata lock.
+    /// Metadata pages a durable checkpoint superseded, freed under the next metadata lock.
     deferred_frees: Mutex<Vec<Extent>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     unmounted: AtomicBool,
     fenced: AtomicBool,
+    /// A checkpoint failed after giving its pages addresses: no further checkpoint is safe.
+    checkpoint_failed: AtomicBool,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -140,6 +145,7 @@ impl FileSystem {
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
+            checkpoint_failed: AtomicBool::new(false),
         });
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
@@ -156,14 +162,7 @@ impl FileSystem {
     /// Frees inodes whose last link went away while they were open.
     fn reclaim_orphans(&self) -> FsResult<()> {
         let mut m = self.meta.lock();
-        let orphans: Vec<Ino> = m
-            .state
-            .shards
-            .iter()
-            .flat_map(|s| s.inodes.values())
-            .filter(|i| i.attr.nlink == 0)
-            .map(|i| i.attr.ino)
-            .collect();
+        let orphans: Vec<Ino> = m.state.orphans()?;
         for ino in &orphans {
             tracing::info!("reclaiming orphan inode {ino}");
             self.log(&mut m, vec![Change::FreeInode { ino: *ino }])?;
@@ -175,6 +174,22 @@ impl FileSystem {
             self.sync()?;
         }
         Ok(())
+    }
+
+    /// Bounds the cache of clean metadata pages (changed pages stay until the next
+    /// checkpoint). A small cache costs speed, never correctness.
+    pub fn set_metadata_cache_pages(&self, pages: usize) {
+        self.meta.lock().state.store_mut().set_cache_pages(pages);
+    }
+
+    /// Bounds the cache of decoded inode records (`maxFilesToCache`).
+    pub fn set_inode_cache(&self, records: usize) {
+        self.meta.lock().state.set_inode_cache(records);
+    }
+
+    /// Counters of the metadata page cache.
+    pub fn metadata_cache_stats(&self) -> tessera_meta::StoreStats {
+        self.meta.lock().state.store_mut().stats()
     }
 
     pub fn descriptor(&self) -> FsDescriptor {
@@ -233,13 +248,28 @@ impl FileSystem {
             Err(e) => return Err(e.into()),
         };
         for change in &changes {
-            let freed = m
-                .state
-                .apply(change)
-                .unwrap_or_else(|e| panic!("metanode built a change it cannot apply: {e}"));
+            let freed = match m.state.apply(change) {
+                Ok(freed) => freed,
+                // A page of metadata that cannot be read or is damaged: the change is in the
+                // log but not in memory, so this node must stop writing; the next mount
+                // replays the log (and fsck repairs what the damage left).
+                Err(e @ (FsError::Io(_) | FsError::Corrupt(_))) => {
+                    tracing::error!(
+                        "applying a logged change failed: {e}; fencing the file system"
+                    );
+                    self.fenced.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+                Err(e) => panic!("metanode built a change it cannot apply: {e}"),
+            };
             m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
         }
         self.pmon.inode_update();
+        if m.state.store_mut().dirty_pages() > crate::checkpoint::DIRTY_PAGES_HARD {
+            // The background checkpoint did not keep up: write the changed pages now, so
+            // that memory stays bounded however fast metadata changes.
+            self.checkpoint_locked(m)?;
+        }
         Ok(lsn)
     }
 
@@ -299,18 +329,22 @@ impl FileSystem {
         self.apply_deferred_frees(&mut m);
     }
 
-    /// Writes a checkpoint if the log is getting full.
+    /// Writes a checkpoint if the log is getting full or many metadata pages changed.
     pub fn maybe_checkpoint(&self) -> FsResult<()> {
         let used = self.journal.used_bytes() as f64;
-        if used > self.journal.capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION {
+        let dirty = self.meta.lock().state.store_mut().dirty_pages();
+        if used > self.journal.capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION
+            || dirty > crate::checkpoint::DIRTY_PAGES_SOFT
+        {
             self.checkpoint()?;
         }
         Ok(())
     }
 
-    /// Writes every shard's image and a new descriptor, then trims the log. Only the
-    /// serialization holds the metadata lock; the image I/O runs beside new changes, which
-    /// land in the log after the checkpoint's LSN and are replayed on top of it.
+    /// Writes the metadata pages changed since the last checkpoint and a new descriptor
+    /// naming the new shard roots, then trims the log. Only the placing of the pages holds
+    /// the metadata lock; their I/O runs beside new changes, which copy the pages they
+    /// change again and land in the log after the checkpoint's LSN.
     pub fn checkpoint(&self) -> FsResult<()> {
         // Lock order: metadata, then checkpoint (as in `log`, which checkpoints when full).
         self.check_fenced()?;
@@ -319,53 +353,84 @@ impl FileSystem {
         self.apply_deferred_frees(&mut m);
         let lsn = self.journal.appended_lsn();
         let started = std::time::Instant::now();
-        let prepared = self.prepare_images(&mut m)?;
-        let inodes = m.state.inode_count();
+        let prepared = self.prepare_checkpoint(&mut m)?;
         drop(m);
         let locked = started.elapsed();
         let result = self.write_checkpoint(lsn, &prepared);
-        tracing::info!(
-            "checkpoint of {inodes} inodes: {} ms under the metadata lock, {} ms in all",
+        tracing::debug!(
+            "checkpoint of {} metadata pages: {} ms under the metadata lock, {} ms in all",
+            prepared.pages.len(),
             locked.as_millis(),
             started.elapsed().as_millis()
         );
         if result.is_err() {
-            let extents = prepared.iter().flat_map(|p| p.extents.iter().copied());
-            self.deferred_frees.lock().extend(extents);
+            // Set before the checkpoint lock goes: no later checkpoint may start from a
+            // cache that names pages this one failed to write.
+            self.checkpoint_failed.store(true, Ordering::SeqCst);
         }
+        // Lock order is metadata, then checkpoint: let the checkpoint lock go before taking
+        // the metadata lock again.
+        drop(_one);
+        self.finish_checkpoint(&mut self.meta.lock(), &prepared, &result);
         result
     }
 
-    /// A checkpoint while the caller holds the metadata lock (the log is full). It first
-    /// waits for a checkpoint whose images are being written; that needs no metadata lock.
+    /// A checkpoint while the caller holds the metadata lock (the log is full).
     fn checkpoint_locked(&self, m: &mut Meta) -> FsResult<()> {
         self.check_fenced()?;
         let _one = self.checkpoint_lock.lock();
         self.apply_deferred_frees(m);
         let lsn = self.journal.appended_lsn();
-        let prepared = self.prepare_images(m)?;
+        let prepared = self.prepare_checkpoint(m)?;
         let result = self.write_checkpoint(lsn, &prepared);
         if result.is_err() {
-            for extent in prepared.iter().flat_map(|p| p.extents.iter()) {
-                m.alloc.free(*extent).expect("just allocated");
-            }
+            self.checkpoint_failed.store(true, Ordering::SeqCst);
         }
-        self.apply_deferred_frees(m);
+        self.finish_checkpoint(m, &prepared, &result);
         result
     }
 
-    fn prepare_images(&self, m: &mut Meta) -> FsResult<Vec<crate::checkpoint::PreparedImage>> {
+    fn prepare_checkpoint(&self, m: &mut Meta) -> FsResult<crate::checkpoint::Prepared> {
+        if self.checkpoint_failed.load(Ordering::SeqCst) {
+            m.state.store_mut().poison();
+            return Err(FsError::Corrupt(
+                "an earlier checkpoint could not write its metadata pages; unmount and mount \
+                 again to recover from the log"
+                    .into(),
+            ));
+        }
         let desc = self.desc.lock().clone();
-        crate::checkpoint::prepare_images(&desc, &mut m.alloc, &m.state)
+        let Meta { state, alloc, .. } = m;
+        crate::checkpoint::prepare(&desc, alloc, state)
     }
 
-    /// Writes prepared images and the descriptor that names them, then trims the log. The
-    /// previous images are freed the next time the metadata lock is taken for it.
-    fn write_checkpoint(
+    /// After the pages are written (or not): unpin them, or, when they could not be
+    /// written, stop checkpointing: the cache now names pages that are not on disk, and only
+    /// a remount (replaying the log over the last durable checkpoint) is safe.
+    fn finish_checkpoint(
         &self,
-        lsn: Lsn,
-        prepared: &[crate::checkpoint::PreparedImage],
-    ) -> FsResult<()> {
+        m: &mut Meta,
+        prepared: &crate::checkpoint::Prepared,
+        result: &FsResult<()>,
+    ) {
+        match result {
+            Ok(()) => m.state.store_mut().written(prepared.generation),
+            Err(e) => {
+                tracing::error!(
+                    "checkpoint of {} metadata pages failed: {e}; no more checkpoints until \
+                     the file system is remounted",
+                    prepared.pages.len()
+                );
+                m.state.store_mut().poison();
+            }
+        }
+        self.apply_deferred_frees(m);
+    }
+
+    /// Writes the pages of a prepared checkpoint and the descriptor that names them, then
+    /// trims the log. The pages it superseded are freed the next time the metadata lock is
+    /// taken for it.
+    fn write_checkpoint(&self, lsn: Lsn, prepared: &crate::checkpoint::Prepared) -> FsResult<()> {
         // Pages up to the checkpoint LSN must exist on disk so that replay can find the first
         // record after it.
         if self.journal.durable_lsn() < lsn {
@@ -373,19 +438,18 @@ impl FileSystem {
             self.journal.commit(lsn)?;
         }
         let mut desc = self.desc.lock().clone();
-        let images = crate::checkpoint::write_prepared(&desc, &self.devices, prepared)?;
-        let old = std::mem::take(&mut desc.checkpoint.shards);
+        crate::checkpoint::write_pages(&desc, &self.devices, prepared)?;
         desc.generation += 1;
-        desc.checkpoint = crate::descriptor::Checkpoint {
-            replay_from: lsn,
-            shards: images,
-        };
+        desc.checkpoint.replay_from = lsn;
+        desc.checkpoint.generation = prepared.generation;
+        desc.checkpoint.roots = prepared.roots.clone();
         let devices: Vec<_> = self.devices.iter().cloned().map(Some).collect();
         crate::descriptor::write_descriptor(&desc, &devices)?;
         *self.desc.lock() = desc;
         self.journal.set_tail(lsn);
-        let old_extents = old.into_iter().flat_map(|s| s.extents.into_iter());
-        self.deferred_frees.lock().extend(old_extents);
+        self.deferred_frees
+            .lock()
+            .extend(prepared.superseded.iter().copied());
         Ok(())
     }
 
@@ -474,8 +538,24 @@ pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {
         data_pool_name: desc.pool_name(data_pool).to_string(),
         atime: desc.atime,
         max_inodes: desc.max_inodes,
+        metadata_reserve_sub_blocks: metadata_reserve(desc, data_pool),
         disk_names: desc.disks.iter().map(|d| d.nsd_name.clone()).collect(),
     }
+}
+
+/// The metadata reserve: when file data shares the system pool's metadata disks, 1/64 of
+/// their blocks, at least four, stay for metadata pages.
+fn metadata_reserve(desc: &FsDescriptor, data_pool: tessera_alloc::PoolId) -> u64 {
+    let shared: u64 = desc
+        .disks
+        .iter()
+        .filter(|d| d.pool == 0 && d.usage.holds_metadata() && d.usage.holds_data())
+        .map(|d| d.blocks)
+        .sum();
+    if data_pool != 0 || shared == 0 {
+        return 0;
+    }
+    (shared / 64).max(4) * u64::from(desc.sub_blocks_per_block())
 }
 
 /// Commits and checkpoints in the background. It holds the file system only while working,

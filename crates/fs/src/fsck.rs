@@ -13,10 +13,11 @@ use serde::{Deserialize, Serialize};
 use tessera_drive::BlockDevice;
 use tessera_nsd::NsdId;
 
-use crate::descriptor::{read_descriptor, write_descriptor, Checkpoint};
+use crate::descriptor::{read_descriptor, write_descriptor};
 use crate::error::FsResult;
-use crate::inode::{Content, DirEntry, FileKind, Ino, ROOT_INO};
+use crate::inode::{Attr, DirEntry, FileKind, Ino, ROOT_INO};
 use crate::meta::{Change, MetaState};
+use crate::shard_tree::{DirItem, Item, RecordContent};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FsckReport {
@@ -46,118 +47,155 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         problems: rec.conflicts.clone(),
         ..Default::default()
     };
-    let fixes = check(&desc, &rec.state, &mut report);
-    if repair && !fixes.is_empty() {
+    let fixes = check(&desc, &mut rec.state, &mut report)?;
+    if repair && !fixes.is_empty() && rec.conflicts.is_empty() {
         for fix in &fixes {
-            rec.state.apply(fix)?;
+            for extent in rec.state.apply(fix)? {
+                let _ = rec.alloc.free(extent);
+            }
         }
-        let (mut alloc, conflicts) = crate::recovery::rebuild_alloc(&desc, &rec.state);
-        if conflicts.is_empty() {
-            let images = crate::checkpoint::format_images(&desc, &devices, &mut alloc, &rec.state)?;
-            let mut new_desc = desc.clone();
-            new_desc.generation += 1;
-            new_desc.checkpoint = Checkpoint {
-                replay_from: rec.journal.appended_lsn(),
-                shards: images,
-            };
-            let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
-            write_descriptor(&new_desc, &slots)?;
-            report.repaired = fixes.len() as u64;
-        }
+        let prepared = crate::checkpoint::prepare(&desc, &mut rec.alloc, &mut rec.state)?;
+        crate::checkpoint::write_pages(&desc, &devices, &prepared)?;
+        let mut new_desc = desc.clone();
+        new_desc.generation += 1;
+        new_desc.checkpoint.replay_from = rec.journal.appended_lsn();
+        new_desc.checkpoint.generation = prepared.generation;
+        new_desc.checkpoint.roots = prepared.roots;
+        let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
+        write_descriptor(&new_desc, &slots)?;
+        report.repaired = fixes.len() as u64;
     }
     Ok(report)
 }
 
+/// What the scan keeps of an inode.
+struct Seen {
+    attr: Attr,
+    parent: Option<Ino>,
+}
+
 /// Checks the structure; returns the changes that would repair what it found.
-fn check(desc: &crate::FsDescriptor, state: &MetaState, report: &mut FsckReport) -> Vec<Change> {
+fn check(
+    desc: &crate::FsDescriptor,
+    state: &mut MetaState,
+    report: &mut FsckReport,
+) -> FsResult<Vec<Change>> {
+    let mut inodes: HashMap<Ino, Seen> = HashMap::new();
+    let mut entries: Vec<(Ino, Vec<u8>, DirItem)> = Vec::new();
+    let mut homeless: Vec<String> = Vec::new();
+    let sectors_per_sub = u64::from(desc.sub_block_size) / crate::inode::CSUM_SECTOR_BYTES;
+    state.scan(&mut |item| {
+        match item {
+            Item::Inode(rec) => {
+                let parent = match rec.content {
+                    RecordContent::Dir { parent } => Some(parent),
+                    _ => None,
+                };
+                inodes.insert(
+                    rec.attr.ino,
+                    Seen {
+                        attr: rec.attr,
+                        parent,
+                    },
+                );
+            }
+            Item::Dirent { dir, item } => {
+                if inodes.get(&dir).is_none_or(|s| s.parent.is_none()) {
+                    homeless.push(format!(
+                        "directory entries of inode {dir}, which is not a directory"
+                    ));
+                }
+                entries.push((dir, item.name.clone(), item));
+            }
+            Item::Block { ino, index, block } => {
+                if !inodes.contains_key(&ino) {
+                    homeless.push(format!("block {index} of missing inode {ino}"));
+                }
+                report.blocks += 1;
+                let want = u64::from(block.extent.sub_blocks) * sectors_per_sub;
+                if block.crcs.len() as u64 != want {
+                    report.problems.push(format!(
+                        "inode {ino} block {index}: {} checksums for {want} sectors",
+                        block.crcs.len()
+                    ));
+                }
+            }
+            Item::Xattr { ino, .. } => {
+                if !inodes.contains_key(&ino) {
+                    homeless.push(format!("extended attributes of missing inode {ino}"));
+                }
+            }
+            Item::Header(_) | Item::Orphan(_) => {}
+        }
+        Ok(())
+    })?;
+    homeless.dedup();
+    report.problems.extend(homeless);
+    report.inodes = inodes.len() as u64;
+    report.directories = inodes.values().filter(|s| s.parent.is_some()).count() as u64;
     let mut fixes = Vec::new();
     let mut refs: HashMap<Ino, u32> = HashMap::new();
     let mut subdirs: HashMap<Ino, u32> = HashMap::new();
-    let inodes: Vec<_> = state
-        .shards
-        .iter()
-        .flat_map(|s| s.inodes.values())
-        .collect();
-    report.inodes = inodes.len() as u64;
-    let sectors_per_sub = u64::from(desc.sub_block_size) / crate::inode::CSUM_SECTOR_BYTES;
-    for inode in &inodes {
-        let ino = inode.attr.ino;
-        match &inode.content {
-            Content::Dir(dir) => {
-                report.directories += 1;
-                for (name, entry) in &dir.entries {
-                    let name_text = String::from_utf8_lossy(name);
-                    match state.get(entry.ino) {
-                        None => {
-                            report.problems.push(format!(
-                                "directory {ino} entry {name_text:?} points to missing inode {}",
-                                entry.ino
-                            ));
-                            fixes.push(Change::DirRemove {
-                                dir: ino,
-                                name: name.clone(),
-                            });
-                        }
-                        Some(t) if t.attr.kind != entry.kind => {
-                            report.problems.push(format!(
-                                "directory {ino} entry {name_text:?} has the wrong file type"
-                            ));
-                        }
-                        Some(t) => {
-                            *refs.entry(entry.ino).or_default() += 1;
-                            if t.attr.kind == FileKind::Directory {
-                                *subdirs.entry(ino).or_default() += 1;
-                                if t.dir().map(|d| d.parent) != Some(ino) {
-                                    report.problems.push(format!(
-                                        "directory {} has a wrong parent pointer",
-                                        entry.ino
-                                    ));
-                                    fixes.push(Change::SetParent {
-                                        dir: entry.ino,
-                                        parent: ino,
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
+    for (dir, name, entry) in &entries {
+        let name_text = String::from_utf8_lossy(name);
+        match inodes.get(&entry.ino) {
+            None => {
+                report.problems.push(format!(
+                    "directory {dir} entry {name_text:?} points to missing inode {}",
+                    entry.ino
+                ));
+                fixes.push(Change::DirRemove {
+                    dir: *dir,
+                    name: name.clone(),
+                });
             }
-            Content::Blocks(blocks) => {
-                for (index, b) in blocks {
-                    report.blocks += 1;
-                    let want = u64::from(b.extent.sub_blocks) * sectors_per_sub;
-                    if b.crcs.len() as u64 != want {
+            Some(t) if t.attr.kind != entry.kind => {
+                report.problems.push(format!(
+                    "directory {dir} entry {name_text:?} has the wrong file type"
+                ));
+            }
+            Some(t) => {
+                *refs.entry(entry.ino).or_default() += 1;
+                if t.attr.kind == FileKind::Directory {
+                    *subdirs.entry(*dir).or_default() += 1;
+                    if t.parent != Some(*dir) {
                         report.problems.push(format!(
-                            "inode {ino} block {index}: {} checksums for {want} sectors",
-                            b.crcs.len()
+                            "directory {} has a wrong parent pointer",
+                            entry.ino
                         ));
+                        fixes.push(Change::SetParent {
+                            dir: entry.ino,
+                            parent: *dir,
+                        });
                     }
                 }
             }
-            _ => {}
         }
     }
-    check_links(state, &inodes, &refs, &subdirs, report, &mut fixes);
-    fixes
+    check_links(state, &inodes, &refs, &subdirs, report, &mut fixes)?;
+    Ok(fixes)
 }
 
 fn check_links(
-    state: &MetaState,
-    inodes: &[&crate::inode::Inode],
+    state: &mut MetaState,
+    inodes: &HashMap<Ino, Seen>,
     refs: &HashMap<Ino, u32>,
     subdirs: &HashMap<Ino, u32>,
     report: &mut FsckReport,
     fixes: &mut Vec<Change>,
-) {
+) -> FsResult<()> {
     let mut lost = Vec::new();
-    for inode in inodes {
-        let ino = inode.attr.ino;
+    let mut order: Vec<&Seen> = inodes.values().collect();
+    order.sort_by_key(|s| s.attr.ino);
+    for seen in order {
+        let attr = seen.attr;
+        let ino = attr.ino;
         let linked = refs.get(&ino).copied().unwrap_or(0);
-        if inode.attr.nlink == 0 {
+        if attr.nlink == 0 {
             report.orphans += 1;
             continue;
         }
-        let expected = if inode.attr.kind == FileKind::Directory {
+        let expected = if attr.kind == FileKind::Directory {
             2 + subdirs.get(&ino).copied().unwrap_or(0)
         } else {
             linked
@@ -166,79 +204,70 @@ fn check_links(
             report
                 .problems
                 .push(format!("inode {ino} is not referenced by any directory"));
-            lost.push(inode.attr);
+            lost.push(attr);
             continue;
         }
-        if inode.attr.nlink != expected {
+        if attr.nlink != expected {
             report.problems.push(format!(
                 "inode {ino} has link count {} but {expected} references",
-                inode.attr.nlink
+                attr.nlink
             ));
-            let mut attr = inode.attr;
+            let mut attr = attr;
             attr.nlink = expected;
             fixes.push(Change::PutAttr(attr));
         }
     }
     if lost.is_empty() {
-        return;
+        return Ok(());
     }
     // Unreferenced inodes are kept, not freed: they go to /lost+found under their number.
-    let root = state.get(ROOT_INO).and_then(|r| r.dir());
-    let existing = root
-        .and_then(|r| r.entries.get(&b"lost+found"[..]))
-        .map(|e| e.ino);
-    let mut cookie = root.map_or(3, |r| r.next_cookie);
-    let lf = existing.unwrap_or_else(|| {
-        let max = state
-            .shards
-            .iter()
-            .flat_map(|s| s.inodes.keys())
-            .max()
-            .copied()
-            .unwrap_or(1);
-        let ino = max + 1;
-        let mut attr = state.get(ROOT_INO).expect("root exists").attr;
-        attr.ino = ino;
-        attr.perm = 0o700;
-        attr.nlink = 2;
-        fixes.push(Change::PutAttr(attr));
-        fixes.push(Change::SetParent {
-            dir: ino,
-            parent: ROOT_INO,
-        });
-        let entry = DirEntry {
-            ino,
-            kind: FileKind::Directory,
-            cookie,
-        };
-        cookie += 1;
-        fixes.push(Change::DirInsert {
-            dir: ROOT_INO,
-            name: b"lost+found".to_vec(),
-            entry,
-        });
-        ino
-    });
-    let seen: HashSet<Ino> = HashSet::new();
-    let mut lf_cookie = state
-        .get(lf)
-        .and_then(|i| i.dir())
-        .map_or(3, |d| d.next_cookie);
-    for mut attr in lost {
-        if seen.contains(&attr.ino) {
-            continue;
+    let existing = state.lookup(ROOT_INO, b"lost+found")?.map(|e| e.ino);
+    let mut taken: HashSet<u64> = HashSet::new();
+    let lf = match existing {
+        Some(ino) => ino,
+        None => {
+            let ino = state.allocate_ino(state.shard_of(ROOT_INO));
+            let mut attr = state.attr(ROOT_INO)?;
+            attr.ino = ino;
+            attr.perm = 0o700;
+            attr.nlink = 2;
+            fixes.push(Change::PutAttr(attr));
+            fixes.push(Change::SetParent {
+                dir: ino,
+                parent: ROOT_INO,
+            });
+            let cookie = state.new_cookie(ROOT_INO, b"lost+found")?;
+            fixes.push(Change::DirInsert {
+                dir: ROOT_INO,
+                name: b"lost+found".to_vec(),
+                entry: DirEntry {
+                    ino,
+                    kind: FileKind::Directory,
+                    cookie,
+                },
+            });
+            ino
         }
-        let entry = DirEntry {
-            ino: attr.ino,
-            kind: attr.kind,
-            cookie: lf_cookie,
-        };
-        lf_cookie += 1;
+    };
+    for mut attr in lost {
         let name = format!("#{}", attr.ino).into_bytes();
+        // lost+found may not exist yet (its creation is among the fixes): cookies are
+        // chosen here, avoiding the ones this repair already gave out.
+        let mut cookie = match existing {
+            Some(_) => state.new_cookie(lf, &name)?,
+            None => crate::shard_tree::first_cookie(&name),
+        };
+        while !taken.insert(cookie) {
+            cookie += 1;
+        }
         fixes.push(Change::DirInsert {
             dir: lf,
             name,
-            entry,
+            entry: DirEntry {
+                ino: attr.ino,
+                kind: attr.kind,
+                cookie,
+            },
         });
         if attr.kind == FileKind::Directory {
             fixes.push(Change::SetParent {
@@ -250,5 +279,5 @@ fn check_links(
             fixes.push(Change::PutAttr(attr));
         }
     }
-    let _ = cookie;
+    Ok(())
 }

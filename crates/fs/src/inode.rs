@@ -1,5 +1,5 @@
-//! Inodes as the metanode keeps them: attributes, extended attributes, and content (inline
-//! bytes, a block map with per-sector checksums, or a directory).
+//! What an inode is made of: attributes, block references with per-sector checksums, and
+//! directory entries. Their on-disk form is in `shard_tree.rs`.
 
 use std::collections::BTreeMap;
 
@@ -131,80 +131,4 @@ pub struct DirEntry {
     pub kind: FileKind,
     /// Position of the entry for readdir; stable while the directory changes.
     pub cookie: u64,
-}
-
-/// A directory: a name index and a cookie index, so that lookups are O(log n) and a readdir
-/// resumed at any cookie sees every entry that was not removed meanwhile exactly once.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Directory {
-    /// The directory's parent (`..`); the root is its own parent.
-    pub parent: Ino,
-    pub entries: BTreeMap<Vec<u8>, DirEntry>,
-    /// Names by cookie, for readdir; derived from `entries`, so never stored.
-    #[serde(skip)]
-    pub by_cookie: BTreeMap<u64, Vec<u8>>,
-    pub next_cookie: u64,
-}
-
-impl Directory {
-    pub fn new() -> Directory {
-        // Cookies 0..=2 are left to ".", ".." and the kernel's initial offset.
-        Directory {
-            next_cookie: 3,
-            ..Default::default()
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Content {
-    /// Small file data or a symlink target, stored in the inode.
-    Inline(Vec<u8>),
-    /// File blocks by block index (sparse: holes are absent).
-    Blocks(BTreeMap<u64, BlockRef>),
-    Dir(Directory),
-    /// Special files (devices, fifos, sockets) have no content.
-    None,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Inode {
-    pub attr: Attr,
-    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
-    pub content: Content,
-    /// Sub-blocks held by the block map (st_blocks); derived, so never stored or logged.
-    #[serde(skip)]
-    pub allocated_sub_blocks: u64,
-}
-
-impl Inode {
-    /// Rebuilds what is derived from the stored inode (after loading a checkpoint image).
-    pub fn rebuild_derived(&mut self) {
-        self.count_allocated();
-        if let Content::Dir(d) = &mut self.content {
-            d.by_cookie = d
-                .entries
-                .iter()
-                .map(|(name, e)| (e.cookie, name.clone()))
-                .collect();
-        }
-    }
-
-    /// Recomputes [`Inode::allocated_sub_blocks`] from the block map.
-    pub fn count_allocated(&mut self) {
-        self.allocated_sub_blocks = match &self.content {
-            Content::Blocks(blocks) => blocks
-                .values()
-                .map(|b| u64::from(b.extent.sub_blocks))
-                .sum(),
-            _ => 0,
-        };
-    }
-
-    pub fn dir(&self) -> Option<&Directory> {
-        match &self.content {
-            Content::Dir(d) => Some(d),
-            _ => None,
-        }
-    }
 }

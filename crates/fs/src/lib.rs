@@ -1,10 +1,11 @@
 //! Layer 4 of Tessera: the shared-disk file system core, free of any kernel interface.
 //!
 //! All metadata and data live on NSDs. The inode space is split into shards
-//! (`ino % shard_count`); a node that owns a shard keeps its inodes in memory, logs every
-//! change to its recovery log on shared disk before applying it, and checkpoints each shard's
-//! inodes into metadata blocks. Any node that can read the NSDs can rebuild a shard from its
-//! checkpoint image plus the log. See ARCHITECTURE.md for the formats and the reasons.
+//! (`ino % shard_count`); each shard's metadata is an on-disk B+tree of metadata pages read
+//! through a bounded cache. A node that owns a shard logs every change to its recovery log
+//! on shared disk before applying it, and checkpoints write the changed pages copy-on-write.
+//! Any node that can read the NSDs can recover a shard from its tree's root plus the log.
+//! See ARCHITECTURE.md for the formats and the reasons.
 
 pub mod access;
 pub mod acl;

@@ -7,11 +7,11 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use tessera_alloc::Extent;
+use tessera_meta::{MetaStore, PagePtr, Tree};
 
 use crate::error::{FsError, FsResult};
-use crate::inode::{
-    Alternative, Attr, BlockRef, Content, DirEntry, Directory, FileKind, Ino, Inode,
-};
+use crate::inode::{Alternative, Attr, BlockRef, DirEntry, FileKind, Ino};
+use crate::shard_tree::{DirItem, InodeRecord, Item, RecordContent, ShardHeader, ShardTree};
 
 /// One logged metadata change. Changes carry results (inode numbers, cookies, checksums), never
 /// decisions, so replay is deterministic.
@@ -97,34 +97,88 @@ pub enum ContentKind {
     None,
 }
 
-/// One shard of the inode space.
-#[derive(Default)]
-pub struct Shard {
-    pub inodes: HashMap<Ino, Inode>,
-    /// The next inode number this shard hands out.
-    pub next_ino: Ino,
+/// Metadata of every shard this node owns: one shard tree each over one page store. The
+/// shard headers (next inode number, inode count) are kept in memory as well, since every
+/// create and statfs reads them.
+pub struct MetaState {
+    pub(crate) store: MetaStore,
+    pub(crate) shards: Vec<ShardTree>,
+    headers: Vec<ShardHeader>,
+    /// Decoded inode records of recently used inodes (GPFS's `maxFilesToCache`): every
+    /// operation reads the attributes of the inodes it names, often several times, and a
+    /// record read from its page costs a tree descent and a decode. Written through.
+    inodes: HashMap<Ino, InodeRecord>,
+    inode_cache_max: usize,
 }
 
-pub struct MetaState {
-    pub shards: Vec<Shard>,
-}
+/// Inode records cached by default.
+pub const DEFAULT_INODE_CACHE: usize = 50_000;
 
 fn corrupt(what: String) -> FsError {
     FsError::Corrupt(what)
 }
 
 impl MetaState {
-    pub fn new(shard_count: u32) -> MetaState {
+    /// Fresh, empty shards (mkfs).
+    pub fn create(mut store: MetaStore, shard_count: u32) -> FsResult<MetaState> {
         assert!(shard_count >= 1);
-        let shards = (0..shard_count)
-            .map(|s| Shard {
-                inodes: HashMap::new(),
-                // Inode 0 is never used; shard s hands out s, s+n, s+2n, ... from 2 on
-                // (1 is the root directory).
-                next_ino: first_ino(u64::from(s), u64::from(shard_count)),
+        let n = u64::from(shard_count);
+        let mut shards = Vec::with_capacity(shard_count as usize);
+        let mut headers = Vec::with_capacity(shard_count as usize);
+        for s in 0..n {
+            // Inode 0 is never used; shard s hands out s, s+n, s+2n, ... from 2 on (1 is
+            // the root directory).
+            let t = ShardTree::create(&mut store, first_ino(s, n))?;
+            headers.push(t.header(&mut store)?);
+            shards.push(t);
+        }
+        Ok(MetaState::with(store, shards, headers))
+    }
+
+    fn with(store: MetaStore, shards: Vec<ShardTree>, headers: Vec<ShardHeader>) -> MetaState {
+        MetaState {
+            store,
+            shards,
+            headers,
+            inodes: HashMap::new(),
+            inode_cache_max: DEFAULT_INODE_CACHE,
+        }
+    }
+
+    /// Bounds the cache of inode records.
+    pub fn set_inode_cache(&mut self, records: usize) {
+        self.inode_cache_max = records.max(1);
+        while self.inodes.len() > self.inode_cache_max {
+            self.evict_one();
+        }
+    }
+
+    fn evict_one(&mut self) {
+        if let Some(ino) = self.inodes.keys().next().copied() {
+            self.inodes.remove(&ino);
+        }
+    }
+
+    fn cache_record(&mut self, rec: &InodeRecord) {
+        if !self.inodes.contains_key(&rec.attr.ino) && self.inodes.len() >= self.inode_cache_max {
+            self.evict_one();
+        }
+        self.inodes.insert(rec.attr.ino, rec.clone());
+    }
+
+    /// The shards of a checkpoint, from their root pages.
+    pub fn open(mut store: MetaStore, roots: &[PagePtr]) -> FsResult<MetaState> {
+        let shards: Vec<ShardTree> = roots
+            .iter()
+            .map(|r| ShardTree {
+                tree: Tree::on_disk(*r),
             })
             .collect();
-        MetaState { shards }
+        let headers = shards
+            .iter()
+            .map(|t| t.header(&mut store))
+            .collect::<FsResult<Vec<_>>>()?;
+        Ok(MetaState::with(store, shards, headers))
     }
 
     pub fn shard_count(&self) -> u64 {
@@ -135,37 +189,65 @@ impl MetaState {
         (ino % self.shard_count()) as usize
     }
 
-    pub fn get(&self, ino: Ino) -> Option<&Inode> {
-        self.shards[self.shard_of(ino)].inodes.get(&ino)
+    pub fn inode_count(&self) -> u64 {
+        self.headers.iter().map(|h| h.inode_count).sum()
     }
 
-    pub fn get_mut(&mut self, ino: Ino) -> Option<&mut Inode> {
+    /// Reserves an inode number in `shard` (the caller logs it in a PutAttr; a number never
+    /// logged is simply skipped).
+    pub fn allocate_ino(&mut self, shard: usize) -> Ino {
+        let n = self.shard_count();
+        let h = &mut self.headers[shard];
+        let ino = h.next_ino;
+        h.next_ino += n;
+        ino
+    }
+
+    /// The trees and the store, for a checkpoint.
+    pub(crate) fn trees_mut(&mut self) -> (&mut MetaStore, Vec<&mut Tree>) {
+        (
+            &mut self.store,
+            self.shards.iter_mut().map(|s| &mut s.tree).collect(),
+        )
+    }
+
+    pub(crate) fn store_mut(&mut self) -> &mut MetaStore {
+        &mut self.store
+    }
+
+    fn record(&mut self, ino: Ino) -> FsResult<Option<InodeRecord>> {
+        if let Some(rec) = self.inodes.get(&ino) {
+            return Ok(Some(rec.clone()));
+        }
         let s = self.shard_of(ino);
-        self.shards[s].inodes.get_mut(&ino)
+        let rec = self.shards[s].inode(&mut self.store, ino)?;
+        if let Some(rec) = &rec {
+            self.cache_record(rec);
+        }
+        Ok(rec)
     }
 
-    fn must(&mut self, ino: Ino) -> FsResult<&mut Inode> {
-        self.get_mut(ino)
+    fn must(&mut self, ino: Ino) -> FsResult<InodeRecord> {
+        self.record(ino)?
             .ok_or_else(|| corrupt(format!("log names missing inode {ino}")))
     }
 
-    pub fn inode_count(&self) -> u64 {
-        self.shards.iter().map(|s| s.inodes.len() as u64).sum()
+    fn put(&mut self, rec: &InodeRecord) -> FsResult<()> {
+        let s = self.shard_of(rec.attr.ino);
+        self.shards[s].put_inode(&mut self.store, rec)?;
+        self.cache_record(rec);
+        Ok(())
     }
 
-    /// Reserves an inode number in `shard` (the caller logs it in a PutAttr).
-    pub fn allocate_ino(&mut self, shard: usize) -> Ino {
-        let n = self.shard_count();
-        let ino = self.shards[shard].next_ino;
-        self.shards[shard].next_ino += n;
-        ino
+    fn shard_for(&mut self, ino: Ino) -> (&mut ShardTree, &mut MetaStore) {
+        let s = self.shard_of(ino);
+        (&mut self.shards[s], &mut self.store)
     }
 
     // ---- reads ----
     //
     // Every read of metadata outside this module goes through these methods, which return
-    // owned values and take `&mut self`: the state they read is a cache over on-disk
-    // metadata (a read may load a page), not a structure callers may borrow.
+    // owned values and take `&mut self`: a read may load pages into the cache.
 
     /// The attributes of `ino`; `NotFound` when it does not exist.
     pub fn attr(&mut self, ino: Ino) -> FsResult<Attr> {
@@ -173,29 +255,43 @@ impl MetaState {
     }
 
     pub fn find_attr(&mut self, ino: Ino) -> FsResult<Option<Attr>> {
-        Ok(self.get(ino).map(|i| i.attr))
+        // The common case, without copying the record's inline data.
+        if let Some(rec) = self.inodes.get(&ino) {
+            return Ok(Some(rec.attr));
+        }
+        Ok(self.record(ino)?.map(|r| r.attr))
     }
 
-    fn directory(&self, dir: Ino) -> FsResult<&Directory> {
-        self.get(dir)
-            .ok_or(FsError::NotFound)?
-            .dir()
-            .ok_or(FsError::NotDir)
-    }
-
-    /// The entry `name` of directory `dir` (`NotFound` if `dir` does not exist, `NotDir` if
-    /// it is not a directory).
-    pub fn lookup(&mut self, dir: Ino, name: &[u8]) -> FsResult<Option<DirEntry>> {
-        Ok(self.directory(dir)?.entries.get(name).copied())
-    }
-
-    /// The parent (`..`) of directory `dir`.
+    /// The parent of directory `dir` (`NotFound` if `dir` does not exist, `NotDir` if it is
+    /// not a directory).
     pub fn dir_parent(&mut self, dir: Ino) -> FsResult<Ino> {
-        Ok(self.directory(dir)?.parent)
+        if let Some(rec) = self.inodes.get(&dir) {
+            return match rec.content {
+                RecordContent::Dir { parent } => Ok(parent),
+                _ => Err(FsError::NotDir),
+            };
+        }
+        match self.record(dir)?.ok_or(FsError::NotFound)?.content {
+            RecordContent::Dir { parent } => Ok(parent),
+            _ => Err(FsError::NotDir),
+        }
+    }
+
+    /// The entry `name` of directory `dir`.
+    pub fn lookup(&mut self, dir: Ino, name: &[u8]) -> FsResult<Option<DirEntry>> {
+        self.dir_parent(dir)?;
+        let (t, store) = self.shard_for(dir);
+        Ok(t.dir_lookup(store, dir, name)?.map(|e| DirEntry {
+            ino: e.ino,
+            kind: e.kind,
+            cookie: e.cookie,
+        }))
     }
 
     pub fn dir_is_empty(&mut self, dir: Ino) -> FsResult<bool> {
-        Ok(self.directory(dir)?.entries.is_empty())
+        self.dir_parent(dir)?;
+        let (t, store) = self.shard_for(dir);
+        t.dir_is_empty(store, dir)
     }
 
     /// Up to `limit` entries of `dir` with cookies greater than `after`, in cookie order.
@@ -205,43 +301,52 @@ impl MetaState {
         after: u64,
         limit: usize,
     ) -> FsResult<Vec<(Vec<u8>, DirEntry)>> {
-        let d = self.directory(dir)?;
-        Ok(d.by_cookie
-            .range(after.saturating_add(1)..)
-            .take(limit)
-            .map(|(_, name)| (name.clone(), d.entries[name]))
+        self.dir_parent(dir)?;
+        let (t, store) = self.shard_for(dir);
+        Ok(t.dir_list(store, dir, after.saturating_add(1), limit)?
+            .into_iter()
+            .map(|e| {
+                (
+                    e.name,
+                    DirEntry {
+                        ino: e.ino,
+                        kind: e.kind,
+                        cookie: e.cookie,
+                    },
+                )
+            })
             .collect())
     }
 
     /// The readdir cookie a new entry `name` of `dir` gets.
-    pub fn new_cookie(&mut self, dir: Ino, _name: &[u8]) -> FsResult<u64> {
-        Ok(self.directory(dir)?.next_cookie)
+    pub fn new_cookie(&mut self, dir: Ino, name: &[u8]) -> FsResult<u64> {
+        self.dir_parent(dir)?;
+        let (t, store) = self.shard_for(dir);
+        t.dir_new_cookie(store, dir, name)
     }
 
-    /// What the inode's content is, without loading it.
+    /// What the inode's content is.
     pub fn content_kind(&mut self, ino: Ino) -> FsResult<ContentKind> {
-        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
-            Content::Inline(_) => ContentKind::Inline,
-            Content::Blocks(_) => ContentKind::Blocks,
-            Content::Dir(_) => ContentKind::Dir,
-            Content::None => ContentKind::None,
+        Ok(match self.record(ino)?.ok_or(FsError::NotFound)?.content {
+            RecordContent::Inline(_) => ContentKind::Inline,
+            RecordContent::Blocks { .. } => ContentKind::Blocks,
+            RecordContent::Dir { .. } => ContentKind::Dir,
+            RecordContent::None => ContentKind::None,
         })
     }
 
     /// The inline bytes of a small file or symlink; `None` when the content is not inline.
     pub fn inline_data(&mut self, ino: Ino) -> FsResult<Option<Vec<u8>>> {
-        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
-            Content::Inline(d) => Some(d.clone()),
+        Ok(match self.record(ino)?.ok_or(FsError::NotFound)?.content {
+            RecordContent::Inline(d) => Some(d),
             _ => None,
         })
     }
 
     /// Block `index` of a file's block map.
     pub fn block(&mut self, ino: Ino, index: u64) -> FsResult<Option<BlockRef>> {
-        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
-            Content::Blocks(map) => map.get(&index).cloned(),
-            _ => None,
-        })
+        let (t, store) = self.shard_for(ino);
+        t.block(store, ino, index)
     }
 
     /// The mapped blocks of a file with indexes in `range`, in index order.
@@ -250,75 +355,120 @@ impl MetaState {
         ino: Ino,
         range: std::ops::Range<u64>,
     ) -> FsResult<Vec<(u64, BlockRef)>> {
-        Ok(match &self.get(ino).ok_or(FsError::NotFound)?.content {
-            Content::Blocks(map) if range.start < range.end => {
-                map.range(range).map(|(i, b)| (*i, b.clone())).collect()
-            }
-            _ => Vec::new(),
-        })
+        if range.start >= range.end {
+            return Ok(Vec::new());
+        }
+        let limit = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
+        let (t, store) = self.shard_for(ino);
+        Ok(t.blocks(store, ino, range.start, limit)?
+            .into_iter()
+            .take_while(|(i, _)| *i < range.end)
+            .collect())
     }
 
     /// Sub-blocks held by a file's block map (st_blocks).
     pub fn allocated_sub_blocks(&mut self, ino: Ino) -> FsResult<u64> {
-        Ok(self.get(ino).ok_or(FsError::NotFound)?.allocated_sub_blocks)
+        Ok(match self.record(ino)?.ok_or(FsError::NotFound)?.content {
+            RecordContent::Blocks {
+                allocated_sub_blocks,
+            } => allocated_sub_blocks,
+            _ => 0,
+        })
     }
 
     pub fn xattr(&mut self, ino: Ino, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
-        Ok(self
-            .get(ino)
-            .ok_or(FsError::NotFound)?
-            .xattrs
-            .get(name)
-            .cloned())
+        let (t, store) = self.shard_for(ino);
+        match t.xattr(store, ino, name)? {
+            Some(v) => Ok(Some(v)),
+            None => {
+                self.attr(ino)?;
+                Ok(None)
+            }
+        }
     }
 
     pub fn xattr_names(&mut self, ino: Ino) -> FsResult<Vec<Vec<u8>>> {
-        Ok(self
-            .get(ino)
-            .ok_or(FsError::NotFound)?
-            .xattrs
-            .keys()
-            .cloned()
-            .collect())
+        self.attr(ino)?;
+        let (t, store) = self.shard_for(ino);
+        t.xattr_names(store, ino)
     }
+
+    /// Inodes unlinked while open when the previous owner stopped.
+    pub fn orphans(&mut self) -> FsResult<Vec<Ino>> {
+        let mut out = Vec::new();
+        for t in &self.shards {
+            out.extend(t.orphans(&mut self.store)?);
+        }
+        Ok(out)
+    }
+
+    /// Calls `f` for every item of every shard, in key order (fsck, the allocation map).
+    pub(crate) fn scan(&mut self, f: &mut dyn FnMut(Item) -> FsResult<()>) -> FsResult<()> {
+        for t in &self.shards {
+            t.scan(&mut self.store, f)?;
+        }
+        Ok(())
+    }
+
+    // ---- changes ----
 
     /// Applies one change; returns the extents it stopped referencing.
     pub fn apply(&mut self, change: &Change) -> FsResult<Vec<Extent>> {
         let mut freed = Vec::new();
         match change {
-            Change::PutAttr(attr) => self.put_attr(attr),
+            Change::PutAttr(attr) => self.put_attr(attr)?,
             Change::DirInsert { dir, name, entry } => {
-                let d = dir_mut(self.must(*dir)?)?;
-                if let Some(old) = d.entries.insert(name.clone(), *entry) {
-                    d.by_cookie.remove(&old.cookie);
+                self.dir_record(*dir)?;
+                let (t, store) = self.shard_for(*dir);
+                if let Some(old) = t.dir_lookup(store, *dir, name)? {
+                    if old.cookie != entry.cookie {
+                        t.dir_remove(store, *dir, name)?;
+                    }
                 }
-                d.by_cookie.insert(entry.cookie, name.clone());
-                d.next_cookie = d.next_cookie.max(entry.cookie + 1);
+                let item = DirItem {
+                    cookie: entry.cookie,
+                    name: name.clone(),
+                    ino: entry.ino,
+                    kind: entry.kind,
+                };
+                t.dir_insert(store, *dir, &item)?;
             }
             Change::DirRemove { dir, name } => {
-                let d = dir_mut(self.must(*dir)?)?;
-                let old = d.entries.remove(name).ok_or_else(|| {
-                    corrupt(format!("log removes missing entry from directory {dir}"))
-                })?;
-                d.by_cookie.remove(&old.cookie);
+                self.dir_record(*dir)?;
+                let (t, store) = self.shard_for(*dir);
+                if t.dir_remove(store, *dir, name)?.is_none() {
+                    return Err(corrupt(format!(
+                        "log removes missing entry from directory {dir}"
+                    )));
+                }
             }
-            Change::SetParent { dir, parent } => dir_mut(self.must(*dir)?)?.parent = *parent,
+            Change::SetParent { dir, parent } => {
+                let mut rec = self.dir_record(*dir)?;
+                rec.content = RecordContent::Dir { parent: *parent };
+                self.put(&rec)?;
+            }
             Change::Inline { ino, data } => {
-                let inode = self.must(*ino)?;
-                free_content(&inode.content, &mut freed);
-                inode.content = Content::Inline(data.clone());
-                inode.allocated_sub_blocks = 0;
+                let mut rec = self.must(*ino)?;
+                self.free_blocks_from(*ino, 0, &mut freed)?;
+                rec.content = RecordContent::Inline(data.clone());
+                self.put(&rec)?;
             }
             Change::MapBlock { ino, index, block } => {
-                let inode = self.must(*ino)?;
-                let old = blocks_mut(inode)?.insert(*index, block.clone());
-                inode.allocated_sub_blocks += u64::from(block.extent.sub_blocks);
+                let mut rec = self.must(*ino)?;
+                let mut allocated = self.blocks_content(&mut rec)?;
+                let (t, store) = self.shard_for(*ino);
+                let old = t.put_block(store, *ino, *index, block)?;
+                allocated += u64::from(block.extent.sub_blocks);
                 if let Some(old) = old {
-                    inode.allocated_sub_blocks -= u64::from(old.extent.sub_blocks);
+                    allocated -= u64::from(old.extent.sub_blocks);
                     if old.extent != block.extent {
                         freed.push(old.extent);
                     }
                 }
+                rec.content = RecordContent::Blocks {
+                    allocated_sub_blocks: allocated,
+                };
+                self.put(&rec)?;
             }
             Change::Sectors {
                 ino,
@@ -327,7 +477,7 @@ impl MetaState {
                 crcs,
                 in_place,
             } => {
-                let b = block_mut(self.must(*ino)?, *index)?;
+                let mut b = self.must_block(*ino, *index)?;
                 let end = *first as usize + crcs.len();
                 if end > b.sectors() {
                     return Err(corrupt(format!(
@@ -348,6 +498,8 @@ impl MetaState {
                     }
                     b.set_written(s, *crc);
                 }
+                let (t, store) = self.shard_for(*ino);
+                t.put_block(store, *ino, *index, &b)?;
             }
             Change::Settle {
                 ino,
@@ -355,9 +507,14 @@ impl MetaState {
                 first,
                 count,
             } => {
-                if let Ok(b) = block_mut(self.must(*ino)?, *index) {
+                let (t, store) = self.shard_for(*ino);
+                if let Some(mut b) = t.block(store, *ino, *index)? {
+                    let before = b.pending.len();
                     for s in *first..first + count {
                         b.pending.remove(&s);
+                    }
+                    if b.pending.len() != before {
+                        t.put_block(store, *ino, *index, &b)?;
                     }
                 }
             }
@@ -365,60 +522,174 @@ impl MetaState {
                 ino,
                 size,
                 block_size,
-            } => {
-                let inode = self.must(*ino)?;
-                truncate(inode, *size, *block_size, &mut freed)?;
-                inode.count_allocated();
-            }
+            } => self.truncate(*ino, *size, *block_size, &mut freed)?,
             Change::Unmap { ino, index } => {
-                let inode = self.must(*ino)?;
-                if let Some(old) = blocks_mut(inode)?.remove(index) {
-                    inode.allocated_sub_blocks -= u64::from(old.extent.sub_blocks);
+                let mut rec = self.must(*ino)?;
+                let mut allocated = self.blocks_content(&mut rec)?;
+                let (t, store) = self.shard_for(*ino);
+                if let Some(old) = t.remove_block(store, *ino, *index)? {
+                    allocated -= u64::from(old.extent.sub_blocks);
                     freed.push(old.extent);
+                    rec.content = RecordContent::Blocks {
+                        allocated_sub_blocks: allocated,
+                    };
+                    self.put(&rec)?;
                 }
             }
             Change::SetXattr { ino, name, value } => {
-                self.must(*ino)?.xattrs.insert(name.clone(), value.clone());
+                self.must(*ino)?;
+                let (t, store) = self.shard_for(*ino);
+                t.set_xattr(store, *ino, name, value)?;
             }
             Change::RemoveXattr { ino, name } => {
-                self.must(*ino)?.xattrs.remove(name);
+                self.must(*ino)?;
+                let (t, store) = self.shard_for(*ino);
+                t.remove_xattr(store, *ino, name)?;
             }
             Change::FreeInode { ino } => {
+                let rec = self
+                    .must(*ino)
+                    .map_err(|_| corrupt(format!("log frees missing inode {ino}")))?;
                 let s = self.shard_of(*ino);
-                let inode = self.shards[s]
-                    .inodes
-                    .remove(ino)
-                    .ok_or_else(|| corrupt(format!("log frees missing inode {ino}")))?;
-                free_content(&inode.content, &mut freed);
+                self.inodes.remove(ino);
+                let blocks = self.shards[s].remove_inode(&mut self.store, *ino)?;
+                freed.extend(blocks.into_iter().map(|b| b.extent));
+                if rec.attr.nlink == 0 {
+                    self.shards[s].set_orphan(&mut self.store, *ino, false)?;
+                }
+                self.headers[s].inode_count -= 1;
             }
         }
         Ok(freed)
     }
 
-    fn put_attr(&mut self, attr: &Attr) {
-        let s = self.shard_of(attr.ino);
-        let n = self.shard_count();
-        let shard = &mut self.shards[s];
-        if shard.next_ino <= attr.ino {
-            shard.next_ino = attr.ino + n;
+    fn dir_record(&mut self, dir: Ino) -> FsResult<InodeRecord> {
+        let rec = self.must(dir)?;
+        if !matches!(rec.content, RecordContent::Dir { .. }) {
+            return Err(corrupt(format!("inode {dir} is not a directory")));
         }
-        match shard.inodes.get_mut(&attr.ino) {
-            Some(inode) => inode.attr = *attr,
-            None => {
-                let content = match attr.kind {
-                    FileKind::Directory => Content::Dir(Directory::new()),
-                    FileKind::Regular | FileKind::Symlink => Content::Inline(Vec::new()),
-                    _ => Content::None,
-                };
-                let inode = Inode {
-                    attr: *attr,
-                    xattrs: Default::default(),
-                    content,
-                    allocated_sub_blocks: 0,
-                };
-                shard.inodes.insert(attr.ino, inode);
+        Ok(rec)
+    }
+
+    fn must_block(&mut self, ino: Ino, index: u64) -> FsResult<BlockRef> {
+        let (t, store) = self.shard_for(ino);
+        t.block(store, ino, index)?
+            .ok_or_else(|| corrupt(format!("inode {ino} has no block {index}")))
+    }
+
+    /// The sub-blocks a file's block map holds; the first mapped block replaces inline data
+    /// (the writer copied the inline bytes into that block before logging the change).
+    fn blocks_content(&mut self, rec: &mut InodeRecord) -> FsResult<u64> {
+        match &rec.content {
+            RecordContent::Blocks {
+                allocated_sub_blocks,
+            } => Ok(*allocated_sub_blocks),
+            RecordContent::Inline(_) => Ok(0),
+            _ => Err(corrupt(format!("inode {} has no block map", rec.attr.ino))),
+        }
+    }
+
+    /// Unmaps every block at or past `from`; returns the sub-blocks they held.
+    fn free_blocks_from(&mut self, ino: Ino, from: u64, freed: &mut Vec<Extent>) -> FsResult<u64> {
+        let (t, store) = self.shard_for(ino);
+        let mut released = 0;
+        loop {
+            let batch = t.blocks(store, ino, from, 256)?;
+            if batch.is_empty() {
+                return Ok(released);
+            }
+            for (index, b) in batch {
+                t.remove_block(store, ino, index)?;
+                released += u64::from(b.extent.sub_blocks);
+                freed.push(b.extent);
             }
         }
+    }
+
+    fn truncate(
+        &mut self,
+        ino: Ino,
+        size: u64,
+        block_size: u64,
+        freed: &mut Vec<Extent>,
+    ) -> FsResult<()> {
+        let mut rec = self.must(ino)?;
+        match &mut rec.content {
+            RecordContent::Inline(data) => data.truncate(size as usize),
+            RecordContent::Blocks {
+                allocated_sub_blocks,
+            } => {
+                let keep = size.div_ceil(block_size);
+                let mut allocated = *allocated_sub_blocks;
+                allocated -= self.free_blocks_from(ino, keep, freed)?;
+                if !size.is_multiple_of(block_size) {
+                    let (t, store) = self.shard_for(ino);
+                    if let Some(mut b) = t.block(store, ino, size / block_size)? {
+                        let first_gone =
+                            (size % block_size).div_ceil(crate::inode::CSUM_SECTOR_BYTES);
+                        for s in first_gone as usize..b.sectors() {
+                            b.unwritten[s / 64] |= 1 << (s % 64);
+                            b.pending.remove(&(s as u32));
+                        }
+                        t.put_block(store, ino, size / block_size, &b)?;
+                    }
+                }
+                let (t, store) = self.shard_for(ino);
+                rec.content = if t.blocks(store, ino, 0, 1)?.is_empty() {
+                    RecordContent::Inline(Vec::new())
+                } else {
+                    RecordContent::Blocks {
+                        allocated_sub_blocks: allocated,
+                    }
+                };
+            }
+            _ => return Err(corrupt(format!("truncate of inode {ino} without data"))),
+        }
+        self.put(&rec)
+    }
+
+    fn put_attr(&mut self, attr: &Attr) -> FsResult<()> {
+        let s = self.shard_of(attr.ino);
+        let n = self.shard_count();
+        let (rec, was_orphan) = match self.record(attr.ino)? {
+            Some(mut rec) => {
+                let was = rec.attr.nlink == 0;
+                rec.attr = *attr;
+                (rec, was)
+            }
+            None => {
+                let h = &mut self.headers[s];
+                h.inode_count += 1;
+                if h.next_ino <= attr.ino {
+                    h.next_ino = attr.ino + n;
+                }
+                let rec = InodeRecord {
+                    attr: *attr,
+                    content: match attr.kind {
+                        FileKind::Directory => RecordContent::Dir { parent: 0 },
+                        FileKind::Regular | FileKind::Symlink => RecordContent::Inline(Vec::new()),
+                        _ => RecordContent::None,
+                    },
+                };
+                (rec, false)
+            }
+        };
+        self.put(&rec)?;
+        // Inodes without links are orphans until freed: mount reclaims them without a scan.
+        let orphan = attr.nlink == 0;
+        if orphan != was_orphan {
+            self.shards[s].set_orphan(&mut self.store, attr.ino, orphan)?;
+        }
+        Ok(())
+    }
+
+    /// Writes every shard's header item (next inode number, inode count), kept in memory
+    /// between checkpoints; a checkpoint calls it first.
+    pub(crate) fn write_headers(&mut self) -> FsResult<()> {
+        for (t, h) in self.shards.iter_mut().zip(&self.headers) {
+            t.set_header(&mut self.store, *h)?;
+        }
+        Ok(())
     }
 }
 
@@ -429,79 +700,4 @@ pub fn first_ino(shard: u64, shard_count: u64) -> Ino {
         ino += shard_count;
     }
     ino
-}
-
-fn dir_mut(inode: &mut Inode) -> FsResult<&mut Directory> {
-    match &mut inode.content {
-        Content::Dir(d) => Ok(d),
-        _ => Err(corrupt(format!(
-            "inode {} is not a directory",
-            inode.attr.ino
-        ))),
-    }
-}
-
-fn blocks_mut(inode: &mut Inode) -> FsResult<&mut std::collections::BTreeMap<u64, BlockRef>> {
-    // The first mapped block replaces inline data: the writer copied the inline bytes into
-    // that block before logging the change.
-    if let Content::Inline(_) = &inode.content {
-        inode.content = Content::Blocks(Default::default());
-    }
-    match &mut inode.content {
-        Content::Blocks(b) => Ok(b),
-        _ => Err(corrupt(format!(
-            "inode {} has no block map",
-            inode.attr.ino
-        ))),
-    }
-}
-
-fn block_mut(inode: &mut Inode, index: u64) -> FsResult<&mut BlockRef> {
-    let ino = inode.attr.ino;
-    blocks_mut(inode)?
-        .get_mut(&index)
-        .ok_or_else(|| corrupt(format!("inode {ino} has no block {index}")))
-}
-
-fn free_content(content: &Content, freed: &mut Vec<Extent>) {
-    if let Content::Blocks(blocks) = content {
-        freed.extend(blocks.values().map(|b| b.extent));
-    }
-}
-
-fn truncate(
-    inode: &mut Inode,
-    size: u64,
-    block_size: u64,
-    freed: &mut Vec<Extent>,
-) -> FsResult<()> {
-    match &mut inode.content {
-        Content::Inline(data) => data.truncate(size as usize),
-        Content::Blocks(blocks) => {
-            let keep = size.div_ceil(block_size);
-            let gone: Vec<u64> = blocks.range(keep..).map(|(i, _)| *i).collect();
-            for i in gone {
-                freed.push(blocks.remove(&i).expect("present").extent);
-            }
-            if !size.is_multiple_of(block_size) {
-                if let Some(b) = blocks.get_mut(&(size / block_size)) {
-                    let first_gone = (size % block_size).div_ceil(crate::inode::CSUM_SECTOR_BYTES);
-                    for s in first_gone as usize..b.sectors() {
-                        b.unwritten[s / 64] |= 1 << (s % 64);
-                        b.pending.remove(&(s as u32));
-                    }
-                }
-            }
-            if blocks.is_empty() {
-                inode.content = Content::Inline(Vec::new());
-            }
-        }
-        _ => {
-            return Err(corrupt(format!(
-                "truncate of inode {} without data",
-                inode.attr.ino
-            )))
-        }
-    }
-    Ok(())
 }

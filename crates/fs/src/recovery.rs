@@ -11,8 +11,8 @@ use tessera_nsd::NsdId;
 
 use crate::descriptor::FsDescriptor;
 use crate::error::{FsError, FsResult};
-use crate::inode::Content;
 use crate::meta::{Change, MetaState};
+use crate::shard_tree::Item;
 
 pub(crate) struct Recovered {
     pub state: MetaState,
@@ -65,7 +65,7 @@ pub(crate) fn recover(
     desc: &FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
 ) -> FsResult<Recovered> {
-    let mut state = crate::checkpoint::read_images(desc, devices)?;
+    let mut state = crate::checkpoint::open_state(desc, devices)?;
     let log_dev = devices[desc.log.disk as usize].clone();
     let (journal, records) = Journal::open(
         log_dev,
@@ -73,6 +73,9 @@ pub(crate) fn recover(
         desc.log.log_id,
         desc.checkpoint.replay_from,
     )?;
+    // The allocation map of the checkpoint comes first: replay frees what the records free
+    // and takes what they map, as the live file system did.
+    let (mut alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
     let replayed_records = records.len();
     for record in records {
         let changes: Vec<Change> = postcard::from_bytes(&record.payload).map_err(|e| {
@@ -82,13 +85,23 @@ pub(crate) fn recover(
             ))
         })?;
         for change in &changes {
-            state.apply(change)?;
+            if let Change::MapBlock { block, .. } = change {
+                // The block may be mapped already if the record is replayed over a
+                // checkpoint that holds it (the same extent mapped again).
+                if alloc.is_free(block.extent) {
+                    alloc.mark_used(block.extent).map_err(|e| {
+                        FsError::Corrupt(format!("log record ending at {}: {e}", record.lsn))
+                    })?;
+                }
+            }
+            for extent in state.apply(change)? {
+                let _ = alloc.free(extent);
+            }
         }
     }
     if replayed_records > 0 {
         tracing::info!("{}: replayed {replayed_records} log records", desc.name);
     }
-    let (alloc, conflicts) = rebuild_alloc(desc, &state);
     Ok(Recovered {
         state,
         alloc,
@@ -132,40 +145,49 @@ pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
         .collect()
 }
 
-/// Every extent the metadata references, with a label for error messages.
-pub(crate) fn referenced_extents(desc: &FsDescriptor, state: &MetaState) -> Vec<(Extent, String)> {
+/// Every extent the metadata references, with a label for error messages: the log, the
+/// metadata pages the shard trees reach, and every file block.
+pub(crate) fn referenced_extents(
+    desc: &FsDescriptor,
+    state: &mut MetaState,
+) -> FsResult<Vec<(Extent, String)>> {
     let mut out: Vec<(Extent, String)> = log_extents(desc)
         .into_iter()
         .map(|e| (e, "recovery log".to_string()))
         .collect();
-    for (s, image) in desc.checkpoint.shards.iter().enumerate() {
-        out.extend(
-            image
-                .extents
-                .iter()
-                .map(|e| (*e, format!("checkpoint of shard {s}"))),
-        );
+    let (store, trees) = state.trees_mut();
+    for (s, tree) in trees.into_iter().enumerate() {
+        let mut pages = Vec::new();
+        store
+            .visit_pages(tree, &mut |addr, _| pages.push(addr))
+            .map_err(|e| FsError::Corrupt(e.to_string()))?;
+        out.extend(pages.into_iter().map(|a| {
+            (
+                crate::checkpoint::page_extent(desc, a),
+                format!("metadata page {a} of shard {s}"),
+            )
+        }));
     }
-    for shard in &state.shards {
-        for inode in shard.inodes.values() {
-            if let Content::Blocks(blocks) = &inode.content {
-                for (index, b) in blocks {
-                    out.push((b.extent, format!("inode {} block {index}", inode.attr.ino)));
-                }
-            }
+    state.scan(&mut |item| {
+        if let Item::Block { ino, index, block } = item {
+            out.push((block.extent, format!("inode {ino} block {index}")));
         }
-    }
-    out
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Rebuilds the allocation map from the metadata; returns it and any double references.
-pub(crate) fn rebuild_alloc(desc: &FsDescriptor, state: &MetaState) -> (AllocMap, Vec<String>) {
+pub(crate) fn rebuild_alloc(
+    desc: &FsDescriptor,
+    state: &mut MetaState,
+) -> FsResult<(AllocMap, Vec<String>)> {
     let mut alloc = new_alloc(desc);
     let mut conflicts = Vec::new();
-    for (extent, owner) in referenced_extents(desc, state) {
+    for (extent, owner) in referenced_extents(desc, state)? {
         if let Err(e) = alloc.mark_used(extent) {
             conflicts.push(format!("{owner}: {e}"));
         }
     }
-    (alloc, conflicts)
+    Ok((alloc, conflicts))
 }

@@ -53,10 +53,6 @@
 //! shard header          0  8 next inode number   8  8 inode count
 //! ```
 
-// The shard tree replaces the in-memory `MetaState` shards in the next step of the
-// on-disk metadata work; until then only its tests use it.
-#![allow(dead_code)]
-
 use tessera_alloc::{DiskAddr, Extent};
 use tessera_meta::{MetaError, MetaStore, Tree};
 
@@ -109,6 +105,28 @@ pub(crate) struct DirItem {
     pub kind: FileKind,
 }
 
+/// One item of a shard tree, decoded (for scans: fsck, the allocation map).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Item {
+    Header(ShardHeader),
+    Orphan(Ino),
+    Inode(InodeRecord),
+    Xattr {
+        ino: Ino,
+        name: Vec<u8>,
+        chunk: u8,
+    },
+    Dirent {
+        dir: Ino,
+        item: DirItem,
+    },
+    Block {
+        ino: Ino,
+        index: u64,
+        block: BlockRef,
+    },
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ShardHeader {
     pub next_ino: Ino,
@@ -159,6 +177,11 @@ pub(crate) fn name_hash(name: &[u8]) -> u64 {
     let lo = crc32c::crc32c(name);
     let hi = crc32c::crc32c_append(0x9e37_79b9, name);
     ((u64::from(hi) << 32) | u64::from(lo)) & ((1 << COOKIE_HASH_BITS) - 1)
+}
+
+/// The cookie a name gets in a directory where no other name shares its hash.
+pub(crate) fn first_cookie(name: &[u8]) -> u64 {
+    cookie_range(name).0
 }
 
 fn cookie_range(name: &[u8]) -> (u64, u64) {
@@ -479,7 +502,35 @@ impl ShardTree {
             .get(&self.tree, &key(0, TAG_HEADER))
             .map_err(meta_err)?
             .ok_or_else(|| corrupt("shard tree has no header".into()))?;
-        let mut r = Reader { b: &v, at: 0 };
+        decode_header(&v)
+    }
+
+    /// Calls `f` for every item in key order, reading the tree in batches.
+    pub fn scan(
+        &self,
+        store: &mut MetaStore,
+        f: &mut dyn FnMut(Item) -> FsResult<()>,
+    ) -> FsResult<()> {
+        let mut from = Vec::new();
+        loop {
+            let batch = store
+                .range(&self.tree, &from, None, 1024)
+                .map_err(meta_err)?;
+            let Some((last, _)) = batch.last() else {
+                return Ok(());
+            };
+            from = last.clone();
+            from.push(0);
+            for (k, v) in &batch {
+                f(decode_item(k, v)?)?;
+            }
+        }
+    }
+}
+
+fn decode_header(v: &[u8]) -> FsResult<ShardHeader> {
+    {
+        let mut r = Reader { b: v, at: 0 };
         match (r.u64(), r.u64(), r.done()) {
             (Some(next_ino), Some(inode_count), true) => Ok(ShardHeader {
                 next_ino,
@@ -488,7 +539,40 @@ impl ShardTree {
             _ => Err(corrupt("shard header is malformed".into())),
         }
     }
+}
 
+/// Decodes any item from its key and value.
+fn decode_item(k: &[u8], v: &[u8]) -> FsResult<Item> {
+    let bad = || corrupt(format!("shard tree item with key {k:02x?} is malformed"));
+    if k.len() < 9 {
+        return Err(bad());
+    }
+    let ino = u64::from_be_bytes(k[..8].try_into().expect("8 bytes"));
+    let tag = k[8];
+    Ok(match (ino, tag, k.len()) {
+        (0, TAG_HEADER, 9) => Item::Header(decode_header(v)?),
+        (0, TAG_ORPHAN, 17) => Item::Orphan(tail_u64(k)),
+        (0, _, _) => return Err(bad()),
+        (_, TAG_INODE, 9) => Item::Inode(decode_inode(ino, v)?),
+        (_, TAG_XATTR, n) if n >= 12 && k[n - 2] == 0 => Item::Xattr {
+            ino,
+            name: k[9..n - 2].to_vec(),
+            chunk: k[n - 1],
+        },
+        (_, TAG_DIRENT, 17) => Item::Dirent {
+            dir: ino,
+            item: decode_dirent(ino, tail_u64(k), v)?,
+        },
+        (_, TAG_BLOCK, 17) => Item::Block {
+            ino,
+            index: tail_u64(k),
+            block: decode_block(ino, tail_u64(k), v)?,
+        },
+        _ => return Err(bad()),
+    })
+}
+
+impl ShardTree {
     pub fn set_header(&mut self, store: &mut MetaStore, h: ShardHeader) -> FsResult<()> {
         let mut v = h.next_ino.to_le_bytes().to_vec();
         v.extend_from_slice(&h.inode_count.to_le_bytes());

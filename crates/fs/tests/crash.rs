@@ -60,6 +60,9 @@ fn crash_child() {
         }
     }
     let fs = FileSystem::mount(disks).unwrap();
+    // A tiny metadata cache: the crash lands among evictions and re-reads of pages.
+    fs.set_metadata_cache_pages(4);
+    fs.set_inode_cache(8);
     let mut ledger = Ledger(
         std::fs::OpenOptions::new()
             .append(true)
@@ -148,6 +151,8 @@ fn read_ledger(dir: &std::path::Path) -> HashMap<String, Expect> {
 
 fn verify(t: &TestDisks) -> usize {
     let fs = FileSystem::mount(t.reopen()).unwrap();
+    fs.set_metadata_cache_pages(4);
+    fs.set_inode_cache(8);
     let mut checked = 0;
     for (name, expect) in read_ledger(t.dir.path()) {
         let found = fs.lookup(ROOT_INO, name.as_bytes());

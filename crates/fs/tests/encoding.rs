@@ -32,6 +32,24 @@ fn read_bytes(t: &TestDisks, disk: usize, offset: u64, len: usize) -> Vec<u8> {
     buf
 }
 
+/// A file system made and cleanly unmounted.
+fn made_and_unmounted() -> TestDisks {
+    let t = setup(&small_opts());
+    let fs = mount(&t);
+    fs.unmount().unwrap();
+    drop(fs);
+    t
+}
+
+/// Calls `f(disk, slot offset)` for both descriptor slots of every descriptor disk.
+fn for_each_descriptor_slot(t: &TestDisks, f: &mut dyn FnMut(usize, u64)) {
+    for d in descriptor_disks(t) {
+        for slot_offset in FS_DESCRIPTOR_SLOT_OFFSETS {
+            f(d, slot_offset);
+        }
+    }
+}
+
 /// Inverts `len` bytes at `offset` of drive file `disk`.
 fn flip(t: &TestDisks, disk: usize, offset: u64, len: usize) {
     let before = read_bytes(t, disk, offset, len);
@@ -225,15 +243,10 @@ fn damaged_older_slot_everywhere_is_ignored() {
 
 #[test]
 fn all_descriptor_copies_damaged_fails_mount_naming_the_descriptor() {
-    let t = setup(&small_opts());
-    let fs = mount(&t);
-    fs.unmount().unwrap();
-    drop(fs);
-    for d in descriptor_disks(&t) {
-        for slot_offset in FS_DESCRIPTOR_SLOT_OFFSETS {
-            flip(&t, d, slot_offset + SLOT_PAYLOAD_OFFSET + 3, 8);
-        }
-    }
+    let t = made_and_unmounted();
+    for_each_descriptor_slot(&t, &mut |d, slot_offset| {
+        flip(&t, d, slot_offset + SLOT_PAYLOAD_OFFSET + 3, 8);
+    });
     let err = FileSystem::mount(t.reopen()).unwrap_err();
     assert!(matches!(err, FsError::NoDescriptor(_)), "{err:?}");
     assert_eq!(err.errno(), libc::EIO);
@@ -248,36 +261,62 @@ fn all_descriptor_copies_damaged_fails_mount_naming_the_descriptor() {
     assert!(err.to_string().contains("descriptor"), "{err}");
 }
 
+/// A file system of format version 2 (whole checkpoint images, before the on-disk shard
+/// trees) is refused at mount and by fsck, saying what to do, and nothing is written.
 #[test]
-fn damaged_checkpoint_image_fails_mount_naming_the_shard() {
+fn a_format_2_file_system_is_refused_with_what_to_do() {
+    let t = setup(&small_opts());
+    let fs = mount(&t);
+    fs.unmount().unwrap();
+    drop(fs);
+    // The format version is the slot header's bytes 8..12, outside the payload checksum.
+    for d in descriptor_disks(&t) {
+        for slot_offset in FS_DESCRIPTOR_SLOT_OFFSETS {
+            if read_bytes(&t, d, slot_offset, 8) != b"TSRFSD01" {
+                continue;
+            }
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(disk_path(&t, d))
+                .unwrap();
+            f.write_all_at(&2u32.to_le_bytes(), slot_offset + 8)
+                .unwrap();
+        }
+    }
+    let before: Vec<Vec<u8>> = (0..DISKS).map(|d| read_bytes(&t, d, 0, 1 << 20)).collect();
+    for err in [
+        FileSystem::mount(t.reopen()).unwrap_err(),
+        tessera_fs::fsck(t.reopen(), true).unwrap_err(),
+    ] {
+        let msg = err.to_string();
+        assert!(msg.contains("format version 2"), "{msg}");
+        assert!(msg.contains("recreate the file system"), "{msg}");
+    }
+    let after: Vec<Vec<u8>> = (0..DISKS).map(|d| read_bytes(&t, d, 0, 1 << 20)).collect();
+    assert!(before == after, "a refused file system is not written to");
+}
+
+#[test]
+fn damaged_shard_root_page_fails_mount_naming_the_page() {
     let t = setup(&small_opts());
     let fs = mount(&t);
     write_new_file(&fs, b"f", &pattern(1000, 1));
     fs.unmount().unwrap();
     drop(fs);
     let desc = descriptor_on_disk(&t);
-    let (shard, image) = desc
-        .checkpoint
-        .shards
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.inodes > 0)
-        .expect("some shard has inodes");
-    let e = image.extents[0];
-    flip(
-        &t,
-        e.addr.disk as usize,
-        desc.sub_block_offset(e.addr.sub_block) + 10,
-        1,
-    );
+    // A page address is the disk index (top 16 bits) and the sub-block number.
+    let root = desc.checkpoint.roots[1];
+    let (disk, sub_block) = ((root.addr >> 48) as usize, root.addr & ((1 << 48) - 1));
+    flip(&t, disk, desc.sub_block_offset(sub_block) + 100, 1);
     let err = FileSystem::mount(t.reopen()).unwrap_err();
     assert_eq!(err.errno(), libc::EIO, "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains(&format!("checkpoint image of shard {shard}")),
+        msg.contains(&format!("metadata page {:#x}", root.addr)),
         "{msg}"
     );
     assert!(msg.contains("checksum"), "{msg}");
+    assert!(msg.contains("fsck"), "the message says what to do: {msg}");
 }
 
 /// Finds `needle` at a sector boundary in one of the drive files: `(disk, offset)`.

@@ -80,8 +80,16 @@ fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
             (id, d)
         })
         .collect();
-    (FileSystem::mount(disks).expect("mount"), drives)
+    let fs = FileSystem::mount(disks).expect("mount");
+    // A cache of a few pages (a few hundred inodes): nearly every operation evicts and
+    // reads metadata pages again.
+    fs.set_metadata_cache_pages(TINY_CACHE_PAGES);
+    fs.set_inode_cache(TINY_INODE_CACHE);
+    (fs, drives)
 }
+
+const TINY_CACHE_PAGES: usize = 4;
+const TINY_INODE_CACHE: usize = 8;
 
 // ---------------------------------------------------------------------------------------------
 // The model.
@@ -1342,6 +1350,12 @@ impl Run {
         );
         self.remount();
         self.check(usize::MAX, &Op::Remount, true);
+        // The check read every shard through a cache of fewer pages than there are shards.
+        let stats = self.fs().metadata_cache_stats();
+        assert!(
+            stats.evictions > 0,
+            "the tiny metadata cache never evicted: {stats:?}"
+        );
         self.fs().unmount().unwrap();
     }
 }

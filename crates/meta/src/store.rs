@@ -7,6 +7,7 @@
 //! Every operation is O(height) page visits, the height being about log_fanout(n) with a
 //! fanout of tens to hundreds.
 
+use std::cmp::Ordering;
 use std::sync::Arc;
 
 use crate::cache::PageCache;
@@ -104,7 +105,23 @@ impl Node {
 
 /// Index of the child of a branch that holds `key`: the number of separators <= key.
 fn child_index(keys: &[Vec<u8>], key: &[u8]) -> usize {
-    keys.partition_point(|k| k.as_slice() <= key)
+    keys.partition_point(|k| key_cmp(k, key) != Ordering::Greater)
+}
+
+/// Bytewise key order. Keys usually start with a big-endian number (an inode number), so
+/// comparing the first eight bytes as one integer settles most comparisons without a call
+/// to `memcmp`, which dominated lookups in profiles.
+#[inline]
+fn key_cmp(a: &[u8], b: &[u8]) -> Ordering {
+    if a.len() >= 8 && b.len() >= 8 {
+        let x = u64::from_be_bytes(a[..8].try_into().expect("8 bytes"));
+        let y = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
+        if x != y {
+            return x.cmp(&y);
+        }
+        return a[8..].cmp(&b[8..]);
+    }
+    a.cmp(b)
 }
 
 /// A handle on one B+tree. Not `Clone`: two handles on one changed tree would diverge.
@@ -238,7 +255,7 @@ impl MetaStore {
             match &*node {
                 Node::Leaf(entries) => {
                     return Ok(entries
-                        .binary_search_by(|(k, _)| k.as_slice().cmp(key))
+                        .binary_search_by(|(k, _)| key_cmp(k, key))
                         .ok()
                         .map(|i| entries[i].1.clone()))
                 }
@@ -496,7 +513,7 @@ impl MetaStore {
     ) -> MetaResult<(Option<Vec<u8>>, Option<(Vec<u8>, usize)>)> {
         let (i, child, level) = match self.dirty_mut(id) {
             Node::Leaf(entries) => {
-                let old = match entries.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+                let old = match entries.binary_search_by(|(k, _)| key_cmp(k, key)) {
                     Ok(i) => Some(std::mem::replace(&mut entries[i].1, value.to_vec())),
                     Err(i) => {
                         entries.insert(i, (key.to_vec(), value.to_vec()));
@@ -584,7 +601,7 @@ impl MetaStore {
         let (i, child, level) = match self.dirty_mut(id) {
             Node::Leaf(entries) => {
                 return Ok(entries
-                    .binary_search_by(|(k, _)| k.as_slice().cmp(key))
+                    .binary_search_by(|(k, _)| key_cmp(k, key))
                     .ok()
                     .map(|i| entries.remove(i).1));
             }
@@ -684,9 +701,9 @@ impl MetaStore {
         let node = self.node(child, level)?;
         match &*node {
             Node::Leaf(entries) => {
-                let from = entries.partition_point(|(k, _)| k.as_slice() < start);
+                let from = entries.partition_point(|(k, _)| key_cmp(k, start) == Ordering::Less);
                 for (k, v) in &entries[from..] {
-                    if out.len() >= limit || end.is_some_and(|e| k.as_slice() >= e) {
+                    if out.len() >= limit || end.is_some_and(|e| key_cmp(k, e) != Ordering::Less) {
                         break;
                     }
                     out.push((k.clone(), v.clone()));
@@ -699,7 +716,8 @@ impl MetaStore {
             } => {
                 for j in child_index(keys, start)..children.len() {
                     if out.len() >= limit
-                        || (j > 0 && end.is_some_and(|e| keys[j - 1].as_slice() >= e))
+                        || (j > 0
+                            && end.is_some_and(|e| key_cmp(&keys[j - 1], e) != Ordering::Less))
                     {
                         break;
                     }
@@ -721,7 +739,7 @@ impl MetaStore {
         match &*node {
             Node::Leaf(entries) => {
                 let upto = match end {
-                    Some(e) => entries.partition_point(|(k, _)| k.as_slice() < e),
+                    Some(e) => entries.partition_point(|(k, _)| key_cmp(k, e) == Ordering::Less),
                     None => entries.len(),
                 };
                 Ok(upto.checked_sub(1).map(|i| entries[i].clone()))
@@ -733,7 +751,7 @@ impl MetaStore {
             } => {
                 // The child that holds `end` may have nothing below it; then look left.
                 let top = match end {
-                    Some(e) => keys.partition_point(|k| k.as_slice() < e),
+                    Some(e) => keys.partition_point(|k| key_cmp(k, e) == Ordering::Less),
                     None => keys.len(),
                 };
                 for j in (0..=top).rev() {
