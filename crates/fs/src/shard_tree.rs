@@ -648,12 +648,15 @@ impl ShardTree {
 
     // ---- directories ----
 
-    pub fn dir_lookup(
+    /// The cookie range of `name`'s hash in `dir` and the entries in it (names that share
+    /// the hash; almost always none or one).
+    #[allow(clippy::type_complexity)]
+    fn hash_slots(
         &self,
         store: &mut MetaStore,
         dir: Ino,
         name: &[u8],
-    ) -> FsResult<Option<DirItem>> {
+    ) -> FsResult<(u64, u64, Vec<(Vec<u8>, Vec<u8>)>)> {
         let (first, end) = cookie_range(name);
         let items = store
             .range(
@@ -663,6 +666,16 @@ impl ShardTree {
                 COOKIE_SLOTS as usize,
             )
             .map_err(meta_err)?;
+        Ok((first, end, items))
+    }
+
+    pub fn dir_lookup(
+        &self,
+        store: &mut MetaStore,
+        dir: Ino,
+        name: &[u8],
+    ) -> FsResult<Option<DirItem>> {
+        let (_, _, items) = self.hash_slots(store, dir, name)?;
         for (k, v) in items {
             let item = decode_dirent(dir, tail_u64(&k), &v)?;
             if item.name == name {
@@ -674,15 +687,7 @@ impl ShardTree {
 
     /// The cookie a new entry `name` gets: the first free index among its hash's slots.
     pub fn dir_new_cookie(&self, store: &mut MetaStore, dir: Ino, name: &[u8]) -> FsResult<u64> {
-        let (first, end) = cookie_range(name);
-        let items = store
-            .range(
-                &self.tree,
-                &key_u64(dir, TAG_DIRENT, first),
-                Some(&key_u64(dir, TAG_DIRENT, end)),
-                COOKIE_SLOTS as usize,
-            )
-            .map_err(meta_err)?;
+        let (first, end, items) = self.hash_slots(store, dir, name)?;
         let mut cookie = first;
         for (k, _) in &items {
             if tail_u64(k) != cookie {

@@ -502,6 +502,27 @@ impl MetaStore {
         }
     }
 
+    /// The child of changed branch `id` that holds `key`, made changeable and put back in
+    /// its slot: its index and its node.
+    fn dirty_child(&mut self, id: usize, key: &[u8]) -> MetaResult<(usize, usize)> {
+        let (i, child, level) = match self.dirty_node(id) {
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                let i = child_index(keys, key);
+                (i, children[i], *level)
+            }
+            Node::Leaf(_) => unreachable!("a leaf has no children"),
+        };
+        let cid = self.make_dirty(child, Some(level - 1))?;
+        if let Node::Branch { children, .. } = self.dirty_mut(id) {
+            children[i] = Child::Dirty(cid);
+        }
+        Ok((i, cid))
+    }
+
     /// Inserts into the changed node `id`; returns the old value and, when the node split,
     /// the separator and the new right sibling.
     #[allow(clippy::type_complexity)]
@@ -511,7 +532,7 @@ impl MetaStore {
         key: &[u8],
         value: &[u8],
     ) -> MetaResult<(Option<Vec<u8>>, Option<(Vec<u8>, usize)>)> {
-        let (i, child, level) = match self.dirty_mut(id) {
+        let (i, cid) = match self.dirty_mut(id) {
             Node::Leaf(entries) => {
                 let old = match entries.binary_search_by(|(k, _)| key_cmp(k, key)) {
                     Ok(i) => Some(std::mem::replace(&mut entries[i].1, value.to_vec())),
@@ -523,21 +544,12 @@ impl MetaStore {
                 let split = self.split_if_full(id);
                 return Ok((old, split));
             }
-            Node::Branch {
-                level,
-                keys,
-                children,
-            } => {
-                let i = child_index(keys, key);
-                (i, children[i], *level)
-            }
+            Node::Branch { .. } => self.dirty_child(id, key)?,
         };
-        let cid = self.make_dirty(child, Some(level - 1))?;
         let (old, split) = self.insert_at(cid, key, value)?;
         let Node::Branch { keys, children, .. } = self.dirty_mut(id) else {
             unreachable!()
         };
-        children[i] = Child::Dirty(cid);
         if let Some((sep, right)) = split {
             keys.insert(i, sep);
             children.insert(i + 1, Child::Dirty(right));
@@ -598,29 +610,19 @@ impl MetaStore {
     }
 
     fn remove_at(&mut self, id: usize, key: &[u8]) -> MetaResult<Option<Vec<u8>>> {
-        let (i, child, level) = match self.dirty_mut(id) {
+        let (i, cid) = match self.dirty_mut(id) {
             Node::Leaf(entries) => {
                 return Ok(entries
                     .binary_search_by(|(k, _)| key_cmp(k, key))
                     .ok()
                     .map(|i| entries.remove(i).1));
             }
-            Node::Branch {
-                level,
-                keys,
-                children,
-            } => {
-                let i = child_index(keys, key);
-                (i, children[i], *level)
-            }
+            Node::Branch { .. } => self.dirty_child(id, key)?,
         };
-        let cid = self.make_dirty(child, Some(level - 1))?;
-        if let Node::Branch { children, .. } = self.dirty_mut(id) {
-            children[i] = Child::Dirty(cid);
-        }
         let old = self.remove_at(cid, key)?;
         if self.dirty_node(cid).bytes() < self.format.page_bytes / 4 {
-            self.merge_child(id, i, level - 1)?;
+            let child_level = self.dirty_node(cid).level();
+            self.merge_child(id, i, child_level)?;
         }
         Ok(old)
     }
