@@ -72,6 +72,7 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
 struct Seen {
     attr: Attr,
     parent: Option<Ino>,
+    xattrs: bool,
 }
 
 /// Checks the structure; returns the changes that would repair what it found.
@@ -83,6 +84,7 @@ fn check(
     let mut inodes: HashMap<Ino, Seen> = HashMap::new();
     let mut entries: Vec<(Ino, Vec<u8>, DirItem)> = Vec::new();
     let mut homeless: Vec<String> = Vec::new();
+    let mut hidden: Vec<(Ino, Vec<u8>)> = Vec::new();
     let sectors_per_sub = u64::from(desc.sub_block_size) / crate::inode::CSUM_SECTOR_BYTES;
     state.scan(&mut |item| {
         match item {
@@ -96,6 +98,7 @@ fn check(
                     Seen {
                         attr: rec.attr,
                         parent,
+                        xattrs: rec.xattrs,
                     },
                 );
             }
@@ -120,20 +123,30 @@ fn check(
                     ));
                 }
             }
-            Item::Xattr { ino, .. } => {
-                if !inodes.contains_key(&ino) {
-                    homeless.push(format!("extended attributes of missing inode {ino}"));
-                }
-            }
+            Item::Xattr { ino, name, chunk } => match inodes.get(&ino) {
+                None => homeless.push(format!("extended attributes of missing inode {ino}")),
+                Some(s) if !s.xattrs && chunk == 0 => hidden.push((ino, name)),
+                Some(_) => {}
+            },
             Item::Header(_) | Item::Orphan(_) => {}
         }
         Ok(())
     })?;
     homeless.dedup();
     report.problems.extend(homeless);
+    let mut fixes = Vec::new();
+    // Setting the attribute again sets the record's flag, so that it is seen again.
+    for (ino, name) in hidden {
+        report.problems.push(format!(
+            "inode {ino} has extended attribute {:?} but its record says it has none",
+            String::from_utf8_lossy(&name)
+        ));
+        if let Some(value) = state.stored_xattr(ino, &name)? {
+            fixes.push(Change::SetXattr { ino, name, value });
+        }
+    }
     report.inodes = inodes.len() as u64;
     report.directories = inodes.values().filter(|s| s.parent.is_some()).count() as u64;
-    let mut fixes = Vec::new();
     let mut refs: HashMap<Ino, u32> = HashMap::new();
     let mut subdirs: HashMap<Ino, u32> = HashMap::new();
     for (dir, name, entry) in &entries {

@@ -3,7 +3,7 @@
 //! Mount applies the same records in the same order after loading the checkpoint, so live
 //! state and recovered state come from one function and cannot drift apart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use tessera_alloc::Extent;
@@ -11,7 +11,9 @@ use tessera_meta::{MetaStore, PagePtr, Tree};
 
 use crate::error::{FsError, FsResult};
 use crate::inode::{Alternative, Attr, BlockRef, DirEntry, FileKind, Ino};
-use crate::shard_tree::{DirItem, InodeRecord, Item, RecordContent, ShardHeader, ShardTree};
+use crate::shard_tree::{
+    DirItem, DirProbe, InodeRecord, Item, RecordContent, ShardHeader, ShardTree,
+};
 
 /// One logged metadata change. Changes carry results (inode numbers, cookies, checksums), never
 /// decisions, so replay is deterministic.
@@ -106,9 +108,16 @@ pub struct MetaState {
     headers: Vec<ShardHeader>,
     /// Decoded inode records of recently used inodes (GPFS's `maxFilesToCache`): every
     /// operation reads the attributes of the inodes it names, often several times, and a
-    /// record read from its page costs a tree descent and a decode. Written through.
-    inodes: HashMap<Ino, InodeRecord>,
+    /// record read from its page costs a tree descent and a decode. Written through. `None`
+    /// remembers that an inode does not exist (freed ones: the kernel still asks about them).
+    inodes: HashMap<Ino, Option<InodeRecord>>,
     inode_cache_max: usize,
+    /// Inode numbers handed out and not yet created: their first PutAttr need not look for
+    /// an existing record. Cleared at each checkpoint (numbers never used are skipped).
+    fresh: HashSet<Ino>,
+    /// The last directory probe, valid until the next change: an operation looks a name up
+    /// in its permission check, again to act, and once more when its change is applied.
+    dir_memo: Option<(Ino, Vec<u8>, DirProbe)>,
 }
 
 /// Inode records cached by default.
@@ -142,6 +151,8 @@ impl MetaState {
             headers,
             inodes: HashMap::new(),
             inode_cache_max: DEFAULT_INODE_CACHE,
+            fresh: HashSet::new(),
+            dir_memo: None,
         }
     }
 
@@ -159,11 +170,11 @@ impl MetaState {
         }
     }
 
-    fn cache_record(&mut self, rec: &InodeRecord) {
-        if !self.inodes.contains_key(&rec.attr.ino) && self.inodes.len() >= self.inode_cache_max {
+    fn cache_record(&mut self, ino: Ino, rec: Option<&InodeRecord>) {
+        if !self.inodes.contains_key(&ino) && self.inodes.len() >= self.inode_cache_max {
             self.evict_one();
         }
-        self.inodes.insert(rec.attr.ino, rec.clone());
+        self.inodes.insert(ino, rec.cloned());
     }
 
     /// The shards of a checkpoint, from their root pages.
@@ -200,6 +211,7 @@ impl MetaState {
         let h = &mut self.headers[shard];
         let ino = h.next_ino;
         h.next_ino += n;
+        self.fresh.insert(ino);
         ino
     }
 
@@ -216,15 +228,18 @@ impl MetaState {
     }
 
     fn record(&mut self, ino: Ino) -> FsResult<Option<InodeRecord>> {
+        self.peek(ino, InodeRecord::clone)
+    }
+
+    /// `f` of the inode's record, without copying it out of the cache.
+    fn peek<R>(&mut self, ino: Ino, f: impl FnOnce(&InodeRecord) -> R) -> FsResult<Option<R>> {
         if let Some(rec) = self.inodes.get(&ino) {
-            return Ok(Some(rec.clone()));
+            return Ok(rec.as_ref().map(f));
         }
         let s = self.shard_of(ino);
         let rec = self.shards[s].inode(&mut self.store, ino)?;
-        if let Some(rec) = &rec {
-            self.cache_record(rec);
-        }
-        Ok(rec)
+        self.cache_record(ino, rec.as_ref());
+        Ok(rec.as_ref().map(f))
     }
 
     fn must(&mut self, ino: Ino) -> FsResult<InodeRecord> {
@@ -235,7 +250,7 @@ impl MetaState {
     fn put(&mut self, rec: &InodeRecord) -> FsResult<()> {
         let s = self.shard_of(rec.attr.ino);
         self.shards[s].put_inode(&mut self.store, rec)?;
-        self.cache_record(rec);
+        self.cache_record(rec.attr.ino, Some(rec));
         Ok(())
     }
 
@@ -255,33 +270,37 @@ impl MetaState {
     }
 
     pub fn find_attr(&mut self, ino: Ino) -> FsResult<Option<Attr>> {
-        // The common case, without copying the record's inline data.
-        if let Some(rec) = self.inodes.get(&ino) {
-            return Ok(Some(rec.attr));
-        }
-        Ok(self.record(ino)?.map(|r| r.attr))
+        self.peek(ino, |r| r.attr)
     }
 
     /// The parent of directory `dir` (`NotFound` if `dir` does not exist, `NotDir` if it is
     /// not a directory).
     pub fn dir_parent(&mut self, dir: Ino) -> FsResult<Ino> {
-        if let Some(rec) = self.inodes.get(&dir) {
-            return match rec.content {
-                RecordContent::Dir { parent } => Ok(parent),
-                _ => Err(FsError::NotDir),
-            };
+        let content = self.peek(dir, |r| match r.content {
+            RecordContent::Dir { parent } => Some(parent),
+            _ => None,
+        })?;
+        content.ok_or(FsError::NotFound)?.ok_or(FsError::NotDir)
+    }
+
+    /// The entry `name` of directory `dir` and the free cookie of its hash, remembered until
+    /// the next change.
+    fn probe(&mut self, dir: Ino, name: &[u8]) -> FsResult<DirProbe> {
+        if let Some((d, n, p)) = &self.dir_memo {
+            if *d == dir && n == name {
+                return Ok(p.clone());
+            }
         }
-        match self.record(dir)?.ok_or(FsError::NotFound)?.content {
-            RecordContent::Dir { parent } => Ok(parent),
-            _ => Err(FsError::NotDir),
-        }
+        let (t, store) = self.shard_for(dir);
+        let p = t.dir_probe(store, dir, name)?;
+        self.dir_memo = Some((dir, name.to_vec(), p.clone()));
+        Ok(p)
     }
 
     /// The entry `name` of directory `dir`.
     pub fn lookup(&mut self, dir: Ino, name: &[u8]) -> FsResult<Option<DirEntry>> {
         self.dir_parent(dir)?;
-        let (t, store) = self.shard_for(dir);
-        Ok(t.dir_lookup(store, dir, name)?.map(|e| DirEntry {
+        Ok(self.probe(dir, name)?.found.map(|e| DirEntry {
             ino: e.ino,
             kind: e.kind,
             cookie: e.cookie,
@@ -321,8 +340,9 @@ impl MetaState {
     /// The readdir cookie a new entry `name` of `dir` gets.
     pub fn new_cookie(&mut self, dir: Ino, name: &[u8]) -> FsResult<u64> {
         self.dir_parent(dir)?;
-        let (t, store) = self.shard_for(dir);
-        t.dir_new_cookie(store, dir, name)
+        self.probe(dir, name)?
+            .free
+            .ok_or_else(crate::shard_tree::hash_slots_full)
     }
 
     /// What the inode's content is.
@@ -377,20 +397,31 @@ impl MetaState {
     }
 
     pub fn xattr(&mut self, ino: Ino, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
-        let (t, store) = self.shard_for(ino);
-        match t.xattr(store, ino, name)? {
-            Some(v) => Ok(Some(v)),
-            None => {
-                self.attr(ino)?;
-                Ok(None)
-            }
+        if !self.may_have_xattrs(ino)? {
+            return Ok(None);
         }
+        let (t, store) = self.shard_for(ino);
+        t.xattr(store, ino, name)
     }
 
     pub fn xattr_names(&mut self, ino: Ino) -> FsResult<Vec<Vec<u8>>> {
-        self.attr(ino)?;
+        if !self.may_have_xattrs(ino)? {
+            return Ok(Vec::new());
+        }
         let (t, store) = self.shard_for(ino);
         t.xattr_names(store, ino)
+    }
+
+    /// The stored value, whatever the inode's record says (fsck).
+    pub(crate) fn stored_xattr(&mut self, ino: Ino, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
+        let (t, store) = self.shard_for(ino);
+        t.xattr(store, ino, name)
+    }
+
+    /// False when the inode's record says it has no extended attributes; `NotFound` when
+    /// there is no such inode.
+    fn may_have_xattrs(&mut self, ino: Ino) -> FsResult<bool> {
+        self.peek(ino, |r| r.xattrs)?.ok_or(FsError::NotFound)
     }
 
     /// Inodes unlinked while open when the previous owner stopped.
@@ -414,29 +445,46 @@ impl MetaState {
 
     /// Applies one change; returns the extents it stopped referencing.
     pub fn apply(&mut self, change: &Change) -> FsResult<Vec<Extent>> {
+        let result = self.apply_change(change);
+        // Whatever the change touched (or half-touched, on an error) is no longer what the
+        // last probe saw.
+        self.dir_memo = None;
+        result
+    }
+
+    fn apply_change(&mut self, change: &Change) -> FsResult<Vec<Extent>> {
         let mut freed = Vec::new();
         match change {
             Change::PutAttr(attr) => self.put_attr(attr)?,
             Change::DirInsert { dir, name, entry } => {
+                // The logger chose the cookie: a free slot of the name's hash (no entry of
+                // that name exists), or the slot of the same name (an exchange).
                 self.dir_record(*dir)?;
-                let (t, store) = self.shard_for(*dir);
-                if let Some(old) = t.dir_lookup(store, *dir, name)? {
-                    if old.cookie != entry.cookie {
-                        t.dir_remove(store, *dir, name)?;
-                    }
-                }
                 let item = DirItem {
                     cookie: entry.cookie,
                     name: name.clone(),
                     ino: entry.ino,
                     kind: entry.kind,
                 };
-                t.dir_insert(store, *dir, &item)?;
+                let (t, store) = self.shard_for(*dir);
+                if let Some(old) = t.dir_insert(store, *dir, &item)? {
+                    if old.name != *name {
+                        return Err(corrupt(format!(
+                            "log puts an entry of directory {dir} over another name's cookie {:#x}",
+                            entry.cookie
+                        )));
+                    }
+                }
             }
             Change::DirRemove { dir, name } => {
                 self.dir_record(*dir)?;
+                let found = self.probe(*dir, name)?.found;
                 let (t, store) = self.shard_for(*dir);
-                if t.dir_remove(store, *dir, name)?.is_none() {
+                let removed = match found {
+                    Some(item) => t.dir_remove_cookie(store, *dir, item.cookie)?,
+                    None => false,
+                };
+                if !removed {
                     return Err(corrupt(format!(
                         "log removes missing entry from directory {dir}"
                     )));
@@ -537,22 +585,39 @@ impl MetaState {
                 }
             }
             Change::SetXattr { ino, name, value } => {
-                self.must(*ino)?;
+                let mut rec = self.must(*ino)?;
                 let (t, store) = self.shard_for(*ino);
                 t.set_xattr(store, *ino, name, value)?;
+                if !rec.xattrs {
+                    rec.xattrs = true;
+                    self.put(&rec)?;
+                }
             }
             Change::RemoveXattr { ino, name } => {
-                self.must(*ino)?;
+                let mut rec = self.must(*ino)?;
                 let (t, store) = self.shard_for(*ino);
                 t.remove_xattr(store, *ino, name)?;
+                if rec.xattrs && t.xattr_names(store, *ino)?.is_empty() {
+                    rec.xattrs = false;
+                    self.put(&rec)?;
+                }
             }
             Change::FreeInode { ino } => {
                 let rec = self
                     .must(*ino)
                     .map_err(|_| corrupt(format!("log frees missing inode {ino}")))?;
                 let s = self.shard_of(*ino);
-                self.inodes.remove(ino);
-                let blocks = self.shards[s].remove_inode(&mut self.store, *ino)?;
+                self.cache_record(*ino, None);
+                // Only a block map, a directory's entries or extended attributes put items
+                // under an inode besides its record.
+                let alone = !rec.xattrs
+                    && matches!(rec.content, RecordContent::Inline(_) | RecordContent::None);
+                let blocks = if alone {
+                    self.shards[s].remove_record(&mut self.store, *ino)?;
+                    Vec::new()
+                } else {
+                    self.shards[s].remove_inode(&mut self.store, *ino)?
+                };
                 freed.extend(blocks.into_iter().map(|b| b.extent));
                 if rec.attr.nlink == 0 {
                     self.shards[s].set_orphan(&mut self.store, *ino, false)?;
@@ -651,7 +716,12 @@ impl MetaState {
     fn put_attr(&mut self, attr: &Attr) -> FsResult<()> {
         let s = self.shard_of(attr.ino);
         let n = self.shard_count();
-        let (rec, was_orphan) = match self.record(attr.ino)? {
+        let existing = if self.fresh.remove(&attr.ino) {
+            None
+        } else {
+            self.record(attr.ino)?
+        };
+        let (rec, was_orphan) = match existing {
             Some(mut rec) => {
                 let was = rec.attr.nlink == 0;
                 rec.attr = *attr;
@@ -670,6 +740,7 @@ impl MetaState {
                         FileKind::Regular | FileKind::Symlink => RecordContent::Inline(Vec::new()),
                         _ => RecordContent::None,
                     },
+                    xattrs: false,
                 };
                 (rec, false)
             }
@@ -686,6 +757,7 @@ impl MetaState {
     /// Writes every shard's header item (next inode number, inode count), kept in memory
     /// between checkpoints; a checkpoint calls it first.
     pub(crate) fn write_headers(&mut self) -> FsResult<()> {
+        self.fresh.clear();
         for (t, h) in self.shards.iter_mut().zip(&self.headers) {
             t.set_header(&mut self.store, *h)?;
         }

@@ -67,6 +67,9 @@ const TAG_BLOCK: u8 = 0x04;
 const TAG_ORPHAN: u8 = 0x05;
 
 const RECORD_VERSION: u8 = 1;
+/// Inode record flag: the inode has no extended attributes. A flag of absence, so that the
+/// zero byte of records written before it existed keeps meaning "look".
+const FLAG_NO_XATTRS: u8 = 0x01;
 const INODE_FIXED_BYTES: usize = 96;
 /// Extended attribute values are stored in chunks of this size (Linux allows 64 KiB).
 const XATTR_CHUNK_BYTES: usize = 4096;
@@ -95,6 +98,17 @@ pub(crate) enum RecordContent {
 pub(crate) struct InodeRecord {
     pub attr: Attr,
     pub content: RecordContent,
+    /// The inode may have extended attributes (ACLs among them). Clear means it has none,
+    /// so the permission checks of every operation skip the look for an ACL.
+    pub xattrs: bool,
+}
+
+/// What one look at a name's hash slots in a directory finds: the entry of that name, and
+/// the cookie a new entry of that name would get (`None` when all 256 slots are taken).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DirProbe {
+    pub found: Option<DirItem>,
+    pub free: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,6 +145,13 @@ pub(crate) enum Item {
 pub(crate) struct ShardHeader {
     pub next_ino: Ino,
     pub inode_count: u64,
+}
+
+pub(crate) fn hash_slots_full() -> FsError {
+    FsError::NoSpace {
+        pool: "system".into(),
+        what: "a directory entry (256 names of this directory share one hash)",
+    }
 }
 
 fn meta_err(e: MetaError) -> FsError {
@@ -285,7 +306,8 @@ pub(crate) fn encode_inode(rec: &InodeRecord) -> Vec<u8> {
         RecordContent::Dir { parent } => (3, *parent),
     };
     out.push(code);
-    out.extend_from_slice(&[0; 3]);
+    out.push(if rec.xattrs { 0 } else { FLAG_NO_XATTRS });
+    out.extend_from_slice(&[0; 2]);
     out.extend_from_slice(&word.to_le_bytes());
     out.extend_from_slice(&(inline.len() as u32).to_le_bytes());
     debug_assert_eq!(out.len(), INODE_FIXED_BYTES);
@@ -317,7 +339,11 @@ pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
         *t = r.time().ok_or_else(|| bad("has a bad timestamp"))?;
     }
     let code = r.u8().ok_or_else(short)?;
-    if r.take(3).ok_or_else(short)? != [0, 0, 0] {
+    let flags = r.u8().ok_or_else(short)?;
+    if flags & !FLAG_NO_XATTRS != 0 {
+        return Err(bad(&format!("has unknown flags {flags:#04x}")));
+    }
+    if r.take(2).ok_or_else(short)? != [0, 0] {
         return Err(bad("has non-zero reserved bytes"));
     }
     let word = r.u64().ok_or_else(short)?;
@@ -355,6 +381,7 @@ pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
             generation,
         },
         content,
+        xattrs: flags & FLAG_NO_XATTRS == 0,
     })
 }
 
@@ -602,6 +629,14 @@ impl ShardTree {
         Ok(old.is_none())
     }
 
+    /// Removes just the inode's record (an inode with nothing else under its key).
+    pub fn remove_record(&mut self, store: &mut MetaStore, ino: Ino) -> FsResult<()> {
+        store
+            .remove(&mut self.tree, &key(ino, TAG_INODE))
+            .map_err(meta_err)?;
+        Ok(())
+    }
+
     /// Removes the inode and every item under it; returns the block references it held.
     pub fn remove_inode(&mut self, store: &mut MetaStore, ino: Ino) -> FsResult<Vec<BlockRef>> {
         let mut blocks = Vec::new();
@@ -648,15 +683,9 @@ impl ShardTree {
 
     // ---- directories ----
 
-    /// The cookie range of `name`'s hash in `dir` and the entries in it (names that share
-    /// the hash; almost always none or one).
-    #[allow(clippy::type_complexity)]
-    fn hash_slots(
-        &self,
-        store: &mut MetaStore,
-        dir: Ino,
-        name: &[u8],
-    ) -> FsResult<(u64, u64, Vec<(Vec<u8>, Vec<u8>)>)> {
+    /// The entry `name` of `dir` and the cookie a new entry of that name would get, from
+    /// one look at the keys of the name's hash (one leaf; almost always none or one key).
+    pub fn dir_probe(&self, store: &mut MetaStore, dir: Ino, name: &[u8]) -> FsResult<DirProbe> {
         let (first, end) = cookie_range(name);
         let items = store
             .range(
@@ -666,46 +695,51 @@ impl ShardTree {
                 COOKIE_SLOTS as usize,
             )
             .map_err(meta_err)?;
-        Ok((first, end, items))
+        let mut found = None;
+        let mut free = first;
+        for (k, v) in items {
+            let cookie = tail_u64(&k);
+            if cookie == free {
+                free += 1;
+            }
+            if found.is_none() {
+                let item = decode_dirent(dir, cookie, &v)?;
+                if item.name == name {
+                    found = Some(item);
+                }
+            }
+        }
+        Ok(DirProbe {
+            found,
+            free: (free < end).then_some(free),
+        })
     }
 
+    #[cfg(test)]
     pub fn dir_lookup(
         &self,
         store: &mut MetaStore,
         dir: Ino,
         name: &[u8],
     ) -> FsResult<Option<DirItem>> {
-        let (_, _, items) = self.hash_slots(store, dir, name)?;
-        for (k, v) in items {
-            let item = decode_dirent(dir, tail_u64(&k), &v)?;
-            if item.name == name {
-                return Ok(Some(item));
-            }
-        }
-        Ok(None)
+        Ok(self.dir_probe(store, dir, name)?.found)
     }
 
     /// The cookie a new entry `name` gets: the first free index among its hash's slots.
+    #[cfg(test)]
     pub fn dir_new_cookie(&self, store: &mut MetaStore, dir: Ino, name: &[u8]) -> FsResult<u64> {
-        let (first, end, items) = self.hash_slots(store, dir, name)?;
-        let mut cookie = first;
-        for (k, _) in &items {
-            if tail_u64(k) != cookie {
-                break;
-            }
-            cookie += 1;
-        }
-        if cookie >= end {
-            return Err(FsError::NoSpace {
-                pool: "system".into(),
-                what: "a directory entry (256 names of this directory share one hash)",
-            });
-        }
-        Ok(cookie)
+        self.dir_probe(store, dir, name)?
+            .free
+            .ok_or_else(hash_slots_full)
     }
 
-    /// Inserts (or replaces) the entry at `item.cookie`.
-    pub fn dir_insert(&mut self, store: &mut MetaStore, dir: Ino, item: &DirItem) -> FsResult<()> {
+    /// Inserts (or replaces) the entry at `item.cookie`; returns the entry replaced.
+    pub fn dir_insert(
+        &mut self,
+        store: &mut MetaStore,
+        dir: Ino,
+        item: &DirItem,
+    ) -> FsResult<Option<DirItem>> {
         let (first, end) = cookie_range(&item.name);
         if !(first..end).contains(&item.cookie) {
             return Err(corrupt(format!(
@@ -719,10 +753,12 @@ impl ShardTree {
                 &key_u64(dir, TAG_DIRENT, item.cookie),
                 &encode_dirent(item),
             )
-            .map_err(meta_err)?;
-        Ok(())
+            .map_err(meta_err)?
+            .map(|old| decode_dirent(dir, item.cookie, &old))
+            .transpose()
     }
 
+    #[cfg(test)]
     pub fn dir_remove(
         &mut self,
         store: &mut MetaStore,
@@ -732,10 +768,21 @@ impl ShardTree {
         let Some(item) = self.dir_lookup(store, dir, name)? else {
             return Ok(None);
         };
-        store
-            .remove(&mut self.tree, &key_u64(dir, TAG_DIRENT, item.cookie))
-            .map_err(meta_err)?;
+        self.dir_remove_cookie(store, dir, item.cookie)?;
         Ok(Some(item))
+    }
+
+    /// Removes the entry at `cookie` (found by a probe); false when there is none.
+    pub fn dir_remove_cookie(
+        &mut self,
+        store: &mut MetaStore,
+        dir: Ino,
+        cookie: u64,
+    ) -> FsResult<bool> {
+        Ok(store
+            .remove(&mut self.tree, &key_u64(dir, TAG_DIRENT, cookie))
+            .map_err(meta_err)?
+            .is_some())
     }
 
     /// Up to `limit` entries with cookies at or after `from`, in cookie order.

@@ -139,6 +139,7 @@ fn golden_inode_record() {
     let rec = InodeRecord {
         attr: attr(0x1234, FileKind::Symlink, 3),
         content: RecordContent::Inline(b"abc".to_vec()),
+        xattrs: true,
     };
     let bytes = encode_inode(&rec);
     assert_eq!(
@@ -162,8 +163,9 @@ fn golden_inode_record() {
             "0700000000000000",
             "00000000", // crtime
             "01",
-            "000000",
-            "0000000000000000", // inline content, zero, word
+            "00",
+            "0000",
+            "0000000000000000", // inline content, flags (may have xattrs), zero, word
             "03000000",
             "616263", // inline length and bytes
         )
@@ -172,10 +174,18 @@ fn golden_inode_record() {
     let dir = InodeRecord {
         attr: attr(8, FileKind::Directory, 0),
         content: RecordContent::Dir { parent: 1 },
+        xattrs: false,
     };
     let bytes = encode_inode(&dir);
-    assert_eq!(hex(&bytes[80..96]), "03000000010000000000000000000000");
+    // Directory content, flag "no extended attributes", the parent.
+    assert_eq!(hex(&bytes[80..96]), "03010000010000000000000000000000");
     assert_eq!(decode_inode(8, &bytes).unwrap(), dir);
+    let mut unknown = bytes.clone();
+    unknown[81] = 0x03;
+    assert!(decode_inode(8, &unknown)
+        .unwrap_err()
+        .to_string()
+        .contains("unknown flags"));
 }
 
 #[test]
@@ -225,6 +235,7 @@ fn damaged_records_are_refused_by_name_never_a_panic() {
     let rec = encode_inode(&InodeRecord {
         attr: attr(3, FileKind::Regular, 10),
         content: RecordContent::Inline(vec![7; 10]),
+        xattrs: false,
     });
     for n in 0..rec.len() {
         let err = decode_inode(3, &rec[..n]).unwrap_err().to_string();
@@ -252,9 +263,9 @@ proptest! {
     #[test]
     fn records_round_trip(
         ino in 1u64.., size in any::<u64>(), inline in proptest::collection::vec(any::<u8>(), 0..3000),
-        seed in any::<u64>(), sectors in 1usize..1025,
+        seed in any::<u64>(), sectors in 1usize..1025, xattrs in any::<bool>(),
     ) {
-        let rec = InodeRecord { attr: attr(ino, FileKind::Regular, size), content: RecordContent::Inline(inline) };
+        let rec = InodeRecord { attr: attr(ino, FileKind::Regular, size), content: RecordContent::Inline(inline), xattrs };
         prop_assert_eq!(decode_inode(ino, &encode_inode(&rec)).unwrap(), rec);
         let b = block(seed % 1_000_000, sectors);
         prop_assert_eq!(decode_block(ino, 0, &encode_block(&b)).unwrap(), b);
@@ -385,6 +396,7 @@ fn run(ops: &[Op], cache_pages: usize) {
                     } else {
                         RecordContent::Inline(vec![x; x as usize])
                     },
+                    xattrs: x % 3 == 0,
                 };
                 let new = t.put_inode(&mut store, &rec).unwrap();
                 assert_eq!(new, !m.inodes.contains_key(&ino));
