@@ -3,7 +3,7 @@
 //! Mount applies the same records in the same order after loading the checkpoint, so live
 //! state and recovered state come from one function and cannot drift apart.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::{Deserialize, Serialize};
 use tessera_alloc::Extent;
@@ -110,11 +110,11 @@ pub struct MetaState {
     /// operation reads the attributes of the inodes it names, often several times, and a
     /// record read from its page costs a tree descent and a decode. Written through. `None`
     /// remembers that an inode does not exist (freed ones: the kernel still asks about them).
-    inodes: HashMap<Ino, Option<InodeRecord>>,
+    inodes: FxHashMap<Ino, Option<InodeRecord>>,
     inode_cache_max: usize,
     /// Inode numbers handed out and not yet created: their first PutAttr need not look for
     /// an existing record. Cleared at each checkpoint (numbers never used are skipped).
-    fresh: HashSet<Ino>,
+    fresh: FxHashSet<Ino>,
     /// The last directory probe, valid until the next change: an operation looks a name up
     /// in its permission check, again to act, and once more when its change is applied.
     dir_memo: Option<(Ino, Vec<u8>, DirProbe)>,
@@ -149,9 +149,9 @@ impl MetaState {
             store,
             shards,
             headers,
-            inodes: HashMap::new(),
+            inodes: FxHashMap::default(),
             inode_cache_max: DEFAULT_INODE_CACHE,
-            fresh: HashSet::new(),
+            fresh: FxHashSet::default(),
             dir_memo: None,
         }
     }
