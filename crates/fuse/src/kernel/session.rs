@@ -7,7 +7,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 
 use super::abi::{self, init_flags};
@@ -170,6 +170,7 @@ impl Session {
                 tracing::warn!("FUSE: io_uring registration failed; using /dev/fuse");
             }
         }
+        let gate = Arc::new(ReaderGate::default());
         for i in 0..classic_threads {
             let fd = if i == 0 {
                 None
@@ -178,12 +179,13 @@ impl Session {
             };
             let dev = Arc::clone(&dev);
             let shared = Arc::clone(&shared);
+            let gate = Arc::clone(&gate);
             let bytes = buf.len();
             let t = std::thread::Builder::new()
                 .name(format!("fuse-dev-{i}"))
                 .spawn(move || {
                     let raw = fd.as_ref().map_or(dev.as_raw_fd(), AsRawFd::as_raw_fd);
-                    classic_loop(raw, &shared, bytes);
+                    classic_loop(raw, &shared, &gate, bytes);
                     drop(fd);
                 })?;
             threads.push(t);
@@ -317,12 +319,72 @@ fn send(fd: RawFd, unique: u64, reply: &Reply, scratch: &mut Vec<u8>) -> io::Res
 }
 
 /// Serves requests read from `fd` until the connection ends.
-fn classic_loop(fd: RawFd, shared: &Shared, buf_bytes: usize) {
+/// Idle request threads allowed to wait in `read` on /dev/fuse at once.
+const IDLE_READERS_MAX: usize = 2;
+
+/// Keeps at most [`IDLE_READERS_MAX`] request threads waiting on /dev/fuse; the others
+/// park here until a reader takes a request and leaves no idle reader behind. The kernel
+/// wakes the waiters of /dev/fuse in turn, so with every thread waiting there, a client
+/// that issues one request at a time (an `ls`, a create loop) had each request served by a
+/// different, cold thread, and the queue's lock contended: metadata rates were 20 % lower
+/// with 8 threads than with 2. Under parallel load every thread still serves.
+#[derive(Default)]
+struct ReaderGate {
+    state: Mutex<GateState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    idle_readers: usize,
+    parked: usize,
+    closed: bool,
+}
+
+impl ReaderGate {
+    /// Waits until this thread may read; false once the connection has ended.
+    fn enter(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while !st.closed && st.idle_readers >= IDLE_READERS_MAX {
+            st.parked += 1;
+            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.parked -= 1;
+        }
+        if st.closed {
+            return false;
+        }
+        st.idle_readers += 1;
+        true
+    }
+
+    /// The thread stopped reading (it has a request, or the connection ended); wakes a
+    /// parked one if nobody is left reading.
+    fn leave(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.idle_readers -= 1;
+        if st.idle_readers == 0 && st.parked > 0 {
+            self.wake.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.closed = true;
+        self.wake.notify_all();
+    }
+}
+
+fn classic_loop(fd: RawFd, shared: &Shared, gate: &ReaderGate, buf_bytes: usize) {
     // One buffer per thread, reused for every request.
     let mut buf = vec![0u8; buf_bytes];
     let mut scratch = Vec::with_capacity(4096);
     loop {
-        let n = match read_dev(fd, &mut buf) {
+        if !gate.enter() {
+            break;
+        }
+        let read = read_dev(fd, &mut buf);
+        gate.leave();
+        let n = match read {
             Ok(Some(n)) => n,
             Ok(None) => continue,
             Err(e) => {
@@ -342,6 +404,7 @@ fn classic_loop(fd: RawFd, shared: &Shared, buf_bytes: usize) {
             }
         }
     }
+    gate.close();
     shared.destroy();
 }
 
