@@ -49,7 +49,42 @@ pub const PARAMS: &[ParamSpec] = &[
                its in-flight I/O has drained",
         check: |v| check_seconds(v, 0.0, 300.0),
     },
+    ParamSpec {
+        name: "maxFilesToCache",
+        default: "50000",
+        scope: Scope::Node,
+        help: "inodes whose whole record (attributes, inline data, content) a node keeps \
+               in memory per mounted file system; takes effect at the next mount",
+        check: |v| check_count(v, 1, 100_000_000),
+    },
+    ParamSpec {
+        name: "maxStatCache",
+        default: "100000",
+        scope: Scope::Node,
+        help: "further inodes whose attributes alone a node keeps in memory (for stat \
+               and ls -l); 0 turns it off; takes effect at the next mount",
+        check: |v| check_count(v, 0, 100_000_000),
+    },
 ];
+
+/// A whole number within `min..=max`, normalized (`50000`; `50k` and `1M` accepted).
+fn check_count(value: &str, min: u64, max: u64) -> Result<String, String> {
+    let v = value.trim();
+    let (digits, unit) = match v.char_indices().last() {
+        Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&v[..i], 1_000),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&v[..i], 1_000_000),
+        _ => (v, 1),
+    };
+    let n = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| format!("`{value}` is not a whole number"))?;
+    if !(min..=max).contains(&n) {
+        return Err(format!("{n} is outside {min} to {max}"));
+    }
+    Ok(n.to_string())
+}
 
 /// The spec of a known parameter; unknown names get the list of known ones.
 pub fn spec(name: &str) -> Result<&'static ParamSpec, String> {
@@ -118,6 +153,11 @@ impl Params {
             .find(|p| p.name == name)
             .map(|p| p.default.to_string())
             .unwrap_or_default()
+    }
+
+    /// A count parameter in force on `node`.
+    pub fn count(&self, name: &str, node: Option<NodeNumber>) -> u64 {
+        self.get(name, node).parse().unwrap_or(0)
     }
 
     /// The disk-lease and failure-detection timings.
@@ -222,6 +262,25 @@ mod tests {
         let e = parse_changes("failureDetectionTime=NaN", false).unwrap_err();
         assert!(e.contains("not a number"), "{e}");
         assert!(parse_changes("failureDetectionTime", false).is_err());
+    }
+
+    #[test]
+    fn cache_sizes_are_counts_per_node() {
+        let c = parse_changes("maxFilesToCache=200k,maxStatCache=0", true).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("200000"));
+        assert_eq!(c[1].value.as_deref(), Some("0"));
+        let e = parse_changes("maxFilesToCache=0", false).unwrap_err();
+        assert!(e.contains("outside 1"), "{e}");
+        let e = parse_changes("maxStatCache=lots", false).unwrap_err();
+        assert!(e.contains("not a whole number"), "{e}");
+        let mut p = Params::default();
+        assert_eq!(p.count("maxFilesToCache", Some(2)), 50_000);
+        p.per_node
+            .entry(2)
+            .or_default()
+            .insert("maxFilesToCache".into(), "7".into());
+        assert_eq!(p.count("maxFilesToCache", Some(2)), 7);
+        assert_eq!(p.count("maxFilesToCache", Some(3)), 50_000);
     }
 
     #[test]

@@ -187,6 +187,16 @@ impl FileSystem {
         self.meta.lock().state.set_inode_cache(records);
     }
 
+    /// Bounds the cache of attributes of inodes beyond the record cache (`maxStatCache`).
+    pub fn set_stat_cache(&self, entries: usize) {
+        self.meta.lock().state.set_stat_cache(entries);
+    }
+
+    /// Entries in the inode record cache and the stat cache.
+    pub fn inode_cache_len(&self) -> (usize, usize) {
+        self.meta.lock().state.inode_cache_len()
+    }
+
     /// Counters of the metadata page cache.
     pub fn metadata_cache_stats(&self) -> tessera_meta::StoreStats {
         self.meta.lock().state.store_mut().stats()

@@ -112,6 +112,10 @@ pub struct MetaState {
     /// remembers that an inode does not exist (freed ones: the kernel still asks about them).
     inodes: FxHashMap<Ino, Option<InodeRecord>>,
     inode_cache_max: usize,
+    /// Attributes alone of inodes that left `inodes` (GPFS's `maxStatCache`): a compact
+    /// entry that keeps `ls -l` and `stat` of a large directory off the pages.
+    stats: FxHashMap<Ino, Attr>,
+    stat_cache_max: usize,
     /// Inode numbers handed out and not yet created: their first PutAttr need not look for
     /// an existing record. Cleared at each checkpoint (numbers never used are skipped).
     fresh: FxHashSet<Ino>,
@@ -120,8 +124,10 @@ pub struct MetaState {
     dir_memo: Option<(Ino, Vec<u8>, DirProbe)>,
 }
 
-/// Inode records cached by default.
+/// Inode records cached by default (`maxFilesToCache`).
 pub const DEFAULT_INODE_CACHE: usize = 50_000;
+/// Attribute-only entries cached by default (`maxStatCache`).
+pub const DEFAULT_STAT_CACHE: usize = 100_000;
 
 fn corrupt(what: String) -> FsError {
     FsError::Corrupt(what)
@@ -151,6 +157,8 @@ impl MetaState {
             headers,
             inodes: FxHashMap::default(),
             inode_cache_max: DEFAULT_INODE_CACHE,
+            stats: FxHashMap::default(),
+            stat_cache_max: DEFAULT_STAT_CACHE,
             fresh: FxHashSet::default(),
             dir_memo: None,
         }
@@ -164,9 +172,31 @@ impl MetaState {
         }
     }
 
+    /// Bounds the cache of attributes of inodes not in the record cache; 0 turns it off.
+    pub fn set_stat_cache(&mut self, entries: usize) {
+        self.stat_cache_max = entries;
+        while self.stats.len() > self.stat_cache_max {
+            self.evict_stat();
+        }
+    }
+
+    /// Drops a record; its attributes stay in the stat cache.
     fn evict_one(&mut self) {
         if let Some(ino) = self.inodes.keys().next().copied() {
-            self.inodes.remove(&ino);
+            if let Some(Some(rec)) = self.inodes.remove(&ino) {
+                if self.stat_cache_max > 0 {
+                    if self.stats.len() >= self.stat_cache_max {
+                        self.evict_stat();
+                    }
+                    self.stats.insert(ino, rec.attr);
+                }
+            }
+        }
+    }
+
+    fn evict_stat(&mut self) {
+        if let Some(ino) = self.stats.keys().next().copied() {
+            self.stats.remove(&ino);
         }
     }
 
@@ -174,7 +204,14 @@ impl MetaState {
         if !self.inodes.contains_key(&ino) && self.inodes.len() >= self.inode_cache_max {
             self.evict_one();
         }
+        // The record cache holds the newest attributes from here on.
+        self.stats.remove(&ino);
         self.inodes.insert(ino, rec.cloned());
+    }
+
+    /// Entries in the record and stat caches.
+    pub fn inode_cache_len(&self) -> (usize, usize) {
+        (self.inodes.len(), self.stats.len())
     }
 
     /// The shards of a checkpoint, from their root pages.
@@ -270,6 +307,9 @@ impl MetaState {
     }
 
     pub fn find_attr(&mut self, ino: Ino) -> FsResult<Option<Attr>> {
+        if let Some(attr) = self.stats.get(&ino) {
+            return Ok(Some(*attr));
+        }
         self.peek(ino, |r| r.attr)
     }
 

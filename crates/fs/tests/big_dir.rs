@@ -30,6 +30,7 @@ fn a_million_entries_in_one_directory() {
     let fs = mount(&t);
     fs.set_metadata_cache_pages(32);
     fs.set_inode_cache(1000);
+    fs.set_stat_cache(1000);
     let dir = fs
         .create_node(ROOT_INO, b"big", FileKind::Directory, 0o755, 0, ROOT, None)
         .unwrap()
@@ -124,6 +125,7 @@ fn a_million_entries_in_one_directory() {
     let fs = mount(&t);
     fs.set_metadata_cache_pages(32);
     fs.set_inode_cache(1000);
+    fs.set_stat_cache(1000);
     loop {
         let batch = fs.readdir(dir, 2).unwrap();
         if batch.entries.is_empty() {

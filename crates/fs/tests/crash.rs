@@ -63,6 +63,7 @@ fn crash_child() {
     // A tiny metadata cache: the crash lands among evictions and re-reads of pages.
     fs.set_metadata_cache_pages(4);
     fs.set_inode_cache(8);
+    fs.set_stat_cache(4);
     let mut ledger = Ledger(
         std::fs::OpenOptions::new()
             .append(true)
@@ -153,6 +154,7 @@ fn verify(t: &TestDisks) -> usize {
     let fs = FileSystem::mount(t.reopen()).unwrap();
     fs.set_metadata_cache_pages(4);
     fs.set_inode_cache(8);
+    fs.set_stat_cache(4);
     let mut checked = 0;
     for (name, expect) in read_ledger(t.dir.path()) {
         let found = fs.lookup(ROOT_INO, name.as_bytes());

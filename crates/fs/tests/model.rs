@@ -85,11 +85,13 @@ fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
     // reads metadata pages again.
     fs.set_metadata_cache_pages(TINY_CACHE_PAGES);
     fs.set_inode_cache(TINY_INODE_CACHE);
+    fs.set_stat_cache(TINY_STAT_CACHE);
     (fs, drives)
 }
 
 const TINY_CACHE_PAGES: usize = 4;
 const TINY_INODE_CACHE: usize = 8;
+const TINY_STAT_CACHE: usize = 8;
 
 // ---------------------------------------------------------------------------------------------
 // The model.
@@ -1355,6 +1357,11 @@ impl Run {
         assert!(
             stats.evictions > 0,
             "the tiny metadata cache never evicted: {stats:?}"
+        );
+        let (records, attrs) = self.fs().inode_cache_len();
+        assert!(
+            records <= TINY_INODE_CACHE && attrs <= TINY_STAT_CACHE,
+            "inode caches over their bounds: {records} records, {attrs} attributes"
         );
         self.fs().unmount().unwrap();
     }

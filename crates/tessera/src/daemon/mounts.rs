@@ -84,7 +84,20 @@ impl Daemon {
                 record.name
             );
         }
-        FileSystem::mount(available).map_err(|e| anyhow!("file system {}: {e}", record.name))
+        let fs = FileSystem::mount(available)
+            .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
+        // GPFS's cache parameters, as this node's configuration has them.
+        let params = self.member.state().params;
+        let me = Some(self.member.me());
+        let files = params.count("maxFilesToCache", me);
+        let stats = params.count("maxStatCache", me);
+        fs.set_inode_cache(usize::try_from(files).unwrap_or(usize::MAX));
+        fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
+        tracing::info!(
+            "{}: maxFilesToCache={files} maxStatCache={stats}",
+            record.name
+        );
+        Ok(fs)
     }
 
     /// Mounts `record` at `mount_point` through FUSE and adds it to the mount table.
