@@ -1,10 +1,17 @@
 /* Metadata rates from one process, like mdtest's file phases: create (open O_CREAT +
- * close), stat, unlink of N files in one directory. Prints one line per phase:
+ * close), stat, unlink of N files. Prints one line per phase:
  *   <phase> <files> <seconds> <files/s>
- * Build: cc -O2 -o mdbench mdbench.c ; run: ./mdbench DIR N */
+ * Build: cc -O2 -o mdbench mdbench.c
+ * Run:   ./mdbench DIR N [DIRS [PHASES]]
+ *   DIRS (default 1): with 1 the files are DIR/file.I; with more, file I is
+ *   DIR/d.(I % DIRS)/file.I (mdtest's files spread over directories).
+ *   PHASES (default create,stat,unlink): the phases to run, so that a caller can remount
+ *   between them; create makes DIR (and the subdirectories), unlink removes them. */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,39 +22,82 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+static void path_of(char *out, size_t size, const char *dir, long dirs, long i) {
+    if (dirs <= 1)
+        snprintf(out, size, "%s/file.%ld", dir, i);
+    else
+        snprintf(out, size, "%s/d.%ld/file.%ld", dir, i % dirs, i);
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s DIR N\n", argv[0]);
+    if (argc < 3 || argc > 5) {
+        fprintf(stderr, "usage: %s DIR N [DIRS [PHASES]]\n", argv[0]);
         return 2;
     }
     const char *dir = argv[1];
     long n = atol(argv[2]);
+    long dirs = argc > 3 ? atol(argv[3]) : 1;
+    const char *phases = argc > 4 ? argv[4] : "create,stat,unlink";
     char path[4096];
-    if (mkdir(dir, 0755) != 0) {
-        perror(dir);
-        return 1;
+    if (n < 0 || dirs < 1) {
+        fprintf(stderr, "N must be >= 0 and DIRS >= 1\n");
+        return 2;
     }
-    double t0 = now();
-    for (long i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/file.%ld", dir, i);
-        int fd = open(path, O_CREAT | O_WRONLY | O_EXCL, 0644);
-        if (fd < 0 || close(fd) != 0) { perror(path); return 1; }
+    if (strstr(phases, "create")) {
+        if (mkdir(dir, 0755) != 0) {
+            perror(dir);
+            return 1;
+        }
+        for (long d = 0; dirs > 1 && d < dirs; d++) {
+            snprintf(path, sizeof path, "%s/d.%ld", dir, d);
+            if (mkdir(path, 0755) != 0) {
+                perror(path);
+                return 1;
+            }
+        }
+        double t0 = now();
+        for (long i = 0; i < n; i++) {
+            path_of(path, sizeof path, dir, dirs, i);
+            int fd = open(path, O_CREAT | O_WRONLY | O_EXCL, 0644);
+            if (fd < 0 || close(fd) != 0) {
+                perror(path);
+                return 1;
+            }
+        }
+        double t = now() - t0;
+        printf("create %ld %.3f %.0f\n", n, t, n / t);
+        fflush(stdout);
     }
-    double t1 = now();
-    struct stat st;
-    for (long i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/file.%ld", dir, i);
-        if (stat(path, &st) != 0) { perror(path); return 1; }
+    if (strstr(phases, "stat")) {
+        struct stat st;
+        double t0 = now();
+        for (long i = 0; i < n; i++) {
+            path_of(path, sizeof path, dir, dirs, i);
+            if (stat(path, &st) != 0) {
+                perror(path);
+                return 1;
+            }
+        }
+        double t = now() - t0;
+        printf("stat %ld %.3f %.0f\n", n, t, n / t);
+        fflush(stdout);
     }
-    double t2 = now();
-    for (long i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/file.%ld", dir, i);
-        if (unlink(path) != 0) { perror(path); return 1; }
+    if (strstr(phases, "unlink")) {
+        double t0 = now();
+        for (long i = 0; i < n; i++) {
+            path_of(path, sizeof path, dir, dirs, i);
+            if (unlink(path) != 0) {
+                perror(path);
+                return 1;
+            }
+        }
+        double t = now() - t0;
+        for (long d = 0; dirs > 1 && d < dirs; d++) {
+            snprintf(path, sizeof path, "%s/d.%ld", dir, d);
+            rmdir(path);
+        }
+        rmdir(dir);
+        printf("unlink %ld %.3f %.0f\n", n, t, n / t);
     }
-    double t3 = now();
-    rmdir(dir);
-    printf("create %ld %.3f %.0f\n", n, t1 - t0, n / (t1 - t0));
-    printf("stat %ld %.3f %.0f\n", n, t2 - t1, n / (t2 - t1));
-    printf("unlink %ld %.3f %.0f\n", n, t3 - t2, n / (t3 - t2));
     return 0;
 }

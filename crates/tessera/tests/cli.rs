@@ -306,8 +306,17 @@ fn fs_create_seed002_form_mount_write_umount() {
         "-j",
         "scatter",
     ]);
+    // GPFS's cache parameters reach the mount.
+    node.ok(&["config", "set", "maxFilesToCache=2k,maxStatCache=0"]);
+    let ls = node.ok(&["config", "ls"]);
+    assert!(ls.contains("maxFilesToCache") && ls.contains("2000"), "{ls}");
     let out = node.ok(&["mount", "gpfs1"]);
     assert!(out.contains(s(&mnt)), "{out}");
+    let log = std::fs::read_to_string(node.home().join("log/daemon.log")).unwrap();
+    assert!(
+        log.contains("gpfs1: maxFilesToCache=2000 maxStatCache=0"),
+        "{log}"
+    );
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(mnt.join("file.bin"), &data).unwrap();
     assert_eq!(std::fs::read(mnt.join("file.bin")).unwrap(), data);

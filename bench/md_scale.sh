@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Metadata at scale: mdtest-style create, stat and unlink of SMALL and BIG numbers of empty
+# files, in one directory and spread over DIRS directories, on Tessera and on XFS over the
+# same backing store, measured in one run; plus the Tessera daemon's memory and its
+# startup and mount times with BIG files against MOUNT_SMALL files.
+#
+#   bench/md_scale.sh [WORKDIR]        (as root; needs xfsprogs and a C compiler)
+#   BIG=10000000 SMALL=100000 MOUNT_SMALL=10000 DIRS=1000 XFS=1 (0 skips XFS)
+#   LAYOUTS="one many" (one directory, DIRS directories)
+#   DRIVE_BYTES=8G (four Tessera drive files), XFS_BYTES=64G (sparse image)
+#
+# Between create and stat each file system is unmounted and mounted again (Tessera: the
+# daemon is shut down and started, so stat runs from cold caches and mount reads what the
+# create left on disk). The table gives each rate, Tessera's rate at BIG over its rate at
+# SMALL (the issue's "no cliff" figure), the Tessera/XFS ratios, the daemon's peak resident
+# memory, and the startup and mount times.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WORK=${1:-/var/tmp/tessera-md-scale}
+BIG=${BIG:-10000000}
+SMALL=${SMALL:-100000}
+MOUNT_SMALL=${MOUNT_SMALL:-10000}
+DIRS=${DIRS:-1000}
+XFS=${XFS:-1}
+LAYOUTS=${LAYOUTS:-one many}
+DRIVE_BYTES=${DRIVE_BYTES:-8G}
+XFS_BYTES=${XFS_BYTES:-64G}
+BLOCK=${BLOCK:-4M}
+TESSERA=$ROOT/target/release/tessera
+export TESSERA_HOME=$WORK/home
+
+for tool in cc python3 fallocate; do
+    command -v $tool >/dev/null || { echo "md_scale: $tool is missing" >&2; exit 1; }
+done
+[ "$XFS" = 0 ] || command -v mkfs.xfs >/dev/null || { echo "md_scale: mkfs.xfs is missing (apt-get install xfsprogs)" >&2; exit 1; }
+cargo build --release -p tessera >&2
+mkdir -p "$WORK"
+MDBENCH=$WORK/mdbench
+cc -O2 -o "$MDBENCH" bench/mdbench.c
+OUT=$WORK/results.txt
+: >"$OUT"
+
+cleanup() (
+    set +e
+    "$TESSERA" shutdown >/dev/null 2>&1
+    umount "$WORK/xfs" 2>/dev/null
+    [ -n "${LOOP:-}" ] && losetup -d "$LOOP"
+    true
+)
+trap cleanup EXIT
+
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+daemon_pid() { pgrep -n -f "^$TESSERA daemon" || true; }
+# kib FIELD: a field of the daemon's /proc status (VmRSS, VmHWM) in KiB.
+kib() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$(daemon_pid)/status"; }
+
+tessera_fresh() {
+    cleanup
+    rm -rf "$WORK/t"
+    mkdir -p "$WORK/t/drives" "$WORK/t/mnt"
+    local stanza=$WORK/t/nsd.stanza
+    : >"$stanza"
+    for i in 0 1 2 3; do
+        fallocate -l "$DRIVE_BYTES" "$WORK/t/drives/d$i"
+        printf '%%nsd: device=%s nsd=scale%s usage=dataAndMetadata failureGroup=%s pool=system\n' \
+            "$WORK/t/drives/d$i" "$i" "$((i + 1))" >>"$stanza"
+    done
+    rm -rf "$TESSERA_HOME"
+    "$TESSERA" cluster create --name scale >/dev/null
+    "$TESSERA" startup >/dev/null
+    "$TESSERA" nsd create -F "$stanza" >/dev/null
+    "$TESSERA" fs create scale -F "$stanza" -B "$BLOCK" -T "$WORK/t/mnt" -A no >/dev/null
+    "$TESSERA" mount scale >/dev/null
+}
+
+# tessera_run FILES DIRS LABEL: one create, restart, stat, unlink; appends result lines.
+tessera_run() {
+    local files=$1 dirs=$2 label=$3
+    tessera_fresh
+    local c s u t0 startup_ms mount_ms rss
+    c=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" create | awk '{print $4}')
+    rss=$(kib VmRSS)
+    "$TESSERA" umount scale >/dev/null
+    "$TESSERA" shutdown >/dev/null
+    t0=$(date +%s%N)
+    "$TESSERA" startup >/dev/null
+    startup_ms=$(ms_since "$t0")
+    t0=$(date +%s%N)
+    "$TESSERA" mount scale >/dev/null
+    mount_ms=$(ms_since "$t0")
+    local rest
+    rest=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" stat,unlink)
+    s=$(echo "$rest" | awk '$1 == "stat" {print $4}')
+    u=$(echo "$rest" | awk '$1 == "unlink" {print $4}')
+    local hwm
+    hwm=$(kib VmHWM)
+    echo "tessera $label $files $c $s $u $rss $hwm $startup_ms $mount_ms" | tee -a "$OUT" >&2
+}
+
+# tessera_mount_only FILES: startup and mount times with FILES files in one directory.
+tessera_mount_only() {
+    local files=$1
+    tessera_fresh
+    "$MDBENCH" "$WORK/t/mnt/md" "$files" 1 create >/dev/null
+    "$TESSERA" umount scale >/dev/null
+    "$TESSERA" shutdown >/dev/null
+    local t0 startup_ms mount_ms
+    t0=$(date +%s%N)
+    "$TESSERA" startup >/dev/null
+    startup_ms=$(ms_since "$t0")
+    t0=$(date +%s%N)
+    "$TESSERA" mount scale >/dev/null
+    mount_ms=$(ms_since "$t0")
+    echo "tessera-mount one $files - - - - - $startup_ms $mount_ms" | tee -a "$OUT" >&2
+}
+
+xfs_run() {
+    local files=$1 dirs=$2 label=$3
+    cleanup
+    LOOP=
+    rm -f "$WORK/xfs.img"
+    mkdir -p "$WORK/xfs"
+    truncate -s "$XFS_BYTES" "$WORK/xfs.img"
+    LOOP=$(losetup --find --show --direct-io=on "$WORK/xfs.img")
+    mkfs.xfs -q -f "$LOOP"
+    mount "$LOOP" "$WORK/xfs"
+    local c s u rest t0 mount_ms
+    c=$("$MDBENCH" "$WORK/xfs/md" "$files" "$dirs" create | awk '{print $4}')
+    umount "$WORK/xfs"
+    t0=$(date +%s%N)
+    mount "$LOOP" "$WORK/xfs"
+    mount_ms=$(ms_since "$t0")
+    rest=$("$MDBENCH" "$WORK/xfs/md" "$files" "$dirs" stat,unlink)
+    s=$(echo "$rest" | awk '$1 == "stat" {print $4}')
+    u=$(echo "$rest" | awk '$1 == "unlink" {print $4}')
+    umount "$WORK/xfs"
+    losetup -d "$LOOP"
+    LOOP=
+    rm -f "$WORK/xfs.img"
+    echo "xfs $label $files $c $s $u - - - $mount_ms" | tee -a "$OUT" >&2
+}
+
+tessera_mount_only "$MOUNT_SMALL"
+for layout in $LAYOUTS; do
+    dirs=1
+    [ $layout = many ] && dirs=$DIRS
+    for files in "$SMALL" "$BIG"; do
+        tessera_run "$files" "$dirs" "$layout"
+        [ "$XFS" = 0 ] || xfs_run "$files" "$dirs" "$layout"
+    done
+done
+cleanup
+rm -rf "$WORK/t"
+
+python3 - "$OUT" "$SMALL" "$BIG" "$MOUNT_SMALL" "$DIRS" <<'PY'
+import sys
+path, small, big, mount_small, dirs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+rows = [l.split() for l in open(path) if l.strip()]
+res = {}
+for r in rows:
+    res[(r[0], r[1], int(r[2]))] = r[3:]
+def num(x):
+    return None if x == "-" else float(x)
+print(f"| files | directories | op | Tessera /s | XFS /s | Tessera/XFS | Tessera {big:,} / {small:,} |")
+print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
+for layout, label in (("one", "1"), ("many", dirs)):
+    for files in (small, big):
+        t = res.get(("tessera", layout, files))
+        x = res.get(("xfs", layout, files))
+        ts = res.get(("tessera", layout, small))
+        for i, op in enumerate(("create", "stat", "unlink")):
+            tv = num(t[i]) if t else None
+            xv = num(x[i]) if x else None
+            ratio = f"{tv / xv:.2f}" if tv and xv else "-"
+            scale = f"{tv / num(ts[i]):.2f}" if files == big and tv and ts else ""
+            print(f"| {files:,} | {label} | {op} | {tv or 0:.0f} | {xv or 0:.0f} | {ratio} | {scale} |")
+print()
+print("| files | directories | daemon RSS after create (MiB) | peak RSS after restart, stat and unlink (MiB) | startup (ms) | mount (ms) | XFS mount (ms) |")
+print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+m = res.get(("tessera-mount", "one", mount_small))
+if m:
+    print(f"| {mount_small:,} | 1 | - | - | {m[5]} | {m[6]} | - |")
+for layout, label in (("one", "1"), ("many", dirs)):
+    for files in (small, big):
+        t = res.get(("tessera", layout, files))
+        x = res.get(("xfs", layout, files))
+        if not t:
+            continue
+        print(f"| {files:,} | {label} | {int(t[3]) // 1024} | {int(t[4]) // 1024} | {t[5]} | {t[6]} | {x[6] if x else '-'} |")
+PY
