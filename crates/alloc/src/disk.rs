@@ -9,6 +9,10 @@ pub(crate) const SUB_BLOCKS_PER_BLOCK_MAX: u32 = 1024;
 
 const WORD_BITS: u64 = 64;
 
+/// Words of the sub-block bitmap in one persisted chunk of the map (see
+/// [`crate::MAP_CHUNK_WORDS`]).
+pub(crate) use crate::MAP_CHUNK_WORDS as CHUNK_WORDS;
+
 /// One bit per sub-block of the disk; a set bit is a used sub-block.
 #[derive(Clone, Debug)]
 struct SubBlockBitmap {
@@ -67,6 +71,16 @@ impl SubBlockBitmap {
         }
     }
 
+    /// Number of used sub-blocks in `[start, start + len)`.
+    fn count_used(&self, start: u64, len: u64) -> u64 {
+        let mut count = 0;
+        self.for_each_word(start, len, |word, mask| {
+            count += u64::from((word & mask).count_ones());
+            true
+        });
+        count
+    }
+
     /// Length of the run of sub-blocks in state `used` that starts at `start`, capped at `end`.
     fn run_len(&self, start: u64, end: u64, used: bool) -> u64 {
         let mut position = start;
@@ -108,6 +122,13 @@ fn low_mask(bits: u64) -> u64 {
     } else {
         (1u64 << bits) - 1
     }
+}
+
+/// Persisted chunks of a bitmap of `sub_blocks` bits.
+fn chunk_count(sub_blocks: u64) -> usize {
+    usize::try_from(sub_blocks.div_ceil(WORD_BITS))
+        .expect("bitmap fits in memory")
+        .div_ceil(CHUNK_WORDS)
 }
 
 fn word_index(position: u64) -> usize {
@@ -196,6 +217,9 @@ pub(crate) struct DiskState {
     fragment_free: u64,
     /// Where the next sequential (Cluster) search on this disk starts.
     pub(crate) cursor: u64,
+    /// A bit per persisted chunk of the bitmap: set when the chunk changed since the caller
+    /// last took the dirty set, so a checkpoint writes only what changed.
+    dirty_chunks: Vec<u64>,
 }
 
 impl DiskState {
@@ -216,7 +240,93 @@ impl DiskState {
             partial: PartialIndex::new(sub_blocks_per_block, blocks),
             fragment_free: 0,
             cursor: 0,
+            dirty_chunks: vec![0; chunk_count(sub_blocks).div_ceil(64)],
         }
+    }
+
+    /// A disk whose used sub-blocks are the set bits of `words` (a stored bitmap); the block
+    /// indexes are derived from it. Every chunk starts clean.
+    ///
+    /// # Errors
+    ///
+    /// When `words` has the wrong length or marks sub-blocks beyond the disk.
+    pub(crate) fn from_words(
+        sub_blocks_per_block: u32,
+        blocks: u64,
+        words: Vec<u64>,
+    ) -> Result<DiskState, String> {
+        let mut state = DiskState::new(sub_blocks_per_block, blocks);
+        if words.len() != state.bitmap.words.len() {
+            return Err(format!(
+                "{} bitmap words for a disk of {} words",
+                words.len(),
+                state.bitmap.words.len()
+            ));
+        }
+        let sub_blocks = blocks * u64::from(sub_blocks_per_block);
+        let tail = sub_blocks % WORD_BITS;
+        if tail != 0 && words.last().is_some_and(|w| w >> tail != 0) {
+            return Err(format!(
+                "sub-blocks beyond the disk's {sub_blocks} are marked used"
+            ));
+        }
+        state.bitmap.words = words;
+        for block in 0..blocks {
+            let (start, end) = state.block_range(block);
+            let used = state.bitmap.count_used(start, end - start);
+            if used > 0 {
+                state.free_blocks.remove(block);
+                let used = u32::try_from(used).expect("at most 1024");
+                state.used[usize::try_from(block).expect("fits in memory")] =
+                    u16::try_from(used).expect("at most 1024");
+                state.attach(block, used);
+            }
+        }
+        Ok(state)
+    }
+
+    /// The bitmap, a bit per sub-block (set = used), in words of 64 sub-blocks.
+    pub(crate) fn words(&self) -> &[u64] {
+        &self.bitmap.words
+    }
+
+    /// Number of persisted chunks of this disk's bitmap.
+    pub(crate) fn chunks(&self) -> usize {
+        self.bitmap.words.len().div_ceil(CHUNK_WORDS)
+    }
+
+    /// Marks the chunks holding sub-blocks `[sub_block, sub_block + len)` changed.
+    pub(crate) fn mark_dirty(&mut self, sub_block: u64, len: u64) {
+        let first = word_index(sub_block) / CHUNK_WORDS;
+        let last = word_index(sub_block + len.max(1) - 1) / CHUNK_WORDS;
+        for chunk in first..=last {
+            self.mark_chunk(chunk);
+        }
+    }
+
+    /// Marks every chunk changed.
+    pub(crate) fn mark_all_dirty(&mut self) {
+        for chunk in 0..self.chunks() {
+            self.mark_chunk(chunk);
+        }
+    }
+
+    pub(crate) fn mark_chunk(&mut self, chunk: usize) {
+        assert!(chunk < self.chunks(), "chunk {chunk} beyond the bitmap");
+        self.dirty_chunks[chunk / 64] |= 1u64 << (chunk % 64);
+    }
+
+    /// The changed chunks, in order, leaving none marked.
+    pub(crate) fn take_dirty(&mut self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (index, word) in self.dirty_chunks.iter_mut().enumerate() {
+            let mut bits = std::mem::take(word);
+            while bits != 0 {
+                out.push(index * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+        out
     }
 
     pub(crate) fn blocks(&self) -> u64 {
@@ -299,6 +409,7 @@ impl DiskState {
         let before = u32::from(self.used[block_index]);
         self.detach(block, before);
         self.bitmap.set(sub_block, u64::from(len), used);
+        self.mark_dirty(sub_block, u64::from(len));
         let after = if used { before + len } else { before - len };
         assert!(after <= self.sub_blocks_per_block);
         self.used[block_index] = u16::try_from(after).expect("at most 1024");

@@ -1,9 +1,12 @@
 //! The block allocation map of a Tessera file system: which sub-blocks of which disks are in
 //! use, and where new blocks and fragments go.
 //!
-//! The map lives in memory only. The file system rebuilds it at mount from its metadata (every
-//! inode's block pointers, via [`AllocMap::mark_used`]), and fsck does the same to find double
-//! allocations, so nothing here is persistent.
+//! The map lives in memory; persisting it is the file system's business. For that the map
+//! splits each disk's sub-block bitmap into chunks of [`MAP_CHUNK_WORDS`] words, remembers
+//! which chunks changed ([`AllocMap::take_dirty_chunks`]), hands out their words
+//! ([`AllocMap::chunk_words`]) and is rebuilt from stored bitmaps ([`AllocMap::from_bitmaps`]).
+//! fsck rebuilds it from the metadata instead (every block pointer, via
+//! [`AllocMap::mark_used`]) to find double allocations and leaks.
 //!
 //! # Units
 //!
@@ -83,6 +86,10 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::disk::{DiskState, SUB_BLOCKS_PER_BLOCK_MAX};
+
+/// Words (64 sub-blocks each) of a disk's bitmap in one persisted chunk: with a 32-byte
+/// header a chunk fills one 4 KiB sector.
+pub const MAP_CHUNK_WORDS: usize = 508;
 
 /// Index of a disk in the file system's disk table.
 pub type DiskIndex = u16;
@@ -214,6 +221,112 @@ impl AllocMap {
             states,
             slot_of_disk,
             round_robin: 0,
+        }
+    }
+
+    /// A map whose used sub-blocks are the set bits of `bitmaps[i]` for the `i`-th disk in
+    /// disk-index order (as [`AllocMap::chunk_words`] gave them out). Every chunk starts clean.
+    ///
+    /// # Errors
+    ///
+    /// A description of the first bitmap that does not fit its disk (wrong length, bits
+    /// beyond the end).
+    ///
+    /// # Panics
+    ///
+    /// As [`AllocMap::new`].
+    pub fn from_bitmaps(
+        sub_blocks_per_block: u32,
+        placement: Placement,
+        disks: Vec<AllocDisk>,
+        bitmaps: Vec<Vec<u64>>,
+    ) -> Result<AllocMap, String> {
+        let mut map = AllocMap::new(sub_blocks_per_block, placement, disks);
+        if bitmaps.len() != map.disks.len() {
+            return Err(format!(
+                "{} bitmaps for {} disks",
+                bitmaps.len(),
+                map.disks.len()
+            ));
+        }
+        for (slot, words) in bitmaps.into_iter().enumerate() {
+            let blocks = map.disks[slot].blocks;
+            map.states[slot] = DiskState::from_words(sub_blocks_per_block, blocks, words)
+                .map_err(|e| format!("disk {}: {e}", map.disks[slot].disk))?;
+        }
+        Ok(map)
+    }
+
+    /// Number of persisted chunks of a disk's bitmap.
+    ///
+    /// # Panics
+    ///
+    /// If the disk is unknown.
+    #[must_use]
+    pub fn chunk_count(&self, disk: DiskIndex) -> usize {
+        self.states[self.slot(disk)].chunks()
+    }
+
+    /// The words of chunk `chunk` of a disk's bitmap: [`MAP_CHUNK_WORDS`] of them, fewer in
+    /// the last chunk.
+    ///
+    /// # Panics
+    ///
+    /// If the disk is unknown or the chunk beyond its bitmap.
+    #[must_use]
+    pub fn chunk_words(&self, disk: DiskIndex, chunk: usize) -> &[u64] {
+        let words = self.states[self.slot(disk)].words();
+        let start = chunk * MAP_CHUNK_WORDS;
+        assert!(start < words.len(), "chunk {chunk} beyond disk {disk}");
+        &words[start..words.len().min(start + MAP_CHUNK_WORDS)]
+    }
+
+    /// A disk's whole bitmap (a set bit is a used sub-block).
+    ///
+    /// # Panics
+    ///
+    /// If the disk is unknown.
+    #[must_use]
+    pub fn bitmap(&self, disk: DiskIndex) -> &[u64] {
+        self.states[self.slot(disk)].words()
+    }
+
+    /// The chunks changed since the last call, as (disk, chunk) in disk and chunk order.
+    pub fn take_dirty_chunks(&mut self) -> Vec<(DiskIndex, usize)> {
+        let mut out = Vec::new();
+        for (slot, state) in self.states.iter_mut().enumerate() {
+            let disk = self.disks[slot].disk;
+            out.extend(state.take_dirty().into_iter().map(|chunk| (disk, chunk)));
+        }
+        out
+    }
+
+    /// Marks the chunks holding `e` changed, so the next [`AllocMap::take_dirty_chunks`]
+    /// returns them (for extents whose persisted state differs from the live one).
+    ///
+    /// # Errors
+    ///
+    /// `OutOfRange` as for [`AllocMap::mark_used`].
+    pub fn mark_chunks_dirty(&mut self, e: Extent) -> Result<(), AllocError> {
+        let (slot, _) = self.validate(e)?;
+        self.states[slot].mark_dirty(e.addr.sub_block, u64::from(e.sub_blocks));
+        Ok(())
+    }
+
+    /// Marks chunk `chunk` of `disk` changed.
+    ///
+    /// # Panics
+    ///
+    /// If the disk is unknown or the chunk beyond its bitmap.
+    pub fn mark_chunk_dirty(&mut self, disk: DiskIndex, chunk: usize) {
+        let slot = self.slot(disk);
+        self.states[slot].mark_chunk(chunk);
+    }
+
+    /// Marks every chunk of every disk changed.
+    pub fn mark_all_chunks_dirty(&mut self) {
+        for state in &mut self.states {
+            state.mark_all_dirty();
         }
     }
 

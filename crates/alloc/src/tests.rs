@@ -438,3 +438,80 @@ fn million_blocks_is_fast() {
         );
     }
 }
+
+#[test]
+fn bitmaps_round_trip_with_their_indexes() {
+    // Blocks of 64 sub-blocks over two disks, enough for several chunks of 508 words each.
+    let disks = || data_disks(2, 1200);
+    let mut map = AllocMap::new(64, Placement::Scatter, disks());
+    let mut kept = Vec::new();
+    for i in 0..700u64 {
+        let e = if i % 3 == 0 {
+            map.alloc_fragment(0, AllocKind::Data, 1 + (i % 40) as u32, None)
+        } else {
+            map.alloc_block(0, AllocKind::Data, hint(i, i, None))
+        }
+        .unwrap();
+        if i % 5 == 0 {
+            map.free(e).unwrap();
+        } else {
+            kept.push(e);
+        }
+    }
+    let bitmaps: Vec<Vec<u64>> = (0..2).map(|d| map.bitmap(d).to_vec()).collect();
+    let mut loaded = AllocMap::from_bitmaps(64, Placement::Scatter, disks(), bitmaps).unwrap();
+    for d in 0..2 {
+        assert_eq!(loaded.disk_space(d), map.disk_space(d));
+        assert_eq!(loaded.bitmap(d), map.bitmap(d));
+        assert_eq!(loaded.chunk_count(d), 1200 * 64 / 64 / MAP_CHUNK_WORDS + 1);
+    }
+    assert!(
+        loaded.take_dirty_chunks().is_empty(),
+        "a loaded map starts clean"
+    );
+    for e in &kept {
+        assert!(!loaded.is_free(*e));
+    }
+    // The derived indexes work: fragments pack into partial blocks, frees restore space.
+    for e in kept.iter().take(100) {
+        loaded.free(*e).unwrap();
+    }
+    while loaded.alloc_fragment(0, AllocKind::Data, 7, None).is_ok() {}
+    assert!(loaded.pool_space(0, AllocKind::Data).blocks_free == 0);
+}
+
+#[test]
+fn bitmaps_that_do_not_fit_are_refused() {
+    let disks = || data_disks(1, 9);
+    assert!(AllocMap::from_bitmaps(32, Placement::Scatter, disks(), vec![vec![0; 4]]).is_err());
+    // 9 blocks of 32 sub-blocks: 5 words, the last one half used by the disk.
+    let mut words = vec![0u64; 5];
+    words[4] = 1 << 40;
+    let err = AllocMap::from_bitmaps(32, Placement::Scatter, disks(), vec![words]).unwrap_err();
+    assert!(err.contains("beyond"), "{err}");
+    assert!(AllocMap::from_bitmaps(32, Placement::Scatter, disks(), vec![]).is_err());
+}
+
+#[test]
+fn changed_chunks_are_reported_once() {
+    // A disk of 600 words of bitmap (one sub-block per block): two chunks.
+    let mut map = AllocMap::new(1, Placement::Cluster, data_disks(1, 600 * 64));
+    assert_eq!(map.chunk_count(0), 2);
+    assert!(map.take_dirty_chunks().is_empty());
+    let far = Extent {
+        addr: DiskAddr {
+            disk: 0,
+            sub_block: 550 * 64,
+        },
+        sub_blocks: 1,
+    };
+    map.mark_used(far).unwrap();
+    assert_eq!(map.take_dirty_chunks(), vec![(0, 1)]);
+    assert!(map.take_dirty_chunks().is_empty());
+    map.mark_chunks_dirty(far).unwrap();
+    assert_eq!(map.take_dirty_chunks(), vec![(0, 1)]);
+    map.mark_all_chunks_dirty();
+    assert_eq!(map.take_dirty_chunks(), vec![(0, 0), (0, 1)]);
+    assert_eq!(map.chunk_words(0, 1).len(), 600 - MAP_CHUNK_WORDS);
+    assert_eq!(map.chunk_words(0, 1)[550 - MAP_CHUNK_WORDS], 1);
+}

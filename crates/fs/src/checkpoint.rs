@@ -130,13 +130,20 @@ pub(crate) struct Prepared {
     pub roots: Vec<ShardRoot>,
     /// Pages of earlier checkpoints this one no longer reaches: free once it is durable.
     pub superseded: Vec<Extent>,
+    /// The chunks of the allocation map this checkpoint stores (`crate::alloc_map`).
+    pub map: Vec<crate::alloc_map::ChunkImage>,
 }
 
-/// Places every changed page (the part of a checkpoint that needs the metadata lock).
+/// Places every changed page and takes the changed chunks of the allocation map (the part
+/// of a checkpoint that needs the metadata lock). `unrecorded` are extents the map holds used
+/// that the metadata does not reference as of this checkpoint (allocated but not logged,
+/// released but not durable); the stored map leaves them free, as it does the pages this
+/// checkpoint supersedes.
 pub(crate) fn prepare(
     desc: &FsDescriptor,
     alloc: &mut AllocMap,
     state: &mut MetaState,
+    unrecorded: &[Extent],
 ) -> FsResult<Prepared> {
     let subs = desc.checkpoint.page_bytes / desc.sub_block_size;
     state.write_headers()?;
@@ -175,16 +182,24 @@ pub(crate) fn prepare(
         .iter()
         .map(|t| ShardRoot::from(t.root().expect("checkpointed tree has a root page")))
         .collect();
-    let superseded = cp
+    let superseded: Vec<Extent> = cp
         .superseded
         .iter()
         .map(|a| page_extent(desc, *a))
         .collect();
+    let map = if desc.alloc_map.is_some() {
+        let mut excluded = superseded.clone();
+        excluded.extend_from_slice(unrecorded);
+        crate::alloc_map::snapshot(alloc, &excluded)
+    } else {
+        Vec::new()
+    };
     Ok(Prepared {
         generation: cp.generation,
         pages: cp.pages,
         roots,
         superseded,
+        map,
     })
 }
 

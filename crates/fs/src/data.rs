@@ -477,7 +477,9 @@ impl FileSystem {
                     let result = self.write_fresh(ino, b, off, data, extent, copy);
                     if result.is_err() {
                         let mut m = self.meta.lock();
-                        let _ = m.alloc.free(extent);
+                        if m.unlogged.remove(&extent) {
+                            let _ = m.alloc.free(extent);
+                        }
                     }
                     return result;
                 }
@@ -569,6 +571,8 @@ impl FileSystem {
             m.alloc.alloc_fragment(pool, AllocKind::Data, needed, prev)
         }
         .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "file data"))?;
+        // Until its log record, the extent is the writer's alone (see `Meta::unlogged`).
+        m.unlogged.insert(extent);
         if current.is_none() && needed == per {
             return Ok(BlockPlan::NewBlock { extent });
         }

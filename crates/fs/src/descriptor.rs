@@ -12,7 +12,7 @@
 //! 0        8          12           20        24       28       32
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! | magic  | version  | generation | length  | crc32c | zero   | payload (postcard)   |
-//! | TSRFSD01 | u32 = 2 | u64        | u32     | u32    | u32    | `length` bytes       |
+//! | TSRFSD01 | u32 = 4 | u64        | u32     | u32    | u32    | `length` bytes       |
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! ```
 //! The crc covers the payload; the generation is repeated inside the payload and must match.
@@ -33,8 +33,12 @@ use crate::error::{FsError, FsResult};
 /// Format version of the descriptor and of everything it points to (metadata pages, log
 /// records). Bumped on any incompatible change; version 2 stopped storing directory cookie
 /// indexes and allocation counts, which are derived at load; version 3 replaced whole
-/// checkpoint images by copy-on-write shard trees of metadata pages.
-const SLOT_VERSION: u32 = 3;
+/// checkpoint images by copy-on-write shard trees of metadata pages; version 4 added the
+/// stored allocation map (`alloc_map`, the last field, so a version-3 payload decodes as a
+/// version-4 one without it: mount then rebuilds the map by a scan and stores it).
+const SLOT_VERSION: u32 = 4;
+/// The format whose descriptor lacks only the allocation map regions.
+const SLOT_VERSION_NO_MAP: u32 = 3;
 const SLOT_HEADER_BYTES: usize = 32;
 /// How many disks keep a copy of the descriptor (GPFS keeps three on distinct failure groups).
 pub const DESCRIPTOR_REPLICAS_MAX: usize = 3;
@@ -150,6 +154,10 @@ pub struct FsDescriptor {
     pub log: LogInfo,
     pub generation: u64,
     pub checkpoint: Checkpoint,
+    /// Where each disk's allocation map is stored (`crate::alloc_map`); `None` on a file
+    /// system of format version 3, whose map mount rebuilds by a scan and then stores.
+    /// Always the last field: see `SLOT_VERSION`.
+    pub alloc_map: Option<crate::alloc_map::StoredMap>,
 }
 
 impl FsDescriptor {
@@ -234,7 +242,7 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
             dev.name()
         )));
     }
-    if version != SLOT_VERSION {
+    if version != SLOT_VERSION && version != SLOT_VERSION_NO_MAP {
         return Err(FsError::Usage(format!(
             "{} holds a file system of format version {version}, but this Tessera reads \
              version {SLOT_VERSION}; use the Tessera release that created it, or recreate the \
@@ -253,8 +261,15 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     if crc32c::crc32c(payload) != le_u32(&buf[24..]) {
         return Err(damaged("checksum mismatch"));
     }
-    let desc: FsDescriptor =
-        postcard::from_bytes(payload).map_err(|e| damaged(&format!("undecodable: {e}")))?;
+    let desc: FsDescriptor = if version == SLOT_VERSION_NO_MAP {
+        // The same fields but the last, `alloc_map`: postcard writes `None` as one zero byte.
+        let mut upgraded = payload.to_vec();
+        upgraded.push(0);
+        postcard::from_bytes(&upgraded)
+    } else {
+        postcard::from_bytes(payload)
+    }
+    .map_err(|e| damaged(&format!("undecodable: {e}")))?;
     if desc.generation != generation {
         return Err(damaged("generation mismatch"));
     }

@@ -257,6 +257,7 @@ fn format_inner(
             generation: 0,
             roots: Vec::new(),
         },
+        alloc_map: None,
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
     let total = devices.len() as u64 + 3;
@@ -301,10 +302,27 @@ fn format_inner(
         desc.log.log_id,
     )?;
     report("Creating the recovery log", &mut step);
+    desc.alloc_map = Some(crate::alloc_map::StoredMap {
+        regions: crate::alloc_map::allocate_regions(&desc, &mut alloc)?,
+        digest: 0,
+    });
+    // The first checkpoint stores the whole map, free chunks too.
+    alloc.mark_all_chunks_dirty();
     let store = crate::checkpoint::new_store(&desc, &devices, 1)?;
     let mut state = root_state(store, opts)?;
-    let prepared = crate::checkpoint::prepare(&desc, &mut alloc, &mut state)?;
+    let prepared = crate::checkpoint::prepare(&desc, &mut alloc, &mut state, &[])?;
     crate::checkpoint::write_pages(&desc, &devices, &prepared)?;
+    let slots = crate::alloc_map::MapSlots::none(&alloc);
+    let written = crate::alloc_map::write_chunks(
+        &desc,
+        &devices,
+        &slots,
+        prepared.generation,
+        &prepared.map,
+    )?;
+    if let Some(stored) = &mut desc.alloc_map {
+        stored.digest = slots.digest_with(&written, prepared.generation);
+    }
     desc.checkpoint.generation = prepared.generation;
     desc.checkpoint.roots = prepared.roots;
     report("Creating the inode file", &mut step);

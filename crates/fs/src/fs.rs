@@ -1,7 +1,7 @@
 //! The mounted file system: the metanode state of every shard, the recovery log, the
 //! allocation map, and the operations the access layer (FUSE) calls.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -73,6 +73,10 @@ pub(crate) struct Meta {
     pub pending_free: Vec<(Lsn, Extent)>,
     /// Open handles per inode, so an unlinked file lives until its last close.
     pub open: HashMap<Ino, u32>,
+    /// Data extents allocated but not yet mapped by a logged change (a write between its
+    /// allocation and its log record): a checkpoint stores the allocation map without them,
+    /// so a crash before their record leaks nothing.
+    pub unlogged: HashSet<Extent>,
 }
 
 pub struct FileSystem {
@@ -90,6 +94,11 @@ pub struct FileSystem {
     commit_lock: Mutex<()>,
     /// Metadata pages a durable checkpoint superseded, freed under the next metadata lock.
     deferred_frees: Mutex<Vec<Extent>>,
+    /// Which slot of each stored allocation-map chunk a checkpoint must not overwrite; used
+    /// under the checkpoint lock.
+    map_slots: Mutex<crate::alloc_map::MapSlots>,
+    /// Why this mount rebuilt the allocation map from the metadata instead of reading it.
+    map_rebuilt: Option<String>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     unmounted: AtomicBool,
@@ -110,15 +119,37 @@ impl FileSystem {
     /// inodes that were unlinked while open when the previous owner stopped.
     pub fn mount(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>) -> FsResult<Arc<FileSystem>> {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
-        let desc = read_descriptor(&all)?;
+        let mut desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
-        let recovered = crate::recovery::recover(&desc, &devices)?;
+        let mut recovered =
+            crate::recovery::recover(&desc, &devices, crate::recovery::MapSource::Stored)?;
         if !recovered.conflicts.is_empty() {
             return Err(FsError::Corrupt(format!(
-                "{} block(s) claimed twice, first: {}",
+                "{} block(s) claimed twice, first: {}; run tessera fsck {} -y",
                 recovered.conflicts.len(),
-                recovered.conflicts[0]
+                recovered.conflicts[0],
+                desc.name
             )));
+        }
+        if let Some(why) = &recovered.map_rebuilt {
+            tracing::info!(
+                "{}: allocation map rebuilt from the metadata: {why}",
+                desc.name
+            );
+        }
+        if desc.alloc_map.is_none() {
+            // A file system of format version 3: give the map its regions now; the first
+            // checkpoint stores it whole and writes a version-4 descriptor naming them. A crash
+            // before that leaves the regions unreferenced and this mount's conversion to redo.
+            let regions = crate::alloc_map::allocate_regions(&desc, &mut recovered.alloc)?;
+            recovered.alloc.mark_all_chunks_dirty();
+            recovered.map_slots = crate::alloc_map::MapSlots::none(&recovered.alloc);
+            desc.alloc_map = Some(crate::alloc_map::StoredMap { regions, digest: 0 });
+            tracing::info!(
+                "{}: converting to format version 4: the allocation map is stored from the \
+                 next checkpoint on, so later mounts read it instead of scanning the metadata",
+                desc.name
+            );
         }
         let geo = geometry(&desc);
         let prefetch = Prefetcher::new(geo.block_bytes);
@@ -130,6 +161,7 @@ impl FileSystem {
                 alloc: recovered.alloc,
                 pending_free: Vec::new(),
                 open: HashMap::new(),
+                unlogged: HashSet::new(),
             }),
             journal: recovered.journal,
             geo,
@@ -141,6 +173,8 @@ impl FileSystem {
             checkpoint_lock: Mutex::new(()),
             commit_lock: Mutex::new(()),
             deferred_frees: Mutex::new(Vec::new()),
+            map_slots: Mutex::new(recovered.map_slots),
+            map_rebuilt: recovered.map_rebuilt,
             stop: Arc::new((Mutex::new(false), Condvar::new())),
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
@@ -202,6 +236,12 @@ impl FileSystem {
         self.meta.lock().state.store_mut().stats()
     }
 
+    /// Why this mount rebuilt the allocation map by a scan of the metadata (a file system of
+    /// format version 3, a damaged or out-of-date stored map); `None` when it read the map.
+    pub fn allocation_map_rebuilt(&self) -> Option<&str> {
+        self.map_rebuilt.as_deref()
+    }
+
     pub fn descriptor(&self) -> FsDescriptor {
         self.desc.lock().clone()
     }
@@ -258,6 +298,9 @@ impl FileSystem {
             Err(e) => return Err(e.into()),
         };
         for change in &changes {
+            if let Change::MapBlock { block, .. } = change {
+                m.unlogged.remove(&block.extent);
+            }
             let freed = match m.state.apply(change) {
                 Ok(freed) => freed,
                 // A page of metadata that cannot be read or is damaged: the change is in the
@@ -410,8 +453,14 @@ impl FileSystem {
             ));
         }
         let desc = self.desc.lock().clone();
+        let unrecorded: Vec<Extent> = m
+            .pending_free
+            .iter()
+            .map(|(_, e)| *e)
+            .chain(m.unlogged.iter().copied())
+            .collect();
         let Meta { state, alloc, .. } = m;
-        crate::checkpoint::prepare(&desc, alloc, state)
+        crate::checkpoint::prepare(&desc, alloc, state, &unrecorded)
     }
 
     /// After the pages are written (or not): unpin them, or, when they could not be
@@ -449,12 +498,25 @@ impl FileSystem {
         }
         let mut desc = self.desc.lock().clone();
         crate::checkpoint::write_pages(&desc, &self.devices, prepared)?;
+        let mut map_slots = self.map_slots.lock();
+        let chunks = crate::alloc_map::write_chunks(
+            &desc,
+            &self.devices,
+            &map_slots,
+            prepared.generation,
+            &prepared.map,
+        )?;
+        if let Some(stored) = &mut desc.alloc_map {
+            stored.digest = map_slots.digest_with(&chunks, prepared.generation);
+        }
         desc.generation += 1;
         desc.checkpoint.replay_from = lsn;
         desc.checkpoint.generation = prepared.generation;
         desc.checkpoint.roots = prepared.roots.clone();
         let devices: Vec<_> = self.devices.iter().cloned().map(Some).collect();
         crate::descriptor::write_descriptor(&desc, &devices)?;
+        map_slots.commit(&chunks, prepared.generation);
+        drop(map_slots);
         *self.desc.lock() = desc;
         self.journal.set_tail(lsn);
         self.deferred_frees

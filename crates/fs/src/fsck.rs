@@ -41,29 +41,48 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
     let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
     let desc = read_descriptor(&all)?;
     let devices = crate::recovery::match_devices(&desc, &disks)?;
-    let mut rec = crate::recovery::recover(&desc, &devices)?;
+    let mut rec = crate::recovery::recover(&desc, &devices, crate::recovery::MapSource::Verify)?;
     let mut report = FsckReport {
         replayed_records: rec.replayed_records as u64,
         problems: rec.conflicts.clone(),
         ..Default::default()
     };
     let fixes = check(&desc, &mut rec.state, &mut report)?;
-    if repair && !fixes.is_empty() && rec.conflicts.is_empty() {
+    // The stored allocation map against the one rebuilt from the metadata (after replay, both).
+    let map_problems = match &rec.stored_map {
+        None => Vec::new(),
+        Some(Err(why)) => vec![format!("allocation map unreadable: {why}")],
+        Some(Ok(stored)) => crate::alloc_map::compare(&desc, stored, &rec.alloc),
+    };
+    report.problems.extend(map_problems.iter().cloned());
+    let map_fix = !map_problems.is_empty();
+    if repair && (!fixes.is_empty() || map_fix) && rec.conflicts.is_empty() {
         for fix in &fixes {
             for extent in rec.state.apply(fix)? {
                 let _ = rec.alloc.free(extent);
             }
         }
-        let prepared = crate::checkpoint::prepare(&desc, &mut rec.alloc, &mut rec.state)?;
+        // The rebuilt map is stored whole (recovery marked every chunk changed).
+        let prepared = crate::checkpoint::prepare(&desc, &mut rec.alloc, &mut rec.state, &[])?;
         crate::checkpoint::write_pages(&desc, &devices, &prepared)?;
+        let written = crate::alloc_map::write_chunks(
+            &desc,
+            &devices,
+            &rec.map_slots,
+            prepared.generation,
+            &prepared.map,
+        )?;
         let mut new_desc = desc.clone();
         new_desc.generation += 1;
         new_desc.checkpoint.replay_from = rec.journal.appended_lsn();
         new_desc.checkpoint.generation = prepared.generation;
         new_desc.checkpoint.roots = prepared.roots;
+        if let Some(stored) = &mut new_desc.alloc_map {
+            stored.digest = rec.map_slots.digest_with(&written, prepared.generation);
+        }
         let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
         write_descriptor(&new_desc, &slots)?;
-        report.repaired = fixes.len() as u64;
+        report.repaired = fixes.len() as u64 + u64::from(map_fix);
     }
     Ok(report)
 }

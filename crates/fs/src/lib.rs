@@ -9,6 +9,7 @@
 
 pub mod access;
 pub mod acl;
+pub mod alloc_map;
 mod checkpoint;
 mod data;
 pub mod descriptor;

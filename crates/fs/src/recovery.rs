@@ -1,6 +1,6 @@
 //! Bringing a file system's metadata back from disk: match devices to the descriptor's disks,
-//! load the checkpoint images, replay the recovery log, rebuild the allocation map. Mount and
-//! fsck share this path.
+//! open the checkpoint's shard trees, read the stored allocation map (or rebuild it from the
+//! metadata), replay the recovery log. Mount and fsck share this path.
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use tessera_drive::BlockDevice;
 use tessera_journal::Journal;
 use tessera_nsd::NsdId;
 
+use crate::alloc_map::MapSlots;
 use crate::descriptor::FsDescriptor;
 use crate::error::{FsError, FsResult};
 use crate::meta::{Change, MetaState};
@@ -18,9 +19,26 @@ pub(crate) struct Recovered {
     pub state: MetaState,
     pub alloc: AllocMap,
     pub journal: Journal,
-    /// Descriptions of blocks referenced twice (empty on a healthy file system).
+    /// Descriptions of blocks referenced twice (empty on a healthy file system; only a
+    /// rebuilt map finds them).
     pub conflicts: Vec<String>,
     pub replayed_records: usize,
+    /// Which slots of the stored map's chunks a checkpoint must not overwrite.
+    pub map_slots: MapSlots,
+    /// Why the map was rebuilt from the metadata rather than read (`None`: it was read).
+    pub map_rebuilt: Option<String>,
+    /// With [`MapSource::Verify`]: the stored map after replay, or why it could not be read
+    /// (`None` when the file system stores no map).
+    pub stored_map: Option<Result<AllocMap, String>>,
+}
+
+/// Where recovery takes the allocation map from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MapSource {
+    /// The stored map; a scan of the metadata only when it is unusable (mount).
+    Stored,
+    /// A scan of the metadata, and the stored map beside it for comparison (fsck).
+    Verify,
 }
 
 /// Orders `disks` by the descriptor's disk index, checking each NSD id is present.
@@ -64,6 +82,7 @@ pub(crate) fn match_devices(
 pub(crate) fn recover(
     desc: &FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
+    source: MapSource,
 ) -> FsResult<Recovered> {
     let mut state = crate::checkpoint::open_state(desc, devices)?;
     let log_dev = devices[desc.log.disk as usize].clone();
@@ -75,7 +94,46 @@ pub(crate) fn recover(
     )?;
     // The allocation map of the checkpoint comes first: replay frees what the records free
     // and takes what they map, as the live file system did.
-    let (mut alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
+    let loaded = match desc.alloc_map {
+        Some(_) => Some(crate::alloc_map::load(desc, devices, new_alloc(desc))?),
+        None => None,
+    };
+    let mut map_slots = MapSlots::none(&new_alloc(desc));
+    let mut stored = None;
+    let mut stale = Vec::new();
+    if let Some(l) = loaded {
+        map_slots = l.slots;
+        stored = Some(l.map);
+        stale = l.stale;
+    }
+    let (mut alloc, conflicts, map_rebuilt, mut stored_map) = match (source, stored) {
+        (MapSource::Stored, Some(Ok(map))) => (map, Vec::new(), None, None),
+        (MapSource::Stored, Some(Err(why))) => {
+            tracing::warn!(
+                "{}: {why}; rebuilding the allocation map from the metadata (a scan of every \
+                 block reference; the next checkpoint stores it again whole, and fsck can tell \
+                 what else is damaged)",
+                desc.name
+            );
+            let (alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
+            (alloc, conflicts, Some(why), None)
+        }
+        (MapSource::Verify, stored) => {
+            let (alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
+            (alloc, conflicts, Some("fsck rebuilds it".into()), stored)
+        }
+        (MapSource::Stored, None) => {
+            let (alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
+            let why = "the file system (format version 3) does not store its allocation map";
+            (alloc, conflicts, Some(why.into()), None)
+        }
+    };
+    if map_rebuilt.is_some() {
+        alloc.mark_all_chunks_dirty();
+    }
+    for (disk, chunk) in stale {
+        alloc.mark_chunk_dirty(disk, chunk);
+    }
     let replayed_records = records.len();
     for record in records {
         let changes: Vec<Change> = postcard::from_bytes(&record.payload).map_err(|e| {
@@ -88,14 +146,24 @@ pub(crate) fn recover(
             if let Change::MapBlock { block, .. } = change {
                 // The block may be mapped already if the record is replayed over a
                 // checkpoint that holds it (the same extent mapped again).
-                if alloc.is_free(block.extent) {
-                    alloc.mark_used(block.extent).map_err(|e| {
-                        FsError::Corrupt(format!("log record ending at {}: {e}", record.lsn))
-                    })?;
+                let mark = |alloc: &mut AllocMap| -> FsResult<()> {
+                    if alloc.is_free(block.extent) {
+                        alloc.mark_used(block.extent).map_err(|e| {
+                            FsError::Corrupt(format!("log record ending at {}: {e}", record.lsn))
+                        })?;
+                    }
+                    Ok(())
+                };
+                mark(&mut alloc)?;
+                if let Some(Ok(stored)) = &mut stored_map {
+                    mark(stored)?;
                 }
             }
             for extent in state.apply(change)? {
                 let _ = alloc.free(extent);
+                if let Some(Ok(stored)) = &mut stored_map {
+                    let _ = stored.free(extent);
+                }
             }
         }
     }
@@ -108,6 +176,9 @@ pub(crate) fn recover(
         journal,
         conflicts,
         replayed_records,
+        map_slots,
+        map_rebuilt,
+        stored_map,
     })
 }
 
@@ -146,7 +217,7 @@ pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
 }
 
 /// Every extent the metadata references, with a label for error messages: the log, the
-/// metadata pages the shard trees reach, and every file block.
+/// allocation map's regions, the metadata pages the shard trees reach, and every file block.
 pub(crate) fn referenced_extents(
     desc: &FsDescriptor,
     state: &mut MetaState,
@@ -155,6 +226,11 @@ pub(crate) fn referenced_extents(
         .into_iter()
         .map(|e| (e, "recovery log".to_string()))
         .collect();
+    out.extend(
+        crate::alloc_map::region_extents(desc)
+            .into_iter()
+            .map(|e| (e, "allocation map region".to_string())),
+    );
     let (store, trees) = state.trees_mut();
     for (s, tree) in trees.into_iter().enumerate() {
         let mut pages = Vec::new();

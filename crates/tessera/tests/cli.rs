@@ -309,7 +309,10 @@ fn fs_create_seed002_form_mount_write_umount() {
     // GPFS's cache parameters reach the mount.
     node.ok(&["config", "set", "maxFilesToCache=2k,maxStatCache=0"]);
     let ls = node.ok(&["config", "ls"]);
-    assert!(ls.contains("maxFilesToCache") && ls.contains("2000"), "{ls}");
+    assert!(
+        ls.contains("maxFilesToCache") && ls.contains("2000"),
+        "{ls}"
+    );
     let out = node.ok(&["mount", "gpfs1"]);
     assert!(out.contains(s(&mnt)), "{out}");
     let log = std::fs::read_to_string(node.home().join("log/daemon.log")).unwrap();

@@ -1,0 +1,681 @@
+//! The allocation map on disk, so that mount reads a fixed amount (proportional to the disks'
+//! size, not to the number of files) instead of rebuilding the map from every block
+//! reference.
+//!
+//! # Regions and chunks
+//!
+//! Each disk of the file system has a *map region*: whole blocks of a system-pool metadata
+//! disk, allocated from the map itself at format (or at the first mount of a file system made
+//! before the map was stored), named in the descriptor ([`MapRegion`]). The region holds the
+//! disk's sub-block bitmap (a set bit is a used sub-block) in *chunks* of
+//! [`MAP_CHUNK_WORDS`] words, each chunk in two 4 KiB *slots*, chunk `c` at slots `2c` and
+//! `2c + 1`. A region is never allocated from while it is being written: its blocks are
+//! marked used like the log's, so writing the map allocates nothing.
+//!
+//! One slot (little endian):
+//!
+//! ```text
+//! 0      4      6      8        16           24      28       32                      4096
+//! +------+------+------+--------+------------+-------+--------+-----------------------+
+//! | TSAM | disk | vers | owner  | generation | chunk | crc32c | bitmap words (u64 LE) |
+//! |      | u16  | u16=1| u64    | u64        | u32   | u32    | up to 508, zero after |
+//! +------+------+------+--------+------------+-------+--------+-----------------------+
+//! ```
+//!
+//! `disk` is the disk the bits describe, `owner` the first eight bytes of the file system's
+//! UUID, `generation` the checkpoint that wrote the slot; the CRC-32C covers bytes 0..28 and
+//! 32..4096. A slot of another file system, disk or chunk, or a torn one, is refused.
+//!
+//! # Writing: what a chunk holds
+//!
+//! A checkpoint writes the chunks that changed since the previous one, each into the slot
+//! that does *not* hold its current copy, stamped with the checkpoint's generation, before it
+//! writes the descriptor naming that generation. What a chunk holds is the map as of the
+//! checkpoint's log position, which is the live map minus the extents the live map still
+//! holds for reasons the checkpoint does not record: data extents allocated but not yet
+//! logged, extents released by logged changes whose release is not durable yet, and the
+//! metadata pages this checkpoint supersedes. Replay then marks and frees as it always did,
+//! so a crash at any instant leaks nothing and never hands out a used extent.
+//!
+//! # Reading: which slot
+//!
+//! Mount takes, per chunk, the valid slot with the greatest generation not above the durable
+//! checkpoint's. A slot of a later generation was written by a checkpoint that never
+//! committed; its chunk is marked changed, so the next checkpoint that commits overwrites that
+//! slot before any later generation could make it look valid. A chunk with no usable slot
+//! makes the mount rebuild the whole map from the metadata (the scan of old) and write it
+//! whole at the next checkpoint; fsck compares the stored map with the rebuilt one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tessera_alloc::{AllocKind, AllocMap, DiskIndex, Extent, MAP_CHUNK_WORDS};
+use tessera_drive::{AlignedBuf, BlockDevice};
+
+use crate::descriptor::FsDescriptor;
+use crate::error::{FsError, FsResult};
+
+/// Bytes of one chunk slot.
+pub(crate) const SLOT_BYTES: usize = 4096;
+const HEADER_BYTES: usize = 32;
+const MAGIC: [u8; 4] = *b"TSAM";
+const VERSION: u16 = 1;
+/// Slots read at once at mount.
+const READ_BATCH_BYTES: usize = 4 << 20;
+/// `MapSlots` value of a chunk with no usable slot.
+const NO_SLOT: u8 = 2;
+
+/// The stored allocation map, as the descriptor records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredMap {
+    /// One region per disk of the file system.
+    pub regions: Vec<MapRegion>,
+    /// A digest of the generation of every chunk's current copy ([`MapSlots::digest`]): a
+    /// chunk whose newest copy was lost or damaged would otherwise be read from its older
+    /// slot, valid but out of date, and hand out used blocks.
+    pub digest: u64,
+}
+
+/// Where one disk's allocation map lives, as the descriptor records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapRegion {
+    /// The disk whose sub-blocks the region describes.
+    pub disk: u16,
+    /// The disk that holds the region.
+    pub on_disk: u16,
+    /// Byte offset of the region on `on_disk`.
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// One chunk of a disk's bitmap as a checkpoint writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkImage {
+    pub disk: DiskIndex,
+    pub chunk: usize,
+    pub words: Vec<u64>,
+}
+
+/// For every chunk of every region, the slot a checkpoint must not overwrite: the one holding
+/// its current copy, or, when it has none, the one that is not stale (so that a slot left by
+/// a checkpoint that never committed is the first to be overwritten).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MapSlots {
+    keep: HashMap<DiskIndex, Vec<Kept>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Kept {
+    /// The slot not to overwrite: 0, 1, or `NO_SLOT`.
+    slot: u8,
+    /// Generation of the current copy, which is in `slot`; `None` when there is none.
+    generation: Option<u64>,
+}
+
+const NOTHING_KEPT: Kept = Kept {
+    slot: NO_SLOT,
+    generation: None,
+};
+
+/// A chunk copy's share of [`MapSlots::digest`].
+fn digest_term(disk: DiskIndex, chunk: usize, generation: u64) -> u64 {
+    mix64(mix64((u64::from(disk) << 40) ^ chunk as u64) ^ generation)
+}
+
+/// The `SplitMix64` finalizer.
+fn mix64(value: u64) -> u64 {
+    let mut z = value;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl MapSlots {
+    /// No chunk has a usable copy (a new or converted map).
+    pub fn none(alloc: &AllocMap) -> MapSlots {
+        let keep = alloc
+            .disks()
+            .iter()
+            .map(|d| (d.disk, vec![NOTHING_KEPT; alloc.chunk_count(d.disk)]))
+            .collect();
+        MapSlots { keep }
+    }
+
+    /// The digest of the current copies' generations once the copies `written` (of
+    /// `generation`) are current: a wrapping sum of one term per chunk with a copy.
+    pub fn digest_with(&self, written: &[(DiskIndex, usize, u8)], generation: u64) -> u64 {
+        let replaced: std::collections::HashSet<(DiskIndex, usize)> =
+            written.iter().map(|&(d, c, _)| (d, c)).collect();
+        let mut sum = 0u64;
+        for (&disk, chunks) in &self.keep {
+            for (chunk, kept) in chunks.iter().enumerate() {
+                if let Some(g) = kept
+                    .generation
+                    .filter(|_| !replaced.contains(&(disk, chunk)))
+                {
+                    sum = sum.wrapping_add(digest_term(disk, chunk, g));
+                }
+            }
+        }
+        for &(disk, chunk, _) in written {
+            sum = sum.wrapping_add(digest_term(disk, chunk, generation));
+        }
+        sum
+    }
+
+    /// The slot a checkpoint writes chunk `chunk` of `disk` into: never the kept one.
+    fn target(&self, disk: DiskIndex, chunk: usize) -> u8 {
+        match self.keep.get(&disk).and_then(|c| c.get(chunk)) {
+            Some(Kept { slot: 0, .. }) => 1,
+            _ => 0,
+        }
+    }
+
+    /// Records slots written by a checkpoint of `generation` that is now durable.
+    pub fn commit(&mut self, written: &[(DiskIndex, usize, u8)], generation: u64) {
+        for &(disk, chunk, slot) in written {
+            if let Some(c) = self.keep.get_mut(&disk).and_then(|c| c.get_mut(chunk)) {
+                *c = Kept {
+                    slot,
+                    generation: Some(generation),
+                };
+            }
+        }
+    }
+}
+
+/// Bytes of the region of a disk whose bitmap has `chunks` chunks.
+fn region_bytes(chunks: usize) -> u64 {
+    (chunks * 2 * SLOT_BYTES) as u64
+}
+
+fn owner(desc: &FsDescriptor) -> u64 {
+    u64::from_le_bytes(desc.fs_uuid[..8].try_into().expect("8 bytes"))
+}
+
+/// Encodes one slot.
+pub(crate) fn encode_slot(
+    owner: u64,
+    disk: DiskIndex,
+    chunk: usize,
+    generation: u64,
+    words: &[u64],
+) -> Vec<u8> {
+    assert!(
+        words.len() <= MAP_CHUNK_WORDS,
+        "chunk of {} words",
+        words.len()
+    );
+    let mut out = vec![0u8; SLOT_BYTES];
+    out[0..4].copy_from_slice(&MAGIC);
+    out[4..6].copy_from_slice(&disk.to_le_bytes());
+    out[6..8].copy_from_slice(&VERSION.to_le_bytes());
+    out[8..16].copy_from_slice(&owner.to_le_bytes());
+    out[16..24].copy_from_slice(&generation.to_le_bytes());
+    let chunk = u32::try_from(chunk).expect("chunk index fits u32");
+    out[24..28].copy_from_slice(&chunk.to_le_bytes());
+    for (i, w) in words.iter().enumerate() {
+        let at = HEADER_BYTES + i * 8;
+        out[at..at + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    let crc = slot_crc(&out);
+    out[28..32].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn slot_crc(slot: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&slot[..28]), &slot[HEADER_BYTES..])
+}
+
+/// Decodes one slot, checking that it is chunk `chunk` of `disk` of this file system;
+/// returns its generation and its `words` words.
+pub(crate) fn decode_slot(
+    slot: &[u8],
+    owner: u64,
+    disk: DiskIndex,
+    chunk: usize,
+    words: usize,
+) -> Result<(u64, Vec<u64>), String> {
+    assert_eq!(slot.len(), SLOT_BYTES);
+    assert!(words <= MAP_CHUNK_WORDS);
+    let u16_at = |at: usize| u16::from_le_bytes(slot[at..at + 2].try_into().expect("2"));
+    let u32_at = |at: usize| u32::from_le_bytes(slot[at..at + 4].try_into().expect("4"));
+    let u64_at = |at: usize| u64::from_le_bytes(slot[at..at + 8].try_into().expect("8"));
+    if slot[0..4] != MAGIC {
+        return Err("no map chunk here (never written)".into());
+    }
+    if u32_at(28) != slot_crc(slot) {
+        return Err("checksum mismatch (torn or damaged)".into());
+    }
+    if u16_at(6) != VERSION {
+        return Err(format!("unknown chunk version {}", u16_at(6)));
+    }
+    if u64_at(8) != owner {
+        return Err("belongs to another file system".into());
+    }
+    if u16_at(4) != disk || u32_at(24) as usize != chunk {
+        return Err(format!(
+            "holds chunk {} of disk {}, not chunk {chunk} of disk {disk} (misdirected write)",
+            u32_at(24),
+            u16_at(4)
+        ));
+    }
+    let body = |i: usize| u64_at(HEADER_BYTES + i * 8);
+    if (words..MAP_CHUNK_WORDS).any(|i| body(i) != 0) {
+        return Err("bits set beyond the end of the disk".into());
+    }
+    Ok((u64_at(16), (0..words).map(body).collect()))
+}
+
+/// Allocates a map region for every disk of `desc` from `alloc` (whole blocks of the system
+/// pool's metadata disks, each region contiguous).
+pub(crate) fn allocate_regions(
+    desc: &FsDescriptor,
+    alloc: &mut AllocMap,
+) -> FsResult<Vec<MapRegion>> {
+    let bs = u64::from(desc.block_size);
+    let mut regions = Vec::with_capacity(desc.disks.len());
+    for d in &desc.disks {
+        let bytes = region_bytes(alloc.chunk_count(d.index));
+        let (start, blocks) = alloc
+            .alloc_contiguous_blocks(0, AllocKind::Metadata, bytes.div_ceil(bs))
+            .map_err(|_| FsError::NoSpace {
+                pool: "system".into(),
+                what: "allocation map regions (contiguous blocks of a metadata disk)",
+            })?;
+        regions.push(MapRegion {
+            disk: d.index,
+            on_disk: start.disk,
+            offset: desc.sub_block_offset(start.sub_block),
+            bytes: blocks * bs,
+        });
+    }
+    Ok(regions)
+}
+
+/// The block extents of the map regions (for fsck's reference count).
+pub(crate) fn region_extents(desc: &FsDescriptor) -> Vec<Extent> {
+    let Some(stored) = &desc.alloc_map else {
+        return Vec::new();
+    };
+    let regions = &stored.regions;
+    let data_start = tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size));
+    let sub = u64::from(desc.sub_block_size);
+    let per = desc.sub_blocks_per_block();
+    let mut out = Vec::new();
+    for r in regions {
+        let first = (r.offset - data_start) / sub;
+        for b in 0..r.bytes / u64::from(desc.block_size) {
+            out.push(Extent {
+                addr: tessera_alloc::DiskAddr {
+                    disk: r.on_disk,
+                    sub_block: first + b * u64::from(per),
+                },
+                sub_blocks: per,
+            });
+        }
+    }
+    out
+}
+
+/// What mount found of the stored map.
+pub(crate) struct Loaded {
+    /// The map, when every chunk had a usable copy.
+    pub map: Result<AllocMap, String>,
+    /// The slot of every chunk to keep (known even when the map is unusable, so that the next
+    /// checkpoint never overwrites a chunk's only good copy).
+    pub slots: MapSlots,
+    /// Chunks with a slot of a generation above the durable checkpoint's.
+    pub stale: Vec<(DiskIndex, usize)>,
+}
+
+/// Reads the stored map of `desc` (which names its regions).
+pub(crate) fn load(
+    desc: &FsDescriptor,
+    devices: &[Arc<dyn BlockDevice>],
+    empty: AllocMap,
+) -> FsResult<Loaded> {
+    let stored = desc
+        .alloc_map
+        .as_ref()
+        .expect("load is called for descriptors that name map regions");
+    let regions = &stored.regions;
+    let owner = owner(desc);
+    let durable = desc.checkpoint.generation;
+    let mut slots = MapSlots::none(&empty);
+    let mut stale = Vec::new();
+    let mut bitmaps = Vec::with_capacity(desc.disks.len());
+    let mut problem: Option<String> = None;
+    let disks: BTreeMap<DiskIndex, &crate::descriptor::FsDisk> =
+        desc.disks.iter().map(|d| (d.index, d)).collect();
+    if regions.len() != disks.len() || regions.iter().any(|r| !disks.contains_key(&r.disk)) {
+        return Ok(Loaded {
+            map: Err(format!(
+                "the descriptor names {} map regions for {} disks",
+                regions.len(),
+                disks.len()
+            )),
+            slots,
+            stale,
+        });
+    }
+    let mut by_disk: Vec<&MapRegion> = regions.iter().collect();
+    by_disk.sort_by_key(|r| r.disk);
+    for region in by_disk {
+        let disk = region.disk;
+        let chunks = empty.chunk_count(disk);
+        let total_words = empty.bitmap(disk).len();
+        let name = &disks[&disk].nsd_name;
+        let Some(dev) = devices.get(region.on_disk as usize) else {
+            return Err(FsError::Corrupt(format!(
+                "the allocation map of {name} is on disk {}, which the file system lacks",
+                region.on_disk
+            )));
+        };
+        if region.bytes < region_bytes(chunks) {
+            problem.get_or_insert(format!(
+                "the map region of {name} holds {} bytes, {} are needed",
+                region.bytes,
+                region_bytes(chunks)
+            ));
+            bitmaps.push(Vec::new());
+            continue;
+        }
+        let mut words = Vec::with_capacity(total_words);
+        let per_batch = READ_BATCH_BYTES / (2 * SLOT_BYTES);
+        let mut chunk = 0;
+        while chunk < chunks {
+            let n = per_batch.min(chunks - chunk);
+            let mut buf = AlignedBuf::zeroed(n * 2 * SLOT_BYTES);
+            dev.read_at(&mut buf, region.offset + (chunk * 2 * SLOT_BYTES) as u64)?;
+            for i in 0..n {
+                let c = chunk + i;
+                let want = MAP_CHUNK_WORDS.min(total_words - c * MAP_CHUNK_WORDS);
+                let mut best: Option<(u64, u8, Vec<u64>)> = None;
+                let mut stale_slot = None;
+                let mut tie = false;
+                let mut why = Vec::new();
+                for s in 0..2u8 {
+                    let at = (2 * i + s as usize) * SLOT_BYTES;
+                    match decode_slot(&buf[at..at + SLOT_BYTES], owner, disk, c, want) {
+                        Ok((g, _)) if g > durable => {
+                            stale_slot = Some(s);
+                            why.push(format!("slot {s}: generation {g} never committed"));
+                        }
+                        Ok((g, w)) => match &best {
+                            Some(b) if b.0 == g => tie = true,
+                            Some(b) if b.0 > g => {}
+                            _ => best = Some((g, s, w)),
+                        },
+                        Err(e) => why.push(format!("slot {s}: {e}")),
+                    }
+                }
+                let keep = &mut slots.keep.get_mut(&disk).expect("every disk")[c];
+                if let Some(t) = stale_slot {
+                    stale.push((disk, c));
+                    // The next checkpoint writes over the stale slot first.
+                    keep.slot = 1 - t;
+                }
+                match best {
+                    Some((g, s, w)) if !tie => {
+                        *keep = Kept {
+                            slot: s,
+                            generation: Some(g),
+                        };
+                        words.extend(w);
+                    }
+                    _ => {
+                        if tie {
+                            why.push("both slots claim the same generation".into());
+                        }
+                        problem.get_or_insert(format!(
+                            "chunk {c} of the allocation map of {name} has no usable copy ({})",
+                            why.join("; ")
+                        ));
+                        words.extend(std::iter::repeat_n(0, want));
+                    }
+                }
+            }
+            chunk += n;
+        }
+        bitmaps.push(words);
+    }
+    if problem.is_none() && slots.digest_with(&[], 0) != stored.digest {
+        problem = Some(
+            "a chunk of the allocation map is older than the checkpoint recorded (its newer \
+             copy was lost or damaged)"
+                .into(),
+        );
+    }
+    let map = match problem {
+        Some(p) => Err(p),
+        None => AllocMap::from_bitmaps(
+            desc.sub_blocks_per_block(),
+            desc.placement,
+            empty.disks().to_vec(),
+            bitmaps,
+        ),
+    };
+    Ok(Loaded { map, slots, stale })
+}
+
+/// The chunks a checkpoint writes: every chunk changed since the last one, as the map is at
+/// the checkpoint, which is the live map without `excluded` (extents the live map holds that
+/// the checkpoint's metadata does not reference). Their chunks stay marked changed, since
+/// their stored copy now differs from the live one.
+pub(crate) fn snapshot(alloc: &mut AllocMap, excluded: &[Extent]) -> Vec<ChunkImage> {
+    let spb_words = |e: &Extent| {
+        let first = e.addr.sub_block / 64;
+        let last = (e.addr.sub_block + u64::from(e.sub_blocks) - 1) / 64;
+        (first as usize / MAP_CHUNK_WORDS)..=(last as usize / MAP_CHUNK_WORDS)
+    };
+    let mut wanted: BTreeMap<(DiskIndex, usize), ()> = alloc
+        .take_dirty_chunks()
+        .into_iter()
+        .map(|k| (k, ()))
+        .collect();
+    for e in excluded {
+        for c in spb_words(e) {
+            wanted.insert((e.addr.disk, c), ());
+        }
+    }
+    let mut images: BTreeMap<(DiskIndex, usize), ChunkImage> = wanted
+        .into_keys()
+        .map(|(disk, chunk)| {
+            let image = ChunkImage {
+                disk,
+                chunk,
+                words: alloc.chunk_words(disk, chunk).to_vec(),
+            };
+            ((disk, chunk), image)
+        })
+        .collect();
+    for e in excluded {
+        for s in e.addr.sub_block..e.addr.sub_block + u64::from(e.sub_blocks) {
+            let word = (s / 64) as usize;
+            let image = images
+                .get_mut(&(e.addr.disk, word / MAP_CHUNK_WORDS))
+                .expect("chunk of an excluded extent is in the snapshot");
+            image.words[word % MAP_CHUNK_WORDS] &= !(1u64 << (s % 64));
+        }
+        alloc
+            .mark_chunks_dirty(*e)
+            .expect("excluded extents are valid extents of the map");
+    }
+    images.into_values().collect()
+}
+
+/// Writes a checkpoint's chunks, each into the slot that does not hold its current copy, and
+/// flushes the disks written; returns the slots written, for [`MapSlots::digest_with`] (the
+/// descriptor's digest) and for [`MapSlots::commit`] once that descriptor is durable.
+pub(crate) fn write_chunks(
+    desc: &FsDescriptor,
+    devices: &[Arc<dyn BlockDevice>],
+    slots: &MapSlots,
+    generation: u64,
+    images: &[ChunkImage],
+) -> FsResult<Vec<(DiskIndex, usize, u8)>> {
+    let Some(stored) = &desc.alloc_map else {
+        return Ok(Vec::new());
+    };
+    let region_of: HashMap<DiskIndex, &MapRegion> =
+        stored.regions.iter().map(|r| (r.disk, r)).collect();
+    let owner = owner(desc);
+    let mut touched = vec![false; devices.len()];
+    let mut written = Vec::with_capacity(images.len());
+    for image in images {
+        let region = region_of[&image.disk];
+        let slot = slots.target(image.disk, image.chunk);
+        let bytes = encode_slot(owner, image.disk, image.chunk, generation, &image.words);
+        let at = region.offset + ((image.chunk * 2 + slot as usize) * SLOT_BYTES) as u64;
+        assert!(at + SLOT_BYTES as u64 <= region.offset + region.bytes);
+        devices[region.on_disk as usize].write_at(&AlignedBuf::from_slice(&bytes), at)?;
+        touched[region.on_disk as usize] = true;
+        written.push((image.disk, image.chunk, slot));
+    }
+    for (dev, t) in devices.iter().zip(touched) {
+        if t {
+            dev.flush()?;
+        }
+    }
+    Ok(written)
+}
+
+/// Differences between a stored map and the map rebuilt from the metadata, for fsck: one
+/// line per disk that differs.
+pub(crate) fn compare(desc: &FsDescriptor, stored: &AllocMap, rebuilt: &AllocMap) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in &desc.disks {
+        let (s, r) = (stored.bitmap(d.index), rebuilt.bitmap(d.index));
+        let leaked: u64 = s
+            .iter()
+            .zip(r)
+            .map(|(s, r)| u64::from((s & !r).count_ones()))
+            .sum();
+        let missing: u64 = s
+            .iter()
+            .zip(r)
+            .map(|(s, r)| u64::from((!s & r).count_ones()))
+            .sum();
+        if leaked + missing > 0 {
+            out.push(format!(
+                "allocation map of {}: {leaked} sub-block(s) marked used that nothing \
+                 references, {missing} referenced but marked free",
+                d.nsd_name
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_alloc::{AllocDisk, DiskAddr, Placement};
+
+    #[test]
+    fn slot_golden_bytes() {
+        let words = [0x0102_0304_0506_0708u64, u64::MAX];
+        let slot = encode_slot(0x1122_3344_5566_7788, 3, 7, 42, &words);
+        assert_eq!(slot.len(), SLOT_BYTES);
+        assert_eq!(&slot[0..4], b"TSAM");
+        assert_eq!(&slot[4..6], &[3, 0], "disk");
+        assert_eq!(&slot[6..8], &[1, 0], "version");
+        assert_eq!(
+            &slot[8..16],
+            &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11],
+            "owner"
+        );
+        assert_eq!(&slot[16..24], &[42, 0, 0, 0, 0, 0, 0, 0], "generation");
+        assert_eq!(&slot[24..28], &[7, 0, 0, 0], "chunk");
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&slot[..28]), &slot[32..]);
+        assert_eq!(&slot[28..32], &crc.to_le_bytes(), "crc32c");
+        assert_eq!(&slot[32..40], &[8, 7, 6, 5, 4, 3, 2, 1], "first word");
+        assert_eq!(&slot[40..48], &[0xFF; 8], "second word");
+        assert!(slot[48..].iter().all(|b| *b == 0), "zero after the words");
+        assert_eq!(
+            decode_slot(&slot, 0x1122_3344_5566_7788, 3, 7, 2).unwrap(),
+            (42, words.to_vec())
+        );
+    }
+
+    #[test]
+    fn slots_of_elsewhere_or_damaged_are_refused_by_name() {
+        let owner = 9;
+        let slot = encode_slot(owner, 1, 2, 5, &[1, 2, 3]);
+        let refuse = |bytes: &[u8], owner, disk, chunk, words| {
+            decode_slot(bytes, owner, disk, chunk, words).unwrap_err()
+        };
+        assert!(refuse(&slot, 8, 1, 2, 3).contains("another file system"));
+        assert!(refuse(&slot, owner, 0, 2, 3).contains("misdirected"));
+        assert!(refuse(&slot, owner, 1, 3, 3).contains("misdirected"));
+        assert!(refuse(&slot, owner, 1, 2, 2).contains("beyond the end"));
+        assert!(refuse(&vec![0; SLOT_BYTES], owner, 1, 2, 3).contains("never written"));
+        // Every single bit flip is caught.
+        for bit in (0..SLOT_BYTES * 8).step_by(7) {
+            let mut bad = slot.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_slot(&bad, owner, 1, 2, 3).is_err(), "bit {bit}");
+        }
+    }
+
+    fn map() -> AllocMap {
+        let disks = (0..2)
+            .map(|d| AllocDisk {
+                disk: d,
+                pool: 0,
+                blocks: 2000,
+                holds_data: true,
+                holds_metadata: true,
+                available: true,
+            })
+            .collect();
+        AllocMap::new(32, Placement::Scatter, disks)
+    }
+
+    #[test]
+    fn snapshot_leaves_out_what_the_checkpoint_does_not_reference() {
+        let mut alloc = map();
+        assert_eq!(alloc.chunk_count(0), 2);
+        let _ = alloc.take_dirty_chunks();
+        let e = |disk, sub_block, sub_blocks| Extent {
+            addr: DiskAddr { disk, sub_block },
+            sub_blocks,
+        };
+        let kept = e(0, 32, 32);
+        let unlogged = e(1, 600 * 64, 32);
+        alloc.mark_used(kept).unwrap();
+        alloc.mark_used(unlogged).unwrap();
+        let images = snapshot(&mut alloc, &[unlogged]);
+        let chunks: Vec<(DiskIndex, usize)> = images.iter().map(|i| (i.disk, i.chunk)).collect();
+        assert_eq!(chunks, vec![(0, 0), (1, 1)]);
+        assert_eq!(
+            images[0].words[0], 0xFFFF_FFFF_0000_0000,
+            "used, stored used"
+        );
+        assert!(
+            images[1].words.iter().all(|w| *w == 0),
+            "unlogged, stored free"
+        );
+        assert!(!alloc.is_free(unlogged), "the live map keeps it");
+        // Its chunk differs from what was stored, so the next checkpoint takes it again.
+        assert_eq!(alloc.take_dirty_chunks(), vec![(1, 1)]);
+    }
+
+    #[test]
+    fn slots_alternate_and_the_digest_follows_the_generations() {
+        let alloc = map();
+        let mut slots = MapSlots::none(&alloc);
+        assert_eq!(slots.digest_with(&[], 0), 0);
+        assert_eq!(slots.target(0, 1), 0);
+        slots.commit(&[(0, 1, 0)], 4);
+        let d4 = slots.digest_with(&[], 0);
+        assert_eq!(d4, digest_term(0, 1, 4));
+        assert_eq!(slots.target(0, 1), 1, "never over the current copy");
+        assert_eq!(slots.digest_with(&[(0, 1, 1)], 5), digest_term(0, 1, 5));
+        slots.commit(&[(0, 1, 1)], 5);
+        assert_eq!(slots.target(0, 1), 0);
+        assert_ne!(slots.digest_with(&[], 0), d4);
+    }
+}

@@ -1,0 +1,283 @@
+//! The stored allocation map: mount reads it instead of scanning the metadata, a kill at any
+//! point leaves it consistent with the metadata (fsck compares the two), a damaged or
+//! out-of-date map is found and rebuilt, and a file system of format version 3 (no stored
+//! map) is converted at its first mount. Damage is done by writing the drive files directly
+//! while the file system is not mounted.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use common::*;
+use tessera_drive::BlockDevice;
+use tessera_fs::{FileSystem, FsDescriptor, ROOT_INO};
+use tessera_nsd::layout::{FS_DESCRIPTOR_MAGIC, FS_DESCRIPTOR_SLOT_OFFSETS};
+
+const DISKS: usize = 4;
+const DISK_BYTES: u64 = 64 << 20;
+
+fn setup() -> TestDisks {
+    let t = make_disks(DISKS, DISK_BYTES);
+    format_fs(&t, &small_opts());
+    t
+}
+
+fn descriptor_on_disk(t: &TestDisks) -> FsDescriptor {
+    let devs: Vec<Arc<dyn BlockDevice>> = t.reopen().into_iter().map(|(_, d)| d).collect();
+    tessera_fs::read_descriptor(&devs).unwrap()
+}
+
+fn drive(t: &TestDisks, disk: usize) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.dir.path().join(format!("d{disk}")))
+        .unwrap()
+}
+
+fn assert_fsck_clean(t: &TestDisks) {
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "fsck: {:?}", report.problems);
+}
+
+/// Files of a few sizes (fragments, whole blocks, several blocks), some deleted again.
+fn churn(fs: &FileSystem, round: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut kept = Vec::new();
+    for i in 0..24u32 {
+        let name = format!("r{round}-f{i}").into_bytes();
+        let len = [100usize, 5000, 70_000, 256 << 10, 700_000][(i % 5) as usize];
+        let data = pattern(len, u64::from(round * 100 + i));
+        let a = create_file(fs, ROOT_INO, &name);
+        assert_eq!(fs.write(a.ino, 0, &data, false).unwrap(), len);
+        if i % 3 == 0 {
+            fs.remove(ROOT_INO, &name, false).unwrap();
+        } else {
+            kept.push((name, data));
+        }
+    }
+    kept
+}
+
+fn assert_files(fs: &FileSystem, files: &[(Vec<u8>, Vec<u8>)]) {
+    for (name, data) in files {
+        let a = fs.lookup(ROOT_INO, name).unwrap();
+        let got = fs.read(a.ino, 0, u32::try_from(a.size).unwrap()).unwrap();
+        assert!(got == *data, "{}", String::from_utf8_lossy(name));
+    }
+}
+
+#[test]
+fn mount_reads_the_stored_map_and_it_matches_the_metadata() {
+    let t = setup();
+    let fs = mount(&t);
+    assert_eq!(
+        fs.allocation_map_rebuilt(),
+        None,
+        "a new file system's map is stored"
+    );
+    let mut files = churn(&fs, 0);
+    fs.checkpoint().unwrap();
+    files.extend(churn(&fs, 1));
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t);
+
+    let fs = mount(&t);
+    assert_eq!(fs.allocation_map_rebuilt(), None);
+    assert_files(&fs, &files);
+    // Stopped without a checkpoint, with changes and unlogged allocations in between: the
+    // stored map of the last checkpoint plus the log is the metadata's map.
+    files.extend(churn(&fs, 2));
+    fs.checkpoint().unwrap();
+    files.extend(churn(&fs, 3));
+    fs.sync().unwrap();
+    fs.fence();
+    drop(fs);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_eq!(fs.allocation_map_rebuilt(), None);
+    assert_files(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+/// The region and current slot of chunk 0 of the first disk's map, as (drive, offset).
+fn first_chunk_slots(t: &TestDisks) -> [(usize, u64); 2] {
+    let desc = descriptor_on_disk(t);
+    let region = desc
+        .alloc_map
+        .expect("format version 4 stores the map")
+        .regions[0];
+    let on = region.on_disk as usize;
+    [(on, region.offset), (on, region.offset + 4096)]
+}
+
+fn generation_of_slot(t: &TestDisks, (disk, offset): (usize, u64)) -> Option<u64> {
+    let mut head = [0u8; 32];
+    drive(t, disk).read_exact_at(&mut head, offset).unwrap();
+    (&head[0..4] == b"TSAM").then(|| u64::from_le_bytes(head[16..24].try_into().unwrap()))
+}
+
+#[test]
+fn a_damaged_map_is_rebuilt_at_mount_and_repaired_by_fsck() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    // Damage the newest copy of the first chunk (the older one is still valid and would
+    // hand out blocks that are in use if it were taken).
+    let slots = first_chunk_slots(&t);
+    let newest = *slots
+        .iter()
+        .max_by_key(|s| generation_of_slot(&t, **s))
+        .unwrap();
+    let older = slots.iter().copied().find(|s| *s != newest).unwrap();
+    assert!(
+        generation_of_slot(&t, older).is_some(),
+        "both slots of the chunk have been written"
+    );
+    drive(&t, newest.0)
+        .write_all_at(&[0x5A; 64], newest.1 + 100)
+        .unwrap();
+
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("allocation map unreadable")),
+        "{:?}",
+        report.problems
+    );
+    let fixed = tessera_fs::fsck(t.reopen(), true).unwrap();
+    assert!(fixed.repaired >= 1, "{fixed:?}");
+    assert_fsck_clean(&t);
+
+    // Damaged again: mount rebuilds the map by a scan, serves every file and stores it again.
+    let slots = first_chunk_slots(&t);
+    for s in slots {
+        drive(&t, s.0).write_all_at(&[0xA5; 64], s.1 + 200).unwrap();
+    }
+    let fs = mount(&t);
+    let why = fs.allocation_map_rebuilt().expect("rebuilt").to_string();
+    assert!(why.contains("no usable copy"), "{why}");
+    assert_files(&fs, &files);
+    let more = churn(&fs, 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_eq!(fs.allocation_map_rebuilt(), None, "stored whole again");
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_lost_write_of_the_map_is_caught_by_the_digest() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    // Keep the map regions as they are now, change the map, then put the old bytes back:
+    // every slot is valid, but some chunks are older than the checkpoint says.
+    let desc = descriptor_on_disk(&t);
+    let regions = desc.alloc_map.unwrap().regions;
+    let save = |t: &TestDisks| -> Vec<Vec<u8>> {
+        regions
+            .iter()
+            .map(|r| {
+                let mut b = vec![0; r.bytes as usize];
+                drive(t, r.on_disk as usize)
+                    .read_exact_at(&mut b, r.offset)
+                    .unwrap();
+                b
+            })
+            .collect()
+    };
+    let before = save(&t);
+    let fs = mount(&t);
+    let more = churn(&fs, 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_ne!(save(&t), before, "the churn changed the stored map");
+    for (r, bytes) in regions.iter().zip(&before) {
+        drive(&t, r.on_disk as usize)
+            .write_all_at(bytes, r.offset)
+            .unwrap();
+    }
+    let fs = mount(&t);
+    let why = fs.allocation_map_rebuilt().expect("rebuilt").to_string();
+    assert!(why.contains("older than the checkpoint"), "{why}");
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    // Allocating after the rebuild never hands out a block in use.
+    let third = churn(&fs, 2);
+    assert_files(&fs, &more);
+    assert_files(&fs, &third);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t);
+}
+
+/// Rewrites the newest descriptor as format version 3 wrote it: no `alloc_map`.
+fn make_version_3(t: &TestDisks) {
+    let mut desc = descriptor_on_disk(t);
+    desc.alloc_map = None;
+    desc.generation += 1;
+    let mut payload = postcard::to_stdvec(&desc).unwrap();
+    assert_eq!(payload.pop(), Some(0), "None is the last byte");
+    let mut slot = vec![0u8; 32 + payload.len()];
+    slot[0..8].copy_from_slice(&FS_DESCRIPTOR_MAGIC);
+    slot[8..12].copy_from_slice(&3u32.to_le_bytes());
+    slot[12..20].copy_from_slice(&desc.generation.to_le_bytes());
+    slot[20..24].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    slot[24..28].copy_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+    slot[32..].copy_from_slice(&payload);
+    let offset = FS_DESCRIPTOR_SLOT_OFFSETS[(desc.generation % 2) as usize];
+    for d in desc.disks.iter().filter(|d| d.holds_descriptor) {
+        let f = drive(t, d.index as usize);
+        f.write_all_at(&slot, offset).unwrap();
+        f.sync_all().unwrap();
+    }
+}
+
+#[test]
+fn a_format_3_file_system_is_converted_at_its_first_mount() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    make_version_3(&t);
+    assert!(descriptor_on_disk(&t).alloc_map.is_none());
+    // fsck of a version-3 file system checks what it has and finds nothing wrong.
+    assert_fsck_clean(&t);
+
+    // Killed before its first checkpoint: still version 3, converted again next time.
+    let fs = mount(&t);
+    let why = fs.allocation_map_rebuilt().expect("scanned").to_string();
+    assert!(why.contains("format version 3"), "{why}");
+    let more = churn(&fs, 1);
+    fs.sync().unwrap();
+    fs.fence();
+    drop(fs);
+    assert!(descriptor_on_disk(&t).alloc_map.is_none());
+    assert_fsck_clean(&t);
+
+    let fs = mount(&t);
+    assert!(fs.allocation_map_rebuilt().is_some());
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert!(descriptor_on_disk(&t).alloc_map.is_some(), "version 4 now");
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_eq!(fs.allocation_map_rebuilt(), None);
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
