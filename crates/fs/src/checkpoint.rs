@@ -17,11 +17,13 @@ use crate::meta::MetaState;
 /// Smallest metadata page: room for a 4 MiB block's reference (a checksum per 4 KiB sector)
 /// as one B+tree item, which may take half a page.
 const MIN_PAGE_BYTES: u32 = 16 * 1024;
-/// Clean metadata pages cached per mounted file system: 256 MiB of 16 KiB pages. With 64 MiB,
-/// a cold `stat` of a million files in one directory (about 10,000 pages of entries and
-/// records, looked up in hash order) read a page for most names and ran at a tenth of the
-/// rate at 100,000 files; with the whole set cached it runs at two thirds (RESULTS.md).
-pub(crate) const DEFAULT_CACHE_PAGES: usize = 16384;
+/// Clean metadata pages cached per mounted file system: 512 MiB of 16 KiB pages, about
+/// 650 MiB of memory (a leaf in memory is its page payload plus 20 bytes an entry). With
+/// 64 MiB, a cold `stat` of a million files in one directory (about 10,000 pages of entries
+/// and records, looked up in hash order) read a page for most names and ran at a tenth of
+/// the rate at 100,000 files (RESULTS.md); the cache should hold the directories and inodes
+/// in use, and the daemon stay within 2 GiB with ten million files.
+pub(crate) const DEFAULT_CACHE_PAGES: usize = 32768;
 /// Changed pages held before the background flusher starts a checkpoint.
 pub(crate) const DIRTY_PAGES_SOFT: usize = 8192;
 /// Changed pages held before a change waits for a checkpoint itself.

@@ -29,6 +29,7 @@
 //! made the checkpoint's roots durable.
 
 mod cache;
+mod leaf;
 pub mod page;
 mod store;
 

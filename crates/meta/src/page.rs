@@ -38,6 +38,7 @@
 //! stale (a write the drive lost, or an older page at a reused address) is caught on read,
 //! not only a torn or misdirected one.
 
+use crate::leaf::Leaf;
 use crate::{MetaError, MetaResult, PageAddr};
 
 pub const MAGIC: [u8; 4] = *b"TMPG";
@@ -116,7 +117,7 @@ impl PageFormat {
 /// them by in-memory nodes as the tree changes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Decoded {
-    Leaf(Vec<(Vec<u8>, Vec<u8>)>),
+    Leaf(Leaf),
     Branch {
         level: u8,
         first: PagePtr,
@@ -162,17 +163,17 @@ pub(crate) fn encode(
     page.fill(0);
     let mut at = HEADER_BYTES;
     let (kind, level, entries) = match node {
-        Decoded::Leaf(entries) => {
-            for (k, v) in entries {
-                page[at..at + 2].copy_from_slice(&(k.len() as u16).to_le_bytes());
-                page[at + 2..at + 4].copy_from_slice(&(v.len() as u16).to_le_bytes());
-                at += 4;
-                page[at..at + k.len()].copy_from_slice(k);
-                at += k.len();
-                page[at..at + v.len()].copy_from_slice(v);
-                at += v.len();
-            }
-            (KIND_LEAF, 0u8, entries.len())
+        Decoded::Leaf(leaf) => {
+            // A leaf in memory is its page payload already.
+            let payload = leaf.payload();
+            assert!(
+                at + payload.len() <= format.page_bytes,
+                "leaf of {} bytes encoded into a page",
+                at + payload.len()
+            );
+            page[at..at + payload.len()].copy_from_slice(payload);
+            at += payload.len();
+            (KIND_LEAF, 0u8, leaf.len())
         }
         Decoded::Branch { level, first, seps } => {
             page[at..at + PTR_BYTES].copy_from_slice(&first.to_bytes());
@@ -246,20 +247,10 @@ pub(crate) fn decode(
             if header.level != 0 {
                 return Err(bad(format!("leaf page at level {}", header.level)));
             }
-            let mut entries = Vec::with_capacity(header.entries as usize);
-            for _ in 0..header.entries {
-                let lens = take(&mut at, 4).map_err(bad)?;
-                let klen = le16(page, lens.start) as usize;
-                let vlen = le16(page, lens.start + 2) as usize;
-                if klen > MAX_KEY_BYTES {
-                    return Err(bad(format!("key of {klen} bytes")));
-                }
-                let k = take(&mut at, klen).map_err(bad)?;
-                let v = take(&mut at, vlen).map_err(bad)?;
-                entries.push((page[k].to_vec(), page[v].to_vec()));
-            }
-            check_order(entries.iter().map(|(k, _)| k)).map_err(bad)?;
-            Decoded::Leaf(entries)
+            let leaf =
+                Leaf::parse(&page[at..end], header.entries as usize, MAX_KEY_BYTES).map_err(bad)?;
+            at = end;
+            Decoded::Leaf(leaf)
         }
         KIND_BRANCH => {
             if header.level == 0 {
@@ -383,13 +374,6 @@ fn check_order<'a>(keys: impl Iterator<Item = &'a Vec<u8>>) -> Result<(), String
 }
 
 /// Bytes a node takes when encoded.
-pub(crate) fn leaf_bytes<'a>(entries: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> usize {
-    HEADER_BYTES
-        + entries
-            .map(|(k, v)| LEAF_ENTRY_OVERHEAD + k.len() + v.len())
-            .sum::<usize>()
-}
-
 pub(crate) fn branch_bytes<'a>(keys: impl Iterator<Item = &'a [u8]>) -> usize {
     HEADER_BYTES + PTR_BYTES + keys.map(|k| BRANCH_ENTRY_OVERHEAD + k.len()).sum::<usize>()
 }
@@ -408,10 +392,10 @@ mod tests {
     }
 
     fn leaf() -> Decoded {
-        Decoded::Leaf(vec![
+        Decoded::Leaf(Leaf::from_entries(&[
             (b"a".to_vec(), b"1".to_vec()),
             (b"bc".to_vec(), Vec::new()),
-        ])
+        ]))
     }
 
     fn branch() -> Decoded {

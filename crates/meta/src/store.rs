@@ -11,6 +11,7 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use crate::cache::PageCache;
+use crate::leaf::Leaf;
 use crate::page::{self, Decoded, PageFormat, PagePtr};
 use crate::{MetaError, MetaResult, PageAddr};
 
@@ -30,7 +31,7 @@ pub(crate) enum Child {
 /// A B+tree node in memory. Clean nodes (in the cache) have only `Disk` children.
 #[derive(Clone, Debug)]
 pub(crate) enum Node {
-    Leaf(Vec<(Key, Vec<u8>)>),
+    Leaf(Leaf),
     Branch {
         level: u8,
         /// `keys[i]` is the smallest key of `children[i + 1]`.
@@ -72,13 +73,13 @@ impl Key {
 }
 
 /// A searched-for key and its prefix, computed once per search.
-struct Probe<'a> {
-    prefix: u128,
-    bytes: &'a [u8],
+pub(crate) struct Probe<'a> {
+    pub(crate) prefix: u128,
+    pub(crate) bytes: &'a [u8],
 }
 
 impl<'a> Probe<'a> {
-    fn new(bytes: &'a [u8]) -> Probe<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Probe<'a> {
         Probe {
             prefix: prefix_of(bytes),
             bytes,
@@ -90,7 +91,7 @@ impl<'a> Probe<'a> {
 /// two keys as their bytes do (where a shorter key is padded, it is a prefix of the other
 /// up to there and so sorts first, or the padding ties); equal ones need the bytes.
 #[inline]
-fn prefix_of(bytes: &[u8]) -> u128 {
+pub(crate) fn prefix_of(bytes: &[u8]) -> u128 {
     let mut b = [0u8; 16];
     let n = bytes.len().min(16);
     b[..n].copy_from_slice(&bytes[..n]);
@@ -107,18 +108,14 @@ impl Node {
 
     fn bytes(&self) -> usize {
         match self {
-            Node::Leaf(entries) => {
-                page::leaf_bytes(entries.iter().map(|(k, v)| (k.bytes(), v.as_slice())))
-            }
+            Node::Leaf(leaf) => page::HEADER_BYTES + leaf.payload_bytes(),
             Node::Branch { keys, .. } => page::branch_bytes(keys.iter().map(|k| k.bytes())),
         }
     }
 
     fn from_decoded(d: Decoded) -> Node {
         match d {
-            Decoded::Leaf(entries) => {
-                Node::Leaf(entries.into_iter().map(|(k, v)| (Key::new(k), v)).collect())
-            }
+            Decoded::Leaf(leaf) => Node::Leaf(leaf),
             Decoded::Branch { level, first, seps } => {
                 let mut keys = Vec::with_capacity(seps.len());
                 let mut children = Vec::with_capacity(seps.len() + 1);
@@ -139,12 +136,7 @@ impl Node {
     /// The on-disk form; every child must already be on disk.
     fn to_decoded(&self) -> Decoded {
         match self {
-            Node::Leaf(entries) => Decoded::Leaf(
-                entries
-                    .iter()
-                    .map(|(k, v)| (k.bytes.clone(), v.clone()))
-                    .collect(),
-            ),
+            Node::Leaf(leaf) => Decoded::Leaf(leaf.clone()),
             Node::Branch {
                 level,
                 keys,
@@ -173,22 +165,12 @@ fn child_index(keys: &[Key], key: &Probe) -> usize {
     keys.partition_point(|k| k.cmp_to(key) != Ordering::Greater)
 }
 
-/// Where `key` is in a leaf (`Ok`) or would go (`Err`).
-fn leaf_search(entries: &[(Key, Vec<u8>)], key: &Probe) -> Result<usize, usize> {
-    entries.binary_search_by(|(k, _)| k.cmp_to(key))
-}
-
-/// The number of entries of a leaf below `key`.
-fn leaf_below(entries: &[(Key, Vec<u8>)], key: &Probe) -> usize {
-    entries.partition_point(|(k, _)| k.cmp_to(key) == Ordering::Less)
-}
-
 /// Bytewise key order. Keys are mostly big-endian numbers (an inode number, a tag, a
 /// directory cookie or block index), so comparing eight bytes at a time as integers settles
 /// most comparisons without a call to `memcmp`, which dominated lookups in profiles. Keys
 /// of one directory share their first nine bytes, so one word is not enough.
 #[inline]
-fn key_cmp(a: &[u8], b: &[u8]) -> Ordering {
+pub(crate) fn key_cmp(a: &[u8], b: &[u8]) -> Ordering {
     let (mut a, mut b) = (a, b);
     while a.len() >= 8 && b.len() >= 8 {
         let x = u64::from_be_bytes(a[..8].try_into().expect("8 bytes"));
@@ -321,7 +303,7 @@ impl MetaStore {
     /// A new, empty tree (an empty leaf, written by the next checkpoint).
     pub fn create_tree(&mut self) -> Tree {
         Tree {
-            root: Child::Dirty(self.add_dirty(Node::Leaf(Vec::new()))),
+            root: Child::Dirty(self.add_dirty(Node::Leaf(Leaf::default()))),
         }
     }
 
@@ -332,8 +314,8 @@ impl MetaStore {
         loop {
             let node = self.node(child, level)?;
             match &*node {
-                Node::Leaf(entries) => {
-                    return Ok(leaf_search(entries, key).ok().map(|i| entries[i].1.clone()))
+                Node::Leaf(leaf) => {
+                    return Ok(leaf.search(key).ok().map(|i| leaf.value(i).to_vec()))
                 }
                 Node::Branch {
                     level: l,
@@ -388,7 +370,7 @@ impl MetaStore {
         loop {
             let node = self.node(child, level)?;
             match &*node {
-                Node::Leaf(entries) => match leaf_search(entries, &probe) {
+                Node::Leaf(leaf) => match leaf.search(&probe) {
                     Ok(i) => {
                         path.push(i);
                         break;
@@ -647,15 +629,11 @@ impl MetaStore {
         value: &[u8],
     ) -> MetaResult<(Option<Vec<u8>>, Option<(Key, usize)>)> {
         let (i, cid) = match self.dirty_mut(id) {
-            Node::Leaf(entries) => {
-                let old = match leaf_search(entries, key) {
-                    Ok(i) => Some(std::mem::replace(&mut entries[i].1, value.to_vec())),
+            Node::Leaf(leaf) => {
+                let old = match leaf.search(key) {
+                    Ok(i) => Some(leaf.set_value(i, value)),
                     Err(i) => {
-                        let k = Key {
-                            prefix: key.prefix,
-                            bytes: key.bytes.to_vec(),
-                        };
-                        entries.insert(i, (k, value.to_vec()));
+                        leaf.insert(i, key.bytes, value);
                         None
                     }
                 };
@@ -683,14 +661,11 @@ impl MetaStore {
             return None;
         }
         let (sep, right) = match self.dirty_mut(id) {
-            Node::Leaf(entries) => {
-                let sizes: Vec<usize> = entries
-                    .iter()
-                    .map(|(k, v)| page::LEAF_ENTRY_OVERHEAD + k.bytes.len() + v.len())
-                    .collect();
+            Node::Leaf(leaf) => {
+                let sizes: Vec<usize> = (0..leaf.len()).map(|i| leaf.entry_bytes(i)).collect();
                 let m = best_split(&sizes, 1, |_| 0);
-                let right = entries.split_off(m);
-                (right[0].0.clone(), Node::Leaf(right))
+                let right = leaf.split_off(m);
+                (Key::new(right.key(0).to_vec()), Node::Leaf(right))
             }
             Node::Branch {
                 level,
@@ -732,7 +707,7 @@ impl MetaStore {
     fn remove_on_path(&mut self, id: usize, path: &[usize]) -> MetaResult<Vec<u8>> {
         let i = path[0];
         let cid = match self.dirty_mut(id) {
-            Node::Leaf(entries) => return Ok(entries.remove(i).1),
+            Node::Leaf(leaf) => return Ok(leaf.remove(i)),
             Node::Branch { .. } => self.dirty_child_at(id, i)?,
         };
         let old = self.remove_on_path(cid, &path[1..])?;
@@ -760,7 +735,7 @@ impl MetaStore {
         // Size first: building the merged node copies every entry of both.
         let merged_bytes = match (&*lnode, &*rnode) {
             (Node::Leaf(a), Node::Leaf(b)) => {
-                page::leaf_bytes(a.iter().chain(b).map(|(k, v)| (k.bytes(), v.as_slice())))
+                page::HEADER_BYTES + a.payload_bytes() + b.payload_bytes()
             }
             (Node::Branch { keys: ak, .. }, Node::Branch { keys: bk, .. }) => page::branch_bytes(
                 ak.iter()
@@ -774,7 +749,7 @@ impl MetaStore {
             return Ok(());
         }
         let merged = match (&*lnode, &*rnode) {
-            (Node::Leaf(a), Node::Leaf(b)) => Node::Leaf(a.iter().chain(b).cloned().collect()),
+            (Node::Leaf(a), Node::Leaf(b)) => Node::Leaf(a.concat(b)),
             (
                 Node::Branch {
                     level,
@@ -832,13 +807,14 @@ impl MetaStore {
     ) -> MetaResult<()> {
         let node = self.node(child, level)?;
         match &*node {
-            Node::Leaf(entries) => {
-                let from = leaf_below(entries, start);
-                for (k, v) in &entries[from..] {
-                    if out.len() >= limit || end.is_some_and(|e| k.cmp_to(e) != Ordering::Less) {
+            Node::Leaf(leaf) => {
+                for i in leaf.below(start)..leaf.len() {
+                    if out.len() >= limit
+                        || end.is_some_and(|e| leaf.cmp_key(i, e) != Ordering::Less)
+                    {
                         break;
                     }
-                    out.push((k.bytes.clone(), v.clone()));
+                    out.push((leaf.key(i).to_vec(), leaf.value(i).to_vec()));
                 }
             }
             Node::Branch {
@@ -868,14 +844,14 @@ impl MetaStore {
     ) -> MetaResult<Option<(Vec<u8>, Vec<u8>)>> {
         let node = self.node(child, level)?;
         match &*node {
-            Node::Leaf(entries) => {
+            Node::Leaf(leaf) => {
                 let upto = match end {
-                    Some(e) => leaf_below(entries, e),
-                    None => entries.len(),
+                    Some(e) => leaf.below(e),
+                    None => leaf.len(),
                 };
                 Ok(upto
                     .checked_sub(1)
-                    .map(|i| (entries[i].0.bytes.clone(), entries[i].1.clone())))
+                    .map(|i| (leaf.key(i).to_vec(), leaf.value(i).to_vec())))
             }
             Node::Branch {
                 level,
