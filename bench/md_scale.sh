@@ -8,6 +8,7 @@
 #   BIG=10000000 SMALL=100000 MOUNT_SMALL=10000 DIRS=1000 XFS=1 (0 skips XFS)
 #   LAYOUTS="one many" (one directory, DIRS directories)
 #   DRIVE_BYTES=8G (four Tessera drive files), XFS_BYTES=64G (sparse image)
+#   PAGEPOOL=1G (Tessera's metadata page cache; unset keeps the default)
 #
 # Between create and stat each file system is unmounted and mounted again (Tessera: the
 # daemon is shut down and started, so stat runs from cold caches and mount reads what the
@@ -27,6 +28,7 @@ LAYOUTS=${LAYOUTS:-one many}
 DRIVE_BYTES=${DRIVE_BYTES:-8G}
 XFS_BYTES=${XFS_BYTES:-64G}
 BLOCK=${BLOCK:-4M}
+PAGEPOOL=${PAGEPOOL:-}
 TESSERA=$ROOT/target/release/tessera
 export TESSERA_HOME=$WORK/home
 
@@ -69,6 +71,7 @@ tessera_fresh() {
     rm -rf "$TESSERA_HOME"
     "$TESSERA" cluster create --name scale >/dev/null
     "$TESSERA" startup >/dev/null
+    [ -z "$PAGEPOOL" ] || "$TESSERA" config set "pagepool=$PAGEPOOL" >/dev/null
     "$TESSERA" nsd create -F "$stanza" >/dev/null
     "$TESSERA" fs create scale -F "$stanza" -B "$BLOCK" -T "$WORK/t/mnt" -A no >/dev/null
     "$TESSERA" mount scale >/dev/null

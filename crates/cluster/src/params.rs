@@ -2,7 +2,7 @@
 //! `tessera config ls` [mmlsconfig].
 //!
 //! Only parameters that Tessera implements are known; any other name is refused with the
-//! list of known ones, so a GPFS habit such as `pagepool=` is never silently ignored.
+//! list of known ones, so a GPFS habit such as `maxMBpS=` is never silently ignored.
 //! Values are validated and stored normalized, so every node reads the same text.
 
 use std::collections::BTreeMap;
@@ -65,7 +65,53 @@ pub const PARAMS: &[ParamSpec] = &[
                and ls -l); 0 turns it off; takes effect at the next mount",
         check: |v| check_count(v, 0, 100_000_000),
     },
+    ParamSpec {
+        name: "pagepool",
+        default: "512M",
+        scope: Scope::Node,
+        help: "memory for clean metadata pages (directory, inode and block-map pages) a \
+               node caches per mounted file system; unlike GPFS's, file data is not cached \
+               in it (the kernel's page cache holds that); takes effect at the next mount",
+        check: |v| check_bytes(v, 16 << 20, 1 << 40),
+    },
 ];
+
+/// A size in bytes within `min..=max`, with an optional binary unit (`K`, `M`, `G`, `T`),
+/// normalized to the largest unit that divides it (`536870912` and `512M` give `512M`).
+fn check_bytes(value: &str, min: u64, max: u64) -> Result<String, String> {
+    let n =
+        parse_bytes(value).ok_or_else(|| format!("`{value}` is not a size (like 512M or 4G)"))?;
+    if !(min..=max).contains(&n) {
+        return Err(format!(
+            "{} is outside {} to {}",
+            format_bytes(n),
+            format_bytes(min),
+            format_bytes(max)
+        ));
+    }
+    Ok(format_bytes(n))
+}
+
+fn parse_bytes(value: &str) -> Option<u64> {
+    let v = value.trim();
+    let (digits, shift) = match v.chars().last()?.to_ascii_uppercase() {
+        'K' => (&v[..v.len() - 1], 10),
+        'M' => (&v[..v.len() - 1], 20),
+        'G' => (&v[..v.len() - 1], 30),
+        'T' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+fn format_bytes(n: u64) -> String {
+    for (shift, unit) in [(40, 'T'), (30, 'G'), (20, 'M'), (10, 'K')] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
 
 /// A whole number within `min..=max`, normalized (`50000`; `50k` and `1M` accepted).
 fn check_count(value: &str, min: u64, max: u64) -> Result<String, String> {
@@ -155,6 +201,11 @@ impl Params {
             .unwrap_or_default()
     }
 
+    /// A size parameter in force on `node`, in bytes.
+    pub fn bytes(&self, name: &str, node: Option<NodeNumber>) -> u64 {
+        parse_bytes(&self.get(name, node)).unwrap_or(0)
+    }
+
     /// A count parameter in force on `node`.
     pub fn count(&self, name: &str, node: Option<NodeNumber>) -> u64 {
         self.get(name, node).parse().unwrap_or(0)
@@ -242,9 +293,9 @@ mod tests {
 
     #[test]
     fn unknown_names_list_the_known_ones() {
-        let e = parse_changes("pagepool=4G", false).unwrap_err();
+        let e = parse_changes("maxMBpS=4000", false).unwrap_err();
         assert!(
-            e.contains("unknown configuration parameter `pagepool`"),
+            e.contains("unknown configuration parameter `maxMBpS`"),
             "{e}"
         );
         assert!(e.contains("failureDetectionTime"), "{e}");
@@ -281,6 +332,25 @@ mod tests {
             .insert("maxFilesToCache".into(), "7".into());
         assert_eq!(p.count("maxFilesToCache", Some(2)), 7);
         assert_eq!(p.count("maxFilesToCache", Some(3)), 50_000);
+    }
+
+    #[test]
+    fn pagepool_is_a_size_per_node() {
+        let c = parse_changes("pagepool=1024M", true).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("1G"));
+        let c = parse_changes("pagepool=536870912", false).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("512M"));
+        let c = parse_changes("pagepool=100000k", false).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("100000K"));
+        let e = parse_changes("pagepool=1M", false).unwrap_err();
+        assert!(e.contains("1M is outside 16M to 1T"), "{e}");
+        let e = parse_changes("pagepool=lots", false).unwrap_err();
+        assert!(e.contains("not a size"), "{e}");
+        assert!(parse_changes("pagepool=99999999999T", false).is_err());
+        let mut p = Params::default();
+        assert_eq!(p.bytes("pagepool", Some(1)), 512 << 20);
+        p.cluster.insert("pagepool".into(), "2G".into());
+        assert_eq!(p.bytes("pagepool", Some(1)), 2 << 30);
     }
 
     #[test]

@@ -278,12 +278,18 @@ pub(crate) fn allocate_regions(
     let mut regions = Vec::with_capacity(desc.disks.len());
     for d in &desc.disks {
         let bytes = region_bytes(alloc.chunk_count(d.index));
-        let (start, blocks) = alloc
-            .alloc_contiguous_blocks(0, AllocKind::Metadata, bytes.div_ceil(bs))
-            .map_err(|_| FsError::NoSpace {
+        let Ok((start, blocks)) =
+            alloc.alloc_contiguous_blocks(0, AllocKind::Metadata, bytes.div_ceil(bs))
+        else {
+            // Give back what the earlier disks took: the caller may go on without a stored map.
+            for e in region_extents_of(desc, &regions) {
+                alloc.free(e).expect("a region just allocated");
+            }
+            return Err(FsError::NoSpace {
                 pool: "system".into(),
                 what: "allocation map regions (contiguous blocks of a metadata disk)",
-            })?;
+            });
+        };
         regions.push(MapRegion {
             disk: d.index,
             on_disk: start.disk,
@@ -296,10 +302,13 @@ pub(crate) fn allocate_regions(
 
 /// The block extents of the map regions (for fsck's reference count).
 pub(crate) fn region_extents(desc: &FsDescriptor) -> Vec<Extent> {
-    let Some(stored) = &desc.alloc_map else {
-        return Vec::new();
-    };
-    let regions = &stored.regions;
+    match &desc.alloc_map {
+        Some(stored) => region_extents_of(desc, &stored.regions),
+        None => Vec::new(),
+    }
+}
+
+fn region_extents_of(desc: &FsDescriptor, regions: &[MapRegion]) -> Vec<Extent> {
     let data_start = tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size));
     let sub = u64::from(desc.sub_block_size);
     let per = desc.sub_blocks_per_block();
@@ -465,7 +474,7 @@ pub(crate) fn load(
 /// the checkpoint's metadata does not reference). Their chunks stay marked changed, since
 /// their stored copy now differs from the live one.
 pub(crate) fn snapshot(alloc: &mut AllocMap, excluded: &[Extent]) -> Vec<ChunkImage> {
-    let spb_words = |e: &Extent| {
+    let chunks_of = |e: &Extent| {
         let first = e.addr.sub_block / 64;
         let last = (e.addr.sub_block + u64::from(e.sub_blocks) - 1) / 64;
         (first as usize / MAP_CHUNK_WORDS)..=(last as usize / MAP_CHUNK_WORDS)
@@ -476,7 +485,7 @@ pub(crate) fn snapshot(alloc: &mut AllocMap, excluded: &[Extent]) -> Vec<ChunkIm
         .map(|k| (k, ()))
         .collect();
     for e in excluded {
-        for c in spb_words(e) {
+        for c in chunks_of(e) {
             wanted.insert((e.addr.disk, c), ());
         }
     }

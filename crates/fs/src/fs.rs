@@ -141,15 +141,27 @@ impl FileSystem {
             // A file system of format version 3: give the map its regions now; the first
             // checkpoint stores it whole and writes a version-4 descriptor naming them. A crash
             // before that leaves the regions unreferenced and this mount's conversion to redo.
-            let regions = crate::alloc_map::allocate_regions(&desc, &mut recovered.alloc)?;
-            recovered.alloc.mark_all_chunks_dirty();
-            recovered.map_slots = crate::alloc_map::MapSlots::none(&recovered.alloc);
-            desc.alloc_map = Some(crate::alloc_map::StoredMap { regions, digest: 0 });
-            tracing::info!(
-                "{}: converting to format version 4: the allocation map is stored from the \
-                 next checkpoint on, so later mounts read it instead of scanning the metadata",
-                desc.name
-            );
+            match crate::alloc_map::allocate_regions(&desc, &mut recovered.alloc) {
+                Ok(regions) => {
+                    recovered.alloc.mark_all_chunks_dirty();
+                    recovered.map_slots = crate::alloc_map::MapSlots::none(&recovered.alloc);
+                    desc.alloc_map = Some(crate::alloc_map::StoredMap { regions, digest: 0 });
+                    tracing::info!(
+                        "{}: converting to format version 4: the allocation map is stored \
+                         from the next checkpoint on, so later mounts read it instead of \
+                         scanning the metadata",
+                        desc.name
+                    );
+                }
+                // A full or fragmented system pool: stay at version 3 (mounts keep scanning)
+                // rather than refuse the mount.
+                Err(e) => tracing::warn!(
+                    "{}: cannot convert to format version 4 ({e}); the allocation map stays \
+                     unstored and every mount rebuilds it by a scan; free space in the system \
+                     pool and mount again to convert",
+                    desc.name
+                ),
+            }
         }
         let geo = geometry(&desc);
         let prefetch = Prefetcher::new(geo.block_bytes);
@@ -214,6 +226,14 @@ impl FileSystem {
     /// checkpoint). A small cache costs speed, never correctness.
     pub fn set_metadata_cache_pages(&self, pages: usize) {
         self.meta.lock().state.store_mut().set_cache_pages(pages);
+    }
+
+    /// Bounds the cache of clean metadata pages to `bytes` of pages (`pagepool`), at least
+    /// eight pages.
+    pub fn set_metadata_cache_bytes(&self, bytes: u64) {
+        let page = u64::from(self.desc.lock().checkpoint.page_bytes);
+        let pages = usize::try_from(bytes / page).unwrap_or(usize::MAX).max(8);
+        self.set_metadata_cache_pages(pages);
     }
 
     /// Bounds the cache of decoded inode records (`maxFilesToCache`).

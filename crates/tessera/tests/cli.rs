@@ -307,7 +307,11 @@ fn fs_create_seed002_form_mount_write_umount() {
         "scatter",
     ]);
     // GPFS's cache parameters reach the mount.
-    node.ok(&["config", "set", "maxFilesToCache=2k,maxStatCache=0"]);
+    node.ok(&[
+        "config",
+        "set",
+        "maxFilesToCache=2k,maxStatCache=0,pagepool=64M",
+    ]);
     let ls = node.ok(&["config", "ls"]);
     assert!(
         ls.contains("maxFilesToCache") && ls.contains("2000"),
@@ -317,7 +321,7 @@ fn fs_create_seed002_form_mount_write_umount() {
     assert!(out.contains(s(&mnt)), "{out}");
     let log = std::fs::read_to_string(node.home().join("log/daemon.log")).unwrap();
     assert!(
-        log.contains("gpfs1: maxFilesToCache=2000 maxStatCache=0"),
+        log.contains("gpfs1: maxFilesToCache=2000 maxStatCache=0 pagepool=64M"),
         "{log}"
     );
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();

@@ -441,8 +441,8 @@ fn bad_node_lists_and_parameters_change_nothing() {
         ),
         (
             "node1",
-            &["-N", "node1:quorum-manager", "--config", "pagepool=4G"],
-            "unknown configuration parameter `pagepool`; Tessera implements: failureDetectionTime",
+            &["-N", "node1:quorum-manager", "--config", "maxMBpS=4000"],
+            "unknown configuration parameter `maxMBpS`; Tessera implements: failureDetectionTime",
         ),
         (
             "node1",
@@ -555,7 +555,7 @@ fn one_node_cluster_and_commands_that_need_the_daemon() {
     }
     let refused: &[(&[&str], &str)] = &[
         (
-            &["config", "set", "pagepool=1G"],
+            &["config", "set", "maxMBpS=4000"],
             "unknown configuration parameter",
         ),
         (

@@ -91,11 +91,14 @@ impl Daemon {
         let me = Some(self.member.me());
         let files = params.count("maxFilesToCache", me);
         let stats = params.count("maxStatCache", me);
+        let pagepool = params.bytes("pagepool", me);
         fs.set_inode_cache(usize::try_from(files).unwrap_or(usize::MAX));
         fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
+        fs.set_metadata_cache_bytes(pagepool);
         tracing::info!(
-            "{}: maxFilesToCache={files} maxStatCache={stats}",
-            record.name
+            "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
+            record.name,
+            params.get("pagepool", me)
         );
         Ok(fs)
     }
