@@ -9,6 +9,7 @@
 #   LAYOUTS="one many" (one directory, DIRS directories)
 #   DRIVE_BYTES=8G (four Tessera drive files), XFS_BYTES=64G (sparse image)
 #   PAGEPOOL=1G (Tessera's metadata page cache; unset keeps the default)
+#   MAX_INODES (the file system's inode limit, --inode-limit; default BIG plus a fifth)
 #
 # Between create and stat each file system is unmounted and mounted again (Tessera: the
 # daemon is shut down and started, so stat runs from cold caches and mount reads what the
@@ -29,6 +30,7 @@ DRIVE_BYTES=${DRIVE_BYTES:-8G}
 XFS_BYTES=${XFS_BYTES:-64G}
 BLOCK=${BLOCK:-4M}
 PAGEPOOL=${PAGEPOOL:-}
+MAX_INODES=${MAX_INODES:-$((BIG + BIG / 5 + 10000))}
 TESSERA=$ROOT/target/release/tessera
 export TESSERA_HOME=$WORK/home
 
@@ -73,7 +75,7 @@ tessera_fresh() {
     "$TESSERA" startup >/dev/null
     [ -z "$PAGEPOOL" ] || "$TESSERA" config set "pagepool=$PAGEPOOL" >/dev/null
     "$TESSERA" nsd create -F "$stanza" >/dev/null
-    "$TESSERA" fs create scale -F "$stanza" -B "$BLOCK" -T "$WORK/t/mnt" -A no >/dev/null
+    "$TESSERA" fs create scale -F "$stanza" -B "$BLOCK" --inode-limit "$MAX_INODES" -T "$WORK/t/mnt" -A no >/dev/null
     "$TESSERA" mount scale >/dev/null
 }
 

@@ -397,7 +397,10 @@ pub(crate) fn load(
         while chunk < chunks {
             let n = per_batch.min(chunks - chunk);
             let mut buf = AlignedBuf::zeroed(n * 2 * SLOT_BYTES);
-            dev.read_at(&mut buf, region.offset + (chunk * 2 * SLOT_BYTES) as u64)?;
+            if let Err(e) = dev.read_at(&mut buf, region.offset + (chunk * 2 * SLOT_BYTES) as u64) {
+                // Unreadable is as good as damaged: the map is rebuilt, the mount goes on.
+                problem.get_or_insert(format!("reading the allocation map of {name}: {e}"));
+            }
             for i in 0..n {
                 let c = chunk + i;
                 let want = MAP_CHUNK_WORDS.min(total_words - c * MAP_CHUNK_WORDS);
