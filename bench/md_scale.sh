@@ -79,13 +79,10 @@ tessera_fresh() {
     "$TESSERA" mount scale >/dev/null
 }
 
-# tessera_run FILES DIRS LABEL: one create, restart, stat, unlink; appends result lines.
-tessera_run() {
-    local files=$1 dirs=$2 label=$3
-    tessera_fresh
-    local c s u t0 startup_ms mount_ms rss
-    c=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" create | awk '{print $4}')
-    rss=$(kib VmRSS)
+# restart_timed: unmount, stop the daemon, start it and mount again, setting startup_ms and
+# mount_ms (the caller's variables) to how long starting and mounting took.
+restart_timed() {
+    local t0
     "$TESSERA" umount scale >/dev/null
     "$TESSERA" shutdown >/dev/null
     t0=$(date +%s%N)
@@ -94,6 +91,16 @@ tessera_run() {
     t0=$(date +%s%N)
     "$TESSERA" mount scale >/dev/null
     mount_ms=$(ms_since "$t0")
+}
+
+# tessera_run FILES DIRS LABEL: one create, restart, stat, unlink; appends result lines.
+tessera_run() {
+    local files=$1 dirs=$2 label=$3
+    tessera_fresh
+    local c s u rss startup_ms mount_ms
+    c=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" create | awk '{print $4}')
+    rss=$(kib VmRSS)
+    restart_timed
     local rest
     rest=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" stat,unlink)
     s=$(echo "$rest" | awk '$1 == "stat" {print $4}')
@@ -108,15 +115,8 @@ tessera_mount_only() {
     local files=$1
     tessera_fresh
     "$MDBENCH" "$WORK/t/mnt/md" "$files" 1 create >/dev/null
-    "$TESSERA" umount scale >/dev/null
-    "$TESSERA" shutdown >/dev/null
-    local t0 startup_ms mount_ms
-    t0=$(date +%s%N)
-    "$TESSERA" startup >/dev/null
-    startup_ms=$(ms_since "$t0")
-    t0=$(date +%s%N)
-    "$TESSERA" mount scale >/dev/null
-    mount_ms=$(ms_since "$t0")
+    local startup_ms mount_ms
+    restart_timed
     echo "tessera-mount one $files - - - - - $startup_ms $mount_ms" | tee -a "$OUT" >&2
 }
 

@@ -518,11 +518,12 @@ pub(crate) fn snapshot(alloc: &mut AllocMap, excluded: &[Extent]) -> Vec<ChunkIm
     images.into_values().collect()
 }
 
-/// Writes a checkpoint's chunks, each into the slot that does not hold its current copy, and
-/// flushes the disks written; returns the slots written, for [`MapSlots::digest_with`] (the
-/// descriptor's digest) and for [`MapSlots::commit`] once that descriptor is durable.
+/// Writes a checkpoint's chunks, each into the slot that does not hold its current copy,
+/// flushes the disks written, and sets `desc`'s digest to what it is once they are current
+/// (the caller then writes `desc`); returns the slots written, for [`MapSlots::commit`] once
+/// that descriptor is durable.
 pub(crate) fn write_chunks(
-    desc: &FsDescriptor,
+    desc: &mut FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
     slots: &MapSlots,
     generation: u64,
@@ -550,6 +551,9 @@ pub(crate) fn write_chunks(
         if t {
             dev.flush()?;
         }
+    }
+    if let Some(stored) = &mut desc.alloc_map {
+        stored.digest = slots.digest_with(&written, generation);
     }
     Ok(written)
 }

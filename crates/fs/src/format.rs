@@ -313,16 +313,13 @@ fn format_inner(
     let prepared = crate::checkpoint::prepare(&desc, &mut alloc, &mut state, &[])?;
     crate::checkpoint::write_pages(&desc, &devices, &prepared)?;
     let slots = crate::alloc_map::MapSlots::none(&alloc);
-    let written = crate::alloc_map::write_chunks(
-        &desc,
+    crate::alloc_map::write_chunks(
+        &mut desc,
         &devices,
         &slots,
         prepared.generation,
         &prepared.map,
     )?;
-    if let Some(stored) = &mut desc.alloc_map {
-        stored.digest = slots.digest_with(&written, prepared.generation);
-    }
     desc.checkpoint.generation = prepared.generation;
     desc.checkpoint.roots = prepared.roots;
     report("Creating the inode file", &mut step);

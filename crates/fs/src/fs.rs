@@ -520,15 +520,12 @@ impl FileSystem {
         crate::checkpoint::write_pages(&desc, &self.devices, prepared)?;
         let mut map_slots = self.map_slots.lock();
         let chunks = crate::alloc_map::write_chunks(
-            &desc,
+            &mut desc,
             &self.devices,
             &map_slots,
             prepared.generation,
             &prepared.map,
         )?;
-        if let Some(stored) = &mut desc.alloc_map {
-            stored.digest = map_slots.digest_with(&chunks, prepared.generation);
-        }
         desc.generation += 1;
         desc.checkpoint.replay_from = lsn;
         desc.checkpoint.generation = prepared.generation;

@@ -94,38 +94,42 @@ pub(crate) fn recover(
     )?;
     // The allocation map of the checkpoint comes first: replay frees what the records free
     // and takes what they map, as the live file system did.
-    let loaded = match desc.alloc_map {
-        Some(_) => Some(crate::alloc_map::load(desc, devices, new_alloc(desc))?),
+    let empty = new_alloc(desc);
+    let mut map_slots = MapSlots::none(&empty);
+    let mut stale = Vec::new();
+    let stored = match desc.alloc_map {
+        Some(_) => {
+            let loaded = crate::alloc_map::load(desc, devices, empty)?;
+            map_slots = loaded.slots;
+            stale = loaded.stale;
+            Some(loaded.map)
+        }
         None => None,
     };
-    let mut map_slots = MapSlots::none(&new_alloc(desc));
-    let mut stored = None;
-    let mut stale = Vec::new();
-    if let Some(l) = loaded {
-        map_slots = l.slots;
-        stored = Some(l.map);
-        stale = l.stale;
-    }
     let (mut alloc, conflicts, map_rebuilt, mut stored_map) = match (source, stored) {
         (MapSource::Stored, Some(Ok(map))) => (map, Vec::new(), None, None),
-        (MapSource::Stored, Some(Err(why))) => {
-            tracing::warn!(
-                "{}: {why}; rebuilding the allocation map from the metadata (a scan of every \
-                 block reference; the next checkpoint stores it again whole, and fsck can tell \
-                 what else is damaged)",
-                desc.name
-            );
+        (source, stored) => {
+            let why = match (source, &stored) {
+                (MapSource::Verify, _) => "fsck rebuilds it".to_string(),
+                (_, Some(Err(why))) => {
+                    tracing::warn!(
+                        "{}: {why}; rebuilding the allocation map from the metadata (a scan of \
+                         every block reference; the next checkpoint stores it again whole, and \
+                         fsck can tell what else is damaged)",
+                        desc.name
+                    );
+                    why.clone()
+                }
+                _ => "the file system (format version 3) does not store its allocation map"
+                    .to_string(),
+            };
             let (alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
-            (alloc, conflicts, Some(why), None)
-        }
-        (MapSource::Verify, stored) => {
-            let (alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
-            (alloc, conflicts, Some("fsck rebuilds it".into()), stored)
-        }
-        (MapSource::Stored, None) => {
-            let (alloc, conflicts) = rebuild_alloc(desc, &mut state)?;
-            let why = "the file system (format version 3) does not store its allocation map";
-            (alloc, conflicts, Some(why.into()), None)
+            let stored = if source == MapSource::Verify {
+                stored
+            } else {
+                None
+            };
+            (alloc, conflicts, Some(why), stored)
         }
     };
     if map_rebuilt.is_some() {
