@@ -3,6 +3,9 @@
 #
 #   bench/run.sh [WORKDIR]            (as root; needs fio, xfsprogs, a C compiler)
 #   ROUNDS=N (default 3), KEEP=1 keeps WORKDIR (the drives and the XFS image) afterwards.
+#   BEFORE=BINARY: also measure another Tessera build (for example a release build of the
+#   commit before a change) in the same rounds on the same drive files, and add its results
+#   and the per-round this-build/BEFORE ratios to the table.
 #
 # Both file systems live in WORKDIR: Tessera on four preallocated drive files (O_DIRECT, like
 # four contiguous drives), XFS on a loop device over one sparse image with direct I/O (so
@@ -14,7 +17,8 @@
 # The machine's disk is shared and its speed moves by 2x within minutes, so the whole set
 # runs ROUNDS times (default 3), alternating which file system goes first, and the table
 # shows medians: of each file system's results, and of the per-round ratios (with their
-# range), each ratio taken from two runs minutes apart.
+# range), each ratio taken from two runs minutes apart. Each Tessera measurement starts from
+# a fresh one-node cluster and file system on the drive files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -28,7 +32,8 @@ MD_FILES=${MD_FILES:-100000}
 BLOCK=${BLOCK:-4M}
 ROUNDS=${ROUNDS:-3}
 TESSERA=$ROOT/target/release/tessera
-export TESSERA_HOME=$WORK/home
+BEFORE=${BEFORE:+$(readlink -f "$BEFORE")}
+[ -z "$BEFORE" ] || [ -x "$BEFORE" ] || { echo "bench: BEFORE=$BEFORE is not an executable" >&2; exit 1; }
 
 for tool in fio mkfs.xfs losetup cc python3; do
     command -v $tool >/dev/null || { echo "bench: $tool is missing (apt-get install fio xfsprogs gcc)" >&2; exit 1; }
@@ -38,9 +43,17 @@ mkdir -p "$(dirname "$WORK")"
 MDBENCH=$WORK.mdbench
 cc -O2 -o "$MDBENCH" bench/mdbench.c
 
+# Each build's daemon has its own home; tessera_down stops whichever runs.
+home_of() { echo "$WORK/home-$(echo "$1" | cksum | cut -d' ' -f1)"; }
+tessera_down() {
+    local bin
+    for bin in "$TESSERA" ${BEFORE:+"$BEFORE"}; do
+        TESSERA_HOME=$(home_of "$bin") "$bin" shutdown >/dev/null 2>&1 || true
+    done
+}
 cleanup() (
     set +e
-    "$TESSERA" shutdown >/dev/null 2>&1
+    tessera_down
     umount "$WORK/xfs" 2>/dev/null
     [ -n "${LOOP:-}" ] && losetup -d "$LOOP"
     true
@@ -71,11 +84,21 @@ for i in 0 1 2 3; do
     printf '%%nsd: device=%s nsd=bench%s usage=dataAndMetadata failureGroup=%s pool=system\n' \
         "$WORK/drives/d$i" "$i" "$((i + 1))" >>"$STANZA"
 done
-"$TESSERA" cluster create --name bench >/dev/null
-"$TESSERA" startup >/dev/null
-"$TESSERA" nsd create -F "$STANZA" >/dev/null
-"$TESSERA" fs create bench -F "$STANZA" -B "$BLOCK" -T "$WORK/tessera" -A no >/dev/null
-"$TESSERA" mount bench >/dev/null
+
+# tessera_up BINARY: a fresh one-node cluster of that build with the file system mounted
+# on $WORK/tessera (the drives are formatted again).
+tessera_up() {
+    local bin=$1
+    tessera_down
+    export TESSERA_HOME
+    TESSERA_HOME=$(home_of "$bin")
+    rm -rf "$TESSERA_HOME"
+    "$bin" cluster create --name bench >/dev/null
+    "$bin" startup >/dev/null
+    "$bin" nsd create -F "$STANZA" >/dev/null
+    "$bin" fs create bench -F "$STANZA" -B "$BLOCK" -T "$WORK/tessera" -A no >/dev/null
+    "$bin" mount bench >/dev/null
+}
 
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
@@ -124,36 +147,51 @@ measure() {
     echo "round $r $fs: seq w1 ${RESULT[$fs,seqwrite1,$r]} r1 ${RESULT[$fs,seqread1,$r]} w4 ${RESULT[$fs,seqwrite4,$r]} r4 ${RESULT[$fs,seqread4,$r]} MB/s; rand w ${RESULT[$fs,randwrite,$r]} r ${RESULT[$fs,randread,$r]} IOPS; create ${RESULT[$fs,create,$r]} stat ${RESULT[$fs,stat,$r]} unlink ${RESULT[$fs,unlink,$r]} /s" >&2
 }
 
+# Each round starts with a different system (xfs, tessera, before, xfs, ...).
+SYSTEMS=(xfs tessera ${BEFORE:+before})
 for r in $(seq 1 "$ROUNDS"); do
-    if [ $((r % 2)) -eq 1 ]; then
-        measure xfs "$WORK/xfs" "$r"
-        measure tessera "$WORK/tessera" "$r"
-    else
-        measure tessera "$WORK/tessera" "$r"
-        measure xfs "$WORK/xfs" "$r"
-    fi
+    for i in $(seq 0 $((${#SYSTEMS[@]} - 1))); do
+        fs=${SYSTEMS[$(( (r - 1 + i) % ${#SYSTEMS[@]} ))]}
+        case $fs in
+            xfs) measure xfs "$WORK/xfs" "$r" ;;
+            tessera) tessera_up "$TESSERA"; measure tessera "$WORK/tessera" "$r"; tessera_down ;;
+            before) tessera_up "$BEFORE"; measure before "$WORK/tessera" "$r"; tessera_down ;;
+        esac
+    done
 done
 
 # row KEY LABEL UNIT: medians over rounds and the median (min-max) of per-round ratios.
 row() {
     local key=$1 label=$2 unit=$3
-    local t=() x=()
+    local t=() x=() b=()
     for r in $(seq 1 "$ROUNDS"); do
         t+=("${RESULT[tessera,$key,$r]}")
         x+=("${RESULT[xfs,$key,$r]}")
+        [ -z "$BEFORE" ] || b+=("${RESULT[before,$key,$r]}")
     done
-    python3 - "$label" "$unit" "${t[*]}" "${x[*]}" <<'PY'
+    python3 - "$label" "$unit" "${t[*]}" "${x[*]}" "${b[*]:-}" <<'PY'
 import statistics, sys
-label, unit, t, x = sys.argv[1], sys.argv[2], list(map(float, sys.argv[3].split())), list(map(float, sys.argv[4].split()))
-ratios = [a / b for a, b in zip(t, x) if b]
+label, unit = sys.argv[1], sys.argv[2]
+t, x = list(map(float, sys.argv[3].split())), list(map(float, sys.argv[4].split()))
+b = list(map(float, sys.argv[5].split()))
 fmt = (lambda v: f"{v:.0f}") if unit != "MB/s" else (lambda v: f"{v:.1f}")
-spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
-print(f"| {label} | {fmt(statistics.median(t))} {unit} | {fmt(statistics.median(x))} {unit} | "
-      f"{statistics.median(ratios):.2f}{spread} |")
+def ratio(num, den):
+    rs = [p / q for p, q in zip(num, den) if q]
+    spread = f" ({min(rs):.2f}–{max(rs):.2f})" if len(rs) > 1 else ""
+    return f"{statistics.median(rs):.2f}{spread}"
+cells = [label, f"{fmt(statistics.median(t))} {unit}", f"{fmt(statistics.median(x))} {unit}", ratio(t, x)]
+if b:
+    cells += [f"{fmt(statistics.median(b))} {unit}", ratio(b, x), ratio(t, b)]
+print("| " + " | ".join(cells) + " |")
 PY
 }
-echo "| test | Tessera | XFS | Tessera/XFS, median (range) of $ROUNDS rounds |"
-echo "| --- | ---: | ---: | ---: |"
+if [ -n "$BEFORE" ]; then
+    echo "| test | Tessera | XFS | Tessera/XFS, median (range) of $ROUNDS rounds | BEFORE | BEFORE/XFS | Tessera/BEFORE |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+else
+    echo "| test | Tessera | XFS | Tessera/XFS, median (range) of $ROUNDS rounds |"
+    echo "| --- | ---: | ---: | ---: |"
+fi
 row seqwrite1 "seq write 1 MiB, 1 job" MB/s
 row seqread1 "seq read 1 MiB, 1 job" MB/s
 row seqwrite4 "seq write 1 MiB, 4 jobs" MB/s

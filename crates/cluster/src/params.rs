@@ -70,7 +70,8 @@ pub const PARAMS: &[ParamSpec] = &[
         default: "512M",
         scope: Scope::Node,
         help: "memory for clean metadata pages (directory, inode and block-map pages) a \
-               node caches per mounted file system; unlike GPFS's, file data is not cached \
+               node caches per mounted file system, with changed pages up to as much again \
+               (written back from a quarter of it); unlike GPFS's, file data is not cached \
                in it (the kernel's page cache holds that); takes effect at the next mount",
         check: |v| check_bytes(v, 16 << 20, 1 << 40),
     },

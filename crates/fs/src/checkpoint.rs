@@ -24,10 +24,14 @@ const MIN_PAGE_BYTES: u32 = 16 * 1024;
 /// the rate at 100,000 files (RESULTS.md); the cache should hold the directories and inodes
 /// in use, and the daemon stay within 2 GiB with ten million files.
 pub(crate) const DEFAULT_CACHE_PAGES: usize = 32768;
-/// Changed pages held before the background flusher starts a checkpoint.
-pub(crate) const DIRTY_PAGES_SOFT: usize = 8192;
+/// Changed pages held before the background flusher starts a checkpoint (a quarter of the
+/// default cache; `pagepool` sets it to a quarter of the pool).
+pub(crate) const DIRTY_PAGES_SOFT: usize = DEFAULT_CACHE_PAGES / 4;
 /// Changed pages held before a change waits for a checkpoint itself.
 pub(crate) const DIRTY_PAGES_HARD: usize = 4 * DIRTY_PAGES_SOFT;
+/// The flusher's threshold with the smallest `pagepool`: 4 MiB of 16 KiB pages, so that a
+/// tiny pool does not turn every few changes into a checkpoint.
+pub(crate) const DIRTY_PAGES_MIN: usize = 256;
 
 /// The metadata page size of a file system with these block and sub-block sizes: at least
 /// 16 KiB, at least 1/256 of a block (a block reference's checksums), a whole number of

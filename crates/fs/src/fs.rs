@@ -2,7 +2,7 @@
 //! allocation map, and the operations the access layer (FUSE) calls.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -105,6 +105,10 @@ pub struct FileSystem {
     fenced: AtomicBool,
     /// A checkpoint failed after giving its pages addresses: no further checkpoint is safe.
     checkpoint_failed: AtomicBool,
+    /// Changed metadata pages held before the background flusher starts a checkpoint, and
+    /// before a change waits for one itself (see `set_metadata_cache_bytes`).
+    dirty_pages_soft: AtomicUsize,
+    dirty_pages_hard: AtomicUsize,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -192,6 +196,8 @@ impl FileSystem {
             unmounted: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             checkpoint_failed: AtomicBool::new(false),
+            dirty_pages_soft: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_SOFT),
+            dirty_pages_hard: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_HARD),
         });
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
@@ -228,12 +234,19 @@ impl FileSystem {
         self.meta.lock().state.store_mut().set_cache_pages(pages);
     }
 
-    /// Bounds the cache of clean metadata pages to `bytes` of pages (`pagepool`), at least
-    /// eight pages.
+    /// Sizes the metadata page memory by `bytes` (`pagepool`): that much of clean pages
+    /// (at least eight), and as much again of changed pages at most. The background flusher
+    /// starts a checkpoint when a quarter of it has changed, so that writers only wait
+    /// when changes outrun the drives; a larger pool also lets more changes to the same
+    /// page (a directory leaf hit again and again) go out in one write.
     pub fn set_metadata_cache_bytes(&self, bytes: u64) {
         let page = u64::from(self.desc.lock().checkpoint.page_bytes);
         let pages = usize::try_from(bytes / page).unwrap_or(usize::MAX).max(8);
         self.set_metadata_cache_pages(pages);
+        let soft = (pages / 4).max(crate::checkpoint::DIRTY_PAGES_MIN);
+        self.dirty_pages_soft.store(soft, Ordering::Relaxed);
+        self.dirty_pages_hard
+            .store(pages.max(4 * soft), Ordering::Relaxed);
     }
 
     /// Bounds the cache of decoded inode records (`maxFilesToCache`).
@@ -338,7 +351,7 @@ impl FileSystem {
             m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
         }
         self.pmon.inode_update();
-        if m.state.store_mut().dirty_pages() > crate::checkpoint::DIRTY_PAGES_HARD {
+        if m.state.store_mut().dirty_pages() > self.dirty_pages_hard.load(Ordering::Relaxed) {
             // The background checkpoint did not keep up: write the changed pages now, so
             // that memory stays bounded however fast metadata changes.
             self.checkpoint_locked(m)?;
@@ -407,7 +420,7 @@ impl FileSystem {
         let used = self.journal.used_bytes() as f64;
         let dirty = self.meta.lock().state.store_mut().dirty_pages();
         if used > self.journal.capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION
-            || dirty > crate::checkpoint::DIRTY_PAGES_SOFT
+            || dirty > self.dirty_pages_soft.load(Ordering::Relaxed)
         {
             self.checkpoint()?;
         }

@@ -143,3 +143,53 @@ fn a_million_entries_in_one_directory() {
     assert!(report.is_clean(), "{:?}", report.problems);
     assert_eq!(report.inodes, 2, "root and `other` are left");
 }
+
+/// `pagepool` bounds the changed pages too: with 16 MiB (1,024 pages of 16 KiB) no more
+/// than that wait for a checkpoint however many files are created, and the flusher's check
+/// starts a checkpoint once a quarter of it has changed.
+#[test]
+fn the_pagepool_bounds_changed_pages() {
+    const POOL_PAGES: usize = 1024;
+    let t = make_disks(4, 512 << 20);
+    format_fs(
+        &t,
+        &FormatOptions {
+            // A log big enough that it does not fill (and checkpoint) first.
+            log_bytes: 64 << 20,
+            max_inodes: 300_000,
+            ..small_opts()
+        },
+    );
+    let fs = mount(&t);
+    fs.set_metadata_cache_bytes((POOL_PAGES as u64) * 16 * 1024);
+    let dir = fs
+        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o755, 0, ROOT, None)
+        .unwrap()
+        .ino;
+    let mut most = 0;
+    for i in 0..200_000 {
+        create_file(&fs, dir, &name(i));
+        most = most.max(fs.metadata_cache_stats().dirty_pages);
+    }
+    // One change dirties a leaf, an inode page and the branches above them.
+    assert!(
+        most > POOL_PAGES / 2 && most <= POOL_PAGES + 16,
+        "at most {most} changed pages"
+    );
+
+    // The flusher's check: nothing below a quarter of the pool, a checkpoint above it.
+    fs.checkpoint().unwrap();
+    let mut i = 200_000;
+    while fs.metadata_cache_stats().dirty_pages <= POOL_PAGES / 4 {
+        fs.maybe_checkpoint().unwrap();
+        assert!(fs.metadata_cache_stats().dirty_pages > 0 || i == 200_000);
+        create_file(&fs, dir, &name(i));
+        i += 1;
+    }
+    fs.maybe_checkpoint().unwrap();
+    assert_eq!(fs.metadata_cache_stats().dirty_pages, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
