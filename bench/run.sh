@@ -95,8 +95,8 @@ tessera_up() {
     rm -rf "$TESSERA_HOME"
     "$bin" cluster create --name bench >/dev/null
     "$bin" startup >/dev/null
-    "$bin" nsd create -F "$STANZA" >/dev/null
-    "$bin" fs create bench -F "$STANZA" -B "$BLOCK" -T "$WORK/tessera" -A no >/dev/null
+    "$bin" nsd create -F "$STANZA" -v no >/dev/null
+    "$bin" fs create bench -F "$STANZA" -B "$BLOCK" -T "$WORK/tessera" -A no -v no >/dev/null
     "$bin" mount bench >/dev/null
 }
 
