@@ -209,21 +209,54 @@ pub(crate) fn prepare(
     })
 }
 
+/// Largest write of a checkpoint. Pages placed one after another on a disk (the allocator
+/// places a checkpoint's pages next to each other where it can) go out in one write: a
+/// checkpoint of thousands of pages in a big directory cost a write (and, in a VM, an exit
+/// to the host) per 16 KiB page, about a tenth of the daemon's time at four million files.
+const WRITE_BATCH_BYTES: usize = 1 << 20;
+
 /// Writes a prepared checkpoint's pages and makes them durable.
 pub(crate) fn write_pages(
     desc: &FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
     prepared: &Prepared,
 ) -> FsResult<()> {
+    let page_bytes = desc.checkpoint.page_bytes as usize;
+    let page_subs = u64::from(desc.checkpoint.page_bytes / desc.sub_block_size);
+    // A page address is the disk in its top bits and the sub-block below: sorted, the pages
+    // of a disk come together in the order of their places.
+    let mut order: Vec<usize> = (0..prepared.pages.len()).collect();
+    order.sort_unstable_by_key(|&i| prepared.pages[i].0 .0);
+    let batch_pages = (WRITE_BATCH_BYTES / page_bytes).max(1);
+    let mut buf = AlignedBuf::zeroed(page_bytes * batch_pages.min(order.len().max(1)));
     let mut touched = vec![false; devices.len()];
-    for (addr, bytes) in &prepared.pages {
-        let a = disk_addr(*addr);
-        let dev = &devices[a.disk as usize];
-        dev.write_at(
-            &AlignedBuf::from_slice(bytes),
-            desc.sub_block_offset(a.sub_block),
+    let mut rest = &order[..];
+    while let Some(&first) = rest.first() {
+        let start = disk_addr(prepared.pages[first].0);
+        let run = rest
+            .iter()
+            .take(batch_pages)
+            .enumerate()
+            .take_while(|&(k, &i)| {
+                let a = disk_addr(prepared.pages[i].0);
+                a.disk == start.disk && a.sub_block == start.sub_block + k as u64 * page_subs
+            })
+            .count();
+        for (k, &i) in rest[..run].iter().enumerate() {
+            let bytes = &prepared.pages[i].1;
+            assert_eq!(
+                bytes.len(),
+                page_bytes,
+                "a checkpoint page is one page long"
+            );
+            buf[k * page_bytes..(k + 1) * page_bytes].copy_from_slice(bytes);
+        }
+        devices[start.disk as usize].write_at(
+            &buf[..run * page_bytes],
+            desc.sub_block_offset(start.sub_block),
         )?;
-        touched[a.disk as usize] = true;
+        touched[start.disk as usize] = true;
+        rest = &rest[run..];
     }
     for (dev, t) in devices.iter().zip(touched) {
         if t {
