@@ -75,7 +75,33 @@ pub const PARAMS: &[ParamSpec] = &[
                in it (the kernel's page cache holds that); takes effect at the next mount",
         check: |v| check_bytes(v, 16 << 20, 1 << 40),
     },
+    ParamSpec {
+        name: "metricsAddress",
+        default: "no",
+        scope: Scope::Node,
+        help: "where the node daemon serves Prometheus metrics over HTTP (`/metrics`), as \
+               IP:PORT (`127.0.0.1:9710` for this host only, `0.0.0.0:9710` for the \
+               network), or `no`; read-only; takes effect at the next startup",
+        check: check_listen_address,
+    },
 ];
+
+/// `no`, or an IP address and a port (a name would resolve differently on each node).
+fn check_listen_address(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.eq_ignore_ascii_case("no") {
+        return Ok("no".into());
+    }
+    let addr: std::net::SocketAddr = v
+        .parse()
+        .map_err(|_| format!("`{value}` is not IP:PORT (for example 127.0.0.1:9710) nor `no`"))?;
+    if addr.port() == 0 {
+        return Err(format!(
+            "`{value}` names port 0; a scraper needs a fixed port (for example 9710)"
+        ));
+    }
+    Ok(addr.to_string())
+}
 
 /// A size in bytes within `min..=max`, with an optional binary unit (`K`, `M`, `G`, `T`),
 /// normalized to the largest unit that divides it (`536870912` and `512M` give `512M`).
@@ -333,6 +359,19 @@ mod tests {
             .insert("maxFilesToCache".into(), "7".into());
         assert_eq!(p.count("maxFilesToCache", Some(2)), 7);
         assert_eq!(p.count("maxFilesToCache", Some(3)), 50_000);
+    }
+
+    #[test]
+    fn metrics_address_is_ip_port_or_no() {
+        let c = parse_changes("metricsAddress=127.0.0.1:9710", true).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("127.0.0.1:9710"));
+        let c = parse_changes("metricsAddress=NO", false).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("no"));
+        assert_eq!(Params::default().get("metricsAddress", Some(1)), "no");
+        for bad in ["localhost:9710", "127.0.0.1", "127.0.0.1:0", "9710", ""] {
+            let e = parse_changes(&format!("metricsAddress={bad}"), false).unwrap_err();
+            assert!(e.contains("metricsAddress"), "{bad}: {e}");
+        }
     }
 
     #[test]

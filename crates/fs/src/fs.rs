@@ -283,6 +283,11 @@ impl FileSystem {
         self.pmon.snapshot()
     }
 
+    /// Read and write latencies by request size in fine buckets (the Prometheus histograms).
+    pub fn latency_histograms(&self) -> crate::pmon::LatencyHistograms {
+        self.pmon.latency_histograms()
+    }
+
     /// Held shared by readers and by writers of whole blocks, exclusively by operations that
     /// change a file's shape (truncate, fallocate, inline data).
     pub(crate) fn inode_lock(&self, ino: Ino) -> &RwLock<()> {

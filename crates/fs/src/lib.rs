@@ -34,6 +34,8 @@ pub use fs::{DirListing, FileSystem, SetAttr, StatFs};
 pub use fsck::{fsck, FsckReport};
 pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};
 pub use namespace::Caller;
-pub use pmon::PmonSnapshot;
+pub use pmon::{
+    LatencyHistograms, PmonSnapshot, SizeHistogram, LATENCY_BUCKETS_NS, SIZE_BOUNDS_BYTES,
+};
 pub use report::{DfDisk, DfPool, DfReport, InodeUsage};
 pub use tessera_alloc::Placement;

@@ -11,12 +11,32 @@ pub const SIZE_BOUNDS_BYTES: [u64; 5] = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 
 /// Upper bounds (inclusive) of the latency ranges in milliseconds, as `rhist nr ...; 1;10;30;100`.
 pub const LATENCY_BOUNDS_MS: [f64; 4] = [1.0, 10.0, 30.0, 100.0];
 
+/// Upper bounds (inclusive) of the latency buckets kept for each size range, in
+/// nanoseconds: fine enough for NVMe (tens of microseconds) for the Prometheus histograms,
+/// and holding every `rhist` bound above, so that pmon's ranges are sums of these.
+pub const LATENCY_BUCKETS_NS: [u64; 12] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    100_000_000,
+    300_000_000,
+    1_000_000_000,
+];
+
 const SIZE_RANGES: usize = SIZE_BOUNDS_BYTES.len() + 1;
 const LATENCY_RANGES: usize = LATENCY_BOUNDS_MS.len() + 1;
+const BUCKETS: usize = LATENCY_BUCKETS_NS.len() + 1;
 
 #[derive(Default)]
 struct Histogram {
-    counts: [[AtomicU64; LATENCY_RANGES]; SIZE_RANGES],
+    counts: [[AtomicU64; BUCKETS]; SIZE_RANGES],
+    sum_ns: [AtomicU64; SIZE_RANGES],
 }
 
 impl Histogram {
@@ -25,20 +45,66 @@ impl Histogram {
             .iter()
             .position(|b| bytes < *b)
             .unwrap_or(SIZE_RANGES - 1);
-        let ms = latency.as_secs_f64() * 1000.0;
-        let lat = LATENCY_BOUNDS_MS
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BUCKETS_NS
             .iter()
-            .position(|b| ms <= *b)
-            .unwrap_or(LATENCY_RANGES - 1);
-        self.counts[size][lat].fetch_add(1, Relaxed);
+            .position(|b| ns <= *b)
+            .unwrap_or(BUCKETS - 1);
+        self.counts[size][bucket].fetch_add(1, Relaxed);
+        self.sum_ns[size].fetch_add(ns, Relaxed);
     }
 
-    fn snapshot(&self) -> Vec<Vec<u64>> {
+    /// `[size range][rhist latency range]` counts, summed from the fine buckets.
+    fn rhist(&self) -> Vec<Vec<u64>> {
         self.counts
             .iter()
-            .map(|row| row.iter().map(|c| c.load(Relaxed)).collect())
+            .map(|row| {
+                let mut out = vec![0; LATENCY_RANGES];
+                for (bucket, c) in row.iter().enumerate() {
+                    out[rhist_range(bucket)] += c.load(Relaxed);
+                }
+                out
+            })
             .collect()
     }
+
+    fn by_size(&self) -> Vec<SizeHistogram> {
+        self.counts
+            .iter()
+            .zip(&self.sum_ns)
+            .map(|(row, sum)| SizeHistogram {
+                buckets: row.iter().map(|c| c.load(Relaxed)).collect(),
+                sum_seconds: sum.load(Relaxed) as f64 / 1e9,
+            })
+            .collect()
+    }
+}
+
+/// The rhist range a fine bucket falls in (every rhist bound is a bucket bound).
+fn rhist_range(bucket: usize) -> usize {
+    match LATENCY_BUCKETS_NS.get(bucket) {
+        Some(&ns) => LATENCY_BOUNDS_MS
+            .iter()
+            .position(|ms| ns <= (*ms * 1e6) as u64)
+            .unwrap_or(LATENCY_RANGES - 1),
+        None => LATENCY_RANGES - 1,
+    }
+}
+
+/// Latencies of one request-size range: counts per bucket of `LATENCY_BUCKETS_NS` (not
+/// cumulative; the last bucket is above the last bound) and their sum.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SizeHistogram {
+    pub buckets: Vec<u64>,
+    pub sum_seconds: f64,
+}
+
+/// Read and write latencies by request size, for the Prometheus histograms: one
+/// `SizeHistogram` per range of `SIZE_BOUNDS_BYTES` (the last is open ended).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencyHistograms {
+    pub read: Vec<SizeHistogram>,
+    pub write: Vec<SizeHistogram>,
 }
 
 /// Live counters of one mounted file system.
@@ -103,8 +169,15 @@ impl Pmon {
             checksum_errors: self.checksum_errors.load(Relaxed),
             size_bounds_bytes: SIZE_BOUNDS_BYTES.to_vec(),
             latency_bounds_ms: LATENCY_BOUNDS_MS.to_vec(),
-            read_histogram: self.read_hist.snapshot(),
-            write_histogram: self.write_hist.snapshot(),
+            read_histogram: self.read_hist.rhist(),
+            write_histogram: self.write_hist.rhist(),
+        }
+    }
+
+    pub fn latency_histograms(&self) -> LatencyHistograms {
+        LatencyHistograms {
+            read: self.read_hist.by_size(),
+            write: self.write_hist.by_size(),
         }
     }
 }
@@ -128,4 +201,39 @@ pub struct PmonSnapshot {
     /// `[size range][latency range]` operation counts.
     pub read_histogram: Vec<Vec<u64>>,
     pub write_histogram: Vec<Vec<u64>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rhist_ranges_are_sums_of_the_fine_buckets() {
+        let p = Pmon::default();
+        for us in [
+            10, 60, 900, 1_000, 1_001, 9_000, 30_000, 31_000, 100_000, 2_000_000,
+        ] {
+            p.read(4096, Duration::from_micros(us));
+        }
+        p.write(100, Duration::from_micros(70));
+        let s = p.snapshot();
+        // 4 KiB is in the second size range (4 KiB up to 64 KiB).
+        assert_eq!(s.read_histogram[1], vec![4, 2, 1, 2, 1]);
+        assert_eq!(s.write_histogram[0], vec![1, 0, 0, 0, 0]);
+        let h = p.latency_histograms();
+        assert_eq!(h.read[1].buckets.iter().sum::<u64>(), 10);
+        assert_eq!(h.read[1].buckets[0], 1, "10 us is at most 50 us");
+        assert_eq!(
+            h.read[1].buckets[BUCKETS - 1],
+            1,
+            "2 s is above the last bound"
+        );
+        let sum: u64 = [
+            10, 60, 900, 1_000, 1_001, 9_000, 30_000, 31_000, 100_000, 2_000_000,
+        ]
+        .iter()
+        .sum();
+        assert!((h.read[1].sum_seconds - sum as f64 / 1e6).abs() < 1e-9);
+        assert_eq!(h.write[0].buckets[1], 1);
+    }
 }

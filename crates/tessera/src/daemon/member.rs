@@ -194,6 +194,11 @@ impl Member {
         self.node.status()
     }
 
+    /// Whether this node holds a valid disk lease now.
+    pub fn holds_lease(&self) -> bool {
+        self.node.may_do_io()
+    }
+
     /// Whether this node holds a valid disk lease, as a check devices can keep.
     pub fn lease_check(&self) -> super::lease_gate::LeaseCheck {
         let node = Arc::clone(&self.node);

@@ -8,6 +8,7 @@ mod da_admin;
 mod fs_admin;
 mod lease_gate;
 pub mod member;
+mod metrics;
 mod mounts;
 mod nsd_admin;
 mod nvme_admin;
@@ -97,6 +98,9 @@ pub fn run(home: Home) -> Result<()> {
     });
     spawn_signal_thread(Arc::clone(&daemon))?;
     let active = daemon.join_at_start()?;
+    if active {
+        metrics::start(&daemon)?;
+    }
     daemon.restore_nvme_at_start();
     // Devices may have been renamed since the last start: find NSDs by their descriptors
     // (and pdisks by their labels, when the arrays open) before anything mounts.
@@ -112,6 +116,10 @@ pub fn run(home: Home) -> Result<()> {
             .name("remount".into())
             .spawn(move || {
                 while !waiting.member.wait_active(Duration::from_secs(3600)) {}
+                // Its parameters are the cluster's from here on.
+                if let Err(e) = metrics::start(&waiting) {
+                    tracing::error!("{e:#}");
+                }
                 waiting.remount_at_start();
             })?;
     }
