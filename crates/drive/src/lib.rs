@@ -7,6 +7,7 @@
 
 mod aligned;
 mod file;
+pub mod stats;
 mod volatile;
 
 pub use aligned::AlignedBuf;

@@ -11,23 +11,10 @@ pub const SIZE_BOUNDS_BYTES: [u64; 5] = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 
 /// Upper bounds (inclusive) of the latency ranges in milliseconds, as `rhist nr ...; 1;10;30;100`.
 pub const LATENCY_BOUNDS_MS: [f64; 4] = [1.0, 10.0, 30.0, 100.0];
 
-/// Upper bounds (inclusive) of the latency buckets kept for each size range, in
-/// nanoseconds: fine enough for NVMe (tens of microseconds) for the Prometheus histograms,
-/// and holding every `rhist` bound above, so that pmon's ranges are sums of these.
-pub const LATENCY_BUCKETS_NS: [u64; 12] = [
-    50_000,
-    100_000,
-    250_000,
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    30_000_000,
-    100_000_000,
-    300_000_000,
-    1_000_000_000,
-];
+/// The latency buckets kept for each size range (the drives' buckets, 50 µs to 1 s): fine
+/// enough for the Prometheus histograms, and holding every `rhist` bound above, so that
+/// pmon's ranges are sums of these.
+pub use tessera_drive::stats::LATENCY_BUCKETS_NS;
 
 const SIZE_RANGES: usize = SIZE_BOUNDS_BYTES.len() + 1;
 const LATENCY_RANGES: usize = LATENCY_BOUNDS_MS.len() + 1;
@@ -46,10 +33,7 @@ impl Histogram {
             .position(|b| bytes < *b)
             .unwrap_or(SIZE_RANGES - 1);
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        let bucket = LATENCY_BUCKETS_NS
-            .iter()
-            .position(|b| ns <= *b)
-            .unwrap_or(BUCKETS - 1);
+        let bucket = tessera_drive::stats::latency_bucket(ns);
         self.counts[size][bucket].fetch_add(1, Relaxed);
         self.sum_ns[size].fetch_add(ns, Relaxed);
     }

@@ -165,10 +165,32 @@ fn metrics_follow_the_workload() {
         f.sync_all().unwrap();
     }
     let want = (8 * MIB) as f64;
-    let written = Scrape::take(&addr).value(
+    let scrape = Scrape::take(&addr);
+    let written = scrape.value(
         "tessera_fs_io_bytes_total",
         &[("fs", "fs1"), ("op", "write")],
     );
+    // The file's blocks reached the NSDs (plus log records and metadata pages), and the
+    // fsync flushed them.
+    let on_nsds = scrape.values(
+        "tessera_nsd_io_bytes_total",
+        &[("fs", "fs1"), ("op", "write")],
+    );
+    assert_eq!(on_nsds.len(), 2, "one sample per NSD:\n{}", scrape.text);
+    let on_nsds: f64 = on_nsds.iter().sum();
+    assert!(
+        (want..=want * 1.5).contains(&on_nsds),
+        "8 MiB written, {on_nsds} bytes reached the NSDs"
+    );
+    for nsd in ["m0", "m1"] {
+        let flushes = scrape.value(
+            "tessera_nsd_requests_total",
+            &[("fs", "fs1"), ("nsd", nsd), ("op", "flush")],
+        );
+        assert!(flushes >= 1.0, "{nsd}: {flushes} flushes");
+        let errors = scrape.values("tessera_nsd_errors_total", &[("fs", "fs1"), ("nsd", nsd)]);
+        assert_eq!(errors, [0.0, 0.0, 0.0], "{nsd}");
+    }
     assert!(
         (want..=want * 1.03).contains(&(written - written0)),
         "wrote {want} bytes, the counter moved {}",
@@ -205,6 +227,34 @@ fn metrics_follow_the_workload() {
     assert!(
         (want..=want * 1.03).contains(&read),
         "read {want} bytes, counted {read}"
+    );
+    let from_nsds: f64 = after
+        .values(
+            "tessera_nsd_io_bytes_total",
+            &[("fs", "fs1"), ("op", "read")],
+        )
+        .iter()
+        .sum();
+    assert!(
+        from_nsds >= want,
+        "8 MiB read cold, {from_nsds} bytes came from the NSDs"
+    );
+    let nsd_latencies = after.histograms(
+        "tessera_nsd_request_seconds",
+        &[("fs", "fs1"), ("op", "read")],
+    );
+    assert_eq!(nsd_latencies.len(), 2);
+    let reads_sent: f64 = after
+        .values(
+            "tessera_nsd_requests_total",
+            &[("fs", "fs1"), ("op", "read")],
+        )
+        .iter()
+        .sum();
+    let in_buckets: f64 = nsd_latencies.iter().map(|h| h.last().unwrap().count).sum();
+    assert_eq!(
+        in_buckets, reads_sent,
+        "every NSD read is in the latency histogram"
     );
     let writes = after.value(
         "tessera_fs_operations_total",

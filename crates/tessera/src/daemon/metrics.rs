@@ -21,8 +21,10 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use tessera_drive::stats::IoKind;
 use tessera_fs::{FileSystem, LATENCY_BUCKETS_NS, SIZE_BOUNDS_BYTES};
 
+use super::mounts::NsdStats;
 use super::Daemon;
 
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -129,6 +131,7 @@ impl fmt::Debug for DaemonCollector {
 }
 
 type Labels = Vec<(&'static str, String)>;
+type MountedFs = (String, Arc<FileSystem>);
 
 /// One family of samples: its descriptor once, then each labelled sample.
 fn family<T>(
@@ -229,28 +232,9 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         let h = fs.latency_histograms();
         for (op, ranges) in [("read", &h.read), ("write", &h.write)] {
             for (range, r) in ranges.iter().enumerate() {
-                let buckets: Vec<(f64, u64)> = r
-                    .buckets
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        let le = LATENCY_BUCKETS_NS
-                            .get(i)
-                            .map_or(f64::MAX, |ns| *ns as f64 / 1e9);
-                        (le, *c)
-                    })
-                    .collect();
-                let count = r.buckets.iter().sum();
                 let mut labels = with(name, "op", op);
                 labels.push(("size", size_label(range)));
-                hist.push((
-                    labels,
-                    Histogram {
-                        buckets,
-                        sum: r.sum_seconds,
-                        count,
-                    },
-                ));
+                hist.push((labels, histogram(&r.buckets, r.sum_seconds)));
             }
         }
         let st = fs.statfs();
@@ -348,6 +332,78 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     )
 }
 
+/// Requests, bytes, errors and latencies of each NSD of each mounted file system, as this
+/// node issued them.
+fn nsd_samples(enc: &mut DescriptorEncoder, mounted: &[(String, NsdStats)]) -> fmt::Result {
+    let mut requests = Vec::new();
+    let mut bytes = Vec::new();
+    let mut errors = Vec::new();
+    let mut hist = Vec::new();
+    for (fs, nsds) in mounted {
+        for (nsd, stats) in nsds {
+            for kind in IoKind::ALL {
+                let s = stats.snapshot(kind);
+                let labels: Labels = vec![
+                    ("fs", fs.clone()),
+                    ("nsd", nsd.clone()),
+                    ("op", kind.name().to_string()),
+                ];
+                requests.push((labels.clone(), s.requests));
+                errors.push((labels.clone(), s.errors));
+                if kind != IoKind::Flush {
+                    bytes.push((labels.clone(), s.bytes));
+                }
+                hist.push((labels, histogram(&s.buckets, s.sum_seconds)));
+            }
+        }
+    }
+    counters(
+        enc,
+        "tessera_nsd_requests",
+        "Requests this node sent to each NSD",
+        &requests,
+    )?;
+    counters(
+        enc,
+        "tessera_nsd_io_bytes",
+        "Bytes this node read from and wrote to each NSD",
+        &bytes,
+    )?;
+    counters(
+        enc,
+        "tessera_nsd_errors",
+        "Requests to each NSD that failed (I/O error, unreachable, no disk lease)",
+        &errors,
+    )?;
+    family(
+        enc,
+        "tessera_nsd_request_seconds",
+        "Latency of the requests to each NSD",
+        MetricType::Histogram,
+        &hist,
+        |m, h| m.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None),
+    )
+}
+
+/// A histogram over `LATENCY_BUCKETS_NS` from per-bucket counts (the last one above them).
+fn histogram(counts: &[u64], sum_seconds: f64) -> Histogram {
+    let buckets = counts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let le = LATENCY_BUCKETS_NS
+                .get(i)
+                .map_or(f64::MAX, |ns| *ns as f64 / 1e9);
+            (le, *c)
+        })
+        .collect();
+    Histogram {
+        buckets,
+        sum: sum_seconds,
+        count: counts.iter().sum(),
+    }
+}
+
 impl Collector for DaemonCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
         let Some(daemon) = self.daemon.upgrade() else {
@@ -372,19 +428,25 @@ impl Collector for DaemonCollector {
             &[(Vec::new(), active)],
         )?;
         // Copy the list out: encoding must not hold the mount table's lock.
-        let mounted: Vec<(String, Arc<FileSystem>)> = daemon
+        let (mounted, nsds): (Vec<MountedFs>, Vec<(String, NsdStats)>) = daemon
             .mounts
             .lock()
             .iter()
-            .map(|(name, m)| (name.clone(), Arc::clone(&m.fs)))
-            .collect();
+            .map(|(name, m)| {
+                (
+                    (name.clone(), Arc::clone(&m.fs)),
+                    (name.clone(), m.nsd_stats.clone()),
+                )
+            })
+            .unzip();
         gauges(
             &mut enc,
             "tessera_fs_mounted",
             "File systems mounted on this node",
             &[(Vec::new(), mounted.len() as i64)],
         )?;
-        fs_samples(&mut enc, &mounted)
+        fs_samples(&mut enc, &mounted)?;
+        nsd_samples(&mut enc, &nsds)
     }
 }
 

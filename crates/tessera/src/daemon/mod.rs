@@ -34,6 +34,8 @@ pub struct Mounted {
     pub fs: Arc<FileSystem>,
     pub fuse: FuseMount,
     pub mount_point: PathBuf,
+    /// Requests, bytes, errors and latencies of each of its NSDs on this node.
+    pub nsd_stats: mounts::NsdStats,
 }
 
 pub struct Daemon {

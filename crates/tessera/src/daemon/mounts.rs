@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
+use tessera_drive::stats::{Counted, IoStats};
 use tessera_drive::BlockDevice;
 use tessera_fs::FileSystem;
 use tessera_fuse::FuseOptions;
@@ -18,6 +19,9 @@ use crate::rpc::{PmonEntry, Reply};
 
 /// The opened device of each NSD of a file system, `None` where it cannot be opened.
 pub type FsDevices = Vec<Option<(NsdId, Arc<dyn BlockDevice>)>>;
+
+/// The request counters of a mounted file system's NSDs, by NSD name.
+pub type NsdStats = Vec<(String, Arc<IoStats>)>;
 
 /// Processes whose working directory, root or open files are under `mount_point`.
 fn busy_processes(mount_point: &Path) -> Vec<String> {
@@ -73,11 +77,22 @@ impl Daemon {
         (devices, up)
     }
 
-    /// Mounts the core file system without FUSE, for `df` and checks on an unmounted one.
-    fn open_core(&self, record: &FsRecord) -> Result<Arc<FileSystem>> {
+    /// Mounts the core file system without FUSE, for `df` and checks on an unmounted one;
+    /// each NSD's requests are counted (`NsdStats`, for the metrics).
+    fn open_core(&self, record: &FsRecord) -> Result<(Arc<FileSystem>, NsdStats)> {
         let nsds = self.nsds()?;
         let (devices, _) = self.open_fs_devices(record, &nsds);
-        let available: Vec<_> = devices.into_iter().flatten().collect();
+        let mut nsd_stats = NsdStats::new();
+        let available: Vec<_> = devices
+            .into_iter()
+            .zip(&record.nsds)
+            .filter_map(|(dev, name)| {
+                let (id, dev) = dev?;
+                let counts = Arc::new(IoStats::default());
+                nsd_stats.push((name.clone(), Arc::clone(&counts)));
+                Some((id, Counted::wrap(dev, counts)))
+            })
+            .collect();
         if available.is_empty() {
             bail!(
                 "file system {}: none of its NSDs can be opened; see the daemon log",
@@ -100,7 +115,7 @@ impl Daemon {
             record.name,
             params.get("pagepool", me)
         );
-        Ok(fs)
+        Ok((fs, nsd_stats))
     }
 
     /// Mounts `record` at `mount_point` through FUSE and adds it to the mount table.
@@ -114,7 +129,7 @@ impl Daemon {
         }
         std::fs::create_dir_all(mount_point)
             .with_context(|| format!("cannot create mount point {}", mount_point.display()))?;
-        let fs = self.open_core(record)?;
+        let (fs, nsd_stats) = self.open_core(record)?;
         let opts = FuseOptions {
             fs_name: record.name.clone(),
             allow_other: true,
@@ -137,6 +152,7 @@ impl Daemon {
             fs,
             fuse,
             mount_point: mount_point.to_path_buf(),
+            nsd_stats,
         };
         self.mounts.lock().insert(record.name.clone(), mounted);
         Ok(())
@@ -262,7 +278,7 @@ impl Daemon {
             Some(fs) => fs.df(),
             None => {
                 self.check_not_mounted_elsewhere(&record, "opening it here for df")?;
-                let fs = self.open_core(&record)?;
+                let (fs, _) = self.open_core(&record)?;
                 let report = fs.df();
                 fs.unmount()
                     .map_err(|e| anyhow!("file system {name}: {e}"))?;
