@@ -1,12 +1,15 @@
 //! I/O statistics of one drive as a layer above it: [`Counted`] wraps any [`BlockDevice`]
 //! and counts what passes through (requests, bytes, errors, latencies) in [`IoStats`], for
-//! the per-NSD metrics of a mounted file system. A few relaxed atomic additions and one
-//! clock read per request: nothing next to the I/O itself.
+//! the per-NSD metrics of a mounted file system, and can note each request in an
+//! [`IoHistory`] shared by the drives of a node (`tessera diag --iohist`, as mmdiag's). A
+//! few relaxed atomic additions, a clock read and, with a history, one short lock per
+//! request: nothing next to the I/O itself.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::BlockDevice;
 
@@ -84,8 +87,7 @@ pub struct IoKindSnapshot {
 }
 
 impl IoStats {
-    fn record(&self, kind: IoKind, bytes: u64, started: Instant, ok: bool) {
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    fn record(&self, kind: IoKind, bytes: u64, ns: u64, ok: bool) {
         let k = &self.kinds[kind as usize];
         k.requests.fetch_add(1, Relaxed);
         if ok {
@@ -109,16 +111,109 @@ impl IoStats {
     }
 }
 
-/// A drive whose requests are counted in an [`IoStats`].
+/// One request in an [`IoHistory`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoRecord {
+    /// When it was issued, in nanoseconds since the Unix epoch.
+    pub start_unix_nanos: u64,
+    pub kind: IoKind,
+    /// The drive's label in the history (an NSD name).
+    pub device: Arc<str>,
+    pub offset: u64,
+    pub bytes: u64,
+    pub latency_ns: u64,
+    pub ok: bool,
+}
+
+/// The last requests of several drives, oldest first, at most a fixed number.
+pub struct IoHistory {
+    capacity: usize,
+    ring: Mutex<VecDeque<IoRecord>>,
+}
+
+impl IoHistory {
+    pub fn new(capacity: usize) -> IoHistory {
+        IoHistory {
+            capacity: capacity.max(1),
+            ring: Mutex::new(VecDeque::with_capacity(capacity.max(1))),
+        }
+    }
+
+    fn push(&self, record: IoRecord) {
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        if ring.len() == self.capacity {
+            ring.pop_front();
+        }
+        ring.push_back(record);
+    }
+
+    /// The requests kept, oldest first.
+    pub fn recent(&self) -> Vec<IoRecord> {
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        ring.iter().cloned().collect()
+    }
+}
+
+/// A drive whose requests are counted in an [`IoStats`] (and noted in an [`IoHistory`]).
 pub struct Counted {
     inner: Arc<dyn BlockDevice>,
     stats: Arc<IoStats>,
+    history: Option<(Arc<IoHistory>, Arc<str>)>,
 }
 
 impl Counted {
     pub fn wrap(inner: Arc<dyn BlockDevice>, stats: Arc<IoStats>) -> Arc<dyn BlockDevice> {
-        Arc::new(Counted { inner, stats })
+        Arc::new(Counted {
+            inner,
+            stats,
+            history: None,
+        })
     }
+
+    /// Also notes every request in `history` under `label`.
+    pub fn wrap_with_history(
+        inner: Arc<dyn BlockDevice>,
+        stats: Arc<IoStats>,
+        history: Arc<IoHistory>,
+        label: &str,
+    ) -> Arc<dyn BlockDevice> {
+        Arc::new(Counted {
+            inner,
+            stats,
+            history: Some((history, Arc::from(label))),
+        })
+    }
+
+    fn note(
+        &self,
+        kind: IoKind,
+        offset: u64,
+        bytes: u64,
+        started: (Instant, SystemTime),
+        ok: bool,
+    ) {
+        let latency_ns = u64::try_from(started.0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.record(kind, bytes, latency_ns, ok);
+        if let Some((history, label)) = &self.history {
+            let start_unix_nanos = started
+                .1
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            history.push(IoRecord {
+                start_unix_nanos,
+                kind,
+                device: Arc::clone(label),
+                offset,
+                bytes,
+                latency_ns,
+                ok,
+            });
+        }
+    }
+}
+
+fn now() -> (Instant, SystemTime) {
+    (Instant::now(), SystemTime::now())
 }
 
 impl std::fmt::Debug for Counted {
@@ -139,25 +234,23 @@ impl BlockDevice for Counted {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let started = Instant::now();
+        let started = now();
         let r = self.inner.read_at(buf, offset);
-        self.stats
-            .record(IoKind::Read, buf.len() as u64, started, r.is_ok());
+        self.note(IoKind::Read, offset, buf.len() as u64, started, r.is_ok());
         r
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let started = Instant::now();
+        let started = now();
         let r = self.inner.write_at(buf, offset);
-        self.stats
-            .record(IoKind::Write, buf.len() as u64, started, r.is_ok());
+        self.note(IoKind::Write, offset, buf.len() as u64, started, r.is_ok());
         r
     }
 
     fn flush(&self) -> io::Result<()> {
-        let started = Instant::now();
+        let started = now();
         let r = self.inner.flush();
-        self.stats.record(IoKind::Flush, 0, started, r.is_ok());
+        self.note(IoKind::Flush, 0, 0, started, r.is_ok());
         r
     }
 }
@@ -166,7 +259,6 @@ impl BlockDevice for Counted {
 mod tests {
     use super::*;
     use crate::{AlignedBuf, SECTOR_BYTES};
-    use std::sync::Mutex;
 
     /// A drive in memory, refusing requests past its end as a real one does.
     #[derive(Debug)]
@@ -219,6 +311,45 @@ mod tests {
         assert_eq!((r.requests, r.bytes, r.errors), (2, 2 * SECTOR_BYTES, 1));
         assert_eq!(stats.snapshot(IoKind::Flush).requests, 1);
         assert!(w.sum_seconds > 0.0 && w.sum_seconds < 10.0);
+    }
+
+    #[test]
+    fn the_history_keeps_the_last_requests_in_order() {
+        let history = Arc::new(IoHistory::new(3));
+        let mem = |n| Arc::new(Memory(Mutex::new(vec![0; n]))) as Arc<dyn BlockDevice>;
+        let a = Counted::wrap_with_history(
+            mem(16 * SECTOR_BYTES as usize),
+            Arc::new(IoStats::default()),
+            Arc::clone(&history),
+            "nsdA",
+        );
+        let b = Counted::wrap_with_history(
+            mem(16 * SECTOR_BYTES as usize),
+            Arc::new(IoStats::default()),
+            Arc::clone(&history),
+            "nsdB",
+        );
+        let buf = AlignedBuf::zeroed(SECTOR_BYTES as usize);
+        a.write_at(&buf, 0).unwrap();
+        b.write_at(&buf, SECTOR_BYTES).unwrap();
+        a.flush().unwrap();
+        assert!(b.write_at(&buf, 99 * SECTOR_BYTES).is_err());
+        let recent = history.recent();
+        let seen: Vec<(&str, IoKind, u64, bool)> = recent
+            .iter()
+            .map(|r| (&*r.device, r.kind, r.offset, r.ok))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("nsdB", IoKind::Write, SECTOR_BYTES, true),
+                ("nsdA", IoKind::Flush, 0, true),
+                ("nsdB", IoKind::Write, 99 * SECTOR_BYTES, false),
+            ]
+        );
+        assert!(recent
+            .windows(2)
+            .all(|w| w[0].start_unix_nanos <= w[1].start_unix_nanos));
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub enum Command {
     Fsck(FsckArgs),
     /// I/O counters and latency histograms of mounted file systems [mmpmon fs_io_s, rhist].
     Pmon(PmonArgs),
+    /// What this node's daemon is doing [mmdiag].
+    Diag(DiagArgs),
     /// Declustered arrays of pdisks [mmvdisk recoverygroup/declustered array].
     #[command(subcommand)]
     Da(DaCommand),
@@ -695,6 +697,36 @@ pub struct FsckArgs {
     /// Repair what can be repaired.
     #[arg(short = 'y')]
     pub repair: bool,
+}
+
+/// `tessera diag` [mmdiag]: one section per option, several at once allowed.
+#[derive(Args, Debug)]
+pub struct DiagArgs {
+    /// The last disk I/Os of this node (up to 512): start time, read/write/flush, NSD,
+    /// sector, size, duration.
+    #[arg(long)]
+    pub iohist: bool,
+    /// The daemon's version.
+    #[arg(long)]
+    pub version: bool,
+    /// Requests waiting longer than a threshold (not implemented yet).
+    #[arg(long)]
+    pub waiters: bool,
+    /// Connections to the other nodes (not implemented yet).
+    #[arg(long)]
+    pub network: bool,
+    /// The configuration in force (not implemented yet; `tessera config ls` lists it).
+    #[arg(long)]
+    pub config: bool,
+    /// Internal counters (not implemented yet).
+    #[arg(long)]
+    pub stats: bool,
+    /// Memory use (not implemented yet).
+    #[arg(long)]
+    pub memory: bool,
+    /// Every section.
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Args, Debug)]

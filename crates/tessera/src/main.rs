@@ -18,8 +18,8 @@ use crate::cli::{
     NodeCommand, NsdCommand, NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, VdiskCommand,
 };
 use crate::commands::{
-    bench, bench_nvme, cluster, cluster_config, da, drive_server, fs, io, lifecycle, node, nsd,
-    nvme, perf, pmon, state,
+    bench, bench_nvme, cluster, cluster_config, da, diag, drive_server, fs, io, lifecycle, node,
+    nsd, nvme, perf, pmon, state,
 };
 use crate::config::Home;
 use crate::rpc::PdiskAction;
@@ -53,6 +53,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Disk(_) => "disk ls",
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
+        Command::Diag(_) => "diag",
         Command::Bench(BenchCommand::Ec { .. }) => "bench ec",
         Command::Bench(BenchCommand::Vdisk { .. }) => "bench vdisk",
         Command::Bench(BenchCommand::Nvme { .. }) => "bench nvme",
@@ -114,6 +115,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),
         Command::Fsck(a) => io::fsck(home, &a.device, a.repair),
         Command::Pmon(a) => pmon::pmon(home, a.device.as_deref(), a.machine),
+        Command::Diag(a) => diag::diag(home, &a),
         Command::Bench(BenchCommand::Ec {
             code,
             strip,

@@ -157,6 +157,25 @@ pub fn local_time(unix: u64, zone: bool) -> String {
     }
 }
 
+/// The local time of day of `unix_nanos` with microseconds, as mmdiag prints I/O start
+/// times: `14:25:22.169607`.
+pub fn clock_time(unix_nanos: u64) -> String {
+    let secs = unix_nanos / 1_000_000_000;
+    let micros = (unix_nanos % 1_000_000_000) / 1000;
+    let t = secs as libc::time_t;
+    // SAFETY: localtime_r writes only into the local given to it.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            return format!("{secs}.{micros:06}");
+        }
+        format!(
+            "{:02}:{:02}:{:02}.{micros:06}",
+            tm.tm_hour, tm.tm_min, tm.tm_sec
+        )
+    }
+}
+
 /// A command that did its main work but not all of it (`umount` whose final checkpoint
 /// failed): the message says what happened, and the process exits with `code` so that a
 /// script can tell it from a plain failure (1).

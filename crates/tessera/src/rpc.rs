@@ -237,6 +237,8 @@ pub enum Request {
     Pmon {
         name: Option<String>,
     },
+    /// The last disk I/Os of this node (`tessera diag --iohist`).
+    IoHistory,
     DaCreate {
         name: String,
         pdisks: Vec<PdiskSpecWire>,
@@ -368,6 +370,19 @@ pub struct FsShow {
     pub mounted_at: Option<String>,
 }
 
+/// One disk I/O of this node, as `tessera diag --iohist` lists it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct IoHistoryEntry {
+    pub start_unix_nanos: u64,
+    /// `read`, `write` or `flush`.
+    pub op: String,
+    pub nsd: String,
+    pub offset: u64,
+    pub bytes: u64,
+    pub latency_ns: u64,
+    pub ok: bool,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PmonEntry {
     pub fs_name: String,
@@ -399,6 +414,7 @@ pub enum Reply {
     Df(tessera_fs::DfReport),
     Fsck(tessera_fs::FsckReport),
     Pmon(Vec<PmonEntry>),
+    IoHistory(Vec<IoHistoryEntry>),
     Das(Vec<DaRow>),
     Pdisks(Vec<PdiskRow>),
     Vdisks(Vec<VdiskRow>),

@@ -1,7 +1,8 @@
 //! The node daemon's Prometheus endpoint (`metricsAddress`): off by default; once set,
 //! `/metrics` serves text that a Prometheus parser reads and whose counters move with what
 //! a workload did through the FUSE mount; other paths get a JSON 404; a port already in
-//! use stops `startup` with an error that names the parameter.
+//! use stops `startup` with an error that names the parameter. `tessera diag --iohist`
+//! lists the same disk I/Os one by one.
 
 mod common;
 
@@ -196,6 +197,31 @@ fn metrics_follow_the_workload() {
         "wrote {want} bytes, the counter moved {}",
         written - written0
     );
+    // The same I/Os, one by one, in the node's I/O history [mmdiag --iohist].
+    let iohist = node.ok(&["diag", "--iohist"]);
+    let lines: Vec<&str> = iohist
+        .lines()
+        .skip_while(|l| !l.starts_with("---"))
+        .skip(1)
+        .collect();
+    assert!(!lines.is_empty() && lines.len() <= 512, "{iohist}");
+    for (rw, nsd) in [("W", "m0"), ("W", "m1"), ("F", "m0")] {
+        assert!(
+            lines.iter().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() == 7 && f[1] == rw && f[2] == nsd && f[6] == "ok"
+            }),
+            "no {rw} of {nsd} in\n{iohist}"
+        );
+    }
+    // A 4 MiB write of a 1 MiB-block file system's data is at most 2048 sectors of 512 B.
+    assert!(lines
+        .iter()
+        .all(|l| l.split_whitespace().nth(4).unwrap().parse::<u64>().unwrap() <= 8192));
+    assert!(node.ok(&["diag", "--version"]).contains("Tessera build"));
+    let err = node.fails(&["diag", "--waiters"]);
+    assert!(err.contains("--waiters not implemented yet"), "{err}");
+
     node.ok(&["umount", "fs1"]);
     node.ok(&["mount", "fs1"]);
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);

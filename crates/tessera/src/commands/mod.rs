@@ -6,6 +6,7 @@ pub mod bench_nvme;
 pub mod cluster;
 pub mod cluster_config;
 pub mod da;
+pub mod diag;
 pub mod drive_server;
 pub mod fs;
 pub mod io;

@@ -50,7 +50,12 @@ pub struct Daemon {
     nvme: Arc<tessera_nvme::host::Host>,
     /// This node in the cluster: the replicated configuration, its lease.
     member: member::Member,
+    /// The last disk I/Os of the mounted file systems, all NSDs together.
+    io_history: Arc<tessera_drive::stats::IoHistory>,
 }
+
+/// Disk I/Os kept for `tessera diag --iohist` (mmdiag keeps 512 by default).
+const IO_HISTORY_ENTRIES: usize = 512;
 
 /// Streams `Info` and `Progress` frames to the client of one request.
 pub struct Reporter<'a> {
@@ -97,6 +102,7 @@ pub fn run(home: Home) -> Result<()> {
         arrays: Mutex::new(BTreeMap::new()),
         nvme: Arc::new(tessera_nvme::host::Host::new(identity)),
         member,
+        io_history: Arc::new(tessera_drive::stats::IoHistory::new(IO_HISTORY_ENTRIES)),
     });
     spawn_signal_thread(Arc::clone(&daemon))?;
     let active = daemon.join_at_start()?;
@@ -254,6 +260,7 @@ impl Daemon {
             Request::Df { name } => self.df(&name),
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
+            Request::IoHistory => Ok(self.io_history()),
             request @ (Request::DaCreate { .. }
             | Request::DaChange { .. }
             | Request::DaList

@@ -15,7 +15,7 @@ use tessera_nsd::NsdId;
 use super::lease_gate::LeaseGated;
 use super::{Daemon, Mounted};
 use crate::config::{FsRecord, NsdRegistry};
-use crate::rpc::{PmonEntry, Reply};
+use crate::rpc::{IoHistoryEntry, PmonEntry, Reply};
 
 /// The opened device of each NSD of a file system, `None` where it cannot be opened.
 pub type FsDevices = Vec<Option<(NsdId, Arc<dyn BlockDevice>)>>;
@@ -90,7 +90,9 @@ impl Daemon {
                 let (id, dev) = dev?;
                 let counts = Arc::new(IoStats::default());
                 nsd_stats.push((name.clone(), Arc::clone(&counts)));
-                Some((id, Counted::wrap(dev, counts)))
+                let dev =
+                    Counted::wrap_with_history(dev, counts, Arc::clone(&self.io_history), name);
+                Some((id, dev))
             })
             .collect();
         if available.is_empty() {
@@ -306,6 +308,25 @@ impl Daemon {
         let report =
             tessera_fs::fsck(available, repair).map_err(|e| anyhow!("file system {name}: {e}"))?;
         Ok(Reply::Fsck(report))
+    }
+
+    /// The last disk I/Os of the mounted file systems, oldest first.
+    pub(super) fn io_history(&self) -> Reply {
+        let entries = self
+            .io_history
+            .recent()
+            .into_iter()
+            .map(|r| IoHistoryEntry {
+                start_unix_nanos: r.start_unix_nanos,
+                op: r.kind.name().to_string(),
+                nsd: r.device.to_string(),
+                offset: r.offset,
+                bytes: r.bytes,
+                latency_ns: r.latency_ns,
+                ok: r.ok,
+            })
+            .collect();
+        Reply::IoHistory(entries)
     }
 
     pub(super) fn pmon(&self, name: Option<&str>) -> Result<Reply> {
