@@ -630,14 +630,19 @@ impl MetaStore {
     ) -> MetaResult<(Option<Vec<u8>>, Option<(Key, usize)>)> {
         let (i, cid) = match self.dirty_mut(id) {
             Node::Leaf(leaf) => {
-                let old = match leaf.search(key) {
-                    Ok(i) => Some(leaf.set_value(i, value)),
+                let (old, appended) = match leaf.search(key) {
+                    Ok(i) => (Some(leaf.set_value(i, value)), false),
                     Err(i) => {
+                        let appended = i == leaf.len();
                         leaf.insert(i, key.bytes, value);
-                        None
+                        (None, appended)
                     }
                 };
-                let split = self.split_if_full(id);
+                let split = if appended {
+                    self.split_appended(id)
+                } else {
+                    self.split_if_full(id)
+                };
                 return Ok((old, split));
             }
             Node::Branch { .. } => self.dirty_child(id, key)?,
@@ -651,6 +656,35 @@ impl MetaStore {
             children.insert(i + 1, Child::Dirty(right));
         }
         Ok((old, self.split_if_full(id)))
+    }
+
+    /// Splits a changed leaf that overflowed because a key was added after all of its
+    /// entries: the old entries stay (they fitted before), the new one starts the right
+    /// page. Keys that only grow (a shard's inode records, numbered in creation order) thus
+    /// fill their pages; splitting those in the middle left every page half empty forever,
+    /// twice the pages to cache, read and write. A random insert lands last in its leaf
+    /// rarely, and the page it starts fills like any other.
+    fn split_appended(&mut self, id: usize) -> Option<(Key, usize)> {
+        let page_bytes = self.format.page_bytes;
+        if self.dirty_node(id).bytes() <= page_bytes {
+            return None;
+        }
+        let Node::Leaf(leaf) = self.dirty_mut(id) else {
+            unreachable!("only leaves take appends")
+        };
+        assert!(
+            leaf.len() >= 2,
+            "an overflowing leaf holds two entries at least"
+        );
+        let right = leaf.split_off(leaf.len() - 1);
+        let sep = Key::new(right.key(0).to_vec());
+        assert!(
+            self.dirty_node(id).bytes() <= page_bytes,
+            "the entries before an append fitted their page"
+        );
+        let right = Node::Leaf(right);
+        assert!(right.bytes() <= page_bytes, "one entry fits a page");
+        Some((sep, self.add_dirty(right)))
     }
 
     /// Splits a changed node that no longer fits its page into two that do, choosing the
