@@ -184,21 +184,15 @@ impl Counted {
         })
     }
 
-    fn note(
-        &self,
-        kind: IoKind,
-        offset: u64,
-        bytes: u64,
-        started: (Instant, SystemTime),
-        ok: bool,
-    ) {
-        let latency_ns = u64::try_from(started.0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    fn note(&self, kind: IoKind, offset: u64, bytes: u64, started: Instant, ok: bool) {
+        let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.record(kind, bytes, latency_ns, ok);
         if let Some((history, label)) = &self.history {
-            let start_unix_nanos = started
-                .1
+            // The wall clock only for the history: the start is now less the latency.
+            let start_unix_nanos = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+                .saturating_sub(latency_ns);
             history.push(IoRecord {
                 start_unix_nanos,
                 kind,
@@ -210,10 +204,6 @@ impl Counted {
             });
         }
     }
-}
-
-fn now() -> (Instant, SystemTime) {
-    (Instant::now(), SystemTime::now())
 }
 
 impl std::fmt::Debug for Counted {
@@ -234,21 +224,21 @@ impl BlockDevice for Counted {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let started = now();
+        let started = Instant::now();
         let r = self.inner.read_at(buf, offset);
         self.note(IoKind::Read, offset, buf.len() as u64, started, r.is_ok());
         r
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let started = now();
+        let started = Instant::now();
         let r = self.inner.write_at(buf, offset);
         self.note(IoKind::Write, offset, buf.len() as u64, started, r.is_ok());
         r
     }
 
     fn flush(&self) -> io::Result<()> {
-        let started = now();
+        let started = Instant::now();
         let r = self.inner.flush();
         self.note(IoKind::Flush, 0, 0, started, r.is_ok());
         r
