@@ -2,8 +2,9 @@
 //! and counts what passes through (requests, bytes, errors, latencies) in [`IoStats`], for
 //! the per-NSD metrics of a mounted file system, and can note each request in an
 //! [`IoHistory`] shared by the drives of a node (`tessera diag --iohist`, as mmdiag's). A
-//! few relaxed atomic additions, a clock read and, with a history, one short lock per
-//! request: nothing next to the I/O itself.
+//! few relaxed atomic additions, a clock read and, with a history, two short locks per
+//! request (noting it in flight for `diag --waiters`, then in the history): nothing next
+//! to the I/O itself.
 
 use std::collections::VecDeque;
 use std::io;
@@ -125,32 +126,94 @@ pub struct IoRecord {
     pub ok: bool,
 }
 
-/// The last requests of several drives, oldest first, at most a fixed number.
+/// A request that has not completed yet (`tessera diag --waiters`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waiter {
+    pub waiting: std::time::Duration,
+    pub kind: IoKind,
+    pub device: Arc<str>,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+struct Issued {
+    started: Instant,
+    kind: IoKind,
+    device: Arc<str>,
+    offset: u64,
+    bytes: u64,
+}
+
+/// The last requests of several drives, oldest first, at most a fixed number, and those
+/// still in flight.
 pub struct IoHistory {
     capacity: usize,
-    ring: Mutex<VecDeque<IoRecord>>,
+    state: Mutex<HistoryState>,
+}
+
+struct HistoryState {
+    ring: VecDeque<IoRecord>,
+    /// Requests issued and not yet completed, by ticket. Bounded by the requests the
+    /// drives have in flight at once.
+    in_flight: std::collections::HashMap<u64, Issued>,
+    next_ticket: u64,
 }
 
 impl IoHistory {
     pub fn new(capacity: usize) -> IoHistory {
         IoHistory {
             capacity: capacity.max(1),
-            ring: Mutex::new(VecDeque::with_capacity(capacity.max(1))),
+            state: Mutex::new(HistoryState {
+                ring: VecDeque::with_capacity(capacity.max(1)),
+                in_flight: std::collections::HashMap::new(),
+                next_ticket: 0,
+            }),
         }
     }
 
-    fn push(&self, record: IoRecord) {
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        if ring.len() == self.capacity {
-            ring.pop_front();
+    fn lock(&self) -> std::sync::MutexGuard<'_, HistoryState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes a request as issued; `complete` with the ticket ends it.
+    fn issue(&self, issued: Issued) -> u64 {
+        let mut s = self.lock();
+        let ticket = s.next_ticket;
+        s.next_ticket += 1;
+        s.in_flight.insert(ticket, issued);
+        ticket
+    }
+
+    fn complete(&self, ticket: u64, record: IoRecord) {
+        let mut s = self.lock();
+        s.in_flight.remove(&ticket);
+        if s.ring.len() == self.capacity {
+            s.ring.pop_front();
         }
-        ring.push_back(record);
+        s.ring.push_back(record);
     }
 
     /// The requests kept, oldest first.
     pub fn recent(&self) -> Vec<IoRecord> {
-        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        ring.iter().cloned().collect()
+        self.lock().ring.iter().cloned().collect()
+    }
+
+    /// The requests in flight, the longest waiting first.
+    pub fn waiters(&self) -> Vec<Waiter> {
+        let mut waiters: Vec<Waiter> = self
+            .lock()
+            .in_flight
+            .values()
+            .map(|i| Waiter {
+                waiting: i.started.elapsed(),
+                kind: i.kind,
+                device: Arc::clone(&i.device),
+                offset: i.offset,
+                bytes: i.bytes,
+            })
+            .collect();
+        waiters.sort_by_key(|w| std::cmp::Reverse(w.waiting));
+        waiters
     }
 }
 
@@ -184,24 +247,50 @@ impl Counted {
         })
     }
 
-    fn note(&self, kind: IoKind, offset: u64, bytes: u64, started: Instant, ok: bool) {
+    /// Starts the clock of one request and, with a history, notes it as in flight.
+    fn issue(&self, kind: IoKind, offset: u64, bytes: u64) -> (Instant, Option<u64>) {
+        let started = Instant::now();
+        let ticket = self.history.as_ref().map(|(history, label)| {
+            history.issue(Issued {
+                started,
+                kind,
+                device: Arc::clone(label),
+                offset,
+                bytes,
+            })
+        });
+        (started, ticket)
+    }
+
+    fn note(
+        &self,
+        kind: IoKind,
+        offset: u64,
+        bytes: u64,
+        issued: (Instant, Option<u64>),
+        ok: bool,
+    ) {
+        let (started, ticket) = issued;
         let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.record(kind, bytes, latency_ns, ok);
-        if let Some((history, label)) = &self.history {
+        if let (Some((history, label)), Some(ticket)) = (&self.history, ticket) {
             // The wall clock only for the history: the start is now less the latency.
             let start_unix_nanos = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
                 .saturating_sub(latency_ns);
-            history.push(IoRecord {
-                start_unix_nanos,
-                kind,
-                device: Arc::clone(label),
-                offset,
-                bytes,
-                latency_ns,
-                ok,
-            });
+            history.complete(
+                ticket,
+                IoRecord {
+                    start_unix_nanos,
+                    kind,
+                    device: Arc::clone(label),
+                    offset,
+                    bytes,
+                    latency_ns,
+                    ok,
+                },
+            );
         }
     }
 }
@@ -224,23 +313,23 @@ impl BlockDevice for Counted {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let started = Instant::now();
+        let issued = self.issue(IoKind::Read, offset, buf.len() as u64);
         let r = self.inner.read_at(buf, offset);
-        self.note(IoKind::Read, offset, buf.len() as u64, started, r.is_ok());
+        self.note(IoKind::Read, offset, buf.len() as u64, issued, r.is_ok());
         r
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let started = Instant::now();
+        let issued = self.issue(IoKind::Write, offset, buf.len() as u64);
         let r = self.inner.write_at(buf, offset);
-        self.note(IoKind::Write, offset, buf.len() as u64, started, r.is_ok());
+        self.note(IoKind::Write, offset, buf.len() as u64, issued, r.is_ok());
         r
     }
 
     fn flush(&self) -> io::Result<()> {
-        let started = Instant::now();
+        let issued = self.issue(IoKind::Flush, 0, 0);
         let r = self.inner.flush();
-        self.note(IoKind::Flush, 0, 0, started, r.is_ok());
+        self.note(IoKind::Flush, 0, 0, issued, r.is_ok());
         r
     }
 }
@@ -301,6 +390,69 @@ mod tests {
         assert_eq!((r.requests, r.bytes, r.errors), (2, 2 * SECTOR_BYTES, 1));
         assert_eq!(stats.snapshot(IoKind::Flush).requests, 1);
         assert!(w.sum_seconds > 0.0 && w.sum_seconds < 10.0);
+    }
+
+    /// A drive whose writes wait until the test lets them go.
+    #[derive(Debug)]
+    struct Gated(Mutex<std::sync::mpsc::Receiver<()>>);
+
+    impl BlockDevice for Gated {
+        fn name(&self) -> &str {
+            "gated"
+        }
+        fn size_bytes(&self) -> u64 {
+            1 << 20
+        }
+        fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+            let _ = self.0.lock().unwrap().recv();
+            Ok(())
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_request_in_flight_is_a_waiter_until_it_completes() {
+        let (go, gate) = std::sync::mpsc::channel();
+        let history = Arc::new(IoHistory::new(8));
+        let dev = Counted::wrap_with_history(
+            Arc::new(Gated(Mutex::new(gate))),
+            Arc::new(IoStats::default()),
+            Arc::clone(&history),
+            "nsdG",
+        );
+        let writer = std::thread::spawn(move || {
+            let buf = AlignedBuf::zeroed(SECTOR_BYTES as usize);
+            dev.write_at(&buf, 4 * SECTOR_BYTES).unwrap();
+        });
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let waiters = loop {
+            let w = history.waiters();
+            if !w.is_empty() || Instant::now() > deadline {
+                break w;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let seen: Vec<(&str, IoKind, u64, u64)> = waiters
+            .iter()
+            .map(|w| (&*w.device, w.kind, w.offset, w.bytes))
+            .collect();
+        assert_eq!(
+            seen,
+            [("nsdG", IoKind::Write, 4 * SECTOR_BYTES, SECTOR_BYTES)]
+        );
+        assert!(
+            history.recent().is_empty(),
+            "not in the history before it completes"
+        );
+        go.send(()).unwrap();
+        writer.join().unwrap();
+        assert!(history.waiters().is_empty());
+        assert_eq!(history.recent().len(), 1);
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub enum Command {
     Pmon(PmonArgs),
     /// What this node's daemon is doing [mmdiag].
     Diag(DiagArgs),
+    /// Health of this node's components and the events that set it [mmhealth]:
+    /// `tessera health [node|fs|disk|pdisk|da] [show|eventlog] [NAME]`.
+    Health(HealthArgs),
     /// Declustered arrays of pdisks [mmvdisk recoverygroup/declustered array].
     #[command(subcommand)]
     Da(DaCommand),
@@ -709,24 +712,60 @@ pub struct DiagArgs {
     /// The daemon's version.
     #[arg(long)]
     pub version: bool,
-    /// Requests waiting longer than a threshold (not implemented yet).
+    /// What is waiting now: disk I/Os in flight and admin requests being served, the
+    /// longest first.
     #[arg(long)]
     pub waiters: bool,
-    /// Connections to the other nodes (not implemented yet).
+    /// The cluster's nodes as this node reaches them, and NVMe/TCP paths.
     #[arg(long)]
     pub network: bool,
-    /// The configuration in force (not implemented yet; `tessera config ls` lists it).
+    /// The parameters in force on this node; `!` marks those the admin set.
     #[arg(long)]
     pub config: bool,
-    /// Internal counters (not implemented yet).
+    /// Counters of the mounted file systems: operations, metadata cache, per-NSD I/O.
     #[arg(long)]
     pub stats: bool,
-    /// Memory use (not implemented yet).
+    /// The daemon's memory and each file system's caches against their bounds.
     #[arg(long)]
     pub memory: bool,
     /// Every section.
     #[arg(long)]
     pub all: bool,
+}
+
+/// Which components `tessera health` reports on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HealthComponent {
+    /// Every component of this node.
+    Node,
+    /// Mounted file systems.
+    Fs,
+    /// NSDs the mounted file systems use.
+    Disk,
+    /// Pdisks of the declustered arrays served here.
+    Pdisk,
+    /// Declustered arrays served here.
+    Da,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HealthAction {
+    /// Component states, why and since when.
+    Show,
+    /// The events that changed them, oldest first.
+    Eventlog,
+}
+
+#[derive(Args, Debug)]
+pub struct HealthArgs {
+    #[arg(value_enum, default_value = "node")]
+    pub component: HealthComponent,
+    #[arg(value_enum, default_value = "show")]
+    pub action: HealthAction,
+    /// Only this file system, NSD, pdisk or array.
+    pub name: Option<String>,
+    #[arg(short = 'Y')]
+    pub machine: bool,
 }
 
 #[derive(Args, Debug)]

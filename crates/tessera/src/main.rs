@@ -18,8 +18,8 @@ use crate::cli::{
     NodeCommand, NsdCommand, NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, VdiskCommand,
 };
 use crate::commands::{
-    bench, bench_nvme, cluster, cluster_config, da, diag, drive_server, fs, io, lifecycle, node,
-    nsd, nvme, perf, pmon, state,
+    bench, bench_nvme, cluster, cluster_config, da, diag, drive_server, fs, health, io, lifecycle,
+    node, nsd, nvme, perf, pmon, state,
 };
 use crate::config::Home;
 use crate::rpc::PdiskAction;
@@ -54,6 +54,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
         Command::Diag(_) => "diag",
+        Command::Health(_) => "health",
         Command::Bench(BenchCommand::Ec { .. }) => "bench ec",
         Command::Bench(BenchCommand::Vdisk { .. }) => "bench vdisk",
         Command::Bench(BenchCommand::Nvme { .. }) => "bench nvme",
@@ -116,6 +117,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Fsck(a) => io::fsck(home, &a.device, a.repair),
         Command::Pmon(a) => pmon::pmon(home, a.device.as_deref(), a.machine),
         Command::Diag(a) => diag::diag(home, &a),
+        Command::Health(a) => health::health(home, &a),
         Command::Bench(BenchCommand::Ec {
             code,
             strip,

@@ -239,6 +239,10 @@ pub enum Request {
     },
     /// The last disk I/Os of this node (`tessera diag --iohist`).
     IoHistory,
+    /// `health`: component states and events.
+    Health,
+    /// `diag`: every section of the report.
+    Diag,
     DaCreate {
         name: String,
         pdisks: Vec<PdiskSpecWire>,
@@ -383,6 +387,150 @@ pub struct IoHistoryEntry {
     pub ok: bool,
 }
 
+/// The state of a component in `tessera health` [mmhealth].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Status {
+    Healthy,
+    Degraded,
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Healthy => "HEALTHY",
+            Status::Degraded => "DEGRADED",
+            Status::Failed => "FAILED",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Error,
+}
+
+/// One component of this node and its state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ComponentHealth {
+    /// `node`, `filesystem`, `disk` (an NSD this node uses), `da` or `pdisk`.
+    pub component: String,
+    pub entity: String,
+    pub status: Status,
+    /// When the status last changed.
+    pub since_unix: u64,
+    /// Why it is not healthy (empty when it is).
+    pub reasons: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Event {
+    pub unix: u64,
+    pub component: String,
+    pub entity: String,
+    /// A short name for the kind of event, such as `pdisk_failed`.
+    pub event: String,
+    pub severity: Severity,
+    pub message: String,
+}
+
+/// `tessera health`: this node's components and the events that set their states.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HealthReport {
+    pub node: String,
+    pub components: Vec<ComponentHealth>,
+    pub events: Vec<Event>,
+}
+
+/// `tessera diag` [mmdiag]: what this node's daemon is doing, every section at once.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DiagReport {
+    pub node: String,
+    pub pid: u32,
+    pub uptime_seconds: u64,
+    /// Disk requests in flight and admin requests being served, the longest first.
+    pub waiters: Vec<WaiterRow>,
+    pub memory: MemoryReport,
+    pub stats: Vec<FsStatsRow>,
+    pub network: NetworkReport,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WaiterRow {
+    pub waiting_seconds: f64,
+    /// `disk I/O` or `admin request`.
+    pub kind: String,
+    /// What it waits for, in words.
+    pub waiting_for: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// From /proc/self/status.
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub virtual_bytes: u64,
+    pub threads: u64,
+    pub filesystems: Vec<FsMemoryRow>,
+}
+
+/// The caches of one mounted file system and their bounds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FsMemoryRow {
+    pub fs: String,
+    pub metadata_pages_clean: u64,
+    pub metadata_pages_dirty: u64,
+    pub page_bytes: u64,
+    pub pagepool_bytes: u64,
+    pub inodes_cached: u64,
+    pub stats_cached: u64,
+    pub max_files_to_cache: u64,
+    pub max_stat_cache: u64,
+}
+
+/// Internal counters of one mounted file system.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FsStatsRow {
+    pub fs: String,
+    pub pmon: PmonSnapshot,
+    pub metadata_page_hits: u64,
+    pub metadata_page_misses: u64,
+    pub metadata_page_evictions: u64,
+    /// Requests, bytes and errors per NSD and kind (`read`, `write`, `flush`).
+    pub nsds: Vec<NsdStatsRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NsdStatsRow {
+    pub nsd: String,
+    pub op: String,
+    pub requests: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub seconds: f64,
+}
+
+/// This node's connections: the cluster's nodes as it reaches them, and NVMe/TCP paths.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NetworkReport {
+    pub manager: Option<String>,
+    pub nodes: Vec<NetworkNodeRow>,
+    pub nvme: Vec<NvmeNamespaceRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NetworkNodeRow {
+    pub name: String,
+    pub address: String,
+    /// As `tessera state` says: active, arbitrating, down or unknown.
+    pub state: String,
+    pub epoch: Option<u64>,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PmonEntry {
     pub fs_name: String,
@@ -415,6 +563,8 @@ pub enum Reply {
     Fsck(tessera_fs::FsckReport),
     Pmon(Vec<PmonEntry>),
     IoHistory(Vec<IoHistoryEntry>),
+    Health(HealthReport),
+    Diag(Box<DiagReport>),
     Das(Vec<DaRow>),
     Pdisks(Vec<PdiskRow>),
     Vdisks(Vec<VdiskRow>),

@@ -221,47 +221,6 @@ fn array_input_that_does_not_fit_is_refused() {
     assert!(err.contains("10") || err.contains("pdisks"), "{err}");
 }
 
-/// Array `da1`, 8+2p vdisk `vd0` with 1 MiB blocks as NSD `vd0`, and file system `gfs`
-/// on it, mounted at `mnt` when FUSE is usable; returns the mount point.
-fn file_system_on_vdisk(node: &mut Node, size: &str) -> std::path::PathBuf {
-    let pdisks = node.pdisk_stanza(256 << 20);
-    node.ok(&["da", "create", "da1", "-F", s(&pdisks)]);
-    node.ok(&[
-        "vdisk",
-        "create",
-        "vd0",
-        "--da",
-        "da1",
-        "--block-size",
-        "1M",
-        "--size",
-        size,
-    ]);
-    let stanza = node.path("vd.stanza");
-    std::fs::write(
-        &stanza,
-        "%nsd: device=vdisk:vd0 nsd=vd0 usage=dataAndMetadata\n",
-    )
-    .unwrap();
-    node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("mnt");
-    node.mounts.push(mnt.clone());
-    node.ok(&[
-        "fs",
-        "create",
-        "gfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
-    mnt
-}
-
 /// Two pdisks suspended (no rebuild), so every stripe on both is at its tolerance: failing
 /// a third loses data, which `pdisk fail` refuses without --force. After the loss every
 /// listing says so, umount says the file system is unmounted although the last checkpoint
@@ -270,7 +229,7 @@ fn file_system_on_vdisk(node: &mut Node, size: &str) -> std::path::PathBuf {
 #[test]
 fn data_loss_is_refused_then_shown_and_cleaned_up() {
     let mut node = Node::new().start();
-    let mnt = file_system_on_vdisk(&mut node, "512M");
+    let mnt = node.file_system_on_vdisk("512M");
     let fuse = fuse_usable();
     if fuse {
         node.ok(&["mount", "gfs"]);
@@ -384,7 +343,7 @@ fn data_loss_is_refused_then_shown_and_cleaned_up() {
 #[test]
 fn rebuild_uses_spare_and_replaced_pdisks_leave_the_listing() {
     let mut node = Node::new().start();
-    file_system_on_vdisk(&mut node, "256M");
+    node.file_system_on_vdisk("256M");
     let spare = |node: &Node| -> u64 {
         let y = node.ok(&["da", "ls", "da1", "-Y"]);
         let header = y.lines().find(|l| l.starts_with("da::HEADER:")).unwrap();

@@ -22,7 +22,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -92,14 +91,6 @@ impl Drop for DriveServer {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// An enclosure: `drives` namespace files behind one drive server on `port`.

@@ -9,6 +9,7 @@ pub mod da;
 pub mod diag;
 pub mod drive_server;
 pub mod fs;
+pub mod health;
 pub mod io;
 pub mod lifecycle;
 pub mod node;

@@ -252,7 +252,7 @@ impl Daemon {
         Ok(Reply::Done)
     }
 
-    fn cluster_states(&self, names: &[String]) -> Result<ClusterStates> {
+    pub(super) fn cluster_states(&self, names: &[String]) -> Result<ClusterStates> {
         let state = self.member.state();
         let status = self.member.status();
         if state.identity.is_none() {

@@ -1,22 +1,14 @@
-//! Prometheus metrics over HTTP: the node daemon serves `/metrics` on `metricsAddress` (a
-//! per-node parameter, `no` by default) in the OpenMetrics text format that Prometheus
-//! scrapes.
+//! Prometheus metrics: what the node daemon's `/metrics` (served by `http`) encodes, in the
+//! OpenMetrics text format that Prometheus scrapes.
 //!
 //! Nothing is counted for the exporter: a scrape reads the counters the file systems keep
 //! anyway (pmon's, the metadata caches', the allocation map's free space) and encodes
 //! them, so the I/O path pays nothing for being watched, and memory does not grow with
-//! scrapers. The server is read-only and has no other paths (unknown ones get a 404 with a
-//! JSON body).
-//!
-//! Off by default: a fixed default port would collide between daemons of one host (tests,
-//! several one-node clusters), and an admin who wants the metrics names the address
-//! (`127.0.0.1:9710` keeps them on the host, `0.0.0.0:9710` offers them to the network).
+//! scrapers.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 
-use anyhow::{anyhow, Context, Result};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -27,96 +19,22 @@ use tessera_fs::{FileSystem, LATENCY_BUCKETS_NS, SIZE_BOUNDS_BYTES};
 use super::mounts::NsdStats;
 use super::Daemon;
 
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(super) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Starts the metrics server if this node's `metricsAddress` names one. The address is
-/// bound before this returns, so a port in use stops the daemon's start with an error that
-/// says what to do.
-pub(super) fn start(daemon: &Arc<Daemon>) -> Result<Option<SocketAddr>> {
-    let value = daemon
-        .member
-        .state()
-        .params
-        .get("metricsAddress", Some(daemon.member.me()));
-    if value == "no" {
-        return Ok(None);
-    }
-    let addr: SocketAddr = value
-        .parse()
-        .map_err(|_| anyhow!("metricsAddress `{value}` is not IP:PORT"))?;
-    let listener = std::net::TcpListener::bind(addr).with_context(|| {
-        format!(
-            "cannot serve metrics on {addr} (metricsAddress): is another program using the \
-             port? choose another with `tessera config set metricsAddress=IP:PORT -N \
-             {}` or turn it off with `metricsAddress=no`, then start again",
-            daemon.cluster.node_name
-        )
-    })?;
-    listener.set_nonblocking(true)?;
-    let bound = listener.local_addr()?;
+/// The registry a scrape encodes: one collector that reads the daemon's counters.
+pub(super) fn registry(daemon: &Arc<Daemon>) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(DaemonCollector {
         daemon: Arc::downgrade(daemon),
     }));
-    let registry = Arc::new(registry);
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_io()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!("metrics server: cannot start its runtime: {e}");
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::error!("metrics server on {bound}: {e}");
-                        return;
-                    }
-                };
-                let app = router(registry);
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!("metrics server on {bound} stopped: {e}");
-                }
-            });
-        })?;
-    tracing::info!("serving Prometheus metrics on http://{bound}/metrics");
-    Ok(Some(bound))
+    registry
 }
 
-fn router(registry: Arc<Registry>) -> axum::Router {
-    use axum::http::{header, StatusCode, Uri};
-    use axum::routing::get;
-    axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = Arc::clone(&registry);
-                async move {
-                    let mut body = String::new();
-                    match prometheus_client::encoding::text::encode(&mut body, &registry) {
-                        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body),
-                        Err(e) => (
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                            format!("encoding the metrics failed: {e}\n"),
-                        ),
-                    }
-                }
-            }),
-        )
-        .fallback(|uri: Uri| async move {
-            let body = serde_json::json!({
-                "error": format!("no such path: {}; this daemon serves /metrics", uri.path()),
-            });
-            (StatusCode::NOT_FOUND, axum::Json(body))
-        })
+/// The text of one scrape.
+pub(super) fn encode(registry: &Registry) -> Result<String, fmt::Error> {
+    let mut body = String::new();
+    prometheus_client::encoding::text::encode(&mut body, registry)?;
+    Ok(body)
 }
 
 /// Reads the daemon's counters at each scrape.
@@ -385,6 +303,149 @@ fn nsd_samples(enc: &mut DescriptorEncoder, mounted: &[(String, NsdStats)]) -> f
     )
 }
 
+/// Declustered arrays served here: capacity, background tasks (rebuild, scrub) with their
+/// progress and rates, and each pdisk's state and errors.
+fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]) -> fmt::Result {
+    let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let mut da_bytes = Vec::new();
+    let mut task_active = Vec::new();
+    let mut task_done = Vec::new();
+    let mut task_total = Vec::new();
+    let mut task_rate = Vec::new();
+    let mut task_repaired = Vec::new();
+    let mut pdisk_state = Vec::new();
+    let mut pdisk_bytes = Vec::new();
+    let mut pdisk_errors = Vec::new();
+    for s in arrays {
+        let da = || -> Labels { vec![("da", s.name.clone())] };
+        for (what, v) in [
+            ("capacity", s.capacity_bytes),
+            ("free", s.free_bytes),
+            ("spare", s.spare_bytes),
+        ] {
+            let mut l = da();
+            l.push(("space", what.into()));
+            da_bytes.push((l, as_i64(v)));
+        }
+        for (task, p) in [("rebuild", &s.rebuild), ("scrub", &s.scrub)] {
+            let mut l = da();
+            l.push(("task", task.into()));
+            task_active.push((l.clone(), i64::from(p.active)));
+            task_done.push((l.clone(), as_i64(p.done)));
+            task_total.push((l.clone(), as_i64(p.total)));
+            task_rate.push((l.clone(), as_i64(p.rate_bytes_s)));
+            task_repaired.push((l, p.repaired));
+        }
+        for p in &s.pdisks {
+            let pd = || -> Labels { vec![("da", s.name.clone()), ("pdisk", p.name.clone())] };
+            let mut l = pd();
+            l.push(("state", p.state.as_str().into()));
+            pdisk_state.push((l, 1));
+            let mut l = pd();
+            l.push(("space", "capacity".into()));
+            pdisk_bytes.push((l, as_i64(p.capacity_bytes)));
+            let mut l = pd();
+            l.push(("space", "free".into()));
+            pdisk_bytes.push((l, as_i64(p.free_bytes)));
+            for (kind, v) in [
+                ("read", p.read_errors),
+                ("write", p.write_errors),
+                ("checksum", p.checksum_errors),
+            ] {
+                let mut l = pd();
+                l.push(("kind", kind.into()));
+                pdisk_errors.push((l, v));
+            }
+        }
+    }
+    gauges(
+        enc,
+        "tessera_da_bytes",
+        "Space of each declustered array: capacity of the pdisks in service, free outside the \
+         spare reserve, the spare reserve",
+        &da_bytes,
+    )?;
+    gauges(
+        enc,
+        "tessera_da_task_active",
+        "1 while a background task (rebuild, scrub) of the array runs",
+        &task_active,
+    )?;
+    gauges(
+        enc,
+        "tessera_da_task_done",
+        "Units done in the current or last pass of the task (strips for rebuild, stripes for \
+         scrub); progress is done / total",
+        &task_done,
+    )?;
+    gauges(
+        enc,
+        "tessera_da_task_total",
+        "Units planned in the current or last pass of the task",
+        &task_total,
+    )?;
+    gauges(
+        enc,
+        "tessera_da_task_rate_bytes_per_second",
+        "Bytes per second the task moves in its current pass (0 when idle)",
+        &task_rate,
+    )?;
+    counters(
+        enc,
+        "tessera_da_task_repaired_sectors",
+        "Sectors the task found bad and rewrote from redundancy in its current pass",
+        &task_repaired,
+    )?;
+    gauges(
+        enc,
+        "tessera_pdisk_state",
+        "The state of each pdisk (ok, suspended, missing, dead, draining, replaced): 1 for the \
+         state it is in",
+        &pdisk_state,
+    )?;
+    gauges(
+        enc,
+        "tessera_pdisk_bytes",
+        "Capacity and free space of each pdisk",
+        &pdisk_bytes,
+    )?;
+    counters(
+        enc,
+        "tessera_pdisk_errors",
+        "Read, write and checksum errors of each pdisk",
+        &pdisk_errors,
+    )
+}
+
+/// The health monitor's view: 0 healthy, 1 degraded, 2 failed.
+fn health_samples(
+    enc: &mut DescriptorEncoder,
+    states: &[crate::rpc::ComponentHealth],
+) -> fmt::Result {
+    let samples: Vec<(Labels, i64)> = states
+        .iter()
+        .map(|c| {
+            let labels: Labels = vec![
+                ("component", c.component.clone()),
+                ("entity", c.entity.clone()),
+            ];
+            let value = match c.status {
+                crate::rpc::Status::Healthy => 0,
+                crate::rpc::Status::Degraded => 1,
+                crate::rpc::Status::Failed => 2,
+            };
+            (labels, value)
+        })
+        .collect();
+    gauges(
+        enc,
+        "tessera_health_status",
+        "Health of each component of this node as `tessera health` shows it: 0 healthy, 1 \
+         degraded, 2 failed",
+        &samples,
+    )
+}
+
 /// A histogram over `LATENCY_BUCKETS_NS` from per-bucket counts (the last one above them).
 fn histogram(counts: &[u64], sum_seconds: f64) -> Histogram {
     let buckets = counts
@@ -446,7 +507,11 @@ impl Collector for DaemonCollector {
             &[(Vec::new(), mounted.len() as i64)],
         )?;
         fs_samples(&mut enc, &mounted)?;
-        nsd_samples(&mut enc, &nsds)
+        nsd_samples(&mut enc, &nsds)?;
+        let arrays: Vec<_> = daemon.arrays.lock().values().cloned().collect();
+        let statuses: Vec<_> = arrays.iter().map(|da| da.status()).collect();
+        array_samples(&mut enc, &statuses)?;
+        health_samples(&mut enc, &daemon.health.states())
     }
 }
 

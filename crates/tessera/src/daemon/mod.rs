@@ -3,9 +3,14 @@
 //! serialized by one admin lock; mounted file systems live in their own map so that `pmon`
 //! and `state` answer while a long format runs.
 
+mod api;
 mod cluster_admin;
 mod da_admin;
+mod diag;
 mod fs_admin;
+mod health;
+mod history;
+mod http;
 mod lease_gate;
 pub mod member;
 mod metrics;
@@ -52,14 +57,22 @@ pub struct Daemon {
     member: member::Member,
     /// The last disk I/Os of the mounted file systems, all NSDs together.
     io_history: Arc<tessera_drive::stats::IoHistory>,
+    /// Component states and events, kept by the monitor thread.
+    health: health::Health,
+    /// The last hour of each mounted file system's throughput, kept by the monitor thread.
+    history: history::ThroughputHistory,
+    /// Admin requests being served (`diag --waiters`).
+    requests: diag::RequestsInFlight,
+    started: std::time::Instant,
 }
 
 /// Disk I/Os kept for `tessera diag --iohist` (mmdiag keeps 512 by default).
 const IO_HISTORY_ENTRIES: usize = 512;
 
-/// Streams `Info` and `Progress` frames to the client of one request.
+/// Streams `Info` and `Progress` frames to the client of one request; requests of the
+/// HTTP API have no such client (`stream` is `None`) and their lines go to the log only.
 pub struct Reporter<'a> {
-    stream: &'a mut UnixStream,
+    stream: Option<&'a mut UnixStream>,
 }
 
 impl Reporter<'_> {
@@ -67,7 +80,9 @@ impl Reporter<'_> {
     pub fn info(&mut self, line: impl Into<String>) {
         let line = line.into();
         tracing::info!("{line}");
-        let _ = write_frame(self.stream, &Frame::Info(line));
+        if let Some(stream) = self.stream.as_deref_mut() {
+            let _ = write_frame(stream, &Frame::Info(line));
+        }
     }
 
     pub fn progress(&mut self, phase: &str, done: u64, total: u64) {
@@ -76,7 +91,9 @@ impl Reporter<'_> {
             done,
             total,
         };
-        let _ = write_frame(self.stream, &frame);
+        if let Some(stream) = self.stream.as_deref_mut() {
+            let _ = write_frame(stream, &frame);
+        }
     }
 }
 
@@ -103,12 +120,17 @@ pub fn run(home: Home) -> Result<()> {
         nvme: Arc::new(tessera_nvme::host::Host::new(identity)),
         member,
         io_history: Arc::new(tessera_drive::stats::IoHistory::new(IO_HISTORY_ENTRIES)),
+        health: health::Health::default(),
+        history: history::ThroughputHistory::default(),
+        requests: diag::RequestsInFlight::default(),
+        started: std::time::Instant::now(),
     });
     spawn_signal_thread(Arc::clone(&daemon))?;
     let active = daemon.join_at_start()?;
     if active {
-        metrics::start(&daemon)?;
+        http::start(&daemon)?;
     }
+    daemon.start_monitor()?;
     daemon.restore_nvme_at_start();
     // Devices may have been renamed since the last start: find NSDs by their descriptors
     // (and pdisks by their labels, when the arrays open) before anything mounts.
@@ -125,7 +147,7 @@ pub fn run(home: Home) -> Result<()> {
             .spawn(move || {
                 while !waiting.member.wait_active(Duration::from_secs(3600)) {}
                 // Its parameters are the cluster's from here on.
-                if let Err(e) = metrics::start(&waiting) {
+                if let Err(e) = http::start(&waiting) {
                     tracing::error!("{e:#}");
                 }
                 waiting.remount_at_start();
@@ -210,9 +232,10 @@ impl Daemon {
                 }
             };
             let shutdown = matches!(request, Request::Shutdown);
+            let serving = self.requests.enter(&request);
             let frame = {
                 let mut reporter = Reporter {
-                    stream: &mut stream,
+                    stream: Some(&mut stream),
                 };
                 match self.handle(request, &mut reporter) {
                     Ok(reply) => Frame::Ok(reply),
@@ -222,6 +245,7 @@ impl Daemon {
                     }
                 }
             };
+            drop(serving);
             let _ = write_frame(&mut stream, &frame);
             if shutdown {
                 std::process::exit(0);
@@ -261,6 +285,8 @@ impl Daemon {
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
             Request::IoHistory => Ok(self.io_history()),
+            Request::Health => Ok(self.health_report()),
+            Request::Diag => self.diag_report(),
             request @ (Request::DaCreate { .. }
             | Request::DaChange { .. }
             | Request::DaList

@@ -311,6 +311,16 @@ impl Daemon {
     }
 
     /// The last disk I/Os of the mounted file systems, oldest first.
+    /// The file systems mounted here with their NSDs' counters, copied out so that the
+    /// caller does not hold the mount table's lock while it reads them.
+    pub(super) fn mounted_list(&self) -> Vec<(String, Arc<FileSystem>, NsdStats)> {
+        self.mounts
+            .lock()
+            .iter()
+            .map(|(n, m)| (n.clone(), Arc::clone(&m.fs), m.nsd_stats.clone()))
+            .collect()
+    }
+
     pub(super) fn io_history(&self) -> Reply {
         let entries = self
             .io_history

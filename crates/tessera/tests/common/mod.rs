@@ -118,6 +118,48 @@ impl Node {
         path
     }
 
+    /// Array `da1` (see [`Node::pdisk_stanza`], pdisks of 256 MiB), 8+2p vdisk `vd0` of
+    /// `size` with 1 MiB blocks as NSD `vd0`, and file system `gfs` on it (`-A no`, not
+    /// mounted) with mount point `mnt`, which is returned.
+    pub fn file_system_on_vdisk(&mut self, size: &str) -> PathBuf {
+        let pdisks = self.pdisk_stanza(256 << 20);
+        self.ok(&["da", "create", "da1", "-F", s(&pdisks)]);
+        self.ok(&[
+            "vdisk",
+            "create",
+            "vd0",
+            "--da",
+            "da1",
+            "--block-size",
+            "1M",
+            "--size",
+            size,
+        ]);
+        let stanza = self.path("vd.stanza");
+        std::fs::write(
+            &stanza,
+            "%nsd: device=vdisk:vd0 nsd=vd0 usage=dataAndMetadata\n",
+        )
+        .unwrap();
+        self.ok(&["nsd", "create", "-F", s(&stanza)]);
+        let mnt = self.path("mnt");
+        self.mounts.push(mnt.clone());
+        self.ok(&[
+            "fs",
+            "create",
+            "gfs",
+            "-F",
+            s(&stanza),
+            "-B",
+            "1M",
+            "-T",
+            s(&mnt),
+            "-A",
+            "no",
+        ]);
+        mnt
+    }
+
     /// Array `da1` (see [`Node::pdisk_stanza`]) with `count` 8+2p vdisks `{prefix}0..` of
     /// `vdisk_size` and block size `block`, and a %nsd stanza file naming them as NSDs.
     pub fn vdisk_stanza(
@@ -239,4 +281,33 @@ pub fn spawn_drive_server(config: &Path) -> Child {
     }
     std::thread::spawn(move || for _ in lines.by_ref() {});
     child
+}
+
+/// A TCP port on the loopback that nothing listens on (now).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A plain HTTP/1.1 GET of `path` from `addr`: the status code, the head and the body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the HTTP port");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    (status, head.to_string(), body.to_string())
 }
