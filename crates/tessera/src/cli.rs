@@ -256,6 +256,10 @@ pub struct DriveServerArgs {
     /// ports, subsystems with namespaces and allowed hosts, ANA groups).
     #[arg(short = 'c', long = "config")]
     pub config: PathBuf,
+    /// Serve Prometheus metrics (per port and per namespace) on IP:PORT at /metrics; off
+    /// when left out. `127.0.0.1:PORT` keeps them on the host.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_address: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -5,6 +5,8 @@ mod cli;
 mod commands;
 mod config;
 mod daemon;
+mod http_server;
+mod openmetrics;
 mod output;
 mod rpc;
 mod signals;
@@ -201,7 +203,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
             da::pdisk_replace(home, &name, &device)
         }
         Command::Nvme(c) => run_nvme(home, c),
-        Command::DriveServer(a) => drive_server::run(&a.config),
+        Command::DriveServer(a) => drive_server::run(&a.config, a.metrics_address.as_deref()),
         Command::Perf(PerfCommand::Net(PerfNetCommand::Server {
             listen,
             listen_option,

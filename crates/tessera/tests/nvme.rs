@@ -22,7 +22,11 @@ struct DriveServer {
 
 impl DriveServer {
     fn start(config: &Path) -> DriveServer {
-        let child = spawn_drive_server(config);
+        DriveServer::start_with(config, &[])
+    }
+
+    fn start_with(config: &Path, extra: &[&str]) -> DriveServer {
+        let child = spawn_drive_server_with(config, extra);
         DriveServer {
             child,
             config: config.to_path_buf(),
@@ -769,4 +773,154 @@ fn create_and_mount(node: &Node, name: &str, stanza: &Path) -> PathBuf {
     ]);
     node.ok(&["mount", name]);
     mnt
+}
+
+/// The value of sample `name` with all of `labels` in a Prometheus scrape of `addr`.
+fn scraped(addr: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let (status, _, text) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("parses as Prometheus text");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .find(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        })
+}
+
+/// The drive server's `/metrics` (per port and namespace) and the node's NVMe/TCP path
+/// metrics move with a file system's writes over NVMe/TCP; the drive server refuses a
+/// metrics port already in use, naming the option.
+#[test]
+fn drive_server_and_host_paths_serve_metrics() {
+    if !fuse_usable() {
+        return;
+    }
+    let node = Node::new().start();
+    let node_metrics = format!("127.0.0.1:{}", free_port());
+    node.ok(&["config", "set", &format!("metricsAddress={node_metrics}")]);
+    node.ok(&["shutdown"]);
+    node.ok(&["startup"]);
+    let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
+    let nqn = "nqn.2026-11.io.tessera:metrics";
+    let port = free_port();
+    let conf = node.path("server.json");
+    write_config(
+        &conf,
+        &[&hostnqn],
+        &[port_json(1, port, &[nqn], &[(1, "optimized")])],
+        &[subsystem_json(
+            nqn,
+            &[node.drive("m", NS_BYTES)],
+            &[1],
+            &[&hostnqn],
+        )],
+    );
+    let server_metrics = format!("127.0.0.1:{}", free_port());
+    let _server = DriveServer::start_with(&conf, &["--metrics-address", &server_metrics]);
+    let (status, _, body) = http_get(&server_metrics, "/api/v1");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("/metrics"), "{body}");
+    let before = scraped(
+        &server_metrics,
+        "tessera_drive_server_namespace_io_bytes_total",
+        &[("subsystem", nqn), ("nsid", "1"), ("op", "write")],
+    )
+    .expect("a sample per namespace before any I/O");
+    assert_eq!(before, 0.0);
+
+    connect(&node, nqn, port);
+    let stanza = node.path("nvme.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=nvme:nvme0n1 nsd=n1 usage=dataAndMetadata\n",
+    )
+    .unwrap();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = create_and_mount(&node, "mfs", &stanza);
+    let data = pattern(4 << 20, 9);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.join("f")).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+    }
+    let written = scraped(
+        &server_metrics,
+        "tessera_drive_server_namespace_io_bytes_total",
+        &[("subsystem", nqn), ("nsid", "1"), ("op", "write")],
+    )
+    .unwrap();
+    assert!(
+        written >= data.len() as f64,
+        "{written} bytes written to the namespace"
+    );
+    let port_label = [("port", "1")];
+    let open = scraped(
+        &server_metrics,
+        "tessera_drive_server_connections",
+        &port_label,
+    )
+    .unwrap();
+    assert!(open >= 2.0, "admin and I/O queues: {open}");
+    let received = scraped(
+        &server_metrics,
+        "tessera_drive_server_io_bytes_total",
+        &[("port", "1"), ("op", "write")],
+    )
+    .unwrap();
+    assert!(received >= written, "port {received}, namespace {written}");
+
+    // The host's side of the same path.
+    let path_bytes = scraped(
+        &node_metrics,
+        "tessera_nvme_path_io_bytes_total",
+        &[("namespace", "nvme0n1"), ("subsystem", nqn)],
+    )
+    .unwrap();
+    assert!(path_bytes >= data.len() as f64, "{path_bytes}");
+    let state = scraped(
+        &node_metrics,
+        "tessera_nvme_path_state",
+        &[("namespace", "nvme0n1"), ("ana", "optimized")],
+    );
+    assert_eq!(state, Some(1.0));
+
+    // A second server whose metrics port is taken stops at once, naming the option.
+    let port2 = free_port();
+    let conf2 = node.path("server2.json");
+    write_config(
+        &conf2,
+        &[&hostnqn],
+        &[port_json(1, port2, &[nqn], &[(1, "optimized")])],
+        &[subsystem_json(
+            nqn,
+            &[node.drive("m2", NS_BYTES)],
+            &[1],
+            &[&hostnqn],
+        )],
+    );
+    let out = std::process::Command::new(BIN)
+        .args([
+            "drive-server",
+            "-c",
+            s(&conf2),
+            "--metrics-address",
+            &server_metrics,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--metrics-address") && err.contains(&server_metrics),
+        "{err}"
+    );
+    node.ok(&["umount", "mfs"]);
 }

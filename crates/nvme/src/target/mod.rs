@@ -90,4 +90,6 @@ pub use config::{
     ConfigError, Limits, NamespaceConfig, PortAddr, PortConfig, ReloadPlan, SubsystemConfig,
     TargetConfig,
 };
-pub use server::{DeviceOpener, DriveServer, NamespaceStats, PortStats, ServerError, ServerStats};
+pub use server::{
+    DeviceOpener, DriveServer, NamespaceStats, PortStats, ServerError, ServerStats, StatsSource,
+};

@@ -161,6 +161,52 @@ pub struct NamespaceStats {
     pub errors: u64,
 }
 
+/// Reads a drive server's counters ([`DriveServer::stats_source`]).
+#[derive(Clone)]
+pub struct StatsSource(Arc<ServerShared>);
+
+impl StatsSource {
+    #[must_use]
+    pub fn stats(&self) -> ServerStats {
+        snapshot(&self.0)
+    }
+}
+
+fn snapshot(shared: &ServerShared) -> ServerStats {
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let ports = shared
+        .ports
+        .iter()
+        .map(|p| PortStats {
+            portid: p.portid(),
+            addr: *p.addr.lock(),
+            enabled: p.enabled.load(Ordering::SeqCst),
+            connections_open: p.conns.lock().len() as u64,
+            connections_total: load(&p.counters.connections),
+            commands: load(&p.counters.commands),
+            read_bytes: load(&p.counters.read_bytes),
+            write_bytes: load(&p.counters.write_bytes),
+            errors: load(&p.counters.errors),
+        })
+        .collect();
+    let namespaces = shared
+        .subsystems
+        .values()
+        .flat_map(|s| s.namespaces.values())
+        .map(|ns| NamespaceStats {
+            subnqn: ns.subnqn.clone(),
+            nsid: ns.nsid,
+            reads: load(&ns.counters.reads),
+            writes: load(&ns.counters.writes),
+            read_bytes: load(&ns.counters.read_bytes),
+            write_bytes: load(&ns.counters.write_bytes),
+            other: load(&ns.counters.other),
+            errors: load(&ns.counters.errors),
+        })
+        .collect();
+    ServerStats { ports, namespaces }
+}
+
 /// A running listener.
 struct Listener {
     stop: Arc<AtomicBool>,
@@ -440,40 +486,14 @@ impl DriveServer {
     /// A snapshot of the per-port and per-namespace counters.
     #[must_use]
     pub fn stats(&self) -> ServerStats {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let ports = self
-            .shared
-            .ports
-            .iter()
-            .map(|p| PortStats {
-                portid: p.portid(),
-                addr: *p.addr.lock(),
-                enabled: p.enabled.load(Ordering::SeqCst),
-                connections_open: p.conns.lock().len() as u64,
-                connections_total: load(&p.counters.connections),
-                commands: load(&p.counters.commands),
-                read_bytes: load(&p.counters.read_bytes),
-                write_bytes: load(&p.counters.write_bytes),
-                errors: load(&p.counters.errors),
-            })
-            .collect();
-        let namespaces = self
-            .shared
-            .subsystems
-            .values()
-            .flat_map(|s| s.namespaces.values())
-            .map(|ns| NamespaceStats {
-                subnqn: ns.subnqn.clone(),
-                nsid: ns.nsid,
-                reads: load(&ns.counters.reads),
-                writes: load(&ns.counters.writes),
-                read_bytes: load(&ns.counters.read_bytes),
-                write_bytes: load(&ns.counters.write_bytes),
-                other: load(&ns.counters.other),
-                errors: load(&ns.counters.errors),
-            })
-            .collect();
-        ServerStats { ports, namespaces }
+        snapshot(&self.shared)
+    }
+
+    /// A handle that reads the counters for as long as it is kept, also from another
+    /// thread (a metrics exporter) and after the server stopped.
+    #[must_use]
+    pub fn stats_source(&self) -> StatsSource {
+        StatsSource(Arc::clone(&self.shared))
     }
 
     /// Stops listening, closes every connection, waits for every thread and flushes every

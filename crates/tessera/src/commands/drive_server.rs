@@ -8,7 +8,7 @@ use anyhow::{anyhow, Result};
 
 use crate::output::Table;
 
-pub fn run(config_path: &Path) -> Result<()> {
+pub fn run(config_path: &Path, metrics_address: Option<&str>) -> Result<()> {
     init_logging();
     let mut config = tessera_nvme::target::TargetConfig::load(config_path)
         .map_err(|e| anyhow!("{}: {e}", config_path.display()))?;
@@ -21,6 +21,10 @@ pub fn run(config_path: &Path) -> Result<()> {
         table.row(vec![portid.to_string(), addr.to_string()]);
     }
     print!("{}", table.render());
+    if let Some(address) = metrics_address {
+        let bound = super::drive_server_metrics::start(address, server.stats_source())?;
+        println!("Prometheus metrics on http://{bound}/metrics");
+    }
     match &config.state_dir {
         Some(dir) => println!(
             "reservations with PTPL persist through restarts in {}",

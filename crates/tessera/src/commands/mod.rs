@@ -8,6 +8,7 @@ pub mod cluster_config;
 pub mod da;
 pub mod diag;
 pub mod drive_server;
+pub mod drive_server_metrics;
 pub mod fs;
 pub mod health;
 pub mod io;

@@ -11,15 +11,15 @@
 //! several one-node clusters), and an admin who wants the port names the address
 //! (`127.0.0.1:9710` keeps it on the host, `0.0.0.0:9710` offers it to the network).
 //!
-//! The server runs on its own thread and its own single-threaded runtime; API requests
-//! that read the configuration or the arrays run on that runtime's blocking pool, so a
-//! slow one never stalls a scrape, and nothing here touches the I/O path.
+//! The server runs on its own thread and its own single-threaded runtime (`http_server`);
+//! API requests that read the configuration or the arrays run on that runtime's blocking
+//! pool, so a slow one never stalls a scrape, and nothing here touches the I/O path.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::Result;
 use axum::extract::{Path, Query};
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -28,6 +28,7 @@ use prometheus_client::registry::Registry;
 
 use super::api::ApiError;
 use super::{metrics, Daemon};
+use crate::http_server;
 
 /// Starts the HTTP server if this node's `metricsAddress` names an address. The address
 /// is bound before this returns, so a port in use stops the daemon's start with an error
@@ -41,47 +42,14 @@ pub(super) fn start(daemon: &Arc<Daemon>) -> Result<Option<SocketAddr>> {
     if value == "no" {
         return Ok(None);
     }
-    let addr: SocketAddr = value
-        .parse()
-        .map_err(|_| anyhow!("metricsAddress `{value}` is not IP:PORT"))?;
-    let listener = std::net::TcpListener::bind(addr).with_context(|| {
-        format!(
-            "cannot serve metrics on {addr} (metricsAddress): is another program using the \
-             port? choose another with `tessera config set metricsAddress=IP:PORT -N \
-             {}` or turn it off with `metricsAddress=no`, then start again",
-            daemon.cluster.node_name
-        )
-    })?;
-    listener.set_nonblocking(true)?;
-    let bound = listener.local_addr()?;
+    let remedy = format!(
+        "choose another with `tessera config set metricsAddress=IP:PORT -N {}` or turn it off \
+         with `metricsAddress=no`, then start again",
+        daemon.cluster.node_name
+    );
+    let listener = http_server::bind(&value, "metricsAddress", &remedy)?;
     let app = router(Arc::clone(daemon), Arc::new(metrics::registry(daemon)));
-    std::thread::Builder::new()
-        .name("http".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_io()
-                .max_blocking_threads(4)
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!("HTTP server: cannot start its runtime: {e}");
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::error!("HTTP server on {bound}: {e}");
-                        return;
-                    }
-                };
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!("HTTP server on {bound} stopped: {e}");
-                }
-            });
-        })?;
+    let bound = http_server::spawn(listener, app)?;
     tracing::info!(
         "serving Prometheus metrics on http://{bound}/metrics, the API on \
          http://{bound}/api/v1 and the dashboard on http://{bound}/"
@@ -126,12 +94,7 @@ fn asset(name: &str) -> Response {
 }
 
 fn not_found(path: &str) -> Response {
-    let body = serde_json::json!({
-        "error": format!(
-            "no such path: {path}; this daemon serves /metrics, /api/v1 and the dashboard at /"
-        ),
-    });
-    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+    http_server::not_found(path, "/metrics, /api/v1 and the dashboard at /")
 }
 
 impl IntoResponse for ApiError {
@@ -162,20 +125,7 @@ fn router(daemon: Arc<Daemon>, registry: Arc<Registry>) -> axum::Router {
             "/metrics",
             get(move || {
                 let registry = Arc::clone(&registry);
-                async move {
-                    match metrics::encode(&registry) {
-                        Ok(body) => (
-                            StatusCode::OK,
-                            [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-                            body,
-                        ),
-                        Err(e) => (
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                            format!("encoding the metrics failed: {e}\n"),
-                        ),
-                    }
-                }
+                async move { http_server::metrics_response(&registry) }
             }),
         )
         .route("/", get(|| async { asset("index.html") }))

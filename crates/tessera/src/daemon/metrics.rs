@@ -18,8 +18,7 @@ use tessera_fs::{FileSystem, LATENCY_BUCKETS_NS, SIZE_BOUNDS_BYTES};
 
 use super::mounts::NsdStats;
 use super::Daemon;
-
-pub(super) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+use crate::openmetrics::{counters, family, gauges, Labels};
 
 /// The registry a scrape encodes: one collector that reads the daemon's counters.
 pub(super) fn registry(daemon: &Arc<Daemon>) -> Registry {
@@ -28,13 +27,6 @@ pub(super) fn registry(daemon: &Arc<Daemon>) -> Registry {
         daemon: Arc::downgrade(daemon),
     }));
     registry
-}
-
-/// The text of one scrape.
-pub(super) fn encode(registry: &Registry) -> Result<String, fmt::Error> {
-    let mut body = String::new();
-    prometheus_client::encoding::text::encode(&mut body, registry)?;
-    Ok(body)
 }
 
 /// Reads the daemon's counters at each scrape.
@@ -48,50 +40,7 @@ impl fmt::Debug for DaemonCollector {
     }
 }
 
-type Labels = Vec<(&'static str, String)>;
 type MountedFs = (String, Arc<FileSystem>);
-
-/// One family of samples: its descriptor once, then each labelled sample.
-fn family<T>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    kind: MetricType,
-    samples: &[(Labels, T)],
-    mut each: impl FnMut(&mut prometheus_client::encoding::MetricEncoder, &T) -> fmt::Result,
-) -> fmt::Result {
-    if samples.is_empty() {
-        return Ok(());
-    }
-    let mut metric = enc.encode_descriptor(name, help, None, kind)?;
-    for (labels, value) in samples {
-        if labels.is_empty() {
-            // A family of one sample without labels: `name 1`, not `name{} 1`.
-            each(&mut metric, value)?;
-        } else {
-            let mut sample = metric.encode_family(labels)?;
-            each(&mut sample, value)?;
-        }
-    }
-    Ok(())
-}
-
-fn counters(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    s: &[(Labels, u64)],
-) -> fmt::Result {
-    family(enc, name, help, MetricType::Counter, s, |m, v| {
-        m.encode_counter::<NoLabelSet, _, u64>(v, None)
-    })
-}
-
-fn gauges(enc: &mut DescriptorEncoder, name: &str, help: &str, s: &[(Labels, i64)]) -> fmt::Result {
-    family(enc, name, help, MetricType::Gauge, s, |m, v| {
-        m.encode_gauge(v)
-    })
-}
 
 /// The label of a request-size range of `SIZE_BOUNDS_BYTES` (as pmon's `rhist` ranges).
 fn size_label(range: usize) -> String {
@@ -417,6 +366,67 @@ fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]
     )
 }
 
+/// NVMe/TCP paths of this node's host: the state of each and its counters.
+fn nvme_samples(
+    enc: &mut DescriptorEncoder,
+    namespaces: &[crate::rpc::NvmeNamespaceRow],
+) -> fmt::Result {
+    let mut state = Vec::new();
+    let mut commands = Vec::new();
+    let mut bytes = Vec::new();
+    let mut errors = Vec::new();
+    let mut retries = Vec::new();
+    for ns in namespaces {
+        for p in &ns.paths {
+            let path = || -> Labels {
+                vec![
+                    ("namespace", ns.name.clone()),
+                    ("subsystem", ns.subnqn.clone()),
+                    ("path", p.traddr.clone()),
+                ]
+            };
+            let mut l = path();
+            l.push(("state", p.state.clone()));
+            l.push(("ana", p.ana_state.clone()));
+            state.push((l, 1));
+            commands.push((path(), p.commands));
+            bytes.push((path(), p.bytes));
+            errors.push((path(), p.errors));
+            retries.push((path(), p.retries));
+        }
+    }
+    gauges(
+        enc,
+        "tessera_nvme_path_state",
+        "Each NVMe/TCP path of each namespace: 1 with its connection state and ANA state",
+        &state,
+    )?;
+    counters(
+        enc,
+        "tessera_nvme_path_commands",
+        "Commands sent on each path",
+        &commands,
+    )?;
+    counters(
+        enc,
+        "tessera_nvme_path_io_bytes",
+        "Bytes moved on each path",
+        &bytes,
+    )?;
+    counters(
+        enc,
+        "tessera_nvme_path_errors",
+        "Commands on each path that failed",
+        &errors,
+    )?;
+    counters(
+        enc,
+        "tessera_nvme_path_retries",
+        "Commands retried on another path after this one failed them",
+        &retries,
+    )
+}
+
 /// The health monitor's view: 0 healthy, 1 degraded, 2 failed.
 fn health_samples(
     enc: &mut DescriptorEncoder,
@@ -511,6 +521,12 @@ impl Collector for DaemonCollector {
         let arrays: Vec<_> = daemon.arrays.lock().values().cloned().collect();
         let statuses: Vec<_> = arrays.iter().map(|da| da.status()).collect();
         array_samples(&mut enc, &statuses)?;
+        let mut quiet = super::Reporter { stream: None };
+        if let Ok(crate::rpc::Reply::NvmeNamespaces(rows)) =
+            daemon.nvme_request(crate::rpc::Request::NvmeList, &mut quiet)
+        {
+            nvme_samples(&mut enc, &rows)?;
+        }
         health_samples(&mut enc, &daemon.health.states())
     }
 }

@@ -258,6 +258,11 @@ pub fn fuse_usable() -> bool {
 /// goes next to the configuration, for a failing test to read; its stdout keeps being
 /// drained so that the server never blocks on a full pipe.
 pub fn spawn_drive_server(config: &Path) -> Child {
+    spawn_drive_server_with(config, &[])
+}
+
+/// [`spawn_drive_server`] with more arguments (`--metrics-address`).
+pub fn spawn_drive_server_with(config: &Path, extra: &[&str]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -265,6 +270,7 @@ pub fn spawn_drive_server(config: &Path) -> Child {
         .expect("drive-server log");
     let mut child = Command::new(BIN)
         .args(["drive-server", "-c", s(config)])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
