@@ -274,6 +274,18 @@ fn api_dashboard_health_and_diag_under_a_workload() {
         text.contains(r#"tessera_health_status{component="pdisk",entity="e1s1"} 2"#),
         "{text}"
     );
+    // Every metric the Grafana dashboard queries, but those of drive servers and NVMe/TCP
+    // paths (tests/nvme.rs checks those), is one this daemon exports.
+    let exported = described_families(&text);
+    for family in grafana_dashboard_metrics() {
+        if family.starts_with("tessera_drive_server_") || family.starts_with("tessera_nvme_") {
+            continue;
+        }
+        assert!(
+            exported.contains(&family),
+            "the Grafana dashboard queries {family}, not exported:\n{text}"
+        );
+    }
 
     // mmdiag's sections.
     let diag = node.ok(&[

@@ -891,6 +891,22 @@ fn drive_server_and_host_paths_serve_metrics() {
         &[("namespace", "nvme0n1"), ("ana", "optimized")],
     );
     assert_eq!(state, Some(1.0));
+    // The Grafana dashboard's drive-server and path queries use what is exported.
+    let node_text = http_get(&node_metrics, "/metrics").2;
+    let server_text = http_get(&server_metrics, "/metrics").2;
+    for family in grafana_dashboard_metrics() {
+        let text = if family.starts_with("tessera_drive_server_") {
+            &server_text
+        } else if family.starts_with("tessera_nvme_") {
+            &node_text
+        } else {
+            continue;
+        };
+        assert!(
+            described_families(text).contains(&family),
+            "{family} is not exported"
+        );
+    }
 
     // A second server whose metrics port is taken stops at once, naming the option.
     let port2 = free_port();

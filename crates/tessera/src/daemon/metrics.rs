@@ -322,14 +322,14 @@ fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]
     )?;
     gauges(
         enc,
-        "tessera_da_task_done",
+        "tessera_da_task_done_units",
         "Units done in the current or last pass of the task (strips for rebuild, stripes for \
-         scrub); progress is done / total",
+         scrub); progress is done / planned",
         &task_done,
     )?;
     gauges(
         enc,
-        "tessera_da_task_total",
+        "tessera_da_task_planned_units",
         "Units planned in the current or last pass of the task",
         &task_total,
     )?;

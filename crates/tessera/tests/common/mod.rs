@@ -317,3 +317,95 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String, String) {
         .expect("a status code");
     (status, head.to_string(), body.to_string())
 }
+
+/// Reads deploy/monitoring/grafana-dashboard.json, checks it against Grafana's dashboard
+/// JSON model (what an import needs: a uid, a title, a schema version, panels of known
+/// types with unique ids and grid positions inside 24 columns that do not overlap,
+/// queries with refIds, every `$variable` defined), and returns the Tessera metric
+/// families its queries use (`tessera_fs_io_bytes` for `tessera_fs_io_bytes_total`).
+pub fn grafana_dashboard_metrics() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/monitoring/grafana-dashboard.json");
+    let text = std::fs::read_to_string(&path).expect("the Grafana dashboard");
+    let d: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let uid = d["uid"].as_str().expect("uid");
+    assert!(!uid.is_empty() && uid.len() <= 40, "uid {uid}");
+    assert!(d["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(d["schemaVersion"].as_u64().expect("schemaVersion") >= 36);
+    assert!(d["time"]["from"].is_string() && d["time"]["to"].is_string());
+    let variables: Vec<&str> = d["templating"]["list"]
+        .as_array()
+        .expect("templating.list")
+        .iter()
+        .map(|v| v["name"].as_str().expect("variable name"))
+        .collect();
+    let panels = d["panels"].as_array().expect("panels");
+    assert!(!panels.is_empty());
+    let mut ids = std::collections::HashSet::new();
+    let mut cells = std::collections::HashSet::new();
+    let mut families = std::collections::BTreeSet::new();
+    for p in panels {
+        let id = p["id"].as_u64().expect("panel id");
+        assert!(ids.insert(id), "panel id {id} twice");
+        let kind = p["type"].as_str().expect("panel type");
+        assert!(
+            ["row", "timeseries", "stat", "gauge", "table", "bargauge"].contains(&kind),
+            "panel {id}: type {kind}"
+        );
+        let g = &p["gridPos"];
+        let (x, y, w, h) = (
+            g["x"].as_u64().expect("x"),
+            g["y"].as_u64().expect("y"),
+            g["w"].as_u64().expect("w"),
+            g["h"].as_u64().expect("h"),
+        );
+        assert!(w >= 1 && h >= 1 && x + w <= 24, "panel {id}: gridPos {g}");
+        for cx in x..x + w {
+            for cy in y..y + h {
+                assert!(
+                    cells.insert((cx, cy)),
+                    "panel {id} overlaps another at {cx},{cy}"
+                );
+            }
+        }
+        if kind == "row" {
+            continue;
+        }
+        assert!(
+            p["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "panel {id}"
+        );
+        assert!(p["datasource"]["uid"].is_string(), "panel {id}: datasource");
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {id}: no query");
+        for t in targets {
+            assert!(t["refId"].is_string(), "panel {id}: refId");
+            let expr = t["expr"].as_str().expect("expr");
+            for word in expr.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$')) {
+                if let Some(var) = word.strip_prefix('$') {
+                    assert!(
+                        var.starts_with("__") || variables.contains(&var),
+                        "panel {id}: ${var} is not a dashboard variable"
+                    );
+                } else if word.starts_with("tessera_") {
+                    let family = ["_total", "_bucket", "_count", "_sum"]
+                        .iter()
+                        .find_map(|s| word.strip_suffix(s))
+                        .unwrap_or(word);
+                    families.insert(family.to_string());
+                }
+            }
+        }
+    }
+    families.into_iter().collect()
+}
+
+/// The metric families described (`# TYPE name kind`) in a scrape's text.
+pub fn described_families(scrape: &str) -> Vec<String> {
+    scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
