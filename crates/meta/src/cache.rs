@@ -70,6 +70,9 @@ impl PageCache {
         if pinned_until.is_some() {
             self.pinned += 1;
         }
+        // A new page starts unreferenced: it is placed behind the hand (see `evict`), so it
+        // has a full turn to be used again before it can go, and pages used once (a scan
+        // of leaves) leave without pushing out those used again and again.
         let old = self.entries.insert(
             addr,
             Entry {
@@ -131,7 +134,13 @@ impl PageCache {
                 }
                 Some(_) => {
                     self.entries.remove(&addr);
+                    // The last slot (the newest page) moves into the hole. The hand steps
+                    // past it: under the hand it would be the next to go, and a lookup's
+                    // inner nodes and leaf, read one after the other, would evict each
+                    // other before their second use (every stat of a directory larger
+                    // than the cache read its whole path from disk).
                     self.ring.swap_remove(self.hand);
+                    self.hand += 1;
                     self.evictions += 1;
                 }
             }
@@ -142,5 +151,91 @@ impl PageCache {
             self.ring.retain(|a| entries.contains_key(a));
             self.hand = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> Arc<Node> {
+        Arc::new(Node::Branch {
+            level: 1,
+            keys: Vec::new(),
+            children: Vec::new(),
+        })
+    }
+
+    /// Looks `addr` up, reading it ("from disk": a miss) when absent.
+    fn touch(cache: &mut PageCache, addr: u64) {
+        if cache.get(PageAddr(addr)).is_none() {
+            cache.insert(PageAddr(addr), node(), None);
+        }
+    }
+
+    /// Lookups in a tree larger than the cache: each goes root, inner node, then a leaf
+    /// seen once. The root and inner node are read once; only the leaves miss.
+    #[test]
+    fn a_lookup_path_stays_while_leaves_stream_through() {
+        let mut cache = PageCache::new(1024);
+        let lookups = 10_000u64;
+        for i in 0..lookups {
+            touch(&mut cache, 1);
+            touch(&mut cache, 2);
+            touch(&mut cache, 1000 + i);
+        }
+        assert_eq!(
+            cache.misses,
+            2 + lookups,
+            "root and inner node read once each"
+        );
+        assert!(cache.len() <= 1024);
+    }
+
+    /// What a cold `stat` of every file of a huge directory does, in creation order: the
+    /// directory's root and one of its inner nodes, a directory leaf seen once (entries in
+    /// hash order), then the inode tree's root and the inode page of the file (160 files
+    /// to a page, in order). The working set (53 pages) fits the cache many times over:
+    /// only leaves, and each inode page once, may miss. (Before the hand stepped past the
+    /// page it moved, every new page went into one slot: each stat read its leaf, inner
+    /// node and inode page again, 2.4 reads per stat here and 8 at ten million files.)
+    #[test]
+    fn a_stat_of_every_file_reads_each_page_about_once() {
+        let mut cache = PageCache::new(1024);
+        let files = 16_000u64;
+        for i in 0..files {
+            touch(&mut cache, 1);
+            touch(&mut cache, 2 + (i * 7919) % 50);
+            touch(&mut cache, 1_000_000 + i);
+            touch(&mut cache, 3);
+            touch(&mut cache, 2_000_000 + i / 160);
+        }
+        let needed = 1 + 50 + files + 1 + files / 160;
+        assert!(
+            cache.misses <= needed + needed / 100,
+            "{} page reads for {files} stats, {needed} needed",
+            cache.misses
+        );
+    }
+
+    /// A hot set used again and again survives a stream of pages used once.
+    #[test]
+    fn hot_pages_survive_a_scan() {
+        let mut cache = PageCache::new(1024);
+        for round in 0..1_000u64 {
+            for hot in 0..10 {
+                touch(&mut cache, hot);
+            }
+            for cold in 0..20 {
+                touch(&mut cache, 1_000 + round * 20 + cold);
+            }
+        }
+        let cold_pages = 20_000;
+        assert!(
+            cache.misses <= 10 + cold_pages + 2,
+            "the hot pages were read about once: {}",
+            cache.misses
+        );
+        assert_eq!(cache.evictions, cache.misses - cache.len() as u64);
     }
 }
