@@ -264,6 +264,11 @@ impl FileSystem {
         self.meta.lock().state.inode_cache_len()
     }
 
+    /// Records and group commits of the recovery log since the mount.
+    pub fn journal_stats(&self) -> tessera_journal::JournalStats {
+        self.journal.stats()
+    }
+
     /// Counters of the metadata page cache.
     pub fn metadata_cache_stats(&self) -> tessera_meta::StoreStats {
         self.meta.lock().state.store_mut().stats()

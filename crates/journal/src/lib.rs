@@ -332,6 +332,20 @@ pub struct Journal {
     /// Mirrors of the state fields for lock-free reads.
     durable: AtomicU64,
     appended: AtomicU64,
+    /// Records appended and group commits (write and flush) done since the open.
+    records: AtomicU64,
+    commits: AtomicU64,
+}
+
+/// Counters of a journal since it was opened (`Journal::stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    pub records: u64,
+    /// Group commits: each writes the pending pages of every waiting committer and
+    /// flushes the device once.
+    pub commits: u64,
+    pub appended_lsn: Lsn,
+    pub durable_lsn: Lsn,
 }
 
 const _: () = {
@@ -436,6 +450,8 @@ impl Journal {
             committed: Condvar::new(),
             durable: AtomicU64::new(end_lsn),
             appended: AtomicU64::new(end_lsn),
+            records: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
         };
         Ok((journal, scan.records))
     }
@@ -483,6 +499,7 @@ impl Journal {
         assert!(state.end_seq() <= limit_seq);
         state.appended_lsn = lsn;
         self.appended.store(lsn, Ordering::Release);
+        self.records.fetch_add(1, Ordering::Relaxed);
         Ok(lsn)
     }
 
@@ -527,6 +544,7 @@ impl Journal {
                     assert!(target >= state.durable_lsn);
                     state.durable_lsn = target;
                     self.durable.store(target, Ordering::Release);
+                    self.commits.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "journal commit failed; journal unusable");
@@ -590,6 +608,16 @@ impl Journal {
         };
         header.encode(&page.payload[..page.used], out);
         debug_assert_eq!(PageHeader::decode(out), Some(header));
+    }
+
+    /// Records, commits and LSNs since the open, for the metrics.
+    pub fn stats(&self) -> JournalStats {
+        JournalStats {
+            records: self.records.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
+            appended_lsn: self.appended_lsn(),
+            durable_lsn: self.durable_lsn(),
+        }
     }
 
     /// The highest LSN known to be on stable storage.

@@ -778,6 +778,16 @@ pub struct PmonArgs {
     pub device: Option<String>,
     #[arg(short = 'Y')]
     pub machine: bool,
+    /// An mmpmon command file: fs_io_s, io_s, ver, reset, rhist on|off|s|reset, one per
+    /// line.
+    #[arg(short = 'i', value_name = "FILE")]
+    pub input: Option<std::path::PathBuf>,
+    /// With -i: passes over the file (0: until interrupted).
+    #[arg(short = 'r', default_value_t = 1, requires = "input")]
+    pub repeat: u64,
+    /// With -i: milliseconds between passes.
+    #[arg(short = 'd', default_value_t = 1000, requires = "input")]
+    pub delay_ms: u64,
 }
 
 /// `tessera fs create`, with the mmcrfs option letters.

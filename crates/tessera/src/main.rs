@@ -117,7 +117,17 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Df(a) => io::df(home, &a.device, a.machine),
         Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),
         Command::Fsck(a) => io::fsck(home, &a.device, a.repair),
-        Command::Pmon(a) => pmon::pmon(home, a.device.as_deref(), a.machine),
+        Command::Pmon(a) => match &a.input {
+            Some(file) => pmon::pmon_file(
+                home,
+                a.device.as_deref(),
+                a.machine,
+                file,
+                a.repeat,
+                a.delay_ms,
+            ),
+            None => pmon::pmon(home, a.device.as_deref(), a.machine),
+        },
         Command::Diag(a) => diag::diag(home, &a),
         Command::Health(a) => health::health(home, &a),
         Command::Bench(BenchCommand::Ec {

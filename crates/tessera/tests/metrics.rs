@@ -200,6 +200,42 @@ fn metrics_follow_the_workload() {
     let waiters = node.ok(&["diag", "--waiters"]);
     assert!(waiters.contains("=== diag: waiters ==="), "{waiters}");
 
+    // An mmpmon command file: histograms only after `rhist on`, counters from `reset`.
+    let cmds = node.path("pmon.cmd");
+    std::fs::write(
+        &cmds,
+        "# a session\nver\nrhist s\nrhist on\nfs_io_s\nrhist s\nreset\nfs_io_s\nio_s\n",
+    )
+    .unwrap();
+    let out = node.ok(&["pmon", "-i", s(&cmds)]);
+    assert!(out.contains("rhist s status 16"), "{out}");
+    assert!(out.contains("rhist on OK"), "{out}");
+    let sessions: Vec<&str> = out.split("fs_io_s OK").collect();
+    assert_eq!(sessions.len(), 3, "two fs_io_s answers:\n{out}");
+    let bytes_written = |text: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with("bytes written:"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no bytes written in\n{text}"))
+    };
+    assert!(bytes_written(sessions[1]) >= 8 * MIB, "{out}");
+    assert!(
+        sessions[1].contains("size range"),
+        "the histogram after rhist on:\n{out}"
+    );
+    assert_eq!(bytes_written(sessions[2]), 0, "counted from reset:\n{out}");
+    assert!(out.contains("io_s OK"), "{out}");
+    let machine = node.ok(&["pmon", "-i", s(&cmds), "-Y", "-r", "2", "-d", "10"]);
+    assert_eq!(machine.matches("_fs_io_s_ _n_").count(), 4, "{machine}");
+    assert!(
+        machine.contains("_rhist_ _n_") && machine.contains("_req_ s _rc_ 16"),
+        "{machine}"
+    );
+    std::fs::write(&cmds, "fs_io_s\nrhist nr 512;1m 1.0\n").unwrap();
+    let err = node.fails(&["pmon", "-i", s(&cmds)]);
+    assert!(err.contains("line 2") && err.contains("rhist nr"), "{err}");
+
     node.ok(&["umount", "fs1"]);
     node.ok(&["mount", "fs1"]);
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
@@ -320,6 +356,9 @@ fn metrics_follow_the_workload() {
         "size {size}, free {free}"
     );
     assert_eq!(after.value("tessera_fs_checksum_errors_total", &fs1), 0.0);
+    // The append and its fsync went through the recovery log: records and a group commit.
+    assert!(after.value("tessera_fs_journal_records_total", &fs1) >= 1.0);
+    assert!(after.value("tessera_fs_journal_commits_total", &fs1) >= 1.0);
     let hits = after.value(
         "tessera_fs_metadata_page_lookups_total",
         &[("fs", "fs1"), ("result", "hit")],

@@ -81,7 +81,12 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     let mut page_reads = Vec::new();
     let mut evictions = Vec::new();
     let mut inode_cache = Vec::new();
+    let mut journal_records = Vec::new();
+    let mut journal_commits = Vec::new();
     for (name, fs) in mounted {
+        let j = fs.journal_stats();
+        journal_records.push((fs_label(name), j.records));
+        journal_commits.push((fs_label(name), j.commits));
         let p = fs.pmon();
         for (op, v) in [
             ("read", p.reads),
@@ -190,6 +195,19 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         "tessera_fs_metadata_page_evictions",
         "Clean metadata pages evicted from the cache",
         &evictions,
+    )?;
+    counters(
+        enc,
+        "tessera_fs_journal_records",
+        "Metadata transactions appended to the recovery log since the mount",
+        &journal_records,
+    )?;
+    counters(
+        enc,
+        "tessera_fs_journal_commits",
+        "Group commits of the recovery log (one device write and flush for every waiting \
+         transaction) since the mount",
+        &journal_commits,
     )?;
     gauges(
         enc,
