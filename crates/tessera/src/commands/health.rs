@@ -86,6 +86,10 @@ fn show(r: &HealthReport, wanted: &dyn Fn(&str, &str) -> bool, machine: bool) {
         println!("Status change:  {}", local_time(c.since_unix, false));
     }
     println!();
+    if rows.is_empty() {
+        println!("(no such component seen yet: the daemon's monitor looks once a second)");
+        return;
+    }
     let mut t = Table::new(&["component", "entity", "status", "status change", "reasons"]);
     for c in rows {
         t.row(vec![

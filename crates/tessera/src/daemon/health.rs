@@ -176,11 +176,12 @@ impl Daemon {
             .name("monitor".into())
             .spawn(move || {
                 for tick in 0u64.. {
+                    // Look first, then wait: `health` right after a start has an answer.
+                    match daemon.upgrade() {
+                        Some(daemon) => daemon.monitor_once(tick % ARRAY_TICKS == 0),
+                        None => return,
+                    }
                     std::thread::sleep(MONITOR_INTERVAL);
-                    let Some(daemon) = daemon.upgrade() else {
-                        return;
-                    };
-                    daemon.monitor_once(tick % ARRAY_TICKS == 0);
                 }
             })?;
         Ok(())
