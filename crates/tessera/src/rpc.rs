@@ -497,6 +497,8 @@ pub struct FsMemoryRow {
 pub struct FsStatsRow {
     pub fs: String,
     pub pmon: PmonSnapshot,
+    pub metadata_pages_clean: u64,
+    pub metadata_pages_dirty: u64,
     pub metadata_page_hits: u64,
     pub metadata_page_misses: u64,
     pub metadata_page_evictions: u64,

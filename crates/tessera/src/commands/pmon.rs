@@ -67,6 +67,20 @@ fn rhist_machine(node: &str, fs: &str, kind: &str, s: &PmonSnapshot, hist: &[Vec
     }
 }
 
+/// The operation counters of `fs_io_s` and `io_s`, labelled as mmpmon prints them.
+fn counter_rows(s: &PmonSnapshot) -> [(&'static str, String); 8] {
+    [
+        ("bytes read:", s.bytes_read.to_string()),
+        ("bytes written:", s.bytes_written.to_string()),
+        ("opens:", s.opens.to_string()),
+        ("closes:", s.closes.to_string()),
+        ("reads:", s.reads.to_string()),
+        ("writes:", s.writes.to_string()),
+        ("readdir:", s.readdirs.to_string()),
+        ("inode updates:", s.inode_updates.to_string()),
+    ]
+}
+
 fn show(node: &str, cluster: &str, e: &PmonEntry, machine: bool, t: u64) {
     show_fs_io_s(node, cluster, e, machine, t);
     show_rhist(node, e, machine, t);
@@ -109,17 +123,9 @@ fn show_fs_io_s(node: &str, cluster: &str, e: &PmonEntry, machine: bool, t: u64)
         ("filesystem:", e.fs_name.clone()),
         ("disks:", e.disks.to_string()),
         ("timestamp:", format!("{t}/0")),
-        ("bytes read:", s.bytes_read.to_string()),
-        ("bytes written:", s.bytes_written.to_string()),
-        ("opens:", s.opens.to_string()),
-        ("closes:", s.closes.to_string()),
-        ("reads:", s.reads.to_string()),
-        ("writes:", s.writes.to_string()),
-        ("readdir:", s.readdirs.to_string()),
-        ("inode updates:", s.inode_updates.to_string()),
-        ("checksum errors:", s.checksum_errors.to_string()),
     ];
-    for (label, value) in rows {
+    let rows = rows.into_iter().chain(counter_rows(s));
+    for (label, value) in rows.chain([("checksum errors:", s.checksum_errors.to_string())]) {
         println!("{label:<16} {value:>20}");
     }
 }
@@ -409,17 +415,10 @@ fn show_io_s(node: &str, entries: &[PmonEntry], session: &Session, machine: bool
         return;
     }
     println!("tessera pmon node {node} io_s OK");
-    for (label, value) in [
-        ("timestamp:", format!("{t}/0")),
-        ("bytes read:", s.bytes_read.to_string()),
-        ("bytes written:", s.bytes_written.to_string()),
-        ("opens:", s.opens.to_string()),
-        ("closes:", s.closes.to_string()),
-        ("reads:", s.reads.to_string()),
-        ("writes:", s.writes.to_string()),
-        ("readdir:", s.readdirs.to_string()),
-        ("inode updates:", s.inode_updates.to_string()),
-    ] {
+    for (label, value) in [("timestamp:", format!("{t}/0"))]
+        .into_iter()
+        .chain(counter_rows(s))
+    {
         println!("{label:<16} {value:>20}");
     }
 }

@@ -24,7 +24,6 @@
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
-use tessera_drive::stats::IoKind;
 
 use super::{Daemon, Reporter};
 use crate::rpc::{Reply, Request};
@@ -246,43 +245,45 @@ impl Daemon {
     /// The counters `/metrics` exports, as JSON: pmon's per file system, and requests,
     /// bytes and errors per NSD.
     fn api_metrics(&self) -> Value {
-        let mounted = self.mounted_list();
-        let mut fss = Vec::new();
-        let mut nsds = Vec::new();
-        for (name, fs, stats) in &mounted {
-            let p = fs.pmon();
-            let c = fs.metadata_cache_stats();
-            fss.push(json!({
-                "fs": name,
-                "bytes_read": p.bytes_read,
-                "bytes_written": p.bytes_written,
-                "reads": p.reads,
-                "writes": p.writes,
-                "opens": p.opens,
-                "closes": p.closes,
-                "readdirs": p.readdirs,
-                "inode_updates": p.inode_updates,
-                "checksum_errors": p.checksum_errors,
-                "metadata_pages_clean": c.cached_pages,
-                "metadata_pages_dirty": c.dirty_pages,
-                "metadata_page_hits": c.hits,
-                "metadata_page_misses": c.misses,
-            }));
-            for (nsd, s) in stats {
-                for kind in IoKind::ALL {
-                    let k = s.snapshot(kind);
-                    nsds.push(json!({
-                        "fs": name,
-                        "nsd": nsd,
-                        "op": kind.name(),
-                        "requests": k.requests,
-                        "bytes": k.bytes,
-                        "errors": k.errors,
-                        "seconds": k.sum_seconds,
-                    }));
-                }
-            }
-        }
+        let rows = super::diag::fs_stats_rows(&self.mounted_list());
+        let fss: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                let p = &r.pmon;
+                json!({
+                    "fs": r.fs,
+                    "bytes_read": p.bytes_read,
+                    "bytes_written": p.bytes_written,
+                    "reads": p.reads,
+                    "writes": p.writes,
+                    "opens": p.opens,
+                    "closes": p.closes,
+                    "readdirs": p.readdirs,
+                    "inode_updates": p.inode_updates,
+                    "checksum_errors": p.checksum_errors,
+                    "metadata_pages_clean": r.metadata_pages_clean,
+                    "metadata_pages_dirty": r.metadata_pages_dirty,
+                    "metadata_page_hits": r.metadata_page_hits,
+                    "metadata_page_misses": r.metadata_page_misses,
+                })
+            })
+            .collect();
+        let nsds: Vec<Value> = rows
+            .iter()
+            .flat_map(|r| {
+                r.nsds.iter().map(|n| {
+                    json!({
+                        "fs": r.fs,
+                        "nsd": n.nsd,
+                        "op": n.op,
+                        "requests": n.requests,
+                        "bytes": n.bytes,
+                        "errors": n.errors,
+                        "seconds": n.seconds,
+                    })
+                })
+            })
+            .collect();
         json!({
             "node": self.cluster.node_name,
             "active": self.member.holds_lease(),

@@ -4,12 +4,15 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
 use parking_lot::Mutex;
 use tessera_drive::stats::IoKind;
+use tessera_fs::FileSystem;
 
+use super::mounts::NsdStats;
 use super::Daemon;
 use crate::rpc::{
     DiagReport, FsMemoryRow, FsStatsRow, HealthReport, MemoryReport, NetworkNodeRow, NetworkReport,
@@ -80,6 +83,43 @@ fn proc_status() -> HashMap<String, u64> {
         .collect()
 }
 
+/// The counters of each mounted file system: pmon's, the metadata page cache's, and
+/// each NSD's by request kind (`diag --stats`, `/api/v1/metrics`).
+pub(super) fn fs_stats_rows(mounted: &[(String, Arc<FileSystem>, NsdStats)]) -> Vec<FsStatsRow> {
+    mounted
+        .iter()
+        .map(|(name, fs, nsds)| {
+            let c = fs.metadata_cache_stats();
+            let nsds = nsds
+                .iter()
+                .flat_map(|(nsd, s)| {
+                    IoKind::ALL.into_iter().map(move |kind| {
+                        let k = s.snapshot(kind);
+                        NsdStatsRow {
+                            nsd: nsd.clone(),
+                            op: kind.name().into(),
+                            requests: k.requests,
+                            bytes: k.bytes,
+                            errors: k.errors,
+                            seconds: k.sum_seconds,
+                        }
+                    })
+                })
+                .collect();
+            FsStatsRow {
+                fs: name.clone(),
+                pmon: fs.pmon(),
+                metadata_pages_clean: c.cached_pages as u64,
+                metadata_pages_dirty: c.dirty_pages as u64,
+                metadata_page_hits: c.hits,
+                metadata_page_misses: c.misses,
+                metadata_page_evictions: c.evictions,
+                nsds,
+            }
+        })
+        .collect()
+}
+
 impl Daemon {
     pub(super) fn health_report(&self) -> Reply {
         Reply::Health(HealthReport {
@@ -128,8 +168,7 @@ impl Daemon {
         let params = self.member.state().params;
         let me = Some(self.member.me());
         let mut memory_rows = Vec::new();
-        let mut stats_rows = Vec::new();
-        for (name, fs, nsds) in &mounted {
+        for (name, fs, _) in &mounted {
             let c = fs.metadata_cache_stats();
             let (inodes, stats) = fs.inode_cache_len();
             memory_rows.push(FsMemoryRow {
@@ -143,29 +182,8 @@ impl Daemon {
                 max_files_to_cache: params.count("maxFilesToCache", me),
                 max_stat_cache: params.count("maxStatCache", me),
             });
-            let mut nsd_rows = Vec::new();
-            for (nsd, s) in nsds {
-                for kind in IoKind::ALL {
-                    let k = s.snapshot(kind);
-                    nsd_rows.push(NsdStatsRow {
-                        nsd: nsd.clone(),
-                        op: kind.name().into(),
-                        requests: k.requests,
-                        bytes: k.bytes,
-                        errors: k.errors,
-                        seconds: k.sum_seconds,
-                    });
-                }
-            }
-            stats_rows.push(FsStatsRow {
-                fs: name.clone(),
-                pmon: fs.pmon(),
-                metadata_page_hits: c.hits,
-                metadata_page_misses: c.misses,
-                metadata_page_evictions: c.evictions,
-                nsds: nsd_rows,
-            });
         }
+        let stats_rows = fs_stats_rows(&mounted);
 
         let state = self.member.state();
         let nodes = match self.cluster_states(&[]) {

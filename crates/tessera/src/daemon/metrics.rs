@@ -516,17 +516,11 @@ impl Collector for DaemonCollector {
             "1 when this node holds its lease and may write, 0 while it arbitrates",
             &[(Vec::new(), active)],
         )?;
-        // Copy the list out: encoding must not hold the mount table's lock.
+        // Copied out: encoding must not hold the mount table's lock.
         let (mounted, nsds): (Vec<MountedFs>, Vec<(String, NsdStats)>) = daemon
-            .mounts
-            .lock()
-            .iter()
-            .map(|(name, m)| {
-                (
-                    (name.clone(), Arc::clone(&m.fs)),
-                    (name.clone(), m.nsd_stats.clone()),
-                )
-            })
+            .mounted_list()
+            .into_iter()
+            .map(|(name, fs, nsds)| ((name.clone(), fs), (name, nsds)))
             .unzip();
         gauges(
             &mut enc,
