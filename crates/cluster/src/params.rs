@@ -67,12 +67,13 @@ pub const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "pagepool",
-        default: "512M",
+        default: "1G",
         scope: Scope::Node,
-        help: "memory for clean metadata pages (directory, inode and block-map pages) a \
-               node caches per mounted file system, with changed pages up to as much again \
-               (written back from a quarter of it); unlike GPFS's, file data is not cached \
-               in it (the kernel's page cache holds that); takes effect at the next mount",
+        help: "memory for metadata pages (directory, inode and block-map pages) a node \
+               keeps per mounted file system, clean and changed together (changes are \
+               written back from a quarter of it, and wait at half); unlike GPFS's, file \
+               data is not cached in it (the kernel's page cache holds that); takes effect \
+               at the next mount",
         check: |v| check_bytes(v, 16 << 20, 1 << 40),
     },
     ParamSpec {
@@ -388,7 +389,7 @@ mod tests {
         assert!(e.contains("not a size"), "{e}");
         assert!(parse_changes("pagepool=99999999999T", false).is_err());
         let mut p = Params::default();
-        assert_eq!(p.bytes("pagepool", Some(1)), 512 << 20);
+        assert_eq!(p.bytes("pagepool", Some(1)), 1 << 30);
         p.cluster.insert("pagepool".into(), "2G".into());
         assert_eq!(p.bytes("pagepool", Some(1)), 2 << 30);
     }

@@ -17,18 +17,18 @@ use crate::meta::MetaState;
 /// Smallest metadata page: room for a 4 MiB block's reference (a checksum per 4 KiB sector)
 /// as one B+tree item, which may take half a page.
 const MIN_PAGE_BYTES: u32 = 16 * 1024;
-/// Clean metadata pages cached per mounted file system: 512 MiB of 16 KiB pages, about
-/// 650 MiB of memory (a leaf in memory is its page payload plus 20 bytes an entry). With
-/// 64 MiB, a cold `stat` of a million files in one directory (about 10,000 pages of entries
-/// and records, looked up in hash order) read a page for most names and ran at a tenth of
-/// the rate at 100,000 files (RESULTS.md); the cache should hold the directories and inodes
-/// in use, and the daemon stay within 2 GiB with ten million files.
-pub(crate) const DEFAULT_CACHE_PAGES: usize = 32768;
+/// Metadata pages in memory per mounted file system, clean and changed together: 1 GiB of
+/// 16 KiB pages (a leaf in memory is its page payload plus 20 bytes an entry). With 64 MiB,
+/// a cold `stat` of a million files in one directory (about 10,000 pages of entries and
+/// records, looked up in hash order) read a page for most names and ran at a tenth of the
+/// rate at 100,000 files; with 512 MiB a cold stat of ten million ran at half the rate of
+/// 100,000 and with 1 GiB at 0.94 (RESULTS.md); the daemon stays within 2 GiB.
+pub(crate) const DEFAULT_CACHE_PAGES: usize = 65536;
 /// Changed pages held before the background flusher starts a checkpoint (a quarter of the
-/// default cache; `pagepool` sets it to a quarter of the pool).
+/// default pool; `pagepool` sets it to a quarter of the pool).
 pub(crate) const DIRTY_PAGES_SOFT: usize = DEFAULT_CACHE_PAGES / 4;
-/// Changed pages held before a change waits for a checkpoint itself.
-pub(crate) const DIRTY_PAGES_HARD: usize = 4 * DIRTY_PAGES_SOFT;
+/// Changed pages held before a change waits for a checkpoint itself (half the pool).
+pub(crate) const DIRTY_PAGES_HARD: usize = 2 * DIRTY_PAGES_SOFT;
 /// The flusher's threshold with the smallest `pagepool`: 4 MiB of 16 KiB pages, so that a
 /// tiny pool does not turn every few changes into a checkpoint.
 pub(crate) const DIRTY_PAGES_MIN: usize = 256;

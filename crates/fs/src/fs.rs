@@ -228,16 +228,18 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Bounds the cache of clean metadata pages (changed pages stay until the next
-    /// checkpoint). A small cache costs speed, never correctness.
+    /// Bounds the metadata pages in memory, clean and changed together (changed pages stay
+    /// until the next checkpoint, and clean ones give way to them). A small cache costs
+    /// speed, never correctness.
     pub fn set_metadata_cache_pages(&self, pages: usize) {
         self.meta.lock().state.store_mut().set_cache_pages(pages);
     }
 
-    /// Sizes the metadata page memory by `bytes` (`pagepool`): that much of clean pages
-    /// (at least eight), and as much again of changed pages at most. The background flusher
-    /// starts a checkpoint when a quarter of it has changed, so that writers only wait
-    /// when changes outrun the drives; a larger pool also lets more changes to the same
+    /// Sizes the metadata page memory by `bytes` (`pagepool`), clean and changed pages
+    /// together, as GPFS's pagepool bounds its buffers. The background flusher starts a
+    /// checkpoint when a quarter of the pool has changed and a change waits for one itself
+    /// at half, so that writers only wait when changes outrun the drives and at least half
+    /// the pool stays for clean pages; a larger pool also lets more changes to the same
     /// page (a directory leaf hit again and again) go out in one write.
     pub fn set_metadata_cache_bytes(&self, bytes: u64) {
         let page = u64::from(self.desc.lock().checkpoint.page_bytes);
@@ -246,7 +248,7 @@ impl FileSystem {
         let soft = (pages / 4).max(crate::checkpoint::DIRTY_PAGES_MIN);
         self.dirty_pages_soft.store(soft, Ordering::Relaxed);
         self.dirty_pages_hard
-            .store(pages.max(4 * soft), Ordering::Relaxed);
+            .store((pages / 2).max(2 * soft), Ordering::Relaxed);
     }
 
     /// Bounds the cache of decoded inode records (`maxFilesToCache`).

@@ -18,6 +18,8 @@ struct Entry {
 
 pub(crate) struct PageCache {
     capacity: usize,
+    /// Pages of the budget that changed pages hold now (see `set_reserved`).
+    reserved: usize,
     /// Keyed with a cheap integer hash: the default one showed in profiles of lookups.
     entries: FxHashMap<PageAddr, Entry>,
     /// The CLOCK ring; may hold addresses already removed (skipped and dropped by the hand).
@@ -33,6 +35,7 @@ impl PageCache {
     pub(crate) fn new(capacity: usize) -> PageCache {
         PageCache {
             capacity: capacity.max(1),
+            reserved: 0,
             entries: FxHashMap::default(),
             ring: Vec::new(),
             hand: 0,
@@ -46,6 +49,21 @@ impl PageCache {
     pub(crate) fn set_capacity(&mut self, capacity: usize) {
         self.capacity = capacity.max(1);
         self.evict();
+    }
+
+    /// Changed pages share the budget with clean ones (`pagepool` bounds both): the cache
+    /// keeps `capacity - reserved` clean pages, but never fewer than a quarter of its
+    /// capacity, so that lookups keep their inner nodes while changes pile up.
+    pub(crate) fn set_reserved(&mut self, reserved: usize) {
+        self.reserved = reserved;
+        self.evict();
+    }
+
+    fn limit(&self) -> usize {
+        self.capacity
+            .saturating_sub(self.reserved)
+            .max(self.capacity / 4)
+            .max(1)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -114,7 +132,8 @@ impl PageCache {
     fn evict(&mut self) {
         // Pinned pages cannot go, so the cache may stay over its capacity by what is pinned.
         let mut sweeps = 0;
-        while self.entries.len() > self.capacity.max(self.pinned) && !self.ring.is_empty() {
+        let limit = self.limit().max(self.pinned);
+        while self.entries.len() > limit && !self.ring.is_empty() {
             if self.hand >= self.ring.len() {
                 self.hand = 0;
                 sweeps += 1;
@@ -237,5 +256,27 @@ mod tests {
             cache.misses
         );
         assert_eq!(cache.evictions, cache.misses - cache.len() as u64);
+    }
+
+    /// Changed pages take their room from clean ones: the pool bounds both together, and
+    /// never squeezes clean pages below a quarter of it.
+    #[test]
+    fn changed_pages_take_room_from_clean_ones() {
+        let mut cache = PageCache::new(1000);
+        for i in 0..1000 {
+            touch(&mut cache, i);
+        }
+        assert_eq!(cache.len(), 1000);
+        cache.set_reserved(400);
+        assert_eq!(cache.len(), 600, "1000 pages less 400 changed");
+        touch(&mut cache, 5000);
+        assert_eq!(cache.len(), 600);
+        cache.set_reserved(990);
+        assert_eq!(cache.len(), 250, "a quarter of the pool stays for clean pages");
+        cache.set_reserved(0);
+        for i in 6000..7000 {
+            touch(&mut cache, i);
+        }
+        assert_eq!(cache.len(), 1000, "the room comes back after the checkpoint");
     }
 }

@@ -517,6 +517,8 @@ impl MetaStore {
 
     fn add_dirty(&mut self, node: Node) -> usize {
         self.dirty_count += 1;
+        // Changed pages take their room in `pagepool` from clean ones.
+        self.cache.set_reserved(self.dirty_count);
         let node = Some(Arc::new(node));
         match self.free_slots.pop() {
             Some(id) => {
@@ -574,6 +576,7 @@ impl MetaStore {
                     level,
                     &buf,
                 )?));
+                self.cache.set_reserved(self.dirty_count);
                 self.cache.insert(ptr.addr, node.clone(), None);
                 Ok(node)
             }
@@ -973,6 +976,7 @@ impl MetaStore {
         let mut buf = vec![0u8; self.format.page_bytes];
         let ptr = page::encode(&self.format, &node.to_decoded(), generation, addr, &mut buf);
         pages.push((addr, buf));
+        self.cache.set_reserved(self.dirty_count);
         self.cache.insert(addr, node, Some(generation));
         ptr
     }
