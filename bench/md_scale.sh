@@ -10,6 +10,7 @@
 #   DRIVE_BYTES=8G (four Tessera drive files), XFS_BYTES=64G (sparse image)
 #   PAGEPOOL=1G (Tessera's metadata page cache; unset keeps the default)
 #   MAX_INODES (the file system's inode limit, --inode-limit; default BIG plus a fifth)
+#   TESSERA_BIN=PATH measures that binary instead of building target/release/tessera
 #
 # Between create and stat each file system is unmounted and mounted again (Tessera: the
 # daemon is shut down and started, so stat runs from cold caches and mount reads what the
@@ -32,14 +33,14 @@ XFS_BYTES=${XFS_BYTES:-64G}
 BLOCK=${BLOCK:-4M}
 PAGEPOOL=${PAGEPOOL:-}
 MAX_INODES=${MAX_INODES:-$((BIG + BIG / 5 + 10000))}
-TESSERA=$ROOT/target/release/tessera
+TESSERA=${TESSERA_BIN:-$ROOT/target/release/tessera}
 export TESSERA_HOME=$WORK/home
 
 for tool in cc python3 fallocate; do
     command -v $tool >/dev/null || { echo "md_scale: $tool is missing" >&2; exit 1; }
 done
 [ "$XFS" = 0 ] || command -v mkfs.xfs >/dev/null || { echo "md_scale: mkfs.xfs is missing (apt-get install xfsprogs)" >&2; exit 1; }
-cargo build --release -p tessera >&2
+[ -n "${TESSERA_BIN:-}" ] || cargo build --release -p tessera >&2
 mkdir -p "$WORK"
 MDBENCH=$WORK/mdbench
 cc -O2 -o "$MDBENCH" bench/mdbench.c
@@ -100,7 +101,7 @@ tessera_run() {
     tessera_fresh
     local c s u rss startup_ms mount_ms
     c=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" create | awk '{print $4}')
-    rss=$(kib VmRSS)
+    rss=$(kib VmHWM)
     restart_timed
     local rest
     rest=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" stat,unlink)
@@ -191,7 +192,7 @@ for layout, label in (("one", "1"), ("many", dirs)):
             scale = f"{tv / num(ts[i]):.2f}" if files == big and tv and ts else ""
             print(f"| {files:,} | {label} | {op} | {tv or 0:.0f} | {xv or 0:.0f} | {ratio} | {scale} |")
 print()
-print("| files | directories | daemon RSS after create (MiB) | peak RSS after restart, stat and unlink (MiB) | startup (ms) | mount (ms) | XFS mount (ms) |")
+print("| files | directories | daemon peak RSS during create (MiB) | peak RSS after restart, stat and unlink (MiB) | startup (ms) | mount (ms) | XFS mount (ms) |")
 print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
 m = res.get(("tessera-mount", "one", mount_small))
 if m:

@@ -61,7 +61,7 @@ impl IoKind {
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct KindStats {
     requests: AtomicU64,
     bytes: AtomicU64,
@@ -71,7 +71,7 @@ struct KindStats {
 }
 
 /// Counters of one drive, shared between the [`Counted`] layer and whoever reports them.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct IoStats {
     kinds: [KindStats; 3],
 }

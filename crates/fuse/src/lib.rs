@@ -23,6 +23,7 @@ mod kernel;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kernel::session::{Session, SessionOptions, Transport};
@@ -79,9 +80,33 @@ impl std::fmt::Debug for FuseMount {
     }
 }
 
+/// How busy a mount's FUSE connection is: its queue depth, for metrics and `diag`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuseQueue {
+    /// Requests the kernel holds for this mount, queued for the daemon or being served
+    /// (fusectl's `waiting`); `None` where fusectl cannot be mounted.
+    pub waiting: Option<u64>,
+    /// Requests the daemon's threads are serving now.
+    pub active: u64,
+    /// Requests answered since the mount.
+    pub served: u64,
+}
+
 impl FuseMount {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// The connection's queue now; reads one fusectl file.
+    pub fn queue(&self) -> FuseQueue {
+        let Some(session) = &self.session else {
+            return FuseQueue::default();
+        };
+        FuseQueue {
+            waiting: kernel::mount::waiting_requests(self.dev),
+            active: session.counters.active.load(Ordering::Relaxed),
+            served: session.counters.served.load(Ordering::Relaxed),
+        }
     }
 
     /// Unmounts and waits for the request threads to finish.

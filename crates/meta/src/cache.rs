@@ -272,11 +272,19 @@ mod tests {
         touch(&mut cache, 5000);
         assert_eq!(cache.len(), 600);
         cache.set_reserved(990);
-        assert_eq!(cache.len(), 250, "a quarter of the pool stays for clean pages");
+        assert_eq!(
+            cache.len(),
+            250,
+            "a quarter of the pool stays for clean pages"
+        );
         cache.set_reserved(0);
         for i in 6000..7000 {
             touch(&mut cache, i);
         }
-        assert_eq!(cache.len(), 1000, "the room comes back after the checkpoint");
+        assert_eq!(
+            cache.len(),
+            1000,
+            "the room comes back after the checkpoint"
+        );
     }
 }

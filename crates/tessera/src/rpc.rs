@@ -497,6 +497,12 @@ pub struct FsMemoryRow {
 pub struct FsStatsRow {
     pub fs: String,
     pub pmon: PmonSnapshot,
+    /// FUSE requests the kernel holds for the mount (queued or being served); `None`
+    /// where fusectl cannot be read.
+    pub fuse_waiting: Option<u64>,
+    /// FUSE requests the daemon's threads are serving, and those answered since the mount.
+    pub fuse_active: u64,
+    pub fuse_served: u64,
     pub metadata_pages_clean: u64,
     pub metadata_pages_dirty: u64,
     pub metadata_page_hits: u64,

@@ -55,6 +55,18 @@ fn y_rows(out: &str) -> Vec<HashMap<String, String>> {
     rows
 }
 
+/// The sum of the samples of `name` whose labels contain every one of `labels`.
+fn sum_samples(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{'))
+        })
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
 fn chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser", "google-chrome"]
         .iter()
@@ -229,6 +241,35 @@ fn api_dashboard_health_and_diag_under_a_workload() {
     assert!(
         metrics["filesystems"][0]["bytes_written"].as_u64().unwrap() > 0,
         "{metrics}"
+    );
+
+    // The array's side of the same writes: the vdisk served them, its pdisks wrote them with
+    // their parity, and each pdisk's requests are in its latency histogram.
+    let (_, text) = get(&addr, "/metrics");
+    let vdisk_written = sum_samples(&text, "tessera_vdisk_io_bytes_total", &[r#"op="write""#]);
+    let pdisk_written = sum_samples(&text, "tessera_pdisk_io_bytes_total", &[r#"op="write""#]);
+    assert!(vdisk_written > 0.0, "{text}");
+    assert!(
+        pdisk_written >= vdisk_written,
+        "pdisks wrote {pdisk_written} bytes for {vdisk_written} written to the vdisk"
+    );
+    let pdisk_writes = sum_samples(&text, "tessera_pdisk_requests_total", &[r#"op="write""#]);
+    let in_histograms = sum_samples(
+        &text,
+        "tessera_pdisk_request_seconds_count",
+        &[r#"op="write""#],
+    );
+    assert!(
+        pdisk_writes > 0.0 && in_histograms == pdisk_writes,
+        "{text}"
+    );
+    assert!(
+        sum_samples(&text, "tessera_vdisk_operations_total", &[r#"op="write""#]) > 0.0,
+        "{text}"
+    );
+    assert_eq!(
+        sum_samples(&text, "tessera_vdisk_stripes", &[r#"state="critical""#]),
+        0.0
     );
 
     // Healthy to start with; a failed pdisk turns FAILED with an event, in the CLI, the

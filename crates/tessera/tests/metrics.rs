@@ -359,6 +359,21 @@ fn metrics_follow_the_workload() {
     // The append and its fsync went through the recovery log: records and a group commit.
     assert!(after.value("tessera_fs_journal_records_total", &fs1) >= 1.0);
     assert!(after.value("tessera_fs_journal_commits_total", &fs1) >= 1.0);
+    // Every operation above went through FUSE: opens, reads and writes are among the
+    // requests answered; none is being served now, and the kernel's queue is readable.
+    let served = after.value("tessera_fuse_requests_total", &fs1);
+    assert!(
+        served >= writes + reads + 2.0,
+        "FUSE answered {served} requests for {writes} writes and {reads} reads"
+    );
+    assert!(served > before.value("tessera_fuse_requests_total", &fs1));
+    assert_eq!(after.value("tessera_fuse_requests_active", &fs1), 0.0);
+    assert_eq!(
+        after.values("tessera_fuse_requests_waiting", &fs1).len(),
+        1,
+        "the kernel's queue depth, from fusectl:\n{}",
+        after.text
+    );
     let hits = after.value(
         "tessera_fs_metadata_page_lookups_total",
         &[("fs", "fs1"), ("result", "hit")],

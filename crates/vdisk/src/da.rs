@@ -1372,6 +1372,10 @@ fn pdisk_rows(
                 read_errors: p.read_errors.load(Ordering::Relaxed),
                 write_errors: p.write_errors.load(Ordering::Relaxed),
                 checksum_errors: p.checksum_errors.load(Ordering::Relaxed),
+                io: tessera_drive::stats::IoKind::ALL
+                    .iter()
+                    .map(|&k| p.io.snapshot(k))
+                    .collect(),
             }
         })
         .collect();

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tessera_drive::stats::{Counted, IoStats};
 use tessera_drive::{BlockDevice, FileDrive};
 
 use crate::layout::PdiskLayout;
@@ -92,6 +93,8 @@ pub struct Pdisk {
     pub read_errors: AtomicU64,
     pub write_errors: AtomicU64,
     pub checksum_errors: AtomicU64,
+    /// Requests, bytes, errors and latencies of every I/O to the drive: `dev` counts them.
+    pub io: Arc<IoStats>,
     /// Writes completed so far, counted after each returns.
     writes_done: AtomicU64,
     /// The `writes_done` a successful flush started from: every write counted up to it is
@@ -114,6 +117,8 @@ impl Pdisk {
         dev: Option<Arc<dyn BlockDevice>>,
     ) -> Pdisk {
         let start = layout.data_start / crate::layout::SECTOR;
+        let io = Arc::new(IoStats::default());
+        let dev = dev.map(|d| Counted::wrap(d, Arc::clone(&io)));
         Pdisk {
             index,
             uuid: record.uuid,
@@ -129,6 +134,7 @@ impl Pdisk {
             read_errors: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
             checksum_errors: AtomicU64::new(0),
+            io,
             writes_done: AtomicU64::new(0),
             writes_flushed: AtomicU64::new(0),
             unreachable: Mutex::new(None),

@@ -100,6 +100,10 @@ pub struct PdiskStatus {
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
+    /// Every request to the drive (application I/O, rebuild, scrub, the array's own
+    /// metadata) by kind (`IoKind::ALL` order): requests, bytes, errors, latencies.
+    #[serde(skip)]
+    pub io: Vec<tessera_drive::stats::IoKindSnapshot>,
 }
 
 /// One row per vdisk.

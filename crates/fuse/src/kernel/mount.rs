@@ -117,6 +117,21 @@ pub(crate) fn abort_connection(dev: u64) -> io::Result<()> {
     std::fs::write(&path, b"1").map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
 }
 
+/// Requests the kernel holds for the connection of the mount whose device number is `dev`:
+/// queued for the daemon or being served (fusectl's `waiting`). `None` when fusectl is not
+/// mounted and cannot be.
+pub(crate) fn waiting_requests(dev: u64) -> Option<u64> {
+    let dir = format!("{FUSECTL}/{}", libc::minor(dev));
+    if !Path::new(&dir).exists() {
+        mount_fusectl().ok()?;
+    }
+    std::fs::read_to_string(format!("{dir}/waiting"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Mounts fusectl at its usual place; an already mounted one (EBUSY) is fine.
 fn mount_fusectl() -> io::Result<()> {
     let target = CString::new(FUSECTL).expect("no NUL");

@@ -7,6 +7,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 
@@ -39,10 +40,19 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn destroy(&self);
 }
 
+/// Requests of one connection as the daemon serves them, for its metrics: counted around
+/// the handler, so that a request waiting in the kernel is not in `active`.
+#[derive(Debug, Default)]
+pub(crate) struct RequestCounters {
+    pub(crate) active: AtomicU64,
+    pub(crate) served: AtomicU64,
+}
+
 /// Shared by every transport thread of one connection.
 pub(crate) struct Shared {
     pub(crate) handler: Arc<dyn Handler>,
     destroyed: Once,
+    counters: Arc<RequestCounters>,
 }
 
 impl Shared {
@@ -61,7 +71,13 @@ impl Shared {
                 self.destroy();
                 Some(Reply::Empty)
             }
-            _ => Some(self.handler.handle(req)),
+            _ => {
+                self.counters.active.fetch_add(1, Ordering::Relaxed);
+                let reply = self.handler.handle(req);
+                self.counters.active.fetch_sub(1, Ordering::Relaxed);
+                self.counters.served.fetch_add(1, Ordering::Relaxed);
+                Some(reply)
+            }
         }
     }
 
@@ -107,6 +123,7 @@ pub(crate) struct Session {
     _dev: Arc<OwnedFd>,
     threads: Vec<JoinHandle<()>>,
     pub(crate) transport: Transport,
+    pub(crate) counters: Arc<RequestCounters>,
 }
 
 /// Session options.
@@ -127,9 +144,11 @@ impl Session {
         notifications: NotifyQueue,
     ) -> io::Result<Session> {
         let dev = Arc::new(dev);
+        let counters = Arc::new(RequestCounters::default());
         let shared = Arc::new(Shared {
             handler,
             destroyed: Once::new(),
+            counters: Arc::clone(&counters),
         });
         let params = shared.handler.init_params();
         let mut buf = vec![0u8; dev_buffer_bytes(params.max_write)];
@@ -195,6 +214,7 @@ impl Session {
             _dev: dev,
             threads,
             transport,
+            counters,
         })
     }
 

@@ -172,6 +172,14 @@ fn print_stats(r: &DiagReport) {
             "  metadata page cache: {} hits, {} misses, {} evictions",
             f.metadata_page_hits, f.metadata_page_misses, f.metadata_page_evictions
         );
+        println!(
+            "  FUSE requests: {} in the kernel's queue or being served, {} being served by \
+             the daemon, {} answered since the mount",
+            f.fuse_waiting
+                .map_or_else(|| "(fusectl unreadable)".to_string(), |w| w.to_string()),
+            f.fuse_active,
+            f.fuse_served
+        );
         let mut t = Table::new(&["NSD", "op", "requests", "bytes", "errors", "avg ms"])
             .right(&[2, 3, 4, 5]);
         for n in &f.nsds {

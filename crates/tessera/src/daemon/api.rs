@@ -265,6 +265,9 @@ impl Daemon {
                     "metadata_pages_dirty": r.metadata_pages_dirty,
                     "metadata_page_hits": r.metadata_page_hits,
                     "metadata_page_misses": r.metadata_page_misses,
+                    "fuse_requests_waiting": r.fuse_waiting,
+                    "fuse_requests_active": r.fuse_active,
+                    "fuse_requests_served": r.fuse_served,
                 })
             })
             .collect();

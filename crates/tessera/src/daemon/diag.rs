@@ -4,15 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
 use parking_lot::Mutex;
 use tessera_drive::stats::IoKind;
-use tessera_fs::FileSystem;
 
-use super::mounts::NsdStats;
+use super::mounts::MountedView;
 use super::Daemon;
 use crate::rpc::{
     DiagReport, FsMemoryRow, FsStatsRow, HealthReport, MemoryReport, NetworkNodeRow, NetworkReport,
@@ -85,12 +83,13 @@ fn proc_status() -> HashMap<String, u64> {
 
 /// The counters of each mounted file system: pmon's, the metadata page cache's, and
 /// each NSD's by request kind (`diag --stats`, `/api/v1/metrics`).
-pub(super) fn fs_stats_rows(mounted: &[(String, Arc<FileSystem>, NsdStats)]) -> Vec<FsStatsRow> {
+pub(super) fn fs_stats_rows(mounted: &[MountedView]) -> Vec<FsStatsRow> {
     mounted
         .iter()
-        .map(|(name, fs, nsds)| {
-            let c = fs.metadata_cache_stats();
-            let nsds = nsds
+        .map(|m| {
+            let c = m.fs.metadata_cache_stats();
+            let nsds = m
+                .nsds
                 .iter()
                 .flat_map(|(nsd, s)| {
                     IoKind::ALL.into_iter().map(move |kind| {
@@ -107,8 +106,11 @@ pub(super) fn fs_stats_rows(mounted: &[(String, Arc<FileSystem>, NsdStats)]) -> 
                 })
                 .collect();
             FsStatsRow {
-                fs: name.clone(),
-                pmon: fs.pmon(),
+                fs: m.name.clone(),
+                pmon: m.fs.pmon(),
+                fuse_waiting: m.fuse.waiting,
+                fuse_active: m.fuse.active,
+                fuse_served: m.fuse.served,
                 metadata_pages_clean: c.cached_pages as u64,
                 metadata_pages_dirty: c.dirty_pages as u64,
                 metadata_page_hits: c.hits,
@@ -168,7 +170,7 @@ impl Daemon {
         let params = self.member.state().params;
         let me = Some(self.member.me());
         let mut memory_rows = Vec::new();
-        for (name, fs, _) in &mounted {
+        for MountedView { name, fs, .. } in &mounted {
             let c = fs.metadata_cache_stats();
             let (inodes, stats) = fs.inode_cache_len();
             memory_rows.push(FsMemoryRow {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use tessera_drive::stats::IoKind;
 
+use super::mounts::MountedView;
 use super::Daemon;
 use crate::rpc::{ComponentHealth, Event, Severity, Status};
 
@@ -191,7 +192,7 @@ impl Daemon {
         let mounted = self.mounted_list();
         let fss: Vec<(String, Arc<tessera_fs::FileSystem>)> = mounted
             .iter()
-            .map(|(n, fs, _)| (n.clone(), Arc::clone(fs)))
+            .map(|m| (m.name.clone(), Arc::clone(&m.fs)))
             .collect();
         self.history.sample(&fss);
         let h = &self.health;
@@ -220,7 +221,7 @@ impl Daemon {
                 },
             );
         }
-        for (name, fs, nsds) in &mounted {
+        for MountedView { name, fs, nsds, .. } in &mounted {
             let checksum = self
                 .health
                 .new_errors("filesystem", name, fs.pmon().checksum_errors);
@@ -272,7 +273,7 @@ impl Daemon {
                 h.observe("disk", nsd, seen);
             }
         }
-        let names: Vec<String> = mounted.iter().map(|(n, _, _)| n.clone()).collect();
+        let names: Vec<String> = mounted.iter().map(|m| m.name.clone()).collect();
         h.forget_except(
             "filesystem",
             &names,
@@ -281,7 +282,7 @@ impl Daemon {
         );
         let nsd_names: Vec<String> = mounted
             .iter()
-            .flat_map(|(_, _, nsds)| nsds.iter().map(|(n, _)| n.clone()))
+            .flat_map(|m| m.nsds.iter().map(|(n, _)| n.clone()))
             .collect();
         h.forget_except("disk", &nsd_names, "disk_unused", "is no longer used here");
         if arrays_too {

@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use tessera_drive::stats::IoKind;
 use tessera_fs::{FileSystem, LATENCY_BUCKETS_NS, SIZE_BOUNDS_BYTES};
 
-use super::mounts::NsdStats;
+use super::mounts::{MountedView, NsdStats};
 use super::Daemon;
 use crate::openmetrics::{counters, family, gauges, Labels};
 
@@ -217,6 +217,41 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     )
 }
 
+/// The FUSE queue of each mount: what the kernel holds for it and what the daemon serves.
+fn fuse_samples(enc: &mut DescriptorEncoder, mounted: &[MountedView]) -> fmt::Result {
+    let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let mut waiting = Vec::new();
+    let mut active = Vec::new();
+    let mut served = Vec::new();
+    for m in mounted {
+        let fs: Labels = vec![("fs", m.name.clone())];
+        if let Some(w) = m.fuse.waiting {
+            waiting.push((fs.clone(), as_i64(w)));
+        }
+        active.push((fs.clone(), as_i64(m.fuse.active)));
+        served.push((fs, m.fuse.served));
+    }
+    gauges(
+        enc,
+        "tessera_fuse_requests_waiting",
+        "FUSE queue depth: requests the kernel holds for the mount, queued for the daemon \
+         or being served (fusectl's waiting)",
+        &waiting,
+    )?;
+    gauges(
+        enc,
+        "tessera_fuse_requests_active",
+        "FUSE requests the daemon's threads are serving now",
+        &active,
+    )?;
+    counters(
+        enc,
+        "tessera_fuse_requests",
+        "FUSE requests the daemon answered since the mount",
+        &served,
+    )
+}
+
 /// Requests, bytes, errors and latencies of each NSD of each mounted file system, as this
 /// node issued them.
 fn nsd_samples(enc: &mut DescriptorEncoder, mounted: &[(String, NsdStats)]) -> fmt::Result {
@@ -283,6 +318,15 @@ fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]
     let mut pdisk_state = Vec::new();
     let mut pdisk_bytes = Vec::new();
     let mut pdisk_errors = Vec::new();
+    let mut pdisk_requests = Vec::new();
+    let mut pdisk_io_bytes = Vec::new();
+    let mut pdisk_hist = Vec::new();
+    let mut vdisk_ops = Vec::new();
+    let mut vdisk_bytes = Vec::new();
+    let mut vdisk_writes = Vec::new();
+    let mut vdisk_events = Vec::new();
+    let mut vdisk_stripes = Vec::new();
+    let mut vdisk_capacity = Vec::new();
     for s in arrays {
         let da = || -> Labels { vec![("da", s.name.clone())] };
         for (what, v) in [
@@ -323,6 +367,39 @@ fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]
                 l.push(("kind", kind.into()));
                 pdisk_errors.push((l, v));
             }
+            for (kind, io) in IoKind::ALL.iter().zip(&p.io) {
+                let mut l = pd();
+                l.push(("op", kind.name().into()));
+                pdisk_requests.push((l.clone(), io.requests));
+                if *kind != IoKind::Flush {
+                    pdisk_io_bytes.push((l.clone(), io.bytes));
+                }
+                pdisk_hist.push((l, histogram(&io.buckets, io.sum_seconds)));
+            }
+        }
+        for v in &s.vdisks {
+            let vd = || -> Labels { vec![("da", s.name.clone()), ("vdisk", v.name.clone())] };
+            let with = |key: &'static str, value: &str| -> Labels {
+                let mut l = vd();
+                l.push((key, value.to_string()));
+                l
+            };
+            let st = &v.stats;
+            vdisk_ops.push((with("op", "read"), st.reads));
+            vdisk_ops.push((with("op", "write"), st.writes));
+            vdisk_bytes.push((with("op", "read"), st.bytes_read));
+            vdisk_bytes.push((with("op", "write"), st.bytes_written));
+            vdisk_writes.push((with("kind", "full_stripe"), st.full_stripe_writes));
+            vdisk_writes.push((with("kind", "read_modify_write"), st.rmw_writes));
+            vdisk_events.push((with("event", "degraded_read"), st.degraded_reads));
+            vdisk_events.push((
+                with("event", "checksum_error_repaired"),
+                st.checksum_errors_repaired,
+            ));
+            vdisk_events.push((with("event", "unrecoverable"), st.unrecoverable));
+            vdisk_stripes.push((with("state", "degraded"), as_i64(v.degraded_stripes)));
+            vdisk_stripes.push((with("state", "critical"), as_i64(v.critical_stripes)));
+            vdisk_capacity.push((vd(), as_i64(v.capacity_bytes)));
         }
     }
     gauges(
@@ -381,6 +458,66 @@ fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]
         "tessera_pdisk_errors",
         "Read, write and checksum errors of each pdisk",
         &pdisk_errors,
+    )?;
+    counters(
+        enc,
+        "tessera_pdisk_requests",
+        "Requests to each pdisk's drive: application I/O, rebuild, scrub and the array's \
+         own metadata",
+        &pdisk_requests,
+    )?;
+    counters(
+        enc,
+        "tessera_pdisk_io_bytes",
+        "Bytes read from and written to each pdisk's drive",
+        &pdisk_io_bytes,
+    )?;
+    family(
+        enc,
+        "tessera_pdisk_request_seconds",
+        "Latency of the requests to each pdisk's drive (a slow drive stands out here)",
+        MetricType::Histogram,
+        &pdisk_hist,
+        |m, h| m.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None),
+    )?;
+    gauges(
+        enc,
+        "tessera_vdisk_capacity_bytes",
+        "Capacity of each vdisk served by this node",
+        &vdisk_capacity,
+    )?;
+    counters(
+        enc,
+        "tessera_vdisk_operations",
+        "Reads and writes each vdisk served",
+        &vdisk_ops,
+    )?;
+    counters(
+        enc,
+        "tessera_vdisk_io_bytes",
+        "Bytes each vdisk served",
+        &vdisk_bytes,
+    )?;
+    counters(
+        enc,
+        "tessera_vdisk_stripe_writes",
+        "Writes of each vdisk by how they reached the pdisks: whole stripes (parity from \
+         the new data alone) or read-modify-write",
+        &vdisk_writes,
+    )?;
+    counters(
+        enc,
+        "tessera_vdisk_events",
+        "Reads that needed reconstruction, sectors repaired after a checksum error, and \
+         operations that failed for data that could not be recovered",
+        &vdisk_events,
+    )?;
+    gauges(
+        enc,
+        "tessera_vdisk_stripes",
+        "Stripes of each vdisk with a strip unavailable (degraded) or more than the code \
+         tolerates (critical)",
+        &vdisk_stripes,
     )
 }
 
@@ -517,11 +654,15 @@ impl Collector for DaemonCollector {
             &[(Vec::new(), active)],
         )?;
         // Copied out: encoding must not hold the mount table's lock.
-        let (mounted, nsds): (Vec<MountedFs>, Vec<(String, NsdStats)>) = daemon
-            .mounted_list()
-            .into_iter()
-            .map(|(name, fs, nsds)| ((name.clone(), fs), (name, nsds)))
-            .unzip();
+        let views = daemon.mounted_list();
+        let mounted: Vec<MountedFs> = views
+            .iter()
+            .map(|m| (m.name.clone(), Arc::clone(&m.fs)))
+            .collect();
+        let nsds: Vec<(String, NsdStats)> = views
+            .iter()
+            .map(|m| (m.name.clone(), m.nsds.clone()))
+            .collect();
         gauges(
             &mut enc,
             "tessera_fs_mounted",
@@ -529,6 +670,7 @@ impl Collector for DaemonCollector {
             &[(Vec::new(), mounted.len() as i64)],
         )?;
         fs_samples(&mut enc, &mounted)?;
+        fuse_samples(&mut enc, &views)?;
         nsd_samples(&mut enc, &nsds)?;
         let arrays: Vec<_> = daemon.arrays.lock().values().cloned().collect();
         let statuses: Vec<_> = arrays.iter().map(|da| da.status()).collect();

@@ -23,6 +23,16 @@ pub type FsDevices = Vec<Option<(NsdId, Arc<dyn BlockDevice>)>>;
 /// The request counters of a mounted file system's NSDs, by NSD name.
 pub type NsdStats = Vec<(String, Arc<IoStats>)>;
 
+/// A mounted file system as the monitoring paths read it (metrics, API, diag, health),
+/// copied out of the mount table so that they do not hold its lock while they read it.
+pub(super) struct MountedView {
+    pub name: String,
+    pub fs: Arc<FileSystem>,
+    pub nsds: NsdStats,
+    /// The FUSE connection's queue when the view was taken.
+    pub fuse: tessera_fuse::FuseQueue,
+}
+
 /// Processes whose working directory, root or open files are under `mount_point`.
 fn busy_processes(mount_point: &Path) -> Vec<String> {
     let mut users = Vec::new();
@@ -311,13 +321,17 @@ impl Daemon {
     }
 
     /// The last disk I/Os of the mounted file systems, oldest first.
-    /// The file systems mounted here with their NSDs' counters, copied out so that the
-    /// caller does not hold the mount table's lock while it reads them.
-    pub(super) fn mounted_list(&self) -> Vec<(String, Arc<FileSystem>, NsdStats)> {
+    /// The file systems mounted here with their NSDs' counters and FUSE queues.
+    pub(super) fn mounted_list(&self) -> Vec<MountedView> {
         self.mounts
             .lock()
             .iter()
-            .map(|(n, m)| (n.clone(), Arc::clone(&m.fs), m.nsd_stats.clone()))
+            .map(|(n, m)| MountedView {
+                name: n.clone(),
+                fs: Arc::clone(&m.fs),
+                nsds: m.nsd_stats.clone(),
+                fuse: m.fuse.queue(),
+            })
             .collect()
     }
 
