@@ -236,15 +236,21 @@ impl FileSystem {
     }
 
     /// Sizes the metadata page memory by `bytes` (`pagepool`), clean and changed pages
-    /// together, as GPFS's pagepool bounds its buffers. The background flusher starts a
-    /// checkpoint when a quarter of the pool has changed and a change waits for one itself
-    /// at half, so that writers only wait when changes outrun the drives and at least half
-    /// the pool stays for clean pages; a larger pool also lets more changes to the same
-    /// page (a directory leaf hit again and again) go out in one write.
+    /// together, as GPFS's pagepool bounds its buffers: memory, not pages (a page in memory
+    /// takes up to about 1.7 times its size on disk, by how small its entries are). The
+    /// background flusher starts a checkpoint when a quarter of the pool has changed and a
+    /// change waits for one itself at half, so that writers only wait when changes outrun
+    /// the drives and at least half the pool stays for clean pages; a larger pool also lets
+    /// more changes to the same page (a directory leaf hit again and again) go out in one
+    /// write.
     pub fn set_metadata_cache_bytes(&self, bytes: u64) {
-        let page = u64::from(self.desc.lock().checkpoint.page_bytes);
-        let pages = usize::try_from(bytes / page).unwrap_or(usize::MAX).max(8);
-        self.set_metadata_cache_pages(pages);
+        let mut m = self.meta.lock();
+        let store = m.state.store_mut();
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        store.set_cache_pages(usize::MAX);
+        store.set_cache_bytes(bytes);
+        let pages = (bytes / store.dirty_page_memory()).max(8);
+        drop(m);
         let soft = (pages / 4).max(crate::checkpoint::DIRTY_PAGES_MIN);
         self.dirty_pages_soft.store(soft, Ordering::Relaxed);
         self.dirty_pages_hard

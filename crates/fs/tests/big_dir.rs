@@ -149,7 +149,7 @@ fn a_million_entries_in_one_directory() {
 /// starts a checkpoint once a quarter of it has changed.
 #[test]
 fn the_pagepool_bounds_changed_pages() {
-    const POOL_PAGES: usize = 1024;
+    const POOL_PAGES: usize = 2048;
     let t = make_disks(4, 512 << 20);
     format_fs(
         &t,
@@ -166,30 +166,34 @@ fn the_pagepool_bounds_changed_pages() {
         .create_node(ROOT_INO, b"d", FileKind::Directory, 0o755, 0, ROOT, None)
         .unwrap()
         .ino;
+    // The pool is memory: a changed page counts at 1.5 times its size, a clean one at
+    // what its node takes.
+    let dirty_pages_in_pool = POOL_PAGES * 2 / 3;
     let mut most = 0;
     let mut most_in_memory = 0;
     for i in 0..200_000 {
         create_file(&fs, dir, &name(i));
         let stats = fs.metadata_cache_stats();
         most = most.max(stats.dirty_pages);
-        most_in_memory = most_in_memory.max(stats.dirty_pages + stats.cached_pages);
+        most_in_memory =
+            most_in_memory.max(stats.cached_bytes + stats.dirty_pages * 16 * 1024 * 3 / 2);
     }
     // One change dirties a leaf, an inode page and the branches above them; a change
     // waits for a checkpoint at half the pool.
     assert!(
-        most > POOL_PAGES / 4 && most <= POOL_PAGES / 2 + 16,
+        most > dirty_pages_in_pool / 4 && most <= dirty_pages_in_pool / 2 + 16,
         "at most {most} changed pages"
     );
     // Clean pages give way to changed ones: the pool bounds both together.
     assert!(
-        most_in_memory <= POOL_PAGES + 16,
-        "at most {most_in_memory} pages in memory, clean and changed"
+        most_in_memory <= POOL_PAGES * 16 * 1024 + 256 * 1024,
+        "at most {most_in_memory} bytes in memory, clean and changed"
     );
 
     // The flusher's check: nothing below a quarter of the pool, a checkpoint above it.
     fs.checkpoint().unwrap();
     let mut i = 200_000;
-    while fs.metadata_cache_stats().dirty_pages <= POOL_PAGES / 4 {
+    while fs.metadata_cache_stats().dirty_pages <= dirty_pages_in_pool / 4 {
         fs.maybe_checkpoint().unwrap();
         assert!(fs.metadata_cache_stats().dirty_pages > 0 || i == 200_000);
         create_file(&fs, dir, &name(i));

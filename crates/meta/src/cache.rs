@@ -11,6 +11,8 @@ use crate::PageAddr;
 
 struct Entry {
     node: Arc<Node>,
+    /// `node.memory_bytes()` when it came in (a cached node does not change).
+    bytes: usize,
     referenced: bool,
     /// Pinned until the checkpoint of this generation is written.
     pinned_until: Option<u64>,
@@ -20,6 +22,11 @@ pub(crate) struct PageCache {
     capacity: usize,
     /// Pages of the budget that changed pages hold now (see `set_reserved`).
     reserved: usize,
+    /// The memory bound (`pagepool`), and what changed pages take of it now.
+    capacity_bytes: usize,
+    reserved_bytes: usize,
+    /// Memory of the cached nodes.
+    bytes: usize,
     /// Keyed with a cheap integer hash: the default one showed in profiles of lookups.
     entries: FxHashMap<PageAddr, Entry>,
     /// The CLOCK ring; may hold addresses already removed (skipped and dropped by the hand).
@@ -36,6 +43,9 @@ impl PageCache {
         PageCache {
             capacity: capacity.max(1),
             reserved: 0,
+            capacity_bytes: usize::MAX,
+            reserved_bytes: 0,
+            bytes: 0,
             entries: FxHashMap::default(),
             ring: Vec::new(),
             hand: 0,
@@ -54,9 +64,23 @@ impl PageCache {
     /// Changed pages share the budget with clean ones (`pagepool` bounds both): the cache
     /// keeps `capacity - reserved` clean pages, but never fewer than a quarter of its
     /// capacity, so that lookups keep their inner nodes while changes pile up.
-    pub(crate) fn set_reserved(&mut self, reserved: usize) {
+    /// `reserved_bytes` is the memory the changed pages take.
+    pub(crate) fn set_reserved(&mut self, reserved: usize, reserved_bytes: usize) {
         self.reserved = reserved;
+        self.reserved_bytes = reserved_bytes;
         self.evict();
+    }
+
+    /// Bounds the memory of the cached nodes as well as their count (`pagepool` is
+    /// memory: a node takes more than its page, by how full it is and how small its entries).
+    pub(crate) fn set_capacity_bytes(&mut self, bytes: usize) {
+        self.capacity_bytes = bytes;
+        self.evict();
+    }
+
+    /// Memory of the cached nodes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn limit(&self) -> usize {
@@ -64,6 +88,16 @@ impl PageCache {
             .saturating_sub(self.reserved)
             .max(self.capacity / 4)
             .max(1)
+    }
+
+    fn limit_bytes(&self) -> usize {
+        self.capacity_bytes
+            .saturating_sub(self.reserved_bytes)
+            .max(self.capacity_bytes / 4)
+    }
+
+    fn over(&self, limit: usize, limit_bytes: usize) -> bool {
+        self.entries.len() > limit || (self.bytes > limit_bytes && self.entries.len() > self.pinned)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -88,6 +122,8 @@ impl PageCache {
         if pinned_until.is_some() {
             self.pinned += 1;
         }
+        let bytes = node.memory_bytes();
+        self.bytes += bytes;
         // A new page starts unreferenced: it is placed behind the hand (see `evict`), so it
         // has a full turn to be used again before it can go, and pages used once (a scan
         // of leaves) leave without pushing out those used again and again.
@@ -95,12 +131,14 @@ impl PageCache {
             addr,
             Entry {
                 node,
+                bytes,
                 referenced: false,
                 pinned_until,
             },
         );
         match old {
             Some(old) => {
+                self.bytes -= old.bytes;
                 if old.pinned_until.is_some() {
                     self.pinned -= 1;
                 }
@@ -112,6 +150,7 @@ impl PageCache {
 
     pub(crate) fn remove(&mut self, addr: PageAddr) {
         if let Some(e) = self.entries.remove(&addr) {
+            self.bytes -= e.bytes;
             if e.pinned_until.is_some() {
                 self.pinned -= 1;
             }
@@ -133,7 +172,8 @@ impl PageCache {
         // Pinned pages cannot go, so the cache may stay over its capacity by what is pinned.
         let mut sweeps = 0;
         let limit = self.limit().max(self.pinned);
-        while self.entries.len() > limit && !self.ring.is_empty() {
+        let limit_bytes = self.limit_bytes();
+        while self.over(limit, limit_bytes) && !self.ring.is_empty() {
             if self.hand >= self.ring.len() {
                 self.hand = 0;
                 sweeps += 1;
@@ -151,7 +191,8 @@ impl PageCache {
                     e.referenced = false;
                     self.hand += 1;
                 }
-                Some(_) => {
+                Some(e) => {
+                    self.bytes -= e.bytes;
                     self.entries.remove(&addr);
                     // The last slot (the newest page) moves into the hole. The hand steps
                     // past it: under the hand it would be the next to go, and a lookup's
@@ -267,17 +308,17 @@ mod tests {
             touch(&mut cache, i);
         }
         assert_eq!(cache.len(), 1000);
-        cache.set_reserved(400);
+        cache.set_reserved(400, 0);
         assert_eq!(cache.len(), 600, "1000 pages less 400 changed");
         touch(&mut cache, 5000);
         assert_eq!(cache.len(), 600);
-        cache.set_reserved(990);
+        cache.set_reserved(990, 0);
         assert_eq!(
             cache.len(),
             250,
             "a quarter of the pool stays for clean pages"
         );
-        cache.set_reserved(0);
+        cache.set_reserved(0, 0);
         for i in 6000..7000 {
             touch(&mut cache, i);
         }

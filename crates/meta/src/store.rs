@@ -106,6 +106,21 @@ impl Node {
         }
     }
 
+    /// Memory this node takes in the cache: its heap buffers, the node itself and its
+    /// cache entry (map slot, reference counts, CLOCK slot).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        const ENTRY: usize = 64;
+        let heap = match self {
+            Node::Leaf(leaf) => leaf.heap_bytes(),
+            Node::Branch { keys, children, .. } => {
+                keys.capacity() * std::mem::size_of::<Key>()
+                    + keys.iter().map(|k| k.bytes.capacity()).sum::<usize>()
+                    + children.capacity() * std::mem::size_of::<Child>()
+            }
+        };
+        heap + std::mem::size_of::<Node>() + ENTRY
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Node::Leaf(leaf) => page::HEADER_BYTES + leaf.payload_bytes(),
@@ -225,6 +240,10 @@ pub struct Checkpoint {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
     pub cached_pages: usize,
+    /// Memory of the cached pages' nodes.
+    pub cached_bytes: usize,
+    /// Memory the changed pages are counted at in the pool.
+    pub dirty_bytes: usize,
     pub dirty_pages: usize,
     pub hits: u64,
     pub misses: u64,
@@ -285,6 +304,24 @@ impl MetaStore {
         self.cache.set_capacity(pages);
     }
 
+    /// Bounds the memory of clean and changed pages together (`pagepool`); changed pages
+    /// are counted at `dirty_page_memory` each.
+    pub fn set_cache_bytes(&mut self, bytes: usize) {
+        self.cache.set_capacity_bytes(bytes);
+    }
+
+    /// The memory a changed page is counted at: a leaf in memory takes its payload plus 20
+    /// bytes an entry (up to 1.7 times its page with directory-sized entries) and grows
+    /// by an eighth at a time while it changes.
+    pub fn dirty_page_memory(&self) -> usize {
+        self.format.page_bytes * 3 / 2
+    }
+
+    fn reserve_for_dirty(&mut self) {
+        let bytes = self.dirty_count * self.dirty_page_memory();
+        self.cache.set_reserved(self.dirty_count, bytes);
+    }
+
     /// Changed pages in memory, waiting for a checkpoint.
     pub fn dirty_pages(&self) -> usize {
         self.dirty_count
@@ -293,6 +330,8 @@ impl MetaStore {
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             cached_pages: self.cache.len(),
+            cached_bytes: self.cache.bytes(),
+            dirty_bytes: self.dirty_count * self.dirty_page_memory(),
             dirty_pages: self.dirty_count,
             hits: self.cache.hits,
             misses: self.cache.misses,
@@ -518,7 +557,7 @@ impl MetaStore {
     fn add_dirty(&mut self, node: Node) -> usize {
         self.dirty_count += 1;
         // Changed pages take their room in `pagepool` from clean ones.
-        self.cache.set_reserved(self.dirty_count);
+        self.reserve_for_dirty();
         let node = Some(Arc::new(node));
         match self.free_slots.pop() {
             Some(id) => {
@@ -576,7 +615,7 @@ impl MetaStore {
                     level,
                     &buf,
                 )?));
-                self.cache.set_reserved(self.dirty_count);
+                self.reserve_for_dirty();
                 self.cache.insert(ptr.addr, node.clone(), None);
                 Ok(node)
             }
@@ -965,18 +1004,22 @@ impl MetaStore {
         pages: &mut Vec<(PageAddr, Vec<u8>)>,
     ) -> PagePtr {
         let mut node = self.take_dirty(id);
-        if let Node::Branch { children, .. } = Arc::make_mut(&mut node) {
-            for c in children.iter_mut() {
-                if let Child::Dirty(cid) = *c {
-                    *c = Child::Disk(self.write_rec(cid, generation, addrs, pages));
+        match Arc::make_mut(&mut node) {
+            Node::Branch { children, .. } => {
+                for c in children.iter_mut() {
+                    if let Child::Dirty(cid) = *c {
+                        *c = Child::Disk(self.write_rec(cid, generation, addrs, pages));
+                    }
                 }
             }
+            // It stays cached as a clean page: without the room it grew for changes.
+            Node::Leaf(leaf) => leaf.shrink_to_fit(),
         }
         let addr = addrs.pop().expect("an address for every changed page");
         let mut buf = vec![0u8; self.format.page_bytes];
         let ptr = page::encode(&self.format, &node.to_decoded(), generation, addr, &mut buf);
         pages.push((addr, buf));
-        self.cache.set_reserved(self.dirty_count);
+        self.reserve_for_dirty();
         self.cache.insert(addr, node, Some(generation));
         ptr
     }

@@ -484,6 +484,8 @@ pub struct FsMemoryRow {
     pub fs: String,
     pub metadata_pages_clean: u64,
     pub metadata_pages_dirty: u64,
+    /// Memory of the pages, clean and changed, as `pagepool` counts it.
+    pub metadata_memory_bytes: u64,
     pub page_bytes: u64,
     pub pagepool_bytes: u64,
     pub inodes_cached: u64,

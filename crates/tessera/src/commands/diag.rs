@@ -235,7 +235,7 @@ fn print_memory(r: &DiagReport) {
             f.fs.clone(),
             f.metadata_pages_clean.to_string(),
             f.metadata_pages_dirty.to_string(),
-            mib((f.metadata_pages_clean + f.metadata_pages_dirty) * f.page_bytes),
+            mib(f.metadata_memory_bytes),
             mib(f.pagepool_bytes),
             f.inodes_cached.to_string(),
             f.max_files_to_cache.to_string(),

@@ -177,6 +177,7 @@ impl Daemon {
                 fs: name.clone(),
                 metadata_pages_clean: c.cached_pages as u64,
                 metadata_pages_dirty: c.dirty_pages as u64,
+                metadata_memory_bytes: (c.cached_bytes + c.dirty_bytes) as u64,
                 page_bytes: u64::from(fs.descriptor().checkpoint.page_bytes),
                 pagepool_bytes: params.bytes("pagepool", me),
                 inodes_cached: inodes as u64,

@@ -78,6 +78,7 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     let mut inodes_used = Vec::new();
     let mut inodes_max = Vec::new();
     let mut pages = Vec::new();
+    let mut page_memory = Vec::new();
     let mut page_reads = Vec::new();
     let mut evictions = Vec::new();
     let mut inode_cache = Vec::new();
@@ -124,6 +125,8 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         let c = fs.metadata_cache_stats();
         pages.push((with(name, "state", "clean"), as_i64(c.cached_pages as u64)));
         pages.push((with(name, "state", "dirty"), as_i64(c.dirty_pages as u64)));
+        page_memory.push((with(name, "state", "clean"), as_i64(c.cached_bytes as u64)));
+        page_memory.push((with(name, "state", "dirty"), as_i64(c.dirty_bytes as u64)));
         page_reads.push((with(name, "result", "hit"), c.hits));
         page_reads.push((with(name, "result", "miss"), c.misses));
         evictions.push((fs_label(name), c.evictions));
@@ -183,6 +186,13 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         "Metadata pages in memory: clean (cached, bounded by pagepool) and dirty (waiting \
          for a checkpoint)",
         &pages,
+    )?;
+    gauges(
+        enc,
+        "tessera_fs_metadata_memory_bytes",
+        "Memory of the metadata pages as pagepool bounds it: clean pages' nodes, and \
+         changed pages at 1.5 times their size",
+        &page_memory,
     )?;
     counters(
         enc,
