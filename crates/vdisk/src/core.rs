@@ -84,6 +84,8 @@ pub struct VdiskCore {
     pub stripes: u64,
     pub region_stripes: u64,
     map: Vec<AtomicU64>,
+    /// Bumped by every `set_loc`: the status walk over the map is redone only when it moved.
+    map_changes: AtomicU64,
     pub stats: Counters,
     pub deleted: AtomicBool,
 }
@@ -126,6 +128,7 @@ impl VdiskCore {
             stripes: r.stripes,
             region_stripes: r.region_stripes,
             map,
+            map_changes: AtomicU64::new(0),
             stats: Counters::default(),
             deleted: AtomicBool::new(false),
         })
@@ -137,6 +140,12 @@ impl VdiskCore {
 
     pub fn set_loc(&self, stripe: u64, strip: usize, loc: Loc) {
         self.map[stripe as usize * self.n + strip].store(loc.pack(), Ordering::Release);
+        self.map_changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Changes of the strip map so far (see `set_loc`).
+    pub fn map_changes(&self) -> u64 {
+        self.map_changes.load(Ordering::Acquire)
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -236,6 +245,8 @@ pub struct DaCore {
     /// The last rebalance round could move nothing; cleared when pdisks or vdisks change.
     pub rebalance_stuck: AtomicBool,
     pub opener: DeviceOpener,
+    /// What the last status walk over every strip found, and what it depended on.
+    pub(crate) status_walk: Mutex<Option<crate::da::StatusWalk>>,
 }
 
 pub fn now_unix() -> u64 {
@@ -297,6 +308,7 @@ impl DaCore {
             stale_count: AtomicUsize::new(stale.len()),
             stale: Mutex::new(stale),
             pending_free: Mutex::new(Vec::new()),
+            status_walk: Mutex::new(None),
             events: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             wake_lock: Mutex::new(false),

@@ -1421,13 +1421,14 @@ fn stripes_lost_without(
     lost
 }
 
-/// A vdisk's row: its stripes with unavailable strips and its actual enclosure spread.
-fn vdisk_row(
+/// A vdisk's stripes with unavailable strips, with more than the code tolerates, and its
+/// actual enclosure spread (the most strips of one stripe in one enclosure).
+fn stripe_health(
     vd: &VdiskCore,
     pdisks: &[Arc<Pdisk>],
     enc: &[u32],
     stale: &[crate::meta::StaleStrip],
-) -> VdiskStatus {
+) -> (u64, u64, usize) {
     let (mut degraded, mut critical, mut worst_enclosure) = (0, 0, 1usize);
     let mut per_enc: HashMap<u32, usize> = HashMap::new();
     for s in 0..vd.stripes {
@@ -1444,6 +1445,12 @@ fn vdisk_row(
         degraded += u64::from(down > 0);
         critical += u64::from(down > vd.m);
     }
+    (degraded, critical, worst_enclosure)
+}
+
+/// A vdisk's row, from its stripe health.
+fn vdisk_row(vd: &VdiskCore, health: (u64, u64, usize)) -> VdiskStatus {
+    let (degraded, critical, worst_enclosure) = health;
     VdiskStatus {
         name: vd.name.clone(),
         code: vd.code.to_string(),
@@ -1457,24 +1464,88 @@ fn vdisk_row(
     }
 }
 
-fn status(core: &DaCore) -> DaStatus {
-    let pdisks = core.pdisks.read().clone();
-    let vdisks: Vec<Arc<VdiskCore>> = core.vdisks.read().values().cloned().collect();
-    let enc = enclosure_ids(&pdisks);
+/// What a status walk over every strip of every vdisk depends on: the strip maps, which
+/// pdisks can be read (and which they are), and the stale strips.
+#[derive(Clone, PartialEq, Eq)]
+struct WalkKey {
+    vdisks: Vec<(u32, u64)>,
+    pdisks: Vec<(usize, bool, u32)>,
+    stale: Vec<crate::meta::StaleStrip>,
+}
+
+/// The last walk: strips per pdisk, and each vdisk's degraded and critical stripes and
+/// enclosure spread. The walk is O(strips) (tens of millions on a large array) and the
+/// health monitor and every metrics scrape ask for the status: they reuse it until a strip
+/// moves, a pdisk changes state or a write fails.
+pub(crate) struct StatusWalk {
+    key: WalkKey,
+    strips: Vec<u64>,
+    vdisks: Vec<(u64, u64, usize)>,
+}
+
+fn walk_key(
+    vdisks: &[Arc<VdiskCore>],
+    pdisks: &[Arc<Pdisk>],
+    enc: &[u32],
+    stale: &[crate::meta::StaleStrip],
+) -> WalkKey {
+    WalkKey {
+        vdisks: vdisks.iter().map(|v| (v.id, v.map_changes())).collect(),
+        pdisks: pdisks
+            .iter()
+            .zip(enc)
+            .map(|(p, &e)| (Arc::as_ptr(p) as usize, p.readable(), e))
+            .collect(),
+        stale: stale.to_vec(),
+    }
+}
+
+fn status_walk(
+    vdisks: &[Arc<VdiskCore>],
+    pdisks: &[Arc<Pdisk>],
+    enc: &[u32],
+    stale: &[crate::meta::StaleStrip],
+    key: WalkKey,
+) -> StatusWalk {
     let mut strips = vec![0u64; pdisks.len()];
-    for vd in &vdisks {
+    for vd in vdisks {
         for s in 0..vd.stripes {
             for i in 0..vd.n {
                 strips[usize::from(vd.loc(s, i).pdisk)] += 1;
             }
         }
     }
-    let (rows, capacity, free, spare_total) = pdisk_rows(core, &pdisks, &strips);
+    let vdisks = vdisks
+        .iter()
+        .map(|vd| stripe_health(vd, pdisks, enc, stale))
+        .collect();
+    StatusWalk {
+        key,
+        strips,
+        vdisks,
+    }
+}
+
+fn status(core: &DaCore) -> DaStatus {
+    let pdisks = core.pdisks.read().clone();
+    let vdisks: Vec<Arc<VdiskCore>> = core.vdisks.read().values().cloned().collect();
+    let enc = enclosure_ids(&pdisks);
     let stale = core.stale_list();
+    // The key is taken before the walk: a strip that moves during it changes the key, so
+    // the next status walks again.
+    let key = walk_key(&vdisks, &pdisks, &enc, &stale);
+    let mut cached = core.status_walk.lock();
+    if cached.as_ref().is_none_or(|w| w.key != key) {
+        *cached = Some(status_walk(&vdisks, &pdisks, &enc, &stale, key));
+    }
+    let walk = cached.as_ref().expect("walked above");
+    let (rows, capacity, free, spare_total) = pdisk_rows(core, &pdisks, &walk.strips);
     let vrows: Vec<VdiskStatus> = vdisks
         .iter()
-        .map(|vd| vdisk_row(vd, &pdisks, &enc, &stale))
+        .zip(&walk.vdisks)
+        .map(|(vd, &health)| vdisk_row(vd, health))
         .collect();
+    drop(cached);
     let state = if vrows.iter().any(|v| v.critical_stripes > 0) {
         DaState::DataLoss
     } else if vrows.iter().any(|v| v.degraded_stripes > 0) {
