@@ -338,6 +338,51 @@ impl BlockDevice for FileDrive {
             .sync_data()
             .map_err(|e| io::Error::new(e.kind(), format!("{}: flush: {e}", self.name)))
     }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        crate::check_discard(self, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let fd = self.file().as_raw_fd();
+        let rc = if self.is_block_device {
+            // BLKDISCARD = _IO(0x12, 119): the range as two u64.
+            const BLKDISCARD: libc::c_ulong = 0x1277;
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: the ioctl reads two u64 from `range`, which outlives the call.
+            unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
+        } else {
+            // A hole in the backing file: its blocks go back to the host file system and the
+            // range reads as zeros; the file keeps its size.
+            let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{}: discard range too large", self.name),
+                ));
+            };
+            // SAFETY: plain syscall on a file descriptor we own.
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off,
+                    n,
+                )
+            }
+        };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{}: discard of {len} bytes at {offset}: {e}", self.name),
+            ));
+        }
+        Ok(())
+    }
+
+    fn can_discard(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,50 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 
     /// Returns when every write that completed before the call is on stable storage.
     fn flush(&self) -> io::Result<()>;
+
+    /// Gives `len` bytes at `offset` back to a thin-provisioned device (TRIM: a hole punched
+    /// in a file, a discard on a block device, an NVMe Deallocate). What was there must never
+    /// be read again: afterwards the range reads as zeros or as anything. Both must be
+    /// multiples of [`SECTOR_BYTES`]. Devices that cannot deallocate answer `Unsupported`.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{}: cannot deallocate space", self.name()),
+        ))
+    }
+
+    /// Whether [`BlockDevice::discard`] deallocates on this device.
+    fn can_discard(&self) -> bool {
+        false
+    }
+}
+
+/// Checks the range of a discard: sector multiples, inside the device.
+pub fn check_discard(dev: &dyn BlockDevice, offset: u64, len: u64) -> io::Result<()> {
+    if offset % SECTOR_BYTES != 0 || len % SECTOR_BYTES != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: discard of {len} bytes at {offset} is not in whole {SECTOR_BYTES}-byte sectors",
+                dev.name()
+            ),
+        ));
+    }
+    if offset
+        .checked_add(len)
+        .is_none_or(|end| end > dev.size_bytes())
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: discard of {len} bytes at {offset} runs past the end ({} bytes)",
+                dev.name(),
+                dev.size_bytes()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// True for the errors of a drive that cannot be reached right now (a remote namespace

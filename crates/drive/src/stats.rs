@@ -304,6 +304,14 @@ impl std::fmt::Debug for Counted {
 }
 
 impl BlockDevice for Counted {
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+
+    fn can_discard(&self) -> bool {
+        self.inner.can_discard()
+    }
+
     fn name(&self) -> &str {
         self.inner.name()
     }

@@ -294,6 +294,21 @@ impl BlockDevice for VolatileCache {
         self.write_back(&mut st)?;
         self.backing.flush()
     }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        crate::check_discard(self, offset, len)?;
+        let mut st = self.powered(self.lock())?;
+        // Writes still in the cache would land on the range after it was given back.
+        let first = offset / SECTOR_BYTES;
+        for s in first..first + len / SECTOR_BYTES {
+            st.remove(s);
+        }
+        self.backing.discard(offset, len)
+    }
+
+    fn can_discard(&self) -> bool {
+        self.backing.can_discard()
+    }
 }
 
 #[cfg(test)]

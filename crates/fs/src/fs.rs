@@ -77,6 +77,10 @@ pub(crate) struct Meta {
     /// allocation and its log record): a checkpoint stores the allocation map without them,
     /// so a crash before their record leaks nothing.
     pub unlogged: HashSet<Extent>,
+    /// Extents whose release is durable, being deallocated on their thin-provisioned disk
+    /// (TRIM) before they return to the allocator: a block given out again before its
+    /// discard landed would lose what its new owner wrote. A checkpoint stores them free.
+    pub discarding: Vec<Extent>,
 }
 
 pub struct FileSystem {
@@ -109,6 +113,11 @@ pub struct FileSystem {
     /// before a change waits for one itself (see `set_metadata_cache_bytes`).
     dirty_pages_soft: AtomicUsize,
     dirty_pages_hard: AtomicUsize,
+    /// Per disk: give freed data blocks back to the device (`thinDiskType`).
+    discard: Vec<AtomicBool>,
+    /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
+    discarded_bytes: std::sync::atomic::AtomicU64,
+    discard_errors: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -125,6 +134,7 @@ impl FileSystem {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
         let mut desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
+        let device_count = devices.len();
         let mut recovered =
             crate::recovery::recover(&desc, &devices, crate::recovery::MapSource::Stored)?;
         if !recovered.conflicts.is_empty() {
@@ -178,6 +188,7 @@ impl FileSystem {
                 pending_free: Vec::new(),
                 open: HashMap::new(),
                 unlogged: HashSet::new(),
+                discarding: Vec::new(),
             }),
             journal: recovered.journal,
             geo,
@@ -198,6 +209,9 @@ impl FileSystem {
             checkpoint_failed: AtomicBool::new(false),
             dirty_pages_soft: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_SOFT),
             dirty_pages_hard: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_HARD),
+            discard: (0..device_count).map(|_| AtomicBool::new(false)).collect(),
+            discarded_bytes: std::sync::atomic::AtomicU64::new(0),
+            discard_errors: std::sync::atomic::AtomicU64::new(0),
         });
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
@@ -428,9 +442,97 @@ impl FileSystem {
 
     fn release_frees(&self) {
         let durable = self.journal.durable_lsn();
+        let to_discard = {
+            let mut m = self.meta.lock();
+            let to_discard = release_frees_upto(&mut m, durable, &self.discard);
+            self.apply_deferred_frees(&mut m);
+            to_discard
+        };
+        if to_discard.is_empty() {
+            return;
+        }
+        // Outside the metadata lock: deallocation is I/O.
+        self.discard_extents(&to_discard);
         let mut m = self.meta.lock();
-        release_frees_upto(&mut m, durable);
-        self.apply_deferred_frees(&mut m);
+        for extent in to_discard {
+            let at = m
+                .discarding
+                .iter()
+                .position(|e| *e == extent)
+                .expect("an extent being discarded is listed");
+            m.discarding.swap_remove(at);
+            if let Err(e) = m.alloc.free(extent) {
+                panic!("freeing {extent:?} after its discard: {e}");
+            }
+        }
+    }
+
+    /// Gives freed data blocks of disk `disk` back to the device from now on (`thinDiskType`
+    /// other than `no`), or stops. The device must be able to deallocate.
+    pub fn set_discard(&self, disk: u16, on: bool) -> FsResult<()> {
+        let dev = self
+            .devices
+            .get(usize::from(disk))
+            .ok_or_else(|| FsError::Invalid(format!("the file system has no disk {disk}")))?;
+        if on && !dev.can_discard() {
+            return Err(FsError::Invalid(format!(
+                "{}: the device cannot deallocate space (no hole punching or discard)",
+                dev.name()
+            )));
+        }
+        self.discard[usize::from(disk)].store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The NSD name of each disk, by disk index.
+    pub fn disk_names(&self) -> &[String] {
+        &self.geo.disk_names
+    }
+
+    /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
+    pub fn discard_stats(&self) -> (u64, u64) {
+        (
+            self.discarded_bytes.load(Ordering::Relaxed),
+            self.discard_errors.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Deallocates `extents` on their disks, adjacent ones in one request. A failure costs
+    /// only thinness: the blocks are free either way, and the error is logged.
+    pub(crate) fn discard_extents(&self, extents: &[Extent]) {
+        let desc = self.desc.lock().clone();
+        let sub = u64::from(desc.sub_block_size);
+        let mut sorted: Vec<Extent> = extents.to_vec();
+        sorted.sort_by_key(|e| (e.addr.disk, e.addr.sub_block));
+        let mut i = 0;
+        while i < sorted.len() {
+            let first = sorted[i];
+            let mut end = first.addr.sub_block + u64::from(first.sub_blocks);
+            let mut j = i + 1;
+            while j < sorted.len()
+                && sorted[j].addr.disk == first.addr.disk
+                && sorted[j].addr.sub_block == end
+            {
+                end += u64::from(sorted[j].sub_blocks);
+                j += 1;
+            }
+            let dev = &self.devices[usize::from(first.addr.disk)];
+            let offset = desc.sub_block_offset(first.addr.sub_block);
+            let len = (end - first.addr.sub_block) * sub;
+            match dev.discard(offset, len) {
+                Ok(()) => {
+                    self.discarded_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.discard_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "{}: cannot give {len} freed bytes back to the device: {e}",
+                        desc.name
+                    );
+                }
+            }
+            i = j;
+        }
     }
 
     /// Writes a checkpoint if the log is getting full or many metadata pages changed.
@@ -509,6 +611,7 @@ impl FileSystem {
             .iter()
             .map(|(_, e)| *e)
             .chain(m.unlogged.iter().copied())
+            .chain(m.discarding.iter().copied())
             .collect();
         let Meta { state, alloc, .. } = m;
         crate::checkpoint::prepare(&desc, alloc, state, &unrecorded)
@@ -631,18 +734,23 @@ impl FileSystem {
     }
 }
 
-fn release_frees_upto(m: &mut Meta, durable: Lsn) {
+/// Returns to the allocator the extents released by changes durable up to `durable`, but
+/// those of disks that deallocate: they move to `discarding` and are returned.
+fn release_frees_upto(m: &mut Meta, durable: Lsn, discard: &[AtomicBool]) -> Vec<Extent> {
     let mut keep = Vec::with_capacity(m.pending_free.len());
+    let mut to_discard = Vec::new();
     for (lsn, extent) in std::mem::take(&mut m.pending_free) {
-        if lsn <= durable {
-            if let Err(e) = m.alloc.free(extent) {
-                panic!("freeing {extent:?} released by lsn {lsn}: {e}");
-            }
-        } else {
+        if lsn > durable {
             keep.push((lsn, extent));
+        } else if discard[usize::from(extent.addr.disk)].load(Ordering::Relaxed) {
+            to_discard.push(extent);
+        } else if let Err(e) = m.alloc.free(extent) {
+            panic!("freeing {extent:?} released by lsn {lsn}: {e}");
         }
     }
     m.pending_free = keep;
+    m.discarding.extend_from_slice(&to_discard);
+    to_discard
 }
 
 pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {

@@ -505,6 +505,10 @@ pub struct FsStatsRow {
     /// FUSE requests the daemon's threads are serving, and those answered since the mount.
     pub fuse_active: u64,
     pub fuse_served: u64,
+    /// Bytes of freed blocks given back to thin-provisioned disks (TRIM) since the mount,
+    /// and deallocations that failed.
+    pub discarded_bytes: u64,
+    pub discard_errors: u64,
     pub metadata_pages_clean: u64,
     pub metadata_pages_dirty: u64,
     pub metadata_page_hits: u64,

@@ -180,6 +180,10 @@ fn print_stats(r: &DiagReport) {
             f.fuse_active,
             f.fuse_served
         );
+        println!(
+            "  TRIM: {} bytes given back to thin-provisioned disks, {} deallocations failed",
+            f.discarded_bytes, f.discard_errors
+        );
         let mut t = Table::new(&["NSD", "op", "requests", "bytes", "errors", "avg ms"])
             .right(&[2, 3, 4, 5]);
         for n in &f.nsds {

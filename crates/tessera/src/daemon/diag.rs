@@ -111,6 +111,8 @@ pub(super) fn fs_stats_rows(mounted: &[MountedView]) -> Vec<FsStatsRow> {
                 fuse_waiting: m.fuse.waiting,
                 fuse_active: m.fuse.active,
                 fuse_served: m.fuse.served,
+                discarded_bytes: m.fs.discard_stats().0,
+                discard_errors: m.fs.discard_stats().1,
                 metadata_pages_clean: c.cached_pages as u64,
                 metadata_pages_dirty: c.dirty_pages as u64,
                 metadata_page_hits: c.hits,

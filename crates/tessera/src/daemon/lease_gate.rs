@@ -70,4 +70,14 @@ impl BlockDevice for LeaseGated {
         self.admit()?;
         self.inner.flush()
     }
+
+    // A discard destroys data like a write: only under the lease.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.admit()?;
+        self.inner.discard(offset, len)
+    }
+
+    fn can_discard(&self) -> bool {
+        self.inner.can_discard()
+    }
 }

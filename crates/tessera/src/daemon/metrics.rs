@@ -84,7 +84,12 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     let mut inode_cache = Vec::new();
     let mut journal_records = Vec::new();
     let mut journal_commits = Vec::new();
+    let mut discarded = Vec::new();
+    let mut discard_errors = Vec::new();
     for (name, fs) in mounted {
+        let (given_back, refused) = fs.discard_stats();
+        discarded.push((fs_label(name), given_back));
+        discard_errors.push((fs_label(name), refused));
         let j = fs.journal_stats();
         journal_records.push((fs_label(name), j.records));
         journal_commits.push((fs_label(name), j.commits));
@@ -205,6 +210,19 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         "tessera_fs_metadata_page_evictions",
         "Clean metadata pages evicted from the cache",
         &evictions,
+    )?;
+    counters(
+        enc,
+        "tessera_fs_discarded_bytes",
+        "Bytes of freed blocks given back to thin-provisioned disks (thinDiskType) since the \
+         mount",
+        &discarded,
+    )?;
+    counters(
+        enc,
+        "tessera_fs_discard_errors",
+        "Deallocations of freed blocks that the disk refused (the blocks stay free)",
+        &discard_errors,
     )?;
     counters(
         enc,

@@ -10,7 +10,7 @@ use tessera_drive::stats::{Counted, IoStats};
 use tessera_drive::BlockDevice;
 use tessera_fs::FileSystem;
 use tessera_fuse::FuseOptions;
-use tessera_nsd::NsdId;
+use tessera_nsd::{NsdId, ThinDiskType};
 
 use super::lease_gate::LeaseGated;
 use super::{Daemon, Mounted};
@@ -122,12 +122,45 @@ impl Daemon {
         fs.set_inode_cache(usize::try_from(files).unwrap_or(usize::MAX));
         fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
         fs.set_metadata_cache_bytes(pagepool);
+        self.set_thin_disks(&fs, &nsds, &record.name)?;
         tracing::info!(
             "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
             record.name,
             params.get("pagepool", me)
         );
         Ok((fs, nsd_stats))
+    }
+
+    /// Turns on deallocation of freed blocks on the disks whose NSD says `thinDiskType`
+    /// other than `no`. `auto` deallocates where the device can and says so where it cannot;
+    /// `nvme` and `scsi` promise a device that can, so one that cannot fails the mount.
+    fn set_thin_disks(&self, fs: &FileSystem, nsds: &NsdRegistry, fs_name: &str) -> Result<()> {
+        for (disk, name) in fs.disk_names().iter().enumerate() {
+            let Some(nsd) = nsds.get(name) else { continue };
+            let disk = u16::try_from(disk).expect("disk index fits u16");
+            match nsd.thin_disk_type {
+                ThinDiskType::No => {}
+                ThinDiskType::Auto => {
+                    if let Err(e) = fs.set_discard(disk, true) {
+                        tracing::info!(
+                            "{fs_name}: NSD {name} (thinDiskType=auto): freed space stays \
+                             allocated on the device: {e}"
+                        );
+                    }
+                }
+                t @ (ThinDiskType::Nvme | ThinDiskType::Scsi) => {
+                    fs.set_discard(disk, true).map_err(|e| {
+                        let _ = fs.unmount();
+                        anyhow!(
+                            "file system {fs_name}: NSD {name} has thinDiskType={} but {e}; \
+                             change it to thinDiskType=auto or no",
+                            t.as_str()
+                        )
+                    })?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Mounts `record` at `mount_point` through FUSE and adds it to the mount table.

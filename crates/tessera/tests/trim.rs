@@ -1,0 +1,167 @@
+//! TRIM (`thinDiskType`): data blocks freed by a delete go back to thin-provisioned NSDs
+//! once the delete is durable, as holes in file-backed drives; `thinDiskType=no` gives
+//! nothing back; `nvme` on a device that cannot deallocate (a vdisk) stops the mount with
+//! an error naming the NSD and what to change.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// The drives a stanza names, and the same stanza with `extra` added to every line.
+fn drives_with(stanza: &Path, extra: &str) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string(stanza).unwrap();
+    let mut out = String::new();
+    let mut drives = Vec::new();
+    for line in text.lines() {
+        let dev = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("device="))
+            .unwrap();
+        drives.push(PathBuf::from(dev));
+        out += &format!("{line} {extra}\n");
+    }
+    std::fs::write(stanza, out).unwrap();
+    drives
+}
+
+/// Bytes the host file system holds for the drive files.
+fn allocated(drives: &[PathBuf]) -> u64 {
+    drives
+        .iter()
+        .map(|d| std::fs::metadata(d).unwrap().blocks() * 512)
+        .sum()
+}
+
+fn write_file(path: &Path, bytes: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk: Vec<u8> = (0..MIB).map(|i| (i * 31 % 251) as u8 + 1).collect();
+    for _ in 0..bytes / MIB {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+/// Deletes `big` and returns the bytes its drives gave back once the delete is durable:
+/// an fsync of another file commits it (a group commit covers every change logged before
+/// it). The kernel closes a FUSE file asynchronously, so the blocks may be released a
+/// moment after the unlink: it tries `tries` times while less than `enough` came back.
+fn freed_by_delete(big: &Path, drives: &[PathBuf], enough: u64, tries: usize) -> u64 {
+    let before = allocated(drives);
+    std::fs::remove_file(big).unwrap();
+    let dir = big.parent().unwrap();
+    let mut freed = 0;
+    for i in 0..tries {
+        write_file(&dir.join(format!("marker{i}")), MIB);
+        freed = before.saturating_sub(allocated(drives));
+        if freed >= enough {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    freed
+}
+
+#[test]
+fn freed_blocks_go_back_to_thin_drives_only() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let mut mounts = Vec::new();
+    let mut drives = Vec::new();
+    for (fs, thin) in [("thin", "auto"), ("thick", "no")] {
+        let stanza = node.stanza(fs, 2, 256 * MIB);
+        drives.push(drives_with(&stanza, &format!("thinDiskType={thin}")));
+        node.ok(&["nsd", "create", "-F", s(&stanza)]);
+        let mnt = node.path(&format!("{fs}-mnt"));
+        node.mounts.push(mnt.clone());
+        node.ok(&[
+            "fs",
+            "create",
+            fs,
+            "-F",
+            s(&stanza),
+            "-B",
+            "1M",
+            "-T",
+            s(&mnt),
+            "-A",
+            "no",
+        ]);
+        node.ok(&["mount", fs]);
+        mounts.push(mnt);
+    }
+    let want = 64 * MIB;
+    let enough = want - 8 * MIB;
+    let mut freed = Vec::new();
+    for (mnt, drives) in mounts.iter().zip(&drives) {
+        let big = mnt.join("big");
+        write_file(&big, want);
+        let tries = if freed.is_empty() { 30 } else { 3 };
+        freed.push(freed_by_delete(&big, drives, enough, tries));
+    }
+    // The thin file system's drives gave back the file's blocks (the marker file and the
+    // metadata written since take a little); the thick one's kept them.
+    assert!(
+        freed[0] >= enough,
+        "thinDiskType=auto: {} MiB given back after deleting {} MiB",
+        freed[0] / MIB,
+        want / MIB
+    );
+    assert!(
+        freed[1] < 4 * MIB,
+        "thinDiskType=no: {} MiB given back",
+        freed[1] / MIB
+    );
+    // The space is free for the file system again and what is written there reads back.
+    let again = mounts[0].join("again");
+    write_file(&again, want);
+    let data = std::fs::read(&again).unwrap();
+    assert_eq!(data.len() as u64, want);
+    assert!(data.chunks(MIB as usize).all(|c| c
+        .iter()
+        .enumerate()
+        .all(|(i, b)| *b == (i as u64 * 31 % 251) as u8 + 1)));
+    let stats = node.ok(&["diag", "--stats"]);
+    assert!(
+        stats.contains("given back to thin-provisioned disks"),
+        "{stats}"
+    );
+}
+
+#[test]
+fn nvme_thin_type_on_a_vdisk_stops_the_mount() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let stanza = node.vdisk_stanza("v", 1, "512M", "1M");
+    drives_with(&stanza, "thinDiskType=nvme");
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mnt");
+    node.mounts.push(mnt.clone());
+    node.ok(&[
+        "fs",
+        "create",
+        "gfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    let err = node.fails(&["mount", "gfs"]);
+    assert!(
+        err.contains("v0") && err.contains("thinDiskType=nvme") && err.contains("auto or no"),
+        "{err}"
+    );
+}
