@@ -59,11 +59,19 @@ fn crash_child() {
             *dev = Arc::new(SimDrive::with_cache(dev.clone(), Arc::default(), cache));
         }
     }
+    let disk_count = disks.len();
     let fs = FileSystem::mount(disks).unwrap();
     // A tiny metadata cache: the crash lands among evictions and re-reads of pages.
     fs.set_metadata_cache_pages(4);
     fs.set_inode_cache(8);
     fs.set_stat_cache(4);
+    // Every other iteration gives freed blocks back to the drives (TRIM): the crash also
+    // lands between a durable delete, the discard and the blocks' reuse.
+    if iteration % 2 == 0 {
+        for disk in 0..disk_count {
+            fs.set_discard(u16::try_from(disk).unwrap(), true).unwrap();
+        }
+    }
     let mut ledger = Ledger(
         std::fs::OpenOptions::new()
             .append(true)

@@ -214,6 +214,13 @@ impl BlockDevice for SimDrive {
         }
         self.front.flush()
     }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, usize::try_from(len).unwrap_or(usize::MAX), true)?;
+        self.front.discard(offset, len)
+    }
+    fn can_discard(&self) -> bool {
+        self.front.can_discard()
+    }
 }
 
 #[cfg(test)]
