@@ -484,6 +484,75 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Gives every wholly free block of the thin-provisioned disks back to the device
+    /// (`tessera fs reclaimspace`, mmreclaimspace): space freed before TRIM was turned on,
+    /// or whose discard failed. Runs beside I/O: a batch of free blocks is taken from the
+    /// allocator (listed as being discarded, so a checkpoint stores them free), discarded
+    /// outside the metadata lock, then freed again. `progress` gets blocks looked at and
+    /// the total. Returns the bytes given back per disk index.
+    pub fn reclaim_space(&self, progress: &mut dyn FnMut(u64, u64)) -> FsResult<Vec<(u16, u64)>> {
+        const BATCH_BLOCKS: u64 = 256;
+        self.check_fenced()?;
+        let (disks, spb) = {
+            let m = self.meta.lock();
+            let disks: Vec<(u16, u64)> = m
+                .alloc
+                .disks()
+                .iter()
+                .filter(|d| self.discard[usize::from(d.disk)].load(Ordering::Relaxed))
+                .map(|d| (d.disk, d.blocks))
+                .collect();
+            (disks, m.alloc.sub_blocks_per_block())
+        };
+        let total: u64 = disks.iter().map(|(_, blocks)| blocks).sum();
+        let mut done = 0;
+        let mut given_back = Vec::new();
+        for (disk, blocks) in disks {
+            let mut bytes = 0;
+            let mut b = 0;
+            while b < blocks {
+                let end = (b + BATCH_BLOCKS).min(blocks);
+                let taken: Vec<Extent> = {
+                    let mut m = self.meta.lock();
+                    let mut taken = Vec::new();
+                    for block in b..end {
+                        let e = Extent {
+                            addr: tessera_alloc::DiskAddr {
+                                disk,
+                                sub_block: block * u64::from(spb),
+                            },
+                            sub_blocks: spb,
+                        };
+                        if m.alloc.is_free(e) && m.alloc.mark_used(e).is_ok() {
+                            taken.push(e);
+                        }
+                    }
+                    m.discarding.extend_from_slice(&taken);
+                    taken
+                };
+                bytes += self.discard_extents(&taken);
+                let mut m = self.meta.lock();
+                for e in &taken {
+                    let at = m
+                        .discarding
+                        .iter()
+                        .position(|x| x == e)
+                        .expect("an extent being discarded is listed");
+                    m.discarding.swap_remove(at);
+                    m.alloc
+                        .free(*e)
+                        .unwrap_or_else(|err| panic!("freeing {e:?} after its discard: {err}"));
+                }
+                drop(m);
+                done += end - b;
+                progress(done, total);
+                b = end;
+            }
+            given_back.push((disk, bytes));
+        }
+        Ok(given_back)
+    }
+
     /// The NSD name of each disk, by disk index.
     pub fn disk_names(&self) -> &[String] {
         &self.geo.disk_names
@@ -498,8 +567,10 @@ impl FileSystem {
     }
 
     /// Deallocates `extents` on their disks, adjacent ones in one request. A failure costs
-    /// only thinness: the blocks are free either way, and the error is logged.
-    pub(crate) fn discard_extents(&self, extents: &[Extent]) {
+    /// only thinness: the blocks are free either way, and the error is logged. Returns the
+    /// bytes deallocated.
+    pub(crate) fn discard_extents(&self, extents: &[Extent]) -> u64 {
+        let mut given_back = 0;
         let desc = self.desc.lock().clone();
         let sub = u64::from(desc.sub_block_size);
         let mut sorted: Vec<Extent> = extents.to_vec();
@@ -522,6 +593,7 @@ impl FileSystem {
             match dev.discard(offset, len) {
                 Ok(()) => {
                     self.discarded_bytes.fetch_add(len, Ordering::Relaxed);
+                    given_back += len;
                 }
                 Err(e) => {
                     self.discard_errors.fetch_add(1, Ordering::Relaxed);
@@ -533,6 +605,7 @@ impl FileSystem {
             }
             i = j;
         }
+        given_back
     }
 
     /// Writes a checkpoint if the log is getting full or many metadata pages changed.

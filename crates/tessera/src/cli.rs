@@ -654,6 +654,9 @@ pub enum FsCommand {
     Ls(DeviceListArgs),
     /// Delete an unmounted file system; its NSDs become free [mmdelfs].
     Delete(FsDeleteArgs),
+    /// Give the free space of the disks with thinDiskType other than no back to the
+    /// devices, with progress [mmreclaimspace].
+    Reclaimspace(DeviceArgs),
 }
 
 #[derive(Subcommand, Debug)]

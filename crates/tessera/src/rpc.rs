@@ -234,6 +234,10 @@ pub enum Request {
         name: String,
         repair: bool,
     },
+    /// Give the free space of the thin-provisioned disks back to them [mmreclaimspace].
+    ReclaimSpace {
+        name: String,
+    },
     Pmon {
         name: Option<String>,
     },
@@ -575,6 +579,8 @@ pub enum Reply {
     },
     Df(tessera_fs::DfReport),
     Fsck(tessera_fs::FsckReport),
+    /// Bytes given back, per NSD with a `thinDiskType` other than `no`.
+    ReclaimSpace(Vec<(String, u64)>),
     Pmon(Vec<PmonEntry>),
     IoHistory(Vec<IoHistoryEntry>),
     Health(HealthReport),

@@ -606,3 +606,31 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// `tessera fs reclaimspace DEVICE` [mmreclaimspace].
+pub fn reclaimspace(home: &Home, name: &str) -> Result<()> {
+    let rows = match call(
+        home,
+        &Request::ReclaimSpace {
+            name: name.to_string(),
+        },
+    )? {
+        Reply::ReclaimSpace(rows) => rows,
+        other => return Err(unexpected(other)),
+    };
+    let mut t = Table::new(&["NSD", "given back (MiB)"]).right(&[1]);
+    for (nsd, bytes) in &rows {
+        t.row(vec![
+            nsd.clone(),
+            format!("{:.1}", *bytes as f64 / 1048576.0),
+        ]);
+    }
+    print!("{}", t.render());
+    let total: u64 = rows.iter().map(|(_, b)| b).sum();
+    println!(
+        "Gave {:.1} MiB of free space back to {} thin-provisioned disks of {name}.",
+        total as f64 / 1048576.0,
+        rows.len()
+    );
+    Ok(())
+}

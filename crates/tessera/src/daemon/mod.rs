@@ -283,6 +283,7 @@ impl Daemon {
             Request::Umount { name } => self.umount(&name),
             Request::Df { name } => self.df(&name),
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
+            Request::ReclaimSpace { name } => self.reclaim_space(&name, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
             Request::IoHistory => Ok(self.io_history()),
             Request::Health => Ok(self.health_report()),

@@ -315,6 +315,41 @@ impl Daemon {
         Ok(Reply::Unmounted { checkpoint_error })
     }
 
+    /// `tessera fs reclaimspace`: on the mounted file system, or opened here for it.
+    pub(super) fn reclaim_space(&self, name: &str, r: &mut super::Reporter) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let record = self.file_systems()?.require(name)?.clone();
+        let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
+        let (fs, opened) = match mounted {
+            Some(fs) => (fs, false),
+            None => {
+                self.check_not_mounted_elsewhere(&record, "opening it here to reclaim space")?;
+                (self.open_core(&record)?.0, true)
+            }
+        };
+        let result = fs.reclaim_space(&mut |done, total| {
+            r.progress("reclaiming free space", done, total);
+        });
+        if opened {
+            fs.unmount()
+                .map_err(|e| anyhow!("file system {name}: {e}"))?;
+        }
+        let given_back = result.map_err(|e| anyhow!("file system {name}: {e}"))?;
+        if given_back.is_empty() {
+            bail!(
+                "file system {name} has no NSD with thinDiskType other than no (or none whose \
+                 device can deallocate); nothing to reclaim"
+            );
+        }
+        let names = fs.disk_names();
+        Ok(Reply::ReclaimSpace(
+            given_back
+                .into_iter()
+                .map(|(disk, bytes)| (names[usize::from(disk)].clone(), bytes))
+                .collect(),
+        ))
+    }
+
     pub(super) fn df(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
         let record = self.file_systems()?.require(name)?.clone();
