@@ -64,7 +64,7 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 
 /// Checks the range of a discard: sector multiples, inside the device.
 pub fn check_discard(dev: &dyn BlockDevice, offset: u64, len: u64) -> io::Result<()> {
-    if offset % SECTOR_BYTES != 0 || len % SECTOR_BYTES != 0 {
+    if !offset.is_multiple_of(SECTOR_BYTES) || !len.is_multiple_of(SECTOR_BYTES) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
