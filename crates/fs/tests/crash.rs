@@ -67,7 +67,7 @@ fn crash_child() {
     fs.set_stat_cache(4);
     // Every other iteration gives freed blocks back to the drives (TRIM): the crash also
     // lands between a durable delete, the discard and the blocks' reuse.
-    if iteration % 2 == 0 {
+    if iteration.is_multiple_of(2) {
         for disk in 0..disk_count {
             fs.set_discard(u16::try_from(disk).unwrap(), true).unwrap();
         }
