@@ -27,6 +27,8 @@ pub const MONITOR_INTERVAL: Duration = Duration::from_secs(1);
 /// Arrays are looked at every this many monitor ticks: an array's status walks its
 /// stripe map (O(stripes)), too much to do every second on a large array.
 const ARRAY_TICKS: u64 = 5;
+/// The allocator gives free memory back every ten seconds (see `memory::trim`).
+const TRIM_TICKS: u64 = 10;
 /// An NSD with failed requests stays degraded this long after the last one.
 const DISK_ERROR_HOLD: Duration = Duration::from_secs(60);
 
@@ -181,6 +183,9 @@ impl Daemon {
                     match daemon.upgrade() {
                         Some(daemon) => daemon.monitor_once(tick % ARRAY_TICKS == 0),
                         None => return,
+                    }
+                    if tick % TRIM_TICKS == TRIM_TICKS - 1 {
+                        super::memory::trim();
                     }
                     std::thread::sleep(MONITOR_INTERVAL);
                 }

@@ -13,6 +13,7 @@ mod history;
 mod http;
 mod lease_gate;
 pub mod member;
+mod memory;
 mod metrics;
 mod mounts;
 mod nsd_admin;
@@ -99,6 +100,7 @@ impl Reporter<'_> {
 
 /// Runs the daemon in the foreground until SIGTERM, SIGINT or a `shutdown` request.
 pub fn run(home: Home) -> Result<()> {
+    memory::limit_arenas();
     let cluster = home.cluster()?;
     std::fs::create_dir_all(home.log_dir())
         .with_context(|| format!("cannot create {}", home.log_dir().display()))?;
