@@ -18,7 +18,7 @@ use crate::meta::MetaState;
 /// as one B+tree item, which may take half a page.
 const MIN_PAGE_BYTES: u32 = 16 * 1024;
 /// Metadata pages in memory per mounted file system, clean and changed together: 1 GiB of
-/// 16 KiB pages (a leaf in memory is its page payload plus 20 bytes an entry). With 64 MiB,
+/// 16 KiB pages (a leaf in memory is its page payload plus 4 bytes an entry). With 64 MiB,
 /// a cold `stat` of a million files in one directory (about 10,000 pages of entries and
 /// records, looked up in hash order) read a page for most names and ran at a tenth of the
 /// rate at 100,000 files; with 512 MiB a cold stat of ten million ran at half the rate of

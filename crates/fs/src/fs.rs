@@ -250,8 +250,8 @@ impl FileSystem {
     }
 
     /// Sizes the metadata page memory by `bytes` (`pagepool`), clean and changed pages
-    /// together, as GPFS's pagepool bounds its buffers: memory, not pages (a page in memory
-    /// takes up to about 1.7 times its size on disk, by how small its entries are). The
+    /// together, as GPFS's pagepool bounds its buffers: memory, not pages (a changed leaf
+    /// grows while it changes, and every entry costs 4 bytes beside its page). The
     /// background flusher starts a checkpoint when a quarter of the pool has changed and a
     /// change waits for one itself at half, so that writers only wait when changes outrun
     /// the drives and at least half the pool stays for clean pages; a larger pool also lets

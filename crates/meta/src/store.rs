@@ -310,11 +310,10 @@ impl MetaStore {
         self.cache.set_capacity_bytes(bytes);
     }
 
-    /// The memory a changed page is counted at: a leaf in memory takes its payload plus 20
-    /// bytes an entry (up to 1.7 times its page with directory-sized entries) and grows
-    /// by an eighth at a time while it changes.
+    /// The memory a changed page is counted at: a leaf in memory takes its payload plus 4
+    /// bytes an entry and grows by an eighth at a time while it changes.
     pub fn dirty_page_memory(&self) -> usize {
-        self.format.page_bytes * 3 / 2
+        self.format.page_bytes * 5 / 4
     }
 
     fn reserve_for_dirty(&mut self) {

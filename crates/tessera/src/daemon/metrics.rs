@@ -196,7 +196,7 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         enc,
         "tessera_fs_metadata_memory_bytes",
         "Memory of the metadata pages as pagepool bounds it: clean pages' nodes, and \
-         changed pages at 1.5 times their size",
+         changed pages at 1.25 times their size",
         &page_memory,
     )?;
     counters(
