@@ -11,8 +11,12 @@
 /// over dozens of 64 MiB heaps.
 const ARENAS: libc::c_int = 4;
 
-/// Caps the allocator's arenas; called at startup, before the worker threads allocate.
+/// Caps the allocator's arenas; called at startup, before the worker threads allocate. An
+/// administrator's `MALLOC_ARENA_MAX` in the daemon's environment wins.
 pub(super) fn limit_arenas() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
     // SAFETY: mallopt only changes a tuning value of the allocator.
     if unsafe { libc::mallopt(libc::M_ARENA_MAX, ARENAS) } != 1 {
         tracing::warn!("cannot limit the allocator to {ARENAS} arenas");
