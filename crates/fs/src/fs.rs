@@ -451,20 +451,26 @@ impl FileSystem {
         if to_discard.is_empty() {
             return;
         }
-        // Outside the metadata lock: deallocation is I/O.
-        self.discard_extents(&to_discard);
+        self.discard_and_free(&to_discard);
+    }
+
+    /// Deallocates `extents` (listed in `discarding`) outside the metadata lock, since it
+    /// is I/O, then returns them to the allocator. Returns the bytes deallocated.
+    fn discard_and_free(&self, extents: &[Extent]) -> u64 {
+        let bytes = self.discard_extents(extents);
         let mut m = self.meta.lock();
-        for extent in to_discard {
+        for extent in extents {
             let at = m
                 .discarding
                 .iter()
-                .position(|e| *e == extent)
+                .position(|e| e == extent)
                 .expect("an extent being discarded is listed");
             m.discarding.swap_remove(at);
-            if let Err(e) = m.alloc.free(extent) {
+            if let Err(e) = m.alloc.free(*extent) {
                 panic!("freeing {extent:?} after its discard: {e}");
             }
         }
+        bytes
     }
 
     /// Gives freed data blocks of disk `disk` back to the device from now on (`thinDiskType`
@@ -530,20 +536,7 @@ impl FileSystem {
                     m.discarding.extend_from_slice(&taken);
                     taken
                 };
-                bytes += self.discard_extents(&taken);
-                let mut m = self.meta.lock();
-                for e in &taken {
-                    let at = m
-                        .discarding
-                        .iter()
-                        .position(|x| x == e)
-                        .expect("an extent being discarded is listed");
-                    m.discarding.swap_remove(at);
-                    m.alloc
-                        .free(*e)
-                        .unwrap_or_else(|err| panic!("freeing {e:?} after its discard: {err}"));
-                }
-                drop(m);
+                bytes += self.discard_and_free(&taken);
                 done += end - b;
                 progress(done, total);
                 b = end;
