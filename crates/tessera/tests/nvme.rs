@@ -940,3 +940,73 @@ fn drive_server_and_host_paths_serve_metrics() {
     );
     node.ok(&["umount", "mfs"]);
 }
+
+/// `thinDiskType=nvme` on a namespace reached over NVMe/TCP: blocks freed by a delete go
+/// back to the drive as Dataset Management deallocates, which the drive server turns into
+/// holes in its backing file; what is written afterwards reads back.
+#[test]
+fn thin_nvme_nsd_deallocates_freed_blocks_on_the_drive_server() {
+    if !fuse_usable() {
+        return;
+    }
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    const MIB: u64 = 1 << 20;
+    let node = Node::new().start();
+    let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
+    let nqn = "nqn.2026-11.io.tessera:thin";
+    let port = free_port();
+    let conf = node.path("server.json");
+    let backing = node.drive("thin", NS_BYTES);
+    write_config(
+        &conf,
+        &[&hostnqn],
+        &[port_json(1, port, &[nqn], &[(1, "optimized")])],
+        &[subsystem_json(nqn, &[backing.clone()], &[1], &[&hostnqn])],
+    );
+    let _server = DriveServer::start(&conf);
+    connect(&node, nqn, port);
+    let stanza = node.path("nvme.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=nvme:nvme0n1 nsd=thin1 usage=dataAndMetadata thinDiskType=nvme\n",
+    )
+    .unwrap();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = create_and_mount(&node, "tfs", &stanza);
+    let allocated = || std::fs::metadata(&backing).unwrap().blocks() * 512;
+    let write = |name: &str, bytes: u64, seed: u64| {
+        let mut f = std::fs::File::create(mnt.join(name)).unwrap();
+        f.write_all(&pattern(bytes as usize, seed)).unwrap();
+        f.sync_all().unwrap();
+    };
+    let want = 48 * MIB;
+    write("big", want, 3);
+    let before = allocated();
+    std::fs::remove_file(mnt.join("big")).unwrap();
+    // The release reaches the drive once the delete is durable: an fsync of another file
+    // commits it; the kernel may close the deleted file a moment after the unlink.
+    let mut freed = 0;
+    for i in 0..30 {
+        write(&format!("marker{i}"), MIB, i);
+        freed = before.saturating_sub(allocated());
+        if freed >= want - 8 * MIB {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        freed >= want - 8 * MIB,
+        "{} MiB of the drive server's file given back after deleting {} MiB",
+        freed / MIB,
+        want / MIB
+    );
+    let stats = node.ok(&["diag", "--stats"]);
+    assert!(
+        stats.contains("given back to thin-provisioned disks"),
+        "{stats}"
+    );
+    // The freed blocks are the file system's again and hold what is written next.
+    write("again", want, 5);
+    assert!(std::fs::read(mnt.join("again")).unwrap() == pattern(want as usize, 5));
+}

@@ -405,7 +405,8 @@ impl Host {
                     Arc::clone(&shared.notifier),
                 ))
             });
-            ns.attach(&path, ctrl.max_transfer_bytes(data.lba_bytes));
+            let dsm = ctrl.identify().oncs & crate::wire::identify::oncs::DSM != 0;
+            ns.attach(&path, ctrl.max_transfer_bytes(data.lba_bytes), dsm);
             names.push(ns.local_name().to_owned());
         }
         sub.paths.push(Arc::clone(&path));

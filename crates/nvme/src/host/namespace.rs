@@ -82,6 +82,9 @@ pub struct MultipathNamespace {
     /// Set while `unusable_since` is, so the I/O path skips its lock.
     unusable: AtomicBool,
     removed: AtomicBool,
+    /// Some controller of the namespace reported Dataset Management in ONCS, so freed
+    /// space can be deallocated (`BlockDevice::discard`).
+    dsm: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -126,6 +129,7 @@ impl MultipathNamespace {
             unusable_since: Mutex::new(None),
             unusable: AtomicBool::new(false),
             removed: AtomicBool::new(false),
+            dsm: AtomicBool::new(false),
             notifier,
         }
     }
@@ -183,7 +187,7 @@ impl MultipathNamespace {
         self.paths.read().clone()
     }
 
-    pub(crate) fn attach(&self, path: &Arc<Path>, max_transfer: u32) {
+    pub(crate) fn attach(&self, path: &Arc<Path>, max_transfer: u32, dsm: bool) {
         let mut paths = self.paths.write();
         assert!(
             paths.len() < PATHS_PER_NAMESPACE_MAX,
@@ -194,6 +198,9 @@ impl MultipathNamespace {
             dirty: AtomicBool::new(false),
         }));
         self.max_transfer.fetch_min(max_transfer, Ordering::Relaxed);
+        if dsm {
+            self.dsm.store(true, Ordering::Relaxed);
+        }
         let tmo_ms = u64::try_from(path.opts.ctrl_loss_tmo.as_millis()).unwrap_or(u64::MAX);
         self.ctrl_loss_tmo_ms.fetch_max(tmo_ms, Ordering::Relaxed);
         let fail_ms = u64::try_from(path.opts.io_fail_tmo().as_millis()).unwrap_or(u64::MAX);
@@ -651,6 +658,29 @@ impl BlockDevice for MultipathNamespace {
             self.with_path("Flush", (0, 0), |ctrl| ctrl.flush(nsid))?;
         }
         Ok(())
+    }
+
+    /// Dataset Management Deallocate, on whichever path is usable (like a write, it fails
+    /// over to another path and waits for one within `io_fail_tmo`).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        tessera_drive::check_discard(self, offset, len)?;
+        if !self.can_discard() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: no controller of {} supports Dataset Management (deallocate)",
+                    self.name, self.subnqn
+                ),
+            ));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.deallocate(offset, len)
+    }
+
+    fn can_discard(&self) -> bool {
+        self.dsm.load(Ordering::Relaxed)
     }
 }
 
