@@ -742,8 +742,16 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Frees the metadata pages durable checkpoints superseded. Those of thin-provisioned
+    /// disks go to the device first: as releases already durable (LSN 0), so the next
+    /// release after a commit deallocates them outside the metadata lock, and checkpoints
+    /// store them free meanwhile.
     fn apply_deferred_frees(&self, m: &mut Meta) {
         for extent in std::mem::take(&mut *self.deferred_frees.lock()) {
+            if self.discard[usize::from(extent.addr.disk)].load(Ordering::Relaxed) {
+                m.pending_free.push((0, extent));
+                continue;
+            }
             m.alloc
                 .free(extent)
                 .expect("deferred extents were allocated");
