@@ -383,6 +383,11 @@ impl BlockDevice for FileDrive {
     fn can_discard(&self) -> bool {
         true
     }
+
+    // A hole reads as zeros; BLKDISCARD promises nothing about what the range reads.
+    fn discard_zeroes(&self) -> bool {
+        !self.is_block_device
+    }
 }
 
 #[cfg(test)]

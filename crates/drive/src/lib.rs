@@ -60,6 +60,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn can_discard(&self) -> bool {
         false
     }
+
+    /// Whether a range that [`BlockDevice::discard`] accepted reads back as zeros (a hole
+    /// in a file; an NVMe namespace whose DLFEAT says so), not merely as anything. A
+    /// declustered array deallocates the strips of its pdisks only when this holds, since
+    /// its checksums must keep describing what the strips read back.
+    fn discard_zeroes(&self) -> bool {
+        false
+    }
 }
 
 /// Checks the range of a discard: sector multiples, inside the device.

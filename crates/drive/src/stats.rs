@@ -312,6 +312,10 @@ impl BlockDevice for Counted {
         self.inner.can_discard()
     }
 
+    fn discard_zeroes(&self) -> bool {
+        self.inner.discard_zeroes()
+    }
+
     fn name(&self) -> &str {
         self.inner.name()
     }

@@ -309,6 +309,10 @@ impl BlockDevice for VolatileCache {
     fn can_discard(&self) -> bool {
         self.backing.can_discard()
     }
+
+    fn discard_zeroes(&self) -> bool {
+        self.backing.discard_zeroes()
+    }
 }
 
 #[cfg(test)]

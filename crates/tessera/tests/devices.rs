@@ -6,53 +6,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 
 const BYTES: u64 = 256 << 20;
-
-/// A loop device over a file, detached when dropped (lazily, if something still holds it),
-/// so a failing test leaves no device behind.
-struct LoopDevice {
-    dev: String,
-}
-
-impl LoopDevice {
-    fn attach(file: &Path) -> LoopDevice {
-        let out = Command::new("losetup")
-            .args(["-f", "--show", s(file)])
-            .output()
-            .expect("losetup");
-        assert!(
-            out.status.success(),
-            "losetup -f {}: {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        LoopDevice {
-            dev: String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        }
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.dev]).output();
-    }
-}
-
-fn loop_usable() -> bool {
-    let ok = fuse_usable()
-        && Command::new("losetup")
-            .arg("-f")
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipping: needs root, FUSE and a free loop device");
-    }
-    ok
-}
 
 fn nsd_stanza(node: &Node, name: &str, devices: &[(&str, &str)]) -> PathBuf {
     let text: String = devices

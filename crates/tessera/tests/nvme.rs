@@ -962,7 +962,12 @@ fn thin_nvme_nsd_deallocates_freed_blocks_on_the_drive_server() {
         &conf,
         &[&hostnqn],
         &[port_json(1, port, &[nqn], &[(1, "optimized")])],
-        &[subsystem_json(nqn, &[backing.clone()], &[1], &[&hostnqn])],
+        &[subsystem_json(
+            nqn,
+            std::slice::from_ref(&backing),
+            &[1],
+            &[&hostnqn],
+        )],
     );
     let _server = DriveServer::start(&conf);
     connect(&node, nqn, port);

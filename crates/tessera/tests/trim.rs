@@ -1,7 +1,7 @@
 //! TRIM (`thinDiskType`): data blocks freed by a delete go back to thin-provisioned NSDs
-//! once the delete is durable, as holes in file-backed drives; `thinDiskType=no` gives
-//! nothing back; `nvme` on a device that cannot deallocate (a vdisk) stops the mount with
-//! an error naming the NSD and what to change.
+//! once the delete is durable, as holes in file-backed drives and in the pdisks of a vdisk;
+//! `thinDiskType=no` gives nothing back; `nvme` on a device that cannot deallocate stops
+//! the mount with an error naming the NSD and what to change.
 
 mod common;
 
@@ -135,14 +135,100 @@ fn freed_blocks_go_back_to_thin_drives_only() {
     );
 }
 
+/// A file system on a vdisk with `thinDiskType=nvme`: the stripes of deleted files go back
+/// to the array's pdisks (holes in their files), and the vdisk counts them.
 #[test]
-fn nvme_thin_type_on_a_vdisk_stops_the_mount() {
+fn thin_vdisk_gives_freed_stripes_back_to_its_pdisks() {
     if !fuse_usable() {
         return;
     }
     let mut node = Node::new().start();
     let stanza = node.vdisk_stanza("v", 1, "512M", "1M");
     drives_with(&stanza, "thinDiskType=nvme");
+    let pdisks: Vec<PathBuf> = std::fs::read_dir(node.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("jbof"))
+        .collect();
+    assert_eq!(pdisks.len(), 12);
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mnt");
+    node.mounts.push(mnt.clone());
+    node.ok(&[
+        "fs",
+        "create",
+        "gfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    node.ok(&["mount", "gfs"]);
+    let want = 48 * MIB;
+    let big = mnt.join("big");
+    write_file(&big, want);
+    // 8+2p: the pdisks hold the file's bytes and a quarter more in parity.
+    let enough = want - 8 * MIB;
+    let freed = freed_by_delete(&big, &pdisks, enough, 30);
+    assert!(
+        freed >= enough,
+        "{} MiB of the pdisk files given back after deleting {} MiB",
+        freed / MIB,
+        want / MIB
+    );
+    let again = mnt.join("again");
+    write_file(&again, want);
+    assert_eq!(std::fs::read(&again).unwrap().len() as u64, want);
+}
+
+/// `thinDiskType=nvme` promises a device that deallocates: a vdisk whose pdisks are block
+/// devices (whose discards need not read back as zeros, so the array keeps their strips)
+/// cannot, and the mount stops with an error naming the NSD and what to change.
+#[test]
+fn nvme_thin_type_on_a_device_that_cannot_deallocate_stops_the_mount() {
+    if !loop_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let loops: Vec<LoopDevice> = (0..4)
+        .map(|i| LoopDevice::attach(&node.drive(&format!("lp{i}"), 128 * MIB)))
+        .collect();
+    let pdisks = node.path("pdisks.stanza");
+    let text: String = loops
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            format!(
+                "%pdisk: pdisk=p{i} device={} enclosure=e{i} slot=1\n",
+                l.dev
+            )
+        })
+        .collect();
+    std::fs::write(&pdisks, text).unwrap();
+    node.ok(&["da", "create", "da1", "-F", s(&pdisks)]);
+    node.ok(&[
+        "vdisk",
+        "create",
+        "v0",
+        "--da",
+        "da1",
+        "--code",
+        "3WayReplication",
+        "--block-size",
+        "1M",
+        "--size",
+        "64M",
+    ]);
+    let stanza = node.path("v.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=vdisk:v0 nsd=v0 usage=dataAndMetadata thinDiskType=nvme\n",
+    )
+    .unwrap();
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
     let mnt = node.path("mnt");
     node.mounts.push(mnt.clone());
@@ -164,6 +250,9 @@ fn nvme_thin_type_on_a_vdisk_stops_the_mount() {
         err.contains("v0") && err.contains("thinDiskType=nvme") && err.contains("auto or no"),
         "{err}"
     );
+    // The daemon lets the loop devices go before they are detached.
+    node.ok(&["shutdown"]);
+    node.started = false;
 }
 
 /// `tessera fs reclaimspace` gives every free block of thin disks back, offline and

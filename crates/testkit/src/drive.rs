@@ -221,6 +221,9 @@ impl BlockDevice for SimDrive {
     fn can_discard(&self) -> bool {
         self.front.can_discard()
     }
+    fn discard_zeroes(&self) -> bool {
+        self.front.discard_zeroes()
+    }
 }
 
 #[cfg(test)]

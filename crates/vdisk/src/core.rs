@@ -64,6 +64,10 @@ pub struct Counters {
     pub degraded_reads: AtomicU64,
     pub checksum_errors_repaired: AtomicU64,
     pub unrecoverable: AtomicU64,
+    /// Whole stripes deallocated on their pdisks (TRIM), and ranges handed down that were
+    /// not (partial stripes, degraded stripes, pdisks that cannot deallocate to zeros).
+    pub discarded_stripes: AtomicU64,
+    pub discards_skipped: AtomicU64,
 }
 
 /// A vdisk's shape and stripe map.

@@ -205,6 +205,19 @@ impl Pdisk {
         r
     }
 
+    /// Deallocates a range of the drive; counted like a write (the flush that makes the
+    /// header written after it durable must not be skipped).
+    pub fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let r = self.device()?.discard(offset, len);
+        self.writes_done.fetch_add(1, Ordering::AcqRel);
+        r
+    }
+
+    /// Whether the drive deallocates ranges that then read as zeros.
+    pub fn discard_zeroes(&self) -> bool {
+        self.dev.as_ref().is_some_and(|d| d.discard_zeroes())
+    }
+
     /// Whether a write completed that no finished flush covers.
     pub fn has_unflushed_writes(&self) -> bool {
         self.writes_flushed.load(Ordering::Acquire) < self.writes_done.load(Ordering::Acquire)

@@ -138,6 +138,11 @@ pub struct VdiskStats {
     pub checksum_errors_repaired: u64,
     /// Operations that failed because data could not be recovered.
     pub unrecoverable: u64,
+    /// Whole stripes deallocated on their pdisks (TRIM).
+    pub discarded_stripes: u64,
+    /// Stripes a discard left allocated: partial, degraded, or on pdisks that cannot
+    /// deallocate to zeros.
+    pub discards_skipped: u64,
 }
 
 /// The whole array.

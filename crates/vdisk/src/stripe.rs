@@ -804,6 +804,65 @@ impl DaCore {
         Ok(())
     }
 
+    /// Deallocates a whole stripe on its pdisks (TRIM): each strip's data is deallocated,
+    /// so that it reads as zeros, then its header is rewritten with a new version and the
+    /// checksums of zero sectors, so the stripe reads as zeros everywhere, fast path and
+    /// careful path alike. The dirty region is marked first, as for a write: a crash
+    /// between the deallocations and the headers leaves strips of zeros under older
+    /// headers, which resync takes as torn writes and rewrites consistently (the content of
+    /// a discarded range is anything). Skipped (false) when a strip is not writable or its
+    /// pdisk cannot deallocate to zeros: a discard may leave a range as it is.
+    pub fn discard_stripe(&self, vd: &VdiskCore, stripe: u64) -> Result<bool, VdiskError> {
+        let _dirty = self.begin_dirty(vd, stripe)?;
+        let _exclusive = self.stripe_lock(vd.id, stripe).write();
+        let slots = self.view(vd, stripe);
+        if slots.iter().any(|s| !s.writable || !s.pd.discard_zeroes()) {
+            return Ok(false);
+        }
+        let zero_crc = crc(&[0u8; SECTOR_USIZE]);
+        let header = Arc::new(StripHeader {
+            version: self.next_version(),
+            codec_id: vd.codec.id(),
+            lost_mask: 0,
+            sectors_per_strip: vd.sps as u32,
+            table: vec![zero_crc; vd.n * vd.sps],
+        });
+        let jobs: Vec<WriteJob<'_>> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| {
+                let header = &header;
+                Box::new(move || {
+                    let data_at = Self::data_offset(vd, slot.loc, 0);
+                    let r = slot
+                        .pd
+                        .discard(data_at, vd.strip_bytes as u64)
+                        .or_else(|_| {
+                            // The pdisk refused after all: zeros written make the same strip.
+                            slot.pd.write(&sectors_buf(vd.sps), data_at)
+                        })
+                        .and_then(|()| {
+                            let head = self.encode_header(vd, stripe, i, header);
+                            slot.pd.write(&head, slot.loc.offset())
+                        });
+                    (i, r)
+                }) as Box<dyn FnOnce() -> _ + Send>
+            })
+            .collect();
+        let results = run_all(jobs);
+        let written = self.settle(vd, stripe, &slots, results, &header, true)?;
+        if written < vd.k {
+            let missing = self.unwritable(&slots);
+            return Err(self.unrecoverable(
+                vd,
+                stripe,
+                &missing,
+                &format!("only {written} of {} strips were deallocated", vd.n),
+            ));
+        }
+        Ok(true)
+    }
+
     fn unwritable(&self, slots: &[StripSlot]) -> Vec<String> {
         slots
             .iter()

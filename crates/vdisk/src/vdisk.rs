@@ -56,6 +56,8 @@ pub fn stats_of(vd: &VdiskCore) -> VdiskStats {
         degraded_reads: get(&c.degraded_reads),
         checksum_errors_repaired: get(&c.checksum_errors_repaired),
         unrecoverable: get(&c.unrecoverable),
+        discarded_stripes: get(&c.discarded_stripes),
+        discards_skipped: get(&c.discards_skipped),
     }
 }
 
@@ -195,5 +197,49 @@ impl BlockDevice for Vdisk {
     fn flush(&self) -> io::Result<()> {
         self.check_open()?;
         Ok(self.core.flush_pdisks(self.vd.m)?)
+    }
+
+    /// Deallocates every whole stripe of the range on its pdisks (see
+    /// `DaCore::discard_stripe`); partial stripes at the ends stay as they are, which a
+    /// discard may do. Afterwards deallocated stripes read as zeros.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        tessera_drive::check_discard(self, offset, len)?;
+        self.check_open()?;
+        if !self.can_discard() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "vdisk {}: the pdisks of array {} cannot deallocate so that freed strips \
+                     read as zeros (file-backed and NVMe pdisks whose DLFEAT says so can)",
+                    self.vd.name, self.core.name
+                ),
+            ));
+        }
+        self.core.note_foreground();
+        let c = &self.vd.stats;
+        for (stripe, within, range) in self.split(offset, len as usize) {
+            if within != 0 || range.len() as u64 != self.vd.block_bytes {
+                c.discards_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let counter = if self.core.discard_stripe(&self.vd, stripe)? {
+                &c.discarded_stripes
+            } else {
+                &c.discards_skipped
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// When every pdisk in service deallocates to zeros.
+    fn can_discard(&self) -> bool {
+        let pdisks = self.core.pdisks.read();
+        let mut present = pdisks.iter().filter(|p| p.dev.is_some()).peekable();
+        present.peek().is_some() && present.all(|p| p.discard_zeroes())
+    }
+
+    fn discard_zeroes(&self) -> bool {
+        self.can_discard()
     }
 }

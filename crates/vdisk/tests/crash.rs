@@ -1,6 +1,7 @@
 //! Crash consistency of vdisk writes: a child process writes full stripes and partial
-//! stripes, flushing now and then, and records in a ledger each write before it starts and
-//! each flush after it returned. The parent kills it with SIGKILL at a random moment,
+//! stripes and discards (TRIMs) whole stripes, flushing now and then, and records in a
+//! ledger each write or discard before it starts and each flush after it returned (a
+//! discarded sector must read as zeros once durable). The parent kills it with SIGKILL at a random moment,
 //! reopens the array (which resynchronises the dirty regions), and checks every sector:
 //! it must hold the last write that a flush made durable, or one of the writes issued
 //! after that flush (each sector is atomic). Then a scrub must find every stripe
@@ -169,7 +170,22 @@ fn write_loop(
             blocks * 2 / 3
         };
         let block = (next() % (span / WRITERS)) * WRITERS + writer;
-        let (first, sectors) = if next() % 3 == 0 {
+        let whole = next() % 3 == 0;
+        if whole && next() % 4 == 0 {
+            // A discard (TRIM) of the whole block: it reads as zeros once durable.
+            let first = block * block_sectors;
+            ledger
+                .lock()
+                .unwrap()
+                .record(&format!("T {id} {first} {block_sectors}"));
+            v.discard(first * SECTOR, BLOCK).unwrap();
+            if next() % 4 == 0 {
+                v.flush().unwrap();
+                ledger.lock().unwrap().record(&format!("D {id}"));
+            }
+            continue;
+        }
+        let (first, sectors) = if whole {
             (block * block_sectors, block_sectors)
         } else {
             let sectors = 1 + next() % block_sectors;
@@ -189,26 +205,42 @@ fn write_loop(
     }
 }
 
-/// The writes of one child run (in the order they started) and those made durable.
-fn read_ledger(path: &Path) -> (Vec<(u64, u64, u64)>, HashSet<u64>) {
+/// What one child run did.
+struct Ledgered {
+    /// Writes and discards, in the order they started.
+    writes: Vec<(u64, u64, u64)>,
+    /// Those a flush made durable.
+    durable: HashSet<u64>,
+    /// Those that were discards: their sectors read as zeros.
+    discards: HashSet<u64>,
+}
+
+fn read_ledger(path: &Path) -> Ledgered {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut writes = Vec::new();
     let mut durable = HashSet::new();
+    let mut discards = HashSet::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         match f.as_slice() {
-            ["W", id, first, n] => writes.push((
-                id.parse().unwrap(),
-                first.parse().unwrap(),
-                n.parse().unwrap(),
-            )),
+            [kind @ ("W" | "T"), id, first, n] => {
+                let id: u64 = id.parse().unwrap();
+                if *kind == "T" {
+                    discards.insert(id);
+                }
+                writes.push((id, first.parse().unwrap(), n.parse().unwrap()));
+            }
             ["D", id] => {
                 durable.insert(id.parse().unwrap());
             }
             _ => {} // a torn last line
         }
     }
-    (writes, durable)
+    Ledgered {
+        writes,
+        durable,
+        discards,
+    }
 }
 
 /// A sector that holds neither its last durable write nor a later one.
@@ -226,6 +258,7 @@ fn verify(
     baseline: &mut [u64],
     writes: &[(u64, u64, u64)],
     durable: &HashSet<u64>,
+    discards: &HashSet<u64>,
 ) -> Result<u64, BadSector> {
     let total = baseline.len() as u64;
     let mut cands: Vec<Vec<u64>> = baseline.iter().map(|&b| vec![b]).collect();
@@ -237,7 +270,7 @@ fn verify(
             if durable.contains(&id) {
                 c.clear();
             }
-            c.push(id);
+            c.push(if discards.contains(&id) { 0 } else { id });
         }
     }
     let chunk = 4 << 20;
@@ -340,9 +373,13 @@ fn kill_loop(iterations: usize, volatile: bool) {
         rolled_back += r.rolled_back_strips;
         dirty_regions += r.dirty_regions;
         let v = da.vdisk("v").unwrap();
-        let (writes, durable) = read_ledger(&t.dir.path().join(format!("ledger-{iteration}")));
+        let Ledgered {
+            writes,
+            durable,
+            discards,
+        } = read_ledger(&t.dir.path().join(format!("ledger-{iteration}")));
         writes_total += writes.len();
-        match verify(v.as_ref(), &mut baseline, &writes, &durable) {
+        match verify(v.as_ref(), &mut baseline, &writes, &durable, &discards) {
             Ok(checked) => durable_sectors += checked,
             Err(bad) => {
                 let failure = forensics::Failure {

@@ -113,6 +113,8 @@ pub struct NamespaceData {
     pub anagrpid: u32,
     /// Reservation capabilities (RESCAP).
     pub rescap: u8,
+    /// Deallocated blocks read back as zeros (DLFEAT bits 2:0 = 001b).
+    pub deallocate_zeroes: bool,
 }
 
 impl NamespaceData {
@@ -486,6 +488,7 @@ impl Controller {
             uuid: None,
             anagrpid: ns.anagrpid,
             rescap: ns.rescap,
+            deallocate_zeroes: ns.dlfeat & 0x7 == 1,
         };
         // The descriptor list is optional before NVMe 1.3; a controller without it keeps
         // the identifiers of Identify Namespace.

@@ -406,7 +406,12 @@ impl Host {
                 ))
             });
             let dsm = ctrl.identify().oncs & crate::wire::identify::oncs::DSM != 0;
-            ns.attach(&path, ctrl.max_transfer_bytes(data.lba_bytes), dsm);
+            ns.attach(
+                &path,
+                ctrl.max_transfer_bytes(data.lba_bytes),
+                dsm,
+                data.deallocate_zeroes,
+            );
             names.push(ns.local_name().to_owned());
         }
         sub.paths.push(Arc::clone(&path));

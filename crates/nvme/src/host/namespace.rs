@@ -85,6 +85,8 @@ pub struct MultipathNamespace {
     /// Some controller of the namespace reported Dataset Management in ONCS, so freed
     /// space can be deallocated (`BlockDevice::discard`).
     dsm: AtomicBool,
+    /// Every path's Identify Namespace says deallocated blocks read as zeros (DLFEAT).
+    deallocate_zeroes: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -130,6 +132,7 @@ impl MultipathNamespace {
             unusable: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             dsm: AtomicBool::new(false),
+            deallocate_zeroes: AtomicBool::new(true),
             notifier,
         }
     }
@@ -187,7 +190,13 @@ impl MultipathNamespace {
         self.paths.read().clone()
     }
 
-    pub(crate) fn attach(&self, path: &Arc<Path>, max_transfer: u32, dsm: bool) {
+    pub(crate) fn attach(
+        &self,
+        path: &Arc<Path>,
+        max_transfer: u32,
+        dsm: bool,
+        deallocate_zeroes: bool,
+    ) {
         let mut paths = self.paths.write();
         assert!(
             paths.len() < PATHS_PER_NAMESPACE_MAX,
@@ -200,6 +209,9 @@ impl MultipathNamespace {
         self.max_transfer.fetch_min(max_transfer, Ordering::Relaxed);
         if dsm {
             self.dsm.store(true, Ordering::Relaxed);
+        }
+        if !deallocate_zeroes {
+            self.deallocate_zeroes.store(false, Ordering::Relaxed);
         }
         let tmo_ms = u64::try_from(path.opts.ctrl_loss_tmo.as_millis()).unwrap_or(u64::MAX);
         self.ctrl_loss_tmo_ms.fetch_max(tmo_ms, Ordering::Relaxed);
@@ -681,6 +693,10 @@ impl BlockDevice for MultipathNamespace {
 
     fn can_discard(&self) -> bool {
         self.dsm.load(Ordering::Relaxed)
+    }
+
+    fn discard_zeroes(&self) -> bool {
+        self.can_discard() && self.deallocate_zeroes.load(Ordering::Relaxed)
     }
 }
 

@@ -80,4 +80,8 @@ impl BlockDevice for LeaseGated {
     fn can_discard(&self) -> bool {
         self.inner.can_discard()
     }
+
+    fn discard_zeroes(&self) -> bool {
+        self.inner.discard_zeroes()
+    }
 }

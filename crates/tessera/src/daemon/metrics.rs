@@ -419,12 +419,14 @@ fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]
             vdisk_bytes.push((with("op", "write"), st.bytes_written));
             vdisk_writes.push((with("kind", "full_stripe"), st.full_stripe_writes));
             vdisk_writes.push((with("kind", "read_modify_write"), st.rmw_writes));
+            vdisk_writes.push((with("kind", "discard"), st.discarded_stripes));
             vdisk_events.push((with("event", "degraded_read"), st.degraded_reads));
             vdisk_events.push((
                 with("event", "checksum_error_repaired"),
                 st.checksum_errors_repaired,
             ));
             vdisk_events.push((with("event", "unrecoverable"), st.unrecoverable));
+            vdisk_events.push((with("event", "discard_skipped"), st.discards_skipped));
             vdisk_stripes.push((with("state", "degraded"), as_i64(v.degraded_stripes)));
             vdisk_stripes.push((with("state", "critical"), as_i64(v.critical_stripes)));
             vdisk_capacity.push((vd(), as_i64(v.capacity_bytes)));
@@ -530,14 +532,15 @@ fn array_samples(enc: &mut DescriptorEncoder, arrays: &[tessera_vdisk::DaStatus]
         enc,
         "tessera_vdisk_stripe_writes",
         "Writes of each vdisk by how they reached the pdisks: whole stripes (parity from \
-         the new data alone) or read-modify-write",
+         the new data alone), read-modify-write, or whole stripes deallocated (TRIM)",
         &vdisk_writes,
     )?;
     counters(
         enc,
         "tessera_vdisk_events",
-        "Reads that needed reconstruction, sectors repaired after a checksum error, and \
-         operations that failed for data that could not be recovered",
+        "Reads that needed reconstruction, sectors repaired after a checksum error, \
+         operations that failed for data that could not be recovered, and stripes a \
+         discard left allocated (partial or degraded)",
         &vdisk_events,
     )?;
     gauges(

@@ -409,3 +409,45 @@ pub fn described_families(scrape: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A loop device over a file, detached when dropped (lazily, if something still holds it),
+/// so a failing test leaves no device behind.
+pub struct LoopDevice {
+    pub dev: String,
+}
+
+impl LoopDevice {
+    pub fn attach(file: &Path) -> LoopDevice {
+        let out = Command::new("losetup")
+            .args(["-f", "--show", s(file)])
+            .output()
+            .expect("losetup");
+        assert!(
+            out.status.success(),
+            "losetup -f {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice {
+            dev: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.dev]).output();
+    }
+}
+
+pub fn loop_usable() -> bool {
+    let ok = fuse_usable()
+        && Command::new("losetup")
+            .arg("-f")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping: needs root, FUSE and a free loop device");
+    }
+    ok
+}
