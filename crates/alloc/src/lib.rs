@@ -351,7 +351,24 @@ impl AllocMap {
         kind: AllocKind,
         hint: BlockHint,
     ) -> Result<Extent, AllocError> {
-        let eligible = self.eligible_slots(pool, kind);
+        self.alloc_block_on(pool, kind, hint, &|_| true)
+    }
+
+    /// [`AllocMap::alloc_block`] restricted to the disks `allowed` accepts (a restripe
+    /// moving blocks to the emptier disks).
+    ///
+    /// # Errors
+    ///
+    /// `NoSpace` if no allowed available disk of `pool` holding `kind` has a free block.
+    pub fn alloc_block_on(
+        &mut self,
+        pool: PoolId,
+        kind: AllocKind,
+        hint: BlockHint,
+        allowed: &dyn Fn(DiskIndex) -> bool,
+    ) -> Result<Extent, AllocError> {
+        let mut eligible = self.eligible_slots(pool, kind);
+        eligible.retain(|&slot| allowed(self.disks[slot].disk));
         let placed = match self.placement {
             Placement::Scatter => self.place_scatter(&eligible, hint),
             Placement::Cluster => self.place_cluster(&eligible, hint),
@@ -387,12 +404,33 @@ impl AllocMap {
         sub_blocks: u32,
         near: Option<DiskAddr>,
     ) -> Result<Extent, AllocError> {
+        self.alloc_fragment_on(pool, kind, sub_blocks, near, &|_| true)
+    }
+
+    /// [`AllocMap::alloc_fragment`] restricted to the disks `allowed` accepts.
+    ///
+    /// # Errors
+    ///
+    /// As [`AllocMap::alloc_fragment`], counting only allowed disks.
+    ///
+    /// # Panics
+    ///
+    /// As [`AllocMap::alloc_fragment`].
+    pub fn alloc_fragment_on(
+        &mut self,
+        pool: PoolId,
+        kind: AllocKind,
+        sub_blocks: u32,
+        near: Option<DiskAddr>,
+        allowed: &dyn Fn(DiskIndex) -> bool,
+    ) -> Result<Extent, AllocError> {
         assert!(sub_blocks >= 1, "empty fragment");
         assert!(
             sub_blocks < self.sub_blocks_per_block,
             "fragment must be smaller than a block"
         );
-        let eligible = self.eligible_slots(pool, kind);
+        let mut eligible = self.eligible_slots(pool, kind);
+        eligible.retain(|&slot| allowed(self.disks[slot].disk));
         let near_slot = near
             .and_then(|addr| self.slot_of_disk.get(&addr.disk).copied())
             .filter(|slot| eligible.contains(slot));

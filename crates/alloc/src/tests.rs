@@ -515,3 +515,33 @@ fn changed_chunks_are_reported_once() {
     assert_eq!(map.chunk_words(0, 1).len(), 600 - MAP_CHUNK_WORDS);
     assert_eq!(map.chunk_words(0, 1)[550 - MAP_CHUNK_WORDS], 1);
 }
+
+#[test]
+fn allocation_can_be_restricted_to_some_disks() {
+    let mut map = AllocMap::new(8, Placement::Scatter, data_disks(4, 50));
+    let only_odd = |d: DiskIndex| d % 2 == 1;
+    for i in 0..60 {
+        let e = map
+            .alloc_block_on(0, AllocKind::Data, hint(3, i, None), &only_odd)
+            .unwrap();
+        assert!(only_odd(e.addr.disk), "block on disk {}", e.addr.disk);
+        let f = map
+            .alloc_fragment_on(0, AllocKind::Data, 3, None, &only_odd)
+            .unwrap();
+        assert!(only_odd(f.addr.disk), "fragment on disk {}", f.addr.disk);
+    }
+    // Once the allowed disks are full there is no space, though the others are empty.
+    while map
+        .alloc_block_on(0, AllocKind::Data, hint(4, 0, None), &only_odd)
+        .is_ok()
+    {}
+    assert!(matches!(
+        map.alloc_block_on(0, AllocKind::Data, hint(4, 0, None), &only_odd),
+        Err(AllocError::NoSpace { .. })
+    ));
+    assert_eq!(map.disk_space(0).blocks_free, 50);
+    assert_eq!(map.disk_space(2).blocks_free, 50);
+    assert!(map
+        .alloc_block(0, AllocKind::Data, hint(4, 0, None))
+        .is_ok());
+}

@@ -32,7 +32,7 @@ pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
 
 /// What a read needs to know about one sector, copied out under the metadata lock.
 #[derive(Clone, Copy)]
-struct SectorInfo {
+pub(crate) struct SectorInfo {
     unwritten: bool,
     crc: u32,
     alternative: Option<Alternative>,
@@ -80,7 +80,7 @@ enum BlockPlan {
 }
 
 impl FileSystem {
-    fn extent_offset(&self, e: &Extent) -> u64 {
+    pub(crate) fn extent_offset(&self, e: &Extent) -> u64 {
         self.geo.data_start_bytes + e.addr.sub_block * self.geo.sub_block_bytes
     }
 
@@ -109,7 +109,7 @@ impl FileSystem {
         Ok(())
     }
 
-    fn extent_sectors(&self, e: &Extent) -> usize {
+    pub(crate) fn extent_sectors(&self, e: &Extent) -> usize {
         (u64::from(e.sub_blocks) * self.geo.sub_block_bytes / SECTOR) as usize
     }
 
@@ -260,7 +260,7 @@ impl FileSystem {
     /// Reads `buf.len()` bytes of `extent` at byte `at` of its disk and checks them against
     /// `sectors` (one per sector of `buf`): unwritten sectors become zeros, a mismatch is EIO
     /// and a log line naming the NSD and the byte. Returns what each sector verified as.
-    fn read_verified(
+    pub(crate) fn read_verified(
         &self,
         ino: Ino,
         extent: &Extent,
@@ -991,7 +991,7 @@ impl FileData {
     }
 }
 
-fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<SectorInfo>) {
+pub(crate) fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<SectorInfo>) {
     let first = (lo / SECTOR) as usize;
     let last = (hi.div_ceil(SECTOR) as usize).min(r.sectors());
     let infos = (first..last.max(first))

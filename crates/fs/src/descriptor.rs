@@ -63,10 +63,27 @@ impl AtimeMode {
     }
 }
 
+/// Whether new space is allocated on a disk [mmlsdisk "status"]. Variants are only ever
+/// added at the end: the descriptor stores the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DiskStatus {
     Ready,
+    /// No new allocations (`disk change -d NSD suspend`); what it holds stays in use.
     Suspended,
+    /// No new allocations, and a restripe (`-m`) or `disk delete` moves everything off it
+    /// (`disk change -d NSD empty`).
+    ToBeEmptied,
+}
+
+impl DiskStatus {
+    /// As mmlsdisk prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskStatus::Ready => "ready",
+            DiskStatus::Suspended => "suspended",
+            DiskStatus::ToBeEmptied => "to be emptied",
+        }
+    }
 }
 
 /// One NSD as a member of the file system.

@@ -94,7 +94,7 @@ pub struct FileSystem {
     inode_locks: Vec<RwLock<()>>,
     block_locks: Vec<RwLock<()>>,
     segment_locks: Vec<Mutex<()>>,
-    checkpoint_lock: Mutex<()>,
+    pub(crate) checkpoint_lock: Mutex<()>,
     commit_lock: Mutex<()>,
     /// Metadata pages a durable checkpoint superseded, freed under the next metadata lock.
     deferred_frees: Mutex<Vec<Extent>>,
@@ -105,7 +105,7 @@ pub struct FileSystem {
     map_rebuilt: Option<String>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
-    unmounted: AtomicBool,
+    pub(crate) unmounted: AtomicBool,
     fenced: AtomicBool,
     /// A checkpoint failed after giving its pages addresses: no further checkpoint is safe.
     checkpoint_failed: AtomicBool,
@@ -772,7 +772,7 @@ impl FileSystem {
         self.prefetch.stop();
     }
 
-    fn check_fenced(&self) -> FsResult<()> {
+    pub(crate) fn check_fenced(&self) -> FsResult<()> {
         if self.fenced.load(Ordering::SeqCst) {
             return Err(FsError::Fenced);
         }

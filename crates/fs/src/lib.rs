@@ -13,6 +13,7 @@ pub mod alloc_map;
 mod checkpoint;
 mod data;
 pub mod descriptor;
+pub mod disks;
 pub mod error;
 mod format;
 mod fs;
@@ -24,6 +25,7 @@ pub mod pmon;
 mod prefetch;
 mod recovery;
 mod report;
+pub mod restripe;
 mod shard_tree;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};

@@ -513,6 +513,16 @@ impl MetaState {
         Ok(out)
     }
 
+    /// A batch of shard `shard`'s items from key `from` on (see `ShardTree::scan_batch`).
+    pub(crate) fn scan_batch(
+        &mut self,
+        shard: usize,
+        from: &[u8],
+        limit: usize,
+    ) -> FsResult<(Vec<Item>, Option<Vec<u8>>)> {
+        self.shards[shard].scan_batch(&mut self.store, from, limit)
+    }
+
     /// Calls `f` for every item of every shard, in key order (fsck, the allocation map).
     pub(crate) fn scan(&mut self, f: &mut dyn FnMut(Item) -> FsResult<()>) -> FsResult<()> {
         for t in &self.shards {

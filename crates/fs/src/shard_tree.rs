@@ -532,6 +532,30 @@ impl ShardTree {
         decode_header(&v)
     }
 
+    /// Up to `limit` items with keys from `from` on, in key order, and the key to continue
+    /// from (`None` at the end), so a long walk can let go of the metadata lock between
+    /// batches.
+    pub fn scan_batch(
+        &self,
+        store: &mut MetaStore,
+        from: &[u8],
+        limit: usize,
+    ) -> FsResult<(Vec<Item>, Option<Vec<u8>>)> {
+        let batch = store
+            .range(&self.tree, from, None, limit)
+            .map_err(meta_err)?;
+        let next = (batch.len() == limit).then(|| {
+            let mut k = batch.last().expect("a full batch").0.clone();
+            k.push(0);
+            k
+        });
+        let items = batch
+            .iter()
+            .map(|(k, v)| decode_item(k, v))
+            .collect::<FsResult<Vec<Item>>>()?;
+        Ok((items, next))
+    }
+
     /// Calls `f` for every item in key order, reading the tree in batches.
     pub fn scan(
         &self,

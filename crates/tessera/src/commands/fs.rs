@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
-use tessera_fs::DiskStatus;
 use tessera_nsd::{check_name, parse_pool_stanzas, parse_stanzas, DiskUsage, NAME_RULE};
 
 use super::nsd::{absolute, read_stanza_file};
@@ -542,10 +541,7 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
             // A disk part of which cannot be read is down, as mmlsdisk shows a disk whose
             // data cannot be reached: `up` would promise reads that fail.
             let up = *up && lost(i).is_none();
-            let status = match disk.status {
-                DiskStatus::Ready => "ready",
-                DiskStatus::Suspended => "suspended",
-            };
+            let status = disk.status.as_str();
             vec![
                 disk.nsd_name.clone(),
                 "nsd".into(),

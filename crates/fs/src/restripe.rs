@@ -1,0 +1,326 @@
+//! Moving file data between the disks of a mounted file system [mmrestripefs -m, -b].
+//!
+//! A restripe walks every shard's tree in key order, a batch at a time under the metadata
+//! lock, and collects the data blocks that sit where they should not: on a disk that is
+//! suspended or to be emptied (`-m`), or on a disk fuller than the pool's average (`-b`).
+//! Each is then moved on its own, journaled like a copy-on-write: under the file's inode
+//! lock held exclusively (no writer, truncate or reader of the file meanwhile), a new
+//! extent is allocated on an acceptable disk, the block's written sectors are read and
+//! verified against their checksums and written there, and one logged `MapBlock` points the
+//! block at the copy. The old extent is released by that change like any other and
+//! returns to the allocator only when the change is durable, so until then (and after a
+//! crash before it) the old copy is the valid one: a restripe killed at any point loses
+//! nothing and can simply be run again. Metadata pages, the log and the stored allocation
+//! map are not moved here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tessera_alloc::{AllocKind, BlockHint, DiskIndex, Extent};
+
+use crate::data::sector_infos;
+use crate::descriptor::DiskStatus;
+use crate::error::{FsError, FsResult};
+use crate::fs::FileSystem;
+use crate::inode::{BlockRef, Ino};
+use crate::meta::Change;
+use crate::prefetch::SectorState;
+use crate::shard_tree::Item;
+
+/// Tree items read per batch under the metadata lock.
+const SCAN_BATCH_ITEMS: usize = 1024;
+
+/// What a restripe does [mmrestripefs].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestripeMode {
+    /// `-m`: move every data block off disks that are suspended or to be emptied.
+    Migrate,
+    /// `-b`: move data blocks from disks fuller than their pool's average to emptier ones.
+    Balance,
+}
+
+/// Where a restripe is, for progress lines.
+#[derive(Clone, Debug, Default)]
+pub struct RestripeProgress {
+    pub shards: u64,
+    pub shards_done: u64,
+    /// Data blocks looked at so far.
+    pub blocks_scanned: u64,
+    pub blocks_moved: u64,
+    pub bytes_moved: u64,
+}
+
+/// What a finished (or stopped) restripe did.
+#[derive(Clone, Debug, Default)]
+pub struct RestripeReport {
+    pub progress: RestripeProgress,
+    /// Blocks that changed between the scan and their move (written, truncated, deleted):
+    /// wherever they went, the allocator chose an acceptable disk.
+    pub blocks_changed: u64,
+    /// Stopped before the end on request: running it again continues the work.
+    pub stopped: bool,
+}
+
+enum Moved {
+    /// Where the block went, and the bytes copied.
+    To(Extent, u64),
+    /// The block is no longer the one seen in the scan.
+    Changed,
+}
+
+impl FileSystem {
+    /// Runs a restripe; `stop` ends it early (between blocks), `progress` is called after
+    /// every batch. Everything moved before an error or a stop stays moved and consistent.
+    pub fn restripe(
+        &self,
+        mode: RestripeMode,
+        stop: &AtomicBool,
+        progress: &mut dyn FnMut(&RestripeProgress),
+    ) -> FsResult<RestripeReport> {
+        self.check_writable()?;
+        let shards = self.meta.lock().state.shard_count();
+        let mut report = RestripeReport::default();
+        report.progress.shards = shards;
+        for shard in 0..shards as usize {
+            let mut from = Vec::new();
+            loop {
+                let (items, next) = {
+                    let mut m = self.meta.lock();
+                    m.state.scan_batch(shard, &from, SCAN_BATCH_ITEMS)?
+                };
+                let mut plan = self.plan(mode)?;
+                for item in items {
+                    let Item::Block { ino, index, block } = item else {
+                        continue;
+                    };
+                    report.progress.blocks_scanned += 1;
+                    if !plan.moves(block.extent.addr.disk) {
+                        continue;
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        report.stopped = true;
+                        return Ok(report);
+                    }
+                    match self.move_block(ino, index, &block, &|d| plan.accepts(d))? {
+                        Moved::To(to, n) => {
+                            plan.moved(block.extent, to);
+                            report.progress.blocks_moved += 1;
+                            report.progress.bytes_moved += n;
+                        }
+                        Moved::Changed => report.blocks_changed += 1,
+                    }
+                }
+                progress(&report.progress);
+                match next {
+                    Some(k) => from = k,
+                    None => break,
+                }
+            }
+            report.progress.shards_done += 1;
+            progress(&report.progress);
+        }
+        Ok(report)
+    }
+
+    fn check_writable(&self) -> FsResult<()> {
+        self.check_fenced()?;
+        if self.unmounted.load(Ordering::SeqCst) {
+            return Err(FsError::Invalid(
+                "the file system is being unmounted; mount it and run the restripe again".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Which disks lose blocks and which may receive them, as of now.
+    fn plan(&self, mode: RestripeMode) -> FsResult<Plan> {
+        let desc = self.desc.lock().clone();
+        let m = self.meta.lock();
+        let per = u64::from(self.geo.sub_blocks_per_block);
+        let ready_data: Vec<DiskIndex> = desc
+            .disks
+            .iter()
+            .filter(|d| d.pool == self.geo.data_pool && d.usage.holds_data())
+            .filter(|d| d.status == DiskStatus::Ready)
+            .map(|d| d.index)
+            .collect();
+        let space: std::collections::HashMap<DiskIndex, DiskUse> = ready_data
+            .iter()
+            .map(|&d| {
+                let s = m.alloc.disk_space(d);
+                let total = s.blocks_total * per;
+                let used = total - s.blocks_free * per - s.sub_blocks_free_in_fragments;
+                (d, DiskUse { used, total })
+            })
+            .collect();
+        Ok(match mode {
+            RestripeMode::Migrate => Plan::Migrate {
+                sources: desc
+                    .disks
+                    .iter()
+                    .filter(|d| d.status != DiskStatus::Ready)
+                    .map(|d| d.index)
+                    .collect(),
+                targets: ready_data,
+            },
+            RestripeMode::Balance => {
+                let (used, total) = ready_data.iter().fold((0, 0), |(u, t), d| {
+                    let s: &DiskUse = &space[d];
+                    (u + s.used, t + s.total)
+                });
+                Plan::Balance {
+                    mean: used as f64 / total.max(1) as f64,
+                    per,
+                    space,
+                }
+            }
+        })
+    }
+
+    /// Moves block `index` of `ino` (as `seen` by the scan) to a disk `accepts` allows.
+    fn move_block(
+        &self,
+        ino: Ino,
+        index: u64,
+        seen: &BlockRef,
+        accepts: &dyn Fn(DiskIndex) -> bool,
+    ) -> FsResult<Moved> {
+        let _file = self.inode_lock(ino).write();
+        let _stale = self.prefetch.invalidate_after(ino);
+        let per = self.geo.sub_blocks_per_block;
+        let (current, to) = {
+            let mut m = self.meta.lock();
+            let current = match m.state.block(ino, index) {
+                Ok(Some(b)) if b.extent == seen.extent => b,
+                Ok(_) | Err(FsError::NotFound) => return Ok(Moved::Changed),
+                Err(e) => return Err(e),
+            };
+            let pool = self.geo.data_pool;
+            let sub_blocks = current.extent.sub_blocks;
+            let to = if sub_blocks == per {
+                let hint = BlockHint {
+                    file_key: ino,
+                    block_index: index,
+                    prev: None,
+                };
+                m.alloc.alloc_block_on(pool, AllocKind::Data, hint, accepts)
+            } else {
+                m.alloc
+                    .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, None, accepts)
+            }
+            .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "moved file data"))?;
+            m.unlogged.insert(to);
+            (current, to)
+        };
+        match self.copy_block(ino, &current, to) {
+            Ok((copy, bytes)) => {
+                let mut m = self.meta.lock();
+                m.unlogged.remove(&to);
+                self.log(
+                    &mut m,
+                    vec![Change::MapBlock {
+                        ino,
+                        index,
+                        block: copy,
+                    }],
+                )?;
+                Ok(Moved::To(to, bytes))
+            }
+            Err(e) => {
+                let mut m = self.meta.lock();
+                if m.unlogged.remove(&to) {
+                    let _ = m.alloc.free(to);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies the written sectors of `from` into extent `to`, verified on the way; returns
+    /// the block as it is at `to` and the bytes copied.
+    fn copy_block(&self, ino: Ino, from: &BlockRef, to: Extent) -> FsResult<(BlockRef, u64)> {
+        let sectors = from.sectors();
+        let mut copy = BlockRef::new_unwritten(to, sectors);
+        let Some(last) = (0..sectors).rev().find(|s| !from.is_unwritten(*s)) else {
+            return Ok((copy, 0));
+        };
+        let bytes = (last as u64 + 1) * tessera_drive::SECTOR_BYTES;
+        let (_, infos) = sector_infos(from, 0, bytes);
+        let mut buf = tessera_drive::AlignedBuf::zeroed(bytes as usize);
+        let states = self.read_verified(
+            ino,
+            &from.extent,
+            self.extent_offset(&from.extent),
+            &mut buf,
+            &infos,
+        )?;
+        self.devices[usize::from(to.addr.disk)].write_at(&buf, self.extent_offset(&to))?;
+        for (s, state) in states.iter().enumerate() {
+            if let SectorState::Crc(crc) = state {
+                copy.set_written(s, *crc);
+            }
+        }
+        Ok((copy, bytes))
+    }
+}
+
+/// Sub-blocks in use and in all on a disk.
+#[derive(Clone, Copy, Debug)]
+struct DiskUse {
+    used: u64,
+    total: u64,
+}
+
+/// The disks a restripe empties and those it fills.
+enum Plan {
+    Migrate {
+        sources: Vec<DiskIndex>,
+        targets: Vec<DiskIndex>,
+    },
+    /// A disk more than a block above the pool's used fraction gives; the emptiest disks
+    /// take, as long as they stay at or below it. Kept up to date as blocks move, so no disk
+    /// is drained or filled past the average. What cannot move (the log, metadata pages)
+    /// counts as used: the aim is disks that fill up at the same pace.
+    Balance {
+        mean: f64,
+        per: u64,
+        space: std::collections::HashMap<DiskIndex, DiskUse>,
+    },
+}
+
+impl Plan {
+    fn moves(&self, disk: DiskIndex) -> bool {
+        match self {
+            Plan::Migrate { sources, targets } => sources.contains(&disk) && !targets.is_empty(),
+            Plan::Balance { mean, per, space } => space.get(&disk).is_some_and(|s| {
+                (s.used.saturating_sub(*per)) as f64 / s.total.max(1) as f64 > *mean
+            }),
+        }
+    }
+
+    fn accepts(&self, disk: DiskIndex) -> bool {
+        match self {
+            Plan::Migrate { targets, .. } => targets.contains(&disk),
+            // The emptiest disks first (water filling), and none past the average.
+            Plan::Balance { mean, per, space } => {
+                let frac = |s: &DiskUse| s.used as f64 / s.total.max(1) as f64;
+                let least = space.values().map(frac).fold(f64::INFINITY, f64::min);
+                space.get(&disk).is_some_and(|s| {
+                    let step = *per as f64 / s.total.max(1) as f64;
+                    frac(s) + step <= *mean && frac(s) <= least + step
+                })
+            }
+        }
+    }
+
+    fn moved(&mut self, from: Extent, to: Extent) {
+        if let Plan::Balance { space, .. } = self {
+            let n = u64::from(from.sub_blocks);
+            if let Some(s) = space.get_mut(&from.addr.disk) {
+                s.used = s.used.saturating_sub(n);
+            }
+            if let Some(s) = space.get_mut(&to.addr.disk) {
+                s.used += n;
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Disks of a mounted file system: suspending a disk stops new allocations on it, a
+//! migrating restripe (`-m`) moves every data block off it, a balancing restripe (`-b`)
+//! evens out the disks, and every byte of every file (whole blocks, fragments, sparse
+//! blocks, inline data) reads back the same, also after a remount, with fsck clean.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use common::*;
+use tessera_fs::restripe::{RestripeMode, RestripeReport};
+use tessera_fs::{DiskStatus, FileSystem, ROOT_INO};
+
+const BLOCK: u64 = 256 << 10;
+
+/// Writes files of several shapes; returns name -> content.
+fn populate(fs: &FileSystem, prefix: &str, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for (i, size) in [
+        100usize,
+        9_000,
+        70_000,
+        3 * BLOCK as usize + 5_000,
+        9 * BLOCK as usize,
+    ]
+    .iter()
+    .enumerate()
+    {
+        let name = format!("{prefix}{i}");
+        let a = create_file(fs, ROOT_INO, name.as_bytes());
+        let data = pattern(*size, seed + i as u64);
+        for (j, chunk) in data.chunks(100_000).enumerate() {
+            fs.write(a.ino, (j * 100_000) as u64, chunk, false).unwrap();
+        }
+        files.insert(name, data);
+    }
+    // Sparse: a hole, then a few sectors in the middle of a block (unwritten around them).
+    let name = format!("{prefix}sparse");
+    let a = create_file(fs, ROOT_INO, name.as_bytes());
+    let piece = pattern(8192, seed + 50);
+    let at = 2 * BLOCK + 40_960;
+    fs.write(a.ino, at, &piece, false).unwrap();
+    let mut data = vec![0u8; at as usize];
+    data.extend_from_slice(&piece);
+    files.insert(name, data);
+    fs.sync().unwrap();
+    files
+}
+
+fn verify(fs: &FileSystem, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in files {
+        let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        assert_eq!(a.size, data.len() as u64, "{name}");
+        let got = fs.read(a.ino, 0, data.len() as u32 + 10).unwrap();
+        assert!(got == *data, "{name}: content differs after the restripe");
+    }
+}
+
+fn restripe(fs: &FileSystem, mode: RestripeMode) -> RestripeReport {
+    let mut calls = 0;
+    let report = fs
+        .restripe(mode, &AtomicBool::new(false), &mut |_| calls += 1)
+        .unwrap();
+    assert!(calls > 0, "no progress reported");
+    assert!(!report.stopped);
+    report
+}
+
+/// Used bytes of each disk (everything but free whole blocks and free fragments).
+fn used(fs: &FileSystem) -> Vec<u64> {
+    fs.df()
+        .disks
+        .iter()
+        .map(|d| d.size_bytes - d.free_full_block_bytes - d.free_fragment_bytes)
+        .collect()
+}
+
+#[test]
+fn suspended_disks_get_nothing_new_and_migrate_empties_them() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let mut files = populate(&fs, "a", 1);
+    let names: Vec<String> = vec!["nsd1".into()];
+    fs.set_disk_status(&names, DiskStatus::Suspended).unwrap();
+    assert_eq!(fs.descriptor().disks[1].status, DiskStatus::Suspended);
+    let before = used(&fs)[1];
+    files.extend(populate(&fs, "b", 2));
+    assert_eq!(used(&fs)[1], before, "a suspended disk received new blocks");
+
+    let report = restripe(&fs, RestripeMode::Migrate);
+    assert!(report.progress.blocks_moved > 0, "{report:?}");
+    assert!(report.progress.bytes_moved > 0, "{report:?}");
+    verify(&fs, &files);
+    fs.sync().unwrap();
+    // Nothing is left to move: every data block of the disk went elsewhere.
+    let again = restripe(&fs, RestripeMode::Migrate);
+    assert_eq!(again.progress.blocks_moved, 0, "{again:?}");
+    assert!(
+        used(&fs)[1] < before,
+        "the migrated disk holds as much as before"
+    );
+
+    // The status is part of the descriptor: it holds after a remount.
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(fs.descriptor().disks[1].status, DiskStatus::Suspended);
+    verify(&fs, &files);
+    fs.set_disk_status(&names, DiskStatus::Ready).unwrap();
+    files.extend(populate(&fs, "c", 3));
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+#[test]
+fn balance_evens_out_the_disks() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    // Data lands on two disks only, then all four are ready again.
+    let late: Vec<String> = vec!["nsd2".into(), "nsd3".into()];
+    fs.set_disk_status(&late, DiskStatus::Suspended).unwrap();
+    let mut files = BTreeMap::new();
+    for round in 0..4 {
+        files.extend(populate(&fs, &format!("r{round}-"), 10 + round));
+    }
+    fs.set_disk_status(&late, DiskStatus::Ready).unwrap();
+    let skewed = used(&fs);
+    assert!(skewed[1] > 4 * skewed[2], "{skewed:?}");
+
+    let report = restripe(&fs, RestripeMode::Balance);
+    assert!(report.progress.blocks_moved > 0, "{report:?}");
+    fs.sync().unwrap();
+    let even = used(&fs);
+    let spread = |u: &[u64]| u.iter().max().unwrap() - u.iter().min().unwrap();
+    let mean = even.iter().sum::<u64>() / even.len() as u64;
+    // The log and metadata stay where they are, so the disks cannot be exactly even: the
+    // spread shrinks to a fraction and the emptiest disk comes close to the average.
+    assert!(
+        spread(&even) < spread(&skewed) / 3 && *even.iter().min().unwrap() > mean * 3 / 4,
+        "still uneven: {even:?} (was {skewed:?})"
+    );
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+#[test]
+fn a_change_that_leaves_no_ready_disk_or_names_no_disk_is_refused() {
+    let t = make_disks(2, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let all: Vec<String> = vec!["nsd0".into(), "nsd1".into()];
+    let err = fs.set_disk_status(&all, DiskStatus::Suspended).unwrap_err();
+    assert!(err.to_string().contains("no ready disk"), "{err}");
+    let err = fs
+        .set_disk_status(&["nsd9".to_string()], DiskStatus::Suspended)
+        .unwrap_err();
+    assert!(err.to_string().contains("nsd9 is not a disk"), "{err}");
+    // Nothing changed.
+    assert!(fs
+        .descriptor()
+        .disks
+        .iter()
+        .all(|d| d.status == DiskStatus::Ready));
+    fs.unmount().unwrap();
+}
