@@ -93,14 +93,15 @@ impl FileSystem {
                         continue;
                     };
                     report.progress.blocks_scanned += 1;
-                    if !plan.moves(block.extent.addr.disk) {
+                    let n = u64::from(block.extent.sub_blocks);
+                    if !plan.moves(block.extent.addr.disk, n) {
                         continue;
                     }
                     if stop.load(Ordering::Relaxed) {
                         report.stopped = true;
                         return Ok(report);
                     }
-                    match self.move_block(ino, index, &block, &|d| plan.accepts(d))? {
+                    match self.move_block(ino, index, &block, &|d| plan.accepts(d, n))? {
                         Moved::To(to, n) => {
                             plan.moved(block.extent, to);
                             report.progress.blocks_moved += 1;
@@ -169,7 +170,6 @@ impl FileSystem {
                 });
                 Plan::Balance {
                     mean: used as f64 / total.max(1) as f64,
-                    per,
                     space,
                 }
             }
@@ -276,36 +276,40 @@ enum Plan {
         sources: Vec<DiskIndex>,
         targets: Vec<DiskIndex>,
     },
-    /// A disk more than a block above the pool's used fraction gives; the emptiest disks
-    /// take, as long as they stay at or below it. Kept up to date as blocks move, so no disk
-    /// is drained or filled past the average. What cannot move (the log, metadata pages)
-    /// counts as used: the aim is disks that fill up at the same pace.
+    /// A disk gives an extent while it stays at or above the pool's used fraction without
+    /// it; the emptiest disks take it, as long as they stay at or below that fraction with
+    /// it. Kept up to date as blocks move, so no disk is drained or filled past the
+    /// average. What cannot move (the log, metadata pages) counts as used: the aim is disks
+    /// that fill up at the same pace.
     Balance {
         mean: f64,
-        per: u64,
         space: std::collections::HashMap<DiskIndex, DiskUse>,
     },
 }
 
 impl Plan {
-    fn moves(&self, disk: DiskIndex) -> bool {
+    /// Whether an extent of `n` sub-blocks on `disk` should move, and some disk takes it.
+    fn moves(&self, disk: DiskIndex, n: u64) -> bool {
         match self {
             Plan::Migrate { sources, targets } => sources.contains(&disk) && !targets.is_empty(),
-            Plan::Balance { mean, per, space } => space.get(&disk).is_some_and(|s| {
-                (s.used.saturating_sub(*per)) as f64 / s.total.max(1) as f64 > *mean
-            }),
+            Plan::Balance { mean, space, .. } => {
+                space.get(&disk).is_some_and(|s| {
+                    (s.used.saturating_sub(n)) as f64 / s.total.max(1) as f64 >= *mean
+                }) && space.keys().any(|&d| self.accepts(d, n))
+            }
         }
     }
 
-    fn accepts(&self, disk: DiskIndex) -> bool {
+    /// Whether `disk` takes an extent of `n` sub-blocks.
+    fn accepts(&self, disk: DiskIndex, n: u64) -> bool {
         match self {
             Plan::Migrate { targets, .. } => targets.contains(&disk),
             // The emptiest disks first (water filling), and none past the average.
-            Plan::Balance { mean, per, space } => {
+            Plan::Balance { mean, space, .. } => {
                 let frac = |s: &DiskUse| s.used as f64 / s.total.max(1) as f64;
                 let least = space.values().map(frac).fold(f64::INFINITY, f64::min);
                 space.get(&disk).is_some_and(|s| {
-                    let step = *per as f64 / s.total.max(1) as f64;
+                    let step = n as f64 / s.total.max(1) as f64;
                     frac(s) + step <= *mean && frac(s) <= least + step
                 })
             }

@@ -7,6 +7,9 @@
 //! is also a power loss: writes not flushed are lost or kept at random, sector by sector
 //! (`TESSERA_POWERLOSS_ITERATIONS`, default 20).
 //!
+//! The workload also suspends a disk now and then, restripes (moving blocks off it, or
+//! evening out the others) and resumes it, so kills land in block moves too.
+//!
 //! The ledger protocol: before touching a file the child durably records `BEGIN name`; after
 //! the change and its fsync it records `DONE name seed size` or `GONE name`. A file whose last
 //! record is DONE must read back exactly; GONE must not exist; BEGIN may hold either version
@@ -72,6 +75,11 @@ fn crash_child() {
             fs.set_discard(u16::try_from(disk).unwrap(), true).unwrap();
         }
     }
+    // A kill between a suspension and its resume leaves the disk suspended (the status is
+    // durable): every run starts with all disks ready.
+    let all: Vec<String> = (0..disk_count).map(|d| format!("nsd{d}")).collect();
+    fs.set_disk_status(&all, tessera_fs::DiskStatus::Ready)
+        .unwrap();
     let mut ledger = Ledger(
         std::fs::OpenOptions::new()
             .append(true)
@@ -91,6 +99,27 @@ fn crash_child() {
             // Checkpoints mid-run, so kills land in them too: pages, allocation-map chunks
             // and the descriptor half written.
             fs.checkpoint().unwrap();
+        }
+        if next() % 12 == 0 {
+            // A disk suspended and its data moved off (or all disks rebalanced), resumed
+            // after: kills land in block moves and descriptor writes of status changes.
+            let disk = vec![format!("nsd{}", next() % disk_count as u64)];
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let mode = if next() % 2 == 0 {
+                tessera_fs::restripe::RestripeMode::Migrate
+            } else {
+                tessera_fs::restripe::RestripeMode::Balance
+            };
+            fs.set_disk_status(&disk, tessera_fs::DiskStatus::Suspended)
+                .unwrap();
+            if let Err(e) = fs.restripe(mode, &stop, &mut |_| {}) {
+                panic!(
+                    "restripe {mode:?} with {disk:?} suspended: {e}; disks: {:#?}",
+                    fs.df().disks
+                );
+            }
+            fs.set_disk_status(&disk, tessera_fs::DiskStatus::Ready)
+                .unwrap();
         }
         let name = format!("f{}", next() % 40);
         let seed = iteration * 1_000_000 + step;

@@ -71,6 +71,10 @@ pub enum Command {
     Disk(DiskCommand),
     /// Check an unmounted file system [mmfsck].
     Fsck(FsckArgs),
+    /// Move file data between the disks of a file system, mounted or not, with progress:
+    /// off suspended disks (-m) or evenly over all (-b) [mmrestripefs]. Interrupting it
+    /// (Ctrl-C) stops it cleanly; running it again continues.
+    Restripe(RestripeArgs),
     /// I/O counters and latency histograms of mounted file systems [mmpmon fs_io_s, rhist].
     Pmon(PmonArgs),
     /// What this node's daemon is doing [mmdiag].
@@ -663,6 +667,55 @@ pub enum FsCommand {
 pub enum DiskCommand {
     /// List the disks of a file system [mmlsdisk].
     Ls(DeviceListArgs),
+    /// Stop or resume new allocations on disks of a file system, mounted or not
+    /// [mmchdisk suspend|empty|resume]. `empty` marks the disk to be emptied by
+    /// `tessera restripe -m`.
+    Change(DiskChangeArgs),
+}
+
+/// What `disk change` does to the disks [mmchdisk].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskAction {
+    /// No new allocations on the disks; what they hold stays in use.
+    Suspend,
+    /// Like suspend, and `restripe -m` moves everything off them.
+    Empty,
+    /// Allocate on the disks again.
+    Resume,
+    /// Stop I/O to the disks (needs replication, not built yet).
+    Stop,
+    /// Start I/O to stopped disks (needs replication, not built yet).
+    Start,
+}
+
+#[derive(Args, Debug)]
+pub struct DiskChangeArgs {
+    /// The file system device name.
+    pub device: String,
+    pub action: DiskAction,
+    /// The disks, as NSD names separated by ';' or ',' [mmchdisk -d "nsd1;nsd2"].
+    #[arg(short = 'd', required = true)]
+    pub disks: String,
+}
+
+/// Move file data between the disks of a file system [mmrestripefs]; exactly one mode.
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["migrate", "balance", "replication", "placement"])))]
+pub struct RestripeArgs {
+    /// The file system device name.
+    pub device: String,
+    /// Move all data off disks that are suspended or to be emptied.
+    #[arg(short = 'm')]
+    pub migrate: bool,
+    /// Rebalance: move data from fuller disks to emptier ones, so disks fill evenly.
+    #[arg(short = 'b')]
+    pub balance: bool,
+    /// Restore replication (needs -m/-r above 1, not built yet).
+    #[arg(short = 'r')]
+    pub replication: bool,
+    /// Repair placement across storage pools (needs placement policies, not built yet).
+    #[arg(short = 'p')]
+    pub placement: bool,
 }
 
 #[derive(Args, Debug)]

@@ -53,7 +53,9 @@ fn command_name(c: &Command) -> &'static str {
         Command::Mount(_) => "mount",
         Command::Umount(_) => "umount",
         Command::Df(_) => "df",
-        Command::Disk(_) => "disk ls",
+        Command::Disk(DiskCommand::Ls(_)) => "disk ls",
+        Command::Disk(DiskCommand::Change(_)) => "disk change",
+        Command::Restripe(_) => "restripe",
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
         Command::Diag(_) => "diag",
@@ -118,6 +120,8 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Umount(a) => io::umount(home, &a.device),
         Command::Df(a) => io::df(home, &a.device, a.machine),
         Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),
+        Command::Disk(DiskCommand::Change(a)) => fs::disk_change(home, &a),
+        Command::Restripe(a) => fs::restripe(home, &a),
         Command::Fsck(a) => io::fsck(home, &a.device, a.repair),
         Command::Pmon(a) => match &a.input {
             Some(file) => pmon::pmon_file(

@@ -238,6 +238,17 @@ pub enum Request {
     ReclaimSpace {
         name: String,
     },
+    /// Suspend, empty or resume disks of a file system [mmchdisk].
+    DiskChange {
+        name: String,
+        nsds: Vec<String>,
+        status: tessera_fs::DiskStatus,
+    },
+    /// Move data between disks [mmrestripefs -m|-b].
+    Restripe {
+        name: String,
+        balance: bool,
+    },
     Pmon {
         name: Option<String>,
     },
@@ -581,6 +592,8 @@ pub enum Reply {
     Fsck(tessera_fs::FsckReport),
     /// Bytes given back, per NSD with a `thinDiskType` other than `no`.
     ReclaimSpace(Vec<(String, u64)>),
+    /// What a restripe did.
+    Restripe(RestripeDone),
     Pmon(Vec<PmonEntry>),
     IoHistory(Vec<IoHistoryEntry>),
     Health(HealthReport),
@@ -742,4 +755,16 @@ impl Client {
             }
         }
     }
+}
+
+/// The outcome of `tessera restripe`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RestripeDone {
+    pub blocks_scanned: u64,
+    pub blocks_moved: u64,
+    pub bytes_moved: u64,
+    /// Blocks rewritten, truncated or deleted between the scan and their move.
+    pub blocks_changed: u64,
+    /// Stopped early because the client went away (Ctrl-C): run it again to continue.
+    pub stopped: bool,
 }

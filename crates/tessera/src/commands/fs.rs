@@ -8,10 +8,10 @@ use tessera_nsd::{check_name, parse_pool_stanzas, parse_stanzas, DiskUsage, NAME
 use super::nsd::{absolute, read_stanza_file};
 use super::units::{parse_block_size, parse_inode_limit, parse_inode_size, parse_size};
 use super::{call, unexpected, yes_no};
-use crate::cli::FsCreateArgs;
+use crate::cli::{DiskAction, DiskChangeArgs, FsCreateArgs, RestripeArgs};
 use crate::config::Home;
 use crate::output::{local_time, yes_no as yn, Table, YRecord};
-use crate::rpc::{FsCreateSpec, FsDiskSpec, FsShow, Reply, Request};
+use crate::rpc::{FsCreateSpec, FsDiskSpec, FsShow, Reply, Request, RestripeDone};
 
 /// Highest replica count `-M`/`-R` accept, as in GPFS.
 const REPLICAS_MAX: u32 = 3;
@@ -628,5 +628,106 @@ pub fn reclaimspace(home: &Home, name: &str) -> Result<()> {
         total as f64 / 1048576.0,
         rows.len()
     );
+    Ok(())
+}
+
+/// `tessera disk change DEVICE ACTION -d "NSD[;NSD...]"` [mmchdisk].
+pub fn disk_change(home: &Home, a: &DiskChangeArgs) -> Result<()> {
+    let status =
+        match a.action {
+            DiskAction::Suspend => tessera_fs::DiskStatus::Suspended,
+            DiskAction::Empty => tessera_fs::DiskStatus::ToBeEmptied,
+            DiskAction::Resume => tessera_fs::DiskStatus::Ready,
+            DiskAction::Stop | DiskAction::Start => {
+                bail!(
+            "disk change {}: stopping and starting disks needs data and metadata replication \
+             (-m/-r 2), which Tessera does not have yet; to stop new allocations on a disk \
+             use `suspend`, to move its data off use `empty` then `tessera restripe {} -m`",
+            if a.action == DiskAction::Stop { "stop" } else { "start" },
+            a.device
+        )
+            }
+        };
+    let nsds: Vec<String> = a
+        .disks
+        .split([';', ','])
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    if nsds.is_empty() {
+        bail!(
+            "-d names no disk; give NSD names separated by ';' (see `tessera disk ls {}`)",
+            a.device
+        );
+    }
+    call(
+        home,
+        &Request::DiskChange {
+            name: a.device.clone(),
+            nsds: nsds.clone(),
+            status,
+        },
+    )?;
+    println!(
+        "{} of {} now {}.",
+        nsds.join(", "),
+        a.device,
+        status.as_str()
+    );
+    if status != tessera_fs::DiskStatus::Ready {
+        println!(
+            "No new data goes there; `tessera restripe {} -m` moves what it holds to the ready disks.",
+            a.device
+        );
+    }
+    Ok(())
+}
+
+/// `tessera restripe DEVICE -m|-b` [mmrestripefs].
+pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
+    if a.replication {
+        bail!(
+            "restripe -r restores replication, which needs file systems with -m/-r above 1; \
+             Tessera does not replicate yet (use -m to move data off suspended disks, -b to \
+             rebalance)"
+        );
+    }
+    if a.placement {
+        bail!(
+            "restripe -p repairs placement across storage pools by policy, which Tessera does \
+             not have yet (use -m or -b)"
+        );
+    }
+    let done = match call(
+        home,
+        &Request::Restripe {
+            name: a.device.clone(),
+            balance: a.balance,
+        },
+    )? {
+        Reply::Restripe(done) => done,
+        other => return Err(unexpected(other)),
+    };
+    let RestripeDone {
+        blocks_scanned,
+        blocks_moved,
+        bytes_moved,
+        blocks_changed,
+        stopped,
+    } = done;
+    println!(
+        "{}: {blocks_moved} of {blocks_scanned} data blocks moved ({:.1} MiB){}.",
+        a.device,
+        bytes_moved as f64 / 1048576.0,
+        if blocks_changed > 0 {
+            format!(", {blocks_changed} changed while the restripe ran (written anew wherever the allocator chose)")
+        } else {
+            String::new()
+        }
+    );
+    if stopped {
+        println!("Stopped before the end; run the same command again to continue.");
+    }
     Ok(())
 }

@@ -202,7 +202,7 @@ impl Daemon {
             }
         };
         assert!(is_read_only(&request), "the API sent {request:?}");
-        let mut reporter = Reporter { stream: None };
+        let mut reporter = Reporter::quiet();
         match self.handle(request, &mut reporter) {
             Ok(reply) => payload(reply),
             Err(e) => Err(ApiError::Failed(format!("{e:#}"))),

@@ -216,11 +216,10 @@ impl Daemon {
             .status()
             .manager
             .and_then(|m| state.nodes.get(&m).map(|n| n.name.clone()));
-        let nvme =
-            match self.nvme_request(Request::NvmeList, &mut super::Reporter { stream: None })? {
-                Reply::NvmeNamespaces(rows) => rows,
-                _ => Vec::new(),
-            };
+        let nvme = match self.nvme_request(Request::NvmeList, &mut super::Reporter::quiet())? {
+            Reply::NvmeNamespaces(rows) => rows,
+            _ => Vec::new(),
+        };
         Ok(Reply::Diag(Box::new(DiagReport {
             node: self.cluster.node_name.clone(),
             pid: std::process::id(),

@@ -706,7 +706,7 @@ impl Collector for DaemonCollector {
         let arrays: Vec<_> = daemon.arrays.lock().values().cloned().collect();
         let statuses: Vec<_> = arrays.iter().map(|da| da.status()).collect();
         array_samples(&mut enc, &statuses)?;
-        let mut quiet = super::Reporter { stream: None };
+        let mut quiet = super::Reporter::quiet();
         if let Ok(crate::rpc::Reply::NvmeNamespaces(rows)) =
             daemon.nvme_request(crate::rpc::Request::NvmeList, &mut quiet)
         {

@@ -74,9 +74,18 @@ const IO_HISTORY_ENTRIES: usize = 512;
 /// HTTP API have no such client (`stream` is `None`) and their lines go to the log only.
 pub struct Reporter<'a> {
     stream: Option<&'a mut UnixStream>,
+    gone: bool,
 }
 
 impl Reporter<'_> {
+    /// A reporter for requests the daemon makes of itself: nobody reads the lines.
+    pub fn quiet() -> Reporter<'static> {
+        Reporter {
+            stream: None,
+            gone: false,
+        }
+    }
+
     /// Sends a line for the user. A client that went away does not stop the operation.
     pub fn info(&mut self, line: impl Into<String>) {
         let line = line.into();
@@ -93,8 +102,17 @@ impl Reporter<'_> {
             total,
         };
         if let Some(stream) = self.stream.as_deref_mut() {
-            let _ = write_frame(stream, &frame);
+            if write_frame(stream, &frame).is_err() {
+                self.stream = None;
+                self.gone = true;
+            }
         }
+    }
+
+    /// Whether the client went away (an interrupted command): operations that can stop
+    /// cleanly and continue later do so.
+    pub fn client_gone(&self) -> bool {
+        self.gone
     }
 }
 
@@ -238,6 +256,7 @@ impl Daemon {
             let frame = {
                 let mut reporter = Reporter {
                     stream: Some(&mut stream),
+                    gone: false,
                 };
                 match self.handle(request, &mut reporter) {
                     Ok(reply) => Frame::Ok(reply),
@@ -286,6 +305,8 @@ impl Daemon {
             Request::Df { name } => self.df(&name),
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
             Request::ReclaimSpace { name } => self.reclaim_space(&name, r),
+            Request::DiskChange { name, nsds, status } => self.disk_change(&name, &nsds, status),
+            Request::Restripe { name, balance } => self.restripe(&name, balance, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
             Request::IoHistory => Ok(self.io_history()),
             Request::Health => Ok(self.health_report()),

@@ -350,6 +350,98 @@ impl Daemon {
         ))
     }
 
+    /// Runs `f` on file system `name`: the mounted one, or one opened here for the
+    /// purpose (and closed after) when it is mounted nowhere.
+    fn with_fs<T>(
+        &self,
+        name: &str,
+        why: &str,
+        f: impl FnOnce(&Arc<FileSystem>) -> Result<T>,
+    ) -> Result<T> {
+        let record = self.file_systems()?.require(name)?.clone();
+        let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
+        if let Some(fs) = mounted {
+            return f(&fs);
+        }
+        self.check_not_mounted_elsewhere(&record, why)?;
+        let (fs, _) = self.open_core(&record)?;
+        let result = f(&fs);
+        let closed = fs.unmount().map_err(|e| anyhow!("file system {name}: {e}"));
+        let value = result?;
+        closed?;
+        Ok(value)
+    }
+
+    /// `disk change` [mmchdisk]: the status goes into the file-system descriptor, and the
+    /// allocator of a mounted file system follows at once.
+    pub(super) fn disk_change(
+        &self,
+        name: &str,
+        nsds: &[String],
+        status: tessera_fs::DiskStatus,
+    ) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        self.with_fs(name, "opening it here to change its disks", |fs| {
+            fs.set_disk_status(nsds, status)
+                .map_err(|e| anyhow!("file system {name}: {e}"))
+        })?;
+        tracing::info!("{name}: disks {} now {}", nsds.join(", "), status.as_str());
+        Ok(Reply::Done)
+    }
+
+    /// `restripe` [mmrestripefs -m|-b], with progress; stops cleanly when the client goes
+    /// away, and running it again continues. Holds the admin lock throughout, so other
+    /// administration of this node waits for it.
+    pub(super) fn restripe(
+        &self,
+        name: &str,
+        balance: bool,
+        r: &mut super::Reporter,
+    ) -> Result<Reply> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tessera_fs::restripe::RestripeMode;
+        let _admin = self.admin.lock();
+        let mode = if balance {
+            RestripeMode::Balance
+        } else {
+            RestripeMode::Migrate
+        };
+        let stop = AtomicBool::new(false);
+        let report = self.with_fs(name, "opening it here to restripe it", |fs| {
+            fs.restripe(mode, &stop, &mut |p| {
+                let moved = format!(
+                    "shards scanned; {} blocks ({:.1} MiB) moved",
+                    p.blocks_moved,
+                    p.bytes_moved as f64 / 1048576.0
+                );
+                r.progress(&moved, p.shards_done, p.shards);
+                if r.client_gone() {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            })
+            .map_err(|e| anyhow!("file system {name}: restripe: {e}; what moved so far stays moved, run it again to continue"))
+        })?;
+        tracing::info!(
+            "{name}: restripe {}: {} of {} blocks moved ({} bytes){}",
+            if balance { "-b" } else { "-m" },
+            report.progress.blocks_moved,
+            report.progress.blocks_scanned,
+            report.progress.bytes_moved,
+            if report.stopped {
+                ", stopped by the client"
+            } else {
+                ""
+            }
+        );
+        Ok(Reply::Restripe(crate::rpc::RestripeDone {
+            blocks_scanned: report.progress.blocks_scanned,
+            blocks_moved: report.progress.blocks_moved,
+            bytes_moved: report.progress.bytes_moved,
+            blocks_changed: report.blocks_changed,
+            stopped: report.stopped,
+        }))
+    }
+
     pub(super) fn df(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
         let record = self.file_systems()?.require(name)?.clone();

@@ -1,0 +1,137 @@
+//! Disks of a live file system through the CLI: `disk change` suspends and resumes
+//! allocation on NSDs (shown by `disk ls`), `restripe -m` moves the data off a suspended
+//! disk while a writer keeps writing and verifying files, `restripe -b` evens the disks
+//! out, modes that need replication or policies are refused with what to use instead, and
+//! fsck is clean afterwards.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+fn write_file(path: &Path, data: &[u8]) {
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// The `status` column of `disk ls -Y` for `nsd`.
+fn status_of(node: &Node, fs: &str, nsd: &str) -> String {
+    let out = node.ok(&["disk", "ls", fs, "-Y"]);
+    let line = out
+        .lines()
+        .find(|l| !l.contains(":HEADER:") && l.contains(&format!(":{nsd}:")))
+        .unwrap_or_else(|| panic!("{nsd} not in\n{out}"));
+    // disk::0:1:::fileSystem:diskName:driverType:sectorSize:failureGroup:metadata:data:status:
+    line.split(':').nth(13).unwrap().to_string()
+}
+
+#[test]
+fn suspend_migrate_resume_and_balance_a_mounted_file_system() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let stanza = node.stanza("dk", 4, 256 * MIB);
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mnt");
+    node.mounts.push(mnt.clone());
+    node.ok(&[
+        "fs",
+        "create",
+        "dfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+    ]);
+    node.ok(&["mount", "dfs"]);
+    let mut files = Vec::new();
+    for i in 0..12u64 {
+        let data = pattern(((i % 4) * 3 + 1) as usize * 700_000, i);
+        write_file(&mnt.join(format!("f{i}")), &data);
+        files.push((mnt.join(format!("f{i}")), data));
+    }
+
+    node.ok(&["disk", "change", "dfs", "suspend", "-d", "dk1"]);
+    assert_eq!(status_of(&node, "dfs", "dk1"), "suspended");
+    // A writer rewrites and verifies its own files while the data moves.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, dir) = (stop.clone(), mnt.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) || rounds < 3 {
+                let path = dir.join(format!("w{}", rounds % 3));
+                let data = pattern(1_500_000 + rounds as usize * 4096, 1000 + rounds);
+                write_file(&path, &data);
+                assert!(std::fs::read(&path).unwrap() == data, "{}", path.display());
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let out = node.ok(&["restripe", "dfs", "-m"]);
+    stop.store(true, Ordering::Relaxed);
+    let rounds = writer.join().unwrap();
+    assert!(rounds >= 3);
+    assert!(out.contains("data blocks moved"), "{out}");
+    assert!(!out.contains(": 0 of"), "nothing moved: {out}");
+    let again = node.ok(&["restripe", "dfs", "-m"]);
+    assert!(
+        again.contains(": 0 of"),
+        "data left on the suspended disk: {again}"
+    );
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+
+    node.ok(&["disk", "change", "dfs", "resume", "-d", "dk1"]);
+    assert_eq!(status_of(&node, "dfs", "dk1"), "ready");
+    let out = node.ok(&["restripe", "dfs", "-b"]);
+    assert!(
+        !out.contains(": 0 of"),
+        "nothing rebalanced onto the emptied disk: {out}"
+    );
+    node.ok(&["disk", "change", "dfs", "empty", "-d", "dk3;dk2"]);
+    assert_eq!(status_of(&node, "dfs", "dk2"), "to be emptied");
+
+    // What is not built is refused with the way forward; a bad disk name or a change that
+    // leaves no disk to allocate on is refused too.
+    let err = node.fails(&["disk", "change", "dfs", "stop", "-d", "dk0"]);
+    assert!(
+        err.contains("replication") && err.contains("suspend"),
+        "{err}"
+    );
+    let err = node.fails(&["restripe", "dfs", "-r"]);
+    assert!(err.contains("replicat") && err.contains("-m"), "{err}");
+    let err = node.fails(&["disk", "change", "dfs", "suspend", "-d", "nosuch"]);
+    assert!(
+        err.contains("nosuch is not a disk of file system dfs"),
+        "{err}"
+    );
+    let err = node.fails(&["disk", "change", "dfs", "suspend", "-d", "dk0,dk1"]);
+    assert!(err.contains("no ready disk"), "{err}");
+
+    node.ok(&["umount", "dfs"]);
+    // Offline too: the status holds and changes without a mount.
+    assert_eq!(status_of(&node, "dfs", "dk3"), "to be emptied");
+    node.ok(&["disk", "change", "dfs", "resume", "-d", "dk2;dk3"]);
+    assert_eq!(status_of(&node, "dfs", "dk3"), "ready");
+    let fsck = node.ok(&["fsck", "dfs"]);
+    assert!(fsck.contains("is clean"), "{fsck}");
+    node.ok(&["mount", "dfs"]);
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+}
