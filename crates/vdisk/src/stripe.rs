@@ -791,14 +791,27 @@ impl DaCore {
             })
             .collect();
         let results = run_all(jobs);
-        let written = self.settle(vd, stripe, &slots, results, &header, true)?;
+        self.settle_whole_stripe(vd, stripe, &slots, results, &header, "written")
+    }
+
+    /// Settles the writes of every strip of a stripe; fewer than `k` written loses it.
+    fn settle_whole_stripe(
+        &self,
+        vd: &VdiskCore,
+        stripe: u64,
+        slots: &[StripSlot],
+        results: Vec<(usize, io::Result<()>)>,
+        header: &Arc<StripHeader>,
+        done: &str,
+    ) -> Result<(), VdiskError> {
+        let written = self.settle(vd, stripe, slots, results, header, true)?;
         if written < vd.k {
-            let missing = self.unwritable(&slots);
+            let missing = self.unwritable(slots);
             return Err(self.unrecoverable(
                 vd,
                 stripe,
                 &missing,
-                &format!("only {written} of {} strips were written", vd.n),
+                &format!("only {written} of {} strips were {done}", vd.n),
             ));
         }
         Ok(())
@@ -850,16 +863,7 @@ impl DaCore {
             })
             .collect();
         let results = run_all(jobs);
-        let written = self.settle(vd, stripe, &slots, results, &header, true)?;
-        if written < vd.k {
-            let missing = self.unwritable(&slots);
-            return Err(self.unrecoverable(
-                vd,
-                stripe,
-                &missing,
-                &format!("only {written} of {} strips were deallocated", vd.n),
-            ));
-        }
+        self.settle_whole_stripe(vd, stripe, &slots, results, &header, "deallocated")?;
         Ok(true)
     }
 
