@@ -40,21 +40,7 @@ fn suspend_migrate_resume_and_balance_a_mounted_file_system() {
     let mut node = Node::new().start();
     let stanza = node.stanza("dk", 4, 256 * MIB);
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("mnt");
-    node.mounts.push(mnt.clone());
-    node.ok(&[
-        "fs",
-        "create",
-        "dfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
+    let mnt = node.create_fs("dfs", &stanza, "mnt");
     node.ok(&["mount", "dfs"]);
     let mut files = Vec::new();
     for i in 0..12u64 {

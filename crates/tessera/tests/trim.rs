@@ -79,21 +79,7 @@ fn freed_blocks_go_back_to_thin_drives_only() {
         let stanza = node.stanza(fs, 2, 256 * MIB);
         drives.push(drives_with(&stanza, &format!("thinDiskType={thin}")));
         node.ok(&["nsd", "create", "-F", s(&stanza)]);
-        let mnt = node.path(&format!("{fs}-mnt"));
-        node.mounts.push(mnt.clone());
-        node.ok(&[
-            "fs",
-            "create",
-            fs,
-            "-F",
-            s(&stanza),
-            "-B",
-            "1M",
-            "-T",
-            s(&mnt),
-            "-A",
-            "no",
-        ]);
+        let mnt = node.create_fs(fs, &stanza, &format!("{fs}-mnt"));
         node.ok(&["mount", fs]);
         mounts.push(mnt);
     }
@@ -152,21 +138,7 @@ fn thin_vdisk_gives_freed_stripes_back_to_its_pdisks() {
         .collect();
     assert_eq!(pdisks.len(), 12);
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("mnt");
-    node.mounts.push(mnt.clone());
-    node.ok(&[
-        "fs",
-        "create",
-        "gfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
+    let mnt = node.create_fs("gfs", &stanza, "mnt");
     node.ok(&["mount", "gfs"]);
     let want = 48 * MIB;
     let big = mnt.join("big");
@@ -230,21 +202,7 @@ fn nvme_thin_type_on_a_device_that_cannot_deallocate_stops_the_mount() {
     )
     .unwrap();
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("mnt");
-    node.mounts.push(mnt.clone());
-    node.ok(&[
-        "fs",
-        "create",
-        "gfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
+    node.create_fs("gfs", &stanza, "mnt");
     let err = node.fails(&["mount", "gfs"]);
     assert!(
         err.contains("v0") && err.contains("thinDiskType=nvme") && err.contains("auto or no"),
@@ -276,21 +234,7 @@ fn reclaimspace_gives_free_blocks_back() {
         assert!(status.success());
     }
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("r-mnt");
-    node.mounts.push(mnt.clone());
-    node.ok(&[
-        "fs",
-        "create",
-        "r",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
+    let mnt = node.create_fs("r", &stanza, "r-mnt");
     let before = allocated(&drives);
     let out = node.ok(&["fs", "reclaimspace", "r"]);
     let after = allocated(&drives);

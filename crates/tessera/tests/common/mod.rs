@@ -142,21 +142,7 @@ impl Node {
         )
         .unwrap();
         self.ok(&["nsd", "create", "-F", s(&stanza)]);
-        let mnt = self.path("mnt");
-        self.mounts.push(mnt.clone());
-        self.ok(&[
-            "fs",
-            "create",
-            "gfs",
-            "-F",
-            s(&stanza),
-            "-B",
-            "1M",
-            "-T",
-            s(&mnt),
-            "-A",
-            "no",
-        ]);
+        let mnt = self.create_fs("gfs", &stanza, "mnt");
         mnt
     }
 
@@ -195,6 +181,28 @@ impl Node {
         let path = self.path(&format!("{prefix}.stanza"));
         std::fs::write(&path, text).expect("write stanza");
         path
+    }
+
+    /// Creates file system `name` (1 MiB blocks, not mounted at startup) on the NSDs of
+    /// `stanza`, with mount point `mount_dir` under the node's directory, which it
+    /// returns (and unmounts when the node goes away).
+    pub fn create_fs(&mut self, name: &str, stanza: &Path, mount_dir: &str) -> PathBuf {
+        let mnt = self.path(mount_dir);
+        self.mounts.push(mnt.clone());
+        self.ok(&[
+            "fs",
+            "create",
+            name,
+            "-F",
+            s(stanza),
+            "-B",
+            "1M",
+            "-T",
+            s(&mnt),
+            "-A",
+            "no",
+        ]);
+        mnt
     }
 
     pub fn drive(&self, name: &str, bytes: u64) -> PathBuf {
