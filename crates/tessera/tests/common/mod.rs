@@ -142,8 +142,7 @@ impl Node {
         )
         .unwrap();
         self.ok(&["nsd", "create", "-F", s(&stanza)]);
-        let mnt = self.create_fs("gfs", &stanza, "mnt");
-        mnt
+        self.create_fs("gfs", &stanza, "mnt")
     }
 
     /// Array `da1` (see [`Node::pdisk_stanza`]) with `count` 8+2p vdisks `{prefix}0..` of
