@@ -323,6 +323,55 @@ impl AllocMap {
         self.states[slot].mark_chunk(chunk);
     }
 
+    /// Adds a disk with every block free and every chunk of its bitmap changed, so that the
+    /// next checkpoint stores its map whole (`disk add`).
+    ///
+    /// # Panics
+    ///
+    /// If the disk index is already known, or as [`AllocMap::new`] for its size.
+    pub fn add_disk(&mut self, disk: AllocDisk) {
+        assert!(
+            !self.slot_of_disk.contains_key(&disk.disk),
+            "disk {} added twice",
+            disk.disk
+        );
+        let mut state = DiskState::new(self.sub_blocks_per_block, disk.blocks);
+        state.mark_all_dirty();
+        let at = self.disks.partition_point(|d| d.disk < disk.disk);
+        self.disks.insert(at, disk);
+        self.states.insert(at, state);
+        self.index_slots();
+    }
+
+    /// Forgets a disk added by [`AllocMap::add_disk`] before anything was allocated on it
+    /// (a `disk add` that did not become durable).
+    ///
+    /// # Panics
+    ///
+    /// If the disk is unknown or has a used sub-block.
+    pub fn remove_disk(&mut self, disk: DiskIndex) {
+        let slot = self.slot(disk);
+        let state = &self.states[slot];
+        assert_eq!(
+            state.free_block_count(),
+            state.blocks(),
+            "disk {disk} removed while in use"
+        );
+        self.disks.remove(slot);
+        self.states.remove(slot);
+        self.index_slots();
+    }
+
+    /// Rebuilds the disk-to-slot index after disks were added or removed.
+    fn index_slots(&mut self) {
+        self.slot_of_disk = self
+            .disks
+            .iter()
+            .enumerate()
+            .map(|(slot, d)| (d.disk, slot))
+            .collect();
+    }
+
     /// Marks every chunk of every disk changed.
     pub fn mark_all_chunks_dirty(&mut self) {
         for state in &mut self.states {

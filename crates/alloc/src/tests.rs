@@ -545,3 +545,39 @@ fn allocation_can_be_restricted_to_some_disks() {
         .alloc_block(0, AllocKind::Data, hint(4, 0, None))
         .is_ok());
 }
+
+#[test]
+fn an_added_disk_is_free_stored_whole_and_allocated_from_once_available() {
+    let mut map = AllocMap::new(8, Placement::Scatter, data_disks(2, 40));
+    for i in 0..70 {
+        map.alloc_block(0, AllocKind::Data, hint(1, i, None))
+            .unwrap();
+    }
+    let _ = map.take_dirty_chunks();
+    let mut added = disk(2, 0, 100, true, false);
+    added.available = false;
+    map.add_disk(added);
+    assert_eq!(map.disks().len(), 3);
+    assert_eq!(map.disk_space(2).blocks_free, 100);
+    // Its whole bitmap is changed (the next checkpoint writes it); the others are not.
+    let dirty = map.take_dirty_chunks();
+    assert_eq!(dirty.len(), map.chunk_count(2));
+    assert!(dirty.iter().all(|(d, _)| *d == 2));
+    // Not available yet: the full old disks run out and the new one is not used.
+    for i in 0..10 {
+        map.alloc_block(0, AllocKind::Data, hint(1, 70 + i, None))
+            .unwrap();
+    }
+    assert!(map
+        .alloc_block(0, AllocKind::Data, hint(1, 80, None))
+        .is_err());
+    map.set_available(2, true);
+    let e = map
+        .alloc_block(0, AllocKind::Data, hint(1, 80, None))
+        .unwrap();
+    assert_eq!(e.addr.disk, 2);
+    // Metadata never goes to a data-only disk.
+    assert!(map
+        .alloc_block(0, AllocKind::Metadata, hint(2, 0, None))
+        .is_err());
+}

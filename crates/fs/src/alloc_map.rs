@@ -142,6 +142,11 @@ impl MapSlots {
         MapSlots { keep }
     }
 
+    /// A disk added to the file system: none of its chunks has a copy yet.
+    pub fn add_disk(&mut self, disk: DiskIndex, chunks: usize) {
+        self.keep.insert(disk, vec![NOTHING_KEPT; chunks]);
+    }
+
     /// The digest of the current copies' generations once the copies `written` (of
     /// `generation`) are current: a wrapping sum of one term per chunk with a copy.
     pub fn digest_with(&self, written: &[(DiskIndex, usize, u8)], generation: u64) -> u64 {
@@ -274,10 +279,20 @@ pub(crate) fn allocate_regions(
     desc: &FsDescriptor,
     alloc: &mut AllocMap,
 ) -> FsResult<Vec<MapRegion>> {
+    let disks: Vec<DiskIndex> = desc.disks.iter().map(|d| d.index).collect();
+    allocate_regions_for(desc, alloc, &disks)
+}
+
+/// Allocates a map region for each of `disks` (disks being added to a file system).
+pub(crate) fn allocate_regions_for(
+    desc: &FsDescriptor,
+    alloc: &mut AllocMap,
+    disks: &[DiskIndex],
+) -> FsResult<Vec<MapRegion>> {
     let bs = u64::from(desc.block_size);
-    let mut regions = Vec::with_capacity(desc.disks.len());
-    for d in &desc.disks {
-        let bytes = region_bytes(alloc.chunk_count(d.index));
+    let mut regions = Vec::with_capacity(disks.len());
+    for &index in disks {
+        let bytes = region_bytes(alloc.chunk_count(index));
         let Ok((start, blocks)) =
             alloc.alloc_contiguous_blocks(0, AllocKind::Metadata, bytes.div_ceil(bs))
         else {
@@ -291,7 +306,7 @@ pub(crate) fn allocate_regions(
             });
         };
         regions.push(MapRegion {
-            disk: d.index,
+            disk: index,
             on_disk: start.disk,
             offset: desc.sub_block_offset(start.sub_block),
             bytes: blocks * bs,

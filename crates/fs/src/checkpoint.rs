@@ -11,6 +11,7 @@ use tessera_drive::{AlignedBuf, BlockDevice};
 use tessera_meta::{MetaError, MetaStore, PageAddr, PageFormat, PagePtr, PageReader};
 
 use crate::descriptor::{FsDescriptor, ShardRoot};
+use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 use crate::meta::MetaState;
 
@@ -61,7 +62,7 @@ pub(crate) fn page_extent(desc: &FsDescriptor, p: PageAddr) -> Extent {
 
 /// Reads metadata pages from the file system's disks.
 struct DiskPages {
-    devices: Vec<Arc<dyn BlockDevice>>,
+    disks: Arc<DiskSet>,
     data_start: u64,
     sub_block_bytes: u64,
     page_bytes: usize,
@@ -70,7 +71,7 @@ struct DiskPages {
 impl PageReader for DiskPages {
     fn read_page(&self, addr: PageAddr, page: &mut [u8]) -> std::io::Result<()> {
         let a = disk_addr(addr);
-        let dev = self.devices.get(a.disk as usize).ok_or_else(|| {
+        let dev = self.disks.try_get(a.disk).ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
@@ -92,14 +93,14 @@ impl PageReader for DiskPages {
 /// The page store of a file system, its next checkpoint being `generation`.
 pub(crate) fn new_store(
     desc: &FsDescriptor,
-    devices: &[Arc<dyn BlockDevice>],
+    disks: &Arc<DiskSet>,
     generation: u64,
 ) -> FsResult<MetaStore> {
     let page = desc.checkpoint.page_bytes as usize;
     let owner = u64::from_le_bytes(desc.fs_uuid[..8].try_into().expect("8 bytes"));
     let format = PageFormat::new(page, owner).map_err(|e| FsError::Corrupt(e.to_string()))?;
     let reader = Arc::new(DiskPages {
-        devices: devices.to_vec(),
+        disks: Arc::clone(disks),
         data_start: tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size)),
         sub_block_bytes: u64::from(desc.sub_block_size),
         page_bytes: page,
@@ -113,10 +114,7 @@ pub(crate) fn new_store(
 }
 
 /// The metadata of the checkpoint `desc` names.
-pub(crate) fn open_state(
-    desc: &FsDescriptor,
-    devices: &[Arc<dyn BlockDevice>],
-) -> FsResult<MetaState> {
+pub(crate) fn open_state(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> FsResult<MetaState> {
     if desc.checkpoint.roots.len() != desc.shard_count as usize {
         return Err(FsError::Corrupt(format!(
             "descriptor lists {} shard roots for {} shards",
@@ -124,7 +122,7 @@ pub(crate) fn open_state(
             desc.shard_count
         )));
     }
-    let store = new_store(desc, devices, desc.checkpoint.generation + 1)?;
+    let store = new_store(desc, disks, desc.checkpoint.generation + 1)?;
     let roots: Vec<PagePtr> = desc.checkpoint.roots.iter().map(|r| r.ptr()).collect();
     MetaState::open(store, &roots)
 }

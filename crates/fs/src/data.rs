@@ -93,7 +93,9 @@ impl FileSystem {
         sub_blocks: u32,
         what: &'static str,
     ) -> FsResult<()> {
-        let reserve = self.geo.metadata_reserve_sub_blocks;
+        let reserve = self
+            .metadata_reserve_sub_blocks
+            .load(std::sync::atomic::Ordering::Relaxed);
         if reserve == 0 {
             return Ok(());
         }
@@ -268,7 +270,7 @@ impl FileSystem {
         buf: &mut [u8],
         sectors: &[SectorInfo],
     ) -> FsResult<Vec<SectorState>> {
-        let dev = &self.devices[extent.addr.disk as usize];
+        let dev = self.devices.get(extent.addr.disk);
         dev.read_at(buf, at)?;
         let count = buf.len() / SECTOR as usize;
         let mut states = Vec::with_capacity(count);
@@ -292,7 +294,7 @@ impl FileSystem {
             }
             self.pmon.checksum_error();
             let offset = at + i as u64 * SECTOR;
-            let nsd = self.geo.disk_names[extent.addr.disk as usize].clone();
+            let nsd = self.devices.name(extent.addr.disk);
             tracing::error!(
                 "checksum mismatch: NSD {nsd} ({}) byte {offset} (inode {ino}): expected {:08x}, \
                  found {crc:08x}",
@@ -629,7 +631,7 @@ impl FileSystem {
                 crc32c::crc32c(&buf[i * SECTOR as usize..(i + 1) * SECTOR as usize]),
             );
         }
-        let dev = &self.devices[extent.addr.disk as usize];
+        let dev = self.devices.get(extent.addr.disk);
         dev.write_at(&buf, self.extent_offset(&extent) + (lo as u64) * SECTOR)?;
         let mut m = self.meta.lock();
         let mut attr = m.state.attr(ino)?;
@@ -685,7 +687,7 @@ impl FileSystem {
             crcs,
             in_place: overwrite,
         };
-        let dev = &self.devices[current.extent.addr.disk as usize];
+        let dev = self.devices.get(current.extent.addr.disk);
         let at = self.extent_offset(&current.extent) + (lo as u64) * SECTOR;
         let disk = current.extent.addr.disk;
         if !overwrite {

@@ -151,8 +151,30 @@ fn validate(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
     Ok(())
 }
 
+/// The descriptor's entry of disk `index`, ready, holding no descriptor copy yet.
+pub(crate) fn fs_disk(block_size: u32, pool: PoolId, index: u16, d: &DiskSpec) -> FsDisk {
+    let bs = u64::from(block_size);
+    let blocks = if d.usage == DiskUsage::DescOnly {
+        0
+    } else {
+        (d.device.size_bytes() - tessera_nsd::layout::data_start_bytes(bs)) / bs
+    };
+    FsDisk {
+        index,
+        nsd_name: d.nsd_name.clone(),
+        nsd_id: d.nsd_id,
+        usage: d.usage,
+        failure_group: d.failure_group,
+        pool,
+        size_bytes: d.device.size_bytes(),
+        blocks,
+        holds_descriptor: false,
+        status: DiskStatus::Ready,
+    }
+}
+
 /// Picks up to three descriptor disks, preferring distinct failure groups.
-fn descriptor_disks(disks: &[FsDisk]) -> Vec<u16> {
+pub(crate) fn descriptor_disks(disks: &[FsDisk]) -> Vec<u16> {
     let mut chosen: Vec<u16> = Vec::new();
     let mut groups = Vec::new();
     let candidates = disks.iter().filter(|d| d.usage != DiskUsage::DataOnly);
@@ -193,7 +215,6 @@ fn format_inner(
 ) -> FsResult<FsDescriptor> {
     let bs = u64::from(opts.block_size);
     let sub_block_size = (opts.block_size / SUB_BLOCKS_PER_BLOCK_MAX).max(4096);
-    let data_start = tessera_nsd::layout::data_start_bytes(bs);
     let mut pools: Vec<String> = vec!["system".into()];
     let mut fs_disks = Vec::with_capacity(disks.len());
     for (i, d) in disks.iter().enumerate() {
@@ -201,23 +222,7 @@ fn format_inner(
             pools.push(d.pool.clone());
         }
         let pool = pools.iter().position(|p| *p == d.pool).expect("added") as PoolId;
-        let blocks = if d.usage == DiskUsage::DescOnly {
-            0
-        } else {
-            (d.device.size_bytes() - data_start) / bs
-        };
-        fs_disks.push(FsDisk {
-            index: i as u16,
-            nsd_name: d.nsd_name.clone(),
-            nsd_id: d.nsd_id,
-            usage: d.usage,
-            failure_group: d.failure_group,
-            pool,
-            size_bytes: d.device.size_bytes(),
-            blocks,
-            holds_descriptor: false,
-            status: DiskStatus::Ready,
-        });
+        fs_disks.push(fs_disk(opts.block_size, pool, i as u16, d));
     }
     for i in descriptor_disks(&fs_disks) {
         fs_disks[i as usize].holds_descriptor = true;
@@ -308,7 +313,9 @@ fn format_inner(
     });
     // The first checkpoint stores the whole map, free chunks too.
     alloc.mark_all_chunks_dirty();
-    let store = crate::checkpoint::new_store(&desc, &devices, 1)?;
+    let names = desc.disks.iter().map(|d| d.nsd_name.clone()).collect();
+    let disk_set = crate::disk_set::DiskSet::new(devices.clone(), names);
+    let store = crate::checkpoint::new_store(&desc, &disk_set, 1)?;
     let mut state = root_state(store, opts)?;
     let prepared = crate::checkpoint::prepare(&desc, &mut alloc, &mut state, &[])?;
     crate::checkpoint::write_pages(&desc, &devices, &prepared)?;

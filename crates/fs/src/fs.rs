@@ -13,6 +13,7 @@ use tessera_journal::{Journal, JournalError, Lsn};
 use tessera_nsd::NsdId;
 
 use crate::descriptor::{read_descriptor, AtimeMode, FsDescriptor};
+use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 use crate::inode::{Ino, Timestamp};
 use crate::meta::{Change, MetaState};
@@ -56,11 +57,6 @@ pub(crate) struct Geometry {
     pub data_pool_name: String,
     pub atime: AtimeMode,
     pub max_inodes: u64,
-    /// Sub-blocks of the system pool's metadata disks that file data leaves free, so that
-    /// checkpoints always find pages (0 when data goes to other disks only).
-    pub metadata_reserve_sub_blocks: u64,
-    /// NSD names by disk index, for error messages.
-    pub disk_names: Vec<String>,
 }
 
 /// Everything guarded by the metadata lock.
@@ -85,7 +81,8 @@ pub(crate) struct Meta {
 
 pub struct FileSystem {
     pub(crate) desc: Mutex<FsDescriptor>,
-    pub(crate) devices: Vec<Arc<dyn BlockDevice>>,
+    /// The disks' devices by disk index; grows when a disk is added (`disk add`).
+    pub(crate) devices: Arc<DiskSet>,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) journal: Journal,
     pub(crate) geo: Geometry,
@@ -100,7 +97,7 @@ pub struct FileSystem {
     deferred_frees: Mutex<Vec<Extent>>,
     /// Which slot of each stored allocation-map chunk a checkpoint must not overwrite; used
     /// under the checkpoint lock.
-    map_slots: Mutex<crate::alloc_map::MapSlots>,
+    pub(crate) map_slots: Mutex<crate::alloc_map::MapSlots>,
     /// Why this mount rebuilt the allocation map from the metadata instead of reading it.
     map_rebuilt: Option<String>,
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -113,11 +110,13 @@ pub struct FileSystem {
     /// before a change waits for one itself (see `set_metadata_cache_bytes`).
     dirty_pages_soft: AtomicUsize,
     dirty_pages_hard: AtomicUsize,
-    /// Per disk: give freed data blocks back to the device (`thinDiskType`).
-    discard: Vec<AtomicBool>,
     /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
     discarded_bytes: std::sync::atomic::AtomicU64,
     discard_errors: std::sync::atomic::AtomicU64,
+    /// Sub-blocks of the system pool's metadata disks that file data leaves free, so that
+    /// checkpoints always find pages (0 when data goes to other disks only); grows when a
+    /// disk is added.
+    pub(crate) metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -134,7 +133,6 @@ impl FileSystem {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
         let mut desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
-        let device_count = devices.len();
         let mut recovered =
             crate::recovery::recover(&desc, &devices, crate::recovery::MapSource::Stored)?;
         if !recovered.conflicts.is_empty() {
@@ -178,6 +176,7 @@ impl FileSystem {
             }
         }
         let geo = geometry(&desc);
+        let reserve = metadata_reserve(&desc, geo.data_pool);
         let prefetch = Prefetcher::new(geo.block_bytes);
         let fs = Arc::new(FileSystem {
             desc: Mutex::new(desc),
@@ -209,9 +208,9 @@ impl FileSystem {
             checkpoint_failed: AtomicBool::new(false),
             dirty_pages_soft: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_SOFT),
             dirty_pages_hard: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_HARD),
-            discard: (0..device_count).map(|_| AtomicBool::new(false)).collect(),
             discarded_bytes: std::sync::atomic::AtomicU64::new(0),
             discard_errors: std::sync::atomic::AtomicU64::new(0),
+            metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
         });
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
@@ -417,7 +416,7 @@ impl FileSystem {
     pub(crate) fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
         if self.journal.durable_lsn() >= lsn {
             for disk in disks {
-                self.devices[*disk as usize].flush()?;
+                self.devices.get(*disk).flush()?;
             }
             return Ok(());
         }
@@ -434,7 +433,7 @@ impl FileSystem {
     }
 
     fn flush_devices(&self) -> FsResult<()> {
-        for dev in &self.devices {
+        for dev in self.devices.all() {
             dev.flush()?;
         }
         Ok(())
@@ -444,7 +443,7 @@ impl FileSystem {
         let durable = self.journal.durable_lsn();
         let to_discard = {
             let mut m = self.meta.lock();
-            let to_discard = release_frees_upto(&mut m, durable, &self.discard);
+            let to_discard = release_frees_upto(&mut m, durable, &self.devices);
             self.apply_deferred_frees(&mut m);
             to_discard
         };
@@ -478,7 +477,7 @@ impl FileSystem {
     pub fn set_discard(&self, disk: u16, on: bool) -> FsResult<()> {
         let dev = self
             .devices
-            .get(usize::from(disk))
+            .try_get(disk)
             .ok_or_else(|| FsError::Invalid(format!("the file system has no disk {disk}")))?;
         if on && !dev.can_discard() {
             return Err(FsError::Invalid(format!(
@@ -486,7 +485,7 @@ impl FileSystem {
                 dev.name()
             )));
         }
-        self.discard[usize::from(disk)].store(on, Ordering::Relaxed);
+        self.devices.set_discard(disk, on);
         Ok(())
     }
 
@@ -505,7 +504,7 @@ impl FileSystem {
                 .alloc
                 .disks()
                 .iter()
-                .filter(|d| self.discard[usize::from(d.disk)].load(Ordering::Relaxed))
+                .filter(|d| self.devices.discard(d.disk))
                 .map(|d| (d.disk, d.blocks))
                 .collect();
             (disks, m.alloc.sub_blocks_per_block())
@@ -547,8 +546,8 @@ impl FileSystem {
     }
 
     /// The NSD name of each disk, by disk index.
-    pub fn disk_names(&self) -> &[String] {
-        &self.geo.disk_names
+    pub fn disk_names(&self) -> Vec<String> {
+        self.devices.names()
     }
 
     /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
@@ -580,7 +579,7 @@ impl FileSystem {
                 end += u64::from(sorted[j].sub_blocks);
                 j += 1;
             }
-            let dev = &self.devices[usize::from(first.addr.disk)];
+            let dev = self.devices.get(first.addr.disk);
             let offset = desc.sub_block_offset(first.addr.sub_block);
             let len = (end - first.addr.sub_block) * sub;
             match dev.discard(offset, len) {
@@ -647,10 +646,22 @@ impl FileSystem {
         result
     }
 
+    /// No checkpoint after this one until a remount: the in-memory state may describe
+    /// something no durable descriptor does.
+    pub(crate) fn stop_checkpoints(&self) {
+        self.checkpoint_failed.store(true, Ordering::SeqCst);
+    }
+
     /// A checkpoint while the caller holds the metadata lock (the log is full).
     fn checkpoint_locked(&self, m: &mut Meta) -> FsResult<()> {
-        self.check_fenced()?;
         let _one = self.checkpoint_lock.lock();
+        self.checkpoint_under_lock(m)
+    }
+
+    /// A checkpoint while the caller holds the metadata lock and the checkpoint lock (an
+    /// administrative change of the descriptor that the checkpoint must carry).
+    pub(crate) fn checkpoint_under_lock(&self, m: &mut Meta) -> FsResult<()> {
+        self.check_fenced()?;
         self.apply_deferred_frees(m);
         let lsn = self.journal.appended_lsn();
         let prepared = self.prepare_checkpoint(m)?;
@@ -717,11 +728,12 @@ impl FileSystem {
             self.journal.commit(lsn)?;
         }
         let mut desc = self.desc.lock().clone();
-        crate::checkpoint::write_pages(&desc, &self.devices, prepared)?;
+        let devices = self.devices.all();
+        crate::checkpoint::write_pages(&desc, &devices, prepared)?;
         let mut map_slots = self.map_slots.lock();
         let chunks = crate::alloc_map::write_chunks(
             &mut desc,
-            &self.devices,
+            &devices,
             &map_slots,
             prepared.generation,
             &prepared.map,
@@ -730,7 +742,7 @@ impl FileSystem {
         desc.checkpoint.replay_from = lsn;
         desc.checkpoint.generation = prepared.generation;
         desc.checkpoint.roots = prepared.roots.clone();
-        let devices: Vec<_> = self.devices.iter().cloned().map(Some).collect();
+        let devices: Vec<_> = devices.into_iter().map(Some).collect();
         crate::descriptor::write_descriptor(&desc, &devices)?;
         map_slots.commit(&chunks, prepared.generation);
         drop(map_slots);
@@ -748,7 +760,7 @@ impl FileSystem {
     /// store them free meanwhile.
     fn apply_deferred_frees(&self, m: &mut Meta) {
         for extent in std::mem::take(&mut *self.deferred_frees.lock()) {
-            if self.discard[usize::from(extent.addr.disk)].load(Ordering::Relaxed) {
+            if self.devices.discard(extent.addr.disk) {
                 m.pending_free.push((0, extent));
                 continue;
             }
@@ -810,13 +822,13 @@ impl FileSystem {
 
 /// Returns to the allocator the extents released by changes durable up to `durable`, but
 /// those of disks that deallocate: they move to `discarding` and are returned.
-fn release_frees_upto(m: &mut Meta, durable: Lsn, discard: &[AtomicBool]) -> Vec<Extent> {
+fn release_frees_upto(m: &mut Meta, durable: Lsn, disks: &DiskSet) -> Vec<Extent> {
     let mut keep = Vec::with_capacity(m.pending_free.len());
     let mut to_discard = Vec::new();
     for (lsn, extent) in std::mem::take(&mut m.pending_free) {
         if lsn > durable {
             keep.push((lsn, extent));
-        } else if discard[usize::from(extent.addr.disk)].load(Ordering::Relaxed) {
+        } else if disks.discard(extent.addr.disk) {
             to_discard.push(extent);
         } else if let Err(e) = m.alloc.free(extent) {
             panic!("freeing {extent:?} released by lsn {lsn}: {e}");
@@ -840,14 +852,12 @@ pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {
         data_pool_name: desc.pool_name(data_pool).to_string(),
         atime: desc.atime,
         max_inodes: desc.max_inodes,
-        metadata_reserve_sub_blocks: metadata_reserve(desc, data_pool),
-        disk_names: desc.disks.iter().map(|d| d.nsd_name.clone()).collect(),
     }
 }
 
 /// The metadata reserve: when file data shares the system pool's metadata disks, 1/64 of
 /// their blocks, at least four, stay for metadata pages.
-fn metadata_reserve(desc: &FsDescriptor, data_pool: tessera_alloc::PoolId) -> u64 {
+pub(crate) fn metadata_reserve(desc: &FsDescriptor, data_pool: tessera_alloc::PoolId) -> u64 {
     let shared: u64 = desc
         .disks
         .iter()

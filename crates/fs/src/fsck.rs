@@ -40,8 +40,9 @@ impl FsckReport {
 pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult<FsckReport> {
     let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
     let desc = read_descriptor(&all)?;
-    let devices = crate::recovery::match_devices(&desc, &disks)?;
-    let mut rec = crate::recovery::recover(&desc, &devices, crate::recovery::MapSource::Verify)?;
+    let disk_set = crate::recovery::match_devices(&desc, &disks)?;
+    let mut rec = crate::recovery::recover(&desc, &disk_set, crate::recovery::MapSource::Verify)?;
+    let devices = disk_set.all();
     let mut report = FsckReport {
         replayed_records: rec.replayed_records as u64,
         problems: rec.conflicts.clone(),

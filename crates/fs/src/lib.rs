@@ -13,6 +13,7 @@ pub mod alloc_map;
 mod checkpoint;
 mod data;
 pub mod descriptor;
+mod disk_set;
 pub mod disks;
 pub mod error;
 mod format;

@@ -11,6 +11,7 @@ use tessera_nsd::NsdId;
 
 use crate::alloc_map::MapSlots;
 use crate::descriptor::FsDescriptor;
+use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 use crate::meta::{Change, MetaState};
 use crate::shard_tree::Item;
@@ -45,7 +46,7 @@ pub(crate) enum MapSource {
 pub(crate) fn match_devices(
     desc: &FsDescriptor,
     disks: &[(NsdId, Arc<dyn BlockDevice>)],
-) -> FsResult<Vec<Arc<dyn BlockDevice>>> {
+) -> FsResult<Arc<DiskSet>> {
     let mut out = Vec::with_capacity(desc.disks.len());
     for d in &desc.disks {
         let Some((_, dev)) = disks.iter().find(|(id, _)| *id == d.nsd_id) else {
@@ -76,15 +77,17 @@ pub(crate) fn match_devices(
         }
         out.push(dev.clone());
     }
-    Ok(out)
+    let names = desc.disks.iter().map(|d| d.nsd_name.clone()).collect();
+    Ok(DiskSet::new(out, names))
 }
 
 pub(crate) fn recover(
     desc: &FsDescriptor,
-    devices: &[Arc<dyn BlockDevice>],
+    disks: &Arc<DiskSet>,
     source: MapSource,
 ) -> FsResult<Recovered> {
-    let mut state = crate::checkpoint::open_state(desc, devices)?;
+    let mut state = crate::checkpoint::open_state(desc, disks)?;
+    let devices = &disks.all()[..];
     let log_dev = devices[desc.log.disk as usize].clone();
     let (journal, records) = Journal::open(
         log_dev,
@@ -187,19 +190,20 @@ pub(crate) fn recover(
 }
 
 pub(crate) fn new_alloc(desc: &FsDescriptor) -> AllocMap {
-    let disks = desc
-        .disks
-        .iter()
-        .map(|d| AllocDisk {
-            disk: d.index,
-            pool: d.pool,
-            blocks: d.blocks,
-            holds_data: d.usage.holds_data(),
-            holds_metadata: d.usage.holds_metadata(),
-            available: d.status == crate::descriptor::DiskStatus::Ready,
-        })
-        .collect();
+    let disks = desc.disks.iter().map(alloc_disk).collect();
     AllocMap::new(desc.sub_blocks_per_block(), desc.placement, disks)
+}
+
+/// A disk of the descriptor as the allocator sees it.
+pub(crate) fn alloc_disk(d: &crate::descriptor::FsDisk) -> AllocDisk {
+    AllocDisk {
+        disk: d.index,
+        pool: d.pool,
+        blocks: d.blocks,
+        holds_data: d.usage.holds_data(),
+        holds_metadata: d.usage.holds_metadata(),
+        available: d.status == crate::descriptor::DiskStatus::Ready,
+    }
 }
 
 /// The log region as whole-block extents.

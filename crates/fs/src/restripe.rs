@@ -253,7 +253,9 @@ impl FileSystem {
             &mut buf,
             &infos,
         )?;
-        self.devices[usize::from(to.addr.disk)].write_at(&buf, self.extent_offset(&to))?;
+        self.devices
+            .get(to.addr.disk)
+            .write_at(&buf, self.extent_offset(&to))?;
         for (s, state) in states.iter().enumerate() {
             if let SectorState::Crc(crc) = state {
                 copy.set_written(s, *crc);

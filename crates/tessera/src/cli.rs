@@ -667,10 +667,30 @@ pub enum FsCommand {
 pub enum DiskCommand {
     /// List the disks of a file system [mmlsdisk].
     Ls(DeviceListArgs),
+    /// Add NSDs to a file system, mounted or not [mmadddisk]; new data goes to them at once,
+    /// `-r` also moves existing data onto them.
+    Add(DiskAddArgs),
     /// Stop or resume new allocations on disks of a file system, mounted or not
     /// [mmchdisk suspend|empty|resume]. `empty` marks the disk to be emptied by
     /// `tessera restripe -m`.
     Change(DiskChangeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DiskAddArgs {
+    /// The file system device name.
+    pub device: String,
+    /// Stanza file of the NSDs to add (`%nsd: nsd=NAME`, with optional usage=,
+    /// failureGroup= and pool= overriding what the NSD was created with).
+    #[arg(short = 'F')]
+    pub stanza_file: std::path::PathBuf,
+    /// Rebalance afterwards: move existing data so that all disks fill evenly
+    /// (`tessera restripe -b`).
+    #[arg(short = 'r')]
+    pub rebalance: bool,
+    /// Refuse NSDs that hold (or held) a file system; `-v no` overwrites them.
+    #[arg(short = 'v', default_value = "yes")]
+    pub verify: String,
 }
 
 /// What `disk change` does to the disks [mmchdisk].

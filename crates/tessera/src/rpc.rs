@@ -238,6 +238,13 @@ pub enum Request {
     ReclaimSpace {
         name: String,
     },
+    /// Add NSDs to a file system [mmadddisk]; `rebalance` (-r) restripes afterwards.
+    DiskAdd {
+        name: String,
+        disks: Vec<FsDiskSpec>,
+        verify: bool,
+        rebalance: bool,
+    },
     /// Suspend, empty or resume disks of a file system [mmchdisk].
     DiskChange {
         name: String,

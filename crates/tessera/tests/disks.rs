@@ -21,6 +21,37 @@ fn write_file(path: &Path, data: &[u8]) {
     f.sync_all().unwrap();
 }
 
+/// A thread that rewrites three files of its own in `dir` and reads each back, round after
+/// round, until stopped (and for at least three rounds).
+struct Writer {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Writer {
+    fn start(dir: &Path, bytes: usize, seed: u64) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, dir) = (stop.clone(), dir.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !flag.load(Ordering::Relaxed) || rounds < 3 {
+                let path = dir.join(format!("w{}", rounds % 3));
+                let data = pattern(bytes + rounds as usize * 4096, seed + rounds);
+                write_file(&path, &data);
+                assert!(std::fs::read(&path).unwrap() == data, "{}", path.display());
+                rounds += 1;
+            }
+            rounds
+        });
+        Writer { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        assert!(self.thread.join().unwrap() >= 3);
+    }
+}
+
 /// The `status` column of `disk ls -Y` for `nsd`.
 fn status_of(node: &Node, fs: &str, nsd: &str) -> String {
     let out = node.ok(&["disk", "ls", fs, "-Y"]);
@@ -52,25 +83,9 @@ fn suspend_migrate_resume_and_balance_a_mounted_file_system() {
     node.ok(&["disk", "change", "dfs", "suspend", "-d", "dk1"]);
     assert_eq!(status_of(&node, "dfs", "dk1"), "suspended");
     // A writer rewrites and verifies its own files while the data moves.
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (stop, dir) = (stop.clone(), mnt.clone());
-        std::thread::spawn(move || {
-            let mut rounds = 0u64;
-            while !stop.load(Ordering::Relaxed) || rounds < 3 {
-                let path = dir.join(format!("w{}", rounds % 3));
-                let data = pattern(1_500_000 + rounds as usize * 4096, 1000 + rounds);
-                write_file(&path, &data);
-                assert!(std::fs::read(&path).unwrap() == data, "{}", path.display());
-                rounds += 1;
-            }
-            rounds
-        })
-    };
+    let writer = Writer::start(&mnt, 1_500_000, 1000);
     let out = node.ok(&["restripe", "dfs", "-m"]);
-    stop.store(true, Ordering::Relaxed);
-    let rounds = writer.join().unwrap();
-    assert!(rounds >= 3);
+    writer.stop();
     assert!(out.contains("data blocks moved"), "{out}");
     assert!(!out.contains(": 0 of"), "nothing moved: {out}");
     let again = node.ok(&["restripe", "dfs", "-m"]);
@@ -120,4 +135,71 @@ fn suspend_migrate_resume_and_balance_a_mounted_file_system() {
     for (path, data) in &files {
         assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
     }
+}
+
+#[test]
+fn add_disks_to_a_mounted_file_system_and_to_an_unmounted_one() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let stanza = node.stanza("ad", 2, 256 * MIB);
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.create_fs("afs", &stanza, "mnt");
+    node.ok(&["mount", "afs"]);
+    let mut files = Vec::new();
+    for i in 0..8u64 {
+        let data = pattern((i as usize + 1) * 900_000, 50 + i);
+        write_file(&mnt.join(format!("f{i}")), &data);
+        files.push((mnt.join(format!("f{i}")), data));
+    }
+    let more = node.stanza("ax", 2, 256 * MIB);
+    node.ok(&["nsd", "create", "-F", s(&more)]);
+
+    // A writer keeps writing and checking files while the disks join and data moves.
+    let writer = Writer::start(&mnt, 2_000_000, 2000);
+    let out = node.ok(&["disk", "add", "afs", "-F", s(&more), "-r"]);
+    writer.stop();
+    assert!(out.contains("ax0, ax1 added to afs"), "{out}");
+    assert!(
+        out.contains("data blocks moved") && !out.contains(": 0 of"),
+        "{out}"
+    );
+    assert_eq!(status_of(&node, "afs", "ax1"), "ready");
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+
+    // Refused, naming the problem: an NSD that is taken, one that does not exist, a pool.
+    let err = node.fails(&["disk", "add", "afs", "-F", s(&more)]);
+    assert!(
+        err.contains("ax0 already belongs to file system afs"),
+        "{err}"
+    );
+    let ghost = node.path("ghost.stanza");
+    std::fs::write(&ghost, "%nsd: nsd=ghost0\n").unwrap();
+    let err = node.fails(&["disk", "add", "afs", "-F", s(&ghost)]);
+    assert!(err.contains("NSD ghost0 does not exist"), "{err}");
+    std::fs::write(&ghost, "%pool: pool=fast\n%nsd: nsd=ghost0\n").unwrap();
+    let err = node.fails(&["disk", "add", "afs", "-F", s(&ghost)]);
+    assert!(err.contains("not implemented yet"), "{err}");
+
+    // Unmounted, the same command opens the file system for the change.
+    node.ok(&["umount", "afs"]);
+    let last = node.stanza("ay", 1, 256 * MIB);
+    node.ok(&["nsd", "create", "-F", s(&last)]);
+    node.ok(&["disk", "add", "afs", "-F", s(&last)]);
+    let fsck = node.ok(&["fsck", "afs"]);
+    assert!(fsck.contains("is clean"), "{fsck}");
+    node.ok(&["mount", "afs"]);
+    assert_eq!(status_of(&node, "afs", "ay0"), "ready");
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+    // New files reach the newest disk.
+    for i in 0..6u64 {
+        write_file(&mnt.join(format!("n{i}")), &pattern(3_000_000, 70 + i));
+    }
+    let df = node.ok(&["df", "afs"]);
+    assert!(df.contains("ay0"), "{df}");
 }

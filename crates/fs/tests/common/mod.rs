@@ -1,11 +1,12 @@
 //! Shared helpers: file-backed drives with NSD descriptors, a formatted file system.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use tessera_drive::{BlockDevice, FileDrive};
-use tessera_fs::{DiskSpec, FileSystem, FormatOptions};
+use tessera_fs::{DiskSpec, FileSystem, FormatOptions, ROOT_INO};
 use tessera_nsd::descriptor::{write_descriptor, NsdDescriptor};
 use tessera_nsd::{DiskUsage, NsdId};
 
@@ -142,4 +143,60 @@ pub fn create_file(fs: &FileSystem, parent: tessera_fs::Ino, name: &[u8]) -> tes
         None,
     )
     .unwrap()
+}
+
+pub const BLOCK: u64 = 256 << 10;
+
+/// Writes files of several shapes (whole blocks, fragments, a sparse file) in the root
+/// directory, for tests that move blocks (256 KiB blocks, `small_opts`); returns name ->
+/// content.
+pub fn populate(fs: &FileSystem, prefix: &str, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for (i, size) in [
+        100usize,
+        9_000,
+        70_000,
+        3 * BLOCK as usize + 5_000,
+        9 * BLOCK as usize,
+    ]
+    .iter()
+    .enumerate()
+    {
+        let name = format!("{prefix}{i}");
+        let a = create_file(fs, ROOT_INO, name.as_bytes());
+        let data = pattern(*size, seed + i as u64);
+        for (j, chunk) in data.chunks(100_000).enumerate() {
+            fs.write(a.ino, (j * 100_000) as u64, chunk, false).unwrap();
+        }
+        files.insert(name, data);
+    }
+    // Sparse: a hole, then a few sectors in the middle of a block (unwritten around them).
+    let name = format!("{prefix}sparse");
+    let a = create_file(fs, ROOT_INO, name.as_bytes());
+    let piece = pattern(8192, seed + 50);
+    let at = 2 * BLOCK + 40_960;
+    fs.write(a.ino, at, &piece, false).unwrap();
+    let mut data = vec![0u8; at as usize];
+    data.extend_from_slice(&piece);
+    files.insert(name, data);
+    fs.sync().unwrap();
+    files
+}
+
+pub fn verify(fs: &FileSystem, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in files {
+        let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        assert_eq!(a.size, data.len() as u64, "{name}");
+        let got = fs.read(a.ino, 0, data.len() as u32 + 10).unwrap();
+        assert!(got == *data, "{name}: content differs");
+    }
+}
+
+/// Used bytes of each disk (everything but free whole blocks and free fragments).
+pub fn used(fs: &FileSystem) -> Vec<u64> {
+    fs.df()
+        .disks
+        .iter()
+        .map(|d| d.size_bytes - d.free_full_block_bytes - d.free_fragment_bytes)
+        .collect()
 }

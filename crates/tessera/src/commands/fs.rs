@@ -8,7 +8,7 @@ use tessera_nsd::{check_name, parse_pool_stanzas, parse_stanzas, DiskUsage, NAME
 use super::nsd::{absolute, read_stanza_file};
 use super::units::{parse_block_size, parse_inode_limit, parse_inode_size, parse_size};
 use super::{call, unexpected, yes_no};
-use crate::cli::{DiskAction, DiskChangeArgs, FsCreateArgs, RestripeArgs};
+use crate::cli::{DiskAction, DiskAddArgs, DiskChangeArgs, FsCreateArgs, RestripeArgs};
 use crate::config::Home;
 use crate::output::{local_time, yes_no as yn, Table, YRecord};
 use crate::rpc::{FsCreateSpec, FsDiskSpec, FsShow, Reply, Request, RestripeDone};
@@ -631,6 +631,51 @@ pub fn reclaimspace(home: &Home, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// `tessera disk add DEVICE -F STANZA [-r] [-v yes|no]` [mmadddisk].
+pub fn disk_add(home: &Home, a: &DiskAddArgs) -> Result<()> {
+    let verify = yes_no("-v", &a.verify)?;
+    let text = read_stanza_file(&a.stanza_file)?;
+    if let Some(pool) = parse_pool_stanzas(&text)
+        .map_err(|e| anyhow!("{}: {e}", a.stanza_file.display()))?
+        .first()
+    {
+        bail!(
+            "{}: line {}: %pool stanzas define storage pools, and adding a pool to an existing \
+             file system is not implemented yet; remove the stanza and put the disks in one of \
+             the file system's pools (`tessera fs show {}` lists them)",
+            a.stanza_file.display(),
+            pool.line,
+            a.device
+        );
+    }
+    let disks = disks_from_stanzas(&a.stanza_file, &text)?;
+    if disks.is_empty() {
+        bail!(
+            "{}: no %nsd stanza; name the NSDs to add as `%nsd: nsd=NAME`",
+            a.stanza_file.display()
+        );
+    }
+    let names: Vec<String> = disks.iter().map(|d| d.nsd.clone()).collect();
+    let reply = call(
+        home,
+        &Request::DiskAdd {
+            name: a.device.clone(),
+            disks,
+            verify,
+            rebalance: a.rebalance,
+        },
+    )?;
+    println!("{} added to {}.", names.join(", "), a.device);
+    match reply {
+        Reply::Done => Ok(()),
+        Reply::Restripe(done) => {
+            print_restripe(&a.device, &done);
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
 /// `tessera disk change DEVICE ACTION -d "NSD[;NSD...]"` [mmchdisk].
 pub fn disk_change(home: &Home, a: &DiskChangeArgs) -> Result<()> {
     let status =
@@ -709,16 +754,21 @@ pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
         Reply::Restripe(done) => done,
         other => return Err(unexpected(other)),
     };
+    print_restripe(&a.device, &done);
+    Ok(())
+}
+
+fn print_restripe(device: &str, done: &RestripeDone) {
     let RestripeDone {
         blocks_scanned,
         blocks_moved,
         bytes_moved,
         blocks_changed,
         stopped,
-    } = done;
+    } = done.clone();
     println!(
         "{}: {blocks_moved} of {blocks_scanned} data blocks moved ({:.1} MiB){}.",
-        a.device,
+        device,
         bytes_moved as f64 / 1048576.0,
         if blocks_changed > 0 {
             format!(", {blocks_changed} changed while the restripe ran (written anew wherever the allocator chose)")
@@ -729,5 +779,4 @@ pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
     if stopped {
         println!("Stopped before the end; run the same command again to continue.");
     }
-    Ok(())
 }

@@ -7,26 +7,30 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use tessera_drive::BlockDevice;
 use tessera_fs::{AtimeMode, DiskSpec, FormatOptions, Placement};
-use tessera_nsd::{check_name, probe_in_use, InUse, NAME_RULE};
+use tessera_nsd::{check_name, probe_in_use, InUse, ThinDiskType, NAME_RULE};
 
 use super::da_admin::vdisk_device_name;
 use super::{Daemon, Reporter};
 use crate::config::{FsRecord, NsdRegistry};
-use crate::rpc::{FsCreateSpec, FsShow, Reply};
+use crate::rpc::{FsCreateSpec, FsDiskSpec, FsShow, Reply};
 
 /// The default inode limit: a quarter of the metadata capacity filled with inodes, and
 /// never fewer than this.
 const DEFAULT_MAX_INODES_MIN: u64 = 100_000;
 
 /// Resolves the stanza's NSDs against the registry and opens them; collects every problem.
+/// `outcome` ends the error ("file system X was not created").
 fn resolve_disks(
     daemon: &Daemon,
-    spec: &FsCreateSpec,
+    wanted: &[FsDiskSpec],
+    block_size: u32,
+    verify: bool,
     nsds: &NsdRegistry,
+    outcome: &str,
 ) -> Result<Vec<DiskSpec>> {
     let mut disks = Vec::new();
     let mut problems = Vec::new();
-    for d in &spec.disks {
+    for d in wanted {
         let Some(rec) = nsds.get(&d.nsd) else {
             problems.push(format!(
                 "NSD {} does not exist; run `tessera nsd create -F FILE` first",
@@ -48,7 +52,7 @@ fn resolve_disks(
         // One file-system block must be one full stripe, or every block write would be a
         // read-modify-write of parity.
         if let Some(vdisk) = vdisk_device_name(&rec.device).and_then(|v| daemon.find_vdisk(v)) {
-            if vdisk.block_size() != u64::from(spec.block_size) {
+            if vdisk.block_size() != u64::from(block_size) {
                 problems.push(format!(
                     "NSD {} is vdisk {} with block size {} KiB, but the file system block \
                      size (-B) is {} KiB; one file-system block must be one full stripe: \
@@ -56,14 +60,14 @@ fn resolve_disks(
                     d.nsd,
                     vdisk.name(),
                     vdisk.block_size() >> 10,
-                    spec.block_size >> 10,
+                    block_size >> 10,
                     vdisk.block_size() >> 10,
-                    spec.block_size >> 10
+                    block_size >> 10
                 ));
                 continue;
             }
         }
-        if spec.verify {
+        if verify {
             match probe_in_use(device.as_ref()) {
                 Ok(InUse::FileSystem) => problems.push(format!(
                     "NSD {} holds (or held) a file system; if its data is no longer needed, \
@@ -84,11 +88,7 @@ fn resolve_disks(
         });
     }
     if !problems.is_empty() {
-        bail!(
-            "file system {} was not created:\n  {}",
-            spec.name,
-            problems.join("\n  ")
-        );
+        bail!("{outcome}:\n  {}", problems.join("\n  "));
     }
     Ok(disks)
 }
@@ -146,7 +146,15 @@ impl Daemon {
             );
         }
         let mut nsds = self.nsds()?;
-        let disks = resolve_disks(self, &spec, &nsds)?;
+        let outcome = format!("file system {} was not created", spec.name);
+        let disks = resolve_disks(
+            self,
+            &spec.disks,
+            spec.block_size,
+            spec.verify,
+            &nsds,
+            &outcome,
+        )?;
         let opts = format_options(&spec, &disks);
         // Refused input is reported before anything is announced as being formatted.
         opts.check(&disks)
@@ -388,4 +396,155 @@ fn erase_what_can_be(
             ));
         }
     }
+}
+
+impl Daemon {
+    /// `disk add` [mmadddisk]: the NSDs join the file system, mounted here or not, and new
+    /// allocations use them at once; `rebalance` (-r) then runs `restripe -b`. The NSDs are
+    /// claimed in the registry first: a daemon that dies between that and the file system's
+    /// descriptor leaves them claimed but unused (mount ignores NSDs its descriptor does not
+    /// name), never a disk of the file system that the registry would hand out again.
+    pub(super) fn disk_add(
+        &self,
+        name: &str,
+        wanted: &[FsDiskSpec],
+        verify: bool,
+        rebalance: bool,
+        r: &mut Reporter,
+    ) -> Result<Reply> {
+        {
+            let _admin = self.admin.lock();
+            let outcome = format!("no disk was added to file system {name}");
+            let record = self.file_systems()?.require(name)?.clone();
+            self.with_fs(name, "opening it here to add disks", |fs| {
+                let block_size = fs.descriptor().block_size;
+                let mut nsds = self.nsds()?;
+                let disks = resolve_disks(self, wanted, block_size, verify, &nsds, &outcome)?;
+                check_thin_disks(&disks, &nsds, &outcome)?;
+                let names: Vec<String> = disks.iter().map(|d| d.nsd_name.clone()).collect();
+                // Counted like the disks the mount opened, so metrics and iohist see them.
+                let mut stats = Vec::new();
+                let disks: Vec<DiskSpec> = disks
+                    .into_iter()
+                    .map(|mut d| {
+                        let counts = Arc::new(tessera_drive::stats::IoStats::default());
+                        stats.push((d.nsd_name.clone(), Arc::clone(&counts)));
+                        d.device = tessera_drive::stats::Counted::wrap_with_history(
+                            d.device,
+                            counts,
+                            Arc::clone(&self.io_history),
+                            &d.nsd_name,
+                        );
+                        d
+                    })
+                    .collect();
+                for n in &names {
+                    nsds.get_mut(n).expect("resolved above").file_system = Some(name.to_string());
+                }
+                let mut fss = self.file_systems()?;
+                let rec = fss
+                    .file_systems
+                    .iter_mut()
+                    .find(|f| f.name == record.name)
+                    .expect("required above");
+                rec.nsds.extend(names.iter().cloned());
+                self.save_nsds(&nsds)
+                    .and_then(|()| self.save_file_systems(&fss))
+                    .map_err(|e| e.context(outcome.clone()))?;
+                r.info(format!(
+                    "Adding {} to file system {name} ...",
+                    names.join(", ")
+                ));
+                let added = match fs.add_disks(disks) {
+                    Ok(added) => added,
+                    Err(e) => {
+                        if !matches!(e, tessera_fs::FsError::Corrupt(_)) {
+                            // Refused before anything was written: give the NSDs back.
+                            self.release_nsds(name, &names);
+                        }
+                        bail!("file system {name}: {e}");
+                    }
+                };
+                for (&disk, n) in added.iter().zip(&names) {
+                    if nsds
+                        .get(n)
+                        .is_some_and(|rec| rec.thin_disk_type != ThinDiskType::No)
+                    {
+                        // Checked above: a device that cannot deallocate only has `auto`.
+                        if let Err(e) = fs.set_discard(disk, true) {
+                            tracing::info!(
+                                "{name}: NSD {n} (thinDiskType=auto): freed space stays \
+                                 allocated on the device: {e}"
+                            );
+                        }
+                    }
+                }
+                if let Some(m) = self.mounts.lock().get_mut(name) {
+                    m.nsd_stats.extend(stats);
+                }
+                tracing::info!("{name}: disks {} added", names.join(", "));
+                r.info(format!(
+                    "Completed adding disks to file system {name}; new data is spread over \
+                     them from now on{}.",
+                    if rebalance {
+                        ""
+                    } else {
+                        " (`tessera restripe` with -b moves existing data onto them)"
+                    }
+                ));
+                Ok(())
+            })?;
+        }
+        if rebalance {
+            return self.restripe(name, true, r);
+        }
+        Ok(Reply::Done)
+    }
+
+    /// Gives NSDs claimed for a `disk add` that was refused back to the registry.
+    fn release_nsds(&self, fs_name: &str, names: &[String]) {
+        let released = (|| -> Result<()> {
+            let mut nsds = self.nsds()?;
+            for n in names {
+                if let Some(rec) = nsds.get_mut(n) {
+                    rec.file_system = None;
+                }
+            }
+            let mut fss = self.file_systems()?;
+            if let Some(rec) = fss.file_systems.iter_mut().find(|f| f.name == fs_name) {
+                rec.nsds.retain(|n| !names.contains(n));
+            }
+            self.save_nsds(&nsds)?;
+            self.save_file_systems(&fss)
+        })();
+        if let Err(e) = released {
+            tracing::error!(
+                "{fs_name}: NSDs {} stay claimed by the file system after a refused disk add: \
+                 {e:#}",
+                names.join(", ")
+            );
+        }
+    }
+}
+
+/// A disk whose NSD promises deallocation (`thinDiskType=nvme|scsi`) on a device that cannot
+/// is refused before it joins, as mount refuses it.
+fn check_thin_disks(disks: &[DiskSpec], nsds: &NsdRegistry, outcome: &str) -> Result<()> {
+    for d in disks {
+        let Some(rec) = nsds.get(&d.nsd_name) else {
+            continue;
+        };
+        if matches!(rec.thin_disk_type, ThinDiskType::Nvme | ThinDiskType::Scsi)
+            && !d.device.can_discard()
+        {
+            bail!(
+                "{outcome}: NSD {} has thinDiskType={} but {} cannot deallocate space; change \
+                 it to thinDiskType=auto or no",
+                d.nsd_name,
+                rec.thin_disk_type.as_str(),
+                d.device.name()
+            );
+        }
+    }
+    Ok(())
 }

@@ -305,6 +305,12 @@ impl Daemon {
             Request::Df { name } => self.df(&name),
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
             Request::ReclaimSpace { name } => self.reclaim_space(&name, r),
+            Request::DiskAdd {
+                name,
+                disks,
+                verify,
+                rebalance,
+            } => self.disk_add(&name, &disks, verify, rebalance, r),
             Request::DiskChange { name, nsds, status } => self.disk_change(&name, &nsds, status),
             Request::Restripe { name, balance } => self.restripe(&name, balance, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),

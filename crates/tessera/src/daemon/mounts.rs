@@ -352,7 +352,7 @@ impl Daemon {
 
     /// Runs `f` on file system `name`: the mounted one, or one opened here for the
     /// purpose (and closed after) when it is mounted nowhere.
-    fn with_fs<T>(
+    pub(super) fn with_fs<T>(
         &self,
         name: &str,
         why: &str,
