@@ -129,7 +129,7 @@ fn two_controllers_multipath_nsds_and_path_loss() {
     if !fuse_usable() {
         return;
     }
-    let node = Node::new().start();
+    let mut node = Node::new().start();
     let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
     assert!(
         hostnqn.starts_with("nqn.2014-08.org.nvmexpress:uuid:"),
@@ -248,7 +248,7 @@ fn two_controllers_multipath_nsds_and_path_loss() {
     )
     .unwrap();
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = create_and_mount(&node, "rfs", &stanza);
+    let mnt = create_and_mount(&mut node, "rfs", &stanza);
     let before = pattern(24 << 20, 1);
     std::fs::write(mnt.join("before"), &before).unwrap();
 
@@ -319,7 +319,7 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
     if !fuse_usable() {
         return;
     }
-    let node = Node::new().start();
+    let mut node = Node::new().start();
     let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
     let mut servers = Vec::new();
     let mut ports = Vec::new();
@@ -390,7 +390,7 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
     )
     .unwrap();
     node.ok(&["nsd", "create", "-F", s(&nsd)]);
-    let mnt = create_and_mount(&node, "gfs", &nsd);
+    let mnt = create_and_mount(&mut node, "gfs", &nsd);
     let data = pattern(16 << 20, 7);
     std::fs::write(mnt.join("f"), &data).unwrap();
     std::fs::File::open(mnt.join("f"))
@@ -643,7 +643,7 @@ fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_t
     if !fuse_usable() {
         return;
     }
-    let node = Node::new().start();
+    let mut node = Node::new().start();
     let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
     let (nqn1, nqn2) = (
         "nqn.2026-11.io.tessera:first",
@@ -683,7 +683,7 @@ fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_t
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
     let nsds = node.ok(&["nsd", "ls", "-m"]);
     assert!(nsds.contains(&format!("nvme:{}", first.1)), "{nsds}");
-    let mnt = create_and_mount(&node, "nfs", &stanza);
+    let mnt = create_and_mount(&mut node, "nfs", &stanza);
     let data = pattern(4 << 20, 5);
     std::fs::write(mnt.join("f"), &data).unwrap();
     node.ok(&["umount", "nfs"]);
@@ -756,21 +756,8 @@ fn stable_namespace_names_survive_reconnects_and_connect_works_after_ctrl_loss_t
 
 /// Creates file system `name` (1 MiB blocks) on the NSDs of `stanza` and mounts it at the
 /// node's `mnt`, which it returns.
-fn create_and_mount(node: &Node, name: &str, stanza: &Path) -> PathBuf {
-    let mnt = node.path("mnt");
-    node.ok(&[
-        "fs",
-        "create",
-        name,
-        "-F",
-        s(stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-    ]);
+fn create_and_mount(node: &mut Node, name: &str, stanza: &Path) -> PathBuf {
+    let mnt = node.create_fs(name, stanza, "mnt");
     node.ok(&["mount", name]);
     mnt
 }
@@ -802,7 +789,7 @@ fn drive_server_and_host_paths_serve_metrics() {
     if !fuse_usable() {
         return;
     }
-    let node = Node::new().start();
+    let mut node = Node::new().start();
     let node_metrics = format!("127.0.0.1:{}", free_port());
     node.ok(&["config", "set", &format!("metricsAddress={node_metrics}")]);
     node.ok(&["shutdown"]);
@@ -843,7 +830,7 @@ fn drive_server_and_host_paths_serve_metrics() {
     )
     .unwrap();
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = create_and_mount(&node, "mfs", &stanza);
+    let mnt = create_and_mount(&mut node, "mfs", &stanza);
     let data = pattern(4 << 20, 9);
     {
         use std::io::Write;
@@ -952,7 +939,7 @@ fn thin_nvme_nsd_deallocates_freed_blocks_on_the_drive_server() {
     use std::io::Write;
     use std::os::unix::fs::MetadataExt;
     const MIB: u64 = 1 << 20;
-    let node = Node::new().start();
+    let mut node = Node::new().start();
     let hostnqn = node.ok(&["nvme", "show-hostnqn"]).trim().to_string();
     let nqn = "nqn.2026-11.io.tessera:thin";
     let port = free_port();
@@ -978,7 +965,7 @@ fn thin_nvme_nsd_deallocates_freed_blocks_on_the_drive_server() {
     )
     .unwrap();
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = create_and_mount(&node, "tfs", &stanza);
+    let mnt = create_and_mount(&mut node, "tfs", &stanza);
     let allocated = || std::fs::metadata(&backing).unwrap().blocks() * 512;
     let write = |name: &str, bytes: u64, seed: u64| {
         let mut f = std::fs::File::create(mnt.join(name)).unwrap();

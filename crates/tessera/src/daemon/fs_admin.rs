@@ -415,7 +415,6 @@ impl Daemon {
         {
             let _admin = self.admin.lock();
             let outcome = format!("no disk was added to file system {name}");
-            let record = self.file_systems()?.require(name)?.clone();
             self.with_fs(name, "opening it here to add disks", |fs| {
                 let block_size = fs.descriptor().block_size;
                 let mut nsds = self.nsds()?;
@@ -445,8 +444,8 @@ impl Daemon {
                 let rec = fss
                     .file_systems
                     .iter_mut()
-                    .find(|f| f.name == record.name)
-                    .expect("required above");
+                    .find(|f| f.name == name)
+                    .expect("with_fs found it");
                 rec.nsds.extend(names.iter().cloned());
                 self.save_nsds(&nsds)
                     .and_then(|()| self.save_file_systems(&fss))
