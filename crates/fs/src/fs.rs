@@ -108,7 +108,7 @@ pub struct FileSystem {
     checkpoint_failed: AtomicBool,
     /// Changed metadata pages held before the background flusher starts a checkpoint, and
     /// before a change waits for one itself (see `set_metadata_cache_bytes`).
-    dirty_pages_soft: AtomicUsize,
+    pub(crate) dirty_pages_soft: AtomicUsize,
     dirty_pages_hard: AtomicUsize,
     /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
     discarded_bytes: std::sync::atomic::AtomicU64,

@@ -292,6 +292,26 @@ impl MetaState {
         ino
     }
 
+    /// Marks changed up to `budget` metadata pages that `moving` names, over every shard's
+    /// tree (see `MetaStore::relocate`); the next checkpoint writes them elsewhere.
+    pub(crate) fn relocate_pages(
+        &mut self,
+        moving: &dyn Fn(tessera_meta::PageAddr) -> bool,
+        budget: usize,
+    ) -> FsResult<usize> {
+        let mut marked = 0;
+        for shard in &mut self.shards {
+            if marked == budget {
+                break;
+            }
+            marked += self
+                .store
+                .relocate(&mut shard.tree, moving, budget - marked)
+                .map_err(crate::shard_tree::meta_err)?;
+        }
+        Ok(marked)
+    }
+
     /// The trees and the store, for a checkpoint.
     pub(crate) fn trees_mut(&mut self) -> (&mut MetaStore, Vec<&mut Tree>) {
         (

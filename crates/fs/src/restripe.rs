@@ -10,8 +10,14 @@
 //! block at the copy. The old extent is released by that change like any other and
 //! returns to the allocator only when the change is durable, so until then (and after a
 //! crash before it) the old copy is the valid one: a restripe killed at any point loses
-//! nothing and can simply be run again. Metadata pages, the log and the stored allocation
-//! map are not moved here.
+//! nothing and can simply be run again.
+//!
+//! After the data, `-m` moves the metadata pages off those disks: a budget of pages at a
+//! time is marked changed (`MetaStore::relocate`, with the branches above them) and a
+//! checkpoint writes them where the allocator puts pages now, which is never on a disk
+//! that is not ready; the old pages are freed once that checkpoint's descriptor is durable,
+//! so a crash in between leaves the previous checkpoint whole. The recovery log, the stored
+//! allocation map and descriptor copies stay where they are (`disk delete` deals with them).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -47,6 +53,8 @@ pub struct RestripeProgress {
     pub blocks_scanned: u64,
     pub blocks_moved: u64,
     pub bytes_moved: u64,
+    /// Metadata pages written elsewhere to leave the disks being emptied (`-m`).
+    pub metadata_pages_moved: u64,
 }
 
 /// What a finished (or stopped) restripe did.
@@ -119,7 +127,65 @@ impl FileSystem {
             report.progress.shards_done += 1;
             progress(&report.progress);
         }
+        if mode == RestripeMode::Migrate {
+            self.move_metadata_off(stop, &mut report, progress)?;
+        }
         Ok(report)
+    }
+
+    /// Moves every metadata page off the disks that are not ready, a checkpoint at a time.
+    fn move_metadata_off(
+        &self,
+        stop: &AtomicBool,
+        report: &mut RestripeReport,
+        progress: &mut dyn FnMut(&RestripeProgress),
+    ) -> FsResult<()> {
+        let sources: Vec<DiskIndex> = {
+            let desc = self.desc.lock();
+            desc.disks
+                .iter()
+                .filter(|d| d.status != DiskStatus::Ready)
+                .map(|d| d.index)
+                .collect()
+        };
+        if sources.is_empty() {
+            return Ok(());
+        }
+        let moving =
+            |a: tessera_meta::PageAddr| sources.contains(&crate::checkpoint::disk_addr(a).disk);
+        // Half of what makes the flusher start a checkpoint: the relocation adds the
+        // branches above each page, and the file system's own changes go on meanwhile.
+        let budget = (self.dirty_pages_soft.load(Ordering::Relaxed) / 2).max(16);
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                report.stopped = true;
+                return Ok(());
+            }
+            let marked = self.meta.lock().state.relocate_pages(&moving, budget)?;
+            if marked == 0 {
+                return Ok(());
+            }
+            self.checkpoint()?;
+            report.progress.metadata_pages_moved += marked as u64;
+            progress(&report.progress);
+        }
+    }
+
+    /// Metadata pages on each disk (by disk index) as of the newest checkpoint: every page
+    /// of every shard's tree is visited, so this reads the whole metadata.
+    pub fn metadata_pages_per_disk(&self) -> FsResult<Vec<u64>> {
+        let disks = self.desc.lock().disks.len();
+        let mut pages = vec![0u64; disks];
+        let mut m = self.meta.lock();
+        let (store, trees) = m.state.trees_mut();
+        for tree in trees {
+            store
+                .visit_pages(tree, &mut |a, _| {
+                    pages[usize::from(crate::checkpoint::disk_addr(a).disk)] += 1;
+                })
+                .map_err(crate::shard_tree::meta_err)?;
+        }
+        Ok(pages)
     }
 
     fn check_writable(&self) -> FsResult<()> {

@@ -154,7 +154,7 @@ pub(crate) fn hash_slots_full() -> FsError {
     }
 }
 
-fn meta_err(e: MetaError) -> FsError {
+pub(crate) fn meta_err(e: MetaError) -> FsError {
     match e {
         MetaError::Io { source, .. } => FsError::Io(source),
         other => FsError::Corrupt(other.to_string()),

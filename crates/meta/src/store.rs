@@ -499,6 +499,28 @@ impl MetaStore {
         self.visit_rec(tree.root, None, f)
     }
 
+    /// Marks changed up to `budget` pages of `tree` whose address `moving` names, with the
+    /// branches above them (which must point at the new copies), so that the next checkpoint
+    /// writes them wherever the allocator now puts pages and supersedes the old ones: how a
+    /// disk is emptied of metadata. Returns how many of those pages it marked; 0 means none
+    /// of the tree's pages is where `moving` says. Leaves that stay are not read (their
+    /// address is in their parent); branches are, through the cache.
+    pub fn relocate(
+        &mut self,
+        tree: &mut Tree,
+        moving: &dyn Fn(PageAddr) -> bool,
+        budget: usize,
+    ) -> MetaResult<usize> {
+        if self.poisoned {
+            return Err(MetaError::Poisoned);
+        }
+        let mut left = budget;
+        if let Some(id) = self.relocate_rec(tree.root, None, moving, &mut left)? {
+            tree.root = Child::Dirty(id);
+        }
+        Ok(budget - left)
+    }
+
     /// Gives every changed node of `trees` its address and page image, children before
     /// parents, and turns the trees' roots into pages. `allocate(n)` returns n free page
     /// addresses (or fails, and then nothing has changed). Every changed node must belong
@@ -972,6 +994,63 @@ impl MetaStore {
             }
         }
         Ok(())
+    }
+
+    /// `relocate` below `child`: the id of `child`'s changed copy when this call made it
+    /// changed (its parent must then point at it), `None` when it stays as it was.
+    fn relocate_rec(
+        &mut self,
+        child: Child,
+        level: Option<u8>,
+        moving: &dyn Fn(PageAddr) -> bool,
+        left: &mut usize,
+    ) -> MetaResult<Option<usize>> {
+        if *left == 0 {
+            return Ok(None);
+        }
+        if let Child::Disk(ptr) = child {
+            if level == Some(0) && !moving(ptr.addr) {
+                return Ok(None);
+            }
+        }
+        let node = self.node(child, level)?;
+        let mut made = None;
+        let mut id = match child {
+            Child::Dirty(id) => Some(id),
+            Child::Disk(ptr) if moving(ptr.addr) => {
+                *left -= 1;
+                let id = self.make_dirty(child, level)?;
+                made = Some(id);
+                Some(id)
+            }
+            Child::Disk(_) => None,
+        };
+        if let Node::Branch {
+            level: l, children, ..
+        } = &*node
+        {
+            for (i, c) in children.iter().enumerate() {
+                if *left == 0 {
+                    break;
+                }
+                let Some(cid) = self.relocate_rec(*c, Some(l - 1), moving, left)? else {
+                    continue;
+                };
+                let pid = match id {
+                    Some(pid) => pid,
+                    None => {
+                        let pid = self.make_dirty(child, level)?;
+                        made = Some(pid);
+                        id = Some(pid);
+                        pid
+                    }
+                };
+                if let Node::Branch { children, .. } = self.dirty_mut(pid) {
+                    children[i] = Child::Dirty(cid);
+                }
+            }
+        }
+        Ok(made)
     }
 
     fn visit_rec(

@@ -371,3 +371,62 @@ fn running_out_of_page_space_changes_nothing() {
         2_000
     );
 }
+
+/// Emptying part of the page space (a disk being removed): pages there are marked changed a
+/// budget at a time, each checkpoint writes them elsewhere, and nothing of the tree, its
+/// pending changes or its durable image is lost on the way.
+#[test]
+fn relocated_pages_leave_the_emptied_range_and_keep_every_entry() {
+    let (_dir, d) = drive(1 << 14);
+    let mut h = Harness::new(d.clone(), PAGE, 16);
+    let mut model = BTreeMap::new();
+    let mut tree = h.store.create_tree();
+    for i in 0..30_000u64 {
+        h.store
+            .insert(&mut tree, &key(i, 0), &value(i, 24))
+            .unwrap();
+        model.insert(key(i, 0), value(i, 24));
+    }
+    h.checkpoint(&mut [&mut tree]).unwrap();
+    let mut pages = Vec::new();
+    h.store
+        .visit_pages(&tree, &mut |a, _| pages.push(a.0))
+        .unwrap();
+    let cut = pages.iter().max().unwrap() / 2;
+    let below = pages.iter().filter(|&&a| a < cut).count();
+    assert!(below > 50, "only {below} pages below the cut");
+    // The emptied range takes no new pages (its disk is unavailable to the allocator).
+    h.free.retain(|&a| a >= cut);
+    let moving = move |a: tessera_meta::PageAddr| a.0 < cut;
+    let mut rounds = 0;
+    loop {
+        // A change pending beside the relocation, as a live file system has.
+        let i = 100_000 + rounds;
+        h.store
+            .insert(&mut tree, &key(i, 0), &value(i, 24))
+            .unwrap();
+        model.insert(key(i, 0), value(i, 24));
+        let marked = h.store.relocate(&mut tree, &moving, 40).unwrap();
+        assert!(marked <= 40);
+        h.checkpoint(&mut [&mut tree]).unwrap();
+        h.free.retain(|&a| a >= cut);
+        rounds += 1;
+        if marked == 0 {
+            break;
+        }
+        assert!(rounds < 1000, "relocation does not converge");
+    }
+    assert!(
+        rounds > below as u64 / 40,
+        "{rounds} rounds for {below} pages"
+    );
+    let mut left = 0;
+    h.store
+        .visit_pages(&tree, &mut |a, _| left += usize::from(a.0 < cut))
+        .unwrap();
+    assert_eq!(left, 0, "pages still in the emptied range");
+    assert_eq!(contents(&mut h, &tree), model_vec(&model));
+    let roots = h.durable_roots.clone();
+    let (mut h2, trees) = Harness::reopen(d, PAGE, 16, &roots, h.durable_generation);
+    assert_eq!(contents(&mut h2, &trees[0]), model_vec(&model));
+}

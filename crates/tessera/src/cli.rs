@@ -72,7 +72,7 @@ pub enum Command {
     /// Check an unmounted file system [mmfsck].
     Fsck(FsckArgs),
     /// Move file data between the disks of a file system, mounted or not, with progress:
-    /// off suspended disks (-m) or evenly over all (-b) [mmrestripefs]. Interrupting it
+    /// off suspended disks, metadata pages too (-m), or evenly over all (-b) [mmrestripefs]. Interrupting it
     /// (Ctrl-C) stops it cleanly; running it again continues.
     Restripe(RestripeArgs),
     /// I/O counters and latency histograms of mounted file systems [mmpmon fs_io_s, rhist].

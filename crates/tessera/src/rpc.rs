@@ -770,6 +770,8 @@ pub struct RestripeDone {
     pub blocks_scanned: u64,
     pub blocks_moved: u64,
     pub bytes_moved: u64,
+    /// Metadata pages written elsewhere to leave disks being emptied (`-m`).
+    pub metadata_pages_moved: u64,
     /// Blocks rewritten, truncated or deleted between the scan and their move.
     pub blocks_changed: u64,
     /// Stopped early because the client went away (Ctrl-C): run it again to continue.

@@ -763,13 +763,19 @@ fn print_restripe(device: &str, done: &RestripeDone) {
         blocks_scanned,
         blocks_moved,
         bytes_moved,
+        metadata_pages_moved,
         blocks_changed,
         stopped,
     } = done.clone();
     println!(
-        "{}: {blocks_moved} of {blocks_scanned} data blocks moved ({:.1} MiB){}.",
+        "{}: {blocks_moved} of {blocks_scanned} data blocks moved ({:.1} MiB){}{}.",
         device,
         bytes_moved as f64 / 1048576.0,
+        if metadata_pages_moved > 0 {
+            format!(", {metadata_pages_moved} metadata pages moved")
+        } else {
+            String::new()
+        },
         if blocks_changed > 0 {
             format!(", {blocks_changed} changed while the restripe ran (written anew wherever the allocator chose)")
         } else {

@@ -410,9 +410,14 @@ impl Daemon {
         let report = self.with_fs(name, "opening it here to restripe it", |fs| {
             fs.restripe(mode, &stop, &mut |p| {
                 let moved = format!(
-                    "shards scanned; {} blocks ({:.1} MiB) moved",
+                    "shards scanned; {} blocks ({:.1} MiB) moved{}",
                     p.blocks_moved,
-                    p.bytes_moved as f64 / 1048576.0
+                    p.bytes_moved as f64 / 1048576.0,
+                    if p.metadata_pages_moved > 0 {
+                        format!(", {} metadata pages moved", p.metadata_pages_moved)
+                    } else {
+                        String::new()
+                    }
                 );
                 r.progress(&moved, p.shards_done, p.shards);
                 if r.client_gone() {
@@ -422,11 +427,12 @@ impl Daemon {
             .map_err(|e| anyhow!("file system {name}: restripe: {e}; what moved so far stays moved, run it again to continue"))
         })?;
         tracing::info!(
-            "{name}: restripe {}: {} of {} blocks moved ({} bytes){}",
+            "{name}: restripe {}: {} of {} blocks moved ({} bytes), {} metadata pages moved{}",
             if balance { "-b" } else { "-m" },
             report.progress.blocks_moved,
             report.progress.blocks_scanned,
             report.progress.bytes_moved,
+            report.progress.metadata_pages_moved,
             if report.stopped {
                 ", stopped by the client"
             } else {
@@ -437,6 +443,7 @@ impl Daemon {
             blocks_scanned: report.progress.blocks_scanned,
             blocks_moved: report.progress.blocks_moved,
             bytes_moved: report.progress.bytes_moved,
+            metadata_pages_moved: report.progress.metadata_pages_moved,
             blocks_changed: report.blocks_changed,
             stopped: report.stopped,
         }))
