@@ -323,7 +323,7 @@ pub(crate) fn region_extents(desc: &FsDescriptor) -> Vec<Extent> {
     }
 }
 
-fn region_extents_of(desc: &FsDescriptor, regions: &[MapRegion]) -> Vec<Extent> {
+pub(crate) fn region_extents_of(desc: &FsDescriptor, regions: &[MapRegion]) -> Vec<Extent> {
     let data_start = tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size));
     let sub = u64::from(desc.sub_block_size);
     let per = desc.sub_blocks_per_block();

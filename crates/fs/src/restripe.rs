@@ -55,6 +55,8 @@ pub struct RestripeProgress {
     pub bytes_moved: u64,
     /// Metadata pages written elsewhere to leave the disks being emptied (`-m`).
     pub metadata_pages_moved: u64,
+    /// Stored allocation-map regions moved off the disks being emptied (`-m`).
+    pub map_regions_moved: u64,
 }
 
 /// What a finished (or stopped) restripe did.
@@ -129,6 +131,10 @@ impl FileSystem {
         }
         if mode == RestripeMode::Migrate {
             self.move_metadata_off(stop, &mut report, progress)?;
+            if !report.stopped {
+                report.progress.map_regions_moved += self.move_map_regions_off()? as u64;
+                progress(&report.progress);
+            }
         }
         Ok(report)
     }
@@ -169,6 +175,76 @@ impl FileSystem {
             report.progress.metadata_pages_moved += marked as u64;
             progress(&report.progress);
         }
+    }
+
+    /// Moves the stored allocation-map regions that live on disks that are not ready to
+    /// ready metadata disks, in one checkpoint: new regions are allocated, every chunk of
+    /// the maps they hold is marked changed and has no current copy (as for an added disk),
+    /// and the checkpoint writes them all into the new regions and a descriptor naming them.
+    /// Until that descriptor is durable the old regions, never written meanwhile, are the
+    /// valid ones; the map that checkpoint stores has them free already, and the allocator
+    /// reuses them only after it. Returns how many regions moved.
+    fn move_map_regions_off(&self) -> FsResult<usize> {
+        let mut m = self.meta.lock();
+        let _one = self.checkpoint_lock.lock();
+        let mut desc = self.desc.lock().clone();
+        let not_ready: Vec<DiskIndex> = desc
+            .disks
+            .iter()
+            .filter(|d| d.status != DiskStatus::Ready)
+            .map(|d| d.index)
+            .collect();
+        let Some(stored) = &desc.alloc_map else {
+            return Ok(0);
+        };
+        let old: Vec<crate::alloc_map::MapRegion> = stored
+            .regions
+            .iter()
+            .filter(|r| not_ready.contains(&r.on_disk))
+            .copied()
+            .collect();
+        if old.is_empty() {
+            return Ok(0);
+        }
+        let moving: Vec<DiskIndex> = old.iter().map(|r| r.disk).collect();
+        let new = crate::alloc_map::allocate_regions_for(&desc, &mut m.alloc, &moving)?;
+        let superseded = crate::alloc_map::region_extents_of(&desc, &old);
+        let stored = desc.alloc_map.as_mut().expect("checked above");
+        for r in new {
+            let slot = stored
+                .regions
+                .iter_mut()
+                .find(|o| o.disk == r.disk)
+                .expect("a region per disk");
+            *slot = r;
+        }
+        {
+            let mut slots = self.map_slots.lock();
+            for &disk in &moving {
+                let chunks = m.alloc.chunk_count(disk);
+                slots.add_disk(disk, chunks);
+                for chunk in 0..chunks {
+                    m.alloc.mark_chunk_dirty(disk, chunk);
+                }
+            }
+        }
+        // Released as of LSN 0: the checkpoint stores them free (it excludes pending frees
+        // from the map it writes), while the allocator gives them out only after a later
+        // commit, when this checkpoint's descriptor is durable.
+        m.pending_free.extend(superseded.iter().map(|e| (0, *e)));
+        *self.desc.lock() = desc;
+        if let Err(e) = self.checkpoint_under_lock(&mut m) {
+            // As for an added disk: which descriptor is durable only a mount can tell; the
+            // old regions stay allocated meanwhile.
+            m.pending_free
+                .retain(|(lsn, e)| !(*lsn == 0 && superseded.contains(e)));
+            self.stop_checkpoints();
+            return Err(FsError::Corrupt(format!(
+                "moving allocation-map regions failed while writing the checkpoint that names \
+                 them: {e}; unmount and mount the file system again, then rerun the restripe"
+            )));
+        }
+        Ok(old.len())
     }
 
     /// Metadata pages on each disk (by disk index) as of the newest checkpoint: every page

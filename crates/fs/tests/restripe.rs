@@ -12,6 +12,11 @@ use common::*;
 use tessera_fs::restripe::{RestripeMode, RestripeReport};
 use tessera_fs::{DiskStatus, FileSystem, ROOT_INO};
 
+/// The stored allocation map's regions, as the descriptor has them.
+fn regions(fs: &FileSystem) -> Vec<tessera_fs::alloc_map::MapRegion> {
+    fs.descriptor().alloc_map.unwrap().regions
+}
+
 /// Entries of directory `ino` other than `.` and `..`, read through readdir.
 fn entries(fs: &FileSystem, ino: tessera_fs::Ino) -> usize {
     let mut n = 0;
@@ -158,12 +163,22 @@ fn migrate_moves_metadata_pages_off_the_emptied_disk() {
     // A small pool: the relocation goes in rounds of 128 pages, a checkpoint each.
     fs.set_metadata_cache_bytes(1 << 20);
     let pages = fs.metadata_pages_per_disk().unwrap();
+    // Emptied: the disk with the most pages (checkpoints fill one disk at a time) and the
+    // one holding the stored allocation map's regions (format puts them together).
     let (disk, _) = pages.iter().enumerate().max_by_key(|(_, n)| **n).unwrap();
-    let name = fs.descriptor().disks[disk].nsd_name.clone();
-    fs.set_disk_status(&[name], DiskStatus::ToBeEmptied)
-        .unwrap();
+    let map_disk = usize::from(regions(&fs)[0].on_disk);
+    let names: Vec<String> = [disk, map_disk]
+        .iter()
+        .map(|&d| fs.descriptor().disks[d].nsd_name.clone())
+        .collect();
+    fs.set_disk_status(&names, DiskStatus::ToBeEmptied).unwrap();
     let before = fs.metadata_pages_per_disk().unwrap()[disk];
     assert!(before > 200, "{pages:?}");
+    let off = |fs: &FileSystem| {
+        regions(fs)
+            .iter()
+            .all(|r| usize::from(r.on_disk) != disk && usize::from(r.on_disk) != map_disk)
+    };
 
     // Stopped after its first round of metadata pages: some moved, the rest stay.
     let stop = AtomicBool::new(false);
@@ -185,6 +200,12 @@ fn migrate_moves_metadata_pages_off_the_emptied_disk() {
     assert!(report.progress.metadata_pages_moved > 0, "{report:?}");
     let after = fs.metadata_pages_per_disk().unwrap();
     assert_eq!(after[disk], 0, "pages left on the emptied disk: {after:?}");
+    assert_eq!(
+        after[map_disk], 0,
+        "pages left on the emptied disk: {after:?}"
+    );
+    assert!(report.progress.map_regions_moved > 0, "{report:?}");
+    assert!(off(&fs), "{:?}", regions(&fs));
     verify(&fs, &files);
     for i in (0..NAMES).step_by(7) {
         fs.lookup(ROOT_INO, format!("m{i:05}").as_bytes()).unwrap();
@@ -193,10 +214,114 @@ fn migrate_moves_metadata_pages_off_the_emptied_disk() {
     drop(fs);
     let fs = mount(&t);
     assert_eq!(fs.metadata_pages_per_disk().unwrap()[disk], 0);
+    // The map was read from its new regions, not rebuilt by a scan.
+    assert_eq!(fs.allocation_map_rebuilt(), None);
+    assert!(off(&fs), "{:?}", regions(&fs));
     verify(&fs, &files);
     assert_eq!(entries(&fs, ROOT_INO), NAMES + 500 + files.len());
     fs.unmount().unwrap();
     drop(fs);
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+/// A crash at every write of `restripe -m` emptying a disk of data, metadata pages and the
+/// allocation map's regions: each mounts, every file verifies, the restripe runs again to
+/// the end and leaves nothing on the disk, and fsck is clean.
+#[test]
+fn a_crash_at_any_write_of_a_migrating_restripe_loses_nothing() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use tessera_drive::BlockDevice;
+    use tessera_testkit::{Faults, SimDrive};
+
+    let mut crash_at = 1;
+    let mut points = 0;
+    loop {
+        let t = make_disks(4, 64 << 20);
+        format_fs(&t, &small_opts());
+        let faults = Arc::new(Faults::default());
+        let sim: Vec<_> = t
+            .reopen()
+            .into_iter()
+            .map(|(id, dev)| {
+                let dev: Arc<dyn BlockDevice> = Arc::new(SimDrive::new(dev, Arc::clone(&faults)));
+                (id, dev)
+            })
+            .collect();
+        let fs = FileSystem::mount(sim).unwrap();
+        fs.set_metadata_cache_bytes(1 << 20);
+        let files = populate(&fs, "kept-", 3);
+        for i in 0..1500 {
+            create_file(&fs, ROOT_INO, format!("m{i:05}").as_bytes());
+        }
+        fs.sync().unwrap();
+        // The disk with the most pages, and the one with the map's regions.
+        let pages = fs.metadata_pages_per_disk().unwrap();
+        let (disk, _) = pages.iter().enumerate().max_by_key(|(_, n)| **n).unwrap();
+        let map_disk = usize::from(regions(&fs)[0].on_disk);
+        let emptied = [disk, map_disk];
+        let names: Vec<String> = emptied
+            .iter()
+            .map(|&d| fs.descriptor().disks[d].nsd_name.clone())
+            .collect();
+        fs.set_disk_status(&names, DiskStatus::ToBeEmptied).unwrap();
+        faults
+            .writes_until_failure
+            .store(crash_at, Ordering::SeqCst);
+        let result = fs.restripe(RestripeMode::Migrate, &AtomicBool::new(false), &mut |_| {});
+        if let Ok(r) = &result {
+            eprintln!("completed: {:?}", r.progress);
+        }
+        let crashed = faults.writes_until_failure.load(Ordering::SeqCst) <= 0;
+        faults.dead.store(true, Ordering::SeqCst);
+        fs.fence();
+        drop(fs);
+        if let Err(e) = &result {
+            assert!(
+                crashed,
+                "crash at write {crash_at}: failed without a crash: {e}"
+            );
+        }
+
+        let fs = FileSystem::mount(t.reopen())
+            .unwrap_or_else(|e| panic!("crash at write {crash_at}: mount failed: {e}"));
+        verify(&fs, &files);
+        let report = restripe(&fs, RestripeMode::Migrate);
+        assert!(!report.stopped);
+        let pages = fs.metadata_pages_per_disk().unwrap();
+        assert!(
+            emptied.iter().all(|&d| pages[d] == 0),
+            "crash at write {crash_at}: {pages:?}"
+        );
+        assert!(
+            regions(&fs)
+                .iter()
+                .all(|r| !emptied.contains(&usize::from(r.on_disk))),
+            "crash at write {crash_at}: {:?}",
+            regions(&fs)
+        );
+        for i in (0..1500).step_by(11) {
+            fs.lookup(ROOT_INO, format!("m{i:05}").as_bytes())
+                .unwrap_or_else(|e| panic!("crash at write {crash_at}: m{i:05}: {e}"));
+        }
+        verify(&fs, &files);
+        fs.unmount().unwrap();
+        drop(fs);
+        let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+        assert!(
+            report.is_clean(),
+            "crash at write {crash_at}: {:?}",
+            report.problems
+        );
+        points += 1;
+        if !crashed {
+            break;
+        }
+        // Every write early on (block moves, the first pages), then every third.
+        crash_at += if crash_at < 40 { 1 } else { 3 };
+        assert!(crash_at < 3000, "the restripe never completed");
+    }
+    eprintln!("{points} crash points, the restripe took about {crash_at} writes");
+    assert!(points > 10, "only {points} crash points");
 }

@@ -772,6 +772,8 @@ pub struct RestripeDone {
     pub bytes_moved: u64,
     /// Metadata pages written elsewhere to leave disks being emptied (`-m`).
     pub metadata_pages_moved: u64,
+    /// Stored allocation-map regions moved off disks being emptied (`-m`).
+    pub map_regions_moved: u64,
     /// Blocks rewritten, truncated or deleted between the scan and their move.
     pub blocks_changed: u64,
     /// Stopped early because the client went away (Ctrl-C): run it again to continue.

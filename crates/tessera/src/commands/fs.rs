@@ -764,6 +764,7 @@ fn print_restripe(device: &str, done: &RestripeDone) {
         blocks_moved,
         bytes_moved,
         metadata_pages_moved,
+        map_regions_moved,
         blocks_changed,
         stopped,
     } = done.clone();
@@ -771,10 +772,10 @@ fn print_restripe(device: &str, done: &RestripeDone) {
         "{}: {blocks_moved} of {blocks_scanned} data blocks moved ({:.1} MiB){}{}.",
         device,
         bytes_moved as f64 / 1048576.0,
-        if metadata_pages_moved > 0 {
-            format!(", {metadata_pages_moved} metadata pages moved")
-        } else {
-            String::new()
+        match (metadata_pages_moved, map_regions_moved) {
+            (0, 0) => String::new(),
+            (p, 0) => format!(", {p} metadata pages moved"),
+            (p, r) => format!(", {p} metadata pages and {r} allocation-map regions moved"),
         },
         if blocks_changed > 0 {
             format!(", {blocks_changed} changed while the restripe ran (written anew wherever the allocator chose)")

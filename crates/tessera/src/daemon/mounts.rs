@@ -427,12 +427,14 @@ impl Daemon {
             .map_err(|e| anyhow!("file system {name}: restripe: {e}; what moved so far stays moved, run it again to continue"))
         })?;
         tracing::info!(
-            "{name}: restripe {}: {} of {} blocks moved ({} bytes), {} metadata pages moved{}",
+            "{name}: restripe {}: {} of {} blocks moved ({} bytes), {} metadata pages and {} \
+             allocation-map regions moved{}",
             if balance { "-b" } else { "-m" },
             report.progress.blocks_moved,
             report.progress.blocks_scanned,
             report.progress.bytes_moved,
             report.progress.metadata_pages_moved,
+            report.progress.map_regions_moved,
             if report.stopped {
                 ", stopped by the client"
             } else {
@@ -444,6 +446,7 @@ impl Daemon {
             blocks_moved: report.progress.blocks_moved,
             bytes_moved: report.progress.bytes_moved,
             metadata_pages_moved: report.progress.metadata_pages_moved,
+            map_regions_moved: report.progress.map_regions_moved,
             blocks_changed: report.blocks_changed,
             stopped: report.stopped,
         }))
