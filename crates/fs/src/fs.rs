@@ -84,7 +84,9 @@ pub struct FileSystem {
     /// The disks' devices by disk index; grows when a disk is added (`disk add`).
     pub(crate) devices: Arc<DiskSet>,
     pub(crate) meta: Mutex<Meta>,
-    pub(crate) journal: Journal,
+    /// The recovery log; replaced only when `restripe -m` moves it to another disk (see
+    /// `restripe.rs`), so callers take a handle and never hold this lock.
+    journal: RwLock<Arc<Journal>>,
     pub(crate) geo: Geometry,
     pub(crate) pmon: Pmon,
     pub(crate) prefetch: Prefetcher,
@@ -189,7 +191,7 @@ impl FileSystem {
                 unlogged: HashSet::new(),
                 discarding: Vec::new(),
             }),
-            journal: recovered.journal,
+            journal: RwLock::new(Arc::new(recovered.journal)),
             geo,
             pmon: Pmon::default(),
             prefetch,
@@ -287,7 +289,7 @@ impl FileSystem {
 
     /// Records and group commits of the recovery log since the mount.
     pub fn journal_stats(&self) -> tessera_journal::JournalStats {
-        self.journal.stats()
+        self.journal().stats()
     }
 
     /// Counters of the metadata page cache.
@@ -353,11 +355,11 @@ impl FileSystem {
     /// apply order.
     pub(crate) fn log(&self, m: &mut Meta, changes: Vec<Change>) -> FsResult<Lsn> {
         let record = postcard::to_stdvec(&changes).expect("changes serialize");
-        let lsn = match self.journal.append(&record) {
+        let lsn = match self.journal().append(&record) {
             Ok(lsn) => lsn,
             Err(JournalError::Full { .. }) => {
                 self.checkpoint_locked(m)?;
-                self.journal.append(&record)?
+                self.journal().append(&record)?
             }
             Err(e) => return Err(e.into()),
         };
@@ -395,18 +397,18 @@ impl FileSystem {
     /// the drives could still lose.
     pub(crate) fn commit(&self, lsn: Lsn) -> FsResult<()> {
         self.check_fenced()?;
-        if self.journal.durable_lsn() >= lsn {
+        if self.journal().durable_lsn() >= lsn {
             return Ok(());
         }
         // Group commit: one caller flushes and commits everything appended so far while the
         // others wait, then find their records durable.
         let _one = self.commit_lock.lock();
-        if self.journal.durable_lsn() >= lsn {
+        if self.journal().durable_lsn() >= lsn {
             return Ok(());
         }
-        let upto = self.journal.appended_lsn();
+        let upto = self.journal().appended_lsn();
         self.flush_devices()?;
-        self.journal.commit(upto)?;
+        self.journal().commit(upto)?;
         self.release_frees();
         Ok(())
     }
@@ -414,7 +416,7 @@ impl FileSystem {
     /// Makes a synchronous write durable: when its log record is already durable (an
     /// in-place overwrite commits first), only the drives it wrote need a flush.
     pub(crate) fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
-        if self.journal.durable_lsn() >= lsn {
+        if self.journal().durable_lsn() >= lsn {
             for disk in disks {
                 self.devices.get(*disk).flush()?;
             }
@@ -425,7 +427,7 @@ impl FileSystem {
 
     /// Commits everything logged so far (fsync, sync, periodic flush).
     pub fn sync(&self) -> FsResult<()> {
-        let lsn = self.journal.appended_lsn();
+        let lsn = self.journal().appended_lsn();
         self.commit(lsn)?;
         // Space released by changes that another caller made durable comes back now too.
         self.release_frees();
@@ -440,7 +442,7 @@ impl FileSystem {
     }
 
     fn release_frees(&self) {
-        let durable = self.journal.durable_lsn();
+        let durable = self.journal().durable_lsn();
         let to_discard = {
             let mut m = self.meta.lock();
             let to_discard = release_frees_upto(&mut m, durable, &self.devices);
@@ -602,9 +604,9 @@ impl FileSystem {
 
     /// Writes a checkpoint if the log is getting full or many metadata pages changed.
     pub fn maybe_checkpoint(&self) -> FsResult<()> {
-        let used = self.journal.used_bytes() as f64;
+        let used = self.journal().used_bytes() as f64;
         let dirty = self.meta.lock().state.store_mut().dirty_pages();
-        if used > self.journal.capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION
+        if used > self.journal().capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION
             || dirty > self.dirty_pages_soft.load(Ordering::Relaxed)
         {
             self.checkpoint()?;
@@ -622,7 +624,7 @@ impl FileSystem {
         let mut m = self.meta.lock();
         let _one = self.checkpoint_lock.lock();
         self.apply_deferred_frees(&mut m);
-        let lsn = self.journal.appended_lsn();
+        let lsn = self.journal().appended_lsn();
         let started = std::time::Instant::now();
         let prepared = self.prepare_checkpoint(&mut m)?;
         drop(m);
@@ -646,6 +648,23 @@ impl FileSystem {
         result
     }
 
+    /// The recovery log as of now.
+    pub(crate) fn journal(&self) -> Arc<Journal> {
+        Arc::clone(&self.journal.read())
+    }
+
+    /// Makes `journal` the recovery log (the caller holds the metadata and checkpoint locks
+    /// and has made the old one durable up to where the new one starts).
+    pub(crate) fn replace_journal(&self, journal: Journal) {
+        *self.journal.write() = Arc::new(journal);
+    }
+
+    /// Every later commit and checkpoint fails, without waiting for the flusher (the caller
+    /// may hold the metadata lock); `fence` does the rest at unmount.
+    pub(crate) fn fence_commits(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+    }
+
     /// No checkpoint after this one until a remount: the in-memory state may describe
     /// something no durable descriptor does.
     pub(crate) fn stop_checkpoints(&self) {
@@ -663,7 +682,7 @@ impl FileSystem {
     pub(crate) fn checkpoint_under_lock(&self, m: &mut Meta) -> FsResult<()> {
         self.check_fenced()?;
         self.apply_deferred_frees(m);
-        let lsn = self.journal.appended_lsn();
+        let lsn = self.journal().appended_lsn();
         let prepared = self.prepare_checkpoint(m)?;
         let result = self.write_checkpoint(lsn, &prepared);
         if result.is_err() {
@@ -723,9 +742,9 @@ impl FileSystem {
     fn write_checkpoint(&self, lsn: Lsn, prepared: &crate::checkpoint::Prepared) -> FsResult<()> {
         // Pages up to the checkpoint LSN must exist on disk so that replay can find the first
         // record after it.
-        if self.journal.durable_lsn() < lsn {
+        if self.journal().durable_lsn() < lsn {
             self.flush_devices()?;
-            self.journal.commit(lsn)?;
+            self.journal().commit(lsn)?;
         }
         let mut desc = self.desc.lock().clone();
         let devices = self.devices.all();
@@ -747,7 +766,7 @@ impl FileSystem {
         map_slots.commit(&chunks, prepared.generation);
         drop(map_slots);
         *self.desc.lock() = desc;
-        self.journal.set_tail(lsn);
+        self.journal().set_tail(lsn);
         self.deferred_frees
             .lock()
             .extend(prepared.superseded.iter().copied());

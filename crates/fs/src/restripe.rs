@@ -57,6 +57,8 @@ pub struct RestripeProgress {
     pub metadata_pages_moved: u64,
     /// Stored allocation-map regions moved off the disks being emptied (`-m`).
     pub map_regions_moved: u64,
+    /// The recovery log moved off a disk being emptied (`-m`).
+    pub log_moved: bool,
 }
 
 /// What a finished (or stopped) restripe did.
@@ -133,6 +135,7 @@ impl FileSystem {
             self.move_metadata_off(stop, &mut report, progress)?;
             if !report.stopped {
                 report.progress.map_regions_moved += self.move_map_regions_off()? as u64;
+                report.progress.log_moved |= self.move_log_off()?;
                 progress(&report.progress);
             }
         }
@@ -245,6 +248,87 @@ impl FileSystem {
             )));
         }
         Ok(old.len())
+    }
+
+    /// Moves the recovery log off a disk that is not ready. Under the metadata lock (no
+    /// change is logged meanwhile): a checkpoint makes everything the log holds durable
+    /// elsewhere and moves the replay point to its end; a new region of the same size on a
+    /// ready metadata disk is formatted as a new log (its own id) that starts at the next
+    /// page boundary after that LSN, so LSNs go on growing for everyone waiting on one; the file system switches to it;
+    /// and a second checkpoint writes the allocation map (new region used, old one free) and
+    /// the descriptor naming the new log, which is the commit. A crash before that
+    /// descriptor mounts with the old log (nothing to replay past the first checkpoint) and
+    /// the new region free; after it, with the new log. If that checkpoint fails, changes
+    /// already logged to the new log may have no durable descriptor naming it, so the file
+    /// system is fenced: later commits fail (EIO) instead of being lost, and a remount
+    /// recovers from whichever descriptor is durable.
+    fn move_log_off(&self) -> FsResult<bool> {
+        let mut m = self.meta.lock();
+        let _one = self.checkpoint_lock.lock();
+        let desc = self.desc.lock().clone();
+        if desc.disks[usize::from(desc.log.disk)].status == DiskStatus::Ready {
+            return Ok(false);
+        }
+        self.checkpoint_under_lock(&mut m)?;
+        let end = self.journal().appended_lsn();
+        assert!(
+            self.journal().durable_lsn() >= end,
+            "a checkpoint commits the log"
+        );
+        let lsn = tessera_journal::page_start_at_or_after(end);
+        let bs = u64::from(desc.block_size);
+        let bytes = desc.log.region.bytes;
+        let (start, blocks) = m
+            .alloc
+            .alloc_contiguous_blocks(0, AllocKind::Metadata, bytes / bs)
+            .map_err(|_| FsError::NoSpace {
+                pool: "system".into(),
+                what: "the recovery log (contiguous blocks of a ready metadata disk)",
+            })?;
+        let new = crate::descriptor::LogInfo {
+            disk: start.disk,
+            region: tessera_journal::JournalRegion {
+                offset: desc.sub_block_offset(start.sub_block),
+                bytes: blocks * bs,
+            },
+            log_id: rand::random(),
+        };
+        let new_extents = {
+            let mut d = desc.clone();
+            d.log = new;
+            crate::recovery::log_extents(&d)
+        };
+        let dev = self.devices.get(new.disk);
+        let opened = tessera_journal::format(dev.as_ref(), new.region, new.log_id)
+            .and_then(|()| tessera_journal::Journal::open(dev, new.region, new.log_id, lsn));
+        let journal = match opened {
+            Ok((journal, records)) => {
+                assert!(records.is_empty(), "a freshly formatted log has no records");
+                journal
+            }
+            Err(e) => {
+                for x in new_extents {
+                    m.alloc.free(x).expect("just allocated");
+                }
+                return Err(e.into());
+            }
+        };
+        let old_extents = crate::recovery::log_extents(&desc);
+        m.pending_free.extend(old_extents.iter().map(|e| (0, *e)));
+        let mut next = desc;
+        next.log = new;
+        *self.desc.lock() = next;
+        self.replace_journal(journal);
+        if let Err(e) = self.checkpoint_under_lock(&mut m) {
+            self.stop_checkpoints();
+            self.fence_commits();
+            return Err(FsError::Corrupt(format!(
+                "moving the recovery log failed while writing the descriptor that names the \
+                 new one: {e}; the file system takes no more changes: unmount and mount it \
+                 again, then rerun the restripe"
+            )));
+        }
+        Ok(true)
     }
 
     /// Metadata pages on each disk (by disk index) as of the newest checkpoint: every page

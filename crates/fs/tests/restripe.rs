@@ -167,7 +167,8 @@ fn migrate_moves_metadata_pages_off_the_emptied_disk() {
     // one holding the stored allocation map's regions (format puts them together).
     let (disk, _) = pages.iter().enumerate().max_by_key(|(_, n)| **n).unwrap();
     let map_disk = usize::from(regions(&fs)[0].on_disk);
-    let names: Vec<String> = [disk, map_disk]
+    let log_disk = usize::from(fs.descriptor().log.disk);
+    let names: Vec<String> = [disk, map_disk, log_disk]
         .iter()
         .map(|&d| fs.descriptor().disks[d].nsd_name.clone())
         .collect();
@@ -206,6 +207,17 @@ fn migrate_moves_metadata_pages_off_the_emptied_disk() {
     );
     assert!(report.progress.map_regions_moved > 0, "{report:?}");
     assert!(off(&fs), "{:?}", regions(&fs));
+    assert!(report.progress.log_moved, "{report:?}");
+    let log_on = usize::from(fs.descriptor().log.disk);
+    assert!(
+        ![disk, map_disk, log_disk].contains(&log_on),
+        "log still on {log_on}"
+    );
+    // The new log takes changes, and a remount replays them.
+    for i in 0..300 {
+        create_file(&fs, ROOT_INO, format!("after-log-move{i:03}").as_bytes());
+    }
+    fs.sync().unwrap();
     verify(&fs, &files);
     for i in (0..NAMES).step_by(7) {
         fs.lookup(ROOT_INO, format!("m{i:05}").as_bytes()).unwrap();
@@ -218,7 +230,8 @@ fn migrate_moves_metadata_pages_off_the_emptied_disk() {
     assert_eq!(fs.allocation_map_rebuilt(), None);
     assert!(off(&fs), "{:?}", regions(&fs));
     verify(&fs, &files);
-    assert_eq!(entries(&fs, ROOT_INO), NAMES + 500 + files.len());
+    assert_eq!(usize::from(fs.descriptor().log.disk), log_on);
+    assert_eq!(entries(&fs, ROOT_INO), NAMES + 500 + 300 + files.len());
     fs.unmount().unwrap();
     drop(fs);
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
@@ -260,7 +273,8 @@ fn a_crash_at_any_write_of_a_migrating_restripe_loses_nothing() {
         let pages = fs.metadata_pages_per_disk().unwrap();
         let (disk, _) = pages.iter().enumerate().max_by_key(|(_, n)| **n).unwrap();
         let map_disk = usize::from(regions(&fs)[0].on_disk);
-        let emptied = [disk, map_disk];
+        let log_disk = usize::from(fs.descriptor().log.disk);
+        let emptied = [disk, map_disk, log_disk];
         let names: Vec<String> = emptied
             .iter()
             .map(|&d| fs.descriptor().disks[d].nsd_name.clone())
@@ -301,6 +315,13 @@ fn a_crash_at_any_write_of_a_migrating_restripe_loses_nothing() {
             "crash at write {crash_at}: {:?}",
             regions(&fs)
         );
+        let log_on = usize::from(fs.descriptor().log.disk);
+        assert!(
+            !emptied.contains(&log_on),
+            "crash at write {crash_at}: log on {log_on}"
+        );
+        create_file(&fs, ROOT_INO, b"after-the-restripe");
+        fs.sync().unwrap();
         for i in (0..1500).step_by(11) {
             fs.lookup(ROOT_INO, format!("m{i:05}").as_bytes())
                 .unwrap_or_else(|e| panic!("crash at write {crash_at}: m{i:05}: {e}"));

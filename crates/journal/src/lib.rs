@@ -232,6 +232,19 @@ pub fn format(
     Ok(())
 }
 
+/// The first LSN at or after `lsn` that starts a page's payload: where a new log (see
+/// [`format`]) that continues another one's LSNs can be opened (`Journal::open` with this
+/// as the replay point finds nothing to replay and appends from there), since a replay
+/// point inside a page needs that page intact.
+pub fn page_start_at_or_after(lsn: Lsn) -> Lsn {
+    let seq = format::page_of(lsn);
+    if lsn <= format::lsn_at(seq, 0) {
+        format::lsn_at(seq, 0)
+    } else {
+        format::lsn_at(seq + 1, 0)
+    }
+}
+
 /// LSNs stay below this bound (2^62 bytes: a century of writing at 1 GB/s), so LSN
 /// arithmetic never overflows even with a nonsensical replay point.
 const MAX_LSN: Lsn = 1 << 62;

@@ -494,3 +494,35 @@ fn random_region_contents_never_panic() {
     }
     let _ = Damage::Zero;
 }
+
+/// A log that continues another's LSNs (the recovery log moved to another disk): a fresh
+/// log opened at `page_start_at_or_after(end of the old one)` replays nothing, appends LSNs
+/// above every old one, and after a reopen from the same point replays exactly its own.
+#[test]
+fn a_new_log_continues_the_lsns_of_an_old_one() {
+    let old = Disk::new(1 << 20);
+    let (journal, _) = old.open(0);
+    let mut records = Vec::new();
+    append_all(
+        &journal,
+        &mut records,
+        vec![payload(1, 100), payload(2, 3000)],
+    );
+    let end = journal.commit_all().unwrap();
+    drop(journal);
+    let start = tessera_journal::page_start_at_or_after(end);
+    assert!(start >= end, "{start} < {end}");
+    assert_eq!(tessera_journal::page_start_at_or_after(start), start);
+
+    let new = Disk::new(1 << 20);
+    let (journal, replayed) = new.open(start);
+    assert!(replayed.is_empty());
+    assert_eq!(journal.appended_lsn(), start);
+    let mut moved = Vec::new();
+    append_all(&journal, &mut moved, vec![payload(3, 50), payload(4, 9000)]);
+    journal.commit_all().unwrap();
+    assert!(moved[0].lsn > end);
+    drop(journal);
+    let (_, replayed) = new.open(start);
+    assert_records(&replayed, &moved, "replay of the new log");
+}

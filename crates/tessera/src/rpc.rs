@@ -774,6 +774,8 @@ pub struct RestripeDone {
     pub metadata_pages_moved: u64,
     /// Stored allocation-map regions moved off disks being emptied (`-m`).
     pub map_regions_moved: u64,
+    /// The recovery log moved off a disk being emptied (`-m`).
+    pub log_moved: bool,
     /// Blocks rewritten, truncated or deleted between the scan and their move.
     pub blocks_changed: u64,
     /// Stopped early because the client went away (Ctrl-C): run it again to continue.

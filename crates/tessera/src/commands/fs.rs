@@ -765,6 +765,7 @@ fn print_restripe(device: &str, done: &RestripeDone) {
         bytes_moved,
         metadata_pages_moved,
         map_regions_moved,
+        log_moved,
         blocks_changed,
         stopped,
     } = done.clone();
@@ -783,6 +784,9 @@ fn print_restripe(device: &str, done: &RestripeDone) {
             String::new()
         }
     );
+    if log_moved {
+        println!("The recovery log moved to another disk.");
+    }
     if stopped {
         println!("Stopped before the end; run the same command again to continue.");
     }

@@ -428,13 +428,18 @@ impl Daemon {
         })?;
         tracing::info!(
             "{name}: restripe {}: {} of {} blocks moved ({} bytes), {} metadata pages and {} \
-             allocation-map regions moved{}",
+             allocation-map regions moved{}{}",
             if balance { "-b" } else { "-m" },
             report.progress.blocks_moved,
             report.progress.blocks_scanned,
             report.progress.bytes_moved,
             report.progress.metadata_pages_moved,
             report.progress.map_regions_moved,
+            if report.progress.log_moved {
+                ", the recovery log moved"
+            } else {
+                ""
+            },
             if report.stopped {
                 ", stopped by the client"
             } else {
@@ -447,6 +452,7 @@ impl Daemon {
             bytes_moved: report.progress.bytes_moved,
             metadata_pages_moved: report.progress.metadata_pages_moved,
             map_regions_moved: report.progress.map_regions_moved,
+            log_moved: report.progress.log_moved,
             blocks_changed: report.blocks_changed,
             stopped: report.stopped,
         }))
