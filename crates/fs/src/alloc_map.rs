@@ -147,6 +147,11 @@ impl MapSlots {
         self.keep.insert(disk, vec![NOTHING_KEPT; chunks]);
     }
 
+    /// A disk deleted from the file system: its chunks no longer count.
+    pub fn remove_disk(&mut self, disk: DiskIndex) {
+        self.keep.remove(&disk);
+    }
+
     /// The digest of the current copies' generations once the copies `written` (of
     /// `generation`) are current: a wrapping sum of one term per chunk with a copy.
     pub fn digest_with(&self, written: &[(DiskIndex, usize, u8)], generation: u64) -> u64 {

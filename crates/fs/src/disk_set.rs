@@ -1,8 +1,9 @@
 //! The devices of a file system's disks, by disk index, as the I/O paths reach them.
 //!
 //! `disk add` [mmadddisk] appends disks to a mounted file system, so the table grows while
-//! reads and writes run; a disk is never removed or replaced in it while mounted (`disk
-//! delete` will retire an index, not reuse it). Readers take one device under a read lock
+//! reads and writes run; `disk delete` [mmdeldisk] retires a disk's slot (a device that
+//! refuses every read and write) rather than renumbering the others, since block
+//! references and page addresses carry disk indexes. Readers take one device under a read lock
 //! held for a clone of an `Arc`, so the table costs an I/O nothing measurable, and the
 //! metadata page reader shares the same table, so pages placed on a new metadata disk are
 //! readable the moment the allocator can give them out.
@@ -23,6 +24,50 @@ struct Disk {
     name: String,
     /// Give freed blocks back to the device (`thinDiskType`).
     discard: bool,
+}
+
+/// The slot of a deleted disk: nothing references it any more, so any I/O to it is a bug
+/// reported as an error, never a write to a device that may belong to someone else now.
+#[derive(Debug)]
+pub(crate) struct Retired {
+    name: String,
+}
+
+impl Retired {
+    pub(crate) fn device(disk: DiskIndex) -> Arc<dyn BlockDevice> {
+        Arc::new(Retired {
+            name: format!("deleted disk {disk}"),
+        })
+    }
+
+    fn refuse(&self) -> std::io::Error {
+        std::io::Error::other(format!(
+            "{}: I/O to a disk deleted from the file system",
+            self.name
+        ))
+    }
+}
+
+impl BlockDevice for Retired {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn size_bytes(&self) -> u64 {
+        0
+    }
+
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> std::io::Result<()> {
+        Err(self.refuse())
+    }
+
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> std::io::Result<()> {
+        Err(self.refuse())
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[derive(Default)]
@@ -128,6 +173,16 @@ impl DiskSet {
             discard: false,
         }));
         DiskIndex::try_from(first).expect("bounded by DISKS_MAX")
+    }
+
+    /// Retires the slot of a deleted disk: its device is let go (and the NSD may be reused
+    /// elsewhere), and any later I/O through the slot fails.
+    pub fn retire(&self, disk: DiskIndex) {
+        let mut disks = self.disks.write();
+        let d = &mut disks[usize::from(disk)];
+        d.device = Retired::device(disk);
+        d.name = String::new();
+        d.discard = false;
     }
 
     /// Forgets the disks from `first` on: a `disk add` whose descriptor never became

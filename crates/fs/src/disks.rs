@@ -135,7 +135,7 @@ fn check_new_disks(desc: &FsDescriptor, disks: &[DiskSpec]) -> FsResult<()> {
             "no disks given; list the NSDs to add in the stanza file".into(),
         ));
     }
-    if desc.disks.len() + disks.len() > DISKS_MAX {
+    if usize::from(next_disk_index(desc)) + disks.len() > DISKS_MAX {
         return Err(FsError::Invalid(format!(
             "file system {} has {} disks; with {} more it would pass the limit of {DISKS_MAX}",
             desc.name,
@@ -192,6 +192,12 @@ fn check_new_disks(desc: &FsDescriptor, disks: &[DiskSpec]) -> FsResult<()> {
     Ok(())
 }
 
+/// The index the next added disk gets: one past the highest (a deleted disk's index is
+/// reused only when it was the highest, and then nothing references it any more).
+fn next_disk_index(desc: &FsDescriptor) -> u16 {
+    desc.disks.last().map_or(0, |d| d.index + 1)
+}
+
 /// Gives new disks a descriptor copy while fewer than three disks hold one, preferring a
 /// failure group that has none; the disks that hold one keep it.
 fn add_descriptor_holders(desc: &mut FsDescriptor, first_new: usize) {
@@ -237,8 +243,12 @@ impl FileSystem {
         let mut desc = self.desc.lock().clone();
         check_new_disks(&desc, &disks)?;
         let first = desc.disks.len();
-        assert_eq!(first, self.devices.len(), "one device per descriptor disk");
-        let first_index = u16::try_from(first).expect("bounded by DISKS_MAX");
+        let first_index = next_disk_index(&desc);
+        assert_eq!(
+            usize::from(first_index),
+            self.devices.len(),
+            "one device slot per disk index"
+        );
         for (i, d) in disks.iter().enumerate() {
             let index = first_index + u16::try_from(i).expect("bounded by DISKS_MAX");
             let pool = desc
@@ -309,5 +319,203 @@ impl FileSystem {
         self.metadata_reserve_sub_blocks
             .store(reserve, std::sync::atomic::Ordering::Relaxed);
         Ok(added)
+    }
+}
+
+/// What `disk delete` did.
+#[derive(Clone, Debug, Default)]
+pub struct DiskDeleteReport {
+    /// The restripe that emptied the disks.
+    pub restripe: crate::restripe::RestripeReport,
+    /// The indexes of the disks deleted; empty when the restripe was stopped (the disks stay,
+    /// to be emptied, and running the delete again continues).
+    pub deleted: Vec<u16>,
+}
+
+impl FileSystem {
+    /// Deletes disks from the file system [mmdeldisk], mounted and under I/O or opened for
+    /// administration: refused up front when the other ready disks of their pools cannot
+    /// hold what they have; otherwise they are marked to be emptied, a migrating restripe
+    /// moves their data, metadata pages, allocation-map regions and the recovery log to the
+    /// other disks, and one checkpoint writes the allocation map and the descriptor without
+    /// them, which commits the deletion. A crash before that descriptor is durable leaves the
+    /// disks in the file system, to be emptied (running the delete again finishes it); after
+    /// it, they are gone and nothing references them. Their indexes are retired, not reused
+    /// by the others. `stop` ends it early between blocks.
+    pub fn delete_disks(
+        &self,
+        nsds: &[String],
+        stop: &std::sync::atomic::AtomicBool,
+        progress: &mut dyn FnMut(&crate::restripe::RestripeProgress),
+    ) -> FsResult<DiskDeleteReport> {
+        self.check_fenced()?;
+        let indexes = self.check_delete(nsds)?;
+        if indexes
+            .iter()
+            .any(|&i| self.desc_disk(i).status != DiskStatus::ToBeEmptied)
+        {
+            self.set_disk_status(nsds, DiskStatus::ToBeEmptied)?;
+        }
+        let restripe = self.restripe(crate::restripe::RestripeMode::Migrate, stop, progress)?;
+        if restripe.stopped {
+            return Ok(DiskDeleteReport {
+                restripe,
+                deleted: Vec::new(),
+            });
+        }
+        // Space the moves released comes back once their changes are durable.
+        self.sync()?;
+        self.commit_delete(&indexes)?;
+        Ok(DiskDeleteReport {
+            restripe,
+            deleted: indexes,
+        })
+    }
+
+    fn desc_disk(&self, index: u16) -> crate::descriptor::FsDisk {
+        self.desc
+            .lock()
+            .disks
+            .iter()
+            .find(|d| d.index == index)
+            .expect("a disk of the file system")
+            .clone()
+    }
+
+    /// The indexes of the disks `nsds` names, once it is known that deleting them leaves
+    /// every pool a ready disk and room for what they hold.
+    fn check_delete(&self, nsds: &[String]) -> FsResult<Vec<u16>> {
+        let desc = self.descriptor();
+        if nsds.is_empty() {
+            return Err(FsError::Invalid("no disks given to delete".into()));
+        }
+        for (i, name) in nsds.iter().enumerate() {
+            if nsds[..i].contains(name) {
+                return Err(FsError::Invalid(format!("{name} is listed twice")));
+            }
+        }
+        if desc.disks.iter().all(|d| nsds.contains(&d.nsd_name)) {
+            return Err(FsError::Invalid(format!(
+                "that would delete every disk of file system {}; delete the file system \
+                 instead (`tessera fs delete`)",
+                desc.name
+            )));
+        }
+        let mut next = desc.clone();
+        let indexes = set_disk_status(&mut next, nsds, DiskStatus::ToBeEmptied)?;
+        let m = self.meta.lock();
+        let per = u64::from(desc.sub_blocks_per_block());
+        let sub = u64::from(desc.sub_block_size);
+        for (pool, pool_name) in desc.pools.iter().enumerate() {
+            let pool = pool as PoolId;
+            let (mut moving, mut room) = (0u64, 0u64);
+            for d in desc.disks.iter().filter(|d| d.pool == pool) {
+                let s = m.alloc.disk_space(d.index);
+                let free = s.blocks_free * per + s.sub_blocks_free_in_fragments;
+                if indexes.contains(&d.index) {
+                    moving += s.blocks_total * per - free;
+                } else if d.status == DiskStatus::Ready {
+                    room += free;
+                }
+            }
+            // Keep the metadata reserve's worth of slack: moves that just fit would leave
+            // the pool full.
+            if moving > 0 && moving + moving / 16 > room {
+                return Err(FsError::Invalid(format!(
+                    "the disks to delete hold {:.1} MiB of storage pool {pool_name}, and the \
+                     other ready disks of that pool have {:.1} MiB free; add a disk first \
+                     (`tessera disk add`) or delete fewer",
+                    (moving * sub) as f64 / 1048576.0,
+                    (room * sub) as f64 / 1048576.0
+                )));
+            }
+        }
+        Ok(indexes)
+    }
+
+    /// Removes the emptied disks `indexes` from the descriptor, the allocator and the stored
+    /// map, in one checkpoint.
+    fn commit_delete(&self, indexes: &[u16]) -> FsResult<()> {
+        // Counted first (it takes the metadata lock): no page can land on the disks
+        // meanwhile, since the allocator gives out nothing on a disk that is not ready.
+        let pages = self.metadata_pages_per_disk()?;
+        let mut m = self.meta.lock();
+        let _one = self.checkpoint_lock.lock();
+        let mut desc = self.desc.lock().clone();
+        for &i in indexes {
+            let d = desc
+                .disks
+                .iter()
+                .find(|d| d.index == i)
+                .expect("checked")
+                .clone();
+            let s = m.alloc.disk_space(i);
+            let per = u64::from(desc.sub_blocks_per_block());
+            let used = (s.blocks_total - s.blocks_free) * per - s.sub_blocks_free_in_fragments;
+            let region_on_it = desc
+                .alloc_map
+                .as_ref()
+                .is_some_and(|map| map.regions.iter().any(|r| r.on_disk == i));
+            if used > 0 || pages[usize::from(i)] > 0 || desc.log.disk == i || region_on_it {
+                return Err(FsError::Invalid(format!(
+                    "NSD {} still holds {used} sub-block(s) in use ({} metadata page(s)) after \
+                     the restripe, while other changes ran; run `tessera disk delete` again",
+                    d.nsd_name,
+                    pages[usize::from(i)]
+                )));
+            }
+        }
+        let removed_holder = desc
+            .disks
+            .iter()
+            .any(|d| indexes.contains(&d.index) && d.holds_descriptor);
+        desc.disks.retain(|d| !indexes.contains(&d.index));
+        if removed_holder {
+            add_descriptor_holders(&mut desc, 0);
+        }
+        // The map regions that described the deleted disks: stored free by this checkpoint,
+        // reused once it is durable (pending frees as of LSN 0).
+        let mut superseded = Vec::new();
+        if let Some(map) = &mut desc.alloc_map {
+            let (gone, kept): (Vec<_>, Vec<_>) =
+                map.regions.iter().partition(|r| indexes.contains(&r.disk));
+            map.regions = kept;
+            superseded = crate::alloc_map::region_extents_of(&desc, &gone);
+        }
+        m.pending_free.extend(superseded.iter().map(|e| (0, *e)));
+        {
+            let mut slots = self.map_slots.lock();
+            for &i in indexes {
+                slots.remove_disk(i);
+                m.alloc.remove_disk(i);
+            }
+        }
+        let removed: Vec<Arc<dyn BlockDevice>> =
+            indexes.iter().map(|&i| self.devices.get(i)).collect();
+        *self.desc.lock() = desc;
+        if let Err(e) = self.checkpoint_under_lock(&mut m) {
+            // Which descriptor is durable only a mount can tell; the allocator no longer
+            // knows the disks, so this mount takes no further change.
+            self.stop_checkpoints();
+            self.fence_commits();
+            return Err(FsError::Corrupt(format!(
+                "deleting the disks failed while writing the descriptor without them: {e}; \
+                 unmount and mount the file system again (`tessera disk ls` tells whether \
+                 they are gone) and rerun the delete if they are not"
+            )));
+        }
+        for &i in indexes {
+            self.devices.retire(i);
+        }
+        let reserve = crate::fs::metadata_reserve(&self.descriptor(), self.geo.data_pool);
+        self.metadata_reserve_sub_blocks
+            .store(reserve, std::sync::atomic::Ordering::Relaxed);
+        drop(m);
+        // The file system's descriptor copies on the deleted disks must never be found
+        // again: a later mount given the device would take them for this file system.
+        if let Err(e) = crate::descriptor::erase_descriptors(&removed) {
+            tracing::warn!("erasing the descriptor copies of deleted disks: {e}");
+        }
+        Ok(())
     }
 }

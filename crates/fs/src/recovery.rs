@@ -47,7 +47,12 @@ pub(crate) fn match_devices(
     desc: &FsDescriptor,
     disks: &[(NsdId, Arc<dyn BlockDevice>)],
 ) -> FsResult<Arc<DiskSet>> {
-    let mut out = Vec::with_capacity(desc.disks.len());
+    // Deleted disks leave their index unused: a retired slot keeps the others' places.
+    let slots = desc.disks.last().map_or(0, |d| usize::from(d.index) + 1);
+    let mut out: Vec<Arc<dyn BlockDevice>> = (0..slots)
+        .map(|i| crate::disk_set::Retired::device(i as u16))
+        .collect();
+    let mut names = vec![String::new(); slots];
     for d in &desc.disks {
         let Some((_, dev)) = disks.iter().find(|(id, _)| *id == d.nsd_id) else {
             return Err(FsError::MissingDisk {
@@ -75,9 +80,9 @@ pub(crate) fn match_devices(
                 })
             }
         }
-        out.push(dev.clone());
+        out[usize::from(d.index)] = dev.clone();
+        names[usize::from(d.index)] = d.nsd_name.clone();
     }
-    let names = desc.disks.iter().map(|d| d.nsd_name.clone()).collect();
     Ok(DiskSet::new(out, names))
 }
 

@@ -266,7 +266,11 @@ impl FileSystem {
         let mut m = self.meta.lock();
         let _one = self.checkpoint_lock.lock();
         let desc = self.desc.lock().clone();
-        if desc.disks[usize::from(desc.log.disk)].status == DiskStatus::Ready {
+        if desc
+            .disks
+            .iter()
+            .any(|d| d.index == desc.log.disk && d.status == DiskStatus::Ready)
+        {
             return Ok(false);
         }
         self.checkpoint_under_lock(&mut m)?;
@@ -331,11 +335,12 @@ impl FileSystem {
         Ok(true)
     }
 
-    /// Metadata pages on each disk (by disk index) as of the newest checkpoint: every page
+    /// Metadata pages on each disk (by disk index, 0 for a deleted one) as of the newest checkpoint: every page
     /// of every shard's tree is visited, so this reads the whole metadata.
     pub fn metadata_pages_per_disk(&self) -> FsResult<Vec<u64>> {
-        let disks = self.desc.lock().disks.len();
-        let mut pages = vec![0u64; disks];
+        // By disk index; deleted disks' indexes stay unused.
+        let slots = self.devices.len();
+        let mut pages = vec![0u64; slots];
         let mut m = self.meta.lock();
         let (store, trees) = m.state.trees_mut();
         for tree in trees {

@@ -670,6 +670,10 @@ pub enum DiskCommand {
     /// Add NSDs to a file system, mounted or not [mmadddisk]; new data goes to them at once,
     /// `-r` also moves existing data onto them.
     Add(DiskAddArgs),
+    /// Delete disks from a file system, mounted or not [mmdeldisk]: what they hold moves to
+    /// the other disks first (with progress; Ctrl-C stops it, running it again continues),
+    /// then they leave the file system and their NSDs are free.
+    Delete(DiskDeleteArgs),
     /// Stop or resume new allocations on disks of a file system, mounted or not
     /// [mmchdisk suspend|empty|resume]. `empty` marks the disk to be emptied by
     /// `tessera restripe -m`.
@@ -691,6 +695,14 @@ pub struct DiskAddArgs {
     /// Refuse NSDs that hold (or held) a file system; `-v no` overwrites them.
     #[arg(short = 'v', default_value = "yes")]
     pub verify: String,
+}
+
+#[derive(Args, Debug)]
+pub struct DiskDeleteArgs {
+    /// The file system device name.
+    pub device: String,
+    /// The disks, as NSD names separated by ';' or ',' [mmdeldisk DEVICE "nsd1;nsd2"].
+    pub disks: String,
 }
 
 /// What `disk change` does to the disks [mmchdisk].

@@ -56,6 +56,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Disk(DiskCommand::Ls(_)) => "disk ls",
         Command::Disk(DiskCommand::Add(_)) => "disk add",
         Command::Disk(DiskCommand::Change(_)) => "disk change",
+        Command::Disk(DiskCommand::Delete(_)) => "disk delete",
         Command::Restripe(_) => "restripe",
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
@@ -123,6 +124,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),
         Command::Disk(DiskCommand::Add(a)) => fs::disk_add(home, &a),
         Command::Disk(DiskCommand::Change(a)) => fs::disk_change(home, &a),
+        Command::Disk(DiskCommand::Delete(a)) => fs::disk_delete(home, &a),
         Command::Restripe(a) => fs::restripe(home, &a),
         Command::Fsck(a) => io::fsck(home, &a.device, a.repair),
         Command::Pmon(a) => match &a.input {

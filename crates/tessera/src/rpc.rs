@@ -245,6 +245,11 @@ pub enum Request {
         verify: bool,
         rebalance: bool,
     },
+    /// Empty disks and remove them from a file system [mmdeldisk].
+    DiskDelete {
+        name: String,
+        nsds: Vec<String>,
+    },
     /// Suspend, empty or resume disks of a file system [mmchdisk].
     DiskChange {
         name: String,

@@ -203,3 +203,60 @@ fn add_disks_to_a_mounted_file_system_and_to_an_unmounted_one() {
     let df = node.ok(&["df", "afs"]);
     assert!(df.contains("ay0"), "{df}");
 }
+
+/// `disk delete` [mmdeldisk] on a mounted file system while a writer keeps writing: the
+/// disk that holds the recovery log and the allocation map is emptied and removed, its NSD
+/// is free again (and joins back with `disk add`), refusals name the problem, the delete
+/// also works unmounted, and fsck is clean.
+#[test]
+fn delete_disks_from_a_mounted_file_system_and_from_an_unmounted_one() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let stanza = node.stanza("dd", 4, 256 * MIB);
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.create_fs("xfs1", &stanza, "mnt");
+    node.ok(&["mount", "xfs1"]);
+    let mut files = Vec::new();
+    for i in 0..10u64 {
+        let data = pattern((i as usize + 1) * 700_000, 300 + i);
+        write_file(&mnt.join(format!("f{i}")), &data);
+        files.push((mnt.join(format!("f{i}")), data));
+    }
+
+    let writer = Writer::start(&mnt, 1_500_000, 3000);
+    let out = node.ok(&["disk", "delete", "xfs1", "dd0"]);
+    writer.stop();
+    assert!(out.contains("dd0 deleted from xfs1"), "{out}");
+    assert!(out.contains("recovery log moved"), "{out}");
+    let disks = node.ok(&["disk", "ls", "xfs1"]);
+    assert!(!disks.contains("dd0"), "{disks}");
+    let nsds = node.ok(&["nsd", "ls"]);
+    let line = nsds.lines().find(|l| l.contains("dd0")).unwrap();
+    assert!(line.contains("(free disk)"), "{nsds}");
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+
+    // Refused, naming the problem.
+    let err = node.fails(&["disk", "delete", "xfs1", "dd0"]);
+    assert!(err.contains("dd0 is not a disk of file system xfs1"), "{err}");
+    let err = node.fails(&["disk", "delete", "xfs1", "dd1;dd2;dd3"]);
+    assert!(err.contains("every disk"), "{err}");
+
+    // Unmounted, the same command opens the file system for the change.
+    node.ok(&["umount", "xfs1"]);
+    let out = node.ok(&["disk", "delete", "xfs1", "dd3"]);
+    assert!(out.contains("dd3 deleted from xfs1"), "{out}");
+    let back = node.path("back.stanza");
+    std::fs::write(&back, "%nsd: nsd=dd0\n").unwrap();
+    node.ok(&["disk", "add", "xfs1", "-F", s(&back)]);
+    let fsck = node.ok(&["fsck", "xfs1"]);
+    assert!(fsck.contains("is clean"), "{fsck}");
+    node.ok(&["mount", "xfs1"]);
+    assert_eq!(status_of(&node, "xfs1", "dd0"), "ready");
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+}

@@ -8,7 +8,9 @@ use tessera_nsd::{check_name, parse_pool_stanzas, parse_stanzas, DiskUsage, NAME
 use super::nsd::{absolute, read_stanza_file};
 use super::units::{parse_block_size, parse_inode_limit, parse_inode_size, parse_size};
 use super::{call, unexpected, yes_no};
-use crate::cli::{DiskAction, DiskAddArgs, DiskChangeArgs, FsCreateArgs, RestripeArgs};
+use crate::cli::{
+    DiskAction, DiskAddArgs, DiskChangeArgs, DiskDeleteArgs, FsCreateArgs, RestripeArgs,
+};
 use crate::config::Home;
 use crate::output::{local_time, yes_no as yn, Table, YRecord};
 use crate::rpc::{FsCreateSpec, FsDiskSpec, FsShow, Reply, Request, RestripeDone};
@@ -676,6 +678,44 @@ pub fn disk_add(home: &Home, a: &DiskAddArgs) -> Result<()> {
     }
 }
 
+/// `tessera disk delete DEVICE "NSD[;NSD...]"` [mmdeldisk].
+pub fn disk_delete(home: &Home, a: &DiskDeleteArgs) -> Result<()> {
+    let nsds = nsd_list(&a.disks, &a.device)?;
+    let done = match call(
+        home,
+        &Request::DiskDelete {
+            name: a.device.clone(),
+            nsds: nsds.clone(),
+        },
+    )? {
+        Reply::Restripe(done) => done,
+        other => return Err(unexpected(other)),
+    };
+    print_restripe(&a.device, &done);
+    if !done.stopped {
+        println!(
+            "{} deleted from {}; the NSDs are free (`tessera nsd ls`).",
+            nsds.join(", "),
+            a.device
+        );
+    }
+    Ok(())
+}
+
+/// NSD names separated by ';' or ',' [mmchdisk -d "nsd1;nsd2"].
+fn nsd_list(text: &str, device: &str) -> Result<Vec<String>> {
+    let nsds: Vec<String> = text
+        .split([';', ','])
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    if nsds.is_empty() {
+        bail!("no disk named; give NSD names separated by ';' (see `tessera disk ls {device}`)");
+    }
+    Ok(nsds)
+}
+
 /// `tessera disk change DEVICE ACTION -d "NSD[;NSD...]"` [mmchdisk].
 pub fn disk_change(home: &Home, a: &DiskChangeArgs) -> Result<()> {
     let status =
@@ -693,19 +733,7 @@ pub fn disk_change(home: &Home, a: &DiskChangeArgs) -> Result<()> {
         )
             }
         };
-    let nsds: Vec<String> = a
-        .disks
-        .split([';', ','])
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(str::to_string)
-        .collect();
-    if nsds.is_empty() {
-        bail!(
-            "-d names no disk; give NSD names separated by ';' (see `tessera disk ls {}`)",
-            a.device
-        );
-    }
+    let nsds = nsd_list(&a.disks, &a.device)?;
     call(
         home,
         &Request::DiskChange {

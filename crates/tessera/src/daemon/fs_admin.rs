@@ -501,6 +501,48 @@ impl Daemon {
     }
 
     /// Gives NSDs claimed for a `disk add` that was refused back to the registry.
+    /// `disk delete` [mmdeldisk]: empties the disks (with progress; stops cleanly when the
+    /// client goes away, and running it again continues), removes them from the file
+    /// system, and gives the NSDs back (free for another file system).
+    pub(super) fn disk_delete(
+        &self,
+        name: &str,
+        nsds: &[String],
+        r: &mut Reporter,
+    ) -> Result<Reply> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let _admin = self.admin.lock();
+        let stop = AtomicBool::new(false);
+        let report = self.with_fs(name, "opening it here to delete disks", |fs| {
+            r.info(format!(
+                "Deleting {} from file system {name}: moving what they hold to the other disks ...",
+                nsds.join(", ")
+            ));
+            fs.delete_disks(nsds, &stop, &mut |p| {
+                r.progress(&super::mounts::restripe_phase(p), p.shards_done, p.shards);
+                if r.client_gone() {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            })
+            .map_err(|e| {
+                anyhow!(
+                    "file system {name}: disk delete: {e}; what moved so far stays moved, run \
+                     it again to continue"
+                )
+            })
+        })?;
+        if !report.deleted.is_empty() {
+            self.release_nsds(name, nsds);
+            if let Some(m) = self.mounts.lock().get_mut(name) {
+                m.nsd_stats.retain(|(n, _)| !nsds.contains(n));
+            }
+            tracing::info!("{name}: disks {} deleted", nsds.join(", "));
+        }
+        Ok(Reply::Restripe(super::mounts::restripe_done(
+            &report.restripe,
+        )))
+    }
+
     fn release_nsds(&self, fs_name: &str, names: &[String]) {
         let released = (|| -> Result<()> {
             let mut nsds = self.nsds()?;
@@ -518,8 +560,8 @@ impl Daemon {
         })();
         if let Err(e) = released {
             tracing::error!(
-                "{fs_name}: NSDs {} stay claimed by the file system after a refused disk add: \
-                 {e:#}",
+                "{fs_name}: NSDs {} stay claimed by the file system in the registry although \
+                 it no longer uses them: {e:#}",
                 names.join(", ")
             );
         }

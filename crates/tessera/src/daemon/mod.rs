@@ -312,6 +312,7 @@ impl Daemon {
                 rebalance,
             } => self.disk_add(&name, &disks, verify, rebalance, r),
             Request::DiskChange { name, nsds, status } => self.disk_change(&name, &nsds, status),
+            Request::DiskDelete { name, nsds } => self.disk_delete(&name, &nsds, r),
             Request::Restripe { name, balance } => self.restripe(&name, balance, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
             Request::IoHistory => Ok(self.io_history()),

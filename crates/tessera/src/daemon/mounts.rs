@@ -409,17 +409,7 @@ impl Daemon {
         let stop = AtomicBool::new(false);
         let report = self.with_fs(name, "opening it here to restripe it", |fs| {
             fs.restripe(mode, &stop, &mut |p| {
-                let moved = format!(
-                    "shards scanned; {} blocks ({:.1} MiB) moved{}",
-                    p.blocks_moved,
-                    p.bytes_moved as f64 / 1048576.0,
-                    if p.metadata_pages_moved > 0 {
-                        format!(", {} metadata pages moved", p.metadata_pages_moved)
-                    } else {
-                        String::new()
-                    }
-                );
-                r.progress(&moved, p.shards_done, p.shards);
+                r.progress(&restripe_phase(p), p.shards_done, p.shards);
                 if r.client_gone() {
                     stop.store(true, Ordering::Relaxed);
                 }
@@ -446,16 +436,7 @@ impl Daemon {
                 ""
             }
         );
-        Ok(Reply::Restripe(crate::rpc::RestripeDone {
-            blocks_scanned: report.progress.blocks_scanned,
-            blocks_moved: report.progress.blocks_moved,
-            bytes_moved: report.progress.bytes_moved,
-            metadata_pages_moved: report.progress.metadata_pages_moved,
-            map_regions_moved: report.progress.map_regions_moved,
-            log_moved: report.progress.log_moved,
-            blocks_changed: report.blocks_changed,
-            stopped: report.stopped,
-        }))
+        Ok(Reply::Restripe(restripe_done(&report)))
     }
 
     pub(super) fn df(&self, name: &str) -> Result<Reply> {
@@ -576,5 +557,34 @@ impl Daemon {
                 tracing::error!("{}: mount at start failed: {e:#}", record.name);
             }
         }
+    }
+}
+
+/// The progress phase of a restripe (also of the one inside `disk delete`).
+pub(super) fn restripe_phase(p: &tessera_fs::restripe::RestripeProgress) -> String {
+    format!(
+        "shards scanned; {} blocks ({:.1} MiB) moved{}",
+        p.blocks_moved,
+        p.bytes_moved as f64 / 1048576.0,
+        if p.metadata_pages_moved > 0 {
+            format!(", {} metadata pages moved", p.metadata_pages_moved)
+        } else {
+            String::new()
+        }
+    )
+}
+
+pub(super) fn restripe_done(
+    report: &tessera_fs::restripe::RestripeReport,
+) -> crate::rpc::RestripeDone {
+    crate::rpc::RestripeDone {
+        blocks_scanned: report.progress.blocks_scanned,
+        blocks_moved: report.progress.blocks_moved,
+        bytes_moved: report.progress.bytes_moved,
+        metadata_pages_moved: report.progress.metadata_pages_moved,
+        map_regions_moved: report.progress.map_regions_moved,
+        log_moved: report.progress.log_moved,
+        blocks_changed: report.blocks_changed,
+        stopped: report.stopped,
     }
 }
