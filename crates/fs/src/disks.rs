@@ -1,5 +1,6 @@
-//! The disks of a live file system: adding disks [mmadddisk], and suspending, emptying and
-//! resuming allocation on them [mmchdisk suspend|empty|resume]. The status is part of the
+//! The disks of a live file system: adding disks [mmadddisk], deleting them [mmdeldisk],
+//! and suspending, emptying and resuming allocation on them [mmchdisk
+//! suspend|empty|resume]. The status is part of the
 //! file-system descriptor, so it holds across mounts, and the allocator gives nothing new
 //! out on a disk that is not ready; what the disk already holds stays readable and writable
 //! in place until a restripe moves it (`crate::restripe`).
@@ -14,6 +15,14 @@
 //! allocator give out space on the disk. A crash before it leaves the previous descriptor,
 //! whose map chunks never held the region: nothing leaks and the disk is simply not part of
 //! the file system; a crash after it finds the disk at mount with an empty map.
+//!
+//! # Deleting a disk, crash-safe
+//!
+//! The disk is emptied first by a migrating restripe (data, metadata pages, map regions, the
+//! log), each move crash-safe on its own; then one checkpoint writes the map and a
+//! descriptor without the disk. Before that descriptor is durable the disk is still part of
+//! the file system (empty, to be emptied); after it nothing references it, and its index is
+//! retired rather than reused by the other disks.
 
 use std::sync::Arc;
 
@@ -456,7 +465,10 @@ impl FileSystem {
                 .alloc_map
                 .as_ref()
                 .is_some_and(|map| map.regions.iter().any(|r| r.on_disk == i));
-            if used > 0 || pages[usize::from(i)] > 0 || desc.log.disk == i || region_on_it {
+            // Every block free, not only every sub-block: the allocator lets a disk go
+            // only whole.
+            let busy = s.blocks_free != s.blocks_total;
+            if busy || pages[usize::from(i)] > 0 || desc.log.disk == i || region_on_it {
                 return Err(FsError::Invalid(format!(
                     "NSD {} still holds {used} sub-block(s) in use ({} metadata page(s)) after \
                      the restripe, while other changes ran; run `tessera disk delete` again",
