@@ -68,9 +68,10 @@ fresh() {
 
 # fg_read SECONDS JSON: a sequential 1 MiB direct read of the files, one job, for SECONDS
 # (or until SIGTERM), its fio report written to JSON. `exec`, so that a caller running it
-# in the background signals fio itself.
+# in the background signals fio itself. The job is named like the fill job: fio names its
+# files after the job, and under another name it would lay out (write) a second set.
 fg_read() {
-    exec fio --name=fg --directory="$MNT/data" --rw=read --bs=1M --ioengine=psync --direct=1 \
+    exec fio --name=fill --directory="$MNT/data" --rw=read --bs=1M --ioengine=psync --direct=1 \
         --filesize="$FILE_BYTES" --nrfiles=$(($(bytes "$DATA_BYTES") / $(bytes "$FILE_BYTES"))) \
         --file_service_type=sequential --time_based --runtime="$1" --output-format=json \
         --output="$2" >/dev/null

@@ -611,11 +611,22 @@ impl AllocMap {
     /// Space summed over the disks of `pool` that hold `kind`, available or not.
     #[must_use]
     pub fn pool_space(&self, pool: PoolId, kind: AllocKind) -> DiskSpace {
+        self.space_of(pool, kind, false)
+    }
+
+    /// Like [`AllocMap::pool_space`], over the disks that take new allocations only: what
+    /// can still be allocated, which is less than what is free while a disk is suspended.
+    #[must_use]
+    pub fn allocatable_space(&self, pool: PoolId, kind: AllocKind) -> DiskSpace {
+        self.space_of(pool, kind, true)
+    }
+
+    fn space_of(&self, pool: PoolId, kind: AllocKind, available_only: bool) -> DiskSpace {
         let mut total = DiskSpace::default();
         for d in self
             .disks
             .iter()
-            .filter(|d| d.pool == pool && holds(d, kind))
+            .filter(|d| d.pool == pool && holds(d, kind) && (d.available || !available_only))
         {
             let space = self.disk_space(d.disk);
             total.blocks_total += space.blocks_total;

@@ -99,7 +99,11 @@ impl FileSystem {
         if reserve == 0 {
             return Ok(());
         }
-        let space = m.alloc.pool_space(0, AllocKind::Metadata);
+        // Only disks that take new pages count: with a disk suspended or being emptied (a
+        // restripe moving its data to the others), its free space is no room for pages, and
+        // counting it let data fill the ready disks to the last block, so that the next
+        // checkpoint found no page at all.
+        let space = m.alloc.allocatable_space(0, AllocKind::Metadata);
         let free = space.blocks_free * u64::from(self.geo.sub_blocks_per_block)
             + space.sub_blocks_free_in_fragments;
         if free < reserve + u64::from(sub_blocks) {

@@ -172,7 +172,11 @@ fn a_crash_at_any_write_of_a_disk_delete_loses_nothing() {
         faults
             .writes_until_failure
             .store(crash_at, Ordering::SeqCst);
-        let result = fs.delete_disks(std::slice::from_ref(&name), &AtomicBool::new(false), &mut |_| {});
+        let result = fs.delete_disks(
+            std::slice::from_ref(&name),
+            &AtomicBool::new(false),
+            &mut |_| {},
+        );
         let crashed = faults.writes_until_failure.load(Ordering::SeqCst) <= 0;
         faults.dead.store(true, Ordering::SeqCst);
         fs.fence();

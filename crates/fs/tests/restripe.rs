@@ -346,3 +346,49 @@ fn a_crash_at_any_write_of_a_migrating_restripe_loses_nothing() {
     eprintln!("{points} crash points, the restripe took about {crash_at} writes");
     assert!(points > 10, "only {points} crash points");
 }
+
+/// With a disk suspended, data fills the ready disks only up to the metadata reserve: the
+/// suspended disk's free space is no room for pages, so checkpoints (and the final one at
+/// unmount) still find pages when writers have hit ENOSPC.
+#[test]
+fn a_full_pool_with_a_suspended_disk_still_checkpoints() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    fs.set_disk_status(&["nsd0".to_string()], DiskStatus::Suspended)
+        .unwrap();
+    let chunk = pattern(1 << 20, 7);
+    let mut files = std::collections::BTreeMap::new();
+    'fill: for i in 0.. {
+        let name = format!("fill{i}");
+        let a = create_file(&fs, ROOT_INO, name.as_bytes());
+        let mut data = Vec::new();
+        for j in 0..8u64 {
+            match fs.write(a.ino, j << 20, &chunk, false) {
+                Ok(_) => data.extend_from_slice(&chunk),
+                Err(tessera_fs::FsError::NoSpace { .. }) => {
+                    fs.truncate(a.ino, data.len() as u64).unwrap();
+                    files.insert(name, data);
+                    break 'fill;
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        files.insert(name, data);
+        assert!(i < 1000, "the pool never filled");
+    }
+    // The namespace still changes and checkpoints still find pages.
+    for i in 0..10_000 {
+        create_file(&fs, ROOT_INO, format!("small{i:05}").as_bytes());
+    }
+    fs.checkpoint().unwrap();
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

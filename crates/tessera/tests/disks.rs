@@ -241,7 +241,10 @@ fn delete_disks_from_a_mounted_file_system_and_from_an_unmounted_one() {
 
     // Refused, naming the problem.
     let err = node.fails(&["disk", "delete", "xfs1", "dd0"]);
-    assert!(err.contains("dd0 is not a disk of file system xfs1"), "{err}");
+    assert!(
+        err.contains("dd0 is not a disk of file system xfs1"),
+        "{err}"
+    );
     let err = node.fails(&["disk", "delete", "xfs1", "dd1;dd2;dd3"]);
     assert!(err.contains("every disk"), "{err}");
 
