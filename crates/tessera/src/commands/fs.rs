@@ -804,7 +804,10 @@ fn print_restripe(device: &str, done: &RestripeDone) {
         match (metadata_pages_moved, map_regions_moved) {
             (0, 0) => String::new(),
             (p, 0) => format!(", {p} metadata pages moved"),
-            (p, r) => format!(", {p} metadata pages and {r} allocation-map regions moved"),
+            (p, r) => format!(
+                ", {p} metadata pages and {r} allocation-map region{} moved",
+                if r == 1 { "" } else { "s" }
+            ),
         },
         if blocks_changed > 0 {
             format!(", {blocks_changed} changed while the restripe ran (written anew wherever the allocator chose)")

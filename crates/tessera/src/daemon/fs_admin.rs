@@ -524,11 +524,13 @@ impl Daemon {
                     stop.store(true, Ordering::Relaxed);
                 }
             })
-            .map_err(|e| {
-                anyhow!(
+            .map_err(|e| match e {
+                // Refused before anything moved: nothing to continue.
+                tessera_fs::FsError::Invalid(why) => anyhow!("file system {name}: {why}"),
+                e => anyhow!(
                     "file system {name}: disk delete: {e}; what moved so far stays moved, run \
                      it again to continue"
-                )
+                ),
             })
         })?;
         if !report.deleted.is_empty() {
