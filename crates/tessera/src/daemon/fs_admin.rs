@@ -514,11 +514,17 @@ impl Daemon {
         let _admin = self.admin.lock();
         let stop = AtomicBool::new(false);
         let report = self.with_fs(name, "opening it here to delete disks", |fs| {
-            r.info(format!(
-                "Deleting {} from file system {name}: moving what they hold to the other disks ...",
-                nsds.join(", ")
-            ));
+            // Announced with the first progress: a delete refused up front moves nothing.
+            let mut announced = false;
             fs.delete_disks(nsds, &stop, &mut |p| {
+                if !announced {
+                    announced = true;
+                    r.info(format!(
+                        "Deleting {} from file system {name}: moving what they hold to the \
+                         other disks ...",
+                        nsds.join(", ")
+                    ));
+                }
                 r.progress(&super::mounts::restripe_phase(p), p.shards_done, p.shards);
                 if r.client_gone() {
                     stop.store(true, Ordering::Relaxed);
