@@ -15,7 +15,6 @@ use tessera_drive::BlockDevice;
 use tessera_fs::restripe::RestripeMode;
 use tessera_fs::{DiskSpec, FileSystem, FsError, ROOT_INO};
 use tessera_nsd::{DiskUsage, NsdId};
-use tessera_testkit::{Faults, SimDrive};
 
 const DISK_BYTES: u64 = 64 << 20;
 
@@ -175,26 +174,14 @@ fn a_crash_at_any_write_of_a_disk_add_loses_nothing() {
     let (mut with, mut without) = (0, 0);
     loop {
         let t = two_of_four();
-        let faults = Arc::new(Faults::default());
-        let sim: Vec<(NsdId, Arc<dyn BlockDevice>)> = t
-            .reopen()
-            .into_iter()
-            .map(|(id, dev)| {
-                let dev: Arc<dyn BlockDevice> = Arc::new(SimDrive::new(dev, Arc::clone(&faults)));
-                (id, dev)
-            })
-            .collect();
+        let (sim, faults) = with_faults(&t);
         let fs = FileSystem::mount(sim.clone()).unwrap();
         let files = populate(&fs, "kept-", 7);
         faults
             .writes_until_failure
             .store(crash_at, Ordering::SeqCst);
         let result = fs.add_disks(new_disks(&sim));
-        let crashed = faults.writes_until_failure.load(Ordering::SeqCst) <= 0;
-        // The process dies here: no later write (a final checkpoint, the flusher) lands.
-        faults.dead.store(true, Ordering::SeqCst);
-        fs.fence();
-        drop(fs);
+        let crashed = crash(fs, &faults);
         match &result {
             // A descriptor write that failed on some copies but landed on one still commits.
             Ok(_) => {}
@@ -231,12 +218,7 @@ fn a_crash_at_any_write_of_a_disk_add_loses_nothing() {
         } else {
             fs.unmount().unwrap();
         }
-        let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-        assert!(
-            report.is_clean(),
-            "crash at write {crash_at}: {:?}",
-            report.problems
-        );
+        assert_fsck_clean(&t, &format!("crash at write {crash_at}"));
         if !crashed {
             break;
         }

@@ -9,13 +9,10 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use common::*;
-use tessera_drive::BlockDevice;
 use tessera_fs::{DiskSpec, DiskStatus, FileSystem, ROOT_INO};
 use tessera_nsd::DiskUsage;
-use tessera_testkit::{Faults, SimDrive};
 
 fn delete(fs: &FileSystem, nsd: &str) -> tessera_fs::disks::DiskDeleteReport {
     fs.delete_disks(&[nsd.to_string()], &AtomicBool::new(false), &mut |_| {})
@@ -153,15 +150,7 @@ fn a_crash_at_any_write_of_a_disk_delete_loses_nothing() {
     loop {
         let t = make_disks(4, 64 << 20);
         format_fs(&t, &small_opts());
-        let faults = Arc::new(Faults::default());
-        let sim: Vec<_> = t
-            .reopen()
-            .into_iter()
-            .map(|(id, dev)| {
-                let dev: Arc<dyn BlockDevice> = Arc::new(SimDrive::new(dev, Arc::clone(&faults)));
-                (id, dev)
-            })
-            .collect();
+        let (sim, faults) = with_faults(&t);
         let fs = FileSystem::mount(sim).unwrap();
         let files = populate(&fs, "kept-", 5);
         for i in 0..1000 {
@@ -177,10 +166,7 @@ fn a_crash_at_any_write_of_a_disk_delete_loses_nothing() {
             &AtomicBool::new(false),
             &mut |_| {},
         );
-        let crashed = faults.writes_until_failure.load(Ordering::SeqCst) <= 0;
-        faults.dead.store(true, Ordering::SeqCst);
-        fs.fence();
-        drop(fs);
+        let crashed = crash(fs, &faults);
         if let Err(e) = &result {
             assert!(
                 crashed,
@@ -218,12 +204,7 @@ fn a_crash_at_any_write_of_a_disk_delete_loses_nothing() {
         verify(&fs, &files);
         fs.unmount().unwrap();
         drop(fs);
-        let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-        assert!(
-            report.is_clean(),
-            "crash at write {crash_at}: {:?}",
-            report.problems
-        );
+        assert_fsck_clean(&t, &format!("crash at write {crash_at}"));
         if !crashed {
             break;
         }

@@ -244,24 +244,13 @@ fn migrate_moves_metadata_pages_off_the_emptied_disk() {
 #[test]
 fn a_crash_at_any_write_of_a_migrating_restripe_loses_nothing() {
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
-    use tessera_drive::BlockDevice;
-    use tessera_testkit::{Faults, SimDrive};
 
     let mut crash_at = 1;
     let mut points = 0;
     loop {
         let t = make_disks(4, 64 << 20);
         format_fs(&t, &small_opts());
-        let faults = Arc::new(Faults::default());
-        let sim: Vec<_> = t
-            .reopen()
-            .into_iter()
-            .map(|(id, dev)| {
-                let dev: Arc<dyn BlockDevice> = Arc::new(SimDrive::new(dev, Arc::clone(&faults)));
-                (id, dev)
-            })
-            .collect();
+        let (sim, faults) = with_faults(&t);
         let fs = FileSystem::mount(sim).unwrap();
         fs.set_metadata_cache_bytes(1 << 20);
         let files = populate(&fs, "kept-", 3);
@@ -284,13 +273,7 @@ fn a_crash_at_any_write_of_a_migrating_restripe_loses_nothing() {
             .writes_until_failure
             .store(crash_at, Ordering::SeqCst);
         let result = fs.restripe(RestripeMode::Migrate, &AtomicBool::new(false), &mut |_| {});
-        if let Ok(r) = &result {
-            eprintln!("completed: {:?}", r.progress);
-        }
-        let crashed = faults.writes_until_failure.load(Ordering::SeqCst) <= 0;
-        faults.dead.store(true, Ordering::SeqCst);
-        fs.fence();
-        drop(fs);
+        let crashed = crash(fs, &faults);
         if let Err(e) = &result {
             assert!(
                 crashed,
@@ -329,12 +312,7 @@ fn a_crash_at_any_write_of_a_migrating_restripe_loses_nothing() {
         verify(&fs, &files);
         fs.unmount().unwrap();
         drop(fs);
-        let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-        assert!(
-            report.is_clean(),
-            "crash at write {crash_at}: {:?}",
-            report.problems
-        );
+        assert_fsck_clean(&t, &format!("crash at write {crash_at}"));
         points += 1;
         if !crashed {
             break;

@@ -200,3 +200,40 @@ pub fn used(fs: &FileSystem) -> Vec<u64> {
         .map(|d| d.size_bytes - d.free_full_block_bytes - d.free_fragment_bytes)
         .collect()
 }
+
+/// The drives of `t` behind one set of injectable faults (see `tessera_testkit::SimDrive`):
+/// a crash test mounts them, sets `writes_until_failure` and then calls [`crash`].
+pub fn with_faults(
+    t: &TestDisks,
+) -> (
+    Vec<(NsdId, Arc<dyn BlockDevice>)>,
+    Arc<tessera_testkit::Faults>,
+) {
+    let faults = Arc::new(tessera_testkit::Faults::default());
+    let sim = t
+        .reopen()
+        .into_iter()
+        .map(|(id, dev)| {
+            let dev: Arc<dyn BlockDevice> =
+                Arc::new(tessera_testkit::SimDrive::new(dev, Arc::clone(&faults)));
+            (id, dev)
+        })
+        .collect();
+    (sim, faults)
+}
+
+/// The process dies here: no later write (a final checkpoint, the flusher) lands. Returns
+/// whether the injected failure was reached.
+pub fn crash(fs: Arc<FileSystem>, faults: &tessera_testkit::Faults) -> bool {
+    use std::sync::atomic::Ordering;
+    let crashed = faults.writes_until_failure.load(Ordering::SeqCst) <= 0;
+    faults.dead.store(true, Ordering::SeqCst);
+    fs.fence();
+    crashed
+}
+
+/// fsck of the unmounted file system on `t` finds nothing; `context` names the case.
+pub fn assert_fsck_clean(t: &TestDisks, context: &str) {
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{context}: {:?}", report.problems);
+}
