@@ -308,18 +308,13 @@ impl FileSystem {
             }
         }
         *self.desc.lock() = desc;
-        if let Err(e) = self.checkpoint_under_lock(&mut m) {
-            // Whether the descriptor naming the disks landed is unknown here; only a mount
-            // (replaying the log over whichever descriptor is durable) knows, so this mount
-            // takes no further checkpoint.
-            self.stop_checkpoints();
-            return Err(FsError::Corrupt(format!(
-                "adding the disks failed while writing the checkpoint that names them: {e}; \
-                 unmount and mount the file system again: it comes back with the disks if \
-                 their descriptor was written, without them otherwise (`tessera disk ls` \
-                 tells)"
-            )));
-        }
+        self.commit_descriptor_change(
+            &mut m,
+            false,
+            "adding the disks",
+            "unmount and mount the file system again: it comes back with the disks if their \
+             descriptor was written, without them otherwise (`tessera disk ls` tells)",
+        )?;
         for &index in &added {
             m.alloc.set_available(index, true);
         }
@@ -505,17 +500,14 @@ impl FileSystem {
         let removed: Vec<Arc<dyn BlockDevice>> =
             indexes.iter().map(|&i| self.devices.get(i)).collect();
         *self.desc.lock() = desc;
-        if let Err(e) = self.checkpoint_under_lock(&mut m) {
-            // Which descriptor is durable only a mount can tell; the allocator no longer
-            // knows the disks, so this mount takes no further change.
-            self.stop_checkpoints();
-            self.fence_commits();
-            return Err(FsError::Corrupt(format!(
-                "deleting the disks failed while writing the descriptor without them: {e}; \
-                 unmount and mount the file system again (`tessera disk ls` tells whether \
-                 they are gone) and rerun the delete if they are not"
-            )));
-        }
+        // The allocator no longer knows the disks: no further change until a remount.
+        self.commit_descriptor_change(
+            &mut m,
+            true,
+            "deleting the disks",
+            "unmount and mount the file system again (`tessera disk ls` tells whether they are \
+             gone) and rerun the delete if they are not",
+        )?;
         for &i in indexes {
             self.devices.retire(i);
         }

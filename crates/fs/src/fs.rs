@@ -659,6 +659,30 @@ impl FileSystem {
         *self.journal.write() = Arc::new(journal);
     }
 
+    /// A checkpoint that carries an administrative change of the descriptor (disks added or
+    /// deleted, map regions or the log moved). When it fails, whether its descriptor landed
+    /// only a mount can tell (it replays the log over whichever is durable), so this mount
+    /// takes no further checkpoint; with `stop_commits` no further commit either, for
+    /// changes after which the in-memory state names disks or a log that the durable
+    /// descriptor may not. The error says `what` failed and `then` what to do.
+    pub(crate) fn commit_descriptor_change(
+        &self,
+        m: &mut Meta,
+        stop_commits: bool,
+        what: &str,
+        then: &str,
+    ) -> FsResult<()> {
+        self.checkpoint_under_lock(m).map_err(|e| {
+            self.stop_checkpoints();
+            if stop_commits {
+                self.fence_commits();
+            }
+            FsError::Corrupt(format!(
+                "{what} failed while writing the checkpoint that commits it: {e}; {then}"
+            ))
+        })
+    }
+
     /// Every later commit and checkpoint fails, without waiting for the flusher (the caller
     /// may hold the metadata lock); `fence` does the rest at unmount.
     pub(crate) fn fence_commits(&self) {

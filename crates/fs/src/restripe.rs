@@ -236,16 +236,16 @@ impl FileSystem {
         // commit, when this checkpoint's descriptor is durable.
         m.pending_free.extend(superseded.iter().map(|e| (0, *e)));
         *self.desc.lock() = desc;
-        if let Err(e) = self.checkpoint_under_lock(&mut m) {
-            // As for an added disk: which descriptor is durable only a mount can tell; the
-            // old regions stay allocated meanwhile.
+        if let Err(e) = self.commit_descriptor_change(
+            &mut m,
+            false,
+            "moving allocation-map regions",
+            "unmount and mount the file system again, then rerun the restripe",
+        ) {
+            // The old regions stay allocated until a mount tells which descriptor landed.
             m.pending_free
                 .retain(|(lsn, e)| !(*lsn == 0 && superseded.contains(e)));
-            self.stop_checkpoints();
-            return Err(FsError::Corrupt(format!(
-                "moving allocation-map regions failed while writing the checkpoint that names \
-                 them: {e}; unmount and mount the file system again, then rerun the restripe"
-            )));
+            return Err(e);
         }
         Ok(old.len())
     }
@@ -323,20 +323,19 @@ impl FileSystem {
         next.log = new;
         *self.desc.lock() = next;
         self.replace_journal(journal);
-        if let Err(e) = self.checkpoint_under_lock(&mut m) {
-            self.stop_checkpoints();
-            self.fence_commits();
-            return Err(FsError::Corrupt(format!(
-                "moving the recovery log failed while writing the descriptor that names the \
-                 new one: {e}; the file system takes no more changes: unmount and mount it \
-                 again, then rerun the restripe"
-            )));
-        }
+        self.commit_descriptor_change(
+            &mut m,
+            true,
+            "moving the recovery log",
+            "the file system takes no more changes: unmount and mount it again, then rerun \
+             the restripe",
+        )?;
         Ok(true)
     }
 
-    /// Metadata pages on each disk (by disk index, 0 for a deleted one) as of the newest checkpoint: every page
-    /// of every shard's tree is visited, so this reads the whole metadata.
+    /// Metadata pages on each disk (by disk index, 0 for a deleted one) as of the newest
+    /// checkpoint: every page of every shard's tree is visited, so this reads the whole
+    /// metadata.
     pub fn metadata_pages_per_disk(&self) -> FsResult<Vec<u64>> {
         // By disk index; deleted disks' indexes stay unused.
         let slots = self.devices.len();
