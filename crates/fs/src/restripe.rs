@@ -3,7 +3,8 @@
 //! A restripe walks every shard's tree in key order, a batch at a time under the metadata
 //! lock, and collects the data blocks that sit where they should not: on a disk that is
 //! suspended or to be emptied (`-m`), or on a disk fuller than the pool's average (`-b`).
-//! Each is then moved on its own, journaled like a copy-on-write: under the file's inode
+//! Each is then moved on its own (a few files at a time, each file's blocks in order by one
+//! mover), journaled like a copy-on-write: under the file's inode
 //! lock held exclusively (no writer, truncate or reader of the file meanwhile), a new
 //! extent is allocated on an acceptable disk, the block's written sectors are read and
 //! verified against their checksums and written there, and one logged `MapBlock` points the
@@ -19,7 +20,9 @@
 //! so a crash in between leaves the previous checkpoint whole. The recovery log, the stored
 //! allocation map and descriptor copies stay where they are (`disk delete` deals with them).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
 
 use tessera_alloc::{AllocKind, BlockHint, DiskIndex, Extent};
 
@@ -34,6 +37,11 @@ use crate::shard_tree::Item;
 
 /// Tree items read per batch under the metadata lock.
 const SCAN_BATCH_ITEMS: usize = 1024;
+/// Files whose blocks a restripe moves at once. One block at a time left the drives idle
+/// between a block's read, its write and its log record, and beside a busy foreground the
+/// restripe got a quarter of a plain copy's rate (bench/RESULTS.md); a few files at once
+/// keep requests queued on every disk while each file still has one mover.
+const MOVES_IN_FLIGHT: usize = 4;
 
 /// What a restripe does [mmrestripefs].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +80,15 @@ pub struct RestripeReport {
     pub stopped: bool,
 }
 
+/// What the moves of one batch did.
+#[derive(Default)]
+struct BatchMoves {
+    moved: u64,
+    bytes: u64,
+    changed: u64,
+    stopped: bool,
+}
+
 enum Moved {
     /// Where the block went, and the bytes copied.
     To(Extent, u64),
@@ -99,28 +116,31 @@ impl FileSystem {
                     let mut m = self.meta.lock();
                     m.state.scan_batch(shard, &from, SCAN_BATCH_ITEMS)?
                 };
-                let mut plan = self.plan(mode)?;
+                let plan = Mutex::new(self.plan(mode)?);
+                let mut moves: Vec<Vec<(Ino, u64, BlockRef)>> = Vec::new();
                 for item in items {
                     let Item::Block { ino, index, block } = item else {
                         continue;
                     };
                     report.progress.blocks_scanned += 1;
                     let n = u64::from(block.extent.sub_blocks);
-                    if !plan.moves(block.extent.addr.disk, n) {
+                    if !plan.lock().moves(block.extent.addr.disk, n) {
                         continue;
                     }
-                    if stop.load(Ordering::Relaxed) {
-                        report.stopped = true;
-                        return Ok(report);
+                    // Items come in key order, so a file's blocks are neighbours: one group
+                    // per file, moved in order by one worker.
+                    match moves.last_mut() {
+                        Some(group) if group[0].0 == ino => group.push((ino, index, block)),
+                        _ => moves.push(vec![(ino, index, block)]),
                     }
-                    match self.move_block(ino, index, &block, &|d| plan.accepts(d, n))? {
-                        Moved::To(to, n) => {
-                            plan.moved(block.extent, to);
-                            report.progress.blocks_moved += 1;
-                            report.progress.bytes_moved += n;
-                        }
-                        Moved::Changed => report.blocks_changed += 1,
-                    }
+                }
+                let batch = self.move_blocks(moves, &plan, stop)?;
+                report.progress.blocks_moved += batch.moved;
+                report.progress.bytes_moved += batch.bytes;
+                report.blocks_changed += batch.changed;
+                if batch.stopped {
+                    report.stopped = true;
+                    return Ok(report);
                 }
                 progress(&report.progress);
                 match next {
@@ -404,6 +424,70 @@ impl FileSystem {
                 }
             }
         })
+    }
+
+    /// Moves the blocks of a batch, grouped by file, with up to [`MOVES_IN_FLIGHT`] files at
+    /// once: each move holds its file's inode lock, so files are the unit of parallelism
+    /// and one file's blocks move in order. The plan is asked again before each move (a
+    /// balance may have reached the average meanwhile). The first error stops the others
+    /// after their current block and is returned; a stop request ends the batch the same
+    /// way.
+    fn move_blocks(
+        &self,
+        groups: Vec<Vec<(Ino, u64, BlockRef)>>,
+        plan: &Mutex<Plan>,
+        stop: &AtomicBool,
+    ) -> FsResult<BatchMoves> {
+        if groups.is_empty() {
+            return Ok(BatchMoves::default());
+        }
+        let next = AtomicUsize::new(0);
+        let quit = AtomicBool::new(false);
+        let totals = Mutex::new(BatchMoves::default());
+        let failed: Mutex<Option<FsError>> = Mutex::new(None);
+        let worker = || {
+            while let Some(group) = groups.get(next.fetch_add(1, Ordering::Relaxed)) {
+                for (ino, index, block) in group {
+                    if quit.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        totals.lock().stopped = true;
+                        quit.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    let n = u64::from(block.extent.sub_blocks);
+                    if !plan.lock().moves(block.extent.addr.disk, n) {
+                        continue;
+                    }
+                    match self.move_block(*ino, *index, block, &|d| plan.lock().accepts(d, n)) {
+                        Ok(Moved::To(to, bytes)) => {
+                            plan.lock().moved(block.extent, to);
+                            let mut t = totals.lock();
+                            t.moved += 1;
+                            t.bytes += bytes;
+                        }
+                        Ok(Moved::Changed) => totals.lock().changed += 1,
+                        Err(e) => {
+                            failed.lock().get_or_insert(e);
+                            quit.store(true, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        let workers = MOVES_IN_FLIGHT.min(groups.len());
+        std::thread::scope(|scope| {
+            for _ in 1..workers {
+                scope.spawn(worker);
+            }
+            worker();
+        });
+        match failed.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(totals.into_inner()),
+        }
     }
 
     /// Moves block `index` of `ino` (as `seen` by the scan) to a disk `accepts` allows.
