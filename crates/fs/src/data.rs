@@ -90,13 +90,15 @@ impl FileSystem {
     fn keep_metadata_reserve(
         &self,
         m: &crate::fs::Meta,
+        pool: tessera_alloc::PoolId,
         sub_blocks: u32,
         what: &'static str,
     ) -> FsResult<()> {
         let reserve = self
             .metadata_reserve_sub_blocks
             .load(std::sync::atomic::Ordering::Relaxed);
-        if reserve == 0 {
+        // Only the system pool holds metadata pages.
+        if reserve == 0 || pool != 0 {
             return Ok(());
         }
         // Only disks that take new pages count: with a disk suspended or being emptied (a
@@ -108,7 +110,7 @@ impl FileSystem {
             + space.sub_blocks_free_in_fragments;
         if free < reserve + u64::from(sub_blocks) {
             return Err(FsError::NoSpace {
-                pool: self.geo.data_pool_name.clone(),
+                pool: self.pool_name(pool),
                 what,
             });
         }
@@ -564,8 +566,8 @@ impl FileSystem {
         if !exclusive {
             return Ok(BlockPlan::NeedsExclusive);
         }
-        let pool = self.geo.data_pool;
-        self.keep_metadata_reserve(&m, needed, "file data")?;
+        let pool = self.file_pool(&mut m, ino)?;
+        self.keep_metadata_reserve(&m, pool, needed, "file data")?;
         let extent = if needed == per {
             let hint = BlockHint {
                 file_key: ino,
@@ -576,7 +578,7 @@ impl FileSystem {
         } else {
             m.alloc.alloc_fragment(pool, AllocKind::Data, needed, prev)
         }
-        .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "file data"))?;
+        .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), "file data"))?;
         // Until its log record, the extent is the writer's alone (see `Meta::unlogged`).
         m.unlogged.insert(extent);
         if current.is_none() && needed == per {
@@ -814,11 +816,12 @@ impl FileSystem {
                 block_index: b,
                 prev: None,
             };
-            self.keep_metadata_reserve(&m, self.geo.sub_blocks_per_block, "fallocate")?;
+            let pool = self.file_pool(&mut m, ino)?;
+            self.keep_metadata_reserve(&m, pool, self.geo.sub_blocks_per_block, "fallocate")?;
             let extent = m
                 .alloc
-                .alloc_block(self.geo.data_pool, AllocKind::Data, hint)
-                .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "fallocate"))?;
+                .alloc_block(pool, AllocKind::Data, hint)
+                .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), "fallocate"))?;
             self.map_unwritten(&mut m, ino, b, extent)?;
         }
         let mut m = self.meta.lock();

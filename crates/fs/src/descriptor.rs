@@ -12,7 +12,7 @@
 //! 0        8          12           20        24       28       32
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! | magic  | version  | generation | length  | crc32c | zero   | payload (postcard)   |
-//! | TSRFSD01 | u32 = 4 | u64        | u32     | u32    | u32    | `length` bytes       |
+//! | TSRFSD01 | u32 = 5 | u64        | u32     | u32    | u32    | `length` bytes       |
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! ```
 //! The crc covers the payload; the generation is repeated inside the payload and must match.
@@ -35,10 +35,15 @@ use crate::error::{FsError, FsResult};
 /// indexes and allocation counts, which are derived at load; version 3 replaced whole
 /// checkpoint images by copy-on-write shard trees of metadata pages; version 4 added the
 /// stored allocation map (`alloc_map`, the last field, so a version-3 payload decodes as a
-/// version-4 one without it: mount then rebuilds the map by a scan and stores it).
-const SLOT_VERSION: u32 = 4;
-/// The format whose descriptor lacks only the allocation map regions.
+/// version-4 one without it: mount then rebuilds the map by a scan and stores it); version 5
+/// added the policy (`policy`, after it) and the storage pool in inode records, whose bytes
+/// were zero before and still mean "the default data pool" when zero, so versions 3 and 4
+/// read as version 5 without a policy.
+const SLOT_VERSION: u32 = 5;
+/// The format whose descriptor lacks the allocation map regions and the policy.
 const SLOT_VERSION_NO_MAP: u32 = 3;
+/// The format whose descriptor lacks only the policy.
+const SLOT_VERSION_NO_POLICY: u32 = 4;
 const SLOT_HEADER_BYTES: usize = 32;
 /// How many disks keep a copy of the descriptor (GPFS keeps three on distinct failure groups).
 pub const DESCRIPTOR_REPLICAS_MAX: usize = 3;
@@ -173,8 +178,11 @@ pub struct FsDescriptor {
     pub checkpoint: Checkpoint,
     /// Where each disk's allocation map is stored (`crate::alloc_map`); `None` on a file
     /// system of format version 3, whose map mount rebuilds by a scan and then stores.
-    /// Always the last field: see `SLOT_VERSION`.
+    /// Last but one: see `SLOT_VERSION`.
     pub alloc_map: Option<crate::alloc_map::StoredMap>,
+    /// The installed policy's text (`tessera policy change`, mmchpolicy), checked against
+    /// the pools when installed and parsed again at mount. Always the last field.
+    pub policy: Option<String>,
 }
 
 impl FsDescriptor {
@@ -259,7 +267,7 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
             dev.name()
         )));
     }
-    if version != SLOT_VERSION && version != SLOT_VERSION_NO_MAP {
+    if ![SLOT_VERSION, SLOT_VERSION_NO_POLICY, SLOT_VERSION_NO_MAP].contains(&version) {
         return Err(FsError::Usage(format!(
             "{} holds a file system of format version {version}, but this Tessera reads \
              version {SLOT_VERSION}; use the Tessera release that created it, or recreate the \
@@ -278,10 +286,15 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     if crc32c::crc32c(payload) != le_u32(&buf[24..]) {
         return Err(damaged("checksum mismatch"));
     }
-    let desc: FsDescriptor = if version == SLOT_VERSION_NO_MAP {
-        // The same fields but the last, `alloc_map`: postcard writes `None` as one zero byte.
+    // Older versions lack trailing optional fields; postcard writes `None` as one zero byte.
+    let missing = match version {
+        SLOT_VERSION_NO_MAP => 2,
+        SLOT_VERSION_NO_POLICY => 1,
+        _ => 0,
+    };
+    let desc: FsDescriptor = if missing > 0 {
         let mut upgraded = payload.to_vec();
-        upgraded.push(0);
+        upgraded.resize(payload.len() + missing, 0);
         postcard::from_bytes(&upgraded)
     } else {
         postcard::from_bytes(payload)

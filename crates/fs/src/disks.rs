@@ -319,7 +319,7 @@ impl FileSystem {
             m.alloc.set_available(index, true);
         }
         let desc = self.desc.lock().clone();
-        let reserve = crate::fs::metadata_reserve(&desc, self.geo.data_pool);
+        let reserve = crate::fs::metadata_reserve(&desc);
         self.metadata_reserve_sub_blocks
             .store(reserve, std::sync::atomic::Ordering::Relaxed);
         Ok(added)
@@ -511,7 +511,7 @@ impl FileSystem {
         for &i in indexes {
             self.devices.retire(i);
         }
-        let reserve = crate::fs::metadata_reserve(&self.descriptor(), self.geo.data_pool);
+        let reserve = crate::fs::metadata_reserve(&self.descriptor());
         self.metadata_reserve_sub_blocks
             .store(reserve, std::sync::atomic::Ordering::Relaxed);
         drop(m);

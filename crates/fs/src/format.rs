@@ -263,6 +263,7 @@ fn format_inner(
             roots: Vec::new(),
         },
         alloc_map: None,
+        policy: None,
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
     let total = devices.len() as u64 + 3;

@@ -102,6 +102,8 @@ pub struct FileSystem {
     pub(crate) map_slots: Mutex<crate::alloc_map::MapSlots>,
     /// Why this mount rebuilt the allocation map from the metadata instead of reading it.
     map_rebuilt: Option<String>,
+    /// The installed policy, when it applies (see `placement.rs`).
+    pub(crate) policy: RwLock<Option<Arc<crate::placement::Installed>>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(crate) unmounted: AtomicBool,
@@ -178,7 +180,8 @@ impl FileSystem {
             }
         }
         let geo = geometry(&desc);
-        let reserve = metadata_reserve(&desc, geo.data_pool);
+        let reserve = metadata_reserve(&desc);
+        let policy = crate::placement::load(&desc);
         let prefetch = Prefetcher::new(geo.block_bytes);
         let fs = Arc::new(FileSystem {
             desc: Mutex::new(desc),
@@ -203,6 +206,7 @@ impl FileSystem {
             deferred_frees: Mutex::new(Vec::new()),
             map_slots: Mutex::new(recovered.map_slots),
             map_rebuilt: recovered.map_rebuilt,
+            policy: RwLock::new(policy),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
@@ -898,16 +902,17 @@ pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {
     }
 }
 
-/// The metadata reserve: when file data shares the system pool's metadata disks, 1/64 of
-/// their blocks, at least four, stay for metadata pages.
-pub(crate) fn metadata_reserve(desc: &FsDescriptor, data_pool: tessera_alloc::PoolId) -> u64 {
+/// The metadata reserve: when file data can share the system pool's metadata disks (the
+/// default data pool or a placement rule's), 1/64 of their blocks, at least four, stay for
+/// metadata pages.
+pub(crate) fn metadata_reserve(desc: &FsDescriptor) -> u64 {
     let shared: u64 = desc
         .disks
         .iter()
         .filter(|d| d.pool == 0 && d.usage.holds_metadata() && d.usage.holds_data())
         .map(|d| d.blocks)
         .sum();
-    if data_pool != 0 || shared == 0 {
+    if shared == 0 {
         return 0;
     }
     (shared / 64).max(4) * u64::from(desc.sub_blocks_per_block())

@@ -65,6 +65,22 @@ pub struct Attr {
     pub generation: u32,
 }
 
+impl Attr {
+    /// `st_mode`: the file type bits and the permission bits.
+    pub fn mode(&self) -> u32 {
+        let kind = match self.kind {
+            FileKind::Regular => libc::S_IFREG,
+            FileKind::Directory => libc::S_IFDIR,
+            FileKind::Symlink => libc::S_IFLNK,
+            FileKind::Fifo => libc::S_IFIFO,
+            FileKind::Socket => libc::S_IFSOCK,
+            FileKind::CharDevice => libc::S_IFCHR,
+            FileKind::BlockDevice => libc::S_IFBLK,
+        };
+        kind | u32::from(self.perm)
+    }
+}
+
 /// A file block: where it lives and the checksum of every sector in it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockRef {

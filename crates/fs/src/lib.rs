@@ -22,6 +22,7 @@ pub mod fsck;
 pub mod inode;
 mod meta;
 mod namespace;
+mod placement;
 pub mod pmon;
 mod prefetch;
 mod recovery;
@@ -37,6 +38,7 @@ pub use fs::{DirListing, FileSystem, SetAttr, StatFs};
 pub use fsck::{fsck, FsckReport};
 pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};
 pub use namespace::Caller;
+pub use placement::PolicySummary;
 pub use pmon::{
     LatencyHistograms, PmonSnapshot, SizeHistogram, LATENCY_BUCKETS_NS, SIZE_BOUNDS_BYTES,
 };

@@ -90,6 +90,12 @@ pub enum Change {
     FreeInode {
         ino: Ino,
     },
+    /// Puts the file's data in storage pool `pool` from now on (a placement rule's choice
+    /// at create). Last of the variants: records are postcard, which numbers them in order.
+    SetPool {
+        ino: Ino,
+        pool: tessera_alloc::PoolId,
+    },
 }
 
 /// What an inode's content is.
@@ -455,6 +461,12 @@ impl MetaState {
         })
     }
 
+    /// The storage pool a placement rule chose for the file's data; `None` for the file
+    /// system's default data pool.
+    pub fn pool_of(&mut self, ino: Ino) -> FsResult<Option<tessera_alloc::PoolId>> {
+        self.peek(ino, |r| r.pool)?.ok_or(FsError::NotFound)
+    }
+
     /// The inline bytes of a small file or symlink; `None` when the content is not inline.
     pub fn inline_data(&mut self, ino: Ino) -> FsResult<Option<Vec<u8>>> {
         Ok(match self.record(ino)?.ok_or(FsError::NotFound)?.content {
@@ -712,6 +724,11 @@ impl MetaState {
                     self.put(&rec)?;
                 }
             }
+            Change::SetPool { ino, pool } => {
+                let mut rec = self.must(*ino)?;
+                rec.pool = Some(*pool);
+                self.put(&rec)?;
+            }
             Change::FreeInode { ino } => {
                 let rec = self
                     .must(*ino)
@@ -851,6 +868,7 @@ impl MetaState {
                         _ => RecordContent::None,
                     },
                     xattrs: false,
+                    pool: None,
                 };
                 (rec, false)
             }

@@ -198,6 +198,12 @@ impl FileSystem {
             pattr.nlink += 1;
         }
         let mut changes = vec![Change::PutAttr(attr)];
+        if kind == FileKind::Regular {
+            if let Some((pool, rule)) = self.place(&m, name, &attr) {
+                tracing::trace!("inode {ino} placed in pool {pool} by {rule}");
+                changes.push(Change::SetPool { ino, pool });
+            }
+        }
         changes.extend(acl_changes);
         if kind == FileKind::Directory {
             changes.push(Change::SetParent { dir: ino, parent });
@@ -618,10 +624,19 @@ impl FileSystem {
     }
 
     pub fn statfs(&self) -> StatFs {
+        let pools = self.desc.lock().pools.len();
         let m = self.meta.lock();
-        let space = m
-            .alloc
-            .pool_space(self.geo.data_pool, tessera_alloc::AllocKind::Data);
+        // Every pool's data disks: placement rules may put files in any of them (`df` of
+        // the mount is the whole file system; `tessera df` shows each pool).
+        let space = (0..pools)
+            .filter_map(|p| tessera_alloc::PoolId::try_from(p).ok())
+            .map(|p| m.alloc.pool_space(p, tessera_alloc::AllocKind::Data))
+            .fold(tessera_alloc::DiskSpace::default(), |a, s| tessera_alloc::DiskSpace {
+                blocks_total: a.blocks_total + s.blocks_total,
+                blocks_free: a.blocks_free + s.blocks_free,
+                sub_blocks_free_in_fragments: a.sub_blocks_free_in_fragments
+                    + s.sub_blocks_free_in_fragments,
+            });
         let per = u64::from(self.geo.sub_blocks_per_block);
         let used = m.state.inode_count();
         StatFs {

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use tessera_alloc::{AllocKind, BlockHint, DiskIndex, Extent};
+use tessera_alloc::{AllocKind, BlockHint, DiskIndex, Extent, PoolId};
 
 use crate::data::sector_infos;
 use crate::descriptor::DiskStatus;
@@ -387,20 +387,21 @@ impl FileSystem {
         let desc = self.desc.lock().clone();
         let m = self.meta.lock();
         let per = u64::from(self.geo.sub_blocks_per_block);
-        let ready_data: Vec<DiskIndex> = desc
+        // Every pool's ready data disks: a block moves within its file's pool (the
+        // allocator is asked for that pool), so each pool is emptied or balanced on its own.
+        let ready_data: Vec<(DiskIndex, PoolId)> = desc
             .disks
             .iter()
-            .filter(|d| d.pool == self.geo.data_pool && d.usage.holds_data())
-            .filter(|d| d.status == DiskStatus::Ready)
-            .map(|d| d.index)
+            .filter(|d| d.usage.holds_data() && d.status == DiskStatus::Ready)
+            .map(|d| (d.index, d.pool))
             .collect();
         let space: std::collections::HashMap<DiskIndex, DiskUse> = ready_data
             .iter()
-            .map(|&d| {
+            .map(|&(d, pool)| {
                 let s = m.alloc.disk_space(d);
                 let total = s.blocks_total * per;
                 let used = total - s.blocks_free * per - s.sub_blocks_free_in_fragments;
-                (d, DiskUse { used, total })
+                (d, DiskUse { used, total, pool })
             })
             .collect();
         Ok(match mode {
@@ -411,15 +412,21 @@ impl FileSystem {
                     .filter(|d| d.status != DiskStatus::Ready)
                     .map(|d| d.index)
                     .collect(),
-                targets: ready_data,
+                targets: ready_data.iter().map(|(d, _)| *d).collect(),
             },
             RestripeMode::Balance => {
-                let (used, total) = ready_data.iter().fold((0, 0), |(u, t), d| {
-                    let s: &DiskUse = &space[d];
-                    (u + s.used, t + s.total)
-                });
+                let mut sums: std::collections::HashMap<PoolId, (u64, u64)> =
+                    std::collections::HashMap::new();
+                for s in space.values() {
+                    let e = sums.entry(s.pool).or_default();
+                    e.0 += s.used;
+                    e.1 += s.total;
+                }
                 Plan::Balance {
-                    mean: used as f64 / total.max(1) as f64,
+                    mean: sums
+                        .into_iter()
+                        .map(|(pool, (used, total))| (pool, used as f64 / total.max(1) as f64))
+                        .collect(),
                     space,
                 }
             }
@@ -508,7 +515,7 @@ impl FileSystem {
                 Ok(_) | Err(FsError::NotFound) => return Ok(Moved::Changed),
                 Err(e) => return Err(e),
             };
-            let pool = self.geo.data_pool;
+            let pool = self.file_pool(&mut m, ino)?;
             let sub_blocks = current.extent.sub_blocks;
             let to = if sub_blocks == per {
                 let hint = BlockHint {
@@ -521,7 +528,7 @@ impl FileSystem {
                 m.alloc
                     .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, None, accepts)
             }
-            .map_err(|e| FsError::from_alloc(e, &self.geo.data_pool_name, "moved file data"))?;
+            .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), "moved file data"))?;
             m.unlogged.insert(to);
             (current, to)
         };
@@ -579,11 +586,12 @@ impl FileSystem {
     }
 }
 
-/// Sub-blocks in use and in all on a disk.
+/// Sub-blocks in use and in all on a disk, and its pool.
 #[derive(Clone, Copy, Debug)]
 struct DiskUse {
     used: u64,
     total: u64,
+    pool: PoolId,
 }
 
 /// The disks a restripe empties and those it fills.
@@ -592,13 +600,13 @@ enum Plan {
         sources: Vec<DiskIndex>,
         targets: Vec<DiskIndex>,
     },
-    /// A disk gives an extent while it stays at or above the pool's used fraction without
-    /// it; the emptiest disks take it, as long as they stay at or below that fraction with
-    /// it. Kept up to date as blocks move, so no disk is drained or filled past the
-    /// average. What cannot move (the log, metadata pages) counts as used: the aim is disks
-    /// that fill up at the same pace.
+    /// A disk gives an extent while it stays at or above its pool's used fraction without
+    /// it; the emptiest disks of the pool take it, as long as they stay at or below that
+    /// fraction with it. Kept up to date as blocks move, so no disk is drained or filled
+    /// past the average. What cannot move (the log, metadata pages) counts as used: the aim
+    /// is disks that fill up at the same pace.
     Balance {
-        mean: f64,
+        mean: std::collections::HashMap<PoolId, f64>,
         space: std::collections::HashMap<DiskIndex, DiskUse>,
     },
 }
@@ -608,11 +616,12 @@ impl Plan {
     fn moves(&self, disk: DiskIndex, n: u64) -> bool {
         match self {
             Plan::Migrate { sources, targets } => sources.contains(&disk) && !targets.is_empty(),
-            Plan::Balance { mean, space, .. } => {
-                space.get(&disk).is_some_and(|s| {
-                    (s.used.saturating_sub(n)) as f64 / s.total.max(1) as f64 >= *mean
-                }) && space.keys().any(|&d| self.accepts(d, n))
-            }
+            Plan::Balance { mean, space, .. } => space.get(&disk).is_some_and(|s| {
+                (s.used.saturating_sub(n)) as f64 / s.total.max(1) as f64 >= mean[&s.pool]
+                    && space
+                        .iter()
+                        .any(|(&d, o)| o.pool == s.pool && self.accepts(d, n))
+            }),
         }
     }
 
@@ -623,10 +632,14 @@ impl Plan {
             // The emptiest disks first (water filling), and none past the average.
             Plan::Balance { mean, space, .. } => {
                 let frac = |s: &DiskUse| s.used as f64 / s.total.max(1) as f64;
-                let least = space.values().map(frac).fold(f64::INFINITY, f64::min);
                 space.get(&disk).is_some_and(|s| {
+                    let least = space
+                        .values()
+                        .filter(|o| o.pool == s.pool)
+                        .map(frac)
+                        .fold(f64::INFINITY, f64::min);
                     let step = n as f64 / s.total.max(1) as f64;
-                    frac(s) + step <= *mean && frac(s) <= least + step
+                    frac(s) + step <= mean[&s.pool] && frac(s) <= least + step
                 })
             }
         }

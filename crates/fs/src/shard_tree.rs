@@ -39,7 +39,8 @@
 //!  8  4 gid             12  4 nlink         16  8 size        24  4 rdev
 //! 28  4 generation      32 12 atime (i64 s, u32 ns)           44 12 mtime
 //! 56 12 ctime           68 12 crtime        80  1 content: 0 none, 1 inline, 2 blocks, 3 dir
-//! 81  3 zero            84  8 dir: parent ino; blocks: allocated sub-blocks; else 0
+//! 81  1 flags: bit 0 no extended attributes     82  2 storage pool + 1 (0: default)
+//! 84  8 dir: parent ino; blocks: allocated sub-blocks; else 0
 //! 92  4 inline bytes    96  … inline data (file tail or symlink target)
 //!
 //! directory entry       0  8 ino   8  1 kind   9  1 name length   10  … name
@@ -58,6 +59,7 @@ use tessera_meta::{MetaError, MetaStore, Tree};
 
 use crate::error::{FsError, FsResult};
 use crate::inode::{Alternative, Attr, BlockRef, FileKind, Ino, Timestamp};
+use tessera_alloc::PoolId;
 
 const TAG_HEADER: u8 = 0x01;
 const TAG_INODE: u8 = 0x01;
@@ -101,6 +103,9 @@ pub(crate) struct InodeRecord {
     /// The inode may have extended attributes (ACLs among them). Clear means it has none,
     /// so the permission checks of every operation skip the look for an ACL.
     pub xattrs: bool,
+    /// The storage pool a placement rule chose for the file's data; `None` for the file
+    /// system's default data pool (and every inode made before placement rules existed).
+    pub pool: Option<PoolId>,
 }
 
 /// What one look at a name's hash slots in a directory finds: the entry of that name, and
@@ -307,7 +312,9 @@ pub(crate) fn encode_inode(rec: &InodeRecord) -> Vec<u8> {
     };
     out.push(code);
     out.push(if rec.xattrs { 0 } else { FLAG_NO_XATTRS });
-    out.extend_from_slice(&[0; 2]);
+    // The pool, plus one: 0 (the bytes' value before pools were recorded) is the default.
+    let pool = rec.pool.map_or(0, |p| p.checked_add(1).expect("pool ids stay below u16::MAX"));
+    out.extend_from_slice(&pool.to_le_bytes());
     out.extend_from_slice(&word.to_le_bytes());
     out.extend_from_slice(&(inline.len() as u32).to_le_bytes());
     debug_assert_eq!(out.len(), INODE_FIXED_BYTES);
@@ -343,9 +350,7 @@ pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
     if flags & !FLAG_NO_XATTRS != 0 {
         return Err(bad(&format!("has unknown flags {flags:#04x}")));
     }
-    if r.take(2).ok_or_else(short)? != [0, 0] {
-        return Err(bad("has non-zero reserved bytes"));
-    }
+    let pool = r.u16().ok_or_else(short)?.checked_sub(1);
     let word = r.u64().ok_or_else(short)?;
     let inline_len = r.u32().ok_or_else(short)? as usize;
     let inline = r.take(inline_len).ok_or_else(short)?;
@@ -382,6 +387,7 @@ pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
         },
         content,
         xattrs: flags & FLAG_NO_XATTRS == 0,
+        pool,
     })
 }
 

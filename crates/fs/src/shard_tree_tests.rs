@@ -140,6 +140,7 @@ fn golden_inode_record() {
         attr: attr(0x1234, FileKind::Symlink, 3),
         content: RecordContent::Inline(b"abc".to_vec()),
         xattrs: true,
+        pool: Some(2),
     };
     let bytes = encode_inode(&rec);
     assert_eq!(
@@ -164,8 +165,8 @@ fn golden_inode_record() {
             "00000000", // crtime
             "01",
             "00",
-            "0000",
-            "0000000000000000", // inline content, flags (may have xattrs), zero, word
+            "0300",
+            "0000000000000000", // inline content, flags (may have xattrs), pool 2 + 1, word
             "03000000",
             "616263", // inline length and bytes
         )
@@ -175,6 +176,7 @@ fn golden_inode_record() {
         attr: attr(8, FileKind::Directory, 0),
         content: RecordContent::Dir { parent: 1 },
         xattrs: false,
+        pool: None,
     };
     let bytes = encode_inode(&dir);
     // Directory content, flag "no extended attributes", the parent.
@@ -236,6 +238,7 @@ fn damaged_records_are_refused_by_name_never_a_panic() {
         attr: attr(3, FileKind::Regular, 10),
         content: RecordContent::Inline(vec![7; 10]),
         xattrs: false,
+        pool: None,
     });
     for n in 0..rec.len() {
         let err = decode_inode(3, &rec[..n]).unwrap_err().to_string();
@@ -265,7 +268,7 @@ proptest! {
         ino in 1u64.., size in any::<u64>(), inline in proptest::collection::vec(any::<u8>(), 0..3000),
         seed in any::<u64>(), sectors in 1usize..1025, xattrs in any::<bool>(),
     ) {
-        let rec = InodeRecord { attr: attr(ino, FileKind::Regular, size), content: RecordContent::Inline(inline), xattrs };
+        let rec = InodeRecord { attr: attr(ino, FileKind::Regular, size), content: RecordContent::Inline(inline), xattrs, pool: None };
         prop_assert_eq!(decode_inode(ino, &encode_inode(&rec)).unwrap(), rec);
         let b = block(seed % 1_000_000, sectors);
         prop_assert_eq!(decode_block(ino, 0, &encode_block(&b)).unwrap(), b);
@@ -397,6 +400,7 @@ fn run(ops: &[Op], cache_pages: usize) {
                         RecordContent::Inline(vec![x; x as usize])
                     },
                     xattrs: x % 3 == 0,
+                    pool: None,
                 };
                 let new = t.put_inode(&mut store, &rec).unwrap();
                 assert_eq!(new, !m.inodes.contains_key(&ino));

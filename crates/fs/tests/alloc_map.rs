@@ -222,16 +222,31 @@ fn a_lost_write_of_the_map_is_caught_by_the_digest() {
     assert_fsck_clean(&t);
 }
 
-/// Rewrites the newest descriptor as format version 3 wrote it: no `alloc_map`.
+/// Rewrites the newest descriptor as format version 3 wrote it: no `alloc_map` (and no
+/// `policy`, which came later).
 fn make_version_3(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.alloc_map = None;
+    rewrite_as(t, desc, 3, 2);
+}
+
+/// Rewrites the newest descriptor as format version 4 wrote it: no `policy`.
+fn make_version_4(t: &TestDisks) {
+    rewrite_as(t, descriptor_on_disk(t), 4, 1);
+}
+
+/// Writes `desc` as the next generation in format `version`, without its last `missing`
+/// fields (each `None`, one zero byte).
+fn rewrite_as(t: &TestDisks, mut desc: FsDescriptor, version: u32, missing: usize) {
+    assert!(desc.policy.is_none(), "older formats have no policy");
     desc.generation += 1;
     let mut payload = postcard::to_stdvec(&desc).unwrap();
-    assert_eq!(payload.pop(), Some(0), "None is the last byte");
+    for _ in 0..missing {
+        assert_eq!(payload.pop(), Some(0), "None is the last byte");
+    }
     let mut slot = vec![0u8; 32 + payload.len()];
     slot[0..8].copy_from_slice(&FS_DESCRIPTOR_MAGIC);
-    slot[8..12].copy_from_slice(&3u32.to_le_bytes());
+    slot[8..12].copy_from_slice(&version.to_le_bytes());
     slot[12..20].copy_from_slice(&desc.generation.to_le_bytes());
     slot[20..24].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     slot[24..28].copy_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
@@ -277,6 +292,42 @@ fn a_format_3_file_system_is_converted_at_its_first_mount() {
     assert_fsck_clean(&t);
     let fs = mount(&t);
     assert_eq!(fs.allocation_map_rebuilt(), None);
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+/// The format version in the header of the newest descriptor slot.
+fn slot_version(t: &TestDisks) -> u32 {
+    let desc = descriptor_on_disk(t);
+    let d = desc.disks.iter().find(|d| d.holds_descriptor).unwrap();
+    let mut head = [0u8; 12];
+    let offset = FS_DESCRIPTOR_SLOT_OFFSETS[(desc.generation % 2) as usize];
+    drive(t, d.index as usize).read_exact_at(&mut head, offset).unwrap();
+    u32::from_le_bytes(head[8..12].try_into().unwrap())
+}
+
+#[test]
+fn a_format_4_file_system_mounts_as_format_5_without_a_policy() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(slot_version(&t), 5);
+    make_version_4(&t);
+    assert_eq!(slot_version(&t), 4);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_eq!(fs.allocation_map_rebuilt(), None, "version 4 stored its map");
+    assert_files(&fs, &files);
+    let more = churn(&fs, 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(slot_version(&t), 5, "the first checkpoint writes version 5");
+    assert_eq!(descriptor_on_disk(&t).policy, None);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);
     fs.unmount().unwrap();

@@ -71,6 +71,13 @@ pub enum Command {
     Disk(DiskCommand),
     /// Check an unmounted file system [mmfsck].
     Fsck(FsckArgs),
+    /// Policies of a file system: placement of new files in storage pools, and migration,
+    /// deletion and list rules [mmchpolicy, mmlspolicy].
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Attributes of files that `stat` does not show [mmlsattr].
+    #[command(subcommand)]
+    File(FileCommand),
     /// Move file data between the disks of a file system, mounted or not, with progress:
     /// off suspended disks, metadata pages too (-m), or evenly over all (-b) [mmrestripefs]. Interrupting it
     /// (Ctrl-C) stops it cleanly; running it again continues.
@@ -661,6 +668,46 @@ pub enum FsCommand {
     /// Give the free space of the disks with thinDiskType other than no back to the
     /// devices, with progress [mmreclaimspace].
     Reclaimspace(DeviceArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Install a policy file, checked against the file system's pools first [mmchpolicy];
+    /// files created afterwards are placed by its SET POOL rules.
+    Change(PolicyChangeArgs),
+    /// Show the installed policy as it was given [mmlspolicy -L].
+    Ls(DeviceArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyChangeArgs {
+    /// The file system device name.
+    pub device: String,
+    /// The policy file (RULE statements); `DEFAULT` removes the installed policy, so new
+    /// files go to the default data pool again.
+    #[arg(short = 'P', value_name = "FILE")]
+    pub policy_file: std::path::PathBuf,
+    /// `test` only checks the policy; `yes` (the default) installs it.
+    #[arg(short = 'I', default_value = "yes")]
+    pub install: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FileCommand {
+    /// Per-file attributes.
+    #[command(subcommand)]
+    Attr(FileAttrCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FileAttrCommand {
+    /// Storage pool, fileset and where the data blocks are, of files of a mounted file
+    /// system [mmlsattr -L].
+    Ls {
+        /// Paths of files on a mounted Tessera file system.
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

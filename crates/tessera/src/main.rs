@@ -16,12 +16,13 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{
-    BenchCommand, Cli, ClusterCommand, Command, ConfigCommand, DaCommand, DiskCommand, FsCommand,
-    NodeCommand, NsdCommand, NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, VdiskCommand,
+    BenchCommand, Cli, ClusterCommand, Command, ConfigCommand, DaCommand, DiskCommand,
+    FileAttrCommand, FileCommand, FsCommand, NodeCommand, NsdCommand, NvmeCommand, PdiskCommand,
+    PerfCommand, PerfNetCommand, PolicyCommand, VdiskCommand,
 };
 use crate::commands::{
     bench, bench_nvme, cluster, cluster_config, da, diag, drive_server, fs, health, io, lifecycle,
-    node, nsd, nvme, perf, pmon, state,
+    node, nsd, nvme, perf, pmon, policy, state,
 };
 use crate::config::Home;
 use crate::rpc::PdiskAction;
@@ -58,6 +59,9 @@ fn command_name(c: &Command) -> &'static str {
         Command::Disk(DiskCommand::Change(_)) => "disk change",
         Command::Disk(DiskCommand::Delete(_)) => "disk delete",
         Command::Restripe(_) => "restripe",
+        Command::Policy(PolicyCommand::Change(_)) => "policy change",
+        Command::Policy(PolicyCommand::Ls(_)) => "policy ls",
+        Command::File(FileCommand::Attr(FileAttrCommand::Ls { .. })) => "file attr ls",
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
         Command::Diag(_) => "diag",
@@ -118,6 +122,11 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Fs(FsCommand::Ls(a)) => fs::ls(home, &a.device, a.machine),
         Command::Fs(FsCommand::Delete(a)) => fs::delete(home, &a.device, a.unreadable_ok),
         Command::Fs(FsCommand::Reclaimspace(a)) => fs::reclaimspace(home, &a.device),
+        Command::Policy(PolicyCommand::Change(a)) => policy::change(home, &a),
+        Command::Policy(PolicyCommand::Ls(a)) => policy::ls(home, &a.device),
+        Command::File(FileCommand::Attr(FileAttrCommand::Ls { paths })) => {
+            policy::file_attr_ls(home, &paths)
+        }
         Command::Mount(a) => io::mount(home, &a.device, a.mount_point.as_deref()),
         Command::Umount(a) => io::umount(home, &a.device),
         Command::Df(a) => io::df(home, &a.device, a.machine),

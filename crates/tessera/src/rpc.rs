@@ -238,6 +238,22 @@ pub enum Request {
     ReclaimSpace {
         name: String,
     },
+    /// Install (`Some`) or remove (`None`) a file system's policy [mmchpolicy]; `test` only
+    /// checks it (-I test).
+    PolicyChange {
+        name: String,
+        text: Option<String>,
+        test: bool,
+    },
+    /// The installed policy's text [mmlspolicy -L].
+    PolicyLs {
+        name: String,
+    },
+    /// What `stat` does not show of one file of a mounted file system [mmlsattr -L].
+    FileAttr {
+        name: String,
+        ino: u64,
+    },
     /// Add NSDs to a file system [mmadddisk]; `rebalance` (-r) restripes afterwards.
     DiskAdd {
         name: String,
@@ -604,6 +620,11 @@ pub enum Reply {
     Fsck(tessera_fs::FsckReport),
     /// Bytes given back, per NSD with a `thinDiskType` other than `no`.
     ReclaimSpace(Vec<(String, u64)>),
+    /// A policy installed or checked: how many rules of each kind it has.
+    PolicyChanged(tessera_fs::PolicySummary),
+    /// The installed policy's text, if any.
+    Policy(Option<String>),
+    FileAttr(FileAttrReply),
     /// What a restripe did.
     Restripe(RestripeDone),
     Pmon(Vec<PmonEntry>),
@@ -785,4 +806,12 @@ pub struct RestripeDone {
     pub blocks_changed: u64,
     /// Stopped early because the client went away (Ctrl-C): run it again to continue.
     pub stopped: bool,
+}
+
+/// `file attr ls` [mmlsattr -L]: a file's storage pool and where its blocks are.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FileAttrReply {
+    pub pool: String,
+    /// Data blocks (whole or fragments) per NSD, by NSD name.
+    pub blocks_per_disk: Vec<(String, u64)>,
 }

@@ -18,6 +18,7 @@ pub mod nsd;
 pub mod nvme;
 pub mod perf;
 pub mod pmon;
+pub mod policy;
 pub mod remote;
 pub mod state;
 pub mod units;

@@ -18,6 +18,7 @@ mod metrics;
 mod mounts;
 mod nsd_admin;
 mod nvme_admin;
+mod policy_admin;
 mod registry;
 
 use std::collections::BTreeMap;
@@ -305,6 +306,11 @@ impl Daemon {
             Request::Df { name } => self.df(&name),
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),
             Request::ReclaimSpace { name } => self.reclaim_space(&name, r),
+            Request::PolicyChange { name, text, test } => {
+                self.policy_change(&name, text.as_deref(), test)
+            }
+            Request::PolicyLs { name } => self.policy_ls(&name),
+            Request::FileAttr { name, ino } => self.file_attr(&name, ino),
             Request::DiskAdd {
                 name,
                 disks,

@@ -1,0 +1,283 @@
+//! Storage pools and placement rules: a policy puts new files' data in the pools its rules
+//! name, the choice is recorded with the create (remounts, later policies and restripes
+//! keep it), bad policies are refused with where and why, and a crash while files are
+//! being placed loses nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use common::*;
+use tessera_fs::restripe::RestripeMode;
+use tessera_fs::{DiskSpec, DiskStatus, FileSystem, ROOT_INO};
+use tessera_nsd::DiskUsage;
+
+const POLICY: &str = "\
+/* scratch files go to the slow pool */
+RULE 'tmp' SET POOL 'slow' WHERE NAME LIKE '%.tmp' OR USER_ID = 4242;
+RULE 'default' SET POOL 'system';
+";
+
+/// nsd0 and nsd1 in `system` (data and metadata, or metadata only), nsd2 and nsd3 in
+/// `slow` (data only).
+fn two_pools(system_holds_data: bool) -> TestDisks {
+    let t = make_disks(4, 64 << 20);
+    let specs = t
+        .disks
+        .iter()
+        .enumerate()
+        .map(|(i, (id, dev))| DiskSpec {
+            nsd_name: format!("nsd{i}"),
+            nsd_id: *id,
+            usage: match (i < 2, system_holds_data) {
+                (true, true) => DiskUsage::DataAndMetadata,
+                (true, false) => DiskUsage::MetadataOnly,
+                (false, _) => DiskUsage::DataOnly,
+            },
+            failure_group: i as i32 + 1,
+            pool: if i < 2 { "system" } else { "slow" }.into(),
+            device: dev.clone(),
+        })
+        .collect();
+    tessera_fs::format(specs, &small_opts(), &mut |_| {}).unwrap();
+    t
+}
+
+/// Writes a file of `size` bytes as `uid`; returns its content.
+fn write_file(fs: &FileSystem, name: &str, size: usize, uid: u32, seed: u64) -> Vec<u8> {
+    let a = fs
+        .create_node(
+            ROOT_INO,
+            name.as_bytes(),
+            tessera_fs::FileKind::Regular,
+            0o644,
+            0,
+            tessera_fs::Caller { uid, gid: 0 },
+            None,
+        )
+        .unwrap();
+    let data = pattern(size, seed);
+    fs.write(a.ino, 0, &data, false).unwrap();
+    data
+}
+
+/// The NSDs that hold `name`'s data blocks.
+fn disks_of(fs: &FileSystem, name: &str) -> Vec<String> {
+    let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+    fs.file_blocks_per_disk(a.ino)
+        .unwrap()
+        .into_iter()
+        .map(|(nsd, _)| nsd)
+        .collect()
+}
+
+fn pool_of(fs: &FileSystem, name: &str) -> String {
+    let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+    fs.file_pool_name(a.ino).unwrap()
+}
+
+fn assert_in_pool(fs: &FileSystem, name: &str, pool: &str) {
+    let nsds: &[&str] = if pool == "slow" {
+        &["nsd2", "nsd3"]
+    } else {
+        &["nsd0", "nsd1"]
+    };
+    let on = disks_of(fs, name);
+    assert!(!on.is_empty(), "{name} has no blocks");
+    assert!(
+        on.iter().all(|d| nsds.contains(&d.as_str())),
+        "{name} should be in pool {pool}, its blocks are on {on:?}"
+    );
+    assert_eq!(pool_of(fs, name), pool, "{name}");
+}
+
+#[test]
+fn placement_rules_put_new_files_in_their_pools_and_the_choice_stays() {
+    let t = two_pools(true);
+    let fs = mount(&t);
+    let mut files = BTreeMap::new();
+    // No policy: the default data pool.
+    files.insert("before.tmp".to_string(), write_file(&fs, "before.tmp", 5 * BLOCK as usize, 0, 1));
+    assert_in_pool(&fs, "before.tmp", "system");
+
+    let summary = fs.set_policy(Some(POLICY)).unwrap();
+    assert_eq!((summary.rules, summary.placement_rules), (2, 2));
+    assert_eq!(fs.policy_text().as_deref(), Some(POLICY));
+    for (name, uid) in [("a.tmp", 0), ("b.dat", 0), ("c.dat", 4242)] {
+        files.insert(name.into(), write_file(&fs, name, 6 * BLOCK as usize + 100, uid, 2));
+    }
+    assert_in_pool(&fs, "a.tmp", "slow");
+    assert_in_pool(&fs, "b.dat", "system");
+    assert_in_pool(&fs, "c.dat", "slow");
+    // A file made before the policy keeps its pool when it grows.
+    let before = fs.lookup(ROOT_INO, b"before.tmp").unwrap();
+    let more = pattern(2 * BLOCK as usize, 9);
+    fs.write(before.ino, 5 * BLOCK, &more, false).unwrap();
+    files.get_mut("before.tmp").unwrap().extend_from_slice(&more);
+    assert_in_pool(&fs, "before.tmp", "system");
+    // `df` per pool sees the slow pool's bytes.
+    let df = fs.df();
+    let slow = df.pools.iter().find(|p| p.pool == "slow").unwrap();
+    assert!(slow.size_bytes - slow.free_full_block_bytes - slow.free_fragment_bytes >= 12 * BLOCK);
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // The policy and each file's pool survive a remount.
+    let fs = mount(&t);
+    assert_eq!(fs.policy_text().as_deref(), Some(POLICY));
+    verify(&fs, &files);
+    files.insert("d.tmp".into(), write_file(&fs, "d.tmp", 3 * BLOCK as usize, 0, 3));
+    assert_in_pool(&fs, "d.tmp", "slow");
+    let a = fs.lookup(ROOT_INO, b"a.tmp").unwrap();
+    let tail = pattern(BLOCK as usize, 4);
+    fs.write(a.ino, 6 * BLOCK + 100, &tail, false).unwrap();
+    files.get_mut("a.tmp").unwrap().extend_from_slice(&tail);
+    assert_in_pool(&fs, "a.tmp", "slow");
+
+    // Removing the policy: new files go to the default pool, placed ones stay.
+    assert_eq!(fs.set_policy(None).unwrap().rules, 0);
+    assert_eq!(fs.policy_text(), None);
+    files.insert("e.tmp".into(), write_file(&fs, "e.tmp", 3 * BLOCK as usize, 0, 5));
+    assert_in_pool(&fs, "e.tmp", "system");
+    assert_in_pool(&fs, "d.tmp", "slow");
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after placement");
+    let fs = mount(&t);
+    assert_eq!(fs.policy_text(), None);
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn restripe_moves_blocks_within_their_files_pools() {
+    let t = two_pools(true);
+    let fs = mount(&t);
+    fs.set_policy(Some(POLICY)).unwrap();
+    let mut files = BTreeMap::new();
+    for i in 0..6 {
+        let name = if i % 2 == 0 { format!("f{i}.tmp") } else { format!("f{i}.dat") };
+        files.insert(name.clone(), write_file(&fs, &name, 7 * BLOCK as usize, 0, i));
+    }
+    fs.sync().unwrap();
+    fs.set_disk_status(&["nsd2".to_string()], DiskStatus::Suspended)
+        .unwrap();
+    let report = fs
+        .restripe(RestripeMode::Migrate, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert!(report.progress.blocks_moved > 0, "{report:?}");
+    for name in files.keys() {
+        let on = disks_of(&fs, name);
+        if name.ends_with(".tmp") {
+            assert_eq!(on, vec!["nsd3".to_string()], "{name} left its pool or its disk");
+        } else {
+            assert!(on.iter().all(|d| d == "nsd0" || d == "nsd1"), "{name}: {on:?}");
+        }
+    }
+    verify(&fs, &files);
+    fs.set_disk_status(&["nsd2".to_string()], DiskStatus::Ready)
+        .unwrap();
+    // A balance evens the slow pool's two disks out again, and leaves system alone.
+    let report = fs
+        .restripe(RestripeMode::Balance, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert!(report.progress.blocks_moved > 0, "{report:?}");
+    for name in files.keys().filter(|n| n.ends_with(".tmp")) {
+        assert_in_pool(&fs, name, "slow");
+    }
+    let u = used(&fs);
+    assert!(u[2] > 0 && u[3] > 0, "slow pool not balanced: {u:?}");
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after restripes of two pools");
+}
+
+#[test]
+fn a_policy_that_cannot_work_is_refused_with_where_and_why() {
+    let t = two_pools(false);
+    let fs = mount(&t);
+    let refused = |text: &str| fs.set_policy(Some(text)).unwrap_err().to_string();
+    let e = refused("RULE 'a' SET POOL 'fast'");
+    assert!(e.contains("line 1, column 19") && e.contains("pool 'fast' does not exist"), "{e}");
+    let e = refused("RULE 'a' SET POOL 'slow' WHERE FILE_SIZE > 0");
+    assert!(e.contains("not known when a file is created"), "{e}");
+    // The system pool has metadata disks only: no file data can go there.
+    let e = refused("RULE 'a' SET POOL 'slow' WHERE NAME LIKE 'x%'\nRULE 'b' SET POOL 'system'");
+    assert!(e.contains("line 2") && e.contains("no disk that holds data"), "{e}");
+    assert_eq!(fs.policy_text(), None, "nothing was installed");
+    // Checking is not installing.
+    assert_eq!(fs.check_policy(Some("RULE SET POOL 'slow'")).unwrap().rules, 1);
+    assert_eq!(fs.policy_text(), None);
+    // Without a rule, data goes to the default data pool, which is `slow` here.
+    let data = write_file(&fs, "x", 2 * BLOCK as usize, 0, 1);
+    assert_in_pool(&fs, "x", "slow");
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    let a = fs.lookup(ROOT_INO, b"x").unwrap();
+    assert_eq!(fs.read(a.ino, 0, data.len() as u32).unwrap(), data);
+    fs.unmount().unwrap();
+}
+
+/// Crashes at every write of a workload that installs a policy and creates, writes and
+/// fsyncs files it places: each time the file system mounts, every fsynced file reads back
+/// whole from its pool, the policy is either installed or not, and fsck is clean.
+#[test]
+fn a_crash_at_any_write_while_files_are_placed_loses_nothing() {
+    let workload = |fs: &FileSystem, synced: &mut BTreeMap<String, Vec<u8>>| -> tessera_fs::FsResult<()> {
+        fs.set_policy(Some(POLICY))?;
+        for i in 0..4u64 {
+            let name = if i % 2 == 0 { format!("p{i}.tmp") } else { format!("p{i}.dat") };
+            let a = fs.create_node(
+                ROOT_INO,
+                name.as_bytes(),
+                tessera_fs::FileKind::Regular,
+                0o644,
+                0,
+                tessera_fs::Caller { uid: 0, gid: 0 },
+                None,
+            )?;
+            let data = pattern(2 * BLOCK as usize + 7, i);
+            fs.write(a.ino, 0, &data, true)?;
+            fs.fsync(a.ino)?;
+            synced.insert(name, data);
+        }
+        Ok(())
+    };
+    let mut crashed = 0;
+    for at in 1.. {
+        let t = two_pools(true);
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        faults
+            .writes_until_failure
+            .store(at, std::sync::atomic::Ordering::SeqCst);
+        let mut synced = BTreeMap::new();
+        let result = workload(&fs, &mut synced);
+        let hit = crash(fs, &faults);
+        if let Err(e) = &result {
+            assert!(hit, "write {at}: failed without a crash: {e}");
+        }
+        let fs = mount(&t);
+        for (name, data) in &synced {
+            let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+            assert_eq!(fs.read(a.ino, 0, data.len() as u32).unwrap(), *data, "write {at}: {name}");
+            let pool = if name.ends_with(".tmp") { "slow" } else { "system" };
+            assert_in_pool(&fs, name, pool);
+        }
+        if !synced.is_empty() {
+            assert_eq!(fs.policy_text().as_deref(), Some(POLICY), "write {at}");
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(&t, &format!("crash at write {at}"));
+        if !hit {
+            break;
+        }
+        crashed += 1;
+    }
+    assert!(crashed > 8, "the workload took only {crashed} writes");
+}

@@ -1,0 +1,161 @@
+//! `tessera policy change|ls` [mmchpolicy, mmlspolicy] and `tessera file attr ls`
+//! [mmlsattr -L].
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::{call, unexpected};
+use crate::cli::PolicyChangeArgs;
+use crate::config::Home;
+use crate::rpc::{Reply, Request};
+
+/// `tessera policy change DEVICE -P FILE [-I yes|test]` [mmchpolicy].
+pub fn change(home: &Home, a: &PolicyChangeArgs) -> Result<()> {
+    let test = match a.install.to_ascii_lowercase().as_str() {
+        "yes" => false,
+        "test" => true,
+        other => bail!("-I {other}: expected yes (install) or test (check only)"),
+    };
+    let text = if a.policy_file.as_os_str() == "DEFAULT" {
+        None
+    } else {
+        let text = std::fs::read_to_string(&a.policy_file)
+            .with_context(|| format!("cannot read the policy file {}", a.policy_file.display()))?;
+        Some(text)
+    };
+    let removing = text.is_none();
+    let summary = match call(
+        home,
+        &Request::PolicyChange {
+            name: a.device.clone(),
+            text,
+            test,
+        },
+    )? {
+        Reply::PolicyChanged(s) => s,
+        other => return Err(unexpected(other)),
+    };
+    let counts = format!(
+        "{} rules: {} placement, {} migration, {} deletion, {} list",
+        summary.rules,
+        summary.placement_rules,
+        summary.migrate_rules,
+        summary.delete_rules,
+        summary.list_rules
+    );
+    match (removing, test) {
+        (true, true) => println!("-P DEFAULT is valid: it removes the policy of {}", a.device),
+        (true, false) => println!(
+            "Policy of {} removed: new files go to the default data pool.",
+            a.device
+        ),
+        (false, true) => println!(
+            "Policy file {} is valid for {} ({counts}); not installed (-I test).",
+            a.policy_file.display(),
+            a.device
+        ),
+        (false, false) => println!(
+            "Policy file {} installed for {} ({counts}); it places files created from now on.",
+            a.policy_file.display(),
+            a.device
+        ),
+    }
+    Ok(())
+}
+
+/// `tessera policy ls DEVICE` [mmlspolicy -L].
+pub fn ls(home: &Home, device: &str) -> Result<()> {
+    match call(
+        home,
+        &Request::PolicyLs {
+            name: device.to_string(),
+        },
+    )? {
+        Reply::Policy(Some(text)) => {
+            print!("{text}");
+            if !text.ends_with('\n') {
+                println!();
+            }
+        }
+        Reply::Policy(None) => println!(
+            "No policy is installed for {device}: new files go to its default data pool \
+             (tessera policy change {device} -P FILE installs one)."
+        ),
+        other => return Err(unexpected(other)),
+    }
+    Ok(())
+}
+
+/// The Tessera mount that holds `path`: its file-system name and mount point.
+fn tessera_mount_of(path: &Path) -> Result<(String, PathBuf)> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    let mut best: Option<(String, PathBuf)> = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() < 3 || f[2] != "fuse.tessera" {
+            continue;
+        }
+        // /proc/self/mounts escapes spaces and the like as octal.
+        let point = PathBuf::from(f[1].replace("\\040", " ").replace("\\011", "\t"));
+        let longer = best
+            .as_ref()
+            .is_none_or(|(_, b)| point.as_os_str().len() > b.as_os_str().len());
+        if path.starts_with(&point) && longer {
+            best = Some((f[0].to_string(), point));
+        }
+    }
+    best.ok_or_else(|| {
+        anyhow!(
+            "{} is not on a mounted Tessera file system (see tessera mount)",
+            path.display()
+        )
+    })
+}
+
+/// `tessera file attr ls PATH...` [mmlsattr -L].
+pub fn file_attr_ls(home: &Home, paths: &[PathBuf]) -> Result<()> {
+    let mut first = true;
+    for path in paths {
+        let full = std::fs::canonicalize(path)
+            .with_context(|| format!("{}: no such file or directory", path.display()))?;
+        let meta = std::fs::symlink_metadata(&full)
+            .with_context(|| format!("cannot stat {}", full.display()))?;
+        let (fs, _) = tessera_mount_of(&full)?;
+        let attr = match call(
+            home,
+            &Request::FileAttr {
+                name: fs.clone(),
+                ino: meta.ino(),
+            },
+        )? {
+            Reply::FileAttr(a) => a,
+            other => return Err(unexpected(other)),
+        };
+        if !first {
+            println!();
+        }
+        first = false;
+        let blocks = if attr.blocks_per_disk.is_empty() {
+            "none (empty, or held in the inode)".to_string()
+        } else {
+            attr.blocks_per_disk
+                .iter()
+                .map(|(nsd, n)| format!("{nsd} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let rows = [
+            ("file name:", full.display().to_string()),
+            ("file system:", fs),
+            ("storage pool name:", attr.pool),
+            ("fileset name:", tessera_policy::ROOT_FILESET.to_string()),
+            ("data blocks per NSD:", blocks),
+        ];
+        for (k, v) in rows {
+            println!("{k:<22}{v}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! `policy change`, `policy ls` [mmchpolicy, mmlspolicy] and `file attr ls` [mmlsattr] in
+//! the daemon: the policy lives in the file-system descriptor, so these work on a mounted
+//! file system or open an unmounted one for the purpose.
+
+use anyhow::{anyhow, Result};
+use tessera_fs::Ino;
+
+use super::Daemon;
+use crate::rpc::{FileAttrReply, Reply};
+
+impl Daemon {
+    /// Installs (or, with `None`, removes) the policy of file system `name`; with `test`
+    /// only checks it [mmchpolicy -I test].
+    pub(super) fn policy_change(&self, name: &str, text: Option<&str>, test: bool) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        self.with_fs(name, "opening it here to change its policy", |fs| {
+            let summary = if test {
+                fs.check_policy(text)
+            } else {
+                fs.set_policy(text)
+            }
+            .map_err(|e| anyhow!("file system {name}: {e}"))?;
+            if !test {
+                tracing::info!(
+                    "{name}: policy {} ({} rules, {} placement)",
+                    if text.is_some() { "installed" } else { "removed" },
+                    summary.rules,
+                    summary.placement_rules
+                );
+            }
+            Ok(Reply::PolicyChanged(summary))
+        })
+    }
+
+    pub(super) fn policy_ls(&self, name: &str) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        self.with_fs(name, "opening it here to read its policy", |fs| {
+            Ok(Reply::Policy(fs.policy_text()))
+        })
+    }
+
+    /// The attributes of inode `ino` of mounted file system `name` that `stat` does not
+    /// show [mmlsattr -L].
+    pub(super) fn file_attr(&self, name: &str, ino: Ino) -> Result<Reply> {
+        let fs = self
+            .mounts
+            .lock()
+            .get(name)
+            .map(|m| std::sync::Arc::clone(&m.fs))
+            .ok_or_else(|| anyhow!("file system {name} is not mounted on this node"))?;
+        let pool = fs
+            .file_pool_name(ino)
+            .map_err(|e| anyhow!("file system {name}, inode {ino}: {e}"))?;
+        let blocks_per_disk = fs
+            .file_blocks_per_disk(ino)
+            .map_err(|e| anyhow!("file system {name}, inode {ino}: {e}"))?;
+        Ok(Reply::FileAttr(FileAttrReply {
+            pool,
+            blocks_per_disk,
+        }))
+    }
+}
