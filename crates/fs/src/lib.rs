@@ -24,6 +24,7 @@ mod meta;
 mod namespace;
 mod placement;
 pub mod pmon;
+pub mod policy_run;
 mod prefetch;
 mod recovery;
 mod report;

@@ -20,6 +20,7 @@
 //! so a crash in between leaves the previous checkpoint whole. The recovery log, the stored
 //! allocation map and descriptor copies stay where they are (`disk delete` deals with them).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
@@ -50,6 +51,9 @@ pub enum RestripeMode {
     Migrate,
     /// `-b`: move data blocks from disks fuller than their pool's average to emptier ones.
     Balance,
+    /// `-p`: move data blocks that are not in their file's storage pool into it (files a
+    /// policy migrated with `-I defer`, or whose migration was interrupted).
+    Placement,
 }
 
 /// Where a restripe is, for progress lines.
@@ -117,6 +121,10 @@ impl FileSystem {
                     m.state.scan_batch(shard, &from, SCAN_BATCH_ITEMS)?
                 };
                 let plan = Mutex::new(self.plan(mode)?);
+                let file_pools = match &*plan.lock() {
+                    Plan::Placement { .. } => self.file_pools_of(&items)?,
+                    _ => HashMap::new(),
+                };
                 let mut moves: Vec<Vec<(Ino, u64, BlockRef)>> = Vec::new();
                 for item in items {
                     let Item::Block { ino, index, block } = item else {
@@ -124,7 +132,13 @@ impl FileSystem {
                     };
                     report.progress.blocks_scanned += 1;
                     let n = u64::from(block.extent.sub_blocks);
-                    if !plan.lock().moves(block.extent.addr.disk, n) {
+                    let wanted = match &*plan.lock() {
+                        Plan::Placement { pool_of_disk } => {
+                            pool_of_disk.get(&block.extent.addr.disk) != file_pools.get(&ino)
+                        }
+                        other => other.moves(block.extent.addr.disk, n),
+                    };
+                    if !wanted {
                         continue;
                     }
                     // Items come in key order, so a file's blocks are neighbours: one group
@@ -405,6 +419,9 @@ impl FileSystem {
             })
             .collect();
         Ok(match mode {
+            RestripeMode::Placement => Plan::Placement {
+                pool_of_disk: desc.disks.iter().map(|d| (d.index, d.pool)).collect(),
+            },
             RestripeMode::Migrate => Plan::Migrate {
                 sources: desc
                     .disks
@@ -431,6 +448,53 @@ impl FileSystem {
                 }
             }
         })
+    }
+
+    /// The storage pool of every file whose blocks are among `items`.
+    fn file_pools_of(&self, items: &[Item]) -> FsResult<HashMap<Ino, PoolId>> {
+        let mut m = self.meta.lock();
+        let mut pools = HashMap::new();
+        for item in items {
+            if let Item::Block { ino, .. } = item {
+                if !pools.contains_key(ino) {
+                    pools.insert(*ino, self.file_pool(&mut m, *ino)?);
+                }
+            }
+        }
+        Ok(pools)
+    }
+
+    /// Moves every block of `ino` that is outside the file's storage pool into it (a
+    /// policy migration). Returns the bytes copied.
+    pub(crate) fn place_blocks_of(&self, ino: Ino) -> FsResult<u64> {
+        let pool_of_disk: HashMap<DiskIndex, PoolId> = self
+            .desc
+            .lock()
+            .disks
+            .iter()
+            .map(|d| (d.index, d.pool))
+            .collect();
+        let (pool, blocks) = {
+            let mut m = self.meta.lock();
+            let pool = self.file_pool(&mut m, ino)?;
+            let blocks = match m.state.content_kind(ino)? {
+                crate::meta::ContentKind::Blocks => m.state.blocks(ino, 0..u64::MAX)?,
+                _ => Vec::new(),
+            };
+            (pool, blocks)
+        };
+        let mut bytes = 0;
+        for (index, block) in blocks {
+            if pool_of_disk.get(&block.extent.addr.disk) == Some(&pool) {
+                continue;
+            }
+            // The allocator gives out blocks of the file's pool on disks that take new
+            // allocations, which is every acceptable target.
+            if let Moved::To(_, n) = self.move_block(ino, index, &block, &|_| true)? {
+                bytes += n;
+            }
+        }
+        Ok(bytes)
     }
 
     /// Moves the blocks of a batch, grouped by file, with up to [`MOVES_IN_FLIGHT`] files at
@@ -609,12 +673,18 @@ enum Plan {
         mean: std::collections::HashMap<PoolId, f64>,
         space: std::collections::HashMap<DiskIndex, DiskUse>,
     },
+    /// Blocks move when their disk is not in their file's pool (decided in the scan);
+    /// the allocator, asked for the file's pool, picks the target.
+    Placement {
+        pool_of_disk: HashMap<DiskIndex, PoolId>,
+    },
 }
 
 impl Plan {
     /// Whether an extent of `n` sub-blocks on `disk` should move, and some disk takes it.
     fn moves(&self, disk: DiskIndex, n: u64) -> bool {
         match self {
+            Plan::Placement { .. } => true,
             Plan::Migrate { sources, targets } => sources.contains(&disk) && !targets.is_empty(),
             Plan::Balance { mean, space, .. } => space.get(&disk).is_some_and(|s| {
                 (s.used.saturating_sub(n)) as f64 / s.total.max(1) as f64 >= mean[&s.pool]
@@ -628,6 +698,7 @@ impl Plan {
     /// Whether `disk` takes an extent of `n` sub-blocks.
     fn accepts(&self, disk: DiskIndex, n: u64) -> bool {
         match self {
+            Plan::Placement { .. } => true,
             Plan::Migrate { targets, .. } => targets.contains(&disk),
             // The emptiest disks first (water filling), and none past the average.
             Plan::Balance { mean, space, .. } => {

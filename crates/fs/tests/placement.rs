@@ -281,3 +281,244 @@ fn a_crash_at_any_write_while_files_are_placed_loses_nothing() {
     }
     assert!(crashed > 8, "the workload took only {crashed} writes");
 }
+
+fn mkdir(fs: &FileSystem, name: &str) -> tessera_fs::Ino {
+    fs.create_node(
+        ROOT_INO,
+        name.as_bytes(),
+        tessera_fs::FileKind::Directory,
+        0o755,
+        0,
+        tessera_fs::Caller { uid: 0, gid: 0 },
+        None,
+    )
+    .unwrap()
+    .ino
+}
+
+/// Files of three kinds, in the root and in `sub`: `bigN.dat` (several blocks, sizes
+/// growing with N), `smallN.dat` (a fragment) and `oldN.log`; all in the system pool.
+fn tree(fs: &FileSystem) -> BTreeMap<String, (tessera_fs::Ino, Vec<u8>)> {
+    let sub = mkdir(fs, "sub");
+    let mut files = BTreeMap::new();
+    for i in 0..6u64 {
+        let dir = if i % 2 == 0 { ROOT_INO } else { sub };
+        let prefix = if dir == ROOT_INO { "" } else { "sub/" };
+        for (name, size) in [
+            (format!("big{i}.dat"), (i as usize + 2) * BLOCK as usize + 333),
+            (format!("small{i}.dat"), 9_000),
+            (format!("old{i}.log"), 20_000),
+        ] {
+            let a = fs
+                .create_node(
+                    dir,
+                    name.as_bytes(),
+                    tessera_fs::FileKind::Regular,
+                    0o644,
+                    0,
+                    tessera_fs::Caller { uid: 0, gid: 0 },
+                    None,
+                )
+                .unwrap();
+            let data = pattern(size, i * 7 + size as u64);
+            fs.write(a.ino, 0, &data, false).unwrap();
+            files.insert(format!("{prefix}{name}"), (a.ino, data));
+        }
+    }
+    fs.sync().unwrap();
+    files
+}
+
+fn nsds_of(fs: &FileSystem, ino: tessera_fs::Ino) -> Vec<String> {
+    fs.file_blocks_per_disk(ino)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
+}
+
+fn apply(fs: &FileSystem, text: &str, mode: tessera_fs::policy_run::ApplyMode) -> tessera_fs::policy_run::ApplyReport {
+    fs.apply_policy(text, mode, &AtomicBool::new(false), &mut |_| {})
+        .unwrap()
+}
+
+const MANAGE: &str = "\
+RULE EXTERNAL LIST 'small' EXEC '';
+RULE 'cold' MIGRATE FROM POOL 'system' WEIGHT(FILE_SIZE) TO POOL 'slow'
+     WHERE NAME LIKE 'big%' AND FILE_SIZE > 600000;
+RULE 'clean' DELETE WHERE NAME LIKE 'old%' AND PATH_NAME LIKE '/sub/%';
+RULE 'l' LIST 'small' WHERE NAME LIKE 'small%';
+";
+
+#[test]
+fn migrate_delete_and_list_rules_run_over_every_file() {
+    use tessera_fs::policy_run::ApplyMode;
+    let t = two_pools(true);
+    let fs = mount(&t);
+    let files = tree(&fs);
+    let migrating = |name: &str| name.contains("big") && files[name].1.len() > 600_000;
+    let deleted = |name: &str| name.starts_with("sub/old");
+
+    // -I test: chosen, reported, nothing changed.
+    let report = apply(&fs, MANAGE, ApplyMode::Test);
+    assert_eq!(report.files_scanned, 18);
+    let counts: Vec<(String, u64)> = report.rules.iter().map(|r| (r.action.clone(), r.files)).collect();
+    let want_migrate = files.keys().filter(|n| migrating(n)).count() as u64;
+    assert_eq!(
+        counts,
+        vec![("MIGRATE".into(), want_migrate), ("DELETE".into(), 3), ("LIST".into(), 6)]
+    );
+    assert_eq!(report.lists.len(), 1);
+    let mut listed = report.lists[0].1.clone();
+    listed.sort();
+    assert_eq!(listed[0], "/small0.dat");
+    assert!(listed.contains(&"/sub/small1.dat".to_string()), "{listed:?}");
+    assert_eq!((report.migrated, report.deleted), (0, 0));
+    for (name, (ino, _)) in &files {
+        assert!(nsds_of(&fs, *ino).iter().all(|d| d == "nsd0" || d == "nsd1"), "{name} moved in a test");
+    }
+    assert!(fs.lookup(ROOT_INO, b"sub").is_ok());
+
+    // -I yes: migrated, deleted.
+    let report = apply(&fs, MANAGE, ApplyMode::Yes);
+    assert_eq!((report.migrated, report.deleted), (want_migrate, 3), "{report:?}");
+    assert!(report.bytes_moved > 0);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let sub = fs.lookup(ROOT_INO, b"sub").unwrap().ino;
+    for (name, (ino, data)) in &files {
+        let (dir, leaf) = match name.strip_prefix("sub/") {
+            Some(leaf) => (sub, leaf),
+            None => (ROOT_INO, name.as_str()),
+        };
+        if deleted(name) {
+            assert!(fs.lookup(dir, leaf.as_bytes()).is_err(), "{name} not deleted");
+            continue;
+        }
+        assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "{name}");
+        let on = nsds_of(&fs, *ino);
+        if migrating(name) {
+            assert!(on.iter().all(|d| d == "nsd2" || d == "nsd3"), "{name}: {on:?}");
+            assert_eq!(fs.file_pool_name(*ino).unwrap(), "slow");
+        } else {
+            assert!(on.iter().all(|d| d == "nsd0" || d == "nsd1"), "{name}: {on:?}");
+        }
+    }
+    // Run again: nothing left to migrate or delete.
+    let again = apply(&fs, MANAGE, ApplyMode::Yes);
+    assert_eq!((again.migrated, again.deleted), (0, 0), "{again:?}");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after policy apply");
+}
+
+#[test]
+fn a_threshold_takes_the_heaviest_files_and_only_above_its_high_mark() {
+    use tessera_fs::policy_run::ApplyMode;
+    let t = two_pools(true);
+    let fs = mount(&t);
+    let files = tree(&fs);
+    let df = fs.df();
+    let system = df.pools.iter().find(|p| p.pool == "system").unwrap();
+    let used = system.size_bytes - system.free_full_block_bytes - system.free_fragment_bytes;
+    let pct = used * 100 / system.size_bytes;
+    assert!(pct >= 2, "{pct}%");
+
+    let rule = |high: u64, low: u64| {
+        format!(
+            "RULE 'cold' MIGRATE FROM POOL 'system' THRESHOLD({high},{low}) WEIGHT(FILE_SIZE) \
+             TO POOL 'slow' WHERE NAME LIKE 'big%'"
+        )
+    };
+    let report = apply(&fs, &rule(pct + 1, 0), ApplyMode::Yes);
+    assert_eq!(report.rules[0].files, 0);
+    let note = report.rules[0].note.as_deref().unwrap();
+    assert!(note.contains("below THRESHOLD"), "{note}");
+
+    // Down by about one percent of the pool: some big files move, the heaviest first.
+    let report = apply(&fs, &rule(pct, pct - 1), ApplyMode::Yes);
+    assert!(report.migrated >= 1, "{report:?}");
+    let bigs: Vec<(usize, bool)> = files
+        .iter()
+        .filter(|(n, _)| n.contains("big"))
+        .map(|(_, (ino, data))| (data.len(), fs.file_pool_name(*ino).unwrap() == "slow"))
+        .collect();
+    let smallest_moved = bigs.iter().filter(|b| b.1).map(|b| b.0).min().unwrap();
+    let largest_kept = bigs.iter().filter(|b| !b.1).map(|b| b.0).max().unwrap_or(0);
+    assert!(
+        (report.migrated as usize) < bigs.len() && smallest_moved > largest_kept,
+        "not the heaviest first: {bigs:?}"
+    );
+    fs.unmount().unwrap();
+}
+
+/// `-I defer` changes pools only; `restripe -p` then moves the data. A crash at any write
+/// of a migration leaves every file whole, and `restripe -p` finishes what it left.
+#[test]
+fn deferred_and_interrupted_migrations_are_finished_by_restripe_p() {
+    use tessera_fs::policy_run::ApplyMode;
+    let policy = "RULE 'cold' MIGRATE FROM POOL 'system' TO POOL 'slow' WHERE NAME LIKE 'big%'";
+    let t = two_pools(true);
+    let fs = mount(&t);
+    let files = tree(&fs);
+    let report = apply(&fs, policy, ApplyMode::Defer);
+    assert_eq!(report.migrated, 6);
+    assert_eq!(report.bytes_moved, 0);
+    for (name, (ino, _)) in files.iter().filter(|(n, _)| n.contains("big")) {
+        assert_eq!(fs.file_pool_name(*ino).unwrap(), "slow", "{name}");
+        assert!(nsds_of(&fs, *ino).iter().all(|d| d == "nsd0" || d == "nsd1"), "{name} moved");
+    }
+    let report = fs
+        .restripe(RestripeMode::Placement, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert!(report.progress.blocks_moved >= 6 * 2, "{report:?}");
+    for (name, (ino, data)) in &files {
+        let on = nsds_of(&fs, *ino);
+        let slow = on.iter().all(|d| d == "nsd2" || d == "nsd3");
+        assert_eq!(slow, name.contains("big"), "{name}: {on:?}");
+        assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "{name}");
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a deferred migration");
+
+    let mut crashed = 0;
+    for at in 1.. {
+        let t = two_pools(true);
+        let fs = mount(&t);
+        let files = tree(&fs);
+        fs.unmount().unwrap();
+        drop(fs);
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        faults
+            .writes_until_failure
+            .store(at, std::sync::atomic::Ordering::SeqCst);
+        let result = fs.apply_policy(policy, ApplyMode::Yes, &AtomicBool::new(false), &mut |_| {});
+        let hit = crash(fs, &faults);
+        if let Err(e) = &result {
+            assert!(hit, "write {at}: failed without a crash: {e}");
+        }
+        let fs = mount(&t);
+        for (name, (ino, data)) in &files {
+            assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "write {at}: {name}");
+        }
+        fs.restripe(RestripeMode::Placement, &AtomicBool::new(false), &mut |_| {})
+            .unwrap();
+        // Rerun the policy: files whose pool change was lost are migrated now.
+        apply(&fs, policy, ApplyMode::Yes);
+        for (name, (ino, data)) in &files {
+            let on = nsds_of(&fs, *ino);
+            let slow = on.iter().all(|d| d == "nsd2" || d == "nsd3");
+            assert_eq!(slow, name.contains("big"), "write {at}: {name}: {on:?}");
+            assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "write {at}: {name}");
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(&t, &format!("migration crashed at write {at}"));
+        if !hit {
+            break;
+        }
+        crashed += 1;
+    }
+    assert!(crashed > 10, "the migration took only {crashed} writes");
+}

@@ -677,6 +677,23 @@ pub enum PolicyCommand {
     Change(PolicyChangeArgs),
     /// Show the installed policy as it was given [mmlspolicy -L].
     Ls(DeviceArgs),
+    /// Run the MIGRATE, DELETE and LIST rules of a policy file over every file, with
+    /// progress [mmapplypolicy]: a THRESHOLD(high,low) rule runs when its pool is at
+    /// least high % full and moves the heaviest files (WEIGHT) until it is at low %.
+    Apply(PolicyApplyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyApplyArgs {
+    /// The file system device name.
+    pub device: String,
+    /// The policy file (it is not installed).
+    #[arg(short = 'P', value_name = "FILE")]
+    pub policy_file: std::path::PathBuf,
+    /// `yes` acts; `test` only reports what would be done; `defer` changes the pools of
+    /// migrated files and leaves their data for `tessera restripe -p`.
+    #[arg(short = 'I', default_value = "yes")]
+    pub action: String,
 }
 
 #[derive(Args, Debug)]
@@ -792,7 +809,8 @@ pub struct RestripeArgs {
     /// Restore replication (needs -m/-r above 1, not built yet).
     #[arg(short = 'r')]
     pub replication: bool,
-    /// Repair placement across storage pools (needs placement policies, not built yet).
+    /// Repair placement: move blocks that are not in their file's storage pool into it
+    /// (after `policy apply -I defer`, or an interrupted migration).
     #[arg(short = 'p')]
     pub placement: bool,
 }

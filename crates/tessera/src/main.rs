@@ -61,6 +61,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Restripe(_) => "restripe",
         Command::Policy(PolicyCommand::Change(_)) => "policy change",
         Command::Policy(PolicyCommand::Ls(_)) => "policy ls",
+        Command::Policy(PolicyCommand::Apply(_)) => "policy apply",
         Command::File(FileCommand::Attr(FileAttrCommand::Ls { .. })) => "file attr ls",
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
@@ -124,6 +125,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Fs(FsCommand::Reclaimspace(a)) => fs::reclaimspace(home, &a.device),
         Command::Policy(PolicyCommand::Change(a)) => policy::change(home, &a),
         Command::Policy(PolicyCommand::Ls(a)) => policy::ls(home, &a.device),
+        Command::Policy(PolicyCommand::Apply(a)) => policy::apply(home, &a),
         Command::File(FileCommand::Attr(FileAttrCommand::Ls { paths })) => {
             policy::file_attr_ls(home, &paths)
         }

@@ -276,6 +276,15 @@ pub enum Request {
     Restripe {
         name: String,
         balance: bool,
+        /// `-p`: move blocks into their files' pools.
+        #[serde(default)]
+        placement: bool,
+    },
+    /// Run a policy's MIGRATE, DELETE and LIST rules over every file [mmapplypolicy].
+    PolicyApply {
+        name: String,
+        text: String,
+        mode: tessera_fs::policy_run::ApplyMode,
     },
     Pmon {
         name: Option<String>,
@@ -624,6 +633,7 @@ pub enum Reply {
     PolicyChanged(tessera_fs::PolicySummary),
     /// The installed policy's text, if any.
     Policy(Option<String>),
+    PolicyApplied(tessera_fs::policy_run::ApplyReport),
     FileAttr(FileAttrReply),
     /// What a restripe did.
     Restripe(RestripeDone),

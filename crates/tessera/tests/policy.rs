@@ -109,6 +109,41 @@ fn placement_policy_through_the_cli() {
     std::fs::write(mnt.join("d.tmp"), &tmp).unwrap();
     let out = node.ok(&["file", "attr", "ls", s(&mnt.join("d.tmp"))]);
     assert!(out.contains("storage pool name:    system"), "{out}");
+    // policy apply [mmapplypolicy]: -I test reports, -I yes migrates, -I defer leaves the
+    // data for restripe -p.
+    let manage = node.path("manage.pol");
+    std::fs::write(
+        &manage,
+        "RULE EXTERNAL LIST 'tmps' EXEC ''\n\
+         RULE 'back' MIGRATE FROM POOL 'slow' TO POOL 'system' WHERE NAME = 'c.tmp'\n\
+         RULE 'l' LIST 'tmps' WHERE NAME LIKE '%.tmp'\n",
+    )
+    .unwrap();
+    let out = node.ok(&["policy", "apply", "pfs", "-P", s(&manage), "-I", "test"]);
+    assert!(out.contains("files scanned (-I test: nothing changed)"), "{out}");
+    assert!(out.contains("LIST 'tmps': 2 files") && out.contains("  /a.tmp"), "{out}");
+    let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("c.tmp"))]);
+    assert!(attr.contains("storage pool name:    slow"), "{attr}");
+    let out = node.ok(&["policy", "apply", "pfs", "-P", s(&manage)]);
+    assert!(out.contains("1 files migrated"), "{out}");
+    let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("c.tmp"))]);
+    assert!(attr.contains("storage pool name:    system") && !attr.contains("pl2") && !attr.contains("pl3"), "{attr}");
+    assert_eq!(std::fs::read(mnt.join("c.tmp")).unwrap(), tmp);
+
+    let defer = node.path("defer.pol");
+    std::fs::write(&defer, "RULE 'back' MIGRATE FROM POOL 'slow' TO POOL 'system' WHERE NAME = 'a.tmp'\n").unwrap();
+    let out = node.ok(&["policy", "apply", "pfs", "-P", s(&defer), "-I", "defer"]);
+    assert!(out.contains("1 files migrated (0.0 MiB"), "{out}");
+    let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("a.tmp"))]);
+    assert!(attr.contains("storage pool name:    system") && attr.contains("pl2"), "{attr}");
+    let out = node.ok(&["restripe", "pfs", "-p"]);
+    assert!(out.contains("data blocks moved"), "{out}");
+    let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("a.tmp"))]);
+    assert!(!attr.contains("pl2") && !attr.contains("pl3"), "{attr}");
+    assert_eq!(std::fs::read(mnt.join("a.tmp")).unwrap(), tmp);
+    let err = node.fails(&["policy", "apply", "pfs", "-P", s(&bad)]);
+    assert!(err.contains("line 2, column 19"), "{err}");
+
     node.ok(&["umount", "pfs"]);
     let report = node.ok(&["fsck", "pfs", "-n"]);
     assert!(report.contains("is clean"), "{report}");

@@ -766,17 +766,15 @@ pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
              rebalance)"
         );
     }
-    if a.placement {
-        bail!(
-            "restripe -p repairs placement across storage pools by policy, which Tessera does \
-             not have yet (use -m or -b)"
-        );
+    if [a.migrate, a.balance, a.placement].iter().filter(|x| **x).count() > 1 {
+        bail!("restripe: give one of -m, -b and -p");
     }
     let done = match call(
         home,
         &Request::Restripe {
             name: a.device.clone(),
             balance: a.balance,
+            placement: a.placement,
         },
     )? {
         Reply::Restripe(done) => done,

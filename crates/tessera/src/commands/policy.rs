@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::{call, unexpected};
-use crate::cli::PolicyChangeArgs;
+use crate::cli::{PolicyApplyArgs, PolicyChangeArgs};
 use crate::config::Home;
+use crate::output::Table;
 use crate::rpc::{Reply, Request};
+use tessera_fs::policy_run::ApplyMode;
 
 /// `tessera policy change DEVICE -P FILE [-I yes|test]` [mmchpolicy].
 pub fn change(home: &Home, a: &PolicyChangeArgs) -> Result<()> {
@@ -61,6 +63,72 @@ pub fn change(home: &Home, a: &PolicyChangeArgs) -> Result<()> {
             a.policy_file.display(),
             a.device
         ),
+    }
+    Ok(())
+}
+
+/// `tessera policy apply DEVICE -P FILE [-I yes|test|defer]` [mmapplypolicy].
+pub fn apply(home: &Home, a: &PolicyApplyArgs) -> Result<()> {
+    let mode = match a.action.to_ascii_lowercase().as_str() {
+        "yes" => ApplyMode::Yes,
+        "test" => ApplyMode::Test,
+        "defer" => ApplyMode::Defer,
+        other => bail!("-I {other}: expected yes, test or defer"),
+    };
+    let text = std::fs::read_to_string(&a.policy_file)
+        .with_context(|| format!("cannot read the policy file {}", a.policy_file.display()))?;
+    let report = match call(
+        home,
+        &Request::PolicyApply {
+            name: a.device.clone(),
+            text,
+            mode,
+        },
+    )? {
+        Reply::PolicyApplied(r) => r,
+        other => return Err(unexpected(other)),
+    };
+    println!(
+        "{}: {} files scanned{}.",
+        a.device,
+        report.files_scanned,
+        if mode == ApplyMode::Test { " (-I test: nothing changed)" } else { "" }
+    );
+    let mut t = Table::new(&["rule", "action", "files chosen", "KB chosen", "note"]).right(&[2, 3]);
+    for r in &report.rules {
+        t.row(vec![
+            r.rule.clone(),
+            r.action.clone(),
+            r.files.to_string(),
+            r.kb.to_string(),
+            r.note.clone().unwrap_or_default(),
+        ]);
+    }
+    print!("{}", t.render());
+    if mode != ApplyMode::Test {
+        println!(
+            "{} files migrated ({:.1} MiB of data moved{}), {} deleted.",
+            report.migrated,
+            report.bytes_moved as f64 / 1048576.0,
+            if mode == ApplyMode::Defer {
+                "; -I defer: tessera restripe -p moves the rest"
+            } else {
+                ""
+            },
+            report.deleted
+        );
+    }
+    for e in &report.errors {
+        println!("skipped: {e}");
+    }
+    for (list, paths) in &report.lists {
+        println!("LIST '{list}': {} files", paths.len());
+        for p in paths {
+            println!("  {p}");
+        }
+    }
+    if report.stopped {
+        println!("Stopped before the end; run the same command again to continue.");
     }
     Ok(())
 }

@@ -495,7 +495,7 @@ impl Daemon {
             })?;
         }
         if rebalance {
-            return self.restripe(name, true, r);
+            return self.restripe(name, true, false, r);
         }
         Ok(Reply::Done)
     }

@@ -319,7 +319,12 @@ impl Daemon {
             } => self.disk_add(&name, &disks, verify, rebalance, r),
             Request::DiskChange { name, nsds, status } => self.disk_change(&name, &nsds, status),
             Request::DiskDelete { name, nsds } => self.disk_delete(&name, &nsds, r),
-            Request::Restripe { name, balance } => self.restripe(&name, balance, r),
+            Request::Restripe {
+                name,
+                balance,
+                placement,
+            } => self.restripe(&name, balance, placement, r),
+            Request::PolicyApply { name, text, mode } => self.policy_apply(&name, &text, mode, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
             Request::IoHistory => Ok(self.io_history()),
             Request::Health => Ok(self.health_report()),

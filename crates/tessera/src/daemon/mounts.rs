@@ -396,12 +396,15 @@ impl Daemon {
         &self,
         name: &str,
         balance: bool,
+        placement: bool,
         r: &mut super::Reporter,
     ) -> Result<Reply> {
         use std::sync::atomic::{AtomicBool, Ordering};
         use tessera_fs::restripe::RestripeMode;
         let _admin = self.admin.lock();
-        let mode = if balance {
+        let mode = if placement {
+            RestripeMode::Placement
+        } else if balance {
             RestripeMode::Balance
         } else {
             RestripeMode::Migrate
@@ -419,7 +422,11 @@ impl Daemon {
         tracing::info!(
             "{name}: restripe {}: {} of {} blocks moved ({} bytes), {} metadata pages and {} \
              allocation-map regions moved{}{}",
-            if balance { "-b" } else { "-m" },
+            match mode {
+                RestripeMode::Placement => "-p",
+                RestripeMode::Balance => "-b",
+                RestripeMode::Migrate => "-m",
+            },
             report.progress.blocks_moved,
             report.progress.blocks_scanned,
             report.progress.bytes_moved,

@@ -2,7 +2,10 @@
 //! the daemon: the policy lives in the file-system descriptor, so these work on a mounted
 //! file system or open an unmounted one for the purpose.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::{anyhow, Result};
+use tessera_fs::policy_run::ApplyMode;
 use tessera_fs::Ino;
 
 use super::Daemon;
@@ -30,6 +33,41 @@ impl Daemon {
             }
             Ok(Reply::PolicyChanged(summary))
         })
+    }
+
+    /// Runs the management rules of `text` over file system `name` [mmapplypolicy], with
+    /// progress; a client that goes away stops it between files.
+    pub(super) fn policy_apply(
+        &self,
+        name: &str,
+        text: &str,
+        mode: ApplyMode,
+        r: &mut super::Reporter,
+    ) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let stop = AtomicBool::new(false);
+        let report = self.with_fs(name, "opening it here to apply a policy", |fs| {
+            fs.apply_policy(text, mode, &stop, &mut |p| {
+                r.progress(p.phase, p.done, p.total);
+                if r.client_gone() {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            })
+            .map_err(|e| {
+                anyhow!(
+                    "file system {name}: policy apply: {e}; files migrated so far stay                      migrated (tessera restripe {name} -p moves the data of any file left                      half-way), run it again to continue"
+                )
+            })
+        })?;
+        tracing::info!(
+            "{name}: policy apply ({mode:?}): {} files scanned, {} migrated ({} bytes moved),              {} deleted{}",
+            report.files_scanned,
+            report.migrated,
+            report.bytes_moved,
+            report.deleted,
+            if report.stopped { ", stopped by the client" } else { "" }
+        );
+        Ok(Reply::PolicyApplied(report))
     }
 
     pub(super) fn policy_ls(&self, name: &str) -> Result<Reply> {
