@@ -668,6 +668,7 @@ impl FileSystem {
     ) -> FsResult<Written> {
         let lo = (off / SECTOR) as usize;
         let hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
+        let current = self.resolve_pending(ino, b, current, lo, hi)?;
         let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
         buf.zero_outside(off as usize - lo * SECTOR as usize, data.len());
         // Partial head and tail sectors keep their other bytes: read and verify them.
@@ -716,6 +717,63 @@ impl FileSystem {
         self.log(&mut m, vec![settle])?;
         // The checksums went to disk with the intent; a sync writer needs only the data.
         Ok(Written::on(lsn, disk))
+    }
+
+    /// Sectors `lo..hi` of block `b` that still have a pending alternative (an in-place
+    /// write in flight at a crash, whose settle never came) hold one of two contents, and
+    /// only the disk can tell which. An in-place write over such a sector would record the
+    /// newer checksum as its own alternative even when that write never landed, and after
+    /// another crash the sector would match neither. So they are read first, and what they
+    /// hold is logged: the write landed (settle) or it did not (revert to the alternative).
+    /// A sector that matches neither is left for the reads to report. Returns the block as
+    /// it is after that.
+    fn resolve_pending(
+        &self,
+        ino: Ino,
+        b: u64,
+        current: BlockRef,
+        lo: usize,
+        hi: usize,
+    ) -> FsResult<BlockRef> {
+        let ambiguous: Vec<usize> = (lo..hi)
+            .filter(|s| current.pending.contains_key(&(*s as u32)))
+            .collect();
+        if ambiguous.is_empty() {
+            return Ok(current);
+        }
+        let dev = self.devices.get(current.extent.addr.disk);
+        let mut changes = Vec::new();
+        let mut sector = tessera_drive::AlignedBuf::zeroed(SECTOR as usize);
+        for s in ambiguous {
+            dev.read_at(
+                &mut sector,
+                self.extent_offset(&current.extent) + s as u64 * SECTOR,
+            )?;
+            let crc = crc32c::crc32c(&sector);
+            let alternative = current.pending[&(s as u32)];
+            let first = s as u32;
+            if !current.is_unwritten(s) && crc == current.crcs[s] {
+                changes.push(Change::Settle {
+                    ino,
+                    index: b,
+                    first,
+                    count: 1,
+                });
+            } else if alternative == Alternative::Crc(crc) || alternative == Alternative::Unwritten
+            {
+                changes.push(Change::Revert {
+                    ino,
+                    index: b,
+                    sector: first,
+                    to: alternative,
+                });
+            }
+        }
+        let mut m = self.meta.lock();
+        if !changes.is_empty() {
+            self.log(&mut m, changes)?;
+        }
+        Ok(m.state.block(ino, b)?.unwrap_or(current))
     }
 
     fn log_with_size(&self, ino: Ino, change: Change, size_after: u64) -> FsResult<Lsn> {

@@ -135,6 +135,14 @@ impl BlockRef {
         }
     }
 
+    /// Marks a sector never written again: it reads as zeros.
+    pub fn set_unwritten(&mut self, sector: usize) {
+        self.crcs[sector] = 0;
+        if let Some(w) = self.unwritten.get_mut(sector / 64) {
+            *w |= 1 << (sector % 64);
+        }
+    }
+
     pub fn any_written(&self) -> bool {
         (0..self.sectors()).any(|s| !self.is_unwritten(s))
     }

@@ -96,6 +96,16 @@ pub enum Change {
         ino: Ino,
         pool: tessera_alloc::PoolId,
     },
+    /// An in-place write of sector `sector` of block `index` did not land before a crash:
+    /// the disk holds its alternative `to`, which becomes the sector's content again (its
+    /// pending alternative is dropped). Logged before another in-place write of the sector,
+    /// whose own alternative must be what the disk really holds.
+    Revert {
+        ino: Ino,
+        index: u64,
+        sector: u32,
+        to: crate::inode::Alternative,
+    },
 }
 
 /// What an inode's content is.
@@ -688,6 +698,27 @@ impl MetaState {
                     }
                 }
             }
+            Change::Revert {
+                ino,
+                index,
+                sector,
+                to,
+            } => {
+                let mut b = self.must_block(*ino, *index)?;
+                let s = *sector as usize;
+                if s >= b.sectors() {
+                    return Err(corrupt(format!(
+                        "log reverts sector {s} past block {index} of inode {ino}"
+                    )));
+                }
+                match to {
+                    crate::inode::Alternative::Crc(crc) => b.set_written(s, *crc),
+                    crate::inode::Alternative::Unwritten => b.set_unwritten(s),
+                }
+                b.pending.remove(sector);
+                let (t, store) = self.shard_for(*ino);
+                t.put_block(store, *ino, *index, &b)?;
+            }
             Change::Truncate {
                 ino,
                 size,
@@ -900,4 +931,26 @@ pub fn first_ino(shard: u64, shard_count: u64) -> Ino {
         ino += shard_count;
     }
     ino
+}
+
+#[cfg(test)]
+mod record_tags {
+    use super::Change;
+
+    /// Log records are postcard, which writes an enum variant as its index: variants are
+    /// only ever appended, so records written by older builds decode the same. This pins
+    /// the indexes of the variants added after the first release of the format.
+    #[test]
+    fn variants_keep_their_indexes() {
+        let tag = |c: &Change| postcard::to_stdvec(c).unwrap()[0];
+        assert_eq!(tag(&Change::FreeInode { ino: 1 }), 12);
+        assert_eq!(tag(&Change::SetPool { ino: 1, pool: 2 }), 13);
+        let revert = Change::Revert {
+            ino: 9,
+            index: 1,
+            sector: 3,
+            to: crate::inode::Alternative::Unwritten,
+        };
+        assert_eq!(postcard::to_stdvec(&revert).unwrap(), [14, 9, 1, 3, 1]);
+    }
 }
