@@ -431,9 +431,10 @@ fn declustered_array_over_three_drive_servers_survives_one_server_loss() {
     while node.ok(&["pdisk", "ls", "--not-ok"]).contains("j1s") {
         assert!(
             Instant::now() < deadline,
-            "the enclosure's pdisks did not come back into service:\n{}\n{}",
+            "the enclosure's pdisks did not come back into service:\n{}\n{}\npdisk events:\n{}",
             node.ok(&["pdisk", "ls"]),
-            node.ok(&["da", "ls"])
+            node.ok(&["da", "ls"]),
+            pdisk_events(&node)
         );
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -1001,4 +1002,14 @@ fn thin_nvme_nsd_deallocates_freed_blocks_on_the_drive_server() {
     // The freed blocks are the file system's again and hold what is written next.
     write("again", want, 5);
     assert!(std::fs::read(mnt.join("again")).unwrap() == pattern(want as usize, 5));
+}
+
+/// The state changes of pdisks in the daemon's log, for failure messages: why a pdisk went
+/// where it went.
+fn pdisk_events(node: &Node) -> String {
+    let log = std::fs::read_to_string(node.home().join("log/daemon.log")).unwrap_or_default();
+    log.lines()
+        .filter(|l| l.contains("pdisk ") && l.contains(" -> "))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

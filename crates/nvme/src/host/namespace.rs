@@ -425,6 +425,25 @@ impl MultipathNamespace {
     }
 
     fn io_error(&self, what: &str, e: HostError) -> io::Error {
+        if e.is_path_error() {
+            // A path error that outlasted `io_fail_tmo`: the drive cannot be reached, which
+            // callers (a declustered array) must tell from a failing drive, so the kind says
+            // so whatever the transport's own error was.
+            let kind = if matches!(e, HostError::Timeout { .. }) {
+                io::ErrorKind::TimedOut
+            } else {
+                io::ErrorKind::NotConnected
+            };
+            return io::Error::new(
+                kind,
+                format!(
+                    "{}: {what} failed: no path answered within io_fail_tmo {} s (last: {e}); \
+                     check the drive server and the network",
+                    self.describe(),
+                    self.io_fail_tmo().as_secs()
+                ),
+            );
+        }
         match e.status() {
             Some(status) => {
                 let message = format!(
