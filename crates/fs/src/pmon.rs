@@ -120,6 +120,11 @@ impl Pmon {
         self.write_hist.record(bytes, latency);
     }
 
+    /// Reads and writes applications made so far: a count that moves while they do I/O.
+    pub fn data_ops(&self) -> u64 {
+        self.reads.load(Relaxed) + self.writes.load(Relaxed)
+    }
+
     pub fn open(&self) {
         self.opens.fetch_add(1, Relaxed);
     }
