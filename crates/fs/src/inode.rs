@@ -65,10 +65,10 @@ pub struct Attr {
     pub generation: u32,
 }
 
-impl Attr {
-    /// `st_mode`: the file type bits and the permission bits.
-    pub fn mode(&self) -> u32 {
-        let kind = match self.kind {
+impl FileKind {
+    /// The `S_IF*` bits of `st_mode` for this kind.
+    pub fn type_bits(self) -> u32 {
+        match self {
             FileKind::Regular => libc::S_IFREG,
             FileKind::Directory => libc::S_IFDIR,
             FileKind::Symlink => libc::S_IFLNK,
@@ -76,8 +76,14 @@ impl Attr {
             FileKind::Socket => libc::S_IFSOCK,
             FileKind::CharDevice => libc::S_IFCHR,
             FileKind::BlockDevice => libc::S_IFBLK,
-        };
-        kind | u32::from(self.perm)
+        }
+    }
+}
+
+impl Attr {
+    /// `st_mode`: the file type bits and the permission bits.
+    pub fn mode(&self) -> u32 {
+        self.kind.type_bits() | u32::from(self.perm)
     }
 }
 

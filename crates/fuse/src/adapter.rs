@@ -151,15 +151,7 @@ fn timestamp((secs, nsecs): (i64, u32)) -> Timestamp {
 
 /// `S_IF*` bits of a file kind.
 fn kind_bits(kind: FileKind) -> u32 {
-    match kind {
-        FileKind::Regular => libc::S_IFREG,
-        FileKind::Directory => libc::S_IFDIR,
-        FileKind::Symlink => libc::S_IFLNK,
-        FileKind::Fifo => libc::S_IFIFO,
-        FileKind::Socket => libc::S_IFSOCK,
-        FileKind::CharDevice => libc::S_IFCHR,
-        FileKind::BlockDevice => libc::S_IFBLK,
-    }
+    kind.type_bits()
 }
 
 /// `DT_*` of a file kind, for directory entries.
