@@ -631,11 +631,13 @@ impl FileSystem {
         let space = (0..pools)
             .filter_map(|p| tessera_alloc::PoolId::try_from(p).ok())
             .map(|p| m.alloc.pool_space(p, tessera_alloc::AllocKind::Data))
-            .fold(tessera_alloc::DiskSpace::default(), |a, s| tessera_alloc::DiskSpace {
-                blocks_total: a.blocks_total + s.blocks_total,
-                blocks_free: a.blocks_free + s.blocks_free,
-                sub_blocks_free_in_fragments: a.sub_blocks_free_in_fragments
-                    + s.sub_blocks_free_in_fragments,
+            .fold(tessera_alloc::DiskSpace::default(), |a, s| {
+                tessera_alloc::DiskSpace {
+                    blocks_total: a.blocks_total + s.blocks_total,
+                    blocks_free: a.blocks_free + s.blocks_free,
+                    sub_blocks_free_in_fragments: a.sub_blocks_free_in_fragments
+                        + s.sub_blocks_free_in_fragments,
+                }
             });
         let per = u64::from(self.geo.sub_blocks_per_block);
         let used = m.state.inode_count();

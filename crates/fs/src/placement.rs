@@ -45,10 +45,7 @@ pub struct PolicySummary {
 
 /// Parses `text` for the file system described by `desc` and checks what parsing cannot:
 /// that every pool a rule places or migrates files into holds data disks.
-pub(crate) fn check_policy(
-    desc: &crate::descriptor::FsDescriptor,
-    text: &str,
-) -> FsResult<Policy> {
+pub(crate) fn check_policy(desc: &crate::descriptor::FsDescriptor, text: &str) -> FsResult<Policy> {
     let policy = Policy::parse(text, &desc.pools)
         .map_err(|e| FsError::Invalid(format!("policy refused: {e}")))?;
     for rule in policy.rules() {
@@ -57,9 +54,10 @@ pub(crate) fn check_policy(
             Action::Migrate { to, .. } => to,
             _ => continue,
         };
-        let holds_data = desc.disks.iter().any(|d| {
-            desc.pools.get(usize::from(d.pool)) == Some(target) && d.usage.holds_data()
-        });
+        let holds_data = desc
+            .disks
+            .iter()
+            .any(|d| desc.pools.get(usize::from(d.pool)) == Some(target) && d.usage.holds_data());
         if !holds_data {
             return Err(FsError::Invalid(format!(
                 "policy refused: line {}: {} puts file data in pool '{target}', which has no \
@@ -182,12 +180,7 @@ impl FileSystem {
 
     /// The pool a placement rule chooses for a regular file being created, and that rule's
     /// label; `None` when no policy places files or no rule matches.
-    pub(crate) fn place(
-        &self,
-        m: &Meta,
-        name: &[u8],
-        attr: &Attr,
-    ) -> Option<(PoolId, String)> {
+    pub(crate) fn place(&self, m: &Meta, name: &[u8], attr: &Attr) -> Option<(PoolId, String)> {
         let installed = self.policy.read().clone()?;
         if !installed.policy.has_placement_rules() {
             return None;

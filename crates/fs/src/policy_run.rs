@@ -128,7 +128,9 @@ impl FileSystem {
                     Err(FsError::NotFound | FsError::NotDir) => break,
                     Err(e) => return Err(e),
                 };
-                let Some(last) = listing.entries.last() else { break };
+                let Some(last) = listing.entries.last() else {
+                    break;
+                };
                 after = last.0;
                 for (_, ino, kind, name) in listing.entries {
                     if name == b"." || name == b".." {
@@ -139,7 +141,9 @@ impl FileSystem {
                         FileKind::Directory => dirs.push((ino, child)),
                         FileKind::Regular if seen.insert(ino) => {
                             report.files_scanned += 1;
-                            let Ok(attr) = self.getattr(ino) else { continue };
+                            let Ok(attr) = self.getattr(ino) else {
+                                continue;
+                            };
                             let pool = self.file_pool_name(ino)?;
                             let kb = self.allocated_bytes(ino) / 1024;
                             let f = FileAttrs {

@@ -521,7 +521,10 @@ impl FileSystem {
         let quit = AtomicBool::new(false);
         let totals = Mutex::new(BatchMoves::default());
         let failed: Mutex<Option<FsError>> = Mutex::new(None);
-        let seen = Mutex::new((self.pmon.data_ops(), std::time::Instant::now() - FOREGROUND_WINDOW));
+        let seen = Mutex::new((
+            self.pmon.data_ops(),
+            std::time::Instant::now() - FOREGROUND_WINDOW,
+        ));
         // Whether applications did I/O within the window (the restripe's own I/O does not
         // count: it goes to the disks directly).
         let foreground = || {

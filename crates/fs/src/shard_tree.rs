@@ -313,7 +313,9 @@ pub(crate) fn encode_inode(rec: &InodeRecord) -> Vec<u8> {
     out.push(code);
     out.push(if rec.xattrs { 0 } else { FLAG_NO_XATTRS });
     // The pool, plus one: 0 (the bytes' value before pools were recorded) is the default.
-    let pool = rec.pool.map_or(0, |p| p.checked_add(1).expect("pool ids stay below u16::MAX"));
+    let pool = rec.pool.map_or(0, |p| {
+        p.checked_add(1).expect("pool ids stay below u16::MAX")
+    });
     out.extend_from_slice(&pool.to_le_bytes());
     out.extend_from_slice(&word.to_le_bytes());
     out.extend_from_slice(&(inline.len() as u32).to_le_bytes());

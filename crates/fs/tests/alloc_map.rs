@@ -303,7 +303,9 @@ fn slot_version(t: &TestDisks) -> u32 {
     let d = desc.disks.iter().find(|d| d.holds_descriptor).unwrap();
     let mut head = [0u8; 12];
     let offset = FS_DESCRIPTOR_SLOT_OFFSETS[(desc.generation % 2) as usize];
-    drive(t, d.index as usize).read_exact_at(&mut head, offset).unwrap();
+    drive(t, d.index as usize)
+        .read_exact_at(&mut head, offset)
+        .unwrap();
     u32::from_le_bytes(head[8..12].try_into().unwrap())
 }
 
@@ -319,7 +321,11 @@ fn a_format_4_file_system_mounts_as_format_5_without_a_policy() {
     assert_eq!(slot_version(&t), 4);
     assert_fsck_clean(&t);
     let fs = mount(&t);
-    assert_eq!(fs.allocation_map_rebuilt(), None, "version 4 stored its map");
+    assert_eq!(
+        fs.allocation_map_rebuilt(),
+        None,
+        "version 4 stored its map"
+    );
     assert_files(&fs, &files);
     let more = churn(&fs, 1);
     fs.unmount().unwrap();

@@ -1448,15 +1448,54 @@ fn fsck_accepts_keep_size_preallocation() {
 #[test]
 fn regression_checksum_mismatch_after_two_crashes() {
     let ops = vec![
-        Op::Create { dir: 0, name: 0, kind: 159, target: 1 },
-        Op::Create { dir: 7215, name: 2, kind: 170, target: 31971 },
-        Op::Write { file: 0, off_kind: 0, off: 9493, len_kind: 3, len: 6212186, seed: 14461829083072551214, sync: false },
+        Op::Create {
+            dir: 0,
+            name: 0,
+            kind: 159,
+            target: 1,
+        },
+        Op::Create {
+            dir: 7215,
+            name: 2,
+            kind: 170,
+            target: 31971,
+        },
+        Op::Write {
+            file: 0,
+            off_kind: 0,
+            off: 9493,
+            len_kind: 3,
+            len: 6212186,
+            seed: 14461829083072551214,
+            sync: false,
+        },
         Op::Sync,
-        Op::Create { dir: 896, name: 1, kind: 240, target: 48066 },
-        Op::Write { file: 62329, off_kind: 4, off: 2338776186, len_kind: 3, len: 871055673, seed: 9940394800191886144, sync: false },
+        Op::Create {
+            dir: 896,
+            name: 1,
+            kind: 240,
+            target: 48066,
+        },
+        Op::Write {
+            file: 62329,
+            off_kind: 4,
+            off: 2338776186,
+            len_kind: 3,
+            len: 871055673,
+            seed: 9940394800191886144,
+            sync: false,
+        },
         Op::CrashRemount { sync_first: false },
         Op::OpenUnlinkRead { file: 52734 },
-        Op::Write { file: 31028, off_kind: 4, off: 520033996, len_kind: 3, len: 3095759622, seed: 17880400717091443943, sync: false },
+        Op::Write {
+            file: 31028,
+            off_kind: 4,
+            off: 520033996,
+            len_kind: 3,
+            len: 3095759622,
+            seed: 17880400717091443943,
+            sync: false,
+        },
         Op::CrashRemount { sync_first: false },
     ];
     for _ in 0..8 {

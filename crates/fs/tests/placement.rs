@@ -98,14 +98,20 @@ fn placement_rules_put_new_files_in_their_pools_and_the_choice_stays() {
     let fs = mount(&t);
     let mut files = BTreeMap::new();
     // No policy: the default data pool.
-    files.insert("before.tmp".to_string(), write_file(&fs, "before.tmp", 5 * BLOCK as usize, 0, 1));
+    files.insert(
+        "before.tmp".to_string(),
+        write_file(&fs, "before.tmp", 5 * BLOCK as usize, 0, 1),
+    );
     assert_in_pool(&fs, "before.tmp", "system");
 
     let summary = fs.set_policy(Some(POLICY)).unwrap();
     assert_eq!((summary.rules, summary.placement_rules), (2, 2));
     assert_eq!(fs.policy_text().as_deref(), Some(POLICY));
     for (name, uid) in [("a.tmp", 0), ("b.dat", 0), ("c.dat", 4242)] {
-        files.insert(name.into(), write_file(&fs, name, 6 * BLOCK as usize + 100, uid, 2));
+        files.insert(
+            name.into(),
+            write_file(&fs, name, 6 * BLOCK as usize + 100, uid, 2),
+        );
     }
     assert_in_pool(&fs, "a.tmp", "slow");
     assert_in_pool(&fs, "b.dat", "system");
@@ -114,7 +120,10 @@ fn placement_rules_put_new_files_in_their_pools_and_the_choice_stays() {
     let before = fs.lookup(ROOT_INO, b"before.tmp").unwrap();
     let more = pattern(2 * BLOCK as usize, 9);
     fs.write(before.ino, 5 * BLOCK, &more, false).unwrap();
-    files.get_mut("before.tmp").unwrap().extend_from_slice(&more);
+    files
+        .get_mut("before.tmp")
+        .unwrap()
+        .extend_from_slice(&more);
     assert_in_pool(&fs, "before.tmp", "system");
     // `df` per pool sees the slow pool's bytes.
     let df = fs.df();
@@ -127,7 +136,10 @@ fn placement_rules_put_new_files_in_their_pools_and_the_choice_stays() {
     let fs = mount(&t);
     assert_eq!(fs.policy_text().as_deref(), Some(POLICY));
     verify(&fs, &files);
-    files.insert("d.tmp".into(), write_file(&fs, "d.tmp", 3 * BLOCK as usize, 0, 3));
+    files.insert(
+        "d.tmp".into(),
+        write_file(&fs, "d.tmp", 3 * BLOCK as usize, 0, 3),
+    );
     assert_in_pool(&fs, "d.tmp", "slow");
     let a = fs.lookup(ROOT_INO, b"a.tmp").unwrap();
     let tail = pattern(BLOCK as usize, 4);
@@ -138,7 +150,10 @@ fn placement_rules_put_new_files_in_their_pools_and_the_choice_stays() {
     // Removing the policy: new files go to the default pool, placed ones stay.
     assert_eq!(fs.set_policy(None).unwrap().rules, 0);
     assert_eq!(fs.policy_text(), None);
-    files.insert("e.tmp".into(), write_file(&fs, "e.tmp", 3 * BLOCK as usize, 0, 5));
+    files.insert(
+        "e.tmp".into(),
+        write_file(&fs, "e.tmp", 3 * BLOCK as usize, 0, 5),
+    );
     assert_in_pool(&fs, "e.tmp", "system");
     assert_in_pool(&fs, "d.tmp", "slow");
     verify(&fs, &files);
@@ -158,8 +173,15 @@ fn restripe_moves_blocks_within_their_files_pools() {
     fs.set_policy(Some(POLICY)).unwrap();
     let mut files = BTreeMap::new();
     for i in 0..6 {
-        let name = if i % 2 == 0 { format!("f{i}.tmp") } else { format!("f{i}.dat") };
-        files.insert(name.clone(), write_file(&fs, &name, 7 * BLOCK as usize, 0, i));
+        let name = if i % 2 == 0 {
+            format!("f{i}.tmp")
+        } else {
+            format!("f{i}.dat")
+        };
+        files.insert(
+            name.clone(),
+            write_file(&fs, &name, 7 * BLOCK as usize, 0, i),
+        );
     }
     fs.sync().unwrap();
     fs.set_disk_status(&["nsd2".to_string()], DiskStatus::Suspended)
@@ -171,9 +193,16 @@ fn restripe_moves_blocks_within_their_files_pools() {
     for name in files.keys() {
         let on = disks_of(&fs, name);
         if name.ends_with(".tmp") {
-            assert_eq!(on, vec!["nsd3".to_string()], "{name} left its pool or its disk");
+            assert_eq!(
+                on,
+                vec!["nsd3".to_string()],
+                "{name} left its pool or its disk"
+            );
         } else {
-            assert!(on.iter().all(|d| d == "nsd0" || d == "nsd1"), "{name}: {on:?}");
+            assert!(
+                on.iter().all(|d| d == "nsd0" || d == "nsd1"),
+                "{name}: {on:?}"
+            );
         }
     }
     verify(&fs, &files);
@@ -201,15 +230,24 @@ fn a_policy_that_cannot_work_is_refused_with_where_and_why() {
     let fs = mount(&t);
     let refused = |text: &str| fs.set_policy(Some(text)).unwrap_err().to_string();
     let e = refused("RULE 'a' SET POOL 'fast'");
-    assert!(e.contains("line 1, column 19") && e.contains("pool 'fast' does not exist"), "{e}");
+    assert!(
+        e.contains("line 1, column 19") && e.contains("pool 'fast' does not exist"),
+        "{e}"
+    );
     let e = refused("RULE 'a' SET POOL 'slow' WHERE FILE_SIZE > 0");
     assert!(e.contains("not known when a file is created"), "{e}");
     // The system pool has metadata disks only: no file data can go there.
     let e = refused("RULE 'a' SET POOL 'slow' WHERE NAME LIKE 'x%'\nRULE 'b' SET POOL 'system'");
-    assert!(e.contains("line 2") && e.contains("no disk that holds data"), "{e}");
+    assert!(
+        e.contains("line 2") && e.contains("no disk that holds data"),
+        "{e}"
+    );
     assert_eq!(fs.policy_text(), None, "nothing was installed");
     // Checking is not installing.
-    assert_eq!(fs.check_policy(Some("RULE SET POOL 'slow'")).unwrap().rules, 1);
+    assert_eq!(
+        fs.check_policy(Some("RULE SET POOL 'slow'")).unwrap().rules,
+        1
+    );
     assert_eq!(fs.policy_text(), None);
     // Without a rule, data goes to the default data pool, which is `slow` here.
     let data = write_file(&fs, "x", 2 * BLOCK as usize, 0, 1);
@@ -227,26 +265,31 @@ fn a_policy_that_cannot_work_is_refused_with_where_and_why() {
 /// whole from its pool, the policy is either installed or not, and fsck is clean.
 #[test]
 fn a_crash_at_any_write_while_files_are_placed_loses_nothing() {
-    let workload = |fs: &FileSystem, synced: &mut BTreeMap<String, Vec<u8>>| -> tessera_fs::FsResult<()> {
-        fs.set_policy(Some(POLICY))?;
-        for i in 0..4u64 {
-            let name = if i % 2 == 0 { format!("p{i}.tmp") } else { format!("p{i}.dat") };
-            let a = fs.create_node(
-                ROOT_INO,
-                name.as_bytes(),
-                tessera_fs::FileKind::Regular,
-                0o644,
-                0,
-                tessera_fs::Caller { uid: 0, gid: 0 },
-                None,
-            )?;
-            let data = pattern(2 * BLOCK as usize + 7, i);
-            fs.write(a.ino, 0, &data, true)?;
-            fs.fsync(a.ino)?;
-            synced.insert(name, data);
-        }
-        Ok(())
-    };
+    let workload =
+        |fs: &FileSystem, synced: &mut BTreeMap<String, Vec<u8>>| -> tessera_fs::FsResult<()> {
+            fs.set_policy(Some(POLICY))?;
+            for i in 0..4u64 {
+                let name = if i % 2 == 0 {
+                    format!("p{i}.tmp")
+                } else {
+                    format!("p{i}.dat")
+                };
+                let a = fs.create_node(
+                    ROOT_INO,
+                    name.as_bytes(),
+                    tessera_fs::FileKind::Regular,
+                    0o644,
+                    0,
+                    tessera_fs::Caller { uid: 0, gid: 0 },
+                    None,
+                )?;
+                let data = pattern(2 * BLOCK as usize + 7, i);
+                fs.write(a.ino, 0, &data, true)?;
+                fs.fsync(a.ino)?;
+                synced.insert(name, data);
+            }
+            Ok(())
+        };
     let mut crashed = 0;
     for at in 1.. {
         let t = two_pools(true);
@@ -264,8 +307,16 @@ fn a_crash_at_any_write_while_files_are_placed_loses_nothing() {
         let fs = mount(&t);
         for (name, data) in &synced {
             let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
-            assert_eq!(fs.read(a.ino, 0, data.len() as u32).unwrap(), *data, "write {at}: {name}");
-            let pool = if name.ends_with(".tmp") { "slow" } else { "system" };
+            assert_eq!(
+                fs.read(a.ino, 0, data.len() as u32).unwrap(),
+                *data,
+                "write {at}: {name}"
+            );
+            let pool = if name.ends_with(".tmp") {
+                "slow"
+            } else {
+                "system"
+            };
             assert_in_pool(&fs, name, pool);
         }
         if !synced.is_empty() {
@@ -305,7 +356,10 @@ fn tree(fs: &FileSystem) -> BTreeMap<String, (tessera_fs::Ino, Vec<u8>)> {
         let dir = if i % 2 == 0 { ROOT_INO } else { sub };
         let prefix = if dir == ROOT_INO { "" } else { "sub/" };
         for (name, size) in [
-            (format!("big{i}.dat"), (i as usize + 2) * BLOCK as usize + 333),
+            (
+                format!("big{i}.dat"),
+                (i as usize + 2) * BLOCK as usize + 333,
+            ),
             (format!("small{i}.dat"), 9_000),
             (format!("old{i}.log"), 20_000),
         ] {
@@ -337,7 +391,11 @@ fn nsds_of(fs: &FileSystem, ino: tessera_fs::Ino) -> Vec<String> {
         .collect()
 }
 
-fn apply(fs: &FileSystem, text: &str, mode: tessera_fs::policy_run::ApplyMode) -> tessera_fs::policy_run::ApplyReport {
+fn apply(
+    fs: &FileSystem,
+    text: &str,
+    mode: tessera_fs::policy_run::ApplyMode,
+) -> tessera_fs::policy_run::ApplyReport {
     fs.apply_policy(text, mode, &AtomicBool::new(false), &mut |_| {})
         .unwrap()
 }
@@ -362,26 +420,46 @@ fn migrate_delete_and_list_rules_run_over_every_file() {
     // -I test: chosen, reported, nothing changed.
     let report = apply(&fs, MANAGE, ApplyMode::Test);
     assert_eq!(report.files_scanned, 18);
-    let counts: Vec<(String, u64)> = report.rules.iter().map(|r| (r.action.clone(), r.files)).collect();
+    let counts: Vec<(String, u64)> = report
+        .rules
+        .iter()
+        .map(|r| (r.action.clone(), r.files))
+        .collect();
     let want_migrate = files.keys().filter(|n| migrating(n)).count() as u64;
     assert_eq!(
         counts,
-        vec![("MIGRATE".into(), want_migrate), ("DELETE".into(), 3), ("LIST".into(), 6)]
+        vec![
+            ("MIGRATE".into(), want_migrate),
+            ("DELETE".into(), 3),
+            ("LIST".into(), 6)
+        ]
     );
     assert_eq!(report.lists.len(), 1);
     let mut listed = report.lists[0].1.clone();
     listed.sort();
     assert_eq!(listed[0], "/small0.dat");
-    assert!(listed.contains(&"/sub/small1.dat".to_string()), "{listed:?}");
+    assert!(
+        listed.contains(&"/sub/small1.dat".to_string()),
+        "{listed:?}"
+    );
     assert_eq!((report.migrated, report.deleted), (0, 0));
     for (name, (ino, _)) in &files {
-        assert!(nsds_of(&fs, *ino).iter().all(|d| d == "nsd0" || d == "nsd1"), "{name} moved in a test");
+        assert!(
+            nsds_of(&fs, *ino)
+                .iter()
+                .all(|d| d == "nsd0" || d == "nsd1"),
+            "{name} moved in a test"
+        );
     }
     assert!(fs.lookup(ROOT_INO, b"sub").is_ok());
 
     // -I yes: migrated, deleted.
     let report = apply(&fs, MANAGE, ApplyMode::Yes);
-    assert_eq!((report.migrated, report.deleted), (want_migrate, 3), "{report:?}");
+    assert_eq!(
+        (report.migrated, report.deleted),
+        (want_migrate, 3),
+        "{report:?}"
+    );
     assert!(report.bytes_moved > 0);
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let sub = fs.lookup(ROOT_INO, b"sub").unwrap().ino;
@@ -391,16 +469,29 @@ fn migrate_delete_and_list_rules_run_over_every_file() {
             None => (ROOT_INO, name.as_str()),
         };
         if deleted(name) {
-            assert!(fs.lookup(dir, leaf.as_bytes()).is_err(), "{name} not deleted");
+            assert!(
+                fs.lookup(dir, leaf.as_bytes()).is_err(),
+                "{name} not deleted"
+            );
             continue;
         }
-        assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "{name}");
+        assert_eq!(
+            fs.read(*ino, 0, data.len() as u32).unwrap(),
+            *data,
+            "{name}"
+        );
         let on = nsds_of(&fs, *ino);
         if migrating(name) {
-            assert!(on.iter().all(|d| d == "nsd2" || d == "nsd3"), "{name}: {on:?}");
+            assert!(
+                on.iter().all(|d| d == "nsd2" || d == "nsd3"),
+                "{name}: {on:?}"
+            );
             assert_eq!(fs.file_pool_name(*ino).unwrap(), "slow");
         } else {
-            assert!(on.iter().all(|d| d == "nsd0" || d == "nsd1"), "{name}: {on:?}");
+            assert!(
+                on.iter().all(|d| d == "nsd0" || d == "nsd1"),
+                "{name}: {on:?}"
+            );
         }
     }
     // Run again: nothing left to migrate or delete.
@@ -465,17 +556,30 @@ fn deferred_and_interrupted_migrations_are_finished_by_restripe_p() {
     assert_eq!(report.bytes_moved, 0);
     for (name, (ino, _)) in files.iter().filter(|(n, _)| n.contains("big")) {
         assert_eq!(fs.file_pool_name(*ino).unwrap(), "slow", "{name}");
-        assert!(nsds_of(&fs, *ino).iter().all(|d| d == "nsd0" || d == "nsd1"), "{name} moved");
+        assert!(
+            nsds_of(&fs, *ino)
+                .iter()
+                .all(|d| d == "nsd0" || d == "nsd1"),
+            "{name} moved"
+        );
     }
     let report = fs
-        .restripe(RestripeMode::Placement, &AtomicBool::new(false), &mut |_| {})
+        .restripe(
+            RestripeMode::Placement,
+            &AtomicBool::new(false),
+            &mut |_| {},
+        )
         .unwrap();
     assert!(report.progress.blocks_moved >= 6 * 2, "{report:?}");
     for (name, (ino, data)) in &files {
         let on = nsds_of(&fs, *ino);
         let slow = on.iter().all(|d| d == "nsd2" || d == "nsd3");
         assert_eq!(slow, name.contains("big"), "{name}: {on:?}");
-        assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "{name}");
+        assert_eq!(
+            fs.read(*ino, 0, data.len() as u32).unwrap(),
+            *data,
+            "{name}"
+        );
     }
     fs.unmount().unwrap();
     drop(fs);
@@ -500,17 +604,29 @@ fn deferred_and_interrupted_migrations_are_finished_by_restripe_p() {
         }
         let fs = mount(&t);
         for (name, (ino, data)) in &files {
-            assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "write {at}: {name}");
+            assert_eq!(
+                fs.read(*ino, 0, data.len() as u32).unwrap(),
+                *data,
+                "write {at}: {name}"
+            );
         }
-        fs.restripe(RestripeMode::Placement, &AtomicBool::new(false), &mut |_| {})
-            .unwrap();
+        fs.restripe(
+            RestripeMode::Placement,
+            &AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap();
         // Rerun the policy: files whose pool change was lost are migrated now.
         apply(&fs, policy, ApplyMode::Yes);
         for (name, (ino, data)) in &files {
             let on = nsds_of(&fs, *ino);
             let slow = on.iter().all(|d| d == "nsd2" || d == "nsd3");
             assert_eq!(slow, name.contains("big"), "write {at}: {name}: {on:?}");
-            assert_eq!(fs.read(*ino, 0, data.len() as u32).unwrap(), *data, "write {at}: {name}");
+            assert_eq!(
+                fs.read(*ino, 0, data.len() as u32).unwrap(),
+                *data,
+                "write {at}: {name}"
+            );
         }
         fs.unmount().unwrap();
         drop(fs);

@@ -7,8 +7,8 @@
 //! so `DAYS(CURRENT_TIMESTAMP) - DAYS(ACCESS_TIME) > 30` means what it means in GPFS.
 
 use sqlparser::ast::{
-    BinaryOperator, DateTimeField, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
-    Spanned, UnaryOperator, Value as SqlValue,
+    BinaryOperator, DateTimeField, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Spanned,
+    UnaryOperator, Value as SqlValue,
 };
 
 use crate::PolicyError;
@@ -448,7 +448,11 @@ pub(crate) fn eval(e: &Expr, f: &FileAttrs, now: i64) -> Value {
             ..
         } => {
             let mut args = vec![eval(expr, f, now)];
-            args.push(substring_from.as_ref().map_or(Value::Int(1), |x| eval(x, f, now)));
+            args.push(
+                substring_from
+                    .as_ref()
+                    .map_or(Value::Int(1), |x| eval(x, f, now)),
+            );
             if let Some(x) = substring_for {
                 args.push(eval(x, f, now));
             }
@@ -514,9 +518,11 @@ fn call(name: &str, args: &[Value], now: i64) -> Value {
         }
         ("INTEGER" | "INT", [Value::Int(i)]) => Value::Int(*i),
         ("INTEGER" | "INT", [Value::Float(x)]) => Value::Int(*x as i64),
-        ("INTEGER" | "INT", [Value::Str(s)]) => {
-            s.trim().parse::<i64>().map(Value::Int).unwrap_or(Value::Null)
-        }
+        ("INTEGER" | "INT", [Value::Str(s)]) => s
+            .trim()
+            .parse::<i64>()
+            .map(Value::Int)
+            .unwrap_or(Value::Null),
         ("VARCHAR" | "CHAR", [Value::Int(i)]) => Value::Str(i.to_string()),
         ("VARCHAR" | "CHAR", [Value::Float(x)]) => Value::Str(x.to_string()),
         ("VARCHAR" | "CHAR", [Value::Str(s)]) => Value::Str(s.clone()),
@@ -594,7 +600,8 @@ fn binary(op: &BinaryOperator, l: &Expr, r: &Expr, f: &FileAttrs, now: i64) -> V
         };
     }
     let (a, b) = (eval(l, f, now), eval(r, f, now));
-    let cmp = |want: &dyn Fn(O) -> bool| compare(&a, &b).map_or(Value::Null, |o| Value::Bool(want(o)));
+    let cmp =
+        |want: &dyn Fn(O) -> bool| compare(&a, &b).map_or(Value::Null, |o| Value::Bool(want(o)));
     match op {
         B::Eq => cmp(&|o| o == O::Equal),
         B::NotEq => cmp(&|o| o != O::Equal),

@@ -105,9 +105,9 @@ impl Rule {
     /// The pool the rule takes files from, if it names one.
     pub fn from_pool(&self) -> Option<&FromPool> {
         match &self.action {
-            Action::Migrate { from, .. } | Action::Delete { from, .. } | Action::List { from, .. } => {
-                from.as_ref()
-            }
+            Action::Migrate { from, .. }
+            | Action::Delete { from, .. }
+            | Action::List { from, .. } => from.as_ref(),
             _ => None,
         }
     }
@@ -141,15 +141,16 @@ impl fmt::Display for Rule {
         if let Some(n) = &self.name {
             write!(f, " {}", quoted(n))?;
         }
-        let from_weight = |f: &mut fmt::Formatter<'_>, from: &Option<FromPool>, weight: &Option<Expr>| {
-            if let Some(from) = from {
-                write!(f, " {from}")?;
-            }
-            if let Some(w) = weight {
-                write!(f, " WEIGHT({w})")?;
-            }
-            Ok(())
-        };
+        let from_weight =
+            |f: &mut fmt::Formatter<'_>, from: &Option<FromPool>, weight: &Option<Expr>| {
+                if let Some(from) = from {
+                    write!(f, " {from}")?;
+                }
+                if let Some(w) = weight {
+                    write!(f, " WEIGHT({w})")?;
+                }
+                Ok(())
+            };
         match &self.action {
             Action::SetPool { pool, limit } => {
                 write!(f, " SET POOL {}", quoted(pool))?;
@@ -384,7 +385,10 @@ impl Cursor<'_> {
         if self.eat_word(word) {
             return Ok(());
         }
-        Err(self.error(format!("expected {word} after {after}, found {}", self.peek())))
+        Err(self.error(format!(
+            "expected {word} after {after}, found {}",
+            self.peek()
+        )))
     }
 
     fn eat_token(&mut self, t: &Token) -> bool {
@@ -444,11 +448,14 @@ impl Cursor<'_> {
     fn percent(&mut self, what: &str) -> Result<u8, PolicyError> {
         let at = self.here();
         let n = self.number(what)?;
-        u8::try_from(n).ok().filter(|p| *p <= 100).ok_or(PolicyError {
-            line: at.0,
-            column: at.1,
-            message: format!("{what}: {n} is not a percentage (0-100)"),
-        })
+        u8::try_from(n)
+            .ok()
+            .filter(|p| *p <= 100)
+            .ok_or(PolicyError {
+                line: at.0,
+                column: at.1,
+                message: format!("{what}: {n} is not a percentage (0-100)"),
+            })
     }
 
     /// `(expr)` of a WEIGHT clause.
@@ -471,9 +478,9 @@ impl Cursor<'_> {
     fn rule(&mut self) -> Result<Rule, PolicyError> {
         let (line, _) = self.here();
         if self.peek_word().as_deref() == Some("DEFINE") {
-            return Err(self.error(
-                "define() macros are not supported; write the rules out in full".into(),
-            ));
+            return Err(
+                self.error("define() macros are not supported; write the rules out in full".into())
+            );
         }
         if !self.eat_word("RULE") {
             return Err(self.error(format!("expected RULE, found {}", self.peek())));

@@ -79,7 +79,10 @@ fn a_policy_of_every_rule_kind_parses() {
 fn placement_takes_the_first_rule_that_matches() {
     let p = Policy::parse(SAMPLE, &pools()).unwrap();
     let empty = |_: &str| 0u8;
-    let place = |f: &FileAttrs| p.place(f, NOW, &empty).map(|(r, pool)| (r.name.clone().unwrap(), pool.to_string()));
+    let place = |f: &FileAttrs| {
+        p.place(f, NOW, &empty)
+            .map(|(r, pool)| (r.name.clone().unwrap(), pool.to_string()))
+    };
     let mut f = file("a.tmp");
     f.user_id = 0;
     assert_eq!(place(&f), Some(("tmp".into(), "slow".into())));
@@ -92,10 +95,7 @@ fn placement_takes_the_first_rule_that_matches() {
     assert_eq!(place(&f), Some(("big".into(), "slow".into())));
     // LIMIT(95): a pool that full is skipped, and the next rule decides.
     let full = |pool: &str| if pool == "slow" { 96 } else { 0 };
-    assert_eq!(
-        p.place(&f, NOW, &full).map(|(_, pool)| pool),
-        Some("fast")
-    );
+    assert_eq!(p.place(&f, NOW, &full).map(|(_, pool)| pool), Some("fast"));
     // A file of another fileset does not match FOR FILESET('root').
     f.fileset_name = "projects".into();
     assert_eq!(place(&f), Some(("default".into(), "fast".into())));
@@ -128,8 +128,11 @@ fn management_rules_read_every_attribute() {
 #[test]
 fn expressions_follow_sql() {
     let check = |cond: &str, f: &FileAttrs| {
-        let p = Policy::parse(&format!("RULE 'e' LIST 'l' WHERE {cond}\nRULE EXTERNAL LIST 'l' EXEC ''"), &pools())
-            .unwrap_or_else(|e| panic!("{cond}: {e}"));
+        let p = Policy::parse(
+            &format!("RULE 'e' LIST 'l' WHERE {cond}\nRULE EXTERNAL LIST 'l' EXEC ''"),
+            &pools(),
+        )
+        .unwrap_or_else(|e| panic!("{cond}: {e}"));
         p.rules()[0].matches(f, NOW)
     };
     let f = file("report.final.txt");
@@ -150,7 +153,10 @@ fn expressions_follow_sql() {
         ("FILESET_NAME = 'root'", true),
         ("CREATION_TIME < TIMESTAMP('2026-01-01')", false),
         ("ACCESS_TIME > CURRENT_TIMESTAMP - INTERVAL '41' DAYS", true),
-        ("ACCESS_TIME > CURRENT_TIMESTAMP - INTERVAL '39' DAYS", false),
+        (
+            "ACCESS_TIME > CURRENT_TIMESTAMP - INTERVAL '39' DAYS",
+            false,
+        ),
         ("NAME || '!' = 'report.final.txt!'", true),
         // Wrong types and division by zero give NULL, which never matches; NOT NULL is NULL.
         ("NAME > 5", false),
@@ -168,7 +174,10 @@ fn expressions_follow_sql() {
 fn bad_policies_are_refused_with_their_position() {
     let e = refused("RULE 'a' SET POOL 'nvme' WHERE NAME LIKE '%.tmp'");
     assert_eq!((e.line, e.column), (1, 19), "{e}");
-    assert!(e.message.contains("storage pool 'nvme' does not exist"), "{e}");
+    assert!(
+        e.message.contains("storage pool 'nvme' does not exist"),
+        "{e}"
+    );
     assert!(e.message.contains("system, fast, slow"), "{e}");
 
     let e = refused("RULE 'a' SET POOL 'fast'\nRULE 'b' MIGRATE TO POOL 'slow' WHERE SIZE > 10");
@@ -177,7 +186,10 @@ fn bad_policies_are_refused_with_their_position() {
 
     let e = refused("RULE 'a' SET POOL 'fast' WHERE FILE_SIZE > 10");
     assert_eq!((e.line, e.column), (1, 32), "{e}");
-    assert!(e.message.contains("not known when a file is created"), "{e}");
+    assert!(
+        e.message.contains("not known when a file is created"),
+        "{e}"
+    );
 
     let e = refused("RULE 'a' SET POOL 'fast' WHERE NAME LIKE");
     assert_eq!((e.line, e.column), (1, 41), "{e}");
@@ -214,14 +226,20 @@ fn bad_policies_are_refused_with_their_position() {
     let e = refused("RULE 'x' SET SNAPSHOT 'a'");
     assert!(e.message.contains("only SET POOL"), "{e}");
     let e = refused("RULE 'x' ENCRYPTION 'e' IS ALGO 'x'");
-    assert!(e.message.contains("ENCRYPTION rules are not implemented"), "{e}");
+    assert!(
+        e.message.contains("ENCRYPTION rules are not implemented"),
+        "{e}"
+    );
     let e = refused("define(a, b)\nRULE 'x' SET POOL 'fast'");
     assert!(e.message.contains("macros are not supported"), "{e}");
     let e = refused("SET POOL 'fast'");
     assert_eq!((e.line, e.column), (1, 1), "{e}");
     let e = refused("RULE 'a' SET POOL 'fast' WHERE NAME = 'unterminated");
     assert!(e.line == 1 && e.column > 1, "{e}");
-    let e = refused(&format!("RULE 'a' SET POOL 'fast' /* {} */", "x".repeat(70_000)));
+    let e = refused(&format!(
+        "RULE 'a' SET POOL 'fast' /* {} */",
+        "x".repeat(70_000)
+    ));
     assert!(e.message.contains("at most"), "{e}");
     // Display names the place first, as an administrator reads it.
     assert!(refused("RULE").to_string().starts_with("line 1, column "));

@@ -42,8 +42,11 @@ fn placement_policy_through_the_cli() {
 
     // Refused: a pool that does not exist, with where it is.
     let bad = node.path("bad.pol");
-    std::fs::write(&bad, "RULE 'a' SET POOL 'slow'\nRULE 'b' SET POOL 'nvme' WHERE USER_ID = 0\n")
-        .unwrap();
+    std::fs::write(
+        &bad,
+        "RULE 'a' SET POOL 'slow'\nRULE 'b' SET POOL 'nvme' WHERE USER_ID = 0\n",
+    )
+    .unwrap();
     let err = node.fails(&["policy", "change", "pfs", "-P", s(&bad)]);
     assert!(
         err.contains("line 2, column 19") && err.contains("storage pool 'nvme' does not exist"),
@@ -52,32 +55,59 @@ fn placement_policy_through_the_cli() {
     let bad2 = node.path("bad2.pol");
     std::fs::write(&bad2, "RULE 'a' SET POOL 'slow' WHERE SIZE > 1\n").unwrap();
     let err = node.fails(&["policy", "change", "pfs", "-P", s(&bad2)]);
-    assert!(err.contains("line 1, column 32") && err.contains("unknown file attribute SIZE"), "{err}");
+    assert!(
+        err.contains("line 1, column 32") && err.contains("unknown file attribute SIZE"),
+        "{err}"
+    );
 
     let policy = "RULE 'scratch' SET POOL 'slow' WHERE NAME LIKE '%.tmp'\nRULE 'default' SET POOL 'system'\n";
     let good = node.path("good.pol");
     std::fs::write(&good, policy).unwrap();
     let out = node.ok(&["policy", "change", "pfs", "-P", s(&good), "-I", "test"]);
-    assert!(out.contains("is valid") && out.contains("not installed"), "{out}");
+    assert!(
+        out.contains("is valid") && out.contains("not installed"),
+        "{out}"
+    );
     assert!(node.ok(&["policy", "ls", "pfs"]).contains("No policy"));
     let out = node.ok(&["policy", "change", "pfs", "-P", s(&good)]);
-    assert!(out.contains("installed for pfs (2 rules: 2 placement"), "{out}");
+    assert!(
+        out.contains("installed for pfs (2 rules: 2 placement"),
+        "{out}"
+    );
     assert_eq!(node.ok(&["policy", "ls", "pfs"]), policy);
 
     let tmp = pattern(5 * MIB as usize, 1);
     let dat = pattern(5 * MIB as usize, 2);
     std::fs::write(mnt.join("a.tmp"), &tmp).unwrap();
     std::fs::write(mnt.join("b.dat"), &dat).unwrap();
-    let out = node.ok(&["file", "attr", "ls", s(&mnt.join("a.tmp")), s(&mnt.join("b.dat"))]);
+    let out = node.ok(&[
+        "file",
+        "attr",
+        "ls",
+        s(&mnt.join("a.tmp")),
+        s(&mnt.join("b.dat")),
+    ]);
     let sections: Vec<&str> = out.split("\n\n").collect();
     assert_eq!(sections.len(), 2, "{out}");
     assert!(sections[0].contains("storage pool name:    slow"), "{out}");
     assert!(sections[0].contains("fileset name:         root"), "{out}");
-    assert!(!sections[0].contains("pl0") && !sections[0].contains("pl1"), "{out}");
-    assert!(sections[1].contains("storage pool name:    system"), "{out}");
-    assert!(!sections[1].contains("pl2") && !sections[1].contains("pl3"), "{out}");
+    assert!(
+        !sections[0].contains("pl0") && !sections[0].contains("pl1"),
+        "{out}"
+    );
+    assert!(
+        sections[1].contains("storage pool name:    system"),
+        "{out}"
+    );
+    assert!(
+        !sections[1].contains("pl2") && !sections[1].contains("pl3"),
+        "{out}"
+    );
     let err = node.fails(&["file", "attr", "ls", "/etc/hostname"]);
-    assert!(err.contains("not on a mounted Tessera file system"), "{err}");
+    assert!(
+        err.contains("not on a mounted Tessera file system"),
+        "{err}"
+    );
 
     // `df` per pool: the slow pool holds a.tmp's 5 MiB.
     let df = node.ok(&["df", "pfs", "-Y"]);
@@ -120,22 +150,40 @@ fn placement_policy_through_the_cli() {
     )
     .unwrap();
     let out = node.ok(&["policy", "apply", "pfs", "-P", s(&manage), "-I", "test"]);
-    assert!(out.contains("files scanned (-I test: nothing changed)"), "{out}");
-    assert!(out.contains("LIST 'tmps': 2 files") && out.contains("  /a.tmp"), "{out}");
+    assert!(
+        out.contains("files scanned (-I test: nothing changed)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("LIST 'tmps': 2 files") && out.contains("  /a.tmp"),
+        "{out}"
+    );
     let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("c.tmp"))]);
     assert!(attr.contains("storage pool name:    slow"), "{attr}");
     let out = node.ok(&["policy", "apply", "pfs", "-P", s(&manage)]);
     assert!(out.contains("1 files migrated"), "{out}");
     let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("c.tmp"))]);
-    assert!(attr.contains("storage pool name:    system") && !attr.contains("pl2") && !attr.contains("pl3"), "{attr}");
+    assert!(
+        attr.contains("storage pool name:    system")
+            && !attr.contains("pl2")
+            && !attr.contains("pl3"),
+        "{attr}"
+    );
     assert_eq!(std::fs::read(mnt.join("c.tmp")).unwrap(), tmp);
 
     let defer = node.path("defer.pol");
-    std::fs::write(&defer, "RULE 'back' MIGRATE FROM POOL 'slow' TO POOL 'system' WHERE NAME = 'a.tmp'\n").unwrap();
+    std::fs::write(
+        &defer,
+        "RULE 'back' MIGRATE FROM POOL 'slow' TO POOL 'system' WHERE NAME = 'a.tmp'\n",
+    )
+    .unwrap();
     let out = node.ok(&["policy", "apply", "pfs", "-P", s(&defer), "-I", "defer"]);
     assert!(out.contains("1 files migrated (0.0 MiB"), "{out}");
     let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("a.tmp"))]);
-    assert!(attr.contains("storage pool name:    system") && attr.contains("pl2"), "{attr}");
+    assert!(
+        attr.contains("storage pool name:    system") && attr.contains("pl2"),
+        "{attr}"
+    );
     let out = node.ok(&["restripe", "pfs", "-p"]);
     assert!(out.contains("data blocks moved"), "{out}");
     let attr = node.ok(&["file", "attr", "ls", s(&mnt.join("a.tmp"))]);

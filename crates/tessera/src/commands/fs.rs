@@ -766,7 +766,12 @@ pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
              rebalance)"
         );
     }
-    if [a.migrate, a.balance, a.placement].iter().filter(|x| **x).count() > 1 {
+    if [a.migrate, a.balance, a.placement]
+        .iter()
+        .filter(|x| **x)
+        .count()
+        > 1
+    {
         bail!("restripe: give one of -m, -b and -p");
     }
     let done = match call(

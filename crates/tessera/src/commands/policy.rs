@@ -92,7 +92,11 @@ pub fn apply(home: &Home, a: &PolicyApplyArgs) -> Result<()> {
         "{}: {} files scanned{}.",
         a.device,
         report.files_scanned,
-        if mode == ApplyMode::Test { " (-I test: nothing changed)" } else { "" }
+        if mode == ApplyMode::Test {
+            " (-I test: nothing changed)"
+        } else {
+            ""
+        }
     );
     let mut t = Table::new(&["rule", "action", "files chosen", "KB chosen", "note"]).right(&[2, 3]);
     for r in &report.rules {
@@ -158,7 +162,8 @@ pub fn ls(home: &Home, device: &str) -> Result<()> {
 
 /// The Tessera mount that holds `path`: its file-system name and mount point.
 fn tessera_mount_of(path: &Path) -> Result<(String, PathBuf)> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    let mounts =
+        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
     let mut best: Option<(String, PathBuf)> = None;
     for line in mounts.lines() {
         let f: Vec<&str> = line.split(' ').collect();

@@ -14,7 +14,12 @@ use crate::rpc::{FileAttrReply, Reply};
 impl Daemon {
     /// Installs (or, with `None`, removes) the policy of file system `name`; with `test`
     /// only checks it [mmchpolicy -I test].
-    pub(super) fn policy_change(&self, name: &str, text: Option<&str>, test: bool) -> Result<Reply> {
+    pub(super) fn policy_change(
+        &self,
+        name: &str,
+        text: Option<&str>,
+        test: bool,
+    ) -> Result<Reply> {
         let _admin = self.admin.lock();
         self.with_fs(name, "opening it here to change its policy", |fs| {
             let summary = if test {
@@ -26,7 +31,11 @@ impl Daemon {
             if !test {
                 tracing::info!(
                     "{name}: policy {} ({} rules, {} placement)",
-                    if text.is_some() { "installed" } else { "removed" },
+                    if text.is_some() {
+                        "installed"
+                    } else {
+                        "removed"
+                    },
                     summary.rules,
                     summary.placement_rules
                 );
