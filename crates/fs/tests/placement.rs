@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 
 use common::*;
 use tessera_fs::restripe::RestripeMode;
-use tessera_fs::{DiskSpec, DiskStatus, FileSystem, ROOT_INO};
+use tessera_fs::{DiskStatus, FileSystem, ROOT_INO};
 use tessera_nsd::DiskUsage;
 
 const POLICY: &str = "\
@@ -23,24 +23,11 @@ RULE 'default' SET POOL 'system';
 /// `slow` (data only).
 fn two_pools(system_holds_data: bool) -> TestDisks {
     let t = make_disks(4, 64 << 20);
-    let specs = t
-        .disks
-        .iter()
-        .enumerate()
-        .map(|(i, (id, dev))| DiskSpec {
-            nsd_name: format!("nsd{i}"),
-            nsd_id: *id,
-            usage: match (i < 2, system_holds_data) {
-                (true, true) => DiskUsage::DataAndMetadata,
-                (true, false) => DiskUsage::MetadataOnly,
-                (false, _) => DiskUsage::DataOnly,
-            },
-            failure_group: i as i32 + 1,
-            pool: if i < 2 { "system" } else { "slow" }.into(),
-            device: dev.clone(),
-        })
-        .collect();
-    tessera_fs::format(specs, &small_opts(), &mut |_| {}).unwrap();
+    format_fs_with(&t, &small_opts(), |i| match (i < 2, system_holds_data) {
+        (true, true) => (DiskUsage::DataAndMetadata, "system"),
+        (true, false) => (DiskUsage::MetadataOnly, "system"),
+        (false, _) => (DiskUsage::DataOnly, "slow"),
+    });
     t
 }
 

@@ -87,17 +87,29 @@ pub fn make_disks(count: usize, bytes: u64) -> TestDisks {
 }
 
 pub fn format_fs(t: &TestDisks, opts: &FormatOptions) {
+    format_fs_with(t, opts, |_| (DiskUsage::DataAndMetadata, "system"));
+}
+
+/// Formats with `layout(i)` giving disk `i`'s usage and storage pool.
+pub fn format_fs_with(
+    t: &TestDisks,
+    opts: &FormatOptions,
+    layout: impl Fn(usize) -> (DiskUsage, &'static str),
+) {
     let specs = t
         .disks
         .iter()
         .enumerate()
-        .map(|(i, (id, dev))| DiskSpec {
-            nsd_name: format!("nsd{i}"),
-            nsd_id: *id,
-            usage: DiskUsage::DataAndMetadata,
-            failure_group: i as i32 + 1,
-            pool: "system".into(),
-            device: dev.clone(),
+        .map(|(i, (id, dev))| {
+            let (usage, pool) = layout(i);
+            DiskSpec {
+                nsd_name: format!("nsd{i}"),
+                nsd_id: *id,
+                usage,
+                failure_group: i as i32 + 1,
+                pool: pool.into(),
+                device: dev.clone(),
+            }
         })
         .collect();
     tessera_fs::format(specs, opts, &mut |_| {}).unwrap();
