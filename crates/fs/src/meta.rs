@@ -679,7 +679,7 @@ impl MetaState {
                     b.set_written(s, *crc);
                 }
                 let (t, store) = self.shard_for(*ino);
-                t.put_block(store, *ino, *index, &b)?;
+                t.replace_block(store, *ino, *index, &b)?;
             }
             Change::Settle {
                 ino,
@@ -694,7 +694,7 @@ impl MetaState {
                         b.pending.remove(&s);
                     }
                     if b.pending.len() != before {
-                        t.put_block(store, *ino, *index, &b)?;
+                        t.replace_block(store, *ino, *index, &b)?;
                     }
                 }
             }
@@ -717,7 +717,7 @@ impl MetaState {
                 }
                 b.pending.remove(sector);
                 let (t, store) = self.shard_for(*ino);
-                t.put_block(store, *ino, *index, &b)?;
+                t.replace_block(store, *ino, *index, &b)?;
             }
             Change::Truncate {
                 ino,

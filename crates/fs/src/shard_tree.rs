@@ -433,9 +433,7 @@ pub(crate) fn encode_block(b: &BlockRef) -> Vec<u8> {
     out.extend_from_slice(&b.extent.sub_blocks.to_le_bytes());
     out.extend_from_slice(&(s as u16).to_le_bytes());
     out.extend_from_slice(&(b.pending.len() as u16).to_le_bytes());
-    for c in &b.crcs {
-        out.extend_from_slice(&c.to_le_bytes());
-    }
+    out.extend(b.crcs.iter().flat_map(|c| c.to_le_bytes()));
     for w in 0..s.div_ceil(64) {
         out.extend_from_slice(&b.unwritten.get(w).copied().unwrap_or(0).to_le_bytes());
     }
@@ -470,14 +468,21 @@ pub(crate) fn decode_block(ino: Ino, index: u64, b: &[u8]) -> FsResult<BlockRef>
     if sectors == 0 || sub_blocks == 0 {
         return Err(bad("is empty"));
     }
-    let crcs = (0..sectors)
-        .map(|_| r.u32())
-        .collect::<Option<Vec<u32>>>()
-        .ok_or_else(short)?;
-    let unwritten = (0..sectors.div_ceil(64))
-        .map(|_| r.u64())
-        .collect::<Option<Vec<u64>>>()
-        .ok_or_else(short)?;
+    // Read whole arrays at once: a 4 MiB block has 1,024 checksums, and every read and
+    // write of the block decodes them (per-element reads were a fifth of a 4 KiB random
+    // read's CPU).
+    let crcs: Vec<u32> = r
+        .take(sectors * 4)
+        .ok_or_else(short)?
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+        .collect();
+    let unwritten: Vec<u64> = r
+        .take(sectors.div_ceil(64) * 8)
+        .ok_or_else(short)?
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+        .collect();
     let mut pending = std::collections::BTreeMap::new();
     for _ in 0..pending_count {
         let sector = r.u32().ok_or_else(short)?;
@@ -870,6 +875,25 @@ impl ShardTree {
             .map_err(meta_err)?
             .map(|v| decode_block(ino, index, &v))
             .transpose()
+    }
+
+    /// [`ShardTree::put_block`] for a block that is known to be there (a change of its
+    /// sectors): the old reference is not decoded.
+    pub fn replace_block(
+        &mut self,
+        store: &mut MetaStore,
+        ino: Ino,
+        index: u64,
+        block: &BlockRef,
+    ) -> FsResult<()> {
+        store
+            .insert(
+                &mut self.tree,
+                &key_u64(ino, TAG_BLOCK, index),
+                &encode_block(block),
+            )
+            .map_err(meta_err)?;
+        Ok(())
     }
 
     pub fn remove_block(

@@ -177,7 +177,19 @@ impl Leaf {
         if let Ok(more) = usize::try_from(delta) {
             grow(&mut self.buf, more);
         }
-        self.buf.splice(range, with.iter().copied());
+        // By hand rather than `Vec::splice`, which moves the bytes one by one: a 4 MiB
+        // block's reference is about 4 KiB, rewritten at every write into the block.
+        let (start, end, len) = (range.start, range.end, self.buf.len());
+        if with.len() > range.len() {
+            let extra = with.len() - range.len();
+            self.buf.resize(len + extra, 0);
+            self.buf.copy_within(end..len, end + extra);
+        } else if with.len() < range.len() {
+            let less = range.len() - with.len();
+            self.buf.copy_within(end..len, end - less);
+            self.buf.truncate(len - less);
+        }
+        self.buf[start..start + with.len()].copy_from_slice(with);
         if delta != 0 {
             for o in &mut self.offsets[first_after..] {
                 *o = u32::try_from(i64::from(*o) + delta).expect("offset fits u32");
