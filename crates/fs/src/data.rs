@@ -12,14 +12,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tessera_alloc::{AllocKind, BlockHint, Extent};
+use tessera_alloc::{BlockHint, Extent};
 use tessera_drive::AlignedBuf;
 use tessera_journal::Lsn;
 
 use crate::error::{FsError, FsResult};
-use crate::fs::{FileSystem, Meta};
+use crate::fs::FileSystem;
 use crate::inode::{Alternative, Attr, BlockRef, FileKind, Ino, CSUM_SECTOR_BYTES};
-use crate::meta::{Change, ContentKind};
+use crate::meta::Change;
+use crate::metanode::{Content, FileUpdate, SizeUpdate, Times};
 use crate::prefetch::{BlockData, SectorState};
 
 /// Largest file size: 1 PiB.
@@ -84,46 +85,12 @@ impl FileSystem {
         self.geo.data_start_bytes + e.addr.sub_block * self.geo.sub_block_bytes
     }
 
-    /// Refuses a data allocation that would eat into the space kept for metadata pages
-    /// on disks that hold both: a checkpoint (at unmount, too) needs fresh pages, and a data
-    /// pool filled to the last sub-block must not stop it.
-    fn keep_metadata_reserve(
-        &self,
-        m: &crate::fs::Meta,
-        pool: tessera_alloc::PoolId,
-        sub_blocks: u32,
-        what: &'static str,
-    ) -> FsResult<()> {
-        let reserve = self
-            .metadata_reserve_sub_blocks
-            .load(std::sync::atomic::Ordering::Relaxed);
-        // Only the system pool holds metadata pages.
-        if reserve == 0 || pool != 0 {
-            return Ok(());
-        }
-        // Only disks that take new pages count: with a disk suspended or being emptied (a
-        // restripe moving its data to the others), its free space is no room for pages, and
-        // counting it let data fill the ready disks to the last block, so that the next
-        // checkpoint found no page at all.
-        let space = m.alloc.allocatable_space(0, AllocKind::Metadata);
-        let free = space.blocks_free * u64::from(self.geo.sub_blocks_per_block)
-            + space.sub_blocks_free_in_fragments;
-        if free < reserve + u64::from(sub_blocks) {
-            return Err(FsError::NoSpace {
-                pool: self.pool_name(pool),
-                what,
-            });
-        }
-        Ok(())
-    }
-
     pub(crate) fn extent_sectors(&self, e: &Extent) -> usize {
         (u64::from(e.sub_blocks) * self.geo.sub_block_bytes / SECTOR) as usize
     }
 
     fn regular_attr(&self, ino: Ino) -> FsResult<Attr> {
-        let mut m = self.meta.lock();
-        let attr = m.state.attr(ino)?;
+        let attr = self.metanode().view(ino, 0..0)?.attr;
         match attr.kind {
             FileKind::Regular => Ok(attr),
             FileKind::Directory => Err(FsError::IsDir),
@@ -143,8 +110,13 @@ impl FileSystem {
         let _data = self.inode_lock(ino).read();
         let bs = self.geo.block_bytes;
         let (len, inline, blocks, file_blocks) = {
-            let mut m = self.meta.lock();
-            let attr = m.state.attr(ino)?;
+            // The blocks the request could reach; the file's size, known with the view,
+            // cuts it short at the end of file.
+            let asked_end = offset.saturating_add(u64::from(size));
+            let view = self
+                .metanode()
+                .view(ino, offset / bs..asked_end.div_ceil(bs))?;
+            let attr = view.attr;
             if attr.kind == FileKind::Directory {
                 return Err(FsError::IsDir);
             }
@@ -154,14 +126,11 @@ impl FileSystem {
             }
             let end = offset + len as u64;
             let file_blocks = attr.size.div_ceil(bs);
-            match m.state.content_kind(ino)? {
-                ContentKind::Inline => {
-                    let d = m.state.inline_data(ino)?.unwrap_or_default();
-                    (len, Some(d), Vec::new(), file_blocks)
-                }
-                ContentKind::Blocks => {
+            match view.content {
+                Content::Inline(d) => (len, Some(d), Vec::new(), file_blocks),
+                Content::Blocks(mapped) => {
                     let (first, last) = (offset / bs, end.div_ceil(bs));
-                    let mut mapped = m.state.blocks(ino, first..last)?.into_iter().peekable();
+                    let mut mapped = mapped.into_iter().peekable();
                     let mut parts = Vec::new();
                     for b in first..last {
                         let lo = offset.max(b * bs) - b * bs;
@@ -171,7 +140,7 @@ impl FileSystem {
                     }
                     (len, None, parts, file_blocks)
                 }
-                _ => return Err(FsError::Invalid("not a regular file".into())),
+                Content::None => return Err(FsError::Invalid("not a regular file".into())),
             }
         };
         let slots = match (blocks.first(), blocks.last()) {
@@ -198,7 +167,7 @@ impl FileSystem {
                 FileData::from(out)
             }
         };
-        self.touch_atime(ino);
+        self.metanode().accessed(ino);
         self.pmon.read(len as u64, started.elapsed());
         Ok(out)
     }
@@ -315,12 +284,11 @@ impl FileSystem {
     /// Reads block `block` of a file whole and verified, for read-ahead. `None` when the
     /// block is unmapped or never written (readers produce its zeros themselves).
     pub(crate) fn load_block(&self, ino: Ino, block: u64) -> FsResult<Option<BlockData>> {
-        let found = {
-            let mut m = self.meta.lock();
-            match m.state.block(ino, block) {
-                Ok(r) => r.map(|r| sector_infos(&r, 0, r.sectors() as u64 * SECTOR)),
-                Err(_) => None,
-            }
+        let found = match self.metanode().view(ino, block..block + 1) {
+            Ok(view) => view
+                .block(block)
+                .map(|r| sector_infos(r, 0, r.sectors() as u64 * SECTOR)),
+            Err(_) => None,
         };
         let Some((extent, sectors)) = found else {
             return Ok(None);
@@ -334,28 +302,6 @@ impl FileSystem {
         let at = self.extent_offset(&extent);
         let states = self.read_verified(ino, &extent, at, &mut buf[..bytes], &sectors)?;
         Ok(Some(self.prefetch.block_data(extent, buf, bytes, states)))
-    }
-
-    fn touch_atime(&self, ino: Ino) {
-        use crate::descriptor::AtimeMode;
-        if self.geo.atime == AtimeMode::Suppress {
-            return;
-        }
-        let mut m = self.meta.lock();
-        let Ok(Some(mut attr)) = m.state.find_attr(ino) else {
-            return;
-        };
-        let now = self.now();
-        let stale = attr.atime <= attr.mtime
-            || attr.atime <= attr.ctime
-            || now.secs - attr.atime.secs >= 24 * 3600;
-        if self.geo.atime == AtimeMode::Relatime && !stale {
-            return;
-        }
-        attr.atime = now;
-        if let Err(e) = self.log(&mut m, vec![Change::PutAttr(attr)]) {
-            tracing::warn!("atime update of inode {ino}: {e}");
-        }
     }
 
     /// Writes `data` at `offset`. With `sync` (O_SYNC, O_DSYNC, O_DIRECT) the data and the
@@ -373,7 +319,7 @@ impl FileSystem {
             return Ok(0);
         }
         let shared = self.inode_lock(ino).read();
-        let written = if self.has_inline_content(ino)? {
+        let written = if self.metanode().view(ino, 0..0)?.is_inline() {
             // Inline data is rewritten whole and may move into a block: one writer at a time.
             drop(shared);
             let _exclusive = self.inode_lock(ino).write();
@@ -382,46 +328,40 @@ impl FileSystem {
             self.write_range(ino, offset, data)?
         };
         if sync {
-            self.commit_data(written.lsn, &written.disks)?;
+            self.metanode().commit_data(written.lsn, &written.disks)?;
         }
         self.pmon.write(data.len() as u64, started.elapsed());
         Ok(data.len())
-    }
-
-    fn has_inline_content(&self, ino: Ino) -> FsResult<bool> {
-        let mut m = self.meta.lock();
-        Ok(m.state.content_kind(ino)? == ContentKind::Inline)
     }
 
     /// The body of a write; the caller holds the inode lock exclusively.
     fn write_locked(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Written> {
         let end = offset + data.len() as u64;
         let inline = {
-            let mut m = self.meta.lock();
-            let mut attr = m.state.attr(ino)?;
-            if attr.kind != FileKind::Regular {
-                return Err(if attr.kind == FileKind::Directory {
+            let view = self.metanode().view(ino, 0..0)?;
+            if view.attr.kind != FileKind::Regular {
+                return Err(if view.attr.kind == FileKind::Directory {
                     FsError::IsDir
                 } else {
                     FsError::Invalid("not a regular file".into())
                 });
             }
-            match m.state.inline_data(ino)? {
-                Some(cur) if end as usize <= self.geo.inline_max_bytes => {
+            match view.content {
+                Content::Inline(cur) if end as usize <= self.geo.inline_max_bytes => {
                     let mut bytes = cur;
                     bytes.resize(bytes.len().max(end as usize), 0);
                     bytes[offset as usize..end as usize].copy_from_slice(data);
-                    attr.size = attr.size.max(end);
-                    attr.mtime = self.now();
-                    attr.ctime = attr.mtime;
-                    let changes = vec![Change::Inline { ino, data: bytes }, Change::PutAttr(attr)];
-                    let lsn = self.log(&mut m, changes)?;
+                    let change = Change::Inline { ino, data: bytes };
+                    let lsn = self
+                        .metanode()
+                        .update(ino, FileUpdate::written(vec![change], end))?;
                     return Ok(Written {
                         lsn,
                         disks: Vec::new(),
                     });
                 }
-                other => other,
+                Content::Inline(cur) => Some(cur),
+                _ => None,
             }
         };
         let mut written = Written::default();
@@ -463,14 +403,7 @@ impl FileSystem {
                 }
             }
             let _exclusive = block.write();
-            let plan = match self.plan_block(ino, b, off, len, true) {
-                Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
-                    // Space freed by changes not yet durable comes back after a commit.
-                    self.sync()?;
-                    self.plan_block(ino, b, off, len, true)?
-                }
-                other => other?,
-            };
+            let plan = self.plan_block(ino, b, off, len, true)?;
             match plan {
                 BlockPlan::InPlace { current } => {
                     return self.write_in_place(ino, b, off, data, current)
@@ -478,16 +411,12 @@ impl FileSystem {
                 BlockPlan::NewBlock { extent } => {
                     // Unwritten sectors read as zeros, so mapping before writing exposes
                     // nothing, and later writers of this block need no exclusive lock.
-                    let mut m = self.meta.lock();
-                    self.map_unwritten(&mut m, ino, b, extent)?;
+                    self.map_unwritten(ino, b, extent)?;
                 }
                 BlockPlan::Fresh { extent, copy } => {
                     let result = self.write_fresh(ino, b, off, data, extent, copy);
                     if result.is_err() {
-                        let mut m = self.meta.lock();
-                        if m.unlogged.remove(&extent) {
-                            let _ = m.alloc.free(extent);
-                        }
+                        self.allocator().abandon(extent);
                     }
                     return result;
                 }
@@ -500,20 +429,14 @@ impl FileSystem {
     }
 
     /// Maps `extent` as block `b` with every sector unwritten (reads as zeros).
-    fn map_unwritten(&self, m: &mut Meta, ino: Ino, b: u64, extent: Extent) -> FsResult<Lsn> {
+    fn map_unwritten(&self, ino: Ino, b: u64, extent: Extent) -> FsResult<Lsn> {
         let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
-        self.log(
-            m,
-            vec![Change::MapBlock {
-                ino,
-                index: b,
-                block,
-            }],
-        )
-    }
-
-    fn has_pending_frees(&self) -> bool {
-        !self.meta.lock().pending_free.is_empty()
+        let map = Change::MapBlock {
+            ino,
+            index: b,
+            block,
+        };
+        self.metanode().update(ino, FileUpdate::content(vec![map]))
     }
 
     /// Decides how a write into block `b` proceeds. Without `exclusive` it only recognises
@@ -528,20 +451,13 @@ impl FileSystem {
     ) -> FsResult<BlockPlan> {
         let bs = self.geo.block_bytes;
         let per = self.geo.sub_blocks_per_block;
-        let mut m = self.meta.lock();
-        let attr = m.state.attr(ino)?;
-        let (current, prev) = match m.state.content_kind(ino)? {
-            ContentKind::Blocks => {
-                let near = m.state.blocks(ino, b.saturating_sub(1)..b + 1)?;
-                let current = near.iter().find(|(i, _)| *i == b).map(|(_, r)| r.clone());
-                let prev = near
-                    .iter()
-                    .find(|(i, _)| b > 0 && *i == b - 1)
-                    .map(|(_, r)| r.extent.addr);
-                (current, prev)
-            }
-            _ => (None, None),
-        };
+        let view = self.metanode().view(ino, b.saturating_sub(1)..b + 1)?;
+        let attr = &view.attr;
+        let current = view.block(b).cloned();
+        let prev = b
+            .checked_sub(1)
+            .and_then(|p| view.block(p))
+            .map(|r| r.extent.addr);
         let size_after = attr.size.max(b * bs + off + len);
         // Only a file that fits in one block gets a fragment (GPFS keeps the last block of
         // small files in sub-blocks); everything else uses whole blocks.
@@ -566,21 +482,14 @@ impl FileSystem {
         if !exclusive {
             return Ok(BlockPlan::NeedsExclusive);
         }
-        let pool = self.file_pool(&mut m, ino)?;
-        self.keep_metadata_reserve(&m, pool, needed, "file data")?;
-        let extent = if needed == per {
-            let hint = BlockHint {
-                file_key: ino,
-                block_index: b,
-                prev,
-            };
-            m.alloc.alloc_block(pool, AllocKind::Data, hint)
-        } else {
-            m.alloc.alloc_fragment(pool, AllocKind::Data, needed, prev)
-        }
-        .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), "file data"))?;
-        // Until its log record, the extent is the writer's alone (see `Meta::unlogged`).
-        m.unlogged.insert(extent);
+        let hint = BlockHint {
+            file_key: ino,
+            block_index: b,
+            prev,
+        };
+        let extent = self
+            .allocator()
+            .allocate(view.pool, needed, hint, "file data")?;
         if current.is_none() && needed == per {
             return Ok(BlockPlan::NewBlock { extent });
         }
@@ -639,23 +548,16 @@ impl FileSystem {
         }
         let dev = self.devices.get(extent.addr.disk);
         dev.write_at(&buf, self.extent_offset(&extent) + (lo as u64) * SECTOR)?;
-        let mut m = self.meta.lock();
-        let mut attr = m.state.attr(ino)?;
-        attr.size = attr
-            .size
-            .max(b * self.geo.block_bytes + off + data.len() as u64);
-        attr.mtime = self.now();
-        attr.ctime = attr.mtime;
-        let disk = extent.addr.disk;
-        let changes = vec![
-            Change::MapBlock {
-                ino,
-                index: b,
-                block,
-            },
-            Change::PutAttr(attr),
-        ];
-        Ok(Written::on(self.log(&mut m, changes)?, disk))
+        let end = b * self.geo.block_bytes + off + data.len() as u64;
+        let map = Change::MapBlock {
+            ino,
+            index: b,
+            block,
+        };
+        let lsn = self
+            .metanode()
+            .update(ino, FileUpdate::written(vec![map], end))?;
+        Ok(Written::on(lsn, extent.addr.disk))
     }
 
     fn write_in_place(
@@ -697,24 +599,22 @@ impl FileSystem {
         let dev = self.devices.get(current.extent.addr.disk);
         let at = self.extent_offset(&current.extent) + (lo as u64) * SECTOR;
         let disk = current.extent.addr.disk;
+        let update = FileUpdate::written(vec![sectors], size_after);
         if !overwrite {
             dev.write_at(&buf, at)?;
-            return Ok(Written::on(
-                self.log_with_size(ino, sectors, size_after)?,
-                disk,
-            ));
+            return Ok(Written::on(self.metanode().update(ino, update)?, disk));
         }
-        let lsn = self.log_with_size(ino, sectors, size_after)?;
-        self.commit(lsn)?;
+        let lsn = self.metanode().update(ino, update)?;
+        self.metanode().commit(lsn)?;
         dev.write_at(&buf, at)?;
-        let mut m = self.meta.lock();
         let settle = Change::Settle {
             ino,
             index: b,
             first: lo as u32,
             count: (hi - lo) as u32,
         };
-        self.log(&mut m, vec![settle])?;
+        self.metanode()
+            .update(ino, FileUpdate::content(vec![settle]))?;
         // The checksums went to disk with the intent; a sync writer needs only the data.
         Ok(Written::on(lsn, disk))
     }
@@ -769,20 +669,11 @@ impl FileSystem {
                 });
             }
         }
-        let mut m = self.meta.lock();
         if !changes.is_empty() {
-            self.log(&mut m, changes)?;
+            self.metanode().update(ino, FileUpdate::content(changes))?;
         }
-        Ok(m.state.block(ino, b)?.unwrap_or(current))
-    }
-
-    fn log_with_size(&self, ino: Ino, change: Change, size_after: u64) -> FsResult<Lsn> {
-        let mut m = self.meta.lock();
-        let mut attr = m.state.attr(ino)?;
-        attr.size = attr.size.max(size_after);
-        attr.mtime = self.now();
-        attr.ctime = attr.mtime;
-        self.log(&mut m, vec![change, Change::PutAttr(attr)])
+        let view = self.metanode().view(ino, b..b + 1)?;
+        Ok(view.block(b).cloned().unwrap_or(current))
     }
 
     /// Sets the file size (truncate and extend).
@@ -795,8 +686,9 @@ impl FileSystem {
         let attr = self.regular_attr(ino)?;
         let bs = self.geo.block_bytes;
         let boundary_written = {
-            let mut m = self.meta.lock();
-            m.state.block(ino, size / bs)?.is_some_and(|r| {
+            let boundary = size / bs;
+            let view = self.metanode().view(ino, boundary..boundary + 1)?;
+            view.block(boundary).is_some_and(|r| {
                 let s = ((size % bs) / SECTOR) as usize;
                 s < r.sectors() && !r.is_unwritten(s)
             })
@@ -806,12 +698,10 @@ impl FileSystem {
             let zeros = (SECTOR - size % SECTOR).min(attr.size - size);
             self.write_range(ino, size, &vec![0; zeros as usize])?;
         }
-        let mut m = self.meta.lock();
-        let mut attr = m.state.attr(ino)?;
+        let view = self.metanode().view(ino, 0..0)?;
         let mut changes = Vec::new();
-        match m.state.content_kind(ino)? {
-            ContentKind::Inline => {
-                let d = m.state.inline_data(ino)?.unwrap_or_default();
+        match view.content {
+            Content::Inline(d) => {
                 if (size as usize) < d.len() {
                     changes.push(Change::Inline {
                         ino,
@@ -819,7 +709,7 @@ impl FileSystem {
                     });
                 }
             }
-            ContentKind::Blocks if size < attr.size => {
+            Content::Blocks(_) if size < view.attr.size => {
                 changes.push(Change::Truncate {
                     ino,
                     size,
@@ -828,17 +718,17 @@ impl FileSystem {
             }
             _ => {}
         }
-        let shrink = size < attr.size;
-        attr.size = size;
-        attr.mtime = self.now();
-        attr.ctime = attr.mtime;
-        changes.push(Change::PutAttr(attr));
-        let lsn = self.log(&mut m, changes)?;
-        drop(m);
+        let shrink = size < view.attr.size;
+        let update = FileUpdate {
+            changes,
+            size: SizeUpdate::Exactly(size),
+            times: Times::Modified,
+        };
+        let lsn = self.metanode().update(ino, update)?;
         if shrink {
             // Sectors marked unwritten may be rewritten without a log record first, which is
             // only safe once the truncate itself is durable.
-            self.commit(lsn)?;
+            self.metanode().commit(lsn)?;
         }
         Ok(())
     }
@@ -856,17 +746,15 @@ impl FileSystem {
         }
         let _data = self.inode_lock(ino).write();
         let attr = self.regular_attr(ino)?;
-        let inline = {
-            let mut m = self.meta.lock();
-            m.state.inline_data(ino)?
-        };
-        if let Some(bytes) = inline.filter(|b| !b.is_empty()) {
-            self.write_range(ino, 0, &bytes)?;
+        if let Content::Inline(bytes) = self.metanode().view(ino, 0..0)?.content {
+            if !bytes.is_empty() {
+                self.write_range(ino, 0, &bytes)?;
+            }
         }
         let bs = self.geo.block_bytes;
         for b in offset / bs..end.div_ceil(bs) {
-            let mut m = self.meta.lock();
-            if m.state.block(ino, b)?.is_some() {
+            let view = self.metanode().view(ino, b..b + 1)?;
+            if view.block(b).is_some() {
                 continue;
             }
             let hint = BlockHint {
@@ -874,21 +762,26 @@ impl FileSystem {
                 block_index: b,
                 prev: None,
             };
-            let pool = self.file_pool(&mut m, ino)?;
-            self.keep_metadata_reserve(&m, pool, self.geo.sub_blocks_per_block, "fallocate")?;
-            let extent = m
-                .alloc
-                .alloc_block(pool, AllocKind::Data, hint)
-                .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), "fallocate"))?;
-            self.map_unwritten(&mut m, ino, b, extent)?;
+            let per = self.geo.sub_blocks_per_block;
+            let extent = self
+                .allocator()
+                .allocate(view.pool, per, hint, "fallocate")?;
+            if let Err(e) = self.map_unwritten(ino, b, extent) {
+                self.allocator().abandon(extent);
+                return Err(e);
+            }
         }
-        let mut m = self.meta.lock();
-        let mut a = m.state.attr(ino)?;
-        if mode & FALLOC_FL_KEEP_SIZE == 0 && end > attr.size {
-            a.size = a.size.max(end);
-        }
-        a.ctime = self.now();
-        self.log(&mut m, vec![Change::PutAttr(a)])?;
+        let size = if mode & FALLOC_FL_KEEP_SIZE == 0 && end > attr.size {
+            SizeUpdate::AtLeast(end)
+        } else {
+            SizeUpdate::Keep
+        };
+        let update = FileUpdate {
+            changes: Vec::new(),
+            size,
+            times: Times::Changed,
+        };
+        self.metanode().update(ino, update)?;
         Ok(())
     }
 
@@ -900,22 +793,18 @@ impl FileSystem {
             return Ok(());
         }
         let bs = self.geo.block_bytes;
-        let inline = {
-            let mut m = self.meta.lock();
-            m.state.content_kind(ino)? == ContentKind::Inline
-        };
+        let inline = self.metanode().view(ino, 0..0)?.is_inline();
         let mut lsn = 0;
         for b in offset / bs..end.div_ceil(bs) {
             let lo = offset.max(b * bs);
             let hi = end.min((b + 1) * bs);
             let whole = lo == b * bs && hi == (b + 1) * bs;
-            let mapped = {
-                let mut m = self.meta.lock();
-                m.state.block(ino, b)?.is_some()
-            };
+            let mapped = self.metanode().view(ino, b..b + 1)?.block(b).is_some();
             if whole && mapped {
-                let mut m = self.meta.lock();
-                lsn = self.log(&mut m, vec![Change::Unmap { ino, index: b }])?;
+                let unmap = Change::Unmap { ino, index: b };
+                lsn = self
+                    .metanode()
+                    .update(ino, FileUpdate::content(vec![unmap]))?;
             } else if mapped || inline {
                 lsn = self
                     .write_locked(ino, lo, &vec![0; (hi - lo) as usize])?
@@ -923,7 +812,7 @@ impl FileSystem {
             }
         }
         // Unmapped blocks return to the allocator only once durable.
-        self.commit(lsn)
+        self.metanode().commit(lsn)
     }
 
     pub fn fsync(&self, _ino: Ino) -> FsResult<()> {

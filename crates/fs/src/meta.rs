@@ -471,6 +471,25 @@ impl MetaState {
         })
     }
 
+    /// The inode's content kind, its bytes when they are inline, and the pool a placement
+    /// rule chose (`None`: the default data pool), from one look at its record.
+    #[allow(clippy::type_complexity)]
+    pub fn content_of(
+        &mut self,
+        ino: Ino,
+    ) -> FsResult<(ContentKind, Option<Vec<u8>>, Option<tessera_alloc::PoolId>)> {
+        self.peek(ino, |r| {
+            let (kind, inline) = match &r.content {
+                RecordContent::Inline(d) => (ContentKind::Inline, Some(d.clone())),
+                RecordContent::Blocks { .. } => (ContentKind::Blocks, None),
+                RecordContent::Dir { .. } => (ContentKind::Dir, None),
+                RecordContent::None => (ContentKind::None, None),
+            };
+            (kind, inline, r.pool)
+        })?
+        .ok_or(FsError::NotFound)
+    }
+
     /// The storage pool a placement rule chose for the file's data; `None` for the file
     /// system's default data pool.
     pub fn pool_of(&mut self, ino: Ino) -> FsResult<Option<tessera_alloc::PoolId>> {

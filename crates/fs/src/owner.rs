@@ -1,0 +1,340 @@
+//! The shard owner's side of [`Metanode`] and [`BlockAllocator`], in this process: the node
+//! that owns every shard (the single-node file system) serves its own data path.
+//!
+//! Every update a client sends is checked before it is logged: it may change only the
+//! content of the one file it names, and only with the changes a data path makes. What the
+//! owner decides itself (the new size as the largest any writer reached, the times from its
+//! own clock) it decides here, under the metadata lock, so that writers of one file may
+//! report in any order.
+
+use std::ops::Range;
+
+use tessera_alloc::{AllocKind, BlockHint, Extent, PoolId};
+use tessera_journal::Lsn;
+
+use crate::descriptor::AtimeMode;
+use crate::error::{FsError, FsResult};
+use crate::fs::{FileSystem, Meta};
+use crate::inode::{FileKind, Ino};
+use crate::meta::{Change, ContentKind};
+use crate::metanode::{BlockAllocator, Content, FileUpdate, FileView, Metanode, SizeUpdate, Times};
+
+impl FileSystem {
+    /// The metanode of every file: this node owns every shard.
+    pub(crate) fn metanode(&self) -> &dyn Metanode {
+        self
+    }
+
+    /// Where this node's data path allocates: the one allocation map.
+    pub(crate) fn allocator(&self) -> &dyn BlockAllocator {
+        self
+    }
+
+    /// Refuses a data allocation that would eat into the space kept for metadata pages
+    /// on disks that hold both: a checkpoint (at unmount, too) needs fresh pages, and a data
+    /// pool filled to the last sub-block must not stop it.
+    fn keep_metadata_reserve(
+        &self,
+        m: &Meta,
+        pool: PoolId,
+        sub_blocks: u32,
+        what: &'static str,
+    ) -> FsResult<()> {
+        let reserve = self
+            .metadata_reserve_sub_blocks
+            .load(std::sync::atomic::Ordering::Relaxed);
+        // Only the system pool holds metadata pages.
+        if reserve == 0 || pool != 0 {
+            return Ok(());
+        }
+        // Only disks that take new pages count: with a disk suspended or being emptied (a
+        // restripe moving its data to the others), its free space is no room for pages, and
+        // counting it let data fill the ready disks to the last block, so that the next
+        // checkpoint found no page at all.
+        let space = m.alloc.allocatable_space(0, AllocKind::Metadata);
+        let free = space.blocks_free * u64::from(self.geo.sub_blocks_per_block)
+            + space.sub_blocks_free_in_fragments;
+        if free < reserve + u64::from(sub_blocks) {
+            return Err(FsError::NoSpace {
+                pool: self.pool_name(pool),
+                what,
+            });
+        }
+        Ok(())
+    }
+
+    fn try_allocate(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Extent> {
+        let mut m = self.meta.lock();
+        self.keep_metadata_reserve(&m, pool, sub_blocks, what)?;
+        let extent = if sub_blocks == self.geo.sub_blocks_per_block {
+            m.alloc.alloc_block(pool, AllocKind::Data, hint)
+        } else {
+            m.alloc
+                .alloc_fragment(pool, AllocKind::Data, sub_blocks, hint.prev)
+        }
+        .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), what))?;
+        // Until an update maps it, the extent is the caller's alone (see `Meta::unlogged`).
+        m.unlogged.insert(extent);
+        Ok(extent)
+    }
+
+    fn has_pending_frees(&self) -> bool {
+        !self.meta.lock().pending_free.is_empty()
+    }
+}
+
+/// Whether `change` is one a data path may send for `ino`.
+fn content_change_of(change: &Change, ino: Ino) -> bool {
+    let of = match change {
+        Change::MapBlock { ino, .. }
+        | Change::Sectors { ino, .. }
+        | Change::Settle { ino, .. }
+        | Change::Revert { ino, .. }
+        | Change::Unmap { ino, .. }
+        | Change::Inline { ino, .. }
+        | Change::Truncate { ino, .. } => *ino,
+        _ => return false,
+    };
+    of == ino
+}
+
+impl Metanode for FileSystem {
+    fn view(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
+        let mut m = self.meta.lock();
+        let attr = m.state.attr(ino)?;
+        let (kind, inline, pool) = m.state.content_of(ino)?;
+        let content = match kind {
+            ContentKind::Inline => Content::Inline(inline.unwrap_or_default()),
+            ContentKind::Blocks => Content::Blocks(m.state.blocks(ino, blocks)?),
+            ContentKind::Dir | ContentKind::None => Content::None,
+        };
+        Ok(FileView {
+            attr,
+            pool: pool.unwrap_or(self.geo.data_pool),
+            content,
+        })
+    }
+
+    fn update(&self, ino: Ino, update: FileUpdate) -> FsResult<Lsn> {
+        if let Some(c) = update.changes.iter().find(|c| !content_change_of(c, ino)) {
+            return Err(FsError::Invalid(format!(
+                "a data path may change only the content of inode {ino}, not send {c:?}"
+            )));
+        }
+        let mut changes = update.changes;
+        let mut m = self.meta.lock();
+        let mut attr = m.state.attr(ino)?;
+        if attr.kind != FileKind::Regular {
+            return Err(if attr.kind == FileKind::Directory {
+                FsError::IsDir
+            } else {
+                FsError::Invalid(format!("inode {ino} is not a regular file"))
+            });
+        }
+        if update.size != SizeUpdate::Keep || update.times != Times::Keep {
+            match update.size {
+                SizeUpdate::Keep => {}
+                SizeUpdate::AtLeast(end) => attr.size = attr.size.max(end),
+                SizeUpdate::Exactly(size) => attr.size = size,
+            }
+            match update.times {
+                Times::Keep => {}
+                Times::Modified => {
+                    attr.mtime = self.now();
+                    attr.ctime = attr.mtime;
+                }
+                Times::Changed => attr.ctime = self.now(),
+            }
+            changes.push(Change::PutAttr(attr));
+        }
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        self.log(&mut m, changes)
+    }
+
+    fn commit(&self, lsn: Lsn) -> FsResult<()> {
+        FileSystem::commit(self, lsn)
+    }
+
+    fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
+        FileSystem::commit_data(self, lsn, disks)
+    }
+
+    fn accessed(&self, ino: Ino) {
+        if self.geo.atime == AtimeMode::Suppress {
+            return;
+        }
+        let mut m = self.meta.lock();
+        let Ok(Some(mut attr)) = m.state.find_attr(ino) else {
+            return;
+        };
+        let now = self.now();
+        let stale = attr.atime <= attr.mtime
+            || attr.atime <= attr.ctime
+            || now.secs - attr.atime.secs >= 24 * 3600;
+        if self.geo.atime == AtimeMode::Relatime && !stale {
+            return;
+        }
+        attr.atime = now;
+        if let Err(e) = self.log(&mut m, vec![Change::PutAttr(attr)]) {
+            tracing::warn!("atime update of inode {ino}: {e}");
+        }
+    }
+}
+
+impl BlockAllocator for FileSystem {
+    fn allocate(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Extent> {
+        match self.try_allocate(pool, sub_blocks, hint, what) {
+            Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
+                // Space freed by changes not yet durable comes back after a commit.
+                self.sync()?;
+                self.try_allocate(pool, sub_blocks, hint, what)
+            }
+            other => other,
+        }
+    }
+
+    fn abandon(&self, extent: Extent) {
+        let mut m = self.meta.lock();
+        if m.unlogged.remove(&extent) {
+            let _ = m.alloc.free(extent);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use tessera_drive::{BlockDevice, FileDrive};
+    use tessera_nsd::descriptor::{write_descriptor, NsdDescriptor};
+    use tessera_nsd::{DiskUsage, NsdId};
+
+    use super::*;
+    use crate::format::{format, DiskSpec, FormatOptions};
+    use crate::inode::ROOT_INO;
+    use crate::namespace::Caller;
+
+    const DISK_BYTES: u64 = 64 << 20;
+
+    fn mounted(dir: &Path) -> Arc<FileSystem> {
+        let mut disks: Vec<(NsdId, Arc<dyn BlockDevice>)> = Vec::new();
+        let mut specs = Vec::new();
+        for i in 0..2 {
+            let path = dir.join(format!("d{i}"));
+            std::fs::File::create(&path)
+                .unwrap()
+                .set_len(DISK_BYTES)
+                .unwrap();
+            let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
+            let id = NsdId::random();
+            let nd = NsdDescriptor {
+                id,
+                name: format!("nsd{i}"),
+                device_bytes: DISK_BYTES,
+                created_unix: 0,
+                cluster_id: [0; 16],
+            };
+            write_descriptor(dev.as_ref(), &nd).unwrap();
+            specs.push(DiskSpec {
+                nsd_name: format!("nsd{i}"),
+                nsd_id: id,
+                usage: DiskUsage::DataAndMetadata,
+                failure_group: i + 1,
+                pool: "system".into(),
+                device: dev.clone(),
+            });
+            disks.push((id, dev));
+        }
+        let opts = FormatOptions {
+            block_size: 256 << 10,
+            log_bytes: 4 << 20,
+            max_inodes: 1000,
+            ..Default::default()
+        };
+        format(specs, &opts, &mut |_| {}).unwrap();
+        FileSystem::mount(disks).unwrap()
+    }
+
+    fn create(fs: &FileSystem, name: &[u8]) -> crate::inode::Attr {
+        let root = Caller { uid: 0, gid: 0 };
+        fs.create_node(ROOT_INO, name, FileKind::Regular, 0o644, 0, root, None)
+            .unwrap()
+    }
+
+    #[test]
+    fn an_update_may_change_only_the_content_of_the_file_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = mounted(dir.path());
+        let (a, b) = (create(&fs, b"a"), create(&fs, b"b"));
+        let before = fs.getattr(a.ino).unwrap();
+
+        // A change of another file's content, sent as an update of `a`.
+        let other = Change::Inline {
+            ino: b.ino,
+            data: b"x".to_vec(),
+        };
+        let e = fs
+            .metanode()
+            .update(a.ino, FileUpdate::written(vec![other], 1))
+            .unwrap_err();
+        assert!(e.to_string().contains(&format!("inode {}", a.ino)), "{e}");
+        // A namespace change, which only the owner's own operations make.
+        let mut attr = before;
+        attr.uid = 1000;
+        let e = fs
+            .metanode()
+            .update(a.ino, FileUpdate::content(vec![Change::PutAttr(attr)]))
+            .unwrap_err();
+        assert!(matches!(e, FsError::Invalid(_)), "{e}");
+        // Content changes of a directory.
+        let e = fs
+            .metanode()
+            .update(ROOT_INO, FileUpdate::written(Vec::new(), 10))
+            .unwrap_err();
+        assert!(matches!(e, FsError::IsDir), "{e}");
+        // Nothing of the refused updates took effect.
+        assert_eq!(fs.getattr(a.ino).unwrap(), before);
+        assert_eq!(fs.getattr(b.ino).unwrap().size, 0);
+        fs.unmount().unwrap();
+    }
+
+    #[test]
+    fn sizes_merge_to_the_largest_a_writer_reached_and_truncate_sets_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = mounted(dir.path());
+        let f = create(&fs, b"f");
+        let m = fs.metanode();
+        // Two writers report out of order: the file ends where the farther one wrote.
+        m.update(f.ino, FileUpdate::written(Vec::new(), 300))
+            .unwrap();
+        m.update(f.ino, FileUpdate::written(Vec::new(), 100))
+            .unwrap();
+        assert_eq!(m.view(f.ino, 0..0).unwrap().attr.size, 300);
+        let shrink = FileUpdate {
+            changes: Vec::new(),
+            size: SizeUpdate::Exactly(50),
+            times: Times::Modified,
+        };
+        let lsn = m.update(f.ino, shrink).unwrap();
+        m.commit(lsn).unwrap();
+        assert_eq!(fs.getattr(f.ino).unwrap().size, 50);
+        // An update with nothing to change logs nothing.
+        assert_eq!(m.update(f.ino, FileUpdate::content(Vec::new())).unwrap(), 0);
+        fs.unmount().unwrap();
+    }
+}
