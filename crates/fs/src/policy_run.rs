@@ -5,7 +5,8 @@
 //! however many links it has) gives every regular file's attributes; each file goes to the
 //! first management rule whose FROM POOL it is in and whose WHERE it matches, as in GPFS.
 //! A rule with `THRESHOLD(high, low)` runs only when its pool is at least `high` percent
-//! full, and takes its files in decreasing WEIGHT until the pool would be down to `low`.
+//! full, and takes its files in decreasing WEIGHT until the pool would be down to `low`; a
+//! MIGRATE with `LIMIT(pct)` moves no file that would fill its target past `pct` percent.
 //! Then, unless only testing, the chosen files are acted on, in rule order:
 //!
 //! - **MIGRATE**: the file's pool becomes the target (`Change::SetPool`, logged), then its
@@ -224,6 +225,36 @@ impl FileSystem {
                         }
                         files.truncate(keep);
                     }
+                }
+            }
+            if let Action::Migrate {
+                to,
+                limit: Some(limit),
+                ..
+            } = &rule.action
+            {
+                // LIMIT(pct): no file goes to a pool it would fill past pct, as in GPFS.
+                // Files go in decreasing WEIGHT and the first that does not fit ends the
+                // rule's list, so a lighter file never takes the room of a heavier one.
+                files.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+                let (used, total) = used_kb.get(to).copied().unwrap_or((0, 0));
+                let room = total * u64::from(*limit) / 100;
+                let mut filled = used;
+                let fit = files
+                    .iter()
+                    .take_while(|c| {
+                        filled += c.kb;
+                        filled <= room
+                    })
+                    .count();
+                let held = files.len() - fit;
+                files.truncate(fit);
+                if held > 0 {
+                    note = Some(format!(
+                        "{held} file(s) left where they are: pool '{to}' would be fuller than \
+                         LIMIT({limit}) ({}% full now)",
+                        (used * 100).checked_div(total).unwrap_or(0)
+                    ));
                 }
             }
             if let Action::Migrate { to, .. } = &rule.action {

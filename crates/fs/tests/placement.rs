@@ -529,6 +529,57 @@ fn a_threshold_takes_the_heaviest_files_and_only_above_its_high_mark() {
     fs.unmount().unwrap();
 }
 
+#[test]
+fn a_migrate_limit_keeps_the_target_pool_below_it() {
+    use tessera_fs::policy_run::ApplyMode;
+    let t = two_pools(true);
+    let fs = mount(&t);
+    let files = tree(&fs);
+    let slow_pct = |fs: &tessera_fs::FileSystem| {
+        let df = fs.df();
+        let p = df.pools.iter().find(|p| p.pool == "slow").unwrap();
+        let used = p.size_bytes - p.free_full_block_bytes - p.free_fragment_bytes;
+        (used * 100 / p.size_bytes, used, p.size_bytes)
+    };
+    let (pct, used, size) = slow_pct(&fs);
+    let bigs: Vec<(tessera_fs::Ino, usize)> = files
+        .iter()
+        .filter(|(n, _)| n.contains("big"))
+        .map(|(_, (ino, data))| (*ino, data.len()))
+        .collect();
+    let all_kb: u64 = bigs.iter().map(|(_, n)| *n as u64 / 1024).sum();
+    // A limit with room for some of the big files but not all of them.
+    let limit = (used + all_kb * 1024 / 2) * 100 / size + 1;
+    assert!(
+        (used + all_kb * 1024) * 100 / size > limit,
+        "the pool is too big for this test: {pct}%, limit {limit}"
+    );
+    let rule = format!(
+        "RULE 'cold' MIGRATE FROM POOL 'system' WEIGHT(FILE_SIZE) TO POOL 'slow' \
+         LIMIT({limit}) WHERE NAME LIKE 'big%'"
+    );
+    let test = apply(&fs, &rule, ApplyMode::Test);
+    let note = test.rules[0].note.as_deref().unwrap();
+    assert!(note.contains(&format!("LIMIT({limit})")), "{note}");
+    assert!(test.rules[0].files >= 1 && (test.rules[0].files as usize) < bigs.len());
+
+    let report = apply(&fs, &rule, ApplyMode::Yes);
+    assert_eq!(report.migrated, test.rules[0].files, "{report:?}");
+    let (after, _, _) = slow_pct(&fs);
+    assert!(after <= limit, "slow is {after}% full past LIMIT({limit})");
+    // The heaviest went first.
+    let moved: Vec<(usize, bool)> = bigs
+        .iter()
+        .map(|(ino, n)| (*n, fs.file_pool_name(*ino).unwrap() == "slow"))
+        .collect();
+    let smallest_moved = moved.iter().filter(|b| b.1).map(|b| b.0).min().unwrap();
+    let largest_kept = moved.iter().filter(|b| !b.1).map(|b| b.0).max().unwrap();
+    assert!(smallest_moved >= largest_kept, "{moved:?}");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a limited migration");
+}
+
 /// `-I defer` changes pools only; `restripe -p` then moves the data. A crash at any write
 /// of a migration leaves every file whole, and `restripe -p` finishes what it left.
 #[test]
