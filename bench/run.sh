@@ -3,6 +3,7 @@
 #
 #   bench/run.sh [WORKDIR]            (as root; needs fio, xfsprogs, a C compiler)
 #   ROUNDS=N (default 3), KEEP=1 keeps WORKDIR (the drives and the XFS image) afterwards.
+#   TESSERA_BIN=BINARY measures that build instead of building target/release/tessera.
 #   BEFORE=BINARY: also measure another Tessera build (for example a release build of the
 #   commit before a change) in the same rounds on the same drive files, and add its results
 #   and the per-round this-build/BEFORE ratios to the table.
@@ -31,14 +32,14 @@ RAND_SECONDS=${RAND_SECONDS:-20}
 MD_FILES=${MD_FILES:-100000}
 BLOCK=${BLOCK:-4M}
 ROUNDS=${ROUNDS:-3}
-TESSERA=$ROOT/target/release/tessera
+TESSERA=$(readlink -f "${TESSERA_BIN:-$ROOT/target/release/tessera}")
 BEFORE=${BEFORE:+$(readlink -f "$BEFORE")}
 [ -z "$BEFORE" ] || [ -x "$BEFORE" ] || { echo "bench: BEFORE=$BEFORE is not an executable" >&2; exit 1; }
 
 for tool in fio mkfs.xfs losetup cc python3; do
     command -v $tool >/dev/null || { echo "bench: $tool is missing (apt-get install fio xfsprogs gcc)" >&2; exit 1; }
 done
-cargo build --release -p tessera >&2
+[ -n "${TESSERA_BIN:-}" ] || cargo build --release -p tessera >&2
 mkdir -p "$(dirname "$WORK")"
 MDBENCH=$WORK.mdbench
 cc -O2 -o "$MDBENCH" bench/mdbench.c
