@@ -62,7 +62,7 @@ impl Default for FormatOptions {
             shard_count: 8,
             default_mount_point: "/gpfs/fs1".into(),
             automount: true,
-            atime: AtimeMode::Update,
+            atime: AtimeMode::Relatime,
             exact_mtime: true,
             estimated_nodes: 32,
             max_metadata_replicas: 2,

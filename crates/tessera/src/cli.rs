@@ -972,8 +972,9 @@ pub struct FsCreateArgs {
     /// Mount automatically when the daemon starts: yes or no.
     #[arg(short = 'A', default_value = "yes")]
     pub automount: String,
-    /// Suppress atime: yes, no or relatime.
-    #[arg(short = 'S', default_value = "no")]
+    /// Suppress atime: yes, no or relatime (the default, as in GPFS since 5.0: atime moves
+    /// when it is older than mtime or ctime, or a day old).
+    #[arg(short = 'S', default_value = "relatime")]
     pub suppress_atime: String,
     /// Exact mtime: yes or no.
     #[arg(short = 'E', default_value = "yes")]
