@@ -701,13 +701,11 @@ impl FileSystem {
         let view = self.metanode().view(ino, 0..0)?;
         let mut changes = Vec::new();
         match view.content {
-            Content::Inline(d) => {
-                if (size as usize) < d.len() {
-                    changes.push(Change::Inline {
-                        ino,
-                        data: d[..size as usize].to_vec(),
-                    });
-                }
+            Content::Inline(d) if (size as usize) < d.len() => {
+                changes.push(Change::Inline {
+                    ino,
+                    data: d[..size as usize].to_vec(),
+                });
             }
             Content::Blocks(_) if size < view.attr.size => {
                 changes.push(Change::Truncate {

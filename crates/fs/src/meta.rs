@@ -504,12 +504,6 @@ impl MetaState {
         })
     }
 
-    /// Block `index` of a file's block map.
-    pub fn block(&mut self, ino: Ino, index: u64) -> FsResult<Option<BlockRef>> {
-        let (t, store) = self.shard_for(ino);
-        t.block(store, ino, index)
-    }
-
     /// The mapped blocks of a file with indexes in `range`, in index order.
     pub fn blocks(
         &mut self,

@@ -24,7 +24,7 @@
 
 use std::ops::Range;
 
-use tessera_alloc::{BlockHint, Extent, PoolId};
+use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
 use tessera_journal::Lsn;
 
 use crate::error::FsResult;
@@ -148,6 +148,18 @@ pub(crate) trait BlockAllocator: Send + Sync {
         pool: PoolId,
         sub_blocks: u32,
         hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Extent>;
+
+    /// Like [`BlockAllocator::allocate`], on the disks `allowed` accepts only, for data a
+    /// restripe moves. The metadata reserve is not checked: the move gives back the extent
+    /// it replaces.
+    fn allocate_on(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        allowed: &dyn Fn(DiskIndex) -> bool,
         what: &'static str,
     ) -> FsResult<Extent>;
 

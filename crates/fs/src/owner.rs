@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use tessera_alloc::{AllocKind, BlockHint, Extent, PoolId};
+use tessera_alloc::{AllocKind, BlockHint, DiskIndex, Extent, PoolId};
 use tessera_journal::Lsn;
 
 use crate::descriptor::AtimeMode;
@@ -205,6 +205,26 @@ impl BlockAllocator for FileSystem {
             }
             other => other,
         }
+    }
+
+    fn allocate_on(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        allowed: &dyn Fn(DiskIndex) -> bool,
+        what: &'static str,
+    ) -> FsResult<Extent> {
+        let mut m = self.meta.lock();
+        let extent = if sub_blocks == self.geo.sub_blocks_per_block {
+            m.alloc.alloc_block_on(pool, AllocKind::Data, hint, allowed)
+        } else {
+            m.alloc
+                .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, hint.prev, allowed)
+        }
+        .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), what))?;
+        m.unlogged.insert(extent);
+        Ok(extent)
     }
 
     fn abandon(&self, extent: Extent) {

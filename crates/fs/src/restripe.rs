@@ -33,6 +33,7 @@ use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode::{BlockRef, Ino};
 use crate::meta::Change;
+use crate::metanode::FileUpdate;
 use crate::prefetch::SectorState;
 use crate::shard_tree::Item;
 
@@ -599,52 +600,47 @@ impl FileSystem {
         seen: &BlockRef,
         accepts: &dyn Fn(DiskIndex) -> bool,
     ) -> FsResult<Moved> {
+        // The block moves like a write by the data path: under the file's lock, through
+        // the metanode interface (a view, an extent, an update mapping the copy).
         let _file = self.inode_lock(ino).write();
         let _stale = self.prefetch.invalidate_after(ino);
-        let per = self.geo.sub_blocks_per_block;
-        let (current, to) = {
-            let mut m = self.meta.lock();
-            let current = match m.state.block(ino, index) {
-                Ok(Some(b)) if b.extent == seen.extent => b,
-                Ok(_) | Err(FsError::NotFound) => return Ok(Moved::Changed),
-                Err(e) => return Err(e),
-            };
-            let pool = self.file_pool(&mut m, ino)?;
-            let sub_blocks = current.extent.sub_blocks;
-            let to = if sub_blocks == per {
-                let hint = BlockHint {
-                    file_key: ino,
-                    block_index: index,
-                    prev: None,
-                };
-                m.alloc.alloc_block_on(pool, AllocKind::Data, hint, accepts)
-            } else {
-                m.alloc
-                    .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, None, accepts)
-            }
-            .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), "moved file data"))?;
-            m.unlogged.insert(to);
-            (current, to)
+        let view = match self.metanode().view(ino, index..index + 1) {
+            Ok(v) => v,
+            Err(FsError::NotFound) => return Ok(Moved::Changed),
+            Err(e) => return Err(e),
         };
-        match self.copy_block(ino, &current, to) {
-            Ok((copy, bytes)) => {
-                let mut m = self.meta.lock();
-                m.unlogged.remove(&to);
-                self.log(
-                    &mut m,
-                    vec![Change::MapBlock {
-                        ino,
-                        index,
-                        block: copy,
-                    }],
-                )?;
-                Ok(Moved::To(to, bytes))
-            }
+        let current = match view.block(index) {
+            Some(b) if b.extent == seen.extent => b.clone(),
+            _ => return Ok(Moved::Changed),
+        };
+        let hint = BlockHint {
+            file_key: ino,
+            block_index: index,
+            prev: None,
+        };
+        let to = self.allocator().allocate_on(
+            view.pool,
+            current.extent.sub_blocks,
+            hint,
+            accepts,
+            "moved file data",
+        )?;
+        let moved = self
+            .copy_block(ino, &current, to)
+            .and_then(|(copy, bytes)| {
+                let map = Change::MapBlock {
+                    ino,
+                    index,
+                    block: copy,
+                };
+                self.metanode()
+                    .update(ino, FileUpdate::content(vec![map]))?;
+                Ok(bytes)
+            });
+        match moved {
+            Ok(bytes) => Ok(Moved::To(to, bytes)),
             Err(e) => {
-                let mut m = self.meta.lock();
-                if m.unlogged.remove(&to) {
-                    let _ = m.alloc.free(to);
-                }
+                self.allocator().abandon(to);
                 Err(e)
             }
         }
