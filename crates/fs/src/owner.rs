@@ -72,14 +72,27 @@ impl FileSystem {
     ) -> FsResult<Extent> {
         let mut m = self.meta.lock();
         self.keep_metadata_reserve(&m, pool, sub_blocks, what)?;
+        self.take_extent(&mut m, pool, sub_blocks, hint, &|_| true, what)
+    }
+
+    /// A block (or a fragment of `sub_blocks`) of data space on a disk `allowed` accepts,
+    /// held as the caller's alone until an update maps it (see `Meta::unlogged`).
+    fn take_extent(
+        &self,
+        m: &mut Meta,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        allowed: &dyn Fn(DiskIndex) -> bool,
+        what: &'static str,
+    ) -> FsResult<Extent> {
         let extent = if sub_blocks == self.geo.sub_blocks_per_block {
-            m.alloc.alloc_block(pool, AllocKind::Data, hint)
+            m.alloc.alloc_block_on(pool, AllocKind::Data, hint, allowed)
         } else {
             m.alloc
-                .alloc_fragment(pool, AllocKind::Data, sub_blocks, hint.prev)
+                .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, hint.prev, allowed)
         }
         .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), what))?;
-        // Until an update maps it, the extent is the caller's alone (see `Meta::unlogged`).
         m.unlogged.insert(extent);
         Ok(extent)
     }
@@ -216,15 +229,7 @@ impl BlockAllocator for FileSystem {
         what: &'static str,
     ) -> FsResult<Extent> {
         let mut m = self.meta.lock();
-        let extent = if sub_blocks == self.geo.sub_blocks_per_block {
-            m.alloc.alloc_block_on(pool, AllocKind::Data, hint, allowed)
-        } else {
-            m.alloc
-                .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, hint.prev, allowed)
-        }
-        .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), what))?;
-        m.unlogged.insert(extent);
-        Ok(extent)
+        self.take_extent(&mut m, pool, sub_blocks, hint, allowed, what)
     }
 
     fn abandon(&self, extent: Extent) {
