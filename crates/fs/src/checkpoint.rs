@@ -151,6 +151,7 @@ pub(crate) fn prepare(
 ) -> FsResult<Prepared> {
     let subs = desc.checkpoint.page_bytes / desc.sub_block_size;
     state.write_headers()?;
+    state.unsettled_into_tree()?;
     let (store, mut trees) = state.trees_mut();
     let cp = store
         .checkpoint(&mut trees, &mut |n| {

@@ -451,13 +451,11 @@ impl FileSystem {
     ) -> FsResult<BlockPlan> {
         let bs = self.geo.block_bytes;
         let per = self.geo.sub_blocks_per_block;
-        let view = self.metanode().view(ino, b.saturating_sub(1)..b + 1)?;
+        // Just this block: an in-place write (the common random write) needs nothing else,
+        // and each block reference handed out is a 4 KiB copy.
+        let view = self.metanode().view(ino, b..b + 1)?;
         let attr = &view.attr;
         let current = view.block(b).cloned();
-        let prev = b
-            .checked_sub(1)
-            .and_then(|p| view.block(p))
-            .map(|r| r.extent.addr);
         let size_after = attr.size.max(b * bs + off + len);
         // Only a file that fits in one block gets a fragment (GPFS keeps the last block of
         // small files in sub-blocks); everything else uses whole blocks.
@@ -482,6 +480,15 @@ impl FileSystem {
         if !exclusive {
             return Ok(BlockPlan::NeedsExclusive);
         }
+        // A new extent goes after the previous block's, where it can.
+        let prev = match b.checked_sub(1) {
+            Some(p) => self
+                .metanode()
+                .view(ino, p..b)?
+                .block(p)
+                .map(|r| r.extent.addr),
+            None => None,
+        };
         let hint = BlockHint {
             file_key: ino,
             block_index: b,

@@ -3,7 +3,7 @@
 //! Mount applies the same records in the same order after loading the checkpoint, so live
 //! state and recovered state come from one function and cannot drift apart.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -147,12 +147,24 @@ pub struct MetaState {
     /// The last directory probe, valid until the next change: an operation looks a name up
     /// in its permission check, again to act, and once more when its change is applied.
     dir_memo: Option<(Ino, Vec<u8>, DirProbe)>,
+    /// Pending alternatives of in-place writes (see [`Change::Sectors`]) kept beside the
+    /// tree rather than in it, until they settle or a checkpoint moves them into the tree.
+    /// Nearly every in-place write settles within milliseconds: stored in the block's
+    /// reference, each would grow and then shrink that 4 KiB item, moving its leaf's bytes
+    /// twice and writing the reference back twice per write. A block's pending
+    /// alternatives are those of its reference and these together, a sector in one of them
+    /// at most; [`MetaState::blocks`] hands out the two merged.
+    unsettled: HashMap<(Ino, u64), BTreeMap<u32, Alternative>>,
 }
 
 /// Inode records cached by default (`maxFilesToCache`).
 pub const DEFAULT_INODE_CACHE: usize = 50_000;
 /// Attribute-only entries cached by default (`maxStatCache`).
 pub const DEFAULT_STAT_CACHE: usize = 100_000;
+
+fn missing_block(ino: Ino, index: u64) -> FsError {
+    corrupt(format!("inode {ino} has no block {index}"))
+}
 
 fn corrupt(what: String) -> FsError {
     FsError::Corrupt(what)
@@ -188,6 +200,7 @@ impl MetaState {
             stat_cache_max: DEFAULT_STAT_CACHE,
             fresh: FxHashSet::default(),
             dir_memo: None,
+            unsettled: HashMap::new(),
         }
     }
 
@@ -272,12 +285,7 @@ impl MetaState {
 
     /// The shards of a checkpoint, from their root pages.
     pub fn open(mut store: MetaStore, roots: &[PagePtr]) -> FsResult<MetaState> {
-        let shards: Vec<ShardTree> = roots
-            .iter()
-            .map(|r| ShardTree {
-                tree: Tree::on_disk(*r),
-            })
-            .collect();
+        let shards: Vec<ShardTree> = roots.iter().map(|r| ShardTree::on_disk(*r)).collect();
         let headers = shards
             .iter()
             .map(|t| t.header(&mut store))
@@ -515,10 +523,41 @@ impl MetaState {
         }
         let limit = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
         let (t, store) = self.shard_for(ino);
-        Ok(t.blocks(store, ino, range.start, limit)?
+        let mut blocks: Vec<(u64, BlockRef)> = t
+            .blocks(store, ino, range.start, limit)?
             .into_iter()
             .take_while(|(i, _)| *i < range.end)
-            .collect())
+            .collect();
+        if !self.unsettled.is_empty() {
+            for (index, b) in &mut blocks {
+                if let Some(u) = self.unsettled.get(&(ino, *index)) {
+                    b.pending.extend(u.iter().map(|(s, a)| (*s, *a)));
+                }
+            }
+        }
+        Ok(blocks)
+    }
+
+    /// Moves the pending alternatives kept beside the tree into their blocks' references,
+    /// so that a checkpoint holds them (a crash after it replays no `Sectors` to rebuild
+    /// them). Called under the metadata lock as the checkpoint is prepared.
+    pub(crate) fn unsettled_into_tree(&mut self) -> FsResult<()> {
+        for ((ino, index), alternatives) in std::mem::take(&mut self.unsettled) {
+            let s = self.shard_of(ino);
+            self.shards[s].modify_block(&mut self.store, ino, index, |b| {
+                b.pending.extend(alternatives);
+                Ok(true)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the pending alternatives kept beside the tree for blocks of `ino` at or past
+    /// `from` (blocks unmapped or replaced).
+    fn forget_unsettled(&mut self, ino: Ino, from: u64) {
+        if !self.unsettled.is_empty() {
+            self.unsettled.retain(|(i, x), _| *i != ino || *x < from);
+        }
     }
 
     /// Sub-blocks held by a file's block map (st_blocks).
@@ -651,6 +690,7 @@ impl MetaState {
                 let mut allocated = self.blocks_content(&mut rec)?;
                 let (t, store) = self.shard_for(*ino);
                 let old = t.put_block(store, *ino, *index, block)?;
+                self.unsettled.remove(&(*ino, *index));
                 allocated += u64::from(block.extent.sub_blocks);
                 if let Some(old) = old {
                     allocated -= u64::from(old.extent.sub_blocks);
@@ -670,29 +710,42 @@ impl MetaState {
                 crcs,
                 in_place,
             } => {
-                let mut b = self.must_block(*ino, *index)?;
-                let end = *first as usize + crcs.len();
-                if end > b.sectors() {
-                    return Err(corrupt(format!(
-                        "log writes past block {index} of inode {ino}"
-                    )));
-                }
-                for (i, crc) in crcs.iter().enumerate() {
-                    let s = *first as usize + i;
-                    if *in_place {
-                        let before = if b.is_unwritten(s) {
-                            Alternative::Unwritten
-                        } else {
-                            Alternative::Crc(b.crcs[s])
-                        };
-                        if before != Alternative::Crc(*crc) {
-                            b.pending.insert(s as u32, before);
-                        }
+                let s = self.shard_of(*ino);
+                let unsettled = &mut self.unsettled;
+                let found = self.shards[s].modify_block(&mut self.store, *ino, *index, |b| {
+                    let end = *first as usize + crcs.len();
+                    if end > b.sectors() {
+                        return Err(corrupt(format!(
+                            "log writes past block {index} of inode {ino}"
+                        )));
                     }
-                    b.set_written(s, *crc);
+                    for (i, crc) in crcs.iter().enumerate() {
+                        let s = *first as usize + i;
+                        if *in_place {
+                            let before = if b.is_unwritten(s) {
+                                Alternative::Unwritten
+                            } else {
+                                Alternative::Crc(b.crcs[s])
+                            };
+                            if before != Alternative::Crc(*crc) {
+                                let s = s as u32;
+                                if let Some(in_tree) = b.pending.get_mut(&s) {
+                                    *in_tree = before;
+                                } else {
+                                    unsettled
+                                        .entry((*ino, *index))
+                                        .or_default()
+                                        .insert(s, before);
+                                }
+                            }
+                        }
+                        b.set_written(s, *crc);
+                    }
+                    Ok(true)
+                })?;
+                if found.is_none() {
+                    return Err(missing_block(*ino, *index));
                 }
-                let (t, store) = self.shard_for(*ino);
-                t.replace_block(store, *ino, *index, &b)?;
             }
             Change::Settle {
                 ino,
@@ -700,16 +753,24 @@ impl MetaState {
                 first,
                 count,
             } => {
+                if let Some(u) = self.unsettled.get_mut(&(*ino, *index)) {
+                    for s in *first..first + count {
+                        u.remove(&s);
+                    }
+                    if u.is_empty() {
+                        self.unsettled.remove(&(*ino, *index));
+                    }
+                }
+                // A checkpoint may have moved some into the reference (or the mount found
+                // them there): changed only if so.
                 let (t, store) = self.shard_for(*ino);
-                if let Some(mut b) = t.block(store, *ino, *index)? {
+                t.modify_block(store, *ino, *index, |b| {
                     let before = b.pending.len();
                     for s in *first..first + count {
                         b.pending.remove(&s);
                     }
-                    if b.pending.len() != before {
-                        t.replace_block(store, *ino, *index, &b)?;
-                    }
-                }
+                    Ok(b.pending.len() != before)
+                })?;
             }
             Change::Revert {
                 ino,
@@ -717,20 +778,30 @@ impl MetaState {
                 sector,
                 to,
             } => {
-                let mut b = self.must_block(*ino, *index)?;
-                let s = *sector as usize;
-                if s >= b.sectors() {
-                    return Err(corrupt(format!(
-                        "log reverts sector {s} past block {index} of inode {ino}"
-                    )));
+                if let Some(u) = self.unsettled.get_mut(&(*ino, *index)) {
+                    u.remove(sector);
+                    if u.is_empty() {
+                        self.unsettled.remove(&(*ino, *index));
+                    }
                 }
-                match to {
-                    crate::inode::Alternative::Crc(crc) => b.set_written(s, *crc),
-                    crate::inode::Alternative::Unwritten => b.set_unwritten(s),
-                }
-                b.pending.remove(sector);
                 let (t, store) = self.shard_for(*ino);
-                t.replace_block(store, *ino, *index, &b)?;
+                let found = t.modify_block(store, *ino, *index, |b| {
+                    let s = *sector as usize;
+                    if s >= b.sectors() {
+                        return Err(corrupt(format!(
+                            "log reverts sector {s} past block {index} of inode {ino}"
+                        )));
+                    }
+                    match to {
+                        crate::inode::Alternative::Crc(crc) => b.set_written(s, *crc),
+                        crate::inode::Alternative::Unwritten => b.set_unwritten(s),
+                    }
+                    b.pending.remove(sector);
+                    Ok(true)
+                })?;
+                if found.is_none() {
+                    return Err(missing_block(*ino, *index));
+                }
             }
             Change::Truncate {
                 ino,
@@ -738,6 +809,7 @@ impl MetaState {
                 block_size,
             } => self.truncate(*ino, *size, *block_size, &mut freed)?,
             Change::Unmap { ino, index } => {
+                self.unsettled.remove(&(*ino, *index));
                 let mut rec = self.must(*ino)?;
                 let mut allocated = self.blocks_content(&mut rec)?;
                 let (t, store) = self.shard_for(*ino);
@@ -779,6 +851,7 @@ impl MetaState {
                     .map_err(|_| corrupt(format!("log frees missing inode {ino}")))?;
                 let s = self.shard_of(*ino);
                 self.cache_record(*ino, None);
+                self.forget_unsettled(*ino, 0);
                 // Only a block map, a directory's entries or extended attributes put items
                 // under an inode besides its record.
                 let alone = !rec.xattrs
@@ -807,12 +880,6 @@ impl MetaState {
         Ok(rec)
     }
 
-    fn must_block(&mut self, ino: Ino, index: u64) -> FsResult<BlockRef> {
-        let (t, store) = self.shard_for(ino);
-        t.block(store, ino, index)?
-            .ok_or_else(|| corrupt(format!("inode {ino} has no block {index}")))
-    }
-
     /// The sub-blocks a file's block map holds; the first mapped block replaces inline data
     /// (the writer copied the inline bytes into that block before logging the change).
     fn blocks_content(&mut self, rec: &mut InodeRecord) -> FsResult<u64> {
@@ -827,6 +894,7 @@ impl MetaState {
 
     /// Unmaps every block at or past `from`; returns the sub-blocks they held.
     fn free_blocks_from(&mut self, ino: Ino, from: u64, freed: &mut Vec<Extent>) -> FsResult<u64> {
+        self.forget_unsettled(ino, from);
         let (t, store) = self.shard_for(ino);
         let mut released = 0;
         loop {
@@ -868,6 +936,13 @@ impl MetaState {
                             b.pending.remove(&(s as u32));
                         }
                         t.put_block(store, ino, size / block_size, &b)?;
+                        let boundary = (ino, size / block_size);
+                        if let Some(u) = self.unsettled.get_mut(&boundary) {
+                            u.retain(|s, _| u64::from(*s) < first_gone);
+                            if u.is_empty() {
+                                self.unsettled.remove(&boundary);
+                            }
+                        }
                     }
                 }
                 let (t, store) = self.shard_for(ino);

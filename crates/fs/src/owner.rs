@@ -251,7 +251,7 @@ mod tests {
 
     use super::*;
     use crate::format::{format, DiskSpec, FormatOptions};
-    use crate::inode::ROOT_INO;
+    use crate::inode::{Alternative, ROOT_INO};
     use crate::namespace::Caller;
 
     const DISK_BYTES: u64 = 64 << 20;
@@ -360,6 +360,96 @@ mod tests {
         assert_eq!(fs.getattr(f.ino).unwrap().size, 50);
         // An update with nothing to change logs nothing.
         assert_eq!(m.update(f.ino, FileUpdate::content(Vec::new())).unwrap(), 0);
+        fs.unmount().unwrap();
+    }
+
+    /// An in-place write's pending alternative stays beside the block's reference until it
+    /// settles, is handed out with the reference all the while, and goes into the reference
+    /// when a checkpoint comes first (a crash after that checkpoint replays no `Sectors`).
+    #[test]
+    fn pending_alternatives_reach_the_tree_only_through_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = mounted(dir.path());
+        let f = create(&fs, b"f");
+        fs.write(f.ino, 0, &vec![7u8; 64 << 10], false).unwrap();
+        fs.sync().unwrap();
+        let in_tree = |fs: &FileSystem| {
+            let mut m = fs.meta.lock();
+            let s = m.state.shard_of(f.ino);
+            let state = &mut m.state;
+            let block = state.shards[s].block(&mut state.store, f.ino, 0).unwrap();
+            block.unwrap().pending
+        };
+        let handed_out = |fs: &FileSystem| {
+            fs.metanode()
+                .view(f.ino, 0..1)
+                .unwrap()
+                .block(0)
+                .unwrap()
+                .pending
+                .clone()
+        };
+        let before = handed_out(&fs);
+        assert!(before.is_empty());
+        let old_crc = fs
+            .metanode()
+            .view(f.ino, 0..1)
+            .unwrap()
+            .block(0)
+            .unwrap()
+            .crcs[2];
+        let sectors = |first: u32| Change::Sectors {
+            ino: f.ino,
+            index: 0,
+            first,
+            crcs: vec![0xdead_beef],
+            in_place: true,
+        };
+        let settle = |first: u32| Change::Settle {
+            ino: f.ino,
+            index: 0,
+            first,
+            count: 1,
+        };
+        let m = fs.metanode();
+
+        // Logged and settled before any checkpoint: the tree never sees it.
+        m.update(f.ino, FileUpdate::content(vec![sectors(2)]))
+            .unwrap();
+        let want = std::collections::BTreeMap::from([(2, Alternative::Crc(old_crc))]);
+        assert_eq!(handed_out(&fs), want);
+        assert!(in_tree(&fs).is_empty());
+        m.update(f.ino, FileUpdate::content(vec![settle(2)]))
+            .unwrap();
+        assert!(handed_out(&fs).is_empty());
+        assert!(in_tree(&fs).is_empty());
+
+        // A checkpoint between the two moves it into the reference; the settle takes it
+        // out of there.
+        let old_crc = fs
+            .metanode()
+            .view(f.ino, 0..1)
+            .unwrap()
+            .block(0)
+            .unwrap()
+            .crcs[5];
+        m.update(f.ino, FileUpdate::content(vec![sectors(5)]))
+            .unwrap();
+        fs.checkpoint().unwrap();
+        let want = std::collections::BTreeMap::from([(5, Alternative::Crc(old_crc))]);
+        assert_eq!(in_tree(&fs), want);
+        assert_eq!(handed_out(&fs), want);
+        m.update(f.ino, FileUpdate::content(vec![settle(5)]))
+            .unwrap();
+        assert!(in_tree(&fs).is_empty());
+        assert!(handed_out(&fs).is_empty());
+
+        // Truncating the file away drops what never settled.
+        m.update(f.ino, FileUpdate::content(vec![sectors(9)]))
+            .unwrap();
+        fs.truncate(f.ino, 0).unwrap();
+        fs.write(f.ino, 0, &vec![1u8; 64 << 10], false).unwrap();
+        assert!(handed_out(&fs).is_empty());
         fs.unmount().unwrap();
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use tessera_drive::{AlignedBuf, BlockDevice, FileDrive};
-use tessera_meta::{MetaStore, PageAddr, PageFormat, PagePtr, PageReader, Tree};
+use tessera_meta::{MetaStore, PageAddr, PageFormat, PagePtr, PageReader};
 
 use super::*;
 
@@ -318,7 +318,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn check(store: &mut MetaStore, t: &ShardTree, m: &Model) {
+fn check(store: &mut MetaStore, t: &mut ShardTree, m: &Model) {
     for (ino, rec) in &m.inodes {
         assert_eq!(t.inode(store, *ino).unwrap().as_ref(), Some(rec));
     }
@@ -506,20 +506,16 @@ fn run(ops: &[Op], cache_pages: usize) {
             }
             Op::Reopen => {
                 store = disk.store(cache_pages);
-                t = ShardTree {
-                    tree: Tree::on_disk(root),
-                };
+                t = ShardTree::on_disk(root);
                 m = durable.clone();
             }
         }
     }
-    check(&mut store, &t, &m);
+    check(&mut store, &mut t, &m);
     root = disk.checkpoint(&mut store, &mut t);
     let mut store = disk.store(cache_pages);
-    let t = ShardTree {
-        tree: Tree::on_disk(root),
-    };
-    check(&mut store, &t, &m);
+    let mut t = ShardTree::on_disk(root);
+    check(&mut store, &mut t, &m);
     assert_eq!(t.header(&mut store).unwrap().next_ino, 2);
 }
 
@@ -626,9 +622,7 @@ fn orphans_and_the_shard_header_survive_a_checkpoint() {
     .unwrap();
     let root = disk.checkpoint(&mut store, &mut t);
     let mut store = disk.store(4);
-    let t = ShardTree {
-        tree: Tree::on_disk(root),
-    };
+    let t = ShardTree::on_disk(root);
     assert_eq!(t.orphans(&mut store).unwrap(), vec![11, 27, 1 << 40]);
     assert_eq!(
         t.header(&mut store).unwrap(),

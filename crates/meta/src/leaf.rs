@@ -229,6 +229,12 @@ impl Leaf {
     /// Replaces entry `i`'s value; returns the old one.
     pub(crate) fn set_value(&mut self, i: usize, value: &[u8]) -> Vec<u8> {
         let old = self.value(i).to_vec();
+        self.replace_value(i, value);
+        old
+    }
+
+    /// [`Leaf::set_value`] without returning the old value.
+    pub(crate) fn replace_value(&mut self, i: usize, value: &[u8]) {
         let at = self.offsets[i] as usize;
         let klen = le16(&self.buf, at);
         let vlen = u16::try_from(value.len())
@@ -238,7 +244,6 @@ impl Leaf {
         let start = at + LEAF_ENTRY_OVERHEAD + klen;
         let end = self.end(i);
         self.splice(start..end, value, i + 1);
-        old
     }
 
     /// Removes entry `i`; returns its value.

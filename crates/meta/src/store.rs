@@ -346,15 +346,23 @@ impl MetaStore {
     }
 
     pub fn get(&mut self, tree: &Tree, key: &[u8]) -> MetaResult<Option<Vec<u8>>> {
+        self.get_with(tree, key, <[u8]>::to_vec)
+    }
+
+    /// `f` of the value of `key`, read in place (a decoder need not copy the bytes first).
+    pub fn get_with<R>(
+        &mut self,
+        tree: &Tree,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> MetaResult<Option<R>> {
         let key = &Probe::new(key);
         let mut child = tree.root;
         let mut level = None;
         loop {
             let node = self.node(child, level)?;
             match &*node {
-                Node::Leaf(leaf) => {
-                    return Ok(leaf.search(key).ok().map(|i| leaf.value(i).to_vec()))
-                }
+                Node::Leaf(leaf) => return Ok(leaf.search(key).ok().map(|i| f(leaf.value(i)))),
                 Node::Branch {
                     level: l,
                     keys,
@@ -374,6 +382,22 @@ impl MetaStore {
         key: &[u8],
         value: &[u8],
     ) -> MetaResult<Option<Vec<u8>>> {
+        self.insert_keeping(tree, key, value, true)
+    }
+
+    /// [`MetaStore::insert`] without copying out the value replaced (a large value rewritten
+    /// often, such as a block reference at every write into its block).
+    pub fn put(&mut self, tree: &mut Tree, key: &[u8], value: &[u8]) -> MetaResult<()> {
+        self.insert_keeping(tree, key, value, false).map(|_| ())
+    }
+
+    fn insert_keeping(
+        &mut self,
+        tree: &mut Tree,
+        key: &[u8],
+        value: &[u8],
+        keep_old: bool,
+    ) -> MetaResult<Option<Vec<u8>>> {
         let max = self.format.max_entry_bytes();
         if key.len() > page::MAX_KEY_BYTES || key.len() + value.len() > max {
             return Err(MetaError::EntryTooLarge {
@@ -384,7 +408,7 @@ impl MetaStore {
         }
         let root = self.make_dirty(tree.root, None)?;
         tree.root = Child::Dirty(root);
-        let (old, split) = self.insert_at(root, &Probe::new(key), value)?;
+        let (old, split) = self.insert_at(root, &Probe::new(key), value, keep_old)?;
         if let Some((sep, right)) = split {
             let level = self.dirty_node(root).level() + 1;
             let new_root = self.add_dirty(Node::Branch {
@@ -690,11 +714,16 @@ impl MetaStore {
         id: usize,
         key: &Probe,
         value: &[u8],
+        keep_old: bool,
     ) -> MetaResult<(Option<Vec<u8>>, Option<(Key, usize)>)> {
         let (i, cid) = match self.dirty_mut(id) {
             Node::Leaf(leaf) => {
                 let (old, appended) = match leaf.search(key) {
-                    Ok(i) => (Some(leaf.set_value(i, value)), false),
+                    Ok(i) if keep_old => (Some(leaf.set_value(i, value)), false),
+                    Ok(i) => {
+                        leaf.replace_value(i, value);
+                        (None, false)
+                    }
                     Err(i) => {
                         let appended = i == leaf.len();
                         leaf.insert(i, key.bytes, value);
@@ -710,7 +739,7 @@ impl MetaStore {
             }
             Node::Branch { .. } => self.dirty_child(id, key)?,
         };
-        let (old, split) = self.insert_at(cid, key, value)?;
+        let (old, split) = self.insert_at(cid, key, value, keep_old)?;
         let Node::Branch { keys, children, .. } = self.dirty_mut(id) else {
             unreachable!()
         };
