@@ -13,6 +13,10 @@
 #   TESSERA_BIN=PATH measures that binary instead of building target/release/tessera
 #   MOUNT_ONLY=1 measures only startup and mount, with MOUNT_SMALL and with BIG files
 #   SETTLE=10 seconds between the daemon's stop and its timed start (see restart_timed)
+#   COLD_UNLINK=1 drops the kernel's dentries and inodes between stat and unlink, on both
+#     file systems: the kernel cannot keep ten million dentries from the stat, so at BIG
+#     most unlinks need a lookup first (a FUSE round trip for Tessera) while at SMALL none
+#     does; cold, both sizes pay it and the ratio compares the file system alone
 #
 # Between create and stat each file system is unmounted and mounted again (Tessera: the
 # daemon is shut down and started, so stat runs from cold caches and mount reads what the
@@ -36,7 +40,21 @@ BLOCK=${BLOCK:-4M}
 PAGEPOOL=${PAGEPOOL:-}
 MAX_INODES=${MAX_INODES:-$((BIG + BIG / 5 + 10000))}
 TESSERA=${TESSERA_BIN:-$ROOT/target/release/tessera}
+COLD_UNLINK=${COLD_UNLINK:-0}
 export TESSERA_HOME=$WORK/home
+
+# stat_unlink DIR FILES DIRS: mdbench's stat and unlink lines (with COLD_UNLINK=1, the
+# kernel's dentry and inode caches are dropped in between).
+stat_unlink() {
+    if [ "$COLD_UNLINK" = 1 ]; then
+        "$MDBENCH" "$1" "$2" "$3" stat
+        sync
+        echo 2 >/proc/sys/vm/drop_caches
+        "$MDBENCH" "$1" "$2" "$3" unlink
+    else
+        "$MDBENCH" "$1" "$2" "$3" stat,unlink
+    fi
+}
 
 for tool in cc python3 fallocate; do
     command -v $tool >/dev/null || { echo "md_scale: $tool is missing" >&2; exit 1; }
@@ -112,7 +130,7 @@ tessera_run() {
     rss=$(kib VmHWM)
     restart_timed
     local rest
-    rest=$("$MDBENCH" "$WORK/t/mnt/md" "$files" "$dirs" stat,unlink)
+    rest=$(stat_unlink "$WORK/t/mnt/md" "$files" "$dirs")
     s=$(echo "$rest" | awk '$1 == "stat" {print $4}')
     u=$(echo "$rest" | awk '$1 == "unlink" {print $4}')
     local hwm
@@ -162,7 +180,7 @@ xfs_run() {
     t0=$(date +%s%N)
     mount "$LOOP" "$WORK/xfs"
     mount_ms=$(ms_since "$t0")
-    rest=$("$MDBENCH" "$WORK/xfs/md" "$files" "$dirs" stat,unlink)
+    rest=$(stat_unlink "$WORK/xfs/md" "$files" "$dirs")
     s=$(echo "$rest" | awk '$1 == "stat" {print $4}')
     u=$(echo "$rest" | awk '$1 == "unlink" {print $4}')
     umount "$WORK/xfs"

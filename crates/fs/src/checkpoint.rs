@@ -130,7 +130,7 @@ pub(crate) fn open_state(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> FsResult<
 /// A checkpoint whose pages have their places but are not written yet.
 pub(crate) struct Prepared {
     pub generation: u64,
-    pub pages: Vec<(PageAddr, Vec<u8>)>,
+    pub pages: Vec<tessera_meta::CheckpointPage>,
     pub roots: Vec<ShardRoot>,
     /// Pages of earlier checkpoints this one no longer reaches: free once it is durable.
     pub superseded: Vec<Extent>,
@@ -225,30 +225,24 @@ pub(crate) fn write_pages(
     // A page address is the disk in its top bits and the sub-block below: sorted, the pages
     // of a disk come together in the order of their places.
     let mut order: Vec<usize> = (0..prepared.pages.len()).collect();
-    order.sort_unstable_by_key(|&i| prepared.pages[i].0 .0);
+    order.sort_unstable_by_key(|&i| prepared.pages[i].addr.0);
     let batch_pages = (WRITE_BATCH_BYTES / page_bytes).max(1);
     let mut buf = AlignedBuf::zeroed(page_bytes * batch_pages.min(order.len().max(1)));
     let mut touched = vec![false; devices.len()];
     let mut rest = &order[..];
     while let Some(&first) = rest.first() {
-        let start = disk_addr(prepared.pages[first].0);
+        let start = disk_addr(prepared.pages[first].addr);
         let run = rest
             .iter()
             .take(batch_pages)
             .enumerate()
             .take_while(|&(k, &i)| {
-                let a = disk_addr(prepared.pages[i].0);
+                let a = disk_addr(prepared.pages[i].addr);
                 a.disk == start.disk && a.sub_block == start.sub_block + k as u64 * page_subs
             })
             .count();
         for (k, &i) in rest[..run].iter().enumerate() {
-            let bytes = &prepared.pages[i].1;
-            assert_eq!(
-                bytes.len(),
-                page_bytes,
-                "a checkpoint page is one page long"
-            );
-            buf[k * page_bytes..(k + 1) * page_bytes].copy_from_slice(bytes);
+            prepared.pages[i].encode(&mut buf[k * page_bytes..(k + 1) * page_bytes]);
         }
         devices[start.disk as usize].write_at(
             &buf[..run * page_bytes],

@@ -66,9 +66,12 @@ impl Disk {
                 Ok(v.into_iter().map(PageAddr).collect())
             })
             .unwrap();
-        for (addr, bytes) in &cp.pages {
+        for page in &cp.pages {
             self.drive
-                .write_at(&AlignedBuf::from_slice(bytes), addr.0 * PAGE as u64)
+                .write_at(
+                    &AlignedBuf::from_slice(&page.bytes()),
+                    page.addr.0 * PAGE as u64,
+                )
                 .unwrap();
         }
         self.drive.flush().unwrap();

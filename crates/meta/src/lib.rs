@@ -34,7 +34,7 @@ pub mod page;
 mod store;
 
 pub use page::{PageFormat, PagePtr};
-pub use store::{Checkpoint, MetaStore, PageReader, StoreStats, Tree};
+pub use store::{Checkpoint, CheckpointPage, MetaStore, PageReader, StoreStats, Tree};
 
 /// Address of a metadata page, opaque to this crate (the file system encodes a disk index
 /// and a sub-block number in it).

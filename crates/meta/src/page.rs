@@ -159,23 +159,12 @@ pub(crate) fn encode(
     addr: PageAddr,
     page: &mut [u8],
 ) -> PagePtr {
-    assert_eq!(page.len(), format.page_bytes);
-    page.fill(0);
-    let mut at = HEADER_BYTES;
-    let (kind, level, entries) = match node {
-        Decoded::Leaf(leaf) => {
-            // A leaf in memory is its page payload already.
-            let payload = leaf.payload();
-            assert!(
-                at + payload.len() <= format.page_bytes,
-                "leaf of {} bytes encoded into a page",
-                at + payload.len()
-            );
-            page[at..at + payload.len()].copy_from_slice(payload);
-            at += payload.len();
-            (KIND_LEAF, 0u8, leaf.len())
-        }
+    match node {
+        Decoded::Leaf(leaf) => encode_leaf(format, leaf, generation, addr, page),
         Decoded::Branch { level, first, seps } => {
+            assert_eq!(page.len(), format.page_bytes);
+            page.fill(0);
+            let mut at = HEADER_BYTES;
             page[at..at + PTR_BYTES].copy_from_slice(&first.to_bytes());
             at += PTR_BYTES;
             for (k, child) in seps {
@@ -186,19 +175,67 @@ pub(crate) fn encode(
                 page[at..at + PTR_BYTES].copy_from_slice(&child.to_bytes());
                 at += PTR_BYTES;
             }
-            (KIND_BRANCH, *level, seps.len())
+            assert!(
+                at <= format.page_bytes,
+                "node of {at} bytes encoded into a page"
+            );
+            seal(
+                format,
+                page,
+                (KIND_BRANCH, *level, seps.len()),
+                at,
+                generation,
+                addr,
+            )
         }
-    };
+    }
+}
+
+/// [`encode`] of a leaf, without a copy of it first.
+pub(crate) fn encode_leaf(
+    format: &PageFormat,
+    leaf: &Leaf,
+    generation: u64,
+    addr: PageAddr,
+    page: &mut [u8],
+) -> PagePtr {
+    assert_eq!(page.len(), format.page_bytes);
+    let at = HEADER_BYTES;
+    // A leaf in memory is its page payload already.
+    let payload = leaf.payload();
     assert!(
-        at <= format.page_bytes,
-        "node of {at} bytes encoded into a page"
+        at + payload.len() <= format.page_bytes,
+        "leaf of {} bytes encoded into a page",
+        at + payload.len()
     );
+    page[..at].fill(0);
+    page[at..at + payload.len()].copy_from_slice(payload);
+    page[at + payload.len()..].fill(0);
+    seal(
+        format,
+        page,
+        (KIND_LEAF, 0, leaf.len()),
+        at + payload.len(),
+        generation,
+        addr,
+    )
+}
+
+/// Writes the header of a page whose payload ends at `end` and returns its pointer.
+fn seal(
+    format: &PageFormat,
+    page: &mut [u8],
+    (kind, level, entries): (u8, u8, usize),
+    end: usize,
+    generation: u64,
+    addr: PageAddr,
+) -> PagePtr {
     page[0..4].copy_from_slice(&MAGIC);
     page[8] = VERSION;
     page[9] = kind;
     page[10] = level;
     page[12..14].copy_from_slice(&(entries as u16).to_le_bytes());
-    page[16..20].copy_from_slice(&((at - HEADER_BYTES) as u32).to_le_bytes());
+    page[16..20].copy_from_slice(&((end - HEADER_BYTES) as u32).to_le_bytes());
     page[20..24].copy_from_slice(&(format.page_bytes as u32).to_le_bytes());
     page[24..32].copy_from_slice(&format.owner.to_le_bytes());
     page[32..40].copy_from_slice(&generation.to_le_bytes());

@@ -203,10 +203,13 @@ fn damaged_and_stale_pages_are_errors_that_name_the_page() {
         })
         .unwrap();
     // Write every page of the checkpoint except the new leaf: its write is "lost".
-    for (addr, bytes) in &cp.pages {
-        if *addr != victim {
-            file.write_at(&AlignedBuf::from_slice(bytes), addr.0 * PAGE as u64)
-                .unwrap();
+    for page in &cp.pages {
+        if page.addr != victim {
+            file.write_at(
+                &AlignedBuf::from_slice(&page.bytes()),
+                page.addr.0 * PAGE as u64,
+            )
+            .unwrap();
         }
     }
     let mut h4 = Harness::new(file.clone(), PAGE, 4);

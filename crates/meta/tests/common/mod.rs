@@ -127,9 +127,10 @@ impl Harness {
         })
     }
 
-    pub fn write(&mut self, pages: &[(PageAddr, Vec<u8>)]) {
-        for (addr, bytes) in pages {
-            let buf = AlignedBuf::from_slice(bytes);
+    pub fn write(&mut self, pages: &[tessera_meta::CheckpointPage]) {
+        for page in pages {
+            let addr = page.addr;
+            let buf = AlignedBuf::from_slice(&page.bytes());
             self.drive
                 .write_at(&buf, addr.0 * self.format.page_bytes as u64)
                 .unwrap();
