@@ -552,6 +552,17 @@ impl MetaState {
         Ok(())
     }
 
+    /// Forgets the pending alternatives kept beside the tree of the sectors of block `index`
+    /// of `ino` that `gone` names (settled, reverted or truncated away).
+    fn drop_unsettled(&mut self, ino: Ino, index: u64, gone: impl Fn(u32) -> bool) {
+        if let Some(u) = self.unsettled.get_mut(&(ino, index)) {
+            u.retain(|s, _| !gone(*s));
+            if u.is_empty() {
+                self.unsettled.remove(&(ino, index));
+            }
+        }
+    }
+
     /// Forgets the pending alternatives kept beside the tree for blocks of `ino` at or past
     /// `from` (blocks unmapped or replaced).
     fn forget_unsettled(&mut self, ino: Ino, from: u64) {
@@ -753,14 +764,7 @@ impl MetaState {
                 first,
                 count,
             } => {
-                if let Some(u) = self.unsettled.get_mut(&(*ino, *index)) {
-                    for s in *first..first + count {
-                        u.remove(&s);
-                    }
-                    if u.is_empty() {
-                        self.unsettled.remove(&(*ino, *index));
-                    }
-                }
+                self.drop_unsettled(*ino, *index, |s| (*first..first + count).contains(&s));
                 // A checkpoint may have moved some into the reference (or the mount found
                 // them there): changed only if so.
                 let (t, store) = self.shard_for(*ino);
@@ -778,12 +782,7 @@ impl MetaState {
                 sector,
                 to,
             } => {
-                if let Some(u) = self.unsettled.get_mut(&(*ino, *index)) {
-                    u.remove(sector);
-                    if u.is_empty() {
-                        self.unsettled.remove(&(*ino, *index));
-                    }
-                }
+                self.drop_unsettled(*ino, *index, |s| s == *sector);
                 let (t, store) = self.shard_for(*ino);
                 let found = t.modify_block(store, *ino, *index, |b| {
                     let s = *sector as usize;
@@ -936,13 +935,7 @@ impl MetaState {
                             b.pending.remove(&(s as u32));
                         }
                         t.put_block(store, ino, size / block_size, &b)?;
-                        let boundary = (ino, size / block_size);
-                        if let Some(u) = self.unsettled.get_mut(&boundary) {
-                            u.retain(|s, _| u64::from(*s) < first_gone);
-                            if u.is_empty() {
-                                self.unsettled.remove(&boundary);
-                            }
-                        }
+                        self.drop_unsettled(ino, size / block_size, |s| u64::from(s) >= first_gone);
                     }
                 }
                 let (t, store) = self.shard_for(ino);

@@ -425,6 +425,7 @@ fn decode_dirent(dir: Ino, cookie: u64, b: &[u8]) -> FsResult<DirItem> {
     })
 }
 
+#[cfg(test)]
 pub(crate) fn encode_block(b: &BlockRef) -> Vec<u8> {
     let mut out = Vec::new();
     encode_block_into(b, &mut out);
@@ -545,19 +546,19 @@ const RECENT_BLOCKS_MAX: usize = 256;
 impl ShardTree {
     /// A shard whose items are in the tree rooted at `root`.
     pub fn on_disk(root: PagePtr) -> ShardTree {
+        ShardTree::over(Tree::on_disk(root))
+    }
+
+    fn over(tree: Tree) -> ShardTree {
         ShardTree {
-            tree: Tree::on_disk(root),
+            tree,
             recent_blocks: HashMap::new(),
             encoded: Vec::new(),
         }
     }
 
     pub fn create(store: &mut MetaStore, first_ino: Ino) -> FsResult<ShardTree> {
-        let mut t = ShardTree {
-            tree: store.create_tree(),
-            recent_blocks: HashMap::new(),
-            encoded: Vec::new(),
-        };
+        let mut t = ShardTree::over(store.create_tree());
         t.set_header(
             store,
             ShardHeader {
@@ -699,7 +700,6 @@ impl ShardTree {
 
     /// Removes just the inode's record (an inode with nothing else under its key).
     pub fn remove_record(&mut self, store: &mut MetaStore, ino: Ino) -> FsResult<()> {
-        self.forget_inode(ino);
         store
             .remove(&mut self.tree, &key(ino, TAG_INODE))
             .map_err(meta_err)?;
@@ -904,19 +904,29 @@ impl ShardTree {
         ino: Ino,
         index: u64,
     ) -> FsResult<Option<BlockRef>> {
-        if let Some(b) = self.recent_blocks.get(&(ino, index)) {
-            return Ok(Some(b.clone()));
+        Ok(self.cached(store, ino, index)?.cloned())
+    }
+
+    /// The decoded reference of block `index` in `recent_blocks`, read from the tree first
+    /// when it is not there; `None` when the block is not mapped.
+    fn cached(
+        &mut self,
+        store: &mut MetaStore,
+        ino: Ino,
+        index: u64,
+    ) -> FsResult<Option<&mut BlockRef>> {
+        if !self.recent_blocks.contains_key(&(ino, index)) {
+            let read = store
+                .get_with(&self.tree, &key_u64(ino, TAG_BLOCK, index), |v| {
+                    decode_block(ino, index, v)
+                })
+                .map_err(meta_err)?;
+            let Some(b) = read.transpose()? else {
+                return Ok(None);
+            };
+            self.remember(ino, index, b);
         }
-        let b = store
-            .get_with(&self.tree, &key_u64(ino, TAG_BLOCK, index), |v| {
-                decode_block(ino, index, v)
-            })
-            .map_err(meta_err)?
-            .transpose()?;
-        if let Some(b) = &b {
-            self.remember(ino, index, b.clone());
-        }
-        Ok(b)
+        Ok(self.recent_blocks.get_mut(&(ino, index)))
     }
 
     /// Changes the reference of block `index` in place with `f`, which says whether it
@@ -929,15 +939,13 @@ impl ShardTree {
         index: u64,
         f: impl FnOnce(&mut BlockRef) -> FsResult<bool>,
     ) -> FsResult<Option<bool>> {
-        if !self.recent_blocks.contains_key(&(ino, index))
-            && self.block(store, ino, index)?.is_none()
-        {
+        if self.cached(store, ino, index)?.is_none() {
             return Ok(None);
         }
         let b = self
             .recent_blocks
             .get_mut(&(ino, index))
-            .expect("remembered just now");
+            .expect("cached just now");
         let changed = match f(b) {
             Ok(changed) => changed,
             Err(e) => {
@@ -969,11 +977,12 @@ impl ShardTree {
         index: u64,
         block: &BlockRef,
     ) -> FsResult<Option<BlockRef>> {
+        encode_block_into(block, &mut self.encoded);
         let old = store
             .insert(
                 &mut self.tree,
                 &key_u64(ino, TAG_BLOCK, index),
-                &encode_block(block),
+                &self.encoded,
             )
             .map_err(meta_err)?;
         let old = match self.recent_blocks.remove(&(ino, index)) {
