@@ -9,6 +9,8 @@
 #   LAYOUTS="one many" (one directory, DIRS directories)
 #   DRIVE_BYTES=8G (four Tessera drive files), XFS_BYTES=64G (sparse image)
 #   PAGEPOOL=1G (Tessera's metadata page cache; unset keeps the default)
+#   METRICS=127.0.0.1:9710 (the daemon's metricsAddress, for watching a long run; its first
+#     start in each run has it off, so the create phase is served without it)
 #   MAX_INODES (the file system's inode limit, --inode-limit; default BIG plus a fifth)
 #   TESSERA_BIN=PATH measures that binary instead of building target/release/tessera
 #   MOUNT_ONLY=1 measures only startup and mount, with MOUNT_SMALL and with BIG files
@@ -38,6 +40,7 @@ DRIVE_BYTES=${DRIVE_BYTES:-8G}
 XFS_BYTES=${XFS_BYTES:-64G}
 BLOCK=${BLOCK:-4M}
 PAGEPOOL=${PAGEPOOL:-}
+METRICS=${METRICS:-}
 MAX_INODES=${MAX_INODES:-$((BIG + BIG / 5 + 10000))}
 TESSERA=${TESSERA_BIN:-$ROOT/target/release/tessera}
 COLD_UNLINK=${COLD_UNLINK:-0}
@@ -96,6 +99,7 @@ tessera_fresh() {
     "$TESSERA" cluster create --name scale >/dev/null
     "$TESSERA" startup >/dev/null
     [ -z "$PAGEPOOL" ] || "$TESSERA" config set "pagepool=$PAGEPOOL" >/dev/null
+    [ -z "$METRICS" ] || "$TESSERA" config set "metricsAddress=$METRICS" >/dev/null
     "$TESSERA" nsd create -F "$stanza" >/dev/null
     "$TESSERA" fs create scale -F "$stanza" -B "$BLOCK" --inode-limit "$MAX_INODES" -T "$WORK/t/mnt" -A no >/dev/null
     "$TESSERA" mount scale >/dev/null

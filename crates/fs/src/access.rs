@@ -8,9 +8,10 @@
 //! `posix_acl_permission`), `may_delete`, `setattr_prepare` and `xattr_permission`, so a
 //! non-root user sees the same answers as on ext4 or XFS.
 //!
-//! Every check takes the metadata lock briefly and is made before the operation, which takes
-//! it again. A `chmod` that lands between the two is therefore ordered after the operation,
-//! exactly as a process that passed the kernel's path walk just before a `chmod` is.
+//! The checks are the client's: each asks the metanode of the objects it checks for their
+//! protection (attributes and access ACL) and is made before the operation is sent. A
+//! `chmod` that lands between the two is therefore ordered after the operation, exactly as
+//! a process that passed the kernel's path walk just before a `chmod` is.
 
 use std::sync::OnceLock;
 
@@ -418,15 +419,9 @@ pub struct SetattrPermit {
 }
 
 impl FileSystem {
+    /// The protection of `ino`, from its metanode.
     fn protection_of(&self, ino: Ino) -> FsResult<Protection> {
-        let mut m = self.meta.lock();
-        Self::protection(&mut m, ino)
-    }
-
-    fn protection(m: &mut crate::fs::Meta, ino: Ino) -> FsResult<Protection> {
-        let attr = m.state.attr(ino)?;
-        let acl = crate::namespace::stored_acl(m, ino, acl::ACCESS_XATTR)?;
-        Ok(Protection { attr, acl })
+        self.namespace_of(ino).protection(ino)
     }
 
     /// EACCES unless `cred` may do `mask` (`MAY_*`) to `ino`; `mask` 0 checks existence.
@@ -445,23 +440,23 @@ impl FileSystem {
         Ok(())
     }
 
-    /// The entry `name` of `dir` and its attributes, if both exist.
-    fn child_attr(m: &mut crate::fs::Meta, dir: Ino, name: &[u8]) -> FsResult<Option<Attr>> {
-        match m.state.lookup(dir, name) {
-            Ok(Some(entry)) => m.state.find_attr(entry.ino),
-            Ok(None) | Err(FsError::NotFound | FsError::NotDir) => Ok(None),
+    /// The attributes of what `name` in `dir` names, if it exists (a name the operation
+    /// itself will refuse counts as absent here, so that the operation gives its own error).
+    fn child_attr(&self, dir: Ino, name: &[u8]) -> FsResult<Option<Attr>> {
+        match self.namespace_of(dir).find(dir, name) {
+            Ok(attr) => Ok(Some(attr)),
+            Err(FsError::NotFound | FsError::NotDir | FsError::NameTooLong) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
     /// unlink and rmdir: write and search on `dir`, and the sticky-directory rule.
     pub fn may_remove(&self, dir: Ino, name: &[u8], cred: &Credentials) -> FsResult<()> {
-        let mut m = self.meta.lock();
-        let d = Self::protection(&mut m, dir)?;
+        let d = self.protection_of(dir)?;
         if d.attr.kind != FileKind::Directory {
             return Ok(());
         }
-        let victim = Self::child_attr(&mut m, dir, name)?;
+        let victim = self.child_attr(dir, name)?;
         may_delete(&d, victim.as_ref(), cred)
     }
 
@@ -475,14 +470,13 @@ impl FileSystem {
         exchange: bool,
         cred: &Credentials,
     ) -> FsResult<()> {
-        let mut m = self.meta.lock();
-        let d = Self::protection(&mut m, dir)?;
-        let n = Self::protection(&mut m, new_dir)?;
+        let d = self.protection_of(dir)?;
+        let n = self.protection_of(new_dir)?;
         if d.attr.kind != FileKind::Directory || n.attr.kind != FileKind::Directory {
             return Ok(());
         }
-        let source = Self::child_attr(&mut m, dir, name)?;
-        let target = Self::child_attr(&mut m, new_dir, new_name)?;
+        let source = self.child_attr(dir, name)?;
+        let target = self.child_attr(new_dir, new_name)?;
         may_delete(&d, source.as_ref(), cred)?;
         // Without a target this is the create check: write and search.
         may_delete(&n, target.as_ref(), cred)?;
@@ -493,7 +487,7 @@ impl FileSystem {
             {
                 // A directory that changes parents has its `..` rewritten.
                 if moved.kind == FileKind::Directory {
-                    require(&Self::protection(&mut m, moved.ino)?, cred, MAY_WRITE)?;
+                    require(&self.protection_of(moved.ino)?, cred, MAY_WRITE)?;
                 }
             }
         }
@@ -503,12 +497,11 @@ impl FileSystem {
     /// link: write and search on the new directory, and `protected_hardlinks` on the
     /// source.
     pub fn may_link(&self, ino: Ino, new_dir: Ino, cred: &Credentials) -> FsResult<()> {
-        let mut m = self.meta.lock();
-        let n = Self::protection(&mut m, new_dir)?;
+        let n = self.protection_of(new_dir)?;
         if n.attr.kind == FileKind::Directory {
             require(&n, cred, MAY_WRITE | MAY_EXEC)?;
         }
-        may_link_source(&Self::protection(&mut m, ino)?, cred)?;
+        may_link_source(&self.protection_of(ino)?, cred)?;
         Ok(())
     }
 

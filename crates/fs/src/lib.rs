@@ -11,6 +11,7 @@ pub mod access;
 pub mod acl;
 pub mod alloc_map;
 mod checkpoint;
+mod client;
 mod data;
 pub mod descriptor;
 mod disk_set;

@@ -166,3 +166,106 @@ pub(crate) trait BlockAllocator: Send + Sync {
     /// Gives back an extent no update mapped (its write failed).
     fn abandon(&self, extent: Extent);
 }
+
+/// The namespace half of the metanode interface: what a client asks the metanode of the
+/// inode an operation names first (the directory for operations on names, the inode itself
+/// for attributes). Every call is one request and one answer, with owned or plain
+/// arguments, so that it can cross the cluster transport unchanged; the owner checks what
+/// it is sent (names, sizes, kinds), logs the operation as one transaction and answers
+/// with results. Permission checks stay with the client (`access.rs`), which asks for the
+/// protection of the objects it checks, as the kernel checks before it calls: a change
+/// between the check and the operation orders the operation first.
+///
+/// The names differ from the client API of [`crate::FileSystem`] (`lookup`, `remove`,
+/// ...) on purpose: the one-node file system implements both on one type, and an owner's
+/// method must never be mistaken for the client call that sends it.
+pub(crate) trait Namespace: Send + Sync {
+    /// The attributes of `ino`.
+    fn attr(&self, ino: Ino) -> FsResult<Attr>;
+
+    /// Bytes of storage the file's block map holds (whole sub-blocks).
+    fn held_bytes(&self, ino: Ino) -> FsResult<u64>;
+
+    /// The attributes of what `name` in `parent` names (also `.` and `..`).
+    fn find(&self, parent: Ino, name: &[u8]) -> FsResult<Attr>;
+
+    /// Creates a node in `parent`; see [`crate::FileSystem::create_node_umask`].
+    fn make(&self, parent: Ino, name: &[u8], node: NewNode) -> FsResult<Attr>;
+
+    /// A symbolic link's target.
+    fn link_target(&self, ino: Ino) -> FsResult<Vec<u8>>;
+
+    /// unlink (`dir` false) or rmdir (`dir` true) of `name` in `parent`.
+    fn drop_name(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()>;
+
+    /// A new name `name` in `parent` for `ino` (link).
+    fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr>;
+
+    /// rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE.
+    fn move_name(&self, from: (Ino, &[u8]), to: (Ino, &[u8]), how: RenameHow) -> FsResult<()>;
+
+    /// Changes attributes other than the size (which the client's data path truncates).
+    fn change_attr(&self, ino: Ino, set: crate::SetAttr) -> FsResult<Attr>;
+
+    /// A client opened `ino`: an unlinked file lives until its last handle closes.
+    fn opened(&self, ino: Ino) -> FsResult<Attr>;
+
+    /// A client closed a handle of `ino`; frees it if it was the last reference.
+    fn closed(&self, ino: Ino) -> FsResult<()>;
+
+    /// Entries of directory `ino` after cookie `after`, a batch at a time.
+    fn entries(&self, ino: Ino, after: u64) -> FsResult<crate::DirListing>;
+
+    /// Space and inodes of the file system.
+    fn space(&self) -> crate::StatFs;
+
+    /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
+    fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
+
+    fn xattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>>;
+
+    /// The extended attribute names of `ino`, each followed by a NUL.
+    fn xattr_names(&self, ino: Ino) -> FsResult<Vec<u8>>;
+
+    fn drop_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<()>;
+
+    /// Sets an access or default ACL from its extended attribute value; see
+    /// [`crate::FileSystem::set_acl`].
+    fn put_acl(
+        &self,
+        ino: Ino,
+        kind: crate::acl::AclKind,
+        value: &[u8],
+        how: XattrHow,
+        drop_setgid: bool,
+    ) -> FsResult<()>;
+
+    /// What a permission check of `ino` needs: its attributes and access ACL.
+    fn protection(&self, ino: Ino) -> FsResult<crate::access::Protection>;
+}
+
+/// What a create asks for besides its name.
+#[derive(Clone, Debug)]
+pub(crate) struct NewNode {
+    pub kind: crate::FileKind,
+    /// The creator's mode and umask (the umask yields to a default ACL of the parent).
+    pub mode: u32,
+    pub umask: u32,
+    pub rdev: u32,
+    pub caller: crate::Caller,
+    pub symlink_target: Option<Vec<u8>>,
+}
+
+/// RENAME_NOREPLACE and RENAME_EXCHANGE.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RenameHow {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+/// XATTR_CREATE and XATTR_REPLACE.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct XattrHow {
+    pub create: bool,
+    pub replace: bool,
+}

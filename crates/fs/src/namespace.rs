@@ -1,11 +1,15 @@
-//! Namespace operations: lookups, creation, removal, rename, links, attributes, extended
-//! attributes. Each is one logged transaction under the metadata lock.
+//! The metanode's namespace operations (the owner's side of [`Namespace`]): lookups,
+//! creation, removal, rename, links, attributes, extended attributes. Each is one logged
+//! transaction under the metadata lock. The client's side, which the access layer calls,
+//! is `client.rs`.
 
+use crate::access::Protection;
 use crate::acl::{self, Acl, AclKind};
 use crate::error::{FsError, FsResult};
 use crate::fs::{FileSystem, Meta};
 use crate::inode::{Attr, DirEntry, FileKind, Ino, Timestamp, ROOT_INO};
 use crate::meta::Change;
+use crate::metanode::{Namespace, NewNode, RenameHow, XattrHow};
 
 /// Longest file name in bytes, as on every Linux file system.
 pub const NAME_BYTES_MAX: usize = 255;
@@ -84,21 +88,18 @@ pub struct Caller {
     pub gid: u32,
 }
 
-impl FileSystem {
-    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+impl Namespace for FileSystem {
+    fn attr(&self, ino: Ino) -> FsResult<Attr> {
         let mut m = self.meta.lock();
         m.state.attr(ino)
     }
 
-    /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.
-    pub fn allocated_bytes(&self, ino: Ino) -> u64 {
+    fn held_bytes(&self, ino: Ino) -> FsResult<u64> {
         let mut m = self.meta.lock();
-        m.state
-            .allocated_sub_blocks(ino)
-            .map_or(0, |n| n * self.geo.sub_block_bytes)
+        Ok(m.state.allocated_sub_blocks(ino)? * self.geo.sub_block_bytes)
     }
 
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+    fn find(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         if name.len() > NAME_BYTES_MAX {
             return Err(FsError::NameTooLong);
         }
@@ -114,36 +115,15 @@ impl FileSystem {
         m.state.attr(target)
     }
 
-    /// Creates a file, directory, symlink or special file in `parent` with `mode` as given
-    /// (a default ACL of `parent` still applies, see [`FileSystem::create_node_umask`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn create_node(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        kind: FileKind,
-        mode: u32,
-        rdev: u32,
-        caller: Caller,
-        symlink_target: Option<&[u8]>,
-    ) -> FsResult<Attr> {
-        self.create_node_umask(parent, name, kind, (mode, 0), rdev, caller, symlink_target)
-    }
-
-    /// Creates a file, directory, symlink or special file in `parent`. `(mode, umask)` are
-    /// the creator's: when `parent` has a default ACL the new node inherits it and the
-    /// umask is ignored (POSIX.1e), otherwise the mode is `mode & !umask`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn create_node_umask(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        kind: FileKind,
-        (mode, umask): (u32, u32),
-        rdev: u32,
-        caller: Caller,
-        symlink_target: Option<&[u8]>,
-    ) -> FsResult<Attr> {
+    fn make(&self, parent: Ino, name: &[u8], node: NewNode) -> FsResult<Attr> {
+        let NewNode {
+            kind,
+            mode,
+            umask,
+            rdev,
+            caller,
+            symlink_target,
+        } = node;
         check_name(name)?;
         let mut m = self.meta.lock();
         self.check_inode_limit(&m)?;
@@ -182,7 +162,7 @@ impl FileSystem {
             uid: caller.uid,
             gid,
             nlink: if kind == FileKind::Directory { 2 } else { 1 },
-            size: symlink_target.map_or(0, |t| t.len() as u64),
+            size: symlink_target.as_ref().map_or(0, |t| t.len() as u64),
             rdev,
             atime: now,
             mtime: now,
@@ -208,7 +188,7 @@ impl FileSystem {
         if kind == FileKind::Directory {
             changes.push(Change::SetParent { dir: ino, parent });
         }
-        if let Some(target) = symlink_target {
+        if let Some(target) = &symlink_target {
             if target.len() > SYMLINK_BYTES_MAX || target.is_empty() {
                 return Err(FsError::NameTooLong);
             }
@@ -227,15 +207,7 @@ impl FileSystem {
         Ok(attr)
     }
 
-    fn dir_attr(&self, m: &mut Meta, ino: Ino) -> FsResult<Attr> {
-        let attr = m.state.attr(ino)?;
-        if attr.kind != FileKind::Directory {
-            return Err(FsError::NotDir);
-        }
-        Ok(attr)
-    }
-
-    pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+    fn link_target(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let mut m = self.meta.lock();
         let kind = m.state.attr(ino)?.kind;
         match (kind, m.state.inline_data(ino)?) {
@@ -244,8 +216,7 @@ impl FileSystem {
         }
     }
 
-    /// Removes a name (unlink or rmdir).
-    pub fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
+    fn drop_name(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
         check_name(name)?;
         let mut m = self.meta.lock();
         let mut pattr = self.dir_attr(&mut m, parent)?;
@@ -281,17 +252,7 @@ impl FileSystem {
         Ok(())
     }
 
-    /// The change for an inode that lost a link: freed when unreferenced, else updated.
-    fn release_or_keep(&self, m: &Meta, attr: Attr) -> Change {
-        let open = m.open.get(&attr.ino).copied().unwrap_or(0);
-        if attr.nlink == 0 && open == 0 {
-            Change::FreeInode { ino: attr.ino }
-        } else {
-            Change::PutAttr(attr)
-        }
-    }
-
-    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+    fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         check_name(name)?;
         let mut m = self.meta.lock();
         let mut pattr = self.dir_attr(&mut m, parent)?;
@@ -329,33 +290,11 @@ impl FileSystem {
         Ok(attr)
     }
 
-    /// True when `ancestor` is `dir` or one of its ancestors.
-    fn is_ancestor(&self, m: &mut Meta, ancestor: Ino, mut dir: Ino) -> bool {
-        // The depth bound guards against a corrupt parent chain looping forever.
-        for _ in 0..100_000 {
-            if dir == ancestor {
-                return true;
-            }
-            if dir == ROOT_INO {
-                return false;
-            }
-            match m.state.dir_parent(dir) {
-                Ok(parent) => dir = parent,
-                Err(_) => return false,
-            }
-        }
-        false
-    }
-
-    /// rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE.
-    pub fn rename(
+    fn move_name(
         &self,
-        parent: Ino,
-        name: &[u8],
-        new_parent: Ino,
-        new_name: &[u8],
-        noreplace: bool,
-        exchange: bool,
+        (parent, name): (Ino, &[u8]),
+        (new_parent, new_name): (Ino, &[u8]),
+        how: RenameHow,
     ) -> FsResult<()> {
         check_name(name)?;
         check_name(new_name)?;
@@ -364,10 +303,10 @@ impl FileSystem {
         self.dir_attr(&mut m, new_parent)?;
         let src = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
         let dst = m.state.lookup(new_parent, new_name)?;
-        if noreplace && dst.is_some() {
+        if how.noreplace && dst.is_some() {
             return Err(FsError::Exists);
         }
-        if exchange {
+        if how.exchange {
             let dst = dst.ok_or(FsError::NotFound)?;
             return self.exchange(&mut m, (parent, name, src), (new_parent, new_name, dst));
         }
@@ -461,6 +400,279 @@ impl FileSystem {
         Ok(())
     }
 
+    fn change_attr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        if set.size.is_some() {
+            return Err(FsError::Invalid(
+                "a size change goes through the data path (truncate), not the metanode's \
+                 attribute change"
+                    .into(),
+            ));
+        }
+        let mut m = self.meta.lock();
+        let mut attr = m.state.attr(ino)?;
+        let now = self.now();
+        if let Some(mode) = set.mode {
+            attr.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = set.uid {
+            attr.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            attr.gid = gid;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            // chown clears setuid, and setgid of group-executable files (as the VFS would).
+            if attr.kind != FileKind::Directory {
+                attr.perm &= !0o4000;
+                if attr.perm & 0o010 != 0 {
+                    attr.perm &= !0o2000;
+                }
+            }
+        }
+        if let Some(t) = set.atime {
+            attr.atime = t;
+        }
+        if let Some(t) = set.mtime {
+            attr.mtime = t;
+        }
+        attr.ctime = set.ctime.unwrap_or(now);
+        let mut changes = vec![Change::PutAttr(attr)];
+        if let Some(mode) = set.mode {
+            changes.extend(chmod_access_acl(&mut m, ino, mode)?);
+        }
+        self.log(&mut m, changes)?;
+        Ok(attr)
+    }
+
+    fn opened(&self, ino: Ino) -> FsResult<Attr> {
+        let mut m = self.meta.lock();
+        let attr = m.state.attr(ino)?;
+        *m.open.entry(ino).or_insert(0) += 1;
+        Ok(attr)
+    }
+
+    fn closed(&self, ino: Ino) -> FsResult<()> {
+        let mut m = self.meta.lock();
+        let left = match m.open.get_mut(&ino) {
+            Some(n) => {
+                *n -= 1;
+                *n
+            }
+            None => return Ok(()),
+        };
+        if left == 0 {
+            m.open.remove(&ino);
+            if m.state.find_attr(ino)?.is_some_and(|a| a.nlink == 0) {
+                self.log(&mut m, vec![Change::FreeInode { ino }])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn entries(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
+        let mut m = self.meta.lock();
+        let parent = m.state.dir_parent(ino)?;
+        let mut entries = Vec::new();
+        if after < 1 {
+            entries.push((1, ino, FileKind::Directory, b".".to_vec()));
+        }
+        if after < 2 {
+            entries.push((2, parent, FileKind::Directory, b"..".to_vec()));
+        }
+        let room = READDIR_BATCH_MAX - entries.len();
+        for (name, e) in m.state.dir_entries(ino, after.max(2), room)? {
+            entries.push((e.cookie, e.ino, e.kind, name));
+        }
+        Ok(DirListing { entries })
+    }
+
+    fn space(&self) -> StatFs {
+        let pools = self.desc.lock().pools.len();
+        let m = self.meta.lock();
+        // Every pool's data disks: placement rules may put files in any of them (`df` of
+        // the mount is the whole file system; `tessera df` shows each pool).
+        let space = (0..pools)
+            .filter_map(|p| tessera_alloc::PoolId::try_from(p).ok())
+            .map(|p| m.alloc.pool_space(p, tessera_alloc::AllocKind::Data))
+            .fold(tessera_alloc::DiskSpace::default(), |a, s| {
+                tessera_alloc::DiskSpace {
+                    blocks_total: a.blocks_total + s.blocks_total,
+                    blocks_free: a.blocks_free + s.blocks_free,
+                    sub_blocks_free_in_fragments: a.sub_blocks_free_in_fragments
+                        + s.sub_blocks_free_in_fragments,
+                }
+            });
+        let per = u64::from(self.geo.sub_blocks_per_block);
+        let used = m.state.inode_count();
+        StatFs {
+            block_bytes: self.geo.block_bytes,
+            fragment_bytes: self.geo.sub_block_bytes,
+            fragments_total: space.blocks_total * per,
+            fragments_free: space.blocks_free * per + space.sub_blocks_free_in_fragments,
+            inodes_total: self.geo.max_inodes,
+            inodes_free: self.geo.max_inodes.saturating_sub(used),
+            name_bytes_max: NAME_BYTES_MAX as u32,
+        }
+    }
+
+    fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()> {
+        check_xattr_name(name)?;
+        if let Some(kind) = acl::acl_xattr(name) {
+            return self.put_acl(ino, kind, value, how, false);
+        }
+        if value.len() > XATTR_VALUE_BYTES_MAX {
+            return Err(FsError::Range {
+                size: XATTR_VALUE_BYTES_MAX,
+            });
+        }
+        let mut m = self.meta.lock();
+        let mut attr = m.state.attr(ino)?;
+        let exists = m.state.xattr(ino, name)?.is_some();
+        if how.create && exists {
+            return Err(FsError::Exists);
+        }
+        if how.replace && !exists {
+            return Err(FsError::NoXattr);
+        }
+        attr.ctime = self.now();
+        let changes = vec![
+            Change::SetXattr {
+                ino,
+                name: name.to_vec(),
+                value: value.to_vec(),
+            },
+            Change::PutAttr(attr),
+        ];
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+
+    fn xattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        let mut m = self.meta.lock();
+        m.state.xattr(ino, name)?.ok_or(FsError::NoXattr)
+    }
+
+    /// Names as the kernel wants them: each followed by a NUL.
+    fn xattr_names(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let mut m = self.meta.lock();
+        let mut out = Vec::new();
+        for name in m.state.xattr_names(ino)? {
+            out.extend_from_slice(&name);
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    fn drop_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+        let mut m = self.meta.lock();
+        let mut attr = m.state.attr(ino)?;
+        if m.state.xattr(ino, name)?.is_none() {
+            return Err(FsError::NoXattr);
+        }
+        attr.ctime = self.now();
+        let changes = vec![
+            Change::RemoveXattr {
+                ino,
+                name: name.to_vec(),
+            },
+            Change::PutAttr(attr),
+        ];
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+
+    fn put_acl(
+        &self,
+        ino: Ino,
+        kind: AclKind,
+        value: &[u8],
+        how: XattrHow,
+        drop_setgid: bool,
+    ) -> FsResult<()> {
+        let acl = Acl::decode(value)?;
+        let name = match kind {
+            AclKind::Access => acl::ACCESS_XATTR,
+            AclKind::Default => acl::DEFAULT_XATTR,
+        };
+        let mut m = self.meta.lock();
+        let mut attr = m.state.attr(ino)?;
+        let exists = m.state.xattr(ino, name)?.is_some();
+        if how.create && exists {
+            return Err(FsError::Exists);
+        }
+        if how.replace && !exists {
+            return Err(FsError::NoXattr);
+        }
+        if kind == AclKind::Default && attr.kind != FileKind::Directory {
+            return Err(FsError::PermissionDenied);
+        }
+        attr.ctime = self.now();
+        let mut store = true;
+        if kind == AclKind::Access {
+            let keep = u32::from(attr.perm) & 0o7000 & if drop_setgid { !0o2000 } else { !0 };
+            attr.perm = (keep | acl.mode_bits()) as u16;
+            store = !acl.is_minimal();
+        }
+        let name = name.to_vec();
+        let mut changes = vec![Change::PutAttr(attr)];
+        if store {
+            changes.push(Change::SetXattr {
+                ino,
+                name,
+                value: acl.encode(),
+            });
+        } else if exists {
+            changes.push(Change::RemoveXattr { ino, name });
+        }
+        self.log(&mut m, changes)?;
+        Ok(())
+    }
+
+    fn protection(&self, ino: Ino) -> FsResult<Protection> {
+        let mut m = self.meta.lock();
+        let attr = m.state.attr(ino)?;
+        let acl = stored_acl(&mut m, ino, acl::ACCESS_XATTR)?;
+        Ok(Protection { attr, acl })
+    }
+}
+
+impl FileSystem {
+    fn dir_attr(&self, m: &mut Meta, ino: Ino) -> FsResult<Attr> {
+        let attr = m.state.attr(ino)?;
+        if attr.kind != FileKind::Directory {
+            return Err(FsError::NotDir);
+        }
+        Ok(attr)
+    }
+
+    /// The change for an inode that lost a link: freed when unreferenced, else updated.
+    fn release_or_keep(&self, m: &Meta, attr: Attr) -> Change {
+        let open = m.open.get(&attr.ino).copied().unwrap_or(0);
+        if attr.nlink == 0 && open == 0 {
+            Change::FreeInode { ino: attr.ino }
+        } else {
+            Change::PutAttr(attr)
+        }
+    }
+
+    /// True when `ancestor` is `dir` or one of its ancestors.
+    fn is_ancestor(&self, m: &mut Meta, ancestor: Ino, mut dir: Ino) -> bool {
+        // The depth bound guards against a corrupt parent chain looping forever.
+        for _ in 0..100_000 {
+            if dir == ancestor {
+                return true;
+            }
+            if dir == ROOT_INO {
+                return false;
+            }
+            match m.state.dir_parent(dir) {
+                Ok(parent) => dir = parent,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
     fn exchange(
         &self,
         m: &mut Meta,
@@ -534,253 +746,6 @@ impl FileSystem {
         }
         self.log(m, changes)?;
         Ok(())
-    }
-
-    /// Changes attributes other than size (size goes through [`FileSystem::truncate`]).
-    pub fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
-        if let Some(size) = set.size {
-            self.truncate(ino, size)?;
-        }
-        let mut m = self.meta.lock();
-        let mut attr = m.state.attr(ino)?;
-        let now = self.now();
-        if let Some(mode) = set.mode {
-            attr.perm = (mode & 0o7777) as u16;
-        }
-        if let Some(uid) = set.uid {
-            attr.uid = uid;
-        }
-        if let Some(gid) = set.gid {
-            attr.gid = gid;
-        }
-        if set.uid.is_some() || set.gid.is_some() {
-            // chown clears setuid, and setgid of group-executable files (as the VFS would).
-            if attr.kind != FileKind::Directory {
-                attr.perm &= !0o4000;
-                if attr.perm & 0o010 != 0 {
-                    attr.perm &= !0o2000;
-                }
-            }
-        }
-        if let Some(t) = set.atime {
-            attr.atime = t;
-        }
-        if let Some(t) = set.mtime {
-            attr.mtime = t;
-        }
-        attr.ctime = set.ctime.unwrap_or(now);
-        let mut changes = vec![Change::PutAttr(attr)];
-        if let Some(mode) = set.mode {
-            changes.extend(chmod_access_acl(&mut m, ino, mode)?);
-        }
-        self.log(&mut m, changes)?;
-        Ok(attr)
-    }
-
-    pub fn open(&self, ino: Ino) -> FsResult<Attr> {
-        let mut m = self.meta.lock();
-        let attr = m.state.attr(ino)?;
-        *m.open.entry(ino).or_insert(0) += 1;
-        self.pmon.open();
-        Ok(attr)
-    }
-
-    /// Drops one open handle; frees the inode if it was the last reference.
-    pub fn release(&self, ino: Ino) -> FsResult<()> {
-        self.pmon.close();
-        let mut m = self.meta.lock();
-        let left = match m.open.get_mut(&ino) {
-            Some(n) => {
-                *n -= 1;
-                *n
-            }
-            None => return Ok(()),
-        };
-        if left == 0 {
-            m.open.remove(&ino);
-            if m.state.find_attr(ino)?.is_some_and(|a| a.nlink == 0) {
-                self.log(&mut m, vec![Change::FreeInode { ino }])?;
-            }
-        }
-        Ok(())
-    }
-
-    pub fn readdir(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
-        self.pmon.readdir();
-        let mut m = self.meta.lock();
-        let parent = m.state.dir_parent(ino)?;
-        let mut entries = Vec::new();
-        if after < 1 {
-            entries.push((1, ino, FileKind::Directory, b".".to_vec()));
-        }
-        if after < 2 {
-            entries.push((2, parent, FileKind::Directory, b"..".to_vec()));
-        }
-        let room = READDIR_BATCH_MAX - entries.len();
-        for (name, e) in m.state.dir_entries(ino, after.max(2), room)? {
-            entries.push((e.cookie, e.ino, e.kind, name));
-        }
-        Ok(DirListing { entries })
-    }
-
-    pub fn statfs(&self) -> StatFs {
-        let pools = self.desc.lock().pools.len();
-        let m = self.meta.lock();
-        // Every pool's data disks: placement rules may put files in any of them (`df` of
-        // the mount is the whole file system; `tessera df` shows each pool).
-        let space = (0..pools)
-            .filter_map(|p| tessera_alloc::PoolId::try_from(p).ok())
-            .map(|p| m.alloc.pool_space(p, tessera_alloc::AllocKind::Data))
-            .fold(tessera_alloc::DiskSpace::default(), |a, s| {
-                tessera_alloc::DiskSpace {
-                    blocks_total: a.blocks_total + s.blocks_total,
-                    blocks_free: a.blocks_free + s.blocks_free,
-                    sub_blocks_free_in_fragments: a.sub_blocks_free_in_fragments
-                        + s.sub_blocks_free_in_fragments,
-                }
-            });
-        let per = u64::from(self.geo.sub_blocks_per_block);
-        let used = m.state.inode_count();
-        StatFs {
-            block_bytes: self.geo.block_bytes,
-            fragment_bytes: self.geo.sub_block_bytes,
-            fragments_total: space.blocks_total * per,
-            fragments_free: space.blocks_free * per + space.sub_blocks_free_in_fragments,
-            inodes_total: self.geo.max_inodes,
-            inodes_free: self.geo.max_inodes.saturating_sub(used),
-            name_bytes_max: NAME_BYTES_MAX as u32,
-        }
-    }
-
-    pub fn setxattr(
-        &self,
-        ino: Ino,
-        name: &[u8],
-        value: &[u8],
-        create: bool,
-        replace: bool,
-    ) -> FsResult<()> {
-        check_xattr_name(name)?;
-        if let Some(kind) = acl::acl_xattr(name) {
-            return self.set_acl(ino, kind, value, (create, replace), false);
-        }
-        if value.len() > XATTR_VALUE_BYTES_MAX {
-            return Err(FsError::Range {
-                size: XATTR_VALUE_BYTES_MAX,
-            });
-        }
-        let mut m = self.meta.lock();
-        let mut attr = m.state.attr(ino)?;
-        let exists = m.state.xattr(ino, name)?.is_some();
-        if create && exists {
-            return Err(FsError::Exists);
-        }
-        if replace && !exists {
-            return Err(FsError::NoXattr);
-        }
-        attr.ctime = self.now();
-        let changes = vec![
-            Change::SetXattr {
-                ino,
-                name: name.to_vec(),
-                value: value.to_vec(),
-            },
-            Change::PutAttr(attr),
-        ];
-        self.log(&mut m, changes)?;
-        Ok(())
-    }
-
-    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        let mut m = self.meta.lock();
-        m.state.xattr(ino, name)?.ok_or(FsError::NoXattr)
-    }
-
-    /// Names as the kernel wants them: each followed by a NUL.
-    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let mut m = self.meta.lock();
-        let mut out = Vec::new();
-        for name in m.state.xattr_names(ino)? {
-            out.extend_from_slice(&name);
-            out.push(0);
-        }
-        Ok(out)
-    }
-
-    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
-        let mut m = self.meta.lock();
-        let mut attr = m.state.attr(ino)?;
-        if m.state.xattr(ino, name)?.is_none() {
-            return Err(FsError::NoXattr);
-        }
-        attr.ctime = self.now();
-        let changes = vec![
-            Change::RemoveXattr {
-                ino,
-                name: name.to_vec(),
-            },
-            Change::PutAttr(attr),
-        ];
-        self.log(&mut m, changes)?;
-        Ok(())
-    }
-
-    /// Sets an access or default ACL from its extended attribute value (checked, EINVAL
-    /// if malformed). An access ACL sets the mode bits it mirrors and is stored only if it
-    /// says more than they do; `drop_setgid` clears the setgid bit as the kernel's
-    /// `posix_acl_update_mode` does for a caller outside the file's group. A default ACL
-    /// exists only on directories.
-    pub fn set_acl(
-        &self,
-        ino: Ino,
-        kind: AclKind,
-        value: &[u8],
-        (create, replace): (bool, bool),
-        drop_setgid: bool,
-    ) -> FsResult<()> {
-        let acl = Acl::decode(value)?;
-        let name = match kind {
-            AclKind::Access => acl::ACCESS_XATTR,
-            AclKind::Default => acl::DEFAULT_XATTR,
-        };
-        let mut m = self.meta.lock();
-        let mut attr = m.state.attr(ino)?;
-        let exists = m.state.xattr(ino, name)?.is_some();
-        if create && exists {
-            return Err(FsError::Exists);
-        }
-        if replace && !exists {
-            return Err(FsError::NoXattr);
-        }
-        if kind == AclKind::Default && attr.kind != FileKind::Directory {
-            return Err(FsError::PermissionDenied);
-        }
-        attr.ctime = self.now();
-        let mut store = true;
-        if kind == AclKind::Access {
-            let keep = u32::from(attr.perm) & 0o7000 & if drop_setgid { !0o2000 } else { !0 };
-            attr.perm = (keep | acl.mode_bits()) as u16;
-            store = !acl.is_minimal();
-        }
-        let name = name.to_vec();
-        let mut changes = vec![Change::PutAttr(attr)];
-        if store {
-            changes.push(Change::SetXattr {
-                ino,
-                name,
-                value: acl.encode(),
-            });
-        } else if exists {
-            changes.push(Change::RemoveXattr { ino, name });
-        }
-        self.log(&mut m, changes)?;
-        Ok(())
-    }
-
-    /// The access ACL of `ino`, if it has one.
-    pub fn access_acl(&self, ino: Ino) -> FsResult<Option<Acl>> {
-        let mut m = self.meta.lock();
-        stored_acl(&mut m, ino, acl::ACCESS_XATTR)
     }
 }
 

@@ -1,0 +1,188 @@
+//! The client's side of the namespace: the operations the access layer (FUSE) calls, each
+//! sent to the metanode of the inode it names first through [`Namespace`]. This node owns
+//! every shard today, so that metanode is this `FileSystem` and a request is a call; with
+//! shard owners on other nodes the same request crosses the cluster transport. What stays
+//! here is what a client does itself: counting its own operations (`pmon`) and cutting a
+//! file's size through its data path before the owner changes the other attributes.
+
+use crate::acl::{Acl, AclKind};
+use crate::error::FsResult;
+use crate::fs::FileSystem;
+use crate::inode::{Attr, FileKind, Ino};
+use crate::metanode::{Namespace, NewNode, RenameHow, XattrHow};
+use crate::namespace::{Caller, DirListing, SetAttr, StatFs};
+
+impl FileSystem {
+    /// The metanode of `ino`'s shard, as a client reaches it.
+    pub(crate) fn namespace_of(&self, _ino: Ino) -> &dyn Namespace {
+        self
+    }
+
+    /// The file system manager's view of space and inodes.
+    fn namespace_manager(&self) -> &dyn Namespace {
+        self
+    }
+
+    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        self.namespace_of(ino).attr(ino)
+    }
+
+    /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.
+    pub fn allocated_bytes(&self, ino: Ino) -> u64 {
+        self.namespace_of(ino).held_bytes(ino).unwrap_or(0)
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        self.namespace_of(parent).find(parent, name)
+    }
+
+    /// Creates a file, directory, symlink or special file in `parent` with `mode` as given
+    /// (a default ACL of `parent` still applies, see [`FileSystem::create_node_umask`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_node(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+        symlink_target: Option<&[u8]>,
+    ) -> FsResult<Attr> {
+        self.create_node_umask(parent, name, kind, (mode, 0), rdev, caller, symlink_target)
+    }
+
+    /// Creates a file, directory, symlink or special file in `parent`. `(mode, umask)` are
+    /// the creator's: when `parent` has a default ACL the new node inherits it and the
+    /// umask is ignored (POSIX.1e), otherwise the mode is `mode & !umask`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_node_umask(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        (mode, umask): (u32, u32),
+        rdev: u32,
+        caller: Caller,
+        symlink_target: Option<&[u8]>,
+    ) -> FsResult<Attr> {
+        let node = NewNode {
+            kind,
+            mode,
+            umask,
+            rdev,
+            caller,
+            symlink_target: symlink_target.map(<[u8]>::to_vec),
+        };
+        self.namespace_of(parent).make(parent, name, node)
+    }
+
+    pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        self.namespace_of(ino).link_target(ino)
+    }
+
+    /// Removes a name (unlink or rmdir).
+    pub fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
+        self.namespace_of(parent).drop_name(parent, name, dir)
+    }
+
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        self.namespace_of(parent).add_name(ino, parent, name)
+    }
+
+    /// rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> FsResult<()> {
+        let how = RenameHow {
+            noreplace,
+            exchange,
+        };
+        self.namespace_of(parent)
+            .move_name((parent, name), (new_parent, new_name), how)
+    }
+
+    /// Changes attributes; a new size is cut (or extended) by the data path first.
+    pub fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        if let Some(size) = set.size {
+            self.truncate(ino, size)?;
+        }
+        let set = SetAttr { size: None, ..set };
+        self.namespace_of(ino).change_attr(ino, set)
+    }
+
+    pub fn open(&self, ino: Ino) -> FsResult<Attr> {
+        let attr = self.namespace_of(ino).opened(ino)?;
+        self.pmon.open();
+        Ok(attr)
+    }
+
+    /// Drops one open handle; frees the inode if it was the last reference.
+    pub fn release(&self, ino: Ino) -> FsResult<()> {
+        self.pmon.close();
+        self.namespace_of(ino).closed(ino)
+    }
+
+    pub fn readdir(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
+        self.pmon.readdir();
+        self.namespace_of(ino).entries(ino, after)
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        self.namespace_manager().space()
+    }
+
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> FsResult<()> {
+        let how = XattrHow { create, replace };
+        self.namespace_of(ino).put_xattr(ino, name, value, how)
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.namespace_of(ino).xattr(ino, name)
+    }
+
+    /// Names as the kernel wants them: each followed by a NUL.
+    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        self.namespace_of(ino).xattr_names(ino)
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+        self.namespace_of(ino).drop_xattr(ino, name)
+    }
+
+    /// Sets an access or default ACL from its extended attribute value (checked, EINVAL
+    /// if malformed). An access ACL sets the mode bits it mirrors and is stored only if it
+    /// says more than they do; `drop_setgid` clears the setgid bit as the kernel's
+    /// `posix_acl_update_mode` does for a caller outside the file's group. A default ACL
+    /// exists only on directories.
+    pub fn set_acl(
+        &self,
+        ino: Ino,
+        kind: AclKind,
+        value: &[u8],
+        (create, replace): (bool, bool),
+        drop_setgid: bool,
+    ) -> FsResult<()> {
+        let how = XattrHow { create, replace };
+        self.namespace_of(ino)
+            .put_acl(ino, kind, value, how, drop_setgid)
+    }
+
+    /// The access ACL of `ino`, if it has one.
+    pub fn access_acl(&self, ino: Ino) -> FsResult<Option<Acl>> {
+        Ok(self.namespace_of(ino).protection(ino)?.acl)
+    }
+}
