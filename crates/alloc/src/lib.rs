@@ -141,7 +141,7 @@ pub struct AllocDisk {
 }
 
 /// Where a block is wanted: which file, which block of the file, and the block before it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockHint {
     pub file_key: u64,
     pub block_index: u64,

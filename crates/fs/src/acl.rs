@@ -277,7 +277,7 @@ pub fn acl_xattr(name: &[u8]) -> Option<AclKind> {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AclKind {
     Access,
     Default,

@@ -66,6 +66,9 @@ pub enum FsError {
     /// Only the owner or root may do this (EPERM).
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    /// An error of the metanode on another node that has no variant of its own here.
+    #[error("{message}")]
+    Remote { errno: i32, message: String },
 }
 
 impl FsError {
@@ -88,6 +91,7 @@ impl FsError {
             FsError::ReadOnly => libc::EROFS,
             FsError::PermissionDenied => libc::EACCES,
             FsError::NotPermitted(_) => libc::EPERM,
+            FsError::Remote { errno, .. } => *errno,
             FsError::Journal(JournalError::Full { .. }) => libc::ENOSPC,
             FsError::Checksum { .. }
             | FsError::Io(_)

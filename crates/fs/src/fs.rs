@@ -121,6 +121,9 @@ pub struct FileSystem {
     /// checkpoints always find pages (0 when data goes to other disks only); grows when a
     /// disk is added.
     pub(crate) metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64,
+    /// Where this node's client sends its metanode requests when not to its own owner
+    /// directly: set at mount by `TESSERA_METANODE_LOOPBACK=1` (see `metanode_wire.rs`).
+    pub(crate) remote: std::sync::OnceLock<Arc<crate::metanode_wire::RemoteMetanode>>,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -217,7 +220,12 @@ impl FileSystem {
             discarded_bytes: std::sync::atomic::AtomicU64::new(0),
             discard_errors: std::sync::atomic::AtomicU64::new(0),
             metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
+            remote: std::sync::OnceLock::new(),
         });
+        if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
+            fs.route_metadata_through_wire();
+            tracing::info!("metanode requests of this mount go through their wire encoding");
+        }
         fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
         let stop = fs.stop.clone();

@@ -23,6 +23,7 @@ pub mod fsck;
 pub mod inode;
 mod meta;
 mod metanode;
+mod metanode_wire;
 mod namespace;
 mod owner;
 mod placement;

@@ -24,6 +24,8 @@
 
 use std::ops::Range;
 
+use serde::{Deserialize, Serialize};
+
 use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
 use tessera_journal::Lsn;
 
@@ -33,14 +35,14 @@ use crate::meta::Change;
 
 /// What a client knows of a file for one request: its attributes, the pool its data goes
 /// to, and its content (the requested part of the block map, or the inline bytes).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct FileView {
     pub attr: Attr,
     pub pool: PoolId,
     pub content: Content,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum Content {
     /// A small file's bytes, kept in its inode.
     Inline(Vec<u8>),
@@ -65,7 +67,7 @@ impl FileView {
 }
 
 /// How an update changes the file's size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum SizeUpdate {
     Keep,
     /// A write reached this size: the file grows to it, never shrinks (writers of one file
@@ -76,7 +78,7 @@ pub(crate) enum SizeUpdate {
 }
 
 /// Which times an update sets to the metanode's clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Times {
     Keep,
     /// Data changed: mtime and ctime.
@@ -86,7 +88,7 @@ pub(crate) enum Times {
 }
 
 /// One update of one file, logged and applied by its metanode as one journal record.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct FileUpdate {
     /// Changes of the file's content only: `MapBlock`, `Sectors`, `Settle`, `Revert`,
     /// `Unmap`, `Inline`, `Truncate`, each naming this file.
@@ -245,7 +247,7 @@ pub(crate) trait Namespace: Send + Sync {
 }
 
 /// What a create asks for besides its name.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct NewNode {
     pub kind: crate::FileKind,
     /// The creator's mode and umask (the umask yields to a default ACL of the parent).
@@ -257,14 +259,14 @@ pub(crate) struct NewNode {
 }
 
 /// RENAME_NOREPLACE and RENAME_EXCHANGE.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RenameHow {
     pub noreplace: bool,
     pub exchange: bool,
 }
 
 /// XATTR_CREATE and XATTR_REPLACE.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct XattrHow {
     pub create: bool,
     pub replace: bool,

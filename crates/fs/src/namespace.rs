@@ -3,6 +3,8 @@
 //! transaction under the metadata lock. The client's side, which the access layer calls,
 //! is `client.rs`.
 
+use serde::{Deserialize, Serialize};
+
 use crate::access::Protection;
 use crate::acl::{self, Acl, AclKind};
 use crate::error::{FsError, FsResult};
@@ -22,7 +24,7 @@ const XATTR_VALUE_BYTES_MAX: usize = 65_536;
 const READDIR_BATCH_MAX: usize = 1024;
 
 /// Attribute changes requested by `setattr`; `None` leaves a field alone.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SetAttr {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
@@ -33,13 +35,13 @@ pub struct SetAttr {
     pub ctime: Option<Timestamp>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DirListing {
     /// `(cookie, ino, kind, name)`; resume after the last cookie.
     pub entries: Vec<(u64, Ino, FileKind, Vec<u8>)>,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct StatFs {
     pub block_bytes: u64,
     pub fragment_bytes: u64,
@@ -82,7 +84,7 @@ fn check_xattr_name(name: &[u8]) -> FsResult<()> {
 }
 
 /// The identity of the caller creating an object.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,

@@ -20,14 +20,21 @@ use crate::meta::{Change, ContentKind};
 use crate::metanode::{BlockAllocator, Content, FileUpdate, FileView, Metanode, SizeUpdate, Times};
 
 impl FileSystem {
-    /// The metanode of every file: this node owns every shard.
+    /// The metanode of every file, as this node's data path reaches it: this node owns
+    /// every shard (through the wire form when the mount asked for it).
     pub(crate) fn metanode(&self) -> &dyn Metanode {
-        self
+        match self.remote.get() {
+            Some(remote) => &**remote,
+            None => self,
+        }
     }
 
     /// Where this node's data path allocates: the one allocation map.
     pub(crate) fn allocator(&self) -> &dyn BlockAllocator {
-        self
+        match self.remote.get() {
+            Some(remote) => &**remote,
+            None => self,
+        }
     }
 
     /// Refuses a data allocation that would eat into the space kept for metadata pages
@@ -241,7 +248,7 @@ impl BlockAllocator for FileSystem {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::Path;
     use std::sync::Arc;
 
@@ -256,7 +263,8 @@ mod tests {
 
     const DISK_BYTES: u64 = 64 << 20;
 
-    fn mounted(dir: &Path) -> Arc<FileSystem> {
+    /// A small fresh file system on four file-backed disks in `dir`.
+    pub(crate) fn mounted(dir: &Path) -> Arc<FileSystem> {
         let mut disks: Vec<(NsdId, Arc<dyn BlockDevice>)> = Vec::new();
         let mut specs = Vec::new();
         for i in 0..2 {

@@ -33,7 +33,7 @@ use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode::{BlockRef, Ino};
 use crate::meta::Change;
-use crate::metanode::FileUpdate;
+use crate::metanode::{BlockAllocator, FileUpdate, Metanode};
 use crate::prefetch::SectorState;
 use crate::shard_tree::Item;
 
@@ -609,7 +609,7 @@ impl FileSystem {
         // the metanode interface (a view, an extent, an update mapping the copy).
         let _file = self.inode_lock(ino).write();
         let _stale = self.prefetch.invalidate_after(ino);
-        let view = match self.metanode().view(ino, index..index + 1) {
+        let view = match Metanode::view(self, ino, index..index + 1) {
             Ok(v) => v,
             Err(FsError::NotFound) => return Ok(Moved::Changed),
             Err(e) => return Err(e),
@@ -623,7 +623,10 @@ impl FileSystem {
             block_index: index,
             prev: None,
         };
-        let to = self.allocator().allocate_on(
+        // A restripe runs where the metadata is owned: it allocates from, and reports to,
+        // this node's own owner (a disk filter does not cross the wire).
+        let to = BlockAllocator::allocate_on(
+            self,
             view.pool,
             current.extent.sub_blocks,
             hint,
@@ -638,14 +641,13 @@ impl FileSystem {
                     index,
                     block: copy,
                 };
-                self.metanode()
-                    .update(ino, FileUpdate::content(vec![map]))?;
+                Metanode::update(self, ino, FileUpdate::content(vec![map]))?;
                 Ok(bytes)
             });
         match moved {
             Ok(bytes) => Ok(Moved::To(to, bytes)),
             Err(e) => {
-                self.allocator().abandon(to);
+                BlockAllocator::abandon(self, to);
                 Err(e)
             }
         }

@@ -61,7 +61,7 @@ const OPS: std::ops::Range<usize> = 5..80;
 /// A "crashed" [`FileSystem`] is dropped without unmount, but its background flusher may still
 /// hold a reference and commit the log seconds later, while the next mount already uses the
 /// same drives: the cut drives refuse it, as a dead process writes nothing.
-fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
+fn mount_crashable(t: &TestDisks, wire: bool) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
     static MOUNTS: AtomicU64 = AtomicU64::new(0);
     let mount = MOUNTS.fetch_add(1, Ordering::Relaxed);
     let mut drives = Vec::new();
@@ -81,6 +81,9 @@ fn mount_crashable(t: &TestDisks) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
         })
         .collect();
     let fs = FileSystem::mount(disks).expect("mount");
+    if wire {
+        fs.route_metadata_through_wire();
+    }
     // A cache of a few pages (a few hundred inodes): nearly every operation evicts and
     // reads metadata pages again.
     fs.set_metadata_cache_pages(TINY_CACHE_PAGES);
@@ -879,13 +882,16 @@ struct Run {
     /// For `history[i] -> history[i + 1]`: the file a write changed, if the step was a write.
     history_writes: Vec<Option<Ino>>,
     touched: BTreeSet<Ino>,
+    /// Every metanode request goes through its wire encoding (see
+    /// `FileSystem::route_metadata_through_wire`).
+    wire: bool,
 }
 
 impl Run {
-    fn new(opts: &FormatOptions) -> Run {
+    fn new(opts: &FormatOptions, wire: bool) -> Run {
         let t = make_disks(4, 64 << 20);
         format_fs(&t, opts);
-        let (fs, drives) = mount_crashable(&t);
+        let (fs, drives) = mount_crashable(&t, wire);
         let model = Model::new();
         Run {
             t,
@@ -897,6 +903,7 @@ impl Run {
             model,
             handles: Vec::new(),
             touched: BTreeSet::new(),
+            wire,
         }
     }
 
@@ -1242,7 +1249,7 @@ impl Run {
     }
 
     fn remount(&mut self) {
-        let (fs, drives) = mount_crashable(&self.t);
+        let (fs, drives) = mount_crashable(&self.t, self.wire);
         self.fs = Some(fs);
         self.drives = drives;
         self.handles.clear();
@@ -1368,7 +1375,11 @@ impl Run {
 }
 
 fn run(opts: &FormatOptions, ops: &[Op]) {
-    let mut r = Run::new(opts);
+    run_with(opts, ops, false);
+}
+
+fn run_with(opts: &FormatOptions, ops: &[Op], wire: bool) {
+    let mut r = Run::new(opts, wire);
     for (i, op) in ops.iter().enumerate() {
         r.apply(i, op);
         let full = i % FULL_CHECK_EVERY == FULL_CHECK_EVERY - 1
@@ -1417,6 +1428,17 @@ proptest! {
     #[test]
     fn model_64k_blocks(ops in proptest::collection::vec(op_strategy(), OPS)) {
         run(&opts_64k(), &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
+    /// The client reaches its metanode only through the encoded requests and replies a
+    /// remote owner will get: every operation, answer and error survives the wire form.
+    #[test]
+    fn model_through_the_metanode_wire(ops in proptest::collection::vec(op_strategy(), OPS)) {
+        run_with(&opts_256k(), &ops, true);
     }
 }
 

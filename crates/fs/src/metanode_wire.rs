@@ -1,0 +1,863 @@
+//! The metanode interface as messages: every call a client makes to the metanode of a file
+//! ([`Metanode`], [`Namespace`]) or to its block allocator ([`BlockAllocator`]) as one
+//! [`MetanodeRequest`] and one [`MetanodeReply`], postcard-encoded, with errors carried as
+//! [`RemoteError`]. [`serve`] answers a request from an owner; [`RemoteMetanode`] is the
+//! client's end, implementing the three traits over a [`MetanodeChannel`] that moves the
+//! encoded bytes. The cluster transport will be one such channel; [`Loopback`] is another,
+//! which sends every request of this node's own client through its encoding to this node's
+//! own owner: with `TESSERA_METANODE_LOOPBACK=1` at mount, the file system's whole test
+//! suite runs through the wire form, so a request that does not survive encoding, or an
+//! answer the client cannot take, shows up before any second node exists.
+//!
+//! A restripe's moves (`BlockAllocator::allocate_on`, whose disk filter is a closure) are
+//! not part of the wire: a restripe runs where the file system manager owns the metadata.
+
+use std::ops::Range;
+use std::sync::{Arc, Weak};
+
+use serde::{Deserialize, Serialize};
+use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
+use tessera_journal::Lsn;
+
+use crate::access::Protection;
+use crate::acl::{Acl, AclKind};
+use crate::error::{FsError, FsResult};
+use crate::fs::FileSystem;
+use crate::inode::{Attr, Ino};
+use crate::metanode::{
+    BlockAllocator, FileUpdate, FileView, Metanode, Namespace, NewNode, RenameHow, XattrHow,
+};
+use crate::namespace::{DirListing, SetAttr, StatFs};
+
+/// Largest encoded request or reply accepted: a view of many blocks, a readdir batch or a
+/// 64 KiB xattr value fit with room to spare; anything larger is a broken peer.
+pub const MESSAGE_BYTES_MAX: usize = 16 << 20;
+
+/// One call of a client to a metanode. Field order is the wire order (postcard); new
+/// variants go last.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum MetanodeRequest {
+    View {
+        ino: Ino,
+        blocks: Range<u64>,
+    },
+    Update {
+        ino: Ino,
+        update: FileUpdate,
+    },
+    Commit {
+        lsn: Lsn,
+    },
+    CommitData {
+        lsn: Lsn,
+        disks: Vec<u16>,
+    },
+    Accessed {
+        ino: Ino,
+    },
+    Allocate {
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        what: AllocPurpose,
+    },
+    Abandon {
+        extent: Extent,
+    },
+    Attr {
+        ino: Ino,
+    },
+    HeldBytes {
+        ino: Ino,
+    },
+    Find {
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Make {
+        parent: Ino,
+        name: Vec<u8>,
+        node: NewNode,
+    },
+    LinkTarget {
+        ino: Ino,
+    },
+    DropName {
+        parent: Ino,
+        name: Vec<u8>,
+        dir: bool,
+    },
+    AddName {
+        ino: Ino,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    MoveName {
+        from: (Ino, Vec<u8>),
+        to: (Ino, Vec<u8>),
+        how: RenameHow,
+    },
+    ChangeAttr {
+        ino: Ino,
+        set: SetAttr,
+    },
+    Opened {
+        ino: Ino,
+    },
+    Closed {
+        ino: Ino,
+    },
+    Entries {
+        ino: Ino,
+        after: u64,
+    },
+    Space,
+    PutXattr {
+        ino: Ino,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        how: XattrHow,
+    },
+    Xattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    XattrNames {
+        ino: Ino,
+    },
+    DropXattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    PutAcl {
+        ino: Ino,
+        kind: AclKind,
+        value: Vec<u8>,
+        how: XattrHow,
+        drop_setgid: bool,
+    },
+    Protection {
+        ino: Ino,
+    },
+}
+
+/// What an allocation is for; it names the request in a no-space error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocPurpose {
+    FileData,
+    Fallocate,
+    MovedFileData,
+}
+
+impl AllocPurpose {
+    fn of(what: &str) -> AllocPurpose {
+        match what {
+            "fallocate" => AllocPurpose::Fallocate,
+            "moved file data" => AllocPurpose::MovedFileData,
+            _ => AllocPurpose::FileData,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            AllocPurpose::FileData => "file data",
+            AllocPurpose::Fallocate => "fallocate",
+            AllocPurpose::MovedFileData => "moved file data",
+        }
+    }
+}
+
+/// A metanode's answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum MetanodeReply {
+    Done,
+    View(FileView),
+    Lsn(Lsn),
+    Extent(Extent),
+    Attr(Attr),
+    Count(u64),
+    Bytes(Vec<u8>),
+    Listing(DirListing),
+    Space(StatFs),
+    /// The attributes and the encoded access ACL.
+    Protection(Attr, Option<Vec<u8>>),
+    Failed(RemoteError),
+}
+
+/// An [`FsError`] on the wire: the variants a client acts on keep their identity (the
+/// errno the application sees and what the client's own logic matches on); the others
+/// travel as their errno and message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum RemoteError {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    Invalid(String),
+    NameTooLong,
+    NotSupported(String),
+    NoXattr,
+    Range {
+        size: u32,
+    },
+    TooManyLinks,
+    FileTooLarge,
+    NoSpace {
+        pool: String,
+        what: AllocPurpose,
+    },
+    NoInodes {
+        max: u64,
+    },
+    Checksum {
+        nsd: String,
+        offset: u64,
+        ino: u64,
+    },
+    Corrupt(String),
+    Fenced,
+    ReadOnly,
+    PermissionDenied,
+    NotPermitted(String),
+    /// Any other error of the metanode: its errno and message.
+    Other {
+        errno: i32,
+        message: String,
+    },
+}
+
+impl From<&FsError> for RemoteError {
+    fn from(e: &FsError) -> RemoteError {
+        match e {
+            FsError::NotFound => RemoteError::NotFound,
+            FsError::Exists => RemoteError::Exists,
+            FsError::NotDir => RemoteError::NotDir,
+            FsError::IsDir => RemoteError::IsDir,
+            FsError::NotEmpty => RemoteError::NotEmpty,
+            FsError::Invalid(s) => RemoteError::Invalid(s.clone()),
+            FsError::NameTooLong => RemoteError::NameTooLong,
+            FsError::NotSupported(s) => RemoteError::NotSupported(s.clone()),
+            FsError::NoXattr => RemoteError::NoXattr,
+            FsError::Range { size } => RemoteError::Range {
+                size: u32::try_from(*size).unwrap_or(u32::MAX),
+            },
+            FsError::TooManyLinks => RemoteError::TooManyLinks,
+            FsError::FileTooLarge => RemoteError::FileTooLarge,
+            FsError::NoSpace { pool, what } => RemoteError::NoSpace {
+                pool: pool.clone(),
+                what: AllocPurpose::of(what),
+            },
+            FsError::NoInodes { max } => RemoteError::NoInodes { max: *max },
+            FsError::Checksum { nsd, offset, ino } => RemoteError::Checksum {
+                nsd: nsd.clone(),
+                offset: *offset,
+                ino: *ino,
+            },
+            FsError::Corrupt(s) => RemoteError::Corrupt(s.clone()),
+            FsError::Fenced => RemoteError::Fenced,
+            FsError::ReadOnly => RemoteError::ReadOnly,
+            FsError::PermissionDenied => RemoteError::PermissionDenied,
+            FsError::NotPermitted(s) => RemoteError::NotPermitted(s.clone()),
+            other => RemoteError::Other {
+                errno: other.errno(),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+impl From<RemoteError> for FsError {
+    fn from(e: RemoteError) -> FsError {
+        match e {
+            RemoteError::NotFound => FsError::NotFound,
+            RemoteError::Exists => FsError::Exists,
+            RemoteError::NotDir => FsError::NotDir,
+            RemoteError::IsDir => FsError::IsDir,
+            RemoteError::NotEmpty => FsError::NotEmpty,
+            RemoteError::Invalid(s) => FsError::Invalid(s),
+            RemoteError::NameTooLong => FsError::NameTooLong,
+            RemoteError::NotSupported(s) => FsError::NotSupported(s),
+            RemoteError::NoXattr => FsError::NoXattr,
+            RemoteError::Range { size } => FsError::Range {
+                size: size as usize,
+            },
+            RemoteError::TooManyLinks => FsError::TooManyLinks,
+            RemoteError::FileTooLarge => FsError::FileTooLarge,
+            RemoteError::NoSpace { pool, what } => FsError::NoSpace {
+                pool,
+                what: what.label(),
+            },
+            RemoteError::NoInodes { max } => FsError::NoInodes { max },
+            RemoteError::Checksum { nsd, offset, ino } => FsError::Checksum { nsd, offset, ino },
+            RemoteError::Corrupt(s) => FsError::Corrupt(s),
+            RemoteError::Fenced => FsError::Fenced,
+            RemoteError::ReadOnly => FsError::ReadOnly,
+            RemoteError::PermissionDenied => FsError::PermissionDenied,
+            RemoteError::NotPermitted(s) => FsError::NotPermitted(s),
+            RemoteError::Other { errno, message } => FsError::Remote { errno, message },
+        }
+    }
+}
+
+/// Encodes a request or a reply.
+pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    postcard::to_allocvec(message).expect("metanode messages always encode")
+}
+
+/// Decodes a request or a reply, refusing trailing bytes and oversized input: a message
+/// that does not decode exactly is a broken or hostile peer, named in the error.
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> FsResult<T> {
+    if bytes.len() > MESSAGE_BYTES_MAX {
+        return Err(FsError::Invalid(format!(
+            "metanode {what} of {} bytes exceeds the {MESSAGE_BYTES_MAX}-byte limit",
+            bytes.len()
+        )));
+    }
+    let (message, rest) = postcard::take_from_bytes(bytes).map_err(|e| {
+        FsError::Invalid(format!(
+            "malformed metanode {what} ({} bytes): {e}",
+            bytes.len()
+        ))
+    })?;
+    if !rest.is_empty() {
+        return Err(FsError::Invalid(format!(
+            "metanode {what} has {} bytes after its end",
+            rest.len()
+        )));
+    }
+    Ok(message)
+}
+
+fn answer<T>(r: FsResult<T>, ok: impl FnOnce(T) -> MetanodeReply) -> MetanodeReply {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+    }
+}
+
+/// Answers one request from `owner`, the metanode of the inodes it names.
+pub(crate) fn serve<O>(owner: &O, request: MetanodeRequest) -> MetanodeReply
+where
+    O: Metanode + Namespace + BlockAllocator + ?Sized,
+{
+    use MetanodeReply as R;
+    use MetanodeRequest as Q;
+    match request {
+        Q::View { ino, blocks } => answer(owner.view(ino, blocks), R::View),
+        Q::Update { ino, update } => answer(owner.update(ino, update), R::Lsn),
+        Q::Commit { lsn } => answer(owner.commit(lsn), |()| R::Done),
+        Q::CommitData { lsn, disks } => answer(owner.commit_data(lsn, &disks), |()| R::Done),
+        Q::Accessed { ino } => {
+            owner.accessed(ino);
+            R::Done
+        }
+        Q::Allocate {
+            pool,
+            sub_blocks,
+            hint,
+            what,
+        } => answer(
+            owner.allocate(pool, sub_blocks, hint, what.label()),
+            R::Extent,
+        ),
+        Q::Abandon { extent } => {
+            owner.abandon(extent);
+            R::Done
+        }
+        Q::Attr { ino } => answer(owner.attr(ino), R::Attr),
+        Q::HeldBytes { ino } => answer(owner.held_bytes(ino), R::Count),
+        Q::Find { parent, name } => answer(owner.find(parent, &name), R::Attr),
+        Q::Make { parent, name, node } => answer(owner.make(parent, &name, node), R::Attr),
+        Q::LinkTarget { ino } => answer(owner.link_target(ino), R::Bytes),
+        Q::DropName { parent, name, dir } => {
+            answer(owner.drop_name(parent, &name, dir), |()| R::Done)
+        }
+        Q::AddName { ino, parent, name } => answer(owner.add_name(ino, parent, &name), R::Attr),
+        Q::MoveName { from, to, how } => answer(
+            owner.move_name((from.0, &from.1), (to.0, &to.1), how),
+            |()| R::Done,
+        ),
+        Q::ChangeAttr { ino, set } => answer(owner.change_attr(ino, set), R::Attr),
+        Q::Opened { ino } => answer(owner.opened(ino), R::Attr),
+        Q::Closed { ino } => answer(owner.closed(ino), |()| R::Done),
+        Q::Entries { ino, after } => answer(owner.entries(ino, after), R::Listing),
+        Q::Space => R::Space(owner.space()),
+        Q::PutXattr {
+            ino,
+            name,
+            value,
+            how,
+        } => answer(owner.put_xattr(ino, &name, &value, how), |()| R::Done),
+        Q::Xattr { ino, name } => answer(owner.xattr(ino, &name), R::Bytes),
+        Q::XattrNames { ino } => answer(owner.xattr_names(ino), R::Bytes),
+        Q::DropXattr { ino, name } => answer(owner.drop_xattr(ino, &name), |()| R::Done),
+        Q::PutAcl {
+            ino,
+            kind,
+            value,
+            how,
+            drop_setgid,
+        } => answer(owner.put_acl(ino, kind, &value, how, drop_setgid), |()| {
+            R::Done
+        }),
+        Q::Protection { ino } => answer(owner.protection(ino), |p| {
+            R::Protection(p.attr, p.acl.map(|a| a.encode()))
+        }),
+    }
+}
+
+/// Moves an encoded request to a metanode and brings back its encoded reply.
+pub trait MetanodeChannel: Send + Sync {
+    fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>>;
+}
+
+/// The client's end of the metanode interface over a channel.
+pub(crate) struct RemoteMetanode {
+    channel: Box<dyn MetanodeChannel>,
+}
+
+impl RemoteMetanode {
+    pub fn new(channel: Box<dyn MetanodeChannel>) -> RemoteMetanode {
+        RemoteMetanode { channel }
+    }
+
+    fn call(&self, request: MetanodeRequest) -> FsResult<MetanodeReply> {
+        let reply = self.channel.call(encode(&request))?;
+        match decode::<MetanodeReply>(&reply, "reply")? {
+            MetanodeReply::Failed(e) => Err(e.into()),
+            reply => Ok(reply),
+        }
+    }
+}
+
+/// A reply of the wrong kind for its request: the peer is broken, not the file.
+fn mismatch(reply: MetanodeReply, wanted: &str) -> FsError {
+    FsError::Invalid(format!(
+        "metanode answered with {reply:?} where {wanted} was due"
+    ))
+}
+
+macro_rules! expect_reply {
+    ($reply:expr, $pattern:pat => $value:expr, $wanted:literal) => {
+        match $reply {
+            $pattern => Ok($value),
+            other => Err(mismatch(other, $wanted)),
+        }
+    };
+}
+
+impl RemoteMetanode {
+    fn done(&self, request: MetanodeRequest) -> FsResult<()> {
+        expect_reply!(self.call(request)?, MetanodeReply::Done => (), "done")
+    }
+
+    fn attr_of(&self, request: MetanodeRequest) -> FsResult<Attr> {
+        expect_reply!(self.call(request)?, MetanodeReply::Attr(a) => a, "attributes")
+    }
+
+    fn bytes(&self, request: MetanodeRequest) -> FsResult<Vec<u8>> {
+        expect_reply!(self.call(request)?, MetanodeReply::Bytes(b) => b, "bytes")
+    }
+}
+
+impl Metanode for RemoteMetanode {
+    fn view(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
+        let reply = self.call(MetanodeRequest::View { ino, blocks })?;
+        expect_reply!(reply, MetanodeReply::View(v) => v, "a view")
+    }
+
+    fn update(&self, ino: Ino, update: FileUpdate) -> FsResult<Lsn> {
+        let reply = self.call(MetanodeRequest::Update { ino, update })?;
+        expect_reply!(reply, MetanodeReply::Lsn(l) => l, "a log position")
+    }
+
+    fn commit(&self, lsn: Lsn) -> FsResult<()> {
+        self.done(MetanodeRequest::Commit { lsn })
+    }
+
+    fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
+        self.done(MetanodeRequest::CommitData {
+            lsn,
+            disks: disks.to_vec(),
+        })
+    }
+
+    fn accessed(&self, ino: Ino) {
+        if let Err(e) = self.done(MetanodeRequest::Accessed { ino }) {
+            tracing::warn!("atime update of inode {ino}: {e}");
+        }
+    }
+}
+
+impl BlockAllocator for RemoteMetanode {
+    fn allocate(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Extent> {
+        let reply = self.call(MetanodeRequest::Allocate {
+            pool,
+            sub_blocks,
+            hint,
+            what: AllocPurpose::of(what),
+        })?;
+        expect_reply!(reply, MetanodeReply::Extent(e) => e, "an extent")
+    }
+
+    fn allocate_on(
+        &self,
+        _pool: PoolId,
+        _sub_blocks: u32,
+        _hint: BlockHint,
+        _allowed: &dyn Fn(DiskIndex) -> bool,
+        what: &'static str,
+    ) -> FsResult<Extent> {
+        Err(FsError::NotSupported(format!(
+            "allocating {what} on chosen disks from another node; a restripe runs where \
+             the file system's metadata is owned"
+        )))
+    }
+
+    fn abandon(&self, extent: Extent) {
+        if let Err(e) = self.done(MetanodeRequest::Abandon { extent }) {
+            // The extent stays out of the allocator until the owner's next mount finds it
+            // unreferenced: leaked for now, never lost or given out twice.
+            tracing::warn!("giving back extent {extent:?}: {e}");
+        }
+    }
+}
+
+impl Namespace for RemoteMetanode {
+    fn attr(&self, ino: Ino) -> FsResult<Attr> {
+        self.attr_of(MetanodeRequest::Attr { ino })
+    }
+
+    fn held_bytes(&self, ino: Ino) -> FsResult<u64> {
+        let reply = self.call(MetanodeRequest::HeldBytes { ino })?;
+        expect_reply!(reply, MetanodeReply::Count(n) => n, "a count")
+    }
+
+    fn find(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        self.attr_of(MetanodeRequest::Find {
+            parent,
+            name: name.to_vec(),
+        })
+    }
+
+    fn make(&self, parent: Ino, name: &[u8], node: NewNode) -> FsResult<Attr> {
+        self.attr_of(MetanodeRequest::Make {
+            parent,
+            name: name.to_vec(),
+            node,
+        })
+    }
+
+    fn link_target(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        self.bytes(MetanodeRequest::LinkTarget { ino })
+    }
+
+    fn drop_name(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
+        self.done(MetanodeRequest::DropName {
+            parent,
+            name: name.to_vec(),
+            dir,
+        })
+    }
+
+    fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        self.attr_of(MetanodeRequest::AddName {
+            ino,
+            parent,
+            name: name.to_vec(),
+        })
+    }
+
+    fn move_name(&self, from: (Ino, &[u8]), to: (Ino, &[u8]), how: RenameHow) -> FsResult<()> {
+        self.done(MetanodeRequest::MoveName {
+            from: (from.0, from.1.to_vec()),
+            to: (to.0, to.1.to_vec()),
+            how,
+        })
+    }
+
+    fn change_attr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        self.attr_of(MetanodeRequest::ChangeAttr { ino, set })
+    }
+
+    fn opened(&self, ino: Ino) -> FsResult<Attr> {
+        self.attr_of(MetanodeRequest::Opened { ino })
+    }
+
+    fn closed(&self, ino: Ino) -> FsResult<()> {
+        self.done(MetanodeRequest::Closed { ino })
+    }
+
+    fn entries(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
+        let reply = self.call(MetanodeRequest::Entries { ino, after })?;
+        expect_reply!(reply, MetanodeReply::Listing(l) => l, "directory entries")
+    }
+
+    fn space(&self) -> StatFs {
+        match self.call(MetanodeRequest::Space) {
+            Ok(MetanodeReply::Space(s)) => s,
+            other => {
+                // statfs has no error to give: report an empty file system and say why.
+                tracing::warn!("statfs from the file system manager: {other:?}");
+                StatFs {
+                    block_bytes: 4096,
+                    fragment_bytes: 4096,
+                    fragments_total: 0,
+                    fragments_free: 0,
+                    inodes_total: 0,
+                    inodes_free: 0,
+                    name_bytes_max: crate::namespace::NAME_BYTES_MAX as u32,
+                }
+            }
+        }
+    }
+
+    fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()> {
+        self.done(MetanodeRequest::PutXattr {
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            how,
+        })
+    }
+
+    fn xattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.bytes(MetanodeRequest::Xattr {
+            ino,
+            name: name.to_vec(),
+        })
+    }
+
+    fn xattr_names(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        self.bytes(MetanodeRequest::XattrNames { ino })
+    }
+
+    fn drop_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+        self.done(MetanodeRequest::DropXattr {
+            ino,
+            name: name.to_vec(),
+        })
+    }
+
+    fn put_acl(
+        &self,
+        ino: Ino,
+        kind: AclKind,
+        value: &[u8],
+        how: XattrHow,
+        drop_setgid: bool,
+    ) -> FsResult<()> {
+        self.done(MetanodeRequest::PutAcl {
+            ino,
+            kind,
+            value: value.to_vec(),
+            how,
+            drop_setgid,
+        })
+    }
+
+    fn protection(&self, ino: Ino) -> FsResult<Protection> {
+        let reply = self.call(MetanodeRequest::Protection { ino })?;
+        let (attr, acl) =
+            expect_reply!(reply, MetanodeReply::Protection(a, l) => (a, l), "a protection")?;
+        let acl = acl
+            .map(|bytes| Acl::decode(&bytes))
+            .transpose()
+            .map_err(|e| FsError::Invalid(format!("metanode sent a malformed ACL: {e}")))?;
+        Ok(Protection { attr, acl })
+    }
+}
+
+/// The channel from this node's client to this node's own owner, through the encoded form
+/// (see the module's comment). It holds the file system weakly: the file system holds it.
+pub(crate) struct Loopback(pub Weak<FileSystem>);
+
+impl MetanodeChannel for Loopback {
+    fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        let fs: Arc<FileSystem> = self.0.upgrade().ok_or_else(|| {
+            FsError::Invalid("the file system behind the metanode loopback is gone".into())
+        })?;
+        let request = decode::<MetanodeRequest>(&request, "request")?;
+        Ok(encode(&serve(&*fs, request)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inode::{FileKind, Timestamp};
+
+    fn attr() -> Attr {
+        Attr {
+            ino: 7,
+            kind: FileKind::Regular,
+            perm: 0o644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            size: 3,
+            rdev: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            crtime: Timestamp::default(),
+            generation: 0,
+        }
+    }
+
+    #[test]
+    fn every_error_a_client_matches_on_survives_the_wire() {
+        let errors = [
+            FsError::NotFound,
+            FsError::Exists,
+            FsError::NotEmpty,
+            FsError::NameTooLong,
+            FsError::NoXattr,
+            FsError::Range { size: 65_536 },
+            FsError::NoSpace {
+                pool: "system".into(),
+                what: "fallocate",
+            },
+            FsError::NoInodes { max: 10 },
+            FsError::PermissionDenied,
+            FsError::NotPermitted("chown".into()),
+            FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)),
+        ];
+        for e in errors {
+            let wire: RemoteError = decode(&encode(&RemoteError::from(&e)), "error").unwrap();
+            let back = FsError::from(wire);
+            assert_eq!(back.errno(), e.errno(), "{e} came back as {back}");
+            assert_eq!(back.to_string(), e.to_string());
+        }
+    }
+
+    #[test]
+    fn requests_and_replies_round_trip_and_garbage_is_refused() {
+        let requests = [
+            MetanodeRequest::Find {
+                parent: 1,
+                name: b"a".to_vec(),
+            },
+            MetanodeRequest::MoveName {
+                from: (1, b"a".to_vec()),
+                to: (9, b"b".to_vec()),
+                how: RenameHow {
+                    noreplace: true,
+                    exchange: false,
+                },
+            },
+            MetanodeRequest::View {
+                ino: 7,
+                blocks: 3..9,
+            },
+            MetanodeRequest::Space,
+        ];
+        for r in requests {
+            let bytes = encode(&r);
+            assert_eq!(decode::<MetanodeRequest>(&bytes, "request").unwrap(), r);
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(decode::<MetanodeRequest>(&longer, "request").is_err());
+            if bytes.len() > 1 {
+                assert!(decode::<MetanodeRequest>(&bytes[..bytes.len() - 1], "request").is_err());
+            }
+        }
+        let reply = MetanodeReply::Protection(attr(), Some(vec![2, 0, 0, 0]));
+        match decode::<MetanodeReply>(&encode(&reply), "reply").unwrap() {
+            MetanodeReply::Protection(a, Some(acl)) => {
+                assert_eq!(a, attr());
+                assert_eq!(acl, vec![2, 0, 0, 0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(decode::<MetanodeRequest>(&[0xff; 7], "request").is_err());
+        assert!(decode::<MetanodeRequest>(&[], "request").is_err());
+    }
+
+    /// Counts the requests it carries to a loopback.
+    struct Counted(Loopback, Arc<std::sync::atomic::AtomicUsize>);
+
+    impl MetanodeChannel for Counted {
+        fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.call(request)
+        }
+    }
+
+    #[test]
+    fn a_client_routed_through_the_wire_reaches_its_owner_for_every_operation() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = crate::owner::tests::mounted(dir.path());
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let channel = Counted(Loopback(Arc::downgrade(&fs)), calls.clone());
+        assert!(fs
+            .remote
+            .set(Arc::new(RemoteMetanode::new(Box::new(channel))))
+            .is_ok());
+        let count = || calls.load(std::sync::atomic::Ordering::Relaxed);
+        let me = crate::Caller { uid: 0, gid: 0 };
+        let root = crate::ROOT_INO;
+
+        let before = count();
+        let d = fs
+            .create_node(root, b"d", FileKind::Directory, 0o755, 0, me, None)
+            .unwrap();
+        let f = fs
+            .create_node(d.ino, b"f", FileKind::Regular, 0o644, 0, me, None)
+            .unwrap();
+        assert!(count() >= before + 2);
+
+        // Data: a view and an update per write, a view per read, all through the wire.
+        let before = count();
+        let data = vec![7u8; 300_000];
+        assert_eq!(fs.write(f.ino, 5, &data, true).unwrap(), data.len());
+        assert_eq!(fs.read(f.ino, 5, 300_000).unwrap(), data);
+        assert!(count() > before + 2);
+        assert_eq!(fs.getattr(f.ino).unwrap().size, 300_005);
+
+        // Errors keep their identity: EEXIST, ENOENT, ENOTEMPTY.
+        let e = fs
+            .create_node(d.ino, b"f", FileKind::Regular, 0o644, 0, me, None)
+            .unwrap_err();
+        assert!(matches!(e, FsError::Exists), "{e}");
+        assert!(matches!(fs.lookup(d.ino, b"nope"), Err(FsError::NotFound)));
+        assert!(matches!(
+            fs.remove(root, b"d", true),
+            Err(FsError::NotEmpty)
+        ));
+
+        fs.rename(d.ino, b"f", root, b"g", false, false).unwrap();
+        fs.setxattr(f.ino, b"user.k", b"v", true, false).unwrap();
+        assert_eq!(fs.getxattr(f.ino, b"user.k").unwrap(), b"v");
+        let listing = fs.readdir(root, 0).unwrap();
+        assert!(listing
+            .entries
+            .iter()
+            .any(|(_, ino, _, n)| *ino == f.ino && n == b"g"));
+        fs.remove(root, b"g", false).unwrap();
+        fs.remove(root, b"d", true).unwrap();
+        assert!(matches!(fs.getattr(f.ino), Err(FsError::NotFound)));
+        assert!(fs.statfs().inodes_total > 0);
+        fs.unmount().unwrap();
+    }
+
+    proptest::proptest! {
+        /// No byte string makes the decoder panic or hand out a request that does not
+        /// encode back to the same bytes it came from.
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(0u8..=255, 0..200)) {
+            if let Ok(r) = decode::<MetanodeRequest>(&bytes, "request") {
+                let again: MetanodeRequest = decode(&encode(&r), "request").unwrap();
+                proptest::prop_assert_eq!(again, r);
+            }
+            let _ = decode::<MetanodeReply>(&bytes, "reply");
+        }
+    }
+}
