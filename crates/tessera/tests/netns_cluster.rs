@@ -455,3 +455,110 @@ fn nodes_are_deleted_added_and_changed_while_the_cluster_runs() {
         all_in_state(&c, 1, &[1, 2, 3, 4], "active")
     });
 }
+
+/// A node that mounts a file system dies: until the cluster expels it another node is
+/// refused (naming it), and once expelled another node mounts the file system, which
+/// replays the dead node's recovery log, and finds every fsynced byte. The dead node, back,
+/// does not mount it again behind the new owner's back.
+#[test]
+fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&[
+        "up",
+        "3",
+        "--drives",
+        "1",
+        "--size",
+        "256M",
+        "--config",
+        TEST_TIMINGS,
+    ]);
+    let all = [1, 2, 3];
+    assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
+    let stanza = c.base.join("takeover.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=t1 usage=dataAndMetadata failureGroup=1 pool=system\n",
+            c.base.join("drives/node1-d1.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    let mnt1 = c.base.join("node1/mnt/t1");
+    let mnt2 = c.base.join("node2/mnt/t1");
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    tessera_ok(
+        &c,
+        1,
+        &[
+            "fs",
+            "create",
+            "t1",
+            "-F",
+            stanza,
+            "-T",
+            mnt1.to_str().unwrap(),
+        ],
+    );
+    tessera_ok(&c, 1, &["mount", "t1"]);
+    // Fsynced data and a directory made on node 1.
+    let acked: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    {
+        use std::io::Write;
+        std::fs::create_dir(mnt1.join("dir")).unwrap();
+        let mut f = std::fs::File::create(mnt1.join("dir/acked")).unwrap();
+        f.write_all(&acked).unwrap();
+        f.sync_all().unwrap();
+        std::fs::File::open(mnt1.join("dir"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+    }
+    let mnt2_arg = mnt2.to_str().unwrap();
+    let refused = tessera(&c, 2, &["mount", "t1", "-T", mnt2_arg]);
+    let why = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success(), "node 2 mounted t1 beside node 1");
+    assert!(why.contains("node1") && why.contains("expelled"), "{why}");
+
+    c.ok(&["kill", "1"]);
+    // The dead daemon's FUSE mount is left behind, as after any crash: detach it.
+    let _ = std::process::Command::new("umount")
+        .args(["-l", mnt1.to_str().unwrap()])
+        .status();
+    let waited = wait_for("the expel of node 1", SETTLE, || {
+        states(&c, 2)
+            .get("node1")
+            .is_some_and(|(s, epoch)| s == "down" && epoch.is_empty())
+    });
+    eprintln!("node 1 expelled {waited:?} after its kill");
+    tessera_ok(&c, 2, &["mount", "t1", "-T", mnt2_arg]);
+    assert_eq!(std::fs::read(mnt2.join("dir/acked")).unwrap(), acked);
+    std::fs::write(mnt2.join("dir/after"), b"written on node 2").unwrap();
+
+    // Node 1 comes back and leaves t1 to node 2; mounting it there is refused.
+    c.ok(&["start", "1"]);
+    wait_for("all active after the restart", SETTLE, || {
+        all_in_state(&c, 2, &all, "active")
+    });
+    // Until its copy of the configuration has caught up, node 1's attempt fails on the
+    // compare-and-set instead ("run the command again"); either way it never mounts.
+    wait_for("node 1 refusing because node 2 has t1", SETTLE, || {
+        let again = tessera(&c, 1, &["mount", "t1"]);
+        assert!(!again.status.success(), "node 1 mounted t1 beside node 2");
+        String::from_utf8_lossy(&again.stderr).contains("node2")
+    });
+    tessera_ok(&c, 2, &["umount", "t1"]);
+    // Unmounted there, it mounts on node 1 again with everything written on both.
+    tessera_ok(&c, 1, &["mount", "t1"]);
+    assert_eq!(std::fs::read(mnt1.join("dir/acked")).unwrap(), acked);
+    assert_eq!(
+        std::fs::read(mnt1.join("dir/after")).unwrap(),
+        b"written on node 2"
+    );
+    tessera_ok(&c, 1, &["umount", "t1"]);
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}

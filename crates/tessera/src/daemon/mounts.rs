@@ -225,6 +225,16 @@ impl Daemon {
         (record.mounted && on != self.cluster.node_name).then_some(on)
     }
 
+    /// Whether node `name` runs a live incarnation: joined, and not expelled since.
+    fn node_is_live(&self, name: &str) -> bool {
+        let state = self.member.state();
+        state
+            .nodes
+            .values()
+            .find(|n| n.name == name)
+            .is_some_and(|n| state.incarnations.contains_key(&n.number))
+    }
+
     /// Refuses an operation on `record` while another node has it mounted.
     pub(super) fn check_not_mounted_elsewhere(&self, record: &FsRecord, what: &str) -> Result<()> {
         if let Some(node) = self.mounted_elsewhere(record) {
@@ -232,7 +242,9 @@ impl Daemon {
                 "file system {} is mounted on node {node}; {what} while it is mounted there \
                  would race that node's writes. Until file systems are shared between nodes, \
                  one node at a time mounts a file system: run this on {node}, or unmount it \
-                 there first (`tessera umount {}` on {node})",
+                 there first (`tessera umount {}` on {node}). If {node} is dead, a mount \
+                 here takes the file system over once the cluster has expelled {node} \
+                 (after failureDetectionTime; `tessera state -a` shows it down)",
                 record.name,
                 record.name
             );
@@ -243,10 +255,22 @@ impl Daemon {
     /// Records in the replicated file-system table that this node mounts `name`, then
     /// mounts it. The record goes first: of two nodes that try at once, the
     /// compare-and-set lets one win before either touches the disks.
+    ///
+    /// A file system recorded as mounted on a node that lost its lease (expelled: the
+    /// cluster manager waited for the lease to run out, so that node does no more disk
+    /// I/O) is taken over: this mount replays its recovery log, as any mount after a
+    /// crash does. The compare-and-set of the record goes through the Raft leader, so a
+    /// node whose copy of the configuration is stale cannot take over a node that came
+    /// back: the record changed, or the write finds no quorum.
     fn claim_and_mount(&self, name: &str, mount_point: &Path) -> Result<()> {
         let mut fss = self.file_systems()?;
         let record = fss.require(name)?.clone();
-        self.check_not_mounted_elsewhere(&record, "mounting it here")?;
+        match self.mounted_elsewhere(&record) {
+            Some(node) if !self.node_is_live(node) => tracing::warn!(
+                "{name}: taking over from node {node}, which was mounting it and lost its                  lease (expelled); this mount replays its recovery log"
+            ),
+            _ => self.check_not_mounted_elsewhere(&record, "mounting it here")?,
+        }
         let rec = fss.get_mut(name).expect("checked above");
         rec.mounted = true;
         rec.mounted_on = Some(self.cluster.node_name.clone());
