@@ -1,5 +1,7 @@
-//! The mounted file system: the metanode state of every shard, the recovery log, the
-//! allocation map, and the operations the access layer (FUSE) calls.
+//! The mounted file system: the client's state (data-path locks, read-ahead, counters, the
+//! way to the metanodes) and the owner's ([`Owner`]: the metanode state of every shard, the
+//! recovery log, the allocation map, checkpoints), with mount, log and commit, checkpoint,
+//! the background flusher and unmount.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -79,48 +81,59 @@ pub(crate) struct Meta {
     pub discarding: Vec<Extent>,
 }
 
-pub struct FileSystem {
+/// What only the node that owns the shards keeps: the descriptor, every shard's metadata
+/// state, the recovery log, the allocation map's stored slots, the installed placement
+/// policy and the checkpoint's state. A client reaches it through the metanode interface
+/// (`metanode.rs`); on one node it lives inside the `FileSystem` that is also the client.
+pub(crate) struct Owner {
     pub(crate) desc: Mutex<FsDescriptor>,
-    /// The disks' devices by disk index; grows when a disk is added (`disk add`).
-    pub(crate) devices: Arc<DiskSet>,
     pub(crate) meta: Mutex<Meta>,
     /// The recovery log; replaced only when `restripe -m` moves it to another disk (see
     /// `restripe.rs`), so callers take a handle and never hold this lock.
-    journal: RwLock<Arc<Journal>>,
+    pub(crate) journal: RwLock<Arc<Journal>>,
+    pub(crate) checkpoint_lock: Mutex<()>,
+    pub(crate) commit_lock: Mutex<()>,
+    /// Metadata pages a durable checkpoint superseded, freed under the next metadata lock.
+    pub(crate) deferred_frees: Mutex<Vec<Extent>>,
+    /// Which slot of each stored allocation-map chunk a checkpoint must not overwrite; used
+    /// under the checkpoint lock.
+    pub(crate) map_slots: Mutex<crate::alloc_map::MapSlots>,
+    /// Why this mount rebuilt the allocation map from the metadata instead of reading it.
+    pub(crate) map_rebuilt: Option<String>,
+    /// The installed policy, when it applies (see `placement.rs`).
+    pub(crate) policy: RwLock<Option<Arc<crate::placement::Installed>>>,
+    /// A checkpoint failed after giving its pages addresses: no further checkpoint is safe.
+    pub(crate) checkpoint_failed: AtomicBool,
+    /// Changed metadata pages held before the background flusher starts a checkpoint, and
+    /// before a change waits for one itself (see `set_metadata_cache_bytes`).
+    pub(crate) dirty_pages_soft: AtomicUsize,
+    pub(crate) dirty_pages_hard: AtomicUsize,
+    /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
+    pub(crate) discarded_bytes: std::sync::atomic::AtomicU64,
+    pub(crate) discard_errors: std::sync::atomic::AtomicU64,
+    /// Sub-blocks of the system pool's metadata disks that file data leaves free, so that
+    /// checkpoints always find pages (0 when data goes to other disks only); grows when a
+    /// disk is added.
+    pub(crate) metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64,
+}
+
+/// A mounted file system on this node: the client (the data path with its locks and
+/// read-ahead, the counters, the way to the metanodes) and, since this node owns every
+/// shard, the owner's state.
+pub struct FileSystem {
+    pub(crate) owner: Owner,
+    /// The disks' devices by disk index; grows when a disk is added (`disk add`).
+    pub(crate) devices: Arc<DiskSet>,
     pub(crate) geo: Geometry,
     pub(crate) pmon: Pmon,
     pub(crate) prefetch: Prefetcher,
     inode_locks: Vec<RwLock<()>>,
     block_locks: Vec<RwLock<()>>,
     segment_locks: Vec<Mutex<()>>,
-    pub(crate) checkpoint_lock: Mutex<()>,
-    commit_lock: Mutex<()>,
-    /// Metadata pages a durable checkpoint superseded, freed under the next metadata lock.
-    deferred_frees: Mutex<Vec<Extent>>,
-    /// Which slot of each stored allocation-map chunk a checkpoint must not overwrite; used
-    /// under the checkpoint lock.
-    pub(crate) map_slots: Mutex<crate::alloc_map::MapSlots>,
-    /// Why this mount rebuilt the allocation map from the metadata instead of reading it.
-    map_rebuilt: Option<String>,
-    /// The installed policy, when it applies (see `placement.rs`).
-    pub(crate) policy: RwLock<Option<Arc<crate::placement::Installed>>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(crate) unmounted: AtomicBool,
     fenced: AtomicBool,
-    /// A checkpoint failed after giving its pages addresses: no further checkpoint is safe.
-    checkpoint_failed: AtomicBool,
-    /// Changed metadata pages held before the background flusher starts a checkpoint, and
-    /// before a change waits for one itself (see `set_metadata_cache_bytes`).
-    pub(crate) dirty_pages_soft: AtomicUsize,
-    dirty_pages_hard: AtomicUsize,
-    /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
-    discarded_bytes: std::sync::atomic::AtomicU64,
-    discard_errors: std::sync::atomic::AtomicU64,
-    /// Sub-blocks of the system pool's metadata disks that file data leaves free, so that
-    /// checkpoints always find pages (0 when data goes to other disks only); grows when a
-    /// disk is added.
-    pub(crate) metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64,
     /// Where this node's client sends its metanode requests when not to its own owner
     /// directly: set at mount by `TESSERA_METANODE_LOOPBACK=1` (see `metanode_wire.rs`).
     pub(crate) remote: std::sync::OnceLock<Arc<crate::metanode_wire::RemoteMetanode>>,
@@ -186,9 +199,8 @@ impl FileSystem {
         let reserve = metadata_reserve(&desc);
         let policy = crate::placement::load(&desc);
         let prefetch = Prefetcher::new(geo.block_bytes);
-        let fs = Arc::new(FileSystem {
+        let owner = Owner {
             desc: Mutex::new(desc),
-            devices,
             meta: Mutex::new(Meta {
                 state: recovered.state,
                 alloc: recovered.alloc,
@@ -198,28 +210,32 @@ impl FileSystem {
                 discarding: Vec::new(),
             }),
             journal: RwLock::new(Arc::new(recovered.journal)),
-            geo,
-            pmon: Pmon::default(),
-            prefetch,
-            inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-            block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-            segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             checkpoint_lock: Mutex::new(()),
             commit_lock: Mutex::new(()),
             deferred_frees: Mutex::new(Vec::new()),
             map_slots: Mutex::new(recovered.map_slots),
             map_rebuilt: recovered.map_rebuilt,
             policy: RwLock::new(policy),
-            stop: Arc::new((Mutex::new(false), Condvar::new())),
-            flusher: Mutex::new(None),
-            unmounted: AtomicBool::new(false),
-            fenced: AtomicBool::new(false),
             checkpoint_failed: AtomicBool::new(false),
             dirty_pages_soft: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_SOFT),
             dirty_pages_hard: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_HARD),
             discarded_bytes: std::sync::atomic::AtomicU64::new(0),
             discard_errors: std::sync::atomic::AtomicU64::new(0),
             metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
+        };
+        let fs = Arc::new(FileSystem {
+            owner,
+            devices,
+            geo,
+            pmon: Pmon::default(),
+            prefetch,
+            inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            stop: Arc::new((Mutex::new(false), Condvar::new())),
+            flusher: Mutex::new(None),
+            unmounted: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
         });
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
@@ -240,7 +256,7 @@ impl FileSystem {
 
     /// Frees inodes whose last link went away while they were open.
     fn reclaim_orphans(&self) -> FsResult<()> {
-        let mut m = self.meta.lock();
+        let mut m = self.owner.meta.lock();
         let orphans: Vec<Ino> = m.state.orphans()?;
         for ino in &orphans {
             tracing::info!("reclaiming orphan inode {ino}");
@@ -259,7 +275,12 @@ impl FileSystem {
     /// until the next checkpoint, and clean ones give way to them). A small cache costs
     /// speed, never correctness.
     pub fn set_metadata_cache_pages(&self, pages: usize) {
-        self.meta.lock().state.store_mut().set_cache_pages(pages);
+        self.owner
+            .meta
+            .lock()
+            .state
+            .store_mut()
+            .set_cache_pages(pages);
     }
 
     /// Sizes the metadata page memory by `bytes` (`pagepool`), clean and changed pages
@@ -271,7 +292,7 @@ impl FileSystem {
     /// more changes to the same page (a directory leaf hit again and again) go out in one
     /// write.
     pub fn set_metadata_cache_bytes(&self, bytes: u64) {
-        let mut m = self.meta.lock();
+        let mut m = self.owner.meta.lock();
         let store = m.state.store_mut();
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         store.set_cache_pages(usize::MAX);
@@ -279,24 +300,25 @@ impl FileSystem {
         let pages = (bytes / store.dirty_page_memory()).max(8);
         drop(m);
         let soft = (pages / 4).max(crate::checkpoint::DIRTY_PAGES_MIN);
-        self.dirty_pages_soft.store(soft, Ordering::Relaxed);
-        self.dirty_pages_hard
+        self.owner.dirty_pages_soft.store(soft, Ordering::Relaxed);
+        self.owner
+            .dirty_pages_hard
             .store((pages / 2).max(2 * soft), Ordering::Relaxed);
     }
 
     /// Bounds the cache of decoded inode records (`maxFilesToCache`).
     pub fn set_inode_cache(&self, records: usize) {
-        self.meta.lock().state.set_inode_cache(records);
+        self.owner.meta.lock().state.set_inode_cache(records);
     }
 
     /// Bounds the cache of attributes of inodes beyond the record cache (`maxStatCache`).
     pub fn set_stat_cache(&self, entries: usize) {
-        self.meta.lock().state.set_stat_cache(entries);
+        self.owner.meta.lock().state.set_stat_cache(entries);
     }
 
     /// Entries in the inode record cache and the stat cache.
     pub fn inode_cache_len(&self) -> (usize, usize) {
-        self.meta.lock().state.inode_cache_len()
+        self.owner.meta.lock().state.inode_cache_len()
     }
 
     /// Records and group commits of the recovery log since the mount.
@@ -306,17 +328,17 @@ impl FileSystem {
 
     /// Counters of the metadata page cache.
     pub fn metadata_cache_stats(&self) -> tessera_meta::StoreStats {
-        self.meta.lock().state.store_mut().stats()
+        self.owner.meta.lock().state.store_mut().stats()
     }
 
     /// Why this mount rebuilt the allocation map by a scan of the metadata (a file system of
     /// format version 3, a damaged or out-of-date stored map); `None` when it read the map.
     pub fn allocation_map_rebuilt(&self) -> Option<&str> {
-        self.map_rebuilt.as_deref()
+        self.owner.map_rebuilt.as_deref()
     }
 
     pub fn descriptor(&self) -> FsDescriptor {
-        self.desc.lock().clone()
+        self.owner.desc.lock().clone()
     }
 
     pub fn pmon(&self) -> PmonSnapshot {
@@ -396,7 +418,7 @@ impl FileSystem {
             m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
         }
         self.pmon.inode_update();
-        if m.state.store_mut().dirty_pages() > self.dirty_pages_hard.load(Ordering::Relaxed) {
+        if m.state.store_mut().dirty_pages() > self.owner.dirty_pages_hard.load(Ordering::Relaxed) {
             // The background checkpoint did not keep up: write the changed pages now, so
             // that memory stays bounded however fast metadata changes.
             self.checkpoint_locked(m)?;
@@ -414,7 +436,7 @@ impl FileSystem {
         }
         // Group commit: one caller flushes and commits everything appended so far while the
         // others wait, then find their records durable.
-        let _one = self.commit_lock.lock();
+        let _one = self.owner.commit_lock.lock();
         if self.journal().durable_lsn() >= lsn {
             return Ok(());
         }
@@ -456,7 +478,7 @@ impl FileSystem {
     fn release_frees(&self) {
         let durable = self.journal().durable_lsn();
         let to_discard = {
-            let mut m = self.meta.lock();
+            let mut m = self.owner.meta.lock();
             let to_discard = release_frees_upto(&mut m, durable, &self.devices);
             self.apply_deferred_frees(&mut m);
             to_discard
@@ -471,7 +493,7 @@ impl FileSystem {
     /// is I/O, then returns them to the allocator. Returns the bytes deallocated.
     fn discard_and_free(&self, extents: &[Extent]) -> u64 {
         let bytes = self.discard_extents(extents);
-        let mut m = self.meta.lock();
+        let mut m = self.owner.meta.lock();
         for extent in extents {
             let at = m
                 .discarding
@@ -513,7 +535,7 @@ impl FileSystem {
         const BATCH_BLOCKS: u64 = 256;
         self.check_fenced()?;
         let (disks, spb) = {
-            let m = self.meta.lock();
+            let m = self.owner.meta.lock();
             let disks: Vec<(u16, u64)> = m
                 .alloc
                 .disks()
@@ -532,7 +554,7 @@ impl FileSystem {
             while b < blocks {
                 let end = (b + BATCH_BLOCKS).min(blocks);
                 let taken: Vec<Extent> = {
-                    let mut m = self.meta.lock();
+                    let mut m = self.owner.meta.lock();
                     let mut taken = Vec::new();
                     for block in b..end {
                         let e = Extent {
@@ -567,8 +589,8 @@ impl FileSystem {
     /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
     pub fn discard_stats(&self) -> (u64, u64) {
         (
-            self.discarded_bytes.load(Ordering::Relaxed),
-            self.discard_errors.load(Ordering::Relaxed),
+            self.owner.discarded_bytes.load(Ordering::Relaxed),
+            self.owner.discard_errors.load(Ordering::Relaxed),
         )
     }
 
@@ -577,7 +599,7 @@ impl FileSystem {
     /// bytes deallocated.
     pub(crate) fn discard_extents(&self, extents: &[Extent]) -> u64 {
         let mut given_back = 0;
-        let desc = self.desc.lock().clone();
+        let desc = self.owner.desc.lock().clone();
         let sub = u64::from(desc.sub_block_size);
         let mut sorted: Vec<Extent> = extents.to_vec();
         sorted.sort_by_key(|e| (e.addr.disk, e.addr.sub_block));
@@ -598,11 +620,11 @@ impl FileSystem {
             let len = (end - first.addr.sub_block) * sub;
             match dev.discard(offset, len) {
                 Ok(()) => {
-                    self.discarded_bytes.fetch_add(len, Ordering::Relaxed);
+                    self.owner.discarded_bytes.fetch_add(len, Ordering::Relaxed);
                     given_back += len;
                 }
                 Err(e) => {
-                    self.discard_errors.fetch_add(1, Ordering::Relaxed);
+                    self.owner.discard_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "{}: cannot give {len} freed bytes back to the device: {e}",
                         desc.name
@@ -617,9 +639,9 @@ impl FileSystem {
     /// Writes a checkpoint if the log is getting full or many metadata pages changed.
     pub fn maybe_checkpoint(&self) -> FsResult<()> {
         let used = self.journal().used_bytes() as f64;
-        let dirty = self.meta.lock().state.store_mut().dirty_pages();
+        let dirty = self.owner.meta.lock().state.store_mut().dirty_pages();
         if used > self.journal().capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION
-            || dirty > self.dirty_pages_soft.load(Ordering::Relaxed)
+            || dirty > self.owner.dirty_pages_soft.load(Ordering::Relaxed)
         {
             self.checkpoint()?;
         }
@@ -633,8 +655,8 @@ impl FileSystem {
     pub fn checkpoint(&self) -> FsResult<()> {
         // Lock order: metadata, then checkpoint (as in `log`, which checkpoints when full).
         self.check_fenced()?;
-        let mut m = self.meta.lock();
-        let _one = self.checkpoint_lock.lock();
+        let mut m = self.owner.meta.lock();
+        let _one = self.owner.checkpoint_lock.lock();
         self.apply_deferred_frees(&mut m);
         let lsn = self.journal().appended_lsn();
         let started = std::time::Instant::now();
@@ -651,24 +673,24 @@ impl FileSystem {
         if result.is_err() {
             // Set before the checkpoint lock goes: no later checkpoint may start from a
             // cache that names pages this one failed to write.
-            self.checkpoint_failed.store(true, Ordering::SeqCst);
+            self.owner.checkpoint_failed.store(true, Ordering::SeqCst);
         }
         // Lock order is metadata, then checkpoint: let the checkpoint lock go before taking
         // the metadata lock again.
         drop(_one);
-        self.finish_checkpoint(&mut self.meta.lock(), &prepared, &result);
+        self.finish_checkpoint(&mut self.owner.meta.lock(), &prepared, &result);
         result
     }
 
     /// The recovery log as of now.
     pub(crate) fn journal(&self) -> Arc<Journal> {
-        Arc::clone(&self.journal.read())
+        Arc::clone(&self.owner.journal.read())
     }
 
     /// Makes `journal` the recovery log (the caller holds the metadata and checkpoint locks
     /// and has made the old one durable up to where the new one starts).
     pub(crate) fn replace_journal(&self, journal: Journal) {
-        *self.journal.write() = Arc::new(journal);
+        *self.owner.journal.write() = Arc::new(journal);
     }
 
     /// A checkpoint that carries an administrative change of the descriptor (disks added or
@@ -704,12 +726,12 @@ impl FileSystem {
     /// No checkpoint after this one until a remount: the in-memory state may describe
     /// something no durable descriptor does.
     pub(crate) fn stop_checkpoints(&self) {
-        self.checkpoint_failed.store(true, Ordering::SeqCst);
+        self.owner.checkpoint_failed.store(true, Ordering::SeqCst);
     }
 
     /// A checkpoint while the caller holds the metadata lock (the log is full).
     fn checkpoint_locked(&self, m: &mut Meta) -> FsResult<()> {
-        let _one = self.checkpoint_lock.lock();
+        let _one = self.owner.checkpoint_lock.lock();
         self.checkpoint_under_lock(m)
     }
 
@@ -722,14 +744,14 @@ impl FileSystem {
         let prepared = self.prepare_checkpoint(m)?;
         let result = self.write_checkpoint(lsn, &prepared);
         if result.is_err() {
-            self.checkpoint_failed.store(true, Ordering::SeqCst);
+            self.owner.checkpoint_failed.store(true, Ordering::SeqCst);
         }
         self.finish_checkpoint(m, &prepared, &result);
         result
     }
 
     fn prepare_checkpoint(&self, m: &mut Meta) -> FsResult<crate::checkpoint::Prepared> {
-        if self.checkpoint_failed.load(Ordering::SeqCst) {
+        if self.owner.checkpoint_failed.load(Ordering::SeqCst) {
             m.state.store_mut().poison();
             return Err(FsError::Corrupt(
                 "an earlier checkpoint could not write its metadata pages; unmount and mount \
@@ -737,7 +759,7 @@ impl FileSystem {
                     .into(),
             ));
         }
-        let desc = self.desc.lock().clone();
+        let desc = self.owner.desc.lock().clone();
         let unrecorded: Vec<Extent> = m
             .pending_free
             .iter()
@@ -782,10 +804,10 @@ impl FileSystem {
             self.flush_devices()?;
             self.journal().commit(lsn)?;
         }
-        let mut desc = self.desc.lock().clone();
+        let mut desc = self.owner.desc.lock().clone();
         let devices = self.devices.all();
         crate::checkpoint::write_pages(&desc, &devices, prepared)?;
-        let mut map_slots = self.map_slots.lock();
+        let mut map_slots = self.owner.map_slots.lock();
         let chunks = crate::alloc_map::write_chunks(
             &mut desc,
             &devices,
@@ -801,9 +823,10 @@ impl FileSystem {
         crate::descriptor::write_descriptor(&desc, &devices)?;
         map_slots.commit(&chunks, prepared.generation);
         drop(map_slots);
-        *self.desc.lock() = desc;
+        *self.owner.desc.lock() = desc;
         self.journal().set_tail(lsn);
-        self.deferred_frees
+        self.owner
+            .deferred_frees
             .lock()
             .extend(prepared.superseded.iter().copied());
         Ok(())
@@ -814,7 +837,7 @@ impl FileSystem {
     /// release after a commit deallocates them outside the metadata lock, and checkpoints
     /// store them free meanwhile.
     fn apply_deferred_frees(&self, m: &mut Meta) {
-        for extent in std::mem::take(&mut *self.deferred_frees.lock()) {
+        for extent in std::mem::take(&mut *self.owner.deferred_frees.lock()) {
             if self.devices.discard(extent.addr.disk) {
                 m.pending_free.push((0, extent));
                 continue;

@@ -369,7 +369,7 @@ impl FileSystem {
     /// copied.
     fn migrate_file(&self, ino: Ino, pool: PoolId, move_data: bool) -> FsResult<u64> {
         {
-            let mut m = self.meta.lock();
+            let mut m = self.owner.meta.lock();
             if m.state.attr(ino)?.kind != FileKind::Regular {
                 return Err(FsError::NotFound);
             }

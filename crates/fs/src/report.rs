@@ -44,7 +44,7 @@ pub struct DfReport {
 impl FileSystem {
     pub fn df(&self) -> DfReport {
         let desc = self.descriptor();
-        let m = self.meta.lock();
+        let m = self.owner.meta.lock();
         let bs = u64::from(desc.block_size);
         let sub = u64::from(desc.sub_block_size);
         let disks: Vec<DfDisk> = desc
