@@ -55,7 +55,8 @@ pub enum Command {
     /// File systems [mmcrfs, mmlsfs, mmdelfs].
     #[command(subcommand)]
     Fs(FsCommand),
-    /// Mount a file system [mmmount].
+    /// Mount a file system [mmmount]; `mount ls` lists where file systems are mounted
+    /// [mmlsmount].
     Mount(MountArgs),
     /// Unmount a file system [mmumount].
     #[command(
@@ -841,11 +842,33 @@ pub struct DeviceListArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct MountArgs {
-    pub device: String,
+    #[command(subcommand)]
+    pub list: Option<MountCommand>,
+    /// The file system to mount.
+    #[arg(required = true)]
+    pub device: Option<String>,
     /// Mount here instead of at the default mount point.
     #[arg(short = 'T')]
     pub mount_point: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MountCommand {
+    /// Which node has each file system mounted [mmlsmount].
+    Ls(MountLsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MountLsArgs {
+    /// The file system, or `all` (the default).
+    pub device: Option<String>,
+    /// Name the node and its address [mmlsmount -L].
+    #[arg(short = 'L')]
+    pub long: bool,
+    #[arg(short = 'Y')]
+    pub machine: bool,
 }
 
 #[derive(Args, Debug)]

@@ -17,8 +17,8 @@ use clap::Parser;
 
 use crate::cli::{
     BenchCommand, Cli, ClusterCommand, Command, ConfigCommand, DaCommand, DiskCommand,
-    FileAttrCommand, FileCommand, FsCommand, NodeCommand, NsdCommand, NvmeCommand, PdiskCommand,
-    PerfCommand, PerfNetCommand, PolicyCommand, VdiskCommand,
+    FileAttrCommand, FileCommand, FsCommand, MountArgs, MountCommand, NodeCommand, NsdCommand,
+    NvmeCommand, PdiskCommand, PerfCommand, PerfNetCommand, PolicyCommand, VdiskCommand,
 };
 use crate::commands::{
     bench, bench_nvme, cluster, cluster_config, da, diag, drive_server, fs, health, io, lifecycle,
@@ -129,7 +129,17 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::File(FileCommand::Attr(FileAttrCommand::Ls { paths })) => {
             policy::file_attr_ls(home, &paths)
         }
-        Command::Mount(a) => io::mount(home, &a.device, a.mount_point.as_deref()),
+        Command::Mount(MountArgs {
+            list: Some(MountCommand::Ls(a)),
+            ..
+        }) => io::mount_ls(home, a.device.as_deref(), a.long, a.machine),
+        Command::Mount(a) => {
+            let device = a
+                .device
+                .as_deref()
+                .expect("clap requires DEVICE without `ls`");
+            io::mount(home, device, a.mount_point.as_deref())
+        }
         Command::Umount(a) => io::umount(home, &a.device),
         Command::Df(a) => io::df(home, &a.device, a.machine),
         Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),

@@ -347,6 +347,10 @@ pub enum Request {
         traddr: Option<String>,
     },
     NvmeList,
+    /// `mount ls`: where file systems are mounted (all of them when `name` is `None`).
+    MountList {
+        name: Option<String>,
+    },
 }
 
 /// One NVMe/TCP I/O controller to connect to, as `nvme connect` names it; `nvme.json`
@@ -651,6 +655,15 @@ pub enum Reply {
     /// The nodes `node add` added, with their numbers.
     NodesAdded(Vec<NodeRecord>),
     States(ClusterStates),
+    Mounts(Vec<MountRow>),
+}
+
+/// One file system in `mount ls`, with the node that has it mounted, if any.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountRow {
+    pub file_system: String,
+    /// The node, its daemon address and the mount point there; `None` when unmounted.
+    pub mounted_on: Option<(String, String, String)>,
 }
 
 /// The replicated configuration as one node has applied it.

@@ -169,6 +169,11 @@ fn fs_create_option_errors() {
         let err = node.fails(&all);
         assert!(err.contains(want), "{args:?}: {err}");
     }
+    // `all` and `ls` name every file system in `mount ls`; neither can name one.
+    for reserved in ["all", "ls"] {
+        let err = node.fails(&["fs", "create", reserved, "-F", f]);
+        assert!(err.contains("reserved"), "{err}");
+    }
     let err = node.fails(&["fs", "create", "fs1", "-F", f, "--bogus"]);
     assert!(err.contains("--bogus"), "{err}");
     let missing = node.path("missing.stanza");
@@ -317,8 +322,20 @@ fn fs_create_seed002_form_mount_write_umount() {
         ls.contains("maxFilesToCache") && ls.contains("2000"),
         "{ls}"
     );
+    assert_eq!(
+        node.ok(&["mount", "ls", "gpfs1"]).trim(),
+        "File system gpfs1 is not mounted."
+    );
     let out = node.ok(&["mount", "gpfs1"]);
     assert!(out.contains(s(&mnt)), "{out}");
+    // [mmlsmount]: one node, this one, at the mount point.
+    let listed = node.ok(&["mount", "ls", "-L"]);
+    assert!(
+        listed.contains("File system gpfs1 is mounted on 1 node:") && listed.contains(s(&mnt)),
+        "{listed}"
+    );
+    let err = node.fails(&["mount", "ls", "nosuch"]);
+    assert!(err.contains("nosuch"), "{err}");
     let log = std::fs::read_to_string(node.home().join("log/daemon.log")).unwrap();
     assert!(
         log.contains("gpfs1: maxFilesToCache=2000 maxStatCache=0 pagepool=64M"),

@@ -226,6 +226,12 @@ fn device_and_mount_point(a: &FsCreateArgs) -> Result<(String, Option<String>)> 
     let device = device.strip_prefix("/dev/").unwrap_or(&device).to_string();
     check_name(&device)
         .map_err(|p| anyhow!("{device}: invalid file system name: {p}; {NAME_RULE}"))?;
+    if device == "all" || device == "ls" {
+        bail!(
+            "{device}: reserved, not a file system name (`tessera mount ls all` lists every \
+             file system); choose another name"
+        );
+    }
     if old_mount.is_some() && a.mount_point.is_some() {
         bail!("the mount point is given twice (positional and -T); keep one");
     }

@@ -35,6 +35,43 @@ pub fn mount(home: &Home, name: &str, mount_point: Option<&Path>) -> Result<()> 
     }
 }
 
+/// `mount ls [DEVICE|all] [-L] [-Y]` [mmlsmount].
+pub fn mount_ls(home: &Home, device: Option<&str>, long: bool, machine: bool) -> Result<()> {
+    let name = device.filter(|d| *d != "all").map(str::to_string);
+    let rows = match call(home, &Request::MountList { name })? {
+        Reply::Mounts(rows) => rows,
+        other => return Err(unexpected(other)),
+    };
+    if machine {
+        let y = YRecord::new("mount", "");
+        println!(
+            "{}",
+            y.header(&["deviceName", "nodeName", "nodeAddress", "mountPoint"])
+        );
+        for r in &rows {
+            let (node, address, at) = r.mounted_on.clone().unwrap_or_default();
+            println!("{}", y.data(&[r.file_system.clone(), node, address, at]));
+        }
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("No file systems were found.");
+    }
+    for r in &rows {
+        match &r.mounted_on {
+            None => println!("File system {} is not mounted.", r.file_system),
+            Some((node, address, at)) if long => {
+                println!("File system {} is mounted on 1 node:", r.file_system);
+                let mut t = crate::output::Table::new(&["address", "node", "mount point"]);
+                t.row(vec![address.clone(), node.clone(), at.clone()]);
+                print!("{}", t.render());
+            }
+            Some(_) => println!("File system {} is mounted on 1 node.", r.file_system),
+        }
+    }
+    Ok(())
+}
+
 pub fn umount(home: &Home, name: &str) -> Result<()> {
     let request = Request::Umount {
         name: name.to_string(),

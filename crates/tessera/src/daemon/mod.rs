@@ -302,6 +302,7 @@ impl Daemon {
                 unreadable_ok,
             } => self.fs_delete(&name, unreadable_ok, r),
             Request::Mount { name, mount_point } => self.mount_request(&name, mount_point),
+            Request::MountList { name } => self.mount_list(name.as_deref()),
             Request::Umount { name } => self.umount(&name),
             Request::Df { name } => self.df(&name),
             Request::Fsck { name, repair } => self.fsck(&name, repair, r),

@@ -13,8 +13,14 @@ use tessera_fuse::FuseOptions;
 use tessera_nsd::{NsdId, ThinDiskType};
 
 use super::lease_gate::LeaseGated;
+use super::registry::CHANGED_MEANWHILE;
 use super::{Daemon, Mounted};
 use crate::config::{FsRecord, NsdRegistry};
+
+/// Claims tried again after losing the compare-and-set to a change not yet applied here,
+/// and how long each waits for this node to apply it.
+const CLAIM_RETRIES: u32 = 3;
+const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 use crate::rpc::{IoHistoryEntry, PmonEntry, Reply};
 
 /// The opened device of each NSD of a file system, `None` where it cannot be opened.
@@ -225,6 +231,39 @@ impl Daemon {
         (record.mounted && on != self.cluster.node_name).then_some(on)
     }
 
+    /// `mount ls` [mmlsmount]: which node has each file system mounted, from the replicated
+    /// file-system table (one node at a time until shared mounts exist).
+    pub(super) fn mount_list(&self, name: Option<&str>) -> Result<Reply> {
+        let fss = self.file_systems()?;
+        if let Some(name) = name {
+            fss.require(name)?;
+        }
+        let nodes = self.member.state().nodes;
+        let address = |node: &str| {
+            nodes
+                .values()
+                .find(|n| n.name == node)
+                .map_or_else(String::new, |n| n.address.clone())
+        };
+        let rows = fss
+            .file_systems
+            .iter()
+            .filter(|r| name.is_none_or(|n| n == r.name))
+            .map(|r| {
+                let node = r.mounted.then(|| {
+                    r.mounted_on
+                        .clone()
+                        .unwrap_or_else(|| self.cluster.node_name.clone())
+                });
+                crate::rpc::MountRow {
+                    file_system: r.name.clone(),
+                    mounted_on: node.map(|n| (n.clone(), address(&n), r.mount_point.clone())),
+                }
+            })
+            .collect();
+        Ok(Reply::Mounts(rows))
+    }
+
     /// Whether node `name` runs a live incarnation: joined, and not expelled since.
     fn node_is_live(&self, name: &str) -> bool {
         let state = self.member.state();
@@ -252,6 +291,44 @@ impl Daemon {
         Ok(())
     }
 
+    /// Records this node's claim on `name` in the replicated file-system table (see
+    /// [`Self::claim_and_mount`]). A compare-and-set that lost to a change this node had
+    /// not applied yet (its copy of the configuration lags for a moment after a restart)
+    /// is tried again on the newer table, so that the answer reflects it ("mounted on
+    /// node X") instead of asking the admin to run the command again.
+    fn claim(&self, name: &str, mount_point: &Path) -> Result<FsRecord> {
+        let mut attempts = 0;
+        loop {
+            let mut fss = self.file_systems()?;
+            let seen = fss.version;
+            let record = fss.require(name)?.clone();
+            match self.mounted_elsewhere(&record) {
+                Some(node) if !self.node_is_live(node) => tracing::warn!(
+                    "{name}: taking over from node {node}, which was mounting it and lost \
+                     its lease (expelled); this mount replays its recovery log"
+                ),
+                _ => self.check_not_mounted_elsewhere(&record, "mounting it here")?,
+            }
+            let rec = fss.get_mut(name).expect("checked above");
+            rec.mounted = true;
+            rec.mounted_on = Some(self.cluster.node_name.clone());
+            rec.mount_point = mount_point.display().to_string();
+            match self.save_file_systems(&fss) {
+                Ok(()) => return Ok(record),
+                Err(e) if attempts < CLAIM_RETRIES && e.to_string().contains(CHANGED_MEANWHILE) => {
+                    attempts += 1;
+                    let deadline = std::time::Instant::now() + CLAIM_CATCH_UP;
+                    while self.file_systems()?.version == seen
+                        && std::time::Instant::now() < deadline
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Records in the replicated file-system table that this node mounts `name`, then
     /// mounts it. The record goes first: of two nodes that try at once, the
     /// compare-and-set lets one win before either touches the disks.
@@ -263,19 +340,7 @@ impl Daemon {
     /// node whose copy of the configuration is stale cannot take over a node that came
     /// back: the record changed, or the write finds no quorum.
     fn claim_and_mount(&self, name: &str, mount_point: &Path) -> Result<()> {
-        let mut fss = self.file_systems()?;
-        let record = fss.require(name)?.clone();
-        match self.mounted_elsewhere(&record) {
-            Some(node) if !self.node_is_live(node) => tracing::warn!(
-                "{name}: taking over from node {node}, which was mounting it and lost its                  lease (expelled); this mount replays its recovery log"
-            ),
-            _ => self.check_not_mounted_elsewhere(&record, "mounting it here")?,
-        }
-        let rec = fss.get_mut(name).expect("checked above");
-        rec.mounted = true;
-        rec.mounted_on = Some(self.cluster.node_name.clone());
-        rec.mount_point = mount_point.display().to_string();
-        self.save_file_systems(&fss)?;
+        let record = self.claim(name, mount_point)?;
         if let Err(e) = self.mount_fs(&record, mount_point) {
             let mut fss = self.file_systems()?;
             if let Some(rec) = fss.get_mut(name) {

@@ -16,6 +16,8 @@ use crate::config::{DaRegistry, FsRegistry, Home, NsdRegistry};
 
 const NSD_KEY: &str = "nsd";
 const FS_KEY: &str = "fs";
+/// What a save that lost its compare-and-set says (callers that retry look for it).
+pub(super) const CHANGED_MEANWHILE: &str = "changed while this command ran";
 const DA_KEY: &str = "da";
 
 impl Daemon {
@@ -85,8 +87,8 @@ impl Daemon {
         match self.member.propose(put) {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("changed meanwhile") => bail!(
-                "the {what} changed while this command ran (an admin command on another \
-                 node?), so this command's last step was not saved; run the command again"
+                "the {what} {CHANGED_MEANWHILE} (an admin command on another node?), so \
+                 this command's last step was not saved; run the command again"
             ),
             Err(e) => Err(e.context(format!("cannot save the {what}"))),
         }
