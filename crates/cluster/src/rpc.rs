@@ -36,6 +36,16 @@ pub enum PeerRequest {
     },
     /// What the node thinks of itself and of the cluster (`tessera state`).
     Status,
+    /// A request of the file-system layer (a metanode request, encoded by it) from node
+    /// `from` in its incarnation `epoch`, for file system `fs`. Answered only while that
+    /// incarnation is live: an expelled node's requests are refused here, as its disk I/O
+    /// is by its lease.
+    FileSystem {
+        from: NodeNumber,
+        epoch: u64,
+        fs: String,
+        request: Vec<u8>,
+    },
 }
 
 /// The answer to a [`PeerRequest`], same variant.
@@ -51,6 +61,14 @@ pub enum PeerReply {
     NotAddressee {
         me: NodeNumber,
     },
+    /// The file-system layer's encoded answer, or why the request was refused.
+    FileSystem(Result<Vec<u8>, String>),
+}
+
+/// What answers [`PeerRequest::FileSystem`] on a node: the daemon's mounted file systems.
+/// Called on a thread that may block.
+pub trait FileSystemService: Send + Sync + 'static {
+    fn call(&self, fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String>;
 }
 
 /// Why a proposal was not committed.

@@ -23,7 +23,9 @@ use crate::lease::{ClockTime, Grant, LeaseHolder, LeaseManager, Refusal};
 use crate::node::NodeNumber;
 use crate::params::LeaseTimings;
 use crate::raft::{ConfigRaft, PeerLinks, TypeConfig};
-use crate::rpc::{NetError, NodeNet, NodeStatus, PeerReply, PeerRequest, ProposeError};
+use crate::rpc::{
+    FileSystemService, NetError, NodeNet, NodeStatus, PeerReply, PeerRequest, ProposeError,
+};
 use crate::state::{Command, ConfigState, Response};
 
 /// A node's monotonic clock. `offset` and `rate` let a simulation give each node a clock
@@ -100,6 +102,8 @@ pub struct ClusterNode<N: NodeNet> {
     confirmed_from: tokio::sync::Mutex<Option<ClockTime>>,
     /// A membership change (`reconcile_membership`) is running.
     membership_busy: AtomicBool,
+    /// Who answers other nodes' file-system requests (set by the daemon).
+    file_systems: std::sync::OnceLock<Arc<dyn FileSystemService>>,
 }
 
 /// How often a node without a lease asks for one, and a quorum node that does not manage
@@ -141,6 +145,7 @@ impl<N: NodeNet> ClusterNode<N> {
             manager: Mutex::new(None),
             confirmed_from: tokio::sync::Mutex::new(None),
             membership_busy: AtomicBool::new(false),
+            file_systems: std::sync::OnceLock::new(),
         });
         node.update_electability();
         Ok(node)
@@ -280,7 +285,40 @@ impl<N: NodeNet> ClusterNode<N> {
                 PeerReply::Renewed(self.renew(node, epoch, received_at).await)
             }
             PeerRequest::Status => PeerReply::Status(self.status()),
+            PeerRequest::FileSystem {
+                from,
+                epoch,
+                fs,
+                request,
+            } => PeerReply::FileSystem(self.file_system_request(from, epoch, fs, request).await),
         }
+    }
+
+    /// Lets `service` answer other nodes' file-system requests; the first one set stays.
+    pub fn serve_file_systems(&self, service: Arc<dyn FileSystemService>) {
+        let _ = self.file_systems.set(service);
+    }
+
+    async fn file_system_request(
+        &self,
+        from: NodeNumber,
+        epoch: u64,
+        fs: String,
+        request: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        if !self.state().epoch_is_live(from, epoch) {
+            return Err(format!(
+                "node {from} in epoch {epoch} is not a live member of the cluster (expelled, \
+                 or restarted since); its file-system requests are refused until it joins \
+                 again"
+            ));
+        }
+        let Some(service) = self.file_systems.get().cloned() else {
+            return Err(format!("node {} serves no file system yet", self.me));
+        };
+        tokio::task::spawn_blocking(move || service.call(&fs, request))
+            .await
+            .unwrap_or_else(|e| Err(format!("the file-system request failed: {e}")))
     }
 
     /// The manager's answer to a renewal (see [`crate::lease`] for why it is safe).

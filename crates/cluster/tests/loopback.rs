@@ -11,11 +11,22 @@ use tessera_cluster::net::{serve, TransportNet};
 use tessera_cluster::node::{parse_node_list, NodeNumber};
 use tessera_cluster::params::{parse_changes, LeaseTimings};
 use tessera_cluster::raft::TypeConfig;
-use tessera_cluster::rpc::{NodeNet, PeerRequest};
+use tessera_cluster::rpc::{FileSystemService, NodeNet, PeerReply, PeerRequest};
 use tessera_cluster::service::{raft_config, Clock, ClusterNode, StateReader};
 use tessera_cluster::state::{ClusterIdentity, Command, ConfigState};
 use tessera_transport::{ClusterId, ClusterSecret, Identity};
 use tokio::net::TcpListener;
+
+/// Answers a file-system request with its bytes reversed, naming the file system.
+struct Echo;
+
+impl FileSystemService for Echo {
+    fn call(&self, fs: &str, mut request: Vec<u8>) -> Result<Vec<u8>, String> {
+        request.reverse();
+        request.extend_from_slice(fs.as_bytes());
+        Ok(request)
+    }
+}
 
 struct Running {
     node: Arc<ClusterNode<TransportNet>>,
@@ -135,6 +146,40 @@ async fn three_quorum_nodes_elect_grant_and_fail_over_over_tcp() {
     })
     .await;
     wait_until("survivors active", Duration::from_secs(10), || up(&nodes)).await;
+
+    // File-system requests: carried to the service for a live incarnation, refused for the
+    // expelled one (fencing at the metanode).
+    let target = nodes.iter().flatten().next().unwrap();
+    target.node.serve_file_systems(Arc::new(Echo));
+    let address = &specs[target.node.me() as usize - 1].address;
+    let sender = nodes.iter().flatten().nth(1).unwrap();
+    let net = TransportNet::new(Arc::new(Identity {
+        cluster_id,
+        node_name: format!("node{}", sender.node.me()),
+        secret: secret.clone(),
+    }));
+    let ask = |from: NodeNumber, epoch: u64| {
+        net.call(
+            target.node.me(),
+            address,
+            PeerRequest::FileSystem {
+                from,
+                epoch,
+                fs: "fs1".into(),
+                request: vec![1, 2, 3],
+            },
+            Duration::from_secs(5),
+        )
+    };
+    let live = ask(sender.node.me(), sender.node.status().epoch.unwrap()).await;
+    match live {
+        Ok(PeerReply::FileSystem(Ok(bytes))) => assert_eq!(bytes, b"\x03\x02\x01fs1"),
+        other => panic!("a live node's request: {other:?}"),
+    }
+    match ask(manager as u32, dead_epoch).await {
+        Ok(PeerReply::FileSystem(Err(why))) => assert!(why.contains("not a live member"), "{why}"),
+        other => panic!("the expelled node's request: {other:?}"),
+    }
 
     // A node that does not hold the secret reaches nobody.
     let impostor = TransportNet::new(Arc::new(Identity {

@@ -35,8 +35,26 @@ impl FileSystem {
     /// tests and diagnosis: it costs an encode and a decode per request. Idempotent.
     pub fn route_metadata_through_wire(self: &Arc<Self>) {
         let channel = crate::metanode_wire::Loopback(Arc::downgrade(self));
-        let remote = crate::metanode_wire::RemoteMetanode::new(Box::new(channel));
+        self.route_metadata_through(Box::new(channel));
+    }
+
+    /// Sends this node's metanode requests through `channel` (the node transport, to the
+    /// node that owns the metadata) instead of to its own owner. Only the first channel
+    /// set is used.
+    pub fn route_metadata_through(&self, channel: Box<dyn crate::MetanodeChannel>) {
+        let remote = crate::metanode_wire::RemoteMetanode::new(channel);
         let _ = self.remote.set(Arc::new(remote));
+    }
+
+    /// Answers one encoded metanode request from another node's client (see
+    /// `metanode_wire.rs`) with its encoded reply; a request that does not decode is
+    /// answered with an error naming it.
+    pub fn serve_metanode_request(&self, request: &[u8]) -> Vec<u8> {
+        use crate::metanode_wire::{decode, encode, serve, MetanodeReply, RemoteError};
+        match decode(request, "request") {
+            Ok(request) => encode(&serve(self, request)),
+            Err(e) => encode(&MetanodeReply::Failed(RemoteError::from(&e))),
+        }
     }
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {

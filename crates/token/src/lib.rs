@@ -250,8 +250,36 @@ impl<K: Ord + Clone + Debug, H: Ord + Copy + Debug> TokenTable<K, H> {
         merge: impl Fn(Mode) -> Mode,
         fresh: Mode,
     ) {
+        self.rewrite(holder, key, range, |old| Some(merge(old)), Some(fresh));
+    }
+
+    /// Applies `change` to `holder`'s tokens within `range` (`None` drops them).
+    fn edit(
+        &mut self,
+        holder: H,
+        key: &K,
+        range: Range<u64>,
+        change: impl Fn(Mode) -> Option<Mode>,
+    ) {
+        if self.objects.contains_key(key) {
+            self.rewrite(holder, key, range, change, None);
+        }
+    }
+
+    /// Rewrites `holder`'s tokens within `range` of `key`: a part it held becomes
+    /// `on_held(old)`, a part it did not becomes `on_gap` (`None`: nothing); outside
+    /// `range` its tokens stay.
+    fn rewrite(
+        &mut self,
+        holder: H,
+        key: &K,
+        range: Range<u64>,
+        on_held: impl Fn(Mode) -> Option<Mode>,
+        on_gap: Option<Mode>,
+    ) {
         let held = self.objects.entry(key.clone()).or_default();
         let mut mine: Vec<(Range<u64>, Mode)> = Vec::new();
+        // Held ranges come sorted by start, so the gaps of `range` are found in one pass.
         let mut at = range.start;
         held.retain(|h| {
             if h.holder != holder {
@@ -263,10 +291,12 @@ impl<K: Ord + Clone + Debug, H: Ord + Copy + Debug> TokenTable<K, H> {
                     if h.range.start < o.start {
                         mine.push((h.range.start..o.start, h.mode));
                     }
-                    if o.start > at {
-                        mine.push((at..o.start, fresh));
+                    if let (Some(m), true) = (on_gap, o.start > at) {
+                        mine.push((at..o.start, m));
                     }
-                    mine.push((o.clone(), merge(h.mode)));
+                    if let Some(m) = on_held(h.mode) {
+                        mine.push((o.clone(), m));
+                    }
                     at = o.end;
                     if o.end < h.range.end {
                         mine.push((o.end..h.range.end, h.mode));
@@ -275,44 +305,9 @@ impl<K: Ord + Clone + Debug, H: Ord + Copy + Debug> TokenTable<K, H> {
             }
             false
         });
-        if at < range.end {
-            mine.push((at..range.end, fresh));
+        if let (Some(m), true) = (on_gap, at < range.end) {
+            mine.push((at..range.end, m));
         }
-        Self::put_back(held, holder, mine);
-    }
-
-    /// Applies `change` to `holder`'s tokens within `range` (`None` drops them).
-    fn edit(
-        &mut self,
-        holder: H,
-        key: &K,
-        range: Range<u64>,
-        change: impl Fn(Mode) -> Option<Mode>,
-    ) {
-        let Some(held) = self.objects.get_mut(key) else {
-            return;
-        };
-        let mut mine: Vec<(Range<u64>, Mode)> = Vec::new();
-        held.retain(|h| {
-            if h.holder != holder {
-                return true;
-            }
-            match overlap(&h.range, &range) {
-                None => mine.push((h.range.clone(), h.mode)),
-                Some(o) => {
-                    if h.range.start < o.start {
-                        mine.push((h.range.start..o.start, h.mode));
-                    }
-                    if let Some(m) = change(h.mode) {
-                        mine.push((o.clone(), m));
-                    }
-                    if o.end < h.range.end {
-                        mine.push((o.end..h.range.end, h.mode));
-                    }
-                }
-            }
-            false
-        });
         Self::put_back(held, holder, mine);
         if held.is_empty() {
             self.objects.remove(key);
@@ -339,7 +334,7 @@ impl<K: Ord + Clone + Debug, H: Ord + Copy + Debug> TokenTable<K, H> {
             }
         }
         held.extend(merged);
-        held.sort_by(|a, b| (a.holder, a.range.start).cmp(&(b.holder, b.range.start)));
+        held.sort_by_key(|h| (h.holder, h.range.start));
     }
 }
 

@@ -41,6 +41,8 @@ pub struct Member {
     node: Arc<ClusterNode<TransportNet>>,
     net: Arc<TransportNet>,
     machine: tessera_cluster::store::StateMachineStore<TypeConfig, ConfigState>,
+    /// Where the daemon port listens (the node table may say port 0: any free one).
+    bound: SocketAddr,
 }
 
 impl Member {
@@ -92,6 +94,7 @@ impl Member {
             node,
             net,
             machine,
+            bound,
         };
         member.elect_if_alone();
         if let Some(create) = bootstrap {
@@ -192,6 +195,33 @@ impl Member {
 
     pub fn status(&self) -> NodeStatus {
         self.node.status()
+    }
+
+    /// Where this node's daemon port listens.
+    pub fn bound_address(&self) -> SocketAddr {
+        self.bound
+    }
+
+    /// Lets `service` answer other nodes' file-system requests.
+    pub fn serve_file_systems(&self, service: Arc<dyn tessera_cluster::rpc::FileSystemService>) {
+        self.node.serve_file_systems(service);
+    }
+
+    /// The way to the metanode of file system `fs` on node `to` (daemon `address`).
+    pub(super) fn metanode_channel(
+        &self,
+        to: NodeNumber,
+        address: String,
+        fs: String,
+    ) -> super::metanode_service::TransportChannel {
+        super::metanode_service::TransportChannel {
+            runtime: self.runtime.handle().clone(),
+            net: Arc::clone(&self.net),
+            node: Arc::clone(&self.node),
+            to,
+            address,
+            fs,
+        }
     }
 
     /// Whether this node holds a valid disk lease now.

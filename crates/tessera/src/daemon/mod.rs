@@ -14,6 +14,7 @@ mod http;
 mod lease_gate;
 pub mod member;
 mod memory;
+mod metanode_service;
 mod metrics;
 mod mounts;
 mod nsd_admin;
@@ -146,6 +147,11 @@ pub fn run(home: Home) -> Result<()> {
         requests: diag::RequestsInFlight::default(),
         started: std::time::Instant::now(),
     });
+    daemon
+        .member
+        .serve_file_systems(Arc::new(metanode_service::MountedFileSystems(
+            Arc::downgrade(&daemon),
+        )));
     spawn_signal_thread(Arc::clone(&daemon))?;
     let active = daemon.join_at_start()?;
     if active {

@@ -205,7 +205,23 @@ impl Daemon {
             mount_point: mount_point.to_path_buf(),
             nsd_stats,
         };
+        let fs = Arc::clone(&mounted.fs);
         self.mounts.lock().insert(record.name.clone(), mounted);
+        if std::env::var_os("TESSERA_METANODE_VIA_TRANSPORT").is_some_and(|v| v == "1") {
+            // A check of the node transport's file-system path: this mount's client sends
+            // its metanode requests to this node's own daemon port, as a client on another
+            // node will (see `metanode_service.rs`).
+            let me = self.member.me();
+            let address = self.member.bound_address().to_string();
+            let channel = self
+                .member
+                .metanode_channel(me, address, record.name.clone());
+            fs.route_metadata_through(Box::new(channel));
+            tracing::info!(
+                "{}: metanode requests go over the node transport",
+                record.name
+            );
+        }
         Ok(())
     }
 
