@@ -400,6 +400,7 @@ fn kind_of(request: &PeerRequest) -> &'static str {
         PeerRequest::Propose(_) => "propose",
         PeerRequest::Renew { .. } => "renew",
         PeerRequest::Status => "status",
+        PeerRequest::FileSystem { .. } => "file system",
     }
 }
 
