@@ -21,6 +21,23 @@ const NEW_MANAGER_WITHIN: Duration = Duration::from_secs(10);
 /// Generous bounds for the rest; the machine may be loaded.
 const SETTLE: Duration = Duration::from_secs(30);
 
+/// `nodes` nodes with test timings and one 256 MiB drive file each.
+fn up_with_drives(nodes: u32) -> Cluster {
+    let c = Cluster::new();
+    let nodes = nodes.to_string();
+    c.ok(&[
+        "up",
+        &nodes,
+        "--drives",
+        "1",
+        "--size",
+        "256M",
+        "--config",
+        TEST_TIMINGS,
+    ]);
+    c
+}
+
 /// Runs `tessera ARGS` in node `k`.
 fn tessera(c: &Cluster, k: u32, args: &[&str]) -> Output {
     let k = k.to_string();
@@ -129,17 +146,7 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     if !netns_usable() {
         return;
     }
-    let c = Cluster::new();
-    c.ok(&[
-        "up",
-        "4",
-        "--drives",
-        "1",
-        "--size",
-        "256M",
-        "--config",
-        TEST_TIMINGS,
-    ]);
+    let c = up_with_drives(4);
     let all = [1, 2, 3, 4];
     assert!(all_in_state(&c, 4, &all, "active"), "{:?}", states(&c, 4));
 
@@ -465,17 +472,7 @@ fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
     if !netns_usable() {
         return;
     }
-    let c = Cluster::new();
-    c.ok(&[
-        "up",
-        "3",
-        "--drives",
-        "1",
-        "--size",
-        "256M",
-        "--config",
-        TEST_TIMINGS,
-    ]);
+    let c = up_with_drives(3);
     let all = [1, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
     let stanza = c.base.join("takeover.stanza");
