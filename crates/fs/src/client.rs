@@ -42,7 +42,7 @@ impl FileSystem {
     /// node that owns the metadata) instead of to its own owner. Only the first channel
     /// set is used.
     pub fn route_metadata_through(&self, channel: Box<dyn crate::MetanodeChannel>) {
-        let remote = crate::metanode_wire::RemoteMetanode::new(channel);
+        let remote = crate::metanode_wire::RemoteMetanode::new(channel, self.devices.clone());
         let _ = self.remote.set(Arc::new(remote));
     }
 

@@ -121,9 +121,10 @@ impl FileSystem {
     /// first, then the allocator stops (or resumes) giving out space on them. Runs under
     /// the metadata and checkpoint locks, so no allocation or checkpoint sees half of it.
     pub fn set_disk_status(&self, nsds: &[String], status: DiskStatus) -> FsResult<Vec<u16>> {
-        let mut m = self.owner.meta.lock();
-        let _one = self.owner.checkpoint_lock.lock();
-        let mut desc = self.owner.desc.lock().clone();
+        self.owner_here("changing a disk's status")?;
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut desc = self.owner().desc.lock().clone();
         let changed = set_disk_status(&mut desc, nsds, status)?;
         desc.generation += 1;
         let devices: Vec<_> = self.devices.all().into_iter().map(Some).collect();
@@ -131,7 +132,7 @@ impl FileSystem {
         for &disk in &changed {
             m.alloc.set_available(disk, status == DiskStatus::Ready);
         }
-        *self.owner.desc.lock() = desc;
+        *self.owner().desc.lock() = desc;
         Ok(changed)
     }
 }
@@ -238,6 +239,7 @@ impl FileSystem {
     /// stays where it is until `restripe -b`). Returns the new disks' indexes. See the module
     /// documentation for why a crash at any point loses nothing.
     pub fn add_disks(&self, disks: Vec<DiskSpec>) -> FsResult<Vec<u16>> {
+        self.owner_here("adding disks")?;
         self.check_fenced()?;
         check_new_disks(&self.descriptor(), &disks)?;
         // A disk that held another file system keeps that one's descriptor slots; a later
@@ -247,9 +249,9 @@ impl FileSystem {
 
         // Lock order: metadata, then checkpoint. Holding the checkpoint lock, no checkpoint
         // that read the descriptor before this change can write it back over it.
-        let mut m = self.owner.meta.lock();
-        let _one = self.owner.checkpoint_lock.lock();
-        let mut desc = self.owner.desc.lock().clone();
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut desc = self.owner().desc.lock().clone();
         check_new_disks(&desc, &disks)?;
         let first = desc.disks.len();
         let first_index = next_disk_index(&desc);
@@ -302,12 +304,12 @@ impl FileSystem {
                     return Err(e);
                 }
             }
-            let mut slots = self.owner.map_slots.lock();
+            let mut slots = self.owner().map_slots.lock();
             for &index in &added {
                 slots.add_disk(index, m.alloc.chunk_count(index));
             }
         }
-        *self.owner.desc.lock() = desc;
+        *self.owner().desc.lock() = desc;
         self.commit_descriptor_change(
             &mut m,
             false,
@@ -318,9 +320,9 @@ impl FileSystem {
         for &index in &added {
             m.alloc.set_available(index, true);
         }
-        let desc = self.owner.desc.lock().clone();
+        let desc = self.owner().desc.lock().clone();
         let reserve = crate::fs::metadata_reserve(&desc);
-        self.owner
+        self.owner()
             .metadata_reserve_sub_blocks
             .store(reserve, std::sync::atomic::Ordering::Relaxed);
         Ok(added)
@@ -353,6 +355,7 @@ impl FileSystem {
         stop: &std::sync::atomic::AtomicBool,
         progress: &mut dyn FnMut(&crate::restripe::RestripeProgress),
     ) -> FsResult<DiskDeleteReport> {
+        self.owner_here("deleting disks")?;
         self.check_fenced()?;
         let indexes = self.check_delete(nsds)?;
         if indexes
@@ -378,7 +381,7 @@ impl FileSystem {
     }
 
     fn desc_disk(&self, index: u16) -> crate::descriptor::FsDisk {
-        self.owner
+        self.owner()
             .desc
             .lock()
             .disks
@@ -409,7 +412,7 @@ impl FileSystem {
         }
         let mut next = desc.clone();
         let indexes = set_disk_status(&mut next, nsds, DiskStatus::ToBeEmptied)?;
-        let m = self.owner.meta.lock();
+        let m = self.owner().meta.lock();
         let per = u64::from(desc.sub_blocks_per_block());
         let sub = u64::from(desc.sub_block_size);
         for (pool, pool_name) in desc.pools.iter().enumerate() {
@@ -445,9 +448,9 @@ impl FileSystem {
         // Counted first (it takes the metadata lock): no page can land on the disks
         // meanwhile, since the allocator gives out nothing on a disk that is not ready.
         let pages = self.metadata_pages_per_disk()?;
-        let mut m = self.owner.meta.lock();
-        let _one = self.owner.checkpoint_lock.lock();
-        let mut desc = self.owner.desc.lock().clone();
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut desc = self.owner().desc.lock().clone();
         for &i in indexes {
             let d = desc
                 .disks
@@ -493,7 +496,7 @@ impl FileSystem {
         }
         m.pending_free.extend(superseded.iter().map(|e| (0, *e)));
         {
-            let mut slots = self.owner.map_slots.lock();
+            let mut slots = self.owner().map_slots.lock();
             for &i in indexes {
                 slots.remove_disk(i);
                 m.alloc.remove_disk(i);
@@ -501,7 +504,7 @@ impl FileSystem {
         }
         let removed: Vec<Arc<dyn BlockDevice>> =
             indexes.iter().map(|&i| self.devices.get(i)).collect();
-        *self.owner.desc.lock() = desc;
+        *self.owner().desc.lock() = desc;
         // The allocator no longer knows the disks: no further change until a remount.
         self.commit_descriptor_change(
             &mut m,
@@ -514,7 +517,7 @@ impl FileSystem {
             self.devices.retire(i);
         }
         let reserve = crate::fs::metadata_reserve(&self.descriptor());
-        self.owner
+        self.owner()
             .metadata_reserve_sub_blocks
             .store(reserve, std::sync::atomic::Ordering::Relaxed);
         drop(m);

@@ -66,6 +66,13 @@ pub enum FsError {
     /// Only the owner or root may do this (EPERM).
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    /// An administrative operation on a client-only mount that only the node owning the
+    /// file system's metadata can do.
+    #[error(
+        "{what} needs the metadata of file system {fs}, which another node owns; run it on \
+         that node (`tessera mount ls {fs} -L` names it)"
+    )]
+    NotOwner { what: String, fs: String },
     /// An error of the metanode on another node that has no variant of its own here.
     #[error("{message}")]
     Remote { errno: i32, message: String },
@@ -91,6 +98,7 @@ impl FsError {
             FsError::ReadOnly => libc::EROFS,
             FsError::PermissionDenied => libc::EACCES,
             FsError::NotPermitted(_) => libc::EPERM,
+            FsError::NotOwner { .. } => libc::EOPNOTSUPP,
             FsError::Remote { errno, .. } => *errno,
             FsError::Journal(JournalError::Full { .. }) => libc::ENOSPC,
             FsError::Checksum { .. }

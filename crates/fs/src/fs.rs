@@ -118,10 +118,13 @@ pub(crate) struct Owner {
 }
 
 /// A mounted file system on this node: the client (the data path with its locks and
-/// read-ahead, the counters, the way to the metanodes) and, since this node owns every
-/// shard, the owner's state.
+/// read-ahead, the counters, the way to the metanodes) and, when this node owns the
+/// shards, the owner's state. A client-only mount ([`FileSystem::mount_client`]) has no
+/// owner: every metadata request goes to the node that owns them.
 pub struct FileSystem {
-    pub(crate) owner: Owner,
+    owner: Option<Owner>,
+    /// The descriptor read when a client-only mount started (an owner keeps its own).
+    client_desc: Option<FsDescriptor>,
     /// The disks' devices by disk index; grows when a disk is added (`disk add`).
     pub(crate) devices: Arc<DiskSet>,
     pub(crate) geo: Geometry,
@@ -224,7 +227,8 @@ impl FileSystem {
             metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
         };
         let fs = Arc::new(FileSystem {
-            owner,
+            owner: Some(owner),
+            client_desc: None,
             devices,
             geo,
             pmon: Pmon::default(),
@@ -254,9 +258,46 @@ impl FileSystem {
         Ok(fs)
     }
 
+    /// Mounts the file system found on `disks` as a client of the node that owns its
+    /// metadata, reached through `channel`: the data path reads and writes the disks
+    /// itself, every metadata request (namespace, block maps, allocation, commits) goes to
+    /// the owner. Nothing of the owner's state is loaded, so the mount costs one
+    /// descriptor read whatever the file count, and nothing is replayed: the owner's log
+    /// is the owner's. Administrative operations on the metadata (checkpoint, restripe,
+    /// disk changes, reclaim) are refused here with [`FsError::NotOwner`].
+    pub fn mount_client(
+        disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+        channel: Box<dyn crate::MetanodeChannel>,
+    ) -> FsResult<Arc<FileSystem>> {
+        let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
+        let desc = read_descriptor(&all)?;
+        let devices = crate::recovery::match_devices(&desc, &disks)?;
+        let geo = geometry(&desc);
+        let prefetch = Prefetcher::new(geo.block_bytes);
+        let fs = Arc::new(FileSystem {
+            owner: None,
+            client_desc: Some(desc),
+            devices,
+            geo,
+            pmon: Pmon::default(),
+            prefetch,
+            inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            stop: Arc::new((Mutex::new(false), Condvar::new())),
+            flusher: Mutex::new(None),
+            unmounted: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
+            remote: std::sync::OnceLock::new(),
+        });
+        fs.route_metadata_through(channel);
+        fs.prefetch.start(Arc::downgrade(&fs));
+        Ok(fs)
+    }
+
     /// Frees inodes whose last link went away while they were open.
     fn reclaim_orphans(&self) -> FsResult<()> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let orphans: Vec<Ino> = m.state.orphans()?;
         for ino in &orphans {
             tracing::info!("reclaiming orphan inode {ino}");
@@ -274,13 +315,11 @@ impl FileSystem {
     /// Bounds the metadata pages in memory, clean and changed together (changed pages stay
     /// until the next checkpoint, and clean ones give way to them). A small cache costs
     /// speed, never correctness.
+    /// A client-only mount has no metadata cache (nothing to bound).
     pub fn set_metadata_cache_pages(&self, pages: usize) {
-        self.owner
-            .meta
-            .lock()
-            .state
-            .store_mut()
-            .set_cache_pages(pages);
+        if let Some(owner) = &self.owner {
+            owner.meta.lock().state.store_mut().set_cache_pages(pages);
+        }
     }
 
     /// Sizes the metadata page memory by `bytes` (`pagepool`), clean and changed pages
@@ -292,7 +331,10 @@ impl FileSystem {
     /// more changes to the same page (a directory leaf hit again and again) go out in one
     /// write.
     pub fn set_metadata_cache_bytes(&self, bytes: u64) {
-        let mut m = self.owner.meta.lock();
+        if self.owner.is_none() {
+            return;
+        }
+        let mut m = self.owner().meta.lock();
         let store = m.state.store_mut();
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         store.set_cache_pages(usize::MAX);
@@ -300,45 +342,93 @@ impl FileSystem {
         let pages = (bytes / store.dirty_page_memory()).max(8);
         drop(m);
         let soft = (pages / 4).max(crate::checkpoint::DIRTY_PAGES_MIN);
-        self.owner.dirty_pages_soft.store(soft, Ordering::Relaxed);
-        self.owner
+        self.owner().dirty_pages_soft.store(soft, Ordering::Relaxed);
+        self.owner()
             .dirty_pages_hard
             .store((pages / 2).max(2 * soft), Ordering::Relaxed);
     }
 
     /// Bounds the cache of decoded inode records (`maxFilesToCache`).
     pub fn set_inode_cache(&self, records: usize) {
-        self.owner.meta.lock().state.set_inode_cache(records);
+        if let Some(owner) = &self.owner {
+            owner.meta.lock().state.set_inode_cache(records);
+        }
     }
 
     /// Bounds the cache of attributes of inodes beyond the record cache (`maxStatCache`).
     pub fn set_stat_cache(&self, entries: usize) {
-        self.owner.meta.lock().state.set_stat_cache(entries);
+        if let Some(owner) = &self.owner {
+            owner.meta.lock().state.set_stat_cache(entries);
+        }
     }
 
-    /// Entries in the inode record cache and the stat cache.
+    /// Entries in the inode record cache and the stat cache (none on a client-only mount).
     pub fn inode_cache_len(&self) -> (usize, usize) {
-        self.owner.meta.lock().state.inode_cache_len()
+        self.owner
+            .as_ref()
+            .map_or((0, 0), |owner| owner.meta.lock().state.inode_cache_len())
     }
 
-    /// Records and group commits of the recovery log since the mount.
+    /// Records and group commits of the recovery log since the mount (a client-only mount
+    /// writes none).
     pub fn journal_stats(&self) -> tessera_journal::JournalStats {
-        self.journal().stats()
+        match &self.owner {
+            Some(_) => self.journal().stats(),
+            None => tessera_journal::JournalStats::default(),
+        }
     }
 
-    /// Counters of the metadata page cache.
+    /// Counters of the metadata page cache (none on a client-only mount).
     pub fn metadata_cache_stats(&self) -> tessera_meta::StoreStats {
-        self.owner.meta.lock().state.store_mut().stats()
+        self.owner
+            .as_ref()
+            .map(|owner| owner.meta.lock().state.store_mut().stats())
+            .unwrap_or_default()
     }
 
     /// Why this mount rebuilt the allocation map by a scan of the metadata (a file system of
     /// format version 3, a damaged or out-of-date stored map); `None` when it read the map.
     pub fn allocation_map_rebuilt(&self) -> Option<&str> {
-        self.owner.map_rebuilt.as_deref()
+        self.owner.as_ref()?.map_rebuilt.as_deref()
     }
 
+    /// The descriptor: the owner's current one, or on a client-only mount the one read
+    /// when it mounted.
     pub fn descriptor(&self) -> FsDescriptor {
-        self.owner.desc.lock().clone()
+        match (&self.owner, &self.client_desc) {
+            (Some(owner), _) => owner.desc.lock().clone(),
+            (None, Some(desc)) => desc.clone(),
+            (None, None) => unreachable!("a mount has an owner or a client descriptor"),
+        }
+    }
+
+    /// The owner's state. Only owner-side code calls this (the metanode's answers, log,
+    /// checkpoint, restripe, disk changes), and only on a mount that owns the shards:
+    /// every public entry point that reaches it on a client-only mount is refused first
+    /// with [`FileSystem::owner_here`], and the data path and namespace calls of a client
+    /// go to [`FileSystem::metanode`] and [`FileSystem::namespace_of`].
+    pub(crate) fn owner(&self) -> &Owner {
+        self.owner
+            .as_ref()
+            .expect("owner-side call on a client-only mount (refuse it with owner_here)")
+    }
+
+    /// Whether this mount owns the file system's metadata (the single-node mount), or is a
+    /// client of the node that does.
+    pub fn is_owner(&self) -> bool {
+        self.owner.is_some()
+    }
+
+    /// Refuses `what` on a client-only mount: it changes or reads what only the owner
+    /// keeps, so it must run on the node that owns the file system.
+    pub(crate) fn owner_here(&self, what: &str) -> FsResult<()> {
+        if self.owner.is_none() {
+            return Err(FsError::NotOwner {
+                what: what.to_string(),
+                fs: self.descriptor().name,
+            });
+        }
+        Ok(())
     }
 
     pub fn pmon(&self) -> PmonSnapshot {
@@ -418,7 +508,8 @@ impl FileSystem {
             m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
         }
         self.pmon.inode_update();
-        if m.state.store_mut().dirty_pages() > self.owner.dirty_pages_hard.load(Ordering::Relaxed) {
+        if m.state.store_mut().dirty_pages() > self.owner().dirty_pages_hard.load(Ordering::Relaxed)
+        {
             // The background checkpoint did not keep up: write the changed pages now, so
             // that memory stays bounded however fast metadata changes.
             self.checkpoint_locked(m)?;
@@ -436,7 +527,7 @@ impl FileSystem {
         }
         // Group commit: one caller flushes and commits everything appended so far while the
         // others wait, then find their records durable.
-        let _one = self.owner.commit_lock.lock();
+        let _one = self.owner().commit_lock.lock();
         if self.journal().durable_lsn() >= lsn {
             return Ok(());
         }
@@ -461,6 +552,11 @@ impl FileSystem {
 
     /// Commits everything logged so far (fsync, sync, periodic flush).
     pub fn sync(&self) -> FsResult<()> {
+        if self.owner.is_none() {
+            // Everything the owner logged so far, this client's updates among them; the
+            // client's own data is flushed first (see `RemoteMetanode::commit`).
+            return self.metanode().commit(Lsn::MAX);
+        }
         let lsn = self.journal().appended_lsn();
         self.commit(lsn)?;
         // Space released by changes that another caller made durable comes back now too.
@@ -478,7 +574,7 @@ impl FileSystem {
     fn release_frees(&self) {
         let durable = self.journal().durable_lsn();
         let to_discard = {
-            let mut m = self.owner.meta.lock();
+            let mut m = self.owner().meta.lock();
             let to_discard = release_frees_upto(&mut m, durable, &self.devices);
             self.apply_deferred_frees(&mut m);
             to_discard
@@ -493,7 +589,7 @@ impl FileSystem {
     /// is I/O, then returns them to the allocator. Returns the bytes deallocated.
     fn discard_and_free(&self, extents: &[Extent]) -> u64 {
         let bytes = self.discard_extents(extents);
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         for extent in extents {
             let at = m
                 .discarding
@@ -511,6 +607,7 @@ impl FileSystem {
     /// Gives freed data blocks of disk `disk` back to the device from now on (`thinDiskType`
     /// other than `no`), or stops. The device must be able to deallocate.
     pub fn set_discard(&self, disk: u16, on: bool) -> FsResult<()> {
+        self.owner_here("turning discard on or off")?;
         let dev = self
             .devices
             .try_get(disk)
@@ -533,9 +630,10 @@ impl FileSystem {
     /// the total. Returns the bytes given back per disk index.
     pub fn reclaim_space(&self, progress: &mut dyn FnMut(u64, u64)) -> FsResult<Vec<(u16, u64)>> {
         const BATCH_BLOCKS: u64 = 256;
+        self.owner_here("reclaiming space")?;
         self.check_fenced()?;
         let (disks, spb) = {
-            let m = self.owner.meta.lock();
+            let m = self.owner().meta.lock();
             let disks: Vec<(u16, u64)> = m
                 .alloc
                 .disks()
@@ -554,7 +652,7 @@ impl FileSystem {
             while b < blocks {
                 let end = (b + BATCH_BLOCKS).min(blocks);
                 let taken: Vec<Extent> = {
-                    let mut m = self.owner.meta.lock();
+                    let mut m = self.owner().meta.lock();
                     let mut taken = Vec::new();
                     for block in b..end {
                         let e = Extent {
@@ -588,10 +686,12 @@ impl FileSystem {
 
     /// Bytes given back to thin-provisioned disks since the mount, and discards that failed.
     pub fn discard_stats(&self) -> (u64, u64) {
-        (
-            self.owner.discarded_bytes.load(Ordering::Relaxed),
-            self.owner.discard_errors.load(Ordering::Relaxed),
-        )
+        self.owner.as_ref().map_or((0, 0), |owner| {
+            (
+                owner.discarded_bytes.load(Ordering::Relaxed),
+                owner.discard_errors.load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// Deallocates `extents` on their disks, adjacent ones in one request. A failure costs
@@ -599,7 +699,7 @@ impl FileSystem {
     /// bytes deallocated.
     pub(crate) fn discard_extents(&self, extents: &[Extent]) -> u64 {
         let mut given_back = 0;
-        let desc = self.owner.desc.lock().clone();
+        let desc = self.owner().desc.lock().clone();
         let sub = u64::from(desc.sub_block_size);
         let mut sorted: Vec<Extent> = extents.to_vec();
         sorted.sort_by_key(|e| (e.addr.disk, e.addr.sub_block));
@@ -620,11 +720,13 @@ impl FileSystem {
             let len = (end - first.addr.sub_block) * sub;
             match dev.discard(offset, len) {
                 Ok(()) => {
-                    self.owner.discarded_bytes.fetch_add(len, Ordering::Relaxed);
+                    self.owner()
+                        .discarded_bytes
+                        .fetch_add(len, Ordering::Relaxed);
                     given_back += len;
                 }
                 Err(e) => {
-                    self.owner.discard_errors.fetch_add(1, Ordering::Relaxed);
+                    self.owner().discard_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "{}: cannot give {len} freed bytes back to the device: {e}",
                         desc.name
@@ -638,10 +740,13 @@ impl FileSystem {
 
     /// Writes a checkpoint if the log is getting full or many metadata pages changed.
     pub fn maybe_checkpoint(&self) -> FsResult<()> {
+        if self.owner.is_none() {
+            return Ok(());
+        }
         let used = self.journal().used_bytes() as f64;
-        let dirty = self.owner.meta.lock().state.store_mut().dirty_pages();
+        let dirty = self.owner().meta.lock().state.store_mut().dirty_pages();
         if used > self.journal().capacity_bytes() as f64 * CHECKPOINT_LOG_FRACTION
-            || dirty > self.owner.dirty_pages_soft.load(Ordering::Relaxed)
+            || dirty > self.owner().dirty_pages_soft.load(Ordering::Relaxed)
         {
             self.checkpoint()?;
         }
@@ -654,9 +759,10 @@ impl FileSystem {
     /// change again and land in the log after the checkpoint's LSN.
     pub fn checkpoint(&self) -> FsResult<()> {
         // Lock order: metadata, then checkpoint (as in `log`, which checkpoints when full).
+        self.owner_here("a checkpoint")?;
         self.check_fenced()?;
-        let mut m = self.owner.meta.lock();
-        let _one = self.owner.checkpoint_lock.lock();
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
         self.apply_deferred_frees(&mut m);
         let lsn = self.journal().appended_lsn();
         let started = std::time::Instant::now();
@@ -673,24 +779,24 @@ impl FileSystem {
         if result.is_err() {
             // Set before the checkpoint lock goes: no later checkpoint may start from a
             // cache that names pages this one failed to write.
-            self.owner.checkpoint_failed.store(true, Ordering::SeqCst);
+            self.owner().checkpoint_failed.store(true, Ordering::SeqCst);
         }
         // Lock order is metadata, then checkpoint: let the checkpoint lock go before taking
         // the metadata lock again.
         drop(_one);
-        self.finish_checkpoint(&mut self.owner.meta.lock(), &prepared, &result);
+        self.finish_checkpoint(&mut self.owner().meta.lock(), &prepared, &result);
         result
     }
 
     /// The recovery log as of now.
     pub(crate) fn journal(&self) -> Arc<Journal> {
-        Arc::clone(&self.owner.journal.read())
+        Arc::clone(&self.owner().journal.read())
     }
 
     /// Makes `journal` the recovery log (the caller holds the metadata and checkpoint locks
     /// and has made the old one durable up to where the new one starts).
     pub(crate) fn replace_journal(&self, journal: Journal) {
-        *self.owner.journal.write() = Arc::new(journal);
+        *self.owner().journal.write() = Arc::new(journal);
     }
 
     /// A checkpoint that carries an administrative change of the descriptor (disks added or
@@ -726,12 +832,12 @@ impl FileSystem {
     /// No checkpoint after this one until a remount: the in-memory state may describe
     /// something no durable descriptor does.
     pub(crate) fn stop_checkpoints(&self) {
-        self.owner.checkpoint_failed.store(true, Ordering::SeqCst);
+        self.owner().checkpoint_failed.store(true, Ordering::SeqCst);
     }
 
     /// A checkpoint while the caller holds the metadata lock (the log is full).
     fn checkpoint_locked(&self, m: &mut Meta) -> FsResult<()> {
-        let _one = self.owner.checkpoint_lock.lock();
+        let _one = self.owner().checkpoint_lock.lock();
         self.checkpoint_under_lock(m)
     }
 
@@ -744,14 +850,14 @@ impl FileSystem {
         let prepared = self.prepare_checkpoint(m)?;
         let result = self.write_checkpoint(lsn, &prepared);
         if result.is_err() {
-            self.owner.checkpoint_failed.store(true, Ordering::SeqCst);
+            self.owner().checkpoint_failed.store(true, Ordering::SeqCst);
         }
         self.finish_checkpoint(m, &prepared, &result);
         result
     }
 
     fn prepare_checkpoint(&self, m: &mut Meta) -> FsResult<crate::checkpoint::Prepared> {
-        if self.owner.checkpoint_failed.load(Ordering::SeqCst) {
+        if self.owner().checkpoint_failed.load(Ordering::SeqCst) {
             m.state.store_mut().poison();
             return Err(FsError::Corrupt(
                 "an earlier checkpoint could not write its metadata pages; unmount and mount \
@@ -759,7 +865,7 @@ impl FileSystem {
                     .into(),
             ));
         }
-        let desc = self.owner.desc.lock().clone();
+        let desc = self.owner().desc.lock().clone();
         let unrecorded: Vec<Extent> = m
             .pending_free
             .iter()
@@ -804,10 +910,10 @@ impl FileSystem {
             self.flush_devices()?;
             self.journal().commit(lsn)?;
         }
-        let mut desc = self.owner.desc.lock().clone();
+        let mut desc = self.owner().desc.lock().clone();
         let devices = self.devices.all();
         crate::checkpoint::write_pages(&desc, &devices, prepared)?;
-        let mut map_slots = self.owner.map_slots.lock();
+        let mut map_slots = self.owner().map_slots.lock();
         let chunks = crate::alloc_map::write_chunks(
             &mut desc,
             &devices,
@@ -823,9 +929,9 @@ impl FileSystem {
         crate::descriptor::write_descriptor(&desc, &devices)?;
         map_slots.commit(&chunks, prepared.generation);
         drop(map_slots);
-        *self.owner.desc.lock() = desc;
+        *self.owner().desc.lock() = desc;
         self.journal().set_tail(lsn);
-        self.owner
+        self.owner()
             .deferred_frees
             .lock()
             .extend(prepared.superseded.iter().copied());
@@ -837,7 +943,7 @@ impl FileSystem {
     /// release after a commit deallocates them outside the metadata lock, and checkpoints
     /// store them free meanwhile.
     fn apply_deferred_frees(&self, m: &mut Meta) {
-        for extent in std::mem::take(&mut *self.owner.deferred_frees.lock()) {
+        for extent in std::mem::take(&mut *self.owner().deferred_frees.lock()) {
             if self.devices.discard(extent.addr.disk) {
                 m.pending_free.push((0, extent));
                 continue;
@@ -881,6 +987,9 @@ impl FileSystem {
         }
         self.prefetch.stop();
         self.sync()?;
+        if self.owner.is_none() {
+            return Ok(());
+        }
         self.checkpoint()
     }
 

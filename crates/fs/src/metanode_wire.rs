@@ -17,10 +17,12 @@ use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
 use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
+use tessera_drive::BlockDevice;
 use tessera_journal::Lsn;
 
 use crate::access::Protection;
 use crate::acl::{Acl, AclKind};
+use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode::{Attr, Ino};
@@ -415,11 +417,22 @@ pub trait MetanodeChannel: Send + Sync {
 /// The client's end of the metanode interface over a channel.
 pub(crate) struct RemoteMetanode {
     channel: Box<dyn MetanodeChannel>,
+    /// The client's own handles of the disks: what it wrote through them must be on
+    /// stable storage before the owner commits a log record that refers to it, and only
+    /// the client can flush them (another node's flush covers its own queues only).
+    disks: Arc<DiskSet>,
 }
 
 impl RemoteMetanode {
-    pub fn new(channel: Box<dyn MetanodeChannel>) -> RemoteMetanode {
-        RemoteMetanode { channel }
+    pub fn new(channel: Box<dyn MetanodeChannel>, disks: Arc<DiskSet>) -> RemoteMetanode {
+        RemoteMetanode { channel, disks }
+    }
+
+    fn flush(&self, disks: impl Iterator<Item = Arc<dyn BlockDevice>>) -> FsResult<()> {
+        for disk in disks {
+            disk.flush()?;
+        }
+        Ok(())
     }
 
     fn call(&self, request: MetanodeRequest) -> FsResult<MetanodeReply> {
@@ -473,13 +486,16 @@ impl Metanode for RemoteMetanode {
     }
 
     fn commit(&self, lsn: Lsn) -> FsResult<()> {
+        self.flush(self.disks.all().into_iter())?;
         self.done(MetanodeRequest::Commit { lsn })
     }
 
     fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
+        self.flush(disks.iter().map(|d| self.disks.get(*d)))?;
+        // The owner has nothing of this write's data to flush: only its log record.
         self.done(MetanodeRequest::CommitData {
             lsn,
-            disks: disks.to_vec(),
+            disks: Vec::new(),
         })
     }
 
@@ -799,7 +815,10 @@ mod tests {
         let channel = Counted(Loopback(Arc::downgrade(&fs)), calls.clone());
         assert!(fs
             .remote
-            .set(Arc::new(RemoteMetanode::new(Box::new(channel))))
+            .set(Arc::new(RemoteMetanode::new(
+                Box::new(channel),
+                fs.devices.clone()
+            )))
             .is_ok());
         let count = || calls.load(std::sync::atomic::Ordering::Relaxed);
         let me = crate::Caller { uid: 0, gid: 0 };

@@ -92,12 +92,12 @@ pub struct Caller {
 
 impl Namespace for FileSystem {
     fn attr(&self, ino: Ino) -> FsResult<Attr> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         m.state.attr(ino)
     }
 
     fn held_bytes(&self, ino: Ino) -> FsResult<u64> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         Ok(m.state.allocated_sub_blocks(ino)? * self.geo.sub_block_bytes)
     }
 
@@ -105,7 +105,7 @@ impl Namespace for FileSystem {
         if name.len() > NAME_BYTES_MAX {
             return Err(FsError::NameTooLong);
         }
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let target = match name {
             b"." => {
                 m.state.dir_parent(parent)?;
@@ -127,7 +127,7 @@ impl Namespace for FileSystem {
             symlink_target,
         } = node;
         check_name(name)?;
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         self.check_inode_limit(&m)?;
         let pattr = self.dir_attr(&mut m, parent)?;
         if pattr.nlink == 0 {
@@ -210,7 +210,7 @@ impl Namespace for FileSystem {
     }
 
     fn link_target(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let kind = m.state.attr(ino)?.kind;
         match (kind, m.state.inline_data(ino)?) {
             (FileKind::Symlink, Some(t)) => Ok(t),
@@ -220,7 +220,7 @@ impl Namespace for FileSystem {
 
     fn drop_name(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
         check_name(name)?;
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut pattr = self.dir_attr(&mut m, parent)?;
         let entry = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
         let mut attr = m.state.attr(entry.ino)?;
@@ -256,7 +256,7 @@ impl Namespace for FileSystem {
 
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         check_name(name)?;
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut pattr = self.dir_attr(&mut m, parent)?;
         let mut attr = m.state.attr(ino)?;
         if attr.kind == FileKind::Directory {
@@ -300,7 +300,7 @@ impl Namespace for FileSystem {
     ) -> FsResult<()> {
         check_name(name)?;
         check_name(new_name)?;
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         self.dir_attr(&mut m, parent)?;
         self.dir_attr(&mut m, new_parent)?;
         let src = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
@@ -410,7 +410,7 @@ impl Namespace for FileSystem {
                     .into(),
             ));
         }
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut attr = m.state.attr(ino)?;
         let now = self.now();
         if let Some(mode) = set.mode {
@@ -447,14 +447,14 @@ impl Namespace for FileSystem {
     }
 
     fn opened(&self, ino: Ino) -> FsResult<Attr> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let attr = m.state.attr(ino)?;
         *m.open.entry(ino).or_insert(0) += 1;
         Ok(attr)
     }
 
     fn closed(&self, ino: Ino) -> FsResult<()> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let left = match m.open.get_mut(&ino) {
             Some(n) => {
                 *n -= 1;
@@ -472,7 +472,7 @@ impl Namespace for FileSystem {
     }
 
     fn entries(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let parent = m.state.dir_parent(ino)?;
         let mut entries = Vec::new();
         if after < 1 {
@@ -489,8 +489,8 @@ impl Namespace for FileSystem {
     }
 
     fn space(&self) -> StatFs {
-        let pools = self.owner.desc.lock().pools.len();
-        let m = self.owner.meta.lock();
+        let pools = self.owner().desc.lock().pools.len();
+        let m = self.owner().meta.lock();
         // Every pool's data disks: placement rules may put files in any of them (`df` of
         // the mount is the whole file system; `tessera df` shows each pool).
         let space = (0..pools)
@@ -527,7 +527,7 @@ impl Namespace for FileSystem {
                 size: XATTR_VALUE_BYTES_MAX,
             });
         }
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut attr = m.state.attr(ino)?;
         let exists = m.state.xattr(ino, name)?.is_some();
         if how.create && exists {
@@ -550,13 +550,13 @@ impl Namespace for FileSystem {
     }
 
     fn xattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         m.state.xattr(ino, name)?.ok_or(FsError::NoXattr)
     }
 
     /// Names as the kernel wants them: each followed by a NUL.
     fn xattr_names(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut out = Vec::new();
         for name in m.state.xattr_names(ino)? {
             out.extend_from_slice(&name);
@@ -566,7 +566,7 @@ impl Namespace for FileSystem {
     }
 
     fn drop_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut attr = m.state.attr(ino)?;
         if m.state.xattr(ino, name)?.is_none() {
             return Err(FsError::NoXattr);
@@ -596,7 +596,7 @@ impl Namespace for FileSystem {
             AclKind::Access => acl::ACCESS_XATTR,
             AclKind::Default => acl::DEFAULT_XATTR,
         };
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut attr = m.state.attr(ino)?;
         let exists = m.state.xattr(ino, name)?.is_some();
         if how.create && exists {
@@ -631,7 +631,7 @@ impl Namespace for FileSystem {
     }
 
     fn protection(&self, ino: Ino) -> FsResult<Protection> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let attr = m.state.attr(ino)?;
         let acl = stored_acl(&mut m, ino, acl::ACCESS_XATTR)?;
         Ok(Protection { attr, acl })

@@ -48,7 +48,7 @@ impl FileSystem {
         what: &'static str,
     ) -> FsResult<()> {
         let reserve = self
-            .owner
+            .owner()
             .metadata_reserve_sub_blocks
             .load(std::sync::atomic::Ordering::Relaxed);
         // Only the system pool holds metadata pages.
@@ -78,7 +78,7 @@ impl FileSystem {
         hint: BlockHint,
         what: &'static str,
     ) -> FsResult<Extent> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         self.keep_metadata_reserve(&m, pool, sub_blocks, what)?;
         self.take_extent(&mut m, pool, sub_blocks, hint, &|_| true, what)
     }
@@ -106,7 +106,7 @@ impl FileSystem {
     }
 
     fn has_pending_frees(&self) -> bool {
-        !self.owner.meta.lock().pending_free.is_empty()
+        !self.owner().meta.lock().pending_free.is_empty()
     }
 }
 
@@ -127,7 +127,7 @@ fn content_change_of(change: &Change, ino: Ino) -> bool {
 
 impl Metanode for FileSystem {
     fn view(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let attr = m.state.attr(ino)?;
         let (kind, inline, pool) = m.state.content_of(ino)?;
         let content = match kind {
@@ -149,7 +149,7 @@ impl Metanode for FileSystem {
             )));
         }
         let mut changes = update.changes;
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut attr = m.state.attr(ino)?;
         if attr.kind != FileKind::Regular {
             return Err(if attr.kind == FileKind::Directory {
@@ -192,7 +192,7 @@ impl Metanode for FileSystem {
         if self.geo.atime == AtimeMode::Suppress {
             return;
         }
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let Ok(Some(mut attr)) = m.state.find_attr(ino) else {
             return;
         };
@@ -236,12 +236,12 @@ impl BlockAllocator for FileSystem {
         allowed: &dyn Fn(DiskIndex) -> bool,
         what: &'static str,
     ) -> FsResult<Extent> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         self.take_extent(&mut m, pool, sub_blocks, hint, allowed, what)
     }
 
     fn abandon(&self, extent: Extent) {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         if m.unlogged.remove(&extent) {
             let _ = m.alloc.free(extent);
         }
@@ -383,7 +383,7 @@ pub(crate) mod tests {
         fs.write(f.ino, 0, &vec![7u8; 64 << 10], false).unwrap();
         fs.sync().unwrap();
         let in_tree = |fs: &FileSystem| {
-            let mut m = fs.owner.meta.lock();
+            let mut m = fs.owner().meta.lock();
             let s = m.state.shard_of(f.ino);
             let state = &mut m.state;
             let block = state.shards[s].block(&mut state.store, f.ino, 0).unwrap();

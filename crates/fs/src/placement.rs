@@ -113,25 +113,26 @@ impl FileSystem {
     /// against the pools, then written into the descriptor by a checkpoint. Files created
     /// from then on are placed by its rules; existing files keep their pools.
     pub fn set_policy(&self, text: Option<&str>) -> FsResult<PolicySummary> {
+        self.owner_here("installing a policy")?;
         self.check_fenced()?;
         let desc = self.descriptor();
         let checked = text.map(|t| check_policy(&desc, t)).transpose()?;
-        let mut m = self.owner.meta.lock();
-        let _one = self.owner.checkpoint_lock.lock();
-        let mut next = self.owner.desc.lock().clone();
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut next = self.owner().desc.lock().clone();
         next.policy = text.map(str::to_string);
-        let previous = std::mem::replace(&mut *self.owner.desc.lock(), next);
+        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
         if let Err(e) = self.commit_descriptor_change(
             &mut m,
             false,
             "installing the policy",
             "unmount and mount the file system again, then install it again",
         ) {
-            *self.owner.desc.lock() = previous;
+            *self.owner().desc.lock() = previous;
             return Err(e);
         }
         let summary = checked.as_ref().map(summary).unwrap_or_default();
-        *self.owner.policy.write() = checked.map(|policy| {
+        *self.owner().policy.write() = checked.map(|policy| {
             Arc::new(Installed {
                 policy,
                 pools: desc.pools.clone(),
@@ -154,10 +155,11 @@ impl FileSystem {
 
     /// Data blocks of `ino` per disk, by NSD name (disks holding none left out).
     pub fn file_blocks_per_disk(&self, ino: Ino) -> FsResult<Vec<(String, u64)>> {
+        self.owner_here("listing a file's blocks per disk")?;
         let names = self.disk_names();
         let mut counts = vec![0u64; names.len()];
         {
-            let mut m = self.owner.meta.lock();
+            let mut m = self.owner().meta.lock();
             if m.state.content_kind(ino)? == crate::meta::ContentKind::Blocks {
                 for (_, b) in m.state.blocks(ino, 0..u64::MAX)? {
                     if let Some(c) = counts.get_mut(usize::from(b.extent.addr.disk)) {
@@ -175,13 +177,13 @@ impl FileSystem {
 
     /// The installed policy's text, as it was given.
     pub fn policy_text(&self) -> Option<String> {
-        self.owner.desc.lock().policy.clone()
+        self.descriptor().policy
     }
 
     /// The pool a placement rule chooses for a regular file being created, and that rule's
     /// label; `None` when no policy places files or no rule matches.
     pub(crate) fn place(&self, m: &Meta, name: &[u8], attr: &Attr) -> Option<(PoolId, String)> {
-        let installed = self.owner.policy.read().clone()?;
+        let installed = self.owner().policy.read().clone()?;
         if !installed.policy.has_placement_rules() {
             return None;
         }
@@ -218,13 +220,14 @@ impl FileSystem {
 
     /// A pool's name, for messages.
     pub(crate) fn pool_name(&self, pool: PoolId) -> String {
-        self.owner.desc.lock().pool_name(pool).to_string()
+        self.descriptor().pool_name(pool).to_string()
     }
 
     /// The storage pool of a file's data [mmlsattr -L], by name.
     pub fn file_pool_name(&self, ino: Ino) -> FsResult<String> {
+        self.owner_here("naming a file's pool")?;
         let pool = {
-            let mut m = self.owner.meta.lock();
+            let mut m = self.owner().meta.lock();
             self.file_pool(&mut m, ino)?
         };
         Ok(self.pool_name(pool))

@@ -96,6 +96,7 @@ impl FileSystem {
         stop: &AtomicBool,
         progress: &mut dyn FnMut(&ApplyProgress),
     ) -> FsResult<ApplyReport> {
+        self.owner_here("applying a policy")?;
         self.check_fenced()?;
         let desc = self.descriptor();
         let policy = crate::placement::check_policy(&desc, text)?;
@@ -198,7 +199,7 @@ impl FileSystem {
         });
 
         // Thresholds: a rule runs only above HIGH and takes the heaviest files down to LOW.
-        let mut used_kb = self.pool_use_kb();
+        let mut used_kb = self.pool_use_kb()?;
         for (rule, files) in rules.iter().zip(chosen.iter_mut()) {
             let mut note = None;
             if let Some(from) = rule.from_pool() {
@@ -353,15 +354,16 @@ impl FileSystem {
 
     /// KiB used and in all, per pool name, as `tessera df` counts them (an occupancy an
     /// administrator can compare with a THRESHOLD).
-    fn pool_use_kb(&self) -> std::collections::HashMap<String, (u64, u64)> {
-        self.df()
+    fn pool_use_kb(&self) -> FsResult<std::collections::HashMap<String, (u64, u64)>> {
+        Ok(self
+            .df()?
             .pools
             .into_iter()
             .map(|p| {
                 let free = p.free_full_block_bytes + p.free_fragment_bytes;
                 (p.pool, ((p.size_bytes - free) / 1024, p.size_bytes / 1024))
             })
-            .collect()
+            .collect())
     }
 
     /// Moves file `ino` to pool `pool`: its recorded pool first (so new blocks go there at
@@ -369,7 +371,7 @@ impl FileSystem {
     /// copied.
     fn migrate_file(&self, ino: Ino, pool: PoolId, move_data: bool) -> FsResult<u64> {
         {
-            let mut m = self.owner.meta.lock();
+            let mut m = self.owner().meta.lock();
             if m.state.attr(ino)?.kind != FileKind::Regular {
                 return Err(FsError::NotFound);
             }

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::FsResult;
 use crate::fs::FileSystem;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,9 +43,10 @@ pub struct DfReport {
 }
 
 impl FileSystem {
-    pub fn df(&self) -> DfReport {
+    pub fn df(&self) -> FsResult<DfReport> {
+        self.owner_here("df")?;
         let desc = self.descriptor();
-        let m = self.owner.meta.lock();
+        let m = self.owner().meta.lock();
         let bs = u64::from(desc.block_size);
         let sub = u64::from(desc.sub_block_size);
         let disks: Vec<DfDisk> = desc
@@ -78,7 +80,7 @@ impl FileSystem {
             })
             .collect();
         let used = m.state.inode_count();
-        DfReport {
+        Ok(DfReport {
             block_size: desc.block_size,
             sub_block_size: desc.sub_block_size,
             disks,
@@ -89,6 +91,6 @@ impl FileSystem {
                 allocated: used.max(desc.prealloc_inodes),
                 max: desc.max_inodes,
             },
-        }
+        })
     }
 }

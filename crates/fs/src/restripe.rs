@@ -114,15 +114,16 @@ impl FileSystem {
         stop: &AtomicBool,
         progress: &mut dyn FnMut(&RestripeProgress),
     ) -> FsResult<RestripeReport> {
+        self.owner_here("a restripe")?;
         self.check_writable()?;
-        let shards = self.owner.meta.lock().state.shard_count();
+        let shards = self.owner().meta.lock().state.shard_count();
         let mut report = RestripeReport::default();
         report.progress.shards = shards;
         for shard in 0..shards as usize {
             let mut from = Vec::new();
             loop {
                 let (items, next) = {
-                    let mut m = self.owner.meta.lock();
+                    let mut m = self.owner().meta.lock();
                     m.state.scan_batch(shard, &from, SCAN_BATCH_ITEMS)?
                 };
                 let plan = Mutex::new(self.plan(mode)?);
@@ -189,7 +190,7 @@ impl FileSystem {
         progress: &mut dyn FnMut(&RestripeProgress),
     ) -> FsResult<()> {
         let sources: Vec<DiskIndex> = {
-            let desc = self.owner.desc.lock();
+            let desc = self.owner().desc.lock();
             desc.disks
                 .iter()
                 .filter(|d| d.status != DiskStatus::Ready)
@@ -203,14 +204,14 @@ impl FileSystem {
             |a: tessera_meta::PageAddr| sources.contains(&crate::checkpoint::disk_addr(a).disk);
         // Half of what makes the flusher start a checkpoint: the relocation adds the
         // branches above each page, and the file system's own changes go on meanwhile.
-        let budget = (self.owner.dirty_pages_soft.load(Ordering::Relaxed) / 2).max(16);
+        let budget = (self.owner().dirty_pages_soft.load(Ordering::Relaxed) / 2).max(16);
         loop {
             if stop.load(Ordering::Relaxed) {
                 report.stopped = true;
                 return Ok(());
             }
             let marked = self
-                .owner
+                .owner()
                 .meta
                 .lock()
                 .state
@@ -232,9 +233,9 @@ impl FileSystem {
     /// valid ones; the map that checkpoint stores has them free already, and the allocator
     /// reuses them only after it. Returns how many regions moved.
     fn move_map_regions_off(&self) -> FsResult<usize> {
-        let mut m = self.owner.meta.lock();
-        let _one = self.owner.checkpoint_lock.lock();
-        let mut desc = self.owner.desc.lock().clone();
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut desc = self.owner().desc.lock().clone();
         let not_ready: Vec<DiskIndex> = desc
             .disks
             .iter()
@@ -266,7 +267,7 @@ impl FileSystem {
             *slot = r;
         }
         {
-            let mut slots = self.owner.map_slots.lock();
+            let mut slots = self.owner().map_slots.lock();
             for &disk in &moving {
                 let chunks = m.alloc.chunk_count(disk);
                 slots.add_disk(disk, chunks);
@@ -279,7 +280,7 @@ impl FileSystem {
         // from the map it writes), while the allocator gives them out only after a later
         // commit, when this checkpoint's descriptor is durable.
         m.pending_free.extend(superseded.iter().map(|e| (0, *e)));
-        *self.owner.desc.lock() = desc;
+        *self.owner().desc.lock() = desc;
         if let Err(e) = self.commit_descriptor_change(
             &mut m,
             false,
@@ -307,9 +308,9 @@ impl FileSystem {
     /// system is fenced: later commits fail (EIO) instead of being lost, and a remount
     /// recovers from whichever descriptor is durable.
     fn move_log_off(&self) -> FsResult<bool> {
-        let mut m = self.owner.meta.lock();
-        let _one = self.owner.checkpoint_lock.lock();
-        let desc = self.owner.desc.lock().clone();
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
         if desc
             .disks
             .iter()
@@ -365,7 +366,7 @@ impl FileSystem {
         m.pending_free.extend(old_extents.iter().map(|e| (0, *e)));
         let mut next = desc;
         next.log = new;
-        *self.owner.desc.lock() = next;
+        *self.owner().desc.lock() = next;
         self.replace_journal(journal);
         self.commit_descriptor_change(
             &mut m,
@@ -381,10 +382,11 @@ impl FileSystem {
     /// checkpoint: every page of every shard's tree is visited, so this reads the whole
     /// metadata.
     pub fn metadata_pages_per_disk(&self) -> FsResult<Vec<u64>> {
+        self.owner_here("counting metadata pages")?;
         // By disk index; deleted disks' indexes stay unused.
         let slots = self.devices.len();
         let mut pages = vec![0u64; slots];
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let (store, trees) = m.state.trees_mut();
         for tree in trees {
             store
@@ -408,8 +410,8 @@ impl FileSystem {
 
     /// Which disks lose blocks and which may receive them, as of now.
     fn plan(&self, mode: RestripeMode) -> FsResult<Plan> {
-        let desc = self.owner.desc.lock().clone();
-        let m = self.owner.meta.lock();
+        let desc = self.owner().desc.lock().clone();
+        let m = self.owner().meta.lock();
         let per = u64::from(self.geo.sub_blocks_per_block);
         // Every pool's ready data disks: a block moves within its file's pool (the
         // allocator is asked for that pool), so each pool is emptied or balanced on its own.
@@ -462,7 +464,7 @@ impl FileSystem {
 
     /// The storage pool of every file whose blocks are among `items`.
     fn file_pools_of(&self, items: &[Item]) -> FsResult<HashMap<Ino, PoolId>> {
-        let mut m = self.owner.meta.lock();
+        let mut m = self.owner().meta.lock();
         let mut pools = HashMap::new();
         for item in items {
             if let Item::Block { ino, .. } = item {
@@ -478,7 +480,7 @@ impl FileSystem {
     /// policy migration). Returns the bytes copied.
     pub(crate) fn place_blocks_of(&self, ino: Ino) -> FsResult<u64> {
         let pool_of_disk: HashMap<DiskIndex, PoolId> = self
-            .owner
+            .owner()
             .desc
             .lock()
             .disks
@@ -486,7 +488,7 @@ impl FileSystem {
             .map(|d| (d.index, d.pool))
             .collect();
         let (pool, blocks) = {
-            let mut m = self.owner.meta.lock();
+            let mut m = self.owner().meta.lock();
             let pool = self.file_pool(&mut m, ino)?;
             let blocks = match m.state.content_kind(ino)? {
                 crate::meta::ContentKind::Blocks => m.state.blocks(ino, 0..u64::MAX)?,

@@ -115,7 +115,7 @@ fn crash_child() {
             if let Err(e) = fs.restripe(mode, &stop, &mut |_| {}) {
                 panic!(
                     "restripe {mode:?} with {disk:?} suspended: {e}; disks: {:#?}",
-                    fs.df().disks
+                    fs.df().unwrap().disks
                 );
             }
             fs.set_disk_status(&disk, tessera_fs::DiskStatus::Ready)

@@ -61,6 +61,53 @@ const OPS: std::ops::Range<usize> = 5..80;
 /// A "crashed" [`FileSystem`] is dropped without unmount, but its background flusher may still
 /// hold a reference and commit the log seconds later, while the next mount already uses the
 /// same drives: the cut drives refuse it, as a dead process writes nothing.
+/// How the model's operations reach the metadata.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Route {
+    /// The one-node file system: the client calls its own owner.
+    Direct,
+    /// Every metanode request through its wire encoding to this mount's own owner.
+    Wire,
+    /// A client-only mount ([`FileSystem::mount_client`]) on the same drives, reaching a
+    /// second mount that owns the metadata through encoded requests, as a node that does
+    /// not own the file system reaches the node that does.
+    Client,
+}
+
+/// A client's way to an owner mounted in the same process.
+struct ToOwner(std::sync::Weak<FileSystem>);
+
+impl tessera_fs::MetanodeChannel for ToOwner {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        let owner = self.0.upgrade().ok_or_else(|| {
+            tessera_fs::FsError::Io(std::io::Error::other("the owner is unmounted"))
+        })?;
+        Ok(owner.serve_metanode_request(&request))
+    }
+}
+
+/// The mount the model's operations go to and, for [`Route::Client`], the owner behind it.
+type Mounted = (Arc<FileSystem>, Option<Arc<FileSystem>>, Vec<Arc<SimDrive>>);
+
+fn mount_routed(t: &TestDisks, route: Route) -> Mounted {
+    let (fs, drives) = mount_crashable(t, route == Route::Wire);
+    if route != Route::Client {
+        return (fs, None, drives);
+    }
+    // The same drive handles: a flush by either mount reaches what both wrote, as the
+    // drives' own flush does for every host.
+    let disks: Vec<(NsdId, Arc<dyn BlockDevice>)> = t
+        .reopen()
+        .into_iter()
+        .zip(&drives)
+        .map(|((id, _), d)| (id, d.clone() as Arc<dyn BlockDevice>))
+        .collect();
+    let client = FileSystem::mount_client(disks, Box::new(ToOwner(Arc::downgrade(&fs))))
+        .expect("client mount");
+    assert!(!client.is_owner() && fs.is_owner());
+    (client, Some(fs), drives)
+}
+
 fn mount_crashable(t: &TestDisks, wire: bool) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {
     static MOUNTS: AtomicU64 = AtomicU64::new(0);
     let mount = MOUNTS.fetch_add(1, Ordering::Relaxed);
@@ -882,16 +929,16 @@ struct Run {
     /// For `history[i] -> history[i + 1]`: the file a write changed, if the step was a write.
     history_writes: Vec<Option<Ino>>,
     touched: BTreeSet<Ino>,
-    /// Every metanode request goes through its wire encoding (see
-    /// `FileSystem::route_metadata_through_wire`).
-    wire: bool,
+    route: Route,
+    /// The mount that owns the metadata when `fs` is a client-only mount.
+    owner: Option<Arc<FileSystem>>,
 }
 
 impl Run {
-    fn new(opts: &FormatOptions, wire: bool) -> Run {
+    fn new(opts: &FormatOptions, route: Route) -> Run {
         let t = make_disks(4, 64 << 20);
         format_fs(&t, opts);
-        let (fs, drives) = mount_crashable(&t, wire);
+        let (fs, owner, drives) = mount_routed(&t, route);
         let model = Model::new();
         Run {
             t,
@@ -903,7 +950,8 @@ impl Run {
             model,
             handles: Vec::new(),
             touched: BTreeSet::new(),
-            wire,
+            route,
+            owner,
         }
     }
 
@@ -1122,14 +1170,12 @@ impl Run {
                 return;
             }
             Op::Checkpoint => {
-                self.fs().checkpoint().unwrap();
+                self.owner_fs().checkpoint().unwrap();
                 self.durable_point();
                 return;
             }
             Op::Remount => {
-                let fs = self.fs.take().unwrap();
-                fs.unmount().unwrap();
-                drop(fs);
+                self.unmount();
                 self.remount();
                 self.durable_point();
                 return;
@@ -1248,9 +1294,27 @@ impl Run {
         }
     }
 
+    /// The mount that owns the metadata: the one the operations go to, or the owner behind
+    /// a client-only one.
+    fn owner_fs(&self) -> &FileSystem {
+        self.owner.as_deref().unwrap_or_else(|| self.fs())
+    }
+
+    /// Unmounts the client first (its data and updates reach the owner's log), then the
+    /// owner.
+    fn unmount(&mut self) {
+        let fs = self.fs.take().unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        if let Some(owner) = self.owner.take() {
+            owner.unmount().unwrap();
+        }
+    }
+
     fn remount(&mut self) {
-        let (fs, drives) = mount_crashable(&self.t, self.wire);
+        let (fs, owner, drives) = mount_routed(&self.t, self.route);
         self.fs = Some(fs);
+        self.owner = owner;
         self.drives = drives;
         self.handles.clear();
         self.model.drop_handles();
@@ -1263,6 +1327,7 @@ impl Run {
             d.power_cut();
         }
         drop(self.fs.take());
+        drop(self.owner.take());
         let report = tessera_fs::fsck(self.t.reopen(), false).unwrap();
         assert!(
             report.is_clean(),
@@ -1348,9 +1413,7 @@ impl Run {
 
     fn finish(mut self) {
         self.release_all(usize::MAX);
-        let fs = self.fs.take().unwrap();
-        fs.unmount().unwrap();
-        drop(fs);
+        self.unmount();
         let report = tessera_fs::fsck(self.t.reopen(), false).unwrap();
         assert!(
             report.is_clean(),
@@ -1360,26 +1423,26 @@ impl Run {
         self.remount();
         self.check(usize::MAX, &Op::Remount, true);
         // The check read every shard through a cache of fewer pages than there are shards.
-        let stats = self.fs().metadata_cache_stats();
+        let stats = self.owner_fs().metadata_cache_stats();
         assert!(
             stats.evictions > 0,
             "the tiny metadata cache never evicted: {stats:?}"
         );
-        let (records, attrs) = self.fs().inode_cache_len();
+        let (records, attrs) = self.owner_fs().inode_cache_len();
         assert!(
             records <= TINY_INODE_CACHE && attrs <= TINY_STAT_CACHE,
             "inode caches over their bounds: {records} records, {attrs} attributes"
         );
-        self.fs().unmount().unwrap();
+        self.unmount();
     }
 }
 
 fn run(opts: &FormatOptions, ops: &[Op]) {
-    run_with(opts, ops, false);
+    run_with(opts, ops, Route::Direct);
 }
 
-fn run_with(opts: &FormatOptions, ops: &[Op], wire: bool) {
-    let mut r = Run::new(opts, wire);
+fn run_with(opts: &FormatOptions, ops: &[Op], route: Route) {
+    let mut r = Run::new(opts, route);
     for (i, op) in ops.iter().enumerate() {
         r.apply(i, op);
         let full = i % FULL_CHECK_EVERY == FULL_CHECK_EVERY - 1
@@ -1438,7 +1501,19 @@ proptest! {
     /// remote owner will get: every operation, answer and error survives the wire form.
     #[test]
     fn model_through_the_metanode_wire(ops in proptest::collection::vec(op_strategy(), OPS)) {
-        run_with(&opts_256k(), &ops, true);
+        run_with(&opts_256k(), &ops, Route::Wire);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
+    /// The operations go to a client-only mount of the same drives, whose every metadata
+    /// request an owner mounted beside it answers: the client's data path writes and reads
+    /// the drives itself, the owner logs; crashes cut the power under both.
+    #[test]
+    fn model_through_a_client_only_mount(ops in proptest::collection::vec(op_strategy(), OPS)) {
+        run_with(&opts_256k(), &ops, Route::Client);
     }
 }
 

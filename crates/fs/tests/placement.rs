@@ -113,7 +113,7 @@ fn placement_rules_put_new_files_in_their_pools_and_the_choice_stays() {
         .extend_from_slice(&more);
     assert_in_pool(&fs, "before.tmp", "system");
     // `df` per pool sees the slow pool's bytes.
-    let df = fs.df();
+    let df = fs.df().unwrap();
     let slow = df.pools.iter().find(|p| p.pool == "slow").unwrap();
     assert!(slow.size_bytes - slow.free_full_block_bytes - slow.free_fragment_bytes >= 12 * BLOCK);
     fs.unmount().unwrap();
@@ -495,7 +495,7 @@ fn a_threshold_takes_the_heaviest_files_and_only_above_its_high_mark() {
     let t = two_pools(true);
     let fs = mount(&t);
     let files = tree(&fs);
-    let df = fs.df();
+    let df = fs.df().unwrap();
     let system = df.pools.iter().find(|p| p.pool == "system").unwrap();
     let used = system.size_bytes - system.free_full_block_bytes - system.free_fragment_bytes;
     let pct = used * 100 / system.size_bytes;
@@ -536,7 +536,7 @@ fn a_migrate_limit_keeps_the_target_pool_below_it() {
     let fs = mount(&t);
     let files = tree(&fs);
     let slow_pct = |fs: &tessera_fs::FileSystem| {
-        let df = fs.df();
+        let df = fs.df().unwrap();
         let p = df.pools.iter().find(|p| p.pool == "slow").unwrap();
         let used = p.size_bytes - p.free_full_block_bytes - p.free_fragment_bytes;
         (used * 100 / p.size_bytes, used, p.size_bytes)

@@ -207,6 +207,7 @@ pub fn verify(fs: &FileSystem, files: &BTreeMap<String, Vec<u8>>) {
 /// Used bytes of each disk (everything but free whole blocks and free fragments).
 pub fn used(fs: &FileSystem) -> Vec<u64> {
     fs.df()
+        .unwrap()
         .disks
         .iter()
         .map(|d| d.size_bytes - d.free_full_block_bytes - d.free_fragment_bytes)

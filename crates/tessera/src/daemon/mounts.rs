@@ -556,14 +556,14 @@ impl Daemon {
         let record = self.file_systems()?.require(name)?.clone();
         let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
         let report = match mounted {
-            Some(fs) => fs.df(),
+            Some(fs) => fs.df().map_err(|e| anyhow!("file system {name}: {e}"))?,
             None => {
                 self.check_not_mounted_elsewhere(&record, "opening it here for df")?;
                 let (fs, _) = self.open_core(&record)?;
-                let report = fs.df();
+                let report = fs.df().map_err(|e| anyhow!("file system {name}: {e}"));
                 fs.unmount()
                     .map_err(|e| anyhow!("file system {name}: {e}"))?;
-                report
+                report?
             }
         };
         Ok(Reply::Df(report))
