@@ -50,11 +50,39 @@ impl FileSystem {
     /// `metanode_wire.rs`) with its encoded reply; a request that does not decode is
     /// answered with an error naming it.
     pub fn serve_metanode_request(&self, request: &[u8]) -> Vec<u8> {
-        use crate::metanode_wire::{decode, encode, serve, MetanodeReply, RemoteError};
-        match decode(request, "request") {
-            Ok(request) => encode(&serve(self, request)),
-            Err(e) => encode(&MetanodeReply::Failed(RemoteError::from(&e))),
+        use crate::metanode_wire::{cache_changes, decode, encode, serve, MetanodeReply};
+        use crate::metanode_wire::{MetanodeRequest, RemoteError};
+        let request: MetanodeRequest = match decode(request, "request") {
+            Ok(request) => request,
+            Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
+        };
+        // A client-only mount has no metadata to answer from (a request sent to the wrong
+        // node).
+        if let Err(e) = self.owner_here("answering a metanode request") {
+            return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
         }
+        let Some(notify) = self.remote_change.get() else {
+            return encode(&serve(self, request));
+        };
+        let child =
+            |parent: Ino, name: &[u8]| Namespace::find(self, parent, name).ok().map(|a| a.ino);
+        let changes = cache_changes(&request, &child);
+        let reply = serve(self, request);
+        // Whatever the answer: dropping a cached entry that did not change costs the
+        // kernel one lookup, keeping one that did would serve a stale name.
+        if !changes.is_empty() {
+            notify(changes);
+        }
+        encode(&reply)
+    }
+
+    /// Calls `notify` with everything a request from another node's client changed that
+    /// this node's kernel may cache (see [`crate::CacheChange`]), after the change and
+    /// before the answer goes back: `notify` returns once the caches have dropped them
+    /// (or after a bound of its own), so that once the other node's operation has
+    /// returned no cached copy here is older than it. Only the first function set is used.
+    pub fn on_remote_change(&self, notify: Box<dyn Fn(Vec<crate::CacheChange>) + Send + Sync>) {
+        let _ = self.remote_change.set(notify);
     }
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {

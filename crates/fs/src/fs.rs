@@ -140,7 +140,11 @@ pub struct FileSystem {
     /// Where this node's client sends its metanode requests when not to its own owner
     /// directly: set at mount by `TESSERA_METANODE_LOOPBACK=1` (see `metanode_wire.rs`).
     pub(crate) remote: std::sync::OnceLock<Arc<crate::metanode_wire::RemoteMetanode>>,
+    /// Told what other nodes' requests change (see [`FileSystem::on_remote_change`]).
+    pub(crate) remote_change: std::sync::OnceLock<RemoteChangeHook>,
 }
+
+type RemoteChangeHook = Box<dyn Fn(Vec<crate::CacheChange>) + Send + Sync>;
 
 impl std::fmt::Debug for FileSystem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -241,6 +245,7 @@ impl FileSystem {
             unmounted: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
+            remote_change: std::sync::OnceLock::new(),
         });
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
             fs.route_metadata_through_wire();
@@ -289,6 +294,7 @@ impl FileSystem {
             unmounted: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
+            remote_change: std::sync::OnceLock::new(),
         });
         fs.route_metadata_through(channel);
         fs.prefetch.start(Arc::downgrade(&fs));

@@ -409,6 +409,79 @@ where
     }
 }
 
+/// What a request from another node's client changes that this node's kernel may cache
+/// (attributes and pages of an inode, a name or the absence of one in a directory): the
+/// owner's own mount keeps the kernel's caches, so whatever another node changes through
+/// it must be dropped from them (see [`crate::FileSystem::on_remote_change`]). `child`
+/// resolves a name to the inode it names before the request runs (an unlink or a rename
+/// over it changes that inode's link count). Requests that change nothing cached (views,
+/// reads of attributes, allocation, commits, opens, an access time) give nothing.
+pub(crate) fn cache_changes(
+    request: &MetanodeRequest,
+    child: &dyn Fn(Ino, &[u8]) -> Option<Ino>,
+) -> Vec<CacheChange> {
+    use CacheChange::{Entry, Inode};
+    use MetanodeRequest as Q;
+    let entry = |parent: Ino, name: &[u8]| Entry {
+        parent,
+        name: name.to_vec(),
+    };
+    match request {
+        Q::Update { ino, .. }
+        | Q::ChangeAttr { ino, .. }
+        | Q::PutXattr { ino, .. }
+        | Q::DropXattr { ino, .. }
+        | Q::PutAcl { ino, .. } => vec![Inode(*ino)],
+        Q::Make { parent, name, .. } => vec![entry(*parent, name), Inode(*parent)],
+        Q::AddName { ino, parent, name } => {
+            vec![entry(*parent, name), Inode(*parent), Inode(*ino)]
+        }
+        Q::DropName { parent, name, .. } => {
+            let mut changes = vec![entry(*parent, name), Inode(*parent)];
+            changes.extend(child(*parent, name).map(Inode));
+            changes
+        }
+        Q::MoveName { from, to, .. } => {
+            let mut changes = vec![
+                entry(from.0, &from.1),
+                entry(to.0, &to.1),
+                Inode(from.0),
+                Inode(to.0),
+            ];
+            changes.extend(child(from.0, &from.1).map(Inode));
+            changes.extend(child(to.0, &to.1).map(Inode));
+            changes
+        }
+        Q::View { .. }
+        | Q::Commit { .. }
+        | Q::CommitData { .. }
+        | Q::Accessed { .. }
+        | Q::Allocate { .. }
+        | Q::Abandon { .. }
+        | Q::Attr { .. }
+        | Q::HeldBytes { .. }
+        | Q::Find { .. }
+        | Q::LinkTarget { .. }
+        | Q::Opened { .. }
+        | Q::Closed { .. }
+        | Q::Entries { .. }
+        | Q::Space
+        | Q::Xattr { .. }
+        | Q::XattrNames { .. }
+        | Q::Protection { .. } => Vec::new(),
+    }
+}
+
+/// Something a kernel cache on the owner's node may hold that another node's request
+/// changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheChange {
+    /// The inode's attributes, and its pages if a regular file.
+    Inode(Ino),
+    /// A name in a directory: present now, or gone.
+    Entry { parent: Ino, name: Vec<u8> },
+}
+
 /// Moves an encoded request to a metanode and brings back its encoded reply.
 pub trait MetanodeChannel: Send + Sync {
     fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>>;

@@ -177,3 +177,64 @@ fn a_client_whose_owner_is_gone_gets_errors_not_a_hang() {
     assert!(e.to_string().contains("unmounted"), "{e}");
     assert_eq!(e.errno(), libc::EIO);
 }
+
+/// What a client changes is told to the owner's kernel-cache hook before the client's call
+/// returns: the inode of a write, the names and directories of a create, rename and
+/// unlink, and the inodes those names named.
+#[test]
+fn the_owner_is_told_what_a_client_changed_before_the_client_returns() {
+    use std::sync::Mutex;
+    use tessera_fs::CacheChange::{Entry, Inode};
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let owner = mount(&t);
+    let told: Arc<Mutex<Vec<tessera_fs::CacheChange>>> = Arc::default();
+    let sink = Arc::clone(&told);
+    owner.on_remote_change(Box::new(move |changes| {
+        sink.lock().unwrap().extend(changes)
+    }));
+    let client = client_of(&t, &owner);
+    let take = || std::mem::take(&mut *told.lock().unwrap());
+
+    let a = create_file(&client, ROOT_INO, b"a");
+    let got = take();
+    assert!(
+        got.contains(&Entry {
+            parent: ROOT_INO,
+            name: b"a".to_vec()
+        }) && got.contains(&Inode(ROOT_INO)),
+        "{got:?}"
+    );
+    client.write(a.ino, 0, &pattern(5000, 1), false).unwrap();
+    assert!(take().contains(&Inode(a.ino)));
+    let b = create_file(&client, ROOT_INO, b"b");
+    take();
+    // A rename over `b`: both names, the directory, the moved inode and the replaced one.
+    client
+        .rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
+        .unwrap();
+    let got = take();
+    for want in [
+        Entry {
+            parent: ROOT_INO,
+            name: b"a".to_vec(),
+        },
+        Entry {
+            parent: ROOT_INO,
+            name: b"b".to_vec(),
+        },
+        Inode(a.ino),
+        Inode(b.ino),
+    ] {
+        assert!(got.contains(&want), "rename: {want:?} missing from {got:?}");
+    }
+    client.remove(ROOT_INO, b"b", false).unwrap();
+    let got = take();
+    assert!(got.contains(&Inode(a.ino)), "unlink: {got:?}");
+    // Reads tell nothing.
+    client.getattr(ROOT_INO).unwrap();
+    client.readdir(ROOT_INO, 0).unwrap();
+    assert!(take().is_empty());
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+}

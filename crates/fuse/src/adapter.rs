@@ -26,9 +26,10 @@ use crate::kernel::reply::{DirBuf, EntryOut, Reply, StatfsOut};
 use crate::kernel::request::{Op, Request, SetattrIn};
 use crate::kernel::session::{Handler, InitParams};
 
-/// How long the kernel may cache attributes and names. One node owns every shard and every
-/// change passes through this mount, so the kernel's cache stays coherent however long it is
-/// kept; when shards move between nodes, token revocation will invalidate it explicitly.
+/// How long the kernel may cache attributes and names on a mount that owns the file
+/// system: every change passes through this node, its own through this mount and other
+/// nodes' through its metanode, which drops what they change from the kernel's caches
+/// (`tessera_fs::CacheChange`), so the cache stays coherent however long it is kept.
 const TTL: Duration = Duration::from_secs(60);
 /// Largest request the kernel sends; matches the 1 MiB I/O the file system is tuned for.
 pub(crate) const MAX_REQUEST_BYTES: u32 = 1 << 20;
@@ -45,6 +46,13 @@ const OPEN_FLAG_EXEC: u32 = 0x20;
 
 pub(crate) struct TesseraFuse {
     fs: Arc<FileSystem>,
+    /// How long names and attributes may be cached, and whether file pages may be: a
+    /// client of another node's metanode caches nothing until byte-range and attribute
+    /// tokens tell it when its copy is stale (`FuseOptions::cache`).
+    ttl: Duration,
+    page_cache: bool,
+    /// Ask for `FUSE_WRITEBACK_CACHE` (see `KernelCache::Private`).
+    writeback_cache: bool,
     /// The kernel granted `DIRECT_IO_ALLOW_MMAP`, so large read-only opens may stream.
     streaming: AtomicBool,
     /// The kernel granted `POSIX_ACL`, so it checks the ACLs we store; without it an ACL
@@ -53,9 +61,16 @@ pub(crate) struct TesseraFuse {
 }
 
 impl TesseraFuse {
-    pub(crate) fn new(fs: Arc<FileSystem>) -> TesseraFuse {
+    pub(crate) fn new(fs: Arc<FileSystem>, cache: crate::KernelCache) -> TesseraFuse {
+        let (ttl, page_cache) = match cache {
+            crate::KernelCache::Private | crate::KernelCache::Shared => (TTL, true),
+            crate::KernelCache::None => (Duration::ZERO, false),
+        };
         TesseraFuse {
             fs,
+            ttl,
+            page_cache,
+            writeback_cache: cache == crate::KernelCache::Private,
             streaming: AtomicBool::new(false),
             acls: AtomicBool::new(false),
         }
@@ -270,8 +285,8 @@ impl TesseraFuse {
         EntryOut {
             nodeid: a.ino,
             generation,
-            entry_ttl: Ttl::from_duration(TTL),
-            attr_ttl: Ttl::from_duration(TTL),
+            entry_ttl: Ttl::from_duration(self.ttl),
+            attr_ttl: Ttl::from_duration(self.ttl),
             attr: self.file_attr(a),
         }
     }
@@ -286,7 +301,7 @@ impl TesseraFuse {
     fn attr(&self, r: Result<Attr, FsError>) -> Reply {
         match r {
             Ok(a) => Reply::Attr {
-                ttl: Ttl::from_duration(TTL),
+                ttl: Ttl::from_duration(self.ttl),
                 attr: self.file_attr(&a),
             },
             Err(e) => errno(&e),
@@ -396,7 +411,8 @@ impl TesseraFuse {
         match self.fs.open(ino) {
             Ok(attr) => {
                 let (fh, mut open_flags) = handle_flags(flags);
-                if streams(flags, &attr, self.streaming.load(Ordering::Relaxed)) {
+                if !self.page_cache || streams(flags, &attr, self.streaming.load(Ordering::Relaxed))
+                {
                     open_flags = abi::FOPEN_DIRECT_IO;
                 }
                 Reply::Open { fh, open_flags }
@@ -417,7 +433,10 @@ impl TesseraFuse {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
-        let (fh, open_flags) = handle_flags(flags);
+        let (fh, mut open_flags) = handle_flags(flags);
+        if !self.page_cache {
+            open_flags = abi::FOPEN_DIRECT_IO;
+        }
         Reply::Create {
             entry: self.entry_out(&attr, 0),
             fh,
@@ -501,9 +520,14 @@ impl TesseraFuse {
 
 impl Handler for TesseraFuse {
     fn init_params(&self) -> InitParams {
+        let writeback = if self.writeback_cache {
+            init_flags::WRITEBACK_CACHE
+        } else {
+            0
+        };
         InitParams {
             flags: init_flags::ASYNC_READ
-                | init_flags::WRITEBACK_CACHE
+                | writeback
                 | init_flags::PARALLEL_DIROPS
                 | init_flags::ASYNC_DIO
                 | init_flags::BIG_WRITES

@@ -24,10 +24,14 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kernel::session::{Session, SessionOptions, Transport};
 use tessera_fs::FileSystem;
+
+/// How long another node's metadata request waits for this node's kernel to drop the
+/// cached copies it changed.
+const REMOTE_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Request threads per mount unless `TESSERA_FUSE_THREADS` says otherwise.
 pub const FUSE_THREADS_DEFAULT: usize = 8;
@@ -46,6 +50,28 @@ pub struct FuseOptions {
     /// Serve the mount over FUSE-over-io_uring when the kernel offers it (default: the
     /// `TESSERA_FUSE_URING=1` environment setting; otherwise the classic loop).
     pub uring: bool,
+    /// What the kernel may cache.
+    pub cache: KernelCache,
+}
+
+/// What the kernel may cache of a mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelCache {
+    /// Names and attributes for a minute, file pages, and writes gathered in the page
+    /// cache (`FUSE_WRITEBACK_CACHE`): for the only node that mounts the file system. With
+    /// a writeback cache the kernel trusts its own size and times of a regular file over
+    /// the file system's for as long as it caches the inode, so no other node's change of
+    /// them could ever show here.
+    Private,
+    /// As `Private`, but writes go through to the file system as they are made, so that
+    /// the kernel takes sizes and times from it: for the mount that owns the metadata in a
+    /// cluster where other nodes mount the file system too (its metanode drops from this
+    /// kernel's caches what they change).
+    Shared,
+    /// Nothing: every lookup, attribute and read goes to the file system. For a client of
+    /// another node's metanode, which learns of other nodes' changes only by asking, until
+    /// tokens tell it when a cached copy is stale.
+    None,
 }
 
 impl Default for FuseOptions {
@@ -59,6 +85,7 @@ impl Default for FuseOptions {
                 .filter(|&n: &usize| (1..=256).contains(&n))
                 .unwrap_or(FUSE_THREADS_DEFAULT),
             uring: std::env::var("TESSERA_FUSE_URING").is_ok_and(|v| v.trim() == "1"),
+            cache: KernelCache::Private,
         }
     }
 }
@@ -72,6 +99,9 @@ pub struct FuseMount {
     target: PathBuf,
     /// The mount's device number: names its connection under /sys/fs/fuse/connections.
     dev: u64,
+    /// Where the file system sends what other nodes changed; emptied before the session's
+    /// threads are joined, so that the notifier thread sees its last sender gone.
+    invalidations: Arc<Mutex<Option<kernel::notify::Notifier>>>,
 }
 
 impl std::fmt::Debug for FuseMount {
@@ -118,6 +148,12 @@ impl FuseMount {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        drop(
+            self.invalidations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         match kernel::mount::unmount(&self.target, 0) {
             // EINVAL: no longer mounted (someone else unmounted it); the threads have seen
             // the connection end.
@@ -235,11 +271,34 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
         classic_threads: opts.threads.max(1),
         uring,
     };
-    // No notifications yet: the kernel checks permissions on cached names itself
-    // (`default_permissions`), so nothing cached needs invalidating; token revocation will
-    // send them when shards move between nodes.
-    let (_, notifications) = kernel::notify::channel();
-    let handler = Arc::new(adapter::TesseraFuse::new(fs));
+    // What other nodes change through this node's metanode leaves the kernel's caches
+    // (`KernelCache::Kept`). The kernel checks permissions on cached names itself
+    // (`default_permissions`), so this node's own changes need no notification.
+    let (notifier, notifications) = kernel::notify::channel();
+    let invalidations = Arc::new(Mutex::new(Some(notifier)));
+    let sender = Arc::clone(&invalidations);
+    fs.on_remote_change(Box::new(move |changes| {
+        let Some(notifier) = sender.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return;
+        };
+        for change in changes {
+            match change {
+                tessera_fs::CacheChange::Inode(ino) => notifier.inval_inode(ino),
+                tessera_fs::CacheChange::Entry { parent, name } => {
+                    notifier.inval_entries(parent, vec![name])
+                }
+            }
+        }
+        // The other node's operation returns only once this kernel dropped its copies. A
+        // bound, not a hang: the kernel may hold a page a local request is reading.
+        if !notifier.wait_written(REMOTE_CHANGE_WAIT) {
+            tracing::warn!(
+                "FUSE: the kernel took more than {REMOTE_CHANGE_WAIT:?} to drop what another \
+                 node changed; a read here may see the old copy for a moment"
+            );
+        }
+    }));
+    let handler = Arc::new(adapter::TesseraFuse::new(fs, opts.cache));
     let session = match Session::start(dev, handler, &session_opts, notifications) {
         Ok(s) => s,
         Err(e) => {
@@ -265,6 +324,7 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
         mountpoint: mountpoint.to_path_buf(),
         target,
         dev,
+        invalidations,
     })
 }
 

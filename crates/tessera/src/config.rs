@@ -128,17 +128,32 @@ pub struct FsRecord {
     pub automount: bool,
     /// True while mounted, so a restarted daemon mounts it again.
     pub mounted: bool,
-    /// The node that has it mounted. Until file systems are shared between nodes, one
-    /// node at a time mounts a file system; `None` in a home from before the cluster
-    /// layer means this node.
+    /// The node that mounted it first and owns its metadata (its metanode and file system
+    /// manager); `None` in a home from before the cluster layer means this node.
     #[serde(default)]
     pub mounted_on: Option<String>,
+    /// The other nodes that mount it, as clients of `mounted_on`: they read and write the
+    /// disks themselves and send every metadata request there.
+    #[serde(default)]
+    pub clients: Vec<ClientMount>,
+    /// The owner's mount gathers writes in its kernel's writeback cache, where no other
+    /// node's change of a file's size or times could show: only in a one-node cluster
+    /// (see `KernelCache`), and other nodes cannot mount it beside that owner.
+    #[serde(default)]
+    pub private_cache: bool,
     /// Where it was last mounted (`mount -T` may differ from the default).
     pub mount_point: String,
     /// `-K` as given. With one replica of everything it has no effect: there is never a
     /// second replica whose placement could be strict or not.
     pub strict_replicas: String,
     pub log_bytes: u64,
+}
+
+/// A node that mounts a file system as a client of the node that owns its metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientMount {
+    pub node: String,
+    pub mount_point: String,
 }
 
 /// `fs.json`.
@@ -175,6 +190,12 @@ impl FsRegistry {
             "file system {name} does not exist; known file systems: {}",
             known.join(", ")
         )
+    }
+
+    /// Like [`FsRegistry::require`], for changing the record.
+    pub fn require_mut(&mut self, name: &str) -> Result<&mut FsRecord> {
+        self.require(name)?;
+        Ok(self.get_mut(name).expect("required above"))
     }
 }
 

@@ -658,12 +658,23 @@ pub enum Reply {
     Mounts(Vec<MountRow>),
 }
 
-/// One file system in `mount ls`, with the node that has it mounted, if any.
+/// One file system in `mount ls`, with the nodes that have it mounted.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MountRow {
     pub file_system: String,
-    /// The node, its daemon address and the mount point there; `None` when unmounted.
-    pub mounted_on: Option<(String, String, String)>,
+    /// The owner first (its metanode and file system manager), then its clients; empty
+    /// when unmounted.
+    pub nodes: Vec<MountedNode>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountedNode {
+    pub node: String,
+    /// Its daemon address.
+    pub address: String,
+    pub mount_point: String,
+    /// `manager` (owns the metadata) or `client`.
+    pub role: String,
 }
 
 /// The replicated configuration as one node has applied it.

@@ -222,11 +222,18 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     );
     tessera_ok(&c, lonely, &["mount", "g1"]);
     std::fs::write(mnt.join("before"), b"with a lease").unwrap();
-    let elsewhere = tessera(&c, majority[0], &["mount", "g1"]);
-    assert!(
-        String::from_utf8_lossy(&elsewhere.stderr).contains(&format!("node{lonely}")),
-        "a second node mounted g1: {elsewhere:?}"
+    // Another node mounts it beside the owner, as its client, and reads what it wrote.
+    let beside = c.base.join(format!("node{}/mnt/g1", majority[0]));
+    tessera_ok(
+        &c,
+        majority[0],
+        &["mount", "g1", "-T", beside.to_str().unwrap()],
     );
+    assert_eq!(
+        std::fs::read(beside.join("before")).unwrap(),
+        b"with a lease"
+    );
+    tessera_ok(&c, majority[0], &["umount", "g1"]);
     c.ok(&["partition", &lonely.to_string()]);
     wait_for("the cut-off node arbitrating", SETTLE, || {
         let own = tessera(&c, lonely, &["state", "-Y"]);
@@ -463,10 +470,10 @@ fn nodes_are_deleted_added_and_changed_while_the_cluster_runs() {
     });
 }
 
-/// A node that mounts a file system dies: until the cluster expels it another node is
-/// refused (naming it), and once expelled another node mounts the file system, which
-/// replays the dead node's recovery log, and finds every fsynced byte. The dead node, back,
-/// does not mount it again behind the new owner's back.
+/// A node that mounts a file system dies: once the cluster has expelled it another node
+/// mounts the file system, which replays the dead node's recovery log, and finds every
+/// fsynced byte. The dead node, back, does not take it over again behind the new owner's
+/// back: its mount joins the new owner as a client.
 #[test]
 fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
     if !netns_usable() {
@@ -522,10 +529,6 @@ fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
             .unwrap();
     }
     let mnt2_arg = mnt2.to_str().unwrap();
-    let refused = tessera(&c, 2, &["mount", "t1", "-T", mnt2_arg]);
-    let why = String::from_utf8_lossy(&refused.stderr).into_owned();
-    assert!(!refused.status.success(), "node 2 mounted t1 beside node 1");
-    assert!(why.contains("node1") && why.contains("expelled"), "{why}");
 
     c.ok(&["kill", "1"]);
     // The dead daemon's FUSE mount is left behind, as after any crash: detach it.
@@ -547,19 +550,28 @@ fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
         "{listed}"
     );
 
-    // Node 1 comes back and leaves t1 to node 2; mounting it there is refused.
+    // Node 1 comes back and leaves t1 to node 2: its mount joins node 2 as a client.
     c.ok(&["start", "1"]);
     wait_for("all active after the restart", SETTLE, || {
         all_in_state(&c, 2, &all, "active")
     });
     // Its copy of the configuration may still lag just after the restart: the claim's
-    // compare-and-set then fails, and the mount reads the newer table and says why.
-    let again = tessera(&c, 1, &["mount", "t1"]);
-    assert!(!again.status.success(), "node 1 mounted t1 beside node 2");
+    // compare-and-set then fails, and the mount reads the newer table and joins node 2.
+    tessera_ok(&c, 1, &["mount", "t1"]);
+    let listed = tessera_ok(&c, 3, &["mount", "ls", "t1", "-Y"]);
     assert!(
-        String::from_utf8_lossy(&again.stderr).contains("mounted on node node2"),
-        "{again:?}"
+        listed.contains(":t1:node2:") && listed.contains(":manager:"),
+        "{listed}"
     );
+    assert!(
+        listed.contains(":t1:node1:") && listed.contains(":client:"),
+        "{listed}"
+    );
+    assert_eq!(
+        std::fs::read(mnt1.join("dir/after")).unwrap(),
+        b"written on node 2"
+    );
+    tessera_ok(&c, 1, &["umount", "t1"]);
     tessera_ok(&c, 2, &["umount", "t1"]);
     // Unmounted there, it mounts on node 1 again with everything written on both.
     tessera_ok(&c, 1, &["mount", "t1"]);
@@ -574,5 +586,155 @@ fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
         listed.contains("File system t1 is not mounted."),
         "{listed}"
     );
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
+
+/// One file system mounted on three nodes: the first mount owns the metadata (its
+/// metanode), the others mount as its clients and read and write the shared drive
+/// themselves. What one node writes, creates, renames or removes, the others see at once
+/// (the owner's kernel caches are invalidated by its metanode, the clients cache
+/// nothing); the owner cannot unmount under its clients; every node unmounts and fsck
+/// finds the file system clean.
+#[test]
+fn one_file_system_is_mounted_on_three_nodes() {
+    if !netns_usable() {
+        return;
+    }
+    let c = up_with_drives(3);
+    let all = [1, 2, 3];
+    assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
+    let stanza = c.base.join("shared.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=s1 usage=dataAndMetadata failureGroup=1 pool=system\n",
+            c.base.join("drives/node1-d1.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    let mnt = |k: u32| c.base.join(format!("node{k}/mnt/s1"));
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    tessera_ok(
+        &c,
+        1,
+        &[
+            "fs",
+            "create",
+            "s1",
+            "-F",
+            stanza,
+            "-T",
+            mnt(1).to_str().unwrap(),
+        ],
+    );
+    for k in all {
+        tessera_ok(&c, k, &["mount", "s1", "-T", mnt(k).to_str().unwrap()]);
+    }
+    let listed = tessera_ok(&c, 2, &["mount", "ls", "s1", "-L"]);
+    assert!(
+        listed.contains("File system s1 is mounted on 3 nodes:")
+            && listed.contains("manager")
+            && listed.matches("client").count() == 2,
+        "{listed}"
+    );
+
+    // Data written and fsynced on a client is read by the owner and the other client.
+    let data: Vec<u8> = (0..700_000u32).map(|i| (i % 253) as u8).collect();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt(2).join("from2")).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+    }
+    for k in [1, 3] {
+        assert!(
+            std::fs::read(mnt(k).join("from2")).unwrap() == data,
+            "node {k} reads what node 2 wrote"
+        );
+    }
+    // The owner has the file in its page cache now; a client rewrites part of it and
+    // grows it: the owner reads the new bytes and `stat` there gives the new size.
+    let patch = vec![0xA5u8; 10_000];
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(mnt(3).join("from2"))
+            .unwrap();
+        f.seek(SeekFrom::Start(4096 * 30)).unwrap();
+        f.write_all(&patch).unwrap();
+        f.seek(SeekFrom::Start(data.len() as u64)).unwrap();
+        f.write_all(b"tail").unwrap();
+    }
+    let mut want = data.clone();
+    want[4096 * 30..4096 * 30 + patch.len()].copy_from_slice(&patch);
+    want.extend_from_slice(b"tail");
+    for k in [1, 2] {
+        assert_eq!(
+            std::fs::metadata(mnt(k).join("from2")).unwrap().len(),
+            want.len() as u64,
+            "node {k} sees the size node 3 wrote"
+        );
+        assert!(
+            std::fs::read(mnt(k).join("from2")).unwrap() == want,
+            "node {k} reads what node 3 rewrote"
+        );
+    }
+
+    // Names: the owner has looked `name` up (its kernel caches the entry for a minute);
+    // a client renames it away and removes the other file; the owner sees both at once.
+    std::fs::write(mnt(1).join("name"), b"made on the owner").unwrap();
+    assert!(mnt(1).join("name").exists() && mnt(2).join("name").exists());
+    std::fs::create_dir(mnt(2).join("dir")).unwrap();
+    std::fs::rename(mnt(2).join("name"), mnt(2).join("dir/renamed")).unwrap();
+    assert!(
+        !mnt(1).join("name").exists(),
+        "the owner still sees the old name"
+    );
+    assert_eq!(
+        std::fs::read(mnt(1).join("dir/renamed")).unwrap(),
+        b"made on the owner"
+    );
+    assert!(!mnt(3).join("name").exists());
+    std::fs::remove_file(mnt(3).join("dir/renamed")).unwrap();
+    assert!(!mnt(1).join("dir/renamed").exists());
+    let listing = |k: u32| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(mnt(k))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listing(1), listing(2));
+    assert_eq!(listing(2), listing(3));
+
+    // The owner cannot unmount under its clients.
+    let refused = tessera(&c, 1, &["umount", "s1"]);
+    let why = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(
+        !refused.status.success(),
+        "the owner unmounted under its clients"
+    );
+    assert!(why.contains("node2") && why.contains("node3"), "{why}");
+    // Administration that needs the metadata is for the owner; a client says where.
+    let df = tessera(&c, 2, &["df", "s1"]);
+    let why = String::from_utf8_lossy(&df.stderr).into_owned();
+    assert!(
+        !df.status.success() && why.contains("run it on that node"),
+        "{why}"
+    );
+
+    for k in [3, 2, 1] {
+        tessera_ok(&c, k, &["umount", "s1"]);
+    }
+    let listed = tessera_ok(&c, 3, &["mount", "ls", "s1"]);
+    assert!(
+        listed.contains("File system s1 is not mounted."),
+        "{listed}"
+    );
+    let fsck = tessera_ok(&c, 1, &["fsck", "s1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }

@@ -90,6 +90,11 @@ pub(crate) mod fattr {
     pub(crate) const CTIME: u32 = 1 << 10;
 }
 
+/// `FUSE_NOTIFY_INVAL_INODE`: the `error` field of a notification that drops an inode's
+/// cached attributes and pages.
+pub(crate) const NOTIFY_INVAL_INODE: i32 = 2;
+/// `struct fuse_notify_inval_inode_out`: ino, off, len.
+pub(crate) const NOTIFY_INVAL_INODE_OUT_BYTES: usize = 24;
 /// `FUSE_NOTIFY_INVAL_ENTRY`: the `error` field of a notification that drops a cached name.
 pub(crate) const NOTIFY_INVAL_ENTRY: i32 = 3;
 /// `struct fuse_notify_inval_entry_out`: parent, namelen, flags.

@@ -1,6 +1,6 @@
 //! Notifications from the file system to the kernel, written to /dev/fuse by one thread per
-//! session: today only `FUSE_NOTIFY_INVAL_ENTRY`, which drops a name from the kernel's
-//! dentry cache.
+//! session: `FUSE_NOTIFY_INVAL_ENTRY`, which drops a name from the kernel's dentry cache,
+//! and `FUSE_NOTIFY_INVAL_INODE`, which drops an inode's attributes and pages.
 //!
 //! They cannot be written by the request thread that decides them. The kernel holds the
 //! directory's inode lock while a request on it (a chmod of the directory, a rename into
@@ -8,9 +8,8 @@
 //! inline, the notification would wait for the reply that waits for it. On their own
 //! thread, they simply wait until the kernel has finished the request.
 //!
-//! Nothing sends one today: the kernel checks search permission on cached names itself
-//! (`default_permissions`). Token revocation will, when shards move between nodes.
-#![cfg_attr(not(test), allow(dead_code))]
+//! They are sent for what another node changed through this node's metanode
+//! (`tessera_fs::CacheChange`); token revocation will send them too.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -21,10 +20,14 @@ use std::thread::JoinHandle;
 use super::abi::{self, put32, put64};
 
 /// One notification for the kernel.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Notification {
     /// Drop the cached entries `names` of the directory `parent`.
     InvalEntries { parent: u64, names: Vec<Vec<u8>> },
+    /// Drop the cached attributes and every cached page of `ino`.
+    InvalInode { ino: u64 },
+    /// Say on `done` that every notification queued before this one has been written.
+    Barrier { done: mpsc::SyncSender<()> },
 }
 
 /// The sending side, held by the request handler. Sending never blocks: the channel is
@@ -53,6 +56,43 @@ impl Notifier {
         }
         let _ = self.tx.send(Notification::InvalEntries { parent, names });
     }
+
+    /// Queues the invalidation of `ino`'s attributes and pages.
+    pub(crate) fn inval_inode(&self, ino: u64) {
+        let _ = self.tx.send(Notification::InvalInode { ino });
+    }
+
+    /// Waits until the kernel has taken every notification queued so far, for at most
+    /// `bound`; returns whether it did. Only for callers that are not answering a
+    /// kernel request of this mount (see the module documentation): another node's
+    /// request served here, which must not return before this node's caches are clean.
+    pub(crate) fn wait_written(&self, bound: std::time::Duration) -> bool {
+        let (done, written) = mpsc::sync_channel(1);
+        if self.tx.send(Notification::Barrier { done }).is_err() {
+            return true; // The session has ended, and with it the kernel's caches.
+        }
+        written.recv_timeout(bound).is_ok()
+    }
+}
+
+/// The message of one `FUSE_NOTIFY_INVAL_INODE` for the whole file: offset 0 and length 0
+/// (the kernel drops the pages from the offset to the end when the length is not
+/// positive).
+pub(crate) fn inval_inode_message(ino: u64) -> Vec<u8> {
+    let mut msg = abi::out_header(
+        0,
+        abi::NOTIFY_INVAL_INODE,
+        abi::NOTIFY_INVAL_INODE_OUT_BYTES,
+    )
+    .to_vec();
+    put64(&mut msg, ino);
+    put64(&mut msg, 0); // off
+    put64(&mut msg, 0); // len
+    debug_assert_eq!(
+        msg.len(),
+        abi::OUT_HEADER_BYTES + abi::NOTIFY_INVAL_INODE_OUT_BYTES
+    );
+    msg
 }
 
 /// The message of one `FUSE_NOTIFY_INVAL_ENTRY`: `fuse_out_header` with `unique` 0 and
@@ -94,7 +134,23 @@ pub(crate) fn spawn(dev: Arc<OwnedFd>, queue: NotifyQueue) -> io::Result<JoinHan
         .name("fuse-notify".into())
         .spawn(move || {
             for n in queue {
-                let Notification::InvalEntries { parent, names } = n;
+                let (parent, names) = match n {
+                    Notification::InvalEntries { parent, names } => (parent, names),
+                    Notification::Barrier { done } => {
+                        let _ = done.send(());
+                        continue;
+                    }
+                    Notification::InvalInode { ino } => {
+                        match write_message(dev.as_raw_fd(), &inval_inode_message(ino)) {
+                            Ok(()) => {}
+                            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return,
+                            Err(e) => tracing::error!(
+                                "FUSE: cannot invalidate the cached inode {ino}: {e}"
+                            ),
+                        }
+                        continue;
+                    }
+                };
                 for name in names {
                     match write_message(dev.as_raw_fd(), &inval_entry_message(parent, &name)) {
                         Ok(()) => {}
@@ -128,17 +184,27 @@ mod tests {
     }
 
     #[test]
+    fn inval_inode_layout() {
+        let msg = inval_inode_message(0x1234);
+        let mut r = Reader::new(&msg);
+        assert_eq!(r.u32(), Some(16 + 24)); // len
+        assert_eq!(r.u32(), Some(2)); // error = FUSE_NOTIFY_INVAL_INODE
+        assert_eq!(r.u64(), Some(0)); // unique
+        assert_eq!(r.u64(), Some(0x1234)); // ino
+        assert_eq!(r.u64(), Some(0)); // off
+        assert_eq!(r.u64(), Some(0)); // len
+        assert!(r.rest().is_empty());
+    }
+
+    #[test]
     fn sending_after_the_session_is_harmless() {
         let (n, q) = channel();
         n.inval_entries(1, vec![b"a".to_vec()]);
         n.inval_entries(1, Vec::new());
-        assert_eq!(
+        assert!(matches!(
             q.try_recv(),
-            Ok(Notification::InvalEntries {
-                parent: 1,
-                names: vec![b"a".to_vec()]
-            })
-        );
+            Ok(Notification::InvalEntries { parent: 1, names }) if names == vec![b"a".to_vec()]
+        ));
         assert!(q.try_recv().is_err());
         drop(q);
         n.inval_entries(2, vec![b"b".to_vec()]);

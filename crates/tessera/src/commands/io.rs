@@ -46,11 +46,32 @@ pub fn mount_ls(home: &Home, device: Option<&str>, long: bool, machine: bool) ->
         let y = YRecord::new("mount", "");
         println!(
             "{}",
-            y.header(&["deviceName", "nodeName", "nodeAddress", "mountPoint"])
+            y.header(&[
+                "deviceName",
+                "nodeName",
+                "nodeAddress",
+                "mountPoint",
+                "role"
+            ])
         );
         for r in &rows {
-            let (node, address, at) = r.mounted_on.clone().unwrap_or_default();
-            println!("{}", y.data(&[r.file_system.clone(), node, address, at]));
+            for n in &r.nodes {
+                println!(
+                    "{}",
+                    y.data(&[
+                        r.file_system.clone(),
+                        n.node.clone(),
+                        n.address.clone(),
+                        n.mount_point.clone(),
+                        n.role.clone(),
+                    ])
+                );
+            }
+            if r.nodes.is_empty() {
+                let mut empty = vec![String::new(); 5];
+                empty[0] = r.file_system.clone();
+                println!("{}", y.data(&empty));
+            }
         }
         return Ok(());
     }
@@ -58,16 +79,29 @@ pub fn mount_ls(home: &Home, device: Option<&str>, long: bool, machine: bool) ->
         println!("No file systems were found.");
     }
     for r in &rows {
-        match &r.mounted_on {
-            None => println!("File system {} is not mounted.", r.file_system),
-            Some((node, address, at)) if long => {
-                println!("File system {} is mounted on 1 node:", r.file_system);
-                let mut t = crate::output::Table::new(&["address", "node", "mount point"]);
-                t.row(vec![address.clone(), node.clone(), at.clone()]);
-                print!("{}", t.render());
+        let count = match r.nodes.len() {
+            0 => {
+                println!("File system {} is not mounted.", r.file_system);
+                continue;
             }
-            Some(_) => println!("File system {} is mounted on 1 node.", r.file_system),
+            1 => "1 node".to_string(),
+            n => format!("{n} nodes"),
+        };
+        if !long {
+            println!("File system {} is mounted on {count}.", r.file_system);
+            continue;
         }
+        println!("File system {} is mounted on {count}:", r.file_system);
+        let mut t = crate::output::Table::new(&["address", "node", "mount point", "role"]);
+        for n in &r.nodes {
+            t.row(vec![
+                n.address.clone(),
+                n.node.clone(),
+                n.mount_point.clone(),
+                n.role.clone(),
+            ]);
+        }
+        print!("{}", t.render());
     }
     Ok(())
 }

@@ -189,6 +189,8 @@ impl Daemon {
             automount: spec.automount,
             mounted: false,
             mounted_on: None,
+            clients: Vec::new(),
+            private_cache: false,
             mount_point: spec.mount_point.clone(),
             strict_replicas: spec.strict_replicas.clone(),
             log_bytes: opts.log_bytes,

@@ -26,9 +26,17 @@ pub(super) struct MountedFileSystems(pub Weak<Daemon>);
 impl FileSystemService for MountedFileSystems {
     fn call(&self, fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String> {
         let daemon = self.0.upgrade().ok_or("the daemon is stopping")?;
-        let mounted = daemon.mounts.lock().get(fs).map(|m| Arc::clone(&m.fs));
+        let mounted = daemon
+            .mounts
+            .lock()
+            .get(fs)
+            .map(|m| (Arc::clone(&m.fs), m.client_of.clone()));
         match mounted {
-            Some(fs) => Ok(fs.serve_metanode_request(&request)),
+            Some((_, Some(owner))) => Err(format!(
+                "file system {fs} is mounted on node {} as a client of node {owner}, which                  owns its metadata: send metanode requests there",
+                daemon.cluster.node_name
+            )),
+            Some((fs, None)) => Ok(fs.serve_metanode_request(&request)),
             None => Err(format!(
                 "file system {fs} is not mounted on node {}; its metanode is the node that \
                  mounts it (`tessera mount ls {fs} -L`)",

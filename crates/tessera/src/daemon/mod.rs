@@ -44,6 +44,9 @@ pub struct Mounted {
     pub mount_point: PathBuf,
     /// Requests, bytes, errors and latencies of each of its NSDs on this node.
     pub nsd_stats: mounts::NsdStats,
+    /// The node whose metanode this mount is a client of; `None` when this node owns the
+    /// file system's metadata.
+    pub client_of: Option<String>,
 }
 
 pub struct Daemon {

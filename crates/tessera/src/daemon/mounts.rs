@@ -9,19 +9,19 @@ use anyhow::{anyhow, bail, Context, Result};
 use tessera_drive::stats::{Counted, IoStats};
 use tessera_drive::BlockDevice;
 use tessera_fs::FileSystem;
-use tessera_fuse::FuseOptions;
+use tessera_fuse::{FuseOptions, KernelCache};
 use tessera_nsd::{NsdId, ThinDiskType};
 
 use super::lease_gate::LeaseGated;
 use super::registry::CHANGED_MEANWHILE;
 use super::{Daemon, Mounted};
-use crate::config::{FsRecord, NsdRegistry};
+use crate::config::{ClientMount, FsRecord, NsdRegistry};
 
 /// Claims tried again after losing the compare-and-set to a change not yet applied here,
 /// and how long each waits for this node to apply it.
 const CLAIM_RETRIES: u32 = 3;
 const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
-use crate::rpc::{IoHistoryEntry, PmonEntry, Reply};
+use crate::rpc::{IoHistoryEntry, MountedNode, PmonEntry, Reply};
 
 /// The opened device of each NSD of a file system, `None` where it cannot be opened.
 pub type FsDevices = Vec<Option<(NsdId, Arc<dyn BlockDevice>)>>;
@@ -80,7 +80,7 @@ impl Daemon {
             .iter()
             .map(|name| {
                 let rec = nsds.get(name)?;
-                match self.open_nsd(rec) {
+                match self.open_nsd_as(rec, super::nsd_admin::Claim::Shared) {
                     Ok(dev) => Some((rec.id, LeaseGated::wrap(dev, self.member.lease_check()))),
                     Err(e) => {
                         tracing::warn!("{}: NSD {name}: {e:#}", record.name);
@@ -97,7 +97,34 @@ impl Daemon {
     /// each NSD's requests are counted (`NsdStats`, for the metrics).
     fn open_core(&self, record: &FsRecord) -> Result<(Arc<FileSystem>, NsdStats)> {
         let nsds = self.nsds()?;
-        let (devices, _) = self.open_fs_devices(record, &nsds);
+        let (available, nsd_stats) = self.open_disks(record, &nsds)?;
+        let fs = FileSystem::mount(available)
+            .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
+        // GPFS's cache parameters, as this node's configuration has them.
+        let params = self.member.state().params;
+        let me = Some(self.member.me());
+        let files = params.count("maxFilesToCache", me);
+        let stats = params.count("maxStatCache", me);
+        let pagepool = params.bytes("pagepool", me);
+        fs.set_inode_cache(usize::try_from(files).unwrap_or(usize::MAX));
+        fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
+        fs.set_metadata_cache_bytes(pagepool);
+        self.set_thin_disks(&fs, &nsds, &record.name)?;
+        tracing::info!(
+            "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
+            record.name,
+            params.get("pagepool", me)
+        );
+        Ok((fs, nsd_stats))
+    }
+
+    /// Opens the NSDs of `record` that this node can reach, each counted for the metrics.
+    fn open_disks(
+        &self,
+        record: &FsRecord,
+        nsds: &NsdRegistry,
+    ) -> Result<(Vec<(NsdId, Arc<dyn BlockDevice>)>, NsdStats)> {
+        let (devices, _) = self.open_fs_devices(record, nsds);
         let mut nsd_stats = NsdStats::new();
         let available: Vec<_> = devices
             .into_iter()
@@ -117,24 +144,7 @@ impl Daemon {
                 record.name
             );
         }
-        let fs = FileSystem::mount(available)
-            .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
-        // GPFS's cache parameters, as this node's configuration has them.
-        let params = self.member.state().params;
-        let me = Some(self.member.me());
-        let files = params.count("maxFilesToCache", me);
-        let stats = params.count("maxStatCache", me);
-        let pagepool = params.bytes("pagepool", me);
-        fs.set_inode_cache(usize::try_from(files).unwrap_or(usize::MAX));
-        fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
-        fs.set_metadata_cache_bytes(pagepool);
-        self.set_thin_disks(&fs, &nsds, &record.name)?;
-        tracing::info!(
-            "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
-            record.name,
-            params.get("pagepool", me)
-        );
-        Ok((fs, nsd_stats))
+        Ok((available, nsd_stats))
     }
 
     /// Turns on deallocation of freed blocks on the disks whose NSD says `thinDiskType`
@@ -169,8 +179,57 @@ impl Daemon {
         Ok(())
     }
 
-    /// Mounts `record` at `mount_point` through FUSE and adds it to the mount table.
-    fn mount_fs(&self, record: &FsRecord, mount_point: &Path) -> Result<()> {
+    /// What the kernel may cache of a mount here. A client learns of other nodes' changes
+    /// only by asking (no tokens yet), so its kernel caches nothing. The owner's kernel
+    /// keeps names, attributes and pages, and its metanode drops from them what other
+    /// nodes change; it gathers writes in a writeback cache only when no other node can
+    /// mount the file system (a one-node cluster), because with one the kernel never takes
+    /// a file's size from the file system again.
+    fn kernel_cache(&self, client_of: Option<&str>) -> KernelCache {
+        match client_of {
+            Some(_) => KernelCache::None,
+            None if self.member.state().nodes.len() <= 1 => KernelCache::Private,
+            None => KernelCache::Shared,
+        }
+    }
+
+    /// Mounts the core file system as a client of node `owner`'s metanode: this node reads
+    /// and writes the disks itself (it must reach all of them) and sends every metadata
+    /// request over the node transport.
+    fn open_client(&self, record: &FsRecord, owner: &str) -> Result<(Arc<FileSystem>, NsdStats)> {
+        let nsds = self.nsds()?;
+        let (available, nsd_stats) = self.open_disks(record, &nsds)?;
+        if available.len() < record.nsds.len() {
+            bail!(
+                "file system {}: this node reaches {} of its {} NSDs (see the daemon log for                  which failed); a node mounting it beside {owner} must reach every disk until                  NSD servers exist",
+                record.name,
+                available.len(),
+                record.nsds.len()
+            );
+        }
+        let state = self.member.state();
+        let Some(node) = state.nodes.values().find(|n| n.name == owner) else {
+            bail!(
+                "file system {} is recorded as mounted on node {owner}, which is not in the                  cluster",
+                record.name
+            );
+        };
+        let channel =
+            self.member
+                .metanode_channel(node.number, node.address.clone(), record.name.clone());
+        let fs = FileSystem::mount_client(available, Box::new(channel))
+            .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
+        Ok((fs, nsd_stats))
+    }
+
+    /// Mounts `record` at `mount_point` through FUSE and adds it to the mount table; as the
+    /// owner of its metadata, or as a client of node `client_of`.
+    fn mount_fs(
+        &self,
+        record: &FsRecord,
+        mount_point: &Path,
+        client_of: Option<&str>,
+    ) -> Result<()> {
         // A mount left by a killed daemon answers every request with ENOTCONN, even the
         // stat that creating the directory needs, so it goes first.
         match tessera_fuse::cleanup_stale_mount(mount_point) {
@@ -180,10 +239,15 @@ impl Daemon {
         }
         std::fs::create_dir_all(mount_point)
             .with_context(|| format!("cannot create mount point {}", mount_point.display()))?;
-        let (fs, nsd_stats) = self.open_core(record)?;
+        let (fs, nsd_stats) = match client_of {
+            None => self.open_core(record)?,
+            Some(owner) => self.open_client(record, owner)?,
+        };
+        let cache = self.kernel_cache(client_of);
         let opts = FuseOptions {
             fs_name: record.name.clone(),
             allow_other: true,
+            cache,
             ..FuseOptions::default()
         };
         let fuse = match tessera_fuse::mount(Arc::clone(&fs), mount_point, &opts) {
@@ -198,16 +262,26 @@ impl Daemon {
                 );
             }
         };
-        tracing::info!("{}: mounted at {}", record.name, mount_point.display());
+        match client_of {
+            None => tracing::info!("{}: mounted at {}", record.name, mount_point.display()),
+            Some(owner) => tracing::info!(
+                "{}: mounted at {} as a client of node {owner}, which owns its metadata",
+                record.name,
+                mount_point.display()
+            ),
+        }
         let mounted = Mounted {
             fs,
             fuse,
             mount_point: mount_point.to_path_buf(),
             nsd_stats,
+            client_of: client_of.map(str::to_string),
         };
         let fs = Arc::clone(&mounted.fs);
         self.mounts.lock().insert(record.name.clone(), mounted);
-        if std::env::var_os("TESSERA_METANODE_VIA_TRANSPORT").is_some_and(|v| v == "1") {
+        if client_of.is_none()
+            && std::env::var_os("TESSERA_METANODE_VIA_TRANSPORT").is_some_and(|v| v == "1")
+        {
             // A check of the node transport's file-system path: this mount's client sends
             // its metanode requests to this node's own daemon port, as a client on another
             // node will (see `metanode_service.rs`).
@@ -235,7 +309,26 @@ impl Daemon {
             );
         }
         let mount_point = PathBuf::from(mount_point.unwrap_or(record.default_mount_point.clone()));
-        self.claim_and_mount(name, &mount_point)?;
+        match self.mounted_elsewhere(&record) {
+            Some(owner) if self.node_is_live(owner) => {
+                let owner = owner.to_string();
+                self.join_as_client(&record, &owner, &mount_point)?;
+            }
+            _ => {
+                if let Err(e) = self.claim_and_mount(name, &mount_point) {
+                    // This node's copy of the table lagged (just after a restart): another
+                    // live node had mounted it meanwhile, so this mount joins it.
+                    let now = self.file_systems()?.require(name)?.clone();
+                    match self.mounted_elsewhere(&now) {
+                        Some(owner) if self.node_is_live(owner) => {
+                            let owner = owner.to_string();
+                            self.join_as_client(&now, &owner, &mount_point)?;
+                        }
+                        _ => return Err(e),
+                    }
+                }
+            }
+        }
         Ok(Reply::Mounted {
             mount_point: mount_point.display().to_string(),
         })
@@ -266,14 +359,31 @@ impl Daemon {
             .iter()
             .filter(|r| name.is_none_or(|n| n == r.name))
             .map(|r| {
-                let node = r.mounted.then(|| {
-                    r.mounted_on
+                let mut rows = Vec::new();
+                if r.mounted {
+                    let owner = r
+                        .mounted_on
                         .clone()
-                        .unwrap_or_else(|| self.cluster.node_name.clone())
-                });
+                        .unwrap_or_else(|| self.cluster.node_name.clone());
+                    rows.push(MountedNode {
+                        address: address(&owner),
+                        node: owner,
+                        mount_point: r.mount_point.clone(),
+                        role: "manager".into(),
+                    });
+                    // A client whose node is down (or was deleted) mounts nothing; its
+                    // entry goes when the owner unmounts or the node starts again.
+                    let live = r.clients.iter().filter(|c| self.node_is_live(&c.node));
+                    rows.extend(live.map(|c| MountedNode {
+                        node: c.node.clone(),
+                        address: address(&c.node),
+                        mount_point: c.mount_point.clone(),
+                        role: "client".into(),
+                    }));
+                }
                 crate::rpc::MountRow {
                     file_system: r.name.clone(),
-                    mounted_on: node.map(|n| (n.clone(), address(&n), r.mount_point.clone())),
+                    nodes: rows,
                 }
             })
             .collect();
@@ -329,6 +439,7 @@ impl Daemon {
             rec.mounted = true;
             rec.mounted_on = Some(self.cluster.node_name.clone());
             rec.mount_point = mount_point.display().to_string();
+            rec.private_cache = self.kernel_cache(None) == KernelCache::Private;
             match self.save_file_systems(&fss) {
                 Ok(()) => return Ok(record),
                 Err(e) if attempts < CLAIM_RETRIES && e.to_string().contains(CHANGED_MEANWHILE) => {
@@ -357,7 +468,7 @@ impl Daemon {
     /// back: the record changed, or the write finds no quorum.
     fn claim_and_mount(&self, name: &str, mount_point: &Path) -> Result<()> {
         let record = self.claim(name, mount_point)?;
-        if let Err(e) = self.mount_fs(&record, mount_point) {
+        if let Err(e) = self.mount_fs(&record, mount_point, None) {
             let mut fss = self.file_systems()?;
             if let Some(rec) = fss.get_mut(name) {
                 rec.mounted = false;
@@ -371,6 +482,97 @@ impl Daemon {
         Ok(())
     }
 
+    /// Changes the record of file system `name` in the replicated table with `change`, by
+    /// compare-and-set: a write that lost to a change this node had not applied yet is
+    /// made again on the newer table (see [`Self::claim`]).
+    fn change_fs_record(
+        &self,
+        name: &str,
+        change: &dyn Fn(&mut FsRecord) -> Result<()>,
+    ) -> Result<()> {
+        let mut attempts = 0;
+        loop {
+            let mut fss = self.file_systems()?;
+            let seen = fss.version;
+            change(fss.require_mut(name)?)?;
+            match self.save_file_systems(&fss) {
+                Ok(()) => return Ok(()),
+                Err(e) if attempts < CLAIM_RETRIES && e.to_string().contains(CHANGED_MEANWHILE) => {
+                    attempts += 1;
+                    let deadline = std::time::Instant::now() + CLAIM_CATCH_UP;
+                    while self.file_systems()?.version == seen
+                        && std::time::Instant::now() < deadline
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Mounts `record` on this node as a client of node `owner`, which has it mounted and
+    /// owns its metadata [mmmount on a second node]: the record names this node among the
+    /// clients first (so that the owner will not unmount under it), then the mount is
+    /// made; a failed mount takes the name out again.
+    fn join_as_client(&self, record: &FsRecord, owner: &str, mount_point: &Path) -> Result<()> {
+        let me = self.cluster.node_name.clone();
+        let at = mount_point.display().to_string();
+        self.change_fs_record(&record.name, &|rec| {
+            if rec.mounted_on.as_deref() != Some(owner) || !rec.mounted {
+                bail!(
+                    "file system {} changed owner while this mount ran (was node {owner});                      run the mount again",
+                    rec.name
+                );
+            }
+            if rec.private_cache {
+                bail!(
+                    "file system {} is mounted on node {owner} with a private writeback cache \
+                     (it was the only node of the cluster when it mounted), which would never \
+                     see this node's changes of file sizes; unmount it there and mount it \
+                     again (`tessera umount {}; tessera mount {}` on {owner}), then mount it \
+                     here",
+                    rec.name,
+                    rec.name,
+                    rec.name
+                );
+            }
+            rec.clients.retain(|c| c.node != me);
+            rec.clients.push(ClientMount {
+                node: me.clone(),
+                mount_point: at.clone(),
+            });
+            Ok(())
+        })?;
+        if let Err(e) = self.mount_fs(record, mount_point, Some(owner)) {
+            self.leave_as_client(&record.name);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Takes this node out of the clients of `name` in the replicated table.
+    fn leave_as_client(&self, name: &str) {
+        let me = self.cluster.node_name.clone();
+        let left = self.change_fs_record(name, &|rec| {
+            rec.clients.retain(|c| c.node != me);
+            Ok(())
+        });
+        if let Err(e) = left {
+            tracing::error!("{name}: cannot record that this node no longer mounts it: {e:#}");
+        }
+    }
+
+    /// The live nodes other than this one that mount `record` as clients.
+    fn live_clients(&self, record: &FsRecord) -> Vec<String> {
+        record
+            .clients
+            .iter()
+            .filter(|c| c.node != self.cluster.node_name && self.node_is_live(&c.node))
+            .map(|c| c.node.clone())
+            .collect()
+    }
+
     pub(super) fn umount(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
         let mut fss = self.file_systems()?;
@@ -379,6 +581,14 @@ impl Daemon {
         let Some(m) = mounts.get(name) else {
             bail!("file system {name} is not mounted");
         };
+        let record = fss.require(name)?.clone();
+        let clients = self.live_clients(&record);
+        if m.client_of.is_none() && !clients.is_empty() {
+            bail!(
+                "file system {name} is mounted on node(s) {} as client(s) of this node, which                  owns its metadata; unmount it there first (`tessera umount {name}` on each;                  `tessera mount ls {name} -L` lists them)",
+                clients.join(", ")
+            );
+        }
         let users = busy_processes(&m.mount_point);
         if !users.is_empty() {
             bail!(
@@ -391,6 +601,9 @@ impl Daemon {
         }
         let m = mounts.remove(name).expect("checked above");
         drop(mounts);
+        if let Some(owner) = m.client_of.clone() {
+            return self.umount_client(name, &owner, m);
+        }
         m.fuse.unmount().map_err(|e| {
             anyhow!(
                 "cannot unmount {name} from {}: {e}; `fuser -m {}` lists the processes using it",
@@ -416,8 +629,36 @@ impl Daemon {
         let rec = fss.get_mut(name).expect("checked above");
         rec.mounted = false;
         rec.mounted_on = None;
+        // Only clients that are no longer live can be left (live ones refused the umount).
+        rec.clients.clear();
         self.save_file_systems(&fss)?;
         Ok(Reply::Unmounted { checkpoint_error })
+    }
+
+    /// Unmounts a client mount: its data and metadata updates are durable on the owner
+    /// first (`FileSystem::unmount` commits them there), then this node leaves the clients.
+    fn umount_client(&self, name: &str, owner: &str, m: Mounted) -> Result<Reply> {
+        m.fuse.unmount().map_err(|e| {
+            anyhow!(
+                "cannot unmount {name} from {}: {e}; `fuser -m {}` lists the processes using it",
+                m.mount_point.display(),
+                m.mount_point.display()
+            )
+        })?;
+        let sync_error = m.fs.unmount().err().map(|e| {
+            tracing::error!(
+                "{name}: unmounted from {}, but its last changes could not be committed on                  node {owner}: {e}",
+                m.mount_point.display()
+            );
+            format!("its last changes could not be committed on node {owner}: {e}")
+        });
+        if sync_error.is_none() {
+            tracing::info!("{name}: unmounted from {}", m.mount_point.display());
+        }
+        self.leave_as_client(name);
+        Ok(Reply::Unmounted {
+            checkpoint_error: sync_error,
+        })
     }
 
     /// `tessera fs reclaimspace`: on the mounted file system, or opened here for it.
@@ -655,6 +896,10 @@ impl Daemon {
         };
         let me = self.cluster.node_name.as_str();
         for record in &fss.file_systems {
+            if let Some(client) = record.clients.iter().find(|c| c.node == me) {
+                self.rejoin_as_client(record, &client.mount_point);
+                continue;
+            }
             let ours = record.mounted && record.mounted_on.as_deref().is_none_or(|n| n == me);
             let automount = record.automount && !record.mounted;
             if !ours && !automount {
@@ -667,6 +912,39 @@ impl Daemon {
             });
             if let Err(e) = self.claim_and_mount(&record.name, &mount_point) {
                 tracing::error!("{}: mount at start failed: {e:#}", record.name);
+            }
+        }
+    }
+}
+
+impl Daemon {
+    /// At start: this node was a client of `record`'s owner when it stopped. It mounts
+    /// again as a client if that owner still has the file system mounted and is live;
+    /// otherwise it leaves the clients (an admin mounts it again, which then takes it
+    /// over if the owner is gone).
+    fn rejoin_as_client(&self, record: &FsRecord, mount_point: &str) {
+        let owner = record
+            .mounted
+            .then_some(record.mounted_on.as_deref())
+            .flatten()
+            .filter(|o| *o != self.cluster.node_name && self.node_is_live(o));
+        match owner {
+            Some(owner) => {
+                let at = PathBuf::from(mount_point);
+                if let Err(e) = self.join_as_client(record, owner, &at) {
+                    tracing::error!(
+                        "{}: mount at start as a client of node {owner} failed: {e:#}",
+                        record.name
+                    );
+                }
+            }
+            None => {
+                tracing::warn!(
+                    "{}: was mounted here as a client, but its owner is not mounting it now;                      not mounted again (`tessera mount {}` mounts it)",
+                    record.name,
+                    record.name
+                );
+                self.leave_as_client(&record.name);
             }
         }
     }

@@ -27,6 +27,11 @@ impl Daemon {
     /// anything else a drive path (the drive layer's error already names the path). A
     /// device another process holds is refused with what is on it.
     pub(super) fn open_device(&self, path: &str) -> Result<Arc<dyn BlockDevice>> {
+        self.open_device_as(path, Claim::Exclusive)
+    }
+
+    /// Opens a device with the claim `claim` (see [`Claim`]).
+    pub(super) fn open_device_as(&self, path: &str, claim: Claim) -> Result<Arc<dyn BlockDevice>> {
         if let Some(name) = vdisk_device_name(path) {
             let vdisk = self.find_vdisk(name).ok_or_else(|| {
                 anyhow!(
@@ -37,7 +42,7 @@ impl Daemon {
             return Ok(vdisk);
         }
         let cluster = self.cluster_identity();
-        open_claimed(&self.nvme, &cluster, path).map_err(|e| anyhow!("{e}"))
+        open_claimed(&self.nvme, &cluster, path, claim).map_err(|e| anyhow!("{e}"))
     }
 
     /// How the declustered arrays of this node open their pdisks: local paths with
@@ -45,7 +50,9 @@ impl Daemon {
     pub(super) fn device_opener(&self) -> tessera_vdisk::DeviceOpener {
         let host = Arc::clone(&self.nvme);
         let cluster = self.cluster_identity();
-        Arc::new(move |path: &Path| open_claimed(&host, &cluster, &path.to_string_lossy()))
+        Arc::new(move |path: &Path| {
+            open_claimed(&host, &cluster, &path.to_string_lossy(), Claim::Exclusive)
+        })
     }
 
     fn cluster_identity(&self) -> ClusterIdentity {
@@ -60,8 +67,17 @@ impl Daemon {
     /// recorded path no longer holds it, the candidate devices are searched for its id and
     /// the registry records where it was found.
     pub(super) fn open_nsd(&self, rec: &NsdRecord) -> Result<Arc<dyn BlockDevice>> {
+        self.open_nsd_as(rec, Claim::Exclusive)
+    }
+
+    /// [`Self::open_nsd`] with the claim `claim`.
+    pub(super) fn open_nsd_as(
+        &self,
+        rec: &NsdRecord,
+        claim: Claim,
+    ) -> Result<Arc<dyn BlockDevice>> {
         let first_try = self
-            .open_device(&rec.device)
+            .open_device_as(&rec.device, claim)
             .and_then(|dev| open_checked(rec, dev));
         let err = match first_try {
             Ok(dev) => return Ok(dev),
@@ -76,7 +92,7 @@ impl Daemon {
             )));
         };
         self.record_moved_nsd(&rec.name, &rec.device, &found)?;
-        open_checked(rec, self.open_device(&found)?)
+        open_checked(rec, self.open_device_as(&found, claim)?)
     }
 
     /// Notes in the registry that NSD `name` moved from `before` to `now`.
@@ -285,12 +301,25 @@ struct ClusterIdentity {
 
 /// Opens and claims a drive; a device another process holds is refused with what it
 /// holds, so the admin knows whose it is.
+/// How a daemon claims a local drive or drive file against other processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Claim {
+    /// No other process may open it (an NSD being written, a pdisk of an array).
+    Exclusive,
+    /// The disks of a mounted file system: every node of the cluster that reaches them
+    /// opens them at once (SAN mode, as GPFS nodes share their disks), and the replicated
+    /// file-system table says which node owns the metadata; a process that wants a drive
+    /// for itself (an NSD create elsewhere, an array) is still refused.
+    Shared,
+}
+
 fn open_claimed(
     host: &Host,
     cluster: &ClusterIdentity,
     path: &str,
+    claim: Claim,
 ) -> std::io::Result<Arc<dyn BlockDevice>> {
-    super::nvme_admin::open_drive(host, path).map_err(|e| {
+    super::nvme_admin::open_drive(host, path, claim == Claim::Shared).map_err(|e| {
         if e.kind() != std::io::ErrorKind::ResourceBusy {
             return e;
         }

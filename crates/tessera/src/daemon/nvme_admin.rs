@@ -27,8 +27,13 @@ pub fn nvme_device_name(device: &str) -> Option<&str> {
 }
 
 /// Opens a drive path or a remote namespace; what the NSD layer and the declustered
-/// arrays use to open their devices.
-pub fn open_drive(host: &Host, device: &str) -> std::io::Result<Arc<dyn BlockDevice>> {
+/// arrays use to open their devices. A drive path is claimed exclusively, or `shared` with
+/// other processes that also open it shared.
+pub fn open_drive(
+    host: &Host,
+    device: &str,
+    shared: bool,
+) -> std::io::Result<Arc<dyn BlockDevice>> {
     if let Some(name) = nvme_device_name(device) {
         return match host.namespace(name) {
             Some(ns) => Ok(ns),
@@ -41,7 +46,12 @@ pub fn open_drive(host: &Host, device: &str) -> std::io::Result<Arc<dyn BlockDev
             )),
         };
     }
-    let drive: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(Path::new(device))?);
+    let path = Path::new(device);
+    let drive: Arc<dyn BlockDevice> = Arc::new(if shared {
+        FileDrive::open_shared(path)?
+    } else {
+        FileDrive::open(path)?
+    });
     Ok(drive)
 }
 
