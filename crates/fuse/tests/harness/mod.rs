@@ -20,6 +20,24 @@ pub enum Backend {
     /// One 8+2p vdisk per NSD, carved from one declustered array of 12 file-backed pdisks
     /// in 6 enclosures, with the file-system block size as the vdisk block size.
     Vdisks,
+    /// File-backed drives, mounted through a client-only `FileSystem` whose every
+    /// metadata request goes, encoded, to an owner mounted beside it (not through FUSE):
+    /// what a node that does not own the file system runs, with a kernel that caches
+    /// nothing.
+    Client,
+}
+
+/// The client's way to the owner in this process: the encoded request, as the node
+/// transport carries it.
+struct ToOwner(std::sync::Weak<FileSystem>);
+
+impl tessera_fs::MetanodeChannel for ToOwner {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        let owner = self.0.upgrade().ok_or_else(|| {
+            tessera_fs::FsError::Io(std::io::Error::other("the owner is unmounted"))
+        })?;
+        Ok(owner.serve_metanode_request(&request))
+    }
 }
 
 const PDISKS: usize = 12;
@@ -28,6 +46,8 @@ const ENCLOSURES: usize = 6;
 pub struct Mounted {
     pub dir: tempfile::TempDir,
     pub fs: Option<Arc<FileSystem>>,
+    /// With `Backend::Client`: the mount that owns the metadata `fs` is a client of.
+    owner: Option<Arc<FileSystem>>,
     mount: Option<tessera_fuse::FuseMount>,
     disks: Vec<NsdId>,
     array: Option<Arc<DeclusteredArray>>,
@@ -56,7 +76,7 @@ impl Mounted {
         )
         .unwrap();
         let array = match crate::BACKEND {
-            Backend::Drives => None,
+            Backend::Drives | Backend::Client => None,
             Backend::Vdisks => Some(create_array(dir.path(), disk_count, disk_bytes, &opts)),
         };
         let mut ids = Vec::new();
@@ -97,6 +117,7 @@ impl Mounted {
         let mut m = Mounted {
             dir,
             fs: None,
+            owner: None,
             mount: None,
             disks: ids,
             array,
@@ -131,11 +152,19 @@ impl Mounted {
 
     pub fn mount(&mut self) {
         std::fs::create_dir_all(self.mnt()).unwrap();
-        let fs = FileSystem::mount(self.devices()).unwrap();
+        let mut fs = FileSystem::mount(self.devices()).unwrap();
+        let mut cache = tessera_fuse::KernelCache::Private;
+        if crate::BACKEND == Backend::Client {
+            let channel = ToOwner(Arc::downgrade(&fs));
+            let client = FileSystem::mount_client(self.devices(), Box::new(channel)).unwrap();
+            self.owner = Some(std::mem::replace(&mut fs, client));
+            cache = tessera_fuse::KernelCache::None;
+        }
         // The vdisk run of the POSIX set also covers the io_uring transport, the drive run
         // the classic loop.
         let opts = tessera_fuse::FuseOptions {
             uring: crate::BACKEND == Backend::Vdisks,
+            cache,
             ..Default::default()
         };
         let m = tessera_fuse::mount(fs.clone(), &self.mnt(), &opts).unwrap();
@@ -164,6 +193,9 @@ impl Mounted {
         if let Some(fs) = self.fs.take() {
             fs.unmount().unwrap();
         }
+        if let Some(owner) = self.owner.take() {
+            owner.unmount().unwrap();
+        }
     }
 
     pub fn remount(&mut self) {
@@ -184,6 +216,9 @@ impl Drop for Mounted {
         }
         if let Some(fs) = self.fs.take() {
             let _ = fs.unmount();
+        }
+        if let Some(owner) = self.owner.take() {
+            let _ = owner.unmount();
         }
         let _ = tessera_fuse::cleanup_stale_mount(&self.mnt());
         if let Some(da) = self.array.take() {
