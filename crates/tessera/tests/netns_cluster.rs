@@ -738,3 +738,101 @@ fn one_file_system_is_mounted_on_three_nodes() {
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
+
+/// The owner of a file system mounted on three nodes dies: once the cluster has expelled
+/// it, a client takes the file system over by itself (replaying the dead owner's log) and
+/// both clients carry on: a read that was waiting returns, what was fsynced before the
+/// kill is there, and new writes on either client are seen by the other.
+#[test]
+fn the_clients_of_a_dead_owner_carry_on_after_a_takeover() {
+    if !netns_usable() {
+        return;
+    }
+    let c = up_with_drives(3);
+    let all = [1, 2, 3];
+    assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
+    let stanza = c.base.join("owner.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=o1 usage=dataAndMetadata failureGroup=1 pool=system\n",
+            c.base.join("drives/node1-d1.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    let mnt = |k: u32| c.base.join(format!("node{k}/mnt/o1"));
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    tessera_ok(
+        &c,
+        1,
+        &[
+            "fs",
+            "create",
+            "o1",
+            "-F",
+            stanza,
+            "-T",
+            mnt(1).to_str().unwrap(),
+        ],
+    );
+    for k in all {
+        tessera_ok(&c, k, &["mount", "o1", "-T", mnt(k).to_str().unwrap()]);
+    }
+    let synced: Vec<u8> = (0..500_000u32).map(|i| (i % 249) as u8).collect();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt(2).join("synced")).unwrap();
+        f.write_all(&synced).unwrap();
+        f.sync_all().unwrap();
+    }
+    c.ok(&["kill", "1"]);
+    let _ = std::process::Command::new("umount")
+        .args(["-l", mnt(1).to_str().unwrap()])
+        .status();
+    // Node 3 reads at once: its request waits for the expel and the takeover, then
+    // returns the fsynced bytes.
+    let started = Instant::now();
+    let read = std::fs::read(mnt(3).join("synced")).unwrap();
+    let paused = started.elapsed();
+    eprintln!("a read on node 3 waited {paused:?} for the takeover");
+    assert!(read == synced, "the fsynced file after the takeover");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt(3).join("after")).unwrap();
+        f.write_all(b"written after the takeover").unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_eq!(
+        std::fs::read(mnt(2).join("after")).unwrap(),
+        b"written after the takeover"
+    );
+    let listed = tessera_ok(&c, 2, &["mount", "ls", "o1", "-Y"]);
+    assert!(
+        !listed.contains(":o1:node1:") && listed.contains(":manager:"),
+        "{listed}"
+    );
+    // Unmounted by the node that did not take over first, then by the one that did,
+    // which then lets the file system go.
+    let owner = if listed.contains(":o1:node2:") && listed.contains(":manager:") {
+        let manager_line = listed.lines().find(|l| l.contains(":manager:")).unwrap();
+        if manager_line.contains(":node2:") {
+            2
+        } else {
+            3
+        }
+    } else {
+        3
+    };
+    let other = if owner == 2 { 3 } else { 2 };
+    tessera_ok(&c, other, &["umount", "o1"]);
+    tessera_ok(&c, owner, &["umount", "o1"]);
+    let listed = tessera_ok(&c, 2, &["mount", "ls", "o1"]);
+    assert!(
+        listed.contains("File system o1 is not mounted."),
+        "{listed}"
+    );
+    let fsck = tessera_ok(&c, owner, &["fsck", "o1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 2, &["shutdown", "-N", "node2,node3"]);
+}

@@ -26,6 +26,9 @@ pub(super) struct MountedFileSystems(pub Weak<Daemon>);
 impl FileSystemService for MountedFileSystems {
     fn call(&self, fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String> {
         let daemon = self.0.upgrade().ok_or("the daemon is stopping")?;
+        if let Some(owned) = daemon.owned.lock().get(fs).map(Arc::clone) {
+            return Ok(owned.serve_metanode_request(&request));
+        }
         let mounted = daemon
             .mounts
             .lock()
@@ -88,5 +91,128 @@ impl MetanodeChannel for TransportChannel {
             PeerReply::FileSystem(Err(why)) => Err(unreachable(why)),
             other => Err(unreachable(format!("answered {other:?}"))),
         }
+    }
+}
+
+/// A client mount's way to the metanode of file system `fs`, wherever it is: the node the
+/// replicated file-system table names as its owner. When that node stops answering, the
+/// channel looks the owner up again; once the cluster has expelled a dead owner (its lease
+/// ran out, so it does no more disk I/O), the first client node to notice takes the file
+/// system over itself: it records itself as the owner by compare-and-set, replays the
+/// dead owner's recovery log (`FileSystem::mount`) and serves the metadata to every client,
+/// its own mount included. Applications see a pause, bounded by `METANODE_WAIT`, then EIO.
+///
+/// A request is sent again only after a failure that says it was not served (the node
+/// could not be reached, or does not serve the file system); one lost with its answer
+/// while the owner died may be applied twice (a create then finds its own file: EEXIST).
+pub(super) struct FollowingChannel {
+    pub daemon: Weak<Daemon>,
+    pub fs: String,
+    /// The owner this channel sends to: node number and daemon address.
+    pub target: parking_lot::Mutex<(NodeNumber, String)>,
+}
+
+/// How long a client waits between two looks at who owns a file system whose owner does
+/// not answer.
+const OWNER_POLL: Duration = Duration::from_millis(200);
+
+impl MetanodeChannel for FollowingChannel {
+    fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        let deadline = std::time::Instant::now() + METANODE_WAIT;
+        let mut last_error;
+        loop {
+            let daemon = self
+                .daemon
+                .upgrade()
+                .ok_or_else(|| FsError::Io(std::io::Error::other("the daemon is stopping")))?;
+            let (to, address) = self.target.lock().clone();
+            let channel = daemon.member.metanode_channel(to, address, self.fs.clone());
+            match channel.call(request.clone()) {
+                Ok(reply) => return Ok(reply),
+                Err(e) => last_error = e,
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(last_error);
+            }
+            match daemon.locate_owner(&self.fs) {
+                Ok(Some(target)) => *self.target.lock() = target,
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{}: {e:#}", self.fs),
+            }
+            std::thread::sleep(OWNER_POLL);
+        }
+    }
+}
+
+impl Daemon {
+    /// Where the metanode of `fs` is now, for a client whose owner stopped answering: the
+    /// owner the table names if it is live, this node after it took a dead owner's file
+    /// system over, or `None` while the owner is neither live nor expelled yet.
+    fn locate_owner(&self, fs: &str) -> anyhow::Result<Option<(NodeNumber, String)>> {
+        let record = self.file_systems()?.require(fs)?.clone();
+        let me = self.cluster.node_name.clone();
+        let owner = record.mounted.then(|| record.mounted_on.clone()).flatten();
+        match owner {
+            Some(owner) if owner == me => return Ok(Some(self.own_target())),
+            Some(owner) if self.node_is_live(&owner) => {
+                let state = self.member.state();
+                return Ok(state
+                    .nodes
+                    .values()
+                    .find(|n| n.name == owner)
+                    .map(|n| (n.number, n.address.clone())));
+            }
+            _ => {}
+        }
+        if !self.member.holds_lease() {
+            return Ok(None);
+        }
+        self.take_over(&record)?;
+        Ok(Some(self.own_target()))
+    }
+
+    fn own_target(&self) -> (NodeNumber, String) {
+        (self.member.me(), self.member.bound_address().to_string())
+    }
+
+    /// Takes file system `record` over from its dead owner for the clients: this node
+    /// becomes its owner in the table (compare-and-set: of two clients that try at once,
+    /// one wins and the other finds it live), then replays its log and serves it.
+    fn take_over(&self, record: &crate::config::FsRecord) -> anyhow::Result<()> {
+        let _one = self.takeover.lock();
+        if self.owned.lock().contains_key(&record.name) {
+            return Ok(());
+        }
+        let me = self.cluster.node_name.clone();
+        let dead = record.mounted_on.clone().unwrap_or_default();
+        self.change_fs_record(&record.name, &|rec| {
+            let owner = rec.mounted.then_some(rec.mounted_on.as_deref()).flatten();
+            match owner {
+                Some(o) if o != dead && o != me => anyhow::bail!(
+                    "file system {} was taken over by node {o} meanwhile",
+                    rec.name
+                ),
+                _ => {}
+            }
+            rec.mounted = true;
+            rec.mounted_on = Some(me.clone());
+            rec.private_cache = false;
+            Ok(())
+        })?;
+        tracing::warn!(
+            "{}: taking over from node {dead}, which owned it and was expelled; replaying \
+             its recovery log to serve the clients",
+            record.name
+        );
+        let fs = match self.open_core(record) {
+            Ok((fs, _)) => fs,
+            Err(e) => {
+                tracing::error!("{}: takeover failed: {e:#}", record.name);
+                return Err(e);
+            }
+        };
+        self.owned.lock().insert(record.name.clone(), fs);
+        tracing::info!("{}: this node serves its metadata now", record.name);
+        Ok(())
     }
 }

@@ -55,6 +55,15 @@ pub struct Daemon {
     /// Held by every operation that changes the configuration or the set of mounts.
     admin: Mutex<()>,
     mounts: Mutex<BTreeMap<String, Mounted>>,
+    /// File systems whose metadata this node took over from a dead owner for their
+    /// clients, served without a FUSE mount of their own (this node's mount of such a file
+    /// system, if any, stays a client: see `metanode_service.rs`).
+    owned: Mutex<BTreeMap<String, Arc<FileSystem>>>,
+    /// Held while this node takes a file system over, so that its request threads that
+    /// all found the owner dead do it once.
+    takeover: Mutex<()>,
+    /// The daemon itself, for the metanode channels of its client mounts.
+    this: std::sync::Weak<Daemon>,
     /// Declustered arrays open on this node, by name.
     arrays: Mutex<BTreeMap<String, Arc<tessera_vdisk::DeclusteredArray>>>,
     /// The NVMe/TCP host: remote controllers, their paths and namespaces.
@@ -136,11 +145,14 @@ pub fn run(home: Home) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{}: {e}", home.hostnqn_path().display()))?;
     tracing::info!(hostnqn = %identity.nqn, "NVMe/TCP host identity");
     let member = member::Member::start(&home, &cluster)?;
-    let daemon = Arc::new(Daemon {
+    let daemon = Arc::new_cyclic(|this| Daemon {
         home,
         cluster,
         admin: Mutex::new(()),
         mounts: Mutex::new(BTreeMap::new()),
+        owned: Mutex::new(BTreeMap::new()),
+        takeover: Mutex::new(()),
+        this: this.clone(),
         arrays: Mutex::new(BTreeMap::new()),
         nvme: Arc::new(tessera_nvme::host::Host::new(identity)),
         member,

@@ -95,7 +95,7 @@ impl Daemon {
 
     /// Mounts the core file system without FUSE, for `df` and checks on an unmounted one;
     /// each NSD's requests are counted (`NsdStats`, for the metrics).
-    fn open_core(&self, record: &FsRecord) -> Result<(Arc<FileSystem>, NsdStats)> {
+    pub(super) fn open_core(&self, record: &FsRecord) -> Result<(Arc<FileSystem>, NsdStats)> {
         let nsds = self.nsds()?;
         let (available, nsd_stats) = self.open_disks(record, &nsds)?;
         let fs = FileSystem::mount(available)
@@ -214,9 +214,11 @@ impl Daemon {
                 record.name
             );
         };
-        let channel =
-            self.member
-                .metanode_channel(node.number, node.address.clone(), record.name.clone());
+        let channel = super::metanode_service::FollowingChannel {
+            daemon: self.this.clone(),
+            fs: record.name.clone(),
+            target: parking_lot::Mutex::new((node.number, node.address.clone())),
+        };
         let fs = FileSystem::mount_client(available, Box::new(channel))
             .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
         Ok((fs, nsd_stats))
@@ -367,13 +369,22 @@ impl Daemon {
                         .unwrap_or_else(|| self.cluster.node_name.clone());
                     rows.push(MountedNode {
                         address: address(&owner),
-                        node: owner,
-                        mount_point: r.mount_point.clone(),
+                        node: owner.clone(),
+                        // A node that took the file system over from a dead owner
+                        // mounts it where its client mount is.
+                        mount_point: r
+                            .clients
+                            .iter()
+                            .find(|c| c.node == owner)
+                            .map_or_else(|| r.mount_point.clone(), |c| c.mount_point.clone()),
                         role: "manager".into(),
                     });
                     // A client whose node is down (or was deleted) mounts nothing; its
                     // entry goes when the owner unmounts or the node starts again.
-                    let live = r.clients.iter().filter(|c| self.node_is_live(&c.node));
+                    let live = r
+                        .clients
+                        .iter()
+                        .filter(|c| c.node != owner && self.node_is_live(&c.node));
                     rows.extend(live.map(|c| MountedNode {
                         node: c.node.clone(),
                         address: address(&c.node),
@@ -391,7 +402,7 @@ impl Daemon {
     }
 
     /// Whether node `name` runs a live incarnation: joined, and not expelled since.
-    fn node_is_live(&self, name: &str) -> bool {
+    pub(super) fn node_is_live(&self, name: &str) -> bool {
         let state = self.member.state();
         state
             .nodes
@@ -485,7 +496,7 @@ impl Daemon {
     /// Changes the record of file system `name` in the replicated table with `change`, by
     /// compare-and-set: a write that lost to a change this node had not applied yet is
     /// made again on the newer table (see [`Self::claim`]).
-    fn change_fs_record(
+    pub(super) fn change_fs_record(
         &self,
         name: &str,
         change: &dyn Fn(&mut FsRecord) -> Result<()>,
@@ -579,6 +590,20 @@ impl Daemon {
         fss.require(name)?;
         let mut mounts = self.mounts.lock();
         let Some(m) = mounts.get(name) else {
+            drop(mounts);
+            if self.owned.lock().contains_key(name) {
+                let record = fss.require(name)?.clone();
+                let clients = self.live_clients(&record);
+                if !clients.is_empty() {
+                    bail!(
+                        "file system {name} is not mounted here, but this node serves its \
+                         metadata for node(s) {}; unmount it there first",
+                        clients.join(", ")
+                    );
+                }
+                let checkpoint_error = self.release_owned(name)?;
+                return Ok(Reply::Unmounted { checkpoint_error });
+            }
             bail!("file system {name} is not mounted");
         };
         let record = fss.require(name)?.clone();
@@ -656,9 +681,36 @@ impl Daemon {
             tracing::info!("{name}: unmounted from {}", m.mount_point.display());
         }
         self.leave_as_client(name);
-        Ok(Reply::Unmounted {
-            checkpoint_error: sync_error,
-        })
+        let checkpoint_error = sync_error.or(self.release_owned(name)?);
+        Ok(Reply::Unmounted { checkpoint_error })
+    }
+
+    /// A file system this node took over for its clients (see `metanode_service.rs`) is
+    /// let go once no other live node mounts it: final checkpoint, and unmounted in the
+    /// table. While other nodes still mount it, this node keeps serving its metadata.
+    fn release_owned(&self, name: &str) -> Result<Option<String>> {
+        let Some(fs) = self.owned.lock().get(name).map(Arc::clone) else {
+            return Ok(None);
+        };
+        let record = self.file_systems()?.require(name)?.clone();
+        let clients = self.live_clients(&record);
+        if !clients.is_empty() {
+            tracing::info!(
+                "{name}: this node keeps serving its metadata for node(s) {}",
+                clients.join(", ")
+            );
+            return Ok(None);
+        }
+        self.owned.lock().remove(name);
+        let error = fs.unmount().err().map(|e| e.to_string());
+        self.change_fs_record(name, &|rec| {
+            rec.mounted = false;
+            rec.mounted_on = None;
+            rec.clients.clear();
+            Ok(())
+        })?;
+        tracing::info!("{name}: no node mounts it any more; its metadata is checkpointed");
+        Ok(error)
     }
 
     /// `tessera fs reclaimspace`: on the mounted file system, or opened here for it.
