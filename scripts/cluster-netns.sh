@@ -38,6 +38,8 @@ usage: $(basename "$0") COMMAND [ARGS]   (as root)
   stanza nsd|pdisk       print %nsd (failureGroup = node number) or %pdisk
                          (enclosure = nodeK) stanzas for the drives
   status                 namespaces, addresses, daemon pids, bridge membership
+  logs [K] [--lines L]   the last L lines (default 40) of node K's daemon log, or of every
+                         node's
   down                   unmount, stop, delete namespaces, bridges and $BASE
 
 environment: TSR_PREFIX (names, default tsr-), TSR_BASE (state, default /tmp/tessera-netns),
@@ -407,6 +409,25 @@ cmd_stanza() {
         die "no drives under $BASE/drives; create them with 'up N --drives D --size S'"
 }
 
+cmd_logs() {
+    local only="" lines=40 k
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+        --lines) lines=${2:-}; shift 2 || die "logs: --lines needs a count" ;;
+        *) only=$(node_arg "$1"); shift ;;
+        esac
+    done
+    [[ $lines =~ ^[0-9]+$ ]] || die "logs: --lines needs a count, not '$lines'"
+    for home in "$BASE"/node*/home; do
+        [[ -d $home ]] || continue
+        k=${home%/home}
+        k=${k##*/node}
+        [[ -n $only && $only != "$k" ]] && continue
+        echo "--- node$k: $home/log/daemon.log (last $lines lines)"
+        tail -n "$lines" "$home/log/daemon.log" 2>/dev/null || echo "(no log)"
+    done
+}
+
 cmd_status() {
     local k ns addr pid port bridge any=0
     printf '%-6s %-16s %-15s %-8s %s\n' node namespace address daemon bridge
@@ -496,6 +517,7 @@ main() {
     heal) cmd_heal "$@" ;;
     stanza) cmd_stanza "$@" ;;
     status) cmd_status "$@" ;;
+    logs) cmd_logs "$@" ;;
     down) cmd_down "$@" ;;
     *) echo "cluster-netns: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
     esac

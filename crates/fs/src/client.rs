@@ -61,16 +61,23 @@ impl FileSystem {
         if let Err(e) = self.owner_here("answering a metanode request") {
             return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
         }
-        let Some(notify) = self.remote_change.get() else {
-            return encode(&serve(self, request));
-        };
+        let durable = crate::metanode_wire::durable_before_answer(&request);
         let child =
             |parent: Ino, name: &[u8]| Namespace::find(self, parent, name).ok().map(|a| a.ino);
-        let changes = cache_changes(&request, &child);
-        let reply = serve(self, request);
+        let notify = self.remote_change.get();
+        let changes = match notify {
+            Some(_) => cache_changes(&request, &child),
+            None => Vec::new(),
+        };
+        let mut reply = serve(self, request);
+        if durable && !matches!(reply, MetanodeReply::Failed(_)) {
+            if let Err(e) = self.sync() {
+                reply = MetanodeReply::Failed(RemoteError::from(&e));
+            }
+        }
         // Whatever the answer: dropping a cached entry that did not change costs the
         // kernel one lookup, keeping one that did would serve a stale name.
-        if !changes.is_empty() {
+        if let Some(notify) = notify.filter(|_| !changes.is_empty()) {
             notify(changes);
         }
         encode(&reply)

@@ -472,6 +472,28 @@ pub(crate) fn cache_changes(
     }
 }
 
+/// Whether the owner makes `request`'s change durable before it answers another node's
+/// client: a change of the namespace or of attributes. Were the owner to die after
+/// answering and before its next commit, the client would carry on from a state the new
+/// owner never sees (a file it created and now writes would be gone: ENOENT in the middle
+/// of an application's create, write, fsync). A data update needs no such commit: the
+/// client commits it when the application asks (fsync, O_SYNC), as on one node, and until
+/// then losing it with the owner loses only unsynced data.
+pub(crate) fn durable_before_answer(request: &MetanodeRequest) -> bool {
+    use MetanodeRequest as Q;
+    matches!(
+        request,
+        Q::Make { .. }
+            | Q::AddName { .. }
+            | Q::DropName { .. }
+            | Q::MoveName { .. }
+            | Q::ChangeAttr { .. }
+            | Q::PutXattr { .. }
+            | Q::DropXattr { .. }
+            | Q::PutAcl { .. }
+    )
+}
+
 /// Something a kernel cache on the owner's node may hold that another node's request
 /// changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -485,6 +507,13 @@ pub enum CacheChange {
 /// Moves an encoded request to a metanode and brings back its encoded reply.
 pub trait MetanodeChannel: Send + Sync {
     fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>>;
+
+    /// Changes whenever the channel starts sending to another owner (the old one died
+    /// and the file system was taken over): log positions and changes not yet durable
+    /// at the old owner mean nothing to the new one.
+    fn generation(&self) -> u64 {
+        0
+    }
 }
 
 /// The client's end of the metanode interface over a channel.
@@ -494,11 +523,45 @@ pub(crate) struct RemoteMetanode {
     /// stable storage before the owner commits a log record that refers to it, and only
     /// the client can flush them (another node's flush covers its own queues only).
     disks: Arc<DiskSet>,
+    /// The owner generation (see [`MetanodeChannel::generation`]) that acknowledged the
+    /// oldest update not known durable yet, and how many updates were acknowledged: a
+    /// commit made at a later generation cannot make them durable (the owner that logged
+    /// them died with its log's tail), so it fails instead of promising what was lost.
+    unsynced: parking_lot::Mutex<Option<u64>>,
+    updates: std::sync::atomic::AtomicU64,
 }
 
 impl RemoteMetanode {
     pub fn new(channel: Box<dyn MetanodeChannel>, disks: Arc<DiskSet>) -> RemoteMetanode {
-        RemoteMetanode { channel, disks }
+        RemoteMetanode {
+            channel,
+            disks,
+            unsynced: parking_lot::Mutex::new(None),
+            updates: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Sends a commit, and says whether it covered every update acknowledged before it.
+    fn commit_with(&self, request: MetanodeRequest) -> FsResult<()> {
+        use std::sync::atomic::Ordering;
+        let pending = *self.unsynced.lock();
+        let updates = self.updates.load(Ordering::SeqCst);
+        self.done(request)?;
+        let mut unsynced = self.unsynced.lock();
+        if let Some(generation) = pending {
+            if self.channel.generation() != generation {
+                *unsynced = None;
+                return Err(FsError::Io(std::io::Error::other(
+                    "the node that owned this file system's metadata died before these \
+                     changes were durable, and another node took it over: changes made \
+                     since the last successful fsync may be lost; write them again",
+                )));
+            }
+        }
+        if self.updates.load(Ordering::SeqCst) == updates {
+            *unsynced = None;
+        }
+        Ok(())
     }
 
     fn flush(&self, disks: impl Iterator<Item = Arc<dyn BlockDevice>>) -> FsResult<()> {
@@ -555,18 +618,23 @@ impl Metanode for RemoteMetanode {
 
     fn update(&self, ino: Ino, update: FileUpdate) -> FsResult<Lsn> {
         let reply = self.call(MetanodeRequest::Update { ino, update })?;
-        expect_reply!(reply, MetanodeReply::Lsn(l) => l, "a log position")
+        let lsn = expect_reply!(reply, MetanodeReply::Lsn(l) => l, "a log position")?;
+        let generation = self.channel.generation();
+        self.unsynced.lock().get_or_insert(generation);
+        self.updates
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(lsn)
     }
 
     fn commit(&self, lsn: Lsn) -> FsResult<()> {
         self.flush(self.disks.all().into_iter())?;
-        self.done(MetanodeRequest::Commit { lsn })
+        self.commit_with(MetanodeRequest::Commit { lsn })
     }
 
     fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
         self.flush(disks.iter().map(|d| self.disks.get(*d)))?;
         // The owner has nothing of this write's data to flush: only its log record.
-        self.done(MetanodeRequest::CommitData {
+        self.commit_with(MetanodeRequest::CommitData {
             lsn,
             disks: Vec::new(),
         })

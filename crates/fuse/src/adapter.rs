@@ -429,6 +429,15 @@ impl TesseraFuse {
             .fs
             .may_use_dir(req.header.nodeid, &cred, MAY_WRITE | MAY_EXEC));
         let r = self.create_node(req, name, (FileKind::Regular, mode, umask), 0, None);
+        let r = match r {
+            // The kernel asks to create because it found no name; another node (or a
+            // request retried after a metanode's takeover) made it meanwhile. Without
+            // O_EXCL, open(2) then opens what is there, as on a local file system.
+            Err(FsError::Exists) if flags as i32 & libc::O_EXCL == 0 => {
+                return self.open_existing(req.header.nodeid, name, flags, &cred);
+            }
+            r => r,
+        };
         let attr = match r.and_then(|a| self.fs.open(a.ino)) {
             Ok(a) => a,
             Err(e) => return errno(&e),
@@ -439,6 +448,42 @@ impl TesseraFuse {
         }
         Reply::Create {
             entry: self.entry_out(&attr, 0),
+            fh,
+            open_flags,
+        }
+    }
+
+    /// `create` found `name` made meanwhile: open it as an open(2) without O_CREAT would,
+    /// with the permission checks the kernel did not make (it expected a new file).
+    fn open_existing(&self, parent: u64, name: &[u8], flags: u32, cred: &Credentials) -> Reply {
+        let attr = match self.fs.lookup(parent, name) {
+            Ok(a) => a,
+            Err(e) => return errno(&e),
+        };
+        match attr.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Reply::Error(libc::EISDIR),
+            // A FIFO, device or symlink in the way: what O_CREAT over it would meet is not
+            // a file this request can open here.
+            _ => return Reply::Error(libc::EEXIST),
+        }
+        check!(self.fs.may_access(attr.ino, cred, open_mask(flags)));
+        let f = flags as i32;
+        if f & libc::O_TRUNC != 0 && f & libc::O_ACCMODE != libc::O_RDONLY {
+            if let Err(e) = self.fs.truncate(attr.ino, 0) {
+                return errno(&e);
+            }
+        }
+        let attr = match self.fs.open(attr.ino) {
+            Ok(a) => a,
+            Err(e) => return errno(&e),
+        };
+        let (fh, mut open_flags) = handle_flags(flags);
+        if !self.page_cache {
+            open_flags = abi::FOPEN_DIRECT_IO;
+        }
+        Reply::Create {
+            entry: self.entry_out(&attr, u64::from(attr.generation)),
             fh,
             open_flags,
         }

@@ -108,9 +108,19 @@ impl MetanodeChannel for TransportChannel {
 pub(super) struct FollowingChannel {
     pub daemon: Weak<Daemon>,
     pub fs: String,
-    /// The owner this channel sends to: node number and daemon address.
-    pub target: parking_lot::Mutex<(NodeNumber, String)>,
+    /// The owner this channel sends to: node number, daemon address and the incarnation
+    /// (epoch) it had when this channel last looked.
+    pub target: parking_lot::Mutex<OwnerTarget>,
+    /// Counts the owners this channel moved to (`MetanodeChannel::generation`): another
+    /// node, or the same node restarted (a new incarnation replayed the old one's log and
+    /// knows nothing of what it had not made durable).
+    pub moves: std::sync::atomic::AtomicU64,
+    /// A request failed since the owner's incarnation was last checked.
+    pub suspect: std::sync::atomic::AtomicBool,
 }
+
+/// Node number, daemon address and incarnation of a file system's owner.
+pub(super) type OwnerTarget = (NodeNumber, String, Option<u64>);
 
 /// How long a client waits between two looks at who owns a file system whose owner does
 /// not answer.
@@ -125,21 +135,61 @@ impl MetanodeChannel for FollowingChannel {
                 .daemon
                 .upgrade()
                 .ok_or_else(|| FsError::Io(std::io::Error::other("the daemon is stopping")))?;
-            let (to, address) = self.target.lock().clone();
+            let (to, address, _) = self.target.lock().clone();
             let channel = daemon.member.metanode_channel(to, address, self.fs.clone());
             match channel.call(request.clone()) {
-                Ok(reply) => return Ok(reply),
-                Err(e) => last_error = e,
+                Ok(reply) => {
+                    if self
+                        .suspect
+                        .swap(false, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        // Answered after failures: by the incarnation that failed, or by
+                        // the same node started again?
+                        let now = daemon.member.state().incarnations.get(&to).copied();
+                        self.move_to(|t| t.2 = now);
+                    }
+                    return Ok(reply);
+                }
+                Err(e) => {
+                    self.suspect
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    last_error = e;
+                }
             }
             if std::time::Instant::now() >= deadline {
                 return Err(last_error);
             }
             match daemon.locate_owner(&self.fs) {
-                Ok(Some(target)) => *self.target.lock() = target,
+                Ok(Some(target)) => self.move_to(|t| *t = target.clone()),
                 Ok(None) => {}
                 Err(e) => tracing::warn!("{}: {e:#}", self.fs),
             }
             std::thread::sleep(OWNER_POLL);
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.moves.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl FollowingChannel {
+    /// Changes the target with `change`; a different one counts as a move.
+    fn move_to(&self, change: impl FnOnce(&mut OwnerTarget)) {
+        let mut target = self.target.lock();
+        let before = target.clone();
+        change(&mut target);
+        if *target != before {
+            tracing::warn!(
+                "{}: its metanode is now node {} at {} (incarnation {:?}; was node {}, {:?})",
+                self.fs,
+                target.0,
+                target.1,
+                target.2,
+                before.0,
+                before.2
+            );
+            self.moves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
     }
 }
@@ -148,7 +198,7 @@ impl Daemon {
     /// Where the metanode of `fs` is now, for a client whose owner stopped answering: the
     /// owner the table names if it is live, this node after it took a dead owner's file
     /// system over, or `None` while the owner is neither live nor expelled yet.
-    fn locate_owner(&self, fs: &str) -> anyhow::Result<Option<(NodeNumber, String)>> {
+    fn locate_owner(&self, fs: &str) -> anyhow::Result<Option<OwnerTarget>> {
         let record = self.file_systems()?.require(fs)?.clone();
         let me = self.cluster.node_name.clone();
         let owner = record.mounted.then(|| record.mounted_on.clone()).flatten();
@@ -156,11 +206,10 @@ impl Daemon {
             Some(owner) if owner == me => return Ok(Some(self.own_target())),
             Some(owner) if self.node_is_live(&owner) => {
                 let state = self.member.state();
-                return Ok(state
-                    .nodes
-                    .values()
-                    .find(|n| n.name == owner)
-                    .map(|n| (n.number, n.address.clone())));
+                return Ok(state.nodes.values().find(|n| n.name == owner).map(|n| {
+                    let epoch = state.incarnations.get(&n.number).copied();
+                    (n.number, n.address.clone(), epoch)
+                }));
             }
             _ => {}
         }
@@ -171,8 +220,10 @@ impl Daemon {
         Ok(Some(self.own_target()))
     }
 
-    fn own_target(&self) -> (NodeNumber, String) {
-        (self.member.me(), self.member.bound_address().to_string())
+    fn own_target(&self) -> OwnerTarget {
+        let me = self.member.me();
+        let epoch = self.member.state().incarnations.get(&me).copied();
+        (me, self.member.bound_address().to_string(), epoch)
     }
 
     /// Takes file system `record` over from its dead owner for the clients: this node
@@ -186,10 +237,13 @@ impl Daemon {
         let me = self.cluster.node_name.clone();
         let dead = record.mounted_on.clone().unwrap_or_default();
         self.change_fs_record(&record.name, &|rec| {
+            // Checked on the table the compare-and-set writes over: an owner that is live
+            // (another client took over first, or the dead owner came back and mounted it
+            // again) keeps it, so there is never a second owner.
             let owner = rec.mounted.then_some(rec.mounted_on.as_deref()).flatten();
             match owner {
-                Some(o) if o != dead && o != me => anyhow::bail!(
-                    "file system {} was taken over by node {o} meanwhile",
+                Some(o) if o != me && (o != dead || self.node_is_live(o)) => anyhow::bail!(
+                    "file system {} is owned by live node {o}; following it",
                     rec.name
                 ),
                 _ => {}

@@ -217,7 +217,13 @@ impl Daemon {
         let channel = super::metanode_service::FollowingChannel {
             daemon: self.this.clone(),
             fs: record.name.clone(),
-            target: parking_lot::Mutex::new((node.number, node.address.clone())),
+            target: parking_lot::Mutex::new((
+                node.number,
+                node.address.clone(),
+                state.incarnations.get(&node.number).copied(),
+            )),
+            moves: std::sync::atomic::AtomicU64::new(0),
+            suspect: std::sync::atomic::AtomicBool::new(false),
         };
         let fs = FileSystem::mount_client(available, Box::new(channel))
             .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
