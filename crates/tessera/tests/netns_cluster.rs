@@ -631,6 +631,9 @@ fn one_file_system_is_mounted_on_three_nodes() {
     for k in all {
         tessera_ok(&c, k, &["mount", "s1", "-T", mnt(k).to_str().unwrap()]);
     }
+    // Every node names the file system manager [mmlsmgr], a client too.
+    let attrs = tessera_ok(&c, 3, &["fs", "ls", "s1", "-Y"]);
+    assert!(attrs.contains(":fileSystemManager:node1:"), "{attrs}");
     let listed = tessera_ok(&c, 2, &["mount", "ls", "s1", "-L"]);
     assert!(
         listed.contains("File system s1 is mounted on 3 nodes:")

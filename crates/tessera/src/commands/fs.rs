@@ -497,6 +497,15 @@ fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
             "File system version".into(),
         ),
         ("--uuid", "uuid", d.uuid_hex(), "File system UUID".into()),
+        (
+            "--manager",
+            "fileSystemManager",
+            match (&s.record.mounted, &s.record.mounted_on) {
+                (true, Some(node)) => node.clone(),
+                _ => "none (not mounted)".into(),
+            },
+            "Node that owns the metadata while mounted: metanode of every shard [mmlsmgr]".into(),
+        ),
     ]
 }
 
