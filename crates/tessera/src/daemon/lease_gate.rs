@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use tessera_drive::BlockDevice;
 
-/// Whether this node may do I/O now.
-pub type LeaseCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+/// Whether this node may do I/O now; if not, why (the end of the refusal's message).
+pub type LeaseCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 pub struct LeaseGated {
     inner: Arc<dyn BlockDevice>,
@@ -24,18 +24,12 @@ impl LeaseGated {
     }
 
     fn admit(&self) -> io::Result<()> {
-        if (self.may_do_io)() {
-            return Ok(());
-        }
-        Err(io::Error::new(
-            io::ErrorKind::NotConnected,
-            format!(
-                "{}: no disk lease: this node lost contact with the cluster manager (or a \
-                 quorum), so it does no disk I/O; `tessera state -a` shows the cluster, \
-                 and I/O resumes once this node is active again",
-                self.inner.name()
-            ),
-        ))
+        (self.may_do_io)().map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("{}: {why}", self.inner.name()),
+            )
+        })
     }
 }
 

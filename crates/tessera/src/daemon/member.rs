@@ -45,6 +45,11 @@ pub struct Member {
     bound: SocketAddr,
 }
 
+/// Why a node without a lease does no disk I/O.
+const NO_LEASE: &str = "no disk lease: this node lost contact with the cluster manager (or a \
+     quorum), so it does no disk I/O; `tessera state -a` shows the cluster, and I/O resumes \
+     once this node is active again";
+
 impl Member {
     /// Opens the store, binds the daemon port, starts the Raft member, the lease holder
     /// and (when elected) the cluster manager. A pending bootstrap runs in the background.
@@ -229,10 +234,24 @@ impl Member {
         self.node.may_do_io()
     }
 
-    /// Whether this node holds a valid disk lease, as a check devices can keep.
-    pub fn lease_check(&self) -> super::lease_gate::LeaseCheck {
+    /// Whether this node may do disk I/O now (it holds a lease), bound to this node's
+    /// incarnation now: a file system
+    /// mounted (or taken over) by this incarnation does no I/O through a later one. An
+    /// expelled node's owners were taken over by others meanwhile, and its in-memory
+    /// metadata and unsynced changes belong to the incarnation that died; such a mount is
+    /// stale and must be mounted again, as GPFS unmounts a file system on an expelled node.
+    pub fn incarnation_check(&self) -> super::lease_gate::LeaseCheck {
         let node = Arc::clone(&self.node);
-        Arc::new(move || node.may_do_io())
+        let mounted_by = node.io_epoch();
+        Arc::new(move || match (node.io_epoch(), mounted_by) {
+            (None, _) => Err(NO_LEASE.to_string()),
+            (Some(now), Some(then)) if now == then => Ok(()),
+            (now, then) => Err(format!(
+                "this node was expelled from the cluster since the file system was mounted \
+                 (incarnation {then:?}, now {now:?}), and other nodes may have taken it over: \
+                 this mount is stale and does no disk I/O; unmount it and mount it again"
+            )),
+        })
     }
 
     /// Commits `command` and waits until this node has applied it, so the admin's next

@@ -62,6 +62,25 @@ pub(super) struct TransportChannel {
 
 impl MetanodeChannel for TransportChannel {
     fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        self.call_while(request, &|| true)
+    }
+}
+
+/// How often a client waiting for a metanode's answer checks that the metanode's node is
+/// still a member of the cluster.
+const OWNER_WATCH: Duration = Duration::from_millis(200);
+
+impl TransportChannel {
+    /// Sends `request` and waits for the answer while `alive()` holds (checked every
+    /// `OWNER_WATCH`): a request to a node that the cluster expelled meanwhile will never
+    /// be answered (a cut-off node's packets are lost, not refused), and cannot have been
+    /// made durable there (the node's lease ran out before its expel), so it is given up
+    /// as not served.
+    pub fn call_while(
+        &self,
+        request: Vec<u8>,
+        alive: &(dyn Fn() -> bool + Sync),
+    ) -> FsResult<Vec<u8>> {
         let me = self.node.me();
         let Some(epoch) = self.node.status().epoch else {
             return Err(FsError::Io(std::io::Error::new(
@@ -82,10 +101,24 @@ impl MetanodeChannel for TransportChannel {
                 self.fs, self.to
             )))
         };
-        let reply = self
-            .runtime
-            .block_on(self.net.call(self.to, &self.address, call, METANODE_WAIT))
-            .map_err(|e| unreachable(e.to_string()))?;
+        let reply = self.runtime.block_on(async {
+            let call = self.net.call(self.to, &self.address, call, METANODE_WAIT);
+            let expelled = async {
+                loop {
+                    tokio::time::sleep(OWNER_WATCH).await;
+                    if !alive() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                reply = call => reply.map_err(|e| unreachable(e.to_string())),
+                () = expelled => Err(unreachable(
+                    "its node was expelled from the cluster while this request waited"
+                        .into(),
+                )),
+            }
+        })?;
         match reply {
             PeerReply::FileSystem(Ok(bytes)) => Ok(bytes),
             PeerReply::FileSystem(Err(why)) => Err(unreachable(why)),
@@ -135,9 +168,12 @@ impl MetanodeChannel for FollowingChannel {
                 .daemon
                 .upgrade()
                 .ok_or_else(|| FsError::Io(std::io::Error::other("the daemon is stopping")))?;
-            let (to, address, _) = self.target.lock().clone();
+            let (to, address, epoch) = self.target.lock().clone();
             let channel = daemon.member.metanode_channel(to, address, self.fs.clone());
-            match channel.call(request.clone()) {
+            // The owner's incarnation still in the cluster's table (when it was known).
+            let alive =
+                || epoch.is_none() || daemon.member.state().incarnations.get(&to).copied() == epoch;
+            match channel.call_while(request.clone(), &alive) {
                 Ok(reply) => {
                     if self
                         .suspect

@@ -75,13 +75,15 @@ impl Daemon {
         record: &FsRecord,
         nsds: &NsdRegistry,
     ) -> (FsDevices, Vec<bool>) {
+        // Bound to this incarnation: see `Member::incarnation_check`.
+        let check = self.member.incarnation_check();
         let devices: FsDevices = record
             .nsds
             .iter()
             .map(|name| {
                 let rec = nsds.get(name)?;
                 match self.open_nsd_as(rec, super::nsd_admin::Claim::Shared) {
-                    Ok(dev) => Some((rec.id, LeaseGated::wrap(dev, self.member.lease_check()))),
+                    Ok(dev) => Some((rec.id, LeaseGated::wrap(dev, check.clone()))),
                     Err(e) => {
                         tracing::warn!("{}: NSD {name}: {e:#}", record.name);
                         None
@@ -592,7 +594,7 @@ impl Daemon {
 
     pub(super) fn umount(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut fss = self.file_systems()?;
+        let fss = self.file_systems()?;
         fss.require(name)?;
         let mut mounts = self.mounts.lock();
         let Some(m) = mounts.get(name) else {
@@ -614,7 +616,13 @@ impl Daemon {
         };
         let record = fss.require(name)?.clone();
         let clients = self.live_clients(&record);
-        if m.client_of.is_none() && !clients.is_empty() {
+        // An owner mount whose file system another node took over (this node was expelled
+        // meanwhile) is stale: its clients are the new owner's.
+        let stale = record
+            .mounted_on
+            .as_deref()
+            .is_some_and(|o| o != self.cluster.node_name);
+        if m.client_of.is_none() && !stale && !clients.is_empty() {
             bail!(
                 "file system {name} is mounted on node(s) {} as client(s) of this node, which                  owns its metadata; unmount it there first (`tessera umount {name}` on each;                  `tessera mount ls {name} -L` lists them)",
                 clients.join(", ")
@@ -657,12 +665,19 @@ impl Daemon {
                 Some(e.to_string())
             }
         };
-        let rec = fss.get_mut(name).expect("checked above");
-        rec.mounted = false;
-        rec.mounted_on = None;
-        // Only clients that are no longer live can be left (live ones refused the umount).
-        rec.clients.clear();
-        self.save_file_systems(&fss)?;
+        let me = self.cluster.node_name.clone();
+        self.change_fs_record(name, &|rec| {
+            // A stale mount (this node was expelled and another took the file system
+            // over meanwhile) leaves the new owner's record alone.
+            if rec.mounted_on.as_deref().is_some_and(|o| o != me) {
+                return Ok(());
+            }
+            rec.mounted = false;
+            rec.mounted_on = None;
+            // Only clients that are no longer live can be left (live ones refused).
+            rec.clients.clear();
+            Ok(())
+        })?;
         Ok(Reply::Unmounted { checkpoint_error })
     }
 
