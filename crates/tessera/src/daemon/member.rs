@@ -241,16 +241,27 @@ impl Member {
     /// metadata and unsynced changes belong to the incarnation that died; such a mount is
     /// stale and must be mounted again, as GPFS unmounts a file system on an expelled node.
     pub fn incarnation_check(&self) -> super::lease_gate::LeaseCheck {
+        use std::sync::atomic::{AtomicU64, Ordering};
         let node = Arc::clone(&self.node);
-        let mounted_by = node.io_epoch();
-        Arc::new(move || match (node.io_epoch(), mounted_by) {
-            (None, _) => Err(NO_LEASE.to_string()),
-            (Some(now), Some(then)) if now == then => Ok(()),
-            (now, then) => Err(format!(
+        // Epochs start at 1, so 0 means "not bound yet": a mount made while the lease
+        // happened to lapse binds to the first incarnation it does I/O under.
+        let bound = AtomicU64::new(node.io_epoch().unwrap_or(0));
+        Arc::new(move || {
+            let Some(now) = node.io_epoch() else {
+                return Err(NO_LEASE.to_string());
+            };
+            let then = match bound.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => now,
+                Err(then) => then,
+            };
+            if now == then {
+                return Ok(());
+            }
+            Err(format!(
                 "this node was expelled from the cluster since the file system was mounted \
-                 (incarnation {then:?}, now {now:?}), and other nodes may have taken it over: \
+                 (incarnation {then}, now {now}), and other nodes may have taken it over: \
                  this mount is stale and does no disk I/O; unmount it and mount it again"
-            )),
+            ))
         })
     }
 
