@@ -205,7 +205,6 @@ impl FileSystem {
         let geo = geometry(&desc);
         let reserve = metadata_reserve(&desc);
         let policy = crate::placement::load(&desc);
-        let prefetch = Prefetcher::new(geo.block_bytes);
         let owner = Owner {
             desc: Mutex::new(desc),
             meta: Mutex::new(Meta {
@@ -230,23 +229,7 @@ impl FileSystem {
             discard_errors: std::sync::atomic::AtomicU64::new(0),
             metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
         };
-        let fs = Arc::new(FileSystem {
-            owner: Some(owner),
-            client_desc: None,
-            devices,
-            geo,
-            pmon: Pmon::default(),
-            prefetch,
-            inode_locks: (0..INODE_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-            block_locks: (0..BLOCK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-            segment_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
-            stop: Arc::new((Mutex::new(false), Condvar::new())),
-            flusher: Mutex::new(None),
-            unmounted: AtomicBool::new(false),
-            fenced: AtomicBool::new(false),
-            remote: std::sync::OnceLock::new(),
-            remote_change: std::sync::OnceLock::new(),
-        });
+        let fs = FileSystem::assemble(Some(owner), None, devices, geo);
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
             fs.route_metadata_through_wire();
             tracing::info!("metanode requests of this mount go through their wire encoding");
@@ -278,10 +261,25 @@ impl FileSystem {
         let desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
         let geo = geometry(&desc);
+        let fs = FileSystem::assemble(None, Some(desc), devices, geo);
+        fs.route_metadata_through(channel);
+        fs.prefetch.start(Arc::downgrade(&fs));
+        Ok(fs)
+    }
+
+    /// The mounted file system around its disks and geometry, with the owner's state (a
+    /// mount that owns the metadata) or the descriptor a client-only mount read.
+    fn assemble(
+        owner: Option<Owner>,
+        client_desc: Option<FsDescriptor>,
+        devices: Arc<DiskSet>,
+        geo: Geometry,
+    ) -> Arc<FileSystem> {
+        debug_assert!(owner.is_some() != client_desc.is_some());
         let prefetch = Prefetcher::new(geo.block_bytes);
-        let fs = Arc::new(FileSystem {
-            owner: None,
-            client_desc: Some(desc),
+        Arc::new(FileSystem {
+            owner,
+            client_desc,
             devices,
             geo,
             pmon: Pmon::default(),
@@ -295,10 +293,7 @@ impl FileSystem {
             fenced: AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
             remote_change: std::sync::OnceLock::new(),
-        });
-        fs.route_metadata_through(channel);
-        fs.prefetch.start(Arc::downgrade(&fs));
-        Ok(fs)
+        })
     }
 
     /// Frees inodes whose last link went away while they were open.

@@ -836,6 +836,22 @@ impl Namespace for RemoteMetanode {
 /// (see the module's comment). It holds the file system weakly: the file system holds it.
 pub(crate) struct Loopback(pub Weak<FileSystem>);
 
+/// A client's way to an owner mounted in the same process, through the owner's whole
+/// answer to another node (`FileSystem::serve_metanode_request`: commits, kernel-cache
+/// notices): what the node transport delivers, without the network. For tests of
+/// client-only mounts.
+pub struct InProcessOwner(pub Weak<FileSystem>);
+
+impl MetanodeChannel for InProcessOwner {
+    fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        let owner = self
+            .0
+            .upgrade()
+            .ok_or_else(|| FsError::Io(std::io::Error::other("the owner is unmounted")))?;
+        Ok(owner.serve_metanode_request(&request))
+    }
+}
+
 impl MetanodeChannel for Loopback {
     fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
         let fs: Arc<FileSystem> = self.0.upgrade().ok_or_else(|| {

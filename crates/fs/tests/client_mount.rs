@@ -10,25 +10,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 
 use common::*;
-use tessera_fs::{FileSystem, FsError, FsResult, MetanodeChannel, ROOT_INO};
-
-/// The client's way to the owner: the encoded request, answered by the owner's
-/// `serve_metanode_request`, as the node transport carries it.
-struct ToOwner(Weak<FileSystem>);
-
-impl MetanodeChannel for ToOwner {
-    fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
-        let owner = self
-            .0
-            .upgrade()
-            .ok_or_else(|| FsError::Io(std::io::Error::other("the owner is unmounted")))?;
-        Ok(owner.serve_metanode_request(&request))
-    }
-}
+use tessera_fs::{FileSystem, FsError, InProcessOwner, ROOT_INO};
 
 fn client_of(t: &TestDisks, owner: &Arc<FileSystem>) -> Arc<FileSystem> {
     // `reopen` opens the drive files again: the client's handles are its own.
-    FileSystem::mount_client(t.reopen(), Box::new(ToOwner(Arc::downgrade(owner)))).unwrap()
+    FileSystem::mount_client(t.reopen(), Box::new(InProcessOwner(Arc::downgrade(owner)))).unwrap()
 }
 
 #[test]
@@ -161,7 +147,7 @@ fn what_only_the_owner_can_do_is_refused_on_a_client_with_where_to_run_it() {
 fn a_client_mount_of_drives_without_a_file_system_says_so() {
     let t = make_disks(2, 64 << 20);
     let owner = Weak::new();
-    let e = FileSystem::mount_client(t.reopen(), Box::new(ToOwner(owner))).unwrap_err();
+    let e = FileSystem::mount_client(t.reopen(), Box::new(InProcessOwner(owner))).unwrap_err();
     assert!(matches!(e, FsError::NoDescriptor(_)), "{e}");
 }
 

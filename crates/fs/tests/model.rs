@@ -74,18 +74,6 @@ enum Route {
     Client,
 }
 
-/// A client's way to an owner mounted in the same process.
-struct ToOwner(std::sync::Weak<FileSystem>);
-
-impl tessera_fs::MetanodeChannel for ToOwner {
-    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
-        let owner = self.0.upgrade().ok_or_else(|| {
-            tessera_fs::FsError::Io(std::io::Error::other("the owner is unmounted"))
-        })?;
-        Ok(owner.serve_metanode_request(&request))
-    }
-}
-
 /// The mount the model's operations go to and, for [`Route::Client`], the owner behind it.
 type Mounted = (Arc<FileSystem>, Option<Arc<FileSystem>>, Vec<Arc<SimDrive>>);
 
@@ -102,8 +90,11 @@ fn mount_routed(t: &TestDisks, route: Route) -> Mounted {
         .zip(&drives)
         .map(|((id, _), d)| (id, d.clone() as Arc<dyn BlockDevice>))
         .collect();
-    let client = FileSystem::mount_client(disks, Box::new(ToOwner(Arc::downgrade(&fs))))
-        .expect("client mount");
+    let client = FileSystem::mount_client(
+        disks,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    )
+    .expect("client mount");
     assert!(!client.is_owner() && fs.is_owner());
     (client, Some(fs), drives)
 }

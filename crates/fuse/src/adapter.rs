@@ -442,12 +442,17 @@ impl TesseraFuse {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
+        self.created(&attr, 0, flags)
+    }
+
+    /// The answer to a create: the entry and the open handle.
+    fn created(&self, attr: &Attr, generation: u64, flags: u32) -> Reply {
         let (fh, mut open_flags) = handle_flags(flags);
         if !self.page_cache {
             open_flags = abi::FOPEN_DIRECT_IO;
         }
         Reply::Create {
-            entry: self.entry_out(&attr, 0),
+            entry: self.entry_out(attr, generation),
             fh,
             open_flags,
         }
@@ -478,15 +483,7 @@ impl TesseraFuse {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
-        let (fh, mut open_flags) = handle_flags(flags);
-        if !self.page_cache {
-            open_flags = abi::FOPEN_DIRECT_IO;
-        }
-        Reply::Create {
-            entry: self.entry_out(&attr, u64::from(attr.generation)),
-            fh,
-            open_flags,
-        }
+        self.created(&attr, u64::from(attr.generation), flags)
     }
 
     fn rename(

@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -598,6 +599,45 @@ fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
 
+/// File system `fs` on node `drive_node`'s drive, created on node 1 and mounted on every
+/// node of `nodes` (node 1 first, which owns it), each at `node{k}/mnt/{fs}`; returns where
+/// node `k` mounts it.
+fn shared_fs(c: &Cluster, fs: &str, drive_node: u32, nodes: &[u32]) -> impl Fn(u32) -> PathBuf {
+    let stanza = c.base.join(format!("{fs}.stanza"));
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd={fs} usage=dataAndMetadata failureGroup=1 pool=system\n",
+            c.base
+                .join(format!("drives/node{drive_node}-d1.img"))
+                .display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    let base = c.base.clone();
+    let fs_name = fs.to_string();
+    let mnt = move |k: u32| base.join(format!("node{k}/mnt/{fs_name}"));
+    tessera_ok(c, 1, &["nsd", "create", "-F", stanza]);
+    tessera_ok(
+        c,
+        1,
+        &[
+            "fs",
+            "create",
+            fs,
+            "-F",
+            stanza,
+            "-T",
+            mnt(1).to_str().unwrap(),
+        ],
+    );
+    for &k in nodes {
+        tessera_ok(c, k, &["mount", fs, "-T", mnt(k).to_str().unwrap()]);
+    }
+    mnt
+}
+
 /// One file system mounted on three nodes: the first mount owns the metadata (its
 /// metanode), the others mount as its clients and read and write the shared drive
 /// themselves. What one node writes, creates, renames or removes, the others see at once
@@ -612,34 +652,7 @@ fn one_file_system_is_mounted_on_three_nodes() {
     let c = up_with_drives(3);
     let all = [1, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
-    let stanza = c.base.join("shared.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=s1 usage=dataAndMetadata failureGroup=1 pool=system\n",
-            c.base.join("drives/node1-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
-    let mnt = |k: u32| c.base.join(format!("node{k}/mnt/s1"));
-    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
-    tessera_ok(
-        &c,
-        1,
-        &[
-            "fs",
-            "create",
-            "s1",
-            "-F",
-            stanza,
-            "-T",
-            mnt(1).to_str().unwrap(),
-        ],
-    );
-    for k in all {
-        tessera_ok(&c, k, &["mount", "s1", "-T", mnt(k).to_str().unwrap()]);
-    }
+    let mnt = shared_fs(&c, "s1", 1, &all);
     // Every node names the file system manager [mmlsmgr], a client too.
     let attrs = tessera_ok(&c, 3, &["fs", "ls", "s1", "-Y"]);
     assert!(attrs.contains(":fileSystemManager:node1:"), "{attrs}");
@@ -763,34 +776,7 @@ fn the_clients_of_a_dead_owner_carry_on_after_a_takeover() {
     let c = up_with_drives(3);
     let all = [1, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
-    let stanza = c.base.join("owner.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=o1 usage=dataAndMetadata failureGroup=1 pool=system\n",
-            c.base.join("drives/node1-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
-    let mnt = |k: u32| c.base.join(format!("node{k}/mnt/o1"));
-    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
-    tessera_ok(
-        &c,
-        1,
-        &[
-            "fs",
-            "create",
-            "o1",
-            "-F",
-            stanza,
-            "-T",
-            mnt(1).to_str().unwrap(),
-        ],
-    );
-    for k in all {
-        tessera_ok(&c, k, &["mount", "o1", "-T", mnt(k).to_str().unwrap()]);
-    }
+    let mnt = shared_fs(&c, "o1", 1, &all);
     let synced: Vec<u8> = (0..500_000u32).map(|i| (i % 249) as u8).collect();
     {
         use std::io::Write;
@@ -891,34 +877,7 @@ fn a_crash_loop_of_node_kills_under_fsyncing_writers_loses_nothing() {
     let c = up_with_drives(3);
     let all = [1u32, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
-    let stanza = c.base.join("loop.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=l1 usage=dataAndMetadata failureGroup=1 pool=system\n",
-            c.base.join("drives/node1-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
-    let mnt = |k: u32| c.base.join(format!("node{k}/mnt/l1"));
-    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
-    tessera_ok(
-        &c,
-        1,
-        &[
-            "fs",
-            "create",
-            "l1",
-            "-F",
-            stanza,
-            "-T",
-            mnt(1).to_str().unwrap(),
-        ],
-    );
-    for k in all {
-        tessera_ok(&c, k, &["mount", "l1", "-T", mnt(k).to_str().unwrap()]);
-    }
+    let mnt = shared_fs(&c, "l1", 1, &all);
     let mut synced: Vec<(String, usize)> = Vec::new();
     let mut rng = 0x9E37_79B9u32;
     let mut next = |n: u32| {
@@ -1074,34 +1033,7 @@ fn a_cut_off_owner_is_taken_over_and_its_mount_is_stale_after_the_heal() {
     let c = up_with_drives(3);
     let all = [1u32, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
-    let stanza = c.base.join("cut.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=c1 usage=dataAndMetadata failureGroup=1 pool=system\n",
-            c.base.join("drives/node2-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
-    let mnt = |k: u32| c.base.join(format!("node{k}/mnt/c1"));
-    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
-    tessera_ok(
-        &c,
-        1,
-        &[
-            "fs",
-            "create",
-            "c1",
-            "-F",
-            stanza,
-            "-T",
-            mnt(1).to_str().unwrap(),
-        ],
-    );
-    for k in all {
-        tessera_ok(&c, k, &["mount", "c1", "-T", mnt(k).to_str().unwrap()]);
-    }
+    let mnt = shared_fs(&c, "c1", 2, &all);
     write_synced(&mnt(1), "before", 100_000).unwrap();
     c.ok(&["partition", "1"]);
     // Expelled: the majority no longer lists an incarnation for it.

@@ -27,19 +27,6 @@ pub enum Backend {
     Client,
 }
 
-/// The client's way to the owner in this process: the encoded request, as the node
-/// transport carries it.
-struct ToOwner(std::sync::Weak<FileSystem>);
-
-impl tessera_fs::MetanodeChannel for ToOwner {
-    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
-        let owner = self.0.upgrade().ok_or_else(|| {
-            tessera_fs::FsError::Io(std::io::Error::other("the owner is unmounted"))
-        })?;
-        Ok(owner.serve_metanode_request(&request))
-    }
-}
-
 const PDISKS: usize = 12;
 const ENCLOSURES: usize = 6;
 
@@ -155,7 +142,7 @@ impl Mounted {
         let mut fs = FileSystem::mount(self.devices()).unwrap();
         let mut cache = tessera_fuse::KernelCache::Private;
         if crate::BACKEND == Backend::Client {
-            let channel = ToOwner(Arc::downgrade(&fs));
+            let channel = tessera_fs::InProcessOwner(Arc::downgrade(&fs));
             let client = FileSystem::mount_client(self.devices(), Box::new(channel)).unwrap();
             self.owner = Some(std::mem::replace(&mut fs, client));
             cache = tessera_fuse::KernelCache::None;

@@ -437,42 +437,28 @@ impl Daemon {
     }
 
     /// Records this node's claim on `name` in the replicated file-system table (see
-    /// [`Self::claim_and_mount`]). A compare-and-set that lost to a change this node had
-    /// not applied yet (its copy of the configuration lags for a moment after a restart)
-    /// is tried again on the newer table, so that the answer reflects it ("mounted on
-    /// node X") instead of asking the admin to run the command again.
+    /// [`Self::claim_and_mount`]) and returns the record as it was before the claim.
     fn claim(&self, name: &str, mount_point: &Path) -> Result<FsRecord> {
-        let mut attempts = 0;
-        loop {
-            let mut fss = self.file_systems()?;
-            let seen = fss.version;
-            let record = fss.require(name)?.clone();
-            match self.mounted_elsewhere(&record) {
+        let claimed = std::cell::RefCell::new(None);
+        let private_cache = self.kernel_cache(None) == KernelCache::Private;
+        self.change_fs_record(name, &|rec| {
+            match self.mounted_elsewhere(rec) {
                 Some(node) if !self.node_is_live(node) => tracing::warn!(
                     "{name}: taking over from node {node}, which was mounting it and lost \
                      its lease (expelled); this mount replays its recovery log"
                 ),
-                _ => self.check_not_mounted_elsewhere(&record, "mounting it here")?,
+                _ => self.check_not_mounted_elsewhere(rec, "mounting it here")?,
             }
-            let rec = fss.get_mut(name).expect("checked above");
+            *claimed.borrow_mut() = Some(rec.clone());
             rec.mounted = true;
             rec.mounted_on = Some(self.cluster.node_name.clone());
             rec.mount_point = mount_point.display().to_string();
-            rec.private_cache = self.kernel_cache(None) == KernelCache::Private;
-            match self.save_file_systems(&fss) {
-                Ok(()) => return Ok(record),
-                Err(e) if attempts < CLAIM_RETRIES && e.to_string().contains(CHANGED_MEANWHILE) => {
-                    attempts += 1;
-                    let deadline = std::time::Instant::now() + CLAIM_CATCH_UP;
-                    while self.file_systems()?.version == seen
-                        && std::time::Instant::now() < deadline
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            rec.private_cache = private_cache;
+            Ok(())
+        })?;
+        Ok(claimed
+            .into_inner()
+            .expect("set by the change that was saved"))
     }
 
     /// Records in the replicated file-system table that this node mounts `name`, then
@@ -488,12 +474,12 @@ impl Daemon {
     fn claim_and_mount(&self, name: &str, mount_point: &Path) -> Result<()> {
         let record = self.claim(name, mount_point)?;
         if let Err(e) = self.mount_fs(&record, mount_point, None) {
-            let mut fss = self.file_systems()?;
-            if let Some(rec) = fss.get_mut(name) {
+            let undone = self.change_fs_record(name, &|rec| {
                 rec.mounted = false;
                 rec.mounted_on = None;
-            }
-            if let Err(undo) = self.save_file_systems(&fss) {
+                Ok(())
+            });
+            if let Err(undo) = undone {
                 tracing::error!("{name}: cannot record that the mount failed: {undo:#}");
             }
             return Err(e);
@@ -503,7 +489,9 @@ impl Daemon {
 
     /// Changes the record of file system `name` in the replicated table with `change`, by
     /// compare-and-set: a write that lost to a change this node had not applied yet is
-    /// made again on the newer table (see [`Self::claim`]).
+    /// made again on the newer table (this node's copy of the configuration lags for a
+    /// moment after a restart), so that the answer reflects it ("mounted on node X")
+    /// instead of asking the admin to run the command again.
     pub(super) fn change_fs_record(
         &self,
         name: &str,
