@@ -47,8 +47,8 @@ impl FileSystem {
     }
 
     /// Answers one encoded metanode request from another node's client (see
-    /// `metanode_wire.rs`) with its encoded reply; a request that does not decode is
-    /// answered with an error naming it.
+    /// `metanode_wire.rs`) with its encoded reply, or on a client-only mount a new
+    /// owner's fence; a request that does not decode is answered with an error naming it.
     pub fn serve_metanode_request(&self, request: &[u8]) -> Vec<u8> {
         use crate::metanode_wire::{cache_changes, decode, encode, serve, MetanodeReply};
         use crate::metanode_wire::{MetanodeRequest, RemoteError};
@@ -56,6 +56,12 @@ impl FileSystem {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
+        if let (MetanodeRequest::FenceWrites { owner, incarnation }, Some(remote)) =
+            (&request, self.remote.get())
+        {
+            remote.fence(*owner, *incarnation);
+            return encode(&MetanodeReply::Done);
+        }
         // A client-only mount has no metadata to answer from (a request sent to the wrong
         // node).
         if let Err(e) = self.owner_here("answering a metanode request") {

@@ -21,6 +21,11 @@ use crate::fs::FileSystem;
 use crate::inode::{Alternative, Attr, BlockRef, FileKind, Ino, CSUM_SECTOR_BYTES};
 use crate::meta::Change;
 use crate::metanode::{Content, FileUpdate, SizeUpdate, Times};
+
+/// How often a write into one block is started again because the owner of the metadata
+/// changed under it: each move is a takeover after an owner's death, so more than a few
+/// in one write means something else is wrong.
+const OWNER_MOVES_MAX: u32 = 3;
 use crate::prefetch::{BlockData, SectorState};
 
 /// Largest file size: 1 PiB.
@@ -391,6 +396,33 @@ impl FileSystem {
     /// different parts of one block proceed in parallel; changing the extent (a new block, a
     /// growing fragment, copy-on-write) takes the block's lock exclusively.
     fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Written> {
+        // A takeover of the metadata in the middle voids what the old owner showed or gave
+        // (nothing of it reached the new owner or the disk): plan and write again.
+        let mut moves = 0;
+        loop {
+            let seen = self.metanode().generation();
+            match self.write_block_seen(ino, b, off, data, seen) {
+                Err(FsError::OwnerMoved) if moves < OWNER_MOVES_MAX => {
+                    tracing::info!(
+                        "inode {ino} block {b}: the metadata owner changed under a write; \
+                         writing it again"
+                    );
+                    moves += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// [`Self::write_block`] on what the owner of generation `seen` shows and gives.
+    fn write_block_seen(
+        &self,
+        ino: Ino,
+        b: u64,
+        off: u64,
+        data: &[u8],
+        seen: u64,
+    ) -> FsResult<Written> {
         let len = data.len() as u64;
         let block = self.block_lock(ino, b);
         // A new whole block is first mapped unwritten, then written in place: at most twice.
@@ -399,22 +431,25 @@ impl FileSystem {
                 let _shared = block.read();
                 let _segments = self.segment_locks(ino, b, off, len);
                 if let BlockPlan::InPlace { current } = self.plan_block(ino, b, off, len, false)? {
-                    return self.write_in_place(ino, b, off, data, current);
+                    return self.write_in_place(ino, b, off, data, current, seen);
                 }
             }
             let _exclusive = block.write();
             let plan = self.plan_block(ino, b, off, len, true)?;
             match plan {
                 BlockPlan::InPlace { current } => {
-                    return self.write_in_place(ino, b, off, data, current)
+                    return self.write_in_place(ino, b, off, data, current, seen)
                 }
                 BlockPlan::NewBlock { extent } => {
                     // Unwritten sectors read as zeros, so mapping before writing exposes
                     // nothing, and later writers of this block need no exclusive lock.
-                    self.map_unwritten(ino, b, extent)?;
+                    if let Err(e) = self.map_unwritten(ino, b, extent, seen) {
+                        self.allocator().abandon(extent);
+                        return Err(e);
+                    }
                 }
                 BlockPlan::Fresh { extent, copy } => {
-                    let result = self.write_fresh(ino, b, off, data, extent, copy);
+                    let result = self.write_fresh(ino, b, off, data, (extent, copy), seen);
                     if result.is_err() {
                         self.allocator().abandon(extent);
                     }
@@ -429,14 +464,15 @@ impl FileSystem {
     }
 
     /// Maps `extent` as block `b` with every sector unwritten (reads as zeros).
-    fn map_unwritten(&self, ino: Ino, b: u64, extent: Extent) -> FsResult<Lsn> {
+    fn map_unwritten(&self, ino: Ino, b: u64, extent: Extent, seen: u64) -> FsResult<Lsn> {
         let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
         let map = Change::MapBlock {
             ino,
             index: b,
             block,
         };
-        self.metanode().update(ino, FileUpdate::content(vec![map]))
+        self.metanode()
+            .update_seen(ino, FileUpdate::content(vec![map]), seen)
     }
 
     /// Decides how a write into block `b` proceeds. Without `exclusive` it only recognises
@@ -510,8 +546,8 @@ impl FileSystem {
         b: u64,
         off: u64,
         data: &[u8],
-        extent: Extent,
-        copy: Option<BlockRef>,
+        (extent, copy): (Extent, Option<BlockRef>),
+        seen: u64,
     ) -> FsResult<Written> {
         let sectors = self.extent_sectors(&extent);
         let mut block = BlockRef::new_unwritten(extent, sectors);
@@ -554,7 +590,9 @@ impl FileSystem {
             );
         }
         let dev = self.devices.get(extent.addr.disk);
-        dev.write_at(&buf, self.extent_offset(&extent) + (lo as u64) * SECTOR)?;
+        let at = self.extent_offset(&extent) + (lo as u64) * SECTOR;
+        self.metanode()
+            .write_seen(seen, &mut || dev.write_at(&buf, at))?;
         let end = b * self.geo.block_bytes + off + data.len() as u64;
         let map = Change::MapBlock {
             ino,
@@ -563,7 +601,7 @@ impl FileSystem {
         };
         let lsn = self
             .metanode()
-            .update(ino, FileUpdate::written(vec![map], end))?;
+            .update_seen(ino, FileUpdate::written(vec![map], end), seen)?;
         Ok(Written::on(lsn, extent.addr.disk))
     }
 
@@ -574,10 +612,11 @@ impl FileSystem {
         off: u64,
         data: &[u8],
         current: BlockRef,
+        seen: u64,
     ) -> FsResult<Written> {
         let lo = (off / SECTOR) as usize;
         let hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
-        let current = self.resolve_pending(ino, b, current, lo, hi)?;
+        let current = self.resolve_pending(ino, b, current, lo, hi, seen)?;
         let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
         buf.zero_outside(off as usize - lo * SECTOR as usize, data.len());
         // Partial head and tail sectors keep their other bytes: read and verify them.
@@ -607,21 +646,21 @@ impl FileSystem {
         let at = self.extent_offset(&current.extent) + (lo as u64) * SECTOR;
         let disk = current.extent.addr.disk;
         let update = FileUpdate::written(vec![sectors], size_after);
+        let metanode = self.metanode();
         if !overwrite {
-            dev.write_at(&buf, at)?;
-            return Ok(Written::on(self.metanode().update(ino, update)?, disk));
+            metanode.write_seen(seen, &mut || dev.write_at(&buf, at))?;
+            return Ok(Written::on(metanode.update_seen(ino, update, seen)?, disk));
         }
-        let lsn = self.metanode().update(ino, update)?;
-        self.metanode().commit(lsn)?;
-        dev.write_at(&buf, at)?;
+        let lsn = metanode.update_seen(ino, update, seen)?;
+        metanode.commit(lsn)?;
+        metanode.write_seen(seen, &mut || dev.write_at(&buf, at))?;
         let settle = Change::Settle {
             ino,
             index: b,
             first: lo as u32,
             count: (hi - lo) as u32,
         };
-        self.metanode()
-            .update(ino, FileUpdate::content(vec![settle]))?;
+        metanode.update_seen(ino, FileUpdate::content(vec![settle]), seen)?;
         // The checksums went to disk with the intent; a sync writer needs only the data.
         Ok(Written::on(lsn, disk))
     }
@@ -641,6 +680,7 @@ impl FileSystem {
         current: BlockRef,
         lo: usize,
         hi: usize,
+        seen: u64,
     ) -> FsResult<BlockRef> {
         let ambiguous: Vec<usize> = (lo..hi)
             .filter(|s| current.pending.contains_key(&(*s as u32)))
@@ -677,7 +717,8 @@ impl FileSystem {
             }
         }
         if !changes.is_empty() {
-            self.metanode().update(ino, FileUpdate::content(changes))?;
+            self.metanode()
+                .update_seen(ino, FileUpdate::content(changes), seen)?;
         }
         let view = self.metanode().view(ino, b..b + 1)?;
         Ok(view.block(b).cloned().unwrap_or(current))
@@ -768,10 +809,11 @@ impl FileSystem {
                 prev: None,
             };
             let per = self.geo.sub_blocks_per_block;
+            let seen = self.metanode().generation();
             let extent = self
                 .allocator()
                 .allocate(view.pool, per, hint, "fallocate")?;
-            if let Err(e) = self.map_unwritten(ino, b, extent) {
+            if let Err(e) = self.map_unwritten(ino, b, extent, seen) {
                 self.allocator().abandon(extent);
                 return Err(e);
             }

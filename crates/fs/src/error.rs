@@ -73,6 +73,15 @@ pub enum FsError {
          that node (`tessera mount ls {fs} -L` names it)"
     )]
     NotOwner { what: String, fs: String },
+    /// The owner of the file system's metadata changed (it died and another node took
+    /// over, or it restarted) while a client's request was built on what the old owner
+    /// showed or gave it: nothing of the request reached the new owner or the disks. The
+    /// data path starts such a write again; anything else fails with EIO.
+    #[error(
+        "the node owning the metadata of this file system changed during the operation \
+         (it died and another node took over); the operation was not done, try it again"
+    )]
+    OwnerMoved,
     /// An error of the metanode on another node that has no variant of its own here.
     #[error("{message}")]
     Remote { errno: i32, message: String },
@@ -107,7 +116,8 @@ impl FsError {
             | FsError::Corrupt(_)
             | FsError::MissingDisk { .. }
             | FsError::NoDescriptor(_)
-            | FsError::Fenced => libc::EIO,
+            | FsError::Fenced
+            | FsError::OwnerMoved => libc::EIO,
         }
     }
 

@@ -135,6 +135,31 @@ pub(crate) trait Metanode: Send + Sync {
     /// A read of the file happened: its access time moves as the file system's atime mode
     /// (`-S`) says. Failures are logged, never returned to the reader.
     fn accessed(&self, ino: Ino);
+
+    /// Which owner the metanode is (see `MetanodeChannel::generation`): it changes when
+    /// the owner dies and another node takes over. Always 0 on the owner itself.
+    fn generation(&self) -> u64 {
+        0
+    }
+
+    /// [`Metanode::update`], built on what the owner of generation `seen` showed or gave:
+    /// [`crate::FsError::OwnerMoved`] without sending if the owner changed since (the new
+    /// one may have given the same space to another file).
+    fn update_seen(&self, ino: Ino, update: FileUpdate, _seen: u64) -> FsResult<Lsn> {
+        self.update(ino, update)
+    }
+
+    /// Runs `write`, a data write into space the owner of generation `seen` gave out or
+    /// showed mapped, unless the owner changed since ([`crate::FsError::OwnerMoved`]); a
+    /// new owner's fence waits for the writes in flight (`RemoteMetanode::fence`).
+    fn write_seen(
+        &self,
+        _seen: u64,
+        write: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> FsResult<()> {
+        write()?;
+        Ok(())
+    }
 }
 
 /// Where the data path gets its blocks. An extent given out is the caller's alone until an

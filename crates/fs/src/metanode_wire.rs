@@ -26,6 +26,7 @@ use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode::{Attr, Ino};
+use crate::meta::Change;
 use crate::metanode::{
     BlockAllocator, FileUpdate, FileView, Metanode, Namespace, NewNode, RenameHow, XattrHow,
 };
@@ -141,6 +142,50 @@ pub enum MetanodeRequest {
     Protection {
         ino: Ino,
     },
+    /// The one message that goes the other way, from a new owner to a client, before the
+    /// new owner serves anything: node `owner` in incarnation `incarnation` owns the
+    /// metadata now. The client sends to it from then on and answers once no data write of
+    /// its own that relied on the old owner (space it gave out, a block map it showed) is
+    /// in flight or can still start, so that space the new owner gives out is nobody
+    /// else's (see [`RemoteMetanode::fence`]).
+    FenceWrites {
+        owner: u32,
+        incarnation: u64,
+    },
+}
+
+/// The messages of a new owner's fence ([`MetanodeRequest::FenceWrites`]), for the daemon
+/// that carries them.
+pub struct Fence;
+
+impl Fence {
+    /// The encoded fence of node `owner` in incarnation `incarnation`.
+    pub fn request(owner: u32, incarnation: u64) -> Vec<u8> {
+        encode(&MetanodeRequest::FenceWrites { owner, incarnation })
+    }
+
+    /// Whether `request` is a fence (answered by a node whatever it mounts: one that has
+    /// no client mount has no write to fence).
+    pub fn is_fence(request: &[u8]) -> bool {
+        matches!(
+            decode::<MetanodeRequest>(request, "request"),
+            Ok(MetanodeRequest::FenceWrites { .. })
+        )
+    }
+
+    /// The answer of a node that has nothing to fence.
+    pub fn done() -> Vec<u8> {
+        encode(&MetanodeReply::Done)
+    }
+
+    /// Whether `reply` says the fence holds.
+    pub fn check(reply: &[u8]) -> FsResult<()> {
+        match decode::<MetanodeReply>(reply, "reply")? {
+            MetanodeReply::Done => Ok(()),
+            MetanodeReply::Failed(e) => Err(e.into()),
+            other => Err(mismatch(other, "done")),
+        }
+    }
 }
 
 /// What an allocation is for; it names the request in a no-space error.
@@ -406,6 +451,12 @@ where
         Q::Protection { ino } => answer(owner.protection(ino), |p| {
             R::Protection(p.attr, p.acl.map(|a| a.encode()))
         }),
+        Q::FenceWrites { owner: node, .. } => {
+            R::Failed(RemoteError::from(&FsError::Invalid(format!(
+                "node {node} sent a fence of client writes to the node that owns the metadata; \
+                 only clients are fenced"
+            ))))
+        }
     }
 }
 
@@ -468,7 +519,8 @@ pub(crate) fn cache_changes(
         | Q::Space
         | Q::Xattr { .. }
         | Q::XattrNames { .. }
-        | Q::Protection { .. } => Vec::new(),
+        | Q::Protection { .. }
+        | Q::FenceWrites { .. } => Vec::new(),
     }
 }
 
@@ -514,6 +566,20 @@ pub trait MetanodeChannel: Send + Sync {
     fn generation(&self) -> u64 {
         0
     }
+
+    /// Like [`MetanodeChannel::call`], but only to the owner of generation `seen`: once
+    /// the channel moved, [`FsError::OwnerMoved`] without sending. A channel that moves
+    /// checks it with every attempt, atomically with the choice of where to send.
+    fn call_seen(&self, request: Vec<u8>, seen: u64) -> FsResult<Vec<u8>> {
+        if self.generation() != seen {
+            return Err(FsError::OwnerMoved);
+        }
+        self.call(request)
+    }
+
+    /// Node `owner` in incarnation `incarnation` announced that it owns the metadata now
+    /// (a fence): send there from now on.
+    fn owner_announced(&self, _owner: u32, _incarnation: u64) {}
 }
 
 /// The client's end of the metanode interface over a channel.
@@ -529,6 +595,12 @@ pub(crate) struct RemoteMetanode {
     /// them died with its log's tail), so it fails instead of promising what was lost.
     unsynced: parking_lot::Mutex<Option<u64>>,
     updates: std::sync::atomic::AtomicU64,
+    /// Held shared by every data write into space an owner gave or showed (see
+    /// [`Metanode::write_seen`]), exclusively by a fence to wait for them.
+    writes: parking_lot::RwLock<()>,
+    /// Extents given out and not yet mapped or given back, with the generation of the
+    /// owner that gave them: only that owner may be told what became of them.
+    granted: parking_lot::Mutex<std::collections::HashMap<Extent, u64>>,
 }
 
 impl RemoteMetanode {
@@ -538,7 +610,23 @@ impl RemoteMetanode {
             disks,
             unsynced: parking_lot::Mutex::new(None),
             updates: std::sync::atomic::AtomicU64::new(0),
+            writes: parking_lot::RwLock::new(()),
+            granted: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// A new owner's fence: the dead owner's log lost what it had not made durable, so
+    /// space it gave out or showed mapped may be free in the new owner's eyes and go to
+    /// another file. From here on this client sends to the new owner, every request built
+    /// on what the old one said fails with [`FsError::OwnerMoved`] (the data path starts
+    /// it again), and once the writes in flight under the old owner have landed (the
+    /// exclusive lock waits for them) the new owner may give out space.
+    pub fn fence(&self, owner: u32, incarnation: u64) {
+        self.channel.owner_announced(owner, incarnation);
+        drop(self.writes.write());
+        let generation = self.channel.generation();
+        // What the old owner gave out is nobody's to give back now.
+        self.granted.lock().retain(|_, g| *g == generation);
     }
 
     /// Sends a commit, and says whether it covered every update acknowledged before it.
@@ -617,13 +705,59 @@ impl Metanode for RemoteMetanode {
     }
 
     fn update(&self, ino: Ino, update: FileUpdate) -> FsResult<Lsn> {
-        let reply = self.call(MetanodeRequest::Update { ino, update })?;
-        let lsn = expect_reply!(reply, MetanodeReply::Lsn(l) => l, "a log position")?;
-        let generation = self.channel.generation();
-        self.unsynced.lock().get_or_insert(generation);
+        let seen = self.channel.generation();
+        self.update_seen(ino, update, seen)
+    }
+
+    fn generation(&self) -> u64 {
+        self.channel.generation()
+    }
+
+    fn update_seen(&self, ino: Ino, update: FileUpdate, seen: u64) -> FsResult<Lsn> {
+        let mapped: Vec<Extent> = update
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::MapBlock { block, .. } => Some(block.extent),
+                _ => None,
+            })
+            .collect();
+        // Space given out by an owner that is gone is nobody's to map.
+        if mapped
+            .iter()
+            .any(|e| self.granted.lock().get(e).is_some_and(|g| *g != seen))
+        {
+            return Err(FsError::OwnerMoved);
+        }
+        let request = encode(&MetanodeRequest::Update { ino, update });
+        let reply = decode::<MetanodeReply>(&self.channel.call_seen(request, seen)?, "reply")?;
+        let lsn = match reply {
+            MetanodeReply::Lsn(l) => l,
+            MetanodeReply::Failed(e) => return Err(e.into()),
+            other => return Err(mismatch(other, "a log position")),
+        };
+        let mut granted = self.granted.lock();
+        for e in &mapped {
+            granted.remove(e);
+        }
+        drop(granted);
+        self.unsynced.lock().get_or_insert(seen);
         self.updates
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(lsn)
+    }
+
+    fn write_seen(
+        &self,
+        seen: u64,
+        write: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> FsResult<()> {
+        let _in_flight = self.writes.read();
+        if self.channel.generation() != seen {
+            return Err(FsError::OwnerMoved);
+        }
+        write()?;
+        Ok(())
     }
 
     fn commit(&self, lsn: Lsn) -> FsResult<()> {
@@ -655,13 +789,18 @@ impl BlockAllocator for RemoteMetanode {
         hint: BlockHint,
         what: &'static str,
     ) -> FsResult<Extent> {
+        // Taken before the call: if the owner moves during it, the extent is counted as
+        // the old owner's, which at worst leaks it until the next mount's scan.
+        let seen = self.channel.generation();
         let reply = self.call(MetanodeRequest::Allocate {
             pool,
             sub_blocks,
             hint,
             what: AllocPurpose::of(what),
         })?;
-        expect_reply!(reply, MetanodeReply::Extent(e) => e, "an extent")
+        let extent = expect_reply!(reply, MetanodeReply::Extent(e) => e, "an extent")?;
+        self.granted.lock().insert(extent, seen);
+        Ok(extent)
     }
 
     fn allocate_on(
@@ -679,6 +818,11 @@ impl BlockAllocator for RemoteMetanode {
     }
 
     fn abandon(&self, extent: Extent) {
+        let given_by = self.granted.lock().remove(&extent);
+        if given_by.is_some_and(|g| g != self.channel.generation()) {
+            // The owner that gave it out died; its successor never knew it was taken.
+            return;
+        }
         if let Err(e) = self.done(MetanodeRequest::Abandon { extent }) {
             // The extent stays out of the allocator until the owner's next mount finds it
             // unreferenced: leaked for now, never lost or given out twice.

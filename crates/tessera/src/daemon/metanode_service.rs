@@ -11,7 +11,7 @@ use tessera_cluster::net::TransportNet;
 use tessera_cluster::node::NodeNumber;
 use tessera_cluster::rpc::{FileSystemService, NodeNet, PeerReply, PeerRequest};
 use tessera_cluster::service::ClusterNode;
-use tessera_fs::{FsError, FsResult, MetanodeChannel};
+use tessera_fs::{Fence, FsError, FsResult, MetanodeChannel};
 
 use super::Daemon;
 
@@ -35,11 +35,20 @@ impl FileSystemService for MountedFileSystems {
             .get(fs)
             .map(|m| (Arc::clone(&m.fs), m.client_of.clone()));
         match mounted {
+            Some((fs, None)) => Ok(fs.serve_metanode_request(&request)),
+            // A client mount answers a new owner's fence.
+            Some((fs, Some(_))) if Fence::is_fence(&request) => {
+                Ok(fs.serve_metanode_request(&request))
+            }
+            // Refused as not served, so that the sender looks for the owner again (this
+            // node may be about to serve it, after a takeover).
             Some((_, Some(owner))) => Err(format!(
-                "file system {fs} is mounted on node {} as a client of node {owner}, which                  owns its metadata: send metanode requests there",
+                "file system {fs} is mounted on node {} as a client of node {owner}, which \
+                 owns its metadata: send metanode requests there",
                 daemon.cluster.node_name
             )),
-            Some((fs, None)) => Ok(fs.serve_metanode_request(&request)),
+            // Nothing mounted here, so no write of this node's to fence.
+            None if Fence::is_fence(&request) => Ok(Fence::done()),
             None => Err(format!(
                 "file system {fs} is not mounted on node {}; its metanode is the node that \
                  mounts it (`tessera mount ls {fs} -L`)",
@@ -161,6 +170,43 @@ const OWNER_POLL: Duration = Duration::from_millis(200);
 
 impl MetanodeChannel for FollowingChannel {
     fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        self.call_pinned(request, None)
+    }
+
+    fn call_seen(&self, request: Vec<u8>, seen: u64) -> FsResult<Vec<u8>> {
+        self.call_pinned(request, Some(seen))
+    }
+
+    fn generation(&self) -> u64 {
+        self.moves.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn owner_announced(&self, owner: u32, incarnation: u64) {
+        let Some(daemon) = self.daemon.upgrade() else {
+            return;
+        };
+        let address = daemon
+            .member
+            .state()
+            .nodes
+            .get(&owner)
+            .map(|n| n.address.clone());
+        match address {
+            Some(address) => self.move_to(|t| *t = (owner, address, Some(incarnation))),
+            None => tracing::warn!(
+                "{}: node {owner} announced it owns the metadata, but it is not in this \
+                 node's copy of the cluster configuration; looking the owner up instead",
+                self.fs
+            ),
+        }
+    }
+}
+
+impl FollowingChannel {
+    /// Sends `request` to the owner, following it as it moves; with `seen`, only while the
+    /// owner is still the one of that generation (checked under the target's lock with
+    /// every attempt, so a move between two attempts is never missed).
+    fn call_pinned(&self, request: Vec<u8>, seen: Option<u64>) -> FsResult<Vec<u8>> {
         let deadline = std::time::Instant::now() + METANODE_WAIT;
         let mut last_error;
         loop {
@@ -168,7 +214,13 @@ impl MetanodeChannel for FollowingChannel {
                 .daemon
                 .upgrade()
                 .ok_or_else(|| FsError::Io(std::io::Error::other("the daemon is stopping")))?;
-            let (to, address, epoch) = self.target.lock().clone();
+            let (to, address, epoch) = {
+                let target = self.target.lock();
+                if seen.is_some_and(|s| s != self.generation()) {
+                    return Err(FsError::OwnerMoved);
+                }
+                target.clone()
+            };
             let channel = daemon.member.metanode_channel(to, address, self.fs.clone());
             // The owner's incarnation still in the cluster's table (when it was known).
             let alive =
@@ -204,12 +256,6 @@ impl MetanodeChannel for FollowingChannel {
         }
     }
 
-    fn generation(&self) -> u64 {
-        self.moves.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl FollowingChannel {
     /// Changes the target with `change`; a different one counts as a move.
     fn move_to(&self, change: impl FnOnce(&mut OwnerTarget)) {
         let mut target = self.target.lock();
@@ -301,8 +347,85 @@ impl Daemon {
                 return Err(e);
             }
         };
+        self.fence_clients(record);
         self.owned.lock().insert(record.name.clone(), fs);
         tracing::info!("{}: this node serves its metadata now", record.name);
         Ok(())
+    }
+
+    /// Before this node serves file system `record` as its new owner: every node that
+    /// mounts it as a client may still write data into space the old owner gave out or
+    /// showed mapped, which the old owner's log may not hold (it died before making it
+    /// durable), so this node could give the same space to another file. Each client is
+    /// told who owns the metadata now and answers once no such write is in flight or can
+    /// start (`RemoteMetanode::fence`). A client that cannot be reached is waited for
+    /// until the cluster expels it: then its lease has run out and it does no more disk
+    /// I/O. Clients wait meanwhile (this node does not serve yet) rather than fail.
+    pub(super) fn fence_clients(&self, record: &crate::config::FsRecord) {
+        let me = self.member.me();
+        let Some(incarnation) = self.member.state().incarnations.get(&me).copied() else {
+            return;
+        };
+        let request = Fence::request(me, incarnation);
+        let started = std::time::Instant::now();
+        for client in &record.clients {
+            if client.node == self.cluster.node_name {
+                let mine = self
+                    .mounts
+                    .lock()
+                    .get(&record.name)
+                    .map(|m| Arc::clone(&m.fs));
+                if let Some(fs) = mine {
+                    if let Err(e) = Fence::check(&fs.serve_metanode_request(&request)) {
+                        tracing::error!("{}: fencing this node's own client: {e}", record.name);
+                    }
+                }
+                continue;
+            }
+            let mut warned = false;
+            loop {
+                let state = self.member.state();
+                let Some((number, address)) = state
+                    .nodes
+                    .iter()
+                    .find(|(_, n)| n.name == client.node)
+                    .map(|(k, n)| (*k, n.address.clone()))
+                else {
+                    break;
+                };
+                // Expelled (or deleted): its lease ran out, it writes nothing more.
+                let Some(epoch) = state.incarnations.get(&number).copied() else {
+                    break;
+                };
+                let alive = || self.member.state().incarnations.get(&number) == Some(&epoch);
+                let channel = self
+                    .member
+                    .metanode_channel(number, address, record.name.clone());
+                let answer = channel
+                    .call_while(request.clone(), &alive)
+                    .and_then(|reply| Fence::check(&reply));
+                match answer {
+                    Ok(()) => break,
+                    Err(e) if !warned => {
+                        tracing::warn!(
+                            "{}: client node {} has not confirmed that its writes under the \
+                             old owner are done ({e}); waiting for it or for its expel \
+                             before serving",
+                            record.name,
+                            client.node
+                        );
+                        warned = true;
+                    }
+                    Err(_) => {}
+                }
+                std::thread::sleep(OWNER_POLL);
+            }
+        }
+        tracing::info!(
+            "{}: {} client node(s) fenced in {:?}",
+            record.name,
+            record.clients.len(),
+            started.elapsed()
+        );
     }
 }

@@ -253,6 +253,11 @@ impl Daemon {
             None => self.open_core(record)?,
             Some(owner) => self.open_client(record, owner)?,
         };
+        if client_of.is_none() && !record.clients.is_empty() {
+            // An owner mounting again after a takeover of a dead node: its clients first
+            // stop writing on what the dead owner said.
+            self.fence_clients(record);
+        }
         let cache = self.kernel_cache(client_of);
         let opts = FuseOptions {
             fs_name: record.name.clone(),
