@@ -56,11 +56,17 @@ impl FileSystem {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
-        if let (MetanodeRequest::FenceWrites { owner, incarnation }, Some(remote)) =
-            (&request, self.remote.get())
-        {
-            remote.fence(*owner, *incarnation);
-            return encode(&MetanodeReply::Done);
+        if let Some(remote) = self.remote.get() {
+            match request {
+                MetanodeRequest::FenceWrites { owner, incarnation } => {
+                    return encode(&remote.fence(owner, incarnation));
+                }
+                MetanodeRequest::FenceSettled { replayed } => {
+                    remote.fence_settled(replayed);
+                    return encode(&MetanodeReply::Done);
+                }
+                _ => {}
+            }
         }
         // A client-only mount has no metadata to answer from (a request sent to the wrong
         // node).

@@ -152,6 +152,11 @@ pub enum MetanodeRequest {
         owner: u32,
         incarnation: u64,
     },
+    /// The second half of a fence: the new owner applied the updates the client handed it
+    /// (`MetanodeReply::Replay`) and made them durable (`replayed`), or could not.
+    FenceSettled {
+        replayed: bool,
+    },
 }
 
 /// The messages of a new owner's fence ([`MetanodeRequest::FenceWrites`]), for the daemon
@@ -164,12 +169,18 @@ impl Fence {
         encode(&MetanodeRequest::FenceWrites { owner, incarnation })
     }
 
-    /// Whether `request` is a fence (answered by a node whatever it mounts: one that has
-    /// no client mount has no write to fence).
+    /// The encoded second half of a fence: the client's updates were `replayed` (applied
+    /// and durable at the new owner), or not.
+    pub fn settled(replayed: bool) -> Vec<u8> {
+        encode(&MetanodeRequest::FenceSettled { replayed })
+    }
+
+    /// Whether `request` is one half of a fence (answered by a node whatever it mounts:
+    /// one that has no client mount has no write to fence).
     pub fn is_fence(request: &[u8]) -> bool {
         matches!(
             decode::<MetanodeRequest>(request, "request"),
-            Ok(MetanodeRequest::FenceWrites { .. })
+            Ok(MetanodeRequest::FenceWrites { .. } | MetanodeRequest::FenceSettled { .. })
         )
     }
 
@@ -178,7 +189,7 @@ impl Fence {
         encode(&MetanodeReply::Done)
     }
 
-    /// Whether `reply` says the fence holds.
+    /// Whether `reply` to [`Fence::settled`] says the client took note.
     pub fn check(reply: &[u8]) -> FsResult<()> {
         match decode::<MetanodeReply>(reply, "reply")? {
             MetanodeReply::Done => Ok(()),
@@ -229,6 +240,10 @@ pub enum MetanodeReply {
     /// The attributes and the encoded access ACL.
     Protection(Attr, Option<Vec<u8>>),
     Failed(RemoteError),
+    /// A fenced client's updates that the old owner acknowledged and may not have made
+    /// durable, in the order it acknowledged them: the new owner applies them before it
+    /// serves (`FileSystem::replay_fenced`).
+    Replay(Vec<(Ino, FileUpdate)>),
 }
 
 /// An [`FsError`] on the wire: the variants a client acts on keep their identity (the
@@ -451,11 +466,12 @@ where
         Q::Protection { ino } => answer(owner.protection(ino), |p| {
             R::Protection(p.attr, p.acl.map(|a| a.encode()))
         }),
-        Q::FenceWrites { owner: node, .. } => {
-            R::Failed(RemoteError::from(&FsError::Invalid(format!(
-                "node {node} sent a fence of client writes to the node that owns the metadata; \
-                 only clients are fenced"
-            ))))
+        Q::FenceWrites { .. } | Q::FenceSettled { .. } => {
+            R::Failed(RemoteError::from(&FsError::Invalid(
+                "a fence of client writes was sent to the node that owns the metadata; only \
+                 clients are fenced"
+                    .into(),
+            )))
         }
     }
 }
@@ -520,7 +536,8 @@ pub(crate) fn cache_changes(
         | Q::Xattr { .. }
         | Q::XattrNames { .. }
         | Q::Protection { .. }
-        | Q::FenceWrites { .. } => Vec::new(),
+        | Q::FenceWrites { .. }
+        | Q::FenceSettled { .. } => Vec::new(),
     }
 }
 
@@ -582,6 +599,42 @@ pub trait MetanodeChannel: Send + Sync {
     fn owner_announced(&self, _owner: u32, _incarnation: u64) {}
 }
 
+/// Unsynced updates a client keeps at most before it commits them itself.
+const UNSYNCED_MAX: usize = 1024;
+
+/// A client's updates that an owner acknowledged and the client does not know durable.
+#[derive(Default)]
+struct Unsynced {
+    acked: std::collections::VecDeque<Acked>,
+    /// The sequence number of the next update.
+    next: u64,
+}
+
+struct Acked {
+    seq: u64,
+    /// Of the owner that acknowledged it ([`MetanodeChannel::generation`]); log
+    /// positions mean something only to that owner.
+    generation: u64,
+    lsn: Lsn,
+    ino: Ino,
+    update: FileUpdate,
+}
+
+impl Unsynced {
+    /// Keeps an acknowledged update; returns how many are kept.
+    fn push(&mut self, generation: u64, lsn: Lsn, ino: Ino, update: FileUpdate) -> usize {
+        self.acked.push_back(Acked {
+            seq: self.next,
+            generation,
+            lsn,
+            ino,
+            update,
+        });
+        self.next += 1;
+        self.acked.len()
+    }
+}
+
 /// The client's end of the metanode interface over a channel.
 pub(crate) struct RemoteMetanode {
     channel: Box<dyn MetanodeChannel>,
@@ -589,12 +642,9 @@ pub(crate) struct RemoteMetanode {
     /// stable storage before the owner commits a log record that refers to it, and only
     /// the client can flush them (another node's flush covers its own queues only).
     disks: Arc<DiskSet>,
-    /// The owner generation (see [`MetanodeChannel::generation`]) that acknowledged the
-    /// oldest update not known durable yet, and how many updates were acknowledged: a
-    /// commit made at a later generation cannot make them durable (the owner that logged
-    /// them died with its log's tail), so it fails instead of promising what was lost.
-    unsynced: parking_lot::Mutex<Option<u64>>,
-    updates: std::sync::atomic::AtomicU64,
+    /// Updates the owner acknowledged and this client does not know durable yet, kept to
+    /// hand to a new owner when the old one dies (see [`RemoteMetanode::fence`]).
+    unsynced: parking_lot::Mutex<Unsynced>,
     /// Held shared by every data write into space an owner gave or showed (see
     /// [`Metanode::write_seen`]), exclusively by a fence to wait for them.
     writes: parking_lot::RwLock<()>,
@@ -608,8 +658,7 @@ impl RemoteMetanode {
         RemoteMetanode {
             channel,
             disks,
-            unsynced: parking_lot::Mutex::new(None),
-            updates: std::sync::atomic::AtomicU64::new(0),
+            unsynced: parking_lot::Mutex::new(Unsynced::default()),
             writes: parking_lot::RwLock::new(()),
             granted: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
@@ -621,34 +670,67 @@ impl RemoteMetanode {
     /// on what the old one said fails with [`FsError::OwnerMoved`] (the data path starts
     /// it again), and once the writes in flight under the old owner have landed (the
     /// exclusive lock waits for them) the new owner may give out space.
-    pub fn fence(&self, owner: u32, incarnation: u64) {
+    ///
+    /// The answer hands the new owner every update the old owners acknowledged that this
+    /// client does not know durable, in order, once the data they refer to is on stable
+    /// storage here: the new owner applies them before it serves, so that a takeover
+    /// loses nothing a client wrote (GPFS's clients likewise resend their dirty metadata
+    /// to a new metanode). They stay here until [`RemoteMetanode::fence_settled`] says the
+    /// new owner made them durable (it may die first, and its successor needs them too).
+    pub fn fence(&self, owner: u32, incarnation: u64) -> MetanodeReply {
         self.channel.owner_announced(owner, incarnation);
         drop(self.writes.write());
         let generation = self.channel.generation();
         // What the old owner gave out is nobody's to give back now.
         self.granted.lock().retain(|_, g| *g == generation);
+        if let Err(e) = self.flush(self.disks.all().into_iter()) {
+            return MetanodeReply::Failed(RemoteError::from(&e));
+        }
+        let replay: Vec<(Ino, FileUpdate)> = self
+            .unsynced
+            .lock()
+            .acked
+            .iter()
+            .filter(|a| a.generation != generation)
+            .map(|a| (a.ino, a.update.clone()))
+            .collect();
+        if replay.is_empty() {
+            MetanodeReply::Done
+        } else {
+            MetanodeReply::Replay(replay)
+        }
     }
 
-    /// Sends a commit, and says whether it covered every update acknowledged before it.
-    fn commit_with(&self, request: MetanodeRequest) -> FsResult<()> {
-        use std::sync::atomic::Ordering;
-        let pending = *self.unsynced.lock();
-        let updates = self.updates.load(Ordering::SeqCst);
+    /// The end of a fence: the updates handed over were made durable by the new owner
+    /// (`replayed`), so they are no longer this client's to keep; otherwise the next
+    /// commit reports them lost.
+    pub fn fence_settled(&self, replayed: bool) {
+        if replayed {
+            let generation = self.channel.generation();
+            self.unsynced
+                .lock()
+                .acked
+                .retain(|a| a.generation == generation);
+        }
+    }
+
+    /// Sends a commit that makes durable the updates logged up to `lsn`, and says whether
+    /// it covered every update acknowledged before it.
+    fn commit_with(&self, request: MetanodeRequest, lsn: Lsn) -> FsResult<()> {
+        let before = self.unsynced.lock().next;
         self.done(request)?;
+        let generation = self.channel.generation();
         let mut unsynced = self.unsynced.lock();
-        if let Some(generation) = pending {
-            if self.channel.generation() != generation {
-                *unsynced = None;
-                return Err(FsError::Io(std::io::Error::other(
-                    "the node that owned this file system's metadata died before these \
-                     changes were durable, and another node took it over: changes made \
-                     since the last successful fsync may be lost; write them again",
-                )));
-            }
+        if unsynced.acked.iter().any(|a| a.generation != generation) {
+            // Acknowledged by an owner that died, and not replayed by its successor.
+            unsynced.acked.retain(|a| a.generation == generation);
+            return Err(FsError::Io(std::io::Error::other(
+                "the node that owned this file system's metadata died before these changes \
+                 were durable, and the node that took it over could not apply them again: \
+                 changes made since the last successful fsync may be lost; write them again",
+            )));
         }
-        if self.updates.load(Ordering::SeqCst) == updates {
-            *unsynced = None;
-        }
+        unsynced.acked.retain(|a| !(a.seq < before && a.lsn <= lsn));
         Ok(())
     }
 
@@ -729,6 +811,7 @@ impl Metanode for RemoteMetanode {
         {
             return Err(FsError::OwnerMoved);
         }
+        let kept = update.clone();
         let request = encode(&MetanodeRequest::Update { ino, update });
         let reply = decode::<MetanodeReply>(&self.channel.call_seen(request, seen)?, "reply")?;
         let lsn = match reply {
@@ -741,9 +824,15 @@ impl Metanode for RemoteMetanode {
             granted.remove(e);
         }
         drop(granted);
-        self.unsynced.lock().get_or_insert(seen);
-        self.updates
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let many = self.unsynced.lock().push(seen, lsn, ino, kept) > UNSYNCED_MAX;
+        if many {
+            // Bounds what a fence hands over and what this client holds: the owner's own
+            // group commits make them durable without telling it. A failure is the next
+            // fsync's to report; this update was acknowledged.
+            if let Err(e) = self.commit(lsn) {
+                tracing::warn!("committing this client's unsynced updates: {e}");
+            }
+        }
         Ok(lsn)
     }
 
@@ -762,16 +851,19 @@ impl Metanode for RemoteMetanode {
 
     fn commit(&self, lsn: Lsn) -> FsResult<()> {
         self.flush(self.disks.all().into_iter())?;
-        self.commit_with(MetanodeRequest::Commit { lsn })
+        self.commit_with(MetanodeRequest::Commit { lsn }, lsn)
     }
 
     fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
         self.flush(disks.iter().map(|d| self.disks.get(*d)))?;
         // The owner has nothing of this write's data to flush: only its log record.
-        self.commit_with(MetanodeRequest::CommitData {
+        self.commit_with(
+            MetanodeRequest::CommitData {
+                lsn,
+                disks: Vec::new(),
+            },
             lsn,
-            disks: Vec::new(),
-        })
+        )
     }
 
     fn accessed(&self, ino: Ino) {

@@ -210,6 +210,92 @@ impl Metanode for FileSystem {
     }
 }
 
+impl FileSystem {
+    /// Applies what a fenced client handed over (its answer to `Fence::request`, see
+    /// `RemoteMetanode::fence`): the updates a dead owner acknowledged to it and may not
+    /// have made durable, in order, then commits them. Runs before this owner serves
+    /// anyone, so the space they map is either free here (the dead owner gave it out and
+    /// its log lost that) or already mapped where they say (it was durable); space mapped
+    /// anywhere else refuses that update. Returns how many updates were applied; an
+    /// update that cannot be applied (its file was removed meanwhile, or a conflict) is
+    /// logged and makes the result an error, so that the client's next fsync says so.
+    pub fn replay_fenced(&self, reply: &[u8]) -> FsResult<usize> {
+        use crate::metanode_wire::{decode, MetanodeReply};
+        self.owner_here("applying a fenced client's updates")?;
+        let updates = match decode::<MetanodeReply>(reply, "fence answer")? {
+            MetanodeReply::Done => return Ok(0),
+            MetanodeReply::Replay(updates) => updates,
+            MetanodeReply::Failed(e) => return Err(e.into()),
+            other => {
+                return Err(FsError::Invalid(format!(
+                    "a fenced client answered {other:?}"
+                )))
+            }
+        };
+        let mut failed = 0usize;
+        let count = updates.len();
+        for (ino, update) in updates {
+            if let Err(e) = self.replay_update(ino, update) {
+                tracing::error!("inode {ino}: a fenced client's update cannot be applied: {e}");
+                failed += 1;
+            }
+        }
+        self.sync()?;
+        if failed > 0 {
+            return Err(FsError::Io(std::io::Error::other(format!(
+                "{failed} of {count} updates a client handed over after a takeover could not \
+                 be applied"
+            ))));
+        }
+        Ok(count)
+    }
+
+    fn replay_update(&self, ino: Ino, update: FileUpdate) -> FsResult<()> {
+        let mut claimed = Vec::new();
+        {
+            let mut m = self.owner().meta.lock();
+            for change in &update.changes {
+                let Change::MapBlock {
+                    ino: of,
+                    index,
+                    block,
+                } = change
+                else {
+                    continue;
+                };
+                let extent = block.extent;
+                match m.alloc.mark_used(extent) {
+                    Ok(()) => {
+                        m.unlogged.insert(extent);
+                        claimed.push(extent);
+                    }
+                    Err(tessera_alloc::AllocError::AlreadyUsed { .. }) => {
+                        let mapped = m.state.blocks(*of, *index..*index + 1)?;
+                        if !mapped.iter().any(|(_, r)| r.extent == extent) {
+                            for e in claimed.drain(..) {
+                                m.unlogged.remove(&e);
+                                let _ = m.alloc.free(e);
+                            }
+                            return Err(FsError::Corrupt(format!(
+                                "the update maps {extent:?} as block {index} of inode {of}, \
+                                 but that space is in use elsewhere"
+                            )));
+                        }
+                    }
+                    Err(e) => return Err(FsError::Corrupt(format!("{extent:?}: {e}"))),
+                }
+            }
+        }
+        Metanode::update(self, ino, update)
+            .map(|_| ())
+            .inspect_err(|_| {
+                for e in claimed {
+                    BlockAllocator::abandon(self, e);
+                }
+            })
+    }
+}
+
 impl BlockAllocator for FileSystem {
     fn allocate(
         &self,

@@ -862,7 +862,8 @@ fn owner_of(c: &Cluster, from: u32, fs: &str) -> Option<u32> {
 
 /// Kill -9 of a node, again and again, under a workload that fsyncs on the other nodes:
 /// sometimes a client dies, sometimes the owner of the file system (and a client takes it
-/// over). The survivors carry on, every fsynced file verifies from every mounted node,
+/// over). The survivors carry on without an application error (a pause at an owner's
+/// death), every fsynced file verifies from every mounted node,
 /// the dead node mounts again when it is back, and fsck finds the file system clean.
 /// `TESSERA_CRASH_LOOPS` sets the number of kills (default 20).
 #[test]
@@ -887,7 +888,6 @@ fn a_crash_loop_of_node_kills_under_fsyncing_writers_loses_nothing() {
         rng % n
     };
     const FILES_PER_ROUND: usize = 80;
-    let mut refused = 0u32;
     let mut pauses = Vec::new();
     for round in 0..loops {
         // Every third kill is of the owner; the others of a client.
@@ -912,7 +912,6 @@ fn a_crash_loop_of_node_kills_under_fsyncing_writers_loses_nothing() {
                     s.spawn(move || {
                         let mut done = Vec::new();
                         let mut longest = Duration::ZERO;
-                        let mut lost = 0u32;
                         let mut i = 0;
                         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                             // A bounded number per round, so twenty rounds fit the drive.
@@ -927,22 +926,18 @@ fn a_crash_loop_of_node_kills_under_fsyncing_writers_loses_nothing() {
                                 1000 + (i * 7919) % 30_000
                             };
                             let started = Instant::now();
+                            // Even when the owner dies holding this file's unsynced changes:
+                            // the client hands them to the new owner at its fence.
                             match write_synced(&dir, &name, len) {
                                 Ok(()) => done.push((name, len)),
-                                // The owner died holding this file's unsynced changes:
-                                // the fsync says so instead of promising them.
-                                Err(e) if e.raw_os_error() == Some(libc::EIO) => {
-                                    eprintln!("node {k}: {name}: {e} (owner died before fsync)");
-                                    lost += 1;
-                                }
-                                Err(e) => panic!("node {k}: {name}: {e}"),
+                                Err(e) => panic!("round {round}: node {k}: {name}: {e}"),
                             }
                             longest = longest.max(started.elapsed());
                             i += 1;
                             // Paced, so that the writes span the kill and the takeover.
                             std::thread::sleep(Duration::from_millis(60));
                         }
-                        (done, longest, lost)
+                        (done, longest)
                     })
                 })
                 .collect();
@@ -962,10 +957,9 @@ fn a_crash_loop_of_node_kills_under_fsyncing_writers_loses_nothing() {
             let mut written = Vec::new();
             let mut longest = Duration::ZERO;
             for w in writers {
-                let (done, l, lost) = w.join().expect("a writer failed");
+                let (done, l) = w.join().expect("a writer failed");
                 written.extend(done);
                 longest = longest.max(l);
-                refused += lost;
             }
             (written, longest)
         });
@@ -1003,12 +997,14 @@ fn a_crash_loop_of_node_kills_under_fsyncing_writers_loses_nothing() {
         }
     }
     eprintln!(
-        "{loops} kills, {} files fsynced and verified, {refused} fsyncs refused (EIO) when \
-         an owner died; longest write+fsync per round: {pauses:?}",
+        "{loops} kills, {} files fsynced and verified, no application error; longest \
+         write+fsync per round: {pauses:?}",
         synced.len()
     );
-    // At most the writers' files in flight at each owner kill.
-    assert!(refused <= 2 * loops.div_ceil(3), "{refused} fsyncs refused");
+    // A pause, never a hang: the bound is loose for a shared CI machine (about 5 s with
+    // test timings here).
+    let longest = pauses.iter().max().copied().unwrap_or_default();
+    assert!(longest < Duration::from_secs(20), "a pause of {longest:?}");
     // Clients first, the owner last; then fsck.
     let owner = owner_of(&c, 1, "l1").expect("an owner");
     for k in all.iter().copied().filter(|k| *k != owner) {

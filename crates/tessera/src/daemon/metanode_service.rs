@@ -11,7 +11,7 @@ use tessera_cluster::net::TransportNet;
 use tessera_cluster::node::NodeNumber;
 use tessera_cluster::rpc::{FileSystemService, NodeNet, PeerReply, PeerRequest};
 use tessera_cluster::service::ClusterNode;
-use tessera_fs::{Fence, FsError, FsResult, MetanodeChannel};
+use tessera_fs::{Fence, FileSystem, FsError, FsResult, MetanodeChannel};
 
 use super::Daemon;
 
@@ -347,85 +347,106 @@ impl Daemon {
                 return Err(e);
             }
         };
-        self.fence_clients(record);
+        self.fence_clients(record, &fs);
         self.owned.lock().insert(record.name.clone(), fs);
         tracing::info!("{}: this node serves its metadata now", record.name);
         Ok(())
     }
 
-    /// Before this node serves file system `record` as its new owner: every node that
-    /// mounts it as a client may still write data into space the old owner gave out or
-    /// showed mapped, which the old owner's log may not hold (it died before making it
-    /// durable), so this node could give the same space to another file. Each client is
-    /// told who owns the metadata now and answers once no such write is in flight or can
-    /// start (`RemoteMetanode::fence`). A client that cannot be reached is waited for
+    /// Before this node serves file system `record` as its new owner (`owner`): every
+    /// node that mounts it as a client may still write data into space the old owner gave
+    /// out or showed mapped, which the old owner's log may not hold (it died before making
+    /// it durable), so this node could give the same space to another file; and the
+    /// client holds updates the old owner acknowledged and may have lost. Each client is
+    /// told who owns the metadata now; it answers once no such write is in flight or can
+    /// start, handing over its unsynced updates (`RemoteMetanode::fence`), which this
+    /// node applies and commits (`FileSystem::replay_fenced`) before it tells the client
+    /// they are durable (`Fence::settled`). A client that cannot be reached is waited for
     /// until the cluster expels it: then its lease has run out and it does no more disk
     /// I/O. Clients wait meanwhile (this node does not serve yet) rather than fail.
-    pub(super) fn fence_clients(&self, record: &crate::config::FsRecord) {
+    pub(super) fn fence_clients(&self, record: &crate::config::FsRecord, owner: &FileSystem) {
         let me = self.member.me();
         let Some(incarnation) = self.member.state().incarnations.get(&me).copied() else {
             return;
         };
-        let request = Fence::request(me, incarnation);
         let started = std::time::Instant::now();
+        let mut replayed = 0;
         for client in &record.clients {
-            if client.node == self.cluster.node_name {
-                let mine = self
-                    .mounts
-                    .lock()
-                    .get(&record.name)
-                    .map(|m| Arc::clone(&m.fs));
-                if let Some(fs) = mine {
-                    if let Err(e) = Fence::check(&fs.serve_metanode_request(&request)) {
-                        tracing::error!("{}: fencing this node's own client: {e}", record.name);
-                    }
-                }
+            let fenced = self.ask_client(record, &client.node, Fence::request(me, incarnation));
+            let Some(answer) = fenced else {
                 continue;
+            };
+            let applied = owner.replay_fenced(&answer);
+            match &applied {
+                Ok(n) => replayed += n,
+                Err(e) => tracing::error!(
+                    "{}: the updates client node {} handed over: {e}",
+                    record.name,
+                    client.node
+                ),
             }
-            let mut warned = false;
-            loop {
-                let state = self.member.state();
-                let Some((number, address)) = state
-                    .nodes
-                    .iter()
-                    .find(|(_, n)| n.name == client.node)
-                    .map(|(k, n)| (*k, n.address.clone()))
-                else {
-                    break;
-                };
-                // Expelled (or deleted): its lease ran out, it writes nothing more.
-                let Some(epoch) = state.incarnations.get(&number).copied() else {
-                    break;
-                };
-                let alive = || self.member.state().incarnations.get(&number) == Some(&epoch);
-                let channel = self
-                    .member
-                    .metanode_channel(number, address, record.name.clone());
-                let answer = channel
-                    .call_while(request.clone(), &alive)
-                    .and_then(|reply| Fence::check(&reply));
-                match answer {
-                    Ok(()) => break,
-                    Err(e) if !warned => {
-                        tracing::warn!(
-                            "{}: client node {} has not confirmed that its writes under the \
-                             old owner are done ({e}); waiting for it or for its expel \
-                             before serving",
-                            record.name,
-                            client.node
-                        );
-                        warned = true;
-                    }
-                    Err(_) => {}
-                }
-                std::thread::sleep(OWNER_POLL);
+            let settled = self.ask_client(record, &client.node, Fence::settled(applied.is_ok()));
+            if let Some(Err(e)) = settled.map(|reply| Fence::check(&reply)) {
+                tracing::error!(
+                    "{}: client node {} on the end of its fence: {e}",
+                    record.name,
+                    client.node
+                );
             }
         }
         tracing::info!(
-            "{}: {} client node(s) fenced in {:?}",
+            "{}: {} client node(s) fenced and {replayed} of their unsynced updates applied in \
+             {:?}",
             record.name,
             record.clients.len(),
             started.elapsed()
         );
+    }
+
+    /// Sends one half of a fence to client node `node` of `record` (this node's own client
+    /// in process) until it answers; `None` once it is expelled or gone from the
+    /// configuration (its lease ran out: it writes nothing more), or when this node has
+    /// no mount of its own to ask.
+    fn ask_client(
+        &self,
+        record: &crate::config::FsRecord,
+        node: &str,
+        request: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        if node == self.cluster.node_name {
+            let mine = self
+                .mounts
+                .lock()
+                .get(&record.name)
+                .map(|m| Arc::clone(&m.fs));
+            return mine.map(|fs| fs.serve_metanode_request(&request));
+        }
+        let mut warned = false;
+        loop {
+            let state = self.member.state();
+            let (number, address) = state
+                .nodes
+                .iter()
+                .find(|(_, n)| n.name == node)
+                .map(|(k, n)| (*k, n.address.clone()))?;
+            let epoch = state.incarnations.get(&number).copied()?;
+            let alive = || self.member.state().incarnations.get(&number) == Some(&epoch);
+            let channel = self
+                .member
+                .metanode_channel(number, address, record.name.clone());
+            match channel.call_while(request.clone(), &alive) {
+                Ok(reply) => return Some(reply),
+                Err(e) if !warned => {
+                    tracing::warn!(
+                        "{}: client node {node} does not answer its fence ({e}); waiting for \
+                         it or for its expel before serving",
+                        record.name
+                    );
+                    warned = true;
+                }
+                Err(_) => {}
+            }
+            std::thread::sleep(OWNER_POLL);
+        }
     }
 }

@@ -256,7 +256,7 @@ impl Daemon {
         if client_of.is_none() && !record.clients.is_empty() {
             // An owner mounting again after a takeover of a dead node: its clients first
             // stop writing on what the dead owner said.
-            self.fence_clients(record);
+            self.fence_clients(record, &fs);
         }
         let cache = self.kernel_cache(client_of);
         let opts = FuseOptions {
