@@ -699,6 +699,10 @@ pub struct ClusterStates {
     pub quorum_nodes_up: usize,
     /// A majority of the quorum nodes.
     pub quorum_needed: usize,
+    /// The file systems each node manages (owns the metadata of, as their file system
+    /// manager and metanode), by node name.
+    #[serde(default)]
+    pub fs_managers: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// One node's state as `mmgetstate` prints it.

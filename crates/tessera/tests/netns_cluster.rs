@@ -656,6 +656,12 @@ fn one_file_system_is_mounted_on_three_nodes() {
     // Every node names the file system manager [mmlsmgr], a client too.
     let attrs = tessera_ok(&c, 3, &["fs", "ls", "s1", "-Y"]);
     assert!(attrs.contains(":fileSystemManager:node1:"), "{attrs}");
+    let state = tessera_ok(&c, 2, &["state", "-a"]);
+    let row = state
+        .lines()
+        .find(|l| l.contains("node1"))
+        .unwrap_or_default();
+    assert!(row.contains("file system manager of s1"), "{state}");
     let listed = tessera_ok(&c, 2, &["mount", "ls", "s1", "-L"]);
     assert!(
         listed.contains("File system s1 is mounted on 3 nodes:")

@@ -122,6 +122,8 @@ fn offline_states(
         quorum_nodes_defined: quorum.len(),
         quorum_nodes_up: up,
         quorum_needed: quorum.len() / 2 + 1,
+        // Only the daemons know who owns what.
+        fs_managers: Default::default(),
     };
     Ok((states, answers.is_some()))
 }
@@ -154,10 +156,14 @@ fn ask_directly(
 fn remarks(row: &NodeStateRow, states: &ClusterStates) -> String {
     let mut words = Vec::new();
     if row.designation.quorum {
-        words.push("quorum node");
+        words.push("quorum node".to_string());
     }
     if states.manager == Some(row.number) {
-        words.push("cluster manager");
+        words.push("cluster manager".to_string());
+    }
+    // As mmlsmgr says it: the file system manager of each file system mounted anywhere.
+    if let Some(managed) = states.fs_managers.get(&row.name) {
+        words.push(format!("file system manager of {}", managed.join(" ")));
     }
     words.join(", ")
 }

@@ -270,6 +270,7 @@ impl Daemon {
                 quorum_nodes_defined: 0,
                 quorum_nodes_up: 0,
                 quorum_needed: 0,
+                fs_managers: Default::default(),
             });
         }
         let mut records = Vec::new();
@@ -316,12 +317,19 @@ impl Daemon {
         // is one (a cut-off manager does not know it was replaced).
         let active = status.state == tessera_cluster::lease::NodeState::Active;
         let manager = status.manager.filter(|_| active);
+        let mut fs_managers = std::collections::BTreeMap::<String, Vec<String>>::new();
+        for fs in self.file_systems()?.file_systems {
+            if let Some(node) = fs.mounted.then_some(fs.mounted_on).flatten() {
+                fs_managers.entry(node).or_default().push(fs.name);
+            }
+        }
         Ok(ClusterStates {
             rows,
             manager,
             quorum_nodes_defined: quorum.len(),
             quorum_nodes_up: quorum_up,
             quorum_needed: quorum.len() / 2 + 1,
+            fs_managers,
         })
     }
 }

@@ -185,20 +185,24 @@ impl MetanodeChannel for FollowingChannel {
         let Some(daemon) = self.daemon.upgrade() else {
             return;
         };
+        // The move must happen whatever this node knows of the new owner: it is what voids
+        // the old owner's answers. An address not known yet (this node's copy of the
+        // configuration lags) fails the first send, and the owner is looked up then.
         let address = daemon
             .member
             .state()
             .nodes
             .get(&owner)
             .map(|n| n.address.clone());
-        match address {
-            Some(address) => self.move_to(|t| *t = (owner, address, Some(incarnation))),
-            None => tracing::warn!(
+        if address.is_none() {
+            tracing::warn!(
                 "{}: node {owner} announced it owns the metadata, but it is not in this \
-                 node's copy of the cluster configuration; looking the owner up instead",
+                 node's copy of the cluster configuration yet; looking it up when sending",
                 self.fs
-            ),
+            );
         }
+        let address = address.unwrap_or_default();
+        self.move_to(|t| *t = (owner, address, Some(incarnation)));
     }
 }
 
