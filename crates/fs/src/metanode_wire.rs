@@ -1167,6 +1167,11 @@ mod tests {
                 blocks: 3..9,
             },
             MetanodeRequest::Space,
+            MetanodeRequest::FenceWrites {
+                owner: 3,
+                incarnation: 17,
+            },
+            MetanodeRequest::FenceSettled { replayed: true },
         ];
         for r in requests {
             let bytes = encode(&r);
@@ -1188,6 +1193,91 @@ mod tests {
         }
         assert!(decode::<MetanodeRequest>(&[0xff; 7], "request").is_err());
         assert!(decode::<MetanodeRequest>(&[], "request").is_err());
+    }
+
+    /// What a fenced client hands over is checked before it is applied: garbage, a
+    /// refusal, and an update that maps space another file holds are refused with the
+    /// file untouched; an update of space that is free is applied and claims it.
+    #[test]
+    fn a_replayed_update_is_refused_when_its_space_is_anothers() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = crate::owner::tests::mounted(dir.path());
+        let me = crate::Caller { uid: 0, gid: 0 };
+        let root = crate::ROOT_INO;
+        let make = |name: &[u8]| {
+            fs.create_node(root, name, FileKind::Regular, 0o644, 0, me, None)
+                .unwrap()
+        };
+        let (a, b) = (make(b"a"), make(b"b"));
+        let bs = fs.geo.block_bytes as usize;
+        let data = vec![5u8; bs];
+        fs.write(a.ino, 0, &data, true).unwrap();
+        let held = Metanode::view(&*fs, a.ino, 0..1)
+            .unwrap()
+            .block(0)
+            .unwrap()
+            .clone();
+
+        assert!(fs.replay_fenced(b"\xff\xfe garbage").is_err());
+        let refused = encode(&MetanodeReply::Failed(RemoteError::from(&FsError::Fenced)));
+        assert!(fs.replay_fenced(&refused).is_err());
+        let steal = MetanodeReply::Replay(vec![(
+            b.ino,
+            FileUpdate::content(vec![Change::MapBlock {
+                ino: b.ino,
+                index: 0,
+                block: held.clone(),
+            }]),
+        )]);
+        let e = fs.replay_fenced(&encode(&steal)).unwrap_err();
+        assert!(e.to_string().contains("could not be applied"), "{e}");
+        assert!(Metanode::view(&*fs, b.ino, 0..1)
+            .unwrap()
+            .block(0)
+            .is_none());
+        assert_eq!(fs.read(a.ino, 0, bs as u32).unwrap(), data);
+
+        // Space the dead owner gave out and never logged: free here, claimed by the replay.
+        let extent = BlockAllocator::allocate(
+            &*fs,
+            Metanode::view(&*fs, b.ino, 0..0).unwrap().pool,
+            fs.geo.sub_blocks_per_block,
+            BlockHint {
+                file_key: b.ino,
+                block_index: 0,
+                prev: None,
+            },
+            "file data",
+        )
+        .unwrap();
+        BlockAllocator::abandon(&*fs, extent);
+        let block = crate::inode::BlockRef::new_unwritten(extent, fs.extent_sectors(&extent));
+        let given = MetanodeReply::Replay(vec![(
+            b.ino,
+            FileUpdate::content(vec![Change::MapBlock {
+                ino: b.ino,
+                index: 0,
+                block,
+            }]),
+        )]);
+        assert_eq!(fs.replay_fenced(&encode(&given)).unwrap(), 1);
+        let mapped = Metanode::view(&*fs, b.ino, 0..1).unwrap();
+        assert_eq!(mapped.block(0).unwrap().extent, extent);
+        // Claimed: the allocator does not give it out again.
+        let next = BlockAllocator::allocate(
+            &*fs,
+            mapped.pool,
+            fs.geo.sub_blocks_per_block,
+            BlockHint {
+                file_key: a.ino,
+                block_index: 1,
+                prev: None,
+            },
+            "file data",
+        )
+        .unwrap();
+        assert_ne!(next, extent);
+        fs.unmount().unwrap();
     }
 
     /// Counts the requests it carries to a loopback.
