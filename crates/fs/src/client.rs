@@ -74,6 +74,20 @@ impl FileSystem {
             return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
         }
         let durable = crate::metanode_wire::durable_before_answer(&request);
+        if let MetanodeRequest::Once {
+            client,
+            seq,
+            request: inner,
+        } = &request
+        {
+            let done = self.owner().meta.lock().state.was_answered(*client, *seq);
+            if done {
+                // A retry of a request this owner (or the one whose log it replayed) did:
+                // its answer, not a second run.
+                tracing::info!("client {client:x}: request {seq} was done already; answering it");
+                return encode(&crate::metanode_wire::answer_again(self, inner));
+            }
+        }
         let child =
             |parent: Ino, name: &[u8]| Namespace::find(self, parent, name).ok().map(|a| a.ino);
         let notify = self.remote_change.get();
@@ -81,7 +95,14 @@ impl FileSystem {
             Some(_) => cache_changes(&request, &child),
             None => Vec::new(),
         };
+        let once = match &request {
+            MetanodeRequest::Once { client, seq, .. } => Some((*client, *seq)),
+            _ => None,
+        };
+        crate::fs::ANSWERING.set(once);
         let mut reply = serve(self, request);
+        // Taken by the request's first log record; left over when it logged nothing.
+        crate::fs::ANSWERING.set(None);
         if durable && !matches!(reply, MetanodeReply::Failed(_)) {
             if let Err(e) = self.sync() {
                 reply = MetanodeReply::Failed(RemoteError::from(&e));

@@ -478,7 +478,12 @@ impl FileSystem {
 
     /// Logs a transaction and applies it. The caller holds the metadata lock, so log order is
     /// apply order.
-    pub(crate) fn log(&self, m: &mut Meta, changes: Vec<Change>) -> FsResult<Lsn> {
+    pub(crate) fn log(&self, m: &mut Meta, mut changes: Vec<Change>) -> FsResult<Lsn> {
+        if let Some((client, seq)) = ANSWERING.take() {
+            // The first record of a client's request says it was done (see
+            // `Change::Answered`), atomically with what it did.
+            changes.push(Change::Answered { client, seq });
+        }
         let record = postcard::to_stdvec(&changes).expect("changes serialize");
         let lsn = match self.journal().append(&record) {
             Ok(lsn) => lsn,
@@ -1078,4 +1083,14 @@ fn flusher(fs: Weak<FileSystem>, stop: Arc<(Mutex<bool>, Condvar)>) {
             tracing::error!("background commit failed: {e}");
         }
     }
+}
+
+std::thread_local! {
+    /// The client request (client, sequence number) that the metanode request being served
+    /// on this thread carries (`MetanodeRequest::Once`): the owner's namespace methods log
+    /// their changes themselves, and the first record they log takes it along. A
+    /// thread-local rather than an argument: the request crosses the `Namespace` interface,
+    /// whose methods must not know whether a local or a remote client called them.
+    pub(crate) static ANSWERING: std::cell::Cell<Option<(u64, u64)>> =
+        const { std::cell::Cell::new(None) };
 }

@@ -106,7 +106,19 @@ pub enum Change {
         sector: u32,
         to: crate::inode::Alternative,
     },
+    /// Request `seq` of client `client` (a namespace change from another node's mount,
+    /// `MetanodeRequest::Once`) was done, in the same record as its changes: a new owner
+    /// that replays this log answers the client's retry of it (its answer died with the
+    /// old owner) with its result instead of doing it twice (EEXIST for its own create).
+    Answered {
+        client: u64,
+        seq: u64,
+    },
 }
+
+/// Client requests remembered as answered, at most (see [`Change::Answered`]): far more
+/// than the requests in flight at an owner's death.
+const ANSWERED_MAX: usize = 65_536;
 
 /// What an inode's content is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +167,11 @@ pub struct MetaState {
     /// alternatives are those of its reference and these together, a sector in one of them
     /// at most; [`MetaState::blocks`] hands out the two merged.
     unsettled: HashMap<(Ino, u64), BTreeMap<u32, Alternative>>,
+    /// Client requests done since the last checkpoint (see [`Change::Answered`]), oldest
+    /// first in `answered_order`. Not checkpointed: a retry comes right after a takeover,
+    /// whose replay starts at the dead owner's last checkpoint.
+    answered: FxHashSet<(u64, u64)>,
+    answered_order: VecDeque<(u64, u64)>,
 }
 
 /// Inode records cached by default (`maxFilesToCache`).
@@ -201,7 +218,14 @@ impl MetaState {
             fresh: FxHashSet::default(),
             dir_memo: None,
             unsettled: HashMap::new(),
+            answered: FxHashSet::default(),
+            answered_order: VecDeque::new(),
         }
+    }
+
+    /// Whether request `seq` of client `client` was done (see [`Change::Answered`]).
+    pub fn was_answered(&self, client: u64, seq: u64) -> bool {
+        self.answered.contains(&(client, seq))
     }
 
     /// Bounds the cache of inode records.
@@ -839,6 +863,15 @@ impl MetaState {
                     self.put(&rec)?;
                 }
             }
+            Change::Answered { client, seq } => {
+                if self.answered.insert((*client, *seq)) {
+                    self.answered_order.push_back((*client, *seq));
+                }
+                while self.answered_order.len() > ANSWERED_MAX {
+                    let oldest = self.answered_order.pop_front().expect("not empty");
+                    self.answered.remove(&oldest);
+                }
+            }
             Change::SetPool { ino, pool } => {
                 let mut rec = self.must(*ino)?;
                 rec.pool = Some(*pool);
@@ -1033,5 +1066,10 @@ mod record_tags {
             to: crate::inode::Alternative::Unwritten,
         };
         assert_eq!(postcard::to_stdvec(&revert).unwrap(), [14, 9, 1, 3, 1]);
+        let answered = Change::Answered {
+            client: 3,
+            seq: 300,
+        };
+        assert_eq!(postcard::to_stdvec(&answered).unwrap(), [15, 3, 0xac, 2]);
     }
 }

@@ -157,6 +157,15 @@ pub enum MetanodeRequest {
     FenceSettled {
         replayed: bool,
     },
+    /// A namespace change (create, link, unlink, rename) as request `seq` of client
+    /// `client` (random per mount), so that it is done once however often it is sent: the
+    /// owner logs that it was done with it (`Change::Answered`) and answers a retry, at
+    /// itself or at the node that took it over, with its result.
+    Once {
+        client: u64,
+        seq: u64,
+        request: Box<MetanodeRequest>,
+    },
 }
 
 /// The messages of a new owner's fence ([`MetanodeRequest::FenceWrites`]), for the daemon
@@ -466,6 +475,13 @@ where
         Q::Protection { ino } => answer(owner.protection(ino), |p| {
             R::Protection(p.attr, p.acl.map(|a| a.encode()))
         }),
+        Q::Once { request, .. } if matches!(*request, Q::Once { .. }) => {
+            R::Failed(RemoteError::from(&FsError::Invalid(
+                "a request inside a request inside Once".into(),
+            )))
+        }
+        // Without the owner's record of answered requests (the loopback of tests): done.
+        Q::Once { request, .. } => serve(owner, *request),
         Q::FenceWrites { .. } | Q::FenceSettled { .. } => {
             R::Failed(RemoteError::from(&FsError::Invalid(
                 "a fence of client writes was sent to the node that owns the metadata; only \
@@ -494,6 +510,7 @@ pub(crate) fn cache_changes(
         name: name.to_vec(),
     };
     match request {
+        Q::Once { request, .. } => cache_changes(request, child),
         Q::Update { ino, .. }
         | Q::ChangeAttr { ino, .. }
         | Q::PutXattr { ino, .. }
@@ -541,6 +558,22 @@ pub(crate) fn cache_changes(
     }
 }
 
+/// The answer to a namespace change that was done already (a retry of a
+/// [`MetanodeRequest::Once`]): what the first run answered, as far as the namespace still
+/// says it (the attributes of the name a create or link made).
+pub(crate) fn answer_again<O>(owner: &O, request: &MetanodeRequest) -> MetanodeReply
+where
+    O: Namespace + ?Sized,
+{
+    use MetanodeRequest as Q;
+    match request {
+        Q::Make { parent, name, .. } | Q::AddName { parent, name, .. } => {
+            answer(owner.find(*parent, name), MetanodeReply::Attr)
+        }
+        _ => MetanodeReply::Done,
+    }
+}
+
 /// Whether the owner makes `request`'s change durable before it answers another node's
 /// client: a change of the namespace or of attributes. Were the owner to die after
 /// answering and before its next commit, the client would carry on from a state the new
@@ -550,6 +583,9 @@ pub(crate) fn cache_changes(
 /// then losing it with the owner loses only unsynced data.
 pub(crate) fn durable_before_answer(request: &MetanodeRequest) -> bool {
     use MetanodeRequest as Q;
+    if let Q::Once { request, .. } = request {
+        return durable_before_answer(request);
+    }
     matches!(
         request,
         Q::Make { .. }
@@ -651,11 +687,17 @@ pub(crate) struct RemoteMetanode {
     /// Extents given out and not yet mapped or given back, with the generation of the
     /// owner that gave them: only that owner may be told what became of them.
     granted: parking_lot::Mutex<std::collections::HashMap<Extent, u64>>,
+    /// This mount's name as a client (random) and its next request number (see
+    /// [`MetanodeRequest::Once`]).
+    client: u64,
+    seq: std::sync::atomic::AtomicU64,
 }
 
 impl RemoteMetanode {
     pub fn new(channel: Box<dyn MetanodeChannel>, disks: Arc<DiskSet>) -> RemoteMetanode {
         RemoteMetanode {
+            client: random_client_id(),
+            seq: std::sync::atomic::AtomicU64::new(1),
             channel,
             disks,
             unsynced: parking_lot::Mutex::new(Unsynced::default()),
@@ -766,7 +808,33 @@ macro_rules! expect_reply {
     };
 }
 
+/// A client's name for [`MetanodeRequest::Once`]: unique among the mounts an owner serves
+/// (64 random bits from the clock, the process and a stack address, hashed).
+fn random_client_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    let local = 0u8;
+    h.write_usize(std::ptr::addr_of!(local) as usize);
+    h.finish()
+}
+
 impl RemoteMetanode {
+    /// `request` as the next request of this client that must be done once.
+    fn once(&self, request: MetanodeRequest) -> MetanodeRequest {
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        MetanodeRequest::Once {
+            client: self.client,
+            seq,
+            request: Box::new(request),
+        }
+    }
+
     fn done(&self, request: MetanodeRequest) -> FsResult<()> {
         expect_reply!(self.call(request)?, MetanodeReply::Done => (), "done")
     }
@@ -941,11 +1009,11 @@ impl Namespace for RemoteMetanode {
     }
 
     fn make(&self, parent: Ino, name: &[u8], node: NewNode) -> FsResult<Attr> {
-        self.attr_of(MetanodeRequest::Make {
+        self.attr_of(self.once(MetanodeRequest::Make {
             parent,
             name: name.to_vec(),
             node,
-        })
+        }))
     }
 
     fn link_target(&self, ino: Ino) -> FsResult<Vec<u8>> {
@@ -953,27 +1021,27 @@ impl Namespace for RemoteMetanode {
     }
 
     fn drop_name(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
-        self.done(MetanodeRequest::DropName {
+        self.done(self.once(MetanodeRequest::DropName {
             parent,
             name: name.to_vec(),
             dir,
-        })
+        }))
     }
 
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
-        self.attr_of(MetanodeRequest::AddName {
+        self.attr_of(self.once(MetanodeRequest::AddName {
             ino,
             parent,
             name: name.to_vec(),
-        })
+        }))
     }
 
     fn move_name(&self, from: (Ino, &[u8]), to: (Ino, &[u8]), how: RenameHow) -> FsResult<()> {
-        self.done(MetanodeRequest::MoveName {
+        self.done(self.once(MetanodeRequest::MoveName {
             from: (from.0, from.1.to_vec()),
             to: (to.0, to.1.to_vec()),
             how,
-        })
+        }))
     }
 
     fn change_attr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {

@@ -237,6 +237,9 @@ struct Following {
     /// Calls made; the answer of call number `hold_at` waits for `release`.
     calls: std::sync::atomic::AtomicU64,
     hold_at: std::sync::atomic::AtomicU64,
+    /// The answer of call number `lose_at` is lost (its owner dies): the call waits for
+    /// `release`, then is sent again to where the channel points by then.
+    lose_at: std::sync::atomic::AtomicU64,
     /// 0: nothing held yet, 1: holding, 2: released.
     held: parking_lot::Mutex<u8>,
     changed: parking_lot::Condvar,
@@ -250,6 +253,7 @@ impl Following {
             moves: std::sync::atomic::AtomicU64::new(0),
             calls: std::sync::atomic::AtomicU64::new(0),
             hold_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+            lose_at: std::sync::atomic::AtomicU64::new(u64::MAX),
             held: parking_lot::Mutex::new(0),
             changed: parking_lot::Condvar::new(),
         })
@@ -260,6 +264,31 @@ impl Following {
         use std::sync::atomic::Ordering;
         let at = self.calls.load(Ordering::SeqCst) + n;
         self.hold_at.store(at, Ordering::SeqCst);
+    }
+
+    /// Loses the answer of the `n`th call from now.
+    fn lose_call(&self, n: u64) {
+        use std::sync::atomic::Ordering;
+        let at = self.calls.load(Ordering::SeqCst) + n;
+        self.lose_at.store(at, Ordering::SeqCst);
+    }
+
+    /// Waits until a call is held or lost, or `done` says the operation ended without
+    /// reaching the chosen call (then disarms it and says so).
+    fn held_before(&self, done: &dyn Fn() -> bool) -> bool {
+        let mut held = self.held.lock();
+        loop {
+            if *held == 1 {
+                return true;
+            }
+            if done() {
+                self.lose_at
+                    .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+                return false;
+            }
+            self.changed
+                .wait_for(&mut held, std::time::Duration::from_millis(20));
+        }
     }
 
     fn wait_until_held(&self) {
@@ -274,17 +303,30 @@ impl Following {
         self.changed.notify_all();
     }
 
+    fn hold_here(&self) {
+        let mut held = self.held.lock();
+        *held = 1;
+        self.changed.notify_all();
+        while *held != 2 {
+            self.changed.wait(&mut held);
+        }
+        *held = 0;
+    }
+
     fn answer(&self, to: Weak<FileSystem>, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
         use std::sync::atomic::Ordering;
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        let reply = InProcessOwner(to).call(request);
+        let reply = InProcessOwner(to).call(request.clone());
         if n == self.hold_at.load(Ordering::SeqCst) {
-            let mut held = self.held.lock();
-            *held = 1;
-            self.changed.notify_all();
-            while *held != 2 {
-                self.changed.wait(&mut held);
-            }
+            self.hold_here();
+        }
+        if n == self.lose_at.load(Ordering::SeqCst) {
+            // Done there, and the answer died with that owner: sent again to the owner that
+            // took over, as a node's channel does after a failure.
+            drop(reply);
+            self.hold_here();
+            let to = self.to.lock().clone();
+            return InProcessOwner(to).call(request);
         }
         reply
     }
@@ -491,4 +533,66 @@ fn a_clients_unsynced_writes_survive_the_owners_death_through_its_fence() {
     let third = mount(&t);
     verify(&third, &all);
     third.unmount().unwrap();
+}
+
+/// A create (with O_EXCL's semantics: it fails on an existing name) and an unlink whose
+/// answers die with their owner, after it did them: the client sends them again to the
+/// owner that took over, which knows from the log it replayed that they were done and
+/// answers with their result: the create returns the file it made, not EEXIST, and the
+/// unlink returns success, not ENOENT. Each of the first calls of the operation loses its
+/// answer in turn (the permission check's, the change's), one takeover each.
+#[test]
+fn a_namespace_change_whose_answer_died_with_the_owner_is_not_done_twice() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let (disks, faults) = with_faults(&t);
+    let mut owner = FileSystem::mount(disks).unwrap();
+    let mut faults = faults;
+    let way = Following::to(&owner);
+    let writer =
+        FileSystem::mount_client(t.reopen(), Box::new(FollowingHandle(Arc::clone(&way)))).unwrap();
+    let me = tessera_fs::Caller { uid: 0, gid: 0 };
+    let kind = tessera_fs::FileKind::Regular;
+    for lose in 1..=3u64 {
+        let name = format!("excl{lose}");
+        for unlink in [false, true] {
+            way.lose_call(lose);
+            let (next, next_faults, result) = std::thread::scope(|s| {
+                let op = s.spawn(|| {
+                    if unlink {
+                        writer
+                            .remove(ROOT_INO, name.as_bytes(), false)
+                            .map(|()| None)
+                    } else {
+                        writer
+                            .create_node(ROOT_INO, name.as_bytes(), kind, 0o644, 0, me, None)
+                            .map(Some)
+                    }
+                });
+                if !way.held_before(&|| op.is_finished()) {
+                    // The operation makes fewer calls than that: nothing lost.
+                    return (owner, faults, op.join().unwrap());
+                }
+                crash(owner, &faults);
+                let (disks, next_faults) = with_faults(&t);
+                let next = FileSystem::mount(disks).unwrap();
+                fence_over(&writer, &way, &next);
+                way.release();
+                (next, next_faults, op.join().unwrap())
+            });
+            let what = if unlink { "unlink" } else { "create" };
+            let result = result.unwrap_or_else(|e| panic!("{what} losing answer {lose}: {e}"));
+            owner = next;
+            faults = next_faults;
+            let found = owner.lookup(ROOT_INO, name.as_bytes());
+            match result {
+                Some(made) => assert_eq!(found.unwrap().ino, made.ino, "{name}"),
+                None => assert!(matches!(found, Err(FsError::NotFound)), "{name}"),
+            }
+        }
+    }
+    writer.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((writer, owner));
+    assert_fsck_clean(&t, "after six takeovers under namespace changes");
 }
