@@ -26,7 +26,23 @@ pub(super) struct MountedFileSystems(pub Weak<Daemon>);
 impl FileSystemService for MountedFileSystems {
     fn call(&self, fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String> {
         let daemon = self.0.upgrade().ok_or("the daemon is stopping")?;
+        // An owner without a disk lease may have been expelled and taken over meanwhile:
+        // what it holds in memory is not to be answered from (its disk I/O is refused by
+        // the lease gate already). Refused as not served: the client waits and looks for
+        // the owner again.
+        let serving = || {
+            if daemon.member.holds_lease() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "node {} owns file system {fs} but holds no disk lease now; it serves \
+                     metadata again once it renews it (or another node takes it over)",
+                    daemon.cluster.node_name
+                ))
+            }
+        };
         if let Some(owned) = daemon.owned.lock().get(fs).map(Arc::clone) {
+            serving()?;
             return Ok(owned.serve_metanode_request(&request));
         }
         let mounted = daemon
@@ -35,7 +51,10 @@ impl FileSystemService for MountedFileSystems {
             .get(fs)
             .map(|m| (Arc::clone(&m.fs), m.client_of.clone()));
         match mounted {
-            Some((fs, None)) => Ok(fs.serve_metanode_request(&request)),
+            Some((fs, None)) => {
+                serving()?;
+                Ok(fs.serve_metanode_request(&request))
+            }
             // A client mount answers a new owner's fence.
             Some((fs, Some(_))) if Fence::is_fence(&request) => {
                 Ok(fs.serve_metanode_request(&request))
