@@ -366,6 +366,25 @@ impl MetanodeChannel for FollowingHandle {
     }
 }
 
+/// A formatted file system on `t`: its owner mounted on drives that can crash, and a
+/// client whose way to the owner the test moves (see [`Following`]).
+fn owner_and_following_client(
+    t: &TestDisks,
+) -> (
+    Arc<FileSystem>,
+    Arc<tessera_testkit::Faults>,
+    Arc<Following>,
+    Arc<FileSystem>,
+) {
+    format_fs(t, &small_opts());
+    let (disks, faults) = with_faults(t);
+    let owner = FileSystem::mount(disks).unwrap();
+    let way = Following::to(&owner);
+    let client =
+        FileSystem::mount_client(t.reopen(), Box::new(FollowingHandle(Arc::clone(&way)))).unwrap();
+    (owner, faults, way, client)
+}
+
 /// Writes files of `BLOCK`-sized pieces through `fs` until the file system is full;
 /// returns name -> content of what was written.
 fn fill(fs: &FileSystem) -> BTreeMap<String, Vec<u8>> {
@@ -409,13 +428,7 @@ fn fill(fs: &FileSystem) -> BTreeMap<String, Vec<u8>> {
 fn a_clients_write_under_a_dead_owner_never_lands_in_space_the_new_owner_gives_out() {
     for hold in [5, 7] {
         let t = make_disks(4, 24 << 20);
-        format_fs(&t, &small_opts());
-        let (disks, faults) = with_faults(&t);
-        let first = FileSystem::mount(disks).unwrap();
-        let way = Following::to(&first);
-        let writer =
-            FileSystem::mount_client(t.reopen(), Box::new(FollowingHandle(Arc::clone(&way))))
-                .unwrap();
+        let (first, faults, way, writer) = owner_and_following_client(&t);
         let x = create_file(&writer, ROOT_INO, b"x");
         writer
             .write(x.ino, 0, &pattern(BLOCK as usize, 1), false)
@@ -427,17 +440,12 @@ fn a_clients_write_under_a_dead_owner_never_lands_in_space_the_new_owner_gives_o
             way.wait_until_held();
             crash(first, &faults);
             let second = mount(&t);
-            *way.next.lock() = Some(Arc::downgrade(&second));
-            let fence = tessera_fs::Fence::request(2, 1);
-            let handed = writer.serve_metanode_request(&fence);
-            let applied = second.replay_fenced(&handed).unwrap();
+            let applied = fence_over(&writer, &way, &second);
             assert_eq!(
                 applied,
                 usize::from(hold > 6),
                 "hold {hold}: updates handed over"
             );
-            let settled = tessera_fs::Fence::settled(true);
-            tessera_fs::Fence::check(&writer.serve_metanode_request(&settled)).unwrap();
             let other = client_of(&t, &second);
             let files = fill(&other);
             way.release();
@@ -489,12 +497,7 @@ fn fence_over(writer: &FileSystem, way: &Following, second: &Arc<FileSystem>) ->
 #[test]
 fn a_clients_unsynced_writes_survive_the_owners_death_through_its_fence() {
     let t = make_disks(4, 64 << 20);
-    format_fs(&t, &small_opts());
-    let (disks, faults) = with_faults(&t);
-    let first = FileSystem::mount(disks).unwrap();
-    let way = Following::to(&first);
-    let writer =
-        FileSystem::mount_client(t.reopen(), Box::new(FollowingHandle(Arc::clone(&way)))).unwrap();
+    let (first, faults, way, writer) = owner_and_following_client(&t);
     // `populate` ends with a sync: write more after it, unsynced.
     let synced = populate(&writer, "s", 3);
     let mut unsynced = BTreeMap::new();
@@ -544,13 +547,7 @@ fn a_clients_unsynced_writes_survive_the_owners_death_through_its_fence() {
 #[test]
 fn a_namespace_change_whose_answer_died_with_the_owner_is_not_done_twice() {
     let t = make_disks(4, 64 << 20);
-    format_fs(&t, &small_opts());
-    let (disks, faults) = with_faults(&t);
-    let mut owner = FileSystem::mount(disks).unwrap();
-    let mut faults = faults;
-    let way = Following::to(&owner);
-    let writer =
-        FileSystem::mount_client(t.reopen(), Box::new(FollowingHandle(Arc::clone(&way)))).unwrap();
+    let (mut owner, mut faults, way, writer) = owner_and_following_client(&t);
     let me = tessera_fs::Caller { uid: 0, gid: 0 };
     let kind = tessera_fs::FileKind::Regular;
     for lose in 1..=3u64 {
