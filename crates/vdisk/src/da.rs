@@ -518,7 +518,11 @@ impl DeclusteredArray {
         vd.deleted.store(true, Ordering::Release);
         core.dirty.remove_vdisk(vd.id);
         core.forget_stale_of_vdisk(vd.id);
+        // Each stripe's slots are read under its lock: a rebuild or drain moving one of
+        // its strips either finished (the new slot is freed here, the old one by the move)
+        // or sees `deleted` and moves nothing.
         for s in 0..vd.stripes {
+            let _exclusive = core.stripe_lock(vd.id, s).write();
             for i in 0..vd.n {
                 core.free_after_persist(vd.loc(s, i), vd.slot_sectors);
             }

@@ -1136,7 +1136,9 @@ impl DaCore {
         to: Loc,
     ) -> Result<Option<u64>, VdiskError> {
         let _exclusive = self.stripe_lock(vd.id, stripe).write();
-        if vd.loc(stripe, i) != from {
+        // A vdisk deleted meanwhile has had its slots freed under this lock: moving a
+        // strip now would free its old slot a second time.
+        if vd.deleted.load(Ordering::Acquire) || vd.loc(stripe, i) != from {
             return Ok(None);
         }
         let g = self.gather(
