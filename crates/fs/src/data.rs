@@ -26,6 +26,13 @@ use crate::metanode::{Content, FileUpdate, SizeUpdate, Times};
 /// changed under it: each move is a takeover after an owner's death, so more than a few
 /// in one write means something else is wrong.
 const OWNER_MOVES_MAX: u32 = 3;
+
+/// Attempts of a read whose data fails its checksum. A read races a write to the same
+/// sectors from another node (or another thread): its block-map view, taken before the
+/// write logged the new checksums, meets data the write put down after. The next view
+/// carries the new checksum (and the old one as its alternative), so a read that fails
+/// again with a fresh view each time is corruption, reported then.
+const READ_RACE_ATTEMPTS: u32 = 4;
 use crate::prefetch::{BlockData, SectorState};
 
 /// Largest file size: 1 PiB.
@@ -112,6 +119,25 @@ impl FileSystem {
     /// shared pieces, which the FUSE layer writes to the kernel straight from the slot.
     pub fn read_data(&self, ino: Ino, offset: u64, size: u32) -> FsResult<FileData> {
         let started = Instant::now();
+        let mut attempt = 0;
+        let out = loop {
+            let last = attempt + 1 == READ_RACE_ATTEMPTS;
+            match self.read_data_once(ino, offset, size, last) {
+                Err(FsError::Checksum { .. }) if !last => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(2 * u64::from(attempt)));
+                }
+                result => break result?,
+            }
+        };
+        self.metanode().accessed(ino);
+        self.pmon.read(out.len() as u64, started.elapsed());
+        Ok(out)
+    }
+
+    /// One attempt of [`FileSystem::read_data`]; a checksum mismatch is reported (logged
+    /// and counted) only when `report`.
+    fn read_data_once(&self, ino: Ino, offset: u64, size: u32, report: bool) -> FsResult<FileData> {
         let _data = self.inode_lock(ino).read();
         let bs = self.geo.block_bytes;
         let (len, inline, blocks, file_blocks) = {
@@ -153,7 +179,7 @@ impl FileSystem {
             _ => None,
         };
         let out = match slots {
-            Some(slots) => self.read_ahead_parts(ino, len, blocks, &slots)?,
+            Some(slots) => self.read_ahead_parts(ino, len, blocks, &slots, report)?,
             None => {
                 let mut out = vec![0u8; len];
                 if let Some(d) = inline {
@@ -167,13 +193,11 @@ impl FileSystem {
                     };
                     let dst = (b * bs + lo - offset) as usize;
                     let out = &mut out[dst..dst + (hi - lo) as usize];
-                    self.read_sectors(ino, &extent, &sectors, lo, out)?;
+                    self.read_sectors(ino, &extent, &sectors, lo, out, report)?;
                 }
                 FileData::from(out)
             }
         };
-        self.metanode().accessed(ino);
-        self.pmon.read(len as u64, started.elapsed());
         Ok(out)
     }
 
@@ -186,6 +210,7 @@ impl FileSystem {
         len: usize,
         parts: Vec<(u64, u64, u64, Option<(Extent, Vec<SectorInfo>)>)>,
         slots: &[std::sync::Arc<crate::prefetch::Slot>],
+        report: bool,
     ) -> FsResult<FileData> {
         let mut out = FileData::default();
         for ((b, lo, hi, info), slot) in parts.into_iter().zip(slots) {
@@ -208,7 +233,7 @@ impl FileSystem {
                 continue;
             }
             let mut bytes = vec![0u8; n];
-            self.read_sectors(ino, &extent, &sectors, lo, &mut bytes)?;
+            self.read_sectors(ino, &extent, &sectors, lo, &mut bytes, report)?;
             out.push(Piece::Bytes(bytes));
         }
         debug_assert_eq!(out.len(), len);
@@ -223,6 +248,7 @@ impl FileSystem {
         sectors: &[SectorInfo],
         lo: u64,
         out: &mut [u8],
+        report: bool,
     ) -> FsResult<()> {
         let first = lo / SECTOR;
         let present = self.extent_sectors(extent) as u64;
@@ -232,7 +258,7 @@ impl FileSystem {
         }
         let mut buf = AlignedBuf::zeroed(((last - first) * SECTOR) as usize);
         let at = self.extent_offset(extent) + first * SECTOR;
-        self.read_verified(ino, extent, at, &mut buf, sectors)?;
+        self.read_verified(ino, extent, at, &mut buf, sectors, report)?;
         let skip = (lo - first * SECTOR) as usize;
         let n = out.len().min(buf.len() - skip);
         out[..n].copy_from_slice(&buf[skip..skip + n]);
@@ -241,7 +267,8 @@ impl FileSystem {
 
     /// Reads `buf.len()` bytes of `extent` at byte `at` of its disk and checks them against
     /// `sectors` (one per sector of `buf`): unwritten sectors become zeros, a mismatch is EIO
-    /// and a log line naming the NSD and the byte. Returns what each sector verified as.
+    /// and, when `report`, a log line naming the NSD and the byte. Returns what each sector
+    /// verified as.
     pub(crate) fn read_verified(
         &self,
         ino: Ino,
@@ -249,6 +276,7 @@ impl FileSystem {
         at: u64,
         buf: &mut [u8],
         sectors: &[SectorInfo],
+        report: bool,
     ) -> FsResult<Vec<SectorState>> {
         let dev = self.devices.get(extent.addr.disk);
         dev.read_at(buf, at)?;
@@ -272,9 +300,12 @@ impl FileSystem {
                 states.push(SectorState::Unwritten);
                 continue;
             }
-            self.pmon.checksum_error();
             let offset = at + i as u64 * SECTOR;
             let nsd = self.devices.name(extent.addr.disk);
+            if !report {
+                return Err(FsError::Checksum { nsd, offset, ino });
+            }
+            self.pmon.checksum_error();
             tracing::error!(
                 "checksum mismatch: NSD {nsd} ({}) byte {offset} (inode {ino}): expected {:08x}, \
                  found {crc:08x}",
@@ -305,7 +336,8 @@ impl FileSystem {
         let bytes = present * SECTOR as usize;
         let mut buf = self.prefetch.buffer(bytes);
         let at = self.extent_offset(&extent);
-        let states = self.read_verified(ino, &extent, at, &mut buf[..bytes], &sectors)?;
+        // Quiet: a read-ahead that fails is read again by the reader, which reports.
+        let states = self.read_verified(ino, &extent, at, &mut buf[..bytes], &sectors, false)?;
         Ok(Some(self.prefetch.block_data(extent, buf, bytes, states)))
     }
 
@@ -573,6 +605,7 @@ impl FileSystem {
                 &infos,
                 0,
                 &mut buf[..copy_hi * SECTOR as usize],
+                true,
             )?;
             for s in 0..copy_hi {
                 if !old.is_unwritten(s) {
@@ -627,7 +660,7 @@ impl FileSystem {
                 let infos = sector_infos(&current, s as u64 * SECTOR, (s as u64 + 1) * SECTOR).1;
                 let i = s - lo;
                 let dst = &mut buf[i * SECTOR as usize..(i + 1) * SECTOR as usize];
-                self.read_sectors(ino, &current.extent, &infos, s as u64 * SECTOR, dst)?;
+                self.read_sectors(ino, &current.extent, &infos, s as u64 * SECTOR, dst, true)?;
             }
         }
         let at = off as usize - lo * SECTOR as usize;

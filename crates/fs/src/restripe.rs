@@ -678,6 +678,7 @@ impl FileSystem {
             self.extent_offset(&from.extent),
             &mut buf,
             &infos,
+            true,
         )?;
         self.devices
             .get(to.addr.disk)
