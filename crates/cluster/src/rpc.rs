@@ -66,9 +66,10 @@ pub enum PeerReply {
 }
 
 /// What answers [`PeerRequest::FileSystem`] on a node: the daemon's mounted file systems.
-/// Called on a thread that may block.
+/// Called on a thread that may block, with the sender's node number and the incarnation
+/// (epoch) the cluster checked live.
 pub trait FileSystemService: Send + Sync + 'static {
-    fn call(&self, fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String>;
+    fn call(&self, from: (NodeNumber, u64), fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String>;
 }
 
 /// Why a proposal was not committed.

@@ -316,7 +316,7 @@ impl<N: NodeNet> ClusterNode<N> {
         let Some(service) = self.file_systems.get().cloned() else {
             return Err(format!("node {} serves no file system yet", self.me));
         };
-        tokio::task::spawn_blocking(move || service.call(&fs, request))
+        tokio::task::spawn_blocking(move || service.call((from, epoch), &fs, request))
             .await
             .unwrap_or_else(|e| Err(format!("the file-system request failed: {e}")))
     }

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 struct Echo;
 
 impl FileSystemService for Echo {
-    fn call(&self, fs: &str, mut request: Vec<u8>) -> Result<Vec<u8>, String> {
+    fn call(&self, _from: (u32, u64), fs: &str, mut request: Vec<u8>) -> Result<Vec<u8>, String> {
         request.reverse();
         request.extend_from_slice(fs.as_bytes());
         Ok(request)

@@ -50,6 +50,16 @@ impl FileSystem {
     /// `metanode_wire.rs`) with its encoded reply, or on a client-only mount a new
     /// owner's fence; a request that does not decode is answered with an error naming it.
     pub fn serve_metanode_request(&self, request: &[u8]) -> Vec<u8> {
+        self.serve_metanode_request_from(None, request)
+    }
+
+    /// [`FileSystem::serve_metanode_request`] for a request that came from `origin` (the
+    /// node and incarnation the transport vouches for; `None` for this node's own).
+    pub fn serve_metanode_request_from(
+        &self,
+        origin: Option<crate::locks::Origin>,
+        request: &[u8],
+    ) -> Vec<u8> {
         use crate::metanode_wire::{cache_changes, decode, encode, serve, MetanodeReply};
         use crate::metanode_wire::{MetanodeRequest, RemoteError};
         let request: MetanodeRequest = match decode(request, "request") {
@@ -59,7 +69,20 @@ impl FileSystem {
         if let Some(remote) = self.remote.get() {
             match request {
                 MetanodeRequest::FenceWrites { owner, incarnation } => {
-                    return encode(&remote.fence(owner, incarnation));
+                    let reply = remote.fence(owner, incarnation);
+                    let locks = self.held_locks.lock().of_client(self.lock_client);
+                    let reply = match reply {
+                        _ if locks.is_empty() => reply,
+                        MetanodeReply::Done => MetanodeReply::Handover {
+                            updates: Vec::new(),
+                            locks,
+                        },
+                        MetanodeReply::Replay(updates) => {
+                            MetanodeReply::Handover { updates, locks }
+                        }
+                        failed => failed,
+                    };
+                    return encode(&reply);
                 }
                 MetanodeRequest::FenceSettled { replayed } => {
                     remote.fence_settled(replayed);
@@ -72,6 +95,13 @@ impl FileSystem {
         // node).
         if let Err(e) = self.owner_here("answering a metanode request") {
             return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
+        }
+        if let MetanodeRequest::Lock { ino, call } = request {
+            let reply = match Namespace::lock(self, ino, call, origin) {
+                Ok(conflict) => MetanodeReply::Lock(conflict),
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            };
+            return encode(&reply);
         }
         let durable = crate::metanode_wire::durable_before_answer(&request);
         if let MetanodeRequest::Once {

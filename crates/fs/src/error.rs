@@ -82,6 +82,12 @@ pub enum FsError {
          (it died and another node took over); the operation was not done, try it again"
     )]
     OwnerMoved,
+    /// A lock another holder has (EAGAIN from `F_SETLK`).
+    #[error("a conflicting lock is held")]
+    WouldBlock,
+    /// A waiting lock request was interrupted by a signal (EINTR).
+    #[error("interrupted while waiting for a lock")]
+    Interrupted,
     /// An error of the metanode on another node that has no variant of its own here.
     #[error("{message}")]
     Remote { errno: i32, message: String },
@@ -108,6 +114,8 @@ impl FsError {
             FsError::PermissionDenied => libc::EACCES,
             FsError::NotPermitted(_) => libc::EPERM,
             FsError::NotOwner { .. } => libc::EOPNOTSUPP,
+            FsError::WouldBlock => libc::EAGAIN,
+            FsError::Interrupted => libc::EINTR,
             FsError::Remote { errno, .. } => *errno,
             FsError::Journal(JournalError::Full { .. }) => libc::ENOSPC,
             FsError::Checksum { .. }

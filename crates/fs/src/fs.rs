@@ -115,6 +115,8 @@ pub(crate) struct Owner {
     /// checkpoints always find pages (0 when data goes to other disks only); grows when a
     /// disk is added.
     pub(crate) metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64,
+    /// Every node's `fcntl`, `flock` and append locks on this owner's files (`locks.rs`).
+    pub(crate) locks: Mutex<crate::locks::LockTable>,
 }
 
 /// A mounted file system on this node: the client (the data path with its locks and
@@ -142,7 +144,20 @@ pub struct FileSystem {
     pub(crate) remote: std::sync::OnceLock<Arc<crate::metanode_wire::RemoteMetanode>>,
     /// Told what other nodes' requests change (see [`FileSystem::on_remote_change`]).
     pub(crate) remote_change: std::sync::OnceLock<RemoteChangeHook>,
+    /// Whether the node a lock holder's requests came from is gone from the cluster (see
+    /// [`FileSystem::on_lock_holder_check`]).
+    pub(crate) holder_gone: std::sync::OnceLock<HolderGoneHook>,
+    /// This mount's name as a lock holder, and the locks it holds (a mirror of its part of
+    /// the owner's table: a close asks the owner only when it holds something, and a new
+    /// owner is handed them at a takeover).
+    pub(crate) lock_client: u64,
+    pub(crate) held_locks: Mutex<crate::locks::LockTable>,
+    /// Serialises this node's O_APPEND writes of a shared file by inode (striped); the
+    /// append lock at the owner serialises the nodes.
+    pub(crate) append_locks: Vec<Mutex<()>>,
 }
+
+type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
 
 type RemoteChangeHook = Box<dyn Fn(Vec<crate::CacheChange>) + Send + Sync>;
 
@@ -228,6 +243,7 @@ impl FileSystem {
             discarded_bytes: std::sync::atomic::AtomicU64::new(0),
             discard_errors: std::sync::atomic::AtomicU64::new(0),
             metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
+            locks: Mutex::new(crate::locks::LockTable::default()),
         };
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
@@ -293,6 +309,10 @@ impl FileSystem {
             fenced: AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
             remote_change: std::sync::OnceLock::new(),
+            holder_gone: std::sync::OnceLock::new(),
+            lock_client: crate::metanode_wire::random_client_id(),
+            held_locks: Mutex::new(crate::locks::LockTable::default()),
+            append_locks: (0..INODE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
 

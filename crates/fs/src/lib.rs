@@ -21,6 +21,7 @@ mod format;
 mod fs;
 pub mod fsck;
 pub mod inode;
+pub mod locks;
 mod meta;
 mod metanode;
 mod metanode_wire;

@@ -269,6 +269,16 @@ pub(crate) trait Namespace: Send + Sync {
 
     /// What a permission check of `ino` needs: its attributes and access ACL.
     fn protection(&self, ino: Ino) -> FsResult<crate::access::Protection>;
+
+    /// Takes, changes or drops a lock, or with `call.test` only looks (see `locks.rs`):
+    /// the conflicting lock when it cannot be granted. `origin` is the node the request
+    /// came from (`None`: this node's own mount).
+    fn lock(
+        &self,
+        ino: Ino,
+        call: crate::locks::LockCall,
+        origin: Option<crate::locks::Origin>,
+    ) -> FsResult<Option<crate::locks::Lock>>;
 }
 
 /// What a create asks for besides its name.

@@ -26,6 +26,7 @@ use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode::{Attr, Ino};
+use crate::locks::{Lock, LockCall};
 use crate::meta::Change;
 use crate::metanode::{
     BlockAllocator, FileUpdate, FileView, Metanode, Namespace, NewNode, RenameHow, XattrHow,
@@ -166,6 +167,12 @@ pub enum MetanodeRequest {
         seq: u64,
         request: Box<MetanodeRequest>,
     },
+    /// An `fcntl`, `flock` or append lock of a file (see `locks.rs`): granted (or, with
+    /// `call.test`, free) when the answer holds no conflicting lock.
+    Lock {
+        ino: Ino,
+        call: LockCall,
+    },
 }
 
 /// The messages of a new owner's fence ([`MetanodeRequest::FenceWrites`]), for the daemon
@@ -253,6 +260,15 @@ pub enum MetanodeReply {
     /// durable, in the order it acknowledged them: the new owner applies them before it
     /// serves (`FileSystem::replay_fenced`).
     Replay(Vec<(Ino, FileUpdate)>),
+    /// The lock that keeps a [`MetanodeRequest::Lock`] from being granted, if any.
+    Lock(Option<Lock>),
+    /// A fenced client's answer when it holds locks: its unsynced updates (as in
+    /// `Replay`) and every lock the old owner granted its processes, which the new owner
+    /// holds for them from then on.
+    Handover {
+        updates: Vec<(Ino, FileUpdate)>,
+        locks: Vec<(Ino, Lock)>,
+    },
 }
 
 /// An [`FsError`] on the wire: the variants a client acts on keep their identity (the
@@ -475,6 +491,7 @@ where
         Q::Protection { ino } => answer(owner.protection(ino), |p| {
             R::Protection(p.attr, p.acl.map(|a| a.encode()))
         }),
+        Q::Lock { ino, call } => answer(owner.lock(ino, call, None), R::Lock),
         Q::Once { request, .. } if matches!(*request, Q::Once { .. }) => {
             R::Failed(RemoteError::from(&FsError::Invalid(
                 "a request inside a request inside Once".into(),
@@ -554,7 +571,8 @@ pub(crate) fn cache_changes(
         | Q::XattrNames { .. }
         | Q::Protection { .. }
         | Q::FenceWrites { .. }
-        | Q::FenceSettled { .. } => Vec::new(),
+        | Q::FenceSettled { .. }
+        | Q::Lock { .. } => Vec::new(),
     }
 }
 
@@ -810,7 +828,7 @@ macro_rules! expect_reply {
 
 /// A client's name for [`MetanodeRequest::Once`]: unique among the mounts an owner serves
 /// (64 random bits from the clock, the process and a stack address, hashed).
-fn random_client_id() -> u64 {
+pub(crate) fn random_client_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
@@ -1124,6 +1142,17 @@ impl Namespace for RemoteMetanode {
         })
     }
 
+    fn lock(
+        &self,
+        ino: Ino,
+        call: LockCall,
+        _origin: Option<crate::locks::Origin>,
+    ) -> FsResult<Option<Lock>> {
+        // The owner learns where it came from from the transport.
+        let reply = self.call(MetanodeRequest::Lock { ino, call })?;
+        expect_reply!(reply, MetanodeReply::Lock(l) => l, "a lock answer")
+    }
+
     fn protection(&self, ino: Ino) -> FsResult<Protection> {
         let reply = self.call(MetanodeRequest::Protection { ino })?;
         let (attr, acl) =
@@ -1240,6 +1269,23 @@ mod tests {
                 incarnation: 17,
             },
             MetanodeRequest::FenceSettled { replayed: true },
+            MetanodeRequest::Lock {
+                ino: 12,
+                call: LockCall {
+                    lock: Lock {
+                        holder: crate::locks::Holder {
+                            client: 0xfeed,
+                            owner: 3,
+                            class: crate::locks::LockClass::Flock,
+                        },
+                        start: 0,
+                        end: crate::locks::TO_END,
+                        kind: crate::locks::LockKind::Write,
+                        pid: 4321,
+                    },
+                    test: false,
+                },
+            },
         ];
         for r in requests {
             let bytes = encode(&r);
@@ -1286,9 +1332,9 @@ mod tests {
             .unwrap()
             .clone();
 
-        assert!(fs.replay_fenced(b"\xff\xfe garbage").is_err());
+        assert!(fs.replay_fenced(b"\xff\xfe garbage", None).is_err());
         let refused = encode(&MetanodeReply::Failed(RemoteError::from(&FsError::Fenced)));
-        assert!(fs.replay_fenced(&refused).is_err());
+        assert!(fs.replay_fenced(&refused, None).is_err());
         let steal = MetanodeReply::Replay(vec![(
             b.ino,
             FileUpdate::content(vec![Change::MapBlock {
@@ -1297,7 +1343,7 @@ mod tests {
                 block: held.clone(),
             }]),
         )]);
-        let e = fs.replay_fenced(&encode(&steal)).unwrap_err();
+        let e = fs.replay_fenced(&encode(&steal), None).unwrap_err();
         assert!(e.to_string().contains("could not be applied"), "{e}");
         assert!(Metanode::view(&*fs, b.ino, 0..1)
             .unwrap()
@@ -1328,7 +1374,7 @@ mod tests {
                 block,
             }]),
         )]);
-        assert_eq!(fs.replay_fenced(&encode(&given)).unwrap(), 1);
+        assert_eq!(fs.replay_fenced(&encode(&given), None).unwrap(), 1);
         let mapped = Metanode::view(&*fs, b.ino, 0..1).unwrap();
         assert_eq!(mapped.block(0).unwrap().extent, extent);
         // Claimed: the allocator does not give it out again.

@@ -90,6 +90,8 @@ pub struct Caller {
     pub gid: u32,
 }
 
+use crate::locks::{Lock, LockCall, Origin, Refused};
+
 impl Namespace for FileSystem {
     fn attr(&self, ino: Ino) -> FsResult<Attr> {
         let mut m = self.owner().meta.lock();
@@ -635,6 +637,40 @@ impl Namespace for FileSystem {
         let attr = m.state.attr(ino)?;
         let acl = stored_acl(&mut m, ino, acl::ACCESS_XATTR)?;
         Ok(Protection { attr, acl })
+    }
+
+    fn lock(&self, ino: Ino, call: LockCall, origin: Option<Origin>) -> FsResult<Option<Lock>> {
+        let mut table = self.owner().locks.lock();
+        let mut swept = false;
+        loop {
+            let refused = if call.test {
+                table.conflict(ino, &call.lock).map(Refused::Conflict)
+            } else {
+                table.set(ino, call.lock, origin).err()
+            };
+            let conflict = match refused {
+                None => return Ok(None),
+                Some(Refused::TooMany) => {
+                    return Err(FsError::Remote {
+                        errno: libc::ENOLCK,
+                        message: format!(
+                            "{} locks are held in this file system, the most it keeps;                              release some",
+                            crate::locks::LOCKS_MAX
+                        ),
+                    })
+                }
+                Some(Refused::Conflict(c)) => c,
+            };
+            // A lock of a node the cluster gave up on frees itself at its first conflict.
+            let gone = |o: Origin| self.holder_gone.get().is_some_and(|f| f(o));
+            let holder_gone = table.origin(conflict.holder.client).is_some_and(gone);
+            if swept || !holder_gone {
+                return Ok(Some(conflict));
+            }
+            let dropped = table.drop_dead(gone);
+            tracing::info!("dropped {dropped} locks of nodes no longer in the cluster");
+            swept = true;
+        }
     }
 }
 

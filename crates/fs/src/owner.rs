@@ -219,12 +219,20 @@ impl FileSystem {
     /// anywhere else refuses that update. Returns how many updates were applied; an
     /// update that cannot be applied (its file was removed meanwhile, or a conflict) is
     /// logged and makes the result an error, so that the client's next fsync says so.
-    pub fn replay_fenced(&self, reply: &[u8]) -> FsResult<usize> {
+    pub fn replay_fenced(
+        &self,
+        reply: &[u8],
+        origin: Option<crate::locks::Origin>,
+    ) -> FsResult<usize> {
         use crate::metanode_wire::{decode, MetanodeReply};
         self.owner_here("applying a fenced client's updates")?;
         let updates = match decode::<MetanodeReply>(reply, "fence answer")? {
             MetanodeReply::Done => return Ok(0),
             MetanodeReply::Replay(updates) => updates,
+            MetanodeReply::Handover { updates, locks } => {
+                self.hold_handed_over_locks(locks, origin);
+                updates
+            }
             MetanodeReply::Failed(e) => return Err(e.into()),
             other => {
                 return Err(FsError::Invalid(format!(
@@ -248,6 +256,24 @@ impl FileSystem {
             ))));
         }
         Ok(count)
+    }
+
+    /// Holds the locks a fenced client's processes had from the dead owner, before this
+    /// owner serves anyone: none can conflict (the old owner granted them all), so a
+    /// takeover never lets two processes into one locked range.
+    fn hold_handed_over_locks(
+        &self,
+        locks: Vec<(Ino, crate::locks::Lock)>,
+        origin: Option<crate::locks::Origin>,
+    ) {
+        let mut table = self.owner().locks.lock();
+        let count = locks.len();
+        for (ino, lock) in locks {
+            if let Err(e) = table.set(ino, lock, origin) {
+                tracing::error!("inode {ino}: a lock a client handed over is not held: {e:?}");
+            }
+        }
+        tracing::info!("{count} locks of a fenced client held from now on");
     }
 
     fn replay_update(&self, ino: Ino, update: FileUpdate) -> FsResult<()> {

@@ -484,7 +484,7 @@ fn a_clients_write_under_a_dead_owner_never_lands_in_space_the_new_owner_gives_o
 fn fence_over(writer: &FileSystem, way: &Following, second: &Arc<FileSystem>) -> usize {
     *way.next.lock() = Some(Arc::downgrade(second));
     let handed = writer.serve_metanode_request(&tessera_fs::Fence::request(2, 1));
-    let applied = second.replay_fenced(&handed).unwrap();
+    let applied = second.replay_fenced(&handed, None).unwrap();
     let settled = writer.serve_metanode_request(&tessera_fs::Fence::settled(true));
     tessera_fs::Fence::check(&settled).unwrap();
     applied
@@ -592,4 +592,198 @@ fn a_namespace_change_whose_answer_died_with_the_owner_is_not_done_twice() {
     owner.unmount().unwrap();
     drop((writer, owner));
     assert_fsck_clean(&t, "after six takeovers under namespace changes");
+}
+
+/// `fcntl` and `flock` locks of two mounts of one file system (the owner's and a
+/// client's, as two nodes) exclude each other at the owner, each class by itself; a close
+/// (`unlock_all`) frees one holder's locks only; a waiting lock is granted once the
+/// holder lets go, or gives up with EINTR when interrupted; O_APPEND writes of both mounts
+/// at once each land whole at an end of file of their own.
+#[test]
+fn locks_and_appends_of_two_mounts_exclude_each_other() {
+    use tessera_fs::locks::{Lock, LockClass, LockKind, TO_END};
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let owner = mount(&t);
+    let client = client_of(&t, &owner);
+    let caller = tessera_fs::Caller { uid: 0, gid: 0 };
+    let file = |name: &[u8]| {
+        owner
+            .create_node(
+                ROOT_INO,
+                name,
+                tessera_fs::FileKind::Regular,
+                0o644,
+                0,
+                caller,
+                None,
+            )
+            .unwrap()
+            .ino
+    };
+    let ino = file(b"locked");
+    let lock = |fs: &FileSystem, owner: u64, class, start, end, kind| Lock {
+        holder: fs.lock_holder(owner, class),
+        start,
+        end,
+        kind,
+        pid: 1,
+    };
+
+    // The owner's process 1 write-locks bytes 0..=99; the client's process 1 (another
+    // node's process, the same lock owner number) cannot, but may lock 100.. and sees the
+    // conflicting lock with F_GETLK.
+    owner
+        .lock_set(
+            ino,
+            lock(&owner, 1, LockClass::Posix, 0, 99, LockKind::Write),
+            None,
+        )
+        .unwrap();
+    let want = lock(&client, 1, LockClass::Posix, 50, 149, LockKind::Read);
+    assert!(matches!(
+        client.lock_set(ino, want, None),
+        Err(FsError::WouldBlock)
+    ));
+    let seen = client.lock_test(ino, want).unwrap().expect("a conflict");
+    assert_eq!((seen.start, seen.end, seen.kind), (0, 99, LockKind::Write));
+    client
+        .lock_set(
+            ino,
+            lock(&client, 1, LockClass::Posix, 100, TO_END, LockKind::Read),
+            None,
+        )
+        .unwrap();
+    // flock locks are another class: the client's exclusive flock is granted.
+    client
+        .lock_set(
+            ino,
+            lock(&client, 7, LockClass::Flock, 0, TO_END, LockKind::Write),
+            None,
+        )
+        .unwrap();
+    let theirs = lock(&owner, 8, LockClass::Flock, 0, TO_END, LockKind::Read);
+    assert!(matches!(
+        owner.lock_set(ino, theirs, None),
+        Err(FsError::WouldBlock)
+    ));
+
+    // A waiting lock of the client is granted once the owner's process closes the file.
+    let waiter = {
+        let client = Arc::clone(&client);
+        std::thread::spawn(move || {
+            let w = lock(&client, 2, LockClass::Posix, 0, 9, LockKind::Write);
+            client.lock_set(ino, w, Some(&|| false))
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        !waiter.is_finished(),
+        "granted while the owner's lock is held"
+    );
+    owner
+        .unlock_all(ino, owner.lock_holder(1, LockClass::Posix))
+        .unwrap();
+    waiter.join().unwrap().unwrap();
+    // An interrupted wait gives up with EINTR and leaves nothing behind.
+    let w = lock(&owner, 3, LockClass::Posix, 0, 0, LockKind::Read);
+    assert!(matches!(
+        owner.lock_set(ino, w, Some(&|| true)),
+        Err(FsError::Interrupted)
+    ));
+    assert!(owner
+        .lock_test(
+            ino,
+            lock(&owner, 4, LockClass::Posix, 200, 300, LockKind::Read)
+        )
+        .unwrap()
+        .is_none());
+    // The client's flock goes with its last close; then the owner's is granted.
+    client
+        .unlock_all(ino, client.lock_holder(7, LockClass::Flock))
+        .unwrap();
+    owner.lock_set(ino, theirs, None).unwrap();
+
+    // Appends from both mounts at once: every record whole, none over another.
+    let log = file(b"appended");
+    const RECORD: usize = 3000;
+    let appenders: Vec<_> = [&owner, &client]
+        .into_iter()
+        .enumerate()
+        .flat_map(|(m, fs)| (0..2).map(move |th| (m, th, Arc::clone(fs))))
+        .map(|(m, th, fs)| {
+            std::thread::spawn(move || {
+                for i in 0..25u8 {
+                    let tag = (m * 2 + th) as u8 * 32 + i;
+                    fs.append(log, &[tag; RECORD], false).unwrap();
+                }
+            })
+        })
+        .collect();
+    for a in appenders {
+        a.join().unwrap();
+    }
+    let all = owner.read(log, 0, (RECORD * 200) as u32).unwrap();
+    assert_eq!(
+        all.len(),
+        RECORD * 100,
+        "every append landed past the others"
+    );
+    let mut tags: Vec<u8> = all
+        .chunks(RECORD)
+        .map(|r| {
+            assert!(
+                r.iter().all(|b| *b == r[0]),
+                "a record was torn or overwritten"
+            );
+            r[0]
+        })
+        .collect();
+    tags.sort();
+    tags.dedup();
+    assert_eq!(tags.len(), 100, "each record once");
+
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+}
+
+/// The owner dies while a client's process holds a lock: the client hands its locks to
+/// the node that takes over, at its fence, so the new owner refuses a conflicting lock
+/// (two processes are never let into one locked range by a takeover), and the client's
+/// close still frees it there.
+#[test]
+fn a_clients_locks_outlive_the_owners_death_through_its_fence() {
+    use tessera_fs::locks::{Lock, LockClass, LockKind, TO_END};
+    let t = make_disks(4, 64 << 20);
+    let (first, faults, way, client) = owner_and_following_client(&t);
+    let ino = create_file(&client, ROOT_INO, b"locked").ino;
+    let mine = client.lock_holder(9, LockClass::Posix);
+    let lock = |holder, kind| Lock {
+        holder,
+        start: 0,
+        end: TO_END,
+        kind,
+        pid: 1,
+    };
+    client
+        .lock_set(ino, lock(mine, LockKind::Write), None)
+        .unwrap();
+    crash(first, &faults);
+    let (disks, _faults) = with_faults(&t);
+    let second = FileSystem::mount(disks).unwrap();
+    fence_over(&client, &way, &second);
+    let other = second.lock_holder(1, LockClass::Posix);
+    assert!(
+        matches!(
+            second.lock_set(ino, lock(other, LockKind::Read), None),
+            Err(FsError::WouldBlock)
+        ),
+        "the new owner granted a lock over one the client holds"
+    );
+    client.unlock_all(ino, mine).unwrap();
+    second
+        .lock_set(ino, lock(other, LockKind::Read), None)
+        .unwrap();
+    client.unmount().unwrap();
+    second.unmount().unwrap();
 }

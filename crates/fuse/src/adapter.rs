@@ -11,6 +11,7 @@
 //! operation take the metadata lock separately, so a concurrent chmod between them orders
 //! the operation before the chmod.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use tessera_fs::access::{
     self, AttrChange, Credentials, TimeChange, MAY_EXEC, MAY_READ, MAY_WRITE,
 };
 use tessera_fs::acl::{self as posix_acl, AclKind};
+use tessera_fs::locks::{self, Lock, LockClass, LockKind};
 use tessera_fs::{Attr, Caller, FileKind, FileSystem, FsError, SetAttr, Timestamp};
 
 use crate::kernel::abi::{self, fattr, init_flags, FuseAttr, Ttl};
@@ -58,6 +60,23 @@ pub(crate) struct TesseraFuse {
     /// The kernel granted `POSIX_ACL`, so it checks the ACLs we store; without it an ACL
     /// would be obeyed by us and ignored by the kernel's check, so none may be set.
     acls: AtomicBool,
+    /// Other nodes may mount the file system too (any cache but `Private`): locks go to
+    /// the owner, not the kernel, and O_APPEND writes take the file's append lock.
+    shared: bool,
+    /// Lock requests waiting (`F_SETLKW`), by request id, and interrupts the kernel sent
+    /// (one may come before its request is registered here).
+    waiting: parking_lot::Mutex<HashMap<u64, Wait>>,
+}
+
+/// Interrupts remembered for requests not (or no longer) waiting: enough for every
+/// request thread, bounded against interrupts of requests that finished meanwhile.
+const EARLY_INTERRUPTS_MAX: usize = 1024;
+
+#[derive(Clone, Copy, Default)]
+struct Wait {
+    /// A lock request of this id is waiting.
+    registered: bool,
+    interrupted: bool,
 }
 
 impl TesseraFuse {
@@ -73,6 +92,8 @@ impl TesseraFuse {
             writeback_cache: cache == crate::KernelCache::Private,
             streaming: AtomicBool::new(false),
             acls: AtomicBool::new(false),
+            shared: cache != crate::KernelCache::Private,
+            waiting: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 }
@@ -411,7 +432,9 @@ impl TesseraFuse {
         match self.fs.open(ino) {
             Ok(attr) => {
                 let (fh, mut open_flags) = handle_flags(flags);
-                if !self.page_cache || streams(flags, &attr, self.streaming.load(Ordering::Relaxed))
+                if !self.page_cache
+                    || self.appends_shared(flags)
+                    || streams(flags, &attr, self.streaming.load(Ordering::Relaxed))
                 {
                     open_flags = abi::FOPEN_DIRECT_IO;
                 }
@@ -445,10 +468,88 @@ impl TesseraFuse {
         self.created(&attr, 0, flags)
     }
 
+    /// An O_APPEND open of a shared file system: its writes land where the append lock
+    /// says, which may not be where the kernel's cached size says, so its data must not
+    /// go through the page cache.
+    fn appends_shared(&self, flags: u32) -> bool {
+        self.shared && flags as i32 & libc::O_APPEND != 0
+    }
+
+    /// F_GETLK, F_SETLK and F_SETLKW of a shared file system, at the file's owner.
+    fn lock(
+        &self,
+        req: &Request<'_>,
+        owner: u64,
+        lock: abi::FileLock,
+        how: (bool, bool, bool),
+    ) -> Reply {
+        let (flock, test, sleep) = how;
+        let ino = req.header.nodeid;
+        let kind = match lock.typ as i32 {
+            libc::F_RDLCK => LockKind::Read,
+            libc::F_WRLCK => LockKind::Write,
+            libc::F_UNLCK => LockKind::Unlock,
+            _ => return Reply::Error(libc::EINVAL),
+        };
+        if lock.start > lock.end || lock.end > locks::TO_END {
+            return Reply::Error(libc::EINVAL);
+        }
+        let class = if flock {
+            LockClass::Flock
+        } else {
+            LockClass::Posix
+        };
+        let want = Lock {
+            holder: self.fs.lock_holder(owner, class),
+            start: lock.start,
+            end: lock.end,
+            kind,
+            pid: lock.pid,
+        };
+        if test {
+            return match self.fs.lock_test(ino, want) {
+                Ok(None) => Reply::Lock(abi::FileLock {
+                    typ: libc::F_UNLCK as u32,
+                    ..lock
+                }),
+                Ok(Some(c)) => Reply::Lock(abi::FileLock {
+                    start: c.start,
+                    end: c.end,
+                    typ: if c.kind == LockKind::Read {
+                        libc::F_RDLCK
+                    } else {
+                        libc::F_WRLCK
+                    } as u32,
+                    // A process of another node has no number here.
+                    pid: if c.holder.client == want.holder.client {
+                        c.pid
+                    } else {
+                        0
+                    },
+                }),
+                Err(e) => errno(&e),
+            };
+        }
+        if !sleep {
+            return empty(self.fs.lock_set(ino, want, None));
+        }
+        let unique = req.header.unique;
+        self.waiting.lock().entry(unique).or_default().registered = true;
+        let interrupted = || {
+            self.waiting
+                .lock()
+                .get(&unique)
+                .is_some_and(|w| w.interrupted)
+        };
+        let r = self.fs.lock_set(ino, want, Some(&interrupted));
+        self.waiting.lock().remove(&unique);
+        empty(r)
+    }
+
     /// The answer to a create: the entry and the open handle.
     fn created(&self, attr: &Attr, generation: u64, flags: u32) -> Reply {
         let (fh, mut open_flags) = handle_flags(flags);
-        if !self.page_cache {
+        if !self.page_cache || self.appends_shared(flags) {
             open_flags = abi::FOPEN_DIRECT_IO;
         }
         Reply::Create {
@@ -567,6 +668,12 @@ impl Handler for TesseraFuse {
         } else {
             0
         };
+        // On one node the kernel's own lock tables are the whole truth, and faster.
+        let locks = if self.shared {
+            init_flags::POSIX_LOCKS | init_flags::FLOCK_LOCKS
+        } else {
+            0
+        };
         InitParams {
             flags: init_flags::ASYNC_READ
                 | writeback
@@ -577,12 +684,22 @@ impl Handler for TesseraFuse {
                 | init_flags::ATOMIC_O_TRUNC
                 | init_flags::DIRECT_IO_ALLOW_MMAP
                 | init_flags::POSIX_ACL
+                | locks
                 | init_flags::DONT_MASK,
             max_write: MAX_REQUEST_BYTES,
             max_readahead: MAX_REQUEST_BYTES,
             max_background: 64,
             congestion_threshold: 48,
         }
+    }
+
+    fn interrupt(&self, unique: u64) {
+        let mut waiting = self.waiting.lock();
+        if waiting.len() >= EARLY_INTERRUPTS_MAX && !waiting.contains_key(&unique) {
+            // Interrupts of requests that finished before them: no use to anyone.
+            waiting.retain(|_, w| w.registered);
+        }
+        waiting.entry(unique).or_default().interrupted = true;
     }
 
     fn initialized(&self, granted: u64) {
@@ -669,17 +786,49 @@ impl Handler for TesseraFuse {
                 Ok(d) => Reply::File(d),
                 Err(e) => errno(&e),
             },
-            Op::Write { fh, offset, data } => {
-                match self.fs.write(ino, offset, data, fh & FH_SYNC != 0) {
-                    Ok(n) => Reply::Write { size: n as u32 },
-                    Err(e) => errno(&e),
-                }
+            Op::Write {
+                fh,
+                offset: _,
+                append: true,
+                data,
+            } if self.shared => match self.fs.append(ino, data, fh & FH_SYNC != 0) {
+                Ok(_) => Reply::Write {
+                    size: data.len() as u32,
+                },
+                Err(e) => errno(&e),
+            },
+            Op::Write {
+                fh, offset, data, ..
+            } => match self.fs.write(ino, offset, data, fh & FH_SYNC != 0) {
+                Ok(n) => Reply::Write { size: n as u32 },
+                Err(e) => errno(&e),
+            },
+            // A close drops the closing process's record locks, which live at the owner
+            // when the file system is shared.
+            Op::Flush { lock_owner } if self.shared => {
+                let holder = self.fs.lock_holder(lock_owner, LockClass::Posix);
+                empty(self.fs.unlock_all(ino, holder))
             }
             // close(2) does not promise durability (fsync does) and locks are the kernel's,
             // so there is nothing to do; ENOSYS tells the kernel to stop sending FLUSH at
             // all, which saves a round trip on every close.
-            Op::Flush => Reply::Error(libc::ENOSYS),
-            Op::Release => empty(self.fs.release(ino)),
+            Op::Flush { .. } => Reply::Error(libc::ENOSYS),
+            Op::Release { flock_owner } => {
+                if let Some(owner) = flock_owner.filter(|_| self.shared) {
+                    let holder = self.fs.lock_holder(owner, LockClass::Flock);
+                    if let Err(e) = self.fs.unlock_all(ino, holder) {
+                        tracing::warn!("inode {ino}: dropping flock locks at close: {e}");
+                    }
+                }
+                empty(self.fs.release(ino))
+            }
+            Op::Lock {
+                owner,
+                lock,
+                flock,
+                test,
+                sleep,
+            } => self.lock(req, owner, lock, (flock, test, sleep)),
             Op::Fsync | Op::Fsyncdir => empty(self.fs.fsync(ino)),
             Op::Readdir { offset, size } => self.readdir(ino, offset, size),
             Op::Statfs => self.statfs(),
@@ -722,7 +871,7 @@ impl Handler for TesseraFuse {
             | Op::Destroy
             | Op::Forget
             | Op::BatchForget
-            | Op::Interrupt
+            | Op::Interrupt { .. }
             | Op::Unsupported(_) => Reply::Error(libc::ENOSYS),
         }
     }

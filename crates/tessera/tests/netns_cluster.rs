@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::netns::{netns_usable, Cluster};
@@ -741,6 +741,8 @@ fn one_file_system_is_mounted_on_three_nodes() {
     assert_eq!(listing(1), listing(2));
     assert_eq!(listing(2), listing(3));
 
+    locks_and_appends_across_nodes(&mnt);
+
     // The owner cannot unmount under its clients.
     let refused = tessera(&c, 1, &["umount", "s1"]);
     let why = String::from_utf8_lossy(&refused.stderr).into_owned();
@@ -768,6 +770,137 @@ fn one_file_system_is_mounted_on_three_nodes() {
     let fsck = tessera_ok(&c, 1, &["fsck", "s1", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
+
+/// A process holding `lock` ("lockf" or "flock", exclusive) on `path`, until its stdin
+/// closes; returns once it holds the lock.
+fn lock_holder(path: &std::path::Path, lock: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let script = format!(
+        "import fcntl, sys\nf = open(sys.argv[1], 'r+')\nfcntl.{lock}(f, fcntl.LOCK_EX)\n\
+         print('locked', flush=True)\nsys.stdin.read()\n"
+    );
+    let mut child = Command::new("python3")
+        .args(["-c", &script, path.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line.trim(),
+        "locked",
+        "the lock holder on {path:?} did not lock"
+    );
+    child
+}
+
+/// Whether `lock` ("lockf" or "flock") of `path` is granted at once to a new process.
+fn lock_free(path: &std::path::Path, lock: &str) -> bool {
+    let script = format!(
+        "import fcntl, sys\nf = open(sys.argv[1], 'r+')\n\
+         try:\n    fcntl.{lock}(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n\
+         except BlockingIOError:\n    sys.exit(3)\n"
+    );
+    let status = Command::new("python3")
+        .args(["-c", &script, path.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(matches!(status.code(), Some(0 | 3)), "{status}");
+    status.code() == Some(0)
+}
+
+/// `fcntl` and `flock` locks exclude each other's holders across nodes (a lock of one
+/// node's process keeps another node's from it, a waiter gets it when the holder dies, and
+/// a waiter killed while waiting goes away rather than hanging); O_APPEND writes from
+/// every node at once all land, whole, none over another.
+fn locks_and_appends_across_nodes(mnt: &impl Fn(u32) -> PathBuf) {
+    std::fs::write(mnt(1).join("locked"), b"x").unwrap();
+    for lock in ["lockf", "flock"] {
+        let mut holder = lock_holder(&mnt(2).join("locked"), lock);
+        for k in [1, 3] {
+            assert!(
+                !lock_free(&mnt(k).join("locked"), lock),
+                "{lock}: node {k} got a lock node 2 holds"
+            );
+        }
+        // A waiter on node 3, and one on node 1 that is killed while it waits.
+        let wait = format!(
+            "import fcntl, sys\nf = open(sys.argv[1], 'r+')\nfcntl.{lock}(f, fcntl.LOCK_EX)\n"
+        );
+        let waiter = |k: u32| {
+            Command::new("python3")
+                .args(["-c", &wait, mnt(k).join("locked").to_str().unwrap()])
+                .spawn()
+                .unwrap()
+        };
+        let mut patient = waiter(3);
+        let mut killed = waiter(1);
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            patient.try_wait().unwrap().is_none(),
+            "{lock}: granted while held"
+        );
+        killed.kill().unwrap();
+        let started = Instant::now();
+        killed.wait().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{lock}: a killed waiter took {:?} to go",
+            started.elapsed()
+        );
+        // The holder exits (its close drops the lock); the waiter on node 3 gets it.
+        drop(holder.stdin.take());
+        holder.wait().unwrap();
+        let started = Instant::now();
+        let status = patient.wait().unwrap();
+        assert!(status.success(), "{lock}: the waiter failed: {status}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{lock}: {:?}",
+            started.elapsed()
+        );
+        assert!(
+            lock_free(&mnt(2).join("locked"), lock),
+            "{lock}: left locked"
+        );
+    }
+
+    // Appends: 3 nodes x 100 lines of 64 bytes, each one write(2) of an O_APPEND open.
+    let log = mnt(1).join("appended");
+    std::fs::write(&log, b"").unwrap();
+    let appenders: Vec<_> = [1u32, 2, 3]
+        .into_iter()
+        .map(|k| {
+            let path = mnt(k).join("appended");
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+                for i in 0..100 {
+                    let line = format!("{:<63}\n", format!("node{k} line {i}"));
+                    f.write_all(line.as_bytes()).unwrap();
+                }
+            })
+        })
+        .collect();
+    for a in appenders {
+        a.join().unwrap();
+    }
+    for k in [1, 2, 3] {
+        let text = std::fs::read_to_string(mnt(k).join("appended")).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 300, "node {k}: appends lost or torn:\n{text}");
+        assert!(
+            lines.iter().all(|l| l.len() == 63 && l.starts_with("node")),
+            "{text}"
+        );
+        lines.sort();
+        lines.dedup();
+        assert_eq!(lines.len(), 300, "node {k}: an append landed twice");
+    }
 }
 
 /// The owner of a file system mounted on three nodes dies: once the cluster has expelled

@@ -469,7 +469,10 @@ fn a_vdisk_deleted_during_its_rebuild_frees_each_slot_once() {
         da.delete_vdisk("v").unwrap();
         wait_idle(&da);
         let status = da.status();
-        assert!(status.free_bytes > free_before, "round {round}: {status:#?}");
+        assert!(
+            status.free_bytes > free_before,
+            "round {round}: {status:#?}"
+        );
         assert!(da.destroy().unwrap().is_empty());
     }
 }

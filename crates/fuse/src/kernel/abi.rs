@@ -41,6 +41,9 @@ pub(crate) mod opcode {
     pub(crate) const READDIR: u32 = 28;
     pub(crate) const RELEASEDIR: u32 = 29;
     pub(crate) const FSYNCDIR: u32 = 30;
+    pub(crate) const GETLK: u32 = 31;
+    pub(crate) const SETLK: u32 = 32;
+    pub(crate) const SETLKW: u32 = 33;
     pub(crate) const ACCESS: u32 = 34;
     pub(crate) const CREATE: u32 = 35;
     pub(crate) const INTERRUPT: u32 = 36;
@@ -55,7 +58,9 @@ pub(crate) mod opcode {
 /// `INIT_EXT` is set.
 pub(crate) mod init_flags {
     pub(crate) const ASYNC_READ: u64 = 1 << 0;
+    pub(crate) const POSIX_LOCKS: u64 = 1 << 1;
     pub(crate) const ATOMIC_O_TRUNC: u64 = 1 << 3;
+    pub(crate) const FLOCK_LOCKS: u64 = 1 << 10;
     pub(crate) const BIG_WRITES: u64 = 1 << 5;
     /// The kernel leaves the umask to us (create requests carry it).
     pub(crate) const DONT_MASK: u64 = 1 << 6;
@@ -100,6 +105,23 @@ pub(crate) const NOTIFY_INVAL_ENTRY: i32 = 3;
 /// `struct fuse_notify_inval_entry_out`: parent, namelen, flags.
 pub(crate) const NOTIFY_INVAL_ENTRY_OUT_BYTES: usize = 16;
 
+/// `FUSE_LK_FLOCK` in `fuse_lk_in.lk_flags`: an flock(2) lock, not a record lock.
+pub(crate) const LK_FLOCK: u32 = 1 << 0;
+/// `FUSE_RELEASE_FLOCK_UNLOCK` in `fuse_release_in.release_flags`.
+pub(crate) const RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
+/// Bytes of `struct fuse_lk_out`.
+#[cfg(test)]
+pub(crate) const LK_OUT_BYTES: usize = 24;
+
+/// `struct fuse_file_lock`: bytes `start..=end`, `typ` F_RDLCK, F_WRLCK or F_UNLCK.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FileLock {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) typ: u32,
+    pub(crate) pid: u32,
+}
+
 /// `struct fuse_in_header`.
 pub(crate) const IN_HEADER_BYTES: usize = 40;
 /// `struct fuse_out_header`.
@@ -138,6 +160,7 @@ pub(crate) fn op_header_bytes(op: u32) -> usize {
         GETATTR | MKNOD | FSYNC | FSYNCDIR | CREATE | RENAME2 => 16,
         RELEASE | RELEASEDIR | FLUSH => 24,
         FALLOCATE => 32,
+        GETLK | SETLK | SETLKW => 48,
         READ | WRITE | READDIR | READDIRPLUS => 40,
         INIT => 64,
         SETATTR => 88,

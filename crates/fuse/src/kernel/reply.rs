@@ -74,6 +74,8 @@ pub(crate) enum Reply {
     /// `fuse_getxattr_out`: the size a getxattr/listxattr probe asked for.
     XattrSize(u32),
     Init(InitOut),
+    /// `fuse_lk_out`: the lock that conflicts (type F_UNLCK when none does).
+    Lock(super::abi::FileLock),
 }
 
 impl Reply {
@@ -111,6 +113,12 @@ impl Reply {
             } => {
                 encode_entry(scratch, entry);
                 encode_open(scratch, *fh, *open_flags);
+            }
+            Reply::Lock(l) => {
+                scratch.extend_from_slice(&l.start.to_le_bytes());
+                scratch.extend_from_slice(&l.end.to_le_bytes());
+                put32(scratch, l.typ);
+                put32(scratch, l.pid);
             }
             Reply::Write { size } | Reply::XattrSize(size) => {
                 put32(scratch, *size);
@@ -222,6 +230,8 @@ mod tests {
     #[test]
     fn sizes_match_the_kernel() {
         let mut s = Vec::new();
+        let lock = Reply::Lock(abi::FileLock::default());
+        assert_eq!(lock.encode(&mut s).1.len(), abi::LK_OUT_BYTES);
         let ttl = Ttl { secs: 60, nsecs: 0 };
         let entry = EntryOut {
             nodeid: 5,

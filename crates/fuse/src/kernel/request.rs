@@ -38,7 +38,10 @@ pub(crate) enum Op<'a> {
     Destroy,
     Forget,
     BatchForget,
-    Interrupt,
+    /// The kernel's wish that request `unique` end early (a signal reached its caller).
+    Interrupt {
+        unique: u64,
+    },
     Lookup {
         name: &'a [u8],
     },
@@ -88,14 +91,31 @@ pub(crate) enum Op<'a> {
     Write {
         fh: u64,
         offset: u64,
+        /// The file is open with O_APPEND (now: fcntl can change it after the open).
+        append: bool,
         data: &'a [u8],
     },
     Statfs,
-    Release,
+    Release {
+        /// The open file's `flock` owner when its locks are to be dropped
+        /// (`FUSE_RELEASE_FLOCK_UNLOCK`).
+        flock_owner: Option<u64>,
+    },
     Releasedir,
     Fsync,
     Fsyncdir,
-    Flush,
+    /// A close of one file descriptor: drops the closing process's record locks.
+    Flush {
+        lock_owner: u64,
+    },
+    /// F_GETLK, F_SETLK and F_SETLKW (`sleep`) of a record or, with `flock`, flock lock.
+    Lock {
+        owner: u64,
+        lock: abi::FileLock,
+        flock: bool,
+        test: bool,
+        sleep: bool,
+    },
     Setxattr {
         name: &'a [u8],
         value: &'a [u8],
@@ -137,7 +157,7 @@ pub(crate) enum Op<'a> {
 impl Op<'_> {
     /// Whether the kernel expects no reply at all.
     pub(crate) fn is_noreply(&self) -> bool {
-        matches!(self, Op::Forget | Op::BatchForget | Op::Interrupt)
+        matches!(self, Op::Forget | Op::BatchForget | Op::Interrupt { .. })
     }
 }
 
@@ -198,7 +218,7 @@ fn parse_op<'a>(op: u32, op_in: &'a [u8], payload: &'a [u8]) -> Option<Op<'a>> {
         opcode::DESTROY => Op::Destroy,
         opcode::FORGET => Op::Forget,
         opcode::BATCH_FORGET => Op::BatchForget,
-        opcode::INTERRUPT => Op::Interrupt,
+        opcode::INTERRUPT => Op::Interrupt { unique: h.u64()? },
         opcode::LOOKUP => Op::Lookup { name: p.cstr()? },
         opcode::GETATTR => Op::Getattr,
         opcode::SETATTR => Op::Setattr(parse_setattr(&mut h)?),
@@ -238,11 +258,37 @@ fn parse_op<'a>(op: u32, op_in: &'a [u8], payload: &'a [u8]) -> Option<Op<'a>> {
         }
         opcode::WRITE => parse_write(&mut h, &mut p)?,
         opcode::STATFS => Op::Statfs,
-        opcode::RELEASE => Op::Release,
+        opcode::RELEASE => {
+            let (_fh, _flags, release_flags, lock_owner) = (h.u64()?, h.u32()?, h.u32()?, h.u64()?);
+            Op::Release {
+                flock_owner: (release_flags & abi::RELEASE_FLOCK_UNLOCK != 0).then_some(lock_owner),
+            }
+        }
         opcode::RELEASEDIR => Op::Releasedir,
         opcode::FSYNC => Op::Fsync,
         opcode::FSYNCDIR => Op::Fsyncdir,
-        opcode::FLUSH => Op::Flush,
+        opcode::FLUSH => {
+            let (_fh, _unused, _padding) = (h.u64()?, h.u32()?, h.u32()?);
+            Op::Flush {
+                lock_owner: h.u64()?,
+            }
+        }
+        opcode::GETLK | opcode::SETLK | opcode::SETLKW => {
+            let (_fh, owner) = (h.u64()?, h.u64()?);
+            let lock = abi::FileLock {
+                start: h.u64()?,
+                end: h.u64()?,
+                typ: h.u32()?,
+                pid: h.u32()?,
+            };
+            Op::Lock {
+                owner,
+                lock,
+                flock: h.u32()? & abi::LK_FLOCK != 0,
+                test: op == opcode::GETLK,
+                sleep: op == opcode::SETLKW,
+            }
+        }
         opcode::SETXATTR => {
             let (size, flags) = (h.u32()?, h.u32()?);
             let name = p.cstr()?;
@@ -328,9 +374,11 @@ fn parse_write<'a>(h: &mut Reader<'a>, p: &mut Reader<'a>) -> Option<Op<'a>> {
     let fh = h.u64()?;
     let offset = h.u64()?;
     let size = h.u32()?;
+    let (_write_flags, _lock_owner, flags) = (h.u32()?, h.u64()?, h.u32()?);
     Some(Op::Write {
         fh,
         offset,
+        append: flags as i32 & libc::O_APPEND != 0,
         data: p.bytes(size as usize)?,
     })
 }
@@ -398,7 +446,7 @@ mod tests {
         hdr.extend_from_slice(&4096u64.to_ne_bytes()); // offset
         hdr.extend_from_slice(&u32s(&[5, 0]));
         hdr.extend_from_slice(&0u64.to_ne_bytes());
-        hdr.extend_from_slice(&u32s(&[0, 0]));
+        hdr.extend_from_slice(&u32s(&[libc::O_WRONLY as u32 | libc::O_APPEND as u32, 0]));
         assert_eq!(hdr.len(), 40);
         let mut body = hdr.clone();
         body.extend_from_slice(b"hello");
@@ -406,6 +454,7 @@ mod tests {
         let want = Op::Write {
             fh: 7,
             offset: 4096,
+            append: true,
             data: b"hello",
         };
         assert_eq!(parse_dev(&m).unwrap().op, want);
@@ -421,6 +470,57 @@ mod tests {
                 unique: 99,
                 opcode: opcode::WRITE
             })
+        );
+    }
+
+    #[test]
+    fn lock_requests_flush_and_release_carry_their_owners() {
+        let mut body = 7u64.to_ne_bytes().to_vec(); // fh
+        body.extend_from_slice(&0xabcdu64.to_ne_bytes()); // owner
+        body.extend_from_slice(&10u64.to_ne_bytes());
+        body.extend_from_slice(&19u64.to_ne_bytes());
+        body.extend_from_slice(&u32s(&[libc::F_WRLCK as u32, 42, abi::LK_FLOCK, 0]));
+        assert_eq!(body.len(), abi::op_header_bytes(opcode::SETLKW));
+        let want = Op::Lock {
+            owner: 0xabcd,
+            lock: abi::FileLock {
+                start: 10,
+                end: 19,
+                typ: libc::F_WRLCK as u32,
+                pid: 42,
+            },
+            flock: true,
+            test: false,
+            sleep: true,
+        };
+        assert_eq!(parse_dev(&msg(opcode::SETLKW, &body)).unwrap().op, want);
+        let Op::Lock { test, sleep, .. } = parse_dev(&msg(opcode::GETLK, &body)).unwrap().op else {
+            panic!("not a lock request");
+        };
+        assert!(test && !sleep);
+        // Too short: malformed, not a lock of garbage.
+        assert!(parse_dev(&msg(opcode::SETLK, &body[..40])).is_err());
+        let mut flush = 7u64.to_ne_bytes().to_vec();
+        flush.extend_from_slice(&u32s(&[0, 0]));
+        flush.extend_from_slice(&0x55u64.to_ne_bytes());
+        assert_eq!(
+            parse_dev(&msg(opcode::FLUSH, &flush)).unwrap().op,
+            Op::Flush { lock_owner: 0x55 }
+        );
+        let mut release = 7u64.to_ne_bytes().to_vec();
+        release.extend_from_slice(&u32s(&[0, abi::RELEASE_FLOCK_UNLOCK]));
+        release.extend_from_slice(&0x66u64.to_ne_bytes());
+        assert_eq!(
+            parse_dev(&msg(opcode::RELEASE, &release)).unwrap().op,
+            Op::Release {
+                flock_owner: Some(0x66)
+            }
+        );
+        assert_eq!(
+            parse_dev(&msg(opcode::INTERRUPT, &99u64.to_ne_bytes()))
+                .unwrap()
+                .op,
+            Op::Interrupt { unique: 99 }
         );
     }
 

@@ -38,6 +38,9 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn handle(&self, req: &Request<'_>) -> Reply;
     /// The connection ends: make everything durable.
     fn destroy(&self);
+    /// The kernel asks that request `unique`, in progress, end early (its caller caught a
+    /// signal); the request is still answered, by whoever serves it.
+    fn interrupt(&self, _unique: u64) {}
 }
 
 /// Requests of one connection as the daemon serves them, for its metrics: counted around
@@ -64,6 +67,10 @@ impl Shared {
     /// The reply to a parsed request; `None` when the kernel expects none.
     pub(crate) fn serve(&self, req: &Request<'_>) -> Option<Reply> {
         match req.op {
+            Op::Interrupt { unique } => {
+                self.handler.interrupt(unique);
+                None
+            }
             _ if req.op.is_noreply() => None,
             // INIT after the handshake is a protocol error.
             Op::Init(_) => Some(Reply::Error(libc::EIO)),

@@ -1192,3 +1192,106 @@ fn default_acls_are_inherited_in_place_of_the_umask() {
     assert_eq!(fs::metadata(m.path("proj/late")).unwrap().mode() & 0o777, 0o600);
     assert_eq!(acl_of(&p("proj/late")).len(), 3);
 }
+
+/// A process holding `how` ("lockf" with `args`, or "flock") exclusively on `path` until
+/// its stdin closes; returns once it holds the lock.
+fn lock_holder(path: &Path, how: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let script = format!(
+        "import fcntl, sys\nf = open(sys.argv[1], 'r+')\nfcntl.{how}\nprint('locked', flush=True)\nsys.stdin.read()\n"
+    );
+    let mut child = Command::new("python3")
+        .args(["-c", &script, path.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "locked", "the lock holder did not lock: {how}");
+    child
+}
+
+/// `fcntl(F_SETLK)` of `start..start+len` from this process: the errno, 0 when granted.
+fn try_lock(f: &File, typ: i32, start: i64, len: i64) -> i32 {
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(f);
+    rc_errno(unsafe { libc::fcntl(fd, libc::F_SETLK, &fl) })
+}
+
+#[test]
+fn record_locks_flock_and_appends_between_processes() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new(2, 128 << 20, small_fs());
+    let p = m.path("locked");
+    fs::write(&p, vec![0u8; 100]).unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+
+    // Another process write-locks bytes 0..10: this one gets 10..20 but not 5..15, and
+    // F_GETLK names the holder, its range and its pid.
+    let mut holder = lock_holder(&p, "lockf(f, fcntl.LOCK_EX, 10, 0)");
+    assert_eq!(try_lock(&f, libc::F_WRLCK, 10, 10), 0);
+    assert_eq!(try_lock(&f, libc::F_RDLCK, 5, 10), libc::EAGAIN);
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 0;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    assert_eq!(rc_errno(unsafe { libc::fcntl(fd, libc::F_GETLK, &mut fl) }), 0);
+    assert_eq!(
+        (i32::from(fl.l_type), fl.l_start, fl.l_len, fl.l_pid as u32),
+        (libc::F_WRLCK, 0, 10, holder.id()),
+        "F_GETLK"
+    );
+    // The holder is killed: its locks go with it.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(try_lock(&f, libc::F_WRLCK, 0, 10), 0, "a dead process's lock stayed");
+    // Unlocking is per range of this process's own locks.
+    assert_eq!(try_lock(&f, libc::F_UNLCK, 0, 0), 0);
+
+    // flock: exclusive against another open file, independent of record locks.
+    let mut holder = lock_holder(&p, "flock(f, fcntl.LOCK_EX)");
+    assert_eq!(try_lock(&f, libc::F_WRLCK, 0, 0), 0, "flock and fcntl locks interfered");
+    assert_eq!(try_lock(&f, libc::F_UNLCK, 0, 0), 0);
+    let busy = Command::new("flock").args(["-n"]).arg(&p).arg("true").status().unwrap();
+    assert_eq!(busy.code(), Some(1), "flock -n got a lock another process holds");
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    let free = Command::new("flock").args(["-n"]).arg(&p).arg("true").status().unwrap();
+    assert!(free.success(), "the flock stayed after its holder closed the file");
+
+    // O_APPEND writers in several processes: every line lands, whole.
+    let log = m.path("appended");
+    fs::write(&log, b"").unwrap();
+    let writers: Vec<_> = (0..3)
+        .map(|k| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "for i in $(seq 1 100); do printf '%-31s\\n' \"writer{k} $i\" >> {}; done",
+                    log.display()
+                ))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut w in writers {
+        assert!(w.wait().unwrap().success());
+    }
+    let text = fs::read_to_string(&log).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 300, "appends lost or torn:\n{text}");
+    assert!(lines.iter().all(|l| l.len() == 31 && l.starts_with("writer")));
+    lines.sort();
+    lines.dedup();
+    assert_eq!(lines.len(), 300);
+}

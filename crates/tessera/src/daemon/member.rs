@@ -229,6 +229,15 @@ impl Member {
         }
     }
 
+    /// Whether the node a lock holder's requests came from is gone: expelled, or restarted
+    /// as another incarnation since (its processes, and so their locks, died with it).
+    pub fn lock_holder_check(
+        &self,
+    ) -> Box<dyn Fn(tessera_fs::locks::Origin) -> bool + Send + Sync> {
+        let node = Arc::clone(&self.node);
+        Box::new(move |o| !node.state().epoch_is_live(o.node, o.incarnation))
+    }
+
     /// Whether this node holds a valid disk lease now.
     pub fn holds_lease(&self) -> bool {
         self.node.may_do_io()

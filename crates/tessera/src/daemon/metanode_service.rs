@@ -24,8 +24,12 @@ pub(super) const METANODE_WAIT: Duration = Duration::from_secs(60);
 pub(super) struct MountedFileSystems(pub Weak<Daemon>);
 
 impl FileSystemService for MountedFileSystems {
-    fn call(&self, fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String> {
+    fn call(&self, from: (NodeNumber, u64), fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String> {
         let daemon = self.0.upgrade().ok_or("the daemon is stopping")?;
+        let origin = Some(tessera_fs::locks::Origin {
+            node: from.0,
+            incarnation: from.1,
+        });
         // An owner without a disk lease may have been expelled and taken over meanwhile:
         // what it holds in memory is not to be answered from (its disk I/O is refused by
         // the lease gate already). Refused as not served: the client waits and looks for
@@ -43,7 +47,7 @@ impl FileSystemService for MountedFileSystems {
         };
         if let Some(owned) = daemon.owned.lock().get(fs).map(Arc::clone) {
             serving()?;
-            return Ok(owned.serve_metanode_request(&request));
+            return Ok(owned.serve_metanode_request_from(origin, &request));
         }
         let mounted = daemon
             .mounts
@@ -53,7 +57,7 @@ impl FileSystemService for MountedFileSystems {
         match mounted {
             Some((fs, None)) => {
                 serving()?;
-                Ok(fs.serve_metanode_request(&request))
+                Ok(fs.serve_metanode_request_from(origin, &request))
             }
             // A client mount answers a new owner's fence.
             Some((fs, Some(_))) if Fence::is_fence(&request) => {
@@ -399,7 +403,8 @@ impl Daemon {
             let Some(answer) = fenced else {
                 continue;
             };
-            let applied = owner.replay_fenced(&answer);
+            let origin = self.client_origin(&client.node);
+            let applied = owner.replay_fenced(&answer, origin);
             match &applied {
                 Ok(n) => replayed += n,
                 Err(e) => tracing::error!(
@@ -424,6 +429,20 @@ impl Daemon {
             record.clients.len(),
             started.elapsed()
         );
+    }
+
+    /// Where requests of client node `node` come from, as the transport names them
+    /// (`None` for this node's own mount).
+    fn client_origin(&self, node: &str) -> Option<tessera_fs::locks::Origin> {
+        if node == self.cluster.node_name {
+            return None;
+        }
+        let state = self.member.state();
+        let (number, _) = state.nodes.iter().find(|(_, n)| n.name == node)?;
+        Some(tessera_fs::locks::Origin {
+            node: *number,
+            incarnation: state.incarnations.get(number).copied()?,
+        })
     }
 
     /// Sends one half of a fence to client node `node` of `record` (this node's own client

@@ -112,6 +112,7 @@ impl Daemon {
         fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
         fs.set_metadata_cache_bytes(pagepool);
         self.set_thin_disks(&fs, &nsds, &record.name)?;
+        fs.on_lock_holder_check(self.member.lock_holder_check());
         tracing::info!(
             "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
             record.name,

@@ -1,0 +1,561 @@
+//! Advisory file locks across nodes: `fcntl` byte-range locks, `flock` whole-file locks,
+//! and the append lock that makes O_APPEND atomic when several nodes append to one file.
+//!
+//! The metanode of a file holds its locks ([`LockTable`], in the owner's state): every
+//! node's kernel hands lock requests to its mount (`FUSE_GETLK`, `FUSE_SETLK`,
+//! `FUSE_SETLKW`), which asks the owner, so a lock taken on one node conflicts with one
+//! taken on any other. A holder is one lock owner of one mount: the kernel's
+//! `lock_owner` (the process's file table for `fcntl`, the open file for `flock` and OFD
+//! locks) together with the mount's random client name. The three classes never conflict
+//! with each other, as on Linux `flock` and `fcntl` locks do not.
+//!
+//! A waiting lock (`F_SETLKW`) is not queued at the owner: the client asks again, backing
+//! off up to [`WAIT_POLL_MAX`], until it is granted or the application is interrupted. No
+//! request ever waits at the owner, so no owner death, takeover or lost message can leave
+//! one hanging; the price is that waiters are not served in order. A lock of a node the
+//! cluster expelled is dropped at the first conflict it causes (the owner asks the daemon
+//! whether its holder's node is still live), so a dead node's locks free themselves once
+//! its lease ran out.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::inode::Ino;
+
+/// Longest pause between two attempts of a waiting lock.
+pub const WAIT_POLL_MAX: Duration = Duration::from_millis(100);
+
+/// Locks held in one file system, at most: each is a few dozen bytes, and a client that
+/// asks for more is refused with ENOLCK, as the kernel refuses past its own limits.
+pub const LOCKS_MAX: usize = 1 << 20;
+
+/// The end of a lock that runs to the end of the file however far it grows (the kernel's
+/// `OFFSET_MAX`).
+pub const TO_END: u64 = i64::MAX as u64;
+
+/// Which family a lock belongs to; locks of different classes never conflict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockClass {
+    /// `fcntl` record locks (and OFD locks).
+    Posix,
+    /// `flock` locks, whole-file.
+    Flock,
+    /// Taken by the file system itself around an O_APPEND write of a shared file.
+    Append,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockKind {
+    Read,
+    Write,
+    Unlock,
+}
+
+/// Who holds a lock: lock owner `owner` of mount `client`, in class `class`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Holder {
+    pub client: u64,
+    pub owner: u64,
+    pub class: LockClass,
+}
+
+/// One held lock: bytes `start..=end` of a file (`end` [`TO_END`] for "to the end").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lock {
+    pub holder: Holder,
+    pub start: u64,
+    pub end: u64,
+    pub kind: LockKind,
+    /// The process that took it, for `F_GETLK`.
+    pub pid: u32,
+}
+
+impl Lock {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start <= end && start <= self.end
+    }
+
+    /// Whether `self` keeps `other` (a lock wanted by someone else) from being granted.
+    fn conflicts_with(&self, other: &Lock) -> bool {
+        self.holder != other.holder
+            && self.holder.class == other.holder.class
+            && self.overlaps(other.start, other.end)
+            && (self.kind == LockKind::Write || other.kind == LockKind::Write)
+    }
+}
+
+/// A lock request as a client sends it to the owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockCall {
+    pub lock: Lock,
+    /// Only ask which lock would conflict (`F_GETLK`); change nothing.
+    pub test: bool,
+}
+
+/// The locks of every file of one owner, with the node each client mount runs on (for
+/// dropping the locks of a node the cluster expelled).
+#[derive(Default)]
+pub struct LockTable {
+    files: HashMap<Ino, Vec<Lock>>,
+    count: usize,
+    /// Where each client's requests came from: `None` for this node's own mount.
+    origins: HashMap<u64, Option<Origin>>,
+}
+
+/// The node (and its incarnation) a lock request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Origin {
+    pub node: u32,
+    pub incarnation: u64,
+}
+
+/// Why a lock could not be granted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Held by someone else: the first conflicting lock.
+    Conflict(Lock),
+    /// The table is full ([`LOCKS_MAX`]).
+    TooMany,
+}
+
+impl LockTable {
+    /// The first lock that keeps `want` from being granted, if any.
+    pub fn conflict(&self, ino: Ino, want: &Lock) -> Option<Lock> {
+        if want.kind == LockKind::Unlock {
+            return None;
+        }
+        self.files
+            .get(&ino)?
+            .iter()
+            .find(|l| l.conflicts_with(want))
+            .copied()
+    }
+
+    /// Takes, changes or drops (`LockKind::Unlock`) `want`'s holder's locks on its range,
+    /// as `fcntl(F_SETLK)` does: the holder's own locks there are replaced (split where
+    /// they reach outside), adjacent ones of the same kind merged.
+    pub fn set(&mut self, ino: Ino, want: Lock, origin: Option<Origin>) -> Result<(), Refused> {
+        assert!(
+            want.start <= want.end,
+            "lock range {}..={}",
+            want.start,
+            want.end
+        );
+        if let Some(c) = self.conflict(ino, &want) {
+            return Err(Refused::Conflict(c));
+        }
+        if want.kind != LockKind::Unlock && self.count + 2 > LOCKS_MAX {
+            return Err(Refused::TooMany);
+        }
+        self.origins.insert(want.holder.client, origin);
+        let locks = self.files.entry(ino).or_default();
+        let before = locks.len();
+        let mut kept = Vec::with_capacity(locks.len() + 2);
+        for l in locks.drain(..) {
+            if l.holder != want.holder || !l.overlaps(want.start, want.end) {
+                kept.push(l);
+                continue;
+            }
+            // The parts of the holder's old lock outside the new range stay.
+            if l.start < want.start {
+                kept.push(Lock {
+                    end: want.start - 1,
+                    ..l
+                });
+            }
+            if l.end > want.end {
+                kept.push(Lock {
+                    start: want.end + 1,
+                    ..l
+                });
+            }
+        }
+        if want.kind != LockKind::Unlock {
+            let mut new = want;
+            // Merge with the holder's locks of the same kind that touch it.
+            kept.retain(|l| {
+                let touches = l.holder == want.holder
+                    && l.kind == want.kind
+                    && l.start <= new.end.saturating_add(1)
+                    && new.start <= l.end.saturating_add(1);
+                if touches {
+                    new.start = new.start.min(l.start);
+                    new.end = new.end.max(l.end);
+                }
+                !touches
+            });
+            kept.push(new);
+        }
+        *locks = kept;
+        self.count = self.count + locks.len() - before;
+        if locks.is_empty() {
+            self.files.remove(&ino);
+        }
+        Ok(())
+    }
+
+    /// Drops every lock of `holder` on `ino` (a close for `fcntl` locks, the last close of
+    /// an open file for `flock`).
+    pub fn drop_holder(&mut self, ino: Ino, holder: Holder) {
+        let Some(locks) = self.files.get_mut(&ino) else {
+            return;
+        };
+        let before = locks.len();
+        locks.retain(|l| l.holder != holder);
+        self.count -= before - locks.len();
+        if locks.is_empty() {
+            self.files.remove(&ino);
+        }
+    }
+
+    /// Drops every lock of the clients whose origin `dead` says is gone; returns how many.
+    pub fn drop_dead(&mut self, dead: impl Fn(Origin) -> bool) -> usize {
+        let gone: Vec<u64> = self
+            .origins
+            .iter()
+            .filter(|(_, o)| o.is_some_and(&dead))
+            .map(|(c, _)| *c)
+            .collect();
+        if gone.is_empty() {
+            return 0;
+        }
+        let mut dropped = 0;
+        self.files.retain(|_, locks| {
+            let before = locks.len();
+            locks.retain(|l| !gone.contains(&l.holder.client));
+            dropped += before - locks.len();
+            !locks.is_empty()
+        });
+        for c in gone {
+            self.origins.remove(&c);
+        }
+        self.count -= dropped;
+        dropped
+    }
+
+    /// The origin recorded for `client`'s requests.
+    pub fn origin(&self, client: u64) -> Option<Origin> {
+        self.origins.get(&client).copied().flatten()
+    }
+
+    /// Every lock of `client`, by file (what it hands a new owner at a takeover).
+    pub fn of_client(&self, client: u64) -> Vec<(Ino, Lock)> {
+        let mut out = Vec::new();
+        for (ino, locks) in &self.files {
+            out.extend(
+                locks
+                    .iter()
+                    .filter(|l| l.holder.client == client)
+                    .map(|l| (*ino, *l)),
+            );
+        }
+        out
+    }
+
+    /// Locks held in all.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The locks on `ino`, for tests and diagnostics.
+    pub fn locks_of(&self, ino: Ino) -> Vec<Lock> {
+        self.files.get(&ino).cloned().unwrap_or_default()
+    }
+}
+
+/// Longest wait of an O_APPEND write for the append lock of its file. Its holder is
+/// another node's append in flight, whose own waits are bounded, or a dead node's, freed
+/// once the cluster expels it; past this something is wrong and the write fails with EIO.
+const APPEND_WAIT_MAX: Duration = Duration::from_secs(120);
+
+impl crate::fs::FileSystem {
+    /// Tells this owner how to learn whether the node a lock holder's requests came from
+    /// is gone from the cluster (expelled, or restarted as a new incarnation): its locks
+    /// are dropped at the first conflict they cause. Only the first function set is used.
+    pub fn on_lock_holder_check(&self, gone: Box<dyn Fn(Origin) -> bool + Send + Sync>) {
+        let _ = self.holder_gone.set(gone);
+    }
+
+    /// The holder that lock owner `owner` (the kernel's `lock_owner`) of this mount is.
+    pub fn lock_holder(&self, owner: u64, class: LockClass) -> Holder {
+        Holder {
+            client: self.lock_client,
+            owner,
+            class,
+        }
+    }
+
+    /// `F_GETLK`: the lock that keeps `want` from being granted, if any.
+    pub fn lock_test(&self, ino: Ino, want: Lock) -> crate::FsResult<Option<Lock>> {
+        let call = LockCall {
+            lock: want,
+            test: true,
+        };
+        crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None)
+    }
+
+    /// `F_SETLK` (`cancelled` `None`: EAGAIN on a conflict) and `F_SETLKW` (asks again
+    /// until granted, or EINTR once `cancelled` says the caller was interrupted).
+    pub fn lock_set(
+        &self,
+        ino: Ino,
+        want: Lock,
+        cancelled: Option<&dyn Fn() -> bool>,
+    ) -> crate::FsResult<()> {
+        self.lock_until(ino, want, cancelled, None)
+    }
+
+    fn lock_until(
+        &self,
+        ino: Ino,
+        want: Lock,
+        cancelled: Option<&dyn Fn() -> bool>,
+        limit: Option<Duration>,
+    ) -> crate::FsResult<()> {
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let call = LockCall {
+                lock: want,
+                test: false,
+            };
+            let conflict =
+                crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None)?;
+            let Some(conflict) = conflict else {
+                // The mirror of this mount's own locks never conflicts with itself.
+                let _ = self.held_locks.lock().set(ino, want, None);
+                return Ok(());
+            };
+            let Some(cancelled) = cancelled else {
+                return Err(crate::FsError::WouldBlock);
+            };
+            if cancelled() {
+                return Err(crate::FsError::Interrupted);
+            }
+            if limit.is_some_and(|l| started.elapsed() > l) {
+                return Err(crate::FsError::Remote {
+                    errno: libc::EIO,
+                    message: format!(
+                        "waited {}s for a lock of inode {ino} held by lock owner {:x} of \
+                         mount {:x}; giving up",
+                        started.elapsed().as_secs(),
+                        conflict.holder.owner,
+                        conflict.holder.client
+                    ),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(WAIT_POLL_MAX);
+        }
+    }
+
+    /// Drops every lock `holder` has on `ino` (a close drops a process's `fcntl` locks,
+    /// the last close of an open file its `flock`); asks the owner only when this mount
+    /// holds some.
+    pub fn unlock_all(&self, ino: Ino, holder: Holder) -> crate::FsResult<()> {
+        let holds = self
+            .held_locks
+            .lock()
+            .locks_of(ino)
+            .iter()
+            .any(|l| l.holder == holder);
+        if !holds {
+            return Ok(());
+        }
+        let all = Lock {
+            holder,
+            start: 0,
+            end: TO_END,
+            kind: LockKind::Unlock,
+            pid: 0,
+        };
+        let call = LockCall {
+            lock: all,
+            test: false,
+        };
+        let result = crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None);
+        self.held_locks.lock().drop_holder(ino, holder);
+        result.map(|_| ())
+    }
+
+    /// Appends `data` to the end of `ino` atomically with respect to every other O_APPEND
+    /// writer on any node: this node's appenders of the file take turns, and the nodes
+    /// take the file's append lock at its owner, so the size each reads is the end the
+    /// previous append left. Returns the offset written at.
+    pub fn append(&self, ino: Ino, data: &[u8], sync: bool) -> crate::FsResult<u64> {
+        let _local = self.append_locks[ino as usize % self.append_locks.len()].lock();
+        let holder = self.lock_holder(0, LockClass::Append);
+        let whole = Lock {
+            holder,
+            start: 0,
+            end: TO_END,
+            kind: LockKind::Write,
+            pid: std::process::id(),
+        };
+        self.lock_until(ino, whole, Some(&|| false), Some(APPEND_WAIT_MAX))?;
+        let written = (|| -> crate::FsResult<u64> {
+            let at = crate::metanode::Namespace::attr(self.namespace_of(ino), ino)?.size;
+            self.write(ino, at, data, sync)?;
+            Ok(at)
+        })();
+        let unlocked = self.unlock_all(ino, holder);
+        let at = written?;
+        unlocked?;
+        Ok(at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn h(client: u64, owner: u64) -> Holder {
+        Holder {
+            client,
+            owner,
+            class: LockClass::Posix,
+        }
+    }
+
+    fn lock(holder: Holder, start: u64, end: u64, kind: LockKind) -> Lock {
+        Lock {
+            holder,
+            start,
+            end,
+            kind,
+            pid: 7,
+        }
+    }
+
+    #[test]
+    fn readers_share_and_a_writer_excludes_across_clients() {
+        let mut t = LockTable::default();
+        let (a, b) = (h(1, 1), h(2, 1));
+        t.set(5, lock(a, 0, 99, LockKind::Read), None).unwrap();
+        t.set(5, lock(b, 50, 149, LockKind::Read), None).unwrap();
+        let w = lock(b, 90, 200, LockKind::Write);
+        assert_eq!(
+            t.set(5, w, None),
+            Err(Refused::Conflict(lock(a, 0, 99, LockKind::Read)))
+        );
+        // Past a's range it is granted; another file is independent.
+        t.set(5, lock(b, 100, 200, LockKind::Write), None).unwrap();
+        t.set(6, lock(a, 0, TO_END, LockKind::Write), None).unwrap();
+        assert_eq!(
+            t.conflict(5, &lock(a, 150, 150, LockKind::Read))
+                .unwrap()
+                .holder,
+            b
+        );
+    }
+
+    #[test]
+    fn a_holders_own_locks_are_replaced_split_and_merged() {
+        let mut t = LockTable::default();
+        let a = h(1, 1);
+        t.set(1, lock(a, 0, 99, LockKind::Write), None).unwrap();
+        // Unlocking the middle splits it.
+        t.set(1, lock(a, 40, 59, LockKind::Unlock), None).unwrap();
+        assert_eq!(
+            t.locks_of(1),
+            vec![
+                lock(a, 0, 39, LockKind::Write),
+                lock(a, 60, 99, LockKind::Write)
+            ]
+        );
+        // Downgrading part of it replaces that part.
+        t.set(1, lock(a, 0, 9, LockKind::Read), None).unwrap();
+        assert_eq!(t.len(), 3);
+        // Filling the hole with the same kind merges all write parts.
+        t.set(1, lock(a, 40, 59, LockKind::Write), None).unwrap();
+        let mut got = t.locks_of(1);
+        got.sort_by_key(|l| l.start);
+        assert_eq!(
+            got,
+            vec![
+                lock(a, 0, 9, LockKind::Read),
+                lock(a, 10, 99, LockKind::Write)
+            ]
+        );
+        t.drop_holder(1, a);
+        assert!(t.is_empty() && t.locks_of(1).is_empty());
+    }
+
+    #[test]
+    fn classes_do_not_conflict_and_dead_nodes_lose_their_locks() {
+        let mut t = LockTable::default();
+        let flock = Holder {
+            class: LockClass::Flock,
+            ..h(1, 1)
+        };
+        t.set(
+            1,
+            lock(flock, 0, TO_END, LockKind::Write),
+            Some(Origin {
+                node: 3,
+                incarnation: 1,
+            }),
+        )
+        .unwrap();
+        t.set(1, lock(h(2, 1), 0, TO_END, LockKind::Write), None)
+            .unwrap();
+        assert!(t
+            .conflict(1, &lock(h(9, 9), 0, 0, LockKind::Read))
+            .is_some());
+        assert_eq!(t.drop_dead(|o| o.node == 4), 0);
+        assert_eq!(t.drop_dead(|o| o.node == 3), 1);
+        // The local mount's locks (no origin) never count as dead.
+        assert_eq!(t.drop_dead(|_| true), 0);
+        assert_eq!(t.len(), 1);
+    }
+
+    proptest! {
+        /// Against a byte-by-byte model: after any sequence of sets, each byte of each
+        /// holder is locked with the kind the last set covering it asked for, and no two
+        /// holders hold conflicting locks on one byte.
+        #[test]
+        fn matches_a_per_byte_model(
+            ops in proptest::collection::vec((0u64..3, 0u64..64, 0u64..16, 0u8..3), 1..60)
+        ) {
+            let mut t = LockTable::default();
+            let mut model: HashMap<(u64, u64), LockKind> = HashMap::new();
+            for (client, start, len, kind) in ops {
+                let kind = [LockKind::Read, LockKind::Write, LockKind::Unlock][kind as usize];
+                let want = lock(h(client, 0), start, start + len, kind);
+                let conflicts = (start..=start + len).any(|b| {
+                    model.iter().any(|((c, byte), k)| {
+                        *c != client && *byte == b && kind != LockKind::Unlock
+                            && (*k == LockKind::Write || kind == LockKind::Write)
+                    })
+                });
+                let r = t.set(0, want, None);
+                prop_assert_eq!(r.is_err(), conflicts);
+                if r.is_ok() {
+                    for b in start..=start + len {
+                        if kind == LockKind::Unlock {
+                            model.remove(&(client, b));
+                        } else {
+                            model.insert((client, b), kind);
+                        }
+                    }
+                }
+                let locks = t.locks_of(0);
+                let mut seen: HashMap<(u64, u64), LockKind> = HashMap::new();
+                for l in &locks {
+                    for b in l.start..=l.end {
+                        prop_assert!(seen.insert((l.holder.client, b), l.kind).is_none());
+                    }
+                }
+                prop_assert_eq!(&seen, &model);
+                prop_assert_eq!(t.len(), locks.len());
+            }
+        }
+    }
+}
