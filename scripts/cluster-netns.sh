@@ -127,7 +127,7 @@ choose_binary() {
 node_cmd() {
     local k=$1
     NODE_CMD=(nsenter "--net=/run/netns/$(ns_name "$k")" env "PATH=$BASE/bin:$PATH"
-        "TESSERA_HOME=$(home_of "$k")" "TESSERA_NODE=node$k"
+        "TESSERA_HOME=$(home_of "$k")" "TESSERA_NODE=node$k" "TESSERA_MOUNT_ROOT=$BASE/node$k/mnt"
         "TSR_PREFIX=$PREFIX" "TSR_BASE=$BASE" "TSR_SUBNET=$SUBNET")
 }
 

@@ -64,7 +64,7 @@ pub enum Command {
                             could not be written (the next mount replays the recovery log); \
                             1 not unmounted."
     )]
-    Umount(DeviceArgs),
+    Umount(UmountArgs),
     /// Free space per disk and per storage pool [mmdf].
     Df(DeviceListArgs),
     /// Disks of a file system [mmlsdisk].
@@ -852,6 +852,20 @@ pub struct MountArgs {
     /// Mount here instead of at the default mount point.
     #[arg(short = 'T')]
     pub mount_point: Option<PathBuf>,
+    /// Mount on every node (-a) or on these (-N) instead of this one: the node that owns
+    /// the metadata first, when none does yet, then the others at once.
+    #[command(flatten)]
+    pub select: NodeSelectArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct UmountArgs {
+    /// The file system device name.
+    pub device: String,
+    /// Unmount on every node (-a) or on these (-N): the clients first, the node that owns
+    /// the metadata last.
+    #[command(flatten)]
+    pub select: NodeSelectArgs,
 }
 
 #[derive(Subcommand, Debug)]

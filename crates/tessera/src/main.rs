@@ -138,9 +138,9 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
                 .device
                 .as_deref()
                 .expect("clap requires DEVICE without `ls`");
-            io::mount(home, device, a.mount_point.as_deref())
+            io::mount_nodes(home, device, a.mount_point.as_deref(), &a.select)
         }
-        Command::Umount(a) => io::umount(home, &a.device),
+        Command::Umount(a) => io::umount_nodes(home, &a.device, &a.select),
         Command::Df(a) => io::df(home, &a.device, a.machine),
         Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),
         Command::Disk(DiskCommand::Add(a)) => fs::disk_add(home, &a),

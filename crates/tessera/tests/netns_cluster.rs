@@ -632,8 +632,15 @@ fn shared_fs(c: &Cluster, fs: &str, drive_node: u32, nodes: &[u32]) -> impl Fn(u
             mnt(1).to_str().unwrap(),
         ],
     );
+    // One command mounts it everywhere [mmmount -N]: node 1 first (it owns the metadata),
+    // the others at once, each at its node's own directory (TESSERA_MOUNT_ROOT).
+    let names: Vec<String> = nodes.iter().map(|k| format!("node{k}")).collect();
+    let out = tessera_ok(c, 1, &["mount", fs, "-N", &names.join(",")]);
     for &k in nodes {
-        tessera_ok(c, k, &["mount", fs, "-T", mnt(k).to_str().unwrap()]);
+        assert!(
+            out.contains(&format!("File system {fs} is mounted at {}", mnt(k).display())),
+            "node {k}: {out}"
+        );
     }
     mnt
 }
@@ -759,9 +766,8 @@ fn one_file_system_is_mounted_on_three_nodes() {
         "{why}"
     );
 
-    for k in [3, 2, 1] {
-        tessera_ok(&c, k, &["umount", "s1"]);
-    }
+    // One command unmounts it everywhere [mmumount -a]: the clients first, the owner last.
+    tessera_ok(&c, 3, &["umount", "s1", "-a"]);
     let listed = tessera_ok(&c, 3, &["mount", "ls", "s1"]);
     assert!(
         listed.contains("File system s1 is not mounted."),

@@ -1,14 +1,18 @@
 //! `mount`, `umount`, `df` and `fsck` [mmmount, mmumount, mmdf, mmfsck].
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 
+use super::lifecycle::Plan;
 use super::nsd::absolute;
 use super::{call, unexpected};
+use crate::cli::NodeSelectArgs;
 use crate::config::Home;
 use crate::output::{percent, yes_no, YRecord};
 use crate::rpc::{Reply, Request};
+use tessera_cluster::state::NodeRecord;
 use tessera_fs::DfReport;
 
 pub fn mount(home: &Home, name: &str, mount_point: Option<&Path>) -> Result<()> {
@@ -33,6 +37,157 @@ pub fn mount(home: &Home, name: &str, mount_point: Option<&Path>) -> Result<()> 
         }
         other => Err(unexpected(other)),
     }
+}
+
+/// How long one node's part of `mount -a` or `umount -a` may take through the remote
+/// shell: a mount that takes a dead owner's file system over replays its log first.
+const NODE_MOUNT_WAIT: Duration = Duration::from_secs(600);
+
+/// Which nodes have `name` mounted: the owner (file system manager) first, then its
+/// clients, by node name.
+fn mounted_nodes(home: &Home, name: &str) -> Result<Vec<crate::rpc::MountedNode>> {
+    let request = Request::MountList {
+        name: Some(name.to_string()),
+    };
+    match call(home, &request)? {
+        Reply::Mounts(rows) => Ok(rows.into_iter().flat_map(|r| r.nodes).collect()),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Runs one command on the local node (`local`, through this node's daemon) and on
+/// `remote` nodes (through the remote shell) at once; returns the names of those whose
+/// part failed.
+fn on_nodes(
+    plan: &Plan,
+    local: Option<(&NodeRecord, &dyn Fn() -> Result<()>)>,
+    remote: &[NodeRecord],
+    args: &[&str],
+) -> Result<Vec<String>> {
+    let (remote_results, local_result) = std::thread::scope(|scope| {
+        let remote_results = scope.spawn(|| plan.run_on(remote, args, NODE_MOUNT_WAIT));
+        let local_result = local.map(|(node, run)| (node, run()));
+        (
+            remote_results.join().expect("remote runs do not panic"),
+            local_result,
+        )
+    });
+    let mut failed: Vec<String> = remote
+        .iter()
+        .zip(remote_results?)
+        .filter(|(_, r)| r.is_err())
+        .map(|(n, _)| n.name.clone())
+        .collect();
+    if let Some((node, Err(e))) = local_result {
+        println!("tessera {}: {}: failed: {e:#}", args[0], node.name);
+        failed.insert(0, node.name.clone());
+    }
+    Ok(failed)
+}
+
+/// `mount DEVICE -a|-N NODES` [mmmount -a|-N]: on every node selected that does not have
+/// it mounted yet. When no node has it mounted, the first of them (this one if selected)
+/// mounts it alone first and owns its metadata; the others then join as its clients at
+/// once.
+pub fn mount_nodes(
+    home: &Home,
+    name: &str,
+    mount_point: Option<&Path>,
+    select: &NodeSelectArgs,
+) -> Result<()> {
+    if !select.all && select.nodes.is_none() {
+        return mount(home, name, mount_point);
+    }
+    let plan = Plan::new(home, select)?;
+    let mount_point = match mount_point {
+        Some(p) => Some(absolute(p)?.display().to_string()),
+        None => None,
+    };
+    let mut args = vec!["mount", name];
+    if let Some(p) = &mount_point {
+        args.extend(["-T", p.as_str()]);
+    }
+    let mounted: Vec<String> = mounted_nodes(home, name)?
+        .into_iter()
+        .map(|n| n.node)
+        .collect();
+    let todo = |n: &NodeRecord| {
+        let already = mounted.contains(&n.name);
+        if already {
+            println!("tessera mount: {}: {name} is mounted already", n.name);
+        }
+        !already
+    };
+    let mut local = plan.local.clone().filter(todo);
+    let mut remote: Vec<NodeRecord> = plan.remote.iter().filter(|n| todo(n)).cloned().collect();
+    let mount_here = || mount(home, name, mount_point.as_deref().map(Path::new));
+    let mut failed = Vec::new();
+    let total = usize::from(local.is_some()) + remote.len();
+    if mounted.is_empty() {
+        // The first mount owns the metadata; the others need it to be there.
+        let first = if let Some(node) = local.take() {
+            on_nodes(&plan, Some((&node, &mount_here)), &[], &args)?
+        } else if !remote.is_empty() {
+            let node = remote.remove(0);
+            on_nodes(&plan, None, std::slice::from_ref(&node), &args)?
+        } else {
+            Vec::new()
+        };
+        if !first.is_empty() {
+            bail!(
+                "the first mount of {name}, on {}, failed; the other nodes were not asked",
+                first.join(", ")
+            );
+        }
+    }
+    let local = local
+        .as_ref()
+        .map(|n| (n, &mount_here as &dyn Fn() -> Result<()>));
+    failed.extend(on_nodes(&plan, local, &remote, &args)?);
+    if failed.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{name} was not mounted on {} of {total} nodes: {}",
+        failed.len(),
+        failed.join(", ")
+    )
+}
+
+/// `umount DEVICE -a|-N NODES` [mmumount -a|-N]: on every node selected that has it
+/// mounted, the clients first and at once, then the node that owns the metadata (which
+/// does not unmount under live clients).
+pub fn umount_nodes(home: &Home, name: &str, select: &NodeSelectArgs) -> Result<()> {
+    if !select.all && select.nodes.is_none() {
+        return umount(home, name);
+    }
+    let plan = Plan::new(home, select)?;
+    let mounted = mounted_nodes(home, name)?;
+    let owner = mounted.first().map(|n| n.node.clone());
+    let is_mounted = |n: &NodeRecord| mounted.iter().any(|m| m.node == n.name);
+    let args = ["umount", name];
+    let umount_here = || umount(home, name);
+    let mut failed = Vec::new();
+    let mut total = 0;
+    for owners in [false, true] {
+        let pick = |n: &NodeRecord| is_mounted(n) && (owner.as_deref() == Some(&n.name)) == owners;
+        let local = plan.local.as_ref().filter(|n| pick(n));
+        let remote: Vec<NodeRecord> = plan.remote.iter().filter(|n| pick(n)).cloned().collect();
+        total += usize::from(local.is_some()) + remote.len();
+        let local = local.map(|n| (n, &umount_here as &dyn Fn() -> Result<()>));
+        failed.extend(on_nodes(&plan, local, &remote, &args)?);
+    }
+    if total == 0 {
+        println!("tessera umount: {name} is not mounted on any node selected");
+    }
+    if failed.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{name} was not unmounted on {} of {total} nodes: {}",
+        failed.len(),
+        failed.join(", ")
+    )
 }
 
 /// `mount ls [DEVICE|all] [-L] [-Y]` [mmlsmount].

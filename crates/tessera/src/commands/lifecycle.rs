@@ -192,16 +192,16 @@ pub fn shutdown_nodes(home: &Home, select: &NodeSelectArgs) -> Result<()> {
     plan.report("shutdown", Ok(remote), local)
 }
 
-/// The nodes a `startup`/`shutdown -a|-N` acts on.
-struct Plan {
+/// The nodes a `startup`/`shutdown`/`mount`/`umount -a|-N` acts on.
+pub(super) struct Plan {
     rsh: RemoteShell,
-    local: Option<NodeRecord>,
-    remote: Vec<NodeRecord>,
+    pub(super) local: Option<NodeRecord>,
+    pub(super) remote: Vec<NodeRecord>,
     total: usize,
 }
 
 impl Plan {
-    fn new(home: &Home, select: &NodeSelectArgs) -> Result<Plan> {
+    pub(super) fn new(home: &Home, select: &NodeSelectArgs) -> Result<Plan> {
         let me = home.cluster()?.node_name;
         let known = known_nodes(home)?;
         let nodes = select_nodes(&known.nodes, select)?;
@@ -219,8 +219,20 @@ impl Plan {
 
     /// Runs `tessera COMMAND` on every remote node; one line per node as it finishes.
     fn run_remote(&self, command: &str, timeout: Duration) -> Result<Vec<Result<(), String>>> {
-        let line = tessera_command_line(&[command])?;
-        Ok(for_each_parallel(&self.remote, |node| {
+        self.run_on(&self.remote, &[command], timeout)
+    }
+
+    /// Runs `tessera ARGS` on each of `nodes` (remote ones) at once; one line per node as
+    /// it finishes, in the words of the node's own last line.
+    pub(super) fn run_on(
+        &self,
+        nodes: &[NodeRecord],
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<Vec<Result<(), String>>> {
+        let command = args[0];
+        let line = tessera_command_line(args)?;
+        Ok(for_each_parallel(nodes, |node| {
             let outcome = self.rsh.run(&node.name, &line, None, timeout);
             match &outcome {
                 Ok(out) => {
@@ -242,9 +254,19 @@ impl Plan {
         remote: Result<Vec<Result<(), String>>>,
         local: Option<(&NodeRecord, Result<()>)>,
     ) -> Result<()> {
+        self.report_on(&self.remote, command, remote, local)
+    }
+
+    /// Fails naming every node of `nodes` (or the local one) whose part failed.
+    pub(super) fn report_on(
+        &self,
+        nodes: &[NodeRecord],
+        command: &str,
+        remote: Result<Vec<Result<(), String>>>,
+        local: Option<(&NodeRecord, Result<()>)>,
+    ) -> Result<()> {
         let remote = remote?;
-        let mut failed: Vec<&str> = self
-            .remote
+        let mut failed: Vec<&str> = nodes
             .iter()
             .zip(&remote)
             .filter(|(_, r)| r.is_err())

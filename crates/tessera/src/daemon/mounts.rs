@@ -39,6 +39,17 @@ pub(super) struct MountedView {
     pub fuse: tessera_fuse::FuseQueue,
 }
 
+/// Where this node mounts `record` when not told: the file system's mount point (`-T` at
+/// create), the same on every node as in GPFS, unless the daemon runs with
+/// `TESSERA_MOUNT_ROOT` (several nodes on one machine, as in the network-namespace
+/// cluster, where each node needs a directory of its own): then `ROOT/DEVICE`.
+pub(super) fn default_mount_point(record: &FsRecord) -> PathBuf {
+    match std::env::var_os("TESSERA_MOUNT_ROOT").filter(|r| !r.is_empty()) {
+        Some(root) => PathBuf::from(root).join(&record.name),
+        None => PathBuf::from(&record.default_mount_point),
+    }
+}
+
 /// Processes whose working directory, root or open files are under `mount_point`.
 fn busy_processes(mount_point: &Path) -> Vec<String> {
     let mut users = Vec::new();
@@ -324,7 +335,7 @@ impl Daemon {
                 m.mount_point.display()
             );
         }
-        let mount_point = PathBuf::from(mount_point.unwrap_or(record.default_mount_point.clone()));
+        let mount_point = mount_point.map_or_else(|| default_mount_point(&record), PathBuf::from);
         match self.mounted_elsewhere(&record) {
             Some(owner) if self.node_is_live(owner) => {
                 let owner = owner.to_string();
@@ -972,11 +983,11 @@ impl Daemon {
             if !ours && !automount {
                 continue;
             }
-            let mount_point = PathBuf::from(if record.mounted {
-                &record.mount_point
+            let mount_point = if record.mounted {
+                PathBuf::from(&record.mount_point)
             } else {
-                &record.default_mount_point
-            });
+                default_mount_point(record)
+            };
             if let Err(e) = self.claim_and_mount(&record.name, &mount_point) {
                 tracing::error!("{}: mount at start failed: {e:#}", record.name);
             }
