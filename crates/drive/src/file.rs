@@ -37,6 +37,11 @@ impl DeviceKey {
 struct Claim {
     key: DeviceKey,
     file: ManuallyDrop<File>,
+    /// Something was written or deallocated through this process's descriptor since its
+    /// last flush began. Shared by every handle of the device in the process, because a
+    /// flush must cover what any of them wrote (an NVMe/TCP flush through one controller
+    /// covers writes through the others).
+    unflushed: std::sync::atomic::AtomicBool,
 }
 
 fn claims() -> &'static Mutex<HashMap<DeviceKey, Weak<Claim>>> {
@@ -180,6 +185,7 @@ fn claim(path: &Path, meta: &std::fs::Metadata, exclusive: bool) -> io::Result<A
     let claim = Arc::new(Claim {
         key,
         file: ManuallyDrop::new(file),
+        unflushed: std::sync::atomic::AtomicBool::new(true),
     });
     map.insert(key, Arc::downgrade(&claim));
     Ok(claim)
@@ -198,6 +204,24 @@ impl Handle {
         match self {
             Handle::Claimed(c) => &c.file,
             Handle::Probe(f) => f,
+        }
+    }
+
+    /// Notes a write or deallocation, once it returned (set before it, a flush racing with
+    /// it could clear the mark and sync before the data arrived, and a later flush skip it).
+    fn wrote(&self) {
+        if let Handle::Claimed(c) = self {
+            c.unflushed
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Whether a flush has anything to make durable; clears the mark (a write after this
+    /// sets it again for the next flush). A probe never writes.
+    fn take_unflushed(&self) -> bool {
+        match self {
+            Handle::Claimed(c) => c.unflushed.swap(false, std::sync::atomic::Ordering::AcqRel),
+            Handle::Probe(_) => false,
         }
     }
 }
@@ -326,17 +350,25 @@ impl BlockDevice for FileDrive {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
-        self.file()
-            .write_all_at(buf, offset)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: write at {offset}: {e}", self.name)))
+        let r = self.file().write_all_at(buf, offset);
+        // Even a failed write may have changed part of the range.
+        self.handle.wrote();
+        r.map_err(|e| io::Error::new(e.kind(), format!("{}: write at {offset}: {e}", self.name)))
     }
 
     fn flush(&self) -> io::Result<()> {
+        // Nothing written since the last flush began: nothing to make durable. A commit of
+        // metadata only (a create, a rename) then costs the log's flush, not one per drive.
+        if !self.handle.take_unflushed() {
+            return Ok(());
+        }
         // O_DIRECT bypasses the page cache but not the drive's volatile cache nor, for a
         // regular file, the host file system's block mapping; fdatasync covers both.
-        self.file()
-            .sync_data()
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: flush: {e}", self.name)))
+        self.file().sync_data().map_err(|e| {
+            // Not durable: the next flush must try again.
+            self.handle.wrote();
+            io::Error::new(e.kind(), format!("{}: flush: {e}", self.name))
+        })
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -370,8 +402,9 @@ impl BlockDevice for FileDrive {
                 )
             }
         };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
+        let failed = (rc != 0).then(io::Error::last_os_error);
+        self.handle.wrote();
+        if let Some(e) = failed {
             return Err(io::Error::new(
                 e.kind(),
                 format!("{}: discard of {len} bytes at {offset}: {e}", self.name),
@@ -394,6 +427,30 @@ impl BlockDevice for FileDrive {
 mod tests {
     use super::*;
     use crate::AlignedBuf;
+
+    /// A flush syncs only after a write or deallocation through any handle of the device
+    /// in this process (a write through one handle, a flush through another: synced).
+    #[test]
+    fn a_flush_has_work_only_after_a_write_through_any_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d");
+        std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+        let a = FileDrive::open(&path).unwrap();
+        let b = FileDrive::open_shared(&path).unwrap_or_else(|_| FileDrive::open(&path).unwrap());
+        a.flush().unwrap();
+        assert!(!b.handle.take_unflushed(), "clean after a flush");
+        a.write_at(&AlignedBuf::from_slice(&[7; 4096]), 0).unwrap();
+        assert!(b.handle.take_unflushed(), "a's write is b's to flush");
+        a.write_at(&AlignedBuf::from_slice(&[8; 4096]), 4096)
+            .unwrap();
+        b.flush().unwrap();
+        assert!(!a.handle.take_unflushed());
+        a.discard(0, 4096).unwrap();
+        assert!(
+            a.handle.take_unflushed(),
+            "a hole punched is a change to flush"
+        );
+    }
 
     #[test]
     fn write_read_roundtrip_and_alignment_errors() {
