@@ -428,6 +428,8 @@ impl FileSystem {
     /// different parts of one block proceed in parallel; changing the extent (a new block, a
     /// growing fragment, copy-on-write) takes the block's lock exclusively.
     fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Written> {
+        let bs = self.geo.block_bytes;
+        let _token = self.data_token(ino, b * bs, (b + 1) * bs - 1)?;
         // A takeover of the metadata in the middle voids what the old owner showed or gave
         // (nothing of it reached the new owner or the disk): plan and write again.
         let mut moves = 0;
@@ -766,6 +768,8 @@ impl FileSystem {
         let _data = self.inode_lock(ino).write();
         let attr = self.regular_attr(ino)?;
         let bs = self.geo.block_bytes;
+        // No other node writes into what this cuts (or the block it cuts into) meanwhile.
+        let _token = self.data_token(ino, size / bs * bs, crate::locks::TO_END)?;
         let boundary_written = {
             let boundary = size / bs;
             let view = self.metanode().view(ino, boundary..boundary + 1)?;

@@ -155,6 +155,10 @@ pub struct FileSystem {
     /// Serialises this node's O_APPEND writes of a shared file by inode (striped); the
     /// append lock at the owner serialises the nodes.
     pub(crate) append_locks: Vec<Mutex<()>>,
+    /// Other nodes may mount the file system (see [`FileSystem::set_shared`]), and this
+    /// node's writers of one block take turns before asking for its data token.
+    pub(crate) shared: AtomicBool,
+    pub(crate) data_token_locks: Vec<Mutex<()>>,
 }
 
 type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
@@ -313,6 +317,8 @@ impl FileSystem {
             lock_client: crate::metanode_wire::random_client_id(),
             held_locks: Mutex::new(crate::locks::LockTable::default()),
             append_locks: (0..INODE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            shared: AtomicBool::new(false),
+            data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
 

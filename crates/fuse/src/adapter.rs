@@ -85,6 +85,8 @@ impl TesseraFuse {
             crate::KernelCache::Private | crate::KernelCache::Shared => (TTL, true),
             crate::KernelCache::None => (Duration::ZERO, false),
         };
+        // Writes of a shared file system take data tokens, appends the append lock.
+        fs.set_shared(cache != crate::KernelCache::Private);
         TesseraFuse {
             fs,
             ttl,
