@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# IO500's four patterns, small, on one file system mounted on three nodes in network
+# namespaces (bench/io500ish.c): IOR easy (a file per process, 1 MiB transfers), IOR hard
+# (one shared file, 47008-byte transfers interleaved by process), mdtest easy (empty files,
+# a directory per process) and hard (3901-byte files, one shared directory). RANKS
+# processes in all, spread round-robin over 1, 2 and 3 nodes (node1 owns the metadata);
+# each figure is the work of all processes over the slowest one's time, and the ratio to
+# the 1-node run of the same command is the figure of merit (same drive, same run).
+#
+#   bench/cluster_io500.sh     (RANKS=3 MB=200 SEGMENTS=2000 FILES=2000; root; ~10 min)
+#
+# Prints a Markdown table. Uses scripts/cluster-netns.sh with its own prefix, base and
+# subnet, so a test cluster can run beside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ranks=${RANKS:-3}
+mb=${MB:-200}
+segments=${SEGMENTS:-2000}
+files=${FILES:-2000}
+export TSR_PREFIX=${TSR_PREFIX:-tb-} TSR_BASE=${TSR_BASE:-/var/tmp/tbnet}
+export TSR_SUBNET=${TSR_SUBNET:-10.78.0}
+cargo build --release -q -p tessera
+export TESSERA_BIN=${TESSERA_BIN:-$PWD/target/release/tessera}
+net=scripts/cluster-netns.sh
+$net down >/dev/null 2>&1 || true
+$net up 3 --drives 1 --size 4G --config failureDetectionTime=3 >/dev/null
+trap '$net down >/dev/null 2>&1 || true' EXIT
+io=$TSR_BASE/io500ish
+cc -O2 -o "$io" bench/io500ish.c
+stanza=$TSR_BASE/b1.stanza
+echo "%nsd: device=$TSR_BASE/drives/node1-d1.img nsd=b1 usage=dataAndMetadata failureGroup=1 pool=system" >"$stanza"
+mnt() { echo "$TSR_BASE/node$1/mnt/b1"; }
+$net run 1 -- tessera nsd create -F "$stanza" >/dev/null
+$net run 1 -- tessera fs create b1 -F "$stanza" -T "$(mnt 1)" >/dev/null
+$net run 1 -- tessera mount b1 -a >/dev/null
+
+# run NODES PHASE COUNT: every rank at once, rank r on node (r % NODES) + 1; prints the
+# slowest rank's seconds.
+run() {
+    local nodes=$1 phase=$2 count=$3 r pids=() outs=()
+    for ((r = 0; r < ranks; r++)); do
+        local k=$((r % nodes + 1)) out
+        out=$(mktemp)
+        outs+=("$out")
+        "$io" "$(mnt "$k")/n$nodes" "$r" "$ranks" "$phase" "$count" >"$out" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    cat "${outs[@]}" | sort -g | tail -1
+    rm -f "${outs[@]}"
+}
+
+declare -A rate
+phases="ior-easy-write ior-easy-read ior-hard-write ior-hard-read md-easy-create md-easy-stat md-easy-remove md-hard-create md-hard-stat md-hard-remove"
+for nodes in 1 2 3; do
+    mkdir -p "$(mnt 1)/n$nodes"
+    for phase in $phases; do
+        case $phase in
+        ior-easy-*) count=$mb; work=$((ranks * mb)) ;;
+        ior-hard-*) count=$segments; work=$((ranks * segments * 47008 / 1048576)) ;;
+        *) count=$files; work=$((ranks * files)) ;;
+        esac
+        case $phase in *-read | *-stat) echo 3 >/proc/sys/vm/drop_caches ;; esac
+        secs=$(run "$nodes" "$phase" "$count")
+        rate[$nodes,$phase]=$(awk -v w="$work" -v s="$secs" 'BEGIN { printf "%.0f", w / s }')
+    done
+done
+
+echo "| pattern | unit | 1 node | 2 nodes | 3 nodes | 3 nodes / 1 node |"
+echo "| --- | --- | ---: | ---: | ---: | ---: |"
+for phase in $phases; do
+    case $phase in ior-*) unit="MiB/s" ;; *) unit="ops/s" ;; esac
+    one=${rate[1,$phase]} three=${rate[3,$phase]}
+    echo "| $phase | $unit | $one | ${rate[2,$phase]} | $three | $(awk -v a="$three" -v b="$one" 'BEGIN { printf "%.2f", a / b }') |"
+done
+$net run 1 -- tessera umount b1 -a >/dev/null
