@@ -266,6 +266,13 @@ impl LockTable {
         self.count == 0
     }
 
+    /// Whether `holder` has any lock on `ino` (asked at every close: no copy).
+    pub fn holds(&self, ino: Ino, holder: Holder) -> bool {
+        self.files
+            .get(&ino)
+            .is_some_and(|locks| locks.iter().any(|l| l.holder == holder))
+    }
+
     /// The locks on `ino`, for tests and diagnostics.
     pub fn locks_of(&self, ino: Ino) -> Vec<Lock> {
         self.files.get(&ino).cloned().unwrap_or_default()
@@ -425,13 +432,7 @@ impl crate::fs::FileSystem {
     /// the last close of an open file its `flock`); asks the owner only when this mount
     /// holds some.
     pub fn unlock_all(&self, ino: Ino, holder: Holder) -> crate::FsResult<()> {
-        let holds = self
-            .held_locks
-            .lock()
-            .locks_of(ino)
-            .iter()
-            .any(|l| l.holder == holder);
-        if !holds {
+        if !self.held_locks.lock().holds(ino, holder) {
             return Ok(());
         }
         let all = Lock {
