@@ -8,6 +8,7 @@
 # the 1-node run of the same command is the figure of merit (same drive, same run).
 #
 #   bench/cluster_io500.sh     (RANKS=3 MB=200 SEGMENTS=2000 FILES=2000; root; ~10 min)
+#   PHASES="ior-hard-write ior-hard-read" NODES="1 3" bench/cluster_io500.sh   (a subset)
 #
 # Prints a Markdown table. Uses scripts/cluster-netns.sh with its own prefix, base and
 # subnet, so a test cluster can run beside it.
@@ -51,8 +52,9 @@ run() {
 }
 
 declare -A rate
-phases="ior-easy-write ior-easy-read ior-hard-write ior-hard-read md-easy-create md-easy-stat md-easy-remove md-hard-create md-hard-stat md-hard-remove"
-for nodes in 1 2 3; do
+phases=${PHASES:-ior-easy-write ior-easy-read ior-hard-write ior-hard-read md-easy-create md-easy-stat md-easy-remove md-hard-create md-hard-stat md-hard-remove}
+node_counts=${NODES:-1 2 3}
+for nodes in $node_counts; do
     mkdir -p "$(mnt 1)/n$nodes"
     for phase in $phases; do
         case $phase in
@@ -71,6 +73,6 @@ echo "| --- | --- | ---: | ---: | ---: | ---: |"
 for phase in $phases; do
     case $phase in ior-*) unit="MiB/s" ;; *) unit="ops/s" ;; esac
     one=${rate[1,$phase]} three=${rate[3,$phase]}
-    echo "| $phase | $unit | $one | ${rate[2,$phase]} | $three | $(awk -v a="$three" -v b="$one" 'BEGIN { printf "%.2f", a / b }') |"
+    echo "| $phase | $unit | $one | ${rate[2,$phase]:--} | $three | $(awk -v a="$three" -v b="$one" 'BEGIN { printf "%.2f", a / b }') |"
 done
 $net run 1 -- tessera umount b1 -a >/dev/null

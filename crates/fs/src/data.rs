@@ -120,7 +120,7 @@ impl FileSystem {
     pub fn read_data(&self, ino: Ino, offset: u64, size: u32) -> FsResult<FileData> {
         let started = Instant::now();
         let mut attempt = 0;
-        let out = loop {
+        let (out, attr) = loop {
             let last = attempt + 1 == READ_RACE_ATTEMPTS;
             match self.read_data_once(ino, offset, size, last) {
                 Err(FsError::Checksum { .. }) if !last => {
@@ -130,16 +130,27 @@ impl FileSystem {
                 result => break result?,
             }
         };
-        self.metanode().accessed(ino);
+        // Decided on the attributes the read's view brought along: on a client, asking
+        // the owner about the access time would double the round trips of every read.
+        if self.atime_due(&attr, self.now()) {
+            self.metanode().accessed(ino);
+        }
         self.pmon.read(out.len() as u64, started.elapsed());
         Ok(out)
     }
 
     /// One attempt of [`FileSystem::read_data`]; a checksum mismatch is reported (logged
     /// and counted) only when `report`.
-    fn read_data_once(&self, ino: Ino, offset: u64, size: u32, report: bool) -> FsResult<FileData> {
+    fn read_data_once(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        report: bool,
+    ) -> FsResult<(FileData, crate::inode::Attr)> {
         let _data = self.inode_lock(ino).read();
         let bs = self.geo.block_bytes;
+        let seen_attr;
         let (len, inline, blocks, file_blocks) = {
             // The blocks the request could reach; the file's size, known with the view,
             // cuts it short at the end of file.
@@ -153,10 +164,11 @@ impl FileSystem {
             }
             let len = attr.size.saturating_sub(offset).min(u64::from(size)) as usize;
             if len == 0 {
-                return Ok(FileData::default());
+                return Ok((FileData::default(), attr));
             }
             let end = offset + len as u64;
             let file_blocks = attr.size.div_ceil(bs);
+            seen_attr = attr;
             match view.content {
                 Content::Inline(d) => (len, Some(d), Vec::new(), file_blocks),
                 Content::Blocks(mapped) => {
@@ -198,7 +210,7 @@ impl FileSystem {
                 FileData::from(out)
             }
         };
-        Ok(out)
+        Ok((out, seen_attr))
     }
 
     /// A sequential read: its blocks come from read-ahead slots when those still hold what
@@ -429,13 +441,16 @@ impl FileSystem {
     /// growing fragment, copy-on-write) takes the block's lock exclusively.
     fn write_block(&self, ino: Ino, b: u64, off: u64, data: &[u8]) -> FsResult<Written> {
         let bs = self.geo.block_bytes;
-        let _token = self.data_token(ino, b * bs, (b + 1) * bs - 1)?;
+        // The sectors it touches; widened to the whole block if the extent must change.
+        let first = off / SECTOR * SECTOR;
+        let last = (off + data.len() as u64).div_ceil(SECTOR) * SECTOR - 1;
+        let mut token = self.data_token(ino, b * bs + first, b * bs + last.min(bs - 1))?;
         // A takeover of the metadata in the middle voids what the old owner showed or gave
         // (nothing of it reached the new owner or the disk): plan and write again.
         let mut moves = 0;
         loop {
             let seen = self.metanode().generation();
-            match self.write_block_seen(ino, b, off, data, seen) {
+            match self.write_block_seen(ino, b, off, data, seen, &mut token) {
                 Err(FsError::OwnerMoved) if moves < OWNER_MOVES_MAX => {
                     tracing::info!(
                         "inode {ino} block {b}: the metadata owner changed under a write; \
@@ -456,6 +471,7 @@ impl FileSystem {
         off: u64,
         data: &[u8],
         seen: u64,
+        token: &mut Option<crate::locks::DataToken<'_>>,
     ) -> FsResult<Written> {
         let len = data.len() as u64;
         let block = self.block_lock(ino, b);
@@ -467,6 +483,10 @@ impl FileSystem {
                 if let BlockPlan::InPlace { current } = self.plan_block(ino, b, off, len, false)? {
                     return self.write_in_place(ino, b, off, data, current, seen);
                 }
+            }
+            if let Some(token) = token.as_mut() {
+                let bs = self.geo.block_bytes;
+                token.widen(b * bs, (b + 1) * bs - 1)?;
             }
             let _exclusive = block.write();
             let plan = self.plan_block(ino, b, off, len, true)?;

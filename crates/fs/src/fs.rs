@@ -117,6 +117,10 @@ pub(crate) struct Owner {
     pub(crate) metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64,
     /// Every node's `fcntl`, `flock` and append locks on this owner's files (`locks.rs`).
     pub(crate) locks: Mutex<crate::locks::LockTable>,
+    /// Signalled whenever locks are given back: data-token and append requests that
+    /// conflict wait on it a little at the owner (`locks::OWNER_WAIT`) instead of asking
+    /// again from afar.
+    pub(crate) lock_released: parking_lot::Condvar,
 }
 
 /// A mounted file system on this node: the client (the data path with its locks and
@@ -248,6 +252,7 @@ impl FileSystem {
             discard_errors: std::sync::atomic::AtomicU64::new(0),
             metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
             locks: Mutex::new(crate::locks::LockTable::default()),
+            lock_released: parking_lot::Condvar::new(),
         };
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {

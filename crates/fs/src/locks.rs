@@ -279,6 +279,12 @@ impl LockTable {
     }
 }
 
+/// Longest wait at the owner of a conflicting data-token or append-lock request before it
+/// is answered with the conflict (and asked again): short enough that a serving thread is
+/// never parked for long and a dead holder is noticed at the next ask, long enough that a
+/// token moves between nodes at the give-back, not at the next poll.
+pub(crate) const OWNER_WAIT: Duration = Duration::from_millis(50);
+
 /// The lock owner number of a node's data tokens: one holder per mount, since the node's
 /// own writers of a block take turns locally before they ask (`data_token_locks`).
 const DATA_TOKEN_OWNER: u64 = u64::MAX;
@@ -288,16 +294,22 @@ const DATA_TOKEN_OWNER: u64 = u64::MAX;
 const DATA_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// Bytes `start..=end` of a shared file, held for writing by this mount at the file's
-/// owner until dropped: two nodes never write into one block (or truncate under a write)
+/// owner until dropped: two nodes never write the same sectors (or truncate under a write)
 /// at once. Without it their read-modify-writes of shared sectors, their choices of new
 /// space for an unmapped block and their checksum records interleave: lost bytes and
-/// checksum errors (IOR's shared-file pattern showed both). Taken per write and given
-/// back after it, not cached: a step short of GPFS's byte-range tokens, which a node keeps
-/// until another asks.
+/// checksum errors (IOR's shared-file pattern showed both). An in-place write holds just
+/// the sectors it touches, so nodes writing different parts of one mapped block (IOR's
+/// 47008-byte pieces) proceed together, as this node's own writers do under the block's
+/// shared lock; a write that changes the block's extent (a new block, copy-on-write, a
+/// growing fragment) widens its token to the whole block first. Taken per write and
+/// given back after it, not cached: a step short of GPFS's byte-range tokens, which a node
+/// keeps until another asks.
 pub(crate) struct DataToken<'a> {
     fs: &'a crate::fs::FileSystem,
     ino: Ino,
     lock: Lock,
+    /// Whether `lock` is held at the owner (not after a failed widening).
+    held: bool,
     _local: Option<parking_lot::MutexGuard<'a, ()>>,
 }
 
@@ -309,8 +321,33 @@ thread_local! {
     static HELD: std::cell::RefCell<Vec<(Ino, u64, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl Drop for DataToken<'_> {
-    fn drop(&mut self) {
+impl DataToken<'_> {
+    /// Makes this token cover `start..=end` (a superset of what it holds). The narrow range
+    /// is given back before the wide one is asked for: two nodes each holding sectors of one
+    /// block and both asking for all of it would otherwise wait for each other. Whoever
+    /// writes the block meanwhile, the caller plans its write again afterwards.
+    pub(crate) fn widen(&mut self, start: u64, end: u64) -> crate::FsResult<()> {
+        if self.held && self.lock.start <= start && end <= self.lock.end {
+            return Ok(());
+        }
+        self.give_back();
+        let lock = Lock {
+            start,
+            end,
+            ..self.lock
+        };
+        self.fs
+            .lock_until(self.ino, lock, Some(&|| false), Some(DATA_WAIT_MAX))?;
+        HELD.with(|h| h.borrow_mut().push((self.ino, start, end)));
+        self.lock = lock;
+        self.held = true;
+        Ok(())
+    }
+
+    fn give_back(&mut self) {
+        if !std::mem::take(&mut self.held) {
+            return;
+        }
         HELD.with(|h| {
             let mut h = h.borrow_mut();
             if let Some(i) = h
@@ -333,12 +370,19 @@ impl Drop for DataToken<'_> {
         let _ = self.fs.held_locks.lock().set(self.ino, unlock, None);
         if let Err(e) = r {
             tracing::error!(
-                "inode {}: giving back the data token of bytes {}..={}: {e}; other nodes wait                  for it until this node leaves the cluster",
+                "inode {}: giving back the data token of bytes {}..={}: {e}; other nodes wait \
+                 for it until this node leaves the cluster",
                 self.ino,
                 self.lock.start,
                 self.lock.end
             );
         }
+    }
+}
+
+impl Drop for DataToken<'_> {
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 
@@ -423,8 +467,11 @@ impl crate::fs::FileSystem {
                     ),
                 });
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(WAIT_POLL_MAX);
+            if !matches!(want.holder.class, LockClass::Data | LockClass::Append) {
+                // The owner waited for these already (`OWNER_WAIT`).
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(WAIT_POLL_MAX);
+            }
         }
     }
 
@@ -460,8 +507,9 @@ impl crate::fs::FileSystem {
     }
 
     /// The data token of bytes `start..=end` of `ino` (nothing on a mount that is not
-    /// shared). Writers of this node with the same first block take turns here first, so
-    /// the owner sees one request of this node at a time for it.
+    /// shared, or inside a token this thread holds). Writers of this node into the same
+    /// block take turns here first, so the owner sees one request of this node at a time
+    /// for it, and no two of this node's tokens (one holder at the owner) ever overlap.
     pub(crate) fn data_token(
         &self,
         ino: Ino,
@@ -479,7 +527,8 @@ impl crate::fs::FileSystem {
         if covered {
             return Ok(None);
         }
-        let stripe = (ino ^ start.rotate_left(17)) as usize % self.data_token_locks.len();
+        let block = start / self.geo.block_bytes;
+        let stripe = (ino ^ block.rotate_left(17)) as usize % self.data_token_locks.len();
         let local = self.data_token_locks[stripe].lock();
         let lock = Lock {
             holder: self.lock_holder(DATA_TOKEN_OWNER, LockClass::Data),
@@ -494,6 +543,7 @@ impl crate::fs::FileSystem {
             fs: self,
             ino,
             lock,
+            held: true,
             _local: Some(local),
         }))
     }

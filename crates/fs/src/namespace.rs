@@ -90,7 +90,7 @@ pub struct Caller {
     pub gid: u32,
 }
 
-use crate::locks::{Lock, LockCall, Origin, Refused};
+use crate::locks::{Lock, LockCall, LockClass, LockKind, Origin, Refused};
 
 impl Namespace for FileSystem {
     fn attr(&self, ino: Ino) -> FsResult<Attr> {
@@ -640,8 +640,16 @@ impl Namespace for FileSystem {
     }
 
     fn lock(&self, ino: Ino, call: LockCall, origin: Option<Origin>) -> FsResult<Option<Lock>> {
-        let mut table = self.owner().locks.lock();
+        let owner = self.owner();
+        let mut table = owner.locks.lock();
         let mut swept = false;
+        // Data tokens and append locks are asked for by writes that wait anyway: they wait
+        // here a little, woken by the give-back, rather than ask again from afar (`fcntl`
+        // and `flock` calls carry no such promise: F_SETLK answers at once).
+        let waits = !call.test
+            && call.lock.kind != LockKind::Unlock
+            && matches!(call.lock.holder.class, LockClass::Data | LockClass::Append);
+        let deadline = std::time::Instant::now() + crate::locks::OWNER_WAIT;
         loop {
             let refused = if call.test {
                 table.conflict(ino, &call.lock).map(Refused::Conflict)
@@ -649,12 +657,18 @@ impl Namespace for FileSystem {
                 table.set(ino, call.lock, origin).err()
             };
             let conflict = match refused {
-                None => return Ok(None),
+                None => {
+                    if call.lock.kind == LockKind::Unlock {
+                        owner.lock_released.notify_all();
+                    }
+                    return Ok(None);
+                }
                 Some(Refused::TooMany) => {
                     return Err(FsError::Remote {
                         errno: libc::ENOLCK,
                         message: format!(
-                            "{} locks are held in this file system, the most it keeps;                              release some",
+                            "{} locks are held in this file system, the most it keeps; \
+                             release some",
                             crate::locks::LOCKS_MAX
                         ),
                     })
@@ -665,9 +679,18 @@ impl Namespace for FileSystem {
             let gone = |o: Origin| self.holder_gone.get().is_some_and(|f| f(o));
             let holder_gone = table.origin(conflict.holder.client).is_some_and(gone);
             if swept || !holder_gone {
+                if waits
+                    && !owner
+                        .lock_released
+                        .wait_until(&mut table, deadline)
+                        .timed_out()
+                {
+                    continue;
+                }
                 return Ok(Some(conflict));
             }
             let dropped = table.drop_dead(gone);
+            owner.lock_released.notify_all();
             tracing::info!("dropped {dropped} locks of nodes no longer in the cluster");
             swept = true;
         }

@@ -197,10 +197,7 @@ impl Metanode for FileSystem {
             return;
         };
         let now = self.now();
-        let stale = attr.atime <= attr.mtime
-            || attr.atime <= attr.ctime
-            || now.secs - attr.atime.secs >= 24 * 3600;
-        if self.geo.atime == AtimeMode::Relatime && !stale {
+        if !self.atime_due(&attr, now) {
             return;
         }
         attr.atime = now;
@@ -211,6 +208,24 @@ impl Metanode for FileSystem {
 }
 
 impl FileSystem {
+    /// Whether a read at `now` of a file with `attr` changes its access time under the
+    /// mount's atime mode (relatime: only an atime older than the last change or a day).
+    pub(crate) fn atime_due(
+        &self,
+        attr: &crate::inode::Attr,
+        now: crate::inode::Timestamp,
+    ) -> bool {
+        match self.geo.atime {
+            AtimeMode::Suppress => false,
+            AtimeMode::Relatime => {
+                attr.atime <= attr.mtime
+                    || attr.atime <= attr.ctime
+                    || now.secs - attr.atime.secs >= 24 * 3600
+            }
+            AtimeMode::Update => true,
+        }
+    }
+
     /// Applies what a fenced client handed over (its answer to `Fence::request`, see
     /// `RemoteMetanode::fence`): the updates a dead owner acknowledged to it and may not
     /// have made durable, in order, then commits them. Runs before this owner serves

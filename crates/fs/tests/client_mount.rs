@@ -805,20 +805,26 @@ fn writers_on_two_mounts_interleaving_one_file_lose_nothing() {
     owner.set_shared(true);
     client.set_shared(true);
     let ino = create_file(&owner, ROOT_INO, b"shared").ino;
-    let piece = |w: usize, i: usize| pattern(PIECE, (i * WRITERS + w) as u64);
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            let fs = Arc::clone(if w % 2 == 0 { &owner } else { &client });
-            std::thread::spawn(move || {
-                for i in 0..ROUNDS {
-                    let at = ((i * WRITERS + w) * PIECE) as u64;
-                    fs.write(ino, at, &piece(w, i), false).unwrap();
-                }
+    // The second pass overwrites what the first wrote: in-place writes of neighbouring
+    // pieces from two mounts share a sector at each piece boundary.
+    let piece = |w: usize, i: usize| pattern(PIECE, (ROUNDS * WRITERS + i * WRITERS + w) as u64);
+    for pass in 0..2 {
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let fs = Arc::clone(if w % 2 == 0 { &owner } else { &client });
+                std::thread::spawn(move || {
+                    for i in 0..ROUNDS {
+                        let at = ((i * WRITERS + w) * PIECE) as u64;
+                        let seed = pass * ROUNDS * WRITERS + i * WRITERS + w;
+                        fs.write(ino, at, &pattern(PIECE, seed as u64), false)
+                            .unwrap();
+                    }
+                })
             })
-        })
-        .collect();
-    for w in writers {
-        w.join().unwrap();
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
     }
     client.sync().unwrap();
     owner.sync().unwrap();

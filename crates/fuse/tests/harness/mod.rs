@@ -25,6 +25,11 @@ pub enum Backend {
     /// what a node that does not own the file system runs, with a kernel that caches
     /// nothing.
     Client,
+    /// File-backed drives, mounted by the owner as in a cluster where other nodes mount
+    /// the file system too (`KernelCache::Shared`): writes take data tokens and bypass the
+    /// page cache, locks and appends go through the owner's lock table, reads keep the
+    /// page cache.
+    Shared,
 }
 
 const PDISKS: usize = 12;
@@ -63,7 +68,7 @@ impl Mounted {
         )
         .unwrap();
         let array = match crate::BACKEND {
-            Backend::Drives | Backend::Client => None,
+            Backend::Drives | Backend::Client | Backend::Shared => None,
             Backend::Vdisks => Some(create_array(dir.path(), disk_count, disk_bytes, &opts)),
         };
         let mut ids = Vec::new();
@@ -146,6 +151,9 @@ impl Mounted {
             let client = FileSystem::mount_client(self.devices(), Box::new(channel)).unwrap();
             self.owner = Some(std::mem::replace(&mut fs, client));
             cache = tessera_fuse::KernelCache::None;
+        }
+        if crate::BACKEND == Backend::Shared {
+            cache = tessera_fuse::KernelCache::Shared;
         }
         // The vdisk run of the POSIX set also covers the io_uring transport, the drive run
         // the classic loop.

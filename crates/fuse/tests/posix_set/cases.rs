@@ -438,6 +438,54 @@ fn large_files_read_only_stream_and_stay_coherent_with_writers_and_mappings() {
 }
 
 #[test]
+fn a_reader_sees_each_write_through_another_descriptor_at_once() {
+    if !can_mount() {
+        return;
+    }
+    // The reader's pages are cached; the writer's writes may go past the page cache (a
+    // shared mount's writable opens do): the reader must never see its stale copy.
+    use std::os::unix::fs::FileExt;
+    let m = Mounted::new(2, 64 << 20, small_fs());
+    let p = m.path("two-views");
+    fs::write(&p, pattern(300_000, 5)).unwrap();
+    let r = File::open(&p).unwrap();
+    let w = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let mut expect = pattern(300_000, 5);
+    let mut got = vec![0u8; expect.len()];
+    for round in 0..20u64 {
+        r.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == expect, "round {round}: the reader saw a stale copy");
+        let at = (round * 14_011) % 290_000;
+        let piece = pattern(5_003, 100 + round);
+        w.write_at(&piece, at).unwrap();
+        expect[at as usize..at as usize + piece.len()].copy_from_slice(&piece);
+    }
+    r.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == expect, "the reader saw a stale copy at the end");
+    // A shared writable mapping of the writer's descriptor sees and makes the same bytes.
+    unsafe {
+        use std::os::unix::io::AsRawFd;
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            expect.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            w.as_raw_fd(),
+            0,
+        );
+        assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let mapped = std::slice::from_raw_parts_mut(map.cast::<u8>(), expect.len());
+        assert!(mapped[..] == expect[..], "the mapping differs");
+        mapped[1000..1006].copy_from_slice(b"MAPPED");
+        assert_eq!(libc::msync(map, expect.len(), libc::MS_SYNC), 0);
+        libc::munmap(map, expect.len());
+    }
+    expect[1000..1006].copy_from_slice(b"MAPPED");
+    r.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == expect, "the reader missed the mapping's store");
+}
+
+#[test]
 fn o_direct_fsync_mmap_fallocate() {
     if !can_mount() {
         return;
