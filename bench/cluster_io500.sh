@@ -72,7 +72,7 @@ echo "| pattern | unit | 1 node | 2 nodes | 3 nodes | 3 nodes / 1 node |"
 echo "| --- | --- | ---: | ---: | ---: | ---: |"
 for phase in $phases; do
     case $phase in ior-*) unit="MiB/s" ;; *) unit="ops/s" ;; esac
-    one=${rate[1,$phase]} three=${rate[3,$phase]}
+    one=${rate[1,$phase]:-0} three=${rate[3,$phase]:-0}
     echo "| $phase | $unit | $one | ${rate[2,$phase]:--} | $three | $(awk -v a="$three" -v b="$one" 'BEGIN { printf "%.2f", a / b }') |"
 done
 $net run 1 -- tessera umount b1 -a >/dev/null

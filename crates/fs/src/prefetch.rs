@@ -179,13 +179,41 @@ impl Slot {
 }
 
 struct Stream {
-    /// One past the highest block read; `None` after a change to the file.
-    next_block: Option<u64>,
-    /// Reads in a row that continued where the previous one ended.
-    hits: u32,
+    /// Where each sequential reader of the file is, least recently read first dropped.
+    cursors: Vec<Cursor>,
     slots: BTreeMap<u64, Arc<Slot>>,
     last_read: Instant,
 }
+
+/// One reader's position in a file. Several processes reading one file each in their own
+/// pieces (IOR's shared file: every third 47008-byte piece each) move through the same
+/// blocks, but one falls behind the others now and then; with a single position per file
+/// its next read looked like a jump, which dropped every slot and started read-ahead over
+/// (three such readers on one node read at 46 MiB/s, one reader at 1,300 MiB/s).
+#[derive(Clone, Copy)]
+struct Cursor {
+    /// One past the highest block this reader read.
+    next_block: u64,
+    /// Reads in a row that continued where the previous one ended.
+    hits: u32,
+    last_read: Instant,
+}
+
+impl Cursor {
+    /// Whether a read starting at block `first` continues this reader. The kernel's
+    /// read-ahead requests run on several threads and may arrive slightly out of order,
+    /// hence the window around the expected block.
+    fn continued_by(&self, first: u64) -> bool {
+        first + 2 >= self.next_block && first <= self.next_block + 1
+    }
+}
+
+/// A reader's run counts at most this many reads, so that a few jumps end it.
+const HITS_MAX: u32 = 8;
+/// Readers of one file tracked apart.
+const CURSORS_PER_FILE: usize = 8;
+/// A reader not heard from for this long is forgotten (it no longer holds slots back).
+const CURSOR_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 struct Job {
     slot: Arc<Slot>,
@@ -281,32 +309,57 @@ impl Prefetcher {
                 .expect("not empty");
             streams.remove(&oldest);
         }
+        let now = Instant::now();
         let stream = streams.entry(ino).or_insert(Stream {
-            next_block: None,
-            hits: 0,
+            cursors: Vec::new(),
             slots: BTreeMap::new(),
-            last_read: Instant::now(),
+            last_read: now,
         });
-        stream.last_read = Instant::now();
-        // The kernel's read-ahead requests run on several threads and may arrive slightly
-        // out of order, hence the window around the expected block.
-        let follows = stream
-            .next_block
-            .is_some_and(|next| first + 2 >= next && first <= next + 1);
-        if !follows {
-            // A jump: a reader continuing from here may turn out sequential.
-            stream.next_block = Some(last + 1);
-            stream.hits = 0;
-            stream.slots.clear();
+        stream.last_read = now;
+        stream
+            .cursors
+            .retain(|c| now.duration_since(c.last_read) < CURSOR_IDLE);
+        let Some(i) = stream.cursors.iter().position(|c| c.continued_by(first)) else {
+            // A jump: a reader continuing from here may turn out sequential. It counts
+            // against every reader's run, so that random reads, which land in some
+            // reader's window now and then, never add up to a run of their own.
+            for c in &mut stream.cursors {
+                c.hits = c.hits.saturating_sub(1);
+            }
+            if stream.cursors.len() >= CURSORS_PER_FILE {
+                stream.cursors.remove(0);
+            }
+            stream.cursors.push(Cursor {
+                next_block: last + 1,
+                hits: 0,
+                last_read: now,
+            });
+            if !stream.cursors.iter().any(|c| c.hits >= SEQUENTIAL_HITS) {
+                stream.slots.clear();
+            }
+            return None;
+        };
+        let mut cursor = stream.cursors.remove(i);
+        cursor.hits = (cursor.hits + 1).min(HITS_MAX);
+        cursor.next_block = cursor.next_block.max(last + 1);
+        cursor.last_read = now;
+        // Two positions that met are one reader from now on (or readers close enough
+        // that one window serves them).
+        stream
+            .cursors
+            .retain(|c| c.next_block.abs_diff(cursor.next_block) > 2);
+        stream.cursors.push(cursor);
+        if cursor.hits < SEQUENTIAL_HITS {
             return None;
         }
-        stream.hits = stream.hits.saturating_add(1);
-        stream.next_block = stream.next_block.max(Some(last + 1));
-        if stream.hits < SEQUENTIAL_HITS {
-            return None;
-        }
-        // Blocks behind the reader are done with (a reader still copying holds its slot).
-        let keep_from = first.saturating_sub(1);
+        // Blocks behind every sequential reader are done with (a reader still copying
+        // holds its slot).
+        let keep_from = stream
+            .cursors
+            .iter()
+            .filter(|c| c.hits >= SEQUENTIAL_HITS)
+            .map(|c| c.next_block.saturating_sub(3))
+            .fold(first.saturating_sub(1), u64::min);
         stream.slots = stream.slots.split_off(&keep_from);
         let mut mine = Vec::with_capacity((last - first + 1) as usize);
         let mut jobs = Vec::new();
@@ -381,8 +434,7 @@ impl Prefetcher {
         let mut streams = self.streams.lock();
         if let Some(s) = streams.get_mut(&ino) {
             s.slots.clear();
-            s.next_block = None;
-            s.hits = 0;
+            s.cursors.clear();
         }
     }
 }
@@ -428,5 +480,67 @@ fn worker(fs: Weak<FileSystem>, queue: Arc<Queue>) {
             return;
         };
         job.slot.finish(fs.load_block(job.ino, job.block));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: u64 = 4 << 20;
+
+    /// How many of `reads` (first block, last block) were served from read-ahead slots.
+    fn served(p: &Prefetcher, reads: &[(u64, u64)], file_blocks: u64) -> usize {
+        reads
+            .iter()
+            .filter(|(first, last)| p.on_read(7, *first, *last, file_blocks).is_some())
+            .count()
+    }
+
+    #[test]
+    fn readers_of_one_file_in_turn_keep_their_read_ahead_when_one_falls_behind() {
+        // Three readers of every third 47008-byte piece, one of them four blocks behind
+        // the others for a while: each read still continues some reader's run.
+        let p = Prefetcher::new(BLOCK);
+        let piece = 47_008u64;
+        let mut reads = Vec::new();
+        for i in 0..3_000u64 {
+            for r in 0..3u64 {
+                let lag = if r == 2 && (600..1_200).contains(&i) {
+                    350
+                } else {
+                    0
+                };
+                let at = ((i - lag.min(i)) * 3 + r) * piece;
+                reads.push((at / BLOCK, (at + piece - 1) / BLOCK));
+            }
+        }
+        let hits = served(&p, &reads, 200);
+        assert!(
+            hits * 100 >= reads.len() * 95,
+            "only {hits} of {} reads served from read-ahead",
+            reads.len()
+        );
+    }
+
+    #[test]
+    fn random_reads_start_no_read_ahead() {
+        let p = Prefetcher::new(BLOCK);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let reads: Vec<(u64, u64)> = (0..5_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let b = x % 256;
+                (b, b)
+            })
+            .collect();
+        let hits = served(&p, &reads, 256);
+        assert!(
+            hits * 100 <= reads.len(),
+            "{hits} of {} random reads started read-ahead",
+            reads.len()
+        );
     }
 }
