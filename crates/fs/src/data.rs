@@ -369,9 +369,11 @@ impl FileSystem {
         }
         let shared = self.inode_lock(ino).read();
         let written = if self.metanode().view(ino, 0..0)?.is_inline() {
-            // Inline data is rewritten whole and may move into a block: one writer at a time.
+            // Inline data is rewritten whole and may move into a block: one writer at a
+            // time, on this node and on every other (the token of the whole file).
             drop(shared);
             let _exclusive = self.inode_lock(ino).write();
+            let _token = self.data_token(ino, 0, crate::locks::TO_END)?;
             self.write_locked(ino, offset, data)?
         } else {
             self.write_range(ino, offset, data)?
@@ -849,12 +851,19 @@ impl FileSystem {
         }
         let _data = self.inode_lock(ino).write();
         let attr = self.regular_attr(ino)?;
+        let bs = self.geo.block_bytes;
+        // No other node maps (or writes into) these blocks meanwhile; an inline file's data
+        // moves into block 0 under the whole file's token.
+        let _token = if self.metanode().view(ino, 0..0)?.is_inline() {
+            self.data_token(ino, 0, crate::locks::TO_END)?
+        } else {
+            self.data_token(ino, offset / bs * bs, end.div_ceil(bs) * bs - 1)?
+        };
         if let Content::Inline(bytes) = self.metanode().view(ino, 0..0)?.content {
             if !bytes.is_empty() {
                 self.write_range(ino, 0, &bytes)?;
             }
         }
-        let bs = self.geo.block_bytes;
         for b in offset / bs..end.div_ceil(bs) {
             let view = self.metanode().view(ino, b..b + 1)?;
             if view.block(b).is_some() {
@@ -897,6 +906,15 @@ impl FileSystem {
             return Ok(());
         }
         let bs = self.geo.block_bytes;
+        // No other node writes into what this unmaps or zeroes meanwhile; the zeroing
+        // writes below run under this token (an inline file's under the whole file's).
+        let (first, last) = (offset / bs * bs, end.div_ceil(bs) * bs - 1);
+        let inline = self.metanode().view(ino, 0..0)?.is_inline();
+        let _token = if inline {
+            self.data_token(ino, 0, crate::locks::TO_END)?
+        } else {
+            self.data_token(ino, first, last)?
+        };
         let inline = self.metanode().view(ino, 0..0)?.is_inline();
         let mut lsn = 0;
         for b in offset / bs..end.div_ceil(bs) {

@@ -34,7 +34,7 @@ const BLOCK_LOCK_STRIPES: usize = 4096;
 /// request), so sequential 1 MiB writes into a 4 MiB block run side by side.
 const SEGMENT_BYTES: u64 = 1 << 20;
 
-fn stripe(key: &[u64], stripes: usize) -> usize {
+pub(crate) fn stripe(key: &[u64], stripes: usize) -> usize {
     let mut h: u64 = 0xCBF2_9CE4_8422_2325;
     for k in key {
         h = (h ^ k).wrapping_mul(0x0100_0000_01B3).rotate_left(29);

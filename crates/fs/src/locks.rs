@@ -528,7 +528,10 @@ impl crate::fs::FileSystem {
             return Ok(None);
         }
         let block = start / self.geo.block_bytes;
-        let stripe = (ino ^ block.rotate_left(17)) as usize % self.data_token_locks.len();
+        // A real hash of both: `ino ^ (block << 17)` kept only the inode's low bits, so
+        // every block of a file shared one turn and a node's writers of one file took
+        // turns for all of it.
+        let stripe = crate::fs::stripe(&[ino, block], self.data_token_locks.len());
         let local = self.data_token_locks[stripe].lock();
         let lock = Lock {
             holder: self.lock_holder(DATA_TOKEN_OWNER, LockClass::Data),
