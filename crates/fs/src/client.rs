@@ -88,6 +88,10 @@ impl FileSystem {
                     remote.fence_settled(replayed);
                     return encode(&MetanodeReply::Done);
                 }
+                MetanodeRequest::DropViews { inos } => {
+                    remote.drop_views(&inos);
+                    return encode(&MetanodeReply::Done);
+                }
                 _ => {}
             }
         }
@@ -129,10 +133,31 @@ impl FileSystem {
             MetanodeRequest::Once { client, seq, .. } => Some((*client, *seq)),
             _ => None,
         };
+        // Another node may keep the view it asks for until this owner revokes it; it is
+        // recorded as holding it before the view is read (`view_tokens.rs`).
+        let held = match (&request, origin) {
+            (MetanodeRequest::View { ino, .. }, Some(node)) => {
+                self.owner().meta.holders.grant(*ino, node)
+            }
+            _ => false,
+        };
         crate::fs::ANSWERING.set(once);
+        crate::view_tokens::SERVING.set(origin);
         let mut reply = serve(self, request);
+        crate::view_tokens::SERVING.set(None);
         // Taken by the request's first log record; left over when it logged nothing.
         crate::fs::ANSWERING.set(None);
+        if let (true, MetanodeReply::View(view)) = (held, &mut reply) {
+            let view = std::mem::replace(
+                view,
+                crate::metanode::FileView {
+                    attr: view.attr,
+                    pool: view.pool,
+                    content: crate::metanode::Content::None,
+                },
+            );
+            reply = MetanodeReply::HeldView(view);
+        }
         if durable && !matches!(reply, MetanodeReply::Failed(_)) {
             if let Err(e) = self.sync() {
                 reply = MetanodeReply::Failed(RemoteError::from(&e));

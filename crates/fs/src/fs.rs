@@ -87,7 +87,7 @@ pub(crate) struct Meta {
 /// (`metanode.rs`); on one node it lives inside the `FileSystem` that is also the client.
 pub(crate) struct Owner {
     pub(crate) desc: Mutex<FsDescriptor>,
-    pub(crate) meta: Mutex<Meta>,
+    pub(crate) meta: crate::view_tokens::MetaLock,
     /// The recovery log; replaced only when `restripe -m` moves it to another disk (see
     /// `restripe.rs`), so callers take a handle and never hold this lock.
     pub(crate) journal: RwLock<Arc<Journal>>,
@@ -230,7 +230,7 @@ impl FileSystem {
         let policy = crate::placement::load(&desc);
         let owner = Owner {
             desc: Mutex::new(desc),
-            meta: Mutex::new(Meta {
+            meta: crate::view_tokens::MetaLock::new(Meta {
                 state: recovered.state,
                 alloc: recovered.alloc,
                 pending_free: Vec::new(),
@@ -544,6 +544,9 @@ impl FileSystem {
             };
             m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
         }
+        // Before the operation that logged it returns: no node goes on reading what this
+        // changed from a view it holds.
+        self.owner().meta.holders.revoke_changed(&changes);
         self.pmon.inode_update();
         if m.state.store_mut().dirty_pages() > self.owner().dirty_pages_hard.load(Ordering::Relaxed)
         {

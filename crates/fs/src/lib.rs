@@ -35,6 +35,7 @@ mod recovery;
 mod report;
 pub mod restripe;
 mod shard_tree;
+mod view_tokens;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
 pub use descriptor::{read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk};

@@ -408,6 +408,18 @@ impl crate::fs::FileSystem {
         }
     }
 
+    /// Lets this owner grant other nodes views they keep until it revokes them
+    /// (`view_tokens.rs`): `revoke(node, inodes)` sends node `node` the inodes whose
+    /// views it must drop and returns once it answered or is gone from the cluster. It is
+    /// called by the thread that logged the change, once it let the metadata lock go and
+    /// before the change's operation returns.
+    /// Only the first function set is used.
+    pub fn on_view_revoke(&self, revoke: Box<dyn Fn(Origin, Vec<Ino>) + Send + Sync>) {
+        if self.is_owner() {
+            let _ = self.owner().meta.holders.revoke.set(revoke);
+        }
+    }
+
     /// `F_GETLK`: the lock that keeps `want` from being granted, if any.
     pub fn lock_test(&self, ino: Ino, want: Lock) -> crate::FsResult<Option<Lock>> {
         let call = LockCall {

@@ -173,6 +173,10 @@ pub enum MetanodeRequest {
         ino: Ino,
         call: LockCall,
     },
+    /// Owner to client: drop the views of these inodes you hold (`view_tokens.rs`).
+    DropViews {
+        inos: Vec<Ino>,
+    },
 }
 
 /// The messages of a new owner's fence ([`MetanodeRequest::FenceWrites`]), for the daemon
@@ -191,13 +195,21 @@ impl Fence {
         encode(&MetanodeRequest::FenceSettled { replayed })
     }
 
-    /// Whether `request` is one half of a fence (answered by a node whatever it mounts:
-    /// one that has no client mount has no write to fence).
+    /// Whether `request` is one half of a fence, or another message of an owner to its
+    /// clients (answered by a node whatever it mounts: one that has no client mount has
+    /// no write to fence and no view to drop).
     pub fn is_fence(request: &[u8]) -> bool {
         matches!(
             decode::<MetanodeRequest>(request, "request"),
-            Ok(MetanodeRequest::FenceWrites { .. } | MetanodeRequest::FenceSettled { .. })
+            Ok(MetanodeRequest::FenceWrites { .. }
+                | MetanodeRequest::FenceSettled { .. }
+                | MetanodeRequest::DropViews { .. })
         )
+    }
+
+    /// The encoded revocation of a client's views of `inos` (see `view_tokens.rs`).
+    pub fn drop_views(inos: Vec<Ino>) -> Vec<u8> {
+        encode(&MetanodeRequest::DropViews { inos })
     }
 
     /// The answer of a node that has nothing to fence.
@@ -269,6 +281,8 @@ pub enum MetanodeReply {
         updates: Vec<(Ino, FileUpdate)>,
         locks: Vec<(Ino, Lock)>,
     },
+    /// A view the client may keep until the owner sends [`MetanodeRequest::DropViews`].
+    HeldView(FileView),
 }
 
 /// An [`FsError`] on the wire: the variants a client acts on keep their identity (the
@@ -506,6 +520,9 @@ where
                     .into(),
             )))
         }
+        // The owner's own mount holds no views to drop (a took-over node's client mount
+        // answers these itself).
+        Q::DropViews { .. } => R::Done,
     }
 }
 
@@ -572,7 +589,8 @@ pub(crate) fn cache_changes(
         | Q::Protection { .. }
         | Q::FenceWrites { .. }
         | Q::FenceSettled { .. }
-        | Q::Lock { .. } => Vec::new(),
+        | Q::Lock { .. }
+        | Q::DropViews { .. } => Vec::new(),
     }
 }
 
@@ -709,6 +727,8 @@ pub(crate) struct RemoteMetanode {
     /// [`MetanodeRequest::Once`]).
     client: u64,
     seq: std::sync::atomic::AtomicU64,
+    /// Views the owner let this client keep until it revokes them (`view_tokens.rs`).
+    views: crate::view_tokens::ViewCache,
 }
 
 impl RemoteMetanode {
@@ -721,7 +741,13 @@ impl RemoteMetanode {
             unsynced: parking_lot::Mutex::new(Unsynced::default()),
             writes: parking_lot::RwLock::new(()),
             granted: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            views: crate::view_tokens::ViewCache::default(),
         }
+    }
+
+    /// The owner revoked this client's views of `inos`.
+    pub(crate) fn drop_views(&self, inos: &[Ino]) {
+        self.views.drop_inos(inos);
     }
 
     /// A new owner's fence: the dead owner's log lost what it had not made durable, so
@@ -802,11 +828,32 @@ impl RemoteMetanode {
     }
 
     fn call(&self, request: MetanodeRequest) -> FsResult<MetanodeReply> {
-        let reply = self.channel.call(encode(&request))?;
-        match decode::<MetanodeReply>(&reply, "reply")? {
+        // The owner does not revoke this client's views of what its own requests change:
+        // it drops them itself, before (a view asked meanwhile is not kept) and after.
+        let changes_views = changes_views(&request);
+        if changes_views {
+            self.views.drop_all();
+        }
+        let reply = self.channel.call(encode(&request));
+        if changes_views {
+            self.views.drop_all();
+        }
+        match decode::<MetanodeReply>(&reply?, "reply")? {
             MetanodeReply::Failed(e) => Err(e.into()),
             reply => Ok(reply),
         }
+    }
+}
+
+/// Whether a namespace request may change a file's size or block map (an unlink or a
+/// rename over a file may free it; an attribute change may be a truncate's). Data updates
+/// drop the views of their own inode (`update_seen`); reads and locks change nothing.
+fn changes_views(request: &MetanodeRequest) -> bool {
+    use MetanodeRequest as Q;
+    match request {
+        Q::Once { request, .. } => changes_views(request),
+        Q::DropName { .. } | Q::MoveName { .. } | Q::ChangeAttr { .. } => true,
+        _ => false,
     }
 }
 
@@ -868,8 +915,23 @@ impl RemoteMetanode {
 
 impl Metanode for RemoteMetanode {
     fn view(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
-        let reply = self.call(MetanodeRequest::View { ino, blocks })?;
-        expect_reply!(reply, MetanodeReply::View(v) => v, "a view")
+        let generation = self.channel.generation();
+        if let Some(view) = self.views.get(ino, &blocks, generation) {
+            return Ok(view);
+        }
+        let seq = self.views.seq();
+        let reply = self.call(MetanodeRequest::View {
+            ino,
+            blocks: blocks.clone(),
+        })?;
+        match reply {
+            MetanodeReply::View(v) => Ok(v),
+            MetanodeReply::HeldView(v) => {
+                self.views.keep(ino, &blocks, generation, seq, &v);
+                Ok(v)
+            }
+            other => Err(mismatch(other, "a view")),
+        }
     }
 
     fn update(&self, ino: Ino, update: FileUpdate) -> FsResult<Lsn> {
@@ -899,7 +961,11 @@ impl Metanode for RemoteMetanode {
         }
         let kept = update.clone();
         let request = encode(&MetanodeRequest::Update { ino, update });
-        let reply = decode::<MetanodeReply>(&self.channel.call_seen(request, seen)?, "reply")?;
+        // Not revoked by the owner (its own change): dropped here, before and after.
+        self.views.drop_inos(&[ino]);
+        let reply = self.channel.call_seen(request, seen);
+        self.views.drop_inos(&[ino]);
+        let reply = decode::<MetanodeReply>(&reply?, "reply")?;
         let lsn = match reply {
             MetanodeReply::Lsn(l) => l,
             MetanodeReply::Failed(e) => return Err(e.into()),
@@ -956,6 +1022,8 @@ impl Metanode for RemoteMetanode {
         if let Err(e) = self.done(MetanodeRequest::Accessed { ino }) {
             tracing::warn!("atime update of inode {ino}: {e}");
         }
+        // A view kept with the old access time would ask for this again at every read.
+        self.views.drop_inos(&[ino]);
     }
 }
 

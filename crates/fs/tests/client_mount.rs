@@ -945,3 +945,128 @@ fn small_files_written_from_two_mounts_at_once_keep_both_writes() {
     drop((client, owner));
     assert_fsck_clean(&t, "after small files written from two mounts");
 }
+
+/// A client's way to an owner in this process that says which node the requests come
+/// from (as the transport does), and counts them.
+struct FromNode {
+    owner: Weak<FileSystem>,
+    origin: tessera_fs::locks::Origin,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl MetanodeChannel for FromNode {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let owner = self.owner.upgrade().expect("owner mounted");
+        Ok(owner.serve_metanode_request_from(Some(self.origin), &request))
+    }
+}
+
+#[test]
+fn a_client_keeps_views_until_the_owner_revokes_them_and_reads_every_completed_write() {
+    // The client reads without asking the owner while nothing changed, and every read
+    // after a write, truncate, punch or unlink and create on either mount returns what a
+    // model of the file says.
+    use std::sync::atomic::Ordering::Relaxed;
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let owner = mount(&t);
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let origin = tessera_fs::locks::Origin {
+        node: 2,
+        incarnation: 1,
+    };
+    let channel = FromNode {
+        owner: Arc::downgrade(&owner),
+        origin,
+        calls: Arc::clone(&calls),
+    };
+    let client = FileSystem::mount_client(t.reopen(), Box::new(channel)).unwrap();
+    owner.set_shared(true);
+    client.set_shared(true);
+    let revoked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let (client, revoked) = (Arc::downgrade(&client), Arc::clone(&revoked));
+        owner.on_view_revoke(Box::new(move |node, inos| {
+            assert_eq!(node, origin);
+            revoked.fetch_add(inos.len(), Relaxed);
+            if let Some(client) = client.upgrade() {
+                client.serve_metanode_request(&tessera_fs::Fence::drop_views(inos));
+            }
+        }));
+    }
+    let mut ino = create_file(&owner, ROOT_INO, b"f").ino;
+    let mut model = pattern(3 << 20, 1);
+    owner.write(ino, 0, &model, false).unwrap();
+    let read_all =
+        |fs: &FileSystem, ino: u64, len: usize| fs.read(ino, 0, len as u32 + 4096).unwrap();
+    // The first read also sets the access time (relatime), which the next view shows.
+    assert!(read_all(&client, ino, model.len()) == model);
+    assert!(read_all(&client, ino, model.len()) == model);
+    let before = calls.load(Relaxed);
+    for _ in 0..10 {
+        assert!(read_all(&client, ino, model.len()) == model);
+    }
+    assert_eq!(
+        calls.load(Relaxed),
+        before,
+        "reads of an unchanged file asked the owner"
+    );
+    let mut x = 99u64;
+    for step in 0..120u32 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1442695040888963407);
+        let fs = if step % 2 == 0 { &owner } else { &client };
+        match (x >> 60) % 8 {
+            0..=3 => {
+                let at = ((x >> 20) % (4 << 20)) as usize;
+                let len = ((x >> 8) % 300_000 + 1) as usize;
+                let data = pattern(len, u64::from(step) + 2);
+                fs.write(ino, at as u64, &data, false).unwrap();
+                if model.len() < at + len {
+                    model.resize(at + len, 0);
+                }
+                model[at..at + len].copy_from_slice(&data);
+            }
+            4 => {
+                let size = ((x >> 16) % (4 << 20)) as usize;
+                fs.truncate(ino, size as u64).unwrap();
+                model.resize(size, 0);
+            }
+            5 => {
+                let at = ((x >> 20) % (4 << 20)) as usize;
+                let len = ((x >> 8) % 600_000 + 1) as usize;
+                let mode = tessera_fs::FALLOC_FL_PUNCH_HOLE | tessera_fs::FALLOC_FL_KEEP_SIZE;
+                fs.fallocate(ino, at as u64, len as u64, mode).unwrap();
+                let end = (at + len).min(model.len());
+                if at < end {
+                    model[at..end].fill(0);
+                }
+            }
+            6 => {
+                // The inode number may come back for the new file.
+                fs.remove(ROOT_INO, b"f", false).unwrap();
+                ino = create_file(fs, ROOT_INO, b"f").ino;
+                model = pattern(200_000 + (x % 1000) as usize, u64::from(step) + 500);
+                fs.write(ino, 0, &model, false).unwrap();
+            }
+            _ => {}
+        }
+        for (name, reader) in [("owner", &owner), ("client", &client)] {
+            let got = read_all(reader, ino, model.len());
+            assert!(
+                got == model,
+                "step {step}: the {name} read {} bytes that differ from the {} written",
+                got.len(),
+                model.len()
+            );
+        }
+    }
+    assert!(revoked.load(Relaxed) > 0, "the owner never revoked a view");
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a client held views");
+}

@@ -26,7 +26,10 @@ pub(super) struct MountedFileSystems(pub Weak<Daemon>);
 impl FileSystemService for MountedFileSystems {
     fn call(&self, from: (NodeNumber, u64), fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String> {
         let daemon = self.0.upgrade().ok_or("the daemon is stopping")?;
-        let origin = Some(tessera_fs::locks::Origin {
+        // This node's own client mount (a node that took a file system over keeps its
+        // mount a client) is no other node: it holds no views and no locks of a node that
+        // could die apart from this owner.
+        let origin = (from.0 != daemon.member.me()).then_some(tessera_fs::locks::Origin {
             node: from.0,
             incarnation: from.1,
         });
@@ -429,6 +432,56 @@ impl Daemon {
             record.clients.len(),
             started.elapsed()
         );
+    }
+
+    /// How the owner of file system `fs` on this node revokes the views a client node
+    /// keeps (`tessera_fs` view tokens): it sends that node `Fence::drop_views` until it
+    /// answers, or until it is gone from the cluster or restarted (its views died with its
+    /// mount), or until this node lost its lease (then it serves nothing more, and its
+    /// file system is taken over). Called before the changing operation returns.
+    pub(super) fn view_revoker(
+        &self,
+        fs: &str,
+    ) -> Box<dyn Fn(tessera_fs::locks::Origin, Vec<u64>) + Send + Sync> {
+        let this = self.this.clone();
+        let fs = fs.to_string();
+        Box::new(move |origin, inos| {
+            if let Some(daemon) = this.upgrade() {
+                daemon.revoke_views(&fs, origin, inos);
+            }
+        })
+    }
+
+    fn revoke_views(&self, fs: &str, origin: tessera_fs::locks::Origin, inos: Vec<u64>) {
+        let request = Fence::drop_views(inos);
+        let alive =
+            || self.member.state().incarnations.get(&origin.node) == Some(&origin.incarnation);
+        let mut warned = false;
+        loop {
+            let state = self.member.state();
+            let Some(address) = state.nodes.get(&origin.node).map(|n| n.address.clone()) else {
+                return;
+            };
+            if !alive() || !self.member.holds_lease() {
+                return;
+            }
+            let channel = self
+                .member
+                .metanode_channel(origin.node, address, fs.to_string());
+            match channel.call_while(request.clone(), &alive) {
+                Ok(_) => return,
+                Err(e) if !warned => {
+                    tracing::warn!(
+                        "{fs}: node {} does not answer the revocation of its views ({e}); \
+                         its changes wait for it or for its expel",
+                        origin.node
+                    );
+                    warned = true;
+                }
+                Err(_) => {}
+            }
+            std::thread::sleep(OWNER_POLL);
+        }
     }
 
     /// Where requests of client node `node` come from, as the transport names them
