@@ -199,10 +199,15 @@ fn view_changed(change: &Change) -> Option<Ino> {
     }
 }
 
+/// One inode's held views: by block range asked for, with the owner generation that
+/// granted each.
+type ViewsOf = HashMap<(u64, u64), (u64, FileView)>;
+
 /// A client's held views, by inode and block range asked for.
 #[derive(Default)]
 pub(crate) struct ViewCache {
-    views: Mutex<(HashMap<Ino, HashMap<(u64, u64), (u64, FileView)>>, usize)>,
+    /// The views, and how many there are in all.
+    views: Mutex<(HashMap<Ino, ViewsOf>, usize)>,
     /// Counts revocations and this client's own changes: a view whose request was sent
     /// before the count moved is not kept.
     seq: AtomicU64,
