@@ -187,7 +187,12 @@ impl FileSystem {
             }
         };
         let slots = match (blocks.first(), blocks.last()) {
-            (Some(first), Some(last)) => self.prefetch.on_read(ino, first.0, last.0, file_blocks),
+            (Some(first), Some(last)) => self.prefetch.on_read(
+                ino,
+                offset..offset + len as u64,
+                (first.0, last.0),
+                file_blocks,
+            ),
             _ => None,
         };
         let out = match slots {
