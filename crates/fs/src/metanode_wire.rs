@@ -1253,6 +1253,24 @@ impl MetanodeChannel for InProcessOwner {
     }
 }
 
+/// A client's way to an owner in this process whose requests the owner takes as coming
+/// from node `origin` (as the node transport marks another node's): the owner grants it
+/// views it keeps (`view_tokens.rs`). For tests that run a client as another node.
+pub struct InProcessNode {
+    pub owner: Weak<FileSystem>,
+    pub origin: crate::locks::Origin,
+}
+
+impl MetanodeChannel for InProcessNode {
+    fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        let owner = self
+            .owner
+            .upgrade()
+            .ok_or_else(|| FsError::Io(std::io::Error::other("the owner is unmounted")))?;
+        Ok(owner.serve_metanode_request_from(Some(self.origin), &request))
+    }
+}
+
 impl MetanodeChannel for Loopback {
     fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
         let fs: Arc<FileSystem> = self.0.upgrade().ok_or_else(|| {

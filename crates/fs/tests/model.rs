@@ -92,8 +92,17 @@ fn mount_routed(t: &TestDisks, route: Route) -> Mounted {
         .collect();
     // As another node: the owner lets the client keep block-map views (and would revoke
     // them), so every read after the client's own changes checks that it dropped its own.
-    let client = FileSystem::mount_client(disks, Box::new(FromNode(Arc::downgrade(&fs))))
-        .expect("client mount");
+    let client = FileSystem::mount_client(
+        disks,
+        Box::new(tessera_fs::InProcessNode {
+            owner: Arc::downgrade(&fs),
+            origin: tessera_fs::locks::Origin {
+                node: 2,
+                incarnation: 1,
+            },
+        }),
+    )
+    .expect("client mount");
     let held_by = Arc::downgrade(&client);
     fs.on_view_revoke(Box::new(move |_, inos| {
         if let Some(client) = held_by.upgrade() {
@@ -102,22 +111,6 @@ fn mount_routed(t: &TestDisks, route: Route) -> Mounted {
     }));
     assert!(!client.is_owner() && fs.is_owner());
     (client, Some(fs), drives)
-}
-
-/// A client's way to an owner in this process, its requests marked as another node's.
-struct FromNode(std::sync::Weak<FileSystem>);
-
-impl tessera_fs::MetanodeChannel for FromNode {
-    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
-        let owner = self.0.upgrade().ok_or_else(|| {
-            tessera_fs::FsError::Io(std::io::Error::other("the owner is unmounted"))
-        })?;
-        let origin = tessera_fs::locks::Origin {
-            node: 2,
-            incarnation: 1,
-        };
-        Ok(owner.serve_metanode_request_from(Some(origin), &request))
-    }
 }
 
 fn mount_crashable(t: &TestDisks, wire: bool) -> (Arc<FileSystem>, Vec<Arc<SimDrive>>) {

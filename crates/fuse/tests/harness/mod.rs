@@ -32,23 +32,6 @@ pub enum Backend {
     Shared,
 }
 
-/// A client's way to an owner in this process, with the requests marked as coming from
-/// another node (node 2), as the node transport marks them.
-struct FromNode(std::sync::Weak<FileSystem>);
-
-impl tessera_fs::MetanodeChannel for FromNode {
-    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
-        let owner = self.0.upgrade().ok_or_else(|| {
-            tessera_fs::FsError::Io(std::io::Error::other("the owner is unmounted"))
-        })?;
-        let origin = tessera_fs::locks::Origin {
-            node: 2,
-            incarnation: 1,
-        };
-        Ok(owner.serve_metanode_request_from(Some(origin), &request))
-    }
-}
-
 const PDISKS: usize = 12;
 const ENCLOSURES: usize = 6;
 
@@ -165,7 +148,13 @@ impl Mounted {
         let mut cache = tessera_fuse::KernelCache::Private;
         if crate::BACKEND == Backend::Client {
             // As another node: the owner lets it keep block-map views and revokes them.
-            let channel = FromNode(Arc::downgrade(&fs));
+            let channel = tessera_fs::InProcessNode {
+                owner: Arc::downgrade(&fs),
+                origin: tessera_fs::locks::Origin {
+                    node: 2,
+                    incarnation: 1,
+                },
+            };
             let client = FileSystem::mount_client(self.devices(), Box::new(channel)).unwrap();
             let held_by = Arc::downgrade(&client);
             fs.on_view_revoke(Box::new(move |_, inos| {
