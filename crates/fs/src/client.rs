@@ -88,8 +88,8 @@ impl FileSystem {
                     remote.fence_settled(replayed);
                     return encode(&MetanodeReply::Done);
                 }
-                MetanodeRequest::DropViews { inos } => {
-                    remote.drop_views(&inos);
+                MetanodeRequest::DropHeld { inos } => {
+                    remote.drop_held(&inos);
                     return encode(&MetanodeReply::Done);
                 }
                 _ => {}
@@ -119,7 +119,13 @@ impl FileSystem {
                 // A retry of a request this owner (or the one whose log it replayed) did:
                 // its answer, not a second run.
                 tracing::info!("client {client:x}: request {seq} was done already; answering it");
-                return encode(&crate::metanode_wire::answer_again(self, inner));
+                // What it changed the first time is not known here: the client drops
+                // everything it holds.
+                let reply = crate::metanode_wire::answer_again(self, inner);
+                return encode(&MetanodeReply::Changed {
+                    inos: None,
+                    reply: encode(&reply),
+                });
             }
         }
         let child =
@@ -133,18 +139,33 @@ impl FileSystem {
             MetanodeRequest::Once { client, seq, .. } => Some((*client, *seq)),
             _ => None,
         };
-        // Another node may keep the view it asks for until this owner revokes it; it is
-        // recorded as holding it before the view is read (`view_tokens.rs`).
+        // Another node may keep what it reads until this owner revokes it; it is recorded
+        // as holding the inode before what it is answered is read (`read_tokens.rs`).
+        let holders = &self.owner().meta.holders;
         let held = match (&request, origin) {
-            (MetanodeRequest::View { ino, .. }, Some(node)) => {
-                self.owner().meta.holders.grant(*ino, node)
-            }
+            (
+                MetanodeRequest::View { ino, .. }
+                | MetanodeRequest::Attr { ino }
+                | MetanodeRequest::HeldBytes { ino }
+                | MetanodeRequest::Protection { ino },
+                Some(node),
+            ) => holders.grant(*ino, node),
+            (MetanodeRequest::Find { parent, .. }, Some(node)) => holders.grant(*parent, node),
             _ => false,
         };
+        let find = matches!(request, MetanodeRequest::Find { .. });
+        let make = match &request {
+            MetanodeRequest::Once { request, .. } => {
+                matches!(**request, MetanodeRequest::Make { .. })
+            }
+            request => matches!(request, MetanodeRequest::Make { .. }),
+        };
         crate::fs::ANSWERING.set(once);
-        crate::view_tokens::SERVING.set(origin);
+        crate::read_tokens::SERVING.set(origin);
+        drop(crate::read_tokens::take_own_changed());
         let mut reply = serve(self, request);
-        crate::view_tokens::SERVING.set(None);
+        let own_changed = crate::read_tokens::take_own_changed();
+        crate::read_tokens::SERVING.set(None);
         // Taken by the request's first log record; left over when it logged nothing.
         crate::fs::ANSWERING.set(None);
         if let (true, MetanodeReply::View(view)) = (held, &mut reply) {
@@ -158,6 +179,19 @@ impl FileSystem {
             );
             reply = MetanodeReply::HeldView(view);
         }
+        if let (true, Some(node)) = (held, origin) {
+            reply = self.held_reply(reply, find, node);
+        }
+        if let (true, Some(node), MetanodeReply::Attr(a)) = (make, origin, &reply) {
+            // What another node made it may keep: recorded, then read again.
+            if self.owner().meta.holders.grant(a.ino, node) {
+                let again = Namespace::attr(self, a.ino)
+                    .and_then(|attr| Ok((attr, Namespace::held_bytes(self, a.ino)?)));
+                if let Ok((attr, bytes)) = again {
+                    reply = MetanodeReply::Held(crate::metanode_wire::HeldReply::Made(attr, bytes));
+                }
+            }
+        }
         if durable && !matches!(reply, MetanodeReply::Failed(_)) {
             if let Err(e) = self.sync() {
                 reply = MetanodeReply::Failed(RemoteError::from(&e));
@@ -168,7 +202,42 @@ impl FileSystem {
         if let Some(notify) = notify.filter(|_| !changes.is_empty()) {
             notify(changes);
         }
+        if !own_changed.is_empty() {
+            reply = MetanodeReply::Changed {
+                inos: Some(own_changed),
+                reply: encode(&reply),
+            };
+        }
         encode(&reply)
+    }
+
+    /// `reply` to a read whose inode `node` was recorded as holding, as one it may keep.
+    /// A name found is kept under its directory's token and its attributes under the
+    /// child's: the child is recorded too, and its attributes read again after that, so
+    /// that no change between the first read and the record goes unrevoked.
+    fn held_reply(
+        &self,
+        reply: crate::metanode_wire::MetanodeReply,
+        find: bool,
+        node: crate::locks::Origin,
+    ) -> crate::metanode_wire::MetanodeReply {
+        use crate::metanode_wire::{HeldReply, MetanodeReply as R, RemoteError};
+        match reply {
+            R::Attr(a) if find => {
+                if !self.owner().meta.holders.grant(a.ino, node) {
+                    return R::Attr(a);
+                }
+                match Namespace::attr(self, a.ino) {
+                    Ok(again) => R::Held(HeldReply::Attr(again)),
+                    Err(_) => R::Attr(a),
+                }
+            }
+            R::Failed(RemoteError::NotFound) if find => R::Held(HeldReply::Absent),
+            R::Attr(a) => R::Held(HeldReply::Attr(a)),
+            R::Count(n) => R::Held(HeldReply::Count(n)),
+            R::Protection(a, acl) => R::Held(HeldReply::Protection(a, acl)),
+            other => other,
+        }
     }
 
     /// Calls `notify` with everything a request from another node's client changed that

@@ -87,7 +87,7 @@ pub(crate) struct Meta {
 /// (`metanode.rs`); on one node it lives inside the `FileSystem` that is also the client.
 pub(crate) struct Owner {
     pub(crate) desc: Mutex<FsDescriptor>,
-    pub(crate) meta: crate::view_tokens::MetaLock,
+    pub(crate) meta: crate::read_tokens::MetaLock,
     /// The recovery log; replaced only when `restripe -m` moves it to another disk (see
     /// `restripe.rs`), so callers take a handle and never hold this lock.
     pub(crate) journal: RwLock<Arc<Journal>>,
@@ -230,7 +230,7 @@ impl FileSystem {
         let policy = crate::placement::load(&desc);
         let owner = Owner {
             desc: Mutex::new(desc),
-            meta: crate::view_tokens::MetaLock::new(Meta {
+            meta: crate::read_tokens::MetaLock::new(Meta {
                 state: recovered.state,
                 alloc: recovered.alloc,
                 pending_free: Vec::new(),

@@ -31,11 +31,11 @@ mod placement;
 pub mod pmon;
 pub mod policy_run;
 mod prefetch;
+mod read_tokens;
 mod recovery;
 mod report;
 pub mod restripe;
 mod shard_tree;
-mod view_tokens;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
 pub use descriptor::{read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk};

@@ -409,12 +409,12 @@ impl crate::fs::FileSystem {
     }
 
     /// Lets this owner grant other nodes views they keep until it revokes them
-    /// (`view_tokens.rs`): `revoke(node, inodes)` sends node `node` the inodes whose
+    /// (`read_tokens.rs`): `revoke(node, inodes)` sends node `node` the inodes whose
     /// views it must drop and returns once it answered or is gone from the cluster. It is
     /// called by the thread that logged the change, once it let the metadata lock go and
     /// before the change's operation returns.
     /// Only the first function set is used.
-    pub fn on_view_revoke(&self, revoke: Box<dyn Fn(Origin, Vec<Ino>) + Send + Sync>) {
+    pub fn on_read_revoke(&self, revoke: Box<dyn Fn(Origin, Vec<Ino>) + Send + Sync>) {
         if self.is_owner() {
             let _ = self.owner().meta.holders.revoke.set(revoke);
         }

@@ -173,8 +173,9 @@ pub enum MetanodeRequest {
         ino: Ino,
         call: LockCall,
     },
-    /// Owner to client: drop the views of these inodes you hold (`view_tokens.rs`).
-    DropViews {
+    /// Owner to client: drop what you hold of these inodes (views, attributes, names;
+    /// `read_tokens.rs`).
+    DropHeld {
         inos: Vec<Ino>,
     },
 }
@@ -203,13 +204,13 @@ impl Fence {
             decode::<MetanodeRequest>(request, "request"),
             Ok(MetanodeRequest::FenceWrites { .. }
                 | MetanodeRequest::FenceSettled { .. }
-                | MetanodeRequest::DropViews { .. })
+                | MetanodeRequest::DropHeld { .. })
         )
     }
 
-    /// The encoded revocation of a client's views of `inos` (see `view_tokens.rs`).
-    pub fn drop_views(inos: Vec<Ino>) -> Vec<u8> {
-        encode(&MetanodeRequest::DropViews { inos })
+    /// The encoded revocation of what a client holds of `inos` (see `read_tokens.rs`).
+    pub fn drop_held(inos: Vec<Ino>) -> Vec<u8> {
+        encode(&MetanodeRequest::DropHeld { inos })
     }
 
     /// The answer of a node that has nothing to fence.
@@ -281,8 +282,34 @@ pub enum MetanodeReply {
         updates: Vec<(Ino, FileUpdate)>,
         locks: Vec<(Ino, Lock)>,
     },
-    /// A view the client may keep until the owner sends [`MetanodeRequest::DropViews`].
+    /// A view the client may keep until the owner sends [`MetanodeRequest::DropHeld`].
     HeldView(FileView),
+    /// What a `Make` made, with the bytes it holds; only ever inside `Held` (a client
+    /// reads a plain `Attr` otherwise).
+    Made(Attr, u64),
+    /// An answer to `Attr`, `HeldBytes`, `Protection` or `Find` the client may keep until
+    /// the owner sends [`MetanodeRequest::DropHeld`] (`read_tokens.rs`).
+    Held(HeldReply),
+    /// The answer (encoded, never itself `Changed`) to a request that changed inodes the
+    /// client holds: it drops them (`inos`; `None`: everything, when the owner cannot
+    /// say, as for a retry it had answered before).
+    Changed {
+        inos: Option<Vec<Ino>>,
+        reply: Vec<u8>,
+    },
+}
+
+/// The answers a client may keep ([`MetanodeReply::Held`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum HeldReply {
+    Attr(Attr),
+    Count(u64),
+    /// The attributes and the encoded access ACL.
+    Protection(Attr, Option<Vec<u8>>),
+    /// `Find` found no such name.
+    Absent,
+    /// What `Make` made: its attributes and the bytes it holds.
+    Made(Attr, u64),
 }
 
 /// An [`FsError`] on the wire: the variants a client acts on keep their identity (the
@@ -522,7 +549,7 @@ where
         }
         // The owner's own mount holds no views to drop (a took-over node's client mount
         // answers these itself).
-        Q::DropViews { .. } => R::Done,
+        Q::DropHeld { .. } => R::Done,
     }
 }
 
@@ -590,7 +617,7 @@ pub(crate) fn cache_changes(
         | Q::FenceWrites { .. }
         | Q::FenceSettled { .. }
         | Q::Lock { .. }
-        | Q::DropViews { .. } => Vec::new(),
+        | Q::DropHeld { .. } => Vec::new(),
     }
 }
 
@@ -727,8 +754,8 @@ pub(crate) struct RemoteMetanode {
     /// [`MetanodeRequest::Once`]).
     client: u64,
     seq: std::sync::atomic::AtomicU64,
-    /// Views the owner let this client keep until it revokes them (`view_tokens.rs`).
-    views: crate::view_tokens::ViewCache,
+    /// What the owner let this client keep until it revokes it (`read_tokens.rs`).
+    held: crate::read_tokens::HeldCache,
 }
 
 impl RemoteMetanode {
@@ -741,13 +768,13 @@ impl RemoteMetanode {
             unsynced: parking_lot::Mutex::new(Unsynced::default()),
             writes: parking_lot::RwLock::new(()),
             granted: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            views: crate::view_tokens::ViewCache::default(),
+            held: crate::read_tokens::HeldCache::default(),
         }
     }
 
-    /// The owner revoked this client's views of `inos`.
-    pub(crate) fn drop_views(&self, inos: &[Ino]) {
-        self.views.drop_inos(inos);
+    /// The owner revoked what this client holds of `inos`.
+    pub(crate) fn drop_held(&self, inos: &[Ino]) {
+        self.held.drop_inos(inos);
     }
 
     /// A new owner's fence: the dead owner's log lost what it had not made durable, so
@@ -828,33 +855,148 @@ impl RemoteMetanode {
     }
 
     fn call(&self, request: MetanodeRequest) -> FsResult<MetanodeReply> {
-        // The owner does not revoke this client's views of what its own requests change:
-        // it drops them itself, before (a view asked meanwhile is not kept) and after.
-        let changes_views = changes_views(&request);
-        if changes_views {
-            self.views.drop_all();
+        self.call_held(request)?.0
+    }
+
+    /// Sends `request`; the answer (a failure of the request itself as the inner error)
+    /// and, if the owner granted it to keep until it revokes it, the count of revocations
+    /// and changes to keep it under ([`HeldCache::keep`]).
+    fn call_held(
+        &self,
+        request: MetanodeRequest,
+    ) -> FsResult<(FsResult<MetanodeReply>, Option<u64>)> {
+        // The owner does not revoke what this client holds of what its own requests
+        // change: it lists those inodes in the answer. Answers to requests sent before
+        // this one are not kept (one may have been read before the change).
+        let changes = changes_held(&request);
+        let seq = if changes {
+            self.held.bump()
+        } else {
+            self.held.seq()
+        };
+        let parents = parents_of(&request);
+        let reply = self
+            .channel
+            .call(encode(&request))
+            .and_then(|bytes| self.unwrap_reply(&bytes, &parents));
+        // What this request's own answer dropped moved the count by one.
+        let kept = |(held, dropped): (bool, bool)| held.then_some(seq + u64::from(dropped));
+        match reply {
+            Ok((MetanodeReply::Failed(e), held)) => Ok((Err(e.into()), kept(held))),
+            Ok((reply, held)) => Ok((Ok(reply), kept(held))),
+            Err(e) => {
+                // Perhaps done, with an answer that never came: nothing says what changed.
+                if changes {
+                    self.held.drop_all();
+                }
+                Err(e)
+            }
         }
-        let reply = self.channel.call(encode(&request));
-        if changes_views {
-            self.views.drop_all();
+    }
+
+    /// Decodes an answer, drops what it says this client's request changed (except the
+    /// protection of `parents`, directories whose names the request changed: that is not
+    /// something a name changes), and says whether what it carries may be kept.
+    /// Also says whether it dropped anything (moving the count by one).
+    fn unwrap_reply(
+        &self,
+        bytes: &[u8],
+        parents: &[Ino],
+    ) -> FsResult<(MetanodeReply, (bool, bool))> {
+        let opened = open_reply(bytes)?;
+        match &opened.changed {
+            Some(Some(inos)) => self.held.drop_changed(inos, parents),
+            Some(None) => self.held.drop_all(),
+            None => {}
         }
-        match decode::<MetanodeReply>(&reply?, "reply")? {
-            MetanodeReply::Failed(e) => Err(e.into()),
-            reply => Ok(reply),
-        }
+        Ok((opened.reply, (opened.held, opened.changed.is_some())))
+    }
+
+    /// What a held `Protection` answer decodes to.
+    fn protection_of(attr: Attr, acl: Option<Vec<u8>>) -> FsResult<Protection> {
+        let acl = acl
+            .map(|bytes| Acl::decode(&bytes))
+            .transpose()
+            .map_err(|e| FsError::Invalid(format!("metanode sent a malformed ACL: {e}")))?;
+        Ok(Protection { attr, acl })
     }
 }
 
-/// Whether a namespace request may change a file's size or block map (an unlink or a
-/// rename over a file may free it; an attribute change may be a truncate's). Data updates
-/// drop the views of their own inode (`update_seen`); reads and locks change nothing.
-fn changes_views(request: &MetanodeRequest) -> bool {
+/// An answer as the client reads it: what its request changed of what it holds (`Some`;
+/// `Some(None)`: unknown, drop everything), the reply itself, and whether it may be kept.
+struct OpenedReply {
+    changed: Option<Option<Vec<Ino>>>,
+    reply: MetanodeReply,
+    held: bool,
+}
+
+/// Decodes an answer and takes `Changed` and `Held` apart. A change list inside a change
+/// list is refused: it is no answer an owner gives.
+fn open_reply(bytes: &[u8]) -> FsResult<OpenedReply> {
+    let mut reply = decode::<MetanodeReply>(bytes, "reply")?;
+    let mut changed = None;
+    if let MetanodeReply::Changed { inos, reply: inner } = reply {
+        changed = Some(inos);
+        reply = decode::<MetanodeReply>(&inner, "reply")?;
+        if matches!(reply, MetanodeReply::Changed { .. }) {
+            return Err(FsError::Invalid(
+                "metanode answered with a change list inside a change list".into(),
+            ));
+        }
+    }
+    let (reply, held) = match reply {
+        MetanodeReply::Held(held) => (
+            match held {
+                HeldReply::Attr(a) => MetanodeReply::Attr(a),
+                HeldReply::Count(n) => MetanodeReply::Count(n),
+                HeldReply::Protection(a, acl) => MetanodeReply::Protection(a, acl),
+                HeldReply::Absent => MetanodeReply::Failed(RemoteError::NotFound),
+                HeldReply::Made(a, bytes) => MetanodeReply::Made(a, bytes),
+            },
+            true,
+        ),
+        reply => (reply, false),
+    };
+    Ok(OpenedReply {
+        changed,
+        reply,
+        held,
+    })
+}
+
+/// The directories whose names a namespace request changes.
+fn parents_of(request: &MetanodeRequest) -> Vec<Ino> {
     use MetanodeRequest as Q;
     match request {
-        Q::Once { request, .. } => changes_views(request),
-        Q::DropName { .. } | Q::MoveName { .. } | Q::ChangeAttr { .. } => true,
-        _ => false,
+        Q::Once { request, .. } => parents_of(request),
+        Q::Make { parent, .. } | Q::DropName { parent, .. } | Q::AddName { parent, .. } => {
+            vec![*parent]
+        }
+        Q::MoveName { from, to, .. } => vec![from.0, to.0],
+        _ => Vec::new(),
     }
+}
+
+/// Whether a request may change what a client holds of some inode: everything but reads,
+/// locks, allocation and commits (which log no change to an inode).
+fn changes_held(request: &MetanodeRequest) -> bool {
+    use MetanodeRequest as Q;
+    !matches!(
+        request,
+        Q::View { .. }
+            | Q::Attr { .. }
+            | Q::HeldBytes { .. }
+            | Q::Find { .. }
+            | Q::LinkTarget { .. }
+            | Q::Entries { .. }
+            | Q::Space
+            | Q::Xattr { .. }
+            | Q::XattrNames { .. }
+            | Q::Protection { .. }
+            | Q::Lock { .. }
+            | Q::Allocate { .. }
+            | Q::Abandon { .. }
+    )
 }
 
 /// A reply of the wrong kind for its request: the peer is broken, not the file.
@@ -916,10 +1058,10 @@ impl RemoteMetanode {
 impl Metanode for RemoteMetanode {
     fn view(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
         let generation = self.channel.generation();
-        if let Some(view) = self.views.get(ino, &blocks, generation) {
+        if let Some(view) = self.held.view(ino, &blocks, generation) {
             return Ok(view);
         }
-        let seq = self.views.seq();
+        let seq = self.held.seq();
         let reply = self.call(MetanodeRequest::View {
             ino,
             blocks: blocks.clone(),
@@ -927,7 +1069,7 @@ impl Metanode for RemoteMetanode {
         match reply {
             MetanodeReply::View(v) => Ok(v),
             MetanodeReply::HeldView(v) => {
-                self.views.keep(ino, &blocks, generation, seq, &v);
+                self.held.keep_view(ino, &blocks, generation, seq, &v);
                 Ok(v)
             }
             other => Err(mismatch(other, "a view")),
@@ -961,11 +1103,12 @@ impl Metanode for RemoteMetanode {
         }
         let kept = update.clone();
         let request = encode(&MetanodeRequest::Update { ino, update });
-        // Not revoked by the owner (its own change): dropped here, before and after.
-        self.views.drop_inos(&[ino]);
+        // Not revoked by the owner (its own change): dropped here, before and after (and
+        // whatever else the answer lists).
+        self.held.drop_inos(&[ino]);
         let reply = self.channel.call_seen(request, seen);
-        self.views.drop_inos(&[ino]);
-        let reply = decode::<MetanodeReply>(&reply?, "reply")?;
+        self.held.drop_inos(&[ino]);
+        let (reply, _) = self.unwrap_reply(&reply?, &[])?;
         let lsn = match reply {
             MetanodeReply::Lsn(l) => l,
             MetanodeReply::Failed(e) => return Err(e.into()),
@@ -1022,8 +1165,8 @@ impl Metanode for RemoteMetanode {
         if let Err(e) = self.done(MetanodeRequest::Accessed { ino }) {
             tracing::warn!("atime update of inode {ino}: {e}");
         }
-        // A view kept with the old access time would ask for this again at every read.
-        self.views.drop_inos(&[ino]);
+        // Attributes kept with the old access time would ask for this again at every read.
+        self.held.drop_inos(&[ino]);
     }
 }
 
@@ -1079,27 +1222,91 @@ impl BlockAllocator for RemoteMetanode {
 
 impl Namespace for RemoteMetanode {
     fn attr(&self, ino: Ino) -> FsResult<Attr> {
-        self.attr_of(MetanodeRequest::Attr { ino })
+        let generation = self.channel.generation();
+        if let Some(attr) = self.held.get(ino, generation, |of| of.attr) {
+            return Ok(attr);
+        }
+        let (reply, held) = self.call_held(MetanodeRequest::Attr { ino })?;
+        let attr = expect_reply!(reply?, MetanodeReply::Attr(a) => a, "attributes")?;
+        if let Some(seq) = held {
+            self.held
+                .keep(ino, generation, seq, |of| of.attr = Some(attr));
+        }
+        Ok(attr)
     }
 
     fn held_bytes(&self, ino: Ino) -> FsResult<u64> {
-        let reply = self.call(MetanodeRequest::HeldBytes { ino })?;
-        expect_reply!(reply, MetanodeReply::Count(n) => n, "a count")
+        let generation = self.channel.generation();
+        if let Some(n) = self.held.get(ino, generation, |of| of.held_bytes) {
+            return Ok(n);
+        }
+        let (reply, held) = self.call_held(MetanodeRequest::HeldBytes { ino })?;
+        let n = expect_reply!(reply?, MetanodeReply::Count(n) => n, "a count")?;
+        if let Some(seq) = held {
+            self.held
+                .keep(ino, generation, seq, |of| of.held_bytes = Some(n));
+        }
+        Ok(n)
     }
 
     fn find(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
-        self.attr_of(MetanodeRequest::Find {
+        let generation = self.channel.generation();
+        match self
+            .held
+            .get(parent, generation, |of| of.names.get(name).copied())
+        {
+            Some(None) => return Err(FsError::NotFound),
+            Some(Some(ino)) => return self.attr(ino),
+            None => {}
+        }
+        let (reply, held) = self.call_held(MetanodeRequest::Find {
             parent,
             name: name.to_vec(),
-        })
+        })?;
+        let found = match reply {
+            Ok(reply) => Some(expect_reply!(reply, MetanodeReply::Attr(a) => a, "attributes")?),
+            Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(seq) = held {
+            // The name under the directory's token, the attributes under the child's.
+            self.held.keep(parent, generation, seq, |of| {
+                of.names.insert(name.to_vec(), found.map(|a| a.ino));
+            });
+            if let Some(attr) = found {
+                self.held
+                    .keep(attr.ino, generation, seq, |of| of.attr = Some(attr));
+            }
+        }
+        found.ok_or(FsError::NotFound)
     }
 
     fn make(&self, parent: Ino, name: &[u8], node: NewNode) -> FsResult<Attr> {
-        self.attr_of(self.once(MetanodeRequest::Make {
+        let generation = self.channel.generation();
+        let (reply, held) = self.call_held(self.once(MetanodeRequest::Make {
             parent,
             name: name.to_vec(),
             node,
-        }))
+        }))?;
+        match reply? {
+            MetanodeReply::Attr(attr) => Ok(attr),
+            MetanodeReply::Made(attr, bytes) => {
+                // Granted: the new inode under its own token, its name under the
+                // directory's (this client still holds the directory: the owner keeps
+                // the node whose request changed it as a holder).
+                if let Some(seq) = held {
+                    self.held.keep(attr.ino, generation, seq, |of| {
+                        of.attr = Some(attr);
+                        of.held_bytes = Some(bytes);
+                    });
+                    self.held.keep_held(parent, generation, seq, |of| {
+                        of.names.insert(name.to_vec(), Some(attr.ino));
+                    });
+                }
+                Ok(attr)
+            }
+            other => Err(mismatch(other, "attributes")),
+        }
     }
 
     fn link_target(&self, ino: Ino) -> FsResult<Vec<u8>> {
@@ -1222,14 +1429,20 @@ impl Namespace for RemoteMetanode {
     }
 
     fn protection(&self, ino: Ino) -> FsResult<Protection> {
-        let reply = self.call(MetanodeRequest::Protection { ino })?;
+        let generation = self.channel.generation();
+        if let Some(p) = self.held.get(ino, generation, |of| of.protection.clone()) {
+            return Ok(p);
+        }
+        let (reply, held) = self.call_held(MetanodeRequest::Protection { ino })?;
         let (attr, acl) =
-            expect_reply!(reply, MetanodeReply::Protection(a, l) => (a, l), "a protection")?;
-        let acl = acl
-            .map(|bytes| Acl::decode(&bytes))
-            .transpose()
-            .map_err(|e| FsError::Invalid(format!("metanode sent a malformed ACL: {e}")))?;
-        Ok(Protection { attr, acl })
+            expect_reply!(reply?, MetanodeReply::Protection(a, l) => (a, l), "a protection")?;
+        let protection = RemoteMetanode::protection_of(attr, acl)?;
+        if let Some(seq) = held {
+            let kept = protection.clone();
+            self.held
+                .keep(ino, generation, seq, |of| of.protection = Some(kept));
+        }
+        Ok(protection)
     }
 }
 
@@ -1255,7 +1468,7 @@ impl MetanodeChannel for InProcessOwner {
 
 /// A client's way to an owner in this process whose requests the owner takes as coming
 /// from node `origin` (as the node transport marks another node's): the owner grants it
-/// views it keeps (`view_tokens.rs`). For tests that run a client as another node.
+/// views it keeps (`read_tokens.rs`). For tests that run a client as another node.
 pub struct InProcessNode {
     pub owner: Weak<FileSystem>,
     pub origin: crate::locks::Origin,
@@ -1393,6 +1606,38 @@ mod tests {
         }
         assert!(decode::<MetanodeRequest>(&[0xff; 7], "request").is_err());
         assert!(decode::<MetanodeRequest>(&[], "request").is_err());
+    }
+
+    #[test]
+    fn held_answers_and_change_lists_open_and_nested_lists_are_refused() {
+        let absent = encode(&MetanodeReply::Held(HeldReply::Absent));
+        let changed = MetanodeReply::Changed {
+            inos: Some(vec![3, 9]),
+            reply: absent.clone(),
+        };
+        let opened = open_reply(&encode(&changed)).unwrap();
+        assert_eq!(opened.changed, Some(Some(vec![3, 9])));
+        assert!(opened.held);
+        assert!(matches!(
+            opened.reply,
+            MetanodeReply::Failed(RemoteError::NotFound)
+        ));
+        let opened = open_reply(&encode(&MetanodeReply::Held(HeldReply::Attr(attr())))).unwrap();
+        assert!(opened.held && opened.changed.is_none());
+        assert!(matches!(opened.reply, MetanodeReply::Attr(a) if a == attr()));
+        let plain = open_reply(&encode(&MetanodeReply::Count(4))).unwrap();
+        assert!(!plain.held && plain.changed.is_none());
+        let nested = MetanodeReply::Changed {
+            inos: None,
+            reply: encode(&changed),
+        };
+        let e = open_reply(&encode(&nested)).err().expect("refused");
+        assert!(e.to_string().contains("inside a change list"), "{e}");
+        let broken = MetanodeReply::Changed {
+            inos: None,
+            reply: vec![0xff, 0xff],
+        };
+        assert!(open_reply(&encode(&broken)).is_err());
     }
 
     /// What a fenced client hands over is checked before it is applied: garbage, a
@@ -1560,6 +1805,7 @@ mod tests {
                 proptest::prop_assert_eq!(again, r);
             }
             let _ = decode::<MetanodeReply>(&bytes, "reply");
+            let _ = open_reply(&bytes);
         }
     }
 }

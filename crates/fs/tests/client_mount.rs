@@ -988,11 +988,11 @@ fn a_client_keeps_views_until_the_owner_revokes_them_and_reads_every_completed_w
     let revoked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     {
         let (client, revoked) = (Arc::downgrade(&client), Arc::clone(&revoked));
-        owner.on_view_revoke(Box::new(move |node, inos| {
+        owner.on_read_revoke(Box::new(move |node, inos| {
             assert_eq!(node, origin);
             revoked.fetch_add(inos.len(), Relaxed);
             if let Some(client) = client.upgrade() {
-                client.serve_metanode_request(&tessera_fs::Fence::drop_views(inos));
+                client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
             }
         }));
     }
@@ -1072,6 +1072,130 @@ fn a_client_keeps_views_until_the_owner_revokes_them_and_reads_every_completed_w
 }
 
 #[test]
+fn a_client_keeps_names_and_attributes_until_the_owner_revokes_them() {
+    // Lookups, attributes and permission checks of a client come from what it holds while
+    // nothing changed, and after every create, unlink, rename, chmod, chown, write and
+    // truncate on either mount the client sees what the owner sees.
+    use std::sync::atomic::Ordering::Relaxed;
+    use tessera_fs::access::Credentials;
+    use tessera_fs::{Caller, FileKind, SetAttr};
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let owner = mount(&t);
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let origin = tessera_fs::locks::Origin {
+        node: 2,
+        incarnation: 1,
+    };
+    let channel = FromNode {
+        owner: Arc::downgrade(&owner),
+        origin,
+        calls: Arc::clone(&calls),
+    };
+    let client = FileSystem::mount_client(t.reopen(), Box::new(channel)).unwrap();
+    owner.set_shared(true);
+    client.set_shared(true);
+    let revoked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let (client, revoked) = (Arc::downgrade(&client), Arc::clone(&revoked));
+        owner.on_read_revoke(Box::new(move |node, inos| {
+            assert_eq!(node, origin);
+            revoked.fetch_add(inos.len(), Relaxed);
+            if let Some(client) = client.upgrade() {
+                client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
+            }
+        }));
+    }
+    let root = Caller { uid: 0, gid: 0 };
+    let d = owner
+        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o755, 0, root, None)
+        .unwrap()
+        .ino;
+    create_file(&owner, d, b"n0");
+    let names: Vec<Vec<u8>> = (0..4).map(|i| format!("n{i}").into_bytes()).collect();
+    let user = Credentials::new(1000, 1000, 1);
+    // What a mount says of the directory: each name's inode, mode, owner and size, and
+    // whether user 1000 may create in it.
+    let look = |fs: &FileSystem| {
+        let entries: Vec<Option<(u64, u32, u32, u64)>> = names
+            .iter()
+            .map(|n| {
+                fs.lookup(d, n).ok().map(|a| {
+                    let again = fs.getattr(a.ino).unwrap();
+                    assert_eq!(again.size, a.size, "lookup and getattr disagree");
+                    (a.ino, u32::from(again.perm), again.uid, again.size)
+                })
+            })
+            .collect();
+        let may = fs.may_use_dir(d, &user, 2 | 1).is_ok();
+        (entries, may, fs.getattr(d).unwrap().nlink)
+    };
+    assert_eq!(look(&client), look(&owner));
+    let before = calls.load(Relaxed);
+    for _ in 0..10 {
+        assert_eq!(look(&client), look(&owner));
+    }
+    assert_eq!(
+        calls.load(Relaxed),
+        before,
+        "lookups, attributes and permission checks of an unchanged directory asked the owner"
+    );
+    // Past the window in which a just-revoked inode is not granted again.
+    let quiet = || std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut x = 7u64;
+    for step in 0..80u32 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1442695040888963407);
+        let fs = if step % 3 == 0 { &owner } else { &client };
+        let name = &names[((x >> 33) % 4) as usize];
+        let other = &names[((x >> 40) % 4) as usize];
+        let _ = match (x >> 60) % 7 {
+            0 => fs
+                .create_node(d, name, FileKind::Regular, 0o644, 0, root, None)
+                .map(drop),
+            1 => fs.remove(d, name, false),
+            2 => fs.rename(d, name, d, other, false, false),
+            3 => fs.lookup(d, name).and_then(|a| {
+                let set = SetAttr {
+                    mode: Some((x >> 8) as u32 & 0o777),
+                    ..SetAttr::default()
+                };
+                fs.setattr(a.ino, set).map(drop)
+            }),
+            4 => fs.lookup(d, name).and_then(|a| {
+                let data = pattern(((x >> 12) % 9000) as usize + 1, u64::from(step));
+                fs.write(a.ino, (x >> 20) % 5000, &data, false).map(drop)
+            }),
+            5 => {
+                let set = SetAttr {
+                    mode: Some(if x & 1 == 0 { 0o755 } else { 0o777 }),
+                    uid: Some(if x & 2 == 0 { 0 } else { 1000 }),
+                    ..SetAttr::default()
+                };
+                fs.setattr(d, set).map(drop)
+            }
+            _ => fs
+                .lookup(d, name)
+                .and_then(|a| fs.truncate(a.ino, (x >> 24) % 3000)),
+        };
+        assert_eq!(look(&client), look(&owner), "step {step}");
+        if step % 10 == 9 {
+            quiet();
+            assert_eq!(look(&client), look(&owner), "step {step}, quiet");
+        }
+    }
+    assert!(
+        revoked.load(Relaxed) > 0,
+        "the owner never revoked anything"
+    );
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a client held names and attributes");
+}
+
+#[test]
 fn a_reader_holding_views_sees_every_completed_overwrite() {
     // An owner overwrites random ranges in place (logged intent, write, settle) while a
     // client that keeps its views reads: every word read is no older than the last write
@@ -1096,9 +1220,9 @@ fn a_reader_holding_views_sees_every_completed_overwrite() {
     client.set_shared(true);
     {
         let client = Arc::downgrade(&client);
-        owner.on_view_revoke(Box::new(move |_, inos| {
+        owner.on_read_revoke(Box::new(move |_, inos| {
             if let Some(client) = client.upgrade() {
-                client.serve_metanode_request(&tessera_fs::Fence::drop_views(inos));
+                client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
             }
         }));
     }

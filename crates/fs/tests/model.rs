@@ -104,9 +104,9 @@ fn mount_routed(t: &TestDisks, route: Route) -> Mounted {
     )
     .expect("client mount");
     let held_by = Arc::downgrade(&client);
-    fs.on_view_revoke(Box::new(move |_, inos| {
+    fs.on_read_revoke(Box::new(move |_, inos| {
         if let Some(client) = held_by.upgrade() {
-            client.serve_metanode_request(&tessera_fs::Fence::drop_views(inos));
+            client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
         }
     }));
     assert!(!client.is_owner() && fs.is_owner());

@@ -157,9 +157,9 @@ impl Mounted {
             };
             let client = FileSystem::mount_client(self.devices(), Box::new(channel)).unwrap();
             let held_by = Arc::downgrade(&client);
-            fs.on_view_revoke(Box::new(move |_, inos| {
+            fs.on_read_revoke(Box::new(move |_, inos| {
                 if let Some(client) = held_by.upgrade() {
-                    client.serve_metanode_request(&tessera_fs::Fence::drop_views(inos));
+                    client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
                 }
             }));
             self.owner = Some(std::mem::replace(&mut fs, client));

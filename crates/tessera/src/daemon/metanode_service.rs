@@ -435,11 +435,11 @@ impl Daemon {
     }
 
     /// How the owner of file system `fs` on this node revokes the views a client node
-    /// keeps (`tessera_fs` view tokens): it sends that node `Fence::drop_views` until it
+    /// keeps (`tessera_fs` view tokens): it sends that node `Fence::drop_held` until it
     /// answers, or until it is gone from the cluster or restarted (its views died with its
     /// mount), or until this node lost its lease (then it serves nothing more, and its
     /// file system is taken over). Called before the changing operation returns.
-    pub(super) fn view_revoker(
+    pub(super) fn read_revoker(
         &self,
         fs: &str,
     ) -> Box<dyn Fn(tessera_fs::locks::Origin, Vec<u64>) + Send + Sync> {
@@ -447,13 +447,13 @@ impl Daemon {
         let fs = fs.to_string();
         Box::new(move |origin, inos| {
             if let Some(daemon) = this.upgrade() {
-                daemon.revoke_views(&fs, origin, inos);
+                daemon.revoke_reads(&fs, origin, inos);
             }
         })
     }
 
-    fn revoke_views(&self, fs: &str, origin: tessera_fs::locks::Origin, inos: Vec<u64>) {
-        let request = Fence::drop_views(inos);
+    fn revoke_reads(&self, fs: &str, origin: tessera_fs::locks::Origin, inos: Vec<u64>) {
+        let request = Fence::drop_held(inos);
         let alive =
             || self.member.state().incarnations.get(&origin.node) == Some(&origin.incarnation);
         let mut warned = false;

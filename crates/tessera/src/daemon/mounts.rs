@@ -124,7 +124,7 @@ impl Daemon {
         fs.set_metadata_cache_bytes(pagepool);
         self.set_thin_disks(&fs, &nsds, &record.name)?;
         fs.on_lock_holder_check(self.member.lock_holder_check());
-        fs.on_view_revoke(self.view_revoker(&record.name));
+        fs.on_read_revoke(self.read_revoker(&record.name));
         tracing::info!(
             "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
             record.name,

@@ -1,0 +1,437 @@
+//! Read tokens on what a client caches of an inode: its attributes, its protection
+//! (attributes and access ACL), the bytes it holds, a directory's names (and the absence of
+//! a name), and a file's block-map views (size, block references, sector checksums). A
+//! client keeps what the owner grants until the owner revokes it, instead of asking the
+//! owner for every `stat`, lookup, permission check and read.
+//!
+//! One token per inode covers everything a node caches of it: a change of any kind to an
+//! inode revokes all of it. Coarser than GPFS's separate attribute, entry and byte-range
+//! tokens, and enough: what a client caches of an inode is refetched in one round trip.
+//!
+//! The owner grants only to another node (`MetanodeReply::Held`, `HeldView`; what a
+//! node's `Make` made too, recorded after it and read again), and only when
+//! it can reach that node again (`FileSystem::on_read_revoke`, set by the daemon). It
+//! records the holder *before* it reads what it answers, so every change logged after that
+//! point finds the holder: `FileSystem::log` takes the holders of every inode a change
+//! touches, and once the metadata lock is let go (`MetaGuard`'s drop, on the thread that
+//! logged) sends each node `DropHeld` and waits for its answer, before the change's
+//! operation returns. Never under the metadata lock: a node answering may itself be waiting
+//! for this owner (its daemon's tables are locked by a thread that asks this owner
+//! something), and a revocation sent under the lock would wait for it forever. A node that
+//! does not answer is waited for until the cluster expels it, as for a fence.
+//!
+//! The node whose request made the change is not sent a revocation: the owner lists the
+//! inodes it holds that its own request changed in the answer (`MetanodeReply::Changed`),
+//! and it drops them when the answer arrives. It stays a holder.
+//!
+//! An inode that was revoked from a node within the last `HOT_WINDOW` is not granted: a
+//! directory several nodes create in at once, or a file several nodes write, would
+//! otherwise cost a revocation round trip to every other node per change, more than the
+//! caching saves. Its readers ask the owner each time until it has been quiet for a while.
+//!
+//! On the client what was granted is kept only if no revocation (and no change of its own)
+//! arrived between sending the request and reading the answer (`HeldCache::seq`): a
+//! revocation can overtake the answer it revokes. Everything is dropped when the owner
+//! moves (its generation). A cached answer is a copy of what the owner said: a change of
+//! another node that returned before a read began was logged before it returned, so its
+//! revocation reached this node first, and the read asks again. Client mounts keep no
+//! attributes or names in the kernel (timeouts 0), so a revocation never waits for the
+//! kernel: the kernel asks this cache, one local FUSE round trip, instead of the owner.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::access::Protection;
+use crate::inode::{Attr, Ino};
+use crate::locks::Origin;
+use crate::meta::Change;
+use crate::metanode::FileView;
+
+/// Inodes an owner tracks holders for, at most; past it nothing new is granted (the answer
+/// is a plain one), so the table stays bounded.
+const HELD_INODES_MAX: usize = 65_536;
+/// Things (views, names, attributes) a client keeps, at most; past it the cache starts
+/// over.
+const CACHED_MAX: usize = 65_536;
+/// How long after a revocation an inode is not granted again (see the module comment):
+/// far longer than the round trips it saves, short enough that a directory or file others
+/// stopped changing is cached again at once to a person's eye.
+pub(crate) const HOT_WINDOW: Duration = Duration::from_millis(250);
+
+/// Sends a node the inodes whose held copies it must drop; returns once it answered, or
+/// once it is gone from the cluster.
+pub(crate) type RevokeHook = Box<dyn Fn(Origin, Vec<Ino>) + Send + Sync>;
+
+#[derive(Default)]
+struct Table {
+    holders: HashMap<Ino, Vec<Origin>>,
+    /// When each inode was last revoked from another node (`HOT_WINDOW`).
+    revoked: HashMap<Ino, Instant>,
+}
+
+/// The owner's record of which nodes hold copies of which inodes.
+#[derive(Default)]
+pub(crate) struct ReadHolders {
+    table: Mutex<Table>,
+    count: AtomicUsize,
+    pub(crate) revoke: std::sync::OnceLock<RevokeHook>,
+}
+
+std::thread_local! {
+    /// The node whose request this thread serves: it is not sent revocations for what its
+    /// own request changes, it is told in the answer.
+    pub(crate) static SERVING: std::cell::Cell<Option<Origin>> = const { std::cell::Cell::new(None) };
+    /// Revocations this thread's changes made, sent once it lets the metadata lock go.
+    static PENDING: std::cell::RefCell<Vec<(Origin, Vec<Ino>)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Inodes the serving node holds that this thread's changes touched.
+    static OWN_CHANGED: std::cell::RefCell<Vec<Ino>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes the inodes held by the serving node that the changes this thread logged since
+/// the last call touched (`MetanodeReply::Changed`).
+pub(crate) fn take_own_changed() -> Vec<Ino> {
+    let mut inos = OWN_CHANGED.with(|o| std::mem::take(&mut *o.borrow_mut()));
+    inos.sort_unstable();
+    inos.dedup();
+    inos
+}
+
+/// The metadata lock of an owner, with its record of view holders: whoever logged
+/// changes under it sends their revocations when it lets go (see the module comment).
+pub(crate) struct MetaLock {
+    meta: Mutex<crate::fs::Meta>,
+    pub(crate) holders: ReadHolders,
+}
+
+pub(crate) struct MetaGuard<'a> {
+    guard: Option<parking_lot::MutexGuard<'a, crate::fs::Meta>>,
+    holders: &'a ReadHolders,
+}
+
+impl MetaLock {
+    pub(crate) fn new(meta: crate::fs::Meta) -> MetaLock {
+        MetaLock {
+            meta: Mutex::new(meta),
+            holders: ReadHolders::default(),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MetaGuard<'_> {
+        MetaGuard {
+            guard: Some(self.meta.lock()),
+            holders: &self.holders,
+        }
+    }
+}
+
+impl std::ops::Deref for MetaGuard<'_> {
+    type Target = crate::fs::Meta;
+    fn deref(&self) -> &crate::fs::Meta {
+        self.guard.as_ref().expect("held until drop")
+    }
+}
+
+impl std::ops::DerefMut for MetaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut crate::fs::Meta {
+        self.guard.as_mut().expect("held until drop")
+    }
+}
+
+impl Drop for MetaGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        if pending.is_empty() {
+            return;
+        }
+        let Some(revoke) = self.holders.revoke.get() else {
+            return;
+        };
+        for (node, inos) in pending {
+            revoke(node, inos);
+        }
+    }
+}
+
+impl ReadHolders {
+    /// Records `holder` as holding copies of `ino`, before what it is answered is read;
+    /// false when this owner cannot revoke (no way to reach other nodes), tracks too many
+    /// inodes, or revoked this one from another node within `HOT_WINDOW`.
+    pub(crate) fn grant(&self, ino: Ino, holder: Origin) -> bool {
+        if self.revoke.get().is_none() {
+            return false;
+        }
+        let mut table = self.table.lock();
+        if let Some(at) = table.revoked.get(&ino) {
+            if at.elapsed() < HOT_WINDOW {
+                return false;
+            }
+            table.revoked.remove(&ino);
+        }
+        if !table.holders.contains_key(&ino) && table.holders.len() >= HELD_INODES_MAX {
+            return false;
+        }
+        let of = table.holders.entry(ino).or_default();
+        if !of.contains(&holder) {
+            of.push(holder);
+        }
+        self.count.store(table.holders.len(), Ordering::Release);
+        true
+    }
+
+    /// Takes the holders of every inode `changes` touch, for this thread to revoke once it
+    /// lets the metadata lock go, and notes those the serving node holds for its answer;
+    /// the caller holds that lock, so every holder recorded before these changes is found.
+    pub(crate) fn revoke_changed(&self, changes: &[Change]) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let serving = SERVING.get();
+        let mut by_node: HashMap<Origin, Vec<Ino>> = HashMap::new();
+        let mut own = Vec::new();
+        {
+            let mut table = self.table.lock();
+            let now = Instant::now();
+            for ino in changes.iter().filter_map(changed_ino) {
+                let Some(of) = table.holders.remove(&ino) else {
+                    continue;
+                };
+                let mut others = false;
+                for holder in of {
+                    if Some(holder) == serving {
+                        // Its own request's change: told in the answer, and it stays a
+                        // holder, since it may keep what it asks next.
+                        table.holders.insert(ino, vec![holder]);
+                        own.push(ino);
+                    } else {
+                        others = true;
+                        by_node.entry(holder).or_default().push(ino);
+                    }
+                }
+                if others {
+                    table.revoked.insert(ino, now);
+                }
+            }
+            if table.revoked.len() > HELD_INODES_MAX {
+                table.revoked.retain(|_, at| at.elapsed() < HOT_WINDOW);
+            }
+            self.count.store(table.holders.len(), Ordering::Release);
+        }
+        if !own.is_empty() {
+            OWN_CHANGED.with(|o| o.borrow_mut().extend(own));
+        }
+        PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            for (node, mut inos) in by_node {
+                inos.sort_unstable();
+                inos.dedup();
+                p.push((node, inos));
+            }
+        });
+    }
+}
+
+/// The inode a change makes what others hold of it stale: its attributes, a directory's
+/// names, its extended attributes (an ACL among them), its size, block map or checksums.
+/// Settling a sector's pending alternative counts too: a view that still lists the old
+/// checksum as the alternative lets a read-ahead slot read before the in-place write
+/// landed pass as current, after that write returned.
+fn changed_ino(change: &Change) -> Option<Ino> {
+    match change {
+        Change::PutAttr(attr) => Some(attr.ino),
+        Change::DirInsert { dir, .. }
+        | Change::DirRemove { dir, .. }
+        | Change::SetParent { dir, .. } => Some(*dir),
+        Change::Inline { ino, .. }
+        | Change::MapBlock { ino, .. }
+        | Change::Sectors { ino, .. }
+        | Change::Settle { ino, .. }
+        | Change::Truncate { ino, .. }
+        | Change::Unmap { ino, .. }
+        | Change::SetXattr { ino, .. }
+        | Change::RemoveXattr { ino, .. }
+        | Change::FreeInode { ino }
+        | Change::SetPool { ino, .. }
+        | Change::Revert { ino, .. } => Some(*ino),
+        Change::Answered { .. } => None,
+    }
+}
+
+/// What a client holds of one inode, all granted by the owner of `generation`.
+#[derive(Default)]
+pub(crate) struct HeldOf {
+    generation: u64,
+    /// Block-map views by block range asked for.
+    pub(crate) views: HashMap<(u64, u64), FileView>,
+    pub(crate) attr: Option<Attr>,
+    pub(crate) held_bytes: Option<u64>,
+    pub(crate) protection: Option<Protection>,
+    /// A directory's names: the inode each names, or `None` for a name known absent.
+    pub(crate) names: HashMap<Vec<u8>, Option<Ino>>,
+}
+
+impl HeldOf {
+    fn items(&self) -> usize {
+        self.views.len()
+            + self.names.len()
+            + usize::from(self.attr.is_some())
+            + usize::from(self.held_bytes.is_some())
+            + usize::from(self.protection.is_some())
+    }
+}
+
+/// What a client holds, by inode, and how many things in all.
+#[derive(Default)]
+pub(crate) struct HeldCache {
+    held: Mutex<(HashMap<Ino, HeldOf>, usize)>,
+    /// Counts revocations and this client's own changes: an answer whose request was sent
+    /// before the count moved is not kept.
+    seq: AtomicU64,
+}
+
+impl HeldCache {
+    /// What `look` finds of `ino` among the copies held from the owner of `generation`.
+    pub(crate) fn get<T>(
+        &self,
+        ino: Ino,
+        generation: u64,
+        look: impl FnOnce(&HeldOf) -> Option<T>,
+    ) -> Option<T> {
+        let held = self.held.lock();
+        held.0
+            .get(&ino)
+            .filter(|of| of.generation == generation)
+            .and_then(look)
+    }
+
+    /// The view of `blocks` of `ino` held from the owner of generation `generation`.
+    pub(crate) fn view(&self, ino: Ino, blocks: &Range<u64>, generation: u64) -> Option<FileView> {
+        self.get(ino, generation, |of| {
+            of.views.get(&(blocks.start, blocks.end)).cloned()
+        })
+    }
+
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+
+    /// Keeps what `put` adds to what is held of `ino`, unless anything was revoked or
+    /// changed since `seq` was read (before the request went out).
+    pub(crate) fn keep(&self, ino: Ino, generation: u64, seq: u64, put: impl FnOnce(&mut HeldOf)) {
+        let mut held = self.held.lock();
+        if self.seq() != seq {
+            return;
+        }
+        if held.1 >= CACHED_MAX {
+            held.0.clear();
+            held.1 = 0;
+        }
+        let (map, count) = &mut *held;
+        let of = map.entry(ino).or_default();
+        if of.generation != generation {
+            *count -= of.items();
+            *of = HeldOf {
+                generation,
+                ..HeldOf::default()
+            };
+        }
+        let before = of.items();
+        put(of);
+        *count = *count + of.items() - before;
+    }
+
+    /// Like [`HeldCache::keep`], only if something of `ino` is held already: an inode
+    /// this client holds stays held after its own changes (the owner keeps it as a
+    /// holder), one it does not hold was never granted.
+    pub(crate) fn keep_held(
+        &self,
+        ino: Ino,
+        generation: u64,
+        seq: u64,
+        put: impl FnOnce(&mut HeldOf),
+    ) {
+        let mut held = self.held.lock();
+        if self.seq() != seq {
+            return;
+        }
+        let (map, count) = &mut *held;
+        let Some(of) = map.get_mut(&ino).filter(|of| of.generation == generation) else {
+            return;
+        };
+        let before = of.items();
+        put(of);
+        *count = *count + of.items() - before;
+    }
+
+    /// The view of `blocks` of `ino`, held (see [`HeldCache::keep`]).
+    pub(crate) fn keep_view(
+        &self,
+        ino: Ino,
+        blocks: &Range<u64>,
+        generation: u64,
+        seq: u64,
+        view: &FileView,
+    ) {
+        self.keep(ino, generation, seq, |of| {
+            of.views.insert((blocks.start, blocks.end), view.clone());
+        });
+    }
+
+    /// A request of this client's that may change something is on its way: answers to
+    /// requests sent before it are not kept.
+    /// Returns the count after it.
+    pub(crate) fn bump(&self) -> u64 {
+        let _held = self.held.lock();
+        self.seq.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Drops what is held of `inos` (a revocation, or a change this client made).
+    pub(crate) fn drop_inos(&self, inos: &[Ino]) {
+        let mut held = self.held.lock();
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        for ino in inos {
+            if let Some(of) = held.0.remove(ino) {
+                held.1 -= of.items();
+            }
+        }
+    }
+
+    /// Drops what is held of `inos`, the inodes a request of this client's changed, but
+    /// the protection of those among `parents` (directories whose names it changed, which
+    /// changes their times, size and link count, never their mode, owner or ACL).
+    pub(crate) fn drop_changed(&self, inos: &[Ino], parents: &[Ino]) {
+        let mut held = self.held.lock();
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        let (map, count) = &mut *held;
+        for ino in inos {
+            let Some(of) = map.remove(ino) else {
+                continue;
+            };
+            *count -= of.items();
+            if let (true, Some(protection)) = (parents.contains(ino), of.protection) {
+                *count += 1;
+                map.insert(
+                    *ino,
+                    HeldOf {
+                        generation: of.generation,
+                        protection: Some(protection),
+                        ..HeldOf::default()
+                    },
+                );
+            }
+        }
+    }
+
+    /// Drops everything (a change of this client's whose answer did not say what it
+    /// changed).
+    pub(crate) fn drop_all(&self) {
+        let mut held = self.held.lock();
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        held.0.clear();
+        held.1 = 0;
+    }
+}
