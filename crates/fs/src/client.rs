@@ -293,6 +293,7 @@ impl FileSystem {
         symlink_target: Option<&[u8]>,
     ) -> FsResult<Attr> {
         let node = NewNode {
+            open: false,
             kind,
             mode,
             umask,
@@ -345,6 +346,29 @@ impl FileSystem {
 
     pub fn open(&self, ino: Ino) -> FsResult<Attr> {
         let attr = self.namespace_of(ino).opened(ino)?;
+        self.pmon.open();
+        Ok(attr)
+    }
+
+    /// Creates a regular file in `parent` and opens it, in one step (FUSE's create; see
+    /// [`FileSystem::create_node_umask`] for `mode` and `umask`); released like any open.
+    pub fn create_open(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        (mode, umask): (u32, u32),
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        let node = NewNode {
+            kind: FileKind::Regular,
+            mode,
+            umask,
+            rdev: 0,
+            caller,
+            symlink_target: None,
+            open: true,
+        };
+        let attr = self.namespace_of(parent).make(parent, name, node)?;
         self.pmon.open();
         Ok(attr)
     }

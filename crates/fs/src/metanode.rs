@@ -291,6 +291,9 @@ pub(crate) struct NewNode {
     pub rdev: u32,
     pub caller: crate::Caller,
     pub symlink_target: Option<Vec<u8>>,
+    /// Open the new file too (FUSE's create): counted open in the same step, so that no
+    /// other node's unlink can free it between the two, and in one round trip.
+    pub open: bool,
 }
 
 /// RENAME_NOREPLACE and RENAME_EXCHANGE.

@@ -894,14 +894,14 @@ impl RemoteMetanode {
         }
     }
 
-    /// Decodes an answer, drops what it says this client's request changed (except the
-    /// protection of `parents`, directories whose names the request changed: that is not
-    /// something a name changes), and says whether what it carries may be kept.
-    /// Also says whether it dropped anything (moving the count by one).
+    /// Decodes an answer, drops what it says this client's request changed (but see
+    /// [`HeldCache::drop_changed`] for `parents`, the directories whose names the request
+    /// changed, and those names), and says whether what it carries may be kept and
+    /// whether it dropped anything (moving the count by one).
     fn unwrap_reply(
         &self,
         bytes: &[u8],
-        parents: &[Ino],
+        parents: &[(Ino, &[u8])],
     ) -> FsResult<(MetanodeReply, (bool, bool))> {
         let opened = open_reply(bytes)?;
         match &opened.changed {
@@ -964,15 +964,15 @@ fn open_reply(bytes: &[u8]) -> FsResult<OpenedReply> {
     })
 }
 
-/// The directories whose names a namespace request changes.
-fn parents_of(request: &MetanodeRequest) -> Vec<Ino> {
+/// The names a namespace request changes, with their directories.
+fn parents_of(request: &MetanodeRequest) -> Vec<(Ino, &[u8])> {
     use MetanodeRequest as Q;
     match request {
         Q::Once { request, .. } => parents_of(request),
-        Q::Make { parent, .. } | Q::DropName { parent, .. } | Q::AddName { parent, .. } => {
-            vec![*parent]
-        }
-        Q::MoveName { from, to, .. } => vec![from.0, to.0],
+        Q::Make { parent, name, .. }
+        | Q::DropName { parent, name, .. }
+        | Q::AddName { parent, name, .. } => vec![(*parent, name.as_slice())],
+        Q::MoveName { from, to, .. } => vec![(from.0, from.1.as_slice()), (to.0, to.1.as_slice())],
         _ => Vec::new(),
     }
 }

@@ -127,6 +127,7 @@ impl Namespace for FileSystem {
             rdev,
             caller,
             symlink_target,
+            open,
         } = node;
         check_name(name)?;
         let mut m = self.owner().meta.lock();
@@ -208,6 +209,9 @@ impl Namespace for FileSystem {
         });
         changes.push(Change::PutAttr(pattr));
         self.log(&mut m, changes)?;
+        if open {
+            *m.open.entry(ino).or_insert(0) += 1;
+        }
         Ok(attr)
     }
 

@@ -400,29 +400,34 @@ impl HeldCache {
         }
     }
 
-    /// Drops what is held of `inos`, the inodes a request of this client's changed, but
-    /// the protection of those among `parents` (directories whose names it changed, which
-    /// changes their times, size and link count, never their mode, owner or ACL).
-    pub(crate) fn drop_changed(&self, inos: &[Ino], parents: &[Ino]) {
+    /// Drops what is held of `inos`, the inodes a request of this client's changed. Of a
+    /// directory among `parents` (name changes of that request: a create, link, unlink or
+    /// rename) it keeps the protection and the other names: a name change changes the
+    /// directory's times, size and link count and that name, never its mode, owner or ACL
+    /// or another name.
+    pub(crate) fn drop_changed(&self, inos: &[Ino], parents: &[(Ino, &[u8])]) {
         let mut held = self.held.lock();
         self.seq.fetch_add(1, Ordering::AcqRel);
         let (map, count) = &mut *held;
         for ino in inos {
-            let Some(of) = map.remove(ino) else {
+            let Some(mut of) = map.remove(ino) else {
                 continue;
             };
             *count -= of.items();
-            if let (true, Some(protection)) = (parents.contains(ino), of.protection) {
-                *count += 1;
-                map.insert(
-                    *ino,
-                    HeldOf {
-                        generation: of.generation,
-                        protection: Some(protection),
-                        ..HeldOf::default()
-                    },
-                );
+            if !parents.iter().any(|(dir, _)| dir == ino) {
+                continue;
             }
+            for (_, name) in parents.iter().filter(|(dir, _)| dir == ino) {
+                of.names.remove(*name);
+            }
+            let kept = HeldOf {
+                generation: of.generation,
+                protection: of.protection,
+                names: of.names,
+                ..HeldOf::default()
+            };
+            *count += kept.items();
+            map.insert(*ino, kept);
         }
     }
 

@@ -453,17 +453,20 @@ impl TesseraFuse {
         check!(self
             .fs
             .may_use_dir(req.header.nodeid, &cred, MAY_WRITE | MAY_EXEC));
-        let r = self.create_node(req, name, (FileKind::Regular, mode, umask), 0, None);
-        let r = match r {
+        let caller = Caller {
+            uid: req.header.uid,
+            gid: req.header.gid,
+        };
+        let r = self
+            .fs
+            .create_open(req.header.nodeid, name, (mode, umask), caller);
+        let attr = match r {
             // The kernel asks to create because it found no name; another node (or a
             // request retried after a metanode's takeover) made it meanwhile. Without
             // O_EXCL, open(2) then opens what is there, as on a local file system.
             Err(FsError::Exists) if flags as i32 & libc::O_EXCL == 0 => {
                 return self.open_existing(req.header.nodeid, name, flags, &cred);
             }
-            r => r,
-        };
-        let attr = match r.and_then(|a| self.fs.open(a.ino)) {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
