@@ -125,6 +125,7 @@ impl FileSystem {
                 return encode(&MetanodeReply::Changed {
                     inos: None,
                     reply: encode(&reply),
+                    fresh: Vec::new(),
                 });
             }
         }
@@ -203,9 +204,19 @@ impl FileSystem {
             notify(changes);
         }
         if !own_changed.is_empty() {
+            // Read after the change, while the node is still recorded as holding them:
+            // whatever changes them next revokes them.
+            let fresh = own_changed
+                .iter()
+                .filter_map(|&ino| {
+                    let attr = Namespace::attr(self, ino).ok()?;
+                    Some((attr, Namespace::held_bytes(self, ino).ok()?))
+                })
+                .collect();
             reply = MetanodeReply::Changed {
                 inos: Some(own_changed),
                 reply: encode(&reply),
+                fresh,
             };
         }
         encode(&reply)

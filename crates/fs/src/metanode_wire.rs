@@ -292,10 +292,12 @@ pub enum MetanodeReply {
     Held(HeldReply),
     /// The answer (encoded, never itself `Changed`) to a request that changed inodes the
     /// client holds: it drops them (`inos`; `None`: everything, when the owner cannot
-    /// say, as for a retry it had answered before).
+    /// say, as for a retry it had answered before) and keeps `fresh`, their attributes
+    /// and bytes held as the change left them (it still holds them).
     Changed {
         inos: Option<Vec<Ino>>,
         reply: Vec<u8>,
+        fresh: Vec<(Attr, u64)>,
     },
 }
 
@@ -875,10 +877,11 @@ impl RemoteMetanode {
             self.held.seq()
         };
         let parents = parents_of(&request);
+        let generation = self.channel.generation();
         let reply = self
             .channel
             .call(encode(&request))
-            .and_then(|bytes| self.unwrap_reply(&bytes, &parents));
+            .and_then(|bytes| self.unwrap_reply(&bytes, &parents, Some((generation, seq))));
         // What this request's own answer dropped moved the count by one.
         let kept = |(held, dropped): (bool, bool)| held.then_some(seq + u64::from(dropped));
         match reply {
@@ -897,17 +900,28 @@ impl RemoteMetanode {
     /// Decodes an answer, drops what it says this client's request changed (but see
     /// [`HeldCache::drop_changed`] for `parents`, the directories whose names the request
     /// changed, and those names), and says whether what it carries may be kept and
-    /// whether it dropped anything (moving the count by one).
+    /// whether it dropped anything (moving the count by one). With `sent`, the owner
+    /// generation and the count when the request went out, the fresh attributes the
+    /// answer carries are kept (unless anything else moved the count).
     fn unwrap_reply(
         &self,
         bytes: &[u8],
         parents: &[(Ino, &[u8])],
+        sent: Option<(u64, u64)>,
     ) -> FsResult<(MetanodeReply, (bool, bool))> {
         let opened = open_reply(bytes)?;
         match &opened.changed {
             Some(Some(inos)) => self.held.drop_changed(inos, parents),
             Some(None) => self.held.drop_all(),
             None => {}
+        }
+        if let (Some((generation, seq)), Some(Some(_))) = (sent, &opened.changed) {
+            for (attr, bytes) in &opened.fresh {
+                self.held.keep(attr.ino, generation, seq + 1, |of| {
+                    of.attr = Some(*attr);
+                    of.held_bytes = Some(*bytes);
+                });
+            }
         }
         Ok((opened.reply, (opened.held, opened.changed.is_some())))
     }
@@ -926,6 +940,7 @@ impl RemoteMetanode {
 /// `Some(None)`: unknown, drop everything), the reply itself, and whether it may be kept.
 struct OpenedReply {
     changed: Option<Option<Vec<Ino>>>,
+    fresh: Vec<(Attr, u64)>,
     reply: MetanodeReply,
     held: bool,
 }
@@ -935,8 +950,15 @@ struct OpenedReply {
 fn open_reply(bytes: &[u8]) -> FsResult<OpenedReply> {
     let mut reply = decode::<MetanodeReply>(bytes, "reply")?;
     let mut changed = None;
-    if let MetanodeReply::Changed { inos, reply: inner } = reply {
+    let mut fresh = Vec::new();
+    if let MetanodeReply::Changed {
+        inos,
+        reply: inner,
+        fresh: kept,
+    } = reply
+    {
         changed = Some(inos);
+        fresh = kept;
         reply = decode::<MetanodeReply>(&inner, "reply")?;
         if matches!(reply, MetanodeReply::Changed { .. }) {
             return Err(FsError::Invalid(
@@ -959,6 +981,7 @@ fn open_reply(bytes: &[u8]) -> FsResult<OpenedReply> {
     };
     Ok(OpenedReply {
         changed,
+        fresh,
         reply,
         held,
     })
@@ -1108,7 +1131,7 @@ impl Metanode for RemoteMetanode {
         self.held.drop_inos(&[ino]);
         let reply = self.channel.call_seen(request, seen);
         self.held.drop_inos(&[ino]);
-        let (reply, _) = self.unwrap_reply(&reply?, &[])?;
+        let (reply, _) = self.unwrap_reply(&reply?, &[], None)?;
         let lsn = match reply {
             MetanodeReply::Lsn(l) => l,
             MetanodeReply::Failed(e) => return Err(e.into()),
@@ -1614,9 +1637,11 @@ mod tests {
         let changed = MetanodeReply::Changed {
             inos: Some(vec![3, 9]),
             reply: absent.clone(),
+            fresh: vec![(attr(), 4096)],
         };
         let opened = open_reply(&encode(&changed)).unwrap();
         assert_eq!(opened.changed, Some(Some(vec![3, 9])));
+        assert_eq!(opened.fresh, vec![(attr(), 4096)]);
         assert!(opened.held);
         assert!(matches!(
             opened.reply,
@@ -1630,12 +1655,14 @@ mod tests {
         let nested = MetanodeReply::Changed {
             inos: None,
             reply: encode(&changed),
+            fresh: Vec::new(),
         };
         let e = open_reply(&encode(&nested)).err().expect("refused");
         assert!(e.to_string().contains("inside a change list"), "{e}");
         let broken = MetanodeReply::Changed {
             inos: None,
             reply: vec![0xff, 0xff],
+            fresh: Vec::new(),
         };
         assert!(open_reply(&encode(&broken)).is_err());
     }
