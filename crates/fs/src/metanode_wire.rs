@@ -161,10 +161,13 @@ pub enum MetanodeRequest {
     /// A namespace change (create, link, unlink, rename) as request `seq` of client
     /// `client` (random per mount), so that it is done once however often it is sent: the
     /// owner logs that it was done with it (`Change::Answered`) and answers a retry, at
-    /// itself or at the node that took it over, with its result.
+    /// itself or at the node that took it over, with its result. The request inside is
+    /// never itself `Once`: decoding refuses it (`once_inner`), so no sender can make the
+    /// decoder recurse deeper than one level.
     Once {
         client: u64,
         seq: u64,
+        #[serde(deserialize_with = "once_inner")]
         request: Box<MetanodeRequest>,
     },
     /// An `fcntl`, `flock` or append lock of a file (see `locks.rs`): granted (or, with
@@ -178,6 +181,29 @@ pub enum MetanodeRequest {
     DropHeld {
         inos: Vec<Ino>,
     },
+}
+
+std::thread_local! {
+    /// How many `Once` requests the decoder of this thread is inside.
+    static ONCE_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Decodes the request inside a `Once`, refusing another `Once` inside it before decoding
+/// goes deeper: a message of nested `Once`s, three bytes a level, would otherwise recurse
+/// once per level and overflow the serving thread's stack.
+fn once_inner<'de, D>(decoder: D) -> Result<Box<MetanodeRequest>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    if ONCE_DEPTH.get() > 0 {
+        return Err(serde::de::Error::custom(
+            "a request inside a request inside Once",
+        ));
+    }
+    ONCE_DEPTH.set(1);
+    let inner = MetanodeRequest::deserialize(decoder);
+    ONCE_DEPTH.set(0);
+    inner.map(Box::new)
 }
 
 /// The messages of a new owner's fence ([`MetanodeRequest::FenceWrites`]), for the daemon
@@ -1629,6 +1655,32 @@ mod tests {
         }
         assert!(decode::<MetanodeRequest>(&[0xff; 7], "request").is_err());
         assert!(decode::<MetanodeRequest>(&[], "request").is_err());
+    }
+
+    #[test]
+    fn a_request_nested_in_once_twice_is_refused_without_recursing() {
+        let once = |request| MetanodeRequest::Once {
+            client: 1,
+            seq: 1,
+            request: Box::new(request),
+        };
+        let one = encode(&once(MetanodeRequest::Space));
+        assert_eq!(
+            decode::<MetanodeRequest>(&one, "request").unwrap(),
+            once(MetanodeRequest::Space)
+        );
+        let two = encode(&once(once(MetanodeRequest::Space)));
+        // postcard reports the refusal as a malformed message (its error keeps no text).
+        let e = decode::<MetanodeRequest>(&two, "request").unwrap_err();
+        assert!(e.to_string().contains("malformed metanode request"), "{e}");
+        // A million levels, built as bytes (encoding them would recurse too): the prefix
+        // of one level repeated, then the innermost request.
+        let level = &one[..one.len() - encode(&MetanodeRequest::Space).len()];
+        let mut deep = level.repeat(1_000_000);
+        deep.extend_from_slice(&encode(&MetanodeRequest::Space));
+        assert!(decode::<MetanodeRequest>(&deep, "request").is_err());
+        // The decoder of this thread is usable again after a refusal.
+        assert!(decode::<MetanodeRequest>(&one, "request").is_ok());
     }
 
     #[test]
