@@ -154,12 +154,15 @@ impl FileSystem {
             (MetanodeRequest::Find { parent, .. }, Some(node)) => holders.grant(*parent, node),
             _ => false,
         };
-        let find = matches!(request, MetanodeRequest::Find { .. });
-        let make = match &request {
-            MetanodeRequest::Once { request, .. } => {
-                matches!(**request, MetanodeRequest::Make { .. })
+        let asked = match &request {
+            MetanodeRequest::Find { .. } => Asked::Find,
+            MetanodeRequest::Make { .. } => Asked::Make,
+            MetanodeRequest::Once { request, .. }
+                if matches!(**request, MetanodeRequest::Make { .. }) =>
+            {
+                Asked::Make
             }
-            request => matches!(request, MetanodeRequest::Make { .. }),
+            _ => Asked::Read,
         };
         crate::fs::ANSWERING.set(once);
         crate::read_tokens::SERVING.set(origin);
@@ -180,18 +183,8 @@ impl FileSystem {
             );
             reply = MetanodeReply::HeldView(view);
         }
-        if let (true, Some(node)) = (held, origin) {
-            reply = self.held_reply(reply, find, node);
-        }
-        if let (true, Some(node), MetanodeReply::Attr(a)) = (make, origin, &reply) {
-            // What another node made it may keep: recorded, then read again.
-            if self.owner().meta.holders.grant(a.ino, node) {
-                let again = Namespace::attr(self, a.ino)
-                    .and_then(|attr| Ok((attr, Namespace::held_bytes(self, a.ino)?)));
-                if let Ok((attr, bytes)) = again {
-                    reply = MetanodeReply::Held(crate::metanode_wire::HeldReply::Made(attr, bytes));
-                }
-            }
+        if let (true, Some(node)) = (held || asked == Asked::Make, origin) {
+            reply = self.held_reply(reply, asked, node);
         }
         if durable && !matches!(reply, MetanodeReply::Failed(_)) {
             if let Err(e) = self.sync() {
@@ -208,10 +201,7 @@ impl FileSystem {
             // whatever changes them next revokes them.
             let fresh = own_changed
                 .iter()
-                .filter_map(|&ino| {
-                    let attr = Namespace::attr(self, ino).ok()?;
-                    Some((attr, Namespace::held_bytes(self, ino).ok()?))
-                })
+                .filter_map(|&ino| self.attr_and_bytes(ino))
                 .collect();
             reply = MetanodeReply::Changed {
                 inos: Some(own_changed),
@@ -222,33 +212,43 @@ impl FileSystem {
         encode(&reply)
     }
 
-    /// `reply` to a read whose inode `node` was recorded as holding, as one it may keep.
-    /// A name found is kept under its directory's token and its attributes under the
-    /// child's: the child is recorded too, and its attributes read again after that, so
-    /// that no change between the first read and the record goes unrevoked.
+    /// `reply` to a read whose inode `node` was recorded as holding, or to its `Make`, as
+    /// one it may keep. A name found is kept under its directory's token and its attributes
+    /// under the child's, and what a `Make` made under its own: the child is recorded
+    /// too, and read again after that, so that no change between the first read and the
+    /// record goes unrevoked.
     fn held_reply(
         &self,
         reply: crate::metanode_wire::MetanodeReply,
-        find: bool,
+        asked: Asked,
         node: crate::locks::Origin,
     ) -> crate::metanode_wire::MetanodeReply {
         use crate::metanode_wire::{HeldReply, MetanodeReply as R, RemoteError};
-        match reply {
-            R::Attr(a) if find => {
+        match (reply, asked) {
+            (R::Attr(a), Asked::Find | Asked::Make) => {
                 if !self.owner().meta.holders.grant(a.ino, node) {
                     return R::Attr(a);
                 }
-                match Namespace::attr(self, a.ino) {
-                    Ok(again) => R::Held(HeldReply::Attr(again)),
-                    Err(_) => R::Attr(a),
+                match (asked, self.attr_and_bytes(a.ino)) {
+                    (Asked::Find, Some((again, _))) => R::Held(HeldReply::Attr(again)),
+                    (_, Some((again, bytes))) => R::Held(HeldReply::Made(again, bytes)),
+                    (_, None) => R::Attr(a),
                 }
             }
-            R::Failed(RemoteError::NotFound) if find => R::Held(HeldReply::Absent),
-            R::Attr(a) => R::Held(HeldReply::Attr(a)),
-            R::Count(n) => R::Held(HeldReply::Count(n)),
-            R::Protection(a, acl) => R::Held(HeldReply::Protection(a, acl)),
-            other => other,
+            (R::Failed(RemoteError::NotFound), Asked::Find) => R::Held(HeldReply::Absent),
+            // A Make's other answers (a failure) are plain.
+            (reply, Asked::Make) => reply,
+            (R::Attr(a), _) => R::Held(HeldReply::Attr(a)),
+            (R::Count(n), _) => R::Held(HeldReply::Count(n)),
+            (R::Protection(a, acl), _) => R::Held(HeldReply::Protection(a, acl)),
+            (other, _) => other,
         }
+    }
+
+    /// An inode's attributes and the bytes it holds, as this owner has them now.
+    fn attr_and_bytes(&self, ino: Ino) -> Option<(Attr, u64)> {
+        let attr = Namespace::attr(self, ino).ok()?;
+        Some((attr, Namespace::held_bytes(self, ino).ok()?))
     }
 
     /// Calls `notify` with everything a request from another node's client changed that
@@ -446,4 +446,14 @@ impl FileSystem {
     pub fn access_acl(&self, ino: Ino) -> FsResult<Option<Acl>> {
         Ok(self.namespace_of(ino).protection(ino)?.acl)
     }
+}
+
+/// What a request read, for what its answer lets another node keep
+/// (`FileSystem::held_reply`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// `View`, `Attr`, `HeldBytes`, `Protection`, or a request that keeps nothing.
+    Read,
+    Find,
+    Make,
 }

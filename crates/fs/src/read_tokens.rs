@@ -322,8 +322,32 @@ impl HeldCache {
     /// Keeps what `put` adds to what is held of `ino`, unless anything was revoked or
     /// changed since `seq` was read (before the request went out).
     pub(crate) fn keep(&self, ino: Ino, generation: u64, seq: u64, put: impl FnOnce(&mut HeldOf)) {
+        self.put(ino, generation, seq, true, put);
+    }
+
+    /// Like [`HeldCache::keep`], only if something of `ino` is held already: an inode
+    /// this client holds stays held after its own changes (the owner keeps it as a
+    /// holder), one it does not hold was never granted.
+    pub(crate) fn keep_held(
+        &self,
+        ino: Ino,
+        generation: u64,
+        seq: u64,
+        put: impl FnOnce(&mut HeldOf),
+    ) {
+        self.put(ino, generation, seq, false, put);
+    }
+
+    fn put(&self, ino: Ino, generation: u64, seq: u64, new: bool, put: impl FnOnce(&mut HeldOf)) {
         let mut held = self.held.lock();
         if self.seq() != seq {
+            return;
+        }
+        let held_now = held
+            .0
+            .get(&ino)
+            .is_some_and(|of| of.generation == generation);
+        if !new && !held_now {
             return;
         }
         if held.1 >= CACHED_MAX {
@@ -339,29 +363,6 @@ impl HeldCache {
                 ..HeldOf::default()
             };
         }
-        let before = of.items();
-        put(of);
-        *count = *count + of.items() - before;
-    }
-
-    /// Like [`HeldCache::keep`], only if something of `ino` is held already: an inode
-    /// this client holds stays held after its own changes (the owner keeps it as a
-    /// holder), one it does not hold was never granted.
-    pub(crate) fn keep_held(
-        &self,
-        ino: Ino,
-        generation: u64,
-        seq: u64,
-        put: impl FnOnce(&mut HeldOf),
-    ) {
-        let mut held = self.held.lock();
-        if self.seq() != seq {
-            return;
-        }
-        let (map, count) = &mut *held;
-        let Some(of) = map.get_mut(&ino).filter(|of| of.generation == generation) else {
-            return;
-        };
         let before = of.items();
         put(of);
         *count = *count + of.items() - before;

@@ -963,11 +963,17 @@ impl MetanodeChannel for FromNode {
     }
 }
 
-#[test]
-fn a_client_keeps_views_until_the_owner_revokes_them_and_reads_every_completed_write() {
-    // The client reads without asking the owner while nothing changed, and every read
-    // after a write, truncate, punch or unlink and create on either mount returns what a
-    // model of the file says.
+/// A fresh file system mounted by its owner and by a client the owner takes for node 2
+/// (shared mounts), with the count of the client's requests and of the inodes the owner
+/// revoked from it.
+#[allow(clippy::type_complexity)]
+fn owner_and_client_as_node_two() -> (
+    TestDisks,
+    Arc<FileSystem>,
+    Arc<FileSystem>,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
     use std::sync::atomic::Ordering::Relaxed;
     let t = make_disks(4, 64 << 20);
     format_fs(&t, &small_opts());
@@ -996,6 +1002,16 @@ fn a_client_keeps_views_until_the_owner_revokes_them_and_reads_every_completed_w
             }
         }));
     }
+    (t, owner, client, calls, revoked)
+}
+
+#[test]
+fn a_client_keeps_views_until_the_owner_revokes_them_and_reads_every_completed_write() {
+    // The client reads without asking the owner while nothing changed, and every read
+    // after a write, truncate, punch or unlink and create on either mount returns what a
+    // model of the file says.
+    use std::sync::atomic::Ordering::Relaxed;
+    let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
     let mut ino = create_file(&owner, ROOT_INO, b"f").ino;
     let mut model = pattern(3 << 20, 1);
     owner.write(ino, 0, &model, false).unwrap();
@@ -1079,33 +1095,7 @@ fn a_client_keeps_names_and_attributes_until_the_owner_revokes_them() {
     use std::sync::atomic::Ordering::Relaxed;
     use tessera_fs::access::Credentials;
     use tessera_fs::{Caller, FileKind, SetAttr};
-    let t = make_disks(4, 64 << 20);
-    format_fs(&t, &small_opts());
-    let owner = mount(&t);
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let origin = tessera_fs::locks::Origin {
-        node: 2,
-        incarnation: 1,
-    };
-    let channel = FromNode {
-        owner: Arc::downgrade(&owner),
-        origin,
-        calls: Arc::clone(&calls),
-    };
-    let client = FileSystem::mount_client(t.reopen(), Box::new(channel)).unwrap();
-    owner.set_shared(true);
-    client.set_shared(true);
-    let revoked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    {
-        let (client, revoked) = (Arc::downgrade(&client), Arc::clone(&revoked));
-        owner.on_read_revoke(Box::new(move |node, inos| {
-            assert_eq!(node, origin);
-            revoked.fetch_add(inos.len(), Relaxed);
-            if let Some(client) = client.upgrade() {
-                client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
-            }
-        }));
-    }
+    let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
     let root = Caller { uid: 0, gid: 0 };
     let d = owner
         .create_node(ROOT_INO, b"d", FileKind::Directory, 0o755, 0, root, None)
