@@ -146,20 +146,40 @@ pub fn shutdown(home: &Home) -> Result<()> {
             return Ok(());
         }
     };
+    // The daemon's pid, so that shutdown returns only once the process is gone and its
+    // devices are closed: a loop device detached or a drive pulled right after `shutdown`
+    // must not find it still open.
+    let pid = match Client::ping(home, PING_TIMEOUT) {
+        Some(Reply::Pong { pid, .. }) => Some(pid),
+        _ => None,
+    };
     stamp("shutdown", "Starting force unmount of Tessera file systems");
     client.call(&Request::Shutdown, |_| {})?;
     let deadline = Instant::now() + SHUTDOWN_WAIT;
     while Instant::now() < deadline {
-        if Client::connect(home).is_err() {
+        if Client::connect(home).is_err() && pid.is_none_or(process_gone) {
             stamp("shutdown", "Shutting down Tessera daemons");
             return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(50));
     }
     bail!(
         "the daemon acknowledged shutdown but still answers; see {}",
         home.log_path().display()
     )
+}
+
+/// Whether process `pid` has exited: no longer listed, or a zombie (its files are closed;
+/// only its parent's wait is missing).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name in parentheses, which may itself hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
 }
 
 /// `startup`: this node, or with -a/-N every node selected (this one directly, the others

@@ -442,8 +442,18 @@ impl LoopDevice {
 }
 
 impl Drop for LoopDevice {
+    /// Detaches and waits until the kernel has let the device go: `losetup -d` on a device
+    /// someone still holds open (udev probing it, a process that is exiting) only marks it
+    /// to be cleared at the last close, and the next `losetup -f` would then hand out
+    /// another number while the old one still shows the old file.
     fn drop(&mut self) {
         let _ = Command::new("losetup").args(["-d", &self.dev]).output();
+        let name = self.dev.trim_start_matches("/dev/");
+        let backing = format!("/sys/block/{name}/loop/backing_file");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while Path::new(&backing).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
