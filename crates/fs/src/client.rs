@@ -92,6 +92,10 @@ impl FileSystem {
                     remote.drop_held(&inos);
                     return encode(&MetanodeReply::Done);
                 }
+                MetanodeRequest::GiveBackData { inos } => {
+                    self.give_back_kept(&inos);
+                    return encode(&MetanodeReply::Done);
+                }
                 _ => {}
             }
         }

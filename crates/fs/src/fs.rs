@@ -121,6 +121,9 @@ pub(crate) struct Owner {
     /// conflict wait on it a little at the owner (`locks::OWNER_WAIT`) instead of asking
     /// again from afar.
     pub(crate) lock_released: parking_lot::Condvar,
+    /// How to take a kept data token back from another node (see
+    /// [`FileSystem::on_data_revoke`]); none granted until set.
+    pub(crate) data_revoke: std::sync::OnceLock<crate::read_tokens::RevokeHook>,
 }
 
 /// A mounted file system on this node: the client (the data path with its locks and
@@ -163,6 +166,8 @@ pub struct FileSystem {
     /// node's writers of one block take turns before asking for its data token.
     pub(crate) shared: AtomicBool,
     pub(crate) data_token_locks: Vec<Mutex<()>>,
+    /// The data tokens a client mount keeps until the owner takes them back.
+    pub(crate) kept_data: crate::locks::KeptTokens,
 }
 
 type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
@@ -253,6 +258,7 @@ impl FileSystem {
             metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
             locks: Mutex::new(crate::locks::LockTable::default()),
             lock_released: parking_lot::Condvar::new(),
+            data_revoke: std::sync::OnceLock::new(),
         };
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
@@ -324,6 +330,7 @@ impl FileSystem {
             append_locks: (0..INODE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             shared: AtomicBool::new(false),
             data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            kept_data: crate::locks::KeptTokens::default(),
         })
     }
 

@@ -18,6 +18,7 @@
 //! its lease ran out.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -105,6 +106,12 @@ pub struct LockTable {
     count: usize,
     /// Where each client's requests came from: `None` for this node's own mount.
     origins: HashMap<u64, Option<Origin>>,
+    /// Files whose kept data token is being taken back from its holder: no kept token is
+    /// granted for them until that is done (see [`KeptTokens`]).
+    revoking: std::collections::HashSet<Ino>,
+    /// When a kept data token of each file was last taken back: written from several nodes,
+    /// it is not kept again for [`DATA_HOT_WINDOW`].
+    data_revoked: HashMap<Ino, std::time::Instant>,
 }
 
 /// The node (and its incarnation) a lock request came from.
@@ -277,6 +284,39 @@ impl LockTable {
     pub fn locks_of(&self, ino: Ino) -> Vec<Lock> {
         self.files.get(&ino).cloned().unwrap_or_default()
     }
+
+    /// Whether a node may keep the data token of `ino` now: none is being taken back, and
+    /// none was within [`DATA_HOT_WINDOW`].
+    pub(crate) fn may_keep(&self, ino: Ino) -> bool {
+        !self.revoking.contains(&ino)
+            && self
+                .data_revoked
+                .get(&ino)
+                .is_none_or(|at| at.elapsed() >= DATA_HOT_WINDOW)
+    }
+
+    /// Marks the kept data token of `ino` as being taken back; false when another request
+    /// is taking it back already (then the caller waits for that).
+    pub(crate) fn start_revoking(&mut self, ino: Ino) -> bool {
+        self.revoking.insert(ino)
+    }
+
+    /// The kept data token `holder` had on `ino` was given back: its locks go, and the file
+    /// is not kept again for a while.
+    pub(crate) fn end_revoking(&mut self, ino: Ino, holder: Holder) {
+        self.drop_holder(ino, holder);
+        self.revoking.remove(&ino);
+        if self.data_revoked.len() >= KEPT_MAX {
+            self.data_revoked
+                .retain(|_, at| at.elapsed() < DATA_HOT_WINDOW);
+        }
+        self.data_revoked.insert(ino, std::time::Instant::now());
+    }
+}
+
+/// Whether `lock` is a data token its holder keeps after its write (see [`KeptTokens`]).
+pub(crate) fn is_kept_data(lock: &Lock) -> bool {
+    lock.holder.class == LockClass::Data && lock.holder.owner == KEPT_DATA_OWNER
 }
 
 /// Longest wait at the owner of a conflicting data-token or append-lock request before it
@@ -288,6 +328,22 @@ pub(crate) const OWNER_WAIT: Duration = Duration::from_millis(50);
 /// The lock owner number of a node's data tokens: one holder per mount, since the node's
 /// own writers of a block take turns locally before they ask (`data_token_locks`).
 const DATA_TOKEN_OWNER: u64 = u64::MAX;
+
+/// The lock owner number of a data token a client mount keeps after its write, for the
+/// whole file, until the owner takes it back (see [`KeptTokens`]).
+pub(crate) const KEPT_DATA_OWNER: u64 = u64::MAX - 1;
+
+/// How long after a kept data token of a file was taken back the owner grants none for it:
+/// writers on several nodes then take a token per write, which costs two round trips, where
+/// keeping it would cost a revocation round trip per write of the other node.
+pub(crate) const DATA_HOT_WINDOW: Duration = Duration::from_millis(250);
+
+/// How long a client asks only per-write tokens for a file after the owner refused to let
+/// it keep one, or took one back: it would most likely be refused again.
+const KEEP_COOLING: Duration = Duration::from_secs(1);
+
+/// Kept data tokens per mount, at most (each is one lock at the owner).
+const KEPT_MAX: usize = 4096;
 
 /// Longest wait of a write for the data token of its block: its holder is another node's
 /// write in flight, whose own waits are bounded, or a dead node's, freed at its expel.
@@ -311,6 +367,95 @@ pub(crate) struct DataToken<'a> {
     /// Whether `lock` is held at the owner (not after a failed widening).
     held: bool,
     _local: Option<parking_lot::MutexGuard<'a, ()>>,
+    /// The whole-file token this mount keeps, when the write runs under it: nothing to ask
+    /// or give back, only to tell the token that this write is done with it.
+    kept: Option<Arc<KeptToken>>,
+}
+
+/// A data token a client mount keeps after its write, for the whole file, until the owner
+/// takes it back: a file written by one node at a time (IOR easy, a checkpoint, a log) then
+/// costs no token round trips, where a token per write costs two. The owner grants it only
+/// to another node (it cannot revoke its own mount, whose requests cost nothing anyway), when
+/// nobody else holds a data token of the file and none was taken back within
+/// [`DATA_HOT_WINDOW`]; any other request that conflicts with it makes the owner take it
+/// back (`GiveBackData`), and the holder answers once its writes under it are done.
+pub(crate) struct KeptToken {
+    state: parking_lot::Mutex<KeptState>,
+    drained: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct KeptState {
+    /// Taken back (or being taken back): writes may not start under it.
+    revoked: bool,
+    /// Writes running under it.
+    users: usize,
+}
+
+impl KeptToken {
+    fn enter(&self) -> bool {
+        let mut s = self.state.lock();
+        if s.revoked {
+            return false;
+        }
+        s.users += 1;
+        true
+    }
+
+    fn leave(&self) {
+        let mut s = self.state.lock();
+        s.users -= 1;
+        if s.users == 0 {
+            self.drained.notify_all();
+        }
+    }
+
+    /// Stops new writes under the token and waits for those running.
+    fn revoke_and_drain(&self) {
+        let mut s = self.state.lock();
+        s.revoked = true;
+        while s.users > 0 {
+            self.drained.wait(&mut s);
+        }
+    }
+}
+
+/// The data tokens a client mount keeps, and the files it does not ask to keep one for now.
+#[derive(Default)]
+pub(crate) struct KeptTokens {
+    inner: parking_lot::Mutex<KeptInner>,
+}
+
+#[derive(Default)]
+struct KeptInner {
+    tokens: HashMap<Ino, Arc<KeptToken>>,
+    /// When the owner last refused to let this mount keep the token of a file, or took it
+    /// back ([`KEEP_COOLING`]).
+    cooling: HashMap<Ino, std::time::Instant>,
+}
+
+impl KeptInner {
+    fn cool(&mut self, ino: Ino) {
+        if self.cooling.len() >= KEPT_MAX {
+            self.cooling.retain(|_, at| at.elapsed() < KEEP_COOLING);
+        }
+        self.cooling.insert(ino, std::time::Instant::now());
+    }
+
+    fn may_ask(&self, ino: Ino) -> bool {
+        self.tokens.len() < KEPT_MAX
+            && self
+                .cooling
+                .get(&ino)
+                .is_none_or(|at| at.elapsed() >= KEEP_COOLING)
+    }
+}
+
+impl KeptTokens {
+    /// How many files this mount keeps the data token of.
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().tokens.len()
+    }
 }
 
 thread_local! {
@@ -327,7 +472,7 @@ impl DataToken<'_> {
     /// block and both asking for all of it would otherwise wait for each other. Whoever
     /// writes the block meanwhile, the caller plans its write again afterwards.
     pub(crate) fn widen(&mut self, start: u64, end: u64) -> crate::FsResult<()> {
-        if self.held && self.lock.start <= start && end <= self.lock.end {
+        if self.kept.is_some() || (self.held && self.lock.start <= start && end <= self.lock.end) {
             return Ok(());
         }
         self.give_back();
@@ -348,15 +493,7 @@ impl DataToken<'_> {
         if !std::mem::take(&mut self.held) {
             return;
         }
-        HELD.with(|h| {
-            let mut h = h.borrow_mut();
-            if let Some(i) = h
-                .iter()
-                .rposition(|t| *t == (self.ino, self.lock.start, self.lock.end))
-            {
-                h.remove(i);
-            }
-        });
+        forget_held(self.ino, self.lock.start, self.lock.end);
         let unlock = Lock {
             kind: LockKind::Unlock,
             ..self.lock
@@ -382,8 +519,24 @@ impl DataToken<'_> {
 
 impl Drop for DataToken<'_> {
     fn drop(&mut self) {
-        self.give_back();
+        match self.kept.take() {
+            Some(kept) => {
+                forget_held(self.ino, self.lock.start, self.lock.end);
+                kept.leave();
+            }
+            None => self.give_back(),
+        }
     }
+}
+
+/// Takes `(ino, start, end)` off this thread's list of held tokens.
+fn forget_held(ino: Ino, start: u64, end: u64) {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        if let Some(i) = h.iter().rposition(|t| *t == (ino, start, end)) {
+            h.remove(i);
+        }
+    });
 }
 
 /// Longest wait of an O_APPEND write for the append lock of its file. Its holder is
@@ -405,6 +558,17 @@ impl crate::fs::FileSystem {
             client: self.lock_client,
             owner,
             class,
+        }
+    }
+
+    /// Lets this owner let other nodes keep data tokens until it takes them back
+    /// ([`KeptToken`]): `revoke(node, inodes)` sends node `node` the files whose tokens it
+    /// must give back and returns once it answered (its writes under them are done) or is
+    /// gone from the cluster. Called by a thread serving a conflicting token request,
+    /// holding no lock. Only the first function set is used.
+    pub fn on_data_revoke(&self, revoke: Box<dyn Fn(Origin, Vec<Ino>) + Send + Sync>) {
+        if self.is_owner() {
+            let _ = self.owner().data_revoke.set(revoke);
         }
     }
 
@@ -539,6 +703,9 @@ impl crate::fs::FileSystem {
         if covered {
             return Ok(None);
         }
+        if let Some(token) = self.kept_data_token(ino)? {
+            return Ok(Some(token));
+        }
         let block = start / self.geo.block_bytes;
         // A real hash of both: `ino ^ (block << 17)` kept only the inode's low bits, so
         // every block of a file shared one turn and a node's writers of one file took
@@ -560,7 +727,102 @@ impl crate::fs::FileSystem {
             lock,
             held: true,
             _local: Some(local),
+            kept: None,
         }))
+    }
+
+    /// The whole-file data token this client mount keeps for `ino`, asked for if it keeps
+    /// none and may ask (see [`KeptToken`]); `None` when the write must take a token of its
+    /// own.
+    fn kept_data_token(&self, ino: Ino) -> crate::FsResult<Option<DataToken<'_>>> {
+        if self.is_owner() {
+            return Ok(None);
+        }
+        let whole = Lock {
+            holder: self.lock_holder(KEPT_DATA_OWNER, LockClass::Data),
+            start: 0,
+            end: TO_END,
+            kind: LockKind::Write,
+            pid: 0,
+        };
+        let existing = {
+            let inner = self.kept_data.inner.lock();
+            match inner.tokens.get(&ino) {
+                Some(token) => Some(Arc::clone(token)),
+                None if inner.may_ask(ino) => None,
+                None => return Ok(None),
+            }
+        };
+        let token = match existing {
+            Some(token) => token,
+            None => {
+                let asked = std::time::Instant::now();
+                let call = LockCall {
+                    lock: whole,
+                    test: false,
+                };
+                let refused =
+                    crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None)?;
+                let mut inner = self.kept_data.inner.lock();
+                if refused.is_some() {
+                    inner.cool(ino);
+                    return Ok(None);
+                }
+                // Taken back while the grant was on its way: the owner drops it.
+                if inner.cooling.get(&ino).is_some_and(|at| *at >= asked) {
+                    return Ok(None);
+                }
+                let _ = self.held_locks.lock().set(ino, whole, None);
+                Arc::clone(inner.tokens.entry(ino).or_insert_with(|| {
+                    Arc::new(KeptToken {
+                        state: parking_lot::Mutex::new(KeptState::default()),
+                        drained: parking_lot::Condvar::new(),
+                    })
+                }))
+            }
+        };
+        if !token.enter() {
+            return Ok(None);
+        }
+        HELD.with(|h| h.borrow_mut().push((ino, whole.start, whole.end)));
+        Ok(Some(DataToken {
+            fs: self,
+            ino,
+            lock: whole,
+            held: false,
+            _local: None,
+            kept: Some(token),
+        }))
+    }
+
+    /// The owner takes back the data tokens this mount keeps for `inos` (`GiveBackData`):
+    /// returns once no write of this node runs under them. The owner then drops them from
+    /// its table.
+    pub(crate) fn give_back_kept(&self, inos: &[Ino]) {
+        let holder = self.lock_holder(KEPT_DATA_OWNER, LockClass::Data);
+        for &ino in inos {
+            let token = {
+                let mut inner = self.kept_data.inner.lock();
+                inner.cool(ino);
+                inner.tokens.get(&ino).cloned()
+            };
+            let Some(token) = token else { continue };
+            token.revoke_and_drain();
+            let mut inner = self.kept_data.inner.lock();
+            if inner
+                .tokens
+                .get(&ino)
+                .is_some_and(|t| Arc::ptr_eq(t, &token))
+            {
+                inner.tokens.remove(&ino);
+            }
+            self.held_locks.lock().drop_holder(ino, holder);
+        }
+    }
+
+    /// How many files this mount keeps the data token of (a diagnostic).
+    pub fn kept_data_tokens(&self) -> usize {
+        self.kept_data.len()
     }
 
     /// Appends `data` to the end of `ino` atomically with respect to every other O_APPEND

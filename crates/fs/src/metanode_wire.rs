@@ -181,6 +181,13 @@ pub enum MetanodeRequest {
     DropHeld {
         inos: Vec<Ino>,
     },
+    /// Owner to client: give back the data tokens you keep for these files, once your
+    /// writes under them are done (`locks.rs`, `KeptToken`). Apart from `DropHeld`, which is
+    /// answered at once: a change that revokes names or attributes (an access time a read
+    /// on the owner set) must never wait for a write, which may itself wait for that read.
+    GiveBackData {
+        inos: Vec<Ino>,
+    },
 }
 
 std::thread_local! {
@@ -230,8 +237,14 @@ impl Fence {
             decode::<MetanodeRequest>(request, "request"),
             Ok(MetanodeRequest::FenceWrites { .. }
                 | MetanodeRequest::FenceSettled { .. }
-                | MetanodeRequest::DropHeld { .. })
+                | MetanodeRequest::DropHeld { .. }
+                | MetanodeRequest::GiveBackData { .. })
         )
+    }
+
+    /// The encoded request that a client give back the data tokens it keeps for `inos`.
+    pub fn give_back_data(inos: Vec<Ino>) -> Vec<u8> {
+        encode(&MetanodeRequest::GiveBackData { inos })
     }
 
     /// The encoded revocation of what a client holds of `inos` (see `read_tokens.rs`).
@@ -577,7 +590,7 @@ where
         }
         // The owner's own mount holds no views to drop (a took-over node's client mount
         // answers these itself).
-        Q::DropHeld { .. } => R::Done,
+        Q::DropHeld { .. } | Q::GiveBackData { .. } => R::Done,
     }
 }
 
@@ -645,7 +658,8 @@ pub(crate) fn cache_changes(
         | Q::FenceWrites { .. }
         | Q::FenceSettled { .. }
         | Q::Lock { .. }
-        | Q::DropHeld { .. } => Vec::new(),
+        | Q::DropHeld { .. }
+        | Q::GiveBackData { .. } => Vec::new(),
     }
 }
 
@@ -1634,6 +1648,8 @@ mod tests {
                     test: false,
                 },
             },
+            MetanodeRequest::DropHeld { inos: vec![5, 9] },
+            MetanodeRequest::GiveBackData { inos: vec![12] },
         ];
         for r in requests {
             let bytes = encode(&r);

@@ -654,6 +654,22 @@ impl Namespace for FileSystem {
             && call.lock.kind != LockKind::Unlock
             && matches!(call.lock.holder.class, LockClass::Data | LockClass::Append);
         let deadline = std::time::Instant::now() + crate::locks::OWNER_WAIT;
+        let revoke = owner.data_revoke.get();
+        if crate::locks::is_kept_data(&call.lock) && call.lock.kind == LockKind::Write {
+            // A node asks to keep the file's data token: granted only if it can be taken
+            // back (another node, and a way to reach it), nobody else writes the file now,
+            // and it was not taken back a moment ago. Never waited for: the node takes a
+            // token for its write instead. A refusal names the conflicting lock, or the
+            // request itself when the file is not kept now.
+            if origin.is_none() || revoke.is_none() || call.test || !table.may_keep(ino) {
+                return Ok(Some(call.lock));
+            }
+            return Ok(match table.set(ino, call.lock, origin) {
+                Ok(()) => None,
+                Err(Refused::Conflict(c)) => Some(c),
+                Err(Refused::TooMany) => Some(call.lock),
+            });
+        }
         loop {
             let refused = if call.test {
                 table.conflict(ino, &call.lock).map(Refused::Conflict)
@@ -679,6 +695,19 @@ impl Namespace for FileSystem {
                 }
                 Some(Refused::Conflict(c)) => c,
             };
+            // A data token another node keeps is taken back from it (it answers once its
+            // writes under it are done), unless another request is doing that already.
+            if crate::locks::is_kept_data(&conflict) && !call.test {
+                let holder = conflict.holder;
+                if let (Some(from), Some(revoke)) = (table.origin(holder.client), revoke) {
+                    if table.start_revoking(ino) {
+                        parking_lot::MutexGuard::unlocked(&mut table, || revoke(from, vec![ino]));
+                        table.end_revoking(ino, holder);
+                        owner.lock_released.notify_all();
+                        continue;
+                    }
+                }
+            }
             // A lock of a node the cluster gave up on frees itself at its first conflict.
             let gone = |o: Origin| self.holder_gone.get().is_some_and(|f| f(o));
             let holder_gone = table.origin(conflict.holder.client).is_some_and(gone);

@@ -795,15 +795,18 @@ fn a_clients_locks_outlive_the_owners_death_through_its_fence() {
 /// the nodes' read-modify-writes and checksum records interleave: lost bytes and EIO.)
 #[test]
 fn writers_on_two_mounts_interleaving_one_file_lose_nothing() {
+    // Twice: with a data token per write, and with the client keeping the file's token
+    // until the owner's writers take it back.
+    for keeping in [false, true] {
+        writers_interleaving_one_file(keeping);
+    }
+}
+
+fn writers_interleaving_one_file(keeping: bool) {
     const PIECE: usize = 47008;
     const WRITERS: usize = 4;
     const ROUNDS: usize = 40;
-    let t = make_disks(4, 64 << 20);
-    format_fs(&t, &small_opts());
-    let owner = mount(&t);
-    let client = client_of(&t, &owner);
-    owner.set_shared(true);
-    client.set_shared(true);
+    let (t, owner, client) = two_shared_mounts(keeping);
     let ino = create_file(&owner, ROOT_INO, b"shared").ino;
     // The second pass overwrites what the first wrote: in-place writes of neighbouring
     // pieces from two mounts share a sector at each piece boundary.
@@ -848,14 +851,16 @@ fn writers_on_two_mounts_interleaving_one_file_lose_nothing() {
 fn holes_punched_on_one_mount_under_writes_on_another_leave_each_byte_whole() {
     // A hole punched into a block another node is writing: each byte ends up written or
     // zero, never garbage, and every sector verifies (the punch's zeroing writes and its
-    // unmapping of whole blocks take the data tokens of what they cut).
+    // unmapping of whole blocks take the data tokens of what they cut). With tokens per
+    // write and with the writer keeping the file's token.
+    for keeping in [false, true] {
+        holes_punched_under_writes(keeping);
+    }
+}
+
+fn holes_punched_under_writes(keeping: bool) {
     const LEN: usize = 8 << 20;
-    let t = make_disks(4, 64 << 20);
-    format_fs(&t, &small_opts());
-    let owner = mount(&t);
-    let client = client_of(&t, &owner);
-    owner.set_shared(true);
-    client.set_shared(true);
+    let (t, owner, client) = two_shared_mounts(keeping);
     let ino = create_file(&owner, ROOT_INO, b"punched").ino;
     let data = Arc::new(pattern(LEN, 77));
     client.write(ino, 0, &data, false).unwrap();
@@ -904,13 +909,15 @@ fn holes_punched_on_one_mount_under_writes_on_another_leave_each_byte_whole() {
 #[test]
 fn small_files_written_from_two_mounts_at_once_keep_both_writes() {
     // Data small enough to live in the inode is rewritten whole by each write: two nodes
-    // writing different bytes of one such file at once must not undo each other.
-    let t = make_disks(4, 64 << 20);
-    format_fs(&t, &small_opts());
-    let owner = mount(&t);
-    let client = client_of(&t, &owner);
-    owner.set_shared(true);
-    client.set_shared(true);
+    // writing different bytes of one such file at once must not undo each other. With
+    // tokens per write and with the client keeping a file's token.
+    for keeping in [false, true] {
+        small_files_from_two_mounts(keeping);
+    }
+}
+
+fn small_files_from_two_mounts(keeping: bool) {
+    let (t, owner, client) = two_shared_mounts(keeping);
     for round in 0..100u32 {
         let name = format!("small{round}");
         let ino = create_file(&owner, ROOT_INO, name.as_bytes()).ino;
@@ -946,6 +953,85 @@ fn small_files_written_from_two_mounts_at_once_keep_both_writes() {
     assert_fsck_clean(&t, "after small files written from two mounts");
 }
 
+/// A fresh file system mounted by its owner and a client (shared mounts). With `keeping`
+/// the owner takes the client for node 2 and can take back what it grants, so the client
+/// keeps data tokens; without, every write of either takes a token of its own.
+fn two_shared_mounts(keeping: bool) -> (TestDisks, Arc<FileSystem>, Arc<FileSystem>) {
+    if keeping {
+        let (t, owner, client, _, _) = owner_and_client_as_node_two();
+        return (t, owner, client);
+    }
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let owner = mount(&t);
+    let client = client_of(&t, &owner);
+    owner.set_shared(true);
+    client.set_shared(true);
+    (t, owner, client)
+}
+
+#[test]
+fn a_client_keeps_a_files_data_token_until_another_mount_writes_it() {
+    // A file one client writes costs it no token round trips after the first write; a
+    // write on the owner's mount takes the token back before it starts, the client then
+    // takes a token per write for a while, and both mounts read what a model says.
+    use std::sync::atomic::Ordering::Relaxed;
+    const PIECE: usize = 96 << 10;
+    const PIECES: usize = 16;
+    let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
+    let ino = create_file(&owner, ROOT_INO, b"kept").ino;
+    let mut model = vec![0u8; PIECE * PIECES];
+    let write = |fs: &FileSystem, model: &mut Vec<u8>, at: usize, seed: u64| {
+        let data = pattern(PIECE, seed);
+        fs.write(ino, at as u64, &data, false).unwrap();
+        model[at..at + PIECE].copy_from_slice(&data);
+    };
+    for i in 0..PIECES {
+        write(&client, &mut model, i * PIECE, i as u64);
+    }
+    assert_eq!(
+        client.kept_data_tokens(),
+        1,
+        "the client keeps the file's token"
+    );
+    // Overwrites in place: what each costs with the token kept.
+    let before = calls.load(Relaxed);
+    for i in 0..6 {
+        write(&client, &mut model, i * PIECE, 100 + i as u64);
+    }
+    let with_kept = calls.load(Relaxed) - before;
+
+    let revoked_before = revoked.load(Relaxed);
+    write(&owner, &mut model, PIECE / 2, 200);
+    assert!(
+        revoked.load(Relaxed) > revoked_before,
+        "the owner's write did not take the token back"
+    );
+    assert_eq!(client.kept_data_tokens(), 0, "the token was given back");
+    // The same overwrites again, with a token per write (the client does not ask to keep
+    // the token again for a second).
+    let started = std::time::Instant::now();
+    let before = calls.load(Relaxed);
+    for i in 0..6 {
+        write(&client, &mut model, i * PIECE, 300 + i as u64);
+    }
+    let per_write = calls.load(Relaxed) - before;
+    if started.elapsed() < std::time::Duration::from_millis(500) {
+        assert!(
+            per_write >= with_kept + 2 * 6,
+            "six writes under a kept token cost {with_kept} requests, with a token each \
+             {per_write}: the kept token saved nothing"
+        );
+    }
+    for fs in [&owner, &client] {
+        assert!(fs.read(ino, 0, model.len() as u32).unwrap() == model);
+    }
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a kept data token moved between mounts");
+}
+
 /// A client's way to an owner in this process that says which node the requests come
 /// from (as the transport does), and counts them.
 struct FromNode {
@@ -965,7 +1051,7 @@ impl MetanodeChannel for FromNode {
 
 /// A fresh file system mounted by its owner and by a client the owner takes for node 2
 /// (shared mounts), with the count of the client's requests and of the inodes the owner
-/// revoked from it.
+/// revoked from it (what it holds for reading, and the data tokens it keeps).
 #[allow(clippy::type_complexity)]
 fn owner_and_client_as_node_two() -> (
     TestDisks,
@@ -999,6 +1085,16 @@ fn owner_and_client_as_node_two() -> (
             revoked.fetch_add(inos.len(), Relaxed);
             if let Some(client) = client.upgrade() {
                 client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
+            }
+        }));
+    }
+    {
+        let (client, revoked) = (Arc::downgrade(&client), Arc::clone(&revoked));
+        owner.on_data_revoke(Box::new(move |node, inos| {
+            assert_eq!(node, origin);
+            revoked.fetch_add(inos.len(), Relaxed);
+            if let Some(client) = client.upgrade() {
+                client.serve_metanode_request(&tessera_fs::Fence::give_back_data(inos));
             }
         }));
     }

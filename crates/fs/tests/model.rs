@@ -109,6 +109,12 @@ fn mount_routed(t: &TestDisks, route: Route) -> Mounted {
             client.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
         }
     }));
+    let held_by = Arc::downgrade(&client);
+    fs.on_data_revoke(Box::new(move |_, inos| {
+        if let Some(client) = held_by.upgrade() {
+            client.serve_metanode_request(&tessera_fs::Fence::give_back_data(inos));
+        }
+    }));
     assert!(!client.is_owner() && fs.is_owner());
     (client, Some(fs), drives)
 }

@@ -447,13 +447,28 @@ impl Daemon {
         let fs = fs.to_string();
         Box::new(move |origin, inos| {
             if let Some(daemon) = this.upgrade() {
-                daemon.revoke_reads(&fs, origin, inos);
+                daemon.revoke(&fs, origin, Fence::drop_held(inos), "views");
             }
         })
     }
 
-    fn revoke_reads(&self, fs: &str, origin: tessera_fs::locks::Origin, inos: Vec<u64>) {
-        let request = Fence::drop_held(inos);
+    /// How the owner of `fs` takes a kept data token back from another node.
+    pub(super) fn data_revoker(
+        &self,
+        fs: &str,
+    ) -> Box<dyn Fn(tessera_fs::locks::Origin, Vec<u64>) + Send + Sync> {
+        let this = self.this.clone();
+        let fs = fs.to_string();
+        Box::new(move |origin, inos| {
+            if let Some(daemon) = this.upgrade() {
+                daemon.revoke(&fs, origin, Fence::give_back_data(inos), "data tokens");
+            }
+        })
+    }
+
+    /// Sends `request` (a revocation) to node `origin` until it answers, or until it is
+    /// gone from the cluster or this node loses its lease.
+    fn revoke(&self, fs: &str, origin: tessera_fs::locks::Origin, request: Vec<u8>, what: &str) {
         let alive =
             || self.member.state().incarnations.get(&origin.node) == Some(&origin.incarnation);
         let mut warned = false;
@@ -472,8 +487,8 @@ impl Daemon {
                 Ok(_) => return,
                 Err(e) if !warned => {
                     tracing::warn!(
-                        "{fs}: node {} does not answer the revocation of its views ({e}); \
-                         its changes wait for it or for its expel",
+                        "{fs}: node {} does not answer the revocation of its {what} ({e}); \
+                         the change or write that needs them waits for it or for its expel",
                         origin.node
                     );
                     warned = true;

@@ -125,6 +125,7 @@ impl Daemon {
         self.set_thin_disks(&fs, &nsds, &record.name)?;
         fs.on_lock_holder_check(self.member.lock_holder_check());
         fs.on_read_revoke(self.read_revoker(&record.name));
+        fs.on_data_revoke(self.data_revoker(&record.name));
         tracing::info!(
             "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
             record.name,
