@@ -623,6 +623,13 @@ impl FileSystem {
         let lo = if copy_hi > 0 { 0 } else { touched_lo };
         let hi = touched_hi.max(copy_hi);
         assert!(hi <= sectors, "write past the extent: {hi} > {sectors}");
+        if let (None, Some(data)) = (&copy, whole_sectors(off, data)) {
+            for (i, sector) in data.chunks(SECTOR as usize).enumerate() {
+                block.set_written(touched_lo + i, crc32c::crc32c(sector));
+            }
+            return self
+                .write_fresh_block(ino, b, off, data, extent, block, touched_lo, data, seen);
+        }
         let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
         let at = off as usize - lo * SECTOR as usize;
         buf.zero_outside(at, data.len());
@@ -651,10 +658,27 @@ impl FileSystem {
                 crc32c::crc32c(&buf[i * SECTOR as usize..(i + 1) * SECTOR as usize]),
             );
         }
+        self.write_fresh_block(ino, b, off, data, extent, block, lo, &buf, seen)
+    }
+
+    /// Writes `buf` (sectors from `lo` of a fresh extent) and maps the block to it.
+    #[allow(clippy::too_many_arguments)]
+    fn write_fresh_block(
+        &self,
+        ino: Ino,
+        b: u64,
+        off: u64,
+        data: &[u8],
+        extent: Extent,
+        block: BlockRef,
+        lo: usize,
+        buf: &[u8],
+        seen: u64,
+    ) -> FsResult<Written> {
         let dev = self.devices.get(extent.addr.disk);
         let at = self.extent_offset(&extent) + (lo as u64) * SECTOR;
         self.metanode()
-            .write_seen(seen, &mut || dev.write_at(&buf, at))?;
+            .write_seen(seen, &mut || dev.write_at(buf, at))?;
         let end = b * self.geo.block_bytes + off + data.len() as u64;
         let map = Change::MapBlock {
             ino,
@@ -679,21 +703,37 @@ impl FileSystem {
         let lo = (off / SECTOR) as usize;
         let hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
         let current = self.resolve_pending(ino, b, current, lo, hi, seen)?;
-        let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
-        buf.zero_outside(off as usize - lo * SECTOR as usize, data.len());
-        // Partial head and tail sectors keep their other bytes: read and verify them.
-        for s in [lo, hi - 1] {
-            let partial = (s == lo && !off.is_multiple_of(SECTOR))
-                || (s == hi - 1 && !(off + data.len() as u64).is_multiple_of(SECTOR));
-            if partial && !current.is_unwritten(s) {
-                let infos = sector_infos(&current, s as u64 * SECTOR, (s as u64 + 1) * SECTOR).1;
-                let i = s - lo;
-                let dst = &mut buf[i * SECTOR as usize..(i + 1) * SECTOR as usize];
-                self.read_sectors(ino, &current.extent, &infos, s as u64 * SECTOR, dst, true)?;
+        let scratch;
+        let buf: &[u8] = match whole_sectors(off, data) {
+            Some(data) => data,
+            None => {
+                let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
+                buf.zero_outside(off as usize - lo * SECTOR as usize, data.len());
+                // Partial head and tail sectors keep their other bytes: read and verify them.
+                for s in [lo, hi - 1] {
+                    let partial = (s == lo && !off.is_multiple_of(SECTOR))
+                        || (s == hi - 1 && !(off + data.len() as u64).is_multiple_of(SECTOR));
+                    if partial && !current.is_unwritten(s) {
+                        let infos =
+                            sector_infos(&current, s as u64 * SECTOR, (s as u64 + 1) * SECTOR).1;
+                        let i = s - lo;
+                        let dst = &mut buf[i * SECTOR as usize..(i + 1) * SECTOR as usize];
+                        self.read_sectors(
+                            ino,
+                            &current.extent,
+                            &infos,
+                            s as u64 * SECTOR,
+                            dst,
+                            true,
+                        )?;
+                    }
+                }
+                let at = off as usize - lo * SECTOR as usize;
+                buf[at..at + data.len()].copy_from_slice(data);
+                scratch = buf;
+                &scratch
             }
-        }
-        let at = off as usize - lo * SECTOR as usize;
-        buf[at..at + data.len()].copy_from_slice(data);
+        };
         let crcs: Vec<u32> = buf.chunks(SECTOR as usize).map(crc32c::crc32c).collect();
         let overwrite = (lo..hi).any(|s| !current.is_unwritten(s));
         let size_after = b * self.geo.block_bytes + off + data.len() as u64;
@@ -1085,6 +1125,18 @@ pub(crate) fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<Secto
         })
         .collect();
     (r.extent, infos)
+}
+
+/// `data`, to be written at `off` in its block, as it can go to a drive without a copy:
+/// whole sectors, and in memory on a sector boundary (the FUSE layer reads write requests
+/// so that their data lands there). `None` when it must be copied into aligned scratch
+/// space first.
+fn whole_sectors(off: u64, data: &[u8]) -> Option<&[u8]> {
+    let aligned = off.is_multiple_of(SECTOR)
+        && !data.is_empty()
+        && (data.len() as u64).is_multiple_of(SECTOR)
+        && (data.as_ptr() as usize).is_multiple_of(SECTOR as usize);
+    aligned.then_some(data)
 }
 
 /// Sector-aligned scratch space for one write, reused per thread: a fresh megabyte per
