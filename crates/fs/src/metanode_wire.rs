@@ -242,6 +242,15 @@ impl Fence {
         )
     }
 
+    /// Whether `request` is an owner's revocation of what a client holds (`DropHeld`,
+    /// `GiveBackData`).
+    pub fn is_revocation(request: &[u8]) -> bool {
+        matches!(
+            decode::<MetanodeRequest>(request, "request"),
+            Ok(MetanodeRequest::DropHeld { .. } | MetanodeRequest::GiveBackData { .. })
+        )
+    }
+
     /// The encoded request that a client give back the data tokens it keeps for `inos`.
     pub fn give_back_data(inos: Vec<Ino>) -> Vec<u8> {
         encode(&MetanodeRequest::GiveBackData { inos })

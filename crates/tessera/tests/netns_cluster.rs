@@ -1298,3 +1298,71 @@ fn a_cut_off_owner_is_taken_over_and_its_mount_is_stale_after_the_heal() {
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 2, &["shutdown", "-a"]);
 }
+
+/// A node that is alive (it renews its lease) but never answers a revocation must not hang
+/// the cluster: the owner waits twice the lease for it, has the cluster manager expel it,
+/// waits until its lease has run out, and the change that needed the revocation returns.
+/// Node 2 runs a daemon that leaves revocations unanswered
+/// (`TESSERA_TEST_STALL_REVOCATIONS=1`) and holds the attributes of a file; node 1 changes
+/// them.
+#[test]
+fn a_node_that_never_answers_a_revocation_is_expelled_not_waited_for() {
+    if !netns_usable() {
+        return;
+    }
+    let c = up_with_drives(3);
+    let all = [1, 2, 3];
+    assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
+    tessera_ok(&c, 2, &["shutdown"]);
+    c.ok(&[
+        "run",
+        "2",
+        "--",
+        "env",
+        "TESSERA_TEST_STALL_REVOCATIONS=1",
+        "tessera",
+        "startup",
+    ]);
+    wait_for("node 2 active again", SETTLE, || {
+        all_in_state(&c, 1, &all, "active")
+    });
+    let mnt = shared_fs(&c, "h1", 1, &[1, 2]);
+    std::fs::write(mnt(1).join("f"), b"held by node 2").unwrap();
+    // Node 2 looks the file up and reads its attributes: it holds them now.
+    for _ in 0..2 {
+        assert_eq!(std::fs::metadata(mnt(2).join("f")).unwrap().len(), 14);
+    }
+    let epoch_before = states(&c, 1)["node2"].1.clone();
+
+    use std::os::unix::fs::PermissionsExt;
+    let started = Instant::now();
+    std::fs::set_permissions(mnt(1).join("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let took = started.elapsed();
+    eprintln!("chmod on the owner returned after {took:?}");
+    // Twice the lease (3 s) of waiting, the expel, the lease running out (3 s) and
+    // leaseRecoveryWait (1 s).
+    assert!(
+        took >= Duration::from_secs(5),
+        "the change did not wait for the revocation ({took:?}): nothing was held?"
+    );
+    assert!(took < SETTLE, "the owner waited {took:?} for a hung node");
+    let log = std::fs::read_to_string(c.base.join("node1/home/log/daemon.log")).unwrap_or_default();
+    assert!(
+        log.contains("asking the cluster manager to expel it"),
+        "node 1's log does not say it had node 2 expelled"
+    );
+    // The owner serves on, and node 2 comes back as a new incarnation.
+    std::fs::write(mnt(1).join("after"), b"the owner carries on").unwrap();
+    assert_eq!(
+        std::fs::read(mnt(1).join("after")).unwrap(),
+        b"the owner carries on"
+    );
+    wait_for("node 2 rejoins as a new incarnation", SETTLE, || {
+        states(&c, 1)
+            .get("node2")
+            .is_some_and(|(s, epoch)| s == "active" && *epoch != epoch_before)
+    });
+    let _ = tessera(&c, 2, &["umount", "h1"]);
+    tessera_ok(&c, 1, &["umount", "h1"]);
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}

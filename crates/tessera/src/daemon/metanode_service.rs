@@ -62,6 +62,14 @@ impl FileSystemService for MountedFileSystems {
                 serving()?;
                 Ok(fs.serve_metanode_request_from(origin, &request))
             }
+            // A daemon started with `TESSERA_TEST_STALL_REVOCATIONS=1` never answers a
+            // revocation: how the tests make a node that is alive but hung for its owner.
+            Some((_, Some(_))) if stalls_revocations() && Fence::is_revocation(&request) => {
+                tracing::warn!("{fs}: not answering a revocation (TESSERA_TEST_STALL_REVOCATIONS)");
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
             // A client mount answers a new owner's fence.
             Some((fs, Some(_))) if Fence::is_fence(&request) => {
                 Ok(fs.serve_metanode_request(&request))
@@ -193,6 +201,22 @@ pub(super) type OwnerTarget = (NodeNumber, String, Option<u64>);
 /// How long a client waits between two looks at who owns a file system whose owner does
 /// not answer.
 const OWNER_POLL: Duration = Duration::from_millis(200);
+
+/// Whether this daemon was started to leave revocations unanswered (a test's hung node).
+fn stalls_revocations() -> bool {
+    static STALLS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STALLS.get_or_init(|| {
+        std::env::var_os("TESSERA_TEST_STALL_REVOCATIONS").is_some_and(|v| v == "1")
+    })
+}
+
+/// How long an owner waits for a node to answer a revocation before it has the node
+/// expelled: twice the lease, so that a node busy for a moment (a long write under a kept
+/// data token, a full transport) is never expelled, and a hung one is within seconds of a
+/// dead one's detection.
+fn revocation_bound(timings: &tessera_cluster::params::LeaseTimings) -> Duration {
+    timings.lease * 2
+}
 
 impl MetanodeChannel for FollowingChannel {
     fn call(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
@@ -467,35 +491,92 @@ impl Daemon {
     }
 
     /// Sends `request` (a revocation) to node `origin` until it answers, or until it is
-    /// gone from the cluster or this node loses its lease.
+    /// gone from the cluster or this node loses its lease. Bounded: a node that is alive
+    /// (it renews its lease) but has not answered within twice the lease is expelled, at
+    /// this owner's request to the cluster manager, and once its lease has run out (it
+    /// does no more disk I/O) the revocation counts as done. A holder that hangs must
+    /// never hang the cluster (GPFS-class systems are hated for exactly that).
     fn revoke(&self, fs: &str, origin: tessera_fs::locks::Origin, request: Vec<u8>, what: &str) {
         let alive =
             || self.member.state().incarnations.get(&origin.node) == Some(&origin.incarnation);
+        let timings = self.member.state().params.lease_timings();
+        let give_up_at = std::time::Instant::now() + revocation_bound(&timings);
+        let waiting = || alive() && std::time::Instant::now() < give_up_at;
         let mut warned = false;
+        let mut expelled_at = None;
         loop {
             let state = self.member.state();
             let Some(address) = state.nodes.get(&origin.node).map(|n| n.address.clone()) else {
                 return;
             };
-            if !alive() || !self.member.holds_lease() {
+            if !alive() {
+                if let Some(at) = expelled_at {
+                    // Its last lease, granted before the expel, runs out by then.
+                    let lapsed: std::time::Instant = at + timings.lease + timings.recovery_wait;
+                    std::thread::sleep(lapsed.saturating_duration_since(std::time::Instant::now()));
+                }
                 return;
+            }
+            if !self.member.holds_lease() {
+                return;
+            }
+            if std::time::Instant::now() >= give_up_at {
+                if self.expel_unanswering(fs, origin, what) {
+                    expelled_at = Some(std::time::Instant::now());
+                    continue;
+                }
+                std::thread::sleep(OWNER_POLL);
+                continue;
             }
             let channel = self
                 .member
                 .metanode_channel(origin.node, address, fs.to_string());
-            match channel.call_while(request.clone(), &alive) {
+            match channel.call_while(request.clone(), &waiting) {
                 Ok(_) => return,
                 Err(e) if !warned => {
                     tracing::warn!(
                         "{fs}: node {} does not answer the revocation of its {what} ({e}); \
-                         the change or write that needs them waits for it or for its expel",
-                        origin.node
+                         the change or write that needs them waits for it, at most {:?} \
+                         before it is expelled",
+                        origin.node,
+                        revocation_bound(&timings)
                     );
                     warned = true;
                 }
                 Err(_) => {}
             }
             std::thread::sleep(OWNER_POLL);
+        }
+    }
+
+    /// Asks the cluster manager to expel incarnation `origin`, which has not answered a
+    /// revocation within the bound; true once the expel is committed (or the node is gone
+    /// anyway).
+    fn expel_unanswering(&self, fs: &str, origin: tessera_fs::locks::Origin, what: &str) -> bool {
+        let term = self.member.state().manager_term;
+        let expel = tessera_cluster::state::Command::Expel {
+            node: origin.node,
+            epoch: origin.incarnation,
+            term,
+        };
+        tracing::error!(
+            "{fs}: node {} has not answered the revocation of its {what}; asking the cluster \
+             manager to expel it (its mounts go stale; it rejoins by itself)",
+            origin.node
+        );
+        match self.member.propose(expel) {
+            Ok(_) => true,
+            Err(e) => {
+                let gone =
+                    self.member.state().incarnations.get(&origin.node) != Some(&origin.incarnation);
+                if !gone {
+                    tracing::warn!(
+                        "{fs}: the expel of node {} was not committed: {e:#}",
+                        origin.node
+                    );
+                }
+                gone
+            }
         }
     }
 
