@@ -925,12 +925,11 @@ impl RemoteMetanode {
         } else {
             self.held.seq()
         };
-        let parents = parents_of(&request);
         let generation = self.channel.generation();
         let reply = self
             .channel
             .call(encode(&request))
-            .and_then(|bytes| self.unwrap_reply(&bytes, &parents, Some((generation, seq))));
+            .and_then(|bytes| self.unwrap_reply(&bytes, Some(&request), Some((generation, seq))));
         // What this request's own answer dropped moved the count by one.
         let kept = |(held, dropped): (bool, bool)| held.then_some(seq + u64::from(dropped));
         match reply {
@@ -955,12 +954,18 @@ impl RemoteMetanode {
     fn unwrap_reply(
         &self,
         bytes: &[u8],
-        parents: &[(Ino, &[u8])],
+        request: Option<&MetanodeRequest>,
         sent: Option<(u64, u64)>,
     ) -> FsResult<(MetanodeReply, (bool, bool))> {
         let opened = open_reply(bytes)?;
         match &opened.changed {
-            Some(Some(inos)) => self.held.drop_changed(inos, parents),
+            Some(Some(inos)) => {
+                let parents = request.map(parents_of).unwrap_or_default();
+                let after = request.and_then(|r| names_after(r, &opened.reply));
+                let sent_seq = sent.map(|(_, seq)| seq);
+                self.held
+                    .drop_changed(inos, &parents, after.as_deref(), sent_seq);
+            }
             Some(None) => self.held.drop_all(),
             None => {}
         }
@@ -1046,6 +1051,29 @@ fn parents_of(request: &MetanodeRequest) -> Vec<(Ino, &[u8])> {
         | Q::AddName { parent, name, .. } => vec![(*parent, name.as_slice())],
         Q::MoveName { from, to, .. } => vec![(from.0, from.1.as_slice()), (to.0, to.1.as_slice())],
         _ => Vec::new(),
+    }
+}
+
+/// What each name a namespace change of this client's changed became, as its answer says:
+/// a made or linked name names its inode, an unlinked one is absent. `None` when the
+/// answer does not say (a rename, which may replace or exchange; a failure).
+fn names_after<'r>(
+    request: &'r MetanodeRequest,
+    reply: &MetanodeReply,
+) -> Option<Vec<(Ino, &'r [u8], Option<Ino>)>> {
+    use MetanodeRequest as Q;
+    let made = match reply {
+        MetanodeReply::Attr(a) | MetanodeReply::Made(a, _) => Some(a.ino),
+        MetanodeReply::Done => None,
+        _ => return None,
+    };
+    match (request, made) {
+        (Q::Once { request, .. }, _) => names_after(request, reply),
+        (Q::Make { parent, name, .. } | Q::AddName { parent, name, .. }, Some(ino)) => {
+            Some(vec![(*parent, name.as_slice(), Some(ino))])
+        }
+        (Q::DropName { parent, name, .. }, None) => Some(vec![(*parent, name.as_slice(), None)]),
+        _ => None,
     }
 }
 
@@ -1180,7 +1208,7 @@ impl Metanode for RemoteMetanode {
         self.held.drop_inos(&[ino]);
         let reply = self.channel.call_seen(request, seen);
         self.held.drop_inos(&[ino]);
-        let (reply, _) = self.unwrap_reply(&reply?, &[], None)?;
+        let (reply, _) = self.unwrap_reply(&reply?, None, None)?;
         let lsn = match reply {
             MetanodeReply::Lsn(l) => l,
             MetanodeReply::Failed(e) => return Err(e.into()),
@@ -1323,10 +1351,14 @@ impl Namespace for RemoteMetanode {
 
     fn find(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         let generation = self.channel.generation();
-        match self
-            .held
-            .get(parent, generation, |of| of.names.get(name).copied())
-        {
+        // "." and ".." are no entries of the directory's names.
+        let dots = name == b"." || name == b"..";
+        let known = |of: &crate::read_tokens::HeldOf| match of.names.get(name) {
+            Some(now) => Some(*now),
+            None if of.complete && !dots => Some(None),
+            None => None,
+        };
+        match self.held.get(parent, generation, known) {
             Some(None) => return Err(FsError::NotFound),
             Some(Some(ino)) => return self.attr(ino),
             None => {}
@@ -1370,6 +1402,8 @@ impl Namespace for RemoteMetanode {
                     self.held.keep(attr.ino, generation, seq, |of| {
                         of.attr = Some(attr);
                         of.held_bytes = Some(bytes);
+                        // A directory just made has no names yet.
+                        of.complete = attr.kind == crate::inode::FileKind::Directory;
                     });
                     self.held.keep_held(parent, generation, seq, |of| {
                         of.names.insert(name.to_vec(), Some(attr.ino));

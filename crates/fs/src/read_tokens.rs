@@ -272,6 +272,11 @@ pub(crate) struct HeldOf {
     pub(crate) protection: Option<Protection>,
     /// A directory's names: the inode each names, or `None` for a name known absent.
     pub(crate) names: HashMap<Vec<u8>, Option<Ino>>,
+    /// Every name of the directory is in `names`: one missing is absent. Known of a
+    /// directory this client made (empty), kept across its own name changes in it when
+    /// the answers say what each name became; a create's lookup of a new name then asks
+    /// the owner nothing.
+    pub(crate) complete: bool,
 }
 
 impl HeldOf {
@@ -405,10 +410,20 @@ impl HeldCache {
     /// directory among `parents` (name changes of that request: a create, link, unlink or
     /// rename) it keeps the protection and the other names: a name change changes the
     /// directory's times, size and link count and that name, never its mode, owner or ACL
-    /// or another name.
-    pub(crate) fn drop_changed(&self, inos: &[Ino], parents: &[(Ino, &[u8])]) {
+    /// or another name. `after` says what each changed name became (from the answer), when
+    /// the answer tells; it is kept, and a complete directory stays complete, if nothing
+    /// else moved the count since the request went out (`sent`, the count then).
+    pub(crate) fn drop_changed(
+        &self,
+        inos: &[Ino],
+        parents: &[(Ino, &[u8])],
+        after: Option<&[(Ino, &[u8], Option<Ino>)]>,
+        sent: Option<u64>,
+    ) {
         let mut held = self.held.lock();
+        let unmoved = sent == Some(self.seq());
         self.seq.fetch_add(1, Ordering::AcqRel);
+        let after = after.filter(|_| unmoved);
         let (map, count) = &mut *held;
         for ino in inos {
             let Some(mut of) = map.remove(ino) else {
@@ -421,10 +436,19 @@ impl HeldCache {
             for (_, name) in parents.iter().filter(|(dir, _)| dir == ino) {
                 of.names.remove(*name);
             }
+            match after {
+                Some(after) => {
+                    for (_, name, now) in after.iter().filter(|(dir, _, _)| dir == ino) {
+                        of.names.insert(name.to_vec(), *now);
+                    }
+                }
+                None => of.complete = false,
+            }
             let kept = HeldOf {
                 generation: of.generation,
                 protection: of.protection,
                 names: of.names,
+                complete: of.complete,
                 ..HeldOf::default()
             };
             *count += kept.items();

@@ -1364,3 +1364,75 @@ fn a_reader_holding_views_sees_every_completed_overwrite() {
     client.unmount().unwrap();
     owner.unmount().unwrap();
 }
+
+#[test]
+fn a_client_knows_every_name_of_a_directory_it_made() {
+    // A directory a client made is empty, and the client's own creates and unlinks in it
+    // say what each name became: looking up a new name there (what every create's lookup
+    // does) asks the owner nothing, and what other mounts change is seen at once.
+    use std::sync::atomic::Ordering::Relaxed;
+    use tessera_fs::{Caller, FileKind};
+    let root = Caller { uid: 0, gid: 0 };
+    let (t, owner, client, calls, _) = owner_and_client_as_node_two();
+    let dir = client
+        .create_node(ROOT_INO, b"mine", FileKind::Directory, 0o755, 0, root, None)
+        .unwrap()
+        .ino;
+    let asks = |what: &dyn Fn()| {
+        let before = calls.load(Relaxed);
+        what();
+        calls.load(Relaxed) - before
+    };
+    for i in 0..20 {
+        let name = format!("f{i}");
+        let asked = asks(&|| {
+            assert!(matches!(
+                client.lookup(dir, name.as_bytes()),
+                Err(FsError::NotFound)
+            ))
+        });
+        assert_eq!(asked, 0, "the lookup of new name {name} asked the owner");
+        create_file(&client, dir, name.as_bytes());
+        let asked = asks(&|| assert!(client.lookup(dir, name.as_bytes()).is_ok()));
+        assert_eq!(asked, 0, "the lookup of {name}, made here, asked the owner");
+    }
+    client.remove(dir, b"f3", false).unwrap();
+    let asked = asks(&|| assert!(matches!(client.lookup(dir, b"f3"), Err(FsError::NotFound))));
+    assert_eq!(
+        asked, 0,
+        "the lookup of a name unlinked here asked the owner"
+    );
+    // Another mount's changes revoke the directory: seen at once.
+    create_file(&owner, dir, b"from-owner");
+    assert!(client.lookup(dir, b"from-owner").is_ok());
+    owner.remove(dir, b"f4", false).unwrap();
+    assert!(matches!(client.lookup(dir, b"f4"), Err(FsError::NotFound)));
+    // A rename here does not say whether it replaced a name: the directory is no longer
+    // known whole, and a new name is asked for.
+    client.rename(dir, b"f5", dir, b"g5", false, false).unwrap();
+    assert!(client.lookup(dir, b"g5").is_ok());
+    assert!(matches!(client.lookup(dir, b"f5"), Err(FsError::NotFound)));
+    let asked = asks(&|| assert!(matches!(client.lookup(dir, b"new"), Err(FsError::NotFound))));
+    assert!(
+        asked > 0,
+        "after a rename a new name was answered from the client's copy"
+    );
+    // Both mounts list the same names.
+    let names = |fs: &FileSystem| {
+        let mut n: Vec<Vec<u8>> = fs
+            .readdir(dir, 0)
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|(_, _, _, name)| name)
+            .filter(|n| n != b"." && n != b"..")
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&client), names(&owner));
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after creates and unlinks in a directory a client made");
+}
