@@ -926,10 +926,19 @@ impl RemoteMetanode {
             self.held.seq()
         };
         let generation = self.channel.generation();
-        let reply = self
-            .channel
-            .call(encode(&request))
-            .and_then(|bytes| self.unwrap_reply(&bytes, Some(&request), Some((generation, seq))));
+        let mut dirs: Vec<Ino> = parents_of(&request).iter().map(|(dir, _)| *dir).collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        let ticket = self.held.take_off(&dirs);
+        let reply = match self.channel.call(encode(&request)) {
+            Ok(bytes) => {
+                self.unwrap_reply(&bytes, Some(&request), Some((generation, seq)), &ticket)
+            }
+            Err(e) => {
+                self.held.land(&ticket);
+                Err(e)
+            }
+        };
         // What this request's own answer dropped moved the count by one.
         let kept = |(held, dropped): (bool, bool)| held.then_some(seq + u64::from(dropped));
         match reply {
@@ -956,18 +965,29 @@ impl RemoteMetanode {
         bytes: &[u8],
         request: Option<&MetanodeRequest>,
         sent: Option<(u64, u64)>,
+        ticket: &crate::read_tokens::FlightTicket,
     ) -> FsResult<(MetanodeReply, (bool, bool))> {
-        let opened = open_reply(bytes)?;
+        let opened = match open_reply(bytes) {
+            Ok(opened) => opened,
+            Err(e) => {
+                self.held.land(ticket);
+                return Err(e);
+            }
+        };
         match &opened.changed {
             Some(Some(inos)) => {
                 let parents = request.map(parents_of).unwrap_or_default();
                 let after = request.and_then(|r| names_after(r, &opened.reply));
-                let sent_seq = sent.map(|(_, seq)| seq);
                 self.held
-                    .drop_changed(inos, &parents, after.as_deref(), sent_seq);
+                    .drop_changed(inos, &parents, after.as_deref(), ticket);
             }
-            Some(None) => self.held.drop_all(),
-            None => {}
+            Some(None) => {
+                self.held.land(ticket);
+                self.held.drop_all();
+            }
+            None => {
+                self.held.land(ticket);
+            }
         }
         if let (Some((generation, seq)), Some(Some(_))) = (sent, &opened.changed) {
             for (attr, bytes) in &opened.fresh {
@@ -1208,7 +1228,7 @@ impl Metanode for RemoteMetanode {
         self.held.drop_inos(&[ino]);
         let reply = self.channel.call_seen(request, seen);
         self.held.drop_inos(&[ino]);
-        let (reply, _) = self.unwrap_reply(&reply?, None, None)?;
+        let (reply, _) = self.unwrap_reply(&reply?, None, None, &Vec::new())?;
         let lsn = match reply {
             MetanodeReply::Lsn(l) => l,
             MetanodeReply::Failed(e) => return Err(e.into()),

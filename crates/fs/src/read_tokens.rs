@@ -289,10 +289,25 @@ impl HeldOf {
     }
 }
 
+/// This client's own name changes in flight, per directory: how many were sent in all and
+/// how many are unanswered. What an answer says a name became is kept only if no other
+/// name change of the same directory was in flight at any time during its own flight:
+/// then the owner did them in the order their answers came.
+#[derive(Default)]
+struct DirFlight {
+    sent: u64,
+    unanswered: u32,
+}
+
+/// A directory's part in one name change's flight: the directory, its send number, and
+/// whether nothing else was in flight for it when it went out.
+pub(crate) type FlightTicket = Vec<(Ino, u64, bool)>;
+
 /// What a client holds, by inode, and how many things in all.
 #[derive(Default)]
 pub(crate) struct HeldCache {
     held: Mutex<(HashMap<Ino, HeldOf>, usize)>,
+    flights: Mutex<HashMap<Ino, DirFlight>>,
     /// Counts revocations and this client's own changes: an answer whose request was sent
     /// before the count moved is not kept.
     seq: AtomicU64,
@@ -418,12 +433,11 @@ impl HeldCache {
         inos: &[Ino],
         parents: &[(Ino, &[u8])],
         after: Option<&[(Ino, &[u8], Option<Ino>)]>,
-        sent: Option<u64>,
+        ticket: &FlightTicket,
     ) {
         let mut held = self.held.lock();
-        let unmoved = sent == Some(self.seq());
+        let alone = self.land(ticket);
         self.seq.fetch_add(1, Ordering::AcqRel);
-        let after = after.filter(|_| unmoved);
         let (map, count) = &mut *held;
         for ino in inos {
             let Some(mut of) = map.remove(ino) else {
@@ -436,7 +450,7 @@ impl HeldCache {
             for (_, name) in parents.iter().filter(|(dir, _)| dir == ino) {
                 of.names.remove(*name);
             }
-            match after {
+            match after.filter(|_| alone.contains(ino)) {
                 Some(after) => {
                     for (_, name, now) in after.iter().filter(|(dir, _, _)| dir == ino) {
                         of.names.insert(name.to_vec(), *now);
@@ -456,6 +470,39 @@ impl HeldCache {
         }
     }
 
+    /// Notes that a name change of this client's in `dirs` goes out.
+    pub(crate) fn take_off(&self, dirs: &[Ino]) -> FlightTicket {
+        let mut flights = self.flights.lock();
+        dirs.iter()
+            .map(|&dir| {
+                let f = flights.entry(dir).or_default();
+                f.sent += 1;
+                f.unanswered += 1;
+                (dir, f.sent, f.unanswered == 1)
+            })
+            .collect()
+    }
+
+    /// Ends the flight of `ticket`; returns the directories for which no other name change
+    /// of this client's was in flight meanwhile.
+    pub(crate) fn land(&self, ticket: &FlightTicket) -> Vec<Ino> {
+        let mut flights = self.flights.lock();
+        let mut alone = Vec::new();
+        for &(dir, sent, clean) in ticket {
+            let Some(f) = flights.get_mut(&dir) else {
+                continue;
+            };
+            if clean && f.sent == sent && f.unanswered == 1 {
+                alone.push(dir);
+            }
+            f.unanswered -= 1;
+            if f.unanswered == 0 {
+                flights.remove(&dir);
+            }
+        }
+        alone
+    }
+
     /// Drops everything (a change of this client's whose answer did not say what it
     /// changed).
     pub(crate) fn drop_all(&self) {
@@ -463,5 +510,39 @@ impl HeldCache {
         self.seq.fetch_add(1, Ordering::AcqRel);
         held.0.clear();
         held.1 = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_name_change_made_is_kept_only_if_it_flew_alone() {
+        let held = HeldCache::default();
+        // Alone, one after the other: each may keep what it made.
+        for _ in 0..2 {
+            let t = held.take_off(&[7]);
+            assert_eq!(held.land(&t), vec![7]);
+        }
+        // Overlapping flights in one directory, landing in either order: neither knows
+        // the owner's order, so neither keeps anything; another directory is not involved.
+        for first_lands_first in [true, false] {
+            let a = held.take_off(&[7, 9]);
+            let b = held.take_off(&[7]);
+            let (one, two) = if first_lands_first {
+                (&a, &b)
+            } else {
+                (&b, &a)
+            };
+            let landed_one = held.land(one);
+            let landed_two = held.land(two);
+            assert!(!landed_one.contains(&7) && !landed_two.contains(&7));
+            assert!(landed_one.contains(&9) || landed_two.contains(&9));
+        }
+        // Nothing stays in flight afterwards.
+        assert!(held.flights.lock().is_empty());
+        let t = held.take_off(&[7]);
+        assert_eq!(held.land(&t), vec![7]);
     }
 }
