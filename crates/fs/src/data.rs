@@ -750,12 +750,12 @@ impl FileSystem {
         let update = FileUpdate::written(vec![sectors], size_after);
         let metanode = self.metanode();
         if !overwrite {
-            metanode.write_seen(seen, &mut || dev.write_at(&buf, at))?;
+            metanode.write_seen(seen, &mut || dev.write_at(buf, at))?;
             return Ok(Written::on(metanode.update_seen(ino, update, seen)?, disk));
         }
         let lsn = metanode.update_seen(ino, update, seen)?;
         metanode.commit(lsn)?;
-        metanode.write_seen(seen, &mut || dev.write_at(&buf, at))?;
+        metanode.write_seen(seen, &mut || dev.write_at(buf, at))?;
         let settle = Change::Settle {
             ino,
             index: b,

@@ -1080,7 +1080,7 @@ fn parents_of(request: &MetanodeRequest) -> Vec<(Ino, &[u8])> {
 fn names_after<'r>(
     request: &'r MetanodeRequest,
     reply: &MetanodeReply,
-) -> Option<Vec<(Ino, &'r [u8], Option<Ino>)>> {
+) -> Option<Vec<crate::read_tokens::NameAfter<'r>>> {
     use MetanodeRequest as Q;
     let made = match reply {
         MetanodeReply::Attr(a) | MetanodeReply::Made(a, _) => Some(a.ino),

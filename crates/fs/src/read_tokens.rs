@@ -299,6 +299,10 @@ struct DirFlight {
     unanswered: u32,
 }
 
+/// What a name in a directory became after this client's change of it: `(directory, name,
+/// the inode it names or None for absent)`.
+pub(crate) type NameAfter<'a> = (Ino, &'a [u8], Option<Ino>);
+
 /// A directory's part in one name change's flight: the directory, its send number, and
 /// whether nothing else was in flight for it when it went out.
 pub(crate) type FlightTicket = Vec<(Ino, u64, bool)>;
@@ -432,7 +436,7 @@ impl HeldCache {
         &self,
         inos: &[Ino],
         parents: &[(Ino, &[u8])],
-        after: Option<&[(Ino, &[u8], Option<Ino>)]>,
+        after: Option<&[NameAfter<'_>]>,
         ticket: &FlightTicket,
     ) {
         let mut held = self.held.lock();
