@@ -624,6 +624,7 @@ impl FileSystem {
         let hi = touched_hi.max(copy_hi);
         assert!(hi <= sectors, "write past the extent: {hi} > {sectors}");
         if let (None, Some(data)) = (&copy, whole_sectors(off, data)) {
+            Scratch::reserve(data.len());
             for (i, sector) in data.chunks(SECTOR as usize).enumerate() {
                 block.set_written(touched_lo + i, crc32c::crc32c(sector));
             }
@@ -705,7 +706,10 @@ impl FileSystem {
         let current = self.resolve_pending(ino, b, current, lo, hi, seen)?;
         let scratch;
         let buf: &[u8] = match whole_sectors(off, data) {
-            Some(data) => data,
+            Some(data) => {
+                Scratch::reserve(data.len());
+                data
+            }
             None => {
                 let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
                 buf.zero_outside(off as usize - lo * SECTOR as usize, data.len());
@@ -1161,6 +1165,16 @@ impl Scratch {
             buf: Some(buf),
             len,
         }
+    }
+
+    /// Makes sure this thread has scratch space for `len` bytes, even when this write
+    /// needs none: it is mapped at the thread's first write, as when every write copied
+    /// through it, not at some later unaligned one. Mapping memory takes the address
+    /// space's lock; in a process that also faults on files mapped from its own mount (the
+    /// in-process FUSE tests), a serving thread that maps while a fault waits for it
+    /// deadlocks (seen in `posix_vdisk`'s mapped-file test once writes stopped copying).
+    fn reserve(len: usize) {
+        drop(Scratch::take(len));
     }
 
     /// Zeroes everything but `len` bytes at `at`, which the caller fills.

@@ -342,7 +342,8 @@ pub(crate) const DATA_HOT_WINDOW: Duration = Duration::from_millis(250);
 /// it keep one, or took one back: it would most likely be refused again.
 const KEEP_COOLING: Duration = Duration::from_secs(1);
 
-/// Kept data tokens per mount, at most (each is one lock at the owner).
+/// Kept data tokens per mount, at most (each is one lock at the owner); past it, one no
+/// write is using is given back for each new one.
 const KEPT_MAX: usize = 4096;
 
 /// Longest wait of a write for the data token of its block: its holder is another node's
@@ -443,11 +444,23 @@ impl KeptInner {
     }
 
     fn may_ask(&self, ino: Ino) -> bool {
-        self.tokens.len() < KEPT_MAX
-            && self
-                .cooling
-                .get(&ino)
-                .is_none_or(|at| at.elapsed() >= KEEP_COOLING)
+        self.cooling
+            .get(&ino)
+            .is_none_or(|at| at.elapsed() >= KEEP_COOLING)
+    }
+
+    /// Takes one kept token no write is using out of the table, to give back (the table is
+    /// full); `None` if every one is in use.
+    fn evict(&mut self) -> Option<Ino> {
+        let ino = self.tokens.iter().find_map(|(ino, token)| {
+            let mut s = token.state.lock();
+            (s.users == 0 && !s.revoked).then(|| {
+                s.revoked = true;
+                *ino
+            })
+        })?;
+        self.tokens.remove(&ino);
+        Some(ino)
     }
 }
 
@@ -745,14 +758,22 @@ impl crate::fs::FileSystem {
             kind: LockKind::Write,
             pid: 0,
         };
-        let existing = {
-            let inner = self.kept_data.inner.lock();
+        let (existing, evicted) = {
+            let mut inner = self.kept_data.inner.lock();
             match inner.tokens.get(&ino) {
-                Some(token) => Some(Arc::clone(token)),
-                None if inner.may_ask(ino) => None,
-                None => return Ok(None),
+                Some(token) => (Some(Arc::clone(token)), None),
+                None if !inner.may_ask(ino) => return Ok(None),
+                None if inner.tokens.len() >= KEPT_MAX => match inner.evict() {
+                    Some(old) => (None, Some(old)),
+                    None => return Ok(None),
+                },
+                None => (None, None),
             }
         };
+        if let Some(old) = evicted {
+            // Files a long-running client wrote before give way to the new ones.
+            self.give_back_evicted(old, whole);
+        }
         let token = match existing {
             Some(token) => token,
             None => {
@@ -818,6 +839,36 @@ impl crate::fs::FileSystem {
             }
             self.held_locks.lock().drop_holder(ino, holder);
         }
+    }
+
+    /// Gives back at the owner the kept token of `ino`, taken out of the table unused.
+    fn give_back_evicted(&self, ino: Ino, whole: Lock) {
+        let unlock = Lock {
+            kind: LockKind::Unlock,
+            ..whole
+        };
+        let call = LockCall {
+            lock: unlock,
+            test: false,
+        };
+        self.held_locks.lock().drop_holder(ino, whole.holder);
+        if let Err(e) = crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None) {
+            // Still recorded at the owner: another node's write takes it back.
+            tracing::warn!("inode {ino}: giving back a kept data token: {e}");
+        }
+    }
+
+    /// How many kept data tokens this owner has granted, to all nodes (a diagnostic).
+    pub fn kept_data_tokens_granted(&self) -> usize {
+        if !self.is_owner() {
+            return 0;
+        }
+        let table = self.owner().locks.lock();
+        table
+            .files
+            .values()
+            .map(|locks| locks.iter().filter(|l| is_kept_data(l)).count())
+            .sum()
     }
 
     /// How many files this mount keeps the data token of (a diagnostic).

@@ -1436,3 +1436,43 @@ fn a_client_knows_every_name_of_a_directory_it_made() {
     drop((client, owner));
     assert_fsck_clean(&t, "after creates and unlinks in a directory a client made");
 }
+
+#[test]
+fn a_client_that_wrote_more_files_than_it_keeps_tokens_for_gives_some_back() {
+    // At most 4,096 kept data tokens per mount: past that, each new file's token replaces
+    // one no write is using, given back to the owner, so a long-running writer of many
+    // files keeps writing without token round trips and the owner's table stays bounded.
+    use std::sync::atomic::Ordering::Relaxed;
+    const FILES: usize = 4_100;
+    let (t, owner, client, _, revoked) = owner_and_client_as_node_two();
+    let inos: Vec<u64> = (0..FILES)
+        .map(|i| {
+            let ino = create_file(&client, ROOT_INO, format!("f{i}").as_bytes()).ino;
+            client.write(ino, 0, &[i as u8; 100], false).unwrap();
+            ino
+        })
+        .collect();
+    assert_eq!(client.kept_data_tokens(), 4_096);
+    assert_eq!(
+        owner.kept_data_tokens_granted(),
+        4_096,
+        "the tokens given back are still recorded at the owner"
+    );
+    // Writes on the owner's mount to every file take back those still kept.
+    let before = revoked.load(Relaxed);
+    for (i, ino) in inos.iter().enumerate() {
+        owner.write(*ino, 100, &[!(i as u8); 10], false).unwrap();
+    }
+    assert!(revoked.load(Relaxed) > before);
+    assert_eq!(client.kept_data_tokens(), 0);
+    assert_eq!(owner.kept_data_tokens_granted(), 0);
+    for (i, ino) in inos.iter().enumerate().step_by(97) {
+        let mut want = vec![i as u8; 100];
+        want.extend_from_slice(&[!(i as u8); 10]);
+        assert_eq!(client.read(*ino, 0, 4096).unwrap(), want, "file {i}");
+    }
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a client gave kept tokens back");
+}

@@ -45,6 +45,27 @@ pub struct Mounted {
     array: Option<Arc<DeclusteredArray>>,
 }
 
+/// These tests serve the mount from the process that uses it. A test thread that faults
+/// on a file mapped from the mount holds its address space's lock (for reading) until the
+/// file system answers; a serving thread that maps, unmaps or re-protects memory meanwhile
+/// needs that lock for writing, and the two wait for each other for ever (seen once in
+/// `posix_vdisk`: a FUSE ring thread in `mprotect` growing its malloc arena). A separate
+/// daemon, as in production, never meets this. Here malloc is told to grow in large steps,
+/// to keep large blocks in its arenas instead of mapping each, and never to give memory
+/// back, so serving threads almost never change the address space after their first
+/// requests.
+fn keep_the_heap_still() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: mallopt only changes glibc's allocation parameters.
+        unsafe {
+            libc::mallopt(libc::M_TOP_PAD, 64 << 20);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        }
+    });
+}
+
 /// True when this process can mount FUSE file systems (root and /dev/fuse).
 pub fn can_mount() -> bool {
     let root = unsafe { libc::geteuid() } == 0;
@@ -57,6 +78,7 @@ pub fn can_mount() -> bool {
 
 impl Mounted {
     pub fn new(disk_count: usize, disk_bytes: u64, opts: FormatOptions) -> Mounted {
+        keep_the_heap_still();
         let dir = tempfile::Builder::new()
             .prefix("tessera-fuse")
             .tempdir()

@@ -354,6 +354,39 @@ impl Member {
             .collect()
     }
 
+    /// Waits, at most `limit`, until this node has applied the configuration the cluster
+    /// manager has applied: a node restarted a moment ago is active before it has caught
+    /// up with the log, and would answer from an older table (a file system just created
+    /// "does not exist"). True once caught up (or when this node manages).
+    pub fn catch_up(&self, limit: Duration) -> bool {
+        let state = self.machine.state();
+        let Some(manager) = self.node.raft().metrics().borrow().current_leader else {
+            return false;
+        };
+        let manager = manager as NodeNumber;
+        if manager == self.node.me() {
+            return true;
+        }
+        let Some(address) = state.nodes.get(&manager).map(|n| n.address.clone()) else {
+            return false;
+        };
+        let net = Arc::clone(&self.net);
+        let asked = self
+            .runtime
+            .block_on(ask_statuses(net, &[(manager, address)], STATUS_TIMEOUT));
+        let Some(Ok(status)) = asked.into_iter().next() else {
+            return false;
+        };
+        let deadline = std::time::Instant::now() + limit;
+        while self.machine.state().version < status.config_version {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
     /// Stops the Raft member; other nodes see this node go away.
     pub fn shutdown(&self) {
         let node = Arc::clone(&self.node);

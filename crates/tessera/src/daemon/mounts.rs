@@ -21,6 +21,9 @@ use crate::config::{ClientMount, FsRecord, NsdRegistry};
 /// and how long each waits for this node to apply it.
 const CLAIM_RETRIES: u32 = 3;
 const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a mount of a file system this node does not know waits for this node to apply
+/// the configuration the cluster manager has (see `Member::catch_up`).
+const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 use crate::rpc::{IoHistoryEntry, MountedNode, PmonEntry, Reply};
 
 /// The opened device of each NSD of a file system, `None` where it cannot be opened.
@@ -330,7 +333,15 @@ impl Daemon {
 
     pub(super) fn mount_request(&self, name: &str, mount_point: Option<String>) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let record = self.file_systems()?.require(name)?.clone();
+        let record = match self.file_systems()?.require(name) {
+            Ok(record) => record.clone(),
+            // `mount -a|-N` right after `fs create` reaches nodes that may not have applied
+            // the create yet (one restarted a moment ago): such a node catches up first.
+            Err(e) if self.member.catch_up(CATCH_UP_WAIT) => {
+                self.file_systems()?.require(name).map_err(|_| e)?.clone()
+            }
+            Err(e) => return Err(e),
+        };
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
                 "file system {name} is already mounted at {}",
