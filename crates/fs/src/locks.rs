@@ -380,6 +380,7 @@ pub(crate) struct DataToken<'a> {
 /// nobody else holds a data token of the file and none was taken back within
 /// [`DATA_HOT_WINDOW`]; any other request that conflicts with it makes the owner take it
 /// back (`GiveBackData`), and the holder answers once its writes under it are done.
+#[derive(Default)]
 pub(crate) struct KeptToken {
     state: parking_lot::Mutex<KeptState>,
     drained: parking_lot::Condvar,
@@ -794,12 +795,7 @@ impl crate::fs::FileSystem {
                     return Ok(None);
                 }
                 let _ = self.held_locks.lock().set(ino, whole, None);
-                Arc::clone(inner.tokens.entry(ino).or_insert_with(|| {
-                    Arc::new(KeptToken {
-                        state: parking_lot::Mutex::new(KeptState::default()),
-                        drained: parking_lot::Condvar::new(),
-                    })
-                }))
+                Arc::clone(inner.tokens.entry(ino).or_default())
             }
         };
         if !token.enter() {

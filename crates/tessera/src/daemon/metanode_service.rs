@@ -458,34 +458,22 @@ impl Daemon {
         );
     }
 
-    /// How the owner of file system `fs` on this node revokes the views a client node
-    /// keeps (`tessera_fs` view tokens): it sends that node `Fence::drop_held` until it
-    /// answers, or until it is gone from the cluster or restarted (its views died with its
-    /// mount), or until this node lost its lease (then it serves nothing more, and its
-    /// file system is taken over). Called before the changing operation returns.
-    pub(super) fn read_revoker(
+    /// How the owner of file system `fs` on this node takes back what a client node holds:
+    /// `request(inodes)` is the revocation (`Fence::drop_held` for the views, names and
+    /// attributes it keeps, `Fence::give_back_data` for its kept data tokens), sent by
+    /// [`Daemon::revoke`] until the node answers, is gone, or this node lost its lease.
+    /// Called before the changing operation or the conflicting write goes on.
+    pub(super) fn revoker(
         &self,
         fs: &str,
+        request: fn(Vec<u64>) -> Vec<u8>,
+        what: &'static str,
     ) -> Box<dyn Fn(tessera_fs::locks::Origin, Vec<u64>) + Send + Sync> {
         let this = self.this.clone();
         let fs = fs.to_string();
         Box::new(move |origin, inos| {
             if let Some(daemon) = this.upgrade() {
-                daemon.revoke(&fs, origin, Fence::drop_held(inos), "views");
-            }
-        })
-    }
-
-    /// How the owner of `fs` takes a kept data token back from another node.
-    pub(super) fn data_revoker(
-        &self,
-        fs: &str,
-    ) -> Box<dyn Fn(tessera_fs::locks::Origin, Vec<u64>) + Send + Sync> {
-        let this = self.this.clone();
-        let fs = fs.to_string();
-        Box::new(move |origin, inos| {
-            if let Some(daemon) = this.upgrade() {
-                daemon.revoke(&fs, origin, Fence::give_back_data(inos), "data tokens");
+                daemon.revoke(&fs, origin, request(inos), what);
             }
         })
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use tessera_drive::stats::{Counted, IoStats};
 use tessera_drive::BlockDevice;
-use tessera_fs::FileSystem;
+use tessera_fs::{Fence, FileSystem};
 use tessera_fuse::{FuseOptions, KernelCache};
 use tessera_nsd::{NsdId, ThinDiskType};
 
@@ -127,8 +127,8 @@ impl Daemon {
         fs.set_metadata_cache_bytes(pagepool);
         self.set_thin_disks(&fs, &nsds, &record.name)?;
         fs.on_lock_holder_check(self.member.lock_holder_check());
-        fs.on_read_revoke(self.read_revoker(&record.name));
-        fs.on_data_revoke(self.data_revoker(&record.name));
+        fs.on_read_revoke(self.revoker(&record.name, Fence::drop_held, "views"));
+        fs.on_data_revoke(self.revoker(&record.name, Fence::give_back_data, "data tokens"));
         tracing::info!(
             "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
             record.name,
