@@ -12,7 +12,7 @@
 //! the operation before the chmod.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +66,17 @@ pub(crate) struct TesseraFuse {
     /// Lock requests waiting (`F_SETLKW`), by request id, and interrupts the kernel sent
     /// (one may come before its request is registered here).
     waiting: parking_lot::Mutex<HashMap<u64, Wait>>,
+    /// The next open's number: file handles are `number << 1 | FH_SYNC`, one per open file
+    /// (open file description), so that RELEASE names which one closed.
+    next_open: AtomicU64,
+    /// Record-lock owners that took a lock through an open file, by inode: `(fh, owner)`.
+    /// An open file description lock (`F_OFD_SETLK`) is owned by its open file, and the
+    /// kernel tells the file system of its end only by the RELEASE of that file (its
+    /// unlock at the last close is left to a FLUSH that names the process, not the file);
+    /// so a RELEASE drops the locks of the owners recorded for its handle. A FLUSH drops
+    /// every lock of the closing process on the inode and forgets it here, so a process's
+    /// record locks never go with the RELEASE of some other open file it locked through.
+    lock_owners: parking_lot::Mutex<HashMap<u64, Vec<(u64, u64)>>>,
 }
 
 /// Interrupts remembered for requests not (or no longer) waiting: enough for every
@@ -96,6 +107,8 @@ impl TesseraFuse {
             acls: AtomicBool::new(false),
             shared: cache != crate::KernelCache::Private,
             waiting: parking_lot::Mutex::new(HashMap::new()),
+            next_open: AtomicU64::new(1),
+            lock_owners: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 }
@@ -227,6 +240,7 @@ fn file_attr(a: &Attr, allocated_bytes: u64) -> FuseAttr {
     }
 }
 
+/// The file-handle bits of an open's flags (`FH_SYNC`), and the kernel's open flags.
 fn handle_flags(flags: u32) -> (u64, u32) {
     let f = flags as i32;
     let sync = f & (libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT) != 0;
@@ -433,7 +447,7 @@ impl TesseraFuse {
         }
         match self.fs.open(ino) {
             Ok(attr) => {
-                let (fh, mut open_flags) = handle_flags(flags);
+                let (fh, mut open_flags) = self.handle(flags);
                 if !self.page_cache
                     || self.writes_shared(flags)
                     || streams(flags, &attr, self.streaming.load(Ordering::Relaxed))
@@ -489,6 +503,7 @@ impl TesseraFuse {
     fn lock(
         &self,
         req: &Request<'_>,
+        fh: u64,
         owner: u64,
         lock: abi::FileLock,
         how: (bool, bool, bool),
@@ -540,6 +555,11 @@ impl TesseraFuse {
                 Err(e) => errno(&e),
             };
         }
+        if class == LockClass::Posix && kind != LockKind::Unlock {
+            // Recorded before it is asked: a lock granted and then missed at the RELEASE
+            // would outlive its open file.
+            self.locked_through(ino, fh, owner);
+        }
         if !sleep {
             return empty(self.fs.lock_set(ino, want, None));
         }
@@ -556,9 +576,55 @@ impl TesseraFuse {
         empty(r)
     }
 
+    /// A new open file's handle (its own number and `FH_SYNC`) and the kernel's open flags.
+    fn handle(&self, flags: u32) -> (u64, u32) {
+        let (bits, open_flags) = handle_flags(flags);
+        let number = self.next_open.fetch_add(1, Ordering::Relaxed);
+        (number << 1 | bits, open_flags)
+    }
+
+    /// Remembers that `owner` locked through the open file `fh` of `ino`.
+    fn locked_through(&self, ino: u64, fh: u64, owner: u64) {
+        let mut owners = self.lock_owners.lock();
+        let of_ino = owners.entry(ino).or_default();
+        if !of_ino.contains(&(fh, owner)) {
+            of_ino.push((fh, owner));
+        }
+    }
+
+    /// Forgets `owner`'s record of `ino` (its locks there were dropped by its close).
+    fn flushed(&self, ino: u64, owner: u64) {
+        let mut owners = self.lock_owners.lock();
+        if let Some(of_ino) = owners.get_mut(&ino) {
+            of_ino.retain(|&(_, o)| o != owner);
+            if of_ino.is_empty() {
+                owners.remove(&ino);
+            }
+        }
+    }
+
+    /// The owners recorded for the open file `fh` of `ino`, forgotten: it is closed.
+    fn released(&self, ino: u64, fh: u64) -> Vec<u64> {
+        let mut owners = self.lock_owners.lock();
+        let Some(of_ino) = owners.get_mut(&ino) else {
+            return Vec::new();
+        };
+        let mut gone = Vec::new();
+        of_ino.retain(|&(f, o)| {
+            if f == fh {
+                gone.push(o);
+            }
+            f != fh
+        });
+        if of_ino.is_empty() {
+            owners.remove(&ino);
+        }
+        gone
+    }
+
     /// The answer to a create: the entry and the open handle.
     fn created(&self, attr: &Attr, generation: u64, flags: u32) -> Reply {
-        let (fh, mut open_flags) = handle_flags(flags);
+        let (fh, mut open_flags) = self.handle(flags);
         if !self.page_cache || self.writes_shared(flags) {
             open_flags = abi::FOPEN_DIRECT_IO;
         }
@@ -817,28 +883,39 @@ impl Handler for TesseraFuse {
             // when the file system is shared.
             Op::Flush { lock_owner } if self.shared => {
                 let holder = self.fs.lock_holder(lock_owner, LockClass::Posix);
-                empty(self.fs.unlock_all(ino, holder))
+                let r = self.fs.unlock_all(ino, holder);
+                if r.is_ok() {
+                    self.flushed(ino, lock_owner);
+                }
+                empty(r)
             }
             // close(2) does not promise durability (fsync does) and locks are the kernel's,
             // so there is nothing to do; ENOSYS tells the kernel to stop sending FLUSH at
             // all, which saves a round trip on every close.
             Op::Flush { .. } => Reply::Error(libc::ENOSYS),
-            Op::Release { flock_owner } => {
+            Op::Release { fh, flock_owner } => {
                 if let Some(owner) = flock_owner.filter(|_| self.shared) {
                     let holder = self.fs.lock_holder(owner, LockClass::Flock);
                     if let Err(e) = self.fs.unlock_all(ino, holder) {
                         tracing::warn!("inode {ino}: dropping flock locks at close: {e}");
                     }
                 }
+                for owner in self.released(ino, fh) {
+                    let holder = self.fs.lock_holder(owner, LockClass::Posix);
+                    if let Err(e) = self.fs.unlock_all(ino, holder) {
+                        tracing::warn!("inode {ino}: dropping open file locks at close: {e}");
+                    }
+                }
                 empty(self.fs.release(ino))
             }
             Op::Lock {
+                fh,
                 owner,
                 lock,
                 flock,
                 test,
                 sleep,
-            } => self.lock(req, owner, lock, (flock, test, sleep)),
+            } => self.lock(req, fh, owner, lock, (flock, test, sleep)),
             Op::Fsync | Op::Fsyncdir => empty(self.fs.fsync(ino)),
             Op::Readdir { offset, size } => self.readdir(ino, offset, size),
             Op::Statfs => self.statfs(),

@@ -97,6 +97,8 @@ pub(crate) enum Op<'a> {
     },
     Statfs,
     Release {
+        /// The handle the open answered.
+        fh: u64,
         /// The open file's `flock` owner when its locks are to be dropped
         /// (`FUSE_RELEASE_FLOCK_UNLOCK`).
         flock_owner: Option<u64>,
@@ -110,6 +112,8 @@ pub(crate) enum Op<'a> {
     },
     /// F_GETLK, F_SETLK and F_SETLKW (`sleep`) of a record or, with `flock`, flock lock.
     Lock {
+        /// The handle of the open file the lock is asked through.
+        fh: u64,
         owner: u64,
         lock: abi::FileLock,
         flock: bool,
@@ -259,8 +263,9 @@ fn parse_op<'a>(op: u32, op_in: &'a [u8], payload: &'a [u8]) -> Option<Op<'a>> {
         opcode::WRITE => parse_write(&mut h, &mut p)?,
         opcode::STATFS => Op::Statfs,
         opcode::RELEASE => {
-            let (_fh, _flags, release_flags, lock_owner) = (h.u64()?, h.u32()?, h.u32()?, h.u64()?);
+            let (fh, _flags, release_flags, lock_owner) = (h.u64()?, h.u32()?, h.u32()?, h.u64()?);
             Op::Release {
+                fh,
                 flock_owner: (release_flags & abi::RELEASE_FLOCK_UNLOCK != 0).then_some(lock_owner),
             }
         }
@@ -274,7 +279,7 @@ fn parse_op<'a>(op: u32, op_in: &'a [u8], payload: &'a [u8]) -> Option<Op<'a>> {
             }
         }
         opcode::GETLK | opcode::SETLK | opcode::SETLKW => {
-            let (_fh, owner) = (h.u64()?, h.u64()?);
+            let (fh, owner) = (h.u64()?, h.u64()?);
             let lock = abi::FileLock {
                 start: h.u64()?,
                 end: h.u64()?,
@@ -282,6 +287,7 @@ fn parse_op<'a>(op: u32, op_in: &'a [u8], payload: &'a [u8]) -> Option<Op<'a>> {
                 pid: h.u32()?,
             };
             Op::Lock {
+                fh,
                 owner,
                 lock,
                 flock: h.u32()? & abi::LK_FLOCK != 0,
@@ -482,6 +488,7 @@ mod tests {
         body.extend_from_slice(&u32s(&[libc::F_WRLCK as u32, 42, abi::LK_FLOCK, 0]));
         assert_eq!(body.len(), abi::op_header_bytes(opcode::SETLKW));
         let want = Op::Lock {
+            fh: 7,
             owner: 0xabcd,
             lock: abi::FileLock {
                 start: 10,
@@ -513,6 +520,7 @@ mod tests {
         assert_eq!(
             parse_dev(&msg(opcode::RELEASE, &release)).unwrap().op,
             Op::Release {
+                fh: 7,
                 flock_owner: Some(0x66)
             }
         );

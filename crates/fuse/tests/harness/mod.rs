@@ -50,10 +50,11 @@ pub struct Mounted {
 /// file system answers; a serving thread that maps, unmaps or re-protects memory meanwhile
 /// needs that lock for writing, and the two wait for each other for ever (seen once in
 /// `posix_vdisk`: a FUSE ring thread in `mprotect` growing its malloc arena). A separate
-/// daemon, as in production, never meets this. Here malloc is told to grow in large steps,
-/// to keep large blocks in its arenas instead of mapping each, and never to give memory
-/// back, so serving threads almost never change the address space after their first
-/// requests.
+/// daemon, as in production, never meets this. So every mapping of a file on the mount is
+/// made and touched by a child process (`in_child`); and, should a test ever fault on one
+/// here again, malloc is told to grow in large steps, to keep large blocks in its arenas
+/// instead of mapping each, and never to give memory back, so serving threads almost never
+/// change the address space after their first requests.
 fn keep_the_heap_still() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -64,6 +65,28 @@ fn keep_the_heap_still() {
             libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
         }
     });
+}
+
+/// Runs a Python 3 `script` in a child process with `args` and returns what it printed,
+/// failing the test with its error output when it fails. Every access to a file mapped
+/// from the mount goes through this: a page fault on such a mapping holds the faulting
+/// process's address-space lock until the file system answers, and these tests serve the
+/// file system from their own process (see `keep_the_heap_still`), so no test thread may
+/// take such a fault itself. Python's `mmap` module is mmap(2), msync(2) and munmap(2).
+pub fn in_child(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 runs (the mapped-file cases need it: apt-get install python3)");
+    assert!(
+        out.status.success(),
+        "child process failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("the child prints text")
 }
 
 /// True when this process can mount FUSE file systems (root and /dev/fuse).

@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
-use harness::{can_mount, small_fs, Mounted};
+use harness::{can_mount, in_child, small_fs, Mounted};
 
 fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
@@ -399,36 +399,32 @@ fn large_files_read_only_stream_and_stay_coherent_with_writers_and_mappings() {
     let mut four = [0u8; 6];
     r.read_exact_at(&mut four, 70 << 20).unwrap();
     assert_eq!(&four, b"WRITER");
-    unsafe {
-        use std::os::unix::io::AsRawFd;
-        let shared = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            w.as_raw_fd(),
-            0,
-        );
-        assert_ne!(shared, libc::MAP_FAILED);
-        std::ptr::copy_nonoverlapping(b"MAPPED".as_ptr(), shared.cast::<u8>().add(71 << 20), 6);
-        r.read_exact_at(&mut four, 71 << 20).unwrap();
-        assert_eq!(&four, b"MAPPED");
-        let ro = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            r.as_raw_fd(),
-            0,
-        );
-        assert_ne!(ro, libc::MAP_FAILED, "a streaming open can still be mapped");
-        let mapped = std::slice::from_raw_parts(ro.cast::<u8>(), len);
-        assert_eq!(&mapped[70 << 20..(70 << 20) + 6], b"WRITER");
-        assert_eq!(&mapped[71 << 20..(71 << 20) + 6], b"MAPPED");
-        assert_eq!(&mapped[..1 << 20], &data[..1 << 20]);
-        libc::munmap(ro, len);
-        libc::munmap(shared, len);
-    }
+    // The mappings are made and touched by a child process (`in_child`): the stores through
+    // a shared writable mapping, then this process's streaming read, then a read-only
+    // mapping of a streaming open.
+    let head = m.dir.path().join("head-through-mapping");
+    let seen = in_child(
+        r#"
+import mmap, os, sys
+path, length, head = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+w = os.open(path, os.O_RDWR)
+shared = mmap.mmap(w, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+shared[71 << 20:(71 << 20) + 6] = b"MAPPED"
+r = os.open(path, os.O_RDONLY)
+assert os.pread(r, 6, 71 << 20) == b"MAPPED", "a streaming read missed the mapping's store"
+ro = mmap.mmap(r, length, mmap.MAP_SHARED, mmap.PROT_READ)
+with open(head, "wb") as f:
+    f.write(ro[:1 << 20])
+print(ro[70 << 20:(70 << 20) + 6].decode(), ro[71 << 20:(71 << 20) + 6].decode())
+ro.close()
+shared.close()
+"#,
+        &[p.as_os_str(), len.to_string().as_ref(), head.as_os_str()],
+    );
+    assert_eq!(seen.trim(), "WRITER MAPPED", "a streaming open can still be mapped");
+    assert!(fs::read(&head).unwrap()[..] == data[..1 << 20], "mapped bytes differ");
+    r.read_exact_at(&mut four, 71 << 20).unwrap();
+    assert_eq!(&four, b"MAPPED");
     drop(w);
     drop(r);
     let mut expect = data;
@@ -462,24 +458,28 @@ fn a_reader_sees_each_write_through_another_descriptor_at_once() {
     }
     r.read_exact_at(&mut got, 0).unwrap();
     assert!(got == expect, "the reader saw a stale copy at the end");
-    // A shared writable mapping of the writer's descriptor sees and makes the same bytes.
-    unsafe {
-        use std::os::unix::io::AsRawFd;
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            expect.len(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            w.as_raw_fd(),
-            0,
-        );
-        assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        let mapped = std::slice::from_raw_parts_mut(map.cast::<u8>(), expect.len());
-        assert!(mapped[..] == expect[..], "the mapping differs");
-        mapped[1000..1006].copy_from_slice(b"MAPPED");
-        assert_eq!(libc::msync(map, expect.len(), libc::MS_SYNC), 0);
-        libc::munmap(map, expect.len());
-    }
+    // A shared writable mapping of a writable open sees and makes the same bytes (made and
+    // touched by a child process: `in_child`).
+    let seen_file = m.dir.path().join("seen-through-mapping");
+    in_child(
+        r#"
+import mmap, os, sys
+path, length, seen = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+w = os.open(path, os.O_RDWR)
+m = mmap.mmap(w, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+with open(seen, "wb") as f:
+    f.write(m[:])
+m[1000:1006] = b"MAPPED"
+m.flush()
+m.close()
+"#,
+        &[
+            p.as_os_str(),
+            expect.len().to_string().as_ref(),
+            seen_file.as_os_str(),
+        ],
+    );
+    assert!(fs::read(&seen_file).unwrap() == expect, "the mapping differs");
     expect[1000..1006].copy_from_slice(b"MAPPED");
     r.read_exact_at(&mut got, 0).unwrap();
     assert!(got == expect, "the reader missed the mapping's store");
@@ -517,21 +517,18 @@ fn o_direct_fsync_mmap_fallocate() {
         .open(&q)
         .unwrap();
     f.set_len(1 << 20).unwrap();
-    unsafe {
-        use std::os::unix::io::AsRawFd;
-        let addr = libc::mmap(
-            std::ptr::null_mut(),
-            1 << 20,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(addr, libc::MAP_FAILED);
-        std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), addr.cast::<u8>().add(4096), 7);
-        assert_eq!(libc::msync(addr, 1 << 20, libc::MS_SYNC), 0);
-        libc::munmap(addr, 1 << 20);
-    }
+    // Mapped, stored and synced by a child process (`in_child`).
+    in_child(
+        r#"
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+m = mmap.mmap(fd, 1 << 20, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+m[4096:4103] = b"mapped!"
+m.flush()
+m.close()
+"#,
+        &[q.as_os_str()],
+    );
     f.sync_all().unwrap();
     drop(f);
     // fallocate, then punch a hole.
@@ -1316,6 +1313,36 @@ fn record_locks_flock_and_appends_between_processes() {
     holder.wait().unwrap();
     let free = Command::new("flock").args(["-n"]).arg(&p).arg("true").status().unwrap();
     assert!(free.success(), "the flock stayed after its holder closed the file");
+
+    // Open file description locks (F_OFD_SETLK) belong to the open file: they conflict
+    // with another open file's in the same process, stay while a duplicate of the
+    // descriptor is open, and go with the open file's last close (which the kernel reports
+    // after close(2) returns, so the last check waits a little for it).
+    let ofd_lock = |f: &File, typ: i32| -> i32 {
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(f);
+        rc_errno(unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) })
+    };
+    let a = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let b = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    assert_eq!(ofd_lock(&a, libc::F_WRLCK), 0);
+    assert_eq!(ofd_lock(&b, libc::F_WRLCK), libc::EAGAIN, "two open files' locks agreed");
+    let a_dup = a.try_clone().unwrap();
+    drop(a);
+    assert_eq!(ofd_lock(&b, libc::F_WRLCK), libc::EAGAIN, "the lock went with a duplicate");
+    drop(a_dup);
+    let freed = (0..200).any(|_| {
+        let granted = ofd_lock(&b, libc::F_WRLCK) == 0;
+        if !granted {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        granted
+    });
+    assert!(freed, "an open file's lock stayed after its last close");
+    assert_eq!(ofd_lock(&b, libc::F_UNLCK), 0);
+    drop(b);
 
     // O_APPEND writers in several processes: every line lands, whole.
     let log = m.path("appended");
