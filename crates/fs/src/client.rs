@@ -71,15 +71,19 @@ impl FileSystem {
                 MetanodeRequest::FenceWrites { owner, incarnation } => {
                     let reply = remote.fence(owner, incarnation);
                     let locks = self.held_locks.lock().of_client(self.lock_client);
+                    let open = self.open_here();
                     let reply = match reply {
-                        _ if locks.is_empty() => reply,
+                        _ if locks.is_empty() && open.is_empty() => reply,
                         MetanodeReply::Done => MetanodeReply::Handover {
                             updates: Vec::new(),
                             locks,
+                            open,
                         },
-                        MetanodeReply::Replay(updates) => {
-                            MetanodeReply::Handover { updates, locks }
-                        }
+                        MetanodeReply::Replay(updates) => MetanodeReply::Handover {
+                            updates,
+                            locks,
+                            open,
+                        },
                         failed => failed,
                     };
                     return encode(&reply);
@@ -361,8 +365,24 @@ impl FileSystem {
 
     pub fn open(&self, ino: Ino) -> FsResult<Attr> {
         let attr = self.namespace_of(ino).opened(ino)?;
+        self.count_open(ino);
         self.pmon.open();
         Ok(attr)
+    }
+
+    /// Counts an open of `ino` on a client-only mount (see `client_opens`).
+    fn count_open(&self, ino: Ino) {
+        if self.owner.is_none() {
+            *self.client_opens.lock().entry(ino).or_insert(0) += 1;
+        }
+    }
+
+    /// The inodes open on this client-only mount and how often, for a new owner's fence.
+    pub(crate) fn open_here(&self) -> Vec<(Ino, u32)> {
+        let opens = self.client_opens.lock();
+        let mut out: Vec<(Ino, u32)> = opens.iter().map(|(i, n)| (*i, *n)).collect();
+        out.sort_unstable();
+        out
     }
 
     /// Creates a regular file in `parent` and opens it, in one step (FUSE's create; see
@@ -384,6 +404,7 @@ impl FileSystem {
             open: true,
         };
         let attr = self.namespace_of(parent).make(parent, name, node)?;
+        self.count_open(attr.ino);
         self.pmon.open();
         Ok(attr)
     }
@@ -391,6 +412,15 @@ impl FileSystem {
     /// Drops one open handle; frees the inode if it was the last reference.
     pub fn release(&self, ino: Ino) -> FsResult<()> {
         self.pmon.close();
+        if self.owner.is_none() {
+            let mut opens = self.client_opens.lock();
+            if let Some(n) = opens.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    opens.remove(&ino);
+                }
+            }
+        }
         self.namespace_of(ino).closed(ino)
     }
 

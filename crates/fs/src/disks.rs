@@ -292,17 +292,16 @@ impl FileSystem {
             self.devices.truncate(first_index);
         };
         if desc.alloc_map.is_some() {
-            match crate::alloc_map::allocate_regions_for(&desc, &mut m.alloc, &added) {
-                Ok(regions) => desc
-                    .alloc_map
-                    .as_mut()
-                    .expect("checked")
-                    .regions
-                    .extend(regions),
+            let regions = match crate::alloc_map::allocate_regions_for(&desc, &mut m.alloc, &added)
+            {
+                Ok(regions) => regions,
                 Err(e) => {
-                    undo(&mut *m);
+                    undo(&mut m);
                     return Err(e);
                 }
+            };
+            if let Some(map) = desc.alloc_map.as_mut() {
+                map.regions.extend(regions);
             }
             let mut slots = self.owner().map_slots.lock();
             for &index in &added {

@@ -131,7 +131,7 @@ pub(crate) struct Owner {
 /// shards, the owner's state. A client-only mount ([`FileSystem::mount_client`]) has no
 /// owner: every metadata request goes to the node that owns them.
 pub struct FileSystem {
-    owner: Option<Owner>,
+    pub(crate) owner: Option<Owner>,
     /// The descriptor read when a client-only mount started (an owner keeps its own).
     client_desc: Option<FsDescriptor>,
     /// The disks' devices by disk index; grows when a disk is added (`disk add`).
@@ -168,6 +168,10 @@ pub struct FileSystem {
     pub(crate) data_token_locks: Vec<Mutex<()>>,
     /// The data tokens a client mount keeps until the owner takes them back.
     pub(crate) kept_data: crate::locks::KeptTokens,
+    /// On a client-only mount: how many times each inode is open here. The owner counts
+    /// them too, in memory; a new owner is handed them at its fence, so that a file
+    /// unlinked while open on this node outlives a takeover until its last close here.
+    pub(crate) client_opens: Mutex<HashMap<Ino, u32>>,
 }
 
 type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
@@ -185,6 +189,18 @@ impl FileSystem {
     /// shard's checkpoint, replays the recovery log, rebuilds the allocation map and reclaims
     /// inodes that were unlinked while open when the previous owner stopped.
     pub fn mount(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>) -> FsResult<Arc<FileSystem>> {
+        let fs = FileSystem::mount_keeping_orphans(disks)?;
+        fs.reclaim_orphans()?;
+        Ok(fs)
+    }
+
+    /// [`FileSystem::mount`] for an owner that other nodes mount as clients (a takeover,
+    /// or an owner mounting again under live clients): inodes unlinked while open stay
+    /// until the clients' fences have said which of them are open there (the dead owner's
+    /// open counts died with it); then [`FileSystem::reclaim_orphans`] frees the rest.
+    pub fn mount_keeping_orphans(
+        disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+    ) -> FsResult<Arc<FileSystem>> {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
         let mut desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
@@ -265,7 +281,6 @@ impl FileSystem {
             fs.route_metadata_through_wire();
             tracing::info!("metanode requests of this mount go through their wire encoding");
         }
-        fs.reclaim_orphans()?;
         let weak = Arc::downgrade(&fs);
         let stop = fs.stop.clone();
         let handle = std::thread::Builder::new()
@@ -331,13 +346,16 @@ impl FileSystem {
             shared: AtomicBool::new(false),
             data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             kept_data: crate::locks::KeptTokens::default(),
+            client_opens: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Frees inodes whose last link went away while they were open.
-    fn reclaim_orphans(&self) -> FsResult<()> {
+    /// Frees inodes whose last link went away while they were open and that no mount
+    /// has open now (after a takeover: none this owner was told of at a client's fence).
+    pub fn reclaim_orphans(&self) -> FsResult<()> {
         let mut m = self.owner().meta.lock();
-        let orphans: Vec<Ino> = m.state.orphans()?;
+        let mut orphans: Vec<Ino> = m.state.orphans()?;
+        orphans.retain(|ino| !m.open.contains_key(ino));
         for ino in &orphans {
             tracing::info!("reclaiming orphan inode {ino}");
             self.log(&mut m, vec![Change::FreeInode { ino: *ino }])?;

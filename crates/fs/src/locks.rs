@@ -32,6 +32,13 @@ pub const WAIT_POLL_MAX: Duration = Duration::from_millis(100);
 /// asks for more is refused with ENOLCK, as the kernel refuses past its own limits.
 pub const LOCKS_MAX: usize = 1 << 20;
 
+/// How long a waiter's wait-for edge lasts without being asked again: ten of its longest
+/// pauses between tries (see [`LockTable::wait_closes_cycle`]).
+const WAIT_EDGE_LIVE: Duration = Duration::from_secs(1);
+/// The longest chain of waiters deadlock detection follows (Linux follows 10); a longer
+/// cycle waits as the kernel's would, interruptible.
+const WAIT_CHAIN_MAX: usize = 16;
+
 /// The end of a lock that runs to the end of the file however far it grows (the kernel's
 /// `OFFSET_MAX`).
 pub const TO_END: u64 = i64::MAX as u64;
@@ -96,6 +103,10 @@ pub struct LockCall {
     pub lock: Lock,
     /// Only ask which lock would conflict (`F_GETLK`); change nothing.
     pub test: bool,
+    /// The caller waits for the lock (`F_SETLKW`), asking again while it is refused: the
+    /// owner records whom it waits for and refuses with EDEADLK a wait that would close a
+    /// cycle of waiters.
+    pub wait: bool,
 }
 
 /// The locks of every file of one owner, with the node each client mount runs on (for
@@ -112,6 +123,12 @@ pub struct LockTable {
     /// When a kept data token of each file was last taken back: written from several nodes,
     /// it is not kept again for [`DATA_HOT_WINDOW`].
     data_revoked: HashMap<Ino, std::time::Instant>,
+    /// Whom each waiting `fcntl` lock owner waits for (the holder of the lock that refused
+    /// its last `F_SETLKW` try) and when it last asked: the wait-for graph that deadlock
+    /// detection follows. A waiter asks again at least every [`WAIT_POLL_MAX`]; an edge not
+    /// renewed within [`WAIT_EDGE_LIVE`] is gone (granted, interrupted, or its process or
+    /// node died).
+    waits_for: HashMap<Holder, (Holder, std::time::Instant)>,
 }
 
 /// The node (and its incarnation) a lock request came from.
@@ -160,6 +177,7 @@ impl LockTable {
             return Err(Refused::TooMany);
         }
         self.origins.insert(want.holder.client, origin);
+        self.waits_for.remove(&want.holder);
         let locks = self.files.entry(ino).or_default();
         let before = locks.len();
         let mut kept = Vec::with_capacity(locks.len() + 2);
@@ -209,6 +227,7 @@ impl LockTable {
     /// Drops every lock of `holder` on `ino` (a close for `fcntl` locks, the last close of
     /// an open file for `flock`).
     pub fn drop_holder(&mut self, ino: Ino, holder: Holder) {
+        self.waits_for.remove(&holder);
         let Some(locks) = self.files.get_mut(&ino) else {
             return;
         };
@@ -238,6 +257,8 @@ impl LockTable {
             dropped += before - locks.len();
             !locks.is_empty()
         });
+        self.waits_for
+            .retain(|w, (h, _)| !gone.contains(&w.client) && !gone.contains(&h.client));
         for c in gone {
             self.origins.remove(&c);
         }
@@ -283,6 +304,35 @@ impl LockTable {
     /// The locks on `ino`, for tests and diagnostics.
     pub fn locks_of(&self, ino: Ino) -> Vec<Lock> {
         self.files.get(&ino).cloned().unwrap_or_default()
+    }
+
+    /// Records that `waiter` waits for `holder` (its `F_SETLKW` was refused by a lock of
+    /// `holder`), unless that would close a cycle of waiters: `holder`, through a chain of
+    /// live waits, waits for `waiter` already. Then nothing is recorded and the answer is
+    /// true: the waiter gets EDEADLK, as `fcntl` gives on one node, instead of every
+    /// process of the cycle waiting for ever. Waiters and holders are lock owners of any
+    /// node, so cycles across nodes are found as on one.
+    pub fn wait_closes_cycle(&mut self, waiter: Holder, holder: Holder) -> bool {
+        let now = std::time::Instant::now();
+        let live = |at: &std::time::Instant| now.duration_since(*at) < WAIT_EDGE_LIVE;
+        if self.waits_for.len() >= LOCKS_MAX {
+            self.waits_for.retain(|_, (_, at)| live(at));
+        }
+        let mut at = holder;
+        for _ in 0..WAIT_CHAIN_MAX {
+            if at == waiter {
+                return true;
+            }
+            match self.waits_for.get(&at) {
+                Some((next, since)) if live(since) => at = *next,
+                _ => break,
+            }
+        }
+        if at == waiter {
+            return true;
+        }
+        self.waits_for.insert(waiter, (holder, now));
+        false
     }
 
     /// Whether a node may keep the data token of `ino` now: none is being taken back, and
@@ -515,6 +565,7 @@ impl DataToken<'_> {
         let call = LockCall {
             lock: unlock,
             test: false,
+            wait: false,
         };
         let r =
             crate::metanode::Namespace::lock(self.fs.namespace_of(self.ino), self.ino, call, None);
@@ -603,6 +654,7 @@ impl crate::fs::FileSystem {
         let call = LockCall {
             lock: want,
             test: true,
+            wait: false,
         };
         crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None)
     }
@@ -631,6 +683,7 @@ impl crate::fs::FileSystem {
             let call = LockCall {
                 lock: want,
                 test: false,
+                wait: cancelled.is_some(),
             };
             let conflict =
                 crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None)?;
@@ -682,6 +735,7 @@ impl crate::fs::FileSystem {
         let call = LockCall {
             lock: all,
             test: false,
+            wait: false,
         };
         let result = crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None);
         self.held_locks.lock().drop_holder(ino, holder);
@@ -782,6 +836,7 @@ impl crate::fs::FileSystem {
                 let call = LockCall {
                     lock: whole,
                     test: false,
+                    wait: false,
                 };
                 let refused =
                     crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None)?;
@@ -846,6 +901,7 @@ impl crate::fs::FileSystem {
         let call = LockCall {
             lock: unlock,
             test: false,
+            wait: false,
         };
         self.held_locks.lock().drop_holder(ino, whole.holder);
         if let Err(e) = crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None) {
@@ -920,6 +976,35 @@ mod tests {
             kind,
             pid: 7,
         }
+    }
+
+    #[test]
+    fn a_wait_that_closes_a_cycle_of_waiters_is_a_deadlock() {
+        let mut t = LockTable::default();
+        let (a, b, c, d) = (h(1, 1), h(2, 1), h(3, 9), h(1, 2));
+        // a waits for b, b for c: no cycle yet; c waiting for a closes one.
+        assert!(!t.wait_closes_cycle(a, b));
+        assert!(!t.wait_closes_cycle(b, c));
+        assert!(t.wait_closes_cycle(c, a), "c -> a -> b -> c");
+        // Nothing was recorded for the refused waiter; another owner of a's node is
+        // someone else.
+        assert!(!t.wait_closes_cycle(d, c));
+        // A grant ends a wait: once b holds a lock, a chain through b is broken.
+        t.set(5, lock(b, 0, 9, LockKind::Write), None).unwrap();
+        assert!(
+            !t.wait_closes_cycle(c, a),
+            "a -> b ends at b, who waits no more"
+        );
+        // Waiting for oneself (two locks of one owner never conflict, but a stale edge
+        // could say so) and a dropped holder.
+        assert!(t.wait_closes_cycle(a, a));
+        t.drop_holder(5, c);
+        assert!(!t.wait_closes_cycle(b, c));
+        // Edges that are not renewed die.
+        let mut t = LockTable::default();
+        assert!(!t.wait_closes_cycle(a, b));
+        t.waits_for.get_mut(&a).unwrap().1 -= WAIT_EDGE_LIVE;
+        assert!(!t.wait_closes_cycle(b, a), "a's wait is stale");
     }
 
     #[test]

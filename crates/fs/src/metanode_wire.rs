@@ -323,12 +323,15 @@ pub enum MetanodeReply {
     Replay(Vec<(Ino, FileUpdate)>),
     /// The lock that keeps a [`MetanodeRequest::Lock`] from being granted, if any.
     Lock(Option<Lock>),
-    /// A fenced client's answer when it holds locks: its unsynced updates (as in
-    /// `Replay`) and every lock the old owner granted its processes, which the new owner
-    /// holds for them from then on.
+    /// A fenced client's answer when it holds locks or has files open: its unsynced
+    /// updates (as in `Replay`), every lock the old owner granted its processes, which the
+    /// new owner holds for them from then on, and how often each inode is open there
+    /// (the new owner counts them, so an inode unlinked while open stays until its last
+    /// close on that node).
     Handover {
         updates: Vec<(Ino, FileUpdate)>,
         locks: Vec<(Ino, Lock)>,
+        open: Vec<(Ino, u32)>,
     },
     /// A view the client may keep until the owner sends [`MetanodeRequest::DropHeld`].
     HeldView(FileView),
@@ -1709,6 +1712,7 @@ mod tests {
                         pid: 4321,
                     },
                     test: false,
+                    wait: true,
                 },
             },
             MetanodeRequest::DropHeld { inos: vec![5, 9] },

@@ -712,6 +712,19 @@ impl Namespace for FileSystem {
             let gone = |o: Origin| self.holder_gone.get().is_some_and(|f| f(o));
             let holder_gone = table.origin(conflict.holder.client).is_some_and(gone);
             if swept || !holder_gone {
+                if call.wait
+                    && call.lock.holder.class == LockClass::Posix
+                    && table.wait_closes_cycle(call.lock.holder, conflict.holder)
+                {
+                    return Err(FsError::Remote {
+                        errno: libc::EDEADLK,
+                        message: format!(
+                            "waiting for the lock of bytes {}..={} of inode {ino} would \
+                             deadlock: its holder waits for a lock this lock owner holds",
+                            call.lock.start, call.lock.end
+                        ),
+                    });
+                }
                 if waits
                     && !owner
                         .lock_released

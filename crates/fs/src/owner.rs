@@ -244,8 +244,17 @@ impl FileSystem {
         let updates = match decode::<MetanodeReply>(reply, "fence answer")? {
             MetanodeReply::Done => return Ok(0),
             MetanodeReply::Replay(updates) => updates,
-            MetanodeReply::Handover { updates, locks } => {
+            MetanodeReply::Handover {
+                updates,
+                locks,
+                open,
+            } => {
                 self.hold_handed_over_locks(locks, origin);
+                let mut m = self.owner().meta.lock();
+                for (ino, count) in open {
+                    *m.open.entry(ino).or_insert(0) += count;
+                }
+                drop(m);
                 updates
             }
             MetanodeReply::Failed(e) => return Err(e.into()),

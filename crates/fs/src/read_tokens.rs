@@ -151,9 +151,31 @@ impl Drop for MetaGuard<'_> {
         let Some(revoke) = self.holders.revoke.get() else {
             return;
         };
+        // Each revocation waits for its node's answer (bounded: `Daemon::revoke`); several
+        // nodes are asked at once, so a change that many nodes hold waits for the slowest
+        // of them, not for their sum.
+        let mut by_node: Vec<(Origin, Vec<Ino>)> = Vec::new();
         for (node, inos) in pending {
-            revoke(node, inos);
+            match by_node.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, all)) => all.extend(inos),
+                None => by_node.push((node, inos)),
+            }
         }
+        if by_node.len() == 1 {
+            for (node, mut inos) in by_node {
+                inos.sort_unstable();
+                inos.dedup();
+                revoke(node, inos);
+            }
+            return;
+        }
+        std::thread::scope(|scope| {
+            for (node, mut inos) in by_node {
+                inos.sort_unstable();
+                inos.dedup();
+                scope.spawn(move || revoke(node, inos));
+            }
+        });
     }
 }
 

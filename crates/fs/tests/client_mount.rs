@@ -747,6 +747,90 @@ fn locks_and_appends_of_two_mounts_exclude_each_other() {
     owner.unmount().unwrap();
 }
 
+#[test]
+fn a_lock_wait_that_would_deadlock_across_two_mounts_gets_edeadlk() {
+    use tessera_fs::locks::{Lock, LockClass, LockKind};
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let owner = mount(&t);
+    let client = client_of(&t, &owner);
+    let caller = tessera_fs::Caller { uid: 0, gid: 0 };
+    let ino = owner
+        .create_node(
+            ROOT_INO,
+            b"crossed",
+            tessera_fs::FileKind::Regular,
+            0o644,
+            0,
+            caller,
+            None,
+        )
+        .unwrap()
+        .ino;
+    let lock = |fs: &FileSystem, start, end, kind| Lock {
+        holder: fs.lock_holder(1, LockClass::Posix),
+        start,
+        end,
+        kind,
+        pid: 1,
+    };
+    let never: &dyn Fn() -> bool = &|| false;
+    // A process on each node holds one range, then the client's waits for the owner's.
+    client
+        .lock_set(ino, lock(&client, 0, 9, LockKind::Write), None)
+        .unwrap();
+    owner
+        .lock_set(ino, lock(&owner, 20, 29, LockKind::Write), None)
+        .unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let never: &dyn Fn() -> bool = &|| false;
+            client.lock_set(ino, lock(&client, 20, 29, LockKind::Write), Some(never))
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !waiter.is_finished(),
+        "the client's wait ended while the owner holds the range"
+    );
+    // The owner's process waiting for the client's range would close the cycle.
+    match owner.lock_set(ino, lock(&owner, 0, 9, LockKind::Write), Some(never)) {
+        Err(e) => assert_eq!(e.errno(), libc::EDEADLK, "{e}"),
+        Ok(()) => panic!("a wait that closes a cycle was granted"),
+    }
+    // The owner's process gives up its range: the client's wait is granted.
+    owner
+        .lock_set(
+            ino,
+            lock(&owner, 0, tessera_fs::locks::TO_END, LockKind::Unlock),
+            None,
+        )
+        .unwrap();
+    waiter
+        .join()
+        .unwrap()
+        .expect("the client's wait is granted");
+    // A wait that closes no cycle still waits and is granted.
+    let waiter = {
+        let owner = owner.clone();
+        std::thread::spawn(move || {
+            let never: &dyn Fn() -> bool = &|| false;
+            owner.lock_set(ino, lock(&owner, 5, 5, LockKind::Read), Some(never))
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!waiter.is_finished());
+    client
+        .lock_set(
+            ino,
+            lock(&client, 0, tessera_fs::locks::TO_END, LockKind::Unlock),
+            None,
+        )
+        .unwrap();
+    waiter.join().unwrap().expect("a plain wait is granted");
+}
+
 /// The owner dies while a client's process holds a lock: the client hands its locks to
 /// the node that takes over, at its fence, so the new owner refuses a conflicting lock
 /// (two processes are never let into one locked range by a takeover), and the client's
@@ -786,6 +870,48 @@ fn a_clients_locks_outlive_the_owners_death_through_its_fence() {
         .unwrap();
     client.unmount().unwrap();
     second.unmount().unwrap();
+}
+
+/// A file a client has open and unlinks outlives the owner's death: the new owner keeps
+/// it until the client's fence has said it is open there, and frees it at the client's
+/// last close. (A new owner that freed every inode unlinked while open, as a one-node
+/// mount does, left the client reading a file that was gone.)
+#[test]
+fn a_file_unlinked_while_open_on_a_client_outlives_a_takeover() {
+    let t = make_disks(4, 64 << 20);
+    let (first, faults, way, client) = owner_and_following_client(&t);
+    let a = create_file(&client, ROOT_INO, b"doomed");
+    let data = pattern(300_000, 3);
+    client.write(a.ino, 0, &data, false).unwrap();
+    client.open(a.ino).unwrap();
+    client.remove(ROOT_INO, b"doomed", false).unwrap();
+    // Another file unlinked while open on the owner only: it goes with the owner.
+    let b = create_file(&first, ROOT_INO, b"owners");
+    first.open(b.ino).unwrap();
+    first.remove(ROOT_INO, b"owners", false).unwrap();
+    client.sync().unwrap();
+    first.sync().unwrap();
+    crash(first, &faults);
+    let (disks, _faults) = with_faults(&t);
+    let second = FileSystem::mount_keeping_orphans(disks).unwrap();
+    fence_over(&client, &way, &second);
+    second.reclaim_orphans().unwrap();
+    assert!(
+        matches!(second.getattr(b.ino), Err(FsError::NotFound)),
+        "an inode unlinked while open on the dead owner alone stayed"
+    );
+    assert_eq!(second.getattr(a.ino).unwrap().nlink, 0);
+    let back = client.read(a.ino, 0, data.len() as u32).unwrap();
+    assert!(back == data, "the open file changed across the takeover");
+    client.write(a.ino, 7, b"still writable", false).unwrap();
+    client.release(a.ino).unwrap();
+    assert!(
+        matches!(second.getattr(a.ino), Err(FsError::NotFound)),
+        "the file stayed after its last close"
+    );
+    client.unmount().unwrap();
+    second.unmount().unwrap();
+    assert_fsck_clean(&t, "after the takeover and the last close");
 }
 
 /// IOR's shared-file pattern from two mounts at once (the owner's and a client's, two

@@ -214,14 +214,12 @@ pub fn used(fs: &FileSystem) -> Vec<u64> {
         .collect()
 }
 
+/// A file system's drives, by NSD id, as `FileSystem::mount` takes them.
+pub type Disks = Vec<(NsdId, Arc<dyn BlockDevice>)>;
+
 /// The drives of `t` behind one set of injectable faults (see `tessera_testkit::SimDrive`):
 /// a crash test mounts them, sets `writes_until_failure` and then calls [`crash`].
-pub fn with_faults(
-    t: &TestDisks,
-) -> (
-    Vec<(NsdId, Arc<dyn BlockDevice>)>,
-    Arc<tessera_testkit::Faults>,
-) {
+pub fn with_faults(t: &TestDisks) -> (Disks, Arc<tessera_testkit::Faults>) {
     let faults = Arc::new(tessera_testkit::Faults::default());
     let sim = t
         .reopen()

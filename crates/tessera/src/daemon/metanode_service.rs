@@ -456,6 +456,11 @@ impl Daemon {
             record.clients.len(),
             started.elapsed()
         );
+        // Now every client has said which inodes it has open: those unlinked while open
+        // and open nowhere go.
+        if let Err(e) = owner.reclaim_orphans() {
+            tracing::error!("{}: freeing inodes unlinked while open: {e}", record.name);
+        }
     }
 
     /// How the owner of file system `fs` on this node takes back what a client node holds:

@@ -26,6 +26,9 @@ const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 use crate::rpc::{IoHistoryEntry, MountedNode, PmonEntry, Reply};
 
+/// The NSDs of a file system this node opened, by id.
+type OpenedDisks = Vec<(NsdId, Arc<dyn BlockDevice>)>;
+
 /// The opened device of each NSD of a file system, `None` where it cannot be opened.
 pub type FsDevices = Vec<Option<(NsdId, Arc<dyn BlockDevice>)>>;
 
@@ -114,8 +117,14 @@ impl Daemon {
     pub(super) fn open_core(&self, record: &FsRecord) -> Result<(Arc<FileSystem>, NsdStats)> {
         let nsds = self.nsds()?;
         let (available, nsd_stats) = self.open_disks(record, &nsds)?;
-        let fs = FileSystem::mount(available)
-            .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
+        // Under live clients, inodes unlinked while open wait for their fences (which say
+        // what is open there) before they are freed: `Daemon::fence_clients`.
+        let fs = if record.clients.is_empty() {
+            FileSystem::mount(available)
+        } else {
+            FileSystem::mount_keeping_orphans(available)
+        }
+        .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
         // GPFS's cache parameters, as this node's configuration has them.
         let params = self.member.state().params;
         let me = Some(self.member.me());
@@ -138,11 +147,7 @@ impl Daemon {
     }
 
     /// Opens the NSDs of `record` that this node can reach, each counted for the metrics.
-    fn open_disks(
-        &self,
-        record: &FsRecord,
-        nsds: &NsdRegistry,
-    ) -> Result<(Vec<(NsdId, Arc<dyn BlockDevice>)>, NsdStats)> {
+    fn open_disks(&self, record: &FsRecord, nsds: &NsdRegistry) -> Result<(OpenedDisks, NsdStats)> {
         let (devices, _) = self.open_fs_devices(record, nsds);
         let mut nsd_stats = NsdStats::new();
         let available: Vec<_> = devices
