@@ -482,7 +482,10 @@ impl DaCore {
                     last_probe: now,
                     failed_probes: 0,
                 });
-                drop(unreachable);
+                // Suspended under the same guard: the worker's probe reads the state under
+                // it too, and took a pdisk marked unreachable but not yet suspended for one
+                // an administrator had resumed (it forgot the mark, and the next failed
+                // flush declared the pdisk dead instead of waiting for its enclosure).
                 self.set_pdisk_state(
                     pd,
                     PdiskState::Suspended,
@@ -492,6 +495,7 @@ impl DaCore {
                         crate::worker::PROBE_INTERVAL.as_secs()
                     ),
                 );
+                drop(unreachable);
                 return false;
             }
         }

@@ -229,14 +229,17 @@ fn probe_unreachable(core: &DaCore) -> Result<bool, VdiskError> {
     let pdisks = core.pdisks.read().clone();
     let mut changed = false;
     for pd in &pdisks {
-        let Some(u) = *pd.unreachable.lock() else {
+        let mut mark = pd.unreachable.lock();
+        let Some(u) = *mark else {
             continue;
         };
+        // Read under the mark's guard: the mark and the suspension are made under it.
         if pd.state() != PdiskState::Suspended {
             // An administrator took over (resume, fail, replace).
-            *pd.unreachable.lock() = None;
+            *mark = None;
             continue;
         }
+        drop(mark);
         if u.last_probe.elapsed() < PROBE_INTERVAL {
             continue;
         }
