@@ -1053,6 +1053,7 @@ impl FileSystem {
         self.prefetch.stop();
         self.sync()?;
         if self.owner.is_none() {
+            self.give_back_all_kept();
             return Ok(());
         }
         self.checkpoint()

@@ -892,6 +892,25 @@ impl crate::fs::FileSystem {
         }
     }
 
+    /// Gives back every kept data token (a client mount's unmount): otherwise the owner
+    /// would take each back from this node with a revocation the next time another node
+    /// writes the file, long after this mount has gone.
+    pub(crate) fn give_back_all_kept(&self) {
+        let whole = Lock {
+            holder: self.lock_holder(KEPT_DATA_OWNER, LockClass::Data),
+            start: 0,
+            end: TO_END,
+            kind: LockKind::Write,
+            pid: 0,
+        };
+        let tokens: Vec<(Ino, Arc<KeptToken>)> =
+            self.kept_data.inner.lock().tokens.drain().collect();
+        for (ino, token) in tokens {
+            token.revoke_and_drain();
+            self.give_back_evicted(ino, whole);
+        }
+    }
+
     /// Gives back at the owner the kept token of `ino`, taken out of the table unused.
     fn give_back_evicted(&self, ino: Ino, whole: Lock) {
         let unlock = Lock {

@@ -1564,6 +1564,37 @@ fn a_client_knows_every_name_of_a_directory_it_made() {
 }
 
 #[test]
+fn a_client_gives_back_its_kept_data_tokens_when_it_unmounts() {
+    // Otherwise the owner would keep them recorded for a mount that is gone, and take each
+    // back with a revocation the next time another mount writes the file.
+    let (t, owner, client, _, _) = owner_and_client_as_node_two();
+    let inos: Vec<u64> = (0..5)
+        .map(|i| {
+            let ino = create_file(&client, ROOT_INO, format!("u{i}").as_bytes()).ino;
+            client.write(ino, 0, &[i as u8; 5000], false).unwrap();
+            ino
+        })
+        .collect();
+    assert_eq!(owner.kept_data_tokens_granted(), 5);
+    client.unmount().unwrap();
+    assert_eq!(client.kept_data_tokens(), 0);
+    assert_eq!(
+        owner.kept_data_tokens_granted(),
+        0,
+        "kept tokens outlived the mount"
+    );
+    // The owner's writes meet no kept token (only the views the client read, which an
+    // unmounted node's daemon answers at once).
+    for ino in &inos {
+        owner.write(*ino, 10, b"after", false).unwrap();
+    }
+    assert_eq!(owner.kept_data_tokens_granted(), 0);
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a client unmounted with kept tokens");
+}
+
+#[test]
 fn a_client_that_wrote_more_files_than_it_keeps_tokens_for_gives_some_back() {
     // At most 4,096 kept data tokens per mount: past that, each new file's token replaces
     // one no write is using, given back to the owner, so a long-running writer of many

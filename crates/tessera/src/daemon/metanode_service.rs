@@ -81,7 +81,8 @@ impl FileSystemService for MountedFileSystems {
                  owns its metadata: send metanode requests there",
                 daemon.cluster.node_name
             )),
-            // Nothing mounted here, so no write of this node's to fence.
+            // Nothing mounted here, so no write of this node's to fence, and nothing held
+            // to give back (`is_fence` counts revocations too).
             None if Fence::is_fence(&request) => Ok(Fence::done()),
             None => Err(format!(
                 "file system {fs} is not mounted on node {}; its metanode is the node that \
