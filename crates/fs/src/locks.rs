@@ -806,13 +806,7 @@ impl crate::fs::FileSystem {
         if self.is_owner() {
             return Ok(None);
         }
-        let whole = Lock {
-            holder: self.lock_holder(KEPT_DATA_OWNER, LockClass::Data),
-            start: 0,
-            end: TO_END,
-            kind: LockKind::Write,
-            pid: 0,
-        };
+        let whole = self.kept_whole();
         let (existing, evicted) = {
             let mut inner = self.kept_data.inner.lock();
             match inner.tokens.get(&ino) {
@@ -892,17 +886,22 @@ impl crate::fs::FileSystem {
         }
     }
 
-    /// Gives back every kept data token (a client mount's unmount): otherwise the owner
-    /// would take each back from this node with a revocation the next time another node
-    /// writes the file, long after this mount has gone.
-    pub(crate) fn give_back_all_kept(&self) {
-        let whole = Lock {
+    /// The whole-file data token a client mount keeps: its lock at the owner.
+    fn kept_whole(&self) -> Lock {
+        Lock {
             holder: self.lock_holder(KEPT_DATA_OWNER, LockClass::Data),
             start: 0,
             end: TO_END,
             kind: LockKind::Write,
             pid: 0,
-        };
+        }
+    }
+
+    /// Gives back every kept data token (a client mount's unmount): otherwise the owner
+    /// would take each back from this node with a revocation the next time another node
+    /// writes the file, long after this mount has gone.
+    pub(crate) fn give_back_all_kept(&self) {
+        let whole = self.kept_whole();
         let tokens: Vec<(Ino, Arc<KeptToken>)> =
             self.kept_data.inner.lock().tokens.drain().collect();
         for (ino, token) in tokens {

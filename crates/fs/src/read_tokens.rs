@@ -161,18 +161,16 @@ impl Drop for MetaGuard<'_> {
                 None => by_node.push((node, inos)),
             }
         }
-        if by_node.len() == 1 {
-            for (node, mut inos) in by_node {
-                inos.sort_unstable();
-                inos.dedup();
-                revoke(node, inos);
-            }
+        for (_, inos) in &mut by_node {
+            inos.sort_unstable();
+            inos.dedup();
+        }
+        if let [(node, inos)] = &mut by_node[..] {
+            revoke(*node, std::mem::take(inos));
             return;
         }
         std::thread::scope(|scope| {
-            for (node, mut inos) in by_node {
-                inos.sort_unstable();
-                inos.dedup();
+            for (node, inos) in by_node {
                 scope.spawn(move || revoke(node, inos));
             }
         });

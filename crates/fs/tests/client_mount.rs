@@ -754,19 +754,7 @@ fn a_lock_wait_that_would_deadlock_across_two_mounts_gets_edeadlk() {
     format_fs(&t, &small_opts());
     let owner = mount(&t);
     let client = client_of(&t, &owner);
-    let caller = tessera_fs::Caller { uid: 0, gid: 0 };
-    let ino = owner
-        .create_node(
-            ROOT_INO,
-            b"crossed",
-            tessera_fs::FileKind::Regular,
-            0o644,
-            0,
-            caller,
-            None,
-        )
-        .unwrap()
-        .ino;
+    let ino = create_file(&owner, ROOT_INO, b"crossed").ino;
     let lock = |fs: &FileSystem, start, end, kind| Lock {
         holder: fs.lock_holder(1, LockClass::Posix),
         start,
