@@ -85,7 +85,44 @@ pub const PARAMS: &[ParamSpec] = &[
                network), or `no`; read-only; takes effect at the next startup",
         check: check_listen_address,
     },
+    ParamSpec {
+        name: "useNSDserver",
+        default: "asneeded",
+        scope: Scope::Node,
+        help: "how this node reaches an NSD that has NSD servers (`servers=` in its \
+               stanza): `always` through the servers, `never` only directly (a disk the \
+               node cannot open is missing), `asfound` directly when the node can open the \
+               disk at mount, else through the servers, `asneeded` the same and, when the \
+               direct path fails under a mounted file system, through the servers from \
+               then on; also a mount option (`mount -o useNSDserver=...`); takes effect \
+               at the next mount",
+        check: check_use_nsd_server,
+    },
+    ParamSpec {
+        name: "nsdServerPort",
+        default: "1192",
+        scope: Scope::Node,
+        help: "TCP port on which an NSD server serves its NSDs (NVMe/TCP, one subsystem \
+               per NSD) at its node address; other nodes read it from the configuration; \
+               takes effect at the server's next startup",
+        check: |v| check_count(v, 1, 65535),
+    },
 ];
+
+/// The values of `useNSDserver`, as GPFS spells them.
+pub const USE_NSD_SERVER: [&str; 4] = ["always", "asfound", "asneeded", "never"];
+
+fn check_use_nsd_server(value: &str) -> Result<String, String> {
+    let v = value.trim().to_ascii_lowercase();
+    if USE_NSD_SERVER.contains(&v.as_str()) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "`{value}` is not one of {}",
+            USE_NSD_SERVER.join(", ")
+        ))
+    }
+}
 
 /// `no`, or an IP address and a port (a name would resolve differently on each node).
 fn check_listen_address(value: &str) -> Result<String, String> {
@@ -404,6 +441,17 @@ mod tests {
     fn cluster_wide_parameters_refuse_dash_n() {
         let e = parse_changes("failureDetectionTime=10", true).unwrap_err();
         assert!(e.contains("without -N"), "{e}");
+    }
+
+    #[test]
+    fn use_nsd_server_takes_gpfs_words_only() {
+        let c = parse_changes("useNSDserver=Always", true).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("always"));
+        let e = parse_changes("useNSDserver=sometimes", true).unwrap_err();
+        assert!(e.contains("always, asfound, asneeded, never"), "{e}");
+        assert_eq!(Params::default().get("useNSDserver", Some(2)), "asneeded");
+        let e = parse_changes("nsdServerPort=0", false).unwrap_err();
+        assert!(e.contains("nsdServerPort"), "{e}");
     }
 
     #[test]

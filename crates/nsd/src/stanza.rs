@@ -648,20 +648,7 @@ fn nsd_from_stanza(s: &Stanza) -> Result<NsdStanza, StanzaError> {
     let failure_group = field(s, "failureGroup", parse_failure_group)?;
     let pool = field(s, "pool", |v| parse_name(v, "pool name"))?;
     let thin_disk_type = field(s, "thinDiskType", |v| Ok(v.parse::<ThinDiskType>()?))?;
-    field(s, "servers", parse_servers)?;
-    if let Some(a) = s.get("servers") {
-        // Until NSD servers exist, a stored server list would be silently ignored and the
-        // NSD reached locally, which is not what the stanza asks for.
-        return Err(StanzaError::InvalidValue {
-            line: a.line,
-            key: a.key.clone(),
-            value: a.value.clone(),
-            problem: "NSD servers are not implemented yet".into(),
-            accepted: "every node must reach the device directly; remove servers= from \
-                       the stanza"
-                .into(),
-        });
-    }
+    let servers = field(s, "servers", parse_servers)?;
     Ok(NsdStanza {
         device,
         nsd,
@@ -669,7 +656,7 @@ fn nsd_from_stanza(s: &Stanza) -> Result<NsdStanza, StanzaError> {
         failure_group: failure_group.unwrap_or(-1),
         pool: pool.unwrap_or_else(|| "system".to_string()),
         thin_disk_type: thin_disk_type.unwrap_or(ThinDiskType::No),
-        servers: Vec::new(),
+        servers: servers.unwrap_or_default(),
         line: s.line,
     })
 }

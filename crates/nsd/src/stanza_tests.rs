@@ -224,12 +224,17 @@ fn error_bad_thin_disk_type() {
 }
 
 #[test]
-fn servers_are_refused_until_nsd_servers_exist() {
-    let err = nsd_err("%nsd: device=sdb\n  servers=node1,node2");
+fn servers_are_kept_in_order_and_written_back() {
+    let nsds = parse_nsd_stanzas("%nsd: device=sdb\n  servers=node2,node1").unwrap();
     assert_eq!(
-        err.to_string(),
-        "line 2: servers=node1,node2: NSD servers are not implemented yet; every node must \
-         reach the device directly; remove servers= from the stanza"
+        nsds[0].servers,
+        vec!["node2".to_string(), "node1".to_string()]
+    );
+    let text = format_nsd_stanza(&nsds[0]);
+    assert!(text.contains("servers=node2,node1"), "{text}");
+    assert_eq!(
+        parse_nsd_stanzas(&text).unwrap()[0].servers,
+        nsds[0].servers
     );
 }
 

@@ -718,3 +718,91 @@ fn discovery_lists_the_subsystem_on_every_port() {
         assert!(ports.contains(&addr.port().to_string()), "{ports:?}");
     }
 }
+
+/// What an NSD server does with the drive server: subsystems exported and withdrawn while
+/// hosts are connected, and a host gate (the cluster's word on who is alive) that fences
+/// a host: its writes are refused with Reservation Conflict on the controllers it has,
+/// it cannot connect again, its reads still work, and other hosts are not touched.
+#[test]
+fn a_gated_host_is_fenced_and_subsystems_come_and_go_while_serving() {
+    use std::collections::HashSet;
+
+    let setup = start("optimized", None);
+    let refused: Arc<parking_lot::Mutex<HashSet<String>>> = Arc::default();
+    let gate_refused = Arc::clone(&refused);
+    setup.server().set_host_gate(Arc::new(move |nqn: &str| {
+        !gate_refused.lock().contains(nqn)
+    }));
+
+    // A second subsystem, added live, reachable on every port.
+    const SUB2: &str = "nqn.2024-01.io.tessera:added-live";
+    let file2 = setup._dir.path().join("drive2.img");
+    std::fs::File::create(&file2)
+        .unwrap()
+        .set_len(DRIVE_BYTES)
+        .unwrap();
+    let sub2 = TargetConfig::from_json_str(&format!(
+        r#"{{"ports": [], "subsystems": [{{"nqn": "{SUB2}", "attr": {{"allow_any_host": "1"}},
+            "namespaces": [{{"nsid": 1, "enable": 1, "device": {{"path": "{}"}}}}]}}]}}"#,
+        file2.display()
+    ))
+    .unwrap()
+    .subsystems
+    .remove(0);
+    let open = |p: &Path| -> std::io::Result<Arc<dyn BlockDevice>> {
+        Ok(Arc::new(tessera_drive::FileDrive::open_shared(p)?))
+    };
+    setup.server().add_subsystem(&sub2, &open).unwrap();
+    let again = setup.server().add_subsystem(&sub2, &open).unwrap_err();
+    assert!(again.to_string().contains("exported already"), "{again}");
+    assert!(setup.server().subsystem_nqns().contains(&SUB2.to_string()));
+
+    let a = Host::new(host_identity(0x21));
+    let b = Host::new(host_identity(0x22));
+    let ns_a = connect_all(&a, &setup, |_| {});
+    let ns_b = connect_all(&b, &setup, |_| {});
+    for addr in &setup.addrs {
+        b.connect(ConnectOptions {
+            subnqn: SUB2.into(),
+            ctrl_loss_tmo: Duration::from_secs(1),
+            ..opts(*addr)
+        })
+        .unwrap();
+    }
+    let ns_b2 = b
+        .namespace("nvme1n1")
+        .expect("the added subsystem's namespace");
+    let data = pattern(0, 3, 4096);
+    ns_a.write_at(&data, 0).unwrap();
+    ns_b2.write_at(&data, 8192).unwrap();
+    let mut back = AlignedBuf::zeroed(4096);
+    ns_b2.read_at(&mut back, 8192).unwrap();
+    assert_eq!(&back[..], &data[..]);
+
+    // The cluster gives up on host A.
+    refused.lock().insert(host_identity(0x21).nqn);
+    setup.server().refence();
+    let err = ns_a.write_at(&data, 4096).unwrap_err();
+    assert!(MultipathNamespace::is_reservation_conflict(&err), "{err}");
+    ns_a.read_at(&mut back, 0).unwrap();
+    assert_eq!(&back[..], &data[..], "a fenced host still reads");
+    ns_b.write_at(&data, 4096).unwrap();
+    let late = Host::new(host_identity(0x21));
+    assert!(
+        late.connect(opts(setup.addrs[0])).is_err(),
+        "a fenced host cannot connect again"
+    );
+
+    // Withdrawn: its controllers end, the host's I/O to it fails after ctrl_loss_tmo.
+    assert!(setup.server().remove_subsystem(SUB2));
+    assert!(!setup.server().remove_subsystem(SUB2));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ns_b2.write_at(&data, 0).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "writes to a withdrawn subsystem kept working"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ns_b.write_at(&data, 0).unwrap();
+}

@@ -628,9 +628,13 @@ pub enum NsdCommand {
     },
     /// List NSDs [mmlsnsd].
     Ls {
-        /// Show NSD volume ids and device paths.
-        #[arg(short = 'm', conflicts_with = "extended")]
+        /// Show NSD volume ids, and how this node reaches each NSD: its device, or the
+        /// NSD servers' paths.
+        #[arg(short = 'm', conflicts_with_all = ["extended", "all_nodes"])]
         mapping: bool,
+        /// Like -m, for every node of the cluster (asked through the remote shell).
+        #[arg(short = 'M', conflicts_with = "extended")]
+        all_nodes: bool,
         /// Like -m, with the device type.
         #[arg(short = 'X')]
         extended: bool,

@@ -113,9 +113,19 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         }) => nsd::create(home, &stanza_file, &verify),
         Command::Nsd(NsdCommand::Ls {
             mapping,
+            all_nodes,
             extended,
             machine,
-        }) => nsd::ls(home, mapping, extended, machine),
+        }) => {
+            let mapping = if all_nodes {
+                nsd::Mapping::Everywhere
+            } else if mapping {
+                nsd::Mapping::Local
+            } else {
+                nsd::Mapping::None
+            };
+            nsd::ls(home, mapping, extended, machine)
+        }
         Command::Nsd(NsdCommand::Delete { names }) => nsd::delete(home, &names),
         Command::Nsd(NsdCommand::Discover) => nsd::discover(home),
         Command::Nsd(NsdCommand::Change { name, device }) => nsd::change(home, &name, &device),

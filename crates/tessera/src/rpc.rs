@@ -200,6 +200,8 @@ pub enum Request {
         verify: bool,
     },
     NsdList,
+    /// `nsd ls -M`: how this node reaches each NSD now.
+    NsdAccess,
     NsdDelete {
         names: Vec<String>,
     },
@@ -403,6 +405,20 @@ pub struct NvmePathRow {
     pub retries: u64,
     pub latency_us_p50: u64,
     pub latency_us_p99: u64,
+}
+
+/// How one node reaches one NSD (`nsd ls -M`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NsdAccessRow {
+    pub nsd: String,
+    /// "directly attached", "server node" (this node serves it), "through servers" or
+    /// "not opened" (nothing on this node uses it now).
+    pub access: String,
+    /// The device this node opens, or the NSD servers' namespace.
+    pub device: String,
+    /// For an NSD reached through servers: each server's path, as (server, ANA state,
+    /// path state), in the list's order.
+    pub paths: Vec<(String, String, String)>,
 }
 
 /// One NSD as `nsd discover` found it.
@@ -620,6 +636,7 @@ pub enum Reply {
     NsdsCreated(Vec<String>),
     Nsds(Vec<NsdRecord>),
     NsdDiscovery(Vec<NsdDiscoverRow>),
+    NsdAccess(Vec<NsdAccessRow>),
     Fs(Box<FsShow>),
     Mounted {
         mount_point: String,

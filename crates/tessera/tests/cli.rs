@@ -445,23 +445,41 @@ fn fs_create_checks_everything_before_announcing() {
     );
 }
 
-/// Item 15: `servers=` is refused until NSD servers exist.
+/// `servers=` names nodes of the cluster: an unknown node is refused before anything is
+/// written; this node as the server is kept, shown, and this node serves the NSD (its own
+/// mounts use the device directly).
 #[test]
-fn nsd_servers_are_refused() {
+fn nsd_servers_must_be_nodes_of_the_cluster() {
     let node = Node::new().start();
     let d0 = node.drive("d0", DRIVE_BYTES);
     let p = node.path("servers.stanza");
+    std::fs::write(&p, format!("%nsd: device={} nsd=a servers=nodeX\n", s(&d0))).unwrap();
+    let err = node.fails(&["nsd", "create", "-F", s(&p)]);
+    assert!(err.contains("nodeX is not a node of this cluster"), "{err}");
+    assert_eq!(node.ok(&["nsd", "ls", "-Y"]).lines().count(), 1);
+    let name = node_name(&node);
     std::fs::write(
         &p,
-        format!("%nsd: device={} nsd=a servers=node1,node2\n", s(&d0)),
+        format!("%nsd: device={} nsd=a servers={name}\n", s(&d0)),
     )
     .unwrap();
-    let err = node.fails(&["nsd", "create", "-F", s(&p)]);
+    node.ok(&["nsd", "create", "-F", s(&p)]);
+    let ls = node.ok(&["nsd", "ls"]);
     assert!(
-        err.contains("servers=") && err.contains("NSD servers are not implemented yet"),
-        "{err}"
+        ls.contains(&name) && !ls.contains("(directly attached)"),
+        "{ls}"
     );
-    assert_eq!(node.ok(&["nsd", "ls", "-Y"]).lines().count(), 1);
+    let m = node.ok(&["nsd", "ls", "-m"]);
+    assert!(m.contains("server node"), "{m}");
+}
+
+/// This node's name, as `state` shows it.
+fn node_name(node: &Node) -> String {
+    let out = node.ok(&["state", "-Y"]);
+    out.lines()
+        .filter(|l| l.starts_with("state::0:"))
+        .find_map(|l| l.split(':').nth(7).map(str::to_string))
+        .expect("state -Y names this node")
 }
 
 /// Item 14: a user who may not use the daemon's socket is told so, not that the daemon is

@@ -8,118 +8,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::netns::{netns_usable, Cluster};
-
-/// Failure detection in 3 s: leases renew every 0.75 s, elections after 0.75-1.5 s.
-const TEST_TIMINGS: &str = "failureDetectionTime=3,leaseRecoveryWait=1";
-/// What the issue allows for a new cluster manager after a kill, with test timings.
-const NEW_MANAGER_WITHIN: Duration = Duration::from_secs(10);
-/// Generous bounds for the rest; the machine may be loaded.
-const SETTLE: Duration = Duration::from_secs(30);
-
-/// `nodes` nodes with test timings and one 256 MiB drive file each.
-fn up_with_drives(nodes: u32) -> Cluster {
-    let c = Cluster::new();
-    let nodes = nodes.to_string();
-    c.ok(&[
-        "up",
-        &nodes,
-        "--drives",
-        "1",
-        "--size",
-        "256M",
-        "--config",
-        TEST_TIMINGS,
-    ]);
-    c
-}
-
-/// Runs `tessera ARGS` in node `k`.
-fn tessera(c: &Cluster, k: u32, args: &[&str]) -> Output {
-    let k = k.to_string();
-    let mut all = vec!["run", k.as_str(), "--", "tessera"];
-    all.extend_from_slice(args);
-    c.sh(&all)
-}
-
-/// Runs `tessera ARGS` in node `k`, requires success, returns stdout.
-fn tessera_ok(c: &Cluster, k: u32, args: &[&str]) -> String {
-    let out = tessera(c, k, args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "node {k}: tessera {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-/// The data rows of `-Y` output for records starting with `prefix` (`state:`), each as
-/// column name -> value, read by the HEADER line's names.
-fn y_rows(text: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
-    let mut names: Vec<String> = Vec::new();
-    let mut rows = Vec::new();
-    for line in text.lines().filter(|l| l.starts_with(prefix)) {
-        let fields: Vec<&str> = line.split(':').collect();
-        if fields.get(2) == Some(&"HEADER") {
-            names = fields.iter().map(|f| f.to_string()).collect();
-            continue;
-        }
-        let row = names
-            .iter()
-            .zip(&fields)
-            .map(|(n, v)| (n.clone(), v.to_string()))
-            .collect();
-        rows.push(row);
-    }
-    rows
-}
-
-/// `tessera state -a -Y` as seen from node `k`: node name -> (state, epoch); empty when
-/// the command fails (node `k` is down).
-fn states(c: &Cluster, k: u32) -> BTreeMap<String, (String, String)> {
-    let out = tessera(c, k, &["state", "-a", "-Y"]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    y_rows(&text, "state:")
-        .into_iter()
-        .map(|r| {
-            let epoch = r.get("epoch").cloned().unwrap_or_default();
-            (r["nodeName"].clone(), (r["state"].clone(), epoch))
-        })
-        .collect()
-}
-
-/// The cluster manager's node number as node `k` knows it.
-fn manager(c: &Cluster, k: u32) -> Option<u32> {
-    let out = tessera(c, k, &["state", "-a", "-s", "-Y"]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    y_rows(&text, "state:summary:")
-        .first()
-        .and_then(|r| r.get("managerNumber"))
-        .and_then(|m| m.parse().ok())
-}
-
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    started.elapsed()
-}
-
-fn all_in_state(c: &Cluster, from: u32, nodes: &[u32], state: &str) -> bool {
-    let seen = states(c, from);
-    nodes.iter().all(|n| {
-        seen.get(&format!("node{n}"))
-            .is_some_and(|(s, _)| s == state)
-    })
-}
+use common::netns::{
+    all_in_state, manager, netns_usable, states, tessera, tessera_ok, up_with_drives, wait_for,
+    y_rows, Cluster, NEW_MANAGER_WITHIN, SETTLE, TEST_TIMINGS,
+};
 
 /// Kills the manager and waits for a new one that every live node follows; returns it.
 fn kill_manager_and_wait(c: &Cluster, nodes: &[u32]) -> (u32, u32, Duration) {

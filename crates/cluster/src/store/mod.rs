@@ -78,7 +78,7 @@ use serde::Serialize;
 pub use db::FORMAT_VERSION;
 pub use error::StoreError;
 pub use log::{LogStore, LOG_READ_ENTRIES_MAX};
-pub use state_machine::StateMachineStore;
+pub use state_machine::{AppliedWatch, StateMachineStore};
 
 /// The application state the Raft log replicates (the cluster configuration).
 ///

@@ -55,6 +55,9 @@ struct Shared<S> {
     applied_tx: watch::Sender<Option<LogId<u64>>>,
 }
 
+/// What [`StateMachineStore::subscribe`] returns.
+pub type AppliedWatch = watch::Receiver<Option<LogId<u64>>>;
+
 /// The applied configuration. Cloning gives another handle on the same state; the clone is
 /// also the snapshot builder.
 pub struct StateMachineStore<C, S> {
@@ -138,7 +141,7 @@ where
     }
 
     /// Notified with the last applied log id after every applied batch or installed snapshot.
-    pub fn subscribe(&self) -> watch::Receiver<Option<LogId<u64>>> {
+    pub fn subscribe(&self) -> AppliedWatch {
         self.shared.applied_tx.subscribe()
     }
 

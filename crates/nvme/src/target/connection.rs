@@ -919,10 +919,8 @@ impl Conn {
         } else {
             let nqn = cd.subnqn.as_str();
             self.shared
-                .subsystems
-                .get(nqn)
+                .subsystem(nqn)
                 .filter(|_| self.port.exports(nqn))
-                .cloned()
         };
         let Some(subsys) = subsys else {
             let dw0 = connect_invalid_parameter_dw0(true, 256);
@@ -937,6 +935,12 @@ impl Conn {
                 dw0,
                 "host not allowed",
             );
+        }
+        let fenced = self.shared.fenced(cd.hostnqn.as_str());
+        if fenced && c.qid == 0 {
+            tracing::warn!(hostnqn = %cd.hostnqn, subnqn = %subsys.nqn, "fenced host refused");
+            let dw0 = connect_invalid_parameter_dw0(true, 512);
+            return self.refuse(sqe.cid, Status::CONNECT_INVALID_HOST, dw0, "host fenced");
         }
         let ctrl = if c.qid == 0 {
             self.connect_admin(sqe, &c, &cd, subsys)?
@@ -991,6 +995,7 @@ impl Conn {
             kato_ms: c.kato_ms,
             admin_writer: Arc::clone(&self.writer),
             admin_stream,
+            fenced: self.shared.fenced(cd.hostnqn.as_str()),
         };
         let shared = Arc::clone(&self.shared);
         match shared.add_controller(|cntlid| Controller::new(cntlid, new, &shared)) {

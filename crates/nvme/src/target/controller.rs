@@ -125,6 +125,11 @@ pub(crate) struct Controller {
     pub queues: Mutex<BTreeMap<u16, QueueRef>>,
     admin_writer: Mutex<Option<Arc<ConnWriter>>>,
     pub dead: AtomicBool,
+    /// The host's cluster has given up on it (see [`super::server::HostGate`]): its
+    /// writes are refused with Reservation Conflict, as a preempted registrant's are.
+    pub fenced: AtomicBool,
+    /// The first refused write is logged; later ones only counted.
+    pub fence_logged: AtomicBool,
     /// Entries of the admin queue, for CAP and MAXCMD bounds.
     queue_entries_max: u32,
     io_queues_max: u16,
@@ -140,6 +145,8 @@ pub(crate) struct NewController {
     pub kato_ms: u32,
     pub admin_writer: Arc<ConnWriter>,
     pub admin_stream: TcpStream,
+    /// The host gate's answer at Connect.
+    pub fenced: bool,
 }
 
 impl Controller {
@@ -166,6 +173,8 @@ impl Controller {
             queues: Mutex::new(queues),
             admin_writer: Mutex::new(Some(n.admin_writer)),
             dead: AtomicBool::new(false),
+            fenced: AtomicBool::new(n.fenced),
+            fence_logged: AtomicBool::new(false),
             queue_entries_max: limits.queue_entries_max,
             io_queues_max: limits.io_queues_max.min(0xfffe) as u16,
             keep_alive_max_ms: limits.keep_alive_max_ms,

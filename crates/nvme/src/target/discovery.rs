@@ -18,7 +18,8 @@ const ASQSZ: u16 = 32;
 /// The discovery log as `hostnqn` sees it through `port`.
 pub(crate) fn log(shared: &ServerShared, port: &Arc<Port>, hostnqn: &str) -> DiscoveryLog {
     let mut entries = Vec::new();
-    for subsys in shared.subsystems.values().filter(|s| s.allows(hostnqn)) {
+    let subsystems: Vec<_> = shared.subsystems.read().values().cloned().collect();
+    for subsys in subsystems.iter().filter(|s| s.allows(hostnqn)) {
         for p in shared
             .ports
             .iter()

@@ -89,6 +89,11 @@ fn dispatch(
             | IoCommand::DatasetManagement(_)
             | IoCommand::Flush { .. }
     );
+    if write_class {
+        if let Err(status) = check_fence(ctrl) {
+            return IoDone::status(status);
+        }
+    }
     if write_class || matches!(cmd, IoCommand::Read(_)) {
         if let Err(status) = ns
             .reservation
@@ -209,10 +214,9 @@ fn check_transfer(
     if let Some(status) = path_status(ctrl.port.ana.state(ns.ana_grpid)) {
         return Err(IoDone::status(status));
     }
-    let checked = ns
-        .reservation
-        .lock()
-        .check_access(&ctrl.hostid, write)
+    let fence = if write { check_fence(ctrl) } else { Ok(()) };
+    let checked = fence
+        .and_then(|()| ns.reservation.lock().check_access(&ctrl.hostid, write))
         .map_err(IoDone::status)
         .and_then(|()| transfer(ns, rw))
         .and_then(|len| {
@@ -229,6 +233,24 @@ fn check_transfer(
             Err(done)
         }
     }
+}
+
+/// A fenced host's write: Reservation Conflict, which a host's multipath does not retry
+/// on another path (the host itself, not the path, is refused). Logged once per controller.
+fn check_fence(ctrl: &Controller) -> Result<(), Status> {
+    if !ctrl.fenced.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    if !ctrl.fence_logged.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            cntlid = ctrl.cntlid,
+            hostnqn = %ctrl.hostnqn,
+            subnqn = %ctrl.subsys.nqn,
+            "write from a fenced host refused (its cluster gave up on it); later ones are \
+             refused without a log line"
+        );
+    }
+    Err(Status::RESERVATION_CONFLICT)
 }
 
 /// Finishes a planned write whose pieces all reached the drive (`failed` is `None`) or

@@ -91,5 +91,6 @@ pub use config::{
     TargetConfig,
 };
 pub use server::{
-    DeviceOpener, DriveServer, NamespaceStats, PortStats, ServerError, ServerStats, StatsSource,
+    DeviceOpener, DriveServer, HostGate, NamespaceStats, PortStats, ServerError, ServerStats,
+    StatsSource,
 };

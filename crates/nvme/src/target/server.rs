@@ -5,7 +5,7 @@
 //! stopped), one reader thread per connection plus that connection's drive I/O workers
 //! (see [`super::connection`]), and one keep-alive watchdog.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::io::AsRawFd;
@@ -15,11 +15,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tessera_drive::{BlockDevice, FileDrive, VolatileCache};
 
 use super::ana::PortAna;
-use super::config::{ConfigError, Limits, PortConfig, TargetConfig, ANA_GROUP_MAX};
+use super::config::{
+    ConfigError, Limits, PortConfig, SubsystemConfig, TargetConfig, ANA_GROUP_MAX,
+};
 use super::controller::Controller;
 use super::namespace::Namespace;
 use super::reservation_store::Reservations;
@@ -97,6 +99,12 @@ pub enum ServerError {
 /// Opens the device of a namespace; [`DriveServer::start_with`] lets tests substitute
 /// devices (for example one that fails with EIO).
 pub type DeviceOpener<'a> = &'a dyn Fn(&Path) -> io::Result<Arc<dyn BlockDevice>>;
+
+/// Whether the host of a host NQN may write now: the word of whoever decides that a host
+/// is dead (a cluster that expelled a node fences it). A host the gate refuses cannot
+/// connect, and its controllers' writes are refused with Reservation Conflict, as a
+/// preempted registrant's are. Asked at Connect and by [`DriveServer::refence`].
+pub type HostGate = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// Counters of one port.
 #[derive(Debug, Default)]
@@ -191,8 +199,9 @@ fn snapshot(shared: &ServerShared) -> ServerStats {
         .collect();
     let namespaces = shared
         .subsystems
+        .read()
         .values()
-        .flat_map(|s| s.namespaces.values())
+        .flat_map(|s| s.namespaces.values().cloned().collect::<Vec<_>>())
         .map(|ns| NamespaceStats {
             subnqn: ns.subnqn.clone(),
             nsid: ns.nsid,
@@ -221,6 +230,9 @@ pub(crate) struct Port {
     pub ana: PortAna,
     pub enabled: AtomicBool,
     listener: Mutex<Option<Listener>>,
+    /// Subsystems added while the server runs ([`DriveServer::add_subsystem`]): exported
+    /// on every port.
+    added: RwLock<BTreeSet<String>>,
     /// Open connections by id, to drop them when the port is disabled.
     pub conns: Mutex<HashMap<u64, TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -240,7 +252,7 @@ impl Port {
 
     /// True when this port exports the subsystem `nqn`.
     pub fn exports(&self, nqn: &str) -> bool {
-        self.cfg.subsystems.iter().any(|s| s.as_str() == nqn)
+        self.cfg.subsystems.iter().any(|s| s.as_str() == nqn) || self.added.read().contains(nqn)
     }
 
     fn drop_connections(&self) {
@@ -253,7 +265,8 @@ impl Port {
 /// State shared by every thread of a server.
 pub(crate) struct ServerShared {
     pub limits: Limits,
-    pub subsystems: BTreeMap<String, Arc<Subsystem>>,
+    pub subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
+    pub gate: RwLock<Option<HostGate>>,
     pub discovery: Arc<Subsystem>,
     pub ports: Vec<Arc<Port>>,
     pub controllers: Mutex<BTreeMap<u16, Arc<Controller>>>,
@@ -302,6 +315,15 @@ impl ServerShared {
             );
         }
         ctrl.close_queues();
+    }
+
+    /// Whether the host gate refuses `hostnqn` now.
+    pub fn fenced(&self, hostnqn: &str) -> bool {
+        self.gate.read().as_ref().is_some_and(|gate| !gate(hostnqn))
+    }
+
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.subsystems.read().get(nqn).cloned()
     }
 
     pub fn next_conn_id(&self) -> u64 {
@@ -373,6 +395,7 @@ impl DriveServer {
                     ana: PortAna::new(&cfg.ana_groups),
                     enabled: AtomicBool::new(false),
                     listener: Mutex::new(None),
+                    added: RwLock::new(BTreeSet::new()),
                     conns: Mutex::new(HashMap::new()),
                     threads: Mutex::new(Vec::new()),
                     counters: PortCounters::default(),
@@ -381,7 +404,8 @@ impl DriveServer {
             .collect::<Vec<_>>();
         let shared = Arc::new(ServerShared {
             limits: config.tessera,
-            subsystems,
+            subsystems: RwLock::new(subsystems),
+            gate: RwLock::new(None),
             discovery: Arc::new(Subsystem::discovery()),
             ports,
             controllers: Mutex::new(BTreeMap::new()),
@@ -483,6 +507,104 @@ impl DriveServer {
         Ok(())
     }
 
+    /// Exports one more subsystem on every port while the server runs (an NSD server
+    /// that starts serving a new NSD). Its namespaces are opened with `open`; reservation
+    /// state is not persisted for subsystems added this way.
+    ///
+    /// # Errors
+    /// [`ServerError::Config`] when the NQN is exported already, the device errors of
+    /// [`DriveServer::start`] otherwise; nothing changes after an error.
+    pub fn add_subsystem(
+        &self,
+        cfg: &SubsystemConfig,
+        open: DeviceOpener<'_>,
+    ) -> Result<(), ServerError> {
+        let nqn = cfg.nqn.to_string();
+        if self.shared.subsystem(&nqn).is_some() {
+            return Err(ServerError::Config(ConfigError::Invalid {
+                path: format!("subsystem {nqn}"),
+                message: "is exported already; remove it first".into(),
+            }));
+        }
+        let subsystem = Arc::new(open_subsystem(cfg, None, open, false)?);
+        self.shared
+            .subsystems
+            .write()
+            .insert(nqn.clone(), subsystem);
+        for port in &self.shared.ports {
+            port.added.write().insert(nqn.clone());
+        }
+        self.shared.genctr.fetch_add(1, Ordering::SeqCst);
+        tracing::info!(subnqn = %nqn, "subsystem added");
+        Ok(())
+    }
+
+    /// Stops exporting a subsystem: its controllers' associations end (their hosts fail
+    /// over to other paths) and its namespaces are flushed. False if it was not exported.
+    pub fn remove_subsystem(&self, nqn: &str) -> bool {
+        let Some(subsystem) = self.shared.subsystems.write().remove(nqn) else {
+            return false;
+        };
+        for port in &self.shared.ports {
+            port.added.write().remove(nqn);
+        }
+        self.shared.genctr.fetch_add(1, Ordering::SeqCst);
+        let controllers: Vec<Arc<Controller>> = self
+            .shared
+            .controllers
+            .lock()
+            .values()
+            .filter(|c| Arc::ptr_eq(&c.subsys, &subsystem))
+            .cloned()
+            .collect();
+        for ctrl in controllers {
+            self.shared
+                .remove_controller(&ctrl, "its subsystem is no longer exported");
+        }
+        for ns in subsystem.namespaces.values() {
+            if let Err(e) = ns.dev.flush() {
+                tracing::warn!(nsid = ns.nsid, subnqn = %nqn, "flush at removal: {e}");
+            }
+        }
+        tracing::info!(subnqn = %nqn, "subsystem removed");
+        true
+    }
+
+    /// The NQNs of the subsystems exported now.
+    #[must_use]
+    pub fn subsystem_nqns(&self) -> Vec<String> {
+        self.shared.subsystems.read().keys().cloned().collect()
+    }
+
+    /// Puts `gate` in charge of which hosts may connect and write, and applies it to the
+    /// controllers that exist (see [`HostGate`]).
+    pub fn set_host_gate(&self, gate: HostGate) {
+        *self.shared.gate.write() = Some(gate);
+        self.refence();
+    }
+
+    /// Asks the host gate again about every controller (the gate's answers changed: a
+    /// node was expelled or came back as a new incarnation). A controller whose host is
+    /// now refused has its writes refused from here on; one that is admitted again is
+    /// not (a new incarnation connects with a new host NQN, so that happens only when
+    /// the gate itself was wrong).
+    pub fn refence(&self) {
+        let controllers: Vec<Arc<Controller>> =
+            self.shared.controllers.lock().values().cloned().collect();
+        for ctrl in controllers {
+            let fenced = self.shared.fenced(&ctrl.hostnqn);
+            if ctrl.fenced.swap(fenced, Ordering::SeqCst) != fenced {
+                tracing::warn!(
+                    cntlid = ctrl.cntlid,
+                    hostnqn = %ctrl.hostnqn,
+                    subnqn = %ctrl.subsys.nqn,
+                    "host {}",
+                    if fenced { "fenced: its writes are refused from now on" } else { "no longer fenced" }
+                );
+            }
+        }
+    }
+
     /// A snapshot of the per-port and per-namespace counters.
     #[must_use]
     pub fn stats(&self) -> ServerStats {
@@ -519,12 +641,14 @@ impl DriveServer {
         if let Some(w) = self.watchdog.take() {
             let _ = w.join();
         }
-        for ns in self
+        let namespaces: Vec<Arc<Namespace>> = self
             .shared
             .subsystems
+            .read()
             .values()
-            .flat_map(|s| s.namespaces.values())
-        {
+            .flat_map(|s| s.namespaces.values().cloned())
+            .collect();
+        for ns in namespaces {
             if let Err(e) = ns.dev.flush() {
                 tracing::warn!(nsid = ns.nsid, subnqn = %ns.subnqn, "flush at shutdown: {e}");
             }
@@ -545,51 +669,8 @@ fn open_subsystems(
 ) -> Result<BTreeMap<String, Arc<Subsystem>>, ServerError> {
     let mut out = BTreeMap::new();
     for s in &config.subsystems {
-        let mut namespaces = BTreeMap::new();
-        for ns in &s.namespaces {
-            let err = |source| ServerError::Device {
-                subnqn: s.nqn.to_string(),
-                nsid: ns.nsid,
-                path: ns.path.clone(),
-                source,
-            };
-            if !ns.enable {
-                // Disabled namespaces are not opened, but a typo should still be caught.
-                std::fs::metadata(&ns.path).map_err(err)?;
-                continue;
-            }
-            let dev = open(&ns.path).map_err(err)?;
-            if dev.size_bytes() < super::namespace::LBA_BYTES {
-                return Err(ServerError::DeviceTooSmall {
-                    subnqn: s.nqn.to_string(),
-                    nsid: ns.nsid,
-                    path: ns.path.clone(),
-                });
-            }
-            let (dev, aux) = match ns.volatile_write_cache {
-                // Every byte must go through the cache: no second descriptor for io_uring
-                // or fallocate that would reach the backing store behind its back.
-                Some(cache) => {
-                    let dev: Arc<dyn BlockDevice> = Arc::new(VolatileCache::new(dev, cache));
-                    (dev, None)
-                }
-                None => (dev, own_devices.then_some(ns.path.as_path())),
-            };
-            let reservations = match &config.state_dir {
-                Some(dir) => Reservations::persistent(dir, ns.nguid).map_err(|(path, why)| {
-                    ServerError::ReservationState {
-                        subnqn: s.nqn.to_string(),
-                        nsid: ns.nsid,
-                        path,
-                        why,
-                    }
-                })?,
-                None => Reservations::volatile(ns.nguid),
-            };
-            let namespace = Namespace::new(ns, s.nqn.as_str(), dev, aux, reservations);
-            namespaces.insert(ns.nsid, Arc::new(namespace));
-        }
-        out.insert(s.nqn.to_string(), Arc::new(Subsystem::new(s, namespaces)));
+        let subsystem = open_subsystem(s, config.state_dir.as_deref(), open, own_devices)?;
+        out.insert(s.nqn.to_string(), Arc::new(subsystem));
     }
     if let Some(dir) = &config.state_dir {
         let claimed: Vec<[u8; 16]> = config
@@ -606,6 +687,59 @@ fn open_subsystems(
         }
     }
     Ok(out)
+}
+
+fn open_subsystem(
+    s: &SubsystemConfig,
+    state_dir: Option<&Path>,
+    open: DeviceOpener<'_>,
+    own_devices: bool,
+) -> Result<Subsystem, ServerError> {
+    let mut namespaces = BTreeMap::new();
+    for ns in &s.namespaces {
+        let err = |source| ServerError::Device {
+            subnqn: s.nqn.to_string(),
+            nsid: ns.nsid,
+            path: ns.path.clone(),
+            source,
+        };
+        if !ns.enable {
+            // Disabled namespaces are not opened, but a typo should still be caught.
+            std::fs::metadata(&ns.path).map_err(err)?;
+            continue;
+        }
+        let dev = open(&ns.path).map_err(err)?;
+        if dev.size_bytes() < super::namespace::LBA_BYTES {
+            return Err(ServerError::DeviceTooSmall {
+                subnqn: s.nqn.to_string(),
+                nsid: ns.nsid,
+                path: ns.path.clone(),
+            });
+        }
+        let (dev, aux) = match ns.volatile_write_cache {
+            // Every byte must go through the cache: no second descriptor for io_uring
+            // or fallocate that would reach the backing store behind its back.
+            Some(cache) => {
+                let dev: Arc<dyn BlockDevice> = Arc::new(VolatileCache::new(dev, cache));
+                (dev, None)
+            }
+            None => (dev, own_devices.then_some(ns.path.as_path())),
+        };
+        let reservations = match state_dir {
+            Some(dir) => Reservations::persistent(dir, ns.nguid).map_err(|(path, why)| {
+                ServerError::ReservationState {
+                    subnqn: s.nqn.to_string(),
+                    nsid: ns.nsid,
+                    path,
+                    why,
+                }
+            })?,
+            None => Reservations::volatile(ns.nguid),
+        };
+        let namespace = Namespace::new(ns, s.nqn.as_str(), dev, aux, reservations);
+        namespaces.insert(ns.nsid, Arc::new(namespace));
+    }
+    Ok(Subsystem::new(s, namespaces))
 }
 
 fn configured_addr(cfg: &PortConfig) -> SocketAddr {

@@ -9,7 +9,7 @@ use tessera_nsd::{format_nsd_stanza, parse_nsd_stanzas, NsdStanza};
 use super::{call, unexpected, yes_no};
 use crate::config::{write_atomic, Home, NsdRecord};
 use crate::output::{Table, YRecord};
-use crate::rpc::{NsdSpec, Reply, Request};
+use crate::rpc::{NsdAccessRow, NsdSpec, Reply, Request};
 
 /// A stanza's device as an absolute path: `nvme0n1` is `/dev/nvme0n1`, a relative path
 /// with a slash is relative to the current directory (the daemon runs elsewhere), and
@@ -142,9 +142,81 @@ fn list(home: &Home) -> Result<Vec<NsdRecord>> {
     }
 }
 
-pub fn ls(home: &Home, mapping: bool, extended: bool, machine: bool) -> Result<()> {
+/// Which nodes' view of the NSDs `nsd ls` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mapping {
+    /// The NSDs and their servers only.
+    None,
+    /// How this node reaches each NSD (-m, -X).
+    Local,
+    /// How every node reaches each NSD (-M), asked through the remote shell.
+    Everywhere,
+}
+
+/// This node's daemon's view: how it reaches each NSD now.
+fn local_access(home: &Home) -> Result<Vec<NsdAccessRow>> {
+    match call(home, &Request::NsdAccess)? {
+        Reply::NsdAccess(rows) => Ok(rows),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `nsd ls -m -Y` of another node, read back into rows.
+fn parse_access(text: &str) -> Vec<NsdAccessRow> {
+    let unescape = |v: &str| v.replace("%3A", ":").replace("%25", "%");
+    text.lines()
+        .filter(|l| l.starts_with("nsd:access:") && !l.contains(":HEADER:"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            // nsd:access:0:1:::diskName:nodeName:access:device:paths:
+            let paths = f.get(10).copied().unwrap_or("");
+            Some(NsdAccessRow {
+                nsd: unescape(f.get(6)?),
+                access: unescape(f.get(8)?),
+                device: unescape(f.get(9)?),
+                paths: paths
+                    .split(';')
+                    .filter(|p| !p.is_empty())
+                    .filter_map(|p| {
+                        let (server, rest) = p.split_once('=')?;
+                        let (ana, state) = rest.split_once('/')?;
+                        Some((server.into(), unescape(ana), unescape(state)))
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// One node's view: its name, and its rows or why it could not be asked.
+type AccessView = (String, Result<Vec<NsdAccessRow>, String>);
+
+/// Each node's view, in node order.
+fn access_views(home: &Home, mapping: Mapping) -> Result<Vec<AccessView>> {
+    let me = home.cluster()?.node_name;
+    match mapping {
+        Mapping::None => Ok(Vec::new()),
+        Mapping::Local => Ok(vec![(me, Ok(local_access(home)?))]),
+        Mapping::Everywhere => {
+            let known = super::cluster::known_nodes(home)?;
+            let rsh = super::remote::RemoteShell::parse(&known.identity.remote_shell)?;
+            let line = super::remote::tessera_command_line(&["nsd", "ls", "-m", "-Y"])?;
+            let views = super::remote::for_each_parallel(&known.nodes, |node| {
+                let rows = if node.name == me {
+                    local_access(home).map_err(|e| format!("{e:#}"))
+                } else {
+                    rsh.run(&node.name, &line, None, std::time::Duration::from_secs(30))
+                        .map(|out| parse_access(&out.stdout))
+                };
+                (node.name.clone(), rows)
+            });
+            Ok(views)
+        }
+    }
+}
+
+pub fn ls(home: &Home, mapping: Mapping, extended: bool, machine: bool) -> Result<()> {
     let nsds = list(home)?;
-    let node = home.cluster()?.node_name;
     let fs_name = |n: &NsdRecord| {
         n.file_system
             .clone()
@@ -158,6 +230,41 @@ pub fn ls(home: &Home, mapping: bool, extended: bool, machine: bool) -> Result<(
         }
     };
     let volume_id = |n: &NsdRecord| n.id.to_hex().to_uppercase();
+    let mapping = if extended && mapping == Mapping::None {
+        Mapping::Local
+    } else {
+        mapping
+    };
+    let views = access_views(home, mapping)?;
+    let node = home.cluster()?.node_name;
+    if machine && mapping != Mapping::None {
+        let y = YRecord::new("nsd", "access");
+        println!(
+            "{}",
+            y.header(&["diskName", "nodeName", "access", "device", "paths"])
+        );
+        for (node, rows) in &views {
+            let Ok(rows) = rows else { continue };
+            for a in rows {
+                let paths: Vec<String> = a
+                    .paths
+                    .iter()
+                    .map(|(server, ana, state)| format!("{server}={ana}/{state}"))
+                    .collect();
+                println!(
+                    "{}",
+                    y.data(&[
+                        a.nsd.clone(),
+                        node.clone(),
+                        a.access.clone(),
+                        a.device.clone(),
+                        paths.join(";")
+                    ])
+                );
+            }
+        }
+        return Ok(());
+    }
     if machine {
         let y = YRecord::new("nsd", "");
         println!(
@@ -199,60 +306,49 @@ pub fn ls(home: &Home, mapping: bool, extended: bool, machine: bool) -> Result<(
         }
         return Ok(());
     }
-    let remarks = |n: &NsdRecord| {
-        if n.servers.is_empty() {
-            "directly attached"
-        } else {
-            "server node"
-        }
-    };
-    let table = if extended {
-        let mut t = Table::new(&[
-            "Disk name",
-            "NSD volume ID",
-            "Device",
-            "Devtype",
-            "Node name",
-            "Remarks",
-        ]);
-        for n in &nsds {
-            let d = devtype(&n.device).to_string();
-            t.row(vec![
-                n.name.clone(),
-                volume_id(n),
-                n.device.clone(),
-                d,
-                node.clone(),
-                remarks(n).into(),
-            ]);
-        }
-        t
-    } else if mapping {
-        let mut t = Table::new(&[
-            "Disk name",
-            "NSD volume ID",
-            "Device",
-            "Node name",
-            "Remarks",
-        ]);
-        for n in &nsds {
-            t.row(vec![
-                n.name.clone(),
-                volume_id(n),
-                n.device.clone(),
-                node.clone(),
-                remarks(n).into(),
-            ]);
-        }
-        t
-    } else {
+    if mapping == Mapping::None {
         let mut t = Table::new(&["File system", "Disk name", "NSD servers"]);
         for n in &nsds {
             t.row(vec![fs_name(n), n.name.clone(), servers(n)]);
         }
-        t
-    };
-    print!("{}", table.render());
+        print!("{}", t.render());
+        return Ok(());
+    }
+    let mut header = vec!["Disk name", "NSD volume ID", "Device"];
+    if extended {
+        header.push("Devtype");
+    }
+    header.extend(["Node name", "Remarks"]);
+    let mut t = Table::new(&header);
+    for n in &nsds {
+        for (node, rows) in &views {
+            let (device, remarks) = match rows {
+                Err(why) => ("-".to_string(), format!("node not asked: {why}")),
+                Ok(rows) => match rows.iter().find(|a| a.nsd == n.name) {
+                    None => (n.device.clone(), "not known on that node".to_string()),
+                    Some(a) if a.paths.is_empty() => (a.device.clone(), a.access.clone()),
+                    Some(a) => {
+                        let paths: Vec<String> = a
+                            .paths
+                            .iter()
+                            .map(|(server, ana, state)| format!("{server} {ana} {state}"))
+                            .collect();
+                        (
+                            a.device.clone(),
+                            format!("{}: {}", a.access, paths.join("; ")),
+                        )
+                    }
+                },
+            };
+            let mut row = vec![n.name.clone(), volume_id(n), device.clone()];
+            if extended {
+                row.push(devtype(&device).to_string());
+            }
+            row.extend([node.clone(), remarks]);
+            t.row(row);
+        }
+    }
+    print!("{}", t.render());
     Ok(())
 }
 

@@ -303,6 +303,7 @@ fn is_read_only(request: &Request) -> bool {
         Request::ClusterShow
             | Request::ClusterState { .. }
             | Request::NsdList
+            | Request::NsdAccess
             | Request::FsShow { .. }
             | Request::Df { .. }
             | Request::Pmon { .. }

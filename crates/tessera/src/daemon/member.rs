@@ -198,6 +198,45 @@ impl Member {
         self.machine.state()
     }
 
+    /// A reader of the applied configuration that outlives borrows of this member (a
+    /// host gate of the NSD server asks it from the target's threads).
+    pub fn state_reader(&self) -> impl Fn() -> ConfigState + Send + Sync + 'static {
+        let machine = self.machine.clone();
+        move || machine.state()
+    }
+
+    /// This node's name in the node table (empty before the cluster is created).
+    pub fn me_name(&self) -> String {
+        let me = self.me();
+        self.state()
+            .nodes
+            .get(&me)
+            .map(|n| n.name.clone())
+            .unwrap_or_default()
+    }
+
+    /// The epoch of this incarnation while it holds a lease (what it writes under).
+    pub fn io_epoch(&self) -> Option<u64> {
+        self.node.io_epoch()
+    }
+
+    /// Waits until the applied configuration changes or `timeout` passes; for threads
+    /// outside the runtime that act on every change (fencing hosts at an expel).
+    pub fn wait_for_change(
+        &self,
+        applied: &mut tessera_cluster::store::AppliedWatch,
+        timeout: Duration,
+    ) {
+        let _ = self
+            .runtime
+            .block_on(async { tokio::time::timeout(timeout, applied.changed()).await });
+    }
+
+    /// A receiver of applied-configuration changes, for [`Member::wait_for_change`].
+    pub fn applied(&self) -> tessera_cluster::store::AppliedWatch {
+        self.machine.subscribe()
+    }
+
     pub fn status(&self) -> NodeStatus {
         self.node.status()
     }

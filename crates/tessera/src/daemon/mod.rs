@@ -18,6 +18,7 @@ mod metanode_service;
 mod metrics;
 mod mounts;
 mod nsd_admin;
+mod nsd_server;
 mod nvme_admin;
 mod policy_admin;
 mod registry;
@@ -68,6 +69,8 @@ pub struct Daemon {
     arrays: Mutex<BTreeMap<String, Arc<tessera_vdisk::DeclusteredArray>>>,
     /// The NVMe/TCP host: remote controllers, their paths and namespaces.
     nvme: Arc<tessera_nvme::host::Host>,
+    /// NSDs this node serves to others, and its paths to other nodes' NSD servers.
+    nsd_service: nsd_server::NsdService,
     /// This node in the cluster: the replicated configuration, its lease.
     member: member::Member,
     /// The last disk I/Os of the mounted file systems, all NSDs together.
@@ -155,6 +158,7 @@ pub fn run(home: Home) -> Result<()> {
         this: this.clone(),
         arrays: Mutex::new(BTreeMap::new()),
         nvme: Arc::new(tessera_nvme::host::Host::new(identity)),
+        nsd_service: nsd_server::NsdService::new(),
         member,
         io_history: Arc::new(tessera_drive::stats::IoHistory::new(IO_HISTORY_ENTRIES)),
         health: health::Health::default(),
@@ -178,6 +182,8 @@ pub fn run(home: Home) -> Result<()> {
     // (and pdisks by their labels, when the arrays open) before anything mounts.
     daemon.discover_nsds_at_start();
     daemon.open_arrays_at_start();
+    // Before the mounts: a mount here may reach its NSDs through this node's own service.
+    daemon.start_nsd_service()?;
     if active {
         daemon.remount_at_start();
     } else {
@@ -310,6 +316,7 @@ impl Daemon {
             }
             Request::NsdCreate { nsds, verify } => self.nsd_create(nsds, verify, r),
             Request::NsdList => Ok(Reply::Nsds(self.nsds()?.nsds)),
+            Request::NsdAccess => Ok(Reply::NsdAccess(self.nsd_access()?)),
             Request::NsdDelete { names } => self.nsd_delete(&names, r),
             Request::NsdDiscover => {
                 let _admin = self.admin.lock();

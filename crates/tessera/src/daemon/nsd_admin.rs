@@ -70,12 +70,16 @@ impl Daemon {
         self.open_nsd_as(rec, Claim::Exclusive)
     }
 
-    /// [`Self::open_nsd`] with the claim `claim`.
-    pub(super) fn open_nsd_as(
+    /// [`Self::open_nsd`] on this node's own path to the device, with the claim `claim`;
+    /// an NSD this node serves is the device its NSD server holds.
+    pub(super) fn open_nsd_local(
         &self,
         rec: &NsdRecord,
         claim: Claim,
     ) -> Result<Arc<dyn BlockDevice>> {
+        if let Some(dev) = self.nsd_service.served_device(&rec.name, &rec.id) {
+            return Ok(dev);
+        }
         let first_try = self
             .open_device_as(&rec.device, claim)
             .and_then(|dev| open_checked(rec, dev));
@@ -84,7 +88,14 @@ impl Daemon {
             Err(e) if vdisk_device_name(&rec.device).is_some() => return Err(e),
             Err(e) => e,
         };
-        let Some(found) = self.search_nsd(rec, &self.candidates(&self.nsds()?)) else {
+        let found = self.search_nsd(rec, &self.candidates(&self.nsds()?));
+        if found.as_deref() == Some(rec.device.as_str()) {
+            // The NSD is where the registry says, and that device did not open (another
+            // process holds it): nothing moved, and recording a "move" to the same place
+            // would only rewrite the registry.
+            return Err(err);
+        }
+        let Some(found) = found else {
             return Err(err.context(format!(
                 "NSD {} was not found on any other device of this node either; \
                  `tessera nsd change {} --device PATH` records where it is",
@@ -384,7 +395,10 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn open_checked(rec: &NsdRecord, dev: Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>> {
+pub(super) fn open_checked(
+    rec: &NsdRecord,
+    dev: Arc<dyn BlockDevice>,
+) -> Result<Arc<dyn BlockDevice>> {
     match read_descriptor(dev.as_ref())? {
         Some(d) if d.id == rec.id => Ok(dev),
         Some(d) => bail!(
@@ -433,7 +447,27 @@ fn check_spec(
             existing.name
         );
     }
-    let dev = daemon.open_device(&spec.device_path)?;
+    let state = daemon.member.state();
+    for server in &spec.servers {
+        if state.node_by_name(server).is_none() {
+            bail!(
+                "servers={}: {server} is not a node of this cluster; `tessera cluster ls` \
+                 lists the nodes (add it first with `tessera node add`)",
+                spec.servers.join(",")
+            );
+        }
+    }
+    let me = daemon.member.me_name();
+    let dev = daemon.open_device(&spec.device_path).map_err(|e| {
+        if spec.servers.is_empty() || spec.servers.contains(&me) {
+            return e;
+        }
+        e.context(format!(
+            "device={} is named as NSD server {} sees it; run `tessera nsd create` on {} \
+             (this node, {me}, is not one of its servers and cannot open it)",
+            spec.device_text, spec.servers[0], spec.servers[0]
+        ))
+    })?;
     check_device_size(dev.as_ref())?;
     if verify {
         match probe_in_use(dev.as_ref())? {

@@ -1,0 +1,731 @@
+//! NSD servers: GPFS's NSD client/server model (`servers=` in an `%nsd` stanza) over
+//! NVMe/TCP.
+//!
+//! A node named in an NSD's server list serves that NSD to the nodes that do not reach
+//! its device themselves. The wire is NVMe/TCP, which crates/nvme already speaks both
+//! ways (fuzzed decoders, multipath, ANA, reservations): each server runs one NVMe/TCP
+//! target in its daemon (`nsdServerPort` at its node address) with one subsystem per NSD
+//! it serves (`nqn...:nsd:<NSD id>`, one namespace whose NGUID is the NSD id), and a
+//! client connects one path per server. The host's multipath does the rest: it prefers
+//! the path whose ANA state is optimized (the first server of the list reports its
+//! namespaces optimized, the others non-optimized), retries in-flight I/O on another
+//! path when one dies, keeps reconnecting a dead path and goes back to it when its
+//! server returns. A dedicated NSD protocol would have re-built all of that.
+//!
+//! Fencing: a client connects with a host NQN that names its node and the epoch of its
+//! incarnation (`nqn...:node:<cluster>:<node>:<epoch>`). A server admits a host, and
+//! lets it write, only while the replicated configuration says that epoch is the node's
+//! live one (`ConfigState::epoch_is_live`); at every configuration change it asks again
+//! for every controller, so once the cluster expels a node (or the node comes back as a
+//! new incarnation) the old incarnation's writes are refused with Reservation Conflict
+//! and said so in the server's log. The client's own lease gate stops its I/O first;
+//! this is the second wall, for the node that does not know it is dead.
+//!
+//! How a node reaches an NSD with servers is `useNSDserver` (per node): a server of the
+//! NSD always uses its device; `never` only the device, `always` only the servers,
+//! `asfound` the device when it opens at mount and the servers otherwise, `asneeded`
+//! (the default) the same, and after a failed I/O on the device, the servers from then
+//! on ([`AsNeeded`]).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use parking_lot::Mutex;
+use tessera_cluster::node::NodeNumber;
+use tessera_cluster::state::{ConfigState, NodeRecord};
+use tessera_drive::BlockDevice;
+use tessera_nsd::NsdId;
+use tessera_nvme::host::{ConnectOptions, Host, HostIdentity};
+use tessera_nvme::target::{
+    AnaState, DriveServer, Limits, NamespaceConfig, PortAddr, PortConfig, SubsystemConfig,
+    TargetConfig,
+};
+use tessera_nvme::wire::Nqn;
+
+use super::nsd_admin::Claim;
+use super::Daemon;
+use crate::config::NsdRecord;
+
+const NQN_PREFIX: &str = "nqn.2024-01.io.tessera";
+/// ANA group of the namespaces a node serves as the NSD's first server (optimized), and
+/// of those it serves as a later one (non-optimized).
+const PREFERRED_GROUP: u32 = 1;
+const OTHER_GROUP: u32 = 2;
+/// How long I/O waits while no server of an NSD answers before it fails to the
+/// application (GPFS waits for NSD servers too; the error then says which servers).
+const ALL_SERVERS_DOWN_WAIT: Duration = Duration::from_secs(60);
+/// How often a lost path to a server is tried again.
+const RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// Keep Alive Timeout of server paths: a server that stops answering without closing
+/// its connections (a partition, a hung node) loses its path after this long.
+const KEEP_ALIVE: Duration = Duration::from_secs(3);
+
+/// The subsystem NQN under which servers export NSD `id`.
+pub(super) fn nsd_subnqn(id: &NsdId) -> String {
+    format!("{NQN_PREFIX}:nsd:{}", id.to_hex())
+}
+
+/// The host NQN of incarnation `epoch` of node `node` of cluster `cluster` (hex id).
+pub(super) fn node_hostnqn(cluster: &str, node: NodeNumber, epoch: u64) -> String {
+    format!("{NQN_PREFIX}:node:{cluster}:{node}:{epoch}")
+}
+
+/// The node and epoch a host NQN of [`node_hostnqn`]'s form names, if it is of this
+/// cluster.
+fn parse_node_hostnqn(nqn: &str, cluster: &str) -> Option<(NodeNumber, u64)> {
+    let rest = nqn.strip_prefix(NQN_PREFIX)?.strip_prefix(":node:")?;
+    let mut parts = rest.split(':');
+    let (c, node, epoch) = (parts.next()?, parts.next()?, parts.next()?);
+    if c != cluster || parts.next().is_some() {
+        return None;
+    }
+    Some((node.parse().ok()?, epoch.parse().ok()?))
+}
+
+/// Where node `node`'s NSD server listens: its node address with `nsdServerPort`.
+pub(super) fn nsd_server_addr(state: &ConfigState, node: &NodeRecord) -> Result<SocketAddr> {
+    let port = state.params.count("nsdServerPort", Some(node.number));
+    let port = u16::try_from(port).map_err(|_| anyhow!("nsdServerPort {port} is not a port"))?;
+    let text = &node.address;
+    let host = match text.parse::<SocketAddr>() {
+        Ok(a) => return Ok(SocketAddr::new(a.ip(), port)),
+        Err(_) => text
+            .rsplit_once(':')
+            .map_or(text.as_str(), |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']'),
+    };
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| anyhow!("node {}: address {text} does not resolve", node.name))
+}
+
+/// One NSD this node serves.
+struct Served {
+    id: NsdId,
+    dev: Arc<dyn BlockDevice>,
+    nqn: String,
+    preferred: bool,
+}
+
+/// One NSD this node reaches through its servers, for the paths that are tried again.
+#[derive(Clone)]
+struct Reached {
+    subnqn: String,
+    hostnqn: String,
+    epoch: u64,
+    servers: Vec<(String, SocketAddr)>,
+}
+
+/// The NSD server and client sides of a daemon.
+pub(super) struct NsdService {
+    /// The NVMe/TCP target, started with the first NSD this node serves.
+    server: Mutex<Option<DriveServer>>,
+    served: Mutex<BTreeMap<String, Served>>,
+    /// Problems already logged (an NSD that does not open, a port that does not bind),
+    /// so that a retry every change does not flood the log.
+    logged: Mutex<BTreeMap<String, String>>,
+    /// Paths to other nodes' NSD servers. A host of its own: `tessera nvme` commands
+    /// manage the admin's remote drives, and an NSD's namespace must never be taken for
+    /// a drive on which the NSD was "found" (`Daemon::candidates`).
+    pub(super) host: Arc<Host>,
+    reached: Mutex<BTreeMap<String, Reached>>,
+    started: AtomicBool,
+}
+
+impl NsdService {
+    pub(super) fn new() -> NsdService {
+        NsdService {
+            server: Mutex::new(None),
+            served: Mutex::new(BTreeMap::new()),
+            logged: Mutex::new(BTreeMap::new()),
+            host: Arc::new(Host::new(HostIdentity {
+                nqn: format!("{NQN_PREFIX}:nsd-client"),
+                id: rand::random(),
+            })),
+            reached: Mutex::new(BTreeMap::new()),
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// The device this node serves NSD `name` (of id `id`) from, if it serves it.
+    pub(super) fn served_device(&self, name: &str, id: &NsdId) -> Option<Arc<dyn BlockDevice>> {
+        let served = self.served.lock();
+        let s = served.get(name).filter(|s| s.id == *id)?;
+        Some(Arc::clone(&s.dev))
+    }
+
+    /// Logs `what` about `key` unless the same was logged last time.
+    fn log_once(&self, key: &str, what: String) {
+        let mut logged = self.logged.lock();
+        if logged.get(key) != Some(&what) {
+            tracing::warn!("{what}");
+            logged.insert(key.to_string(), what);
+        }
+    }
+
+    fn forget(&self, key: &str) {
+        self.logged.lock().remove(key);
+    }
+}
+
+impl Daemon {
+    /// Starts the thread that keeps this node's NSD service in step with the replicated
+    /// configuration: serves the NSDs that name this node, withdraws the others, fences
+    /// hosts whose incarnation ended, and tries lost paths to other servers again.
+    pub(super) fn start_nsd_service(self: &Arc<Self>) -> Result<()> {
+        if self.nsd_service.started.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let daemon = Arc::downgrade(self);
+        let mut applied = self.member.applied();
+        std::thread::Builder::new()
+            .name("nsd-service".into())
+            .spawn(move || loop {
+                let Some(d) = daemon.upgrade() else { return };
+                d.sync_nsd_service();
+                d.retry_nsd_paths();
+                d.member
+                    .wait_for_change(&mut applied, Duration::from_secs(2));
+            })?;
+        Ok(())
+    }
+
+    fn sync_nsd_service(&self) {
+        let state = self.member.state();
+        let Some(me) = state.nodes.get(&self.member.me()).cloned() else {
+            return;
+        };
+        let Ok(registry) = self.nsds() else { return };
+        let wanted: BTreeMap<&str, (&NsdRecord, bool)> = registry
+            .nsds
+            .iter()
+            .filter(|n| n.servers.contains(&me.name))
+            .map(|n| (n.name.as_str(), (n, n.servers[0] == me.name)))
+            .collect();
+        let svc = &self.nsd_service;
+        {
+            let server = svc.server.lock();
+            svc.served.lock().retain(|name, s| {
+                let keep = wanted
+                    .get(name.as_str())
+                    .is_some_and(|(rec, first)| rec.id == s.id && *first == s.preferred);
+                if !keep {
+                    if let Some(server) = server.as_ref() {
+                        server.remove_subsystem(&s.nqn);
+                    }
+                    tracing::info!("NSD {name}: no longer served by this node");
+                }
+                keep
+            });
+        }
+        if wanted.is_empty() && svc.server.lock().is_none() {
+            return;
+        }
+        if svc.server.lock().is_none() {
+            match self.start_nsd_target(&state, &me) {
+                Ok(server) => {
+                    svc.forget("target");
+                    *svc.server.lock() = Some(server);
+                }
+                Err(e) => {
+                    svc.log_once("target", format!("NSD server not started: {e:#}"));
+                    return;
+                }
+            }
+        }
+        for (name, (rec, first)) in &wanted {
+            if svc.served.lock().contains_key(*name) {
+                continue;
+            }
+            if let Err(e) = self.serve_nsd(rec, *first) {
+                svc.log_once(name, format!("NSD {name}: not served by this node: {e:#}"));
+                continue;
+            }
+            svc.forget(name);
+        }
+        if let Some(server) = svc.server.lock().as_ref() {
+            server.refence();
+        }
+    }
+
+    fn start_nsd_target(&self, state: &ConfigState, me: &NodeRecord) -> Result<DriveServer> {
+        let addr = nsd_server_addr(state, me)?;
+        let port = PortConfig {
+            portid: 1,
+            addr: PortAddr {
+                ipv6: addr.is_ipv6(),
+                traddr: addr.ip(),
+                trsvcid: addr.port(),
+            },
+            inline_data_bytes: tessera_nvme::target::config::INLINE_DATA_DEFAULT_BYTES,
+            subsystems: Vec::new(),
+            ana_groups: [
+                (PREFERRED_GROUP, AnaState::Optimized),
+                (OTHER_GROUP, AnaState::NonOptimized),
+            ]
+            .into_iter()
+            .collect(),
+            referrals: Vec::new(),
+        };
+        let config = TargetConfig {
+            hosts: Vec::new(),
+            ports: vec![port],
+            subsystems: Vec::new(),
+            tessera: Limits::default(),
+            state_dir: None,
+        };
+        let none = |p: &std::path::Path| -> io::Result<Arc<dyn BlockDevice>> {
+            Err(io::Error::other(format!("{}: no device", p.display())))
+        };
+        let server = DriveServer::start_with(config, &none).map_err(|e| {
+            anyhow!(
+                "{e} (nsdServerPort; `tessera config set nsdServerPort=N -N {}` moves it)",
+                me.name
+            )
+        })?;
+        let cluster = self.cluster.cluster_id.clone();
+        let machine = self.member.state_reader();
+        server.set_host_gate(Arc::new(move |nqn: &str| {
+            parse_node_hostnqn(nqn, &cluster)
+                .is_some_and(|(node, epoch)| machine().epoch_is_live(node, epoch))
+        }));
+        tracing::info!("NSD server listening on {addr}");
+        Ok(server)
+    }
+
+    fn serve_nsd(&self, rec: &NsdRecord, preferred: bool) -> Result<()> {
+        let dev = self.open_nsd_local(rec, Claim::Shared)?;
+        let nqn = nsd_subnqn(&rec.id);
+        let cfg = SubsystemConfig {
+            nqn: Nqn::new(&nqn).map_err(|e| anyhow!("{nqn}: {e}"))?,
+            allow_any_host: true,
+            serial: rec.id.to_hex()[..20].to_string(),
+            model: format!("Tessera NSD {}", rec.name)
+                .chars()
+                .take(40)
+                .collect(),
+            allowed_hosts: Vec::new(),
+            namespaces: vec![NamespaceConfig {
+                nsid: 1,
+                enable: true,
+                path: rec.name.clone().into(),
+                nguid: rec.id.0,
+                uuid: rec.id.0,
+                ana_grpid: if preferred {
+                    PREFERRED_GROUP
+                } else {
+                    OTHER_GROUP
+                },
+                volatile_write_cache: None,
+            }],
+        };
+        let server = self.nsd_service.server.lock();
+        let server = server
+            .as_ref()
+            .ok_or_else(|| anyhow!("the NSD server is not running"))?;
+        let open =
+            |_: &std::path::Path| -> io::Result<Arc<dyn BlockDevice>> { Ok(Arc::clone(&dev)) };
+        server.add_subsystem(&cfg, &open)?;
+        self.nsd_service.served.lock().insert(
+            rec.name.clone(),
+            Served {
+                id: rec.id,
+                dev: Arc::clone(&dev),
+                nqn,
+                preferred,
+            },
+        );
+        tracing::info!(
+            "NSD {}: served by this node ({})",
+            rec.name,
+            if preferred {
+                "first server"
+            } else {
+                "backup server"
+            }
+        );
+        Ok(())
+    }
+
+    /// Opens NSD `rec` the way `useNSDserver` says for this node (see the module
+    /// documentation); what mounts, `fs create` and `df` use.
+    pub(super) fn open_nsd_as(
+        &self,
+        rec: &NsdRecord,
+        claim: Claim,
+    ) -> Result<Arc<dyn BlockDevice>> {
+        if rec.servers.is_empty() {
+            return self.open_nsd_local(rec, claim);
+        }
+        let me = self.member.me();
+        let state = self.member.state();
+        let my_name = state
+            .nodes
+            .get(&me)
+            .map(|n| n.name.clone())
+            .unwrap_or_default();
+        if rec.servers.contains(&my_name) {
+            return self.open_nsd_local(rec, claim);
+        }
+        let mode = state.params.get("useNSDserver", Some(me));
+        match mode.as_str() {
+            "never" => self.open_nsd_local(rec, claim).map_err(|e| {
+                e.context(format!(
+                    "useNSDserver=never on this node: NSD {} is not reached through its \
+                     servers ({})",
+                    rec.name,
+                    rec.servers.join(",")
+                ))
+            }),
+            "always" => self.open_nsd_via_servers(rec),
+            _ => match self.open_nsd_local(rec, claim) {
+                Ok(local) if mode == "asneeded" => {
+                    let daemon = self.this.clone();
+                    let again = rec.clone();
+                    Ok(Arc::new(AsNeeded {
+                        name: rec.name.clone(),
+                        local,
+                        servers: Mutex::new(None),
+                        open_servers: Box::new(move || {
+                            let d = daemon
+                                .upgrade()
+                                .ok_or_else(|| io::Error::other("daemon gone"))?;
+                            d.open_nsd_via_servers(&again)
+                                .map_err(|e| io::Error::other(format!("{e:#}")))
+                        }),
+                    }))
+                }
+                Ok(local) => Ok(local),
+                Err(local) => self
+                    .open_nsd_via_servers(rec)
+                    .map_err(|e| e.context(format!("and directly: {local:#}"))),
+            },
+        }
+    }
+
+    /// Connects a path to every server of `rec` (those not connected yet) and returns
+    /// the multipath namespace, checked to hold the NSD.
+    fn open_nsd_via_servers(&self, rec: &NsdRecord) -> Result<Arc<dyn BlockDevice>> {
+        let Some(epoch) = self.member.io_epoch() else {
+            bail!(
+                "NSD {}: this node holds no disk lease, so it does not connect to NSD \
+                 servers; `tessera state -a` shows the cluster",
+                rec.name
+            );
+        };
+        let state = self.member.state();
+        let hostnqn = node_hostnqn(&self.cluster.cluster_id, self.member.me(), epoch);
+        let subnqn = nsd_subnqn(&rec.id);
+        let host = &self.nsd_service.host;
+        // Paths of an earlier incarnation are fenced at the servers: replace them.
+        let stale = host
+            .connections()
+            .iter()
+            .any(|c| c.subnqn == subnqn && c.host_nqn.as_deref() != Some(hostnqn.as_str()));
+        if stale {
+            let _ = host.disconnect(&subnqn, None);
+        }
+        let mut servers = Vec::new();
+        let mut problems = Vec::new();
+        for name in &rec.servers {
+            let Some(node) = state.node_by_name(name) else {
+                problems.push(format!("{name} is not a node of this cluster"));
+                continue;
+            };
+            let addr = match nsd_server_addr(&state, node) {
+                Ok(a) => a,
+                Err(e) => {
+                    problems.push(format!("{e:#}"));
+                    continue;
+                }
+            };
+            servers.push((name.clone(), addr));
+            if let Err(e) = connect_path(host, addr, &subnqn, &hostnqn) {
+                problems.push(format!("{name} ({addr}): {e}"));
+            }
+        }
+        self.nsd_service.reached.lock().insert(
+            rec.name.clone(),
+            Reached {
+                subnqn,
+                hostnqn,
+                epoch,
+                servers,
+            },
+        );
+        let Some(ns) = host.namespace_by_nguid(&rec.id.0) else {
+            bail!(
+                "NSD {}: no NSD server answered ({}); start a server's daemon, or check \
+                 that it reaches the device (`tessera nsd ls -M` on it)",
+                rec.name,
+                problems.join("; ")
+            );
+        };
+        if !problems.is_empty() {
+            tracing::warn!(
+                "NSD {}: reached through fewer servers than listed: {}",
+                rec.name,
+                problems.join("; ")
+            );
+        }
+        let ns: Arc<dyn BlockDevice> = ns;
+        super::nsd_admin::open_checked(rec, ns)
+    }
+
+    /// How this node reaches each NSD now (`nsd ls -M`).
+    pub(super) fn nsd_access(&self) -> Result<Vec<crate::rpc::NsdAccessRow>> {
+        let registry = self.nsds()?;
+        let served = self.nsd_service.served.lock();
+        let reached = self.nsd_service.reached.lock().clone();
+        let namespaces = self.nsd_service.host.list();
+        let rows = registry
+            .nsds
+            .iter()
+            .map(|rec| {
+                let mut row = crate::rpc::NsdAccessRow {
+                    nsd: rec.name.clone(),
+                    access: "directly attached".into(),
+                    device: rec.device.clone(),
+                    paths: Vec::new(),
+                };
+                if rec.servers.is_empty() {
+                    return row;
+                }
+                if served.get(&rec.name).is_some_and(|s| s.id == rec.id) {
+                    row.access = "server node".into();
+                    return row;
+                }
+                let ns = namespaces.iter().find(|ns| ns.nguid == rec.id.0);
+                match (reached.get(&rec.name), ns) {
+                    (Some(r), Some(ns)) => {
+                        row.access = "through servers".into();
+                        row.device = ns.stable_name.clone();
+                        row.paths = r
+                            .servers
+                            .iter()
+                            .map(
+                                |(server, addr)| match ns.paths.iter().find(|p| p.addr == *addr) {
+                                    Some(p) => (
+                                        server.clone(),
+                                        p.ana_state.to_string(),
+                                        p.state.to_string(),
+                                    ),
+                                    None => (server.clone(), "-".into(), "not connected".into()),
+                                },
+                            )
+                            .collect();
+                    }
+                    _ => row.access = "not opened".into(),
+                }
+                row
+            })
+            .collect();
+        Ok(rows)
+    }
+
+    /// Connects the paths to NSD servers that were lost for good (ctrl_loss_tmo) or never
+    /// came up, for the incarnation that asked for them.
+    fn retry_nsd_paths(&self) {
+        let reached: Vec<(String, Reached)> = self
+            .nsd_service
+            .reached
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let Some(epoch) = self.member.io_epoch() else {
+            return;
+        };
+        let host = &self.nsd_service.host;
+        // Paths of an earlier incarnation of this node are fenced at the servers: they
+        // would knock (and be refused) forever. The next open connects new ones.
+        for (nsd, r) in reached.iter().filter(|(_, r)| r.epoch != epoch) {
+            let _ = host.disconnect(&r.subnqn, None);
+            self.nsd_service.reached.lock().remove(nsd);
+            tracing::info!(
+                "NSD {nsd}: paths of this node's earlier incarnation (epoch {}) closed",
+                r.epoch
+            );
+        }
+        let live: Vec<(String, SocketAddr)> = host
+            .connections()
+            .into_iter()
+            .map(|c| (c.subnqn, c.addr))
+            .collect();
+        for (nsd, r) in reached.into_iter().filter(|(_, r)| r.epoch == epoch) {
+            for (server, addr) in &r.servers {
+                if live.iter().any(|(n, a)| *n == r.subnqn && a == addr) {
+                    continue;
+                }
+                match connect_path(host, *addr, &r.subnqn, &r.hostnqn) {
+                    Ok(()) => {
+                        tracing::info!("NSD {nsd}: path to server {server} ({addr}) connected")
+                    }
+                    Err(e) => tracing::debug!("NSD {nsd}: server {server} ({addr}): {e}"),
+                }
+            }
+        }
+    }
+}
+
+fn connect_path(
+    host: &Host,
+    addr: SocketAddr,
+    subnqn: &str,
+    hostnqn: &str,
+) -> std::result::Result<(), tessera_nvme::host::HostError> {
+    let live = host
+        .connections()
+        .iter()
+        .any(|c| c.subnqn == subnqn && c.addr == addr);
+    if live {
+        return Ok(());
+    }
+    let opts = ConnectOptions {
+        host_nqn: Some(hostnqn.to_string()),
+        // A server that is down keeps being tried: the path comes back with it.
+        ctrl_loss_tmo: Duration::from_secs(365 * 24 * 3600),
+        fast_io_fail_tmo: Some(ALL_SERVERS_DOWN_WAIT),
+        reconnect_delay: RECONNECT_DELAY,
+        keep_alive_tmo: KEEP_ALIVE,
+        ..ConnectOptions::new(addr, subnqn)
+    };
+    host.connect(opts).map(|_| ())
+}
+
+/// `useNSDserver=asneeded`: the node's own path to the device while it works; after an
+/// I/O on it fails, the NSD servers for that I/O and every later one.
+struct AsNeeded {
+    name: String,
+    local: Arc<dyn BlockDevice>,
+    servers: Mutex<Option<Arc<dyn BlockDevice>>>,
+    open_servers: Box<dyn Fn() -> io::Result<Arc<dyn BlockDevice>> + Send + Sync>,
+}
+
+impl std::fmt::Debug for AsNeeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsNeeded")
+            .field("nsd", &self.name)
+            .field("through_servers", &self.servers.lock().is_some())
+            .finish()
+    }
+}
+
+impl AsNeeded {
+    fn current(&self) -> Option<Arc<dyn BlockDevice>> {
+        self.servers.lock().clone()
+    }
+
+    /// The servers' device after the local path failed with `e`; `e` if they cannot be
+    /// reached either.
+    fn fail_over(&self, e: io::Error) -> io::Result<Arc<dyn BlockDevice>> {
+        if e.kind() == io::ErrorKind::InvalidInput {
+            return Err(e);
+        }
+        let mut servers = self.servers.lock();
+        if let Some(s) = servers.as_ref() {
+            return Ok(Arc::clone(s));
+        }
+        match (self.open_servers)() {
+            Ok(s) => {
+                tracing::warn!(
+                    "NSD {}: the local path failed ({e}); using its NSD servers from now on \
+                     (useNSDserver=asneeded)",
+                    self.name
+                );
+                *servers = Some(Arc::clone(&s));
+                Ok(s)
+            }
+            Err(s) => Err(io::Error::new(
+                e.kind(),
+                format!("{e}; and its NSD servers: {s}"),
+            )),
+        }
+    }
+}
+
+impl BlockDevice for AsNeeded {
+    fn name(&self) -> &str {
+        self.local.name()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.local.size_bytes()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if let Some(s) = self.current() {
+            return s.read_at(buf, offset);
+        }
+        match self.local.read_at(buf, offset) {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail_over(e)?.read_at(buf, offset),
+        }
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if let Some(s) = self.current() {
+            return s.write_at(buf, offset);
+        }
+        match self.local.write_at(buf, offset) {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail_over(e)?.write_at(buf, offset),
+        }
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        if let Some(s) = self.current() {
+            return s.flush();
+        }
+        match self.local.flush() {
+            Ok(()) => Ok(()),
+            // Writes the local path acknowledged reached the device; its cache is
+            // flushed through the server.
+            Err(e) => self.fail_over(e)?.flush(),
+        }
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        match self.current() {
+            Some(s) => s.discard(offset, len),
+            None => self.local.discard(offset, len),
+        }
+    }
+
+    fn can_discard(&self) -> bool {
+        self.local.can_discard()
+    }
+
+    fn discard_zeroes(&self) -> bool {
+        self.local.discard_zeroes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_nqns_name_node_and_epoch_of_this_cluster_only() {
+        let nqn = node_hostnqn("ab12", 3, 17);
+        assert_eq!(parse_node_hostnqn(&nqn, "ab12"), Some((3, 17)));
+        assert_eq!(parse_node_hostnqn(&nqn, "cd34"), None);
+        assert_eq!(parse_node_hostnqn(&format!("{nqn}:9"), "ab12"), None);
+        assert_eq!(
+            parse_node_hostnqn("nqn.2014-08.org.nvmexpress:uuid:1", "ab12"),
+            None
+        );
+        assert_eq!(
+            parse_node_hostnqn(&node_hostnqn("ab12", 3, 0).replace(":0", ":x"), "ab12"),
+            None
+        );
+    }
+}

@@ -1,0 +1,358 @@
+//! NSD servers in network namespaces: a node that does not reach the drives mounts a file
+//! system whose NSDs two other nodes serve, keeps working through the death of the server
+//! it uses, goes back to it when it returns, and an incarnation the cluster gave up on is
+//! refused by the servers.
+//!
+//! Every namespace sees the drive files (they are files of this machine), so the client
+//! is made one without drive access the way an administrator would: `useNSDserver=always`
+//! on that node.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::netns::{
+    manager, netns_usable, states, tessera_ok, up_with_drives, wait_for, y_rows, Cluster, SETTLE,
+};
+
+/// `nsd ls -m -Y` on node `k`: NSD name -> (access, paths as `server=ana/state;...`).
+fn access(c: &Cluster, k: u32) -> BTreeMap<String, (String, String)> {
+    let out = tessera_ok(c, k, &["nsd", "ls", "-m", "-Y"]);
+    y_rows(&out, "nsd:access:")
+        .into_iter()
+        .map(|r| {
+            (
+                r["diskName"].clone(),
+                (
+                    r["access"].clone(),
+                    r.get("paths").cloned().unwrap_or_default(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The content of workload file `i` at generation `g`: 64 KiB naming both.
+fn content(i: u32, g: u32) -> Vec<u8> {
+    (0..65_536u32)
+        .map(|b| (b.wrapping_mul(2_654_435_761) ^ i.wrapping_mul(97) ^ g.wrapping_mul(13)) as u8)
+        .collect()
+}
+
+struct Workload {
+    stop: Arc<AtomicBool>,
+    /// Rounds completed so far.
+    completed: Arc<AtomicUsize>,
+    /// Completed rounds: (file, generation) fsynced and read back.
+    done: Arc<Mutex<BTreeMap<u32, u32>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    /// Longest time between two completed rounds.
+    longest: Arc<Mutex<Duration>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// Writes, fsyncs and reads back 64 KiB files under `dir` in a loop until stopped.
+fn start_workload(dir: PathBuf) -> Workload {
+    let stop = Arc::new(AtomicBool::new(false));
+    let completed = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&completed);
+    let done: Arc<Mutex<BTreeMap<u32, u32>>> = Arc::default();
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let longest: Arc<Mutex<Duration>> = Arc::default();
+    let (s, d, e, l) = (
+        Arc::clone(&stop),
+        Arc::clone(&done),
+        Arc::clone(&errors),
+        Arc::clone(&longest),
+    );
+    let thread = std::thread::spawn(move || {
+        let mut last = Instant::now();
+        let mut round = 0u32;
+        while !s.load(Ordering::Relaxed) {
+            let (i, g) = (round % 64, round / 64);
+            let path = dir.join(format!("w{i:02}"));
+            let data = content(i, g);
+            let result = (|| -> std::io::Result<()> {
+                let mut f = std::fs::File::create(&path)?;
+                f.write_all(&data)?;
+                f.sync_all()?;
+                let mut back = Vec::new();
+                std::fs::File::open(&path)?.read_to_end(&mut back)?;
+                if back != data {
+                    return Err(std::io::Error::other(format!(
+                        "{} reads back wrong",
+                        path.display()
+                    )));
+                }
+                Ok(())
+            })();
+            match result {
+                Ok(()) => {
+                    d.lock().unwrap().insert(i, g);
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(err) => e.lock().unwrap().push(format!("round {round}: {err}")),
+            }
+            let now = Instant::now();
+            let mut longest = l.lock().unwrap();
+            *longest = (*longest).max(now - last);
+            last = now;
+            round += 1;
+        }
+    });
+    Workload {
+        stop,
+        completed,
+        done,
+        errors,
+        longest,
+        thread,
+    }
+}
+
+impl Workload {
+    fn rounds(&self) -> usize {
+        self.completed.load(Ordering::Relaxed)
+    }
+
+    /// Stops it; returns the files with their last generation and the longest pause.
+    fn finish(self) -> (BTreeMap<u32, u32>, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        let errors = self.errors.lock().unwrap();
+        assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
+        let done = self.done.lock().unwrap().clone();
+        let longest = *self.longest.lock().unwrap();
+        (done, longest)
+    }
+}
+
+fn verify(dir: &Path, files: &BTreeMap<u32, u32>) {
+    for (i, g) in files {
+        let back = std::fs::read(dir.join(format!("w{i:02}"))).unwrap();
+        assert!(
+            back == content(*i, *g),
+            "w{i:02} generation {g} does not verify"
+        );
+    }
+}
+
+fn log_of(c: &Cluster, k: u32) -> String {
+    std::fs::read_to_string(c.base.join(format!("node{k}/home/log/daemon.log"))).unwrap_or_default()
+}
+
+/// Two NSD servers and a client without drive access: the client creates, mounts and
+/// uses a file system through them; the server it uses for one NSD is killed under a
+/// fsyncing, verifying workload, which goes on through the other server after a pause
+/// under 10 s with no error; the killed server comes back and the client's path to it is
+/// live and preferred again; a client incarnation the cluster gave up on (its daemon
+/// stopped past the lease) is refused by the servers, and its next incarnation mounts
+/// and reads every byte back.
+#[test]
+fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
+    if !netns_usable() {
+        return;
+    }
+    let c = up_with_drives(3);
+    // The server killed below should not also be the cluster manager, so that what is
+    // measured is the NSD path failover and not a new manager's election.
+    let m = manager(&c, 1).expect("a cluster manager");
+    let (a, b) = if m == 1 { (2, 1) } else { (1, 2) };
+    let (na, nb) = (format!("node{a}"), format!("node{b}"));
+    tessera_ok(
+        &c,
+        1,
+        &["config", "set", "useNSDserver=always", "-N", "node3"],
+    );
+    let stanza = c.base.join("servers.stanza");
+    let drive = |k: u32| c.base.join(format!("drives/node{k}-d1.img"));
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=sa usage=dataAndMetadata failureGroup=1 servers={na},{nb}\n\
+             %nsd: device={} nsd=sb usage=dataAndMetadata failureGroup=2 servers={nb},{na}\n",
+            drive(a).display(),
+            drive(b).display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    // A server list naming no node of the cluster is refused before anything is written.
+    let bad = c.base.join("bad.stanza");
+    std::fs::write(
+        &bad,
+        format!("%nsd: device={} nsd=sx servers=node9\n", drive(3).display()),
+    )
+    .unwrap();
+    let out = common::netns::tessera(&c, 1, &["nsd", "create", "-F", bad.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("node9 is not a node of this cluster"),
+        "{err}"
+    );
+
+    tessera_ok(&c, a, &["nsd", "create", "-F", stanza]);
+    // Both servers serve both NSDs (each asks the configuration by itself).
+    wait_for("both servers serving both NSDs", SETTLE, || {
+        [a, b].iter().all(|&k| {
+            let seen = access(&c, k);
+            ["sa", "sb"]
+                .iter()
+                .all(|n| seen.get(*n).is_some_and(|(how, _)| how == "server node"))
+        })
+    });
+    let mnt = c.base.join("node3/mnt/ns1");
+    tessera_ok(
+        &c,
+        3,
+        &[
+            "fs",
+            "create",
+            "ns1",
+            "-F",
+            stanza,
+            "-T",
+            mnt.to_str().unwrap(),
+        ],
+    );
+    tessera_ok(&c, 3, &["mount", "ns1"]);
+    let seen = access(&c, 3);
+    assert_eq!(seen["sa"].0, "through servers", "{seen:?}");
+    assert!(
+        seen["sa"].1.contains(&format!("{na}=optimized/live"))
+            && seen["sa"].1.contains(&format!("{nb}=non-optimized/live")),
+        "{seen:?}"
+    );
+    let all = tessera_ok(&c, 3, &["nsd", "ls", "-M"]);
+    assert_eq!(
+        all.lines().filter(|l| l.contains("server node")).count(),
+        4,
+        "{all}"
+    );
+
+    // Kill the first server of `sa` under the workload.
+    let work = start_workload(mnt.clone());
+    wait_for("the workload running", SETTLE, || work.rounds() >= 10);
+    c.ok(&["kill", &a.to_string()]);
+    let killed = Instant::now();
+    let before = work.rounds();
+    std::thread::sleep(Duration::from_secs(6));
+    wait_for("rounds after the kill", SETTLE, || work.rounds() > before);
+    let (files, longest) = work.finish();
+    eprintln!(
+        "longest pause of the workload around the kill of {na}: {longest:?} ({:?} after it)",
+        killed.elapsed()
+    );
+    assert!(longest < Duration::from_secs(10), "paused {longest:?}");
+    verify(&mnt, &files);
+    let seen = access(&c, 3);
+    assert!(
+        seen["sa"].1.contains(&format!("{nb}=non-optimized/live")),
+        "{seen:?}"
+    );
+
+    // It comes back: the client's path to it is live again, and preferred.
+    c.ok(&["start", &a.to_string()]);
+    wait_for("the path to the restarted server", SETTLE, || {
+        access(&c, 3)["sa"]
+            .1
+            .contains(&format!("{na}=optimized/live"))
+    });
+    let work = start_workload(mnt.clone());
+    wait_for("the workload running again", SETTLE, || work.rounds() >= 64);
+    let (files, _) = work.finish();
+    verify(&mnt, &files);
+
+    // A client incarnation the cluster gives up on: node 3's daemon stopped past its
+    // lease. A controller it holds on a server is fenced at the expel (its writes are
+    // refused from then on), and its host NQN is refused when it connects again. The
+    // daemon's own paths close when it rejoins, so an admin connection of node 3 under
+    // the NQN its NSD paths use (its node and epoch) stands for the late writer.
+    let epoch = states(&c, 1)["node3"].1.clone();
+    let server_log = log_of(&c, a);
+    let nqn_of_3 = server_log
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("hostnqn="))
+        .find(|n| n.ends_with(&format!(":3:{epoch}")))
+        .expect("node 3's host NQN in the server's log")
+        .to_string();
+    let id = access(&c, 3)["sa"].0.clone();
+    assert_eq!(id, "through servers");
+    let nguid = tessera_ok(&c, 3, &["nsd", "ls", "-m", "-Y"])
+        .lines()
+        .find(|l| l.starts_with("nsd:access:") && l.contains(":sa:"))
+        .and_then(|l| {
+            l.split(':')
+                .find(|f| f.starts_with("eui."))
+                .map(|f| f[4..].to_string())
+        })
+        .expect("sa's namespace on node 3");
+    let subnqn = format!("nqn.2024-01.io.tessera:nsd:{nguid}");
+    let server = c.address(a);
+    let connect = |nqn: &str| {
+        common::netns::tessera(
+            &c,
+            3,
+            &[
+                "nvme", "connect", "-a", &server, "-s", "1192", "-n", &subnqn, "-q", nqn, "-k",
+                "60",
+            ],
+        )
+    };
+    let out = connect(&nqn_of_3);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = std::fs::read_to_string(c.base.join("node3/home/daemon.pid")).unwrap();
+    let pid = pid.trim().to_string();
+    let signal = |s: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([s, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    wait_for("node 3 expelled", SETTLE, || {
+        states(&c, 1)
+            .get("node3")
+            .is_some_and(|(state, _)| state != "active")
+    });
+    wait_for("the server fencing node 3's controller", SETTLE, || {
+        log_of(&c, a)
+            .lines()
+            .any(|l| l.contains("host fenced: its writes are refused") && l.contains(&nqn_of_3))
+    });
+    signal("-CONT");
+    wait_for("node 3 active again", SETTLE, || {
+        states(&c, 1)
+            .get("node3")
+            .is_some_and(|(state, e)| state == "active" && *e != epoch)
+    });
+    let _ = common::netns::tessera(&c, 3, &["nvme", "disconnect", "-n", &subnqn]);
+    let out = connect(&nqn_of_3);
+    assert!(!out.status.success(), "the old incarnation connected again");
+    assert!(
+        log_of(&c, a)
+            .lines()
+            .any(|l| l.contains("fenced host refused") && l.contains(&nqn_of_3)),
+        "the server's log does not say it refused {nqn_of_3}"
+    );
+    // The new incarnation mounts again (the old mount is stale) and reads every byte.
+    let _ = std::process::Command::new("umount")
+        .args(["-l", mnt.to_str().unwrap()])
+        .status();
+    let _ = common::netns::tessera(&c, 3, &["umount", "ns1"]);
+    tessera_ok(&c, 3, &["mount", "ns1"]);
+    verify(&mnt, &files);
+    tessera_ok(&c, 3, &["umount", "ns1"]);
+    let fsck = tessera_ok(&c, 3, &["fsck", "ns1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+}
