@@ -43,7 +43,8 @@ usage: $(basename "$0") COMMAND [ARGS]   (as root)
   down                   unmount, stop, delete namespaces, bridges and $BASE
 
 environment: TSR_PREFIX (names, default tsr-), TSR_BASE (state, default /tmp/tessera-netns),
-TSR_SUBNET (first three octets, default 10.77.0), TSR_UP_TIMEOUT (seconds 'up' waits for
+TSR_SUBNET (first three octets, default 10.77.0), TSR_MTU (link MTU, default 9000: storage
+networks run jumbo frames), TSR_UP_TIMEOUT (seconds 'up' waits for
 every node to be active, default 60), TESSERA_BIN (the tessera binary; default
 the newer of target/release/tessera and target/debug/tessera, else tessera on PATH)
 EOF
@@ -57,6 +58,7 @@ die() {
 SCRIPT=$(readlink -f "$0")
 REPO=$(dirname "$(dirname "$SCRIPT")")
 PREFIX=${TSR_PREFIX:-tsr-}
+MTU=${TSR_MTU:-9000}
 BASE=${TSR_BASE:-/tmp/tessera-netns}
 SUBNET=${TSR_SUBNET:-10.77.0}
 SUBNET=${SUBNET%.0/24}
@@ -217,7 +219,7 @@ cmd_up() {
     for ((k = 1; k <= n; k++)); do
         ns=$(ns_name "$k")
         ip netns add "$ns"
-        ip link add "$(veth_name "$k")" type veth peer name eth0 netns "$ns"
+        ip link add "$(veth_name "$k")" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
         ip link set "$(veth_name "$k")" master "$BRIDGE" up
         ip -n "$ns" addr add "$SUBNET.$k/24" dev eth0
         ip -n "$ns" link set lo up

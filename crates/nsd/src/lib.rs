@@ -17,9 +17,9 @@ pub use descriptor::{
     NsdDescriptor, NsdError,
 };
 pub use stanza::{
-    format_nsd_stanza, format_pdisk_stanza, format_pool_stanza, parse_nsd_stanzas,
-    parse_pdisk_stanzas, parse_pool_stanzas, parse_stanzas, Attr, NsdStanza, PdiskStanza,
-    PoolStanza, Stanza, StanzaError,
+    format_nsd_stanza, format_pdisk_stanza, format_pool_stanza, parse_nsd_servers_changes,
+    parse_nsd_stanzas, parse_pdisk_stanzas, parse_pool_stanzas, parse_stanzas, Attr,
+    NsdServersChange, NsdStanza, PdiskStanza, PoolStanza, Stanza, StanzaError,
 };
 pub use types::{
     check_name, DiskUsage, NsdId, ParseValueError, ThinDiskType, NAME_MAX_BYTES, NAME_RULE,

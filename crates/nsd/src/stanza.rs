@@ -708,6 +708,60 @@ pub fn parse_nsd_stanzas(text: &str) -> Result<Vec<NsdStanza>, StanzaError> {
     Ok(nsds)
 }
 
+/// One `%nsd` stanza of `nsd change -F` [mmchnsd]: which NSD, and its new server list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NsdServersChange {
+    pub nsd: String,
+    /// The new list, in preference order.
+    pub servers: Vec<String>,
+    pub line: usize,
+}
+
+/// Parses the stanzas of `nsd change -F`: each names an NSD (`nsd=`) and its new server
+/// list (`servers=`); other attributes of an NSD are not changed this way and are refused,
+/// so a stanza file written for `nsd create` is not mistaken for one.
+pub fn parse_nsd_servers_changes(text: &str) -> Result<Vec<NsdServersChange>, StanzaError> {
+    let stanzas = parse_stanzas(text)?;
+    let mut names = HashMap::new();
+    let mut changes = Vec::new();
+    for s in &stanzas {
+        if s.kind != "nsd" {
+            return Err(StanzaError::InvalidValue {
+                line: s.line,
+                key: "%".to_string() + &s.kind,
+                value: String::new(),
+                problem: "only %nsd stanzas change NSD servers".into(),
+                accepted: "%nsd: nsd=NAME servers=NODE[,NODE...]".into(),
+            });
+        }
+        check_keys(s, &["nsd", "servers"])?;
+        let nsd = required(
+            s,
+            "nsd",
+            "nsd1",
+            field(s, "nsd", |v| parse_name(v, "NSD name"))?,
+        )?;
+        let servers = required(
+            s,
+            "servers",
+            "node1,node2",
+            field(s, "servers", parse_servers)?,
+        )?;
+        let line = s.get("nsd").expect("nsd attribute").line;
+        claim(&mut names, &nsd, line).map_err(|first_line| StanzaError::DuplicateNsd {
+            line,
+            name: nsd.clone(),
+            first_line,
+        })?;
+        changes.push(NsdServersChange {
+            nsd,
+            servers,
+            line: s.line,
+        });
+    }
+    Ok(changes)
+}
+
 fn pool_from_stanza(s: &Stanza) -> Result<PoolStanza, StanzaError> {
     assert_eq!(s.kind, "pool");
     check_keys(s, &POOL_KEYS)?;

@@ -522,3 +522,23 @@ fn check_no_panic(text: &str) -> Result<(), TestCaseError> {
     }
     Ok(())
 }
+
+#[test]
+fn server_changes_name_an_nsd_and_its_servers_only() {
+    let c =
+        parse_nsd_servers_changes("%nsd: nsd=a servers=n2,n1\n%nsd:\n  nsd=b servers=n3").unwrap();
+    assert_eq!(c.len(), 2);
+    assert_eq!(
+        (c[0].nsd.as_str(), c[0].servers.clone()),
+        ("a", vec!["n2".to_string(), "n1".into()])
+    );
+    assert_eq!(c[1].line, 2);
+    let e = parse_nsd_servers_changes("%nsd: nsd=a servers=n1 device=/dev/sdb").unwrap_err();
+    assert!(e.to_string().contains("device"), "{e}");
+    let e = parse_nsd_servers_changes("%nsd: nsd=a").unwrap_err();
+    assert!(e.to_string().contains("servers"), "{e}");
+    let e = parse_nsd_servers_changes("%nsd: nsd=a servers=x\n%nsd: nsd=a servers=y").unwrap_err();
+    assert!(matches!(e, StanzaError::DuplicateNsd { .. }), "{e}");
+    let e = parse_nsd_servers_changes("%pool: pool=p").unwrap_err();
+    assert!(e.to_string().contains("only %nsd"), "{e}");
+}

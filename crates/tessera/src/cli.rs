@@ -651,14 +651,26 @@ pub enum NsdCommand {
     /// namespaces, the recorded paths and the paths and globs listed one per line in
     /// $TESSERA_HOME/nsddevices.
     Discover,
-    /// Record a new device path for an NSD that scanning cannot find [mmchnsd]; the device
-    /// must carry the NSD's descriptor.
+    /// Change NSDs [mmchnsd]: their NSD servers (`-F` with `%nsd: nsd=NAME
+    /// servers=NODE[,NODE...]` stanzas; the nodes start and stop serving by themselves and
+    /// clients follow), or the device path of one NSD that scanning cannot find (`NAME
+    /// --device PATH`; the device must carry the NSD's descriptor).
+    #[command(group(ArgGroup::new("what").required(true).args(["file", "device"])))]
     Change {
-        /// The NSD.
-        name: String,
+        /// The NSD whose device changes.
+        #[arg(requires = "device")]
+        name: Option<String>,
         /// Its device now: a path, a block device name, or nvme:NAME.
-        #[arg(long = "device", short = 'd')]
-        device: String,
+        #[arg(
+            long = "device",
+            short = 'd',
+            requires = "name",
+            conflicts_with = "file"
+        )]
+        device: Option<String>,
+        /// Stanza file with the new server lists.
+        #[arg(short = 'F', value_name = "STANZA_FILE")]
+        file: Option<PathBuf>,
     },
 }
 

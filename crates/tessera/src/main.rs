@@ -128,7 +128,11 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         }
         Command::Nsd(NsdCommand::Delete { names }) => nsd::delete(home, &names),
         Command::Nsd(NsdCommand::Discover) => nsd::discover(home),
-        Command::Nsd(NsdCommand::Change { name, device }) => nsd::change(home, &name, &device),
+        Command::Nsd(NsdCommand::Change { name, device, file }) => match (name, device, file) {
+            (Some(name), Some(device), None) => nsd::change(home, &name, &device),
+            (None, None, Some(file)) => nsd::change_servers(home, &file),
+            _ => unreachable!("clap requires NAME --device or -F"),
+        },
         Command::Fs(FsCommand::Create(a)) => fs::create(home, &a),
         Command::Fs(FsCommand::Ls(a)) => fs::ls(home, &a.device, a.machine),
         Command::Fs(FsCommand::Delete(a)) => fs::delete(home, &a.device, a.unreadable_ok),

@@ -212,6 +212,10 @@ pub enum Request {
         name: String,
         device: String,
     },
+    /// `nsd change -F FILE`: each NSD's new server list.
+    NsdChangeServers {
+        changes: Vec<(String, Vec<String>)>,
+    },
     FsCreate(Box<FsCreateSpec>),
     FsShow {
         name: String,

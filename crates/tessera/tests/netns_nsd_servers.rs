@@ -152,7 +152,7 @@ fn log_of(c: &Cluster, k: u32) -> String {
 /// under 10 s with no error; the killed server comes back and the client's path to it is
 /// live and preferred again; a client incarnation the cluster gave up on (its daemon
 /// stopped past the lease) is refused by the servers, and its next incarnation mounts
-/// and reads every byte back.
+/// and reads every byte back; `nsd change -F` moves an NSD to one server under load.
 #[test]
 fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
     if !netns_usable() {
@@ -198,14 +198,34 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
 
     tessera_ok(&c, a, &["nsd", "create", "-F", stanza]);
     // Both servers serve both NSDs (each asks the configuration by itself).
-    wait_for("both servers serving both NSDs", SETTLE, || {
+    let serving = || {
         [a, b].iter().all(|&k| {
             let seen = access(&c, k);
             ["sa", "sb"]
                 .iter()
                 .all(|n| seen.get(*n).is_some_and(|(how, _)| how == "server node"))
         })
-    });
+    };
+    let started = Instant::now();
+    while !serving() {
+        if started.elapsed() > SETTLE {
+            let logs: Vec<String> = [a, b]
+                .iter()
+                .flat_map(|&k| {
+                    log_of(&c, k)
+                        .lines()
+                        .filter(|l| l.contains("NSD") || l.contains("nsd"))
+                        .map(|l| format!("node{k}: {l}"))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            panic!(
+                "both servers serving both NSDs: not within {SETTLE:?}\n{}",
+                logs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let mnt = c.base.join("node3/mnt/ns1");
     tessera_ok(
         &c,
@@ -352,6 +372,31 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
     let _ = common::netns::tessera(&c, 3, &["umount", "ns1"]);
     tessera_ok(&c, 3, &["mount", "ns1"]);
     verify(&mnt, &files);
+
+    // `nsd change -F` [mmchnsd] under load: `sa` is served by the other server alone from
+    // now on; the client follows, and the old server stops serving it.
+    let change = c.base.join("change.stanza");
+    std::fs::write(&change, format!("%nsd: nsd=sa servers={nb}\n")).unwrap();
+    let work = start_workload(mnt.clone());
+    wait_for("the workload running", SETTLE, || work.rounds() >= 10);
+    tessera_ok(&c, 3, &["nsd", "change", "-F", change.to_str().unwrap()]);
+    wait_for("the client on the new server list", SETTLE, || {
+        access(&c, 3)["sa"].1 == format!("{nb}=optimized/live")
+    });
+    let before = work.rounds();
+    wait_for("rounds after the change", SETTLE, || {
+        work.rounds() > before + 10
+    });
+    let (files, _) = work.finish();
+    verify(&mnt, &files);
+    assert_eq!(access(&c, a)["sa"].0, "not opened", "{na} still serves sa");
+    let listed = tessera_ok(&c, 3, &["nsd", "ls"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains("sa") && l.trim_end().ends_with(&nb)),
+        "{listed}"
+    );
     tessera_ok(&c, 3, &["umount", "ns1"]);
     let fsck = tessera_ok(&c, 3, &["fsck", "ns1", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");

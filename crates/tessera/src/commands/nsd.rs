@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use tessera_nsd::{format_nsd_stanza, parse_nsd_stanzas, NsdStanza};
+use tessera_nsd::{format_nsd_stanza, parse_nsd_servers_changes, parse_nsd_stanzas, NsdStanza};
 
 use super::{call, unexpected, yes_no};
 use crate::config::{write_atomic, Home, NsdRecord};
@@ -405,6 +405,23 @@ pub fn change(home: &Home, name: &str, device: &str) -> Result<()> {
             device,
         },
     )?;
+    println!("tessera nsd change: Command successfully completed");
+    Ok(())
+}
+
+/// `nsd change -F FILE`: new server lists.
+pub fn change_servers(home: &Home, file: &Path) -> Result<()> {
+    let text = read_stanza_file(file)?;
+    let changes =
+        parse_nsd_servers_changes(&text).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+    if changes.is_empty() {
+        bail!(
+            "{}: no %nsd stanzas found; write one `%nsd: nsd=NAME servers=NODE[,NODE...]` per NSD",
+            file.display()
+        );
+    }
+    let changes = changes.into_iter().map(|c| (c.nsd, c.servers)).collect();
+    call(home, &Request::NsdChangeServers { changes })?;
     println!("tessera nsd change: Command successfully completed");
     Ok(())
 }

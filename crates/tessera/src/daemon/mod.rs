@@ -323,6 +323,7 @@ impl Daemon {
                 Ok(Reply::NsdDiscovery(self.discover_nsds()?))
             }
             Request::NsdChange { name, device } => self.nsd_change(&name, &device),
+            Request::NsdChangeServers { changes } => self.nsd_change_servers(&changes),
             Request::FsCreate(spec) => self.fs_create(*spec, r),
             Request::FsShow { name } => self.fs_show(&name),
             Request::FsDelete {

@@ -50,6 +50,7 @@ use tessera_nvme::wire::Nqn;
 use super::nsd_admin::Claim;
 use super::Daemon;
 use crate::config::NsdRecord;
+use crate::rpc::Reply;
 
 const NQN_PREFIX: &str = "nqn.2024-01.io.tessera";
 /// ANA group of the namespaces a node serves as the NSD's first server (optimized), and
@@ -302,6 +303,13 @@ impl Daemon {
     }
 
     fn serve_nsd(&self, rec: &NsdRecord, preferred: bool) -> Result<()> {
+        // Not while an admin command runs here: one that holds the device exclusively (an
+        // `nsd create` writing its descriptor) would share its exclusive claim with this
+        // open (a process holds one claim per device), and the server would keep the
+        // device locked against the other servers for good. Tried again at the next pass.
+        let Some(_admin) = self.admin.try_lock() else {
+            bail!("an admin command is running on this node; trying again shortly");
+        };
         let dev = self.open_nsd_local(rec, Claim::Shared)?;
         let nqn = nsd_subnqn(&rec.id);
         let cfg = SubsystemConfig {
@@ -480,6 +488,49 @@ impl Daemon {
         super::nsd_admin::open_checked(rec, ns)
     }
 
+    /// `nsd change -F` [mmchnsd]: new server lists, all or none. The servers start and
+    /// stop serving when they see the change, and clients connect to the new servers and
+    /// leave the old ones (`retry_nsd_paths`).
+    pub(super) fn nsd_change_servers(&self, changes: &[(String, Vec<String>)]) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut registry = self.nsds()?;
+        let state = self.member.state();
+        let mut problems = Vec::new();
+        for (name, servers) in changes {
+            if registry.get(name).is_none() {
+                problems.push(format!(
+                    "NSD {name} does not exist; `tessera nsd ls` lists the NSDs"
+                ));
+            }
+            for server in servers {
+                if state.node_by_name(server).is_none() {
+                    problems.push(format!(
+                        "NSD {name}: servers={}: {server} is not a node of this cluster",
+                        servers.join(",")
+                    ));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            bail!("no NSD was changed:\n  {}", problems.join("\n  "));
+        }
+        for (name, servers) in changes {
+            let rec = registry.get_mut(name).expect("checked above");
+            tracing::info!(
+                "NSD {name}: servers {} -> {}",
+                if rec.servers.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    rec.servers.join(",")
+                },
+                servers.join(",")
+            );
+            rec.servers = servers.clone();
+        }
+        self.save_nsds(&registry)?;
+        Ok(Reply::Done)
+    }
+
     /// How this node reaches each NSD now (`nsd ls -M`).
     pub(super) fn nsd_access(&self) -> Result<Vec<crate::rpc::NsdAccessRow>> {
         let registry = self.nsds()?;
@@ -560,6 +611,43 @@ impl Daemon {
             .into_iter()
             .map(|c| (c.subnqn, c.addr))
             .collect();
+        // Server lists changed by `nsd change -F`: leave the servers no longer listed.
+        let registry = self.nsds().ok();
+        let state = self.member.state();
+        let mut reached = reached;
+        // Closed only after the new servers' paths are up: a namespace whose last path
+        // goes is gone for good, under the mounts that use it.
+        let mut gone = Vec::new();
+        for (nsd, r) in reached.iter_mut().filter(|(_, r)| r.epoch == epoch) {
+            let Some(rec) = registry.as_ref().and_then(|reg| reg.get(nsd)) else {
+                continue;
+            };
+            let now: Vec<(String, SocketAddr)> = rec
+                .servers
+                .iter()
+                .filter_map(|name| {
+                    let node = state.node_by_name(name)?;
+                    Some((name.clone(), nsd_server_addr(&state, node).ok()?))
+                })
+                .collect();
+            if now == r.servers {
+                continue;
+            }
+            let left: Vec<(String, SocketAddr)> = r
+                .servers
+                .iter()
+                .filter(|(_, addr)| !now.iter().any(|(_, a)| a == addr))
+                .cloned()
+                .collect();
+            r.servers = now;
+            if left.is_empty() {
+                if let Some(kept) = self.nsd_service.reached.lock().get_mut(nsd) {
+                    kept.servers = r.servers.clone();
+                }
+            } else {
+                gone.push((nsd.clone(), r.subnqn.clone(), r.servers.clone(), left));
+            }
+        }
         for (nsd, r) in reached.into_iter().filter(|(_, r)| r.epoch == epoch) {
             for (server, addr) in &r.servers {
                 if live.iter().any(|(n, a)| *n == r.subnqn && a == addr) {
@@ -571,6 +659,33 @@ impl Daemon {
                     }
                     Err(e) => tracing::debug!("NSD {nsd}: server {server} ({addr}): {e}"),
                 }
+            }
+        }
+        let connected: Vec<(String, SocketAddr)> = host
+            .list()
+            .into_iter()
+            .flat_map(|ns| {
+                let subnqn = ns.subnqn.clone();
+                ns.paths
+                    .into_iter()
+                    .filter(|p| p.state == tessera_nvme::host::PathState::Live)
+                    .map(move |p| (subnqn.clone(), p.addr))
+            })
+            .collect();
+        for (nsd, subnqn, now, left) in gone {
+            let up = now
+                .iter()
+                .any(|(_, addr)| connected.iter().any(|(n, a)| *n == subnqn && a == addr));
+            if !up {
+                // Not yet: the old servers stay until a new one answers.
+                continue;
+            }
+            for (server, addr) in left {
+                let _ = host.disconnect(&subnqn, Some(addr));
+                tracing::info!("NSD {nsd}: server {server} ({addr}) no longer listed; path closed");
+            }
+            if let Some(kept) = self.nsd_service.reached.lock().get_mut(&nsd) {
+                kept.servers = now;
             }
         }
     }

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A file system reached through an NSD server against the same file system on the server's
+# own access to the drive, in one run (issue: NSD servers). Two nodes in network
+# namespaces; node1 holds a drive file and serves NSD n1 (`servers=node1`); node2 reaches it
+# only through node1 (`useNSDserver=always`). Each round mounts the file system on one node
+# at a time (that node then owns the metadata, so only the data path differs) and runs fio
+# on it: sequential 1 MiB writes and reads by one process (each write waits for the one
+# before) and by four at once, and 4 KiB random reads at queue depth 32, all O_DIRECT so
+# no page cache answers for the drive.
+#
+#   bench/nsd_server.sh          (ROUNDS=2 SIZE=1G SIZE4=256M SECONDS_EACH=15; root; ~6 min)
+#
+# Prints a Markdown table: MiB/s (or IOPS) per round for each side and the ratio
+# server path / local, the figure of merit (goals: >= 0.8 sequential, >= 0.5 random).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${ROUNDS:-2}
+size=${SIZE:-1G}
+# Per process when four run at once.
+size4=${SIZE4:-256M}
+secs=${SECONDS_EACH:-15}
+export TSR_PREFIX=${TSR_PREFIX:-tq-} TSR_BASE=${TSR_BASE:-/var/tmp/tqnet}
+export TSR_SUBNET=${TSR_SUBNET:-10.76.0}
+if [[ -z ${TESSERA_BIN:-} ]]; then
+    cargo build --release -q -p tessera
+    export TESSERA_BIN=$PWD/target/release/tessera
+fi
+net=scripts/cluster-netns.sh
+$net down >/dev/null 2>&1 || true
+$net up 2 --drives 1 --size 4G --config failureDetectionTime=10 >/dev/null
+trap '$net down >/dev/null 2>&1 || true' EXIT
+stanza=$TSR_BASE/n1.stanza
+echo "%nsd: device=$TSR_BASE/drives/node1-d1.img nsd=n1 usage=dataAndMetadata failureGroup=1 pool=system servers=node1" >"$stanza"
+$net run 1 -- tessera config set useNSDserver=always -N node2 >/dev/null
+$net run 1 -- tessera nsd create -F "$stanza" >/dev/null
+$net run 1 -- tessera fs create q1 -F "$stanza" >/dev/null
+mnt() { echo "$TSR_BASE/node$1/mnt/q1"; }
+
+# fio_run NODE NAME ARGS...: prints MiB/s (bw) or IOPS of one fio job on node NODE's mount.
+fio_run() {
+    local node=$1 name=$2
+    shift 2
+    fio --name="$name" --directory="$(mnt "$node")" --size="$size" \
+        --direct=1 --group_reporting --output-format=json "$@" >"$TSR_BASE/$name.json"
+    python3 - "$TSR_BASE/$name.json" <<'EOF'
+import json, sys
+job = json.load(open(sys.argv[1]))["jobs"][0]
+side = job["write"] if job["write"]["io_bytes"] > 0 else job["read"]
+print(f'{side["bw_bytes"] / 2**20:.0f} {side["iops"]:.0f}')
+EOF
+}
+
+# measure NODE: mounts on NODE alone, runs the workloads, unmounts; prints
+# "seqwrite seqread seqwrite4 seqread4 (MiB/s) randread_iops".
+measure() {
+    local node=$1 w r w4 r4 q
+    $net run "$node" -- tessera mount q1 -T "$(mnt "$node")" >/dev/null
+    w=$(fio_run "$node" seqwrite --filename=bench.dat --rw=write --bs=1M --ioengine=psync \
+        --end_fsync=1 | cut -d' ' -f1)
+    r=$(fio_run "$node" seqread --filename=bench.dat --rw=read --bs=1M --ioengine=psync \
+        | cut -d' ' -f1)
+    q=$(fio_run "$node" randread --filename=bench.dat --rw=randread --bs=4k --ioengine=libaio \
+        --iodepth=32 --time_based --runtime="$secs" | cut -d' ' -f2)
+    rm -f "$(mnt "$node")/bench.dat"
+    w4=$(fio_run "$node" seqwrite4 --numjobs=4 --size="$size4" --rw=write --bs=1M --ioengine=psync \
+        --end_fsync=1 | cut -d' ' -f1)
+    r4=$(fio_run "$node" seqread4 --numjobs=4 --size="$size4" --rw=read --bs=1M --ioengine=psync \
+        | cut -d' ' -f1)
+    rm -f "$(mnt "$node")"/seq*
+    $net run "$node" -- tessera umount q1 >/dev/null
+    echo "$w $r $w4 $r4 $q"
+}
+
+echo "| round | workload | local (node1) | through NSD server (node2) | server / local |"
+echo "| ---: | --- | ---: | ---: | ---: |"
+row() { echo "| $1 | $2 | $3 | $4 | $(python3 -c "print(f'{$4 / $3:.2f}')") |"; }
+for round in $(seq 1 "$rounds"); do
+    read -r lw lr lw4 lr4 lq < <(measure 1)
+    read -r sw sr sw4 sr4 sq < <(measure 2)
+    row "$round" "seq write 1 MiB, 1 process, MiB/s" "$lw" "$sw"
+    row "$round" "seq read 1 MiB, 1 process, MiB/s" "$lr" "$sr"
+    row "$round" "seq write 1 MiB, 4 processes, MiB/s" "$lw4" "$sw4"
+    row "$round" "seq read 1 MiB, 4 processes, MiB/s" "$lr4" "$sr4"
+    row "$round" "rand read 4 KiB QD32, IOPS" "$lq" "$sq"
+done
