@@ -827,6 +827,69 @@ impl BlockDevice for AsNeeded {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_drive::{AlignedBuf, FileDrive};
+    use tessera_testkit::{Faults, SimDrive};
+
+    /// `asneeded`: the local path serves until an I/O on it fails; that I/O and every
+    /// later one go through the servers (here a second open of the same drive file, as a
+    /// server reaches the same device), and a failure of both says both.
+    #[test]
+    fn as_needed_moves_to_the_servers_after_a_local_failure_and_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.img");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let faults = Arc::new(Faults::default());
+        let local = Arc::new(SimDrive::new(
+            Arc::new(FileDrive::open_shared(&path).unwrap()),
+            Arc::clone(&faults),
+        ));
+        let opened = Arc::new(AtomicBool::new(false));
+        let (p, o) = (path.clone(), Arc::clone(&opened));
+        let dev = AsNeeded {
+            name: "n1".into(),
+            local,
+            servers: Mutex::new(None),
+            open_servers: Box::new(move || {
+                o.store(true, Ordering::SeqCst);
+                Ok(Arc::new(FileDrive::open_shared(&p)?) as Arc<dyn BlockDevice>)
+            }),
+        };
+        let mut data = AlignedBuf::zeroed(4096);
+        data.fill(7);
+        dev.write_at(&data, 0).unwrap();
+        assert!(
+            !opened.load(Ordering::SeqCst),
+            "servers opened while the local path works"
+        );
+        faults.fail_writes.store(true, Ordering::SeqCst);
+        data.fill(9);
+        dev.write_at(&data, 4096).unwrap();
+        assert!(opened.load(Ordering::SeqCst));
+        dev.flush().unwrap();
+        // Reads now go through the servers too, though the local path could still read.
+        faults.fail_writes.store(false, Ordering::SeqCst);
+        faults.fail_reads.store(true, Ordering::SeqCst);
+        let mut back = AlignedBuf::zeroed(8192);
+        dev.read_at(&mut back, 0).unwrap();
+        assert!(back[..4096].iter().all(|b| *b == 7) && back[4096..].iter().all(|b| *b == 9));
+
+        let bad = Arc::new(Faults::default());
+        bad.fail_reads.store(true, Ordering::SeqCst);
+        let failing = AsNeeded {
+            name: "n2".into(),
+            local: Arc::new(SimDrive::new(
+                Arc::new(FileDrive::open_shared(&path).unwrap()),
+                bad,
+            )),
+            servers: Mutex::new(None),
+            open_servers: Box::new(|| Err(io::Error::other("no NSD server answered"))),
+        };
+        let err = failing.read_at(&mut back, 0).unwrap_err();
+        assert!(err.to_string().contains("no NSD server answered"), "{err}");
+    }
 
     #[test]
     fn host_nqns_name_node_and_epoch_of_this_cluster_only() {
