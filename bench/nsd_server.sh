@@ -10,6 +10,8 @@
 #
 #   bench/nsd_server.sh          (ROUNDS=2 SIZE=1G SIZE4=256M SECONDS_EACH=15; root; ~6 min)
 #
+# Then the same node pair without the file system: `tessera perf nsd` streams to a free
+# NSD p1 (node1's second drive) from node1 (its device) and from node2 (through node1).
 # Prints a Markdown table: MiB/s (or IOPS) per round for each side and the ratio
 # server path / local, the figure of merit (goals: >= 0.8 sequential, >= 0.5 random).
 set -euo pipefail
@@ -27,12 +29,16 @@ if [[ -z ${TESSERA_BIN:-} ]]; then
 fi
 net=scripts/cluster-netns.sh
 $net down >/dev/null 2>&1 || true
-$net up 2 --drives 1 --size 4G --config failureDetectionTime=10 >/dev/null
+$net up 2 --drives 2 --size 4G --config failureDetectionTime=10 >/dev/null
 trap '$net down >/dev/null 2>&1 || true' EXIT
 stanza=$TSR_BASE/n1.stanza
 echo "%nsd: device=$TSR_BASE/drives/node1-d1.img nsd=n1 usage=dataAndMetadata failureGroup=1 pool=system servers=node1" >"$stanza"
+# A free NSD for `perf nsd`: the NSD path alone, without the file system.
+raw=$TSR_BASE/p1.stanza
+echo "%nsd: device=$TSR_BASE/drives/node1-d2.img nsd=p1 servers=node1" >"$raw"
 $net run 1 -- tessera config set useNSDserver=always -N node2 >/dev/null
 $net run 1 -- tessera nsd create -F "$stanza" >/dev/null
+$net run 1 -- tessera nsd create -F "$raw" >/dev/null
 $net run 1 -- tessera fs create q1 -F "$stanza" >/dev/null
 mnt() { echo "$TSR_BASE/node$1/mnt/q1"; }
 
@@ -48,6 +54,14 @@ job = json.load(open(sys.argv[1]))["jobs"][0]
 side = job["write"] if job["write"]["io_bytes"] > 0 else job["read"]
 print(f'{side["bw_bytes"] / 2**20:.0f} {side["iops"]:.0f}')
 EOF
+}
+
+# perf_nsd NODE ARGS...: MB/s of `tessera perf nsd p1 ARGS` on node NODE.
+perf_nsd() {
+    local node=$1
+    shift
+    $net run "$node" -- tessera perf nsd p1 --seconds "$secs" -Y "$@" \
+        | awk -F: '$3 != "HEADER" && /^perfNsd/ { print $11 }'
 }
 
 # measure NODE: mounts on NODE alone, runs the workloads, unmounts; prints
@@ -82,4 +96,10 @@ for round in $(seq 1 "$rounds"); do
     row "$round" "seq write 1 MiB, 4 processes, MiB/s" "$lw4" "$sw4"
     row "$round" "seq read 1 MiB, 4 processes, MiB/s" "$lr4" "$sr4"
     row "$round" "rand read 4 KiB QD32, IOPS" "$lq" "$sq"
+    # The NSD alone (perf nsd, no file system): written first, so reads find data.
+    for args in "--op write --size 1M -t 1" "--op write --size 1M -t 4" \
+        "--op read --size 1M -t 1" "--op read --size 1M -t 4" "--op read --size 4K -t 32"; do
+        # shellcheck disable=SC2086
+        row "$round" "NSD alone: $args, MB/s" "$(perf_nsd 1 $args)" "$(perf_nsd 2 $args)"
+    done
 done

@@ -120,6 +120,26 @@ pub enum PerfCommand {
     /// storage problem.
     #[command(subcommand)]
     Net(PerfNetCommand),
+    /// Throughput and latency of one NSD as this node reaches it (its device, or through
+    /// its NSD servers): node-to-NSD-server streams without the file system [nsdperf].
+    /// Writes only to a free NSD (one no file system uses).
+    Nsd {
+        /// The NSD.
+        nsd: String,
+        /// `read` or `write`.
+        #[arg(long = "op", default_value = "read")]
+        op: String,
+        /// Request size (K, M suffixes), at most 16M.
+        #[arg(long = "size", default_value = "1M")]
+        size: String,
+        /// Requests in flight (one thread each).
+        #[arg(short = 't', long = "threads", default_value_t = 4)]
+        threads: u32,
+        #[arg(long = "seconds", default_value_t = 5)]
+        seconds: u32,
+        #[arg(short = 'Y')]
+        machine: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]

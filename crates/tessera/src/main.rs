@@ -91,6 +91,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Nvme(NvmeCommand::DisconnectAll) => "nvme disconnect-all",
         Command::Nvme(NvmeCommand::ShowHostnqn) => "nvme show-hostnqn",
         Command::DriveServer(_) => "drive-server",
+        Command::Perf(PerfCommand::Nsd { .. }) => "perf nsd",
         Command::Perf(_) => "perf net",
     }
 }
@@ -287,6 +288,19 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
                 seconds,
                 machine,
             })
+        }
+        Command::Perf(PerfCommand::Nsd {
+            nsd,
+            op,
+            size,
+            threads,
+            seconds,
+            machine,
+        }) => {
+            let size = commands::units::parse_size(&size)
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| anyhow::anyhow!("--size {size}: use a size like 4K or 1M"))?;
+            nsd::perf(home, &nsd, &op, size, threads, seconds, machine)
         }
     }
 }

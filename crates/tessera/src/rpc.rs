@@ -212,6 +212,14 @@ pub enum Request {
         name: String,
         device: String,
     },
+    /// `perf nsd`: requests of `size` bytes to one NSD, `threads` at once, for `seconds`.
+    PerfNsd {
+        nsd: String,
+        write: bool,
+        size: u32,
+        threads: u32,
+        seconds: u32,
+    },
     /// `nsd change -F FILE`: each NSD's new server list.
     NsdChangeServers {
         changes: Vec<(String, Vec<String>)>,
@@ -409,6 +417,20 @@ pub struct NvmePathRow {
     pub retries: u64,
     pub latency_us_p50: u64,
     pub latency_us_p99: u64,
+}
+
+/// What `perf nsd` measured.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PerfNsdReport {
+    /// How this node reached the NSD ("directly attached", "server node", "through
+    /// servers: ...").
+    pub path: String,
+    pub bytes: u64,
+    pub requests: u64,
+    pub seconds: f64,
+    pub latency_us_p50: u64,
+    pub latency_us_p99: u64,
+    pub latency_us_max: u64,
 }
 
 /// How one node reaches one NSD (`nsd ls -M`).
@@ -641,6 +663,7 @@ pub enum Reply {
     Nsds(Vec<NsdRecord>),
     NsdDiscovery(Vec<NsdDiscoverRow>),
     NsdAccess(Vec<NsdAccessRow>),
+    PerfNsd(PerfNsdReport),
     Fs(Box<FsShow>),
     Mounted {
         mount_point: String,

@@ -409,6 +409,86 @@ pub fn change(home: &Home, name: &str, device: &str) -> Result<()> {
     Ok(())
 }
 
+/// `perf nsd`: one NSD's throughput and latency as this node reaches it.
+pub fn perf(
+    home: &Home,
+    nsd: &str,
+    op: &str,
+    size: u32,
+    threads: u32,
+    seconds: u32,
+    machine: bool,
+) -> Result<()> {
+    let write = match op {
+        "read" => false,
+        "write" => true,
+        other => bail!("--op {other}: use read or write"),
+    };
+    let request = Request::PerfNsd {
+        nsd: nsd.to_string(),
+        write,
+        size,
+        threads,
+        seconds,
+    };
+    let r = match call(home, &request)? {
+        Reply::PerfNsd(r) => r,
+        other => return Err(unexpected(other)),
+    };
+    let mb_s = r.bytes as f64 / r.seconds / 1e6;
+    let ops = r.requests as f64 / r.seconds;
+    if machine {
+        let y = YRecord::new("perfNsd", "");
+        println!(
+            "{}",
+            y.header(&[
+                "nsd",
+                "op",
+                "sizeBytes",
+                "threads",
+                "MBps",
+                "opsPerSec",
+                "latencyUsP50",
+                "latencyUsP99",
+                "latencyUsMax",
+                "path",
+            ])
+        );
+        println!(
+            "{}",
+            y.data(&[
+                nsd.to_string(),
+                op.to_string(),
+                size.to_string(),
+                threads.to_string(),
+                format!("{mb_s:.1}"),
+                format!("{ops:.0}"),
+                r.latency_us_p50.to_string(),
+                r.latency_us_p99.to_string(),
+                r.latency_us_max.to_string(),
+                r.path.clone(),
+            ])
+        );
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        "NSD", "op", "MB/s", "ops/s", "p50 us", "p99 us", "max us", "path",
+    ])
+    .right(&[2, 3, 4, 5, 6]);
+    t.row(vec![
+        nsd.to_string(),
+        op.to_string(),
+        format!("{mb_s:.1}"),
+        format!("{ops:.0}"),
+        r.latency_us_p50.to_string(),
+        r.latency_us_p99.to_string(),
+        r.latency_us_max.to_string(),
+        r.path,
+    ]);
+    print!("{}", t.render());
+    Ok(())
+}
+
 /// `nsd change -F FILE`: new server lists.
 pub fn change_servers(home: &Home, file: &Path) -> Result<()> {
     let text = read_stanza_file(file)?;

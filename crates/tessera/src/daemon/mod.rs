@@ -324,6 +324,15 @@ impl Daemon {
             }
             Request::NsdChange { name, device } => self.nsd_change(&name, &device),
             Request::NsdChangeServers { changes } => self.nsd_change_servers(&changes),
+            Request::PerfNsd {
+                nsd,
+                write,
+                size,
+                threads,
+                seconds,
+            } => Ok(Reply::PerfNsd(
+                self.perf_nsd(&nsd, write, size, threads, seconds)?,
+            )),
             Request::FsCreate(spec) => self.fs_create(*spec, r),
             Request::FsShow { name } => self.fs_show(&name),
             Request::FsDelete {

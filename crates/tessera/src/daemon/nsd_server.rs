@@ -65,6 +65,8 @@ const RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// Keep Alive Timeout of server paths: a server that stops answering without closing
 /// its connections (a partition, a hung node) loses its path after this long.
 const KEEP_ALIVE: Duration = Duration::from_secs(3);
+/// The largest request of `perf nsd`.
+const PERF_REQUEST_MAX: u32 = 16 << 20;
 
 /// The subsystem NQN under which servers export NSD `id`.
 pub(super) fn nsd_subnqn(id: &NsdId) -> String {
@@ -529,6 +531,117 @@ impl Daemon {
         }
         self.save_nsds(&registry)?;
         Ok(Reply::Done)
+    }
+
+    /// `perf nsd`: `threads` streams of `size`-byte requests to NSD `name` for `seconds`,
+    /// each stream sequential over its own part of the NSD (past the first MiB, which holds
+    /// the NSD and file-system descriptors), through whatever path this node uses for it.
+    pub(super) fn perf_nsd(
+        &self,
+        name: &str,
+        write: bool,
+        size: u32,
+        threads: u32,
+        seconds: u32,
+    ) -> Result<crate::rpc::PerfNsdReport> {
+        const SKIP: u64 = 1 << 20;
+        if size == 0 || size > PERF_REQUEST_MAX || size % 4096 != 0 {
+            bail!("--size {size}: use a multiple of 4K up to 16M");
+        }
+        if !(1..=64).contains(&threads) || !(1..=600).contains(&seconds) {
+            bail!("--threads 1..64 and --seconds 1..600");
+        }
+        let registry = self.nsds()?;
+        let rec = registry
+            .get(name)
+            .ok_or_else(|| anyhow!("NSD {name} does not exist; `tessera nsd ls` lists the NSDs"))?;
+        if write {
+            if let Some(fs) = &rec.file_system {
+                bail!(
+                    "NSD {name} belongs to file system {fs}: a write test would destroy it; \
+                     use --op read, or a free NSD"
+                );
+            }
+        }
+        let dev = self.open_nsd_as(rec, Claim::Shared)?;
+        let path = self
+            .nsd_access()?
+            .into_iter()
+            .find(|a| a.nsd == name)
+            .map(|a| {
+                let paths: Vec<String> = a
+                    .paths
+                    .iter()
+                    .map(|(server, ana, state)| format!("{server} {ana} {state}"))
+                    .collect();
+                if paths.is_empty() {
+                    a.access
+                } else {
+                    format!("{}: {}", a.access, paths.join("; "))
+                }
+            })
+            .unwrap_or_default();
+        let size64 = u64::from(size);
+        let usable = dev.size_bytes().saturating_sub(SKIP);
+        let span = (usable / u64::from(threads)) / size64 * size64;
+        if span == 0 {
+            bail!("NSD {name} is too small for {threads} streams of {size}-byte requests");
+        }
+        let stop = AtomicBool::new(false);
+        let started = std::time::Instant::now();
+        let results: Vec<io::Result<(u64, Vec<u32>)>> = std::thread::scope(|scope| {
+            let running: Vec<_> = (0..u64::from(threads))
+                .map(|t| {
+                    let (dev, stop) = (&dev, &stop);
+                    scope.spawn(move || -> io::Result<(u64, Vec<u32>)> {
+                        let mut buf = tessera_drive::AlignedBuf::for_io(size as usize);
+                        buf.fill(0x5a);
+                        let base = SKIP + t * span;
+                        let mut at = 0u64;
+                        let mut lat = Vec::new();
+                        while !stop.load(Ordering::Relaxed) {
+                            let t0 = std::time::Instant::now();
+                            if write {
+                                dev.write_at(&buf, base + at)?;
+                            } else {
+                                dev.read_at(&mut buf, base + at)?;
+                            }
+                            lat.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
+                            at = (at + size64) % span;
+                        }
+                        if write {
+                            dev.flush()?;
+                        }
+                        Ok((lat.len() as u64 * size64, lat))
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_secs(u64::from(seconds)));
+            stop.store(true, Ordering::Relaxed);
+            running
+                .into_iter()
+                .map(|t| t.join().expect("a perf stream panicked"))
+                .collect()
+        });
+        let secs = started.elapsed().as_secs_f64();
+        let mut bytes = 0;
+        let mut all = Vec::new();
+        for r in results {
+            let (b, lat) = r.map_err(|e| anyhow!("NSD {name}: {e}"))?;
+            bytes += b;
+            all.extend(lat);
+        }
+        all.sort_unstable();
+        let pct = |p: usize| all.get((all.len() * p / 100).min(all.len().saturating_sub(1)));
+        Ok(crate::rpc::PerfNsdReport {
+            path,
+            bytes,
+            requests: all.len() as u64,
+            seconds: secs,
+            latency_us_p50: pct(50).copied().map_or(0, u64::from),
+            latency_us_p99: pct(99).copied().map_or(0, u64::from),
+            latency_us_max: all.last().copied().map_or(0, u64::from),
+        })
     }
 
     /// How this node reaches each NSD now (`nsd ls -M`).
