@@ -545,7 +545,7 @@ impl Daemon {
         seconds: u32,
     ) -> Result<crate::rpc::PerfNsdReport> {
         const SKIP: u64 = 1 << 20;
-        if size == 0 || size > PERF_REQUEST_MAX || size % 4096 != 0 {
+        if size == 0 || size > PERF_REQUEST_MAX || !size.is_multiple_of(4096) {
             bail!("--size {size}: use a multiple of 4K up to 16M");
         }
         if !(1..=64).contains(&threads) || !(1..=600).contains(&seconds) {
