@@ -647,6 +647,8 @@ impl Daemon {
     /// How this node reaches each NSD now (`nsd ls -M`).
     pub(super) fn nsd_access(&self) -> Result<Vec<crate::rpc::NsdAccessRow>> {
         let registry = self.nsds()?;
+        let me = self.member.me_name();
+        let logged = self.nsd_service.logged.lock().clone();
         let served = self.nsd_service.served.lock();
         let reached = self.nsd_service.reached.lock().clone();
         let namespaces = self.nsd_service.host.list();
@@ -665,6 +667,16 @@ impl Daemon {
                 }
                 if served.get(&rec.name).is_some_and(|s| s.id == rec.id) {
                     row.access = "server node".into();
+                    return row;
+                }
+                if rec.servers.contains(&me) {
+                    // Listed as a server, but not serving: say why (the service's last word).
+                    let why = logged
+                        .get(&rec.name)
+                        .or_else(|| logged.get("target"))
+                        .cloned()
+                        .unwrap_or_else(|| "not started yet".into());
+                    row.access = format!("server node, NOT SERVING: {why}");
                     return row;
                 }
                 let ns = namespaces.iter().find(|ns| ns.nguid == rec.id.0);
