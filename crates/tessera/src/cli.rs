@@ -312,9 +312,22 @@ pub enum DaCommand {
         /// `yes` refuses devices that already hold a pdisk, an NSD or a file system.
         #[arg(short = 'v', default_value = "yes")]
         verify: String,
+        /// Server nodes that reach every pdisk, this node among them: the array is served
+        /// by one of them at a time, and when that one is expelled the cluster manager
+        /// gives it to another (any-to-any; default: this node alone).
+        #[arg(long = "servers", value_delimiter = ',', value_name = "NODE[,NODE...]")]
+        servers: Vec<String>,
     },
     /// Delete a declustered array that holds no vdisks; its drives are free again.
     Delete { name: String },
+    /// Move an array to another server node that reaches its pdisks [mmvdisk recoverygroup
+    /// change --active]: run on the array's server, which closes it; NODE then opens it and
+    /// serves the NSDs of its vdisks that list NODE in servers=.
+    Move {
+        name: String,
+        #[arg(long = "server", value_name = "NODE")]
+        server: String,
+    },
     /// Change the foreground I/O share, scrub rate or error limit of an array.
     Change {
         name: String,

@@ -216,6 +216,11 @@ pub struct DaRecord {
     /// means this node.
     #[serde(default)]
     pub server: Option<String>,
+    /// The nodes that may serve it (they reach every pdisk), in order of preference; the
+    /// cluster manager gives an expelled server's array to the live one serving the
+    /// fewest arrays. Empty: `server` alone.
+    #[serde(default)]
+    pub servers: Vec<String>,
 }
 
 /// `da.json`.

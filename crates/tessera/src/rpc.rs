@@ -212,6 +212,11 @@ pub enum Request {
         name: String,
         device: String,
     },
+    /// `da move NAME --server NODE`: the array is closed here and opened on NODE.
+    DaMove {
+        name: String,
+        server: String,
+    },
     /// `perf nsd`: requests of `size` bytes to one NSD, `threads` at once, for `seconds`.
     PerfNsd {
         nsd: String,
@@ -315,6 +320,9 @@ pub enum Request {
         spare_pdisks: Option<u32>,
         settings: DaSettings,
         verify: bool,
+        /// Server nodes that may serve it (empty: this node alone).
+        #[serde(default)]
+        servers: Vec<String>,
     },
     DaChange {
         name: String,

@@ -401,3 +401,176 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
     let fsck = tessera_ok(&c, 3, &["fsck", "ns1", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
 }
+
+/// Any-to-any declustered arrays: an array whose pdisks two server nodes reach
+/// (`da create --servers`) is served by one of them at a time, with the NSD on its vdisk
+/// listing both as NSD servers; a client without drives uses a file system on it. `da
+/// move` hands it to the other server under a fsyncing, verifying workload; a kill -9 of
+/// that server then has the cluster manager give it back to the survivor once the dead
+/// one is expelled, which resynchronises it and serves it, and the workload goes on with a
+/// pause under 10 s and no error; the killed server, restarted, leaves the array alone.
+#[test]
+fn a_declustered_array_moves_between_servers_and_fails_over_when_its_server_dies() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&[
+        "up",
+        "3",
+        "--drives",
+        "4",
+        "--size",
+        "1G",
+        "--config",
+        common::netns::TEST_TIMINGS,
+    ]);
+    tessera_ok(
+        &c,
+        1,
+        &["config", "set", "useNSDserver=always", "-N", "node3"],
+    );
+    let pdisks = c.base.join("pd.stanza");
+    std::fs::write(&pdisks, c.ok(&["stanza", "pdisk"])).unwrap();
+    let pdisks = pdisks.to_str().unwrap();
+    let refused = common::netns::tessera(
+        &c,
+        1,
+        &[
+            "da",
+            "create",
+            "dx",
+            "-F",
+            pdisks,
+            "--servers",
+            "node2,node3",
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("must be one of the servers"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    tessera_ok(
+        &c,
+        1,
+        &[
+            "da",
+            "create",
+            "da1",
+            "-F",
+            pdisks,
+            "--servers",
+            "node1,node2",
+        ],
+    );
+    tessera_ok(
+        &c,
+        1,
+        &[
+            "vdisk",
+            "create",
+            "vd1",
+            "--da",
+            "da1",
+            "--code",
+            "4+2p",
+            "--block-size",
+            "1M",
+            "--size",
+            "2G",
+        ],
+    );
+    let stanza = c.base.join("v.stanza");
+    std::fs::write(
+        &stanza,
+        "%nsd: device=vdisk:vd1 nsd=v1 usage=dataAndMetadata failureGroup=1 servers=node1,node2\n",
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    wait_for("node1 serving v1", SETTLE, || {
+        access(&c, 1)
+            .get("v1")
+            .is_some_and(|(how, _)| how == "server node")
+    });
+    let mnt = c.base.join("node3/mnt/v1fs");
+    tessera_ok(
+        &c,
+        3,
+        &[
+            "fs",
+            "create",
+            "v1fs",
+            "-F",
+            stanza,
+            "-B",
+            "1M",
+            "-T",
+            mnt.to_str().unwrap(),
+        ],
+    );
+    tessera_ok(&c, 3, &["mount", "v1fs"]);
+    let served_by = |k: u32| {
+        access(&c, k)
+            .get("v1")
+            .is_some_and(|(how, _)| how == "server node")
+    };
+
+    // A planned move, under load: run on the array's server.
+    let work = start_workload(mnt.clone());
+    wait_for("the workload running", SETTLE, || work.rounds() >= 10);
+    let elsewhere = common::netns::tessera(&c, 3, &["da", "move", "da1", "--server", "node2"]);
+    assert!(
+        String::from_utf8_lossy(&elsewhere.stderr).contains("run `tessera da move da1"),
+        "{}",
+        String::from_utf8_lossy(&elsewhere.stderr)
+    );
+    tessera_ok(&c, 1, &["da", "move", "da1", "--server", "node2"]);
+    wait_for("node2 serving v1", SETTLE, || served_by(2));
+    let before = work.rounds();
+    wait_for("rounds after the move", SETTLE, || {
+        work.rounds() > before + 10
+    });
+    let (files, longest) = work.finish();
+    eprintln!("longest pause around `da move`: {longest:?}");
+    verify(&mnt, &files);
+    assert!(!served_by(1), "node1 still serves v1 after the move");
+
+    // Its server dies: the array fails over to the other one.
+    let work = start_workload(mnt.clone());
+    wait_for("the workload running", SETTLE, || work.rounds() >= 10);
+    c.ok(&["kill", "2"]);
+    wait_for("node1 serving v1 again", SETTLE, || served_by(1));
+    let before = work.rounds();
+    wait_for("rounds after the failover", SETTLE, || {
+        work.rounds() > before + 10
+    });
+    let (files, longest) = work.finish();
+    eprintln!("longest pause around the kill of the array's server: {longest:?}");
+    assert!(longest < Duration::from_secs(10), "paused {longest:?}");
+    verify(&mnt, &files);
+    assert!(
+        log_of(&c, 1)
+            .lines()
+            .chain(log_of(&c, 3).lines())
+            .any(|l| l
+                .contains("declustered array da1: its server node2 was expelled; given to node1")),
+        "no failover in the logs"
+    );
+
+    // The dead server comes back and leaves the array to node1.
+    c.ok(&["start", "2"]);
+    wait_for("node2 active", SETTLE, || {
+        states(&c, 1)
+            .get("node2")
+            .is_some_and(|(s, _)| s == "active")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!served_by(2) && served_by(1));
+    let listed = tessera_ok(&c, 1, &["da", "ls"]);
+    assert!(listed.contains("da1"), "{listed}");
+    tessera_ok(&c, 3, &["umount", "v1fs"]);
+    let fsck = tessera_ok(&c, 3, &["fsck", "v1fs", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+}

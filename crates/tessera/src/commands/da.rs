@@ -99,6 +99,7 @@ pub fn create(
     spares: Option<u32>,
     args: &DaSettingsArgs,
     verify: &str,
+    servers: Vec<String>,
 ) -> Result<()> {
     let verify = yes_no("-v", verify)?;
     let text = read_stanza_file(file)?;
@@ -126,6 +127,7 @@ pub fn create(
         spare_pdisks: spares,
         settings: settings(args),
         verify,
+        servers,
     };
     match call(home, &request)? {
         Reply::Das(rows) => {
@@ -263,6 +265,23 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+pub fn move_to(home: &Home, name: &str, server: &str) -> Result<()> {
+    let request = Request::DaMove {
+        name: name.to_string(),
+        server: server.to_string(),
+    };
+    match call(home, &request)? {
+        Reply::Done => {
+            println!(
+                "tessera da move: declustered array {name} closed here and given to {server}, \
+                 which opens it"
+            );
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
 }
 
 pub fn delete(home: &Home, name: &str) -> Result<()> {

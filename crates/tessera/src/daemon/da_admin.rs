@@ -16,9 +16,7 @@ use tessera_vdisk::{
 
 use super::{Daemon, Reporter};
 use crate::config::{DaRecord, DaRegistry, PdiskRecord};
-use crate::rpc::{
-    DaRow, DaSettings, PdiskAction, PdiskRow, PdiskSpecWire, Reply, Request, TaskRow, VdiskRow,
-};
+use crate::rpc::{DaRow, PdiskAction, PdiskRow, Reply, Request, TaskRow, VdiskRow};
 
 /// How an NSD device string names a vdisk.
 pub const VDISK_DEVICE_PREFIX: &str = "vdisk:";
@@ -106,40 +104,274 @@ impl Daemon {
             }
         };
         let me = self.cluster.node_name.as_str();
+        if self.member.io_epoch().is_none() {
+            // Pdisk I/O needs the lease (`device_opener`): opened once this node is active.
+            tracing::info!("declustered arrays open once this node holds a disk lease");
+            return;
+        }
         for rec in registry.arrays {
             // Another node serves it: opening it here too would write its stripes twice.
             if rec.server.as_deref().is_some_and(|s| s != me) {
                 continue;
             }
-            let devices = self.pdisk_devices(&rec);
-            let opts = DaOptions {
-                opener: Some(self.device_opener()),
-                ..DaOptions::default()
-            };
-            match DeclusteredArray::open_with(&rec.name, &devices, &opts) {
-                Ok(da) => {
-                    let report = da.recovery_report();
-                    if report.dirty_regions > 0 {
-                        tracing::info!(
-                            "declustered array {}: resynchronised {} dirty regions after an \
-                             unclean shutdown ({} stripes, {} torn sectors accepted, {} strips lost)",
-                            rec.name,
-                            report.dirty_regions,
-                            report.stripes_resynced,
-                            report.torn_sectors,
-                            report.lost_strips
-                        );
-                    }
-                    tracing::info!("declustered array {} open", rec.name);
-                    self.arrays.lock().insert(rec.name.clone(), da);
+            self.open_array(&rec);
+        }
+    }
+
+    /// Opens array `rec` on this node (its server): recovers its in-flight stripe updates
+    /// (dirty regions) and makes its vdisks available to NSDs.
+    fn open_array(&self, rec: &DaRecord) -> bool {
+        let devices = self.pdisk_devices(rec);
+        let opts = DaOptions {
+            opener: Some(self.device_opener()),
+            ..DaOptions::default()
+        };
+        match DeclusteredArray::open_with(&rec.name, &devices, &opts) {
+            Ok(da) => {
+                let report = da.recovery_report();
+                if report.dirty_regions > 0 {
+                    tracing::info!(
+                        "declustered array {}: resynchronised {} dirty regions after an \
+                         unclean shutdown ({} stripes, {} torn sectors accepted, {} strips lost)",
+                        rec.name,
+                        report.dirty_regions,
+                        report.stripes_resynced,
+                        report.torn_sectors,
+                        report.lost_strips
+                    );
                 }
-                Err(e) => tracing::error!("declustered array {}: cannot open: {e}", rec.name),
+                tracing::info!("declustered array {} open", rec.name);
+                self.arrays.lock().insert(rec.name.clone(), da);
+                true
+            }
+            Err(e) => {
+                tracing::error!("declustered array {}: cannot open: {e}", rec.name);
+                false
             }
         }
     }
 
-    /// Closes every array cleanly (flushes, clears dirty regions) so the next open needs no
-    /// resynchronisation. Runs after the file systems are unmounted.
+    /// Keeps the arrays where the registry says, at every configuration change (the
+    /// storage service thread): the cluster manager gives an expelled server's arrays to
+    /// another of their servers; a node closes the arrays the registry gives another node
+    /// (one that was given away while this node was cut off: its lease gate refused its
+    /// I/O since, see `device_opener`) and opens those given to it.
+    pub(super) fn open_arrays_given_here(&self) {
+        self.fail_arrays_over();
+        let Ok(registry) = self.arrays() else { return };
+        let me = self.cluster.node_name.as_str();
+        // A new incarnation of this node: the arrays the old one opened are refused I/O
+        // by their lease gate; close them all, and open again below what is still ours.
+        let now = self.member.io_epoch();
+        let seen = *self.arrays_epoch.lock();
+        let stale = matches!((now, seen), (Some(n), Some(t)) if n != t);
+        if seen.is_none() && now.is_some() {
+            *self.arrays_epoch.lock() = now;
+        }
+        let open: Vec<String> = self.arrays.lock().keys().cloned().collect();
+        for name in open {
+            let Some(rec) = registry.get(&name) else {
+                continue;
+            };
+            if !stale && rec.server.as_deref().is_none_or(|s| s == me) {
+                continue;
+            }
+            let Some(_admin) = self.admin.try_lock() else {
+                return;
+            };
+            let nsds = self.nsds_on_array(&name);
+            self.withdraw_served_nsds(&nsds);
+            if let Some(da) = self.arrays.lock().remove(&name) {
+                // Its writes would be refused now (another incarnation's lease gate).
+                let _ = da.close();
+            }
+            if stale {
+                tracing::warn!(
+                    "declustered array {name}: opened by an earlier incarnation of this node; \
+                     closed (opened again if it is still this node's)"
+                );
+            } else {
+                tracing::warn!(
+                    "declustered array {name}: served by {} now; closed here",
+                    rec.server.as_deref().unwrap_or("?")
+                );
+            }
+        }
+        if stale {
+            *self.arrays_epoch.lock() = now;
+        }
+        if now.is_none() {
+            return;
+        }
+        for rec in registry.arrays {
+            if rec.server.as_deref() != Some(me) || self.arrays.lock().contains_key(&rec.name) {
+                continue;
+            }
+            // Not while an admin command (a `da move` away from here) runs on this node.
+            let Some(_admin) = self.admin.try_lock() else {
+                return;
+            };
+            self.open_array(&rec);
+        }
+    }
+
+    /// On the cluster manager: every array whose server is not a live incarnation (it was
+    /// expelled, so its lease ran out and its pdisk I/O stopped) goes to the live server
+    /// of its list that serves the fewest arrays, first in the list on a tie.
+    fn fail_arrays_over(&self) {
+        let state = self.member.state();
+        if state.manager != Some(self.member.me()) {
+            return;
+        }
+        let Ok(mut registry) = self.arrays() else {
+            return;
+        };
+        let live = |name: &str| {
+            state
+                .node_by_name(name)
+                .is_some_and(|n| state.incarnations.contains_key(&n.number))
+        };
+        let mut changed = Vec::new();
+        for i in 0..registry.arrays.len() {
+            let rec = &registry.arrays[i];
+            let Some(server) = rec.server.clone() else {
+                continue;
+            };
+            if live(&server) || rec.servers.len() < 2 {
+                continue;
+            }
+            let load = |n: &str| {
+                registry
+                    .arrays
+                    .iter()
+                    .filter(|a| a.server.as_deref() == Some(n))
+                    .count()
+            };
+            let Some(to) = rec
+                .servers
+                .iter()
+                .filter(|s| **s != server && live(s))
+                .min_by_key(|s| load(s))
+                .cloned()
+            else {
+                continue;
+            };
+            changed.push((rec.name.clone(), server, to.clone()));
+            registry.arrays[i].server = Some(to);
+        }
+        if changed.is_empty() {
+            return;
+        }
+        match self.save_arrays(&registry) {
+            Ok(()) => {
+                for (name, from, to) in changed {
+                    tracing::warn!(
+                        "declustered array {name}: its server {from} was expelled; given to {to}"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!("declustered arrays not failed over yet: {e:#}"),
+        }
+    }
+
+    /// The NSDs on the vdisks of array `name` (open here).
+    fn nsds_on_array(&self, name: &str) -> Vec<String> {
+        let Some(da) = self.arrays.lock().get(name).cloned() else {
+            return Vec::new();
+        };
+        let devices: Vec<String> = da
+            .vdisks()
+            .iter()
+            .map(|v| {
+                format!(
+                    "{VDISK_DEVICE_PREFIX}{}",
+                    tessera_drive::BlockDevice::name(v.as_ref())
+                )
+            })
+            .collect();
+        self.nsds()
+            .map(|r| {
+                r.nsds
+                    .iter()
+                    .filter(|n| devices.contains(&n.device))
+                    .map(|n| n.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `da move NAME --server NODE` [mmvdisk recoverygroup change --active]: run on the
+    /// array's server, which withdraws the NSDs of its vdisks, closes the array (its
+    /// stripes consistent on the pdisks) and then gives it to NODE in the registry; NODE's
+    /// storage service opens it and serves the NSDs it is listed for. The order is what
+    /// keeps two nodes from writing the array at once.
+    fn da_move(&self, name: &str, to: &str) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        let mut registry = self.arrays()?;
+        let Some(rec) = registry.arrays.iter().find(|a| a.name == name).cloned() else {
+            bail!("declustered array {name} does not exist; `tessera da ls` lists the arrays");
+        };
+        let me = self.cluster.node_name.clone();
+        let owner = rec.server.clone().unwrap_or_else(|| me.clone());
+        let state = self.member.state();
+        let Some(target) = state.node_by_name(to) else {
+            bail!("--server {to}: not a node of this cluster; `tessera cluster ls` lists them");
+        };
+        if !state.incarnations.contains_key(&target.number) {
+            bail!(
+                "--server {to}: that node's daemon is not active; start it first \
+                 (`tessera startup -N {to}`)"
+            );
+        }
+        if owner == to {
+            return Ok(Reply::Done);
+        }
+        if owner != me {
+            bail!(
+                "declustered array {name} is served by {owner}: run `tessera da move {name} \
+                 --server {to}` on {owner}, which closes the array before {to} opens it"
+            );
+        }
+        let da = self.array(name)?;
+        let nsds = self.nsds_on_array(name);
+        let local: Vec<String> = self
+            .mounts
+            .lock()
+            .keys()
+            .chain(self.owned.lock().keys())
+            .cloned()
+            .collect();
+        for fs in self.file_systems()?.file_systems.iter() {
+            if local.contains(&fs.name) && fs.nsds.iter().any(|n| nsds.contains(n)) {
+                bail!(
+                    "file system {} is mounted on this node and uses the array's vdisks; \
+                     unmount it here first (`tessera umount {}`) and mount it again after \
+                     the move (it then reaches them through {to}, when the NSDs list {to} in \
+                     servers=)",
+                    fs.name,
+                    fs.name
+                );
+            }
+        }
+        self.withdraw_served_nsds(&nsds);
+        self.arrays.lock().remove(name);
+        if let Err(e) = da.close() {
+            tracing::error!("declustered array {name}: close before the move failed: {e}");
+            self.arrays.lock().insert(name.to_string(), da);
+            bail!("declustered array {name}: cannot close it before the move: {e}; it stays here");
+        }
+        drop(da);
+        if let Some(r) = registry.arrays.iter_mut().find(|a| a.name == name) {
+            r.server = Some(to.to_string());
+        }
+        if let Err(e) = self.save_arrays(&registry) {
+            self.open_array(&rec);
+            return Err(e.context(format!("declustered array {name} stays on {me}")));
+        }
+        tracing::info!("declustered array {name}: moved to {to}");
+        Ok(Reply::Done)
+    }
+
     pub(super) fn close_arrays(&self) {
         let arrays = std::mem::take(&mut *self.arrays.lock());
         for (name, da) in arrays {
@@ -188,13 +420,7 @@ impl Daemon {
 
     pub(super) fn da_request(&self, request: Request, r: &mut Reporter) -> Result<Reply> {
         match request {
-            Request::DaCreate {
-                name,
-                pdisks,
-                spare_pdisks,
-                settings,
-                verify,
-            } => self.da_create(&name, &pdisks, spare_pdisks, settings, verify, r),
+            request @ Request::DaCreate { .. } => self.da_create(request, r),
             Request::DaChange { name, settings } => {
                 let _admin = self.admin.lock();
                 let da = self.array(&name)?;
@@ -214,6 +440,7 @@ impl Daemon {
                     .collect(),
             )),
             Request::DaDelete { name } => self.da_delete(&name, r),
+            Request::DaMove { name, server } => self.da_move(&name, &server),
             Request::DaScrub { name } => {
                 self.array(&name)?.start_scrub();
                 Ok(Reply::Done)
@@ -253,19 +480,37 @@ impl Daemon {
         }
     }
 
-    fn da_create(
-        &self,
-        name: &str,
-        pdisks: &[PdiskSpecWire],
-        spare_pdisks: Option<u32>,
-        settings: DaSettings,
-        verify: bool,
-        r: &mut Reporter,
-    ) -> Result<Reply> {
+    fn da_create(&self, request: Request, r: &mut Reporter) -> Result<Reply> {
+        let Request::DaCreate {
+            name,
+            pdisks,
+            spare_pdisks,
+            settings,
+            verify,
+            servers,
+        } = request
+        else {
+            bail!("protocol error: not a da create request");
+        };
+        let (name, pdisks, servers) = (name.as_str(), pdisks.as_slice(), servers.as_slice());
         let _admin = self.admin.lock();
         let mut registry = self.arrays()?;
         if registry.get(name).is_some() {
             bail!("declustered array {name} already exists; choose another name");
+        }
+        if !servers.is_empty() {
+            let state = self.member.state();
+            let me = &self.cluster.node_name;
+            if let Some(bad) = servers.iter().find(|s| state.node_by_name(s).is_none()) {
+                bail!("--servers: {bad} is not a node of this cluster; `tessera cluster ls` lists them");
+            }
+            if !servers.contains(me) {
+                bail!(
+                    "--servers: this node ({me}) writes the array's labels and serves it first, \
+                     so it must be one of the servers; run `da create` on one of {}",
+                    servers.join(",")
+                );
+            }
         }
         let nsds = self.nsds()?;
         for p in pdisks {
@@ -334,6 +579,7 @@ impl Daemon {
                 })
                 .collect(),
             server: Some(self.cluster.node_name.clone()),
+            servers: servers.to_vec(),
         });
         self.save_arrays(&registry)?;
         let row = da_row(&da.status());

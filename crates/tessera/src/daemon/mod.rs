@@ -67,6 +67,8 @@ pub struct Daemon {
     this: std::sync::Weak<Daemon>,
     /// Declustered arrays open on this node, by name.
     arrays: Mutex<BTreeMap<String, Arc<tessera_vdisk::DeclusteredArray>>>,
+    /// The incarnation (epoch) the open arrays were opened under, once known.
+    arrays_epoch: Mutex<Option<u64>>,
     /// The NVMe/TCP host: remote controllers, their paths and namespaces.
     nvme: Arc<tessera_nvme::host::Host>,
     /// NSDs this node serves to others, and its paths to other nodes' NSD servers.
@@ -157,6 +159,7 @@ pub fn run(home: Home) -> Result<()> {
         takeover: Mutex::new(()),
         this: this.clone(),
         arrays: Mutex::new(BTreeMap::new()),
+        arrays_epoch: Mutex::new(None),
         nvme: Arc::new(tessera_nvme::host::Host::new(identity)),
         nsd_service: nsd_server::NsdService::new(),
         member,
@@ -198,6 +201,9 @@ pub fn run(home: Home) -> Result<()> {
                 if let Err(e) = http::start(&waiting) {
                     tracing::error!("{e:#}");
                 }
+                // Arrays first (their pdisk I/O needed the lease), then the file systems on
+                // their vdisks.
+                waiting.open_arrays_given_here();
                 waiting.remount_at_start();
             })?;
     }
@@ -372,6 +378,7 @@ impl Daemon {
             | Request::DaChange { .. }
             | Request::DaList
             | Request::DaDelete { .. }
+            | Request::DaMove { .. }
             | Request::DaScrub { .. }
             | Request::VdiskCreate { .. }
             | Request::VdiskList

@@ -47,11 +47,20 @@ impl Daemon {
 
     /// How the declustered arrays of this node open their pdisks: local paths with
     /// O_DIRECT, `nvme:NAME` through the NVMe/TCP host.
+    ///
+    /// Their I/O is gated by this node's lease, bound to the incarnation that opens them:
+    /// an array's server that was cut off and expelled touches its pdisks no more, so the
+    /// server the cluster manager gives the array to is alone on them (the array is closed
+    /// here and opened again if it is still this node's: `open_arrays_given_here`). A
+    /// refused request looks like an unreachable drive, which the array suspends, not
+    /// fails.
     pub(super) fn device_opener(&self) -> tessera_vdisk::DeviceOpener {
         let host = Arc::clone(&self.nvme);
         let cluster = self.cluster_identity();
+        let check = self.member.incarnation_check();
         Arc::new(move |path: &Path| {
             open_claimed(&host, &cluster, &path.to_string_lossy(), Claim::Exclusive)
+                .map(|dev| super::lease_gate::LeaseGated::wrap(dev, check.clone()))
         })
     }
 

@@ -193,6 +193,8 @@ impl Daemon {
             .name("nsd-service".into())
             .spawn(move || loop {
                 let Some(d) = daemon.upgrade() else { return };
+                // Arrays first: an array moved here brings the vdisks its NSDs are.
+                d.open_arrays_given_here();
                 d.sync_nsd_service();
                 d.retry_nsd_paths();
                 d.member
@@ -488,6 +490,21 @@ impl Daemon {
         }
         let ns: Arc<dyn BlockDevice> = ns;
         super::nsd_admin::open_checked(rec, ns)
+    }
+
+    /// Stops serving the NSDs `names` (their device is about to close here: a vdisk whose
+    /// array moves away); clients go on through their other servers.
+    pub(super) fn withdraw_served_nsds(&self, names: &[String]) {
+        let server = self.nsd_service.server.lock();
+        let mut served = self.nsd_service.served.lock();
+        for name in names {
+            if let Some(s) = served.remove(name) {
+                if let Some(server) = server.as_ref() {
+                    server.remove_subsystem(&s.nqn);
+                }
+                tracing::info!("NSD {name}: no longer served by this node (its device closes)");
+            }
+        }
     }
 
     /// `nsd change -F` [mmchnsd]: new server lists, all or none. The servers start and
