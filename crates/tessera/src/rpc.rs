@@ -130,6 +130,14 @@ pub struct DaRow {
     pub scrub_rate_mb_s: u32,
     pub pdisk_error_limit: u32,
     pub tasks: Vec<TaskRow>,
+    /// The node that serves the array now, and the nodes that may (`da create --servers`).
+    #[serde(default)]
+    pub server: String,
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// False for an array another node serves: only the registry's facts are known here.
+    #[serde(default)]
+    pub open_here: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

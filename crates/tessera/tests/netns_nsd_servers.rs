@@ -569,7 +569,9 @@ fn a_declustered_array_moves_between_servers_and_fails_over_when_its_server_dies
     std::thread::sleep(Duration::from_secs(3));
     assert!(!served_by(2) && served_by(1));
     let listed = tessera_ok(&c, 1, &["da", "ls"]);
-    assert!(listed.contains("da1"), "{listed}");
+    assert!(listed.contains("da1") && listed.contains(" ok "), "{listed}");
+    let listed = tessera_ok(&c, 3, &["da", "ls"]);
+    assert!(listed.contains("served by node1") && listed.contains("node1,node2"), "{listed}");
     tessera_ok(&c, 3, &["umount", "v1fs"]);
     let fsck = tessera_ok(&c, 3, &["fsck", "v1fs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");

@@ -150,9 +150,35 @@ fn da_table(rows: &[DaRow]) -> String {
         "vdisks",
         "foreground share",
         "scrub rate",
+        "server",
+        "servers",
     ])
     .right(&[1, 2, 4, 5, 6, 7, 8, 9]);
     for r in rows {
+        let servers = if r.servers.is_empty() {
+            r.server.clone()
+        } else {
+            r.servers.join(",")
+        };
+        if !r.open_here {
+            // Served elsewhere: only the registry's facts are known on this node.
+            let dash = || "-".to_string();
+            table.row(vec![
+                r.name.clone(),
+                r.pdisks.to_string(),
+                dash(),
+                r.state.clone(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                r.server.clone(),
+                servers,
+            ]);
+            continue;
+        }
         table.row(vec![
             r.name.clone(),
             r.pdisks.to_string(),
@@ -164,6 +190,8 @@ fn da_table(rows: &[DaRow]) -> String {
             r.vdisks.to_string(),
             format!("{}%", r.foreground_io_share),
             format!("{} MB/s", r.scrub_rate_mb_s),
+            r.server.clone(),
+            servers,
         ]);
     }
     let mut out = table.render();
@@ -213,6 +241,8 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
             "foregroundIoShare",
             "scrubRateMBps",
             "pdiskErrorLimit",
+            "server",
+            "servers",
         ])
     );
     for r in &rows {
@@ -230,6 +260,8 @@ pub fn ls(home: &Home, name: Option<&str>, machine: bool) -> Result<()> {
                 r.foreground_io_share.to_string(),
                 r.scrub_rate_mb_s.to_string(),
                 r.pdisk_error_limit.to_string(),
+                r.server.clone(),
+                r.servers.join(","),
             ])
         );
     }

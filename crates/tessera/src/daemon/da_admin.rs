@@ -89,6 +89,9 @@ fn da_row(s: &DaStatus) -> DaRow {
             .into_iter()
             .flatten()
             .collect(),
+        server: String::new(),
+        servers: Vec::new(),
+        open_here: true,
     }
 }
 
@@ -372,6 +375,50 @@ impl Daemon {
         Ok(Reply::Done)
     }
 
+    /// Every array of the registry: those open here with their state, the others with
+    /// the node that serves them.
+    fn da_rows(&self) -> Result<Vec<DaRow>> {
+        let registry = self.arrays()?;
+        let open = self.arrays.lock().clone();
+        let me = self.cluster.node_name.clone();
+        let mut rows = Vec::new();
+        for rec in &registry.arrays {
+            let server = rec.server.clone().unwrap_or_else(|| me.clone());
+            let mut row = match open.get(&rec.name) {
+                Some(da) => {
+                    let mut row = da_row(&da.status());
+                    row.open_here = true;
+                    row
+                }
+                None => DaRow {
+                    name: rec.name.clone(),
+                    pdisks: rec.pdisks.len() as u32,
+                    enclosures: 0,
+                    state: if server == me {
+                        "not open".into()
+                    } else {
+                        format!("served by {server}")
+                    },
+                    capacity_bytes: 0,
+                    free_bytes: 0,
+                    spare_bytes: 0,
+                    vdisks: 0,
+                    foreground_io_share: 0,
+                    scrub_rate_mb_s: 0,
+                    pdisk_error_limit: 0,
+                    tasks: Vec::new(),
+                    server: String::new(),
+                    servers: Vec::new(),
+                    open_here: false,
+                },
+            };
+            row.server = server;
+            row.servers = rec.servers.clone();
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
     pub(super) fn close_arrays(&self) {
         let arrays = std::mem::take(&mut *self.arrays.lock());
         for (name, da) in arrays {
@@ -432,13 +479,7 @@ impl Daemon {
                 )?;
                 Ok(Reply::Das(vec![da_row(&da.status())]))
             }
-            Request::DaList => Ok(Reply::Das(
-                self.arrays
-                    .lock()
-                    .values()
-                    .map(|da| da_row(&da.status()))
-                    .collect(),
-            )),
+            Request::DaList => Ok(Reply::Das(self.da_rows()?)),
             Request::DaDelete { name } => self.da_delete(&name, r),
             Request::DaMove { name, server } => self.da_move(&name, &server),
             Request::DaScrub { name } => {
