@@ -75,7 +75,76 @@ pub fn create(home: &Home, file: &Path, verify: &str) -> Result<()> {
             file.display()
         );
     }
+    let served: Vec<(String, Vec<String>)> = stanzas
+        .iter()
+        .zip(&names)
+        .filter(|(s, _)| !s.servers.is_empty())
+        .map(|(s, n)| (n.clone(), s.servers.clone()))
+        .collect();
+    if !served.is_empty() {
+        check_servers_serve(home, &served);
+    }
     Ok(())
+}
+
+/// How long `nsd create` waits for the listed servers to serve the new NSDs: each server's
+/// daemon sees the NSD at its next configuration change and opens the device.
+const SERVERS_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Asks every listed server (through the remote shell, as `nsd ls -M`) whether it serves
+/// the new NSDs, for up to [`SERVERS_SETTLE`], and says which ones do not and why: a
+/// server that cannot open the device, or whose daemon is down. The NSDs stay created
+/// (a server may be down now and serve later); `nsd ls -M` shows the same at any time.
+fn check_servers_serve(home: &Home, served: &[(String, Vec<String>)]) {
+    let deadline = std::time::Instant::now() + SERVERS_SETTLE;
+    loop {
+        let views = match access_views(home, Mapping::Everywhere) {
+            Ok(v) => v,
+            Err(e) => {
+                println!("tessera nsd create: cannot ask the servers whether they serve: {e:#}");
+                return;
+            }
+        };
+        let mut missing = Vec::new();
+        for (nsd, servers) in served {
+            for server in servers {
+                let how =
+                    views
+                        .iter()
+                        .find(|(node, _)| node == server)
+                        .map(|(_, rows)| match rows {
+                            Err(why) => Err(why.clone()),
+                            Ok(rows) => Ok(rows
+                                .iter()
+                                .find(|a| a.nsd == *nsd)
+                                .map(|a| a.access.clone())
+                                .unwrap_or_else(|| "not known there yet".into())),
+                        });
+                match how {
+                    Some(Ok(a)) if a == "server node" => {}
+                    Some(Ok(a)) => missing.push(format!("NSD {nsd}: server {server}: {a}")),
+                    Some(Err(why)) => {
+                        missing.push(format!("NSD {nsd}: server {server} not asked: {why}"))
+                    }
+                    None => missing.push(format!("NSD {nsd}: server {server}: not a node")),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            for m in missing {
+                println!("tessera nsd create: warning: {m}");
+            }
+            println!(
+                "tessera nsd create: clients reach those NSDs through the servers that serve \
+                 them; `tessera nsd ls -M` shows each node's view"
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }
 
 /// The stanza file with every `%nsd` stanza that had no `nsd=` commented out and followed
