@@ -95,6 +95,43 @@ fn da_row(s: &DaStatus) -> DaRow {
     }
 }
 
+/// Gives every array whose server is not live (`live`) to the live node of its `servers`
+/// that serves the fewest arrays, counting those given so far, first in the list on a
+/// tie; returns (array, old server, new server) for each. An array with fewer than two
+/// servers, or none live, stays where it is.
+fn failover_plan(
+    arrays: &mut [DaRecord],
+    live: &dyn Fn(&str) -> bool,
+) -> Vec<(String, String, String)> {
+    let mut changed = Vec::new();
+    for i in 0..arrays.len() {
+        let Some(server) = arrays[i].server.clone() else {
+            continue;
+        };
+        if live(&server) || arrays[i].servers.len() < 2 {
+            continue;
+        }
+        let load = |n: &str| {
+            arrays
+                .iter()
+                .filter(|a| a.server.as_deref() == Some(n))
+                .count()
+        };
+        let Some(to) = arrays[i]
+            .servers
+            .iter()
+            .filter(|s| **s != server && live(s))
+            .min_by_key(|s| load(s))
+            .cloned()
+        else {
+            continue;
+        };
+        changed.push((arrays[i].name.clone(), server, to.clone()));
+        arrays[i].server = Some(to);
+    }
+    changed
+}
+
 impl Daemon {
     /// Opens every array of `da.json`. An array that cannot be opened is logged and left
     /// out: its vdisks' NSDs then show as down, and the rest of the node works.
@@ -234,34 +271,7 @@ impl Daemon {
                 .node_by_name(name)
                 .is_some_and(|n| state.incarnations.contains_key(&n.number))
         };
-        let mut changed = Vec::new();
-        for i in 0..registry.arrays.len() {
-            let rec = &registry.arrays[i];
-            let Some(server) = rec.server.clone() else {
-                continue;
-            };
-            if live(&server) || rec.servers.len() < 2 {
-                continue;
-            }
-            let load = |n: &str| {
-                registry
-                    .arrays
-                    .iter()
-                    .filter(|a| a.server.as_deref() == Some(n))
-                    .count()
-            };
-            let Some(to) = rec
-                .servers
-                .iter()
-                .filter(|s| **s != server && live(s))
-                .min_by_key(|s| load(s))
-                .cloned()
-            else {
-                continue;
-            };
-            changed.push((rec.name.clone(), server, to.clone()));
-            registry.arrays[i].server = Some(to);
-        }
+        let changed = failover_plan(&mut registry.arrays, &live);
         if changed.is_empty() {
             return;
         }
@@ -879,5 +889,71 @@ mod tests {
         assert_eq!(t(3, 3), "3 pdisks or 3 enclosures");
         assert_eq!(vdisk_device_name("vdisk:vd1"), Some("vd1"));
         assert_eq!(vdisk_device_name("/dev/vd1"), None);
+    }
+}
+
+#[cfg(test)]
+mod failover_tests {
+    use super::*;
+
+    fn array(name: &str, server: &str, servers: &[&str]) -> DaRecord {
+        DaRecord {
+            name: name.into(),
+            pdisks: Vec::new(),
+            server: Some(server.into()),
+            servers: servers.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Any-to-any: four servers, six arrays; whichever server dies, its arrays spread over
+    /// the other three (no survivor ends with two more than another), and nothing else
+    /// moves.
+    #[test]
+    fn a_dead_servers_arrays_spread_over_the_least_loaded_survivors() {
+        let all = ["n1", "n2", "n3", "n4"];
+        for dead in all {
+            let mut arrays: Vec<DaRecord> = (0..6)
+                .map(|i| array(&format!("a{i}"), all[i % 4], &all))
+                .collect();
+            let before: Vec<Option<String>> = arrays.iter().map(|a| a.server.clone()).collect();
+            let live = |n: &str| n != dead;
+            let moved = failover_plan(&mut arrays, &live);
+            let had = before.iter().filter(|s| s.as_deref() == Some(dead)).count();
+            assert_eq!(moved.len(), had, "{dead}: {moved:?}");
+            assert!(arrays.iter().all(|a| a.server.as_deref() != Some(dead)));
+            for (a, b) in arrays.iter().zip(&before) {
+                if b.as_deref() != Some(dead) {
+                    assert_eq!(a.server, *b, "{} moved though its server lives", a.name);
+                }
+            }
+            let loads: Vec<usize> = all
+                .iter()
+                .filter(|n| **n != dead)
+                .map(|n| {
+                    arrays
+                        .iter()
+                        .filter(|a| a.server.as_deref() == Some(*n))
+                        .count()
+                })
+                .collect();
+            let (lo, hi) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{dead}: loads {loads:?}");
+        }
+    }
+
+    #[test]
+    fn arrays_without_a_live_second_server_stay() {
+        let mut arrays = vec![
+            array("solo", "n1", &[]),
+            array("pair", "n1", &["n1", "n2"]),
+            array("other", "n3", &["n3", "n1"]),
+        ];
+        let live = |n: &str| n == "n3";
+        let moved = failover_plan(&mut arrays, &live);
+        assert!(moved.is_empty(), "{moved:?}");
+        let live = |n: &str| n != "n1";
+        let moved = failover_plan(&mut arrays, &live);
+        assert_eq!(moved, vec![("pair".into(), "n1".into(), "n2".into())]);
+        assert_eq!(arrays[0].server.as_deref(), Some("n1"));
     }
 }
