@@ -463,6 +463,22 @@ pub struct NsdAccessRow {
     pub paths: Vec<(String, String, String)>,
 }
 
+impl NsdAccessRow {
+    /// The access and, for one through servers, each server's path: what `nsd ls -m`
+    /// prints as remarks and `perf nsd` as the path it measured.
+    pub fn remarks(&self) -> String {
+        if self.paths.is_empty() {
+            return self.access.clone();
+        }
+        let paths: Vec<String> = self
+            .paths
+            .iter()
+            .map(|(server, ana, state)| format!("{server} {ana} {state}"))
+            .collect();
+        format!("{}: {}", self.access, paths.join("; "))
+    }
+}
+
 /// One NSD as `nsd discover` found it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NsdDiscoverRow {

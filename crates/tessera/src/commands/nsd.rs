@@ -395,18 +395,7 @@ pub fn ls(home: &Home, mapping: Mapping, extended: bool, machine: bool) -> Resul
                 Err(why) => ("-".to_string(), format!("node not asked: {why}")),
                 Ok(rows) => match rows.iter().find(|a| a.nsd == n.name) {
                     None => (n.device.clone(), "not known on that node".to_string()),
-                    Some(a) if a.paths.is_empty() => (a.device.clone(), a.access.clone()),
-                    Some(a) => {
-                        let paths: Vec<String> = a
-                            .paths
-                            .iter()
-                            .map(|(server, ana, state)| format!("{server} {ana} {state}"))
-                            .collect();
-                        (
-                            a.device.clone(),
-                            format!("{}: {}", a.access, paths.join("; ")),
-                        )
-                    }
+                    Some(a) => (a.device.clone(), a.remarks()),
                 },
             };
             let mut row = vec![n.name.clone(), volume_id(n), device.clone()];

@@ -585,18 +585,7 @@ impl Daemon {
             .nsd_access()?
             .into_iter()
             .find(|a| a.nsd == name)
-            .map(|a| {
-                let paths: Vec<String> = a
-                    .paths
-                    .iter()
-                    .map(|(server, ana, state)| format!("{server} {ana} {state}"))
-                    .collect();
-                if paths.is_empty() {
-                    a.access
-                } else {
-                    format!("{}: {}", a.access, paths.join("; "))
-                }
-            })
+            .map(|a| a.remarks())
             .unwrap_or_default();
         let size64 = u64::from(size);
         let usable = dev.size_bytes().saturating_sub(SKIP);
