@@ -15,11 +15,17 @@ usage() {
     cat <<EOF
 usage: $(basename "$0") COMMAND [ARGS]   (as root)
 
-  up N [--drives D --size S] [--quorum Q] [--config NAME=VALUE[,...]] [--no-cluster]
+  up N [--drives D --size S [--jbofs J]] [--quorum Q] [--config NAME=VALUE[,...]]
+     [--no-cluster]
                          N nodes node1..nodeN in namespaces ${PREFIX}node1.., addresses
                          $SUBNET.K/24; with --drives, D sparse drives of S bytes (1G, 512M)
                          per node under $BASE/drives, reachable by every node (SAN
-                         mode); then the cluster is created (nodes 1..Q quorum-manager,
+                         mode); with --jbofs as well, the drives are in J drive servers
+                         instead (JBOFs jbof1..jbofJ, namespaces ${PREFIX}jbofJ, addresses
+                         $SUBNET.(200+J), D drives each as NVMe/TCP namespaces 1..D of
+                         subsystem $JBOF_NQN:jbofJ, reservations persisted), and every
+                         node connects to them in order, so jbofJ's drive I is
+                         nvme:nvme(J-1)nI on every node; then the cluster is created (nodes 1..Q quorum-manager,
                          default Q = 3 or N if fewer, the rest clients; --config as
                          'tessera cluster create --config', e.g. failureDetectionTime=3 for
                          quick failover), started and awaited unless --no-cluster is given
@@ -32,11 +38,13 @@ usage: $(basename "$0") COMMAND [ARGS]   (as root)
   mountpoint K DEVICE    print where node K has file system DEVICE mounted
   kill K                 kill -9 node K's daemon
   start K                start node K's daemon (tessera startup in its namespace)
+  jbof kill|start J      kill -9 drive server jbofJ (an enclosure lost), or start it again
   partition K [K...]     cut exactly those nodes off from the rest (they still reach each
                          other); a new partition replaces the last
   heal                   undo every partition
   stanza nsd|pdisk       print %nsd (failureGroup = node number) or %pdisk
-                         (enclosure = nodeK) stanzas for the drives
+                         (enclosure = nodeK, or jbofJ for drives in drive servers)
+                         stanzas for the drives
   status                 namespaces, addresses, daemon pids, bridge membership
   logs [K] [--lines L]   the last L lines (default 40) of node K's daemon log, or of every
                          node's
@@ -74,12 +82,20 @@ BRIDGE=${PREFIX}br0     # every node's port, except partitioned ones
 ISLAND=${PREFIX}br1     # the ports of partitioned nodes
 MARKER=$BASE/.tessera-netns
 MAX_NODES=250
+# With drive servers, nodes are .1-.199 and JBOFs .201-.240.
+MAX_NODES_WITH_JBOFS=199
+MAX_JBOFS=40
+JBOF_NQN=nqn.2024-01.io.tessera.netns
+JBOF_PORT=4420
 UP_TIMEOUT=${TSR_UP_TIMEOUT:-60}
 [[ $UP_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "TSR_UP_TIMEOUT '$UP_TIMEOUT' must be whole seconds"
 
 ns_name() { echo "${PREFIX}node$1"; }
 veth_name() { echo "${PREFIX}h$1"; }
 home_of() { echo "$BASE/node$1/home"; }
+jbof_ns() { echo "${PREFIX}jbof$1"; }
+jbof_veth() { echo "${PREFIX}j$1"; }
+jbof_addr() { echo "$SUBNET.$((200 + $1))"; }
 
 need_root() {
     [[ $(id -u) -eq 0 ]] || die "run as root (namespaces, bridges and FUSE mounts need it)"
@@ -96,13 +112,25 @@ node_arg() {
 
 # Node numbers of our namespaces, found from the system rather than from $BASE so that
 # `down` also cleans up after an `up` that failed before it wrote anything.
-our_nodes() {
-    local ns
-    for ns in /run/netns/"${PREFIX}"node*; do
+our_nodes() { our_numbered node; }
+# JBOF numbers of our drive-server namespaces.
+our_jbofs() { our_numbered jbof; }
+
+# The numbers K of our namespaces ${PREFIX}KINDK, in order.
+our_numbered() {
+    local kind=$1 ns
+    for ns in /run/netns/"${PREFIX}$kind"*; do
         [[ -e $ns ]] || continue
         ns=${ns##*/}
-        if [[ ${ns#"${PREFIX}"node} =~ ^[0-9]+$ ]]; then echo "${ns#"${PREFIX}"node}"; fi
+        if [[ ${ns#"${PREFIX}$kind"} =~ ^[0-9]+$ ]]; then echo "${ns#"${PREFIX}$kind"}"; fi
     done | sort -n
+}
+
+jbof_arg() {
+    [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || die "'${1:-}' is not a JBOF number (1, 2, ...)"
+    [[ -e /run/netns/$(jbof_ns "$1") ]] ||
+        die "JBOF $1 has no namespace $(jbof_ns "$1"); was the cluster made with --jbofs?"
+    echo "$1"
 }
 
 # The binary `up` recorded, so every later command runs the same one; before `up`, the
@@ -167,13 +195,14 @@ wait_gone() {
 }
 
 cmd_up() {
-    local n=${1:-} drives=0 size="" cluster=1 quorum="" config=""
+    local n=${1:-} drives=0 size="" cluster=1 quorum="" config="" jbofs=0
     [[ $n =~ ^[1-9][0-9]*$ && $n -le $MAX_NODES ]] || die "up: N must be 1..$MAX_NODES"
     shift
     while [[ $# -gt 0 ]]; do
         case $1 in
         --drives) drives=${2:-}; shift 2 || die "up: --drives needs a count" ;;
         --size) size=${2:-}; shift 2 || die "up: --size needs a size such as 1G" ;;
+        --jbofs) jbofs=${2:-}; shift 2 || die "up: --jbofs needs a count" ;;
         --quorum) quorum=${2:-}; shift 2 || die "up: --quorum needs a count" ;;
         --config) config=${2:-}; shift 2 || die "up: --config needs NAME=VALUE[,...]" ;;
         --no-cluster) cluster=0; shift ;;
@@ -181,6 +210,11 @@ cmd_up() {
         esac
     done
     [[ $drives =~ ^[0-9]+$ && $drives -le 64 ]] || die "up: --drives must be 0..64"
+    [[ $jbofs =~ ^[0-9]+$ && $jbofs -le $MAX_JBOFS ]] || die "up: --jbofs must be 0..$MAX_JBOFS"
+    if [[ $jbofs -gt 0 ]]; then
+        [[ $drives -gt 0 ]] || die "up: --jbofs needs --drives D --size S (drives per JBOF)"
+        [[ $n -le $MAX_NODES_WITH_JBOFS ]] || die "up: at most $MAX_NODES_WITH_JBOFS nodes with --jbofs"
+    fi
     [[ -z $quorum ]] && quorum=$((n < 3 ? n : 3))
     [[ $quorum =~ ^[1-9][0-9]*$ && $quorum -le $n ]] || die "up: --quorum must be 1..$n"
     [[ $config =~ ^[A-Za-z0-9_.,=:-]*$ ]] || die "up: --config '$config' is not NAME=VALUE[,...]"
@@ -190,7 +224,7 @@ cmd_up() {
     elif [[ -n $size ]]; then
         die "up: --size without --drives"
     fi
-    [[ -z $(our_nodes) ]] && ! ip link show "$BRIDGE" >/dev/null 2>&1 ||
+    [[ -z $(our_nodes) && -z $(our_jbofs) ]] && ! ip link show "$BRIDGE" >/dev/null 2>&1 ||
         die "a cluster with prefix '$PREFIX' is already up; run '$0 down' first"
     [[ ! -e $BASE ]] || die "$BASE exists (an earlier cluster?); run '$0 down' first"
     local bin
@@ -226,7 +260,9 @@ cmd_up() {
         ip -n "$ns" link set eth0 up
         mkdir -p "$(home_of "$k")" "$BASE/node$k/mnt"
     done
-    if [[ $drives -gt 0 ]]; then
+    if [[ $jbofs -gt 0 ]]; then
+        for ((j = 1; j <= jbofs; j++)); do make_jbof "$j" "$drives" "$size"; done
+    elif [[ $drives -gt 0 ]]; then
         mkdir -p "$BASE/drives"
         for ((k = 1; k <= n; k++)); do
             for ((j = 1; j <= drives; j++)); do
@@ -237,7 +273,94 @@ cmd_up() {
     echo "$n" >"$BASE/size"
     echo "cluster-netns: $n nodes up ($SUBNET.1-$SUBNET.$n), state under $BASE"
     [[ $cluster -eq 0 ]] || create_cluster "$n" "$quorum" "$config"
+    if [[ $cluster -eq 1 && $jbofs -gt 0 ]]; then
+        for ((k = 1; k <= n; k++)); do
+            for ((j = 1; j <= jbofs; j++)); do
+                # I/O fails fast (-f 2) so a declustered array, not the host, rides out a
+                # lost enclosure; the paths keep reconnecting and come back with it.
+                in_node "$k" tessera nvme connect -t tcp -n "$JBOF_NQN:jbof$j" \
+                    -a "$(jbof_addr "$j")" -s "$JBOF_PORT" -f 2 -c 1 >/dev/null ||
+                    die "node$k cannot connect to jbof$j"
+            done
+        done
+        echo "cluster-netns: every node connected to $jbofs JBOFs"
+    fi
     trap - EXIT
+}
+
+# Drive server J: a namespace of its own on the bridge and D sparse drive files served as
+# NVMe/TCP namespaces 1..D of one subsystem, to any host, reservations persisted in
+# $BASE/jbofJ/state.
+make_jbof() {
+    local j=$1 drives=$2 size=$3 ns dir i namespaces=""
+    ns=$(jbof_ns "$j")
+    dir=$BASE/jbof$j
+    ip netns add "$ns"
+    ip link add "$(jbof_veth "$j")" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
+    ip link set "$(jbof_veth "$j")" master "$BRIDGE" up
+    ip -n "$ns" addr add "$(jbof_addr "$j")/24" dev eth0
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set eth0 up
+    mkdir -p "$dir/state" "$BASE/drives"
+    for ((i = 1; i <= drives; i++)); do
+        truncate -s "$size" "$BASE/drives/jbof$j-d$i.img"
+        [[ -z $namespaces ]] || namespaces+=","
+        namespaces+="{\"nsid\":$i,\"enable\":1,\"device\":{\"path\":\"$BASE/drives/jbof$j-d$i.img\"},\"ana_grpid\":1}"
+    done
+    cat >"$dir/config.json" <<JSON
+{"hosts":[],
+ "ports":[{"portid":1,"addr":{"trtype":"tcp","adrfam":"ipv4","traddr":"$(jbof_addr "$j")","trsvcid":"$JBOF_PORT"},
+           "subsystems":["$JBOF_NQN:jbof$j"],"ana_groups":[{"grpid":1,"ana":{"state":"optimized"}}],"referrals":[]}],
+ "subsystems":[{"nqn":"$JBOF_NQN:jbof$j","attr":{"allow_any_host":"1","serial":"JBOF$j"},
+                "allowed_hosts":[],"namespaces":[$namespaces]}],
+ "tessera":{"state_dir":"$dir/state"}}
+JSON
+    start_jbof "$j"
+}
+
+start_jbof() {
+    local j=$1 dir=$BASE/jbof$j tries=100
+    [[ -z $(jbof_pid "$j") ]] || die "jbof$j's drive server already runs"
+    nsenter "--net=/run/netns/$(jbof_ns "$j")" "$BASE/bin/tessera" drive-server \
+        -c "$dir/config.json" >>"$dir/drive-server.log" 2>&1 </dev/null &
+    echo $! >"$dir/pid"
+    # Serving once its port accepts connections.
+    until nsenter "--net=/run/netns/$(jbof_ns "$j")" \
+        bash -c "exec 3<>/dev/tcp/$(jbof_addr "$j")/$JBOF_PORT" 2>/dev/null; do
+        ((--tries > 0)) || die "jbof$j's drive server did not start; see $dir/drive-server.log"
+        [[ -n $(jbof_pid "$j") ]] || die "jbof$j's drive server exited; see $dir/drive-server.log"
+        sleep 0.1
+    done
+}
+
+# The pid of drive server J if it runs (the pid file can be stale after kill -9).
+jbof_pid() {
+    local pid argv
+    pid=$(cat "$BASE/jbof$1/pid" 2>/dev/null) || return 0
+    [[ $pid =~ ^[0-9]+$ && -d /proc/$pid ]] || return 0
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]] || return 0
+    argv=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 0
+    [[ $argv == *" drive-server -c $BASE/jbof$1/config.json"* ]] || return 0
+    echo "$pid"
+}
+
+cmd_jbof() {
+    local action=${1:-} j pid
+    j=$(jbof_arg "${2:-}")
+    case $action in
+    kill)
+        pid=$(jbof_pid "$j")
+        [[ -n $pid ]] || die "jbof$j's drive server is not running"
+        kill -9 "$pid"
+        wait_gone "$pid" || die "jbof$j's drive server (pid $pid) survived kill -9 for 10 s"
+        echo "cluster-netns: killed jbof$j's drive server (pid $pid)"
+        ;;
+    start)
+        start_jbof "$j"
+        echo "cluster-netns: jbof$j's drive server runs (pid $(jbof_pid "$j"))"
+        ;;
+    *) die "usage: jbof kill|start J" ;;
+    esac
 }
 
 up_failed() {
@@ -396,9 +519,28 @@ drive_files() {
     done | sort -n -k1,1 -k2,2
 }
 
+# Drives of the drive servers sorted by JBOF, then by drive number.
+jbof_drive_files() {
+    local f
+    for f in "$BASE"/drives/jbof*-d*.img; do
+        [[ -e $f ]] || continue
+        if [[ ${f##*/} =~ ^jbof([0-9]+)-d([0-9]+)\.img$ ]]; then
+            echo "${BASH_REMATCH[1]} ${BASH_REMATCH[2]} $f"
+        fi
+    done | sort -n -k1,1 -k2,2
+}
+
 cmd_stanza() {
     local kind=${1:-} k j f found=0
     [[ $kind == nsd || $kind == pdisk ]] || die "usage: stanza nsd|pdisk"
+    if [[ -n $(jbof_drive_files) ]]; then
+        [[ $kind == pdisk ]] ||
+            die "stanza nsd: the drives are in drive servers; make a declustered array of them (stanza pdisk)"
+        while read -r k j f; do
+            echo "%pdisk: pdisk=jbof${k}d$j device=nvme:nvme$((k - 1))n$j enclosure=jbof$k slot=$j"
+        done < <(jbof_drive_files)
+        return 0
+    fi
     while read -r k j f; do
         found=1
         if [[ $kind == nsd ]]; then
@@ -443,6 +585,13 @@ cmd_status() {
         printf '%-6s %-16s %-15s %-8s %s\n' "node$k" "$ns" "${addr:--}" "${pid:-down}" \
             "${bridge:-none}$([[ $bridge == "$ISLAND" ]] && echo ' (partitioned)')"
     done
+    for k in $(our_jbofs); do
+        any=1
+        pid=$(jbof_pid "$k")
+        addr=$(ip -n "$(jbof_ns "$k")" -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}')
+        printf '%-6s %-16s %-15s %-8s %s\n' "jbof$k" "$(jbof_ns "$k")" "${addr:--}" \
+            "${pid:-down}" "$BRIDGE (drive server)"
+    done
     [[ $any -eq 1 ]] || echo "(no namespaces with prefix '$PREFIX'; state under $BASE)"
 }
 
@@ -484,10 +633,19 @@ cmd_down() {
         done
         ip netns del "$ns" 2>/dev/null || true
     done
+    for k in $(our_jbofs); do
+        ns=$(jbof_ns "$k")
+        pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
+        for pid in $pids; do
+            wait_gone "$pid" || echo "cluster-netns: pid $pid survives kill -9; going on" >&2
+        done
+        ip netns del "$ns" 2>/dev/null || true
+    done
     # Deleting a namespace deletes its veth end and so the pair; this catches any host end
     # left by a failed `up`, then the bridges.
     for link in $(ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }'); do
-        [[ $link =~ ^${PREFIX}h[0-9]+$ || $link == "$BRIDGE" || $link == "$ISLAND" ]] &&
+        [[ $link =~ ^${PREFIX}[hj][0-9]+$ || $link == "$BRIDGE" || $link == "$ISLAND" ]] &&
             ip link del "$link" 2>/dev/null || true
     done
     unmount_all
@@ -515,6 +673,7 @@ main() {
     mountpoint) cmd_mountpoint "$@" ;;
     kill) cmd_kill "$@" ;;
     start) cmd_start "$@" ;;
+    jbof) cmd_jbof "$@" ;;
     partition) cmd_partition "$@" ;;
     heal) cmd_heal "$@" ;;
     stanza) cmd_stanza "$@" ;;

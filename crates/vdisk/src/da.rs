@@ -340,7 +340,7 @@ impl DeclusteredArray {
         opts: &DaOptions,
     ) -> Result<Arc<DeclusteredArray>, VdiskError> {
         let opener = opts.opener.clone().unwrap_or_else(file_opener);
-        let found = find_labels(name_hint, devices, &opener)?;
+        let (found, unanswered) = find_labels(name_hint, devices, &opener)?;
         let (uuid, da_name) = (found[0].1.da_uuid, found[0].1.da_name.clone());
         let mut best: Option<(u64, MetaImage)> = None;
         for (_, label, dev) in &found {
@@ -361,7 +361,7 @@ impl DeclusteredArray {
                     .join(", "),
             });
         };
-        let (core, dirty_bits) = build_core(image, generation, found, opener)?;
+        let (core, dirty_bits) = build_core(image, generation, found, unanswered, opener)?;
         let core = Arc::new(core);
         core.persist_meta()?;
         let recovery = resync_dirty(&core, &dirty_bits)?;
@@ -1007,6 +1007,8 @@ fn label_for(config: &DaConfig, record: &PdiskRecord, index: u32) -> Label {
 }
 
 type Found = Vec<(PathBuf, Label, Arc<dyn BlockDevice>)>;
+/// Devices that opened but did not answer (their enclosure or network is down), with why.
+type Unanswered = Vec<(PathBuf, Arc<dyn BlockDevice>, String)>;
 
 /// Opens the devices and reads their labels; every device must be a pdisk of the array
 /// named `name_hint` (or of one single array when it is empty).
@@ -1014,8 +1016,9 @@ fn find_labels(
     name_hint: &str,
     devices: &[PathBuf],
     opener: &DeviceOpener,
-) -> Result<Found, VdiskError> {
+) -> Result<(Found, Unanswered), VdiskError> {
     let mut found: Found = Vec::new();
+    let mut unanswered: Unanswered = Vec::new();
     let mut unopened = Vec::new();
     for path in devices {
         let dev = match opener(path) {
@@ -1029,6 +1032,11 @@ fn find_labels(
         let sector = match read_sector0(dev.as_ref(), path) {
             Ok(s) => s,
             Err(e) => {
+                if let VdiskError::Io { error, .. } = &e {
+                    if tessera_drive::is_unreachable(error) {
+                        unanswered.push((path.clone(), Arc::clone(&dev), e.to_string()));
+                    }
+                }
                 unopened.push(e.to_string());
                 continue;
             }
@@ -1084,7 +1092,7 @@ fn find_labels(
     for u in unopened {
         tracing::warn!("opening declustered array {}: {u}", target.1);
     }
-    Ok(found)
+    Ok((found, unanswered))
 }
 
 /// Builds the runtime state from the newest metadata and the devices found; returns it
@@ -1093,6 +1101,7 @@ fn build_core(
     image: MetaImage,
     generation: u64,
     found: Found,
+    unanswered: Unanswered,
     opener: DeviceOpener,
 ) -> Result<(DaCore, dirty::Bits), VdiskError> {
     let config = image.da.clone();
@@ -1105,6 +1114,10 @@ fn build_core(
     for (i, rec) in image.pdisks.iter().enumerate() {
         let mut rec = rec.clone();
         let lay = PdiskLayout::new(rec.device_bytes, config.meta_slot_bytes);
+        let silent = unanswered
+            .iter()
+            .find(|(path, _, _)| path.display().to_string() == rec.device);
+        let mut unreachable = false;
         let dev = match (by_uuid.remove(&rec.uuid), rec.state.in_service()) {
             (Some((path, dev)), true) => {
                 rec.device = path.display().to_string();
@@ -1123,6 +1136,22 @@ fn build_core(
                 }
                 None
             }
+            (None, true) if silent.is_some() => {
+                // Its drive is there but does not answer now (an enclosure or its network
+                // is down, as when an array fails over to another server at the same
+                // time): suspended as unreachable like a drive lost while open, probed,
+                // and caught up when it answers with this pdisk's label; not rebuilt.
+                let (_, dev, why) = silent.expect("matched");
+                notes.push(format!(
+                    "pdisk {}: its device does not answer ({why}); written around, probed \
+                     every {} s, resumed when it answers",
+                    rec.name,
+                    crate::worker::PROBE_INTERVAL.as_secs()
+                ));
+                rec.state = PdiskState::Suspended;
+                unreachable = true;
+                Some(Arc::clone(dev))
+            }
             (None, true) => {
                 notes.push(format!(
                     "pdisk {}: device not found (last seen at {}); marked missing, its \
@@ -1134,7 +1163,16 @@ fn build_core(
             }
             (None, false) => None,
         };
-        pdisks.push(Arc::new(Pdisk::new(i as u16, &rec, lay, dev)));
+        let pd = Pdisk::new(i as u16, &rec, lay, dev);
+        if unreachable {
+            let now = std::time::Instant::now();
+            *pd.unreachable.lock() = Some(crate::pdisk::Unreachable {
+                since: now,
+                last_probe: now,
+                failed_probes: 0,
+            });
+        }
+        pdisks.push(Arc::new(pd));
     }
     for (path, _) in by_uuid.values() {
         notes.push(format!(

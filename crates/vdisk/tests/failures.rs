@@ -171,6 +171,75 @@ fn unreachable_pdisks_are_written_around_then_resumed_or_rebuilt() {
     da.close().unwrap();
 }
 
+/// An array opened (by the server it failed over to) while an enclosure is down: the
+/// drives that open but do not answer are suspended as unreachable, not marked missing
+/// and rebuilt, and when the enclosure comes back they are resumed and caught up with the
+/// writes they missed. Takes one probe interval (15 s).
+#[test]
+fn an_array_opened_while_an_enclosure_is_down_catches_it_up_when_it_returns() {
+    let (t, faults, da, v, mut data) = setup("8+2p", BLOCK);
+    drop(v);
+    da.close().unwrap();
+    let e1: Vec<_> = t
+        .specs
+        .iter()
+        .filter(|s| s.enclosure == "e1")
+        .cloned()
+        .collect();
+    assert_eq!(e1.len(), 2);
+    for s in &e1 {
+        faults
+            .faults(&s.device)
+            .unreachable
+            .store(true, Ordering::Relaxed);
+    }
+    let da = DeclusteredArray::open_with("da1", &t.paths(), &faults.options()).unwrap();
+    let state = |name: &str| {
+        da.status()
+            .pdisks
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.state)
+            .unwrap()
+    };
+    for s in &e1 {
+        assert_eq!(
+            state(&s.name),
+            PdiskState::Suspended,
+            "{:#?}",
+            da.status().events
+        );
+    }
+    let v = da.vdisk("v").unwrap();
+    check_all(&v, &data);
+    let new = pattern(4 << 20, 11);
+    v.write_at(&new, 1 << 20).unwrap();
+    v.flush().unwrap();
+    data[1 << 20..5 << 20].copy_from_slice(&new);
+    for s in &e1 {
+        faults
+            .faults(&s.device)
+            .unreachable
+            .store(false, Ordering::Relaxed);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while e1.iter().any(|s| state(&s.name) != PdiskState::Ok) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not resumed: {:#?}",
+            da.status().events
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_idle(&da);
+    // The enclosure carries what it missed: lose two pdisks of another one.
+    for s in t.specs.iter().filter(|s| s.enclosure == "e2") {
+        da.pdisk_suspend(&s.name).unwrap();
+    }
+    check_all(&v, &data);
+    da.close().unwrap();
+}
+
 #[test]
 fn enclosure_loss_rebuild_then_two_more_then_a_third() {
     let (t, faults, da, v, data) = setup("8+2p", BLOCK);

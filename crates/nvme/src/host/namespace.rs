@@ -186,6 +186,16 @@ impl MultipathNamespace {
         self.uuid
     }
 
+    /// Whether a path is connected now: I/O to a namespace without one waits for a path
+    /// to come back (up to `fast_io_fail_tmo` or `ctrl_loss_tmo`).
+    #[must_use]
+    pub fn has_live_path(&self) -> bool {
+        self.paths
+            .read()
+            .iter()
+            .any(|p| p.path.state().0 == super::PathState::Live)
+    }
+
     pub(crate) fn paths(&self) -> Vec<Arc<NsPath>> {
         self.paths.read().clone()
     }

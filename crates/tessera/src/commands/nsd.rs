@@ -121,7 +121,8 @@ fn check_servers_serve(home: &Home, served: &[(String, Vec<String>)]) {
                                 .unwrap_or_else(|| "not known there yet".into())),
                         });
                 match how {
-                    Some(Ok(a)) if a == "server node" => {}
+                    // A vdisk NSD's standby servers take over with its array.
+                    Some(Ok(a)) if a == "server node" || a.starts_with("standby server") => {}
                     Some(Ok(a)) => missing.push(format!("NSD {nsd}: server {server}: {a}")),
                     Some(Err(why)) => {
                         missing.push(format!("NSD {nsd}: server {server} not asked: {why}"))

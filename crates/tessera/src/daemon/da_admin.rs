@@ -5,15 +5,21 @@
 //! A vdisk becomes an NSD through a `%nsd` stanza with `device=vdisk:NAME`; the NSD layer
 //! then writes its descriptor on the vdisk like on any drive.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
+use tessera_drive::BlockDevice;
 use tessera_vdisk::{
     Code, DaOptions, DaStatus, DeclusteredArray, PdiskSpec, PdiskState, Progress, Tolerance, Vdisk,
     VdiskSize,
 };
 
+use super::lease_gate::LeaseGated;
+use super::nsd_admin::{open_claimed, Claim};
+use super::nvme_admin::nvme_device_name;
+use super::pdisk_fence::{key_owner, release, reservation_key, KeyNamer, ReservedPdisk, TakeCheck};
+use super::registry::arrays_in;
 use super::{Daemon, Reporter};
 use crate::config::{DaRecord, DaRegistry, PdiskRecord};
 use crate::rpc::{DaRow, PdiskAction, PdiskRow, Reply, Request, TaskRow, VdiskRow};
@@ -135,6 +141,65 @@ fn failover_plan(
 impl Daemon {
     /// Opens every array of `da.json`. An array that cannot be opened is logged and left
     /// out: its vdisks' NSDs then show as down, and the rest of the node works.
+    /// How array `da` opens its pdisks: local paths with O_DIRECT, `nvme:NAME` through
+    /// the NVMe/TCP host under this node's reservation (`pdisk_fence`: the drive refuses
+    /// the array's earlier server).
+    ///
+    /// Their I/O is gated by this node's lease, bound to the incarnation that opens them:
+    /// an array's server that was cut off and expelled touches its pdisks no more, so the
+    /// server the cluster manager gives the array to is alone on them (the array is closed
+    /// here and opened again if it is still this node's: `open_arrays_given_here`). A
+    /// refused request looks like an unreachable drive, which the array suspends, not
+    /// fails.
+    pub(super) fn device_opener(&self, da: &str) -> tessera_vdisk::DeviceOpener {
+        let host = Arc::clone(&self.nvme);
+        let cluster = self.cluster_identity();
+        let check = self.member.incarnation_check();
+        let key = self
+            .member
+            .io_epoch()
+            .map(|epoch| reservation_key(self.member.me(), epoch));
+        let state = Arc::new(self.member.state_reader());
+        let me = self.cluster.node_name.clone();
+        let da = da.to_string();
+        Arc::new(move |path: &Path| {
+            let shown = path.to_string_lossy();
+            let dev = match (nvme_device_name(&shown), key) {
+                (Some(name), Some(key)) => {
+                    let Some(ns) = host.namespace(name) else {
+                        return open_claimed(&host, &cluster, &shown, Claim::Exclusive);
+                    };
+                    let (applied, me, da, lease) =
+                        (Arc::clone(&state), me.clone(), da.clone(), check.clone());
+                    let may_take: TakeCheck = Arc::new(move || {
+                        lease()?;
+                        let registry = arrays_in(&applied()).map_err(|e| format!("{e:#}"))?;
+                        match registry.get(&da).and_then(|r| r.server.as_deref()) {
+                            Some(server) if server != me => {
+                                Err(format!("declustered array {da} is served by {server} now"))
+                            }
+                            _ => Ok(()),
+                        }
+                    });
+                    let names = Arc::clone(&state);
+                    let namer: KeyNamer = Arc::new(move |key| {
+                        let (node, epoch) = key_owner(key);
+                        let state = names();
+                        let name = state
+                            .nodes
+                            .get(&node)
+                            .map_or_else(|| format!("node number {node}"), |n| n.name.clone());
+                        format!("{name}, incarnation {epoch}")
+                    });
+                    let dev: Arc<dyn BlockDevice> = ReservedPdisk::open(ns, key, may_take, namer);
+                    dev
+                }
+                _ => open_claimed(&host, &cluster, &shown, Claim::Exclusive)?,
+            };
+            Ok(LeaseGated::wrap(dev, check.clone()))
+        })
+    }
+
     pub(super) fn open_arrays_at_start(&self) {
         let registry = match self.arrays() {
             Ok(r) => r,
@@ -163,7 +228,7 @@ impl Daemon {
     fn open_array(&self, rec: &DaRecord) -> bool {
         let devices = self.pdisk_devices(rec);
         let opts = DaOptions {
-            opener: Some(self.device_opener()),
+            opener: Some(self.device_opener(&rec.name)),
             ..DaOptions::default()
         };
         match DeclusteredArray::open_with(&rec.name, &devices, &opts) {
@@ -613,7 +678,7 @@ impl Daemon {
                 .pdisk_error_limit
                 .unwrap_or(defaults.pdisk_error_limit),
             force: !verify,
-            opener: Some(self.device_opener()),
+            opener: Some(self.device_opener(name)),
         };
         r.info(format!(
             "tessera da create: writing labels and metadata on {} pdisks",
@@ -765,6 +830,20 @@ impl Daemon {
 
     /// `da delete`: refused while the array holds vdisks; wipes the pdisk labels so the
     /// drives are free for a new array or NSDs.
+    /// The drives of a deleted array are free for any use: this node's reservations on
+    /// its NVMe/TCP pdisks go.
+    fn release_pdisk_reservations(&self, rec: Option<&DaRecord>) {
+        let (Some(rec), Some(epoch)) = (rec, self.member.io_epoch()) else {
+            return;
+        };
+        let key = reservation_key(self.member.me(), epoch);
+        for p in &rec.pdisks {
+            if let Some(ns) = nvme_device_name(&p.device).and_then(|n| self.nvme.namespace(n)) {
+                release(&ns, key);
+            }
+        }
+    }
+
     fn da_delete(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
         let mut registry = self.arrays()?;
@@ -786,6 +865,7 @@ impl Daemon {
         }
         let kept = da.destroy()?;
         self.arrays.lock().remove(name);
+        self.release_pdisk_reservations(registry.get(name));
         registry.arrays.retain(|a| a.name != name);
         self.save_arrays(&registry)?;
         for k in &kept {

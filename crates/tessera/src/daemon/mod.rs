@@ -20,6 +20,7 @@ mod mounts;
 mod nsd_admin;
 mod nsd_server;
 mod nvme_admin;
+mod pdisk_fence;
 mod policy_admin;
 mod registry;
 

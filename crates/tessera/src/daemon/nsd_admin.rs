@@ -45,26 +45,7 @@ impl Daemon {
         open_claimed(&self.nvme, &cluster, path, claim).map_err(|e| anyhow!("{e}"))
     }
 
-    /// How the declustered arrays of this node open their pdisks: local paths with
-    /// O_DIRECT, `nvme:NAME` through the NVMe/TCP host.
-    ///
-    /// Their I/O is gated by this node's lease, bound to the incarnation that opens them:
-    /// an array's server that was cut off and expelled touches its pdisks no more, so the
-    /// server the cluster manager gives the array to is alone on them (the array is closed
-    /// here and opened again if it is still this node's: `open_arrays_given_here`). A
-    /// refused request looks like an unreachable drive, which the array suspends, not
-    /// fails.
-    pub(super) fn device_opener(&self) -> tessera_vdisk::DeviceOpener {
-        let host = Arc::clone(&self.nvme);
-        let cluster = self.cluster_identity();
-        let check = self.member.incarnation_check();
-        Arc::new(move |path: &Path| {
-            open_claimed(&host, &cluster, &path.to_string_lossy(), Claim::Exclusive)
-                .map(|dev| super::lease_gate::LeaseGated::wrap(dev, check.clone()))
-        })
-    }
-
-    fn cluster_identity(&self) -> ClusterIdentity {
+    pub(super) fn cluster_identity(&self) -> ClusterIdentity {
         ClusterIdentity {
             id: self.cluster.cluster_id_bytes(),
             name: self.cluster.name.clone(),
@@ -249,7 +230,24 @@ impl Daemon {
         let mut pdisks = HashSet::new();
         let mut devices = Vec::new();
         let mut seen = HashSet::new();
-        for c in candidates.into_iter().filter(|c| seen.insert(c.clone())) {
+        // Recorded pdisks on remote drives without a path now (their enclosure is down):
+        // given to the array as they are, which suspends them until they answer.
+        let mut silent = Vec::new();
+        let recorded = rec.pdisks.len();
+        for (i, c) in candidates
+            .into_iter()
+            .filter(|c| seen.insert(c.clone()))
+            .enumerate()
+        {
+            let unreachable = nvme_device_name(&c)
+                .and_then(|n| self.nvme.namespace(n))
+                .is_some_and(|ns| !ns.has_live_path());
+            if unreachable {
+                if i < recorded {
+                    silent.push(PathBuf::from(c));
+                }
+                continue;
+            }
             let Some(label) = self.probe(&c).and_then(|d| read_pdisk_label(d.as_ref())) else {
                 continue;
             };
@@ -260,7 +258,9 @@ impl Daemon {
                 devices.push(PathBuf::from(c));
             }
         }
-        if devices.is_empty() {
+        if !devices.is_empty() {
+            devices.extend(silent);
+        } else {
             // Nothing answers: let the array report the recorded paths it could not open.
             return rec
                 .pdisks
@@ -314,7 +314,7 @@ impl Daemon {
 }
 
 /// This node's cluster, to tell its NSDs from another cluster's in messages.
-struct ClusterIdentity {
+pub(super) struct ClusterIdentity {
     id: [u8; 16],
     name: String,
 }
@@ -333,7 +333,7 @@ pub(super) enum Claim {
     Shared,
 }
 
-fn open_claimed(
+pub(super) fn open_claimed(
     host: &Host,
     cluster: &ClusterIdentity,
     path: &str,

@@ -35,6 +35,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
+
+use super::da_admin::vdisk_device_name;
 use parking_lot::Mutex;
 use tessera_cluster::node::NodeNumber;
 use tessera_cluster::state::{ConfigState, NodeRecord};
@@ -212,7 +214,7 @@ impl Daemon {
         let wanted: BTreeMap<&str, (&NsdRecord, bool)> = registry
             .nsds
             .iter()
-            .filter(|n| n.servers.contains(&me.name))
+            .filter(|n| n.servers.contains(&me.name) && self.standby_reason(n).is_none())
             .map(|n| (n.name.as_str(), (n, n.servers[0] == me.name)))
             .collect();
         let svc = &self.nsd_service;
@@ -384,8 +386,11 @@ impl Daemon {
             .get(&me)
             .map(|n| n.name.clone())
             .unwrap_or_default();
-        if rec.servers.contains(&my_name) {
+        if rec.servers.contains(&my_name) && self.standby_reason(rec).is_none() {
             return self.open_nsd_local(rec, claim);
+        }
+        if rec.servers.contains(&my_name) {
+            return self.open_nsd_via_servers(rec);
         }
         let mode = state.params.get("useNSDserver", Some(me));
         match mode.as_str() {
@@ -421,6 +426,21 @@ impl Daemon {
                     .map_err(|e| e.context(format!("and directly: {local:#}"))),
             },
         }
+    }
+
+    /// Why this node, though listed in `rec`'s servers, does not serve it now: a vdisk NSD
+    /// is served only by the node its declustered array is open on (any of the array's
+    /// servers, one at a time); the others stand by and reach it through the servers like
+    /// clients until the array comes to them.
+    fn standby_reason(&self, rec: &NsdRecord) -> Option<String> {
+        let vdisk = vdisk_device_name(&rec.device)?;
+        if self.find_vdisk(vdisk).is_some() {
+            return None;
+        }
+        Some(format!(
+            "standby server: the declustered array of vdisk {vdisk} is served by another \
+             node (`tessera da ls`)"
+        ))
     }
 
     /// Connects a path to every server of `rec` (those not connected yet) and returns
@@ -675,7 +695,8 @@ impl Daemon {
                     row.access = "server node".into();
                     return row;
                 }
-                if rec.servers.contains(&me) {
+                let standby = self.standby_reason(rec);
+                if rec.servers.contains(&me) && standby.is_none() {
                     // Listed as a server, but not serving: say why (the service's last word).
                     let why = logged
                         .get(&rec.name)
@@ -689,6 +710,9 @@ impl Daemon {
                 match (reached.get(&rec.name), ns) {
                     (Some(r), Some(ns)) => {
                         row.access = "through servers".into();
+                        if standby.is_some() {
+                            row.access = "standby server, through servers".into();
+                        }
                         row.device = ns.stable_name.clone();
                         row.paths = r
                             .servers
@@ -705,7 +729,12 @@ impl Daemon {
                             )
                             .collect();
                     }
-                    _ => row.access = "not opened".into(),
+                    _ => {
+                        row.access = match &standby {
+                            Some(why) if rec.servers.contains(&me) => format!("{why}; not opened"),
+                            _ => "not opened".into(),
+                        }
+                    }
                 }
                 row
             })

@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde::{de::DeserializeOwned, Serialize};
-use tessera_cluster::state::Command;
+use tessera_cluster::state::{Command, ConfigState};
 
 use super::Daemon;
 use crate::config::{DaRegistry, FsRegistry, Home, NsdRegistry};
@@ -57,18 +57,7 @@ impl Daemon {
     }
 
     fn read_document<T: DeserializeOwned + Default>(&self, key: &str) -> Result<(T, u64)> {
-        let document = self.member.state().document(key);
-        if document.version == 0 {
-            return Ok((T::default(), 0));
-        }
-        let value = serde_json::from_str(&document.json).with_context(|| {
-            format!(
-                "the replicated `{key}` document (version {}) does not parse; this daemon \
-                 may be older than the one that wrote it: upgrade it",
-                document.version
-            )
-        })?;
-        Ok((value, document.version))
+        read_document_in(&self.member.state(), key)
     }
 
     fn write_document<T: Serialize>(
@@ -154,4 +143,29 @@ fn read_old<T: DeserializeOwned>(path: &std::path::Path) -> Result<Option<T>> {
         )
     })?;
     Ok(Some(value))
+}
+
+/// The array registry in configuration `state` (for threads that hold no `Daemon`).
+pub(super) fn arrays_in(state: &ConfigState) -> Result<DaRegistry> {
+    let (mut registry, version) = read_document_in::<DaRegistry>(state, DA_KEY)?;
+    registry.version = version;
+    Ok(registry)
+}
+
+fn read_document_in<T: DeserializeOwned + Default>(
+    state: &ConfigState,
+    key: &str,
+) -> Result<(T, u64)> {
+    let document = state.document(key);
+    if document.version == 0 {
+        return Ok((T::default(), 0));
+    }
+    let value = serde_json::from_str(&document.json).with_context(|| {
+        format!(
+            "the replicated `{key}` document (version {}) does not parse; this daemon \
+             may be older than the one that wrote it: upgrade it",
+            document.version
+        )
+    })?;
+    Ok((value, document.version))
 }
