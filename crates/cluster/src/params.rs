@@ -107,6 +107,17 @@ pub const PARAMS: &[ParamSpec] = &[
                takes effect at the server's next startup",
         check: |v| check_count(v, 1, 65535),
     },
+    ParamSpec {
+        name: "nsdServerWaitTime",
+        default: "60",
+        scope: Scope::Node,
+        help: "seconds an I/O to an NSD waits while none of its NSD servers answers \
+               before it fails to the application with an I/O error naming the servers \
+               (the paths keep reconnecting, and I/O works again as soon as a server \
+               returns); takes effect for paths connected after the change (at the next \
+               mount)",
+        check: |v| check_seconds(v, 1.0, 3600.0),
+    },
 ];
 
 /// The values of `useNSDserver`, as GPFS spells them.

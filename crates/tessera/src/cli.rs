@@ -665,8 +665,9 @@ pub enum NsdCommand {
         /// NSD servers' paths.
         #[arg(short = 'm', conflicts_with_all = ["extended", "all_nodes"])]
         mapping: bool,
-        /// Like -m, for every node of the cluster (asked through the remote shell).
-        #[arg(short = 'M', conflicts_with = "extended")]
+        /// Like -m, for every node of the cluster (asked through the remote shell); with
+        /// -X, also the device type.
+        #[arg(short = 'M')]
         all_nodes: bool,
         /// Like -m, with the device type.
         #[arg(short = 'X')]
@@ -780,7 +781,7 @@ pub enum FileAttrCommand {
 #[derive(Subcommand, Debug)]
 pub enum DiskCommand {
     /// List the disks of a file system [mmlsdisk].
-    Ls(DeviceListArgs),
+    Ls(DiskLsArgs),
     /// Add NSDs to a file system, mounted or not [mmadddisk]; new data goes to them at once,
     /// `-r` also moves existing data onto them.
     Add(DiskAddArgs),
@@ -792,6 +793,18 @@ pub enum DiskCommand {
     /// [mmchdisk suspend|empty|resume]. `empty` marks the disk to be emptied by
     /// `tessera restripe -m`.
     Change(DiskChangeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DiskLsArgs {
+    /// The file system device name.
+    pub device: String,
+    /// Also how this node reaches each disk: its device, or the NSD servers' paths in use
+    /// [mmlsdisk -L / -M].
+    #[arg(short = 'L', visible_short_alias = 'M')]
+    pub long: bool,
+    #[arg(short = 'Y')]
+    pub machine: bool,
 }
 
 #[derive(Args, Debug)]

@@ -158,7 +158,7 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         }
         Command::Umount(a) => io::umount_nodes(home, &a.device, &a.select),
         Command::Df(a) => io::df(home, &a.device, a.machine),
-        Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.machine),
+        Command::Disk(DiskCommand::Ls(a)) => fs::disk_ls(home, &a.device, a.long, a.machine),
         Command::Disk(DiskCommand::Add(a)) => fs::disk_add(home, &a),
         Command::Disk(DiskCommand::Change(a)) => fs::disk_change(home, &a),
         Command::Disk(DiskCommand::Delete(a)) => fs::disk_delete(home, &a),

@@ -796,3 +796,131 @@ fn arrays_over_three_jbofs_fail_over_and_fence_the_dead_server_also_with_an_encl
     let fsck = tessera_ok(&c, 3, &["fsck", "jfs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
 }
+
+/// Writes `name` (1 MiB naming itself) under `dir` with O_DIRECT and fsync; how long it
+/// took, or the error.
+fn write_direct(dir: &Path, name: &str) -> (Duration, std::io::Result<()>) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let start = Instant::now();
+    let data = tessera_drive::AlignedBuf::from_slice(
+        &name.repeat((1 << 20) / name.len() + 1).as_bytes()[..1 << 20],
+    );
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(dir.join(name))?;
+        f.write_all(&data)?;
+        f.sync_all()
+    })();
+    (start.elapsed(), result)
+}
+
+/// Both NSD servers of a client's NSD die (non-quorum nodes, so the cluster lives on):
+/// the client's next fsynced write fails with EIO after `nsdServerWaitTime` (3 s here),
+/// the daemon log names the servers' paths, and when one server returns, writes work
+/// again and what was written before reads back.
+#[test]
+fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_returns() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&[
+        "up",
+        "4",
+        "--drives",
+        "1",
+        "--size",
+        "256M",
+        "--quorum",
+        "1",
+        "--config",
+        common::netns::TEST_TIMINGS,
+    ]);
+    tessera_ok(
+        &c,
+        1,
+        &[
+            "config",
+            "set",
+            "useNSDserver=always,nsdServerWaitTime=3",
+            "-N",
+            "node4",
+        ],
+    );
+    let stanza = c.base.join("s.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=s1 usage=dataAndMetadata failureGroup=1 servers=node2,node3\n",
+            c.base.join("drives/node2-d1.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    tessera_ok(&c, 2, &["nsd", "create", "-F", stanza]);
+    let mnt = c.base.join("node4/mnt/afs");
+    tessera_ok(
+        &c,
+        4,
+        &[
+            "fs",
+            "create",
+            "afs",
+            "-F",
+            stanza,
+            "-T",
+            mnt.to_str().unwrap(),
+        ],
+    );
+    tessera_ok(&c, 4, &["mount", "afs"]);
+    let (_, before) = write_direct(&mnt, "before");
+    before.unwrap();
+    let how = access(&c, 4);
+    assert_eq!(how["s1"].0, "through servers", "{how:?}");
+    let disks = tessera_ok(&c, 4, &["disk", "ls", "afs", "-L"]);
+    assert!(
+        disks.contains("path in use") && disks.contains("through servers: node2 optimized live"),
+        "{disks}"
+    );
+    let everywhere = tessera_ok(&c, 4, &["nsd", "ls", "-M", "-X"]);
+    assert!(
+        everywhere.contains("Devtype")
+            && everywhere.lines().filter(|l| l.starts_with("s1 ")).count() == 4,
+        "{everywhere}"
+    );
+
+    c.ok(&["kill", "2"]);
+    c.ok(&["kill", "3"]);
+    let (took, during) = write_direct(&mnt, "during");
+    eprintln!("a write with every server down failed after {took:?}");
+    let err = during.expect_err("a write with every NSD server down succeeded");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_secs(20),
+        "failed after {took:?}, nsdServerWaitTime is 3 s"
+    );
+    assert!(
+        log_of(&c, 4).contains("no usable path to"),
+        "the client's log does not say why:\n{}",
+        log_of(&c, 4)
+    );
+
+    c.ok(&["start", "2"]);
+    wait_for("writes through node2 again", SETTLE, || {
+        write_direct(&mnt, "after").1.is_ok()
+    });
+    for name in ["before", "after"] {
+        let back = std::fs::read(mnt.join(name)).unwrap();
+        assert!(
+            back.len() == 1 << 20 && back.starts_with(name.as_bytes()),
+            "{name}"
+        );
+    }
+    tessera_ok(&c, 4, &["umount", "afs"]);
+    let fsck = tessera_ok(&c, 4, &["fsck", "afs", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+}

@@ -545,8 +545,23 @@ pub fn delete(home: &Home, name: &str, unreadable_ok: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
+pub fn disk_ls(home: &Home, name: &str, long: bool, machine: bool) -> Result<()> {
     let s = show(home, name)?;
+    // -L: how this node reaches each disk (its device, or the NSD servers' paths).
+    let access = if long {
+        Some(super::nsd::local_access(home)?)
+    } else {
+        None
+    };
+    let reach = |nsd: &str| -> Vec<String> {
+        let Some(rows) = &access else {
+            return Vec::new();
+        };
+        match rows.iter().find(|a| a.nsd == nsd) {
+            Some(a) => vec![a.device.clone(), a.remarks()],
+            None => vec!["-".into(), "not known on this node".into()],
+        }
+    };
     let d = &s.descriptor;
     let lost = |i: usize| s.disks_lost.get(i).cloned().flatten();
     let rows: Vec<Vec<String>> = d
@@ -559,7 +574,7 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
             // data cannot be reached: `up` would promise reads that fail.
             let up = *up && lost(i).is_none();
             let status = disk.status.as_str();
-            vec![
+            let mut row = vec![
                 disk.nsd_name.clone(),
                 "nsd".into(),
                 tessera_drive::SECTOR_BYTES.to_string(),
@@ -569,26 +584,29 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
                 status.into(),
                 if up { "up" } else { "down" }.into(),
                 d.pool_name(disk.pool).to_string(),
-            ]
+            ];
+            row.extend(reach(&disk.nsd_name));
+            row
         })
         .collect();
     if machine {
         let y = YRecord::new("disk", "");
-        println!(
-            "{}",
-            y.header(&[
-                "fileSystem",
-                "diskName",
-                "driverType",
-                "sectorSize",
-                "failureGroup",
-                "metadata",
-                "data",
-                "status",
-                "availability",
-                "storagePool",
-            ])
-        );
+        let mut header = vec![
+            "fileSystem",
+            "diskName",
+            "driverType",
+            "sectorSize",
+            "failureGroup",
+            "metadata",
+            "data",
+            "status",
+            "availability",
+            "storagePool",
+        ];
+        if long {
+            header.extend(["device", "access"]);
+        }
+        println!("{}", y.header(&header));
         for row in rows {
             let mut values = vec![name.to_string()];
             values.extend(row);
@@ -596,7 +614,7 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
         }
         return Ok(());
     }
-    let mut t = Table::new(&[
+    let mut header = vec![
         "disk name",
         "driver type",
         "sector size",
@@ -606,8 +624,11 @@ pub fn disk_ls(home: &Home, name: &str, machine: bool) -> Result<()> {
         "status",
         "availability",
         "storage pool",
-    ])
-    .right(&[2, 3]);
+    ];
+    if long {
+        header.extend(["device", "path in use"]);
+    }
+    let mut t = Table::new(&header).right(&[2, 3]);
     for row in rows {
         t.row(row);
     }

@@ -224,7 +224,7 @@ pub enum Mapping {
 }
 
 /// This node's daemon's view: how it reaches each NSD now.
-fn local_access(home: &Home) -> Result<Vec<NsdAccessRow>> {
+pub(crate) fn local_access(home: &Home) -> Result<Vec<NsdAccessRow>> {
     match call(home, &Request::NsdAccess)? {
         Reply::NsdAccess(rows) => Ok(rows),
         other => Err(unexpected(other)),

@@ -59,9 +59,6 @@ const NQN_PREFIX: &str = "nqn.2024-01.io.tessera";
 /// of those it serves as a later one (non-optimized).
 const PREFERRED_GROUP: u32 = 1;
 const OTHER_GROUP: u32 = 2;
-/// How long I/O waits while no server of an NSD answers before it fails to the
-/// application (GPFS waits for NSD servers too; the error then says which servers).
-const ALL_SERVERS_DOWN_WAIT: Duration = Duration::from_secs(60);
 /// How often a lost path to a server is tried again.
 const RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// Keep Alive Timeout of server paths: a server that stops answering without closing
@@ -466,6 +463,7 @@ impl Daemon {
             let _ = host.disconnect(&subnqn, None);
         }
         let mut servers = Vec::new();
+        let wait = all_servers_down_wait(&state, self.member.me());
         let mut problems = Vec::new();
         for name in &rec.servers {
             let Some(node) = state.node_by_name(name) else {
@@ -480,7 +478,7 @@ impl Daemon {
                 }
             };
             servers.push((name.clone(), addr));
-            if let Err(e) = connect_path(host, addr, &subnqn, &hostnqn) {
+            if let Err(e) = connect_path(host, addr, &subnqn, &hostnqn, wait) {
                 problems.push(format!("{name} ({addr}): {e}"));
             }
         }
@@ -755,6 +753,7 @@ impl Daemon {
         let Some(epoch) = self.member.io_epoch() else {
             return;
         };
+        let wait = all_servers_down_wait(&self.member.state(), self.member.me());
         let host = &self.nsd_service.host;
         // Paths of an earlier incarnation of this node are fenced at the servers: they
         // would knock (and be refused) forever. The next open connects new ones.
@@ -813,7 +812,7 @@ impl Daemon {
                 if live.iter().any(|(n, a)| *n == r.subnqn && a == addr) {
                     continue;
                 }
-                match connect_path(host, *addr, &r.subnqn, &r.hostnqn) {
+                match connect_path(host, *addr, &r.subnqn, &r.hostnqn, wait) {
                     Ok(()) => {
                         tracing::info!("NSD {nsd}: path to server {server} ({addr}) connected")
                     }
@@ -851,11 +850,23 @@ impl Daemon {
     }
 }
 
+/// How long I/O waits while no server of an NSD answers before it fails to the
+/// application (`nsdServerWaitTime` of node `me`; the error then says which servers).
+fn all_servers_down_wait(state: &ConfigState, me: NodeNumber) -> Duration {
+    let secs: f64 = state
+        .params
+        .get("nsdServerWaitTime", Some(me))
+        .parse()
+        .unwrap_or(60.0);
+    Duration::from_secs_f64(secs.max(1.0))
+}
+
 fn connect_path(
     host: &Host,
     addr: SocketAddr,
     subnqn: &str,
     hostnqn: &str,
+    wait: Duration,
 ) -> std::result::Result<(), tessera_nvme::host::HostError> {
     let live = host
         .connections()
@@ -868,7 +879,7 @@ fn connect_path(
         host_nqn: Some(hostnqn.to_string()),
         // A server that is down keeps being tried: the path comes back with it.
         ctrl_loss_tmo: Duration::from_secs(365 * 24 * 3600),
-        fast_io_fail_tmo: Some(ALL_SERVERS_DOWN_WAIT),
+        fast_io_fail_tmo: Some(wait),
         reconnect_delay: RECONNECT_DELAY,
         keep_alive_tmo: KEEP_ALIVE,
         ..ConnectOptions::new(addr, subnqn)
