@@ -367,6 +367,12 @@ struct WriteStream {
     failed: Mutex<Option<Status>>,
 }
 
+impl Drop for WriteStream {
+    fn drop(&mut self) {
+        super::buffers::give(std::mem::replace(&mut self._buf, AlignedBuf::zeroed(0)));
+    }
+}
+
 // SAFETY: the buffer is only reached through `base`, in disjoint ranges, as explained
 // above; every other field is Send and Sync.
 unsafe impl Send for WriteStream {}
@@ -755,6 +761,9 @@ impl Conn {
                         }
                         _ => writer.respond(cid, done.status, 0, 0),
                     }
+                    if let Some((buf, _)) = done.data {
+                        super::buffers::give(buf);
+                    }
                 });
                 match self.pool.as_mut() {
                     Some(pool) => pool.submit(job),
@@ -1140,7 +1149,7 @@ impl Conn {
             return None;
         }
         let plan = io::plan_write(ctrl, rw, length as usize).ok()?;
-        let mut buf = AlignedBuf::for_io(length as usize);
+        let mut buf = super::buffers::take(length as usize);
         let base = buf.as_mut_ptr();
         Some(Arc::new(WriteStream {
             plan,

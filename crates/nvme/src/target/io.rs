@@ -335,9 +335,10 @@ fn read(ns: &Namespace, rw: &ReadWrite, c2h_len: usize) -> IoDone {
     if c2h_len != len {
         return dnr(Status::DATA_SGL_LENGTH_INVALID);
     }
-    let mut buf = AlignedBuf::for_io(len);
+    let mut buf = super::buffers::take(len);
     if let Err(e) = ns.dev.read_at(&mut buf[..len], rw.slba * LBA_BYTES) {
         tracing::warn!(nsid = ns.nsid, slba = rw.slba, "read failed: {e}");
+        super::buffers::give(buf);
         return dnr(Status::UNRECOVERED_READ_ERROR);
     }
     ns.count(&ns.counters.reads, 1);

@@ -73,6 +73,7 @@
 //! state directory). See the module documentation of each part for the details.
 
 mod ana;
+mod buffers;
 pub mod config;
 mod connection;
 mod controller;
