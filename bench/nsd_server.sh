@@ -102,4 +102,19 @@ for round in $(seq 1 "$rounds"); do
         # shellcheck disable=SC2086
         row "$round" "NSD alone: $args, MB/s" "$(perf_nsd 1 $args)" "$(perf_nsd 2 $args)"
     done
+    # The network alone: one TCP stream node1 -> node2 and back over the same veth pair,
+    # the ceiling of any one-stream protocol here (iperf3, if installed).
+    if command -v iperf3 >/dev/null 2>&1; then
+        for dir in "" "-R"; do
+            $net run 1 -- iperf3 -s -1 -B "$TSR_SUBNET.1" >/dev/null 2>&1 &
+            sleep 0.5
+            # shellcheck disable=SC2086
+            mbs=$($net run 2 -- iperf3 -c "$TSR_SUBNET.1" -t "$secs" -J $dir | python3 -c \
+                'import json, sys; e = json.load(sys.stdin)["end"]; print(round(e["sum_received"]["bits_per_second"] / 8e6))')
+            wait
+            way="node2 -> node1, as writes"
+            [[ -z $dir ]] || way="node1 -> node2, as reads"
+            echo "| $round | TCP alone, one stream ($way), MB/s | - | $mbs | - |"
+        done
+    fi
 done
