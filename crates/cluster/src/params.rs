@@ -118,6 +118,16 @@ pub const PARAMS: &[ParamSpec] = &[
                mount)",
         check: |v| check_seconds(v, 1.0, 3600.0),
     },
+    ParamSpec {
+        name: "nsdServerWaitTimeForMount",
+        default: "300",
+        scope: Scope::Node,
+        help: "seconds a file system that a node mounts again at its daemon's start keeps \
+               being tried while none of the servers of one of its NSDs is up (nodes \
+               starting together: a client before its NSD servers); 0 gives up at the \
+               first failure",
+        check: |v| check_seconds(v, 0.0, 1200.0),
+    },
 ];
 
 /// The values of `useNSDserver`, as GPFS spells them.

@@ -821,7 +821,8 @@ fn write_direct(dir: &Path, name: &str) -> (Duration, std::io::Result<()>) {
 /// Both NSD servers of a client's NSD die (non-quorum nodes, so the cluster lives on):
 /// the client's next fsynced write fails with EIO after `nsdServerWaitTime` (3 s here),
 /// the daemon log names the servers' paths, and when one server returns, writes work
-/// again and what was written before reads back.
+/// again and what was written before reads back. Then the client's daemon restarts while
+/// the servers are down: its mount at start waits for them and is made when one returns.
 #[test]
 fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_returns() {
     if !netns_usable() {
@@ -913,13 +914,36 @@ fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_re
     wait_for("writes through node2 again", SETTLE, || {
         write_direct(&mnt, "after").1.is_ok()
     });
-    for name in ["before", "after"] {
-        let back = std::fs::read(mnt.join(name)).unwrap();
-        assert!(
-            back.len() == 1 << 20 && back.starts_with(name.as_bytes()),
-            "{name}"
-        );
-    }
+    let read_back = || {
+        for name in ["before", "after"] {
+            let back = std::fs::read(mnt.join(name)).unwrap();
+            assert!(
+                back.len() == 1 << 20 && back.starts_with(name.as_bytes()),
+                "{name}"
+            );
+        }
+    };
+    read_back();
+
+    // The client's daemon restarts while its servers are down (a cluster starting with
+    // clients before servers): its mount at start waits for them
+    // (nsdServerWaitTimeForMount) and is made when one comes up.
+    c.ok(&["kill", "2"]);
+    wait_for("node2 no longer active", SETTLE, || {
+        states(&c, 1)
+            .get("node2")
+            .is_some_and(|(s, _)| s != "active")
+    });
+    c.ok(&["kill", "4"]);
+    c.ok(&["start", "4"]);
+    wait_for("the client waiting for its NSD servers", SETTLE, || {
+        log_of(&c, 4).contains("tried again as they come up")
+    });
+    c.ok(&["start", "2"]);
+    wait_for("afs mounted again on the client", SETTLE, || {
+        log_of(&c, 4).contains("afs: mounted once its NSD servers came up")
+    });
+    read_back();
     tessera_ok(&c, 4, &["umount", "afs"]);
     let fsck = tessera_ok(&c, 4, &["fsck", "afs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");

@@ -991,6 +991,7 @@ impl Daemon {
             }
         };
         let me = self.cluster.node_name.as_str();
+        let mut waiting = Vec::new();
         for record in &fss.file_systems {
             if let Some(client) = record.clients.iter().find(|c| c.node == me) {
                 self.rejoin_as_client(record, &client.mount_point);
@@ -1007,8 +1008,120 @@ impl Daemon {
                 default_mount_point(record)
             };
             if let Err(e) = self.claim_and_mount(&record.name, &mount_point) {
-                tracing::error!("{}: mount at start failed: {e:#}", record.name);
+                if !self.reaches_nsds_through_servers(record) {
+                    tracing::error!("{}: mount at start failed: {e:#}", record.name);
+                } else {
+                    waiting.push((record.name.clone(), mount_point, format!("{e:#}")));
+                }
             }
+        }
+        self.mount_when_nsd_servers_come(waiting);
+    }
+
+    /// Whether this node reaches some NSD of `record` through NSD servers (its mount can
+    /// fail only because they are not up yet).
+    fn reaches_nsds_through_servers(&self, record: &FsRecord) -> bool {
+        let Ok(nsds) = self.nsds() else {
+            return false;
+        };
+        let me = self.cluster.node_name.as_str();
+        record
+            .nsds
+            .iter()
+            .filter_map(|name| nsds.get(name))
+            .any(|n| !n.servers.is_empty() && n.servers.iter().any(|s| s != me))
+    }
+
+    /// The NSDs of `record` with servers none of which is up (an active node of the
+    /// cluster) now.
+    fn nsd_servers_down(&self, record: &FsRecord) -> Vec<String> {
+        let Ok(nsds) = self.nsds() else {
+            return Vec::new();
+        };
+        record
+            .nsds
+            .iter()
+            .filter_map(|name| nsds.get(name))
+            .filter(|n| !n.servers.is_empty() && !n.servers.iter().any(|s| self.node_is_live(s)))
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
+    /// File systems reached through NSD servers whose mount at start failed are tried
+    /// again as servers come up (not while every server of one of their NSDs is down),
+    /// for `nsdServerWaitTimeForMount`
+    /// [GPFS's parameter]: when a cluster starts, clients often come up before their NSD
+    /// servers.
+    fn mount_when_nsd_servers_come(&self, waiting: Vec<(String, PathBuf, String)>) {
+        if waiting.is_empty() {
+            return;
+        }
+        let state = self.member.state();
+        let secs: f64 = state
+            .params
+            .get("nsdServerWaitTimeForMount", Some(self.member.me()))
+            .parse()
+            .unwrap_or(300.0);
+        for (name, _, e) in &waiting {
+            if secs > 0.0 {
+                tracing::warn!(
+                    "{name}: mount at start failed, its NSD servers may not be up yet ({e}); \
+                     tried again as they come up, for up to {secs} s \
+                     (nsdServerWaitTimeForMount)"
+                );
+            } else {
+                tracing::error!("{name}: mount at start failed: {e}");
+            }
+        }
+        if secs <= 0.0 {
+            return;
+        }
+        let daemon = self.this.clone();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+        let spawned = std::thread::Builder::new()
+            .name("mount-wait".into())
+            .spawn(move || {
+                let mut left = waiting;
+                // Every failed try claims the file system and gives it back in the
+                // replicated table: tries thin out to one per 10 s.
+                let mut pause = std::time::Duration::from_secs(2);
+                while !left.is_empty() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_secs(10));
+                    let Some(d) = daemon.upgrade() else { return };
+                    let _admin = d.admin.lock();
+                    let fss = d.file_systems().unwrap_or_default();
+                    left.retain(|(name, at, _)| {
+                        if d.mounts.lock().contains_key(name) {
+                            return false;
+                        }
+                        let Some(record) = fss.get(name) else {
+                            return false;
+                        };
+                        if !d.nsd_servers_down(record).is_empty() {
+                            return true;
+                        }
+                        match d.claim_and_mount(name, at) {
+                            Ok(()) => {
+                                tracing::info!("{name}: mounted once its NSD servers came up");
+                                false
+                            }
+                            Err(e) => {
+                                tracing::debug!("{name}: not mounted yet: {e:#}");
+                                true
+                            }
+                        }
+                    });
+                }
+                for (name, _, e) in left {
+                    tracing::error!(
+                        "{name}: not mounted: its NSD servers did not answer within \
+                         nsdServerWaitTimeForMount ({e}); `tessera mount {name}` mounts it"
+                    );
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cannot wait for NSD servers to mount: {e}");
         }
     }
 }
@@ -1036,7 +1149,8 @@ impl Daemon {
             }
             None => {
                 tracing::warn!(
-                    "{}: was mounted here as a client, but its owner is not mounting it now;                      not mounted again (`tessera mount {}` mounts it)",
+                    "{}: was mounted here as a client, but its owner is not mounting it now; \
+                     not mounted again (`tessera mount {}` mounts it)",
                     record.name,
                     record.name
                 );
