@@ -139,8 +139,6 @@ fn failover_plan(
 }
 
 impl Daemon {
-    /// Opens every array of `da.json`. An array that cannot be opened is logged and left
-    /// out: its vdisks' NSDs then show as down, and the rest of the node works.
     /// How array `da` opens its pdisks: local paths with O_DIRECT, `nvme:NAME` through
     /// the NVMe/TCP host under this node's reservation (`pdisk_fence`: the drive refuses
     /// the array's earlier server).
@@ -200,6 +198,8 @@ impl Daemon {
         })
     }
 
+    /// Opens every array of `da.json`. An array that cannot be opened is logged and left
+    /// out: its vdisks' NSDs then show as down, and the rest of the node works.
     pub(super) fn open_arrays_at_start(&self) {
         let registry = match self.arrays() {
             Ok(r) => r,
@@ -828,8 +828,6 @@ impl Daemon {
         )
     }
 
-    /// `da delete`: refused while the array holds vdisks; wipes the pdisk labels so the
-    /// drives are free for a new array or NSDs.
     /// The drives of a deleted array are free for any use: this node's reservations on
     /// its NVMe/TCP pdisks go.
     fn release_pdisk_reservations(&self, rec: Option<&DaRecord>) {
@@ -844,6 +842,8 @@ impl Daemon {
         }
     }
 
+    /// `da delete`: refused while the array holds vdisks; wipes the pdisk labels so the
+    /// drives are free for a new array or NSDs.
     fn da_delete(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
         let mut registry = self.arrays()?;
