@@ -252,12 +252,7 @@ cmd_up() {
     local k ns j
     for ((k = 1; k <= n; k++)); do
         ns=$(ns_name "$k")
-        ip netns add "$ns"
-        ip link add "$(veth_name "$k")" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
-        ip link set "$(veth_name "$k")" master "$BRIDGE" up
-        ip -n "$ns" addr add "$SUBNET.$k/24" dev eth0
-        ip -n "$ns" link set lo up
-        ip -n "$ns" link set eth0 up
+        add_namespace "$ns" "$(veth_name "$k")" "$SUBNET.$k"
         mkdir -p "$(home_of "$k")" "$BASE/node$k/mnt"
     done
     if [[ $jbofs -gt 0 ]]; then
@@ -295,12 +290,7 @@ make_jbof() {
     local j=$1 drives=$2 size=$3 ns dir i namespaces=""
     ns=$(jbof_ns "$j")
     dir=$BASE/jbof$j
-    ip netns add "$ns"
-    ip link add "$(jbof_veth "$j")" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
-    ip link set "$(jbof_veth "$j")" master "$BRIDGE" up
-    ip -n "$ns" addr add "$(jbof_addr "$j")/24" dev eth0
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set eth0 up
+    add_namespace "$ns" "$(jbof_veth "$j")" "$(jbof_addr "$j")"
     mkdir -p "$dir/state" "$BASE/drives"
     for ((i = 1; i <= drives; i++)); do
         truncate -s "$size" "$BASE/drives/jbof$j-d$i.img"
@@ -361,6 +351,29 @@ cmd_jbof() {
         ;;
     *) die "usage: jbof kill|start J" ;;
     esac
+}
+
+# Namespace NS joined to the bridge by veth VETH (host end), eth0 at ADDR/24 inside.
+add_namespace() {
+    local ns=$1 veth=$2 addr=$3
+    ip netns add "$ns"
+    ip link add "$veth" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
+    ip link set "$veth" master "$BRIDGE" up
+    ip -n "$ns" addr add "$addr/24" dev eth0
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set eth0 up
+}
+
+# Kills every process left in namespace NS (a daemon, a drive server, a command started
+# with `run`: any would keep it and its veth alive after `ip netns del`), then deletes it.
+remove_namespace() {
+    local ns=$1 pids pid
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
+    for pid in $pids; do
+        wait_gone "$pid" || echo "cluster-netns: pid $pid survives kill -9; going on" >&2
+    done
+    ip netns del "$ns" 2>/dev/null || true
 }
 
 up_failed() {
@@ -611,7 +624,7 @@ unmount_all() {
 }
 
 cmd_down() {
-    local k pid ns pids link
+    local k link
     unmount_all
     # A clean shutdown first, all nodes at once (one by one, the last ones could wait for
     # a quorum already gone); whatever does not stop in time is killed below.
@@ -622,26 +635,8 @@ cmd_down() {
         fi
     done
     wait || true
-    for k in $(our_nodes); do
-        ns=$(ns_name "$k")
-        # Any process left in the namespace (a daemon, a command started with `run`) would
-        # keep it and its veth alive after `ip netns del`.
-        pids=$(ip netns pids "$ns" 2>/dev/null || true)
-        for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
-        for pid in $pids; do
-            wait_gone "$pid" || echo "cluster-netns: pid $pid survives kill -9; going on" >&2
-        done
-        ip netns del "$ns" 2>/dev/null || true
-    done
-    for k in $(our_jbofs); do
-        ns=$(jbof_ns "$k")
-        pids=$(ip netns pids "$ns" 2>/dev/null || true)
-        for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
-        for pid in $pids; do
-            wait_gone "$pid" || echo "cluster-netns: pid $pid survives kill -9; going on" >&2
-        done
-        ip netns del "$ns" 2>/dev/null || true
-    done
+    for k in $(our_nodes); do remove_namespace "$(ns_name "$k")"; done
+    for k in $(our_jbofs); do remove_namespace "$(jbof_ns "$k")"; done
     # Deleting a namespace deletes its veth end and so the pair; this catches any host end
     # left by a failed `up`, then the bridges.
     for link in $(ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }'); do

@@ -297,6 +297,11 @@ impl Params {
         self.get(name, node).parse().unwrap_or(0)
     }
 
+    /// A time parameter in force on `node`.
+    pub fn seconds(&self, name: &str, node: Option<NodeNumber>) -> Duration {
+        parse_seconds(&self.get(name, node))
+    }
+
     /// The disk-lease and failure-detection timings.
     pub fn lease_timings(&self) -> LeaseTimings {
         LeaseTimings::new(

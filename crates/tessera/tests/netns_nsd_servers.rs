@@ -415,17 +415,7 @@ fn a_declustered_array_moves_between_servers_and_fails_over_when_its_server_dies
     if !netns_usable() {
         return;
     }
-    let c = Cluster::new();
-    c.ok(&[
-        "up",
-        "3",
-        "--drives",
-        "4",
-        "--size",
-        "1G",
-        "--config",
-        common::netns::TEST_TIMINGS,
-    ]);
+    let c = common::netns::up(3, &["--drives", "4", "--size", "1G"]);
     tessera_ok(
         &c,
         1,
@@ -605,19 +595,7 @@ fn arrays_over_three_jbofs_fail_over_and_fence_the_dead_server_also_with_an_encl
     if !netns_usable() {
         return;
     }
-    let c = Cluster::new();
-    c.ok(&[
-        "up",
-        "3",
-        "--drives",
-        "4",
-        "--size",
-        "1G",
-        "--jbofs",
-        "3",
-        "--config",
-        common::netns::TEST_TIMINGS,
-    ]);
+    let c = common::netns::up(3, &["--drives", "4", "--size", "1G", "--jbofs", "3"]);
     let pdisks = c.ok(&["stanza", "pdisk"]);
     let stanza = |name: &str, text: String| {
         let path = c.base.join(name);
@@ -828,19 +806,7 @@ fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_re
     if !netns_usable() {
         return;
     }
-    let c = Cluster::new();
-    c.ok(&[
-        "up",
-        "4",
-        "--drives",
-        "1",
-        "--size",
-        "256M",
-        "--quorum",
-        "1",
-        "--config",
-        common::netns::TEST_TIMINGS,
-    ]);
+    let c = common::netns::up(4, &["--drives", "1", "--size", "256M", "--quorum", "1"]);
     tessera_ok(
         &c,
         1,

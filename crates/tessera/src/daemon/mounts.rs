@@ -1057,11 +1057,10 @@ impl Daemon {
             return;
         }
         let state = self.member.state();
-        let secs: f64 = state
+        let wait = state
             .params
-            .get("nsdServerWaitTimeForMount", Some(self.member.me()))
-            .parse()
-            .unwrap_or(300.0);
+            .seconds("nsdServerWaitTimeForMount", Some(self.member.me()));
+        let secs = wait.as_secs_f64();
         for (name, _, e) in &waiting {
             if secs > 0.0 {
                 tracing::warn!(
@@ -1077,7 +1076,7 @@ impl Daemon {
             return;
         }
         let daemon = self.this.clone();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+        let deadline = std::time::Instant::now() + wait;
         let spawned = std::thread::Builder::new()
             .name("mount-wait".into())
             .spawn(move || {

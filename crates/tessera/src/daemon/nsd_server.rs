@@ -853,12 +853,10 @@ impl Daemon {
 /// How long I/O waits while no server of an NSD answers before it fails to the
 /// application (`nsdServerWaitTime` of node `me`; the error then says which servers).
 fn all_servers_down_wait(state: &ConfigState, me: NodeNumber) -> Duration {
-    let secs: f64 = state
+    state
         .params
-        .get("nsdServerWaitTime", Some(me))
-        .parse()
-        .unwrap_or(60.0);
-    Duration::from_secs_f64(secs.max(1.0))
+        .seconds("nsdServerWaitTime", Some(me))
+        .max(Duration::from_secs(1))
 }
 
 fn connect_path(

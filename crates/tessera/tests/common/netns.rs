@@ -221,18 +221,17 @@ pub const SETTLE: Duration = Duration::from_secs(30);
 
 /// `nodes` nodes with test timings and one 256 MiB drive file each.
 pub fn up_with_drives(nodes: u32) -> Cluster {
+    up(nodes, &["--drives", "1", "--size", "256M"])
+}
+
+/// `nodes` nodes with test timings and the other options `args` of the script's `up`.
+pub fn up(nodes: u32, args: &[&str]) -> Cluster {
     let c = Cluster::new();
     let nodes = nodes.to_string();
-    c.ok(&[
-        "up",
-        &nodes,
-        "--drives",
-        "1",
-        "--size",
-        "256M",
-        "--config",
-        TEST_TIMINGS,
-    ]);
+    let mut all = vec!["up", nodes.as_str()];
+    all.extend_from_slice(args);
+    all.extend(["--config", TEST_TIMINGS]);
+    c.ok(&all);
     c
 }
 
