@@ -186,6 +186,7 @@ impl FileSystem {
                 crate::metanode::FileView {
                     attr: view.attr,
                     pool: view.pool,
+                    copies: view.copies,
                     content: crate::metanode::Content::None,
                 },
             );

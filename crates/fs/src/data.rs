@@ -44,7 +44,7 @@ pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
 
 /// What a read needs to know about one sector, copied out under the metadata lock.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SectorInfo {
     unwritten: bool,
     crc: u32,
@@ -60,11 +60,8 @@ struct Written {
 }
 
 impl Written {
-    fn on(lsn: Lsn, disk: u16) -> Written {
-        Written {
-            lsn,
-            disks: vec![disk],
-        }
+    fn on(lsn: Lsn, disks: Vec<u16>) -> Written {
+        Written { lsn, disks }
     }
 
     fn merge(&mut self, other: Written) {
@@ -81,11 +78,11 @@ impl Written {
 enum BlockPlan {
     /// Write into a newly allocated extent, copying the old extent's sectors if given.
     Fresh {
-        extent: Extent,
+        extents: Vec<Extent>,
         copy: Option<BlockRef>,
     },
     /// Map a newly allocated whole block with every sector unwritten, then write in place.
-    NewBlock { extent: Extent },
+    NewBlock { extents: Vec<Extent> },
     /// Overwrite sectors of the current extent.
     InPlace { current: BlockRef },
     /// The extent must change, which needs the block's exclusive lock.
@@ -205,12 +202,12 @@ impl FileSystem {
                     out[..n].copy_from_slice(&d[start..start + n]);
                 }
                 for (b, lo, hi, info) in blocks {
-                    let Some((extent, sectors)) = info else {
+                    let Some((copies, sectors)) = info else {
                         continue;
                     };
                     let dst = (b * bs + lo - offset) as usize;
                     let out = &mut out[dst..dst + (hi - lo) as usize];
-                    self.read_sectors(ino, &extent, &sectors, lo, out, report)?;
+                    self.read_sectors(ino, &copies, &sectors, lo, out, report, Some(b))?;
                 }
                 FileData::from(out)
             }
@@ -225,19 +222,19 @@ impl FileSystem {
         &self,
         ino: Ino,
         len: usize,
-        parts: Vec<(u64, u64, u64, Option<(Extent, Vec<SectorInfo>)>)>,
+        parts: Vec<(u64, u64, u64, Option<(Vec<Extent>, Vec<SectorInfo>)>)>,
         slots: &[std::sync::Arc<crate::prefetch::Slot>],
         report: bool,
     ) -> FsResult<FileData> {
         let mut out = FileData::default();
         for ((b, lo, hi, info), slot) in parts.into_iter().zip(slots) {
             let n = (hi - lo) as usize;
-            let Some((extent, sectors)) = info else {
+            let Some((copies, sectors)) = info else {
                 out.push(Piece::Zeros(n));
                 continue;
             };
             let data = slot.get(self, ino, b);
-            if let Some(d) = data.filter(|d| is_current(d, &extent, &sectors, lo)) {
+            if let Some(d) = data.filter(|d| is_current(d, &copies[0], &sectors, lo)) {
                 let start = (lo as usize).min(d.bytes().len());
                 let m = (d.bytes().len() - start).min(n);
                 out.push(Piece::Block {
@@ -250,43 +247,116 @@ impl FileSystem {
                 continue;
             }
             let mut bytes = vec![0u8; n];
-            self.read_sectors(ino, &extent, &sectors, lo, &mut bytes, report)?;
+            self.read_sectors(ino, &copies, &sectors, lo, &mut bytes, report, Some(b))?;
             out.push(Piece::Bytes(bytes));
         }
         debug_assert_eq!(out.len(), len);
         Ok(out)
     }
 
-    /// Reads bytes `lo..lo+out.len()` of a block, verifying every written sector.
+    /// Reads bytes `lo..lo+out.len()` of a block, verifying every written sector; from the
+    /// first copy that verifies (see [`FileSystem::read_verified`]).
+    #[allow(clippy::too_many_arguments)]
     fn read_sectors(
         &self,
         ino: Ino,
-        extent: &Extent,
+        copies: &[Extent],
         sectors: &[SectorInfo],
         lo: u64,
         out: &mut [u8],
         report: bool,
+        repair: Option<u64>,
     ) -> FsResult<()> {
         let first = lo / SECTOR;
-        let present = self.extent_sectors(extent) as u64;
+        let present = self.extent_sectors(&copies[0]) as u64;
         let last = (lo + out.len() as u64).div_ceil(SECTOR).min(present);
         if first >= last || sectors.iter().all(|s| s.unwritten) {
             return Ok(()); // Beyond a short fragment or never written: zeros.
         }
         let mut buf = AlignedBuf::zeroed(((last - first) * SECTOR) as usize);
-        let at = self.extent_offset(extent) + first * SECTOR;
-        self.read_verified(ino, extent, at, &mut buf, sectors, report)?;
+        self.read_verified(
+            ino,
+            copies,
+            first * SECTOR,
+            &mut buf,
+            sectors,
+            report,
+            repair,
+        )?;
         let skip = (lo - first * SECTOR) as usize;
         let n = out.len().min(buf.len() - skip);
         out[..n].copy_from_slice(&buf[skip..skip + n]);
         Ok(())
     }
 
-    /// Reads `buf.len()` bytes of `extent` at byte `at` of its disk and checks them against
-    /// `sectors` (one per sector of `buf`): unwritten sectors become zeros, a mismatch is EIO
-    /// and, when `report`, a log line naming the NSD and the byte. Returns what each sector
-    /// verified as.
+    /// Reads `buf.len()` bytes at byte `rel` of a block whose copies are `copies` and checks
+    /// them against `sectors` (one per sector of `buf`): unwritten sectors become zeros.
+    /// Copies on disks that are down are skipped; a copy that fails to read or to verify
+    /// gives way to the next, and the first that verifies is the answer. With `repair`
+    /// (the block's index, given by readers that hold no lock of the block) copies that
+    /// failed their checksums are then written over with the good bytes. A mismatch on
+    /// every copy is EIO and, when `report`, a log line naming the NSD and the byte.
+    /// Returns what each sector verified as.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_verified(
+        &self,
+        ino: Ino,
+        copies: &[Extent],
+        rel: u64,
+        buf: &mut [u8],
+        sectors: &[SectorInfo],
+        report: bool,
+        repair: Option<u64>,
+    ) -> FsResult<Vec<SectorState>> {
+        let several = copies.len() > 1;
+        let mut failed: Option<FsError> = None;
+        let mut damaged = Vec::new();
+        for (i, extent) in copies.iter().enumerate() {
+            if several && self.devices.is_down(extent.addr.disk) {
+                continue;
+            }
+            let at = self.extent_offset(extent) + rel;
+            let last = i + 1 == copies.len();
+            match self.read_copy(ino, extent, at, buf, sectors, report, !last) {
+                Ok(states) => {
+                    if !report {
+                        // Another copy verified, so these mismatches were no race with a
+                        // writer: count them, as a reporting read does.
+                        for _ in &damaged {
+                            self.pmon.checksum_error();
+                        }
+                    }
+                    if let (Some(b), false) = (repair, damaged.is_empty()) {
+                        self.repair_copies(ino, b, &damaged, extent, rel, buf, sectors);
+                    }
+                    return Ok(states);
+                }
+                Err(e @ FsError::Checksum { .. }) => {
+                    damaged.push(*extent);
+                    failed = Some(e);
+                }
+                Err(e) if several => {
+                    tracing::warn!(
+                        "reading inode {ino} from NSD {}: {e}; trying the next copy",
+                        self.devices.name(extent.addr.disk)
+                    );
+                    failed.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(failed.unwrap_or_else(|| {
+            FsError::Io(std::io::Error::other(format!(
+                "inode {ino}: every copy of the block is on a disk that is down; start the \
+                 disks (tessera disk change DEVICE start -d NSD)"
+            )))
+        }))
+    }
+
+    /// [`FileSystem::read_verified`] of one copy at byte `at` of its disk. With `more`
+    /// another copy is tried after a mismatch, which the log line says.
+    #[allow(clippy::too_many_arguments)]
+    fn read_copy(
         &self,
         ino: Ino,
         extent: &Extent,
@@ -294,6 +364,7 @@ impl FileSystem {
         buf: &mut [u8],
         sectors: &[SectorInfo],
         report: bool,
+        more: bool,
     ) -> FsResult<Vec<SectorState>> {
         let dev = self.devices.get(extent.addr.disk);
         dev.read_at(buf, at)?;
@@ -325,9 +396,10 @@ impl FileSystem {
             self.pmon.checksum_error();
             tracing::error!(
                 "checksum mismatch: NSD {nsd} ({}) byte {offset} (inode {ino}): expected {:08x}, \
-                 found {crc:08x}",
+                 found {crc:08x}{}",
                 dev.name(),
-                info.crc
+                info.crc,
+                if more { "; reading the next copy" } else { "" }
             );
             return Err(FsError::Checksum { nsd, offset, ino });
         }
@@ -343,18 +415,26 @@ impl FileSystem {
                 .map(|r| sector_infos(r, 0, r.sectors() as u64 * SECTOR)),
             Err(_) => None,
         };
-        let Some((extent, sectors)) = found else {
+        let Some((copies, sectors)) = found else {
             return Ok(None);
         };
+        let extent = copies[0];
         let present = self.extent_sectors(&extent).min(sectors.len());
         if present == 0 || sectors.iter().all(|s| s.unwritten) {
             return Ok(None);
         }
         let bytes = present * SECTOR as usize;
         let mut buf = self.prefetch.buffer(bytes);
-        let at = self.extent_offset(&extent);
         // Quiet: a read-ahead that fails is read again by the reader, which reports.
-        let states = self.read_verified(ino, &extent, at, &mut buf[..bytes], &sectors, false)?;
+        let states = self.read_verified(
+            ino,
+            &copies,
+            0,
+            &mut buf[..bytes],
+            &sectors,
+            false,
+            Some(block),
+        )?;
         Ok(Some(self.prefetch.block_data(extent, buf, bytes, states)))
     }
 
@@ -501,18 +581,18 @@ impl FileSystem {
                 BlockPlan::InPlace { current } => {
                     return self.write_in_place(ino, b, off, data, current, seen)
                 }
-                BlockPlan::NewBlock { extent } => {
+                BlockPlan::NewBlock { extents } => {
                     // Unwritten sectors read as zeros, so mapping before writing exposes
                     // nothing, and later writers of this block need no exclusive lock.
-                    if let Err(e) = self.map_unwritten(ino, b, extent, seen) {
-                        self.allocator().abandon(extent);
+                    if let Err(e) = self.map_unwritten(ino, b, &extents, seen) {
+                        self.abandon_all(&extents);
                         return Err(e);
                     }
                 }
-                BlockPlan::Fresh { extent, copy } => {
-                    let result = self.write_fresh(ino, b, off, data, (extent, copy), seen);
+                BlockPlan::Fresh { extents, copy } => {
+                    let result = self.write_fresh(ino, b, off, data, (&extents, copy), seen);
                     if result.is_err() {
-                        self.allocator().abandon(extent);
+                        self.abandon_all(&extents);
                     }
                     return result;
                 }
@@ -524,14 +604,34 @@ impl FileSystem {
         )))
     }
 
-    /// Maps `extent` as block `b` with every sector unwritten (reads as zeros).
-    fn map_unwritten(&self, ino: Ino, b: u64, extent: Extent, seen: u64) -> FsResult<Lsn> {
-        let block = BlockRef::new_unwritten(extent, self.extent_sectors(&extent));
-        let map = Change::MapBlock {
-            ino,
-            index: b,
-            block,
-        };
+    /// Gives back extents no update mapped.
+    fn abandon_all(&self, extents: &[Extent]) {
+        for e in extents {
+            self.allocator().abandon(*e);
+        }
+    }
+
+    /// A new block of the file: one extent, or one per copy the file asks for.
+    fn allocate_block(
+        &self,
+        view: &crate::metanode::FileView,
+        sub_blocks: u32,
+        hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Vec<Extent>> {
+        let allocator = self.allocator();
+        if view.copies <= 1 {
+            return Ok(vec![allocator.allocate(view.pool, sub_blocks, hint, what)?]);
+        }
+        allocator.allocate_copies(view.pool, sub_blocks, hint, view.copies, what)
+    }
+
+    /// Maps `extents` (the block's copies) as block `b` with every sector unwritten (reads
+    /// as zeros).
+    fn map_unwritten(&self, ino: Ino, b: u64, extents: &[Extent], seen: u64) -> FsResult<Lsn> {
+        let mut block = BlockRef::new_unwritten(extents[0], self.extent_sectors(&extents[0]));
+        block.copies = extents[1..].to_vec();
+        let map = Change::map_block(ino, b, block);
         self.metanode()
             .update_seen(ino, FileUpdate::content(vec![map]), seen)
     }
@@ -591,14 +691,12 @@ impl FileSystem {
             block_index: b,
             prev,
         };
-        let extent = self
-            .allocator()
-            .allocate(view.pool, needed, hint, "file data")?;
+        let extents = self.allocate_block(&view, needed, hint, "file data")?;
         if current.is_none() && needed == per {
-            return Ok(BlockPlan::NewBlock { extent });
+            return Ok(BlockPlan::NewBlock { extents });
         }
         let copy = current.filter(|c| !(whole_block || c.extent.sub_blocks >= needed));
-        Ok(BlockPlan::Fresh { extent, copy })
+        Ok(BlockPlan::Fresh { extents, copy })
     }
 
     fn write_fresh(
@@ -607,11 +705,12 @@ impl FileSystem {
         b: u64,
         off: u64,
         data: &[u8],
-        (extent, copy): (Extent, Option<BlockRef>),
+        (extents, copy): (&[Extent], Option<BlockRef>),
         seen: u64,
     ) -> FsResult<Written> {
-        let sectors = self.extent_sectors(&extent);
-        let mut block = BlockRef::new_unwritten(extent, sectors);
+        let sectors = self.extent_sectors(&extents[0]);
+        let mut block = BlockRef::new_unwritten(extents[0], sectors);
+        block.copies = extents[1..].to_vec();
         let touched_lo = (off / SECTOR) as usize;
         let touched_hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
         let copy_hi = copy.as_ref().map_or(0, |c| {
@@ -628,8 +727,7 @@ impl FileSystem {
             for (i, sector) in data.chunks(SECTOR as usize).enumerate() {
                 block.set_written(touched_lo + i, crc32c::crc32c(sector));
             }
-            return self
-                .write_fresh_block(ino, b, off, data, extent, block, touched_lo, data, seen);
+            return self.write_fresh_block(ino, b, off, data, block, touched_lo, data, seen);
         }
         let mut buf = Scratch::take((hi - lo) * SECTOR as usize);
         let at = off as usize - lo * SECTOR as usize;
@@ -638,11 +736,12 @@ impl FileSystem {
             let infos = sector_infos(old, 0, copy_hi as u64 * SECTOR).1;
             self.read_sectors(
                 ino,
-                &old.extent,
+                &old.extents().collect::<Vec<_>>(),
                 &infos,
                 0,
                 &mut buf[..copy_hi * SECTOR as usize],
                 true,
+                None,
             )?;
             for s in 0..copy_hi {
                 if !old.is_unwritten(s) {
@@ -659,10 +758,11 @@ impl FileSystem {
                 crc32c::crc32c(&buf[i * SECTOR as usize..(i + 1) * SECTOR as usize]),
             );
         }
-        self.write_fresh_block(ino, b, off, data, extent, block, lo, &buf, seen)
+        self.write_fresh_block(ino, b, off, data, block, lo, &buf, seen)
     }
 
-    /// Writes `buf` (sectors from `lo` of a fresh extent) and maps the block to it.
+    /// Writes `buf` (sectors from `lo` of fresh extents, one per copy of `block`) and maps
+    /// the block to them; a copy whose write failed is left out of the map.
     #[allow(clippy::too_many_arguments)]
     fn write_fresh_block(
         &self,
@@ -670,26 +770,92 @@ impl FileSystem {
         b: u64,
         off: u64,
         data: &[u8],
-        extent: Extent,
-        block: BlockRef,
+        mut block: BlockRef,
         lo: usize,
         buf: &[u8],
         seen: u64,
     ) -> FsResult<Written> {
-        let dev = self.devices.get(extent.addr.disk);
-        let at = self.extent_offset(&extent) + (lo as u64) * SECTOR;
-        self.metanode()
-            .write_seen(seen, &mut || dev.write_at(buf, at))?;
+        let copies: Vec<Extent> = block.extents().collect();
+        let (disks, failed) = self.write_copies(&copies, (lo as u64) * SECTOR, buf, seen)?;
+        if !failed.is_empty() {
+            block.copies.clear();
+            let mut kept = copies.iter().filter(|e| !failed.contains(e));
+            block.extent = *kept.next().expect("a copy landed");
+            block.copies = kept.copied().collect();
+            self.abandon_all(&failed);
+        }
         let end = b * self.geo.block_bytes + off + data.len() as u64;
-        let map = Change::MapBlock {
-            ino,
-            index: b,
-            block,
-        };
+        let map = Change::map_block(ino, b, block);
         let lsn = self
             .metanode()
             .update_seen(ino, FileUpdate::written(vec![map], end), seen)?;
-        Ok(Written::on(lsn, extent.addr.disk))
+        Ok(Written::on(lsn, disks))
+    }
+
+    /// Writes `buf` at byte `rel` of every copy (in the order given; the first is the one
+    /// reads prefer). Returns the disks written and the copies that failed: a copy on a
+    /// disk that is down is not written, and one whose write fails marks its disk down,
+    /// both only while another copy lands; when none does, the error.
+    fn write_copies(
+        &self,
+        copies: &[Extent],
+        rel: u64,
+        buf: &[u8],
+        seen: u64,
+    ) -> FsResult<(Vec<u16>, Vec<Extent>)> {
+        let metanode = self.metanode();
+        if let [extent] = copies {
+            let dev = self.devices.get(extent.addr.disk);
+            let at = self.extent_offset(extent) + rel;
+            metanode.write_seen(seen, &mut || dev.write_at(buf, at))?;
+            return Ok((vec![extent.addr.disk], Vec::new()));
+        }
+        let mut disks = Vec::with_capacity(copies.len());
+        let mut failed = Vec::new();
+        let mut error = None;
+        for extent in copies {
+            let disk = extent.addr.disk;
+            if self.devices.is_down(disk) {
+                failed.push(*extent);
+                continue;
+            }
+            let dev = self.devices.get(disk);
+            let at = self.extent_offset(extent) + rel;
+            match metanode.write_seen(seen, &mut || dev.write_at(buf, at)) {
+                Ok(()) => disks.push(disk),
+                Err(FsError::Io(e)) => {
+                    self.mark_down(disk, &format!("a write failed: {e}"));
+                    failed.push(*extent);
+                    error.get_or_insert(FsError::Io(e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if disks.is_empty() {
+            return Err(error.unwrap_or_else(|| {
+                FsError::Io(std::io::Error::other(
+                    "every copy of the block is on a disk that is down; start the disks \
+                     (tessera disk change DEVICE start -d NSD)",
+                ))
+            }));
+        }
+        Ok((disks, failed))
+    }
+
+    /// Drops the copies in `gone` from block `b` (logged, so the map never names a copy
+    /// that missed a write). Returns the block as it is after.
+    fn drop_copies(&self, ino: Ino, b: u64, gone: Vec<Extent>, seen: u64) -> FsResult<BlockRef> {
+        let change = Change::DropCopies {
+            ino,
+            index: b,
+            extents: gone,
+        };
+        self.metanode()
+            .update_seen(ino, FileUpdate::content(vec![change]), seen)?;
+        let view = self.metanode().view(ino, b..b + 1)?;
+        view.block(b).cloned().ok_or_else(|| {
+            FsError::Corrupt(format!("block {b} of inode {ino} vanished under a write"))
+        })
     }
 
     fn write_in_place(
@@ -703,7 +869,21 @@ impl FileSystem {
     ) -> FsResult<Written> {
         let lo = (off / SECTOR) as usize;
         let hi = (off + data.len() as u64).div_ceil(SECTOR) as usize;
+        // Copies on disks that are down leave the map before the write, which they miss.
+        let down: Vec<Extent> = match current.copy_count() {
+            1 => Vec::new(),
+            _ => current
+                .extents()
+                .filter(|e| self.devices.is_down(e.addr.disk))
+                .collect(),
+        };
+        let current = if down.is_empty() || down.len() == current.copy_count() {
+            current
+        } else {
+            self.drop_copies(ino, b, down, seen)?
+        };
         let current = self.resolve_pending(ino, b, current, lo, hi, seen)?;
+        let copies: Vec<Extent> = current.extents().collect();
         let scratch;
         let buf: &[u8] = match whole_sectors(off, data) {
             Some(data) => {
@@ -724,11 +904,12 @@ impl FileSystem {
                         let dst = &mut buf[i * SECTOR as usize..(i + 1) * SECTOR as usize];
                         self.read_sectors(
                             ino,
-                            &current.extent,
+                            &copies,
                             &infos,
                             s as u64 * SECTOR,
                             dst,
                             true,
+                            None,
                         )?;
                     }
                 }
@@ -748,18 +929,22 @@ impl FileSystem {
             crcs,
             in_place: overwrite,
         };
-        let dev = self.devices.get(current.extent.addr.disk);
-        let at = self.extent_offset(&current.extent) + (lo as u64) * SECTOR;
-        let disk = current.extent.addr.disk;
+        let rel = (lo as u64) * SECTOR;
         let update = FileUpdate::written(vec![sectors], size_after);
         let metanode = self.metanode();
         if !overwrite {
-            metanode.write_seen(seen, &mut || dev.write_at(buf, at))?;
-            return Ok(Written::on(metanode.update_seen(ino, update, seen)?, disk));
+            let (disks, failed) = self.write_copies(&copies, rel, buf, seen)?;
+            if !failed.is_empty() {
+                self.drop_copies(ino, b, failed, seen)?;
+            }
+            return Ok(Written::on(metanode.update_seen(ino, update, seen)?, disks));
         }
         let lsn = metanode.update_seen(ino, update, seen)?;
         metanode.commit(lsn)?;
-        metanode.write_seen(seen, &mut || dev.write_at(buf, at))?;
+        let (disks, failed) = self.write_copies(&copies, rel, buf, seen)?;
+        if !failed.is_empty() {
+            self.drop_copies(ino, b, failed, seen)?;
+        }
         let settle = Change::Settle {
             ino,
             index: b,
@@ -768,7 +953,7 @@ impl FileSystem {
         };
         metanode.update_seen(ino, FileUpdate::content(vec![settle]), seen)?;
         // The checksums went to disk with the intent; a sync writer needs only the data.
-        Ok(Written::on(lsn, disk))
+        Ok(Written::on(lsn, disks))
     }
 
     /// Sectors `lo..hi` of block `b` that still have a pending alternative (an in-place
@@ -925,11 +1110,9 @@ impl FileSystem {
             };
             let per = self.geo.sub_blocks_per_block;
             let seen = self.metanode().generation();
-            let extent = self
-                .allocator()
-                .allocate(view.pool, per, hint, "fallocate")?;
-            if let Err(e) = self.map_unwritten(ino, b, extent, seen) {
-                self.allocator().abandon(extent);
+            let extents = self.allocate_block(&view, per, hint, "fallocate")?;
+            if let Err(e) = self.map_unwritten(ino, b, &extents, seen) {
+                self.abandon_all(&extents);
                 return Err(e);
             }
         }
@@ -991,7 +1174,6 @@ impl FileSystem {
     }
 }
 
-/// The extent of `r` and the sector infos covering bytes `lo..hi` of its block.
 /// Whether a block read ahead still holds what the block map (as the reader copied it)
 /// says the block holds from byte `lo` on: the same extent and, for every sector, the same
 /// checksum or the same unwritten state.
@@ -1118,7 +1300,9 @@ impl FileData {
     }
 }
 
-pub(crate) fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<SectorInfo>) {
+/// The copies of `r` (the first one first) and the sector infos covering bytes `lo..hi`
+/// of its block.
+pub(crate) fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Vec<Extent>, Vec<SectorInfo>) {
     let first = (lo / SECTOR) as usize;
     let last = (hi.div_ceil(SECTOR) as usize).min(r.sectors());
     let infos = (first..last.max(first))
@@ -1128,7 +1312,7 @@ pub(crate) fn sector_infos(r: &BlockRef, lo: u64, hi: u64) -> (Extent, Vec<Secto
             alternative: r.pending.get(&(s as u32)).copied(),
         })
         .collect();
-    (r.extent, infos)
+    (r.extents().collect(), infos)
 }
 
 /// `data`, to be written at `off` in its block, as it can go to a drive without a copy:

@@ -12,7 +12,7 @@
 //! 0        8          12           20        24       28       32
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! | magic  | version  | generation | length  | crc32c | zero   | payload (postcard)   |
-//! | TSRFSD01 | u32 = 5 | u64        | u32     | u32    | u32    | `length` bytes       |
+//! | TSRFSD01 | u32 = 6 | u64        | u32     | u32    | u32    | `length` bytes       |
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! ```
 //! The crc covers the payload; the generation is repeated inside the payload and must match.
@@ -38,8 +38,12 @@ use crate::error::{FsError, FsResult};
 /// version-4 one without it: mount then rebuilds the map by a scan and stores it); version 5
 /// added the policy (`policy`, after it) and the storage pool in inode records, whose bytes
 /// were zero before and still mean "the default data pool" when zero, so versions 3 and 4
-/// read as version 5 without a policy.
-const SLOT_VERSION: u32 = 5;
+/// read as version 5 without a policy; version 6 added data replication (`replication`,
+/// last; block references with copies, inode records with a copy count, log records
+/// `MapCopies` and `SetReplicas`), so versions 3 to 5 read as version 6 with one copy.
+const SLOT_VERSION: u32 = 6;
+/// The format whose descriptor lacks only the replication settings.
+const SLOT_VERSION_NO_REPLICATION: u32 = 5;
 /// The format whose descriptor lacks the allocation map regions and the policy.
 const SLOT_VERSION_NO_MAP: u32 = 3;
 /// The format whose descriptor lacks only the policy.
@@ -181,11 +185,69 @@ pub struct FsDescriptor {
     /// Last but one: see `SLOT_VERSION`.
     pub alloc_map: Option<crate::alloc_map::StoredMap>,
     /// The installed policy's text (`tessera policy change`, mmchpolicy), checked against
-    /// the pools when installed and parsed again at mount. Always the last field.
+    /// the pools when installed and parsed again at mount. Last but one.
     pub policy: Option<String>,
+    /// Data replication (`-r`, `-K`); `None` on file systems made before it (one copy).
+    /// Always the last field.
+    pub replication: Option<Replication>,
+}
+
+/// How a file system replicates data across failure groups [mmcrfs -r, -K].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replication {
+    /// Copies of each data block of a new file (`-r`, 1 to `max_data_replicas`).
+    pub data: u8,
+    pub strict: StrictReplication,
+}
+
+/// What a write does when a block cannot get all its copies in distinct failure groups
+/// [mmcrfs -K]. Variants are only ever added at the end: the descriptor stores the index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StrictReplication {
+    /// Fewer copies whenever more cannot be placed (the file is ill-replicated, and
+    /// `restripe -r` adds the missing copies later).
+    No,
+    /// All copies when enough failure groups have disks that take new data, fewer only
+    /// while failure groups are down or suspended; a full failure group is ENOSPC.
+    WhenPossible,
+    /// Every copy or the write fails with ENOSPC.
+    Always,
+}
+
+impl StrictReplication {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrictReplication::No => "no",
+            StrictReplication::WhenPossible => "whenpossible",
+            StrictReplication::Always => "always",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<StrictReplication> {
+        match text.to_ascii_lowercase().as_str() {
+            "no" => Some(StrictReplication::No),
+            "whenpossible" => Some(StrictReplication::WhenPossible),
+            "always" => Some(StrictReplication::Always),
+            _ => None,
+        }
+    }
+}
+
+impl Default for Replication {
+    fn default() -> Replication {
+        Replication {
+            data: 1,
+            strict: StrictReplication::WhenPossible,
+        }
+    }
 }
 
 impl FsDescriptor {
+    /// Data replication, one copy for file systems made before it existed.
+    pub fn replication(&self) -> Replication {
+        self.replication.unwrap_or_default()
+    }
+
     pub fn sub_blocks_per_block(&self) -> u32 {
         self.block_size / self.sub_block_size
     }
@@ -267,7 +329,14 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
             dev.name()
         )));
     }
-    if ![SLOT_VERSION, SLOT_VERSION_NO_POLICY, SLOT_VERSION_NO_MAP].contains(&version) {
+    if ![
+        SLOT_VERSION,
+        SLOT_VERSION_NO_REPLICATION,
+        SLOT_VERSION_NO_POLICY,
+        SLOT_VERSION_NO_MAP,
+    ]
+    .contains(&version)
+    {
         return Err(FsError::Usage(format!(
             "{} holds a file system of format version {version}, but this Tessera reads \
              version {SLOT_VERSION}; use the Tessera release that created it, or recreate the \
@@ -288,8 +357,9 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     // Older versions lack trailing optional fields; postcard writes `None` as one zero byte.
     let missing = match version {
-        SLOT_VERSION_NO_MAP => 2,
-        SLOT_VERSION_NO_POLICY => 1,
+        SLOT_VERSION_NO_MAP => 3,
+        SLOT_VERSION_NO_POLICY => 2,
+        SLOT_VERSION_NO_REPLICATION => 1,
         _ => 0,
     };
     let desc: FsDescriptor = if missing > 0 {

@@ -24,6 +24,11 @@ struct Disk {
     name: String,
     /// Give freed blocks back to the device (`thinDiskType`).
     discard: bool,
+    /// The disk's failure group: copies of a block go to distinct ones.
+    failure_group: i32,
+    /// Availability down: its device is missing or failed a write, so no copy is read from
+    /// or written to it (replicated file systems only; see `replication.rs`).
+    down: bool,
 }
 
 /// The slot of a deleted disk: nothing references it any more, so any I/O to it is a bug
@@ -40,9 +45,16 @@ impl Retired {
         })
     }
 
+    /// The slot of a disk whose device was not found at mount (it is down).
+    pub(crate) fn missing(nsd: &str) -> Arc<dyn BlockDevice> {
+        Arc::new(Retired {
+            name: format!("missing NSD {nsd}"),
+        })
+    }
+
     fn refuse(&self) -> std::io::Error {
         std::io::Error::other(format!(
-            "{}: I/O to a disk deleted from the file system",
+            "{}: I/O to a disk that is deleted from the file system or missing",
             self.name
         ))
     }
@@ -93,6 +105,8 @@ impl DiskSet {
                 device,
                 name,
                 discard: false,
+                failure_group: 0,
+                down: false,
             })
             .collect();
         Arc::new(DiskSet {
@@ -157,6 +171,53 @@ impl DiskSet {
         }
     }
 
+    pub fn failure_group(&self, disk: DiskIndex) -> i32 {
+        self.disks
+            .read()
+            .get(usize::from(disk))
+            .map_or(0, |d| d.failure_group)
+    }
+
+    /// Sets each disk's failure group from the descriptor.
+    pub fn set_failure_groups(&self, groups: impl IntoIterator<Item = (DiskIndex, i32)>) {
+        let mut disks = self.disks.write();
+        for (disk, fg) in groups {
+            if let Some(d) = disks.get_mut(usize::from(disk)) {
+                d.failure_group = fg;
+            }
+        }
+    }
+
+    pub fn is_down(&self, disk: DiskIndex) -> bool {
+        self.disks
+            .read()
+            .get(usize::from(disk))
+            .is_some_and(|d| d.down)
+    }
+
+    /// Marks a disk down or up; returns whether that changed anything.
+    pub fn set_down(&self, disk: DiskIndex, down: bool) -> bool {
+        let mut disks = self.disks.write();
+        match disks.get_mut(usize::from(disk)) {
+            Some(d) if d.down != down => {
+                d.down = down;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Disks that are down, by index.
+    pub fn down_disks(&self) -> Vec<DiskIndex> {
+        self.disks
+            .read()
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.down)
+            .map(|(i, _)| i as DiskIndex)
+            .collect()
+    }
+
     /// Appends disks; returns the index of the first. Disks are appended only under the
     /// metadata lock, before the allocator knows them.
     pub fn push(&self, added: Vec<(Arc<dyn BlockDevice>, String)>) -> DiskIndex {
@@ -171,6 +232,8 @@ impl DiskSet {
             device,
             name,
             discard: false,
+            failure_group: 0,
+            down: false,
         }));
         DiskIndex::try_from(first).expect("bounded by DISKS_MAX")
     }

@@ -279,6 +279,11 @@ impl FileSystem {
                 .collect(),
         );
         assert_eq!(pushed, first_index);
+        self.devices.set_failure_groups(
+            desc.disks[first..]
+                .iter()
+                .map(|d| (d.index, d.failure_group)),
+        );
         for d in &desc.disks[first..] {
             let mut disk = crate::recovery::alloc_disk(d);
             // Nothing is allocated on the disk before a durable descriptor names it.

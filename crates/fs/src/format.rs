@@ -38,6 +38,9 @@ pub struct FormatOptions {
     pub estimated_nodes: u32,
     pub max_metadata_replicas: u32,
     pub max_data_replicas: u32,
+    /// Copies of each data block of new files (`-r`) and what to do when they cannot all
+    /// be placed (`-K`).
+    pub replication: crate::descriptor::Replication,
     /// Recovery log size (`-L`).
     pub log_bytes: u64,
 }
@@ -67,6 +70,7 @@ impl Default for FormatOptions {
             estimated_nodes: 32,
             max_metadata_replicas: 2,
             max_data_replicas: 2,
+            replication: crate::descriptor::Replication::default(),
             log_bytes: 64 << 20,
         }
     }
@@ -130,6 +134,7 @@ fn validate(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
                 .into(),
         ));
     }
+    check_data_replication(disks, opts)?;
     for d in disks {
         if d.usage.holds_metadata() && d.pool != "system" {
             return Err(usage_err(format!(
@@ -145,6 +150,56 @@ fn validate(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
                 d.nsd_name,
                 d.device.name(),
                 d.device.size_bytes()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `-r` within `-R` and within what the disks allow: every pool that holds data needs
+/// data disks in as many failure groups as a block has copies, or no block of it could
+/// ever be fully replicated.
+fn check_data_replication(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
+    let r = u32::from(opts.replication.data);
+    let max = opts.max_data_replicas;
+    if !(1..=crate::inode::COPIES_MAX as u32).contains(&max) {
+        return Err(usage_err(format!(
+            "-R {max}: the maximum number of data replicas must be 1, 2 or 3"
+        )));
+    }
+    if r == 0 || r > max {
+        return Err(usage_err(format!(
+            "-r {r}: the number of data replicas must be 1 to the maximum (-R {max})"
+        )));
+    }
+    if r == 1 {
+        return Ok(());
+    }
+    let mut pools: Vec<&str> = disks
+        .iter()
+        .filter(|d| d.usage.holds_data())
+        .map(|d| d.pool.as_str())
+        .collect();
+    pools.sort_unstable();
+    pools.dedup();
+    for pool in pools {
+        let mut groups: Vec<i32> = disks
+            .iter()
+            .filter(|d| d.pool == pool && d.usage.holds_data())
+            .map(|d| d.failure_group)
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        if (groups.len() as u32) < r {
+            return Err(usage_err(format!(
+                "-r {r}: pool {pool} has data disks in {} failure group(s) ({}), and each copy                  of a block goes to a different failure group; give its NSDs failureGroup=                  values in at least {r} groups, or use -r {}",
+                groups.len(),
+                groups
+                    .iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                groups.len().max(1)
             )));
         }
     }
@@ -245,6 +300,7 @@ fn format_inner(
         estimated_nodes: opts.estimated_nodes,
         max_metadata_replicas: opts.max_metadata_replicas,
         max_data_replicas: opts.max_data_replicas,
+        replication: Some(opts.replication),
         disks: fs_disks,
         pools,
         log: LogInfo {

@@ -59,6 +59,11 @@ pub(crate) struct Geometry {
     pub data_pool_name: String,
     pub atime: AtimeMode,
     pub max_inodes: u64,
+    /// The file system's name, for messages.
+    pub fs_name: String,
+    /// `-r` at create: the file system keeps data copies in several failure groups, so a
+    /// data disk may be down.
+    pub data_copies: u8,
 }
 
 /// Everything guarded by the metadata lock.
@@ -124,6 +129,8 @@ pub(crate) struct Owner {
     /// How to take a kept data token back from another node (see
     /// [`FileSystem::on_data_revoke`]); none granted until set.
     pub(crate) data_revoke: std::sync::OnceLock<crate::read_tokens::RevokeHook>,
+    /// Data replication of new files (`-r`, `-K`; `fs change -r` changes it).
+    pub(crate) replication: RwLock<crate::descriptor::Replication>,
 }
 
 /// A mounted file system on this node: the client (the data path with its locks and
@@ -249,6 +256,10 @@ impl FileSystem {
         let geo = geometry(&desc);
         let reserve = metadata_reserve(&desc);
         let policy = crate::placement::load(&desc);
+        let replication = desc.replication();
+        for d in devices.down_disks() {
+            recovered.alloc.set_available(d, false);
+        }
         let owner = Owner {
             desc: Mutex::new(desc),
             meta: crate::read_tokens::MetaLock::new(Meta {
@@ -275,6 +286,7 @@ impl FileSystem {
             locks: Mutex::new(crate::locks::LockTable::default()),
             lock_released: parking_lot::Condvar::new(),
             data_revoke: std::sync::OnceLock::new(),
+            replication: RwLock::new(replication),
         };
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
@@ -550,8 +562,10 @@ impl FileSystem {
             Err(e) => return Err(e.into()),
         };
         for change in &changes {
-            if let Change::MapBlock { block, .. } = change {
-                m.unlogged.remove(&block.extent);
+            if let Some((_, _, block)) = change.mapped_block() {
+                for e in block.extents() {
+                    m.unlogged.remove(&e);
+                }
             }
             let freed = match m.state.apply(change) {
                 Ok(freed) => freed,
@@ -630,8 +644,20 @@ impl FileSystem {
     }
 
     fn flush_devices(&self) -> FsResult<()> {
-        for dev in self.devices.all() {
-            dev.flush()?;
+        for (disk, dev) in self.devices.all().into_iter().enumerate() {
+            let disk = disk as u16;
+            if self.devices.is_down(disk) {
+                continue;
+            }
+            if let Err(e) = dev.flush() {
+                // With copies elsewhere a data disk that fails is taken out; what it may
+                // have lost fails its checksums and is read from another copy.
+                if self.replicated() && !self.holds_metadata(disk) {
+                    self.mark_down(disk, &format!("a flush failed: {e}"));
+                    continue;
+                }
+                return Err(e.into());
+            }
         }
         Ok(())
     }
@@ -1105,6 +1131,8 @@ pub(crate) fn geometry(desc: &FsDescriptor) -> Geometry {
         data_pool_name: desc.pool_name(data_pool).to_string(),
         atime: desc.atime,
         max_inodes: desc.max_inodes,
+        fs_name: desc.name.clone(),
+        data_copies: desc.replication().data,
     }
 }
 

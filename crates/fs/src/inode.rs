@@ -99,7 +99,16 @@ pub struct BlockRef {
     /// Sectors written in place whose write may not have reached the disk before a crash:
     /// the sector holds either the data of `crcs` or what the alternative describes.
     pub pending: BTreeMap<u32, Alternative>,
+    /// The other copies of the block (data replication, `-r 2|3`): extents of the same
+    /// length on disks of other failure groups, holding the same bytes, so `crcs`,
+    /// `unwritten` and `pending` describe every copy. Only current copies are listed: a copy
+    /// whose write failed is dropped from the reference (the file is then ill-replicated
+    /// until `restripe -r` adds one again), never kept stale.
+    pub copies: Vec<Extent>,
 }
+
+/// Copies of a block at most: GPFS's limit of three replicas.
+pub const COPIES_MAX: usize = 3;
 
 /// What an in-place sector held before a write that may not have landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,7 +130,28 @@ impl BlockRef {
             crcs: vec![0; sectors],
             unwritten,
             pending: BTreeMap::new(),
+            copies: Vec::new(),
         }
+    }
+
+    /// Every copy of the block: the first, then the others.
+    pub fn extents(&self) -> impl Iterator<Item = Extent> + '_ {
+        std::iter::once(self.extent).chain(self.copies.iter().copied())
+    }
+
+    /// Copies of the block there are (1 without replication).
+    pub fn copy_count(&self) -> usize {
+        1 + self.copies.len()
+    }
+
+    /// Sub-blocks every copy together holds (what `st_blocks` counts, as in GPFS).
+    pub fn allocated_sub_blocks(&self) -> u64 {
+        u64::from(self.extent.sub_blocks) * self.copy_count() as u64
+    }
+
+    /// Whether any copy is on `disk`.
+    pub fn on_disk(&self, disk: tessera_alloc::DiskIndex) -> bool {
+        self.extents().any(|e| e.addr.disk == disk)
     }
 
     pub fn sectors(&self) -> usize {

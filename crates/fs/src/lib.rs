@@ -33,12 +33,15 @@ pub mod policy_run;
 mod prefetch;
 mod read_tokens;
 mod recovery;
+mod replication;
 mod report;
 pub mod restripe;
 mod shard_tree;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
-pub use descriptor::{read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk};
+pub use descriptor::{
+    read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk, Replication, StrictReplication,
+};
 pub use error::{FsError, FsResult};
 pub use format::{erase, format, DiskSpec, FormatOptions, Progress};
 pub use fs::{DirListing, FileSystem, SetAttr, StatFs};

@@ -42,10 +42,12 @@ pub enum Change {
         ino: Ino,
         data: Vec<u8>,
     },
-    /// Maps file block `index`, freeing the extent it replaces.
+    /// Maps file block `index`, freeing the extent it replaces. A block with one copy only:
+    /// its record keeps the form it had before replication (see [`Change::map_block`]).
     MapBlock {
         ino: Ino,
         index: u64,
+        #[serde(with = "single_copy")]
         block: BlockRef,
     },
     /// New checksums for sectors `first..first+crcs.len()` of block `index`. With `in_place`
@@ -114,6 +116,103 @@ pub enum Change {
         client: u64,
         seq: u64,
     },
+    /// [`Change::MapBlock`] of a block with more than one copy (data replication): every
+    /// extent the block had and this one does not is freed.
+    MapCopies {
+        ino: Ino,
+        index: u64,
+        block: BlockRef,
+    },
+    /// The number of copies the file's blocks should have from now on (`-r` at create,
+    /// `file attr set --replication`); `restripe -r` brings its existing blocks there.
+    SetReplicas {
+        ino: Ino,
+        copies: u8,
+    },
+    /// Copies of block `index` that no longer hold its data (their write failed, or their
+    /// disk is down) leave the block reference and are freed; when the first copy goes,
+    /// the next one takes its place. Only the copy list changes, so it can be logged while
+    /// other writers change the block's checksums.
+    DropCopies {
+        ino: Ino,
+        index: u64,
+        extents: Vec<Extent>,
+    },
+}
+
+impl Change {
+    /// The change that maps `block` as block `index` of `ino`, in the record form its
+    /// number of copies needs: single-copy blocks keep the form older logs hold.
+    pub fn map_block(ino: Ino, index: u64, block: BlockRef) -> Change {
+        if block.copies.is_empty() {
+            Change::MapBlock { ino, index, block }
+        } else {
+            Change::MapCopies { ino, index, block }
+        }
+    }
+
+    /// The block a `MapBlock` or `MapCopies` maps.
+    pub fn mapped_block(&self) -> Option<(Ino, u64, &BlockRef)> {
+        match self {
+            Change::MapBlock { ino, index, block } | Change::MapCopies { ino, index, block } => {
+                Some((*ino, *index, block))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The log form of a block reference in [`Change::MapBlock`]: the fields it had before
+/// blocks had copies (postcard is not self-describing, so a new field would make every
+/// older record undecodable). Blocks with copies go in [`Change::MapCopies`].
+mod single_copy {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use tessera_alloc::Extent;
+
+    use crate::inode::{Alternative, BlockRef};
+
+    #[derive(Serialize)]
+    struct Borrowed<'a> {
+        extent: &'a Extent,
+        crcs: &'a Vec<u32>,
+        unwritten: &'a Vec<u64>,
+        pending: &'a BTreeMap<u32, Alternative>,
+    }
+
+    #[derive(Deserialize)]
+    struct Owned {
+        extent: Extent,
+        crcs: Vec<u32>,
+        unwritten: Vec<u64>,
+        pending: BTreeMap<u32, Alternative>,
+    }
+
+    pub fn serialize<S: Serializer>(b: &BlockRef, s: S) -> Result<S::Ok, S::Error> {
+        assert!(
+            b.copies.is_empty(),
+            "a block with copies is logged as MapCopies (Change::map_block)"
+        );
+        Borrowed {
+            extent: &b.extent,
+            crcs: &b.crcs,
+            unwritten: &b.unwritten,
+            pending: &b.pending,
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BlockRef, D::Error> {
+        let o = Owned::deserialize(d)?;
+        Ok(BlockRef {
+            extent: o.extent,
+            crcs: o.crcs,
+            unwritten: o.unwritten,
+            pending: o.pending,
+            copies: Vec::new(),
+        })
+    }
 }
 
 /// Client requests remembered as answered, at most (see [`Change::Answered`]): far more
@@ -509,7 +608,12 @@ impl MetaState {
     pub fn content_of(
         &mut self,
         ino: Ino,
-    ) -> FsResult<(ContentKind, Option<Vec<u8>>, Option<tessera_alloc::PoolId>)> {
+    ) -> FsResult<(
+        ContentKind,
+        Option<Vec<u8>>,
+        Option<tessera_alloc::PoolId>,
+        u8,
+    )> {
         self.peek(ino, |r| {
             let (kind, inline) = match &r.content {
                 RecordContent::Inline(d) => (ContentKind::Inline, Some(d.clone())),
@@ -517,7 +621,7 @@ impl MetaState {
                 RecordContent::Dir { .. } => (ContentKind::Dir, None),
                 RecordContent::None => (ContentKind::None, None),
             };
-            (kind, inline, r.pool)
+            (kind, inline, r.pool, r.copies)
         })?
         .ok_or(FsError::NotFound)
     }
@@ -720,18 +824,16 @@ impl MetaState {
                 rec.content = RecordContent::Inline(data.clone());
                 self.put(&rec)?;
             }
-            Change::MapBlock { ino, index, block } => {
+            Change::MapBlock { ino, index, block } | Change::MapCopies { ino, index, block } => {
                 let mut rec = self.must(*ino)?;
                 let mut allocated = self.blocks_content(&mut rec)?;
                 let (t, store) = self.shard_for(*ino);
                 let old = t.put_block(store, *ino, *index, block)?;
                 self.unsettled.remove(&(*ino, *index));
-                allocated += u64::from(block.extent.sub_blocks);
+                allocated += block.allocated_sub_blocks();
                 if let Some(old) = old {
-                    allocated -= u64::from(old.extent.sub_blocks);
-                    if old.extent != block.extent {
-                        freed.push(old.extent);
-                    }
+                    allocated -= old.allocated_sub_blocks();
+                    freed.extend(old.extents().filter(|e| !block.extents().any(|n| n == *e)));
                 }
                 rec.content = RecordContent::Blocks {
                     allocated_sub_blocks: allocated,
@@ -837,8 +939,8 @@ impl MetaState {
                 let mut allocated = self.blocks_content(&mut rec)?;
                 let (t, store) = self.shard_for(*ino);
                 if let Some(old) = t.remove_block(store, *ino, *index)? {
-                    allocated -= u64::from(old.extent.sub_blocks);
-                    freed.push(old.extent);
+                    allocated -= old.allocated_sub_blocks();
+                    freed.extend(old.extents());
                     rec.content = RecordContent::Blocks {
                         allocated_sub_blocks: allocated,
                     };
@@ -877,6 +979,54 @@ impl MetaState {
                 rec.pool = Some(*pool);
                 self.put(&rec)?;
             }
+            Change::DropCopies {
+                ino,
+                index,
+                extents,
+            } => {
+                let mut dropped = Vec::new();
+                let (t, store) = self.shard_for(*ino);
+                let found = t.modify_block(store, *ino, *index, |b| {
+                    for e in extents {
+                        if b.extent == *e {
+                            if b.copies.is_empty() {
+                                return Err(corrupt(format!(
+                                    "log drops the only copy of block {index} of inode {ino}"
+                                )));
+                            }
+                            b.extent = b.copies.remove(0);
+                            dropped.push(*e);
+                        } else if let Some(p) = b.copies.iter().position(|c| c == e) {
+                            b.copies.remove(p);
+                            dropped.push(*e);
+                        }
+                    }
+                    Ok(!dropped.is_empty())
+                })?;
+                if found.is_none() {
+                    return Err(missing_block(*ino, *index));
+                }
+                if !dropped.is_empty() {
+                    let mut rec = self.must(*ino)?;
+                    let allocated = self.blocks_content(&mut rec)?;
+                    let gone: u64 = dropped.iter().map(|e| u64::from(e.sub_blocks)).sum();
+                    rec.content = RecordContent::Blocks {
+                        allocated_sub_blocks: allocated.saturating_sub(gone),
+                    };
+                    self.put(&rec)?;
+                    freed.extend(dropped);
+                }
+            }
+            Change::SetReplicas { ino, copies } => {
+                if !(1..=crate::inode::COPIES_MAX as u8).contains(copies) {
+                    return Err(corrupt(format!(
+                        "log gives inode {ino} {copies} data copies"
+                    )));
+                }
+                let mut rec = self.must(*ino)?;
+                rec.copies = *copies;
+                self.put(&rec)?;
+            }
             Change::FreeInode { ino } => {
                 let rec = self
                     .must(*ino)
@@ -894,7 +1044,7 @@ impl MetaState {
                 } else {
                     self.shards[s].remove_inode(&mut self.store, *ino)?
                 };
-                freed.extend(blocks.into_iter().map(|b| b.extent));
+                freed.extend(blocks.iter().flat_map(BlockRef::extents));
                 if rec.attr.nlink == 0 {
                     self.shards[s].set_orphan(&mut self.store, *ino, false)?;
                 }
@@ -936,8 +1086,8 @@ impl MetaState {
             }
             for (index, b) in batch {
                 t.remove_block(store, ino, index)?;
-                released += u64::from(b.extent.sub_blocks);
-                freed.push(b.extent);
+                released += b.allocated_sub_blocks();
+                freed.extend(b.extents());
             }
         }
     }
@@ -1014,6 +1164,7 @@ impl MetaState {
                     },
                     xattrs: false,
                     pool: None,
+                    copies: 1,
                 };
                 (rec, false)
             }

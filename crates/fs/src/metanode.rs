@@ -39,6 +39,8 @@ use crate::meta::Change;
 pub(crate) struct FileView {
     pub attr: Attr,
     pub pool: PoolId,
+    /// Copies each new block of the file gets (data replication; 1 without).
+    pub copies: u8,
     pub content: Content,
 }
 
@@ -177,6 +179,18 @@ pub(crate) trait BlockAllocator: Send + Sync {
         hint: BlockHint,
         what: &'static str,
     ) -> FsResult<Extent>;
+
+    /// [`BlockAllocator::allocate`] of a block with `copies` copies (data replication):
+    /// the first extent, then the others, each in a failure group no other one uses;
+    /// fewer than `copies` only when `-K` allows (see `replication.rs`).
+    fn allocate_copies(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        copies: u8,
+        what: &'static str,
+    ) -> FsResult<Vec<Extent>>;
 
     /// Like [`BlockAllocator::allocate`], on the disks `allowed` accepts only, for data a
     /// restripe moves. The metadata reserve is not checked: the move gives back the extent

@@ -68,6 +68,13 @@ pub enum MetanodeRequest {
     Abandon {
         extent: Extent,
     },
+    AllocateCopies {
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        copies: u8,
+        what: AllocPurpose,
+    },
     Attr {
         ino: Ino,
     },
@@ -309,6 +316,7 @@ pub enum MetanodeReply {
     View(FileView),
     Lsn(Lsn),
     Extent(Extent),
+    Extents(Vec<Extent>),
     Attr(Attr),
     Count(u64),
     Bytes(Vec<u8>),
@@ -542,6 +550,16 @@ where
             owner.allocate(pool, sub_blocks, hint, what.label()),
             R::Extent,
         ),
+        Q::AllocateCopies {
+            pool,
+            sub_blocks,
+            hint,
+            copies,
+            what,
+        } => answer(
+            owner.allocate_copies(pool, sub_blocks, hint, copies, what.label()),
+            R::Extents,
+        ),
         Q::Abandon { extent } => {
             owner.abandon(extent);
             R::Done
@@ -655,6 +673,7 @@ pub(crate) fn cache_changes(
         | Q::CommitData { .. }
         | Q::Accessed { .. }
         | Q::Allocate { .. }
+        | Q::AllocateCopies { .. }
         | Q::Abandon { .. }
         | Q::Attr { .. }
         | Q::HeldBytes { .. }
@@ -1118,6 +1137,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::Protection { .. }
             | Q::Lock { .. }
             | Q::Allocate { .. }
+            | Q::AllocateCopies { .. }
             | Q::Abandon { .. }
     )
 }
@@ -1212,10 +1232,8 @@ impl Metanode for RemoteMetanode {
         let mapped: Vec<Extent> = update
             .changes
             .iter()
-            .filter_map(|c| match c {
-                Change::MapBlock { block, .. } => Some(block.extent),
-                _ => None,
-            })
+            .filter_map(Change::mapped_block)
+            .flat_map(|(_, _, block)| block.extents())
             .collect();
         // Space given out by an owner that is gone is nobody's to map.
         if mapped
@@ -1313,6 +1331,36 @@ impl BlockAllocator for RemoteMetanode {
         let extent = expect_reply!(reply, MetanodeReply::Extent(e) => e, "an extent")?;
         self.granted.lock().insert(extent, seen);
         Ok(extent)
+    }
+
+    fn allocate_copies(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        copies: u8,
+        what: &'static str,
+    ) -> FsResult<Vec<Extent>> {
+        let seen = self.channel.generation();
+        let reply = self.call(MetanodeRequest::AllocateCopies {
+            pool,
+            sub_blocks,
+            hint,
+            copies,
+            what: AllocPurpose::of(what),
+        })?;
+        let extents = expect_reply!(reply, MetanodeReply::Extents(e) => e, "extents")?;
+        if extents.is_empty() || extents.len() > usize::from(copies.max(1)) {
+            return Err(FsError::Corrupt(format!(
+                "the metanode gave {} extents for a block of {copies} copies",
+                extents.len()
+            )));
+        }
+        let mut granted = self.granted.lock();
+        for e in &extents {
+            granted.insert(*e, seen);
+        }
+        Ok(extents)
     }
 
     fn allocate_on(

@@ -188,6 +188,10 @@ impl Namespace for FileSystem {
                 tracing::trace!("inode {ino} placed in pool {pool} by {rule}");
                 changes.push(Change::SetPool { ino, pool });
             }
+            let copies = self.owner().replication.read().data;
+            if copies > 1 {
+                changes.push(Change::SetReplicas { ino, copies });
+            }
         }
         changes.extend(acl_changes);
         if kind == FileKind::Directory {

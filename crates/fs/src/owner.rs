@@ -85,7 +85,7 @@ impl FileSystem {
 
     /// A block (or a fragment of `sub_blocks`) of data space on a disk `allowed` accepts,
     /// held as the caller's alone until an update maps it (see `Meta::unlogged`).
-    fn take_extent(
+    pub(crate) fn take_extent(
         &self,
         m: &mut Meta,
         pool: PoolId,
@@ -114,6 +114,8 @@ impl FileSystem {
 fn content_change_of(change: &Change, ino: Ino) -> bool {
     let of = match change {
         Change::MapBlock { ino, .. }
+        | Change::MapCopies { ino, .. }
+        | Change::DropCopies { ino, .. }
         | Change::Sectors { ino, .. }
         | Change::Settle { ino, .. }
         | Change::Revert { ino, .. }
@@ -129,7 +131,7 @@ impl Metanode for FileSystem {
     fn view(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
         let mut m = self.owner().meta.lock();
         let attr = m.state.attr(ino)?;
-        let (kind, inline, pool) = m.state.content_of(ino)?;
+        let (kind, inline, pool, copies) = m.state.content_of(ino)?;
         let content = match kind {
             ContentKind::Inline => Content::Inline(inline.unwrap_or_default()),
             ContentKind::Blocks => Content::Blocks(m.state.blocks(ino, blocks)?),
@@ -138,6 +140,7 @@ impl Metanode for FileSystem {
         Ok(FileView {
             attr,
             pool: pool.unwrap_or(self.geo.data_pool),
+            copies,
             content,
         })
     }
@@ -304,24 +307,18 @@ impl FileSystem {
         let mut claimed = Vec::new();
         {
             let mut m = self.owner().meta.lock();
-            for change in &update.changes {
-                let Change::MapBlock {
-                    ino: of,
-                    index,
-                    block,
-                } = change
-                else {
-                    continue;
-                };
-                let extent = block.extent;
+            let mapping = update.changes.iter().filter_map(Change::mapped_block);
+            for (of, index, extent) in
+                mapping.flat_map(|(of, index, b)| b.extents().map(move |e| (of, index, e)))
+            {
                 match m.alloc.mark_used(extent) {
                     Ok(()) => {
                         m.unlogged.insert(extent);
                         claimed.push(extent);
                     }
                     Err(tessera_alloc::AllocError::AlreadyUsed { .. }) => {
-                        let mapped = m.state.blocks(*of, *index..*index + 1)?;
-                        if !mapped.iter().any(|(_, r)| r.extent == extent) {
+                        let mapped = m.state.blocks(of, index..index + 1)?;
+                        if !mapped.iter().any(|(_, r)| r.extents().any(|e| e == extent)) {
                             for e in claimed.drain(..) {
                                 m.unlogged.remove(&e);
                                 let _ = m.alloc.free(e);
@@ -361,6 +358,31 @@ impl BlockAllocator for FileSystem {
                 self.try_allocate(pool, sub_blocks, hint, what)
             }
             other => other,
+        }
+    }
+
+    fn allocate_copies(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        copies: u8,
+        what: &'static str,
+    ) -> FsResult<Vec<Extent>> {
+        let first = BlockAllocator::allocate(self, pool, sub_blocks, hint, what)?;
+        if copies <= 1 {
+            return Ok(vec![first]);
+        }
+        let others = {
+            let mut m = self.owner().meta.lock();
+            self.take_copies(&mut m, pool, first, usize::from(copies), hint, what)
+        };
+        match others {
+            Ok(others) => Ok(std::iter::once(first).chain(others).collect()),
+            Err(e) => {
+                BlockAllocator::abandon(self, first);
+                Err(e)
+            }
         }
     }
 

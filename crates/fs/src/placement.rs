@@ -162,8 +162,10 @@ impl FileSystem {
             let mut m = self.owner().meta.lock();
             if m.state.content_kind(ino)? == crate::meta::ContentKind::Blocks {
                 for (_, b) in m.state.blocks(ino, 0..u64::MAX)? {
-                    if let Some(c) = counts.get_mut(usize::from(b.extent.addr.disk)) {
-                        *c += 1;
+                    for e in b.extents() {
+                        if let Some(c) = counts.get_mut(usize::from(e.addr.disk)) {
+                            *c += 1;
+                        }
                     }
                 }
             }

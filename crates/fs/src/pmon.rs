@@ -103,6 +103,8 @@ pub struct Pmon {
     readdirs: AtomicU64,
     inode_updates: AtomicU64,
     checksum_errors: AtomicU64,
+    /// Copies of data blocks written again from a good copy after a checksum mismatch.
+    copies_repaired: AtomicU64,
     read_hist: Histogram,
     write_hist: Histogram,
 }
@@ -145,6 +147,10 @@ impl Pmon {
         self.checksum_errors.fetch_add(1, Relaxed);
     }
 
+    pub fn repaired_copy(&self) {
+        self.copies_repaired.fetch_add(1, Relaxed);
+    }
+
     pub fn snapshot(&self) -> PmonSnapshot {
         PmonSnapshot {
             bytes_read: self.bytes_read.load(Relaxed),
@@ -156,6 +162,7 @@ impl Pmon {
             readdirs: self.readdirs.load(Relaxed),
             inode_updates: self.inode_updates.load(Relaxed),
             checksum_errors: self.checksum_errors.load(Relaxed),
+            copies_repaired: self.copies_repaired.load(Relaxed),
             size_bounds_bytes: SIZE_BOUNDS_BYTES.to_vec(),
             latency_bounds_ms: LATENCY_BOUNDS_MS.to_vec(),
             read_histogram: self.read_hist.rhist(),
@@ -183,6 +190,7 @@ pub struct PmonSnapshot {
     pub readdirs: u64,
     pub inode_updates: u64,
     pub checksum_errors: u64,
+    pub copies_repaired: u64,
     /// Exclusive upper bounds of the size ranges; the last range is open ended.
     pub size_bounds_bytes: Vec<u64>,
     /// Inclusive upper bounds of the latency ranges; the last range is open ended.

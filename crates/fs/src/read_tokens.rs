@@ -268,6 +268,9 @@ fn changed_ino(change: &Change) -> Option<Ino> {
         | Change::SetParent { dir, .. } => Some(*dir),
         Change::Inline { ino, .. }
         | Change::MapBlock { ino, .. }
+        | Change::MapCopies { ino, .. }
+        | Change::SetReplicas { ino, .. }
+        | Change::DropCopies { ino, .. }
         | Change::Sectors { ino, .. }
         | Change::Settle { ino, .. }
         | Change::Truncate { ino, .. }

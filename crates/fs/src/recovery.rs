@@ -53,8 +53,27 @@ pub(crate) fn match_devices(
         .map(|i| crate::disk_set::Retired::device(i as u16))
         .collect();
     let mut names = vec![String::new(); slots];
+    let mut missing = Vec::new();
     for d in &desc.disks {
-        let Some((_, dev)) = disks.iter().find(|(id, _)| *id == d.nsd_id) else {
+        let found = disks.iter().find(|(id, _)| *id == d.nsd_id);
+        if found.is_none() && may_be_down(desc, d) {
+            // Its blocks have copies in other failure groups: mount without it.
+            tracing::warn!(
+                "{}: NSD {} is missing; mounting with it down (its blocks are read from \
+                 their copies in other failure groups); once it is back, `tessera disk \
+                 change {} start -d {}` or a remount, then `tessera restripe {} -r`",
+                desc.name,
+                d.nsd_name,
+                desc.name,
+                d.nsd_name,
+                desc.name
+            );
+            out[usize::from(d.index)] = crate::disk_set::Retired::missing(&d.nsd_name);
+            names[usize::from(d.index)] = d.nsd_name.clone();
+            missing.push(d.index);
+            continue;
+        }
+        let Some((_, dev)) = found else {
             return Err(FsError::MissingDisk {
                 fs: desc.name.clone(),
                 nsd: d.nsd_name.clone(),
@@ -83,7 +102,22 @@ pub(crate) fn match_devices(
         out[usize::from(d.index)] = dev.clone();
         names[usize::from(d.index)] = d.nsd_name.clone();
     }
-    Ok(DiskSet::new(out, names))
+    let set = DiskSet::new(out, names);
+    set.set_failure_groups(desc.disks.iter().map(|d| (d.index, d.failure_group)));
+    for d in missing {
+        set.set_down(d, true);
+    }
+    Ok(set)
+}
+
+/// Whether the file system can be mounted without disk `d`: data has copies in other
+/// failure groups (`-r` above 1) and the disk holds nothing of the metadata, which has one
+/// copy (`-m 1`).
+fn may_be_down(desc: &FsDescriptor, d: &crate::descriptor::FsDisk) -> bool {
+    desc.replication().data > 1
+        && !d.usage.holds_metadata()
+        && !d.holds_descriptor
+        && desc.log.disk != d.index
 }
 
 pub(crate) fn recover(
@@ -155,14 +189,19 @@ pub(crate) fn recover(
             ))
         })?;
         for change in &changes {
-            if let Change::MapBlock { block, .. } = change {
+            if let Some((_, _, block)) = change.mapped_block() {
                 // The block may be mapped already if the record is replayed over a
                 // checkpoint that holds it (the same extent mapped again).
                 let mark = |alloc: &mut AllocMap| -> FsResult<()> {
-                    if alloc.is_free(block.extent) {
-                        alloc.mark_used(block.extent).map_err(|e| {
-                            FsError::Corrupt(format!("log record ending at {}: {e}", record.lsn))
-                        })?;
+                    for extent in block.extents() {
+                        if alloc.is_free(extent) {
+                            alloc.mark_used(extent).map_err(|e| {
+                                FsError::Corrupt(format!(
+                                    "log record ending at {}: {e}",
+                                    record.lsn
+                                ))
+                            })?;
+                        }
                     }
                     Ok(())
                 };
@@ -259,7 +298,14 @@ pub(crate) fn referenced_extents(
     }
     state.scan(&mut |item| {
         if let Item::Block { ino, index, block } = item {
-            out.push((block.extent, format!("inode {ino} block {index}")));
+            for (c, e) in block.extents().enumerate() {
+                let copy = if c == 0 {
+                    String::new()
+                } else {
+                    format!(" copy {}", c + 1)
+                };
+                out.push((e, format!("inode {ino} block {index}{copy}")));
+            }
         }
         Ok(())
     })?;

@@ -59,7 +59,22 @@ pub enum RestripeMode {
     /// `-p`: move data blocks that are not in their file's storage pool into it (files a
     /// policy migrated with `-I defer`, or whose migration was interrupted).
     Placement,
+    /// `-r`: give every data block the copies its file asks for, each in its own failure
+    /// group: blocks written while a failure group was down, or with a copy on a disk
+    /// that is down (that copy is replaced).
+    Replicate,
+    /// `-c`: read every copy of every replicated block and write those that fail their
+    /// checksums again from one that verifies (a scrub; reads repair only the copies they
+    /// happen to read).
+    Check,
 }
+
+/// A block's move: which copy (its position in `BlockRef::extents`), or all missing
+/// copies of an ill-replicated block ([`REPLICATE`]).
+type Move = (Ino, u64, BlockRef, usize);
+const REPLICATE: usize = usize::MAX;
+/// Every copy of a replicated block read and checked ([`RestripeMode::Check`]).
+const CHECK: usize = usize::MAX - 1;
 
 /// Where a restripe is, for progress lines.
 #[derive(Clone, Debug, Default)]
@@ -119,6 +134,8 @@ impl FileSystem {
         let shards = self.owner().meta.lock().state.shard_count();
         let mut report = RestripeReport::default();
         report.progress.shards = shards;
+        // The copies the file whose record the scan saw last asks for.
+        let mut file_copies: (Ino, usize) = (0, 1);
         for shard in 0..shards as usize {
             let mut from = Vec::new();
             loop {
@@ -131,27 +148,56 @@ impl FileSystem {
                     Plan::Placement { .. } => self.file_pools_of(&items)?,
                     _ => HashMap::new(),
                 };
-                let mut moves: Vec<Vec<(Ino, u64, BlockRef)>> = Vec::new();
+                let mut moves: Vec<Vec<Move>> = Vec::new();
                 for item in items {
-                    let Item::Block { ino, index, block } = item else {
-                        continue;
+                    let (ino, index, block) = match item {
+                        Item::Block { ino, index, block } => (ino, index, block),
+                        // A file's record comes before its blocks (key order).
+                        Item::Inode(rec) => {
+                            file_copies = (rec.attr.ino, usize::from(rec.copies));
+                            continue;
+                        }
+                        _ => continue,
                     };
                     report.progress.blocks_scanned += 1;
                     let n = u64::from(block.extent.sub_blocks);
-                    let wanted = match &*plan.lock() {
-                        Plan::Placement { pool_of_disk } => {
-                            pool_of_disk.get(&block.extent.addr.disk) != file_pools.get(&ino)
+                    let wanted: Vec<usize> = match &*plan.lock() {
+                        Plan::Placement { pool_of_disk } => block
+                            .extents()
+                            .enumerate()
+                            .filter(|(_, e)| pool_of_disk.get(&e.addr.disk) != file_pools.get(&ino))
+                            .map(|(c, _)| c)
+                            .collect(),
+                        Plan::Check if block.copy_count() > 1 => vec![CHECK],
+                        Plan::Check => Vec::new(),
+                        Plan::Replicate => {
+                            let asks = if file_copies.0 == ino {
+                                file_copies.1
+                            } else {
+                                1
+                            };
+                            let down = block.extents().any(|e| self.devices.is_down(e.addr.disk));
+                            if block.copy_count() < asks || down {
+                                vec![REPLICATE]
+                            } else {
+                                Vec::new()
+                            }
                         }
-                        other => other.moves(block.extent.addr.disk, n),
+                        other => block
+                            .extents()
+                            .enumerate()
+                            .filter(|(_, e)| other.moves(e.addr.disk, n))
+                            .map(|(c, _)| c)
+                            .collect(),
                     };
-                    if !wanted {
-                        continue;
-                    }
                     // Items come in key order, so a file's blocks are neighbours: one group
                     // per file, moved in order by one worker.
-                    match moves.last_mut() {
-                        Some(group) if group[0].0 == ino => group.push((ino, index, block)),
-                        _ => moves.push(vec![(ino, index, block)]),
+                    for c in wanted {
+                        let m = (ino, index, block.clone(), c);
+                        match moves.last_mut() {
+                            Some(group) if group[0].0 == ino => group.push(m),
+                            _ => moves.push(vec![m]),
+                        }
                     }
                 }
                 let batch = self.move_blocks(moves, &plan, stop)?;
@@ -431,6 +477,8 @@ impl FileSystem {
             })
             .collect();
         Ok(match mode {
+            RestripeMode::Replicate => Plan::Replicate,
+            RestripeMode::Check => Plan::Check,
             RestripeMode::Placement => Plan::Placement {
                 pool_of_disk: desc.disks.iter().map(|d| (d.index, d.pool)).collect(),
             },
@@ -498,13 +546,15 @@ impl FileSystem {
         };
         let mut bytes = 0;
         for (index, block) in blocks {
-            if pool_of_disk.get(&block.extent.addr.disk) == Some(&pool) {
-                continue;
-            }
-            // The allocator gives out blocks of the file's pool on disks that take new
-            // allocations, which is every acceptable target.
-            if let Moved::To(_, n) = self.move_block(ino, index, &block, &|_| true)? {
-                bytes += n;
+            for (c, e) in block.extents().enumerate() {
+                if pool_of_disk.get(&e.addr.disk) == Some(&pool) {
+                    continue;
+                }
+                // The allocator gives out blocks of the file's pool on disks that take new
+                // allocations, which is every acceptable target.
+                if let Moved::To(_, n) = self.move_block(ino, index, &block, c, &|_| true)? {
+                    bytes += n;
+                }
             }
         }
         Ok(bytes)
@@ -519,7 +569,7 @@ impl FileSystem {
     /// way.
     fn move_blocks(
         &self,
-        groups: Vec<Vec<(Ino, u64, BlockRef)>>,
+        groups: Vec<Vec<Move>>,
         plan: &Mutex<Plan>,
         stop: &AtomicBool,
     ) -> FsResult<BatchMoves> {
@@ -557,7 +607,7 @@ impl FileSystem {
                 let Some(group) = groups.get(next.fetch_add(1, Ordering::Relaxed)) else {
                     return;
                 };
-                for (ino, index, block) in group {
+                for (ino, index, block, c) in group {
                     if quit.load(Ordering::Relaxed) {
                         return;
                     }
@@ -567,12 +617,23 @@ impl FileSystem {
                         return;
                     }
                     let n = u64::from(block.extent.sub_blocks);
-                    if !plan.lock().moves(block.extent.addr.disk, n) {
-                        continue;
-                    }
-                    match self.move_block(*ino, *index, block, &|d| plan.lock().accepts(d, n)) {
+                    let result = if *c == REPLICATE {
+                        self.replicate_block(*ino, *index, block)
+                    } else if *c == CHECK {
+                        self.check_block(*ino, *index, block)
+                    } else {
+                        let from = block.extents().nth(*c).expect("a copy of the block");
+                        if !plan.lock().moves(from.addr.disk, n) {
+                            continue;
+                        }
+                        self.move_block(*ino, *index, block, *c, &|d| plan.lock().accepts(d, n))
+                    };
+                    match result {
                         Ok(Moved::To(to, bytes)) => {
-                            plan.lock().moved(block.extent, to);
+                            if *c < CHECK {
+                                let from = block.extents().nth(*c).expect("a copy");
+                                plan.lock().moved(from, to);
+                            }
                             let mut t = totals.lock();
                             t.moved += 1;
                             t.bytes += bytes;
@@ -605,12 +666,16 @@ impl FileSystem {
         }
     }
 
-    /// Moves block `index` of `ino` (as `seen` by the scan) to a disk `accepts` allows.
+    /// Moves copy `c` of block `index` of `ino` (as `seen` by the scan) to a disk `accepts`
+    /// allows, in a failure group the block's other copies do not use. When no such disk
+    /// has room and the block has other copies, the copy is dropped instead (the file is
+    /// then ill-replicated, as after GPFS's mmdeldisk of a failure group's last disk).
     fn move_block(
         &self,
         ino: Ino,
         index: u64,
         seen: &BlockRef,
+        c: usize,
         accepts: &dyn Fn(DiskIndex) -> bool,
     ) -> FsResult<Moved> {
         // The block moves like a write by the data path: under the file's lock, through
@@ -623,7 +688,7 @@ impl FileSystem {
             Err(e) => return Err(e),
         };
         let current = match view.block(index) {
-            Some(b) if b.extent == seen.extent => b.clone(),
+            Some(b) if b.extents().eq(seen.extents()) => b.clone(),
             _ => return Ok(Moved::Changed),
         };
         let hint = BlockHint {
@@ -631,24 +696,54 @@ impl FileSystem {
             block_index: index,
             prev: None,
         };
+        let extents: Vec<Extent> = current.extents().collect();
+        let from = extents[c];
+        let other_groups: Vec<i32> = extents
+            .iter()
+            .filter(|e| **e != from)
+            .map(|e| self.devices.failure_group(e.addr.disk))
+            .collect();
+        let allowed = |d: DiskIndex| {
+            accepts(d)
+                && !self.devices.is_down(d)
+                && !other_groups.contains(&self.devices.failure_group(d))
+        };
         // A restripe runs where the metadata is owned: it allocates from, and reports to,
         // this node's own owner (a disk filter does not cross the wire).
-        let to = BlockAllocator::allocate_on(
+        let to = match BlockAllocator::allocate_on(
             self,
             view.pool,
             current.extent.sub_blocks,
             hint,
-            accepts,
+            &allowed,
             "moved file data",
-        )?;
-        let moved = self
-            .copy_block(ino, &current, to)
-            .and_then(|(copy, bytes)| {
-                let map = Change::MapBlock {
+        ) {
+            Ok(to) => to,
+            Err(FsError::NoSpace { .. }) if extents.len() > 1 => {
+                tracing::warn!(
+                    "inode {ino} block {index}: no disk of another failure group takes the copy \
+                     on NSD {}; dropping it (the file is ill-replicated until `restripe -r`)",
+                    self.devices.name(from.addr.disk)
+                );
+                let drop = Change::DropCopies {
                     ino,
                     index,
-                    block: copy,
+                    extents: vec![from],
                 };
+                Metanode::update(self, ino, FileUpdate::content(vec![drop]))?;
+                return Ok(Moved::Changed);
+            }
+            Err(e) => return Err(e),
+        };
+        let moved = self
+            .copy_block(ino, &current, to)
+            .and_then(|(mut copy, bytes)| {
+                // The copy takes the moved one's place; the others stay.
+                let mut all: Vec<Extent> = extents.clone();
+                all[c] = to;
+                copy.extent = all[0];
+                copy.copies = all[1..].to_vec();
+                let map = Change::map_block(ino, index, copy);
                 Metanode::update(self, ino, FileUpdate::content(vec![map]))?;
                 Ok(bytes)
             });
@@ -658,6 +753,162 @@ impl FileSystem {
                 BlockAllocator::abandon(self, to);
                 Err(e)
             }
+        }
+    }
+
+    /// Gives block `index` of `ino` (as `seen` by the scan) the copies its file asks for:
+    /// copies on disks that are down are replaced, missing ones added, each on a disk that
+    /// is up in a failure group no other copy uses. Fewer when no such disk has room.
+    fn replicate_block(&self, ino: Ino, index: u64, seen: &BlockRef) -> FsResult<Moved> {
+        let _file = self.inode_lock(ino).write();
+        let _stale = self.prefetch.invalidate_after(ino);
+        let view = match Metanode::view(self, ino, index..index + 1) {
+            Ok(v) => v,
+            Err(FsError::NotFound) => return Ok(Moved::Changed),
+            Err(e) => return Err(e),
+        };
+        let current = match view.block(index) {
+            Some(b) if b.extents().eq(seen.extents()) => b.clone(),
+            _ => return Ok(Moved::Changed),
+        };
+        let good: Vec<Extent> = current
+            .extents()
+            .filter(|e| !self.devices.is_down(e.addr.disk))
+            .collect();
+        let wanted = usize::from(view.copies).max(1);
+        if good.is_empty() || (good.len() >= wanted && good.len() == current.copy_count()) {
+            return Ok(Moved::Changed);
+        }
+        let mut groups: Vec<i32> = good
+            .iter()
+            .map(|e| self.devices.failure_group(e.addr.disk))
+            .collect();
+        let hint = BlockHint {
+            file_key: ino,
+            block_index: index,
+            prev: None,
+        };
+        let mut added = Vec::new();
+        while good.len() + added.len() < wanted {
+            let allowed = |d: DiskIndex| {
+                !self.devices.is_down(d) && !groups.contains(&self.devices.failure_group(d))
+            };
+            match BlockAllocator::allocate_on(
+                self,
+                view.pool,
+                current.extent.sub_blocks,
+                hint,
+                &allowed,
+                "replicated file data",
+            ) {
+                Ok(e) => {
+                    groups.push(self.devices.failure_group(e.addr.disk));
+                    added.push(e);
+                }
+                Err(FsError::NoSpace { .. }) => break,
+                Err(e) => {
+                    for a in added {
+                        BlockAllocator::abandon(self, a);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // Read once from the good copies (verified, falling back between them), write to
+        // every new one, then one logged change names the new set of copies.
+        let copied = (|| -> FsResult<(BlockRef, u64)> {
+            let mut bytes = 0;
+            let mut block = current.clone();
+            if let Some(first) = added.first() {
+                let mut source = current.clone();
+                source.extent = good[0];
+                source.copies = good[1..].to_vec();
+                let (copy, n) = self.copy_block(ino, &source, *first)?;
+                bytes += n;
+                for more in &added[1..] {
+                    let (_, n) = self.copy_block(ino, &source, *more)?;
+                    bytes += n;
+                }
+                block.crcs = copy.crcs;
+                block.unwritten = copy.unwritten;
+                block.pending.clear();
+            }
+            let mut all = good.clone();
+            all.extend(&added);
+            block.extent = all[0];
+            block.copies = all[1..].to_vec();
+            Ok((block, bytes))
+        })();
+        let result = copied.and_then(|(block, bytes)| {
+            let to = block.extent;
+            let map = Change::map_block(ino, index, block);
+            Metanode::update(self, ino, FileUpdate::content(vec![map]))?;
+            Ok((to, bytes))
+        });
+        match result {
+            Ok((to, bytes)) if !added.is_empty() => Ok(Moved::To(to, bytes)),
+            Ok(_) => Ok(Moved::Changed),
+            Err(e) => {
+                for a in added {
+                    BlockAllocator::abandon(self, a);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads every copy of block `index` of `ino` and repairs those that fail their
+    /// checksums from one that verifies (see `FileSystem::repair_copies`). `Moved::To`
+    /// (the first repaired copy) when something was repaired.
+    fn check_block(&self, ino: Ino, index: u64, seen: &BlockRef) -> FsResult<Moved> {
+        let _file = self.inode_lock(ino).read();
+        let view = match Metanode::view(self, ino, index..index + 1) {
+            Ok(v) => v,
+            Err(FsError::NotFound) => return Ok(Moved::Changed),
+            Err(e) => return Err(e),
+        };
+        let current = match view.block(index) {
+            Some(b) if b.extents().eq(seen.extents()) => b.clone(),
+            _ => return Ok(Moved::Changed),
+        };
+        let Some(last) = (0..current.sectors())
+            .rev()
+            .find(|s| !current.is_unwritten(*s))
+        else {
+            return Ok(Moved::Changed);
+        };
+        let bytes = (last as u64 + 1) * tessera_drive::SECTOR_BYTES;
+        let (copies, infos) = sector_infos(&current, 0, bytes);
+        let mut good: Option<(Extent, tessera_drive::AlignedBuf)> = None;
+        let mut damaged = Vec::new();
+        for extent in &copies {
+            if self.devices.is_down(extent.addr.disk) {
+                continue;
+            }
+            let mut buf = tessera_drive::AlignedBuf::zeroed(bytes as usize);
+            // Each copy on its own: a copy list of one never falls back.
+            match self.read_verified(ino, &[*extent], 0, &mut buf, &infos, true, None) {
+                Ok(_) if good.is_none() => good = Some((*extent, buf)),
+                Ok(_) => {}
+                Err(FsError::Checksum { .. }) => damaged.push(*extent),
+                Err(e) => tracing::warn!(
+                    "restripe -c: inode {ino} block {index} on NSD {}: {e}",
+                    self.devices.name(extent.addr.disk)
+                ),
+            }
+        }
+        match good {
+            Some((from, buf)) if !damaged.is_empty() => {
+                self.repair_copies(ino, index, &damaged, &from, 0, &buf, &infos);
+                Ok(Moved::To(damaged[0], bytes * damaged.len() as u64))
+            }
+            Some(_) => Ok(Moved::Changed),
+            None if damaged.is_empty() => Ok(Moved::Changed),
+            None => Err(FsError::Checksum {
+                nsd: self.devices.name(damaged[0].addr.disk),
+                offset: self.extent_offset(&damaged[0]),
+                ino,
+            }),
         }
     }
 
@@ -672,14 +923,8 @@ impl FileSystem {
         let bytes = (last as u64 + 1) * tessera_drive::SECTOR_BYTES;
         let (_, infos) = sector_infos(from, 0, bytes);
         let mut buf = tessera_drive::AlignedBuf::zeroed(bytes as usize);
-        let states = self.read_verified(
-            ino,
-            &from.extent,
-            self.extent_offset(&from.extent),
-            &mut buf,
-            &infos,
-            true,
-        )?;
+        let copies: Vec<Extent> = from.extents().collect();
+        let states = self.read_verified(ino, &copies, 0, &mut buf, &infos, true, None)?;
         self.devices
             .get(to.addr.disk)
             .write_at(&buf, self.extent_offset(&to))?;
@@ -720,6 +965,10 @@ enum Plan {
     Placement {
         pool_of_disk: HashMap<DiskIndex, PoolId>,
     },
+    /// Ill-replicated blocks get their missing copies (decided in the scan).
+    Replicate,
+    /// Every copy of replicated blocks is read and checked (decided in the scan).
+    Check,
 }
 
 impl Plan {
@@ -730,7 +979,7 @@ impl Plan {
     /// Whether an extent of `n` sub-blocks on `disk` should move, and some disk takes it.
     fn moves(&self, disk: DiskIndex, n: u64) -> bool {
         match self {
-            Plan::Placement { .. } => true,
+            Plan::Placement { .. } | Plan::Replicate | Plan::Check => true,
             Plan::Migrate { sources, targets } => sources.contains(&disk) && !targets.is_empty(),
             Plan::Balance { mean, space, .. } => space.get(&disk).is_some_and(|s| {
                 (s.used.saturating_sub(n)) as f64 / s.total.max(1) as f64 >= mean[&s.pool]
@@ -744,7 +993,7 @@ impl Plan {
     /// Whether `disk` takes an extent of `n` sub-blocks.
     fn accepts(&self, disk: DiskIndex, n: u64) -> bool {
         match self {
-            Plan::Placement { .. } => true,
+            Plan::Placement { .. } | Plan::Replicate | Plan::Check => true,
             Plan::Migrate { targets, .. } => targets.contains(&disk),
             // The emptiest disks first (water filling), and none past the average.
             Plan::Balance { mean, space, .. } => {

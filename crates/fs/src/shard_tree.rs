@@ -39,17 +39,20 @@
 //!  8  4 gid             12  4 nlink         16  8 size        24  4 rdev
 //! 28  4 generation      32 12 atime (i64 s, u32 ns)           44 12 mtime
 //! 56 12 ctime           68 12 crtime        80  1 content: 0 none, 1 inline, 2 blocks, 3 dir
-//! 81  1 flags: bit 0 no extended attributes     82  2 storage pool + 1 (0: default)
+//! 81  1 flags: bit 0 no extended attributes, bits 1-2 data copies - 1
+//! 82  2 storage pool + 1 (0: default)
 //! 84  8 dir: parent ino; blocks: allocated sub-blocks; else 0
 //! 92  4 inline bytes    96  … inline data (file tail or symlink target)
 //!
 //! directory entry       0  8 ino   8  1 kind   9  1 name length   10  … name
 //!
 //! block reference
-//!  0  2 disk           2  6 zero            8  8 sub-block        16  4 sub-blocks
-//! 20  2 sectors (s)   22  2 pending (p)    24  4·s crc32c per sector
+//!  0  2 disk           2  1 other copies (c, 0..=2)          3  5 zero
+//!  8  8 sub-block     16  4 sub-blocks     20  2 sectors (s)  22  2 pending (p)
+//! 24  4·s crc32c per sector
 //!  …  8·⌈s/64⌉ unwritten bitmap            …  9·p pending: sector u32, tag u8 (0 crc,
 //!                                              1 unwritten), crc u32
+//!  … 16·c other copies: disk u16, 6 zero, sub-block u64 (same sub-blocks as the first)
 //!
 //! shard header          0  8 next inode number   8  8 inode count
 //! ```
@@ -73,6 +76,10 @@ const RECORD_VERSION: u8 = 1;
 /// Inode record flag: the inode has no extended attributes. A flag of absence, so that the
 /// zero byte of records written before it existed keeps meaning "look".
 const FLAG_NO_XATTRS: u8 = 0x01;
+/// Inode record flags: the copies the file's data blocks should have, minus one (so zero,
+/// the value before replication existed, is one copy).
+const FLAGS_COPIES_SHIFT: u8 = 1;
+const FLAGS_COPIES_MASK: u8 = 0x06;
 const INODE_FIXED_BYTES: usize = 96;
 /// Extended attribute values are stored in chunks of this size (Linux allows 64 KiB).
 const XATTR_CHUNK_BYTES: usize = 4096;
@@ -107,6 +114,10 @@ pub(crate) struct InodeRecord {
     /// The storage pool a placement rule chose for the file's data; `None` for the file
     /// system's default data pool (and every inode made before placement rules existed).
     pub pool: Option<PoolId>,
+    /// Copies each data block of the file should have (1 to 3): `-r` of the file system at
+    /// create, `file attr set --replication` after. Blocks with fewer copies (written while
+    /// a failure group was down) are what `restripe -r` restores.
+    pub copies: u8,
 }
 
 /// What one look at a name's hash slots in a directory finds: the entry of that name, and
@@ -312,7 +323,10 @@ pub(crate) fn encode_inode(rec: &InodeRecord) -> Vec<u8> {
         RecordContent::Dir { parent } => (3, *parent),
     };
     out.push(code);
-    out.push(if rec.xattrs { 0 } else { FLAG_NO_XATTRS });
+    debug_assert!((1..=crate::inode::COPIES_MAX as u8).contains(&rec.copies));
+    let copies_bits =
+        (rec.copies.clamp(1, crate::inode::COPIES_MAX as u8) - 1) << FLAGS_COPIES_SHIFT;
+    out.push(if rec.xattrs { 0 } else { FLAG_NO_XATTRS } | copies_bits);
     // The pool, plus one: 0 (the bytes' value before pools were recorded) is the default.
     let pool = rec.pool.map_or(0, |p| {
         p.checked_add(1).expect("pool ids stay below u16::MAX")
@@ -350,8 +364,12 @@ pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
     }
     let code = r.u8().ok_or_else(short)?;
     let flags = r.u8().ok_or_else(short)?;
-    if flags & !FLAG_NO_XATTRS != 0 {
+    if flags & !(FLAG_NO_XATTRS | FLAGS_COPIES_MASK) != 0 {
         return Err(bad(&format!("has unknown flags {flags:#04x}")));
+    }
+    let copies = ((flags & FLAGS_COPIES_MASK) >> FLAGS_COPIES_SHIFT) + 1;
+    if usize::from(copies) > crate::inode::COPIES_MAX {
+        return Err(bad(&format!("asks for {copies} copies of its data")));
     }
     let pool = r.u16().ok_or_else(short)?.checked_sub(1);
     let word = r.u64().ok_or_else(short)?;
@@ -391,6 +409,7 @@ pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
         content,
         xattrs: flags & FLAG_NO_XATTRS == 0,
         pool,
+        copies,
     })
 }
 
@@ -436,9 +455,11 @@ pub(crate) fn encode_block(b: &BlockRef) -> Vec<u8> {
 pub(crate) fn encode_block_into(b: &BlockRef, out: &mut Vec<u8>) {
     let s = b.sectors();
     out.clear();
-    out.reserve(24 + 4 * s + 8 * s.div_ceil(64) + 9 * b.pending.len());
+    out.reserve(24 + 4 * s + 8 * s.div_ceil(64) + 9 * b.pending.len() + 16 * b.copies.len());
+    debug_assert!(b.copies.len() < crate::inode::COPIES_MAX);
     out.extend_from_slice(&b.extent.addr.disk.to_le_bytes());
-    out.extend_from_slice(&[0; 6]);
+    out.push(b.copies.len() as u8);
+    out.extend_from_slice(&[0; 5]);
     out.extend_from_slice(&b.extent.addr.sub_block.to_le_bytes());
     out.extend_from_slice(&b.extent.sub_blocks.to_le_bytes());
     out.extend_from_slice(&(s as u16).to_le_bytes());
@@ -460,6 +481,11 @@ pub(crate) fn encode_block_into(b: &BlockRef, out: &mut Vec<u8>) {
             }
         }
     }
+    for c in &b.copies {
+        out.extend_from_slice(&c.addr.disk.to_le_bytes());
+        out.extend_from_slice(&[0; 6]);
+        out.extend_from_slice(&c.addr.sub_block.to_le_bytes());
+    }
 }
 
 pub(crate) fn decode_block(ino: Ino, index: u64, b: &[u8]) -> FsResult<BlockRef> {
@@ -467,7 +493,11 @@ pub(crate) fn decode_block(ino: Ino, index: u64, b: &[u8]) -> FsResult<BlockRef>
     let short = || bad("is truncated");
     let mut r = Reader { b, at: 0 };
     let disk = r.u16().ok_or_else(short)?;
-    if r.take(6).ok_or_else(short)?.iter().any(|x| *x != 0) {
+    let copy_count = r.u8().ok_or_else(short)? as usize;
+    if copy_count >= crate::inode::COPIES_MAX {
+        return Err(bad("has more copies than a file system keeps"));
+    }
+    if r.take(5).ok_or_else(short)?.iter().any(|x| *x != 0) {
         return Err(bad("has non-zero reserved bytes"));
     }
     let sub_block = r.u64().ok_or_else(short)?;
@@ -509,6 +539,18 @@ pub(crate) fn decode_block(ino: Ino, index: u64, b: &[u8]) -> FsResult<BlockRef>
             return Err(bad("names a pending sector twice"));
         }
     }
+    let mut copies = Vec::with_capacity(copy_count);
+    for _ in 0..copy_count {
+        let disk = r.u16().ok_or_else(short)?;
+        if r.take(6).ok_or_else(short)?.iter().any(|x| *x != 0) {
+            return Err(bad("has non-zero reserved bytes in a copy"));
+        }
+        let sub_block = r.u64().ok_or_else(short)?;
+        copies.push(Extent {
+            addr: DiskAddr { disk, sub_block },
+            sub_blocks,
+        });
+    }
     if !r.done() {
         return Err(bad("has trailing bytes"));
     }
@@ -520,6 +562,7 @@ pub(crate) fn decode_block(ino: Ino, index: u64, b: &[u8]) -> FsResult<BlockRef>
         crcs,
         unwritten,
         pending,
+        copies,
     })
 }
 

@@ -144,6 +144,7 @@ fn golden_inode_record() {
         content: RecordContent::Inline(b"abc".to_vec()),
         xattrs: true,
         pool: Some(2),
+        copies: 1,
     };
     let bytes = encode_inode(&rec);
     assert_eq!(
@@ -180,13 +181,24 @@ fn golden_inode_record() {
         content: RecordContent::Dir { parent: 1 },
         xattrs: false,
         pool: None,
+        copies: 1,
     };
     let bytes = encode_inode(&dir);
     // Directory content, flag "no extended attributes", the parent.
     assert_eq!(hex(&bytes[80..96]), "03010000010000000000000000000000");
     assert_eq!(decode_inode(8, &bytes).unwrap(), dir);
+    // Bits 1-2: the copies of the file's data, minus one.
+    let mut two = bytes.clone();
+    two[81] = 0x03;
+    assert_eq!(decode_inode(8, &two).unwrap().copies, 2);
+    let mut four = bytes.clone();
+    four[81] = 0x07;
+    assert!(decode_inode(8, &four)
+        .unwrap_err()
+        .to_string()
+        .contains("4 copies"));
     let mut unknown = bytes.clone();
-    unknown[81] = 0x03;
+    unknown[81] = 0x09;
     assert!(decode_inode(8, &unknown)
         .unwrap_err()
         .to_string()
@@ -236,12 +248,77 @@ fn golden_block_reference_and_directory_entry() {
 }
 
 #[test]
+fn golden_block_reference_with_copies() {
+    let mut b = BlockRef::new_unwritten(
+        Extent {
+            addr: DiskAddr {
+                disk: 1,
+                sub_block: 0x20,
+            },
+            sub_blocks: 2,
+        },
+        1,
+    );
+    b.set_written(0, 0x0403_0201);
+    b.copies = vec![
+        Extent {
+            addr: DiskAddr {
+                disk: 3,
+                sub_block: 0x40,
+            },
+            sub_blocks: 2,
+        },
+        Extent {
+            addr: DiskAddr {
+                disk: 0x105,
+                sub_block: 0x60,
+            },
+            sub_blocks: 2,
+        },
+    ];
+    let bytes = encode_block(&b);
+    assert_eq!(
+        hex(&bytes),
+        concat!(
+            "0100",
+            "02",
+            "0000000000",
+            "2000000000000000",
+            "02000000", // disk, copies, zero, sub-block, count
+            "0100",
+            "0000",             // sectors, pending
+            "01020304",         // crc of sector 0
+            "0000000000000000", // unwritten bitmap: none
+            "0300",
+            "000000000000",
+            "4000000000000000", // second copy: disk 3
+            "0501",
+            "000000000000",
+            "6000000000000000", // third copy: disk 261
+        )
+    );
+    assert_eq!(decode_block(5, 0, &bytes).unwrap(), b);
+    // A fourth copy is more than any file system keeps: refused, not read past.
+    let mut four = bytes.clone();
+    four[2] = 3;
+    assert!(decode_block(5, 0, &four)
+        .unwrap_err()
+        .to_string()
+        .contains("more copies"));
+    // Copies promised but missing.
+    let mut short = bytes.clone();
+    short.truncate(bytes.len() - 16);
+    assert!(decode_block(5, 0, &short).is_err());
+}
+
+#[test]
 fn damaged_records_are_refused_by_name_never_a_panic() {
     let rec = encode_inode(&InodeRecord {
         attr: attr(3, FileKind::Regular, 10),
         content: RecordContent::Inline(vec![7; 10]),
         xattrs: false,
         pool: None,
+        copies: 1,
     });
     for n in 0..rec.len() {
         let err = decode_inode(3, &rec[..n]).unwrap_err().to_string();
@@ -271,9 +348,15 @@ proptest! {
         ino in 1u64.., size in any::<u64>(), inline in proptest::collection::vec(any::<u8>(), 0..3000),
         seed in any::<u64>(), sectors in 1usize..1025, xattrs in any::<bool>(),
     ) {
-        let rec = InodeRecord { attr: attr(ino, FileKind::Regular, size), content: RecordContent::Inline(inline), xattrs, pool: None };
+        let rec = InodeRecord { attr: attr(ino, FileKind::Regular, size), content: RecordContent::Inline(inline), xattrs, pool: None, copies: 1 };
         prop_assert_eq!(decode_inode(ino, &encode_inode(&rec)).unwrap(), rec);
-        let b = block(seed % 1_000_000, sectors);
+        let mut b = block(seed % 1_000_000, sectors);
+        for c in 0..(seed % 3) {
+            let mut e = b.extent;
+            e.addr.disk = (c + 8) as u16;
+            e.addr.sub_block = seed.rotate_left(c as u32 * 7) >> 4;
+            b.copies.push(e);
+        }
         prop_assert_eq!(decode_block(ino, 0, &encode_block(&b)).unwrap(), b);
     }
 
@@ -404,6 +487,7 @@ fn run(ops: &[Op], cache_pages: usize) {
                     },
                     xattrs: x % 3 == 0,
                     pool: None,
+                    copies: 1,
                 };
                 let new = t.put_inode(&mut store, &rec).unwrap();
                 assert_eq!(new, !m.inodes.contains_key(&ino));

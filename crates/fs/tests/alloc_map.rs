@@ -227,12 +227,22 @@ fn a_lost_write_of_the_map_is_caught_by_the_digest() {
 fn make_version_3(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.alloc_map = None;
-    rewrite_as(t, desc, 3, 2);
+    desc.replication = None;
+    rewrite_as(t, desc, 3, 3);
 }
 
 /// Rewrites the newest descriptor as format version 4 wrote it: no `policy`.
 fn make_version_4(t: &TestDisks) {
-    rewrite_as(t, descriptor_on_disk(t), 4, 1);
+    let mut desc = descriptor_on_disk(t);
+    desc.replication = None;
+    rewrite_as(t, desc, 4, 2);
+}
+
+/// Rewrites the newest descriptor as format version 5 wrote it: no `replication`.
+fn make_version_5(t: &TestDisks) {
+    let mut desc = descriptor_on_disk(t);
+    desc.replication = None;
+    rewrite_as(t, desc, 5, 1);
 }
 
 /// Writes `desc` as the next generation in format `version`, without its last `missing`
@@ -310,13 +320,13 @@ fn slot_version(t: &TestDisks) -> u32 {
 }
 
 #[test]
-fn a_format_4_file_system_mounts_as_format_5_without_a_policy() {
+fn a_format_4_file_system_mounts_as_format_6_without_a_policy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 5);
+    assert_eq!(slot_version(&t), 6);
     make_version_4(&t);
     assert_eq!(slot_version(&t), 4);
     assert_fsck_clean(&t);
@@ -330,9 +340,32 @@ fn a_format_4_file_system_mounts_as_format_5_without_a_policy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 5, "the first checkpoint writes version 5");
+    assert_eq!(slot_version(&t), 6, "the first checkpoint writes version 6");
     assert_eq!(descriptor_on_disk(&t).policy, None);
     assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_format_5_file_system_mounts_as_format_6_with_one_copy() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    make_version_5(&t);
+    assert_eq!(slot_version(&t), 5);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_eq!(fs.descriptor().replication().data, 1);
+    assert_files(&fs, &files);
+    let more = churn(&fs, 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(slot_version(&t), 6, "the first checkpoint writes version 6");
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);

@@ -859,7 +859,7 @@ pub struct DiskChangeArgs {
 
 /// Move file data between the disks of a file system [mmrestripefs]; exactly one mode.
 #[derive(Args, Debug)]
-#[command(group(clap::ArgGroup::new("mode").required(true).args(["migrate", "balance", "replication", "placement"])))]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["migrate", "balance", "replication", "placement", "check"])))]
 pub struct RestripeArgs {
     /// The file system device name.
     pub device: String,
@@ -869,9 +869,14 @@ pub struct RestripeArgs {
     /// Rebalance: move data from fuller disks to emptier ones, so disks fill evenly.
     #[arg(short = 'b')]
     pub balance: bool,
-    /// Restore replication (needs -m/-r above 1, not built yet).
+    /// Restore replication: give blocks written while a failure group was down (or with a
+    /// copy on a disk that is down) the copies their files ask for.
     #[arg(short = 'r')]
     pub replication: bool,
+    /// Check replicas: read every copy of every replicated block and write damaged ones
+    /// again from a good copy.
+    #[arg(short = 'c')]
+    pub check: bool,
     /// Repair placement: move blocks that are not in their file's storage pool into it
     /// (after `policy apply -I defer`, or an interrupted migration).
     #[arg(short = 'p')]
@@ -1087,15 +1092,15 @@ pub struct FsCreateArgs {
     /// MAX[:PREALLOC] inodes.
     #[arg(long = "inode-limit")]
     pub inode_limit: Option<String>,
-    /// Default number of metadata replicas (only 1: replication across failure groups is
-    /// not implemented yet).
+    /// Default number of metadata replicas (only 1: metadata replication is not
+    /// implemented yet).
     #[arg(short = 'm', default_value_t = 1)]
     pub metadata_replicas: u32,
     /// Maximum number of metadata replicas (1 to 3).
     #[arg(short = 'M', default_value_t = 2)]
     pub max_metadata_replicas: u32,
-    /// Default number of data replicas (only 1: replication across failure groups is not
-    /// implemented yet).
+    /// Default number of data replicas: copies of each data block of new files, each in
+    /// its own failure group (1 to -R).
     #[arg(short = 'r', default_value_t = 1)]
     pub data_replicas: u32,
     /// Maximum number of data replicas (1 to 3).

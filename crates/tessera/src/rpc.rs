@@ -66,8 +66,15 @@ pub struct FsCreateSpec {
     pub prealloc_inodes: u64,
     pub max_metadata_replicas: u32,
     pub max_data_replicas: u32,
+    /// `-r`: copies of each data block of new files.
+    #[serde(default = "one")]
+    pub data_replicas: u32,
     pub verify: bool,
     pub shard_count: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One pdisk of `da create`, from a `%pdisk` stanza with the device path made absolute.
@@ -306,6 +313,12 @@ pub enum Request {
         /// `-p`: move blocks into their files' pools.
         #[serde(default)]
         placement: bool,
+        /// `-r`: give ill-replicated blocks their missing copies.
+        #[serde(default)]
+        replication: bool,
+        /// `-c`: read every copy of replicated blocks and repair damaged ones.
+        #[serde(default)]
+        check: bool,
     },
     /// Run a policy's MIGRATE, DELETE and LIST rules over every file [mmapplypolicy].
     PolicyApply {

@@ -158,8 +158,8 @@ fn fs_create_option_errors() {
     for (args, want) in [
         (vec!["-B", "3M"], "not a power of two"),
         (vec!["-B", "32K"], "minimum of 64K"),
-        (vec!["-m", "2"], "not yet supported"),
-        (vec!["-r", "2"], "not yet supported"),
+        (vec!["-m", "2"], "metadata replication is not implemented"),
+        (vec!["-r", "3"], "above the maximum"),
         (vec!["-i", "2K"], "use 512, 1K or 4K"),
         (vec!["-j", "random"], "scatter, cluster"),
         (vec!["-K", "maybe"], "whenpossible"),

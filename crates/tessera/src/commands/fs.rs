@@ -136,11 +136,11 @@ fn check_replicas(a: &FsCreateArgs, problems: &mut Vec<String>) {
             problems.push(format!(
                 "{opt} 0: at least one replica is needed; use {opt} 1"
             ));
-        } else if n > 1 {
+        } else if n > 1 && opt == "-m" {
             problems.push(format!(
-                "{opt} {n}: replication factor {n} is not yet supported: replication across \
-                 failure groups is not implemented yet; use -m 1 -r 1 (erasure-coded vdisks \
-                 protect data today: put the file system on vdisks of a declustered array)"
+                "-m {n}: metadata replication is not implemented yet (data replication, -r 2 \
+                 or 3, is); use -m 1 and keep metadata on protected disks (vdisks of a \
+                 declustered array, or a RAID volume)"
             ));
         } else if n > max {
             problems.push(format!(
@@ -344,6 +344,7 @@ fn create_spec(a: &FsCreateArgs) -> Result<FsCreateSpec> {
         prealloc_inodes,
         max_metadata_replicas: a.max_metadata_replicas,
         max_data_replicas: a.max_data_replicas,
+        data_replicas: a.data_replicas,
         verify,
         shard_count: a.shards,
     })
@@ -795,20 +796,13 @@ pub fn disk_change(home: &Home, a: &DiskChangeArgs) -> Result<()> {
 
 /// `tessera restripe DEVICE -m|-b` [mmrestripefs].
 pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
-    if a.replication {
-        bail!(
-            "restripe -r restores replication, which needs file systems with -m/-r above 1; \
-             Tessera does not replicate yet (use -m to move data off suspended disks, -b to \
-             rebalance)"
-        );
-    }
-    if [a.migrate, a.balance, a.placement]
+    if [a.migrate, a.balance, a.placement, a.replication, a.check]
         .iter()
         .filter(|x| **x)
         .count()
         > 1
     {
-        bail!("restripe: give one of -m, -b and -p");
+        bail!("restripe: give one of -m, -b, -p, -r and -c");
     }
     let done = match call(
         home,
@@ -816,6 +810,8 @@ pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
             name: a.device.clone(),
             balance: a.balance,
             placement: a.placement,
+            replication: a.replication,
+            check: a.check,
         },
     )? {
         Reply::Restripe(done) => done,

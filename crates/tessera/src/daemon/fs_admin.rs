@@ -128,6 +128,11 @@ fn format_options(spec: &FsCreateSpec, disks: &[DiskSpec]) -> FormatOptions {
         estimated_nodes: spec.estimated_nodes,
         max_metadata_replicas: spec.max_metadata_replicas,
         max_data_replicas: spec.max_data_replicas,
+        replication: tessera_fs::Replication {
+            data: spec.data_replicas.clamp(1, 3) as u8,
+            strict: tessera_fs::StrictReplication::parse(&spec.strict_replicas)
+                .unwrap_or(tessera_fs::StrictReplication::WhenPossible),
+        },
         log_bytes,
     }
 }
@@ -497,7 +502,7 @@ impl Daemon {
             })?;
         }
         if rebalance {
-            return self.restripe(name, true, false, r);
+            return self.restripe(name, tessera_fs::restripe::RestripeMode::Balance, r);
         }
         Ok(Reply::Done)
     }

@@ -369,7 +369,23 @@ impl Daemon {
                 name,
                 balance,
                 placement,
-            } => self.restripe(&name, balance, placement, r),
+                replication,
+                check,
+            } => {
+                use tessera_fs::restripe::RestripeMode;
+                let mode = if placement {
+                    RestripeMode::Placement
+                } else if balance {
+                    RestripeMode::Balance
+                } else if replication {
+                    RestripeMode::Replicate
+                } else if check {
+                    RestripeMode::Check
+                } else {
+                    RestripeMode::Migrate
+                };
+                self.restripe(&name, mode, r)
+            }
             Request::PolicyApply { name, text, mode } => self.policy_apply(&name, &text, mode, r),
             Request::Pmon { name } => self.pmon(name.as_deref()),
             Request::IoHistory => Ok(self.io_history()),

@@ -837,20 +837,12 @@ impl Daemon {
     pub(super) fn restripe(
         &self,
         name: &str,
-        balance: bool,
-        placement: bool,
+        mode: tessera_fs::restripe::RestripeMode,
         r: &mut super::Reporter,
     ) -> Result<Reply> {
         use std::sync::atomic::{AtomicBool, Ordering};
         use tessera_fs::restripe::RestripeMode;
         let _admin = self.admin.lock();
-        let mode = if placement {
-            RestripeMode::Placement
-        } else if balance {
-            RestripeMode::Balance
-        } else {
-            RestripeMode::Migrate
-        };
         let stop = AtomicBool::new(false);
         let report = self.with_fs(name, "opening it here to restripe it", |fs| {
             fs.restripe(mode, &stop, &mut |p| {
@@ -868,6 +860,8 @@ impl Daemon {
                 RestripeMode::Placement => "-p",
                 RestripeMode::Balance => "-b",
                 RestripeMode::Migrate => "-m",
+                RestripeMode::Replicate => "-r",
+                RestripeMode::Check => "-c",
             },
             report.progress.blocks_moved,
             report.progress.blocks_scanned,

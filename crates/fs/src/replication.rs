@@ -1,0 +1,295 @@
+//! Data replication across failure groups [mmcrfs -r/-R/-K, mmrestripefs -r].
+//!
+//! A block of a file whose record asks for `n` copies (`-r n` at create, `file attr set
+//! --replication`) is allocated `n` times, each copy on a disk of a different failure group
+//! (`BlockRef::copies` lists the others). Every copy holds the same bytes, so one set of
+//! sector checksums describes them all. The rules:
+//!
+//! - **Only current copies are listed.** A write goes to every copy; a copy whose write
+//!   fails (or whose disk is down, `DiskSet::is_down`) is dropped from the block reference
+//!   in the same update (or, for an in-place write, in an update before the write), so the
+//!   block map never names a copy that holds older data than the checksums say. A file with
+//!   a block that has fewer copies than it asks for is *ill-replicated* (GPFS's word) until
+//!   `restripe -r` copies it again. A disk that failed therefore needs no "stale" state
+//!   that must survive a remount: whatever of it the map still names is current.
+//! - **Reads fall back.** A read takes the first copy whose disk is up; a copy that fails
+//!   to read or whose sectors fail their checksums is skipped for the next, and when one
+//!   verifies, the copies that failed their checksums are written over with its bytes
+//!   (*repaired*, under the block's exclusive lock, and only if the block map still says
+//!   what the read verified against).
+//! - **Placement.** The first copy goes where the allocator puts any block; each further
+//!   copy goes to a disk of the same pool in a failure group no earlier copy uses.
+//!   When no such disk takes new data, `-K` decides ([`StrictReplication`]): `no` writes
+//!   fewer copies, `whenpossible` (the default) writes fewer only while the missing
+//!   failure groups have no ready disk that is up (ENOSPC when they are merely full),
+//!   `always` fails with ENOSPC.
+//! - **Disks down.** A data disk whose device is missing at mount, or that fails a write
+//!   or a flush, is down for the rest of the mount: no I/O goes to it and the allocator
+//!   gives out nothing on it. `disk change stop|start` sets it by hand. Metadata is not
+//!   replicated yet (`-m 1`), so only disks without metadata may be down.
+
+use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
+
+use crate::data::SectorInfo;
+use crate::descriptor::StrictReplication;
+use crate::error::{FsError, FsResult};
+use crate::fs::{FileSystem, Meta};
+use crate::inode::Ino;
+
+impl FileSystem {
+    /// Allocates the copies after `first` (`copies - 1` of them) for a block of `pool`,
+    /// each in a failure group no other copy of the block uses. Returns fewer when `-K`
+    /// allows it (see the module documentation). The caller holds the metadata lock.
+    pub(crate) fn take_copies(
+        &self,
+        m: &mut Meta,
+        pool: PoolId,
+        first: Extent,
+        copies: usize,
+        hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Vec<Extent>> {
+        let strict = self.owner().replication.read().strict;
+        let mut groups = vec![self.devices.failure_group(first.addr.disk)];
+        let mut taken = Vec::new();
+        for _ in 1..copies {
+            let allowed = |d: DiskIndex| {
+                !self.devices.is_down(d) && !groups.contains(&self.devices.failure_group(d))
+            };
+            match self.take_extent(m, pool, first.sub_blocks, hint, &allowed, what) {
+                Ok(e) => {
+                    groups.push(self.devices.failure_group(e.addr.disk));
+                    taken.push(e);
+                }
+                Err(e @ FsError::NoSpace { .. }) => {
+                    let other_group_up =
+                        m.alloc.disks().iter().any(|d| {
+                            d.pool == pool && d.holds_data && d.available && allowed(d.disk)
+                        });
+                    let fewer = match strict {
+                        StrictReplication::No => true,
+                        StrictReplication::WhenPossible => !other_group_up,
+                        StrictReplication::Always => false,
+                    };
+                    if !fewer {
+                        for t in taken {
+                            m.unlogged.remove(&t);
+                            let _ = m.alloc.free(t);
+                        }
+                        return Err(e);
+                    }
+                    self.warn_ill_replicated(pool, copies, 1 + taken.len());
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Says (at most once a minute) that new blocks get fewer copies than asked.
+    fn warn_ill_replicated(&self, pool: PoolId, wanted: usize, got: usize) {
+        static LAST: parking_lot::Mutex<Option<std::time::Instant>> = parking_lot::Mutex::new(None);
+        let mut last = LAST.lock();
+        if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(60)) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        tracing::warn!(
+            "{}: new blocks in pool {} get {got} of {wanted} copies: no disk that is up and \
+             takes new data is left in another failure group; the files are ill-replicated \
+             until `tessera restripe {} -r` runs with the failure groups back",
+            self.geo.fs_name,
+            self.pool_name(pool),
+            self.geo.fs_name,
+        );
+    }
+
+    /// A disk stops taking I/O for the rest of the mount (its device is missing, failed a
+    /// write or a flush, or an administrator stopped it).
+    pub(crate) fn mark_down(&self, disk: DiskIndex, why: &str) {
+        if self.devices.set_down(disk, true) {
+            tracing::error!(
+                "{}: NSD {} is down: {why}; its copies are read from the other failure \
+                 groups and new blocks go elsewhere; after fixing it run `tessera disk change \
+                 {} start -d {}` and `tessera restripe {} -r`",
+                self.geo.fs_name,
+                self.devices.name(disk),
+                self.geo.fs_name,
+                self.devices.name(disk),
+                self.geo.fs_name,
+            );
+            if let Some(owner) = &self.owner {
+                owner.meta.lock().alloc.set_available(disk, false);
+            }
+        }
+    }
+
+    /// Writes `good` (bytes at `rel` of block `b` of `ino`, verified on copy `from`
+    /// against `sectors`) over the copies in `damaged`, which failed their checksums.
+    /// Under the block's exclusive lock, and only while the block map still names those
+    /// copies with the checksums the read verified against: a write that changed the
+    /// sectors meanwhile put its own bytes on every copy. Failures are logged: the copy
+    /// stays damaged and the next read tries again.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn repair_copies(
+        &self,
+        ino: Ino,
+        b: u64,
+        damaged: &[Extent],
+        from: &Extent,
+        rel: u64,
+        good: &[u8],
+        sectors: &[SectorInfo],
+    ) {
+        let _block = self.block_lock(ino, b).write();
+        let now = match self.metanode().view(ino, b..b + 1) {
+            Ok(view) => view.block(b).cloned(),
+            Err(_) => None,
+        };
+        let Some(now) = now else {
+            return;
+        };
+        let end = rel + good.len() as u64;
+        if crate::data::sector_infos(&now, rel, end).1 != sectors {
+            return;
+        }
+        for extent in damaged {
+            if !now.extents().any(|e| e == *extent) || self.devices.is_down(extent.addr.disk) {
+                continue;
+            }
+            let dev = self.devices.get(extent.addr.disk);
+            let at = self.extent_offset(extent) + rel;
+            match dev.write_at(good, at) {
+                Ok(()) => {
+                    self.pmon.repaired_copy();
+                    tracing::warn!(
+                        "repaired inode {ino} block {b}: bytes {at}..{} of NSD {} written again \
+                         from the copy on NSD {}",
+                        at + good.len() as u64,
+                        self.devices.name(extent.addr.disk),
+                        self.devices.name(from.addr.disk),
+                    )
+                }
+                Err(e) => tracing::error!(
+                    "repairing inode {ino} block {b} on NSD {}: {e}",
+                    self.devices.name(extent.addr.disk)
+                ),
+            }
+        }
+    }
+
+    /// Whether `disk` holds metadata (pages, the log, the allocation map, a descriptor):
+    /// with one metadata copy such a disk can never be down.
+    pub(crate) fn holds_metadata(&self, disk: DiskIndex) -> bool {
+        let desc = self.descriptor();
+        desc.log.disk == disk
+            || desc
+                .disks
+                .iter()
+                .any(|d| d.index == disk && (d.usage.holds_metadata() || d.holds_descriptor))
+    }
+
+    /// Stops I/O to data disks [mmchdisk stop]: their copies are no longer read or
+    /// written (writes drop them from the blocks they change) until [`Self::start_disks`]
+    /// or the next mount. Refused for disks that hold metadata, and on file systems
+    /// without data replication.
+    pub fn stop_disks(&self, nsds: &[String]) -> FsResult<Vec<DiskIndex>> {
+        let disks = self.disks_named(nsds)?;
+        if !self.replicated() {
+            return Err(FsError::Usage(format!(
+                "{}: stopping a disk needs data replication (-r 2 or 3 at fs create); use \
+                 `disk change ... suspend` and `restripe -m` to move data off a disk",
+                self.geo.fs_name
+            )));
+        }
+        for &d in &disks {
+            if self.holds_metadata(d) {
+                return Err(FsError::Usage(format!(
+                    "NSD {} holds metadata, which has one copy (-m 1): it cannot be stopped; \
+                     suspend it and run restripe -m to move its contents off",
+                    self.devices.name(d)
+                )));
+            }
+        }
+        for &d in &disks {
+            self.mark_down(d, "stopped by an administrator");
+        }
+        Ok(disks)
+    }
+
+    /// Starts disks again [mmchdisk start]: their copies are read and written again (every
+    /// copy the block map still names is current; blocks written meanwhile have dropped
+    /// theirs), and they take new data if their status is ready. `restripe -r` then
+    /// gives the blocks written meanwhile their copies back.
+    pub fn start_disks(&self, nsds: &[String]) -> FsResult<Vec<DiskIndex>> {
+        let disks = self.disks_named(nsds)?;
+        let desc = self.descriptor();
+        for &d in &disks {
+            // Read something: a device that is still gone stays down.
+            let dev = self.devices.get(d);
+            let mut probe = tessera_drive::AlignedBuf::zeroed(4096);
+            if let Err(e) = dev.read_at(&mut probe, 0) {
+                return Err(FsError::Io(std::io::Error::other(format!(
+                    "NSD {} does not answer ({e}); it stays down",
+                    self.devices.name(d)
+                ))));
+            }
+        }
+        for &d in &disks {
+            if self.devices.set_down(d, false) {
+                let ready = desc
+                    .disks
+                    .iter()
+                    .any(|x| x.index == d && x.status == crate::descriptor::DiskStatus::Ready);
+                if let Some(owner) = &self.owner {
+                    owner.meta.lock().alloc.set_available(d, ready);
+                }
+                tracing::info!(
+                    "{}: NSD {} is up again; `tessera restripe {} -r` restores the copies \
+                     written while it was down",
+                    self.geo.fs_name,
+                    self.devices.name(d),
+                    self.geo.fs_name
+                );
+            }
+        }
+        Ok(disks)
+    }
+
+    /// Whether each disk is up, by NSD name [mmlsdisk "availability"].
+    pub fn disk_availability(&self) -> Vec<(String, bool)> {
+        let down = self.devices.down_disks();
+        self.devices
+            .names()
+            .into_iter()
+            .enumerate()
+            .filter(|(_, n)| !n.is_empty())
+            .map(|(i, n)| (n, !down.contains(&(i as DiskIndex))))
+            .collect()
+    }
+
+    fn disks_named(&self, nsds: &[String]) -> FsResult<Vec<DiskIndex>> {
+        let names = self.devices.names();
+        nsds.iter()
+            .map(|n| {
+                names
+                    .iter()
+                    .position(|x| x == n)
+                    .map(|i| i as DiskIndex)
+                    .ok_or_else(|| {
+                        FsError::Usage(format!(
+                            "NSD {n} is not a disk of {}; see `tessera disk ls {}`",
+                            self.geo.fs_name, self.geo.fs_name
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// Whether data on this file system can have more than one copy, so a disk that fails
+    /// may be marked down instead of failing the I/O.
+    pub(crate) fn replicated(&self) -> bool {
+        self.geo.data_copies > 1
+    }
+}

@@ -1,0 +1,264 @@
+//! Data replication across failure groups [mmcrfs -r 2, mmchdisk stop/start, mmrestripefs
+//! -r]: every block has a copy in each of two failure groups; losing a whole failure group
+//! (its drives missing at mount, or stopped while mounted) loses no byte; writes meanwhile
+//! drop the copies they cannot write; `restripe -r` gives them back, after which the other
+//! failure group alone holds everything; a damaged copy is read from the other one and
+//! repaired.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use common::*;
+use tessera_fs::restripe::RestripeMode;
+use tessera_fs::{DiskSpec, FileSystem, FormatOptions, Replication, StrictReplication, ROOT_INO};
+use tessera_nsd::DiskUsage;
+
+/// nsd0: metadata only (failure group 10); nsd1, nsd2: data in failure group 1; nsd3,
+/// nsd4: data in failure group 2.
+const GROUPS: [(DiskUsage, i32); 5] = [
+    (DiskUsage::MetadataOnly, 10),
+    (DiskUsage::DataOnly, 1),
+    (DiskUsage::DataOnly, 1),
+    (DiskUsage::DataOnly, 2),
+    (DiskUsage::DataOnly, 2),
+];
+
+fn replicated_opts() -> FormatOptions {
+    FormatOptions {
+        max_data_replicas: 2,
+        replication: Replication {
+            data: 2,
+            strict: StrictReplication::WhenPossible,
+        },
+        ..small_opts()
+    }
+}
+
+fn specs(t: &TestDisks) -> Vec<DiskSpec> {
+    t.disks
+        .iter()
+        .enumerate()
+        .map(|(i, (id, dev))| DiskSpec {
+            nsd_name: format!("nsd{i}"),
+            nsd_id: *id,
+            usage: GROUPS[i].0,
+            failure_group: GROUPS[i].1,
+            pool: "system".into(),
+            device: dev.clone(),
+        })
+        .collect()
+}
+
+fn replicated_fs() -> TestDisks {
+    let t = make_disks(5, 64 << 20);
+    tessera_fs::format(specs(&t), &replicated_opts(), &mut |_| {}).unwrap();
+    t
+}
+
+/// The drives of `t` without those named.
+fn without(t: &TestDisks, gone: &[usize]) -> common::Disks {
+    t.reopen()
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !gone.contains(i))
+        .map(|(_, d)| d)
+        .collect()
+}
+
+/// Blocks of each file in failure group 1 and in failure group 2.
+fn copies_per_group(fs: &FileSystem, files: &BTreeMap<String, Vec<u8>>) -> Vec<(String, u64, u64)> {
+    files
+        .keys()
+        .map(|name| {
+            let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+            let (mut g1, mut g2) = (0, 0);
+            for (nsd, n) in fs.file_blocks_per_disk(a.ino).unwrap() {
+                match nsd.as_str() {
+                    "nsd1" | "nsd2" => g1 += n,
+                    "nsd3" | "nsd4" => g2 += n,
+                    other => panic!("{name}: data on {other}"),
+                }
+            }
+            (name.clone(), g1, g2)
+        })
+        .collect()
+}
+
+fn assert_fully_replicated(fs: &FileSystem, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, g1, g2) in copies_per_group(fs, files) {
+        assert_eq!(g1, g2, "{name}: copies per failure group");
+        let size = files[&name].len() as u64;
+        assert!(size <= 1024 || g1 > 0, "{name}: no blocks");
+    }
+}
+
+fn restripe_r(fs: &FileSystem) -> tessera_fs::restripe::RestripeReport {
+    fs.restripe(
+        RestripeMode::Replicate,
+        &AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
+#[test]
+fn replication_needs_as_many_failure_groups_as_copies() {
+    let t = make_disks(3, 64 << 20);
+    let one_group: Vec<DiskSpec> = t
+        .disks
+        .iter()
+        .enumerate()
+        .map(|(i, (id, dev))| DiskSpec {
+            nsd_name: format!("nsd{i}"),
+            nsd_id: *id,
+            usage: DiskUsage::DataAndMetadata,
+            failure_group: 7,
+            pool: "system".into(),
+            device: dev.clone(),
+        })
+        .collect();
+    let err = tessera_fs::format(one_group, &replicated_opts(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("-r 2") && err.contains("1 failure group"),
+        "{err}"
+    );
+    let over = FormatOptions {
+        max_data_replicas: 1,
+        ..replicated_opts()
+    };
+    let err = over.check(&specs(&make_disks(5, 64 << 20))).unwrap_err();
+    assert!(err.to_string().contains("-R 1"), "{err}");
+}
+
+#[test]
+fn losing_a_whole_failure_group_loses_nothing_and_restripe_r_restores_the_copies() {
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let mut files = populate(&fs, "a", 1);
+    assert_fully_replicated(&fs, &files);
+    // st_blocks counts both copies, as GPFS does.
+    let big = fs.lookup(ROOT_INO, b"a4").unwrap();
+    assert_eq!(fs.allocated_bytes(big.ino), 2 * 9 * BLOCK);
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // Failure group 2 is gone: the file system mounts and every byte reads.
+    let fs = FileSystem::mount(without(&t, &[3, 4])).unwrap();
+    let availability = fs.disk_availability();
+    assert!(
+        availability.contains(&("nsd3".to_string(), false)),
+        "{availability:?}"
+    );
+    verify(&fs, &files);
+    // Writes go on with one copy (whenpossible: no disk of group 2 is up).
+    files.extend(populate(&fs, "b", 2));
+    let a0 = fs.lookup(ROOT_INO, b"a3").unwrap();
+    let patch = pattern(20_000, 9);
+    fs.write(a0.ino, 1000, &patch, true).unwrap();
+    files.get_mut("a3").unwrap()[1000..21_000].copy_from_slice(&patch);
+    verify(&fs, &files);
+    for (name, _, g2) in copies_per_group(&fs, &files) {
+        if name.starts_with('b') {
+            assert_eq!(g2, 0, "{name}: a copy on a missing disk");
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // Back with every drive: the copies written meanwhile come back with restripe -r.
+    let fs = mount(&t);
+    verify(&fs, &files);
+    let report = restripe_r(&fs);
+    assert!(report.progress.blocks_moved > 0, "{report:?}");
+    assert_fully_replicated(&fs, &files);
+    // Nothing left to do.
+    assert_eq!(restripe_r(&fs).progress.blocks_moved, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after restripe -r");
+
+    // Now failure group 1 goes: group 2 alone holds every byte, old and new.
+    let fs = FileSystem::mount(without(&t, &[1, 2])).unwrap();
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_stopped_failure_group_misses_writes_and_gets_them_back() {
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let mut files = populate(&fs, "a", 3);
+    fs.stop_disks(&["nsd1".into(), "nsd2".into()]).unwrap();
+    // In-place overwrites, appends and new files while group 1 is stopped.
+    for (name, data) in files.iter_mut() {
+        let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        let patch = pattern(5000, data.len() as u64);
+        let at = data.len() / 3;
+        fs.write(a.ino, at as u64, &patch, false).unwrap();
+        let end = (at + patch.len()).max(data.len());
+        data.resize(end, 0);
+        data[at..at + patch.len()].copy_from_slice(&patch);
+    }
+    files.extend(populate(&fs, "c", 4));
+    verify(&fs, &files);
+    // Metadata disks cannot be stopped (one metadata copy).
+    let err = fs.stop_disks(&["nsd0".into()]).unwrap_err().to_string();
+    assert!(err.contains("metadata"), "{err}");
+
+    fs.start_disks(&["nsd1".into(), "nsd2".into()]).unwrap();
+    verify(&fs, &files);
+    restripe_r(&fs);
+    assert_fully_replicated(&fs, &files);
+    // Group 1 alone now has every byte written while it was stopped.
+    fs.stop_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
+    verify(&fs, &files);
+    fs.start_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after stop, start and restripe -r");
+}
+
+#[test]
+fn a_damaged_copy_is_read_from_the_other_and_repaired() {
+    use std::io::{Seek, SeekFrom, Write};
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 5);
+    fs.sync().unwrap();
+    // Scribble over the data regions of failure group 1 (the NSD descriptor at the start
+    // of each drive stays).
+    let start = tessera_nsd::layout::data_start_bytes(BLOCK);
+    for i in [1, 2] {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.dir.path().join(format!("d{i}")))
+            .unwrap();
+        f.seek(SeekFrom::Start(start)).unwrap();
+        f.write_all(&vec![0x5a; (8 << 20) as usize]).unwrap();
+        f.sync_all().unwrap();
+    }
+    // Reads find the damage on the copies they read and repair it; a restripe -c reads
+    // every copy and repairs the rest.
+    verify(&fs, &files);
+    let pmon = fs.pmon();
+    assert!(
+        pmon.checksum_errors > 0 && pmon.copies_repaired > 0,
+        "{pmon:?}"
+    );
+    let report = fs
+        .restripe(RestripeMode::Check, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert!(report.progress.blocks_moved > 0, "{report:?}");
+    let again = fs
+        .restripe(RestripeMode::Check, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert_eq!(again.progress.blocks_moved, 0, "{again:?}");
+    // Without group 2, group 1 answers with what the repairs wrote back.
+    fs.stop_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+}
