@@ -841,9 +841,10 @@ pub enum DiskAction {
     Empty,
     /// Allocate on the disks again.
     Resume,
-    /// Stop I/O to the disks (needs replication, not built yet).
+    /// Stop I/O to the disks of a mounted file system with data replication (-r 2 or 3):
+    /// their copies are read from the other failure groups.
     Stop,
-    /// Start I/O to stopped disks (needs replication, not built yet).
+    /// Start I/O to stopped disks again (then `restripe -r`).
     Start,
 }
 

@@ -306,6 +306,13 @@ pub enum Request {
         nsds: Vec<String>,
         status: tessera_fs::DiskStatus,
     },
+    /// Stop or start I/O to disks of a mounted, replicated file system [mmchdisk
+    /// stop|start].
+    DiskAvailability {
+        name: String,
+        nsds: Vec<String>,
+        up: bool,
+    },
     /// Move data between disks [mmrestripefs -m|-b].
     Restripe {
         name: String,

@@ -2,7 +2,8 @@
 //! allocation on NSDs (shown by `disk ls`), `restripe -m` moves the data off a suspended
 //! disk while a writer keeps writing and verifying files, `restripe -b` evens the disks
 //! out, modes that need replication or policies are refused with what to use instead, and
-//! fsck is clean afterwards.
+//! fsck is clean afterwards. A file system with two data copies (`-r 2`) keeps every byte
+//! through a stopped failure group and through a failure group whose drives are gone.
 
 mod common;
 
@@ -114,8 +115,9 @@ fn suspend_migrate_resume_and_balance_a_mounted_file_system() {
         err.contains("replication") && err.contains("suspend"),
         "{err}"
     );
-    let err = node.fails(&["restripe", "dfs", "-r"]);
-    assert!(err.contains("replicat") && err.contains("-m"), "{err}");
+    // A file system without data replication has nothing to restore.
+    let out = node.ok(&["restripe", "dfs", "-r"]);
+    assert!(out.contains(": 0 of"), "{out}");
     let err = node.fails(&["disk", "change", "dfs", "suspend", "-d", "nosuch"]);
     assert!(
         err.contains("nosuch is not a disk of file system dfs"),
@@ -259,6 +261,116 @@ fn delete_disks_from_a_mounted_file_system_and_from_an_unmounted_one() {
     assert!(fsck.contains("is clean"), "{fsck}");
     node.ok(&["mount", "xfs1"]);
     assert_eq!(status_of(&node, "xfs1", "dd0"), "ready");
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+}
+
+/// The `availability` column of `disk ls -Y` for `nsd`.
+fn availability_of(node: &Node, fs: &str, nsd: &str) -> String {
+    let out = node.ok(&["disk", "ls", fs, "-Y"]);
+    let line = out
+        .lines()
+        .find(|l| !l.contains(":HEADER:") && l.contains(&format!(":{nsd}:")))
+        .unwrap_or_else(|| panic!("{nsd} not in\n{out}"));
+    line.split(':').nth(14).unwrap().to_string()
+}
+
+#[test]
+fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    // Metadata on rm0 (failure group 3); data on rd1, rd2 (group 1) and rd3, rd4 (group 2).
+    let mut text = String::new();
+    let mut drives = Vec::new();
+    for (i, (usage, fg)) in [
+        ("metadataOnly", 3),
+        ("dataOnly", 1),
+        ("dataOnly", 1),
+        ("dataOnly", 2),
+        ("dataOnly", 2),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dev = node.drive(&format!("r-drive{i}"), 256 * MIB);
+        let name = if i == 0 {
+            "rm0".to_string()
+        } else {
+            format!("rd{i}")
+        };
+        text += &format!(
+            "%nsd: device={} nsd={name} usage={usage} failureGroup={fg} pool=system\n",
+            dev.display()
+        );
+        drives.push(dev);
+    }
+    let stanza = node.path("r.stanza");
+    std::fs::write(&stanza, text).unwrap();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("rmnt");
+    node.mounts.push(mnt.clone());
+    node.ok(&[
+        "fs",
+        "create",
+        "rfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+        "-r",
+        "2",
+    ]);
+    let shown = node.ok(&["fs", "ls", "rfs"]);
+    let line = shown
+        .lines()
+        .find(|l| l.contains("Default number of data replicas"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(line.starts_with("-r ") && line.contains(" 2 "), "{line}");
+    node.ok(&["mount", "rfs"]);
+    let mut files = Vec::new();
+    for i in 0..8u64 {
+        let data = pattern((i as usize + 1) * 600_000, 300 + i);
+        write_file(&mnt.join(format!("f{i}")), &data);
+        files.push((mnt.join(format!("f{i}")), data));
+    }
+
+    // Group 1 stopped: reads come from group 2, writes go on with one copy.
+    node.ok(&["disk", "change", "rfs", "stop", "-d", "rd1;rd2"]);
+    assert_eq!(availability_of(&node, "rfs", "rd1"), "down");
+    assert_eq!(availability_of(&node, "rfs", "rd3"), "up");
+    let writer = Writer::start(&mnt, 1_200_000, 3000);
+    for i in 8..12u64 {
+        let data = pattern(700_000 + i as usize, 300 + i);
+        write_file(&mnt.join(format!("f{i}")), &data);
+        files.push((mnt.join(format!("f{i}")), data));
+    }
+    writer.stop();
+    let err = node.fails(&["disk", "change", "rfs", "stop", "-d", "rm0"]);
+    assert!(err.contains("metadata"), "{err}");
+    node.ok(&["disk", "change", "rfs", "start", "-d", "rd1;rd2"]);
+    assert_eq!(availability_of(&node, "rfs", "rd1"), "up");
+    let out = node.ok(&["restripe", "rfs", "-r"]);
+    assert!(!out.contains(": 0 of"), "nothing re-replicated: {out}");
+    let out = node.ok(&["restripe", "rfs", "-c"]);
+    assert!(out.contains(": 0 of"), "damaged copies found: {out}");
+    node.ok(&["umount", "rfs"]);
+    let fsck = node.ok(&["fsck", "rfs"]);
+    assert!(fsck.contains("is clean"), "{fsck}");
+
+    // Group 2's drives are gone: the file system mounts with them down and every byte,
+    // old or written while group 1 was stopped, reads from group 1.
+    for dev in &drives[3..] {
+        std::fs::remove_file(dev).unwrap();
+    }
+    node.ok(&["mount", "rfs"]);
+    assert_eq!(availability_of(&node, "rfs", "rd3"), "down");
     for (path, data) in &files {
         assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
     }

@@ -395,7 +395,7 @@ fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
         (
             "-r",
             "defaultDataReplicas",
-            "1".into(),
+            d.replication().data.to_string(),
             "Default number of data replicas".into(),
         ),
         (
@@ -443,7 +443,7 @@ fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
         (
             "-K",
             "strictReplication",
-            s.record.strict_replicas.clone(),
+            d.replication().strict.as_str().into(),
             "Strict replica allocation option".into(),
         ),
         (
@@ -755,22 +755,43 @@ fn nsd_list(text: &str, device: &str) -> Result<Vec<String>> {
 
 /// `tessera disk change DEVICE ACTION -d "NSD[;NSD...]"` [mmchdisk].
 pub fn disk_change(home: &Home, a: &DiskChangeArgs) -> Result<()> {
-    let status =
-        match a.action {
-            DiskAction::Suspend => tessera_fs::DiskStatus::Suspended,
-            DiskAction::Empty => tessera_fs::DiskStatus::ToBeEmptied,
-            DiskAction::Resume => tessera_fs::DiskStatus::Ready,
-            DiskAction::Stop | DiskAction::Start => {
-                bail!(
-            "disk change {}: stopping and starting disks needs data and metadata replication \
-             (-m/-r 2), which Tessera does not have yet; to stop new allocations on a disk \
-             use `suspend`, to move its data off use `empty` then `tessera restripe {} -m`",
-            if a.action == DiskAction::Stop { "stop" } else { "start" },
-            a.device
-        )
-            }
-        };
     let nsds = nsd_list(&a.disks, &a.device)?;
+    let status = match a.action {
+        DiskAction::Suspend => tessera_fs::DiskStatus::Suspended,
+        DiskAction::Empty => tessera_fs::DiskStatus::ToBeEmptied,
+        DiskAction::Resume => tessera_fs::DiskStatus::Ready,
+        DiskAction::Stop | DiskAction::Start => {
+            let up = a.action == DiskAction::Start;
+            call(
+                home,
+                &Request::DiskAvailability {
+                    name: a.device.clone(),
+                    nsds: nsds.clone(),
+                    up,
+                },
+            )?;
+            if up {
+                println!(
+                    "{} of {} started. `tessera restripe {} -r` gives the blocks written while \
+                     they were down their copies back.",
+                    nsds.join(", "),
+                    a.device,
+                    a.device
+                );
+            } else {
+                println!(
+                    "{} of {} stopped: no I/O goes to them until `tessera disk change {} start \
+                     -d {}` or the next mount; their copies are read from the other failure \
+                     groups, and writes meanwhile leave files ill-replicated.",
+                    nsds.join(", "),
+                    a.device,
+                    a.device,
+                    a.disks
+                );
+            }
+            return Ok(());
+        }
+    };
     call(
         home,
         &Request::DiskChange {

@@ -229,15 +229,27 @@ impl Daemon {
                     .map_err(|e| self.unreadable_descriptor(&record, &nsds, &e.to_string()))?
             }
         };
+        // A mounted file system knows which disks it took out (missing at mount, stopped,
+        // failed a write).
+        let taken_out: Vec<String> = match &mounted {
+            Some((fs, _)) => fs
+                .disk_availability()
+                .into_iter()
+                .filter(|(_, up)| !up)
+                .map(|(n, _)| n)
+                .collect(),
+            None => Vec::new(),
+        };
         let disks_up = descriptor
             .disks
             .iter()
             .map(|d| {
-                record
-                    .nsds
-                    .iter()
-                    .position(|n| *n == d.nsd_name)
-                    .is_some_and(|i| up[i])
+                !taken_out.contains(&d.nsd_name)
+                    && record
+                        .nsds
+                        .iter()
+                        .position(|n| *n == d.nsd_name)
+                        .is_some_and(|i| up[i])
             })
             .collect();
         let disks_lost = descriptor

@@ -364,6 +364,9 @@ impl Daemon {
                 rebalance,
             } => self.disk_add(&name, &disks, verify, rebalance, r),
             Request::DiskChange { name, nsds, status } => self.disk_change(&name, &nsds, status),
+            Request::DiskAvailability { name, nsds, up } => {
+                self.disk_availability(&name, &nsds, up)
+            }
             Request::DiskDelete { name, nsds } => self.disk_delete(&name, &nsds, r),
             Request::Restripe {
                 name,

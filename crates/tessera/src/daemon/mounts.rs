@@ -831,6 +831,34 @@ impl Daemon {
         Ok(Reply::Done)
     }
 
+    /// `disk change stop|start` [mmchdisk]: I/O to the disks of a mounted file system
+    /// stops (their copies are read from the other failure groups) or starts again. For
+    /// this mount: a file system mounted again finds every disk whose device answers up,
+    /// which is safe because writes drop the copies they miss from the block map.
+    pub(super) fn disk_availability(&self, name: &str, nsds: &[String], up: bool) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        self.file_systems()?.require(name)?;
+        let Some(fs) = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs)) else {
+            bail!(
+                "file system {name} is not mounted on this node; `disk change stop|start` acts \
+                 on a mounted file system (mount it with `tessera mount {name}`; a replicated \
+                 file system whose data disk is missing mounts with that disk down)"
+            );
+        };
+        if up {
+            fs.start_disks(nsds)
+        } else {
+            fs.stop_disks(nsds)
+        }
+        .map_err(|e| anyhow!("file system {name}: {e}"))?;
+        tracing::info!(
+            "{name}: disks {} {}",
+            nsds.join(", "),
+            if up { "started" } else { "stopped" }
+        );
+        Ok(Reply::Done)
+    }
+
     /// `restripe` [mmrestripefs -m|-b], with progress; stops cleanly when the client goes
     /// away, and running it again continues. Holds the admin lock throughout, so other
     /// administration of this node waits for it.
