@@ -10,6 +10,12 @@
 //! The workload also suspends a disk now and then, restripes (moving blocks off it, or
 //! evening out the others) and resumes it, so kills land in block moves too.
 //!
+//! `replicated_crash_loop` runs it on a file system with two data copies (`-r 2`, data
+//! disks in three failure groups), whose workload also stops a data disk now and then
+//! (writes meanwhile drop its copies), starts it again and restores the copies with
+//! `restripe -r`; after each kill every durable file must read back from each failure
+//! group alone once `restripe -r` has run.
+//!
 //! The ledger protocol: before touching a file the child durably records `BEGIN name`; after
 //! the change and its fsync it records `DONE name seed size` or `GONE name`. A file whose last
 //! record is DONE must read back exactly; GONE must not exist; BEGIN may hold either version
@@ -63,6 +69,7 @@ fn crash_child() {
         }
     }
     let disk_count = disks.len();
+    let replicated = std::env::var_os("TESSERA_CRASH_REPLICATED").is_some();
     let fs = FileSystem::mount(disks).unwrap();
     // A tiny metadata cache: the crash lands among evictions and re-reads of pages.
     fs.set_metadata_cache_pages(4);
@@ -103,7 +110,14 @@ fn crash_child() {
         if next() % 12 == 0 {
             // A disk suspended and its data moved off (or all disks rebalanced), resumed
             // after: kills land in block moves and descriptor writes of status changes.
-            let disk = vec![format!("nsd{}", next() % disk_count as u64)];
+            let first = u64::from(replicated); // nsd0 is the only metadata disk then
+            let disk = vec![format!(
+                "nsd{}",
+                first + next() % (disk_count as u64 - first)
+            )];
+            if replicated && !fs.disk_availability().iter().all(|(_, up)| *up) {
+                continue;
+            }
             let stop = std::sync::atomic::AtomicBool::new(false);
             let mode = if next() % 2 == 0 {
                 tessera_fs::restripe::RestripeMode::Migrate
@@ -120,6 +134,21 @@ fn crash_child() {
             }
             fs.set_disk_status(&disk, tessera_fs::DiskStatus::Ready)
                 .unwrap();
+        }
+        if replicated && next() % 10 == 0 {
+            // A data disk (1 to 3; disk 0 holds the metadata) stopped for a while, then
+            // started with its copies restored: kills land in writes that drop copies and
+            // in the restripe's copies.
+            let disk = format!("nsd{}", 1 + next() % 3);
+            if fs.disk_availability().iter().all(|(_, up)| *up) {
+                fs.stop_disks(&[disk]).unwrap();
+            } else {
+                let all: Vec<String> = (1..disk_count).map(|d| format!("nsd{d}")).collect();
+                fs.start_disks(&all).unwrap();
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                let mode = tessera_fs::restripe::RestripeMode::Replicate;
+                fs.restripe(mode, &stop, &mut |_| {}).unwrap();
+            }
         }
         let name = format!("f{}", next() % 40);
         let seed = iteration * 1_000_000 + step;
@@ -192,7 +221,7 @@ fn read_ledger(dir: &std::path::Path) -> HashMap<String, Expect> {
     state
 }
 
-fn verify(t: &TestDisks) -> usize {
+fn verify(t: &TestDisks, replicated: bool) -> usize {
     // Straight after the kill: the stored allocation map with the log replayed over it must
     // be the map the metadata references.
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
@@ -229,6 +258,27 @@ fn verify(t: &TestDisks) -> usize {
             }
         }
     }
+    if replicated {
+        // Every durable file has both copies once restripe -r has run: each failure group
+        // of data alone reads it back.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mode = tessera_fs::restripe::RestripeMode::Replicate;
+        fs.restripe(mode, &stop, &mut |_| {}).unwrap();
+        for disk in 1..4 {
+            let name = vec![format!("nsd{disk}")];
+            fs.stop_disks(&name).unwrap();
+            for (file, expect) in read_ledger(t.dir.path()) {
+                if let Expect::Done(seed, size) = expect {
+                    let a = fs.lookup(ROOT_INO, file.as_bytes()).unwrap();
+                    let data = fs
+                        .read(a.ino, 0, (size + 1) as u32)
+                        .unwrap_or_else(|e| panic!("{file} with nsd{disk} stopped: {e}"));
+                    assert!(data == pattern(size, seed), "{file} without nsd{disk}");
+                }
+            }
+            fs.start_disks(&name).unwrap();
+        }
+    }
     fs.unmount().unwrap();
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     assert!(report.is_clean(), "fsck: {:?}", report.problems);
@@ -247,11 +297,40 @@ fn power_loss_loop() {
     kill_loop(iterations, true);
 }
 
+#[test]
+fn replicated_crash_loop() {
+    let iterations = tessera_testkit::iterations("TESSERA_CRASH_ITERATIONS", ITERATIONS);
+    kill_loop_on(iterations, false, true);
+}
+
 /// Runs the child `iterations` times, killing it at a random moment; with `volatile`, its
 /// drives have volatile write caches and the kill is a power loss.
 fn kill_loop(iterations: usize, volatile: bool) {
+    kill_loop_on(iterations, volatile, false);
+}
+
+/// [`kill_loop`]; with `replicated`, on a file system with two data copies.
+fn kill_loop_on(iterations: usize, volatile: bool, replicated: bool) {
     let mut t = make_disks(4, 128 << 20);
-    format_fs(&t, &small_opts());
+    if replicated {
+        let opts = tessera_fs::FormatOptions {
+            max_data_replicas: 2,
+            replication: tessera_fs::Replication {
+                data: 2,
+                strict: tessera_fs::StrictReplication::WhenPossible,
+            },
+            ..small_opts()
+        };
+        format_fs_with(&t, &opts, |i| {
+            if i == 0 {
+                (tessera_nsd::DiskUsage::MetadataOnly, "system")
+            } else {
+                (tessera_nsd::DiskUsage::DataOnly, "system")
+            }
+        });
+    } else {
+        format_fs(&t, &small_opts());
+    }
     t.close_drives();
     let exe = std::env::current_exe().unwrap();
     let mut total_checked = 0;
@@ -265,6 +344,9 @@ fn kill_loop(iterations: usize, volatile: bool) {
         if volatile {
             child.env("TESSERA_CRASH_VOLATILE", "1");
         }
+        if replicated {
+            child.env("TESSERA_CRASH_REPLICATED", "1");
+        }
         let mut child = child.spawn().unwrap();
         let delay_ms = 150 + (iteration as u64 * 7919) % 450;
         std::thread::sleep(Duration::from_millis(delay_ms));
@@ -273,7 +355,7 @@ fn kill_loop(iterations: usize, volatile: bool) {
         }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        total_checked += verify(&t);
+        total_checked += verify(&t, replicated);
     }
     let what = if volatile { "power losses" } else { "crashes" };
     eprintln!("{iterations} {what}, {total_checked} durable files verified");

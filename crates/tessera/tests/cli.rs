@@ -438,8 +438,8 @@ fn fs_create_checks_everything_before_announcing() {
         "x",
     ]);
     assert!(
-        err.contains("replication across failure groups is not implemented yet")
-            && err.contains("erasure-coded vdisks protect")
+        err.contains("metadata replication is not implemented yet")
+            && err.contains("vdisks of a declustered array")
             && err.contains("-j x"),
         "{err}"
     );
