@@ -1505,6 +1505,28 @@ proptest! {
     }
 }
 
+fn opts_two_copies() -> FormatOptions {
+    FormatOptions {
+        max_data_replicas: 2,
+        replication: tessera_fs::Replication {
+            data: 2,
+            strict: tessera_fs::StrictReplication::WhenPossible,
+        },
+        ..small_opts()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(32))]
+
+    /// Two copies of every data block (`-r 2`, four failure groups): every write, fallocate,
+    /// truncate and crash goes through the copies' paths, and reads verify either copy.
+    #[test]
+    fn model_two_data_copies(ops in proptest::collection::vec(op_strategy(), OPS)) {
+        run(&opts_two_copies(), &ops);
+    }
+}
+
 proptest! {
     #![proptest_config(config(24))]
 
