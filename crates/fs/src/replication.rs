@@ -291,5 +291,113 @@ impl FileSystem {
     /// may be marked down instead of failing the I/O.
     pub(crate) fn replicated(&self) -> bool {
         self.geo.data_copies > 1
+            || self
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.replication.read().data > 1)
     }
+
+    /// Copies of each data block new files get from now on [mmchfs -r]. Existing files
+    /// keep the copy count they were made with (as in GPFS) until `file attr set
+    /// --replication` changes it. Checked against `-R` and the failure groups of every
+    /// pool's data disks, and committed in the descriptor.
+    pub fn set_data_replication(&self, copies: u8) -> FsResult<()> {
+        self.owner_here("changing the data replication")?;
+        self.check_fenced()?;
+        let desc = self.descriptor();
+        check_copies(&desc, copies)?;
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut next = self.owner().desc.lock().clone();
+        let mut replication = next.replication();
+        replication.data = copies;
+        next.replication = Some(replication);
+        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
+        if let Err(e) = self.commit_descriptor_change(
+            &mut m,
+            false,
+            "changing the data replication",
+            "unmount and mount the file system again, then change it again",
+        ) {
+            *self.owner().desc.lock() = previous;
+            return Err(e);
+        }
+        self.owner().replication.write().data = copies;
+        Ok(())
+    }
+
+    /// The copies a file's data blocks should have from now on [mmchattr -r]; logged.
+    /// `restripe -r` then adds or drops copies of its existing blocks.
+    pub fn set_file_replication(&self, ino: Ino, copies: u8) -> FsResult<()> {
+        self.owner_here("changing a file's replication")?;
+        self.check_writable()?;
+        check_copies(&self.descriptor(), copies)?;
+        let mut m = self.owner().meta.lock();
+        let attr = m.state.attr(ino)?;
+        if attr.kind != crate::inode::FileKind::Regular {
+            return Err(FsError::Invalid(format!(
+                "inode {ino} is not a regular file: only file data is replicated"
+            )));
+        }
+        self.log(
+            &mut m,
+            vec![crate::meta::Change::SetReplicas { ino, copies }],
+        )?;
+        Ok(())
+    }
+
+    /// The copies a file asks for, and whether some block has fewer (or a copy on a disk
+    /// that is down) [mmlsattr: "illreplicated"].
+    pub fn file_replication(&self, ino: Ino) -> FsResult<(u8, bool)> {
+        self.owner_here("reading a file's replication")?;
+        let mut m = self.owner().meta.lock();
+        let (kind, _, _, copies) = m.state.content_of(ino)?;
+        if kind != crate::meta::ContentKind::Blocks {
+            return Ok((copies, false));
+        }
+        let ill = m.state.blocks(ino, 0..u64::MAX)?.iter().any(|(_, b)| {
+            b.copy_count() < usize::from(copies)
+                || b.extents().any(|e| self.devices.is_down(e.addr.disk))
+        });
+        Ok((copies, ill))
+    }
+}
+
+/// `copies` within `-R` and within the failure groups of every pool's data disks.
+fn check_copies(desc: &crate::descriptor::FsDescriptor, copies: u8) -> FsResult<()> {
+    let max = desc.max_data_replicas;
+    if copies == 0 || u32::from(copies) > max {
+        return Err(FsError::Usage(format!(
+            "{copies} data copies: the number must be 1 to the file system's maximum (-R {max}, \
+             set at fs create)"
+        )));
+    }
+    let mut pools: Vec<PoolId> = desc
+        .disks
+        .iter()
+        .filter(|d| d.usage.holds_data())
+        .map(|d| d.pool)
+        .collect();
+    pools.sort_unstable();
+    pools.dedup();
+    for pool in pools {
+        let mut groups: Vec<i32> = desc
+            .disks
+            .iter()
+            .filter(|d| d.pool == pool && d.usage.holds_data())
+            .map(|d| d.failure_group)
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        if groups.len() < usize::from(copies) {
+            return Err(FsError::Usage(format!(
+                "{copies} data copies: pool {} has data disks in {} failure group(s), and each \
+                 copy of a block goes to a different one; add disks in other failure groups \
+                 first (tessera disk add)",
+                desc.pool_name(pool),
+                groups.len()
+            )));
+        }
+    }
+    Ok(())
 }

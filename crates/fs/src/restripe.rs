@@ -177,7 +177,7 @@ impl FileSystem {
                                 1
                             };
                             let down = block.extents().any(|e| self.devices.is_down(e.addr.disk));
-                            if block.copy_count() < asks || down {
+                            if block.copy_count() != asks || down {
                                 vec![REPLICATE]
                             } else {
                                 Vec::new()
@@ -444,7 +444,7 @@ impl FileSystem {
         Ok(pages)
     }
 
-    fn check_writable(&self) -> FsResult<()> {
+    pub(crate) fn check_writable(&self) -> FsResult<()> {
         self.check_fenced()?;
         if self.unmounted.load(Ordering::SeqCst) {
             return Err(FsError::Invalid(
@@ -776,8 +776,23 @@ impl FileSystem {
             .filter(|e| !self.devices.is_down(e.addr.disk))
             .collect();
         let wanted = usize::from(view.copies).max(1);
-        if good.is_empty() || (good.len() >= wanted && good.len() == current.copy_count()) {
+        if good.is_empty() || (good.len() == wanted && good.len() == current.copy_count()) {
             return Ok(Moved::Changed);
+        }
+        if good.len() >= wanted {
+            // More copies than the file asks for now (`file attr set --replication`), or
+            // copies on disks that are down beside enough good ones: drop the rest.
+            let extra: Vec<Extent> = current
+                .extents()
+                .filter(|e| !good[..wanted].contains(e))
+                .collect();
+            let drop = Change::DropCopies {
+                ino,
+                index,
+                extents: extra,
+            };
+            Metanode::update(self, ino, FileUpdate::content(vec![drop]))?;
+            return Ok(Moved::To(good[0], 0));
         }
         let mut groups: Vec<i32> = good
             .iter()

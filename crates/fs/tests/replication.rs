@@ -262,3 +262,58 @@ fn a_damaged_copy_is_read_from_the_other_and_repaired() {
     verify(&fs, &files);
     fs.unmount().unwrap();
 }
+
+#[test]
+fn replication_changes_for_new_files_and_per_file_and_restripe_r_follows() {
+    let t = make_disks(5, 64 << 20);
+    let one = FormatOptions {
+        replication: Replication::default(),
+        ..replicated_opts()
+    };
+    tessera_fs::format(specs(&t), &one, &mut |_| {}).unwrap();
+    let fs = mount(&t);
+    let old = populate(&fs, "old", 7);
+    let blocks_of = |fs: &FileSystem, name: &str| {
+        let (_, g1, g2) = copies_per_group(fs, &[(name.to_string(), Vec::new())].into())
+            .pop()
+            .unwrap();
+        g1 + g2
+    };
+    assert_eq!(blocks_of(&fs, "old4"), 9, "one copy of each of 9 blocks");
+    // New files get two copies from now on [mmchfs -r]; the old ones keep one.
+    fs.set_data_replication(2).unwrap();
+    assert_eq!(fs.descriptor().replication().data, 2);
+    let new = populate(&fs, "new", 8);
+    assert_fully_replicated(&fs, &new);
+    let a4 = fs.lookup(ROOT_INO, b"old4").unwrap();
+    assert_eq!(fs.file_replication(a4.ino).unwrap(), (1, false));
+    // One old file asks for two [mmchattr -r 2]: ill-replicated until restripe -r.
+    fs.set_file_replication(a4.ino, 2).unwrap();
+    assert_eq!(fs.file_replication(a4.ino).unwrap(), (2, true));
+    restripe_r(&fs);
+    assert_eq!(fs.file_replication(a4.ino).unwrap(), (2, false));
+    let only_a4: BTreeMap<String, Vec<u8>> = [("old4".to_string(), old["old4"].clone())].into();
+    assert_fully_replicated(&fs, &only_a4);
+    // And back to one: restripe -r drops the second copies.
+    let n4 = fs.lookup(ROOT_INO, b"new4").unwrap();
+    fs.set_file_replication(n4.ino, 1).unwrap();
+    restripe_r(&fs);
+    assert_eq!(
+        blocks_of(&fs, "new4"),
+        9,
+        "new4 keeps one copy of each of its 9 blocks"
+    );
+    // Out of bounds: above -R, or more copies than failure groups.
+    let err = fs.set_data_replication(3).unwrap_err().to_string();
+    assert!(err.contains("-R 2"), "{err}");
+    verify(&fs, &old);
+    verify(&fs, &new);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after replication changes");
+    let fs = mount(&t);
+    assert_eq!(fs.descriptor().replication().data, 2);
+    verify(&fs, &old);
+    verify(&fs, &new);
+    fs.unmount().unwrap();
+}

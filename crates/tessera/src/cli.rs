@@ -719,6 +719,20 @@ pub enum FsCommand {
     /// Give the free space of the disks with thinDiskType other than no back to the
     /// devices, with progress [mmreclaimspace].
     Reclaimspace(DeviceArgs),
+    /// Change attributes of a file system, mounted or not [mmchfs]: `-r`, the data copies
+    /// of new files.
+    Change(FsChangeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FsChangeArgs {
+    /// The file system device name.
+    pub device: String,
+    /// Copies of each data block of files created from now on, each in its own failure
+    /// group (1 to the -R given at create); existing files keep theirs (see `file attr
+    /// set --replication` and `restripe -r`).
+    #[arg(short = 'r')]
+    pub data_replicas: Option<u32>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -769,10 +783,20 @@ pub enum FileCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum FileAttrCommand {
-    /// Storage pool, fileset and where the data blocks are, of files of a mounted file
-    /// system [mmlsattr -L].
+    /// Storage pool, fileset, replication and where the data blocks are, of files of a
+    /// mounted file system [mmlsattr -L].
     Ls {
         /// Paths of files on a mounted Tessera file system.
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+    },
+    /// Change attributes of files of a mounted file system [mmchattr]: the copies their
+    /// data blocks should have; `tessera restripe DEVICE -r` then adds or drops copies.
+    Set {
+        /// Copies of each data block (1 to the file system's -R).
+        #[arg(long = "replication", short = 'r')]
+        replication: u32,
+        /// Paths of regular files on a mounted Tessera file system.
         #[arg(required = true)]
         paths: Vec<std::path::PathBuf>,
     },

@@ -51,6 +51,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Fs(FsCommand::Ls(_)) => "fs ls",
         Command::Fs(FsCommand::Delete(_)) => "fs delete",
         Command::Fs(FsCommand::Reclaimspace(_)) => "fs reclaimspace",
+        Command::Fs(FsCommand::Change(_)) => "fs change",
         Command::Mount(_) => "mount",
         Command::Umount(_) => "umount",
         Command::Df(_) => "df",
@@ -63,6 +64,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Policy(PolicyCommand::Ls(_)) => "policy ls",
         Command::Policy(PolicyCommand::Apply(_)) => "policy apply",
         Command::File(FileCommand::Attr(FileAttrCommand::Ls { .. })) => "file attr ls",
+        Command::File(FileCommand::Attr(FileAttrCommand::Set { .. })) => "file attr set",
         Command::Fsck(_) => "fsck",
         Command::Pmon(_) => "pmon",
         Command::Diag(_) => "diag",
@@ -139,11 +141,15 @@ fn run(home: &Home, command: Command) -> anyhow::Result<()> {
         Command::Fs(FsCommand::Ls(a)) => fs::ls(home, &a.device, a.machine),
         Command::Fs(FsCommand::Delete(a)) => fs::delete(home, &a.device, a.unreadable_ok),
         Command::Fs(FsCommand::Reclaimspace(a)) => fs::reclaimspace(home, &a.device),
+        Command::Fs(FsCommand::Change(a)) => fs::change(home, &a),
         Command::Policy(PolicyCommand::Change(a)) => policy::change(home, &a),
         Command::Policy(PolicyCommand::Ls(a)) => policy::ls(home, &a.device),
         Command::Policy(PolicyCommand::Apply(a)) => policy::apply(home, &a),
         Command::File(FileCommand::Attr(FileAttrCommand::Ls { paths })) => {
             policy::file_attr_ls(home, &paths)
+        }
+        Command::File(FileCommand::Attr(FileAttrCommand::Set { replication, paths })) => {
+            policy::file_attr_set(home, replication, &paths)
         }
         Command::Mount(MountArgs {
             list: Some(MountCommand::Ls(a)),

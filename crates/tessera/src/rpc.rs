@@ -288,6 +288,17 @@ pub enum Request {
         name: String,
         ino: u64,
     },
+    /// The data copies of one file of a mounted file system [mmchattr -r].
+    FileReplicationSet {
+        name: String,
+        ino: u64,
+        copies: u8,
+    },
+    /// The data copies of new files [mmchfs -r].
+    FsReplicationSet {
+        name: String,
+        copies: u8,
+    },
     /// Add NSDs to a file system [mmadddisk]; `rebalance` (-r) restripes afterwards.
     DiskAdd {
         name: String,
@@ -946,6 +957,11 @@ pub struct RestripeDone {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FileAttrReply {
     pub pool: String,
+    /// Copies its data blocks should have, and whether some block has fewer.
+    #[serde(default)]
+    pub replication: u8,
+    #[serde(default)]
+    pub ill_replicated: bool,
     /// Data blocks (whole or fragments) per NSD, by NSD name.
     pub blocks_per_disk: Vec<(String, u64)>,
 }

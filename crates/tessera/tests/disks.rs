@@ -374,4 +374,30 @@ fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
     for (path, data) in &files {
         assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
     }
+
+    // Per file and for new files [mmchattr -r, mmchfs -r]: with group 2 gone, f0 is
+    // ill-replicated; asking for one copy and restriping drops the lost ones.
+    let f0 = s(&files[0].0).to_string();
+    let shown = node.ok(&["file", "attr", "ls", &f0]);
+    assert!(
+        shown.contains("data replication:     2 (ill-replicated"),
+        "{shown}"
+    );
+    node.ok(&["file", "attr", "set", "--replication", "1", &f0]);
+    node.ok(&["restripe", "rfs", "-r"]);
+    let shown = node.ok(&["file", "attr", "ls", &f0]);
+    assert!(shown.contains("data replication:     1\n"), "{shown}");
+    let err = node.fails(&["fs", "change", "rfs", "-r", "3"]);
+    assert!(err.contains("-R 2"), "{err}");
+    node.ok(&["fs", "change", "rfs", "-r", "1"]);
+    let single = mnt.join("single");
+    write_file(&single, &pattern(3_000_000, 77));
+    let shown = node.ok(&["file", "attr", "ls", s(&single)]);
+    assert!(shown.contains("data replication:     1\n"), "{shown}");
+    let shown = node.ok(&["fs", "ls", "rfs"]);
+    let line = shown
+        .lines()
+        .find(|l| l.contains("Default number of data replicas"))
+        .unwrap();
+    assert!(line.contains(" 1 "), "{line}");
 }

@@ -878,3 +878,31 @@ fn print_restripe(device: &str, done: &RestripeDone) {
         println!("Stopped before the end; run the same command again to continue.");
     }
 }
+
+/// `tessera fs change DEVICE -r N` [mmchfs].
+pub fn change(home: &Home, a: &crate::cli::FsChangeArgs) -> Result<()> {
+    let Some(copies) = a.data_replicas else {
+        bail!(
+            "fs change {}: give what to change (-r N: data copies of new files)",
+            a.device
+        );
+    };
+    let copies = u8::try_from(copies)
+        .ok()
+        .filter(|c| (1..=3).contains(c))
+        .ok_or_else(|| anyhow!("-r {copies}: give 1, 2 or 3"))?;
+    call(
+        home,
+        &Request::FsReplicationSet {
+            name: a.device.clone(),
+            copies,
+        },
+    )?;
+    println!(
+        "Files created in {} from now on get {copies} data copies; existing files keep theirs \
+         (`tessera file attr set --replication {copies} PATH` and `tessera restripe {} -r` \
+         change them).",
+        a.device, a.device
+    );
+    Ok(())
+}

@@ -224,11 +224,61 @@ pub fn file_attr_ls(home: &Home, paths: &[PathBuf]) -> Result<()> {
             ("file system:", fs),
             ("storage pool name:", attr.pool),
             ("fileset name:", tessera_policy::ROOT_FILESET.to_string()),
+            (
+                "data replication:",
+                format!(
+                    "{}{}",
+                    attr.replication,
+                    if attr.ill_replicated {
+                        " (ill-replicated: run tessera restripe -r)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
             ("data blocks per NSD:", blocks),
         ];
         for (k, v) in rows {
             println!("{k:<22}{v}");
         }
+    }
+    Ok(())
+}
+
+/// `tessera file attr set --replication N PATH...` [mmchattr -r].
+pub fn file_attr_set(home: &Home, replication: u32, paths: &[PathBuf]) -> Result<()> {
+    let copies = u8::try_from(replication)
+        .ok()
+        .filter(|c| (1..=3).contains(c))
+        .ok_or_else(|| anyhow!("--replication {replication}: give 1, 2 or 3"))?;
+    let mut devices = Vec::new();
+    for path in paths {
+        let full = std::fs::canonicalize(path)
+            .with_context(|| format!("{}: no such file or directory", path.display()))?;
+        let meta = std::fs::symlink_metadata(&full)
+            .with_context(|| format!("cannot stat {}", full.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "{}: not a regular file (only file data has copies)",
+                full.display()
+            );
+        }
+        let (fs, _) = tessera_mount_of(&full)?;
+        call(
+            home,
+            &Request::FileReplicationSet {
+                name: fs.clone(),
+                ino: meta.ino(),
+                copies,
+            },
+        )?;
+        println!("{}: {copies} data copies", full.display());
+        if !devices.contains(&fs) {
+            devices.push(fs);
+        }
+    }
+    for fs in devices {
+        println!("`tessera restripe {fs} -r` gives the existing blocks that many copies.");
     }
     Ok(())
 }

@@ -357,6 +357,10 @@ impl Daemon {
             }
             Request::PolicyLs { name } => self.policy_ls(&name),
             Request::FileAttr { name, ino } => self.file_attr(&name, ino),
+            Request::FileReplicationSet { name, ino, copies } => {
+                self.file_replication_set(&name, ino, copies)
+            }
+            Request::FsReplicationSet { name, copies } => self.fs_replication_set(&name, copies),
             Request::DiskAdd {
                 name,
                 disks,

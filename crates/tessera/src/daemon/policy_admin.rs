@@ -101,9 +101,39 @@ impl Daemon {
         let blocks_per_disk = fs
             .file_blocks_per_disk(ino)
             .map_err(|e| anyhow!("file system {name}, inode {ino}: {e}"))?;
+        let (replication, ill_replicated) = fs
+            .file_replication(ino)
+            .map_err(|e| anyhow!("file system {name}, inode {ino}: {e}"))?;
         Ok(Reply::FileAttr(FileAttrReply {
             pool,
+            replication,
+            ill_replicated,
             blocks_per_disk,
         }))
+    }
+
+    /// `file attr set --replication` [mmchattr -r] of inode `ino` of mounted file system
+    /// `name`.
+    pub(super) fn file_replication_set(&self, name: &str, ino: Ino, copies: u8) -> Result<Reply> {
+        let fs = self
+            .mounts
+            .lock()
+            .get(name)
+            .map(|m| std::sync::Arc::clone(&m.fs))
+            .ok_or_else(|| anyhow!("file system {name} is not mounted on this node"))?;
+        fs.set_file_replication(ino, copies)
+            .map_err(|e| anyhow!("file system {name}, inode {ino}: {e}"))?;
+        Ok(Reply::Done)
+    }
+
+    /// `fs change -r` [mmchfs -r], mounted or not.
+    pub(super) fn fs_replication_set(&self, name: &str, copies: u8) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        self.with_fs(name, "opening it here to change it", |fs| {
+            fs.set_data_replication(copies)
+                .map_err(|e| anyhow!("file system {name}: {e}"))
+        })?;
+        tracing::info!("{name}: new files get {copies} data copies");
+        Ok(Reply::Done)
     }
 }
