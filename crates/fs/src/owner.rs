@@ -94,11 +94,15 @@ impl FileSystem {
         allowed: &dyn Fn(DiskIndex) -> bool,
         what: &'static str,
     ) -> FsResult<Extent> {
+        // Disks that went down during this mount (a failed write or flush, `disk change
+        // stop`) take nothing new; the allocator learns of it only here, since marking a
+        // disk down must not wait for the metadata lock.
+        let up = |d: DiskIndex| allowed(d) && !self.devices.is_down(d);
         let extent = if sub_blocks == self.geo.sub_blocks_per_block {
-            m.alloc.alloc_block_on(pool, AllocKind::Data, hint, allowed)
+            m.alloc.alloc_block_on(pool, AllocKind::Data, hint, &up)
         } else {
             m.alloc
-                .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, hint.prev, allowed)
+                .alloc_fragment_on(pool, AllocKind::Data, sub_blocks, hint.prev, &up)
         }
         .map_err(|e| FsError::from_alloc(e, &self.pool_name(pool), what))?;
         m.unlogged.insert(extent);

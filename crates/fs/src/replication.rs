@@ -119,9 +119,8 @@ impl FileSystem {
                 self.devices.name(disk),
                 self.geo.fs_name,
             );
-            if let Some(owner) = &self.owner {
-                owner.meta.lock().alloc.set_available(disk, false);
-            }
+            // No allocator change here: the caller may hold the metadata lock (a flush
+            // inside a checkpoint), and `take_extent` skips disks that are down anyway.
         }
     }
 

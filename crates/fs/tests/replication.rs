@@ -317,3 +317,59 @@ fn replication_changes_for_new_files_and_per_file_and_restripe_r_follows() {
     verify(&fs, &new);
     fs.unmount().unwrap();
 }
+
+#[test]
+fn a_failure_group_that_vanishes_under_writes_is_taken_out_and_nothing_is_lost() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    let t = replicated_fs();
+    let group2 = Arc::new(tessera_testkit::Faults::default());
+    let disks: common::Disks = t
+        .reopen()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, dev))| {
+            let dev: Arc<dyn tessera_drive::BlockDevice> = if i >= 3 {
+                Arc::new(tessera_testkit::SimDrive::new(dev, Arc::clone(&group2)))
+            } else {
+                dev
+            };
+            (id, dev)
+        })
+        .collect();
+    let fs = FileSystem::mount(disks).unwrap();
+    let mut files = populate(&fs, "a", 11);
+    // The enclosure of group 2 goes away: writes, reads and flushes fail there.
+    group2.vanished.store(true, Ordering::SeqCst);
+    files.extend(populate(&fs, "b", 12));
+    let a3 = fs.lookup(ROOT_INO, b"a3").unwrap();
+    let patch = pattern(70_000, 13);
+    fs.write(a3.ino, 4096, &patch, true).unwrap();
+    files.get_mut("a3").unwrap()[4096..74_096].copy_from_slice(&patch);
+    fs.sync().unwrap();
+    verify(&fs, &files);
+    let down: Vec<String> = fs
+        .disk_availability()
+        .into_iter()
+        .filter(|(_, up)| !up)
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        !down.is_empty() && down.iter().all(|n| n == "nsd3" || n == "nsd4"),
+        "{down:?}"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // Back with every drive: the blocks written meanwhile get their second copy.
+    let fs = mount(&t);
+    verify(&fs, &files);
+    restripe_r(&fs);
+    assert_fully_replicated(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a vanished failure group");
+    let fs = FileSystem::mount(without(&t, &[1, 2])).unwrap();
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+}
