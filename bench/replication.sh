@@ -7,12 +7,13 @@
 #   DATA_BYTES=2G FILE_BYTES=256M ROUNDS=3 DRIVE_BYTES=6G BLOCK=4M
 #   TESSERA_BIN=PATH measures that binary instead of building target/release/tessera
 #
-# Each round makes two fresh file systems on four file-backed drives in two failure groups
-# (rp0, rp2 in group 1; rp1, rp3 in group 2), one with -r 1 and one with -r 2, and writes
+# Each round makes two fresh file systems on file-backed drives (metadata on rp0; data on
+# rp2, rp4 in failure group 1 and rp1, rp3 in group 2), one with -r 1 and one with -r 2,
+# and writes
 # DATA_BYTES with fio (sequential 1 MiB writes, one job, fsync at the end). The ratio of
 # the -r 2 rate to the -r 1 rate is the figure (goal >= 0.45: the second copy costs only
-# its bytes). Then on the -r 2 file system group 2 is stopped, the same bytes are written
-# again (one copy each), group 2 is started and `restripe -r` gives every block its second
+# its bytes). Then on the -r 2 file system group 1 is stopped, the same bytes are written
+# again (one copy each), group 1 is started and `restripe -r` gives every block its second
 # copy: its rate (bytes copied / time) against dd copying that many bytes between two
 # drive files with O_DIRECT.
 set -euo pipefail
@@ -51,9 +52,14 @@ fresh() {
     mkdir -p "$WORK/t/drives" "$MNT"
     local stanza=$WORK/t/nsd.stanza
     : >"$stanza"
-    for i in 0 1 2 3; do
+    # Metadata on rp0 (failure group 3): a disk that holds metadata cannot be stopped
+    # while metadata has one copy.
+    fallocate -l "$DRIVE_BYTES" "$WORK/t/drives/d0"
+    printf '%%nsd: device=%s nsd=rp0 usage=metadataOnly failureGroup=3 pool=system\n' \
+        "$WORK/t/drives/d0" >>"$stanza"
+    for i in 1 2 3 4; do
         fallocate -l "$DRIVE_BYTES" "$WORK/t/drives/d$i"
-        printf '%%nsd: device=%s nsd=rp%s usage=dataAndMetadata failureGroup=%s pool=system\n' \
+        printf '%%nsd: device=%s nsd=rp%s usage=dataOnly failureGroup=%s pool=system\n' \
             "$WORK/t/drives/d$i" "$i" "$((i % 2 + 1))" >>"$stanza"
     done
     "$TESSERA" cluster create --name replication >/dev/null
@@ -78,10 +84,10 @@ for round in $(seq 1 "$ROUNDS"); do
     fresh 2
     two=$(write_mib_s two)
 
-    # Group 2 stopped: the same bytes written with one copy, then restored by restripe -r.
-    "$TESSERA" disk change rpfs stop -d "rp1;rp3" >/dev/null
+    # Group 1 stopped: the same bytes written with one copy, then restored by restripe -r.
+    "$TESSERA" disk change rpfs stop -d "rp2;rp4" >/dev/null
     write_mib_s again >/dev/null
-    "$TESSERA" disk change rpfs start -d "rp1;rp3" >/dev/null
+    "$TESSERA" disk change rpfs start -d "rp2;rp4" >/dev/null
     t0=$(date +%s%N)
     out=$("$TESSERA" restripe rpfs -r)
     ns=$(($(date +%s%N) - t0))
@@ -92,7 +98,7 @@ for round in $(seq 1 "$ROUNDS"); do
     count=$(python3 -c "print(max(1, int($mib / 4)))")
     sync
     t0=$(date +%s%N)
-    dd if="$WORK/t/drives/d0" of="$WORK/t/copy" bs=4M count="$count" iflag=direct oflag=direct conv=fsync status=none
+    dd if="$WORK/t/drives/d1" of="$WORK/t/copy" bs=4M count="$count" iflag=direct oflag=direct conv=fsync status=none
     copy_secs=$(python3 -c "print(($(date +%s%N) - $t0) / 1e9)")
     rm -f "$WORK/t/copy"
     echo "$round $one $two $mib $secs $count $copy_secs" | tee -a "$OUT" >&2
