@@ -29,6 +29,10 @@ pub struct FsckReport {
     pub replayed_records: u64,
     /// Inodes unlinked while open; mount reclaims them, so they are not problems.
     pub orphans: u64,
+    /// Data blocks with fewer copies than their file asks for (written while a failure
+    /// group was down): not a problem, `restripe -r` restores them.
+    #[serde(default)]
+    pub ill_replicated_blocks: u64,
 }
 
 impl FsckReport {
@@ -103,9 +107,19 @@ fn check(
     let mut homeless: Vec<String> = Vec::new();
     let mut hidden: Vec<(Ino, Vec<u8>)> = Vec::new();
     let sectors_per_sub = u64::from(desc.sub_block_size) / crate::inode::CSUM_SECTOR_BYTES;
+    let group_of = |disk: u16| {
+        desc.disks
+            .iter()
+            .find(|d| d.index == disk)
+            .map(|d| d.failure_group)
+    };
+    // The copies the inode whose record the scan saw last asks for (records come before
+    // their blocks).
+    let mut asks: (Ino, usize) = (0, 1);
     state.scan(&mut |item| {
         match item {
             Item::Inode(rec) => {
+                asks = (rec.attr.ino, usize::from(rec.copies));
                 let parent = match rec.content {
                     RecordContent::Dir { parent } => Some(parent),
                     _ => None,
@@ -132,6 +146,23 @@ fn check(
                     homeless.push(format!("block {index} of missing inode {ino}"));
                 }
                 report.blocks += 1;
+                let groups: Vec<Option<i32>> =
+                    block.extents().map(|e| group_of(e.addr.disk)).collect();
+                let mut distinct = groups.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                if groups.contains(&None) {
+                    report.problems.push(format!(
+                        "inode {ino} block {index}: a copy on a disk the file system lacks"
+                    ));
+                } else if distinct.len() != groups.len() {
+                    report.problems.push(format!(
+                        "inode {ino} block {index}: two copies in one failure group"
+                    ));
+                }
+                if asks.0 == ino && block.copy_count() < asks.1 {
+                    report.ill_replicated_blocks += 1;
+                }
                 let want = u64::from(block.extent.sub_blocks) * sectors_per_sub;
                 if block.crcs.len() as u64 != want {
                     report.problems.push(format!(

@@ -169,6 +169,11 @@ fn losing_a_whole_failure_group_loses_nothing_and_restripe_r_restores_the_copies
     fs.unmount().unwrap();
     drop(fs);
 
+    // fsck counts the blocks with one copy, and finds nothing wrong.
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert!(report.ill_replicated_blocks > 0, "{report:?}");
+
     // Back with every drive: the copies written meanwhile come back with restripe -r.
     let fs = mount(&t);
     verify(&fs, &files);
@@ -180,6 +185,12 @@ fn losing_a_whole_failure_group_loses_nothing_and_restripe_r_restores_the_copies
     fs.unmount().unwrap();
     drop(fs);
     assert_fsck_clean(&t, "after restripe -r");
+    assert_eq!(
+        tessera_fs::fsck(t.reopen(), false)
+            .unwrap()
+            .ill_replicated_blocks,
+        0
+    );
 
     // Now failure group 1 goes: group 2 alone holds every byte, old and new.
     let fs = FileSystem::mount(without(&t, &[1, 2])).unwrap();
@@ -369,6 +380,39 @@ fn a_failure_group_that_vanishes_under_writes_is_taken_out_and_nothing_is_lost()
     fs.unmount().unwrap();
     drop(fs);
     assert_fsck_clean(&t, "after a vanished failure group");
+    let fs = FileSystem::mount(without(&t, &[1, 2])).unwrap();
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn deleting_disks_keeps_the_copies_in_distinct_failure_groups() {
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 21);
+    // nsd1 leaves: its copies go to nsd2, the other disk of group 1.
+    fs.delete_disks(&["nsd1".into()], &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    verify(&fs, &files);
+    for (name, g1, g2) in copies_per_group(&fs, &files) {
+        assert_eq!(
+            g1, g2,
+            "{name}: copies per failure group after deleting nsd1"
+        );
+    }
+    // nsd2, the last disk of group 1, leaves: its copies have nowhere to go that keeps
+    // them apart from the others, so they are dropped and group 2 holds every byte.
+    fs.delete_disks(&["nsd2".into()], &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    verify(&fs, &files);
+    let a4 = fs.lookup(ROOT_INO, b"a4").unwrap();
+    assert_eq!(fs.file_replication(a4.ino).unwrap(), (2, true));
+    for (name, g1, _) in copies_per_group(&fs, &files) {
+        assert_eq!(g1, 0, "{name}: a copy left in group 1");
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after deleting a failure group's disks");
     let fs = FileSystem::mount(without(&t, &[1, 2])).unwrap();
     verify(&fs, &files);
     fs.unmount().unwrap();

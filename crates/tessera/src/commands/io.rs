@@ -521,6 +521,13 @@ pub fn fsck(home: &Home, name: &str, repair: bool) -> Result<()> {
     println!("{:>12} inodes", report.inodes);
     println!("{:>12} directories", report.directories);
     println!("{:>12} blocks in use", report.blocks);
+    if report.ill_replicated_blocks > 0 {
+        println!(
+            "{:>12} blocks with fewer copies than their file asks for (`tessera restripe {name} -r` \
+             restores them)",
+            report.ill_replicated_blocks
+        );
+    }
     println!("{:>12} problems found", report.problems.len());
     if repair {
         println!("{:>12} repaired", report.repaired);
