@@ -417,3 +417,24 @@ fn deleting_disks_keeps_the_copies_in_distinct_failure_groups() {
     verify(&fs, &files);
     fs.unmount().unwrap();
 }
+
+#[test]
+fn a_client_only_mount_writes_every_copy_and_reads_around_a_stopped_group() {
+    use tessera_fs::InProcessOwner;
+    let t = replicated_fs();
+    let owner = mount(&t);
+    let client = FileSystem::mount_client(
+        t.reopen(),
+        Box::new(InProcessOwner(std::sync::Arc::downgrade(&owner))),
+    )
+    .unwrap();
+    // The client asks the owner for both copies of each block over the metanode requests
+    // and writes them itself.
+    let files = populate(&client, "c", 31);
+    client.sync().unwrap();
+    assert_fully_replicated(&owner, &files);
+    client.stop_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
+    verify(&client, &files);
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+}
