@@ -345,6 +345,22 @@ fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
     node.ok(&["disk", "change", "rfs", "stop", "-d", "rd1;rd2"]);
     assert_eq!(availability_of(&node, "rfs", "rd1"), "down");
     assert_eq!(availability_of(&node, "rfs", "rd3"), "up");
+    // mmhealth says so, with what to do.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = node.run(&["health", "disk", "show", "rd1"]);
+        let show = String::from_utf8_lossy(&out.stdout).to_string();
+        if show.contains("FAILED") && show.contains("down: no I/O goes to it") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{show}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let log = node.ok(&["health", "node", "eventlog"]);
+    assert!(
+        log.contains("disk_down") && log.contains("restripe rfs -r"),
+        "{log}"
+    );
     let writer = Writer::start(&mnt, 1_200_000, 3000);
     for i in 8..12u64 {
         let data = pattern(700_000 + i as usize, 300 + i);

@@ -244,7 +244,35 @@ impl Daemon {
                 name,
                 healthy("fs_mounted", format!("{name} is mounted")),
             );
+            // Disks the file system took out (missing at mount, a failed write or flush,
+            // `disk change stop`): their copies are read from other failure groups.
+            let down: Vec<String> = fs
+                .disk_availability()
+                .into_iter()
+                .filter(|(_, up)| !up)
+                .map(|(n, _)| n)
+                .collect();
+            for nsd in &down {
+                h.observe(
+                    "disk",
+                    nsd,
+                    Observation {
+                        status: Status::Failed,
+                        reasons: vec!["down: no I/O goes to it".into()],
+                        event: "disk_down",
+                        message: format!(
+                            "NSD {nsd} of {name} is down: its copies are read from the other \
+                             failure groups and files written meanwhile are ill-replicated; \
+                             once it answers, `tessera disk change {name} start -d {nsd}` and \
+                             `tessera restripe {name} -r`"
+                        ),
+                    },
+                );
+            }
             for (nsd, stats) in nsds {
+                if down.contains(nsd) {
+                    continue;
+                }
                 let errors: u64 = IoKind::ALL.iter().map(|k| stats.snapshot(*k).errors).sum();
                 let new = h.new_errors("disk", nsd, errors);
                 if new > 0 {
@@ -287,7 +315,12 @@ impl Daemon {
         );
         let nsd_names: Vec<String> = mounted
             .iter()
-            .flat_map(|m| m.nsds.iter().map(|(n, _)| n.clone()))
+            .flat_map(|m| {
+                m.nsds
+                    .iter()
+                    .map(|(n, _)| n.clone())
+                    .chain(m.fs.disk_availability().into_iter().map(|(n, _)| n))
+            })
             .collect();
         h.forget_except("disk", &nsd_names, "disk_unused", "is no longer used here");
         if arrays_too {

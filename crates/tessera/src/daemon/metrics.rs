@@ -72,6 +72,8 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     let mut ops = Vec::new();
     let mut bytes = Vec::new();
     let mut checksum = Vec::new();
+    let mut repaired = Vec::new();
+    let mut disks_down = Vec::new();
     let mut hist = Vec::new();
     let mut size = Vec::new();
     let mut free = Vec::new();
@@ -107,6 +109,9 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         bytes.push((with(name, "op", "read"), p.bytes_read));
         bytes.push((with(name, "op", "write"), p.bytes_written));
         checksum.push((fs_label(name), p.checksum_errors));
+        repaired.push((fs_label(name), p.copies_repaired));
+        let down = fs.disk_availability().iter().filter(|(_, up)| !up).count();
+        disks_down.push((fs_label(name), down as i64));
         let h = fs.latency_histograms();
         for (op, ranges) in [("read", &h.read), ("write", &h.write)] {
             for (range, r) in ranges.iter().enumerate() {
@@ -157,6 +162,18 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         "tessera_fs_checksum_errors",
         "Blocks whose checksum did not match when read",
         &checksum,
+    )?;
+    counters(
+        enc,
+        "tessera_fs_copies_repaired",
+        "Damaged copies of data blocks written again from a good copy",
+        &repaired,
+    )?;
+    gauges(
+        enc,
+        "tessera_fs_disks_down",
+        "Disks of the file system taken out (missing, failed or stopped); their copies are read from other failure groups",
+        &disks_down,
     )?;
     family(
         enc,
