@@ -621,10 +621,26 @@ impl FileSystem {
     /// in-place overwrite commits first), only the drives it wrote need a flush.
     pub(crate) fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
         if self.journal().durable_lsn() >= lsn {
+            let mut flushed = 0;
+            let mut failed = None;
             for disk in disks {
-                self.devices.get(*disk).flush()?;
+                if self.devices.is_down(*disk) {
+                    continue;
+                }
+                match self.devices.get(*disk).flush() {
+                    Ok(()) => flushed += 1,
+                    // One copy's disk failing leaves the write durable on the others.
+                    Err(e) if self.replicated() && !self.holds_metadata(*disk) => {
+                        self.mark_down(*disk, &format!("a flush failed: {e}"));
+                        failed.get_or_insert(e);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
-            return Ok(());
+            return match failed {
+                Some(e) if flushed == 0 => Err(e.into()),
+                _ => Ok(()),
+            };
         }
         self.commit(lsn)
     }
