@@ -311,13 +311,20 @@ impl FileSystem {
         let several = copies.len() > 1;
         let mut failed: Option<FsError> = None;
         let mut damaged = Vec::new();
-        for (i, extent) in copies.iter().enumerate() {
+        let order = self.read_order(copies);
+        for (i, extent) in order.iter().enumerate() {
             if several && self.devices.is_down(extent.addr.disk) {
                 continue;
             }
             let at = self.extent_offset(extent) + rel;
-            let last = i + 1 == copies.len();
-            match self.read_copy(ino, extent, at, buf, sectors, report, !last) {
+            let last = i + 1 == order.len();
+            let started = several.then(Instant::now);
+            let result = self.read_copy(ino, extent, at, buf, sectors, report, !last);
+            if let Some(t) = started {
+                let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.devices.note_read(extent.addr.disk, ns);
+            }
+            match result {
                 Ok(states) => {
                     if !report {
                         // Another copy verified, so these mismatches were no race with a

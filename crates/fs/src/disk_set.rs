@@ -29,6 +29,9 @@ struct Disk {
     /// Availability down: its device is missing or failed a write, so no copy is read from
     /// or written to it (replicated file systems only; see `replication.rs`).
     down: bool,
+    /// Recent read latency, a moving average in nanoseconds per request (0: none yet), for
+    /// `readReplicaPolicy=fastest`.
+    read_ns: std::sync::atomic::AtomicU64,
 }
 
 /// The slot of a deleted disk: nothing references it any more, so any I/O to it is a bug
@@ -107,6 +110,7 @@ impl DiskSet {
                 discard: false,
                 failure_group: 0,
                 down: false,
+                read_ns: Default::default(),
             })
             .collect();
         Arc::new(DiskSet {
@@ -207,6 +211,28 @@ impl DiskSet {
         }
     }
 
+    /// Counts a read of `disk` that took `ns` into its moving average (weight 1/8).
+    pub fn note_read(&self, disk: DiskIndex, ns: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(d) = self.disks.read().get(usize::from(disk)) {
+            let old = d.read_ns.load(Relaxed);
+            let new = if old == 0 {
+                ns.max(1)
+            } else {
+                (old * 7 + ns) / 8
+            };
+            d.read_ns.store(new.max(1), Relaxed);
+        }
+    }
+
+    /// The moving average of `disk`'s read latency in nanoseconds (0: not measured yet).
+    pub fn read_ns(&self, disk: DiskIndex) -> u64 {
+        self.disks
+            .read()
+            .get(usize::from(disk))
+            .map_or(0, |d| d.read_ns.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Disks that are down, by index.
     pub fn down_disks(&self) -> Vec<DiskIndex> {
         self.disks
@@ -234,6 +260,7 @@ impl DiskSet {
             discard: false,
             failure_group: 0,
             down: false,
+            read_ns: Default::default(),
         }));
         DiskIndex::try_from(first).expect("bounded by DISKS_MAX")
     }

@@ -179,6 +179,12 @@ pub struct FileSystem {
     /// them too, in memory; a new owner is handed them at its fence, so that a file
     /// unlinked while open on this node outlives a takeover until its last close here.
     pub(crate) client_opens: Mutex<HashMap<Ino, u32>>,
+    /// `readReplicaPolicy=fastest`: reads of replicated blocks try the copy whose disk
+    /// answered fastest lately first (see `replication.rs`).
+    pub(crate) read_fastest: AtomicBool,
+    /// Reads of replicated blocks so far: every sixteenth tries the copies in another
+    /// order, so that the latency of every disk keeps being measured.
+    pub(crate) replica_reads: std::sync::atomic::AtomicU64,
 }
 
 type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
@@ -359,6 +365,8 @@ impl FileSystem {
             data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             kept_data: crate::locks::KeptTokens::default(),
             client_opens: Mutex::new(HashMap::new()),
+            read_fastest: AtomicBool::new(false),
+            replica_reads: std::sync::atomic::AtomicU64::new(0),
         })
     }
 

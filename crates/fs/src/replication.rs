@@ -178,6 +178,32 @@ impl FileSystem {
         }
     }
 
+    /// `readReplicaPolicy` [mmchconfig]: `fastest` reads replicated blocks from the copy
+    /// whose disk answered fastest lately, `default` from the first copy that is up.
+    pub fn set_read_replica_policy(&self, fastest: bool) {
+        self.read_fastest
+            .store(fastest, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The order in which a read tries the copies of a block: as listed, or with
+    /// `readReplicaPolicy=fastest` by their disks' recent read latency (a disk never
+    /// measured first, so it gets measured), with every sixteenth read rotated so that
+    /// the others keep being measured too.
+    pub(crate) fn read_order(&self, copies: &[Extent]) -> Vec<Extent> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut order = copies.to_vec();
+        if copies.len() < 2 || !self.read_fastest.load(Relaxed) {
+            return order;
+        }
+        order.sort_by_key(|e| self.devices.read_ns(e.addr.disk));
+        let n = self.replica_reads.fetch_add(1, Relaxed);
+        if n % 16 == 15 {
+            let turn = (n / 16) as usize % order.len();
+            order.rotate_left(turn);
+        }
+        order
+    }
+
     /// Whether `disk` holds metadata (pages, the log, the allocation map, a descriptor):
     /// with one metadata copy such a disk can never be down.
     pub(crate) fn holds_metadata(&self, disk: DiskIndex) -> bool {

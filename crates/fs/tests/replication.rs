@@ -438,3 +438,82 @@ fn a_client_only_mount_writes_every_copy_and_reads_around_a_stopped_group() {
     client.unmount().unwrap();
     owner.unmount().unwrap();
 }
+
+/// A drive that takes `delay` for every read and counts them.
+#[derive(Debug)]
+struct Slow {
+    inner: std::sync::Arc<dyn tessera_drive::BlockDevice>,
+    delay: std::time::Duration,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl tessera_drive::BlockDevice for Slow {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(self.delay);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[test]
+fn read_replica_policy_fastest_reads_from_the_faster_failure_group() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Duration;
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 41);
+    fs.unmount().unwrap();
+    drop(fs);
+    // Group 1 (nsd1, nsd2) answers reads 3 ms late; group 2 at once.
+    let slow: Vec<Arc<Slow>> = Vec::new();
+    let mut slow = slow;
+    let disks: common::Disks = t
+        .reopen()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, dev))| {
+            let delay = if i == 1 || i == 2 { 3 } else { 0 };
+            let s = Arc::new(Slow {
+                inner: dev,
+                delay: Duration::from_millis(delay),
+                reads: Default::default(),
+            });
+            slow.push(Arc::clone(&s));
+            let dev: Arc<dyn tessera_drive::BlockDevice> = s;
+            (id, dev)
+        })
+        .collect();
+    let fs = FileSystem::mount(disks).unwrap();
+    fs.set_read_replica_policy(true);
+    let reads = |i: usize| slow[i].reads.load(Ordering::Relaxed);
+    // Reads of whole files, again and again (blocks read ahead come from the copies too).
+    for _ in 0..6 {
+        verify(&fs, &files);
+    }
+    let (before_slow, before_fast) = (reads(1) + reads(2), reads(3) + reads(4));
+    for _ in 0..6 {
+        verify(&fs, &files);
+    }
+    let slow_reads = reads(1) + reads(2) - before_slow;
+    let fast_reads = reads(3) + reads(4) - before_fast;
+    eprintln!("reads: fast group {fast_reads}, slow group {slow_reads}");
+    assert!(
+        fast_reads > 3 * slow_reads.max(1),
+        "fast group {fast_reads} reads, slow group {slow_reads}"
+    );
+    fs.unmount().unwrap();
+}

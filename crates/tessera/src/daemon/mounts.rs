@@ -134,14 +134,17 @@ impl Daemon {
         fs.set_inode_cache(usize::try_from(files).unwrap_or(usize::MAX));
         fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
         fs.set_metadata_cache_bytes(pagepool);
+        let read_policy = params.get("readReplicaPolicy", me);
+        fs.set_read_replica_policy(read_policy == "fastest");
         self.set_thin_disks(&fs, &nsds, &record.name)?;
         fs.on_lock_holder_check(self.member.lock_holder_check());
         fs.on_read_revoke(self.revoker(&record.name, Fence::drop_held, "views"));
         fs.on_data_revoke(self.revoker(&record.name, Fence::give_back_data, "data tokens"));
         tracing::info!(
-            "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={}",
+            "{}: maxFilesToCache={files} maxStatCache={stats} pagepool={} readReplicaPolicy={}",
             record.name,
-            params.get("pagepool", me)
+            params.get("pagepool", me),
+            read_policy
         );
         Ok((fs, nsd_stats))
     }
