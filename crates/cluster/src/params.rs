@@ -133,28 +133,22 @@ pub const PARAMS: &[ParamSpec] = &[
         default: "default",
         scope: Scope::Node,
         help: "which copy of a replicated data block (`fs create -r 2|3`) a node reads: \
-               `default` the first copy whose disk is up, `fastest` the copy whose disk \
-               answered reads fastest lately (every copy is tried now and then, so a disk \
-               that became faster is found); either falls back to the next copy on an error \
-               or a checksum mismatch; takes effect at the next mount",
+               `default` the first copy whose disk is up, `local` a copy on a disk the \
+               node reaches itself before one it reaches through NSD servers, `fastest` \
+               the copy whose disk answered reads fastest lately (every copy is tried now \
+               and then, so a disk that became faster is found); each falls back to the \
+               next copy on an error or a checksum mismatch; takes effect at the next mount",
         check: check_read_replica_policy,
     },
 ];
 
-/// The values of `readReplicaPolicy` Tessera implements.
-pub const READ_REPLICA_POLICIES: [&str; 2] = ["default", "fastest"];
+/// The values of `readReplicaPolicy`, as GPFS spells them.
+pub const READ_REPLICA_POLICIES: [&str; 3] = ["default", "local", "fastest"];
 
 fn check_read_replica_policy(value: &str) -> Result<String, String> {
     let v = value.trim().to_ascii_lowercase();
     if READ_REPLICA_POLICIES.contains(&v.as_str()) {
         Ok(v)
-    } else if v == "local" {
-        Err(
-            "readReplicaPolicy=local is not implemented yet (a node does not yet tell the \
-             disks it reaches itself from those it reaches through NSD servers); use \
-             `fastest`, which prefers the copies that answer sooner"
-                .into(),
-        )
     } else {
         Err(format!("use one of {}", READ_REPLICA_POLICIES.join(", ")))
     }
@@ -456,20 +450,17 @@ mod tests {
     }
 
     #[test]
-    fn read_replica_policy_is_default_or_fastest() {
+    fn read_replica_policy_is_default_local_or_fastest() {
         let c = parse_changes("readReplicaPolicy=Fastest", true).unwrap();
         assert_eq!(c[0].value.as_deref(), Some("fastest"));
         assert_eq!(
             Params::default().get("readReplicaPolicy", Some(1)),
             "default"
         );
-        let e = parse_changes("readReplicaPolicy=local", false).unwrap_err();
-        assert!(
-            e.contains("not implemented yet") && e.contains("fastest"),
-            "{e}"
-        );
+        let c = parse_changes("readReplicaPolicy=local", false).unwrap();
+        assert_eq!(c[0].value.as_deref(), Some("local"));
         let e = parse_changes("readReplicaPolicy=nearest", false).unwrap_err();
-        assert!(e.contains("default, fastest"), "{e}");
+        assert!(e.contains("default, local, fastest"), "{e}");
     }
 
     #[test]

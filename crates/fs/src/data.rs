@@ -1081,6 +1081,10 @@ impl FileSystem {
 
     /// fallocate(2): preallocate (optionally keeping the size) or punch a hole.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        if len == 0 {
+            // As fallocate(2) says (the kernel refuses it before the file system sees it).
+            return Err(FsError::Invalid("fallocate of length 0".into()));
+        }
         let _stale = self.prefetch.invalidate_after(ino);
         let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX);
         let end = end.ok_or(FsError::FileTooLarge)?;

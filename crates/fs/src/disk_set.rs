@@ -32,6 +32,9 @@ struct Disk {
     /// Recent read latency, a moving average in nanoseconds per request (0: none yet), for
     /// `readReplicaPolicy=fastest`.
     read_ns: std::sync::atomic::AtomicU64,
+    /// This node reaches the disk through NSD servers (`readReplicaPolicy=local` reads
+    /// the copies on the other disks first).
+    remote: bool,
 }
 
 /// The slot of a deleted disk: nothing references it any more, so any I/O to it is a bug
@@ -111,6 +114,7 @@ impl DiskSet {
                 failure_group: 0,
                 down: false,
                 read_ns: Default::default(),
+                remote: false,
             })
             .collect();
         Arc::new(DiskSet {
@@ -233,6 +237,20 @@ impl DiskSet {
             .map_or(0, |d| d.read_ns.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    pub fn is_remote(&self, disk: DiskIndex) -> bool {
+        self.disks
+            .read()
+            .get(usize::from(disk))
+            .is_some_and(|d| d.remote)
+    }
+
+    /// Says which disks this node reaches through NSD servers, by NSD name.
+    pub fn set_remote(&self, names: &[String]) {
+        for d in self.disks.write().iter_mut() {
+            d.remote = names.contains(&d.name);
+        }
+    }
+
     /// Disks that are down, by index.
     pub fn down_disks(&self) -> Vec<DiskIndex> {
         self.disks
@@ -261,6 +279,7 @@ impl DiskSet {
             failure_group: 0,
             down: false,
             read_ns: Default::default(),
+            remote: false,
         }));
         DiskIndex::try_from(first).expect("bounded by DISKS_MAX")
     }

@@ -179,9 +179,9 @@ pub struct FileSystem {
     /// them too, in memory; a new owner is handed them at its fence, so that a file
     /// unlinked while open on this node outlives a takeover until its last close here.
     pub(crate) client_opens: Mutex<HashMap<Ino, u32>>,
-    /// `readReplicaPolicy=fastest`: reads of replicated blocks try the copy whose disk
-    /// answered fastest lately first (see `replication.rs`).
-    pub(crate) read_fastest: AtomicBool,
+    /// `readReplicaPolicy`: which copy of a replicated block reads try first (see
+    /// `replication.rs`).
+    pub(crate) read_policy: Mutex<crate::replication::ReadReplicaPolicy>,
     /// Reads of replicated blocks so far: every sixteenth tries the copies in another
     /// order, so that the latency of every disk keeps being measured.
     pub(crate) replica_reads: std::sync::atomic::AtomicU64,
@@ -365,7 +365,7 @@ impl FileSystem {
             data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             kept_data: crate::locks::KeptTokens::default(),
             client_opens: Mutex::new(HashMap::new()),
-            read_fastest: AtomicBool::new(false),
+            read_policy: Mutex::new(crate::replication::ReadReplicaPolicy::Default),
             replica_reads: std::sync::atomic::AtomicU64::new(0),
         })
     }

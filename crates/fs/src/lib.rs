@@ -33,7 +33,7 @@ pub mod policy_run;
 mod prefetch;
 mod read_tokens;
 mod recovery;
-mod replication;
+pub mod replication;
 mod report;
 pub mod restripe;
 mod shard_tree;

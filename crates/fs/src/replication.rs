@@ -30,6 +30,28 @@
 
 use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
 
+/// Which copy of a replicated block a read tries first [mmchconfig readReplicaPolicy].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadReplicaPolicy {
+    /// The copies in the order the block lists them (the first one that is up).
+    Default,
+    /// Copies on disks this node reaches itself before those reached through NSD servers.
+    Local,
+    /// The copy whose disk answered reads fastest lately.
+    Fastest,
+}
+
+impl ReadReplicaPolicy {
+    pub fn parse(text: &str) -> Option<ReadReplicaPolicy> {
+        match text {
+            "default" => Some(ReadReplicaPolicy::Default),
+            "local" => Some(ReadReplicaPolicy::Local),
+            "fastest" => Some(ReadReplicaPolicy::Fastest),
+            _ => None,
+        }
+    }
+}
+
 use crate::data::SectorInfo;
 use crate::descriptor::StrictReplication;
 use crate::error::{FsError, FsResult};
@@ -178,28 +200,39 @@ impl FileSystem {
         }
     }
 
-    /// `readReplicaPolicy` [mmchconfig]: `fastest` reads replicated blocks from the copy
-    /// whose disk answered fastest lately, `default` from the first copy that is up.
-    pub fn set_read_replica_policy(&self, fastest: bool) {
-        self.read_fastest
-            .store(fastest, std::sync::atomic::Ordering::Relaxed);
+    /// `readReplicaPolicy` [mmchconfig]: which copy of a replicated block reads try first.
+    pub fn set_read_replica_policy(&self, policy: ReadReplicaPolicy) {
+        *self.read_policy.lock() = policy;
     }
 
-    /// The order in which a read tries the copies of a block: as listed, or with
-    /// `readReplicaPolicy=fastest` by their disks' recent read latency (a disk never
-    /// measured first, so it gets measured), with every sixteenth read rotated so that
-    /// the others keep being measured too.
+    /// Which disks this node reaches through NSD servers, by NSD name (for
+    /// `readReplicaPolicy=local`); the daemon says so after a mount.
+    pub fn set_remote_disks(&self, nsds: &[String]) {
+        self.devices.set_remote(nsds);
+    }
+
+    /// The order in which a read tries the copies of a block: as listed (`default`); the
+    /// copies on disks this node reaches itself before those it reaches through NSD
+    /// servers (`local`); or by their disks' recent read latency (`fastest`: a disk never
+    /// measured first, so it gets measured, and every sixteenth read rotated so that the
+    /// others keep being measured too).
     pub(crate) fn read_order(&self, copies: &[Extent]) -> Vec<Extent> {
         use std::sync::atomic::Ordering::Relaxed;
         let mut order = copies.to_vec();
-        if copies.len() < 2 || !self.read_fastest.load(Relaxed) {
+        if copies.len() < 2 {
             return order;
         }
-        order.sort_by_key(|e| self.devices.read_ns(e.addr.disk));
-        let n = self.replica_reads.fetch_add(1, Relaxed);
-        if n % 16 == 15 {
-            let turn = (n / 16) as usize % order.len();
-            order.rotate_left(turn);
+        match *self.read_policy.lock() {
+            ReadReplicaPolicy::Default => {}
+            ReadReplicaPolicy::Local => order.sort_by_key(|e| self.devices.is_remote(e.addr.disk)),
+            ReadReplicaPolicy::Fastest => {
+                order.sort_by_key(|e| self.devices.read_ns(e.addr.disk));
+                let n = self.replica_reads.fetch_add(1, Relaxed);
+                if n % 16 == 15 {
+                    let turn = (n / 16) as usize % order.len();
+                    order.rotate_left(turn);
+                }
+            }
         }
         order
     }

@@ -498,7 +498,7 @@ fn read_replica_policy_fastest_reads_from_the_faster_failure_group() {
         })
         .collect();
     let fs = FileSystem::mount(disks).unwrap();
-    fs.set_read_replica_policy(true);
+    fs.set_read_replica_policy(tessera_fs::replication::ReadReplicaPolicy::Fastest);
     let reads = |i: usize| slow[i].reads.load(Ordering::Relaxed);
     // Reads of whole files, again and again (blocks read ahead come from the copies too).
     for _ in 0..6 {
@@ -515,5 +515,54 @@ fn read_replica_policy_fastest_reads_from_the_faster_failure_group() {
         fast_reads > 3 * slow_reads.max(1),
         "fast group {fast_reads} reads, slow group {slow_reads}"
     );
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn read_replica_policy_local_reads_the_copies_this_node_reaches_itself() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use tessera_fs::replication::ReadReplicaPolicy;
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 43);
+    fs.unmount().unwrap();
+    drop(fs);
+    let mut counted: Vec<Arc<Slow>> = Vec::new();
+    let disks: common::Disks = t
+        .reopen()
+        .into_iter()
+        .map(|(id, dev)| {
+            let s = Arc::new(Slow {
+                inner: dev,
+                delay: std::time::Duration::ZERO,
+                reads: Default::default(),
+            });
+            counted.push(Arc::clone(&s));
+            let dev: Arc<dyn tessera_drive::BlockDevice> = s;
+            (id, dev)
+        })
+        .collect();
+    let fs = FileSystem::mount(disks).unwrap();
+    // Group 1 as if this node reached it through NSD servers: every read goes to group 2.
+    fs.set_remote_disks(&["nsd1".into(), "nsd2".into()]);
+    fs.set_read_replica_policy(ReadReplicaPolicy::Local);
+    let reads = |i: usize| counted[i].reads.load(Ordering::Relaxed);
+    let before = (reads(1) + reads(2), reads(3) + reads(4));
+    verify(&fs, &files);
+    assert_eq!(reads(1) + reads(2), before.0, "a remote copy was read");
+    assert!(reads(3) + reads(4) > before.1, "no local copy was read");
+    // With group 2 stopped the remote copies answer.
+    fs.stop_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
+    let remote = reads(1) + reads(2);
+    // (fallocate(2) of length 0 is EINVAL, never a panic.)
+    let a0 = fs.lookup(ROOT_INO, b"a0").unwrap();
+    assert!(fs.fallocate(a0.ino, 0, 0, 0).is_err());
+    verify(&fs, &files);
+    assert!(
+        reads(1) + reads(2) > remote,
+        "the remote copies were not read"
+    );
+    fs.start_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
     fs.unmount().unwrap();
 }

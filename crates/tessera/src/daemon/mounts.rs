@@ -135,7 +135,23 @@ impl Daemon {
         fs.set_stat_cache(usize::try_from(stats).unwrap_or(usize::MAX));
         fs.set_metadata_cache_bytes(pagepool);
         let read_policy = params.get("readReplicaPolicy", me);
-        fs.set_read_replica_policy(read_policy == "fastest");
+        fs.set_read_replica_policy(
+            tessera_fs::replication::ReadReplicaPolicy::parse(&read_policy)
+                .unwrap_or(tessera_fs::replication::ReadReplicaPolicy::Default),
+        );
+        // For `readReplicaPolicy=local`: the disks this node reaches through NSD servers
+        // as it opened them (an `asneeded` disk that moves to its servers later stays
+        // counted as local until the next mount).
+        match self.nsd_access() {
+            Ok(rows) => fs.set_remote_disks(
+                &rows
+                    .into_iter()
+                    .filter(|r| r.access.contains("through servers"))
+                    .map(|r| r.nsd)
+                    .collect::<Vec<_>>(),
+            ),
+            Err(e) => tracing::warn!("{}: how its NSDs are reached: {e:#}", record.name),
+        }
         self.set_thin_disks(&fs, &nsds, &record.name)?;
         fs.on_lock_holder_check(self.member.lock_holder_check());
         fs.on_read_revoke(self.revoker(&record.name, Fence::drop_held, "views"));
