@@ -708,7 +708,7 @@ pub fn disk_add(home: &Home, a: &DiskAddArgs) -> Result<()> {
     match reply {
         Reply::Done => Ok(()),
         Reply::Restripe(done) => {
-            print_restripe(&a.device, &done);
+            print_restripe(&a.device, &done, "moved");
             Ok(())
         }
         other => Err(unexpected(other)),
@@ -728,7 +728,7 @@ pub fn disk_delete(home: &Home, a: &DiskDeleteArgs) -> Result<()> {
         Reply::Restripe(done) => done,
         other => return Err(unexpected(other)),
     };
-    print_restripe(&a.device, &done);
+    print_restripe(&a.device, &done, "moved");
     if !done.stopped {
         println!(
             "{} deleted from {}; the NSDs are free (`tessera nsd ls`).",
@@ -838,11 +838,19 @@ pub fn restripe(home: &Home, a: &RestripeArgs) -> Result<()> {
         Reply::Restripe(done) => done,
         other => return Err(unexpected(other)),
     };
-    print_restripe(&a.device, &done);
+    let verb = if a.replication {
+        "given their copies"
+    } else if a.check {
+        "with a damaged copy repaired"
+    } else {
+        "moved"
+    };
+    print_restripe(&a.device, &done, verb);
     Ok(())
 }
 
-fn print_restripe(device: &str, done: &RestripeDone) {
+/// What a restripe did; `verb` says what happened to the blocks it counts.
+fn print_restripe(device: &str, done: &RestripeDone, verb: &str) {
     let RestripeDone {
         blocks_scanned,
         blocks_moved,
@@ -854,7 +862,7 @@ fn print_restripe(device: &str, done: &RestripeDone) {
         stopped,
     } = done.clone();
     println!(
-        "{}: {blocks_moved} of {blocks_scanned} data blocks moved ({:.1} MiB){}{}.",
+        "{}: {blocks_moved} of {blocks_scanned} data blocks {verb} ({:.1} MiB){}{}.",
         device,
         bytes_moved as f64 / 1048576.0,
         match (metadata_pages_moved, map_regions_moved) {
