@@ -244,7 +244,9 @@ impl Daemon {
         let (available, nsd_stats) = self.open_disks(record, &nsds)?;
         if available.len() < record.nsds.len() {
             bail!(
-                "file system {}: this node reaches {} of its {} NSDs (see the daemon log for                  which failed); a node mounting it beside {owner} must reach every disk until                  NSD servers exist",
+                "file system {}: this node reaches {} of its {} NSDs (see the daemon log for \
+                 which failed); a node mounting it beside {owner} must reach every disk until \
+                 NSD servers exist",
                 record.name,
                 available.len(),
                 record.nsds.len()
@@ -253,7 +255,8 @@ impl Daemon {
         let state = self.member.state();
         let Some(node) = state.nodes.values().find(|n| n.name == owner) else {
             bail!(
-                "file system {} is recorded as mounted on node {owner}, which is not in the                  cluster",
+                "file system {} is recorded as mounted on node {owner}, which is not in the \
+                 cluster",
                 record.name
             );
         };
@@ -582,7 +585,8 @@ impl Daemon {
         self.change_fs_record(&record.name, &|rec| {
             if rec.mounted_on.as_deref() != Some(owner) || !rec.mounted {
                 bail!(
-                    "file system {} changed owner while this mount ran (was node {owner});                      run the mount again",
+                    "file system {} changed owner while this mount ran (was node {owner}); \
+                     run the mount again",
                     rec.name
                 );
             }
@@ -666,7 +670,9 @@ impl Daemon {
             .is_some_and(|o| o != self.cluster.node_name);
         if m.client_of.is_none() && !stale && !clients.is_empty() {
             bail!(
-                "file system {name} is mounted on node(s) {} as client(s) of this node, which                  owns its metadata; unmount it there first (`tessera umount {name}` on each;                  `tessera mount ls {name} -L` lists them)",
+                "file system {name} is mounted on node(s) {} as client(s) of this node, which \
+                 owns its metadata; unmount it there first (`tessera umount {name}` on each; \
+                 `tessera mount ls {name} -L` lists them)",
                 clients.join(", ")
             );
         }
@@ -735,7 +741,8 @@ impl Daemon {
         })?;
         let sync_error = m.fs.unmount().err().map(|e| {
             tracing::error!(
-                "{name}: unmounted from {}, but its last changes could not be committed on                  node {owner}: {e}",
+                "{name}: unmounted from {}, but its last changes could not be committed on \
+                 node {owner}: {e}",
                 m.mount_point.display()
             );
             format!("its last changes could not be committed on node {owner}: {e}")

@@ -64,7 +64,9 @@ impl Daemon {
             })
             .map_err(|e| {
                 anyhow!(
-                    "file system {name}: policy apply: {e}; files migrated so far stay                      migrated (tessera restripe {name} -p moves the data of any file left                      half-way), run it again to continue"
+                    "file system {name}: policy apply: {e}; files migrated so far stay \
+                     migrated (tessera restripe {name} -p moves the data of any file left \
+                     half-way), run it again to continue"
                 )
             })
         })?;
