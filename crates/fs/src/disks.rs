@@ -44,20 +44,7 @@ pub fn set_disk_status(
     nsds: &[String],
     status: DiskStatus,
 ) -> FsResult<Vec<u16>> {
-    let mut indexes = Vec::with_capacity(nsds.len());
-    for name in nsds {
-        let disk = desc
-            .disks
-            .iter()
-            .find(|d| d.nsd_name == *name)
-            .ok_or_else(|| {
-                FsError::Invalid(format!(
-                    "{name} is not a disk of file system {}; `tessera disk ls {}` lists them",
-                    desc.name, desc.name
-                ))
-            })?;
-        indexes.push(disk.index);
-    }
+    let indexes = disk_indexes(desc, nsds)?;
     let mut next = desc.clone();
     for d in next.disks.iter_mut().filter(|d| indexes.contains(&d.index)) {
         d.status = status;
@@ -67,6 +54,22 @@ pub fn set_disk_status(
     }
     *desc = next;
     Ok(indexes)
+}
+
+/// The disk indexes of the NSDs named, refusing a name that is not a disk of the file
+/// system.
+pub(crate) fn disk_indexes(desc: &FsDescriptor, nsds: &[String]) -> FsResult<Vec<u16>> {
+    nsds.iter()
+        .map(|name| {
+            let disk = desc.disks.iter().find(|d| d.nsd_name == *name);
+            disk.map(|d| d.index).ok_or_else(|| {
+                FsError::Invalid(format!(
+                    "{name} is not a disk of file system {}; `tessera disk ls {}` lists them",
+                    desc.name, desc.name
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Refuses a change that leaves a pool with data disks, or the system pool's metadata,

@@ -175,35 +175,24 @@ fn check_data_replication(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<
     if r == 1 {
         return Ok(());
     }
-    let mut pools: Vec<&str> = disks
-        .iter()
-        .filter(|d| d.usage.holds_data())
-        .map(|d| d.pool.as_str())
-        .collect();
-    pools.sort_unstable();
-    pools.dedup();
-    for pool in pools {
-        let mut groups: Vec<i32> = disks
-            .iter()
-            .filter(|d| d.pool == pool && d.usage.holds_data())
-            .map(|d| d.failure_group)
-            .collect();
-        groups.sort_unstable();
-        groups.dedup();
-        if (groups.len() as u32) < r {
-            return Err(usage_err(format!(
-                "-r {r}: pool {pool} has data disks in {} failure group(s) ({}), and each copy                  of a block goes to a different failure group; give its NSDs failureGroup=                  values in at least {r} groups, or use -r {}",
-                groups.len(),
-                groups
-                    .iter()
-                    .map(i32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                groups.len().max(1)
-            )));
-        }
+    let data_disks = disks.iter().filter(|d| d.usage.holds_data());
+    let fewest =
+        crate::replication::fewest_groups(data_disks.map(|d| (d.pool.as_str(), d.failure_group)));
+    match fewest {
+        Some((pool, groups)) if (groups.len() as u32) < r => Err(usage_err(format!(
+            "-r {r}: pool {pool} has data disks in {} failure group(s) ({}), and each copy \
+             of a block goes to a different failure group; give its NSDs failureGroup= \
+             values in at least {r} groups, or use -r {}",
+            groups.len(),
+            groups
+                .iter()
+                .map(i32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            groups.len().max(1)
+        ))),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The descriptor's entry of disk `index`, ready, holding no descriptor copy yet.

@@ -938,6 +938,27 @@ impl FileSystem {
         })
     }
 
+    /// Changes the descriptor with `change` and commits it in a checkpoint (under the
+    /// metadata and checkpoint locks), putting the previous one back in memory when that
+    /// fails; `what` and `then` as for [`Self::commit_descriptor_change`].
+    pub(crate) fn change_descriptor(
+        &self,
+        what: &str,
+        then: &str,
+        change: impl FnOnce(&mut FsDescriptor),
+    ) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut next = self.owner().desc.lock().clone();
+        change(&mut next);
+        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
+        let committed = self.commit_descriptor_change(&mut m, false, what, then);
+        if committed.is_err() {
+            *self.owner().desc.lock() = previous;
+        }
+        committed
+    }
+
     /// Every later commit and checkpoint fails, without waiting for the flusher (the caller
     /// may hold the metadata lock); `fence` does the rest at unmount.
     pub(crate) fn fence_commits(&self) {

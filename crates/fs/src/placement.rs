@@ -117,20 +117,11 @@ impl FileSystem {
         self.check_fenced()?;
         let desc = self.descriptor();
         let checked = text.map(|t| check_policy(&desc, t)).transpose()?;
-        let mut m = self.owner().meta.lock();
-        let _one = self.owner().checkpoint_lock.lock();
-        let mut next = self.owner().desc.lock().clone();
-        next.policy = text.map(str::to_string);
-        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
-        if let Err(e) = self.commit_descriptor_change(
-            &mut m,
-            false,
+        self.change_descriptor(
             "installing the policy",
             "unmount and mount the file system again, then install it again",
-        ) {
-            *self.owner().desc.lock() = previous;
-            return Err(e);
-        }
+            |next| next.policy = text.map(str::to_string),
+        )?;
         let summary = checked.as_ref().map(summary).unwrap_or_default();
         *self.owner().policy.write() = checked.map(|policy| {
             Arc::new(Installed {

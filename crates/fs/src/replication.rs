@@ -253,7 +253,7 @@ impl FileSystem {
     /// or the next mount. Refused for disks that hold metadata, and on file systems
     /// without data replication.
     pub fn stop_disks(&self, nsds: &[String]) -> FsResult<Vec<DiskIndex>> {
-        let disks = self.disks_named(nsds)?;
+        let disks = crate::disks::disk_indexes(&self.descriptor(), nsds)?;
         if !self.replicated() {
             return Err(FsError::Usage(format!(
                 "{}: stopping a disk needs data replication (-r 2 or 3 at fs create); use \
@@ -281,8 +281,8 @@ impl FileSystem {
     /// theirs), and they take new data if their status is ready. `restripe -r` then
     /// gives the blocks written meanwhile their copies back.
     pub fn start_disks(&self, nsds: &[String]) -> FsResult<Vec<DiskIndex>> {
-        let disks = self.disks_named(nsds)?;
         let desc = self.descriptor();
+        let disks = crate::disks::disk_indexes(&desc, nsds)?;
         for &d in &disks {
             // Read something: a device that is still gone stays down.
             let dev = self.devices.get(d);
@@ -327,24 +327,6 @@ impl FileSystem {
             .collect()
     }
 
-    fn disks_named(&self, nsds: &[String]) -> FsResult<Vec<DiskIndex>> {
-        let names = self.devices.names();
-        nsds.iter()
-            .map(|n| {
-                names
-                    .iter()
-                    .position(|x| x == n)
-                    .map(|i| i as DiskIndex)
-                    .ok_or_else(|| {
-                        FsError::Usage(format!(
-                            "NSD {n} is not a disk of {}; see `tessera disk ls {}`",
-                            self.geo.fs_name, self.geo.fs_name
-                        ))
-                    })
-            })
-            .collect()
-    }
-
     /// Whether data on this file system can have more than one copy, so a disk that fails
     /// may be marked down instead of failing the I/O.
     pub(crate) fn replicated(&self) -> bool {
@@ -364,22 +346,15 @@ impl FileSystem {
         self.check_fenced()?;
         let desc = self.descriptor();
         check_copies(&desc, copies)?;
-        let mut m = self.owner().meta.lock();
-        let _one = self.owner().checkpoint_lock.lock();
-        let mut next = self.owner().desc.lock().clone();
-        let mut replication = next.replication();
-        replication.data = copies;
-        next.replication = Some(replication);
-        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
-        if let Err(e) = self.commit_descriptor_change(
-            &mut m,
-            false,
+        self.change_descriptor(
             "changing the data replication",
             "unmount and mount the file system again, then change it again",
-        ) {
-            *self.owner().desc.lock() = previous;
-            return Err(e);
-        }
+            |next| {
+                let mut replication = next.replication();
+                replication.data = copies;
+                next.replication = Some(replication);
+            },
+        )?;
         self.owner().replication.write().data = copies;
         Ok(())
     }
@@ -430,32 +405,33 @@ fn check_copies(desc: &crate::descriptor::FsDescriptor, copies: u8) -> FsResult<
              set at fs create)"
         )));
     }
-    let mut pools: Vec<PoolId> = desc
-        .disks
-        .iter()
-        .filter(|d| d.usage.holds_data())
-        .map(|d| d.pool)
-        .collect();
-    pools.sort_unstable();
-    pools.dedup();
-    for pool in pools {
-        let mut groups: Vec<i32> = desc
-            .disks
-            .iter()
-            .filter(|d| d.pool == pool && d.usage.holds_data())
-            .map(|d| d.failure_group)
-            .collect();
-        groups.sort_unstable();
-        groups.dedup();
-        if groups.len() < usize::from(copies) {
-            return Err(FsError::Usage(format!(
-                "{copies} data copies: pool {} has data disks in {} failure group(s), and each \
-                 copy of a block goes to a different one; add disks in other failure groups \
-                 first (tessera disk add)",
-                desc.pool_name(pool),
-                groups.len()
-            )));
+    let data_disks = desc.disks.iter().filter(|d| d.usage.holds_data());
+    let fewest = fewest_groups(data_disks.map(|d| (desc.pool_name(d.pool), d.failure_group)));
+    match fewest {
+        Some((pool, groups)) if groups.len() < usize::from(copies) => Err(FsError::Usage(format!(
+            "{copies} data copies: pool {pool} has data disks in {} failure group(s), \
+                 and each copy of a block goes to a different one; add disks in other \
+                 failure groups first (tessera disk add)",
+            groups.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Of `(pool, failure group)` for every data disk: the pool whose data disks span the
+/// fewest failure groups, with those groups in order (`None` without data disks). A pool
+/// can give its blocks at most that many copies.
+pub(crate) fn fewest_groups<'a>(
+    data_disks: impl Iterator<Item = (&'a str, i32)>,
+) -> Option<(&'a str, Vec<i32>)> {
+    let mut groups: std::collections::BTreeMap<&str, Vec<i32>> = Default::default();
+    for (pool, group) in data_disks {
+        let g = groups.entry(pool).or_default();
+        if !g.contains(&group) {
+            g.push(group);
         }
     }
-    Ok(())
+    let (pool, mut fewest) = groups.into_iter().min_by_key(|(_, g)| g.len())?;
+    fewest.sort_unstable();
+    Some((pool, fewest))
 }
