@@ -666,6 +666,26 @@ impl FileSystem {
         }
     }
 
+    /// The file's view and block `index` as they are now, if that is still the block the
+    /// scan saw (the same copies); `None` when the file or the block changed since.
+    fn still_seen(
+        &self,
+        ino: Ino,
+        index: u64,
+        seen: &BlockRef,
+    ) -> FsResult<Option<(crate::metanode::FileView, BlockRef)>> {
+        let view = match Metanode::view(self, ino, index..index + 1) {
+            Ok(v) => v,
+            Err(FsError::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let current = match view.block(index) {
+            Some(b) if b.extents().eq(seen.extents()) => b.clone(),
+            _ => return Ok(None),
+        };
+        Ok(Some((view, current)))
+    }
+
     /// Moves copy `c` of block `index` of `ino` (as `seen` by the scan) to a disk `accepts`
     /// allows, in a failure group the block's other copies do not use. When no such disk
     /// has room and the block has other copies, the copy is dropped instead (the file is
@@ -682,14 +702,8 @@ impl FileSystem {
         // the metanode interface (a view, an extent, an update mapping the copy).
         let _file = self.inode_lock(ino).write();
         let _stale = self.prefetch.invalidate_after(ino);
-        let view = match Metanode::view(self, ino, index..index + 1) {
-            Ok(v) => v,
-            Err(FsError::NotFound) => return Ok(Moved::Changed),
-            Err(e) => return Err(e),
-        };
-        let current = match view.block(index) {
-            Some(b) if b.extents().eq(seen.extents()) => b.clone(),
-            _ => return Ok(Moved::Changed),
+        let Some((view, current)) = self.still_seen(ino, index, seen)? else {
+            return Ok(Moved::Changed);
         };
         let hint = BlockHint {
             file_key: ino,
@@ -762,14 +776,8 @@ impl FileSystem {
     fn replicate_block(&self, ino: Ino, index: u64, seen: &BlockRef) -> FsResult<Moved> {
         let _file = self.inode_lock(ino).write();
         let _stale = self.prefetch.invalidate_after(ino);
-        let view = match Metanode::view(self, ino, index..index + 1) {
-            Ok(v) => v,
-            Err(FsError::NotFound) => return Ok(Moved::Changed),
-            Err(e) => return Err(e),
-        };
-        let current = match view.block(index) {
-            Some(b) if b.extents().eq(seen.extents()) => b.clone(),
-            _ => return Ok(Moved::Changed),
+        let Some((view, current)) = self.still_seen(ino, index, seen)? else {
+            return Ok(Moved::Changed);
         };
         let good: Vec<Extent> = current
             .extents()
@@ -877,14 +885,8 @@ impl FileSystem {
     /// (the first repaired copy) when something was repaired.
     fn check_block(&self, ino: Ino, index: u64, seen: &BlockRef) -> FsResult<Moved> {
         let _file = self.inode_lock(ino).read();
-        let view = match Metanode::view(self, ino, index..index + 1) {
-            Ok(v) => v,
-            Err(FsError::NotFound) => return Ok(Moved::Changed),
-            Err(e) => return Err(e),
-        };
-        let current = match view.block(index) {
-            Some(b) if b.extents().eq(seen.extents()) => b.clone(),
-            _ => return Ok(Moved::Changed),
+        let Some((_, current)) = self.still_seen(ino, index, seen)? else {
+            return Ok(Moved::Changed);
         };
         let Some(last) = (0..current.sectors())
             .rev()
