@@ -629,26 +629,17 @@ impl FileSystem {
     /// in-place overwrite commits first), only the drives it wrote need a flush.
     pub(crate) fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
         if self.journal().durable_lsn() >= lsn {
-            let mut flushed = 0;
-            let mut failed = None;
+            // One copy's disk failing leaves the write durable on the others.
+            let mut flushed = false;
             for disk in disks {
-                if self.devices.is_down(*disk) {
-                    continue;
-                }
-                match self.devices.get(*disk).flush() {
-                    Ok(()) => flushed += 1,
-                    // One copy's disk failing leaves the write durable on the others.
-                    Err(e) if self.replicated() && !self.holds_metadata(*disk) => {
-                        self.mark_down(*disk, &format!("a flush failed: {e}"));
-                        failed.get_or_insert(e);
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+                flushed |= self.flush_disk(*disk)?;
             }
-            return match failed {
-                Some(e) if flushed == 0 => Err(e.into()),
-                _ => Ok(()),
-            };
+            if !flushed && !disks.is_empty() {
+                return Err(FsError::Io(std::io::Error::other(
+                    "no disk the write went to could be flushed: every one is down",
+                )));
+            }
+            return Ok(());
         }
         self.commit(lsn)
     }
@@ -668,22 +659,27 @@ impl FileSystem {
     }
 
     fn flush_devices(&self) -> FsResult<()> {
-        for (disk, dev) in self.devices.all().into_iter().enumerate() {
-            let disk = disk as u16;
-            if self.devices.is_down(disk) {
-                continue;
-            }
-            if let Err(e) = dev.flush() {
-                // With copies elsewhere a data disk that fails is taken out; what it may
-                // have lost fails its checksums and is read from another copy.
-                if self.replicated() && !self.holds_metadata(disk) {
-                    self.mark_down(disk, &format!("a flush failed: {e}"));
-                    continue;
-                }
-                return Err(e.into());
-            }
+        for disk in 0..self.devices.len() {
+            self.flush_disk(disk as u16)?;
         }
         Ok(())
+    }
+
+    /// Flushes one disk; `Ok(false)` when it is down, or failed and was taken out: with
+    /// copies elsewhere a data disk that fails is marked down, and what it may have lost
+    /// fails its checksums and is read from another copy.
+    fn flush_disk(&self, disk: u16) -> FsResult<bool> {
+        if self.devices.is_down(disk) {
+            return Ok(false);
+        }
+        match self.devices.get(disk).flush() {
+            Ok(()) => Ok(true),
+            Err(e) if self.replicated() && !self.holds_metadata(disk) => {
+                self.mark_down(disk, &format!("a flush failed: {e}"));
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn release_frees(&self) {
