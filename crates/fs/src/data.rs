@@ -318,7 +318,10 @@ impl FileSystem {
             }
             let at = self.extent_offset(extent) + rel;
             let last = i + 1 == order.len();
-            let started = several.then(Instant::now);
+            // Only `fastest` uses the latencies: no clock or table on other reads.
+            let timed = several
+                && self.read_replica_policy() == crate::replication::ReadReplicaPolicy::Fastest;
+            let started = timed.then(Instant::now);
             let result = self.read_copy(ino, extent, at, buf, sectors, report, !last);
             if let Some(t) = started {
                 let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);

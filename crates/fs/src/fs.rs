@@ -181,7 +181,7 @@ pub struct FileSystem {
     pub(crate) client_opens: Mutex<HashMap<Ino, u32>>,
     /// `readReplicaPolicy`: which copy of a replicated block reads try first (see
     /// `replication.rs`).
-    pub(crate) read_policy: Mutex<crate::replication::ReadReplicaPolicy>,
+    pub(crate) read_policy: std::sync::atomic::AtomicU8,
     /// Reads of replicated blocks so far: every sixteenth tries the copies in another
     /// order, so that the latency of every disk keeps being measured.
     pub(crate) replica_reads: std::sync::atomic::AtomicU64,
@@ -365,7 +365,9 @@ impl FileSystem {
             data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             kept_data: crate::locks::KeptTokens::default(),
             client_opens: Mutex::new(HashMap::new()),
-            read_policy: Mutex::new(crate::replication::ReadReplicaPolicy::Default),
+            read_policy: std::sync::atomic::AtomicU8::new(
+                crate::replication::ReadReplicaPolicy::Default as u8,
+            ),
             replica_reads: std::sync::atomic::AtomicU64::new(0),
         })
     }

@@ -32,6 +32,7 @@ use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
 
 /// Which copy of a replicated block a read tries first [mmchconfig readReplicaPolicy].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum ReadReplicaPolicy {
     /// The copies in the order the block lists them (the first one that is up).
     Default,
@@ -202,7 +203,18 @@ impl FileSystem {
 
     /// `readReplicaPolicy` [mmchconfig]: which copy of a replicated block reads try first.
     pub fn set_read_replica_policy(&self, policy: ReadReplicaPolicy) {
-        *self.read_policy.lock() = policy;
+        self.read_policy
+            .store(policy as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The `readReplicaPolicy` in force (read on every read of a replicated block, hence
+    /// an atomic rather than a lock).
+    pub(crate) fn read_replica_policy(&self) -> ReadReplicaPolicy {
+        match self.read_policy.load(std::sync::atomic::Ordering::Relaxed) {
+            p if p == ReadReplicaPolicy::Local as u8 => ReadReplicaPolicy::Local,
+            p if p == ReadReplicaPolicy::Fastest as u8 => ReadReplicaPolicy::Fastest,
+            _ => ReadReplicaPolicy::Default,
+        }
     }
 
     /// Which disks this node reaches through NSD servers, by NSD name (for
@@ -222,7 +234,7 @@ impl FileSystem {
         if copies.len() < 2 {
             return order;
         }
-        match *self.read_policy.lock() {
+        match self.read_replica_policy() {
             ReadReplicaPolicy::Default => {}
             ReadReplicaPolicy::Local => order.sort_by_key(|e| self.devices.is_remote(e.addr.disk)),
             ReadReplicaPolicy::Fastest => {
