@@ -468,10 +468,33 @@ impl tessera_drive::BlockDevice for Slow {
     }
 }
 
+/// The drives of `t`, each behind a [`Slow`] that delays its reads by `delay(i)`.
+fn counted_drives(
+    t: &TestDisks,
+    delay: impl Fn(usize) -> std::time::Duration,
+) -> (common::Disks, Vec<std::sync::Arc<Slow>>) {
+    let mut counted = Vec::new();
+    let disks = t
+        .reopen()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, dev))| {
+            let s = std::sync::Arc::new(Slow {
+                inner: dev,
+                delay: delay(i),
+                reads: Default::default(),
+            });
+            counted.push(std::sync::Arc::clone(&s));
+            let dev: std::sync::Arc<dyn tessera_drive::BlockDevice> = s;
+            (id, dev)
+        })
+        .collect();
+    (disks, counted)
+}
+
 #[test]
 fn read_replica_policy_fastest_reads_from_the_faster_failure_group() {
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
     use std::time::Duration;
     let t = replicated_fs();
     let fs = mount(&t);
@@ -479,24 +502,9 @@ fn read_replica_policy_fastest_reads_from_the_faster_failure_group() {
     fs.unmount().unwrap();
     drop(fs);
     // Group 1 (nsd1, nsd2) answers reads 3 ms late; group 2 at once.
-    let slow: Vec<Arc<Slow>> = Vec::new();
-    let mut slow = slow;
-    let disks: common::Disks = t
-        .reopen()
-        .into_iter()
-        .enumerate()
-        .map(|(i, (id, dev))| {
-            let delay = if i == 1 || i == 2 { 3 } else { 0 };
-            let s = Arc::new(Slow {
-                inner: dev,
-                delay: Duration::from_millis(delay),
-                reads: Default::default(),
-            });
-            slow.push(Arc::clone(&s));
-            let dev: Arc<dyn tessera_drive::BlockDevice> = s;
-            (id, dev)
-        })
-        .collect();
+    let (disks, slow) = counted_drives(&t, |i| {
+        Duration::from_millis(if i == 1 || i == 2 { 3 } else { 0 })
+    });
     let fs = FileSystem::mount(disks).unwrap();
     fs.set_read_replica_policy(tessera_fs::replication::ReadReplicaPolicy::Fastest);
     let reads = |i: usize| slow[i].reads.load(Ordering::Relaxed);
@@ -521,28 +529,13 @@ fn read_replica_policy_fastest_reads_from_the_faster_failure_group() {
 #[test]
 fn read_replica_policy_local_reads_the_copies_this_node_reaches_itself() {
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
     use tessera_fs::replication::ReadReplicaPolicy;
     let t = replicated_fs();
     let fs = mount(&t);
     let files = populate(&fs, "a", 43);
     fs.unmount().unwrap();
     drop(fs);
-    let mut counted: Vec<Arc<Slow>> = Vec::new();
-    let disks: common::Disks = t
-        .reopen()
-        .into_iter()
-        .map(|(id, dev)| {
-            let s = Arc::new(Slow {
-                inner: dev,
-                delay: std::time::Duration::ZERO,
-                reads: Default::default(),
-            });
-            counted.push(Arc::clone(&s));
-            let dev: Arc<dyn tessera_drive::BlockDevice> = s;
-            (id, dev)
-        })
-        .collect();
+    let (disks, counted) = counted_drives(&t, |_| std::time::Duration::ZERO);
     let fs = FileSystem::mount(disks).unwrap();
     // Group 1 as if this node reached it through NSD servers: every read goes to group 2.
     fs.set_remote_disks(&["nsd1".into(), "nsd2".into()]);

@@ -53,15 +53,26 @@ impl Writer {
     }
 }
 
-/// The `status` column of `disk ls -Y` for `nsd`.
-fn status_of(node: &Node, fs: &str, nsd: &str) -> String {
+/// Column `column` of `disk ls -Y` for `nsd` (13: status, 14: availability).
+fn disk_ls_column(node: &Node, fs: &str, nsd: &str, column: usize) -> String {
     let out = node.ok(&["disk", "ls", fs, "-Y"]);
     let line = out
         .lines()
         .find(|l| !l.contains(":HEADER:") && l.contains(&format!(":{nsd}:")))
         .unwrap_or_else(|| panic!("{nsd} not in\n{out}"));
     // disk::0:1:::fileSystem:diskName:driverType:sectorSize:failureGroup:metadata:data:status:
-    line.split(':').nth(13).unwrap().to_string()
+    // availability:...
+    line.split(':').nth(column).unwrap().to_string()
+}
+
+/// The `status` column of `disk ls -Y` for `nsd`.
+fn status_of(node: &Node, fs: &str, nsd: &str) -> String {
+    disk_ls_column(node, fs, nsd, 13)
+}
+
+/// The `availability` column of `disk ls -Y` for `nsd`.
+fn availability_of(node: &Node, fs: &str, nsd: &str) -> String {
+    disk_ls_column(node, fs, nsd, 14)
 }
 
 #[test]
@@ -264,16 +275,6 @@ fn delete_disks_from_a_mounted_file_system_and_from_an_unmounted_one() {
     for (path, data) in &files {
         assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
     }
-}
-
-/// The `availability` column of `disk ls -Y` for `nsd`.
-fn availability_of(node: &Node, fs: &str, nsd: &str) -> String {
-    let out = node.ok(&["disk", "ls", fs, "-Y"]);
-    let line = out
-        .lines()
-        .find(|l| !l.contains(":HEADER:") && l.contains(&format!(":{nsd}:")))
-        .unwrap_or_else(|| panic!("{nsd} not in\n{out}"));
-    line.split(':').nth(14).unwrap().to_string()
 }
 
 #[test]
