@@ -516,8 +516,29 @@ impl AllocMap {
         kind: AllocKind,
         blocks: u64,
     ) -> Result<(DiskAddr, u64), AllocError> {
+        self.alloc_contiguous_blocks_on(pool, kind, blocks, &|_| true)
+    }
+
+    /// [`AllocMap::alloc_contiguous_blocks`] restricted to the disks `allowed` accepts (the
+    /// second copy of a region goes to a disk of another failure group).
+    ///
+    /// # Errors
+    ///
+    /// As [`AllocMap::alloc_contiguous_blocks`], counting only allowed disks.
+    ///
+    /// # Panics
+    ///
+    /// If `blocks` is zero.
+    pub fn alloc_contiguous_blocks_on(
+        &mut self,
+        pool: PoolId,
+        kind: AllocKind,
+        blocks: u64,
+        allowed: &dyn Fn(DiskIndex) -> bool,
+    ) -> Result<(DiskAddr, u64), AllocError> {
         assert!(blocks >= 1, "empty block run");
         let mut eligible = self.eligible_slots(pool, kind);
+        eligible.retain(|&slot| allowed(self.disks[slot].disk));
         // Try the emptiest disks first: they are the most likely to hold a long free run.
         eligible.sort_by_key(|&slot| std::cmp::Reverse(self.states[slot].free_block_count()));
         let found = eligible.iter().find_map(|&slot| {

@@ -54,6 +54,7 @@ use tessera_alloc::{AllocKind, AllocMap, DiskIndex, Extent, MAP_CHUNK_WORDS};
 use tessera_drive::{AlignedBuf, BlockDevice};
 
 use crate::descriptor::FsDescriptor;
+use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 
 /// Bytes of one chunk slot.
@@ -298,6 +299,16 @@ pub(crate) fn allocate_regions_for(
     let mut regions = Vec::with_capacity(disks.len());
     for &index in disks {
         let bytes = region_bytes(alloc.chunk_count(index));
+        if bytes == 0 {
+            // A disk without blocks (descOnly) has no bitmap to store.
+            regions.push(MapRegion {
+                disk: index,
+                on_disk: index,
+                offset: 0,
+                bytes: 0,
+            });
+            continue;
+        }
         let Ok((start, blocks)) =
             alloc.alloc_contiguous_blocks(0, AllocKind::Metadata, bytes.div_ceil(bs))
         else {
@@ -320,12 +331,127 @@ pub(crate) fn allocate_regions_for(
     Ok(regions)
 }
 
-/// The block extents of the map regions (for fsck's reference count).
+/// Allocates the second copy of each of `first` (metadata replicated), each on a metadata
+/// disk of a failure group other than the one holding its first copy.
+pub(crate) fn allocate_second_regions(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    alloc: &mut AllocMap,
+    first: &[MapRegion],
+) -> FsResult<Vec<MapRegion>> {
+    let bs = u64::from(desc.block_size);
+    let mut regions = Vec::with_capacity(first.len());
+    for r in first {
+        if r.bytes == 0 {
+            regions.push(*r);
+            continue;
+        }
+        let group = disks.failure_group(r.on_disk);
+        let other = |d: DiskIndex| disks.failure_group(d) != group && !disks.is_down(d);
+        let Ok((start, blocks)) =
+            alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, r.bytes.div_ceil(bs), &other)
+        else {
+            for e in region_extents_of(desc, &regions) {
+                alloc.free(e).expect("a region just allocated");
+            }
+            return Err(FsError::NoSpace {
+                pool: "system".into(),
+                what: "second copies of the allocation map regions (contiguous blocks of a \
+                       metadata disk in another failure group)",
+            });
+        };
+        regions.push(MapRegion {
+            disk: r.disk,
+            on_disk: start.disk,
+            offset: desc.sub_block_offset(start.sub_block),
+            bytes: blocks * bs,
+        });
+    }
+    Ok(regions)
+}
+
+/// Gives every map region (first or, with metadata replicated, second copy) that lies on
+/// one of `leaving` a new place on a ready metadata disk (a second copy in a failure group
+/// other than its first copy's, and the other way round). Returns the regions replaced and
+/// the disks whose maps moved; the caller marks those maps' chunks changed. On failure
+/// nothing is changed.
+pub(crate) fn replace_regions_on(
+    desc: &mut FsDescriptor,
+    disks: &DiskSet,
+    alloc: &mut AllocMap,
+    leaving: &[DiskIndex],
+) -> FsResult<(Vec<MapRegion>, Vec<DiskIndex>)> {
+    let bs = u64::from(desc.block_size);
+    let firsts: Vec<MapRegion> = desc.alloc_map.as_ref().map(|m| m.regions.clone()).unwrap_or_default();
+    let seconds: Vec<MapRegion> = desc
+        .metadata_copies
+        .as_ref()
+        .map(|c| c.map_regions.clone())
+        .unwrap_or_default();
+    let partner = |r: &MapRegion, of: &[MapRegion]| of.iter().find(|p| p.disk == r.disk).copied();
+    let mut old = Vec::new();
+    let mut new_firsts = firsts.clone();
+    let mut new_seconds = seconds.clone();
+    let mut taken: Vec<MapRegion> = Vec::new();
+    let mut moved = Vec::new();
+    for (list, other) in [(&mut new_firsts, &seconds), (&mut new_seconds, &firsts)] {
+        for r in list.iter_mut() {
+            if !leaving.contains(&r.on_disk) || r.bytes == 0 {
+                continue;
+            }
+            let avoid = partner(r, other).map(|p| disks.failure_group(p.on_disk));
+            let allowed = |d: DiskIndex| {
+                !leaving.contains(&d)
+                    && !disks.is_down(d)
+                    && avoid.is_none_or(|g| disks.failure_group(d) != g)
+            };
+            let Ok((start, blocks)) = alloc.alloc_contiguous_blocks_on(
+                0,
+                AllocKind::Metadata,
+                r.bytes.div_ceil(bs),
+                &allowed,
+            ) else {
+                for e in region_extents_of(desc, &taken) {
+                    alloc.free(e).expect("a region just allocated");
+                }
+                return Err(FsError::NoSpace {
+                    pool: "system".into(),
+                    what: "allocation map regions (contiguous blocks of a ready metadata disk, \
+                           in another failure group than the region's other copy)",
+                });
+            };
+            old.push(*r);
+            *r = MapRegion {
+                disk: r.disk,
+                on_disk: start.disk,
+                offset: desc.sub_block_offset(start.sub_block),
+                bytes: blocks * bs,
+            };
+            taken.push(*r);
+            if !moved.contains(&r.disk) {
+                moved.push(r.disk);
+            }
+        }
+    }
+    if let Some(stored) = &mut desc.alloc_map {
+        stored.regions = new_firsts;
+    }
+    if let Some(copies) = &mut desc.metadata_copies {
+        copies.map_regions = new_seconds;
+    }
+    Ok((old, moved))
+}
+
+/// The block extents of the map regions, both copies (for fsck's reference count).
 pub(crate) fn region_extents(desc: &FsDescriptor) -> Vec<Extent> {
-    match &desc.alloc_map {
+    let mut out = match &desc.alloc_map {
         Some(stored) => region_extents_of(desc, &stored.regions),
         None => Vec::new(),
+    };
+    if let Some(copies) = &desc.metadata_copies {
+        out.extend(region_extents_of(desc, &copies.map_regions));
     }
+    out
 }
 
 pub(crate) fn region_extents_of(desc: &FsDescriptor, regions: &[MapRegion]) -> Vec<Extent> {
@@ -333,7 +459,7 @@ pub(crate) fn region_extents_of(desc: &FsDescriptor, regions: &[MapRegion]) -> V
     let sub = u64::from(desc.sub_block_size);
     let per = desc.sub_blocks_per_block();
     let mut out = Vec::new();
-    for r in regions {
+    for r in regions.iter().filter(|r| r.bytes > 0) {
         let first = (r.offset - data_start) / sub;
         for b in 0..r.bytes / u64::from(desc.block_size) {
             out.push(Extent {
@@ -389,6 +515,11 @@ pub(crate) fn load(
             stale,
         });
     }
+    let mirrors: Vec<&MapRegion> = desc
+        .metadata_copies
+        .as_ref()
+        .map(|c| c.map_regions.iter().collect())
+        .unwrap_or_default();
     let mut by_disk: Vec<&MapRegion> = regions.iter().collect();
     by_disk.sort_by_key(|r| r.disk);
     for region in by_disk {
@@ -396,16 +527,24 @@ pub(crate) fn load(
         let chunks = empty.chunk_count(disk);
         let total_words = empty.bitmap(disk).len();
         let name = &disks[&disk].nsd_name;
-        let Some(dev) = devices.get(region.on_disk as usize) else {
-            return Err(FsError::Corrupt(format!(
-                "the allocation map of {name} is on disk {}, which the file system lacks",
-                region.on_disk
-            )));
-        };
-        if region.bytes < region_bytes(chunks) {
+        // The disk's regions: the first, and its second copy with metadata replicated.
+        let copies: Vec<&MapRegion> = std::iter::once(region)
+            .chain(mirrors.iter().copied().filter(|m| m.disk == disk))
+            .collect();
+        let mut devs = Vec::with_capacity(copies.len());
+        for r in &copies {
+            let Some(dev) = devices.get(r.on_disk as usize) else {
+                return Err(FsError::Corrupt(format!(
+                    "the allocation map of {name} is on disk {}, which the file system lacks",
+                    r.on_disk
+                )));
+            };
+            devs.push(dev);
+        }
+        if let Some(small) = copies.iter().find(|r| r.bytes < region_bytes(chunks)) {
             problem.get_or_insert(format!(
                 "the map region of {name} holds {} bytes, {} are needed",
-                region.bytes,
+                small.bytes,
                 region_bytes(chunks)
             ));
             bitmaps.push(Vec::new());
@@ -416,10 +555,18 @@ pub(crate) fn load(
         let mut chunk = 0;
         while chunk < chunks {
             let n = per_batch.min(chunks - chunk);
-            let mut buf = AlignedBuf::zeroed(n * 2 * SLOT_BYTES);
-            if let Err(e) = dev.read_at(&mut buf, region.offset + (chunk * 2 * SLOT_BYTES) as u64) {
+            let mut bufs = Vec::with_capacity(copies.len());
+            let mut unreadable = Vec::new();
+            for (r, dev) in copies.iter().zip(&devs) {
+                let mut buf = AlignedBuf::zeroed(n * 2 * SLOT_BYTES);
+                match dev.read_at(&mut buf, r.offset + (chunk * 2 * SLOT_BYTES) as u64) {
+                    Ok(()) => bufs.push(buf),
+                    Err(e) => unreadable.push(format!("reading the allocation map of {name}: {e}")),
+                }
+            }
+            if bufs.is_empty() {
                 // Unreadable is as good as damaged: the map is rebuilt, the mount goes on.
-                problem.get_or_insert(format!("reading the allocation map of {name}: {e}"));
+                problem.get_or_insert(unreadable.join("; "));
             }
             for i in 0..n {
                 let c = chunk + i;
@@ -428,19 +575,28 @@ pub(crate) fn load(
                 let mut stale_slot = None;
                 let mut tie = false;
                 let mut why = Vec::new();
-                for s in 0..2u8 {
-                    let at = (2 * i + s as usize) * SLOT_BYTES;
-                    match decode_slot(&buf[at..at + SLOT_BYTES], owner, disk, c, want) {
-                        Ok((g, _)) if g > durable => {
-                            stale_slot = Some(s);
-                            why.push(format!("slot {s}: generation {g} never committed"));
+                // Both regions of a replicated map hold a chunk in the same slot, with the
+                // same generation when both took the write: equal generations in one slot
+                // are copies, in the two slots a contradiction.
+                for buf in &bufs {
+                    for s in 0..2u8 {
+                        let at = (2 * i + s as usize) * SLOT_BYTES;
+                        match decode_slot(&buf[at..at + SLOT_BYTES], owner, disk, c, want) {
+                            Ok((g, _)) if g > durable => {
+                                stale_slot = Some(s);
+                                why.push(format!("slot {s}: generation {g} never committed"));
+                            }
+                            Ok((g, w)) => match &best {
+                                Some(b) if b.0 == g && b.1 == s => {}
+                                Some(b) if b.0 == g => tie = true,
+                                Some(b) if b.0 > g => {}
+                                _ => {
+                                    tie = false;
+                                    best = Some((g, s, w));
+                                }
+                            },
+                            Err(e) => why.push(format!("slot {s}: {e}")),
                         }
-                        Ok((g, w)) => match &best {
-                            Some(b) if b.0 == g => tie = true,
-                            Some(b) if b.0 > g => {}
-                            _ => best = Some((g, s, w)),
-                        },
-                        Err(e) => why.push(format!("slot {s}: {e}")),
                     }
                 }
                 let keep = &mut slots.keep.get_mut(&disk).expect("every disk")[c];
@@ -542,9 +698,15 @@ pub(crate) fn snapshot(alloc: &mut AllocMap, excluded: &[Extent]) -> Vec<ChunkIm
 /// flushes the disks written, and sets `desc`'s digest to what it is once they are current
 /// (the caller then writes `desc`); returns the slots written, for [`MapSlots::commit`] once
 /// that descriptor is durable.
+///
+/// With metadata replicated each chunk goes to the same slot of both of its disk's regions
+/// (`MetadataCopies::map_regions` holds the second ones); a region whose disk is down, or
+/// fails the write or the flush (it is then marked down), is skipped, and mount takes each
+/// chunk's newest copy from either region. The checkpoint fails only when a chunk reached
+/// no region.
 pub(crate) fn write_chunks(
     desc: &mut FsDescriptor,
-    devices: &[Arc<dyn BlockDevice>],
+    disks: &DiskSet,
     slots: &MapSlots,
     generation: u64,
     images: &[ChunkImage],
@@ -552,25 +714,65 @@ pub(crate) fn write_chunks(
     let Some(stored) = &desc.alloc_map else {
         return Ok(Vec::new());
     };
-    let region_of: HashMap<DiskIndex, &MapRegion> =
-        stored.regions.iter().map(|r| (r.disk, r)).collect();
+    let mut regions_of: HashMap<DiskIndex, Vec<&MapRegion>> = HashMap::new();
+    let mirrors = desc.metadata_copies.as_ref().map(|c| &c.map_regions[..]);
+    for r in stored.regions.iter().chain(mirrors.unwrap_or(&[])) {
+        regions_of.entry(r.disk).or_default().push(r);
+    }
+    let mirrored = mirrors.is_some();
     let owner = owner(desc);
-    let mut touched = vec![false; devices.len()];
+    let mut touched = vec![false; disks.len()];
+    let mut failed: Vec<(DiskIndex, std::io::Error)> = Vec::new();
     let mut written = Vec::with_capacity(images.len());
     for image in images {
-        let region = region_of[&image.disk];
         let slot = slots.target(image.disk, image.chunk);
         let bytes = encode_slot(owner, image.disk, image.chunk, generation, &image.words);
-        let at = region.offset + ((image.chunk * 2 + slot as usize) * SLOT_BYTES) as u64;
-        assert!(at + SLOT_BYTES as u64 <= region.offset + region.bytes);
-        devices[region.on_disk as usize].write_at(&AlignedBuf::from_slice(&bytes), at)?;
-        touched[region.on_disk as usize] = true;
+        for region in &regions_of[&image.disk] {
+            let on = region.on_disk;
+            if disks.is_down(on) || failed.iter().any(|(d, _)| *d == on) {
+                continue;
+            }
+            let at = region.offset + ((image.chunk * 2 + slot as usize) * SLOT_BYTES) as u64;
+            assert!(at + SLOT_BYTES as u64 <= region.offset + region.bytes);
+            match disks.get(on).write_at(&AlignedBuf::from_slice(&bytes), at) {
+                Ok(()) => touched[on as usize] = true,
+                Err(e) if mirrored => failed.push((on, e)),
+                Err(e) => return Err(e.into()),
+            }
+        }
         written.push((image.disk, image.chunk, slot));
     }
-    for (dev, t) in devices.iter().zip(touched) {
-        if t {
-            dev.flush()?;
+    for (disk, t) in touched.into_iter().enumerate() {
+        let disk = disk as DiskIndex;
+        if t && !failed.iter().any(|(d, _)| *d == disk) {
+            match disks.get(disk).flush() {
+                Ok(()) => {}
+                Err(e) if mirrored => failed.push((disk, e)),
+                Err(e) => return Err(e.into()),
+            }
         }
+    }
+    for (disk, e) in &failed {
+        if disks.set_down(*disk, true) {
+            tracing::error!(
+                "{}: NSD {} is down: a write of the allocation map failed: {e}; the map's \
+                 copies on other failure groups are used",
+                desc.name,
+                disks.name(*disk)
+            );
+        }
+    }
+    if let Some(image) = images.iter().find(|i| {
+        regions_of[&i.disk]
+            .iter()
+            .all(|r| disks.is_down(r.on_disk))
+    }) {
+        return Err(FsError::Io(std::io::Error::other(format!(
+            "no copy of chunk {} of the allocation map of {} could be written: every disk \
+             holding its region is down",
+            image.chunk,
+            disks.name(image.disk)
+        ))));
     }
     if let Some(stored) = &mut desc.alloc_map {
         stored.digest = slots.digest_with(&written, generation);

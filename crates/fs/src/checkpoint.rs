@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use tessera_alloc::{AllocKind, AllocMap, DiskAddr, Extent};
-use tessera_drive::{AlignedBuf, BlockDevice};
-use tessera_meta::{MetaError, MetaStore, PageAddr, PageFormat, PagePtr, PageReader};
+use tessera_drive::AlignedBuf;
+use tessera_meta::{MetaError, MetaStore, PageAddr, PageFormat, PagePlace, PageReader};
 
 use crate::descriptor::{FsDescriptor, ShardRoot};
 use crate::disk_set::DiskSet;
@@ -71,6 +71,13 @@ struct DiskPages {
 impl PageReader for DiskPages {
     fn read_page(&self, addr: PageAddr, page: &mut [u8]) -> std::io::Result<()> {
         let a = disk_addr(addr);
+        if self.disks.is_down(a.disk) {
+            // The other copy answers (metadata replicated) or the read fails by name.
+            return Err(std::io::Error::other(format!(
+                "metadata page {addr} is on NSD {}, which is down",
+                self.disks.name(a.disk)
+            )));
+        }
         let dev = self.disks.try_get(a.disk).ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -88,6 +95,37 @@ impl PageReader for DiskPages {
         page.copy_from_slice(&buf);
         Ok(())
     }
+
+    fn repair_page(&self, addr: PageAddr, page: &[u8], why: &str) -> bool {
+        let a = disk_addr(addr);
+        let name = self.disks.name(a.disk);
+        if self.disks.is_down(a.disk) {
+            tracing::warn!(
+                "metadata page {addr} read from its second copy: NSD {name} is down;                  `tessera restripe -r` rewrites its copies there once it is back"
+            );
+            return false;
+        }
+        let result = self.disks.get(a.disk).write_at(
+            &AlignedBuf::from_slice(page),
+            self.data_start + a.sub_block * self.sub_block_bytes,
+        );
+        match result {
+            Ok(()) => {
+                tracing::warn!(
+                    "metadata page {addr} on NSD {name} was damaged ({why}); rewritten from \
+                     its other copy"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::error!(
+                    "metadata page {addr} on NSD {name} is damaged ({why}) and could not be \
+                     rewritten from its other copy: {e}"
+                );
+                false
+            }
+        }
+    }
 }
 
 /// The page store of a file system, its next checkpoint being `generation`.
@@ -98,7 +136,11 @@ pub(crate) fn new_store(
 ) -> FsResult<MetaStore> {
     let page = desc.checkpoint.page_bytes as usize;
     let owner = u64::from_le_bytes(desc.fs_uuid[..8].try_into().expect("8 bytes"));
-    let format = PageFormat::new(page, owner).map_err(|e| FsError::Corrupt(e.to_string()))?;
+    let mut format =
+        PageFormat::new(page, owner).map_err(|e| FsError::Corrupt(e.to_string()))?;
+    if desc.metadata_copies.is_some() {
+        format = format.with_mirrors();
+    }
     let reader = Arc::new(DiskPages {
         disks: Arc::clone(disks),
         data_start: tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size)),
@@ -123,8 +165,7 @@ pub(crate) fn open_state(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> FsResult<
         )));
     }
     let store = new_store(desc, disks, desc.checkpoint.generation + 1)?;
-    let roots: Vec<PagePtr> = desc.checkpoint.roots.iter().map(|r| r.ptr()).collect();
-    MetaState::open(store, &roots)
+    MetaState::open(store, &desc.root_ptrs())
 }
 
 /// A checkpoint whose pages have their places but are not written yet.
@@ -132,10 +173,23 @@ pub(crate) struct Prepared {
     pub generation: u64,
     pub pages: Vec<tessera_meta::CheckpointPage>,
     pub roots: Vec<ShardRoot>,
+    /// The roots' second addresses (`NO_SECOND_COPY` for none), with metadata replicated.
+    pub root_mirrors: Vec<u64>,
     /// Pages of earlier checkpoints this one no longer reaches: free once it is durable.
     pub superseded: Vec<Extent>,
     /// The chunks of the allocation map this checkpoint stores (`crate::alloc_map`).
     pub map: Vec<crate::alloc_map::ChunkImage>,
+}
+
+impl Prepared {
+    /// Names this checkpoint's roots in `desc` (the caller then writes it).
+    pub fn name_in(&self, desc: &mut FsDescriptor) {
+        desc.checkpoint.generation = self.generation;
+        desc.checkpoint.roots = self.roots.clone();
+        if let Some(copies) = &mut desc.metadata_copies {
+            copies.root_mirrors = self.root_mirrors.clone();
+        }
+    }
 }
 
 /// Places every changed page and takes the changed chunks of the allocation map (the part
@@ -145,34 +199,60 @@ pub(crate) struct Prepared {
 /// checkpoint supersedes.
 pub(crate) fn prepare(
     desc: &FsDescriptor,
+    disks: &DiskSet,
     alloc: &mut AllocMap,
     state: &mut MetaState,
     unrecorded: &[Extent],
 ) -> FsResult<Prepared> {
     let subs = desc.checkpoint.page_bytes / desc.sub_block_size;
+    let mirrored = desc.metadata_copies.is_some();
     state.write_headers()?;
     state.unsettled_into_tree()?;
     let (store, mut trees) = state.trees_mut();
+    let mut single = 0usize;
     let cp = store
         .checkpoint(&mut trees, &mut |n| {
-            let mut out: Vec<PageAddr> = Vec::with_capacity(n);
-            let mut prev = None;
-            for _ in 0..n {
-                match alloc.alloc_fragment(0, AllocKind::Metadata, subs, prev) {
-                    Ok(e) => {
-                        prev = Some(e.addr);
-                        out.push(page_addr(e.addr));
-                    }
-                    Err(e) => {
-                        for a in &out {
-                            let _ = alloc.free(Extent {
-                                addr: disk_addr(*a),
-                                sub_blocks: subs,
-                            });
-                        }
-                        return Err(MetaError::NoSpace(e.to_string()));
+            let mut out: Vec<PagePlace> = Vec::with_capacity(n);
+            let (mut prev, mut prev_mirror) = (None, None);
+            let up = |d: tessera_alloc::DiskIndex| !disks.is_down(d);
+            let give_back = |alloc: &mut AllocMap, out: &[PagePlace]| {
+                for place in out {
+                    for a in std::iter::once(place.addr).chain(place.mirror) {
+                        let _ = alloc.free(Extent {
+                            addr: disk_addr(a),
+                            sub_blocks: subs,
+                        });
                     }
                 }
+            };
+            for _ in 0..n {
+                let first = match alloc.alloc_fragment_on(0, AllocKind::Metadata, subs, prev, &up) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        give_back(alloc, &out);
+                        return Err(MetaError::NoSpace(e.to_string()));
+                    }
+                };
+                prev = Some(first.addr);
+                // The second copy in another failure group; with none up (or none with
+                // room) the page has one copy until `restripe -r` gives it its second.
+                let group = disks.failure_group(first.addr.disk);
+                let other = |d: tessera_alloc::DiskIndex| up(d) && disks.failure_group(d) != group;
+                let mirror = mirrored
+                    .then(|| {
+                        alloc
+                            .alloc_fragment_on(0, AllocKind::Metadata, subs, prev_mirror, &other)
+                            .ok()
+                    })
+                    .flatten();
+                if mirrored && mirror.is_none() {
+                    single += 1;
+                }
+                prev_mirror = mirror.map(|m| m.addr).or(prev_mirror);
+                out.push(PagePlace {
+                    addr: page_addr(first.addr),
+                    mirror: mirror.map(|m| page_addr(m.addr)),
+                });
             }
             Ok(out)
         })
@@ -183,9 +263,21 @@ pub(crate) fn prepare(
             },
             other => FsError::Corrupt(other.to_string()),
         })?;
-    let roots = trees
+    if single > 0 {
+        tracing::warn!(
+            "{}: {single} metadata page(s) of this checkpoint have one copy: no metadata disk              of another failure group is up or has room; `tessera restripe {} -r` gives them              their second copy once one is",
+            desc.name,
+            desc.name
+        );
+    }
+    let ptrs: Vec<_> = trees
         .iter()
-        .map(|t| ShardRoot::from(t.root().expect("checkpointed tree has a root page")))
+        .map(|t| t.root().expect("checkpointed tree has a root page"))
+        .collect();
+    let roots = ptrs.iter().map(|p| ShardRoot::from(*p)).collect();
+    let root_mirrors = ptrs
+        .iter()
+        .map(|p| p.mirror.map_or(crate::descriptor::NO_SECOND_COPY, |a| a.0))
         .collect();
     let superseded: Vec<Extent> = cp
         .superseded
@@ -203,6 +295,7 @@ pub(crate) fn prepare(
         generation: cp.generation,
         pages: cp.pages,
         roots,
+        root_mirrors,
         superseded,
         map,
     })
@@ -214,47 +307,101 @@ pub(crate) fn prepare(
 /// to the host) per 16 KiB page, about a tenth of the daemon's time at four million files.
 const WRITE_BATCH_BYTES: usize = 1 << 20;
 
-/// Writes a prepared checkpoint's pages and makes them durable.
+/// Writes a prepared checkpoint's pages, every copy, and makes them durable. With metadata
+/// replicated, a disk that fails a write or a flush is marked down and the checkpoint
+/// stands as long as every page has one copy written (the pointers still name the failed
+/// copy: reads skip it while the disk is down and find it stale by its checksum after,
+/// and `restripe -r` rewrites it); with one copy any failure fails the checkpoint.
 pub(crate) fn write_pages(
     desc: &FsDescriptor,
-    devices: &[Arc<dyn BlockDevice>],
+    disks: &DiskSet,
     prepared: &Prepared,
 ) -> FsResult<()> {
     let page_bytes = desc.checkpoint.page_bytes as usize;
     let page_subs = u64::from(desc.checkpoint.page_bytes / desc.sub_block_size);
-    // A page address is the disk in its top bits and the sub-block below: sorted, the pages
-    // of a disk come together in the order of their places.
-    let mut order: Vec<usize> = (0..prepared.pages.len()).collect();
-    order.sort_unstable_by_key(|&i| prepared.pages[i].addr.0);
+    let mirrored = desc.metadata_copies.is_some();
+    // Every copy to write: (address, page). A page address is the disk in its top bits and
+    // the sub-block below: sorted, the pages of a disk come together in their places' order.
+    let mut order: Vec<(PageAddr, usize)> = prepared
+        .pages
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| std::iter::once((p.addr, i)).chain(p.mirror.map(|m| (m, i))))
+        .filter(|(a, _)| !disks.is_down(disk_addr(*a).disk))
+        .collect();
+    order.sort_unstable_by_key(|(a, _)| a.0);
     let batch_pages = (WRITE_BATCH_BYTES / page_bytes).max(1);
     let mut buf = AlignedBuf::zeroed(page_bytes * batch_pages.min(order.len().max(1)));
-    let mut touched = vec![false; devices.len()];
+    let mut touched = vec![false; disks.len()];
+    let mut failed: Vec<(tessera_alloc::DiskIndex, std::io::Error)> = Vec::new();
     let mut rest = &order[..];
-    while let Some(&first) = rest.first() {
-        let start = disk_addr(prepared.pages[first].addr);
+    while let Some(&(first, _)) = rest.first() {
+        let start = disk_addr(first);
         let run = rest
             .iter()
             .take(batch_pages)
             .enumerate()
-            .take_while(|&(k, &i)| {
-                let a = disk_addr(prepared.pages[i].addr);
+            .take_while(|&(k, &(a, _))| {
+                let a = disk_addr(a);
                 a.disk == start.disk && a.sub_block == start.sub_block + k as u64 * page_subs
             })
             .count();
-        for (k, &i) in rest[..run].iter().enumerate() {
-            prepared.pages[i].encode(&mut buf[k * page_bytes..(k + 1) * page_bytes]);
+        let skip = failed.iter().any(|(d, _)| *d == start.disk);
+        if !skip {
+            for (k, &(_, i)) in rest[..run].iter().enumerate() {
+                prepared.pages[i].encode(&mut buf[k * page_bytes..(k + 1) * page_bytes]);
+            }
+            let written = disks
+                .get(start.disk)
+                .write_at(&buf[..run * page_bytes], desc.sub_block_offset(start.sub_block));
+            match written {
+                Ok(()) => touched[start.disk as usize] = true,
+                Err(e) if mirrored => failed.push((start.disk, e)),
+                Err(e) => return Err(e.into()),
+            }
         }
-        devices[start.disk as usize].write_at(
-            &buf[..run * page_bytes],
-            desc.sub_block_offset(start.sub_block),
-        )?;
-        touched[start.disk as usize] = true;
         rest = &rest[run..];
     }
-    for (dev, t) in devices.iter().zip(touched) {
-        if t {
-            dev.flush()?;
+    for (disk, t) in touched.into_iter().enumerate() {
+        let disk = disk as tessera_alloc::DiskIndex;
+        if t && !failed.iter().any(|(d, _)| *d == disk) {
+            match disks.get(disk).flush() {
+                Ok(()) => {}
+                Err(e) if mirrored => failed.push((disk, e)),
+                Err(e) => return Err(e.into()),
+            }
         }
     }
-    Ok(())
+    if failed.is_empty() {
+        return Ok(());
+    }
+    for (disk, e) in &failed {
+        if disks.set_down(*disk, true) {
+            tracing::error!(
+                "{}: NSD {} is down: a write of metadata pages failed: {e}; the pages'                  copies in other failure groups are used; after fixing it run `tessera disk                  change {} start -d {}` and `tessera restripe {} -r`",
+                desc.name,
+                disks.name(*disk),
+                desc.name,
+                disks.name(*disk),
+                desc.name
+            );
+        }
+    }
+    let lost = prepared.pages.iter().find(|p| {
+        std::iter::once(p.addr)
+            .chain(p.mirror)
+            .all(|a| disks.is_down(disk_addr(a).disk))
+    });
+    match lost {
+        Some(p) => Err(FsError::Io(std::io::Error::other(format!(
+            "no copy of metadata page {} could be written: {}",
+            p.addr,
+            failed
+                .iter()
+                .map(|(d, e)| format!("NSD {}: {e}", disks.name(*d)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )))),
+        None => Ok(()),
+    }
 }

@@ -12,7 +12,7 @@
 //! 0        8          12           20        24       28       32
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! | magic  | version  | generation | length  | crc32c | zero   | payload (postcard)   |
-//! | TSRFSD01 | u32 = 6 | u64        | u32     | u32    | u32    | `length` bytes       |
+//! | TSRFSD01 | u32 = 7 | u64        | u32     | u32    | u32    | `length` bytes       |
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! ```
 //! The crc covers the payload; the generation is repeated inside the payload and must match.
@@ -40,8 +40,13 @@ use crate::error::{FsError, FsResult};
 /// were zero before and still mean "the default data pool" when zero, so versions 3 and 4
 /// read as version 5 without a policy; version 6 added data replication (`replication`,
 /// last; block references with copies, inode records with a copy count, log records
-/// `MapCopies` and `SetReplicas`), so versions 3 to 5 read as version 6 with one copy.
-const SLOT_VERSION: u32 = 6;
+/// `MapCopies` and `SetReplicas`), so versions 3 to 5 read as version 6 with one copy;
+/// version 7 added metadata replication (`metadata_copies`, last; metadata pages of
+/// version 2, whose branch pointers carry a second address), so versions 3 to 6 read as
+/// version 7 with one metadata copy.
+const SLOT_VERSION: u32 = 7;
+/// The format whose descriptor lacks only the metadata copies.
+const SLOT_VERSION_NO_METADATA_COPIES: u32 = 6;
 /// The format whose descriptor lacks only the replication settings.
 const SLOT_VERSION_NO_REPLICATION: u32 = 5;
 /// The format whose descriptor lacks the allocation map regions and the policy.
@@ -131,6 +136,7 @@ impl ShardRoot {
         tessera_meta::PagePtr {
             addr: tessera_meta::PageAddr(self.addr),
             crc: self.crc32c,
+            mirror: None,
         }
     }
 }
@@ -188,9 +194,35 @@ pub struct FsDescriptor {
     /// the pools when installed and parsed again at mount. Last but one.
     pub policy: Option<String>,
     /// Data replication (`-r`, `-K`); `None` on file systems made before it (one copy).
-    /// Always the last field.
+    /// Last but one.
     pub replication: Option<Replication>,
+    /// Where the second copies of the metadata live (`-m 2`); `None` with one copy.
+    /// Always the last field.
+    pub metadata_copies: Option<MetadataCopies>,
 }
+
+/// The second copy of everything the metadata consists of, each on a metadata disk of a
+/// failure group other than its first copy's [mmcrfs -m 2]. The metadata pages carry their
+/// second addresses themselves (branch pointers); what the descriptor names directly has
+/// its second copy named here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataCopies {
+    /// The second address of each shard's root page, by shard as `checkpoint.roots`
+    /// (`NO_SECOND_COPY` for a root written while no second failure group took it).
+    pub root_mirrors: Vec<u64>,
+    /// The recovery log's second copy: a region as large as the first, on `disk`.
+    pub log_disk: u16,
+    pub log_offset: u64,
+    /// The copy of the log that lacks records the other holds, since its disk was missing
+    /// at a mount or failed a write: 0 the first copy, 1 the second. Mount replays only
+    /// the other one and copies it over this one before the flag is cleared.
+    pub log_behind: Option<u8>,
+    /// The allocation map's second copy: a region per disk, as `alloc_map.regions`.
+    pub map_regions: Vec<crate::alloc_map::MapRegion>,
+}
+
+/// `MetadataCopies::root_mirrors` of a root with one copy.
+pub const NO_SECOND_COPY: u64 = u64::MAX;
 
 /// How a file system replicates data across failure groups [mmcrfs -r, -K].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -243,6 +275,33 @@ impl Default for Replication {
 }
 
 impl FsDescriptor {
+    /// Copies of each piece of metadata (`-m`): 2 when the descriptor names second copies.
+    pub fn metadata_replicas(&self) -> u8 {
+        if self.metadata_copies.is_some() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The root pointers of the checkpoint, with their second addresses.
+    pub fn root_ptrs(&self) -> Vec<tessera_meta::PagePtr> {
+        let mirrors = self.metadata_copies.as_ref().map(|m| &m.root_mirrors);
+        self.checkpoint
+            .roots
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut ptr = r.ptr();
+                ptr.mirror = mirrors
+                    .and_then(|m| m.get(i))
+                    .filter(|a| **a != NO_SECOND_COPY)
+                    .map(|a| tessera_meta::PageAddr(*a));
+                ptr
+            })
+            .collect()
+    }
+
     /// Data replication, one copy for file systems made before it existed.
     pub fn replication(&self) -> Replication {
         self.replication.unwrap_or_default()
@@ -331,6 +390,7 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     if ![
         SLOT_VERSION,
+        SLOT_VERSION_NO_METADATA_COPIES,
         SLOT_VERSION_NO_REPLICATION,
         SLOT_VERSION_NO_POLICY,
         SLOT_VERSION_NO_MAP,
@@ -357,9 +417,10 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     // Older versions lack trailing optional fields; postcard writes `None` as one zero byte.
     let missing = match version {
-        SLOT_VERSION_NO_MAP => 3,
-        SLOT_VERSION_NO_POLICY => 2,
-        SLOT_VERSION_NO_REPLICATION => 1,
+        SLOT_VERSION_NO_MAP => 4,
+        SLOT_VERSION_NO_POLICY => 3,
+        SLOT_VERSION_NO_REPLICATION => 2,
+        SLOT_VERSION_NO_METADATA_COPIES => 1,
         _ => 0,
     };
     let desc: FsDescriptor = if missing > 0 {
@@ -409,6 +470,26 @@ pub fn write_descriptor(
         });
     }
     Ok(written)
+}
+
+/// [`write_descriptor`] that, with metadata replicated, succeeds only when a majority of
+/// the descriptor disks took it: mounts need a majority too (`recovery::match_devices`),
+/// so any mount reads at least one disk that holds the newest descriptor. With one
+/// metadata copy every descriptor disk must be present at mount, and one copy suffices.
+pub fn write_descriptor_quorum(
+    desc: &FsDescriptor,
+    devices: &[Option<Arc<dyn BlockDevice>>],
+) -> FsResult<()> {
+    let written = write_descriptor(desc, devices)?;
+    let copies = desc.disks.iter().filter(|d| d.holds_descriptor).count();
+    if desc.metadata_copies.is_some() && written * 2 <= copies {
+        return Err(FsError::NoDescriptor(format!(
+            "the descriptor of {} reached {written} of its {copies} disks, not a majority; \
+             bring back the failed disks (tessera disk ls {} shows them)",
+            desc.name, desc.name
+        )));
+    }
+    Ok(())
 }
 
 /// Finds the newest valid descriptor on any of `devices`.

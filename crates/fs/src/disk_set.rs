@@ -251,6 +251,15 @@ impl DiskSet {
         }
     }
 
+    /// Every disk's device by index, `None` for those that are down (descriptor writes).
+    pub fn up(&self) -> Vec<Option<Arc<dyn BlockDevice>>> {
+        self.disks
+            .read()
+            .iter()
+            .map(|d| (!d.down).then(|| Arc::clone(&d.device)))
+            .collect()
+    }
+
     /// Disks that are down, by index.
     pub fn down_disks(&self) -> Vec<DiskIndex> {
         self.disks

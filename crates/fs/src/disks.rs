@@ -308,6 +308,28 @@ impl FileSystem {
                     return Err(e);
                 }
             };
+            if desc.metadata_copies.is_some() {
+                let second = crate::alloc_map::allocate_second_regions(
+                    &desc,
+                    &self.devices,
+                    &mut m.alloc,
+                    &regions,
+                );
+                match second {
+                    Ok(second) => {
+                        if let Some(copies) = desc.metadata_copies.as_mut() {
+                            copies.map_regions.extend(second);
+                        }
+                    }
+                    Err(e) => {
+                        for x in crate::alloc_map::region_extents_of(&desc, &regions) {
+                            m.alloc.free(x).expect("a region just allocated");
+                        }
+                        undo(&mut m);
+                        return Err(e);
+                    }
+                }
+            }
             if let Some(map) = desc.alloc_map.as_mut() {
                 map.regions.extend(regions);
             }
@@ -471,7 +493,10 @@ impl FileSystem {
             let region_on_it = desc
                 .alloc_map
                 .as_ref()
-                .is_some_and(|map| map.regions.iter().any(|r| r.on_disk == i));
+                .is_some_and(|map| map.regions.iter().any(|r| r.on_disk == i))
+                || desc.metadata_copies.as_ref().is_some_and(|c| {
+                    c.log_disk == i || c.map_regions.iter().any(|r| r.on_disk == i)
+                });
             // Every block free, not only every sub-block: the allocator lets a disk go
             // only whole.
             let busy = s.blocks_free != s.blocks_total;
@@ -500,6 +525,12 @@ impl FileSystem {
                 map.regions.iter().partition(|r| indexes.contains(&r.disk));
             map.regions = kept;
             superseded = crate::alloc_map::region_extents_of(&desc, &gone);
+        }
+        if let Some(copies) = &mut desc.metadata_copies {
+            let (gone, kept): (Vec<_>, Vec<_>) =
+                copies.map_regions.iter().partition(|r| indexes.contains(&r.disk));
+            copies.map_regions = kept;
+            superseded.extend(crate::alloc_map::region_extents_of(&desc, &gone));
         }
         m.pending_free.extend(superseded.iter().map(|e| (0, *e)));
         {

@@ -38,6 +38,9 @@ pub struct FormatOptions {
     pub estimated_nodes: u32,
     pub max_metadata_replicas: u32,
     pub max_data_replicas: u32,
+    /// Copies of the metadata (`-m`): 1, or 2 for a second copy of every metadata page,
+    /// the log and the allocation map in another failure group.
+    pub metadata_replicas: u8,
     /// Copies of each data block of new files (`-r`) and what to do when they cannot all
     /// be placed (`-K`).
     pub replication: crate::descriptor::Replication,
@@ -70,6 +73,7 @@ impl Default for FormatOptions {
             estimated_nodes: 32,
             max_metadata_replicas: 2,
             max_data_replicas: 2,
+            metadata_replicas: 1,
             replication: crate::descriptor::Replication::default(),
             log_bytes: 64 << 20,
         }
@@ -135,6 +139,7 @@ fn validate(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
         ));
     }
     check_data_replication(disks, opts)?;
+    check_metadata_replication(disks, opts)?;
     for d in disks {
         if d.usage.holds_metadata() && d.pool != "system" {
             return Err(usage_err(format!(
@@ -193,6 +198,47 @@ fn check_data_replication(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<
         ))),
         _ => Ok(()),
     }
+}
+
+/// `-m` within `-M`, and metadata disks of the system pool in two failure groups for `-m 2`.
+fn check_metadata_replication(disks: &[DiskSpec], opts: &FormatOptions) -> FsResult<()> {
+    let m = u32::from(opts.metadata_replicas);
+    let max = opts.max_metadata_replicas;
+    if !(1..=3).contains(&max) {
+        return Err(usage_err(format!(
+            "-M {max}: the maximum number of metadata replicas must be 1, 2 or 3"
+        )));
+    }
+    if m == 0 || m > max {
+        return Err(usage_err(format!(
+            "-m {m}: the number of metadata replicas must be 1 to the maximum (-M {max})"
+        )));
+    }
+    if m > 2 {
+        return Err(usage_err(format!(
+            "-m {m}: at most two metadata copies are supported; use -m 2"
+        )));
+    }
+    if m == 1 {
+        return Ok(());
+    }
+    let mut groups: Vec<i32> = disks
+        .iter()
+        .filter(|d| d.pool == "system" && d.usage.holds_metadata())
+        .map(|d| d.failure_group)
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    if groups.len() < 2 {
+        return Err(usage_err(format!(
+            "-m 2: the metadata disks of the system pool are all in failure group {}, and \
+             the two copies of the metadata go to different failure groups; give metadata \
+             NSDs failureGroup= values in at least two groups (and, to survive the loss of \
+             either, put the descriptor's third copy in a third group, e.g. a descOnly NSD)",
+            groups.first().copied().unwrap_or(0)
+        )));
+    }
+    Ok(())
 }
 
 /// The descriptor's entry of disk `index`, ready, holding no descriptor copy yet.
@@ -309,6 +355,7 @@ fn format_inner(
         },
         alloc_map: None,
         policy: None,
+        metadata_copies: None,
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
     let total = devices.len() as u64 + 3;
@@ -321,6 +368,9 @@ fn format_inner(
             total,
         });
     };
+    let names = desc.disks.iter().map(|d| d.nsd_name.clone()).collect();
+    let disk_set = crate::disk_set::DiskSet::new(devices.clone(), names);
+    disk_set.set_failure_groups(desc.disks.iter().map(|d| (d.index, d.failure_group)));
     for dev in &devices {
         // Old descriptors from an earlier file system must not be found later.
         crate::descriptor::erase_descriptors(std::slice::from_ref(dev))?;
@@ -347,34 +397,57 @@ fn format_inner(
         },
         log_id: rand::random(),
     };
-    tessera_journal::format(
-        devices[start.disk as usize].as_ref(),
-        desc.log.region,
-        desc.log.log_id,
-    )?;
+    let regions = crate::alloc_map::allocate_regions(&desc, &mut alloc)?;
+    if opts.metadata_replicas == 2 {
+        // The second copies, each on a metadata disk of another failure group than its
+        // first copy's.
+        let group = disk_set.failure_group(start.disk);
+        let (second, _) = alloc
+            .alloc_contiguous_blocks_on(0, AllocKind::Metadata, count, &|d| {
+                disk_set.failure_group(d) != group
+            })
+            .map_err(|_| {
+                usage_err(format!(
+                    "no metadata disk outside failure group {group} has {} contiguous bytes for \
+                     the second copy of the recovery log; use a smaller -L",
+                    count * bs
+                ))
+            })?;
+        desc.metadata_copies = Some(crate::descriptor::MetadataCopies {
+            root_mirrors: Vec::new(),
+            log_disk: second.disk,
+            log_offset: desc.sub_block_offset(second.sub_block),
+            log_behind: None,
+            map_regions: crate::alloc_map::allocate_second_regions(
+                &desc, &disk_set, &mut alloc, &regions,
+            )?,
+        });
+        let log = crate::mirrored_log::MirroredLog::open(&desc, &disk_set)?;
+        tessera_journal::format(log.as_ref(), desc.log.region, desc.log.log_id)?;
+    } else {
+        tessera_journal::format(
+            devices[start.disk as usize].as_ref(),
+            desc.log.region,
+            desc.log.log_id,
+        )?;
+    }
     report("Creating the recovery log", &mut step);
-    desc.alloc_map = Some(crate::alloc_map::StoredMap {
-        regions: crate::alloc_map::allocate_regions(&desc, &mut alloc)?,
-        digest: 0,
-    });
+    desc.alloc_map = Some(crate::alloc_map::StoredMap { regions, digest: 0 });
     // The first checkpoint stores the whole map, free chunks too.
     alloc.mark_all_chunks_dirty();
-    let names = desc.disks.iter().map(|d| d.nsd_name.clone()).collect();
-    let disk_set = crate::disk_set::DiskSet::new(devices.clone(), names);
     let store = crate::checkpoint::new_store(&desc, &disk_set, 1)?;
     let mut state = root_state(store, opts)?;
-    let prepared = crate::checkpoint::prepare(&desc, &mut alloc, &mut state, &[])?;
-    crate::checkpoint::write_pages(&desc, &devices, &prepared)?;
+    let prepared = crate::checkpoint::prepare(&desc, &disk_set, &mut alloc, &mut state, &[])?;
+    crate::checkpoint::write_pages(&desc, &disk_set, &prepared)?;
     let slots = crate::alloc_map::MapSlots::none(&alloc);
     crate::alloc_map::write_chunks(
         &mut desc,
-        &devices,
+        &disk_set,
         &slots,
         prepared.generation,
         &prepared.map,
     )?;
-    desc.checkpoint.generation = prepared.generation;
-    desc.checkpoint.roots = prepared.roots;
+    prepared.name_in(&mut desc);
     report("Creating the inode file", &mut step);
     desc.generation = 1;
     let slots: Vec<_> = devices.iter().cloned().map(Some).collect();

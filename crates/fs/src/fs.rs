@@ -92,6 +92,14 @@ pub(crate) struct Meta {
 /// (`metanode.rs`); on one node it lives inside the `FileSystem` that is also the client.
 pub(crate) struct Owner {
     pub(crate) desc: Mutex<FsDescriptor>,
+    /// Serialises descriptor writes: a checkpoint's and the one a log copy falling behind
+    /// makes from inside a commit (see [`FileSystem::write_descriptor`]).
+    pub(crate) desc_write: Mutex<()>,
+    /// The recovery log's two copies, with metadata replicated (`-m 2`).
+    /// Replaced with the journal when `restripe -m` moves the log.
+    pub(crate) log_copies: RwLock<Option<Arc<crate::mirrored_log::MirroredLog>>>,
+    /// What a log copy falling behind calls to record it (writes the descriptor).
+    pub(crate) log_hook: std::sync::OnceLock<crate::mirrored_log::OnBehind>,
     pub(crate) meta: crate::read_tokens::MetaLock,
     /// The recovery log; replaced only when `restripe -m` moves it to another disk (see
     /// `restripe.rs`), so callers take a handle and never hold this lock.
@@ -266,8 +274,26 @@ impl FileSystem {
         for d in devices.down_disks() {
             recovered.alloc.set_available(d, false);
         }
+        if let Some(log) = &recovered.log_copies {
+            let was_behind = log.resync(&recovered.journal.replayed_ranges())?;
+            let behind = log.behind();
+            let recorded = desc.metadata_copies.as_ref().and_then(|c| c.log_behind);
+            if behind != recorded || was_behind.is_some() {
+                // Before the log takes a record that only one copy would hold.
+                let mut next = desc.clone();
+                next.generation += 1;
+                if let Some(copies) = &mut next.metadata_copies {
+                    copies.log_behind = behind;
+                }
+                crate::descriptor::write_descriptor_quorum(&next, &devices.up())?;
+                desc = next;
+            }
+        }
         let owner = Owner {
             desc: Mutex::new(desc),
+            desc_write: Mutex::new(()),
+            log_copies: RwLock::new(recovered.log_copies.clone()),
+            log_hook: std::sync::OnceLock::new(),
             meta: crate::read_tokens::MetaLock::new(Meta {
                 state: recovered.state,
                 alloc: recovered.alloc,
@@ -295,6 +321,18 @@ impl FileSystem {
             replication: RwLock::new(replication),
         };
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
+        if let Some(log) = &*fs.owner().log_copies.read() {
+            let weak = Arc::downgrade(&fs);
+            let hook: crate::mirrored_log::OnBehind = Arc::new(move |_copy| {
+                let fs = weak
+                    .upgrade()
+                    .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
+                let desc = fs.owner().desc.lock().clone();
+                fs.write_descriptor(desc).map_err(std::io::Error::other)
+            });
+            log.set_on_behind(Arc::clone(&hook));
+            let _ = fs.owner().log_hook.set(hook);
+        }
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
             fs.route_metadata_through_wire();
             tracing::info!("metanode requests of this mount go through their wire encoding");
@@ -1008,7 +1046,7 @@ impl FileSystem {
             .chain(m.discarding.iter().copied())
             .collect();
         let Meta { state, alloc, .. } = m;
-        crate::checkpoint::prepare(&desc, alloc, state, &unrecorded)
+        crate::checkpoint::prepare(&desc, &self.devices, alloc, state, &unrecorded)
     }
 
     /// After the pages are written (or not): unpin them, or, when they could not be
@@ -1045,30 +1083,56 @@ impl FileSystem {
             self.journal().commit(lsn)?;
         }
         let mut desc = self.owner().desc.lock().clone();
-        let devices = self.devices.all();
-        crate::checkpoint::write_pages(&desc, &devices, prepared)?;
+        crate::checkpoint::write_pages(&desc, &self.devices, prepared)?;
         let mut map_slots = self.owner().map_slots.lock();
         let chunks = crate::alloc_map::write_chunks(
             &mut desc,
-            &devices,
+            &self.devices,
             &map_slots,
             prepared.generation,
             &prepared.map,
         )?;
-        desc.generation += 1;
         desc.checkpoint.replay_from = lsn;
-        desc.checkpoint.generation = prepared.generation;
-        desc.checkpoint.roots = prepared.roots.clone();
-        let devices: Vec<_> = devices.into_iter().map(Some).collect();
-        crate::descriptor::write_descriptor(&desc, &devices)?;
+        prepared.name_in(&mut desc);
+        self.write_descriptor(desc)?;
         map_slots.commit(&chunks, prepared.generation);
         drop(map_slots);
-        *self.owner().desc.lock() = desc;
         self.journal().set_tail(lsn);
         self.owner()
             .deferred_frees
             .lock()
             .extend(prepared.superseded.iter().copied());
+        Ok(())
+    }
+
+    /// Writes `desc` as the next descriptor generation and makes it the one in memory. A
+    /// log copy that falls behind writes the descriptor from inside a commit, possibly while
+    /// a checkpoint is between its copy of the descriptor and this write: both go through
+    /// here, one at a time, and the generation and the log's state are taken as they are
+    /// now, so neither write undoes the other.
+    pub(crate) fn write_descriptor(&self, mut desc: FsDescriptor) -> FsResult<()> {
+        let _one = self.owner().desc_write.lock();
+        desc.generation = self.owner().desc.lock().generation + 1;
+        if let (Some(copies), Some(log)) =
+            (&mut desc.metadata_copies, &*self.owner().log_copies.read())
+        {
+            copies.log_behind = log.behind();
+        }
+        crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
+        *self.owner().desc.lock() = desc;
+        Ok(())
+    }
+
+    /// A copy of the recovery log that was behind and whose disk is up again is copied
+    /// whole from the current one, and the descriptor then records both current.
+    pub(crate) fn catch_up_log(&self) -> FsResult<()> {
+        let log = self.owner().log_copies.read().clone();
+        if let Some(log) = log {
+            if log.catch_up()? {
+                let desc = self.owner().desc.lock().clone();
+                self.write_descriptor(desc)?;
+            }
+        }
         Ok(())
     }
 

@@ -68,20 +68,20 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
             }
         }
         // The rebuilt map is stored whole (recovery marked every chunk changed).
-        let prepared = crate::checkpoint::prepare(&desc, &mut rec.alloc, &mut rec.state, &[])?;
-        crate::checkpoint::write_pages(&desc, &devices, &prepared)?;
+        let prepared =
+            crate::checkpoint::prepare(&desc, &disk_set, &mut rec.alloc, &mut rec.state, &[])?;
+        crate::checkpoint::write_pages(&desc, &disk_set, &prepared)?;
         let mut new_desc = desc.clone();
         crate::alloc_map::write_chunks(
             &mut new_desc,
-            &devices,
+            &disk_set,
             &rec.map_slots,
             prepared.generation,
             &prepared.map,
         )?;
         new_desc.generation += 1;
         new_desc.checkpoint.replay_from = rec.journal.appended_lsn();
-        new_desc.checkpoint.generation = prepared.generation;
-        new_desc.checkpoint.roots = prepared.roots;
+        prepared.name_in(&mut new_desc);
         let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
         write_descriptor(&new_desc, &slots)?;
         report.repaired = fixes.len() as u64 + u64::from(map_fix);

@@ -25,6 +25,7 @@ pub mod locks;
 mod meta;
 mod metanode;
 mod metanode_wire;
+mod mirrored_log;
 mod namespace;
 mod owner;
 mod placement;

@@ -443,7 +443,7 @@ impl MetaState {
     /// tree (see `MetaStore::relocate`); the next checkpoint writes them elsewhere.
     pub(crate) fn relocate_pages(
         &mut self,
-        moving: &dyn Fn(tessera_meta::PageAddr) -> bool,
+        moving: &dyn Fn(&tessera_meta::PagePtr) -> bool,
         budget: usize,
     ) -> FsResult<usize> {
         let mut marked = 0;
@@ -457,6 +457,15 @@ impl MetaState {
                 .map_err(crate::shard_tree::meta_err)?;
         }
         Ok(marked)
+    }
+
+    /// Every copy of every page of shard `shard`'s tree read and checked; failed copies
+    /// rewritten from one that verifies. Returns (copies checked, copies rewritten).
+    pub(crate) fn check_page_copies(&mut self, shard: usize) -> FsResult<(u64, u64)> {
+        let tree = &self.shards[shard].tree;
+        self.store
+            .check_copies(tree)
+            .map_err(crate::shard_tree::meta_err)
     }
 
     /// The trees and the store, for a checkpoint.

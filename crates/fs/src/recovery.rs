@@ -20,6 +20,8 @@ pub(crate) struct Recovered {
     pub state: MetaState,
     pub alloc: AllocMap,
     pub journal: Journal,
+    /// The log's two copies, with metadata replicated (`-m 2`).
+    pub log_copies: Option<Arc<crate::mirrored_log::MirroredLog>>,
     /// Descriptions of blocks referenced twice (empty on a healthy file system; only a
     /// rebuilt map finds them).
     pub conflicts: Vec<String>,
@@ -102,6 +104,9 @@ pub(crate) fn match_devices(
         out[usize::from(d.index)] = dev.clone();
         names[usize::from(d.index)] = d.nsd_name.clone();
     }
+    if !missing.is_empty() {
+        check_descriptor_quorum(desc, &missing)?;
+    }
     let set = DiskSet::new(out, names);
     set.set_failure_groups(desc.disks.iter().map(|d| (d.index, d.failure_group)));
     for d in missing {
@@ -110,14 +115,54 @@ pub(crate) fn match_devices(
     Ok(set)
 }
 
-/// Whether the file system can be mounted without disk `d`: data has copies in other
-/// failure groups (`-r` above 1) and the disk holds nothing of the metadata, which has one
-/// copy (`-m 1`).
+/// Whether the file system can be mounted without disk `d`: what it holds has copies in
+/// other failure groups: its data (`-r` above 1), its metadata, log copy and descriptor
+/// copy (`-m 2`; the descriptor's quorum is checked apart).
 fn may_be_down(desc: &FsDescriptor, d: &crate::descriptor::FsDisk) -> bool {
-    desc.replication().data > 1
-        && !d.usage.holds_metadata()
-        && !d.holds_descriptor
-        && desc.log.disk != d.index
+    let data = desc.replication().data > 1;
+    let metadata = desc.metadata_copies.is_some();
+    if d.usage.holds_data() && !data {
+        return false;
+    }
+    let holds_metadata =
+        d.usage.holds_metadata() || d.holds_descriptor || desc.log.disk == d.index;
+    if holds_metadata && !metadata {
+        return false;
+    }
+    data || metadata
+}
+
+/// A majority of the descriptor's copies must be on disks that are present: descriptors
+/// are written to a majority (`write_descriptor_quorum`), so any two majorities share a
+/// disk and this mount reads the newest descriptor, never an older one that an earlier
+/// mount without these disks went past [GPFS's file system descriptor quorum].
+fn check_descriptor_quorum(desc: &FsDescriptor, missing: &[u16]) -> FsResult<()> {
+    let holders: Vec<&crate::descriptor::FsDisk> =
+        desc.disks.iter().filter(|d| d.holds_descriptor).collect();
+    let gone: Vec<&&crate::descriptor::FsDisk> = holders
+        .iter()
+        .filter(|d| missing.contains(&d.index))
+        .collect();
+    let present = holders.len() - gone.len();
+    if present * 2 > holders.len() {
+        return Ok(());
+    }
+    Err(FsError::MissingDisk {
+        fs: desc.name.clone(),
+        nsd: gone
+            .iter()
+            .map(|d| d.nsd_name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        reason: format!(
+            "only {present} of the {} disks holding the file system descriptor are present, \
+             not a majority, so this mount could not tell whether it reads the newest \
+             descriptor (descriptor quorum); bring back the missing disks. To survive the \
+             loss of any one failure group, spread the descriptor copies over three failure \
+             groups (add an NSD with usage=descOnly in a third group)",
+            holders.len()
+        ),
+    })
 }
 
 pub(crate) fn recover(
@@ -125,15 +170,26 @@ pub(crate) fn recover(
     disks: &Arc<DiskSet>,
     source: MapSource,
 ) -> FsResult<Recovered> {
-    let mut state = crate::checkpoint::open_state(desc, disks)?;
     let devices = &disks.all()[..];
-    let log_dev = devices[desc.log.disk as usize].clone();
-    let (journal, records) = Journal::open(
-        log_dev,
-        desc.log.region,
-        desc.log.log_id,
-        desc.checkpoint.replay_from,
-    )?;
+    // First: a mount whose only current log copy is missing is refused for that, before
+    // anything else it may miss is read.
+    let (log_dev, log_copies) = match &desc.metadata_copies {
+        None => (devices[desc.log.disk as usize].clone(), None),
+        Some(_) => {
+            let log = crate::mirrored_log::MirroredLog::open(desc, disks)?;
+            (Arc::clone(&log) as Arc<dyn BlockDevice>, Some(log))
+        }
+    };
+    let mut state = crate::checkpoint::open_state(desc, disks)?;
+    let (journal, records) = match &log_copies {
+        Some(log) if log.behind().is_none() => replay_longer(desc, log)?,
+        _ => Journal::open(
+            log_dev,
+            desc.log.region,
+            desc.log.log_id,
+            desc.checkpoint.replay_from,
+        )?,
+    };
     // The allocation map of the checkpoint comes first: replay frees what the records free
     // and takes what they map, as the live file system did.
     let empty = new_alloc(desc);
@@ -225,12 +281,56 @@ pub(crate) fn recover(
         state,
         alloc,
         journal,
+        log_copies,
         conflicts,
         replayed_records,
         map_slots,
         map_rebuilt,
         stored_map,
     })
+}
+
+/// Replays each copy of a mirrored log whose copies are both current and keeps the replay
+/// that reaches further: the other copy ends early at a page that is damaged, or torn by a
+/// crash in the middle of a commit that never returned (its records may be kept or not;
+/// the mount then copies what it replayed onto the other copy).
+fn replay_longer(
+    desc: &FsDescriptor,
+    log: &Arc<crate::mirrored_log::MirroredLog>,
+) -> FsResult<(Journal, Vec<tessera_journal::Record>)> {
+    type Replay = ((u64, u64), u8, Journal, Vec<tessera_journal::Record>);
+    let mut best: Option<Replay> = None;
+    let mut failed = None;
+    for c in 0..2u8 {
+        log.prefer(c);
+        let opened = Journal::open(
+            Arc::clone(log) as Arc<dyn BlockDevice>,
+            desc.log.region,
+            desc.log.log_id,
+            desc.checkpoint.replay_from,
+        );
+        match opened {
+            Ok((journal, records)) => {
+                // Equal records, the further next page: a copy that lacks the replay
+                // point's own page would start the next append on it, below that point.
+                let end = (journal.durable_lsn(), journal.next_page());
+                if best.as_ref().is_none_or(|(e, ..)| end > *e) {
+                    best = Some((end, c, journal, records));
+                }
+            }
+            Err(e) => {
+                tracing::warn!("{}: copy {} of the recovery log: {e}", desc.name, c + 1);
+                failed = Some(e);
+            }
+        }
+    }
+    match best {
+        Some((_, c, journal, records)) => {
+            log.prefer(c);
+            Ok((journal, records))
+        }
+        None => Err(failed.expect("a copy failed").into()),
+    }
 }
 
 pub(crate) fn new_alloc(desc: &FsDescriptor) -> AllocMap {
@@ -250,20 +350,27 @@ pub(crate) fn alloc_disk(d: &crate::descriptor::FsDisk) -> AllocDisk {
     }
 }
 
-/// The log region as whole-block extents.
+/// The log region as whole-block extents, both copies with metadata replicated.
 pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
     let data_start = tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size));
     let sub = u64::from(desc.sub_block_size);
     let per = desc.sub_blocks_per_block();
-    let first = (desc.log.region.offset - data_start) / sub;
     let blocks = desc.log.region.bytes / u64::from(desc.block_size);
-    (0..blocks)
-        .map(|b| Extent {
-            addr: DiskAddr {
-                disk: desc.log.disk,
-                sub_block: first + b * u64::from(per),
-            },
-            sub_blocks: per,
+    let copies = std::iter::once((desc.log.disk, desc.log.region.offset)).chain(
+        desc.metadata_copies
+            .as_ref()
+            .map(|c| (c.log_disk, c.log_offset)),
+    );
+    copies
+        .flat_map(|(disk, offset)| {
+            let first = (offset - data_start) / sub;
+            (0..blocks).map(move |b| Extent {
+                addr: DiskAddr {
+                    disk,
+                    sub_block: first + b * u64::from(per),
+                },
+                sub_blocks: per,
+            })
         })
         .collect()
 }

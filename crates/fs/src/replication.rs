@@ -249,10 +249,14 @@ impl FileSystem {
         order
     }
 
-    /// Whether `disk` holds metadata (pages, the log, the allocation map, a descriptor):
-    /// with one metadata copy such a disk can never be down.
+    /// Whether `disk` holds metadata of which it has the only copy (pages, the log, the
+    /// allocation map, a descriptor, with one metadata copy): such a disk can never be
+    /// down. With `-m 2` every piece of metadata has a copy in another failure group.
     pub(crate) fn holds_metadata(&self, disk: DiskIndex) -> bool {
         let desc = self.descriptor();
+        if desc.metadata_copies.is_some() {
+            return false;
+        }
         desc.log.disk == disk
             || desc
                 .disks
@@ -268,12 +272,25 @@ impl FileSystem {
         let disks = crate::disks::disk_indexes(&self.descriptor(), nsds)?;
         if !self.replicated() {
             return Err(FsError::Usage(format!(
-                "{}: stopping a disk needs data replication (-r 2 or 3 at fs create); use \
+                "{}: stopping a disk needs replication (-r 2 or -m 2 at fs create); use \
                  `disk change ... suspend` and `restripe -m` to move data off a disk",
                 self.geo.fs_name
             )));
         }
+        let data_copies = self
+            .geo
+            .data_copies
+            .max(self.owner.as_ref().map_or(1, |o| o.replication.read().data));
+        let desc = self.descriptor();
         for &d in &disks {
+            let holds_data = desc.disks.iter().any(|x| x.index == d && x.usage.holds_data());
+            if holds_data && data_copies < 2 {
+                return Err(FsError::Usage(format!(
+                    "NSD {} holds data, which has one copy (-r 1): it cannot be stopped; \
+                     suspend it and run restripe -m to move its contents off",
+                    self.devices.name(d)
+                )));
+            }
             if self.holds_metadata(d) {
                 return Err(FsError::Usage(format!(
                     "NSD {} holds metadata, which has one copy (-m 1): it cannot be stopped; \
@@ -324,6 +341,9 @@ impl FileSystem {
                 );
             }
         }
+        if self.owner.is_some() {
+            self.catch_up_log()?;
+        }
         Ok(disks)
     }
 
@@ -339,10 +359,15 @@ impl FileSystem {
             .collect()
     }
 
-    /// Whether data on this file system can have more than one copy, so a disk that fails
-    /// may be marked down instead of failing the I/O.
+    /// Whether data or metadata on this file system can have more than one copy, so a disk
+    /// that fails may be marked down instead of failing the I/O (when it holds nothing of
+    /// which it has the only copy, see [`Self::holds_metadata`]).
     pub(crate) fn replicated(&self) -> bool {
         self.geo.data_copies > 1
+            || self
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.desc.lock().metadata_copies.is_some())
             || self
                 .owner
                 .as_ref()

@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -85,8 +86,13 @@ pub struct RestripeProgress {
     pub blocks_scanned: u64,
     pub blocks_moved: u64,
     pub bytes_moved: u64,
-    /// Metadata pages written elsewhere to leave the disks being emptied (`-m`).
+    /// Metadata pages written elsewhere to leave the disks being emptied (`-m`), or to get
+    /// their second copy (`-r`).
     pub metadata_pages_moved: u64,
+    /// Copies of metadata pages read and checked (`-c`, `-r` with two metadata copies), and
+    /// those rewritten from the other copy.
+    pub metadata_copies_checked: u64,
+    pub metadata_copies_repaired: u64,
     /// Stored allocation-map regions moved off the disks being emptied (`-m`).
     pub map_regions_moved: u64,
     /// The recovery log moved off a disk being emptied (`-m`).
@@ -218,36 +224,91 @@ impl FileSystem {
             progress(&report.progress);
         }
         if mode == RestripeMode::Migrate {
-            self.move_metadata_off(stop, &mut report, progress)?;
+            let leaving = self.not_ready_disks();
+            let moving = |p: &tessera_meta::PagePtr| {
+                p.copies()
+                    .any(|a| leaving.contains(&crate::checkpoint::disk_addr(a).disk))
+            };
+            self.move_metadata_off(&moving, stop, &mut report, progress)?;
             if !report.stopped {
-                report.progress.map_regions_moved += self.move_map_regions_off()? as u64;
-                report.progress.log_moved |= self.move_log_off()?;
+                report.progress.map_regions_moved +=
+                    self.move_map_regions_off(&leaving, false)? as u64;
+                report.progress.log_moved |= self.move_log_off(&leaving)?;
                 progress(&report.progress);
             }
         }
+        let metadata_replicated = self.owner().desc.lock().metadata_copies.is_some();
+        if metadata_replicated && matches!(mode, RestripeMode::Replicate | RestripeMode::Check) {
+            self.replicate_metadata(mode, stop, &mut report, progress)?;
+        }
         Ok(report)
+    }
+
+    /// Disks whose status is not ready (suspended, to be emptied).
+    fn not_ready_disks(&self) -> Vec<DiskIndex> {
+        self.owner()
+            .desc
+            .lock()
+            .disks
+            .iter()
+            .filter(|d| d.status != DiskStatus::Ready)
+            .map(|d| d.index)
+            .collect()
+    }
+
+    /// The metadata part of `restripe -r` and `-c` with two metadata copies: every copy of
+    /// every metadata page read and checked, failed ones rewritten from the other (`-c`
+    /// and `-r`); then (`-r`) pages with one copy, or a copy on a disk that is down, written
+    /// again with both copies on disks that are up, the map regions and the log moved off
+    /// disks that are down, and every chunk of the allocation map stored again, so that
+    /// both of its copies are current.
+    fn replicate_metadata(
+        &self,
+        mode: RestripeMode,
+        stop: &AtomicBool,
+        report: &mut RestripeReport,
+        progress: &mut dyn FnMut(&RestripeProgress),
+    ) -> FsResult<()> {
+        let shards = self.owner().meta.lock().state.shard_count() as usize;
+        for shard in 0..shards {
+            if stop.load(Ordering::Relaxed) {
+                report.stopped = true;
+                return Ok(());
+            }
+            let (checked, repaired) = self.owner().meta.lock().state.check_page_copies(shard)?;
+            report.progress.metadata_copies_checked += checked;
+            report.progress.metadata_copies_repaired += repaired;
+            progress(&report.progress);
+        }
+        if mode != RestripeMode::Replicate {
+            return Ok(());
+        }
+        self.catch_up_log()?;
+        let down = self.devices.down_disks();
+        let ill = |p: &tessera_meta::PagePtr| {
+            p.mirror.is_none()
+                || p
+                    .copies()
+                    .any(|a| down.contains(&crate::checkpoint::disk_addr(a).disk))
+        };
+        self.move_metadata_off(&ill, stop, report, progress)?;
+        if report.stopped {
+            return Ok(());
+        }
+        report.progress.map_regions_moved += self.move_map_regions_off(&down, true)? as u64;
+        report.progress.log_moved |= self.move_log_off(&down)?;
+        progress(&report.progress);
+        Ok(())
     }
 
     /// Moves every metadata page off the disks that are not ready, a checkpoint at a time.
     fn move_metadata_off(
         &self,
+        moving: &dyn Fn(&tessera_meta::PagePtr) -> bool,
         stop: &AtomicBool,
         report: &mut RestripeReport,
         progress: &mut dyn FnMut(&RestripeProgress),
     ) -> FsResult<()> {
-        let sources: Vec<DiskIndex> = {
-            let desc = self.owner().desc.lock();
-            desc.disks
-                .iter()
-                .filter(|d| d.status != DiskStatus::Ready)
-                .map(|d| d.index)
-                .collect()
-        };
-        if sources.is_empty() {
-            return Ok(());
-        }
-        let moving =
-            |a: tessera_meta::PageAddr| sources.contains(&crate::checkpoint::disk_addr(a).disk);
         // Half of what makes the flusher start a checkpoint: the relocation adds the
         // branches above each page, and the file system's own changes go on meanwhile.
         let budget = (self.owner().dirty_pages_soft.load(Ordering::Relaxed) / 2).max(16);
@@ -261,7 +322,7 @@ impl FileSystem {
                 .meta
                 .lock()
                 .state
-                .relocate_pages(&moving, budget)?;
+                .relocate_pages(moving, budget)?;
             if marked == 0 {
                 return Ok(());
             }
@@ -278,40 +339,25 @@ impl FileSystem {
     /// Until that descriptor is durable the old regions, never written meanwhile, are the
     /// valid ones; the map that checkpoint stores has them free already, and the allocator
     /// reuses them only after it. Returns how many regions moved.
-    fn move_map_regions_off(&self) -> FsResult<usize> {
+    fn move_map_regions_off(&self, leaving: &[DiskIndex], store_all: bool) -> FsResult<usize> {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let mut desc = self.owner().desc.lock().clone();
-        let not_ready: Vec<DiskIndex> = desc
-            .disks
-            .iter()
-            .filter(|d| d.status != DiskStatus::Ready)
-            .map(|d| d.index)
-            .collect();
-        let Some(stored) = &desc.alloc_map else {
+        if desc.alloc_map.is_none() {
             return Ok(0);
-        };
-        let old: Vec<crate::alloc_map::MapRegion> = stored
-            .regions
-            .iter()
-            .filter(|r| not_ready.contains(&r.on_disk))
-            .copied()
-            .collect();
+        }
+        let (old, moving) =
+            crate::alloc_map::replace_regions_on(&mut desc, &self.devices, &mut m.alloc, leaving)?;
         if old.is_empty() {
+            if store_all {
+                // Both copies of every chunk current again (a region whose disk was down
+                // kept the chunks written before).
+                m.alloc.mark_all_chunks_dirty();
+                self.checkpoint_under_lock(&mut m)?;
+            }
             return Ok(0);
         }
-        let moving: Vec<DiskIndex> = old.iter().map(|r| r.disk).collect();
-        let new = crate::alloc_map::allocate_regions_for(&desc, &mut m.alloc, &moving)?;
         let superseded = crate::alloc_map::region_extents_of(&desc, &old);
-        let stored = desc.alloc_map.as_mut().expect("checked above");
-        for r in new {
-            let slot = stored
-                .regions
-                .iter_mut()
-                .find(|o| o.disk == r.disk)
-                .expect("a region per disk");
-            *slot = r;
-        }
         {
             let mut slots = self.owner().map_slots.lock();
             for &disk in &moving {
@@ -353,15 +399,13 @@ impl FileSystem {
     /// already logged to the new log may have no durable descriptor naming it, so the file
     /// system is fenced: later commits fail (EIO) instead of being lost, and a remount
     /// recovers from whichever descriptor is durable.
-    fn move_log_off(&self) -> FsResult<bool> {
+    fn move_log_off(&self, leaving: &[DiskIndex]) -> FsResult<bool> {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
-        if desc
-            .disks
-            .iter()
-            .any(|d| d.index == desc.log.disk && d.status == DiskStatus::Ready)
-        {
+        let stays = |disk: DiskIndex| !leaving.contains(&disk);
+        let second = desc.metadata_copies.as_ref().map(|c| c.log_disk);
+        if stays(desc.log.disk) && second.is_none_or(stays) {
             return Ok(false);
         }
         self.checkpoint_under_lock(&mut m)?;
@@ -373,13 +417,17 @@ impl FileSystem {
         let lsn = tessera_journal::page_start_at_or_after(end);
         let bs = u64::from(desc.block_size);
         let bytes = desc.log.region.bytes;
+        // A new log, both copies with metadata replicated (the second in another failure
+        // group than the first): the two copies of a log are one device and move together.
+        let up = |d: DiskIndex| !self.devices.is_down(d);
+        let no_room = |_| FsError::NoSpace {
+            pool: "system".into(),
+            what: "the recovery log (contiguous blocks of a ready metadata disk)",
+        };
         let (start, blocks) = m
             .alloc
-            .alloc_contiguous_blocks(0, AllocKind::Metadata, bytes / bs)
-            .map_err(|_| FsError::NoSpace {
-                pool: "system".into(),
-                what: "the recovery log (contiguous blocks of a ready metadata disk)",
-            })?;
+            .alloc_contiguous_blocks_on(0, AllocKind::Metadata, bytes / bs, &up)
+            .map_err(no_room)?;
         let new = crate::descriptor::LogInfo {
             disk: start.disk,
             region: tessera_journal::JournalRegion {
@@ -388,12 +436,46 @@ impl FileSystem {
             },
             log_id: rand::random(),
         };
-        let new_extents = {
-            let mut d = desc.clone();
-            d.log = new;
-            crate::recovery::log_extents(&d)
+        let mut next = desc.clone();
+        next.log = new;
+        if let Some(copies) = &mut next.metadata_copies {
+            let group = self.devices.failure_group(start.disk);
+            let other = |d: DiskIndex| up(d) && self.devices.failure_group(d) != group;
+            match m
+                .alloc
+                .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &other)
+            {
+                Ok((second, _)) => {
+                    copies.log_disk = second.disk;
+                    copies.log_offset = desc.sub_block_offset(second.sub_block);
+                    copies.log_behind = None;
+                }
+                Err(e) => {
+                    let mut d = desc.clone();
+                    d.log = new;
+                    d.metadata_copies = None;
+                    for x in crate::recovery::log_extents(&d) {
+                        m.alloc.free(x).expect("just allocated");
+                    }
+                    return Err(no_room(e));
+                }
+            }
+        }
+        let new_extents = crate::recovery::log_extents(&next);
+        let mirrored = match &next.metadata_copies {
+            Some(_) => {
+                let log = crate::mirrored_log::MirroredLog::open(&next, &self.devices)?;
+                if let Some(hook) = self.owner().log_hook.get() {
+                    log.set_on_behind(Arc::clone(hook));
+                }
+                Some(log)
+            }
+            None => None,
         };
-        let dev = self.devices.get(new.disk);
+        let dev: Arc<dyn tessera_drive::BlockDevice> = match &mirrored {
+            Some(log) => Arc::clone(log) as Arc<dyn tessera_drive::BlockDevice>,
+            None => self.devices.get(new.disk),
+        };
         let opened = tessera_journal::format(dev.as_ref(), new.region, new.log_id)
             .and_then(|()| tessera_journal::Journal::open(dev, new.region, new.log_id, lsn));
         let journal = match opened {
@@ -410,9 +492,8 @@ impl FileSystem {
         };
         let old_extents = crate::recovery::log_extents(&desc);
         m.pending_free.extend(old_extents.iter().map(|e| (0, *e)));
-        let mut next = desc;
-        next.log = new;
         *self.owner().desc.lock() = next;
+        *self.owner().log_copies.write() = mirrored;
         self.replace_journal(journal);
         self.commit_descriptor_change(
             &mut m,

@@ -63,7 +63,7 @@ impl Disk {
                 for a in &v {
                     free.remove(a);
                 }
-                Ok(v.into_iter().map(PageAddr).collect())
+                Ok(v.into_iter().map(|a| PageAddr(a).into()).collect())
             })
             .unwrap();
         for page in &cp.pages {

@@ -228,21 +228,28 @@ fn make_version_3(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.alloc_map = None;
     desc.replication = None;
-    rewrite_as(t, desc, 3, 3);
+    rewrite_as(t, desc, 3, 4);
 }
 
 /// Rewrites the newest descriptor as format version 4 wrote it: no `policy`.
 fn make_version_4(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 4, 2);
+    rewrite_as(t, desc, 4, 3);
 }
 
 /// Rewrites the newest descriptor as format version 5 wrote it: no `replication`.
 fn make_version_5(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 5, 1);
+    rewrite_as(t, desc, 5, 2);
+}
+
+/// Rewrites the newest descriptor as format version 6 wrote it: no `metadata_copies`.
+fn make_version_6(t: &TestDisks) {
+    let desc = descriptor_on_disk(t);
+    assert!(desc.metadata_copies.is_none(), "one metadata copy");
+    rewrite_as(t, desc, 6, 1);
 }
 
 /// Writes `desc` as the next generation in format `version`, without its last `missing`
@@ -320,13 +327,13 @@ fn slot_version(t: &TestDisks) -> u32 {
 }
 
 #[test]
-fn a_format_4_file_system_mounts_as_format_6_without_a_policy() {
+fn a_format_4_file_system_mounts_as_format_7_without_a_policy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 6);
+    assert_eq!(slot_version(&t), 7);
     make_version_4(&t);
     assert_eq!(slot_version(&t), 4);
     assert_fsck_clean(&t);
@@ -340,7 +347,7 @@ fn a_format_4_file_system_mounts_as_format_6_without_a_policy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 6, "the first checkpoint writes version 6");
+    assert_eq!(slot_version(&t), 7, "the first checkpoint writes version 7");
     assert_eq!(descriptor_on_disk(&t).policy, None);
     assert_fsck_clean(&t);
     let fs = mount(&t);
@@ -350,7 +357,7 @@ fn a_format_4_file_system_mounts_as_format_6_without_a_policy() {
 }
 
 #[test]
-fn a_format_5_file_system_mounts_as_format_6_with_one_copy() {
+fn a_format_5_file_system_mounts_as_format_7_with_one_copy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -365,7 +372,30 @@ fn a_format_5_file_system_mounts_as_format_6_with_one_copy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 6, "the first checkpoint writes version 6");
+    assert_eq!(slot_version(&t), 7, "the first checkpoint writes version 7");
+    let fs = mount(&t);
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_format_6_file_system_mounts_as_format_7_with_one_metadata_copy() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    make_version_6(&t);
+    assert_eq!(slot_version(&t), 6);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_eq!(fs.descriptor().metadata_replicas(), 1);
+    assert_files(&fs, &files);
+    let more = churn(&fs, 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(slot_version(&t), 7, "the first checkpoint writes version 7");
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);

@@ -14,7 +14,10 @@
 //! disks in three failure groups), whose workload also stops a data disk now and then
 //! (writes meanwhile drop its copies), starts it again and restores the copies with
 //! `restripe -r`; after each kill every durable file must read back from each failure
-//! group alone once `restripe -r` has run.
+//! group alone once `restripe -r` has run. `metadata_replicated_crash_loop` does the same
+//! with two copies of the metadata too (`-m 2 -r 2`, every disk holding data and metadata
+//! in its own failure group): any disk may be stopped, and after each kill the file
+//! system is mounted without each disk in turn and every durable file read back.
 //!
 //! The ledger protocol: before touching a file the child durably records `BEGIN name`; after
 //! the change and its fsync it records `DONE name seed size` or `GONE name`. A file whose last
@@ -70,6 +73,7 @@ fn crash_child() {
     }
     let disk_count = disks.len();
     let replicated = std::env::var_os("TESSERA_CRASH_REPLICATED").is_some();
+    let metadata_copies = std::env::var_os("TESSERA_CRASH_METADATA_COPIES").is_some();
     let fs = FileSystem::mount(disks).unwrap();
     // A tiny metadata cache: the crash lands among evictions and re-reads of pages.
     fs.set_metadata_cache_pages(4);
@@ -110,7 +114,8 @@ fn crash_child() {
         if next() % 12 == 0 {
             // A disk suspended and its data moved off (or all disks rebalanced), resumed
             // after: kills land in block moves and descriptor writes of status changes.
-            let first = u64::from(replicated); // nsd0 is the only metadata disk then
+            // nsd0 is the only metadata disk with one metadata copy and data copies.
+            let first = u64::from(replicated && !metadata_copies);
             let disk = vec![format!(
                 "nsd{}",
                 first + next() % (disk_count as u64 - first)
@@ -136,14 +141,17 @@ fn crash_child() {
                 .unwrap();
         }
         if replicated && next() % 10 == 0 {
-            // A data disk (1 to 3; disk 0 holds the metadata) stopped for a while, then
-            // started with its copies restored: kills land in writes that drop copies and
-            // in the restripe's copies.
-            let disk = format!("nsd{}", 1 + next() % 3);
+            // A data disk (1 to 3; disk 0 holds the metadata, unless it has two copies too)
+            // stopped for a while, then started with its copies restored: kills land in
+            // writes that drop copies, in checkpoints and commits with a metadata disk
+            // down, and in the restripe's copies.
+            let first = u64::from(!metadata_copies);
+            let disk = format!("nsd{}", first + next() % (disk_count as u64 - first));
             if fs.disk_availability().iter().all(|(_, up)| *up) {
                 fs.stop_disks(&[disk]).unwrap();
             } else {
-                let all: Vec<String> = (1..disk_count).map(|d| format!("nsd{d}")).collect();
+                let all: Vec<String> =
+                    (first as usize..disk_count).map(|d| format!("nsd{d}")).collect();
                 fs.start_disks(&all).unwrap();
                 let stop = std::sync::atomic::AtomicBool::new(false);
                 let mode = tessera_fs::restripe::RestripeMode::Replicate;
@@ -221,7 +229,7 @@ fn read_ledger(dir: &std::path::Path) -> HashMap<String, Expect> {
     state
 }
 
-fn verify(t: &TestDisks, replicated: bool) -> usize {
+fn verify(t: &TestDisks, copies: Copies) -> usize {
     // Straight after the kill: the stored allocation map with the log replayed over it must
     // be the map the metadata references.
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
@@ -258,7 +266,7 @@ fn verify(t: &TestDisks, replicated: bool) -> usize {
             }
         }
     }
-    if replicated {
+    if copies == Copies::Data {
         // Every durable file has both copies once restripe -r has run: each failure group
         // of data alone reads it back.
         let stop = std::sync::atomic::AtomicBool::new(false);
@@ -279,7 +287,45 @@ fn verify(t: &TestDisks, replicated: bool) -> usize {
             fs.start_disks(&name).unwrap();
         }
     }
-    fs.unmount().unwrap();
+    if copies == Copies::All {
+        // After restripe -r every piece of data and metadata has its two copies: the file
+        // system mounts without any one disk and reads every durable file.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mode = tessera_fs::restripe::RestripeMode::Replicate;
+        fs.restripe(mode, &stop, &mut |_| {}).unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        for gone in 0..4 {
+            let disks: Vec<_> = t
+                .reopen()
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| *i != gone)
+                .map(|(_, d)| d)
+                .collect();
+            let fs = FileSystem::mount(disks)
+                .unwrap_or_else(|e| panic!("mount without nsd{gone}: {e}"));
+            fs.set_metadata_cache_pages(4);
+            for (file, expect) in read_ledger(t.dir.path()) {
+                if let Expect::Done(seed, size) = expect {
+                    let a = fs
+                        .lookup(ROOT_INO, file.as_bytes())
+                        .unwrap_or_else(|e| panic!("{file} without nsd{gone}: {e}"));
+                    let data = fs
+                        .read(a.ino, 0, (size + 1) as u32)
+                        .unwrap_or_else(|e| panic!("{file} without nsd{gone}: {e}"));
+                    assert!(data == pattern(size, seed), "{file} without nsd{gone}");
+                }
+            }
+            fs.unmount().unwrap();
+            drop(fs);
+            // Back whole: the log copy that missed this mount's records is made current
+            // (without it, the next mount without the other copy's disk is refused).
+            FileSystem::mount(t.reopen()).unwrap().unmount().unwrap();
+        }
+    } else {
+        fs.unmount().unwrap();
+    }
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     assert!(report.is_clean(), "fsck: {:?}", report.problems);
     checked
@@ -300,37 +346,61 @@ fn power_loss_loop() {
 #[test]
 fn replicated_crash_loop() {
     let iterations = tessera_testkit::iterations("TESSERA_CRASH_ITERATIONS", ITERATIONS);
-    kill_loop_on(iterations, false, true);
+    kill_loop_on(iterations, false, Copies::Data);
+}
+
+#[test]
+fn metadata_replicated_crash_loop() {
+    let iterations = tessera_testkit::iterations("TESSERA_CRASH_ITERATIONS", ITERATIONS);
+    kill_loop_on(iterations, false, Copies::All);
+}
+
+/// What has two copies in the file system a loop runs on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Copies {
+    Nothing,
+    /// `-r 2`: nsd0 holds the metadata, nsd1 to nsd3 the data in three failure groups.
+    Data,
+    /// `-m 2 -r 2`: nsd0 to nsd3 hold data and metadata, each in its own failure group.
+    All,
 }
 
 /// Runs the child `iterations` times, killing it at a random moment; with `volatile`, its
 /// drives have volatile write caches and the kill is a power loss.
 fn kill_loop(iterations: usize, volatile: bool) {
-    kill_loop_on(iterations, volatile, false);
+    kill_loop_on(iterations, volatile, Copies::Nothing);
 }
 
-/// [`kill_loop`]; with `replicated`, on a file system with two data copies.
-fn kill_loop_on(iterations: usize, volatile: bool, replicated: bool) {
+/// [`kill_loop`] on a file system with `copies`.
+fn kill_loop_on(iterations: usize, volatile: bool, copies: Copies) {
     let mut t = make_disks(4, 128 << 20);
-    if replicated {
-        let opts = tessera_fs::FormatOptions {
-            max_data_replicas: 2,
-            replication: tessera_fs::Replication {
-                data: 2,
-                strict: tessera_fs::StrictReplication::WhenPossible,
-            },
-            ..small_opts()
-        };
-        format_fs_with(&t, &opts, |i| {
+    let replicated_opts = tessera_fs::FormatOptions {
+        max_data_replicas: 2,
+        replication: tessera_fs::Replication {
+            data: 2,
+            strict: tessera_fs::StrictReplication::WhenPossible,
+        },
+        ..small_opts()
+    };
+    match copies {
+        Copies::Nothing => format_fs(&t, &small_opts()),
+        Copies::Data => format_fs_with(&t, &replicated_opts, |i| {
             if i == 0 {
                 (tessera_nsd::DiskUsage::MetadataOnly, "system")
             } else {
                 (tessera_nsd::DiskUsage::DataOnly, "system")
             }
-        });
-    } else {
-        format_fs(&t, &small_opts());
+        }),
+        // Each disk in its own failure group (`format_fs_with`).
+        Copies::All => format_fs(
+            &t,
+            &tessera_fs::FormatOptions {
+                metadata_replicas: 2,
+                ..replicated_opts
+            },
+        ),
     }
+    let replicated = copies != Copies::Nothing;
     t.close_drives();
     let exe = std::env::current_exe().unwrap();
     let mut total_checked = 0;
@@ -347,6 +417,9 @@ fn kill_loop_on(iterations: usize, volatile: bool, replicated: bool) {
         if replicated {
             child.env("TESSERA_CRASH_REPLICATED", "1");
         }
+        if copies == Copies::All {
+            child.env("TESSERA_CRASH_METADATA_COPIES", "1");
+        }
         let mut child = child.spawn().unwrap();
         let delay_ms = 150 + (iteration as u64 * 7919) % 450;
         std::thread::sleep(Duration::from_millis(delay_ms));
@@ -355,7 +428,7 @@ fn kill_loop_on(iterations: usize, volatile: bool, replicated: bool) {
         }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        total_checked += verify(&t, replicated);
+        total_checked += verify(&t, copies);
     }
     let what = if volatile { "power losses" } else { "crashes" };
     eprintln!("{iterations} {what}, {total_checked} durable files verified");

@@ -1530,6 +1530,18 @@ proptest! {
 proptest! {
     #![proptest_config(config(24))]
 
+    /// Two copies of the metadata as well (`-m 2 -r 2`): every checkpoint writes each page,
+    /// map chunk and log page twice, reads take the first copy, and crashes cut the power
+    /// under both copies' writes.
+    #[test]
+    fn model_two_metadata_copies(ops in proptest::collection::vec(op_strategy(), OPS)) {
+        run(&FormatOptions { metadata_replicas: 2, ..opts_two_copies() }, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
     /// The client reaches its metanode only through the encoded requests and replies a
     /// remote owner will get: every operation, answer and error survives the wire form.
     #[test]

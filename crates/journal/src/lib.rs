@@ -348,6 +348,9 @@ pub struct Journal {
     /// Records appended and group commits (write and flush) done since the open.
     records: AtomicU64,
     commits: AtomicU64,
+    /// The pages the open's replay read: from the replay point's page to the first page
+    /// that is not part of the log (appending starts there).
+    replayed: (u64, u64),
 }
 
 /// Counters of a journal since it was opened (`Journal::stats`).
@@ -465,8 +468,35 @@ impl Journal {
             appended: AtomicU64::new(end_lsn),
             records: AtomicU64::new(0),
             commits: AtomicU64::new(0),
+            replayed: (page_of(replay_from), scan.next_seq),
         };
         Ok((journal, scan.records))
+    }
+
+    /// The device ranges (offset, bytes) whose contents decided what the open replayed: the
+    /// header page and every page from the replay point's to the first page that ended the
+    /// log, that one included. A copy of the log that holds these bytes replays the same
+    /// records (a mirrored log copies them from the copy replayed onto the other).
+    pub fn replayed_ranges(&self) -> Vec<(u64, u64)> {
+        let g = self.geometry;
+        let page = PAGE_BYTES as u64;
+        let mut out = vec![(g.region_offset, page)];
+        let (first, next) = self.replayed;
+        let mut seq = first;
+        let mut left = (next - first + 1).min(g.data_pages);
+        while left > 0 {
+            let run = left.min(g.pages_until_wrap(seq));
+            out.push((g.page_offset(seq), run * page));
+            seq += run;
+            left -= run;
+        }
+        out
+    }
+
+    /// The page the first append of this open goes to (the first page the replay found
+    /// not part of the log).
+    pub fn next_page(&self) -> u64 {
+        self.replayed.1
     }
 
     /// Buffers a record in memory and returns its end LSN.

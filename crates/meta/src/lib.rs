@@ -33,7 +33,7 @@ mod leaf;
 pub mod page;
 mod store;
 
-pub use page::{PageFormat, PagePtr};
+pub use page::{PageFormat, PagePlace, PagePtr};
 pub use store::{Checkpoint, CheckpointPage, MetaStore, PageReader, StoreStats, Tree};
 
 /// Address of a metadata page, opaque to this crate (the file system encodes a disk index

@@ -6,7 +6,7 @@
 //! ------  ----  ----------  ------------------------------------------------------------
 //!      0     4  magic       b"TMPG"
 //!      4     4  crc32c      CRC-32C of the whole page with this field taken as zero
-//!      8     1  version     1; bumped on any incompatible change
+//!      8     1  version     1, or 2 when branch pointers carry a second address (`-m 2`)
 //!      9     1  kind        1 = B+tree leaf, 2 = B+tree branch
 //!     10     1  level       0 for leaves, height above the leaves for branches
 //!     11     1  zero
@@ -32,7 +32,16 @@
 //!   | child 0  | crc 0  |   | klen   | key     | child    | crc    |  ...
 //!   | addr u64 | u32    |   | u16    | klen B  | addr u64 | u32    |
 //!   +----------+--------+   +--------+---------+----------+--------+
+//!
+//! version 2 (metadata replicated, `-m 2`): every child pointer is followed by the address
+//! of the page's second copy, on a disk of another failure group (all ones: no second copy):
+//!   +----------+--------+-------------+
+//!   | addr u64 | crc u32| second u64  |   20 bytes instead of 12
+//!   +----------+--------+-------------+
 //! ```
+//!
+//! Both copies of a page hold the same bytes, the first address included (the misdirected-
+//! write check compares it with the pointer's first address, whichever copy was read).
 //!
 //! A parent keeps its child's checksum beside its address, so a page that is intact but
 //! stale (a write the drive lost, or an older page at a reused address) is caught on read,
@@ -43,6 +52,8 @@ use crate::{MetaError, MetaResult, PageAddr};
 
 pub const MAGIC: [u8; 4] = *b"TMPG";
 pub const VERSION: u8 = 1;
+/// The version of pages whose branch pointers carry a second address.
+pub const VERSION_MIRRORED: u8 = 2;
 pub const HEADER_BYTES: usize = 48;
 /// Smallest page: one sector, the drives' atomic write unit.
 pub const MIN_PAGE_BYTES: usize = 4096;
@@ -55,8 +66,10 @@ pub const MAX_KEY_BYTES: usize = 512;
 pub const LEAF_ENTRY_OVERHEAD: usize = 4;
 /// Bytes of a child pointer (address and checksum).
 pub const PTR_BYTES: usize = 12;
-/// Bytes a branch separator takes besides its key.
-pub const BRANCH_ENTRY_OVERHEAD: usize = 2 + PTR_BYTES;
+/// Bytes of a child pointer with a second address (version 2).
+pub const MIRRORED_PTR_BYTES: usize = 20;
+/// The second address of a pointer whose page has one copy.
+const NO_SECOND_COPY: u64 = u64::MAX;
 
 pub const KIND_LEAF: u8 = 1;
 pub const KIND_BRANCH: u8 = 2;
@@ -66,6 +79,8 @@ pub const KIND_BRANCH: u8 = 2;
 pub struct PagePtr {
     pub addr: PageAddr,
     pub crc: u32,
+    /// The page's second copy (same bytes), in a store whose pages are replicated.
+    pub mirror: Option<PageAddr>,
 }
 
 impl PagePtr {
@@ -82,7 +97,42 @@ impl PagePtr {
         PagePtr {
             addr: PageAddr(u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))),
             crc: u32::from_le_bytes(bytes[8..].try_into().expect("4 bytes")),
+            mirror: None,
         }
+    }
+
+    fn to_bytes_mirrored(self) -> [u8; MIRRORED_PTR_BYTES] {
+        let mut out = [0u8; MIRRORED_PTR_BYTES];
+        out[..PTR_BYTES].copy_from_slice(&self.to_bytes());
+        let second = self.mirror.map_or(NO_SECOND_COPY, |a| a.0);
+        out[PTR_BYTES..].copy_from_slice(&second.to_le_bytes());
+        out
+    }
+
+    fn from_bytes_mirrored(bytes: &[u8]) -> PagePtr {
+        let mut ptr = PagePtr::from_bytes(bytes[..PTR_BYTES].try_into().expect("12 bytes"));
+        let second = le64(bytes, PTR_BYTES);
+        ptr.mirror = (second != NO_SECOND_COPY).then_some(PageAddr(second));
+        ptr
+    }
+
+    /// The addresses of every copy of the page.
+    pub fn copies(self) -> impl Iterator<Item = PageAddr> {
+        std::iter::once(self.addr).chain(self.mirror)
+    }
+}
+
+/// Where a checkpoint puts a changed page: its address, and its second copy's when the
+/// store's pages are replicated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagePlace {
+    pub addr: PageAddr,
+    pub mirror: Option<PageAddr>,
+}
+
+impl From<PageAddr> for PagePlace {
+    fn from(addr: PageAddr) -> PagePlace {
+        PagePlace { addr, mirror: None }
     }
 }
 
@@ -91,6 +141,8 @@ impl PagePtr {
 pub struct PageFormat {
     pub page_bytes: usize,
     pub owner: u64,
+    /// Branch pointers carry a second address (version-2 pages): metadata replicated.
+    pub mirrored: bool,
 }
 
 impl PageFormat {
@@ -99,7 +151,33 @@ impl PageFormat {
         {
             return Err(MetaError::BadPageSize(page_bytes));
         }
-        Ok(PageFormat { page_bytes, owner })
+        Ok(PageFormat {
+            page_bytes,
+            owner,
+            mirrored: false,
+        })
+    }
+
+    /// The same format with a second address in every branch pointer (`-m 2`).
+    pub fn with_mirrors(self) -> PageFormat {
+        PageFormat {
+            mirrored: true,
+            ..self
+        }
+    }
+
+    /// Bytes of a child pointer in the pages this store writes.
+    pub fn ptr_bytes(&self) -> usize {
+        ptr_bytes(self.version())
+    }
+
+    /// The version of the pages this store writes.
+    pub fn version(&self) -> u8 {
+        if self.mirrored {
+            VERSION_MIRRORED
+        } else {
+            VERSION
+        }
     }
 
     /// The largest key plus value a leaf entry may hold: half a page's payload, so that a
@@ -127,6 +205,7 @@ pub(crate) enum Decoded {
 
 /// What a page header says, checked against what the reader expected.
 struct Header {
+    version: u8,
     kind: u8,
     level: u8,
     entries: u16,
@@ -165,15 +244,22 @@ pub(crate) fn encode(
             assert_eq!(page.len(), format.page_bytes);
             page.fill(0);
             let mut at = HEADER_BYTES;
-            page[at..at + PTR_BYTES].copy_from_slice(&first.to_bytes());
-            at += PTR_BYTES;
+            let put = |page: &mut [u8], at: &mut usize, ptr: &PagePtr| {
+                if format.mirrored {
+                    page[*at..*at + MIRRORED_PTR_BYTES].copy_from_slice(&ptr.to_bytes_mirrored());
+                } else {
+                    assert!(ptr.mirror.is_none(), "second copy in a store of one copy");
+                    page[*at..*at + PTR_BYTES].copy_from_slice(&ptr.to_bytes());
+                }
+                *at += format.ptr_bytes();
+            };
+            put(page, &mut at, first);
             for (k, child) in seps {
                 page[at..at + 2].copy_from_slice(&(k.len() as u16).to_le_bytes());
                 at += 2;
                 page[at..at + k.len()].copy_from_slice(k);
                 at += k.len();
-                page[at..at + PTR_BYTES].copy_from_slice(&child.to_bytes());
-                at += PTR_BYTES;
+                put(page, &mut at, child);
             }
             assert!(
                 at <= format.page_bytes,
@@ -231,7 +317,7 @@ fn seal(
     addr: PageAddr,
 ) -> PagePtr {
     page[0..4].copy_from_slice(&MAGIC);
-    page[8] = VERSION;
+    page[8] = format.version();
     page[9] = kind;
     page[10] = level;
     page[12..14].copy_from_slice(&(entries as u16).to_le_bytes());
@@ -242,7 +328,11 @@ fn seal(
     page[40..48].copy_from_slice(&addr.0.to_le_bytes());
     let crc = page_crc(page);
     page[4..8].copy_from_slice(&crc.to_le_bytes());
-    PagePtr { addr, crc }
+    PagePtr {
+        addr,
+        crc,
+        mirror: None,
+    }
 }
 
 /// Checks a page read from `ptr.addr` and decodes it. `level` is what the parent implies
@@ -293,8 +383,16 @@ pub(crate) fn decode(
             if header.level == 0 {
                 return Err(bad("branch page at level 0".into()));
             }
-            let r = take(&mut at, PTR_BYTES).map_err(bad)?;
-            let first = PagePtr::from_bytes(page[r].try_into().expect("12 bytes"));
+            let width = ptr_bytes(header.version);
+            let pointer = |r: std::ops::Range<usize>| {
+                if width == PTR_BYTES {
+                    PagePtr::from_bytes(page[r].try_into().expect("12 bytes"))
+                } else {
+                    PagePtr::from_bytes_mirrored(&page[r])
+                }
+            };
+            let r = take(&mut at, width).map_err(bad)?;
+            let first = pointer(r);
             let mut seps = Vec::with_capacity(header.entries as usize);
             for _ in 0..header.entries {
                 let r = take(&mut at, 2).map_err(bad)?;
@@ -303,8 +401,8 @@ pub(crate) fn decode(
                     return Err(bad(format!("key of {klen} bytes")));
                 }
                 let k = take(&mut at, klen).map_err(bad)?;
-                let p = take(&mut at, PTR_BYTES).map_err(bad)?;
-                let child = PagePtr::from_bytes(page[p].try_into().expect("12 bytes"));
+                let p = take(&mut at, width).map_err(bad)?;
+                let child = pointer(p);
                 seps.push((page[k].to_vec(), child));
             }
             check_order(seps.iter().map(|(k, _)| k)).map_err(bad)?;
@@ -349,9 +447,9 @@ fn check_header(format: &PageFormat, ptr: PagePtr, page: &[u8]) -> Result<Header
              (torn or damaged write)"
         ));
     }
-    if page[8] != VERSION {
+    if page[8] != VERSION && page[8] != VERSION_MIRRORED {
         return Err(format!(
-            "page format version {} (this build reads {VERSION})",
+            "page format version {} (this build reads {VERSION} and {VERSION_MIRRORED})",
             page[8]
         ));
     }
@@ -390,6 +488,7 @@ fn check_header(format: &PageFormat, ptr: PagePtr, page: &[u8]) -> Result<Header
         ));
     }
     Ok(Header {
+        version: page[8],
         kind: page[9],
         level: page[10],
         entries: le16(page, 12),
@@ -410,9 +509,26 @@ fn check_order<'a>(keys: impl Iterator<Item = &'a Vec<u8>>) -> Result<(), String
     Ok(())
 }
 
-/// Bytes a node takes when encoded.
-pub(crate) fn branch_bytes<'a>(keys: impl Iterator<Item = &'a [u8]>) -> usize {
-    HEADER_BYTES + PTR_BYTES + keys.map(|k| BRANCH_ENTRY_OVERHEAD + k.len()).sum::<usize>()
+fn ptr_bytes(version: u8) -> usize {
+    if version == VERSION_MIRRORED {
+        MIRRORED_PTR_BYTES
+    } else {
+        PTR_BYTES
+    }
+}
+
+/// Bytes a branch separator takes besides its key.
+pub(crate) fn branch_entry_overhead(format: &PageFormat) -> usize {
+    2 + format.ptr_bytes()
+}
+
+/// Bytes a branch node takes when encoded.
+pub(crate) fn branch_bytes<'a>(format: &PageFormat, keys: impl Iterator<Item = &'a [u8]>) -> usize {
+    HEADER_BYTES
+        + format.ptr_bytes()
+        + keys
+            .map(|k| branch_entry_overhead(format) + k.len())
+            .sum::<usize>()
 }
 
 #[cfg(test)]
@@ -422,6 +538,7 @@ mod tests {
     const FORMAT: PageFormat = PageFormat {
         page_bytes: 4096,
         owner: 0x0123_4567_89ab_cdef,
+        mirrored: false,
     };
 
     fn hex(b: &[u8]) -> String {
@@ -441,12 +558,14 @@ mod tests {
             first: PagePtr {
                 addr: PageAddr(0x10),
                 crc: 0xaabb_ccdd,
+                mirror: None,
             },
             seps: vec![(
                 b"m".to_vec(),
                 PagePtr {
                     addr: PageAddr(0x20),
                     crc: 0x1122_3344,
+                    mirror: None,
                 },
             )],
         }
@@ -506,6 +625,42 @@ mod tests {
     }
 
     #[test]
+    fn golden_branch_page_with_second_copies() {
+        let format = FORMAT.with_mirrors();
+        let Decoded::Branch {
+            level,
+            mut first,
+            mut seps,
+        } = branch()
+        else {
+            unreachable!()
+        };
+        first.mirror = Some(PageAddr(0x0001_0000_0000_0040));
+        seps[0].1.mirror = None;
+        let node = Decoded::Branch { level, first, seps };
+        let mut page = vec![0u8; 4096];
+        let ptr = encode(&format, &node, 9, PageAddr(0x30), &mut page);
+        // Version 2, kind branch, level 1, one separator.
+        assert_eq!(hex(&page[8..16]), "0202010001000000");
+        assert_eq!(
+            hex(&page[HEADER_BYTES..HEADER_BYTES + 43]),
+            concat!(
+                "1000000000000000",
+                "ddccbbaa",
+                "4000000000000100", // child 0, second copy on disk 1
+                "0100",
+                "6d", // separator "m"
+                "2000000000000000",
+                "44332211",
+                "ffffffffffffffff", // child 1, one copy
+            )
+        );
+        assert_eq!(decode(&format, ptr, Some(1), &page).unwrap(), node);
+        // A store of one copy reads it too (the page says its own pointer width).
+        assert_eq!(decode(&FORMAT, ptr, Some(1), &page).unwrap(), node);
+    }
+
+    #[test]
     fn every_flipped_bit_of_the_used_part_is_refused() {
         for node in [leaf(), branch()] {
             let mut page = vec![0u8; 4096];
@@ -541,11 +696,11 @@ mod tests {
         assert!(err(stale, None, &page, &FORMAT).contains("stale page"));
         assert!(err(ptr, None, &[0u8; 4096], &FORMAT).contains("all zeros"));
         let mut newer = page.clone();
-        newer[8] = 2;
+        newer[8] = 3;
         let crc = page_crc(&newer);
         newer[4..8].copy_from_slice(&crc.to_le_bytes());
         let ptr2 = PagePtr { crc, ..ptr };
-        assert!(err(ptr2, None, &newer, &FORMAT).contains("format version 2"));
+        assert!(err(ptr2, None, &newer, &FORMAT).contains("format version 3"));
     }
 
     #[test]
@@ -562,6 +717,7 @@ mod tests {
             let ptr = PagePtr {
                 addr: PageAddr(7),
                 crc,
+                mirror: None,
             };
             assert!(decode(&FORMAT, ptr, None, &bad).is_err());
         }
@@ -586,7 +742,7 @@ mod tests {
             page[48..].copy_from_slice(&body);
             let crc = page_crc(&page);
             page[4..8].copy_from_slice(&crc.to_le_bytes());
-            let _ = decode(&FORMAT, PagePtr { addr: PageAddr(7), crc }, None, &page);
+            let _ = decode(&FORMAT, PagePtr { addr: PageAddr(7), crc, mirror: None }, None, &page);
         }
     }
 }

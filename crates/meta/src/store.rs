@@ -12,13 +12,21 @@ use std::sync::Arc;
 
 use crate::cache::PageCache;
 use crate::leaf::Leaf;
-use crate::page::{self, Decoded, PageFormat, PagePtr};
+use crate::page::{self, Decoded, PageFormat, PagePlace, PagePtr};
 use crate::{MetaError, MetaResult, PageAddr};
 
 /// Reads pages for the store (a file system reads them from its metadata disks).
 pub trait PageReader: Send + Sync {
     /// Fills `page` (one page) from `addr`.
     fn read_page(&self, addr: PageAddr, page: &mut [u8]) -> std::io::Result<()>;
+
+    /// The copy of a replicated page at `addr` failed to read or to verify, and `page` is
+    /// the verified content of another copy: write it there (or leave it to a later
+    /// restripe when that disk takes no writes now). Returns whether the copy was
+    /// rewritten; the default does nothing.
+    fn repair_page(&self, _addr: PageAddr, _page: &[u8], _why: &str) -> bool {
+        false
+    }
 }
 
 /// A child of a branch, or a tree's root: a page on disk, or a changed node in memory.
@@ -121,10 +129,12 @@ impl Node {
         heap + std::mem::size_of::<Node>() + ENTRY
     }
 
-    fn bytes(&self) -> usize {
+    fn bytes(&self, format: &PageFormat) -> usize {
         match self {
             Node::Leaf(leaf) => page::HEADER_BYTES + leaf.payload_bytes(),
-            Node::Branch { keys, .. } => page::branch_bytes(keys.iter().map(|k| k.bytes())),
+            Node::Branch { keys, .. } => {
+                page::branch_bytes(format, keys.iter().map(|k| k.bytes()))
+            }
         }
     }
 
@@ -244,6 +254,8 @@ pub struct Checkpoint {
 /// threshold); encoding again per write batch costs a copy of the page and a checksum.
 pub struct CheckpointPage {
     pub addr: PageAddr,
+    /// Where the same bytes go a second time, when pages are replicated.
+    pub mirror: Option<PageAddr>,
     node: Arc<Node>,
     generation: u64,
     format: PageFormat,
@@ -265,7 +277,8 @@ impl std::fmt::Debug for CheckpointPage {
 impl CheckpointPage {
     /// The page's bytes into `page` (one page long).
     pub fn encode(&self, page: &mut [u8]) {
-        let ptr = encode_node(&self.format, &self.node, self.generation, self.addr, page);
+        let mut ptr = encode_node(&self.format, &self.node, self.generation, self.addr, page);
+        ptr.mirror = self.mirror;
         assert_eq!(
             ptr, self.ptr,
             "page {} encodes differently than when its checkpoint placed it",
@@ -292,6 +305,8 @@ pub struct StoreStats {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
+    /// Pages read from their second copy because the first failed to read or verify.
+    pub second_copy_reads: u64,
 }
 
 pub struct MetaStore {
@@ -303,6 +318,8 @@ pub struct MetaStore {
     free_slots: Vec<usize>,
     dirty_count: usize,
     superseded: Vec<PageAddr>,
+    /// Pages read from their second copy because the first failed.
+    second_copy_reads: u64,
     /// Generation of the next checkpoint.
     generation: u64,
     poisoned: bool,
@@ -335,6 +352,7 @@ impl MetaStore {
             free_slots: Vec::new(),
             dirty_count: 0,
             superseded: Vec::new(),
+            second_copy_reads: 0,
             generation,
             poisoned: false,
         }
@@ -379,6 +397,7 @@ impl MetaStore {
             hits: self.cache.hits,
             misses: self.cache.misses,
             evictions: self.cache.evictions,
+            second_copy_reads: self.second_copy_reads,
         }
     }
 
@@ -509,10 +528,7 @@ impl MetaStore {
                 Child::Dirty(id) => {
                     self.take_dirty(id);
                 }
-                Child::Disk(ptr) => {
-                    self.cache.remove(ptr.addr);
-                    self.superseded.push(ptr.addr);
-                }
+                Child::Disk(ptr) => self.supersede(ptr),
             }
             root = only;
         }
@@ -561,10 +577,75 @@ impl MetaStore {
     }
 
     /// Every page on disk that the tree reaches, with its level (for fsck and for counting
-    /// what a file system uses). Reads pages through the cache; changed nodes are walked
+    /// what a file system uses); both copies of a replicated page. Reads pages through the cache; changed nodes are walked
     /// but not reported (they have no address yet).
     pub fn visit_pages(&mut self, tree: &Tree, f: &mut dyn FnMut(PageAddr, u8)) -> MetaResult<()> {
         self.visit_rec(tree.root, None, f)
+    }
+
+    /// Reads every copy of every page on disk that `tree` reaches and checks it against its
+    /// parent's pointer; a copy that fails is rewritten from one that verifies (through
+    /// [`PageReader::repair_page`]). Returns (copies checked, copies repaired); a page none
+    /// of whose copies verifies is an error naming it. Changed nodes are walked, not
+    /// checked (they have no page yet).
+    pub fn check_copies(&mut self, tree: &Tree) -> MetaResult<(u64, u64)> {
+        let mut counts = (0, 0);
+        self.check_rec(tree.root, None, &mut counts)?;
+        Ok(counts)
+    }
+
+    fn check_rec(
+        &mut self,
+        child: Child,
+        level: Option<u8>,
+        counts: &mut (u64, u64),
+    ) -> MetaResult<()> {
+        if let Child::Disk(ptr) = child {
+            let mut good: Option<Vec<u8>> = None;
+            let mut bad = Vec::new();
+            for addr in ptr.copies() {
+                let mut buf = vec![0u8; self.format.page_bytes];
+                counts.0 += 1;
+                let checked = self
+                    .reader
+                    .read_page(addr, &mut buf)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        page::decode(&self.format, ptr, level, &buf).map_err(|e| e.to_string())
+                    });
+                match checked {
+                    Ok(_) => good = Some(buf),
+                    Err(why) => bad.push((addr, why)),
+                }
+            }
+            let Some(good) = good else {
+                return Err(MetaError::Corrupt {
+                    addr: ptr.addr,
+                    reason: format!(
+                        "no copy verifies: {}",
+                        bad.iter()
+                            .map(|(a, why)| format!("{a}: {why}"))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                });
+            };
+            for (addr, why) in bad {
+                if self.reader.repair_page(addr, &good, &why) {
+                    counts.1 += 1;
+                }
+            }
+        }
+        let node = self.node(child, level)?;
+        if let Node::Branch {
+            level, children, ..
+        } = &*node
+        {
+            for c in children {
+                self.check_rec(*c, Some(level - 1), counts)?;
+            }
+        }
+        Ok(())
     }
 
     /// Marks changed up to `budget` pages of `tree` whose address `moving` names, with the
@@ -576,7 +657,7 @@ impl MetaStore {
     pub fn relocate(
         &mut self,
         tree: &mut Tree,
-        moving: &dyn Fn(PageAddr) -> bool,
+        moving: &dyn Fn(&PagePtr) -> bool,
         budget: usize,
     ) -> MetaResult<usize> {
         if self.poisoned {
@@ -590,13 +671,15 @@ impl MetaStore {
     }
 
     /// Gives every changed node of `trees` its address and page image, children before
-    /// parents, and turns the trees' roots into pages. `allocate(n)` returns n free page
+    /// parents, and turns the trees' roots into pages. `allocate(n)` returns places for n
+    /// pages (with a second address each when the format is mirrored and a second failure
+    /// group has room)
     /// addresses (or fails, and then nothing has changed). Every changed node must belong
     /// to one of `trees`. The pages stay pinned in the cache until [`MetaStore::written`].
     pub fn checkpoint(
         &mut self,
         trees: &mut [&mut Tree],
-        allocate: &mut dyn FnMut(usize) -> MetaResult<Vec<PageAddr>>,
+        allocate: &mut dyn FnMut(usize) -> MetaResult<Vec<PagePlace>>,
     ) -> MetaResult<Checkpoint> {
         if self.poisoned {
             return Err(MetaError::Poisoned);
@@ -607,6 +690,10 @@ impl MetaStore {
             addrs.len(),
             self.dirty_count,
             "allocator returned a wrong count"
+        );
+        assert!(
+            self.format.mirrored || addrs.iter().all(|p| p.mirror.is_none()),
+            "second copies for a store of one copy"
         );
         addrs.reverse();
         let mut pages = Vec::with_capacity(self.dirty_count);
@@ -698,23 +785,57 @@ impl MetaStore {
                     }
                     return Ok(node);
                 }
-                let mut buf = vec![0u8; self.format.page_bytes];
-                self.reader
-                    .read_page(ptr.addr, &mut buf)
-                    .map_err(|source| MetaError::Io {
-                        addr: ptr.addr,
-                        source,
-                    })?;
-                let node = Arc::new(Node::from_decoded(page::decode(
-                    &self.format,
-                    ptr,
-                    level,
-                    &buf,
-                )?));
+                let node = Arc::new(Node::from_decoded(self.read_copies(ptr, level)?));
                 self.reserve_for_dirty();
                 self.cache.insert(ptr.addr, node.clone(), None);
                 Ok(node)
             }
+        }
+    }
+
+    /// A page on disk that the next checkpoint no longer reaches: out of the cache, and all
+    /// its copies freed once that checkpoint is durable.
+    fn supersede(&mut self, ptr: PagePtr) {
+        self.cache.remove(ptr.addr);
+        self.superseded.extend(ptr.copies());
+    }
+
+    /// Reads and checks the page `ptr` names: its first copy, then its second when the
+    /// first fails to read or to verify (the failed copy is then handed to the reader to
+    /// repair). The error of the first copy is the one returned when both fail.
+    fn read_copies(&mut self, ptr: PagePtr, level: Option<u8>) -> MetaResult<Decoded> {
+        let mut buf = vec![0u8; self.format.page_bytes];
+        let first = self
+            .reader
+            .read_page(ptr.addr, &mut buf)
+            .map_err(|source| MetaError::Io {
+                addr: ptr.addr,
+                source,
+            })
+            .and_then(|()| page::decode(&self.format, ptr, level, &buf));
+        let (err, mirror) = match (first, ptr.mirror) {
+            (Ok(node), _) => return Ok(node),
+            (Err(e), None) => return Err(e),
+            (Err(e), Some(mirror)) => (e, mirror),
+        };
+        let second = self
+            .reader
+            .read_page(mirror, &mut buf)
+            .map_err(|source| MetaError::Io {
+                addr: mirror,
+                source,
+            })
+            .and_then(|()| page::decode(&self.format, ptr, level, &buf));
+        match second {
+            Ok(node) => {
+                self.second_copy_reads += 1;
+                self.reader.repair_page(ptr.addr, &buf, &err.to_string());
+                Ok(node)
+            }
+            Err(e2) => Err(MetaError::Corrupt {
+                addr: ptr.addr,
+                reason: format!("both copies are unreadable: {err}; second copy: {e2}"),
+            }),
         }
     }
 
@@ -725,8 +846,7 @@ impl MetaStore {
             Child::Dirty(id) => Ok(id),
             Child::Disk(ptr) => {
                 let node = self.node(child, level)?;
-                self.cache.remove(ptr.addr);
-                self.superseded.push(ptr.addr);
+                self.supersede(ptr);
                 Ok(self.add_dirty(Arc::unwrap_or_clone(node)))
             }
         }
@@ -809,7 +929,7 @@ impl MetaStore {
     /// rarely, and the page it starts fills like any other.
     fn split_appended(&mut self, id: usize) -> Option<(Key, usize)> {
         let page_bytes = self.format.page_bytes;
-        if self.dirty_node(id).bytes() <= page_bytes {
+        if self.dirty_node(id).bytes(&self.format) <= page_bytes {
             return None;
         }
         let Node::Leaf(leaf) = self.dirty_mut(id) else {
@@ -822,11 +942,11 @@ impl MetaStore {
         let right = leaf.split_off(leaf.len() - 1);
         let sep = Key::new(right.key(0).to_vec());
         assert!(
-            self.dirty_node(id).bytes() <= page_bytes,
+            self.dirty_node(id).bytes(&self.format) <= page_bytes,
             "the entries before an append fitted their page"
         );
         let right = Node::Leaf(right);
-        assert!(right.bytes() <= page_bytes, "one entry fits a page");
+        assert!(right.bytes(&self.format) <= page_bytes, "one entry fits a page");
         Some((sep, self.add_dirty(right)))
     }
 
@@ -834,9 +954,10 @@ impl MetaStore {
     /// split point that leaves the larger half smallest.
     fn split_if_full(&mut self, id: usize) -> Option<(Key, usize)> {
         let page_bytes = self.format.page_bytes;
-        if self.dirty_node(id).bytes() <= page_bytes {
+        if self.dirty_node(id).bytes(&self.format) <= page_bytes {
             return None;
         }
+        let entry_overhead = page::branch_entry_overhead(&self.format);
         let (sep, right) = match self.dirty_mut(id) {
             Node::Leaf(leaf) => {
                 let sizes: Vec<usize> = (0..leaf.len()).map(|i| leaf.entry_bytes(i)).collect();
@@ -851,7 +972,7 @@ impl MetaStore {
             } => {
                 let sizes: Vec<usize> = keys
                     .iter()
-                    .map(|k| page::BRANCH_ENTRY_OVERHEAD + k.bytes.len())
+                    .map(|k| entry_overhead + k.bytes.len())
                     .collect();
                 // Separator m moves up: left keeps keys[..m], right gets keys[m + 1..].
                 let m = best_split(&sizes, 0, |m| sizes[m]);
@@ -869,11 +990,11 @@ impl MetaStore {
             }
         };
         assert!(
-            self.dirty_node(id).bytes() <= page_bytes,
+            self.dirty_node(id).bytes(&self.format) <= page_bytes,
             "left half of a split overflows"
         );
         assert!(
-            right.bytes() <= page_bytes,
+            right.bytes(&self.format) <= page_bytes,
             "right half of a split overflows"
         );
         Some((sep, self.add_dirty(right)))
@@ -888,7 +1009,7 @@ impl MetaStore {
             Node::Branch { .. } => self.dirty_child_at(id, i)?,
         };
         let old = self.remove_on_path(cid, &path[1..])?;
-        if self.dirty_node(cid).bytes() < self.format.page_bytes / 4 {
+        if self.dirty_node(cid).bytes(&self.format) < self.format.page_bytes / 4 {
             let child_level = self.dirty_node(cid).level();
             self.merge_child(id, i, child_level)?;
         }
@@ -915,6 +1036,7 @@ impl MetaStore {
                 page::HEADER_BYTES + a.payload_bytes() + b.payload_bytes()
             }
             (Node::Branch { keys: ak, .. }, Node::Branch { keys: bk, .. }) => page::branch_bytes(
+                &self.format,
                 ak.iter()
                     .chain(std::iter::once(&sep))
                     .chain(bk)
@@ -950,7 +1072,7 @@ impl MetaStore {
             },
             _ => unreachable!("siblings at different levels"),
         };
-        debug_assert_eq!(merged.bytes(), merged_bytes);
+        debug_assert_eq!(merged.bytes(&self.format), merged_bytes);
         // The merged node replaces both: what they were is superseded (on disk) or dropped
         // (in memory), and their children now belong to it.
         for c in [lchild, rchild] {
@@ -958,10 +1080,7 @@ impl MetaStore {
                 Child::Dirty(cid) => {
                     self.take_dirty(cid);
                 }
-                Child::Disk(ptr) => {
-                    self.cache.remove(ptr.addr);
-                    self.superseded.push(ptr.addr);
-                }
+                Child::Disk(ptr) => self.supersede(ptr),
             }
         }
         let mid = self.add_dirty(merged);
@@ -1054,7 +1173,7 @@ impl MetaStore {
         let node = match child {
             Child::Dirty(id) => self.take_dirty(id),
             Child::Disk(ptr) => {
-                self.superseded.push(ptr.addr);
+                self.superseded.extend(ptr.copies());
                 if level == Some(0) {
                     // A leaf on disk has no children: no need to read it.
                     self.cache.remove(ptr.addr);
@@ -1082,14 +1201,14 @@ impl MetaStore {
         &mut self,
         child: Child,
         level: Option<u8>,
-        moving: &dyn Fn(PageAddr) -> bool,
+        moving: &dyn Fn(&PagePtr) -> bool,
         left: &mut usize,
     ) -> MetaResult<Option<usize>> {
         if *left == 0 {
             return Ok(None);
         }
         if let Child::Disk(ptr) = child {
-            if level == Some(0) && !moving(ptr.addr) {
+            if level == Some(0) && !moving(&ptr) {
                 return Ok(None);
             }
         }
@@ -1097,7 +1216,7 @@ impl MetaStore {
         let mut made = None;
         let mut id = match child {
             Child::Dirty(id) => Some(id),
-            Child::Disk(ptr) if moving(ptr.addr) => {
+            Child::Disk(ptr) if moving(&ptr) => {
                 *left -= 1;
                 let id = self.make_dirty(child, level)?;
                 made = Some(id);
@@ -1141,7 +1260,9 @@ impl MetaStore {
     ) -> MetaResult<()> {
         let node = self.node(child, level)?;
         if let Child::Disk(ptr) = child {
-            f(ptr.addr, node.level());
+            for addr in ptr.copies() {
+                f(addr, node.level());
+            }
         }
         if let Node::Branch {
             level, children, ..
@@ -1158,7 +1279,7 @@ impl MetaStore {
         &mut self,
         id: usize,
         generation: u64,
-        addrs: &mut Vec<PageAddr>,
+        addrs: &mut Vec<PagePlace>,
         pages: &mut Vec<CheckpointPage>,
         scratch: &mut [u8],
     ) -> PagePtr {
@@ -1174,12 +1295,14 @@ impl MetaStore {
             // It stays cached as a clean page: without the room it grew for changes.
             Node::Leaf(leaf) => leaf.shrink_to_fit(),
         }
-        let addr = addrs.pop().expect("an address for every changed page");
+        let PagePlace { addr, mirror } = addrs.pop().expect("an address for every changed page");
         // Encoded here for the pointer the parent keeps (it carries the page's checksum),
         // and again when the page is written.
-        let ptr = encode_node(&self.format, &node, generation, addr, scratch);
+        let mut ptr = encode_node(&self.format, &node, generation, addr, scratch);
+        ptr.mirror = mirror;
         pages.push(CheckpointPage {
             addr,
+            mirror,
             node: Arc::clone(&node),
             generation,
             format: self.format,

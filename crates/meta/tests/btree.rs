@@ -397,7 +397,7 @@ fn relocated_pages_leave_the_emptied_range_and_keep_every_entry() {
     assert!(below > 50, "only {below} pages below the cut");
     // The emptied range takes no new pages (its disk is unavailable to the allocator).
     h.free.retain(|&a| a >= cut);
-    let moving = move |a: tessera_meta::PageAddr| a.0 < cut;
+    let moving = move |p: &tessera_meta::PagePtr| p.addr.0 < cut;
     let mut rounds = 0;
     loop {
         // A change pending beside the relocation, as a live file system has.

@@ -199,7 +199,7 @@ fn damaged_and_stale_pages_are_errors_that_name_the_page() {
         .checkpoint(&mut [&mut tree3], &mut |n| {
             let mut out = vec![PageAddr(victim.0)];
             out.extend(others.iter().rev().take(n - 1).map(|p| PageAddr(*p)));
-            Ok(out)
+            Ok(out.into_iter().map(Into::into).collect())
         })
         .unwrap();
     // Write every page of the checkpoint except the new leaf: its write is "lost".

@@ -1117,8 +1117,8 @@ pub struct FsCreateArgs {
     /// MAX[:PREALLOC] inodes.
     #[arg(long = "inode-limit")]
     pub inode_limit: Option<String>,
-    /// Default number of metadata replicas (only 1: metadata replication is not
-    /// implemented yet).
+    /// Default number of metadata replicas: 1, or 2 for a second copy of all metadata
+    /// (pages, recovery log, allocation map) in another failure group.
     #[arg(short = 'm', default_value_t = 1)]
     pub metadata_replicas: u32,
     /// Maximum number of metadata replicas (1 to 3).

@@ -69,6 +69,9 @@ pub struct FsCreateSpec {
     /// `-r`: copies of each data block of new files.
     #[serde(default = "one")]
     pub data_replicas: u32,
+    /// `-m`: copies of the metadata (1 or 2).
+    #[serde(default = "one")]
+    pub metadata_replicas: u32,
     pub verify: bool,
     pub shard_count: u32,
 }
@@ -947,6 +950,12 @@ pub struct RestripeDone {
     pub map_regions_moved: u64,
     /// The recovery log moved off a disk being emptied (`-m`).
     pub log_moved: bool,
+    /// Copies of metadata pages read and checked, and rewritten from the other copy (`-c`
+    /// and `-r` with two metadata copies).
+    #[serde(default)]
+    pub metadata_copies_checked: u64,
+    #[serde(default)]
+    pub metadata_copies_repaired: u64,
     /// Blocks rewritten, truncated or deleted between the scan and their move.
     pub blocks_changed: u64,
     /// Stopped early because the client went away (Ctrl-C): run it again to continue.

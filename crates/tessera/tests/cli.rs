@@ -158,7 +158,7 @@ fn fs_create_option_errors() {
     for (args, want) in [
         (vec!["-B", "3M"], "not a power of two"),
         (vec!["-B", "32K"], "minimum of 64K"),
-        (vec!["-m", "2"], "metadata replication is not implemented"),
+        (vec!["-m", "3", "-M", "3"], "at most two metadata copies"),
         (vec!["-r", "3"], "above the maximum"),
         (vec!["-i", "2K"], "use 512, 1K or 4K"),
         (vec!["-j", "random"], "scatter, cluster"),
@@ -433,14 +433,14 @@ fn fs_create_checks_everything_before_announcing() {
         "-F",
         s(&stanza),
         "-m",
-        "2",
+        "3",
+        "-M",
+        "3",
         "-j",
         "x",
     ]);
     assert!(
-        err.contains("metadata replication is not implemented yet")
-            && err.contains("vdisks of a declustered array")
-            && err.contains("-j x"),
+        err.contains("at most two metadata copies") && err.contains("-j x"),
         "{err}"
     );
 }

@@ -418,3 +418,111 @@ fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
         .unwrap();
     assert!(line.contains(" 1 "), "{line}");
 }
+
+/// `-m 2 -r 2` [mmcrfs]: metadata and data in failure groups 1 and 2, the descriptor's
+/// third copy on a descOnly NSD in group 3. The drives of either group may go: the file
+/// system mounts without them (`disk ls` shows them down), every file and name reads,
+/// new files are written, and `restripe -r` once they are back gives everything its
+/// second copy, after which the other group may go.
+#[test]
+fn metadata_and_data_copies_survive_the_loss_of_either_failure_group() {
+    if !fuse_usable() {
+        return;
+    }
+    let mut node = Node::new().start();
+    let mut text = String::new();
+    let mut drives = Vec::new();
+    for (i, (usage, fg)) in [
+        ("dataAndMetadata", 1),
+        ("dataAndMetadata", 1),
+        ("dataAndMetadata", 2),
+        ("dataAndMetadata", 2),
+        ("descOnly", 3),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dev = node.drive(&format!("m-drive{i}"), 256 * MIB);
+        text += &format!(
+            "%nsd: device={} nsd=mr{i} usage={usage} failureGroup={fg} pool=system\n",
+            dev.display()
+        );
+        drives.push(dev);
+    }
+    let stanza = node.path("m.stanza");
+    std::fs::write(&stanza, text).unwrap();
+    node.ok(&["nsd", "create", "-F", s(&stanza)]);
+    let mnt = node.path("mmnt");
+    node.mounts.push(mnt.clone());
+    node.ok(&[
+        "fs", "create", "mfs", "-F", s(&stanza), "-B", "1M", "-T", s(&mnt), "-A", "no", "-m",
+        "2", "-r", "2",
+    ]);
+    let shown = node.ok(&["fs", "ls", "mfs"]);
+    let line = shown
+        .lines()
+        .find(|l| l.contains("Default number of metadata replicas"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(line.starts_with("-m ") && line.contains(" 2 "), "{line}");
+    node.ok(&["mount", "mfs"]);
+    let mut files = Vec::new();
+    let write_set = |dir: &Path, tag: &str, seed: u64, files: &mut Vec<(std::path::PathBuf, Vec<u8>)>| {
+        std::fs::create_dir_all(dir).unwrap();
+        for i in 0..200u64 {
+            let data = pattern(100 + (i as usize * 997) % 40_000, seed + i);
+            let path = dir.join(format!("{tag}-{i:04}"));
+            write_file(&path, &data);
+            files.push((path, data));
+        }
+        let big = pattern(3_000_000, seed + 999);
+        let path = dir.join(format!("{tag}-big"));
+        write_file(&path, &big);
+        files.push((path, big));
+    };
+    write_set(&mnt.join("a"), "a", 100, &mut files);
+    node.ok(&["umount", "mfs"]);
+
+    // Take a group's drives away (moved aside, so they can come back), and back.
+    let aside = node.path("aside");
+    std::fs::create_dir_all(&aside).unwrap();
+    let away = |group: &[usize]| {
+        for &i in group {
+            std::fs::rename(&drives[i], aside.join(format!("d{i}"))).unwrap();
+        }
+    };
+    let back = |group: &[usize]| {
+        for &i in group {
+            std::fs::rename(aside.join(format!("d{i}")), &drives[i]).unwrap();
+        }
+    };
+    let check = |files: &[(std::path::PathBuf, Vec<u8>)]| {
+        for (path, data) in files {
+            assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+        }
+    };
+
+    away(&[2, 3]);
+    node.ok(&["mount", "mfs"]);
+    assert_eq!(availability_of(&node, "mfs", "mr2"), "down");
+    check(&files);
+    write_set(&mnt.join("b"), "b", 200, &mut files);
+    node.ok(&["umount", "mfs"]);
+    back(&[2, 3]);
+
+    node.ok(&["mount", "mfs"]);
+    check(&files);
+    let out = node.ok(&["restripe", "mfs", "-r"]);
+    assert!(out.contains("metadata"), "{out}");
+    node.ok(&["umount", "mfs"]);
+    let fsck = node.ok(&["fsck", "mfs"]);
+    assert!(fsck.contains("is clean"), "{fsck}");
+
+    away(&[0, 1]);
+    node.ok(&["mount", "mfs"]);
+    assert_eq!(availability_of(&node, "mfs", "mr0"), "down");
+    check(&files);
+    write_set(&mnt.join("c"), "c", 300, &mut files);
+    check(&files);
+    node.ok(&["umount", "mfs"]);
+    back(&[0, 1]);
+}

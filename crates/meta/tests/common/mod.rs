@@ -123,7 +123,7 @@ impl Harness {
             for a in &picked {
                 free.remove(a);
             }
-            Ok(picked.into_iter().map(PageAddr).collect())
+            Ok(picked.into_iter().map(|a| PageAddr(a).into()).collect())
         })
     }
 

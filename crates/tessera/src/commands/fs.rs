@@ -136,11 +136,9 @@ fn check_replicas(a: &FsCreateArgs, problems: &mut Vec<String>) {
             problems.push(format!(
                 "{opt} 0: at least one replica is needed; use {opt} 1"
             ));
-        } else if n > 1 && opt == "-m" {
+        } else if n > 2 && opt == "-m" {
             problems.push(format!(
-                "-m {n}: metadata replication is not implemented yet (data replication, -r 2 \
-                 or 3, is); use -m 1 and keep metadata on protected disks (vdisks of a \
-                 declustered array, or a RAID volume)"
+                "-m {n}: at most two metadata copies are supported; use -m 2"
             ));
         } else if n > max {
             problems.push(format!(
@@ -345,6 +343,7 @@ fn create_spec(a: &FsCreateArgs) -> Result<FsCreateSpec> {
         max_metadata_replicas: a.max_metadata_replicas,
         max_data_replicas: a.max_data_replicas,
         data_replicas: a.data_replicas,
+        metadata_replicas: a.metadata_replicas,
         verify,
         shard_count: a.shards,
     })
@@ -383,7 +382,7 @@ fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
         (
             "-m",
             "defaultMetadataReplicas",
-            "1".into(),
+            d.metadata_replicas().to_string(),
             "Default number of metadata replicas".into(),
         ),
         (
@@ -858,6 +857,8 @@ fn print_restripe(device: &str, done: &RestripeDone, verb: &str) {
         metadata_pages_moved,
         map_regions_moved,
         log_moved,
+        metadata_copies_checked,
+        metadata_copies_repaired,
         blocks_changed,
         stopped,
     } = done.clone();
@@ -881,6 +882,12 @@ fn print_restripe(device: &str, done: &RestripeDone, verb: &str) {
     );
     if log_moved {
         println!("The recovery log moved to another disk.");
+    }
+    if metadata_copies_checked > 0 {
+        println!(
+            "{device}: {metadata_copies_checked} copies of metadata pages checked, \
+             {metadata_copies_repaired} rewritten from their other copy."
+        );
     }
     if stopped {
         println!("Stopped before the end; run the same command again to continue.");

@@ -128,6 +128,7 @@ fn format_options(spec: &FsCreateSpec, disks: &[DiskSpec]) -> FormatOptions {
         estimated_nodes: spec.estimated_nodes,
         max_metadata_replicas: spec.max_metadata_replicas,
         max_data_replicas: spec.max_data_replicas,
+        metadata_replicas: spec.metadata_replicas.clamp(1, 2) as u8,
         replication: tessera_fs::Replication {
             data: spec.data_replicas.clamp(1, 3) as u8,
             strict: tessera_fs::StrictReplication::parse(&spec.strict_replicas)

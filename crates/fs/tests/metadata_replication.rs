@@ -1,0 +1,318 @@
+//! Metadata replication across failure groups [mmcrfs -m 2 -r 2]: every metadata page,
+//! the recovery log and the allocation map have a copy in each of two failure groups, and
+//! the descriptor's three copies are in three groups; losing either whole failure group
+//! loses nothing, a mount without one goes on with one copy, `restripe -r` gives
+//! everything its second copy back, a damaged copy is read from the other and repaired,
+//! and a mount that could miss records (its only log copy behind, or no descriptor quorum)
+//! is refused by name.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use common::*;
+use tessera_fs::restripe::{RestripeMode, RestripeReport};
+use tessera_fs::{DiskSpec, FileSystem, FormatOptions, Replication, StrictReplication, ROOT_INO};
+use tessera_nsd::DiskUsage;
+
+/// nsd0, nsd1: failure group 1; nsd2, nsd3: failure group 2 (data and metadata); nsd4: a
+/// descriptor-only disk in failure group 3, the descriptor quorum's tiebreaker.
+const GROUPS: [(DiskUsage, i32); 5] = [
+    (DiskUsage::DataAndMetadata, 1),
+    (DiskUsage::DataAndMetadata, 1),
+    (DiskUsage::DataAndMetadata, 2),
+    (DiskUsage::DataAndMetadata, 2),
+    (DiskUsage::DescOnly, 3),
+];
+const GROUP_1: [usize; 2] = [0, 1];
+const GROUP_2: [usize; 2] = [2, 3];
+
+fn opts() -> FormatOptions {
+    FormatOptions {
+        metadata_replicas: 2,
+        replication: Replication {
+            data: 2,
+            strict: StrictReplication::WhenPossible,
+        },
+        ..small_opts()
+    }
+}
+
+fn specs(t: &TestDisks, groups: &[(DiskUsage, i32)]) -> Vec<DiskSpec> {
+    t.disks
+        .iter()
+        .enumerate()
+        .map(|(i, (id, dev))| DiskSpec {
+            nsd_name: format!("nsd{i}"),
+            nsd_id: *id,
+            usage: groups[i].0,
+            failure_group: groups[i].1,
+            pool: "system".into(),
+            device: dev.clone(),
+        })
+        .collect()
+}
+
+fn replicated_fs() -> TestDisks {
+    let t = make_disks(5, 64 << 20);
+    tessera_fs::format(specs(&t, &GROUPS), &opts(), &mut |_| {}).unwrap();
+    t
+}
+
+fn without(t: &TestDisks, gone: &[usize]) -> common::Disks {
+    t.reopen()
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !gone.contains(i))
+        .map(|(_, d)| d)
+        .collect()
+}
+
+/// Files of every shape in the root, and a directory of many small files, so that the
+/// shard trees span many metadata pages.
+fn write_files(fs: &FileSystem, prefix: &str, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut files = populate(fs, prefix, seed);
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let dir = fs
+        .create_node(
+            ROOT_INO,
+            format!("{prefix}dir").as_bytes(),
+            tessera_fs::FileKind::Directory,
+            0o755,
+            0,
+            root,
+            None,
+        )
+        .unwrap();
+    for i in 0..600u64 {
+        let name = format!("{prefix}dir-entry-with-a-long-name-{i:05}");
+        let a = create_file(fs, dir.ino, name.as_bytes());
+        let data = pattern(40 + (i as usize % 200), seed * 1000 + i);
+        fs.write(a.ino, 0, &data, false).unwrap();
+        files.insert(format!("{prefix}dir/{name}"), data);
+    }
+    fs.sync().unwrap();
+    fs.checkpoint().unwrap();
+    files
+}
+
+/// Every file reads back whole (names with a slash are in the directory they name).
+fn verify_all(fs: &FileSystem, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in files {
+        let (dir, leaf) = match name.split_once('/') {
+            Some((d, l)) => (fs.lookup(ROOT_INO, d.as_bytes()).unwrap().ino, l),
+            None => (ROOT_INO, name.as_str()),
+        };
+        let a = fs.lookup(dir, leaf.as_bytes()).unwrap();
+        assert_eq!(a.size, data.len() as u64, "{name}");
+        let got = fs.read(a.ino, 0, data.len() as u32 + 10).unwrap();
+        assert!(got == *data, "{name}: content differs");
+    }
+}
+
+fn restripe(fs: &FileSystem, mode: RestripeMode) -> RestripeReport {
+    fs.restripe(mode, &AtomicBool::new(false), &mut |_| {})
+        .unwrap()
+}
+
+fn metadata_pages_on(fs: &FileSystem, disks: &[usize]) -> u64 {
+    let pages = fs.metadata_pages_per_disk().unwrap();
+    disks.iter().map(|&i| pages[i]).sum()
+}
+
+#[test]
+fn metadata_replication_needs_two_failure_groups_of_metadata_disks() {
+    let t = make_disks(3, 64 << 20);
+    let one_group = [(DiskUsage::DataAndMetadata, 1); 3];
+    let metadata_only = FormatOptions {
+        replication: Replication::default(),
+        ..opts()
+    };
+    let err = tessera_fs::format(specs(&t, &one_group), &metadata_only, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("-m 2") && err.contains("failure group"), "{err}");
+    let three = FormatOptions {
+        metadata_replicas: 3,
+        max_metadata_replicas: 3,
+        ..opts()
+    };
+    let err = three.check(&specs(&make_disks(5, 64 << 20), &GROUPS)).unwrap_err();
+    assert!(err.to_string().contains("at most two"), "{err}");
+}
+
+#[test]
+fn losing_either_whole_failure_group_loses_nothing() {
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let mut files = write_files(&fs, "a", 1);
+    // Both groups hold the same number of metadata pages: every page has two copies.
+    let (g1, g2) = (metadata_pages_on(&fs, &GROUP_1), metadata_pages_on(&fs, &GROUP_2));
+    assert!(g1 > 20 && g1 == g2, "metadata pages per group: {g1} and {g2}");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after create");
+
+    // Failure group 2 is gone: the file system mounts, every byte and name reads, and it
+    // takes new files, whose metadata and data have one copy meanwhile.
+    let fs = FileSystem::mount(without(&t, &GROUP_2)).unwrap();
+    let availability = fs.disk_availability();
+    assert!(
+        availability.contains(&("nsd2".to_string(), false)),
+        "{availability:?}"
+    );
+    verify_all(&fs, &files);
+    files.extend(write_files(&fs, "b", 2));
+    verify_all(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert!(report.ill_replicated_blocks > 0, "{report:?}");
+
+    // Back whole: restripe -r gives data and metadata their second copies again.
+    let fs = mount(&t);
+    verify_all(&fs, &files);
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.progress.metadata_pages_moved > 0, "{report:?}");
+    assert_eq!(
+        metadata_pages_on(&fs, &GROUP_1),
+        metadata_pages_on(&fs, &GROUP_2)
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after restripe -r");
+
+    // Now failure group 1 goes: group 2 alone holds everything, old and new.
+    let fs = FileSystem::mount(without(&t, &GROUP_1)).unwrap();
+    verify_all(&fs, &files);
+    files.extend(write_files(&fs, "c", 3));
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    verify_all(&fs, &files);
+    restripe(&fs, RestripeMode::Replicate);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after the second restripe -r");
+    let fs = FileSystem::mount(without(&t, &GROUP_2)).unwrap();
+    verify_all(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_log_copy_that_missed_writes_is_never_replayed_alone() {
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let mut files = write_files(&fs, "a", 4);
+    // Group 2 stops while mounted: commits and checkpoints go on with one copy, and the
+    // descriptor records that group 2's log copy (if it holds one) misses them.
+    fs.stop_disks(&["nsd2".into(), "nsd3".into()]).unwrap();
+    files.extend(write_files(&fs, "b", 5));
+    let tail = create_file(&fs, ROOT_INO, b"after-the-last-checkpoint");
+    fs.write(tail.ino, 0, b"only in the log", true).unwrap();
+    files.insert("after-the-last-checkpoint".into(), b"only in the log".to_vec());
+    // A crash: nothing more is written.
+    let t2 = t.reopen();
+    fs.fence();
+    drop(fs);
+
+    // Group 1 gone now: group 2's log copy lacks what was logged after it stopped (the
+    // two copies are in the two groups), so the mount is refused by name rather than
+    // replaying it and losing those records.
+    let err = FileSystem::mount(without(&t, &GROUP_1)).unwrap_err().to_string();
+    assert!(
+        err.contains("no current copy of the recovery log"),
+        "{err}"
+    );
+    drop(t2);
+
+    // Everything back: the mount replays the current copy, copies it onto the other, and
+    // restripe -r restores the rest; then group 1 may go.
+    let fs = mount(&t);
+    verify_all(&fs, &files);
+    restripe(&fs, RestripeMode::Replicate);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after the stopped group came back");
+    let fs = FileSystem::mount(without(&t, &GROUP_1)).unwrap();
+    verify_all(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn damaged_metadata_copies_are_read_from_the_other_and_repaired() {
+    use std::io::{Seek, SeekFrom, Write};
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let files = write_files(&fs, "a", 6);
+    fs.unmount().unwrap();
+    drop(fs);
+    // Scribble over the start of failure group 1's data regions, where the metadata
+    // pages, the log and the map regions were placed (the NSD descriptor stays).
+    let start = tessera_nsd::layout::data_start_bytes(BLOCK);
+    for i in GROUP_1 {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.dir.path().join(format!("d{i}")))
+            .unwrap();
+        f.seek(SeekFrom::Start(start)).unwrap();
+        f.write_all(&vec![0x5a; (24 << 20) as usize]).unwrap();
+        f.sync_all().unwrap();
+    }
+    let fs = mount(&t);
+    verify_all(&fs, &files);
+    let report = restripe(&fs, RestripeMode::Check);
+    assert!(
+        report.progress.metadata_copies_checked > 0,
+        "{report:?}"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    // After the scrub and the data repairs, group 1 alone holds everything again.
+    let fs = mount(&t);
+    restripe(&fs, RestripeMode::Replicate);
+    let report = restripe(&fs, RestripeMode::Check);
+    assert_eq!(report.progress.metadata_copies_repaired, 0, "{report:?}");
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = FileSystem::mount(without(&t, &GROUP_2)).unwrap();
+    verify_all(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn without_a_third_failure_group_the_group_holding_two_descriptors_cannot_be_lost() {
+    // Two failure groups only: the descriptor's three copies are two in one group and one
+    // in the other, and losing the first leaves no majority.
+    let groups = [
+        (DiskUsage::DataAndMetadata, 1),
+        (DiskUsage::DataAndMetadata, 1),
+        (DiskUsage::DataAndMetadata, 2),
+        (DiskUsage::DataAndMetadata, 2),
+    ];
+    let t = make_disks(4, 64 << 20);
+    let desc = tessera_fs::format(specs(&t, &groups), &opts(), &mut |_| {}).unwrap();
+    let holders: Vec<usize> = desc
+        .disks
+        .iter()
+        .filter(|d| d.holds_descriptor)
+        .map(|d| d.index as usize)
+        .collect();
+    assert_eq!(holders.len(), 3, "{holders:?}");
+    let fs = mount(&t);
+    let files = write_files(&fs, "a", 7);
+    fs.unmount().unwrap();
+    drop(fs);
+    let (two, one) = if holders.iter().filter(|i| **i < 2).count() == 2 {
+        ([0, 1], [2, 3])
+    } else {
+        ([2, 3], [0, 1])
+    };
+    let err = FileSystem::mount(without(&t, &two)).unwrap_err().to_string();
+    assert!(err.contains("descriptor quorum"), "{err}");
+    let fs = FileSystem::mount(without(&t, &one)).unwrap();
+    verify_all(&fs, &files);
+    fs.unmount().unwrap();
+}
