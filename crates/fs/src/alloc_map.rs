@@ -332,7 +332,7 @@ pub(crate) fn allocate_regions_for(
 }
 
 /// Allocates the second copy of each of `first` (metadata replicated), each on a metadata
-/// disk of a failure group other than the one holding its first copy.
+/// disk of a failure group other than the one holding its first copy where one has room.
 pub(crate) fn allocate_second_regions(
     desc: &FsDescriptor,
     disks: &DiskSet,
@@ -347,10 +347,24 @@ pub(crate) fn allocate_second_regions(
             continue;
         }
         let group = disks.failure_group(r.on_disk);
-        let other = |d: DiskIndex| disks.failure_group(d) != group && !disks.is_down(d);
-        let Ok((start, blocks)) =
-            alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, r.bytes.div_ceil(bs), &other)
-        else {
+        let up = |d: DiskIndex| !disks.is_down(d);
+        let other = |d: DiskIndex| disks.failure_group(d) != group && up(d);
+        let blocks = r.bytes.div_ceil(bs);
+        // Beside the first copy when no other group has room (disks being added are not
+        // allocatable yet): `restripe -r` parts them later.
+        let placed = alloc
+            .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &other)
+            .or_else(|_| {
+                tracing::warn!(
+                    "{}: both copies of the allocation map of {} are in failure group \
+                     {group} for now; `tessera restripe {} -r` parts them",
+                    desc.name,
+                    disks.name(r.disk),
+                    desc.name
+                );
+                alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &up)
+            });
+        let Ok((start, blocks)) = placed else {
             for e in region_extents_of(desc, &regions) {
                 alloc.free(e).expect("a region just allocated");
             }
@@ -371,73 +385,98 @@ pub(crate) fn allocate_second_regions(
 }
 
 /// Gives every map region (first or, with metadata replicated, second copy) that lies on
-/// one of `leaving` a new place on a ready metadata disk (a second copy in a failure group
-/// other than its first copy's, and the other way round). Returns the regions replaced and
-/// the disks whose maps moved; the caller marks those maps' chunks changed. On failure
-/// nothing is changed.
+/// one of `leaving` a new place on a ready metadata disk that is up, in a failure group
+/// other than its other copy's where one has room (else beside it: the map is then
+/// ill-replicated until `restripe -r`); with `apart`, also moves second copies that share
+/// a failure group with their first copy, where another group has room. Returns the
+/// regions replaced and the disks whose maps moved; the caller marks those maps' chunks
+/// changed. On failure nothing is changed.
 pub(crate) fn replace_regions_on(
     desc: &mut FsDescriptor,
     disks: &DiskSet,
     alloc: &mut AllocMap,
     leaving: &[DiskIndex],
+    apart: bool,
 ) -> FsResult<(Vec<MapRegion>, Vec<DiskIndex>)> {
     let bs = u64::from(desc.block_size);
-    let firsts: Vec<MapRegion> = desc.alloc_map.as_ref().map(|m| m.regions.clone()).unwrap_or_default();
-    let seconds: Vec<MapRegion> = desc
-        .metadata_copies
-        .as_ref()
-        .map(|c| c.map_regions.clone())
-        .unwrap_or_default();
-    let partner = |r: &MapRegion, of: &[MapRegion]| of.iter().find(|p| p.disk == r.disk).copied();
+    let mut lists: [Vec<MapRegion>; 2] = [
+        desc.alloc_map.as_ref().map(|m| m.regions.clone()).unwrap_or_default(),
+        desc.metadata_copies
+            .as_ref()
+            .map(|c| c.map_regions.clone())
+            .unwrap_or_default(),
+    ];
     let mut old = Vec::new();
-    let mut new_firsts = firsts.clone();
-    let mut new_seconds = seconds.clone();
     let mut taken: Vec<MapRegion> = Vec::new();
     let mut moved = Vec::new();
-    for (list, other) in [(&mut new_firsts, &seconds), (&mut new_seconds, &firsts)] {
-        for r in list.iter_mut() {
-            if !leaving.contains(&r.on_disk) || r.bytes == 0 {
+    for copy in 0..2 {
+        for i in 0..lists[copy].len() {
+            let r = lists[copy][i];
+            let partner = lists[1 - copy].iter().find(|p| p.disk == r.disk).copied();
+            let avoid = partner.map(|p| disks.failure_group(p.on_disk));
+            let shares = avoid == Some(disks.failure_group(r.on_disk));
+            let leaves = leaving.contains(&r.on_disk);
+            if r.bytes == 0 || !(leaves || (apart && copy == 1 && shares)) {
                 continue;
             }
-            let avoid = partner(r, other).map(|p| disks.failure_group(p.on_disk));
-            let allowed = |d: DiskIndex| {
-                !leaving.contains(&d)
-                    && !disks.is_down(d)
-                    && avoid.is_none_or(|g| disks.failure_group(d) != g)
+            let usable = |d: DiskIndex| !leaving.contains(&d) && !disks.is_down(d);
+            let blocks = r.bytes.div_ceil(bs);
+            let apart_from_partner = |d: DiskIndex| {
+                usable(d) && avoid.is_none_or(|g| disks.failure_group(d) != g)
             };
-            let Ok((start, blocks)) = alloc.alloc_contiguous_blocks_on(
-                0,
-                AllocKind::Metadata,
-                r.bytes.div_ceil(bs),
-                &allowed,
-            ) else {
-                for e in region_extents_of(desc, &taken) {
-                    alloc.free(e).expect("a region just allocated");
-                }
-                return Err(FsError::NoSpace {
-                    pool: "system".into(),
-                    what: "allocation map regions (contiguous blocks of a ready metadata disk, \
-                           in another failure group than the region's other copy)",
+            let placed = alloc
+                .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &apart_from_partner)
+                .or_else(|e| {
+                    if leaves {
+                        alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &usable)
+                    } else {
+                        Err(e)
+                    }
                 });
+            let (start, blocks) = match placed {
+                Ok(p) => p,
+                Err(_) if !leaves => continue,
+                Err(_) => {
+                    for e in region_extents_of(desc, &taken) {
+                        alloc.free(e).expect("a region just allocated");
+                    }
+                    return Err(FsError::NoSpace {
+                        pool: "system".into(),
+                        what: "allocation map regions (contiguous blocks of a ready metadata \
+                               disk that is up)",
+                    });
+                }
             };
-            old.push(*r);
-            *r = MapRegion {
+            let new = MapRegion {
                 disk: r.disk,
                 on_disk: start.disk,
                 offset: desc.sub_block_offset(start.sub_block),
                 bytes: blocks * bs,
             };
-            taken.push(*r);
+            if avoid == Some(disks.failure_group(new.on_disk)) {
+                tracing::warn!(
+                    "{}: both copies of the allocation map of {} are in failure group {} (no \
+                     other group has room); `tessera restripe {} -r` parts them once one has",
+                    desc.name,
+                    disks.name(r.disk),
+                    disks.failure_group(new.on_disk),
+                    desc.name
+                );
+            }
+            old.push(r);
+            lists[copy][i] = new;
+            taken.push(new);
             if !moved.contains(&r.disk) {
                 moved.push(r.disk);
             }
         }
     }
+    let [firsts, seconds] = lists;
     if let Some(stored) = &mut desc.alloc_map {
-        stored.regions = new_firsts;
+        stored.regions = firsts;
     }
     if let Some(copies) = &mut desc.metadata_copies {
-        copies.map_regions = new_seconds;
+        copies.map_regions = seconds;
     }
     Ok((old, moved))
 }

@@ -212,13 +212,16 @@ fn next_disk_index(desc: &FsDescriptor) -> u16 {
 }
 
 /// Gives new disks a descriptor copy while fewer than three disks hold one, preferring a
-/// failure group that has none; the disks that hold one keep it.
+/// failure group that has none; then, where two copies share a failure group and a new
+/// disk is in a group without one, one of those copies moves to it (as GPFS keeps its
+/// descriptor replicas in distinct failure groups when it can: with three groups, the
+/// loss of any one leaves a majority).
 fn add_descriptor_holders(desc: &mut FsDescriptor, first_new: usize) {
     let held = |desc: &FsDescriptor| desc.disks.iter().filter(|d| d.holds_descriptor).count();
-    for prefer_new_group in [true, false] {
+    'fill: for prefer_new_group in [true, false] {
         for i in first_new..desc.disks.len() {
             if held(desc) >= DESCRIPTOR_REPLICAS_MAX {
-                return;
+                break 'fill;
             }
             let d = &desc.disks[i];
             if d.holds_descriptor || d.usage == DiskUsage::DataOnly {
@@ -231,6 +234,27 @@ fn add_descriptor_holders(desc: &mut FsDescriptor, first_new: usize) {
             if prefer_new_group && group_has_one {
                 continue;
             }
+            desc.disks[i].holds_descriptor = true;
+        }
+    }
+    let holders_in = |desc: &FsDescriptor, group: i32| {
+        desc.disks
+            .iter()
+            .filter(|d| d.holds_descriptor && d.failure_group == group)
+            .count()
+    };
+    for i in first_new..desc.disks.len() {
+        let d = &desc.disks[i];
+        if d.holds_descriptor || d.usage == DiskUsage::DataOnly || holders_in(desc, d.failure_group) > 0
+        {
+            continue;
+        }
+        let shared = desc
+            .disks
+            .iter()
+            .rposition(|o| o.holds_descriptor && holders_in(desc, o.failure_group) > 1);
+        if let Some(j) = shared {
+            desc.disks[j].holds_descriptor = false;
             desc.disks[i].holds_descriptor = true;
         }
     }

@@ -92,9 +92,11 @@ pub(crate) struct Meta {
 /// (`metanode.rs`); on one node it lives inside the `FileSystem` that is also the client.
 pub(crate) struct Owner {
     pub(crate) desc: Mutex<FsDescriptor>,
-    /// Serialises descriptor writes: a checkpoint's and the one a log copy falling behind
-    /// makes from inside a commit (see [`FileSystem::write_descriptor`]).
-    pub(crate) desc_write: Mutex<()>,
+    /// The newest descriptor written, under which descriptor writes are serialised: a
+    /// checkpoint's, and the one a log copy falling behind makes from inside a commit
+    /// (see [`FileSystem::write_descriptor`]). `desc` may be ahead of it (an administrative
+    /// change waiting for the checkpoint that commits it).
+    pub(crate) written_desc: Mutex<FsDescriptor>,
     /// The recovery log's two copies, with metadata replicated (`-m 2`).
     /// Replaced with the journal when `restripe -m` moves the log.
     pub(crate) log_copies: RwLock<Option<Arc<crate::mirrored_log::MirroredLog>>>,
@@ -290,8 +292,8 @@ impl FileSystem {
             }
         }
         let owner = Owner {
+            written_desc: Mutex::new(desc.clone()),
             desc: Mutex::new(desc),
-            desc_write: Mutex::new(()),
             log_copies: RwLock::new(recovered.log_copies.clone()),
             log_hook: std::sync::OnceLock::new(),
             meta: crate::read_tokens::MetaLock::new(Meta {
@@ -327,8 +329,7 @@ impl FileSystem {
                 let fs = weak
                     .upgrade()
                     .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
-                let desc = fs.owner().desc.lock().clone();
-                fs.write_descriptor(desc).map_err(std::io::Error::other)
+                fs.record_log_state().map_err(std::io::Error::other)
             });
             log.set_on_behind(Arc::clone(&hook));
             let _ = fs.owner().log_hook.set(hook);
@@ -1108,18 +1109,40 @@ impl FileSystem {
     /// Writes `desc` as the next descriptor generation and makes it the one in memory. A
     /// log copy that falls behind writes the descriptor from inside a commit, possibly while
     /// a checkpoint is between its copy of the descriptor and this write: both go through
-    /// here, one at a time, and the generation and the log's state are taken as they are
-    /// now, so neither write undoes the other.
+    /// the newest written descriptor, one at a time, and the generation and the log's state
+    /// are taken as they are now, so neither write undoes the other.
     pub(crate) fn write_descriptor(&self, mut desc: FsDescriptor) -> FsResult<()> {
-        let _one = self.owner().desc_write.lock();
-        desc.generation = self.owner().desc.lock().generation + 1;
+        let mut written = self.owner().written_desc.lock();
+        desc.generation = written.generation + 1;
         if let (Some(copies), Some(log)) =
             (&mut desc.metadata_copies, &*self.owner().log_copies.read())
         {
             copies.log_behind = log.behind();
         }
         crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
+        *written = desc.clone();
         *self.owner().desc.lock() = desc;
+        Ok(())
+    }
+
+    /// Writes the newest written descriptor again with the log copies' state as it is now
+    /// (a copy fell behind, or caught up): nothing else of it changes, so an administrative
+    /// change waiting in memory for its checkpoint is not written before its time.
+    pub(crate) fn record_log_state(&self) -> FsResult<()> {
+        let mut written = self.owner().written_desc.lock();
+        let mut desc = written.clone();
+        desc.generation += 1;
+        let behind = self.owner().log_copies.read().as_ref().and_then(|l| l.behind());
+        if let Some(copies) = &mut desc.metadata_copies {
+            copies.log_behind = behind;
+        }
+        crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
+        let mut current = self.owner().desc.lock();
+        current.generation = desc.generation;
+        if let Some(copies) = &mut current.metadata_copies {
+            copies.log_behind = behind;
+        }
+        *written = desc;
         Ok(())
     }
 
@@ -1129,8 +1152,7 @@ impl FileSystem {
         let log = self.owner().log_copies.read().clone();
         if let Some(log) = log {
             if log.catch_up()? {
-                let desc = self.owner().desc.lock().clone();
-                self.write_descriptor(desc)?;
+                self.record_log_state()?;
             }
         }
         Ok(())

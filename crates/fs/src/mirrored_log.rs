@@ -223,17 +223,28 @@ impl MirroredLog {
             None => return Ok(None),
         };
         let target_dev = self.disks.get(self.copies[target].0);
-        for &(start, bytes) in ranges {
-            let mut at = start;
-            while at < start + bytes {
-                let n = RESYNC_CHUNK_BYTES.min(start + bytes - at);
-                let mut buf = AlignedBuf::zeroed(n as usize);
-                self.read_at(&mut buf, at)?;
-                target_dev.write_at(&buf, self.at(target, at))?;
-                at += n;
+        let copied = (|| -> io::Result<()> {
+            for &(start, bytes) in ranges {
+                let mut at = start;
+                while at < start + bytes {
+                    let n = RESYNC_CHUNK_BYTES.min(start + bytes - at);
+                    let mut buf = AlignedBuf::zeroed(n as usize);
+                    self.read_at(&mut buf, at)?;
+                    target_dev.write_at(&buf, self.at(target, at))?;
+                    at += n;
+                }
             }
+            target_dev.flush()
+        })();
+        if let Err(e) = copied {
+            // The copy stays (or becomes) behind: the log goes on with the other one.
+            let why = format!("copying the log onto it failed: {e}");
+            tracing::warn!("{}: {why}", self.name);
+            if was_behind.is_none() {
+                self.fall_behind(target, &why)?;
+            }
+            return Ok(None);
         }
-        target_dev.flush()?;
         if was_behind.is_some() {
             self.behind.store(BOTH_CURRENT, Ordering::SeqCst);
             tracing::info!(

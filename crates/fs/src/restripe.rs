@@ -233,7 +233,7 @@ impl FileSystem {
             if !report.stopped {
                 report.progress.map_regions_moved +=
                     self.move_map_regions_off(&leaving, false)? as u64;
-                report.progress.log_moved |= self.move_log_off(&leaving)?;
+                report.progress.log_moved |= self.move_log_off(&leaving, false)?;
                 progress(&report.progress);
             }
         }
@@ -296,7 +296,7 @@ impl FileSystem {
             return Ok(());
         }
         report.progress.map_regions_moved += self.move_map_regions_off(&down, true)? as u64;
-        report.progress.log_moved |= self.move_log_off(&down)?;
+        report.progress.log_moved |= self.move_log_off(&down, true)?;
         progress(&report.progress);
         Ok(())
     }
@@ -346,8 +346,13 @@ impl FileSystem {
         if desc.alloc_map.is_none() {
             return Ok(0);
         }
-        let (old, moving) =
-            crate::alloc_map::replace_regions_on(&mut desc, &self.devices, &mut m.alloc, leaving)?;
+        let (old, moving) = crate::alloc_map::replace_regions_on(
+            &mut desc,
+            &self.devices,
+            &mut m.alloc,
+            leaving,
+            store_all,
+        )?;
         if old.is_empty() {
             if store_all {
                 // Both copies of every chunk current again (a region whose disk was down
@@ -372,6 +377,9 @@ impl FileSystem {
         // from the map it writes), while the allocator gives them out only after a later
         // commit, when this checkpoint's descriptor is durable.
         m.pending_free.extend(superseded.iter().map(|e| (0, *e)));
+        if store_all {
+            m.alloc.mark_all_chunks_dirty();
+        }
         *self.owner().desc.lock() = desc;
         if let Err(e) = self.commit_descriptor_change(
             &mut m,
@@ -399,14 +407,36 @@ impl FileSystem {
     /// already logged to the new log may have no durable descriptor naming it, so the file
     /// system is fenced: later commits fail (EIO) instead of being lost, and a remount
     /// recovers from whichever descriptor is durable.
-    fn move_log_off(&self, leaving: &[DiskIndex]) -> FsResult<bool> {
+    ///
+    /// With two metadata copies the log's second copy goes to another failure group than
+    /// the first where one has room, else beside it (ill-replicated until `restripe -r`);
+    /// with `apart`, a log whose copies share a failure group moves too, if another group
+    /// can take its second copy now.
+    fn move_log_off(&self, leaving: &[DiskIndex], apart: bool) -> FsResult<bool> {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
         let stays = |disk: DiskIndex| !leaving.contains(&disk);
         let second = desc.metadata_copies.as_ref().map(|c| c.log_disk);
-        if stays(desc.log.disk) && second.is_none_or(stays) {
+        let group = |d: DiskIndex| self.devices.failure_group(d);
+        let shares = second.is_some_and(|s| group(s) == group(desc.log.disk));
+        let moves = !stays(desc.log.disk) || !second.is_none_or(stays);
+        if !moves && !(apart && shares) {
             return Ok(false);
+        }
+        if !moves {
+            let parted = |d: DiskIndex| {
+                !self.devices.is_down(d)
+                    && group(d) != group(desc.log.disk)
+                    && desc.disks.iter().any(|x| {
+                        x.index == d
+                            && x.usage.holds_metadata()
+                            && x.status == DiskStatus::Ready
+                    })
+            };
+            if !(0..self.devices.len() as DiskIndex).any(parted) {
+                return Ok(false);
+            }
         }
         self.checkpoint_under_lock(&mut m)?;
         let end = self.journal().appended_lsn();
@@ -419,7 +449,7 @@ impl FileSystem {
         let bytes = desc.log.region.bytes;
         // A new log, both copies with metadata replicated (the second in another failure
         // group than the first): the two copies of a log are one device and move together.
-        let up = |d: DiskIndex| !self.devices.is_down(d);
+        let up = |d: DiskIndex| !self.devices.is_down(d) && stays(d);
         let no_room = |_| FsError::NoSpace {
             pool: "system".into(),
             what: "the recovery log (contiguous blocks of a ready metadata disk)",
@@ -439,12 +469,23 @@ impl FileSystem {
         let mut next = desc.clone();
         next.log = new;
         if let Some(copies) = &mut next.metadata_copies {
-            let group = self.devices.failure_group(start.disk);
-            let other = |d: DiskIndex| up(d) && self.devices.failure_group(d) != group;
-            match m
+            let first_group = group(start.disk);
+            let other = |d: DiskIndex| up(d) && group(d) != first_group;
+            let placed = m
                 .alloc
                 .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &other)
-            {
+                .or_else(|_| {
+                    tracing::warn!(
+                        "{}: both copies of the recovery log go to failure group \
+                         {first_group} (no other group has room); `tessera restripe {} -r` \
+                         parts them once one has",
+                        desc.name,
+                        desc.name
+                    );
+                    m.alloc
+                        .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &up)
+                });
+            match placed {
                 Ok((second, _)) => {
                     copies.log_disk = second.disk;
                     copies.log_offset = desc.sub_block_offset(second.sub_block);

@@ -316,3 +316,119 @@ fn without_a_third_failure_group_the_group_holding_two_descriptors_cannot_be_los
     verify_all(&fs, &files);
     fs.unmount().unwrap();
 }
+
+/// The drives of `group` behind one switch that makes them vanish (every read, write and
+/// flush fails), the others as they are.
+fn with_vanishing(
+    t: &TestDisks,
+    group: &[usize],
+) -> (common::Disks, std::sync::Arc<tessera_testkit::Faults>) {
+    use std::sync::Arc;
+    let faults = Arc::new(tessera_testkit::Faults::default());
+    let disks = t
+        .reopen()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, dev))| {
+            let dev: Arc<dyn tessera_drive::BlockDevice> = if group.contains(&i) {
+                Arc::new(tessera_testkit::SimDrive::new(dev, Arc::clone(&faults)))
+            } else {
+                dev
+            };
+            (id, dev)
+        })
+        .collect();
+    (disks, faults)
+}
+
+#[test]
+fn a_failure_group_that_vanishes_under_load_is_taken_out_and_nothing_is_lost() {
+    use std::sync::atomic::Ordering;
+    for (gone, stays) in [(GROUP_1, GROUP_2), (GROUP_2, GROUP_1)] {
+        let t = replicated_fs();
+        let (disks, faults) = with_vanishing(&t, &gone);
+        let fs = FileSystem::mount(disks).unwrap();
+        let mut files = write_files(&fs, "a", 21);
+        // The enclosure goes away under a mounted, busy file system: checkpoints, log
+        // commits, map writes and data writes fail there, and it is taken out of service.
+        faults.vanished.store(true, Ordering::SeqCst);
+        files.extend(write_files(&fs, "b", 22));
+        let tail = create_file(&fs, ROOT_INO, b"fsynced-after");
+        fs.write(tail.ino, 0, b"durable", true).unwrap();
+        fs.fsync(tail.ino).unwrap();
+        files.insert("fsynced-after".into(), b"durable".to_vec());
+        verify_all(&fs, &files);
+        let down: Vec<String> = fs
+            .disk_availability()
+            .into_iter()
+            .filter(|(_, up)| !up)
+            .map(|(n, _)| n)
+            .collect();
+        assert!(!down.is_empty(), "nothing marked down");
+        // A crash: what the log and the checkpoints hold on the surviving group is all.
+        fs.fence();
+        drop(fs);
+        let fs = FileSystem::mount(without(&t, &gone)).unwrap();
+        verify_all(&fs, &files);
+        fs.unmount().unwrap();
+        drop(fs);
+        // Back whole, restored, and then the other group may go.
+        let fs = mount(&t);
+        verify_all(&fs, &files);
+        restripe(&fs, RestripeMode::Replicate);
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(&t, "after a vanished failure group came back");
+        let fs = FileSystem::mount(without(&t, &stays)).unwrap();
+        verify_all(&fs, &files);
+        fs.unmount().unwrap();
+    }
+}
+
+/// A failure group lost for good is replaced [mmdeldisk, mmadddisk, mmrestripefs -r]: its
+/// disks are deleted while missing (what they held is copied from the other group), new
+/// disks are added in a new group, `restripe -r` gives everything its second copy there,
+/// and then the old surviving group may go.
+#[test]
+fn a_lost_failure_group_is_replaced_by_new_disks() {
+    let t = make_disks(7, 64 << 20);
+    let first: Vec<DiskSpec> = specs(&t, &[GROUPS.as_slice(), &[GROUPS[0], GROUPS[0]]].concat())
+        .into_iter()
+        .take(5)
+        .collect();
+    tessera_fs::format(first, &opts(), &mut |_| {}).unwrap();
+    let all: Vec<_> = t.reopen();
+    let fs = FileSystem::mount(all[..5].to_vec()).unwrap();
+    let mut files = write_files(&fs, "a", 31);
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // Group 2 (nsd2, nsd3) is lost for good.
+    let fs = FileSystem::mount(without(&t, &[2, 3, 5, 6])).unwrap();
+    verify_all(&fs, &files);
+    let report = fs
+        .delete_disks(&["nsd2".into(), "nsd3".into()], &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert!(report.deleted.len() == 2, "{report:?}");
+    verify_all(&fs, &files);
+    let new: Vec<DiskSpec> = specs(&t, &[(DiskUsage::DataAndMetadata, 4); 7])
+        .into_iter()
+        .skip(5)
+        .enumerate()
+        .map(|(i, mut d)| {
+            d.nsd_name = format!("new{i}");
+            d
+        })
+        .collect();
+    fs.add_disks(new).unwrap();
+    restripe(&fs, RestripeMode::Replicate);
+    files.extend(write_files(&fs, "b", 32));
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after replacing a failure group");
+
+    // Group 1 may go now: group 4 and the descriptor tiebreaker hold everything.
+    let fs = FileSystem::mount(without(&t, &[0, 1, 2, 3])).unwrap();
+    verify_all(&fs, &files);
+    fs.unmount().unwrap();
+}
