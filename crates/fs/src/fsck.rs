@@ -33,6 +33,11 @@ pub struct FsckReport {
     /// group was down): not a problem, `restripe -r` restores them.
     #[serde(default)]
     pub ill_replicated_blocks: u64,
+    /// With two metadata copies (`-m 2`): metadata pages, log and map regions with one
+    /// copy, or both in one failure group (written while a group was down or full): not a
+    /// problem, `restripe -r` gives them their second copy apart.
+    #[serde(default)]
+    pub ill_replicated_metadata: u64,
 }
 
 impl FsckReport {
@@ -53,6 +58,7 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         ..Default::default()
     };
     let fixes = check(&desc, &mut rec.state, &mut report)?;
+    report.ill_replicated_metadata = ill_replicated_metadata(&desc, &mut rec.state)?;
     // The stored allocation map against the one rebuilt from the metadata (after replay, both).
     let map_problems = match &rec.stored_map {
         None => Vec::new(),
@@ -87,6 +93,45 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         report.repaired = fixes.len() as u64 + u64::from(map_fix);
     }
     Ok(report)
+}
+
+/// Pages, log and map regions of a `-m 2` file system whose copies are not in two failure
+/// groups (0 with one metadata copy, where that is the design).
+fn ill_replicated_metadata(desc: &crate::FsDescriptor, state: &mut MetaState) -> FsResult<u64> {
+    let Some(copies) = &desc.metadata_copies else {
+        return Ok(0);
+    };
+    let group_of = |disk: u16| {
+        desc.disks
+            .iter()
+            .find(|d| d.index == disk)
+            .map(|d| d.failure_group)
+    };
+    let apart = |a: u16, b: Option<u16>| b.is_some_and(|b| group_of(a) != group_of(b));
+    let mut ill = 0u64;
+    let (store, trees) = state.trees_mut();
+    for tree in trees {
+        store
+            .visit_pointers(tree, &mut |p, _| {
+                let disk = |a: tessera_meta::PageAddr| crate::checkpoint::disk_addr(a).disk;
+                if !apart(disk(p.addr), p.mirror.map(disk)) {
+                    ill += 1;
+                }
+            })
+            .map_err(crate::shard_tree::meta_err)?;
+    }
+    if !apart(desc.log.disk, Some(copies.log_disk)) || copies.log_behind.is_some() {
+        ill += 1;
+    }
+    if let Some(map) = &desc.alloc_map {
+        for r in map.regions.iter().filter(|r| r.bytes > 0) {
+            let second = copies.map_regions.iter().find(|m| m.disk == r.disk);
+            if !apart(r.on_disk, second.map(|m| m.on_disk)) {
+                ill += 1;
+            }
+        }
+    }
+    Ok(ill)
 }
 
 /// What the scan keeps of an inode.

@@ -170,6 +170,7 @@ fn losing_either_whole_failure_group_loses_nothing() {
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
     assert!(report.ill_replicated_blocks > 0, "{report:?}");
+    assert!(report.ill_replicated_metadata > 0, "{report:?}");
 
     // Back whole: restripe -r gives data and metadata their second copies again.
     let fs = mount(&t);
@@ -183,6 +184,12 @@ fn losing_either_whole_failure_group_loses_nothing() {
     fs.unmount().unwrap();
     drop(fs);
     assert_fsck_clean(&t, "after restripe -r");
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert_eq!(
+        (report.ill_replicated_blocks, report.ill_replicated_metadata),
+        (0, 0),
+        "{report:?}"
+    );
 
     // Now failure group 1 goes: group 2 alone holds everything, old and new.
     let fs = FileSystem::mount(without(&t, &GROUP_1)).unwrap();
@@ -426,6 +433,8 @@ fn a_lost_failure_group_is_replaced_by_new_disks() {
     fs.unmount().unwrap();
     drop(fs);
     assert_fsck_clean(&t, "after replacing a failure group");
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
 
     // Group 1 may go now: group 4 and the descriptor tiebreaker hold everything.
     let fs = FileSystem::mount(without(&t, &[0, 1, 2, 3])).unwrap();

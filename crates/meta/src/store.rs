@@ -648,6 +648,37 @@ impl MetaStore {
         Ok(())
     }
 
+    /// The pointer of every page on disk that the tree reaches, with the page's level
+    /// (both addresses of a replicated page at once, unlike [`MetaStore::visit_pages`]).
+    pub fn visit_pointers(
+        &mut self,
+        tree: &Tree,
+        f: &mut dyn FnMut(&PagePtr, u8),
+    ) -> MetaResult<()> {
+        self.visit_pointers_rec(tree.root, None, f)
+    }
+
+    fn visit_pointers_rec(
+        &mut self,
+        child: Child,
+        level: Option<u8>,
+        f: &mut dyn FnMut(&PagePtr, u8),
+    ) -> MetaResult<()> {
+        let node = self.node(child, level)?;
+        if let Child::Disk(ptr) = child {
+            f(&ptr, node.level());
+        }
+        if let Node::Branch {
+            level, children, ..
+        } = &*node
+        {
+            for c in children {
+                self.visit_pointers_rec(*c, Some(level - 1), f)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Marks changed up to `budget` pages of `tree` whose address `moving` names, with the
     /// branches above them (which must point at the new copies), so that the next checkpoint
     /// writes them wherever the allocator now puts pages and supersedes the old ones: how a

@@ -528,6 +528,13 @@ pub fn fsck(home: &Home, name: &str, repair: bool) -> Result<()> {
             report.ill_replicated_blocks
         );
     }
+    if report.ill_replicated_metadata > 0 {
+        println!(
+            "{:>12} metadata pages or regions with one copy, or both in one failure group \
+             (`tessera restripe {name} -r` gives them their second copy)",
+            report.ill_replicated_metadata
+        );
+    }
     println!("{:>12} problems found", report.problems.len());
     if repair {
         println!("{:>12} repaired", report.repaired);
