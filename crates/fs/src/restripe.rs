@@ -421,7 +421,7 @@ impl FileSystem {
         let group = |d: DiskIndex| self.devices.failure_group(d);
         let shares = second.is_some_and(|s| group(s) == group(desc.log.disk));
         let moves = !stays(desc.log.disk) || !second.is_none_or(stays);
-        if !moves && !(apart && shares) {
+        if !(moves || apart && shares) {
             return Ok(false);
         }
         if !moves {
