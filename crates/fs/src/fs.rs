@@ -323,17 +323,18 @@ impl FileSystem {
             replication: RwLock::new(replication),
         };
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
+        // Made for every mount: `fs change -m 2` mirrors the log of a mounted file system.
+        let weak = Arc::downgrade(&fs);
+        let hook: crate::mirrored_log::OnBehind = Arc::new(move |_copy| {
+            let fs = weak
+                .upgrade()
+                .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
+            fs.record_log_state().map_err(std::io::Error::other)
+        });
         if let Some(log) = &*fs.owner().log_copies.read() {
-            let weak = Arc::downgrade(&fs);
-            let hook: crate::mirrored_log::OnBehind = Arc::new(move |_copy| {
-                let fs = weak
-                    .upgrade()
-                    .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
-                fs.record_log_state().map_err(std::io::Error::other)
-            });
             log.set_on_behind(Arc::clone(&hook));
-            let _ = fs.owner().log_hook.set(hook);
         }
+        let _ = fs.owner().log_hook.set(hook);
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
             fs.route_metadata_through_wire();
             tracing::info!("metanode requests of this mount go through their wire encoding");

@@ -396,6 +396,118 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Turns metadata replication on for a live file system [mmchfs -m 2]: every metadata
+    /// page, the recovery log and the allocation map get a second copy in another failure
+    /// group. Under the metadata and checkpoint locks: a checkpoint makes the log's content
+    /// durable; the allocation map gets its second regions and a new log is made with both
+    /// copies (as when `restripe -m` moves the log); pages are written in the version with
+    /// second addresses from then on; and a checkpoint commits the descriptor naming all of
+    /// it. A crash before that descriptor is durable mounts with one copy as before (the new
+    /// regions unreferenced and free). Pages already on disk keep one copy until `restripe
+    /// -r` writes them again with two. Lowering it again is not implemented.
+    pub fn set_metadata_replication(&self, copies: u8) -> FsResult<()> {
+        self.owner_here("changing the metadata replication")?;
+        self.check_writable()?;
+        let desc = self.descriptor();
+        let now = desc.metadata_replicas();
+        if copies == now {
+            return Ok(());
+        }
+        if copies < now {
+            return Err(FsError::Usage(format!(
+                "-m {copies}: lowering the metadata replication of a file system is not \
+                 implemented; {} keeps {now} metadata copies",
+                desc.name
+            )));
+        }
+        if copies > 2 || u32::from(copies) > desc.max_metadata_replicas {
+            return Err(FsError::Usage(format!(
+                "-m {copies}: at most two metadata copies, and no more than the maximum set \
+                 at create (-M {})",
+                desc.max_metadata_replicas
+            )));
+        }
+        let mut groups: Vec<i32> = desc
+            .disks
+            .iter()
+            .filter(|d| {
+                d.pool == 0
+                    && d.usage.holds_metadata()
+                    && d.status == crate::descriptor::DiskStatus::Ready
+                    && !self.devices.is_down(d.index)
+            })
+            .map(|d| d.failure_group)
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        if groups.len() < 2 {
+            return Err(FsError::Usage(format!(
+                "-m 2: the ready metadata disks of {} are all in one failure group, and the two \
+                 copies of the metadata go to different groups; add metadata disks in \
+                 another failure group first (tessera disk add)",
+                desc.name
+            )));
+        }
+        let Some(stored) = desc.alloc_map.as_ref() else {
+            return Err(FsError::Usage(format!(
+                "{} does not store its allocation map yet (format version 3): mount it once, \
+                 which converts it, then change the metadata replication",
+                desc.name
+            )));
+        };
+        let regions = stored.regions.clone();
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        self.checkpoint_under_lock(&mut m)?;
+        let lsn = tessera_journal::page_start_at_or_after(self.journal().appended_lsn());
+        let old = self.owner().desc.lock().clone();
+        let mut next = old.clone();
+        next.metadata_copies = Some(crate::descriptor::MetadataCopies {
+            root_mirrors: Vec::new(),
+            log_disk: old.log.disk,
+            log_offset: old.log.region.offset,
+            log_behind: None,
+            map_regions: Vec::new(),
+        });
+        let second =
+            crate::alloc_map::allocate_second_regions(&next, &self.devices, &mut m.alloc, &regions)?;
+        let second_extents = crate::alloc_map::region_extents_of(&next, &second);
+        if let Some(c) = &mut next.metadata_copies {
+            c.map_regions = second;
+        }
+        let (journal, log) = match self.create_log(&mut m, &mut next, &|_| true, lsn) {
+            Ok(made) => made,
+            Err(e) => {
+                for x in second_extents {
+                    m.alloc.free(x).expect("just allocated");
+                }
+                return Err(e);
+            }
+        };
+        let old_log = crate::recovery::log_extents(&old);
+        m.pending_free.extend(old_log.iter().map(|e| (0, *e)));
+        // Both regions of every chunk current from the committing checkpoint on.
+        m.alloc.mark_all_chunks_dirty();
+        m.state.store_mut().mirror_from_now_on();
+        *self.owner().desc.lock() = next;
+        *self.owner().log_copies.write() = log;
+        self.replace_journal(journal);
+        self.commit_descriptor_change(
+            &mut m,
+            true,
+            "turning metadata replication on",
+            "the file system takes no more changes: unmount and mount it again (it comes back \
+             with the metadata replication the durable descriptor names), then change it again",
+        )?;
+        tracing::info!(
+            "{}: metadata replication on (-m 2); `tessera restripe {} -r` gives the metadata \
+             already on disk its second copy",
+            old.name,
+            old.name
+        );
+        Ok(())
+    }
+
     /// The copies a file's data blocks should have from now on [mmchattr -r]; logged.
     /// `restripe -r` then adds or drops copies of its existing blocks.
     pub fn set_file_replication(&self, ino: Ino, copies: u8) -> FsResult<()> {

@@ -445,92 +445,10 @@ impl FileSystem {
             "a checkpoint commits the log"
         );
         let lsn = tessera_journal::page_start_at_or_after(end);
-        let bs = u64::from(desc.block_size);
-        let bytes = desc.log.region.bytes;
-        // A new log, both copies with metadata replicated (the second in another failure
-        // group than the first): the two copies of a log are one device and move together.
-        let up = |d: DiskIndex| !self.devices.is_down(d) && stays(d);
-        let no_room = |_| FsError::NoSpace {
-            pool: "system".into(),
-            what: "the recovery log (contiguous blocks of a ready metadata disk)",
-        };
-        let (start, blocks) = m
-            .alloc
-            .alloc_contiguous_blocks_on(0, AllocKind::Metadata, bytes / bs, &up)
-            .map_err(no_room)?;
-        let new = crate::descriptor::LogInfo {
-            disk: start.disk,
-            region: tessera_journal::JournalRegion {
-                offset: desc.sub_block_offset(start.sub_block),
-                bytes: blocks * bs,
-            },
-            log_id: rand::random(),
-        };
+        // As that checkpoint left it.
+        let desc = self.owner().desc.lock().clone();
         let mut next = desc.clone();
-        next.log = new;
-        if let Some(copies) = &mut next.metadata_copies {
-            let first_group = group(start.disk);
-            let other = |d: DiskIndex| up(d) && group(d) != first_group;
-            let placed = m
-                .alloc
-                .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &other)
-                .or_else(|_| {
-                    tracing::warn!(
-                        "{}: both copies of the recovery log go to failure group \
-                         {first_group} (no other group has room); `tessera restripe {} -r` \
-                         parts them once one has",
-                        desc.name,
-                        desc.name
-                    );
-                    m.alloc
-                        .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &up)
-                });
-            match placed {
-                Ok((second, _)) => {
-                    copies.log_disk = second.disk;
-                    copies.log_offset = desc.sub_block_offset(second.sub_block);
-                    copies.log_behind = None;
-                }
-                Err(e) => {
-                    let mut d = desc.clone();
-                    d.log = new;
-                    d.metadata_copies = None;
-                    for x in crate::recovery::log_extents(&d) {
-                        m.alloc.free(x).expect("just allocated");
-                    }
-                    return Err(no_room(e));
-                }
-            }
-        }
-        let new_extents = crate::recovery::log_extents(&next);
-        let mirrored = match &next.metadata_copies {
-            Some(_) => {
-                let log = crate::mirrored_log::MirroredLog::open(&next, &self.devices)?;
-                if let Some(hook) = self.owner().log_hook.get() {
-                    log.set_on_behind(Arc::clone(hook));
-                }
-                Some(log)
-            }
-            None => None,
-        };
-        let dev: Arc<dyn tessera_drive::BlockDevice> = match &mirrored {
-            Some(log) => Arc::clone(log) as Arc<dyn tessera_drive::BlockDevice>,
-            None => self.devices.get(new.disk),
-        };
-        let opened = tessera_journal::format(dev.as_ref(), new.region, new.log_id)
-            .and_then(|()| tessera_journal::Journal::open(dev, new.region, new.log_id, lsn));
-        let journal = match opened {
-            Ok((journal, records)) => {
-                assert!(records.is_empty(), "a freshly formatted log has no records");
-                journal
-            }
-            Err(e) => {
-                for x in new_extents {
-                    m.alloc.free(x).expect("just allocated");
-                }
-                return Err(e.into());
-            }
-        };
+        let (journal, mirrored) = self.create_log(&mut m, &mut next, &stays, lsn)?;
         let old_extents = crate::recovery::log_extents(&desc);
         m.pending_free.extend(old_extents.iter().map(|e| (0, *e)));
         *self.owner().desc.lock() = next;
@@ -544,6 +462,120 @@ impl FileSystem {
              the restripe",
         )?;
         Ok(true)
+    }
+
+    /// A new recovery log for `next` (its `log`, and with metadata replicated its second
+    /// copy, replaced): regions as large as the current log's on metadata disks that are up
+    /// and that `stays` accepts (the second copy in another failure group than the first
+    /// where one has room, else beside it), formatted as a new log (its own id) whose LSNs
+    /// start at `lsn`. The caller holds the metadata and checkpoint locks, has made the old
+    /// log durable up to `lsn`, and commits `next`; on failure nothing is allocated.
+    pub(crate) fn create_log(
+        &self,
+        m: &mut crate::fs::Meta,
+        next: &mut crate::descriptor::FsDescriptor,
+        stays: &dyn Fn(DiskIndex) -> bool,
+        lsn: tessera_journal::Lsn,
+    ) -> FsResult<(
+        tessera_journal::Journal,
+        Option<Arc<crate::mirrored_log::MirroredLog>>,
+    )> {
+        let bs = u64::from(next.block_size);
+        let bytes = next.log.region.bytes;
+        let group = |d: DiskIndex| self.devices.failure_group(d);
+        let up = |d: DiskIndex| !self.devices.is_down(d) && stays(d);
+        let no_room = |_| FsError::NoSpace {
+            pool: "system".into(),
+            what: "the recovery log (contiguous blocks of a ready metadata disk)",
+        };
+        let (start, blocks) = m
+            .alloc
+            .alloc_contiguous_blocks_on(0, AllocKind::Metadata, bytes / bs, &up)
+            .map_err(no_room)?;
+        let new = crate::descriptor::LogInfo {
+            disk: start.disk,
+            region: tessera_journal::JournalRegion {
+                offset: next.sub_block_offset(start.sub_block),
+                bytes: blocks * bs,
+            },
+            log_id: rand::random(),
+        };
+        let one_copy = {
+            let mut d = next.clone();
+            d.log = new;
+            d.metadata_copies = None;
+            crate::recovery::log_extents(&d)
+        };
+        next.log = new;
+        let name = next.name.clone();
+        let geometry = next.clone();
+        let offset_of = |sub_block: u64| geometry.sub_block_offset(sub_block);
+        if let Some(copies) = &mut next.metadata_copies {
+            let first_group = group(start.disk);
+            let other = |d: DiskIndex| up(d) && group(d) != first_group;
+            let placed = m
+                .alloc
+                .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &other)
+                .or_else(|_| {
+                    tracing::warn!(
+                        "{name}: both copies of the recovery log go to failure group \
+                         {first_group} (no other group has room); `tessera restripe {name} \
+                         -r` parts them once one has"
+                    );
+                    m.alloc
+                        .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &up)
+                });
+            match placed {
+                Ok((second, _)) => {
+                    copies.log_disk = second.disk;
+                    copies.log_offset = offset_of(second.sub_block);
+                    copies.log_behind = None;
+                }
+                Err(e) => {
+                    for x in one_copy {
+                        m.alloc.free(x).expect("just allocated");
+                    }
+                    return Err(no_room(e));
+                }
+            }
+        }
+        let new_extents = crate::recovery::log_extents(next);
+        let give_back = |m: &mut crate::fs::Meta| {
+            for x in &new_extents {
+                m.alloc.free(*x).expect("just allocated");
+            }
+        };
+        let mirrored = match &next.metadata_copies {
+            Some(_) => match crate::mirrored_log::MirroredLog::open(next, &self.devices) {
+                Ok(log) => {
+                    if let Some(hook) = self.owner().log_hook.get() {
+                        log.set_on_behind(Arc::clone(hook));
+                    }
+                    Some(log)
+                }
+                Err(e) => {
+                    give_back(m);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let dev: Arc<dyn tessera_drive::BlockDevice> = match &mirrored {
+            Some(log) => Arc::clone(log) as Arc<dyn tessera_drive::BlockDevice>,
+            None => self.devices.get(new.disk),
+        };
+        let opened = tessera_journal::format(dev.as_ref(), new.region, new.log_id)
+            .and_then(|()| tessera_journal::Journal::open(dev, new.region, new.log_id, lsn));
+        match opened {
+            Ok((journal, records)) => {
+                assert!(records.is_empty(), "a freshly formatted log has no records");
+                Ok((journal, mirrored))
+            }
+            Err(e) => {
+                give_back(m);
+                Err(e.into())
+            }
+        }
     }
 
     /// Metadata pages on each disk (by disk index, 0 for a deleted one) as of the newest

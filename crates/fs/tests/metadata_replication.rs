@@ -441,3 +441,81 @@ fn a_lost_failure_group_is_replaced_by_new_disks() {
     verify_all(&fs, &files);
     fs.unmount().unwrap();
 }
+
+/// `fs change -m 2` [mmchfs -m] on a mounted file system: from then on the metadata is
+/// written twice, `restripe -r` gives what was on disk before its second copy, and then
+/// either failure group may go. Lowering it again is refused.
+#[test]
+fn metadata_replication_is_turned_on_for_a_live_file_system() {
+    let t = make_disks(5, 64 << 20);
+    let one_copy = FormatOptions {
+        metadata_replicas: 1,
+        ..opts()
+    };
+    tessera_fs::format(specs(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
+    let fs = mount(&t);
+    let mut files = write_files(&fs, "a", 41);
+    fs.set_metadata_replication(2).unwrap();
+    assert_eq!(fs.descriptor().metadata_replicas(), 2);
+    files.extend(write_files(&fs, "b", 42));
+    verify_all(&fs, &files);
+    let err = fs.set_metadata_replication(1).unwrap_err().to_string();
+    assert!(err.contains("not implemented"), "{err}");
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.progress.metadata_pages_moved > 0, "{report:?}");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after fs change -m 2 and restripe -r");
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+    for gone in [GROUP_1, GROUP_2] {
+        let fs = FileSystem::mount(without(&t, &gone)).unwrap();
+        verify_all(&fs, &files);
+        fs.unmount().unwrap();
+        drop(fs);
+        mount(&t).unmount().unwrap();
+    }
+}
+
+/// A crash at any write of `fs change -m 2` leaves a file system that mounts, with one
+/// metadata copy or two, and holds every file.
+#[test]
+fn a_crash_at_any_write_of_turning_metadata_replication_on_loses_nothing() {
+    use std::sync::atomic::Ordering;
+    let mut writes = 0;
+    let mut both_outcomes = (false, false);
+    loop {
+        let t = make_disks(5, 64 << 20);
+        let one_copy = FormatOptions {
+            metadata_replicas: 1,
+            ..opts()
+        };
+        tessera_fs::format(specs(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
+        let fs = mount(&t);
+        let files = write_files(&fs, "a", 51);
+        fs.unmount().unwrap();
+        drop(fs);
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        faults.writes_until_failure.store(writes, Ordering::SeqCst);
+        let done = fs.set_metadata_replication(2).is_ok();
+        let crashed = crash(fs, &faults);
+        let fs = mount(&t);
+        verify_all(&fs, &files);
+        let copies = fs.descriptor().metadata_replicas();
+        if copies == 2 {
+            both_outcomes.1 = true;
+        } else {
+            both_outcomes.0 = true;
+        }
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(&t, &format!("crash after {writes} writes"));
+        if done && !crashed {
+            break;
+        }
+        writes += 1;
+        assert!(writes < 2000, "the change never completes");
+    }
+    assert!(both_outcomes.0 && both_outcomes.1, "{both_outcomes:?}");
+}

@@ -362,6 +362,13 @@ impl MetaStore {
         &self.format
     }
 
+    /// Pages written from the next checkpoint on carry second addresses in their branch
+    /// pointers (version 2): metadata replication turned on for a live file system. Pages
+    /// already on disk stay as they are (readable, one copy) until they are rewritten.
+    pub fn mirror_from_now_on(&mut self) {
+        self.format = self.format.with_mirrors();
+    }
+
     pub fn set_cache_pages(&mut self, pages: usize) {
         self.cache.set_capacity(pages);
     }

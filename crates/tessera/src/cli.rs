@@ -733,6 +733,11 @@ pub struct FsChangeArgs {
     /// set --replication` and `restripe -r`).
     #[arg(short = 'r')]
     pub data_replicas: Option<u32>,
+    /// Copies of the metadata: 2 gives every metadata page, the recovery log and the
+    /// allocation map a second copy in another failure group (pages already on disk get
+    /// theirs from `restripe -r`); lowering it is not implemented.
+    #[arg(short = 'm')]
+    pub metadata_replicas: Option<u32>,
 }
 
 #[derive(Subcommand, Debug)]

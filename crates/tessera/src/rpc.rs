@@ -302,6 +302,11 @@ pub enum Request {
         name: String,
         copies: u8,
     },
+    /// The metadata copies [mmchfs -m]: 2 turns metadata replication on.
+    FsMetadataReplicationSet {
+        name: String,
+        copies: u8,
+    },
     /// Add NSDs to a file system [mmadddisk]; `rebalance` (-r) restripes afterwards.
     DiskAdd {
         name: String,

@@ -406,6 +406,9 @@ fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
     assert!(shown.contains("data replication:     1\n"), "{shown}");
     let err = node.fails(&["fs", "change", "rfs", "-r", "3"]);
     assert!(err.contains("-R 2"), "{err}");
+    // One metadata disk: no second failure group for the metadata's copy.
+    let err = node.fails(&["fs", "change", "rfs", "-m", "2"]);
+    assert!(err.contains("one failure group"), "{err}");
     node.ok(&["fs", "change", "rfs", "-r", "1"]);
     let single = mnt.join("single");
     write_file(&single, &pattern(3_000_000, 77));
@@ -464,6 +467,8 @@ fn metadata_and_data_copies_survive_the_loss_of_either_failure_group() {
         .find(|l| l.contains("Default number of metadata replicas"))
         .unwrap_or_else(|| panic!("{shown}"));
     assert!(line.starts_with("-m ") && line.contains(" 2 "), "{line}");
+    let err = node.fails(&["fs", "change", "mfs", "-m", "1"]);
+    assert!(err.contains("not implemented"), "{err}");
     node.ok(&["mount", "mfs"]);
     let mut files = Vec::new();
     let write_set = |dir: &Path, tag: &str, seed: u64, files: &mut Vec<(std::path::PathBuf, Vec<u8>)>| {

@@ -894,11 +894,33 @@ fn print_restripe(device: &str, done: &RestripeDone, verb: &str) {
     }
 }
 
-/// `tessera fs change DEVICE -r N` [mmchfs].
+/// `tessera fs change DEVICE -r N | -m N` [mmchfs].
 pub fn change(home: &Home, a: &crate::cli::FsChangeArgs) -> Result<()> {
+    if let Some(copies) = a.metadata_replicas {
+        let copies = u8::try_from(copies)
+            .ok()
+            .filter(|c| (1..=2).contains(c))
+            .ok_or_else(|| anyhow!("-m {copies}: give 1 or 2"))?;
+        call(
+            home,
+            &Request::FsMetadataReplicationSet {
+                name: a.device.clone(),
+                copies,
+            },
+        )?;
+        println!(
+            "{} keeps {copies} copies of its metadata from now on; `tessera restripe {} -r` \
+             gives the metadata already on disk its second copy.",
+            a.device, a.device
+        );
+        if a.data_replicas.is_none() {
+            return Ok(());
+        }
+    }
     let Some(copies) = a.data_replicas else {
         bail!(
-            "fs change {}: give what to change (-r N: data copies of new files)",
+            "fs change {}: give what to change (-r N: data copies of new files; -m 2: a \
+             second copy of the metadata)",
             a.device
         );
     };

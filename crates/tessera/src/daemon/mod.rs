@@ -361,6 +361,9 @@ impl Daemon {
                 self.file_replication_set(&name, ino, copies)
             }
             Request::FsReplicationSet { name, copies } => self.fs_replication_set(&name, copies),
+            Request::FsMetadataReplicationSet { name, copies } => {
+                self.fs_metadata_replication_set(&name, copies)
+            }
             Request::DiskAdd {
                 name,
                 disks,

@@ -138,4 +138,15 @@ impl Daemon {
         tracing::info!("{name}: new files get {copies} data copies");
         Ok(Reply::Done)
     }
+
+    /// `fs change -m` [mmchfs -m], mounted or not.
+    pub(super) fn fs_metadata_replication_set(&self, name: &str, copies: u8) -> Result<Reply> {
+        let _admin = self.admin.lock();
+        self.with_fs(name, "opening it here to change it", |fs| {
+            fs.set_metadata_replication(copies)
+                .map_err(|e| anyhow!("file system {name}: {e}"))
+        })?;
+        tracing::info!("{name}: metadata has {copies} copies from now on");
+        Ok(Reply::Done)
+    }
 }
