@@ -25,8 +25,10 @@
 //!   `always` fails with ENOSPC.
 //! - **Disks down.** A data disk whose device is missing at mount, or that fails a write
 //!   or a flush, is down for the rest of the mount: no I/O goes to it and the allocator
-//!   gives out nothing on it. `disk change stop|start` sets it by hand. Metadata is not
-//!   replicated yet (`-m 1`), so only disks without metadata may be down.
+//!   gives out nothing on it. `disk change stop|start` sets it by hand. With one metadata
+//!   copy (`-m 1`) only disks without metadata may be down; with `-m 2` any disk may (see
+//!   ARCHITECTURE.md, "Metadata replication": pages carry second addresses, the log and
+//!   the allocation map have second regions, `mirrored_log.rs`).
 
 use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
 
