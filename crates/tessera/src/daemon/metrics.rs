@@ -83,6 +83,7 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     let mut page_memory = Vec::new();
     let mut page_reads = Vec::new();
     let mut evictions = Vec::new();
+    let mut second_copy_reads = Vec::new();
     let mut inode_cache = Vec::new();
     let mut journal_records = Vec::new();
     let mut journal_commits = Vec::new();
@@ -140,6 +141,7 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         page_reads.push((with(name, "result", "hit"), c.hits));
         page_reads.push((with(name, "result", "miss"), c.misses));
         evictions.push((fs_label(name), c.evictions));
+        second_copy_reads.push((fs_label(name), c.second_copy_reads));
         let (records, stats) = fs.inode_cache_len();
         inode_cache.push((with(name, "cache", "records"), as_i64(records as u64)));
         inode_cache.push((with(name, "cache", "stat"), as_i64(stats as u64)));
@@ -162,6 +164,13 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         "tessera_fs_checksum_errors",
         "Blocks whose checksum did not match when read",
         &checksum,
+    )?;
+    counters(
+        enc,
+        "tessera_fs_metadata_second_copy_reads",
+        "Metadata pages read from their second copy because the first failed to read or \
+         verify (-m 2; the first copy is then written again)",
+        &second_copy_reads,
     )?;
     counters(
         enc,
