@@ -129,13 +129,13 @@ impl FileSystem {
         let _one = self.owner().checkpoint_lock.lock();
         let mut desc = self.owner().desc.lock().clone();
         let changed = set_disk_status(&mut desc, nsds, status)?;
-        desc.generation += 1;
-        let devices: Vec<_> = self.devices.all().into_iter().map(Some).collect();
-        write_descriptor(&desc, &devices)?;
+        // Through the one writer of a mounted file system's descriptors, which numbers
+        // them: a generation written twice with different contents would let a mount
+        // take an older checkpoint's roots after their pages were freed.
+        self.write_descriptor(desc)?;
         for &disk in &changed {
             m.alloc.set_available(disk, status == DiskStatus::Ready);
         }
-        *self.owner().desc.lock() = desc;
         Ok(changed)
     }
 }

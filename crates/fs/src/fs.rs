@@ -1114,6 +1114,11 @@ impl FileSystem {
     /// are taken as they are now, so neither write undoes the other.
     pub(crate) fn write_descriptor(&self, mut desc: FsDescriptor) -> FsResult<()> {
         let mut written = self.owner().written_desc.lock();
+        assert_eq!(
+            self.owner().desc.lock().generation,
+            written.generation,
+            "a descriptor of a mounted file system was written around write_descriptor"
+        );
         desc.generation = written.generation + 1;
         if let (Some(copies), Some(log)) =
             (&mut desc.metadata_copies, &*self.owner().log_copies.read())
