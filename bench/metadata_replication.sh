@@ -24,6 +24,7 @@ TESSERA=${TESSERA_BIN:-$ROOT/target/release/tessera}
 export TESSERA_HOME=$WORK/home
 
 [ -n "${TESSERA_BIN:-}" ] || cargo build --release -p tessera >&2
+[ -x "$TESSERA" ] || { echo "metadata_replication bench: no tessera binary at $TESSERA" >&2; exit 1; }
 mkdir -p "$WORK"
 cc -O2 -o "$WORK/mdbench" bench/mdbench.c
 OUT=$WORK/results.txt
