@@ -832,6 +832,9 @@ impl FileSystem {
             let dev = self.devices.get(disk);
             let at = self.extent_offset(extent) + rel;
             match metanode.write_seen(seen, &mut || dev.write_at(buf, at)) {
+                // Stopped while this write ran: its bytes may not be flushed by the stop
+                // (commits skip a disk that is down), so the copy goes as if it failed.
+                Ok(()) if self.devices.is_down(disk) => failed.push(*extent),
                 Ok(()) => disks.push(disk),
                 Err(FsError::Io(e)) => {
                     self.mark_down(disk, &format!("a write failed: {e}"));

@@ -301,8 +301,23 @@ impl FileSystem {
                 )));
             }
         }
+        // Writes that reached the disks before the stop sit in their caches, and the block
+        // map names their copies; commits skip a disk that is down, so without this flush a
+        // commit after the stop would make those names durable while a power loss could
+        // still take the bytes (found by the crash loops with volatile caches). Under the
+        // commit lock, so that no commit runs between the stop and the flush.
+        let _commits = self.owner.as_ref().map(|o| o.commit_lock.lock());
         for &d in &disks {
             self.mark_down(d, "stopped by an administrator");
+        }
+        for &d in &disks {
+            if let Err(e) = self.devices.get(d).flush() {
+                tracing::warn!(
+                    "{}: NSD {} failed the flush of its stop: {e}",
+                    self.geo.fs_name,
+                    self.devices.name(d)
+                );
+            }
         }
         Ok(disks)
     }
