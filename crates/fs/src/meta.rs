@@ -459,12 +459,19 @@ impl MetaState {
         Ok(marked)
     }
 
-    /// Every copy of every page of shard `shard`'s tree read and checked; failed copies
-    /// rewritten from one that verifies. Returns (copies checked, copies rewritten).
-    pub(crate) fn check_page_copies(&mut self, shard: usize) -> FsResult<(u64, u64)> {
+    /// Every copy of the pages of shard `shard`'s tree that hold keys from `from` on, at
+    /// most `leaves` leaves and the branches above them, read and checked; failed copies
+    /// rewritten from one that verifies. Returns (copies checked, copies rewritten, where to
+    /// go on; `None` at the tree's end).
+    pub(crate) fn check_page_copies(
+        &mut self,
+        shard: usize,
+        from: Option<&[u8]>,
+        leaves: usize,
+    ) -> FsResult<(u64, u64, Option<Vec<u8>>)> {
         let tree = &self.shards[shard].tree;
         self.store
-            .check_copies(tree)
+            .check_copies_from(tree, from, leaves)
             .map_err(crate::shard_tree::meta_err)
     }
 

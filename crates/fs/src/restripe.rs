@@ -40,6 +40,9 @@ use crate::shard_tree::Item;
 
 /// Tree items read per batch under the metadata lock.
 const SCAN_BATCH_ITEMS: usize = 1024;
+/// Metadata leaves whose copies a scrub (`restripe -c|-r` with `-m 2`) checks per hold of
+/// the metadata lock: two reads of a 16 KiB page each, some tens of milliseconds.
+const SCRUB_LEAVES: usize = 256;
 /// Files whose blocks a restripe moves at once while applications are idle. One block at a
 /// time left the drives idle between a block's read, its write and its log record (0.72 of
 /// a plain copy's rate); four files at once keep requests queued on every disk (0.94).
@@ -271,14 +274,27 @@ impl FileSystem {
     ) -> FsResult<()> {
         let shards = self.owner().meta.lock().state.shard_count() as usize;
         for shard in 0..shards {
-            if stop.load(Ordering::Relaxed) {
-                report.stopped = true;
-                return Ok(());
+            // A few hundred leaves per hold of the metadata lock: reading every copy of a
+            // large shard's pages at once would stall every metadata operation meanwhile.
+            let mut from: Option<Vec<u8>> = None;
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    report.stopped = true;
+                    return Ok(());
+                }
+                let (checked, repaired, next) = self.owner().meta.lock().state.check_page_copies(
+                    shard,
+                    from.as_deref(),
+                    SCRUB_LEAVES,
+                )?;
+                report.progress.metadata_copies_checked += checked;
+                report.progress.metadata_copies_repaired += repaired;
+                progress(&report.progress);
+                match next {
+                    Some(k) => from = Some(k),
+                    None => break,
+                }
             }
-            let (checked, repaired) = self.owner().meta.lock().state.check_page_copies(shard)?;
-            report.progress.metadata_copies_checked += checked;
-            report.progress.metadata_copies_repaired += repaired;
-            progress(&report.progress);
         }
         if mode != RestripeMode::Replicate {
             return Ok(());

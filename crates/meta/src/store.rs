@@ -597,59 +597,115 @@ impl MetaStore {
     /// checked (they have no page yet).
     pub fn check_copies(&mut self, tree: &Tree) -> MetaResult<(u64, u64)> {
         let mut counts = (0, 0);
-        self.check_rec(tree.root, None, &mut counts)?;
-        Ok(counts)
+        let mut from: Option<Vec<u8>> = None;
+        loop {
+            let (c, r, next) = self.check_copies_from(tree, from.as_deref(), usize::MAX)?;
+            counts = (counts.0 + c, counts.1 + r);
+            match next {
+                Some(k) => from = Some(k),
+                None => return Ok(counts),
+            }
+        }
+    }
+
+    /// [`MetaStore::check_copies`] a part at a time, so that a caller can let go of its
+    /// locks between parts: the leaves holding keys from `from` on (all with `None`), at
+    /// most `leaves` of them, and the branches above them. Returns (copies checked, copies
+    /// repaired, the key to go on from; `None` when the tree's end was reached). A tree
+    /// changed between parts is checked as it is then: pages written meanwhile are new,
+    /// with both copies just written.
+    pub fn check_copies_from(
+        &mut self,
+        tree: &Tree,
+        from: Option<&[u8]>,
+        leaves: usize,
+    ) -> MetaResult<(u64, u64, Option<Vec<u8>>)> {
+        let mut counts = (0, 0);
+        let mut budget = leaves.max(1);
+        let from = Probe::new(from.unwrap_or(&[]));
+        let next = self.check_rec(tree.root, None, &from, &mut budget, &mut counts)?;
+        Ok((counts.0, counts.1, next))
     }
 
     fn check_rec(
         &mut self,
         child: Child,
         level: Option<u8>,
+        from: &Probe,
+        budget: &mut usize,
         counts: &mut (u64, u64),
-    ) -> MetaResult<()> {
+    ) -> MetaResult<Option<Vec<u8>>> {
         if let Child::Disk(ptr) = child {
-            let mut good: Option<Vec<u8>> = None;
-            let mut bad = Vec::new();
-            for addr in ptr.copies() {
-                let mut buf = vec![0u8; self.format.page_bytes];
-                counts.0 += 1;
-                let checked = self
-                    .reader
-                    .read_page(addr, &mut buf)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| {
-                        page::decode(&self.format, ptr, level, &buf).map_err(|e| e.to_string())
-                    });
-                match checked {
-                    Ok(_) => good = Some(buf),
-                    Err(why) => bad.push((addr, why)),
-                }
-            }
-            let Some(good) = good else {
-                return Err(MetaError::Corrupt {
-                    addr: ptr.addr,
-                    reason: format!(
-                        "no copy verifies: {}",
-                        bad.iter()
-                            .map(|(a, why)| format!("{a}: {why}"))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    ),
-                });
-            };
-            for (addr, why) in bad {
-                if self.reader.repair_page(addr, &good, &why) {
-                    counts.1 += 1;
-                }
-            }
+            self.check_page(ptr, level, counts)?;
         }
         let node = self.node(child, level)?;
-        if let Node::Branch {
-            level, children, ..
-        } = &*node
-        {
-            for c in children {
-                self.check_rec(*c, Some(level - 1), counts)?;
+        match &*node {
+            Node::Leaf(_) => {
+                *budget = budget.saturating_sub(1);
+                Ok(None)
+            }
+            Node::Branch {
+                level,
+                keys,
+                children,
+            } => {
+                let first = child_index(keys, from);
+                for j in first..children.len() {
+                    if *budget == 0 && j > first {
+                        // Child j holds the keys from separator j - 1 on.
+                        return Ok(Some(keys[j - 1].bytes.clone()));
+                    }
+                    if let Some(k) =
+                        self.check_rec(children[j], Some(level - 1), from, budget, counts)?
+                    {
+                        return Ok(Some(k));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reads and checks every copy of the page `ptr` names, rewriting those that fail from
+    /// one that verifies.
+    fn check_page(
+        &mut self,
+        ptr: PagePtr,
+        level: Option<u8>,
+        counts: &mut (u64, u64),
+    ) -> MetaResult<()> {
+        let mut good: Option<Vec<u8>> = None;
+        let mut bad = Vec::new();
+        for addr in ptr.copies() {
+            let mut buf = vec![0u8; self.format.page_bytes];
+            counts.0 += 1;
+            let checked = self
+                .reader
+                .read_page(addr, &mut buf)
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    page::decode(&self.format, ptr, level, &buf).map_err(|e| e.to_string())
+                });
+            match checked {
+                Ok(_) => good = Some(buf),
+                Err(why) => bad.push((addr, why)),
+            }
+        }
+        let Some(good) = good else {
+            return Err(MetaError::Corrupt {
+                addr: ptr.addr,
+                reason: format!(
+                    "no copy verifies: {}",
+                    bad.iter()
+                        .map(|(a, why)| format!("{a}: {why}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            });
+        };
+        for (addr, why) in bad {
+            if self.reader.repair_page(addr, &good, &why) {
+                counts.1 += 1;
             }
         }
         Ok(())
