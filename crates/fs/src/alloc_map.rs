@@ -400,7 +400,10 @@ pub(crate) fn replace_regions_on(
 ) -> FsResult<(Vec<MapRegion>, Vec<DiskIndex>)> {
     let bs = u64::from(desc.block_size);
     let mut lists: [Vec<MapRegion>; 2] = [
-        desc.alloc_map.as_ref().map(|m| m.regions.clone()).unwrap_or_default(),
+        desc.alloc_map
+            .as_ref()
+            .map(|m| m.regions.clone())
+            .unwrap_or_default(),
         desc.metadata_copies
             .as_ref()
             .map(|c| c.map_regions.clone())
@@ -421,9 +424,8 @@ pub(crate) fn replace_regions_on(
             }
             let usable = |d: DiskIndex| !leaving.contains(&d) && !disks.is_down(d);
             let blocks = r.bytes.div_ceil(bs);
-            let apart_from_partner = |d: DiskIndex| {
-                usable(d) && avoid.is_none_or(|g| disks.failure_group(d) != g)
-            };
+            let apart_from_partner =
+                |d: DiskIndex| usable(d) && avoid.is_none_or(|g| disks.failure_group(d) != g);
             let placed = alloc
                 .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &apart_from_partner)
                 .or_else(|e| {
@@ -801,11 +803,10 @@ pub(crate) fn write_chunks(
             );
         }
     }
-    if let Some(image) = images.iter().find(|i| {
-        regions_of[&i.disk]
-            .iter()
-            .all(|r| disks.is_down(r.on_disk))
-    }) {
+    if let Some(image) = images
+        .iter()
+        .find(|i| regions_of[&i.disk].iter().all(|r| disks.is_down(r.on_disk)))
+    {
         return Err(FsError::Io(std::io::Error::other(format!(
             "no copy of chunk {} of the allocation map of {} could be written: every disk \
              holding its region is down",

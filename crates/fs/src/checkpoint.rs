@@ -136,8 +136,7 @@ pub(crate) fn new_store(
 ) -> FsResult<MetaStore> {
     let page = desc.checkpoint.page_bytes as usize;
     let owner = u64::from_le_bytes(desc.fs_uuid[..8].try_into().expect("8 bytes"));
-    let mut format =
-        PageFormat::new(page, owner).map_err(|e| FsError::Corrupt(e.to_string()))?;
+    let mut format = PageFormat::new(page, owner).map_err(|e| FsError::Corrupt(e.to_string()))?;
     if desc.metadata_copies.is_some() {
         format = format.with_mirrors();
     }
@@ -351,9 +350,10 @@ pub(crate) fn write_pages(
             for (k, &(_, i)) in rest[..run].iter().enumerate() {
                 prepared.pages[i].encode(&mut buf[k * page_bytes..(k + 1) * page_bytes]);
             }
-            let written = disks
-                .get(start.disk)
-                .write_at(&buf[..run * page_bytes], desc.sub_block_offset(start.sub_block));
+            let written = disks.get(start.disk).write_at(
+                &buf[..run * page_bytes],
+                desc.sub_block_offset(start.sub_block),
+            );
             match written {
                 Ok(()) => touched[start.disk as usize] = true,
                 Err(e) if mirrored => failed.push((start.disk, e)),

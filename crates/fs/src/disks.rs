@@ -245,7 +245,9 @@ fn add_descriptor_holders(desc: &mut FsDescriptor, first_new: usize) {
     };
     for i in first_new..desc.disks.len() {
         let d = &desc.disks[i];
-        if d.holds_descriptor || d.usage == DiskUsage::DataOnly || holders_in(desc, d.failure_group) > 0
+        if d.holds_descriptor
+            || d.usage == DiskUsage::DataOnly
+            || holders_in(desc, d.failure_group) > 0
         {
             continue;
         }
@@ -551,8 +553,10 @@ impl FileSystem {
             superseded = crate::alloc_map::region_extents_of(&desc, &gone);
         }
         if let Some(copies) = &mut desc.metadata_copies {
-            let (gone, kept): (Vec<_>, Vec<_>) =
-                copies.map_regions.iter().partition(|r| indexes.contains(&r.disk));
+            let (gone, kept): (Vec<_>, Vec<_>) = copies
+                .map_regions
+                .iter()
+                .partition(|r| indexes.contains(&r.disk));
             copies.map_regions = kept;
             superseded.extend(crate::alloc_map::region_extents_of(&desc, &gone));
         }

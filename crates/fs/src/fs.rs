@@ -1138,7 +1138,12 @@ impl FileSystem {
         let mut written = self.owner().written_desc.lock();
         let mut desc = written.clone();
         desc.generation += 1;
-        let behind = self.owner().log_copies.read().as_ref().and_then(|l| l.behind());
+        let behind = self
+            .owner()
+            .log_copies
+            .read()
+            .as_ref()
+            .and_then(|l| l.behind());
         if let Some(copies) = &mut desc.metadata_copies {
             copies.log_behind = behind;
         }

@@ -162,7 +162,11 @@ impl MirroredLog {
 
     /// Runs `op` on every usable copy; copies that fail fall behind. Fails only when no
     /// copy succeeded, or when recording one behind failed.
-    fn on_each(&self, what: &str, op: &dyn Fn(&dyn BlockDevice, usize) -> io::Result<()>) -> io::Result<()> {
+    fn on_each(
+        &self,
+        what: &str,
+        op: &dyn Fn(&dyn BlockDevice, usize) -> io::Result<()>,
+    ) -> io::Result<()> {
         let mut done = 0;
         let mut failed = Vec::new();
         for c in 0..2 {
@@ -266,7 +270,11 @@ fn no_current_copy(
 ) -> FsError {
     let describe = |c: usize| {
         let disk = pair[c].0;
-        let state = if disks.is_down(disk) { "missing" } else { "present" };
+        let state = if disks.is_down(disk) {
+            "missing"
+        } else {
+            "present"
+        };
         let current = if behind == Some(c as u8) {
             "lacks records the other copy holds"
         } else {
@@ -321,7 +329,10 @@ impl BlockDevice for MirroredLog {
             }
         }
         Err(last.unwrap_or_else(|| {
-            io::Error::other(format!("{}: no current copy is on a disk that is up", self.name))
+            io::Error::other(format!(
+                "{}: no current copy is on a disk that is up",
+                self.name
+            ))
         }))
     }
 

@@ -124,8 +124,7 @@ fn may_be_down(desc: &FsDescriptor, d: &crate::descriptor::FsDisk) -> bool {
     if d.usage.holds_data() && !data {
         return false;
     }
-    let holds_metadata =
-        d.usage.holds_metadata() || d.holds_descriptor || desc.log.disk == d.index;
+    let holds_metadata = d.usage.holds_metadata() || d.holds_descriptor || desc.log.disk == d.index;
     if holds_metadata && !metadata {
         return false;
     }

@@ -285,7 +285,10 @@ impl FileSystem {
             .max(self.owner.as_ref().map_or(1, |o| o.replication.read().data));
         let desc = self.descriptor();
         for &d in &disks {
-            let holds_data = desc.disks.iter().any(|x| x.index == d && x.usage.holds_data());
+            let holds_data = desc
+                .disks
+                .iter()
+                .any(|x| x.index == d && x.usage.holds_data());
             if holds_data && data_copies < 2 {
                 return Err(FsError::Usage(format!(
                     "NSD {} holds data, which has one copy (-r 1): it cannot be stopped; \
@@ -486,8 +489,12 @@ impl FileSystem {
             log_behind: None,
             map_regions: Vec::new(),
         });
-        let second =
-            crate::alloc_map::allocate_second_regions(&next, &self.devices, &mut m.alloc, &regions)?;
+        let second = crate::alloc_map::allocate_second_regions(
+            &next,
+            &self.devices,
+            &mut m.alloc,
+            &regions,
+        )?;
         let second_extents = crate::alloc_map::region_extents_of(&next, &second);
         if let Some(c) = &mut next.metadata_copies {
             c.map_regions = second;

@@ -303,8 +303,7 @@ impl FileSystem {
         let down = self.devices.down_disks();
         let ill = |p: &tessera_meta::PagePtr| {
             p.mirror.is_none()
-                || p
-                    .copies()
+                || p.copies()
                     .any(|a| down.contains(&crate::checkpoint::disk_addr(a).disk))
         };
         self.move_metadata_off(&ill, stop, report, progress)?;
@@ -445,9 +444,7 @@ impl FileSystem {
                 !self.devices.is_down(d)
                     && group(d) != group(desc.log.disk)
                     && desc.disks.iter().any(|x| {
-                        x.index == d
-                            && x.usage.holds_metadata()
-                            && x.status == DiskStatus::Ready
+                        x.index == d && x.usage.holds_metadata() && x.status == DiskStatus::Ready
                     })
             };
             if !(0..self.devices.len() as DiskIndex).any(parted) {

@@ -151,8 +151,9 @@ fn crash_child() {
             if fs.disk_availability().iter().all(|(_, up)| *up) {
                 fs.stop_disks(&[disk]).unwrap();
             } else {
-                let all: Vec<String> =
-                    (first as usize..disk_count).map(|d| format!("nsd{d}")).collect();
+                let all: Vec<String> = (first as usize..disk_count)
+                    .map(|d| format!("nsd{d}"))
+                    .collect();
                 fs.start_disks(&all).unwrap();
                 let stop = std::sync::atomic::AtomicBool::new(false);
                 let mode = tessera_fs::restripe::RestripeMode::Replicate;
@@ -304,8 +305,8 @@ fn verify(t: &TestDisks, copies: Copies) -> usize {
                 .filter(|(i, _)| *i != gone)
                 .map(|(_, d)| d)
                 .collect();
-            let fs = FileSystem::mount(disks)
-                .unwrap_or_else(|e| panic!("mount without nsd{gone}: {e}"));
+            let fs =
+                FileSystem::mount(disks).unwrap_or_else(|e| panic!("mount without nsd{gone}: {e}"));
             fs.set_metadata_cache_pages(4);
             for (file, expect) in read_ledger(t.dir.path()) {
                 if let Expect::Done(seed, size) = expect {

@@ -132,13 +132,18 @@ fn metadata_replication_needs_two_failure_groups_of_metadata_disks() {
     let err = tessera_fs::format(specs(&t, &one_group), &metadata_only, &mut |_| {})
         .unwrap_err()
         .to_string();
-    assert!(err.contains("-m 2") && err.contains("failure group"), "{err}");
+    assert!(
+        err.contains("-m 2") && err.contains("failure group"),
+        "{err}"
+    );
     let three = FormatOptions {
         metadata_replicas: 3,
         max_metadata_replicas: 3,
         ..opts()
     };
-    let err = three.check(&specs(&make_disks(5, 64 << 20), &GROUPS)).unwrap_err();
+    let err = three
+        .check(&specs(&make_disks(5, 64 << 20), &GROUPS))
+        .unwrap_err();
     assert!(err.to_string().contains("at most two"), "{err}");
 }
 
@@ -148,8 +153,14 @@ fn losing_either_whole_failure_group_loses_nothing() {
     let fs = mount(&t);
     let mut files = write_files(&fs, "a", 1);
     // Both groups hold the same number of metadata pages: every page has two copies.
-    let (g1, g2) = (metadata_pages_on(&fs, &GROUP_1), metadata_pages_on(&fs, &GROUP_2));
-    assert!(g1 > 20 && g1 == g2, "metadata pages per group: {g1} and {g2}");
+    let (g1, g2) = (
+        metadata_pages_on(&fs, &GROUP_1),
+        metadata_pages_on(&fs, &GROUP_2),
+    );
+    assert!(
+        g1 > 20 && g1 == g2,
+        "metadata pages per group: {g1} and {g2}"
+    );
     fs.unmount().unwrap();
     drop(fs);
     assert_fsck_clean(&t, "after create");
@@ -219,7 +230,10 @@ fn a_log_copy_that_missed_writes_is_never_replayed_alone() {
     files.extend(write_files(&fs, "b", 5));
     let tail = create_file(&fs, ROOT_INO, b"after-the-last-checkpoint");
     fs.write(tail.ino, 0, b"only in the log", true).unwrap();
-    files.insert("after-the-last-checkpoint".into(), b"only in the log".to_vec());
+    files.insert(
+        "after-the-last-checkpoint".into(),
+        b"only in the log".to_vec(),
+    );
     // A crash: nothing more is written.
     let t2 = t.reopen();
     fs.fence();
@@ -228,11 +242,10 @@ fn a_log_copy_that_missed_writes_is_never_replayed_alone() {
     // Group 1 gone now: group 2's log copy lacks what was logged after it stopped (the
     // two copies are in the two groups), so the mount is refused by name rather than
     // replaying it and losing those records.
-    let err = FileSystem::mount(without(&t, &GROUP_1)).unwrap_err().to_string();
-    assert!(
-        err.contains("no current copy of the recovery log"),
-        "{err}"
-    );
+    let err = FileSystem::mount(without(&t, &GROUP_1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no current copy of the recovery log"), "{err}");
     drop(t2);
 
     // Everything back: the mount replays the current copy, copies it onto the other, and
@@ -271,10 +284,7 @@ fn damaged_metadata_copies_are_read_from_the_other_and_repaired() {
     let fs = mount(&t);
     verify_all(&fs, &files);
     let report = restripe(&fs, RestripeMode::Check);
-    assert!(
-        report.progress.metadata_copies_checked > 0,
-        "{report:?}"
-    );
+    assert!(report.progress.metadata_copies_checked > 0, "{report:?}");
     fs.unmount().unwrap();
     drop(fs);
     // After the scrub and the data repairs, group 1 alone holds everything again.
@@ -317,7 +327,9 @@ fn without_a_third_failure_group_the_group_holding_two_descriptors_cannot_be_los
     } else {
         ([2, 3], [0, 1])
     };
-    let err = FileSystem::mount(without(&t, &two)).unwrap_err().to_string();
+    let err = FileSystem::mount(without(&t, &two))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("descriptor quorum"), "{err}");
     let fs = FileSystem::mount(without(&t, &one)).unwrap();
     verify_all(&fs, &files);
@@ -414,7 +426,11 @@ fn a_lost_failure_group_is_replaced_by_new_disks() {
     let fs = FileSystem::mount(without(&t, &[2, 3, 5, 6])).unwrap();
     verify_all(&fs, &files);
     let report = fs
-        .delete_disks(&["nsd2".into(), "nsd3".into()], &AtomicBool::new(false), &mut |_| {})
+        .delete_disks(
+            &["nsd2".into(), "nsd3".into()],
+            &AtomicBool::new(false),
+            &mut |_| {},
+        )
         .unwrap();
     assert!(report.deleted.len() == 2, "{report:?}");
     verify_all(&fs, &files);

@@ -132,9 +132,7 @@ impl Node {
     fn bytes(&self, format: &PageFormat) -> usize {
         match self {
             Node::Leaf(leaf) => page::HEADER_BYTES + leaf.payload_bytes(),
-            Node::Branch { keys, .. } => {
-                page::branch_bytes(format, keys.iter().map(|k| k.bytes()))
-            }
+            Node::Branch { keys, .. } => page::branch_bytes(format, keys.iter().map(|k| k.bytes())),
         }
     }
 
@@ -1040,7 +1038,10 @@ impl MetaStore {
             "the entries before an append fitted their page"
         );
         let right = Node::Leaf(right);
-        assert!(right.bytes(&self.format) <= page_bytes, "one entry fits a page");
+        assert!(
+            right.bytes(&self.format) <= page_bytes,
+            "one entry fits a page"
+        );
         Some((sep, self.add_dirty(right)))
     }
 

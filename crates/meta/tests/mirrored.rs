@@ -91,7 +91,10 @@ fn checkpoint(
         if a.0 < HALF {
             assert!(free.insert(a.0), "page {a} freed twice");
         } else {
-            assert!(free.contains(&(a.0 - HALF)), "second copy {a} freed without its first");
+            assert!(
+                free.contains(&(a.0 - HALF)),
+                "second copy {a} freed without its first"
+            );
         }
     }
     tree.root().unwrap()
@@ -118,8 +121,12 @@ fn a_tree_reads_whole_from_either_copy_and_repairs_the_lost_one() {
     let (mut s, _) = store(&drive, 64);
     let mut tree = s.create_tree();
     for i in 0..20_000u64 {
-        s.insert(&mut tree, &key(i * 7919 % 20_000), &value(i * 7919 % 20_000))
-            .unwrap();
+        s.insert(
+            &mut tree,
+            &key(i * 7919 % 20_000),
+            &value(i * 7919 % 20_000),
+        )
+        .unwrap();
     }
     checkpoint(&mut s, &mut tree, &mut free, &drive);
     // A second round of changes: superseded pages free both copies, new ones get two.
@@ -138,7 +145,10 @@ fn a_tree_reads_whole_from_either_copy_and_repairs_the_lost_one() {
         assert_eq!(s.get(&tree, &key(i)).unwrap(), want(i), "key {i}");
     }
     let read_second = s.stats().second_copy_reads;
-    assert!(read_second > 100, "{read_second} pages read from the second copy");
+    assert!(
+        read_second > 100,
+        "{read_second} pages read from the second copy"
+    );
     assert_eq!(reader.repairs.load(Ordering::Relaxed), read_second);
 
     // The reads repaired the first copies: now the second failure group may go.
@@ -153,7 +163,10 @@ fn a_tree_reads_whole_from_either_copy_and_repairs_the_lost_one() {
     zero_range(&drive, HALF..HALF + HALF / 2);
     let (mut s, reader) = store(&drive, 8);
     let (checked, repaired) = s.check_copies(&tree).unwrap();
-    assert!(repaired > 0 && repaired < checked, "{repaired} of {checked}");
+    assert!(
+        repaired > 0 && repaired < checked,
+        "{repaired} of {checked}"
+    );
     assert_eq!(reader.repairs.load(Ordering::Relaxed), repaired);
     zero_range(&drive, 0..HALF);
     let (mut s, _) = store(&drive, 8);
@@ -176,7 +189,10 @@ fn a_tree_reads_whole_from_either_copy_and_repairs_the_lost_one() {
         }
         assert!(parts < 10_000, "the parts never reach the end");
     }
-    assert!(parts > 10 && repaired > 0, "{parts} parts, {repaired} repaired");
+    assert!(
+        parts > 10 && repaired > 0,
+        "{parts} parts, {repaired} repaired"
+    );
     zero_range(&drive, 0..HALF);
     let (mut s, _) = store(&drive, 8);
     for i in 0..20_000u64 {

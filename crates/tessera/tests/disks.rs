@@ -458,8 +458,21 @@ fn metadata_and_data_copies_survive_the_loss_of_either_failure_group() {
     let mnt = node.path("mmnt");
     node.mounts.push(mnt.clone());
     node.ok(&[
-        "fs", "create", "mfs", "-F", s(&stanza), "-B", "1M", "-T", s(&mnt), "-A", "no", "-m",
-        "2", "-r", "2",
+        "fs",
+        "create",
+        "mfs",
+        "-F",
+        s(&stanza),
+        "-B",
+        "1M",
+        "-T",
+        s(&mnt),
+        "-A",
+        "no",
+        "-m",
+        "2",
+        "-r",
+        "2",
     ]);
     let shown = node.ok(&["fs", "ls", "mfs"]);
     let line = shown
@@ -471,19 +484,20 @@ fn metadata_and_data_copies_survive_the_loss_of_either_failure_group() {
     assert!(err.contains("not implemented"), "{err}");
     node.ok(&["mount", "mfs"]);
     let mut files = Vec::new();
-    let write_set = |dir: &Path, tag: &str, seed: u64, files: &mut Vec<(std::path::PathBuf, Vec<u8>)>| {
-        std::fs::create_dir_all(dir).unwrap();
-        for i in 0..200u64 {
-            let data = pattern(100 + (i as usize * 997) % 40_000, seed + i);
-            let path = dir.join(format!("{tag}-{i:04}"));
-            write_file(&path, &data);
-            files.push((path, data));
-        }
-        let big = pattern(3_000_000, seed + 999);
-        let path = dir.join(format!("{tag}-big"));
-        write_file(&path, &big);
-        files.push((path, big));
-    };
+    let write_set =
+        |dir: &Path, tag: &str, seed: u64, files: &mut Vec<(std::path::PathBuf, Vec<u8>)>| {
+            std::fs::create_dir_all(dir).unwrap();
+            for i in 0..200u64 {
+                let data = pattern(100 + (i as usize * 997) % 40_000, seed + i);
+                let path = dir.join(format!("{tag}-{i:04}"));
+                write_file(&path, &data);
+                files.push((path, data));
+            }
+            let big = pattern(3_000_000, seed + 999);
+            let path = dir.join(format!("{tag}-big"));
+            write_file(&path, &big);
+            files.push((path, big));
+        };
     write_set(&mnt.join("a"), "a", 100, &mut files);
     node.ok(&["umount", "mfs"]);
 
