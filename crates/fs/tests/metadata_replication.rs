@@ -39,34 +39,10 @@ fn opts() -> FormatOptions {
     }
 }
 
-fn specs(t: &TestDisks, groups: &[(DiskUsage, i32)]) -> Vec<DiskSpec> {
-    t.disks
-        .iter()
-        .enumerate()
-        .map(|(i, (id, dev))| DiskSpec {
-            nsd_name: format!("nsd{i}"),
-            nsd_id: *id,
-            usage: groups[i].0,
-            failure_group: groups[i].1,
-            pool: "system".into(),
-            device: dev.clone(),
-        })
-        .collect()
-}
-
 fn replicated_fs() -> TestDisks {
     let t = make_disks(5, 64 << 20);
-    tessera_fs::format(specs(&t, &GROUPS), &opts(), &mut |_| {}).unwrap();
+    tessera_fs::format(specs_in_groups(&t, &GROUPS), &opts(), &mut |_| {}).unwrap();
     t
-}
-
-fn without(t: &TestDisks, gone: &[usize]) -> common::Disks {
-    t.reopen()
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !gone.contains(i))
-        .map(|(_, d)| d)
-        .collect()
 }
 
 /// Files of every shape in the root, and a directory of many small files, so that the
@@ -129,7 +105,7 @@ fn metadata_replication_needs_two_failure_groups_of_metadata_disks() {
         replication: Replication::default(),
         ..opts()
     };
-    let err = tessera_fs::format(specs(&t, &one_group), &metadata_only, &mut |_| {})
+    let err = tessera_fs::format(specs_in_groups(&t, &one_group), &metadata_only, &mut |_| {})
         .unwrap_err()
         .to_string();
     assert!(
@@ -142,7 +118,7 @@ fn metadata_replication_needs_two_failure_groups_of_metadata_disks() {
         ..opts()
     };
     let err = three
-        .check(&specs(&make_disks(5, 64 << 20), &GROUPS))
+        .check(&specs_in_groups(&make_disks(5, 64 << 20), &GROUPS))
         .unwrap_err();
     assert!(err.to_string().contains("at most two"), "{err}");
 }
@@ -235,7 +211,6 @@ fn a_log_copy_that_missed_writes_is_never_replayed_alone() {
         b"only in the log".to_vec(),
     );
     // A crash: nothing more is written.
-    let t2 = t.reopen();
     fs.fence();
     drop(fs);
 
@@ -246,7 +221,6 @@ fn a_log_copy_that_missed_writes_is_never_replayed_alone() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("no current copy of the recovery log"), "{err}");
-    drop(t2);
 
     // Everything back: the mount replays the current copy, copies it onto the other, and
     // restripe -r restores the rest; then group 1 may go.
@@ -310,7 +284,7 @@ fn without_a_third_failure_group_the_group_holding_two_descriptors_cannot_be_los
         (DiskUsage::DataAndMetadata, 2),
     ];
     let t = make_disks(4, 64 << 20);
-    let desc = tessera_fs::format(specs(&t, &groups), &opts(), &mut |_| {}).unwrap();
+    let desc = tessera_fs::format(specs_in_groups(&t, &groups), &opts(), &mut |_| {}).unwrap();
     let holders: Vec<usize> = desc
         .disks
         .iter()
@@ -334,30 +308,6 @@ fn without_a_third_failure_group_the_group_holding_two_descriptors_cannot_be_los
     let fs = FileSystem::mount(without(&t, &one)).unwrap();
     verify_all(&fs, &files);
     fs.unmount().unwrap();
-}
-
-/// The drives of `group` behind one switch that makes them vanish (every read, write and
-/// flush fails), the others as they are.
-fn with_vanishing(
-    t: &TestDisks,
-    group: &[usize],
-) -> (common::Disks, std::sync::Arc<tessera_testkit::Faults>) {
-    use std::sync::Arc;
-    let faults = Arc::new(tessera_testkit::Faults::default());
-    let disks = t
-        .reopen()
-        .into_iter()
-        .enumerate()
-        .map(|(i, (id, dev))| {
-            let dev: Arc<dyn tessera_drive::BlockDevice> = if group.contains(&i) {
-                Arc::new(tessera_testkit::SimDrive::new(dev, Arc::clone(&faults)))
-            } else {
-                dev
-            };
-            (id, dev)
-        })
-        .collect();
-    (disks, faults)
 }
 
 #[test]
@@ -411,10 +361,11 @@ fn a_failure_group_that_vanishes_under_load_is_taken_out_and_nothing_is_lost() {
 #[test]
 fn a_lost_failure_group_is_replaced_by_new_disks() {
     let t = make_disks(7, 64 << 20);
-    let first: Vec<DiskSpec> = specs(&t, &[GROUPS.as_slice(), &[GROUPS[0], GROUPS[0]]].concat())
-        .into_iter()
-        .take(5)
-        .collect();
+    let first: Vec<DiskSpec> =
+        specs_in_groups(&t, &[GROUPS.as_slice(), &[GROUPS[0], GROUPS[0]]].concat())
+            .into_iter()
+            .take(5)
+            .collect();
     tessera_fs::format(first, &opts(), &mut |_| {}).unwrap();
     let all: Vec<_> = t.reopen();
     let fs = FileSystem::mount(all[..5].to_vec()).unwrap();
@@ -434,7 +385,7 @@ fn a_lost_failure_group_is_replaced_by_new_disks() {
         .unwrap();
     assert!(report.deleted.len() == 2, "{report:?}");
     verify_all(&fs, &files);
-    let new: Vec<DiskSpec> = specs(&t, &[(DiskUsage::DataAndMetadata, 4); 7])
+    let new: Vec<DiskSpec> = specs_in_groups(&t, &[(DiskUsage::DataAndMetadata, 4); 7])
         .into_iter()
         .skip(5)
         .enumerate()
@@ -468,7 +419,7 @@ fn metadata_replication_is_turned_on_for_a_live_file_system() {
         metadata_replicas: 1,
         ..opts()
     };
-    tessera_fs::format(specs(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
+    tessera_fs::format(specs_in_groups(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
     let fs = mount(&t);
     let mut files = write_files(&fs, "a", 41);
     fs.set_metadata_replication(2).unwrap();
@@ -506,7 +457,7 @@ fn a_crash_at_any_write_of_turning_metadata_replication_on_loses_nothing() {
             metadata_replicas: 1,
             ..opts()
         };
-        tessera_fs::format(specs(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
+        tessera_fs::format(specs_in_groups(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
         let fs = mount(&t);
         let files = write_files(&fs, "a", 51);
         fs.unmount().unwrap();

@@ -36,35 +36,15 @@ fn replicated_opts() -> FormatOptions {
     }
 }
 
-fn specs(t: &TestDisks) -> Vec<DiskSpec> {
-    t.disks
-        .iter()
-        .enumerate()
-        .map(|(i, (id, dev))| DiskSpec {
-            nsd_name: format!("nsd{i}"),
-            nsd_id: *id,
-            usage: GROUPS[i].0,
-            failure_group: GROUPS[i].1,
-            pool: "system".into(),
-            device: dev.clone(),
-        })
-        .collect()
-}
-
 fn replicated_fs() -> TestDisks {
     let t = make_disks(5, 64 << 20);
-    tessera_fs::format(specs(&t), &replicated_opts(), &mut |_| {}).unwrap();
+    tessera_fs::format(
+        specs_in_groups(&t, &GROUPS),
+        &replicated_opts(),
+        &mut |_| {},
+    )
+    .unwrap();
     t
-}
-
-/// The drives of `t` without those named.
-fn without(t: &TestDisks, gone: &[usize]) -> common::Disks {
-    t.reopen()
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !gone.contains(i))
-        .map(|(_, d)| d)
-        .collect()
 }
 
 /// Blocks of each file in failure group 1 and in failure group 2.
@@ -130,7 +110,9 @@ fn replication_needs_as_many_failure_groups_as_copies() {
         max_data_replicas: 1,
         ..replicated_opts()
     };
-    let err = over.check(&specs(&make_disks(5, 64 << 20))).unwrap_err();
+    let err = over
+        .check(&specs_in_groups(&make_disks(5, 64 << 20), &GROUPS))
+        .unwrap_err();
     assert!(err.to_string().contains("-R 1"), "{err}");
 }
 
@@ -281,7 +263,7 @@ fn replication_changes_for_new_files_and_per_file_and_restripe_r_follows() {
         replication: Replication::default(),
         ..replicated_opts()
     };
-    tessera_fs::format(specs(&t), &one, &mut |_| {}).unwrap();
+    tessera_fs::format(specs_in_groups(&t, &GROUPS), &one, &mut |_| {}).unwrap();
     let fs = mount(&t);
     let old = populate(&fs, "old", 7);
     let blocks_of = |fs: &FileSystem, name: &str| {
@@ -332,22 +314,8 @@ fn replication_changes_for_new_files_and_per_file_and_restripe_r_follows() {
 #[test]
 fn a_failure_group_that_vanishes_under_writes_is_taken_out_and_nothing_is_lost() {
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
     let t = replicated_fs();
-    let group2 = Arc::new(tessera_testkit::Faults::default());
-    let disks: common::Disks = t
-        .reopen()
-        .into_iter()
-        .enumerate()
-        .map(|(i, (id, dev))| {
-            let dev: Arc<dyn tessera_drive::BlockDevice> = if i >= 3 {
-                Arc::new(tessera_testkit::SimDrive::new(dev, Arc::clone(&group2)))
-            } else {
-                dev
-            };
-            (id, dev)
-        })
-        .collect();
+    let (disks, group2) = with_vanishing(&t, &[3, 4]);
     let fs = FileSystem::mount(disks).unwrap();
     let mut files = populate(&fs, "a", 11);
     // The enclosure of group 2 goes away: writes, reads and flushes fail there.

@@ -248,3 +248,53 @@ pub fn assert_fsck_clean(t: &TestDisks, context: &str) {
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     assert!(report.is_clean(), "{context}: {:?}", report.problems);
 }
+
+/// Disk specs of `t` named nsd0, nsd1, ... in pool `system`, disk `i` with the usage and
+/// failure group `groups[i]`.
+#[allow(dead_code)]
+pub fn specs_in_groups(t: &TestDisks, groups: &[(DiskUsage, i32)]) -> Vec<DiskSpec> {
+    t.disks
+        .iter()
+        .enumerate()
+        .map(|(i, (id, dev))| DiskSpec {
+            nsd_name: format!("nsd{i}"),
+            nsd_id: *id,
+            usage: groups[i].0,
+            failure_group: groups[i].1,
+            pool: "system".into(),
+            device: dev.clone(),
+        })
+        .collect()
+}
+
+/// The drives of `t` without those named (a failure group lost).
+#[allow(dead_code)]
+pub fn without(t: &TestDisks, gone: &[usize]) -> Disks {
+    t.reopen()
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !gone.contains(i))
+        .map(|(_, d)| d)
+        .collect()
+}
+
+/// The drives of `t`, those of `group` behind one switch that makes them vanish (every
+/// read, write and flush fails).
+#[allow(dead_code)]
+pub fn with_vanishing(t: &TestDisks, group: &[usize]) -> (Disks, Arc<tessera_testkit::Faults>) {
+    let faults = Arc::new(tessera_testkit::Faults::default());
+    let disks = t
+        .reopen()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, dev))| {
+            let dev: Arc<dyn BlockDevice> = if group.contains(&i) {
+                Arc::new(tessera_testkit::SimDrive::new(dev, Arc::clone(&faults)))
+            } else {
+                dev
+            };
+            (id, dev)
+        })
+        .collect();
+    (disks, faults)
+}
