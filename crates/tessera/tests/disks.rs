@@ -70,6 +70,28 @@ fn status_of(node: &Node, fs: &str, nsd: &str) -> String {
     disk_ls_column(node, fs, nsd, 13)
 }
 
+/// A stanza file `TAG.stanza` with one 256 MiB drive file (`TAG-drive{i}`) per NSD,
+/// given as (name, usage, failure group), all in pool system; returns it and the drives.
+fn grouped_stanza(
+    node: &Node,
+    tag: &str,
+    nsds: &[(&str, &str, i32)],
+) -> (std::path::PathBuf, Vec<std::path::PathBuf>) {
+    let mut text = String::new();
+    let mut drives = Vec::new();
+    for (i, (name, usage, fg)) in nsds.iter().enumerate() {
+        let dev = node.drive(&format!("{tag}-drive{i}"), 256 * MIB);
+        text += &format!(
+            "%nsd: device={} nsd={name} usage={usage} failureGroup={fg} pool=system\n",
+            dev.display()
+        );
+        drives.push(dev);
+    }
+    let stanza = node.path(&format!("{tag}.stanza"));
+    std::fs::write(&stanza, text).unwrap();
+    (stanza, drives)
+}
+
 /// The `availability` column of `disk ls -Y` for `nsd`.
 fn availability_of(node: &Node, fs: &str, nsd: &str) -> String {
     disk_ls_column(node, fs, nsd, 14)
@@ -284,32 +306,17 @@ fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
     }
     let mut node = Node::new().start();
     // Metadata on rm0 (failure group 3); data on rd1, rd2 (group 1) and rd3, rd4 (group 2).
-    let mut text = String::new();
-    let mut drives = Vec::new();
-    for (i, (usage, fg)) in [
-        ("metadataOnly", 3),
-        ("dataOnly", 1),
-        ("dataOnly", 1),
-        ("dataOnly", 2),
-        ("dataOnly", 2),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let dev = node.drive(&format!("r-drive{i}"), 256 * MIB);
-        let name = if i == 0 {
-            "rm0".to_string()
-        } else {
-            format!("rd{i}")
-        };
-        text += &format!(
-            "%nsd: device={} nsd={name} usage={usage} failureGroup={fg} pool=system\n",
-            dev.display()
-        );
-        drives.push(dev);
-    }
-    let stanza = node.path("r.stanza");
-    std::fs::write(&stanza, text).unwrap();
+    let (stanza, drives) = grouped_stanza(
+        &node,
+        "r",
+        &[
+            ("rm0", "metadataOnly", 3),
+            ("rd1", "dataOnly", 1),
+            ("rd2", "dataOnly", 1),
+            ("rd3", "dataOnly", 2),
+            ("rd4", "dataOnly", 2),
+        ],
+    );
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
     let mnt = node.path("rmnt");
     node.mounts.push(mnt.clone());
@@ -433,27 +440,17 @@ fn metadata_and_data_copies_survive_the_loss_of_either_failure_group() {
         return;
     }
     let mut node = Node::new().start();
-    let mut text = String::new();
-    let mut drives = Vec::new();
-    for (i, (usage, fg)) in [
-        ("dataAndMetadata", 1),
-        ("dataAndMetadata", 1),
-        ("dataAndMetadata", 2),
-        ("dataAndMetadata", 2),
-        ("descOnly", 3),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let dev = node.drive(&format!("m-drive{i}"), 256 * MIB);
-        text += &format!(
-            "%nsd: device={} nsd=mr{i} usage={usage} failureGroup={fg} pool=system\n",
-            dev.display()
-        );
-        drives.push(dev);
-    }
-    let stanza = node.path("m.stanza");
-    std::fs::write(&stanza, text).unwrap();
+    let (stanza, drives) = grouped_stanza(
+        &node,
+        "m",
+        &[
+            ("mr0", "dataAndMetadata", 1),
+            ("mr1", "dataAndMetadata", 1),
+            ("mr2", "dataAndMetadata", 2),
+            ("mr3", "dataAndMetadata", 2),
+            ("mr4", "descOnly", 3),
+        ],
+    );
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
     let mnt = node.path("mmnt");
     node.mounts.push(mnt.clone());
