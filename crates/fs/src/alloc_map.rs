@@ -331,6 +331,38 @@ pub(crate) fn allocate_regions_for(
     Ok(regions)
 }
 
+/// Whole metadata blocks for the second copy of a region (a map region, the log) whose
+/// other copy is in failure group `avoid`: on a disk `usable` accepts in another failure
+/// group where one has room, else (with a warning naming `what`) beside the other copy,
+/// ill-replicated until `restripe -r` parts them.
+pub(crate) fn alloc_apart(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    alloc: &mut AllocMap,
+    blocks: u64,
+    avoid: Option<i32>,
+    usable: &dyn Fn(DiskIndex) -> bool,
+    what: &dyn Fn() -> String,
+) -> Result<(tessera_alloc::DiskAddr, u64), tessera_alloc::AllocError> {
+    let apart = |d: DiskIndex| usable(d) && avoid.is_none_or(|g| disks.failure_group(d) != g);
+    alloc
+        .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &apart)
+        .or_else(|_| {
+            let placed =
+                alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, usable)?;
+            if let Some(g) = avoid {
+                tracing::warn!(
+                    "{}: both copies of {} are in failure group {g} (no other group has room); \
+                     `tessera restripe {} -r` parts them once one has",
+                    desc.name,
+                    what(),
+                    desc.name
+                );
+            }
+            Ok(placed)
+        })
+}
+
 /// Allocates the second copy of each of `first` (metadata replicated), each on a metadata
 /// disk of a failure group other than the one holding its first copy where one has room.
 pub(crate) fn allocate_second_regions(
@@ -346,24 +378,17 @@ pub(crate) fn allocate_second_regions(
             regions.push(*r);
             continue;
         }
-        let group = disks.failure_group(r.on_disk);
-        let up = |d: DiskIndex| !disks.is_down(d);
-        let other = |d: DiskIndex| disks.failure_group(d) != group && up(d);
-        let blocks = r.bytes.div_ceil(bs);
         // Beside the first copy when no other group has room (disks being added are not
-        // allocatable yet): `restripe -r` parts them later.
-        let placed = alloc
-            .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &other)
-            .or_else(|_| {
-                tracing::warn!(
-                    "{}: both copies of the allocation map of {} are in failure group \
-                     {group} for now; `tessera restripe {} -r` parts them",
-                    desc.name,
-                    disks.name(r.disk),
-                    desc.name
-                );
-                alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &up)
-            });
+        // allocatable yet).
+        let placed = alloc_apart(
+            desc,
+            disks,
+            alloc,
+            r.bytes.div_ceil(bs),
+            Some(disks.failure_group(r.on_disk)),
+            &|d| !disks.is_down(d),
+            &|| format!("the allocation map of {}", disks.name(r.disk)),
+        );
         let Ok((start, blocks)) = placed else {
             for e in region_extents_of(desc, &regions) {
                 alloc.free(e).expect("a region just allocated");
@@ -424,17 +449,15 @@ pub(crate) fn replace_regions_on(
             }
             let usable = |d: DiskIndex| !leaving.contains(&d) && !disks.is_down(d);
             let blocks = r.bytes.div_ceil(bs);
-            let apart_from_partner =
-                |d: DiskIndex| usable(d) && avoid.is_none_or(|g| disks.failure_group(d) != g);
-            let placed = alloc
-                .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &apart_from_partner)
-                .or_else(|e| {
-                    if leaves {
-                        alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &usable)
-                    } else {
-                        Err(e)
-                    }
-                });
+            let what = || format!("the allocation map of {}", disks.name(r.disk));
+            let placed = if leaves {
+                alloc_apart(desc, disks, alloc, blocks, avoid, &usable, &what)
+            } else {
+                // Only to part it from its first copy: elsewhere in the same group is no gain.
+                let apart =
+                    |d: DiskIndex| usable(d) && avoid.is_none_or(|g| disks.failure_group(d) != g);
+                alloc.alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &apart)
+            };
             let (start, blocks) = match placed {
                 Ok(p) => p,
                 Err(_) if !leaves => continue,
@@ -455,16 +478,6 @@ pub(crate) fn replace_regions_on(
                 offset: desc.sub_block_offset(start.sub_block),
                 bytes: blocks * bs,
             };
-            if avoid == Some(disks.failure_group(new.on_disk)) {
-                tracing::warn!(
-                    "{}: both copies of the allocation map of {} are in failure group {} (no \
-                     other group has room); `tessera restripe {} -r` parts them once one has",
-                    desc.name,
-                    disks.name(r.disk),
-                    disks.failure_group(new.on_disk),
-                    desc.name
-                );
-            }
             old.push(r);
             lists[copy][i] = new;
             taken.push(new);

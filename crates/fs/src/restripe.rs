@@ -520,24 +520,18 @@ impl FileSystem {
             crate::recovery::log_extents(&d)
         };
         next.log = new;
-        let name = next.name.clone();
         let geometry = next.clone();
         let offset_of = |sub_block: u64| geometry.sub_block_offset(sub_block);
         if let Some(copies) = &mut next.metadata_copies {
-            let first_group = group(start.disk);
-            let other = |d: DiskIndex| up(d) && group(d) != first_group;
-            let placed = m
-                .alloc
-                .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &other)
-                .or_else(|_| {
-                    tracing::warn!(
-                        "{name}: both copies of the recovery log go to failure group \
-                         {first_group} (no other group has room); `tessera restripe {name} \
-                         -r` parts them once one has"
-                    );
-                    m.alloc
-                        .alloc_contiguous_blocks_on(0, AllocKind::Metadata, blocks, &up)
-                });
+            let placed = crate::alloc_map::alloc_apart(
+                &geometry,
+                &self.devices,
+                &mut m.alloc,
+                blocks,
+                Some(group(start.disk)),
+                &up,
+                &|| "the recovery log".to_string(),
+            );
             match placed {
                 Ok((second, _)) => {
                     copies.log_disk = second.disk;
