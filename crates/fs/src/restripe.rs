@@ -894,6 +894,15 @@ impl FileSystem {
             "moved file data",
         ) {
             Ok(to) => to,
+            // Balancing a disk that stays in service: a copy with nowhere to go apart from
+            // the others stays where it is; dropping it would trade replication for balance.
+            Err(FsError::NoSpace { .. })
+                if extents.len() > 1
+                    && !self.devices.is_down(from.addr.disk)
+                    && !self.not_ready_disks().contains(&from.addr.disk) =>
+            {
+                return Ok(Moved::Changed);
+            }
             Err(FsError::NoSpace { .. }) if extents.len() > 1 => {
                 tracing::warn!(
                     "inode {ino} block {index}: no disk of another failure group takes the copy \

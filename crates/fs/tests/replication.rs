@@ -527,3 +527,53 @@ fn read_replica_policy_local_reads_the_copies_this_node_reaches_itself() {
     fs.start_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
     fs.unmount().unwrap();
 }
+
+/// `restripe -b` [mmrestripefs -b] balances without giving up a copy: a copy whose only
+/// underfull target shares a failure group with the block's other copy stays where it is
+/// (before, it was dropped, and the file was left with one copy by a balance).
+#[test]
+fn balancing_never_drops_a_copy() {
+    // nsd1 in group 1, nsd2 and nsd3 in group 2; nsd3 takes nothing until the balance.
+    let layout = [
+        (DiskUsage::MetadataOnly, 10),
+        (DiskUsage::DataOnly, 1),
+        (DiskUsage::DataOnly, 2),
+        (DiskUsage::DataOnly, 2),
+    ];
+    let t = make_disks(4, 64 << 20);
+    tessera_fs::format(
+        specs_in_groups(&t, &layout),
+        &replicated_opts(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let fs = mount(&t);
+    fs.set_disk_status(&["nsd3".into()], tessera_fs::DiskStatus::Suspended)
+        .unwrap();
+    let files = populate(&fs, "b", 24);
+    fs.set_disk_status(&["nsd3".into()], tessera_fs::DiskStatus::Ready)
+        .unwrap();
+    fs.restripe(RestripeMode::Balance, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    verify(&fs, &files);
+    let mut moved = 0;
+    for name in files.keys() {
+        let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        let (mut g1, mut g2) = (0, 0);
+        for (nsd, n) in fs.file_blocks_per_disk(a.ino).unwrap() {
+            match nsd.as_str() {
+                "nsd1" => g1 += n,
+                "nsd3" => {
+                    g2 += n;
+                    moved += n;
+                }
+                _ => g2 += n,
+            }
+        }
+        assert_eq!(g1, g2, "{name}: a copy per failure group after the balance");
+    }
+    assert!(moved > 0, "the balance moved copies to nsd3");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a balance");
+}
