@@ -44,6 +44,15 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Returns when every write that completed before the call is on stable storage.
     fn flush(&self) -> io::Result<()>;
 
+    /// Writes `buf` at `offset` as [`BlockDevice::write_at`] does and returns once these
+    /// bytes are on stable storage (Force Unit Access): a synchronous write then costs one
+    /// round trip to the drive instead of a write and a flush. Says nothing of other writes:
+    /// those still need a flush. Devices without a cheaper way write and flush.
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.flush()
+    }
+
     /// Gives `len` bytes at `offset` back to a thin-provisioned device (TRIM: a hole punched
     /// in a file, a discard on a block device, an NVMe Deallocate). What was there must never
     /// be read again: afterwards the range reads as zeros or as anything. Both must be

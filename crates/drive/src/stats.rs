@@ -341,6 +341,14 @@ impl BlockDevice for Counted {
         r
     }
 
+    /// Counted as a write: what it moves is a write's, and its latency includes the sync.
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let issued = self.issue(IoKind::Write, offset, buf.len() as u64);
+        let r = self.inner.write_fua(buf, offset);
+        self.note(IoKind::Write, buf.len() as u64, issued, r.is_ok());
+        r
+    }
+
     fn flush(&self) -> io::Result<()> {
         let issued = self.issue(IoKind::Flush, 0, 0);
         let r = self.inner.flush();

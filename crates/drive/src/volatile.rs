@@ -289,6 +289,10 @@ impl BlockDevice for VolatileCache {
         self.destage_some(&mut st, first, buf.len() as u64 / SECTOR_BYTES)
     }
 
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_through(buf, offset)
+    }
+
     fn flush(&self) -> io::Result<()> {
         let mut st = self.powered(self.lock())?;
         self.write_back(&mut st)?;

@@ -462,6 +462,7 @@ impl FileSystem {
         if data.is_empty() {
             return Ok(0);
         }
+        let _through = sync.then(WriteThrough::begin);
         let shared = self.inode_lock(ino).read();
         let written = if self.metanode().view(ino, 0..0)?.is_inline() {
             // Inline data is rewritten whole and may move into a block: one writer at a
@@ -814,10 +815,24 @@ impl FileSystem {
         seen: u64,
     ) -> FsResult<(Vec<u16>, Vec<Extent>)> {
         let metanode = self.metanode();
+        let through = WriteThrough::on();
+        let write = |dev: &dyn tessera_drive::BlockDevice, at: u64| {
+            if through {
+                dev.write_fua(buf, at)
+            } else {
+                dev.write_at(buf, at)
+            }
+        };
         if let [extent] = copies {
+            // A block's only copy on a disk that is down (left so by an interrupted
+            // `restripe -r`, then the disk stopped): commits skip the disk, so a write
+            // there would be acknowledged and never flushed.
+            if self.devices.is_down(extent.addr.disk) {
+                return Err(every_copy_down());
+            }
             let dev = self.devices.get(extent.addr.disk);
             let at = self.extent_offset(extent) + rel;
-            metanode.write_seen(seen, &mut || dev.write_at(buf, at))?;
+            metanode.write_seen(seen, &mut || write(&*dev, at))?;
             return Ok((vec![extent.addr.disk], Vec::new()));
         }
         let mut disks = Vec::with_capacity(copies.len());
@@ -831,7 +846,7 @@ impl FileSystem {
             }
             let dev = self.devices.get(disk);
             let at = self.extent_offset(extent) + rel;
-            match metanode.write_seen(seen, &mut || dev.write_at(buf, at)) {
+            match metanode.write_seen(seen, &mut || write(&*dev, at)) {
                 // Stopped while this write ran: its bytes may not be flushed by the stop
                 // (commits skip a disk that is down), so the copy goes as if it failed.
                 Ok(()) if self.devices.is_down(disk) => failed.push(*extent),
@@ -845,12 +860,7 @@ impl FileSystem {
             }
         }
         if disks.is_empty() {
-            return Err(error.unwrap_or_else(|| {
-                FsError::Io(std::io::Error::other(
-                    "every copy of the block is on a disk that is down; start the disks \
-                     (tessera disk change DEVICE start -d NSD)",
-                ))
-            }));
+            return Err(error.unwrap_or_else(every_copy_down));
         }
         Ok((disks, failed))
     }
@@ -1342,6 +1352,40 @@ fn whole_sectors(off: u64, data: &[u8]) -> Option<&[u8]> {
         && (data.len() as u64).is_multiple_of(SECTOR)
         && (data.as_ptr() as usize).is_multiple_of(SECTOR as usize);
     aligned.then_some(data)
+}
+
+fn every_copy_down() -> FsError {
+    FsError::Io(std::io::Error::other(
+        "every copy of the block is on a disk that is down; start the disks (tessera disk \
+         change DEVICE start -d NSD)",
+    ))
+}
+
+/// Set while a synchronous write (O_SYNC, O_DSYNC, O_DIRECT) runs on this thread: its data
+/// goes to the drives written through (FUA), so the commit that follows finds them with
+/// nothing to flush. Through NSD servers or NVMe/TCP drives that saves a round trip per
+/// drive written, and the commit's own log write saves another (`Journal::commit`).
+struct WriteThrough;
+
+thread_local! {
+    static WRITE_THROUGH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl WriteThrough {
+    fn begin() -> WriteThrough {
+        WRITE_THROUGH.with(|w| w.set(true));
+        WriteThrough
+    }
+
+    fn on() -> bool {
+        WRITE_THROUGH.with(std::cell::Cell::get)
+    }
+}
+
+impl Drop for WriteThrough {
+    fn drop(&mut self) {
+        WRITE_THROUGH.with(|w| w.set(false));
+    }
 }
 
 /// Sector-aligned scratch space for one write, reused per thread: a fresh megabyte per

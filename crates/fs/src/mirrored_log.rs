@@ -341,6 +341,12 @@ impl BlockDevice for MirroredLog {
         self.on_each("write", &|dev, c| dev.write_at(buf, self.at(c, offset)))
     }
 
+    /// Both copies written through: a copy that misses it is behind, as for a write.
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let _io = self.io.read();
+        self.on_each("write", &|dev, c| dev.write_fua(buf, self.at(c, offset)))
+    }
+
     fn flush(&self) -> io::Result<()> {
         let _io = self.io.read();
         self.on_each("flush", &|dev, _| dev.flush())

@@ -106,6 +106,8 @@ fn crash_child() {
         rng ^= rng << 17;
         rng
     };
+    // Whether every block has all its copies: not known after a kill.
+    let mut whole = false;
     for step in 0u64.. {
         if next() % 8 == 0 {
             // Checkpoints mid-run, so kills land in them too: pages, allocation-map chunks
@@ -140,6 +142,9 @@ fn crash_child() {
             }
             fs.set_disk_status(&disk, tessera_fs::DiskStatus::Ready)
                 .unwrap();
+            // Emptying a disk drops a copy that has no other failure group to move to
+            // (ill-replicated until `restripe -r`).
+            whole = false;
         }
         if replicated && next() % 10 == 0 {
             // A data disk (1 to 3; disk 0 holds the metadata, unless it has two copies too)
@@ -149,7 +154,17 @@ fn crash_child() {
             let first = u64::from(!metadata_copies);
             let disk = format!("nsd{}", first + next() % (disk_count as u64 - first));
             if fs.disk_availability().iter().all(|(_, up)| *up) {
+                // A block written while a disk was down has one copy until `restripe -r`
+                // (which a kill may have cut short); stopping the disk that holds it makes
+                // the block unavailable (EIO), as in GPFS. An administrator restripes
+                // first; so does this loop.
+                if !whole {
+                    let stop = std::sync::atomic::AtomicBool::new(false);
+                    let mode = tessera_fs::restripe::RestripeMode::Replicate;
+                    fs.restripe(mode, &stop, &mut |_| {}).unwrap();
+                }
                 fs.stop_disks(&[disk]).unwrap();
+                whole = false;
             } else {
                 let all: Vec<String> = (first as usize..disk_count)
                     .map(|d| format!("nsd{d}"))
@@ -158,6 +173,7 @@ fn crash_child() {
                 let stop = std::sync::atomic::AtomicBool::new(false);
                 let mode = tessera_fs::restripe::RestripeMode::Replicate;
                 fs.restripe(mode, &stop, &mut |_| {}).unwrap();
+                whole = true;
             }
         }
         let name = format!("f{}", next() % 40);
@@ -168,6 +184,10 @@ fn crash_child() {
             2 => (next() % 700_000) as usize,
             _ => (next() % 2_000_000) as usize,
         };
+        // Synchronous writes (O_DIRECT, O_SYNC) instead of writes and fsync for some files:
+        // their data and log records go to the drives written through (FUA), with no
+        // flush, and the file counts as durable when the last write returns.
+        let sync = next() % 3 == 0;
         ledger.record(&format!("BEGIN {name}"));
         let existing = fs.lookup(ROOT_INO, name.as_bytes()).ok();
         match (next() % 5, existing) {
@@ -180,29 +200,33 @@ fn crash_child() {
             (1, Some(a)) if a.size > 0 => {
                 // Same-size rewrite in place: exercises overwrite intents.
                 let data = pattern(a.size as usize, seed);
-                fs.write(a.ino, 0, &data, false).unwrap();
-                fs.fsync(a.ino).unwrap();
+                fs.write(a.ino, 0, &data, sync).unwrap();
+                if !sync {
+                    fs.fsync(a.ino).unwrap();
+                }
                 ledger.record(&format!("DONE {name} {seed} {}", a.size));
                 continue;
             }
             (_, Some(a)) => {
                 fs.truncate(a.ino, 0).unwrap();
-                write_file(&fs, a.ino, &pattern(size, seed));
+                write_file(&fs, a.ino, &pattern(size, seed), sync);
             }
             (_, None) => {
                 let a = create_file(&fs, ROOT_INO, name.as_bytes());
-                write_file(&fs, a.ino, &pattern(size, seed));
+                write_file(&fs, a.ino, &pattern(size, seed), sync);
             }
         }
         let ino = fs.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
-        fs.fsync(ino).unwrap();
+        if !sync || size == 0 {
+            fs.fsync(ino).unwrap();
+        }
         ledger.record(&format!("DONE {name} {seed} {size}"));
     }
 }
 
-fn write_file(fs: &FileSystem, ino: u64, data: &[u8]) {
+fn write_file(fs: &FileSystem, ino: u64, data: &[u8], sync: bool) {
     for (i, chunk) in data.chunks(200_000).enumerate() {
-        fs.write(ino, (i * 200_000) as u64, chunk, false).unwrap();
+        fs.write(ino, (i * 200_000) as u64, chunk, sync).unwrap();
     }
 }
 

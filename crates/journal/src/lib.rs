@@ -608,7 +608,8 @@ impl Journal {
     }
 
     /// Writes `pages` (consecutive sequences) in as few device calls as the wrap allows,
-    /// then flushes.
+    /// then flushes; a batch of one call is written through (FUA) instead, one round trip
+    /// to the drive where a write and a flush take two.
     fn write_pages(&self, pages: &[PendingPage]) -> io::Result<()> {
         assert!(
             pages.windows(2).all(|w| w[1].seq == w[0].seq + 1),
@@ -630,6 +631,12 @@ impl Journal {
                 self.encode_page(page, out);
             }
             let offset = self.geometry.page_offset(first);
+            if done == 0 && run == pages.len() {
+                return self
+                    .dev
+                    .write_fua(&buf, offset)
+                    .map_err(|e| io_context(&*self.dev, "journal write", offset, e));
+            }
             self.dev
                 .write_at(&buf, offset)
                 .map_err(|e| io_context(&*self.dev, "journal write", offset, e))?;

@@ -806,3 +806,64 @@ fn a_gated_host_is_fenced_and_subsystems_come_and_go_while_serving() {
     }
     ns_b.write_at(&data, 0).unwrap();
 }
+
+/// A write with FUA is on the drive's stable storage when it completes (the drive server's
+/// volatile cache writes it through), and a flush after nothing but such writes sends no
+/// Flush command: a synchronous write costs one round trip, not two. A plain write still
+/// leaves the next flush something to send.
+#[test]
+fn fua_writes_are_durable_at_completion_and_leave_no_flush_to_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("drive.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(DRIVE_BYTES)
+        .unwrap();
+    let text = config_json(&file, "optimized", None).replacen(
+        r#""enable": 1,"#,
+        r#""enable": 1, "volatile_write_cache": {"early_destage_one_in": 0},"#,
+        1,
+    );
+    let server = DriveServer::start(TargetConfig::from_json_str(&text).unwrap()).unwrap();
+    let mut addrs = server.local_addrs();
+    addrs.sort();
+    let host = Host::new(host_identity(1));
+    host.connect(opts(addrs[0].1)).unwrap();
+    let ns = host.namespace("nvme0n1").unwrap();
+    let on_file = |offset: u64, len: usize| {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; len];
+        std::fs::File::open(&file)
+            .unwrap()
+            .read_exact_at(&mut b, offset)
+            .unwrap();
+        b
+    };
+    // Larger than one command's transfer too, so every piece carries the bit.
+    let forced = pattern(4 << 20, 1, 2 << 20);
+    ns.write_fua(&forced, 4 << 20).unwrap();
+    assert!(
+        on_file(4 << 20, 2 << 20) == forced[..],
+        "a FUA write is in the backing file when it completes"
+    );
+    let before = path_commands(&host);
+    ns.flush().unwrap();
+    assert_eq!(
+        path_commands(&host),
+        before,
+        "nothing but FUA writes since the last flush: no Flush sent"
+    );
+    let cached = pattern(8 << 20, 2, 8192);
+    ns.write_at(&cached, 8 << 20).unwrap();
+    assert_eq!(
+        on_file(8 << 20, 8192),
+        vec![0; 8192],
+        "a plain write stays in the volatile cache"
+    );
+    let before = path_commands(&host)[0].1;
+    ns.flush().unwrap();
+    assert_eq!(path_commands(&host)[0].1, before + 1, "one Flush sent");
+    assert!(on_file(8 << 20, 8192) == cached[..], "flushed");
+    host.disconnect_all();
+    server.shutdown();
+}

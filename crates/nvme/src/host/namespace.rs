@@ -78,6 +78,9 @@ pub struct MultipathNamespace {
     /// paths (`fast_io_fail_tmo`, else `ctrl_loss_tmo`).
     io_fail_tmo_ms: AtomicU64,
     rr: AtomicUsize,
+    /// A write without FUA completed (on any path, also one gone since) after the last
+    /// flush began: a flush with this clear has nothing to make durable and sends nothing.
+    unflushed: AtomicBool,
     unusable_since: Mutex<Option<Instant>>,
     /// Set while `unusable_since` is, so the I/O path skips its lock.
     unusable: AtomicBool,
@@ -128,6 +131,7 @@ impl MultipathNamespace {
             ctrl_loss_tmo_ms: AtomicU64::new(0),
             io_fail_tmo_ms: AtomicU64::new(0),
             rr: AtomicUsize::new(0),
+            unflushed: AtomicBool::new(false),
             unusable_since: Mutex::new(None),
             unusable: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -280,6 +284,18 @@ impl MultipathNamespace {
         &self,
         what: &str,
         bytes: (u64, u64),
+        op: impl FnMut(&Controller) -> Result<T, HostError>,
+    ) -> io::Result<T> {
+        self.with_path_leaving(what, bytes, bytes.1 > 0, op)
+    }
+
+    /// [`Self::with_path`]; `unflushed` says whether the command leaves data a flush must
+    /// make durable (a write without FUA).
+    fn with_path_leaving<T>(
+        &self,
+        what: &str,
+        bytes: (u64, u64),
+        unflushed: bool,
         mut op: impl FnMut(&Controller) -> Result<T, HostError>,
     ) -> io::Result<T> {
         let mut tried: Vec<u64> = Vec::new();
@@ -309,8 +325,9 @@ impl MultipathNamespace {
             match op(&ctrl) {
                 Ok(v) => {
                     path.counters.record(bytes.0, bytes.1, start.elapsed());
-                    if bytes.1 > 0 {
+                    if unflushed {
                         nspath.dirty.store(true, Ordering::Release);
+                        self.unflushed.store(true, Ordering::Release);
                     }
                     if self.unusable.load(Ordering::Relaxed) {
                         self.unusable.store(false, Ordering::Relaxed);
@@ -532,7 +549,12 @@ impl MultipathNamespace {
                 ),
             ));
         }
-        let sqe = self.rw_sqe(crate::wire::command::io_opcode::READ, offset, buf.len())?;
+        let sqe = self.rw_sqe(
+            crate::wire::command::io_opcode::READ,
+            offset,
+            buf.len(),
+            false,
+        )?;
         if !self.removed.load(Ordering::SeqCst) {
             if let Some((nspath, ctrl)) = self.pick(&[]) {
                 if let Ok(queue) = ctrl.io_queue() {
@@ -625,8 +647,14 @@ impl MultipathNamespace {
         Ok(buf)
     }
 
-    fn rw_sqe(&self, opcode: u8, offset: u64, len: usize) -> io::Result<crate::wire::Sqe> {
-        let rw = ReadWrite::new(self.nsid, self.lba(offset), self.blocks(len), false)
+    fn rw_sqe(
+        &self,
+        opcode: u8,
+        offset: u64,
+        len: usize,
+        fua: bool,
+    ) -> io::Result<crate::wire::Sqe> {
+        let rw = ReadWrite::new(self.nsid, self.lba(offset), self.blocks(len), fua)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         Ok(rw.to_sqe(opcode, 0))
     }
@@ -644,7 +672,7 @@ impl BlockDevice for MultipathNamespace {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
         for (at, start, len) in split_request(offset, buf.len(), self.max_transfer()) {
-            let sqe = self.rw_sqe(crate::wire::command::io_opcode::READ, at, len)?;
+            let sqe = self.rw_sqe(crate::wire::command::io_opcode::READ, at, len, false)?;
             let piece = &mut buf[start..start + len];
             self.with_path("Read", (len as u64, 0), |ctrl| {
                 ctrl.io_command(sqe, Xfer::FromController(piece), "Read")
@@ -654,20 +682,62 @@ impl BlockDevice for MultipathNamespace {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        check_io(self, buf, offset)?;
-        for (at, start, len) in split_request(offset, buf.len(), self.max_transfer()) {
-            let sqe = self.rw_sqe(crate::wire::command::io_opcode::WRITE, at, len)?;
-            let piece = &buf[start..start + len];
-            self.with_path("Write", (0, len as u64), |ctrl| {
-                ctrl.io_command(sqe, Xfer::ToController(piece), "Write")
-            })?;
-        }
-        Ok(())
+        self.write_pieces(buf, offset, false)
+    }
+
+    /// Writes with the FUA bit: the target completes each only once it is on stable
+    /// storage, so no Flush (another round trip) follows, and the paths stay clean.
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_pieces(buf, offset, true)
     }
 
     /// One Flush per path that carried writes since the last flush (see the module
-    /// documentation); a dead path's share goes to any live path.
+    /// documentation); a dead path's share goes to any live path. Nothing when no write
+    /// without FUA completed since the last flush began.
     fn flush(&self) -> io::Result<()> {
+        if !self.unflushed.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let result = self.flush_paths();
+        if result.is_err() {
+            // Not durable: the next flush must try again.
+            self.unflushed.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Dataset Management Deallocate, on whichever path is usable (like a write, it fails
+    /// over to another path and waits for one within `io_fail_tmo`).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        tessera_drive::check_discard(self, offset, len)?;
+        if !self.can_discard() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: no controller of {} supports Dataset Management (deallocate)",
+                    self.name, self.subnqn
+                ),
+            ));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.deallocate(offset, len)
+    }
+
+    fn can_discard(&self) -> bool {
+        self.dsm.load(Ordering::Relaxed)
+    }
+
+    fn discard_zeroes(&self) -> bool {
+        self.can_discard() && self.deallocate_zeroes.load(Ordering::Relaxed)
+    }
+}
+
+impl MultipathNamespace {
+    /// One Flush per path that carried writes since the last flush; a dead path's share
+    /// goes to any live path.
+    fn flush_paths(&self) -> io::Result<()> {
         let dirty: Vec<Arc<NsPath>> = self
             .paths()
             .into_iter()
@@ -701,35 +771,19 @@ impl BlockDevice for MultipathNamespace {
         Ok(())
     }
 
-    /// Dataset Management Deallocate, on whichever path is usable (like a write, it fails
-    /// over to another path and waits for one within `io_fail_tmo`).
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        tessera_drive::check_discard(self, offset, len)?;
-        if !self.can_discard() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "{}: no controller of {} supports Dataset Management (deallocate)",
-                    self.name, self.subnqn
-                ),
-            ));
+    fn write_pieces(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        check_io(self, buf, offset)?;
+        let what = if fua { "Write (FUA)" } else { "Write" };
+        for (at, start, len) in split_request(offset, buf.len(), self.max_transfer()) {
+            let sqe = self.rw_sqe(crate::wire::command::io_opcode::WRITE, at, len, fua)?;
+            let piece = &buf[start..start + len];
+            self.with_path_leaving(what, (0, len as u64), !fua, |ctrl| {
+                ctrl.io_command(sqe, Xfer::ToController(piece), what)
+            })?;
         }
-        if len == 0 {
-            return Ok(());
-        }
-        self.deallocate(offset, len)
+        Ok(())
     }
 
-    fn can_discard(&self) -> bool {
-        self.dsm.load(Ordering::Relaxed)
-    }
-
-    fn discard_zeroes(&self) -> bool {
-        self.can_discard() && self.deallocate_zeroes.load(Ordering::Relaxed)
-    }
-}
-
-impl MultipathNamespace {
     /// Write Zeroes over `len` bytes at `offset` (4 KiB aligned); with `deallocate` the
     /// blocks may also be unmapped.
     ///

@@ -60,6 +60,11 @@ impl BlockDevice for LeaseGated {
         self.inner.write_at(buf, offset)
     }
 
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.admit()?;
+        self.inner.write_fua(buf, offset)
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.admit()?;
         self.inner.flush()

@@ -965,6 +965,16 @@ impl BlockDevice for AsNeeded {
         }
     }
 
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if let Some(s) = self.current() {
+            return s.write_fua(buf, offset);
+        }
+        match self.local.write_fua(buf, offset) {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail_over(e)?.write_fua(buf, offset),
+        }
+    }
+
     fn flush(&self) -> io::Result<()> {
         if let Some(s) = self.current() {
             return s.flush();

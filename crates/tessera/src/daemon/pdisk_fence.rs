@@ -265,6 +265,10 @@ impl BlockDevice for ReservedPdisk {
         self.guarded(|| self.ns.write_at(buf, offset))
     }
 
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.guarded(|| self.ns.write_fua(buf, offset))
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.guarded(|| self.ns.flush())
     }
