@@ -871,7 +871,8 @@ fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_re
         "failed after {took:?}, nsdServerWaitTime is 3 s"
     );
     assert!(
-        log_of(&c, 4).contains("no usable path to"),
+        log_of(&c, 4).contains("no usable path to")
+            && log_of(&c, 4).contains("check that the NSD's servers are up"),
         "the client's log does not say why:\n{}",
         log_of(&c, 4)
     );

@@ -263,6 +263,8 @@ struct Registry {
 /// State shared with the path monitors (which remove expired paths).
 pub(crate) struct HostShared {
     identity: HostIdentity,
+    /// What an I/O error for an unreachable namespace tells the administrator to check.
+    unreachable_advice: Arc<str>,
     registry: Mutex<Registry>,
     notifier: Arc<Notifier>,
     next_path_id: AtomicU64,
@@ -295,13 +297,31 @@ impl std::fmt::Debug for Host {
     }
 }
 
+/// What to check when no path of a namespace answers, for drive servers (JBOFs).
+const DRIVE_SERVER_ADVICE: &str = "check the drive server and the network";
+
 impl Host {
+    /// This host's namespaces are served by something other than drive servers (NSD
+    /// servers): errors for an unreachable namespace give `advice` (what to check) instead
+    /// of naming the drive server. Only before the first connect.
+    ///
+    /// # Panics
+    /// If the host is shared already (cloned, or a path connected).
+    #[must_use]
+    pub fn with_unreachable_advice(mut self, advice: &str) -> Host {
+        Arc::get_mut(&mut self.shared)
+            .expect("advice set before the host is shared")
+            .unreachable_advice = Arc::from(advice);
+        self
+    }
+
     /// An empty registry for `identity`.
     #[must_use]
     pub fn new(identity: HostIdentity) -> Host {
         Host {
             shared: Arc::new(HostShared {
                 identity,
+                unreachable_advice: Arc::from(DRIVE_SERVER_ADVICE),
                 registry: Mutex::new(Registry::default()),
                 notifier: Arc::new(Notifier::default()),
                 next_path_id: AtomicU64::new(1),
@@ -401,6 +421,7 @@ impl Host {
                         nguid: data.nguid,
                         eui64: data.eui64,
                         uuid: data.uuid,
+                        unreachable_advice: Arc::clone(&shared.unreachable_advice),
                     },
                     Arc::clone(&shared.notifier),
                 ))

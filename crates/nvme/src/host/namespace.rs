@@ -78,6 +78,7 @@ pub struct MultipathNamespace {
     /// paths (`fast_io_fail_tmo`, else `ctrl_loss_tmo`).
     io_fail_tmo_ms: AtomicU64,
     rr: AtomicUsize,
+    unreachable_advice: Arc<str>,
     /// A write without FUA completed (on any path, also one gone since) after the last
     /// flush began: a flush with this clear has nothing to make durable and sends nothing.
     unflushed: AtomicBool,
@@ -113,6 +114,8 @@ pub(crate) struct NamespaceIdentity {
     pub(crate) nguid: [u8; 16],
     pub(crate) eui64: [u8; 8],
     pub(crate) uuid: Option<[u8; 16]>,
+    /// What to check when no path answers (see `Host::with_unreachable_advice`).
+    pub(crate) unreachable_advice: Arc<str>,
 }
 
 impl MultipathNamespace {
@@ -126,6 +129,7 @@ impl MultipathNamespace {
             nguid: id.nguid,
             eui64: id.eui64,
             uuid: id.uuid,
+            unreachable_advice: id.unreachable_advice,
             paths: RwLock::new(Vec::new()),
             max_transfer: AtomicU32::new(u32::MAX),
             ctrl_loss_tmo_ms: AtomicU64::new(0),
@@ -415,10 +419,11 @@ impl MultipathNamespace {
             io::ErrorKind::TimedOut,
             format!(
                 "no usable path to {} ({}, {detail}) after waiting {} s ({limit}); \
-                 check the drive server and the network; {then}",
+                 {}; {then}",
                 self.name,
                 self.subnqn,
                 since.elapsed().as_secs(),
+                self.unreachable_advice,
             ),
         )
     }
@@ -465,9 +470,10 @@ impl MultipathNamespace {
                 kind,
                 format!(
                     "{}: {what} failed: no path answered within io_fail_tmo {} s (last: {e}); \
-                     check the drive server and the network",
+                     {}",
                     self.describe(),
-                    self.io_fail_tmo().as_secs()
+                    self.io_fail_tmo().as_secs(),
+                    self.unreachable_advice
                 ),
             );
         }

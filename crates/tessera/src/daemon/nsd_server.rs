@@ -148,10 +148,17 @@ impl NsdService {
             server: Mutex::new(None),
             served: Mutex::new(BTreeMap::new()),
             logged: Mutex::new(BTreeMap::new()),
-            host: Arc::new(Host::new(HostIdentity {
-                nqn: format!("{NQN_PREFIX}:nsd-client"),
-                id: rand::random(),
-            })),
+            host: Arc::new(
+                Host::new(HostIdentity {
+                    nqn: format!("{NQN_PREFIX}:nsd-client"),
+                    id: rand::random(),
+                })
+                .with_unreachable_advice(
+                    "check that the NSD's servers are up and that this node reaches them \
+                     (`tessera nsd ls -M` shows each server's path; `tessera state` which \
+                     nodes are up)",
+                ),
+            ),
             reached: Mutex::new(BTreeMap::new()),
             started: AtomicBool::new(false),
         }
