@@ -193,12 +193,22 @@ impl Pdisk {
         r
     }
 
-    /// Writes, marks the pdisk for the next flush, and counts a failure.
+    /// Writes, marks the pdisk for the next flush, and counts a failure. Inside a write
+    /// through ([`WriteThrough`]) the drive writes it through (FUA) and no flush is owed.
     pub fn write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let r = self.device()?.write_at(buf, offset);
+        let through = WriteThrough::on();
+        let dev = self.device()?;
+        let r = if through {
+            dev.write_fua(buf, offset)
+        } else {
+            dev.write_at(buf, offset)
+        };
         // Counted after the write completed: a flush that began earlier may have missed it,
-        // so the next flush must not be skipped.
-        self.writes_done.fetch_add(1, Ordering::AcqRel);
+        // so the next flush must not be skipped. A failed write through may have left part
+        // of it in the drive's cache.
+        if !through || r.is_err() {
+            self.writes_done.fetch_add(1, Ordering::AcqRel);
+        }
         if r.is_err() {
             self.write_errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -252,5 +262,36 @@ impl Pdisk {
             device_bytes: self.device_bytes,
             state: self.state(),
         }
+    }
+}
+
+/// Set while a synchronous write of a vdisk (`BlockDevice::write_fua`) runs on this thread
+/// and on the pool threads writing its strips (`pool::run_all` carries it): every strip,
+/// parity included, goes to its pdisk written through, so the stripe is durable when the
+/// write returns and no pdisk owes a flush for it.
+pub(crate) struct WriteThrough {
+    before: bool,
+}
+
+thread_local! {
+    static WRITE_THROUGH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl WriteThrough {
+    /// Writes on this thread go through (`on`) or not until the guard drops.
+    pub(crate) fn set(on: bool) -> WriteThrough {
+        WriteThrough {
+            before: WRITE_THROUGH.with(|w| w.replace(on)),
+        }
+    }
+
+    pub(crate) fn on() -> bool {
+        WRITE_THROUGH.with(std::cell::Cell::get)
+    }
+}
+
+impl Drop for WriteThrough {
+    fn drop(&mut self) {
+        WRITE_THROUGH.with(|w| w.set(self.before));
     }
 }

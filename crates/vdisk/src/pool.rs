@@ -82,11 +82,13 @@ pub fn run_all<'a, T: Send + 'a>(jobs: Vec<Job<'a, T>>) -> Vec<T> {
     });
     let mut jobs = jobs.into_iter();
     let first = jobs.next().expect("at least two jobs");
+    let through = crate::pdisk::WriteThrough::on();
     {
         let tx = pool().tx.lock().expect("pool sender");
         for (job, outcome) in jobs.zip(&outcomes[1..]) {
             let latch = latch.clone();
             let task = move || {
+                let _through = crate::pdisk::WriteThrough::set(through);
                 let r = catch_unwind(AssertUnwindSafe(job));
                 *outcome.lock().expect("outcome lock") = Some(r);
                 let mut left = latch.left.lock().expect("latch lock");

@@ -191,6 +191,13 @@ impl BlockDevice for Vdisk {
         Ok(())
     }
 
+    /// The stripes' strips and parity written through to their pdisks (FUA): one round
+    /// trip per pdisk where a write and a flush take two, and nothing left for a flush.
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let _through = crate::pdisk::WriteThrough::set(true);
+        self.write_at(buf, offset)
+    }
+
     /// Flushes every pdisk of the array that received writes since its last flush. A
     /// pdisk that fails to flush is declared dead; the flush fails only when more pdisks
     /// failed than the vdisk's code tolerates.

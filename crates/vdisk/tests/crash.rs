@@ -196,6 +196,14 @@ fn write_loop(
             .lock()
             .unwrap()
             .record(&format!("W {id} {first} {sectors}"));
+        if next() % 5 == 0 {
+            // A synchronous write: its strips and parity go to the pdisks written through
+            // (FUA), durable on return without a flush.
+            v.write_fua(&write_content(id, first, sectors), first * SECTOR)
+                .unwrap();
+            ledger.lock().unwrap().record(&format!("D {id}"));
+            continue;
+        }
         v.write_at(&write_content(id, first, sectors), first * SECTOR)
             .unwrap();
         if next() % 4 == 0 {

@@ -120,3 +120,53 @@ fn flush_returns_only_after_a_concurrent_flush_of_the_same_pdisk_is_durable() {
     );
     da.close().unwrap();
 }
+
+/// A synchronous write of a vdisk (`write_fua`) goes to every pdisk written through: when
+/// it returns, no drive holds any of it in its volatile cache, and it sent no flush (an
+/// earlier plain write is still cached), for a whole stripe and for a read-modify-write of
+/// part of one.
+#[test]
+fn a_write_through_leaves_nothing_in_the_pdisks_caches() {
+    let t = make_pdisks(12, 6, 64 * MIB);
+    let da = create(&t, DaOptions::default());
+    let code = Code::parse("8+2p").unwrap();
+    da.create_vdisk("v", code, BLOCK, VdiskSize::Bytes(16 * MIB))
+        .unwrap();
+    da.close().unwrap();
+    drop(da);
+    let gate = Arc::new(Gate::default());
+    let drives: Arc<Mutex<Vec<Arc<SimDrive>>>> = Arc::default();
+    let opts = DaOptions {
+        opener: Some(cached_drives(&gate, &drives)),
+        ..DaOptions::default()
+    };
+    let da = DeclusteredArray::open_with("da1", &t.paths(), &opts).unwrap();
+    let v = da.vdisk("v").unwrap();
+    v.flush().unwrap();
+    let cached = || -> Vec<(String, u64)> {
+        drives
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| (d.name().to_string(), d.unflushed_bytes()))
+            .filter(|(_, b)| *b > 0)
+            .collect()
+    };
+    assert!(cached().is_empty(), "clean after a flush: {:?}", cached());
+    // A plain write stays in the caches until a flush; the writes through below send
+    // none, so it is still there after them, and they leave nothing cached of their own.
+    v.write_at(&pattern(8192, 13), 5 * BLOCK).unwrap();
+    let plain = cached();
+    assert!(!plain.is_empty(), "a plain write is cached");
+    let whole = pattern(BLOCK as usize, 11);
+    v.write_fua(&whole, 2 * BLOCK).unwrap();
+    assert_eq!(cached(), plain, "a whole stripe written through");
+    let part = pattern(8192, 12);
+    v.write_fua(&part, 3 * BLOCK + 4096).unwrap();
+    assert_eq!(cached(), plain, "a read-modify-write written through");
+    v.flush().unwrap();
+    assert!(cached().is_empty());
+    assert!(read(&*v, 2 * BLOCK, BLOCK as usize).unwrap()[..] == whole[..]);
+    assert!(read(&*v, 3 * BLOCK + 4096, 8192).unwrap()[..] == part[..]);
+    da.close().unwrap();
+}
