@@ -53,12 +53,7 @@ impl Drop for Setup {
 /// A drive server with one 64 MiB namespace exported on two ports of 127.0.0.1; port 2's
 /// ANA group 1 is in `port2_ana`. `allowed`: None allows any host.
 fn start(port2_ana: &str, allowed: Option<&[&str]>) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("drive.img");
-    std::fs::File::create(&file)
-        .unwrap()
-        .set_len(DRIVE_BYTES)
-        .unwrap();
+    let (dir, file) = drive_file();
     let config = config_json(&file, port2_ana, allowed);
     let config = TargetConfig::from_json_str(&config).unwrap();
     let server = DriveServer::start(config).unwrap();
@@ -69,6 +64,17 @@ fn start(port2_ana: &str, allowed: Option<&[&str]>) -> Setup {
         server: Some(server),
         _dir: dir,
     }
+}
+
+/// A fresh drive file of `DRIVE_BYTES` in a temporary directory.
+fn drive_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("drive.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(DRIVE_BYTES)
+        .unwrap();
+    (dir, file)
 }
 
 fn config_json(file: &Path, port2_ana: &str, allowed: Option<&[&str]>) -> String {
@@ -813,12 +819,7 @@ fn a_gated_host_is_fenced_and_subsystems_come_and_go_while_serving() {
 /// leaves the next flush something to send.
 #[test]
 fn fua_writes_are_durable_at_completion_and_leave_no_flush_to_send() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("drive.img");
-    std::fs::File::create(&file)
-        .unwrap()
-        .set_len(DRIVE_BYTES)
-        .unwrap();
+    let (_dir, file) = drive_file();
     let text = config_json(&file, "optimized", None).replacen(
         r#""enable": 1,"#,
         r#""enable": 1, "volatile_write_cache": {"early_destage_one_in": 0},"#,

@@ -58,7 +58,7 @@ impl Gate {
 }
 
 /// Drives behind volatile write caches that never destage on their own.
-fn cached_drives(gate: &Arc<Gate>, drives: &Arc<Mutex<Vec<Arc<SimDrive>>>>) -> DeviceOpener {
+fn cached_drives(gate: &Arc<Gate>, drives: &Drives) -> DeviceOpener {
     let (gate, drives) = (gate.clone(), drives.clone());
     Arc::new(move |path: &Path| {
         let cache = VolatileCacheConfig {
@@ -75,8 +75,11 @@ fn cached_drives(gate: &Arc<Gate>, drives: &Arc<Mutex<Vec<Arc<SimDrive>>>>) -> D
     })
 }
 
-#[test]
-fn flush_returns_only_after_a_concurrent_flush_of_the_same_pdisk_is_durable() {
+type Drives = Arc<Mutex<Vec<Arc<SimDrive>>>>;
+
+/// An array of twelve pdisks with an 8+2p vdisk "v", opened again over drives behind
+/// volatile caches (listed in the returned drives) whose flushes `gate` can hold.
+fn cached_array() -> (TestPdisks, Arc<Gate>, Drives, Arc<DeclusteredArray>) {
     let t = make_pdisks(12, 6, 64 * MIB);
     let da = create(&t, DaOptions::default());
     let code = Code::parse("8+2p").unwrap();
@@ -84,14 +87,19 @@ fn flush_returns_only_after_a_concurrent_flush_of_the_same_pdisk_is_durable() {
         .unwrap();
     da.close().unwrap();
     drop(da);
-
     let gate = Arc::new(Gate::default());
-    let drives = Arc::default();
+    let drives: Drives = Arc::default();
     let opts = DaOptions {
         opener: Some(cached_drives(&gate, &drives)),
         ..DaOptions::default()
     };
     let da = DeclusteredArray::open_with("da1", &t.paths(), &opts).unwrap();
+    (t, gate, drives, da)
+}
+
+#[test]
+fn flush_returns_only_after_a_concurrent_flush_of_the_same_pdisk_is_durable() {
+    let (_t, gate, drives, da) = cached_array();
     let v = da.vdisk("v").unwrap();
     v.write_at(&pattern(BLOCK as usize, 7), 0).unwrap();
 
@@ -127,20 +135,7 @@ fn flush_returns_only_after_a_concurrent_flush_of_the_same_pdisk_is_durable() {
 /// part of one.
 #[test]
 fn a_write_through_leaves_nothing_in_the_pdisks_caches() {
-    let t = make_pdisks(12, 6, 64 * MIB);
-    let da = create(&t, DaOptions::default());
-    let code = Code::parse("8+2p").unwrap();
-    da.create_vdisk("v", code, BLOCK, VdiskSize::Bytes(16 * MIB))
-        .unwrap();
-    da.close().unwrap();
-    drop(da);
-    let gate = Arc::new(Gate::default());
-    let drives: Arc<Mutex<Vec<Arc<SimDrive>>>> = Arc::default();
-    let opts = DaOptions {
-        opener: Some(cached_drives(&gate, &drives)),
-        ..DaOptions::default()
-    };
-    let da = DeclusteredArray::open_with("da1", &t.paths(), &opts).unwrap();
+    let (_t, _gate, drives, da) = cached_array();
     let v = da.vdisk("v").unwrap();
     v.flush().unwrap();
     let cached = || -> Vec<(String, u64)> {
