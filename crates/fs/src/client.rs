@@ -108,6 +108,12 @@ impl FileSystem {
         if let Err(e) = self.owner_here("answering a metanode request") {
             return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
         }
+        if let MetanodeRequest::Leaving = request {
+            if let Some(node) = origin {
+                self.owner().meta.holders.forget(node);
+            }
+            return encode(&MetanodeReply::Done);
+        }
         if let MetanodeRequest::Lock { ino, call } = request {
             let reply = match Namespace::lock(self, ino, call, origin) {
                 Ok(conflict) => MetanodeReply::Lock(conflict),

@@ -1220,6 +1220,9 @@ impl FileSystem {
         self.sync()?;
         if self.owner.is_none() {
             self.give_back_all_kept();
+            if let Some(remote) = self.remote.get() {
+                remote.leave();
+            }
             return Ok(());
         }
         self.checkpoint()

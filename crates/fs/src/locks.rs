@@ -941,6 +941,14 @@ impl crate::fs::FileSystem {
             .sum()
     }
 
+    /// How many inodes other nodes hold read tokens on at this owner (a diagnostic).
+    pub fn read_tokens_granted(&self) -> usize {
+        if !self.is_owner() {
+            return 0;
+        }
+        self.owner().meta.holders.tracked()
+    }
+
     /// How many files this mount keeps the data token of (a diagnostic).
     pub fn kept_data_tokens(&self) -> usize {
         self.kept_data.len()

@@ -195,6 +195,12 @@ pub enum MetanodeRequest {
     GiveBackData {
         inos: Vec<Ino>,
     },
+    /// Client to owner at its unmount: forget what this node holds (`read_tokens.rs`).
+    /// Without it the owner kept the node recorded as a holder of every inode it had
+    /// read until a change revoked each one (a round trip to a mount that is gone), and a
+    /// client that had read many files left the owner's bounded table full, so that other
+    /// nodes were granted nothing new.
+    Leaving,
 }
 
 std::thread_local! {
@@ -620,7 +626,7 @@ where
         }
         // The owner's own mount holds no views to drop (a took-over node's client mount
         // answers these itself).
-        Q::DropHeld { .. } | Q::GiveBackData { .. } => R::Done,
+        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving => R::Done,
     }
 }
 
@@ -690,7 +696,8 @@ pub(crate) fn cache_changes(
         | Q::FenceSettled { .. }
         | Q::Lock { .. }
         | Q::DropHeld { .. }
-        | Q::GiveBackData { .. } => Vec::new(),
+        | Q::GiveBackData { .. }
+        | Q::Leaving => Vec::new(),
     }
 }
 
@@ -1187,6 +1194,15 @@ impl RemoteMetanode {
 
     fn done(&self, request: MetanodeRequest) -> FsResult<()> {
         expect_reply!(self.call(request)?, MetanodeReply::Done => (), "done")
+    }
+
+    /// Tells the owner this mount is going (`MetanodeRequest::Leaving`); best effort: an
+    /// owner that does not hear it revokes what the node held one change at a time, as
+    /// before.
+    pub(crate) fn leave(&self) {
+        if let Err(e) = self.done(MetanodeRequest::Leaving) {
+            tracing::info!("telling the owner this mount is going: {e}");
+        }
     }
 
     fn attr_of(&self, request: MetanodeRequest) -> FsResult<Attr> {
@@ -1765,6 +1781,7 @@ mod tests {
             },
             MetanodeRequest::DropHeld { inos: vec![5, 9] },
             MetanodeRequest::GiveBackData { inos: vec![12] },
+            MetanodeRequest::Leaving,
         ];
         for r in requests {
             let bytes = encode(&r);

@@ -203,6 +203,22 @@ impl ReadHolders {
         true
     }
 
+    /// Forgets every inode `holder` holds: its mount is going (`MetanodeRequest::
+    /// Leaving`), so there is nothing left to revoke there.
+    pub(crate) fn forget(&self, holder: Origin) {
+        let mut table = self.table.lock();
+        table.holders.retain(|_, of| {
+            of.retain(|h| *h != holder);
+            !of.is_empty()
+        });
+        self.count.store(table.holders.len(), Ordering::Release);
+    }
+
+    /// How many inodes some node holds copies of.
+    pub(crate) fn tracked(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
     /// Takes the holders of every inode `changes` touch, for this thread to revoke once it
     /// lets the metadata lock go, and notes those the serving node holds for its answer;
     /// the caller holds that lock, so every holder recorded before these changes is found.

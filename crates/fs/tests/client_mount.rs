@@ -1554,8 +1554,12 @@ fn a_client_knows_every_name_of_a_directory_it_made() {
 #[test]
 fn a_client_gives_back_its_kept_data_tokens_when_it_unmounts() {
     // Otherwise the owner would keep them recorded for a mount that is gone, and take each
-    // back with a revocation the next time another mount writes the file.
-    let (t, owner, client, _, _) = owner_and_client_as_node_two();
+    // back with a revocation the next time another mount writes the file. So with the read
+    // tokens: the owner forgets what the node held (before, each stayed recorded until a
+    // change revoked it, and a client that had read many files left the owner's bounded
+    // table full).
+    use std::sync::atomic::Ordering::Relaxed;
+    let (t, owner, client, _, revoked) = owner_and_client_as_node_two();
     let inos: Vec<u64> = (0..5)
         .map(|i| {
             let ino = create_file(&client, ROOT_INO, format!("u{i}").as_bytes()).ino;
@@ -1564,6 +1568,11 @@ fn a_client_gives_back_its_kept_data_tokens_when_it_unmounts() {
         })
         .collect();
     assert_eq!(owner.kept_data_tokens_granted(), 5);
+    for ino in &inos {
+        assert_eq!(client.read(*ino, 0, 5000).unwrap().len(), 5000);
+        client.getattr(*ino).unwrap();
+    }
+    assert!(owner.read_tokens_granted() >= inos.len());
     client.unmount().unwrap();
     assert_eq!(client.kept_data_tokens(), 0);
     assert_eq!(
@@ -1571,12 +1580,22 @@ fn a_client_gives_back_its_kept_data_tokens_when_it_unmounts() {
         0,
         "kept tokens outlived the mount"
     );
-    // The owner's writes meet no kept token (only the views the client read, which an
-    // unmounted node's daemon answers at once).
+    assert_eq!(
+        owner.read_tokens_granted(),
+        0,
+        "read tokens outlived the mount"
+    );
+    // The owner's writes meet no kept token and revoke nothing.
+    let before = revoked.load(Relaxed);
     for ino in &inos {
         owner.write(*ino, 10, b"after", false).unwrap();
     }
     assert_eq!(owner.kept_data_tokens_granted(), 0);
+    assert_eq!(
+        revoked.load(Relaxed),
+        before,
+        "revocations sent to a mount that is gone"
+    );
     owner.unmount().unwrap();
     drop((client, owner));
     assert_fsck_clean(&t, "after a client unmounted with kept tokens");
