@@ -157,6 +157,9 @@ impl FileSystem {
         // Another node may keep what it reads until this owner revokes it; it is recorded
         // as holding the inode before what it is answered is read (`read_tokens.rs`).
         let holders = &self.owner().meta.holders;
+        if let (Some(_), Some(gone)) = (origin, self.holder_gone.get()) {
+            holders.sweep_if_full(&**gone);
+        }
         let held = match (&request, origin) {
             (
                 MetanodeRequest::View { ino, .. }

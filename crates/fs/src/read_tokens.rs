@@ -71,7 +71,13 @@ struct Table {
     holders: HashMap<Ino, Vec<Origin>>,
     /// When each inode was last revoked from another node (`HOT_WINDOW`).
     revoked: HashMap<Ino, Instant>,
+    /// When the full table was last swept of holders gone from the cluster.
+    swept: Option<Instant>,
 }
+
+/// How often a full table may be swept of holders gone from the cluster: a table full of
+/// live holders is not swept on every request.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The owner's record of which nodes hold copies of which inodes.
 #[derive(Default)]
@@ -212,6 +218,32 @@ impl ReadHolders {
             !of.is_empty()
         });
         self.count.store(table.holders.len(), Ordering::Release);
+    }
+
+    /// When the table is full: forgets the holders whose node `gone` says is gone from the
+    /// cluster (expelled, or a new incarnation), at most once per `SWEEP_INTERVAL`. A node
+    /// that died never unmounts (`forget`), and what it held stayed recorded until each
+    /// inode changed, keeping the table full and every other node granted nothing new.
+    pub(crate) fn sweep_if_full(&self, gone: &dyn Fn(Origin) -> bool) {
+        if self.count.load(Ordering::Acquire) < HELD_INODES_MAX {
+            return;
+        }
+        let origins: Vec<Origin> = {
+            let mut table = self.table.lock();
+            if table.swept.is_some_and(|at| at.elapsed() < SWEEP_INTERVAL) {
+                return;
+            }
+            table.swept = Some(Instant::now());
+            let mut origins: Vec<Origin> = table.holders.values().flatten().copied().collect();
+            origins.sort_unstable_by_key(|o| (o.node, o.incarnation));
+            origins.dedup();
+            origins
+        };
+        // Asked without the table locked: the answer may take the daemon's own locks.
+        let dead: Vec<Origin> = origins.into_iter().filter(|o| gone(*o)).collect();
+        for holder in dead {
+            self.forget(holder);
+        }
     }
 
     /// How many inodes some node holds copies of.
@@ -559,6 +591,35 @@ impl HeldCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A full table of holders whose node is gone is swept at the next grant that finds it
+    /// full, once per interval, and then grants to a live node again.
+    #[test]
+    fn a_full_table_is_swept_of_holders_gone_from_the_cluster() {
+        let holders = ReadHolders::default();
+        assert!(holders.revoke.set(Box::new(|_, _| {})).is_ok());
+        let dead = Origin {
+            node: 2,
+            incarnation: 1,
+        };
+        let live = Origin {
+            node: 3,
+            incarnation: 1,
+        };
+        for ino in 0..HELD_INODES_MAX as Ino {
+            assert!(holders.grant(ino, dead));
+        }
+        assert!(!holders.grant(1 << 40, live), "full");
+        holders.sweep_if_full(&|o| o == live);
+        assert!(!holders.grant(1 << 40, live), "nobody was gone: still full");
+        // Within the interval nothing is asked again; after it, the dead node's go.
+        holders.sweep_if_full(&|o| o == dead);
+        assert_eq!(holders.tracked(), HELD_INODES_MAX);
+        holders.table.lock().swept = None;
+        holders.sweep_if_full(&|o| o == dead);
+        assert_eq!(holders.tracked(), 0);
+        assert!(holders.grant(1 << 40, live));
+    }
 
     #[test]
     fn what_a_name_change_made_is_kept_only_if_it_flew_alone() {
