@@ -299,6 +299,16 @@ fn delete_disks_from_a_mounted_file_system_and_from_an_unmounted_one() {
     }
 }
 
+/// The line of `fs ls FS` that says `what`.
+fn fs_ls_line(node: &Node, fs: &str, what: &str) -> String {
+    let shown = node.ok(&["fs", "ls", fs]);
+    shown
+        .lines()
+        .find(|l| l.contains(what))
+        .unwrap_or_else(|| panic!("{shown}"))
+        .to_owned()
+}
+
 #[test]
 fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
     if !fuse_usable() {
@@ -318,28 +328,8 @@ fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
         ],
     );
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("rmnt");
-    node.mounts.push(mnt.clone());
-    node.ok(&[
-        "fs",
-        "create",
-        "rfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-        "-r",
-        "2",
-    ]);
-    let shown = node.ok(&["fs", "ls", "rfs"]);
-    let line = shown
-        .lines()
-        .find(|l| l.contains("Default number of data replicas"))
-        .unwrap_or_else(|| panic!("{shown}"));
+    let mnt = node.create_fs_with("rfs", &stanza, "rmnt", &["-r", "2"]);
+    let line = fs_ls_line(&node, "rfs", "Default number of data replicas");
     assert!(line.starts_with("-r ") && line.contains(" 2 "), "{line}");
     node.ok(&["mount", "rfs"]);
     let mut files = Vec::new();
@@ -452,30 +442,8 @@ fn metadata_and_data_copies_survive_the_loss_of_either_failure_group() {
         ],
     );
     node.ok(&["nsd", "create", "-F", s(&stanza)]);
-    let mnt = node.path("mmnt");
-    node.mounts.push(mnt.clone());
-    node.ok(&[
-        "fs",
-        "create",
-        "mfs",
-        "-F",
-        s(&stanza),
-        "-B",
-        "1M",
-        "-T",
-        s(&mnt),
-        "-A",
-        "no",
-        "-m",
-        "2",
-        "-r",
-        "2",
-    ]);
-    let shown = node.ok(&["fs", "ls", "mfs"]);
-    let line = shown
-        .lines()
-        .find(|l| l.contains("Default number of metadata replicas"))
-        .unwrap_or_else(|| panic!("{shown}"));
+    let mnt = node.create_fs_with("mfs", &stanza, "mmnt", &["-m", "2", "-r", "2"]);
+    let line = fs_ls_line(&node, "mfs", "Default number of metadata replicas");
     assert!(line.starts_with("-m ") && line.contains(" 2 "), "{line}");
     let err = node.fails(&["fs", "change", "mfs", "-m", "1"]);
     assert!(err.contains("not implemented"), "{err}");

@@ -186,9 +186,20 @@ impl Node {
     /// `stanza`, with mount point `mount_dir` under the node's directory, which it
     /// returns (and unmounts when the node goes away).
     pub fn create_fs(&mut self, name: &str, stanza: &Path, mount_dir: &str) -> PathBuf {
+        self.create_fs_with(name, stanza, mount_dir, &[])
+    }
+
+    /// [`Node::create_fs`] with `more` options of `fs create` (`-r 2`, `-m 2`, ...).
+    pub fn create_fs_with(
+        &mut self,
+        name: &str,
+        stanza: &Path,
+        mount_dir: &str,
+        more: &[&str],
+    ) -> PathBuf {
         let mnt = self.path(mount_dir);
         self.mounts.push(mnt.clone());
-        self.ok(&[
+        let mut args = vec![
             "fs",
             "create",
             name,
@@ -200,7 +211,9 @@ impl Node {
             s(&mnt),
             "-A",
             "no",
-        ]);
+        ];
+        args.extend_from_slice(more);
+        self.ok(&args);
         mnt
     }
 
