@@ -12,7 +12,7 @@
 //! 0        8          12           20        24       28       32
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! | magic  | version  | generation | length  | crc32c | zero   | payload (postcard)   |
-//! | TSRFSD01 | u32 = 7 | u64        | u32     | u32    | u32    | `length` bytes       |
+//! | TSRFSD01 | u32 = 8 | u64        | u32     | u32    | u32    | `length` bytes       |
 //! +--------+----------+------------+---------+--------+--------+----------------------+
 //! ```
 //! The crc covers the payload; the generation is repeated inside the payload and must match.
@@ -43,8 +43,11 @@ use crate::error::{FsError, FsResult};
 /// `MapCopies` and `SetReplicas`), so versions 3 to 5 read as version 6 with one copy;
 /// version 7 added metadata replication (`metadata_copies`, last; metadata pages of
 /// version 2, whose branch pointers carry a second address), so versions 3 to 6 read as
-/// version 7 with one metadata copy.
-const SLOT_VERSION: u32 = 7;
+/// version 7 with one metadata copy; version 8 added owner slots (`slots`, last; see
+/// `slot.rs`), so versions 3 to 7 read as version 8 with none.
+const SLOT_VERSION: u32 = 8;
+/// The format whose descriptor lacks only the owner slots.
+const SLOT_VERSION_NO_SLOTS: u32 = 7;
 /// The format whose descriptor lacks only the metadata copies.
 const SLOT_VERSION_NO_METADATA_COPIES: u32 = 6;
 /// The format whose descriptor lacks only the replication settings.
@@ -197,8 +200,11 @@ pub struct FsDescriptor {
     /// Last but one.
     pub replication: Option<Replication>,
     /// Where the second copies of the metadata live (`-m 2`); `None` with one copy.
-    /// Always the last field.
+    /// Last but one.
     pub metadata_copies: Option<MetadataCopies>,
+    /// The owner slots beyond slot 0 (the descriptor's own), by slot number; `None` until
+    /// the first is made. Always the last field.
+    pub slots: Option<Vec<crate::slot::SlotRegion>>,
 }
 
 /// The second copy of everything the metadata consists of, each on a metadata disk of a
@@ -390,6 +396,7 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     if ![
         SLOT_VERSION,
+        SLOT_VERSION_NO_SLOTS,
         SLOT_VERSION_NO_METADATA_COPIES,
         SLOT_VERSION_NO_REPLICATION,
         SLOT_VERSION_NO_POLICY,
@@ -417,10 +424,11 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     // Older versions lack trailing optional fields; postcard writes `None` as one zero byte.
     let missing = match version {
-        SLOT_VERSION_NO_MAP => 4,
-        SLOT_VERSION_NO_POLICY => 3,
-        SLOT_VERSION_NO_REPLICATION => 2,
-        SLOT_VERSION_NO_METADATA_COPIES => 1,
+        SLOT_VERSION_NO_MAP => 5,
+        SLOT_VERSION_NO_POLICY => 4,
+        SLOT_VERSION_NO_REPLICATION => 3,
+        SLOT_VERSION_NO_METADATA_COPIES => 2,
+        SLOT_VERSION_NO_SLOTS => 1,
         _ => 0,
     };
     let desc: FsDescriptor = if missing > 0 {

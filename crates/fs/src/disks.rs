@@ -522,7 +522,12 @@ impl FileSystem {
                 .is_some_and(|map| map.regions.iter().any(|r| r.on_disk == i))
                 || desc.metadata_copies.as_ref().is_some_and(|c| {
                     c.log_disk == i || c.map_regions.iter().any(|r| r.on_disk == i)
-                });
+                })
+                || desc
+                    .slots
+                    .iter()
+                    .flatten()
+                    .any(|r| r.copies().iter().any(|(d, _)| *d == i));
             // Every block free, not only every sub-block: the allocator lets a disk go
             // only whole.
             let busy = s.blocks_free != s.blocks_total;

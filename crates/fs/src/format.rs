@@ -356,6 +356,7 @@ fn format_inner(
         alloc_map: None,
         policy: None,
         metadata_copies: None,
+        slots: None,
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
     let total = devices.len() as u64 + 3;

@@ -227,6 +227,9 @@ impl FileSystem {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
         let mut desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
+        for why in crate::slot::check_records(&desc, &devices) {
+            tracing::error!("{why}");
+        }
         let mut recovered =
             crate::recovery::recover(&desc, &devices, crate::recovery::MapSource::Stored)?;
         if !recovered.conflicts.is_empty() {

@@ -57,6 +57,9 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         problems: rec.conflicts.clone(),
         ..Default::default()
     };
+    report
+        .problems
+        .extend(crate::slot::check_records(&desc, &disk_set));
     let fixes = check(&desc, &mut rec.state, &mut report)?;
     report.ill_replicated_metadata = ill_replicated_metadata(&desc, &mut rec.state)?;
     // The stored allocation map against the one rebuilt from the metadata (after replay, both).
@@ -108,7 +111,12 @@ fn ill_replicated_metadata(desc: &crate::FsDescriptor, state: &mut MetaState) ->
             .map(|d| d.failure_group)
     };
     let apart = |a: u16, b: Option<u16>| b.is_some_and(|b| group_of(a) != group_of(b));
-    let mut ill = 0u64;
+    let mut ill = desc
+        .slots
+        .iter()
+        .flatten()
+        .filter(|r| !apart(r.disk, r.second.map(|s| s.disk)))
+        .count() as u64;
     let (store, trees) = state.trees_mut();
     for tree in trees {
         store

@@ -38,6 +38,7 @@ pub mod replication;
 mod report;
 pub mod restripe;
 mod shard_tree;
+pub mod slot;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
 pub use descriptor::{

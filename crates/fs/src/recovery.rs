@@ -375,7 +375,7 @@ pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
 }
 
 /// Every extent the metadata references, with a label for error messages: the log, the
-/// allocation map's regions, the metadata pages the shard trees reach, and every file block.
+/// allocation map's regions, the owner slots' regions, the metadata pages the shard trees reach, and every file block.
 pub(crate) fn referenced_extents(
     desc: &FsDescriptor,
     state: &mut MetaState,
@@ -389,6 +389,14 @@ pub(crate) fn referenced_extents(
             .into_iter()
             .map(|e| (e, "allocation map region".to_string())),
     );
+    for region in desc.slots.iter().flatten() {
+        out.extend(
+            region
+                .extents(desc)
+                .into_iter()
+                .map(|e| (e, format!("owner slot {}", region.slot))),
+        );
+    }
     let (store, trees) = state.trees_mut();
     for (s, tree) in trees.into_iter().enumerate() {
         let mut pages = Vec::new();

@@ -100,6 +100,8 @@ pub struct RestripeProgress {
     pub map_regions_moved: u64,
     /// The recovery log moved off a disk being emptied (`-m`).
     pub log_moved: bool,
+    /// Owner slot regions (records and log) moved off the disks being emptied (`-m`).
+    pub slot_regions_moved: u64,
 }
 
 /// What a finished (or stopped) restripe did.
@@ -237,6 +239,8 @@ impl FileSystem {
                 report.progress.map_regions_moved +=
                     self.move_map_regions_off(&leaving, false)? as u64;
                 report.progress.log_moved |= self.move_log_off(&leaving, false)?;
+                report.progress.slot_regions_moved +=
+                    self.move_slot_regions_off(&leaving, false)? as u64;
                 progress(&report.progress);
             }
         }
@@ -312,6 +316,7 @@ impl FileSystem {
         }
         report.progress.map_regions_moved += self.move_map_regions_off(&down, true)? as u64;
         report.progress.log_moved |= self.move_log_off(&down, true)?;
+        report.progress.slot_regions_moved += self.move_slot_regions_off(&down, true)? as u64;
         progress(&report.progress);
         Ok(())
     }

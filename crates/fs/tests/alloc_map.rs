@@ -228,28 +228,35 @@ fn make_version_3(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.alloc_map = None;
     desc.replication = None;
-    rewrite_as(t, desc, 3, 4);
+    rewrite_as(t, desc, 3, 5);
 }
 
 /// Rewrites the newest descriptor as format version 4 wrote it: no `policy`.
 fn make_version_4(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 4, 3);
+    rewrite_as(t, desc, 4, 4);
 }
 
 /// Rewrites the newest descriptor as format version 5 wrote it: no `replication`.
 fn make_version_5(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 5, 2);
+    rewrite_as(t, desc, 5, 3);
 }
 
 /// Rewrites the newest descriptor as format version 6 wrote it: no `metadata_copies`.
 fn make_version_6(t: &TestDisks) {
     let desc = descriptor_on_disk(t);
     assert!(desc.metadata_copies.is_none(), "one metadata copy");
-    rewrite_as(t, desc, 6, 1);
+    rewrite_as(t, desc, 6, 2);
+}
+
+/// Rewrites the newest descriptor as format version 7 wrote it: no `slots`.
+fn make_version_7(t: &TestDisks) {
+    let desc = descriptor_on_disk(t);
+    assert!(desc.slots.is_none(), "no owner slot");
+    rewrite_as(t, desc, 7, 1);
 }
 
 /// Writes `desc` as the next generation in format `version`, without its last `missing`
@@ -327,13 +334,13 @@ fn slot_version(t: &TestDisks) -> u32 {
 }
 
 #[test]
-fn a_format_4_file_system_mounts_as_format_7_without_a_policy() {
+fn a_format_4_file_system_mounts_as_format_8_without_a_policy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 7);
+    assert_eq!(slot_version(&t), 8);
     make_version_4(&t);
     assert_eq!(slot_version(&t), 4);
     assert_fsck_clean(&t);
@@ -347,7 +354,7 @@ fn a_format_4_file_system_mounts_as_format_7_without_a_policy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 7, "the first checkpoint writes version 7");
+    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
     assert_eq!(descriptor_on_disk(&t).policy, None);
     assert_fsck_clean(&t);
     let fs = mount(&t);
@@ -357,7 +364,7 @@ fn a_format_4_file_system_mounts_as_format_7_without_a_policy() {
 }
 
 #[test]
-fn a_format_5_file_system_mounts_as_format_7_with_one_copy() {
+fn a_format_5_file_system_mounts_as_format_8_with_one_copy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -372,7 +379,7 @@ fn a_format_5_file_system_mounts_as_format_7_with_one_copy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 7, "the first checkpoint writes version 7");
+    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);
@@ -380,7 +387,7 @@ fn a_format_5_file_system_mounts_as_format_7_with_one_copy() {
 }
 
 #[test]
-fn a_format_6_file_system_mounts_as_format_7_with_one_metadata_copy() {
+fn a_format_6_file_system_mounts_as_format_8_with_one_metadata_copy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -395,7 +402,34 @@ fn a_format_6_file_system_mounts_as_format_7_with_one_metadata_copy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 7, "the first checkpoint writes version 7");
+    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
+    let fs = mount(&t);
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_format_7_file_system_mounts_as_format_8_without_owner_slots() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    make_version_7(&t);
+    assert_eq!(slot_version(&t), 7);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert!(fs.slots().unwrap().is_empty());
+    assert_files(&fs, &files);
+    let more = churn(&fs, 1);
+    // The first slot of a converted file system is made as on a new one.
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
+    assert_eq!(descriptor_on_disk(&t).slots.map(|s| s.len()), Some(1));
+    assert_fsck_clean(&t);
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);

@@ -955,6 +955,9 @@ pub struct RestripeDone {
     pub map_regions_moved: u64,
     /// The recovery log moved off a disk being emptied (`-m`).
     pub log_moved: bool,
+    /// Owner slot regions moved off disks being emptied (`-m`).
+    #[serde(default)]
+    pub slot_regions_moved: u64,
     /// Copies of metadata pages read and checked, and rewritten from the other copy (`-c`
     /// and `-r` with two metadata copies).
     #[serde(default)]

@@ -857,6 +857,7 @@ fn print_restripe(device: &str, done: &RestripeDone, verb: &str) {
         metadata_pages_moved,
         map_regions_moved,
         log_moved,
+        slot_regions_moved,
         metadata_copies_checked,
         metadata_copies_repaired,
         blocks_changed,
@@ -882,6 +883,12 @@ fn print_restripe(device: &str, done: &RestripeDone, verb: &str) {
     );
     if log_moved {
         println!("The recovery log moved to another disk.");
+    }
+    if slot_regions_moved > 0 {
+        println!(
+            "{slot_regions_moved} owner slot region{} moved to other disks.",
+            if slot_regions_moved == 1 { "" } else { "s" }
+        );
     }
     if metadata_copies_checked > 0 {
         println!(

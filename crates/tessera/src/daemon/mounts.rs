@@ -1231,6 +1231,7 @@ pub(super) fn restripe_done(
         metadata_pages_moved: report.progress.metadata_pages_moved,
         map_regions_moved: report.progress.map_regions_moved,
         log_moved: report.progress.log_moved,
+        slot_regions_moved: report.progress.slot_regions_moved,
         metadata_copies_checked: report.progress.metadata_copies_checked,
         metadata_copies_repaired: report.progress.metadata_copies_repaired,
         blocks_changed: report.blocks_changed,

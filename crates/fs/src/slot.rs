@@ -1,0 +1,828 @@
+//! Owner slots (format version 8): where a node other than the file system manager keeps the
+//! shards it owns, so that several nodes own shards of one file system at once, each with
+//! its own recovery log and its own checkpoint commit point (ARCHITECTURE.md, "Shards owned
+//! where they are used").
+//!
+//! Slot 0 is the file system manager's and is the descriptor itself: its checkpoint, log and
+//! shard roots stay where they were before slots existed, so a one-node file system does not
+//! change on disk. Slots 1 and up are made when a node first takes one, each a *slot region*
+//! of whole blocks on a metadata disk (a second copy on another failure group with `-m 2`)
+//! that the descriptor lists ([`SlotRegion`]):
+//!
+//! ```text
+//! offset        +R              +2R                                          +bytes
+//! +-------------+---------------+--------------------------------------------+
+//! | record A    | record B      | the slot's recovery log (tessera-journal)  |
+//! | even gens   | odd gens      | its own log id, LSNs of its own            |
+//! +-------------+---------------+--------------------------------------------+
+//! R = record_bytes: the record for every shard of the file system, in whole 4 KiB sectors
+//! ```
+//!
+//! A record ([`SlotRecord`]) is the slot's checkpoint commit point, written through (FUA) to
+//! the half of its generation's parity, so that a torn record write leaves the other half,
+//! one generation older, to read. Little endian:
+//!
+//! ```text
+//! 0        8         12       16          24       28       32              48
+//! +--------+---------+--------+-----------+--------+--------+---------------+
+//! | magic  | version | slot   | generation| length | crc32c | fs uuid       |
+//! |TSRSLOT1| u32 = 1 | u32    | u64       | u32    | u32    | 16 bytes      |
+//! +--------+---------+--------+-----------+--------+--------+---------------+
+//! 48            56                 64            68       72
+//! +-------------+------------------+-------------+--------+----------------------------+
+//! | replay from | page generation  | shard count | zero   | shard entries (32 bytes each)|
+//! | u64 (LSN)   | u64              | u32         | u32    |                            |
+//! +-------------+------------------+-------------+--------+----------------------------+
+//! shard entry: 0 shard u32 | 4 root crc32c u32 | 8 shard generation u64 | 16 root address
+//!              u64 | 24 root's second address u64 (u64::MAX: one copy)
+//! ```
+//!
+//! `length` counts the bytes from 48 on; the crc covers bytes 0 to 48 + length with its own
+//! four bytes taken as zero, so a record of another file system, another slot or a torn
+//! write is refused by name. The remainder of the record's sectors is zero.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tessera_alloc::{DiskAddr, DiskIndex, Extent};
+use tessera_drive::{AlignedBuf, SECTOR_BYTES};
+use tessera_journal::{JournalRegion, Lsn};
+
+use crate::descriptor::{FsDescriptor, ShardRoot, NO_SECOND_COPY};
+use crate::disk_set::DiskSet;
+use crate::error::{FsError, FsResult};
+
+pub const RECORD_MAGIC: [u8; 8] = *b"TSRSLOT1";
+pub const RECORD_VERSION: u32 = 1;
+const HEADER_BYTES: usize = 48;
+const BODY_FIXED_BYTES: usize = 24;
+const SHARD_ENTRY_BYTES: usize = 32;
+
+/// A slot's region as the descriptor lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotRegion {
+    /// 1 and up (slot 0 is the descriptor's own).
+    pub slot: u32,
+    pub disk: u16,
+    /// Byte offset of record A on `disk`, at a block boundary of the data region.
+    pub offset: u64,
+    /// The whole region: both records and the log, whole blocks.
+    pub bytes: u64,
+    /// Bytes of each of the two records.
+    pub record_bytes: u32,
+    /// The id the slot's log was formatted with.
+    pub log_id: [u8; 16],
+    /// The region's second copy with `-m 2`, as large, on a disk of another failure group
+    /// where one had room.
+    pub second: Option<SlotSecondCopy>,
+}
+
+/// Where a slot region's second copy lives, and which copy of its log lacks records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotSecondCopy {
+    pub disk: u16,
+    pub offset: u64,
+    /// As `MetadataCopies::log_behind` for the descriptor's log: 0 the first copy, 1 this one.
+    pub log_behind: Option<u8>,
+}
+
+impl SlotRegion {
+    /// The slot's recovery log, in the first copy's coordinates.
+    pub fn log_region(&self) -> JournalRegion {
+        let records = 2 * u64::from(self.record_bytes);
+        JournalRegion {
+            offset: self.offset + records,
+            bytes: self.bytes - records,
+        }
+    }
+
+    /// (disk, offset of record A) of each copy, the first copy first.
+    pub fn copies(&self) -> Vec<(DiskIndex, u64)> {
+        std::iter::once((self.disk, self.offset))
+            .chain(self.second.map(|s| (s.disk, s.offset)))
+            .collect()
+    }
+
+    /// The blocks of every copy, as the allocation map holds them.
+    pub fn extents(&self, desc: &FsDescriptor) -> Vec<Extent> {
+        let data_start = tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size));
+        let sub = u64::from(desc.sub_block_size);
+        let per = desc.sub_blocks_per_block();
+        let blocks = self.bytes / u64::from(desc.block_size);
+        self.copies()
+            .into_iter()
+            .flat_map(|(disk, offset)| {
+                let first = (offset - data_start) / sub;
+                (0..blocks).map(move |b| Extent {
+                    addr: DiskAddr {
+                        disk,
+                        sub_block: first + b * u64::from(per),
+                    },
+                    sub_blocks: per,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The bytes of one record able to name every one of `shard_count` shards, in whole sectors.
+pub fn record_bytes(shard_count: u32) -> u32 {
+    let bytes = HEADER_BYTES + BODY_FIXED_BYTES + SHARD_ENTRY_BYTES * shard_count as usize;
+    bytes.div_ceil(SECTOR_BYTES as usize) as u32 * SECTOR_BYTES as u32
+}
+
+/// One shard as a slot's checkpoint left it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotShard {
+    pub shard: u32,
+    /// The shard's generation in the owner map when this slot checkpointed it: replay
+    /// applies the slot's records of a shard only while the map still gives it this one.
+    pub generation: u64,
+    pub root: ShardRoot,
+    /// The root page's second address (`-m 2`).
+    pub second: Option<u64>,
+}
+
+/// A slot's checkpoint commit point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotRecord {
+    pub slot: u32,
+    /// The record's own generation: even ones in record A, odd ones in record B.
+    pub generation: u64,
+    /// Records of the slot's log with an end LSN above this are replayed.
+    pub replay_from: Lsn,
+    /// The metadata page generation this slot's last checkpoint wrote.
+    pub page_generation: u64,
+    /// The shards this slot's checkpoint holds, by shard number.
+    pub shards: Vec<SlotShard>,
+}
+
+impl SlotRecord {
+    /// The record a slot starts with: nothing owned, nothing to replay.
+    pub fn empty(slot: u32) -> SlotRecord {
+        SlotRecord {
+            slot,
+            generation: 0,
+            replay_from: 0,
+            page_generation: 0,
+            shards: Vec::new(),
+        }
+    }
+
+    /// The record as it is stored, `record_bytes` long.
+    pub fn encode(&self, fs_uuid: &[u8; 16], record_bytes: u32) -> AlignedBuf {
+        let body_len = BODY_FIXED_BYTES + SHARD_ENTRY_BYTES * self.shards.len();
+        assert!(
+            HEADER_BYTES + body_len <= record_bytes as usize,
+            "a slot record of {} shards does not fit {record_bytes} bytes",
+            self.shards.len()
+        );
+        assert!(
+            self.shards.windows(2).all(|w| w[0].shard < w[1].shard),
+            "a slot record's shards are in order, each once"
+        );
+        let mut buf = AlignedBuf::zeroed(record_bytes as usize);
+        buf[0..8].copy_from_slice(&RECORD_MAGIC);
+        buf[8..12].copy_from_slice(&RECORD_VERSION.to_le_bytes());
+        buf[12..16].copy_from_slice(&self.slot.to_le_bytes());
+        buf[16..24].copy_from_slice(&self.generation.to_le_bytes());
+        buf[24..28].copy_from_slice(&(body_len as u32).to_le_bytes());
+        buf[32..48].copy_from_slice(fs_uuid);
+        let body = &mut buf[HEADER_BYTES..HEADER_BYTES + body_len];
+        body[0..8].copy_from_slice(&self.replay_from.to_le_bytes());
+        body[8..16].copy_from_slice(&self.page_generation.to_le_bytes());
+        body[16..20].copy_from_slice(&(self.shards.len() as u32).to_le_bytes());
+        for (i, s) in self.shards.iter().enumerate() {
+            let e = &mut body[BODY_FIXED_BYTES + i * SHARD_ENTRY_BYTES..][..SHARD_ENTRY_BYTES];
+            e[0..4].copy_from_slice(&s.shard.to_le_bytes());
+            e[4..8].copy_from_slice(&s.root.crc32c.to_le_bytes());
+            e[8..16].copy_from_slice(&s.generation.to_le_bytes());
+            e[16..24].copy_from_slice(&s.root.addr.to_le_bytes());
+            e[24..32].copy_from_slice(&s.second.unwrap_or(NO_SECOND_COPY).to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&buf[..HEADER_BYTES + body_len]);
+        buf[28..32].copy_from_slice(&crc.to_le_bytes());
+        buf
+    }
+
+    /// Reads a record of `slot` of the file system `fs_uuid` from its stored bytes: `None`
+    /// when the bytes hold no record at all (never written), an error saying what is wrong
+    /// with one that is damaged or belongs elsewhere.
+    pub fn decode(
+        bytes: &[u8],
+        fs_uuid: &[u8; 16],
+        slot: u32,
+    ) -> Result<Option<SlotRecord>, String> {
+        if bytes.len() < HEADER_BYTES {
+            return Err(format!(
+                "{} bytes, shorter than a record header",
+                bytes.len()
+            ));
+        }
+        if bytes[0..8] != RECORD_MAGIC {
+            return if bytes[0..8].iter().all(|b| *b == 0) {
+                Ok(None)
+            } else {
+                Err("no slot record magic".into())
+            };
+        }
+        let version = le_u32(&bytes[8..]);
+        if version != RECORD_VERSION {
+            return Err(format!(
+                "record format version {version}, this Tessera reads version {RECORD_VERSION}"
+            ));
+        }
+        let body_len = le_u32(&bytes[24..]) as usize;
+        if body_len < BODY_FIXED_BYTES || HEADER_BYTES + body_len > bytes.len() {
+            return Err(format!("body length {body_len} out of range"));
+        }
+        let mut covered = bytes[..HEADER_BYTES + body_len].to_vec();
+        covered[28..32].fill(0);
+        if crc32c::crc32c(&covered) != le_u32(&bytes[28..]) {
+            return Err("checksum mismatch (a torn or damaged record)".into());
+        }
+        if bytes[32..48] != fs_uuid[..] {
+            return Err("the record belongs to another file system".into());
+        }
+        let stored_slot = le_u32(&bytes[12..]);
+        if stored_slot != slot {
+            return Err(format!("the record is slot {stored_slot}'s"));
+        }
+        let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
+        let count = le_u32(&body[16..]) as usize;
+        if BODY_FIXED_BYTES + count * SHARD_ENTRY_BYTES != body_len || le_u32(&body[20..]) != 0 {
+            return Err(format!(
+                "{count} shard entries do not fill a body of {body_len} bytes"
+            ));
+        }
+        let mut shards: Vec<SlotShard> = Vec::with_capacity(count);
+        for i in 0..count {
+            let e = &body[BODY_FIXED_BYTES + i * SHARD_ENTRY_BYTES..][..SHARD_ENTRY_BYTES];
+            let second = le_u64(&e[24..]);
+            let entry = SlotShard {
+                shard: le_u32(e),
+                root: ShardRoot {
+                    crc32c: le_u32(&e[4..]),
+                    addr: le_u64(&e[16..]),
+                },
+                generation: le_u64(&e[8..]),
+                second: (second != NO_SECOND_COPY).then_some(second),
+            };
+            if shards.last().is_some_and(|p| p.shard >= entry.shard) {
+                return Err(format!("shard {} out of order", entry.shard));
+            }
+            shards.push(entry);
+        }
+        Ok(Some(SlotRecord {
+            slot,
+            generation: le_u64(&bytes[16..]),
+            replay_from: le_u64(body),
+            page_generation: le_u64(&body[8..]),
+            shards,
+        }))
+    }
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().unwrap())
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().unwrap())
+}
+
+/// Writes `record` through (FUA) into the half of its generation's parity on every copy of
+/// the region whose disk is up. Succeeds when at least one copy took it; the caller decides
+/// what a missing copy means.
+pub(crate) fn write_record(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    region: &SlotRegion,
+    record: &SlotRecord,
+) -> FsResult<usize> {
+    assert_eq!(record.slot, region.slot);
+    let buf = record.encode(&desc.fs_uuid, region.record_bytes);
+    let half = (record.generation % 2) * u64::from(region.record_bytes);
+    let mut written = 0;
+    let mut last_err = None;
+    for (disk, offset) in region.copies() {
+        if disks.is_down(disk) {
+            continue;
+        }
+        match disks.get(disk).write_fua(&buf, offset + half) {
+            Ok(()) => written += 1,
+            Err(e) => {
+                tracing::error!(
+                    "{}: writing the record of owner slot {} to {}: {e}",
+                    desc.name,
+                    region.slot,
+                    disks.name(disk)
+                );
+                last_err = Some(e);
+            }
+        }
+    }
+    if written == 0 {
+        return Err(match last_err {
+            Some(e) => FsError::Io(e),
+            None => FsError::Usage(format!(
+                "no disk holding owner slot {} of {} is up; start it (tessera disk change {} \
+                 --start)",
+                region.slot, desc.name, desc.name
+            )),
+        });
+    }
+    Ok(written)
+}
+
+/// The newest record of the slot: both halves of every copy whose disk is up are read and
+/// the highest generation that verifies wins. An error names every damaged half when none
+/// verifies.
+pub(crate) fn read_record(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    region: &SlotRegion,
+) -> FsResult<SlotRecord> {
+    let mut best: Option<SlotRecord> = None;
+    let mut problems = Vec::new();
+    for (disk, offset) in region.copies() {
+        if disks.is_down(disk) {
+            problems.push(format!("{} is down", disks.name(disk)));
+            continue;
+        }
+        let dev = disks.get(disk);
+        for half in 0..2u64 {
+            let mut buf = AlignedBuf::zeroed(region.record_bytes as usize);
+            let at = offset + half * u64::from(region.record_bytes);
+            if let Err(e) = dev.read_at(&mut buf, at) {
+                problems.push(format!(
+                    "{} record {}: {e}",
+                    dev.name(),
+                    b"AB"[half as usize] as char
+                ));
+                continue;
+            }
+            match SlotRecord::decode(&buf, &desc.fs_uuid, region.slot) {
+                Ok(Some(r)) if r.generation % 2 != half => problems.push(format!(
+                    "{} record {}: generation {} in the wrong half",
+                    dev.name(),
+                    b"AB"[half as usize] as char,
+                    r.generation
+                )),
+                Ok(Some(r)) => {
+                    if best.as_ref().is_none_or(|b| r.generation > b.generation) {
+                        best = Some(r);
+                    }
+                }
+                Ok(None) => {}
+                Err(why) => problems.push(format!(
+                    "{} record {}: {why}",
+                    dev.name(),
+                    b"AB"[half as usize] as char
+                )),
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        FsError::Corrupt(format!(
+            "owner slot {} of {} has no readable record ({}); run tessera fsck {}",
+            region.slot,
+            desc.name,
+            if problems.is_empty() {
+                "both halves are empty".to_string()
+            } else {
+                problems.join("; ")
+            },
+            desc.name
+        ))
+    })
+}
+
+/// Formats the region's log (every copy) and writes its first record, so that the region is
+/// complete before any descriptor names it.
+fn initialise(desc: &FsDescriptor, disks: &DiskSet, region: &SlotRegion) -> FsResult<()> {
+    let log = region.log_region();
+    for (disk, offset) in region.copies() {
+        let at = JournalRegion {
+            offset: offset + 2 * u64::from(region.record_bytes),
+            bytes: log.bytes,
+        };
+        tessera_journal::format(disks.get(disk).as_ref(), at, region.log_id)?;
+    }
+    // Both halves: a stale record of an earlier use of these blocks must never verify. It
+    // cannot (another uuid or slot is refused by the crc'd fields), but zeroes make a torn
+    // first record read as "never written", not as damage.
+    let zero = AlignedBuf::zeroed(region.record_bytes as usize);
+    for (disk, offset) in region.copies() {
+        disks
+            .get(disk)
+            .write_at(&zero, offset + u64::from(region.record_bytes))?;
+    }
+    write_record(desc, disks, region, &SlotRecord::empty(region.slot))?;
+    Ok(())
+}
+
+impl crate::fs::FileSystem {
+    /// Makes the next owner slot: places its region (a second copy apart with `-m 2`),
+    /// formats its log, writes its empty record and commits the descriptor that lists it,
+    /// in one checkpoint. Returns the slot's number. A crash before that checkpoint leaves
+    /// the blocks free (the allocation map that holds them is stored by the same checkpoint)
+    /// and no slot.
+    pub fn create_slot(&self) -> FsResult<u32> {
+        self.owner_here("making an owner slot")?;
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
+        let slots = desc.slots.clone().unwrap_or_default();
+        let slot = slots.iter().map(|s| s.slot).max().unwrap_or(0) + 1;
+        let record = record_bytes(desc.shard_count);
+        let bytes = 2 * u64::from(record) + desc.log.region.bytes;
+        let region = self.place_slot_region(&mut m, &desc, slot, bytes, record, &|_| true)?;
+        let extents = region.extents(&desc);
+        if let Err(e) = initialise(&desc, &self.devices, &region) {
+            for x in extents {
+                m.alloc.free(x).expect("just allocated");
+            }
+            return Err(e);
+        }
+        let mut next = desc;
+        next.slots.get_or_insert_with(Vec::new).push(region);
+        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
+        let committed = self.commit_descriptor_change(
+            &mut m,
+            false,
+            &format!("making owner slot {slot}"),
+            "unmount and mount the file system again; the slot exists if the mount lists it",
+        );
+        if committed.is_err() {
+            *self.owner().desc.lock() = previous;
+        }
+        committed.map(|()| slot)
+    }
+
+    /// The owner slots the descriptor lists, each with its newest record (or why none reads).
+    pub fn slots(&self) -> FsResult<Vec<(SlotRegion, FsResult<SlotRecord>)>> {
+        self.owner_here("listing owner slots")?;
+        let desc = self.owner().desc.lock().clone();
+        Ok(desc
+            .slots
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                let record = read_record(&desc, &self.devices, &r);
+                (r, record)
+            })
+            .collect())
+    }
+
+    /// Blocks for a region of `slot` of at least `bytes` (records of `record` bytes), on
+    /// metadata disks that are up and that `stays` accepts; the second copy apart with
+    /// `-m 2`. Nothing stays allocated on failure.
+    fn place_slot_region(
+        &self,
+        m: &mut crate::fs::Meta,
+        desc: &FsDescriptor,
+        slot: u32,
+        bytes: u64,
+        record: u32,
+        stays: &dyn Fn(DiskIndex) -> bool,
+    ) -> FsResult<SlotRegion> {
+        let bs = u64::from(desc.block_size);
+        let bytes = bytes.div_ceil(bs) * bs;
+        let up = |d: DiskIndex| !self.devices.is_down(d) && stays(d);
+        let no_room = |_| FsError::NoSpace {
+            pool: "system".into(),
+            what: "an owner slot (contiguous blocks of a ready metadata disk)",
+        };
+        let (start, blocks) = m
+            .alloc
+            .alloc_contiguous_blocks_on(0, tessera_alloc::AllocKind::Metadata, bytes / bs, &up)
+            .map_err(no_room)?;
+        let mut region = SlotRegion {
+            slot,
+            disk: start.disk,
+            offset: desc.sub_block_offset(start.sub_block),
+            bytes: blocks * bs,
+            record_bytes: record,
+            log_id: rand::random(),
+            second: None,
+        };
+        if desc.metadata_copies.is_some() {
+            let placed = crate::alloc_map::alloc_apart(
+                desc,
+                &self.devices,
+                &mut m.alloc,
+                blocks,
+                Some(self.devices.failure_group(start.disk)),
+                &up,
+                &|| format!("owner slot {slot}"),
+            );
+            match placed {
+                Ok((second, _)) => {
+                    region.second = Some(SlotSecondCopy {
+                        disk: second.disk,
+                        offset: desc.sub_block_offset(second.sub_block),
+                        log_behind: None,
+                    });
+                }
+                Err(e) => {
+                    for x in region.extents(desc) {
+                        m.alloc.free(x).expect("just allocated");
+                    }
+                    return Err(no_room(e));
+                }
+            }
+        }
+        Ok(region)
+    }
+}
+
+/// Bytes copied at a time when a slot region moves.
+const MOVE_CHUNK_BYTES: u64 = 1 << 20;
+
+impl crate::fs::FileSystem {
+    /// Moves every owner slot region with a copy on one of `leaving` (disks being emptied or
+    /// deleted, or down) to metadata disks that stay, and with `apart` (`restripe -r`) also
+    /// a region of a `-m 2` file system whose copies share a failure group, when another
+    /// group has room: the region is copied whole (records and log, whose pages do not name
+    /// where they are), the descriptor naming the new place is committed, and the old
+    /// blocks are freed after it. Returns how many moved.
+    ///
+    /// Slots are not held by other nodes yet, so nothing writes a region while it moves;
+    /// once they are, the node holding a slot moves it itself.
+    pub(crate) fn move_slot_regions_off(
+        &self,
+        leaving: &[DiskIndex],
+        apart: bool,
+    ) -> FsResult<usize> {
+        let mut moved = 0;
+        let group = |d: DiskIndex| self.devices.failure_group(d);
+        let parted = |r: &SlotRegion| r.second.is_none_or(|s| group(s.disk) != group(r.disk));
+        // Regions that stay together because no other group has room this time.
+        let mut together = Vec::new();
+        loop {
+            let mut m = self.owner().meta.lock();
+            let _one = self.owner().checkpoint_lock.lock();
+            let desc = self.owner().desc.lock().clone();
+            let needs_move = |r: &SlotRegion| {
+                r.copies().iter().any(|(d, _)| leaving.contains(d))
+                    || apart
+                        && desc.metadata_copies.is_some()
+                        && !parted(r)
+                        && !together.contains(&r.slot)
+            };
+            let Some(old) = desc.slots.iter().flatten().find(|r| needs_move(r)).cloned() else {
+                return Ok(moved);
+            };
+            let stays = |d: DiskIndex| !leaving.contains(&d);
+            let mut new = self.place_slot_region(
+                &mut m,
+                &desc,
+                old.slot,
+                old.bytes,
+                old.record_bytes,
+                &stays,
+            )?;
+            new.log_id = old.log_id;
+            let on_leaving = old.copies().iter().any(|(d, _)| leaving.contains(d));
+            if !on_leaving && !parted(&new) {
+                for x in new.extents(&desc) {
+                    m.alloc.free(x).expect("just allocated");
+                }
+                together.push(old.slot);
+                continue;
+            }
+            // Both new copies are written from the current one.
+            if let Some(n) = &mut new.second {
+                n.log_behind = None;
+            }
+            if let Err(e) = self.copy_slot_region(&old, &new) {
+                for x in new.extents(&desc) {
+                    m.alloc.free(x).expect("just allocated");
+                }
+                return Err(e);
+            }
+            let mut next = desc.clone();
+            for r in next.slots.iter_mut().flatten() {
+                if r.slot == old.slot {
+                    *r = new.clone();
+                }
+            }
+            *self.owner().desc.lock() = next;
+            m.pending_free
+                .extend(old.extents(&desc).into_iter().map(|e| (0, e)));
+            self.commit_descriptor_change(
+                &mut m,
+                false,
+                &format!("moving owner slot {}", old.slot),
+                "unmount and mount the file system again, then rerun the restripe",
+            )?;
+            tracing::info!(
+                "{}: owner slot {} moved from {} to {}",
+                desc.name,
+                old.slot,
+                self.devices.name(old.disk),
+                self.devices.name(new.disk)
+            );
+            moved += 1;
+        }
+    }
+
+    /// Copies `from`'s bytes onto every copy of `to` (as large), reading each chunk from
+    /// the first copy of `from` that answers (never one whose log is behind), then makes
+    /// them durable.
+    fn copy_slot_region(&self, from: &SlotRegion, to: &SlotRegion) -> FsResult<()> {
+        assert_eq!(from.bytes, to.bytes);
+        let behind = from.second.and_then(|s| s.log_behind);
+        let sources: Vec<(usize, (DiskIndex, u64))> = from
+            .copies()
+            .into_iter()
+            .enumerate()
+            .filter(|(c, _)| behind != Some(*c as u8))
+            .collect();
+        let mut at = 0;
+        while at < from.bytes {
+            let len = MOVE_CHUNK_BYTES.min(from.bytes - at);
+            let mut buf = AlignedBuf::zeroed(len as usize);
+            let mut read = Err(FsError::Usage(format!(
+                "no copy of owner slot {} is on a disk that is up; start its disks",
+                from.slot
+            )));
+            for (_, (disk, offset)) in &sources {
+                if self.devices.is_down(*disk) {
+                    continue;
+                }
+                match self.devices.get(*disk).read_at(&mut buf, offset + at) {
+                    Ok(()) => {
+                        read = Ok(());
+                        break;
+                    }
+                    Err(e) => read = Err(FsError::Io(e)),
+                }
+            }
+            read?;
+            for (disk, offset) in to.copies() {
+                self.devices.get(disk).write_at(&buf, offset + at)?;
+            }
+            at += len;
+        }
+        for (disk, _) in to.copies() {
+            self.devices.get(disk).flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads every slot's record (mount and fsck): why each slot whose record does not read is
+/// unusable. Its shards, once slots own any, are what it makes unavailable; the rest of the
+/// file system is not affected.
+pub(crate) fn check_records(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for region in desc.slots.iter().flatten() {
+        if let Err(e) = read_record(desc, disks, region) {
+            problems.push(e.to_string());
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UUID: [u8; 16] = [0x11; 16];
+
+    fn sample() -> SlotRecord {
+        SlotRecord {
+            slot: 3,
+            generation: 5,
+            replay_from: 0x1_0000,
+            page_generation: 42,
+            shards: vec![
+                SlotShard {
+                    shard: 7,
+                    generation: 2,
+                    root: ShardRoot {
+                        addr: 0x2000,
+                        crc32c: 0xAABB_CCDD,
+                    },
+                    second: None,
+                },
+                SlotShard {
+                    shard: 200,
+                    generation: 9,
+                    root: ShardRoot {
+                        addr: 0x3000,
+                        crc32c: 1,
+                    },
+                    second: Some(0x4000),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_record_has_the_documented_bytes() {
+        let buf = sample().encode(&UUID, record_bytes(256));
+        assert_eq!(
+            buf.len(),
+            12288,
+            "48 + 24 + 256 * 32 bytes in whole sectors"
+        );
+        let mut want = Vec::new();
+        want.extend_from_slice(b"TSRSLOT1");
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&3u32.to_le_bytes());
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(&(24u32 + 64).to_le_bytes());
+        want.extend_from_slice(&[0; 4]); // crc, checked below
+        want.extend_from_slice(&UUID);
+        want.extend_from_slice(&0x1_0000u64.to_le_bytes());
+        want.extend_from_slice(&42u64.to_le_bytes());
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&[0; 4]);
+        for (shard, crc, generation, addr, second) in [
+            (7u32, 0xAABB_CCDDu32, 2u64, 0x2000u64, u64::MAX),
+            (200, 1, 9, 0x3000, 0x4000),
+        ] {
+            want.extend_from_slice(&shard.to_le_bytes());
+            want.extend_from_slice(&crc.to_le_bytes());
+            want.extend_from_slice(&generation.to_le_bytes());
+            want.extend_from_slice(&addr.to_le_bytes());
+            want.extend_from_slice(&second.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&want);
+        want[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(&buf[..want.len()], &want[..]);
+        assert!(buf[want.len()..].iter().all(|b| *b == 0));
+        assert_eq!(
+            SlotRecord::decode(&buf, &UUID, 3).unwrap(),
+            Some(sample()),
+            "decodes to what was encoded"
+        );
+    }
+
+    #[test]
+    fn damaged_or_foreign_records_are_refused_by_name() {
+        let good = sample().encode(&UUID, record_bytes(8));
+        let check = |bytes: &[u8], uuid: &[u8; 16], slot: u32, why: &str| {
+            let err = SlotRecord::decode(bytes, uuid, slot).unwrap_err();
+            assert!(err.contains(why), "{err} should say {why}");
+        };
+        let mut torn = good.to_vec();
+        torn[80] ^= 1;
+        check(&torn, &UUID, 3, "checksum");
+        check(&good, &[0x22; 16], 3, "another file system");
+        check(&good, &UUID, 4, "slot 3's");
+        let mut version = good.to_vec();
+        version[8] = 9;
+        check(&version, &UUID, 3, "version 9");
+        let mut long = good.to_vec();
+        long[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        check(&long, &UUID, 3, "out of range");
+        check(&good[..20], &UUID, 3, "shorter");
+        assert_eq!(
+            SlotRecord::decode(&vec![0u8; 4096], &UUID, 3).unwrap(),
+            None,
+            "zeroes are a half never written"
+        );
+    }
+
+    #[test]
+    fn the_record_size_holds_every_shard() {
+        for shards in [1, 8, 126, 127, 256, 1024] {
+            let bytes = record_bytes(shards);
+            assert_eq!(bytes % 4096, 0);
+            assert!(bytes as usize >= HEADER_BYTES + BODY_FIXED_BYTES + 32 * shards as usize);
+            let mut r = SlotRecord::empty(1);
+            r.shards = (0..shards)
+                .map(|s| SlotShard {
+                    shard: s,
+                    generation: 1,
+                    root: ShardRoot { addr: 1, crc32c: 2 },
+                    second: None,
+                })
+                .collect();
+            let buf = r.encode(&UUID, bytes);
+            assert_eq!(SlotRecord::decode(&buf, &UUID, 1).unwrap(), Some(r));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn garbage_never_panics_the_decoder(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let _ = SlotRecord::decode(&bytes, &UUID, 3);
+        }
+
+        #[test]
+        fn a_flipped_bit_is_refused(bit in 0usize..(72 + 64) * 8) {
+            let mut buf = sample().encode(&UUID, record_bytes(8)).to_vec();
+            buf[bit / 8] ^= 1 << (bit % 8);
+            let decoded = SlotRecord::decode(&buf, &UUID, 3);
+            // Bits of the magic turn it into something that is not a record; every other
+            // bit is caught by the version or length check or the crc.
+            proptest::prop_assert!(decoded.is_err(), "bit {} accepted: {:?}", bit, decoded);
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Owner slots on disk (format version 8): a slot region (two records and a log) is made,
+//! committed by the descriptor and read back after a remount; its blocks are the file
+//! system's (allocated, counted by fsck, never handed out again); a crash at every write of
+//! making one leaves it whole or absent; a torn record falls back to the other half, a slot
+//! with no readable record is named by mount and fsck; emptying or deleting the disk that
+//! holds a region moves it with its bytes; with `-m 2` the region has a second copy in
+//! another failure group.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::*;
+use tessera_fs::descriptor::ShardRoot;
+use tessera_fs::slot::{SlotRecord, SlotRegion, SlotShard};
+use tessera_fs::{FileSystem, FormatOptions};
+
+fn drive(t: &TestDisks, disk: u16) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.dir.path().join(format!("d{disk}")))
+        .unwrap()
+}
+
+/// Writes `record` into its half of every copy of `region` behind the file system's back,
+/// as the slot's owner will.
+fn put_record(t: &TestDisks, uuid: &[u8; 16], region: &SlotRegion, record: &SlotRecord) {
+    let buf = record.encode(uuid, region.record_bytes);
+    let half = (record.generation % 2) * u64::from(region.record_bytes);
+    for (disk, offset) in region.copies() {
+        let f = drive(t, disk);
+        f.write_all_at(&buf, offset + half).unwrap();
+        f.sync_all().unwrap();
+    }
+}
+
+/// A record with a shard in it, so that moving the region has something to keep.
+fn record_with_a_shard(slot: u32, generation: u64) -> SlotRecord {
+    SlotRecord {
+        slot,
+        generation,
+        replay_from: 4096 * generation,
+        page_generation: 10 + generation,
+        shards: vec![SlotShard {
+            shard: 5,
+            generation: 3,
+            root: ShardRoot {
+                addr: 0x1234,
+                crc32c: 0x5678,
+            },
+            second: None,
+        }],
+    }
+}
+
+fn records(fs: &FileSystem) -> Vec<SlotRecord> {
+    fs.slots()
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| r.unwrap())
+        .collect()
+}
+
+#[test]
+fn slots_are_made_committed_and_read_back() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    assert!(fs.slots().unwrap().is_empty(), "a new file system has none");
+    let files = populate(&fs, "a", 1);
+    let before: u64 = used(&fs).iter().sum();
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    assert_eq!(fs.create_slot().unwrap(), 2);
+    let slots = fs.slots().unwrap();
+    let regions: Vec<SlotRegion> = slots.iter().map(|(r, _)| r.clone()).collect();
+    let desc = fs.descriptor();
+    for (region, record) in &slots {
+        let record = record.as_ref().unwrap();
+        assert_eq!(record, &SlotRecord::empty(region.slot));
+        assert!(
+            region.bytes >= desc.log.region.bytes + 2 * u64::from(region.record_bytes),
+            "a slot's log is as large as the descriptor's"
+        );
+        assert!(region.second.is_none(), "one metadata copy");
+    }
+    let after: u64 = used(&fs).iter().sum();
+    assert_eq!(
+        after - before,
+        regions.iter().map(|r| r.bytes).sum::<u64>(),
+        "the regions' blocks are in use"
+    );
+    // Data written afterwards never lands in a region.
+    let more = populate(&fs, "b", 2);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after making two slots");
+
+    let fs = mount(&t);
+    let listed: Vec<SlotRegion> = fs.slots().unwrap().into_iter().map(|(r, _)| r).collect();
+    assert_eq!(listed, regions, "the descriptor lists them after a remount");
+    for region in &regions {
+        let log = region.log_region();
+        let mut head = vec![0u8; 4096];
+        drive(&t, region.disk)
+            .read_exact_at(&mut head, log.offset)
+            .unwrap();
+        assert!(
+            head.iter().any(|b| *b != 0),
+            "slot {}'s log is formatted",
+            region.slot
+        );
+    }
+    verify(&fs, &files);
+    verify(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_crash_at_every_write_of_making_a_slot_leaves_it_whole_or_absent() {
+    let t = make_disks(3, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 3);
+    fs.unmount().unwrap();
+    drop(fs);
+    let (mut absent, mut present) = (0, 0);
+    for k in 1.. {
+        assert!(k < 500, "making a slot never finished");
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        let had = fs.slots().unwrap().len();
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let made = fs.create_slot();
+        let crashed = crash(fs, &faults);
+        let fs = mount(&t);
+        let slots = fs.slots().unwrap();
+        for (region, record) in &slots {
+            assert!(
+                record.is_ok(),
+                "crash at write {k}: slot {} lists without a readable record: {record:?}",
+                region.slot
+            );
+        }
+        match slots.len() - had {
+            0 => {
+                assert!(made.is_err() || crashed, "write {k}: a slot made and lost");
+                absent += 1;
+            }
+            1 => present += 1,
+            n => panic!("write {k}: {n} slots made"),
+        }
+        verify(&fs, &files);
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(&t, &format!("crash at write {k} of making a slot"));
+        if !crashed {
+            assert!(made.is_ok(), "{made:?}");
+            break;
+        }
+    }
+    eprintln!("making a slot: {absent} crashes left none, {present} left it whole");
+    assert!(
+        absent > 0 && present > 0,
+        "absent {absent}, present {present}"
+    );
+}
+
+#[test]
+fn a_torn_record_falls_back_to_the_other_half_and_a_slot_without_one_is_named() {
+    let t = make_disks(3, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    fs.create_slot().unwrap();
+    let region = fs.slots().unwrap()[0].0.clone();
+    let uuid = fs.descriptor().fs_uuid;
+    fs.unmount().unwrap();
+    drop(fs);
+
+    put_record(&t, &uuid, &region, &record_with_a_shard(1, 1));
+    let fs = mount(&t);
+    assert_eq!(records(&fs), vec![record_with_a_shard(1, 1)], "B is newer");
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // A torn write of generation 2 into A: B's generation 1 is the newest that verifies.
+    let mut torn = record_with_a_shard(1, 2).encode(&uuid, region.record_bytes);
+    torn[60] ^= 0xFF;
+    let f = drive(&t, region.disk);
+    f.write_all_at(&torn, region.offset).unwrap();
+    let fs = mount(&t);
+    assert_eq!(records(&fs), vec![record_with_a_shard(1, 1)]);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "one half torn");
+
+    // Both halves damaged: the slot is named, the rest of the file system mounts.
+    let half = u64::from(region.record_bytes);
+    f.write_all_at(&[0xEE; 512], region.offset + half).unwrap();
+    let fs = mount(&t);
+    let slots = fs.slots().unwrap();
+    let why = slots[0].1.as_ref().unwrap_err().to_string();
+    assert!(
+        why.contains("owner slot 1") && why.contains("checksum") && why.contains("fsck"),
+        "{why}"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.contains("owner slot 1")),
+        "{:?}",
+        report.problems
+    );
+}
+
+#[test]
+fn deleting_the_disk_of_a_slot_moves_the_region_with_its_bytes() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 4);
+    fs.create_slot().unwrap();
+    let region = fs.slots().unwrap()[0].0.clone();
+    let uuid = fs.descriptor().fs_uuid;
+    fs.unmount().unwrap();
+    drop(fs);
+    put_record(&t, &uuid, &region, &record_with_a_shard(1, 1));
+    // Bytes in the log's area that a move must keep.
+    let mark = b"slot log bytes to keep";
+    let at = region.log_region().offset + region.log_region().bytes - 4096;
+    drive(&t, region.disk).write_all_at(mark, at).unwrap();
+
+    let fs = mount(&t);
+    let name = fs
+        .descriptor()
+        .disks
+        .iter()
+        .find(|d| d.index == region.disk)
+        .unwrap()
+        .nsd_name
+        .clone();
+    let report = fs
+        .delete_disks(&[name], &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert_eq!(report.restripe.progress.slot_regions_moved, 1, "{report:?}");
+    let moved = fs.slots().unwrap()[0].0.clone();
+    assert_ne!(moved.disk, region.disk);
+    assert_eq!(moved.log_id, region.log_id);
+    assert_eq!(records(&fs), vec![record_with_a_shard(1, 1)]);
+    let mut got = vec![0u8; mark.len()];
+    let moved_at = moved.log_region().offset + moved.log_region().bytes - 4096;
+    drive(&t, moved.disk)
+        .read_exact_at(&mut got, moved_at)
+        .unwrap();
+    assert_eq!(&got, mark);
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after the delete");
+    let fs = mount(&t);
+    assert_eq!(records(&fs), vec![record_with_a_shard(1, 1)]);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn with_two_metadata_copies_a_region_has_a_copy_in_another_failure_group() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(
+        &t,
+        &FormatOptions {
+            metadata_replicas: 2,
+            max_metadata_replicas: 2,
+            ..small_opts()
+        },
+    );
+    let fs = mount(&t);
+    fs.create_slot().unwrap();
+    let (region, record) = fs.slots().unwrap().remove(0);
+    assert_eq!(record.unwrap(), SlotRecord::empty(1));
+    let second = region.second.expect("a second copy");
+    assert_ne!(second.disk, region.disk, "failure groups are one disk each");
+    // The record reads from the second copy alone.
+    let f = drive(&t, region.disk);
+    f.write_all_at(&vec![0xEE; region.record_bytes as usize], region.offset)
+        .unwrap();
+    assert_eq!(records(&fs), vec![SlotRecord::empty(1)]);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.ill_replicated_metadata, 0);
+}
