@@ -45,7 +45,7 @@ pub use descriptor::{
     read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk, Replication, StrictReplication,
 };
 pub use error::{FsError, FsResult};
-pub use format::{erase, format, DiskSpec, FormatOptions, Progress};
+pub use format::{erase, format, DiskSpec, FormatOptions, Progress, SHARDS_DEFAULT};
 pub use fs::{DirListing, FileSystem, SetAttr, StatFs};
 pub use fsck::{fsck, FsckReport};
 pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};

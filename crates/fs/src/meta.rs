@@ -235,6 +235,10 @@ pub struct MetaState {
     pub(crate) store: MetaStore,
     pub(crate) shards: Vec<ShardTree>,
     headers: Vec<ShardHeader>,
+    /// Each shard's header as its tree holds it: a checkpoint writes only the headers that
+    /// differ, so that it changes no page of a shard nothing touched (with hundreds of
+    /// shards, writing every header dirtied a leaf of every tree at every checkpoint).
+    stored_headers: Vec<ShardHeader>,
     /// Decoded inode records of recently used inodes (GPFS's `maxFilesToCache`): every
     /// operation reads the attributes of the inodes it names, often several times, and a
     /// record read from its page costs a tree descent and a decode. Written through. `None`
@@ -307,6 +311,7 @@ impl MetaState {
         MetaState {
             store,
             shards,
+            stored_headers: headers.clone(),
             headers,
             inodes: FxHashMap::default(),
             inode_order: VecDeque::new(),
@@ -1194,12 +1199,17 @@ impl MetaState {
         Ok(())
     }
 
-    /// Writes every shard's header item (next inode number, inode count), kept in memory
-    /// between checkpoints; a checkpoint calls it first.
+    /// Writes the header item (next inode number, inode count) of every shard whose header
+    /// changed since it was last written, kept in memory between checkpoints; a checkpoint
+    /// calls it first.
     pub(crate) fn write_headers(&mut self) -> FsResult<()> {
         self.fresh.clear();
-        for (t, h) in self.shards.iter_mut().zip(&self.headers) {
-            t.set_header(&mut self.store, *h)?;
+        for (s, t) in self.shards.iter_mut().enumerate() {
+            let h = self.headers[s];
+            if h != self.stored_headers[s] {
+                t.set_header(&mut self.store, h)?;
+                self.stored_headers[s] = h;
+            }
         }
         Ok(())
     }

@@ -222,16 +222,18 @@ fn a_damaged_copy_is_read_from_the_other_and_repaired() {
     let fs = mount(&t);
     let files = populate(&fs, "a", 5);
     fs.sync().unwrap();
-    // Scribble over the data regions of failure group 1 (the NSD descriptor at the start
-    // of each drive stays).
+    // Scribble over the whole data regions of failure group 1 (the NSD descriptor at the
+    // start of each drive stays), so that both the copies reads try first and those they
+    // never read are damaged, wherever the allocator put them.
     let start = tessera_nsd::layout::data_start_bytes(BLOCK);
     for i in [1, 2] {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .open(t.dir.path().join(format!("d{i}")))
             .unwrap();
+        let end = f.metadata().unwrap().len();
         f.seek(SeekFrom::Start(start)).unwrap();
-        f.write_all(&vec![0x5a; (8 << 20) as usize]).unwrap();
+        f.write_all(&vec![0x5a; (end - start) as usize]).unwrap();
         f.sync_all().unwrap();
     }
     // Reads find the damage on the copies they read and repair it; a restripe -c reads

@@ -1139,8 +1139,8 @@ pub struct FsCreateArgs {
     /// `yes` refuses disks that already hold a file system.
     #[arg(short = 'v', default_value = "yes")]
     pub verify: String,
-    /// Number of inode shards.
-    #[arg(long = "shards", default_value_t = 8)]
+    /// Number of inode shards (see `tessera_fs::SHARDS_DEFAULT`).
+    #[arg(long = "shards", default_value_t = tessera_fs::SHARDS_DEFAULT)]
     pub shards: u32,
 }
 
