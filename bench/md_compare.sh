@@ -2,7 +2,8 @@
 # Metadata rates of two Tessera builds on the same backing store, measured in one run.
 #
 #   bench/md_compare.sh BEFORE_BINARY AFTER_BINARY [WORKDIR]     (as root; needs a C compiler)
-#   ROUNDS=N (default 3), MD_FILES=N (default 100000), BLOCK=4M
+#   ROUNDS=N (default 3), MD_FILES=N (default 100000), MD_DIRS=N (default 1: one directory;
+#   more spreads the files over that many, as mdtest does), BLOCK=4M
 #
 # Each build gets a one-node cluster on four preallocated drive files, one file system,
 # mounted, and bench/mdbench.c creates, stats and unlinks MD_FILES empty files in one
@@ -17,6 +18,7 @@ AFTER=$(readlink -f "$2")
 WORK=${3:-/var/tmp/tessera-md-compare}
 ROUNDS=${ROUNDS:-3}
 MD_FILES=${MD_FILES:-100000}
+MD_DIRS=${MD_DIRS:-1}
 BLOCK=${BLOCK:-4M}
 DRIVE_BYTES=${DRIVE_BYTES:-2G}
 
@@ -48,7 +50,7 @@ run() {
     "$bin" fs create "md$tag" -F "$stanza" -B "$BLOCK" -T "$dir/mnt" -A no >/dev/null
     "$bin" mount "md$tag" >/dev/null
     local out
-    out=$("$MDBENCH" "$dir/mnt/md" "$MD_FILES")
+    out=$("$MDBENCH" "$dir/mnt/md" "$MD_FILES" "$MD_DIRS")
     "$bin" shutdown >/dev/null 2>&1 || true
     rm -rf "$dir"
     echo "$out" | awk '$1 == "create" {c=$4} $1 == "stat" {s=$4} $1 == "unlink" {u=$4} END {print c, s, u}'
@@ -64,14 +66,15 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "round $r: before ${B[$r]}  after ${A[$r]} (create stat unlink /s)" >&2
 done
 
-python3 - "$MD_FILES" "${B[@]}" -- "${A[@]}" <<'PY'
+python3 - "$MD_FILES" "$MD_DIRS" "${B[@]}" -- "${A[@]}" <<'PY'
 import statistics, sys
-files = sys.argv[1]
-args = " ".join(sys.argv[2:]).split()
+files, dirs = sys.argv[1], int(sys.argv[2])
+args = " ".join(sys.argv[3:]).split()
 cut = args.index("--")
 b = [list(map(float, args[i:i+3])) for i in range(0, cut, 3)]
 a = [list(map(float, args[cut+1+i:cut+4+i])) for i in range(0, len(args) - cut - 1, 3)]
-print(f"| {files} files, one directory | before /s | after /s | after/before (min-max) |")
+where = "one directory" if dirs == 1 else f"{dirs} directories"
+print(f"| {files} files, {where} | before /s | after /s | after/before (min-max) |")
 print("| --- | ---: | ---: | ---: |")
 for j, name in enumerate(["create", "stat", "unlink"]):
     rb = [x[j] for x in b]; ra = [x[j] for x in a]
