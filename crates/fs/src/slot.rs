@@ -15,7 +15,7 @@
 //! | record A    | record B      | the slot's recovery log (tessera-journal)  |
 //! | even gens   | odd gens      | its own log id, LSNs of its own            |
 //! +-------------+---------------+--------------------------------------------+
-//! R = record_bytes: the record for every shard of the file system, in whole 4 KiB sectors
+//! R = record_bytes: room for every shard and at least 1024 allocation regions, whole sectors
 //! ```
 //!
 //! A record ([`SlotRecord`]) is the slot's checkpoint commit point, written through (FUA) to
@@ -28,14 +28,19 @@
 //! | magic  | version | slot   | generation| length | crc32c | fs uuid       |
 //! |TSRSLOT1| u32 = 1 | u32    | u64       | u32    | u32    | 16 bytes      |
 //! +--------+---------+--------+-----------+--------+--------+---------------+
-//! 48            56                 64            68       72
-//! +-------------+------------------+-------------+--------+----------------------------+
-//! | replay from | page generation  | shard count | zero   | shard entries (32 bytes each)|
-//! | u64 (LSN)   | u64              | u32         | u32    |                            |
-//! +-------------+------------------+-------------+--------+----------------------------+
+//! 48            56                 64            72            76             80
+//! +-------------+------------------+-------------+-------------+--------------+
+//! | replay from | page generation  | map digest  | shard count | region count |
+//! | u64 (LSN)   | u64              | u64         | u32 = S     | u32 = N      |
+//! +-------------+------------------+-------------+-------------+--------------+
+//! 80: S shard entries of 32 bytes, in shard order, then N region entries of 4 bytes (the
+//!     allocation regions the slot owns, in order)
 //! shard entry: 0 shard u32 | 4 root crc32c u32 | 8 shard generation u64 | 16 root address
 //!              u64 | 24 root's second address u64 (u64::MAX: one copy)
 //! ```
+//!
+//! The map digest is that of the generations of the stored chunks of the slot's regions
+//! (`alloc_map::MapSlots::digest` over them), as the descriptor's is for slot 0's.
 //!
 //! `length` counts the bytes from 48 on; the crc covers bytes 0 to 48 + length with its own
 //! four bytes taken as zero, so a record of another file system, another slot or a torn
@@ -55,8 +60,13 @@ use crate::error::{FsError, FsResult};
 pub const RECORD_MAGIC: [u8; 8] = *b"TSRSLOT1";
 pub const RECORD_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 48;
-const BODY_FIXED_BYTES: usize = 24;
+const BODY_FIXED_BYTES: usize = 32;
 const SHARD_ENTRY_BYTES: usize = 32;
+const REGION_ENTRY_BYTES: usize = 4;
+/// Allocation regions a record has room for at least: a slot holds a few regions (4 GiB of
+/// every disk each with 4 MiB blocks), and a record sized for this many never runs out
+/// before the file system's disks do.
+pub const RECORD_REGIONS_MIN: u32 = 1024;
 
 /// A slot's region as the descriptor lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,10 +135,23 @@ impl SlotRegion {
     }
 }
 
-/// The bytes of one record able to name every one of `shard_count` shards, in whole sectors.
-pub fn record_bytes(shard_count: u32) -> u32 {
-    let bytes = HEADER_BYTES + BODY_FIXED_BYTES + SHARD_ENTRY_BYTES * shard_count as usize;
+/// The bytes of one record able to name every one of `shard_count` shards and
+/// `region_count` allocation regions (at least [`RECORD_REGIONS_MIN`]), in whole sectors.
+pub fn record_bytes(shard_count: u32, region_count: u32) -> u32 {
+    let bytes = HEADER_BYTES
+        + BODY_FIXED_BYTES
+        + SHARD_ENTRY_BYTES * shard_count as usize
+        + REGION_ENTRY_BYTES * region_count.max(RECORD_REGIONS_MIN) as usize;
     bytes.div_ceil(SECTOR_BYTES as usize) as u32 * SECTOR_BYTES as u32
+}
+
+/// How many allocation regions the file system's map has: chunk `r` of every disk's
+/// bitmap is region `r`, so as many as the largest disk has chunks.
+pub fn region_count(desc: &FsDescriptor) -> u32 {
+    let per_chunk = (tessera_alloc::MAP_CHUNK_WORDS * 64) as u64;
+    let spb = u64::from(desc.sub_blocks_per_block());
+    let most = desc.disks.iter().map(|d| d.blocks * spb).max().unwrap_or(0);
+    u32::try_from(most.div_ceil(per_chunk)).expect("regions fit u32")
 }
 
 /// One shard as a slot's checkpoint left it.
@@ -155,6 +178,10 @@ pub struct SlotRecord {
     pub page_generation: u64,
     /// The shards this slot's checkpoint holds, by shard number.
     pub shards: Vec<SlotShard>,
+    /// The allocation regions the slot owns (chunk `r` of every disk's map), in order.
+    pub regions: Vec<u32>,
+    /// The digest of the generations of those regions' stored chunks.
+    pub map_digest: u64,
 }
 
 impl SlotRecord {
@@ -166,20 +193,25 @@ impl SlotRecord {
             replay_from: 0,
             page_generation: 0,
             shards: Vec::new(),
+            regions: Vec::new(),
+            map_digest: 0,
         }
     }
 
     /// The record as it is stored, `record_bytes` long.
     pub fn encode(&self, fs_uuid: &[u8; 16], record_bytes: u32) -> AlignedBuf {
-        let body_len = BODY_FIXED_BYTES + SHARD_ENTRY_BYTES * self.shards.len();
+        let shards_end = BODY_FIXED_BYTES + SHARD_ENTRY_BYTES * self.shards.len();
+        let body_len = shards_end + REGION_ENTRY_BYTES * self.regions.len();
         assert!(
             HEADER_BYTES + body_len <= record_bytes as usize,
-            "a slot record of {} shards does not fit {record_bytes} bytes",
-            self.shards.len()
+            "a slot record of {} shards and {} regions does not fit {record_bytes} bytes",
+            self.shards.len(),
+            self.regions.len()
         );
         assert!(
-            self.shards.windows(2).all(|w| w[0].shard < w[1].shard),
-            "a slot record's shards are in order, each once"
+            self.shards.windows(2).all(|w| w[0].shard < w[1].shard)
+                && self.regions.windows(2).all(|w| w[0] < w[1]),
+            "a slot record's shards and regions are in order, each once"
         );
         let mut buf = AlignedBuf::zeroed(record_bytes as usize);
         buf[0..8].copy_from_slice(&RECORD_MAGIC);
@@ -191,7 +223,13 @@ impl SlotRecord {
         let body = &mut buf[HEADER_BYTES..HEADER_BYTES + body_len];
         body[0..8].copy_from_slice(&self.replay_from.to_le_bytes());
         body[8..16].copy_from_slice(&self.page_generation.to_le_bytes());
-        body[16..20].copy_from_slice(&(self.shards.len() as u32).to_le_bytes());
+        body[16..24].copy_from_slice(&self.map_digest.to_le_bytes());
+        body[24..28].copy_from_slice(&(self.shards.len() as u32).to_le_bytes());
+        body[28..32].copy_from_slice(&(self.regions.len() as u32).to_le_bytes());
+        for (i, r) in self.regions.iter().enumerate() {
+            body[shards_end + i * REGION_ENTRY_BYTES..][..REGION_ENTRY_BYTES]
+                .copy_from_slice(&r.to_le_bytes());
+        }
         for (i, s) in self.shards.iter().enumerate() {
             let e = &mut body[BODY_FIXED_BYTES + i * SHARD_ENTRY_BYTES..][..SHARD_ENTRY_BYTES];
             e[0..4].copy_from_slice(&s.shard.to_le_bytes());
@@ -249,11 +287,20 @@ impl SlotRecord {
             return Err(format!("the record is slot {stored_slot}'s"));
         }
         let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
-        let count = le_u32(&body[16..]) as usize;
-        if BODY_FIXED_BYTES + count * SHARD_ENTRY_BYTES != body_len || le_u32(&body[20..]) != 0 {
+        let count = le_u32(&body[24..]) as usize;
+        let region_count = le_u32(&body[28..]) as usize;
+        let shards_end = BODY_FIXED_BYTES + count.saturating_mul(SHARD_ENTRY_BYTES);
+        if shards_end.saturating_add(region_count.saturating_mul(REGION_ENTRY_BYTES)) != body_len {
             return Err(format!(
-                "{count} shard entries do not fill a body of {body_len} bytes"
+                "{count} shard and {region_count} region entries do not fill a body of \
+                 {body_len} bytes"
             ));
+        }
+        let regions: Vec<u32> = (0..region_count)
+            .map(|i| le_u32(&body[shards_end + i * REGION_ENTRY_BYTES..]))
+            .collect();
+        if regions.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("allocation regions out of order".into());
         }
         let mut shards: Vec<SlotShard> = Vec::with_capacity(count);
         for i in 0..count {
@@ -279,6 +326,8 @@ impl SlotRecord {
             replay_from: le_u64(body),
             page_generation: le_u64(&body[8..]),
             shards,
+            regions,
+            map_digest: le_u64(&body[16..]),
         }))
     }
 }
@@ -435,7 +484,7 @@ impl crate::fs::FileSystem {
         let desc = self.owner().desc.lock().clone();
         let slots = desc.slots.clone().unwrap_or_default();
         let slot = slots.iter().map(|s| s.slot).max().unwrap_or(0) + 1;
-        let record = record_bytes(desc.shard_count);
+        let record = record_bytes(desc.shard_count, region_count(&desc));
         let bytes = 2 * u64::from(record) + desc.log.region.bytes;
         let region = self.place_slot_region(&mut m, &desc, slot, bytes, record, &|_| true)?;
         let extents = region.extents(&desc);
@@ -719,29 +768,32 @@ mod tests {
                     second: Some(0x4000),
                 },
             ],
+            regions: vec![3, 17],
+            map_digest: 0x0123_4567_89AB_CDEF,
         }
     }
 
     #[test]
     fn a_record_has_the_documented_bytes() {
-        let buf = sample().encode(&UUID, record_bytes(256));
+        let buf = sample().encode(&UUID, record_bytes(256, 10));
         assert_eq!(
             buf.len(),
-            12288,
-            "48 + 24 + 256 * 32 bytes in whole sectors"
+            16384,
+            "48 + 32 + 256 * 32 + 1024 * 4 bytes in whole sectors"
         );
         let mut want = Vec::new();
         want.extend_from_slice(b"TSRSLOT1");
         want.extend_from_slice(&1u32.to_le_bytes());
         want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&5u64.to_le_bytes());
-        want.extend_from_slice(&(24u32 + 64).to_le_bytes());
+        want.extend_from_slice(&(32u32 + 64 + 8).to_le_bytes());
         want.extend_from_slice(&[0; 4]); // crc, checked below
         want.extend_from_slice(&UUID);
         want.extend_from_slice(&0x1_0000u64.to_le_bytes());
         want.extend_from_slice(&42u64.to_le_bytes());
+        want.extend_from_slice(&0x0123_4567_89AB_CDEFu64.to_le_bytes());
         want.extend_from_slice(&2u32.to_le_bytes());
-        want.extend_from_slice(&[0; 4]);
+        want.extend_from_slice(&2u32.to_le_bytes());
         for (shard, crc, generation, addr, second) in [
             (7u32, 0xAABB_CCDDu32, 2u64, 0x2000u64, u64::MAX),
             (200, 1, 9, 0x3000, 0x4000),
@@ -752,6 +804,8 @@ mod tests {
             want.extend_from_slice(&addr.to_le_bytes());
             want.extend_from_slice(&second.to_le_bytes());
         }
+        want.extend_from_slice(&3u32.to_le_bytes());
+        want.extend_from_slice(&17u32.to_le_bytes());
         let crc = crc32c::crc32c(&want);
         want[28..32].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(&buf[..want.len()], &want[..]);
@@ -765,7 +819,7 @@ mod tests {
 
     #[test]
     fn damaged_or_foreign_records_are_refused_by_name() {
-        let good = sample().encode(&UUID, record_bytes(8));
+        let good = sample().encode(&UUID, record_bytes(8, 0));
         let check = |bytes: &[u8], uuid: &[u8; 16], slot: u32, why: &str| {
             let err = SlotRecord::decode(bytes, uuid, slot).unwrap_err();
             assert!(err.contains(why), "{err} should say {why}");
@@ -791,10 +845,18 @@ mod tests {
 
     #[test]
     fn the_record_size_holds_every_shard() {
-        for shards in [1, 8, 126, 127, 256, 1024] {
-            let bytes = record_bytes(shards);
+        for (shards, regions) in [
+            (1, 0),
+            (8, 2000),
+            (126, 5),
+            (127, 1024),
+            (256, 1),
+            (1024, 4000),
+        ] {
+            let bytes = record_bytes(shards, regions);
             assert_eq!(bytes % 4096, 0);
-            assert!(bytes as usize >= HEADER_BYTES + BODY_FIXED_BYTES + 32 * shards as usize);
+            let least = HEADER_BYTES + BODY_FIXED_BYTES + 32 * shards as usize;
+            assert!(bytes as usize >= least + 4 * regions.max(RECORD_REGIONS_MIN) as usize);
             let mut r = SlotRecord::empty(1);
             r.shards = (0..shards)
                 .map(|s| SlotShard {
@@ -804,6 +866,7 @@ mod tests {
                     second: None,
                 })
                 .collect();
+            r.regions = (0..regions.max(RECORD_REGIONS_MIN)).collect();
             let buf = r.encode(&UUID, bytes);
             assert_eq!(SlotRecord::decode(&buf, &UUID, 1).unwrap(), Some(r));
         }
@@ -816,8 +879,8 @@ mod tests {
         }
 
         #[test]
-        fn a_flipped_bit_is_refused(bit in 0usize..(72 + 64) * 8) {
-            let mut buf = sample().encode(&UUID, record_bytes(8)).to_vec();
+        fn a_flipped_bit_is_refused(bit in 0usize..(80 + 64 + 8) * 8) {
+            let mut buf = sample().encode(&UUID, record_bytes(8, 0)).to_vec();
             buf[bit / 8] ^= 1 << (bit % 8);
             let decoded = SlotRecord::decode(&buf, &UUID, 3);
             // Bits of the magic turn it into something that is not a record; every other

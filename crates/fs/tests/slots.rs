@@ -52,6 +52,8 @@ fn record_with_a_shard(slot: u32, generation: u64) -> SlotRecord {
             },
             second: None,
         }],
+        regions: vec![2],
+        map_digest: 77,
     }
 }
 
