@@ -285,6 +285,53 @@ impl DiskState {
         Ok(state)
     }
 
+    /// Replaces the words of chunk `chunk` with `words` (as many as the chunk has), keeping
+    /// the per-block counts and indexes in step, and marks the chunk changed. A block that
+    /// straddles the chunk's edge (more than 64 sub-blocks per block, not dividing the
+    /// chunk) takes the new bits for its part inside the chunk only.
+    pub(crate) fn set_chunk(&mut self, chunk: usize, words: &[u64]) -> Result<(), String> {
+        let first_word = chunk * CHUNK_WORDS;
+        let total = self.bitmap.words.len();
+        if first_word >= total {
+            return Err(format!("chunk {chunk} is beyond the disk's {total} words"));
+        }
+        let end_word = total.min(first_word + CHUNK_WORDS);
+        if words.len() != end_word - first_word {
+            return Err(format!(
+                "{} words for chunk {chunk}, which has {}",
+                words.len(),
+                end_word - first_word
+            ));
+        }
+        let sub_blocks = self.blocks() * u64::from(self.sub_blocks_per_block);
+        let tail = sub_blocks % WORD_BITS;
+        if end_word == total && tail != 0 && words.last().is_some_and(|w| w >> tail != 0) {
+            return Err(format!(
+                "sub-blocks beyond the disk's {sub_blocks} are marked used"
+            ));
+        }
+        let start = first_word as u64 * WORD_BITS;
+        let end = (end_word as u64 * WORD_BITS).min(sub_blocks);
+        let spb = u64::from(self.sub_blocks_per_block);
+        let (first_block, last_block) = (start / spb, (end - 1) / spb);
+        for block in first_block..=last_block {
+            let index = usize::try_from(block).expect("fits in memory");
+            let before = u32::from(self.used[index]);
+            self.detach(block, before);
+        }
+        self.bitmap.words[first_word..end_word].copy_from_slice(words);
+        for block in first_block..=last_block {
+            let (b_start, b_end) = self.block_range(block);
+            let used = u32::try_from(self.bitmap.count_used(b_start, b_end - b_start))
+                .expect("at most 1024");
+            let index = usize::try_from(block).expect("fits in memory");
+            self.used[index] = u16::try_from(used).expect("at most 1024");
+            self.attach(block, used);
+        }
+        self.mark_chunk(chunk);
+        Ok(())
+    }
+
     /// The bitmap, a bit per sub-block (set = used), in words of 64 sub-blocks.
     pub(crate) fn words(&self) -> &[u64] {
         &self.bitmap.words

@@ -281,6 +281,30 @@ impl AllocMap {
         &words[start..words.len().min(start + MAP_CHUNK_WORDS)]
     }
 
+    /// Replaces chunk `chunk` of a disk's bitmap with `words` (as many as
+    /// [`AllocMap::chunk_words`] gives for it) and marks it changed: a chunk read from where
+    /// another owner stored it, or one held all used while another owner allocates in it
+    /// (an allocation region given to another node).
+    ///
+    /// # Errors
+    ///
+    /// The disk is unknown, the chunk is beyond its bitmap, `words` has the wrong length, or
+    /// it marks sub-blocks beyond the disk's end used; nothing changes then.
+    pub fn set_chunk_words(
+        &mut self,
+        disk: DiskIndex,
+        chunk: usize,
+        words: &[u64],
+    ) -> Result<(), String> {
+        let slot = *self
+            .slot_of_disk
+            .get(&disk)
+            .ok_or_else(|| format!("disk {disk} is not in the map"))?;
+        self.states[slot]
+            .set_chunk(chunk, words)
+            .map_err(|e| format!("disk {disk}: {e}"))
+    }
+
     /// A disk's whole bitmap (a set bit is a used sub-block).
     ///
     /// # Panics

@@ -581,3 +581,144 @@ fn an_added_disk_is_free_stored_whole_and_allocated_from_once_available() {
         .alloc_block(0, AllocKind::Metadata, hint(2, 0, None))
         .is_err());
 }
+
+/// Fills a map with a mix of whole blocks and fragments, freeing some again (deterministic).
+fn churn(map: &mut AllocMap, seed: u64, count: u64) {
+    let mut kept = Vec::new();
+    let mut x = seed;
+    for i in 0..count {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let e = if x % 3 == 0 {
+            map.alloc_block(0, AllocKind::Data, hint(seed, i, None))
+        } else {
+            map.alloc_fragment(0, AllocKind::Data, 1 + (x >> 40) as u32 % 7, None)
+        }
+        .unwrap();
+        if x % 5 == 0 {
+            map.free(e).unwrap();
+        } else {
+            kept.push(e);
+        }
+    }
+}
+
+#[test]
+fn a_chunk_set_from_another_map_reads_as_a_map_built_from_the_merged_bitmap() {
+    // 8 sub-blocks a block: a chunk is 4,064 blocks, the disk three chunks (the last short).
+    let disks = || data_disks(1, 10_000);
+    let mut a = AllocMap::new(8, Placement::Scatter, disks());
+    let mut b = AllocMap::new(8, Placement::Cluster, disks());
+    churn(&mut a, 1, 8_000);
+    churn(&mut b, 2, 5_000);
+    assert!(
+        a.chunk_words(0, 1).iter().any(|w| *w != 0),
+        "a uses chunk 1"
+    );
+    assert_eq!(b.chunk_count(0), 3);
+    let mut merged = b.bitmap(0).to_vec();
+    let from_a = a.chunk_words(0, 1).to_vec();
+    merged[MAP_CHUNK_WORDS..2 * MAP_CHUNK_WORDS].copy_from_slice(&from_a);
+    b.take_dirty_chunks();
+    b.set_chunk_words(0, 1, &from_a).unwrap();
+    assert_eq!(
+        b.take_dirty_chunks(),
+        vec![(0, 1)],
+        "the chunk is to be stored"
+    );
+    assert_eq!(b.bitmap(0), &merged[..]);
+    let built =
+        AllocMap::from_bitmaps(8, Placement::Cluster, disks(), vec![merged.clone()]).unwrap();
+    assert_eq!(b.disk_space(0), built.disk_space(0));
+    // Everything still free is handed out exactly once, never a used sub-block.
+    let mut used = merged;
+    loop {
+        let e = match b.alloc_fragment(0, AllocKind::Data, 3, None) {
+            Ok(e) => e,
+            Err(_) => match b.alloc_fragment(0, AllocKind::Data, 1, None) {
+                Ok(e) => e,
+                Err(_) => break,
+            },
+        };
+        for s in e.addr.sub_block..e.addr.sub_block + u64::from(e.sub_blocks) {
+            let (w, bit) = ((s / 64) as usize, s % 64);
+            assert_eq!(used[w] >> bit & 1, 0, "sub-block {s} handed out while used");
+            used[w] |= 1 << bit;
+        }
+    }
+    assert_eq!(b.disk_space(0).blocks_free, 0);
+    assert_eq!(b.disk_space(0).sub_blocks_free_in_fragments, 0);
+}
+
+#[test]
+fn a_chunk_held_all_used_takes_no_allocation() {
+    let mut map = AllocMap::new(8, Placement::Scatter, data_disks(2, 10_000));
+    churn(&mut map, 3, 2_000);
+    let before = map.disk_space(1);
+    let chunk: Vec<u64> = map.chunk_words(1, 1).to_vec();
+    let free_in_chunk: u64 = chunk.iter().map(|w| u64::from(w.count_zeros())).sum();
+    map.set_chunk_words(1, 1, &vec![u64::MAX; chunk.len()])
+        .unwrap();
+    let after = map.disk_space(1);
+    let free = |s: DiskSpace| s.blocks_free * 8 + s.sub_blocks_free_in_fragments;
+    assert_eq!(free(before) - free(after), free_in_chunk);
+    let held = (MAP_CHUNK_WORDS as u64 * 64)..(2 * MAP_CHUNK_WORDS as u64 * 64);
+    while let Ok(e) = map.alloc_block(0, AllocKind::Data, hint(9, 0, None)) {
+        assert!(
+            e.addr.disk != 1 || !held.contains(&e.addr.sub_block),
+            "{e:?} is in the held chunk"
+        );
+    }
+    // Given back: its words as they were, and its space with them.
+    let full = free(map.disk_space(1));
+    map.set_chunk_words(1, 1, &chunk).unwrap();
+    assert_eq!(free(map.disk_space(1)) - full, free_in_chunk);
+    assert_eq!(map.chunk_words(1, 1), &chunk[..]);
+}
+
+#[test]
+fn a_block_across_a_chunk_edge_keeps_its_part_on_each_side() {
+    // 1,024 sub-blocks a block: chunk 1 (sub-blocks 32,512 to 65,023) holds the last 256
+    // sub-blocks of block 31 and the first 512 of block 63.
+    let mut map = AllocMap::new(1024, Placement::Scatter, data_disks(1, 100));
+    let words = map.chunk_words(0, 1).len();
+    map.set_chunk_words(0, 1, &vec![u64::MAX; words]).unwrap();
+    let space = map.disk_space(0);
+    assert_eq!(
+        space.blocks_free,
+        31 + 36,
+        "blocks 0-30 and 64-99 are outside chunk 1"
+    );
+    assert_eq!(space.sub_blocks_free_in_fragments, 768 + 512);
+    let e = map.alloc_fragment(0, AllocKind::Data, 700, None).unwrap();
+    assert_eq!(e.addr.sub_block / 1024, 31, "the free part of block 31");
+    map.set_chunk_words(0, 1, &vec![0; words]).unwrap();
+    let space = map.disk_space(0);
+    assert_eq!(space.blocks_free, 31 + 100 - 32);
+}
+
+#[test]
+fn a_bad_chunk_is_refused_and_changes_nothing() {
+    // 80,008 sub-blocks: the last word has 8 bits of disk.
+    let mut map = AllocMap::new(8, Placement::Scatter, data_disks(1, 10_001));
+    let before = map.bitmap(0).to_vec();
+    let len = map.chunk_words(0, 2).len();
+    assert!(map
+        .set_chunk_words(0, 0, &[0; 3])
+        .unwrap_err()
+        .contains("words for chunk 0"));
+    assert!(map
+        .set_chunk_words(0, 3, &[0; 3])
+        .unwrap_err()
+        .contains("beyond"));
+    assert!(map
+        .set_chunk_words(7, 0, &[0; 3])
+        .unwrap_err()
+        .contains("disk 7"));
+    assert!(map
+        .set_chunk_words(0, 2, &vec![u64::MAX; len])
+        .unwrap_err()
+        .contains("beyond the disk"));
+    assert_eq!(map.bitmap(0), &before[..]);
+}
