@@ -590,13 +590,13 @@ fn churn(map: &mut AllocMap, seed: u64, count: u64) {
         x = x
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let e = if x % 3 == 0 {
+        let e = if x.is_multiple_of(3) {
             map.alloc_block(0, AllocKind::Data, hint(seed, i, None))
         } else {
             map.alloc_fragment(0, AllocKind::Data, 1 + (x >> 40) as u32 % 7, None)
         }
         .unwrap();
-        if x % 5 == 0 {
+        if x.is_multiple_of(5) {
             map.free(e).unwrap();
         } else {
             kept.push(e);
