@@ -154,8 +154,14 @@ pub(crate) fn new_store(
     ))
 }
 
-/// The metadata of the checkpoint `desc` names.
-pub(crate) fn open_state(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> FsResult<MetaState> {
+/// The metadata of every shard: those the owner map gives slot 0 from the checkpoint `desc`
+/// names, the others from their slots' records. Returns the shards slot 0 does not hold
+/// (to be released by a mount once recovery has counted their blocks) and why any of them
+/// could not be opened.
+pub(crate) fn open_state(
+    desc: &FsDescriptor,
+    disks: &Arc<DiskSet>,
+) -> FsResult<(MetaState, Vec<usize>, Vec<String>)> {
     if desc.checkpoint.roots.len() != desc.shard_count as usize {
         return Err(FsError::Corrupt(format!(
             "descriptor lists {} shard roots for {} shards",
@@ -164,7 +170,18 @@ pub(crate) fn open_state(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> FsResult<
         )));
     }
     let store = new_store(desc, disks, desc.checkpoint.generation + 1)?;
-    MetaState::open(store, &desc.root_ptrs())
+    let mut roots: Vec<Option<tessera_meta::PagePtr>> =
+        desc.root_ptrs().into_iter().map(Some).collect();
+    let (foreign, problems) = crate::slot::foreign_roots(desc, disks);
+    for (shard, root) in &foreign {
+        roots[*shard] = *root;
+    }
+    let state = MetaState::open(store, &roots)?;
+    Ok((
+        state,
+        foreign.into_iter().map(|(s, _)| s).collect(),
+        problems,
+    ))
 }
 
 /// A checkpoint whose pages have their places but are not written yet.
@@ -207,6 +224,8 @@ pub(crate) fn prepare(
     let mirrored = desc.metadata_copies.is_some();
     state.write_headers()?;
     state.unsettled_into_tree()?;
+    let held = state.held_shards();
+    let state_shards = state.shard_count() as usize;
     let (store, mut trees) = state.trees_mut();
     let mut single = 0usize;
     let cp = store
@@ -269,15 +288,22 @@ pub(crate) fn prepare(
             desc.name
         );
     }
-    let ptrs: Vec<_> = trees
-        .iter()
-        .map(|t| t.root().expect("checkpointed tree has a root page"))
-        .collect();
-    let roots = ptrs.iter().map(|p| ShardRoot::from(*p)).collect();
-    let root_mirrors = ptrs
-        .iter()
-        .map(|p| p.mirror.map_or(crate::descriptor::NO_SECOND_COPY, |a| a.0))
-        .collect();
+    // Every shard keeps a place in the descriptor's list; one this owner does not hold keeps
+    // what it had (the owner map, not this list, says where its live root is).
+    let mut roots = desc.checkpoint.roots.clone();
+    // (At format the list is empty and every shard is held.)
+    roots.resize(state_shards, ShardRoot { addr: 0, crc32c: 0 });
+    let mut root_mirrors = desc
+        .metadata_copies
+        .as_ref()
+        .map(|c| c.root_mirrors.clone())
+        .unwrap_or_default();
+    root_mirrors.resize(roots.len(), crate::descriptor::NO_SECOND_COPY);
+    for (s, t) in held.iter().zip(trees.iter()) {
+        let p = t.root().expect("checkpointed tree has a root page");
+        roots[*s] = ShardRoot::from(p);
+        root_mirrors[*s] = p.mirror.map_or(crate::descriptor::NO_SECOND_COPY, |a| a.0);
+    }
     let superseded: Vec<Extent> = cp
         .superseded
         .iter()

@@ -202,9 +202,9 @@ pub struct FsDescriptor {
     /// Where the second copies of the metadata live (`-m 2`); `None` with one copy.
     /// Last but one.
     pub metadata_copies: Option<MetadataCopies>,
-    /// The owner slots beyond slot 0 (the descriptor's own), by slot number; `None` until
-    /// the first is made. Always the last field.
-    pub slots: Option<Vec<crate::slot::SlotRegion>>,
+    /// The owner slots beyond slot 0 (the descriptor's own) and the owner map; `None` until
+    /// the first slot is made. Always the last field.
+    pub slots: Option<crate::slot::Slots>,
 }
 
 /// The second copy of everything the metadata consists of, each on a metadata disk of a
@@ -306,6 +306,19 @@ impl FsDescriptor {
                 ptr
             })
             .collect()
+    }
+
+    /// The regions of the owner slots beyond slot 0.
+    pub fn slot_regions(&self) -> &[crate::slot::SlotRegion] {
+        self.slots.as_ref().map_or(&[], |s| &s.regions)
+    }
+
+    /// Which slot owns shard `shard`, and since which generation of the owner map.
+    pub fn shard_owner(&self, shard: usize) -> crate::slot::ShardOwner {
+        self.slots
+            .as_ref()
+            .and_then(|s| s.shard_owners.get(shard).copied())
+            .unwrap_or_default()
     }
 
     /// Data replication, one copy for file systems made before it existed.

@@ -524,9 +524,8 @@ impl FileSystem {
                     c.log_disk == i || c.map_regions.iter().any(|r| r.on_disk == i)
                 })
                 || desc
-                    .slots
+                    .slot_regions()
                     .iter()
-                    .flatten()
                     .any(|r| r.copies().iter().any(|(d, _)| *d == i));
             // Every block free, not only every sub-block: the allocator lets a disk go
             // only whole.

@@ -88,6 +88,13 @@ pub enum FsError {
     /// A waiting lock request was interrupted by a signal (EINTR).
     #[error("interrupted while waiting for a lock")]
     Interrupted,
+    /// An inode whose shard this owner does not hold: the owner map gives it to another
+    /// owner slot, whose owner serves it.
+    #[error(
+        "inode shard {shard} is owned by another node's owner slot; the request goes to that \
+         node"
+    )]
+    ShardElsewhere { shard: u32 },
     /// An error of the metanode on another node that has no variant of its own here.
     #[error("{message}")]
     Remote { errno: i32, message: String },
@@ -125,6 +132,7 @@ impl FsError {
             | FsError::MissingDisk { .. }
             | FsError::NoDescriptor(_)
             | FsError::Fenced
+            | FsError::ShardElsewhere { .. }
             | FsError::OwnerMoved => libc::EIO,
         }
     }

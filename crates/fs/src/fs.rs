@@ -240,6 +240,23 @@ impl FileSystem {
                 desc.name
             )));
         }
+        if recovered.map_rebuilt.is_some() && !recovered.slot_problems.is_empty() {
+            // A rebuilt map counts only the blocks of shards it could open: those of the
+            // others would be handed out again.
+            return Err(FsError::Corrupt(format!(
+                "the allocation map must be rebuilt, but shards of other owner slots cannot be \
+                 read ({}); run tessera fsck {}",
+                recovered.slot_problems.join("; "),
+                desc.name
+            )));
+        }
+        for why in &recovered.slot_problems {
+            tracing::error!("{}: {why}; those shards are unavailable", desc.name);
+        }
+        // Slot 0 serves only its own shards; the others' blocks are counted in the map.
+        for shard in std::mem::take(&mut recovered.foreign_shards) {
+            recovered.state.release_shard(shard);
+        }
         if let Some(why) = &recovered.map_rebuilt {
             tracing::info!(
                 "{}: allocation map rebuilt from the metadata: {why}",

@@ -60,6 +60,7 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
     report
         .problems
         .extend(crate::slot::check_records(&desc, &disk_set));
+    report.problems.extend(rec.slot_problems.iter().cloned());
     let fixes = check(&desc, &mut rec.state, &mut report)?;
     report.ill_replicated_metadata = ill_replicated_metadata(&desc, &mut rec.state)?;
     // The stored allocation map against the one rebuilt from the metadata (after replay, both).
@@ -71,9 +72,22 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
     report.problems.extend(map_problems.iter().cloned());
     let map_fix = !map_problems.is_empty();
     if repair && (!fixes.is_empty() || map_fix) && rec.conflicts.is_empty() {
+        // Shards other slots own are repaired by their owners, from their own records:
+        // a checkpoint here would supersede pages their records still name.
+        for shard in std::mem::take(&mut rec.foreign_shards) {
+            rec.state.release_shard(shard);
+        }
         for fix in &fixes {
-            for extent in rec.state.apply(fix)? {
-                let _ = rec.alloc.free(extent);
+            match rec.state.apply(fix) {
+                Ok(freed) => {
+                    for extent in freed {
+                        let _ = rec.alloc.free(extent);
+                    }
+                }
+                Err(crate::FsError::ShardElsewhere { shard }) => report.problems.push(format!(
+                    "not repaired: {fix:?} is in shard {shard}, which another owner slot holds"
+                )),
+                Err(e) => return Err(e),
             }
         }
         // The rebuilt map is stored whole (recovery marked every chunk changed).
@@ -112,9 +126,8 @@ fn ill_replicated_metadata(desc: &crate::FsDescriptor, state: &mut MetaState) ->
     };
     let apart = |a: u16, b: Option<u16>| b.is_some_and(|b| group_of(a) != group_of(b));
     let mut ill = desc
-        .slots
+        .slot_regions()
         .iter()
-        .flatten()
         .filter(|r| !apart(r.disk, r.second.map(|s| s.disk)))
         .count() as u64;
     let (store, trees) = state.trees_mut();

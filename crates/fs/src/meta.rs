@@ -233,7 +233,9 @@ pub enum ContentKind {
 /// create and statfs reads them.
 pub struct MetaState {
     pub(crate) store: MetaStore,
-    pub(crate) shards: Vec<ShardTree>,
+    /// The trees of the shards this owner holds, by shard number; `None` for shards the
+    /// owner map gives to another owner slot.
+    pub(crate) shards: Vec<Option<ShardTree>>,
     headers: Vec<ShardHeader>,
     /// Each shard's header as its tree holds it: a checkpoint writes only the headers that
     /// differ, so that it changes no page of a shard nothing touched (with hundreds of
@@ -302,12 +304,16 @@ impl MetaState {
             // the root directory).
             let t = ShardTree::create(&mut store, first_ino(s, n))?;
             headers.push(t.header(&mut store)?);
-            shards.push(t);
+            shards.push(Some(t));
         }
         Ok(MetaState::with(store, shards, headers))
     }
 
-    fn with(store: MetaStore, shards: Vec<ShardTree>, headers: Vec<ShardHeader>) -> MetaState {
+    fn with(
+        store: MetaStore,
+        shards: Vec<Option<ShardTree>>,
+        headers: Vec<ShardHeader>,
+    ) -> MetaState {
         MetaState {
             store,
             shards,
@@ -411,14 +417,68 @@ impl MetaState {
         (self.inodes.len(), self.stats.len())
     }
 
-    /// The shards of a checkpoint, from their root pages.
-    pub fn open(mut store: MetaStore, roots: &[PagePtr]) -> FsResult<MetaState> {
-        let shards: Vec<ShardTree> = roots.iter().map(|r| ShardTree::on_disk(*r)).collect();
+    /// The shards of a checkpoint, from their root pages: `None` for a shard this owner does
+    /// not hold (the owner map gives it to another owner slot), which is never read.
+    pub fn open(mut store: MetaStore, roots: &[Option<PagePtr>]) -> FsResult<MetaState> {
+        let shards: Vec<Option<ShardTree>> =
+            roots.iter().map(|r| r.map(ShardTree::on_disk)).collect();
         let headers = shards
             .iter()
-            .map(|t| t.header(&mut store))
+            .map(|t| match t {
+                Some(t) => t.header(&mut store),
+                None => Ok(ShardHeader::default()),
+            })
             .collect::<FsResult<Vec<_>>>()?;
         Ok(MetaState::with(store, shards, headers))
+    }
+
+    /// Inodes in shard `shard` (0 for one this owner does not hold).
+    pub fn shard_inode_count(&self, shard: usize) -> u64 {
+        self.headers.get(shard).map_or(0, |h| h.inode_count)
+    }
+
+    /// Whether this owner holds shard `shard`.
+    pub fn holds(&self, shard: usize) -> bool {
+        self.shards.get(shard).is_some_and(Option::is_some)
+    }
+
+    /// The shards this owner holds, in order.
+    pub fn held_shards(&self) -> Vec<usize> {
+        (0..self.shards.len()).filter(|s| self.holds(*s)).collect()
+    }
+
+    /// Stops holding shard `shard` (the owner map gave it to another slot): its tree and
+    /// everything cached of its inodes are forgotten. The caller has checkpointed it.
+    pub(crate) fn release_shard(&mut self, shard: usize) {
+        let n = self.shard_count();
+        self.shards[shard] = None;
+        self.headers[shard] = ShardHeader::default();
+        self.stored_headers[shard] = ShardHeader::default();
+        let of = |ino: &Ino| ino % n == shard as u64;
+        self.inodes.retain(|ino, _| !of(ino));
+        self.inode_order.retain(|ino| !of(ino));
+        self.stats.retain(|ino, _| !of(ino));
+        self.fresh.retain(|ino| !of(ino));
+        self.unsettled.retain(|(ino, _), _| !of(ino));
+        self.dir_memo = None;
+    }
+
+    /// The shard of a new directory: directories spread over the shards this owner holds,
+    /// so that the namespace (and the metanodes, once shards move) balance.
+    pub fn shard_for_new_directory(&self) -> usize {
+        let held = self.held_shards();
+        assert!(!held.is_empty(), "an owner holds at least one shard");
+        held[(self.inode_count() % held.len() as u64) as usize]
+    }
+
+    /// The tree of shard `shard` and the page store, or why this owner cannot reach it.
+    fn tree_at(&mut self, shard: usize) -> FsResult<(&mut ShardTree, &mut MetaStore)> {
+        match self.shards.get_mut(shard) {
+            Some(Some(t)) => Ok((t, &mut self.store)),
+            _ => Err(FsError::ShardElsewhere {
+                shard: shard as u32,
+            }),
+        }
     }
 
     pub fn shard_count(&self) -> u64 {
@@ -436,6 +496,10 @@ impl MetaState {
     /// Reserves an inode number in `shard` (the caller logs it in a PutAttr; a number never
     /// logged is simply skipped).
     pub fn allocate_ino(&mut self, shard: usize) -> Ino {
+        assert!(
+            self.holds(shard),
+            "inode numbers come from a shard this owner holds"
+        );
         let n = self.shard_count();
         let h = &mut self.headers[shard];
         let ino = h.next_ino;
@@ -452,7 +516,7 @@ impl MetaState {
         budget: usize,
     ) -> FsResult<usize> {
         let mut marked = 0;
-        for shard in &mut self.shards {
+        for shard in self.shards.iter_mut().flatten() {
             if marked == budget {
                 break;
             }
@@ -474,7 +538,10 @@ impl MetaState {
         from: Option<&[u8]>,
         leaves: usize,
     ) -> FsResult<(u64, u64, Option<Vec<u8>>)> {
-        let tree = &self.shards[shard].tree;
+        let Some(Some(tree)) = self.shards.get(shard) else {
+            return Ok((0, 0, None));
+        };
+        let tree = &tree.tree;
         self.store
             .check_copies_from(tree, from, leaves)
             .map_err(crate::shard_tree::meta_err)
@@ -484,7 +551,11 @@ impl MetaState {
     pub(crate) fn trees_mut(&mut self) -> (&mut MetaStore, Vec<&mut Tree>) {
         (
             &mut self.store,
-            self.shards.iter_mut().map(|s| &mut s.tree).collect(),
+            self.shards
+                .iter_mut()
+                .flatten()
+                .map(|s| &mut s.tree)
+                .collect(),
         )
     }
 
@@ -502,7 +573,8 @@ impl MetaState {
             return Ok(rec.as_ref().map(f));
         }
         let s = self.shard_of(ino);
-        let rec = self.shards[s].inode(&mut self.store, ino)?;
+        let (t, store) = self.tree_at(s)?;
+        let rec = t.inode(store, ino)?;
         self.cache_record(ino, rec.as_ref());
         Ok(rec.as_ref().map(f))
     }
@@ -514,14 +586,15 @@ impl MetaState {
 
     fn put(&mut self, rec: &InodeRecord) -> FsResult<()> {
         let s = self.shard_of(rec.attr.ino);
-        self.shards[s].put_inode(&mut self.store, rec)?;
+        let (t, store) = self.tree_at(s)?;
+        t.put_inode(store, rec)?;
         self.cache_record(rec.attr.ino, Some(rec));
         Ok(())
     }
 
-    fn shard_for(&mut self, ino: Ino) -> (&mut ShardTree, &mut MetaStore) {
+    fn shard_for(&mut self, ino: Ino) -> FsResult<(&mut ShardTree, &mut MetaStore)> {
         let s = self.shard_of(ino);
-        (&mut self.shards[s], &mut self.store)
+        self.tree_at(s)
     }
 
     // ---- reads ----
@@ -559,7 +632,7 @@ impl MetaState {
                 return Ok(p.clone());
             }
         }
-        let (t, store) = self.shard_for(dir);
+        let (t, store) = self.shard_for(dir)?;
         let p = t.dir_probe(store, dir, name)?;
         self.dir_memo = Some((dir, name.to_vec(), p.clone()));
         Ok(p)
@@ -577,7 +650,7 @@ impl MetaState {
 
     pub fn dir_is_empty(&mut self, dir: Ino) -> FsResult<bool> {
         self.dir_parent(dir)?;
-        let (t, store) = self.shard_for(dir);
+        let (t, store) = self.shard_for(dir)?;
         t.dir_is_empty(store, dir)
     }
 
@@ -589,7 +662,7 @@ impl MetaState {
         limit: usize,
     ) -> FsResult<Vec<(Vec<u8>, DirEntry)>> {
         self.dir_parent(dir)?;
-        let (t, store) = self.shard_for(dir);
+        let (t, store) = self.shard_for(dir)?;
         Ok(t.dir_list(store, dir, after.saturating_add(1), limit)?
             .into_iter()
             .map(|e| {
@@ -671,7 +744,7 @@ impl MetaState {
             return Ok(Vec::new());
         }
         let limit = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
-        let (t, store) = self.shard_for(ino);
+        let (t, store) = self.shard_for(ino)?;
         let mut blocks: Vec<(u64, BlockRef)> = t
             .blocks(store, ino, range.start, limit)?
             .into_iter()
@@ -693,7 +766,8 @@ impl MetaState {
     pub(crate) fn unsettled_into_tree(&mut self) -> FsResult<()> {
         for ((ino, index), alternatives) in std::mem::take(&mut self.unsettled) {
             let s = self.shard_of(ino);
-            self.shards[s].modify_block(&mut self.store, ino, index, |b| {
+            let (t, store) = self.tree_at(s)?;
+            t.modify_block(store, ino, index, |b| {
                 b.pending.extend(alternatives);
                 Ok(true)
             })?;
@@ -734,7 +808,7 @@ impl MetaState {
         if !self.may_have_xattrs(ino)? {
             return Ok(None);
         }
-        let (t, store) = self.shard_for(ino);
+        let (t, store) = self.shard_for(ino)?;
         t.xattr(store, ino, name)
     }
 
@@ -742,13 +816,13 @@ impl MetaState {
         if !self.may_have_xattrs(ino)? {
             return Ok(Vec::new());
         }
-        let (t, store) = self.shard_for(ino);
+        let (t, store) = self.shard_for(ino)?;
         t.xattr_names(store, ino)
     }
 
     /// The stored value, whatever the inode's record says (fsck).
     pub(crate) fn stored_xattr(&mut self, ino: Ino, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
-        let (t, store) = self.shard_for(ino);
+        let (t, store) = self.shard_for(ino)?;
         t.xattr(store, ino, name)
     }
 
@@ -761,7 +835,7 @@ impl MetaState {
     /// Inodes unlinked while open when the previous owner stopped.
     pub fn orphans(&mut self) -> FsResult<Vec<Ino>> {
         let mut out = Vec::new();
-        for t in &self.shards {
+        for t in self.shards.iter().flatten() {
             out.extend(t.orphans(&mut self.store)?);
         }
         Ok(out)
@@ -774,12 +848,16 @@ impl MetaState {
         from: &[u8],
         limit: usize,
     ) -> FsResult<(Vec<Item>, Option<Vec<u8>>)> {
-        self.shards[shard].scan_batch(&mut self.store, from, limit)
+        match self.shards.get(shard) {
+            Some(Some(t)) => t.scan_batch(&mut self.store, from, limit),
+            // A shard another slot holds has nothing to scan here.
+            _ => Ok((Vec::new(), None)),
+        }
     }
 
     /// Calls `f` for every item of every shard, in key order (fsck, the allocation map).
     pub(crate) fn scan(&mut self, f: &mut dyn FnMut(Item) -> FsResult<()>) -> FsResult<()> {
-        for t in &self.shards {
+        for t in self.shards.iter().flatten() {
             t.scan(&mut self.store, f)?;
         }
         Ok(())
@@ -810,7 +888,7 @@ impl MetaState {
                     ino: entry.ino,
                     kind: entry.kind,
                 };
-                let (t, store) = self.shard_for(*dir);
+                let (t, store) = self.shard_for(*dir)?;
                 if let Some(old) = t.dir_insert(store, *dir, &item)? {
                     if old.name != *name {
                         return Err(corrupt(format!(
@@ -823,7 +901,7 @@ impl MetaState {
             Change::DirRemove { dir, name } => {
                 self.dir_record(*dir)?;
                 let found = self.probe(*dir, name)?.found;
-                let (t, store) = self.shard_for(*dir);
+                let (t, store) = self.shard_for(*dir)?;
                 let removed = match found {
                     Some(item) => t.dir_remove_cookie(store, *dir, item.cookie)?,
                     None => false,
@@ -848,7 +926,7 @@ impl MetaState {
             Change::MapBlock { ino, index, block } | Change::MapCopies { ino, index, block } => {
                 let mut rec = self.must(*ino)?;
                 let mut allocated = self.blocks_content(&mut rec)?;
-                let (t, store) = self.shard_for(*ino);
+                let (t, store) = self.shard_for(*ino)?;
                 let old = t.put_block(store, *ino, *index, block)?;
                 self.unsettled.remove(&(*ino, *index));
                 allocated += block.allocated_sub_blocks();
@@ -870,7 +948,10 @@ impl MetaState {
             } => {
                 let s = self.shard_of(*ino);
                 let unsettled = &mut self.unsettled;
-                let found = self.shards[s].modify_block(&mut self.store, *ino, *index, |b| {
+                let (Some(Some(t)), store) = (self.shards.get_mut(s), &mut self.store) else {
+                    return Err(FsError::ShardElsewhere { shard: s as u32 });
+                };
+                let found = t.modify_block(store, *ino, *index, |b| {
                     let end = *first as usize + crcs.len();
                     if end > b.sectors() {
                         return Err(corrupt(format!(
@@ -914,7 +995,7 @@ impl MetaState {
                 self.drop_unsettled(*ino, *index, |s| (*first..first + count).contains(&s));
                 // A checkpoint may have moved some into the reference (or the mount found
                 // them there): changed only if so.
-                let (t, store) = self.shard_for(*ino);
+                let (t, store) = self.shard_for(*ino)?;
                 t.modify_block(store, *ino, *index, |b| {
                     let before = b.pending.len();
                     for s in *first..first + count {
@@ -930,7 +1011,7 @@ impl MetaState {
                 to,
             } => {
                 self.drop_unsettled(*ino, *index, |s| s == *sector);
-                let (t, store) = self.shard_for(*ino);
+                let (t, store) = self.shard_for(*ino)?;
                 let found = t.modify_block(store, *ino, *index, |b| {
                     let s = *sector as usize;
                     if s >= b.sectors() {
@@ -958,7 +1039,7 @@ impl MetaState {
                 self.unsettled.remove(&(*ino, *index));
                 let mut rec = self.must(*ino)?;
                 let mut allocated = self.blocks_content(&mut rec)?;
-                let (t, store) = self.shard_for(*ino);
+                let (t, store) = self.shard_for(*ino)?;
                 if let Some(old) = t.remove_block(store, *ino, *index)? {
                     allocated -= old.allocated_sub_blocks();
                     freed.extend(old.extents());
@@ -970,7 +1051,7 @@ impl MetaState {
             }
             Change::SetXattr { ino, name, value } => {
                 let mut rec = self.must(*ino)?;
-                let (t, store) = self.shard_for(*ino);
+                let (t, store) = self.shard_for(*ino)?;
                 t.set_xattr(store, *ino, name, value)?;
                 if !rec.xattrs {
                     rec.xattrs = true;
@@ -979,7 +1060,7 @@ impl MetaState {
             }
             Change::RemoveXattr { ino, name } => {
                 let mut rec = self.must(*ino)?;
-                let (t, store) = self.shard_for(*ino);
+                let (t, store) = self.shard_for(*ino)?;
                 t.remove_xattr(store, *ino, name)?;
                 if rec.xattrs && t.xattr_names(store, *ino)?.is_empty() {
                     rec.xattrs = false;
@@ -1006,7 +1087,7 @@ impl MetaState {
                 extents,
             } => {
                 let mut dropped = Vec::new();
-                let (t, store) = self.shard_for(*ino);
+                let (t, store) = self.shard_for(*ino)?;
                 let found = t.modify_block(store, *ino, *index, |b| {
                     for e in extents {
                         if b.extent == *e {
@@ -1060,14 +1141,17 @@ impl MetaState {
                 let alone = !rec.xattrs
                     && matches!(rec.content, RecordContent::Inline(_) | RecordContent::None);
                 let blocks = if alone {
-                    self.shards[s].remove_record(&mut self.store, *ino)?;
+                    let (t, store) = self.tree_at(s)?;
+                    t.remove_record(store, *ino)?;
                     Vec::new()
                 } else {
-                    self.shards[s].remove_inode(&mut self.store, *ino)?
+                    let (t, store) = self.tree_at(s)?;
+                    t.remove_inode(store, *ino)?
                 };
                 freed.extend(blocks.iter().flat_map(BlockRef::extents));
                 if rec.attr.nlink == 0 {
-                    self.shards[s].set_orphan(&mut self.store, *ino, false)?;
+                    let (t, store) = self.tree_at(s)?;
+                    t.set_orphan(store, *ino, false)?;
                 }
                 self.headers[s].inode_count -= 1;
             }
@@ -1098,7 +1182,7 @@ impl MetaState {
     /// Unmaps every block at or past `from`; returns the sub-blocks they held.
     fn free_blocks_from(&mut self, ino: Ino, from: u64, freed: &mut Vec<Extent>) -> FsResult<u64> {
         self.forget_unsettled(ino, from);
-        let (t, store) = self.shard_for(ino);
+        let (t, store) = self.shard_for(ino)?;
         let mut released = 0;
         loop {
             let batch = t.blocks(store, ino, from, 256)?;
@@ -1130,7 +1214,7 @@ impl MetaState {
                 let mut allocated = *allocated_sub_blocks;
                 allocated -= self.free_blocks_from(ino, keep, freed)?;
                 if !size.is_multiple_of(block_size) {
-                    let (t, store) = self.shard_for(ino);
+                    let (t, store) = self.shard_for(ino)?;
                     if let Some(mut b) = t.block(store, ino, size / block_size)? {
                         let first_gone =
                             (size % block_size).div_ceil(crate::inode::CSUM_SECTOR_BYTES);
@@ -1142,7 +1226,7 @@ impl MetaState {
                         self.drop_unsettled(ino, size / block_size, |s| u64::from(s) >= first_gone);
                     }
                 }
-                let (t, store) = self.shard_for(ino);
+                let (t, store) = self.shard_for(ino)?;
                 rec.content = if t.blocks(store, ino, 0, 1)?.is_empty() {
                     RecordContent::Inline(Vec::new())
                 } else {
@@ -1194,7 +1278,8 @@ impl MetaState {
         // Inodes without links are orphans until freed: mount reclaims them without a scan.
         let orphan = attr.nlink == 0;
         if orphan != was_orphan {
-            self.shards[s].set_orphan(&mut self.store, attr.ino, orphan)?;
+            let (t, store) = self.tree_at(s)?;
+            t.set_orphan(store, attr.ino, orphan)?;
         }
         Ok(())
     }
@@ -1205,6 +1290,7 @@ impl MetaState {
     pub(crate) fn write_headers(&mut self) -> FsResult<()> {
         self.fresh.clear();
         for (s, t) in self.shards.iter_mut().enumerate() {
+            let Some(t) = t else { continue };
             let h = self.headers[s];
             if h != self.stored_headers[s] {
                 t.set_header(&mut self.store, h)?;

@@ -142,11 +142,10 @@ impl Namespace for FileSystem {
         if kind == FileKind::Directory && pattr.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks);
         }
-        // Files live in their directory's shard; directories spread over all shards so the
-        // namespace, and later its metanodes, balance.
+        // Files live in their directory's shard; directories spread over the shards this
+        // owner holds, so the namespace, and its metanodes, balance.
         let shard = if kind == FileKind::Directory {
-            let n = m.state.shard_count();
-            (m.state.inode_count() % n) as usize
+            m.state.shard_for_new_directory()
         } else {
             m.state.shard_of(parent)
         };

@@ -548,7 +548,10 @@ pub(crate) mod tests {
             let mut m = fs.owner().meta.lock();
             let s = m.state.shard_of(f.ino);
             let state = &mut m.state;
-            let block = state.shards[s].block(&mut state.store, f.ino, 0).unwrap();
+            let tree = state.shards[s]
+                .as_mut()
+                .expect("the owner holds every shard");
+            let block = tree.block(&mut state.store, f.ino, 0).unwrap();
             block.unwrap().pending
         };
         let handed_out = |fs: &FileSystem| {

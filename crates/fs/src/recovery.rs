@@ -33,6 +33,11 @@ pub(crate) struct Recovered {
     /// With [`MapSource::Verify`]: the stored map after replay, or why it could not be read
     /// (`None` when the file system stores no map).
     pub stored_map: Option<Result<AllocMap, String>>,
+    /// Shards the owner map gives to other slots: in `state` for counting their blocks and
+    /// for fsck; a mount releases them.
+    pub foreign_shards: Vec<usize>,
+    /// Why shards of other slots could not be opened (their blocks are not counted).
+    pub slot_problems: Vec<String>,
 }
 
 /// Where recovery takes the allocation map from.
@@ -179,7 +184,7 @@ pub(crate) fn recover(
             (Arc::clone(&log) as Arc<dyn BlockDevice>, Some(log))
         }
     };
-    let mut state = crate::checkpoint::open_state(desc, disks)?;
+    let (mut state, foreign_shards, slot_problems) = crate::checkpoint::open_state(desc, disks)?;
     let (journal, records) = match &log_copies {
         Some(log) if log.behind().is_none() => replay_longer(desc, log)?,
         _ => Journal::open(
@@ -286,6 +291,8 @@ pub(crate) fn recover(
         map_slots,
         map_rebuilt,
         stored_map,
+        foreign_shards,
+        slot_problems,
     })
 }
 
@@ -389,7 +396,7 @@ pub(crate) fn referenced_extents(
             .into_iter()
             .map(|e| (e, "allocation map region".to_string())),
     );
-    for region in desc.slots.iter().flatten() {
+    for region in desc.slot_regions().iter() {
         out.extend(
             region
                 .extents(desc)
@@ -397,8 +404,9 @@ pub(crate) fn referenced_extents(
                 .map(|e| (e, format!("owner slot {}", region.slot))),
         );
     }
+    let held = state.held_shards();
     let (store, trees) = state.trees_mut();
-    for (s, tree) in trees.into_iter().enumerate() {
+    for (s, tree) in held.into_iter().zip(trees) {
         let mut pages = Vec::new();
         store
             .visit_pages(tree, &mut |addr, _| pages.push(addr))

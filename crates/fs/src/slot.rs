@@ -68,6 +68,24 @@ const REGION_ENTRY_BYTES: usize = 4;
 /// before the file system's disks do.
 pub const RECORD_REGIONS_MIN: u32 = 1024;
 
+/// The owner slots beyond slot 0 and the owner map, as the descriptor records them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slots {
+    /// By slot number.
+    pub regions: Vec<SlotRegion>,
+    /// By shard: who owns it. Shards past the end belong to slot 0 at generation 0.
+    pub shard_owners: Vec<ShardOwner>,
+}
+
+/// Which slot owns a shard. The generation counts the shard's hand-overs: a slot record's
+/// entry for the shard counts only while it names the owner map's generation, so a record
+/// written for a hand-over the map never committed is ignored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardOwner {
+    pub slot: u32,
+    pub generation: u64,
+}
+
 /// A slot's region as the descriptor lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlotRegion {
@@ -482,8 +500,13 @@ impl crate::fs::FileSystem {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
-        let slots = desc.slots.clone().unwrap_or_default();
-        let slot = slots.iter().map(|s| s.slot).max().unwrap_or(0) + 1;
+        let slot = desc
+            .slot_regions()
+            .iter()
+            .map(|s| s.slot)
+            .max()
+            .unwrap_or(0)
+            + 1;
         let record = record_bytes(desc.shard_count, region_count(&desc));
         let bytes = 2 * u64::from(record) + desc.log.region.bytes;
         let region = self.place_slot_region(&mut m, &desc, slot, bytes, record, &|_| true)?;
@@ -495,7 +518,10 @@ impl crate::fs::FileSystem {
             return Err(e);
         }
         let mut next = desc;
-        next.slots.get_or_insert_with(Vec::new).push(region);
+        next.slots
+            .get_or_insert_with(Slots::default)
+            .regions
+            .push(region);
         let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
         let committed = self.commit_descriptor_change(
             &mut m,
@@ -509,19 +535,101 @@ impl crate::fs::FileSystem {
         committed.map(|()| slot)
     }
 
+    /// Gives shards that hold no inode to owner slot `slot` (the file system manager's side
+    /// of a hand-over, for empty shards: nothing of them is cached or open anywhere, so no
+    /// token needs taking back). In one critical section under the metadata lock: a
+    /// checkpoint makes their roots durable; the slot's record of the next generation
+    /// names them at the owner map's next generation, written through; the descriptor with
+    /// the owner map giving them to the slot is committed by a second checkpoint; then this
+    /// owner forgets them. A crash before the descriptor leaves the record naming a
+    /// generation the map never reached, which is ignored: the shards stay slot 0's.
+    pub fn give_empty_shards(&self, slot: u32, shards: &[usize]) -> FsResult<()> {
+        self.owner_here("giving shards to an owner slot")?;
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
+        let region = desc
+            .slot_regions()
+            .iter()
+            .find(|r| r.slot == slot)
+            .cloned()
+            .ok_or_else(|| FsError::Usage(format!("{} has no owner slot {slot}", desc.name)))?;
+        for &s in shards {
+            if s >= desc.shard_count as usize || !m.state.holds(s) {
+                return Err(FsError::Usage(format!(
+                    "shard {s} of {} is not held by the file system manager",
+                    desc.name
+                )));
+            }
+            if m.state.shard_inode_count(s) != 0 {
+                return Err(FsError::Usage(format!(
+                    "shard {s} of {} holds {} inode(s); only empty shards are handed over yet",
+                    desc.name,
+                    m.state.shard_inode_count(s)
+                )));
+            }
+        }
+        if m.state.held_shards().len() <= shards.len() {
+            return Err(FsError::Usage(
+                "the file system manager keeps at least one shard".into(),
+            ));
+        }
+        self.checkpoint_under_lock(&mut m)?;
+        let desc = self.owner().desc.lock().clone();
+        let mut record = read_record(&desc, &self.devices, &region)?;
+        let roots = desc.root_ptrs();
+        record.generation += 1;
+        let mut next = desc.clone();
+        let map = next.slots.get_or_insert_with(Slots::default);
+        let count = desc.shard_count as usize;
+        if map.shard_owners.len() < count {
+            map.shard_owners.resize(count, ShardOwner::default());
+        }
+        for &s in shards {
+            let owner = &mut map.shard_owners[s];
+            *owner = ShardOwner {
+                slot,
+                generation: owner.generation + 1,
+            };
+            record.shards.retain(|e| e.shard as usize != s);
+            record.shards.push(SlotShard {
+                shard: s as u32,
+                generation: owner.generation,
+                root: roots[s].into(),
+                second: roots[s].mirror.map(|a| a.0),
+            });
+        }
+        record.shards.sort_by_key(|e| e.shard);
+        write_record(&desc, &self.devices, &region, &record)?;
+        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
+        let committed = self.commit_descriptor_change(
+            &mut m,
+            false,
+            &format!("giving shards {shards:?} to owner slot {slot}"),
+            "unmount and mount the file system again; the owner map says who holds them",
+        );
+        if committed.is_err() {
+            *self.owner().desc.lock() = previous;
+        }
+        committed?;
+        for &s in shards {
+            m.state.release_shard(s);
+        }
+        tracing::info!(
+            "{}: shards {shards:?} given to owner slot {slot}",
+            desc.name
+        );
+        Ok(())
+    }
+
     /// The owner slots the descriptor lists, each with its newest record (or why none reads).
     pub fn slots(&self) -> FsResult<Vec<(SlotRegion, FsResult<SlotRecord>)>> {
         self.owner_here("listing owner slots")?;
         let desc = self.owner().desc.lock().clone();
         Ok(desc
-            .slots
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|r| {
-                let record = read_record(&desc, &self.devices, &r);
-                (r, record)
-            })
+            .slot_regions()
+            .iter()
+            .map(|r| (r.clone(), read_record(&desc, &self.devices, r)))
             .collect())
     }
 
@@ -587,6 +695,62 @@ impl crate::fs::FileSystem {
     }
 }
 
+/// The shards the owner map gives to slots other than 0, each with its root as its slot's
+/// record holds it (`None` when that record does not read or does not hold the shard at the
+/// map's generation), and why each of those `None`s is.
+pub(crate) fn foreign_roots(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+) -> (Vec<(usize, Option<tessera_meta::PagePtr>)>, Vec<String>) {
+    let mut records: std::collections::HashMap<u32, Result<SlotRecord, String>> =
+        std::collections::HashMap::new();
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for shard in 0..desc.shard_count as usize {
+        let owner = desc.shard_owner(shard);
+        if owner.slot == 0 {
+            continue;
+        }
+        let record = records.entry(owner.slot).or_insert_with(|| {
+            match desc.slot_regions().iter().find(|r| r.slot == owner.slot) {
+                Some(region) => read_record(desc, disks, region).map_err(|e| e.to_string()),
+                None => Err(format!(
+                    "the owner map names owner slot {}, which the descriptor does not list",
+                    owner.slot
+                )),
+            }
+        });
+        let root = match record {
+            Ok(r) => match r.shards.iter().find(|e| e.shard as usize == shard) {
+                Some(e) if e.generation == owner.generation => {
+                    let mut ptr = e.root.ptr();
+                    ptr.mirror = e.second.map(tessera_meta::PageAddr);
+                    Some(ptr)
+                }
+                found => {
+                    problems.push(format!(
+                        "shard {shard}: the record of owner slot {} holds {} where the owner \
+                         map says generation {}",
+                        owner.slot,
+                        found.map_or("no entry for it".to_string(), |e| format!(
+                            "generation {}",
+                            e.generation
+                        )),
+                        owner.generation
+                    ));
+                    None
+                }
+            },
+            Err(why) => {
+                problems.push(format!("shard {shard}: {why}"));
+                None
+            }
+        };
+        out.push((shard, root));
+    }
+    (out, problems)
+}
+
 /// Bytes copied at a time when a slot region moves.
 const MOVE_CHUNK_BYTES: u64 = 1 << 20;
 
@@ -621,7 +785,7 @@ impl crate::fs::FileSystem {
                         && !parted(r)
                         && !together.contains(&r.slot)
             };
-            let Some(old) = desc.slots.iter().flatten().find(|r| needs_move(r)).cloned() else {
+            let Some(old) = desc.slot_regions().iter().find(|r| needs_move(r)).cloned() else {
                 return Ok(moved);
             };
             let stays = |d: DiskIndex| !leaving.contains(&d);
@@ -653,7 +817,7 @@ impl crate::fs::FileSystem {
                 return Err(e);
             }
             let mut next = desc.clone();
-            for r in next.slots.iter_mut().flatten() {
+            for r in next.slots.iter_mut().flat_map(|s| s.regions.iter_mut()) {
                 if r.slot == old.slot {
                     *r = new.clone();
                 }
@@ -728,7 +892,7 @@ impl crate::fs::FileSystem {
 /// file system is not affected.
 pub(crate) fn check_records(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> Vec<String> {
     let mut problems = Vec::new();
-    for region in desc.slots.iter().flatten() {
+    for region in desc.slot_regions().iter() {
         if let Err(e) = read_record(desc, disks, region) {
             problems.push(e.to_string());
         }

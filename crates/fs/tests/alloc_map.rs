@@ -428,7 +428,7 @@ fn a_format_7_file_system_mounts_as_format_8_without_owner_slots() {
     fs.unmount().unwrap();
     drop(fs);
     assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
-    assert_eq!(descriptor_on_disk(&t).slots.map(|s| s.len()), Some(1));
+    assert_eq!(descriptor_on_disk(&t).slot_regions().len(), 1);
     assert_fsck_clean(&t);
     let fs = mount(&t);
     assert_files(&fs, &files);

@@ -294,3 +294,155 @@ fn with_two_metadata_copies_a_region_has_a_copy_in_another_failure_group() {
     assert!(report.is_clean(), "{:?}", report.problems);
     assert_eq!(report.ill_replicated_metadata, 0);
 }
+
+/// The shards given in these tests: high numbers, which no directory of a small file system
+/// has reached (directories go to shard `inode count % shards held`).
+const GIVEN: [usize; 3] = [250, 251, 255];
+
+#[test]
+fn empty_shards_given_to_a_slot_are_no_longer_slot_0s() {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 6);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    let refused = fs.give_empty_shards(1, &[1]).unwrap_err().to_string();
+    assert!(
+        refused.contains("inode"),
+        "the root's shard is not empty: {refused}"
+    );
+    let refused = fs.give_empty_shards(2, &[200]).unwrap_err().to_string();
+    assert!(refused.contains("no owner slot 2"), "{refused}");
+    fs.give_empty_shards(1, &GIVEN).unwrap();
+    let desc = fs.descriptor();
+    for s in GIVEN {
+        assert_eq!(desc.shard_owner(s).slot, 1);
+        assert_eq!(desc.shard_owner(s).generation, 1);
+    }
+    assert_eq!(desc.shard_owner(0).slot, 0);
+    let record = &records(&fs)[0];
+    assert_eq!(
+        record
+            .shards
+            .iter()
+            .map(|e| e.shard as usize)
+            .collect::<Vec<_>>(),
+        GIVEN.to_vec()
+    );
+    assert_eq!(record.generation, 1);
+    // New directories go to the shards slot 0 still holds.
+    let n = u64::from(desc.shard_count);
+    for i in 0..300 {
+        let d = fs
+            .create_node(
+                tessera_fs::ROOT_INO,
+                format!("d{i}").as_bytes(),
+                tessera_fs::FileKind::Directory,
+                0o755,
+                0,
+                tessera_fs::Caller { uid: 0, gid: 0 },
+                None,
+            )
+            .unwrap();
+        assert!(!GIVEN.contains(&((d.ino % n) as usize)), "{d:?}");
+    }
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after giving shards");
+
+    let fs = mount(&t);
+    assert_eq!(fs.descriptor().shard_owner(250).slot, 1);
+    assert!(
+        fs.give_empty_shards(1, &[250]).is_err(),
+        "slot 0 no longer holds it after a remount"
+    );
+    // An inode number of a given shard is not slot 0's to answer.
+    let err = fs.getattr(250 + n * 3).unwrap_err();
+    assert!(
+        matches!(err, tessera_fs::FsError::ShardElsewhere { shard: 250 }),
+        "{err}"
+    );
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_crash_at_every_write_of_giving_shards_leaves_them_given_or_not() {
+    let t = make_disks(3, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 7);
+    fs.create_slot().unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let (mut kept, mut given) = (0, 0);
+    for k in 1.. {
+        assert!(k < 500, "giving never finished");
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let result = fs.give_empty_shards(1, &GIVEN);
+        let crashed = crash(fs, &faults);
+        let fs = mount(&t);
+        let desc = fs.descriptor();
+        let owners: Vec<u32> = GIVEN.iter().map(|s| desc.shard_owner(*s).slot).collect();
+        assert!(
+            owners.iter().all(|o| *o == owners[0]),
+            "write {k}: given in part: {owners:?}"
+        );
+        if owners[0] == 1 {
+            given += 1;
+            let record = &records(&fs)[0];
+            assert_eq!(record.shards.len(), GIVEN.len(), "write {k}");
+        } else {
+            assert!(result.is_err() || crashed, "write {k}: given and lost");
+            kept += 1;
+        }
+        verify(&fs, &files);
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(&t, &format!("crash at write {k} of giving shards"));
+        if !crashed {
+            assert!(result.is_ok(), "{result:?}");
+        }
+        if owners[0] == 1 {
+            break;
+        }
+    }
+    eprintln!("giving shards: {kept} crashes kept them, {given} gave them");
+    assert!(kept > 0 && given > 0);
+}
+
+#[test]
+fn a_slot_whose_record_is_lost_makes_its_shards_unavailable_and_fsck_names_them() {
+    let t = make_disks(3, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 8);
+    fs.create_slot().unwrap();
+    fs.give_empty_shards(1, &GIVEN).unwrap();
+    let region = fs.slots().unwrap()[0].0.clone();
+    fs.unmount().unwrap();
+    drop(fs);
+    let f = drive(&t, region.disk);
+    f.write_all_at(&vec![0xEE; 2 * region.record_bytes as usize], region.offset)
+        .unwrap();
+    // The rest of the file system mounts and works.
+    let fs = mount(&t);
+    verify(&fs, &files);
+    create_file(&fs, tessera_fs::ROOT_INO, b"still-writable");
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    for s in GIVEN {
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains(&format!("shard {s}:")) && p.contains("owner slot 1")),
+            "{:?}",
+            report.problems
+        );
+    }
+}
