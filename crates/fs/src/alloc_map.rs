@@ -175,6 +175,30 @@ impl MapSlots {
         sum
     }
 
+    /// Forgets chunk `chunk` of every disk (its allocation region went to another owner
+    /// slot, whose record keeps its digest): it no longer counts in this owner's digest.
+    pub fn forget_region(&mut self, chunk: usize) {
+        for chunks in self.keep.values_mut() {
+            if let Some(c) = chunks.get_mut(chunk) {
+                *c = NOTHING_KEPT;
+            }
+        }
+    }
+
+    /// The digest of the current copies of chunk `chunk` of every disk, as a slot record
+    /// keeps it for the regions it owns.
+    pub fn region_digest(&self, chunks: &[usize]) -> u64 {
+        let mut sum = 0u64;
+        for (&disk, kept) in &self.keep {
+            for &c in chunks {
+                if let Some(g) = kept.get(c).and_then(|k| k.generation) {
+                    sum = sum.wrapping_add(digest_term(disk, c, g));
+                }
+            }
+        }
+        sum
+    }
+
     /// The slot a checkpoint writes chunk `chunk` of `disk` into: never the kept one.
     fn target(&self, disk: DiskIndex, chunk: usize) -> u8 {
         match self.keep.get(&disk).and_then(|c| c.get(chunk)) {
@@ -545,6 +569,8 @@ pub(crate) fn load(
     devices: &[Arc<dyn BlockDevice>],
     empty: AllocMap,
 ) -> FsResult<Loaded> {
+    // Chunks of regions other slots own are theirs to store: held as used here, never read.
+    let foreign = crate::slot::foreign_regions(desc);
     let stored = desc
         .alloc_map
         .as_ref()
@@ -625,6 +651,10 @@ pub(crate) fn load(
             for i in 0..n {
                 let c = chunk + i;
                 let want = MAP_CHUNK_WORDS.min(total_words - c * MAP_CHUNK_WORDS);
+                if foreign.contains(&c) {
+                    words.extend(std::iter::repeat_n(0, want));
+                    continue;
+                }
                 let mut best: Option<(u64, u8, Vec<u64>)> = None;
                 let mut stale_slot = None;
                 let mut tie = false;
@@ -697,7 +727,13 @@ pub(crate) fn load(
             desc.placement,
             empty.disks().to_vec(),
             bitmaps,
-        ),
+        )
+        .map(|mut map| {
+            crate::slot::hold_regions(&mut map, &foreign);
+            // Holding marked them changed; they are never this owner's to store.
+            map.take_dirty_chunks();
+            map
+        }),
     };
     Ok(Loaded { map, slots, stale })
 }
@@ -706,15 +742,21 @@ pub(crate) fn load(
 /// the checkpoint, which is the live map without `excluded` (extents the live map holds that
 /// the checkpoint's metadata does not reference). Their chunks stay marked changed, since
 /// their stored copy now differs from the live one.
-pub(crate) fn snapshot(alloc: &mut AllocMap, excluded: &[Extent]) -> Vec<ChunkImage> {
+pub(crate) fn snapshot(
+    alloc: &mut AllocMap,
+    excluded: &[Extent],
+    foreign: &[usize],
+) -> Vec<ChunkImage> {
     let chunks_of = |e: &Extent| {
         let first = e.addr.sub_block / 64;
         let last = (e.addr.sub_block + u64::from(e.sub_blocks) - 1) / 64;
         (first as usize / MAP_CHUNK_WORDS)..=(last as usize / MAP_CHUNK_WORDS)
     };
+    // Chunks of other slots' regions are theirs to store.
     let mut wanted: BTreeMap<(DiskIndex, usize), ()> = alloc
         .take_dirty_chunks()
         .into_iter()
+        .filter(|(_, c)| !foreign.contains(c))
         .map(|k| (k, ()))
         .collect();
     for e in excluded {
@@ -938,7 +980,7 @@ mod tests {
         let unlogged = e(1, 600 * 64, 32);
         alloc.mark_used(kept).unwrap();
         alloc.mark_used(unlogged).unwrap();
-        let images = snapshot(&mut alloc, &[unlogged]);
+        let images = snapshot(&mut alloc, &[unlogged], &[]);
         let chunks: Vec<(DiskIndex, usize)> = images.iter().map(|i| (i.disk, i.chunk)).collect();
         assert_eq!(chunks, vec![(0, 0), (1, 1)]);
         assert_eq!(

@@ -312,7 +312,7 @@ pub(crate) fn prepare(
     let map = if desc.alloc_map.is_some() {
         let mut excluded = superseded.clone();
         excluded.extend_from_slice(unrecorded);
-        crate::alloc_map::snapshot(alloc, &excluded)
+        crate::alloc_map::snapshot(alloc, &excluded, &crate::slot::foreign_regions(desc))
     } else {
         Vec::new()
     };

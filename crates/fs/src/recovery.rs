@@ -383,25 +383,28 @@ pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
 
 /// Every extent the metadata references, with a label for error messages: the log, the
 /// allocation map's regions, the owner slots' regions, the metadata pages the shard trees reach, and every file block.
-pub(crate) fn referenced_extents(
+///
+/// Each with the shard (or an inode number of it) whose metadata references it; `None` for
+/// what the descriptor itself names.
+fn referenced_extents_by_shard(
     desc: &FsDescriptor,
     state: &mut MetaState,
-) -> FsResult<Vec<(Extent, String)>> {
-    let mut out: Vec<(Extent, String)> = log_extents(desc)
+) -> FsResult<Vec<(Extent, String, Option<u64>)>> {
+    let mut out: Vec<(Extent, String, Option<u64>)> = log_extents(desc)
         .into_iter()
-        .map(|e| (e, "recovery log".to_string()))
+        .map(|e| (e, "recovery log".to_string(), None))
         .collect();
     out.extend(
         crate::alloc_map::region_extents(desc)
             .into_iter()
-            .map(|e| (e, "allocation map region".to_string())),
+            .map(|e| (e, "allocation map region".to_string(), None)),
     );
     for region in desc.slot_regions().iter() {
         out.extend(
             region
                 .extents(desc)
                 .into_iter()
-                .map(|e| (e, format!("owner slot {}", region.slot))),
+                .map(|e| (e, format!("owner slot {}", region.slot), None)),
         );
     }
     let held = state.held_shards();
@@ -415,6 +418,7 @@ pub(crate) fn referenced_extents(
             (
                 crate::checkpoint::page_extent(desc, a),
                 format!("metadata page {a} of shard {s}"),
+                Some(s as u64),
             )
         }));
     }
@@ -426,7 +430,7 @@ pub(crate) fn referenced_extents(
                 } else {
                     format!(" copy {}", c + 1)
                 };
-                out.push((e, format!("inode {ino} block {index}{copy}")));
+                out.push((e, format!("inode {ino} block {index}{copy}"), Some(ino)));
             }
         }
         Ok(())
@@ -441,10 +445,33 @@ pub(crate) fn rebuild_alloc(
 ) -> FsResult<(AllocMap, Vec<String>)> {
     let mut alloc = new_alloc(desc);
     let mut conflicts = Vec::new();
-    for (extent, owner) in referenced_extents(desc, state)? {
+    let n = u64::from(desc.shard_count);
+    let region_owner = |e: &Extent| {
+        let region = (e.addr.sub_block / 64) as usize / tessera_alloc::MAP_CHUNK_WORDS;
+        desc.slots
+            .as_ref()
+            .and_then(|s| s.region_owners.get(region).copied())
+            .map_or((region, 0), |o| (region, o))
+    };
+    for (extent, owner, shard) in referenced_extents_by_shard(desc, state)? {
+        // Slot 0 allocates only in its own regions, and regions are given away only when
+        // free, so nothing of slot 0's lies in another slot's region. (Another slot's shards
+        // may: a shard handed over keeps the pages and blocks it had, wherever they are.
+        // Once regions or shards come back to slot 0, this check goes.)
+        let slot = shard.map_or(0, |s| desc.shard_owner((s % n) as usize).slot);
+        let (region, holder) = region_owner(&extent);
+        if slot == 0 && holder != 0 {
+            conflicts.push(format!(
+                "{owner} (owner slot {slot}) lies in allocation region {region}, which owner \
+                 slot {holder} allocates in"
+            ));
+        }
         if let Err(e) = alloc.mark_used(extent) {
             conflicts.push(format!("{owner}: {e}"));
         }
     }
+    // Other slots' regions are held whole, as a stored map holds them: what is in use in
+    // them is theirs to count.
+    crate::slot::hold_regions(&mut alloc, &crate::slot::foreign_regions(desc));
     Ok((alloc, conflicts))
 }

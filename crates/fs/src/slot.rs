@@ -75,6 +75,9 @@ pub struct Slots {
     pub regions: Vec<SlotRegion>,
     /// By shard: who owns it. Shards past the end belong to slot 0 at generation 0.
     pub shard_owners: Vec<ShardOwner>,
+    /// By allocation region (chunk `r` of every disk's map): the slot that allocates in
+    /// it. Regions past the end belong to slot 0.
+    pub region_owners: Vec<u32>,
 }
 
 /// Which slot owns a shard. The generation counts the shard's hand-overs: a slot record's
@@ -622,6 +625,103 @@ impl crate::fs::FileSystem {
         Ok(())
     }
 
+    /// Gives allocation regions in which nothing is allocated to owner slot `slot` (the
+    /// manager's side of step 4 for free regions, so that no block of slot 0's is ever
+    /// freed in another slot's region). As [`FileSystem::give_empty_shards`]: a checkpoint,
+    /// the slot's record of the next generation naming the regions with the digest of
+    /// their chunks' generations (and a page generation no lower than the manager's, so
+    /// that those chunks' copies are not taken for ones its checkpoints never committed),
+    /// then the descriptor with the owner map, committed by a checkpoint that no longer
+    /// counts those chunks in the descriptor's digest; this owner holds them as used from
+    /// then on and never writes them.
+    pub fn give_free_regions(&self, slot: u32, regions: &[usize]) -> FsResult<()> {
+        self.owner_here("giving allocation regions to an owner slot")?;
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
+        let region = desc
+            .slot_regions()
+            .iter()
+            .find(|r| r.slot == slot)
+            .cloned()
+            .ok_or_else(|| FsError::Usage(format!("{} has no owner slot {slot}", desc.name)))?;
+        if desc.alloc_map.is_none() {
+            return Err(FsError::Usage(format!(
+                "{} does not store its allocation map yet (format version 3); mount it once                  so that it is converted",
+                desc.name
+            )));
+        }
+        let count = region_count(&desc) as usize;
+        let foreign = foreign_regions(&desc);
+        for &r in regions {
+            if r >= count || foreign.contains(&r) {
+                return Err(FsError::Usage(format!(
+                    "allocation region {r} of {} is not the file system manager's (it has \
+                     {count} regions)",
+                    desc.name
+                )));
+            }
+            let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
+            for d in disks {
+                if r < m.alloc.chunk_count(d) && m.alloc.chunk_words(d, r).iter().any(|w| *w != 0) {
+                    return Err(FsError::Usage(format!(
+                        "allocation region {r} of {} holds blocks in use on {}; only free \
+                         regions are given yet",
+                        desc.name,
+                        self.devices.name(d)
+                    )));
+                }
+            }
+        }
+        if foreign.len() + regions.len() >= count {
+            return Err(FsError::Usage(
+                "the file system manager keeps at least one allocation region".into(),
+            ));
+        }
+        self.checkpoint_under_lock(&mut m)?;
+        let desc = self.owner().desc.lock().clone();
+        let mut record = read_record(&desc, &self.devices, &region)?;
+        record.generation += 1;
+        record.page_generation = record.page_generation.max(desc.checkpoint.generation);
+        record.regions.extend(regions.iter().map(|r| *r as u32));
+        record.regions.sort_unstable();
+        record.regions.dedup();
+        let owned: Vec<usize> = record.regions.iter().map(|r| *r as usize).collect();
+        record.map_digest = self.owner().map_slots.lock().region_digest(&owned);
+        write_record(&desc, &self.devices, &region, &record)?;
+        let mut next = desc.clone();
+        let map = next.slots.get_or_insert_with(Slots::default);
+        if map.region_owners.len() < count {
+            map.region_owners.resize(count, 0);
+        }
+        for &r in regions {
+            map.region_owners[r] = slot;
+        }
+        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
+        {
+            let mut slots = self.owner().map_slots.lock();
+            for &r in regions {
+                slots.forget_region(r);
+            }
+        }
+        hold_regions(&mut m.alloc, regions);
+        let committed = self.commit_descriptor_change(
+            &mut m,
+            false,
+            &format!("giving allocation regions {regions:?} to owner slot {slot}"),
+            "unmount and mount the file system again; the owner map says who holds them",
+        );
+        if committed.is_err() {
+            *self.owner().desc.lock() = previous;
+        }
+        committed?;
+        tracing::info!(
+            "{}: allocation regions {regions:?} given to owner slot {slot}",
+            desc.name
+        );
+        Ok(())
+    }
+
     /// The owner slots the descriptor lists, each with its newest record (or why none reads).
     pub fn slots(&self) -> FsResult<Vec<(SlotRegion, FsResult<SlotRecord>)>> {
         self.owner_here("listing owner slots")?;
@@ -749,6 +849,42 @@ pub(crate) fn foreign_roots(
         out.push((shard, root));
     }
     (out, problems)
+}
+
+/// The allocation regions the owner map gives to slots other than 0.
+pub(crate) fn foreign_regions(desc: &FsDescriptor) -> Vec<usize> {
+    desc.slots.as_ref().map_or_else(Vec::new, |s| {
+        (0..s.region_owners.len())
+            .filter(|r| s.region_owners[*r] != 0)
+            .collect()
+    })
+}
+
+/// Holds every chunk of `regions` as used in `alloc` (another slot allocates there; its
+/// stored copies are that slot's), on every disk whose bitmap reaches that far.
+pub(crate) fn hold_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize]) {
+    let disks: Vec<DiskIndex> = alloc.disks().iter().map(|d| d.disk).collect();
+    for disk in disks {
+        let chunks = alloc.chunk_count(disk);
+        let bits = alloc
+            .disks()
+            .iter()
+            .find(|d| d.disk == disk)
+            .map_or(0, |d| d.blocks * u64::from(alloc.sub_blocks_per_block()));
+        for &r in regions.iter().filter(|r| **r < chunks) {
+            let words = alloc.chunk_words(disk, r).len();
+            let mut held = vec![u64::MAX; words];
+            // The last word of the disk has bits past its end, which stay clear.
+            let end = (r * tessera_alloc::MAP_CHUNK_WORDS + words) as u64 * 64;
+            if end > bits {
+                let spare = end - bits;
+                held[words - 1] = u64::MAX >> spare;
+            }
+            alloc
+                .set_chunk_words(disk, r, &held)
+                .expect("a chunk of the disk's own size");
+        }
+    }
 }
 
 /// Bytes copied at a time when a slot region moves.

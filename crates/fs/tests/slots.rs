@@ -446,3 +446,127 @@ fn a_slot_whose_record_is_lost_makes_its_shards_unavailable_and_fsck_names_them(
         );
     }
 }
+
+/// One disk of 160 MiB with 64 KiB blocks and 4 KiB sub-blocks: allocation region 0 is the
+/// first 32,512 sub-blocks (127 MiB), region 1 the remaining 33 MiB.
+fn two_region_fs() -> TestDisks {
+    let t = make_disks(1, 160 << 20);
+    format_fs(
+        &t,
+        &FormatOptions {
+            block_size: 64 << 10,
+            log_bytes: 4 << 20,
+            placement: tessera_fs::Placement::Cluster,
+            ..small_opts()
+        },
+    );
+    t
+}
+
+/// Byte offset of allocation region `r` on a disk of `two_region_fs`.
+fn region_offset(r: u64) -> u64 {
+    tessera_nsd::layout::data_start_bytes(64 << 10) + r * 32_512 * 4096
+}
+
+#[test]
+fn a_free_region_given_to_a_slot_takes_nothing_of_slot_0s() {
+    let t = two_region_fs();
+    let fs = mount(&t);
+    fs.create_slot().unwrap();
+    let err = fs.give_free_regions(1, &[0]).unwrap_err().to_string();
+    assert!(err.contains("in use"), "{err}");
+    let err = fs.give_free_regions(1, &[2]).unwrap_err().to_string();
+    assert!(err.contains("2 regions"), "{err}");
+    let generation = fs.descriptor().checkpoint.generation;
+    fs.give_free_regions(1, &[1]).unwrap();
+    let record = records(&fs).remove(0);
+    assert_eq!(record.regions, vec![1]);
+    assert!(record.page_generation >= generation);
+    assert_eq!(
+        fs.descriptor().slots.unwrap().region_owners,
+        vec![0, 1],
+        "the owner map"
+    );
+    let err = fs.give_free_regions(1, &[0]).unwrap_err().to_string();
+    assert!(err.contains("in use") || err.contains("keeps"), "{err}");
+    // Fill the file system: nothing lands in region 1.
+    let data = vec![0xA5u8; 1 << 20];
+    let mut written = 0u64;
+    for i in 0.. {
+        let a = create_file(&fs, tessera_fs::ROOT_INO, format!("f{i}").as_bytes());
+        match fs.write(a.ino, 0, &data, false) {
+            Ok(n) if n == data.len() => written += n as u64,
+            _ => break,
+        }
+    }
+    assert!(written > 64 << 20 && written < 127 << 20, "{written}");
+    fs.sync().unwrap();
+    let f = drive(&t, 0);
+    let mut region = vec![0u8; (f.metadata().unwrap().len() - region_offset(1)) as usize];
+    assert!(region.len() > 30 << 20);
+    f.read_exact_at(&mut region, region_offset(1)).unwrap();
+    assert!(
+        region.iter().all(|b| *b == 0),
+        "something was written in region 1"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "a full file system with a region given away");
+    let fs = mount(&t);
+    assert_eq!(
+        fs.allocation_map_rebuilt(),
+        None,
+        "the stored map reads: the digest leaves the region out"
+    );
+    assert_eq!(records(&fs)[0].regions, vec![1]);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_crash_at_every_write_of_giving_a_region_leaves_it_given_or_not() {
+    let t = two_region_fs();
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 9);
+    fs.create_slot().unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let (mut kept, mut given) = (0, 0);
+    for k in 1.. {
+        assert!(k < 500, "giving never finished");
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let result = fs.give_free_regions(1, &[1]);
+        let crashed = crash(fs, &faults);
+        let fs = mount(&t);
+        assert_eq!(
+            fs.allocation_map_rebuilt(),
+            None,
+            "write {k}: the stored map reads"
+        );
+        let owner = fs
+            .descriptor()
+            .slots
+            .and_then(|s| s.region_owners.get(1).copied())
+            .unwrap_or(0);
+        if owner == 1 {
+            given += 1;
+            assert_eq!(records(&fs)[0].regions, vec![1], "write {k}");
+        } else {
+            assert!(result.is_err() || crashed, "write {k}: given and lost");
+            kept += 1;
+        }
+        verify(&fs, &files);
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(&t, &format!("crash at write {k} of giving a region"));
+        if !crashed {
+            assert!(result.is_ok(), "{result:?}");
+        }
+        if owner == 1 {
+            break;
+        }
+    }
+    eprintln!("giving a region: {kept} crashes kept it, {given} gave it");
+    assert!(kept > 0 && given > 0);
+}
