@@ -270,6 +270,7 @@ impl FileSystem {
     pub fn add_disks(&self, disks: Vec<DiskSpec>) -> FsResult<Vec<u16>> {
         self.owner_here("adding disks")?;
         self.check_fenced()?;
+        self.refuse_with_foreign_regions("adding disks")?;
         check_new_disks(&self.descriptor(), &disks)?;
         // A disk that held another file system keeps that one's descriptor slots; a later
         // mount must never take them (of any generation) for this file system's.
@@ -412,6 +413,7 @@ impl FileSystem {
     ) -> FsResult<DiskDeleteReport> {
         self.owner_here("deleting disks")?;
         self.check_fenced()?;
+        self.refuse_with_foreign_regions("deleting disks")?;
         let indexes = self.check_delete(nsds)?;
         if indexes
             .iter()

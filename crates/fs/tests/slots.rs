@@ -570,3 +570,32 @@ fn a_crash_at_every_write_of_giving_a_region_leaves_it_given_or_not() {
     eprintln!("giving a region: {kept} crashes kept it, {given} gave it");
     assert!(kept > 0 && given > 0);
 }
+
+#[test]
+fn disks_are_not_deleted_under_regions_given_to_a_slot() {
+    let t = make_disks(2, 160 << 20);
+    format_fs(
+        &t,
+        &FormatOptions {
+            block_size: 64 << 10,
+            log_bytes: 4 << 20,
+            placement: tessera_fs::Placement::Cluster,
+            ..small_opts()
+        },
+    );
+    let fs = mount(&t);
+    fs.create_slot().unwrap();
+    fs.give_free_regions(1, &[1]).unwrap();
+    let err = fs
+        .delete_disks(&["nsd1".into()], &AtomicBool::new(false), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("deleting disks") && err.contains("given to owner slots"),
+        "{err}"
+    );
+    assert_eq!(fs.descriptor().disks.len(), 2, "nothing changed");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a refused delete");
+}
