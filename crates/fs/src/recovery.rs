@@ -368,17 +368,28 @@ pub(crate) fn log_extents(desc: &FsDescriptor) -> Vec<Extent> {
             .map(|c| (c.log_disk, c.log_offset)),
     );
     copies
-        .flat_map(|(disk, offset)| {
-            let first = (offset - data_start) / sub;
-            (0..blocks).map(move |b| Extent {
-                addr: DiskAddr {
-                    disk,
-                    sub_block: first + b * u64::from(per),
-                },
-                sub_blocks: per,
-            })
-        })
+        .flat_map(|(disk, offset)| whole_blocks(data_start, sub, per, disk, offset, blocks))
         .collect()
+}
+
+/// The extents of `blocks` whole blocks from byte `offset` of `disk` (a region the
+/// descriptor names: a log, an owner slot).
+pub(crate) fn whole_blocks(
+    data_start: u64,
+    sub_block_bytes: u64,
+    per_block: u32,
+    disk: tessera_alloc::DiskIndex,
+    offset: u64,
+    blocks: u64,
+) -> impl Iterator<Item = Extent> {
+    let first = (offset - data_start) / sub_block_bytes;
+    (0..blocks).map(move |b| Extent {
+        addr: DiskAddr {
+            disk,
+            sub_block: first + b * u64::from(per_block),
+        },
+        sub_blocks: per_block,
+    })
 }
 
 /// Every extent the metadata references, with a label for error messages: the log, the

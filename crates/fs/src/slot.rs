@@ -49,7 +49,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tessera_alloc::{DiskAddr, DiskIndex, Extent};
+use tessera_alloc::{DiskIndex, Extent};
 use tessera_drive::{AlignedBuf, SECTOR_BYTES};
 use tessera_journal::{JournalRegion, Lsn};
 
@@ -143,14 +143,7 @@ impl SlotRegion {
         self.copies()
             .into_iter()
             .flat_map(|(disk, offset)| {
-                let first = (offset - data_start) / sub;
-                (0..blocks).map(move |b| Extent {
-                    addr: DiskAddr {
-                        disk,
-                        sub_block: first + b * u64::from(per),
-                    },
-                    sub_blocks: per,
-                })
+                crate::recovery::whole_blocks(data_start, sub, per, disk, offset, blocks)
             })
             .collect()
     }
@@ -551,12 +544,7 @@ impl crate::fs::FileSystem {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
-        let region = desc
-            .slot_regions()
-            .iter()
-            .find(|r| r.slot == slot)
-            .cloned()
-            .ok_or_else(|| FsError::Usage(format!("{} has no owner slot {slot}", desc.name)))?;
+        let region = slot_region(&desc, slot)?;
         for &s in shards {
             if s >= desc.shard_count as usize || !m.state.holds(s) {
                 return Err(FsError::Usage(format!(
@@ -639,12 +627,7 @@ impl crate::fs::FileSystem {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
-        let region = desc
-            .slot_regions()
-            .iter()
-            .find(|r| r.slot == slot)
-            .cloned()
-            .ok_or_else(|| FsError::Usage(format!("{} has no owner slot {slot}", desc.name)))?;
+        let region = slot_region(&desc, slot)?;
         if desc.alloc_map.is_none() {
             return Err(FsError::Usage(format!(
                 "{} does not store its allocation map yet (format version 3); mount it once                  so that it is converted",
@@ -866,6 +849,15 @@ pub(crate) fn foreign_roots(
         out.push((shard, root));
     }
     (out, problems)
+}
+
+/// The region of owner slot `slot`, or an error saying the file system has none such.
+fn slot_region(desc: &FsDescriptor, slot: u32) -> FsResult<SlotRegion> {
+    desc.slot_regions()
+        .iter()
+        .find(|r| r.slot == slot)
+        .cloned()
+        .ok_or_else(|| FsError::Usage(format!("{} has no owner slot {slot}", desc.name)))
 }
 
 /// The allocation regions the owner map gives to slots other than 0.

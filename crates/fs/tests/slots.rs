@@ -119,6 +119,53 @@ fn slots_are_made_committed_and_read_back() {
     fs.unmount().unwrap();
 }
 
+/// Runs `act` on a mount whose drives fail from their `k`-th write on (the process dies
+/// there), for k = 1, 2, ...; after each crash the file system mounts again, `there` says
+/// whether the change survived (checking that it is whole), `files` verify and fsck is
+/// clean. Stops at the first crash after which the change is there, or that `act` finished
+/// before; returns how many crashes left it out and asserts that some did.
+fn crash_at_every_write(
+    t: &TestDisks,
+    files: &std::collections::BTreeMap<String, Vec<u8>>,
+    what: &str,
+    act: impl Fn(&FileSystem) -> tessera_fs::FsResult<()>,
+    there: impl Fn(&FileSystem, u32) -> bool,
+) {
+    let mut absent = 0;
+    for k in 1.. {
+        assert!(k < 500, "{what} never finished");
+        let (disks, faults) = with_faults(t);
+        let fs = FileSystem::mount(disks).unwrap();
+        faults
+            .writes_until_failure
+            .store(i64::from(k), Ordering::SeqCst);
+        let result = act(&fs);
+        let crashed = crash(fs, &faults);
+        let fs = mount(t);
+        let present = there(&fs, k);
+        if !present {
+            assert!(
+                result.is_err() || crashed,
+                "write {k}: {what} done and lost"
+            );
+            absent += 1;
+        }
+        verify(&fs, files);
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_fsck_clean(t, &format!("crash at write {k} of {what}"));
+        if !crashed {
+            assert!(result.is_ok(), "{what}: {result:?}");
+        }
+        if present || !crashed {
+            assert!(present, "{what} finished and is not there");
+            eprintln!("{what}: {absent} crashes left it out, then one left it whole");
+            break;
+        }
+    }
+    assert!(absent > 0, "{what}: no crash left it out");
+}
+
 #[test]
 fn a_crash_at_every_write_of_making_a_slot_leaves_it_whole_or_absent() {
     let t = make_disks(3, 64 << 20);
@@ -127,45 +174,23 @@ fn a_crash_at_every_write_of_making_a_slot_leaves_it_whole_or_absent() {
     let files = populate(&fs, "a", 3);
     fs.unmount().unwrap();
     drop(fs);
-    let (mut absent, mut present) = (0, 0);
-    for k in 1.. {
-        assert!(k < 500, "making a slot never finished");
-        let (disks, faults) = with_faults(&t);
-        let fs = FileSystem::mount(disks).unwrap();
-        let had = fs.slots().unwrap().len();
-        faults.writes_until_failure.store(k, Ordering::SeqCst);
-        let made = fs.create_slot();
-        let crashed = crash(fs, &faults);
-        let fs = mount(&t);
-        let slots = fs.slots().unwrap();
-        for (region, record) in &slots {
-            assert!(
-                record.is_ok(),
-                "crash at write {k}: slot {} lists without a readable record: {record:?}",
-                region.slot
-            );
-        }
-        match slots.len() - had {
-            0 => {
-                assert!(made.is_err() || crashed, "write {k}: a slot made and lost");
-                absent += 1;
+    crash_at_every_write(
+        &t,
+        &files,
+        "making a slot",
+        |fs| fs.create_slot().map(|_| ()),
+        |fs, k| {
+            let slots = fs.slots().unwrap();
+            for (region, record) in &slots {
+                assert!(
+                    record.is_ok(),
+                    "crash at write {k}: slot {} lists without a readable record: {record:?}",
+                    region.slot
+                );
             }
-            1 => present += 1,
-            n => panic!("write {k}: {n} slots made"),
-        }
-        verify(&fs, &files);
-        fs.unmount().unwrap();
-        drop(fs);
-        assert_fsck_clean(&t, &format!("crash at write {k} of making a slot"));
-        if !crashed {
-            assert!(made.is_ok(), "{made:?}");
-            break;
-        }
-    }
-    eprintln!("making a slot: {absent} crashes left none, {present} left it whole");
-    assert!(
-        absent > 0 && present > 0,
-        "absent {absent}, present {present}"
+            assert!(slots.len() <= 1, "write {k}: {} slots", slots.len());
+            slots.len() == 1
+        },
     );
 }
 
@@ -376,42 +401,24 @@ fn a_crash_at_every_write_of_giving_shards_leaves_them_given_or_not() {
     fs.create_slot().unwrap();
     fs.unmount().unwrap();
     drop(fs);
-    let (mut kept, mut given) = (0, 0);
-    for k in 1.. {
-        assert!(k < 500, "giving never finished");
-        let (disks, faults) = with_faults(&t);
-        let fs = FileSystem::mount(disks).unwrap();
-        faults.writes_until_failure.store(k, Ordering::SeqCst);
-        let result = fs.give_empty_shards(1, &GIVEN);
-        let crashed = crash(fs, &faults);
-        let fs = mount(&t);
-        let desc = fs.descriptor();
-        let owners: Vec<u32> = GIVEN.iter().map(|s| desc.shard_owner(*s).slot).collect();
-        assert!(
-            owners.iter().all(|o| *o == owners[0]),
-            "write {k}: given in part: {owners:?}"
-        );
-        if owners[0] == 1 {
-            given += 1;
-            let record = &records(&fs)[0];
-            assert_eq!(record.shards.len(), GIVEN.len(), "write {k}");
-        } else {
-            assert!(result.is_err() || crashed, "write {k}: given and lost");
-            kept += 1;
-        }
-        verify(&fs, &files);
-        fs.unmount().unwrap();
-        drop(fs);
-        assert_fsck_clean(&t, &format!("crash at write {k} of giving shards"));
-        if !crashed {
-            assert!(result.is_ok(), "{result:?}");
-        }
-        if owners[0] == 1 {
-            break;
-        }
-    }
-    eprintln!("giving shards: {kept} crashes kept them, {given} gave them");
-    assert!(kept > 0 && given > 0);
+    crash_at_every_write(
+        &t,
+        &files,
+        "giving shards",
+        |fs| fs.give_empty_shards(1, &GIVEN),
+        |fs, k| {
+            let desc = fs.descriptor();
+            let owners: Vec<u32> = GIVEN.iter().map(|s| desc.shard_owner(*s).slot).collect();
+            assert!(
+                owners.iter().all(|o| *o == owners[0]),
+                "write {k}: given in part: {owners:?}"
+            );
+            if owners[0] == 1 {
+                assert_eq!(records(fs)[0].shards.len(), GIVEN.len(), "write {k}");
+            }
+            owners[0] == 1
+        },
+    );
 }
 
 #[test]
@@ -530,45 +537,28 @@ fn a_crash_at_every_write_of_giving_a_region_leaves_it_given_or_not() {
     fs.create_slot().unwrap();
     fs.unmount().unwrap();
     drop(fs);
-    let (mut kept, mut given) = (0, 0);
-    for k in 1.. {
-        assert!(k < 500, "giving never finished");
-        let (disks, faults) = with_faults(&t);
-        let fs = FileSystem::mount(disks).unwrap();
-        faults.writes_until_failure.store(k, Ordering::SeqCst);
-        let result = fs.give_free_regions(1, &[1]);
-        let crashed = crash(fs, &faults);
-        let fs = mount(&t);
-        assert_eq!(
-            fs.allocation_map_rebuilt(),
-            None,
-            "write {k}: the stored map reads"
-        );
-        let owner = fs
-            .descriptor()
-            .slots
-            .and_then(|s| s.region_owners.get(1).copied())
-            .unwrap_or(0);
-        if owner == 1 {
-            given += 1;
-            assert_eq!(records(&fs)[0].regions, vec![1], "write {k}");
-        } else {
-            assert!(result.is_err() || crashed, "write {k}: given and lost");
-            kept += 1;
-        }
-        verify(&fs, &files);
-        fs.unmount().unwrap();
-        drop(fs);
-        assert_fsck_clean(&t, &format!("crash at write {k} of giving a region"));
-        if !crashed {
-            assert!(result.is_ok(), "{result:?}");
-        }
-        if owner == 1 {
-            break;
-        }
-    }
-    eprintln!("giving a region: {kept} crashes kept it, {given} gave it");
-    assert!(kept > 0 && given > 0);
+    crash_at_every_write(
+        &t,
+        &files,
+        "giving a region",
+        |fs| fs.give_free_regions(1, &[1]),
+        |fs, k| {
+            assert_eq!(
+                fs.allocation_map_rebuilt(),
+                None,
+                "write {k}: the stored map reads"
+            );
+            let owner = fs
+                .descriptor()
+                .slots
+                .and_then(|s| s.region_owners.get(1).copied())
+                .unwrap_or(0);
+            if owner == 1 {
+                assert_eq!(records(fs)[0].regions, vec![1], "write {k}");
+            }
+            owner == 1
+        },
+    );
 }
 
 #[test]
