@@ -589,3 +589,39 @@ fn disks_are_not_deleted_under_regions_given_to_a_slot() {
     drop(fs);
     assert_fsck_clean(&t, "after a refused delete");
 }
+
+#[test]
+fn with_two_metadata_copies_shards_and_regions_are_given_with_their_second_copies() {
+    let t = make_disks(4, 160 << 20);
+    format_fs(
+        &t,
+        &FormatOptions {
+            block_size: 64 << 10,
+            log_bytes: 4 << 20,
+            placement: tessera_fs::Placement::Cluster,
+            metadata_replicas: 2,
+            max_metadata_replicas: 2,
+            ..small_opts()
+        },
+    );
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 10);
+    fs.create_slot().unwrap();
+    fs.give_empty_shards(1, &GIVEN).unwrap();
+    fs.give_free_regions(1, &[1]).unwrap();
+    let record = records(&fs).remove(0);
+    assert!(
+        record.shards.iter().all(|e| e.second.is_some()),
+        "each given root has its second address: {record:?}"
+    );
+    assert_eq!(record.regions, vec![1]);
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.ill_replicated_metadata, 0);
+    let fs = mount(&t);
+    assert_eq!(fs.allocation_map_rebuilt(), None, "both map copies read");
+    verify(&fs, &files);
+    fs.unmount().unwrap();
+}
