@@ -414,6 +414,7 @@ impl FileSystem {
         self.owner_here("deleting disks")?;
         self.check_fenced()?;
         self.refuse_with_foreign_regions("deleting disks")?;
+        self.refuse_with_foreign_shards("deleting disks")?;
         let indexes = self.check_delete(nsds)?;
         if indexes
             .iter()

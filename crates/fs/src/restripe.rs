@@ -142,6 +142,9 @@ impl FileSystem {
     ) -> FsResult<RestripeReport> {
         self.owner_here("a restripe")?;
         self.check_writable()?;
+        if mode == RestripeMode::Migrate {
+            self.refuse_with_foreign_shards("restripe -m")?;
+        }
         let shards = self.owner().meta.lock().state.shard_count();
         let mut report = RestripeReport::default();
         report.progress.shards = shards;

@@ -722,6 +722,23 @@ impl crate::fs::FileSystem {
         )))
     }
 
+    /// Refuses `what` (a change that must move every metadata page off some disks) while
+    /// shards are given to other slots: their pages are theirs to move.
+    pub(crate) fn refuse_with_foreign_shards(&self, what: &str) -> FsResult<()> {
+        let desc = self.owner().desc.lock();
+        let given: Vec<usize> = (0..desc.shard_count as usize)
+            .filter(|s| desc.shard_owner(*s).slot != 0)
+            .collect();
+        if given.is_empty() {
+            return Ok(());
+        }
+        Err(FsError::NotSupported(format!(
+            "{what} while shards {given:?} of {} are given to owner slots: their metadata \
+             pages are the slots' to move, which is not built yet",
+            desc.name
+        )))
+    }
+
     /// The owner slots the descriptor lists, each with its newest record (or why none reads).
     pub fn slots(&self) -> FsResult<Vec<(SlotRegion, FsResult<SlotRecord>)>> {
         self.owner_here("listing owner slots")?;

@@ -625,3 +625,31 @@ fn with_two_metadata_copies_shards_and_regions_are_given_with_their_second_copie
     verify(&fs, &files);
     fs.unmount().unwrap();
 }
+
+#[test]
+fn disks_are_not_emptied_under_shards_given_to_a_slot() {
+    let t = make_disks(3, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    fs.create_slot().unwrap();
+    fs.give_empty_shards(1, &GIVEN).unwrap();
+    let err = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("restripe -m") && err.contains("[250, 251, 255]"),
+        "{err}"
+    );
+    let err = fs
+        .delete_disks(&["nsd2".into()], &AtomicBool::new(false), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("deleting disks"), "{err}");
+    assert_eq!(fs.descriptor().disks.len(), 3);
+    fs.unmount().unwrap();
+}
