@@ -1009,8 +1009,21 @@ impl FileSystem {
         let _one = self.owner().checkpoint_lock.lock();
         let mut next = self.owner().desc.lock().clone();
         change(&mut next);
+        self.commit_next_descriptor(&mut m, next, what, then)
+    }
+
+    /// Puts `next` in place of the descriptor and commits it in a checkpoint (the caller
+    /// holds the metadata and checkpoint locks), putting the previous one back in memory
+    /// when that fails; `what` and `then` as for [`Self::commit_descriptor_change`].
+    pub(crate) fn commit_next_descriptor(
+        &self,
+        m: &mut Meta,
+        next: FsDescriptor,
+        what: &str,
+        then: &str,
+    ) -> FsResult<()> {
         let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
-        let committed = self.commit_descriptor_change(&mut m, false, what, then);
+        let committed = self.commit_descriptor_change(m, false, what, then);
         if committed.is_err() {
             *self.owner().desc.lock() = previous;
         }

@@ -518,17 +518,13 @@ impl crate::fs::FileSystem {
             .get_or_insert_with(Slots::default)
             .regions
             .push(region);
-        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
-        let committed = self.commit_descriptor_change(
+        self.commit_next_descriptor(
             &mut m,
-            false,
+            next,
             &format!("making owner slot {slot}"),
             "unmount and mount the file system again; the slot exists if the mount lists it",
-        );
-        if committed.is_err() {
-            *self.owner().desc.lock() = previous;
-        }
-        committed.map(|()| slot)
+        )
+        .map(|()| slot)
     }
 
     /// Gives shards that hold no inode to owner slot `slot` (the file system manager's side
@@ -592,17 +588,12 @@ impl crate::fs::FileSystem {
         }
         record.shards.sort_by_key(|e| e.shard);
         write_record(&desc, &self.devices, &region, &record)?;
-        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
-        let committed = self.commit_descriptor_change(
+        self.commit_next_descriptor(
             &mut m,
-            false,
+            next,
             &format!("giving shards {shards:?} to owner slot {slot}"),
             "unmount and mount the file system again; the owner map says who holds them",
-        );
-        if committed.is_err() {
-            *self.owner().desc.lock() = previous;
-        }
-        committed?;
+        )?;
         for &s in shards {
             m.state.release_shard(s);
         }
@@ -680,7 +671,6 @@ impl crate::fs::FileSystem {
         for &r in regions {
             map.region_owners[r] = slot;
         }
-        let previous = std::mem::replace(&mut *self.owner().desc.lock(), next);
         {
             let mut slots = self.owner().map_slots.lock();
             for &r in regions {
@@ -688,16 +678,12 @@ impl crate::fs::FileSystem {
             }
         }
         hold_regions(&mut m.alloc, regions);
-        let committed = self.commit_descriptor_change(
+        self.commit_next_descriptor(
             &mut m,
-            false,
+            next,
             &format!("giving allocation regions {regions:?} to owner slot {slot}"),
             "unmount and mount the file system again; the owner map says who holds them",
-        );
-        if committed.is_err() {
-            *self.owner().desc.lock() = previous;
-        }
-        committed?;
+        )?;
         tracing::info!(
             "{}: allocation regions {regions:?} given to owner slot {slot}",
             desc.name
