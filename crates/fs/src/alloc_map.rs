@@ -185,20 +185,6 @@ impl MapSlots {
         }
     }
 
-    /// The digest of the current copies of chunk `chunk` of every disk, as a slot record
-    /// keeps it for the regions it owns.
-    pub fn region_digest(&self, chunks: &[usize]) -> u64 {
-        let mut sum = 0u64;
-        for (&disk, kept) in &self.keep {
-            for &c in chunks {
-                if let Some(g) = kept.get(c).and_then(|k| k.generation) {
-                    sum = sum.wrapping_add(digest_term(disk, c, g));
-                }
-            }
-        }
-        sum
-    }
-
     /// The slot a checkpoint writes chunk `chunk` of `disk` into: never the kept one.
     fn target(&self, disk: DiskIndex, chunk: usize) -> u8 {
         match self.keep.get(&disk).and_then(|c| c.get(chunk)) {
@@ -563,21 +549,62 @@ pub(crate) struct Loaded {
     pub stale: Vec<(DiskIndex, usize)>,
 }
 
+/// Which chunks of the stored map one owner slot reads, and what its commit point says of
+/// them.
+pub(crate) struct Scope {
+    /// Copies of a generation above this one were written by a checkpoint that never
+    /// committed.
+    pub durable: u64,
+    /// The digest of the current copies of the chunks read, as the commit point recorded it.
+    pub digest: u64,
+    /// The chunks (allocation regions) read; `None`: every chunk not `elsewhere`. A chunk
+    /// neither read nor elsewhere starts free (a region given to the slot wholly free, not
+    /// yet stored by it).
+    pub read: Option<Vec<usize>>,
+    /// Chunks of regions other slots own: held as used, never read (theirs to store).
+    pub elsewhere: Vec<usize>,
+}
+
+impl Scope {
+    /// The file system manager's (slot 0's): its commit point is the descriptor.
+    pub fn manager(desc: &FsDescriptor) -> Scope {
+        Scope {
+            durable: desc.checkpoint.generation,
+            digest: desc.alloc_map.as_ref().map_or(0, |m| m.digest),
+            read: None,
+            elsewhere: crate::slot::foreign_regions(desc),
+        }
+    }
+}
+
 /// Reads the stored map of `desc` (which names its regions).
 pub(crate) fn load(
     desc: &FsDescriptor,
     devices: &[Arc<dyn BlockDevice>],
     empty: AllocMap,
 ) -> FsResult<Loaded> {
-    // Chunks of regions other slots own are theirs to store: held as used here, never read.
-    let foreign = crate::slot::foreign_regions(desc);
+    load_scope(desc, devices, empty, &Scope::manager(desc))
+}
+
+/// Reads the chunks of the stored map that `scope` names.
+pub(crate) fn load_scope(
+    desc: &FsDescriptor,
+    devices: &[Arc<dyn BlockDevice>],
+    empty: AllocMap,
+    scope: &Scope,
+) -> FsResult<Loaded> {
+    let foreign = &scope.elsewhere;
+    let reads = |c: usize| match &scope.read {
+        None => !foreign.contains(&c),
+        Some(read) => read.contains(&c),
+    };
     let stored = desc
         .alloc_map
         .as_ref()
         .expect("load is called for descriptors that name map regions");
     let regions = &stored.regions;
     let owner = owner(desc);
-    let durable = desc.checkpoint.generation;
+    let durable = scope.durable;
     let mut slots = MapSlots::none(&empty);
     let mut stale = Vec::new();
     let mut bitmaps = Vec::with_capacity(desc.disks.len());
@@ -651,7 +678,7 @@ pub(crate) fn load(
             for i in 0..n {
                 let c = chunk + i;
                 let want = MAP_CHUNK_WORDS.min(total_words - c * MAP_CHUNK_WORDS);
-                if foreign.contains(&c) {
+                if !reads(c) {
                     words.extend(std::iter::repeat_n(0, want));
                     continue;
                 }
@@ -713,7 +740,7 @@ pub(crate) fn load(
         }
         bitmaps.push(words);
     }
-    if problem.is_none() && slots.digest_with(&[], 0) != stored.digest {
+    if problem.is_none() && slots.digest_with(&[], 0) != scope.digest {
         problem = Some(
             "a chunk of the allocation map is older than the checkpoint recorded (its newer \
              copy was lost or damaged)"
@@ -729,13 +756,25 @@ pub(crate) fn load(
             bitmaps,
         )
         .map(|mut map| {
-            crate::slot::hold_regions(&mut map, &foreign);
+            crate::slot::hold_regions(&mut map, foreign);
             // Holding marked them changed; they are never this owner's to store.
             map.take_dirty_chunks();
             map
         }),
     };
     Ok(Loaded { map, slots, stale })
+}
+
+/// The chunks (allocation regions) extent `e` lies in.
+fn chunks_of(e: &Extent) -> std::ops::RangeInclusive<usize> {
+    let first = e.addr.sub_block / 64;
+    let last = (e.addr.sub_block + u64::from(e.sub_blocks) - 1) / 64;
+    (first as usize / MAP_CHUNK_WORDS)..=(last as usize / MAP_CHUNK_WORDS)
+}
+
+/// Whether extent `e` lies (in part) in one of `chunks`.
+pub(crate) fn touches_chunks(e: &Extent, chunks: &[usize]) -> bool {
+    chunks_of(e).any(|c| chunks.contains(&c))
 }
 
 /// The chunks a checkpoint writes: every chunk changed since the last one, as the map is at
@@ -747,11 +786,6 @@ pub(crate) fn snapshot(
     excluded: &[Extent],
     foreign: &[usize],
 ) -> Vec<ChunkImage> {
-    let chunks_of = |e: &Extent| {
-        let first = e.addr.sub_block / 64;
-        let last = (e.addr.sub_block + u64::from(e.sub_blocks) - 1) / 64;
-        (first as usize / MAP_CHUNK_WORDS)..=(last as usize / MAP_CHUNK_WORDS)
-    };
     // Chunks of other slots' regions are theirs to store.
     let mut wanted: BTreeMap<(DiskIndex, usize), ()> = alloc
         .take_dirty_chunks()
@@ -759,7 +793,18 @@ pub(crate) fn snapshot(
         .filter(|(_, c)| !foreign.contains(c))
         .map(|k| (k, ()))
         .collect();
-    for e in excluded {
+    // An excluded extent in another slot's region (none should be: this owner allocates
+    // and frees only in its own) must not make this owner store that chunk.
+    debug_assert!(
+        excluded.iter().all(|e| !touches_chunks(e, foreign)),
+        "an extent this owner excludes lies in another slot's region"
+    );
+    let excluded: Vec<Extent> = excluded
+        .iter()
+        .filter(|e| !touches_chunks(e, foreign))
+        .copied()
+        .collect();
+    for e in &excluded {
         for c in chunks_of(e) {
             wanted.insert((e.addr.disk, c), ());
         }
@@ -775,7 +820,7 @@ pub(crate) fn snapshot(
             ((disk, chunk), image)
         })
         .collect();
-    for e in excluded {
+    for e in &excluded {
         for s in e.addr.sub_block..e.addr.sub_block + u64::from(e.sub_blocks) {
             let word = (s / 64) as usize;
             let image = images

@@ -195,6 +195,8 @@ pub(crate) struct Prepared {
     pub superseded: Vec<Extent>,
     /// The chunks of the allocation map this checkpoint stores (`crate::alloc_map`).
     pub map: Vec<crate::alloc_map::ChunkImage>,
+    /// The shards this checkpoint holds (their roots are in `roots`).
+    pub held: Vec<usize>,
 }
 
 impl Prepared {
@@ -215,10 +217,12 @@ impl Prepared {
 /// checkpoint supersedes.
 pub(crate) fn prepare(
     desc: &FsDescriptor,
+    slot: u32,
     disks: &DiskSet,
     alloc: &mut AllocMap,
     state: &mut MetaState,
     unrecorded: &[Extent],
+    released: &[usize],
 ) -> FsResult<Prepared> {
     let subs = desc.checkpoint.page_bytes / desc.sub_block_size;
     let mirrored = desc.metadata_copies.is_some();
@@ -304,15 +308,37 @@ pub(crate) fn prepare(
         roots[*s] = ShardRoot::from(p);
         root_mirrors[*s] = p.mirror.map_or(crate::descriptor::NO_SECOND_COPY, |a| a.0);
     }
-    let superseded: Vec<Extent> = cp
+    // A page in another slot's allocation region is a hand-over root this slot's owner
+    // took a shard from: its giver frees it once no record of this slot names it (see
+    // `slot::reclaim_hand_over_roots`), never this owner.
+    let elsewhere = crate::slot::regions_elsewhere(desc, slot);
+    let mut superseded: Vec<Extent> = cp
         .superseded
         .iter()
         .map(|a| page_extent(desc, *a))
+        .filter(|e| !crate::alloc_map::touches_chunks(e, &elsewhere))
         .collect();
+    // Hand-over roots their taker's records no longer fall back to: freed like the pages
+    // this checkpoint supersedes, and no longer named.
+    let handed = desc.root_ptrs();
+    for &s in released {
+        assert!(
+            !held.contains(&s),
+            "a released hand-over root is of a shard given away"
+        );
+        let p = handed[s];
+        superseded.extend(
+            std::iter::once(p.addr)
+                .chain(p.mirror)
+                .map(|a| page_extent(desc, a)),
+        );
+        roots[s] = ShardRoot { addr: 0, crc32c: 0 };
+        root_mirrors[s] = crate::descriptor::NO_SECOND_COPY;
+    }
     let map = if desc.alloc_map.is_some() {
         let mut excluded = superseded.clone();
         excluded.extend_from_slice(unrecorded);
-        crate::alloc_map::snapshot(alloc, &excluded, &crate::slot::foreign_regions(desc))
+        crate::alloc_map::snapshot(alloc, &excluded, &elsewhere)
     } else {
         Vec::new()
     };
@@ -323,6 +349,7 @@ pub(crate) fn prepare(
         root_mirrors,
         superseded,
         map,
+        held,
     })
 }
 

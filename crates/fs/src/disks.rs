@@ -125,6 +125,7 @@ impl FileSystem {
     /// the metadata and checkpoint locks, so no allocation or checkpoint sees half of it.
     pub fn set_disk_status(&self, nsds: &[String], status: DiskStatus) -> FsResult<Vec<u16>> {
         self.owner_here("changing a disk's status")?;
+        self.manager_here("changing a disk's status")?;
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let mut desc = self.owner().desc.lock().clone();
@@ -269,6 +270,7 @@ impl FileSystem {
     /// documentation for why a crash at any point loses nothing.
     pub fn add_disks(&self, disks: Vec<DiskSpec>) -> FsResult<Vec<u16>> {
         self.owner_here("adding disks")?;
+        self.manager_here("adding disks")?;
         self.check_fenced()?;
         self.refuse_with_foreign_regions("adding disks")?;
         check_new_disks(&self.descriptor(), &disks)?;
@@ -412,6 +414,7 @@ impl FileSystem {
         progress: &mut dyn FnMut(&crate::restripe::RestripeProgress),
     ) -> FsResult<DiskDeleteReport> {
         self.owner_here("deleting disks")?;
+        self.manager_here("deleting disks")?;
         self.check_fenced()?;
         self.refuse_with_foreign_regions("deleting disks")?;
         self.refuse_with_foreign_shards("deleting disks")?;

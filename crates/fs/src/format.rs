@@ -443,7 +443,8 @@ fn format_inner(
     alloc.mark_all_chunks_dirty();
     let store = crate::checkpoint::new_store(&desc, &disk_set, 1)?;
     let mut state = root_state(store, opts)?;
-    let prepared = crate::checkpoint::prepare(&desc, &disk_set, &mut alloc, &mut state, &[])?;
+    let prepared =
+        crate::checkpoint::prepare(&desc, 0, &disk_set, &mut alloc, &mut state, &[], &[])?;
     crate::checkpoint::write_pages(&desc, &disk_set, &prepared)?;
     let slots = crate::alloc_map::MapSlots::none(&alloc);
     crate::alloc_map::write_chunks(

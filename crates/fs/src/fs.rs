@@ -136,6 +136,10 @@ pub(crate) struct Owner {
     /// conflict wait on it a little at the owner (`locks::OWNER_WAIT`) instead of asking
     /// again from afar.
     pub(crate) lock_released: parking_lot::Condvar,
+    /// On the owner of an owner slot other than 0: its region and the record its last
+    /// checkpoint wrote, which is its commit point where slot 0's is the descriptor.
+    /// `None` on the file system manager.
+    pub(crate) slot: Option<crate::slot::SlotOwner>,
     /// How to take a kept data token back from another node (see
     /// [`FileSystem::on_data_revoke`]); none granted until set.
     pub(crate) data_revoke: std::sync::OnceLock<crate::read_tokens::RevokeHook>,
@@ -195,6 +199,56 @@ pub struct FileSystem {
     /// Reads of replicated blocks so far: every sixteenth tries the copies in another
     /// order, so that the latency of every disk keeps being measured.
     pub(crate) replica_reads: std::sync::atomic::AtomicU64,
+}
+
+impl Owner {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        desc: FsDescriptor,
+        state: MetaState,
+        alloc: AllocMap,
+        journal: Journal,
+        log_copies: Option<Arc<crate::mirrored_log::MirroredLog>>,
+        map_slots: crate::alloc_map::MapSlots,
+        map_rebuilt: Option<String>,
+        slot: Option<crate::slot::SlotOwner>,
+    ) -> Owner {
+        let reserve = metadata_reserve(&desc);
+        let policy = crate::placement::load(&desc);
+        let replication = desc.replication();
+        Owner {
+            written_desc: Mutex::new(desc.clone()),
+            desc: Mutex::new(desc),
+            log_copies: RwLock::new(log_copies),
+            log_hook: std::sync::OnceLock::new(),
+            meta: crate::read_tokens::MetaLock::new(Meta {
+                state,
+                alloc,
+                pending_free: Vec::new(),
+                open: HashMap::new(),
+                unlogged: HashSet::new(),
+                discarding: Vec::new(),
+            }),
+            journal: RwLock::new(Arc::new(journal)),
+            checkpoint_lock: Mutex::new(()),
+            commit_lock: Mutex::new(()),
+            deferred_frees: Mutex::new(Vec::new()),
+            map_slots: Mutex::new(map_slots),
+            map_rebuilt,
+            policy: RwLock::new(policy),
+            checkpoint_failed: AtomicBool::new(false),
+            dirty_pages_soft: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_SOFT),
+            dirty_pages_hard: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_HARD),
+            discarded_bytes: std::sync::atomic::AtomicU64::new(0),
+            discard_errors: std::sync::atomic::AtomicU64::new(0),
+            metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
+            locks: Mutex::new(crate::locks::LockTable::default()),
+            lock_released: parking_lot::Condvar::new(),
+            slot,
+            data_revoke: std::sync::OnceLock::new(),
+            replication: RwLock::new(replication),
+        }
+    }
 }
 
 type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
@@ -290,9 +344,6 @@ impl FileSystem {
             }
         }
         let geo = geometry(&desc);
-        let reserve = metadata_reserve(&desc);
-        let policy = crate::placement::load(&desc);
-        let replication = desc.replication();
         for d in devices.down_disks() {
             recovered.alloc.set_available(d, false);
         }
@@ -311,37 +362,16 @@ impl FileSystem {
                 desc = next;
             }
         }
-        let owner = Owner {
-            written_desc: Mutex::new(desc.clone()),
-            desc: Mutex::new(desc),
-            log_copies: RwLock::new(recovered.log_copies.clone()),
-            log_hook: std::sync::OnceLock::new(),
-            meta: crate::read_tokens::MetaLock::new(Meta {
-                state: recovered.state,
-                alloc: recovered.alloc,
-                pending_free: Vec::new(),
-                open: HashMap::new(),
-                unlogged: HashSet::new(),
-                discarding: Vec::new(),
-            }),
-            journal: RwLock::new(Arc::new(recovered.journal)),
-            checkpoint_lock: Mutex::new(()),
-            commit_lock: Mutex::new(()),
-            deferred_frees: Mutex::new(Vec::new()),
-            map_slots: Mutex::new(recovered.map_slots),
-            map_rebuilt: recovered.map_rebuilt,
-            policy: RwLock::new(policy),
-            checkpoint_failed: AtomicBool::new(false),
-            dirty_pages_soft: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_SOFT),
-            dirty_pages_hard: AtomicUsize::new(crate::checkpoint::DIRTY_PAGES_HARD),
-            discarded_bytes: std::sync::atomic::AtomicU64::new(0),
-            discard_errors: std::sync::atomic::AtomicU64::new(0),
-            metadata_reserve_sub_blocks: std::sync::atomic::AtomicU64::new(reserve),
-            locks: Mutex::new(crate::locks::LockTable::default()),
-            lock_released: parking_lot::Condvar::new(),
-            data_revoke: std::sync::OnceLock::new(),
-            replication: RwLock::new(replication),
-        };
+        let owner = Owner::new(
+            desc,
+            recovered.state,
+            recovered.alloc,
+            recovered.journal,
+            recovered.log_copies.clone(),
+            recovered.map_slots,
+            recovered.map_rebuilt,
+            None,
+        );
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
         // Made for every mount: `fs change -m 2` mirrors the log of a mounted file system.
         let weak = Arc::downgrade(&fs);
@@ -355,19 +385,69 @@ impl FileSystem {
             log.set_on_behind(Arc::clone(&hook));
         }
         let _ = fs.owner().log_hook.set(hook);
+        fs.start_owner();
+        Ok(fs)
+    }
+
+    /// Mounts owner slot `slot` (not 0) of the file system found on `disks`: this mount
+    /// owns the shards and allocation regions the owner map gives the slot, brought back
+    /// from the slot's own record and log ([`crate::recovery::recover_slot`]), and serves
+    /// them; its checkpoints write its pages and its regions' chunks, then its record, and
+    /// never the descriptor, so it runs beside the file system manager's mount (slot 0) on
+    /// the same disks, each with its own device handles. What changes the descriptor or
+    /// works on every shard is refused here (`manager_here`). Inodes unlinked while open
+    /// are kept, as after a takeover, until [`FileSystem::reclaim_orphans`].
+    pub fn mount_slot(
+        disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+        slot: u32,
+    ) -> FsResult<Arc<FileSystem>> {
+        if slot == 0 {
+            return Err(FsError::Usage(
+                "slot 0 is the file system manager's: mount it with FileSystem::mount".into(),
+            ));
+        }
+        let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
+        let desc = read_descriptor(&all)?;
+        let devices = crate::recovery::match_devices(&desc, &disks)?;
+        let recovered = crate::recovery::recover_slot(&desc, &devices, slot)?;
+        let geo = geometry(&desc);
+        let mut alloc = recovered.alloc;
+        for d in devices.down_disks() {
+            alloc.set_available(d, false);
+        }
+        let owner = Owner::new(
+            desc,
+            recovered.state,
+            alloc,
+            recovered.journal,
+            None,
+            recovered.map_slots,
+            None,
+            Some(crate::slot::SlotOwner {
+                region: recovered.region,
+                record: Mutex::new(recovered.record),
+            }),
+        );
+        let fs = FileSystem::assemble(Some(owner), None, devices, geo);
+        fs.start_owner();
+        Ok(fs)
+    }
+
+    /// Starts what an owner's mount runs beside its callers: the background flusher and
+    /// read-ahead (and, for tests, the metanode's wire form).
+    fn start_owner(self: &Arc<Self>) {
         if std::env::var_os("TESSERA_METANODE_LOOPBACK").is_some_and(|v| v == "1") {
-            fs.route_metadata_through_wire();
+            self.route_metadata_through_wire();
             tracing::info!("metanode requests of this mount go through their wire encoding");
         }
-        let weak = Arc::downgrade(&fs);
-        let stop = fs.stop.clone();
+        let weak = Arc::downgrade(self);
+        let stop = self.stop.clone();
         let handle = std::thread::Builder::new()
             .name("tessera-flusher".into())
             .spawn(move || flusher(weak, stop))
             .expect("spawn flusher");
-        *fs.flusher.lock() = Some(handle);
-        fs.prefetch.start(Arc::downgrade(&fs));
-        Ok(fs)
+        *self.flusher.lock() = Some(handle);
+        self.prefetch.start(Arc::downgrade(self));
     }
 
     /// Mounts the file system found on `disks` as a client of the node that owns its
@@ -556,6 +636,30 @@ impl FileSystem {
     /// client of the node that does.
     pub fn is_owner(&self) -> bool {
         self.owner.is_some()
+    }
+
+    /// The owner slot this mount owns: 0 for the file system manager (and for a
+    /// client-only mount, which owns none).
+    pub fn owner_slot(&self) -> u32 {
+        self.owner
+            .as_ref()
+            .and_then(|o| o.slot.as_ref())
+            .map_or(0, |s| s.region.slot)
+    }
+
+    /// Refuses `what` on the owner of a slot other than 0: it changes the descriptor (disks,
+    /// replication, policies, the owner map) or works on every shard or allocation region,
+    /// which is the file system manager's alone.
+    pub(crate) fn manager_here(&self, what: &str) -> FsResult<()> {
+        match self.owner_slot() {
+            0 => Ok(()),
+            slot => Err(FsError::NotSupported(format!(
+                "{what} on the owner of slot {slot} of {}: only the file system manager \
+                 (slot 0) changes the descriptor or works on every shard; run it on the \
+                 node that mounted {} first",
+                self.geo.fs_name, self.geo.fs_name
+            ))),
+        }
     }
 
     /// Refuses `what` on a client-only mount: it changes or reads what only the owner
@@ -804,6 +908,7 @@ impl FileSystem {
     pub fn reclaim_space(&self, progress: &mut dyn FnMut(u64, u64)) -> FsResult<Vec<(u16, u64)>> {
         const BATCH_BLOCKS: u64 = 256;
         self.owner_here("reclaiming space")?;
+        self.manager_here("reclaiming space")?;
         self.check_fenced()?;
         let (disks, spb) = {
             let m = self.owner().meta.lock();
@@ -1080,8 +1185,21 @@ impl FileSystem {
             .chain(m.unlogged.iter().copied())
             .chain(m.discarding.iter().copied())
             .collect();
+        let slot = self.owner_slot();
+        let released = match slot {
+            0 => crate::slot::released_hand_over_roots(&desc, &self.devices),
+            _ => Vec::new(),
+        };
         let Meta { state, alloc, .. } = m;
-        crate::checkpoint::prepare(&desc, &self.devices, alloc, state, &unrecorded)
+        crate::checkpoint::prepare(
+            &desc,
+            slot,
+            &self.devices,
+            alloc,
+            state,
+            &unrecorded,
+            &released,
+        )
     }
 
     /// After the pages are written (or not): unpin them, or, when they could not be
@@ -1127,9 +1245,42 @@ impl FileSystem {
             prepared.generation,
             &prepared.map,
         )?;
-        desc.checkpoint.replay_from = lsn;
-        prepared.name_in(&mut desc);
-        self.write_descriptor(desc)?;
+        match &self.owner().slot {
+            // Slot 0's commit point is the descriptor.
+            None => {
+                desc.checkpoint.replay_from = lsn;
+                prepared.name_in(&mut desc);
+                self.write_descriptor(desc)?;
+            }
+            // Another slot's is its record.
+            Some(slot) => {
+                let mut record = slot.record.lock();
+                let next = crate::slot::SlotRecord {
+                    slot: slot.region.slot,
+                    generation: record.generation + 1,
+                    replay_from: lsn,
+                    page_generation: prepared.generation,
+                    shards: prepared
+                        .held
+                        .iter()
+                        .map(|&s| crate::slot::SlotShard {
+                            shard: s as u32,
+                            generation: desc.shard_owner(s).generation,
+                            root: prepared.roots[s],
+                            second: Some(prepared.root_mirrors[s])
+                                .filter(|a| *a != crate::descriptor::NO_SECOND_COPY),
+                        })
+                        .collect(),
+                    regions: crate::slot::regions_of(&desc, slot.region.slot)
+                        .into_iter()
+                        .map(|r| r as u32)
+                        .collect(),
+                    map_digest: map_slots.digest_with(&chunks, prepared.generation),
+                };
+                crate::slot::write_record(&desc, &self.devices, &slot.region, &next)?;
+                *record = next;
+            }
+        }
         map_slots.commit(&chunks, prepared.generation);
         drop(map_slots);
         self.journal().set_tail(lsn);
@@ -1146,6 +1297,7 @@ impl FileSystem {
     /// the newest written descriptor, one at a time, and the generation and the log's state
     /// are taken as they are now, so neither write undoes the other.
     pub(crate) fn write_descriptor(&self, mut desc: FsDescriptor) -> FsResult<()> {
+        self.manager_here("writing the file-system descriptor")?;
         let mut written = self.owner().written_desc.lock();
         assert_eq!(
             self.owner().desc.lock().generation,

@@ -91,8 +91,15 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
             }
         }
         // The rebuilt map is stored whole (recovery marked every chunk changed).
-        let prepared =
-            crate::checkpoint::prepare(&desc, &disk_set, &mut rec.alloc, &mut rec.state, &[])?;
+        let prepared = crate::checkpoint::prepare(
+            &desc,
+            0,
+            &disk_set,
+            &mut rec.alloc,
+            &mut rec.state,
+            &[],
+            &[],
+        )?;
         crate::checkpoint::write_pages(&desc, &disk_set, &prepared)?;
         let mut new_desc = desc.clone();
         crate::alloc_map::write_chunks(

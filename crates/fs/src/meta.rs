@@ -447,6 +447,29 @@ impl MetaState {
         (0..self.shards.len()).filter(|s| self.holds(*s)).collect()
     }
 
+    /// The page shard `shard`'s tree was opened from or last checkpointed to (`None`: not
+    /// held, or changed since).
+    pub(crate) fn shard_root(&self, shard: usize) -> Option<tessera_meta::PageAddr> {
+        self.shards
+            .get(shard)
+            .and_then(Option::as_ref)
+            .and_then(|t| t.tree.root())
+            .map(|p| p.addr)
+    }
+
+    /// Starts holding shard `shard` from its root page (the owner map gave it to this
+    /// owner's slot since the mount).
+    pub(crate) fn take_shard(&mut self, shard: usize, root: PagePtr) -> FsResult<()> {
+        assert!(!self.holds(shard), "shard {shard} is held already");
+        let tree = ShardTree::on_disk(root);
+        let header = tree.header(&mut self.store)?;
+        self.shards[shard] = Some(tree);
+        self.headers[shard] = header;
+        self.stored_headers[shard] = header;
+        self.dir_memo = None;
+        Ok(())
+    }
+
     /// Stops holding shard `shard` (the owner map gave it to another slot): its tree and
     /// everything cached of its inodes are forgotten. The caller has checkpointed it.
     pub(crate) fn release_shard(&mut self, shard: usize) {

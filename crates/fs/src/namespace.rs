@@ -120,102 +120,8 @@ impl Namespace for FileSystem {
     }
 
     fn make(&self, parent: Ino, name: &[u8], node: NewNode) -> FsResult<Attr> {
-        let NewNode {
-            kind,
-            mode,
-            umask,
-            rdev,
-            caller,
-            symlink_target,
-            open,
-        } = node;
-        check_name(name)?;
         let mut m = self.owner().meta.lock();
-        self.check_inode_limit(&m)?;
-        let pattr = self.dir_attr(&mut m, parent)?;
-        if pattr.nlink == 0 {
-            return Err(FsError::NotFound);
-        }
-        if m.state.lookup(parent, name)?.is_some() {
-            return Err(FsError::Exists);
-        }
-        if kind == FileKind::Directory && pattr.nlink >= LINKS_MAX {
-            return Err(FsError::TooManyLinks);
-        }
-        // Files live in their directory's shard; directories spread over the shards this
-        // owner holds, so the namespace, and its metanodes, balance.
-        let shard = if kind == FileKind::Directory {
-            m.state.shard_for_new_directory()
-        } else {
-            m.state.shard_of(parent)
-        };
-        let ino = m.state.allocate_ino(shard);
-        let now = self.now();
-        // BSD group semantics of a setgid directory, as ext4 and XFS implement them.
-        let setgid_dir = pattr.perm & 0o2000 != 0;
-        let gid = if setgid_dir { pattr.gid } else { caller.gid };
-        let (acl_changes, mode) = inherited_acls(&mut m, parent, ino, kind, mode, umask)?;
-        let mut perm = (mode & 0o7777) as u16;
-        if setgid_dir && kind == FileKind::Directory {
-            perm |= 0o2000;
-        }
-        let attr = Attr {
-            ino,
-            kind,
-            perm,
-            uid: caller.uid,
-            gid,
-            nlink: if kind == FileKind::Directory { 2 } else { 1 },
-            size: symlink_target.as_ref().map_or(0, |t| t.len() as u64),
-            rdev,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
-            generation: 0,
-        };
-        let cookie = m.state.new_cookie(parent, name)?;
-        let mut pattr = pattr;
-        pattr.mtime = now;
-        pattr.ctime = now;
-        if kind == FileKind::Directory {
-            pattr.nlink += 1;
-        }
-        let mut changes = vec![Change::PutAttr(attr)];
-        if kind == FileKind::Regular {
-            if let Some((pool, rule)) = self.place(&m, name, &attr) {
-                tracing::trace!("inode {ino} placed in pool {pool} by {rule}");
-                changes.push(Change::SetPool { ino, pool });
-            }
-            let copies = self.owner().replication.read().data;
-            if copies > 1 {
-                changes.push(Change::SetReplicas { ino, copies });
-            }
-        }
-        changes.extend(acl_changes);
-        if kind == FileKind::Directory {
-            changes.push(Change::SetParent { dir: ino, parent });
-        }
-        if let Some(target) = &symlink_target {
-            if target.len() > SYMLINK_BYTES_MAX || target.is_empty() {
-                return Err(FsError::NameTooLong);
-            }
-            changes.push(Change::Inline {
-                ino,
-                data: target.to_vec(),
-            });
-        }
-        changes.push(Change::DirInsert {
-            dir: parent,
-            name: name.to_vec(),
-            entry: DirEntry { ino, kind, cookie },
-        });
-        changes.push(Change::PutAttr(pattr));
-        self.log(&mut m, changes)?;
-        if open {
-            *m.open.entry(ino).or_insert(0) += 1;
-        }
-        Ok(attr)
+        self.make_locked(&mut m, parent, name, node, None)
     }
 
     fn link_target(&self, ino: Ino) -> FsResult<Vec<u8>> {
@@ -918,4 +824,115 @@ fn inherited_acls(
         });
     }
     Ok((changes, mode))
+}
+
+impl FileSystem {
+    /// Makes a node under the metadata lock the caller holds; `shard`: the shard its inode
+    /// goes to, where the caller chose it (a directory made for an owner slot).
+    pub(crate) fn make_locked(
+        &self,
+        m: &mut crate::fs::Meta,
+        parent: Ino,
+        name: &[u8],
+        node: NewNode,
+        shard: Option<usize>,
+    ) -> FsResult<Attr> {
+        let NewNode {
+            kind,
+            mode,
+            umask,
+            rdev,
+            caller,
+            symlink_target,
+            open,
+        } = node;
+        check_name(name)?;
+        self.check_inode_limit(m)?;
+        let pattr = self.dir_attr(m, parent)?;
+        if pattr.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        if m.state.lookup(parent, name)?.is_some() {
+            return Err(FsError::Exists);
+        }
+        if kind == FileKind::Directory && pattr.nlink >= LINKS_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        // Files live in their directory's shard; directories spread over the shards this
+        // owner holds, so the namespace, and its metanodes, balance.
+        let shard = if let Some(shard) = shard {
+            shard
+        } else if kind == FileKind::Directory {
+            m.state.shard_for_new_directory()
+        } else {
+            m.state.shard_of(parent)
+        };
+        let ino = m.state.allocate_ino(shard);
+        let now = self.now();
+        // BSD group semantics of a setgid directory, as ext4 and XFS implement them.
+        let setgid_dir = pattr.perm & 0o2000 != 0;
+        let gid = if setgid_dir { pattr.gid } else { caller.gid };
+        let (acl_changes, mode) = inherited_acls(m, parent, ino, kind, mode, umask)?;
+        let mut perm = (mode & 0o7777) as u16;
+        if setgid_dir && kind == FileKind::Directory {
+            perm |= 0o2000;
+        }
+        let attr = Attr {
+            ino,
+            kind,
+            perm,
+            uid: caller.uid,
+            gid,
+            nlink: if kind == FileKind::Directory { 2 } else { 1 },
+            size: symlink_target.as_ref().map_or(0, |t| t.len() as u64),
+            rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            generation: 0,
+        };
+        let cookie = m.state.new_cookie(parent, name)?;
+        let mut pattr = pattr;
+        pattr.mtime = now;
+        pattr.ctime = now;
+        if kind == FileKind::Directory {
+            pattr.nlink += 1;
+        }
+        let mut changes = vec![Change::PutAttr(attr)];
+        if kind == FileKind::Regular {
+            if let Some((pool, rule)) = self.place(m, name, &attr) {
+                tracing::trace!("inode {ino} placed in pool {pool} by {rule}");
+                changes.push(Change::SetPool { ino, pool });
+            }
+            let copies = self.owner().replication.read().data;
+            if copies > 1 {
+                changes.push(Change::SetReplicas { ino, copies });
+            }
+        }
+        changes.extend(acl_changes);
+        if kind == FileKind::Directory {
+            changes.push(Change::SetParent { dir: ino, parent });
+        }
+        if let Some(target) = &symlink_target {
+            if target.len() > SYMLINK_BYTES_MAX || target.is_empty() {
+                return Err(FsError::NameTooLong);
+            }
+            changes.push(Change::Inline {
+                ino,
+                data: target.to_vec(),
+            });
+        }
+        changes.push(Change::DirInsert {
+            dir: parent,
+            name: name.to_vec(),
+            entry: DirEntry { ino, kind, cookie },
+        });
+        changes.push(Change::PutAttr(pattr));
+        self.log(m, changes)?;
+        if open {
+            *m.open.entry(ino).or_insert(0) += 1;
+        }
+        Ok(attr)
+    }
 }

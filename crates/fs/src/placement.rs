@@ -114,6 +114,7 @@ impl FileSystem {
     /// from then on are placed by its rules; existing files keep their pools.
     pub fn set_policy(&self, text: Option<&str>) -> FsResult<PolicySummary> {
         self.owner_here("installing a policy")?;
+        self.manager_here("installing a policy")?;
         self.check_fenced()?;
         let desc = self.descriptor();
         let checked = text.map(|t| check_policy(&desc, t)).transpose()?;
@@ -142,6 +143,22 @@ impl FileSystem {
             .as_ref()
             .map(summary)
             .unwrap_or_default())
+    }
+
+    /// Where `ino`'s data lies: (disk index, first sub-block) of every extent of every
+    /// copy, in file order (for diagnosis and tests of placement).
+    pub fn file_block_addresses(&self, ino: Ino) -> FsResult<Vec<(u16, u64)>> {
+        self.owner_here("listing a file's block addresses")?;
+        let mut m = self.owner().meta.lock();
+        if m.state.content_kind(ino)? != crate::meta::ContentKind::Blocks {
+            return Ok(Vec::new());
+        }
+        Ok(m.state
+            .blocks(ino, 0..u64::MAX)?
+            .iter()
+            .flat_map(|(_, b)| b.extents())
+            .map(|e| (e.addr.disk, e.addr.sub_block))
+            .collect())
     }
 
     /// Data blocks of `ino` per disk, by NSD name (disks holding none left out).

@@ -97,6 +97,7 @@ impl FileSystem {
         progress: &mut dyn FnMut(&ApplyProgress),
     ) -> FsResult<ApplyReport> {
         self.owner_here("applying a policy")?;
+        self.manager_here("applying a policy")?;
         self.check_fenced()?;
         let desc = self.descriptor();
         let policy = crate::placement::check_policy(&desc, text)?;

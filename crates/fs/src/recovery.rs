@@ -241,6 +241,34 @@ pub(crate) fn recover(
         alloc.mark_chunk_dirty(disk, chunk);
     }
     let replayed_records = records.len();
+    replay(records, &mut state, &mut alloc, &mut stored_map)?;
+    if replayed_records > 0 {
+        tracing::info!("{}: replayed {replayed_records} log records", desc.name);
+    }
+    Ok(Recovered {
+        state,
+        alloc,
+        journal,
+        log_copies,
+        conflicts,
+        replayed_records,
+        map_slots,
+        map_rebuilt,
+        stored_map,
+        foreign_shards,
+        slot_problems,
+    })
+}
+
+/// Applies the log's records to the metadata and the allocation map (and to the stored
+/// map beside it, for fsck), as the live file system did: a block a record maps is taken,
+/// what a change releases is freed.
+fn replay(
+    records: Vec<tessera_journal::Record>,
+    state: &mut MetaState,
+    alloc: &mut AllocMap,
+    stored_map: &mut Option<Result<AllocMap, String>>,
+) -> FsResult<()> {
     for record in records {
         let changes: Vec<Change> = postcard::from_bytes(&record.payload).map_err(|e| {
             FsError::Corrupt(format!(
@@ -265,34 +293,133 @@ pub(crate) fn recover(
                     }
                     Ok(())
                 };
-                mark(&mut alloc)?;
-                if let Some(Ok(stored)) = &mut stored_map {
+                mark(alloc)?;
+                if let Some(Ok(stored)) = stored_map {
                     mark(stored)?;
                 }
             }
             for extent in state.apply(change)? {
                 let _ = alloc.free(extent);
-                if let Some(Ok(stored)) = &mut stored_map {
+                if let Some(Ok(stored)) = stored_map {
                     let _ = stored.free(extent);
                 }
             }
         }
     }
-    if replayed_records > 0 {
-        tracing::info!("{}: replayed {replayed_records} log records", desc.name);
+    Ok(())
+}
+
+/// What bringing back an owner slot other than 0 found (see [`recover_slot`]).
+pub(crate) struct RecoveredSlot {
+    pub state: MetaState,
+    pub alloc: AllocMap,
+    pub journal: Journal,
+    pub map_slots: MapSlots,
+    pub region: crate::slot::SlotRegion,
+    pub record: crate::slot::SlotRecord,
+}
+
+/// Brings back owner slot `slot` (not 0) from its own commit point: the shards the owner
+/// map gives it from its record (or their hand-over roots), the chunks of the allocation
+/// regions it stores (checked against its record's digest; the regions given to it since
+/// start free, the others' are held as used), and its own log replayed from its record's
+/// LSN. Nothing of slot 0's log or of other slots is read beyond the descriptor.
+pub(crate) fn recover_slot(
+    desc: &FsDescriptor,
+    disks: &Arc<DiskSet>,
+    slot: u32,
+) -> FsResult<RecoveredSlot> {
+    assert_ne!(slot, 0, "slot 0 is recovered by `recover`");
+    let region = desc
+        .slot_regions()
+        .iter()
+        .find(|r| r.slot == slot)
+        .cloned()
+        .ok_or_else(|| {
+            FsError::Usage(format!(
+                "{} has no owner slot {slot} (`tessera fs ls` lists its slots)",
+                desc.name
+            ))
+        })?;
+    if region.second.is_some() {
+        return Err(FsError::NotSupported(format!(
+            "owning slot {slot} of {}: its log has two copies (metadata replicated, -m 2), \
+             and a slot owner's mirrored log is not built yet",
+            desc.name
+        )));
     }
-    Ok(Recovered {
+    if desc.alloc_map.is_none() {
+        return Err(FsError::NotSupported(format!(
+            "owning slot {slot} of {}: the file system does not store its allocation map \
+             (format version 3); mount it once on the file system manager to convert it",
+            desc.name
+        )));
+    }
+    let record = crate::slot::read_record(desc, disks, &region)?;
+    let mut roots: Vec<Option<tessera_meta::PagePtr>> = vec![None; desc.shard_count as usize];
+    for (shard, root) in roots.iter_mut().enumerate() {
+        let owner = desc.shard_owner(shard);
+        if owner.slot == slot {
+            let live = crate::slot::live_root(desc, &record, shard, owner.generation)
+                .map_err(|why| FsError::Corrupt(format!("owner slot {slot}: {why}")))?;
+            *root = Some(live);
+        }
+    }
+    // Pages and chunk copies of this slot's checkpoints are numbered above every
+    // generation slot 0 had reached: a region given since was last stored by slot 0.
+    let generation = record.page_generation.max(desc.checkpoint.generation) + 1;
+    let store = crate::checkpoint::new_store(desc, disks, generation)?;
+    let state = MetaState::open(store, &roots)?;
+    let mine = crate::slot::regions_of(desc, slot);
+    let stored_regions: Vec<usize> = record.regions.iter().map(|r| *r as usize).collect();
+    let scope = crate::alloc_map::Scope {
+        durable: record.page_generation,
+        digest: record.map_digest,
+        read: Some(stored_regions.clone()),
+        elsewhere: crate::slot::regions_elsewhere(desc, slot),
+    };
+    let loaded = crate::alloc_map::load_scope(desc, &disks.all(), new_alloc(desc), &scope)?;
+    let mut alloc = loaded.map.map_err(|why| {
+        FsError::Corrupt(format!(
+            "owner slot {slot} of {}: its allocation regions' map does not read ({why}); \
+             rebuilding a slot's map is not built yet",
+            desc.name
+        ))
+    })?;
+    for (disk, chunk) in loaded.stale {
+        alloc.mark_chunk_dirty(disk, chunk);
+    }
+    // Regions given since its last checkpoint: stored from its next one on.
+    let disks_of: Vec<tessera_alloc::DiskIndex> = alloc.disks().iter().map(|d| d.disk).collect();
+    for r in mine.iter().filter(|r| !stored_regions.contains(r)) {
+        for &d in &disks_of {
+            if *r < alloc.chunk_count(d) {
+                alloc.mark_chunk_dirty(d, *r);
+            }
+        }
+    }
+    let (journal, records) = Journal::open(
+        disks.get(region.disk),
+        region.log_region(),
+        region.log_id,
+        record.replay_from,
+    )?;
+    let mut state = state;
+    let replayed_records = records.len();
+    replay(records, &mut state, &mut alloc, &mut None)?;
+    if replayed_records > 0 {
+        tracing::info!(
+            "{}: owner slot {slot}: replayed {replayed_records} log records",
+            desc.name
+        );
+    }
+    Ok(RecoveredSlot {
         state,
         alloc,
         journal,
-        log_copies,
-        conflicts,
-        replayed_records,
-        map_slots,
-        map_rebuilt,
-        stored_map,
-        foreign_shards,
-        slot_problems,
+        map_slots: loaded.slots,
+        region,
+        record,
     })
 }
 
@@ -430,6 +557,22 @@ fn referenced_extents_by_shard(
                 crate::checkpoint::page_extent(desc, a),
                 format!("metadata page {a} of shard {s}"),
                 Some(s as u64),
+            )
+        }));
+    }
+    // Hand-over roots slot 0 still keeps (its descriptor names them until their taker's
+    // records no longer fall back to them), where the shard opened from another root.
+    let handed = desc.root_ptrs();
+    for (s, p) in handed.iter().enumerate() {
+        let opened = state.shard_root(s);
+        if desc.shard_owner(s).slot == 0 || p.addr.0 == 0 || opened == Some(p.addr) {
+            continue;
+        }
+        out.extend(std::iter::once(p.addr).chain(p.mirror).map(|a| {
+            (
+                crate::checkpoint::page_extent(desc, a),
+                format!("hand-over root {a} of shard {s}"),
+                None,
             )
         }));
     }

@@ -400,6 +400,7 @@ impl FileSystem {
     /// pool's data disks, and committed in the descriptor.
     pub fn set_data_replication(&self, copies: u8) -> FsResult<()> {
         self.owner_here("changing the data replication")?;
+        self.manager_here("changing the data replication")?;
         self.check_fenced()?;
         let desc = self.descriptor();
         check_copies(&desc, copies)?;
@@ -427,6 +428,7 @@ impl FileSystem {
     /// -r` writes them again with two. Lowering it again is not implemented.
     pub fn set_metadata_replication(&self, copies: u8) -> FsResult<()> {
         self.owner_here("changing the metadata replication")?;
+        self.manager_here("changing the metadata replication")?;
         self.check_writable()?;
         let desc = self.descriptor();
         let now = desc.metadata_replicas();

@@ -141,6 +141,7 @@ impl FileSystem {
         progress: &mut dyn FnMut(&RestripeProgress),
     ) -> FsResult<RestripeReport> {
         self.owner_here("a restripe")?;
+        self.manager_here("a restripe")?;
         self.check_writable()?;
         if mode == RestripeMode::Migrate {
             self.refuse_with_foreign_shards("restripe -m")?;

@@ -493,6 +493,7 @@ impl crate::fs::FileSystem {
     /// and no slot.
     pub fn create_slot(&self) -> FsResult<u32> {
         self.owner_here("making an owner slot")?;
+        self.manager_here("making an owner slot")?;
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
@@ -529,18 +530,34 @@ impl crate::fs::FileSystem {
 
     /// Gives shards that hold no inode to owner slot `slot` (the file system manager's side
     /// of a hand-over, for empty shards: nothing of them is cached or open anywhere, so no
-    /// token needs taking back). In one critical section under the metadata lock: a
-    /// checkpoint makes their roots durable; the slot's record of the next generation
-    /// names them at the owner map's next generation, written through; the descriptor with
-    /// the owner map giving them to the slot is committed by a second checkpoint; then this
-    /// owner forgets them. A crash before the descriptor leaves the record naming a
-    /// generation the map never reached, which is ignored: the shards stay slot 0's.
+    /// token needs taking back). In one critical section under the metadata lock: the
+    /// descriptor with the owner map giving them to the slot at the next generation is
+    /// committed by a checkpoint, whose roots of those shards are their *hand-over roots*;
+    /// then this owner forgets them. The slot's record is the slot owner's alone to write:
+    /// until it names a shard at the map's generation, the shard's live root is the
+    /// hand-over root ([`foreign_roots`]), so a live owner of the slot takes it from the
+    /// descriptor, and a crash before the descriptor leaves the shards slot 0's.
     pub fn give_empty_shards(&self, slot: u32, shards: &[usize]) -> FsResult<()> {
         self.owner_here("giving shards to an owner slot")?;
+        self.manager_here("giving shards to an owner slot")?;
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
+        self.give_shards_locked(&mut m, slot, shards, &[])
+    }
+
+    /// [`Self::give_empty_shards`] under the metadata and checkpoint locks; the shards may
+    /// hold the inodes `made`, which the caller made in this critical section (nobody has
+    /// seen them, so no token is to be taken back).
+    fn give_shards_locked(
+        &self,
+        m: &mut crate::fs::Meta,
+        slot: u32,
+        shards: &[usize],
+        made: &[crate::inode::Ino],
+    ) -> FsResult<()> {
         let desc = self.owner().desc.lock().clone();
-        let region = slot_region(&desc, slot)?;
+        slot_region(&desc, slot)?;
+        let n = u64::from(desc.shard_count);
         for &s in shards {
             if s >= desc.shard_count as usize || !m.state.holds(s) {
                 return Err(FsError::Usage(format!(
@@ -548,11 +565,12 @@ impl crate::fs::FileSystem {
                     desc.name
                 )));
             }
-            if m.state.shard_inode_count(s) != 0 {
+            let new_here = made.iter().filter(|i| *i % n == s as u64).count() as u64;
+            if m.state.shard_inode_count(s) != new_here {
                 return Err(FsError::Usage(format!(
                     "shard {s} of {} holds {} inode(s); only empty shards are handed over yet",
                     desc.name,
-                    m.state.shard_inode_count(s)
+                    m.state.shard_inode_count(s) - new_here
                 )));
             }
         }
@@ -561,11 +579,6 @@ impl crate::fs::FileSystem {
                 "the file system manager keeps at least one shard".into(),
             ));
         }
-        self.checkpoint_under_lock(&mut m)?;
-        let desc = self.owner().desc.lock().clone();
-        let mut record = read_record(&desc, &self.devices, &region)?;
-        let roots = desc.root_ptrs();
-        record.generation += 1;
         let mut next = desc.clone();
         let map = next.slots.get_or_insert_with(Slots::default);
         let count = desc.shard_count as usize;
@@ -578,18 +591,9 @@ impl crate::fs::FileSystem {
                 slot,
                 generation: owner.generation + 1,
             };
-            record.shards.retain(|e| e.shard as usize != s);
-            record.shards.push(SlotShard {
-                shard: s as u32,
-                generation: owner.generation,
-                root: roots[s].into(),
-                second: roots[s].mirror.map(|a| a.0),
-            });
         }
-        record.shards.sort_by_key(|e| e.shard);
-        write_record(&desc, &self.devices, &region, &record)?;
         self.commit_next_descriptor(
-            &mut m,
+            m,
             next,
             &format!("giving shards {shards:?} to owner slot {slot}"),
             "unmount and mount the file system again; the owner map says who holds them",
@@ -604,24 +608,144 @@ impl crate::fs::FileSystem {
         Ok(())
     }
 
+    /// Makes directory `name` in `parent` for owner slot `slot`, so that it and everything
+    /// made in it later are the slot's (mdtest's easy pattern: each process's directory is
+    /// one node's work): its inode goes to a shard slot 0 holds that has no inode, given to
+    /// the slot in the same critical section, under the metadata lock, so nobody sees the
+    /// directory before it is the slot's. Committed by the checkpoint that gives the shard:
+    /// a crash before it leaves the directory slot 0's (the log holds it) or absent.
+    pub fn make_directory_for_slot(
+        &self,
+        parent: crate::inode::Ino,
+        name: &[u8],
+        mode: u32,
+        caller: crate::namespace::Caller,
+        slot: u32,
+    ) -> FsResult<crate::inode::Attr> {
+        self.owner_here("making a directory for an owner slot")?;
+        self.manager_here("making a directory for an owner slot")?;
+        let mut m = self.owner().meta.lock();
+        slot_region(&self.owner().desc.lock(), slot)?;
+        let shard = m
+            .state
+            .held_shards()
+            .into_iter()
+            .rev()
+            .find(|s| m.state.shard_inode_count(*s) == 0)
+            .ok_or_else(|| FsError::NoSpace {
+                pool: "system".into(),
+                what: "an empty inode shard to give an owner slot (every shard the file \
+                           system manager holds has inodes)",
+            })?;
+        let node = crate::metanode::NewNode {
+            open: false,
+            kind: crate::inode::FileKind::Directory,
+            mode,
+            umask: 0,
+            rdev: 0,
+            caller,
+            symlink_target: None,
+        };
+        let attr = self.make_locked(&mut m, parent, name, node, Some(shard))?;
+        // After the make: a full log checkpoints from inside it, under the checkpoint lock.
+        let _one = self.owner().checkpoint_lock.lock();
+        self.give_shards_locked(&mut m, slot, &[shard], &[attr.ino])?;
+        Ok(attr)
+    }
+
+    /// Takes what the owner map gives this mount's slot since it last looked (the owner
+    /// of a slot other than 0): reads the newest descriptor, opens every shard given to the
+    /// slot at a newer generation from its hand-over root, and takes every allocation
+    /// region given to it as free (stored from its next checkpoint on, numbered above the
+    /// descriptor's generation). Returns the shards and regions taken. In the cluster the
+    /// file system manager asks the slot's owner to do this after each give.
+    pub fn take_from_owner_map(&self) -> FsResult<(Vec<usize>, Vec<usize>)> {
+        self.owner_here("taking shards from the owner map")?;
+        let me = self.owner_slot();
+        if me == 0 {
+            return Err(FsError::Usage(
+                "the file system manager (slot 0) gives shards; it does not take them".into(),
+            ));
+        }
+        let all = self.devices.all();
+        let newest = crate::descriptor::read_descriptor(&all)?;
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let old = self.owner().desc.lock().clone();
+        if newest.generation <= old.generation {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let record = self
+            .owner()
+            .slot
+            .as_ref()
+            .expect("a slot other than 0 has its slot state")
+            .record
+            .lock()
+            .clone();
+        let mut shards = Vec::new();
+        for s in 0..newest.shard_count as usize {
+            let owner = newest.shard_owner(s);
+            if owner.slot == me && !m.state.holds(s) {
+                let root = live_root(&newest, &record, s, owner.generation)
+                    .map_err(|why| FsError::Corrupt(format!("owner slot {me}: {why}")))?;
+                m.state.take_shard(s, root)?;
+                shards.push(s);
+            } else if owner.slot != me && m.state.holds(s) {
+                return Err(FsError::NotSupported(format!(
+                    "the owner map gives shard {s}, held by owner slot {me}, to slot {}: \
+                     taking shards back from a live slot is not built yet",
+                    owner.slot
+                )));
+            }
+        }
+        let had = regions_of(&old, me);
+        let regions: Vec<usize> = regions_of(&newest, me)
+            .into_iter()
+            .filter(|r| !had.contains(r))
+            .collect();
+        let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
+        for &r in &regions {
+            for &d in &disks {
+                if r < m.alloc.chunk_count(d) {
+                    let words = m.alloc.chunk_words(d, r).len();
+                    m.alloc
+                        .set_chunk_words(d, r, &vec![0; words])
+                        .expect("a chunk of the disk's own size");
+                }
+            }
+        }
+        m.state
+            .store_mut()
+            .advance_generation(newest.checkpoint.generation + 1);
+        *self.owner().written_desc.lock() = newest.clone();
+        *self.owner().desc.lock() = newest;
+        tracing::info!(
+            "{}: owner slot {me} took shards {shards:?} and allocation regions {regions:?}",
+            self.geo.fs_name
+        );
+        Ok((shards, regions))
+    }
+
     /// Gives allocation regions in which nothing is allocated to owner slot `slot` (the
     /// manager's side of step 4 for free regions, so that no block of slot 0's is ever
-    /// freed in another slot's region). As [`FileSystem::give_empty_shards`]: a checkpoint,
-    /// the slot's record of the next generation naming the regions with the digest of
-    /// their chunks' generations (and a page generation no lower than the manager's, so
-    /// that those chunks' copies are not taken for ones its checkpoints never committed),
-    /// then the descriptor with the owner map, committed by a checkpoint that no longer
-    /// counts those chunks in the descriptor's digest; this owner holds them as used from
-    /// then on and never writes them.
+    /// freed in another slot's region). The descriptor with the owner map giving them is
+    /// committed by a checkpoint that no longer counts their chunks in its digest; this
+    /// owner holds them as used from then on and never writes them. The slot's owner takes
+    /// a region the map gives it and its record does not name as wholly free (it was when
+    /// given, and only that owner allocates there since), and stores its chunks from its
+    /// next checkpoint on, with a page generation above the descriptor's.
     pub fn give_free_regions(&self, slot: u32, regions: &[usize]) -> FsResult<()> {
         self.owner_here("giving allocation regions to an owner slot")?;
+        self.manager_here("giving allocation regions to an owner slot")?;
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
-        let region = slot_region(&desc, slot)?;
+        slot_region(&desc, slot)?;
         if desc.alloc_map.is_none() {
             return Err(FsError::Usage(format!(
-                "{} does not store its allocation map yet (format version 3); mount it once                  so that it is converted",
+                "{} does not store its allocation map yet (format version 3); mount it once \
+                 so that it is converted",
                 desc.name
             )));
         }
@@ -652,17 +776,6 @@ impl crate::fs::FileSystem {
                 "the file system manager keeps at least one allocation region".into(),
             ));
         }
-        self.checkpoint_under_lock(&mut m)?;
-        let desc = self.owner().desc.lock().clone();
-        let mut record = read_record(&desc, &self.devices, &region)?;
-        record.generation += 1;
-        record.page_generation = record.page_generation.max(desc.checkpoint.generation);
-        record.regions.extend(regions.iter().map(|r| *r as u32));
-        record.regions.sort_unstable();
-        record.regions.dedup();
-        let owned: Vec<usize> = record.regions.iter().map(|r| *r as usize).collect();
-        record.map_digest = self.owner().map_slots.lock().region_digest(&owned);
-        write_record(&desc, &self.devices, &region, &record)?;
         let mut next = desc.clone();
         let map = next.slots.get_or_insert_with(Slots::default);
         if map.region_owners.len() < count {
@@ -798,9 +911,102 @@ impl crate::fs::FileSystem {
     }
 }
 
-/// The shards the owner map gives to slots other than 0, each with its root as its slot's
-/// record holds it (`None` when that record does not read or does not hold the shard at the
-/// map's generation), and why each of those `None`s is.
+/// The live root of `shard`, which the owner map gives to a slot other than 0 at
+/// `generation`: the slot's record entry when it names the shard at that generation (the
+/// slot's owner checkpointed it since taking it), else its hand-over root, the root slot 0's
+/// descriptor kept for it when giving it (see
+/// [`give_empty_shards`](crate::fs::FileSystem::give_empty_shards)). `None`
+/// when neither exists, with why.
+pub(crate) fn live_root(
+    desc: &FsDescriptor,
+    record: &SlotRecord,
+    shard: usize,
+    generation: u64,
+) -> Result<tessera_meta::PagePtr, String> {
+    if let Some(e) = record
+        .shards
+        .iter()
+        .find(|e| e.shard as usize == shard && e.generation == generation)
+    {
+        let mut ptr = e.root.ptr();
+        ptr.mirror = e.second.map(tessera_meta::PageAddr);
+        return Ok(ptr);
+    }
+    match desc.root_ptrs().get(shard) {
+        Some(ptr) if ptr.addr.0 != 0 => Ok(*ptr),
+        _ => Err(format!(
+            "shard {shard}: owner slot {}'s record does not hold it at the owner map's \
+             generation {generation}, and its hand-over root is gone",
+            record.slot
+        )),
+    }
+}
+
+/// Every record of the slot that verifies: both halves of every copy whose disk is up.
+fn readable_records(desc: &FsDescriptor, disks: &DiskSet, region: &SlotRegion) -> Vec<SlotRecord> {
+    let mut out = Vec::new();
+    for (disk, offset) in region.copies() {
+        if disks.is_down(disk) {
+            continue;
+        }
+        for half in 0..2u64 {
+            let mut buf = AlignedBuf::zeroed(region.record_bytes as usize);
+            let at = offset + half * u64::from(region.record_bytes);
+            if disks.get(disk).read_at(&mut buf, at).is_err() {
+                continue;
+            }
+            if let Ok(Some(r)) = SlotRecord::decode(&buf, &desc.fs_uuid, region.slot) {
+                if r.generation % 2 == half {
+                    out.push(r);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The shards given to other slots whose hand-over roots (kept in slot 0's descriptor, in
+/// slot 0's allocation regions) no reader can fall back to any more: every record of the
+/// owning slot that verifies, in both halves and every copy, names the shard at the owner
+/// map's generation with a root of its own. Their pages are slot 0's to free, which its
+/// next checkpoint does (the descriptor then keeps no root for them).
+pub(crate) fn released_hand_over_roots(desc: &FsDescriptor, disks: &DiskSet) -> Vec<usize> {
+    let roots = desc.root_ptrs();
+    let mut records: std::collections::HashMap<u32, Vec<SlotRecord>> =
+        std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for shard in 0..desc.shard_count as usize {
+        let owner = desc.shard_owner(shard);
+        let Some(handed) = roots.get(shard).filter(|r| r.addr.0 != 0) else {
+            continue;
+        };
+        if owner.slot == 0 {
+            continue;
+        }
+        let found = records.entry(owner.slot).or_insert_with(|| {
+            desc.slot_regions()
+                .iter()
+                .find(|r| r.slot == owner.slot)
+                .map(|region| readable_records(desc, disks, region))
+                .unwrap_or_default()
+        });
+        let own_root = |r: &SlotRecord| {
+            r.shards.iter().any(|e| {
+                e.shard as usize == shard
+                    && e.generation == owner.generation
+                    && e.root.addr != handed.addr.0
+            })
+        };
+        if !found.is_empty() && found.iter().all(own_root) {
+            out.push(shard);
+        }
+    }
+    out
+}
+
+/// The shards the owner map gives to slots other than 0, each with its live root
+/// ([`live_root`]; `None` when the slot's record does not read or the root is lost), and
+/// why each of those `None`s is.
 pub(crate) fn foreign_roots(
     desc: &FsDescriptor,
     disks: &DiskSet,
@@ -824,26 +1030,9 @@ pub(crate) fn foreign_roots(
             }
         });
         let root = match record {
-            Ok(r) => match r.shards.iter().find(|e| e.shard as usize == shard) {
-                Some(e) if e.generation == owner.generation => {
-                    let mut ptr = e.root.ptr();
-                    ptr.mirror = e.second.map(tessera_meta::PageAddr);
-                    Some(ptr)
-                }
-                found => {
-                    problems.push(format!(
-                        "shard {shard}: the record of owner slot {} holds {} where the owner \
-                         map says generation {}",
-                        owner.slot,
-                        found.map_or("no entry for it".to_string(), |e| format!(
-                            "generation {}",
-                            e.generation
-                        )),
-                        owner.generation
-                    ));
-                    None
-                }
-            },
+            Ok(r) => live_root(desc, r, shard, owner.generation)
+                .map_err(|why| problems.push(why))
+                .ok(),
             Err(why) => {
                 problems.push(format!("shard {shard}: {why}"));
                 None
@@ -865,11 +1054,36 @@ fn slot_region(desc: &FsDescriptor, slot: u32) -> FsResult<SlotRegion> {
 
 /// The allocation regions the owner map gives to slots other than 0.
 pub(crate) fn foreign_regions(desc: &FsDescriptor) -> Vec<usize> {
-    desc.slots.as_ref().map_or_else(Vec::new, |s| {
-        (0..s.region_owners.len())
-            .filter(|r| s.region_owners[*r] != 0)
-            .collect()
-    })
+    regions_elsewhere(desc, 0)
+}
+
+/// The owner slot the owner map gives allocation region `r` to (slot 0 by default).
+pub(crate) fn region_owner(desc: &FsDescriptor, r: usize) -> u32 {
+    desc.slots
+        .as_ref()
+        .and_then(|s| s.region_owners.get(r).copied())
+        .unwrap_or(0)
+}
+
+/// The allocation regions the owner map gives to slots other than `slot`: that slot's owner
+/// holds them as used and never reads or writes their chunks.
+pub(crate) fn regions_elsewhere(desc: &FsDescriptor, slot: u32) -> Vec<usize> {
+    let count = if slot == 0 {
+        // Slot 0 owns every region the map does not name, however far the disks reach.
+        desc.slots.as_ref().map_or(0, |s| s.region_owners.len())
+    } else {
+        region_count(desc) as usize
+    };
+    (0..count)
+        .filter(|r| region_owner(desc, *r) != slot)
+        .collect()
+}
+
+/// The allocation regions the owner map gives to `slot`.
+pub(crate) fn regions_of(desc: &FsDescriptor, slot: u32) -> Vec<usize> {
+    (0..region_count(desc) as usize)
+        .filter(|r| region_owner(desc, *r) == slot)
+        .collect()
 }
 
 /// Holds every chunk of `regions` as used in `alloc` (another slot allocates there; its
@@ -897,6 +1111,13 @@ pub(crate) fn hold_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize
                 .expect("a chunk of the disk's own size");
         }
     }
+}
+
+/// What the owner of a slot other than 0 keeps beside the owner's state.
+pub(crate) struct SlotOwner {
+    pub region: SlotRegion,
+    /// The record the last checkpoint wrote (the next one is of the next generation).
+    pub record: parking_lot::Mutex<SlotRecord>,
 }
 
 /// Bytes copied at a time when a slot region moves.

@@ -345,16 +345,14 @@ fn empty_shards_given_to_a_slot_are_no_longer_slot_0s() {
         assert_eq!(desc.shard_owner(s).generation, 1);
     }
     assert_eq!(desc.shard_owner(0).slot, 0);
-    let record = &records(&fs)[0];
-    assert_eq!(
-        record
-            .shards
-            .iter()
-            .map(|e| e.shard as usize)
-            .collect::<Vec<_>>(),
-        GIVEN.to_vec()
+    // The slot's record is its owner's to write: until that owner checkpoints them, the
+    // shards' live roots are the hand-over roots the descriptor keeps.
+    assert_eq!(records(&fs), vec![SlotRecord::empty(1)]);
+    let roots = desc.root_ptrs();
+    assert!(
+        GIVEN.iter().all(|s| roots[*s].addr.0 != 0),
+        "hand-over roots"
     );
-    assert_eq!(record.generation, 1);
     // New directories go to the shards slot 0 still holds.
     let n = u64::from(desc.shard_count);
     for i in 0..300 {
@@ -413,9 +411,7 @@ fn a_crash_at_every_write_of_giving_shards_leaves_them_given_or_not() {
                 owners.iter().all(|o| *o == owners[0]),
                 "write {k}: given in part: {owners:?}"
             );
-            if owners[0] == 1 {
-                assert_eq!(records(fs)[0].shards.len(), GIVEN.len(), "write {k}");
-            }
+            assert_eq!(records(fs), vec![SlotRecord::empty(1)], "write {k}");
             owners[0] == 1
         },
     );
@@ -484,11 +480,12 @@ fn a_free_region_given_to_a_slot_takes_nothing_of_slot_0s() {
     assert!(err.contains("in use"), "{err}");
     let err = fs.give_free_regions(1, &[2]).unwrap_err().to_string();
     assert!(err.contains("2 regions"), "{err}");
-    let generation = fs.descriptor().checkpoint.generation;
     fs.give_free_regions(1, &[1]).unwrap();
-    let record = records(&fs).remove(0);
-    assert_eq!(record.regions, vec![1]);
-    assert!(record.page_generation >= generation);
+    assert_eq!(
+        records(&fs),
+        vec![SlotRecord::empty(1)],
+        "the slot's owner records its regions"
+    );
     assert_eq!(
         fs.descriptor().slots.unwrap().region_owners,
         vec![0, 1],
@@ -525,7 +522,7 @@ fn a_free_region_given_to_a_slot_takes_nothing_of_slot_0s() {
         None,
         "the stored map reads: the digest leaves the region out"
     );
-    assert_eq!(records(&fs)[0].regions, vec![1]);
+    assert_eq!(fs.descriptor().slots.unwrap().region_owners, vec![0, 1]);
     fs.unmount().unwrap();
 }
 
@@ -553,9 +550,6 @@ fn a_crash_at_every_write_of_giving_a_region_leaves_it_given_or_not() {
                 .slots
                 .and_then(|s| s.region_owners.get(1).copied())
                 .unwrap_or(0);
-            if owner == 1 {
-                assert_eq!(records(fs)[0].regions, vec![1], "write {k}");
-            }
             owner == 1
         },
     );
@@ -609,12 +603,11 @@ fn with_two_metadata_copies_shards_and_regions_are_given_with_their_second_copie
     fs.create_slot().unwrap();
     fs.give_empty_shards(1, &GIVEN).unwrap();
     fs.give_free_regions(1, &[1]).unwrap();
-    let record = records(&fs).remove(0);
+    let roots = fs.descriptor().root_ptrs();
     assert!(
-        record.shards.iter().all(|e| e.second.is_some()),
-        "each given root has its second address: {record:?}"
+        GIVEN.iter().all(|s| roots[*s].mirror.is_some()),
+        "each hand-over root has its second address: {roots:?}"
     );
-    assert_eq!(record.regions, vec![1]);
     fs.unmount().unwrap();
     drop(fs);
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
@@ -652,4 +645,52 @@ fn disks_are_not_emptied_under_shards_given_to_a_slot() {
     assert!(err.contains("deleting disks"), "{err}");
     assert_eq!(fs.descriptor().disks.len(), 3);
     fs.unmount().unwrap();
+}
+
+#[test]
+fn a_crash_at_every_write_of_making_a_directory_for_a_slot_leaves_it_given_or_slot_0s() {
+    let t = make_disks(3, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let files = populate(&fs, "a", 11);
+    fs.create_slot().unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    crash_at_every_write(
+        &t,
+        &files,
+        "making a directory for a slot",
+        |fs| {
+            fs.make_directory_for_slot(tessera_fs::ROOT_INO, b"node1", 0o755, root, 1)
+                .map(|_| ())
+        },
+        |fs, k| {
+            let listing = fs.readdir(tessera_fs::ROOT_INO, 0).unwrap();
+            let Some(&(_, ino, _, _)) = listing.entries.iter().find(|e| e.3 == b"node1") else {
+                return false;
+            };
+            let desc = fs.descriptor();
+            let shard = (ino % u64::from(desc.shard_count)) as usize;
+            match desc.shard_owner(shard).slot {
+                1 => {
+                    assert!(
+                        matches!(
+                            fs.getattr(ino),
+                            Err(tessera_fs::FsError::ShardElsewhere { .. })
+                        ),
+                        "write {k}: a given directory is the slot's to answer"
+                    );
+                    true
+                }
+                slot => {
+                    // Logged before the give committed: the directory is slot 0's, whole.
+                    assert_eq!(slot, 0, "write {k}");
+                    assert!(fs.getattr(ino).unwrap().kind == tessera_fs::FileKind::Directory);
+                    fs.remove(tessera_fs::ROOT_INO, b"node1", true).unwrap();
+                    false
+                }
+            }
+        },
+    );
 }

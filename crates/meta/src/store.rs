@@ -816,6 +816,13 @@ impl MetaStore {
         })
     }
 
+    /// Numbers the next checkpoint at least `generation` (an owner slot that took an
+    /// allocation region whose chunks another owner last stored under its own numbering):
+    /// generations only grow, so this never goes back.
+    pub fn advance_generation(&mut self, generation: u64) {
+        self.generation = self.generation.max(generation);
+    }
+
     /// The pages of checkpoint `generation` are on disk: they may be evicted now.
     pub fn written(&mut self, generation: u64) {
         self.cache.unpin(generation);

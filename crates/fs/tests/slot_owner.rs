@@ -1,0 +1,287 @@
+//! The owner of an owner slot other than 0 (`FileSystem::mount_slot`), beside the file
+//! system manager's mount on the same disks, each with its own device handles as two nodes
+//! would have: a directory made for the slot is served by the slot's owner alone, from its
+//! own log and record; its data and metadata pages land in the allocation regions given to
+//! it; a remount and a crash bring it back from its record and log; fsck of the whole file
+//! system is clean.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use common::*;
+use tessera_fs::{Caller, FileKind, FileSystem, FormatOptions, FsError, Ino, ROOT_INO};
+
+const ROOT: Caller = Caller { uid: 0, gid: 0 };
+
+/// Two disks of 160 MiB with 64 KiB blocks: allocation region 0 is the first 127 MiB of
+/// each, region 1 the rest.
+fn two_region_fs() -> TestDisks {
+    let t = make_disks(2, 160 << 20);
+    format_fs(
+        &t,
+        &FormatOptions {
+            block_size: 64 << 10,
+            log_bytes: 4 << 20,
+            placement: tessera_fs::Placement::Cluster,
+            ..small_opts()
+        },
+    );
+    t
+}
+
+/// Whether every block of `ino` lies in allocation region `region` (32,512 sub-blocks of 4
+/// KiB per region with these disks).
+fn blocks_in_region(fs: &FileSystem, ino: Ino, region: u64) -> bool {
+    let addresses = fs.file_block_addresses(ino).unwrap();
+    assert!(!addresses.is_empty(), "inode {ino} holds blocks");
+    addresses
+        .iter()
+        .all(|(_, sub_block)| sub_block / 32_512 == region)
+}
+
+/// Files of several sizes in `dir`, written through `fs`; name -> content.
+fn write_files(fs: &FileSystem, dir: Ino, prefix: &str, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for (i, size) in [100usize, 9_000, 70_000, 300_000].iter().enumerate() {
+        let name = format!("{prefix}{i}");
+        let a = create_file(fs, dir, name.as_bytes());
+        let data = pattern(*size, seed + i as u64);
+        fs.write(a.ino, 0, &data, false).unwrap();
+        files.insert(name, data);
+    }
+    files
+}
+
+fn verify_in(fs: &FileSystem, dir: Ino, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in files {
+        let a = fs.lookup(dir, name.as_bytes()).unwrap();
+        assert_eq!(a.size, data.len() as u64, "{name}");
+        let got = fs.read(a.ino, 0, data.len() as u32 + 10).unwrap();
+        assert!(got == *data, "{name}: content differs");
+    }
+}
+
+/// The manager with slot 1 made, region 1 given to it and directory `node1` made for it.
+fn manager_with_a_slot_directory(t: &TestDisks) -> (Arc<FileSystem>, Ino) {
+    let fs = mount(t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.give_free_regions(1, &[1]).unwrap();
+    let d = fs
+        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, ROOT, 1)
+        .unwrap();
+    assert_eq!(d.kind, FileKind::Directory);
+    (fs, d.ino)
+}
+
+#[test]
+fn a_slot_owner_serves_its_directory_beside_the_manager() {
+    let t = two_region_fs();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let mine = populate(&fs, "a", 1);
+    let shard = (dir % u64::from(fs.descriptor().shard_count)) as usize;
+    assert_eq!(fs.descriptor().shard_owner(shard).slot, 1);
+    // The manager lists the name; the directory's inode is slot 1's to answer.
+    let names: Vec<Vec<u8>> = fs
+        .readdir(ROOT_INO, 0)
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|e| e.3)
+        .collect();
+    assert!(names.contains(&b"node1".to_vec()));
+    assert!(matches!(
+        fs.getattr(dir),
+        Err(FsError::ShardElsewhere { .. })
+    ));
+
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    assert_eq!(s1.owner_slot(), 1);
+    assert_eq!(s1.getattr(dir).unwrap().kind, FileKind::Directory);
+    let theirs = write_files(&s1, dir, "b", 10);
+    let sub = s1
+        .create_node(dir, b"sub", FileKind::Directory, 0o755, 0, ROOT, None)
+        .unwrap();
+    assert_eq!(
+        sub.ino % u64::from(fs.descriptor().shard_count),
+        shard as u64,
+        "a directory made in the slot goes to a shard the slot holds"
+    );
+    let deeper = write_files(&s1, sub.ino, "c", 20);
+    for name in theirs.keys() {
+        let a = s1.lookup(dir, name.as_bytes()).unwrap();
+        if a.size > 4096 {
+            assert!(blocks_in_region(&s1, a.ino, 1), "{name} outside region 1");
+        }
+    }
+    // Administrative changes are the manager's.
+    let err = s1.create_slot().unwrap_err().to_string();
+    assert!(err.contains("file system manager"), "{err}");
+    s1.checkpoint().unwrap();
+    let record = fs.slots().unwrap().remove(0).1.unwrap();
+    assert_eq!(record.generation, 1);
+    assert_eq!(
+        record.shards.iter().map(|e| e.shard).collect::<Vec<_>>(),
+        vec![shard as u32]
+    );
+    assert_eq!(record.regions, vec![1]);
+    // The manager goes on beside it.
+    let more = populate(&fs, "m", 2);
+    verify(&fs, &mine);
+    verify(&fs, &more);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after a slot owner's unmount");
+    // Two checkpoints of the slot named the shard with roots of its own, in both halves of
+    // its record, so the manager's checkpoint freed the hand-over root.
+    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
+    let desc = tessera_fs::descriptor::read_descriptor(&devices).unwrap();
+    assert_eq!(
+        desc.root_ptrs()[shard].addr.0,
+        0,
+        "the hand-over root is released"
+    );
+
+    // Both come back from their own commit points.
+    let fs = mount(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    verify_in(&s1, dir, &theirs);
+    verify_in(&s1, sub.ino, &deeper);
+    verify(&fs, &mine);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_slot_owner_that_dies_is_brought_back_by_replaying_its_log() {
+    let t = two_region_fs();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    let before = write_files(&s1, dir, "b", 30);
+    s1.checkpoint().unwrap();
+    let after = write_files(&s1, dir, "c", 40);
+    s1.remove(dir, b"b0", false).unwrap();
+    s1.sync().unwrap();
+    // Killed: nothing more lands, no checkpoint.
+    s1.fence();
+    drop(s1);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    let mut before = before;
+    before.remove("b0");
+    verify_in(&s1, dir, &before);
+    verify_in(&s1, dir, &after);
+    assert!(matches!(s1.lookup(dir, b"b0"), Err(FsError::NotFound)));
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after a slot owner's crash and remount");
+}
+
+#[test]
+fn a_live_slot_owner_takes_what_the_manager_gives_it() {
+    let t = two_region_fs();
+    let fs = mount(&t);
+    fs.create_slot().unwrap();
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    // Nothing given yet: no shard to make anything in, no region to allocate in.
+    assert_eq!(s1.take_from_owner_map().unwrap(), (vec![], vec![]));
+    fs.give_free_regions(1, &[1]).unwrap();
+    let d = fs
+        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, ROOT, 1)
+        .unwrap();
+    let shard = (d.ino % u64::from(fs.descriptor().shard_count)) as usize;
+    assert_eq!(s1.take_from_owner_map().unwrap(), (vec![shard], vec![1]));
+    let files = write_files(&s1, d.ino, "b", 50);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after a live take");
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    verify_in(&s1, d.ino, &files);
+    s1.unmount().unwrap();
+}
+
+#[test]
+fn slot_mounts_that_cannot_be_are_refused_by_name() {
+    let t = two_region_fs();
+    let fs = mount(&t);
+    let err = FileSystem::mount_slot(t.reopen(), 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no owner slot 1"), "{err}");
+    let err = FileSystem::mount_slot(t.reopen(), 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("file system manager"), "{err}");
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_slot_owner_killed_at_every_write_loses_no_fsynced_byte() {
+    let t = two_region_fs();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    fs.unmount().unwrap();
+    drop(fs);
+    let mut synced: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut crashes = 0;
+    for k in 1..400i64 {
+        let (disks, faults) = with_faults(&t);
+        let s1 = FileSystem::mount_slot(disks, 1).unwrap();
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        // Files made, written and fsynced, a checkpoint between them, an older file
+        // removed: every fsync that returned holds after the crash.
+        let mut done: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut removed = None;
+        let result = (|| -> tessera_fs::FsResult<()> {
+            for j in 0..2u64 {
+                let name = format!("k{k}-{j}");
+                let a = s1.create_node(
+                    dir,
+                    name.as_bytes(),
+                    FileKind::Regular,
+                    0o644,
+                    0,
+                    ROOT,
+                    None,
+                )?;
+                let data = pattern(20_000 + k as usize * 997, k as u64 * 10 + j);
+                s1.write(a.ino, 0, &data, false)?;
+                s1.fsync(a.ino)?;
+                done.push((name, data));
+                if j == 0 {
+                    s1.checkpoint()?;
+                }
+            }
+            if let Some(old) = synced.keys().next().cloned() {
+                s1.remove(dir, old.as_bytes(), false)?;
+                s1.sync()?;
+                removed = Some(old);
+            }
+            Ok(())
+        })();
+        let crashed = crash(s1, &faults);
+        synced.extend(done);
+        if let Some(old) = removed {
+            synced.remove(&old);
+        }
+        let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+        verify_in(&s1, dir, &synced);
+        s1.unmount().unwrap();
+        drop(s1);
+        assert_fsck_clean(&t, &format!("slot owner killed at write {k}"));
+        if !crashed {
+            result.unwrap();
+            break;
+        }
+        crashes += 1;
+    }
+    assert!(crashes > 5, "the work crossed only {crashes} writes");
+    let fs = mount(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    verify_in(&s1, dir, &synced);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+}
