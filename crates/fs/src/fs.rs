@@ -409,6 +409,17 @@ impl FileSystem {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
         let desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
+        if desc
+            .slot_regions()
+            .iter()
+            .any(|r| r.slot == slot && r.second.is_some())
+        {
+            return Err(FsError::NotSupported(format!(
+                "owning slot {slot} of {}: its log has two copies (metadata replicated, -m 2), \
+                 and a slot owner's mirrored log is not built yet",
+                desc.name
+            )));
+        }
         let recovered = crate::recovery::recover_slot(&desc, &devices, slot)?;
         let geo = geometry(&desc);
         let mut alloc = recovered.alloc;

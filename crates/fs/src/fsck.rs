@@ -70,6 +70,13 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         Some(Ok(stored)) => crate::alloc_map::compare(&desc, stored, &rec.alloc),
     };
     report.problems.extend(map_problems.iter().cloned());
+    for region in desc.slot_regions() {
+        report.problems.extend(crate::recovery::slot_map_problems(
+            &desc,
+            &disk_set,
+            region.slot,
+        ));
+    }
     let map_fix = !map_problems.is_empty();
     if repair && (!fixes.is_empty() || map_fix) && rec.conflicts.is_empty() {
         // Shards other slots own are repaired by their owners, from their own records:

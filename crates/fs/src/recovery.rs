@@ -184,7 +184,13 @@ pub(crate) fn recover(
             (Arc::clone(&log) as Arc<dyn BlockDevice>, Some(log))
         }
     };
-    let (mut state, foreign_shards, slot_problems) = crate::checkpoint::open_state(desc, disks)?;
+    let (mut state, foreign_shards, mut slot_problems) =
+        crate::checkpoint::open_state(desc, disks)?;
+    if source == MapSource::Verify {
+        // fsck checks the namespace as every owner left it: other slots' shards with their
+        // own logs replayed over their records.
+        replay_slot_logs(desc, disks, &mut state, &mut slot_problems);
+    }
     let (journal, records) = match &log_copies {
         Some(log) if log.behind().is_none() => replay_longer(desc, log)?,
         _ => Journal::open(
@@ -309,6 +315,117 @@ fn replay(
     Ok(())
 }
 
+/// Replays the log of every owner slot other than 0 that holds shards into `state`, which
+/// holds those shards from their slots' records (fsck of the unmounted file system);
+/// a slot whose record or log does not read is named in `problems` and left as its record
+/// has it.
+fn replay_slot_logs(
+    desc: &FsDescriptor,
+    disks: &Arc<DiskSet>,
+    state: &mut MetaState,
+    problems: &mut Vec<String>,
+) {
+    for region in desc.slot_regions() {
+        let shards: Vec<usize> = (0..desc.shard_count as usize)
+            .filter(|s| desc.shard_owner(*s).slot == region.slot)
+            .collect();
+        if shards.is_empty() || shards.iter().any(|s| !state.holds(*s)) {
+            continue;
+        }
+        let replayed = crate::slot::read_record(desc, disks, region).and_then(|record| {
+            let (log_device, log_region) = slot_log(disks, region);
+            let (_, records) =
+                Journal::open(log_device, log_region, region.log_id, record.replay_from)?;
+            let mut scratch = new_alloc(desc);
+            replay(records, state, &mut scratch, &mut None)
+        });
+        if let Err(e) = replayed {
+            problems.push(format!(
+                "owner slot {}: its log does not replay over its record ({e}); its shards are \
+                 checked as its record has them",
+                region.slot
+            ));
+        }
+    }
+}
+
+/// What fsck finds wrong with the allocation map of owner slot `slot` (not 0): the slot
+/// brought back as its owner's mount would, the blocks and pages its shards reference
+/// counted, and the two compared within the slot's allocation regions (no other owner
+/// allocates there). Every reference of its shards outside them is a hand-over root.
+pub(crate) fn slot_map_problems(
+    desc: &FsDescriptor,
+    disks: &Arc<DiskSet>,
+    slot: u32,
+) -> Vec<String> {
+    let recovered = match recover_slot(desc, disks, slot) {
+        Ok(r) => r,
+        Err(e) => return vec![format!("owner slot {slot} cannot be brought back: {e}")],
+    };
+    let mine = crate::slot::regions_of(desc, slot);
+    let mut state = recovered.state;
+    let refs = match referenced_extents_by_shard(desc, &mut state) {
+        Ok(refs) => refs,
+        Err(e) => return vec![format!("owner slot {slot}: {e}")],
+    };
+    let mut problems = Vec::new();
+    let mut referenced = new_alloc(desc);
+    let n = u64::from(desc.shard_count);
+    for (extent, what, shard) in refs {
+        let ours = shard.is_some_and(|s| desc.shard_owner((s % n) as usize).slot == slot);
+        if !crate::alloc_map::touches_chunks(&extent, &mine) {
+            continue;
+        }
+        if !ours {
+            problems.push(format!(
+                "{what} lies in allocation region of owner slot {slot}, which it does not own"
+            ));
+        }
+        if let Err(e) = referenced.mark_used(extent) {
+            problems.push(format!("owner slot {slot}: {what}: {e}"));
+        }
+    }
+    for d in recovered.alloc.disks().to_vec() {
+        let (mut used_free, mut free_used) = (0u64, 0u64);
+        for &r in mine.iter().filter(|r| **r < referenced.chunk_count(d.disk)) {
+            let stored = recovered.alloc.chunk_words(d.disk, r);
+            let counted = referenced.chunk_words(d.disk, r);
+            for (a, b) in stored.iter().zip(counted) {
+                used_free += u64::from((a & !b).count_ones());
+                free_used += u64::from((b & !a).count_ones());
+            }
+        }
+        if used_free + free_used > 0 {
+            problems.push(format!(
+                "allocation map of owner slot {slot} on disk {}: {used_free} sub-block(s) \
+                 marked used that nothing references, {free_used} referenced but marked free",
+                d.disk
+            ));
+        }
+    }
+    problems
+}
+
+/// Where a slot's log is read from: its first copy, or its second (`-m 2`) where the
+/// first copy's disk is down. A slot owner writing both copies is not built yet
+/// ([`crate::fs::FileSystem::mount_slot`] refuses such slots); fsck reads them so.
+fn slot_log(
+    disks: &DiskSet,
+    region: &crate::slot::SlotRegion,
+) -> (Arc<dyn BlockDevice>, tessera_journal::JournalRegion) {
+    let log = region.log_region();
+    match &region.second {
+        Some(second) if disks.is_down(region.disk) => (
+            disks.get(second.disk),
+            tessera_journal::JournalRegion {
+                offset: second.offset + (log.offset - region.offset),
+                bytes: log.bytes,
+            },
+        ),
+        _ => (disks.get(region.disk), log),
+    }
+}
+
 /// What bringing back an owner slot other than 0 found (see [`recover_slot`]).
 pub(crate) struct RecoveredSlot {
     pub state: MetaState,
@@ -341,13 +458,6 @@ pub(crate) fn recover_slot(
                 desc.name
             ))
         })?;
-    if region.second.is_some() {
-        return Err(FsError::NotSupported(format!(
-            "owning slot {slot} of {}: its log has two copies (metadata replicated, -m 2), \
-             and a slot owner's mirrored log is not built yet",
-            desc.name
-        )));
-    }
     if desc.alloc_map.is_none() {
         return Err(FsError::NotSupported(format!(
             "owning slot {slot} of {}: the file system does not store its allocation map \
@@ -398,12 +508,9 @@ pub(crate) fn recover_slot(
             }
         }
     }
-    let (journal, records) = Journal::open(
-        disks.get(region.disk),
-        region.log_region(),
-        region.log_id,
-        record.replay_from,
-    )?;
+    let (log_device, log_region) = slot_log(disks, &region);
+    let (journal, records) =
+        Journal::open(log_device, log_region, region.log_id, record.replay_from)?;
     let mut state = state;
     let replayed_records = records.len();
     replay(records, &mut state, &mut alloc, &mut None)?;

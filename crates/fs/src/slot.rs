@@ -1120,9 +1120,6 @@ pub(crate) struct SlotOwner {
     pub record: parking_lot::Mutex<SlotRecord>,
 }
 
-/// Bytes copied at a time when a slot region moves.
-const MOVE_CHUNK_BYTES: u64 = 1 << 20;
-
 impl crate::fs::FileSystem {
     /// Moves every owner slot region with a copy on one of `leaving` (disks being emptied or
     /// deleted, or down) to metadata disks that stay, and with `apart` (`restripe -r`) also
@@ -1131,8 +1128,9 @@ impl crate::fs::FileSystem {
     /// where they are), the descriptor naming the new place is committed, and the old
     /// blocks are freed after it. Returns how many moved.
     ///
-    /// Slots are not held by other nodes yet, so nothing writes a region while it moves;
-    /// once they are, the node holding a slot moves it itself.
+    /// The slot's owner must not be mounted while its region moves (it would go on
+    /// writing the old place); once slots are held by nodes of the cluster, the node holding
+    /// a slot moves it itself.
     pub(crate) fn move_slot_regions_off(
         &self,
         leaving: &[DiskIndex],
@@ -1211,47 +1209,53 @@ impl crate::fs::FileSystem {
         }
     }
 
-    /// Copies `from`'s bytes onto every copy of `to` (as large), reading each chunk from
-    /// the first copy of `from` that answers (never one whose log is behind), then makes
-    /// them durable.
+    /// Puts owner slot `from` in place at `to` (as large): a fresh log at the new place
+    /// that continues the old one's LSNs (a log's header names where it lies, so its bytes
+    /// cannot be copied), and the newest record, of the next generation, replaying from
+    /// there. Refused, with nothing changed, while the old log holds records its slot's
+    /// checkpoint does not cover (the slot's owner stopped without a clean unmount: mount
+    /// and unmount it first).
     fn copy_slot_region(&self, from: &SlotRegion, to: &SlotRegion) -> FsResult<()> {
         assert_eq!(from.bytes, to.bytes);
+        let desc = self.owner().desc.lock().clone();
+        let mut record = read_record(&desc, &self.devices, from)?;
         let behind = from.second.and_then(|s| s.log_behind);
-        let sources: Vec<(usize, (DiskIndex, u64))> = from
+        let log = from.log_region();
+        let source = from
             .copies()
             .into_iter()
             .enumerate()
-            .filter(|(c, _)| behind != Some(*c as u8))
-            .collect();
-        let mut at = 0;
-        while at < from.bytes {
-            let len = MOVE_CHUNK_BYTES.min(from.bytes - at);
-            let mut buf = AlignedBuf::zeroed(len as usize);
-            let mut read = Err(FsError::Usage(format!(
-                "no copy of owner slot {} is on a disk that is up; start its disks",
-                from.slot
+            .find(|(c, (disk, _))| behind != Some(*c as u8) && !self.devices.is_down(*disk))
+            .map(|(_, copy)| copy)
+            .ok_or_else(|| {
+                FsError::Usage(format!(
+                    "no current copy of owner slot {} is on a disk that is up; start its disks",
+                    from.slot
+                ))
+            })?;
+        let (journal, records) = tessera_journal::Journal::open(
+            self.devices.get(source.0),
+            JournalRegion {
+                offset: source.1 + (log.offset - from.offset),
+                bytes: log.bytes,
+            },
+            from.log_id,
+            record.replay_from,
+        )?;
+        if !records.is_empty() {
+            return Err(FsError::Usage(format!(
+                "owner slot {} of {} has {} log record(s) its checkpoint does not cover (its \
+                 owner stopped without unmounting); mount the slot and unmount it cleanly, \
+                 then run this again",
+                from.slot,
+                desc.name,
+                records.len()
             )));
-            for (_, (disk, offset)) in &sources {
-                if self.devices.is_down(*disk) {
-                    continue;
-                }
-                match self.devices.get(*disk).read_at(&mut buf, offset + at) {
-                    Ok(()) => {
-                        read = Ok(());
-                        break;
-                    }
-                    Err(e) => read = Err(FsError::Io(e)),
-                }
-            }
-            read?;
-            for (disk, offset) in to.copies() {
-                self.devices.get(disk).write_at(&buf, offset + at)?;
-            }
-            at += len;
         }
-        for (disk, _) in to.copies() {
-            self.devices.get(disk).flush()?;
-        }
+        initialise(&desc, &self.devices, to)?;
+        record.generation += 1;
+        record.replay_from = tessera_journal::page_start_at_or_after(journal.appended_lsn());
+        write_record(&desc, &self.devices, to, &record)?;
         Ok(())
     }
 }
