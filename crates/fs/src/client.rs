@@ -8,16 +8,19 @@
 use std::sync::Arc;
 
 use crate::acl::{Acl, AclKind};
-use crate::error::FsResult;
+use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode::{Attr, FileKind, Ino};
 use crate::metanode::{Namespace, NewNode, RenameHow, XattrHow};
 use crate::namespace::{Caller, DirListing, SetAttr, StatFs};
 
 impl FileSystem {
-    /// The metanode of `ino`'s shard, as a client reaches it.
-    pub(crate) fn namespace_of(&self, _ino: Ino) -> &dyn Namespace {
-        self.namespace_manager()
+    /// The metanode of `ino`'s shard, as a client reaches it (see [`FileSystem::route`]).
+    pub(crate) fn namespace_of(&self, ino: Ino) -> &dyn Namespace {
+        match self.route(ino) {
+            crate::fs::Route::Here => self,
+            crate::fs::Route::There(remote) => remote,
+        }
     }
 
     /// The file system manager, which answers for space and inodes of the whole file
@@ -36,6 +39,20 @@ impl FileSystem {
     pub fn route_metadata_through_wire(self: &Arc<Self>) {
         let channel = crate::metanode_wire::Loopback(Arc::downgrade(self));
         self.route_metadata_through(Box::new(channel));
+        self.loopback
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How this mount reaches the owner of another owner slot: `channel(slot)` gives the
+    /// channel to the node that holds it (the daemon's node transport; in tests an owner
+    /// in this process), asked once per slot, when a request first goes there. Without
+    /// it, requests for other slots' shards go to the file system manager, which answers
+    /// that the shard is elsewhere. Only the first function set is used.
+    pub fn route_slots_through(
+        &self,
+        channel: Box<dyn Fn(u32) -> Option<Box<dyn crate::MetanodeChannel>> + Send + Sync>,
+    ) {
+        let _ = self.slot_channel.set(channel);
     }
 
     /// Sends this node's metanode requests through `channel` (the node transport, to the
@@ -278,17 +295,38 @@ impl FileSystem {
         let _ = self.remote_change.set(notify);
     }
 
+    /// `op` on the namespace that serves `ino`, and once more after reading the owner
+    /// map again when that owner answers that the shard is elsewhere (it was given to
+    /// another slot since this mount read the map).
+    fn routed<T>(&self, ino: Ino, op: impl Fn(&dyn Namespace) -> FsResult<T>) -> FsResult<T> {
+        match op(self.namespace_of(ino)) {
+            Err(FsError::ShardElsewhere { shard }) => {
+                if self.reread_owner_map()? {
+                    op(self.namespace_of(ino))
+                } else {
+                    Err(FsError::ShardElsewhere { shard })
+                }
+            }
+            other => other,
+        }
+    }
+
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        self.namespace_of(ino).attr(ino)
+        self.routed(ino, |ns| ns.attr(ino))
     }
 
     /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.
     pub fn allocated_bytes(&self, ino: Ino) -> u64 {
-        self.namespace_of(ino).held_bytes(ino).unwrap_or(0)
+        self.routed(ino, |ns| ns.held_bytes(ino)).unwrap_or(0)
     }
 
+    /// The attributes of `name` in `parent`: asked of `parent`'s owner, and of the
+    /// inode's own owner when another slot serves it (a directory made for a slot).
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
-        self.namespace_of(parent).find(parent, name)
+        match self.routed(parent, |ns| ns.find(parent, name)) {
+            Err(FsError::InodeElsewhere { ino }) => self.getattr(ino),
+            found => found,
+        }
     }
 
     /// Creates a file, directory, symlink or special file in `parent` with `mode` as given
@@ -321,6 +359,14 @@ impl FileSystem {
         caller: Caller,
         symlink_target: Option<&[u8]>,
     ) -> FsResult<Attr> {
+        // A directory this mount's slot makes where another slot serves the parent is
+        // made for this slot: it and what is made in it are this node's work.
+        let mine = self.owner_slot();
+        let for_slot = (kind == FileKind::Directory
+            && mine != 0
+            && self.owner.is_some()
+            && self.slot_serving(parent) != mine)
+            .then_some(mine);
         let node = NewNode {
             open: false,
             kind,
@@ -329,8 +375,15 @@ impl FileSystem {
             rdev,
             caller,
             symlink_target: symlink_target.map(<[u8]>::to_vec),
+            for_slot,
         };
-        self.namespace_of(parent).make(parent, name, node)
+        let made = self.routed(parent, |ns| ns.make(parent, name, node.clone()))?;
+        if for_slot.is_some() && self.slot_serving(made.ino) != mine {
+            // Given to this slot (unless no empty shard was left): take it before the
+            // caller goes on in it.
+            self.take_from_owner_map()?;
+        }
+        Ok(made)
     }
 
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
@@ -339,7 +392,7 @@ impl FileSystem {
 
     /// Removes a name (unlink or rmdir).
     pub fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
-        self.namespace_of(parent).drop_name(parent, name, dir)
+        self.routed(parent, |ns| ns.drop_name(parent, name, dir))
     }
 
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
@@ -412,8 +465,9 @@ impl FileSystem {
             caller,
             symlink_target: None,
             open: true,
+            for_slot: None,
         };
-        let attr = self.namespace_of(parent).make(parent, name, node)?;
+        let attr = self.routed(parent, |ns| ns.make(parent, name, node.clone()))?;
         self.count_open(attr.ino);
         self.pmon.open();
         Ok(attr)
@@ -436,7 +490,7 @@ impl FileSystem {
 
     pub fn readdir(&self, ino: Ino, after: u64) -> FsResult<DirListing> {
         self.pmon.readdir();
-        self.namespace_of(ino).entries(ino, after)
+        self.routed(ino, |ns| ns.entries(ino, after))
     }
 
     pub fn statfs(&self) -> StatFs {

@@ -99,7 +99,7 @@ impl FileSystem {
     }
 
     fn regular_attr(&self, ino: Ino) -> FsResult<Attr> {
-        let attr = self.metanode().view(ino, 0..0)?.attr;
+        let attr = self.metanode_of(ino).view(ino, 0..0)?.attr;
         match attr.kind {
             FileKind::Regular => Ok(attr),
             FileKind::Directory => Err(FsError::IsDir),
@@ -130,7 +130,7 @@ impl FileSystem {
         // Decided on the attributes the read's view brought along: on a client, asking
         // the owner about the access time would double the round trips of every read.
         if self.atime_due(&attr, self.now()) {
-            self.metanode().accessed(ino);
+            self.metanode_of(ino).accessed(ino);
         }
         self.pmon.read(out.len() as u64, started.elapsed());
         Ok(out)
@@ -153,7 +153,7 @@ impl FileSystem {
             // cuts it short at the end of file.
             let asked_end = offset.saturating_add(u64::from(size));
             let view = self
-                .metanode()
+                .metanode_of(ino)
                 .view(ino, offset / bs..asked_end.div_ceil(bs))?;
             let attr = view.attr;
             if attr.kind == FileKind::Directory {
@@ -419,7 +419,7 @@ impl FileSystem {
     /// Reads block `block` of a file whole and verified, for read-ahead. `None` when the
     /// block is unmapped or never written (readers produce its zeros themselves).
     pub(crate) fn load_block(&self, ino: Ino, block: u64) -> FsResult<Option<BlockData>> {
-        let found = match self.metanode().view(ino, block..block + 1) {
+        let found = match self.metanode_of(ino).view(ino, block..block + 1) {
             Ok(view) => view
                 .block(block)
                 .map(|r| sector_infos(r, 0, r.sectors() as u64 * SECTOR)),
@@ -464,7 +464,7 @@ impl FileSystem {
         }
         let _through = sync.then(WriteThrough::begin);
         let shared = self.inode_lock(ino).read();
-        let written = if self.metanode().view(ino, 0..0)?.is_inline() {
+        let written = if self.metanode_of(ino).view(ino, 0..0)?.is_inline() {
             // Inline data is rewritten whole and may move into a block: one writer at a
             // time, on this node and on every other (the token of the whole file).
             drop(shared);
@@ -475,7 +475,8 @@ impl FileSystem {
             self.write_range(ino, offset, data)?
         };
         if sync {
-            self.metanode().commit_data(written.lsn, &written.disks)?;
+            self.metanode_of(ino)
+                .commit_data(written.lsn, &written.disks)?;
         }
         self.pmon.write(data.len() as u64, started.elapsed());
         Ok(data.len())
@@ -485,7 +486,7 @@ impl FileSystem {
     fn write_locked(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<Written> {
         let end = offset + data.len() as u64;
         let inline = {
-            let view = self.metanode().view(ino, 0..0)?;
+            let view = self.metanode_of(ino).view(ino, 0..0)?;
             if view.attr.kind != FileKind::Regular {
                 return Err(if view.attr.kind == FileKind::Directory {
                     FsError::IsDir
@@ -500,7 +501,7 @@ impl FileSystem {
                     bytes[offset as usize..end as usize].copy_from_slice(data);
                     let change = Change::Inline { ino, data: bytes };
                     let lsn = self
-                        .metanode()
+                        .metanode_of(ino)
                         .update(ino, FileUpdate::written(vec![change], end))?;
                     return Ok(Written {
                         lsn,
@@ -547,7 +548,7 @@ impl FileSystem {
         // (nothing of it reached the new owner or the disk): plan and write again.
         let mut moves = 0;
         loop {
-            let seen = self.metanode().generation();
+            let seen = self.metanode_of(ino).generation();
             match self.write_block_seen(ino, b, off, data, seen, &mut token) {
                 Err(FsError::OwnerMoved) if moves < OWNER_MOVES_MAX => {
                     tracing::info!(
@@ -596,14 +597,14 @@ impl FileSystem {
                     // Unwritten sectors read as zeros, so mapping before writing exposes
                     // nothing, and later writers of this block need no exclusive lock.
                     if let Err(e) = self.map_unwritten(ino, b, &extents, seen) {
-                        self.abandon_all(&extents);
+                        self.abandon_all(ino, &extents);
                         return Err(e);
                     }
                 }
                 BlockPlan::Fresh { extents, copy } => {
                     let result = self.write_fresh(ino, b, off, data, (&extents, copy), seen);
                     if result.is_err() {
-                        self.abandon_all(&extents);
+                        self.abandon_all(ino, &extents);
                     }
                     return result;
                 }
@@ -616,9 +617,9 @@ impl FileSystem {
     }
 
     /// Gives back extents no update mapped.
-    fn abandon_all(&self, extents: &[Extent]) {
+    fn abandon_all(&self, ino: Ino, extents: &[Extent]) {
         for e in extents {
-            self.allocator().abandon(*e);
+            self.allocator_of(ino).abandon(*e);
         }
     }
 
@@ -630,7 +631,7 @@ impl FileSystem {
         hint: BlockHint,
         what: &'static str,
     ) -> FsResult<Vec<Extent>> {
-        let allocator = self.allocator();
+        let allocator = self.allocator_of(view.attr.ino);
         if view.copies <= 1 {
             return Ok(vec![allocator.allocate(view.pool, sub_blocks, hint, what)?]);
         }
@@ -643,7 +644,7 @@ impl FileSystem {
         let mut block = BlockRef::new_unwritten(extents[0], self.extent_sectors(&extents[0]));
         block.copies = extents[1..].to_vec();
         let map = Change::map_block(ino, b, block);
-        self.metanode()
+        self.metanode_of(ino)
             .update_seen(ino, FileUpdate::content(vec![map]), seen)
     }
 
@@ -661,7 +662,7 @@ impl FileSystem {
         let per = self.geo.sub_blocks_per_block;
         // Just this block: an in-place write (the common random write) needs nothing else,
         // and each block reference handed out is a 4 KiB copy.
-        let view = self.metanode().view(ino, b..b + 1)?;
+        let view = self.metanode_of(ino).view(ino, b..b + 1)?;
         let attr = &view.attr;
         let current = view.block(b).cloned();
         let size_after = attr.size.max(b * bs + off + len);
@@ -691,7 +692,7 @@ impl FileSystem {
         // A new extent goes after the previous block's, where it can.
         let prev = match b.checked_sub(1) {
             Some(p) => self
-                .metanode()
+                .metanode_of(ino)
                 .view(ino, p..b)?
                 .block(p)
                 .map(|r| r.extent.addr),
@@ -787,19 +788,19 @@ impl FileSystem {
         seen: u64,
     ) -> FsResult<Written> {
         let copies: Vec<Extent> = block.extents().collect();
-        let (disks, failed) = self.write_copies(&copies, (lo as u64) * SECTOR, buf, seen)?;
+        let (disks, failed) = self.write_copies(ino, &copies, (lo as u64) * SECTOR, buf, seen)?;
         if !failed.is_empty() {
             block.copies.clear();
             let mut kept = copies.iter().filter(|e| !failed.contains(e));
             block.extent = *kept.next().expect("a copy landed");
             block.copies = kept.copied().collect();
-            self.abandon_all(&failed);
+            self.abandon_all(ino, &failed);
         }
         let end = b * self.geo.block_bytes + off + data.len() as u64;
         let map = Change::map_block(ino, b, block);
-        let lsn = self
-            .metanode()
-            .update_seen(ino, FileUpdate::written(vec![map], end), seen)?;
+        let lsn =
+            self.metanode_of(ino)
+                .update_seen(ino, FileUpdate::written(vec![map], end), seen)?;
         Ok(Written::on(lsn, disks))
     }
 
@@ -809,12 +810,13 @@ impl FileSystem {
     /// both only while another copy lands; when none does, the error.
     fn write_copies(
         &self,
+        ino: Ino,
         copies: &[Extent],
         rel: u64,
         buf: &[u8],
         seen: u64,
     ) -> FsResult<(Vec<u16>, Vec<Extent>)> {
-        let metanode = self.metanode();
+        let metanode = self.metanode_of(ino);
         let through = WriteThrough::on();
         let write = |dev: &dyn tessera_drive::BlockDevice, at: u64| {
             if through {
@@ -873,9 +875,9 @@ impl FileSystem {
             index: b,
             extents: gone,
         };
-        self.metanode()
+        self.metanode_of(ino)
             .update_seen(ino, FileUpdate::content(vec![change]), seen)?;
-        let view = self.metanode().view(ino, b..b + 1)?;
+        let view = self.metanode_of(ino).view(ino, b..b + 1)?;
         view.block(b).cloned().ok_or_else(|| {
             FsError::Corrupt(format!("block {b} of inode {ino} vanished under a write"))
         })
@@ -954,9 +956,9 @@ impl FileSystem {
         };
         let rel = (lo as u64) * SECTOR;
         let update = FileUpdate::written(vec![sectors], size_after);
-        let metanode = self.metanode();
+        let metanode = self.metanode_of(ino);
         if !overwrite {
-            let (disks, failed) = self.write_copies(&copies, rel, buf, seen)?;
+            let (disks, failed) = self.write_copies(ino, &copies, rel, buf, seen)?;
             if !failed.is_empty() {
                 self.drop_copies(ino, b, failed, seen)?;
             }
@@ -964,7 +966,7 @@ impl FileSystem {
         }
         let lsn = metanode.update_seen(ino, update, seen)?;
         metanode.commit(lsn)?;
-        let (disks, failed) = self.write_copies(&copies, rel, buf, seen)?;
+        let (disks, failed) = self.write_copies(ino, &copies, rel, buf, seen)?;
         if !failed.is_empty() {
             self.drop_copies(ino, b, failed, seen)?;
         }
@@ -1031,10 +1033,10 @@ impl FileSystem {
             }
         }
         if !changes.is_empty() {
-            self.metanode()
+            self.metanode_of(ino)
                 .update_seen(ino, FileUpdate::content(changes), seen)?;
         }
-        let view = self.metanode().view(ino, b..b + 1)?;
+        let view = self.metanode_of(ino).view(ino, b..b + 1)?;
         Ok(view.block(b).cloned().unwrap_or(current))
     }
 
@@ -1051,7 +1053,7 @@ impl FileSystem {
         let _token = self.data_token(ino, size / bs * bs, crate::locks::TO_END)?;
         let boundary_written = {
             let boundary = size / bs;
-            let view = self.metanode().view(ino, boundary..boundary + 1)?;
+            let view = self.metanode_of(ino).view(ino, boundary..boundary + 1)?;
             view.block(boundary).is_some_and(|r| {
                 let s = ((size % bs) / SECTOR) as usize;
                 s < r.sectors() && !r.is_unwritten(s)
@@ -1062,7 +1064,7 @@ impl FileSystem {
             let zeros = (SECTOR - size % SECTOR).min(attr.size - size);
             self.write_range(ino, size, &vec![0; zeros as usize])?;
         }
-        let view = self.metanode().view(ino, 0..0)?;
+        let view = self.metanode_of(ino).view(ino, 0..0)?;
         let mut changes = Vec::new();
         match view.content {
             Content::Inline(d) if (size as usize) < d.len() => {
@@ -1086,11 +1088,11 @@ impl FileSystem {
             size: SizeUpdate::Exactly(size),
             times: Times::Modified,
         };
-        let lsn = self.metanode().update(ino, update)?;
+        let lsn = self.metanode_of(ino).update(ino, update)?;
         if shrink {
             // Sectors marked unwritten may be rewritten without a log record first, which is
             // only safe once the truncate itself is durable.
-            self.metanode().commit(lsn)?;
+            self.metanode_of(ino).commit(lsn)?;
         }
         Ok(())
     }
@@ -1115,18 +1117,18 @@ impl FileSystem {
         let bs = self.geo.block_bytes;
         // No other node maps (or writes into) these blocks meanwhile; an inline file's data
         // moves into block 0 under the whole file's token.
-        let _token = if self.metanode().view(ino, 0..0)?.is_inline() {
+        let _token = if self.metanode_of(ino).view(ino, 0..0)?.is_inline() {
             self.data_token(ino, 0, crate::locks::TO_END)?
         } else {
             self.data_token(ino, offset / bs * bs, end.div_ceil(bs) * bs - 1)?
         };
-        if let Content::Inline(bytes) = self.metanode().view(ino, 0..0)?.content {
+        if let Content::Inline(bytes) = self.metanode_of(ino).view(ino, 0..0)?.content {
             if !bytes.is_empty() {
                 self.write_range(ino, 0, &bytes)?;
             }
         }
         for b in offset / bs..end.div_ceil(bs) {
-            let view = self.metanode().view(ino, b..b + 1)?;
+            let view = self.metanode_of(ino).view(ino, b..b + 1)?;
             if view.block(b).is_some() {
                 continue;
             }
@@ -1136,10 +1138,10 @@ impl FileSystem {
                 prev: None,
             };
             let per = self.geo.sub_blocks_per_block;
-            let seen = self.metanode().generation();
+            let seen = self.metanode_of(ino).generation();
             let extents = self.allocate_block(&view, per, hint, "fallocate")?;
             if let Err(e) = self.map_unwritten(ino, b, &extents, seen) {
-                self.abandon_all(&extents);
+                self.abandon_all(ino, &extents);
                 return Err(e);
             }
         }
@@ -1153,7 +1155,7 @@ impl FileSystem {
             size,
             times: Times::Changed,
         };
-        self.metanode().update(ino, update)?;
+        self.metanode_of(ino).update(ino, update)?;
         Ok(())
     }
 
@@ -1168,23 +1170,27 @@ impl FileSystem {
         // No other node writes into what this unmaps or zeroes meanwhile; the zeroing
         // writes below run under this token (an inline file's under the whole file's).
         let (first, last) = (offset / bs * bs, end.div_ceil(bs) * bs - 1);
-        let inline = self.metanode().view(ino, 0..0)?.is_inline();
+        let inline = self.metanode_of(ino).view(ino, 0..0)?.is_inline();
         let _token = if inline {
             self.data_token(ino, 0, crate::locks::TO_END)?
         } else {
             self.data_token(ino, first, last)?
         };
-        let inline = self.metanode().view(ino, 0..0)?.is_inline();
+        let inline = self.metanode_of(ino).view(ino, 0..0)?.is_inline();
         let mut lsn = 0;
         for b in offset / bs..end.div_ceil(bs) {
             let lo = offset.max(b * bs);
             let hi = end.min((b + 1) * bs);
             let whole = lo == b * bs && hi == (b + 1) * bs;
-            let mapped = self.metanode().view(ino, b..b + 1)?.block(b).is_some();
+            let mapped = self
+                .metanode_of(ino)
+                .view(ino, b..b + 1)?
+                .block(b)
+                .is_some();
             if whole && mapped {
                 let unmap = Change::Unmap { ino, index: b };
                 lsn = self
-                    .metanode()
+                    .metanode_of(ino)
                     .update(ino, FileUpdate::content(vec![unmap]))?;
             } else if mapped || inline {
                 lsn = self
@@ -1193,7 +1199,7 @@ impl FileSystem {
             }
         }
         // Unmapped blocks return to the allocator only once durable.
-        self.metanode().commit(lsn)
+        self.metanode_of(ino).commit(lsn)
     }
 
     pub fn fsync(&self, _ino: Ino) -> FsResult<()> {

@@ -95,6 +95,10 @@ pub enum FsError {
          node"
     )]
     ShardElsewhere { shard: u32 },
+    /// A name found in a directory this owner serves names an inode of a shard another
+    /// owner slot serves: the client asks that slot's owner for its attributes.
+    #[error("inode {ino} is served by another node's owner slot")]
+    InodeElsewhere { ino: u64 },
     /// An error of the metanode on another node that has no variant of its own here.
     #[error("{message}")]
     Remote { errno: i32, message: String },
@@ -133,6 +137,7 @@ impl FsError {
             | FsError::NoDescriptor(_)
             | FsError::Fenced
             | FsError::ShardElsewhere { .. }
+            | FsError::InodeElsewhere { .. }
             | FsError::OwnerMoved => libc::EIO,
         }
     }

@@ -170,6 +170,14 @@ pub struct FileSystem {
     /// Where this node's client sends its metanode requests when not to its own owner
     /// directly: set at mount by `TESSERA_METANODE_LOOPBACK=1` (see `metanode_wire.rs`).
     pub(crate) remote: std::sync::OnceLock<Arc<crate::metanode_wire::RemoteMetanode>>,
+    /// `remote` is this mount's own owner through the wire form: every request goes there.
+    pub(crate) loopback: AtomicBool,
+    /// Which owner slot serves each shard, as this mount last read the owner map (the
+    /// descriptor); where requests for an inode go (see [`FileSystem::route`]).
+    pub(crate) owner_map: Vec<std::sync::atomic::AtomicU32>,
+    /// The ways to other slots' owners, made on first use (see `route_slots_through`).
+    pub(crate) slot_routes: Vec<std::sync::OnceLock<Arc<crate::metanode_wire::RemoteMetanode>>>,
+    pub(crate) slot_channel: std::sync::OnceLock<SlotChannelHook>,
     /// Told what other nodes' requests change (see [`FileSystem::on_remote_change`]).
     pub(crate) remote_change: std::sync::OnceLock<RemoteChangeHook>,
     /// Whether the node a lock holder's requests came from is gone from the cluster (see
@@ -249,6 +257,16 @@ impl Owner {
             replication: RwLock::new(replication),
         }
     }
+}
+
+type SlotChannelHook = Box<dyn Fn(u32) -> Option<Box<dyn crate::MetanodeChannel>> + Send + Sync>;
+
+/// Where a request about an inode goes.
+pub(crate) enum Route<'a> {
+    /// This mount's own owner state serves its shard.
+    Here,
+    /// Another node's owner, over this channel.
+    There(&'a crate::metanode_wire::RemoteMetanode),
 }
 
 type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
@@ -492,6 +510,16 @@ impl FileSystem {
     ) -> Arc<FileSystem> {
         debug_assert!(owner.is_some() != client_desc.is_some());
         let prefetch = Prefetcher::new(geo.block_bytes);
+        let owner_map = {
+            let desc = match (&owner, &client_desc) {
+                (Some(o), _) => o.desc.lock().clone(),
+                (None, Some(d)) => d.clone(),
+                (None, None) => unreachable!("a mount has an owner or a client descriptor"),
+            };
+            (0..desc.shard_count as usize)
+                .map(|s| std::sync::atomic::AtomicU32::new(desc.shard_owner(s).slot))
+                .collect()
+        };
         Arc::new(FileSystem {
             owner,
             client_desc,
@@ -507,6 +535,12 @@ impl FileSystem {
             unmounted: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
+            loopback: AtomicBool::new(false),
+            owner_map,
+            slot_routes: (0..crate::slot::SLOTS_MAX)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            slot_channel: std::sync::OnceLock::new(),
             remote_change: std::sync::OnceLock::new(),
             holder_gone: std::sync::OnceLock::new(),
             lock_client: crate::metanode_wire::random_client_id(),
@@ -647,6 +681,73 @@ impl FileSystem {
     /// client of the node that does.
     pub fn is_owner(&self) -> bool {
         self.owner.is_some()
+    }
+
+    /// Where a request about `ino` goes: here when this mount owns the slot that serves
+    /// its shard; to the file system manager for slot 0's shards (or when no way to
+    /// another slot's owner is known: it answers that the shard is elsewhere); to the
+    /// owner of the slot otherwise. A mount that routes through its own wire form sends
+    /// everything there.
+    pub(crate) fn route(&self, ino: Ino) -> Route<'_> {
+        let manager = self.remote.get();
+        if self.loopback.load(Ordering::Relaxed) {
+            if let Some(r) = manager {
+                return Route::There(r);
+            }
+        }
+        let slot = self.slot_serving(ino);
+        if self.owner.is_some() && slot == self.owner_slot() {
+            return Route::Here;
+        }
+        if slot != 0 {
+            if let Some(r) = self.slot_route(slot) {
+                return Route::There(r);
+            }
+        }
+        match manager {
+            Some(r) => Route::There(r),
+            None => Route::Here,
+        }
+    }
+
+    /// The owner slot that serves `ino`'s shard, as this mount last read the owner map.
+    pub(crate) fn slot_serving(&self, ino: Ino) -> u32 {
+        match self.owner_map.len() as u64 {
+            0 => 0,
+            n => self.owner_map[(ino % n) as usize].load(Ordering::Relaxed),
+        }
+    }
+
+    /// The way to the owner of `slot`, made on first use from `route_slots_through`.
+    fn slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
+        let cell = self.slot_routes.get(slot as usize)?;
+        if let Some(r) = cell.get() {
+            return Some(r);
+        }
+        let channel = (self.slot_channel.get()?)(slot)?;
+        let remote = crate::metanode_wire::RemoteMetanode::new(channel, self.devices.clone());
+        let _ = cell.set(Arc::new(remote));
+        cell.get().map(|r| &**r)
+    }
+
+    /// Sets where requests go from the owner map of `desc`; returns whether it changed.
+    pub(crate) fn learn_owner_map(&self, desc: &FsDescriptor) -> bool {
+        let mut changed = false;
+        for (s, cell) in self.owner_map.iter().enumerate() {
+            let slot = desc.shard_owner(s).slot;
+            if cell.swap(slot, Ordering::Relaxed) != slot {
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Reads the owner map from the disks again (a request found its shard elsewhere);
+    /// returns whether it changed. An owner's own map changes only by its own gives and
+    /// takes, which set it.
+    pub(crate) fn reread_owner_map(&self) -> FsResult<bool> {
+        let desc = read_descriptor(&self.devices.all())?;
+        Ok(self.learn_owner_map(&desc))
     }
 
     /// The owner slot this mount owns: 0 for the file system manager (and for a
@@ -823,10 +924,19 @@ impl FileSystem {
 
     /// Commits everything logged so far (fsync, sync, periodic flush).
     pub fn sync(&self) -> FsResult<()> {
+        // Everything the other owners this mount reached logged so far, this client's
+        // updates among them; the client's own data is flushed first (see
+        // `RemoteMetanode::commit`).
+        let remotes = self
+            .remote
+            .get()
+            .into_iter()
+            .chain(self.slot_routes.iter().filter_map(|r| r.get()));
+        for remote in remotes {
+            crate::metanode::Metanode::commit(&**remote, Lsn::MAX)?;
+        }
         if self.owner.is_none() {
-            // Everything the owner logged so far, this client's updates among them; the
-            // client's own data is flushed first (see `RemoteMetanode::commit`).
-            return self.metanode().commit(Lsn::MAX);
+            return Ok(());
         }
         let lsn = self.journal().appended_lsn();
         self.commit(lsn)?;

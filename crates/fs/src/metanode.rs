@@ -308,6 +308,10 @@ pub(crate) struct NewNode {
     /// Open the new file too (FUSE's create): counted open in the same step, so that no
     /// other node's unlink can free it between the two, and in one round trip.
     pub open: bool,
+    /// A directory made by the owner of this owner slot in a directory another slot
+    /// serves: made for the asking slot (`make_directory_for_slot`), so that it and what
+    /// is made in it are that node's work.
+    pub for_slot: Option<u32>,
 }
 
 /// RENAME_NOREPLACE and RENAME_EXCHANGE.

@@ -420,6 +420,12 @@ pub enum RemoteError {
         errno: i32,
         message: String,
     },
+    ShardElsewhere {
+        shard: u32,
+    },
+    InodeElsewhere {
+        ino: u64,
+    },
 }
 
 impl From<&FsError> for RemoteError {
@@ -454,6 +460,8 @@ impl From<&FsError> for RemoteError {
             FsError::ReadOnly => RemoteError::ReadOnly,
             FsError::PermissionDenied => RemoteError::PermissionDenied,
             FsError::NotPermitted(s) => RemoteError::NotPermitted(s.clone()),
+            FsError::ShardElsewhere { shard } => RemoteError::ShardElsewhere { shard: *shard },
+            FsError::InodeElsewhere { ino } => RemoteError::InodeElsewhere { ino: *ino },
             other => RemoteError::Other {
                 errno: other.errno(),
                 message: other.to_string(),
@@ -491,6 +499,8 @@ impl From<RemoteError> for FsError {
             RemoteError::PermissionDenied => FsError::PermissionDenied,
             RemoteError::NotPermitted(s) => FsError::NotPermitted(s),
             RemoteError::Other { errno, message } => FsError::Remote { errno, message },
+            RemoteError::ShardElsewhere { shard } => FsError::ShardElsewhere { shard },
+            RemoteError::InodeElsewhere { ino } => FsError::InodeElsewhere { ino },
         }
     }
 }
@@ -1975,6 +1985,8 @@ mod tests {
                 fs.devices.clone()
             )))
             .is_ok());
+        // Every request of this mount goes through the wire to its own owner.
+        fs.loopback.store(true, std::sync::atomic::Ordering::SeqCst);
         let count = || calls.load(std::sync::atomic::Ordering::Relaxed);
         let me = crate::Caller { uid: 0, gid: 0 };
         let root = crate::ROOT_INO;

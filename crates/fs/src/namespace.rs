@@ -116,10 +116,25 @@ impl Namespace for FileSystem {
             b".." => m.state.dir_parent(parent)?,
             _ => m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?.ino,
         };
-        m.state.attr(target)
+        match m.state.attr(target) {
+            // The name is here, the inode another owner's (a directory made for a slot):
+            // the client asks that owner.
+            Err(FsError::ShardElsewhere { .. }) => Err(FsError::InodeElsewhere { ino: target }),
+            found => found,
+        }
     }
 
     fn make(&self, parent: Ino, name: &[u8], node: NewNode) -> FsResult<Attr> {
+        if let (Some(slot), FileKind::Directory) = (node.for_slot, node.kind) {
+            // Only the file system manager gives shards; another owner makes it its own.
+            if slot != 0 && self.owner_slot() == 0 {
+                match self.make_directory_for_slot_node(parent, name, node.clone(), slot) {
+                    // No empty shard left to give: the directory stays this owner's.
+                    Err(FsError::NoSpace { .. }) => {}
+                    made => return made,
+                }
+            }
+        }
         let mut m = self.owner().meta.lock();
         self.make_locked(&mut m, parent, name, node, None)
     }
@@ -845,6 +860,7 @@ impl FileSystem {
             caller,
             symlink_target,
             open,
+            for_slot: _,
         } = node;
         check_name(name)?;
         self.check_inode_limit(m)?;

@@ -20,8 +20,9 @@ use crate::meta::{Change, ContentKind};
 use crate::metanode::{BlockAllocator, Content, FileUpdate, FileView, Metanode, SizeUpdate, Times};
 
 impl FileSystem {
-    /// The metanode of every file, as this node's data path reaches it: this node owns
-    /// every shard (through the wire form when the mount asked for it).
+    /// The manager's metanode as this node reaches it: itself on the file system manager,
+    /// else the way to the manager (through the wire form on an owner that asked for it).
+    #[cfg(test)]
     pub(crate) fn metanode(&self) -> &dyn Metanode {
         match self.remote.get() {
             Some(remote) => &**remote,
@@ -29,11 +30,23 @@ impl FileSystem {
         }
     }
 
-    /// Where this node's data path allocates: the one allocation map.
-    pub(crate) fn allocator(&self) -> &dyn BlockAllocator {
-        match self.remote.get() {
-            Some(remote) => &**remote,
-            None => self,
+    /// The metanode of `ino`, as this node's data path reaches it: this mount's own
+    /// state when its slot serves `ino`'s shard, else that slot's owner (the file system
+    /// manager for slot 0) over its channel (see [`FileSystem::route`]).
+    pub(crate) fn metanode_of(&self, ino: Ino) -> &dyn Metanode {
+        match self.route(ino) {
+            crate::fs::Route::Here => self,
+            crate::fs::Route::There(remote) => remote,
+        }
+    }
+
+    /// Where this node's data path allocates blocks of `ino`: in the allocation regions of
+    /// the slot that serves its shard, so that a shard's blocks lie in its slot's regions
+    /// and whoever frees them frees them in its own map.
+    pub(crate) fn allocator_of(&self, ino: Ino) -> &dyn BlockAllocator {
+        match self.route(ino) {
+            crate::fs::Route::Here => self,
+            crate::fs::Route::There(remote) => remote,
         }
     }
 

@@ -167,7 +167,7 @@ impl FileSystem {
         sectors: &[SectorInfo],
     ) {
         let _block = self.block_lock(ino, b).write();
-        let now = match self.metanode().view(ino, b..b + 1) {
+        let now = match self.metanode_of(ino).view(ino, b..b + 1) {
             Ok(view) => view.block(b).cloned(),
             Err(_) => None,
         };

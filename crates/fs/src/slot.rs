@@ -67,6 +67,9 @@ const REGION_ENTRY_BYTES: usize = 4;
 /// every disk each with 4 MiB blocks), and a record sized for this many never runs out
 /// before the file system's disks do.
 pub const RECORD_REGIONS_MIN: u32 = 1024;
+/// Owner slots a file system has at most (slot 0 among them): one per node that owns
+/// metadata, and a mount keeps a way to each.
+pub const SLOTS_MAX: usize = 1024;
 
 /// The owner slots beyond slot 0 and the owner map, as the descriptor records them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -601,6 +604,7 @@ impl crate::fs::FileSystem {
         for &s in shards {
             m.state.release_shard(s);
         }
+        self.learn_owner_map(&self.owner().desc.lock());
         tracing::info!(
             "{}: shards {shards:?} given to owner slot {slot}",
             desc.name
@@ -622,6 +626,28 @@ impl crate::fs::FileSystem {
         caller: crate::namespace::Caller,
         slot: u32,
     ) -> FsResult<crate::inode::Attr> {
+        let node = crate::metanode::NewNode {
+            open: false,
+            kind: crate::inode::FileKind::Directory,
+            mode,
+            umask: 0,
+            rdev: 0,
+            caller,
+            symlink_target: None,
+            for_slot: Some(slot),
+        };
+        self.make_directory_for_slot_node(parent, name, node, slot)
+    }
+
+    /// [`Self::make_directory_for_slot`] for a create request (mode, umask and caller as
+    /// the client sent them).
+    pub(crate) fn make_directory_for_slot_node(
+        &self,
+        parent: crate::inode::Ino,
+        name: &[u8],
+        node: crate::metanode::NewNode,
+        slot: u32,
+    ) -> FsResult<crate::inode::Attr> {
         self.owner_here("making a directory for an owner slot")?;
         self.manager_here("making a directory for an owner slot")?;
         let mut m = self.owner().meta.lock();
@@ -637,15 +663,6 @@ impl crate::fs::FileSystem {
                 what: "an empty inode shard to give an owner slot (every shard the file \
                            system manager holds has inodes)",
             })?;
-        let node = crate::metanode::NewNode {
-            open: false,
-            kind: crate::inode::FileKind::Directory,
-            mode,
-            umask: 0,
-            rdev: 0,
-            caller,
-            symlink_target: None,
-        };
         let attr = self.make_locked(&mut m, parent, name, node, Some(shard))?;
         // After the make: a full log checkpoints from inside it, under the checkpoint lock.
         let _one = self.owner().checkpoint_lock.lock();
@@ -718,6 +735,7 @@ impl crate::fs::FileSystem {
         m.state
             .store_mut()
             .advance_generation(newest.checkpoint.generation + 1);
+        self.learn_owner_map(&newest);
         *self.owner().written_desc.lock() = newest.clone();
         *self.owner().desc.lock() = newest;
         tracing::info!(

@@ -285,3 +285,85 @@ fn a_slot_owner_killed_at_every_write_loses_no_fsynced_byte() {
     s1.unmount().unwrap();
     fs.unmount().unwrap();
 }
+
+/// The manager and the owner of slot 1 in one process, each reaching the other as two
+/// nodes would (`InProcessOwner`: a request's whole answer, encoded): the slot's owner
+/// sends what slot 0 serves to the manager, the manager what slot 1 serves to the slot's
+/// owner.
+fn two_owners(t: &TestDisks) -> (Arc<FileSystem>, Arc<FileSystem>) {
+    let fs = mount(t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.give_free_regions(1, &[1]).unwrap();
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    s1.route_metadata_through(Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))));
+    s1.take_from_owner_map().unwrap();
+    let weak = Arc::downgrade(&s1);
+    fs.route_slots_through(Box::new(move |slot| {
+        (slot == 1).then(|| {
+            Box::new(tessera_fs::InProcessOwner(weak.clone()))
+                as Box<dyn tessera_fs::MetanodeChannel>
+        })
+    }));
+    (fs, s1)
+}
+
+#[test]
+fn one_namespace_is_served_by_two_owners() {
+    let t = two_region_fs();
+    let (fs, s1) = two_owners(&t);
+    // The slot's owner makes its directory in the root, which the manager serves: it is
+    // made for slot 1, and taken by it.
+    let d = s1
+        .create_node(
+            ROOT_INO,
+            b"node1",
+            FileKind::Directory,
+            0o755,
+            0,
+            ROOT,
+            None,
+        )
+        .unwrap();
+    let n = u64::from(fs.descriptor().shard_count);
+    assert_eq!(fs.descriptor().shard_owner((d.ino % n) as usize).slot, 1);
+    assert_eq!(s1.getattr(d.ino).unwrap().kind, FileKind::Directory);
+    let theirs = write_files(&s1, d.ino, "b", 60);
+    for name in theirs.keys() {
+        let a = s1.lookup(d.ino, name.as_bytes()).unwrap();
+        if a.size > 4096 {
+            assert!(blocks_in_region(&s1, a.ino, 1), "{name} outside region 1");
+        }
+    }
+    // The manager finds the name in the root and asks slot 1's owner for the rest: the
+    // directory's attributes, its names, its files' attributes and block maps.
+    assert_eq!(fs.lookup(ROOT_INO, b"node1").unwrap().ino, d.ino);
+    verify_in(&fs, d.ino, &theirs);
+    let listed: Vec<String> = fs
+        .readdir(d.ino, 0)
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|e| String::from_utf8(e.3).unwrap())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    assert_eq!(listed.len(), theirs.len(), "{listed:?}");
+    // The slot's owner sees the manager's files in the root, and writes one there, whose
+    // blocks come from the manager's regions.
+    let mine = populate(&fs, "a", 3);
+    verify(&s1, &mine);
+    let a = create_file(&s1, ROOT_INO, b"from-slot-1");
+    let data = pattern(200_000, 77);
+    s1.write(a.ino, 0, &data, false).unwrap();
+    s1.fsync(a.ino).unwrap();
+    assert!(blocks_in_region(&fs, a.ino, 0));
+    assert!(fs.read(a.ino, 0, 300_000).unwrap() == data);
+    // And the manager writes into a file of the slot's directory, through its owner.
+    let b0 = fs.lookup(d.ino, b"b0").unwrap();
+    fs.write(b0.ino, 0, b"manager was here", false).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(&s1.read(b0.ino, 0, 16).unwrap()[..], b"manager was here");
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after two owners served one namespace");
+}
