@@ -392,7 +392,27 @@ impl FileSystem {
 
     /// Removes a name (unlink or rmdir).
     pub fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
-        self.routed(parent, |ns| ns.drop_name(parent, name, dir))
+        match self.routed(parent, |ns| ns.drop_name(parent, name, dir)) {
+            Err(FsError::InodeElsewhere { ino }) if dir => {
+                self.remove_across_owners(parent, name, ino)
+            }
+            done => done,
+        }
+    }
+
+    /// rmdir of directory `ino`, which another slot serves than `parent`'s (a directory
+    /// made for a slot), in three steps that never leave an entry naming a freed inode:
+    /// its owner checks it is empty and seals it (no name goes in meanwhile, for a bounded
+    /// time); `parent`'s owner removes the entry if it still names `ino`, durably; then the
+    /// directory goes. A crash between the last two leaves an unreachable empty directory
+    /// (fsck names it); a failed second step lifts the seal.
+    fn remove_across_owners(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
+        self.routed(ino, |ns| ns.seal_dir(ino, true))?;
+        if let Err(e) = self.routed(parent, |ns| ns.drop_entry_of(parent, name, ino)) {
+            let _ = self.routed(ino, |ns| ns.seal_dir(ino, false));
+            return Err(e);
+        }
+        self.routed(ino, |ns| ns.drop_sealed_dir(ino))
     }
 
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {

@@ -99,6 +99,10 @@ pub enum FsError {
     /// owner slot serves: the client asks that slot's owner for its attributes.
     #[error("inode {ino} is served by another node's owner slot")]
     InodeElsewhere { ino: u64 },
+    /// A rename or link whose names or inode different nodes' owner slots serve, which is
+    /// not built yet: EXDEV, on which `mv` copies and removes instead.
+    #[error("{0} is not supported yet (EXDEV: copy and remove instead)")]
+    AcrossOwners(String),
     /// An error of the metanode on another node that has no variant of its own here.
     #[error("{message}")]
     Remote { errno: i32, message: String },
@@ -125,6 +129,7 @@ impl FsError {
             FsError::PermissionDenied => libc::EACCES,
             FsError::NotPermitted(_) => libc::EPERM,
             FsError::NotOwner { .. } => libc::EOPNOTSUPP,
+            FsError::AcrossOwners(_) => libc::EXDEV,
             FsError::WouldBlock => libc::EAGAIN,
             FsError::Interrupted => libc::EINTR,
             FsError::Remote { errno, .. } => *errno,

@@ -84,6 +84,10 @@ pub(crate) struct Meta {
     /// (TRIM) before they return to the allocator: a block given out again before its
     /// discard landed would lose what its new owner wrote. A checkpoint stores them free.
     pub discarding: Vec<Extent>,
+    /// Directories whose removal another owner is finishing (their entry lives in a
+    /// directory another slot serves; see `FileSystem::remove_across_owners`): no name
+    /// goes into them until the deadline, after which the seal lapses.
+    pub sealed: HashMap<Ino, std::time::Instant>,
 }
 
 /// What only the node that owns the shards keeps: the descriptor, every shard's metadata
@@ -235,6 +239,7 @@ impl Owner {
                 pending_free: Vec::new(),
                 open: HashMap::new(),
                 unlogged: HashSet::new(),
+                sealed: HashMap::new(),
                 discarding: Vec::new(),
             }),
             journal: RwLock::new(Arc::new(journal)),

@@ -239,6 +239,18 @@ pub(crate) trait Namespace: Send + Sync {
     /// unlink (`dir` false) or rmdir (`dir` true) of `name` in `parent`.
     fn drop_name(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()>;
 
+    /// The first step of an rmdir whose directory `ino` this owner serves and whose entry
+    /// another owner's directory holds: refuses unless `ino` is an empty directory, then
+    /// lets no name into it for a bounded time (`seal` false lifts it again).
+    fn seal_dir(&self, ino: Ino, seal: bool) -> FsResult<()>;
+
+    /// The second step: removes `name` from `parent` if it still names directory `ino`
+    /// (sealed by the owner that serves it), durably before answering.
+    fn drop_entry_of(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()>;
+
+    /// The last step: the sealed directory `ino`, whose entry is gone, goes too.
+    fn drop_sealed_dir(&self, ino: Ino) -> FsResult<()>;
+
     /// A new name `name` in `parent` for `ino` (link).
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr>;
 

@@ -98,6 +98,18 @@ pub enum MetanodeRequest {
         name: Vec<u8>,
         dir: bool,
     },
+    SealDir {
+        ino: Ino,
+        seal: bool,
+    },
+    DropEntryOf {
+        parent: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+    },
+    DropSealedDir {
+        ino: Ino,
+    },
     AddName {
         ino: Ino,
         parent: Ino,
@@ -588,6 +600,11 @@ where
         Q::DropName { parent, name, dir } => {
             answer(owner.drop_name(parent, &name, dir), |()| R::Done)
         }
+        Q::SealDir { ino, seal } => answer(owner.seal_dir(ino, seal), |()| R::Done),
+        Q::DropEntryOf { parent, name, ino } => {
+            answer(owner.drop_entry_of(parent, &name, ino), |()| R::Done)
+        }
+        Q::DropSealedDir { ino } => answer(owner.drop_sealed_dir(ino), |()| R::Done),
         Q::AddName { ino, parent, name } => answer(owner.add_name(ino, parent, &name), R::Attr),
         Q::MoveName { from, to, how } => answer(
             owner.move_name((from.0, &from.1), (to.0, &to.1), how),
@@ -673,6 +690,8 @@ pub(crate) fn cache_changes(
             changes.extend(child(*parent, name).map(Inode));
             changes
         }
+        Q::DropEntryOf { parent, name, .. } => vec![entry(*parent, name), Inode(*parent)],
+        Q::DropSealedDir { ino } => vec![Inode(*ino)],
         Q::MoveName { from, to, .. } => {
             let mut changes = vec![
                 entry(from.0, &from.1),
@@ -707,6 +726,7 @@ pub(crate) fn cache_changes(
         | Q::Lock { .. }
         | Q::DropHeld { .. }
         | Q::GiveBackData { .. }
+        | Q::SealDir { .. }
         | Q::Leaving => Vec::new(),
     }
 }
@@ -744,6 +764,8 @@ pub(crate) fn durable_before_answer(request: &MetanodeRequest) -> bool {
         Q::Make { .. }
             | Q::AddName { .. }
             | Q::DropName { .. }
+            | Q::DropEntryOf { .. }
+            | Q::DropSealedDir { .. }
             | Q::MoveName { .. }
             | Q::ChangeAttr { .. }
             | Q::PutXattr { .. }
@@ -1107,6 +1129,7 @@ fn parents_of(request: &MetanodeRequest) -> Vec<(Ino, &[u8])> {
         Q::Once { request, .. } => parents_of(request),
         Q::Make { parent, name, .. }
         | Q::DropName { parent, name, .. }
+        | Q::DropEntryOf { parent, name, .. }
         | Q::AddName { parent, name, .. } => vec![(*parent, name.as_slice())],
         Q::MoveName { from, to, .. } => vec![(from.0, from.1.as_slice()), (to.0, to.1.as_slice())],
         _ => Vec::new(),
@@ -1131,7 +1154,9 @@ fn names_after<'r>(
         (Q::Make { parent, name, .. } | Q::AddName { parent, name, .. }, Some(ino)) => {
             Some(vec![(*parent, name.as_slice(), Some(ino))])
         }
-        (Q::DropName { parent, name, .. }, None) => Some(vec![(*parent, name.as_slice(), None)]),
+        (Q::DropName { parent, name, .. } | Q::DropEntryOf { parent, name, .. }, None) => {
+            Some(vec![(*parent, name.as_slice(), None)])
+        }
         _ => None,
     }
 }
@@ -1522,6 +1547,22 @@ impl Namespace for RemoteMetanode {
             name: name.to_vec(),
             dir,
         }))
+    }
+
+    fn seal_dir(&self, ino: Ino, seal: bool) -> FsResult<()> {
+        self.done(MetanodeRequest::SealDir { ino, seal })
+    }
+
+    fn drop_entry_of(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
+        self.done(self.once(MetanodeRequest::DropEntryOf {
+            parent,
+            name: name.to_vec(),
+            ino,
+        }))
+    }
+
+    fn drop_sealed_dir(&self, ino: Ino) -> FsResult<()> {
+        self.done(self.once(MetanodeRequest::DropSealedDir { ino }))
     }
 
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {

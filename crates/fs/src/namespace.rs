@@ -92,6 +92,11 @@ pub struct Caller {
 
 use crate::locks::{Lock, LockCall, LockClass, LockKind, Origin, Refused};
 
+/// How long a directory sealed for its removal across owners refuses new names: the
+/// removal's remaining two steps take a round trip each; a client that dies between them
+/// must not leave the directory closed for ever.
+const SEAL_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Namespace for FileSystem {
     fn attr(&self, ino: Ino) -> FsResult<Attr> {
         let mut m = self.owner().meta.lock();
@@ -153,7 +158,21 @@ impl Namespace for FileSystem {
         let mut m = self.owner().meta.lock();
         let mut pattr = self.dir_attr(&mut m, parent)?;
         let entry = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
-        let mut attr = m.state.attr(entry.ino)?;
+        let mut attr = match m.state.attr(entry.ino) {
+            // A directory another slot serves (made for it): the client removes it in
+            // steps with that owner (`FileSystem::remove_across_owners`).
+            Err(FsError::ShardElsewhere { .. }) => {
+                return match (dir, entry.kind == FileKind::Directory) {
+                    (true, true) => Err(FsError::InodeElsewhere { ino: entry.ino }),
+                    (true, false) => Err(FsError::NotDir),
+                    (false, true) => Err(FsError::IsDir),
+                    (false, false) => Err(FsError::AcrossOwners(
+                        "unlinking a file whose inode another node's owner slot serves".into(),
+                    )),
+                };
+            }
+            found => found?,
+        };
         let is_dir = attr.kind == FileKind::Directory;
         if dir && !is_dir {
             return Err(FsError::NotDir);
@@ -184,11 +203,80 @@ impl Namespace for FileSystem {
         Ok(())
     }
 
-    fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+    fn seal_dir(&self, ino: Ino, seal: bool) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        if !seal {
+            m.sealed.remove(&ino);
+            return Ok(());
+        }
+        self.dir_attr(&mut m, ino)?;
+        if !m.state.dir_is_empty(ino)? {
+            return Err(FsError::NotEmpty);
+        }
+        m.sealed.insert(ino, std::time::Instant::now() + SEAL_BOUND);
+        Ok(())
+    }
+
+    fn drop_entry_of(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
         check_name(name)?;
         let mut m = self.owner().meta.lock();
         let mut pattr = self.dir_attr(&mut m, parent)?;
-        let mut attr = m.state.attr(ino)?;
+        match m.state.lookup(parent, name)? {
+            Some(e) if e.ino == ino && e.kind == FileKind::Directory => {}
+            // Renamed or removed meanwhile: the caller lifts the seal and says so.
+            _ => return Err(FsError::NotFound),
+        }
+        let now = self.now();
+        pattr.mtime = now;
+        pattr.ctime = now;
+        pattr.nlink -= 1;
+        let changes = vec![
+            Change::DirRemove {
+                dir: parent,
+                name: name.to_vec(),
+            },
+            Change::PutAttr(pattr),
+        ];
+        let lsn = self.log(&mut m, changes)?;
+        drop(m);
+        // Durable before the directory itself goes: a crash between the two leaves an
+        // unreachable empty directory, never an entry naming a freed inode.
+        self.commit(lsn)
+    }
+
+    fn drop_sealed_dir(&self, ino: Ino) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        if m.sealed.remove(&ino).is_none() {
+            return Err(FsError::Invalid(format!(
+                "directory {ino} is not being removed (its seal lapsed or was lifted)"
+            )));
+        }
+        let mut attr = self.dir_attr(&mut m, ino)?;
+        if !m.state.dir_is_empty(ino)? {
+            // Only a lapsed seal lets a name in; the directory, now unreachable, keeps it
+            // for fsck to find rather than lose it.
+            return Err(FsError::NotEmpty);
+        }
+        attr.nlink = 0;
+        attr.ctime = self.now();
+        let change = self.release_or_keep(&m, attr);
+        let lsn = self.log(&mut m, vec![change])?;
+        drop(m);
+        self.commit(lsn)
+    }
+
+    fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        check_name(name)?;
+        let mut m = self.owner().meta.lock();
+        let mut pattr = self.names_dir(&mut m, parent)?;
+        let mut attr = match m.state.attr(ino) {
+            Err(FsError::ShardElsewhere { .. }) => {
+                return Err(FsError::AcrossOwners(
+                    "a hard link to an inode another node's owner slot serves".into(),
+                ))
+            }
+            found => found?,
+        };
         if attr.kind == FileKind::Directory {
             return Err(FsError::NotSupported("hard links to directories".into()));
         }
@@ -231,9 +319,25 @@ impl Namespace for FileSystem {
         check_name(name)?;
         check_name(new_name)?;
         let mut m = self.owner().meta.lock();
-        self.dir_attr(&mut m, parent)?;
-        self.dir_attr(&mut m, new_parent)?;
+        let across = || {
+            FsError::AcrossOwners(
+                "a rename between directories, or of a directory, that different nodes' \
+                 owner slots serve"
+                    .into(),
+            )
+        };
+        match self.dir_attr(&mut m, parent) {
+            Err(FsError::ShardElsewhere { .. }) => return Err(across()),
+            other => other?,
+        };
+        match self.names_dir(&mut m, new_parent) {
+            Err(FsError::ShardElsewhere { .. }) => return Err(across()),
+            other => other?,
+        };
         let src = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
+        if let Err(FsError::ShardElsewhere { .. }) = m.state.attr(src.ino) {
+            return Err(across());
+        }
         let dst = m.state.lookup(new_parent, new_name)?;
         if how.noreplace && dst.is_some() {
             return Err(FsError::Exists);
@@ -676,6 +780,19 @@ impl FileSystem {
         Ok(attr)
     }
 
+    /// [`Self::dir_attr`] of a directory a name is to go into: one being removed (sealed,
+    /// see [`Namespace::seal_dir`]) is as good as gone.
+    fn names_dir(&self, m: &mut Meta, ino: Ino) -> FsResult<Attr> {
+        let attr = self.dir_attr(m, ino)?;
+        if let Some(until) = m.sealed.get(&ino) {
+            if std::time::Instant::now() < *until {
+                return Err(FsError::NotFound);
+            }
+            m.sealed.remove(&ino);
+        }
+        Ok(attr)
+    }
+
     /// The change for an inode that lost a link: freed when unreferenced, else updated.
     fn release_or_keep(&self, m: &Meta, attr: Attr) -> Change {
         let open = m.open.get(&attr.ino).copied().unwrap_or(0);
@@ -864,7 +981,7 @@ impl FileSystem {
         } = node;
         check_name(name)?;
         self.check_inode_limit(m)?;
-        let pattr = self.dir_attr(m, parent)?;
+        let pattr = self.names_dir(m, parent)?;
         if pattr.nlink == 0 {
             return Err(FsError::NotFound);
         }

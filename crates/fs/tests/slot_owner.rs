@@ -367,3 +367,85 @@ fn one_namespace_is_served_by_two_owners() {
     drop((s1, fs));
     assert_fsck_clean(&t, "after two owners served one namespace");
 }
+
+#[test]
+fn names_across_owners_are_removed_or_refused_with_exdev() {
+    let t = two_region_fs();
+    let (fs, s1) = two_owners(&t);
+    let d = s1
+        .create_node(
+            ROOT_INO,
+            b"node1",
+            FileKind::Directory,
+            0o755,
+            0,
+            ROOT,
+            None,
+        )
+        .unwrap();
+    let theirs = write_files(&s1, d.ino, "b", 70);
+    let root_links = fs.getattr(ROOT_INO).unwrap().nlink;
+    // rmdir of a directory another slot serves: refused while it holds names, from
+    // either side.
+    assert!(matches!(
+        fs.remove(ROOT_INO, b"node1", true),
+        Err(FsError::NotEmpty)
+    ));
+    assert!(matches!(
+        fs.remove(ROOT_INO, b"node1", false),
+        Err(FsError::IsDir)
+    ));
+    // Renames and links between owners are EXDEV (mv copies instead).
+    let b0 = s1.lookup(d.ino, b"b0").unwrap();
+    for err in [
+        s1.rename(d.ino, b"b0", ROOT_INO, b"moved", false, false)
+            .unwrap_err(),
+        fs.rename(ROOT_INO, b"node1", ROOT_INO, b"renamed", false, false)
+            .unwrap_err(),
+        s1.link(b0.ino, ROOT_INO, b"linked").unwrap_err(),
+    ] {
+        assert_eq!(err.errno(), libc::EXDEV, "{err}");
+    }
+    // Renames within one owner work as ever.
+    s1.rename(d.ino, b"b0", d.ino, b"b0-renamed", false, false)
+        .unwrap();
+    for name in theirs.keys() {
+        let name = if name == "b0" {
+            "b0-renamed"
+        } else {
+            name.as_str()
+        };
+        s1.remove(d.ino, name.as_bytes(), false).unwrap();
+    }
+    // Empty now: removed by the manager, across owners.
+    fs.remove(ROOT_INO, b"node1", true).unwrap();
+    assert!(matches!(
+        fs.lookup(ROOT_INO, b"node1"),
+        Err(FsError::NotFound)
+    ));
+    assert!(matches!(s1.getattr(d.ino), Err(FsError::NotFound)));
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, root_links - 1);
+    // And a second one by the slot's owner itself.
+    let e = s1
+        .create_node(
+            ROOT_INO,
+            b"node1b",
+            FileKind::Directory,
+            0o755,
+            0,
+            ROOT,
+            None,
+        )
+        .unwrap();
+    create_file(&s1, e.ino, b"x");
+    s1.remove(e.ino, b"x", false).unwrap();
+    s1.remove(ROOT_INO, b"node1b", true).unwrap();
+    assert!(matches!(
+        fs.lookup(ROOT_INO, b"node1b"),
+        Err(FsError::NotFound)
+    ));
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after removals across owners");
+}
