@@ -83,6 +83,28 @@ impl FileSystem {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
+        if let MetanodeRequest::DropHeld { inos } = &request {
+            // From the owner of another slot (or the manager): what this mount holds of
+            // those inodes, from whichever owner, goes; so does what this node's kernel
+            // keeps of those its own metanode does not serve (it drops its own itself).
+            let slots: Vec<_> = self.slot_routes.iter().filter_map(|r| r.get()).collect();
+            if self.remote.get().is_some() || !slots.is_empty() {
+                for remote in self.remote.get().into_iter().chain(slots) {
+                    remote.drop_held(inos);
+                }
+                if let Some(notify) = self.remote_change.get() {
+                    let foreign: Vec<crate::CacheChange> = inos
+                        .iter()
+                        .filter(|i| !self.serves(**i))
+                        .map(|i| crate::CacheChange::Inode(*i))
+                        .collect();
+                    if !foreign.is_empty() {
+                        notify(foreign);
+                    }
+                }
+                return encode(&MetanodeReply::Done);
+            }
+        }
         if let Some(remote) = self.remote.get() {
             match request {
                 MetanodeRequest::FenceWrites { owner, incarnation } => {
@@ -124,6 +146,13 @@ impl FileSystem {
         // node).
         if let Err(e) = self.owner_here("answering a metanode request") {
             return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
+        }
+        if let MetanodeRequest::ProvideSlot = request {
+            let reply = match self.provide_slot() {
+                Ok(slot) => MetanodeReply::Count(u64::from(slot)),
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            };
+            return encode(&reply);
         }
         if let MetanodeRequest::Leaving = request {
             if let Some(node) = origin {

@@ -715,6 +715,12 @@ impl FileSystem {
         }
     }
 
+    /// Whether this mount's own metanode serves `ino` (so that it tells this node's kernel
+    /// of every change other nodes make to it, and the kernel may cache it).
+    pub fn serves(&self, ino: Ino) -> bool {
+        self.owner.is_some() && matches!(self.route(ino), Route::Here)
+    }
+
     /// The owner slot that serves `ino`'s shard, as this mount last read the owner map.
     pub(crate) fn slot_serving(&self, ino: Ino) -> u32 {
         match self.owner_map.len() as u64 {
@@ -1529,11 +1535,18 @@ impl FileSystem {
         }
         self.prefetch.stop();
         self.sync()?;
-        if self.owner.is_none() {
+        let client = self.owner.is_none()
+            || (self.remote.get().is_some() && !self.loopback.load(Ordering::SeqCst));
+        if client {
+            // What a client keeps goes back to its owners; a slot's owner that is also the
+            // manager's client then checkpoints its own slot.
             self.give_back_all_kept();
-            if let Some(remote) = self.remote.get() {
+            let slots = self.slot_routes.iter().filter_map(|r| r.get());
+            for remote in self.remote.get().into_iter().chain(slots) {
                 remote.leave();
             }
+        }
+        if self.owner.is_none() {
             return Ok(());
         }
         self.checkpoint()

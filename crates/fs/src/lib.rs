@@ -50,7 +50,7 @@ pub use fs::{DirListing, FileSystem, SetAttr, StatFs};
 pub use fsck::{fsck, FsckReport};
 pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};
 pub use metanode_wire::CacheChange;
-pub use metanode_wire::{Fence, InProcessNode, InProcessOwner, MetanodeChannel};
+pub use metanode_wire::{ask_for_slot, Fence, InProcessNode, InProcessOwner, MetanodeChannel};
 pub use namespace::Caller;
 pub use placement::PolicySummary;
 pub use pmon::{

@@ -110,6 +110,9 @@ pub enum MetanodeRequest {
     DropSealedDir {
         ino: Ino,
     },
+    /// To the file system manager: make an owner slot for the asking node
+    /// (`FileSystem::provide_slot`); answered with its number.
+    ProvideSlot,
     AddName {
         ino: Ino,
         parent: Ino,
@@ -517,6 +520,23 @@ impl From<RemoteError> for FsError {
     }
 }
 
+/// Asks the file system manager behind `channel` for an owner slot of this node's own
+/// (`FileSystem::provide_slot`), before this node mounts it with `FileSystem::mount_slot`.
+pub fn ask_for_slot(channel: &dyn MetanodeChannel) -> FsResult<u32> {
+    let reply: MetanodeReply = decode(
+        &channel.call(encode(&MetanodeRequest::ProvideSlot))?,
+        "reply",
+    )?;
+    match reply {
+        MetanodeReply::Count(slot) => u32::try_from(slot)
+            .map_err(|_| FsError::Invalid(format!("owner slot {slot} is out of range"))),
+        MetanodeReply::Failed(e) => Err(e.into()),
+        other => Err(FsError::Invalid(format!(
+            "the file system manager answered a request for an owner slot with {other:?}"
+        ))),
+    }
+}
+
 /// Encodes a request or a reply.
 pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
     postcard::to_allocvec(message).expect("metanode messages always encode")
@@ -605,6 +625,10 @@ where
             answer(owner.drop_entry_of(parent, &name, ino), |()| R::Done)
         }
         Q::DropSealedDir { ino } => answer(owner.drop_sealed_dir(ino), |()| R::Done),
+        // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
+        Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
+            "making an owner slot through this path".into(),
+        )),
         Q::AddName { ino, parent, name } => answer(owner.add_name(ino, parent, &name), R::Attr),
         Q::MoveName { from, to, how } => answer(
             owner.move_name((from.0, &from.1), (to.0, &to.1), how),
@@ -727,6 +751,7 @@ pub(crate) fn cache_changes(
         | Q::DropHeld { .. }
         | Q::GiveBackData { .. }
         | Q::SealDir { .. }
+        | Q::ProvideSlot
         | Q::Leaving => Vec::new(),
     }
 }

@@ -612,6 +612,42 @@ impl crate::fs::FileSystem {
         Ok(())
     }
 
+    /// A slot for a node that mounts beside the file system manager and owns what it makes
+    /// (`metadataSlots=yes`): a new owner slot given the highest-numbered allocation region
+    /// in which nothing is allocated, so that it can allocate its pages and blocks; its
+    /// shards come with the directories made for it. Refused, with nothing made, when no
+    /// region is wholly free (or only the manager's last one is).
+    pub fn provide_slot(&self) -> FsResult<u32> {
+        self.owner_here("making an owner slot")?;
+        self.manager_here("making an owner slot")?;
+        let region = {
+            let m = self.owner().meta.lock();
+            let desc = self.owner().desc.lock().clone();
+            let foreign = foreign_regions(&desc);
+            let count = region_count(&desc) as usize;
+            let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
+            let free = |r: usize| {
+                !foreign.contains(&r)
+                    && disks.iter().all(|&d| {
+                        r >= m.alloc.chunk_count(d)
+                            || m.alloc.chunk_words(d, r).iter().all(|w| *w == 0)
+                    })
+            };
+            (1..count).rev().find(|r| free(*r)).ok_or_else(|| {
+                FsError::Usage(format!(
+                    "{} has no wholly free allocation region to give an owner slot (of its \
+                     {count} regions, each 32,512 sub-blocks of every disk, the manager keeps \
+                     one and data is spread over the others); this node mounts it as a \
+                     client of the manager instead",
+                    desc.name
+                ))
+            })?
+        };
+        let slot = self.create_slot()?;
+        self.give_free_regions(slot, &[region])?;
+        Ok(slot)
+    }
+
     /// Makes directory `name` in `parent` for owner slot `slot`, so that it and everything
     /// made in it later are the slot's (mdtest's easy pattern: each process's directory is
     /// one node's work): its inode goes to a shard slot 0 holds that has no inode, given to

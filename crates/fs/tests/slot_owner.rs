@@ -449,3 +449,21 @@ fn names_across_owners_are_removed_or_refused_with_exdev() {
     drop((s1, fs));
     assert_fsck_clean(&t, "after removals across owners");
 }
+
+#[test]
+fn a_node_asks_the_manager_for_a_slot_with_a_free_region() {
+    let t = two_region_fs();
+    let fs = mount(&t);
+    let channel = tessera_fs::InProcessOwner(Arc::downgrade(&fs));
+    assert_eq!(tessera_fs::ask_for_slot(&channel).unwrap(), 1);
+    assert_eq!(fs.descriptor().slots.unwrap().region_owners, vec![0, 1]);
+    // No second free region: refused by name, nothing made.
+    let err = tessera_fs::ask_for_slot(&channel).unwrap_err().to_string();
+    assert!(err.contains("wholly free allocation region"), "{err}");
+    assert_eq!(fs.slots().unwrap().len(), 1);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after a slot was asked for");
+}

@@ -317,20 +317,33 @@ impl TesseraFuse {
         file_attr(a, self.fs.allocated_bytes(a.ino))
     }
 
-    /// Every name may be cached: the kernel checks search permission on cached walks.
-    fn entry_out(&self, a: &Attr, generation: u64) -> EntryOut {
+    /// How long the kernel may keep what it learns of `ino` (its attributes; for a
+    /// directory, the names in it): the mount's time when this node's own metanode serves
+    /// the inode, since that metanode drops from the kernel whatever other nodes change;
+    /// none when another node's owner slot serves it (nothing here would tell the kernel).
+    fn ttl_for(&self, ino: u64) -> Ttl {
+        if self.ttl.is_zero() || self.fs.serves(ino) {
+            Ttl::from_duration(self.ttl)
+        } else {
+            Ttl::from_duration(Duration::ZERO)
+        }
+    }
+
+    /// Every name may be cached: the kernel checks search permission on cached walks. The
+    /// name as long as `parent`'s metanode is here, the attributes as long as the inode's.
+    fn entry_out(&self, parent: u64, a: &Attr, generation: u64) -> EntryOut {
         EntryOut {
             nodeid: a.ino,
             generation,
-            entry_ttl: Ttl::from_duration(self.ttl),
-            attr_ttl: Ttl::from_duration(self.ttl),
+            entry_ttl: self.ttl_for(parent),
+            attr_ttl: self.ttl_for(a.ino),
             attr: self.file_attr(a),
         }
     }
 
-    fn entry(&self, r: Result<Attr, FsError>) -> Reply {
+    fn entry(&self, parent: u64, r: Result<Attr, FsError>) -> Reply {
         match r {
-            Ok(a) => Reply::Entry(self.entry_out(&a, u64::from(a.generation))),
+            Ok(a) => Reply::Entry(self.entry_out(parent, &a, u64::from(a.generation))),
             Err(e) => errno(&e),
         }
     }
@@ -338,11 +351,16 @@ impl TesseraFuse {
     fn attr(&self, r: Result<Attr, FsError>) -> Reply {
         match r {
             Ok(a) => Reply::Attr {
-                ttl: Ttl::from_duration(self.ttl),
+                ttl: self.ttl_for(a.ino),
                 attr: self.file_attr(&a),
             },
             Err(e) => errno(&e),
         }
+    }
+
+    /// Whether the kernel's page cache may hold `ino`'s data: as for [`Self::ttl_for`].
+    fn page_cache_for(&self, ino: u64) -> bool {
+        self.page_cache && self.fs.serves(ino)
     }
 
     /// Creates a node with the creator's mode and umask: the file system applies the
@@ -383,12 +401,16 @@ impl TesseraFuse {
         check!(self
             .fs
             .may_use_dir(req.header.nodeid, &cred, MAY_WRITE | MAY_EXEC));
-        self.entry(self.create_node(req, name, (kind, mode, umask), rdev, target))
+        let parent = req.header.nodeid;
+        self.entry(
+            parent,
+            self.create_node(req, name, (kind, mode, umask), rdev, target),
+        )
     }
 
     fn lookup(&self, parent: u64, name: &[u8], cred: &Credentials) -> Reply {
         check!(self.fs.may_use_dir(parent, cred, MAY_EXEC));
-        self.entry(self.fs.lookup(parent, name))
+        self.entry(parent, self.fs.lookup(parent, name))
     }
 
     fn setattr(&self, ino: u64, s: &SetattrIn, cred: &Credentials) -> Reply {
@@ -448,7 +470,7 @@ impl TesseraFuse {
         match self.fs.open(ino) {
             Ok(attr) => {
                 let (fh, mut open_flags) = self.handle(flags);
-                if !self.page_cache
+                if !self.page_cache_for(ino)
                     || self.writes_shared(flags)
                     || streams(flags, &attr, self.streaming.load(Ordering::Relaxed))
                 {
@@ -484,7 +506,7 @@ impl TesseraFuse {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
-        self.created(&attr, 0, flags)
+        self.created(req.header.nodeid, &attr, 0, flags)
     }
 
     /// A writable open of a shared file system: its data must not go through the page
@@ -623,13 +645,13 @@ impl TesseraFuse {
     }
 
     /// The answer to a create: the entry and the open handle.
-    fn created(&self, attr: &Attr, generation: u64, flags: u32) -> Reply {
+    fn created(&self, parent: u64, attr: &Attr, generation: u64, flags: u32) -> Reply {
         let (fh, mut open_flags) = self.handle(flags);
-        if !self.page_cache || self.writes_shared(flags) {
+        if !self.page_cache_for(attr.ino) || self.writes_shared(flags) {
             open_flags = abi::FOPEN_DIRECT_IO;
         }
         Reply::Create {
-            entry: self.entry_out(attr, generation),
+            entry: self.entry_out(parent, attr, generation),
             fh,
             open_flags,
         }
@@ -660,7 +682,7 @@ impl TesseraFuse {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
-        self.created(&attr, u64::from(attr.generation), flags)
+        self.created(parent, &attr, u64::from(attr.generation), flags)
     }
 
     fn rename(
@@ -841,7 +863,7 @@ impl Handler for TesseraFuse {
             } => self.rename(ino, flags, (name, newdir, newname), &cred),
             Op::Link { oldnodeid, newname } => {
                 check!(self.fs.may_link(oldnodeid, ino, &cred));
-                self.entry(self.fs.link(oldnodeid, ino, newname))
+                self.entry(ino, self.fs.link(oldnodeid, ino, newname))
             }
             Op::Open { flags } => {
                 check!(self.fs.may_access(ino, &cred, open_mask(flags)));
