@@ -129,6 +129,20 @@ pub const PARAMS: &[ParamSpec] = &[
         check: |v| check_seconds(v, 0.0, 1200.0),
     },
     ParamSpec {
+        name: "metadataSlots",
+        default: "no",
+        scope: Scope::Cluster,
+        help: "`yes`: a node that mounts a file system beside its file system manager \
+               asks for an owner slot of its own (a log, a record and a free allocation \
+               region) and owns the directories it makes in directories others serve, \
+               and everything made in them, so that metadata work in them stays on that \
+               node (mdtest's directory per process); `no`: the manager owns all \
+               metadata. Experimental: a slot's holder that dies is not taken over yet, so \
+               its directories are unavailable until it mounts again; takes effect at \
+               the next mount",
+        check: check_yes_no,
+    },
+    ParamSpec {
         name: "readReplicaPolicy",
         default: "default",
         scope: Scope::Node,
@@ -141,6 +155,14 @@ pub const PARAMS: &[ParamSpec] = &[
         check: check_read_replica_policy,
     },
 ];
+
+fn check_yes_no(value: &str) -> Result<String, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "yes" => Ok("yes".into()),
+        "no" => Ok("no".into()),
+        _ => Err(format!("`{value}` is not yes or no")),
+    }
+}
 
 /// The values of `readReplicaPolicy`, as GPFS spells them.
 pub const READ_REPLICA_POLICIES: [&str; 3] = ["default", "local", "fastest"];

@@ -38,7 +38,14 @@ impl FileSystem {
     /// tests and diagnosis: it costs an encode and a decode per request. Idempotent.
     pub fn route_metadata_through_wire(self: &Arc<Self>) {
         let channel = crate::metanode_wire::Loopback(Arc::downgrade(self));
-        self.route_metadata_through(Box::new(channel));
+        self.route_own_metadata_through(Box::new(channel));
+    }
+
+    /// Sends every metanode request of this owner's mount through `channel`, which leads
+    /// back to this same owner (its wire form, or this node's own daemon over the node
+    /// transport): a check of that path, as a client on another node takes it.
+    pub fn route_own_metadata_through(&self, channel: Box<dyn crate::MetanodeChannel>) {
+        self.route_metadata_through(channel);
         self.loopback
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -102,6 +109,13 @@ impl FileSystem {
                         notify(foreign);
                     }
                 }
+                return encode(&MetanodeReply::Done);
+            }
+        }
+        if let MetanodeRequest::GiveBackData { inos } = &request {
+            // Data tokens this mount keeps of another slot's files go back to that owner.
+            if self.slot_routes.iter().any(|r| r.get().is_some()) {
+                self.give_back_kept(inos);
                 return encode(&MetanodeReply::Done);
             }
         }

@@ -938,9 +938,11 @@ impl FileSystem {
         // Everything the other owners this mount reached logged so far, this client's
         // updates among them; the client's own data is flushed first (see
         // `RemoteMetanode::commit`).
+        // (A mount whose requests loop back to its own owner commits that owner below.)
         let remotes = self
             .remote
             .get()
+            .filter(|_| !self.loopback.load(Ordering::SeqCst))
             .into_iter()
             .chain(self.slot_routes.iter().filter_map(|r| r.get()));
         for remote in remotes {

@@ -141,12 +141,24 @@ pub struct FsRecord {
     /// (see `KernelCache`), and other nodes cannot mount it beside that owner.
     #[serde(default)]
     pub private_cache: bool,
+    /// Which node holds which owner slot (`metadataSlots=yes`): kept when the node
+    /// unmounts, so that it takes the same slot, its log and its shards, when it mounts
+    /// again.
+    #[serde(default)]
+    pub slot_holders: Vec<SlotHolder>,
     /// Where it was last mounted (`mount -T` may differ from the default).
     pub mount_point: String,
     /// `-K` as given. With one replica of everything it has no effect: there is never a
     /// second replica whose placement could be strict or not.
     pub strict_replicas: String,
     pub log_bytes: u64,
+}
+
+/// A node's owner slot of a file system.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotHolder {
+    pub node: String,
+    pub slot: u32,
 }
 
 /// A node that mounts a file system as a client of the node that owns its metadata.

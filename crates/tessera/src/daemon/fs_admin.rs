@@ -197,6 +197,7 @@ impl Daemon {
             mounted_on: None,
             clients: Vec::new(),
             private_cache: false,
+            slot_holders: Vec::new(),
             mount_point: spec.mount_point.clone(),
             strict_replicas: spec.strict_replicas.clone(),
             log_bytes: opts.log_bytes,

@@ -74,6 +74,12 @@ impl FileSystemService for MountedFileSystems {
             Some((fs, Some(_))) if Fence::is_fence(&request) => {
                 Ok(fs.serve_metanode_request(&request))
             }
+            // A client that owns a slot (`metadataSlots`) serves its shards' metadata, and
+            // takes back what it holds of other owners' inodes when they say so.
+            Some((fs, Some(_))) if fs.is_owner() => {
+                serving()?;
+                Ok(fs.serve_metanode_request_from(origin, &request))
+            }
             // Refused as not served, so that the sender looks for the owner again (this
             // node may be about to serve it, after a takeover).
             Some((_, Some(owner))) => Err(format!(

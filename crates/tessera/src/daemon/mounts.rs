@@ -125,6 +125,19 @@ impl Daemon {
             FileSystem::mount_keeping_orphans(available)
         }
         .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
+        self.configure_owner(&fs, record, &nsds)?;
+        Ok((fs, nsd_stats))
+    }
+
+    /// What a mount that owns metadata (the manager's, or an owner slot's) takes from this
+    /// node's configuration and daemon: cache sizes, read policy, thin disks, and the ways
+    /// its metanode revokes what other nodes hold.
+    fn configure_owner(
+        &self,
+        fs: &FileSystem,
+        record: &FsRecord,
+        nsds: &NsdRegistry,
+    ) -> Result<()> {
         // GPFS's cache parameters, as this node's configuration has them.
         let params = self.member.state().params;
         let me = Some(self.member.me());
@@ -152,7 +165,7 @@ impl Daemon {
             ),
             Err(e) => tracing::warn!("{}: how its NSDs are reached: {e:#}", record.name),
         }
-        self.set_thin_disks(&fs, &nsds, &record.name)?;
+        self.set_thin_disks(fs, nsds, &record.name)?;
         fs.on_lock_holder_check(self.member.lock_holder_check());
         fs.on_read_revoke(self.revoker(&record.name, Fence::drop_held, "views"));
         fs.on_data_revoke(self.revoker(&record.name, Fence::give_back_data, "data tokens"));
@@ -162,7 +175,69 @@ impl Daemon {
             params.get("pagepool", me),
             read_policy
         );
-        Ok((fs, nsd_stats))
+        Ok(())
+    }
+
+    /// Whether nodes that mount beside the manager own what they make (`metadataSlots`).
+    pub(super) fn metadata_slots(&self) -> bool {
+        self.member.state().params.get("metadataSlots", None) == "yes"
+    }
+
+    /// This node's owner slot of `record`: the one the table records for it, or a new one
+    /// the manager makes when asked through `channel`, recorded before it is used.
+    fn slot_of_this_node(
+        &self,
+        record: &FsRecord,
+        channel: &dyn tessera_fs::MetanodeChannel,
+    ) -> Result<u32> {
+        let me = self.cluster.node_name.clone();
+        if let Some(h) = record.slot_holders.iter().find(|h| h.node == me) {
+            return Ok(h.slot);
+        }
+        let slot = tessera_fs::ask_for_slot(channel).map_err(|e| {
+            anyhow!(
+                "file system {}: no owner slot for this node: {e}",
+                record.name
+            )
+        })?;
+        self.change_fs_record(&record.name, &|rec| {
+            rec.slot_holders.retain(|h| h.node != me && h.slot != slot);
+            rec.slot_holders.push(crate::config::SlotHolder {
+                node: me.clone(),
+                slot,
+            });
+            Ok(())
+        })?;
+        tracing::info!("{}: this node holds owner slot {slot}", record.name);
+        Ok(slot)
+    }
+
+    /// How a mount of `fs_name` reaches the owners of other slots: the node the table
+    /// records as each slot's holder, over the node transport.
+    fn slot_router(
+        &self,
+        fs_name: &str,
+    ) -> Box<dyn Fn(u32) -> Option<Box<dyn tessera_fs::MetanodeChannel>> + Send + Sync> {
+        let daemon = self.this.clone();
+        let fs_name = fs_name.to_string();
+        Box::new(move |slot| {
+            let d = daemon.upgrade()?;
+            let holder = d
+                .file_systems()
+                .ok()?
+                .get(&fs_name)?
+                .slot_holders
+                .iter()
+                .find(|h| h.slot == slot)?
+                .node
+                .clone();
+            let state = d.member.state();
+            let node = state.nodes.values().find(|n| n.name == holder)?;
+            let channel =
+                d.member
+                    .metanode_channel(node.number, node.address.clone(), fs_name.clone());
+            Some(Box::new(channel) as Box<dyn tessera_fs::MetanodeChannel>)
+        })
     }
 
     /// Opens the NSDs of `record` that this node can reach, each counted for the metrics.
@@ -271,6 +346,24 @@ impl Daemon {
             moves: std::sync::atomic::AtomicU64::new(0),
             suspect: std::sync::atomic::AtomicBool::new(false),
         };
+        if self.metadata_slots() {
+            // The owner of a slot of its own, and the manager's client for the rest.
+            let mounted = self.slot_of_this_node(record, &channel).and_then(|slot| {
+                FileSystem::mount_slot(available.clone(), slot)
+                    .map_err(|e| anyhow!("file system {}: owner slot {slot}: {e}", record.name))
+            });
+            match mounted {
+                Ok(fs) => {
+                    fs.route_metadata_through(Box::new(channel));
+                    self.configure_owner(&fs, record, &nsds)?;
+                    return Ok((fs, nsd_stats));
+                }
+                Err(e) => tracing::warn!(
+                    "{e:#}; this node mounts {} as a client of the manager only",
+                    record.name
+                ),
+            }
+        }
         let fs = FileSystem::mount_client(available, Box::new(channel))
             .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
         Ok((fs, nsd_stats))
@@ -302,7 +395,16 @@ impl Daemon {
             // stop writing on what the dead owner said.
             self.fence_clients(record, &fs);
         }
-        let cache = self.kernel_cache(client_of);
+        // A client that owns a slot keeps in its kernel what its own metanode serves (it
+        // drops what other nodes change there); the FUSE layer caches nothing it does not
+        // serve (`FileSystem::serves`).
+        let cache = match client_of {
+            Some(_) if fs.is_owner() => KernelCache::Shared,
+            _ => self.kernel_cache(client_of),
+        };
+        if self.metadata_slots() {
+            fs.route_slots_through(self.slot_router(&record.name));
+        }
         let opts = FuseOptions {
             fs_name: record.name.clone(),
             allow_other: true,
@@ -349,7 +451,7 @@ impl Daemon {
             let channel = self
                 .member
                 .metanode_channel(me, address, record.name.clone());
-            fs.route_metadata_through(Box::new(channel));
+            fs.route_own_metadata_through(Box::new(channel));
             tracing::info!(
                 "{}: metanode requests go over the node transport",
                 record.name
