@@ -443,7 +443,7 @@ impl FileSystem {
     /// The attributes of what `name` in `dir` names, if it exists (a name the operation
     /// itself will refuse counts as absent here, so that the operation gives its own error).
     fn child_attr(&self, dir: Ino, name: &[u8]) -> FsResult<Option<Attr>> {
-        match self.namespace_of(dir).find(dir, name) {
+        match self.lookup(dir, name) {
             Ok(attr) => Ok(Some(attr)),
             Err(FsError::NotFound | FsError::NotDir | FsError::NameTooLong) => Ok(None),
             Err(e) => Err(e),

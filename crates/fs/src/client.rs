@@ -265,7 +265,7 @@ impl FileSystem {
             reply = self.held_reply(reply, asked, node);
         }
         if durable && !matches!(reply, MetanodeReply::Failed(_)) {
-            if let Err(e) = self.sync() {
+            if let Err(e) = self.sync_own() {
                 reply = MetanodeReply::Failed(RemoteError::from(&e));
             }
         }

@@ -433,7 +433,7 @@ impl FileSystem {
             });
         }
         // Space the moves released comes back once their changes are durable.
-        self.sync()?;
+        self.sync_own()?;
         self.commit_delete(&indexes)?;
         Ok(DiskDeleteReport {
             restripe,

@@ -576,7 +576,7 @@ impl FileSystem {
         if !orphans.is_empty() {
             // Freed blocks only come back once their release is durable; do it now, so the
             // space of files deleted while open shows as free as soon as the mount returns.
-            self.sync()?;
+            self.sync_own()?;
         }
         Ok(())
     }
@@ -939,15 +939,28 @@ impl FileSystem {
         // updates among them; the client's own data is flushed first (see
         // `RemoteMetanode::commit`).
         // (A mount whose requests loop back to its own owner commits that owner below.)
+        // Another slot's owner is asked only for what it holds unsynced of this mount's:
+        // it may have unmounted, after its final checkpoint, since.
         let remotes = self
             .remote
             .get()
             .filter(|_| !self.loopback.load(Ordering::SeqCst))
             .into_iter()
-            .chain(self.slot_routes.iter().filter_map(|r| r.get()));
+            .chain(
+                self.slot_routes
+                    .iter()
+                    .filter_map(|r| r.get())
+                    .filter(|r| r.has_unsynced()),
+            );
         for remote in remotes {
             crate::metanode::Metanode::commit(&**remote, Lsn::MAX)?;
         }
+        self.sync_own()
+    }
+
+    /// Commits everything this mount's own owner logged so far (nothing on a client-only
+    /// mount): what an owner does before it answers another node's change.
+    pub(crate) fn sync_own(&self) -> FsResult<()> {
         if self.owner.is_none() {
             return Ok(());
         }
@@ -1536,7 +1549,29 @@ impl FileSystem {
             let _ = h.join();
         }
         self.prefetch.stop();
-        self.sync()?;
+        // What other slots' owners acknowledged of this mount's writes: an owner that
+        // unmounted since made it durable with its final checkpoint, and one that died
+        // loses what no fsync asked for (its holder's log is replayed at its next mount),
+        // so at unmount a slot that does not answer is named, not waited for.
+        for (slot, remote) in self.slot_routes.iter().enumerate() {
+            if let Some(remote) = remote.get().filter(|r| r.has_unsynced()) {
+                if let Err(e) = crate::metanode::Metanode::commit(&**remote, Lsn::MAX) {
+                    tracing::warn!(
+                        "{}: writes owner slot {slot} acknowledged are not known durable at \
+                         unmount: {e}",
+                        self.geo.fs_name
+                    );
+                }
+            }
+        }
+        if let Some(remote) = self
+            .remote
+            .get()
+            .filter(|_| !self.loopback.load(Ordering::SeqCst))
+        {
+            crate::metanode::Metanode::commit(&**remote, Lsn::MAX)?;
+        }
+        self.sync_own()?;
         let client = self.owner.is_none()
             || (self.remote.get().is_some() && !self.loopback.load(Ordering::SeqCst));
         if client {

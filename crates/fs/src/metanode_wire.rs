@@ -909,6 +909,13 @@ impl RemoteMetanode {
         }
     }
 
+    /// Whether updates this client sent are acknowledged but not known durable at the
+    /// owner (namespace changes are durable before they are answered; data updates wait
+    /// for a commit).
+    pub(crate) fn has_unsynced(&self) -> bool {
+        !self.unsynced.lock().acked.is_empty()
+    }
+
     /// The owner revoked what this client holds of `inos`.
     pub(crate) fn drop_held(&self, inos: &[Ino]) {
         self.held.drop_inos(inos);
@@ -1507,7 +1514,14 @@ impl Namespace for RemoteMetanode {
         };
         match self.held.get(parent, generation, known) {
             Some(None) => return Err(FsError::NotFound),
-            Some(Some(ino)) => return self.attr(ino),
+            // The inode may be another slot's (a directory made for it): the caller asks
+            // that slot's owner.
+            Some(Some(ino)) => {
+                return self.attr(ino).map_err(|e| match e {
+                    FsError::ShardElsewhere { .. } => FsError::InodeElsewhere { ino },
+                    e => e,
+                })
+            }
             None => {}
         }
         let (reply, held) = self.call_held(MetanodeRequest::Find {

@@ -292,7 +292,7 @@ impl FileSystem {
                 failed += 1;
             }
         }
-        self.sync()?;
+        self.sync_own()?;
         if failed > 0 {
             return Err(FsError::Io(std::io::Error::other(format!(
                 "{failed} of {count} updates a client handed over after a takeover could not \
@@ -371,7 +371,7 @@ impl BlockAllocator for FileSystem {
         match self.try_allocate(pool, sub_blocks, hint, what) {
             Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
                 // Space freed by changes not yet durable comes back after a commit.
-                self.sync()?;
+                self.sync_own()?;
                 self.try_allocate(pool, sub_blocks, hint, what)
             }
             other => other,

@@ -349,7 +349,7 @@ impl FileSystem {
                 });
             }
         }
-        self.sync()?;
+        self.sync_own()?;
         Ok(report)
     }
 

@@ -633,15 +633,27 @@ impl crate::fs::FileSystem {
                             || m.alloc.chunk_words(d, r).iter().all(|w| *w == 0)
                     })
             };
-            (1..count).rev().find(|r| free(*r)).ok_or_else(|| {
-                FsError::Usage(format!(
-                    "{} has no wholly free allocation region to give an owner slot (of its \
+            // The largest (a disk's last region may be a sliver), the highest of those.
+            let size = |r: usize| -> u64 {
+                let per = (tessera_alloc::MAP_CHUNK_WORDS * 64) as u64;
+                let spb = u64::from(desc.sub_blocks_per_block());
+                desc.disks
+                    .iter()
+                    .map(|d| (d.blocks * spb).saturating_sub(r as u64 * per).min(per))
+                    .sum()
+            };
+            (1..count)
+                .filter(|r| free(*r))
+                .max_by_key(|r| (size(*r), *r))
+                .ok_or_else(|| {
+                    FsError::Usage(format!(
+                        "{} has no wholly free allocation region to give an owner slot (of its \
                      {count} regions, each 32,512 sub-blocks of every disk, the manager keeps \
                      one and data is spread over the others); this node mounts it as a \
                      client of the manager instead",
-                    desc.name
-                ))
-            })?
+                        desc.name
+                    ))
+                })?
         };
         let slot = self.create_slot()?;
         self.give_free_regions(slot, &[region])?;

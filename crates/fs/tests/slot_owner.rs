@@ -467,3 +467,28 @@ fn a_node_asks_the_manager_for_a_slot_with_a_free_region() {
     drop((s1, fs));
     assert_fsck_clean(&t, "after a slot was asked for");
 }
+
+#[test]
+fn a_slot_owner_creates_opens_and_writes_in_its_directory() {
+    let t = two_region_fs();
+    let (fs, s1) = two_owners(&t);
+    let d = s1
+        .create_node(
+            ROOT_INO,
+            b"node1",
+            FileKind::Directory,
+            0o755,
+            0,
+            ROOT,
+            None,
+        )
+        .unwrap();
+    // The slot's owner finds its own directory by name (the name is the manager's).
+    assert_eq!(s1.lookup(ROOT_INO, b"node1").unwrap().ino, d.ino);
+    let a = s1.create_open(d.ino, b"a", (0o644, 0o022), ROOT).unwrap();
+    s1.write(a.ino, 0, b"hi\n", false).unwrap();
+    s1.release(a.ino).unwrap();
+    assert_eq!(&fs.read(a.ino, 0, 10).unwrap()[..], b"hi\n");
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+}

@@ -174,6 +174,9 @@ fn errno(e: &FsError) -> Reply {
         FsError::Checksum { .. } | FsError::Io(_) | FsError::Corrupt(_)
     ) {
         tracing::error!("{e}");
+    } else if e.errno() == libc::EIO {
+        // Every other EIO too: an application sees only the number.
+        tracing::warn!("I/O error to the application: {e}");
     }
     Reply::Error(e.errno())
 }

@@ -556,7 +556,10 @@ impl Daemon {
                         node: c.node.clone(),
                         address: address(&c.node),
                         mount_point: c.mount_point.clone(),
-                        role: "client".into(),
+                        role: match r.slot_holders.iter().find(|h| h.node == c.node) {
+                            Some(h) => format!("client, owner slot {}", h.slot),
+                            None => "client".into(),
+                        },
                     }));
                 }
                 crate::rpc::MountRow {
