@@ -9,6 +9,9 @@
 #
 #   bench/cluster_io500.sh     (RANKS=3 MB=200 SEGMENTS=2000 FILES=2000; root; ~10 min)
 #   PHASES="ior-hard-write ior-hard-read" NODES="1 3" bench/cluster_io500.sh   (a subset)
+#   SLOTS=yes BLOCK=1M bench/cluster_io500.sh   (metadataSlots: nodes 2 and 3 own the
+#   directories their processes make; BLOCK sets `fs create -B`, default 4M, and must leave
+#   the 4 GiB drive free allocation regions to give, which 1M does)
 #
 # Prints a Markdown table. Uses scripts/cluster-netns.sh with its own prefix, base and
 # subnet, so a test cluster can run beside it.
@@ -24,7 +27,9 @@ cargo build --release -q -p tessera
 export TESSERA_BIN=${TESSERA_BIN:-$PWD/target/release/tessera}
 net=scripts/cluster-netns.sh
 $net down >/dev/null 2>&1 || true
-$net up 3 --drives 1 --size 4G --config failureDetectionTime=3 >/dev/null
+slots=${SLOTS:-no}
+block=${BLOCK:-4M}
+$net up 3 --drives 1 --size 4G --config "failureDetectionTime=3,metadataSlots=$slots" >/dev/null
 trap '$net down >/dev/null 2>&1 || true' EXIT
 io=$TSR_BASE/io500ish
 cc -O2 -o "$io" bench/io500ish.c
@@ -32,7 +37,7 @@ stanza=$TSR_BASE/b1.stanza
 echo "%nsd: device=$TSR_BASE/drives/node1-d1.img nsd=b1 usage=dataAndMetadata failureGroup=1 pool=system" >"$stanza"
 mnt() { echo "$TSR_BASE/node$1/mnt/b1"; }
 $net run 1 -- tessera nsd create -F "$stanza" >/dev/null
-$net run 1 -- tessera fs create b1 -F "$stanza" -T "$(mnt 1)" >/dev/null
+$net run 1 -- tessera fs create b1 -F "$stanza" -B "$block" -T "$(mnt 1)" >/dev/null
 $net run 1 -- tessera mount b1 -a >/dev/null
 
 # run NODES PHASE COUNT: every rank at once, rank r on node (r % NODES) + 1; prints the

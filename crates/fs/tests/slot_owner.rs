@@ -12,24 +12,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::*;
-use tessera_fs::{Caller, FileKind, FileSystem, FormatOptions, FsError, Ino, ROOT_INO};
+use tessera_fs::{Caller, FileKind, FileSystem, FsError, Ino, ROOT_INO};
 
 const ROOT: Caller = Caller { uid: 0, gid: 0 };
 
-/// Two disks of 160 MiB with 64 KiB blocks: allocation region 0 is the first 127 MiB of
-/// each, region 1 the rest.
+/// Two disks whose allocation region 0 is the first 127 MiB of each, region 1 the rest.
 fn two_region_fs() -> TestDisks {
-    let t = make_disks(2, 160 << 20);
-    format_fs(
-        &t,
-        &FormatOptions {
-            block_size: 64 << 10,
-            log_bytes: 4 << 20,
-            placement: tessera_fs::Placement::Cluster,
-            ..small_opts()
-        },
-    );
-    t
+    two_region_disks(2)
 }
 
 /// Whether every block of `ino` lies in allocation region `region` (32,512 sub-blocks of 4
@@ -40,6 +29,12 @@ fn blocks_in_region(fs: &FileSystem, ino: Ino, region: u64) -> bool {
     addresses
         .iter()
         .all(|(_, sub_block)| sub_block / 32_512 == region)
+}
+
+/// Directory `name` in `parent`, made through `fs` (mode 0755, by root).
+fn mkdir(fs: &FileSystem, parent: Ino, name: &[u8]) -> tessera_fs::Attr {
+    fs.create_node(parent, name, FileKind::Directory, 0o755, 0, ROOT, None)
+        .unwrap()
 }
 
 /// Files of several sizes in `dir`, written through `fs`; name -> content.
@@ -313,17 +308,7 @@ fn one_namespace_is_served_by_two_owners() {
     let (fs, s1) = two_owners(&t);
     // The slot's owner makes its directory in the root, which the manager serves: it is
     // made for slot 1, and taken by it.
-    let d = s1
-        .create_node(
-            ROOT_INO,
-            b"node1",
-            FileKind::Directory,
-            0o755,
-            0,
-            ROOT,
-            None,
-        )
-        .unwrap();
+    let d = mkdir(&s1, ROOT_INO, b"node1");
     let n = u64::from(fs.descriptor().shard_count);
     assert_eq!(fs.descriptor().shard_owner((d.ino % n) as usize).slot, 1);
     assert_eq!(s1.getattr(d.ino).unwrap().kind, FileKind::Directory);
@@ -372,17 +357,7 @@ fn one_namespace_is_served_by_two_owners() {
 fn names_across_owners_are_removed_or_refused_with_exdev() {
     let t = two_region_fs();
     let (fs, s1) = two_owners(&t);
-    let d = s1
-        .create_node(
-            ROOT_INO,
-            b"node1",
-            FileKind::Directory,
-            0o755,
-            0,
-            ROOT,
-            None,
-        )
-        .unwrap();
+    let d = mkdir(&s1, ROOT_INO, b"node1");
     let theirs = write_files(&s1, d.ino, "b", 70);
     let root_links = fs.getattr(ROOT_INO).unwrap().nlink;
     // rmdir of a directory another slot serves: refused while it holds names, from
@@ -426,17 +401,7 @@ fn names_across_owners_are_removed_or_refused_with_exdev() {
     assert!(matches!(s1.getattr(d.ino), Err(FsError::NotFound)));
     assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, root_links - 1);
     // And a second one by the slot's owner itself.
-    let e = s1
-        .create_node(
-            ROOT_INO,
-            b"node1b",
-            FileKind::Directory,
-            0o755,
-            0,
-            ROOT,
-            None,
-        )
-        .unwrap();
+    let e = mkdir(&s1, ROOT_INO, b"node1b");
     create_file(&s1, e.ino, b"x");
     s1.remove(e.ino, b"x", false).unwrap();
     s1.remove(ROOT_INO, b"node1b", true).unwrap();
@@ -472,17 +437,7 @@ fn a_node_asks_the_manager_for_a_slot_with_a_free_region() {
 fn a_slot_owner_creates_opens_and_writes_in_its_directory() {
     let t = two_region_fs();
     let (fs, s1) = two_owners(&t);
-    let d = s1
-        .create_node(
-            ROOT_INO,
-            b"node1",
-            FileKind::Directory,
-            0o755,
-            0,
-            ROOT,
-            None,
-        )
-        .unwrap();
+    let d = mkdir(&s1, ROOT_INO, b"node1");
     // The slot's owner finds its own directory by name (the name is the manager's).
     assert_eq!(s1.lookup(ROOT_INO, b"node1").unwrap().ino, d.ino);
     let a = s1.create_open(d.ino, b"a", (0o644, 0o022), ROOT).unwrap();

@@ -459,20 +459,9 @@ fn a_slot_whose_record_is_lost_makes_its_shards_unavailable_and_fsck_names_them(
     }
 }
 
-/// One disk of 160 MiB with 64 KiB blocks and 4 KiB sub-blocks: allocation region 0 is the
-/// first 32,512 sub-blocks (127 MiB), region 1 the remaining 33 MiB.
+/// One disk whose allocation region 0 is the first 127 MiB, region 1 the remaining 33 MiB.
 fn two_region_fs() -> TestDisks {
-    let t = make_disks(1, 160 << 20);
-    format_fs(
-        &t,
-        &FormatOptions {
-            block_size: 64 << 10,
-            log_bytes: 4 << 20,
-            placement: tessera_fs::Placement::Cluster,
-            ..small_opts()
-        },
-    );
-    t
+    two_region_disks(1)
 }
 
 /// Byte offset of allocation region `r` on a disk of `two_region_fs`.

@@ -124,6 +124,23 @@ pub fn small_opts() -> FormatOptions {
     }
 }
 
+/// `count` disks of 160 MiB, formatted with 64 KiB blocks (4 KiB sub-blocks): allocation
+/// region 0 is the first 32,512 sub-blocks (127 MiB) of each disk, region 1 the rest.
+#[allow(dead_code)]
+pub fn two_region_disks(count: usize) -> TestDisks {
+    let t = make_disks(count, 160 << 20);
+    format_fs(
+        &t,
+        &FormatOptions {
+            block_size: 64 << 10,
+            log_bytes: 4 << 20,
+            placement: tessera_fs::Placement::Cluster,
+            ..small_opts()
+        },
+    );
+    t
+}
+
 pub fn mount(t: &TestDisks) -> Arc<FileSystem> {
     FileSystem::mount(t.reopen()).unwrap()
 }
