@@ -144,6 +144,9 @@ pub(crate) struct Owner {
     /// checkpoint wrote, which is its commit point where slot 0's is the descriptor.
     /// `None` on the file system manager.
     pub(crate) slot: Option<crate::slot::SlotOwner>,
+    /// One slot made for a node at a time (`provide_slot`): two nodes mounting at once
+    /// would otherwise be given the same free region.
+    pub(crate) providing: Mutex<()>,
     /// How to take a kept data token back from another node (see
     /// [`FileSystem::on_data_revoke`]); none granted until set.
     pub(crate) data_revoke: std::sync::OnceLock<crate::read_tokens::RevokeHook>,
@@ -258,6 +261,7 @@ impl Owner {
             locks: Mutex::new(crate::locks::LockTable::default()),
             lock_released: parking_lot::Condvar::new(),
             slot,
+            providing: Mutex::new(()),
             data_revoke: std::sync::OnceLock::new(),
             replication: RwLock::new(replication),
         }

@@ -620,6 +620,7 @@ impl crate::fs::FileSystem {
     pub fn provide_slot(&self) -> FsResult<u32> {
         self.owner_here("making an owner slot")?;
         self.manager_here("making an owner slot")?;
+        let _one = self.owner().providing.lock();
         let region = {
             let m = self.owner().meta.lock();
             let desc = self.owner().desc.lock().clone();

@@ -447,3 +447,33 @@ fn a_slot_owner_creates_opens_and_writes_in_its_directory() {
     s1.unmount().unwrap();
     fs.unmount().unwrap();
 }
+
+#[test]
+fn nodes_asking_for_slots_at_once_get_distinct_regions() {
+    let t = make_disks(1, 400 << 20);
+    format_fs(
+        &t,
+        &tessera_fs::FormatOptions {
+            block_size: 64 << 10,
+            log_bytes: 4 << 20,
+            placement: tessera_fs::Placement::Cluster,
+            ..small_opts()
+        },
+    );
+    let fs = mount(&t);
+    let asks: Vec<_> = (0..2)
+        .map(|_| {
+            let channel = tessera_fs::InProcessOwner(Arc::downgrade(&fs));
+            std::thread::spawn(move || tessera_fs::ask_for_slot(&channel))
+        })
+        .collect();
+    let mut slots: Vec<u32> = asks
+        .into_iter()
+        .map(|a| a.join().unwrap().unwrap())
+        .collect();
+    slots.sort_unstable();
+    assert_eq!(slots, vec![1, 2]);
+    let owners = fs.descriptor().slots.unwrap().region_owners;
+    assert!(owners.contains(&1) && owners.contains(&2), "{owners:?}");
+    fs.unmount().unwrap();
+}
