@@ -939,27 +939,40 @@ impl FileSystem {
 
     /// Commits everything logged so far (fsync, sync, periodic flush).
     pub fn sync(&self) -> FsResult<()> {
-        // Everything the other owners this mount reached logged so far, this client's
-        // updates among them; the client's own data is flushed first (see
-        // `RemoteMetanode::commit`).
-        // (A mount whose requests loop back to its own owner commits that owner below.)
-        // Another slot's owner is asked only for what it holds unsynced of this mount's:
-        // it may have unmounted, after its final checkpoint, since.
-        let remotes = self
+        self.commit_other_owners(false)?;
+        self.sync_own()
+    }
+
+    /// Commits everything the other owners this mount reached logged so far, this
+    /// client's updates among them (its own data is flushed first, see
+    /// `RemoteMetanode::commit`): the manager, unless this mount's requests loop back to
+    /// its own owner (committed by `sync_own`), and each other slot's owner that holds
+    /// writes of this mount not known durable. With `unmounting`, a slot's owner that does
+    /// not answer is named, not waited for: one that unmounted since made what it
+    /// acknowledged durable with its final checkpoint, and one that died loses only what
+    /// no fsync asked for (its log is replayed at its next mount).
+    fn commit_other_owners(&self, unmounting: bool) -> FsResult<()> {
+        for (slot, remote) in self.slot_routes.iter().enumerate() {
+            let Some(remote) = remote.get().filter(|r| r.has_unsynced()) else {
+                continue;
+            };
+            match crate::metanode::Metanode::commit(&**remote, Lsn::MAX) {
+                Err(e) if unmounting => tracing::warn!(
+                    "{}: writes owner slot {slot} acknowledged are not known durable at \
+                     unmount: {e}",
+                    self.geo.fs_name
+                ),
+                other => other?,
+            }
+        }
+        if let Some(remote) = self
             .remote
             .get()
             .filter(|_| !self.loopback.load(Ordering::SeqCst))
-            .into_iter()
-            .chain(
-                self.slot_routes
-                    .iter()
-                    .filter_map(|r| r.get())
-                    .filter(|r| r.has_unsynced()),
-            );
-        for remote in remotes {
+        {
             crate::metanode::Metanode::commit(&**remote, Lsn::MAX)?;
         }
-        self.sync_own()
+        Ok(())
     }
 
     /// Commits everything this mount's own owner logged so far (nothing on a client-only
@@ -1553,28 +1566,7 @@ impl FileSystem {
             let _ = h.join();
         }
         self.prefetch.stop();
-        // What other slots' owners acknowledged of this mount's writes: an owner that
-        // unmounted since made it durable with its final checkpoint, and one that died
-        // loses what no fsync asked for (its holder's log is replayed at its next mount),
-        // so at unmount a slot that does not answer is named, not waited for.
-        for (slot, remote) in self.slot_routes.iter().enumerate() {
-            if let Some(remote) = remote.get().filter(|r| r.has_unsynced()) {
-                if let Err(e) = crate::metanode::Metanode::commit(&**remote, Lsn::MAX) {
-                    tracing::warn!(
-                        "{}: writes owner slot {slot} acknowledged are not known durable at \
-                         unmount: {e}",
-                        self.geo.fs_name
-                    );
-                }
-            }
-        }
-        if let Some(remote) = self
-            .remote
-            .get()
-            .filter(|_| !self.loopback.load(Ordering::SeqCst))
-        {
-            crate::metanode::Metanode::commit(&**remote, Lsn::MAX)?;
-        }
+        self.commit_other_owners(true)?;
         self.sync_own()?;
         let client = self.owner.is_none()
             || (self.remote.get().is_some() && !self.loopback.load(Ordering::SeqCst));

@@ -450,16 +450,7 @@ fn a_slot_owner_creates_opens_and_writes_in_its_directory() {
 
 #[test]
 fn nodes_asking_for_slots_at_once_get_distinct_regions() {
-    let t = make_disks(1, 400 << 20);
-    format_fs(
-        &t,
-        &tessera_fs::FormatOptions {
-            block_size: 64 << 10,
-            log_bytes: 4 << 20,
-            placement: tessera_fs::Placement::Cluster,
-            ..small_opts()
-        },
-    );
+    let t = region_disks(1, 400 << 20);
     let fs = mount(&t);
     let asks: Vec<_> = (0..2)
         .map(|_| {

@@ -555,16 +555,7 @@ fn a_crash_at_every_write_of_giving_a_region_leaves_it_given_or_not() {
 
 #[test]
 fn disks_are_not_deleted_under_regions_given_to_a_slot() {
-    let t = make_disks(2, 160 << 20);
-    format_fs(
-        &t,
-        &FormatOptions {
-            block_size: 64 << 10,
-            log_bytes: 4 << 20,
-            placement: tessera_fs::Placement::Cluster,
-            ..small_opts()
-        },
-    );
+    let t = two_region_disks(2);
     let fs = mount(&t);
     fs.create_slot().unwrap();
     fs.give_free_regions(1, &[1]).unwrap();

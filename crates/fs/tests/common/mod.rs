@@ -124,11 +124,18 @@ pub fn small_opts() -> FormatOptions {
     }
 }
 
-/// `count` disks of 160 MiB, formatted with 64 KiB blocks (4 KiB sub-blocks): allocation
-/// region 0 is the first 32,512 sub-blocks (127 MiB) of each disk, region 1 the rest.
+/// `count` disks of 160 MiB, formatted as by [`region_disks`]: allocation region 0 is the
+/// first 32,512 sub-blocks (127 MiB) of each disk, region 1 the rest.
 #[allow(dead_code)]
 pub fn two_region_disks(count: usize) -> TestDisks {
-    let t = make_disks(count, 160 << 20);
+    region_disks(count, 160 << 20)
+}
+
+/// `count` disks of `bytes`, formatted with 64 KiB blocks (4 KiB sub-blocks, so an
+/// allocation region is 127 MiB of each disk), a 4 MiB log and clustered placement.
+#[allow(dead_code)]
+pub fn region_disks(count: usize, bytes: u64) -> TestDisks {
+    let t = make_disks(count, bytes);
     format_fs(
         &t,
         &FormatOptions {
