@@ -314,6 +314,9 @@ impl FileSystem {
                 }
             }
             (R::Failed(RemoteError::NotFound), Asked::Find) => R::Held(HeldReply::Absent),
+            (R::Failed(RemoteError::InodeElsewhere { ino }), Asked::Find) => {
+                R::Held(HeldReply::Elsewhere(ino))
+            }
             // A Make's other answers (a failure) are plain.
             (reply, Asked::Make) => reply,
             (R::Attr(a), _) => R::Held(HeldReply::Attr(a)),

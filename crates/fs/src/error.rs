@@ -96,7 +96,8 @@ pub enum FsError {
     )]
     ShardElsewhere { shard: u32 },
     /// A name found in a directory this owner serves names an inode of a shard another
-    /// owner slot serves: the client asks that slot's owner for its attributes.
+    /// owner slot serves (or, found among the names a client holds, an inode whose
+    /// attributes it does not hold): the client asks whoever serves the inode for them.
     #[error("inode {ino} is served by another node's owner slot")]
     InodeElsewhere { ino: u64 },
     /// A rename or link whose names or inode different nodes' owner slots serve, which is

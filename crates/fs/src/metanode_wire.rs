@@ -392,6 +392,9 @@ pub enum HeldReply {
     Absent,
     /// What `Make` made: its attributes and the bytes it holds.
     Made(Attr, u64),
+    /// `Find` found the name naming an inode another owner slot serves (a directory made
+    /// for it): the name is kept, the attributes asked of that slot's owner.
+    Elsewhere(Ino),
 }
 
 /// An [`FsError`] on the wire: the variants a client acts on keep their identity (the
@@ -1141,6 +1144,9 @@ fn open_reply(bytes: &[u8]) -> FsResult<OpenedReply> {
                 HeldReply::Protection(a, acl) => MetanodeReply::Protection(a, acl),
                 HeldReply::Absent => MetanodeReply::Failed(RemoteError::NotFound),
                 HeldReply::Made(a, bytes) => MetanodeReply::Made(a, bytes),
+                HeldReply::Elsewhere(ino) => {
+                    MetanodeReply::Failed(RemoteError::InodeElsewhere { ino })
+                }
             },
             true,
         ),
@@ -1514,13 +1520,15 @@ impl Namespace for RemoteMetanode {
         };
         match self.held.get(parent, generation, known) {
             Some(None) => return Err(FsError::NotFound),
-            // The inode may be another slot's (a directory made for it): the caller asks
-            // that slot's owner.
+            // Attributes held too: no question. Otherwise the caller asks whoever serves
+            // the inode by its owner map: this owner, or another slot's (a directory made
+            // for it), which this one would only answer is elsewhere, a round trip per
+            // lookup of such a directory's name.
             Some(Some(ino)) => {
-                return self.attr(ino).map_err(|e| match e {
-                    FsError::ShardElsewhere { .. } => FsError::InodeElsewhere { ino },
-                    e => e,
-                })
+                return match self.held.get(ino, generation, |of| of.attr) {
+                    Some(attr) => Ok(attr),
+                    None => Err(FsError::InodeElsewhere { ino }),
+                };
             }
             None => {}
         }
@@ -1531,6 +1539,14 @@ impl Namespace for RemoteMetanode {
         let found = match reply {
             Ok(reply) => Some(expect_reply!(reply, MetanodeReply::Attr(a) => a, "attributes")?),
             Err(FsError::NotFound) => None,
+            Err(FsError::InodeElsewhere { ino }) => {
+                if let Some(seq) = held {
+                    self.held.keep(parent, generation, seq, |of| {
+                        of.names.insert(name.to_vec(), Some(ino));
+                    });
+                }
+                return Err(FsError::InodeElsewhere { ino });
+            }
             Err(e) => return Err(e),
         };
         if let Some(seq) = held {
@@ -1940,6 +1956,13 @@ mod tests {
         let opened = open_reply(&encode(&MetanodeReply::Held(HeldReply::Attr(attr())))).unwrap();
         assert!(opened.held && opened.changed.is_none());
         assert!(matches!(opened.reply, MetanodeReply::Attr(a) if a == attr()));
+        // A name whose inode another slot serves is held, and answers where to ask.
+        let opened = open_reply(&encode(&MetanodeReply::Held(HeldReply::Elsewhere(77)))).unwrap();
+        assert!(opened.held);
+        assert!(matches!(
+            opened.reply,
+            MetanodeReply::Failed(RemoteError::InodeElsewhere { ino: 77 })
+        ));
         let plain = open_reply(&encode(&MetanodeReply::Count(4))).unwrap();
         assert!(!plain.held && plain.changed.is_none());
         let nested = MetanodeReply::Changed {

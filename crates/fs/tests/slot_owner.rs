@@ -468,3 +468,86 @@ fn nodes_asking_for_slots_at_once_get_distinct_regions() {
     assert!(owners.contains(&1) && owners.contains(&2), "{owners:?}");
     fs.unmount().unwrap();
 }
+
+/// A channel to an owner in this process that takes the requests as node `origin`'s (so
+/// it grants what the caller may keep) and counts them.
+struct CountingNode {
+    owner: std::sync::Weak<FileSystem>,
+    origin: tessera_fs::locks::Origin,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tessera_fs::MetanodeChannel for CountingNode {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let owner = self.owner.upgrade().expect("manager mounted");
+        Ok(owner.serve_metanode_request_from(Some(self.origin), &request))
+    }
+}
+
+/// mdtest's path walk on a slot owner: the name of its directory lies in a directory the
+/// manager serves. Once the name is held, looking it up again asks the manager nothing
+/// (not even to hear that the inode is another slot's); a change of that directory by the
+/// manager revokes the name and the next lookup asks again.
+#[test]
+fn a_slot_owner_keeps_the_name_of_its_directory_in_the_managers() {
+    let t = two_region_fs();
+    let fs = mount(&t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.give_free_regions(1, &[1]).unwrap();
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let origin = tessera_fs::locks::Origin {
+        node: 2,
+        incarnation: 1,
+    };
+    s1.route_metadata_through(Box::new(CountingNode {
+        owner: Arc::downgrade(&fs),
+        origin,
+        calls: Arc::clone(&calls),
+    }));
+    s1.take_from_owner_map().unwrap();
+    let weak = Arc::downgrade(&s1);
+    fs.route_slots_through(Box::new(move |slot| {
+        (slot == 1).then(|| {
+            Box::new(tessera_fs::InProcessOwner(weak.clone()))
+                as Box<dyn tessera_fs::MetanodeChannel>
+        })
+    }));
+    let weak = Arc::downgrade(&s1);
+    fs.on_read_revoke(Box::new(move |node, inos| {
+        assert_eq!(node, origin);
+        if let Some(s1) = weak.upgrade() {
+            s1.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
+        }
+    }));
+    fs.set_shared(true);
+    s1.set_shared(true);
+    let d = mkdir(&s1, ROOT_INO, b"node1");
+    assert_eq!(s1.lookup(ROOT_INO, b"node1").unwrap().ino, d.ino);
+    // Past the window in which a just-changed directory is not granted.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(s1.lookup(ROOT_INO, b"node1").unwrap().ino, d.ino);
+    let before = calls.load(Ordering::Relaxed);
+    for i in 0..20 {
+        assert_eq!(s1.lookup(ROOT_INO, b"node1").unwrap().ino, d.ino);
+        create_file(&s1, d.ino, format!("f{i}").as_bytes());
+    }
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        before,
+        "lookups of the slot's directory and creates in it asked the manager"
+    );
+    // The manager changes the root: the name is asked for again, and still found.
+    create_file(&fs, ROOT_INO, b"other");
+    assert_eq!(s1.lookup(ROOT_INO, b"node1").unwrap().ino, d.ino);
+    assert!(calls.load(Ordering::Relaxed) > before);
+    assert!(matches!(
+        s1.lookup(ROOT_INO, b"nothing"),
+        Err(FsError::NotFound)
+    ));
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after lookups across owners");
+}
