@@ -99,15 +99,16 @@ impl FileSystem {
                 for remote in self.remote.get().into_iter().chain(slots) {
                     remote.drop_held(inos);
                 }
-                if let Some(notify) = self.remote_change.get() {
-                    let foreign: Vec<crate::CacheChange> = inos
-                        .iter()
+                // The names the kernel was given under those directories, then the
+                // inodes: the answer goes back once the kernel dropped them.
+                let mut foreign = self.kernel_kept.take(inos);
+                foreign.extend(
+                    inos.iter()
                         .filter(|i| !self.serves(**i))
-                        .map(|i| crate::CacheChange::Inode(*i))
-                        .collect();
-                    if !foreign.is_empty() {
-                        notify(foreign);
-                    }
+                        .map(|i| crate::CacheChange::Inode(*i)),
+                );
+                if let Some(notify) = self.remote_change.get().filter(|_| !foreign.is_empty()) {
+                    notify(foreign);
                 }
                 return encode(&MetanodeReply::Done);
             }
@@ -123,6 +124,12 @@ impl FileSystem {
             match request {
                 MetanodeRequest::FenceWrites { owner, incarnation } => {
                     let reply = remote.fence(owner, incarnation);
+                    // A new owner: it does not know what this node holds, so the kernel
+                    // keeps nothing it was given under the old owner's tokens.
+                    let kept = self.kernel_kept.take_all();
+                    if let Some(notify) = self.remote_change.get().filter(|_| !kept.is_empty()) {
+                        notify(kept);
+                    }
                     let locks = self.held_locks.lock().of_client(self.lock_client);
                     let open = self.open_here();
                     let reply = match reply {
@@ -339,6 +346,48 @@ impl FileSystem {
     /// returned no cached copy here is older than it. Only the first function set is used.
     pub fn on_remote_change(&self, notify: Box<dyn Fn(Vec<crate::CacheChange>) + Send + Sync>) {
         let _ = self.remote_change.set(notify);
+    }
+
+    /// Whether this node's kernel may keep `name` in `parent`, naming `ino`, for the
+    /// mount's cache time: when this node's own metanode serves `parent` (it drops from
+    /// the kernel what other nodes change), or when this mount holds the name under
+    /// `parent`'s read token (the owner revokes it before any change of the directory
+    /// returns, and the revocation drops the name from the kernel first). Recorded before
+    /// the token is checked (see `read_tokens::KernelKept`). The kernel's own changes
+    /// (its create, unlink, rename) it orders itself.
+    pub fn kernel_may_keep_name(&self, parent: Ino, name: &[u8], ino: Ino) -> bool {
+        if self.serves(parent) {
+            return true;
+        }
+        let crate::fs::Route::There(remote) = self.route(parent) else {
+            return false;
+        };
+        self.kernel_kept.note_name(parent, name) && remote.holds_name(parent, name, ino)
+    }
+
+    /// Records that this node's kernel is about to keep `name` in `parent` whatever this
+    /// mount holds: a rename there moves the kernel's entry of the old name under the new
+    /// one, with the time it had left to live. Called before the rename goes to the owner,
+    /// so that a revocation of `parent` after it drops the name.
+    pub fn kernel_moves_name(&self, parent: Ino, name: &[u8]) {
+        if !self.serves(parent) {
+            self.kernel_kept.note_moved_name(parent, name);
+        }
+    }
+
+    /// Whether this node's kernel may keep `ino`'s attributes for the mount's cache time
+    /// (see [`FileSystem::kernel_may_keep_name`]). Only for an answer to the kernel's
+    /// `GETATTR`: the kernel discards an answer to one that a revocation of the inode
+    /// overtook (its attribute version), which it does not for an inode a lookup or create
+    /// brings in new.
+    pub fn kernel_may_keep_attr(&self, ino: Ino) -> bool {
+        if self.serves(ino) {
+            return true;
+        }
+        let crate::fs::Route::There(remote) = self.route(ino) else {
+            return false;
+        };
+        self.kernel_kept.note_attr(ino) && remote.holds_attr(ino)
     }
 
     /// `op` on the namespace that serves `ino`, and once more after reading the owner

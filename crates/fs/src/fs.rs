@@ -185,6 +185,9 @@ pub struct FileSystem {
     /// The ways to other slots' owners, made on first use (see `route_slots_through`).
     pub(crate) slot_routes: Vec<std::sync::OnceLock<Arc<crate::metanode_wire::RemoteMetanode>>>,
     pub(crate) slot_channel: std::sync::OnceLock<SlotChannelHook>,
+    /// What this node's kernel keeps of inodes other nodes serve, under held read tokens
+    /// (see [`FileSystem::kernel_may_keep_name`]).
+    pub(crate) kernel_kept: crate::read_tokens::KernelKept,
     /// Told what other nodes' requests change (see [`FileSystem::on_remote_change`]).
     pub(crate) remote_change: std::sync::OnceLock<RemoteChangeHook>,
     /// Whether the node a lock holder's requests came from is gone from the cluster (see
@@ -550,6 +553,7 @@ impl FileSystem {
                 .map(|_| std::sync::OnceLock::new())
                 .collect(),
             slot_channel: std::sync::OnceLock::new(),
+            kernel_kept: crate::read_tokens::KernelKept::default(),
             remote_change: std::sync::OnceLock::new(),
             holder_gone: std::sync::OnceLock::new(),
             lock_client: crate::metanode_wire::random_client_id(),

@@ -920,6 +920,22 @@ impl RemoteMetanode {
     }
 
     /// The owner revoked what this client holds of `inos`.
+    /// Whether this client holds `name` in `parent` naming `ino`, under the read token of
+    /// the owner it reaches now.
+    pub(crate) fn holds_name(&self, parent: Ino, name: &[u8], ino: Ino) -> bool {
+        let generation = self.channel.generation();
+        self.held
+            .get(parent, generation, |of| of.names.get(name).copied())
+            == Some(Some(ino))
+    }
+
+    /// Whether this client holds `ino`'s attributes under the read token of the owner it
+    /// reaches now.
+    pub(crate) fn holds_attr(&self, ino: Ino) -> bool {
+        let generation = self.channel.generation();
+        self.held.get(ino, generation, |of| of.attr).is_some()
+    }
+
     pub(crate) fn drop_held(&self, inos: &[Ino]) {
         self.held.drop_inos(inos);
     }

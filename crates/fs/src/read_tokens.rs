@@ -34,9 +34,15 @@
 //! revocation can overtake the answer it revokes. Everything is dropped when the owner
 //! moves (its generation). A cached answer is a copy of what the owner said: a change of
 //! another node that returned before a read began was logged before it returned, so its
-//! revocation reached this node first, and the read asks again. Client mounts keep no
-//! attributes or names in the kernel (timeouts 0), so a revocation never waits for the
-//! kernel: the kernel asks this cache, one local FUSE round trip, instead of the owner.
+//! revocation reached this node first, and the read asks again.
+//!
+//! The kernel of a node keeps names and attributes of other owners' inodes while the
+//! mount holds them (`KernelKept`, `FileSystem::kernel_may_keep_name`): a revocation
+//! drops from the kernel the names it was given under each revoked directory and the
+//! revoked inodes' attributes before it is answered, so the change it is for returns only
+//! after that. Attributes only in answers to the kernel's `GETATTR`, whose answers a
+//! revocation overtook the kernel discards by itself; names because the kernel drops a
+//! name only once every lookup in its directory is done.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -585,6 +591,108 @@ impl HeldCache {
         self.seq.fetch_add(1, Ordering::AcqRel);
         held.0.clear();
         held.1 = 0;
+    }
+}
+
+/// Names and attributes this node's kernel may keep, at most, of inodes another node
+/// serves: past it the kernel is given no cache time for more (it asks this mount, whose
+/// held copies answer), so the record stays bounded.
+const KERNEL_KEPT_MAX: usize = 65_536;
+
+/// What this node's kernel was given cache time for of inodes another node's owner serves,
+/// on the strength of the read tokens this mount holds: the names under each directory and
+/// the inodes whose attributes it keeps. A revocation of a directory takes its names, so
+/// that the kernel drops exactly those (`FUSE_NOTIFY_INVAL_ENTRY`); the owner moving takes
+/// everything. Recorded *before* the held copy is checked, so that a revocation that drops
+/// the copy after the check finds the record: the kernel drops a name or attributes it was
+/// given, or it was given none.
+#[derive(Default)]
+pub(crate) struct KernelKept {
+    kept: Mutex<KernelKeptTable>,
+}
+
+#[derive(Default)]
+struct KernelKeptTable {
+    names: HashMap<Ino, std::collections::HashSet<Vec<u8>>>,
+    name_count: usize,
+    attrs: std::collections::HashSet<Ino>,
+}
+
+impl KernelKept {
+    /// Records that the kernel may be given `name` in `parent`; false when the record is
+    /// full (give it no cache time).
+    pub(crate) fn note_name(&self, parent: Ino, name: &[u8]) -> bool {
+        let mut kept = self.kept.lock();
+        let t = &mut *kept;
+        if let Some(names) = t.names.get(&parent) {
+            if names.contains(name) {
+                return true;
+            }
+        }
+        if t.name_count >= KERNEL_KEPT_MAX {
+            return false;
+        }
+        t.names.entry(parent).or_default().insert(name.to_vec());
+        t.name_count += 1;
+        true
+    }
+
+    /// Records that the kernel keeps `name` in `parent` as its own rename left it, full or
+    /// not: the kernel keeps it whatever this says. Only a rename adds past the bound, and
+    /// a revocation of the directory takes what it added.
+    pub(crate) fn note_moved_name(&self, parent: Ino, name: &[u8]) {
+        let mut kept = self.kept.lock();
+        if kept.names.entry(parent).or_default().insert(name.to_vec()) {
+            kept.name_count += 1;
+        }
+    }
+
+    /// Records that the kernel may be given `ino`'s attributes; false when full.
+    pub(crate) fn note_attr(&self, ino: Ino) -> bool {
+        let mut kept = self.kept.lock();
+        if kept.attrs.contains(&ino) {
+            return true;
+        }
+        if kept.attrs.len() >= KERNEL_KEPT_MAX {
+            return false;
+        }
+        kept.attrs.insert(ino)
+    }
+
+    /// What the kernel must drop once the tokens of `inos` are revoked: the names it was
+    /// given in those of them that are directories, and their attributes.
+    pub(crate) fn take(&self, inos: &[Ino]) -> Vec<crate::CacheChange> {
+        let mut kept = self.kept.lock();
+        let mut changes = Vec::new();
+        for ino in inos {
+            kept.attrs.remove(ino);
+            if let Some(names) = kept.names.remove(ino) {
+                kept.name_count -= names.len();
+                changes.extend(
+                    names
+                        .into_iter()
+                        .map(|name| crate::CacheChange::Entry { parent: *ino, name }),
+                );
+            }
+        }
+        changes
+    }
+
+    /// Everything the kernel was given (the owner moved: its successor does not know what
+    /// this node holds, so nothing it changes would be revoked here).
+    pub(crate) fn take_all(&self) -> Vec<crate::CacheChange> {
+        let mut kept = self.kept.lock();
+        let t = std::mem::take(&mut *kept);
+        let mut changes: Vec<crate::CacheChange> =
+            t.attrs.into_iter().map(crate::CacheChange::Inode).collect();
+        for (parent, names) in t.names {
+            changes.extend(
+                names
+                    .into_iter()
+                    .map(|name| crate::CacheChange::Entry { parent, name }),
+            );
+        }
+        changes
     }
 }
 

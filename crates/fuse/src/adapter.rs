@@ -28,10 +28,12 @@ use crate::kernel::reply::{DirBuf, EntryOut, Reply, StatfsOut};
 use crate::kernel::request::{Op, Request, SetattrIn};
 use crate::kernel::session::{Handler, InitParams};
 
-/// How long the kernel may cache attributes and names on a mount that owns the file
-/// system: every change passes through this node, its own through this mount and other
-/// nodes' through its metanode, which drops what they change from the kernel's caches
-/// (`tessera_fs::CacheChange`), so the cache stays coherent however long it is kept.
+/// How long the kernel may cache attributes and names it may cache at all: those of inodes
+/// this node's metanode serves (every change passes through this node, its own through
+/// this mount and other nodes' through its metanode, which drops what they change from the
+/// kernel's caches), and those this mount holds under another owner's read token (its
+/// revocation drops them first); see `tessera_fs::CacheChange`. Coherent however long
+/// it is kept.
 const TTL: Duration = Duration::from_secs(60);
 /// Largest request the kernel sends; matches the 1 MiB I/O the file system is tuned for.
 pub(crate) const MAX_REQUEST_BYTES: u32 = 1 << 20;
@@ -48,11 +50,6 @@ const OPEN_FLAG_EXEC: u32 = 0x20;
 
 pub(crate) struct TesseraFuse {
     fs: Arc<FileSystem>,
-    /// How long names and attributes may be cached, and whether file pages may be: a
-    /// client of another node's metanode caches nothing until byte-range and attribute
-    /// tokens tell it when its copy is stale (`FuseOptions::cache`).
-    ttl: Duration,
-    page_cache: bool,
     /// Ask for `FUSE_WRITEBACK_CACHE` (see `KernelCache::Private`).
     writeback_cache: bool,
     /// The kernel granted `DIRECT_IO_ALLOW_MMAP`, so large read-only opens may stream.
@@ -92,16 +89,10 @@ struct Wait {
 
 impl TesseraFuse {
     pub(crate) fn new(fs: Arc<FileSystem>, cache: crate::KernelCache) -> TesseraFuse {
-        let (ttl, page_cache) = match cache {
-            crate::KernelCache::Private | crate::KernelCache::Shared => (TTL, true),
-            crate::KernelCache::None => (Duration::ZERO, false),
-        };
         // Writes of a shared file system take data tokens, appends the append lock.
         fs.set_shared(cache != crate::KernelCache::Private);
         TesseraFuse {
             fs,
-            ttl,
-            page_cache,
             writeback_cache: cache == crate::KernelCache::Private,
             streaming: AtomicBool::new(false),
             acls: AtomicBool::new(false),
@@ -320,33 +311,49 @@ impl TesseraFuse {
         file_attr(a, self.fs.allocated_bytes(a.ino))
     }
 
-    /// How long the kernel may keep what it learns of `ino` (its attributes; for a
-    /// directory, the names in it): the mount's time when this node's own metanode serves
-    /// the inode, since that metanode drops from the kernel whatever other nodes change;
-    /// none when another node's owner slot serves it (nothing here would tell the kernel).
+    fn ttl_if(keep: bool) -> Ttl {
+        Ttl::from_duration(if keep { TTL } else { Duration::ZERO })
+    }
+
+    /// How long the kernel may keep `ino`'s attributes given in a reply other than to its
+    /// `GETATTR` (a lookup or create may bring the inode in new, and the kernel would keep
+    /// attributes a revocation overtook): the mount's time when this node's own metanode
+    /// serves the inode, since that metanode drops from the kernel whatever other nodes
+    /// change; none when another node serves it.
     fn ttl_for(&self, ino: u64) -> Ttl {
-        if self.ttl.is_zero() || self.fs.serves(ino) {
-            Ttl::from_duration(self.ttl)
-        } else {
-            Ttl::from_duration(Duration::ZERO)
-        }
+        Self::ttl_if(self.fs.serves(ino))
+    }
+
+    /// How long the kernel may keep `ino`'s attributes in the answer to its `GETATTR`: as
+    /// [`Self::ttl_for`], and also while this mount holds them under the read token of
+    /// another node's owner, whose revocation drops them from the kernel first
+    /// (`FileSystem::kernel_may_keep_attr`).
+    fn getattr_ttl(&self, ino: u64) -> Ttl {
+        Self::ttl_if(self.fs.kernel_may_keep_attr(ino))
+    }
+
+    /// How long the kernel may keep `name` in `parent` (naming `ino`): while this node's
+    /// metanode serves `parent`, or while this mount holds the name under `parent`'s read
+    /// token (`FileSystem::kernel_may_keep_name`).
+    fn name_ttl(&self, parent: u64, name: &[u8], ino: u64) -> Ttl {
+        Self::ttl_if(self.fs.kernel_may_keep_name(parent, name, ino))
     }
 
     /// Every name may be cached: the kernel checks search permission on cached walks. The
-    /// name as long as `parent`'s metanode is here, the attributes as long as the inode's.
-    fn entry_out(&self, parent: u64, a: &Attr, generation: u64) -> EntryOut {
+    /// name as [`Self::name_ttl`] says, the attributes as [`Self::ttl_for`].
+    fn entry_out(&self, parent: u64, name: &[u8], a: &Attr, generation: u64) -> EntryOut {
         EntryOut {
             nodeid: a.ino,
             generation,
-            entry_ttl: self.ttl_for(parent),
+            entry_ttl: self.name_ttl(parent, name, a.ino),
             attr_ttl: self.ttl_for(a.ino),
             attr: self.file_attr(a),
         }
     }
 
-    fn entry(&self, parent: u64, r: Result<Attr, FsError>) -> Reply {
+    fn entry(&self, parent: u64, name: &[u8], r: Result<Attr, FsError>) -> Reply {
         match r {
-            Ok(a) => Reply::Entry(self.entry_out(parent, &a, u64::from(a.generation))),
+            Ok(a) => Reply::Entry(self.entry_out(parent, name, &a, u64::from(a.generation))),
             Err(e) => errno(&e),
         }
     }
@@ -363,7 +370,7 @@ impl TesseraFuse {
 
     /// Whether the kernel's page cache may hold `ino`'s data: as for [`Self::ttl_for`].
     fn page_cache_for(&self, ino: u64) -> bool {
-        self.page_cache && self.fs.serves(ino)
+        self.fs.serves(ino)
     }
 
     /// Creates a node with the creator's mode and umask: the file system applies the
@@ -407,13 +414,14 @@ impl TesseraFuse {
         let parent = req.header.nodeid;
         self.entry(
             parent,
+            name,
             self.create_node(req, name, (kind, mode, umask), rdev, target),
         )
     }
 
     fn lookup(&self, parent: u64, name: &[u8], cred: &Credentials) -> Reply {
         check!(self.fs.may_use_dir(parent, cred, MAY_EXEC));
-        self.entry(parent, self.fs.lookup(parent, name))
+        self.entry(parent, name, self.fs.lookup(parent, name))
     }
 
     fn setattr(&self, ino: u64, s: &SetattrIn, cred: &Credentials) -> Reply {
@@ -509,7 +517,7 @@ impl TesseraFuse {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
-        self.created(req.header.nodeid, &attr, 0, flags)
+        self.created(req.header.nodeid, name, &attr, 0, flags)
     }
 
     /// A writable open of a shared file system: its data must not go through the page
@@ -648,13 +656,13 @@ impl TesseraFuse {
     }
 
     /// The answer to a create: the entry and the open handle.
-    fn created(&self, parent: u64, attr: &Attr, generation: u64, flags: u32) -> Reply {
+    fn created(&self, parent: u64, name: &[u8], attr: &Attr, generation: u64, flags: u32) -> Reply {
         let (fh, mut open_flags) = self.handle(flags);
         if !self.page_cache_for(attr.ino) || self.writes_shared(flags) {
             open_flags = abi::FOPEN_DIRECT_IO;
         }
         Reply::Create {
-            entry: self.entry_out(parent, attr, generation),
+            entry: self.entry_out(parent, name, attr, generation),
             fh,
             open_flags,
         }
@@ -685,7 +693,7 @@ impl TesseraFuse {
             Ok(a) => a,
             Err(e) => return errno(&e),
         };
-        self.created(parent, &attr, u64::from(attr.generation), flags)
+        self.created(parent, name, &attr, u64::from(attr.generation), flags)
     }
 
     fn rename(
@@ -703,6 +711,11 @@ impl TesseraFuse {
         check!(self
             .fs
             .may_rename((parent, name), (newdir, newname), exchange, cred));
+        // The kernel moves its entry under the new name with the time it had to live.
+        self.fs.kernel_moves_name(newdir, newname);
+        if exchange {
+            self.fs.kernel_moves_name(parent, name);
+        }
         empty(self.fs.rename(
             parent,
             name,
@@ -829,7 +842,13 @@ impl Handler for TesseraFuse {
         let cred = credentials(req);
         match req.op {
             Op::Lookup { name } => self.lookup(ino, name, &cred),
-            Op::Getattr => self.attr(self.fs.getattr(ino)),
+            Op::Getattr => match self.fs.getattr(ino) {
+                Ok(a) => Reply::Attr {
+                    ttl: self.getattr_ttl(a.ino),
+                    attr: self.file_attr(&a),
+                },
+                Err(e) => errno(&e),
+            },
             Op::Setattr(ref s) => self.setattr(ino, s, &cred),
             Op::Readlink => match self.fs.readlink(ino) {
                 Ok(t) => Reply::Data(t),
@@ -866,7 +885,7 @@ impl Handler for TesseraFuse {
             } => self.rename(ino, flags, (name, newdir, newname), &cred),
             Op::Link { oldnodeid, newname } => {
                 check!(self.fs.may_link(oldnodeid, ino, &cred));
-                self.entry(ino, self.fs.link(oldnodeid, ino, newname))
+                self.entry(ino, newname, self.fs.link(oldnodeid, ino, newname))
             }
             Op::Open { flags } => {
                 check!(self.fs.may_access(ino, &cred, open_mask(flags)));

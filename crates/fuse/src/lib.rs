@@ -63,15 +63,14 @@ pub enum KernelCache {
     /// the file system's for as long as it caches the inode, so no other node's change of
     /// them could ever show here.
     Private,
-    /// As `Private`, but writes go through to the file system as they are made, so that
-    /// the kernel takes sizes and times from it: for the mount that owns the metadata in a
-    /// cluster where other nodes mount the file system too (its metanode drops from this
-    /// kernel's caches what they change).
+    /// For a mount in a cluster where other nodes mount the file system too: writes go
+    /// through to the file system as they are made, so that the kernel takes sizes and
+    /// times from it. The kernel keeps names, attributes and pages of the inodes this
+    /// node's own metanode serves (it drops from this kernel's caches what other nodes
+    /// change), and names and attributes (not pages) of others' inodes while this mount
+    /// holds them under their owners' read tokens (a revocation drops them from the kernel
+    /// before the change it is for returns).
     Shared,
-    /// Nothing: every lookup, attribute and read goes to the file system. For a client of
-    /// another node's metanode, which learns of other nodes' changes only by asking, until
-    /// tokens tell it when a cached copy is stale.
-    None,
 }
 
 impl Default for FuseOptions {

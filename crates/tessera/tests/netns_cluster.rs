@@ -622,7 +622,7 @@ fn one_file_system_is_mounted_on_three_nodes() {
     // Names: the owner has looked `name` up (its kernel caches the entry for a minute);
     // a client renames it away and removes the other file; the owner sees both at once.
     std::fs::write(mnt(1).join("name"), b"made on the owner").unwrap();
-    assert!(mnt(1).join("name").exists() && mnt(2).join("name").exists());
+    assert!((1..=3).all(|k| mnt(k).join("name").exists()));
     std::fs::create_dir(mnt(2).join("dir")).unwrap();
     std::fs::rename(mnt(2).join("name"), mnt(2).join("dir/renamed")).unwrap();
     assert!(
@@ -649,6 +649,7 @@ fn one_file_system_is_mounted_on_three_nodes() {
 
     locks_and_appends_across_nodes(&mnt);
     reads_see_every_completed_write_across_nodes(&mnt);
+    stat_and_names_follow_other_nodes_at_once(&mnt);
 
     // The owner cannot unmount under its clients.
     let refused = tessera(&c, 1, &["umount", "s1"]);
@@ -753,6 +754,87 @@ fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf) {
         );
         assert!(version > 20 && reads.load(Ordering::Relaxed) > 20);
     });
+}
+
+/// What each node's kernel keeps under read tokens (names, attributes) follows the other
+/// nodes' changes at once: after a change returned on one node, `stat`, lookups and
+/// listings on every other node show it, though each of them looked at the old state
+/// just before (so their kernels held it).
+fn stat_and_names_follow_other_nodes_at_once(mnt: &impl Fn(u32) -> PathBuf) {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir(mnt(1).join("follow")).unwrap();
+    let file = |k: u32| mnt(k).join("follow/f");
+    std::fs::write(file(2), b"").unwrap();
+    for step in 1..=15u32 {
+        let (writer, others) = match step % 3 {
+            0 => (1, [2, 3]),
+            1 => (2, [1, 3]),
+            _ => (3, [1, 2]),
+        };
+        // Quiet for longer than an owner withholds a just-changed inode's token, then
+        // looked at: the kernels hold the entries and the attributes.
+        std::thread::sleep(Duration::from_millis(300));
+        for k in others {
+            assert!(file(k).exists() && mnt(k).join("follow").exists());
+            assert!(
+                mnt(k)
+                    .join("follow")
+                    .join(format!("n{}", step - 1))
+                    .exists()
+                    || step == 1
+            );
+        }
+        let size = u64::from(step) * 1000;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(file(writer))
+            .unwrap();
+        f.set_len(size).unwrap();
+        drop(f);
+        std::fs::set_permissions(
+            file(writer),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600 + step % 64),
+        )
+        .unwrap();
+        // One file whose name moves: a name a kernel kept would still lead to it.
+        let name = format!("n{step}");
+        match step {
+            1 => std::fs::write(mnt(writer).join("follow").join(&name), b"x").unwrap(),
+            _ => std::fs::rename(
+                mnt(writer).join(format!("follow/n{}", step - 1)),
+                mnt(writer).join("follow").join(&name),
+            )
+            .unwrap(),
+        }
+        for k in others {
+            let m = std::fs::metadata(file(k)).unwrap();
+            assert_eq!(m.len(), size, "node {k}: size after node {writer} set it");
+            assert_eq!(m.mode() & 0o777, 0o600 + step % 64, "node {k}: mode");
+            assert!(
+                mnt(k).join("follow").join(&name).exists(),
+                "node {k}: {name} made on node {writer}"
+            );
+            if step > 1 {
+                assert!(
+                    !mnt(k).join(format!("follow/n{}", step - 1)).exists(),
+                    "node {k}: n{} renamed on node {writer}",
+                    step - 1
+                );
+            }
+        }
+    }
+    for k in 1..=3 {
+        let mut names: Vec<String> = std::fs::read_dir(mnt(k).join("follow"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["f", "n15"], "node {k}");
+    }
+    std::fs::remove_file(mnt(3).join("follow/f")).unwrap();
+    std::fs::remove_file(mnt(1).join("follow/n15")).unwrap();
+    std::fs::remove_dir(mnt(2).join("follow")).unwrap();
+    assert!((1..=3).all(|k| !mnt(k).join("follow").exists()));
 }
 
 /// A process holding `lock` ("lockf" or "flock", exclusive) on `path`, until its stdin

@@ -208,7 +208,7 @@ impl Mounted {
                 }
             }));
             self.owner = Some(std::mem::replace(&mut fs, client));
-            cache = tessera_fuse::KernelCache::None;
+            cache = tessera_fuse::KernelCache::Shared;
         }
         if crate::BACKEND == Backend::Shared {
             cache = tessera_fuse::KernelCache::Shared;

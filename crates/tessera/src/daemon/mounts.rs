@@ -297,17 +297,17 @@ impl Daemon {
         Ok(())
     }
 
-    /// What the kernel may cache of a mount here. A client learns of other nodes' changes
-    /// only by asking (no tokens yet), so its kernel caches nothing. The owner's kernel
-    /// keeps names, attributes and pages, and its metanode drops from them what other
-    /// nodes change; it gathers writes in a writeback cache only when no other node can
-    /// mount the file system (a one-node cluster), because with one the kernel never takes
-    /// a file's size from the file system again.
+    /// What the kernel may cache of a mount here. In a cluster where other nodes may mount
+    /// the file system, names, attributes and pages of what this node's own metanode
+    /// serves (it drops from the kernel what other nodes change there), and names and
+    /// attributes this mount holds under other owners' read tokens (their revocations drop
+    /// them from the kernel first). Writes are gathered in a writeback cache only when no
+    /// other node can mount the file system (a one-node cluster), because with one the
+    /// kernel never takes a file's size from the file system again.
     fn kernel_cache(&self, client_of: Option<&str>) -> KernelCache {
         match client_of {
-            Some(_) => KernelCache::None,
             None if self.member.state().nodes.len() <= 1 => KernelCache::Private,
-            None => KernelCache::Shared,
+            _ => KernelCache::Shared,
         }
     }
 
@@ -395,13 +395,7 @@ impl Daemon {
             // stop writing on what the dead owner said.
             self.fence_clients(record, &fs);
         }
-        // A client that owns a slot keeps in its kernel what its own metanode serves (it
-        // drops what other nodes change there); the FUSE layer caches nothing it does not
-        // serve (`FileSystem::serves`).
-        let cache = match client_of {
-            Some(_) if fs.is_owner() => KernelCache::Shared,
-            _ => self.kernel_cache(client_of),
-        };
+        let cache = self.kernel_cache(client_of);
         if self.metadata_slots() {
             fs.route_slots_through(self.slot_router(&record.name));
         }
