@@ -99,8 +99,9 @@ impl FileSystem {
                 for remote in self.remote.get().into_iter().chain(slots) {
                     remote.drop_held(inos);
                 }
-                // The names the kernel was given under those directories, then the
-                // inodes: the answer goes back once the kernel dropped them.
+                // The names the kernel was given, when it was given any under those
+                // directories, and the inodes: the answer goes back once the kernel
+                // dropped them.
                 let mut foreign = self.kernel_kept.take(inos);
                 foreign.extend(
                     inos.iter()
@@ -352,9 +353,10 @@ impl FileSystem {
     /// mount's cache time: when this node's own metanode serves `parent` (it drops from
     /// the kernel what other nodes change), or when this mount holds the name under
     /// `parent`'s read token (the owner revokes it before any change of the directory
-    /// returns, and the revocation drops the name from the kernel first). Recorded before
-    /// the token is checked (see `read_tokens::KernelKept`). The kernel's own changes
-    /// (its create, unlink, rename) it orders itself.
+    /// returns, and the revocation makes the kernel's names invalid first). Recorded
+    /// before the token is checked (see `read_tokens::KernelKept`). The kernel's own
+    /// changes (its create, unlink, rename) it orders itself. Only for a kernel that can
+    /// make its names invalid without a directory's lock (`CacheChange::AllNames`).
     pub fn kernel_may_keep_name(&self, parent: Ino, name: &[u8], ino: Ino) -> bool {
         if self.serves(parent) {
             return true;
@@ -362,16 +364,16 @@ impl FileSystem {
         let crate::fs::Route::There(remote) = self.route(parent) else {
             return false;
         };
-        self.kernel_kept.note_name(parent, name) && remote.holds_name(parent, name, ino)
+        self.kernel_kept.note_dir(parent) && remote.holds_name(parent, name, ino)
     }
 
-    /// Records that this node's kernel is about to keep `name` in `parent` whatever this
+    /// Records that this node's kernel is about to keep a name in `parent` whatever this
     /// mount holds: a rename there moves the kernel's entry of the old name under the new
     /// one, with the time it had left to live. Called before the rename goes to the owner,
     /// so that a revocation of `parent` after it drops the name.
-    pub fn kernel_moves_name(&self, parent: Ino, name: &[u8]) {
+    pub fn kernel_moves_name_into(&self, parent: Ino) {
         if !self.serves(parent) {
-            self.kernel_kept.note_moved_name(parent, name);
+            self.kernel_kept.note_moved_into(parent);
         }
     }
 

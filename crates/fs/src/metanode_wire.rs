@@ -810,6 +810,10 @@ pub enum CacheChange {
     Inode(Ino),
     /// A name in a directory: present now, or gone.
     Entry { parent: Ino, name: Vec<u8> },
+    /// Every name the kernel keeps (`FUSE_NOTIFY_INC_EPOCH`): dropped without waiting for
+    /// any directory's lock, which a request of this node's own may hold while it waits
+    /// for the owner that waits for this drop.
+    AllNames,
 }
 
 /// Moves an encoded request to a metanode and brings back its encoded reply.

@@ -38,11 +38,12 @@
 //!
 //! The kernel of a node keeps names and attributes of other owners' inodes while the
 //! mount holds them (`KernelKept`, `FileSystem::kernel_may_keep_name`): a revocation
-//! drops from the kernel the names it was given under each revoked directory and the
-//! revoked inodes' attributes before it is answered, so the change it is for returns only
-//! after that. Attributes only in answers to the kernel's `GETATTR`, whose answers a
-//! revocation overtook the kernel discards by itself; names because the kernel drops a
-//! name only once every lookup in its directory is done.
+//! makes the kernel's names invalid when it was given names in a revoked directory, and
+//! drops the revoked inodes' attributes, before it is answered, so the change it is for
+//! returns only after that. Attributes only in answers to the kernel's `GETATTR`, whose
+//! answers a revocation overtook the kernel discards by itself; names only where the
+//! kernel knows `FUSE_NOTIFY_INC_EPOCH`, which also makes a name invalid whose lookup was
+//! in flight when it came.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -594,18 +595,21 @@ impl HeldCache {
     }
 }
 
-/// Names and attributes this node's kernel may keep, at most, of inodes another node
-/// serves: past it the kernel is given no cache time for more (it asks this mount, whose
-/// held copies answer), so the record stays bounded.
+/// Directories and inodes this node's kernel may keep names in and attributes of, at most,
+/// of those another node serves: past it the kernel is given no cache time for more (it
+/// asks this mount, whose held copies answer), so the record stays bounded.
 const KERNEL_KEPT_MAX: usize = 65_536;
 
 /// What this node's kernel was given cache time for of inodes another node's owner serves,
-/// on the strength of the read tokens this mount holds: the names under each directory and
-/// the inodes whose attributes it keeps. A revocation of a directory takes its names, so
-/// that the kernel drops exactly those (`FUSE_NOTIFY_INVAL_ENTRY`); the owner moving takes
-/// everything. Recorded *before* the held copy is checked, so that a revocation that drops
-/// the copy after the check finds the record: the kernel drops a name or attributes it was
-/// given, or it was given none.
+/// on the strength of the read tokens this mount holds: the directories it was given names
+/// in and the inodes whose attributes it keeps. A revocation of such a directory makes
+/// every name the kernel keeps invalid (`FUSE_NOTIFY_INC_EPOCH`: per-name invalidation
+/// would take the directory's lock, which a create of this node's own there holds while it
+/// waits for the owner, which waits for this revocation); a revoked inode's attributes are
+/// dropped (`FUSE_NOTIFY_INVAL_INODE`, no lock). The owner moving takes everything.
+/// Recorded *before* the held copy is checked, so that a revocation that drops the copy
+/// after the check finds the record: the kernel drops a name or attributes it was given,
+/// or it was given none.
 #[derive(Default)]
 pub(crate) struct KernelKept {
     kept: Mutex<KernelKeptTable>,
@@ -613,69 +617,45 @@ pub(crate) struct KernelKept {
 
 #[derive(Default)]
 struct KernelKeptTable {
-    names: HashMap<Ino, std::collections::HashSet<Vec<u8>>>,
-    name_count: usize,
+    dirs: std::collections::HashSet<Ino>,
     attrs: std::collections::HashSet<Ino>,
 }
 
 impl KernelKept {
-    /// Records that the kernel may be given `name` in `parent`; false when the record is
-    /// full (give it no cache time).
-    pub(crate) fn note_name(&self, parent: Ino, name: &[u8]) -> bool {
+    /// Records that the kernel may be given names in `parent`; false when the record is
+    /// full (give them no cache time).
+    pub(crate) fn note_dir(&self, parent: Ino) -> bool {
         let mut kept = self.kept.lock();
-        let t = &mut *kept;
-        if let Some(names) = t.names.get(&parent) {
-            if names.contains(name) {
-                return true;
-            }
-        }
-        if t.name_count >= KERNEL_KEPT_MAX {
-            return false;
-        }
-        t.names.entry(parent).or_default().insert(name.to_vec());
-        t.name_count += 1;
-        true
+        kept.dirs.contains(&parent)
+            || (kept.dirs.len() < KERNEL_KEPT_MAX && kept.dirs.insert(parent))
     }
 
-    /// Records that the kernel keeps `name` in `parent` as its own rename left it, full or
+    /// Records that the kernel keeps a name in `parent` as its own rename left it, full or
     /// not: the kernel keeps it whatever this says. Only a rename adds past the bound, and
-    /// a revocation of the directory takes what it added.
-    pub(crate) fn note_moved_name(&self, parent: Ino, name: &[u8]) {
-        let mut kept = self.kept.lock();
-        if kept.names.entry(parent).or_default().insert(name.to_vec()) {
-            kept.name_count += 1;
-        }
+    /// the next revocation of any recorded directory takes everything.
+    pub(crate) fn note_moved_into(&self, parent: Ino) {
+        self.kept.lock().dirs.insert(parent);
     }
 
     /// Records that the kernel may be given `ino`'s attributes; false when full.
     pub(crate) fn note_attr(&self, ino: Ino) -> bool {
         let mut kept = self.kept.lock();
-        if kept.attrs.contains(&ino) {
-            return true;
-        }
-        if kept.attrs.len() >= KERNEL_KEPT_MAX {
-            return false;
-        }
-        kept.attrs.insert(ino)
+        kept.attrs.contains(&ino) || (kept.attrs.len() < KERNEL_KEPT_MAX && kept.attrs.insert(ino))
     }
 
-    /// What the kernel must drop once the tokens of `inos` are revoked: the names it was
-    /// given in those of them that are directories, and their attributes.
+    /// What the kernel must drop once the tokens of `inos` are revoked: every name, when
+    /// it was given names in one of them (the record of directories starts over), and the
+    /// attributes of each (the caller drops those of every revoked inode).
     pub(crate) fn take(&self, inos: &[Ino]) -> Vec<crate::CacheChange> {
         let mut kept = self.kept.lock();
-        let mut changes = Vec::new();
         for ino in inos {
             kept.attrs.remove(ino);
-            if let Some(names) = kept.names.remove(ino) {
-                kept.name_count -= names.len();
-                changes.extend(
-                    names
-                        .into_iter()
-                        .map(|name| crate::CacheChange::Entry { parent: *ino, name }),
-                );
-            }
         }
-        changes
+        if inos.iter().any(|ino| kept.dirs.contains(ino)) {
+            kept.dirs.clear();
+            return vec![crate::CacheChange::AllNames];
+        }
+        Vec::new()
     }
 
     /// Everything the kernel was given (the owner moved: its successor does not know what
@@ -685,12 +665,8 @@ impl KernelKept {
         let t = std::mem::take(&mut *kept);
         let mut changes: Vec<crate::CacheChange> =
             t.attrs.into_iter().map(crate::CacheChange::Inode).collect();
-        for (parent, names) in t.names {
-            changes.extend(
-                names
-                    .into_iter()
-                    .map(|name| crate::CacheChange::Entry { parent, name }),
-            );
+        if !t.dirs.is_empty() {
+            changes.push(crate::CacheChange::AllNames);
         }
         changes
     }

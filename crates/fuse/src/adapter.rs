@@ -54,6 +54,9 @@ pub(crate) struct TesseraFuse {
     writeback_cache: bool,
     /// The kernel granted `DIRECT_IO_ALLOW_MMAP`, so large read-only opens may stream.
     streaming: AtomicBool,
+    /// The kernel knows `FUSE_NOTIFY_INC_EPOCH` (protocol 7.44), so names of other
+    /// owners' directories may be cached (see `name_ttl`).
+    epochs: AtomicBool,
     /// The kernel granted `POSIX_ACL`, so it checks the ACLs we store; without it an ACL
     /// would be obeyed by us and ignored by the kernel's check, so none may be set.
     acls: AtomicBool,
@@ -95,6 +98,7 @@ impl TesseraFuse {
             fs,
             writeback_cache: cache == crate::KernelCache::Private,
             streaming: AtomicBool::new(false),
+            epochs: AtomicBool::new(false),
             acls: AtomicBool::new(false),
             shared: cache != crate::KernelCache::Private,
             waiting: parking_lot::Mutex::new(HashMap::new()),
@@ -333,10 +337,15 @@ impl TesseraFuse {
     }
 
     /// How long the kernel may keep `name` in `parent` (naming `ino`): while this node's
-    /// metanode serves `parent`, or while this mount holds the name under `parent`'s read
-    /// token (`FileSystem::kernel_may_keep_name`).
+    /// metanode serves `parent`, or, when the kernel can make its names invalid without a
+    /// directory's lock (`FUSE_NOTIFY_INC_EPOCH`), while this mount holds the name under
+    /// `parent`'s read token (`FileSystem::kernel_may_keep_name`).
     fn name_ttl(&self, parent: u64, name: &[u8], ino: u64) -> Ttl {
-        Self::ttl_if(self.fs.kernel_may_keep_name(parent, name, ino))
+        Self::ttl_if(
+            self.fs.serves(parent)
+                || (self.epochs.load(Ordering::Relaxed)
+                    && self.fs.kernel_may_keep_name(parent, name, ino)),
+        )
     }
 
     /// Every name may be cached: the kernel checks search permission on cached walks. The
@@ -712,9 +721,9 @@ impl TesseraFuse {
             .fs
             .may_rename((parent, name), (newdir, newname), exchange, cred));
         // The kernel moves its entry under the new name with the time it had to live.
-        self.fs.kernel_moves_name(newdir, newname);
+        self.fs.kernel_moves_name_into(newdir);
         if exchange {
-            self.fs.kernel_moves_name(parent, name);
+            self.fs.kernel_moves_name_into(parent);
         }
         empty(self.fs.rename(
             parent,
@@ -816,7 +825,15 @@ impl Handler for TesseraFuse {
         waiting.entry(unique).or_default().interrupted = true;
     }
 
-    fn initialized(&self, granted: u64) {
+    fn initialized(&self, granted: u64, kernel_minor: u32) {
+        let epochs = kernel_minor >= crate::kernel::abi::INC_EPOCH_MINOR;
+        self.epochs.store(epochs, Ordering::Relaxed);
+        if !epochs {
+            tracing::info!(
+                "FUSE: kernel protocol 7.{kernel_minor} has no FUSE_NOTIFY_INC_EPOCH; names in \
+                 directories other nodes serve are not cached by the kernel"
+            );
+        }
         let acls = granted & init_flags::POSIX_ACL != 0;
         self.acls.store(acls, Ordering::Relaxed);
         if !acls {

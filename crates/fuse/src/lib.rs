@@ -286,6 +286,7 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
                 tessera_fs::CacheChange::Entry { parent, name } => {
                     notifier.inval_entries(parent, vec![name])
                 }
+                tessera_fs::CacheChange::AllNames => notifier.inc_epoch(),
             }
         }
         // The other node's operation returns only once this kernel dropped its copies. A

@@ -110,6 +110,39 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
             "node {k} still sees dir2/f1"
         );
     }
+    // mdtest's hard pattern across owners: every node creates and removes files at once
+    // in one directory node 2's slot serves, which each looked into first (so each kernel
+    // keeps names of it). No node waits on its kernel to drop names (see
+    // `netns_cluster.rs`, `creates_in_one_directory_from_every_node`).
+    std::fs::create_dir(mnt(2).join("dir2/shared")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for k in 1..=3u32 {
+        assert!(listing(k, "dir2/shared").is_empty());
+    }
+    let mnt_ref = &mnt;
+    std::thread::scope(|scope| {
+        for k in 1..=3u32 {
+            let path = move |i: u32| mnt_ref(k).join(format!("dir2/shared/f.{k}.{i}"));
+            scope.spawn(move || {
+                for i in 0..100 {
+                    std::fs::write(path(i), b"x").unwrap();
+                }
+                for i in 0..100 {
+                    std::fs::remove_file(path(i)).unwrap();
+                }
+            });
+        }
+    });
+    for k in 1..=3u32 {
+        assert!(listing(k, "dir2/shared").is_empty(), "node {k}");
+        let log = std::fs::read_to_string(c.base.join(format!("node{k}/home/log/daemon.log")))
+            .unwrap_or_default();
+        assert!(
+            !log.contains("the kernel took more than"),
+            "node {k} waited for its kernel to drop names\n{}",
+            log_tails(&c)
+        );
+    }
     // Every node removes another node's directory tree.
     for (k, owner) in [(1u32, 2u32), (2, 3), (3, 1)] {
         if let Err(e) = std::fs::remove_dir_all(mnt(k).join(format!("dir{owner}"))) {

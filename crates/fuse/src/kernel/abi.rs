@@ -100,6 +100,13 @@ pub(crate) mod fattr {
 pub(crate) const NOTIFY_INVAL_INODE: i32 = 2;
 /// `struct fuse_notify_inval_inode_out`: ino, off, len.
 pub(crate) const NOTIFY_INVAL_INODE_OUT_BYTES: usize = 24;
+/// `FUSE_NOTIFY_INC_EPOCH` (protocol 7.44, Linux 6.16): the `error` field of a
+/// notification, with no body, that makes every cached name older than it invalid
+/// (`fuse_dentry_revalidate` compares the name's epoch, taken when its lookup began, with
+/// the connection's), without taking any lock.
+pub(crate) const NOTIFY_INC_EPOCH: i32 = 8;
+/// The protocol minor from which the kernel knows [`NOTIFY_INC_EPOCH`].
+pub(crate) const INC_EPOCH_MINOR: u32 = 44;
 /// `FUSE_NOTIFY_INVAL_ENTRY`: the `error` field of a notification that drops a cached name.
 pub(crate) const NOTIFY_INVAL_ENTRY: i32 = 3;
 /// `struct fuse_notify_inval_entry_out`: parent, namelen, flags.

@@ -1,6 +1,7 @@
 //! Notifications from the file system to the kernel, written to /dev/fuse by one thread per
 //! session: `FUSE_NOTIFY_INVAL_ENTRY`, which drops a name from the kernel's dentry cache,
-//! and `FUSE_NOTIFY_INVAL_INODE`, which drops an inode's attributes and pages.
+//! `FUSE_NOTIFY_INVAL_INODE`, which drops an inode's attributes and pages, and
+//! `FUSE_NOTIFY_INC_EPOCH`, which makes every cached name invalid.
 //!
 //! They cannot be written by the request thread that decides them. The kernel holds the
 //! directory's inode lock while a request on it (a chmod of the directory, a rename into
@@ -26,6 +27,8 @@ pub(crate) enum Notification {
     InvalEntries { parent: u64, names: Vec<Vec<u8>> },
     /// Drop the cached attributes and every cached page of `ino`.
     InvalInode { ino: u64 },
+    /// Make every cached name invalid (`FUSE_NOTIFY_INC_EPOCH`).
+    IncEpoch,
     /// Say on `done` that every notification queued before this one has been written.
     Barrier { done: mpsc::SyncSender<()> },
 }
@@ -62,6 +65,12 @@ impl Notifier {
         let _ = self.tx.send(Notification::InvalInode { ino });
     }
 
+    /// Queues making every cached name invalid; only for a kernel that knows it
+    /// ([`abi::INC_EPOCH_MINOR`]).
+    pub(crate) fn inc_epoch(&self) {
+        let _ = self.tx.send(Notification::IncEpoch);
+    }
+
     /// Waits until the kernel has taken every notification queued so far, for at most
     /// `bound`; returns whether it did. Only for callers that are not answering a
     /// kernel request of this mount (see the module documentation): another node's
@@ -93,6 +102,11 @@ pub(crate) fn inval_inode_message(ino: u64) -> Vec<u8> {
         abi::OUT_HEADER_BYTES + abi::NOTIFY_INVAL_INODE_OUT_BYTES
     );
     msg
+}
+
+/// The message of one `FUSE_NOTIFY_INC_EPOCH`: the header alone.
+pub(crate) fn inc_epoch_message() -> Vec<u8> {
+    abi::out_header(0, abi::NOTIFY_INC_EPOCH, 0).to_vec()
 }
 
 /// The message of one `FUSE_NOTIFY_INVAL_ENTRY`: `fuse_out_header` with `unique` 0 and
@@ -140,6 +154,16 @@ pub(crate) fn spawn(dev: Arc<OwnedFd>, queue: NotifyQueue) -> io::Result<JoinHan
                         let _ = done.send(());
                         continue;
                     }
+                    Notification::IncEpoch => {
+                        match write_message(dev.as_raw_fd(), &inc_epoch_message()) {
+                            Ok(()) => {}
+                            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return,
+                            Err(e) => {
+                                tracing::error!("FUSE: cannot make the cached names invalid: {e}")
+                            }
+                        }
+                        continue;
+                    }
                     Notification::InvalInode { ino } => {
                         match write_message(dev.as_raw_fd(), &inval_inode_message(ino)) {
                             Ok(()) => {}
@@ -181,6 +205,16 @@ mod tests {
         assert_eq!(r.u32(), Some(4)); // namelen
         assert_eq!(r.u32(), Some(0)); // flags
         assert_eq!(r.rest(), b"name\0");
+    }
+
+    #[test]
+    fn inc_epoch_layout() {
+        let msg = inc_epoch_message();
+        let mut r = Reader::new(&msg);
+        assert_eq!(r.u32(), Some(16)); // len: the header alone
+        assert_eq!(r.u32(), Some(8)); // error = FUSE_NOTIFY_INC_EPOCH
+        assert_eq!(r.u64(), Some(0)); // unique
+        assert!(r.rest().is_empty());
     }
 
     #[test]

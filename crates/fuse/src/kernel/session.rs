@@ -32,8 +32,9 @@ pub(crate) struct InitParams {
 /// freely; each transport thread serves one request at a time.
 pub(crate) trait Handler: Send + Sync + 'static {
     fn init_params(&self) -> InitParams;
-    /// The INIT flags the kernel granted, before any other request arrives.
-    fn initialized(&self, _granted: u64) {}
+    /// The INIT flags the kernel granted and the protocol minor it speaks, before any
+    /// other request arrives.
+    fn initialized(&self, _granted: u64, _kernel_minor: u32) {}
     /// Answers one request (never INIT, DESTROY or a no-reply request).
     fn handle(&self, req: &Request<'_>) -> Reply;
     /// The connection ends: make everything durable.
@@ -161,7 +162,7 @@ impl Session {
         let mut buf = vec![0u8; dev_buffer_bytes(params.max_write)];
         let init = read_init(dev.as_raw_fd(), &mut buf)?;
         let mut out = negotiate(&init.1, &params);
-        shared.handler.initialized(out.flags);
+        shared.handler.initialized(out.flags, init.1.minor);
 
         // Rings are prepared (threads, rings, buffers) before INIT is answered: once the
         // kernel accepts FUSE_OVER_IO_URING it holds back every request until each CPU's
