@@ -31,6 +31,14 @@ fn blocks_in_region(fs: &FileSystem, ino: Ino, region: u64) -> bool {
         .all(|(_, sub_block)| sub_block / 32_512 == region)
 }
 
+/// Unmounts the slot's owner, then the manager, and checks the whole file system.
+fn unmount_both_and_check(t: &TestDisks, fs: Arc<FileSystem>, s1: Arc<FileSystem>, when: &str) {
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(t, when);
+}
+
 /// Directory `name` in `parent`, made through `fs` (mode 0755, by root).
 fn mkdir(fs: &FileSystem, parent: Ino, name: &[u8]) -> tessera_fs::Attr {
     fs.create_node(parent, name, FileKind::Directory, 0o755, 0, ROOT, None)
@@ -126,10 +134,7 @@ fn a_slot_owner_serves_its_directory_beside_the_manager() {
     let more = populate(&fs, "m", 2);
     verify(&fs, &mine);
     verify(&fs, &more);
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after a slot owner's unmount");
+    unmount_both_and_check(&t, fs, s1, "after a slot owner's unmount");
     // Two checkpoints of the slot named the shard with roots of its own, in both halves of
     // its record, so the manager's checkpoint freed the hand-over root.
     let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
@@ -169,10 +174,7 @@ fn a_slot_owner_that_dies_is_brought_back_by_replaying_its_log() {
     verify_in(&s1, dir, &before);
     verify_in(&s1, dir, &after);
     assert!(matches!(s1.lookup(dir, b"b0"), Err(FsError::NotFound)));
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after a slot owner's crash and remount");
+    unmount_both_and_check(&t, fs, s1, "after a slot owner's crash and remount");
 }
 
 #[test]
@@ -190,10 +192,7 @@ fn a_live_slot_owner_takes_what_the_manager_gives_it() {
     let shard = (d.ino % u64::from(fs.descriptor().shard_count)) as usize;
     assert_eq!(s1.take_from_owner_map().unwrap(), (vec![shard], vec![1]));
     let files = write_files(&s1, d.ino, "b", 50);
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after a live take");
+    unmount_both_and_check(&t, fs, s1, "after a live take");
     let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
     verify_in(&s1, d.ino, &files);
     s1.unmount().unwrap();
@@ -347,10 +346,7 @@ fn one_namespace_is_served_by_two_owners() {
     fs.write(b0.ino, 0, b"manager was here", false).unwrap();
     fs.sync().unwrap();
     assert_eq!(&s1.read(b0.ino, 0, 16).unwrap()[..], b"manager was here");
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after two owners served one namespace");
+    unmount_both_and_check(&t, fs, s1, "after two owners served one namespace");
 }
 
 #[test]
@@ -409,10 +405,7 @@ fn names_across_owners_are_removed_or_refused_with_exdev() {
         fs.lookup(ROOT_INO, b"node1b"),
         Err(FsError::NotFound)
     ));
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after removals across owners");
+    unmount_both_and_check(&t, fs, s1, "after removals across owners");
 }
 
 #[test]
@@ -427,10 +420,7 @@ fn a_node_asks_the_manager_for_a_slot_with_a_free_region() {
     assert!(err.contains("wholly free allocation region"), "{err}");
     assert_eq!(fs.slots().unwrap().len(), 1);
     let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after a slot was asked for");
+    unmount_both_and_check(&t, fs, s1, "after a slot was asked for");
 }
 
 #[test]
@@ -546,8 +536,5 @@ fn a_slot_owner_keeps_the_name_of_its_directory_in_the_managers() {
         s1.lookup(ROOT_INO, b"nothing"),
         Err(FsError::NotFound)
     ));
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after lookups across owners");
+    unmount_both_and_check(&t, fs, s1, "after lookups across owners");
 }
