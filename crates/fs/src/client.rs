@@ -367,6 +367,26 @@ impl FileSystem {
         self.kernel_kept.note_dir(parent) && remote.holds_name(parent, name, ino)
     }
 
+    /// This node lost its disk lease. Owners revoke what it holds of their inodes only
+    /// until the cluster expels it (they wait for that, never longer): from then on they
+    /// change those inodes without asking it. So neither its daemon nor its kernel keeps
+    /// anything another owner granted (and its kernel no name at all, since this node's
+    /// own shards may be taken over too); what it is asked next goes to the owners, and
+    /// waits or fails until it holds a lease again. Called within a fraction of
+    /// `leaseRecoveryWait` of the lease running out (the daemon watches it), before any
+    /// other node's change can return without this node.
+    pub fn lease_lost(&self) {
+        let slots = self.slot_routes.iter().filter_map(|r| r.get());
+        for remote in self.remote.get().into_iter().chain(slots) {
+            remote.drop_all_held();
+        }
+        let mut kept = self.kernel_kept.take_all();
+        kept.push(crate::CacheChange::AllNames);
+        if let Some(notify) = self.remote_change.get() {
+            notify(kept);
+        }
+    }
+
     /// Records that this node's kernel is about to keep a name in `parent` whatever this
     /// mount holds: a rename there moves the kernel's entry of the old name under the new
     /// one, with the time it had left to live. Called before the rename goes to the owner,

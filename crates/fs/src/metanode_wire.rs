@@ -940,6 +940,11 @@ impl RemoteMetanode {
         self.held.get(ino, generation, |of| of.attr).is_some()
     }
 
+    /// Drops everything this client holds from its owner (see `FileSystem::lease_lost`).
+    pub(crate) fn drop_all_held(&self) {
+        self.held.drop_all();
+    }
+
     pub(crate) fn drop_held(&self, inos: &[Ino]) {
         self.held.drop_inos(inos);
     }

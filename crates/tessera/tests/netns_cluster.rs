@@ -547,8 +547,8 @@ fn shared_fs(c: &Cluster, fs: &str, drive_node: u32, nodes: &[u32]) -> impl Fn(u
 /// One file system mounted on three nodes: the first mount owns the metadata (its
 /// metanode), the others mount as its clients and read and write the shared drive
 /// themselves. What one node writes, creates, renames or removes, the others see at once
-/// (the owner's kernel caches are invalidated by its metanode, the clients cache
-/// nothing); the owner cannot unmount under its clients; every node unmounts and fsck
+/// (the owner's kernel caches are invalidated by its metanode, the clients' by the
+/// revocations of their read tokens); the owner cannot unmount under its clients; every node unmounts and fsck
 /// finds the file system clean.
 #[test]
 fn one_file_system_is_mounted_on_three_nodes() {
@@ -1332,6 +1332,77 @@ fn a_cut_off_owner_is_taken_over_and_its_mount_is_stale_after_the_heal() {
     let fsck = tessera_ok(&c, owner, &["fsck", "c1", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 2, &["shutdown", "-a"]);
+}
+
+/// A client cut off from the cluster keeps nothing the owner granted it: once its lease
+/// has run out the owner changes what it held without it (after its expel), so neither its
+/// daemon nor its kernel may answer from the old copies. Node 3 looks at a file and a name
+/// (its kernel and daemon keep them), is cut off and expelled, the owner truncates the file
+/// and renames the name; a `stat` on node 3 then fails or waits, and never shows the old
+/// size or the old name; after the heal it shows the new ones or fails.
+#[test]
+fn a_cut_off_client_keeps_nothing_it_was_granted() {
+    if !netns_usable() {
+        return;
+    }
+    let c = up_with_drives(3);
+    let all = [1u32, 2, 3];
+    assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
+    let mnt = shared_fs(&c, "g1", 1, &all);
+    std::fs::write(mnt(1).join("f"), vec![7u8; 5000]).unwrap();
+    std::fs::write(mnt(1).join("g"), b"g").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..2 {
+        assert_eq!(std::fs::metadata(mnt(3).join("f")).unwrap().len(), 5000);
+        assert!(mnt(3).join("g").exists());
+    }
+    c.ok(&["partition", "3"]);
+    wait_for("the expel of the cut-off client", SETTLE, || {
+        states(&c, 1)
+            .get("node3")
+            .is_some_and(|(_, epoch)| epoch.is_empty())
+    });
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt(1).join("f"))
+        .unwrap();
+    f.set_len(10).unwrap();
+    drop(f);
+    std::fs::rename(mnt(1).join("g"), mnt(1).join("h")).unwrap();
+    // Asked on node 3 while it is cut off: an answer can only come from what it kept.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (f3, g3) = (mnt(3).join("f"), mnt(3).join("g"));
+    std::thread::spawn(move || {
+        let _ = tx.send((std::fs::metadata(&f3).map(|m| m.len()), g3.exists()));
+    });
+    let during = rx.recv_timeout(Duration::from_secs(5));
+    if let Ok((size, g_there)) = &during {
+        assert!(
+            !matches!(size, Ok(5000)) && !g_there,
+            "node 3, cut off, answered from what it kept: size {size:?}, g there: {g_there}"
+        );
+    }
+    c.ok(&["heal"]);
+    wait_for("all active after the heal", SETTLE, || {
+        all_in_state(&c, 1, &all, "active")
+    });
+    let (size, g_there) = match during {
+        Ok(answer) => answer,
+        Err(_) => rx
+            .recv_timeout(Duration::from_secs(90))
+            .expect("node 3's stat ends after the heal"),
+    };
+    assert!(
+        !matches!(size, Ok(5000)) && !g_there,
+        "node 3 after the heal: size {size:?}, g there: {g_there}"
+    );
+    let _ = tessera(&c, 3, &["umount", "g1"]);
+    for k in [2u32, 1] {
+        tessera_ok(&c, k, &["umount", "g1"]);
+    }
+    let fsck = tessera_ok(&c, 1, &["fsck", "g1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
 
 /// A node that is alive (it renews its lease) but never answers a revocation must not hang

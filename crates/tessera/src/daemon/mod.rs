@@ -181,6 +181,7 @@ pub fn run(home: Home) -> Result<()> {
         http::start(&daemon)?;
     }
     daemon.start_monitor()?;
+    daemon.start_lease_watch()?;
     daemon.restore_nvme_at_start();
     // Devices may have been renamed since the last start: find NSDs by their descriptors
     // (and pdisks by their labels, when the arrays open) before anything mounts.

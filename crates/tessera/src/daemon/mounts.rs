@@ -1075,6 +1075,46 @@ impl Daemon {
 
     /// The last disk I/Os of the mounted file systems, oldest first.
     /// The file systems mounted here with their NSDs' counters and FUSE queues.
+    /// Watches this node's disk lease: when it runs out, every mount here drops what
+    /// other owners granted it, from its daemon and its kernel (`FileSystem::lease_lost`).
+    /// The owners change those inodes without this node once the cluster expelled it,
+    /// which is `leaseRecoveryWait` after the lease ran out at the earliest; the watch
+    /// looks far more often than that.
+    pub(super) fn start_lease_watch(self: &Arc<Self>) -> std::io::Result<()> {
+        const LEASE_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+        let daemon = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("lease-watch".into())
+            .spawn(move || {
+                let mut held = false;
+                loop {
+                    let Some(d) = daemon.upgrade() else { return };
+                    let now = d.member.holds_lease();
+                    if held && !now {
+                        let mounted: Vec<Arc<FileSystem>> = d
+                            .mounts
+                            .lock()
+                            .values()
+                            .map(|m| Arc::clone(&m.fs))
+                            .collect();
+                        if !mounted.is_empty() {
+                            tracing::warn!(
+                                "this node's disk lease ran out: its mounts keep nothing \
+                                 other nodes granted, and their requests wait for a lease"
+                            );
+                        }
+                        for fs in mounted {
+                            fs.lease_lost();
+                        }
+                    }
+                    held = now;
+                    drop(d);
+                    std::thread::sleep(LEASE_WATCH_INTERVAL);
+                }
+            })?;
+        Ok(())
+    }
+
     pub(super) fn mounted_list(&self) -> Vec<MountedView> {
         self.mounts
             .lock()
