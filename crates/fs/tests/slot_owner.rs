@@ -285,11 +285,22 @@ fn a_slot_owner_killed_at_every_write_loses_no_fsynced_byte() {
 /// sends what slot 0 serves to the manager, the manager what slot 1 serves to the slot's
 /// owner.
 fn two_owners(t: &TestDisks) -> (Arc<FileSystem>, Arc<FileSystem>) {
+    two_owners_through(t, |fs| {
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(fs)))
+    })
+}
+
+/// [`two_owners`], the slot's owner reaching the manager through the channel `to_manager`
+/// makes.
+fn two_owners_through(
+    t: &TestDisks,
+    to_manager: impl FnOnce(&Arc<FileSystem>) -> Box<dyn tessera_fs::MetanodeChannel>,
+) -> (Arc<FileSystem>, Arc<FileSystem>) {
     let fs = mount(t);
     assert_eq!(fs.create_slot().unwrap(), 1);
     fs.give_free_regions(1, &[1]).unwrap();
     let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    s1.route_metadata_through(Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))));
+    s1.route_metadata_through(to_manager(&fs));
     s1.take_from_owner_map().unwrap();
     let weak = Arc::downgrade(&s1);
     fs.route_slots_through(Box::new(move |slot| {
@@ -482,28 +493,18 @@ impl tessera_fs::MetanodeChannel for CountingNode {
 #[test]
 fn a_slot_owner_keeps_the_name_of_its_directory_in_the_managers() {
     let t = two_region_fs();
-    let fs = mount(&t);
-    assert_eq!(fs.create_slot().unwrap(), 1);
-    fs.give_free_regions(1, &[1]).unwrap();
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let origin = tessera_fs::locks::Origin {
         node: 2,
         incarnation: 1,
     };
-    s1.route_metadata_through(Box::new(CountingNode {
-        owner: Arc::downgrade(&fs),
-        origin,
-        calls: Arc::clone(&calls),
-    }));
-    s1.take_from_owner_map().unwrap();
-    let weak = Arc::downgrade(&s1);
-    fs.route_slots_through(Box::new(move |slot| {
-        (slot == 1).then(|| {
-            Box::new(tessera_fs::InProcessOwner(weak.clone()))
-                as Box<dyn tessera_fs::MetanodeChannel>
+    let (fs, s1) = two_owners_through(&t, |fs| {
+        Box::new(CountingNode {
+            owner: Arc::downgrade(fs),
+            origin,
+            calls: Arc::clone(&calls),
         })
-    }));
+    });
     let weak = Arc::downgrade(&s1);
     fs.on_read_revoke(Box::new(move |node, inos| {
         assert_eq!(node, origin);
