@@ -153,10 +153,7 @@ impl FileSystem {
                     remote.fence_settled(replayed);
                     return encode(&MetanodeReply::Done);
                 }
-                MetanodeRequest::DropHeld { inos } => {
-                    remote.drop_held(&inos);
-                    return encode(&MetanodeReply::Done);
-                }
+                // `DropHeld` was answered above, for every mount that reaches an owner.
                 MetanodeRequest::GiveBackData { inos } => {
                     self.give_back_kept(&inos);
                     return encode(&MetanodeReply::Done);
@@ -358,13 +355,26 @@ impl FileSystem {
     /// changes (its create, unlink, rename) it orders itself. Only for a kernel that can
     /// make its names invalid without a directory's lock (`CacheChange::AllNames`).
     pub fn kernel_may_keep_name(&self, parent: Ino, name: &[u8], ino: Ino) -> bool {
-        if self.serves(parent) {
-            return true;
+        self.kernel_may_keep(parent, |kept, remote| {
+            kept.note_dir(parent) && remote.holds_name(parent, name, ino)
+        })
+    }
+
+    /// Whether this node's own metanode serves `ino` ([`FileSystem::serves`]), or else
+    /// what `noted_and_held` says of the way to the owner that does (recorded for the
+    /// kernel, then held there).
+    fn kernel_may_keep(
+        &self,
+        ino: Ino,
+        noted_and_held: impl FnOnce(
+            &crate::read_tokens::KernelKept,
+            &crate::metanode_wire::RemoteMetanode,
+        ) -> bool,
+    ) -> bool {
+        match self.route(ino) {
+            crate::fs::Route::Here => self.is_owner(),
+            crate::fs::Route::There(remote) => noted_and_held(&self.kernel_kept, remote),
         }
-        let crate::fs::Route::There(remote) = self.route(parent) else {
-            return false;
-        };
-        self.kernel_kept.note_dir(parent) && remote.holds_name(parent, name, ino)
     }
 
     /// This node lost its disk lease. Owners revoke what it holds of their inodes only
@@ -403,13 +413,9 @@ impl FileSystem {
     /// overtook (its attribute version), which it does not for an inode a lookup or create
     /// brings in new.
     pub fn kernel_may_keep_attr(&self, ino: Ino) -> bool {
-        if self.serves(ino) {
-            return true;
-        }
-        let crate::fs::Route::There(remote) = self.route(ino) else {
-            return false;
-        };
-        self.kernel_kept.note_attr(ino) && remote.holds_attr(ino)
+        self.kernel_may_keep(ino, |kept, remote| {
+            kept.note_attr(ino) && remote.holds_attr(ino)
+        })
     }
 
     /// `op` on the namespace that serves `ino`, and once more after reading the owner

@@ -367,10 +367,11 @@ impl TesseraFuse {
         }
     }
 
-    fn attr(&self, r: Result<Attr, FsError>) -> Reply {
+    /// The attributes `r` gives, kept by the kernel as long as `ttl` says for the inode.
+    fn attr(&self, r: Result<Attr, FsError>, ttl: fn(&Self, u64) -> Ttl) -> Reply {
         match r {
             Ok(a) => Reply::Attr {
-                ttl: self.ttl_for(a.ino),
+                ttl: ttl(self, a.ino),
                 attr: self.file_attr(&a),
             },
             Err(e) => errno(&e),
@@ -440,7 +441,7 @@ impl TesseraFuse {
         let permit = check!(self.fs.may_setattr(ino, cred, &attr_change(s)));
         let mut set = set_attr(s);
         set.mode = permit.mode;
-        self.attr(self.fs.setattr(ino, set))
+        self.attr(self.fs.setattr(ino, set), Self::ttl_for)
     }
 
     /// The kernel writes back the times it stamped on a regular file (writeback cache)
@@ -859,13 +860,7 @@ impl Handler for TesseraFuse {
         let cred = credentials(req);
         match req.op {
             Op::Lookup { name } => self.lookup(ino, name, &cred),
-            Op::Getattr => match self.fs.getattr(ino) {
-                Ok(a) => Reply::Attr {
-                    ttl: self.getattr_ttl(a.ino),
-                    attr: self.file_attr(&a),
-                },
-                Err(e) => errno(&e),
-            },
+            Op::Getattr => self.attr(self.fs.getattr(ino), Self::getattr_ttl),
             Op::Setattr(ref s) => self.setattr(ino, s, &cred),
             Op::Readlink => match self.fs.readlink(ino) {
                 Ok(t) => Reply::Data(t),
