@@ -37,13 +37,15 @@ pub enum PeerRequest {
     /// What the node thinks of itself and of the cluster (`tessera state`).
     Status,
     /// A request of the file-system layer (a metanode request, encoded by it) from node
-    /// `from` in its incarnation `epoch`, for file system `fs`. Answered only while that
-    /// incarnation is live: an expelled node's requests are refused here, as its disk I/O
-    /// is by its lease.
+    /// `from` in its incarnation `epoch`, for the metanode of owner slot `slot` of file
+    /// system `fs` (0: the file system manager). Answered only while that incarnation is
+    /// live: an expelled node's requests are refused here, as its disk I/O is by its
+    /// lease.
     FileSystem {
         from: NodeNumber,
         epoch: u64,
         fs: String,
+        slot: u32,
         request: Vec<u8>,
     },
 }
@@ -67,9 +69,14 @@ pub enum PeerReply {
 
 /// What answers [`PeerRequest::FileSystem`] on a node: the daemon's mounted file systems.
 /// Called on a thread that may block, with the sender's node number and the incarnation
-/// (epoch) the cluster checked live.
+/// (epoch) the cluster checked live, and the file system and owner slot addressed.
 pub trait FileSystemService: Send + Sync + 'static {
-    fn call(&self, from: (NodeNumber, u64), fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String>;
+    fn call(
+        &self,
+        from: (NodeNumber, u64),
+        to: (&str, u32),
+        request: Vec<u8>,
+    ) -> Result<Vec<u8>, String>;
 }
 
 /// Why a proposal was not committed.

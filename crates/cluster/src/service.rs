@@ -289,8 +289,12 @@ impl<N: NodeNet> ClusterNode<N> {
                 from,
                 epoch,
                 fs,
+                slot,
                 request,
-            } => PeerReply::FileSystem(self.file_system_request(from, epoch, fs, request).await),
+            } => PeerReply::FileSystem(
+                self.file_system_request(from, epoch, (fs, slot), request)
+                    .await,
+            ),
         }
     }
 
@@ -303,7 +307,7 @@ impl<N: NodeNet> ClusterNode<N> {
         &self,
         from: NodeNumber,
         epoch: u64,
-        fs: String,
+        (fs, slot): (String, u32),
         request: Vec<u8>,
     ) -> Result<Vec<u8>, String> {
         if !self.state().epoch_is_live(from, epoch) {
@@ -316,7 +320,7 @@ impl<N: NodeNet> ClusterNode<N> {
         let Some(service) = self.file_systems.get().cloned() else {
             return Err(format!("node {} serves no file system yet", self.me));
         };
-        tokio::task::spawn_blocking(move || service.call((from, epoch), &fs, request))
+        tokio::task::spawn_blocking(move || service.call((from, epoch), (&fs, slot), request))
             .await
             .unwrap_or_else(|e| Err(format!("the file-system request failed: {e}")))
     }

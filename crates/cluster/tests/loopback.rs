@@ -21,9 +21,15 @@ use tokio::net::TcpListener;
 struct Echo;
 
 impl FileSystemService for Echo {
-    fn call(&self, _from: (u32, u64), fs: &str, mut request: Vec<u8>) -> Result<Vec<u8>, String> {
+    fn call(
+        &self,
+        _from: (u32, u64),
+        (fs, slot): (&str, u32),
+        mut request: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
         request.reverse();
         request.extend_from_slice(fs.as_bytes());
+        request.extend_from_slice(format!("/{slot}").as_bytes());
         Ok(request)
     }
 }
@@ -166,6 +172,7 @@ async fn three_quorum_nodes_elect_grant_and_fail_over_over_tcp() {
                 from,
                 epoch,
                 fs: "fs1".into(),
+                slot: 2,
                 request: vec![1, 2, 3],
             },
             Duration::from_secs(5),
@@ -173,7 +180,7 @@ async fn three_quorum_nodes_elect_grant_and_fail_over_over_tcp() {
     };
     let live = ask(sender.node.me(), sender.node.status().epoch.unwrap()).await;
     match live {
-        Ok(PeerReply::FileSystem(Ok(bytes))) => assert_eq!(bytes, b"\x03\x02\x01fs1"),
+        Ok(PeerReply::FileSystem(Ok(bytes))) => assert_eq!(bytes, b"\x03\x02\x01fs1/2"),
         other => panic!("a live node's request: {other:?}"),
     }
     match ask(manager as u32, dead_epoch).await {

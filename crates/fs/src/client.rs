@@ -121,35 +121,38 @@ impl FileSystem {
                 return encode(&MetanodeReply::Done);
             }
         }
+        match &request {
+            // The new owner of another slot: only what this mount did under that slot's
+            // old owner is fenced and handed over.
+            MetanodeRequest::FenceWrites {
+                owner,
+                incarnation,
+                slot,
+            } if *slot != 0 => {
+                let reply = match self.made_slot_route(*slot) {
+                    Some(remote) => self.fence_reply(remote, *owner, *incarnation, *slot),
+                    // Never reached: nothing done under it, and the way to it made later
+                    // goes to the holder the table names then.
+                    None => MetanodeReply::Done,
+                };
+                return encode(&reply);
+            }
+            MetanodeRequest::FenceSettled { replayed, slot } if *slot != 0 => {
+                if let Some(remote) = self.made_slot_route(*slot) {
+                    remote.fence_settled(*replayed);
+                }
+                return encode(&MetanodeReply::Done);
+            }
+            _ => {}
+        }
         if let Some(remote) = self.remote.get() {
             match request {
-                MetanodeRequest::FenceWrites { owner, incarnation } => {
-                    let reply = remote.fence(owner, incarnation);
-                    // A new owner: it does not know what this node holds, so the kernel
-                    // keeps nothing it was given under the old owner's tokens.
-                    let kept = self.kernel_kept.take_all();
-                    if let Some(notify) = self.remote_change.get().filter(|_| !kept.is_empty()) {
-                        notify(kept);
-                    }
-                    let locks = self.held_locks.lock().of_client(self.lock_client);
-                    let open = self.open_here();
-                    let reply = match reply {
-                        _ if locks.is_empty() && open.is_empty() => reply,
-                        MetanodeReply::Done => MetanodeReply::Handover {
-                            updates: Vec::new(),
-                            locks,
-                            open,
-                        },
-                        MetanodeReply::Replay(updates) => MetanodeReply::Handover {
-                            updates,
-                            locks,
-                            open,
-                        },
-                        failed => failed,
-                    };
-                    return encode(&reply);
+                MetanodeRequest::FenceWrites {
+                    owner, incarnation, ..
+                } => {
+                    return encode(&self.fence_reply(remote, owner, incarnation, 0));
                 }
-                MetanodeRequest::FenceSettled { replayed } => {
+                MetanodeRequest::FenceSettled { replayed, .. } => {
                     remote.fence_settled(replayed);
                     return encode(&MetanodeReply::Done);
                 }
@@ -584,6 +587,54 @@ impl FileSystem {
     }
 
     /// The inodes open on this client-only mount and how often, for a new owner's fence.
+    /// The way to the owner of `slot` if this mount has made it (it reached that owner).
+    fn made_slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
+        self.slot_routes
+            .get(slot as usize)
+            .and_then(|r| r.get())
+            .map(|r| &**r)
+    }
+
+    /// This mount's answer to the fence of `remote`'s new owner (node `owner` in
+    /// `incarnation`): once no write under the old owner is in flight, the updates it
+    /// acknowledged and this mount does not know durable, and the locks and opens this
+    /// mount holds there (of the inodes `slot` serves: 0 for the file system manager). The
+    /// kernel keeps nothing it was given under the old owner's tokens: the new owner does
+    /// not know what this node holds.
+    fn fence_reply(
+        &self,
+        remote: &crate::metanode_wire::RemoteMetanode,
+        owner: u32,
+        incarnation: u64,
+        slot: u32,
+    ) -> crate::metanode_wire::MetanodeReply {
+        use crate::metanode_wire::MetanodeReply;
+        let reply = remote.fence(owner, incarnation);
+        let kept = self.kernel_kept.take_all();
+        if let Some(notify) = self.remote_change.get().filter(|_| !kept.is_empty()) {
+            notify(kept);
+        }
+        let of_slot = |ino: Ino| self.slot_serving(ino) == slot;
+        let mut locks = self.held_locks.lock().of_client(self.lock_client);
+        locks.retain(|(ino, _)| of_slot(*ino));
+        let mut open = self.open_here();
+        open.retain(|(ino, _)| of_slot(*ino));
+        match reply {
+            _ if locks.is_empty() && open.is_empty() => reply,
+            MetanodeReply::Done => MetanodeReply::Handover {
+                updates: Vec::new(),
+                locks,
+                open,
+            },
+            MetanodeReply::Replay(updates) => MetanodeReply::Handover {
+                updates,
+                locks,
+                open,
+            },
+            failed => failed,
+        }
+    }
+
     pub(crate) fn open_here(&self) -> Vec<(Ino, u32)> {
         let opens = self.client_opens.lock();
         let mut out: Vec<(Ino, u32)> = opens.iter().map(|(i, n)| (*i, *n)).collect();

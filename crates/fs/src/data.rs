@@ -470,7 +470,21 @@ impl FileSystem {
             drop(shared);
             let _exclusive = self.inode_lock(ino).write();
             let _token = self.data_token(ino, 0, crate::locks::TO_END)?;
-            self.write_locked(ino, offset, data)?
+            // A takeover of the metadata in the middle: the update was not done (the new
+            // owner has what this mount did before, from its fence); written again there.
+            let mut moves = 0;
+            loop {
+                match self.write_locked(ino, offset, data) {
+                    Err(FsError::OwnerMoved) if moves < OWNER_MOVES_MAX => {
+                        tracing::info!(
+                            "inode {ino}: the metadata owner changed under a write of inline \
+                             data; writing it again"
+                        );
+                        moves += 1;
+                    }
+                    written => break written?,
+                }
+            }
         } else {
             self.write_range(ino, offset, data)?
         };

@@ -171,14 +171,20 @@ pub enum MetanodeRequest {
     /// its own that relied on the old owner (space it gave out, a block map it showed) is
     /// in flight or can still start, so that space the new owner gives out is nobody
     /// else's (see [`RemoteMetanode::fence`]).
+    ///
+    /// `slot` says which of the file system's metanodes moved: 0 the file system manager,
+    /// another number the owner of that slot (`FileSystem::mount_slot`), whose clients
+    /// fence only what they did under it.
     FenceWrites {
         owner: u32,
         incarnation: u64,
+        slot: u32,
     },
-    /// The second half of a fence: the new owner applied the updates the client handed it
-    /// (`MetanodeReply::Replay`) and made them durable (`replayed`), or could not.
+    /// The second half of a fence: the new owner of `slot` applied the updates the client
+    /// handed it (`MetanodeReply::Replay`) and made them durable (`replayed`), or could not.
     FenceSettled {
         replayed: bool,
+        slot: u32,
     },
     /// A namespace change (create, link, unlink, rename) as request `seq` of client
     /// `client` (random per mount), so that it is done once however often it is sent: the
@@ -246,15 +252,20 @@ where
 pub struct Fence;
 
 impl Fence {
-    /// The encoded fence of node `owner` in incarnation `incarnation`.
-    pub fn request(owner: u32, incarnation: u64) -> Vec<u8> {
-        encode(&MetanodeRequest::FenceWrites { owner, incarnation })
+    /// The encoded fence of node `owner` in incarnation `incarnation`, the new owner of
+    /// `slot` (0: the file system manager).
+    pub fn request(slot: u32, owner: u32, incarnation: u64) -> Vec<u8> {
+        encode(&MetanodeRequest::FenceWrites {
+            owner,
+            incarnation,
+            slot,
+        })
     }
 
-    /// The encoded second half of a fence: the client's updates were `replayed` (applied
-    /// and durable at the new owner), or not.
-    pub fn settled(replayed: bool) -> Vec<u8> {
-        encode(&MetanodeRequest::FenceSettled { replayed })
+    /// The encoded second half of a fence of `slot`: the client's updates were `replayed`
+    /// (applied and durable at the new owner), or not.
+    pub fn settled(slot: u32, replayed: bool) -> Vec<u8> {
+        encode(&MetanodeRequest::FenceSettled { replayed, slot })
     }
 
     /// Whether `request` is one half of a fence, or another message of an owner to its
@@ -1890,8 +1901,12 @@ mod tests {
             MetanodeRequest::FenceWrites {
                 owner: 3,
                 incarnation: 17,
+                slot: 2,
             },
-            MetanodeRequest::FenceSettled { replayed: true },
+            MetanodeRequest::FenceSettled {
+                replayed: true,
+                slot: 2,
+            },
             MetanodeRequest::Lock {
                 ino: 12,
                 call: LockCall {

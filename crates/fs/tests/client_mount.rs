@@ -483,9 +483,9 @@ fn a_clients_write_under_a_dead_owner_never_lands_in_space_the_new_owner_gives_o
 /// owner's death: fences the writer, applies what it hands over, tells it so.
 fn fence_over(writer: &FileSystem, way: &Following, second: &Arc<FileSystem>) -> usize {
     *way.next.lock() = Some(Arc::downgrade(second));
-    let handed = writer.serve_metanode_request(&tessera_fs::Fence::request(2, 1));
+    let handed = writer.serve_metanode_request(&tessera_fs::Fence::request(0, 2, 1));
     let applied = second.replay_fenced(&handed, None).unwrap();
-    let settled = writer.serve_metanode_request(&tessera_fs::Fence::settled(true));
+    let settled = writer.serve_metanode_request(&tessera_fs::Fence::settled(0, true));
     tessera_fs::Fence::check(&settled).unwrap();
     applied
 }

@@ -159,6 +159,11 @@ pub struct FsRecord {
 pub struct SlotHolder {
     pub node: String,
     pub slot: u32,
+    /// The incarnation of `node` that claimed the slot: it serves the slot while that
+    /// incarnation is live. `None` once it unmounted: the slot is free for the first node
+    /// that needs it (`daemon/slots.rs`), this one first when it mounts again.
+    #[serde(default)]
+    pub incarnation: Option<u64>,
 }
 
 /// A node that mounts a file system as a client of the node that owns its metadata.

@@ -251,12 +251,14 @@ impl Member {
         self.node.serve_file_systems(service);
     }
 
-    /// The way to the metanode of file system `fs` on node `to` (daemon `address`).
+    /// The way to metanode `slot` of file system `fs` (0: its file system manager) on node
+    /// `to` (daemon `address`); owners' messages to a client node carry 0.
     pub(super) fn metanode_channel(
         &self,
         to: NodeNumber,
         address: String,
         fs: String,
+        slot: u32,
     ) -> super::metanode_service::TransportChannel {
         super::metanode_service::TransportChannel {
             runtime: self.runtime.handle().clone(),
@@ -265,6 +267,7 @@ impl Member {
             to,
             address,
             fs,
+            slot,
         }
     }
 

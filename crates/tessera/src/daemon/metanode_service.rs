@@ -24,7 +24,12 @@ pub(super) const METANODE_WAIT: Duration = Duration::from_secs(60);
 pub(super) struct MountedFileSystems(pub Weak<Daemon>);
 
 impl FileSystemService for MountedFileSystems {
-    fn call(&self, from: (NodeNumber, u64), fs: &str, request: Vec<u8>) -> Result<Vec<u8>, String> {
+    fn call(
+        &self,
+        from: (NodeNumber, u64),
+        (fs, slot): (&str, u32),
+        request: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
         let daemon = self.0.upgrade().ok_or("the daemon is stopping")?;
         // This node's own client mount (a node that took a file system over keeps its
         // mount a client) is no other node: it holds no views and no locks of a node that
@@ -42,41 +47,61 @@ impl FileSystemService for MountedFileSystems {
                 Ok(())
             } else {
                 Err(format!(
-                    "node {} owns file system {fs} but holds no disk lease now; it serves \
-                     metadata again once it renews it (or another node takes it over)",
+                    "node {} owns metadata of file system {fs} but holds no disk lease now; \
+                     it serves metadata again once it renews it (or another node takes it \
+                     over)",
                     daemon.cluster.node_name
                 ))
             }
         };
-        if let Some(owned) = daemon.owned.lock().get(fs).map(Arc::clone) {
-            serving()?;
-            return Ok(owned.serve_metanode_request_from(origin, &request));
-        }
         let mounted = daemon
             .mounts
             .lock()
             .get(fs)
             .map(|m| (Arc::clone(&m.fs), m.client_of.clone()));
+        // An owner's message to its clients (a fence, a revocation): for this node's own
+        // mount, whatever metanodes this node serves besides.
+        if Fence::is_fence(&request) {
+            return match mounted {
+                // A daemon started with `TESSERA_TEST_STALL_REVOCATIONS=1` never answers a
+                // revocation: how the tests make a node that is alive but hung for its
+                // owner.
+                Some((_, Some(_))) if stalls_revocations() && Fence::is_revocation(&request) => {
+                    tracing::warn!(
+                        "{fs}: not answering a revocation (TESSERA_TEST_STALL_REVOCATIONS)"
+                    );
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                }
+                Some((fs, _)) => Ok(fs.serve_metanode_request(&request)),
+                // Nothing mounted here, so no write of this node's to fence, and nothing
+                // held to give back.
+                None => Ok(Fence::done()),
+            };
+        }
+        if slot != 0 {
+            // An owner slot's metanode: served here if this node holds it (taken over, or
+            // its own mount's); otherwise refused as not served, so that the sender looks
+            // for the slot's holder again.
+            return match daemon.slot_server(fs, slot) {
+                Some(server) => {
+                    serving()?;
+                    Ok(server.serve_metanode_request_from(origin, &request))
+                }
+                None => Err(format!(
+                    "owner slot {slot} of file system {fs} is not served on node {}; its \
+                     holder is in the file-system table (`tessera mount ls {fs} -L`)",
+                    daemon.cluster.node_name
+                )),
+            };
+        }
+        if let Some(owned) = daemon.owned.lock().get(fs).map(Arc::clone) {
+            serving()?;
+            return Ok(owned.serve_metanode_request_from(origin, &request));
+        }
         match mounted {
             Some((fs, None)) => {
-                serving()?;
-                Ok(fs.serve_metanode_request_from(origin, &request))
-            }
-            // A daemon started with `TESSERA_TEST_STALL_REVOCATIONS=1` never answers a
-            // revocation: how the tests make a node that is alive but hung for its owner.
-            Some((_, Some(_))) if stalls_revocations() && Fence::is_revocation(&request) => {
-                tracing::warn!("{fs}: not answering a revocation (TESSERA_TEST_STALL_REVOCATIONS)");
-                loop {
-                    std::thread::sleep(Duration::from_secs(3600));
-                }
-            }
-            // A client mount answers a new owner's fence.
-            Some((fs, Some(_))) if Fence::is_fence(&request) => {
-                Ok(fs.serve_metanode_request(&request))
-            }
-            // A client that owns a slot (`metadataSlots`) serves its shards' metadata, and
-            // takes back what it holds of other owners' inodes when they say so.
-            Some((fs, Some(_))) if fs.is_owner() => {
                 serving()?;
                 Ok(fs.serve_metanode_request_from(origin, &request))
             }
@@ -87,9 +112,6 @@ impl FileSystemService for MountedFileSystems {
                  owns its metadata: send metanode requests there",
                 daemon.cluster.node_name
             )),
-            // Nothing mounted here, so no write of this node's to fence, and nothing held
-            // to give back (`is_fence` counts revocations too).
-            None if Fence::is_fence(&request) => Ok(Fence::done()),
             None => Err(format!(
                 "file system {fs} is not mounted on node {}; its metanode is the node that \
                  mounts it (`tessera mount ls {fs} -L`)",
@@ -99,7 +121,7 @@ impl FileSystemService for MountedFileSystems {
     }
 }
 
-/// A client's way to the metanode of file system `fs` on node `to`, over the node
+/// A client's way to metanode `slot` of file system `fs` on node `to`, over the node
 /// transport; each request carries this node's number and current epoch.
 pub(super) struct TransportChannel {
     pub runtime: tokio::runtime::Handle,
@@ -108,6 +130,7 @@ pub(super) struct TransportChannel {
     pub to: NodeNumber,
     pub address: String,
     pub fs: String,
+    pub slot: u32,
 }
 
 impl MetanodeChannel for TransportChannel {
@@ -143,6 +166,7 @@ impl TransportChannel {
             from: me,
             epoch,
             fs: self.fs.clone(),
+            slot: self.slot,
             request,
         };
         let unreachable = |why: String| {
@@ -191,6 +215,9 @@ impl TransportChannel {
 pub(super) struct FollowingChannel {
     pub daemon: Weak<Daemon>,
     pub fs: String,
+    /// Which of its metanodes: 0 the file system manager, another number the holder of
+    /// that owner slot (`slots.rs`).
+    pub slot: u32,
     /// The owner this channel sends to: node number, daemon address and the incarnation
     /// (epoch) it had when this channel last looked.
     pub target: parking_lot::Mutex<OwnerTarget>,
@@ -282,11 +309,24 @@ impl FollowingChannel {
                 }
                 target.clone()
             };
-            let channel = daemon.member.metanode_channel(to, address, self.fs.clone());
+            let channel =
+                daemon
+                    .member
+                    .metanode_channel(to, address.clone(), self.fs.clone(), self.slot);
             // The owner's incarnation still in the cluster's table (when it was known).
             let alive =
                 || epoch.is_none() || daemon.member.state().incarnations.get(&to).copied() == epoch;
-            match channel.call_while(request.clone(), &alive) {
+            // No address: the owner was not known when this channel was made, or is not
+            // in this node's copy of the configuration yet.
+            let sent = if address.is_empty() {
+                Err(FsError::Io(std::io::Error::other(format!(
+                    "no node serves metanode {} of {} yet",
+                    self.slot, self.fs
+                ))))
+            } else {
+                channel.call_while(request.clone(), &alive)
+            };
+            match sent {
                 Ok(reply) => {
                     if self
                         .suspect
@@ -308,7 +348,11 @@ impl FollowingChannel {
             if std::time::Instant::now() >= deadline {
                 return Err(last_error);
             }
-            match daemon.locate_owner(&self.fs) {
+            let located = match self.slot {
+                0 => daemon.locate_owner(&self.fs),
+                slot => daemon.locate_slot_holder(&self.fs, slot),
+            };
+            match located {
                 Ok(Some(target)) => self.move_to(|t| *t = target.clone()),
                 Ok(None) => {}
                 Err(e) => tracing::warn!("{}: {e:#}", self.fs),
@@ -324,8 +368,9 @@ impl FollowingChannel {
         change(&mut target);
         if *target != before {
             tracing::warn!(
-                "{}: its metanode is now node {} at {} (incarnation {:?}; was node {}, {:?})",
+                "{}: its metanode {} is now node {} at {} (incarnation {:?}; was node {}, {:?})",
                 self.fs,
+                self.slot,
                 target.0,
                 target.1,
                 target.2,
@@ -363,7 +408,7 @@ impl Daemon {
         Ok(Some(self.own_target()))
     }
 
-    fn own_target(&self) -> OwnerTarget {
+    pub(super) fn own_target(&self) -> OwnerTarget {
         let me = self.member.me();
         let epoch = self.member.state().incarnations.get(&me).copied();
         (me, self.member.bound_address().to_string(), epoch)
@@ -408,7 +453,10 @@ impl Daemon {
                 return Err(e);
             }
         };
-        self.fence_clients(record, &fs);
+        if self.metadata_slots() {
+            fs.route_slots_through(self.slot_router(&record.name));
+        }
+        self.fence_clients(record, &fs, 0);
         self.owned.lock().insert(record.name.clone(), fs);
         tracing::info!("{}: this node serves its metadata now", record.name);
         Ok(())
@@ -425,42 +473,55 @@ impl Daemon {
     /// they are durable (`Fence::settled`). A client that cannot be reached is waited for
     /// until the cluster expels it: then its lease has run out and it does no more disk
     /// I/O. Clients wait meanwhile (this node does not serve yet) rather than fail.
-    pub(super) fn fence_clients(&self, record: &crate::config::FsRecord, owner: &FileSystem) {
+    ///
+    /// `slot` is the metanode `owner` serves: 0, the file system manager, whose clients
+    /// are the nodes the table lists as mounting it; another owner slot, whose clients are
+    /// those nodes and the manager's node too.
+    pub(super) fn fence_clients(
+        &self,
+        record: &crate::config::FsRecord,
+        owner: &FileSystem,
+        slot: u32,
+    ) {
         let me = self.member.me();
         let Some(incarnation) = self.member.state().incarnations.get(&me).copied() else {
             return;
         };
         let started = std::time::Instant::now();
         let mut replayed = 0;
-        for client in &record.clients {
-            let fenced = self.ask_client(record, &client.node, Fence::request(me, incarnation));
+        let mut nodes: Vec<String> = record.clients.iter().map(|c| c.node.clone()).collect();
+        if slot != 0 {
+            nodes.extend(record.mounted.then(|| record.mounted_on.clone()).flatten());
+            nodes.sort();
+            nodes.dedup();
+        }
+        for node in &nodes {
+            let fenced = self.ask_client(record, node, Fence::request(slot, me, incarnation));
             let Some(answer) = fenced else {
                 continue;
             };
-            let origin = self.client_origin(&client.node);
+            let origin = self.client_origin(node);
             let applied = owner.replay_fenced(&answer, origin);
             match &applied {
                 Ok(n) => replayed += n,
                 Err(e) => tracing::error!(
-                    "{}: the updates client node {} handed over: {e}",
+                    "{}: the updates client node {node} handed over: {e}",
                     record.name,
-                    client.node
                 ),
             }
-            let settled = self.ask_client(record, &client.node, Fence::settled(applied.is_ok()));
+            let settled = self.ask_client(record, node, Fence::settled(slot, applied.is_ok()));
             if let Some(Err(e)) = settled.map(|reply| Fence::check(&reply)) {
                 tracing::error!(
-                    "{}: client node {} on the end of its fence: {e}",
+                    "{}: client node {node} on the end of its fence: {e}",
                     record.name,
-                    client.node
                 );
             }
         }
         tracing::info!(
-            "{}: {} client node(s) fenced and {replayed} of their unsynced updates applied in \
-             {:?}",
+            "{}: metanode {slot}: {} client node(s) fenced and {replayed} of their unsynced \
+             updates applied in {:?}",
             record.name,
-            record.clients.len(),
+            nodes.len(),
             started.elapsed()
         );
         // Now every client has said which inodes it has open: those unlinked while open
@@ -530,7 +591,7 @@ impl Daemon {
             }
             let channel = self
                 .member
-                .metanode_channel(origin.node, address, fs.to_string());
+                .metanode_channel(origin.node, address, fs.to_string(), 0);
             match channel.call_while(request.clone(), &waiting) {
                 Ok(_) => return,
                 Err(e) if !warned => {
@@ -624,7 +685,7 @@ impl Daemon {
             let alive = || self.member.state().incarnations.get(&number) == Some(&epoch);
             let channel = self
                 .member
-                .metanode_channel(number, address, record.name.clone());
+                .metanode_channel(number, address, record.name.clone(), 0);
             match channel.call_while(request.clone(), &alive) {
                 Ok(reply) => return Some(reply),
                 Err(e) if !warned => {

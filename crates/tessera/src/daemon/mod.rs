@@ -23,6 +23,7 @@ mod nvme_admin;
 mod pdisk_fence;
 mod policy_admin;
 mod registry;
+mod slots;
 
 use std::collections::BTreeMap;
 use std::io::BufReader;
@@ -61,6 +62,9 @@ pub struct Daemon {
     /// clients, served without a FUSE mount of their own (this node's mount of such a file
     /// system, if any, stays a client: see `metanode_service.rs`).
     owned: Mutex<BTreeMap<String, Arc<FileSystem>>>,
+    /// Owner slots (file system, slot) this node took over from nodes that no longer
+    /// serve them, served without a FUSE mount of their own (`slots.rs`).
+    taken_slots: Mutex<BTreeMap<(String, u32), Arc<FileSystem>>>,
     /// Held while this node takes a file system over, so that its request threads that
     /// all found the owner dead do it once.
     takeover: Mutex<()>,
@@ -157,6 +161,7 @@ pub fn run(home: Home) -> Result<()> {
         admin: Mutex::new(()),
         mounts: Mutex::new(BTreeMap::new()),
         owned: Mutex::new(BTreeMap::new()),
+        taken_slots: Mutex::new(BTreeMap::new()),
         takeover: Mutex::new(()),
         this: this.clone(),
         arrays: Mutex::new(BTreeMap::new()),
@@ -439,6 +444,7 @@ impl Daemon {
                 Ok(()) => tracing::info!("{name}: unmounted from {}", m.mount_point.display()),
                 Err(e) => tracing::error!("{name}: final checkpoint failed: {e}"),
             }
+            self.release_slots(&name);
         }
         self.close_arrays();
         // Closes the controllers cleanly; nvme.json keeps them for the next start.

@@ -26,6 +26,24 @@ const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 use crate::rpc::{IoHistoryEntry, MountedNode, PmonEntry, Reply};
 
+/// What node `node` is to file system `record` in `mount ls -L`: `role`, and the owner
+/// slots it serves (`metadataSlots`).
+fn role_of(record: &FsRecord, node: &str, role: &str) -> String {
+    let mut slots: Vec<u32> = record
+        .slot_holders
+        .iter()
+        .filter(|h| h.node == node && h.incarnation.is_some())
+        .map(|h| h.slot)
+        .collect();
+    slots.sort_unstable();
+    let slots: Vec<String> = slots.iter().map(u32::to_string).collect();
+    match slots.len() {
+        0 => role.to_string(),
+        1 => format!("{role}, owner slot {}", slots[0]),
+        _ => format!("{role}, owner slots {}", slots.join(", ")),
+    }
+}
+
 /// The NSDs of a file system this node opened, by id.
 type OpenedDisks = Vec<(NsdId, Arc<dyn BlockDevice>)>;
 
@@ -132,7 +150,7 @@ impl Daemon {
     /// What a mount that owns metadata (the manager's, or an owner slot's) takes from this
     /// node's configuration and daemon: cache sizes, read policy, thin disks, and the ways
     /// its metanode revokes what other nodes hold.
-    fn configure_owner(
+    pub(super) fn configure_owner(
         &self,
         fs: &FileSystem,
         record: &FsRecord,
@@ -178,70 +196,12 @@ impl Daemon {
         Ok(())
     }
 
-    /// Whether nodes that mount beside the manager own what they make (`metadataSlots`).
-    pub(super) fn metadata_slots(&self) -> bool {
-        self.member.state().params.get("metadataSlots", None) == "yes"
-    }
-
-    /// This node's owner slot of `record`: the one the table records for it, or a new one
-    /// the manager makes when asked through `channel`, recorded before it is used.
-    fn slot_of_this_node(
+    /// Opens the NSDs of `record` that this node can reach, each counted for the metrics.
+    pub(super) fn open_disks(
         &self,
         record: &FsRecord,
-        channel: &dyn tessera_fs::MetanodeChannel,
-    ) -> Result<u32> {
-        let me = self.cluster.node_name.clone();
-        if let Some(h) = record.slot_holders.iter().find(|h| h.node == me) {
-            return Ok(h.slot);
-        }
-        let slot = tessera_fs::ask_for_slot(channel).map_err(|e| {
-            anyhow!(
-                "file system {}: no owner slot for this node: {e}",
-                record.name
-            )
-        })?;
-        self.change_fs_record(&record.name, &|rec| {
-            rec.slot_holders.retain(|h| h.node != me && h.slot != slot);
-            rec.slot_holders.push(crate::config::SlotHolder {
-                node: me.clone(),
-                slot,
-            });
-            Ok(())
-        })?;
-        tracing::info!("{}: this node holds owner slot {slot}", record.name);
-        Ok(slot)
-    }
-
-    /// How a mount of `fs_name` reaches the owners of other slots: the node the table
-    /// records as each slot's holder, over the node transport.
-    fn slot_router(
-        &self,
-        fs_name: &str,
-    ) -> Box<dyn Fn(u32) -> Option<Box<dyn tessera_fs::MetanodeChannel>> + Send + Sync> {
-        let daemon = self.this.clone();
-        let fs_name = fs_name.to_string();
-        Box::new(move |slot| {
-            let d = daemon.upgrade()?;
-            let holder = d
-                .file_systems()
-                .ok()?
-                .get(&fs_name)?
-                .slot_holders
-                .iter()
-                .find(|h| h.slot == slot)?
-                .node
-                .clone();
-            let state = d.member.state();
-            let node = state.nodes.values().find(|n| n.name == holder)?;
-            let channel =
-                d.member
-                    .metanode_channel(node.number, node.address.clone(), fs_name.clone());
-            Some(Box::new(channel) as Box<dyn tessera_fs::MetanodeChannel>)
-        })
-    }
-
-    /// Opens the NSDs of `record` that this node can reach, each counted for the metrics.
-    fn open_disks(&self, record: &FsRecord, nsds: &NsdRegistry) -> Result<(OpenedDisks, NsdStats)> {
+        nsds: &NsdRegistry,
+    ) -> Result<(OpenedDisks, NsdStats)> {
         let (devices, _) = self.open_fs_devices(record, nsds);
         let mut nsd_stats = NsdStats::new();
         let available: Vec<_> = devices
@@ -335,17 +295,15 @@ impl Daemon {
                 record.name
             );
         };
-        let channel = super::metanode_service::FollowingChannel {
-            daemon: self.this.clone(),
-            fs: record.name.clone(),
-            target: parking_lot::Mutex::new((
+        let channel = self.following_channel(
+            &record.name,
+            0,
+            (
                 node.number,
                 node.address.clone(),
                 state.incarnations.get(&node.number).copied(),
-            )),
-            moves: std::sync::atomic::AtomicU64::new(0),
-            suspect: std::sync::atomic::AtomicBool::new(false),
-        };
+            ),
+        );
         if self.metadata_slots() {
             // The owner of a slot of its own, and the manager's client for the rest.
             let mounted = self.slot_of_this_node(record, &channel).and_then(|slot| {
@@ -356,6 +314,9 @@ impl Daemon {
                 Ok(fs) => {
                     fs.route_metadata_through(Box::new(channel));
                     self.configure_owner(&fs, record, &nsds)?;
+                    // What this node's previous incarnation acknowledged and the slot's
+                    // clients do not know durable is handed over before it serves.
+                    self.fence_clients(record, &fs, fs.owner_slot());
                     return Ok((fs, nsd_stats));
                 }
                 Err(e) => tracing::warn!(
@@ -393,7 +354,7 @@ impl Daemon {
         if client_of.is_none() && !record.clients.is_empty() {
             // An owner mounting again after a takeover of a dead node: its clients first
             // stop writing on what the dead owner said.
-            self.fence_clients(record, &fs);
+            self.fence_clients(record, &fs, 0);
         }
         let cache = self.kernel_cache(client_of);
         if self.metadata_slots() {
@@ -444,7 +405,7 @@ impl Daemon {
             let address = self.member.bound_address().to_string();
             let channel = self
                 .member
-                .metanode_channel(me, address, record.name.clone());
+                .metanode_channel(me, address, record.name.clone(), 0);
             fs.route_own_metadata_through(Box::new(channel));
             tracing::info!(
                 "{}: metanode requests go over the node transport",
@@ -538,7 +499,7 @@ impl Daemon {
                             .iter()
                             .find(|c| c.node == owner)
                             .map_or_else(|| r.mount_point.clone(), |c| c.mount_point.clone()),
-                        role: "manager".into(),
+                        role: role_of(r, &owner, "manager"),
                     });
                     // A client whose node is down (or was deleted) mounts nothing; its
                     // entry goes when the owner unmounts or the node starts again.
@@ -550,10 +511,7 @@ impl Daemon {
                         node: c.node.clone(),
                         address: address(&c.node),
                         mount_point: c.mount_point.clone(),
-                        role: match r.slot_holders.iter().find(|h| h.node == c.node) {
-                            Some(h) => format!("client, owner slot {}", h.slot),
-                            None => "client".into(),
-                        },
+                        role: role_of(r, &c.node, "client"),
                     }));
                 }
                 crate::rpc::MountRow {
@@ -812,6 +770,7 @@ impl Daemon {
                 Some(e.to_string())
             }
         };
+        self.release_slots(name);
         let me = self.cluster.node_name.clone();
         self.change_fs_record(name, &|rec| {
             // A stale mount (this node was expelled and another took the file system
@@ -850,6 +809,7 @@ impl Daemon {
             tracing::info!("{name}: unmounted from {}", m.mount_point.display());
         }
         self.leave_as_client(name);
+        self.release_slots(name);
         let checkpoint_error = sync_error.or(self.release_owned(name)?);
         Ok(Reply::Unmounted { checkpoint_error })
     }

@@ -3,6 +3,7 @@
 //! daemon down and detaches any mount, so a failing test leaves no stale mount or process.
 #![allow(dead_code)]
 
+pub mod crash_loop;
 pub mod netns;
 
 use std::io::{BufRead, BufReader};

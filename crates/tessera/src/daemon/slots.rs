@@ -1,0 +1,360 @@
+//! Owner slots (`metadataSlots=yes`): which node serves the metadata of which slot of a
+//! file system, and how a slot moves when its holder dies or unmounts.
+//!
+//! The replicated file-system table records each slot's holder as a node and the
+//! incarnation that claimed it (`SlotHolder`). A holder serves its slot while that
+//! incarnation is live; a node's own mount claims the slot recorded for it (or asks the
+//! file system manager for a new one), and an unmount releases it (incarnation `None`).
+//! A slot whose holder is not serving — its incarnation was expelled, the node restarted,
+//! or it unmounted — is taken over by the first node that needs it: compare-and-set of
+//! the holder in the table, then a second mount of the slot in that node's daemon
+//! (`FileSystem::mount_slot` replays the slot's own log over its on-disk metadata, so
+//! takeover time does not grow with the file count), then a fence of every node that
+//! mounts the file system (each hands over what it did under the old holder), then it
+//! serves. Clients follow the holder as they follow the file system manager
+//! (`FollowingChannel` with the slot's number).
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use tessera_fs::FileSystem;
+
+use super::metanode_service::{FollowingChannel, OwnerTarget};
+use super::Daemon;
+use crate::config::{FsRecord, SlotHolder};
+
+impl Daemon {
+    /// Whether nodes that mount beside the manager own what they make (`metadataSlots`).
+    pub(super) fn metadata_slots(&self) -> bool {
+        self.member.state().params.get("metadataSlots", None) == "yes"
+    }
+
+    /// This node's incarnation in the cluster, if it is a live member.
+    fn incarnation(&self) -> Option<u64> {
+        let me = self.member.me();
+        self.member.state().incarnations.get(&me).copied()
+    }
+
+    /// Whether `holder` serves its slot now: the incarnation that claimed it is live.
+    fn holder_serving(&self, holder: &SlotHolder) -> bool {
+        let Some(claimed) = holder.incarnation else {
+            return false;
+        };
+        let state = self.member.state();
+        state
+            .nodes
+            .values()
+            .find(|n| n.name == holder.node)
+            .is_some_and(|n| state.incarnations.get(&n.number) == Some(&claimed))
+    }
+
+    /// The mount on this node that serves owner slot `slot` of `fs`: one taken over from
+    /// another node, or this node's own mount when it owns that slot.
+    pub(super) fn slot_server(&self, fs: &str, slot: u32) -> Option<Arc<FileSystem>> {
+        if let Some(taken) = self.taken_slots.lock().get(&(fs.to_string(), slot)) {
+            return Some(Arc::clone(taken));
+        }
+        self.mounts
+            .lock()
+            .get(fs)
+            .filter(|m| m.fs.is_owner() && m.fs.owner_slot() == slot && slot != 0)
+            .map(|m| Arc::clone(&m.fs))
+    }
+
+    /// This node's owner slot of `record`: the one the table records for it, claimed for
+    /// this incarnation by compare-and-set (unless another node took it over meanwhile),
+    /// or a new one the manager makes when asked through `channel`, recorded before it is
+    /// used. Other slots recorded for this node (taken over from others before) are
+    /// released: whoever needs them takes them.
+    pub(super) fn slot_of_this_node(
+        &self,
+        record: &FsRecord,
+        channel: &dyn tessera_fs::MetanodeChannel,
+    ) -> Result<u32> {
+        let me = self.cluster.node_name.clone();
+        let incarnation = self.incarnation().ok_or_else(|| {
+            anyhow!("this node is not a live member of the cluster; it cannot claim a slot")
+        })?;
+        if let Some(slot) = record
+            .slot_holders
+            .iter()
+            .filter(|h| h.node == me)
+            .map(|h| h.slot)
+            .min()
+        {
+            let claimed = self.change_fs_record(&record.name, &|rec| {
+                let mut mine = false;
+                for h in rec.slot_holders.iter_mut().filter(|h| h.node == me) {
+                    if h.slot == slot {
+                        h.incarnation = Some(incarnation);
+                        mine = true;
+                    } else {
+                        h.incarnation = None;
+                    }
+                }
+                if !mine {
+                    bail!("owner slot {slot} was taken over by another node");
+                }
+                Ok(())
+            });
+            match claimed {
+                Ok(()) => {
+                    tracing::info!("{}: this node holds owner slot {slot} again", record.name);
+                    return Ok(slot);
+                }
+                Err(e) => tracing::info!("{}: {e:#}; asking for a new one", record.name),
+            }
+        }
+        let slot = tessera_fs::ask_for_slot(channel).map_err(|e| {
+            anyhow!(
+                "file system {}: no owner slot for this node: {e}",
+                record.name
+            )
+        })?;
+        self.change_fs_record(&record.name, &|rec| {
+            rec.slot_holders.retain(|h| h.slot != slot);
+            rec.slot_holders.push(SlotHolder {
+                node: me.clone(),
+                slot,
+                incarnation: Some(incarnation),
+            });
+            Ok(())
+        })?;
+        tracing::info!("{}: this node holds owner slot {slot}", record.name);
+        Ok(slot)
+    }
+
+    /// How a mount of `fs_name` reaches the owners of other slots: a channel that follows
+    /// each slot's holder (and takes the slot over when its holder is gone).
+    pub(super) fn slot_router(
+        &self,
+        fs_name: &str,
+    ) -> Box<dyn Fn(u32) -> Option<Box<dyn tessera_fs::MetanodeChannel>> + Send + Sync> {
+        let daemon = self.this.clone();
+        let fs_name = fs_name.to_string();
+        Box::new(move |slot| {
+            let d = daemon.upgrade()?;
+            // Not known yet (no holder serving, and this node could not take it over now):
+            // the channel's first send looks for it again, within its bounded wait.
+            let target = match d.locate_slot_holder(&fs_name, slot) {
+                Ok(Some(target)) => target,
+                Ok(None) => (0, String::new(), None),
+                Err(e) => {
+                    tracing::warn!("{fs_name}: owner slot {slot}: {e:#}");
+                    (0, String::new(), None)
+                }
+            };
+            Some(Box::new(d.following_channel(&fs_name, slot, target))
+                as Box<dyn tessera_fs::MetanodeChannel>)
+        })
+    }
+
+    /// A channel to metanode `slot` of `fs` (0: the file system manager) that starts at
+    /// `target` and follows it as it moves.
+    pub(super) fn following_channel(
+        &self,
+        fs: &str,
+        slot: u32,
+        target: OwnerTarget,
+    ) -> FollowingChannel {
+        FollowingChannel {
+            daemon: self.this.clone(),
+            fs: fs.to_string(),
+            slot,
+            target: parking_lot::Mutex::new(target),
+            moves: std::sync::atomic::AtomicU64::new(0),
+            suspect: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Where owner slot `slot` of `fs` is served now: by its recorded holder while the
+    /// incarnation that claimed it is live; otherwise by this node, which takes it over
+    /// (`None` while this node's own mount is claiming it, or while this node holds no
+    /// disk lease: then it may not serve anything).
+    pub(super) fn locate_slot_holder(&self, fs: &str, slot: u32) -> Result<Option<OwnerTarget>> {
+        if self.slot_server(fs, slot).is_some() {
+            return Ok(Some(self.own_target()));
+        }
+        let record = self.file_systems()?.require(fs)?.clone();
+        if let Some(h) = record.slot_holders.iter().find(|h| h.slot == slot) {
+            if self.holder_serving(h) {
+                if h.node == self.cluster.node_name {
+                    return Ok(None);
+                }
+                let state = self.member.state();
+                return Ok(state
+                    .nodes
+                    .values()
+                    .find(|n| n.name == h.node)
+                    .map(|n| (n.number, n.address.clone(), h.incarnation)));
+            }
+        }
+        if !self.member.holds_lease() {
+            return Ok(None);
+        }
+        self.take_over_slot(&record, slot)?;
+        Ok(Some(self.own_target()))
+    }
+
+    /// Takes owner slot `slot` of `record` over from a holder that no longer serves it:
+    /// this node becomes its holder in the table (compare-and-set: of two nodes that try at
+    /// once, one wins and the other follows it), replays the slot's log in a mount of its
+    /// own (no FUSE: this node's kernel reaches it as every other node does), fences every
+    /// node that mounts the file system, and serves.
+    fn take_over_slot(&self, record: &FsRecord, slot: u32) -> Result<()> {
+        let _one = self.takeover.lock();
+        if self.slot_server(&record.name, slot).is_some() {
+            return Ok(());
+        }
+        let me = self.cluster.node_name.clone();
+        let incarnation = self
+            .incarnation()
+            .ok_or_else(|| anyhow!("this node is not a live member of the cluster"))?;
+        let previous = parking_lot::Mutex::new(None);
+        self.change_fs_record(&record.name, &|rec| {
+            match rec.slot_holders.iter_mut().find(|h| h.slot == slot) {
+                Some(h) if self.holder_serving(h) => bail!(
+                    "owner slot {slot} of {} is held by live node {}; following it",
+                    rec.name,
+                    h.node
+                ),
+                Some(h) => {
+                    *previous.lock() = Some(h.node.clone());
+                    h.node = me.clone();
+                    h.incarnation = Some(incarnation);
+                }
+                None => rec.slot_holders.push(SlotHolder {
+                    node: me.clone(),
+                    slot,
+                    incarnation: Some(incarnation),
+                }),
+            }
+            Ok(())
+        })?;
+        let previous = previous.lock().clone().unwrap_or_else(|| "none".into());
+        tracing::warn!(
+            "{}: taking over owner slot {slot} from node {previous}, which no longer serves \
+             it; replaying its log",
+            record.name
+        );
+        let started = std::time::Instant::now();
+        let fs = match self.mount_taken_slot(record, slot) {
+            Ok(fs) => fs,
+            Err(e) => {
+                tracing::error!(
+                    "{}: takeover of owner slot {slot} failed: {e:#}",
+                    record.name
+                );
+                let _ = self.change_fs_record(&record.name, &|rec| {
+                    for h in rec.slot_holders.iter_mut() {
+                        if h.slot == slot && h.node == me {
+                            h.incarnation = None;
+                        }
+                    }
+                    Ok(())
+                });
+                return Err(e);
+            }
+        };
+        self.fence_clients(record, &fs, slot);
+        self.taken_slots
+            .lock()
+            .insert((record.name.clone(), slot), fs);
+        tracing::info!(
+            "{}: this node serves owner slot {slot} now (taken over in {:?})",
+            record.name,
+            started.elapsed()
+        );
+        Ok(())
+    }
+
+    /// Mounts owner slot `slot` of `record` beside this node's own mount: it reaches the
+    /// file system manager and the other slots as this node's mount does.
+    fn mount_taken_slot(&self, record: &FsRecord, slot: u32) -> Result<Arc<FileSystem>> {
+        let nsds = self.nsds()?;
+        let (available, _) = self.open_disks(record, &nsds)?;
+        if available.len() < record.nsds.len() {
+            bail!(
+                "this node reaches {} of the {} NSDs of {}; a slot's owner must reach every \
+                 disk",
+                available.len(),
+                record.nsds.len(),
+                record.name
+            );
+        }
+        let fs = FileSystem::mount_slot(available, slot)
+            .map_err(|e| anyhow!("file system {}: owner slot {slot}: {e}", record.name))?;
+        let manager = self
+            .locate_manager_target(record)
+            .unwrap_or((0, String::new(), None));
+        fs.route_metadata_through(Box::new(self.following_channel(&record.name, 0, manager)));
+        self.configure_owner(&fs, record, &nsds)?;
+        fs.route_slots_through(self.slot_router(&record.name));
+        Ok(fs)
+    }
+
+    /// The file system manager's node as the table names it, if it is a member.
+    fn locate_manager_target(&self, record: &FsRecord) -> Option<OwnerTarget> {
+        let owner = record
+            .mounted
+            .then_some(record.mounted_on.as_deref())
+            .flatten()?;
+        let state = self.member.state();
+        state.nodes.values().find(|n| n.name == owner).map(|n| {
+            (
+                n.number,
+                n.address.clone(),
+                state.incarnations.get(&n.number).copied(),
+            )
+        })
+    }
+
+    /// At the unmount of `fs` on this node: the slots it took over from other nodes are
+    /// checkpointed and let go, and every slot the table records for this node is
+    /// released, so that another node takes over what it served (its own slot stays
+    /// recorded for it, to claim again at its next mount if nobody took it meanwhile).
+    pub(super) fn release_slots(&self, fs: &str) {
+        let taken: Vec<(u32, Arc<FileSystem>)> = {
+            let mut taken = self.taken_slots.lock();
+            let slots: Vec<u32> = taken
+                .keys()
+                .filter(|(name, _)| name == fs)
+                .map(|(_, s)| *s)
+                .collect();
+            slots
+                .into_iter()
+                .filter_map(|s| taken.remove(&(fs.to_string(), s)).map(|f| (s, f)))
+                .collect()
+        };
+        for (slot, mount) in taken {
+            match mount.unmount() {
+                Ok(()) => tracing::info!("{fs}: owner slot {slot} checkpointed and let go"),
+                Err(e) => tracing::error!(
+                    "{fs}: owner slot {slot}: the final checkpoint failed ({e}); the next \
+                     holder replays its log"
+                ),
+            }
+        }
+        let me = self.cluster.node_name.clone();
+        let holds = self.file_systems().ok().is_some_and(|fss| {
+            fss.file_systems.iter().any(|r| {
+                r.name == fs
+                    && r.slot_holders
+                        .iter()
+                        .any(|h| h.node == me && h.incarnation.is_some())
+            })
+        });
+        if !holds {
+            return;
+        }
+        let released = self.change_fs_record(fs, &|rec| {
+            for h in rec.slot_holders.iter_mut().filter(|h| h.node == me) {
+                h.incarnation = None;
+            }
+            Ok(())
+        });
+        if let Err(e) = released {
+            tracing::warn!("{fs}: releasing this node's owner slots in the table: {e:#}");
+        }
+    }
+}
