@@ -587,6 +587,23 @@ impl FileSystem {
     }
 
     /// The inodes open on this client-only mount and how often, for a new owner's fence.
+    /// What this mount asked other nodes' metanodes, by owner (0: the file system manager,
+    /// another number: that owner slot) and kind: requests sent and seconds spent waiting
+    /// for their answers. Empty on a mount that reached no other node.
+    pub fn metanode_requests(&self) -> Vec<(u32, &'static str, u64, f64)> {
+        let mut out = Vec::new();
+        if let Some(remote) = self.remote.get() {
+            out.extend(remote.sent().into_iter().map(|(k, n, s)| (0, k, n, s)));
+        }
+        for (slot, route) in self.slot_routes.iter().enumerate() {
+            if let Some(remote) = route.get() {
+                let slot = u32::try_from(slot).expect("slot numbers fit u32");
+                out.extend(remote.sent().into_iter().map(|(k, n, s)| (slot, k, n, s)));
+            }
+        }
+        out
+    }
+
     /// The way to the owner of `slot` if this mount has made it (it reached that owner).
     fn made_slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
         self.slot_routes

@@ -224,6 +224,54 @@ pub enum MetanodeRequest {
     Leaving,
 }
 
+impl MetanodeRequest {
+    /// The request's name, for the counters of what a mount asks other nodes (a `Once`
+    /// counts as the request it carries).
+    pub(crate) fn kind(&self) -> &'static str {
+        use MetanodeRequest as Q;
+        match self {
+            Q::View { .. } => "View",
+            Q::Update { .. } => "Update",
+            Q::Commit { .. } => "Commit",
+            Q::CommitData { .. } => "CommitData",
+            Q::Accessed { .. } => "Accessed",
+            Q::Allocate { .. } => "Allocate",
+            Q::Abandon { .. } => "Abandon",
+            Q::AllocateCopies { .. } => "AllocateCopies",
+            Q::Attr { .. } => "Attr",
+            Q::HeldBytes { .. } => "HeldBytes",
+            Q::Find { .. } => "Find",
+            Q::Make { .. } => "Make",
+            Q::LinkTarget { .. } => "LinkTarget",
+            Q::DropName { .. } => "DropName",
+            Q::SealDir { .. } => "SealDir",
+            Q::DropEntryOf { .. } => "DropEntryOf",
+            Q::DropSealedDir { .. } => "DropSealedDir",
+            Q::ProvideSlot => "ProvideSlot",
+            Q::AddName { .. } => "AddName",
+            Q::MoveName { .. } => "MoveName",
+            Q::ChangeAttr { .. } => "ChangeAttr",
+            Q::Opened { .. } => "Opened",
+            Q::Closed { .. } => "Closed",
+            Q::Entries { .. } => "Entries",
+            Q::Space => "Space",
+            Q::PutXattr { .. } => "PutXattr",
+            Q::Xattr { .. } => "Xattr",
+            Q::XattrNames { .. } => "XattrNames",
+            Q::DropXattr { .. } => "DropXattr",
+            Q::PutAcl { .. } => "PutAcl",
+            Q::Protection { .. } => "Protection",
+            Q::FenceWrites { .. } => "FenceWrites",
+            Q::FenceSettled { .. } => "FenceSettled",
+            Q::Once { request, .. } => request.kind(),
+            Q::Lock { .. } => "Lock",
+            Q::DropHeld { .. } => "DropHeld",
+            Q::GiveBackData { .. } => "GiveBackData",
+            Q::Leaving => "Leaving",
+        }
+    }
+}
+
 std::thread_local! {
     /// How many `Once` requests the decoder of this thread is inside.
     static ONCE_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
@@ -911,6 +959,35 @@ pub(crate) struct RemoteMetanode {
     seq: std::sync::atomic::AtomicU64,
     /// What the owner let this client keep until it revokes it (`read_tokens.rs`).
     held: crate::read_tokens::HeldCache,
+    /// Requests sent to the owner and the time spent waiting for their answers, by kind.
+    sent: SentRequests,
+}
+
+/// How many requests of each kind a mount sent to one owner, and the seconds it waited for
+/// their answers (`FileSystem::metanode_requests`): where a client's time goes, to the
+/// owner's log commits, to its revocations of other nodes, to the network.
+#[derive(Default)]
+pub(crate) struct SentRequests(
+    parking_lot::Mutex<std::collections::BTreeMap<&'static str, (u64, u64)>>,
+);
+
+impl SentRequests {
+    fn note(&self, kind: &'static str, started: std::time::Instant) {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let mut sent = self.0.lock();
+        let (count, total) = sent.entry(kind).or_default();
+        *count += 1;
+        *total = total.saturating_add(nanos);
+    }
+
+    /// (kind, requests, seconds waited) of every kind sent at least once.
+    pub(crate) fn snapshot(&self) -> Vec<(&'static str, u64, f64)> {
+        self.0
+            .lock()
+            .iter()
+            .map(|(k, (n, ns))| (*k, *n, *ns as f64 / 1e9))
+            .collect()
+    }
 }
 
 impl RemoteMetanode {
@@ -924,7 +1001,13 @@ impl RemoteMetanode {
             writes: parking_lot::RwLock::new(()),
             granted: parking_lot::Mutex::new(std::collections::HashMap::new()),
             held: crate::read_tokens::HeldCache::default(),
+            sent: SentRequests::default(),
         }
+    }
+
+    /// What this mount sent to the owner, by kind (see [`SentRequests`]).
+    pub(crate) fn sent(&self) -> Vec<(&'static str, u64, f64)> {
+        self.sent.snapshot()
     }
 
     /// Whether updates this client sent are acknowledged but not known durable at the
@@ -1062,7 +1145,10 @@ impl RemoteMetanode {
         dirs.sort_unstable();
         dirs.dedup();
         let ticket = self.held.take_off(&dirs);
-        let reply = match self.channel.call(encode(&request)) {
+        let started = std::time::Instant::now();
+        let sent = self.channel.call(encode(&request));
+        self.sent.note(request.kind(), started);
+        let reply = match sent {
             Ok(bytes) => {
                 self.unwrap_reply(&bytes, Some(&request), Some((generation, seq)), &ticket)
             }
@@ -1372,7 +1458,9 @@ impl Metanode for RemoteMetanode {
         // Not revoked by the owner (its own change): dropped here, before and after (and
         // whatever else the answer lists).
         self.held.drop_inos(&[ino]);
+        let started = std::time::Instant::now();
         let reply = self.channel.call_seen(request, seen);
+        self.sent.note("Update", started);
         self.held.drop_inos(&[ino]);
         let (reply, _) = self.unwrap_reply(&reply?, None, None, &Vec::new())?;
         let lsn = match reply {

@@ -45,6 +45,18 @@ pub fn counters(
     })
 }
 
+/// Counters of a real quantity (seconds waited, say).
+pub fn counters_f64(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    s: &[(Labels, f64)],
+) -> fmt::Result {
+    family(enc, name, help, MetricType::Counter, s, |m, v| {
+        m.encode_counter::<NoLabelSet, _, u64>(v, None)
+    })
+}
+
 pub fn gauges(
     enc: &mut DescriptorEncoder,
     name: &str,

@@ -18,7 +18,7 @@ use tessera_fs::{FileSystem, LATENCY_BUCKETS_NS, SIZE_BOUNDS_BYTES};
 
 use super::mounts::{MountedView, NsdStats};
 use super::Daemon;
-use crate::openmetrics::{counters, family, gauges, Labels};
+use crate::openmetrics::{counters, counters_f64, family, gauges, Labels};
 
 /// The registry a scrape encodes: one collector that reads the daemon's counters.
 pub(super) fn registry(daemon: &Arc<Daemon>) -> Registry {
@@ -268,6 +268,47 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         "tessera_fs_inode_cache_entries",
         "Inodes cached whole (maxFilesToCache) and attributes only (maxStatCache)",
         &inode_cache,
+    )
+}
+
+/// What each mount asked other nodes' metanodes, by owner and request kind: how many and
+/// how long it waited for the answers (the owner's work, its log commit, its revocations
+/// of other nodes, and the network), so that a benchmark can say where a client's time
+/// goes.
+fn metanode_samples(enc: &mut DescriptorEncoder, mounted: &[MountedFs]) -> fmt::Result {
+    let mut requests = Vec::new();
+    let mut seconds = Vec::new();
+    for (name, fs) in mounted {
+        for (owner, kind, count, waited) in fs.metanode_requests() {
+            let labels: Labels = vec![
+                ("fs", name.clone()),
+                (
+                    "owner",
+                    if owner == 0 {
+                        "manager".into()
+                    } else {
+                        format!("slot {owner}")
+                    },
+                ),
+                ("request", kind.to_string()),
+            ];
+            requests.push((labels.clone(), count));
+            seconds.push((labels, waited));
+        }
+    }
+    counters(
+        enc,
+        "tessera_metanode_requests",
+        "Metadata requests this node's mount sent to another node's metanode, by owner \
+         (the file system manager or an owner slot) and kind",
+        &requests,
+    )?;
+    counters_f64(
+        enc,
+        "tessera_metanode_request_seconds",
+        "Seconds this node's mount waited for other nodes' metanodes to answer, by owner \
+         and kind",
+        &seconds,
     )
 }
 
@@ -727,6 +768,7 @@ impl Collector for DaemonCollector {
             &[(Vec::new(), mounted.len() as i64)],
         )?;
         fs_samples(&mut enc, &mounted)?;
+        metanode_samples(&mut enc, &mounted)?;
         fuse_samples(&mut enc, &views)?;
         nsd_samples(&mut enc, &nsds)?;
         let arrays: Vec<_> = daemon.arrays.lock().values().cloned().collect();

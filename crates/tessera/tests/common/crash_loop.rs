@@ -28,7 +28,10 @@ pub fn write_synced(dir: &Path, name: &str, len: usize) -> std::io::Result<()> {
 /// The node that manages `fs` now, from `mount ls -Y` on node `from`.
 pub fn owner_of(c: &Cluster, from: u32, fs: &str) -> Option<u32> {
     let listed = tessera_ok(c, from, &["mount", "ls", fs, "-Y"]);
-    let line = listed.lines().find(|l| l.contains(":manager:"))?;
+    // "manager", or "manager, owner slot N" for a node that also holds owner slots.
+    let line = listed
+        .lines()
+        .find(|l| l.contains(":manager:") || l.contains(":manager,"))?;
     (1..=9).find(|k| line.contains(&format!(":{fs}:node{k}:")))
 }
 
