@@ -29,7 +29,10 @@ net=scripts/cluster-netns.sh
 $net down >/dev/null 2>&1 || true
 slots=${SLOTS:-no}
 block=${BLOCK:-4M}
-$net up 3 --drives 1 --size 4G --config "failureDetectionTime=3,metadataSlots=$slots" >/dev/null
+# Every node serves its metrics in its own namespace, for the time clients wait for other
+# nodes' metanodes (tessera_metanode_request_seconds).
+$net up 3 --drives 1 --size 4G \
+    --config "failureDetectionTime=3,metadataSlots=$slots,metricsAddress=0.0.0.0:9400" >/dev/null
 trap '$net down >/dev/null 2>&1 || true' EXIT
 io=$TSR_BASE/io500ish
 cc -O2 -o "$io" bench/io500ish.c
@@ -56,7 +59,18 @@ run() {
     rm -f "${outs[@]}"
 }
 
-declare -A rate
+# metanode_requests: "kind count seconds" lines, summed over every node's mount: what the
+# clients asked other nodes' metanodes and how long they waited.
+metanode_requests() {
+    for k in 1 2 3; do
+        $net run "$k" -- curl -s http://127.0.0.1:9400/metrics || true
+    done | awk '
+        /^tessera_metanode_requests_total\{/ { match($0, /request="[^"]*"/); k = substr($0, RSTART + 9, RLENGTH - 10); n[k] += $NF }
+        /^tessera_metanode_request_seconds_total\{/ { match($0, /request="[^"]*"/); k = substr($0, RSTART + 9, RLENGTH - 10); s[k] += $NF }
+        END { for (k in n) printf "%s %d %.6f\n", k, n[k], s[k] }'
+}
+
+declare -A rate waited asked
 phases=${PHASES:-ior-easy-write ior-easy-read ior-hard-write ior-hard-read md-easy-create md-easy-stat md-easy-remove md-hard-create md-hard-stat md-hard-remove}
 node_counts=${NODES:-1 2 3}
 for nodes in $node_counts; do
@@ -68,8 +82,20 @@ for nodes in $node_counts; do
         *) count=$files; work=$((ranks * files)) ;;
         esac
         case $phase in *-read | *-stat) echo 3 >/proc/sys/vm/drop_caches ;; esac
+        before=$(metanode_requests)
         secs=$(run "$nodes" "$phase" "$count")
+        after=$(metanode_requests)
         rate[$nodes,$phase]=$(awk -v w="$work" -v s="$secs" 'BEGIN { printf "%.0f", w / s }')
+        # The share of the processes' time spent waiting for other nodes' metanodes, and
+        # per operation (file or MiB) what was asked, for the largest node count.
+        delta=$(printf '%s\n--\n%s\n' "$before" "$after" | awk '
+            $1 == "--" { past = 1; next }
+            !past { n0[$1] = $2; s0[$1] = $3; next }
+            { dn = $2 - n0[$1]; ds = $3 - s0[$1]; if (dn > 0) { print $1, dn, ds } }')
+        waited[$nodes,$phase]=$(echo "$delta" | awk -v s="$secs" -v r="$ranks" '
+            { t += $3 } END { printf "%.2f", t / (s * r) }')
+        asked[$nodes,$phase]=$(echo "$delta" | sort -k2 -n -r | head -6 | awk -v w="$work" '
+            NF == 3 { printf "%s%s %.2f/op %.2f ms", sep, $1, $2 / w, 1000 * $3 / $2; sep = ", " }')
     done
 done
 
@@ -79,5 +105,17 @@ for phase in $phases; do
     case $phase in ior-*) unit="MiB/s" ;; *) unit="ops/s" ;; esac
     one=${rate[1,$phase]:-0} three=${rate[3,$phase]:-0}
     echo "| $phase | $unit | $one | ${rate[2,$phase]:--} | $three | $(awk -v a="$three" -v b="$one" 'BEGIN { printf "%.2f", a / b }') |"
+done
+echo
+echo "Share of the processes' time spent waiting for other nodes' metanodes (tokens,"
+echo "names, attributes, allocation, commits), and what each operation asked, per node count:"
+echo
+echo "| pattern | nodes | waiting | requests per operation (file or MiB), mean wait |"
+echo "| --- | ---: | ---: | --- |"
+for phase in $phases; do
+    for nodes in $node_counts; do
+        [ "$nodes" = 1 ] && continue
+        echo "| $phase | $nodes | ${waited[$nodes,$phase]:-0} | ${asked[$nodes,$phase]:-} |"
+    done
 done
 $net run 1 -- tessera umount b1 -a >/dev/null

@@ -187,7 +187,8 @@ fn log_tails(c: &Cluster) -> String {
 /// KiB blocks, so that the 1 GiB drive has free allocation regions for the slots);
 /// returns where node `k` mounts it.
 fn slots_fs(c: &Cluster, fs: &str) -> impl Fn(u32) -> PathBuf {
-    let config = format!("{TEST_TIMINGS},metadataSlots=yes");
+    // Every node serves its metrics in its own namespace (see `metrics_of`).
+    let config = format!("{TEST_TIMINGS},metadataSlots=yes,metricsAddress=0.0.0.0:9400");
     c.ok(&[
         "up", "3", "--drives", "1", "--size", "1G", "--config", &config,
     ]);
@@ -221,6 +222,27 @@ fn slots_fs(c: &Cluster, fs: &str) -> impl Fn(u32) -> PathBuf {
     );
     tessera_ok(c, 1, &["mount", fs, "-N", "node1,node2,node3"]);
     mnt
+}
+
+/// Node `k`'s Prometheus metrics, scraped inside its namespace.
+fn metrics_of(c: &Cluster, k: u32) -> String {
+    const GET: &str = "import sys, urllib.request; \
+                       print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode())";
+    let out = c.sh(&[
+        "run",
+        &k.to_string(),
+        "--",
+        "python3",
+        "-c",
+        GET,
+        "http://127.0.0.1:9400/metrics",
+    ]);
+    assert!(
+        out.status.success(),
+        "node {k}'s metrics: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Writes `content` to `path` and fsyncs it and its directory.
@@ -295,6 +317,16 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
         acked.len()
     );
     assert!(acked.len() > 20, "node 3 went on writing: {}", acked.len());
+    // Node 3's creates went to the holder of node 2's slot, and its metrics say so (a client's
+    // scrape once failed: its free space is the manager's answer over the network).
+    let made = |m: &str| {
+        m.lines().any(|l| {
+            l.starts_with("tessera_metanode_requests_total{")
+                && l.contains("owner=\"slot ")
+                && l.contains("request=\"Make\"")
+        })
+    };
+    assert!(made(&metrics_of(&c, 3)), "{}", metrics_of(&c, 3));
     assert!(
         longest < Duration::from_secs(10),
         "a pause of {longest:?}\n{}",

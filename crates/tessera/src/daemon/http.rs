@@ -125,7 +125,16 @@ fn router(daemon: Arc<Daemon>, registry: Arc<Registry>) -> axum::Router {
             "/metrics",
             get(move || {
                 let registry = Arc::clone(&registry);
-                async move { http_server::metrics_response(&registry) }
+                // Encoded on a blocking thread: a client mount's free space is its file
+                // system manager's answer over the node transport, which blocks.
+                async move {
+                    tokio::task::spawn_blocking(move || http_server::metrics_response(&registry))
+                        .await
+                        .unwrap_or_else(|e| {
+                            ApiError::Failed(format!("encoding the metrics failed: {e}"))
+                                .into_response()
+                        })
+                }
             }),
         )
         .route("/", get(|| async { asset("index.html") }))
