@@ -252,6 +252,13 @@ impl FileSystem {
         crate::fs::ANSWERING.set(once);
         crate::read_tokens::SERVING.set(origin);
         drop(crate::read_tokens::take_own_changed());
+        let keep_data = match &request {
+            MetanodeRequest::Once { request, .. } => match &**request {
+                MetanodeRequest::Make { node, .. } if node.open => node.keep_data,
+                _ => None,
+            },
+            _ => None,
+        };
         let mut reply = serve(self, request);
         let own_changed = crate::read_tokens::take_own_changed();
         crate::read_tokens::SERVING.set(None);
@@ -271,6 +278,19 @@ impl FileSystem {
         }
         if let (true, Some(node)) = (held || asked == Asked::Make, origin) {
             reply = self.held_reply(reply, asked, node);
+        }
+        if let (
+            Some(lock),
+            MetanodeReply::Held(crate::metanode_wire::HeldReply::Made(a, _, _, kept)),
+        ) = (keep_data, &mut reply)
+        {
+            // The creator keeps the new file's data token: a lock nobody else can hold yet.
+            let call = crate::locks::LockCall {
+                lock,
+                test: false,
+                wait: false,
+            };
+            *kept = matches!(Namespace::lock(self, a.ino, call, origin), Ok(None));
         }
         if durable && !matches!(reply, MetanodeReply::Failed(_)) {
             if let Err(e) = self.sync_own() {
@@ -317,7 +337,13 @@ impl FileSystem {
                 }
                 match (asked, self.attr_and_bytes(a.ino)) {
                     (Asked::Find, Some((again, _))) => R::Held(HeldReply::Attr(again)),
-                    (_, Some((again, bytes))) => R::Held(HeldReply::Made(again, bytes)),
+                    (_, Some((again, bytes))) => {
+                        // A new file's view: the write that follows its create needs it.
+                        let view = (again.kind == crate::inode::FileKind::Regular)
+                            .then(|| crate::metanode::Metanode::view(self, a.ino, 0..0).ok())
+                            .flatten();
+                        R::Held(HeldReply::Made(again, bytes, view, false))
+                    }
                     (_, None) => R::Attr(a),
                 }
             }
@@ -502,6 +528,7 @@ impl FileSystem {
             caller,
             symlink_target: symlink_target.map(<[u8]>::to_vec),
             for_slot,
+            keep_data: None,
         };
         let made = self.routed(parent, |ns| ns.make(parent, name, node.clone()))?;
         if for_slot.is_some() && self.slot_serving(made.ino) != mine {
@@ -677,8 +704,13 @@ impl FileSystem {
             symlink_target: None,
             open: true,
             for_slot: None,
+            keep_data: self.data_token_to_keep_at_create(),
         };
+        crate::metanode_wire::MADE_KEPT.set(None);
         let attr = self.routed(parent, |ns| ns.make(parent, name, node.clone()))?;
+        if crate::metanode_wire::MADE_KEPT.take() == Some(attr.ino) {
+            self.keep_data_token_made(attr.ino);
+        }
         self.count_open(attr.ino);
         self.pmon.open();
         Ok(attr)

@@ -861,6 +861,22 @@ impl crate::fs::FileSystem {
         }))
     }
 
+    /// The data token a client mount asks to keep with the create of a file
+    /// (`NewNode::keep_data`): the whole-file token it keeps, while its table has room.
+    pub(crate) fn data_token_to_keep_at_create(&self) -> Option<Lock> {
+        if self.is_owner() || !self.shared.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        (self.kept_data.len() < KEPT_MAX).then(|| self.kept_whole())
+    }
+
+    /// The owner granted the data token of `ino` with its create: kept as if asked for.
+    pub(crate) fn keep_data_token_made(&self, ino: Ino) {
+        let whole = self.kept_whole();
+        let _ = self.held_locks.lock().set(ino, whole, None);
+        self.kept_data.inner.lock().tokens.entry(ino).or_default();
+    }
+
     /// The owner takes back the data tokens this mount keeps for `inos` (`GiveBackData`):
     /// returns once no write of this node runs under them. The owner then drops them from
     /// its table.

@@ -324,6 +324,11 @@ pub(crate) struct NewNode {
     /// serves: made for the asking slot (`make_directory_for_slot`), so that it and what
     /// is made in it are that node's work.
     pub for_slot: Option<u32>,
+    /// With `open`, the whole-file data token the creating client mount keeps (`locks.rs`,
+    /// `KeptToken`), granted with the create: nobody else can hold one of a file that did
+    /// not exist, and its first write then asks the owner for none.
+    #[serde(default)]
+    pub keep_data: Option<crate::locks::Lock>,
 }
 
 /// RENAME_NOREPLACE and RENAME_EXCHANGE.

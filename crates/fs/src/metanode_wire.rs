@@ -273,6 +273,9 @@ impl MetanodeRequest {
 }
 
 std::thread_local! {
+    /// The file whose data token the owner granted with this thread's last create
+    /// (`NewNode::keep_data`), for `FileSystem::create_open` to record.
+    pub(crate) static MADE_KEPT: std::cell::Cell<Option<Ino>> = const { std::cell::Cell::new(None) };
     /// How many `Once` requests the decoder of this thread is inside.
     static ONCE_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
@@ -423,9 +426,10 @@ pub enum MetanodeReply {
     },
     /// A view the client may keep until the owner sends [`MetanodeRequest::DropHeld`].
     HeldView(FileView),
-    /// What a `Make` made, with the bytes it holds; only ever inside `Held` (a client
-    /// reads a plain `Attr` otherwise).
-    Made(Attr, u64),
+    /// What a `Make` made, with the bytes it holds and, for a regular file, its view and
+    /// whether the data token it asked to keep was granted; only ever inside `Held` (a
+    /// client reads a plain `Attr` otherwise).
+    Made(Attr, u64, Option<FileView>, bool),
     /// An answer to `Attr`, `HeldBytes`, `Protection` or `Find` the client may keep until
     /// the owner sends [`MetanodeRequest::DropHeld`] (`read_tokens.rs`).
     Held(HeldReply),
@@ -449,8 +453,10 @@ pub enum HeldReply {
     Protection(Attr, Option<Vec<u8>>),
     /// `Find` found no such name.
     Absent,
-    /// What `Make` made: its attributes and the bytes it holds.
-    Made(Attr, u64),
+    /// What `Make` made: its attributes, the bytes it holds and, for a regular file, its
+    /// view (empty and inline: the write that follows a create asks for no view) and
+    /// whether the client keeps the data token it asked for (`NewNode::keep_data`).
+    Made(Attr, u64, Option<FileView>, bool),
     /// `Find` found the name naming an inode another owner slot serves (a directory made
     /// for it): the name is kept, the attributes asked of that slot's owner.
     Elsewhere(Ino),
@@ -1265,7 +1271,7 @@ fn open_reply(bytes: &[u8]) -> FsResult<OpenedReply> {
                 HeldReply::Count(n) => MetanodeReply::Count(n),
                 HeldReply::Protection(a, acl) => MetanodeReply::Protection(a, acl),
                 HeldReply::Absent => MetanodeReply::Failed(RemoteError::NotFound),
-                HeldReply::Made(a, bytes) => MetanodeReply::Made(a, bytes),
+                HeldReply::Made(a, bytes, view, kept) => MetanodeReply::Made(a, bytes, view, kept),
                 HeldReply::Elsewhere(ino) => {
                     MetanodeReply::Failed(RemoteError::InodeElsewhere { ino })
                 }
@@ -1305,7 +1311,7 @@ fn names_after<'r>(
 ) -> Option<Vec<crate::read_tokens::NameAfter<'r>>> {
     use MetanodeRequest as Q;
     let made = match reply {
-        MetanodeReply::Attr(a) | MetanodeReply::Made(a, _) => Some(a.ino),
+        MetanodeReply::Attr(a) | MetanodeReply::Made(a, _, _, _) => Some(a.ino),
         MetanodeReply::Done => None,
         _ => return None,
     };
@@ -1695,7 +1701,10 @@ impl Namespace for RemoteMetanode {
         }))?;
         match reply? {
             MetanodeReply::Attr(attr) => Ok(attr),
-            MetanodeReply::Made(attr, bytes) => {
+            MetanodeReply::Made(attr, bytes, view, kept) => {
+                if kept {
+                    MADE_KEPT.set(Some(attr.ino));
+                }
                 // Granted: the new inode under its own token, its name under the
                 // directory's (this client still holds the directory: the owner keeps
                 // the node whose request changed it as a holder).
@@ -1703,6 +1712,9 @@ impl Namespace for RemoteMetanode {
                     self.held.keep(attr.ino, generation, seq, |of| {
                         of.attr = Some(attr);
                         of.held_bytes = Some(bytes);
+                        if let Some(view) = view {
+                            of.views.insert((0, 0), view);
+                        }
                         // A directory just made has no names yet.
                         of.complete = attr.kind == crate::inode::FileKind::Directory;
                     });

@@ -978,6 +978,7 @@ impl FileSystem {
             symlink_target,
             open,
             for_slot: _,
+            keep_data: _,
         } = node;
         check_name(name)?;
         self.check_inode_limit(m)?;

@@ -413,7 +413,13 @@ impl HeldCache {
     /// The view of `blocks` of `ino` held from the owner of generation `generation`.
     pub(crate) fn view(&self, ino: Ino, blocks: &Range<u64>, generation: u64) -> Option<FileView> {
         self.get(ino, generation, |of| {
-            of.views.get(&(blocks.start, blocks.end)).cloned()
+            of.views
+                .get(&(blocks.start, blocks.end))
+                .cloned()
+                .or_else(|| {
+                    // An inline file has no blocks: its view is the same for every range.
+                    of.views.values().find(|v| v.is_inline()).cloned()
+                })
         })
     }
 

@@ -684,6 +684,7 @@ impl crate::fs::FileSystem {
             caller,
             symlink_target: None,
             for_slot: Some(slot),
+            keep_data: None,
         };
         self.make_directory_for_slot_node(parent, name, node, slot)
     }

@@ -1640,3 +1640,55 @@ fn a_client_that_wrote_more_files_than_it_keeps_tokens_for_gives_some_back() {
     drop((client, owner));
     assert_fsck_clean(&t, "after a client gave kept tokens back");
 }
+
+/// mdtest's hard pattern on a client: a create followed by a small write. The owner hands
+/// the new file's view and its data token over with the create, so the write asks for
+/// neither (it allocates and maps its block: two requests; the release tells the owner the
+/// file is closed). The data token is the client's as if it had asked: a write by the
+/// owner takes it back first, and each mount reads the other's write.
+#[test]
+fn a_clients_create_hands_it_the_new_files_view_and_data_token() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tessera_fs::{Caller, FileKind};
+    const ROOT: Caller = Caller { uid: 0, gid: 0 };
+    let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
+    let dir = owner
+        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o777, 0, ROOT, None)
+        .unwrap()
+        .ino;
+    let data = pattern(3901, 5);
+    let mut files = Vec::new();
+    for i in 0..20 {
+        let before = calls.load(Relaxed);
+        let name = format!("f{i}");
+        let a = client
+            .create_open(dir, name.as_bytes(), (0o644, 0), ROOT)
+            .unwrap();
+        client.write(a.ino, 0, &data, false).unwrap();
+        client.release(a.ino).unwrap();
+        let asked = calls.load(Relaxed) - before;
+        assert!(
+            asked <= 4,
+            "file {i}: {asked} requests (make, allocate, map, closed at most)"
+        );
+        files.push(a.ino);
+    }
+    assert_eq!(client.kept_data_tokens(), 20);
+    assert_eq!(owner.kept_data_tokens_granted(), 20);
+    for &ino in &files {
+        assert!(owner.read(ino, 0, 4096).unwrap() == data);
+    }
+    let before = revoked.load(Relaxed);
+    owner.write(files[3], 10, b"the owner", false).unwrap();
+    assert!(
+        revoked.load(Relaxed) > before,
+        "the owner's write took the token back"
+    );
+    assert_eq!(&client.read(files[3], 10, 9).unwrap()[..], b"the owner");
+    assert_eq!(client.kept_data_tokens(), 19);
+    client.unmount().unwrap();
+    assert_eq!(owner.kept_data_tokens_granted(), 0, "given back at unmount");
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after creates that kept their data tokens");
+}
