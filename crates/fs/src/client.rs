@@ -105,6 +105,7 @@ impl FileSystem {
                 let mut foreign = self.kernel_kept.take(inos);
                 foreign.extend(
                     inos.iter()
+                        .filter(|i| !crate::read_tokens::is_protection_key(**i))
                         .filter(|i| !self.serves(**i))
                         .map(|i| crate::CacheChange::Inode(*i)),
                 );
@@ -233,9 +234,13 @@ impl FileSystem {
                 MetanodeRequest::View { ino, .. }
                 | MetanodeRequest::Attr { ino }
                 | MetanodeRequest::HeldBytes { ino }
-                | MetanodeRequest::Protection { ino },
+                | MetanodeRequest::AttrBytes { ino },
                 Some(node),
             ) => holders.grant(*ino, node),
+            // Under a token of its own (see `read_tokens.rs`).
+            (MetanodeRequest::Protection { ino }, Some(node)) => {
+                holders.grant(crate::read_tokens::protection_key(*ino), node)
+            }
             (MetanodeRequest::Find { parent, .. }, Some(node)) => holders.grant(*parent, node),
             _ => false,
         };
@@ -276,8 +281,10 @@ impl FileSystem {
             );
             reply = MetanodeReply::HeldView(view);
         }
-        if let (true, Some(node)) = (held || asked == Asked::Make, origin) {
-            reply = self.held_reply(reply, asked, node);
+        // A found name's inode may be kept even when its directory may not (other nodes
+        // change it): its attributes under its own token.
+        if let (true, Some(node)) = (held || asked != Asked::Read, origin) {
+            reply = self.held_reply(reply, asked, node, held);
         }
         if let (
             Some(lock),
@@ -318,16 +325,17 @@ impl FileSystem {
         encode(&reply)
     }
 
-    /// `reply` to a read whose inode `node` was recorded as holding, or to its `Make`, as
-    /// one it may keep. A name found is kept under its directory's token and its attributes
-    /// under the child's, and what a `Make` made under its own: the child is recorded
-    /// too, and read again after that, so that no change between the first read and the
-    /// record goes unrevoked.
+    /// `reply` to a read whose inode `node` was recorded as holding (`held`), or to its
+    /// `Make` or `Find`, as one it may keep. A name found is kept under its directory's
+    /// token (when `held`: granted) and its attributes and bytes under the child's, and
+    /// what a `Make` made under its own: the child is recorded too, and read again after
+    /// that, so that no change between the first read and the record goes unrevoked.
     fn held_reply(
         &self,
         reply: crate::metanode_wire::MetanodeReply,
         asked: Asked,
         node: crate::locks::Origin,
+        held: bool,
     ) -> crate::metanode_wire::MetanodeReply {
         use crate::metanode_wire::{HeldReply, MetanodeReply as R, RemoteError};
         match (reply, asked) {
@@ -336,7 +344,11 @@ impl FileSystem {
                     return R::Attr(a);
                 }
                 match (asked, self.attr_and_bytes(a.ino)) {
-                    (Asked::Find, Some((again, _))) => R::Held(HeldReply::Attr(again)),
+                    (Asked::Find, Some((again, bytes))) => R::Held(HeldReply::Found {
+                        attr: again,
+                        bytes,
+                        name: held,
+                    }),
                     (_, Some((again, bytes))) => {
                         // A new file's view: the write that follows its create needs it.
                         let view = (again.kind == crate::inode::FileKind::Regular)
@@ -347,14 +359,16 @@ impl FileSystem {
                     (_, None) => R::Attr(a),
                 }
             }
-            (R::Failed(RemoteError::NotFound), Asked::Find) => R::Held(HeldReply::Absent),
-            (R::Failed(RemoteError::InodeElsewhere { ino }), Asked::Find) => {
+            (R::Failed(RemoteError::NotFound), Asked::Find) if held => R::Held(HeldReply::Absent),
+            (R::Failed(RemoteError::InodeElsewhere { ino }), Asked::Find) if held => {
                 R::Held(HeldReply::Elsewhere(ino))
             }
+            (reply, Asked::Find) if !held => reply,
             // A Make's other answers (a failure) are plain.
             (reply, Asked::Make) => reply,
             (R::Attr(a), _) => R::Held(HeldReply::Attr(a)),
             (R::Count(n), _) => R::Held(HeldReply::Count(n)),
+            (R::AttrBytes(a, n), _) => R::Held(HeldReply::AttrBytes(a, n)),
             (R::Protection(a, acl), _) => R::Held(HeldReply::Protection(a, acl)),
             (other, _) => other,
         }
@@ -465,6 +479,11 @@ impl FileSystem {
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
         self.routed(ino, |ns| ns.attr(ino))
+    }
+
+    /// The attributes and the bytes of storage the file holds, at once (a `stat`).
+    pub fn getattr_allocated(&self, ino: Ino) -> FsResult<(Attr, u64)> {
+        self.routed(ino, |ns| ns.attr_and_bytes(ino))
     }
 
     /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.

@@ -857,6 +857,7 @@ impl FileSystem {
             // `Change::Answered`), atomically with what it did.
             changes.push(Change::Answered { client, seq });
         }
+        let protections = self.protections_changed(m, &changes);
         let record = postcard::to_stdvec(&changes).expect("changes serialize");
         let lsn = match self.journal().append(&record) {
             Ok(lsn) => lsn,
@@ -890,7 +891,10 @@ impl FileSystem {
         }
         // Before the operation that logged it returns: no node goes on reading what this
         // changed from a view it holds.
-        self.owner().meta.holders.revoke_changed(&changes);
+        self.owner()
+            .meta
+            .holders
+            .revoke_changed(&changes, &protections);
         self.pmon.inode_update();
         if m.state.store_mut().dirty_pages() > self.owner().dirty_pages_hard.load(Ordering::Relaxed)
         {
@@ -899,6 +903,38 @@ impl FileSystem {
             self.checkpoint_locked(m)?;
         }
         Ok(lsn)
+    }
+
+    /// The inodes whose protection (what permission checks read: kind, mode, owner, group,
+    /// ACL) `changes` change, among those another node holds it of
+    /// (`read_tokens::protection_key`); read before the changes are applied. Any change
+    /// of an extended attribute counts (ACLs are extended attributes), and so does
+    /// freeing the inode.
+    fn protections_changed(&self, m: &mut Meta, changes: &[Change]) -> Vec<Ino> {
+        let holders = &self.owner().meta.holders;
+        let mut changed = Vec::new();
+        for change in changes {
+            let ino = match change {
+                Change::PutAttr(a) => a.ino,
+                Change::SetXattr { ino, .. }
+                | Change::RemoveXattr { ino, .. }
+                | Change::FreeInode { ino } => *ino,
+                _ => continue,
+            };
+            if !holders.held_by_any(crate::read_tokens::protection_key(ino)) {
+                continue;
+            }
+            let same = match (change, m.state.attr(ino)) {
+                (Change::PutAttr(new), Ok(old)) => {
+                    (old.kind, old.perm, old.uid, old.gid) == (new.kind, new.perm, new.uid, new.gid)
+                }
+                _ => false,
+            };
+            if !same {
+                changed.push(ino);
+            }
+        }
+        changed
     }
 
     /// Makes every change logged up to `lsn` durable. Data blocks are flushed first: a logged

@@ -226,6 +226,10 @@ pub(crate) trait Namespace: Send + Sync {
 
     /// Bytes of storage the file's block map holds (whole sub-blocks).
     fn held_bytes(&self, ino: Ino) -> FsResult<u64>;
+    /// `attr` and `held_bytes` at once (a `stat`): one request to a remote owner.
+    fn attr_and_bytes(&self, ino: Ino) -> FsResult<(Attr, u64)> {
+        Ok((self.attr(ino)?, self.held_bytes(ino)?))
+    }
 
     /// The attributes of what `name` in `parent` names (also `.` and `..`).
     fn find(&self, parent: Ino, name: &[u8]) -> FsResult<Attr>;

@@ -81,6 +81,10 @@ pub enum MetanodeRequest {
     HeldBytes {
         ino: Ino,
     },
+    /// `Attr` and `HeldBytes` in one (a `stat`).
+    AttrBytes {
+        ino: Ino,
+    },
     Find {
         parent: Ino,
         name: Vec<u8>,
@@ -240,6 +244,7 @@ impl MetanodeRequest {
             Q::AllocateCopies { .. } => "AllocateCopies",
             Q::Attr { .. } => "Attr",
             Q::HeldBytes { .. } => "HeldBytes",
+            Q::AttrBytes { .. } => "AttrBytes",
             Q::Find { .. } => "Find",
             Q::Make { .. } => "Make",
             Q::LinkTarget { .. } => "LinkTarget",
@@ -430,6 +435,11 @@ pub enum MetanodeReply {
     /// whether the data token it asked to keep was granted; only ever inside `Held` (a
     /// client reads a plain `Attr` otherwise).
     Made(Attr, u64, Option<FileView>, bool),
+    /// What a `Find` found, with the bytes it holds, kept under the inode's token; the name
+    /// too when it says so (its directory's token was granted); only ever inside `Held`.
+    Found(Attr, u64, bool),
+    /// The answer to `AttrBytes`.
+    AttrBytes(Attr, u64),
     /// An answer to `Attr`, `HeldBytes`, `Protection` or `Find` the client may keep until
     /// the owner sends [`MetanodeRequest::DropHeld`] (`read_tokens.rs`).
     Held(HeldReply),
@@ -457,6 +467,16 @@ pub enum HeldReply {
     /// view (empty and inline: the write that follows a create asks for no view) and
     /// whether the client keeps the data token it asked for (`NewNode::keep_data`).
     Made(Attr, u64, Option<FileView>, bool),
+    /// An answer to `AttrBytes`.
+    AttrBytes(Attr, u64),
+    /// What `Find` found: its attributes and the bytes it holds, under its own token (a
+    /// `stat` after a lookup asks nothing more), and whether the name is kept too (under
+    /// the directory's token: not granted while other nodes change the directory).
+    Found {
+        attr: Attr,
+        bytes: u64,
+        name: bool,
+    },
     /// `Find` found the name naming an inode another owner slot serves (a directory made
     /// for it): the name is kept, the attributes asked of that slot's owner.
     Elsewhere(Ino),
@@ -682,6 +702,12 @@ where
         }
         Q::Attr { ino } => answer(owner.attr(ino), R::Attr),
         Q::HeldBytes { ino } => answer(owner.held_bytes(ino), R::Count),
+        Q::AttrBytes { ino } => answer(
+            owner
+                .attr(ino)
+                .and_then(|a| Ok((a, owner.held_bytes(ino)?))),
+            |(a, bytes)| R::AttrBytes(a, bytes),
+        ),
         Q::Find { parent, name } => answer(owner.find(parent, &name), R::Attr),
         Q::Make { parent, name, node } => answer(owner.make(parent, &name, node), R::Attr),
         Q::LinkTarget { ino } => answer(owner.link_target(ino), R::Bytes),
@@ -804,6 +830,7 @@ pub(crate) fn cache_changes(
         | Q::Abandon { .. }
         | Q::Attr { .. }
         | Q::HeldBytes { .. }
+        | Q::AttrBytes { .. }
         | Q::Find { .. }
         | Q::LinkTarget { .. }
         | Q::Opened { .. }
@@ -1272,6 +1299,8 @@ fn open_reply(bytes: &[u8]) -> FsResult<OpenedReply> {
                 HeldReply::Protection(a, acl) => MetanodeReply::Protection(a, acl),
                 HeldReply::Absent => MetanodeReply::Failed(RemoteError::NotFound),
                 HeldReply::Made(a, bytes, view, kept) => MetanodeReply::Made(a, bytes, view, kept),
+                HeldReply::Found { attr, bytes, name } => MetanodeReply::Found(attr, bytes, name),
+                HeldReply::AttrBytes(a, bytes) => MetanodeReply::AttrBytes(a, bytes),
                 HeldReply::Elsewhere(ino) => {
                     MetanodeReply::Failed(RemoteError::InodeElsewhere { ino })
                 }
@@ -1336,6 +1365,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
         Q::View { .. }
             | Q::Attr { .. }
             | Q::HeldBytes { .. }
+            | Q::AttrBytes { .. }
             | Q::Find { .. }
             | Q::LinkTarget { .. }
             | Q::Entries { .. }
@@ -1625,6 +1655,27 @@ impl Namespace for RemoteMetanode {
         Ok(attr)
     }
 
+    fn attr_and_bytes(&self, ino: Ino) -> FsResult<(Attr, u64)> {
+        let generation = self.channel.generation();
+        let both = |of: &crate::read_tokens::HeldOf| Some((of.attr?, of.held_bytes?));
+        if let Some(both) = self.held.get(ino, generation, both) {
+            return Ok(both);
+        }
+        let (reply, held) = self.call_held(MetanodeRequest::AttrBytes { ino })?;
+        let (attr, bytes) = expect_reply!(
+            reply?,
+            MetanodeReply::AttrBytes(a, n) => (a, n),
+            "attributes and bytes"
+        )?;
+        if let Some(seq) = held {
+            self.held.keep(ino, generation, seq, |of| {
+                of.attr = Some(attr);
+                of.held_bytes = Some(bytes);
+            });
+        }
+        Ok((attr, bytes))
+    }
+
     fn held_bytes(&self, ino: Ino) -> FsResult<u64> {
         let generation = self.channel.generation();
         if let Some(n) = self.held.get(ino, generation, |of| of.held_bytes) {
@@ -1667,6 +1718,22 @@ impl Namespace for RemoteMetanode {
             name: name.to_vec(),
         })?;
         let found = match reply {
+            Ok(MetanodeReply::Found(attr, bytes, name_kept)) => {
+                // The inode under its own token; the name only when its directory's was
+                // granted too.
+                if let Some(seq) = held {
+                    self.held.keep(attr.ino, generation, seq, |of| {
+                        of.attr = Some(attr);
+                        of.held_bytes = Some(bytes);
+                    });
+                    if name_kept {
+                        self.held.keep(parent, generation, seq, |of| {
+                            of.names.insert(name.to_vec(), Some(attr.ino));
+                        });
+                    }
+                }
+                return Ok(attr);
+            }
             Ok(reply) => Some(expect_reply!(reply, MetanodeReply::Attr(a) => a, "attributes")?),
             Err(FsError::NotFound) => None,
             Err(FsError::InodeElsewhere { ino }) => {
@@ -1865,7 +1932,9 @@ impl Namespace for RemoteMetanode {
 
     fn protection(&self, ino: Ino) -> FsResult<Protection> {
         let generation = self.channel.generation();
-        if let Some(p) = self.held.get(ino, generation, |of| of.protection.clone()) {
+        // Kept under the protection's own token (`read_tokens::protection_key`).
+        let key = crate::read_tokens::protection_key(ino);
+        if let Some(p) = self.held.get(key, generation, |of| of.protection.clone()) {
             return Ok(p);
         }
         let (reply, held) = self.call_held(MetanodeRequest::Protection { ino })?;
@@ -1875,7 +1944,7 @@ impl Namespace for RemoteMetanode {
         if let Some(seq) = held {
             let kept = protection.clone();
             self.held
-                .keep(ino, generation, seq, |of| of.protection = Some(kept));
+                .keep(key, generation, seq, |of| of.protection = Some(kept));
         }
         Ok(protection)
     }

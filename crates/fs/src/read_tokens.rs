@@ -4,9 +4,14 @@
 //! client keeps what the owner grants until the owner revokes it, instead of asking the
 //! owner for every `stat`, lookup, permission check and read.
 //!
-//! One token per inode covers everything a node caches of it: a change of any kind to an
-//! inode revokes all of it. Coarser than GPFS's separate attribute, entry and byte-range
-//! tokens, and enough: what a client caches of an inode is refetched in one round trip.
+//! One token per inode covers everything a node caches of it but its protection: a change
+//! of any kind to an inode revokes all of it. Coarser than GPFS's separate attribute,
+//! entry and byte-range tokens, and enough: what a client caches of an inode is refetched
+//! in one round trip. The protection (kind, mode, owner, group and ACL: what permission
+//! checks read) has a token of its own (`protection_key`), revoked only by a change of
+//! those: a directory that several nodes create in at once changes its names and times
+//! with every create, so its one token is never granted (`HOT_WINDOW`), but each create
+//! on every node checks its permissions, a round trip each if they went with the names.
 //!
 //! The owner grants only to another node (`MetanodeReply::Held`, `HeldView`; what a
 //! node's `Make` made too, recorded after it and read again), and only when
@@ -68,6 +73,25 @@ const CACHED_MAX: usize = 65_536;
 /// far longer than the round trips it saves, short enough that a directory or file others
 /// stopped changing is cached again at once to a person's eye.
 pub(crate) const HOT_WINDOW: Duration = Duration::from_millis(250);
+
+/// The bit that makes an inode number the key of its protection's token: inode numbers
+/// stay far below it (shards times the inodes of one, both bounded).
+const PROTECTION_BIT: Ino = 1 << 63;
+
+/// The key under which owners record holders of `ino`'s protection, and clients keep it.
+pub(crate) fn protection_key(ino: Ino) -> Ino {
+    debug_assert_eq!(
+        ino & PROTECTION_BIT,
+        0,
+        "inode {ino} collides with a protection key"
+    );
+    ino | PROTECTION_BIT
+}
+
+/// Whether `key` is a protection's key rather than an inode.
+pub(crate) fn is_protection_key(key: Ino) -> bool {
+    key & PROTECTION_BIT != 0
+}
 
 /// Sends a node the inodes whose held copies it must drop; returns once it answered, or
 /// once it is gone from the cluster.
@@ -258,10 +282,18 @@ impl ReadHolders {
         self.count.load(Ordering::Acquire)
     }
 
+    /// Whether some node holds copies under `key` (to spare a change the work of finding
+    /// out whether it touched what they hold).
+    pub(crate) fn held_by_any(&self, key: Ino) -> bool {
+        self.count.load(Ordering::Acquire) > 0 && self.table.lock().holders.contains_key(&key)
+    }
+
     /// Takes the holders of every inode `changes` touch, for this thread to revoke once it
     /// lets the metadata lock go, and notes those the serving node holds for its answer;
     /// the caller holds that lock, so every holder recorded before these changes is found.
-    pub(crate) fn revoke_changed(&self, changes: &[Change]) {
+    /// `protections` are the inodes whose protection the changes changed (see
+    /// [`protection_key`]).
+    pub(crate) fn revoke_changed(&self, changes: &[Change], protections: &[Ino]) {
         if self.count.load(Ordering::Acquire) == 0 {
             return;
         }
@@ -271,7 +303,11 @@ impl ReadHolders {
         {
             let mut table = self.table.lock();
             let now = Instant::now();
-            for ino in changes.iter().filter_map(changed_ino) {
+            let keys = changes
+                .iter()
+                .filter_map(changed_ino)
+                .chain(protections.iter().map(|i| protection_key(*i)));
+            for ino in keys {
                 let Some(of) = table.holders.remove(&ino) else {
                     continue;
                 };
@@ -548,7 +584,6 @@ impl HeldCache {
             }
             let kept = HeldOf {
                 generation: of.generation,
-                protection: of.protection,
                 names: of.names,
                 complete: of.complete,
                 ..HeldOf::default()

@@ -1692,3 +1692,75 @@ fn a_clients_create_hands_it_the_new_files_view_and_data_token() {
     drop((client, owner));
     assert_fsck_clean(&t, "after creates that kept their data tokens");
 }
+
+/// A directory's protection (kind, mode, owner, group, ACL) is held under a token of its
+/// own: while the owner creates and removes names in the directory (which revokes its
+/// names and attributes every time), a client's permission checks there ask the owner
+/// nothing; a chmod, a chown and an ACL revoke it, and the client's next check sees them.
+#[test]
+fn a_directorys_protection_is_held_while_its_names_change() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tessera_fs::access::{Credentials, MAY_EXEC, MAY_WRITE};
+    use tessera_fs::{Caller, FileKind, SetAttr};
+    const ROOT: Caller = Caller { uid: 0, gid: 0 };
+    let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
+    let dir = owner
+        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o777, 0, ROOT, None)
+        .unwrap()
+        .ino;
+    let user = Credentials::new(1000, 1000, 1);
+    client
+        .may_use_dir(dir, &user, MAY_WRITE | MAY_EXEC)
+        .unwrap();
+    let before = (calls.load(Relaxed), revoked.load(Relaxed));
+    for i in 0..10 {
+        let name = format!("f{i}");
+        create_file(&owner, dir, name.as_bytes());
+        client
+            .may_use_dir(dir, &user, MAY_WRITE | MAY_EXEC)
+            .unwrap();
+        owner.remove(dir, name.as_bytes(), false).unwrap();
+        client
+            .may_use_dir(dir, &user, MAY_WRITE | MAY_EXEC)
+            .unwrap();
+    }
+    assert_eq!(
+        (calls.load(Relaxed), revoked.load(Relaxed)),
+        before,
+        "no request, no revocation for the checks between the owner's creates"
+    );
+    owner
+        .setattr(
+            dir,
+            SetAttr {
+                mode: Some(0o755),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    assert!(
+        revoked.load(Relaxed) > before.1,
+        "the chmod revoked the protection"
+    );
+    assert!(matches!(
+        client.may_use_dir(dir, &user, MAY_WRITE | MAY_EXEC),
+        Err(FsError::PermissionDenied)
+    ));
+    client.may_use_dir(dir, &user, MAY_EXEC).unwrap();
+    owner
+        .setattr(
+            dir,
+            SetAttr {
+                uid: Some(1000),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    client
+        .may_use_dir(dir, &user, MAY_WRITE | MAY_EXEC)
+        .unwrap();
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after protection tokens");
+}

@@ -860,7 +860,13 @@ impl Handler for TesseraFuse {
         let cred = credentials(req);
         match req.op {
             Op::Lookup { name } => self.lookup(ino, name, &cred),
-            Op::Getattr => self.attr(self.fs.getattr(ino), Self::getattr_ttl),
+            Op::Getattr => match self.fs.getattr_allocated(ino) {
+                Ok((a, bytes)) => Reply::Attr {
+                    ttl: Self::getattr_ttl(self, a.ino),
+                    attr: file_attr(&a, bytes),
+                },
+                Err(e) => errno(&e),
+            },
             Op::Setattr(ref s) => self.setattr(ino, s, &cred),
             Op::Readlink => match self.fs.readlink(ino) {
                 Ok(t) => Reply::Data(t),
