@@ -456,6 +456,12 @@ impl FileSystem {
         if d.attr.kind != FileKind::Directory {
             return Ok(());
         }
+        // The victim matters only to the sticky-directory rule: its lookup (a round trip
+        // on a client, where another node changes the directory) only when that applies.
+        let sticky = u32::from(d.attr.perm) & S_ISVTX != 0;
+        if !sticky || cred.is_root() || cred.uid == d.attr.uid {
+            return may_delete(&d, None, cred);
+        }
         let victim = self.child_attr(dir, name)?;
         may_delete(&d, victim.as_ref(), cred)
     }
