@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tessera_alloc::{BlockHint, Extent};
+use tessera_alloc::{BlockHint, DiskAddr, Extent};
 use tessera_drive::AlignedBuf;
 use tessera_journal::Lsn;
 
@@ -464,7 +464,15 @@ impl FileSystem {
         }
         let _through = sync.then(WriteThrough::begin);
         let shared = self.inode_lock(ino).read();
-        let written = if self.metanode_of(ino).view(ino, 0..0)?.is_inline() {
+        // The view of the first block written tells whether the file is inline (its bytes
+        // in the inode: the same answer for every range), and is the one that block's plan
+        // reads next: one request to a remote owner, not two.
+        let first = offset / self.geo.block_bytes;
+        let written = if self
+            .metanode_of(ino)
+            .view(ino, first..first + 1)?
+            .is_inline()
+        {
             // Inline data is rewritten whole and may move into a block: one writer at a
             // time, on this node and on every other (the token of the whole file).
             drop(shared);
@@ -703,13 +711,18 @@ impl FileSystem {
         if !exclusive {
             return Ok(BlockPlan::NeedsExclusive);
         }
-        // A new extent goes after the previous block's, where it can.
+        // A new extent goes after the previous block's, where it can: where this mount
+        // placed it, if it did (a sequential writer's previous block, a hint only), or
+        // where the owner's view says.
         let prev = match b.checked_sub(1) {
-            Some(p) => self
-                .metanode_of(ino)
-                .view(ino, p..b)?
-                .block(p)
-                .map(|r| r.extent.addr),
+            Some(p) => match self.placed.get(ino, p) {
+                Some(addr) => Some(addr),
+                None => self
+                    .metanode_of(ino)
+                    .view(ino, p..b)?
+                    .block(p)
+                    .map(|r| r.extent.addr),
+            },
             None => None,
         };
         let hint = BlockHint {
@@ -811,10 +824,12 @@ impl FileSystem {
             self.abandon_all(ino, &failed);
         }
         let end = b * self.geo.block_bytes + off + data.len() as u64;
+        let addr = block.extent.addr;
         let map = Change::map_block(ino, b, block);
         let lsn =
             self.metanode_of(ino)
                 .update_seen(ino, FileUpdate::written(vec![map], end), seen)?;
+        self.placed.note(ino, b, addr);
         Ok(Written::on(lsn, disks))
     }
 
@@ -1385,6 +1400,33 @@ fn every_copy_down() -> FsError {
 /// goes to the drives written through (FUA), so the commit that follows finds them with
 /// nothing to flush. Through NSD servers or NVMe/TCP drives that saves a round trip per
 /// drive written, and the commit's own log write saves another (`Journal::commit`).
+/// Where this mount last placed a block of each of the files it writes: the hint for
+/// the next block's placement (after the previous one), which a sequential writer would
+/// otherwise ask its file's owner for at every block. A hint only: a stale one places a
+/// block elsewhere, never wrongly.
+#[derive(Default)]
+pub(crate) struct LastPlaced(parking_lot::Mutex<std::collections::HashMap<Ino, (u64, DiskAddr)>>);
+
+/// Files [`LastPlaced`] remembers, at most; it starts over past that.
+const PLACED_FILES_MAX: usize = 4096;
+
+impl LastPlaced {
+    fn note(&self, ino: Ino, block: u64, addr: DiskAddr) {
+        let mut placed = self.0.lock();
+        if placed.len() >= PLACED_FILES_MAX && !placed.contains_key(&ino) {
+            placed.clear();
+        }
+        placed.insert(ino, (block, addr));
+    }
+
+    fn get(&self, ino: Ino, block: u64) -> Option<DiskAddr> {
+        match self.0.lock().get(&ino) {
+            Some((b, addr)) if *b == block => Some(*addr),
+            _ => None,
+        }
+    }
+}
+
 struct WriteThrough;
 
 thread_local! {

@@ -207,6 +207,8 @@ pub struct FileSystem {
     pub(crate) data_token_locks: Vec<Mutex<()>>,
     /// The data tokens a client mount keeps until the owner takes them back.
     pub(crate) kept_data: crate::locks::KeptTokens,
+    /// Where this mount last placed a block of each file it writes (a placement hint).
+    pub(crate) placed: crate::data::LastPlaced,
     /// On a client-only mount: how many times each inode is open here. The owner counts
     /// them too, in memory; a new owner is handed them at its fence, so that a file
     /// unlinked while open on this node outlives a takeover until its last close here.
@@ -562,6 +564,7 @@ impl FileSystem {
             shared: AtomicBool::new(false),
             data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             kept_data: crate::locks::KeptTokens::default(),
+            placed: crate::data::LastPlaced::default(),
             client_opens: Mutex::new(HashMap::new()),
             read_policy: std::sync::atomic::AtomicU8::new(
                 crate::replication::ReadReplicaPolicy::Default as u8,
