@@ -136,9 +136,10 @@ pub const PARAMS: &[ParamSpec] = &[
                asks for an owner slot of its own (a log, a record and a free allocation \
                region) and owns the directories it makes in directories others serve, \
                and everything made in them, so that metadata work in them stays on that \
-               node (mdtest's directory per process); `no`: the manager owns all \
-               metadata. Experimental: a slot's holder that dies is not taken over yet, so \
-               its directories are unavailable until it mounts again; takes effect at \
+               node (mdtest's directory per process); a slot whose holder dies or \
+               unmounts is taken over by the first node that needs it; `no`: the manager \
+               owns all metadata. Experimental: a rename or link between directories \
+               that different nodes own fails with EXDEV (`mv` copies); takes effect at \
                the next mount",
         check: check_yes_no,
     },

@@ -723,7 +723,7 @@ impl FileSystem {
             symlink_target: None,
             open: true,
             for_slot: None,
-            keep_data: self.data_token_to_keep_at_create(),
+            keep_data: self.data_token_to_keep_at_create(parent),
         };
         crate::metanode_wire::MADE_KEPT.set(None);
         let attr = self.routed(parent, |ns| ns.make(parent, name, node.clone()))?;

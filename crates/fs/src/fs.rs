@@ -1613,10 +1613,12 @@ impl FileSystem {
         self.sync_own()?;
         let client = self.owner.is_none()
             || (self.remote.get().is_some() && !self.loopback.load(Ordering::SeqCst));
+        // Data tokens kept at other owners go back to them (any mount that wrote another
+        // owner's files keeps some, the manager's too).
+        self.give_back_all_kept();
         if client {
-            // What a client keeps goes back to its owners; a slot's owner that is also the
+            // What a client holds goes back to its owners; a slot's owner that is also the
             // manager's client then checkpoints its own slot.
-            self.give_back_all_kept();
             let slots = self.slot_routes.iter().filter_map(|r| r.get());
             for remote in self.remote.get().into_iter().chain(slots) {
                 remote.leave();

@@ -803,7 +803,10 @@ impl crate::fs::FileSystem {
     /// none and may ask (see [`KeptToken`]); `None` when the write must take a token of its
     /// own.
     fn kept_data_token(&self, ino: Ino) -> crate::FsResult<Option<DataToken<'_>>> {
-        if self.is_owner() {
+        // A mount that serves the file itself takes its tokens in its own table; one that
+        // reaches another owner (a client, or a slot's owner writing another slot's file)
+        // keeps them.
+        if self.serves(ino) {
             return Ok(None);
         }
         let whole = self.kept_whole();
@@ -861,10 +864,12 @@ impl crate::fs::FileSystem {
         }))
     }
 
-    /// The data token a client mount asks to keep with the create of a file
-    /// (`NewNode::keep_data`): the whole-file token it keeps, while its table has room.
-    pub(crate) fn data_token_to_keep_at_create(&self) -> Option<Lock> {
-        if self.is_owner() || !self.shared.load(std::sync::atomic::Ordering::Acquire) {
+    /// The data token a mount asks to keep with the create of a file in `parent` that
+    /// another owner serves (`NewNode::keep_data`): the whole-file token it keeps, while its
+    /// table has room.
+    pub(crate) fn data_token_to_keep_at_create(&self, parent: Ino) -> Option<Lock> {
+        // The new file is in its directory's shard: served here or elsewhere with it.
+        if self.serves(parent) || !self.shared.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
         (self.kept_data.len() < KEPT_MAX).then(|| self.kept_whole())
