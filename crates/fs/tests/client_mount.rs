@@ -1641,6 +1641,23 @@ fn a_client_that_wrote_more_files_than_it_keeps_tokens_for_gives_some_back() {
     assert_fsck_clean(&t, "after a client gave kept tokens back");
 }
 
+/// Directory `d` in the root, made by `owner`, that everyone may write in.
+fn open_directory(owner: &FileSystem) -> tessera_fs::Ino {
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    owner
+        .create_node(
+            ROOT_INO,
+            b"d",
+            tessera_fs::FileKind::Directory,
+            0o777,
+            0,
+            root,
+            None,
+        )
+        .unwrap()
+        .ino
+}
+
 /// mdtest's hard pattern on a client: a create followed by a small write. The owner hands
 /// the new file's view and its data token over with the create, so the write asks for
 /// neither (it allocates and maps its block: two requests; the release tells the owner the
@@ -1649,20 +1666,16 @@ fn a_client_that_wrote_more_files_than_it_keeps_tokens_for_gives_some_back() {
 #[test]
 fn a_clients_create_hands_it_the_new_files_view_and_data_token() {
     use std::sync::atomic::Ordering::Relaxed;
-    use tessera_fs::{Caller, FileKind};
-    const ROOT: Caller = Caller { uid: 0, gid: 0 };
+    use tessera_fs::Caller;
     let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
-    let dir = owner
-        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o777, 0, ROOT, None)
-        .unwrap()
-        .ino;
+    let dir = open_directory(&owner);
     let data = pattern(3901, 5);
     let mut files = Vec::new();
     for i in 0..20 {
         let before = calls.load(Relaxed);
         let name = format!("f{i}");
         let a = client
-            .create_open(dir, name.as_bytes(), (0o644, 0), ROOT)
+            .create_open(dir, name.as_bytes(), (0o644, 0), Caller { uid: 0, gid: 0 })
             .unwrap();
         client.write(a.ino, 0, &data, false).unwrap();
         client.release(a.ino).unwrap();
@@ -1696,18 +1709,14 @@ fn a_clients_create_hands_it_the_new_files_view_and_data_token() {
 /// A directory's protection (kind, mode, owner, group, ACL) is held under a token of its
 /// own: while the owner creates and removes names in the directory (which revokes its
 /// names and attributes every time), a client's permission checks there ask the owner
-/// nothing; a chmod, a chown and an ACL revoke it, and the client's next check sees them.
+/// nothing; a chmod and a chown revoke it, and the client's next check sees them.
 #[test]
 fn a_directorys_protection_is_held_while_its_names_change() {
     use std::sync::atomic::Ordering::Relaxed;
     use tessera_fs::access::{Credentials, MAY_EXEC, MAY_WRITE};
-    use tessera_fs::{Caller, FileKind, SetAttr};
-    const ROOT: Caller = Caller { uid: 0, gid: 0 };
+    use tessera_fs::SetAttr;
     let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
-    let dir = owner
-        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o777, 0, ROOT, None)
-        .unwrap()
-        .ino;
+    let dir = open_directory(&owner);
     let user = Credentials::new(1000, 1000, 1);
     client
         .may_use_dir(dir, &user, MAY_WRITE | MAY_EXEC)

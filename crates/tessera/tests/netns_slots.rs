@@ -24,40 +24,7 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
         return;
     }
     let c = Cluster::new();
-    let config = format!("{TEST_TIMINGS},metadataSlots=yes");
-    c.ok(&[
-        "up", "3", "--drives", "1", "--size", "1G", "--config", &config,
-    ]);
-    let stanza = c.base.join("m1.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=m1 usage=dataAndMetadata failureGroup=1 pool=system\n",
-            c.base.join("drives/node1-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let base = c.base.clone();
-    let mnt = move |k: u32| base.join(format!("node{k}/mnt/m1"));
-    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza.to_str().unwrap()]);
-    // 256 KiB blocks: allocation regions of 254 MiB, so that the 1 GiB drive has free
-    // ones to give to the other nodes' slots.
-    tessera_ok(
-        &c,
-        1,
-        &[
-            "fs",
-            "create",
-            "m1",
-            "-F",
-            stanza.to_str().unwrap(),
-            "-B",
-            "256K",
-            "-T",
-            mnt(1).to_str().unwrap(),
-        ],
-    );
-    tessera_ok(&c, 1, &["mount", "m1", "-N", "node1,node2,node3"]);
+    let mnt = slots_fs(&c, "m1");
 
     // Each node makes its directory in the root (the manager's) and files in it.
     let content = |k: u32, i: u32| format!("node {k} file {i}").repeat(50 + i as usize);
