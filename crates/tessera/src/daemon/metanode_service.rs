@@ -392,13 +392,7 @@ impl Daemon {
         let owner = record.mounted.then(|| record.mounted_on.clone()).flatten();
         match owner {
             Some(owner) if owner == me => return Ok(Some(self.own_target())),
-            Some(owner) if self.node_is_live(&owner) => {
-                let state = self.member.state();
-                return Ok(state.nodes.values().find(|n| n.name == owner).map(|n| {
-                    let epoch = state.incarnations.get(&n.number).copied();
-                    (n.number, n.address.clone(), epoch)
-                }));
-            }
+            Some(owner) if self.node_is_live(&owner) => return Ok(self.target_of(&owner)),
             _ => {}
         }
         if !self.member.holds_lease() {

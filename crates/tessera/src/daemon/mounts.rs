@@ -287,23 +287,14 @@ impl Daemon {
                 record.nsds.len()
             );
         }
-        let state = self.member.state();
-        let Some(node) = state.nodes.values().find(|n| n.name == owner) else {
+        let Some(target) = self.target_of(owner) else {
             bail!(
                 "file system {} is recorded as mounted on node {owner}, which is not in the \
                  cluster",
                 record.name
             );
         };
-        let channel = self.following_channel(
-            &record.name,
-            0,
-            (
-                node.number,
-                node.address.clone(),
-                state.incarnations.get(&node.number).copied(),
-            ),
-        );
+        let channel = self.following_channel(&record.name, 0, target);
         if self.metadata_slots() {
             // The owner of a slot of its own, and the manager's client for the rest.
             let mounted = self.slot_of_this_node(record, &channel).and_then(|slot| {

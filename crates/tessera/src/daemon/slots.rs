@@ -299,8 +299,14 @@ impl Daemon {
             .mounted
             .then_some(record.mounted_on.as_deref())
             .flatten()?;
+        self.target_of(owner)
+    }
+
+    /// Node `name` as a metanode's target: its number, daemon address and incarnation now
+    /// (`None` if it is not in the configuration).
+    pub(super) fn target_of(&self, name: &str) -> Option<OwnerTarget> {
         let state = self.member.state();
-        state.nodes.values().find(|n| n.name == owner).map(|n| {
+        state.nodes.values().find(|n| n.name == name).map(|n| {
             (
                 n.number,
                 n.address.clone(),
