@@ -464,7 +464,11 @@ impl FileSystem {
     /// `op` on the namespace that serves `ino`, and once more after reading the owner
     /// map again when that owner answers that the shard is elsewhere (it was given to
     /// another slot since this mount read the map).
-    fn routed<T>(&self, ino: Ino, op: impl Fn(&dyn Namespace) -> FsResult<T>) -> FsResult<T> {
+    pub(crate) fn routed<T>(
+        &self,
+        ino: Ino,
+        op: impl Fn(&dyn Namespace) -> FsResult<T>,
+    ) -> FsResult<T> {
         match op(self.namespace_of(ino)) {
             Err(FsError::ShardElsewhere { shard }) => {
                 if self.reread_owner_map()? {
@@ -564,31 +568,22 @@ impl FileSystem {
 
     /// Removes a name (unlink or rmdir).
     pub fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
+        // What another owner serves than `parent`'s is removed in steps with it
+        // (`across_owners.rs`).
         match self.routed(parent, |ns| ns.drop_name(parent, name, dir)) {
             Err(FsError::InodeElsewhere { ino }) if dir => {
-                self.remove_across_owners(parent, name, ino)
+                self.rmdir_across_owners(parent, name, ino)
             }
+            Err(FsError::InodeElsewhere { ino }) => self.unlink_across_owners(parent, name, ino),
             done => done,
         }
     }
 
-    /// rmdir of directory `ino`, which another slot serves than `parent`'s (a directory
-    /// made for a slot), in three steps that never leave an entry naming a freed inode:
-    /// its owner checks it is empty and seals it (no name goes in meanwhile, for a bounded
-    /// time); `parent`'s owner removes the entry if it still names `ino`, durably; then the
-    /// directory goes. A crash between the last two leaves an unreachable empty directory
-    /// (fsck names it); a failed second step lifts the seal.
-    fn remove_across_owners(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
-        self.routed(ino, |ns| ns.seal_dir(ino, true))?;
-        if let Err(e) = self.routed(parent, |ns| ns.drop_entry_of(parent, name, ino)) {
-            let _ = self.routed(ino, |ns| ns.seal_dir(ino, false));
-            return Err(e);
-        }
-        self.routed(ino, |ns| ns.drop_sealed_dir(ino))
-    }
-
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
-        self.namespace_of(parent).add_name(ino, parent, name)
+        match self.routed(parent, |ns| ns.add_name(ino, parent, name)) {
+            Err(FsError::AcrossOwners(_)) => self.link_across_owners(ino, parent, name),
+            done => done,
+        }
     }
 
     /// rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE.
@@ -605,8 +600,14 @@ impl FileSystem {
             noreplace,
             exchange,
         };
-        self.namespace_of(parent)
-            .move_name((parent, name), (new_parent, new_name), how)
+        match self.routed(parent, |ns| {
+            ns.move_name((parent, name), (new_parent, new_name), how)
+        }) {
+            Err(FsError::AcrossOwners(_)) if !exchange => {
+                self.rename_across_owners((parent, name), (new_parent, new_name), noreplace)
+            }
+            done => done,
+        }
     }
 
     /// Changes attributes; a new size is cut (or extended) by the data path first.

@@ -100,8 +100,10 @@ pub enum FsError {
     /// attributes it does not hold): the client asks whoever serves the inode for them.
     #[error("inode {ino} is served by another node's owner slot")]
     InodeElsewhere { ino: u64 },
-    /// A rename or link whose names or inode different nodes' owner slots serve, which is
-    /// not built yet: EXDEV, on which `mv` copies and removes instead.
+    /// A rename or link whose names or inode different nodes' owner slots serve: an
+    /// owner's answer, on which the client takes the operation in steps
+    /// (`across_owners.rs`); what reaches a caller is what no steps are built for yet
+    /// (EXDEV, on which `mv` copies and removes instead).
     #[error("{0} is not supported yet (EXDEV: copy and remove instead)")]
     AcrossOwners(String),
     /// An error of the metanode on another node that has no variant of its own here.

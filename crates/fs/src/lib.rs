@@ -8,6 +8,7 @@
 //! See ARCHITECTURE.md for the formats and the reasons.
 
 pub mod access;
+mod across_owners;
 pub mod acl;
 pub mod alloc_map;
 mod checkpoint;

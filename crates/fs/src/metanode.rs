@@ -30,7 +30,7 @@ use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
 use tessera_journal::Lsn;
 
 use crate::error::FsResult;
-use crate::inode::{Attr, BlockRef, Ino};
+use crate::inode::{Attr, BlockRef, FileKind, Ino};
 use crate::meta::Change;
 
 /// What a client knows of a file for one request: its attributes, the pool its data goes
@@ -254,6 +254,27 @@ pub(crate) trait Namespace: Send + Sync {
 
     /// The last step: the sealed directory `ino`, whose entry is gone, goes too.
     fn drop_sealed_dir(&self, ino: Ino) -> FsResult<()>;
+
+    /// A step of a rename or link across owners (`across_owners.rs`): puts `name` in `dir`
+    /// naming `ino` (of `kind`), replacing the name only if it names `replace` now (a
+    /// file: its link count is the caller's next step), durably before answering. Touches
+    /// no link count: `ino` may be another owner's.
+    fn put_entry(
+        &self,
+        dir: Ino,
+        name: &[u8],
+        node: (Ino, FileKind),
+        replace: Option<Ino>,
+    ) -> FsResult<()>;
+
+    /// A step of a rename or unlink across owners: removes `name` from `dir` if it names
+    /// `ino`, durably before answering; no link count changes.
+    fn take_entry(&self, dir: Ino, name: &[u8], ino: Ino) -> FsResult<()>;
+
+    /// A step of an operation across owners: one more (`up`) or one fewer link to
+    /// non-directory `ino`, which this owner serves, durably before answering; at none
+    /// the inode goes once no node has it open.
+    fn count_link(&self, ino: Ino, up: bool) -> FsResult<()>;
 
     /// A new name `name` in `parent` for `ino` (link).
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr>;

@@ -25,7 +25,7 @@ use crate::acl::{Acl, AclKind};
 use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
-use crate::inode::{Attr, Ino};
+use crate::inode::{Attr, FileKind, Ino};
 use crate::locks::{Lock, LockCall};
 use crate::meta::Change;
 use crate::metanode::{
@@ -226,6 +226,25 @@ pub enum MetanodeRequest {
     /// client that had read many files left the owner's bounded table full, so that other
     /// nodes were granted nothing new.
     Leaving,
+    /// A step of a rename or link across owners ([`Namespace::put_entry`]).
+    PutEntry {
+        dir: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+        kind: FileKind,
+        replace: Option<Ino>,
+    },
+    /// A step of a rename or unlink across owners ([`Namespace::take_entry`]).
+    TakeEntry {
+        dir: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+    },
+    /// A step of an operation across owners ([`Namespace::count_link`]).
+    CountLink {
+        ino: Ino,
+        up: bool,
+    },
 }
 
 impl MetanodeRequest {
@@ -273,6 +292,9 @@ impl MetanodeRequest {
             Q::DropHeld { .. } => "DropHeld",
             Q::GiveBackData { .. } => "GiveBackData",
             Q::Leaving => "Leaving",
+            Q::PutEntry { .. } => "PutEntry",
+            Q::TakeEntry { .. } => "TakeEntry",
+            Q::CountLink { .. } => "CountLink",
         }
     }
 }
@@ -529,6 +551,9 @@ pub enum RemoteError {
     InodeElsewhere {
         ino: u64,
     },
+    /// The operation names what different owners serve: the client takes it in steps
+    /// (`across_owners.rs`).
+    AcrossOwners(String),
 }
 
 impl From<&FsError> for RemoteError {
@@ -565,6 +590,7 @@ impl From<&FsError> for RemoteError {
             FsError::NotPermitted(s) => RemoteError::NotPermitted(s.clone()),
             FsError::ShardElsewhere { shard } => RemoteError::ShardElsewhere { shard: *shard },
             FsError::InodeElsewhere { ino } => RemoteError::InodeElsewhere { ino: *ino },
+            FsError::AcrossOwners(s) => RemoteError::AcrossOwners(s.clone()),
             other => RemoteError::Other {
                 errno: other.errno(),
                 message: other.to_string(),
@@ -604,6 +630,7 @@ impl From<RemoteError> for FsError {
             RemoteError::Other { errno, message } => FsError::Remote { errno, message },
             RemoteError::ShardElsewhere { shard } => FsError::ShardElsewhere { shard },
             RemoteError::InodeElsewhere { ino } => FsError::InodeElsewhere { ino },
+            RemoteError::AcrossOwners(s) => FsError::AcrossOwners(s),
         }
     }
 }
@@ -719,6 +746,20 @@ where
             answer(owner.drop_entry_of(parent, &name, ino), |()| R::Done)
         }
         Q::DropSealedDir { ino } => answer(owner.drop_sealed_dir(ino), |()| R::Done),
+        Q::PutEntry {
+            dir,
+            name,
+            ino,
+            kind,
+            replace,
+        } => answer(
+            owner.put_entry(dir, &name, (ino, kind), replace),
+            |()| R::Done,
+        ),
+        Q::TakeEntry { dir, name, ino } => {
+            answer(owner.take_entry(dir, &name, ino), |()| R::Done)
+        }
+        Q::CountLink { ino, up } => answer(owner.count_link(ino, up), |()| R::Done),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -809,7 +850,13 @@ pub(crate) fn cache_changes(
             changes
         }
         Q::DropEntryOf { parent, name, .. } => vec![entry(*parent, name), Inode(*parent)],
-        Q::DropSealedDir { ino } => vec![Inode(*ino)],
+        Q::DropSealedDir { ino } | Q::CountLink { ino, .. } => vec![Inode(*ino)],
+        Q::PutEntry { dir, name, .. } => {
+            let mut changes = vec![entry(*dir, name), Inode(*dir)];
+            changes.extend(child(*dir, name).map(Inode));
+            changes
+        }
+        Q::TakeEntry { dir, name, .. } => vec![entry(*dir, name), Inode(*dir)],
         Q::MoveName { from, to, .. } => {
             let mut changes = vec![
                 entry(from.0, &from.1),
@@ -886,6 +933,9 @@ pub(crate) fn durable_before_answer(request: &MetanodeRequest) -> bool {
             | Q::DropName { .. }
             | Q::DropEntryOf { .. }
             | Q::DropSealedDir { .. }
+            | Q::PutEntry { .. }
+            | Q::TakeEntry { .. }
+            | Q::CountLink { .. }
             | Q::MoveName { .. }
             | Q::ChangeAttr { .. }
             | Q::PutXattr { .. }
@@ -1325,7 +1375,13 @@ fn parents_of(request: &MetanodeRequest) -> Vec<(Ino, &[u8])> {
         Q::Make { parent, name, .. }
         | Q::DropName { parent, name, .. }
         | Q::DropEntryOf { parent, name, .. }
-        | Q::AddName { parent, name, .. } => vec![(*parent, name.as_slice())],
+        | Q::AddName { parent, name, .. }
+        | Q::PutEntry {
+            dir: parent, name, ..
+        }
+        | Q::TakeEntry {
+            dir: parent, name, ..
+        } => vec![(*parent, name.as_slice())],
         Q::MoveName { from, to, .. } => vec![(from.0, from.1.as_slice()), (to.0, to.1.as_slice())],
         _ => Vec::new(),
     }
@@ -1823,6 +1879,34 @@ impl Namespace for RemoteMetanode {
         self.done(self.once(MetanodeRequest::DropSealedDir { ino }))
     }
 
+    fn put_entry(
+        &self,
+        dir: Ino,
+        name: &[u8],
+        (ino, kind): (Ino, FileKind),
+        replace: Option<Ino>,
+    ) -> FsResult<()> {
+        self.done(self.once(MetanodeRequest::PutEntry {
+            dir,
+            name: name.to_vec(),
+            ino,
+            kind,
+            replace,
+        }))
+    }
+
+    fn take_entry(&self, dir: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
+        self.done(self.once(MetanodeRequest::TakeEntry {
+            dir,
+            name: name.to_vec(),
+            ino,
+        }))
+    }
+
+    fn count_link(&self, ino: Ino, up: bool) -> FsResult<()> {
+        self.done(self.once(MetanodeRequest::CountLink { ino, up }))
+    }
+
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         self.attr_of(self.once(MetanodeRequest::AddName {
             ino,
@@ -2097,6 +2181,19 @@ mod tests {
             MetanodeRequest::DropHeld { inos: vec![5, 9] },
             MetanodeRequest::GiveBackData { inos: vec![12] },
             MetanodeRequest::Leaving,
+            MetanodeRequest::PutEntry {
+                dir: 9,
+                name: b"to".to_vec(),
+                ino: 12,
+                kind: FileKind::Regular,
+                replace: Some(13),
+            },
+            MetanodeRequest::TakeEntry {
+                dir: 7,
+                name: b"from".to_vec(),
+                ino: 12,
+            },
+            MetanodeRequest::CountLink { ino: 12, up: true },
         ];
         for r in requests {
             let bytes = encode(&r);

@@ -166,9 +166,7 @@ impl Namespace for FileSystem {
                     (true, true) => Err(FsError::InodeElsewhere { ino: entry.ino }),
                     (true, false) => Err(FsError::NotDir),
                     (false, true) => Err(FsError::IsDir),
-                    (false, false) => Err(FsError::AcrossOwners(
-                        "unlinking a file whose inode another node's owner slot serves".into(),
-                    )),
+                    (false, false) => Err(FsError::InodeElsewhere { ino: entry.ino }),
                 };
             }
             found => found?,
@@ -218,30 +216,10 @@ impl Namespace for FileSystem {
     }
 
     fn drop_entry_of(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
-        check_name(name)?;
-        let mut m = self.owner().meta.lock();
-        let mut pattr = self.dir_attr(&mut m, parent)?;
-        match m.state.lookup(parent, name)? {
-            Some(e) if e.ino == ino && e.kind == FileKind::Directory => {}
-            // Renamed or removed meanwhile: the caller lifts the seal and says so.
-            _ => return Err(FsError::NotFound),
-        }
-        let now = self.now();
-        pattr.mtime = now;
-        pattr.ctime = now;
-        pattr.nlink -= 1;
-        let changes = vec![
-            Change::DirRemove {
-                dir: parent,
-                name: name.to_vec(),
-            },
-            Change::PutAttr(pattr),
-        ];
-        let lsn = self.log(&mut m, changes)?;
-        drop(m);
         // Durable before the directory itself goes: a crash between the two leaves an
-        // unreachable empty directory, never an entry naming a freed inode.
-        self.commit(lsn)
+        // unreachable empty directory, never an entry naming a freed inode. Renamed or
+        // removed meanwhile: NotFound, and the caller lifts the seal and says so.
+        self.remove_entry_durably((parent, name), ino, true)
     }
 
     fn drop_sealed_dir(&self, ino: Ino) -> FsResult<()> {
@@ -265,6 +243,83 @@ impl Namespace for FileSystem {
         self.commit(lsn)
     }
 
+    fn put_entry(
+        &self,
+        dir: Ino,
+        name: &[u8],
+        (ino, kind): (Ino, FileKind),
+        replace: Option<Ino>,
+    ) -> FsResult<()> {
+        check_name(name)?;
+        let mut m = self.owner().meta.lock();
+        let mut dattr = self.names_dir(&mut m, dir)?;
+        let mut changes = Vec::new();
+        match (m.state.lookup(dir, name)?, replace) {
+            (None, None) => {}
+            (Some(e), Some(r)) if e.ino == r => {
+                if e.kind == FileKind::Directory || kind == FileKind::Directory {
+                    return Err(FsError::AcrossOwners(
+                        "replacing a directory, or a name with one,".into(),
+                    ));
+                }
+                changes.push(Change::DirRemove {
+                    dir,
+                    name: name.to_vec(),
+                });
+            }
+            // What the caller expected is no longer there: it looks again.
+            (Some(_), _) => return Err(FsError::Exists),
+            (None, Some(_)) => return Err(FsError::NotFound),
+        }
+        let cookie = m.state.new_cookie(dir, name)?;
+        changes.push(Change::DirInsert {
+            dir,
+            name: name.to_vec(),
+            entry: DirEntry { ino, kind, cookie },
+        });
+        let now = self.now();
+        dattr.mtime = now;
+        dattr.ctime = now;
+        if kind == FileKind::Directory {
+            dattr.nlink += 1; // its ".."
+        }
+        changes.push(Change::PutAttr(dattr));
+        let lsn = self.log(&mut m, changes)?;
+        drop(m);
+        self.commit(lsn)
+    }
+
+    fn take_entry(&self, dir: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
+        self.remove_entry_durably((dir, name), ino, false)
+    }
+
+    fn count_link(&self, ino: Ino, up: bool) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        let mut attr = m.state.attr(ino)?;
+        if attr.kind == FileKind::Directory {
+            return Err(FsError::IsDir);
+        }
+        if up && attr.nlink >= LINKS_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        if !up && attr.nlink == 0 {
+            return Err(FsError::Corrupt(format!(
+                "inode {ino} has no link left to take away"
+            )));
+        }
+        attr.ctime = self.now();
+        let change = if up {
+            attr.nlink += 1;
+            Change::PutAttr(attr)
+        } else {
+            attr.nlink -= 1;
+            self.release_or_keep(&m, attr)
+        };
+        let lsn = self.log(&mut m, vec![change])?;
+        drop(m);
+        self.commit(lsn)
+    }
+
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         check_name(name)?;
         let mut m = self.owner().meta.lock();
@@ -273,7 +328,7 @@ impl Namespace for FileSystem {
             Err(FsError::ShardElsewhere { .. }) => {
                 return Err(FsError::AcrossOwners(
                     "a hard link to an inode another node's owner slot serves".into(),
-                ))
+                ));
             }
             found => found?,
         };
@@ -335,12 +390,21 @@ impl Namespace for FileSystem {
             other => other?,
         };
         let src = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
-        if let Err(FsError::ShardElsewhere { .. }) = m.state.attr(src.ino) {
-            return Err(across());
-        }
+        // A name that moves within its directory changes nothing of the inode it names
+        // (but its change time), so another owner's inode moves here all the same.
+        let src_here = match m.state.attr(src.ino) {
+            Err(FsError::ShardElsewhere { .. }) if parent == new_parent && !how.exchange => false,
+            Err(FsError::ShardElsewhere { .. }) => return Err(across()),
+            found => found.map(|_| true)?,
+        };
         let dst = m.state.lookup(new_parent, new_name)?;
         if how.noreplace && dst.is_some() {
             return Err(FsError::Exists);
+        }
+        if let Some(d) = dst.filter(|d| d.ino != src.ino) {
+            if let Err(FsError::ShardElsewhere { .. }) = m.state.attr(d.ino) {
+                return Err(across());
+            }
         }
         if how.exchange {
             let dst = dst.ok_or(FsError::NotFound)?;
@@ -352,7 +416,8 @@ impl Namespace for FileSystem {
             }
         }
         let src_is_dir = src.kind == FileKind::Directory;
-        if src_is_dir && self.is_ancestor(&mut m, src.ino, new_parent) {
+        // Within one directory no loop can form (and the chain above it may cross owners).
+        if src_is_dir && parent != new_parent && self.is_ancestor(&mut m, src.ino, new_parent)? {
             return Err(FsError::Invalid(
                 "cannot move a directory into itself".into(),
             ));
@@ -429,9 +494,11 @@ impl Namespace for FileSystem {
         if let Some(np) = npattr {
             changes.push(Change::PutAttr(np));
         }
-        let mut sattr = m.state.attr(src.ino)?;
-        sattr.ctime = now;
-        changes.push(Change::PutAttr(sattr));
+        if src_here {
+            let mut sattr = m.state.attr(src.ino)?;
+            sattr.ctime = now;
+            changes.push(Change::PutAttr(sattr));
+        }
         self.log(&mut m, changes)?;
         Ok(())
     }
@@ -772,6 +839,41 @@ impl Namespace for FileSystem {
 }
 
 impl FileSystem {
+    /// Removes `name` from `dir` if it names `ino` (a directory only, with `only_dir`),
+    /// and makes that durable before returning: a step of an operation across owners,
+    /// which goes on at another owner only once this cannot be undone by a crash. A
+    /// directory's ".." leaves with it. No link count of `ino` changes here.
+    fn remove_entry_durably(
+        &self,
+        (dir, name): (Ino, &[u8]),
+        ino: Ino,
+        only_dir: bool,
+    ) -> FsResult<()> {
+        check_name(name)?;
+        let mut m = self.owner().meta.lock();
+        let mut dattr = self.dir_attr(&mut m, dir)?;
+        let entry = match m.state.lookup(dir, name)? {
+            Some(e) if e.ino == ino && (!only_dir || e.kind == FileKind::Directory) => e,
+            _ => return Err(FsError::NotFound),
+        };
+        let now = self.now();
+        dattr.mtime = now;
+        dattr.ctime = now;
+        if entry.kind == FileKind::Directory {
+            dattr.nlink -= 1;
+        }
+        let changes = vec![
+            Change::DirRemove {
+                dir,
+                name: name.to_vec(),
+            },
+            Change::PutAttr(dattr),
+        ];
+        let lsn = self.log(&mut m, changes)?;
+        drop(m);
+        self.commit(lsn)
+    }
+
     fn dir_attr(&self, m: &mut Meta, ino: Ino) -> FsResult<Attr> {
         let attr = m.state.attr(ino)?;
         if attr.kind != FileKind::Directory {
@@ -803,22 +905,30 @@ impl FileSystem {
         }
     }
 
-    /// True when `ancestor` is `dir` or one of its ancestors.
-    fn is_ancestor(&self, m: &mut Meta, ancestor: Ino, mut dir: Ino) -> bool {
+    /// True when `ancestor` is `dir` or one of its ancestors. Where the chain of parents passes through a directory another owner slot serves,
+    /// this owner cannot tell: the move is refused as one across owners rather than risk
+    /// a loop no owner sees whole.
+    fn is_ancestor(&self, m: &mut Meta, ancestor: Ino, mut dir: Ino) -> FsResult<bool> {
         // The depth bound guards against a corrupt parent chain looping forever.
         for _ in 0..100_000 {
             if dir == ancestor {
-                return true;
+                return Ok(true);
             }
             if dir == ROOT_INO {
-                return false;
+                return Ok(false);
             }
             match m.state.dir_parent(dir) {
                 Ok(parent) => dir = parent,
-                Err(_) => return false,
+                Err(FsError::ShardElsewhere { .. }) => {
+                    return Err(FsError::AcrossOwners(
+                        "moving a directory below a directory another node's owner slot                          serves"
+                            .into(),
+                    ))
+                }
+                Err(_) => return Ok(false),
             }
         }
-        false
+        Ok(false)
     }
 
     fn exchange(
@@ -829,12 +939,13 @@ impl FileSystem {
     ) -> FsResult<()> {
         let (a_dir, a_name, a_entry) = a;
         let (b_dir, b_name, b_entry) = b;
-        if a_entry.kind == FileKind::Directory && self.is_ancestor(m, a_entry.ino, b_dir) {
+        let moves = |e: &DirEntry| e.kind == FileKind::Directory && a_dir != b_dir;
+        if moves(&a_entry) && self.is_ancestor(m, a_entry.ino, b_dir)? {
             return Err(FsError::Invalid(
                 "cannot move a directory into itself".into(),
             ));
         }
-        if b_entry.kind == FileKind::Directory && self.is_ancestor(m, b_entry.ino, a_dir) {
+        if moves(&b_entry) && self.is_ancestor(m, b_entry.ino, a_dir)? {
             return Err(FsError::Invalid(
                 "cannot move a directory into itself".into(),
             ));

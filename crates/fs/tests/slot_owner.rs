@@ -300,16 +300,32 @@ fn two_owners_through(
     assert_eq!(fs.create_slot().unwrap(), 1);
     fs.give_free_regions(1, &[1]).unwrap();
     let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    s1.route_metadata_through(to_manager(&fs));
+    connect_owners(&fs, &s1, to_manager(&fs));
+    (fs, s1)
+}
+
+/// The manager and slot 1's owner of [`two_owners`] mounted again (slot and region made).
+fn two_owners_again(t: &TestDisks) -> (Arc<FileSystem>, Arc<FileSystem>) {
+    let fs = mount(t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(&fs, &s1, Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))));
+    (fs, s1)
+}
+
+fn connect_owners(
+    fs: &Arc<FileSystem>,
+    s1: &Arc<FileSystem>,
+    to_manager: Box<dyn tessera_fs::MetanodeChannel>,
+) {
+    s1.route_metadata_through(to_manager);
     s1.take_from_owner_map().unwrap();
-    let weak = Arc::downgrade(&s1);
+    let weak = Arc::downgrade(s1);
     fs.route_slots_through(Box::new(move |slot| {
         (slot == 1).then(|| {
             Box::new(tessera_fs::InProcessOwner(weak.clone()))
                 as Box<dyn tessera_fs::MetanodeChannel>
         })
     }));
-    (fs, s1)
 }
 
 #[test]
@@ -361,7 +377,7 @@ fn one_namespace_is_served_by_two_owners() {
 }
 
 #[test]
-fn names_across_owners_are_removed_or_refused_with_exdev() {
+fn names_across_owners_are_removed_and_directories_moved_only_within_one() {
     let t = two_region_fs();
     let (fs, s1) = two_owners(&t);
     let d = mkdir(&s1, ROOT_INO, b"node1");
@@ -377,17 +393,21 @@ fn names_across_owners_are_removed_or_refused_with_exdev() {
         fs.remove(ROOT_INO, b"node1", false),
         Err(FsError::IsDir)
     ));
-    // Renames and links between owners are EXDEV (mv copies instead).
-    let b0 = s1.lookup(d.ino, b"b0").unwrap();
-    for err in [
-        s1.rename(d.ino, b"b0", ROOT_INO, b"moved", false, false)
-            .unwrap_err(),
-        fs.rename(ROOT_INO, b"node1", ROOT_INO, b"renamed", false, false)
-            .unwrap_err(),
-        s1.link(b0.ino, ROOT_INO, b"linked").unwrap_err(),
-    ] {
-        assert_eq!(err.errno(), libc::EXDEV, "{err}");
-    }
+    // A directory moves between directories different owners serve only by copy (EXDEV,
+    // on which mv copies); within one directory its name moves wherever its inode is.
+    let sub = mkdir(&s1, d.ino, b"sub");
+    let err = s1
+        .rename(d.ino, b"sub", ROOT_INO, b"sub-moved", false, false)
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::EXDEV, "{err}");
+    fs.rename(ROOT_INO, b"node1", ROOT_INO, b"renamed", false, false)
+        .unwrap();
+    assert_eq!(s1.lookup(ROOT_INO, b"renamed").unwrap().ino, d.ino);
+    s1.rename(ROOT_INO, b"renamed", ROOT_INO, b"node1", false, false)
+        .unwrap();
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, root_links);
+    s1.remove(d.ino, b"sub", true).unwrap();
+    assert!(matches!(s1.getattr(sub.ino), Err(FsError::NotFound)));
     // Renames within one owner work as ever.
     s1.rename(d.ino, b"b0", d.ino, b"b0-renamed", false, false)
         .unwrap();
@@ -417,6 +437,93 @@ fn names_across_owners_are_removed_or_refused_with_exdev() {
         Err(FsError::NotFound)
     ));
     unmount_both_and_check(&t, fs, s1, "after removals across owners");
+}
+
+/// What `name` in `dir` holds as both owners see it: its inode, link count and content.
+fn seen_alike(fs: &FileSystem, s1: &FileSystem, dir: Ino, name: &[u8], data: &[u8]) -> Ino {
+    let a = fs.lookup(dir, name).unwrap();
+    let b = s1.lookup(dir, name).unwrap();
+    assert_eq!((a.ino, a.nlink, a.size), (b.ino, b.nlink, b.size));
+    assert_eq!(a.size, data.len() as u64);
+    for m in [fs, s1] {
+        assert!(m.read(a.ino, 0, data.len() as u32 + 1).unwrap() == data);
+    }
+    a.ino
+}
+
+fn gone(fs: &FileSystem, dir: Ino, name: &[u8]) -> bool {
+    matches!(fs.lookup(dir, name), Err(FsError::NotFound))
+}
+
+#[test]
+fn files_are_renamed_linked_and_unlinked_across_owners() {
+    let t = two_region_fs();
+    let (fs, s1) = two_owners(&t);
+    let d = mkdir(&s1, ROOT_INO, b"node1").ino;
+    let theirs = write_files(&s1, d, "b", 80);
+    let mine = write_files(&fs, ROOT_INO, "a", 90);
+    // A file of slot 1's directory moves into the manager's root; its inode stays slot 1's.
+    let b0 = s1.lookup(d, b"b0").unwrap().ino;
+    s1.rename(d, b"b0", ROOT_INO, b"b0-moved", false, false)
+        .unwrap();
+    assert_eq!(seen_alike(&fs, &s1, ROOT_INO, b"b0-moved", &theirs["b0"]), b0);
+    assert_eq!(fs.lookup(ROOT_INO, b"b0-moved").unwrap().nlink, 1);
+    assert!(gone(&fs, d, b"b0") && gone(&s1, d, b"b0"));
+    // Back by the manager, over another file of slot 1's: the replaced file goes.
+    let b1 = s1.lookup(d, b"b1").unwrap().ino;
+    fs.rename(ROOT_INO, b"b0-moved", d, b"b1", false, false)
+        .unwrap();
+    assert_eq!(seen_alike(&fs, &s1, d, b"b1", &theirs["b0"]), b0);
+    assert!(matches!(s1.getattr(b1), Err(FsError::NotFound)));
+    assert!(gone(&s1, ROOT_INO, b"b0-moved"));
+    // A hard link across owners, from either side: one more link, seen by both.
+    let a0 = fs.lookup(ROOT_INO, b"a0").unwrap().ino;
+    s1.link(a0, d, b"a0-link").unwrap();
+    assert_eq!(seen_alike(&fs, &s1, d, b"a0-link", &mine["a0"]), a0);
+    assert_eq!(s1.getattr(a0).unwrap().nlink, 2);
+    let b2 = s1.lookup(d, b"b2").unwrap().ino;
+    fs.link(b2, ROOT_INO, b"b2-link").unwrap();
+    assert_eq!(fs.getattr(b2).unwrap().nlink, 2);
+    // A rename over a name that links another owner's inode: that inode loses the link.
+    fs.rename(ROOT_INO, b"a1", d, b"a0-link", false, false)
+        .unwrap();
+    let a1 = seen_alike(&fs, &s1, d, b"a0-link", &mine["a1"]);
+    assert_eq!(fs.getattr(a0).unwrap().nlink, 1);
+    // RENAME_NOREPLACE is refused over a name, an exchange across owners is EXDEV.
+    assert!(matches!(
+        fs.rename(ROOT_INO, b"a2", d, b"b3", true, false),
+        Err(FsError::Exists)
+    ));
+    let err = fs
+        .rename(ROOT_INO, b"a2", d, b"b3", false, true)
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::EXDEV, "{err}");
+    // Unlinks of names whose inode the other owner serves: the name, then the link.
+    s1.remove(d, b"a0-link", false).unwrap();
+    assert!(matches!(fs.getattr(a1), Err(FsError::NotFound)));
+    s1.remove(d, b"b2", false).unwrap();
+    assert_eq!(seen_alike(&fs, &s1, ROOT_INO, b"b2-link", &theirs["b2"]), b2);
+    assert_eq!(s1.getattr(b2).unwrap().nlink, 1);
+    // An inode unlinked across owners while open stays until its last close.
+    s1.open(b2).unwrap();
+    fs.remove(ROOT_INO, b"b2-link", false).unwrap();
+    assert!(s1.read(b2, 0, 10).unwrap() == theirs["b2"][..10]);
+    s1.release(b2).unwrap();
+    assert!(matches!(s1.getattr(b2), Err(FsError::NotFound)));
+    // What is left, after both remount.
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after renames, links and unlinks across owners");
+    let (fs, s1) = two_owners_again(&t);
+    assert_eq!(seen_alike(&fs, &s1, d, b"b1", &theirs["b0"]), b0);
+    seen_alike(&fs, &s1, ROOT_INO, b"a0", &mine["a0"]);
+    seen_alike(&fs, &s1, d, b"b3", &theirs["b3"]);
+    seen_alike(&fs, &s1, ROOT_INO, b"a2", &mine["a2"]);
+    for (dir, name) in [(d, "b0"), (d, "b2"), (ROOT_INO, "a1"), (ROOT_INO, "b2-link")] {
+        assert!(gone(&fs, dir, name.as_bytes()), "{name}");
+    }
+    unmount_both_and_check(&t, fs, s1, "after a remount");
 }
 
 #[test]

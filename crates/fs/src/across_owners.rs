@@ -1,0 +1,148 @@
+//! Namespace operations whose names and inodes different owners serve (owner slots): the
+//! client takes them in steps, one owner at a time, each step durable before the next
+//! starts, so that no owner waits on another and no two can deadlock. The order of the
+//! steps keeps one rule at every instant, whatever crashes (an owner or this client): no
+//! name ever names a freed inode. A link count goes up before a name is added and down
+//! only after a name is gone, so what a crash between two steps can leave is a link count
+//! one too high (fsck names the inode and sets it right) or, in the middle of a rename,
+//! the file under both names; an rmdir leaves at worst an unreachable empty directory.
+//!
+//! The owner side of each step is in `namespace.rs` (`Namespace::put_entry`,
+//! `Namespace::take_entry`, `Namespace::count_link`, and the rmdir's `seal_dir`,
+//! `drop_entry_of`, `drop_sealed_dir`). Moving a directory between directories different
+//! owners serve is not built: it answers EXDEV, on which `mv` copies.
+
+use crate::error::{FsError, FsResult};
+use crate::fs::FileSystem;
+use crate::inode::{Attr, FileKind, Ino};
+
+/// How often a rename looks again at a target that another node changed between its look
+/// and its step (each round costs a few round trips; a target that changes this often is
+/// not one an application can rename over meaningfully anyway).
+const RETARGETS_MAX: usize = 8;
+
+impl FileSystem {
+    /// rmdir of directory `ino`, which another slot serves than `parent`'s (a directory
+    /// made for a slot), in three steps that never leave an entry naming a freed inode:
+    /// its owner checks it is empty and seals it (no name goes in meanwhile, for a bounded
+    /// time); `parent`'s owner removes the entry if it still names `ino`, durably; then the
+    /// directory goes. A crash between the last two leaves an unreachable empty directory
+    /// (fsck names it); a failed second step lifts the seal.
+    pub(crate) fn rmdir_across_owners(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
+        self.routed(ino, |ns| ns.seal_dir(ino, true))?;
+        if let Err(e) = self.routed(parent, |ns| ns.drop_entry_of(parent, name, ino)) {
+            let _ = self.routed(ino, |ns| ns.seal_dir(ino, false));
+            return Err(e);
+        }
+        self.routed(ino, |ns| ns.drop_sealed_dir(ino))
+    }
+
+    /// unlink of `name` in `parent`, naming file `ino` that another owner serves (it was
+    /// renamed or linked there from a directory of its own owner's): the name goes, then
+    /// the link.
+    pub(crate) fn unlink_across_owners(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
+        self.routed(parent, |ns| ns.take_entry(parent, name, ino))?;
+        self.routed(ino, |ns| ns.count_link(ino, false))
+    }
+
+    /// link of file `ino` as `name` in `parent` where different owners serve the two: the
+    /// link count goes up first, then the name goes in (or, refused, the count down again).
+    pub(crate) fn link_across_owners(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        let attr = self.getattr(ino)?;
+        if attr.kind == FileKind::Directory {
+            return Err(FsError::NotSupported("hard links to directories".into()));
+        }
+        self.routed(ino, |ns| ns.count_link(ino, true))?;
+        if let Err(e) = self.routed(parent, |ns| ns.put_entry(parent, name, (ino, attr.kind), None)) {
+            self.take_back_link(ino);
+            return Err(e);
+        }
+        self.getattr(ino)
+    }
+
+    /// rename of `name` in `parent` to `new_name` in `new_parent` where different owners
+    /// serve the directories or the file: one link more, the new name (replacing what it
+    /// named, whose link goes next), the old name, one link fewer. Between the new name
+    /// and the old name's removal another node may see both (the one window in which this
+    /// rename is not atomic). Directories answer EXDEV (not built).
+    pub(crate) fn rename_across_owners(
+        &self,
+        (parent, name): (Ino, &[u8]),
+        (new_parent, new_name): (Ino, &[u8]),
+        noreplace: bool,
+    ) -> FsResult<()> {
+        let src = self.lookup(parent, name)?;
+        if src.kind == FileKind::Directory {
+            return Err(FsError::AcrossOwners(
+                "moving a directory between directories that different nodes' owner slots \
+                 serve"
+                    .into(),
+            ));
+        }
+        let mut last = FsError::Exists;
+        for _ in 0..RETARGETS_MAX {
+            let dst = match self.lookup(new_parent, new_name) {
+                Ok(a) => Some(a),
+                Err(FsError::NotFound) => None,
+                Err(e) => return Err(e),
+            };
+            if let Some(d) = &dst {
+                if d.ino == src.ino {
+                    return Ok(()); // Two links to one inode: POSIX says do nothing.
+                }
+                if noreplace {
+                    return Err(FsError::Exists);
+                }
+                if d.kind == FileKind::Directory {
+                    return Err(FsError::IsDir);
+                }
+            }
+            let replace = dst.map(|d| d.ino);
+            self.routed(src.ino, |ns| ns.count_link(src.ino, true))?;
+            let put = (src.ino, src.kind);
+            match self.routed(new_parent, |ns| ns.put_entry(new_parent, new_name, put, replace)) {
+                Ok(()) => {}
+                Err(e) => {
+                    self.take_back_link(src.ino);
+                    match e {
+                        // The target changed since this client looked: look again.
+                        FsError::Exists | FsError::NotFound if !noreplace => {
+                            last = e;
+                            continue;
+                        }
+                        e => return Err(e),
+                    }
+                }
+            }
+            if let Some(replaced) = replace {
+                self.take_back_link(replaced);
+            }
+            if let Err(e) = self.routed(parent, |ns| ns.take_entry(parent, name, src.ino)) {
+                // Renamed or removed by another node meanwhile: that one came first, and
+                // this rename's new name goes again (what it replaced stays replaced).
+                if self
+                    .routed(new_parent, |ns| ns.take_entry(new_parent, new_name, src.ino))
+                    .is_ok()
+                {
+                    self.take_back_link(src.ino);
+                }
+                return Err(e);
+            }
+            self.take_back_link(src.ino);
+            return Ok(());
+        }
+        Err(last)
+    }
+
+    /// One link fewer to `ino`, after a name of it went (or a step that was to add one
+    /// failed). Its failure fails nothing more: the names are right, and a link count one
+    /// too high keeps the inode for fsck to set right rather than lose it.
+    fn take_back_link(&self, ino: Ino) {
+        if let Err(e) = self.routed(ino, |ns| ns.count_link(ino, false)) {
+            tracing::warn!(
+                "inode {ino} keeps one link too many after an operation across owner slots \
+                 ({e}); run fsck to set its link count right"
+            );
+        }
+    }
+}
