@@ -117,16 +117,22 @@ impl FileSystem {
             if let Some(replaced) = replace {
                 self.take_back_link(replaced);
             }
-            if let Err(e) = self.routed(parent, |ns| ns.take_entry(parent, name, src.ino)) {
+            match self.routed(parent, |ns| ns.take_entry(parent, name, src.ino)) {
+                Ok(()) => {}
                 // Renamed or removed by another node meanwhile: that one came first, and
                 // this rename's new name goes again (what it replaced stays replaced).
-                if self
-                    .routed(new_parent, |ns| ns.take_entry(new_parent, new_name, src.ino))
-                    .is_ok()
-                {
-                    self.take_back_link(src.ino);
+                Err(FsError::NotFound) => {
+                    if self
+                        .routed(new_parent, |ns| ns.take_entry(new_parent, new_name, src.ino))
+                        .is_ok()
+                    {
+                        self.take_back_link(src.ino);
+                    }
+                    return Err(FsError::NotFound);
                 }
-                return Err(e);
+                // The old name's owner failed (its step may still have landed): both names
+                // stay, with the count that says so, rather than risk neither.
+                Err(e) => return Err(e),
             }
             self.take_back_link(src.ino);
             return Ok(());

@@ -852,6 +852,12 @@ impl FileSystem {
             .collect()
     }
 
+    /// fsck's fixes of what this owner serves, logged and applied as one transaction.
+    pub(crate) fn log_repairs(&self, fixes: Vec<Change>) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        self.log(&mut m, fixes).map(drop)
+    }
+
     /// Logs a transaction and applies it. The caller holds the metadata lock, so log order is
     /// apply order.
     pub(crate) fn log(&self, m: &mut Meta, mut changes: Vec<Change>) -> FsResult<Lsn> {

@@ -47,6 +47,7 @@ impl FsckReport {
 }
 
 pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult<FsckReport> {
+    let slot_disks = disks.clone();
     let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
     let desc = read_descriptor(&all)?;
     let disk_set = crate::recovery::match_devices(&desc, &disks)?;
@@ -79,23 +80,41 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
     }
     let map_fix = !map_problems.is_empty();
     if repair && (!fixes.is_empty() || map_fix) && rec.conflicts.is_empty() {
-        // Shards other slots own are repaired by their owners, from their own records:
-        // a checkpoint here would supersede pages their records still name.
+        // Shards other slots own are repaired through their owners' logs: a checkpoint
+        // here would supersede pages their records still name.
         for shard in std::mem::take(&mut rec.foreign_shards) {
             rec.state.release_shard(shard);
         }
+        let mut elsewhere: std::collections::BTreeMap<u32, Vec<Change>> = Default::default();
+        let mut repaired = u64::from(map_fix);
         for fix in &fixes {
             match rec.state.apply(fix) {
                 Ok(freed) => {
+                    repaired += 1;
                     for extent in freed {
                         let _ = rec.alloc.free(extent);
                     }
                 }
-                Err(crate::FsError::ShardElsewhere { shard }) => report.problems.push(format!(
-                    "not repaired: {fix:?} is in shard {shard}, which another owner slot holds"
-                )),
+                Err(crate::FsError::ShardElsewhere { shard }) => elsewhere
+                    .entry(desc.shard_owner(shard as usize).slot)
+                    .or_default()
+                    .push(fix.clone()),
                 Err(e) => return Err(e),
             }
+        }
+        let here = repaired;
+        for (slot, fixes) in elsewhere {
+            match repair_in_slot(slot_disks.clone(), slot, &fixes) {
+                Ok(()) => repaired += fixes.len() as u64,
+                Err(e) => report.problems.push(format!(
+                    "not repaired: {} fix(es) of shards owner slot {slot} holds ({e})",
+                    fixes.len()
+                )),
+            }
+        }
+        report.repaired = repaired;
+        if here == 0 {
+            return Ok(report); // Nothing of slot 0's to write.
         }
         // The rebuilt map is stored whole (recovery marked every chunk changed).
         let prepared = crate::checkpoint::prepare(
@@ -121,9 +140,21 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         prepared.name_in(&mut new_desc);
         let slots: Vec<_> = devices.iter().cloned().map(Some).collect();
         write_descriptor(&new_desc, &slots)?;
-        report.repaired = fixes.len() as u64 + u64::from(map_fix);
     }
     Ok(report)
+}
+
+/// Applies `fixes` of shards owner slot `slot` holds as that slot's owner would: mounted
+/// here (its log replayed over its record), the fixes logged as one of its transactions,
+/// unmounted (its checkpoint written), so that its record names the repaired pages.
+fn repair_in_slot(
+    disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+    slot: u32,
+    fixes: &[Change],
+) -> FsResult<()> {
+    let owner = crate::FileSystem::mount_slot(disks, slot)?;
+    owner.log_repairs(fixes.to_vec())?;
+    owner.unmount()
 }
 
 /// Pages, log and map regions of a `-m 2` file system whose copies are not in two failure
