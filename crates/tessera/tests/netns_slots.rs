@@ -117,6 +117,29 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
             log_tails(&c)
         );
     }
+    // rename(2) and link(2) between directories different nodes' metanodes serve (node
+    // 1's is the manager's, the others' their slots'), seen at once on every node.
+    use std::os::unix::fs::MetadataExt;
+    std::fs::rename(mnt(1).join("dir2/f2"), mnt(1).join("dir3/from-dir2")).unwrap();
+    std::fs::rename(mnt(3).join("dir1/f3"), mnt(3).join("dir2/f4")).unwrap();
+    std::fs::hard_link(mnt(2).join("dir3/f5"), mnt(2).join("dir1/link-to-3-5")).unwrap();
+    for k in 1..=3u32 {
+        let read = |p: &str| std::fs::read_to_string(mnt(k).join(p)).unwrap();
+        assert!(!mnt(k).join("dir2/f2").exists() && !mnt(k).join("dir1/f3").exists());
+        assert_eq!(read("dir3/from-dir2"), content(2, 2), "node {k}");
+        assert_eq!(read("dir2/f4"), content(1, 3), "node {k}: the renamed file replaced f4");
+        let linked = std::fs::metadata(mnt(k).join("dir1/link-to-3-5")).unwrap();
+        assert_eq!(linked.nlink(), 2, "node {k}");
+    }
+    std::fs::remove_file(mnt(1).join("dir3/f5")).unwrap();
+    for k in 1..=3u32 {
+        let linked = mnt(k).join("dir1/link-to-3-5");
+        assert_eq!(std::fs::read_to_string(&linked).unwrap(), content(3, 5));
+        assert_eq!(std::fs::metadata(&linked).unwrap().nlink(), 1, "node {k}");
+    }
+    // A directory moves between them only by copy (EXDEV, on which mv copies).
+    let moved = std::fs::rename(mnt(1).join("dir2/sub"), mnt(1).join("dir3/sub2"));
+    assert_eq!(moved.unwrap_err().raw_os_error(), Some(libc::EXDEV));
     // Every node removes another node's directory tree.
     for (k, owner) in [(1u32, 2u32), (2, 3), (3, 1)] {
         if let Err(e) = std::fs::remove_dir_all(mnt(k).join(format!("dir{owner}"))) {
