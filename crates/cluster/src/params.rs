@@ -138,8 +138,10 @@ pub const PARAMS: &[ParamSpec] = &[
                and everything made in them, so that metadata work in them stays on that \
                node (mdtest's directory per process); a slot whose holder dies or \
                unmounts is taken over by the first node that needs it; `no`: the manager \
-               owns all metadata. Experimental: a rename or link between directories \
-               that different nodes own fails with EXDEV (`mv` copies); takes effect at \
+               owns all metadata. Experimental: files are renamed and linked between \
+               directories that different nodes own in durable steps at each (a crash \
+               between them can leave a link count fsck repairs), but a directory moved \
+               between such directories fails with EXDEV (`mv` copies); takes effect at \
                the next mount",
         check: check_yes_no,
     },

@@ -53,7 +53,9 @@ impl FileSystem {
             return Err(FsError::NotSupported("hard links to directories".into()));
         }
         self.routed(ino, |ns| ns.count_link(ino, true))?;
-        if let Err(e) = self.routed(parent, |ns| ns.put_entry(parent, name, (ino, attr.kind), None)) {
+        if let Err(e) = self.routed(parent, |ns| {
+            ns.put_entry(parent, name, (ino, attr.kind), None)
+        }) {
             self.take_back_link(ino);
             return Err(e);
         }
@@ -100,7 +102,9 @@ impl FileSystem {
             let replace = dst.map(|d| d.ino);
             self.routed(src.ino, |ns| ns.count_link(src.ino, true))?;
             let put = (src.ino, src.kind);
-            match self.routed(new_parent, |ns| ns.put_entry(new_parent, new_name, put, replace)) {
+            match self.routed(new_parent, |ns| {
+                ns.put_entry(new_parent, new_name, put, replace)
+            }) {
                 Ok(()) => {}
                 Err(e) => {
                     self.take_back_link(src.ino);
@@ -123,7 +127,9 @@ impl FileSystem {
                 // this rename's new name goes again (what it replaced stays replaced).
                 Err(FsError::NotFound) => {
                     if self
-                        .routed(new_parent, |ns| ns.take_entry(new_parent, new_name, src.ino))
+                        .routed(new_parent, |ns| {
+                            ns.take_entry(new_parent, new_name, src.ino)
+                        })
                         .is_ok()
                     {
                         self.take_back_link(src.ino);

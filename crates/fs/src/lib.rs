@@ -8,8 +8,8 @@
 //! See ARCHITECTURE.md for the formats and the reasons.
 
 pub mod access;
-mod across_owners;
 pub mod acl;
+mod across_owners;
 pub mod alloc_map;
 mod checkpoint;
 mod client;

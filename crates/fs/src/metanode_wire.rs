@@ -752,13 +752,10 @@ where
             ino,
             kind,
             replace,
-        } => answer(
-            owner.put_entry(dir, &name, (ino, kind), replace),
-            |()| R::Done,
-        ),
-        Q::TakeEntry { dir, name, ino } => {
-            answer(owner.take_entry(dir, &name, ino), |()| R::Done)
-        }
+        } => answer(owner.put_entry(dir, &name, (ino, kind), replace), |()| {
+            R::Done
+        }),
+        Q::TakeEntry { dir, name, ino } => answer(owner.take_entry(dir, &name, ino), |()| R::Done),
         Q::CountLink { ino, up } => answer(owner.count_link(ino, up), |()| R::Done),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(

@@ -308,7 +308,11 @@ fn two_owners_through(
 fn two_owners_again(t: &TestDisks) -> (Arc<FileSystem>, Arc<FileSystem>) {
     let fs = mount(t);
     let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(&fs, &s1, Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))));
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
     (fs, s1)
 }
 
@@ -466,7 +470,10 @@ fn files_are_renamed_linked_and_unlinked_across_owners() {
     let b0 = s1.lookup(d, b"b0").unwrap().ino;
     s1.rename(d, b"b0", ROOT_INO, b"b0-moved", false, false)
         .unwrap();
-    assert_eq!(seen_alike(&fs, &s1, ROOT_INO, b"b0-moved", &theirs["b0"]), b0);
+    assert_eq!(
+        seen_alike(&fs, &s1, ROOT_INO, b"b0-moved", &theirs["b0"]),
+        b0
+    );
     assert_eq!(fs.lookup(ROOT_INO, b"b0-moved").unwrap().nlink, 1);
     assert!(gone(&fs, d, b"b0") && gone(&s1, d, b"b0"));
     // Back by the manager, over another file of slot 1's: the replaced file goes.
@@ -502,7 +509,10 @@ fn files_are_renamed_linked_and_unlinked_across_owners() {
     s1.remove(d, b"a0-link", false).unwrap();
     assert!(matches!(fs.getattr(a1), Err(FsError::NotFound)));
     s1.remove(d, b"b2", false).unwrap();
-    assert_eq!(seen_alike(&fs, &s1, ROOT_INO, b"b2-link", &theirs["b2"]), b2);
+    assert_eq!(
+        seen_alike(&fs, &s1, ROOT_INO, b"b2-link", &theirs["b2"]),
+        b2
+    );
     assert_eq!(s1.getattr(b2).unwrap().nlink, 1);
     // An inode unlinked across owners while open stays until its last close.
     s1.open(b2).unwrap();
@@ -520,7 +530,12 @@ fn files_are_renamed_linked_and_unlinked_across_owners() {
     seen_alike(&fs, &s1, ROOT_INO, b"a0", &mine["a0"]);
     seen_alike(&fs, &s1, d, b"b3", &theirs["b3"]);
     seen_alike(&fs, &s1, ROOT_INO, b"a2", &mine["a2"]);
-    for (dir, name) in [(d, "b0"), (d, "b2"), (ROOT_INO, "a1"), (ROOT_INO, "b2-link")] {
+    for (dir, name) in [
+        (d, "b0"),
+        (d, "b2"),
+        (ROOT_INO, "a1"),
+        (ROOT_INO, "b2-link"),
+    ] {
         assert!(gone(&fs, dir, name.as_bytes()), "{name}");
     }
     unmount_both_and_check(&t, fs, s1, "after a remount");
@@ -780,10 +795,7 @@ fn a_dead_slot_holders_slot_is_taken_over_and_its_clients_lose_nothing() {
 fn only_link_counts_too_high(t: &TestDisks, when: &str) {
     let report = tessera_fs::fsck(t.reopen(), false).unwrap();
     for p in &report.problems {
-        let counts: Vec<u32> = p
-            .split(' ')
-            .filter_map(|w| w.parse().ok())
-            .collect();
+        let counts: Vec<u32> = p.split(' ').filter_map(|w| w.parse().ok()).collect();
         assert!(
             p.contains("has link count") && counts.len() == 3 && counts[1] > counts[2],
             "{when}: {p}"
@@ -816,7 +828,11 @@ fn renames_across_owners_cut_by_a_crash_at_every_write_leave_no_name_of_a_freed_
         let fs = mount(&t);
         let (disks, faults) = with_faults(&t);
         let s1 = FileSystem::mount_slot(disks, 1).unwrap();
-        connect_owners(&fs, &s1, Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))));
+        connect_owners(
+            &fs,
+            &s1,
+            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+        );
         faults.writes_until_failure.store(k, Ordering::SeqCst);
         let mut result = Ok(());
         for _ in 0..3 {

@@ -127,7 +127,11 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
         let read = |p: &str| std::fs::read_to_string(mnt(k).join(p)).unwrap();
         assert!(!mnt(k).join("dir2/f2").exists() && !mnt(k).join("dir1/f3").exists());
         assert_eq!(read("dir3/from-dir2"), content(2, 2), "node {k}");
-        assert_eq!(read("dir2/f4"), content(1, 3), "node {k}: the renamed file replaced f4");
+        assert_eq!(
+            read("dir2/f4"),
+            content(1, 3),
+            "node {k}: the renamed file replaced f4"
+        );
         let linked = std::fs::metadata(mnt(k).join("dir1/link-to-3-5")).unwrap();
         assert_eq!(linked.nlink(), 2, "node {k}");
     }
