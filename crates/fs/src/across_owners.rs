@@ -7,21 +7,90 @@
 //! one too high (fsck names the inode and sets it right) or, in the middle of a rename,
 //! the file under both names; an rmdir leaves at worst an unreachable empty directory.
 //!
+//! A directory that moves to another directory where several owners serve the namespace
+//! moves under the cluster's one rename lock (a lock of class `Rename` on the root at the
+//! file system manager, as the kernel's one rename mutex per file system): its check that
+//! it does not move below itself walks parents that several owners serve, and no other
+//! move may change them meanwhile. Its steps: the new name (its new parent counts one
+//! more link), its parent pointer, the old name (the old parent one fewer). A crash
+//! between them leaves the directory named in both parents; fsck keeps the name its parent
+//! pointer names.
+//!
 //! The owner side of each step is in `namespace.rs` (`Namespace::put_entry`,
-//! `Namespace::take_entry`, `Namespace::count_link`, and the rmdir's `seal_dir`,
-//! `drop_entry_of`, `drop_sealed_dir`). Moving a directory between directories different
-//! owners serve is not built: it answers EXDEV, on which `mv` copies.
+//! `Namespace::take_entry`, `Namespace::count_link`, `Namespace::reparent`, and the
+//! rmdir's `seal_dir`, `drop_entry_of`, `drop_sealed_dir`). RENAME_EXCHANGE across owners
+//! is not built: it answers EXDEV.
+
+use std::time::Duration;
 
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
-use crate::inode::{Attr, FileKind, Ino};
+use crate::inode::{Attr, FileKind, Ino, ROOT_INO};
+use crate::locks::{Holder, Lock, LockClass, LockKind, TO_END};
 
 /// How often a rename looks again at a target that another node changed between its look
 /// and its step (each round costs a few round trips; a target that changes this often is
 /// not one an application can rename over meaningfully anyway).
 const RETARGETS_MAX: usize = 8;
 
+/// Deepest chain of parents a directory move walks (the root is found long before on any
+/// real tree; a longer chain is a damaged one).
+const DEPTH_MAX: usize = 65_536;
+
+/// How long a directory move waits for the rename lock before it fails with EIO: its
+/// holder is another move in flight (a few round trips), or a dead node's, freed once the
+/// cluster expels it.
+const RENAME_LOCK_WAIT_MAX: Duration = Duration::from_secs(120);
+
+/// Lock owners of the rename lock, one per thread, so that two threads of one mount take
+/// turns as two nodes do.
+static RENAME_LOCK_OWNERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+std::thread_local! {
+    static RENAME_LOCK_OWNER: u64 =
+        RENAME_LOCK_OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The cluster's rename lock, held until dropped.
+pub(crate) struct RenameLock<'a> {
+    fs: &'a FileSystem,
+    holder: Holder,
+}
+
+impl Drop for RenameLock<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.fs.unlock_all(ROOT_INO, self.holder) {
+            tracing::warn!("giving back the rename lock: {e} (the manager frees it at expel)");
+        }
+    }
+}
+
 impl FileSystem {
+    /// Whether a directory move between two directories may need the rename lock: on a
+    /// mount that other nodes' mounts share, or one that knows of owner slots.
+    pub(crate) fn moves_take_the_rename_lock(&self) -> bool {
+        self.owner_slot() != 0
+            || self.shared.load(std::sync::atomic::Ordering::Acquire)
+            || self
+                .owner_map
+                .iter()
+                .any(|s| s.load(std::sync::atomic::Ordering::Relaxed) != 0)
+    }
+
+    /// Takes the cluster's rename lock (waits for it, up to a bound).
+    pub(crate) fn rename_lock(&self) -> FsResult<RenameLock<'_>> {
+        let holder = self.lock_holder(RENAME_LOCK_OWNER.with(|o| *o), LockClass::Rename);
+        let want = Lock {
+            holder,
+            start: 0,
+            end: TO_END,
+            kind: LockKind::Write,
+            pid: 0,
+        };
+        self.lock_until(ROOT_INO, want, Some(&|| false), Some(RENAME_LOCK_WAIT_MAX))?;
+        Ok(RenameLock { fs: self, holder })
+    }
+
     /// rmdir of directory `ino`, which another slot serves than `parent`'s (a directory
     /// made for a slot), in three steps that never leave an entry naming a freed inode:
     /// its owner checks it is empty and seals it (no name goes in meanwhile, for a bounded
@@ -75,11 +144,12 @@ impl FileSystem {
     ) -> FsResult<()> {
         let src = self.lookup(parent, name)?;
         if src.kind == FileKind::Directory {
-            return Err(FsError::AcrossOwners(
-                "moving a directory between directories that different nodes' owner slots \
-                 serve"
-                    .into(),
-            ));
+            return self.move_dir_across_owners(
+                (parent, name),
+                (new_parent, new_name),
+                src.ino,
+                noreplace,
+            );
         }
         let mut last = FsError::Exists;
         for _ in 0..RETARGETS_MAX {
@@ -144,6 +214,75 @@ impl FileSystem {
             return Ok(());
         }
         Err(last)
+    }
+
+    /// A move of directory `dir` from `name` in `parent` to `new_name` in `new_parent`
+    /// (another directory) where different owners serve them or it, under the rename lock
+    /// (taken here unless this thread holds it).
+    fn move_dir_across_owners(
+        &self,
+        (parent, name): (Ino, &[u8]),
+        (new_parent, new_name): (Ino, &[u8]),
+        dir: Ino,
+        noreplace: bool,
+    ) -> FsResult<()> {
+        if parent == new_parent {
+            // Within one directory the directory's owner moves the name (`move_name`).
+            return Err(FsError::AcrossOwners(
+                "a rename within a directory that its owner could not do".into(),
+            ));
+        }
+        let _lock = self.rename_lock()?;
+        let mut up = new_parent;
+        for depth in 0.. {
+            if up == dir {
+                return Err(FsError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
+            }
+            if up == ROOT_INO {
+                break;
+            }
+            if depth == DEPTH_MAX {
+                return Err(FsError::Corrupt(format!(
+                    "directory {new_parent} has more than {DEPTH_MAX} parents above it"
+                )));
+            }
+            up = self.lookup(up, b"..")?.ino;
+        }
+        // The source again, under the lock: it may have moved since the caller looked.
+        if self.lookup(parent, name)?.ino != dir {
+            return Err(FsError::NotFound);
+        }
+        match self.lookup(new_parent, new_name) {
+            Ok(d) if d.ino == dir => return Ok(()),
+            Ok(_) if noreplace => return Err(FsError::Exists),
+            Ok(d) if d.kind != FileKind::Directory => return Err(FsError::NotDir),
+            // An empty directory in the way goes first (ENOTEMPTY if it is not empty):
+            // a crash between the two leaves it removed and the move not done.
+            Ok(_) => self.remove(new_parent, new_name, true)?,
+            Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        let put = (dir, FileKind::Directory);
+        self.routed(new_parent, |ns| {
+            ns.put_entry(new_parent, new_name, put, None)
+        })?;
+        if let Err(e) = self.routed(dir, |ns| ns.reparent(dir, parent, new_parent)) {
+            if let Err(undo) =
+                self.routed(new_parent, |ns| ns.take_entry(new_parent, new_name, dir))
+            {
+                tracing::warn!(
+                    "directory {dir} keeps a second name {:?} in directory {new_parent} \
+                     after a failed move ({undo}); fsck removes it",
+                    String::from_utf8_lossy(new_name)
+                );
+            }
+            return Err(e);
+        }
+        // From here the move is done as far as the directory knows; the old name going is
+        // what fsck would finish too.
+        self.routed(parent, |ns| ns.take_entry(parent, name, dir))
     }
 
     /// One link fewer to `ino`, after a name of it went (or a step that was to add one

@@ -600,9 +600,22 @@ impl FileSystem {
             noreplace,
             exchange,
         };
-        match self.routed(parent, |ns| {
+        // A directory that moves to another directory where several owners serve the
+        // namespace moves under the cluster's rename lock (`across_owners.rs`), whichever
+        // owner does it: another owner's move may change the parents it checks.
+        let locked = if parent != new_parent
+            && self.moves_take_the_rename_lock()
+            && (exchange || self.lookup(parent, name)?.kind == FileKind::Directory)
+        {
+            Some(self.rename_lock()?)
+        } else {
+            None
+        };
+        let moved = self.routed(parent, |ns| {
             ns.move_name((parent, name), (new_parent, new_name), how)
-        }) {
+        });
+        drop(locked);
+        match moved {
             Err(FsError::AcrossOwners(_)) if !exchange => {
                 self.rename_across_owners((parent, name), (new_parent, new_name), noreplace)
             }

@@ -306,11 +306,39 @@ fn check(
     }
     report.inodes = inodes.len() as u64;
     report.directories = inodes.values().filter(|s| s.parent.is_some()).count() as u64;
+    // A directory named in two directories (a move across owners cut by a crash keeps
+    // the name its parent pointer names, or the first).
+    let mut kept_name: HashMap<Ino, (Ino, &[u8])> = HashMap::new();
+    for (dir, name, entry) in &entries {
+        if let Some(t) = inodes.get(&entry.ino) {
+            if t.attr.kind == FileKind::Directory && entry.kind == FileKind::Directory {
+                let slot = kept_name.entry(entry.ino).or_insert((*dir, name));
+                if t.parent == Some(*dir) {
+                    *slot = (*dir, name);
+                }
+            }
+        }
+    }
     let mut refs: HashMap<Ino, u32> = HashMap::new();
     let mut subdirs: HashMap<Ino, u32> = HashMap::new();
     for (dir, name, entry) in &entries {
         let name_text = String::from_utf8_lossy(name);
         match inodes.get(&entry.ino) {
+            Some(t)
+                if t.attr.kind == FileKind::Directory
+                    && entry.kind == FileKind::Directory
+                    && kept_name.get(&entry.ino) != Some(&(*dir, name.as_slice())) =>
+            {
+                report.problems.push(format!(
+                    "directory {} is named in two directories: its name {name_text:?} in \
+                     directory {dir} goes",
+                    entry.ino
+                ));
+                fixes.push(Change::DirRemove {
+                    dir: *dir,
+                    name: name.clone(),
+                });
+            }
             None => {
                 report.problems.push(format!(
                     "directory {dir} entry {name_text:?} points to missing inode {}",

@@ -55,6 +55,10 @@ pub enum LockClass {
     /// Taken by the file system itself around a write into a block (or a truncate) of a
     /// shared file: nodes writing one block take turns (see [`DataToken`]).
     Data,
+    /// Taken by the file system itself, on the root directory at the file system
+    /// manager, around a move of a directory into another directory where several owners
+    /// serve the namespace: the cluster's one rename lock (`across_owners.rs`).
+    Rename,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -670,7 +674,7 @@ impl crate::fs::FileSystem {
         self.lock_until(ino, want, cancelled, None)
     }
 
-    fn lock_until(
+    pub(crate) fn lock_until(
         &self,
         ino: Ino,
         want: Lock,

@@ -276,6 +276,11 @@ pub(crate) trait Namespace: Send + Sync {
     /// the inode goes once no node has it open.
     fn count_link(&self, ino: Ino, up: bool) -> FsResult<()>;
 
+    /// A step of a directory's move across owners: directory `dir`, which this owner
+    /// serves, has `to` for its parent from now on if `from` is its parent now (else
+    /// NotFound), durably before answering.
+    fn reparent(&self, dir: Ino, from: Ino, to: Ino) -> FsResult<()>;
+
     /// A new name `name` in `parent` for `ino` (link).
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr>;
 

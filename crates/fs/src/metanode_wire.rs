@@ -245,6 +245,12 @@ pub enum MetanodeRequest {
         ino: Ino,
         up: bool,
     },
+    /// A step of a directory's move across owners ([`Namespace::reparent`]).
+    Reparent {
+        dir: Ino,
+        from: Ino,
+        to: Ino,
+    },
 }
 
 impl MetanodeRequest {
@@ -295,6 +301,7 @@ impl MetanodeRequest {
             Q::PutEntry { .. } => "PutEntry",
             Q::TakeEntry { .. } => "TakeEntry",
             Q::CountLink { .. } => "CountLink",
+            Q::Reparent { .. } => "Reparent",
         }
     }
 }
@@ -757,6 +764,7 @@ where
         }),
         Q::TakeEntry { dir, name, ino } => answer(owner.take_entry(dir, &name, ino), |()| R::Done),
         Q::CountLink { ino, up } => answer(owner.count_link(ino, up), |()| R::Done),
+        Q::Reparent { dir, from, to } => answer(owner.reparent(dir, from, to), |()| R::Done),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -847,7 +855,9 @@ pub(crate) fn cache_changes(
             changes
         }
         Q::DropEntryOf { parent, name, .. } => vec![entry(*parent, name), Inode(*parent)],
-        Q::DropSealedDir { ino } | Q::CountLink { ino, .. } => vec![Inode(*ino)],
+        Q::DropSealedDir { ino } | Q::CountLink { ino, .. } | Q::Reparent { dir: ino, .. } => {
+            vec![Inode(*ino)]
+        }
         Q::PutEntry { dir, name, .. } => {
             let mut changes = vec![entry(*dir, name), Inode(*dir)];
             changes.extend(child(*dir, name).map(Inode));
@@ -933,6 +943,7 @@ pub(crate) fn durable_before_answer(request: &MetanodeRequest) -> bool {
             | Q::PutEntry { .. }
             | Q::TakeEntry { .. }
             | Q::CountLink { .. }
+            | Q::Reparent { .. }
             | Q::MoveName { .. }
             | Q::ChangeAttr { .. }
             | Q::PutXattr { .. }
@@ -1904,6 +1915,10 @@ impl Namespace for RemoteMetanode {
         self.done(self.once(MetanodeRequest::CountLink { ino, up }))
     }
 
+    fn reparent(&self, dir: Ino, from: Ino, to: Ino) -> FsResult<()> {
+        self.done(self.once(MetanodeRequest::Reparent { dir, from, to }))
+    }
+
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         self.attr_of(self.once(MetanodeRequest::AddName {
             ino,
@@ -2191,6 +2206,11 @@ mod tests {
                 ino: 12,
             },
             MetanodeRequest::CountLink { ino: 12, up: true },
+            MetanodeRequest::Reparent {
+                dir: 12,
+                from: 7,
+                to: 9,
+            },
         ];
         for r in requests {
             let bytes = encode(&r);

@@ -320,6 +320,19 @@ impl Namespace for FileSystem {
         self.commit(lsn)
     }
 
+    fn reparent(&self, dir: Ino, from: Ino, to: Ino) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        let mut attr = self.dir_attr(&mut m, dir)?;
+        if m.state.dir_parent(dir)? != from {
+            return Err(FsError::NotFound);
+        }
+        attr.ctime = self.now();
+        let changes = vec![Change::SetParent { dir, parent: to }, Change::PutAttr(attr)];
+        let lsn = self.log(&mut m, changes)?;
+        drop(m);
+        self.commit(lsn)
+    }
+
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         check_name(name)?;
         let mut m = self.owner().meta.lock();

@@ -141,9 +141,16 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
         assert_eq!(std::fs::read_to_string(&linked).unwrap(), content(3, 5));
         assert_eq!(std::fs::metadata(&linked).unwrap().nlink(), 1, "node {k}");
     }
-    // A directory moves between them only by copy (EXDEV, on which mv copies).
-    let moved = std::fs::rename(mnt(1).join("dir2/sub"), mnt(1).join("dir3/sub2"));
-    assert_eq!(moved.unwrap_err().raw_os_error(), Some(libc::EXDEV));
+    // A directory moves between them with what it holds (under the cluster's rename
+    // lock), and never below itself.
+    std::fs::rename(mnt(1).join("dir2/sub"), mnt(1).join("dir3/sub2")).unwrap();
+    for k in 1..=3u32 {
+        assert!(!mnt(k).join("dir2/sub").exists(), "node {k}");
+        let deep = std::fs::read_to_string(mnt(k).join("dir3/sub2/deep")).unwrap();
+        assert_eq!(deep, content(2, 99), "node {k}");
+    }
+    let looped = std::fs::rename(mnt(2).join("dir3"), mnt(2).join("dir3/sub2/dir3"));
+    assert_eq!(looped.unwrap_err().raw_os_error(), Some(libc::EINVAL));
     // Every node removes another node's directory tree.
     for (k, owner) in [(1u32, 2u32), (2, 3), (3, 1)] {
         if let Err(e) = std::fs::remove_dir_all(mnt(k).join(format!("dir{owner}"))) {
