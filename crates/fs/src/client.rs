@@ -769,8 +769,40 @@ impl FileSystem {
         self.routed(ino, |ns| ns.entries(ino, after))
     }
 
+    /// The whole file system's space and inodes. With owner slots each owner counts the
+    /// inodes of its shards and the free space of its allocation regions (holding the
+    /// others' as used): the file system's are the manager's plus every slot's.
     pub fn statfs(&self) -> StatFs {
-        self.namespace_manager().space()
+        let mut space = self.namespace_manager().space();
+        let mut used = space.inodes_total.saturating_sub(space.inodes_free);
+        // Slots that serve shards, and slots given regions before any shard.
+        let mut slots: std::collections::BTreeSet<u32> = self
+            .owner_map
+            .iter()
+            .map(|cell| cell.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        let desc = self.descriptor();
+        slots.extend(
+            (0..crate::slot::region_count(&desc) as usize)
+                .map(|r| crate::slot::region_owner(&desc, r)),
+        );
+        for slot in slots.into_iter().filter(|s| *s != 0) {
+            let owner: &dyn Namespace = if self.owner.is_some() && slot == self.owner_slot() {
+                self
+            } else if let Some(remote) = self.slot_route(slot) {
+                remote
+            } else {
+                continue;
+            };
+            let theirs = owner.space();
+            if theirs.inodes_total == 0 {
+                continue; // It could not answer (logged).
+            }
+            space.fragments_free += theirs.fragments_free;
+            used += theirs.inodes_total.saturating_sub(theirs.inodes_free);
+        }
+        space.inodes_free = space.inodes_total.saturating_sub(used);
+        space
     }
 
     pub fn setxattr(

@@ -741,7 +741,7 @@ impl FileSystem {
     }
 
     /// The way to the owner of `slot`, made on first use from `route_slots_through`.
-    fn slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
+    pub(crate) fn slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
         let cell = self.slot_routes.get(slot as usize)?;
         if let Some(r) = cell.get() {
             return Some(r);

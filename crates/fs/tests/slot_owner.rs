@@ -1029,3 +1029,21 @@ fn directory_moves_across_owners_cut_by_a_crash_at_every_write_leave_one_tree() 
     }
     assert!(crashes > 5, "the moves crossed only {crashes} writes");
 }
+
+#[test]
+fn statfs_counts_the_inodes_and_free_space_of_every_owner() {
+    let t = two_region_fs();
+    let (fs, s1) = two_owners(&t);
+    let used = |s: &tessera_fs::StatFs| s.inodes_total - s.inodes_free;
+    let before = fs.statfs();
+    let d = mkdir(&s1, ROOT_INO, b"node1").ino;
+    write_files(&s1, d, "b", 100);
+    write_files(&fs, ROOT_INO, "a", 110);
+    let (a, b) = (fs.statfs(), s1.statfs());
+    // Slot 1's directory and files are counted beside the manager's, seen alike from both.
+    assert_eq!(used(&a), used(&before) + 9);
+    assert_eq!((used(&a), a.fragments_free), (used(&b), b.fragments_free));
+    // Both owners' writes took space; 2 x 379,100 bytes in 4 KiB sub-blocks at least.
+    assert!(before.fragments_free - a.fragments_free >= 2 * 379_100 / 4096);
+    unmount_both_and_check(&t, fs, s1, "after statfs");
+}
