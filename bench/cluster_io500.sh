@@ -9,9 +9,10 @@
 #
 #   bench/cluster_io500.sh     (RANKS=3 MB=200 SEGMENTS=2000 FILES=2000; root; ~10 min)
 #   PHASES="ior-hard-write ior-hard-read" NODES="1 3" bench/cluster_io500.sh   (a subset)
-#   SLOTS=yes BLOCK=1M bench/cluster_io500.sh   (metadataSlots: nodes 2 and 3 own the
-#   directories their processes make; BLOCK sets `fs create -B`, default 4M, and must leave
-#   the 4 GiB drive free allocation regions to give, which 1M does)
+#   BLOCK=1M bench/cluster_io500.sh   (metadataSlots=yes, the default: nodes 2 and 3 own
+#   the directories their processes make; BLOCK sets `fs create -B`, default 4M, and must
+#   leave the 4 GiB drive free allocation regions to give, which 1M does; SLOTS=no: the
+#   manager owns all metadata)
 #
 # Prints a Markdown table. Uses scripts/cluster-netns.sh with its own prefix, base and
 # subnet, so a test cluster can run beside it.
@@ -27,7 +28,7 @@ cargo build --release -q -p tessera
 export TESSERA_BIN=${TESSERA_BIN:-$PWD/target/release/tessera}
 net=scripts/cluster-netns.sh
 $net down >/dev/null 2>&1 || true
-slots=${SLOTS:-no}
+slots=${SLOTS:-yes}
 block=${BLOCK:-4M}
 # Every node serves its metrics in its own namespace, for the time clients wait for other
 # nodes' metanodes (tessera_metanode_request_seconds).

@@ -130,19 +130,20 @@ pub const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "metadataSlots",
-        default: "no",
+        default: "yes",
         scope: Scope::Cluster,
-        help: "`yes`: a node that mounts a file system beside its file system manager \
-               asks for an owner slot of its own (a log, a record and a free allocation \
-               region) and owns the directories it makes in directories others serve, \
+        help: "`yes` (the default): a node that mounts a file system beside its file \
+               system manager asks for an owner slot of its own (a log, a record and a \
+               free allocation region; without a wholly free region it mounts as a plain \
+               client) and owns the directories it makes in directories others serve, \
                and everything made in them, so that metadata work in them stays on that \
                node (mdtest's directory per process); a slot whose holder dies or \
-               unmounts is taken over by the first node that needs it; `no`: the manager \
-               owns all metadata. Experimental: files are renamed and linked between \
-               directories that different nodes own in durable steps at each (a crash \
-               between them can leave a link count fsck repairs), but a directory moved \
-               between such directories fails with EXDEV (`mv` copies); takes effect at \
-               the next mount",
+               unmounts is taken over by the first node that needs it. Renames, links and \
+               directory moves between directories different nodes own go in durable \
+               steps at each (a crash between them can leave a link count or a second \
+               name of a directory, which fsck repairs); RENAME_EXCHANGE between them \
+               fails with EXDEV. `no`: the manager owns all metadata. Takes effect at the \
+               next mount",
         check: check_yes_no,
     },
     ParamSpec {

@@ -789,8 +789,8 @@ impl FileSystem {
             0 => Ok(()),
             slot => Err(FsError::NotSupported(format!(
                 "{what} on the owner of slot {slot} of {}: only the file system manager \
-                 (slot 0) changes the descriptor or works on every shard; run it on the \
-                 node that mounted {} first",
+                 (slot 0) changes the descriptor or works on every shard and allocation \
+                 region; run it on that node (`tessera mount ls {} -L` names it)",
                 self.geo.fs_name, self.geo.fs_name
             ))),
         }

@@ -302,6 +302,11 @@ pub(crate) trait Namespace: Send + Sync {
     /// Space and inodes of the file system.
     fn space(&self) -> crate::StatFs;
 
+    /// Per disk (index, whole blocks free, sub-blocks free inside partly used blocks) of
+    /// the allocation regions this owner allocates in: another owner's regions count as
+    /// used here, so the file system's free space is the sum over its owners.
+    fn disk_free(&self) -> FsResult<Vec<(u32, u64, u64)>>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

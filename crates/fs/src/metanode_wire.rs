@@ -251,6 +251,8 @@ pub enum MetanodeRequest {
         from: Ino,
         to: Ino,
     },
+    /// The free space of the regions an owner allocates in ([`Namespace::disk_free`]).
+    DiskFree,
 }
 
 impl MetanodeRequest {
@@ -302,6 +304,7 @@ impl MetanodeRequest {
             Q::TakeEntry { .. } => "TakeEntry",
             Q::CountLink { .. } => "CountLink",
             Q::Reparent { .. } => "Reparent",
+            Q::DiskFree => "DiskFree",
         }
     }
 }
@@ -481,6 +484,9 @@ pub enum MetanodeReply {
         reply: Vec<u8>,
         fresh: Vec<(Attr, u64)>,
     },
+    /// The answer to `DiskFree`: per disk, its index, whole blocks free and sub-blocks
+    /// free inside partly used blocks.
+    DiskFree(Vec<(u32, u64, u64)>),
 }
 
 /// The answers a client may keep ([`MetanodeReply::Held`]).
@@ -765,6 +771,7 @@ where
         Q::TakeEntry { dir, name, ino } => answer(owner.take_entry(dir, &name, ino), |()| R::Done),
         Q::CountLink { ino, up } => answer(owner.count_link(ino, up), |()| R::Done),
         Q::Reparent { dir, from, to } => answer(owner.reparent(dir, from, to), |()| R::Done),
+        Q::DiskFree => answer(owner.disk_free(), R::DiskFree),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -901,6 +908,7 @@ pub(crate) fn cache_changes(
         | Q::GiveBackData { .. }
         | Q::SealDir { .. }
         | Q::ProvideSlot
+        | Q::DiskFree
         | Q::Leaving => Vec::new(),
     }
 }
@@ -1434,6 +1442,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::LinkTarget { .. }
             | Q::Entries { .. }
             | Q::Space
+            | Q::DiskFree
             | Q::Xattr { .. }
             | Q::XattrNames { .. }
             | Q::Protection { .. }
@@ -1919,6 +1928,10 @@ impl Namespace for RemoteMetanode {
         self.done(self.once(MetanodeRequest::Reparent { dir, from, to }))
     }
 
+    fn disk_free(&self) -> FsResult<Vec<(u32, u64, u64)>> {
+        expect_reply!(self.call(MetanodeRequest::DiskFree)?, MetanodeReply::DiskFree(d) => d, "free space per disk")
+    }
+
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         self.attr_of(self.once(MetanodeRequest::AddName {
             ino,
@@ -2211,6 +2224,7 @@ mod tests {
                 from: 7,
                 to: 9,
             },
+            MetanodeRequest::DiskFree,
         ];
         for r in requests {
             let bytes = encode(&r);

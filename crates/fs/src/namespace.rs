@@ -631,6 +631,29 @@ impl Namespace for FileSystem {
         }
     }
 
+    fn disk_free(&self) -> FsResult<Vec<(u32, u64, u64)>> {
+        let disks: Vec<_> = self
+            .owner()
+            .desc
+            .lock()
+            .disks
+            .iter()
+            .map(|d| d.index)
+            .collect();
+        let m = self.owner().meta.lock();
+        Ok(disks
+            .into_iter()
+            .map(|d| {
+                let space = m.alloc.disk_space(d);
+                (
+                    u32::from(d),
+                    space.blocks_free,
+                    space.sub_blocks_free_in_fragments,
+                )
+            })
+            .collect())
+    }
+
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()> {
         check_xattr_name(name)?;
         if let Some(kind) = acl::acl_xattr(name) {

@@ -40,20 +40,60 @@ pub struct DfReport {
     pub disks: Vec<DfDisk>,
     pub pools: Vec<DfPool>,
     pub inodes: InodeUsage,
+    /// Owner slots that did not answer for their regions' free space and their inodes
+    /// (their free space shows as used, their inodes as free).
+    #[serde(default)]
+    pub unanswered_slots: Vec<u32>,
 }
 
 impl FileSystem {
     pub fn df(&self) -> FsResult<DfReport> {
         self.owner_here("df")?;
+        self.manager_here("df")?;
         let desc = self.descriptor();
-        let m = self.owner().meta.lock();
         let bs = u64::from(desc.block_size);
         let sub = u64::from(desc.sub_block_size);
+        // Each owner slot allocates in its own regions and counts its own shards' inodes
+        // (this map holds their regions as used): their free space and inodes are theirs
+        // to say. Asked before the metadata lock is taken: a slot's owner may be asking
+        // this manager something meanwhile.
+        let mut slot_free: std::collections::HashMap<u32, (u64, u64)> = Default::default();
+        let mut slot_inodes = 0u64;
+        let mut unanswered_slots = Vec::new();
+        let mut slots: Vec<u32> = (0..crate::slot::region_count(&desc) as usize)
+            .map(|r| crate::slot::region_owner(&desc, r))
+            .chain(desc.slot_regions().iter().map(|r| r.slot))
+            .filter(|s| *s != 0)
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        for slot in slots {
+            let asked = self.slot_route(slot).map(|owner| {
+                use crate::metanode::Namespace;
+                (owner.disk_free(), owner.space())
+            });
+            match asked {
+                Some((Ok(free), space)) if space.inodes_total > 0 => {
+                    for (disk, blocks, fragments) in free {
+                        let e = slot_free.entry(disk).or_default();
+                        e.0 += blocks;
+                        e.1 += fragments;
+                    }
+                    slot_inodes += space.inodes_total - space.inodes_free;
+                }
+                _ => unanswered_slots.push(slot),
+            }
+        }
+        let m = self.owner().meta.lock();
         let disks: Vec<DfDisk> = desc
             .disks
             .iter()
             .map(|d| {
-                let space = m.alloc.disk_space(d.index);
+                let mut space = m.alloc.disk_space(d.index);
+                if let Some((blocks, fragments)) = slot_free.get(&u32::from(d.index)) {
+                    space.blocks_free += blocks;
+                    space.sub_blocks_free_in_fragments += fragments;
+                }
                 DfDisk {
                     nsd_name: d.nsd_name.clone(),
                     pool: desc.pool_name(d.pool).to_string(),
@@ -79,7 +119,7 @@ impl FileSystem {
                 }
             })
             .collect();
-        let used = m.state.inode_count();
+        let used = m.state.inode_count() + slot_inodes;
         Ok(DfReport {
             block_size: desc.block_size,
             sub_block_size: desc.sub_block_size,
@@ -91,6 +131,7 @@ impl FileSystem {
                 allocated: used.max(desc.prealloc_inodes),
                 max: desc.max_inodes,
             },
+            unanswered_slots,
         })
     }
 }

@@ -1045,5 +1045,18 @@ fn statfs_counts_the_inodes_and_free_space_of_every_owner() {
     assert_eq!((used(&a), a.fragments_free), (used(&b), b.fragments_free));
     // Both owners' writes took space; 2 x 379,100 bytes in 4 KiB sub-blocks at least.
     assert!(before.fragments_free - a.fragments_free >= 2 * 379_100 / 4096);
+    // The manager's df asks the slot for its regions' free space and its inodes.
+    let df = fs.df().unwrap();
+    assert!(df.unanswered_slots.is_empty());
+    assert_eq!(df.inodes.used, used(&a));
+    let free: u64 = df
+        .disks
+        .iter()
+        .map(|d| d.free_full_block_bytes + d.free_fragment_bytes)
+        .sum();
+    assert_eq!(free / a.fragment_bytes, a.fragments_free);
+    // Only the manager answers for every region and shard.
+    let err = s1.df().unwrap_err();
+    assert!(err.to_string().contains("run it on that node"), "{err}");
     unmount_both_and_check(&t, fs, s1, "after statfs");
 }

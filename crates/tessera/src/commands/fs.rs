@@ -504,9 +504,35 @@ fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
                 (true, Some(node)) => node.clone(),
                 _ => "none (not mounted)".into(),
             },
-            "Node that owns the metadata while mounted: metanode of every shard [mmlsmgr]".into(),
+            "File system manager while mounted: metanode of the shards no owner slot \
+             holds [mmlsmgr]"
+                .into(),
+        ),
+        (
+            "--slots",
+            "ownerSlots",
+            owner_slots(&s.record.slot_holders),
+            "Owner slots and the nodes serving them (metadataSlots)".into(),
         ),
     ]
+}
+
+/// `slot 1 node2, slot 2 node3 (free)`: which node serves each owner slot (free: its
+/// holder unmounted; the first node that needs it takes it).
+fn owner_slots(holders: &[crate::config::SlotHolder]) -> String {
+    if holders.is_empty() {
+        return "none".into();
+    }
+    let mut holders = holders.to_vec();
+    holders.sort_by_key(|h| h.slot);
+    holders
+        .iter()
+        .map(|h| match h.incarnation {
+            Some(_) => format!("slot {} {}", h.slot, h.node),
+            None => format!("slot {} {} (free)", h.slot, h.node),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub fn ls(home: &Home, name: &str, machine: bool) -> Result<()> {

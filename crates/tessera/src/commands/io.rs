@@ -399,6 +399,15 @@ fn df_text(df: &DfReport) -> String {
         df.inodes.allocated
     ));
     line(format!("Maximum number of inodes:   {:>12}", df.inodes.max));
+    if !df.unanswered_slots.is_empty() {
+        let slots: Vec<String> = df.unanswered_slots.iter().map(u32::to_string).collect();
+        line(String::new());
+        line(format!(
+            "Owner slot(s) {} did not answer: their regions' free space shows as used and \
+             their inodes are not counted (`tessera mount ls` names their nodes)",
+            slots.join(", ")
+        ));
+    }
     out
 }
 
