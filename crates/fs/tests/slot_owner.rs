@@ -866,6 +866,26 @@ fn a_dead_slot_holders_slot_is_taken_over_and_its_clients_lose_nothing() {
     unmount_both_and_check(&t, fs, s1c, "after a slot's takeover");
 }
 
+/// Mounts the manager and slot 1's owner, whose drives fail from write `k` on, runs
+/// `work` on the slot's owner, kills it and unmounts the manager: whether the drives
+/// failed, and what `work` returned.
+fn slot_owner_cut_at_write(
+    t: &TestDisks,
+    k: i64,
+    work: impl FnOnce(&FileSystem) -> tessera_fs::FsResult<()>,
+) -> (bool, tessera_fs::FsResult<()>) {
+    let fs = mount(t);
+    let (disks, faults) = with_faults(t);
+    let s1 = FileSystem::mount_slot(disks, 1).unwrap();
+    let manager = Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs)));
+    connect_owners(&fs, &s1, manager);
+    faults.writes_until_failure.store(k, Ordering::SeqCst);
+    let result = work(&s1);
+    let crashed = crash(s1, &faults);
+    fs.unmount().unwrap();
+    (crashed, result)
+}
+
 /// Problems fsck may find after a crash in the middle of an operation across owners: a
 /// link count one too high (repaired by fsck), nothing else.
 fn only_link_counts_too_high(t: &TestDisks, when: &str) {
@@ -901,27 +921,14 @@ fn renames_across_owners_cut_by_a_crash_at_every_write_leave_no_name_of_a_freed_
     let mut at = 0;
     let mut crashes = 0;
     for k in 1..300i64 {
-        let fs = mount(&t);
-        let (disks, faults) = with_faults(&t);
-        let s1 = FileSystem::mount_slot(disks, 1).unwrap();
-        connect_owners(
-            &fs,
-            &s1,
-            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-        );
-        faults.writes_until_failure.store(k, Ordering::SeqCst);
-        let mut result = Ok(());
-        for _ in 0..3 {
-            let ((from, name), (to, new_name)) = (places[at], places[(at + 1) % 2]);
-            result = s1.rename(from, name, to, new_name, false, false);
-            if result.is_err() {
-                break;
+        let (crashed, result) = slot_owner_cut_at_write(&t, k, |s1| {
+            for _ in 0..3 {
+                let ((from, name), (to, new_name)) = (places[at], places[(at + 1) % 2]);
+                s1.rename(from, name, to, new_name, false, false)?;
+                at = (at + 1) % 2;
             }
-            at = (at + 1) % 2;
-        }
-        let crashed = crash(s1, &faults);
-        fs.unmount().unwrap();
-        drop(fs);
+            Ok(())
+        });
         let when = format!("slot owner killed at write {k}");
         let (fs, s1) = two_owners_again(&t);
         // The file is where the last rename that returned put it, or (cut in the middle
@@ -972,30 +979,17 @@ fn directory_moves_across_owners_cut_by_a_crash_at_every_write_leave_one_tree() 
     let places = [(d, &b"x"[..]), (ROOT_INO, &b"y"[..])];
     let mut crashes = 0;
     for k in 1..300i64 {
-        let fs = mount(&t);
-        let (disks, faults) = with_faults(&t);
-        let s1 = FileSystem::mount_slot(disks, 1).unwrap();
-        connect_owners(
-            &fs,
-            &s1,
-            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-        );
-        let at = places
-            .iter()
-            .position(|(dir, name)| s1.lookup(*dir, name).is_ok())
-            .unwrap();
-        faults.writes_until_failure.store(k, Ordering::SeqCst);
-        let mut result = Ok(());
-        for i in 0..3 {
-            let ((from, name), (to, new_name)) = (places[(at + i) % 2], places[(at + i + 1) % 2]);
-            result = s1.rename(from, name, to, new_name, false, false);
-            if result.is_err() {
-                break;
+        let (crashed, result) = slot_owner_cut_at_write(&t, k, |s1| {
+            let at = places
+                .iter()
+                .position(|(dir, name)| s1.lookup(*dir, name).is_ok())
+                .unwrap();
+            for i in 0..3 {
+                let (from, to) = (places[(at + i) % 2], places[(at + i + 1) % 2]);
+                s1.rename(from.0, from.1, to.0, to.1, false, false)?;
             }
-        }
-        let crashed = crash(s1, &faults);
-        fs.unmount().unwrap();
-        drop(fs);
+            Ok(())
+        });
         let when = format!("slot owner killed at write {k}");
         // What a cut move leaves: the directory named in both parents, link counts one
         // off; fsck keeps the name its parent pointer names and sets the counts.
