@@ -389,6 +389,48 @@ impl FileSystem {
         let _ = self.remote_change.set(notify);
     }
 
+    /// Tells this mount how to learn whether its node may answer from what its own
+    /// metanode keeps: a node whose disk lease lapsed may have been expelled and its
+    /// metadata taken over by another node, which changes it meanwhile, so its memory is
+    /// no answer to its own kernel either. Only the first function set is used.
+    pub fn on_serve_check(&self, check: crate::fs::ServeCheck) {
+        let _ = self.serve_check.set(check);
+    }
+
+    /// Waits while this node's lease has lapsed (up to a bound), and refuses once it is
+    /// expelled, on a mount that owns metadata (a client-only mount keeps nothing of its
+    /// own: what it holds of others' it dropped when the lease lapsed, and its requests
+    /// wait for a lease at the transport). Called by the access layer before every
+    /// request of the kernel.
+    pub fn may_serve(&self) -> FsResult<()> {
+        /// A lapse longer than this is an expel in the making (`leaseRecoveryWait`).
+        const LAPSE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+        let Some(check) = self.serve_check.get().filter(|_| self.owner.is_some()) else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        loop {
+            match check() {
+                Ok(()) => return Ok(()),
+                Err(crate::fs::ServeRefusal::Stale(why)) => {
+                    return Err(FsError::Remote {
+                        errno: libc::EIO,
+                        message: why,
+                    })
+                }
+                Err(crate::fs::ServeRefusal::Lapsed(why)) => {
+                    if started.elapsed() > LAPSE_WAIT_MAX {
+                        return Err(FsError::Remote {
+                            errno: libc::EIO,
+                            message: why,
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
     /// Whether this node's kernel may keep `name` in `parent`, naming `ino`, for the
     /// mount's cache time: when this node's own metanode serves `parent` (it drops from
     /// the kernel what other nodes change), or when this mount holds the name under

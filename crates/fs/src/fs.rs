@@ -190,6 +190,9 @@ pub struct FileSystem {
     pub(crate) kernel_kept: crate::read_tokens::KernelKept,
     /// Told what other nodes' requests change (see [`FileSystem::on_remote_change`]).
     pub(crate) remote_change: std::sync::OnceLock<RemoteChangeHook>,
+    /// Whether this node may answer from what its own metanode keeps (see
+    /// [`FileSystem::on_serve_check`]).
+    pub(crate) serve_check: std::sync::OnceLock<ServeCheck>,
     /// Whether the node a lock holder's requests came from is gone from the cluster (see
     /// [`FileSystem::on_lock_holder_check`]).
     pub(crate) holder_gone: std::sync::OnceLock<HolderGoneHook>,
@@ -286,6 +289,20 @@ pub(crate) enum Route<'a> {
 type HolderGoneHook = Box<dyn Fn(crate::locks::Origin) -> bool + Send + Sync>;
 
 type RemoteChangeHook = Box<dyn Fn(Vec<crate::CacheChange>) + Send + Sync>;
+
+/// Why this node may not answer from the metadata it owns now.
+#[derive(Clone, Debug)]
+pub enum ServeRefusal {
+    /// Its disk lease lapsed: it may be renewed (a short loss of contact), or the cluster
+    /// expels the node and others take its metadata over.
+    Lapsed(String),
+    /// The node was expelled since the mount: others own its metadata now; the mount is
+    /// stale for good.
+    Stale(String),
+}
+
+/// See [`FileSystem::on_serve_check`].
+pub type ServeCheck = Box<dyn Fn() -> Result<(), ServeRefusal> + Send + Sync>;
 
 impl std::fmt::Debug for FileSystem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -557,6 +574,7 @@ impl FileSystem {
             slot_channel: std::sync::OnceLock::new(),
             kernel_kept: crate::read_tokens::KernelKept::default(),
             remote_change: std::sync::OnceLock::new(),
+            serve_check: std::sync::OnceLock::new(),
             holder_gone: std::sync::OnceLock::new(),
             lock_client: crate::metanode_wire::random_client_id(),
             held_locks: Mutex::new(crate::locks::LockTable::default()),

@@ -47,7 +47,7 @@ pub use descriptor::{
 };
 pub use error::{FsError, FsResult};
 pub use format::{erase, format, DiskSpec, FormatOptions, Progress, SHARDS_DEFAULT};
-pub use fs::{DirListing, FileSystem, SetAttr, StatFs};
+pub use fs::{DirListing, FileSystem, ServeCheck, ServeRefusal, SetAttr, StatFs};
 pub use fsck::{fsck, FsckReport};
 pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};
 pub use metanode_wire::CacheChange;

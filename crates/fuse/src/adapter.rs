@@ -858,6 +858,17 @@ impl Handler for TesseraFuse {
     fn handle(&self, req: &Request<'_>) -> Reply {
         let ino = req.header.nodeid;
         let cred = credentials(req);
+        // A node cut off from the cluster answers nothing from the metadata it owned:
+        // another node may own and change it by now. Closes still go through (they only
+        // count down opens here).
+        if !matches!(
+            req.op,
+            Op::Release { .. } | Op::Releasedir { .. } | Op::Flush { .. }
+        ) {
+            if let Err(e) = self.fs.may_serve() {
+                return errno(&e);
+            }
+        }
         match req.op {
             Op::Lookup { name } => self.lookup(ino, name, &cred),
             Op::Getattr => match self.fs.getattr_allocated(ino) {

@@ -1143,6 +1143,14 @@ fn a_cut_off_owner_is_taken_over_and_its_mount_is_stale_after_the_heal() {
     write_synced(&mnt(2), "during", 200_000).unwrap();
     let owner = owner_of(&c, 3, "c1").expect("an owner");
     assert_ne!(owner, 1, "the cut-off node still owns c1");
+    // The cut-off node answers nothing from the metadata it owned (another node owns it
+    // now): a clear EIO, not the absence of a file the others made.
+    let looked = std::fs::metadata(mnt(1).join("during")).map(|_| ());
+    assert_eq!(looked.unwrap_err().raw_os_error(), Some(libc::EIO));
+    assert!(
+        std::fs::read_dir(mnt(1)).is_err(),
+        "the cut-off node listed c1"
+    );
     c.ok(&["heal"]);
     wait_for("all active after the heal", SETTLE, || {
         all_in_state(&c, 2, &all, "active")

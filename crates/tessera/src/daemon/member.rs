@@ -316,6 +316,18 @@ impl Member {
         })
     }
 
+    /// Whether this node may answer its kernel from the metadata a mount made now owns
+    /// (`FileSystem::on_serve_check`): as [`Member::incarnation_check`], with a lapsed lease
+    /// told apart from an expel.
+    pub fn serve_check(&self) -> tessera_fs::ServeCheck {
+        let check = self.incarnation_check();
+        Box::new(move || match check() {
+            Ok(()) => Ok(()),
+            Err(why) if why == NO_LEASE => Err(tessera_fs::ServeRefusal::Lapsed(why)),
+            Err(why) => Err(tessera_fs::ServeRefusal::Stale(why)),
+        })
+    }
+
     /// Commits `command` and waits until this node has applied it, so the admin's next
     /// command here sees it. A refusal is an error carrying the reason.
     pub fn propose(&self, command: Command) -> Result<Response> {

@@ -185,6 +185,7 @@ impl Daemon {
         }
         self.set_thin_disks(fs, nsds, &record.name)?;
         fs.on_lock_holder_check(self.member.lock_holder_check());
+        fs.on_serve_check(self.member.serve_check());
         fs.on_read_revoke(self.revoker(&record.name, Fence::drop_held, "views"));
         fs.on_data_revoke(self.revoker(&record.name, Fence::give_back_data, "data tokens"));
         tracing::info!(
