@@ -731,7 +731,10 @@ impl FileSystem {
             prev,
         };
         let extents = self.allocate_block(&view, needed, hint, "file data")?;
-        if current.is_none() && needed == per {
+        // A new block written in part is mapped unwritten first, so that other writers of
+        // its other sectors need no exclusive lock; one written whole (a sequential
+        // writer's) is written, then mapped with its checksums: one map update, not two.
+        if current.is_none() && needed == per && !whole_block {
             return Ok(BlockPlan::NewBlock { extents });
         }
         let copy = current.filter(|c| !(whole_block || c.extent.sub_blocks >= needed));

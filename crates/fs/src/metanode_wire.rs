@@ -1582,7 +1582,17 @@ impl Metanode for RemoteMetanode {
             granted.remove(e);
         }
         drop(granted);
-        let many = self.unsynced.lock().push(seen, lsn, ino, kept) > UNSYNCED_MAX;
+        let mut unsynced = self.unsynced.lock();
+        if self.channel.generation() != seen {
+            // Answered by an owner that another replaced while the answer was on its way:
+            // the fence collected this client's acknowledged updates before this one was
+            // among them, so the new owner never heard of it. Done again from the start
+            // (the write plans anew at the new owner), never reported done. Checked under
+            // the lock the fence reads them under, after it moved the channel.
+            return Err(FsError::OwnerMoved);
+        }
+        let many = unsynced.push(seen, lsn, ino, kept) > UNSYNCED_MAX;
+        drop(unsynced);
         if many {
             // Bounds what a fence hands over and what this client holds: the owner's own
             // group commits make them durable without telling it. A failure is the next
