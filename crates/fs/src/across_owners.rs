@@ -135,7 +135,8 @@ impl FileSystem {
     /// serve the directories or the file: one link more, the new name (replacing what it
     /// named, whose link goes next), the old name, one link fewer. Between the new name
     /// and the old name's removal another node may see both (the one window in which this
-    /// rename is not atomic). Directories answer EXDEV (not built).
+    /// rename is not atomic). A directory moves under the rename lock
+    /// (`move_dir_across_owners`).
     pub(crate) fn rename_across_owners(
         &self,
         (parent, name): (Ino, &[u8]),
