@@ -142,14 +142,15 @@ impl FileSystem {
         (parent, name): (Ino, &[u8]),
         (new_parent, new_name): (Ino, &[u8]),
         noreplace: bool,
+        locked: bool,
     ) -> FsResult<()> {
         let src = self.lookup(parent, name)?;
         if src.kind == FileKind::Directory {
             return self.move_dir_across_owners(
                 (parent, name),
                 (new_parent, new_name),
-                src.ino,
-                noreplace,
+                (src.ino, noreplace),
+                locked,
             );
         }
         let mut last = FsError::Exists;
@@ -219,13 +220,13 @@ impl FileSystem {
 
     /// A move of directory `dir` from `name` in `parent` to `new_name` in `new_parent`
     /// (another directory) where different owners serve them or it, under the rename lock
-    /// (taken here unless this thread holds it).
+    /// (taken here unless the caller holds it: `locked`).
     fn move_dir_across_owners(
         &self,
         (parent, name): (Ino, &[u8]),
         (new_parent, new_name): (Ino, &[u8]),
-        dir: Ino,
-        noreplace: bool,
+        (dir, noreplace): (Ino, bool),
+        locked: bool,
     ) -> FsResult<()> {
         if parent == new_parent {
             // Within one directory the directory's owner moves the name (`move_name`).
@@ -233,7 +234,11 @@ impl FileSystem {
                 "a rename within a directory that its owner could not do".into(),
             ));
         }
-        let _lock = self.rename_lock()?;
+        let _lock = if locked {
+            None
+        } else {
+            Some(self.rename_lock()?)
+        };
         let mut up = new_parent;
         for depth in 0.. {
             if up == dir {

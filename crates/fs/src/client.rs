@@ -656,11 +656,13 @@ impl FileSystem {
         let moved = self.routed(parent, |ns| {
             ns.move_name((parent, name), (new_parent, new_name), how)
         });
-        drop(locked);
         match moved {
-            Err(FsError::AcrossOwners(_)) if !exchange => {
-                self.rename_across_owners((parent, name), (new_parent, new_name), noreplace)
-            }
+            Err(FsError::AcrossOwners(_)) if !exchange => self.rename_across_owners(
+                (parent, name),
+                (new_parent, new_name),
+                noreplace,
+                locked.is_some(),
+            ),
             done => done,
         }
     }
@@ -817,23 +819,8 @@ impl FileSystem {
     pub fn statfs(&self) -> StatFs {
         let mut space = self.namespace_manager().space();
         let mut used = space.inodes_total.saturating_sub(space.inodes_free);
-        // Slots that serve shards, and slots given regions before any shard.
-        let mut slots: std::collections::BTreeSet<u32> = self
-            .owner_map
-            .iter()
-            .map(|cell| cell.load(std::sync::atomic::Ordering::Relaxed))
-            .collect();
-        let desc = self.descriptor();
-        slots.extend(
-            (0..crate::slot::region_count(&desc) as usize)
-                .map(|r| crate::slot::region_owner(&desc, r)),
-        );
-        for slot in slots.into_iter().filter(|s| *s != 0) {
-            let owner: &dyn Namespace = if self.owner.is_some() && slot == self.owner_slot() {
-                self
-            } else if let Some(remote) = self.slot_route(slot) {
-                remote
-            } else {
+        for slot in self.slots_beside_the_manager(&self.descriptor()) {
+            let Some(owner) = self.slot_namespace(slot) else {
                 continue;
             };
             let theirs = owner.space();

@@ -758,8 +758,36 @@ impl FileSystem {
         }
     }
 
+    /// The owner slots other than 0 this mount knows of: those the owner map gives shards,
+    /// those given allocation regions (before any shard) and those made in `desc`.
+    pub(crate) fn slots_beside_the_manager(
+        &self,
+        desc: &FsDescriptor,
+    ) -> std::collections::BTreeSet<u32> {
+        self.owner_map
+            .iter()
+            .map(|cell| cell.load(Ordering::Relaxed))
+            .chain(
+                (0..crate::slot::region_count(desc) as usize)
+                    .map(|r| crate::slot::region_owner(desc, r)),
+            )
+            .chain(desc.slot_regions().iter().map(|r| r.slot))
+            .filter(|s| *s != 0)
+            .collect()
+    }
+
+    /// Whoever answers for owner slot `slot` here: this mount if it owns the slot, else the
+    /// way to its owner if this mount has one.
+    pub(crate) fn slot_namespace(&self, slot: u32) -> Option<&dyn crate::metanode::Namespace> {
+        if self.owner.is_some() && slot == self.owner_slot() {
+            return Some(self);
+        }
+        self.slot_route(slot)
+            .map(|r| r as &dyn crate::metanode::Namespace)
+    }
+
     /// The way to the owner of `slot`, made on first use from `route_slots_through`.
-    pub(crate) fn slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
+    fn slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
         let cell = self.slot_routes.get(slot as usize)?;
         if let Some(r) = cell.get() {
             return Some(r);

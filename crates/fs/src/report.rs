@@ -60,18 +60,10 @@ impl FileSystem {
         let mut slot_free: std::collections::HashMap<u32, (u64, u64)> = Default::default();
         let mut slot_inodes = 0u64;
         let mut unanswered_slots = Vec::new();
-        let mut slots: Vec<u32> = (0..crate::slot::region_count(&desc) as usize)
-            .map(|r| crate::slot::region_owner(&desc, r))
-            .chain(desc.slot_regions().iter().map(|r| r.slot))
-            .filter(|s| *s != 0)
-            .collect();
-        slots.sort_unstable();
-        slots.dedup();
-        for slot in slots {
-            let asked = self.slot_route(slot).map(|owner| {
-                use crate::metanode::Namespace;
-                (owner.disk_free(), owner.space())
-            });
+        for slot in self.slots_beside_the_manager(&desc) {
+            let asked = self
+                .slot_namespace(slot)
+                .map(|owner| (owner.disk_free(), owner.space()));
             match asked {
                 Some((Ok(free), space)) if space.inodes_total > 0 => {
                     for (disk, blocks, fragments) in free {
