@@ -105,7 +105,7 @@ impl FileSystem {
                 let mut foreign = self.kernel_kept.take(inos);
                 foreign.extend(
                     inos.iter()
-                        .filter(|i| !crate::read_tokens::is_protection_key(**i))
+                        .filter(|i| crate::read_tokens::is_inode_key(**i))
                         .filter(|i| !self.serves(**i))
                         .map(|i| crate::CacheChange::Inode(*i)),
                 );
@@ -191,6 +191,9 @@ impl FileSystem {
             return encode(&reply);
         }
         let durable = crate::metanode_wire::durable_before_answer(&request);
+        // Answered once logged, unless it touched another origin's uncommitted change
+        // (`early_answer.rs`).
+        let early = origin.is_some() && crate::early_answer::answered_early(&request);
         if let MetanodeRequest::Once {
             client,
             seq,
@@ -203,7 +206,11 @@ impl FileSystem {
                 // its answer, not a second run.
                 tracing::info!("client {client:x}: request {seq} was done already; answering it");
                 // What it changed the first time is not known here: the client drops
-                // everything it holds.
+                // everything it holds. Made durable first: the first answer may have been
+                // one before the commit (`early_answer.rs`) that the client never read.
+                if let Err(e) = self.sync_own() {
+                    return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
+                }
                 let reply = crate::metanode_wire::answer_again(self, inner);
                 return encode(&MetanodeReply::Changed {
                     inos: None,
@@ -254,6 +261,17 @@ impl FileSystem {
             }
             _ => Asked::Read,
         };
+        // The name a `Find` or `Make` is about: kept under a token of its own when its
+        // directory's is not granted (`read_tokens::name_key`).
+        let named = match &request {
+            MetanodeRequest::Find { parent, name } => Some((*parent, name.clone())),
+            MetanodeRequest::Once { request, .. } => match &**request {
+                MetanodeRequest::Make { parent, name, .. } => Some((*parent, name.clone())),
+                _ => None,
+            },
+            MetanodeRequest::Make { parent, name, .. } => Some((*parent, name.clone())),
+            _ => None,
+        };
         crate::fs::ANSWERING.set(once);
         crate::read_tokens::SERVING.set(origin);
         drop(crate::read_tokens::take_own_changed());
@@ -264,7 +282,9 @@ impl FileSystem {
             },
             _ => None,
         };
+        crate::early_answer::start();
         let mut reply = serve(self, request);
+        let logged = crate::early_answer::finish();
         let own_changed = crate::read_tokens::take_own_changed();
         crate::read_tokens::SERVING.set(None);
         // Taken by the request's first log record; left over when it logged nothing.
@@ -284,7 +304,7 @@ impl FileSystem {
         // A found name's inode may be kept even when its directory may not (other nodes
         // change it): its attributes under its own token.
         if let (true, Some(node)) = (held || asked != Asked::Read, origin) {
-            reply = self.held_reply(reply, asked, node, held);
+            reply = self.held_reply(reply, asked, node, held, named.as_ref());
         }
         if let (
             Some(lock),
@@ -299,9 +319,15 @@ impl FileSystem {
             };
             *kept = matches!(Namespace::lock(self, a.ino, call, origin), Ok(None));
         }
+        let mut early_at = None;
         if durable && !matches!(reply, MetanodeReply::Failed(_)) {
-            if let Err(e) = self.sync_own() {
-                reply = MetanodeReply::Failed(RemoteError::from(&e));
+            match logged.filter(|_| early) {
+                Some(lsn) => early_at = Some(lsn),
+                None => {
+                    if let Err(e) = self.sync_own() {
+                        reply = MetanodeReply::Failed(RemoteError::from(&e));
+                    }
+                }
             }
         }
         // Whatever the answer: dropping a cached entry that did not change costs the
@@ -314,6 +340,7 @@ impl FileSystem {
             // whatever changes them next revokes them.
             let fresh = own_changed
                 .iter()
+                .filter(|&&key| crate::read_tokens::is_inode_key(key))
                 .filter_map(|&ino| self.attr_and_bytes(ino))
                 .collect();
             reply = MetanodeReply::Changed {
@@ -322,25 +349,44 @@ impl FileSystem {
                 fresh,
             };
         }
+        if let Some(lsn) = early_at {
+            reply = MetanodeReply::Early {
+                lsn,
+                reply: encode(&reply),
+            };
+        }
         encode(&reply)
     }
 
     /// `reply` to a read whose inode `node` was recorded as holding (`held`), or to its
-    /// `Make` or `Find`, as one it may keep. A name found is kept under its directory's
-    /// token (when `held`: granted) and its attributes and bytes under the child's, and
-    /// what a `Make` made under its own: the child is recorded too, and read again after
-    /// that, so that no change between the first read and the record goes unrevoked.
+    /// `Make` or `Find` of `named`, as one it may keep. A name found is kept under its
+    /// directory's token (when `held`: granted) and its attributes and bytes under the
+    /// child's, and what a `Make` made under its own: the child is recorded too, and read
+    /// again after that, so that no change between the first read and the record goes
+    /// unrevoked. Every `Found` and `Made` also keeps the name under its own token
+    /// (`read_tokens::name_key`), recorded before the name is looked up again: a
+    /// directory that other nodes create in is never granted, but the names this node
+    /// made or found there change only when someone renames or removes them.
     fn held_reply(
         &self,
         reply: crate::metanode_wire::MetanodeReply,
         asked: Asked,
         node: crate::locks::Origin,
         held: bool,
+        named: Option<&(Ino, Vec<u8>)>,
     ) -> crate::metanode_wire::MetanodeReply {
         use crate::metanode_wire::{HeldReply, MetanodeReply as R, RemoteError};
         match (reply, asked) {
             (R::Attr(a), Asked::Find | Asked::Make) => {
-                if !self.owner().meta.holders.grant(a.ino, node) {
+                let holders = &self.owner().meta.holders;
+                if !holders.grant(a.ino, node) {
+                    return R::Attr(a);
+                }
+                let name_held = named.is_some_and(|(parent, name)| {
+                    holders.grant(crate::read_tokens::name_key(*parent, name), node)
+                        && Namespace::find(self, *parent, name).is_ok_and(|now| now.ino == a.ino)
+                });
+                if !name_held {
                     return R::Attr(a);
                 }
                 match (asked, self.attr_and_bytes(a.ino)) {
@@ -434,14 +480,18 @@ impl FileSystem {
     /// Whether this node's kernel may keep `name` in `parent`, naming `ino`, for the
     /// mount's cache time: when this node's own metanode serves `parent` (it drops from
     /// the kernel what other nodes change), or when this mount holds the name under
-    /// `parent`'s read token (the owner revokes it before any change of the directory
-    /// returns, and the revocation makes the kernel's names invalid first). Recorded
-    /// before the token is checked (see `read_tokens::KernelKept`). The kernel's own
-    /// changes (its create, unlink, rename) it orders itself. Only for a kernel that can
-    /// make its names invalid without a directory's lock (`CacheChange::AllNames`).
+    /// `parent`'s read token or the name's own (the owner revokes it before any change of
+    /// the directory, or of that name, returns, and the revocation makes the kernel's
+    /// names invalid first). Recorded before the token is checked (see
+    /// `read_tokens::KernelKept`). The kernel's own changes (its create, unlink, rename) it
+    /// orders itself. Only for a kernel that can make its names invalid without a
+    /// directory's lock (`CacheChange::AllNames`).
     pub fn kernel_may_keep_name(&self, parent: Ino, name: &[u8], ino: Ino) -> bool {
+        let drop = self.remote_change.get().map(|d| &**d as &dyn Fn(_));
         self.kernel_may_keep(parent, |kept, remote| {
-            kept.note_dir(parent) && remote.holds_name(parent, name, ino)
+            (kept.note_names(parent, drop) && remote.holds_name(parent, name, ino))
+                || (kept.note_names(crate::read_tokens::name_key(parent, name), drop)
+                    && remote.holds_named(parent, name, ino))
         })
     }
 
@@ -749,6 +799,11 @@ impl FileSystem {
             },
             MetanodeReply::Replay(updates) => MetanodeReply::Handover {
                 updates,
+                locks,
+                open,
+            },
+            MetanodeReply::ReplayChanges(changes) => MetanodeReply::HandoverChanges {
+                changes,
                 locks,
                 open,
             },

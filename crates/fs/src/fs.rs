@@ -88,6 +88,9 @@ pub(crate) struct Meta {
     /// directory another slot serves; see `FileSystem::remove_across_owners`): no name
     /// goes into them until the deadline, after which the seal lapses.
     pub sealed: HashMap<Ino, std::time::Instant>,
+    /// What each origin changed since the last commit, for answering other nodes' changes
+    /// before they are durable (`early_answer.rs`).
+    pub uncommitted: crate::early_answer::Uncommitted,
 }
 
 /// What only the node that owns the shards keeps: the descriptor, every shard's metadata
@@ -251,6 +254,7 @@ impl Owner {
                 open: HashMap::new(),
                 unlogged: HashSet::new(),
                 sealed: HashMap::new(),
+                uncommitted: crate::early_answer::Uncommitted::default(),
                 discarding: Vec::new(),
             }),
             journal: RwLock::new(Arc::new(journal)),
@@ -944,6 +948,9 @@ impl FileSystem {
             };
             m.pending_free.extend(freed.into_iter().map(|e| (lsn, e)));
         }
+        let durable = self.journal().durable_lsn();
+        m.uncommitted
+            .note(&changes, lsn, crate::read_tokens::SERVING.get(), durable);
         // Before the operation that logged it returns: no node goes on reading what this
         // changed from a view it holds.
         self.owner()

@@ -17,6 +17,7 @@ mod data;
 pub mod descriptor;
 mod disk_set;
 pub mod disks;
+mod early_answer;
 pub mod error;
 mod format;
 mod fs;

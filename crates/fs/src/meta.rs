@@ -531,6 +531,26 @@ impl MetaState {
         ino
     }
 
+    /// Reserves inode number `ino` in `shard`, the number a dead owner gave a `Make` it
+    /// answered before its log had it (`early_answer.rs`): numbers are never given twice,
+    /// so it is free unless that log had it after all.
+    pub fn allocate_ino_as(&mut self, shard: usize, ino: Ino) -> FsResult<Ino> {
+        assert!(
+            self.holds(shard),
+            "inode numbers come from a shard this owner holds"
+        );
+        if self.shard_of(ino) != shard || self.find_attr(ino)?.is_some() {
+            return Err(FsError::Exists);
+        }
+        let n = self.shard_count();
+        let h = &mut self.headers[shard];
+        if h.next_ino <= ino {
+            h.next_ino = ino + n;
+        }
+        self.fresh.insert(ino);
+        Ok(ino)
+    }
+
     /// Marks changed up to `budget` metadata pages that `moving` names, over every shard's
     /// tree (see `MetaStore::relocate`); the next checkpoint writes them elsewhere.
     pub(crate) fn relocate_pages(

@@ -487,6 +487,22 @@ pub enum MetanodeReply {
     /// The answer to `DiskFree`: per disk, its index, whole blocks free and sub-blocks
     /// free inside partly used blocks.
     DiskFree(Vec<(u32, u64, u64)>),
+    /// The answer (encoded, never itself `Early`) to a namespace change of another node's
+    /// client that the owner logged at `lsn` and answered before that was durable
+    /// ([`answered_early`]): the client keeps the request until a commit covers `lsn`,
+    /// and hands it to a new owner if this one dies first.
+    Early {
+        lsn: Lsn,
+        reply: Vec<u8>,
+    },
+    /// [`MetanodeReply::Replay`] with namespace changes among the updates.
+    ReplayChanges(Vec<HandedChange>),
+    /// [`MetanodeReply::Handover`] with namespace changes among the updates.
+    HandoverChanges {
+        changes: Vec<HandedChange>,
+        locks: Vec<(Ino, Lock)>,
+        open: Vec<(Ino, u32)>,
+    },
 }
 
 /// The answers a client may keep ([`MetanodeReply::Held`]).
@@ -1003,6 +1019,23 @@ pub trait MetanodeChannel: Send + Sync {
 /// Unsynced updates a client keeps at most before it commits them itself.
 const UNSYNCED_MAX: usize = 1024;
 
+/// What a fenced client hands a new owner ([`MetanodeReply::ReplayChanges`]), in the
+/// order the old owner acknowledged it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum HandedChange {
+    /// A data update (as in [`MetanodeReply::Replay`]).
+    Update { ino: Ino, update: FileUpdate },
+    /// A namespace change the old owner answered before it was durable
+    /// ([`MetanodeReply::Early`]): the `Once` request as sent, the end of its log record
+    /// (lost if the new owner's open of the log did not reach it), and the inode a `Make`
+    /// made, which the new owner makes again under the same number.
+    Namespace {
+        request: MetanodeRequest,
+        lsn: Lsn,
+        made: Option<Ino>,
+    },
+}
+
 /// A client's updates that an owner acknowledged and the client does not know durable.
 #[derive(Default)]
 struct Unsynced {
@@ -1017,19 +1050,17 @@ struct Acked {
     /// positions mean something only to that owner.
     generation: u64,
     lsn: Lsn,
-    ino: Ino,
-    update: FileUpdate,
+    change: HandedChange,
 }
 
 impl Unsynced {
-    /// Keeps an acknowledged update; returns how many are kept.
-    fn push(&mut self, generation: u64, lsn: Lsn, ino: Ino, update: FileUpdate) -> usize {
+    /// Keeps an acknowledged update or namespace change; returns how many are kept.
+    fn push(&mut self, generation: u64, lsn: Lsn, change: HandedChange) -> usize {
         self.acked.push_back(Acked {
             seq: self.next,
             generation,
             lsn,
-            ino,
-            update,
+            change,
         });
         self.next += 1;
         self.acked.len()
@@ -1126,6 +1157,35 @@ impl RemoteMetanode {
             == Some(Some(ino))
     }
 
+    /// Whether this client holds `name` in `parent`, naming `ino`, under the name's own
+    /// token (`read_tokens::name_key`) from the owner it reaches now.
+    pub(crate) fn holds_named(&self, parent: Ino, name: &[u8], ino: Ino) -> bool {
+        self.held_named(parent, name, self.channel.generation()) == Some(ino)
+    }
+
+    /// The inode `name` in `parent` names, held under the name's own token from the
+    /// owner of `generation`.
+    fn held_named(&self, parent: Ino, name: &[u8], generation: u64) -> Option<Ino> {
+        let key = crate::read_tokens::name_key(parent, name);
+        self.held.get(key, generation, |of| {
+            of.named
+                .iter()
+                .find(|(dir, n, _)| *dir == parent && n == name)
+                .map(|(_, _, ino)| *ino)
+        })
+    }
+
+    /// Keeps `name` in `parent`, naming `ino`, under the name's own token, which every
+    /// `Found` and `Made` grants (`FileSystem::held_reply`).
+    fn keep_named(&self, parent: Ino, name: &[u8], ino: Ino, generation: u64, seq: u64) {
+        let key = crate::read_tokens::name_key(parent, name);
+        self.held.keep(key, generation, seq, |of| {
+            of.named
+                .retain(|(dir, n, _)| !(*dir == parent && n == name));
+            of.named.push((parent, name.to_vec(), ino));
+        });
+    }
+
     /// Whether this client holds `ino`'s attributes under the read token of the owner it
     /// reaches now.
     pub(crate) fn holds_attr(&self, ino: Ino) -> bool {
@@ -1164,18 +1224,18 @@ impl RemoteMetanode {
         if let Err(e) = self.flush(self.disks.all().into_iter()) {
             return MetanodeReply::Failed(RemoteError::from(&e));
         }
-        let replay: Vec<(Ino, FileUpdate)> = self
+        let replay: Vec<HandedChange> = self
             .unsynced
             .lock()
             .acked
             .iter()
             .filter(|a| a.generation != generation)
-            .map(|a| (a.ino, a.update.clone()))
+            .map(|a| a.change.clone())
             .collect();
         if replay.is_empty() {
             MetanodeReply::Done
         } else {
-            MetanodeReply::Replay(replay)
+            MetanodeReply::ReplayChanges(replay)
         }
     }
 
@@ -1239,22 +1299,56 @@ impl RemoteMetanode {
         } else {
             self.held.seq()
         };
-        let generation = self.channel.generation();
         let mut dirs: Vec<Ino> = parents_of(&request).iter().map(|(dir, _)| *dir).collect();
         dirs.sort_unstable();
         dirs.dedup();
         let ticket = self.held.take_off(&dirs);
-        let started = std::time::Instant::now();
-        let sent = self.channel.call(encode(&request));
-        self.sent.note(request.kind(), started);
-        let reply = match sent {
-            Ok(bytes) => {
-                self.unwrap_reply(&bytes, Some(&request), Some((generation, seq)), &ticket)
+        let encoded = encode(&request);
+        let reply = loop {
+            let generation = self.channel.generation();
+            let started = std::time::Instant::now();
+            let sent = self.channel.call(encoded.clone());
+            self.sent.note(request.kind(), started);
+            let bytes = match sent {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    self.held.land(&ticket);
+                    break Err(e);
+                }
+            };
+            let Some((lsn, inner)) = early_answer(&bytes) else {
+                break self.unwrap_reply(&bytes, Some(&request), Some((generation, seq)), &ticket);
+            };
+            // Kept for a new owner before it counts as done, under the lock a fence
+            // collects them under: if the owner moved while the answer was on its way,
+            // the fence did not take it, so it is asked again there (the same `Once`: done
+            // once, whichever owner's log has it).
+            let mut unsynced = self.unsynced.lock();
+            if self.channel.generation() != generation {
+                continue;
             }
-            Err(e) => {
-                self.held.land(&ticket);
-                Err(e)
+            let reply = self.unwrap_reply(&inner, Some(&request), Some((generation, seq)), &ticket);
+            let made = match (&request, &reply) {
+                (
+                    MetanodeRequest::Once { request: r, .. },
+                    Ok((MetanodeReply::Made(a, ..) | MetanodeReply::Attr(a), _)),
+                ) if matches!(**r, MetanodeRequest::Make { .. }) => Some(a.ino),
+                _ => None,
+            };
+            let change = HandedChange::Namespace {
+                request: request.clone(),
+                lsn,
+                made,
+            };
+            let many = unsynced.push(generation, lsn, change) > UNSYNCED_MAX;
+            drop(unsynced);
+            if many {
+                // As for updates (`update_seen`): bounds what this client keeps.
+                if let Err(e) = Metanode::commit(self, lsn) {
+                    tracing::warn!("committing this client's unsynced changes: {e}");
+                }
             }
+            break reply;
         };
         // What this request's own answer dropped moved the count by one.
         let kept = |(held, dropped): (bool, bool)| held.then_some(seq + u64::from(dropped));
@@ -1334,6 +1428,26 @@ struct OpenedReply {
     fresh: Vec<(Attr, u64)>,
     reply: MetanodeReply,
     held: bool,
+}
+
+/// The log position and the inner answer of an [`MetanodeReply::Early`] answer; `None`
+/// for any other (or undecodable) answer, which the caller decodes as usual.
+fn early_answer(bytes: &[u8]) -> Option<(Lsn, Vec<u8>)> {
+    // Postcard begins an enum with its variant's index: only an answer that begins like
+    // `Early` is decoded twice.
+    static TAG: std::sync::LazyLock<u8> = std::sync::LazyLock::new(|| {
+        encode(&MetanodeReply::Early {
+            lsn: 0,
+            reply: Vec::new(),
+        })[0]
+    });
+    if bytes.first() != Some(&*TAG) {
+        return None;
+    }
+    match decode::<MetanodeReply>(bytes, "reply") {
+        Ok(MetanodeReply::Early { lsn, reply }) => Some((lsn, reply)),
+        _ => None,
+    }
 }
 
 /// Decodes an answer and takes `Changed` and `Held` apart. A change list inside a change
@@ -1564,14 +1678,21 @@ impl Metanode for RemoteMetanode {
         }
         let kept = update.clone();
         let request = encode(&MetanodeRequest::Update { ino, update });
-        // Not revoked by the owner (its own change): dropped here, before and after (and
-        // whatever else the answer lists).
+        // Not revoked by the owner (its own change): dropped here, and again with
+        // whatever else the answer lists, which keeps the attributes the change left (a
+        // `stat` of the file just written asks nothing). An answer that lists nothing is
+        // from an owner that records nothing of this client's: dropped again, in case an
+        // answer read before the change was kept meanwhile.
         self.held.drop_inos(&[ino]);
+        let seq = self.held.seq();
         let started = std::time::Instant::now();
         let reply = self.channel.call_seen(request, seen);
         self.sent.note("Update", started);
-        self.held.drop_inos(&[ino]);
-        let (reply, _) = self.unwrap_reply(&reply?, None, None, &Vec::new())?;
+        let (reply, (_, listed)) =
+            self.unwrap_reply(&reply?, None, Some((seen, seq)), &Vec::new())?;
+        if !listed {
+            self.held.drop_inos(&[ino]);
+        }
         let lsn = match reply {
             MetanodeReply::Lsn(l) => l,
             MetanodeReply::Failed(e) => return Err(e.into()),
@@ -1591,7 +1712,8 @@ impl Metanode for RemoteMetanode {
             // the lock the fence reads them under, after it moved the channel.
             return Err(FsError::OwnerMoved);
         }
-        let many = unsynced.push(seen, lsn, ino, kept) > UNSYNCED_MAX;
+        let many =
+            unsynced.push(seen, lsn, HandedChange::Update { ino, update: kept }) > UNSYNCED_MAX;
         drop(unsynced);
         if many {
             // Bounds what a fence hands over and what this client holds: the owner's own
@@ -1782,7 +1904,13 @@ impl Namespace for RemoteMetanode {
             None if of.complete && !dots => Some(None),
             None => None,
         };
-        match self.held.get(parent, generation, known) {
+        let named = || {
+            (!dots)
+                .then(|| self.held_named(parent, name, generation))
+                .flatten()
+                .map(Some)
+        };
+        match self.held.get(parent, generation, known).or_else(named) {
             Some(None) => return Err(FsError::NotFound),
             // Attributes held too: no question. Otherwise the caller asks whoever serves
             // the inode by its owner map: this owner, or another slot's (a directory made
@@ -1802,13 +1930,14 @@ impl Namespace for RemoteMetanode {
         })?;
         let found = match reply {
             Ok(MetanodeReply::Found(attr, bytes, name_kept)) => {
-                // The inode under its own token; the name only when its directory's was
-                // granted too.
+                // The inode under its own token, the name under its own (every `Found`
+                // grants both) and under its directory's when that was granted too.
                 if let Some(seq) = held {
                     self.held.keep(attr.ino, generation, seq, |of| {
                         of.attr = Some(attr);
                         of.held_bytes = Some(bytes);
                     });
+                    self.keep_named(parent, name, attr.ino, generation, seq);
                     if name_kept {
                         self.held.keep(parent, generation, seq, |of| {
                             of.names.insert(name.to_vec(), Some(attr.ino));
@@ -1871,6 +2000,7 @@ impl Namespace for RemoteMetanode {
                     self.held.keep_held(parent, generation, seq, |of| {
                         of.names.insert(name.to_vec(), Some(attr.ino));
                     });
+                    self.keep_named(parent, name, attr.ino, generation, seq);
                 }
                 Ok(attr)
             }

@@ -259,24 +259,28 @@ impl FileSystem {
         reply: &[u8],
         origin: Option<crate::locks::Origin>,
     ) -> FsResult<usize> {
-        use crate::metanode_wire::{decode, MetanodeReply};
+        use crate::metanode_wire::{decode, HandedChange, MetanodeReply};
         self.owner_here("applying a fenced client's updates")?;
-        let updates = match decode::<MetanodeReply>(reply, "fence answer")? {
+        let updates = |updates: Vec<(Ino, FileUpdate)>| {
+            updates
+                .into_iter()
+                .map(|(ino, update)| HandedChange::Update { ino, update })
+                .collect::<Vec<_>>()
+        };
+        let (changes, locks, open) = match decode::<MetanodeReply>(reply, "fence answer")? {
             MetanodeReply::Done => return Ok(0),
-            MetanodeReply::Replay(updates) => updates,
+            MetanodeReply::Replay(u) => (updates(u), Vec::new(), Vec::new()),
+            MetanodeReply::ReplayChanges(changes) => (changes, Vec::new(), Vec::new()),
             MetanodeReply::Handover {
-                updates,
+                updates: u,
                 locks,
                 open,
-            } => {
-                self.hold_handed_over_locks(locks, origin);
-                let mut m = self.owner().meta.lock();
-                for (ino, count) in open {
-                    *m.open.entry(ino).or_insert(0) += count;
-                }
-                drop(m);
-                updates
-            }
+            } => (updates(u), locks, open),
+            MetanodeReply::HandoverChanges {
+                changes,
+                locks,
+                open,
+            } => (changes, locks, open),
             MetanodeReply::Failed(e) => return Err(e.into()),
             other => {
                 return Err(FsError::Invalid(format!(
@@ -284,12 +288,39 @@ impl FileSystem {
                 )))
             }
         };
+        self.hold_handed_over_locks(locks, origin);
+        let mut m = self.owner().meta.lock();
+        for (ino, count) in open {
+            *m.open.entry(ino).or_insert(0) += count;
+        }
+        drop(m);
         let mut failed = 0usize;
-        let count = updates.len();
-        for (ino, update) in updates {
-            if let Err(e) = self.replay_update(ino, update) {
-                tracing::error!("inode {ino}: a fenced client's update cannot be applied: {e}");
-                failed += 1;
+        let count = changes.len();
+        for change in changes {
+            match change {
+                HandedChange::Update { ino, update } => {
+                    if matches!(self.owner().meta.lock().state.find_attr(ino), Ok(None)) {
+                        // Removed by a change that is durable (one the dead owner lost
+                        // would have left it): nothing left to update.
+                        tracing::debug!("inode {ino}: a handed-over update of a removed file");
+                        continue;
+                    }
+                    if let Err(e) = self.replay_update(ino, update) {
+                        tracing::error!(
+                            "inode {ino}: a fenced client's update cannot be applied: {e}"
+                        );
+                        failed += 1;
+                    }
+                }
+                HandedChange::Namespace { request, lsn, made } => {
+                    if let Err(e) = self.replay_namespace(request, lsn, made) {
+                        tracing::error!(
+                            "a namespace change a fenced client handed over cannot be done \
+                             again: {e}"
+                        );
+                        failed += 1;
+                    }
+                }
             }
         }
         self.sync_own()?;
@@ -318,6 +349,61 @@ impl FileSystem {
             }
         }
         tracing::info!("{count} locks of a fenced client held from now on");
+    }
+
+    /// Does again a namespace change a dead owner answered before it was durable
+    /// (`early_answer.rs`), unless its log record (ending at `lsn`) survived: this owner's
+    /// open of the log found it, and checkpoints may have taken it since. With the same
+    /// client and number, so a retry is answered as done, and a `Make` under the inode
+    /// number the client was told. The opens and locks it made come with the client's
+    /// handover instead, so it neither opens nor keeps a data token here.
+    fn replay_namespace(
+        &self,
+        request: crate::metanode_wire::MetanodeRequest,
+        lsn: Lsn,
+        made: Option<Ino>,
+    ) -> FsResult<()> {
+        use crate::metanode_wire::{MetanodeReply, MetanodeRequest as Q};
+        let Q::Once {
+            client,
+            seq,
+            request: mut inner,
+        } = request
+        else {
+            return Err(FsError::Invalid(format!(
+                "a fenced client handed over {request:?}, which is no namespace change"
+            )));
+        };
+        if !crate::early_answer::answered_early(&Q::Once {
+            client,
+            seq,
+            request: inner.clone(),
+        }) {
+            return Err(FsError::Invalid(format!(
+                "a fenced client handed over {inner:?}, which no owner answers early"
+            )));
+        }
+        if lsn <= self.journal().opened_end()
+            || self.owner().meta.lock().state.was_answered(client, seq)
+        {
+            return Ok(());
+        }
+        if let Q::Make { node, .. } = &mut *inner {
+            node.open = false;
+            node.keep_data = None;
+        }
+        crate::early_answer::MAKE_AS.set(made);
+        crate::fs::ANSWERING.set(Some((client, seq)));
+        let reply = crate::metanode_wire::serve(self, *inner);
+        crate::fs::ANSWERING.set(None);
+        crate::early_answer::MAKE_AS.set(None);
+        match reply {
+            MetanodeReply::Failed(e) => Err(e.into()),
+            MetanodeReply::Attr(a) if made.is_some_and(|m| m != a.ino) => Err(FsError::Corrupt(
+                format!("made again as inode {}, not {made:?}", a.ino),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn replay_update(&self, ino: Ino, update: FileUpdate) -> FsResult<()> {

@@ -13,6 +13,13 @@
 //! with every create, so its one token is never granted (`HOT_WINDOW`), but each create
 //! on every node checks its permissions, a round trip each if they went with the names.
 //!
+//! A name has a token of its own too (`name_key`): every `Found` and `Made` answer keeps
+//! the name it is about under it, revoked only by a change of that name (put or removed).
+//! A shared directory that several nodes create in is never granted whole, but the names
+//! a node made or found there stay its own until someone renames or removes them, so a
+//! `stat` of a file it made asks nothing (IO500's mdtest hard: every rank stats and
+//! removes the files it created in one shared directory).
+//!
 //! The owner grants only to another node (`MetanodeReply::Held`, `HeldView`; what a
 //! node's `Make` made too, recorded after it and read again), and only when
 //! it can reach that node again (`FileSystem::on_read_revoke`, set by the daemon). It
@@ -88,9 +95,36 @@ pub(crate) fn protection_key(ino: Ino) -> Ino {
     ino | PROTECTION_BIT
 }
 
-/// Whether `key` is a protection's key rather than an inode.
-pub(crate) fn is_protection_key(key: Ino) -> bool {
-    key & PROTECTION_BIT != 0
+/// Whether `key` is an inode's own key: neither a protection's nor a name's.
+pub(crate) fn is_inode_key(key: Ino) -> bool {
+    key & (PROTECTION_BIT | NAME_BIT) == 0
+}
+
+/// The bit that makes a key a name's (`name_key`): below the protection bit, above every
+/// inode number.
+const NAME_BIT: Ino = 1 << 62;
+
+/// The key under which owners record holders of `name` in `dir` alone, and clients keep
+/// it (`HeldOf::named`): a hash of the two, so that a change of the name finds its
+/// holders without a table per directory. Two names that share a key only revoke each
+/// other; a client keeps the directory and name beside the inode, never the key alone.
+pub(crate) fn name_key(dir: Ino, name: &[u8]) -> Ino {
+    debug_assert_eq!(
+        dir & (PROTECTION_BIT | NAME_BIT),
+        0,
+        "inode {dir} collides with a name key"
+    );
+    // FNV-1a over the directory and the name, then a finalizer: cheap, and spread well
+    // enough that names of one directory rarely share a key.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in dir.to_le_bytes().iter().chain(name) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    NAME_BIT | (h & (NAME_BIT - 1))
 }
 
 /// Sends a node the inodes whose held copies it must drop; returns once it answered, or
@@ -305,7 +339,7 @@ impl ReadHolders {
             let now = Instant::now();
             let keys = changes
                 .iter()
-                .filter_map(changed_ino)
+                .flat_map(changed_keys)
                 .chain(protections.iter().map(|i| protection_key(*i)));
             for ino in keys {
                 let Some(of) = table.holders.remove(&ino) else {
@@ -344,6 +378,18 @@ impl ReadHolders {
             }
         });
     }
+}
+
+/// The keys a change makes what others hold under them stale: a name's own
+/// (`name_key`) for a name put or removed, and the inode it changes (`changed_ino`).
+fn changed_keys(change: &Change) -> impl Iterator<Item = Ino> {
+    let name = match change {
+        Change::DirInsert { dir, name, .. } | Change::DirRemove { dir, name } => {
+            Some(name_key(*dir, name))
+        }
+        _ => None,
+    };
+    name.into_iter().chain(changed_ino(change))
 }
 
 /// The inode a change makes what others hold of it stale: its attributes, a directory's
@@ -391,12 +437,16 @@ pub(crate) struct HeldOf {
     /// the answers say what each name became; a create's lookup of a new name then asks
     /// the owner nothing.
     pub(crate) complete: bool,
+    /// Under a name's own key (`name_key`): the directory, the name and the inode it
+    /// names, for each name held under that key.
+    pub(crate) named: Vec<(Ino, Vec<u8>, Ino)>,
 }
 
 impl HeldOf {
     fn items(&self) -> usize {
         self.views.len()
             + self.names.len()
+            + self.named.len()
             + usize::from(self.attr.is_some())
             + usize::from(self.held_bytes.is_some())
             + usize::from(self.protection.is_some())
@@ -658,17 +708,37 @@ pub(crate) struct KernelKept {
 
 #[derive(Default)]
 struct KernelKeptTable {
+    /// Keys of directories, and of single names (`name_key`), the kernel keeps names
+    /// under.
     dirs: std::collections::HashSet<Ino>,
     attrs: std::collections::HashSet<Ino>,
 }
 
 impl KernelKept {
-    /// Records that the kernel may be given names in `parent`; false when the record is
-    /// full (give them no cache time).
-    pub(crate) fn note_dir(&self, parent: Ino) -> bool {
+    /// Records that the kernel may be given names held under `key`: a directory's (all
+    /// its names) or one name's own (`name_key`). A full record starts over: `drop` is
+    /// told to make every name the kernel keeps invalid (under the record's lock, so that
+    /// a revocation of a key forgotten here waits until the kernel dropped its names),
+    /// since names held under their own keys fill it as fast as files are made and would
+    /// otherwise leave the kernel no cache time for anything new. False when there is no
+    /// `drop` to tell (give the name no cache time).
+    pub(crate) fn note_names(
+        &self,
+        key: Ino,
+        drop: Option<&dyn Fn(Vec<crate::CacheChange>)>,
+    ) -> bool {
         let mut kept = self.kept.lock();
-        kept.dirs.contains(&parent)
-            || (kept.dirs.len() < KERNEL_KEPT_MAX && kept.dirs.insert(parent))
+        if kept.dirs.contains(&key) {
+            return true;
+        }
+        if kept.dirs.len() >= KERNEL_KEPT_MAX {
+            let Some(drop) = drop else {
+                return false;
+            };
+            drop(vec![crate::CacheChange::AllNames]);
+            kept.dirs.clear();
+        }
+        kept.dirs.insert(key)
     }
 
     /// Records that the kernel keeps a name in `parent` as its own rename left it, full or

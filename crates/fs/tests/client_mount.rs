@@ -316,7 +316,16 @@ impl Following {
     fn answer(&self, to: Weak<FileSystem>, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
         use std::sync::atomic::Ordering;
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        let reply = InProcessOwner(to).call(request.clone());
+        // From node 2, as a node's transport marks another node's requests: the owner
+        // answers its namespace changes before they are durable (`early_answer.rs`).
+        let node = |owner| tessera_fs::InProcessNode {
+            owner,
+            origin: tessera_fs::locks::Origin {
+                node: 2,
+                incarnation: 1,
+            },
+        };
+        let reply = node(to).call(request.clone());
         if n == self.hold_at.load(Ordering::SeqCst) {
             self.hold_here();
         }
@@ -326,7 +335,7 @@ impl Following {
             drop(reply);
             self.hold_here();
             let to = self.to.lock().clone();
-            return InProcessOwner(to).call(request);
+            return node(to).call(request);
         }
         reply
     }
@@ -1776,4 +1785,184 @@ fn a_directorys_protection_is_held_while_its_names_change() {
     owner.unmount().unwrap();
     drop((client, owner));
     assert_fsck_clean(&t, "after protection tokens");
+}
+
+/// IO500's mdtest hard from a client: it creates files in a directory the owner creates
+/// in too, so the directory's names are never granted whole; each name the client made
+/// (or found) is held under a token of its own, so its lookups of them ask nothing and its
+/// kernel may keep them, while the owner's creates of other names revoke nothing. An
+/// unlink, a rename or a new file under the name on the owner revokes it, and the
+/// client's next lookup sees what the owner did.
+#[test]
+fn a_client_keeps_the_names_it_made_in_a_directory_others_create_in() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tessera_fs::Caller;
+    let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
+    let dir = open_directory(&owner);
+    let root = Caller { uid: 0, gid: 0 };
+    // The client looks into the directory (its token granted), then the owner creates
+    // there: revoked, and not granted again while the owner goes on creating.
+    assert!(matches!(client.lookup(dir, b"o0"), Err(FsError::NotFound)));
+    let mut made = Vec::new();
+    for i in 0..20 {
+        create_file(&owner, dir, format!("o{i}").as_bytes());
+        let a = client
+            .create_open(dir, format!("f{i}").as_bytes(), (0o644, 0), root)
+            .unwrap();
+        client.write(a.ino, 0, &pattern(3901, i), false).unwrap();
+        client.release(a.ino).unwrap();
+        made.push(a.ino);
+    }
+    assert!(
+        revoked.load(Relaxed) > 0,
+        "the owner's creates revoked the directory"
+    );
+    let before = (calls.load(Relaxed), revoked.load(Relaxed));
+    for round in 0..3 {
+        for (i, &ino) in made.iter().enumerate() {
+            let name = format!("f{i}");
+            let a = client.lookup(dir, name.as_bytes()).unwrap();
+            assert_eq!((a.ino, a.size), (ino, 3901), "{name}");
+            assert!(
+                client.kernel_may_keep_name(dir, name.as_bytes(), ino),
+                "{name}"
+            );
+        }
+        // The owner's creates of other names change the directory, not these names.
+        create_file(&owner, dir, format!("p{round}").as_bytes());
+    }
+    assert_eq!(
+        (calls.load(Relaxed), revoked.load(Relaxed)),
+        before,
+        "lookups of names the client made asked the owner, or other names' creates revoked them"
+    );
+    // The owner removes one, renames another and makes a new file under a third's name
+    // after removing it: each revokes that name alone.
+    owner.remove(dir, b"f3", false).unwrap();
+    assert!(
+        revoked.load(Relaxed) > before.1,
+        "the unlink revoked the name"
+    );
+    assert!(matches!(client.lookup(dir, b"f3"), Err(FsError::NotFound)));
+    assert!(!client.kernel_may_keep_name(dir, b"f3", made[3]));
+    owner.rename(dir, b"f4", dir, b"g4", false, false).unwrap();
+    assert!(matches!(client.lookup(dir, b"f4"), Err(FsError::NotFound)));
+    assert_eq!(client.lookup(dir, b"g4").unwrap().ino, made[4]);
+    owner.remove(dir, b"f5", false).unwrap();
+    let again = create_file(&owner, dir, b"f5").ino;
+    assert_ne!(again, made[5]);
+    assert_eq!(client.lookup(dir, b"f5").unwrap().ino, again);
+    // The client's own unlink leaves it nothing stale either.
+    client.remove(dir, b"f6", false).unwrap();
+    assert!(matches!(client.lookup(dir, b"f6"), Err(FsError::NotFound)));
+    assert!(matches!(owner.lookup(dir, b"f6"), Err(FsError::NotFound)));
+    // The names the owner did not touch are still the client's without asking.
+    let before = calls.load(Relaxed);
+    assert_eq!(client.lookup(dir, b"f7").unwrap().ino, made[7]);
+    assert_eq!(calls.load(Relaxed), before);
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after names held under their own tokens");
+}
+
+/// The owner answers a client's creates, renames, links and unlinks as soon as they are
+/// logged, before its log commits them (`early_answer.rs`), and dies before any commit:
+/// the client hands them to the new owner at its fence, which does again each one the
+/// dead owner's log lost, a create under the inode number the client was told. Every
+/// name then names what the client was told, its data reads back, nothing it removed is
+/// back, and all of it survives a crash of the new owner after the client's fsync. An
+/// unlink of a name the owner's own process made and had not committed is answered only
+/// after a commit (commit on share): the dead owner's process is gone, and the unlink
+/// must not depend on what died with it.
+#[test]
+fn namespace_changes_answered_before_their_commit_survive_the_owners_death() {
+    let t = make_disks(4, 64 << 20);
+    let (first, faults, way, writer) = owner_and_following_client(&t);
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let dir = writer
+        .create_node(
+            ROOT_INO,
+            b"d",
+            tessera_fs::FileKind::Directory,
+            0o755,
+            0,
+            root,
+            None,
+        )
+        .unwrap()
+        .ino;
+    writer.sync().unwrap();
+    // The owner's own process makes a name the client then removes: answered after a
+    // commit of both.
+    create_file(&first, dir, b"local");
+    writer.remove(dir, b"local", false).unwrap();
+    let mut expected: BTreeMap<Vec<u8>, (u64, Vec<u8>)> = BTreeMap::new();
+    for i in 0..8u64 {
+        let name = format!("a{i}").into_bytes();
+        let a = create_file(&writer, dir, &name);
+        let data = pattern(3901 + i as usize * 100, i);
+        writer.write(a.ino, 0, &data, false).unwrap();
+        expected.insert(name, (a.ino, data));
+    }
+    writer.rename(dir, b"a1", dir, b"b1", false, false).unwrap();
+    let moved = expected.remove(&b"a1"[..]).unwrap();
+    expected.insert(b"b1".to_vec(), moved);
+    let linked = expected[&b"a2"[..]].clone();
+    writer.link(linked.0, dir, b"c2").unwrap();
+    expected.insert(b"c2".to_vec(), linked);
+    writer.remove(dir, b"a3", false).unwrap();
+    expected.remove(&b"a3"[..]);
+    let sub = writer
+        .create_node(
+            dir,
+            b"sub",
+            tessera_fs::FileKind::Directory,
+            0o755,
+            0,
+            root,
+            None,
+        )
+        .unwrap()
+        .ino;
+    let x = create_file(&writer, sub, b"x");
+    writer.rename(sub, b"x", dir, b"x2", false, false).unwrap();
+    expected.insert(b"x2".to_vec(), (x.ino, Vec::new()));
+    let look = |fs: &FileSystem| {
+        for (name, (ino, data)) in &expected {
+            let what = String::from_utf8_lossy(name);
+            let a = fs
+                .lookup(dir, name)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(a.ino, *ino, "{what}: another inode");
+            let got = fs.read(a.ino, 0, data.len() as u32 + 10).unwrap();
+            assert!(got == *data, "{what}: content differs");
+        }
+        for gone in [&b"a1"[..], b"a3", b"local"] {
+            assert!(
+                matches!(fs.lookup(dir, gone), Err(FsError::NotFound)),
+                "{} is back",
+                String::from_utf8_lossy(gone)
+            );
+        }
+        assert_eq!(fs.getattr(sub).unwrap().nlink, 2);
+        assert_eq!(fs.getattr(expected[&b"c2"[..]].0).unwrap().nlink, 2);
+    };
+    look(&writer);
+    crash(first, &faults);
+    let (disks, faults) = with_faults(&t);
+    let second = FileSystem::mount(disks).unwrap();
+    assert!(
+        fence_over(&writer, &way, &second) >= 10,
+        "the namespace changes were handed over"
+    );
+    look(&second);
+    look(&writer);
+    writer.fsync(ROOT_INO).unwrap();
+    crash(second, &faults);
+    drop(writer);
+    assert_fsck_clean(&t, "after namespace changes done again by a new owner");
+    let third = mount(&t);
+    look(&third);
+    third.unmount().unwrap();
 }

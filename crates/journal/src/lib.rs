@@ -351,6 +351,8 @@ pub struct Journal {
     /// The pages the open's replay read: from the replay point's page to the first page
     /// that is not part of the log (appending starts there).
     replayed: (u64, u64),
+    /// The end LSN of the last record found at open (`Journal::opened_end`).
+    opened_end: Lsn,
 }
 
 /// Counters of a journal since it was opened (`Journal::stats`).
@@ -469,6 +471,7 @@ impl Journal {
             records: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             replayed: (page_of(replay_from), scan.next_seq),
+            opened_end: end_lsn,
         };
         Ok((journal, scan.records))
     }
@@ -668,6 +671,13 @@ impl Journal {
             appended_lsn: self.appended_lsn(),
             durable_lsn: self.durable_lsn(),
         }
+    }
+
+    /// The end LSN of the last record the open found: every record a writer before this
+    /// open appended with an end LSN above it was lost (the log's durable records are a
+    /// prefix), so a record's end LSN tells whether it survived that writer.
+    pub fn opened_end(&self) -> Lsn {
+        self.opened_end
     }
 
     /// The highest LSN known to be on stable storage.
