@@ -83,20 +83,23 @@ fn contents_key(dir: Ino) -> Ino {
 }
 
 /// The keys a change touches (see the module comment): names, inodes made, linked, freed
-/// or moved, and the attributes of what is not a directory; with `marks`, also the set of
-/// names of a directory it puts a name in or takes one out of, which only a directory's
-/// removal depends on (the creates of other names in a shared directory do not).
+/// or moved, and the attributes of what is not a directory. A name put in or taken out
+/// of a directory depends on the directory (it must exist: made, moved or removed by
+/// another origin is shared) and, with `marks`, changes its set of names, which only the
+/// directory's removal depends on (the creates of other names in a shared directory do
+/// not depend on each other).
 fn keys(change: &Change, marks: bool) -> impl Iterator<Item = Ino> {
+    let in_dir = |dir: Ino| if marks { contents_key(dir) } else { dir };
     let (a, b, c) = match change {
         Change::DirInsert { dir, name, entry } => (
             Some(crate::read_tokens::name_key(*dir, name)),
             Some(entry.ino),
-            marks.then(|| contents_key(*dir)),
+            Some(in_dir(*dir)),
         ),
         Change::DirRemove { dir, name } => (
             Some(crate::read_tokens::name_key(*dir, name)),
             None,
-            marks.then(|| contents_key(*dir)),
+            Some(in_dir(*dir)),
         ),
         Change::FreeInode { ino } => (Some(*ino), Some(contents_key(*ino)), None),
         Change::SetParent { dir, .. } => (Some(*dir), None, None),
@@ -323,6 +326,16 @@ mod tests {
             B,
             160
         ));
+        // A name made in a directory another origin made and did not commit: shared (a
+        // replay of it alone would find no directory).
+        assert!(!shared(
+            &mut u,
+            &[put(dir, "newdir", 40), attr(dir, FileKind::Directory)],
+            195,
+            B,
+            190
+        ));
+        assert!(shared(&mut u, &[put(40, "f", 41)], 196, A, 190));
         // A directory's move: always.
         assert!(shared(
             &mut u,

@@ -1224,14 +1224,20 @@ impl RemoteMetanode {
         if let Err(e) = self.flush(self.disks.all().into_iter()) {
             return MetanodeReply::Failed(RemoteError::from(&e));
         }
-        let replay: Vec<HandedChange> = self
+        // In the order the owners logged them: threads of this client keep what they were
+        // answered in the order the answers came, and one may have built on another's
+        // change whose answer was still on its way (a name found at the owner before its
+        // creator kept its create).
+        let mut acked: Vec<(u64, Lsn, HandedChange)> = self
             .unsynced
             .lock()
             .acked
             .iter()
             .filter(|a| a.generation != generation)
-            .map(|a| a.change.clone())
+            .map(|a| (a.generation, a.lsn, a.change.clone()))
             .collect();
+        acked.sort_by_key(|(generation, lsn, _)| (*generation, *lsn));
+        let replay: Vec<HandedChange> = acked.into_iter().map(|(_, _, c)| c).collect();
         if replay.is_empty() {
             MetanodeReply::Done
         } else {

@@ -1894,7 +1894,7 @@ fn namespace_changes_answered_before_their_commit_survive_the_owners_death() {
         .ino;
     writer.sync().unwrap();
     // The owner's own process makes a name the client then removes: answered after a
-    // commit of both.
+    // commit.
     create_file(&first, dir, b"local");
     writer.remove(dir, b"local", false).unwrap();
     let mut expected: BTreeMap<Vec<u8>, (u64, Vec<u8>)> = BTreeMap::new();
@@ -1928,6 +1928,20 @@ fn namespace_changes_answered_before_their_commit_survive_the_owners_death() {
     let x = create_file(&writer, sub, b"x");
     writer.rename(sub, b"x", dir, b"x2", false, false).unwrap();
     expected.insert(b"x2".to_vec(), (x.ino, Vec::new()));
+    // And a directory the client then makes a file in: answered after a commit too.
+    let od = first
+        .create_node(
+            dir,
+            b"od",
+            tessera_fs::FileKind::Directory,
+            0o755,
+            0,
+            root,
+            None,
+        )
+        .unwrap()
+        .ino;
+    let in_od = create_file(&writer, od, b"f").ino;
     let look = |fs: &FileSystem| {
         for (name, (ino, data)) in &expected {
             let what = String::from_utf8_lossy(name);
@@ -1945,6 +1959,7 @@ fn namespace_changes_answered_before_their_commit_survive_the_owners_death() {
                 String::from_utf8_lossy(gone)
             );
         }
+        assert_eq!(fs.lookup(od, b"f").unwrap().ino, in_od);
         assert_eq!(fs.getattr(sub).unwrap().nlink, 2);
         assert_eq!(fs.getattr(expected[&b"c2"[..]].0).unwrap().nlink, 2);
     };
