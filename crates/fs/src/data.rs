@@ -154,7 +154,7 @@ impl FileSystem {
             let asked_end = offset.saturating_add(u64::from(size));
             let view = self
                 .metanode_of(ino)
-                .view(ino, offset / bs..asked_end.div_ceil(bs))?;
+                .view_to_read(ino, offset / bs..asked_end.div_ceil(bs))?;
             let attr = view.attr;
             if attr.kind == FileKind::Directory {
                 return Err(FsError::IsDir);
@@ -419,7 +419,7 @@ impl FileSystem {
     /// Reads block `block` of a file whole and verified, for read-ahead. `None` when the
     /// block is unmapped or never written (readers produce its zeros themselves).
     pub(crate) fn load_block(&self, ino: Ino, block: u64) -> FsResult<Option<BlockData>> {
-        let found = match self.metanode_of(ino).view(ino, block..block + 1) {
+        let found = match self.metanode_of(ino).view_to_read(ino, block..block + 1) {
             Ok(view) => view
                 .block(block)
                 .map(|r| sector_infos(r, 0, r.sectors() as u64 * SECTOR)),

@@ -59,6 +59,26 @@ impl FileView {
         matches!(self.content, Content::Inline(_))
     }
 
+    /// The same view with only the mapped blocks whose indexes fall in `blocks` (the
+    /// view of a wider range, cut to what a caller asked).
+    pub fn within(&self, blocks: &Range<u64>) -> FileView {
+        let content = match &self.content {
+            Content::Blocks(all) => Content::Blocks(
+                all.iter()
+                    .filter(|(i, _)| blocks.contains(i))
+                    .cloned()
+                    .collect(),
+            ),
+            other => other.clone(),
+        };
+        FileView {
+            attr: self.attr,
+            pool: self.pool,
+            copies: self.copies,
+            content,
+        }
+    }
+
     /// The mapped block `index`, if the view holds it.
     pub fn block(&self, index: u64) -> Option<&BlockRef> {
         match &self.content {
@@ -123,6 +143,12 @@ pub(crate) trait Metanode: Send + Sync {
     /// The file's attributes, pool and content, with the mapped blocks whose indexes fall
     /// in `blocks` (an empty range asks for none).
     fn view(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView>;
+
+    /// [`Metanode::view`] for a read: a metanode on another node may answer it from a
+    /// view of more blocks that it asked for a sequential reader.
+    fn view_to_read(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
+        self.view(ino, blocks)
+    }
 
     /// Logs and applies `update`; returns the log position that makes it durable.
     fn update(&self, ino: Ino, update: FileUpdate) -> FsResult<Lsn>;

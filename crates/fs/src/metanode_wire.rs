@@ -1019,6 +1019,12 @@ pub trait MetanodeChannel: Send + Sync {
 /// Unsynced updates a client keeps at most before it commits them itself.
 const UNSYNCED_MAX: usize = 1024;
 
+/// Blocks a sequential reader's view covers (`Metanode::view_to_read`): 32 MiB of 1 MiB
+/// blocks, a reply of some 32 KiB of block references and sector checksums.
+const READ_VIEW_BLOCKS: u64 = 32;
+/// Files whose last read view a client remembers, at most (then it starts over).
+const READ_VIEW_READERS: usize = 4096;
+
 /// What a fenced client hands a new owner ([`MetanodeReply::ReplayChanges`]), in the
 /// order the old owner acknowledged it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1091,6 +1097,8 @@ pub(crate) struct RemoteMetanode {
     held: crate::read_tokens::HeldCache,
     /// Requests sent to the owner and the time spent waiting for their answers, by kind.
     sent: SentRequests,
+    /// Where each file's last read view ended (`Metanode::view_to_read`).
+    read_view_ends: parking_lot::Mutex<std::collections::HashMap<Ino, u64>>,
 }
 
 /// How many requests of each kind a mount sent to one owner, and the seconds it waited for
@@ -1132,6 +1140,7 @@ impl RemoteMetanode {
             granted: parking_lot::Mutex::new(std::collections::HashMap::new()),
             held: crate::read_tokens::HeldCache::default(),
             sent: SentRequests::default(),
+            read_view_ends: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -1657,6 +1666,50 @@ impl Metanode for RemoteMetanode {
             }
             other => Err(mismatch(other, "a view")),
         }
+    }
+
+    fn view_to_read(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
+        let generation = self.channel.generation();
+        if let Some(view) = self.held.view_within(ino, &blocks, generation) {
+            return Ok(view);
+        }
+        // A reader that goes on where its last view ended is asked a view of the blocks
+        // it reaches next too, kept under the inode's token: one round trip for the reads
+        // of `READ_VIEW_BLOCKS` blocks, not one per read (a random reader asks what it
+        // reads, so its answers stay small).
+        let sequential = {
+            let mut ends = self.read_view_ends.lock();
+            if ends.len() >= READ_VIEW_READERS {
+                ends.clear();
+            }
+            let near = ends
+                .get(&ino)
+                .is_some_and(|end| blocks.start + 1 >= *end && blocks.start <= *end + 1);
+            ends.insert(ino, blocks.end);
+            near
+        };
+        if !sequential || blocks.is_empty() {
+            return self.view(ino, blocks);
+        }
+        let wide = blocks.start
+            ..blocks
+                .end
+                .max(blocks.start.saturating_add(READ_VIEW_BLOCKS));
+        let seq = self.held.seq();
+        let reply = self.call(MetanodeRequest::View {
+            ino,
+            blocks: wide.clone(),
+        })?;
+        let view = match reply {
+            MetanodeReply::View(v) => v,
+            MetanodeReply::HeldView(v) => {
+                self.held.keep_view(ino, &wide, generation, seq, &v);
+                self.read_view_ends.lock().insert(ino, wide.end);
+                v
+            }
+            other => return Err(mismatch(other, "a view")),
+        };
+        Ok(view.within(&blocks))
     }
 
     fn update(&self, ino: Ino, update: FileUpdate) -> FsResult<Lsn> {

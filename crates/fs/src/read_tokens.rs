@@ -509,6 +509,26 @@ impl HeldCache {
         })
     }
 
+    /// The view of `blocks` of `ino`, cut from a held view of a range that holds them.
+    pub(crate) fn view_within(
+        &self,
+        ino: Ino,
+        blocks: &Range<u64>,
+        generation: u64,
+    ) -> Option<FileView> {
+        self.get(ino, generation, |of| {
+            if let Some(v) = of.views.get(&(blocks.start, blocks.end)) {
+                return Some(v.clone());
+            }
+            of.views
+                .iter()
+                .find(|((start, end), v)| {
+                    v.is_inline() || (*start <= blocks.start && blocks.end <= *end)
+                })
+                .map(|(_, v)| v.within(blocks))
+        })
+    }
+
     pub(crate) fn seq(&self) -> u64 {
         self.seq.load(Ordering::Acquire)
     }

@@ -1981,3 +1981,43 @@ fn namespace_changes_answered_before_their_commit_survive_the_owners_death() {
     look(&third);
     third.unmount().unwrap();
 }
+
+/// A client reading a file in order asks the owner one view for many blocks (kept under
+/// the file's token) instead of one per read, and still reads every completed write of
+/// another mount: the owner's overwrite revokes the view first.
+#[test]
+fn a_sequential_reader_on_a_client_asks_one_view_for_many_blocks() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (t, owner, client, calls, revoked) = owner_and_client_as_node_two();
+    let ino = create_file(&owner, ROOT_INO, b"big").ino;
+    let mut data = pattern(40 * BLOCK as usize, 3);
+    owner.write(ino, 0, &data, false).unwrap();
+    owner.sync().unwrap();
+    let len = data.len();
+    let read_all = |fs: &FileSystem| {
+        let mut got = Vec::new();
+        for off in (0..len).step_by(100_000) {
+            got.extend(fs.read(ino, off as u64, 100_000).unwrap());
+        }
+        got
+    };
+    let before = calls.load(Relaxed);
+    assert!(read_all(&client) == data);
+    let asked = calls.load(Relaxed) - before;
+    assert!(
+        asked <= 8,
+        "{asked} requests to read 40 blocks in order, 100,000 bytes at a time"
+    );
+    let before = revoked.load(Relaxed);
+    owner.write(ino, 20 * BLOCK + 7, b"changed", false).unwrap();
+    data[20 * BLOCK as usize + 7..20 * BLOCK as usize + 14].copy_from_slice(b"changed");
+    assert!(
+        revoked.load(Relaxed) > before,
+        "the overwrite revoked the view"
+    );
+    assert!(read_all(&client) == data);
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a sequential reader on a client");
+}
