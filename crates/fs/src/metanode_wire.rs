@@ -1670,7 +1670,7 @@ impl Metanode for RemoteMetanode {
 
     fn view_to_read(&self, ino: Ino, blocks: Range<u64>) -> FsResult<FileView> {
         let generation = self.channel.generation();
-        if let Some(view) = self.held.view_within(ino, &blocks, generation) {
+        if let Some(view) = self.held.view(ino, &blocks, generation) {
             return Ok(view);
         }
         // A reader that goes on where its last view ended is asked a view of the blocks

@@ -364,25 +364,19 @@ impl FileSystem {
         made: Option<Ino>,
     ) -> FsResult<()> {
         use crate::metanode_wire::{MetanodeReply, MetanodeRequest as Q};
-        let Q::Once {
-            client,
-            seq,
-            request: mut inner,
-        } = request
+        let (
+            true,
+            Q::Once {
+                client,
+                seq,
+                request: mut inner,
+            },
+        ) = (crate::early_answer::answered_early(&request), request)
         else {
-            return Err(FsError::Invalid(format!(
-                "a fenced client handed over {request:?}, which is no namespace change"
-            )));
+            return Err(FsError::Invalid(
+                "a fenced client handed over a request no owner answers before its commit".into(),
+            ));
         };
-        if !crate::early_answer::answered_early(&Q::Once {
-            client,
-            seq,
-            request: inner.clone(),
-        }) {
-            return Err(FsError::Invalid(format!(
-                "a fenced client handed over {inner:?}, which no owner answers early"
-            )));
-        }
         if lsn <= self.journal().opened_end()
             || self.owner().meta.lock().state.was_answered(client, seq)
         {

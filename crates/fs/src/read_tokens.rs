@@ -496,26 +496,10 @@ impl HeldCache {
             .and_then(look)
     }
 
-    /// The view of `blocks` of `ino` held from the owner of generation `generation`.
+    /// The view of `blocks` of `ino` held from the owner of generation `generation`: the
+    /// one asked for that range, or cut from a held view of a range that holds it (an
+    /// inline file's view is the same for every range).
     pub(crate) fn view(&self, ino: Ino, blocks: &Range<u64>, generation: u64) -> Option<FileView> {
-        self.get(ino, generation, |of| {
-            of.views
-                .get(&(blocks.start, blocks.end))
-                .cloned()
-                .or_else(|| {
-                    // An inline file has no blocks: its view is the same for every range.
-                    of.views.values().find(|v| v.is_inline()).cloned()
-                })
-        })
-    }
-
-    /// The view of `blocks` of `ino`, cut from a held view of a range that holds them.
-    pub(crate) fn view_within(
-        &self,
-        ino: Ino,
-        blocks: &Range<u64>,
-        generation: u64,
-    ) -> Option<FileView> {
         self.get(ino, generation, |of| {
             if let Some(v) = of.views.get(&(blocks.start, blocks.end)) {
                 return Some(v.clone());
