@@ -5,6 +5,13 @@
 //! reuse (a few per peer: Raft replication, lease renewals and proposals run at once). A
 //! connection that failed or timed out is dropped, never reused, because the transport
 //! breaks a connection whose call was cut short.
+//!
+//! File-system requests (a client's metadata calls to a metanode: many per second, each
+//! waited for by an application) travel on connections of their own, *lanes*, that a
+//! thread blocks on at each end ([`TransportNet::call_blocking`], `serve_lane`): the
+//! caller's thread sends and sleeps in `read` until the answer arrives, and the server's
+//! thread for that connection serves the request itself. Through the async runtime the same
+//! round trip woke four threads more (see `tessera_transport::BlockingConnection`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +19,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tessera_transport::{Connection, Identity};
+use tessera_transport::{BlockingConnection, Connection, Identity};
 use tokio::net::TcpListener;
 
 use crate::node::NodeNumber;
@@ -21,11 +28,15 @@ use crate::service::ClusterNode;
 
 /// Idle connections kept per peer address.
 pub const IDLE_CONNECTIONS_PER_PEER: usize = 4;
+/// Idle lanes kept per peer address: one per thread that may call at once (a mount's FUSE
+/// threads, and the threads answering revocations), so that none is made per call.
+pub const IDLE_LANES_PER_PEER: usize = 32;
 
 /// Reaches other nodes over authenticated TCP.
 pub struct TransportNet {
     identity: Arc<Identity>,
     idle: Mutex<HashMap<String, Vec<Connection>>>,
+    lanes: Mutex<HashMap<String, Vec<BlockingConnection>>>,
 }
 
 impl TransportNet {
@@ -33,6 +44,67 @@ impl TransportNet {
         TransportNet {
             identity,
             idle: Mutex::new(HashMap::new()),
+            lanes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// [`NodeNet::call`] of a file-system request, on a lane (see the module doc): blocks
+    /// the calling thread, which must not be one of `runtime`'s (it makes new lanes).
+    /// `keep_waiting` is asked every `tick` while no answer came; when it says no, the
+    /// call fails and its lane is dropped.
+    #[allow(clippy::too_many_arguments)]
+    pub fn call_blocking(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        to: NodeNumber,
+        address: &str,
+        request: PeerRequest,
+        timeout: Duration,
+        tick: Duration,
+        keep_waiting: &mut dyn FnMut() -> bool,
+    ) -> Result<PeerReply, NetError> {
+        let started = std::time::Instant::now();
+        let pooled = self.lanes.lock().get_mut(address).and_then(Vec::pop);
+        let mut lane = match pooled {
+            Some(lane) => lane,
+            None => runtime
+                .block_on(tessera_transport::connect(address, &self.identity, timeout))
+                .and_then(Connection::into_blocking)
+                .map_err(|e| NetError::Unreachable(to, e.to_string()))?,
+        };
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(NetError::Timeout(to, timeout));
+        }
+        let addressed = Addressed { to, request };
+        let reply = lane.call_while::<Addressed, PeerReply>(&addressed, left, tick, keep_waiting);
+        match reply {
+            Ok(PeerReply::NotAddressee { me }) => {
+                self.put_back_lane(address, lane);
+                Err(NetError::Unreachable(
+                    to,
+                    format!("{address} is node {me} now, not node {to}"),
+                ))
+            }
+            Ok(reply) => {
+                self.put_back_lane(address, lane);
+                Ok(reply)
+            }
+            Err(e) => {
+                // The other idle lanes to that address most likely failed the same way
+                // (its daemon restarted): dropped, so that the next call connects anew
+                // instead of finding each of them dead in turn.
+                self.lanes.lock().remove(address);
+                Err(NetError::Unreachable(to, e.to_string()))
+            }
+        }
+    }
+
+    fn put_back_lane(&self, address: &str, lane: BlockingConnection) {
+        let mut lanes = self.lanes.lock();
+        let pool = lanes.entry(address.to_string()).or_default();
+        if pool.len() < IDLE_LANES_PER_PEER {
+            pool.push(lane);
         }
     }
 
@@ -136,11 +208,81 @@ async fn serve_connection(mut connection: Connection, node: Arc<ClusterNode<Tran
                 return;
             }
         };
+        if matches!(addressed.request, PeerRequest::FileSystem { .. }) {
+            // A lane: from here on, a thread of its own serves it (see the module doc).
+            let peer = connection.peer_name().to_owned();
+            match connection.into_blocking() {
+                Ok(lane) => start_lane(lane, &node, addressed),
+                Err(e) => tracing::warn!(peer, "cannot serve a file-system lane: {e}"),
+            }
+            return;
+        }
         let reply = answer(&node, addressed).await;
         if let Err(e) = connection.send(&reply).await {
             tracing::debug!(peer = connection.peer_name(), "cannot answer: {e}");
             return;
         }
+    }
+}
+
+/// Serves `lane` on a thread of its own, starting with `first`, until the peer closes it.
+/// The thread holds the node weakly: once the node is gone, it answers nothing more.
+fn start_lane(lane: BlockingConnection, node: &Arc<ClusterNode<TransportNet>>, first: Addressed) {
+    let node = Arc::downgrade(node);
+    let runtime = tokio::runtime::Handle::current();
+    let peer = lane.peer_name().to_owned();
+    let spawned = std::thread::Builder::new()
+        .name("fs-lane".into())
+        .spawn(move || serve_lane(lane, &node, &runtime, first));
+    if let Err(e) = spawned {
+        tracing::warn!(peer, "cannot start a thread for a file-system lane: {e}");
+    }
+}
+
+fn serve_lane(
+    mut lane: BlockingConnection,
+    node: &std::sync::Weak<ClusterNode<TransportNet>>,
+    runtime: &tokio::runtime::Handle,
+    first: Addressed,
+) {
+    let mut addressed = first;
+    loop {
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        let reply = match addressed {
+            Addressed {
+                to,
+                request:
+                    PeerRequest::FileSystem {
+                        from,
+                        epoch,
+                        fs,
+                        slot,
+                        request,
+                    },
+            } if to == node.me() => PeerReply::FileSystem(node.file_system_request_blocking(
+                from,
+                epoch,
+                (&fs, slot),
+                request,
+            )),
+            // Anything else is answered as on any connection.
+            other => runtime.block_on(answer(&node, other)),
+        };
+        drop(node);
+        if let Err(e) = lane.send(&reply) {
+            tracing::debug!(peer = lane.peer_name(), "cannot answer on a lane: {e}");
+            return;
+        }
+        addressed = match lane.recv::<Addressed>() {
+            Ok(Some(addressed)) => addressed,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(peer = lane.peer_name(), "lane ends: {e}");
+                return;
+            }
+        };
     }
 }
 

@@ -310,6 +310,31 @@ impl<N: NodeNet> ClusterNode<N> {
         (fs, slot): (String, u32),
         request: Vec<u8>,
     ) -> Result<Vec<u8>, String> {
+        let service = self.file_system_service(from, epoch)?;
+        tokio::task::spawn_blocking(move || service.call((from, epoch), (&fs, slot), request))
+            .await
+            .unwrap_or_else(|e| Err(format!("the file-system request failed: {e}")))
+    }
+
+    /// [`PeerRequest::FileSystem`] answered on the calling thread, which may block: a
+    /// thread that serves one connection (`net::serve_connection`), never the runtime's.
+    pub fn file_system_request_blocking(
+        &self,
+        from: NodeNumber,
+        epoch: u64,
+        (fs, slot): (&str, u32),
+        request: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        self.file_system_service(from, epoch)?
+            .call((from, epoch), (fs, slot), request)
+    }
+
+    /// Who answers file-system requests of `from` in `epoch`, if it is a live member.
+    fn file_system_service(
+        &self,
+        from: NodeNumber,
+        epoch: u64,
+    ) -> Result<Arc<dyn FileSystemService>, String> {
         if !self.state().epoch_is_live(from, epoch) {
             return Err(format!(
                 "node {from} in epoch {epoch} is not a live member of the cluster (expelled, \
@@ -317,12 +342,10 @@ impl<N: NodeNet> ClusterNode<N> {
                  again"
             ));
         }
-        let Some(service) = self.file_systems.get().cloned() else {
-            return Err(format!("node {} serves no file system yet", self.me));
-        };
-        tokio::task::spawn_blocking(move || service.call((from, epoch), (&fs, slot), request))
-            .await
-            .unwrap_or_else(|e| Err(format!("the file-system request failed: {e}")))
+        self.file_systems
+            .get()
+            .cloned()
+            .ok_or_else(|| format!("node {} serves no file system yet", self.me))
     }
 
     /// The manager's answer to a renewal (see [`crate::lease`] for why it is safe).

@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::blocking::BlockingConnection;
 use crate::error::WireError;
 use crate::handshake::{self, read_full, HandshakeIo, Session};
 use crate::wire::{self, FrameHeader, FrameMac, HandshakeMessage, RefusalCode};
@@ -221,6 +222,13 @@ pub async fn serve_with<F, Fut>(
     }
 }
 
+pub(crate) fn check_open(state: State, peer: SocketAddr) -> Result<(), TransportError> {
+    match state {
+        State::Open | State::PeerClosed => Ok(()),
+        State::Broken | State::Closed => Err(TransportError::Broken { peer }),
+    }
+}
+
 /// Tells a peer the server is busy without waiting for it: a full socket buffer just means
 /// the peer sees a closed connection instead.
 fn refuse_busy(stream: &TcpStream, identity: &Identity, versions: VersionRange) {
@@ -234,7 +242,7 @@ fn refuse_busy(stream: &TcpStream, identity: &Identity, versions: VersionRange) 
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+pub(crate) enum State {
     Open,
     /// An error, or a send or receive cancelled half-way, left the stream out of step.
     Broken,
@@ -248,24 +256,143 @@ enum State {
 /// MAC-protected frames; see the crate doc for the layout.
 pub struct Connection {
     stream: BufReader<TcpStream>,
-    peer_addr: SocketAddr,
-    peer_name: String,
-    version: u16,
-    send_mac: FrameMac,
-    recv_mac: FrameMac,
-    send_sequence: u64,
-    recv_sequence: u64,
+    framing: Framing,
     send_buffer: Vec<u8>,
     recv_buffer: Vec<u8>,
     state: State,
 }
 
+/// What both kinds of connection (this async one and [`BlockingConnection`]) need to frame
+/// messages: the peer, the negotiated version, and each direction's key and sequence.
+#[derive(Clone)]
+pub(crate) struct Framing {
+    pub(crate) peer_addr: SocketAddr,
+    pub(crate) peer_name: String,
+    pub(crate) version: u16,
+    send_mac: FrameMac,
+    recv_mac: FrameMac,
+    send_sequence: u64,
+    recv_sequence: u64,
+}
+
+impl Framing {
+    /// `message` encoded into `buffer` (cleared) after room for the frame header.
+    pub(crate) fn encode<T: Serialize>(
+        &self,
+        message: &T,
+        mut buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, TransportError> {
+        let peer = self.peer_addr;
+        buffer.clear();
+        buffer.resize(FRAME_HEADER_BYTES, 0);
+        let buffer =
+            postcard::to_extend(message, buffer).map_err(|error| TransportError::Encode {
+                peer,
+                detail: error.to_string(),
+            })?;
+        let payload_bytes = buffer.len() - FRAME_HEADER_BYTES;
+        if payload_bytes > FRAME_PAYLOAD_BYTES_MAX {
+            let max = FRAME_PAYLOAD_BYTES_MAX;
+            return Err(TransportError::MessageTooLarge {
+                peer,
+                len: payload_bytes,
+                max,
+            });
+        }
+        Ok(buffer)
+    }
+
+    /// Fills in the header of `frame` and appends its MAC, as the next frame sent.
+    pub(crate) fn seal(&self, flags: u16, frame: &mut Vec<u8>) {
+        wire::seal_frame_in_place(
+            &self.send_mac,
+            self.send_sequence,
+            self.version,
+            flags,
+            frame,
+        );
+    }
+
+    /// Counts a sealed frame as sent (once all of it was written).
+    pub(crate) fn sent(&mut self) {
+        self.send_sequence += 1;
+    }
+
+    /// The whole length of the frame whose header is `header` (checked and bounded).
+    pub(crate) fn frame_bytes(
+        &self,
+        header: &[u8],
+    ) -> Result<(FrameHeader, usize), TransportError> {
+        let decoded = FrameHeader::decode(header, self.version).map_err(|source| {
+            TransportError::Protocol {
+                peer: self.peer_addr,
+                doing: "receiving a frame",
+                source,
+            }
+        })?;
+        Ok((
+            decoded,
+            FRAME_HEADER_BYTES + decoded.payload_bytes + FRAME_MAC_BYTES,
+        ))
+    }
+
+    /// Authenticates the next received frame, `frame` (exactly its bytes); its flags.
+    pub(crate) fn open(
+        &mut self,
+        decoded: FrameHeader,
+        frame: &[u8],
+    ) -> Result<u16, TransportError> {
+        let peer = self.peer_addr;
+        match wire::open_frame(&self.recv_mac, self.recv_sequence, self.version, frame) {
+            Ok((frame_header, _)) => {
+                assert_eq!(frame_header, decoded);
+                self.recv_sequence += 1;
+                Ok(frame_header.flags)
+            }
+            Err(WireError::BadMac) => Err(TransportError::FrameAuthentication { peer }),
+            Err(source) => Err(TransportError::Protocol {
+                peer,
+                doing: "receiving a frame",
+                source,
+            }),
+        }
+    }
+
+    /// The message in the payload of an opened frame.
+    pub(crate) fn decode<T: DeserializeOwned>(&self, frame: &[u8]) -> Result<T, TransportError> {
+        let peer = self.peer_addr;
+        let payload = &frame[FRAME_HEADER_BYTES..frame.len() - FRAME_MAC_BYTES];
+        match postcard::take_from_bytes::<T>(payload) {
+            Ok((message, [])) => Ok(message),
+            Ok((_, rest)) => {
+                let detail = format!("{} bytes left over after the message", rest.len());
+                Err(TransportError::Decode { peer, detail })
+            }
+            Err(error) => Err(TransportError::Decode {
+                peer,
+                detail: error.to_string(),
+            }),
+        }
+    }
+
+    /// A close frame, sealed as the next frame sent.
+    pub(crate) fn close_frame(&self) -> Vec<u8> {
+        wire::seal_frame(
+            &self.send_mac,
+            self.send_sequence,
+            self.version,
+            FLAG_CLOSE,
+            &[],
+        )
+    }
+}
+
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
-            .field("peer_name", &self.peer_name)
-            .field("peer_addr", &self.peer_addr)
-            .field("version", &self.version)
+            .field("peer_name", &self.framing.peer_name)
+            .field("peer_addr", &self.framing.peer_addr)
+            .field("version", &self.framing.version)
             .field("state", &self.state)
             .finish_non_exhaustive()
     }
@@ -291,13 +418,15 @@ impl Connection {
             })?;
         Ok(Connection {
             stream: BufReader::with_capacity(READ_BUFFER_BYTES, stream),
-            peer_addr,
-            peer_name: session.peer_name,
-            version: session.version,
-            send_mac: FrameMac::new(&session.send_key),
-            recv_mac: FrameMac::new(&session.recv_key),
-            send_sequence: 0,
-            recv_sequence: 0,
+            framing: Framing {
+                peer_addr,
+                peer_name: session.peer_name,
+                version: session.version,
+                send_mac: FrameMac::new(&session.send_key),
+                recv_mac: FrameMac::new(&session.recv_key),
+                send_sequence: 0,
+                recv_sequence: 0,
+            },
             send_buffer: Vec::new(),
             recv_buffer: Vec::new(),
             state: State::Open,
@@ -306,48 +435,60 @@ impl Connection {
 
     /// The node name the peer proved (it holds the secret; the name itself is its claim).
     pub fn peer_name(&self) -> &str {
-        &self.peer_name
+        &self.framing.peer_name
     }
 
     pub fn peer_addr(&self) -> SocketAddr {
-        self.peer_addr
+        self.framing.peer_addr
     }
 
     /// The protocol version both sides agreed on.
     pub fn protocol_version(&self) -> u16 {
-        self.version
+        self.framing.version
     }
 
     fn check_open(&self) -> Result<(), TransportError> {
-        match self.state {
-            State::Open | State::PeerClosed => Ok(()),
-            State::Broken | State::Closed => Err(TransportError::Broken {
-                peer: self.peer_addr,
-            }),
-        }
+        check_open(self.state, self.framing.peer_addr)
+    }
+
+    /// The same connection for a thread that blocks on it (see [`BlockingConnection`]),
+    /// between two messages: whatever the peer sent since is carried over.
+    pub fn into_blocking(mut self) -> Result<BlockingConnection, TransportError> {
+        use std::os::fd::AsFd;
+        self.check_open()?;
+        let peer = self.framing.peer_addr;
+        let io_error = |source| TransportError::Io {
+            peer,
+            doing: "making the connection blocking",
+            source,
+        };
+        // A second descriptor of the same socket: the runtime's is closed when `self`
+        // goes, after it was told to say no goodbye.
+        let descriptor = self
+            .stream
+            .get_ref()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(io_error)?;
+        let stream = std::net::TcpStream::from(descriptor);
+        stream.set_nonblocking(false).map_err(io_error)?;
+        let pending = self.stream.buffer().to_vec();
+        let state = self.state;
+        self.state = State::Closed;
+        Ok(BlockingConnection::new(
+            stream,
+            self.framing.clone(),
+            state,
+            pending,
+        ))
     }
 
     /// Sends one message. Cancelling the future half-way leaves the connection broken.
     pub async fn send<T: Serialize>(&mut self, message: &T) -> Result<(), TransportError> {
         self.check_open()?;
-        let peer = self.peer_addr;
-        let mut buffer = std::mem::take(&mut self.send_buffer);
-        buffer.clear();
-        buffer.resize(FRAME_HEADER_BYTES, 0);
-        let buffer =
-            postcard::to_extend(message, buffer).map_err(|error| TransportError::Encode {
-                peer,
-                detail: error.to_string(),
-            })?;
-        let payload_bytes = buffer.len() - FRAME_HEADER_BYTES;
-        if payload_bytes > FRAME_PAYLOAD_BYTES_MAX {
-            let max = FRAME_PAYLOAD_BYTES_MAX;
-            return Err(TransportError::MessageTooLarge {
-                peer,
-                len: payload_bytes,
-                max,
-            });
-        }
+        let buffer = self
+            .framing
+            .encode(message, std::mem::take(&mut self.send_buffer))?;
         self.write_frame(0, buffer).await
     }
 
@@ -360,7 +501,7 @@ impl Connection {
         buffer.resize(FRAME_HEADER_BYTES, 0);
         self.write_frame(FLAG_CLOSE, buffer).await?;
         self.state = State::Closed;
-        let peer = self.peer_addr;
+        let peer = self.framing.peer_addr;
         let shutdown = self.stream.get_mut().shutdown().await;
         shutdown.map_err(|source| TransportError::Io {
             peer,
@@ -370,26 +511,20 @@ impl Connection {
     }
 
     async fn write_frame(&mut self, flags: u16, mut frame: Vec<u8>) -> Result<(), TransportError> {
-        wire::seal_frame_in_place(
-            &self.send_mac,
-            self.send_sequence,
-            self.version,
-            flags,
-            &mut frame,
-        );
+        self.framing.seal(flags, &mut frame);
         self.state = State::Broken;
         let written = self.stream.get_mut().write_all(&frame).await;
         if frame.capacity() > BUFFER_KEEP_BYTES {
             frame = Vec::new();
         }
         self.send_buffer = frame;
-        let peer = self.peer_addr;
+        let peer = self.framing.peer_addr;
         written.map_err(|source| TransportError::Io {
             peer,
             doing: "sending a frame",
             source,
         })?;
-        self.send_sequence += 1;
+        self.framing.sent();
         self.state = State::Open;
         Ok(())
     }
@@ -403,7 +538,6 @@ impl Connection {
         }
         self.state = State::Broken;
         let flags = self.read_frame().await?;
-        let peer = self.peer_addr;
         if flags & FLAG_CLOSE != 0 {
             self.state = State::PeerClosed;
             return Ok(None);
@@ -411,38 +545,17 @@ impl Connection {
         // The frame was authentic and is consumed, so the stream stays in step even if the
         // payload is not a `T`: the caller may answer "unsupported" and carry on.
         self.state = State::Open;
-        let payload =
-            &self.recv_buffer[FRAME_HEADER_BYTES..self.recv_buffer.len() - FRAME_MAC_BYTES];
-        let decoded =
-            postcard::take_from_bytes::<T>(payload).map(|(message, rest)| (message, rest.len()));
+        let decoded = self.framing.decode::<T>(&self.recv_buffer);
         if self.recv_buffer.capacity() > BUFFER_KEEP_BYTES {
             self.recv_buffer = Vec::new();
         }
-        let message = match decoded {
-            Ok((message, 0)) => message,
-            Ok((_, rest)) => {
-                let detail = format!("{rest} bytes left over after the message");
-                return Err(TransportError::Decode { peer, detail });
-            }
-            Err(error) => {
-                return Err(TransportError::Decode {
-                    peer,
-                    detail: error.to_string(),
-                })
-            }
-        };
-        Ok(Some(message))
+        decoded.map(Some)
     }
 
     /// Reads and authenticates one frame into `recv_buffer`; returns its flags.
     async fn read_frame(&mut self) -> Result<u16, TransportError> {
-        let peer = self.peer_addr;
+        let peer = self.framing.peer_addr;
         let io_error = |source| TransportError::Io {
-            peer,
-            doing: "receiving a frame",
-            source,
-        };
-        let protocol = |source| TransportError::Protocol {
             peer,
             doing: "receiving a frame",
             source,
@@ -462,8 +575,7 @@ impl Connection {
             });
         }
         // The length is bounded here, before the buffer is sized from it.
-        let decoded = FrameHeader::decode(&header, self.version).map_err(protocol)?;
-        let need = FRAME_HEADER_BYTES + decoded.payload_bytes + FRAME_MAC_BYTES;
+        let (decoded, need) = self.framing.frame_bytes(&header)?;
         self.recv_buffer.clear();
         self.recv_buffer.resize(need, 0);
         self.recv_buffer[..FRAME_HEADER_BYTES].copy_from_slice(&header);
@@ -473,21 +585,7 @@ impl Connection {
             let have = FRAME_HEADER_BYTES + got;
             return Err(TransportError::TruncatedFrame { peer, have, need });
         }
-        let opened = wire::open_frame(
-            &self.recv_mac,
-            self.recv_sequence,
-            self.version,
-            &self.recv_buffer,
-        );
-        match opened {
-            Ok((frame_header, _)) => {
-                assert_eq!(frame_header, decoded);
-                self.recv_sequence += 1;
-                Ok(frame_header.flags)
-            }
-            Err(WireError::BadMac) => Err(TransportError::FrameAuthentication { peer }),
-            Err(source) => Err(protocol(source)),
-        }
+        self.framing.open(decoded, &self.recv_buffer)
     }
 
     /// Sends `request` and waits for one response, both within `timeout`. On a timeout the
@@ -501,7 +599,7 @@ impl Connection {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
-        let peer = self.peer_addr;
+        let peer = self.framing.peer_addr;
         let exchange = async {
             self.send(request).await?;
             self.recv::<Resp>().await
@@ -525,13 +623,7 @@ impl Drop for Connection {
         if self.state != State::Open {
             return;
         }
-        let frame = wire::seal_frame(
-            &self.send_mac,
-            self.send_sequence,
-            self.version,
-            FLAG_CLOSE,
-            &[],
-        );
+        let frame = self.framing.close_frame();
         let _ = self.stream.get_ref().try_write(&frame);
     }
 }

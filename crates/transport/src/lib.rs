@@ -63,6 +63,7 @@
 //! common version or refuses with both ranges; frames carry the chosen version. A future
 //! version changes what follows the hellos, never the envelope or the refusal.
 
+mod blocking;
 mod connection;
 mod error;
 mod handshake;
@@ -72,6 +73,7 @@ pub mod wire;
 
 use serde::{Deserialize, Serialize};
 
+pub use blocking::BlockingConnection;
 pub use connection::{
     accept, accept_with, connect, connect_with, serve, serve_with, Connection, HandshakeOptions,
     ServeOptions, HANDSHAKES_IN_FLIGHT_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tessera_cluster::net::TransportNet;
 use tessera_cluster::node::NodeNumber;
-use tessera_cluster::rpc::{FileSystemService, NodeNet, PeerReply, PeerRequest};
+use tessera_cluster::rpc::{FileSystemService, PeerReply, PeerRequest};
 use tessera_cluster::service::ClusterNode;
 use tessera_fs::{Fence, FileSystem, FsError, FsResult, MetanodeChannel};
 
@@ -175,24 +175,27 @@ impl TransportChannel {
                 self.fs, self.to
             )))
         };
-        let reply = self.runtime.block_on(async {
-            let call = self.net.call(self.to, &self.address, call, METANODE_WAIT);
-            let expelled = async {
-                loop {
-                    tokio::time::sleep(OWNER_WATCH).await;
-                    if !alive() {
-                        return;
-                    }
+        let mut keep_waiting = || alive();
+        let reply = self
+            .net
+            .call_blocking(
+                &self.runtime,
+                self.to,
+                &self.address,
+                call,
+                METANODE_WAIT,
+                OWNER_WATCH,
+                &mut keep_waiting,
+            )
+            .map_err(|e| {
+                if alive() {
+                    unreachable(e.to_string())
+                } else {
+                    unreachable(
+                        "its node was expelled from the cluster while this request waited".into(),
+                    )
                 }
-            };
-            tokio::select! {
-                reply = call => reply.map_err(|e| unreachable(e.to_string())),
-                () = expelled => Err(unreachable(
-                    "its node was expelled from the cluster while this request waited"
-                        .into(),
-                )),
-            }
-        })?;
+            })?;
         match reply {
             PeerReply::FileSystem(Ok(bytes)) => Ok(bytes),
             PeerReply::FileSystem(Err(why)) => Err(unreachable(why)),
