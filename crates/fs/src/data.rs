@@ -654,6 +654,11 @@ impl FileSystem {
         what: &'static str,
     ) -> FsResult<Vec<Extent>> {
         let allocator = self.allocator_of(view.attr.ino);
+        if view.copies <= 1 && hint.prev.is_none() && sub_blocks < self.geo.sub_blocks_per_block {
+            return Ok(vec![
+                allocator.allocate_first_fragment(view.pool, sub_blocks, hint, what)?
+            ]);
+        }
         if view.copies <= 1 {
             return Ok(vec![allocator.allocate(view.pool, sub_blocks, hint, what)?]);
         }

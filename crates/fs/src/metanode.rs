@@ -232,6 +232,46 @@ pub(crate) trait BlockAllocator: Send + Sync {
 
     /// Gives back an extent no update mapped (its write failed).
     fn abandon(&self, extent: Extent);
+
+    /// Up to `count` fragments of `sub_blocks` each (at least one, or the error of the
+    /// first), each the caller's alone as from [`BlockAllocator::allocate`].
+    fn allocate_fragments(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        count: u32,
+        what: &'static str,
+    ) -> FsResult<Vec<Extent>> {
+        // A fragment goes where there is room, whatever file it is for (only a block has a
+        // place by file and index): no hint.
+        let anywhere = BlockHint {
+            file_key: 0,
+            block_index: 0,
+            prev: None,
+        };
+        let mut given = Vec::new();
+        for _ in 0..count.max(1) {
+            match self.allocate(pool, sub_blocks, anywhere, what) {
+                Ok(e) => given.push(e),
+                Err(e) if given.is_empty() => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(given)
+    }
+
+    /// A fragment of `sub_blocks` for the first block of a small file (no neighbour to be
+    /// near, one copy): what [`BlockAllocator::allocate`] would give, from a client's
+    /// reserve when it has one (`RemoteMetanode`).
+    fn allocate_first_fragment(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Extent> {
+        self.allocate(pool, sub_blocks, hint, what)
+    }
 }
 
 /// The namespace half of the metanode interface: what a client asks the metanode of the

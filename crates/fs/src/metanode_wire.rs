@@ -253,6 +253,15 @@ pub enum MetanodeRequest {
     },
     /// The free space of the regions an owner allocates in ([`Namespace::disk_free`]).
     DiskFree,
+    /// Up to `count` fragments of `sub_blocks` each, for the first blocks of new small
+    /// files ([`BlockAllocator::allocate_fragments`]): a client keeps the ones it does not
+    /// use at once, so that a small file's write asks no allocation of its own.
+    AllocateFragments {
+        pool: PoolId,
+        sub_blocks: u32,
+        count: u32,
+        what: AllocPurpose,
+    },
 }
 
 impl MetanodeRequest {
@@ -305,6 +314,7 @@ impl MetanodeRequest {
             Q::CountLink { .. } => "CountLink",
             Q::Reparent { .. } => "Reparent",
             Q::DiskFree => "DiskFree",
+            Q::AllocateFragments { .. } => "AllocateFragments",
         }
     }
 }
@@ -756,6 +766,20 @@ where
             owner.abandon(extent);
             R::Done
         }
+        Q::AllocateFragments {
+            pool,
+            sub_blocks,
+            count,
+            what,
+        } => answer(
+            owner.allocate_fragments(
+                pool,
+                sub_blocks,
+                count.min(FRAGMENTS_ASKED_MAX),
+                what.label(),
+            ),
+            R::Extents,
+        ),
         Q::Attr { ino } => answer(owner.attr(ino), R::Attr),
         Q::HeldBytes { ino } => answer(owner.held_bytes(ino), R::Count),
         Q::AttrBytes { ino } => answer(
@@ -904,6 +928,7 @@ pub(crate) fn cache_changes(
         | Q::Accessed { .. }
         | Q::Allocate { .. }
         | Q::AllocateCopies { .. }
+        | Q::AllocateFragments { .. }
         | Q::Abandon { .. }
         | Q::Attr { .. }
         | Q::HeldBytes { .. }
@@ -1099,7 +1124,21 @@ pub(crate) struct RemoteMetanode {
     sent: SentRequests,
     /// Where each file's last read view ended (`Metanode::view_to_read`).
     read_view_ends: parking_lot::Mutex<std::collections::HashMap<Ino, u64>>,
+    /// Fragments the owner gave ahead for new small files, by pool and size, with the
+    /// owner generation that gave them (see [`BlockAllocator::allocate_first_fragment`]).
+    fragments: parking_lot::Mutex<FragmentReserve>,
 }
+
+/// Fragments given ahead, by (pool, sub-blocks): each with its giver's generation.
+type FragmentReserve = std::collections::HashMap<(PoolId, u32), Vec<(Extent, u64)>>;
+
+/// Fragments a client asks for at once when its reserve of one size is empty: one round
+/// trip per this many small files instead of one each. The owner holds them as given out
+/// (`Meta::unlogged`, stored free by its checkpoints) until they are mapped or given back;
+/// a client that dies leaves at most this many per size held until the owner's next mount.
+const FRAGMENTS_AHEAD: u32 = 16;
+/// The most fragments an owner gives in one answer, whatever it is asked.
+pub(crate) const FRAGMENTS_ASKED_MAX: u32 = 64;
 
 /// How many requests of each kind a mount sent to one owner, and the seconds it waited for
 /// their answers (`FileSystem::metanode_requests`): where a client's time goes, to the
@@ -1141,6 +1180,7 @@ impl RemoteMetanode {
             held: crate::read_tokens::HeldCache::default(),
             sent: SentRequests::default(),
             read_view_ends: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            fragments: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -1230,6 +1270,7 @@ impl RemoteMetanode {
         let generation = self.channel.generation();
         // What the old owner gave out is nobody's to give back now.
         self.granted.lock().retain(|_, g| *g == generation);
+        self.fragments.lock().clear();
         if let Err(e) = self.flush(self.disks.all().into_iter()) {
             return MetanodeReply::Failed(RemoteError::from(&e));
         }
@@ -1578,6 +1619,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::Lock { .. }
             | Q::Allocate { .. }
             | Q::AllocateCopies { .. }
+            | Q::AllocateFragments { .. }
             | Q::Abandon { .. }
     )
 }
@@ -1633,6 +1675,15 @@ impl RemoteMetanode {
     /// owner that does not hear it revokes what the node held one change at a time, as
     /// before.
     pub(crate) fn leave(&self) {
+        let kept: Vec<Extent> = self
+            .fragments
+            .lock()
+            .drain()
+            .flat_map(|(_, v)| v.into_iter().map(|(e, _)| e))
+            .collect();
+        for extent in kept {
+            BlockAllocator::abandon(self, extent);
+        }
         if let Err(e) = self.done(MetanodeRequest::Leaving) {
             tracing::info!("telling the owner this mount is going: {e}");
         }
@@ -1888,6 +1939,54 @@ impl BlockAllocator for RemoteMetanode {
             "allocating {what} on chosen disks from another node; a restripe runs where \
              the file system's metadata is owned"
         )))
+    }
+
+    fn allocate_first_fragment(
+        &self,
+        pool: PoolId,
+        sub_blocks: u32,
+        _hint: BlockHint,
+        what: &'static str,
+    ) -> FsResult<Extent> {
+        let now = self.channel.generation();
+        {
+            let mut fragments = self.fragments.lock();
+            let kept = fragments.entry((pool, sub_blocks)).or_default();
+            // Given by an owner since replaced (the fence also empties the reserve).
+            kept.retain(|(_, g)| *g == now);
+            if let Some((extent, _)) = kept.pop() {
+                return Ok(extent);
+            }
+        }
+        let reply = self.call(MetanodeRequest::AllocateFragments {
+            pool,
+            sub_blocks,
+            count: FRAGMENTS_AHEAD,
+            what: AllocPurpose::of(what),
+        })?;
+        let mut given = expect_reply!(reply, MetanodeReply::Extents(e) => e, "extents")?;
+        if given.is_empty()
+            || given.len() > FRAGMENTS_AHEAD as usize
+            || given.iter().any(|e| e.sub_blocks != sub_blocks)
+        {
+            return Err(FsError::Corrupt(format!(
+                "the metanode gave {given:?} where 1 to {FRAGMENTS_AHEAD} fragments of \
+                 {sub_blocks} sub-blocks were asked"
+            )));
+        }
+        let mut granted = self.granted.lock();
+        for e in &given {
+            granted.insert(*e, now);
+        }
+        drop(granted);
+        let first = given.remove(0);
+        // Used in the order given (the reserve is taken from its end), next to each other.
+        self.fragments
+            .lock()
+            .entry((pool, sub_blocks))
+            .or_default()
+            .extend(given.into_iter().rev().map(|e| (e, now)));
+        Ok(first)
     }
 
     fn abandon(&self, extent: Extent) {
@@ -2424,6 +2523,12 @@ mod tests {
                 to: 9,
             },
             MetanodeRequest::DiskFree,
+            MetanodeRequest::AllocateFragments {
+                pool: 1,
+                sub_blocks: 2,
+                count: 16,
+                what: AllocPurpose::of("file data"),
+            },
         ];
         for r in requests {
             let bytes = encode(&r);

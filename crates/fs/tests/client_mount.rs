@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 
 use common::*;
-use tessera_fs::{FileSystem, FsError, InProcessOwner, MetanodeChannel, ROOT_INO};
+use tessera_fs::{FileSystem, FsError, FsResult, InProcessOwner, MetanodeChannel, ROOT_INO};
 
 fn client_of(t: &TestDisks, owner: &Arc<FileSystem>) -> Arc<FileSystem> {
     // `reopen` opens the drive files again: the client's handles are its own.
@@ -2020,4 +2020,113 @@ fn a_sequential_reader_on_a_client_asks_one_view_for_many_blocks() {
     owner.unmount().unwrap();
     drop((client, owner));
     assert_fsck_clean(&t, "after a sequential reader on a client");
+}
+
+/// Small new files written on a client take their fragments from a reserve the owner
+/// gives sixteen at a time (one `AllocateFragments` per sixteen files, no `Allocate`),
+/// read back whole on the owner, and what the client did not use goes back to the owner
+/// when it unmounts.
+#[test]
+fn a_clients_small_files_take_fragments_from_a_reserve_it_gives_back_when_it_leaves() {
+    let (t, owner, client, _calls, _revoked) = owner_and_client_as_node_two();
+    let asked = |kind: &str| -> u64 {
+        client
+            .metanode_requests()
+            .iter()
+            .filter(|(_, k, _, _)| *k == kind)
+            .map(|(_, _, n, _)| *n)
+            .sum()
+    };
+    let mut files = BTreeMap::new();
+    for i in 0..40u64 {
+        let name = format!("small{i}");
+        let a = create_file(&client, ROOT_INO, name.as_bytes());
+        let data = pattern(5000, 100 + i);
+        client.write(a.ino, 0, &data, false).unwrap();
+        files.insert(name, data);
+    }
+    assert_eq!(asked("Allocate"), 0, "no fragment asked for alone");
+    assert_eq!(
+        asked("AllocateFragments"),
+        3,
+        "sixteen fragments per request for forty files"
+    );
+    client.sync().unwrap();
+    verify(&owner, &files);
+    let held = owner.statfs();
+    client.unmount().unwrap();
+    let freed = owner.statfs().fragments_free - held.fragments_free;
+    assert_eq!(
+        freed * held.fragment_bytes,
+        8 * (BLOCK / 32),
+        "the eight one-sub-block fragments the client did not use are free again"
+    );
+    verify(&owner, &files);
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after small files from a client's reserve");
+}
+
+/// The owner dies while a client holds fragments it gave ahead: they were never logged,
+/// so the new owner holds them free and gives them out itself. The client must not use
+/// them after the fence. The new owner fills the file system with whole blocks, frees one
+/// file's, and writes small files, which take the free fragments of partly used blocks
+/// (those included) first; the client's next small files get fragments of the new owner
+/// (or no space), and every file of both reads back whole.
+#[test]
+fn fragments_given_ahead_by_a_dead_owner_are_not_used_after_the_takeover() {
+    let t = make_disks(4, 64 << 20);
+    let (first, faults, way, writer) = owner_and_following_client(&t);
+    let mut files = BTreeMap::new();
+    let write_small = |fs: &FileSystem, name: &str, seed: u64| -> FsResult<Vec<u8>> {
+        let root = tessera_fs::Caller { uid: 0, gid: 0 };
+        let kind = tessera_fs::FileKind::Regular;
+        let a = fs.create_node(ROOT_INO, name.as_bytes(), kind, 0o644, 0, root, None)?;
+        let data = pattern(5000, seed);
+        match fs.write(a.ino, 0, &data, false) {
+            Ok(_) => Ok(data),
+            Err(e) => {
+                fs.remove(ROOT_INO, name.as_bytes(), false).unwrap();
+                Err(e)
+            }
+        }
+    };
+    for i in 0..3 {
+        let name = format!("before{i}");
+        files.insert(name.clone(), write_small(&writer, &name, i).unwrap());
+    }
+    writer.sync().unwrap();
+    crash(first, &faults);
+    let (disks, faults) = with_faults(&t);
+    let second = FileSystem::mount(disks).unwrap();
+    fence_over(&writer, &way, &second);
+    // Whole blocks everywhere, then one file's blocks free again for the checkpoints;
+    // small files fill partly used blocks first: the dead owner's reserve among them.
+    let mut filled = fill(&second);
+    let (spared, _) = filled.pop_first().unwrap();
+    second.remove(ROOT_INO, spared.as_bytes(), false).unwrap();
+    files.extend(filled);
+    for i in 0..64 {
+        let name = format!("owner{i}");
+        files.insert(name.clone(), write_small(&second, &name, 1000 + i).unwrap());
+    }
+    second.sync().unwrap();
+    for i in 0..16 {
+        let name = format!("after{i}");
+        match write_small(&writer, &name, 100 + i) {
+            Ok(data) => files.insert(name, data),
+            Err(FsError::NoSpace { .. }) => break,
+            Err(e) => panic!("small files on the client after the takeover: {e}"),
+        };
+    }
+    writer.sync().unwrap();
+    verify(&second, &files);
+    verify(&writer, &files);
+    writer.unmount().unwrap();
+    crash(second, &faults);
+    drop(writer);
+    assert_fsck_clean(&t, "after a takeover with fragments given ahead");
+    let third = mount(&t);
+    verify(&third, &files);
+    third.unmount().unwrap();
 }
