@@ -50,8 +50,8 @@ impl TransportNet {
 
     /// [`NodeNet::call`] of a file-system request, on a lane (see the module doc): blocks
     /// the calling thread, which must not be one of `runtime`'s (it makes new lanes).
-    /// `keep_waiting` is asked every `tick` while no answer came; when it says no, the
-    /// call fails and its lane is dropped.
+    /// `keep_waiting` is asked every `tick` while the lane is being made and while no
+    /// answer came; when it says no, the call fails and its lane is dropped.
     #[allow(clippy::too_many_arguments)]
     pub fn call_blocking(
         &self,
@@ -67,10 +67,29 @@ impl TransportNet {
         let pooled = self.lanes.lock().get_mut(address).and_then(Vec::pop);
         let mut lane = match pooled {
             Some(lane) => lane,
-            None => runtime
-                .block_on(tessera_transport::connect(address, &self.identity, timeout))
-                .and_then(Connection::into_blocking)
-                .map_err(|e| NetError::Unreachable(to, e.to_string()))?,
+            None => {
+                // A node cut off drops the connection's packets: its connect would wait for
+                // the whole timeout unless the caller is asked meanwhile, as it is while it
+                // waits for an answer.
+                let connect = tessera_transport::connect(address, &self.identity, timeout);
+                let connected = runtime.block_on(async {
+                    tokio::pin!(connect);
+                    loop {
+                        tokio::select! {
+                            connected = &mut connect => break Ok(connected),
+                            () = tokio::time::sleep(tick) => if !keep_waiting() {
+                                break Err(NetError::Unreachable(
+                                    to,
+                                    "its caller gave up while connecting".into(),
+                                ));
+                            },
+                        }
+                    }
+                })?;
+                connected
+                    .and_then(Connection::into_blocking)
+                    .map_err(|e| NetError::Unreachable(to, e.to_string()))?
+            }
         };
         let left = timeout.saturating_sub(started.elapsed());
         if left.is_zero() {
@@ -79,16 +98,9 @@ impl TransportNet {
         let addressed = Addressed { to, request };
         let reply = lane.call_while::<Addressed, PeerReply>(&addressed, left, tick, keep_waiting);
         match reply {
-            Ok(PeerReply::NotAddressee { me }) => {
-                self.put_back_lane(address, lane);
-                Err(NetError::Unreachable(
-                    to,
-                    format!("{address} is node {me} now, not node {to}"),
-                ))
-            }
             Ok(reply) => {
                 self.put_back_lane(address, lane);
-                Ok(reply)
+                from_addressee(to, address, reply)
             }
             Err(e) => {
                 // The other idle lanes to that address most likely failed the same way
@@ -150,19 +162,24 @@ impl NodeNet for TransportNet {
             .call::<Addressed, PeerReply>(&addressed, left)
             .await
         {
-            Ok(PeerReply::NotAddressee { me }) => {
-                self.put_back(address, connection);
-                Err(NetError::Unreachable(
-                    to,
-                    format!("{address} is node {me} now, not node {to}"),
-                ))
-            }
             Ok(reply) => {
                 self.put_back(address, connection);
-                Ok(reply)
+                from_addressee(to, address, reply)
             }
             Err(e) => Err(NetError::Unreachable(to, e.to_string())),
         }
+    }
+}
+
+/// `reply` from `address` as an answer of node `to`: one from another node that listens
+/// there now is no answer of `to`'s (the connection stays usable).
+fn from_addressee(to: NodeNumber, address: &str, reply: PeerReply) -> Result<PeerReply, NetError> {
+    match reply {
+        PeerReply::NotAddressee { me } => Err(NetError::Unreachable(
+            to,
+            format!("{address} is node {me} now, not node {to}"),
+        )),
+        reply => Ok(reply),
     }
 }
 
