@@ -20,6 +20,25 @@ async fn pair() -> (Connection, Connection) {
     (client, server)
 }
 
+/// A hand-driven client and the server's side of its connection, turned blocking.
+async fn raw_peer_and_lane() -> (RawPeer, BlockingConnection) {
+    let (server_identity, client_identity) = cluster_pair();
+    let (addr, accepted) = accept_one(server_identity, TIMEOUT).await;
+    let raw = RawPeer::connect(addr, &client_identity).await;
+    let server = accepted.await.unwrap().expect("accepted");
+    let lane = tokio::task::spawn_blocking(move || server.into_blocking().unwrap())
+        .await
+        .unwrap();
+    (raw, lane)
+}
+
+/// The error of the next receive on `lane`.
+async fn recv_error(mut lane: BlockingConnection) -> TransportError {
+    tokio::task::spawn_blocking(move || lane.recv::<Request>().unwrap_err())
+        .await
+        .unwrap()
+}
+
 /// Answers every request on `lane` until the peer closes it; returns how many it answered.
 fn serve(mut lane: BlockingConnection) -> usize {
     let mut answered = 0;
@@ -186,24 +205,13 @@ async fn a_caller_that_stops_waiting_gets_an_error_and_a_broken_connection() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tampered_frame_on_a_blocking_connection_is_refused() {
-    let (server_identity, client_identity) = cluster_pair();
-    let (addr, accepted) = accept_one(server_identity, TIMEOUT).await;
-    let mut raw = RawPeer::connect(addr, &client_identity).await;
-    let server = accepted.await.unwrap().expect("accepted");
-    let lane = tokio::task::spawn_blocking(move || server.into_blocking().unwrap())
-        .await
-        .unwrap();
+    let (mut raw, lane) = raw_peer_and_lane().await;
     let mut frame = raw.seal(&Request::Ping { nonce: 5 });
     // A bit of the payload (the header's length would make the reader wait for more).
     let payload = tessera_transport::wire::FRAME_HEADER_BYTES;
     frame[payload] ^= 0x10;
     raw.write(&frame).await;
-    let error = tokio::task::spawn_blocking(move || {
-        let mut lane = lane;
-        lane.recv::<Request>().unwrap_err()
-    })
-    .await
-    .unwrap();
+    let error = recv_error(lane).await;
     assert!(
         matches!(error, TransportError::FrameAuthentication { .. }),
         "{error}"
@@ -212,21 +220,10 @@ async fn a_tampered_frame_on_a_blocking_connection_is_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_peer_that_vanishes_is_a_lost_connection_not_a_clean_close() {
-    let (server_identity, client_identity) = cluster_pair();
-    let (addr, accepted) = accept_one(server_identity, TIMEOUT).await;
-    let raw = RawPeer::connect(addr, &client_identity).await;
-    let server = accepted.await.unwrap().expect("accepted");
-    let lane = tokio::task::spawn_blocking(move || server.into_blocking().unwrap())
-        .await
-        .unwrap();
+    let (raw, lane) = raw_peer_and_lane().await;
     // Gone without its goodbye frame, as a killed daemon.
     drop(raw);
-    let error = tokio::task::spawn_blocking(move || {
-        let mut lane = lane;
-        lane.recv::<Request>().unwrap_err()
-    })
-    .await
-    .unwrap();
+    let error = recv_error(lane).await;
     assert!(
         matches!(error, TransportError::ConnectionLost { .. }),
         "{error}"
