@@ -428,6 +428,10 @@ impl BlockDevice for FileDrive {
         })
     }
 
+    fn direct_file(&self) -> Option<&File> {
+        Some(self.file())
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         crate::check_discard(self, offset, len)?;
         if len == 0 {

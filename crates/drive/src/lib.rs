@@ -65,6 +65,17 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         ))
     }
 
+    /// The descriptor this device does its I/O on, for a caller that drives I/O itself
+    /// (a drive server's io_uring): positional reads and writes on it are this device's
+    /// reads and writes, sector aligned as here. Only a device with nothing between its
+    /// caller and the descriptor offers one (a vdisk, a cache or a wrapper that counts,
+    /// fences or injects faults must see every I/O, and offers none). A caller that
+    /// writes through it must sync the descriptor itself before it relies on
+    /// [`BlockDevice::flush`], which may not know of those writes.
+    fn direct_file(&self) -> Option<&std::fs::File> {
+        None
+    }
+
     /// Whether [`BlockDevice::discard`] deallocates on this device.
     fn can_discard(&self) -> bool {
         false

@@ -868,3 +868,105 @@ fn fua_writes_are_durable_at_completion_and_leave_no_flush_to_send() {
     host.disconnect_all();
     server.shutdown();
 }
+
+/// A device that counts the reads that reach it and passes everything on: a wrapper, as a
+/// caller of `DriveServer::start_with` may supply.
+#[derive(Debug)]
+struct CountingReads {
+    inner: Arc<dyn BlockDevice>,
+    reads: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl BlockDevice for CountingReads {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// What the drive server writes on its own descriptor, behind the device (a small write
+/// on a connection's io_uring), is synced by the next Flush: the device's own flush does
+/// not know of it and skips its sync when nothing went through it. A caller-supplied plain
+/// drive lends its descriptor to that path (as an NSD server's drive does); a wrapper does
+/// not, and sees every I/O.
+#[test]
+fn a_flush_syncs_writes_made_behind_the_device_and_wrappers_see_every_io() {
+    for wrapped in [false, true] {
+        let (_dir, file) = drive_file();
+        let config = TargetConfig::from_json_str(&config_json(&file, "optimized", None)).unwrap();
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = Arc::clone(&reads);
+        let open = move |p: &Path| -> std::io::Result<Arc<dyn BlockDevice>> {
+            let drive: Arc<dyn BlockDevice> = Arc::new(tessera_drive::FileDrive::open_shared(p)?);
+            Ok(if wrapped {
+                Arc::new(CountingReads {
+                    inner: drive,
+                    reads: Arc::clone(&counter),
+                })
+            } else {
+                drive
+            })
+        };
+        let server = DriveServer::start_with(config, &open).unwrap();
+        let mut addrs = server.local_addrs();
+        addrs.sort();
+        let host = Host::new(host_identity(1));
+        host.connect(opts(addrs[0].1)).unwrap();
+        let ns = host.namespace("nvme0n1").unwrap();
+        let behind = || server.stats().namespaces[0].syncs_behind;
+
+        let small = pattern(1 << 20, 1, 8192);
+        ns.write_at(&small, 1 << 20).unwrap();
+        ns.flush().unwrap();
+        let expected = u64::from(!wrapped);
+        assert_eq!(
+            behind(),
+            expected,
+            "wrapped {wrapped}: the small write's flush"
+        );
+        // Larger than a ring write: through the device, whose own flush syncs it.
+        let large = pattern(4 << 20, 2, 1 << 20);
+        ns.write_at(&large, 4 << 20).unwrap();
+        ns.flush().unwrap();
+        assert_eq!(
+            behind(),
+            expected,
+            "wrapped {wrapped}: the large write's flush"
+        );
+        ns.flush().unwrap();
+        assert_eq!(behind(), expected, "wrapped {wrapped}: nothing new to sync");
+
+        let mut back = AlignedBuf::zeroed(8192);
+        ns.read_at(&mut back, 1 << 20).unwrap();
+        assert!(
+            back[..] == small[..],
+            "wrapped {wrapped}: small write read back"
+        );
+        let mut back = AlignedBuf::zeroed(1 << 20);
+        ns.read_at(&mut back, 4 << 20).unwrap();
+        assert!(
+            back[..] == large[..],
+            "wrapped {wrapped}: large write read back"
+        );
+        let counted = reads.load(Ordering::Relaxed);
+        if wrapped {
+            assert!(counted >= 2, "the wrapper saw {counted} reads of 2");
+        } else {
+            assert_eq!(counted, 0);
+        }
+        host.disconnect_all();
+        server.shutdown();
+    }
+}

@@ -277,7 +277,7 @@ impl Controller {
 
     fn flush_all(&self) {
         for ns in self.subsys.namespaces.values() {
-            if let Err(e) = ns.dev.flush() {
+            if let Err(e) = ns.flush() {
                 tracing::warn!(nsid = ns.nsid, "flush at controller shutdown: {e}");
             }
         }

@@ -297,7 +297,7 @@ fn out_of_space(e: &std::io::Error) -> bool {
 fn finish_write(ns: &Namespace, len: usize, flush: bool, failed: Option<Status>) -> Status {
     let status = match failed {
         Some(status) => status,
-        None if flush => match ns.dev.flush() {
+        None if flush => match ns.flush() {
             Ok(()) => Status::SUCCESS,
             Err(e) => {
                 tracing::warn!(nsid = ns.nsid, "flush after FUA write failed: {e}");
@@ -372,7 +372,7 @@ fn write(ctrl: &Controller, ns: &Namespace, rw: &ReadWrite, data: Option<&HostDa
 
 fn flush(ns: &Namespace) -> IoDone {
     ns.count(&ns.counters.other, 1);
-    match ns.dev.flush() {
+    match ns.flush() {
         Ok(()) => IoDone::ok(),
         Err(e) => {
             tracing::warn!(nsid = ns.nsid, "flush failed: {e}");

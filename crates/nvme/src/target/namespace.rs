@@ -9,12 +9,19 @@
 //! the kernel refuses either (no `fallocate` support, or the device was supplied by the
 //! caller of `DriveServer::start_with`), Write Zeroes falls back to writing zero buffers
 //! and deallocate to doing nothing, which the specification allows for a hint.
+//!
+//! Writes behind the device: the ring's writes (through `direct`) and the `fallocate`s and
+//! ioctls (through `aux`) reach the backing store without passing through `dev`, whose own
+//! flush may then believe nothing changed since it last synced (`FileDrive` skips the sync
+//! when no write went through it). Every such change marks the namespace, and
+//! [`Namespace::flush`] syncs the namespace's own descriptor before flushing the device, so
+//! a Flush (or FUA) covers every write the host saw completed, whichever way it went.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tessera_drive::{AlignedBuf, BlockDevice};
@@ -35,6 +42,8 @@ pub(crate) struct NsCounters {
     pub write_bytes: AtomicU64,
     pub other: AtomicU64,
     pub errors: AtomicU64,
+    /// Flushes that synced writes made behind the device.
+    pub syncs_behind: AtomicU64,
 }
 
 /// An exported namespace.
@@ -46,9 +55,14 @@ pub(crate) struct Namespace {
     /// A second, buffered descriptor used only for `fallocate` and ioctls.
     aux: Option<File>,
     /// A descriptor (O_DIRECT where the file system allows it) that the connection
-    /// threads hand to io_uring for reads and small writes; only when the server opened
-    /// the device itself, so a caller-supplied `BlockDevice` always sees every I/O.
+    /// threads hand to io_uring for reads and small writes: one the server opened itself,
+    /// or the device's own ([`BlockDevice::direct_file`]) when a caller supplied a device
+    /// that offers it. A device that does not (a vdisk, a volatile cache, a fault-injecting
+    /// wrapper) sees every I/O.
     pub direct: Option<File>,
+    /// Something reached the backing store through `direct` or `aux` since the last
+    /// flush (module documentation).
+    written_behind: AtomicBool,
     is_block_device: bool,
     pub blocks: u64,
     pub nguid: [u8; 16],
@@ -80,7 +94,11 @@ impl Namespace {
                 use std::os::unix::fs::FileTypeExt;
                 m.file_type().is_block_device()
             });
-        let direct = aux_path.and_then(open_direct);
+        let direct = aux_path.and_then(open_direct).or_else(|| {
+            // A duplicate of the device's descriptor: the same open file (O_DIRECT and the
+            // device's claim included), closed with the namespace.
+            dev.direct_file().and_then(|f| f.try_clone().ok())
+        });
         Namespace {
             nsid: cfg.nsid,
             subnqn: subnqn.to_owned(),
@@ -88,6 +106,7 @@ impl Namespace {
             dev,
             aux,
             direct,
+            written_behind: AtomicBool::new(false),
             is_block_device,
             nguid: cfg.nguid,
             uuid: cfg.uuid,
@@ -114,6 +133,8 @@ impl Namespace {
         let Some(aux) = &self.aux else {
             return Ok(());
         };
+        // Even a failed call may have changed part of the range.
+        self.wrote_behind();
         let result = if self.is_block_device {
             block_ioctl(aux, BLKDISCARD, offset, len)
         } else {
@@ -130,6 +151,7 @@ impl Namespace {
     pub fn write_zeroes(&self, slba: u64, blocks: u64, deallocate: bool) -> io::Result<()> {
         let (offset, len) = (slba * LBA_BYTES, blocks * LBA_BYTES);
         if let Some(aux) = &self.aux {
+            self.wrote_behind();
             let result = if self.is_block_device {
                 block_ioctl(aux, BLKZEROOUT, offset, len)
             } else {
@@ -146,6 +168,35 @@ impl Namespace {
             }
         }
         self.write_zero_buffers(offset, len)
+    }
+
+    /// Notes a change that reached the backing store through `direct` or `aux`, once it
+    /// returned or failed (before it, a flush racing with it could clear the mark and sync
+    /// before the change, and the next flush skip it): the next flush syncs it.
+    pub fn wrote_behind(&self) {
+        debug_assert!(self.direct.is_some() || self.aux.is_some());
+        self.written_behind.store(true, Ordering::Release);
+    }
+
+    /// Returns when every write that completed before the call is on stable storage,
+    /// whether it went through the device or behind it (module documentation).
+    pub fn flush(&self) -> io::Result<()> {
+        if self.written_behind.swap(false, Ordering::AcqRel) {
+            let own =
+                self.direct.as_ref().or(self.aux.as_ref()).expect(
+                    "only a namespace with a descriptor of its own writes behind its device",
+                );
+            if let Err(e) = own.sync_data() {
+                // Not durable: the next flush must try again.
+                self.written_behind.store(true, Ordering::Release);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: flush: {e}", self.dev.name()),
+                ));
+            }
+            self.count(&self.counters.syncs_behind, 1);
+        }
+        self.dev.flush()
     }
 
     fn write_zero_buffers(&self, mut offset: u64, len: u64) -> io::Result<()> {

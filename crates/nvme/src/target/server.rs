@@ -167,6 +167,9 @@ pub struct NamespaceStats {
     pub other: u64,
     /// I/O commands completed with an error.
     pub errors: u64,
+    /// Flushes that synced what reached the backing store behind the device (the ring's
+    /// writes, deallocations) through the server's own descriptor.
+    pub syncs_behind: u64,
 }
 
 /// Reads a drive server's counters ([`DriveServer::stats_source`]).
@@ -211,6 +214,7 @@ fn snapshot(shared: &ServerShared) -> ServerStats {
             write_bytes: load(&ns.counters.write_bytes),
             other: load(&ns.counters.other),
             errors: load(&ns.counters.errors),
+            syncs_behind: load(&ns.counters.syncs_behind),
         })
         .collect();
     ServerStats { ports, namespaces }
@@ -562,7 +566,7 @@ impl DriveServer {
                 .remove_controller(&ctrl, "its subsystem is no longer exported");
         }
         for ns in subsystem.namespaces.values() {
-            if let Err(e) = ns.dev.flush() {
+            if let Err(e) = ns.flush() {
                 tracing::warn!(nsid = ns.nsid, subnqn = %nqn, "flush at removal: {e}");
             }
         }
@@ -649,7 +653,7 @@ impl DriveServer {
             .flat_map(|s| s.namespaces.values().cloned())
             .collect();
         for ns in namespaces {
-            if let Err(e) = ns.dev.flush() {
+            if let Err(e) = ns.flush() {
                 tracing::warn!(nsid = ns.nsid, subnqn = %ns.subnqn, "flush at shutdown: {e}");
             }
         }

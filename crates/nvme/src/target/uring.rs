@@ -131,6 +131,9 @@ impl Plan {
         match self {
             Plan::Read(p) => read_done(p, result),
             Plan::Write(p) => {
+                // Through the ring's descriptor, not the device: the next flush must sync
+                // it (even a failed write may have changed part of the range).
+                p.ns.wrote_behind();
                 let failed = result.err().map(|e| write_fault(&p.ns, p.offset, &e));
                 write_done(p, failed)
             }
