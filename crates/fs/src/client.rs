@@ -190,6 +190,13 @@ impl FileSystem {
             };
             return encode(&reply);
         }
+        if let MetanodeRequest::DropKept { holder, inos } = &request {
+            let reply = match Namespace::drop_kept(self, *holder, inos, origin) {
+                Ok(()) => MetanodeReply::Done,
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            };
+            return encode(&reply);
+        }
         let durable = crate::metanode_wire::durable_before_answer(&request);
         // Answered once logged, unless it touched another origin's uncommitted change
         // (`early_answer.rs`).
@@ -740,7 +747,6 @@ impl FileSystem {
         }
     }
 
-    /// The inodes open on this client-only mount and how often, for a new owner's fence.
     /// What this mount asked other nodes' metanodes, by owner (0: the file system manager,
     /// another number: that owner slot) and kind: requests sent and seconds spent waiting
     /// for their answers. Empty on a mount that reached no other node.

@@ -396,9 +396,15 @@ pub(crate) const DATA_HOT_WINDOW: Duration = Duration::from_millis(250);
 /// it keep one, or took one back: it would most likely be refused again.
 const KEEP_COOLING: Duration = Duration::from_secs(1);
 
-/// Kept data tokens per mount, at most (each is one lock at the owner); past it, one no
-/// write is using is given back for each new one.
+/// Kept data tokens per mount, at most (each is one lock at the owner); past it, a batch
+/// of [`KEPT_EVICT_BATCH`] that no write is using is given back in one request per owner.
 const KEPT_MAX: usize = 4096;
+
+/// Kept data tokens given back together when the table is full: one `DropKept` per owner
+/// and batch, where one `Lock` per new file (and another for its own token, which a full
+/// table could not take with the create) cost mdtest hard two round trips per file once a
+/// client had written 4,096 files.
+const KEPT_EVICT_BATCH: usize = KEPT_MAX / 16;
 
 /// Longest wait of a write for the data token of its block: its holder is another node's
 /// write in flight, whose own waits are bounded, or a dead node's, freed at its expel.
@@ -504,18 +510,25 @@ impl KeptInner {
             .is_none_or(|at| at.elapsed() >= KEEP_COOLING)
     }
 
-    /// Takes one kept token no write is using out of the table, to give back (the table is
-    /// full); `None` if every one is in use.
-    fn evict(&mut self) -> Option<Ino> {
-        let ino = self.tokens.iter().find_map(|(ino, token)| {
-            let mut s = token.state.lock();
-            (s.users == 0 && !s.revoked).then(|| {
-                s.revoked = true;
-                *ino
+    /// Takes up to [`KEPT_EVICT_BATCH`] kept tokens no write is using out of the table, to
+    /// give back (the table is full); empty if every one is in use.
+    fn evict(&mut self) -> Vec<Ino> {
+        let inos: Vec<Ino> = self
+            .tokens
+            .iter()
+            .filter_map(|(ino, token)| {
+                let mut s = token.state.lock();
+                (s.users == 0 && !s.revoked).then(|| {
+                    s.revoked = true;
+                    *ino
+                })
             })
-        })?;
-        self.tokens.remove(&ino);
-        Some(ino)
+            .take(KEPT_EVICT_BATCH)
+            .collect();
+        for ino in &inos {
+            self.tokens.remove(ino);
+        }
+        inos
     }
 }
 
@@ -817,19 +830,17 @@ impl crate::fs::FileSystem {
         let (existing, evicted) = {
             let mut inner = self.kept_data.inner.lock();
             match inner.tokens.get(&ino) {
-                Some(token) => (Some(Arc::clone(token)), None),
+                Some(token) => (Some(Arc::clone(token)), Vec::new()),
                 None if !inner.may_ask(ino) => return Ok(None),
                 None if inner.tokens.len() >= KEPT_MAX => match inner.evict() {
-                    Some(old) => (None, Some(old)),
-                    None => return Ok(None),
+                    old if old.is_empty() => return Ok(None),
+                    old => (None, old),
                 },
-                None => (None, None),
+                None => (None, Vec::new()),
             }
         };
-        if let Some(old) = evicted {
-            // Files a long-running client wrote before give way to the new ones.
-            self.give_back_evicted(old, whole);
-        }
+        // Files a long-running client wrote before give way to the new ones.
+        self.give_back_evicted(&evicted, whole);
         let token = match existing {
             Some(token) => token,
             None => {
@@ -876,7 +887,19 @@ impl crate::fs::FileSystem {
         if self.serves(parent) || !self.shared.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
-        (self.kept_data.len() < KEPT_MAX).then(|| self.kept_whole())
+        let whole = self.kept_whole();
+        let evicted = {
+            let mut inner = self.kept_data.inner.lock();
+            if inner.tokens.len() < KEPT_MAX {
+                return Some(whole);
+            }
+            inner.evict()
+        };
+        if evicted.is_empty() {
+            return None;
+        }
+        self.give_back_evicted(&evicted, whole);
+        Some(whole)
     }
 
     /// The owner granted the data token of `ino` with its create: kept as if asked for.
@@ -929,27 +952,41 @@ impl crate::fs::FileSystem {
         let whole = self.kept_whole();
         let tokens: Vec<(Ino, Arc<KeptToken>)> =
             self.kept_data.inner.lock().tokens.drain().collect();
-        for (ino, token) in tokens {
+        for (_, token) in &tokens {
             token.revoke_and_drain();
-            self.give_back_evicted(ino, whole);
         }
+        let inos: Vec<Ino> = tokens.iter().map(|(ino, _)| *ino).collect();
+        self.give_back_evicted(&inos, whole);
     }
 
-    /// Gives back at the owner the kept token of `ino`, taken out of the table unused.
-    fn give_back_evicted(&self, ino: Ino, whole: Lock) {
-        let unlock = Lock {
-            kind: LockKind::Unlock,
-            ..whole
-        };
-        let call = LockCall {
-            lock: unlock,
-            test: false,
-            wait: false,
-        };
-        self.held_locks.lock().drop_holder(ino, whole.holder);
-        if let Err(e) = crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None) {
-            // Still recorded at the owner: another node's write takes it back.
-            tracing::warn!("inode {ino}: giving back a kept data token: {e}");
+    /// Gives the kept tokens of `inos`, taken out of the table, back to their owners: one
+    /// request per owner.
+    fn give_back_evicted(&self, inos: &[Ino], whole: Lock) {
+        if inos.is_empty() {
+            return;
+        }
+        {
+            let mut held = self.held_locks.lock();
+            for &ino in inos {
+                held.drop_holder(ino, whole.holder);
+            }
+        }
+        let mut by_owner: Vec<(&dyn crate::metanode::Namespace, Vec<Ino>)> = Vec::new();
+        for &ino in inos {
+            let owner = self.namespace_of(ino);
+            match by_owner
+                .iter_mut()
+                .find(|(o, _)| std::ptr::addr_eq(*o, owner))
+            {
+                Some((_, list)) => list.push(ino),
+                None => by_owner.push((owner, vec![ino])),
+            }
+        }
+        for (owner, inos) in by_owner {
+            if let Err(e) = owner.drop_kept(whole.holder, &inos, None) {
+                // Still recorded at the owner: another node's write takes each back.
+                tracing::warn!("giving back {} kept data tokens: {e}", inos.len());
+            }
         }
     }
 

@@ -406,6 +406,31 @@ pub(crate) trait Namespace: Send + Sync {
         call: crate::locks::LockCall,
         origin: Option<crate::locks::Origin>,
     ) -> FsResult<Option<crate::locks::Lock>>;
+
+    /// Drops the whole-file data tokens `holder` keeps for `inos` (a client's batch of
+    /// kept tokens it no longer wants, `locks.rs`): as an unlock of each, in one request.
+    fn drop_kept(
+        &self,
+        holder: crate::locks::Holder,
+        inos: &[Ino],
+        origin: Option<crate::locks::Origin>,
+    ) -> FsResult<()> {
+        for &ino in inos {
+            let call = crate::locks::LockCall {
+                lock: crate::locks::Lock {
+                    holder,
+                    start: 0,
+                    end: crate::locks::TO_END,
+                    kind: crate::locks::LockKind::Unlock,
+                    pid: 0,
+                },
+                test: false,
+                wait: false,
+            };
+            self.lock(ino, call, origin)?;
+        }
+        Ok(())
+    }
 }
 
 /// What a create asks for besides its name.

@@ -262,6 +262,13 @@ pub enum MetanodeRequest {
         count: u32,
         what: AllocPurpose,
     },
+    /// Client to owner: the whole-file data tokens `holder` kept for these files go back
+    /// at once (`locks.rs`, `KeptTokens`): a client whose table of kept tokens is full
+    /// gives back a batch of unused ones in one request, not one `Lock` per file.
+    DropKept {
+        holder: crate::locks::Holder,
+        inos: Vec<Ino>,
+    },
 }
 
 impl MetanodeRequest {
@@ -315,6 +322,7 @@ impl MetanodeRequest {
             Q::Reparent { .. } => "Reparent",
             Q::DiskFree => "DiskFree",
             Q::AllocateFragments { .. } => "AllocateFragments",
+            Q::DropKept { .. } => "DropKept",
         }
     }
 }
@@ -848,6 +856,7 @@ where
             R::Protection(p.attr, p.acl.map(|a| a.encode()))
         }),
         Q::Lock { ino, call } => answer(owner.lock(ino, call, None), R::Lock),
+        Q::DropKept { holder, inos } => answer(owner.drop_kept(holder, &inos, None), |()| R::Done),
         Q::Once { request, .. } if matches!(*request, Q::Once { .. }) => {
             R::Failed(RemoteError::from(&FsError::Invalid(
                 "a request inside a request inside Once".into(),
@@ -929,6 +938,7 @@ pub(crate) fn cache_changes(
         | Q::Allocate { .. }
         | Q::AllocateCopies { .. }
         | Q::AllocateFragments { .. }
+        | Q::DropKept { .. }
         | Q::Abandon { .. }
         | Q::Attr { .. }
         | Q::HeldBytes { .. }
@@ -1617,6 +1627,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::XattrNames { .. }
             | Q::Protection { .. }
             | Q::Lock { .. }
+            | Q::DropKept { .. }
             | Q::Allocate { .. }
             | Q::AllocateCopies { .. }
             | Q::AllocateFragments { .. }
@@ -2337,6 +2348,18 @@ impl Namespace for RemoteMetanode {
         expect_reply!(reply, MetanodeReply::Lock(l) => l, "a lock answer")
     }
 
+    fn drop_kept(
+        &self,
+        holder: crate::locks::Holder,
+        inos: &[Ino],
+        _origin: Option<crate::locks::Origin>,
+    ) -> FsResult<()> {
+        self.done(MetanodeRequest::DropKept {
+            holder,
+            inos: inos.to_vec(),
+        })
+    }
+
     fn protection(&self, ino: Ino) -> FsResult<Protection> {
         let generation = self.channel.generation();
         // Kept under the protection's own token (`read_tokens::protection_key`).
@@ -2528,6 +2551,14 @@ mod tests {
                 sub_blocks: 2,
                 count: 16,
                 what: AllocPurpose::of("file data"),
+            },
+            MetanodeRequest::DropKept {
+                holder: crate::locks::Holder {
+                    client: 0xfeed,
+                    owner: crate::locks::KEPT_DATA_OWNER,
+                    class: crate::locks::LockClass::Data,
+                },
+                inos: vec![12, 13, 40],
             },
         ];
         for r in requests {

@@ -1616,24 +1616,51 @@ fn a_client_gives_back_its_kept_data_tokens_when_it_unmounts() {
 
 #[test]
 fn a_client_that_wrote_more_files_than_it_keeps_tokens_for_gives_some_back() {
-    // At most 4,096 kept data tokens per mount: past that, each new file's token replaces
-    // one no write is using, given back to the owner, so a long-running writer of many
-    // files keeps writing without token round trips and the owner's table stays bounded.
+    // At most 4,096 kept data tokens per mount: when the table is full, 256 that no write
+    // is using go back to the owner in one request, and the new file's token still comes
+    // with its create, so a long-running writer of many files keeps writing without token
+    // round trips and the owner's table stays bounded.
     use std::sync::atomic::Ordering::Relaxed;
     const FILES: usize = 4_100;
     let (t, owner, client, _, revoked) = owner_and_client_as_node_two();
-    let inos: Vec<u64> = (0..FILES)
-        .map(|i| {
-            let ino = create_file(&client, ROOT_INO, format!("f{i}").as_bytes()).ino;
-            client.write(ino, 0, &[i as u8; 100], false).unwrap();
-            ino
-        })
-        .collect();
+    let asked = |kind: &str| -> u64 {
+        client
+            .metanode_requests()
+            .iter()
+            .filter(|(_, k, _, _)| *k == kind)
+            .map(|(_, _, n, _)| n)
+            .sum()
+    };
+    // As the kernel creates a file for `open(O_CREAT)`: the token comes with the create.
+    let create_and_write = |i: usize| {
+        let name = format!("f{i}");
+        let ino = client
+            .create_open(
+                ROOT_INO,
+                name.as_bytes(),
+                (0o644, 0),
+                tessera_fs::Caller { uid: 0, gid: 0 },
+            )
+            .unwrap()
+            .ino;
+        client.write(ino, 0, &[i as u8; 100], false).unwrap();
+        client.release(ino).unwrap();
+        ino
+    };
+    let mut inos: Vec<u64> = (0..4_096).map(create_and_write).collect();
     assert_eq!(client.kept_data_tokens(), 4_096);
+    let (locks, drops) = (asked("Lock"), asked("DropKept"));
+    inos.extend((4_096..FILES).map(create_and_write));
+    assert_eq!(client.kept_data_tokens(), 4_096 - 256 + 4);
+    assert_eq!(
+        (asked("Lock") - locks, asked("DropKept") - drops),
+        (0, 1),
+        "past the bound: one batch given back, no token asked per file"
+    );
     assert_eq!(
         owner.kept_data_tokens_granted(),
-        4_096,
-        "the tokens given back are still recorded at the owner"
+        4_096 - 256 + 4,
+        "the tokens given back are gone at the owner"
     );
     // Writes on the owner's mount to every file take back those still kept.
     let before = revoked.load(Relaxed);
