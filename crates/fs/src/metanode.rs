@@ -409,12 +409,14 @@ pub(crate) trait Namespace: Send + Sync {
 
     /// Drops the whole-file data tokens `holder` keeps for `inos` (a client's batch of
     /// kept tokens it no longer wants, `locks.rs`): as an unlock of each, in one request.
+    /// Every one is tried; the first failure is returned.
     fn drop_kept(
         &self,
         holder: crate::locks::Holder,
         inos: &[Ino],
         origin: Option<crate::locks::Origin>,
     ) -> FsResult<()> {
+        let mut first_error = Ok(());
         for &ino in inos {
             let call = crate::locks::LockCall {
                 lock: crate::locks::Lock {
@@ -427,9 +429,13 @@ pub(crate) trait Namespace: Send + Sync {
                 test: false,
                 wait: false,
             };
-            self.lock(ino, call, origin)?;
+            if let Err(e) = self.lock(ino, call, origin) {
+                if first_error.is_ok() {
+                    first_error = Err(e);
+                }
+            }
         }
-        Ok(())
+        first_error
     }
 }
 

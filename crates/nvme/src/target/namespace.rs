@@ -133,14 +133,14 @@ impl Namespace {
         let Some(aux) = &self.aux else {
             return Ok(());
         };
-        // Even a failed call may have changed part of the range.
-        self.wrote_behind();
         let result = if self.is_block_device {
             block_ioctl(aux, BLKDISCARD, offset, len)
         } else {
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
             fallocate(aux, mode, offset, len)
         };
+        // Even a failed call may have changed part of the range.
+        self.wrote_behind();
         match result {
             Err(e) if unsupported(&e) => Ok(()),
             other => other,
@@ -151,7 +151,6 @@ impl Namespace {
     pub fn write_zeroes(&self, slba: u64, blocks: u64, deallocate: bool) -> io::Result<()> {
         let (offset, len) = (slba * LBA_BYTES, blocks * LBA_BYTES);
         if let Some(aux) = &self.aux {
-            self.wrote_behind();
             let result = if self.is_block_device {
                 block_ioctl(aux, BLKZEROOUT, offset, len)
             } else {
@@ -162,6 +161,8 @@ impl Namespace {
                 };
                 fallocate(aux, mode | libc::FALLOC_FL_KEEP_SIZE, offset, len)
             };
+            // Even a failed call may have changed part of the range.
+            self.wrote_behind();
             match result {
                 Err(e) if unsupported(&e) => {}
                 other => return other,
