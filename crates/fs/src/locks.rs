@@ -510,6 +510,16 @@ impl KeptInner {
             .is_none_or(|at| at.elapsed() >= KEEP_COOLING)
     }
 
+    /// Room for one more kept token: nothing to give back while the table has room; when
+    /// it is full, the batch [`KeptInner::evict`] took out to give back; `None` when every
+    /// kept token is in use.
+    fn make_room(&mut self) -> Option<Vec<Ino>> {
+        if self.tokens.len() < KEPT_MAX {
+            return Some(Vec::new());
+        }
+        Some(self.evict()).filter(|old| !old.is_empty())
+    }
+
     /// Takes up to [`KEPT_EVICT_BATCH`] kept tokens no write is using out of the table, to
     /// give back (the table is full); empty if every one is in use.
     fn evict(&mut self) -> Vec<Ino> {
@@ -832,11 +842,10 @@ impl crate::fs::FileSystem {
             match inner.tokens.get(&ino) {
                 Some(token) => (Some(Arc::clone(token)), Vec::new()),
                 None if !inner.may_ask(ino) => return Ok(None),
-                None if inner.tokens.len() >= KEPT_MAX => match inner.evict() {
-                    old if old.is_empty() => return Ok(None),
-                    old => (None, old),
+                None => match inner.make_room() {
+                    Some(old) => (None, old),
+                    None => return Ok(None),
                 },
-                None => (None, Vec::new()),
             }
         };
         // Files a long-running client wrote before give way to the new ones.
@@ -880,24 +889,15 @@ impl crate::fs::FileSystem {
     }
 
     /// The data token a mount asks to keep with the create of a file in `parent` that
-    /// another owner serves (`NewNode::keep_data`): the whole-file token it keeps, while its
-    /// table has room.
+    /// another owner serves (`NewNode::keep_data`): the whole-file token it keeps, when its
+    /// table has room or can make some.
     pub(crate) fn data_token_to_keep_at_create(&self, parent: Ino) -> Option<Lock> {
         // The new file is in its directory's shard: served here or elsewhere with it.
         if self.serves(parent) || !self.shared.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
         let whole = self.kept_whole();
-        let evicted = {
-            let mut inner = self.kept_data.inner.lock();
-            if inner.tokens.len() < KEPT_MAX {
-                return Some(whole);
-            }
-            inner.evict()
-        };
-        if evicted.is_empty() {
-            return None;
-        }
+        let evicted = self.kept_data.inner.lock().make_room()?;
         self.give_back_evicted(&evicted, whole);
         Some(whole)
     }
