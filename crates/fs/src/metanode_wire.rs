@@ -2001,12 +2001,25 @@ impl BlockAllocator for RemoteMetanode {
     }
 
     fn abandon(&self, extent: Extent) {
-        let given_by = self.granted.lock().remove(&extent);
-        if given_by.is_some_and(|g| g != self.channel.generation()) {
-            // The owner that gave it out died; its successor never knew it was taken.
+        // Only space this client holds unmapped from the owner it sends to now. A mapped
+        // extent is its owner's to free (a write that failed after its update was logged).
+        // One an owner since replaced gave out was never known to its successor, which may
+        // have given the same space to another file meanwhile (it held it free): an Abandon
+        // reaching the successor would free that file's space, and the next file given it
+        // would write over the first. So the request is pinned to the giving owner too: a
+        // move while it waits drops it (leaked until that space is next counted, never
+        // given out twice).
+        let Some(given_by) = self.granted.lock().remove(&extent) else {
             return;
-        }
-        if let Err(e) = self.done(MetanodeRequest::Abandon { extent }) {
+        };
+        let request = encode(&MetanodeRequest::Abandon { extent });
+        let started = std::time::Instant::now();
+        let sent = self.channel.call_seen(request, given_by);
+        self.sent.note("Abandon", started);
+        let answered = sent
+            .and_then(|bytes| self.unwrap_reply(&bytes, None, None, &Vec::new()))
+            .and_then(|(reply, _)| expect_reply!(reply, MetanodeReply::Done => (), "done"));
+        if let Err(e) = answered {
             // The extent stays out of the allocator until the owner's next mount finds it
             // unreferenced: leaked for now, never lost or given out twice.
             tracing::warn!("giving back extent {extent:?}: {e}");

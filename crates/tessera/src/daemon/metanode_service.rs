@@ -486,12 +486,25 @@ impl Daemon {
         };
         let started = std::time::Instant::now();
         let mut replayed = 0;
-        let mut nodes: Vec<String> = record.clients.iter().map(|c| c.node.clone()).collect();
+        // The caller's record may predate its claim: a node that joined as a client in
+        // between is in the table now, and a client left unfenced could write into space
+        // the old owner gave it after this node gave the same space to another file. A
+        // node fenced that no longer mounts the file system answers at once.
+        let latest = self
+            .file_systems()
+            .ok()
+            .and_then(|t| t.require(&record.name).ok().cloned());
+        let mut nodes: Vec<String> = record
+            .clients
+            .iter()
+            .chain(latest.iter().flat_map(|r| r.clients.iter()))
+            .map(|c| c.node.clone())
+            .collect();
         if slot != 0 {
             nodes.extend(record.mounted.then(|| record.mounted_on.clone()).flatten());
-            nodes.sort();
-            nodes.dedup();
         }
+        nodes.sort();
+        nodes.dedup();
         for node in &nodes {
             let fenced = self.ask_client(record, node, Fence::request(slot, me, incarnation));
             let Some(answer) = fenced else {
