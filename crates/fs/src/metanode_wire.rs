@@ -601,6 +601,8 @@ pub enum RemoteError {
     /// The operation names what different owners serve: the client takes it in steps
     /// (`across_owners.rs`).
     AcrossOwners(String),
+    /// Built on what another owner gave (`FsError::OwnerMoved`): done again from the start.
+    OwnerMoved,
 }
 
 impl From<&FsError> for RemoteError {
@@ -638,6 +640,7 @@ impl From<&FsError> for RemoteError {
             FsError::ShardElsewhere { shard } => RemoteError::ShardElsewhere { shard: *shard },
             FsError::InodeElsewhere { ino } => RemoteError::InodeElsewhere { ino: *ino },
             FsError::AcrossOwners(s) => RemoteError::AcrossOwners(s.clone()),
+            FsError::OwnerMoved => RemoteError::OwnerMoved,
             other => RemoteError::Other {
                 errno: other.errno(),
                 message: other.to_string(),
@@ -678,6 +681,7 @@ impl From<RemoteError> for FsError {
             RemoteError::ShardElsewhere { shard } => FsError::ShardElsewhere { shard },
             RemoteError::InodeElsewhere { ino } => FsError::InodeElsewhere { ino },
             RemoteError::AcrossOwners(s) => FsError::AcrossOwners(s),
+            RemoteError::OwnerMoved => FsError::OwnerMoved,
         }
     }
 }

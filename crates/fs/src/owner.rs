@@ -170,6 +170,7 @@ impl Metanode for FileSystem {
         }
         let mut changes = update.changes;
         let mut m = self.owner().meta.lock();
+        refuse_space_not_given(&mut m, ino, &changes)?;
         let mut attr = m.state.attr(ino)?;
         if attr.kind != FileKind::Regular {
             return Err(if attr.kind == FileKind::Directory {
@@ -438,6 +439,35 @@ impl FileSystem {
                 }
             })
     }
+}
+
+/// Refuses an update that maps space this owner has not given out and that the block does
+/// not map already: the writer holds it from an owner since replaced, or a grant it gave
+/// back, and this owner may have given it to another file meanwhile (it held it free), so
+/// logging the map would leave two files on the same space. Checked under the metadata
+/// lock that gives space out, and answered as a moved owner: the data path plans and
+/// writes the block again with space from here (`data.rs`, `OWNER_MOVES_MAX`).
+fn refuse_space_not_given(m: &mut crate::fs::Meta, ino: Ino, changes: &[Change]) -> FsResult<()> {
+    for (of, index, block) in changes.iter().filter_map(Change::mapped_block) {
+        let mut now = None;
+        for e in block.extents() {
+            if m.unlogged.contains(&e) {
+                continue;
+            }
+            let mapped = match &now {
+                Some(mapped) => mapped,
+                None => now.insert(m.state.blocks(of, index..index + 1)?),
+            };
+            if !mapped.iter().any(|(_, r)| r.extents().any(|x| x == e)) {
+                tracing::error!(
+                    "inode {ino}: an update maps {e:?} as block {index} of inode {of}, space \
+                     this owner did not give out; refused (the writer starts the block again)"
+                );
+                return Err(FsError::OwnerMoved);
+            }
+        }
+    }
+    Ok(())
 }
 
 impl BlockAllocator for FileSystem {
