@@ -1110,10 +1110,9 @@ fn a_crash_loop_of_node_kills_under_fsyncing_writers_loses_nothing() {
     if !netns_usable() {
         return;
     }
-    // 1 GiB, as the slots test's: with 256 MiB the node that mounts second took the one
-    // other allocation region (half the space) as its owner slot's, the files in the
-    // manager's root directory had the rest, and twenty rounds of files came within a
-    // few megabytes of ENOSPC there (regions do not flow back to the manager yet).
+    // 1 GiB, as the slots test's: on 256 MiB the recovery logs (64 MiB each, the
+    // manager's and every owner slot's) take 192 MiB, and twenty rounds of files came
+    // within a few megabytes of ENOSPC.
     let c = up(3, &["--drives", "1", "--size", "1G"]);
     let all = [1u32, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
