@@ -1116,9 +1116,10 @@ pub struct FsCreateArgs {
     /// Strict replica allocation: no, whenpossible or always.
     #[arg(short = 'K', default_value = "whenpossible")]
     pub strict_replicas: String,
-    /// Recovery log size, e.g. 64M.
-    #[arg(short = 'L', default_value = "64M")]
-    pub log_size: String,
+    /// Recovery log size, e.g. 64M. Every node that holds an owner slot gets a log of this
+    /// size too. Default: 1/64 of the metadata disks' capacity, at least 4M and at most 64M.
+    #[arg(short = 'L')]
+    pub log_size: Option<String>,
     /// MAX[:PREALLOC] inodes.
     #[arg(long = "inode-limit")]
     pub inode_limit: Option<String>,

@@ -60,7 +60,8 @@ pub struct FsCreateSpec {
     pub suppress_atime: String,
     pub exact_mtime: bool,
     pub strict_replicas: String,
-    pub log_bytes: u64,
+    /// `-L`; `None`: sized from the metadata capacity (`fs create -L`).
+    pub log_bytes: Option<u64>,
     /// `None`: sized from the metadata capacity.
     pub max_inodes: Option<u64>,
     pub prealloc_inodes: u64,

@@ -246,6 +246,9 @@ fn fs_create_seed000_options_then_ls_disk_df_delete() {
     let y = node.ok(&["fs", "ls", "ef600_mlx", "-Y"]);
     assert!(y.contains("fs::0:1:::ef600_mlx:blockSize:1048576::"), "{y}");
     assert!(y.contains(":automaticMountOption:no:"), "{y}");
+    // No -L: a 64th of the 512 MiB of metadata disks, so that every node's log (each
+    // holder of an owner slot has one) leaves room on a small file system.
+    assert!(y.contains(":logfileSize:8388608:"), "{y}");
     let disks = node.ok(&["disk", "ls", "ef600_mlx"]);
     assert_eq!(disks.matches("ready").count(), 4, "{disks}");
     assert!(disks.contains("704") && disks.contains(" up "), "{disks}");
@@ -278,7 +281,11 @@ fn fs_create_seed000_options_then_ls_disk_df_delete() {
         "256K",
         "-A",
         "no",
+        "-L",
+        "2M",
     ]);
+    let y = node.ok(&["fs", "ls", "again", "-Y"]);
+    assert!(y.contains(":logfileSize:2097152:"), "{y}");
 }
 
 #[test]

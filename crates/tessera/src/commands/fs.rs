@@ -261,13 +261,19 @@ fn create_spec(a: &FsCreateArgs) -> Result<FsCreateSpec> {
         p.push(format!("--shards {}: use 1 to {SHARDS_MAX}", a.shards));
     }
     let log_min = u64::from(block_size.unwrap_or(1 << 20)).min(1 << 20);
-    let log_bytes = parse_size(&a.log_size).filter(|b| *b >= log_min);
-    if log_bytes.is_none() {
-        p.push(format!(
-            "-L {}: use a size of at least 1M, such as 16M or 64M",
-            a.log_size
-        ));
-    }
+    // `Some(None)`: not given, sized by the daemon from the metadata disks.
+    let log_bytes = match &a.log_size {
+        None => Some(None),
+        Some(text) => match parse_size(text).filter(|b| *b >= log_min) {
+            Some(bytes) => Some(Some(bytes)),
+            None => {
+                p.push(format!(
+                    "-L {text}: use a size of at least 1M, such as 16M or 64M"
+                ));
+                None
+            }
+        },
+    };
     let inode_limit = match &a.inode_limit {
         Some(text) => keep(&mut p, parse_inode_limit(text)).map(|(max, pre)| (Some(max), pre)),
         None => Some((None, 0)),

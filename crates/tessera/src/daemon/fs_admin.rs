@@ -93,14 +93,27 @@ fn resolve_disks(
     Ok(disks)
 }
 
+/// `-L` when not given, for metadata disks of 4 GiB or more: as GPFS's larger default
+/// (32 MiB), leaving the checkpoint, which frees log space, rare under bursts of creates.
+const DEFAULT_LOG_BYTES: u64 = 64 << 20;
+/// The smallest `-L` when not given (metadata disks of 256 MiB or less), as GPFS's default
+/// for small block sizes.
+const DEFAULT_LOG_BYTES_MIN: u64 = 4 << 20;
+
 fn format_options(spec: &FsCreateSpec, disks: &[DiskSpec]) -> FormatOptions {
     let meta_disks = disks.iter().filter(|d| d.usage.holds_metadata());
     let meta_bytes: u64 = meta_disks.clone().map(|d| d.device.size_bytes()).sum();
     let largest_meta = meta_disks.map(|d| d.device.size_bytes()).max().unwrap_or(0);
     let bs = u64::from(spec.block_size);
+    // Every node holding an owner slot gets a log of the same size, so on a small file
+    // system a fixed 64 MiB would leave little else (three nodes on 256 MiB: 192 MiB of
+    // logs). A 64th of the metadata capacity keeps them to a few percent.
+    let wanted = spec
+        .log_bytes
+        .unwrap_or((meta_bytes / 64).clamp(DEFAULT_LOG_BYTES_MIN, DEFAULT_LOG_BYTES));
     // The log is one contiguous run on one metadata disk; keep it to a quarter of the
     // largest so that inodes and directories still have room.
-    let log_bytes = (spec.log_bytes.min(largest_meta / 4) / bs).max(1) * bs;
+    let log_bytes = (wanted.min(largest_meta / 4) / bs).max(1) * bs;
     let max_inodes = spec.max_inodes.unwrap_or_else(|| {
         (meta_bytes / 4 / u64::from(spec.inode_size)).max(DEFAULT_MAX_INODES_MIN)
     });
