@@ -177,6 +177,13 @@ impl FileSystem {
             };
             return encode(&reply);
         }
+        if let MetanodeRequest::ProvideRegion { slot } = request {
+            let reply = match self.provide_region(slot) {
+                Ok(region) => MetanodeReply::Count(region as u64),
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            };
+            return encode(&reply);
+        }
         if let MetanodeRequest::Leaving = request {
             if let Some(node) = origin {
                 self.owner().meta.holders.forget(node);

@@ -147,8 +147,10 @@ pub(crate) struct Owner {
     /// checkpoint wrote, which is its commit point where slot 0's is the descriptor.
     /// `None` on the file system manager.
     pub(crate) slot: Option<crate::slot::SlotOwner>,
-    /// One slot made for a node at a time (`provide_slot`): two nodes mounting at once
-    /// would otherwise be given the same free region.
+    /// On the manager, one slot or region given at a time (`provide_slot`,
+    /// `provide_region`): two nodes asking at once would otherwise be given the same free
+    /// region. On a slot's owner, one region asked for at a time (`take_another_region`):
+    /// writers that all found the regions full ask once.
     pub(crate) providing: Mutex<()>,
     /// How to take a kept data token back from another node (see
     /// [`FileSystem::on_data_revoke`]); none granted until set.

@@ -269,6 +269,12 @@ pub enum MetanodeRequest {
         holder: crate::locks::Holder,
         inos: Vec<Ino>,
     },
+    /// To the file system manager, from the owner of slot `slot` whose allocation regions
+    /// are full: give it another wholly free region (`FileSystem::provide_region`);
+    /// answered with the region's number.
+    ProvideRegion {
+        slot: u32,
+    },
 }
 
 impl MetanodeRequest {
@@ -323,6 +329,7 @@ impl MetanodeRequest {
             Q::DiskFree => "DiskFree",
             Q::AllocateFragments { .. } => "AllocateFragments",
             Q::DropKept { .. } => "DropKept",
+            Q::ProvideRegion { .. } => "ProvideRegion",
         }
     }
 }
@@ -686,6 +693,21 @@ impl From<RemoteError> for FsError {
     }
 }
 
+/// Asks the file system manager behind `channel` for another allocation region for owner
+/// slot `slot` (`FileSystem::provide_region`), whose regions are full.
+pub(crate) fn ask_for_region(channel: &dyn MetanodeChannel, slot: u32) -> FsResult<usize> {
+    let reply: MetanodeReply = decode(
+        &channel.call(encode(&MetanodeRequest::ProvideRegion { slot }))?,
+        "reply",
+    )?;
+    match reply {
+        MetanodeReply::Count(r) => usize::try_from(r)
+            .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range"))),
+        MetanodeReply::Failed(e) => Err(e.into()),
+        other => Err(mismatch(other, "a region number")),
+    }
+}
+
 /// Asks the file system manager behind `channel` for an owner slot of this node's own
 /// (`FileSystem::provide_slot`), before this node mounts it with `FileSystem::mount_slot`.
 pub fn ask_for_slot(channel: &dyn MetanodeChannel) -> FsResult<u32> {
@@ -828,6 +850,9 @@ where
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
         )),
+        Q::ProvideRegion { .. } => R::Failed(RemoteError::NotSupported(
+            "giving an allocation region through this path".into(),
+        )),
         Q::AddName { ino, parent, name } => answer(owner.add_name(ino, parent, &name), R::Attr),
         Q::MoveName { from, to, how } => answer(
             owner.move_name((from.0, &from.1), (to.0, &to.1), how),
@@ -963,6 +988,7 @@ pub(crate) fn cache_changes(
         | Q::GiveBackData { .. }
         | Q::SealDir { .. }
         | Q::ProvideSlot
+        | Q::ProvideRegion { .. }
         | Q::DiskFree
         | Q::Leaving => Vec::new(),
     }
@@ -1353,6 +1379,15 @@ impl RemoteMetanode {
         self.call_held(request)?.0
     }
 
+    /// Asks the owner this mount reaches (the file system manager, for a slot's owner) for
+    /// another allocation region for slot `slot`.
+    pub(crate) fn ask_for_region(&self, slot: u32) -> FsResult<usize> {
+        let started = std::time::Instant::now();
+        let region = ask_for_region(self.channel.as_ref(), slot);
+        self.sent.note("ProvideRegion", started);
+        region
+    }
+
     /// Sends `request`; the answer (a failure of the request itself as the inner error)
     /// and, if the owner granted it to keep until it revokes it, the count of revocations
     /// and changes to keep it under ([`HeldCache::keep`]).
@@ -1632,6 +1667,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::Protection { .. }
             | Q::Lock { .. }
             | Q::DropKept { .. }
+            | Q::ProvideRegion { .. }
             | Q::Allocate { .. }
             | Q::AllocateCopies { .. }
             | Q::AllocateFragments { .. }
@@ -2577,6 +2613,7 @@ mod tests {
                 },
                 inos: vec![12, 13, 40],
             },
+            MetanodeRequest::ProvideRegion { slot: 3 },
         ];
         for r in requests {
             let bytes = encode(&r);

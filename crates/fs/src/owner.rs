@@ -478,10 +478,18 @@ impl BlockAllocator for FileSystem {
         hint: BlockHint,
         what: &'static str,
     ) -> FsResult<Extent> {
-        match self.try_allocate(pool, sub_blocks, hint, what) {
+        let seen = self.owner().desc.lock().generation;
+        let tried = match self.try_allocate(pool, sub_blocks, hint, what) {
             Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
                 // Space freed by changes not yet durable comes back after a commit.
                 self.sync_own()?;
+                self.try_allocate(pool, sub_blocks, hint, what)
+            }
+            other => other,
+        };
+        match tried {
+            // A slot's regions are full: the manager may have another to give.
+            Err(FsError::NoSpace { .. }) if self.take_another_region(seen)? => {
                 self.try_allocate(pool, sub_blocks, hint, what)
             }
             other => other,

@@ -621,44 +621,131 @@ impl crate::fs::FileSystem {
         self.owner_here("making an owner slot")?;
         self.manager_here("making an owner slot")?;
         let _one = self.owner().providing.lock();
-        let region = {
-            let m = self.owner().meta.lock();
-            let desc = self.owner().desc.lock().clone();
-            let foreign = foreign_regions(&desc);
-            let count = region_count(&desc) as usize;
-            let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
-            let free = |r: usize| {
-                !foreign.contains(&r)
-                    && disks.iter().all(|&d| {
-                        r >= m.alloc.chunk_count(d)
-                            || m.alloc.chunk_words(d, r).iter().all(|w| *w == 0)
-                    })
-            };
-            // The largest (a disk's last region may be a sliver), the highest of those.
-            let size = |r: usize| -> u64 {
-                let per = (tessera_alloc::MAP_CHUNK_WORDS * 64) as u64;
-                let spb = u64::from(desc.sub_blocks_per_block());
-                desc.disks
-                    .iter()
-                    .map(|d| (d.blocks * spb).saturating_sub(r as u64 * per).min(per))
-                    .sum()
-            };
-            (1..count)
-                .filter(|r| free(*r))
-                .max_by_key(|r| (size(*r), *r))
-                .ok_or_else(|| {
-                    FsError::Usage(format!(
-                        "{} has no wholly free allocation region to give an owner slot (of its \
-                     {count} regions, each 32,512 sub-blocks of every disk, the manager keeps \
-                     one and data is spread over the others); this node mounts it as a \
-                     client of the manager instead",
-                        desc.name
-                    ))
-                })?
+        let name = &self.geo.fs_name;
+        let region = match self.region_to_give() {
+            Ok((region, true)) => region,
+            // A slot whose only region is a disk's last sliver would get ENOSPC after a few
+            // megabytes on a file system with no other region to give; as a client of the
+            // manager the node allocates from the manager's space.
+            Ok((region, false)) => {
+                return Err(FsError::Usage(format!(
+                    "{name}: the only wholly free allocation region ({region}) is the end of \
+                     the disks, less than a quarter of a region; this node mounts it as a \
+                     client of the manager instead"
+                )))
+            }
+            Err((_, count)) => {
+                return Err(FsError::Usage(format!(
+                    "{name} has no wholly free allocation region to give an owner slot (of \
+                     its {count} regions, each 32,512 sub-blocks of every disk, the manager \
+                     keeps one and data is spread over the others); this node mounts it as a \
+                     client of the manager instead"
+                )))
+            }
         };
         let slot = self.create_slot()?;
         self.give_free_regions(slot, &[region])?;
         Ok(slot)
+    }
+
+    /// Another allocation region for owner slot `slot`, whose regions are full (the
+    /// manager's side of `take_another_region`): the largest the manager holds wholly
+    /// free, given as `provide_slot` gives a new slot its first. Refused by name when
+    /// none is wholly free (the slot's writers then get ENOSPC).
+    pub fn provide_region(&self, slot: u32) -> FsResult<usize> {
+        self.owner_here("giving an allocation region to an owner slot")?;
+        self.manager_here("giving an allocation region to an owner slot")?;
+        let _one = self.owner().providing.lock();
+        let (region, _) = self.region_to_give().map_err(|(name, count)| {
+            tracing::warn!(
+                "{name}: owner slot {slot} asked for another allocation region; none of the \
+                 manager's {count} is wholly free"
+            );
+            FsError::NoSpace {
+                pool: "system".into(),
+                what: "another allocation region for an owner slot (every region the file \
+                       system manager holds has data in it, and regions do not move back from \
+                       slots yet)",
+            }
+        })?;
+        self.give_free_regions(slot, &[region])?;
+        tracing::info!(
+            "{}: allocation region {region} given to owner slot {slot}, whose regions were \
+             full",
+            self.geo.fs_name
+        );
+        Ok(region)
+    }
+
+    /// The allocation region the manager gives next: the largest in which nothing is
+    /// allocated (a disk's last region may be a sliver), the highest of those, never
+    /// region 0; with whether it holds at least a quarter of a whole region. `Err` names
+    /// the file system and its region count when there is none.
+    fn region_to_give(&self) -> Result<(usize, bool), (String, usize)> {
+        let m = self.owner().meta.lock();
+        let desc = self.owner().desc.lock().clone();
+        let foreign = foreign_regions(&desc);
+        let count = region_count(&desc) as usize;
+        let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
+        let free = |r: usize| {
+            !foreign.contains(&r)
+                && disks.iter().all(|&d| {
+                    r >= m.alloc.chunk_count(d) || m.alloc.chunk_words(d, r).iter().all(|w| *w == 0)
+                })
+        };
+        let size = |r: usize| -> u64 {
+            let per = (tessera_alloc::MAP_CHUNK_WORDS * 64) as u64;
+            let spb = u64::from(desc.sub_blocks_per_block());
+            desc.disks
+                .iter()
+                .map(|d| (d.blocks * spb).saturating_sub(r as u64 * per).min(per))
+                .sum()
+        };
+        (1..count)
+            .filter(|r| free(*r))
+            .max_by_key(|r| (size(*r), *r))
+            .map(|r| (r, size(r) * 4 >= size(0)))
+            .ok_or((desc.name.clone(), count))
+    }
+
+    /// On the owner of a slot other than 0 whose regions are full: asks the file system
+    /// manager for another region and takes it (`take_from_owner_map`), so that a node
+    /// writing more than its regions hold goes on, as a GPFS node asks the allocation
+    /// manager for another region. Returns whether a region came (`false` on the
+    /// manager's mount itself, on a slot with no way to the manager, or when the
+    /// manager has none, which it logs). `seen` is the descriptor generation this mount
+    /// had when its allocation failed: a writer that waited here while another asked
+    /// finds the new region taken (a newer descriptor) and asks nothing.
+    pub(crate) fn take_another_region(&self, seen: u64) -> FsResult<bool> {
+        let slot = self.owner_slot();
+        let Some(remote) = self.remote.get().filter(|_| slot != 0) else {
+            return Ok(false);
+        };
+        let _one = self.owner().providing.lock();
+        if self.owner().desc.lock().generation != seen {
+            return Ok(true);
+        }
+        match remote.ask_for_region(slot) {
+            Ok(region) => {
+                let (_, taken) = self.take_from_owner_map()?;
+                if !taken.contains(&region) {
+                    return Err(FsError::Corrupt(format!(
+                        "the file system manager gave owner slot {slot} allocation region \
+                         {region}, which its committed owner map does not give it"
+                    )));
+                }
+                Ok(true)
+            }
+            Err(e @ FsError::NoSpace { .. }) => {
+                tracing::warn!(
+                    "{}: owner slot {slot}: its allocation regions are full and the manager \
+                     gives no other: {e}",
+                    self.geo.fs_name
+                );
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Makes directory `name` in `parent` for owner slot `slot`, so that it and everything

@@ -1054,3 +1054,132 @@ fn statfs_counts_the_inodes_and_free_space_of_every_owner() {
     assert!(err.to_string().contains("run it on that node"), "{err}");
     unmount_both_and_check(&t, fs, s1, "after statfs");
 }
+
+/// A slot owner and the manager over one disk of `bytes` (64 KiB blocks: allocation
+/// regions of 127 MiB), the slot given region `region` and a directory of its own;
+/// each reaches the other as two nodes would.
+fn a_slot_in_region(
+    bytes: u64,
+    region: usize,
+) -> (TestDisks, Arc<FileSystem>, Arc<FileSystem>, Ino) {
+    let t = region_disks(1, bytes);
+    let fs = mount(&t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.give_free_regions(1, &[region]).unwrap();
+    let d = fs
+        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, ROOT, 1)
+        .unwrap();
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    (t, fs, s1, d.ino)
+}
+
+/// Files of 1 MiB named `{prefix}{i}` in `dir`, `count` of them, written through `fs`
+/// until the first error; name -> content of those written.
+fn write_mib_files(
+    fs: &FileSystem,
+    dir: Ino,
+    prefix: &str,
+    count: usize,
+) -> (BTreeMap<String, Vec<u8>>, Option<FsError>) {
+    let mut files = BTreeMap::new();
+    for i in 0..count {
+        let name = format!("{prefix}{i}");
+        let data = pattern(1 << 20, 700 + i as u64);
+        let a = create_file(fs, dir, name.as_bytes());
+        if let Err(e) = fs.write(a.ino, 0, &data, false) {
+            return (files, Some(e));
+        }
+        files.insert(name, data);
+    }
+    (files, None)
+}
+
+/// A slot's owner that filled its regions asks the manager for another and goes on: a
+/// node writing more than its region holds is not refused while the file system has a
+/// free region (GPFS's nodes ask the allocation manager the same way). The region given
+/// is stored by the slot from its next checkpoint; a crash before that brings it back
+/// from the owner map and the slot's log.
+#[test]
+fn a_slot_owner_whose_regions_are_full_is_given_another() {
+    // Region 0 (the manager's) and 1 of 127 MiB, region 2 a sliver of about 8 MiB, which
+    // the slot is given first.
+    let (t, fs, s1, dir) = a_slot_in_region((2 * 127 + 8) << 20, 2);
+    let (files, failed) = write_mib_files(&s1, dir, "f", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    assert_eq!(
+        fs.descriptor().slots.unwrap().region_owners,
+        vec![0, 1, 1],
+        "region 1 given to slot 1"
+    );
+    let regions: std::collections::BTreeSet<u64> = files
+        .keys()
+        .flat_map(|name| {
+            let ino = s1.lookup(dir, name.as_bytes()).unwrap().ino;
+            s1.file_block_addresses(ino).unwrap()
+        })
+        .map(|(_, sub_block)| sub_block / 32_512)
+        .collect();
+    assert_eq!(
+        regions,
+        [1, 2].into(),
+        "the slot's files lie in its regions"
+    );
+    verify_in(&fs, dir, &files);
+    // Killed before any checkpoint stored the new region: the owner map gives it, the log
+    // says what is allocated in it.
+    s1.sync().unwrap();
+    s1.fence();
+    drop(s1);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    verify_in(&s1, dir, &files);
+    let (more, failed) = write_mib_files(&s1, dir, "g", 4);
+    assert!(failed.is_none(), "{failed:?}");
+    unmount_both_and_check(&t, fs, s1, "after a region was given to a full slot");
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    verify_in(&s1, dir, &files);
+    verify_in(&s1, dir, &more);
+    s1.unmount().unwrap();
+}
+
+/// With no wholly free region left to give (the manager keeps its own), a full slot's
+/// writer gets ENOSPC, and what was written before stays.
+#[test]
+fn a_full_slot_gets_enospc_when_the_manager_has_no_region_to_give() {
+    let (t, fs, s1, dir) = a_slot_in_region((127 + 8) << 20, 1);
+    let (files, failed) = write_mib_files(&s1, dir, "f", 24);
+    assert!(
+        matches!(failed, Some(FsError::NoSpace { .. })),
+        "{failed:?}"
+    );
+    assert!(files.len() >= 4, "{} files before ENOSPC", files.len());
+    assert_eq!(fs.descriptor().slots.unwrap().region_owners, vec![0, 1]);
+    verify_in(&fs, dir, &files);
+    // The manager still writes in its own region.
+    write_files(&fs, ROOT_INO, "m", 120);
+    unmount_both_and_check(&t, fs, s1, "after a full slot's ENOSPC");
+}
+
+/// A node is not given a slot whose only region would be the sliver at the end of the
+/// disks (it would get ENOSPC after a few megabytes): it mounts as the manager's client.
+#[test]
+fn no_slot_is_made_on_a_sliver_of_a_region() {
+    let t = region_disks(1, (127 + 8) << 20);
+    let fs = mount(&t);
+    let channel = tessera_fs::InProcessOwner(Arc::downgrade(&fs));
+    let err = tessera_fs::ask_for_slot(&channel).unwrap_err().to_string();
+    assert!(err.contains("less than a quarter of a region"), "{err}");
+    assert!(fs.slots().unwrap().is_empty());
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a refused slot");
+}

@@ -151,6 +151,45 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
     }
     let looped = std::fs::rename(mnt(2).join("dir3"), mnt(2).join("dir3/sub2/dir3"));
     assert_eq!(looped.unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    // A node writes more into its directory than its slot's region holds (127 MiB: 32,512
+    // sub-blocks of 4 KiB): its slot is given more regions by the manager, and another
+    // node reads every byte back.
+    const BIG_MIB: u32 = 300;
+    let chunk = |i: u32| -> Vec<u8> {
+        (0..1u32 << 20)
+            .map(|j| (j.wrapping_mul(2_654_435_761).wrapping_add(i) >> 11) as u8)
+            .collect()
+    };
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt(2).join("dir2/big")).unwrap();
+        for i in 0..BIG_MIB {
+            if let Err(e) = f.write_all(&chunk(i)) {
+                panic!("node 2 writing MiB {i} of dir2/big: {e}\n{}", log_tails(&c));
+            }
+        }
+        f.sync_all().unwrap();
+    }
+    {
+        use std::io::Read;
+        let mut f = std::fs::File::open(mnt(3).join("dir2/big")).unwrap();
+        let mut got = vec![0u8; 1 << 20];
+        for i in 0..BIG_MIB {
+            f.read_exact(&mut got).unwrap();
+            assert!(got == chunk(i), "node 3 reads MiB {i} of dir2/big wrong");
+        }
+    }
+    let logs: String = (1..=3)
+        .map(|k| {
+            std::fs::read_to_string(c.base.join(format!("node{k}/home/log/daemon.log")))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        logs.contains("whose regions were full"),
+        "no region was given to node 2's slot\n{}",
+        log_tails(&c)
+    );
     // Every node removes another node's directory tree.
     for (k, owner) in [(1u32, 2u32), (2, 3), (3, 1)] {
         if let Err(e) = std::fs::remove_dir_all(mnt(k).join(format!("dir{owner}"))) {
