@@ -77,6 +77,23 @@ impl FileSystem {
         self.serve_metanode_request_from(None, request)
     }
 
+    /// [`FileSystem::serve_metanode_request_from`] unless this mount is unmounted or being
+    /// unmounted (`None`: the caller answers that the metanode is not served here). The
+    /// unmount waits for requests let in before it to finish.
+    pub fn serve_while_mounted(
+        &self,
+        origin: Option<crate::locks::Origin>,
+        request: &[u8],
+    ) -> Option<Vec<u8>> {
+        // Recursive: a request served here may be asked of this mount again on its way
+        // (through another node), and must not wait behind an unmount waiting for it.
+        let _serving = self.serving.read_recursive();
+        if self.unmounted.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.serve_metanode_request_from(origin, request))
+    }
+
     /// [`FileSystem::serve_metanode_request`] for a request that came from `origin` (the
     /// node and incarnation the transport vouches for; `None` for this node's own).
     pub fn serve_metanode_request_from(
@@ -959,4 +976,46 @@ enum Asked {
     Read,
     Find,
     Make,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use crate::metanode_wire::{decode, encode, MetanodeReply, MetanodeRequest};
+
+    /// An unmount waits for the requests being served to finish before its final
+    /// checkpoint, and refuses the later ones as not served here: no request logs into a
+    /// slot's log after the checkpoint that lets the slot go to another node.
+    #[test]
+    fn an_unmount_waits_for_requests_in_flight_and_refuses_later_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = crate::owner::tests::mounted(dir.path());
+        let asked = encode(&MetanodeRequest::DiskFree);
+        let answer = fs
+            .serve_while_mounted(None, &asked)
+            .expect("served while mounted");
+        let reply: MetanodeReply = decode(&answer, "reply").unwrap();
+        assert!(matches!(reply, MetanodeReply::DiskFree(_)), "{reply:?}");
+        // A request in flight (its share of the gate held).
+        let in_flight = fs.serving.read_recursive();
+        let (done, unmounted) = mpsc::channel();
+        let unmounting = std::thread::spawn({
+            let fs = fs.clone();
+            move || {
+                fs.unmount().unwrap();
+                done.send(()).unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            unmounted.try_recv().is_err(),
+            "the unmount went on under a request in flight"
+        );
+        drop(in_flight);
+        unmounted.recv_timeout(Duration::from_secs(30)).unwrap();
+        unmounting.join().unwrap();
+        assert!(fs.serve_while_mounted(None, &asked).is_none());
+    }
 }

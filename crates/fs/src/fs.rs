@@ -178,6 +178,11 @@ pub struct FileSystem {
     stop: Arc<(Mutex<bool>, Condvar)>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(crate) unmounted: AtomicBool,
+    /// Held shared while another node's request is served, exclusively by the unmount
+    /// before its final checkpoint: once a mount that serves a slot or the file system
+    /// is let go (and another node may mount it next and write its log), no request
+    /// still in flight here logs anything after that checkpoint.
+    pub(crate) serving: RwLock<()>,
     fenced: AtomicBool,
     /// Where this node's client sends its metanode requests when not to its own owner
     /// directly: set at mount by `TESSERA_METANODE_LOOPBACK=1` (see `metanode_wire.rs`).
@@ -570,6 +575,7 @@ impl FileSystem {
             stop: Arc::new((Mutex::new(false), Condvar::new())),
             flusher: Mutex::new(None),
             unmounted: AtomicBool::new(false),
+            serving: RwLock::new(()),
             fenced: AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
             loopback: AtomicBool::new(false),
@@ -1664,6 +1670,9 @@ impl FileSystem {
         if self.unmounted.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        // Requests already being served finish first; later ones are refused as not
+        // served here (`serve_while_mounted`), so their senders look for the owner again.
+        drop(self.serving.write());
         *self.stop.0.lock() = true;
         self.stop.1.notify_all();
         if let Some(h) = self.flusher.lock().take() {

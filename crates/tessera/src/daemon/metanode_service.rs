@@ -87,7 +87,9 @@ impl FileSystemService for MountedFileSystems {
             return match daemon.slot_server(fs, slot) {
                 Some(server) => {
                     serving()?;
-                    Ok(server.serve_metanode_request_from(origin, &request))
+                    server
+                        .serve_while_mounted(origin, &request)
+                        .ok_or_else(|| not_served(fs, slot, &daemon.cluster.node_name))
                 }
                 None => Err(format!(
                     "owner slot {slot} of file system {fs} is not served on node {}; its \
@@ -98,12 +100,16 @@ impl FileSystemService for MountedFileSystems {
         }
         if let Some(owned) = daemon.owned.lock().get(fs).map(Arc::clone) {
             serving()?;
-            return Ok(owned.serve_metanode_request_from(origin, &request));
+            return owned
+                .serve_while_mounted(origin, &request)
+                .ok_or_else(|| not_served(fs, 0, &daemon.cluster.node_name));
         }
         match mounted {
-            Some((fs, None)) => {
+            Some((mount, None)) => {
                 serving()?;
-                Ok(fs.serve_metanode_request_from(origin, &request))
+                mount
+                    .serve_while_mounted(origin, &request)
+                    .ok_or_else(|| not_served(fs, 0, &daemon.cluster.node_name))
             }
             // Refused as not served, so that the sender looks for the owner again (this
             // node may be about to serve it, after a takeover).
@@ -119,6 +125,15 @@ impl FileSystemService for MountedFileSystems {
             )),
         }
     }
+}
+
+/// Why a metanode request found the mount that served it being unmounted: refused as not
+/// served, so that the sender looks for the owner again (another node takes it next).
+fn not_served(fs: &str, slot: u32, node: &str) -> String {
+    format!(
+        "metanode {slot} of file system {fs} is being let go on node {node} (an unmount); \
+         its next holder is in the file-system table (`tessera mount ls {fs} -L`)"
+    )
 }
 
 /// A client's way to metanode `slot` of file system `fs` on node `to`, over the node
