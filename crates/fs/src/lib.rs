@@ -52,7 +52,9 @@ pub use fs::{DirListing, FileSystem, ServeCheck, ServeRefusal, SetAttr, StatFs};
 pub use fsck::{fsck, FsckReport};
 pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};
 pub use metanode_wire::CacheChange;
-pub use metanode_wire::{ask_for_slot, Fence, InProcessNode, InProcessOwner, MetanodeChannel};
+pub use metanode_wire::{
+    ask_for_slot, Fence, InProcessNode, InProcessOwner, MetanodeChannel, SlotHandBack,
+};
 pub use namespace::Caller;
 pub use placement::PolicySummary;
 pub use pmon::{

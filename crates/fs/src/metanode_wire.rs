@@ -275,6 +275,10 @@ pub enum MetanodeRequest {
     ProvideRegion {
         slot: u32,
     },
+    /// To the node that took over the owner slot addressed, from the node the slot was
+    /// made for, which mounts again: stop serving it and name the sender its holder.
+    /// Answered by the daemon ([`SlotHandBack`]), not by a mount.
+    GiveSlotBack,
 }
 
 impl MetanodeRequest {
@@ -330,6 +334,7 @@ impl MetanodeRequest {
             Q::AllocateFragments { .. } => "AllocateFragments",
             Q::DropKept { .. } => "DropKept",
             Q::ProvideRegion { .. } => "ProvideRegion",
+            Q::GiveSlotBack => "GiveSlotBack",
         }
     }
 }
@@ -693,6 +698,24 @@ impl From<RemoteError> for FsError {
     }
 }
 
+/// The request of a node, mounting again, that the node which took over an owner slot
+/// made for it give the slot back ([`MetanodeRequest::GiveSlotBack`]); the daemons of both
+/// ends handle it, answered as a fence is ([`Fence::done`], [`Fence::check`]).
+pub struct SlotHandBack;
+
+impl SlotHandBack {
+    pub fn request() -> Vec<u8> {
+        encode(&MetanodeRequest::GiveSlotBack)
+    }
+
+    pub fn is_request(request: &[u8]) -> bool {
+        matches!(
+            decode::<MetanodeRequest>(request, "request"),
+            Ok(MetanodeRequest::GiveSlotBack)
+        )
+    }
+}
+
 /// Asks the file system manager behind `channel` for another allocation region for owner
 /// slot `slot` (`FileSystem::provide_region`), whose regions are full.
 pub(crate) fn ask_for_region(channel: &dyn MetanodeChannel, slot: u32) -> FsResult<usize> {
@@ -853,6 +876,9 @@ where
         Q::ProvideRegion { .. } => R::Failed(RemoteError::NotSupported(
             "giving an allocation region through this path".into(),
         )),
+        Q::GiveSlotBack => R::Failed(RemoteError::NotSupported(
+            "giving an owner slot back is the daemon's, not a mount's".into(),
+        )),
         Q::AddName { ino, parent, name } => answer(owner.add_name(ino, parent, &name), R::Attr),
         Q::MoveName { from, to, how } => answer(
             owner.move_name((from.0, &from.1), (to.0, &to.1), how),
@@ -989,6 +1015,7 @@ pub(crate) fn cache_changes(
         | Q::SealDir { .. }
         | Q::ProvideSlot
         | Q::ProvideRegion { .. }
+        | Q::GiveSlotBack
         | Q::DiskFree
         | Q::Leaving => Vec::new(),
     }
@@ -1668,6 +1695,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::Lock { .. }
             | Q::DropKept { .. }
             | Q::ProvideRegion { .. }
+            | Q::GiveSlotBack
             | Q::Allocate { .. }
             | Q::AllocateCopies { .. }
             | Q::AllocateFragments { .. }
@@ -2614,6 +2642,7 @@ mod tests {
                 inos: vec![12, 13, 40],
             },
             MetanodeRequest::ProvideRegion { slot: 3 },
+            MetanodeRequest::GiveSlotBack,
         ];
         for r in requests {
             let bytes = encode(&r);

@@ -164,6 +164,11 @@ pub struct SlotHolder {
     /// that needs it (`daemon/slots.rs`), this one first when it mounts again.
     #[serde(default)]
     pub incarnation: Option<u64>,
+    /// The node the slot was made for (its directories are that node's work): a node that
+    /// took the slot over gives it back when that node mounts again. `None` for slots
+    /// recorded before this was kept.
+    #[serde(default)]
+    pub home: Option<String>,
 }
 
 /// A node that mounts a file system as a client of the node that owns its metadata.

@@ -298,7 +298,7 @@ fn write_synced(path: &Path, content: &[u8]) -> std::io::Result<()> {
 /// there without a pause, and reads each back, while node 2 is killed (kill -9). Another
 /// node takes the slot over (replays its log, fences the others): node 3's writer sees a
 /// pause of at most 10 s and no error, every file it fsynced reads back on every live node,
-/// node 2 comes back and mounts again, and fsck is clean.
+/// node 2 comes back, mounts again and is given its slot back, and fsck is clean.
 #[test]
 fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
     if !netns_usable() {
@@ -314,6 +314,16 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
     }
     let listed = tessera_ok(&c, 1, &["mount", "ls", "k1", "-L"]);
     assert!(listed.contains("client, owner slot 1"), "{listed}");
+    // Node 2's slot: the end of its line ("client, owner slot N").
+    let role_of_node2 = |listed: &str| -> String {
+        let line = listed.lines().find(|l| l.contains(" node2 ")).unwrap_or("");
+        line.split_whitespace()
+            .skip(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let node2_role = role_of_node2(&listed);
+    assert!(node2_role.starts_with("client, owner slot "), "{listed}");
 
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (acked, longest) = std::thread::scope(|scope| {
@@ -403,6 +413,16 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
     wait_for("node 2's mount", SETTLE, || {
         std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.contains(&at))
     });
+    // Node 2 serves its own directory again: the node that took its slot over gave it
+    // back when node 2 mounted (not a new, empty slot beside it).
+    let listed = tessera_ok(&c, 1, &["mount", "ls", "k1", "-L"]);
+    assert_eq!(
+        role_of_node2(&listed),
+        node2_role,
+        "node 2 does not hold its slot again: {listed}\n{}",
+        log_tails(&c)
+    );
+    assert!(!listed.contains("owner slots"), "{listed}");
     for &i in acked.iter().step_by(7) {
         let path = dir(2).join(format!("f{i}"));
         let got = std::fs::read(&path)

@@ -80,6 +80,12 @@ impl FileSystemService for MountedFileSystems {
                 None => Ok(Fence::done()),
             };
         }
+        if tessera_fs::SlotHandBack::is_request(&request) {
+            return daemon
+                .give_slot_back(fs, slot, from)
+                .map(|()| Fence::done())
+                .map_err(|e| format!("{e:#}"));
+        }
         if slot != 0 {
             // An owner slot's metanode: served here if this node holds it (taken over, or
             // its own mount's); otherwise refused as not served, so that the sender looks

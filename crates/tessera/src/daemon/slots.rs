@@ -75,36 +75,51 @@ impl Daemon {
         let incarnation = self.incarnation().ok_or_else(|| {
             anyhow!("this node is not a live member of the cluster; it cannot claim a slot")
         })?;
-        if let Some(slot) = record
-            .slot_holders
-            .iter()
-            .filter(|h| h.node == me)
-            .map(|h| h.slot)
-            .min()
-        {
-            let claimed = self.change_fs_record(&record.name, &|rec| {
-                let mut mine = false;
-                for h in rec.slot_holders.iter_mut().filter(|h| h.node == me) {
-                    if h.slot == slot {
-                        h.incarnation = Some(incarnation);
-                        mine = true;
-                    } else {
-                        h.incarnation = None;
+        let mut record = record.clone();
+        // The slot recorded for this node; if another node took it over meanwhile, once
+        // more after that node gave it back.
+        for attempt in 0..2 {
+            if let Some(slot) = record
+                .slot_holders
+                .iter()
+                .filter(|h| h.node == me)
+                .map(|h| h.slot)
+                .min()
+            {
+                let claimed = self.change_fs_record(&record.name, &|rec| {
+                    let mut mine = false;
+                    for h in rec.slot_holders.iter_mut().filter(|h| h.node == me) {
+                        if h.slot == slot {
+                            h.incarnation = Some(incarnation);
+                            mine = true;
+                        } else {
+                            h.incarnation = None;
+                        }
                     }
+                    if !mine {
+                        bail!("owner slot {slot} was taken over by another node");
+                    }
+                    Ok(())
+                });
+                match claimed {
+                    Ok(()) => {
+                        tracing::info!("{}: this node holds owner slot {slot} again", record.name);
+                        return Ok(slot);
+                    }
+                    Err(e) => tracing::info!("{}: {e:#}", record.name),
                 }
-                if !mine {
-                    bail!("owner slot {slot} was taken over by another node");
-                }
-                Ok(())
-            });
-            match claimed {
-                Ok(()) => {
-                    tracing::info!("{}: this node holds owner slot {slot} again", record.name);
-                    return Ok(slot);
-                }
-                Err(e) => tracing::info!("{}: {e:#}; asking for a new one", record.name),
+            }
+            // The table as the failed claim saw it (it applied every change up to it).
+            record = self.file_systems()?.require(&record.name)?.clone();
+            if attempt > 0 {
+                break;
+            }
+            match self.take_home_slot_back(&record) {
+                Some(slot) => record = self.wait_to_hold(&record.name, slot)?,
+                None => break,
             }
         }
+        tracing::info!("{}: asking the manager for a new owner slot", record.name);
         let slot = tessera_fs::ask_for_slot(channel).map_err(|e| {
             anyhow!(
                 "file system {}: no owner slot for this node: {e}",
@@ -117,11 +132,148 @@ impl Daemon {
                 node: me.clone(),
                 slot,
                 incarnation: Some(incarnation),
+                home: Some(me.clone()),
             });
             Ok(())
         })?;
         tracing::info!("{}: this node holds owner slot {slot}", record.name);
         Ok(slot)
+    }
+
+    /// Asks the node that took over the slot made for this node (while this node was down)
+    /// to give it back, so that this node serves its own directories again rather than a
+    /// new, empty slot beside them, which another node would go on serving for it. Returns
+    /// the slot if the holder did: the table then names this incarnation its holder, to
+    /// claim and mount as its own. When it does not (it unmounts, died, or refuses), this
+    /// node asks for a new slot, as before.
+    fn take_home_slot_back(&self, record: &FsRecord) -> Option<u32> {
+        let me = &self.cluster.node_name;
+        let h = record
+            .slot_holders
+            .iter()
+            .find(|h| h.home.as_ref() == Some(me) && &h.node != me && self.holder_serving(h))?;
+        let (number, address, _) = self.target_of(&h.node)?;
+        let channel = self
+            .member
+            .metanode_channel(number, address, record.name.clone(), h.slot);
+        use tessera_fs::MetanodeChannel;
+        let given = channel
+            .call(tessera_fs::SlotHandBack::request())
+            .and_then(|reply| tessera_fs::Fence::check(&reply));
+        match given {
+            Ok(()) => {
+                tracing::info!(
+                    "{}: node {} gave owner slot {} back to this node",
+                    record.name,
+                    h.node,
+                    h.slot
+                );
+                Some(h.slot)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{}: node {} did not give owner slot {} back ({e}); asking for a new slot",
+                    record.name,
+                    h.node,
+                    h.slot
+                );
+                None
+            }
+        }
+    }
+
+    /// The record of `fs` once this node has applied the change that names it the holder of
+    /// `slot` (made by the node that gave it back), waiting a bounded time for it.
+    fn wait_to_hold(&self, fs: &str, slot: u32) -> Result<FsRecord> {
+        let me = &self.cluster.node_name;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let record = self.file_systems()?.require(fs)?.clone();
+            let held = record
+                .slot_holders
+                .iter()
+                .any(|h| h.slot == slot && &h.node == me);
+            if held || std::time::Instant::now() >= deadline {
+                return Ok(record);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Gives owner slot `slot` of `fs`, which this node took over, back to node `to` (its
+    /// number and live incarnation, as the transport vouched for them), the node it was
+    /// made for, which mounts again: this node stops serving it (requests in flight finish,
+    /// later ones go looking for the holder), checkpoints and lets its mount go, then names
+    /// `to` the holder in the table. Between the two, requests wait for the holder; if
+    /// `to` dies before it mounts the slot, the first node that needs it takes it over.
+    pub(super) fn give_slot_back(&self, fs: &str, slot: u32, to: (u32, u64)) -> Result<()> {
+        let _one = self.takeover.lock();
+        let me = self.cluster.node_name.clone();
+        let state = self.member.state();
+        let Some(home) = state
+            .nodes
+            .values()
+            .find(|n| n.number == to.0)
+            .map(|n| n.name.clone())
+        else {
+            bail!("node {} is not in the cluster", to.0);
+        };
+        if state.incarnations.get(&to.0) != Some(&to.1) {
+            bail!(
+                "node {home} asked in incarnation {}, which is not live",
+                to.1
+            );
+        }
+        drop(state);
+        let record = self.file_systems()?.require(fs)?.clone();
+        let recorded = record.slot_holders.iter().find(|h| h.slot == slot);
+        if !recorded.is_some_and(|h| h.node == me && h.home.as_ref() == Some(&home)) {
+            bail!(
+                "owner slot {slot} of {fs} is not held by node {me} for node {home} (see \
+                 `tessera mount ls {fs} -L`)"
+            );
+        }
+        let Some(mount) = self.taken_slots.lock().remove(&(fs.to_string(), slot)) else {
+            bail!("node {me} serves owner slot {slot} of {fs} as its own, not taken over");
+        };
+        match mount.unmount() {
+            Ok(()) => {}
+            // Nothing is lost: the log holds what the checkpoint would have written, and
+            // the next mount of the slot replays it.
+            Err(e) => tracing::warn!(
+                "{fs}: owner slot {slot}: the final checkpoint before giving it back failed \
+                 ({e}); its next mount replays its log"
+            ),
+        }
+        mount.fence();
+        let named = self.change_fs_record(fs, &|rec| {
+            let Some(h) = rec.slot_holders.iter_mut().find(|h| h.slot == slot) else {
+                bail!("owner slot {slot} of {fs} is no longer in the table");
+            };
+            if h.node != me {
+                bail!(
+                    "owner slot {slot} of {fs} was taken by node {} meanwhile",
+                    h.node
+                );
+            }
+            h.node = home.clone();
+            h.incarnation = Some(to.1);
+            Ok(())
+        });
+        if let Err(e) = named {
+            // Not served here any more: released, for the first node that needs it.
+            let _ = self.change_fs_record(fs, &|rec| {
+                for h in rec.slot_holders.iter_mut() {
+                    if h.slot == slot && h.node == me {
+                        h.incarnation = None;
+                    }
+                }
+                Ok(())
+            });
+            return Err(e);
+        }
+        tracing::info!("{fs}: owner slot {slot} given back to node {home}, which it was made for");
+        Ok(())
     }
 
     /// How a mount of `fs_name` reaches the owners of other slots: a channel that follows
@@ -227,6 +379,7 @@ impl Daemon {
                     node: me.clone(),
                     slot,
                     incarnation: Some(incarnation),
+                    home: None,
                 }),
             }
             Ok(())
