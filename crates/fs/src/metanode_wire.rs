@@ -719,31 +719,30 @@ impl SlotHandBack {
 /// Asks the file system manager behind `channel` for another allocation region for owner
 /// slot `slot` (`FileSystem::provide_region`), whose regions are full.
 pub(crate) fn ask_for_region(channel: &dyn MetanodeChannel, slot: u32) -> FsResult<usize> {
-    let reply: MetanodeReply = decode(
-        &channel.call(encode(&MetanodeRequest::ProvideRegion { slot }))?,
-        "reply",
-    )?;
-    match reply {
-        MetanodeReply::Count(r) => usize::try_from(r)
-            .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range"))),
-        MetanodeReply::Failed(e) => Err(e.into()),
-        other => Err(mismatch(other, "a region number")),
-    }
+    let r = ask_manager_for(channel, MetanodeRequest::ProvideRegion { slot }, "a region")?;
+    usize::try_from(r)
+        .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range")))
 }
 
 /// Asks the file system manager behind `channel` for an owner slot of this node's own
 /// (`FileSystem::provide_slot`), before this node mounts it with `FileSystem::mount_slot`.
 pub fn ask_for_slot(channel: &dyn MetanodeChannel) -> FsResult<u32> {
-    let reply: MetanodeReply = decode(
-        &channel.call(encode(&MetanodeRequest::ProvideSlot))?,
-        "reply",
-    )?;
+    let slot = ask_manager_for(channel, MetanodeRequest::ProvideSlot, "an owner slot")?;
+    u32::try_from(slot).map_err(|_| FsError::Invalid(format!("owner slot {slot} is out of range")))
+}
+
+/// The number the file system manager answers `request` with (a slot or region it gave).
+fn ask_manager_for(
+    channel: &dyn MetanodeChannel,
+    request: MetanodeRequest,
+    what: &str,
+) -> FsResult<u64> {
+    let reply: MetanodeReply = decode(&channel.call(encode(&request))?, "reply")?;
     match reply {
-        MetanodeReply::Count(slot) => u32::try_from(slot)
-            .map_err(|_| FsError::Invalid(format!("owner slot {slot} is out of range"))),
+        MetanodeReply::Count(n) => Ok(n),
         MetanodeReply::Failed(e) => Err(e.into()),
         other => Err(FsError::Invalid(format!(
-            "the file system manager answered a request for an owner slot with {other:?}"
+            "the file system manager answered a request for {what} with {other:?}"
         ))),
     }
 }
