@@ -1667,6 +1667,19 @@ impl FileSystem {
 
     /// Final checkpoint and stop. Later calls do nothing.
     pub fn unmount(&self) -> FsResult<()> {
+        self.unmount_telling_owners(true)
+    }
+
+    /// [`FileSystem::unmount`] of a mount that is not its node's last: a slot this node
+    /// took over and gives back while its own mount stays. Other owners know holders by
+    /// node, so telling them this mount leaves would make them forget what the node's own
+    /// mount holds (and stop revoking it): nothing is said, and what this mount held there
+    /// stays recorded for the node, which answers revocations of it from its own mount.
+    pub fn let_go(&self) -> FsResult<()> {
+        self.unmount_telling_owners(false)
+    }
+
+    fn unmount_telling_owners(&self, leaving: bool) -> FsResult<()> {
         if self.unmounted.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -1691,7 +1704,11 @@ impl FileSystem {
             // manager's client then checkpoints its own slot.
             let slots = self.slot_routes.iter().filter_map(|r| r.get());
             for remote in self.remote.get().into_iter().chain(slots) {
-                remote.leave();
+                if leaving {
+                    remote.leave();
+                } else {
+                    remote.give_back_fragments();
+                }
             }
         }
         if self.owner.is_none() {

@@ -1753,6 +1753,14 @@ impl RemoteMetanode {
     /// owner that does not hear it revokes what the node held one change at a time, as
     /// before.
     pub(crate) fn leave(&self) {
+        self.give_back_fragments();
+        if let Err(e) = self.done(MetanodeRequest::Leaving) {
+            tracing::info!("telling the owner this mount is going: {e}");
+        }
+    }
+
+    /// Gives back the fragments the owner gave ahead and this mount did not use.
+    pub(crate) fn give_back_fragments(&self) {
         let kept: Vec<Extent> = self
             .fragments
             .lock()
@@ -1761,9 +1769,6 @@ impl RemoteMetanode {
             .collect();
         for extent in kept {
             BlockAllocator::abandon(self, extent);
-        }
-        if let Err(e) = self.done(MetanodeRequest::Leaving) {
-            tracing::info!("telling the owner this mount is going: {e}");
         }
     }
 

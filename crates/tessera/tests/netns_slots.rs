@@ -403,6 +403,12 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
             );
         }
     }
+    // A file of the manager's that nodes 1 and 3 hold (their kernels and daemons keep it
+    // under read tokens): the node that gives node 2's slot back below keeps its own.
+    std::fs::write(mnt(1).join("probe"), b"one").unwrap();
+    for k in [1u32, 3] {
+        assert_eq!(std::fs::read(mnt(k).join("probe")).unwrap(), b"one");
+    }
     // Node 2 comes back and mounts again by itself (its daemon mounts what was mounted):
     // it sees everything.
     c.ok(&["start", "2"]);
@@ -423,6 +429,16 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
         log_tails(&c)
     );
     assert!(!listed.contains("owner slots"), "{listed}");
+    // What the nodes hold at the manager was not forgotten with the slot given back: a
+    // change on node 2 is revoked from them and seen at once.
+    std::fs::write(mnt(2).join("probe"), b"two").unwrap();
+    for k in [1u32, 3] {
+        assert_eq!(
+            std::fs::read(mnt(k).join("probe")).unwrap(),
+            b"two",
+            "node {k} after the slot went back"
+        );
+    }
     for &i in acked.iter().step_by(7) {
         let path = dir(2).join(format!("f{i}"));
         let got = std::fs::read(&path)

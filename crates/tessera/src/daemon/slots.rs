@@ -236,7 +236,7 @@ impl Daemon {
         let Some(mount) = self.taken_slots.lock().remove(&(fs.to_string(), slot)) else {
             bail!("node {me} serves owner slot {slot} of {fs} as its own, not taken over");
         };
-        match mount.unmount() {
+        match mount.let_go() {
             Ok(()) => {}
             // Nothing is lost: the log holds what the checkpoint would have written, and
             // the next mount of the slot replays it.
@@ -486,7 +486,7 @@ impl Daemon {
                 .collect()
         };
         for (slot, mount) in taken {
-            match mount.unmount() {
+            match mount.let_go() {
                 Ok(()) => tracing::info!("{fs}: owner slot {slot} checkpointed and let go"),
                 Err(e) => tracing::error!(
                     "{fs}: owner slot {slot}: the final checkpoint failed ({e}); the next \
