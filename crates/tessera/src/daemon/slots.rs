@@ -127,6 +127,12 @@ impl Daemon {
             )
         })?;
         self.change_fs_record(&record.name, &|rec| {
+            // Any other slot the table names this node for is not mounted here: released,
+            // for the first node that needs it (a slot given back whose claim came too late
+            // would otherwise stay named for a node that does not serve it).
+            for h in rec.slot_holders.iter_mut().filter(|h| h.node == me) {
+                h.incarnation = None;
+            }
             rec.slot_holders.retain(|h| h.slot != slot);
             rec.slot_holders.push(SlotHolder {
                 node: me.clone(),
