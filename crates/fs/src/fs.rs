@@ -149,7 +149,7 @@ pub(crate) struct Owner {
     pub(crate) slot: Option<crate::slot::SlotOwner>,
     /// On the manager, one slot or region given at a time (`provide_slot`,
     /// `provide_region`): two nodes asking at once would otherwise be given the same free
-    /// region. On a slot's owner, one region asked for at a time (`take_another_region`):
+    /// region. On a slot's owner, one region asked for at a time (`allocate_in_another_region`):
     /// writers that all found the regions full ask once.
     pub(crate) providing: Mutex<()>,
     /// How to take a kept data token back from another node (see

@@ -716,14 +716,6 @@ impl SlotHandBack {
     }
 }
 
-/// Asks the file system manager behind `channel` for another allocation region for owner
-/// slot `slot` (`FileSystem::provide_region`), whose regions are full.
-pub(crate) fn ask_for_region(channel: &dyn MetanodeChannel, slot: u32) -> FsResult<usize> {
-    let r = ask_manager_for(channel, MetanodeRequest::ProvideRegion { slot }, "a region")?;
-    usize::try_from(r)
-        .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range")))
-}
-
 /// Asks the file system manager behind `channel` for an owner slot of this node's own
 /// (`FileSystem::provide_slot`), before this node mounts it with `FileSystem::mount_slot`.
 pub fn ask_for_slot(channel: &dyn MetanodeChannel) -> FsResult<u32> {
@@ -1406,12 +1398,16 @@ impl RemoteMetanode {
     }
 
     /// Asks the owner this mount reaches (the file system manager, for a slot's owner) for
-    /// another allocation region for slot `slot`.
+    /// another allocation region for slot `slot`, whose regions are full
+    /// (`FileSystem::provide_region`).
     pub(crate) fn ask_for_region(&self, slot: u32) -> FsResult<usize> {
         let started = std::time::Instant::now();
-        let region = ask_for_region(self.channel.as_ref(), slot);
+        let asked = MetanodeRequest::ProvideRegion { slot };
+        let region = ask_manager_for(self.channel.as_ref(), asked, "a region");
         self.sent.note("ProvideRegion", started);
-        region
+        let r = region?;
+        usize::try_from(r)
+            .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range")))
     }
 
     /// Sends `request`; the answer (a failure of the request itself as the inner error)

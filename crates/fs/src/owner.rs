@@ -478,7 +478,6 @@ impl BlockAllocator for FileSystem {
         hint: BlockHint,
         what: &'static str,
     ) -> FsResult<Extent> {
-        let seen = self.owner().desc.lock().generation;
         let tried = match self.try_allocate(pool, sub_blocks, hint, what) {
             Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
                 // Space freed by changes not yet durable comes back after a commit.
@@ -489,9 +488,9 @@ impl BlockAllocator for FileSystem {
         };
         match tried {
             // A slot's regions are full: the manager may have another to give.
-            Err(FsError::NoSpace { .. }) if self.take_another_region(seen)? => {
+            Err(full @ FsError::NoSpace { .. }) => self.allocate_in_another_region(full, &|| {
                 self.try_allocate(pool, sub_blocks, hint, what)
-            }
+            }),
             other => other,
         }
     }

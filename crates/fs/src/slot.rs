@@ -634,7 +634,7 @@ impl crate::fs::FileSystem {
                      client of the manager instead"
                 )))
             }
-            Err((_, count)) => {
+            Err(count) => {
                 return Err(FsError::Usage(format!(
                     "{name} has no wholly free allocation region to give an owner slot (of \
                      its {count} regions, each 32,512 sub-blocks of every disk, the manager \
@@ -649,17 +649,18 @@ impl crate::fs::FileSystem {
     }
 
     /// Another allocation region for owner slot `slot`, whose regions are full (the
-    /// manager's side of `take_another_region`): the largest the manager holds wholly
+    /// manager's side of `allocate_in_another_region`): the largest the manager holds wholly
     /// free, given as `provide_slot` gives a new slot its first. Refused by name when
     /// none is wholly free (the slot's writers then get ENOSPC).
     pub fn provide_region(&self, slot: u32) -> FsResult<usize> {
         self.owner_here("giving an allocation region to an owner slot")?;
         self.manager_here("giving an allocation region to an owner slot")?;
         let _one = self.owner().providing.lock();
-        let (region, _) = self.region_to_give().map_err(|(name, count)| {
+        let (region, _) = self.region_to_give().map_err(|count| {
             tracing::warn!(
-                "{name}: owner slot {slot} asked for another allocation region; none of the \
-                 manager's {count} is wholly free"
+                "{}: owner slot {slot} asked for another allocation region; none of the \
+                 manager's {count} is wholly free",
+                self.geo.fs_name
             );
             FsError::NoSpace {
                 pool: "system".into(),
@@ -679,9 +680,9 @@ impl crate::fs::FileSystem {
 
     /// The allocation region the manager gives next: the largest in which nothing is
     /// allocated (a disk's last region may be a sliver), the highest of those, never
-    /// region 0; with whether it holds at least a quarter of a whole region. `Err` names
-    /// the file system and its region count when there is none.
-    fn region_to_give(&self) -> Result<(usize, bool), (String, usize)> {
+    /// region 0; with whether it holds at least a quarter of a whole region. `Err` is the
+    /// region count when there is none.
+    fn region_to_give(&self) -> Result<(usize, bool), usize> {
         let m = self.owner().meta.lock();
         let desc = self.owner().desc.lock().clone();
         let foreign = foreign_regions(&desc);
@@ -705,25 +706,30 @@ impl crate::fs::FileSystem {
             .filter(|r| free(*r))
             .max_by_key(|r| (size(*r), *r))
             .map(|r| (r, size(r) * 4 >= size(0)))
-            .ok_or((desc.name.clone(), count))
+            .ok_or(count)
     }
 
-    /// On the owner of a slot other than 0 whose regions are full: asks the file system
-    /// manager for another region and takes it (`take_from_owner_map`), so that a node
-    /// writing more than its regions hold goes on, as a GPFS node asks the allocation
-    /// manager for another region. Returns whether a region came (`false` on the
-    /// manager's mount itself, on a slot with no way to the manager, or when the
-    /// manager has none, which it logs). `seen` is the descriptor generation this mount
-    /// had when its allocation failed: a writer that waited here while another asked
-    /// finds the new region taken (a newer descriptor) and asks nothing.
-    pub(crate) fn take_another_region(&self, seen: u64) -> FsResult<bool> {
+    /// On the owner of a slot other than 0 whose regions are full (`allocate` failed with
+    /// `full`): asks the file system manager for another region, takes it
+    /// (`take_from_owner_map`) and allocates there, so that a node writing more than its
+    /// regions hold goes on, as a GPFS node asks the allocation manager for another
+    /// region. Writers that found the regions full together ask once: each allocates
+    /// again under `providing` first, and one that waited while another asked finds the
+    /// new region's space. `full` is the answer on the manager's mount, on a slot with no
+    /// way to the manager, and when the manager has no region to give (which it logs).
+    pub(crate) fn allocate_in_another_region(
+        &self,
+        full: FsError,
+        allocate: &dyn Fn() -> FsResult<Extent>,
+    ) -> FsResult<Extent> {
         let slot = self.owner_slot();
         let Some(remote) = self.remote.get().filter(|_| slot != 0) else {
-            return Ok(false);
+            return Err(full);
         };
         let _one = self.owner().providing.lock();
-        if self.owner().desc.lock().generation != seen {
-            return Ok(true);
+        match allocate() {
+            Err(FsError::NoSpace { .. }) => {}
+            done => return done,
         }
         match remote.ask_for_region(slot) {
             Ok(region) => {
@@ -734,7 +740,7 @@ impl crate::fs::FileSystem {
                          {region}, which its committed owner map does not give it"
                     )));
                 }
-                Ok(true)
+                allocate()
             }
             Err(e @ FsError::NoSpace { .. }) => {
                 tracing::warn!(
@@ -742,7 +748,7 @@ impl crate::fs::FileSystem {
                      gives no other: {e}",
                     self.geo.fs_name
                 );
-                Ok(false)
+                Err(full)
             }
             Err(e) => Err(e),
         }
