@@ -201,6 +201,13 @@ impl FileSystem {
             };
             return encode(&reply);
         }
+        if let MetanodeRequest::GiveRegionBack = request {
+            let reply = match self.give_region_back() {
+                Ok(region) => MetanodeReply::Count(region as u64),
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            };
+            return encode(&reply);
+        }
         if let MetanodeRequest::Leaving = request {
             if let Some(node) = origin {
                 self.owner().meta.holders.forget(node);

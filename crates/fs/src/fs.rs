@@ -152,6 +152,9 @@ pub(crate) struct Owner {
     /// region. On a slot's owner, one region asked for at a time (`allocate_in_another_region`):
     /// writers that all found the regions full ask once.
     pub(crate) providing: Mutex<()>,
+    /// On the manager, when it last asked every slot for a region back and none gave one:
+    /// on a full file system every failed allocation would ask them all again.
+    pub(crate) found_no_region: Mutex<Option<std::time::Instant>>,
     /// How to take a kept data token back from another node (see
     /// [`FileSystem::on_data_revoke`]); none granted until set.
     pub(crate) data_revoke: std::sync::OnceLock<crate::read_tokens::RevokeHook>,
@@ -281,6 +284,7 @@ impl Owner {
             lock_released: parking_lot::Condvar::new(),
             slot,
             providing: Mutex::new(()),
+            found_no_region: Mutex::new(None),
             data_revoke: std::sync::OnceLock::new(),
             replication: RwLock::new(replication),
         }
@@ -487,7 +491,7 @@ impl FileSystem {
             alloc.set_available(d, false);
         }
         let owner = Owner::new(
-            desc,
+            recovered.desc,
             recovered.state,
             alloc,
             recovered.journal,
@@ -496,6 +500,16 @@ impl FileSystem {
             None,
             Some(crate::slot::SlotOwner {
                 region: recovered.region,
+                // Settled once the owner map no longer gives them here.
+                given_back: Mutex::new(
+                    recovered
+                        .record
+                        .given_back
+                        .iter()
+                        .copied()
+                        .filter(|r| crate::slot::region_owner(&desc, *r as usize) == slot)
+                        .collect(),
+                ),
                 record: Mutex::new(recovered.record),
             }),
         );
@@ -799,7 +813,7 @@ impl FileSystem {
     }
 
     /// The way to the owner of `slot`, made on first use from `route_slots_through`.
-    fn slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
+    pub(crate) fn slot_route(&self, slot: u32) -> Option<&crate::metanode_wire::RemoteMetanode> {
         let cell = self.slot_routes.get(slot as usize)?;
         if let Some(r) = cell.get() {
             return Some(r);
@@ -1549,6 +1563,7 @@ impl FileSystem {
                         .into_iter()
                         .map(|r| r as u32)
                         .collect(),
+                    given_back: slot.given_back.lock().clone(),
                     map_digest: map_slots.digest_with(&chunks, prepared.generation),
                 };
                 crate::slot::write_record(&desc, &self.devices, &slot.region, &next)?;
@@ -1632,7 +1647,7 @@ impl FileSystem {
     /// disks go to the device first: as releases already durable (LSN 0), so the next
     /// release after a commit deallocates them outside the metadata lock, and checkpoints
     /// store them free meanwhile.
-    fn apply_deferred_frees(&self, m: &mut Meta) {
+    pub(crate) fn apply_deferred_frees(&self, m: &mut Meta) {
         for extent in std::mem::take(&mut *self.owner().deferred_frees.lock()) {
             if self.devices.discard(extent.addr.disk) {
                 m.pending_free.push((0, extent));

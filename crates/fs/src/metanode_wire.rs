@@ -279,6 +279,11 @@ pub enum MetanodeRequest {
     /// made for, which mounts again: stop serving it and name the sender its holder.
     /// Answered by the daemon ([`SlotHandBack`]), not by a mount.
     GiveSlotBack,
+    /// To the owner of the slot addressed, from the file system manager whose regions are
+    /// full or which has none for a full slot: give back an allocation region with nothing
+    /// in it (`FileSystem::give_region_back`); answered with its number once the slot's
+    /// record no longer stores it.
+    GiveRegionBack,
 }
 
 impl MetanodeRequest {
@@ -335,6 +340,7 @@ impl MetanodeRequest {
             Q::DropKept { .. } => "DropKept",
             Q::ProvideRegion { .. } => "ProvideRegion",
             Q::GiveSlotBack => "GiveSlotBack",
+            Q::GiveRegionBack => "GiveRegionBack",
         }
     }
 }
@@ -723,6 +729,11 @@ pub fn ask_for_slot(channel: &dyn MetanodeChannel) -> FsResult<u32> {
     u32::try_from(slot).map_err(|_| FsError::Invalid(format!("owner slot {slot} is out of range")))
 }
 
+fn region_number(r: u64) -> FsResult<usize> {
+    usize::try_from(r)
+        .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range")))
+}
+
 /// The number the file system manager answers `request` with (a slot or region it gave).
 fn ask_manager_for(
     channel: &dyn MetanodeChannel,
@@ -870,6 +881,9 @@ where
         Q::GiveSlotBack => R::Failed(RemoteError::NotSupported(
             "giving an owner slot back is the daemon's, not a mount's".into(),
         )),
+        Q::GiveRegionBack => R::Failed(RemoteError::NotSupported(
+            "giving an allocation region back through this path".into(),
+        )),
         Q::AddName { ino, parent, name } => answer(owner.add_name(ino, parent, &name), R::Attr),
         Q::MoveName { from, to, how } => answer(
             owner.move_name((from.0, &from.1), (to.0, &to.1), how),
@@ -1007,6 +1021,7 @@ pub(crate) fn cache_changes(
         | Q::ProvideSlot
         | Q::ProvideRegion { .. }
         | Q::GiveSlotBack
+        | Q::GiveRegionBack
         | Q::DiskFree
         | Q::Leaving => Vec::new(),
     }
@@ -1405,9 +1420,21 @@ impl RemoteMetanode {
         let asked = MetanodeRequest::ProvideRegion { slot };
         let region = ask_manager_for(self.channel.as_ref(), asked, "a region");
         self.sent.note("ProvideRegion", started);
-        let r = region?;
-        usize::try_from(r)
-            .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range")))
+        region_number(region?)
+    }
+
+    /// Asks the owner of the slot this way leads to for an allocation region it no longer
+    /// uses (`FileSystem::give_region_back`), for the file system manager.
+    pub(crate) fn ask_to_give_region_back(&self) -> FsResult<usize> {
+        let started = std::time::Instant::now();
+        let asked = MetanodeRequest::GiveRegionBack;
+        let reply = decode::<MetanodeReply>(&self.channel.call(encode(&asked))?, "reply");
+        self.sent.note("GiveRegionBack", started);
+        match reply? {
+            MetanodeReply::Count(r) => region_number(r),
+            MetanodeReply::Failed(e) => Err(e.into()),
+            other => Err(mismatch(other, "the number of a region given back")),
+        }
     }
 
     /// Sends `request`; the answer (a failure of the request itself as the inner error)
@@ -1691,6 +1718,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::DropKept { .. }
             | Q::ProvideRegion { .. }
             | Q::GiveSlotBack
+            | Q::GiveRegionBack
             | Q::Allocate { .. }
             | Q::AllocateCopies { .. }
             | Q::AllocateFragments { .. }
@@ -2643,6 +2671,7 @@ mod tests {
             },
             MetanodeRequest::ProvideRegion { slot: 3 },
             MetanodeRequest::GiveSlotBack,
+            MetanodeRequest::GiveRegionBack,
         ];
         for r in requests {
             let bytes = encode(&r);

@@ -362,7 +362,7 @@ pub(crate) fn slot_map_problems(
         Ok(r) => r,
         Err(e) => return vec![format!("owner slot {slot} cannot be brought back: {e}")],
     };
-    let mine = crate::slot::regions_of(desc, slot);
+    let mine = crate::slot::regions_of(&recovered.desc, slot);
     let mut state = recovered.state;
     let refs = match referenced_extents_by_shard(desc, &mut state) {
         Ok(refs) => refs,
@@ -434,6 +434,8 @@ fn slot_log(
 
 /// What bringing back an owner slot other than 0 found (see [`recover_slot`]).
 pub(crate) struct RecoveredSlot {
+    /// The descriptor as the slot sees it (without the regions it gave back).
+    pub desc: FsDescriptor,
     pub state: MetaState,
     pub alloc: AllocMap,
     pub journal: Journal,
@@ -474,6 +476,9 @@ pub(crate) fn recover_slot(
         )));
     }
     let record = crate::slot::read_record(desc, disks, &region)?;
+    // The regions it gave back are not its own, whether or not the manager committed
+    // their move yet.
+    let desc = &crate::slot::without_given_back(desc, slot, &record.given_back);
     let mut roots: Vec<Option<tessera_meta::PagePtr>> = vec![None; desc.shard_count as usize];
     for (shard, root) in roots.iter_mut().enumerate() {
         let owner = desc.shard_owner(shard);
@@ -529,6 +534,7 @@ pub(crate) fn recover_slot(
         );
     }
     Ok(RecoveredSlot {
+        desc: desc.clone(),
         state,
         alloc,
         journal,

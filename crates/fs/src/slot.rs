@@ -33,8 +33,10 @@
 //! | replay from | page generation  | map digest  | shard count | region count |
 //! | u64 (LSN)   | u64              | u64         | u32 = S     | u32 = N      |
 //! +-------------+------------------+-------------+-------------+--------------+
-//! 80: S shard entries of 32 bytes, in shard order, then N region entries of 4 bytes (the
-//!     allocation regions the slot owns, in order)
+//! 80: S shard entries of 32 bytes, in shard order, then N region entries of 4 bytes: the
+//!     allocation regions the slot owns, in order, then those it gave back to the file
+//!     system manager that the owner map still gives it, in order, with bit 31 set (the
+//!     slot never allocates there again; the manager completes the move)
 //! shard entry: 0 shard u32 | 4 root crc32c u32 | 8 shard generation u64 | 16 root address
 //!              u64 | 24 root's second address u64 (u64::MAX: one copy)
 //! ```
@@ -63,6 +65,11 @@ const HEADER_BYTES: usize = 48;
 const BODY_FIXED_BYTES: usize = 32;
 const SHARD_ENTRY_BYTES: usize = 32;
 const REGION_ENTRY_BYTES: usize = 4;
+/// How long the manager, having found no slot with a region to give back, answers a full
+/// allocation without asking them again.
+const ASK_FOR_REGIONS_AGAIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// The bit of a region entry that marks a region given back to the file system manager.
+const GIVEN_BACK: u32 = 1 << 31;
 /// Allocation regions a record has room for at least: a slot holds a few regions (4 GiB of
 /// every disk each with 4 MiB blocks), and a record sized for this many never runs out
 /// before the file system's disks do.
@@ -197,6 +204,10 @@ pub struct SlotRecord {
     pub shards: Vec<SlotShard>,
     /// The allocation regions the slot owns (chunk `r` of every disk's map), in order.
     pub regions: Vec<u32>,
+    /// Regions the owner map still gives the slot that it gave back to the file system
+    /// manager (`FileSystem::give_region_back`), in order: the slot never allocates in
+    /// them again, and the manager completes the move when it commits the owner map.
+    pub given_back: Vec<u32>,
     /// The digest of the generations of those regions' stored chunks.
     pub map_digest: u64,
 }
@@ -211,6 +222,7 @@ impl SlotRecord {
             page_generation: 0,
             shards: Vec::new(),
             regions: Vec::new(),
+            given_back: Vec::new(),
             map_digest: 0,
         }
     }
@@ -218,7 +230,13 @@ impl SlotRecord {
     /// The record as it is stored, `record_bytes` long.
     pub fn encode(&self, fs_uuid: &[u8; 16], record_bytes: u32) -> AlignedBuf {
         let shards_end = BODY_FIXED_BYTES + SHARD_ENTRY_BYTES * self.shards.len();
-        let body_len = shards_end + REGION_ENTRY_BYTES * self.regions.len();
+        let entries: Vec<u32> = self
+            .regions
+            .iter()
+            .copied()
+            .chain(self.given_back.iter().map(|r| r | GIVEN_BACK))
+            .collect();
+        let body_len = shards_end + REGION_ENTRY_BYTES * entries.len();
         assert!(
             HEADER_BYTES + body_len <= record_bytes as usize,
             "a slot record of {} shards and {} regions does not fit {record_bytes} bytes",
@@ -227,7 +245,13 @@ impl SlotRecord {
         );
         assert!(
             self.shards.windows(2).all(|w| w[0].shard < w[1].shard)
-                && self.regions.windows(2).all(|w| w[0] < w[1]),
+                && self.regions.windows(2).all(|w| w[0] < w[1])
+                && self.given_back.windows(2).all(|w| w[0] < w[1])
+                && self
+                    .regions
+                    .iter()
+                    .chain(&self.given_back)
+                    .all(|r| *r < GIVEN_BACK),
             "a slot record's shards and regions are in order, each once"
         );
         let mut buf = AlignedBuf::zeroed(record_bytes as usize);
@@ -242,8 +266,8 @@ impl SlotRecord {
         body[8..16].copy_from_slice(&self.page_generation.to_le_bytes());
         body[16..24].copy_from_slice(&self.map_digest.to_le_bytes());
         body[24..28].copy_from_slice(&(self.shards.len() as u32).to_le_bytes());
-        body[28..32].copy_from_slice(&(self.regions.len() as u32).to_le_bytes());
-        for (i, r) in self.regions.iter().enumerate() {
+        body[28..32].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+        for (i, r) in entries.iter().enumerate() {
             body[shards_end + i * REGION_ENTRY_BYTES..][..REGION_ENTRY_BYTES]
                 .copy_from_slice(&r.to_le_bytes());
         }
@@ -313,10 +337,17 @@ impl SlotRecord {
                  {body_len} bytes"
             ));
         }
-        let regions: Vec<u32> = (0..region_count)
+        let entries: Vec<u32> = (0..region_count)
             .map(|i| le_u32(&body[shards_end + i * REGION_ENTRY_BYTES..]))
             .collect();
-        if regions.windows(2).any(|w| w[0] >= w[1]) {
+        let (given_back, regions): (Vec<u32>, Vec<u32>) =
+            entries.iter().partition(|r| *r & GIVEN_BACK != 0);
+        let given_back: Vec<u32> = given_back.into_iter().map(|r| r & !GIVEN_BACK).collect();
+        if entries.len() != regions.len() + given_back.len()
+            || entries[..regions.len()] != regions[..]
+            || regions.windows(2).any(|w| w[0] >= w[1])
+            || given_back.windows(2).any(|w| w[0] >= w[1])
+        {
             return Err("allocation regions out of order".into());
         }
         let mut shards: Vec<SlotShard> = Vec::with_capacity(count);
@@ -344,6 +375,7 @@ impl SlotRecord {
             page_generation: le_u64(&body[8..]),
             shards,
             regions,
+            given_back,
             map_digest: le_u64(&body[16..]),
         }))
     }
@@ -656,17 +688,25 @@ impl crate::fs::FileSystem {
         self.owner_here("giving an allocation region to an owner slot")?;
         self.manager_here("giving an allocation region to an owner slot")?;
         let _one = self.owner().providing.lock();
-        let (region, _) = self.region_to_give().map_err(|count| {
+        let given = match self.region_to_give() {
+            Ok(given) => Ok(given),
+            // Another slot may have emptied regions it no longer needs.
+            Err(_) => {
+                self.take_region_back(Some(slot))?;
+                self.region_to_give()
+            }
+        };
+        let (region, _) = given.map_err(|count| {
             tracing::warn!(
                 "{}: owner slot {slot} asked for another allocation region; none of the \
-                 manager's {count} is wholly free",
+                 manager's {count} is wholly free and no other slot gave one back",
                 self.geo.fs_name
             );
             FsError::NoSpace {
                 pool: "system".into(),
                 what: "another allocation region for an owner slot (every region the file \
-                       system manager holds has data in it, and regions do not move back from \
-                       slots yet)",
+                       system manager holds has data in it, and no other slot holds a second \
+                       region with nothing in it)",
             }
         })?;
         self.give_free_regions(slot, &[region])?;
@@ -723,7 +763,19 @@ impl crate::fs::FileSystem {
         allocate: &dyn Fn() -> FsResult<Extent>,
     ) -> FsResult<Extent> {
         let slot = self.owner_slot();
-        let Some(remote) = self.remote.get().filter(|_| slot != 0) else {
+        if slot == 0 {
+            // The manager's own regions are full: a slot may hold regions it emptied.
+            let _one = self.owner().providing.lock();
+            match allocate() {
+                Err(FsError::NoSpace { .. }) => {}
+                done => return done,
+            }
+            return match self.take_region_back(None)? {
+                Some(_) => allocate(),
+                None => Err(full),
+            };
+        }
+        let Some(remote) = self.remote.get() else {
             return Err(full);
         };
         let _one = self.owner().providing.lock();
@@ -733,6 +785,11 @@ impl crate::fs::FileSystem {
         }
         match remote.ask_for_region(slot) {
             Ok(region) => {
+                // The manager gives only regions it holds: one this slot gave back came
+                // to it, and is given here anew.
+                if let Some(state) = &self.owner().slot {
+                    state.given_back.lock().retain(|r| *r as usize != region);
+                }
                 let (_, taken) = self.take_from_owner_map()?;
                 if !taken.contains(&region) {
                     return Err(FsError::Corrupt(format!(
@@ -752,6 +809,198 @@ impl crate::fs::FileSystem {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// On the file system manager, whose own regions are full or which has no wholly free
+    /// region for a full slot: asks the owners of the other slots that hold more than one
+    /// region (not `except`, the slot asking for one), most regions first, for a region
+    /// they no longer use ([`Self::give_region_back`] there), and takes the first given
+    /// back. `None` when no slot gives one (each slot's regions have data in them, or no
+    /// way to a slot's owner answers). Regions come back only wholly free, so no block of
+    /// a slot's files ever lies in a region another owner allocates in.
+    pub fn take_region_back(&self, except: Option<u32>) -> FsResult<Option<usize>> {
+        self.manager_here("taking an allocation region back from an owner slot")?;
+        let recently = self
+            .owner()
+            .found_no_region
+            .lock()
+            .is_some_and(|at| at.elapsed() < ASK_FOR_REGIONS_AGAIN);
+        if recently {
+            return Ok(None);
+        }
+        let desc = self.owner().desc.lock().clone();
+        let mut held: std::collections::BTreeMap<u32, usize> = Default::default();
+        for r in 0..region_count(&desc) as usize {
+            *held.entry(region_owner(&desc, r)).or_default() += 1;
+        }
+        let mut asked: Vec<(u32, usize)> = held
+            .into_iter()
+            .filter(|&(s, n)| s != 0 && Some(s) != except && n >= 2)
+            .collect();
+        asked.sort_by_key(|&(s, n)| (std::cmp::Reverse(n), s));
+        // A region a slot gave back whose move was never committed (this manager, or the
+        // one before it, died in between): completed first, with nothing to ask.
+        for region in desc.slot_regions() {
+            let given = read_record(&desc, &self.devices, region).map(|r| r.given_back);
+            let Some(&r) = given
+                .iter()
+                .flatten()
+                .find(|&&r| region_owner(&desc, r as usize) == region.slot)
+            else {
+                continue;
+            };
+            self.region_given_back(region.slot, r as usize)?;
+            return Ok(Some(r as usize));
+        }
+        for (slot, _) in asked {
+            let Some(remote) = self.slot_route(slot) else {
+                continue;
+            };
+            match remote.ask_to_give_region_back() {
+                Ok(region) => match self.region_given_back(slot, region) {
+                    Ok(()) => return Ok(Some(region)),
+                    Err(e @ FsError::Invalid(_)) => tracing::error!("{}: {e}", self.geo.fs_name),
+                    Err(e) => return Err(e),
+                },
+                Err(FsError::NoSpace { .. }) => {}
+                Err(e) => tracing::warn!(
+                    "{}: owner slot {slot} was asked for an allocation region back and did \
+                     not answer: {e}",
+                    self.geo.fs_name
+                ),
+            }
+        }
+        *self.owner().found_no_region.lock() = Some(std::time::Instant::now());
+        Ok(None)
+    }
+
+    /// The manager's side of a region owner slot `slot` gave back: checks that the slot's
+    /// committed record names it given back (the slot answers only after that checkpoint),
+    /// holds it free and commits the owner map giving it to slot 0 by a checkpoint that
+    /// stores its chunks, numbered above every copy the slot wrote (a copy of the same
+    /// generation in the other chunk slot would make the map unreadable).
+    fn region_given_back(&self, slot: u32, region: usize) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
+        let name = &desc.name;
+        let holder = region_owner(&desc, region);
+        if holder != slot || region >= region_count(&desc) as usize {
+            return Err(FsError::Invalid(format!(
+                "owner slot {slot} gave back allocation region {region} of {name}, which the \
+                 owner map gives to slot {holder}"
+            )));
+        }
+        let record = read_record(&desc, &self.devices, &slot_region(&desc, slot)?)?;
+        if !record.given_back.contains(&(region as u32)) {
+            return Err(FsError::Invalid(format!(
+                "owner slot {slot} gave back allocation region {region} of {name}, which its \
+                 committed record does not name as given back; the region stays the slot's"
+            )));
+        }
+        m.state
+            .store_mut()
+            .advance_generation(record.page_generation + 1);
+        let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
+        for &d in &disks {
+            if region < m.alloc.chunk_count(d) {
+                let words = m.alloc.chunk_words(d, region).len();
+                m.alloc
+                    .set_chunk_words(d, region, &vec![0; words])
+                    .expect("a chunk of the disk's own size");
+            }
+        }
+        self.owner().map_slots.lock().forget_region(region);
+        let mut next = desc.clone();
+        let map = next.slots.get_or_insert_with(Slots::default);
+        map.region_owners[region] = 0;
+        let committed = self.commit_next_descriptor(
+            &mut m,
+            next,
+            &format!("taking allocation region {region} back from owner slot {slot}"),
+            "the region stays the slot's, which takes it as free at its next mount",
+        );
+        if let Err(e) = committed {
+            hold_regions(&mut m.alloc, &[region]);
+            return Err(e);
+        }
+        tracing::info!(
+            "{name}: allocation region {region} taken back from owner slot {slot}, which had \
+             nothing in it"
+        );
+        Ok(())
+    }
+
+    /// On the owner of a slot other than 0, asked by the file system manager
+    /// (`MetanodeRequest::GiveRegionBack`): gives back the largest of this slot's
+    /// allocation regions in which nothing is allocated, given out ahead or waiting for a
+    /// free to commit (all of these hold space in the map in memory), keeping at least
+    /// one other region with room. The largest, since the manager asks because it needs
+    /// space; the slot asks again when it does. The region leaves this slot's view of the
+    /// owner map at once, so nothing is allocated in it from then on, and a checkpoint
+    /// commits a record that names it given back (and no longer stores it) before the
+    /// answer: the manager writes the region's chunks from then on, over copies no
+    /// record of this slot counts. Until the manager commits the owner map, the slot
+    /// keeps the region out of its view across remounts (taking it again could race that
+    /// commit); a manager that died in between completes the move the next time it needs
+    /// a region (`take_region_back`).
+    pub fn give_region_back(&self) -> FsResult<usize> {
+        self.owner_here("giving an allocation region back")?;
+        let me = self.owner_slot();
+        if me == 0 {
+            return Err(FsError::Usage(
+                "the file system manager (slot 0) takes allocation regions back; it gives none"
+                    .into(),
+            ));
+        }
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        // Pages the last checkpoint superseded hold space until the next one begins.
+        self.apply_deferred_frees(&mut m);
+        let desc = self.owner().desc.lock().clone();
+        let space: Vec<(usize, u64, u64)> = regions_of(&desc, me)
+            .into_iter()
+            .map(|r| {
+                let (total, used) = region_space(&m.alloc, r);
+                (r, total, used)
+            })
+            .collect();
+        let region = space
+            .iter()
+            .filter(|&&(r, total, used)| {
+                total > 0
+                    && used == 0
+                    && space.iter().any(|&(o, total, used)| o != r && used < total)
+            })
+            .max_by_key(|&&(r, total, _)| (total, r))
+            .map(|&(r, ..)| r)
+            .ok_or(FsError::NoSpace {
+                pool: "system".into(),
+                what: "an allocation region to give back (every region of this owner slot \
+                       has data in it, or is its only one with room)",
+            })?;
+        hold_regions(&mut m.alloc, &[region]);
+        self.owner().map_slots.lock().forget_region(region);
+        let slot = self
+            .owner()
+            .slot
+            .as_ref()
+            .expect("a slot other than 0 has its state");
+        let given_back = {
+            let mut given_back = slot.given_back.lock();
+            given_back.push(region as u32);
+            given_back.sort_unstable();
+            given_back.clone()
+        };
+        let seen = without_given_back(&desc, me, &given_back);
+        *self.owner().desc.lock() = seen;
+        self.checkpoint_under_lock(&mut m)?;
+        tracing::info!(
+            "{}: owner slot {me} gave allocation region {region} back to the file system \
+             manager",
+            self.geo.fs_name
+        );
+        Ok(region)
     }
 
     /// Makes directory `name` in `parent` for owner slot `slot`, so that it and everything
@@ -859,6 +1108,18 @@ impl crate::fs::FileSystem {
                 )));
             }
         }
+        // A region given back stays given back until the owner map no longer gives it
+        // here (the manager committed its move): taking it again could race that commit.
+        let slot = self
+            .owner()
+            .slot
+            .as_ref()
+            .expect("a slot other than 0 has its state");
+        let newest = {
+            let mut given_back = slot.given_back.lock();
+            given_back.retain(|r| region_owner(&newest, *r as usize) == me);
+            without_given_back(&newest, me, &given_back)
+        };
         let had = regions_of(&old, me);
         let regions: Vec<usize> = regions_of(&newest, me)
             .into_iter()
@@ -1247,6 +1508,44 @@ pub(crate) fn regions_of(desc: &FsDescriptor, slot: u32) -> Vec<usize> {
         .collect()
 }
 
+/// `desc` as owner slot `slot` sees it: the regions it gave back (`given_back`) are not
+/// its own, whatever the owner map says until the manager commits their move.
+pub(crate) fn without_given_back(
+    desc: &FsDescriptor,
+    slot: u32,
+    given_back: &[u32],
+) -> FsDescriptor {
+    let mut seen = desc.clone();
+    if let Some(map) = seen.slots.as_mut() {
+        for &r in given_back {
+            if let Some(owner) = map.region_owners.get_mut(r as usize) {
+                if *owner == slot {
+                    *owner = 0;
+                }
+            }
+        }
+    }
+    seen
+}
+
+/// Sub-blocks of allocation region `r` over every disk of `alloc`, and how many are used.
+fn region_space(alloc: &tessera_alloc::AllocMap, r: usize) -> (u64, u64) {
+    let per = (tessera_alloc::MAP_CHUNK_WORDS * 64) as u64;
+    let spb = u64::from(alloc.sub_blocks_per_block());
+    let (mut total, mut used) = (0, 0);
+    for d in alloc.disks() {
+        if r < alloc.chunk_count(d.disk) {
+            total += (d.blocks * spb).saturating_sub(r as u64 * per).min(per);
+            used += alloc
+                .chunk_words(d.disk, r)
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum::<u64>();
+        }
+    }
+    (total, used)
+}
+
 /// Holds every chunk of `regions` as used in `alloc` (another slot allocates there; its
 /// stored copies are that slot's), on every disk whose bitmap reaches that far.
 pub(crate) fn hold_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize]) {
@@ -1279,6 +1578,8 @@ pub(crate) struct SlotOwner {
     pub region: SlotRegion,
     /// The record the last checkpoint wrote (the next one is of the next generation).
     pub record: parking_lot::Mutex<SlotRecord>,
+    /// The regions the next record names as given back ([`SlotRecord::given_back`]).
+    pub given_back: parking_lot::Mutex<Vec<u32>>,
 }
 
 impl crate::fs::FileSystem {
@@ -1467,6 +1768,7 @@ mod tests {
                 },
             ],
             regions: vec![3, 17],
+            given_back: vec![9],
             map_digest: 0x0123_4567_89AB_CDEF,
         }
     }
@@ -1484,14 +1786,14 @@ mod tests {
         want.extend_from_slice(&1u32.to_le_bytes());
         want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&5u64.to_le_bytes());
-        want.extend_from_slice(&(32u32 + 64 + 8).to_le_bytes());
+        want.extend_from_slice(&(32u32 + 64 + 12).to_le_bytes());
         want.extend_from_slice(&[0; 4]); // crc, checked below
         want.extend_from_slice(&UUID);
         want.extend_from_slice(&0x1_0000u64.to_le_bytes());
         want.extend_from_slice(&42u64.to_le_bytes());
         want.extend_from_slice(&0x0123_4567_89AB_CDEFu64.to_le_bytes());
         want.extend_from_slice(&2u32.to_le_bytes());
-        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&3u32.to_le_bytes());
         for (shard, crc, generation, addr, second) in [
             (7u32, 0xAABB_CCDDu32, 2u64, 0x2000u64, u64::MAX),
             (200, 1, 9, 0x3000, 0x4000),
@@ -1504,6 +1806,8 @@ mod tests {
         }
         want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&17u32.to_le_bytes());
+        // Given back: bit 31 set.
+        want.extend_from_slice(&0x8000_0009u32.to_le_bytes());
         let crc = crc32c::crc32c(&want);
         want[28..32].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(&buf[..want.len()], &want[..]);
@@ -1534,6 +1838,20 @@ mod tests {
         long[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
         check(&long, &UUID, 3, "out of range");
         check(&good[..20], &UUID, 3, "shorter");
+        // A region given back listed before one the slot stores.
+        let mut mixed = sample();
+        mixed.regions = vec![3, 9];
+        mixed.given_back = vec![17];
+        let mut swapped = mixed.encode(&UUID, record_bytes(8, 0)).to_vec();
+        let entries = HEADER_BYTES + BODY_FIXED_BYTES + 2 * SHARD_ENTRY_BYTES;
+        let (a, b) = (entries + 4, entries + 8);
+        let (x, y) = (swapped[a..a + 4].to_vec(), swapped[b..b + 4].to_vec());
+        swapped[a..a + 4].copy_from_slice(&y);
+        swapped[b..b + 4].copy_from_slice(&x);
+        swapped[28..32].fill(0);
+        let crc = crc32c::crc32c(&swapped[..entries + 12]);
+        swapped[28..32].copy_from_slice(&crc.to_le_bytes());
+        check(&swapped, &UUID, 3, "out of order");
         assert_eq!(
             SlotRecord::decode(&vec![0u8; 4096], &UUID, 3).unwrap(),
             None,

@@ -1183,3 +1183,294 @@ fn no_slot_is_made_on_a_sliver_of_a_region() {
     drop(fs);
     assert_fsck_clean(&t, "after a refused slot");
 }
+
+/// A region a slot emptied goes back to the manager when the manager's own are full: the
+/// slot, which wrote more than its first region holds and then deleted it all, keeps one
+/// region and gives the other back (committed by its record first), and the manager
+/// writes there, so a file system whose writers moved on is not full of regions nobody
+/// uses. Both mount again from what they committed; fsck is clean.
+#[test]
+fn a_region_a_slot_emptied_goes_back_to_the_manager_when_its_own_are_full() {
+    // Region 0 (the manager's) and 1 of 127 MiB, region 2 a sliver of about 8 MiB, which
+    // the slot is given first; it is given region 1 when the sliver is full.
+    let (t, fs, s1, dir) = a_slot_in_region((2 * 127 + 8) << 20, 2);
+    let (files, failed) = write_mib_files(&s1, dir, "f", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    let owners = || fs.descriptor().slots.unwrap().region_owners;
+    assert_eq!(owners(), vec![0, 1, 1], "region 1 given to slot 1");
+    for name in files.keys() {
+        s1.remove(dir, name.as_bytes(), false).unwrap();
+    }
+    s1.sync().unwrap();
+    // More than region 0 holds, less than regions 0 and 1 together.
+    let (mine, failed) = write_mib_files(&fs, ROOT_INO, "m", 160);
+    assert!(failed.is_none(), "{failed:?} after {} files", mine.len());
+    assert_eq!(owners(), vec![0, 0, 1], "region 1 came back to the manager");
+    let in_region_1 = mine.keys().any(|name| {
+        let ino = fs.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
+        blocks_in_region(&fs, ino, 1)
+    });
+    assert!(in_region_1, "the manager writes in the region it took back");
+    // The slot goes on in the region it kept, and sees the manager's files.
+    let (more, failed) = write_mib_files(&s1, dir, "g", 2);
+    assert!(failed.is_none(), "{failed:?}");
+    verify_in(&s1, ROOT_INO, &mine);
+    // Killed: the slot comes back from its record, which no longer stores region 1.
+    s1.sync().unwrap();
+    s1.fence();
+    drop(s1);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    verify_in(&s1, dir, &more);
+    unmount_both_and_check(&t, fs, s1, "after a region went back to the manager");
+    let fs = mount(&t);
+    verify_in(&fs, ROOT_INO, &mine);
+    fs.unmount().unwrap();
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    verify_in(&s1, dir, &more);
+    s1.unmount().unwrap();
+}
+
+/// A slot that gave a region back to a manager that died before taking it (the owner map
+/// still gives the region to the slot; the slot's record names it given back) keeps it out
+/// of its allocation when it mounts again, and the manager completes the move when it next
+/// needs a region: here for the same slot, which filled the region it kept.
+#[test]
+fn a_region_given_back_but_never_taken_is_taken_by_the_next_manager_that_needs_one() {
+    let (t, fs, s1, dir) = a_slot_in_region((2 * 127 + 8) << 20, 2);
+    let (files, failed) = write_mib_files(&s1, dir, "f", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    for name in files.keys() {
+        s1.remove(dir, name.as_bytes(), false).unwrap();
+    }
+    s1.sync().unwrap();
+    assert_eq!(s1.give_region_back().unwrap(), 1);
+    let err = s1.give_region_back().unwrap_err();
+    assert!(
+        matches!(err, FsError::NoSpace { .. }),
+        "the slot keeps its last region: {err}"
+    );
+    let owners = || fs.descriptor().slots.unwrap().region_owners;
+    assert_eq!(owners(), vec![0, 1, 1]);
+    s1.fence();
+    drop(s1);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    let seen = || s1.descriptor().slots.unwrap().region_owners;
+    assert_eq!(
+        seen(),
+        vec![0, 0, 1],
+        "the slot's view leaves out what it gave back"
+    );
+    // The region it kept is the sliver: it fills, the slot asks, and the manager takes the
+    // region given back and gives it to the slot again.
+    let (again, failed) = write_mib_files(&s1, dir, "g", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    assert_eq!(owners(), vec![0, 1, 1]);
+    assert_eq!(seen(), vec![0, 1, 1]);
+    let in_region_1 = again.keys().any(|name| {
+        let ino = s1.lookup(dir, name.as_bytes()).unwrap().ino;
+        blocks_in_region(&s1, ino, 1)
+    });
+    assert!(
+        in_region_1,
+        "the slot writes in the region given to it again"
+    );
+    unmount_both_and_check(&t, fs, s1, "after a region given back was taken late");
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    verify_in(&s1, dir, &again);
+    s1.unmount().unwrap();
+}
+
+/// A full slot is given a region another slot does not use when the manager has none
+/// wholly free: the manager takes it back from that slot first (which keeps one), then
+/// gives it on.
+#[test]
+fn a_full_slot_is_given_a_region_another_slot_gave_back() {
+    // Regions 0, 1 and 2 of 127 MiB, region 3 a sliver of about 8 MiB.
+    let t = region_disks(1, (3 * 127 + 8) << 20);
+    let fs = mount(&t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    assert_eq!(fs.create_slot().unwrap(), 2);
+    fs.give_free_regions(1, &[3]).unwrap();
+    fs.give_free_regions(2, &[1, 2]).unwrap();
+    let dir = fs
+        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, ROOT, 1)
+        .unwrap()
+        .ino;
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    let s2 = FileSystem::mount_slot(t.reopen(), 2).unwrap();
+    for s in [&s1, &s2] {
+        s.route_metadata_through(Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))));
+        s.take_from_owner_map().unwrap();
+    }
+    let (w1, w2) = (Arc::downgrade(&s1), Arc::downgrade(&s2));
+    fs.route_slots_through(Box::new(move |slot| {
+        let to = match slot {
+            1 => w1.clone(),
+            2 => w2.clone(),
+            _ => return None,
+        };
+        Some(Box::new(tessera_fs::InProcessOwner(to)) as Box<dyn tessera_fs::MetanodeChannel>)
+    }));
+    let (files, failed) = write_mib_files(&s1, dir, "f", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    assert_eq!(
+        fs.descriptor().slots.unwrap().region_owners,
+        vec![0, 2, 1, 1],
+        "slot 2 gave region 2 back, and the manager gave it to slot 1"
+    );
+    verify_in(&fs, dir, &files);
+    s2.unmount().unwrap();
+    unmount_both_and_check(&t, fs, s1, "after a region moved from one slot to another");
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+}
+
+/// Slot 1 beside the manager on regions 1 and 2 (of 0, 1 of 127 MiB and a sliver 2), both
+/// empty again after the slot filled and emptied them; both unmounted. The slot's
+/// directory.
+fn a_slot_with_two_empty_regions() -> (TestDisks, Ino) {
+    let (t, fs, s1, dir) = a_slot_in_region((2 * 127 + 8) << 20, 2);
+    let (files, failed) = write_mib_files(&s1, dir, "f", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    for name in files.keys() {
+        s1.remove(dir, name.as_bytes(), false).unwrap();
+    }
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    (t, dir)
+}
+
+fn region_owners(fs: &FileSystem) -> Vec<u32> {
+    fs.descriptor().slots.unwrap().region_owners
+}
+
+/// Which of the slot's regions 1 and 2 the owner map `owners` gives back to slot 0: `None`
+/// when both are still the slot's. Never both.
+fn moved_back(owners: &[u32]) -> Option<usize> {
+    assert_eq!(owners.len(), 3, "{owners:?}");
+    assert_eq!(owners[0], 0, "{owners:?}");
+    match (owners[1], owners[2]) {
+        (1, 1) => None,
+        (0, 1) => Some(1),
+        (1, 0) => Some(2),
+        _ => panic!("the slot keeps one region: {owners:?}"),
+    }
+}
+
+/// The slot's owner killed at every write of giving a region back: after each crash the
+/// region is the slot's (its record was not written) or given back (the record names it),
+/// never both owners'; the manager completes a move given back, and the file system checks
+/// clean.
+#[test]
+fn a_region_given_back_cut_by_a_crash_of_the_slot_at_every_write_is_in_one_owner() {
+    let (t, _dir) = a_slot_with_two_empty_regions();
+    for k in 1.. {
+        assert!(k < 200, "giving a region back never finished");
+        let (crashed, result) =
+            slot_owner_cut_at_write(&t, k, |s1| s1.give_region_back().map(|_| ()));
+        let (fs, s1) = two_owners_again(&t);
+        let given_back = moved_back(&region_owners(&s1));
+        assert_eq!(
+            moved_back(&region_owners(&fs)),
+            None,
+            "write {k}: not moved yet"
+        );
+        if given_back.is_none() {
+            assert!(
+                crashed && result.is_err(),
+                "write {k}: {result:?} and not given back"
+            );
+        }
+        // The manager takes a region: the one given back, or one the slot gives now.
+        let taken = fs.take_region_back(None).unwrap();
+        assert!(taken.is_some(), "write {k}");
+        if given_back.is_some() {
+            assert_eq!(
+                taken, given_back,
+                "write {k}: the move given back is completed"
+            );
+        }
+        assert_eq!(moved_back(&region_owners(&fs)), taken, "write {k}");
+        assert_eq!(region_owners(&s1), region_owners(&fs), "write {k}");
+        unmount_both_and_check(&t, fs, s1, &format!("crash at write {k} of a give-back"));
+        if given_back.is_some() || !crashed {
+            eprintln!("giving a region back: {} crashes left it the slot's", k - 1);
+            assert!(k > 1, "no crash left it the slot's");
+            break;
+        }
+        // Back as it was for the next round: the region goes to the slot again.
+        let fs = mount(&t);
+        fs.give_free_regions(1, &[taken.unwrap()]).unwrap();
+        fs.unmount().unwrap();
+    }
+}
+
+/// The manager killed at every write of taking a region back: after each crash the owner
+/// map gives it to the slot, whose record names it given back (and the next manager
+/// completes the move without asking), or to the manager; the slot never allocates there
+/// again in either case, and the file system checks clean.
+#[test]
+fn a_region_taken_back_cut_by_a_crash_of_the_manager_at_every_write_is_in_one_owner() {
+    let (t, dir) = a_slot_with_two_empty_regions();
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    let mut given_back = None;
+    for k in 1.. {
+        assert!(k < 200, "taking a region back never finished");
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        connect_owners(
+            &fs,
+            &s1,
+            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+        );
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let result = fs.take_region_back(None);
+        let crashed = crash(fs, &faults);
+        let fs = mount(&t);
+        let seen = moved_back(&region_owners(&s1));
+        assert!(seen.is_some(), "write {k}: the slot gave one back");
+        assert!(
+            given_back.is_none() || given_back == seen,
+            "write {k}: asked once"
+        );
+        given_back = seen;
+        let moved = moved_back(&region_owners(&fs));
+        if moved.is_none() {
+            assert!(
+                crashed && result.is_err(),
+                "write {k}: {result:?} and not moved"
+            );
+        } else {
+            assert_eq!(moved, given_back, "write {k}");
+        }
+        // The slot goes on in the region it kept.
+        let (files, failed) = write_mib_files(&s1, dir, &format!("k{k}-"), 1);
+        assert!(failed.is_none(), "write {k}: {failed:?}");
+        verify_in(&s1, dir, &files);
+        fs.unmount().unwrap();
+        drop(fs);
+        if moved.is_some() || !crashed {
+            eprintln!("taking a region back: {} crashes left it given back", k - 1);
+            assert!(k > 1, "no crash left it given back only");
+            break;
+        }
+    }
+    // Its way to the manager is the first one's, which is gone: killed, and mounted again
+    // beside the last manager.
+    s1.fence();
+    drop(s1);
+    let (fs, s1) = two_owners_again(&t);
+    assert_eq!(region_owners(&s1), region_owners(&fs));
+    unmount_both_and_check(&t, fs, s1, "after a region was taken back through crashes");
+}

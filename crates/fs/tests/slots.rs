@@ -57,6 +57,7 @@ fn record_with_a_shard(slot: u32, generation: u64) -> SlotRecord {
         // No region: fsck brings the slot back, and a region's chunks would have to be
         // there with this digest.
         regions: vec![],
+        given_back: vec![],
         map_digest: 0,
     }
 }
