@@ -4,7 +4,8 @@
 //! served by that node; every node sees one namespace (names, attributes, data) and
 //! removes what any other made; fsck is clean at the end. When a slot's holder is killed,
 //! another node takes its slot over: the others see a pause, not an error, and lose no
-//! fsynced byte.
+//! fsynced byte. Regions a node emptied go back to the file system manager when it needs
+//! them.
 //!
 //! Needs root and `ip netns`; without them the test says why and passes, except under
 //! CI=true, where it fails.
@@ -209,6 +210,81 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
 
+/// MiB `i` of the files `write_mib` writes with `seed`.
+fn mib_of(seed: u32, i: u32) -> Vec<u8> {
+    (0..1u32 << 20)
+        .map(|j| (j.wrapping_mul(2_654_435_761).wrapping_add(i ^ seed) >> 11) as u8)
+        .collect()
+}
+
+/// Writes `count` MiB to a new file at `path` and fsyncs it; on failure, which MiB.
+fn write_mib(path: &Path, count: u32, seed: u32) -> Result<(), (u32, std::io::Error)> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| (0, e))?;
+    for i in 0..count {
+        f.write_all(&mib_of(seed, i)).map_err(|e| (i, e))?;
+    }
+    f.sync_all().map_err(|e| (count, e))
+}
+
+/// Whether the file at `path` holds what `write_mib` wrote with `seed`, `count` MiB.
+fn holds_mib(path: &Path, count: u32, seed: u32) -> bool {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    (0..count).all(|i| f.read_exact(&mut got).is_ok() && got == mib_of(seed, i))
+        && f.read(&mut got).unwrap() == 0
+}
+
+/// A node that wrote more into its directory than its slot's region holds, and deleted it,
+/// gives an emptied region back when the file system manager's own are full (asked over the
+/// node transport), and the manager's writer goes on instead of getting ENOSPC on a file
+/// system mostly free; every node reads the manager's file, and fsck is clean.
+#[test]
+fn regions_a_node_emptied_go_back_to_the_file_system_manager() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    // 512 MiB with 256 KiB blocks: allocation regions 0 to 3 of 127 MiB and a sliver. The
+    // slots of nodes 2 and 3 take one each; node 2 is given another when its first is full.
+    let mnt = slots_fs_on(&c, "g1", "512M");
+    std::fs::create_dir(mnt(2).join("dir2")).unwrap();
+    if let Err((i, e)) = write_mib(&mnt(2).join("dir2/big"), 200, 1) {
+        panic!("node 2 writing MiB {i} of dir2/big: {e}\n{}", log_tails(&c));
+    }
+    std::fs::remove_file(mnt(2).join("dir2/big")).unwrap();
+    std::fs::File::open(mnt(2).join("dir2"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    // More than the manager's own region holds beside the logs and slots.
+    if let Err((i, e)) = write_mib(&mnt(1).join("big1"), 200, 2) {
+        panic!("node 1 writing MiB {i} of big1: {e}\n{}", log_tails(&c));
+    }
+    let logs: String = (1..=3)
+        .map(|k| {
+            std::fs::read_to_string(c.base.join(format!("node{k}/home/log/daemon.log")))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        logs.contains("taken back from owner slot"),
+        "no region came back to the manager\n{}",
+        log_tails(&c)
+    );
+    for k in 1..=3u32 {
+        assert!(
+            holds_mib(&mnt(k).join("big1"), 200, 2),
+            "node {k} reads big1 wrong"
+        );
+    }
+    tessera_ok(&c, 3, &["umount", "g1", "-a"]);
+    let fsck = tessera_ok(&c, 1, &["fsck", "g1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
+
 /// The end of every node's daemon log, for a failure's message.
 fn log_tails(c: &Cluster) -> String {
     (1..=3)
@@ -227,10 +303,15 @@ fn log_tails(c: &Cluster) -> String {
 /// KiB blocks, so that the 1 GiB drive has free allocation regions for the slots);
 /// returns where node `k` mounts it.
 fn slots_fs(c: &Cluster, fs: &str) -> impl Fn(u32) -> PathBuf {
+    slots_fs_on(c, fs, "1G")
+}
+
+/// [`slots_fs`] on a drive of `size`.
+fn slots_fs_on(c: &Cluster, fs: &str, size: &str) -> impl Fn(u32) -> PathBuf {
     // Every node serves its metrics in its own namespace (see `metrics_of`).
     let config = format!("{TEST_TIMINGS},metadataSlots=yes,metricsAddress=0.0.0.0:9400");
     c.ok(&[
-        "up", "3", "--drives", "1", "--size", "1G", "--config", &config,
+        "up", "3", "--drives", "1", "--size", size, "--config", &config,
     ]);
     let stanza = c.base.join(format!("{fs}.stanza"));
     std::fs::write(
