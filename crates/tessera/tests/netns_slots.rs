@@ -253,6 +253,19 @@ fn regions_a_node_emptied_go_back_to_the_file_system_manager() {
     if let Err((i, e)) = write_mib(&mnt(2).join("dir2/big"), 200, 1) {
         panic!("node 2 writing MiB {i} of dir2/big: {e}\n{}", log_tails(&c));
     }
+    // Node 2's slot: the entry of the `ownerSlots` row of `fs ls` that names it.
+    let node2_slot = || -> String {
+        let listed = tessera_ok(&c, 1, &["fs", "ls", "g1", "-Y"]);
+        let row = listed
+            .lines()
+            .find(|l| l.contains(":ownerSlots:"))
+            .unwrap_or("");
+        row.split(';')
+            .find(|entry| entry.contains(" node2 "))
+            .unwrap_or(row)
+            .to_string()
+    };
+    assert!(node2_slot().contains("node2 2 regions"), "{}", node2_slot());
     std::fs::remove_file(mnt(2).join("dir2/big")).unwrap();
     std::fs::File::open(mnt(2).join("dir2"))
         .unwrap()
@@ -273,6 +286,7 @@ fn regions_a_node_emptied_go_back_to_the_file_system_manager() {
         "no region came back to the manager\n{}",
         log_tails(&c)
     );
+    assert!(node2_slot().contains("node2 1 region"), "{}", node2_slot());
     for k in 1..=3u32 {
         assert!(
             holds_mib(&mnt(k).join("big1"), 200, 2),

@@ -517,28 +517,41 @@ fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
         (
             "--slots",
             "ownerSlots",
-            owner_slots(&s.record.slot_holders),
-            "Owner slots and the nodes serving them (metadataSlots)".into(),
+            owner_slots(&s.record.slot_holders, d),
+            "Owner slots, the nodes serving them and the allocation regions they hold \
+             (metadataSlots)"
+                .into(),
         ),
     ]
 }
 
-/// `slot 1 node2, slot 2 node3 (free)`: which node serves each owner slot (free: its
-/// holder unmounted; the first node that needs it takes it).
-fn owner_slots(holders: &[crate::config::SlotHolder]) -> String {
+/// `slot 1 node2 3 regions; slot 2 node3 1 region (free)`: which node serves each owner
+/// slot (free: its holder unmounted; the first node that needs it takes it) and how many
+/// allocation regions the owner map gives it (the file system manager holds the rest; a
+/// slot gives back regions it emptied when the manager needs them).
+fn owner_slots(holders: &[crate::config::SlotHolder], desc: &tessera_fs::FsDescriptor) -> String {
     if holders.is_empty() {
         return "none".into();
     }
+    let owners = desc
+        .slots
+        .as_ref()
+        .map(|s| s.region_owners.as_slice())
+        .unwrap_or_default();
+    let regions = |slot: u32| match owners.iter().filter(|o| **o == slot).count() {
+        1 => "1 region".to_string(),
+        n => format!("{n} regions"),
+    };
     let mut holders = holders.to_vec();
     holders.sort_by_key(|h| h.slot);
     holders
         .iter()
         .map(|h| match h.incarnation {
-            Some(_) => format!("slot {} {}", h.slot, h.node),
-            None => format!("slot {} {} (free)", h.slot, h.node),
+            Some(_) => format!("slot {} {} {}", h.slot, h.node, regions(h.slot)),
+            None => format!("slot {} {} {} (free)", h.slot, h.node, regions(h.slot)),
         })
         .collect::<Vec<_>>()
-        .join(", ")
+        .join("; ")
 }
 
 pub fn ls(home: &Home, name: &str, machine: bool) -> Result<()> {
