@@ -918,7 +918,8 @@ impl crate::fs::FileSystem {
             &mut m,
             next,
             &format!("taking allocation region {region} back from owner slot {slot}"),
-            "the region stays the slot's, which takes it as free at its next mount",
+            "nothing to do: the slot's record names the region given back, and the manager \
+             completes the move the next time it needs a region",
         );
         if let Err(e) = committed {
             hold_regions(&mut m.alloc, &[region]);
