@@ -1078,6 +1078,24 @@ fn a_slot_in_region(
     (t, fs, s1, d.ino)
 }
 
+/// Slot 1's owner `s1` synced, killed and mounted again beside the manager `fs`.
+fn killed_and_mounted_again(
+    t: &TestDisks,
+    fs: &Arc<FileSystem>,
+    s1: Arc<FileSystem>,
+) -> Arc<FileSystem> {
+    s1.sync().unwrap();
+    s1.fence();
+    drop(s1);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(fs))),
+    );
+    s1
+}
+
 /// Files of 1 MiB named `{prefix}{i}` in `dir`, `count` of them, written through `fs`
 /// until the first error; name -> content of those written.
 fn write_mib_files(
@@ -1132,15 +1150,7 @@ fn a_slot_owner_whose_regions_are_full_is_given_another() {
     verify_in(&fs, dir, &files);
     // Killed before any checkpoint stored the new region: the owner map gives it, the log
     // says what is allocated in it.
-    s1.sync().unwrap();
-    s1.fence();
-    drop(s1);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
     verify_in(&s1, dir, &files);
     let (more, failed) = write_mib_files(&s1, dir, "g", 4);
     assert!(failed.is_none(), "{failed:?}");
@@ -1216,15 +1226,7 @@ fn a_region_a_slot_emptied_goes_back_to_the_manager_when_its_own_are_full() {
     assert!(failed.is_none(), "{failed:?}");
     verify_in(&s1, ROOT_INO, &mine);
     // Killed: the slot comes back from its record, which no longer stores region 1.
-    s1.sync().unwrap();
-    s1.fence();
-    drop(s1);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
     verify_in(&s1, dir, &more);
     unmount_both_and_check(&t, fs, s1, "after a region went back to the manager");
     let fs = mount(&t);

@@ -155,37 +155,14 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
     // A node writes more into its directory than its slot's region holds (127 MiB: 32,512
     // sub-blocks of 4 KiB): its slot is given more regions by the manager, and another
     // node reads every byte back.
-    const BIG_MIB: u32 = 300;
-    let chunk = |i: u32| -> Vec<u8> {
-        (0..1u32 << 20)
-            .map(|j| (j.wrapping_mul(2_654_435_761).wrapping_add(i) >> 11) as u8)
-            .collect()
-    };
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(mnt(2).join("dir2/big")).unwrap();
-        for i in 0..BIG_MIB {
-            if let Err(e) = f.write_all(&chunk(i)) {
-                panic!("node 2 writing MiB {i} of dir2/big: {e}\n{}", log_tails(&c));
-            }
-        }
-        f.sync_all().unwrap();
+    if let Err((i, e)) = write_mib(&mnt(2).join("dir2/big"), 300, 0) {
+        panic!("node 2 writing MiB {i} of dir2/big: {e}\n{}", log_tails(&c));
     }
-    {
-        use std::io::Read;
-        let mut f = std::fs::File::open(mnt(3).join("dir2/big")).unwrap();
-        let mut got = vec![0u8; 1 << 20];
-        for i in 0..BIG_MIB {
-            f.read_exact(&mut got).unwrap();
-            assert!(got == chunk(i), "node 3 reads MiB {i} of dir2/big wrong");
-        }
-    }
-    let logs: String = (1..=3)
-        .map(|k| {
-            std::fs::read_to_string(c.base.join(format!("node{k}/home/log/daemon.log")))
-                .unwrap_or_default()
-        })
-        .collect();
+    assert!(
+        holds_mib(&mnt(3).join("dir2/big"), 300, 0),
+        "node 3 reads dir2/big wrong"
+    );
+    let logs = all_logs(&c);
     assert!(
         logs.contains("whose regions were full"),
         "no region was given to node 2's slot\n{}",
@@ -275,12 +252,7 @@ fn regions_a_node_emptied_go_back_to_the_file_system_manager() {
     if let Err((i, e)) = write_mib(&mnt(1).join("big1"), 200, 2) {
         panic!("node 1 writing MiB {i} of big1: {e}\n{}", log_tails(&c));
     }
-    let logs: String = (1..=3)
-        .map(|k| {
-            std::fs::read_to_string(c.base.join(format!("node{k}/home/log/daemon.log")))
-                .unwrap_or_default()
-        })
-        .collect();
+    let logs = all_logs(&c);
     assert!(
         logs.contains("taken back from owner slot"),
         "no region came back to the manager\n{}",
@@ -297,6 +269,16 @@ fn regions_a_node_emptied_go_back_to_the_file_system_manager() {
     let fsck = tessera_ok(&c, 1, &["fsck", "g1", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
+
+/// Every node's daemon log, whole.
+fn all_logs(c: &Cluster) -> String {
+    (1..=3)
+        .map(|k| {
+            std::fs::read_to_string(c.base.join(format!("node{k}/home/log/daemon.log")))
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// The end of every node's daemon log, for a failure's message.
