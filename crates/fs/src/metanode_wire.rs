@@ -725,7 +725,7 @@ impl SlotHandBack {
 /// Asks the file system manager behind `channel` for an owner slot of this node's own
 /// (`FileSystem::provide_slot`), before this node mounts it with `FileSystem::mount_slot`.
 pub fn ask_for_slot(channel: &dyn MetanodeChannel) -> FsResult<u32> {
-    let slot = ask_manager_for(channel, MetanodeRequest::ProvideSlot, "an owner slot")?;
+    let slot = ask_for_number(channel, MetanodeRequest::ProvideSlot, "an owner slot")?;
     u32::try_from(slot).map_err(|_| FsError::Invalid(format!("owner slot {slot} is out of range")))
 }
 
@@ -734,8 +734,9 @@ fn region_number(r: u64) -> FsResult<usize> {
         .map_err(|_| FsError::Invalid(format!("allocation region {r} is out of range")))
 }
 
-/// The number the file system manager answers `request` with (a slot or region it gave).
-fn ask_manager_for(
+/// The number the owner behind `channel` answers `request` with (a slot or region the
+/// file system manager gave, a region a slot gave back).
+fn ask_for_number(
     channel: &dyn MetanodeChannel,
     request: MetanodeRequest,
     what: &str,
@@ -745,7 +746,7 @@ fn ask_manager_for(
         MetanodeReply::Count(n) => Ok(n),
         MetanodeReply::Failed(e) => Err(e.into()),
         other => Err(FsError::Invalid(format!(
-            "the file system manager answered a request for {what} with {other:?}"
+            "a metanode answered a request for {what} with {other:?}"
         ))),
     }
 }
@@ -1418,7 +1419,7 @@ impl RemoteMetanode {
     pub(crate) fn ask_for_region(&self, slot: u32) -> FsResult<usize> {
         let started = std::time::Instant::now();
         let asked = MetanodeRequest::ProvideRegion { slot };
-        let region = ask_manager_for(self.channel.as_ref(), asked, "a region");
+        let region = ask_for_number(self.channel.as_ref(), asked, "a region");
         self.sent.note("ProvideRegion", started);
         region_number(region?)
     }
@@ -1428,13 +1429,9 @@ impl RemoteMetanode {
     pub(crate) fn ask_to_give_region_back(&self) -> FsResult<usize> {
         let started = std::time::Instant::now();
         let asked = MetanodeRequest::GiveRegionBack;
-        let reply = decode::<MetanodeReply>(&self.channel.call(encode(&asked))?, "reply");
+        let region = ask_for_number(self.channel.as_ref(), asked, "a region given back");
         self.sent.note("GiveRegionBack", started);
-        match reply? {
-            MetanodeReply::Count(r) => region_number(r),
-            MetanodeReply::Failed(e) => Err(e.into()),
-            other => Err(mismatch(other, "the number of a region given back")),
-        }
+        region_number(region?)
     }
 
     /// Sends `request`; the answer (a failure of the request itself as the inner error)

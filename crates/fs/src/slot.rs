@@ -787,9 +787,10 @@ impl crate::fs::FileSystem {
             Ok(region) => {
                 // The manager gives only regions it holds: one this slot gave back came
                 // to it, and is given here anew.
-                if let Some(state) = &self.owner().slot {
-                    state.given_back.lock().retain(|r| *r as usize != region);
-                }
+                self.slot_state()
+                    .given_back
+                    .lock()
+                    .retain(|r| *r as usize != region);
                 let (_, taken) = self.take_from_owner_map()?;
                 if !taken.contains(&region) {
                     return Err(FsError::Corrupt(format!(
@@ -901,15 +902,7 @@ impl crate::fs::FileSystem {
         m.state
             .store_mut()
             .advance_generation(record.page_generation + 1);
-        let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
-        for &d in &disks {
-            if region < m.alloc.chunk_count(d) {
-                let words = m.alloc.chunk_words(d, region).len();
-                m.alloc
-                    .set_chunk_words(d, region, &vec![0; words])
-                    .expect("a chunk of the disk's own size");
-            }
-        }
+        free_regions(&mut m.alloc, &[region]);
         self.owner().map_slots.lock().forget_region(region);
         let mut next = desc.clone();
         let map = next.slots.get_or_insert_with(Slots::default);
@@ -982,13 +975,8 @@ impl crate::fs::FileSystem {
             })?;
         hold_regions(&mut m.alloc, &[region]);
         self.owner().map_slots.lock().forget_region(region);
-        let slot = self
-            .owner()
-            .slot
-            .as_ref()
-            .expect("a slot other than 0 has its state");
         let given_back = {
-            let mut given_back = slot.given_back.lock();
+            let mut given_back = self.slot_state().given_back.lock();
             given_back.push(region as u32);
             given_back.sort_unstable();
             given_back.clone()
@@ -1085,14 +1073,8 @@ impl crate::fs::FileSystem {
         if newest.generation <= old.generation {
             return Ok((Vec::new(), Vec::new()));
         }
-        let record = self
-            .owner()
-            .slot
-            .as_ref()
-            .expect("a slot other than 0 has its slot state")
-            .record
-            .lock()
-            .clone();
+        let slot = self.slot_state();
+        let record = slot.record.lock().clone();
         let mut shards = Vec::new();
         for s in 0..newest.shard_count as usize {
             let owner = newest.shard_owner(s);
@@ -1111,11 +1093,6 @@ impl crate::fs::FileSystem {
         }
         // A region given back stays given back until the owner map no longer gives it
         // here (the manager committed its move): taking it again could race that commit.
-        let slot = self
-            .owner()
-            .slot
-            .as_ref()
-            .expect("a slot other than 0 has its state");
         let newest = {
             let mut given_back = slot.given_back.lock();
             given_back.retain(|r| region_owner(&newest, *r as usize) == me);
@@ -1126,17 +1103,7 @@ impl crate::fs::FileSystem {
             .into_iter()
             .filter(|r| !had.contains(r))
             .collect();
-        let disks: Vec<DiskIndex> = m.alloc.disks().iter().map(|d| d.disk).collect();
-        for &r in &regions {
-            for &d in &disks {
-                if r < m.alloc.chunk_count(d) {
-                    let words = m.alloc.chunk_words(d, r).len();
-                    m.alloc
-                        .set_chunk_words(d, r, &vec![0; words])
-                        .expect("a chunk of the disk's own size");
-                }
-            }
-        }
+        free_regions(&mut m.alloc, &regions);
         m.state
             .store_mut()
             .advance_generation(newest.checkpoint.generation + 1);
@@ -1547,6 +1514,20 @@ fn region_space(alloc: &tessera_alloc::AllocMap, r: usize) -> (u64, u64) {
     (total, used)
 }
 
+/// Frees every chunk of `regions` in `alloc` (regions that came to this owner wholly free).
+fn free_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize]) {
+    let disks: Vec<DiskIndex> = alloc.disks().iter().map(|d| d.disk).collect();
+    for disk in disks {
+        let chunks = alloc.chunk_count(disk);
+        for &r in regions.iter().filter(|r| **r < chunks) {
+            let words = alloc.chunk_words(disk, r).len();
+            alloc
+                .set_chunk_words(disk, r, &vec![0; words])
+                .expect("a chunk of the disk's own size");
+        }
+    }
+}
+
 /// Holds every chunk of `regions` as used in `alloc` (another slot allocates there; its
 /// stored copies are that slot's), on every disk whose bitmap reaches that far.
 pub(crate) fn hold_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize]) {
@@ -1584,6 +1565,14 @@ pub(crate) struct SlotOwner {
 }
 
 impl crate::fs::FileSystem {
+    /// What the owner of a slot other than 0 keeps beside the owner's state.
+    fn slot_state(&self) -> &SlotOwner {
+        self.owner()
+            .slot
+            .as_ref()
+            .expect("a slot other than 0 has its slot state")
+    }
+
     /// Moves every owner slot region with a copy on one of `leaving` (disks being emptied or
     /// deleted, or down) to metadata disks that stay, and with `apart` (`restripe -r`) also
     /// a region of a `-m 2` file system whose copies share a failure group, when another
