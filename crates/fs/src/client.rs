@@ -613,11 +613,13 @@ impl FileSystem {
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
         self.routed(ino, |ns| ns.attr(ino))
+            .map(|a| self.with_gathered(a))
     }
 
     /// The attributes and the bytes of storage the file holds, at once (a `stat`).
     pub fn getattr_allocated(&self, ino: Ino) -> FsResult<(Attr, u64)> {
         self.routed(ino, |ns| ns.attr_and_bytes(ino))
+            .map(|(a, bytes)| (self.with_gathered(a), bytes))
     }
 
     /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.
@@ -630,7 +632,7 @@ impl FileSystem {
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         match self.routed(parent, |ns| ns.find(parent, name)) {
             Err(FsError::InodeElsewhere { ino }) => self.getattr(ino),
-            found => found,
+            found => found.map(|a| self.with_gathered(a)),
         }
     }
 
@@ -712,7 +714,7 @@ impl FileSystem {
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         match self.routed(parent, |ns| ns.add_name(ino, parent, name)) {
             Err(FsError::AcrossOwners(_)) => self.link_across_owners(ino, parent, name),
-            done => done,
+            done => done.map(|a| self.with_gathered(a)),
         }
     }
 
@@ -757,6 +759,8 @@ impl FileSystem {
 
     /// Changes attributes; a new size is cut (or extended) by the data path first.
     pub fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        // Explicit times must not be stamped over by gathered writes landing later.
+        self.flush_gathered(ino)?;
         if let Some(size) = set.size {
             self.truncate(ino, size)?;
         }
@@ -888,6 +892,7 @@ impl FileSystem {
     /// Drops one open handle; frees the inode if it was the last reference.
     pub fn release(&self, ino: Ino) -> FsResult<()> {
         self.pmon.close();
+        let gathered = self.release_gathered(ino);
         if self.owner.is_none() {
             let mut opens = self.client_opens.lock();
             if let Some(n) = opens.get_mut(&ino) {
@@ -897,7 +902,8 @@ impl FileSystem {
                 }
             }
         }
-        self.namespace_of(ino).closed(ino)
+        let closed = self.namespace_of(ino).closed(ino);
+        gathered.and(closed)
     }
 
     pub fn readdir(&self, ino: Ino, after: u64) -> FsResult<DirListing> {

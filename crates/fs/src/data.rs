@@ -115,6 +115,7 @@ impl FileSystem {
     /// [`FileSystem::read`] without the final copy: blocks read ahead are handed out as
     /// shared pieces, which the FUSE layer writes to the kernel straight from the slot.
     pub fn read_data(&self, ino: Ino, offset: u64, size: u32) -> FsResult<FileData> {
+        self.flush_gathered_quietly(ino);
         let started = Instant::now();
         let mut attempt = 0;
         let (out, attr) = loop {
@@ -451,6 +452,20 @@ impl FileSystem {
     /// Writes `data` at `offset`. With `sync` (O_SYNC, O_DSYNC, O_DIRECT) the data and the
     /// metadata that reaches it are durable on return.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8], sync: bool) -> FsResult<usize> {
+        if let Some(n) = self.write_behind(ino, offset, data, sync)? {
+            return Ok(n);
+        }
+        self.write_direct(ino, offset, data, sync)
+    }
+
+    /// [`FileSystem::write`] to the disks now, past anything gathered.
+    pub(crate) fn write_direct(
+        &self,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+    ) -> FsResult<usize> {
         let _stale = self.prefetch.invalidate_after(ino);
         let started = Instant::now();
         let end = offset
@@ -1079,6 +1094,7 @@ impl FileSystem {
 
     /// Sets the file size (truncate and extend).
     pub fn truncate(&self, ino: Ino, size: u64) -> FsResult<()> {
+        self.flush_gathered(ino)?;
         let _stale = self.prefetch.invalidate_after(ino);
         if size > FILE_BYTES_MAX {
             return Err(FsError::FileTooLarge);
@@ -1140,6 +1156,7 @@ impl FileSystem {
             // As fallocate(2) says (the kernel refuses it before the file system sees it).
             return Err(FsError::Invalid("fallocate of length 0".into()));
         }
+        self.flush_gathered(ino)?;
         let _stale = self.prefetch.invalidate_after(ino);
         let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX);
         let end = end.ok_or(FsError::FileTooLarge)?;
@@ -1239,8 +1256,9 @@ impl FileSystem {
         self.metanode_of(ino).commit(lsn)
     }
 
-    pub fn fsync(&self, _ino: Ino) -> FsResult<()> {
-        self.sync()
+    pub fn fsync(&self, ino: Ino) -> FsResult<()> {
+        self.flush_gathered(ino)?;
+        self.commit_all()
     }
 }
 

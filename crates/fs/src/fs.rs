@@ -42,7 +42,7 @@ pub(crate) fn stripe(key: &[u64], stripes: usize) -> usize {
     (h % stripes as u64) as usize
 }
 /// How often the background flusher commits the log when nobody asked for fsync.
-const COMMIT_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const COMMIT_INTERVAL: Duration = Duration::from_secs(5);
 /// Checkpoint when the log is fuller than this fraction, so appends rarely find it full.
 const CHECKPOINT_LOG_FRACTION: f64 = 0.5;
 
@@ -223,6 +223,8 @@ pub struct FileSystem {
     pub(crate) data_token_locks: Vec<Mutex<()>>,
     /// The data tokens a client mount keeps until the owner takes them back.
     pub(crate) kept_data: crate::locks::KeptTokens,
+    /// Small writes gathered in memory (`write_behind.rs`), on a mount that gathers.
+    pub(crate) write_behind: crate::write_behind::WriteBehind,
     /// Where this mount last placed a block of each file it writes (a placement hint).
     pub(crate) placed: crate::data::LastPlaced,
     /// On a client-only mount: how many times each inode is open here. The owner counts
@@ -608,6 +610,7 @@ impl FileSystem {
             shared: AtomicBool::new(false),
             data_token_locks: (0..BLOCK_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             kept_data: crate::locks::KeptTokens::default(),
+            write_behind: Default::default(),
             placed: crate::data::LastPlaced::default(),
             client_opens: Mutex::new(HashMap::new()),
             read_policy: std::sync::atomic::AtomicU8::new(
@@ -1063,6 +1066,12 @@ impl FileSystem {
 
     /// Commits everything logged so far (fsync, sync, periodic flush).
     pub fn sync(&self) -> FsResult<()> {
+        self.flush_all_gathered();
+        self.commit_all()
+    }
+
+    /// Commits everything logged so far, past anything gathered (`write_behind.rs`).
+    pub(crate) fn commit_all(&self) -> FsResult<()> {
         self.commit_other_owners(false)?;
         self.sync_own()
     }
@@ -1707,6 +1716,7 @@ impl FileSystem {
             let _ = h.join();
         }
         self.prefetch.stop();
+        self.flush_all_gathered();
         self.commit_other_owners(true)?;
         self.sync_own()?;
         let client = self.owner.is_none()

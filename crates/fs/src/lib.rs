@@ -41,6 +41,7 @@ mod report;
 pub mod restripe;
 mod shard_tree;
 pub mod slot;
+mod write_behind;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};
 pub use descriptor::{

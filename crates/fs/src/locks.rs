@@ -1021,6 +1021,7 @@ impl crate::fs::FileSystem {
     /// take the file's append lock at its owner, so the size each reads is the end the
     /// previous append left. Returns the offset written at.
     pub fn append(&self, ino: Ino, data: &[u8], sync: bool) -> crate::FsResult<u64> {
+        self.flush_gathered(ino)?;
         let _local = self.append_locks[ino as usize % self.append_locks.len()].lock();
         let holder = self.lock_holder(0, LockClass::Append);
         let whole = Lock {

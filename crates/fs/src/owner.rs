@@ -188,7 +188,9 @@ impl Metanode for FileSystem {
             match update.times {
                 Times::Keep => {}
                 Times::Modified => {
-                    attr.mtime = self.now();
+                    attr.mtime = crate::write_behind::WRITE_TIME
+                        .get()
+                        .unwrap_or_else(|| self.now());
                     attr.ctime = attr.mtime;
                 }
                 Times::Changed => attr.ctime = self.now(),

@@ -75,7 +75,12 @@ fn crash_child() {
     let disk_count = disks.len();
     let replicated = std::env::var_os("TESSERA_CRASH_REPLICATED").is_some();
     let metadata_copies = std::env::var_os("TESSERA_CRASH_METADATA_COPIES").is_some();
+    let gather = std::env::var_os("TESSERA_CRASH_GATHER").is_some();
     let fs = FileSystem::mount(disks).unwrap();
+    // Small writes gathered in memory, as a one-node mount gathers them: written in pieces
+    // of up to 9,000 bytes, so that kills land among gathered runs, whole blocks written
+    // from them, and the fsyncs that write the rest.
+    fs.set_write_behind(gather);
     // A tiny metadata cache: the crash lands among evictions and re-reads of pages.
     fs.set_metadata_cache_pages(4);
     fs.set_inode_cache(8);
@@ -200,7 +205,12 @@ fn crash_child() {
             (1, Some(a)) if a.size > 0 => {
                 // Same-size rewrite in place: exercises overwrite intents.
                 let data = pattern(a.size as usize, seed);
-                fs.write(a.ino, 0, &data, sync).unwrap();
+                let piece = if gather {
+                    1 + next() as usize % 9000
+                } else {
+                    data.len()
+                };
+                write_file(&fs, a.ino, &data, sync, piece);
                 if !sync {
                     fs.fsync(a.ino).unwrap();
                 }
@@ -209,11 +219,21 @@ fn crash_child() {
             }
             (_, Some(a)) => {
                 fs.truncate(a.ino, 0).unwrap();
-                write_file(&fs, a.ino, &pattern(size, seed), sync);
+                let piece = if gather {
+                    1 + next() as usize % 9000
+                } else {
+                    200_000
+                };
+                write_file(&fs, a.ino, &pattern(size, seed), sync, piece);
             }
             (_, None) => {
                 let a = create_file(&fs, ROOT_INO, name.as_bytes());
-                write_file(&fs, a.ino, &pattern(size, seed), sync);
+                let piece = if gather {
+                    1 + next() as usize % 9000
+                } else {
+                    200_000
+                };
+                write_file(&fs, a.ino, &pattern(size, seed), sync, piece);
             }
         }
         let ino = fs.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
@@ -224,9 +244,9 @@ fn crash_child() {
     }
 }
 
-fn write_file(fs: &FileSystem, ino: u64, data: &[u8], sync: bool) {
-    for (i, chunk) in data.chunks(200_000).enumerate() {
-        fs.write(ino, (i * 200_000) as u64, chunk, sync).unwrap();
+fn write_file(fs: &FileSystem, ino: u64, data: &[u8], sync: bool, piece: usize) {
+    for (i, chunk) in data.chunks(piece.max(1)).enumerate() {
+        fs.write(ino, (i * piece) as u64, chunk, sync).unwrap();
     }
 }
 
@@ -396,6 +416,20 @@ fn metadata_replicated_power_loss_loop() {
     kill_loop_on(iterations, true, Copies::All);
 }
 
+/// Kills with small writes gathered in memory (write-behind): every file the ledger calls
+/// durable was fsynced (or written synchronously) after its gathered pieces.
+#[test]
+fn gathered_crash_loop() {
+    let iterations = tessera_testkit::iterations("TESSERA_CRASH_ITERATIONS", ITERATIONS);
+    kill_loop_with(iterations, false, Copies::Nothing, true);
+}
+
+#[test]
+fn gathered_power_loss_loop() {
+    let iterations = tessera_testkit::iterations("TESSERA_POWERLOSS_ITERATIONS", ITERATIONS);
+    kill_loop_with(iterations, true, Copies::Nothing, true);
+}
+
 /// What has two copies in the file system a loop runs on.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Copies {
@@ -414,6 +448,11 @@ fn kill_loop(iterations: usize, volatile: bool) {
 
 /// [`kill_loop`] on a file system with `copies`.
 fn kill_loop_on(iterations: usize, volatile: bool, copies: Copies) {
+    kill_loop_with(iterations, volatile, copies, false);
+}
+
+/// [`kill_loop_on`], the child gathering small writes if `gather`.
+fn kill_loop_with(iterations: usize, volatile: bool, copies: Copies, gather: bool) {
     let mut t = make_disks(4, 128 << 20);
     let replicated_opts = tessera_fs::FormatOptions {
         max_data_replicas: 2,
@@ -460,6 +499,9 @@ fn kill_loop_on(iterations: usize, volatile: bool, copies: Copies) {
         }
         if copies == Copies::All {
             child.env("TESSERA_CRASH_METADATA_COPIES", "1");
+        }
+        if gather {
+            child.env("TESSERA_CRASH_GATHER", "1");
         }
         let mut child = child.spawn().unwrap();
         let delay_ms = 150 + (iteration as u64 * 7919) % 450;

@@ -72,6 +72,9 @@ enum Route {
     /// second mount that owns the metadata through encoded requests, as a node that does
     /// not own the file system reaches the node that does.
     Client,
+    /// The one-node file system with small writes gathered in memory (write-behind), as a
+    /// one-node mount runs: reads, stats, truncates, fsyncs and unmounts write them first.
+    Gathered,
 }
 
 /// The mount the model's operations go to and, for [`Route::Client`], the owner behind it.
@@ -79,6 +82,9 @@ type Mounted = (Arc<FileSystem>, Option<Arc<FileSystem>>, Vec<Arc<SimDrive>>);
 
 fn mount_routed(t: &TestDisks, route: Route) -> Mounted {
     let (fs, drives) = mount_crashable(t, route == Route::Wire);
+    if route == Route::Gathered {
+        fs.set_write_behind(true);
+    }
     if route != Route::Client {
         return (fs, None, drives);
     }
@@ -1559,6 +1565,17 @@ proptest! {
     #[test]
     fn model_through_a_client_only_mount(ops in proptest::collection::vec(op_strategy(), OPS)) {
         run_with(&opts_256k(), &ops, Route::Client);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(32))]
+
+    /// Small writes gathered in memory and written when a read, stat, truncate, fsync,
+    /// close or unmount needs them: the model sees every write at once all the same.
+    #[test]
+    fn model_with_small_writes_gathered(ops in proptest::collection::vec(op_strategy(), OPS)) {
+        run_with(&opts_256k(), &ops, Route::Gathered);
     }
 }
 

@@ -50,8 +50,14 @@ const OPEN_FLAG_EXEC: u32 = 0x20;
 
 pub(crate) struct TesseraFuse {
     fs: Arc<FileSystem>,
-    /// Ask for `FUSE_WRITEBACK_CACHE` (see `KernelCache::Private`).
-    writeback_cache: bool,
+    /// No other node mounts the file system (`KernelCache::Private`): its small writes are
+    /// gathered, by the daemon (`tessera_fs` write-behind, writable opens direct) where
+    /// the kernel lets direct-I/O files be mmapped, by the kernel's writeback cache where
+    /// it does not.
+    private: bool,
+    /// Writable opens pass their writes straight to the daemon, which gathers the small
+    /// ones (a private mount whose kernel granted `DIRECT_IO_ALLOW_MMAP`).
+    gathers: AtomicBool,
     /// The kernel granted `DIRECT_IO_ALLOW_MMAP`, so large read-only opens may stream.
     streaming: AtomicBool,
     /// The kernel knows `FUSE_NOTIFY_INC_EPOCH` (protocol 7.44), so names of other
@@ -96,7 +102,8 @@ impl TesseraFuse {
         fs.set_shared(cache != crate::KernelCache::Private);
         TesseraFuse {
             fs,
-            writeback_cache: cache == crate::KernelCache::Private,
+            private: cache == crate::KernelCache::Private,
+            gathers: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
             epochs: AtomicBool::new(false),
             acls: AtomicBool::new(false),
@@ -497,6 +504,7 @@ impl TesseraFuse {
                 {
                     open_flags = abi::FOPEN_DIRECT_IO;
                 }
+                let open_flags = self.open_flags_gathering(flags, open_flags);
                 Reply::Open { fh, open_flags }
             }
             Err(e) => errno(&e),
@@ -540,6 +548,21 @@ impl TesseraFuse {
     /// opens keep the page cache: reads wait for no token.
     fn writes_shared(&self, flags: u32) -> bool {
         self.shared && flags as i32 & libc::O_ACCMODE != libc::O_RDONLY
+    }
+
+    /// A writable open of a mount whose daemon gathers small writes: writes go to it
+    /// straight from the writer's buffer (one copy, where the page cache made two), and
+    /// its closes send `FUSE_FLUSH`, which writes what was gathered and reports a failure
+    /// as close's error. Other opens of such a mount send no `FUSE_FLUSH`.
+    fn open_flags_gathering(&self, flags: u32, open_flags: u32) -> u32 {
+        if !self.gathers.load(Ordering::Relaxed) {
+            return open_flags;
+        }
+        if flags as i32 & libc::O_ACCMODE == libc::O_RDONLY {
+            open_flags | abi::FOPEN_NOFLUSH
+        } else {
+            (open_flags & !abi::FOPEN_KEEP_CACHE) | abi::FOPEN_DIRECT_IO
+        }
     }
 
     /// F_GETLK, F_SETLK and F_SETLKW of a shared file system, at the file's owner.
@@ -671,6 +694,7 @@ impl TesseraFuse {
         if !self.page_cache_for(attr.ino) || self.writes_shared(flags) {
             open_flags = abi::FOPEN_DIRECT_IO;
         }
+        let open_flags = self.open_flags_gathering(flags, open_flags);
         Reply::Create {
             entry: self.entry_out(parent, name, attr, generation),
             fh,
@@ -787,7 +811,7 @@ impl TesseraFuse {
 
 impl Handler for TesseraFuse {
     fn init_params(&self) -> InitParams {
-        let writeback = if self.writeback_cache {
+        let writeback = if self.private {
             init_flags::WRITEBACK_CACHE
         } else {
             0
@@ -800,7 +824,6 @@ impl Handler for TesseraFuse {
         };
         InitParams {
             flags: init_flags::ASYNC_READ
-                | writeback
                 | init_flags::PARALLEL_DIROPS
                 | init_flags::ASYNC_DIO
                 | init_flags::BIG_WRITES
@@ -810,6 +833,7 @@ impl Handler for TesseraFuse {
                 | init_flags::POSIX_ACL
                 | locks
                 | init_flags::DONT_MASK,
+            without_direct_mmap: writeback,
             max_write: MAX_REQUEST_BYTES,
             max_readahead: MAX_REQUEST_BYTES,
             max_background: 64,
@@ -842,6 +866,15 @@ impl Handler for TesseraFuse {
         }
         let streaming = granted & init_flags::DIRECT_IO_ALLOW_MMAP != 0;
         self.streaming.store(streaming, Ordering::Relaxed);
+        let gathers = self.private && granted & init_flags::WRITEBACK_CACHE == 0;
+        self.gathers.store(gathers, Ordering::Relaxed);
+        self.fs.set_write_behind(gathers);
+        if self.private && !gathers {
+            tracing::info!(
+                "FUSE: kernel without DIRECT_IO_ALLOW_MMAP; writes are gathered in the kernel's \
+                 writeback cache"
+            );
+        }
         if !streaming {
             tracing::info!(
                 "FUSE: kernel without DIRECT_IO_ALLOW_MMAP; large files are read through the page cache"
@@ -965,6 +998,10 @@ impl Handler for TesseraFuse {
             // close(2) does not promise durability (fsync does) and locks are the kernel's,
             // so there is nothing to do; ENOSYS tells the kernel to stop sending FLUSH at
             // all, which saves a round trip on every close.
+            // Gathered writes land at close, which reports their failure.
+            Op::Flush { .. } if self.gathers.load(Ordering::Relaxed) => {
+                empty(self.fs.flush_gathered(ino))
+            }
             Op::Flush { .. } => Reply::Error(libc::ENOSYS),
             Op::Release { fh, flock_owner } => {
                 if let Some(owner) = flock_owner.filter(|_| self.shared) {

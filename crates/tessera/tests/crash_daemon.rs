@@ -1,7 +1,8 @@
-//! Crash loop through the whole stack: a workload writes and fsyncs files through the FUSE
-//! mount while the daemon is killed with SIGKILL at a random moment; `tessera startup` must
-//! detach the dead mount and mount again, every file the workload's ledger says is durable
-//! must read back identical, and an offline fsck must find nothing wrong. 20 iterations.
+//! Crash loop through the whole stack: a workload writes (in large and in small pieces, which
+//! the daemon gathers) and fsyncs files through the FUSE mount while the daemon is killed
+//! with SIGKILL at a random moment; `tessera startup` must detach the dead mount and mount
+//! again, every file the workload's ledger says is durable must read back identical, and an
+//! offline fsck must find nothing wrong. 20 iterations.
 //!
 //! Ledger protocol (kept on the host file system, fsynced): `BEGIN name` before a file is
 //! touched, `DONE name seed size` after its data and metadata are fsynced, `GONE name` after
@@ -77,9 +78,18 @@ fn workload(mnt: &Path, ledger_path: &Path, iteration: u64) {
                 .and_then(|()| std::fs::File::open(mnt)?.sync_all())
                 .map(|()| format!("DONE {name} {seed} {size}"))
         } else {
+            // Half the files in small pieces (up to 9,000 bytes), which the daemon gathers
+            // in memory until the fsync: kills land among gathered writes too.
+            let piece = if next() % 2 == 0 {
+                1 + (next() % 9000) as usize
+            } else {
+                size.max(1)
+            };
             std::fs::File::create(&path)
                 .and_then(|mut f| {
-                    f.write_all(&pattern(size, seed))?;
+                    for chunk in pattern(size, seed).chunks(piece) {
+                        f.write_all(chunk)?;
+                    }
                     f.sync_all()
                 })
                 .map(|()| format!("DONE {name} {seed} {size}"))

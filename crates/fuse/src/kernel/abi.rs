@@ -79,6 +79,8 @@ pub(crate) mod init_flags {
 /// `fuse_open_out.open_flags`.
 pub(crate) const FOPEN_DIRECT_IO: u32 = 1 << 0;
 pub(crate) const FOPEN_KEEP_CACHE: u32 = 1 << 1;
+/// No `FUSE_FLUSH` at this open file's closes.
+pub(crate) const FOPEN_NOFLUSH: u32 = 1 << 5;
 
 /// `fuse_setattr_in.valid` bits.
 pub(crate) mod fattr {

@@ -22,6 +22,9 @@ use super::uring;
 pub(crate) struct InitParams {
     /// Wanted `init_flags`; only those the kernel offers are granted.
     pub(crate) flags: u64,
+    /// Flags wanted only from a kernel that does not offer `DIRECT_IO_ALLOW_MMAP` (files
+    /// opened for direct I/O could not be mmapped shared there).
+    pub(crate) without_direct_mmap: u64,
     pub(crate) max_write: u32,
     pub(crate) max_readahead: u32,
     pub(crate) max_background: u16,
@@ -285,7 +288,10 @@ pub(crate) fn max_pages(bytes: u32) -> u32 {
 }
 
 fn negotiate(init: &request::InitIn, p: &InitParams) -> InitOut {
-    let flags = (p.flags | init_flags::INIT_EXT) & init.flags;
+    let mut flags = (p.flags | init_flags::INIT_EXT) & init.flags;
+    if init.flags & init_flags::DIRECT_IO_ALLOW_MMAP == 0 {
+        flags |= p.without_direct_mmap & init.flags;
+    }
     let max_readahead = p.max_readahead.min(init.max_readahead);
     let max_pages = max_pages(p.max_write.max(max_readahead));
     InitOut {
@@ -461,6 +467,7 @@ mod tests {
         };
         let p = InitParams {
             flags: init_flags::ASYNC_READ | init_flags::WRITEBACK_CACHE,
+            without_direct_mmap: 0,
             max_write: 1 << 20,
             max_readahead: 1 << 20,
             max_background: 64,
@@ -471,6 +478,32 @@ mod tests {
         assert_eq!(out.minor, abi::KERNEL_MINOR_VERSION);
         assert_eq!(out.max_readahead, 131072);
         assert_eq!(out.max_pages, 257);
+    }
+
+    #[test]
+    fn writeback_only_from_a_kernel_that_cannot_mmap_direct_io_files() {
+        let mut init = request::InitIn {
+            major: 7,
+            minor: 44,
+            max_readahead: 131072,
+            flags: init_flags::ASYNC_READ
+                | init_flags::WRITEBACK_CACHE
+                | init_flags::DIRECT_IO_ALLOW_MMAP,
+        };
+        let p = InitParams {
+            flags: init_flags::ASYNC_READ | init_flags::DIRECT_IO_ALLOW_MMAP,
+            without_direct_mmap: init_flags::WRITEBACK_CACHE,
+            max_write: 1 << 20,
+            max_readahead: 1 << 20,
+            max_background: 64,
+            congestion_threshold: 48,
+        };
+        let granted = negotiate(&init, &p).flags;
+        assert_eq!(granted & init_flags::WRITEBACK_CACHE, 0);
+        assert_ne!(granted & init_flags::DIRECT_IO_ALLOW_MMAP, 0);
+        init.flags &= !init_flags::DIRECT_IO_ALLOW_MMAP;
+        let granted = negotiate(&init, &p).flags;
+        assert_ne!(granted & init_flags::WRITEBACK_CACHE, 0);
     }
 
     #[test]

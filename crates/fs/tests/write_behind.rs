@@ -1,0 +1,263 @@
+//! Write-behind (`write_behind.rs`): small writes gathered in memory and written as whole
+//! blocks, on a mount that gathers (a one-node mount whose kernel passes writes straight
+//! through). What it must keep: every read, `stat` and lookup on the node sees every write
+//! that returned; writes land in the order they were made; fsync makes them durable; a
+//! failure to write them reaches the application at its next write, fsync or close; and
+//! the file's times are those of the writes, not of the flush.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tessera_fs::{FileSystem, FsError, SetAttr, Timestamp, ROOT_INO};
+
+fn gathering(t: &TestDisks) -> Arc<FileSystem> {
+    let fs = mount(t);
+    fs.set_write_behind(true);
+    fs
+}
+
+fn small_fs() -> TestDisks {
+    let t = make_disks(2, 64 << 20);
+    format_fs(&t, &small_opts());
+    t
+}
+
+#[test]
+fn small_appends_are_gathered_and_every_read_and_stat_sees_them() {
+    let t = small_fs();
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"log");
+    let mut want = Vec::new();
+    for i in 0..25_000u64 {
+        let line = format!("line {i:06} {}\n", "x".repeat((i % 37) as usize));
+        fs.write(a.ino, want.len() as u64, line.as_bytes(), false)
+            .unwrap();
+        want.extend_from_slice(line.as_bytes());
+        if i == 10 {
+            assert!(fs.gathered_bytes() > 0, "small appends are gathered");
+            // `stat` and a lookup report the size the gathered bytes reach, without
+            // writing them.
+            assert_eq!(fs.getattr(a.ino).unwrap().size, want.len() as u64);
+            assert_eq!(fs.lookup(ROOT_INO, b"log").unwrap().size, want.len() as u64);
+            assert!(fs.gathered_bytes() > 0);
+        }
+    }
+    // Whole blocks went to the disks as the run covered them: less than a block waits.
+    assert!(
+        fs.gathered_bytes() < BLOCK,
+        "{} bytes gathered",
+        fs.gathered_bytes()
+    );
+    assert!(want.len() as u64 > 2 * BLOCK);
+    // A read writes what is gathered first.
+    assert_eq!(fs.read(a.ino, 0, want.len() as u32 + 1).unwrap(), want);
+    assert_eq!(fs.gathered_bytes(), 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(fs.read(a.ino, 0, want.len() as u32 + 1).unwrap(), want);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after gathered appends");
+}
+
+/// Writes `data` at `off` of the file and of its expected content.
+fn put(fs: &FileSystem, ino: u64, want: &mut Vec<u8>, off: usize, data: &[u8], sync: bool) {
+    fs.write(ino, off as u64, data, sync).unwrap();
+    if want.len() < off + data.len() {
+        want.resize(off + data.len(), 0);
+    }
+    want[off..off + data.len()].copy_from_slice(data);
+}
+
+#[test]
+fn writes_land_in_the_order_they_were_made() {
+    let t = small_fs();
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"f");
+    let mut want = Vec::new();
+    let w = &mut want;
+    // Gathered, then a large write over it (goes straight through after it).
+    put(&fs, a.ino, w, 100, &[1; 5000], false);
+    put(&fs, a.ino, w, 0, &pattern(600 << 10, 7), false);
+    // Gathered, then a small write elsewhere (starts a new run after writing it).
+    put(&fs, a.ino, w, 4000, &[2; 3000], false);
+    put(&fs, a.ino, w, 3000, &[3; 2000], false);
+    // Gathered, then a synchronous write over part of it.
+    put(&fs, a.ino, w, 20_000, &[4; 8000], false);
+    put(&fs, a.ino, w, 22_000, &[5; 100], true);
+    // Gathered past the end, then a truncate below it, then a hole and more.
+    put(&fs, a.ino, w, 700 << 10, &[6; 3000], false);
+    fs.truncate(a.ino, 650 << 10).unwrap();
+    w.truncate(650 << 10);
+    put(&fs, a.ino, w, 900 << 10, &[7; 10], false);
+    assert_eq!(fs.getattr(a.ino).unwrap().size, want.len() as u64);
+    assert_eq!(fs.read(a.ino, 0, (1 << 20) as u32).unwrap(), want);
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(fs.read(a.ino, 0, (1 << 20) as u32).unwrap(), want);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after mixed writes");
+}
+
+#[test]
+fn writers_of_many_files_at_once_lose_nothing() {
+    let t = small_fs();
+    let fs = gathering(&t);
+    let files: Vec<u64> = (0..6)
+        .map(|i| create_file(&fs, ROOT_INO, format!("f{i}").as_bytes()).ino)
+        .collect();
+    std::thread::scope(|s| {
+        for (k, &ino) in files.iter().enumerate() {
+            let fs = &fs;
+            s.spawn(move || {
+                let data = pattern(700_000, k as u64);
+                let mut off = 0;
+                let mut step = 1 + k * 997;
+                while off < data.len() {
+                    let n = step.min(data.len() - off);
+                    fs.write(ino, off as u64, &data[off..off + n], false)
+                        .unwrap();
+                    off += n;
+                    step = 1 + (step * 7919) % 9000;
+                    if off % 5 == 0 {
+                        // Another thread's reads and stats in between.
+                        assert_eq!(fs.getattr(ino).unwrap().size, off as u64);
+                    }
+                }
+                if k % 2 == 0 {
+                    fs.fsync(ino).unwrap();
+                }
+            });
+        }
+    });
+    for (k, &ino) in files.iter().enumerate() {
+        assert_eq!(
+            fs.read(ino, 0, 800_000).unwrap(),
+            pattern(700_000, k as u64),
+            "file {k}"
+        );
+    }
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after parallel writers");
+}
+
+#[test]
+fn the_times_are_those_of_the_writes_and_explicit_times_stay() {
+    let t = small_fs();
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"f");
+    fs.write(a.ino, 0, b"hello", false).unwrap();
+    let written = fs.getattr(a.ino).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    fs.fsync(a.ino).unwrap();
+    let flushed = fs.getattr(a.ino).unwrap();
+    assert_eq!(flushed.size, 5);
+    assert_eq!(
+        (flushed.mtime, flushed.ctime),
+        (written.mtime, written.ctime),
+        "the flush stamps the time of the write"
+    );
+    // A gathered write and then explicit times (touch -d, cp -p, tar): the times stay.
+    fs.write(a.ino, 5, b" world", false).unwrap();
+    let when = Timestamp {
+        secs: 1_000_000_000,
+        nsecs: 5,
+    };
+    let set = SetAttr {
+        mtime: Some(when),
+        ..Default::default()
+    };
+    fs.setattr(a.ino, set).unwrap();
+    fs.fsync(a.ino).unwrap();
+    let after = fs.getattr(a.ino).unwrap();
+    assert_eq!(after.mtime, when);
+    assert_eq!(fs.read(a.ino, 0, 100).unwrap(), b"hello world");
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_failure_to_write_gathered_bytes_reaches_the_writer() {
+    let t = make_disks(1, 24 << 20);
+    format_fs(&t, &small_opts());
+    let fs = gathering(&t);
+    // Fill the disk with a file written straight through.
+    let big = create_file(&fs, ROOT_INO, b"big");
+    let mut off = 0u64;
+    loop {
+        match fs.write(big.ino, off, &vec![9; BLOCK as usize], false) {
+            Ok(_) => off += BLOCK,
+            Err(FsError::NoSpace { .. }) => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    // Small writes of another file are gathered (nothing is allocated yet) ...
+    let a = create_file(&fs, ROOT_INO, b"late");
+    let mut failed = None;
+    for i in 0..(2 * BLOCK / 4096) {
+        if let Err(e) = fs.write(a.ino, i * 4096, &[1; 4096], false) {
+            failed = Some(e);
+            break;
+        }
+    }
+    // ... and the failure of their write comes back at a write (when a whole block is
+    // written) or at the close at the latest, as ENOSPC.
+    let err = match failed {
+        Some(e) => e,
+        None => fs.flush_gathered(a.ino).unwrap_err(),
+    };
+    assert!(matches!(err, FsError::NoSpace { .. }), "{err:?}");
+    // Freed space: the file system works on; nothing of the file system was lost.
+    fs.truncate(big.ino, 0).unwrap();
+    fs.sync().unwrap();
+    fs.write(a.ino, 0, b"again", false).unwrap();
+    fs.fsync(a.ino).unwrap();
+    assert_eq!(&fs.read(a.ino, 0, 5).unwrap()[..], b"again");
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after ENOSPC at a gathered write");
+}
+
+#[test]
+fn a_failure_found_by_the_background_flush_is_reported_at_close() {
+    let t = make_disks(1, 24 << 20);
+    format_fs(&t, &small_opts());
+    let fs = gathering(&t);
+    let big = create_file(&fs, ROOT_INO, b"big");
+    let mut off = 0u64;
+    while fs
+        .write(big.ino, off, &vec![9; BLOCK as usize], false)
+        .is_ok()
+    {
+        off += BLOCK;
+    }
+    let a = create_file(&fs, ROOT_INO, b"late");
+    fs.open(a.ino).unwrap();
+    fs.write(a.ino, 0, &[1; 8192], false).unwrap();
+    // What `sync` (and the background flusher) writes and fails at is kept for the file.
+    fs.sync().unwrap();
+    let err = fs.release(a.ino).unwrap_err();
+    assert!(matches!(err, FsError::NoSpace { .. }), "{err:?}");
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after a failed background flush");
+}
+
+#[test]
+fn unmount_writes_what_is_gathered() {
+    let t = small_fs();
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"f");
+    fs.write(a.ino, 0, b"written just before the unmount", false)
+        .unwrap();
+    assert!(fs.gathered_bytes() > 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(
+        &fs.read(a.ino, 0, 100).unwrap()[..],
+        b"written just before the unmount"
+    );
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after an unmount with gathered writes");
+}
