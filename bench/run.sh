@@ -11,7 +11,9 @@
 # Both file systems live in WORKDIR: Tessera on four preallocated drive files (O_DIRECT, like
 # four contiguous drives), XFS on a loop device over one sparse image with direct I/O (so
 # neither uses the guest page cache). Runs fio sequential 1 MiB write and read (1 and 4
-# jobs), 4 KiB random read and write (libaio, iodepth 16, direct), and a metadata
+# jobs), sequential small writes (4 KiB and 1 KiB pieces, one job, SMALL_BYTES and a
+# quarter of it, fsync at the end: what the kernel's or the daemon's gathering of small
+# writes is for), 4 KiB random read and write (libaio, iodepth 16, direct), and a metadata
 # create/stat/unlink of 100,000 files from one process, then prints each result and the
 # Tessera/XFS ratio as a Markdown table.
 #
@@ -29,6 +31,7 @@ XFS_BYTES=${XFS_BYTES:-24G}
 SEQ_BYTES=${SEQ_BYTES:-4G}
 RAND_BYTES=${RAND_BYTES:-1G}
 RAND_SECONDS=${RAND_SECONDS:-20}
+SMALL_BYTES=${SMALL_BYTES:-256M}
 MD_FILES=${MD_FILES:-100000}
 BLOCK=${BLOCK:-4M}
 ROUNDS=${ROUNDS:-3}
@@ -138,6 +141,11 @@ measure() {
     drop_caches
     RESULT[$fs,seqread4,$r]=$(run_fio "$fs-sr4" "$dir" --rw=read --bs=1M --size="$per4" --numjobs=4 --ioengine=psync --group_reporting)
     rm -f "$dir"/"$fs-sw4"* "$dir"/"$fs-sr4"*
+    local small=$SMALL_BYTES
+    local tiny=$(( $(numfmt --from=iec "$SMALL_BYTES") / 4 ))
+    RESULT[$fs,write4k,$r]=$(run_fio "$fs-s4k" "$dir" --rw=write --bs=4k --size="$small" --numjobs=1 --end_fsync=1 --ioengine=psync)
+    RESULT[$fs,write1k,$r]=$(run_fio "$fs-s1k" "$dir" --rw=write --bs=1k --size="$tiny" --numjobs=1 --end_fsync=1 --ioengine=psync)
+    rm -f "$dir"/"$fs-s4k"* "$dir"/"$fs-s1k"*
     local rand=(--bs=4k --size="$RAND_BYTES" --ioengine=libaio --iodepth=16 --direct=1 --time_based --runtime="$RAND_SECONDS" --filename=rand.dat)
     RESULT[$fs,randwrite,$r]=$(run_fio "$fs-rw" "$dir" --rw=randwrite "${rand[@]}" | awk '{print $2}')
     RESULT[$fs,randread,$r]=$(run_fio "$fs-rr" "$dir" --rw=randread "${rand[@]}" | awk '{print $2}')
@@ -147,10 +155,10 @@ measure() {
     RESULT[$fs,create,$r]=$(echo "$md" | awk '$1 == "create" {print $4}')
     RESULT[$fs,stat,$r]=$(echo "$md" | awk '$1 == "stat" {print $4}')
     RESULT[$fs,unlink,$r]=$(echo "$md" | awk '$1 == "unlink" {print $4}')
-    for key in seqwrite1 seqread1 seqwrite4 seqread4; do
+    for key in seqwrite1 seqread1 seqwrite4 seqread4 write4k write1k; do
         RESULT[$fs,$key,$r]=$(echo "${RESULT[$fs,$key,$r]}" | awk '{print $1}')
     done
-    echo "round $r $fs: seq w1 ${RESULT[$fs,seqwrite1,$r]} r1 ${RESULT[$fs,seqread1,$r]} w4 ${RESULT[$fs,seqwrite4,$r]} r4 ${RESULT[$fs,seqread4,$r]} MB/s; rand w ${RESULT[$fs,randwrite,$r]} r ${RESULT[$fs,randread,$r]} IOPS; create ${RESULT[$fs,create,$r]} stat ${RESULT[$fs,stat,$r]} unlink ${RESULT[$fs,unlink,$r]} /s" >&2
+    echo "round $r $fs: seq w1 ${RESULT[$fs,seqwrite1,$r]} r1 ${RESULT[$fs,seqread1,$r]} w4 ${RESULT[$fs,seqwrite4,$r]} r4 ${RESULT[$fs,seqread4,$r]} 4k ${RESULT[$fs,write4k,$r]} 1k ${RESULT[$fs,write1k,$r]} MB/s; rand w ${RESULT[$fs,randwrite,$r]} r ${RESULT[$fs,randread,$r]} IOPS; create ${RESULT[$fs,create,$r]} stat ${RESULT[$fs,stat,$r]} unlink ${RESULT[$fs,unlink,$r]} /s" >&2
 }
 
 # Each round starts with a different system (xfs, tessera, before, xfs, ...).
@@ -202,6 +210,8 @@ row seqwrite1 "seq write 1 MiB, 1 job" MB/s
 row seqread1 "seq read 1 MiB, 1 job" MB/s
 row seqwrite4 "seq write 1 MiB, 4 jobs" MB/s
 row seqread4 "seq read 1 MiB, 4 jobs" MB/s
+row write4k "seq write 4 KiB, 1 job" MB/s
+row write1k "seq write 1 KiB, 1 job" MB/s
 row randwrite "rand write 4 KiB, QD16 direct" IOPS
 row randread "rand read 4 KiB, QD16 direct" IOPS
 row create "create (1 process)" files/s

@@ -11,14 +11,16 @@
 //! passed straight to the daemon reach 1.4 times that. Gathering small writes here keeps
 //! both: large writes go to the disks as they come, small ones are gathered.
 //!
-//! What is gathered: one run of contiguous bytes per file, started by a write smaller than
-//! [`GATHER_BELOW`] and grown by the writes that continue it (sequential writers, appends,
-//! mmap writeback). Whole blocks are written as soon as the run covers them; a write that
-//! does not continue the run first writes what was gathered, so writes land in the order
-//! they were made, and every write of the file waits for that.
+//! What is gathered: runs of contiguous bytes per file (up to [`RUNS_MAX`]), each started
+//! by a write smaller than [`GATHER_BELOW`] and grown by the writes that continue or
+//! overlap it (sequential writers, appends, mmap writeback, a database's page rewrites).
+//! A write over gathered bytes replaces them in memory, so they reach the disks once, in
+//! their last version. Whole blocks are written as soon as a run covers them. A large write
+//! that touches no run goes to the disks at once; one that touches a run joins it, so that
+//! nothing gathered can later land over it.
 //!
-//! When gathered bytes reach the disks: when the run covers a block; before any write that
-//! does not continue it, any read of the file, a truncate, a `setattr`, a `fallocate` and a
+//! When gathered bytes reach the disks: when a run covers a block; before a synchronous
+//! write of the file, any read of it, a truncate, a `setattr`, a `fallocate` and a
 //! `link`; at `fsync` (then they are durable), at close (`FUSE_FLUSH`: a failure is that
 //! close's error) and at the file's last release; every [`COMMIT_INTERVAL`] by the
 //! background flusher (so nothing stays in memory longer than a few seconds); at unmount;
@@ -41,7 +43,7 @@
 //!
 //! [`COMMIT_INTERVAL`]: crate::fs::COMMIT_INTERVAL
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -55,8 +57,13 @@ use crate::inode::{Attr, Ino, Timestamp};
 /// they come (gathering them would only add a copy).
 pub(crate) const GATHER_BELOW: usize = 256 << 10;
 
-/// Gathered bytes of all files together, at most: past it writes go straight through.
+/// Gathered bytes of all files together, at most: past it a file's runs are written before
+/// its next write is gathered.
 pub(crate) const GATHERED_MAX: u64 = 256 << 20;
+
+/// Runs one file may hold, at most: past it they are written before the next is started
+/// (each run costs a write and a block-map update of its own when it is written).
+pub(crate) const RUNS_MAX: usize = 256;
 
 std::thread_local! {
     /// The time a flush of gathered bytes stamps as the file's mtime and ctime: when the
@@ -71,31 +78,89 @@ std::thread_local! {
 #[derive(Default)]
 pub(crate) struct WriteBehind {
     on: AtomicBool,
-    files: Mutex<HashMap<Ino, Arc<Mutex<Run>>>>,
-    /// Bytes held by all runs.
+    files: Mutex<HashMap<Ino, Arc<Mutex<Gathered>>>>,
+    /// Bytes held by all files' runs.
     bytes: AtomicU64,
 }
 
-/// One file's gathered bytes: `data` belongs at byte `start` of the file.
-struct Run {
-    start: u64,
-    data: Vec<u8>,
+/// One file's gathered bytes: runs by the file offset they start at, none overlapping or
+/// touching another.
+struct Gathered {
+    runs: BTreeMap<u64, Vec<u8>>,
     /// When the last write gathered here was made.
     at: Timestamp,
     /// Taken out of the table: whoever waited for it looks the file up again.
     gone: bool,
-    /// A write of these bytes that failed where no caller could be told.
+    /// A write of gathered bytes that failed where no caller could be told.
     failed: Option<FsError>,
 }
 
-impl Run {
-    fn end(&self) -> u64 {
-        self.start + self.data.len() as u64
+impl Gathered {
+    /// Where the last run ends: the size the file has at least.
+    fn end(&self) -> Option<u64> {
+        let (start, data) = self.runs.last_key_value()?;
+        Some(start + data.len() as u64)
+    }
+
+    /// Whether `offset..end` overlaps or touches a run.
+    fn touches(&self, offset: u64, end: u64) -> bool {
+        self.runs
+            .range(..=end)
+            .next_back()
+            .is_some_and(|(start, data)| start + data.len() as u64 >= offset)
+    }
+
+    /// Puts `data` at `offset` into the runs: it extends the run it continues in place, or
+    /// joins every run it overlaps or touches into one. Returns the start of its run and the
+    /// bytes added to the gathered total.
+    fn put(&mut self, offset: u64, data: &[u8]) -> (u64, u64) {
+        let end = offset + data.len() as u64;
+        // The common case, a write that continues a run and reaches no other.
+        if let Some((&start, run)) = self.runs.range_mut(..=offset).next_back() {
+            let run_end = start + run.len() as u64;
+            let next_clear = self
+                .runs
+                .range(offset + 1..)
+                .next()
+                .is_none_or(|(next, _)| *next > end);
+            if run_end == offset && next_clear {
+                let run = self.runs.get_mut(&start).expect("run just found");
+                run.extend_from_slice(data);
+                return (start, data.len() as u64);
+            }
+        }
+        let joined: Vec<u64> = self
+            .runs
+            .range(..=end)
+            .rev()
+            .take_while(|(start, run)| **start + run.len() as u64 >= offset)
+            .map(|(start, _)| *start)
+            .collect();
+        let mut first = offset;
+        let mut last = end;
+        for start in &joined {
+            let len = self.runs[start].len() as u64;
+            first = first.min(*start);
+            last = last.max(start + len);
+        }
+        let mut merged = vec![0u8; (last - first) as usize];
+        let mut before = 0u64;
+        for start in joined {
+            let run = self.runs.remove(&start).expect("run just found");
+            before += run.len() as u64;
+            let at = (start - first) as usize;
+            merged[at..at + run.len()].copy_from_slice(&run);
+        }
+        let at = (offset - first) as usize;
+        merged[at..at + data.len()].copy_from_slice(data);
+        let added = merged.len() as u64 - before;
+        self.runs.insert(first, merged);
+        (first, added)
     }
 }
 
 impl WriteBehind {
-    fn run(&self, ino: Ino) -> Option<Arc<Mutex<Run>>> {
+    fn gathered(&self, ino: Ino) -> Option<Arc<Mutex<Gathered>>> {
         if !self.on.load(Ordering::Relaxed) {
             return None;
         }
@@ -124,8 +189,8 @@ impl FileSystem {
         self.write_behind.bytes.load(Ordering::Relaxed)
     }
 
-    /// Takes a write into the file's gathered run, or writes what was gathered and then
-    /// this write: `None` when the file has nothing gathered and the write goes straight
+    /// Takes a write into the file's gathered runs, or writes it (after what it must
+    /// follow): `None` when the file has nothing gathered and the write goes straight
     /// through (the caller writes it).
     pub(crate) fn write_behind(
         &self,
@@ -138,88 +203,95 @@ impl FileSystem {
         if !wb.on.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        let gathers = !sync && data.len() < GATHER_BELOW && wb.has_room(data.len());
+        let small = !sync && data.len() < GATHER_BELOW;
+        let end = offset + data.len() as u64;
         loop {
-            let Some(run) = wb.run(ino) else {
-                if !gathers {
+            let Some(file) = wb.gathered(ino) else {
+                if !small || !wb.has_room(data.len()) {
                     return Ok(None);
                 }
                 let mut files = wb.files.lock();
                 if files.contains_key(&ino) {
                     continue;
                 }
-                files.insert(
-                    ino,
-                    Arc::new(Mutex::new(Run {
-                        start: offset,
-                        data: data.to_vec(),
-                        at: self.now(),
-                        gone: false,
-                        failed: None,
-                    })),
-                );
+                let mut runs = BTreeMap::new();
+                runs.insert(offset, data.to_vec());
+                let gathered = Gathered {
+                    runs,
+                    at: self.now(),
+                    gone: false,
+                    failed: None,
+                };
+                files.insert(ino, Arc::new(Mutex::new(gathered)));
                 wb.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                 return Ok(Some(data.len()));
             };
-            let mut run = run.lock();
-            if run.gone {
+            let mut file = file.lock();
+            if file.gone {
                 continue;
             }
-            if let Some(e) = run.failed.take() {
+            if let Some(e) = file.failed.take() {
                 return Err(e);
             }
-            let continues = !run.data.is_empty() && offset == run.end();
-            if continues && !sync && wb.has_room(data.len()) {
-                run.data.extend_from_slice(data);
-                run.at = self.now();
-                wb.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-                self.write_whole_blocks(ino, &mut run)?;
-                return Ok(Some(data.len()));
+            if sync {
+                // Written after everything gathered, so that it lands over it.
+                self.write_runs(ino, &mut file)?;
+                return self.write_direct(ino, offset, data, true).map(Some);
             }
-            // Whatever else this write is, what was gathered lands first.
-            self.write_run(ino, &mut run)?;
-            if gathers {
-                run.start = offset;
-                run.data.extend_from_slice(data);
-                run.at = self.now();
-                wb.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-                return Ok(Some(data.len()));
+            let touches = file.touches(offset, end);
+            if !small && !touches {
+                // Nothing gathered lies where it writes: no order to keep.
+                return self.write_direct(ino, offset, data, false).map(Some);
             }
-            // Written while the run is held, so that no write gathered meanwhile lands
-            // before it.
-            return self.write_direct(ino, offset, data, sync).map(Some);
+            let room = wb.has_room(data.len());
+            if !room || (!touches && file.runs.len() >= RUNS_MAX) {
+                self.write_runs(ino, &mut file)?;
+                if !room && !wb.has_room(data.len()) {
+                    return self.write_direct(ino, offset, data, false).map(Some);
+                }
+            }
+            let (start, added) = file.put(offset, data);
+            file.at = self.now();
+            wb.bytes.fetch_add(added, Ordering::Relaxed);
+            self.write_whole_blocks(ino, &mut file, start)?;
+            return Ok(Some(data.len()));
         }
     }
 
-    /// Writes the whole blocks the run covers (from its start to the last block boundary
-    /// inside it) and keeps the rest.
-    fn write_whole_blocks(&self, ino: Ino, run: &mut Run) -> FsResult<()> {
+    /// Writes the whole blocks the run at `start` covers (from its start to the last block
+    /// boundary inside it) and keeps the rest as a run.
+    fn write_whole_blocks(&self, ino: Ino, file: &mut Gathered, start: u64) -> FsResult<()> {
         let bs = self.geo.block_bytes;
-        let cut = run.end() / bs * bs;
-        if cut <= run.start || run.data.len() < bs as usize {
+        let len = file.runs[&start].len() as u64;
+        let cut = (start + len) / bs * bs;
+        if cut <= start || len < bs {
             return Ok(());
         }
-        let n = (cut - run.start) as usize;
-        let rest = run.data.split_off(n);
-        let head = std::mem::replace(&mut run.data, rest);
-        let start = run.start;
-        run.start = cut;
+        let mut head = file.runs.remove(&start).expect("run just put");
+        let rest = head.split_off((cut - start) as usize);
+        if !rest.is_empty() {
+            file.runs.insert(cut, rest);
+        }
         self.write_behind
             .bytes
-            .fetch_sub(n as u64, Ordering::Relaxed);
-        self.write_gathered(ino, start, &head, run.at)
+            .fetch_sub(head.len() as u64, Ordering::Relaxed);
+        self.write_gathered(ino, start, &head, file.at)
     }
 
-    /// Writes everything the run holds; it is empty afterwards, whatever the outcome.
-    fn write_run(&self, ino: Ino, run: &mut Run) -> FsResult<()> {
-        if run.data.is_empty() {
-            return Ok(());
+    /// Writes every run of the file, in order; they are gone afterwards, whatever the
+    /// outcome. The first failure is returned, after the other runs were written.
+    fn write_runs(&self, ino: Ino, file: &mut Gathered) -> FsResult<()> {
+        let mut result = Ok(());
+        for (start, data) in std::mem::take(&mut file.runs) {
+            self.write_behind
+                .bytes
+                .fetch_sub(data.len() as u64, Ordering::Relaxed);
+            let r = self.write_gathered(ino, start, &data, file.at);
+            if result.is_ok() {
+                result = r;
+            }
         }
-        let data = std::mem::take(&mut run.data);
-        self.write_behind
-            .bytes
-            .fetch_sub(data.len() as u64, Ordering::Relaxed);
-        self.write_gathered(ino, run.start, &data, run.at)
+        result
     }
 
     fn write_gathered(&self, ino: Ino, start: u64, data: &[u8], at: Timestamp) -> FsResult<()> {
@@ -240,50 +312,50 @@ impl FileSystem {
     /// Writes what is gathered of `ino`, if anything; the caller hears of a failure (and
     /// of one kept from a write nobody could be told of).
     pub fn flush_gathered(&self, ino: Ino) -> FsResult<()> {
-        let Some(run) = self.write_behind.run(ino) else {
+        let Some(file) = self.write_behind.gathered(ino) else {
             return Ok(());
         };
-        let mut run = run.lock();
-        if let Some(e) = run.failed.take() {
+        let mut file = file.lock();
+        if let Some(e) = file.failed.take() {
             return Err(e);
         }
-        self.write_run(ino, &mut run)
+        self.write_runs(ino, &mut file)
     }
 
-    /// [`Self::flush_gathered`] for a caller that cannot report the failure (a read, a
-    /// lookup): kept for the file's next write, fsync or close.
+    /// [`Self::flush_gathered`] for a caller that cannot report the failure (a read):
+    /// kept for the file's next write, fsync or close.
     pub(crate) fn flush_gathered_quietly(&self, ino: Ino) {
-        let Some(run) = self.write_behind.run(ino) else {
+        let Some(file) = self.write_behind.gathered(ino) else {
             return;
         };
-        let mut run = run.lock();
-        if let Err(e) = self.write_run(ino, &mut run) {
-            run.failed.get_or_insert(e);
+        let mut file = file.lock();
+        if let Err(e) = self.write_runs(ino, &mut file) {
+            file.failed.get_or_insert(e);
         }
     }
 
     /// Writes what every file has gathered (the background flusher, sync, unmount), and
     /// forgets the files that hold nothing and kept no failure.
     pub(crate) fn flush_all_gathered(&self) {
-        let runs: Vec<(Ino, Arc<Mutex<Run>>)> = {
+        let files: Vec<(Ino, Arc<Mutex<Gathered>>)> = {
             let files = self.write_behind.files.lock();
             if files.is_empty() {
                 return;
             }
-            files.iter().map(|(i, r)| (*i, Arc::clone(r))).collect()
+            files.iter().map(|(i, f)| (*i, Arc::clone(f))).collect()
         };
-        for (ino, run) in runs {
-            let mut run = run.lock();
-            if let Err(e) = self.write_run(ino, &mut run) {
-                run.failed.get_or_insert(e);
+        for (ino, file) in files {
+            let mut file = file.lock();
+            if let Err(e) = self.write_runs(ino, &mut file) {
+                file.failed.get_or_insert(e);
             }
         }
-        self.write_behind.files.lock().retain(|_, run| {
-            let Some(mut run) = run.try_lock() else {
+        self.write_behind.files.lock().retain(|_, file| {
+            let Some(mut file) = file.try_lock() else {
                 return true;
             };
-            let idle = run.data.is_empty() && run.failed.is_none();
-            run.gone |= idle;
+            let idle = file.runs.is_empty() && file.failed.is_none();
+            file.gone |= idle;
             !idle
         });
     }
@@ -291,19 +363,19 @@ impl FileSystem {
     /// The file's last close on this node: what it gathered is written and the file
     /// forgotten here. A failure kept for it is returned (nobody else will hear of it).
     pub(crate) fn release_gathered(&self, ino: Ino) -> FsResult<()> {
-        let Some(arc) = self.write_behind.run(ino) else {
+        let Some(arc) = self.write_behind.gathered(ino) else {
             return Ok(());
         };
-        let mut run = arc.lock();
-        let r = match run.failed.take() {
+        let mut file = arc.lock();
+        let r = match file.failed.take() {
             Some(e) => Err(e),
-            None => self.write_run(ino, &mut run),
+            None => self.write_runs(ino, &mut file),
         };
-        run.gone = true;
-        // Locked after the run (nobody waits for a run holding the table), and only this
-        // run is taken out: another may have replaced it meanwhile.
+        file.gone = true;
+        // Locked after the file (nobody waits for a file holding the table), and only this
+        // file's entry is taken out: another may have replaced it meanwhile.
         let mut files = self.write_behind.files.lock();
-        if files.get(&ino).is_some_and(|r| Arc::ptr_eq(r, &arc)) {
+        if files.get(&ino).is_some_and(|f| Arc::ptr_eq(f, &arc)) {
             files.remove(&ino);
         }
         r
@@ -312,15 +384,63 @@ impl FileSystem {
     /// `attr` as this node's writes left it: the size its gathered bytes reach and the
     /// time of the last of them.
     pub(crate) fn with_gathered(&self, mut attr: Attr) -> Attr {
-        let Some(run) = self.write_behind.run(attr.ino) else {
+        let Some(file) = self.write_behind.gathered(attr.ino) else {
             return attr;
         };
-        let run = run.lock();
-        if !run.data.is_empty() {
-            attr.size = attr.size.max(run.end());
-            attr.mtime = run.at;
-            attr.ctime = run.at;
+        let file = file.lock();
+        if let Some(end) = file.end() {
+            attr.size = attr.size.max(end);
+            attr.mtime = file.at;
+            attr.ctime = file.at;
         }
         attr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn empty() -> Gathered {
+        Gathered {
+            runs: BTreeMap::new(),
+            at: Timestamp::now(),
+            gone: false,
+            failed: None,
+        }
+    }
+
+    proptest! {
+        /// Runs hold exactly the newest byte of every offset written, never overlap or
+        /// touch, and the total counted is what they hold.
+        #[test]
+        fn runs_hold_the_newest_bytes(writes in proptest::collection::vec((0u64..4000, 1usize..300), 1..60)) {
+            let mut g = empty();
+            let mut model: BTreeMap<u64, u8> = BTreeMap::new();
+            let mut total = 0u64;
+            for (i, (off, len)) in writes.into_iter().enumerate() {
+                let data: Vec<u8> = (0..len).map(|k| (i * 31 + k) as u8).collect();
+                let (start, added) = g.put(off, &data);
+                total += added;
+                prop_assert!(g.runs.contains_key(&start));
+                for (k, b) in data.iter().enumerate() {
+                    model.insert(off + k as u64, *b);
+                }
+            }
+            let mut held = BTreeMap::new();
+            let mut last_end = None;
+            for (start, run) in &g.runs {
+                if let Some(end) = last_end {
+                    prop_assert!(*start > end, "runs touch or overlap");
+                }
+                last_end = Some(start + run.len() as u64);
+                for (k, b) in run.iter().enumerate() {
+                    held.insert(start + k as u64, *b);
+                }
+            }
+            prop_assert_eq!(held, model);
+            prop_assert_eq!(total, g.runs.values().map(|r| r.len() as u64).sum::<u64>());
+        }
     }
 }

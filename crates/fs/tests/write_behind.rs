@@ -261,3 +261,46 @@ fn unmount_writes_what_is_gathered() {
     fs.unmount().unwrap();
     assert_fsck_clean(&t, "after an unmount with gathered writes");
 }
+
+/// A database's pattern: small rewrites of pages here and there, read back in between.
+/// Each is gathered (a rewrite of gathered bytes replaces them in memory) and every read
+/// sees the newest bytes.
+#[test]
+fn scattered_rewrites_are_gathered_and_read_back_newest() {
+    let t = small_fs();
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"db");
+    let mut want = pattern(3 * BLOCK as usize, 3);
+    fs.write(a.ino, 0, &want, false).unwrap();
+    fs.fsync(a.ino).unwrap();
+    let mut rng = 99u64;
+    for i in 0..4000usize {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let len = 1 + (rng % 6000) as usize;
+        let off = (rng >> 20) as usize % (want.len() + 1000);
+        let piece = pattern(len, i as u64);
+        put(&fs, a.ino, &mut want, off, &piece, false);
+        if i == 200 {
+            assert!(
+                fs.gathered_bytes() > 0,
+                "scattered small writes are gathered"
+            );
+        }
+        if i % 500 == 499 {
+            let size = fs.getattr(a.ino).unwrap().size;
+            assert_eq!(size, want.len() as u64, "write {i}");
+            assert!(
+                fs.read(a.ino, 0, size as u32 + 1).unwrap() == want,
+                "write {i}"
+            );
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert!(fs.read(a.ino, 0, want.len() as u32 + 1).unwrap() == want);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after scattered rewrites");
+}

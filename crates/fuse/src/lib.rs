@@ -57,11 +57,12 @@ pub struct FuseOptions {
 /// What the kernel may cache of a mount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelCache {
-    /// Names and attributes for a minute, file pages, and writes gathered in the page
-    /// cache (`FUSE_WRITEBACK_CACHE`): for the only node that mounts the file system. With
-    /// a writeback cache the kernel trusts its own size and times of a regular file over
-    /// the file system's for as long as it caches the inode, so no other node's change of
-    /// them could ever show here.
+    /// Names and attributes for a minute, file pages, and small writes gathered: by the
+    /// daemon (`tessera_fs` write-behind; writable opens pass writes straight to it), or on
+    /// a kernel without `DIRECT_IO_ALLOW_MMAP` in the page cache (`FUSE_WRITEBACK_CACHE`).
+    /// For the only node that mounts the file system: gathered writes are seen by this
+    /// node alone, and with a writeback cache the kernel trusts its own size and times of
+    /// a regular file over the file system's for as long as it caches the inode.
     Private,
     /// For a mount in a cluster where other nodes mount the file system too: writes go
     /// through to the file system as they are made, so that the kernel takes sizes and

@@ -126,6 +126,19 @@ fn metrics_follow_the_workload() {
     );
     // fs1 mounts itself at startup (`-A yes`, the default).
 
+    // A small write waits in the daemon's memory until its file's fsync (unless the kernel
+    // cannot mmap direct-I/O files: then its writeback cache gathers it instead).
+    {
+        let mut f = std::fs::File::create(mnt.join("small")).unwrap();
+        f.write_all(b"gathered").unwrap();
+        let in_kernel = log().contains("gathered in the kernel's writeback cache");
+        let gathered = Scrape::take(&addr).value("tessera_fs_gathered_bytes", &[("fs", "fs1")]);
+        assert_eq!(gathered, if in_kernel { 0.0 } else { 8.0 });
+        f.sync_all().unwrap();
+        let gathered = Scrape::take(&addr).value("tessera_fs_gathered_bytes", &[("fs", "fs1")]);
+        assert_eq!(gathered, 0.0);
+    }
+
     let before = Scrape::take(&addr);
     assert_eq!(before.values("tessera_node_info", &[]), [1.0]);
     assert_eq!(before.value("tessera_fs_mounted", &[]), 1.0);

@@ -81,6 +81,7 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
     let mut inodes_max = Vec::new();
     let mut pages = Vec::new();
     let mut page_memory = Vec::new();
+    let mut gathered = Vec::new();
     let mut page_reads = Vec::new();
     let mut evictions = Vec::new();
     let mut second_copy_reads = Vec::new();
@@ -136,6 +137,7 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         let c = fs.metadata_cache_stats();
         pages.push((with(name, "state", "clean"), as_i64(c.cached_pages as u64)));
         pages.push((with(name, "state", "dirty"), as_i64(c.dirty_pages as u64)));
+        gathered.push((fs_label(name), as_i64(fs.gathered_bytes())));
         page_memory.push((with(name, "state", "clean"), as_i64(c.cached_bytes as u64)));
         page_memory.push((with(name, "state", "dirty"), as_i64(c.dirty_bytes as u64)));
         page_reads.push((with(name, "result", "hit"), c.hits));
@@ -224,6 +226,13 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         "Memory of the metadata pages as pagepool bounds it: clean pages' nodes, and \
          changed pages at 1.25 times their size",
         &page_memory,
+    )?;
+    gauges(
+        enc,
+        "tessera_fs_gathered_bytes",
+        "Bytes of small writes gathered in memory and not yet written to the disks \
+         (write-behind of a one-node mount)",
+        &gathered,
     )?;
     counters(
         enc,

@@ -262,9 +262,9 @@ impl Daemon {
     /// the file system, names, attributes and pages of what this node's own metanode
     /// serves (it drops from the kernel what other nodes change there), and names and
     /// attributes this mount holds under other owners' read tokens (their revocations drop
-    /// them from the kernel first). Writes are gathered in a writeback cache only when no
-    /// other node can mount the file system (a one-node cluster), because with one the
-    /// kernel never takes a file's size from the file system again.
+    /// them from the kernel first). Small writes are gathered (by the daemon, or the kernel's
+    /// writeback cache) only when no other node can mount the file system (a one-node
+    /// cluster): gathered writes are seen by this node alone.
     fn kernel_cache(&self, client_of: Option<&str>) -> KernelCache {
         match client_of {
             None if self.member.state().nodes.len() <= 1 => KernelCache::Private,
@@ -641,9 +641,10 @@ impl Daemon {
             }
             if rec.private_cache {
                 bail!(
-                    "file system {} is mounted on node {owner} with a private writeback cache \
-                     (it was the only node of the cluster when it mounted), which would never \
-                     see this node's changes of file sizes; unmount it there and mount it \
+                    "file system {} is mounted on node {owner} with a private cache (it was \
+                     the only node of the cluster when it mounted): it gathers writes no other \
+                     node sees and would never see this node's changes of file sizes; unmount \
+                     it there and mount it \
                      again (`tessera umount {}; tessera mount {}` on {owner}), then mount it \
                      here",
                     rec.name,
