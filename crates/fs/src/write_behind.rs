@@ -62,8 +62,14 @@ pub(crate) const GATHER_BELOW: usize = 256 << 10;
 pub(crate) const GATHERED_MAX: u64 = 256 << 20;
 
 /// Runs one file may hold, at most: past it they are written before the next is started
-/// (each run costs a write and a block-map update of its own when it is written).
+/// (each run costs a write and a block-map update of its own when it is written). 1,024
+/// made random 4 KiB rewrites slower than 256 (12.6-12.8k against 13.9-14.1k IOPS: longer
+/// stalls, no fewer commits).
 pub(crate) const RUNS_MAX: usize = 256;
+
+/// A file's runs are written by several threads from this many on ([`FLUSH_THREADS`]).
+const FLUSH_THREADS_FROM: usize = 8;
+const FLUSH_THREADS: usize = 8;
 
 std::thread_local! {
     /// The time a flush of gathered bytes stamps as the file's mtime and ctime: when the
@@ -278,20 +284,45 @@ impl FileSystem {
         self.write_gathered(ino, start, &head, file.at)
     }
 
-    /// Writes every run of the file, in order; they are gone afterwards, whatever the
-    /// outcome. The first failure is returned, after the other runs were written.
+    /// Writes every run of the file; they are gone afterwards, whatever the outcome. The
+    /// first failure is returned, after the other runs were written. Many runs (scattered
+    /// rewrites) are written by several threads at once: a rewrite in place waits for its
+    /// checksum intent's log commit, and concurrent ones share one (group commit), where
+    /// one after another each paid its own.
     fn write_runs(&self, ino: Ino, file: &mut Gathered) -> FsResult<()> {
-        let mut result = Ok(());
-        for (start, data) in std::mem::take(&mut file.runs) {
-            self.write_behind
-                .bytes
-                .fetch_sub(data.len() as u64, Ordering::Relaxed);
-            let r = self.write_gathered(ino, start, &data, file.at);
-            if result.is_ok() {
-                result = r;
+        let runs: Vec<(u64, Vec<u8>)> = std::mem::take(&mut file.runs).into_iter().collect();
+        let bytes: u64 = runs.iter().map(|(_, d)| d.len() as u64).sum();
+        self.write_behind.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        let at = file.at;
+        if runs.len() < FLUSH_THREADS_FROM {
+            let mut result = Ok(());
+            for (start, data) in &runs {
+                let r = self.write_gathered(ino, *start, data, at);
+                if result.is_ok() {
+                    result = r;
+                }
             }
+            return result;
         }
-        result
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed: Mutex<Option<FsError>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..FLUSH_THREADS.min(runs.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((start, data)) = runs.get(i) else {
+                        return;
+                    };
+                    if let Err(e) = self.write_gathered(ino, *start, data, at) {
+                        failed.lock().get_or_insert(e);
+                    }
+                });
+            }
+        });
+        match failed.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn write_gathered(&self, ino: Ino, start: u64, data: &[u8], at: Timestamp) -> FsResult<()> {

@@ -234,7 +234,10 @@ fn a_failure_found_by_the_background_flush_is_reported_at_close() {
     }
     let a = create_file(&fs, ROOT_INO, b"late");
     fs.open(a.ino).unwrap();
-    fs.write(a.ino, 0, &[1; 8192], false).unwrap();
+    // Scattered pieces, each needing a block of its own: written by several threads.
+    for i in 0..20 {
+        fs.write(a.ino, i * BLOCK, &[1; 8192], false).unwrap();
+    }
     // What `sync` (and the background flusher) writes and fails at is kept for the file.
     fs.sync().unwrap();
     let err = fs.release(a.ino).unwrap_err();
