@@ -190,6 +190,13 @@ impl FileSystem {
         self.write_behind.on.load(Ordering::Relaxed)
     }
 
+    /// Whether writes of `ino` are gathered and not yet written.
+    pub fn has_gathered(&self, ino: Ino) -> bool {
+        self.write_behind
+            .gathered(ino)
+            .is_some_and(|f| !f.lock().runs.is_empty())
+    }
+
     /// Bytes gathered and not yet written, of all files.
     pub fn gathered_bytes(&self) -> u64 {
         self.write_behind.bytes.load(Ordering::Relaxed)

@@ -330,17 +330,19 @@ impl TesseraFuse {
     /// `GETATTR` (a lookup or create may bring the inode in new, and the kernel would keep
     /// attributes a revocation overtook): the mount's time when this node's own metanode
     /// serves the inode, since that metanode drops from the kernel whatever other nodes
-    /// change; none when another node serves it.
+    /// change; none when another node serves it, or while writes of it are gathered.
     fn ttl_for(&self, ino: u64) -> Ttl {
-        Self::ttl_if(self.fs.serves(ino))
+        Self::ttl_if(self.fs.serves(ino) && !self.fs.has_gathered(ino))
     }
 
     /// How long the kernel may keep `ino`'s attributes in the answer to its `GETATTR`: as
     /// [`Self::ttl_for`], and also while this mount holds them under the read token of
     /// another node's owner, whose revocation drops them from the kernel first
-    /// (`FileSystem::kernel_may_keep_attr`).
+    /// (`FileSystem::kernel_may_keep_attr`). Not while the daemon holds gathered writes of
+    /// the file: their blocks are not allocated yet, and the kernel would keep a block count
+    /// (`du`) that their write changes without telling it.
     fn getattr_ttl(&self, ino: u64) -> Ttl {
-        Self::ttl_if(self.fs.kernel_may_keep_attr(ino))
+        Self::ttl_if(self.fs.kernel_may_keep_attr(ino) && !self.fs.has_gathered(ino))
     }
 
     /// How long the kernel may keep `name` in `parent` (naming `ino`): while this node's

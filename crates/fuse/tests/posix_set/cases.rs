@@ -1419,3 +1419,31 @@ fn small_writes_seen_at_once_by_other_opens_and_stat() {
     m.unmount();
     assert!(m.fsck().is_clean());
 }
+
+/// `du` of a file written in small pieces and looked at while they were being written:
+/// once it is closed, its block count covers its bytes (the kernel kept no count from
+/// before the pieces were written).
+#[test]
+fn block_count_after_small_writes_and_a_stat_between() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new(2, 128 << 20, small_fs());
+    let p = m.path("small");
+    let mut f = File::create(&p).unwrap();
+    for _ in 0..50 {
+        f.write_all(&[7u8; 1000]).unwrap();
+    }
+    let during = fs::metadata(&p).unwrap();
+    assert_eq!(during.len(), 50_000);
+    drop(f);
+    let after = fs::metadata(&p).unwrap();
+    assert_eq!(after.len(), 50_000);
+    assert!(
+        after.blocks() * 512 >= 50_000,
+        "{} blocks of 512 bytes for 50,000 bytes written",
+        after.blocks()
+    );
+    m.unmount();
+    assert!(m.fsck().is_clean());
+}
