@@ -137,6 +137,8 @@ fn metrics_follow_the_workload() {
         f.sync_all().unwrap();
         let gathered = Scrape::take(&addr).value("tessera_fs_gathered_bytes", &[("fs", "fs1")]);
         assert_eq!(gathered, 0.0);
+        drop(f);
+        std::fs::remove_file(mnt.join("small")).unwrap();
     }
 
     let before = Scrape::take(&addr);
