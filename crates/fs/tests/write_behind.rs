@@ -178,12 +178,11 @@ fn the_times_are_those_of_the_writes_and_explicit_times_stay() {
     fs.unmount().unwrap();
 }
 
-#[test]
-fn a_failure_to_write_gathered_bytes_reaches_the_writer() {
+/// A gathering mount of a small disk filled by file `big`, written straight through.
+fn full_fs() -> (TestDisks, Arc<FileSystem>, tessera_fs::Attr) {
     let t = make_disks(1, 24 << 20);
     format_fs(&t, &small_opts());
     let fs = gathering(&t);
-    // Fill the disk with a file written straight through.
     let big = create_file(&fs, ROOT_INO, b"big");
     let mut off = 0u64;
     loop {
@@ -193,6 +192,12 @@ fn a_failure_to_write_gathered_bytes_reaches_the_writer() {
             Err(e) => panic!("filling: {e}"),
         }
     }
+    (t, fs, big)
+}
+
+#[test]
+fn a_failure_to_write_gathered_bytes_reaches_the_writer() {
+    let (t, fs, big) = full_fs();
     // Small writes of another file are gathered (nothing is allocated yet) ...
     let a = create_file(&fs, ROOT_INO, b"late");
     let mut failed = None;
@@ -221,17 +226,7 @@ fn a_failure_to_write_gathered_bytes_reaches_the_writer() {
 
 #[test]
 fn a_failure_found_by_the_background_flush_is_reported_at_close() {
-    let t = make_disks(1, 24 << 20);
-    format_fs(&t, &small_opts());
-    let fs = gathering(&t);
-    let big = create_file(&fs, ROOT_INO, b"big");
-    let mut off = 0u64;
-    while fs
-        .write(big.ino, off, &vec![9; BLOCK as usize], false)
-        .is_ok()
-    {
-        off += BLOCK;
-    }
+    let (t, fs, _) = full_fs();
     let a = create_file(&fs, ROOT_INO, b"late");
     fs.open(a.ino).unwrap();
     // Scattered pieces, each needing a block of its own: written by several threads.
