@@ -612,14 +612,16 @@ impl FileSystem {
     }
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        self.routed(ino, |ns| ns.attr(ino))
-            .map(|a| self.with_gathered(a))
+        self.with_gathered(ino, || self.routed(ino, |ns| ns.attr(ino)), |a| a)
     }
 
     /// The attributes and the bytes of storage the file holds, at once (a `stat`).
     pub fn getattr_allocated(&self, ino: Ino) -> FsResult<(Attr, u64)> {
-        self.routed(ino, |ns| ns.attr_and_bytes(ino))
-            .map(|(a, bytes)| (self.with_gathered(a), bytes))
+        self.with_gathered(
+            ino,
+            || self.routed(ino, |ns| ns.attr_and_bytes(ino)),
+            |(a, _)| a,
+        )
     }
 
     /// Bytes of storage the file holds (for st_blocks): whole sub-blocks of its block map.
@@ -632,7 +634,9 @@ impl FileSystem {
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         match self.routed(parent, |ns| ns.find(parent, name)) {
             Err(FsError::InodeElsewhere { ino }) => self.getattr(ino),
-            found => found.map(|a| self.with_gathered(a)),
+            // Read again with the file's runs held, on a mount that gathers writes.
+            Ok(a) if self.writes_behind() => self.getattr(a.ino),
+            found => found,
         }
     }
 
@@ -714,7 +718,8 @@ impl FileSystem {
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         match self.routed(parent, |ns| ns.add_name(ino, parent, name)) {
             Err(FsError::AcrossOwners(_)) => self.link_across_owners(ino, parent, name),
-            done => done.map(|a| self.with_gathered(a)),
+            Ok(a) if self.writes_behind() => self.getattr(a.ino),
+            done => done,
         }
     }
 

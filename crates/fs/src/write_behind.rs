@@ -419,19 +419,29 @@ impl FileSystem {
         r
     }
 
-    /// `attr` as this node's writes left it: the size its gathered bytes reach and the
-    /// time of the last of them.
-    pub(crate) fn with_gathered(&self, mut attr: Attr) -> Attr {
-        let Some(file) = self.write_behind.gathered(attr.ino) else {
-            return attr;
+    /// The attributes `read` gives, as this node's writes left them: the size the
+    /// gathered bytes reach and the time of the last of them. Read while the file's runs
+    /// are held: a write of them takes them out of the runs before its update reaches the
+    /// metadata, and attributes read in between would show neither (a size the kernel
+    /// would then keep, and reads would stop at).
+    pub(crate) fn with_gathered<T>(
+        &self,
+        ino: Ino,
+        read: impl FnOnce() -> FsResult<T>,
+        attr: impl FnOnce(&mut T) -> &mut Attr,
+    ) -> FsResult<T> {
+        let Some(file) = self.write_behind.gathered(ino) else {
+            return read();
         };
         let file = file.lock();
+        let mut value = read()?;
         if let Some(end) = file.end() {
-            attr.size = attr.size.max(end);
-            attr.mtime = file.at;
-            attr.ctime = file.at;
+            let a = attr(&mut value);
+            a.size = a.size.max(end);
+            a.mtime = file.at;
+            a.ctime = file.at;
         }
-        attr
+        Ok(value)
     }
 }
 
