@@ -187,6 +187,10 @@ impl FileSystem {
         if let Err(e) = self.owner_here("answering a metanode request") {
             return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
         }
+        // What this mount gathered of the file lands before another node is answered.
+        if origin.is_some() {
+            self.before_remote_request(&request);
+        }
         if let MetanodeRequest::ProvideSlot = request {
             let reply = match self.provide_slot() {
                 Ok(slot) => MetanodeReply::Count(u64::from(slot)),

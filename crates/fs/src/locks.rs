@@ -305,6 +305,16 @@ impl LockTable {
             .is_some_and(|locks| locks.iter().any(|l| l.holder == holder))
     }
 
+    /// Whether a mount other than `client` holds a data token (a write's, or one it
+    /// keeps) of `ino`.
+    pub(crate) fn data_held_by_others(&self, ino: Ino, client: u64) -> bool {
+        self.files.get(&ino).is_some_and(|locks| {
+            locks
+                .iter()
+                .any(|l| l.holder.class == LockClass::Data && l.holder.client != client)
+        })
+    }
+
     /// The locks on `ino`, for tests and diagnostics.
     pub fn locks_of(&self, ino: Ino) -> Vec<Lock> {
         self.files.get(&ino).cloned().unwrap_or_default()

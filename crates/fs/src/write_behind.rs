@@ -36,10 +36,18 @@
 //! write that finally carries them stamps the file's mtime and ctime with that time, not
 //! its own (`WRITE_TIME`).
 //!
-//! Only a mount no other node mounts beside gathers ([`FileSystem::set_write_behind`]):
-//! other nodes would read the disks, or ask the metanode for the size, without this
-//! node's gathered bytes. Gathering under a kept data token on a cluster's nodes, with the
-//! token's revocation as the flush, is the next step.
+//! Where: a mount no other node mounts beside gathers the writes of every file
+//! ([`FileSystem::set_write_behind`]). On a cluster's nodes a mount gathers the writes of
+//! the files its own metanode serves, while no other node holds anything of them: no
+//! views or attributes under read tokens, no data token, and no request about the file
+//! from another node in the last [`REMOTE_QUIET`] ([`FileSystem::set_write_behind_owned`]).
+//! Before the owner answers another node's request about such a file (a view, its
+//! attributes, a data token, an update, a lookup that leads to it), it writes what it
+//! gathered (`FileSystem::before_remote_request`), so the answer includes every write
+//! that returned; that request's read token or data token then keeps further writes
+//! going straight through until it is revoked. A node that writes files another node
+//! serves writes them straight through (gathering under a kept data token, with the
+//! token's revocation as the flush, is the next step).
 //!
 //! [`COMMIT_INTERVAL`]: crate::fs::COMMIT_INTERVAL
 
@@ -67,6 +75,13 @@ pub(crate) const GATHERED_MAX: u64 = 256 << 20;
 /// stalls, no fewer commits).
 pub(crate) const RUNS_MAX: usize = 256;
 
+/// How long after another node asked about a file this mount serves its writes go
+/// straight through: that node is reading or writing it too.
+const REMOTE_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Files remembered as asked about by other nodes, at most (older ones are forgotten).
+const ASKED_REMOTELY_MAX: usize = 65_536;
+
 /// A file's runs are written by several threads from this many on ([`FLUSH_THREADS`]).
 const FLUSH_THREADS_FROM: usize = 8;
 const FLUSH_THREADS: usize = 8;
@@ -83,7 +98,14 @@ std::thread_local! {
 /// The gathered bytes of every file of one mount.
 #[derive(Default)]
 pub(crate) struct WriteBehind {
+    /// Every file's small writes are gathered (a mount no other node mounts beside).
     on: AtomicBool,
+    /// The small writes of the files this mount's metanode serves are gathered while no
+    /// other node holds anything of them (a mount of a cluster's node).
+    owned: AtomicBool,
+    /// When another node last asked about each file this mount serves: such a file is
+    /// not gathered for [`REMOTE_QUIET`] after (see [`FileSystem::before_remote_request`]).
+    asked_remotely: Mutex<HashMap<Ino, std::time::Instant>>,
     files: Mutex<HashMap<Ino, Arc<Mutex<Gathered>>>>,
     /// Bytes held by all files' runs.
     bytes: AtomicU64,
@@ -166,8 +188,12 @@ impl Gathered {
 }
 
 impl WriteBehind {
+    fn active(&self) -> bool {
+        self.on.load(Ordering::Relaxed) || self.owned.load(Ordering::Relaxed)
+    }
+
     fn gathered(&self, ino: Ino) -> Option<Arc<Mutex<Gathered>>> {
-        if !self.on.load(Ordering::Relaxed) {
+        if !self.active() {
             return None;
         }
         self.files.lock().get(&ino).cloned()
@@ -185,9 +211,84 @@ impl FileSystem {
         self.write_behind.on.store(on, Ordering::SeqCst);
     }
 
-    /// Whether this mount gathers small writes.
+    /// Lets this mount of a cluster's node gather the small writes of the files its own
+    /// metanode serves, while no other node holds anything of them ([`crate::write_behind`]).
+    pub fn set_write_behind_owned(&self, on: bool) {
+        self.write_behind.owned.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether this mount gathers small writes (of every file, or of those it serves).
     pub fn writes_behind(&self) -> bool {
-        self.write_behind.on.load(Ordering::Relaxed)
+        self.write_behind.active()
+    }
+
+    /// Whether a write of `ino` may be gathered now; asked under the file's lock, so that
+    /// another node's request, which marks the file before it writes what is gathered
+    /// (under that lock), finds every write gathered before it.
+    fn may_gather(&self, ino: Ino) -> bool {
+        let wb = &self.write_behind;
+        if wb.on.load(Ordering::Relaxed) {
+            return true;
+        }
+        if !wb.owned.load(Ordering::Relaxed) || !self.serves(ino) {
+            return false;
+        }
+        let owner = self.owner();
+        // Another node holds views or attributes of it (they would go stale), or a data
+        // token (it writes the file itself: its bytes must land in order with ours).
+        if owner.meta.holders.held_by_any(ino)
+            || owner
+                .locks
+                .lock()
+                .data_held_by_others(ino, self.lock_client)
+        {
+            return false;
+        }
+        wb.asked_remotely
+            .lock()
+            .get(&ino)
+            .is_none_or(|at| at.elapsed() >= REMOTE_QUIET)
+    }
+
+    /// Before this owner answers another node's request about a file (its data, size,
+    /// attributes, a data token, a name that leads to it): the file is marked as asked
+    /// about, and what this mount gathered of it is written, so the answer includes it and
+    /// no write is gathered while that node may be reading or writing it.
+    pub(crate) fn before_remote_request(&self, request: &crate::metanode_wire::MetanodeRequest) {
+        use crate::metanode_wire::MetanodeRequest as Q;
+        let wb = &self.write_behind;
+        if !wb.owned.load(Ordering::Relaxed) {
+            return;
+        }
+        let ino = match request {
+            Q::Once { request, .. } => return self.before_remote_request(request),
+            Q::View { ino, .. }
+            | Q::Update { ino, .. }
+            | Q::Attr { ino }
+            | Q::HeldBytes { ino }
+            | Q::AttrBytes { ino }
+            | Q::AddName { ino, .. }
+            | Q::ChangeAttr { ino, .. }
+            | Q::Opened { ino }
+            | Q::Lock { ino, .. } => *ino,
+            // The name's lookup is paid only when something is gathered.
+            Q::Find { .. } if wb.files.lock().is_empty() => return,
+            Q::Find { parent, name } => {
+                match crate::metanode::Namespace::find(self, *parent, name) {
+                    Ok(attr) => attr.ino,
+                    Err(_) => return,
+                }
+            }
+            _ => return,
+        };
+        {
+            let mut asked = wb.asked_remotely.lock();
+            if asked.len() >= ASKED_REMOTELY_MAX {
+                asked.retain(|_, at| at.elapsed() < REMOTE_QUIET);
+            }
+            asked.insert(ino, std::time::Instant::now());
+        }
+        self.flush_gathered_quietly(ino);
     }
 
     /// Whether writes of `ino` are gathered and not yet written.
@@ -213,31 +314,29 @@ impl FileSystem {
         sync: bool,
     ) -> FsResult<Option<usize>> {
         let wb = &self.write_behind;
-        if !wb.on.load(Ordering::Relaxed) {
+        if !wb.active() {
             return Ok(None);
         }
         let small = !sync && data.len() < GATHER_BELOW;
         let end = offset + data.len() as u64;
         loop {
-            let Some(file) = wb.gathered(ino) else {
-                if !small || !wb.has_room(data.len()) {
-                    return Ok(None);
+            let file = match wb.gathered(ino) {
+                Some(file) => file,
+                None => {
+                    if !small || !wb.has_room(data.len()) {
+                        return Ok(None);
+                    }
+                    // Entered empty and decided on under its lock, as every later write.
+                    let mut files = wb.files.lock();
+                    Arc::clone(files.entry(ino).or_insert_with(|| {
+                        Arc::new(Mutex::new(Gathered {
+                            runs: BTreeMap::new(),
+                            at: self.now(),
+                            gone: false,
+                            failed: None,
+                        }))
+                    }))
                 }
-                let mut files = wb.files.lock();
-                if files.contains_key(&ino) {
-                    continue;
-                }
-                let mut runs = BTreeMap::new();
-                runs.insert(offset, data.to_vec());
-                let gathered = Gathered {
-                    runs,
-                    at: self.now(),
-                    gone: false,
-                    failed: None,
-                };
-                files.insert(ino, Arc::new(Mutex::new(gathered)));
-                wb.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-                return Ok(Some(data.len()));
             };
             let mut file = file.lock();
             if file.gone {
@@ -252,8 +351,10 @@ impl FileSystem {
                 return self.write_direct(ino, offset, data, true).map(Some);
             }
             let touches = file.touches(offset, end);
-            if !small && !touches {
-                // Nothing gathered lies where it writes: no order to keep.
+            if (!small && !touches) || !self.may_gather(ino) {
+                // Nothing gathered lies where it writes (or nothing may be gathered now):
+                // what was gathered lands first.
+                self.write_runs(ino, &mut file)?;
                 return self.write_direct(ino, offset, data, false).map(Some);
             }
             let room = wb.has_room(data.len());

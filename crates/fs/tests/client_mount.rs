@@ -2157,3 +2157,67 @@ fn fragments_given_ahead_by_a_dead_owner_are_not_used_after_the_takeover() {
     verify(&third, &files);
     third.unmount().unwrap();
 }
+
+/// The owner's own small writes of a file it serves are gathered in its memory while no
+/// other node holds anything of the file; another node's read, `stat` or write of it
+/// makes the owner write them first, so that node sees every write that returned, and
+/// its own writes land after them.
+#[test]
+fn the_owners_gathered_writes_are_seen_by_another_nodes_reads_stats_and_writes() {
+    let (t, owner, client, _calls, _revoked) = owner_and_client_as_node_two();
+    owner.set_write_behind_owned(true);
+    let f = create_file(&owner, ROOT_INO, b"log").ino;
+    let mut want: Vec<u8> = Vec::new();
+    let mut gathered_once = false;
+    for i in 0..3000usize {
+        let line = format!("line {i:05} {}\n", "z".repeat(i % 50));
+        owner
+            .write(f, want.len() as u64, line.as_bytes(), false)
+            .unwrap();
+        want.extend_from_slice(line.as_bytes());
+        gathered_once |= owner.gathered_bytes() > 0;
+        if i % 250 == 249 {
+            assert_eq!(
+                client.getattr(f).unwrap().size,
+                want.len() as u64,
+                "line {i}"
+            );
+            assert!(
+                client.read(f, 0, (want.len() + 1) as u32).unwrap() == want,
+                "line {i}"
+            );
+        }
+        if i == 1500 {
+            // A second later nobody else asked for a while: gathering again.
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+        }
+    }
+    assert!(gathered_once, "the owner gathered its small writes");
+    // The owner gathers, then the other node writes over part of it: the owner's bytes
+    // land first, the other node's over them.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let g = create_file(&owner, ROOT_INO, b"g").ino;
+    owner.write(g, 0, &[1; 3000], false).unwrap();
+    owner.write(g, 3000, &[2; 3000], false).unwrap();
+    assert!(owner.gathered_bytes() > 0);
+    client.write(g, 2000, &[3; 2000], false).unwrap();
+    let mut expect = vec![1u8; 3000];
+    expect.extend_from_slice(&[2; 3000]);
+    expect[2000..4000].fill(3);
+    assert!(owner.read(g, 0, 10_000).unwrap() == expect);
+    assert!(client.read(g, 0, 10_000).unwrap() == expect);
+    // While the other node keeps the file's data token, the owner's writes go through.
+    client.write(g, 6000, &[4; 100], false).unwrap();
+    owner.write(g, 6100, &[5; 100], false).unwrap();
+    expect.extend_from_slice(&[4; 100]);
+    expect.extend_from_slice(&[5; 100]);
+    assert!(client.read(g, 0, 10_000).unwrap() == expect);
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    let fs = mount(&t);
+    assert!(fs.read(f, 0, (want.len() + 1) as u32).unwrap() == want);
+    assert!(fs.read(g, 0, 10_000).unwrap() == expect);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after the owner's gathered writes");
+}

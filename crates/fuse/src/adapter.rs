@@ -871,6 +871,10 @@ impl Handler for TesseraFuse {
         let gathers = self.private && granted & init_flags::WRITEBACK_CACHE == 0;
         self.gathers.store(gathers, Ordering::Relaxed);
         self.fs.set_write_behind(gathers);
+        // On a cluster's node writable opens are direct anyway (`writes_shared`): the
+        // daemon gathers the small writes of the files its own metanode serves while no
+        // other node holds anything of them.
+        self.fs.set_write_behind_owned(self.shared);
         if self.private && !gathers {
             tracing::info!(
                 "FUSE: kernel without DIRECT_IO_ALLOW_MMAP; writes are gathered in the kernel's \
@@ -990,12 +994,13 @@ impl Handler for TesseraFuse {
             // A close drops the closing process's record locks, which live at the owner
             // when the file system is shared.
             Op::Flush { lock_owner } if self.shared => {
+                let gathered = self.fs.flush_gathered(ino);
                 let holder = self.fs.lock_holder(lock_owner, LockClass::Posix);
                 let r = self.fs.unlock_all(ino, holder);
                 if r.is_ok() {
                     self.flushed(ino, lock_owner);
                 }
-                empty(r)
+                empty(r.and(gathered))
             }
             // close(2) does not promise durability (fsync does) and locks are the kernel's,
             // so there is nothing to do; ENOSYS tells the kernel to stop sending FLUSH at

@@ -653,7 +653,11 @@ fn one_file_system_is_mounted_on_three_nodes() {
     assert_eq!(listing(2), listing(3));
 
     locks_and_appends_across_nodes(&mnt);
-    reads_see_every_completed_write_across_nodes(&mnt);
+    reads_see_every_completed_write_across_nodes(&mnt, 2);
+    // Written on the node that serves the file's metadata, which gathers small writes of
+    // the files it serves while no other node holds anything of them.
+    reads_see_every_completed_write_across_nodes(&mnt, 1);
+    appends_on_the_owner_are_seen_by_stat_and_reads_elsewhere(&mnt);
     stat_and_names_follow_other_nodes_at_once(&mnt);
     creates_in_one_directory_from_every_node(&c, &mnt);
 
@@ -692,23 +696,24 @@ fn one_file_system_is_mounted_on_three_nodes() {
 /// same time. Every word a reader gets must be whole (its own index), no older than the
 /// last write covering it that had returned before the read started, and no newer than
 /// the last write started before the read ended.
-fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf) {
+fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf, writer: u32) {
     use rand::{Rng, SeedableRng};
     use std::os::unix::fs::FileExt;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     const WORDS: usize = (9 << 20) / 8;
     let word = |version: u64, index: usize| (version << 40 | index as u64).to_le_bytes();
     let initial: Vec<u8> = (0..WORDS).flat_map(|i| word(0, i)).collect();
-    std::fs::write(mnt(1).join("coherent"), &initial).unwrap();
+    let name = format!("coherent{writer}");
+    std::fs::write(mnt(1).join(&name), &initial).unwrap();
     // Per word, the number of the last write covering it that has returned.
     let done = parking_lot::Mutex::new(vec![0u32; WORDS]);
     let started = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let reads = AtomicU64::new(0);
     std::thread::scope(|scope| {
-        for k in [1u32, 3] {
+        for k in (1..=3u32).filter(|k| *k != writer) {
             let (done, started, stop, reads) = (&done, &started, &stop, &reads);
-            let path = mnt(k).join("coherent");
+            let path = mnt(k).join(&name);
             scope.spawn(move || {
                 let f = std::fs::File::open(path).unwrap();
                 let mut rng = rand::rngs::StdRng::seed_from_u64(u64::from(k));
@@ -737,9 +742,9 @@ fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf) {
         }
         let f = std::fs::OpenOptions::new()
             .write(true)
-            .open(mnt(2).join("coherent"))
+            .open(mnt(writer).join(&name))
             .unwrap();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(u64::from(writer));
         let until = Instant::now() + Duration::from_secs(6);
         let mut version = 0u32;
         while Instant::now() < until {
@@ -760,6 +765,35 @@ fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf) {
         );
         assert!(version > 20 && reads.load(Ordering::Relaxed) > 20);
     });
+}
+
+/// A log appended in small pieces on node 1, which serves its metadata and gathers them:
+/// after each append returned, `stat` and a read on nodes 2 and 3 show all of it.
+fn appends_on_the_owner_are_seen_by_stat_and_reads_elsewhere(mnt: &impl Fn(u32) -> PathBuf) {
+    use std::io::Write;
+    let mut log = std::fs::File::create(mnt(1).join("owner.log")).unwrap();
+    let mut want = Vec::new();
+    for i in 0..400usize {
+        let line = format!("entry {i:04} {}\n", "w".repeat(i % 90));
+        log.write_all(line.as_bytes()).unwrap();
+        want.extend_from_slice(line.as_bytes());
+        if i % 40 == 39 {
+            for k in [2u32, 3] {
+                let path = mnt(k).join("owner.log");
+                let len = std::fs::metadata(&path).unwrap().len();
+                assert_eq!(len, want.len() as u64, "node {k}: size after append {i}");
+                assert!(
+                    std::fs::read(&path).unwrap() == want,
+                    "node {k}: after append {i}"
+                );
+            }
+            // Nobody else asked for a while: node 1 gathers again.
+            std::thread::sleep(Duration::from_millis(1100));
+        }
+    }
+    log.sync_all().unwrap();
+    drop(log);
+    std::fs::remove_file(mnt(2).join("owner.log")).unwrap();
 }
 
 /// What each node's kernel keeps under read tokens (names, attributes) follows the other

@@ -231,7 +231,7 @@ fn fs_samples(enc: &mut DescriptorEncoder, mounted: &[(String, Arc<FileSystem>)]
         enc,
         "tessera_fs_gathered_bytes",
         "Bytes of small writes gathered in memory and not yet written to the disks \
-         (write-behind of a one-node mount)",
+         (write-behind)",
         &gathered,
     )?;
     counters(
