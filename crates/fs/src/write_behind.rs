@@ -20,8 +20,7 @@
 //! nothing gathered can later land over it.
 //!
 //! When gathered bytes reach the disks: when a run covers a block; before a synchronous
-//! write of the file, any read of it, a truncate, a `setattr`, a `fallocate` and a
-//! `link`; at `fsync` (then they are durable), at close (`FUSE_FLUSH`: a failure is that
+//! write of the file, any read of it, a truncate, a `setattr` and a `fallocate`; at `fsync` (then they are durable), at close (`FUSE_FLUSH`: a failure is that
 //! close's error) and at the file's last release; every [`COMMIT_INTERVAL`] by the
 //! background flusher (so nothing stays in memory longer than a few seconds); at unmount;
 //! and when all files together hold [`GATHERED_MAX`] (then writes go straight through).
@@ -31,7 +30,7 @@
 //! the page cache's dirty pages are; `fsync`, `O_SYNC`, `O_DSYNC` and `O_DIRECT` writes keep
 //! their guarantees (they write what was gathered first).
 //!
-//! Sizes and times: `stat` and lookups on this node report the size the gathered bytes
+//! Sizes and times: `stat`, lookups and `link` on this node report the size the gathered bytes
 //! reach and the time of the last write gathered (`FileSystem::with_gathered`), and the
 //! write that finally carries them stamps the file's mtime and ctime with that time, not
 //! its own (`WRITE_TIME`).
@@ -345,22 +344,27 @@ impl FileSystem {
             if let Some(e) = file.failed.take() {
                 return Err(e);
             }
+            // A write that goes straight through writes what was gathered first, then lets
+            // the file's lock go before its own write: that write may wait for another
+            // node's data token, and that node's next request waits for the lock here
+            // (`before_remote_request`). A write gathered meanwhile by another thread
+            // runs concurrently with it, and may land before or after, as on any disk.
             if sync {
-                // Written after everything gathered, so that it lands over it.
                 self.write_runs(ino, &mut file)?;
+                drop(file);
                 return self.write_direct(ino, offset, data, true).map(Some);
             }
             let touches = file.touches(offset, end);
             if (!small && !touches) || !self.may_gather(ino) {
-                // Nothing gathered lies where it writes (or nothing may be gathered now):
-                // what was gathered lands first.
                 self.write_runs(ino, &mut file)?;
+                drop(file);
                 return self.write_direct(ino, offset, data, false).map(Some);
             }
             let room = wb.has_room(data.len());
             if !room || (!touches && file.runs.len() >= RUNS_MAX) {
                 self.write_runs(ino, &mut file)?;
                 if !room && !wb.has_room(data.len()) {
+                    drop(file);
                     return self.write_direct(ino, offset, data, false).map(Some);
                 }
             }

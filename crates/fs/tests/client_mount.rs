@@ -2221,3 +2221,43 @@ fn the_owners_gathered_writes_are_seen_by_another_nodes_reads_stats_and_writes()
     fs.unmount().unwrap();
     assert_fsck_clean(&t, "after the owner's gathered writes");
 }
+
+/// The owner (gathering what it may) and another node writing one file at once, the
+/// owner's writes partly synchronous: neither waits for the other for long. A write of
+/// the owner that goes straight through while the other node holds a data token waits
+/// for that token; the other node's next request makes the owner write what it gathered,
+/// which must not wait for that write.
+#[test]
+fn the_owner_and_another_node_writing_one_file_at_once_do_not_wait_for_each_other() {
+    let (_t, owner, client, _calls, _revoked) = owner_and_client_as_node_two();
+    owner.set_write_behind_owned(true);
+    let f = create_file(&owner, ROOT_INO, b"both").ino;
+    owner.write(f, 0, &vec![0; 1 << 20], false).unwrap();
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let (owner, client) = (&owner, &client);
+        s.spawn(move || {
+            for i in 0..300u64 {
+                client
+                    .write(f, (i * 3001) % (1 << 20), &[1; 3000], false)
+                    .unwrap();
+            }
+        });
+        s.spawn(move || {
+            for i in 0..300u64 {
+                let at = (i * 2999 + 5000) % (1 << 20);
+                owner.write(f, at, &[2; 2000], i % 3 == 0).unwrap();
+            }
+        });
+    });
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?} for 600 writes",
+        started.elapsed()
+    );
+    let seen = owner.read(f, 0, 2 << 20).unwrap();
+    assert_eq!(seen.len(), 1 << 20);
+    assert!(client.read(f, 0, 2 << 20).unwrap() == seen);
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+}
