@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Small sequential writes on the nodes of a two-node cluster in network namespaces: each
+# node writes in a directory it made (with owner slots, one its own metanode serves), one
+# node after the other: fio sequential writes of 1 KiB (SMALL/4 bytes), 4 KiB (SMALL) and
+# 1 MiB (4*SMALL) pieces from one job, fsync at the end.
+#
+#   bench/cluster_small_writes.sh     (root; needs fio; SMALL=64M; about 2 minutes)
+#   TESSERA_BIN=PATH measures that binary instead of building target/release/tessera.
+#
+# Prints a Markdown table, MB/s. Uses scripts/cluster-netns.sh with its own prefix, base and
+# subnet, so a test cluster can run beside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+small=${SMALL:-64M}
+export TSR_PREFIX=${TSR_PREFIX:-tw-} TSR_BASE=${TSR_BASE:-/var/tmp/twnet}
+export TSR_SUBNET=${TSR_SUBNET:-10.79.0}
+if [ -z "${TESSERA_BIN:-}" ]; then
+    cargo build --release -q -p tessera
+    TESSERA_BIN=$PWD/target/release/tessera
+fi
+export TESSERA_BIN
+command -v fio >/dev/null || { echo "bench: fio is missing (apt-get install fio)" >&2; exit 1; }
+net=scripts/cluster-netns.sh
+$net down >/dev/null 2>&1 || true
+$net up 2 --drives 1 --size 2G --config failureDetectionTime=3 >/dev/null
+trap '$net down >/dev/null 2>&1 || true' EXIT
+stanza=$TSR_BASE/w1.stanza
+echo "%nsd: device=$TSR_BASE/drives/node1-d1.img nsd=w1 usage=dataAndMetadata failureGroup=1 pool=system" >"$stanza"
+mnt() { echo "$TSR_BASE/node$1/mnt/w1"; }
+$net run 1 -- tessera nsd create -F "$stanza" >/dev/null
+$net run 1 -- tessera fs create w1 -F "$stanza" -T "$(mnt 1)" >/dev/null
+for k in 1 2; do
+    $net run "$k" -- tessera mount w1 -T "$(mnt "$k")" >/dev/null
+done
+bytes=$(numfmt --from=iec "$small")
+# rate K BS SIZE: fio's write rate in MB/s, run in node K's namespace.
+rate() {
+    local k=$1 bs=$2 size=$3 dir
+    dir=$(mnt "$k")/w$k
+    $net run "$k" -- fio --name="s$bs" --directory="$dir" --rw=write --bs="$bs" --size="$size" \
+        --numjobs=1 --end_fsync=1 --ioengine=psync --output-format=json |
+        python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"] / 1e6))'
+    $net run "$k" -- sh -c "rm -f $dir/s$bs*"
+}
+echo "| node | 1 KiB | 4 KiB | 1 MiB |"
+echo "| --- | ---: | ---: | ---: |"
+for k in 1 2; do
+    $net run "$k" -- mkdir "$(mnt "$k")/w$k"
+    r1=$(rate "$k" 1k $((bytes / 4)))
+    r4=$(rate "$k" 4k "$bytes")
+    rm1=$(rate "$k" 1M $((bytes * 4)))
+    role=$([ "$k" = 1 ] && echo "file system manager" || echo "its own slot's directory")
+    echo "| node$k ($role) | $r1 | $r4 | $rm1 |"
+done
+for k in 2 1; do
+    $net run "$k" -- tessera umount w1 >/dev/null
+done
