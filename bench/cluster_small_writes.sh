@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Small sequential writes on the nodes of a two-node cluster in network namespaces: each
 # node writes in a directory it made (with owner slots, one its own metanode serves), one
-# node after the other: fio sequential writes of 1 KiB (SMALL/4 bytes), 4 KiB (SMALL) and
-# 1 MiB (4*SMALL) pieces from one job, fsync at the end.
+# node after the other, then node 2 in node 1's directory (files another node serves):
+# fio sequential writes of 1 KiB (SMALL/4 bytes), 4 KiB (SMALL) and 1 MiB (4*SMALL)
+# pieces from one job, fsync at the end.
 #
 #   bench/cluster_small_writes.sh     (root; needs fio; SMALL=64M; about 2 minutes)
 #   TESSERA_BIN=PATH measures that binary instead of building target/release/tessera.
@@ -33,10 +34,11 @@ for k in 1 2; do
     $net run "$k" -- tessera mount w1 -T "$(mnt "$k")" >/dev/null
 done
 bytes=$(numfmt --from=iec "$small")
-# rate K BS SIZE: fio's write rate in MB/s, run in node K's namespace.
+# rate K D BS SIZE: fio's write rate in MB/s, run in node K's namespace, in the directory
+# node D made.
 rate() {
-    local k=$1 bs=$2 size=$3 dir
-    dir=$(mnt "$k")/w$k
+    local k=$1 d=$2 bs=$3 size=$4 dir
+    dir=$(mnt "$k")/w$d
     $net run "$k" -- fio --name="s$bs" --directory="$dir" --rw=write --bs="$bs" --size="$size" \
         --numjobs=1 --end_fsync=1 --ioengine=psync --output-format=json |
         python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"] / 1e6))'
@@ -46,10 +48,17 @@ echo "| node | 1 KiB | 4 KiB | 1 MiB |"
 echo "| --- | ---: | ---: | ---: |"
 for k in 1 2; do
     $net run "$k" -- mkdir "$(mnt "$k")/w$k"
-    r1=$(rate "$k" 1k $((bytes / 4)))
-    r4=$(rate "$k" 4k "$bytes")
-    rm1=$(rate "$k" 1M $((bytes * 4)))
-    role=$([ "$k" = 1 ] && echo "file system manager" || echo "its own slot's directory")
+done
+for kd in 1:1 2:2 2:1; do
+    k=${kd%:*} d=${kd#*:}
+    r1=$(rate "$k" "$d" 1k $((bytes / 4)))
+    r4=$(rate "$k" "$d" 4k "$bytes")
+    rm1=$(rate "$k" "$d" 1M $((bytes * 4)))
+    case $kd in
+    1:1) role="file system manager" ;;
+    2:2) role="its own slot's directory" ;;
+    *) role="node1's directory" ;;
+    esac
     echo "| node$k ($role) | $r1 | $r4 | $rm1 |"
 done
 for k in 2 1; do

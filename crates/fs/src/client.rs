@@ -187,9 +187,10 @@ impl FileSystem {
         if let Err(e) = self.owner_here("answering a metanode request") {
             return encode(&MetanodeReply::Failed(RemoteError::from(&e)));
         }
-        // What this mount gathered of the file lands before another node is answered.
-        if origin.is_some() {
-            self.before_remote_request(&request);
+        // What this mount (or another node) gathered of the file lands before another
+        // node is answered.
+        if let Some(node) = origin {
+            self.before_remote_request(&request, node);
         }
         if let MetanodeRequest::ProvideSlot = request {
             let reply = match self.provide_slot() {
@@ -221,6 +222,13 @@ impl FileSystem {
         if let MetanodeRequest::Lock { ino, call } = request {
             let reply = match Namespace::lock(self, ino, call, origin) {
                 Ok(conflict) => MetanodeReply::Lock(conflict),
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            };
+            return encode(&reply);
+        }
+        if let MetanodeRequest::Gather { ino } = request {
+            let reply = match self.grant_gather(ino, origin) {
+                Ok(granted) => MetanodeReply::Count(u64::from(granted)),
                 Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
             };
             return encode(&reply);
@@ -264,10 +272,20 @@ impl FileSystem {
         let child =
             |parent: Ino, name: &[u8]| Namespace::find(self, parent, name).ok().map(|a| a.ino);
         let notify = self.remote_change.get();
-        let changes = match notify {
+        let mut changes = match notify {
             Some(_) => cache_changes(&request, &child),
             None => Vec::new(),
         };
+        if let (Some(node), MetanodeRequest::Update { ino, .. }) = (origin, &request) {
+            // The write of a node gathering the file under its mark: this node's kernel
+            // cached nothing of the file since the mark was set (`grant_gather` dropped it,
+            // and a read here takes the token back first, which waits for this write). A
+            // drop asked now could wait for such a read, whose page it locks while its
+            // take-back waits for this very write.
+            if self.gathered_by(*ino, node) {
+                changes.retain(|c| !matches!(c, crate::CacheChange::Inode(i) if i == ino));
+            }
+        }
         let once = match &request {
             MetanodeRequest::Once { client, seq, .. } => Some((*client, *seq)),
             _ => None,
@@ -616,11 +634,13 @@ impl FileSystem {
     }
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        self.take_back_gathered(ino, None);
         self.with_gathered(ino, || self.routed(ino, |ns| ns.attr(ino)), |a| a)
     }
 
     /// The attributes and the bytes of storage the file holds, at once (a `stat`).
     pub fn getattr_allocated(&self, ino: Ino) -> FsResult<(Attr, u64)> {
+        self.take_back_gathered(ino, None);
         self.with_gathered(
             ino,
             || self.routed(ino, |ns| ns.attr_and_bytes(ino)),
@@ -638,8 +658,9 @@ impl FileSystem {
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         match self.routed(parent, |ns| ns.find(parent, name)) {
             Err(FsError::InodeElsewhere { ino }) => self.getattr(ino),
-            // Read again with the file's runs held, on a mount that gathers writes.
-            Ok(a) if self.writes_behind() => self.getattr(a.ino),
+            // Read again with the file's runs held, or another node's gathered writes
+            // taken back.
+            Ok(a) if self.attrs_may_lag(a.ino) => self.getattr(a.ino),
             found => found,
         }
     }
@@ -722,7 +743,7 @@ impl FileSystem {
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         match self.routed(parent, |ns| ns.add_name(ino, parent, name)) {
             Err(FsError::AcrossOwners(_)) => self.link_across_owners(ino, parent, name),
-            Ok(a) if self.writes_behind() => self.getattr(a.ino),
+            Ok(a) if self.attrs_may_lag(a.ino) => self.getattr(a.ino),
             done => done,
         }
     }
@@ -768,7 +789,9 @@ impl FileSystem {
 
     /// Changes attributes; a new size is cut (or extended) by the data path first.
     pub fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
-        // Explicit times must not be stamped over by gathered writes landing later.
+        // Explicit times must not be stamped over by gathered writes landing later, here
+        // or on another node.
+        self.take_back_gathered(ino, None);
         self.flush_gathered(ino)?;
         if let Some(size) = set.size {
             self.truncate(ino, size)?;
@@ -838,6 +861,14 @@ impl FileSystem {
         let of_slot = |ino: Ino| self.slot_serving(ino) == slot;
         let mut locks = self.held_locks.lock().of_client(self.lock_client);
         locks.retain(|(ino, _)| of_slot(*ino));
+        // The new owner must know which files this mount may have gathered writes of.
+        for (ino, lock) in &mut locks {
+            if crate::locks::is_kept_data(lock)
+                && self.kept_token(*ino).is_some_and(|t| t.gathers())
+            {
+                lock.pid = crate::locks::GATHERING_PID;
+            }
+        }
         let mut open = self.open_here();
         open.retain(|(ino, _)| of_slot(*ino));
         match reply {

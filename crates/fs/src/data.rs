@@ -115,7 +115,7 @@ impl FileSystem {
     /// [`FileSystem::read`] without the final copy: blocks read ahead are handed out as
     /// shared pieces, which the FUSE layer writes to the kernel straight from the slot.
     pub fn read_data(&self, ino: Ino, offset: u64, size: u32) -> FsResult<FileData> {
-        self.flush_gathered_quietly(ino);
+        self.settle_gathered(ino);
         let started = Instant::now();
         let mut attempt = 0;
         let (out, attr) = loop {

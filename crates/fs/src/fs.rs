@@ -527,6 +527,13 @@ impl FileSystem {
             self.route_metadata_through_wire();
             tracing::info!("metanode requests of this mount go through their wire encoding");
         }
+        self.start_flusher();
+        self.prefetch.start(Arc::downgrade(self));
+    }
+
+    /// Starts the background flusher: an owner's commits its log and checkpoints; every
+    /// mount's writes what it gathered (`write_behind.rs`).
+    fn start_flusher(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let stop = self.stop.clone();
         let handle = std::thread::Builder::new()
@@ -534,7 +541,6 @@ impl FileSystem {
             .spawn(move || flusher(weak, stop))
             .expect("spawn flusher");
         *self.flusher.lock() = Some(handle);
-        self.prefetch.start(Arc::downgrade(self));
     }
 
     /// Mounts the file system found on `disks` as a client of the node that owns its
@@ -554,6 +560,7 @@ impl FileSystem {
         let geo = geometry(&desc);
         let fs = FileSystem::assemble(None, Some(desc), devices, geo);
         fs.route_metadata_through(channel);
+        fs.start_flusher();
         fs.prefetch.start(Arc::downgrade(&fs));
         Ok(fs)
     }
@@ -1824,6 +1831,11 @@ fn flusher(fs: Weak<FileSystem>, stop: Arc<(Mutex<bool>, Condvar)>) {
             }
         }
         let Some(fs) = fs.upgrade() else { return };
+        if !fs.is_owner() {
+            // A client-only mount: its owners commit what it sent them.
+            fs.flush_all_gathered();
+            continue;
+        }
         if let Err(e) = fs.sync().and_then(|()| fs.maybe_checkpoint()) {
             tracing::error!("background commit failed: {e}");
         }

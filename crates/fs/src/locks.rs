@@ -133,6 +133,11 @@ pub struct LockTable {
     /// renewed within [`WAIT_EDGE_LIVE`] is gone (granted, interrupted, or its process or
     /// node died).
     waits_for: HashMap<Holder, (Holder, std::time::Instant)>,
+    /// Files whose kept data token's holder (the client here) may gather small writes in
+    /// its memory (`write_behind.rs`, `MetanodeRequest::Gather`): the token is taken back
+    /// before anyone else reads the file. A mark whose kept token is gone is stale and
+    /// dropped when found.
+    gathering: HashMap<Ino, u64>,
 }
 
 /// The node (and its incarnation) a lock request came from.
@@ -305,6 +310,68 @@ impl LockTable {
             .is_some_and(|locks| locks.iter().any(|l| l.holder == holder))
     }
 
+    /// The kept data token of `ino` that the mount whose requests come from `origin` holds,
+    /// unless it is being taken back.
+    fn kept_by(&self, ino: Ino, origin: Origin) -> Option<Lock> {
+        if self.revoking.contains(&ino) {
+            return None;
+        }
+        let locks = self.files.get(&ino)?;
+        locks
+            .iter()
+            .find(|l| is_kept_data(l) && self.origin(l.holder.client) == Some(origin))
+            .copied()
+    }
+
+    /// Marks `ino` as gathered by the mount of `origin`, if it keeps the file's data token;
+    /// false if it does not (given back, or being taken back, meanwhile).
+    pub(crate) fn mark_gathering(&mut self, ino: Ino, origin: Origin) -> bool {
+        match self.kept_by(ino, origin) {
+            Some(lock) => {
+                self.gathering.insert(ino, lock.holder.client);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The kept data token of the mount that may have gathered writes of `ino`, and where
+    /// it runs; `None` (and a stale mark dropped) when no mount does.
+    pub(crate) fn gatherer(&mut self, ino: Ino) -> Option<(Lock, Origin)> {
+        let client = *self.gathering.get(&ino)?;
+        let origin = self.origin(client);
+        let kept = self.files.get(&ino).and_then(|locks| {
+            locks
+                .iter()
+                .find(|l| is_kept_data(l) && l.holder.client == client)
+                .copied()
+        });
+        match (kept, origin) {
+            (Some(lock), Some(origin)) => Some((lock, origin)),
+            _ => {
+                self.gathering.remove(&ino);
+                None
+            }
+        }
+    }
+
+    /// A new kept data token of `ino` was granted: whoever gathered under an old one
+    /// gave it back, and the new holder gathers only once it asks.
+    pub(crate) fn unmark_gathering(&mut self, ino: Ino) {
+        self.gathering.remove(&ino);
+    }
+
+    /// The kept data tokens a fenced client hands a new owner carry their gathering mark
+    /// in the lock's `pid` ([`GATHERING_PID`]): restored here, with the lock as granted.
+    pub(crate) fn restore_gathering(&mut self, ino: Ino, lock: &mut Lock) -> bool {
+        if is_kept_data(lock) && lock.pid == GATHERING_PID {
+            lock.pid = 0;
+            self.gathering.insert(ino, lock.holder.client);
+            return true;
+        }
+        false
+    }
+
     /// Whether a mount other than `client` holds a data token (a write's, or one it
     /// keeps) of `ino`.
     pub(crate) fn data_held_by_others(&self, ino: Ino, client: u64) -> bool {
@@ -370,6 +437,7 @@ impl LockTable {
     pub(crate) fn end_revoking(&mut self, ino: Ino, holder: Holder) {
         self.drop_holder(ino, holder);
         self.revoking.remove(&ino);
+        self.gathering.remove(&ino);
         if self.data_revoked.len() >= KEPT_MAX {
             self.data_revoked
                 .retain(|_, at| at.elapsed() < DATA_HOT_WINDOW);
@@ -382,6 +450,11 @@ impl LockTable {
 pub(crate) fn is_kept_data(lock: &Lock) -> bool {
     lock.holder.class == LockClass::Data && lock.holder.owner == KEPT_DATA_OWNER
 }
+
+/// The `pid` a kept data token carries in a fenced client's handover when its holder may
+/// have gathered writes of the file (kept tokens otherwise carry 0): the new owner marks
+/// it as the old one had ([`LockTable::restore_gathering`]).
+pub(crate) const GATHERING_PID: u32 = u32::MAX;
 
 /// Longest wait at the owner of a conflicting data-token or append-lock request before it
 /// is answered with the conflict (and asked again): short enough that a serving thread is
@@ -462,6 +535,14 @@ struct KeptState {
     revoked: bool,
     /// Writes running under it.
     users: usize,
+    /// The owner let this mount gather small writes of the file under it
+    /// (`MetanodeRequest::Gather`): it takes the token back before anyone else reads the
+    /// file, and this mount writes what it gathered before it gives the token back.
+    gathers: bool,
+    /// Small writes made under it (the second one asks to gather).
+    small_writes: u32,
+    /// Whether this mount asked to gather under it already.
+    gather_asked: bool,
 }
 
 impl KeptToken {
@@ -480,6 +561,42 @@ impl KeptToken {
         if s.users == 0 {
             self.drained.notify_all();
         }
+    }
+
+    /// Whether writes of the file may be gathered under this token now (asked while the
+    /// file's gathered runs are locked, so that [`Self::stop_gathering`] followed by a
+    /// flush finds every write gathered before it).
+    pub(crate) fn gathers(&self) -> bool {
+        let s = self.state.lock();
+        s.gathers && !s.revoked
+    }
+
+    /// Counts a small write under this token: true once, at the second, when this mount
+    /// should ask the owner to let it gather.
+    pub(crate) fn should_ask_to_gather(&self) -> bool {
+        let mut s = self.state.lock();
+        if s.revoked || s.gathers || s.gather_asked {
+            return false;
+        }
+        s.small_writes += 1;
+        if s.small_writes < 2 {
+            return false;
+        }
+        s.gather_asked = true;
+        true
+    }
+
+    /// The owner let this mount gather under the token; false if it was taken back
+    /// meanwhile.
+    pub(crate) fn start_gathering(&self) -> bool {
+        let mut s = self.state.lock();
+        s.gathers = !s.revoked;
+        s.gathers
+    }
+
+    /// No write is gathered under the token from now on.
+    pub(crate) fn stop_gathering(&self) {
+        self.state.lock().gathers = false;
     }
 
     /// Stops new writes under the token and waits for those running.
@@ -523,22 +640,26 @@ impl KeptInner {
     /// Room for one more kept token: nothing to give back while the table has room; when
     /// it is full, the batch [`KeptInner::evict`] took out to give back; `None` when every
     /// kept token is in use.
-    fn make_room(&mut self) -> Option<Vec<Ino>> {
+    fn make_room(&mut self, idle: &dyn Fn(Ino) -> bool) -> Option<Vec<Ino>> {
         if self.tokens.len() < KEPT_MAX {
             return Some(Vec::new());
         }
-        Some(self.evict()).filter(|old| !old.is_empty())
+        Some(self.evict(idle)).filter(|old| !old.is_empty())
     }
 
     /// Takes up to [`KEPT_EVICT_BATCH`] kept tokens no write is using out of the table, to
-    /// give back (the table is full); empty if every one is in use.
-    fn evict(&mut self) -> Vec<Ino> {
+    /// give back (the table is full); empty if every one is in use. A token writes were
+    /// gathered under goes only if `idle` says nothing of the file is gathered now (asked
+    /// under the token's state lock, which a gathering write takes under the file's runs:
+    /// a write that gathers after that finds the token revoked).
+    fn evict(&mut self, idle: &dyn Fn(Ino) -> bool) -> Vec<Ino> {
         let inos: Vec<Ino> = self
             .tokens
             .iter()
             .filter_map(|(ino, token)| {
                 let mut s = token.state.lock();
-                (s.users == 0 && !s.revoked).then(|| {
+                let free = s.users == 0 && !s.revoked && (!s.gathers || idle(*ino));
+                free.then(|| {
                     s.revoked = true;
                     *ino
                 })
@@ -852,7 +973,7 @@ impl crate::fs::FileSystem {
             match inner.tokens.get(&ino) {
                 Some(token) => (Some(Arc::clone(token)), Vec::new()),
                 None if !inner.may_ask(ino) => return Ok(None),
-                None => match inner.make_room() {
+                None => match inner.make_room(&|i| self.gathered_idle(i)) {
                     Some(old) => (None, old),
                     None => return Ok(None),
                 },
@@ -907,9 +1028,18 @@ impl crate::fs::FileSystem {
             return None;
         }
         let whole = self.kept_whole();
-        let evicted = self.kept_data.inner.lock().make_room()?;
+        let evicted = self
+            .kept_data
+            .inner
+            .lock()
+            .make_room(&|i| self.gathered_idle(i))?;
         self.give_back_evicted(&evicted, whole);
         Some(whole)
+    }
+
+    /// The data token this mount keeps for `ino`, if any.
+    pub(crate) fn kept_token(&self, ino: Ino) -> Option<Arc<KeptToken>> {
+        self.kept_data.inner.lock().tokens.get(&ino).cloned()
     }
 
     /// The owner granted the data token of `ino` with its create: kept as if asked for.
@@ -931,6 +1061,9 @@ impl crate::fs::FileSystem {
                 inner.tokens.get(&ino).cloned()
             };
             let Some(token) = token else { continue };
+            // What was gathered under it is written while it is still held.
+            token.stop_gathering();
+            self.flush_gathered_quietly(ino);
             token.revoke_and_drain();
             let mut inner = self.kept_data.inner.lock();
             if inner

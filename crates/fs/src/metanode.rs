@@ -107,6 +107,9 @@ pub(crate) enum Times {
     Modified,
     /// Only the inode changed (fallocate): ctime.
     Changed,
+    /// Data changed at this time: written back from memory (`write_behind.rs`), it
+    /// stamps mtime and ctime with when the write was made, not when it landed.
+    ModifiedAt(crate::inode::Timestamp),
 }
 
 /// One update of one file, logged and applied by its metanode as one journal record.
@@ -133,7 +136,10 @@ impl FileUpdate {
         FileUpdate {
             changes,
             size: SizeUpdate::AtLeast(end),
-            times: Times::Modified,
+            times: match crate::write_behind::WRITE_TIME.get() {
+                Some(at) => Times::ModifiedAt(at),
+                None => Times::Modified,
+            },
         }
     }
 }
@@ -437,6 +443,11 @@ pub(crate) trait Namespace: Send + Sync {
         }
         first_error
     }
+
+    /// Lets the mount of `origin` gather small writes of `ino` under the data token it
+    /// keeps (`write_behind.rs`): true if granted. This node's own mount is never granted
+    /// (it reaches its own metadata at no cost, and gathers as its owner).
+    fn gather(&self, ino: Ino, origin: Option<crate::locks::Origin>) -> FsResult<bool>;
 }
 
 /// What a create asks for besides its name.

@@ -284,6 +284,12 @@ pub enum MetanodeRequest {
     /// in it (`FileSystem::give_region_back`); answered with its number once the slot's
     /// record no longer stores it.
     GiveRegionBack,
+    /// Client to owner: let this mount gather small writes of `ino` in its memory under
+    /// the data token it keeps for the file (`write_behind.rs`); answered with a count, 1
+    /// if granted, 0 if not (the token was taken back meanwhile).
+    Gather {
+        ino: Ino,
+    },
 }
 
 impl MetanodeRequest {
@@ -341,6 +347,7 @@ impl MetanodeRequest {
             Q::ProvideRegion { .. } => "ProvideRegion",
             Q::GiveSlotBack => "GiveSlotBack",
             Q::GiveRegionBack => "GiveRegionBack",
+            Q::Gather { .. } => "Gather",
         }
     }
 }
@@ -885,6 +892,8 @@ where
         Q::GiveRegionBack => R::Failed(RemoteError::NotSupported(
             "giving an allocation region back through this path".into(),
         )),
+        // Answered by `FileSystem::serve_metanode_request_from`, which knows the node.
+        Q::Gather { .. } => R::Count(0),
         Q::AddName { ino, parent, name } => answer(owner.add_name(ino, parent, &name), R::Attr),
         Q::MoveName { from, to, how } => answer(
             owner.move_name((from.0, &from.1), (to.0, &to.1), how),
@@ -1023,6 +1032,7 @@ pub(crate) fn cache_changes(
         | Q::ProvideRegion { .. }
         | Q::GiveSlotBack
         | Q::GiveRegionBack
+        | Q::Gather { .. }
         | Q::DiskFree
         | Q::Leaving => Vec::new(),
     }
@@ -2466,6 +2476,11 @@ impl Namespace for RemoteMetanode {
         })
     }
 
+    fn gather(&self, ino: Ino, _origin: Option<crate::locks::Origin>) -> FsResult<bool> {
+        let reply = self.call(MetanodeRequest::Gather { ino })?;
+        expect_reply!(reply, MetanodeReply::Count(n) => n == 1, "a count")
+    }
+
     fn protection(&self, ino: Ino) -> FsResult<Protection> {
         let generation = self.channel.generation();
         // Kept under the protection's own token (`read_tokens::protection_key`).
@@ -2669,6 +2684,7 @@ mod tests {
             MetanodeRequest::ProvideRegion { slot: 3 },
             MetanodeRequest::GiveSlotBack,
             MetanodeRequest::GiveRegionBack,
+            MetanodeRequest::Gather { ino: 12 },
         ];
         for r in requests {
             let bytes = encode(&r);

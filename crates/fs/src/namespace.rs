@@ -774,6 +774,10 @@ impl Namespace for FileSystem {
         Ok(Protection { attr, acl })
     }
 
+    fn gather(&self, ino: Ino, origin: Option<Origin>) -> FsResult<bool> {
+        self.grant_gather(ino, origin)
+    }
+
     fn lock(&self, ino: Ino, call: LockCall, origin: Option<Origin>) -> FsResult<Option<Lock>> {
         let owner = self.owner();
         let mut table = owner.locks.lock();
@@ -796,7 +800,10 @@ impl Namespace for FileSystem {
                 return Ok(Some(call.lock));
             }
             return Ok(match table.set(ino, call.lock, origin) {
-                Ok(()) => None,
+                Ok(()) => {
+                    table.unmark_gathering(ino);
+                    None
+                }
                 Err(Refused::Conflict(c)) => Some(c),
                 Err(Refused::TooMany) => Some(call.lock),
             });

@@ -188,10 +188,12 @@ impl Metanode for FileSystem {
             match update.times {
                 Times::Keep => {}
                 Times::Modified => {
-                    attr.mtime = crate::write_behind::WRITE_TIME
-                        .get()
-                        .unwrap_or_else(|| self.now());
+                    attr.mtime = self.now();
                     attr.ctime = attr.mtime;
+                }
+                Times::ModifiedAt(at) => {
+                    attr.mtime = at;
+                    attr.ctime = at;
                 }
                 Times::Changed => attr.ctime = self.now(),
             }
@@ -346,7 +348,14 @@ impl FileSystem {
     ) {
         let mut table = self.owner().locks.lock();
         let count = locks.len();
-        for (ino, lock) in locks {
+        for (ino, mut lock) in locks {
+            // A data token its holder gathered writes under stays marked (`write_behind.rs`).
+            if table.restore_gathering(ino, &mut lock) {
+                if let Some(node) = origin {
+                    let others = self.owner().meta.holders.start_gathering(ino, node);
+                    debug_assert!(others.is_empty(), "a new owner has no read holders yet");
+                }
+            }
             if let Err(e) = table.set(ino, lock, origin) {
                 tracing::error!("inode {ino}: a lock a client handed over is not held: {e:?}");
             }

@@ -138,6 +138,9 @@ struct Table {
     revoked: HashMap<Ino, Instant>,
     /// When the full table was last swept of holders gone from the cluster.
     swept: Option<Instant>,
+    /// Files another node may gather writes of (`write_behind.rs`), with that node: only
+    /// it is granted them meanwhile, since what others kept would miss its writes.
+    gathering: HashMap<Ino, Origin>,
 }
 
 /// How often a full table may be swept of holders gone from the cluster: a table full of
@@ -149,6 +152,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) struct ReadHolders {
     table: Mutex<Table>,
     count: AtomicUsize,
+    /// Entries of `Table::gathering`, read without the lock.
+    gathering: AtomicUsize,
     pub(crate) revoke: std::sync::OnceLock<RevokeHook>,
 }
 
@@ -257,6 +262,9 @@ impl ReadHolders {
             return false;
         }
         let mut table = self.table.lock();
+        if table.gathering.get(&ino).is_some_and(|g| *g != holder) {
+            return false;
+        }
         if let Some(at) = table.revoked.get(&ino) {
             if at.elapsed() < HOT_WINDOW {
                 return false;
@@ -309,6 +317,44 @@ impl ReadHolders {
         for holder in dead {
             self.forget(holder);
         }
+    }
+
+    /// Node `gatherer` may gather writes of `ino` from now on: nobody else is granted it
+    /// until [`Self::stop_gathering`]. The other nodes holding it are taken out of the
+    /// table and returned, for the caller to revoke (without the lock: see the module
+    /// comment).
+    pub(crate) fn start_gathering(&self, ino: Ino, gatherer: Origin) -> Vec<Origin> {
+        let mut table = self.table.lock();
+        table.gathering.insert(ino, gatherer);
+        self.gathering
+            .store(table.gathering.len(), Ordering::Release);
+        let Some(of) = table.holders.remove(&ino) else {
+            return Vec::new();
+        };
+        let (own, others): (Vec<Origin>, Vec<Origin>) =
+            of.into_iter().partition(|h| *h == gatherer);
+        if !own.is_empty() {
+            table.holders.insert(ino, own);
+        }
+        self.count.store(table.holders.len(), Ordering::Release);
+        others
+    }
+
+    /// `ino` is granted to anyone again: nobody gathers writes of it now.
+    pub(crate) fn stop_gathering(&self, ino: Ino) {
+        if self.gathering.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut table = self.table.lock();
+        table.gathering.remove(&ino);
+        self.gathering
+            .store(table.gathering.len(), Ordering::Release);
+    }
+
+    /// Whether another node may gather writes of some file (see
+    /// [`Self::start_gathering`]); most owners: none, and their requests skip every check.
+    pub(crate) fn any_gathering(&self) -> bool {
+        self.gathering.load(Ordering::Acquire) > 0
     }
 
     /// How many inodes some node holds copies of.

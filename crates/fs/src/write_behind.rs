@@ -44,9 +44,19 @@
 //! attributes, a data token, an update, a lookup that leads to it), it writes what it
 //! gathered (`FileSystem::before_remote_request`), so the answer includes every write
 //! that returned; that request's read token or data token then keeps further writes
-//! going straight through until it is revoked. A node that writes files another node
-//! serves writes them straight through (gathering under a kept data token, with the
-//! token's revocation as the flush, is the next step).
+//! going straight through until it is revoked.
+//!
+//! A node that writes a file another node serves gathers under the file's kept data token
+//! (`locks.rs`, `KeptToken`), once the owner let it (`MetanodeRequest::Gather`, asked at
+//! the second small write under the token; a file written once and closed, as mdtest's,
+//! never asks). The owner marks the file as gathered by that node, takes back what other
+//! nodes held of it under read tokens, drops what its own kernel cached of it, and grants
+//! nobody else a read token of it while the mark stands. Before the owner answers anyone
+//! else about the file (the requests above, and its own node's reads, `stat`s and
+//! lookups) it takes the data token back (`GiveBackData`); the gathering node stops
+//! gathering, writes what it gathered while the token is still its own, and only then gives
+//! it back. So every read anywhere that starts after a gathered write returned finds it.
+//! The mark travels with the token to a new owner at a takeover (`GATHERING_PID`).
 //!
 //! [`COMMIT_INTERVAL`]: crate::fs::COMMIT_INTERVAL
 
@@ -88,8 +98,8 @@ const FLUSH_THREADS: usize = 8;
 std::thread_local! {
     /// The time a flush of gathered bytes stamps as the file's mtime and ctime: when the
     /// last of those writes was made, not when they reached the disks. Read by the
-    /// metanode's update (`Times::Modified`) on this thread; only a mount that serves its
-    /// own metadata gathers, so the update runs here.
+    /// file's update (`FileUpdate::written`) on this thread, which carries it to the
+    /// owner.
     pub(crate) static WRITE_TIME: std::cell::Cell<Option<Timestamp>> =
         const { std::cell::Cell::new(None) };
 }
@@ -229,8 +239,13 @@ impl FileSystem {
         if wb.on.load(Ordering::Relaxed) {
             return true;
         }
-        if !wb.owned.load(Ordering::Relaxed) || !self.serves(ino) {
+        if !wb.owned.load(Ordering::Relaxed) {
             return false;
+        }
+        if !self.serves(ino) {
+            // Another node serves it: under a kept data token the owner lets this mount
+            // gather under.
+            return self.kept_token(ino).is_some_and(|t| t.gathers());
         }
         let owner = self.owner();
         // Another node holds views or attributes of it (they would go stale), or a data
@@ -253,14 +268,22 @@ impl FileSystem {
     /// attributes, a data token, a name that leads to it): the file is marked as asked
     /// about, and what this mount gathered of it is written, so the answer includes it and
     /// no write is gathered while that node may be reading or writing it.
-    pub(crate) fn before_remote_request(&self, request: &crate::metanode_wire::MetanodeRequest) {
+    /// Another node gathering writes of the file gives them and its data token back
+    /// first, unless it is the node asking ([`FileSystem::take_back_gathered`]).
+    pub(crate) fn before_remote_request(
+        &self,
+        request: &crate::metanode_wire::MetanodeRequest,
+        origin: crate::locks::Origin,
+    ) {
         use crate::metanode_wire::MetanodeRequest as Q;
         let wb = &self.write_behind;
-        if !wb.owned.load(Ordering::Relaxed) {
+        let owned = wb.owned.load(Ordering::Relaxed);
+        let others_gather = self.owner().meta.holders.any_gathering();
+        if !owned && !others_gather {
             return;
         }
         let ino = match request {
-            Q::Once { request, .. } => return self.before_remote_request(request),
+            Q::Once { request, .. } => return self.before_remote_request(request, origin),
             Q::View { ino, .. }
             | Q::Update { ino, .. }
             | Q::Attr { ino }
@@ -269,9 +292,10 @@ impl FileSystem {
             | Q::AddName { ino, .. }
             | Q::ChangeAttr { ino, .. }
             | Q::Opened { ino }
+            | Q::Gather { ino }
             | Q::Lock { ino, .. } => *ino,
             // The name's lookup is paid only when something is gathered.
-            Q::Find { .. } if wb.files.lock().is_empty() => return,
+            Q::Find { .. } if !others_gather && wb.files.lock().is_empty() => return,
             Q::Find { parent, name } => {
                 match crate::metanode::Namespace::find(self, *parent, name) {
                     Ok(attr) => attr.ino,
@@ -280,6 +304,12 @@ impl FileSystem {
             }
             _ => return,
         };
+        if others_gather {
+            self.take_back_gathered(ino, Some(origin));
+        }
+        if !owned {
+            return;
+        }
         {
             let mut asked = wb.asked_remotely.lock();
             if asked.len() >= ASKED_REMOTELY_MAX {
@@ -318,6 +348,9 @@ impl FileSystem {
         }
         let small = !sync && data.len() < GATHER_BELOW;
         let end = offset + data.len() as u64;
+        if !wb.on.load(Ordering::Relaxed) && !self.gathers_elsewhere(ino, small) {
+            return Ok(None);
+        }
         loop {
             let file = match wb.gathered(ino) {
                 Some(file) => file,
@@ -374,6 +407,140 @@ impl FileSystem {
             self.write_whole_blocks(ino, &mut file, start)?;
             return Ok(Some(data.len()));
         }
+    }
+
+    /// For a file another node serves: whether its write may be gathered, or must go the
+    /// way of one (something of the file is gathered already). Under a kept data token,
+    /// the second small write asks the owner to let this mount gather (one round trip,
+    /// the cost of one write sent on): a file written by one small write and closed
+    /// (mdtest's) never asks.
+    fn gathers_elsewhere(&self, ino: Ino, small: bool) -> bool {
+        if self.serves(ino) {
+            return true;
+        }
+        if let Some(token) = self.kept_token(ino) {
+            if token.gathers() {
+                return true;
+            }
+            if small && token.should_ask_to_gather() {
+                match self.routed(ino, |ns| ns.gather(ino, None)) {
+                    Ok(true) => {
+                        if token.start_gathering() {
+                            return true;
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!("inode {ino}: asking to gather writes: {e}"),
+                }
+            }
+        }
+        self.write_behind.gathered(ino).is_some()
+    }
+
+    /// Whether nothing of `ino` is gathered now, as far as can be told without waiting
+    /// (a kept token's eviction asks, holding locks a gathering write takes after the
+    /// file's runs): a file whose runs are busy counts as not idle.
+    pub(crate) fn gathered_idle(&self, ino: Ino) -> bool {
+        let Some(files) = self.write_behind.files.try_lock() else {
+            return false;
+        };
+        let Some(file) = files.get(&ino) else {
+            return true;
+        };
+        file.try_lock().is_some_and(|f| f.runs.is_empty())
+    }
+
+    /// Owner: lets the node of `origin`, which keeps the data token of `ino`, gather small
+    /// writes of it in its memory (see the module comment). The file is marked, the other
+    /// nodes holding it under read tokens drop it, and this node's kernel drops what it
+    /// cached of it, before the answer goes back. False when the node keeps no data token of
+    /// the file (taken back meanwhile), or this owner cannot take tokens back.
+    pub(crate) fn grant_gather(
+        &self,
+        ino: Ino,
+        origin: Option<crate::locks::Origin>,
+    ) -> FsResult<bool> {
+        let Some(node) = origin else {
+            return Ok(false);
+        };
+        let owner = self.owner();
+        let (Some(revoke), Some(_)) = (owner.meta.holders.revoke.get(), owner.data_revoke.get())
+        else {
+            return Ok(false);
+        };
+        if !owner.locks.lock().mark_gathering(ino, node) {
+            return Ok(false);
+        }
+        let others = owner.meta.holders.start_gathering(ino, node);
+        for other in others {
+            revoke(other, vec![ino]);
+        }
+        if let Some(notify) = self.remote_change.get() {
+            notify(vec![crate::CacheChange::Inode(ino)]);
+        }
+        Ok(true)
+    }
+
+    /// Owner: if a node other than `except` may have gathered writes of `ino`, takes its
+    /// data token back (`GiveBackData`: it writes what it gathered first), so that what
+    /// is read of the file next includes them. Called holding no lock.
+    pub(crate) fn take_back_gathered(&self, ino: Ino, except: Option<crate::locks::Origin>) {
+        if !self.is_owner() {
+            return;
+        }
+        let owner = self.owner();
+        if !owner.meta.holders.any_gathering() {
+            return;
+        }
+        let Some(revoke) = owner.data_revoke.get() else {
+            return;
+        };
+        let mut table = owner.locks.lock();
+        loop {
+            let Some((lock, from)) = table.gatherer(ino) else {
+                drop(table);
+                owner.meta.holders.stop_gathering(ino);
+                return;
+            };
+            if Some(from) == except {
+                return;
+            }
+            if table.start_revoking(ino) {
+                parking_lot::MutexGuard::unlocked(&mut table, || revoke(from, vec![ino]));
+                table.end_revoking(ino, lock.holder);
+                owner.lock_released.notify_all();
+                continue;
+            }
+            // Another request is taking it back: that one's end wakes this.
+            owner
+                .lock_released
+                .wait_for(&mut table, crate::locks::OWNER_WAIT);
+        }
+    }
+
+    /// Owner: whether `node` is marked as gathering writes of `ino` now.
+    pub(crate) fn gathered_by(&self, ino: Ino, node: crate::locks::Origin) -> bool {
+        let owner = self.owner();
+        owner.meta.holders.any_gathering()
+            && owner
+                .locks
+                .lock()
+                .gatherer(ino)
+                .is_some_and(|(_, from)| from == node)
+    }
+
+    /// Before this node reads `ino` for its own kernel or processes: another node's gathered
+    /// writes of it come back first ([`Self::take_back_gathered`]), then this mount's own.
+    pub(crate) fn settle_gathered(&self, ino: Ino) {
+        self.take_back_gathered(ino, None);
+        self.flush_gathered_quietly(ino);
+    }
+
+    /// Whether attributes of `ino` just read may be behind writes gathered here or on
+    /// another node (then they are read again through [`FileSystem::getattr`]).
+    pub(crate) fn attrs_may_lag(&self, ino: Ino) -> bool {
+        self.write_behind.gathered(ino).is_some()
+            || (self.is_owner() && self.owner().meta.holders.any_gathering())
     }
 
     /// Writes the whole blocks the run at `start` covers (from its start to the last block

@@ -2261,3 +2261,137 @@ fn the_owner_and_another_node_writing_one_file_at_once_do_not_wait_for_each_othe
     client.unmount().unwrap();
     owner.unmount().unwrap();
 }
+
+/// A fresh file system mounted by its owner (node 1) and by two clients it takes for nodes
+/// 2 and 3 (shared mounts that gather small writes as a cluster node's mount does), with
+/// revocations delivered to the node they name.
+fn owner_and_two_gathering_clients() -> (TestDisks, Arc<FileSystem>, [Arc<FileSystem>; 2]) {
+    let t = make_disks(4, 64 << 20);
+    format_fs(&t, &small_opts());
+    let owner = mount(&t);
+    let node = |n: u32| tessera_fs::locks::Origin {
+        node: n,
+        incarnation: 1,
+    };
+    let clients = [2, 3].map(|n| {
+        let channel = FromNode {
+            owner: Arc::downgrade(&owner),
+            origin: node(n),
+            calls: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        };
+        FileSystem::mount_client(t.reopen(), Box::new(channel)).unwrap()
+    });
+    for fs in std::iter::once(&owner).chain(&clients) {
+        fs.set_shared(true);
+        fs.set_write_behind_owned(true);
+    }
+    let weak: Vec<Weak<FileSystem>> = clients.iter().map(Arc::downgrade).collect();
+    let to = move |origin: tessera_fs::locks::Origin| weak[origin.node as usize - 2].upgrade();
+    let to2 = to.clone();
+    owner.on_read_revoke(Box::new(move |origin, inos| {
+        if let Some(c) = to(origin) {
+            c.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
+        }
+    }));
+    owner.on_data_revoke(Box::new(move |origin, inos| {
+        if let Some(c) = to2(origin) {
+            c.serve_metanode_request(&tessera_fs::Fence::give_back_data(inos));
+        }
+    }));
+    (t, owner, clients)
+}
+
+/// A node writing small pieces of a file another node serves gathers them under its kept
+/// data token, and every read, `stat` and lookup elsewhere (the owner's own, another
+/// client's) that starts after a write returned sees it: the owner takes the token back
+/// first, and the gathering node writes what it gathered before it gives it back. The
+/// times stamped are those of the writes, not of their landing.
+#[test]
+fn a_clients_gathered_writes_are_seen_by_the_owner_and_other_nodes_at_once() {
+    let (t, owner, [b, c]) = owner_and_two_gathering_clients();
+    let f = create_file(&b, ROOT_INO, b"log").ino;
+    let mut want: Vec<u8> = Vec::new();
+    let mut gathered = 0;
+    for i in 0..3000usize {
+        let line = format!("line {i:05} {}\n", "y".repeat(i % 50));
+        b.write(f, want.len() as u64, line.as_bytes(), false)
+            .unwrap();
+        want.extend_from_slice(line.as_bytes());
+        if b.gathered_bytes() > 0 {
+            gathered += 1;
+        }
+        let len = want.len() as u64;
+        match i % 500 {
+            100 => {
+                // The gathering node's own stat includes what it gathered, and the time the
+                // owner stamps when it lands is the write's.
+                let mine = b.getattr(f).unwrap();
+                assert_eq!(mine.size, len, "line {i}");
+                let theirs = owner.getattr(f).unwrap();
+                assert_eq!(theirs.size, len, "line {i}: the owner's stat");
+                assert_eq!(theirs.mtime, mine.mtime, "line {i}: the write's time");
+            }
+            200 => assert!(
+                owner.read(f, 0, (want.len() + 1) as u32).unwrap() == want,
+                "line {i}: the owner's read"
+            ),
+            300 => assert_eq!(c.getattr(f).unwrap().size, len, "line {i}: node 3's stat"),
+            400 => assert!(
+                c.read(f, 0, (want.len() + 1) as u32).unwrap() == want,
+                "line {i}: node 3's read"
+            ),
+            499 => {
+                assert_eq!(c.lookup(ROOT_INO, b"log").unwrap().size, len, "line {i}");
+                // The token comes back to the writer a second later.
+                std::thread::sleep(std::time::Duration::from_millis(1100));
+            }
+            _ => {}
+        }
+    }
+    // Each 500 lines: gathered from the third until the owner's stat at 100 takes the
+    // token back (the writer keeps none again for a second).
+    assert!(
+        gathered > 400,
+        "node 2 gathered its small writes ({gathered} times)"
+    );
+    // Node 3 writes over bytes node 2 gathered: node 2's land first, node 3's over them.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let g = create_file(&b, ROOT_INO, b"g").ino;
+    for k in 0..4u8 {
+        b.write(g, u64::from(k) * 1500, &[k + 1; 1500], false)
+            .unwrap();
+    }
+    assert!(b.gathered_bytes() > 0, "node 2 gathers g");
+    c.write(g, 2000, &[9; 2000], false).unwrap();
+    let mut expect: Vec<u8> = (0..4u8).flat_map(|k| [k + 1; 1500]).collect();
+    expect[2000..4000].fill(9);
+    assert!(owner.read(g, 0, 10_000).unwrap() == expect);
+    assert!(b.read(g, 0, 10_000).unwrap() == expect);
+    // A truncate on the owner while node 2 gathers again cuts what it gathered too.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    for k in 0..3u64 {
+        b.write(g, 6000 + k * 100, &[7; 100], false).unwrap();
+    }
+    owner
+        .setattr(
+            g,
+            tessera_fs::SetAttr {
+                size: Some(6100),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    expect.extend_from_slice(&[7; 100]);
+    assert!(b.read(g, 0, 10_000).unwrap() == expect);
+    assert!(c.read(g, 0, 10_000).unwrap() == expect);
+    b.fsync(f).unwrap();
+    for fs in [&b, &c, &owner] {
+        fs.unmount().unwrap();
+    }
+    drop((b, c, owner));
+    let fs = mount(&t);
+    assert!(fs.read(f, 0, (want.len() + 1) as u32).unwrap() == want);
+    assert!(fs.read(g, 0, 10_000).unwrap() == expect);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after a client's gathered writes");
+}

@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
@@ -492,25 +492,35 @@ fn directories_move_between_owners_under_the_rename_lock() {
     // lock orders them, none is lost, no loop forms.
     let a = mkdir(&fs, ROOT_INO, b"a").ino;
     let b = mkdir(&s1, d, b"b").ino;
-    let (moved_a, moved_b) = std::thread::scope(|scope| {
-        let one = scope.spawn(|| {
-            (0..20)
-                .filter(|_| {
-                    let there = fs.rename(ROOT_INO, b"a", b, b"a", false, false).is_ok();
-                    there && fs.rename(b, b"a", ROOT_INO, b"a", false, false).is_ok()
-                })
-                .count()
+    // Each goes on past its 20 tries until both moved once (a move is refused while the
+    // other directory is inside the one it moves into, which one side can hit 20 times).
+    let done = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    let race = |me: usize, there: &dyn Fn() -> bool, back: &dyn Fn() -> bool| {
+        let mut tries = 0;
+        while tries < 20 || (tries < 5000 && done.iter().any(|d| d.load(Ordering::SeqCst) == 0)) {
+            tries += 1;
+            if there() && back() {
+                done[me].fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            race(
+                0,
+                &|| fs.rename(ROOT_INO, b"a", b, b"a", false, false).is_ok(),
+                &|| fs.rename(b, b"a", ROOT_INO, b"a", false, false).is_ok(),
+            )
         });
-        let two = scope.spawn(|| {
-            (0..20)
-                .filter(|_| {
-                    let there = s1.rename(d, b"b", a, b"b", false, false).is_ok();
-                    there && s1.rename(a, b"b", d, b"b", false, false).is_ok()
-                })
-                .count()
+        scope.spawn(|| {
+            race(
+                1,
+                &|| s1.rename(d, b"b", a, b"b", false, false).is_ok(),
+                &|| s1.rename(a, b"b", d, b"b", false, false).is_ok(),
+            )
         });
-        (one.join().unwrap(), two.join().unwrap())
     });
+    let [moved_a, moved_b] = done.map(|d| d.into_inner());
     assert!(moved_a > 0 && moved_b > 0, "{moved_a} {moved_b}");
     for m in [&fs, &s1] {
         let (pa, pb) = (parent_of(m, a), parent_of(m, b));

@@ -657,7 +657,8 @@ fn one_file_system_is_mounted_on_three_nodes() {
     // Written on the node that serves the file's metadata, which gathers small writes of
     // the files it serves while no other node holds anything of them.
     reads_see_every_completed_write_across_nodes(&mnt, 1);
-    appends_on_the_owner_are_seen_by_stat_and_reads_elsewhere(&mnt);
+    small_writes_are_seen_by_stat_and_reads_elsewhere(&mnt, 1);
+    small_writes_are_seen_by_stat_and_reads_elsewhere(&mnt, 2);
     stat_and_names_follow_other_nodes_at_once(&mnt);
     creates_in_one_directory_from_every_node(&c, &mnt);
 
@@ -740,6 +741,15 @@ fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf, w
                 }
             });
         }
+        // The readers stop when the writer does, also when it fails (else the scope
+        // waited for them for ever).
+        struct StopReaders<'a>(&'a AtomicBool);
+        impl Drop for StopReaders<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        let _stop_readers = StopReaders(&stop);
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(mnt(writer).join(&name))
@@ -767,33 +777,36 @@ fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf, w
     });
 }
 
-/// A log appended in small pieces on node 1, which serves its metadata and gathers them:
-/// after each append returned, `stat` and a read on nodes 2 and 3 show all of it.
-fn appends_on_the_owner_are_seen_by_stat_and_reads_elsewhere(mnt: &impl Fn(u32) -> PathBuf) {
+/// A log written in small pieces on node `writer`, in the root directory node 1 serves:
+/// node 1 gathers them as the file's owner, another node under the file's kept data
+/// token. After each piece returned, `stat` and a read on the two other nodes show all
+/// of it (their first look takes the writer's gathered bytes to the disks).
+fn small_writes_are_seen_by_stat_and_reads_elsewhere(mnt: &impl Fn(u32) -> PathBuf, writer: u32) {
     use std::io::Write;
-    let mut log = std::fs::File::create(mnt(1).join("owner.log")).unwrap();
+    let name = format!("small{writer}.log");
+    let mut log = std::fs::File::create(mnt(writer).join(&name)).unwrap();
     let mut want = Vec::new();
     for i in 0..400usize {
         let line = format!("entry {i:04} {}\n", "w".repeat(i % 90));
         log.write_all(line.as_bytes()).unwrap();
         want.extend_from_slice(line.as_bytes());
         if i % 40 == 39 {
-            for k in [2u32, 3] {
-                let path = mnt(k).join("owner.log");
+            for k in (1..=3u32).filter(|k| *k != writer) {
+                let path = mnt(k).join(&name);
                 let len = std::fs::metadata(&path).unwrap().len();
-                assert_eq!(len, want.len() as u64, "node {k}: size after append {i}");
+                assert_eq!(len, want.len() as u64, "node {k}: size after piece {i}");
                 assert!(
                     std::fs::read(&path).unwrap() == want,
-                    "node {k}: after append {i}"
+                    "node {k}: after piece {i}"
                 );
             }
-            // Nobody else asked for a while: node 1 gathers again.
+            // Nobody else asked for a while: the writer gathers again.
             std::thread::sleep(Duration::from_millis(1100));
         }
     }
     log.sync_all().unwrap();
     drop(log);
-    std::fs::remove_file(mnt(2).join("owner.log")).unwrap();
+    std::fs::remove_file(mnt(3).join(&name)).unwrap();
 }
 
 /// What each node's kernel keeps under read tokens (names, attributes) follows the other
