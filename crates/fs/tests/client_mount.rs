@@ -2395,3 +2395,70 @@ fn a_clients_gathered_writes_are_seen_by_the_owner_and_other_nodes_at_once() {
     fs.unmount().unwrap();
     assert_fsck_clean(&t, "after a client's gathered writes");
 }
+
+/// A client gathering small writes under its kept data token when its owner dies: the
+/// new owner learns from the fence's handover that the client may hold gathered bytes,
+/// and takes its token back before its own `stat` and read, which then include them.
+#[test]
+fn a_clients_gathering_is_known_to_the_owner_that_takes_over() {
+    let t = make_disks(4, 64 << 20);
+    let (first, faults, way, writer) = owner_and_following_client(&t);
+    let node2 = tessera_fs::locks::Origin {
+        node: 2,
+        incarnation: 1,
+    };
+    let revocations_to_writer = |owner: &FileSystem| {
+        owner.set_shared(true);
+        let w = Arc::downgrade(&writer);
+        owner.on_read_revoke(Box::new(move |_, inos| {
+            if let Some(c) = w.upgrade() {
+                c.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
+            }
+        }));
+        let w = Arc::downgrade(&writer);
+        owner.on_data_revoke(Box::new(move |_, inos| {
+            if let Some(c) = w.upgrade() {
+                c.serve_metanode_request(&tessera_fs::Fence::give_back_data(inos));
+            }
+        }));
+    };
+    revocations_to_writer(&first);
+    writer.set_shared(true);
+    writer.set_write_behind_owned(true);
+    let f = create_file(&writer, ROOT_INO, b"log").ino;
+    let mut want = Vec::new();
+    for i in 0..50u8 {
+        let piece = [i; 100];
+        writer.write(f, want.len() as u64, &piece, false).unwrap();
+        want.extend_from_slice(&piece);
+    }
+    assert!(writer.gathered_bytes() > 0, "the client gathers");
+    crash(first, &faults);
+    let (disks, _faults) = with_faults(&t);
+    let second = FileSystem::mount(disks).unwrap();
+    revocations_to_writer(&second);
+    *way.next.lock() = Some(Arc::downgrade(&second));
+    let handed = writer.serve_metanode_request(&tessera_fs::Fence::request(0, 2, 1));
+    second.replay_fenced(&handed, Some(node2)).unwrap();
+    let settled = writer.serve_metanode_request(&tessera_fs::Fence::settled(0, true));
+    tessera_fs::Fence::check(&settled).unwrap();
+    assert!(
+        writer.gathered_bytes() > 0,
+        "still gathered after the fence"
+    );
+    assert_eq!(second.getattr(f).unwrap().size, want.len() as u64);
+    assert!(second.read(f, 0, 10_000).unwrap() == want);
+    assert_eq!(
+        writer.gathered_bytes(),
+        0,
+        "written when the new owner asked"
+    );
+    writer.fsync(f).unwrap();
+    writer.unmount().unwrap();
+    second.unmount().unwrap();
+    drop((writer, second));
+    let fs = mount(&t);
+    assert!(fs.read(f, 0, 10_000).unwrap() == want);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after a takeover under a client's gathered writes");
+}
