@@ -3,7 +3,8 @@
 # node writes in a directory it made (with owner slots, one its own metanode serves), one
 # node after the other, then node 2 in node 1's directory (files another node serves):
 # fio sequential writes of 1 KiB (SMALL/4 bytes), 4 KiB (SMALL) and 1 MiB (4*SMALL)
-# pieces from one job, fsync at the end.
+# pieces from one job, fsync at the end; then 1 KiB O_APPEND writes (SMALL/4 bytes, a
+# log opened in append mode, from python3), fsync at the end.
 #
 #   bench/cluster_small_writes.sh     (root; needs fio; SMALL=64M; about 2 minutes)
 #   TESSERA_BIN=PATH measures that binary instead of building target/release/tessera.
@@ -44,8 +45,25 @@ rate() {
         python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"] / 1e6))'
     $net run "$k" -- sh -c "rm -f $dir/s$bs*"
 }
-echo "| node | 1 KiB | 4 KiB | 1 MiB |"
-echo "| --- | ---: | ---: | ---: |"
+# appended K D SIZE: MB/s of 1 KiB O_APPEND writes of SIZE bytes in all, fsync at the end.
+appended() {
+    local k=$1 d=$2 size=$3 dir
+    dir=$(mnt "$k")/w$d
+    $net run "$k" -- python3 -c '
+import os, sys, time
+path, size = sys.argv[1], int(sys.argv[2])
+piece = b"x" * 1023 + b"\n"
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+start = time.monotonic()
+for _ in range(size // len(piece)):
+    os.write(fd, piece)
+os.fsync(fd)
+print("%.1f" % (size / (time.monotonic() - start) / 1e6))
+os.close(fd)
+os.unlink(path)' "$dir/appended" "$size"
+}
+echo "| node | 1 KiB | 4 KiB | 1 MiB | 1 KiB O_APPEND |"
+echo "| --- | ---: | ---: | ---: | ---: |"
 for k in 1 2; do
     $net run "$k" -- mkdir "$(mnt "$k")/w$k"
 done
@@ -54,12 +72,13 @@ for kd in 1:1 2:2 2:1; do
     r1=$(rate "$k" "$d" 1k $((bytes / 4)))
     r4=$(rate "$k" "$d" 4k "$bytes")
     rm1=$(rate "$k" "$d" 1M $((bytes * 4)))
+    ra=$(appended "$k" "$d" $((bytes / 4)))
     case $kd in
     1:1) role="file system manager" ;;
     2:2) role="its own slot's directory" ;;
     *) role="node1's directory" ;;
     esac
-    echo "| node$k ($role) | $r1 | $r4 | $rm1 |"
+    echo "| node$k ($role) | $r1 | $r4 | $rm1 | $ra |"
 done
 for k in 2 1; do
     $net run "$k" -- tessera umount w1 >/dev/null

@@ -1163,8 +1163,12 @@ impl crate::fs::FileSystem {
     /// writer on any node: this node's appenders of the file take turns, and the nodes
     /// take the file's append lock at its owner, so the size each reads is the end the
     /// previous append left. Returns the offset written at.
+    ///
+    /// What this node gathered of the file stays gathered (a log appended in small pieces
+    /// is gathered like one written at offsets): the end read here includes it, and another
+    /// node's append asks this owner for the append lock, or the gathering node's owner,
+    /// which first has what was gathered written (`write_behind.rs`).
     pub fn append(&self, ino: Ino, data: &[u8], sync: bool) -> crate::FsResult<u64> {
-        self.flush_gathered(ino)?;
         let _local = self.append_locks[ino as usize % self.append_locks.len()].lock();
         let holder = self.lock_holder(0, LockClass::Append);
         let whole = Lock {
@@ -1176,7 +1180,13 @@ impl crate::fs::FileSystem {
         };
         self.lock_until(ino, whole, Some(&|| false), Some(APPEND_WAIT_MAX))?;
         let written = (|| -> crate::FsResult<u64> {
-            let at = crate::metanode::Namespace::attr(self.namespace_of(ino), ino)?.size;
+            let at = self
+                .with_gathered(
+                    ino,
+                    || crate::metanode::Namespace::attr(self.namespace_of(ino), ino),
+                    |a| a,
+                )?
+                .size;
             self.write(ino, at, data, sync)?;
             Ok(at)
         })();

@@ -13,7 +13,9 @@
 //!
 //! What is gathered: runs of contiguous bytes per file (up to [`RUNS_MAX`]), each started
 //! by a write smaller than [`GATHER_BELOW`] and grown by the writes that continue or
-//! overlap it (sequential writers, appends, mmap writeback, a database's page rewrites).
+//! overlap it (sequential writers, appends (O_APPEND on a cluster's node too: the end an
+//! append is written at includes what this node gathered, `FileSystem::append`), mmap
+//! writeback, a database's page rewrites).
 //! A write over gathered bytes replaces them in memory, so they reach the disks once, in
 //! their last version. Whole blocks are written as soon as a run covers them. A large write
 //! that touches no run goes to the disks at once; one that touches a run joins it, so that

@@ -2462,3 +2462,71 @@ fn a_clients_gathering_is_known_to_the_owner_that_takes_over() {
     fs.unmount().unwrap();
     assert_fsck_clean(&t, "after a takeover under a client's gathered writes");
 }
+
+/// O_APPEND writes gathered like any small write: on the node that serves the file and on
+/// a node gathering under its kept data token, each append lands past the bytes the node
+/// gathered, and appends from three mounts at once (every one of them gathering what it
+/// may) keep every record whole and once, seen at once by the other mounts.
+#[test]
+fn appends_are_gathered_and_appends_from_three_mounts_lose_nothing() {
+    let (t, owner, [b, c]) = owner_and_two_gathering_clients();
+    for (fs, name) in [(&owner, &b"by-owner"[..]), (&b, &b"by-client"[..])] {
+        let f = create_file(fs, ROOT_INO, name).ino;
+        let mut want = Vec::new();
+        let mut most = 0;
+        for i in 0..300u32 {
+            let line = format!("{i:04} {}\n", "a".repeat(i as usize % 40));
+            let at = fs.append(f, line.as_bytes(), false).unwrap();
+            assert_eq!(at, want.len() as u64, "append {i} lands at the end");
+            want.extend_from_slice(line.as_bytes());
+            most = most.max(fs.gathered_bytes());
+        }
+        // Many appends held together, not each written by the next.
+        assert!(
+            most > 2000,
+            "{}: appends gathered ({most} bytes at most)",
+            String::from_utf8_lossy(name)
+        );
+        assert_eq!(c.getattr(f).unwrap().size, want.len() as u64);
+        assert!(c.read(f, 0, 100_000).unwrap() == want);
+    }
+    // Everyone at once, two threads per mount.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let log = create_file(&owner, ROOT_INO, b"shared").ino;
+    const RECORD: usize = 300;
+    std::thread::scope(|s| {
+        for (m, fs) in [&owner, &b, &c].into_iter().enumerate() {
+            for th in 0..2usize {
+                s.spawn(move || {
+                    for i in 0..40u8 {
+                        let tag = (m * 2 + th) as u8 * 40 + i;
+                        fs.append(log, &[tag; RECORD], false).unwrap();
+                    }
+                });
+            }
+        }
+    });
+    for fs in [&owner, &b, &c] {
+        let all = fs.read(log, 0, (RECORD * 400) as u32).unwrap();
+        assert_eq!(
+            all.len(),
+            RECORD * 240,
+            "every append landed past the others"
+        );
+        let mut tags: Vec<u8> = all
+            .chunks(RECORD)
+            .map(|r| {
+                assert!(r.iter().all(|x| *x == r[0]), "a record torn or overwritten");
+                r[0]
+            })
+            .collect();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), 240, "each record once");
+    }
+    for fs in [&b, &c, &owner] {
+        fs.unmount().unwrap();
+    }
+    drop((b, c, owner));
+    assert_fsck_clean(&t, "after gathered appends");
+}

@@ -657,8 +657,9 @@ fn one_file_system_is_mounted_on_three_nodes() {
     // Written on the node that serves the file's metadata, which gathers small writes of
     // the files it serves while no other node holds anything of them.
     reads_see_every_completed_write_across_nodes(&mnt, 1);
-    small_writes_are_seen_by_stat_and_reads_elsewhere(&mnt, 1);
-    small_writes_are_seen_by_stat_and_reads_elsewhere(&mnt, 2);
+    for (writer, append) in [(1, false), (2, false), (1, true), (2, true)] {
+        small_writes_are_seen_by_stat_and_reads_elsewhere(&mnt, writer, append);
+    }
     stat_and_names_follow_other_nodes_at_once(&mnt);
     creates_in_one_directory_from_every_node(&c, &mnt);
 
@@ -777,16 +778,26 @@ fn reads_see_every_completed_write_across_nodes(mnt: &impl Fn(u32) -> PathBuf, w
     });
 }
 
-/// A log written in small pieces on node `writer`, in the root directory node 1 serves:
-/// node 1 gathers them as the file's owner, another node under the file's kept data
-/// token. After each piece returned, `stat` and a read on the two other nodes show all
-/// of it (their first look takes the writer's gathered bytes to the disks).
-fn small_writes_are_seen_by_stat_and_reads_elsewhere(mnt: &impl Fn(u32) -> PathBuf, writer: u32) {
+/// A log written in small pieces on node `writer` (with `append`, opened O_APPEND), in the
+/// root directory node 1 serves: node 1 gathers them as the file's owner, another node
+/// under the file's kept data token. After each 40 pieces, `stat` and a read on the two
+/// other nodes show all of it (their first look takes the writer's gathered bytes to the
+/// disks).
+fn small_writes_are_seen_by_stat_and_reads_elsewhere(
+    mnt: &impl Fn(u32) -> PathBuf,
+    writer: u32,
+    append: bool,
+) {
     use std::io::Write;
-    let name = format!("small{writer}.log");
-    let mut log = std::fs::File::create(mnt(writer).join(&name)).unwrap();
+    let name = format!("small{writer}-{append}.log");
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .open(mnt(writer).join(&name))
+        .unwrap();
     let mut want = Vec::new();
-    for i in 0..400usize {
+    for i in 0..200usize {
         let line = format!("entry {i:04} {}\n", "w".repeat(i % 90));
         log.write_all(line.as_bytes()).unwrap();
         want.extend_from_slice(line.as_bytes());
