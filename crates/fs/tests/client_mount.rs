@@ -2286,7 +2286,18 @@ fn owner_and_two_gathering_clients() -> (TestDisks, Arc<FileSystem>, [Arc<FileSy
         fs.set_write_behind_owned(true);
     }
     let weak: Vec<Weak<FileSystem>> = clients.iter().map(Arc::downgrade).collect();
-    let to = move |origin: tessera_fs::locks::Origin| weak[origin.node as usize - 2].upgrade();
+    revocations_to(&owner, move |origin| {
+        weak[origin.node as usize - 2].upgrade()
+    });
+    (t, owner, clients)
+}
+
+/// Has `owner` deliver its revocations (read tokens, kept data tokens) to the mount `to`
+/// names for the node they are for, as the daemon's transport does.
+fn revocations_to(
+    owner: &FileSystem,
+    to: impl Fn(tessera_fs::locks::Origin) -> Option<Arc<FileSystem>> + Clone + Send + Sync + 'static,
+) {
     let to2 = to.clone();
     owner.on_read_revoke(Box::new(move |origin, inos| {
         if let Some(c) = to(origin) {
@@ -2298,7 +2309,6 @@ fn owner_and_two_gathering_clients() -> (TestDisks, Arc<FileSystem>, [Arc<FileSy
             c.serve_metanode_request(&tessera_fs::Fence::give_back_data(inos));
         }
     }));
-    (t, owner, clients)
 }
 
 /// A node writing small pieces of a file another node serves gathers them under its kept
@@ -2410,17 +2420,7 @@ fn a_clients_gathering_is_known_to_the_owner_that_takes_over() {
     let revocations_to_writer = |owner: &FileSystem| {
         owner.set_shared(true);
         let w = Arc::downgrade(&writer);
-        owner.on_read_revoke(Box::new(move |_, inos| {
-            if let Some(c) = w.upgrade() {
-                c.serve_metanode_request(&tessera_fs::Fence::drop_held(inos));
-            }
-        }));
-        let w = Arc::downgrade(&writer);
-        owner.on_data_revoke(Box::new(move |_, inos| {
-            if let Some(c) = w.upgrade() {
-                c.serve_metanode_request(&tessera_fs::Fence::give_back_data(inos));
-            }
-        }));
+        revocations_to(owner, move |_| w.upgrade());
     };
     revocations_to_writer(&first);
     writer.set_shared(true);
