@@ -660,16 +660,26 @@ impl FileSystem {
         }
     }
 
-    /// A new block of the file: one extent, or one per copy the file asks for.
+    /// A new block of the file: one extent, or one per copy the file asks for. `grown` says
+    /// the block has an extent already that this one replaces (a fragment grown by a
+    /// write past its end).
     fn allocate_block(
         &self,
         view: &crate::metanode::FileView,
         sub_blocks: u32,
         hint: BlockHint,
+        grown: bool,
         what: &'static str,
     ) -> FsResult<Vec<Extent>> {
         let allocator = self.allocator_of(view.attr.ino);
-        if view.copies <= 1 && hint.prev.is_none() && sub_blocks < self.geo.sub_blocks_per_block {
+        // Only a new small file's first fragment comes from a client's reserve: a fragment
+        // grown one append at a time needs a new size at every step, and asking ahead for
+        // each size held many times the file's size out of everyone's reach.
+        if view.copies <= 1
+            && hint.prev.is_none()
+            && !grown
+            && sub_blocks < self.geo.sub_blocks_per_block
+        {
             return Ok(vec![
                 allocator.allocate_first_fragment(view.pool, sub_blocks, hint, what)?
             ]);
@@ -750,7 +760,7 @@ impl FileSystem {
             block_index: b,
             prev,
         };
-        let extents = self.allocate_block(&view, needed, hint, "file data")?;
+        let extents = self.allocate_block(&view, needed, hint, current.is_some(), "file data")?;
         // A new block written in part is mapped unwritten first, so that other writers of
         // its other sectors need no exclusive lock; one written whole (a sequential
         // writer's) is written, then mapped with its checksums: one map update, not two.
@@ -1193,7 +1203,7 @@ impl FileSystem {
             };
             let per = self.geo.sub_blocks_per_block;
             let seen = self.metanode_of(ino).generation();
-            let extents = self.allocate_block(&view, per, hint, "fallocate")?;
+            let extents = self.allocate_block(&view, per, hint, false, "fallocate")?;
             if let Err(e) = self.map_unwritten(ino, b, &extents, seen) {
                 self.abandon_all(ino, &extents);
                 return Err(e);

@@ -1221,6 +1221,22 @@ type FragmentReserve = std::collections::HashMap<(PoolId, u32), Vec<(Extent, u64
 /// (`Meta::unlogged`, stored free by its checkpoints) until they are mapped or given back;
 /// a client that dies leaves at most this many per size held until the owner's next mount.
 const FRAGMENTS_AHEAD: u32 = 16;
+/// The most sub-blocks a client keeps given ahead from one owner, all sizes together
+/// (8 MiB at the usual 8 KiB sub-block): files of many sizes ask ahead for fewer of each,
+/// down to one at a time, so what the reserve holds out of everyone's reach stays bounded.
+const FRAGMENTS_AHEAD_SUB_BLOCKS: u64 = 1024;
+/// How many fragments of `sub_blocks` to ask for when the reserve has none of that size:
+/// [`FRAGMENTS_AHEAD`], fewer when the reserve would then hold more than
+/// [`FRAGMENTS_AHEAD_SUB_BLOCKS`], at least the one needed now.
+fn fragments_to_ask(reserve: &FragmentReserve, sub_blocks: u32) -> u32 {
+    let held: u64 = reserve
+        .iter()
+        .map(|((_, size), kept)| u64::from(*size) * kept.len() as u64)
+        .sum();
+    let room = FRAGMENTS_AHEAD_SUB_BLOCKS.saturating_sub(held) / u64::from(sub_blocks.max(1));
+    room.clamp(1, u64::from(FRAGMENTS_AHEAD)) as u32
+}
+
 /// The most fragments an owner gives in one answer, whatever it is asked.
 pub(crate) const FRAGMENTS_ASKED_MAX: u32 = 64;
 
@@ -2063,7 +2079,7 @@ impl BlockAllocator for RemoteMetanode {
         what: &'static str,
     ) -> FsResult<Extent> {
         let now = self.channel.generation();
-        {
+        let count = {
             let mut fragments = self.fragments.lock();
             let kept = fragments.entry((pool, sub_blocks)).or_default();
             // Given by an owner since replaced (the fence also empties the reserve).
@@ -2071,20 +2087,21 @@ impl BlockAllocator for RemoteMetanode {
             if let Some((extent, _)) = kept.pop() {
                 return Ok(extent);
             }
-        }
+            fragments_to_ask(&fragments, sub_blocks)
+        };
         let reply = self.call(MetanodeRequest::AllocateFragments {
             pool,
             sub_blocks,
-            count: FRAGMENTS_AHEAD,
+            count,
             what: AllocPurpose::of(what),
         })?;
         let mut given = expect_reply!(reply, MetanodeReply::Extents(e) => e, "extents")?;
         if given.is_empty()
-            || given.len() > FRAGMENTS_AHEAD as usize
+            || given.len() > count as usize
             || given.iter().any(|e| e.sub_blocks != sub_blocks)
         {
             return Err(FsError::Corrupt(format!(
-                "the metanode gave {given:?} where 1 to {FRAGMENTS_AHEAD} fragments of \
+                "the metanode gave {given:?} where 1 to {count} fragments of \
                  {sub_blocks} sub-blocks were asked"
             )));
         }

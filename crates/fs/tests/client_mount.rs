@@ -2094,6 +2094,57 @@ fn a_clients_small_files_take_fragments_from_a_reserve_it_gives_back_when_it_lea
     assert_fsck_clean(&t, "after small files from a client's reserve");
 }
 
+/// A file grown one small fsynced append at a time from a client needs a larger fragment
+/// at every sub-block it crosses; none of them comes from the client's reserve (asking
+/// ahead for each size held fifteen spares of every size, many times the file, until the
+/// drives were full: ENOSPC with most of the space free), and small files of many sizes
+/// ask ahead only as far as the reserve's bound.
+#[test]
+fn a_file_grown_by_small_appends_on_a_client_holds_only_its_own_space() {
+    let (t, owner, client, _calls, _revoked) = owner_and_client_as_node_two();
+    let used = || used(&owner).iter().sum::<u64>();
+    let before = used();
+    let a = create_file(&client, ROOT_INO, b"log");
+    let mut expect = Vec::new();
+    for i in 0..(BLOCK / 1024 - 1) {
+        let piece = pattern(1024, i);
+        client.append(a.ino, &piece, true).unwrap();
+        expect.extend_from_slice(&piece);
+    }
+    owner.sync().unwrap();
+    let grown = used() - before;
+    // The file's block and the metadata pages its updates dirtied.
+    assert!(
+        grown <= 2 * BLOCK,
+        "a file of {} bytes holds {grown} bytes of space",
+        expect.len()
+    );
+    assert!(owner.read(a.ino, 0, BLOCK as u32).unwrap() == expect);
+    // One small file of each size: the reserve asks ahead for sixteen of the first sizes,
+    // fewer as it fills, never more than its bound in all.
+    let mut files = BTreeMap::new();
+    for size in 1..32u64 {
+        let name = format!("sized{size}");
+        let f = create_file(&client, ROOT_INO, name.as_bytes());
+        let data = pattern((size * (BLOCK / 32)) as usize - 100, size);
+        client.write(f.ino, 0, &data, false).unwrap();
+        files.insert(name, data);
+    }
+    client.sync().unwrap();
+    owner.sync().unwrap();
+    let written: u64 = (1..32u64).map(|size| size * (BLOCK / 32)).sum();
+    let held = used() - before - grown - written;
+    assert!(
+        held <= 1024 * (BLOCK / 32),
+        "the client's reserve holds {held} bytes beyond what its files use"
+    );
+    verify(&owner, &files);
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a file grown by appends from a client");
+}
+
 /// The owner dies while a client holds fragments it gave ahead: they were never logged,
 /// so the new owner holds them free and gives them out itself. The client must not use
 /// them after the fence. The new owner fills the file system with whole blocks, frees one
