@@ -57,7 +57,10 @@
 //!   without any shared cursor that would serialize allocation. Inside the disk the block is
 //!   the first free block at or after the file's own pseudo-random starting place on that
 //!   disk plus the number of times the rotation has come round to it (`i / d`), so a file
-//!   written in order is one sequential run per disk. If the preferred disk is full the
+//!   written in order is one sequential run per disk. Starting places lie in a window above
+//!   the disk's lowest free block (an eighth of its free blocks, at least a map chunk's),
+//!   so the map fills from the bottom and its upper chunks stay wholly free for owner
+//!   slots to be given. If the preferred disk is full the
 //!   block goes to the disk with the most free blocks (other than the previous block's disk
 //!   when possible), which pulls the pool back towards balance.
 //! - [`Placement::Cluster`] (sequential runs). A block continues right after `hint.prev` on
@@ -90,6 +93,8 @@ use crate::disk::{DiskState, SUB_BLOCKS_PER_BLOCK_MAX};
 /// Words (64 sub-blocks each) of a disk's bitmap in one persisted chunk: with a 32-byte
 /// header a chunk fills one 4 KiB sector.
 pub const MAP_CHUNK_WORDS: usize = 508;
+/// Sub-blocks of one disk in a map chunk: an allocation region's share of each disk.
+const REGION_SUB_BLOCKS: u64 = (MAP_CHUNK_WORDS * 64) as u64;
 
 /// Index of a disk in the file system's disk table.
 pub type DiskIndex = u16;
@@ -782,10 +787,31 @@ impl AllocMap {
         // sequential reader streams from every drive instead of seeking on each.
         let state = &self.states[slot];
         let blocks = state.blocks();
-        let base = mix64(hint.file_key ^ mix64(slot as u64 + 1)) % blocks;
+        let (low, window) = self.scatter_window(slot);
+        let base = low + mix64(hint.file_key ^ mix64(slot as u64 + 1)) % window;
         let target = (base + hint.block_index / count) % blocks;
         let block = state.next_free_block(target).expect("disk has free blocks");
         Some((slot, block))
+    }
+
+    /// Where on disk `slot` files start: `(low, len)`, the blocks `low..low + len` above the
+    /// disk's lowest free block, an eighth of its free blocks but at least one map region's
+    /// worth. Files spread there, not over the whole disk, so the map fills from the bottom
+    /// up and the regions above stay wholly free: an owner slot can only be given a region
+    /// nothing is allocated in, and files started anywhere on the disk left none after a few
+    /// dozen, so a node writing in its own directories got ENOSPC on a file system mostly
+    /// free.
+    fn scatter_window(&self, slot: usize) -> (u64, u64) {
+        let state = &self.states[slot];
+        let blocks = state.blocks();
+        let low = state.next_free_block(0).unwrap_or(0);
+        let region_blocks =
+            (REGION_SUB_BLOCKS / u64::from(self.sub_blocks_per_block.max(1))).max(1);
+        let len = region_blocks
+            .max(state.free_block_count() / 8)
+            .min(blocks - low)
+            .max(1);
+        (low, len)
     }
 
     /// The eligible disk with the most free blocks, avoiding `avoid` when another has room.

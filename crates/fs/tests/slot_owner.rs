@@ -1072,7 +1072,11 @@ fn a_slot_in_region(
     bytes: u64,
     region: usize,
 ) -> (TestDisks, Arc<FileSystem>, Arc<FileSystem>, Ino) {
-    let t = region_disks(1, bytes);
+    a_slot_on(region_disks(1, bytes), region)
+}
+
+/// [`a_slot_in_region`] on the formatted disks `t`.
+fn a_slot_on(t: TestDisks, region: usize) -> (TestDisks, Arc<FileSystem>, Arc<FileSystem>, Ino) {
     let fs = mount(&t);
     assert_eq!(fs.create_slot().unwrap(), 1);
     fs.give_free_regions(1, &[region]).unwrap();
@@ -1169,6 +1173,44 @@ fn a_slot_owner_whose_regions_are_full_is_given_another() {
     verify_in(&s1, dir, &files);
     verify_in(&s1, dir, &more);
     s1.unmount().unwrap();
+}
+
+/// With scattered placement (the default), the manager's files fill the map from the
+/// bottom, so the regions above stay wholly free and a full slot is given one: files
+/// started anywhere on the disk had left no region free after a few dozen, and a node
+/// writing more than its first region in its own directory got ENOSPC on a disk mostly
+/// free.
+#[test]
+fn a_full_slot_is_given_a_region_after_the_manager_scattered_files() {
+    // Regions 0 to 3 of 127 MiB and a sliver; the slot is given region 3.
+    let t = make_disks(1, (4 * 127 + 8) << 20);
+    format_fs(
+        &t,
+        &tessera_fs::FormatOptions {
+            block_size: 64 << 10,
+            log_bytes: 4 << 20,
+            placement: tessera_fs::Placement::Scatter,
+            ..small_opts()
+        },
+    );
+    let (t, fs, s1, dir) = a_slot_on(t, 3);
+    let (mine, failed) = write_mib_files(&fs, ROOT_INO, "m", 40);
+    assert!(failed.is_none(), "{failed:?}");
+    let (files, failed) = write_mib_files(&s1, dir, "f", 160);
+    assert!(
+        failed.is_none(),
+        "{failed:?} after {} files of the slot",
+        files.len()
+    );
+    let owners = fs.descriptor().slots.unwrap().region_owners;
+    assert_eq!(
+        owners.iter().filter(|s| **s == 1).count(),
+        2,
+        "a second region given to slot 1: {owners:?}"
+    );
+    verify_in(&fs, ROOT_INO, &mine);
+    verify_in(&fs, dir, &files);
+    unmount_both_and_check(&t, fs, s1, "after a region given past scattered files");
 }
 
 /// With no wholly free region left to give (the manager keeps its own), a full slot's
