@@ -23,6 +23,11 @@ pub struct Cli {
 pub enum Command {
     /// Run the node daemon in the foreground (`tessera startup` runs it in the background).
     Daemon,
+    /// Relay one request (JSON, on standard input) to this node's daemon and its answer,
+    /// frame by frame, to standard output: how another node's admin command reaches the
+    /// file system manager through the remote shell.
+    #[command(hide = true)]
+    ForwardRequest,
     /// Create a cluster and list it [mmcrcluster, mmlscluster].
     #[command(subcommand)]
     Cluster(ClusterCommand),

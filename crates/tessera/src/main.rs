@@ -31,6 +31,7 @@ use crate::rpc::PdiskAction;
 fn command_name(c: &Command) -> &'static str {
     match c {
         Command::Daemon => "daemon",
+        Command::ForwardRequest => "forward-request",
         Command::Cluster(ClusterCommand::Create { .. }) => "cluster create",
         Command::Cluster(ClusterCommand::Accept) => "cluster accept",
         Command::Cluster(ClusterCommand::Ls { .. }) => "cluster ls",
@@ -102,6 +103,7 @@ fn command_name(c: &Command) -> &'static str {
 fn run(home: &Home, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Daemon => daemon::run(home.clone()),
+        Command::ForwardRequest => commands::forward_request(home),
         Command::Cluster(c) => run_cluster(home, c),
         Command::Node(c) => run_node(home, c),
         Command::Config(ConfigCommand::Set { changes, nodes }) => {

@@ -846,6 +846,13 @@ pub enum Frame {
     },
     Ok(Reply),
     Err(String),
+    /// The request is one only the file system manager runs, and node `node` is the
+    /// manager of file system `fs`: the CLI sends the same request there
+    /// (`commands::call`).
+    Elsewhere {
+        fs: String,
+        node: String,
+    },
 }
 
 /// Writes one frame as a JSON line.
@@ -870,6 +877,45 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead) -> Result<
     Ok(Some(
         serde_json::from_slice(&line).context("protocol error: malformed frame")?,
     ))
+}
+
+/// A request only the manager of file system `fs` runs, refused by a node that is not
+/// its manager ([`Frame::Elsewhere`]).
+#[derive(Debug)]
+pub struct ManagerElsewhere {
+    pub fs: String,
+    pub node: String,
+}
+
+impl std::fmt::Display for ManagerElsewhere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node {} is the file system manager of {}, which runs this command; run it \
+             there",
+            self.node, self.fs
+        )
+    }
+}
+
+impl std::error::Error for ManagerElsewhere {}
+
+/// Reads frames from a daemon's answer (the local socket, or a remote shell relaying
+/// another node's), hands every streaming frame to `on_frame`, and returns the reply.
+pub fn read_reply(reader: &mut impl BufRead, mut on_frame: impl FnMut(&Frame)) -> Result<Reply> {
+    loop {
+        let frame: Frame = read_frame(reader)?.ok_or_else(|| {
+            anyhow!("the daemon closed the connection without an answer; see its log")
+        })?;
+        match frame {
+            Frame::Ok(reply) => return Ok(reply),
+            Frame::Err(message) => return Err(anyhow!(message)),
+            Frame::Elsewhere { fs, node } => {
+                return Err(anyhow::Error::new(ManagerElsewhere { fs, node }))
+            }
+            other => on_frame(&other),
+        }
+    }
 }
 
 /// The caller may not connect to the daemon's socket (not root).
@@ -929,16 +975,26 @@ impl Client {
     }
 
     /// Sends `request`, hands every streaming frame to `on_frame`, and returns the reply.
-    pub fn call(&mut self, request: &Request, mut on_frame: impl FnMut(&Frame)) -> Result<Reply> {
+    pub fn call(&mut self, request: &Request, on_frame: impl FnMut(&Frame)) -> Result<Reply> {
+        write_frame(self.stream.get_mut(), request).context("cannot send to the daemon")?;
+        read_reply(&mut self.stream, on_frame)
+    }
+
+    /// Sends `request` and copies every frame of the answer to `out` as it comes, as the
+    /// daemon wrote it: what `tessera forward-request` relays to the node that asked.
+    pub fn relay(&mut self, request: &Request, out: &mut impl Write) -> Result<()> {
         write_frame(self.stream.get_mut(), request).context("cannot send to the daemon")?;
         loop {
             let frame: Frame = read_frame(&mut self.stream)?.ok_or_else(|| {
                 anyhow!("the daemon closed the connection without an answer; see its log")
             })?;
-            match frame {
-                Frame::Ok(reply) => return Ok(reply),
-                Frame::Err(message) => return Err(anyhow!(message)),
-                other => on_frame(&other),
+            let last = matches!(
+                frame,
+                Frame::Ok(_) | Frame::Err(_) | Frame::Elsewhere { .. }
+            );
+            write_frame(out, &frame).context("cannot relay the daemon's answer")?;
+            if last {
+                return Ok(());
             }
         }
     }

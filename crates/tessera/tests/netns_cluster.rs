@@ -671,12 +671,19 @@ fn one_file_system_is_mounted_on_three_nodes() {
         "the owner unmounted under its clients"
     );
     assert!(why.contains("node2") && why.contains("node3"), "{why}");
-    // Administration that needs the metadata is for the owner; a client says where.
+    // Administration that only the file system manager runs is sent to it from any node,
+    // through the cluster's remote shell, and answered as there.
     let df = tessera(&c, 2, &["df", "s1"]);
-    let why = String::from_utf8_lossy(&df.stderr).into_owned();
+    let said = String::from_utf8_lossy(&df.stderr).into_owned();
+    let table = String::from_utf8_lossy(&df.stdout).into_owned();
+    assert!(df.status.success(), "{said}");
     assert!(
-        !df.status.success() && why.contains("run it on that node"),
-        "{why}"
+        said.contains("node node1 is the file system manager of s1"),
+        "{said}"
+    );
+    assert!(
+        table.contains("(pool total)") && table.contains("Number of used inodes"),
+        "{table}"
     );
 
     // One command unmounts it everywhere [mmumount -a]: the clients first, the owner last.

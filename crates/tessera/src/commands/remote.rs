@@ -88,6 +88,21 @@ impl RemoteShell {
         Ok(())
     }
 
+    /// Starts `command_line` on `node` with its standard input and output piped to this
+    /// process and its errors going to ours, for a call that streams (no deadline: the
+    /// caller reads until the remote side is done).
+    pub fn spawn(&self, node: &str, command_line: &str) -> Result<std::process::Child> {
+        Command::new(&self.program)
+            .args(&self.args)
+            .arg(node)
+            .arg(command_line)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot run the remote shell `{}`", self.program))
+    }
+
     /// Runs `command_line` on `node`, feeding `stdin` (or nothing), and waits at most
     /// `timeout`. The error is one line saying why, for the per-node report.
     pub fn run(

@@ -301,10 +301,16 @@ impl Daemon {
                 };
                 match self.handle(request, &mut reporter) {
                     Ok(reply) => Frame::Ok(reply),
-                    Err(e) => {
-                        tracing::warn!("request failed: {e:#}");
-                        Frame::Err(format!("{e:#}"))
-                    }
+                    Err(e) => match e.downcast::<crate::rpc::ManagerElsewhere>() {
+                        Ok(elsewhere) => Frame::Elsewhere {
+                            fs: elsewhere.fs,
+                            node: elsewhere.node,
+                        },
+                        Err(e) => {
+                            tracing::warn!("request failed: {e:#}");
+                            Frame::Err(format!("{e:#}"))
+                        }
+                    },
                 }
             };
             drop(serving);
@@ -317,6 +323,14 @@ impl Daemon {
 
     fn handle(&self, request: Request, r: &mut Reporter) -> Result<Reply> {
         tracing::debug!(?request, "request");
+        if let Some(fs) = mounts::manager_only(&request) {
+            if let Some(node) = self.manager_elsewhere(fs)? {
+                return Err(anyhow::Error::new(crate::rpc::ManagerElsewhere {
+                    fs: fs.to_string(),
+                    node,
+                }));
+            }
+        }
         match request {
             Request::Ping => Ok(Reply::Pong {
                 pid: std::process::id(),

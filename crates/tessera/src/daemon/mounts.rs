@@ -24,7 +24,7 @@ const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a mount of a file system this node does not know waits for this node to apply
 /// the configuration the cluster manager has (see `Member::catch_up`).
 const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-use crate::rpc::{IoHistoryEntry, MountedNode, PmonEntry, Reply};
+use crate::rpc::{IoHistoryEntry, MountedNode, PmonEntry, Reply, Request};
 
 /// What node `node` is to file system `record` in `mount ls -L`: `role`, and the owner
 /// slots it serves (`metadataSlots`).
@@ -450,6 +450,16 @@ impl Daemon {
         })
     }
 
+    /// The file system manager of `name` when it is another node: a request only the
+    /// manager runs ([`manager_only`]) is answered with its name, and the CLI sends it there.
+    pub(super) fn manager_elsewhere(&self, name: &str) -> Result<Option<String>> {
+        let fss = self.file_systems()?;
+        Ok(fss
+            .get(name)
+            .and_then(|record| self.mounted_elsewhere(record))
+            .map(str::to_string))
+    }
+
     /// The node other than this one that has `record` mounted, if any.
     pub(super) fn mounted_elsewhere<'r>(&self, record: &'r FsRecord) -> Option<&'r str> {
         let on = record.mounted_on.as_deref()?;
@@ -529,12 +539,12 @@ impl Daemon {
     pub(super) fn check_not_mounted_elsewhere(&self, record: &FsRecord, what: &str) -> Result<()> {
         if let Some(node) = self.mounted_elsewhere(record) {
             bail!(
-                "file system {} is mounted on node {node}; {what} while it is mounted there \
-                 would race that node's writes. Until file systems are shared between nodes, \
-                 one node at a time mounts a file system: run this on {node}, or unmount it \
-                 there first (`tessera umount {}` on {node}). If {node} is dead, a mount \
-                 here takes the file system over once the cluster has expelled {node} \
-                 (after failureDetectionTime; `tessera state -a` shows it down)",
+                "file system {} is mounted, node {node} is its file system manager; {what} \
+                 while it is mounted would race the writes of the nodes that mount it: \
+                 unmount it on every node first (`tessera umount {} -a`). If {node} is \
+                 dead, a mount here takes the file system over once the cluster has \
+                 expelled {node} (after failureDetectionTime; `tessera state -a` shows it \
+                 down)",
                 record.name,
                 record.name
             );
@@ -1328,5 +1338,26 @@ pub(super) fn restripe_done(
         metadata_copies_repaired: report.progress.metadata_copies_repaired,
         blocks_changed: report.blocks_changed,
         stopped: report.stopped,
+    }
+}
+
+/// The file system a request names when only its file system manager runs it: those that
+/// change the descriptor (disks, replication, policy) or work on every shard and allocation
+/// region (df, restripe, reclaim, policy runs), as `FileSystem::manager_here` refuses them
+/// elsewhere.
+pub(super) fn manager_only(request: &Request) -> Option<&str> {
+    match request {
+        Request::Df { name }
+        | Request::ReclaimSpace { name }
+        | Request::PolicyChange { name, .. }
+        | Request::PolicyApply { name, .. }
+        | Request::FsReplicationSet { name, .. }
+        | Request::FsMetadataReplicationSet { name, .. }
+        | Request::DiskAdd { name, .. }
+        | Request::DiskDelete { name, .. }
+        | Request::DiskChange { name, .. }
+        | Request::DiskAvailability { name, .. }
+        | Request::Restripe { name, .. } => Some(name),
+        _ => None,
     }
 }
