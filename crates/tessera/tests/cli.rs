@@ -667,3 +667,57 @@ fn a_mount_reaches_its_metanode_over_the_node_transport() {
     node.ok(&["umount", "tr"]);
     node.ok(&["fsck", "tr"]);
 }
+
+/// `tessera forward-request` (what another node's CLI runs through the remote shell to
+/// reach the file system manager) relays one request and its answer frame by frame,
+/// answers an error frame when the daemon is down, and refuses garbage by name.
+#[test]
+fn forward_request_relays_one_answer_and_refuses_garbage() {
+    use std::io::Write;
+    let relay = |node: &Node, input: &[u8]| {
+        let mut child = std::process::Command::new(BIN)
+            .arg("forward-request")
+            .env("TESSERA_HOME", node.home())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let mut node = Node::new();
+    node.ok(&["cluster", "create", "--name", "fwd"]);
+    let down = relay(&node, b"\"Ping\"\n");
+    let said = String::from_utf8_lossy(&down.stdout);
+    assert!(down.status.success(), "{down:?}");
+    assert!(
+        said.starts_with("{\"Err\":") && said.contains("not running"),
+        "{said}"
+    );
+    node.ok(&["startup"]);
+    node.started = true;
+    let up = relay(&node, b"\"Ping\"\n");
+    let said = String::from_utf8_lossy(&up.stdout);
+    assert!(up.status.success(), "{up:?}");
+    assert!(
+        said.contains("\"Pong\"") && said.lines().count() == 1,
+        "{said}"
+    );
+    let missing = relay(&node, b"{\"Df\":{\"name\":\"nosuch\"}}\n");
+    let said = String::from_utf8_lossy(&missing.stdout);
+    assert!(
+        said.starts_with("{\"Err\":") && said.contains("nosuch"),
+        "{said}"
+    );
+    for garbage in [&b"not json\n"[..], b"", b"{\"Df\":"] {
+        let out = relay(&node, garbage);
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{garbage:?} relayed");
+        assert!(
+            why.contains("forward-request")
+                && (why.contains("frame") || why.contains("no request")),
+            "{why}"
+        );
+    }
+}
