@@ -1021,8 +1021,8 @@ impl Daemon {
         let record = self.file_systems()?.require(name)?.clone();
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
-                "file system {name} is mounted at {}; fsck runs offline: unmount it first with \
-                 `tessera umount {name}`",
+                "file system {name} is mounted at {}; fsck runs offline: unmount it on every \
+                 node first with `tessera umount {name} -a`",
                 m.mount_point.display()
             );
         }
