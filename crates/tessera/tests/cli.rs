@@ -357,7 +357,7 @@ fn fs_create_seed002_form_mount_write_umount() {
     let err = node.fails(&["fs", "delete", "gpfs1"]);
     assert!(err.contains("umount"), "{err}");
     let err = node.fails(&["fsck", "gpfs1"]);
-    assert!(err.contains("unmount it first"), "{err}");
+    assert!(err.contains("unmount it on every node first"), "{err}");
     assert!(node.ok(&["df", "gpfs1"]).contains("(pool total)"));
     node.ok(&["umount", "gpfs1"]);
     assert!(!std::fs::read_to_string("/proc/mounts")

@@ -340,8 +340,8 @@ impl Daemon {
         let record = fss.require(name)?.clone();
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
-                "file system {name} is mounted at {}; unmount it first with \
-                 `tessera umount {name}`",
+                "file system {name} is mounted at {}; unmount it on every node first with \
+                 `tessera umount {name} -a`",
                 m.mount_point.display()
             );
         }
