@@ -492,13 +492,20 @@ fn directories_move_between_owners_under_the_rename_lock() {
     // lock orders them, none is lost, no loop forms.
     let a = mkdir(&fs, ROOT_INO, b"a").ino;
     let b = mkdir(&s1, d, b"b").ino;
-    // Each goes on past its 20 tries until both moved once (a move is refused while the
-    // other directory is inside the one it moves into, which one side can hit 20 times).
+    // Each goes on past its 20 tries until both moved once. A move is refused while the
+    // other directory is inside the one it moves into, which a slower side can hit for
+    // thousands of tries in a row (a loaded machine ran out of 5,000 with none), so a side
+    // that has moved leaves its directory home and waits while the other has not.
     let done = [AtomicUsize::new(0), AtomicUsize::new(0)];
     let race = |me: usize, there: &dyn Fn() -> bool, back: &dyn Fn() -> bool| {
         let mut tries = 0;
         while tries < 20 || (tries < 5000 && done.iter().any(|d| d.load(Ordering::SeqCst) == 0)) {
             tries += 1;
+            if tries > 20 && done[me].load(Ordering::SeqCst) > 0 {
+                back();
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
             if there() && back() {
                 done[me].fetch_add(1, Ordering::SeqCst);
             }
