@@ -737,27 +737,30 @@ fn locks_and_appends_of_two_mounts_exclude_each_other() {
         a.join().unwrap();
     }
     let all = owner.read(log, 0, (RECORD * 200) as u32).unwrap();
-    assert_eq!(
-        all.len(),
-        RECORD * 100,
-        "every append landed past the others"
-    );
-    let mut tags: Vec<u8> = all
-        .chunks(RECORD)
-        .map(|r| {
-            assert!(
-                r.iter().all(|b| *b == r[0]),
-                "a record was torn or overwritten"
-            );
-            r[0]
-        })
-        .collect();
-    tags.sort();
-    tags.dedup();
-    assert_eq!(tags.len(), 100, "each record once");
+    assert_records_whole_and_once(&all, RECORD, 100);
 
     client.unmount().unwrap();
     owner.unmount().unwrap();
+}
+
+/// `all`, a log of `count` appended records of `record` bytes each filled with its own
+/// tag: every append landed past the others, none torn, overwritten or repeated.
+fn assert_records_whole_and_once(all: &[u8], record: usize, count: usize) {
+    assert_eq!(
+        all.len(),
+        record * count,
+        "every append landed past the others"
+    );
+    let mut tags: Vec<u8> = all
+        .chunks(record)
+        .map(|r| {
+            assert!(r.iter().all(|x| *x == r[0]), "a record torn or overwritten");
+            r[0]
+        })
+        .collect();
+    tags.sort_unstable();
+    tags.dedup();
+    assert_eq!(tags.len(), count, "each record once");
 }
 
 #[test]
@@ -2577,21 +2580,7 @@ fn appends_from_three_mounts_at_once_lose_nothing() {
     });
     for fs in [&owner, &b, &c] {
         let all = fs.read(log, 0, (RECORD * 400) as u32).unwrap();
-        assert_eq!(
-            all.len(),
-            RECORD * 240,
-            "every append landed past the others"
-        );
-        let mut tags: Vec<u8> = all
-            .chunks(RECORD)
-            .map(|r| {
-                assert!(r.iter().all(|x| *x == r[0]), "a record torn or overwritten");
-                r[0]
-            })
-            .collect();
-        tags.sort_unstable();
-        tags.dedup();
-        assert_eq!(tags.len(), 240, "each record once");
+        assert_records_whole_and_once(&all, RECORD, 240);
     }
     for fs in [&b, &c, &owner] {
         fs.unmount().unwrap();
