@@ -1180,13 +1180,11 @@ impl crate::fs::FileSystem {
         };
         self.lock_until(ino, whole, Some(&|| false), Some(APPEND_WAIT_MAX))?;
         let written = (|| -> crate::FsResult<u64> {
-            let at = self
-                .with_gathered(
-                    ino,
-                    || crate::metanode::Namespace::attr(self.namespace_of(ino), ino),
-                    |a| a,
-                )?
-                .size;
+            // The size as every append that returned left it: on the file's owner, what
+            // another node gathered of it comes back first (`getattr`), as a remote size
+            // request's does; without it, an append gathered on a client just before was
+            // overwritten by this one.
+            let at = self.getattr(ino)?.size;
             self.write(ino, at, data, sync)?;
             Ok(at)
         })();

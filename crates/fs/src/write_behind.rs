@@ -14,7 +14,8 @@
 //! What is gathered: runs of contiguous bytes per file (up to [`RUNS_MAX`]), each started
 //! by a write smaller than [`GATHER_BELOW`] and grown by the writes that continue or
 //! overlap it (sequential writers, appends (O_APPEND on a cluster's node too: the end an
-//! append is written at includes what this node gathered, `FileSystem::append`), mmap
+//! append is written at includes what this node gathered and, on the file's owner, what
+//! another node gathered, taken back first: `FileSystem::append`), mmap
 //! writeback, a database's page rewrites).
 //! A write over gathered bytes replaces them in memory, so they reach the disks once, in
 //! their last version. Whole blocks are written as soon as a run covers them. A large write

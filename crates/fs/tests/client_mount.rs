@@ -2551,16 +2551,11 @@ fn appends_are_gathered_on_the_owner_and_on_a_client() {
 }
 
 /// Appends from three mounts at once (two threads each, every mount gathering what it
-/// may) keep every record whole and once, seen at once by the other mounts.
-///
-/// Ignored in CI for now: one clean-clone run in about five (2026-12-01, b33171e) read
-/// 71,700 of the 72,000 bytes on one mount right after every append had returned, one
-/// 300-byte record short: an append returned on one mount was not yet seen by another
-/// mount's read, a coherence race of gathered appends not found yet. Run alone, right
-/// after the mounts start, it fails here about one run in nine:
-/// `cargo test -p tessera-fs --test client_mount appends_from_three -- --ignored`.
+/// may) keep every record whole and once, seen at once by the other mounts. It caught the
+/// owner's own append reading the size without taking back a client's gathered appends
+/// first (one record in about nine runs overwritten, early, when a client had just been
+/// let to gather).
 #[test]
-#[ignore = "an append returned on one mount is sometimes missing from another mount's read; see the doc comment"]
 fn appends_from_three_mounts_at_once_lose_nothing() {
     let (t, owner, [b, c]) = owner_and_two_gathering_clients();
     // Everyone at once, two threads per mount.
