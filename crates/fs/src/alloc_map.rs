@@ -563,6 +563,10 @@ pub(crate) struct Scope {
     pub read: Option<Vec<usize>>,
     /// Chunks of regions other slots own: held as used, never read (theirs to store).
     pub elsewhere: Vec<usize>,
+    /// Disks whose index is at or above this were added after the commit point was
+    /// written: none of their chunks is read (those `read` would take start free, as a
+    /// region given since does; see `SlotRecord::disks_covered`).
+    pub disks_covered: u32,
 }
 
 impl Scope {
@@ -573,6 +577,7 @@ impl Scope {
             digest: desc.alloc_map.as_ref().map_or(0, |m| m.digest),
             read: None,
             elsewhere: crate::slot::foreign_regions(desc),
+            disks_covered: u32::MAX,
         }
     }
 }
@@ -634,6 +639,7 @@ pub(crate) fn load_scope(
         let chunks = empty.chunk_count(disk);
         let total_words = empty.bitmap(disk).len();
         let name = &disks[&disk].nsd_name;
+        let covered = u32::from(disk) < scope.disks_covered;
         // The disk's regions: the first, and its second copy with metadata replicated.
         let copies: Vec<&MapRegion> = std::iter::once(region)
             .chain(mirrors.iter().copied().filter(|m| m.disk == disk))
@@ -678,7 +684,7 @@ pub(crate) fn load_scope(
             for i in 0..n {
                 let c = chunk + i;
                 let want = MAP_CHUNK_WORDS.min(total_words - c * MAP_CHUNK_WORDS);
-                if !reads(c) {
+                if !covered || !reads(c) {
                     words.extend(std::iter::repeat_n(0, want));
                     continue;
                 }

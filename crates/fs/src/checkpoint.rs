@@ -197,6 +197,9 @@ pub(crate) struct Prepared {
     pub map: Vec<crate::alloc_map::ChunkImage>,
     /// The shards this checkpoint holds (their roots are in `roots`).
     pub held: Vec<usize>,
+    /// One past the highest disk index of the allocation map snapshotted: every disk whose
+    /// chunks it stores or has stored (an owner slot's record says so, `SlotRecord`).
+    pub disks_covered: u32,
 }
 
 impl Prepared {
@@ -350,6 +353,12 @@ pub(crate) fn prepare(
         superseded,
         map,
         held,
+        disks_covered: alloc
+            .disks()
+            .iter()
+            .map(|d| u32::from(d.disk) + 1)
+            .max()
+            .unwrap_or(0),
     })
 }
 

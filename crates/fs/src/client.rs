@@ -107,6 +107,12 @@ impl FileSystem {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
+        if let MetanodeRequest::DisksAdded = request {
+            return encode(&match self.learn_added_disks() {
+                Ok(_) => MetanodeReply::Done,
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            });
+        }
         if let MetanodeRequest::DropHeld { inos } = &request {
             // From the owner of another slot (or the manager): what this mount holds of
             // those inodes, from whichever owner, goes; so does what this node's kernel

@@ -91,6 +91,10 @@ impl BlockDevice for Retired {
 #[derive(Default)]
 pub(crate) struct DiskSet {
     disks: RwLock<Vec<Disk>>,
+    /// Called with no lock held when a disk index beyond the table is asked for: on a node
+    /// other than the file system manager, a disk `disk add` added there since this mount
+    /// read the descriptor (`FileSystem::learn_added_devices`).
+    unknown: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for DiskSet {
@@ -118,26 +122,35 @@ impl DiskSet {
             })
             .collect();
         Arc::new(DiskSet {
+            unknown: std::sync::OnceLock::new(),
             disks: RwLock::new(disks),
         })
     }
 
-    /// The device of disk `disk`.
-    ///
-    /// # Panics
-    ///
-    /// If the file system has no such disk: every disk address comes from the allocator or
-    /// from checked metadata, which only name disks the file system has.
+    /// The device of disk `disk`. Every disk address comes from the allocator or from
+    /// checked metadata, which only name disks the file system has; one this mount does
+    /// not know yet was added on the file system manager since (it is learned here), and
+    /// one it cannot learn answers every I/O with an error naming it.
     pub fn get(&self, disk: DiskIndex) -> Arc<dyn BlockDevice> {
-        self.try_get(disk)
-            .unwrap_or_else(|| panic!("disk {disk} is not a disk of the file system"))
+        self.try_get(disk).unwrap_or_else(|| {
+            Arc::new(Retired {
+                name: format!("disk {disk}, which this mount does not know"),
+            })
+        })
     }
 
     pub fn try_get(&self, disk: DiskIndex) -> Option<Arc<dyn BlockDevice>> {
-        self.disks
-            .read()
-            .get(usize::from(disk))
-            .map(|d| Arc::clone(&d.device))
+        let known = |disks: &Vec<Disk>| disks.get(usize::from(disk)).map(|d| Arc::clone(&d.device));
+        if let Some(dev) = known(&self.disks.read()) {
+            return Some(dev);
+        }
+        self.unknown.get()?();
+        known(&self.disks.read())
+    }
+
+    /// Sets what [`DiskSet::try_get`] calls for a disk beyond the table (once).
+    pub fn on_unknown_disk(&self, learn: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.unknown.set(learn);
     }
 
     pub fn len(&self) -> usize {

@@ -16,6 +16,21 @@
 //! whose map chunks never held the region: nothing leaks and the disk is simply not part of
 //! the file system; a crash after it finds the disk at mount with an empty map.
 //!
+//! # Adding a disk to a file system mounted on several nodes
+//!
+//! The file system manager adds it as above; the allocation regions it has given to
+//! owner slots (chunk `r` of *every* disk's map) grow by the new disk's chunk `r`, which the
+//! manager holds as used and never stores, as it does the slots' chunks of the other disks.
+//! Every other mount learns the disk from the descriptor (`learn_added_disks`: the daemon
+//! asks each node that mounts the file system after the add, and a mount that meets a disk
+//! index it does not know learns it then, before the I/O): it opens the disk's device (by
+//! NSD name, the way it opened the others at mount) and, on the owner of a slot, gives its
+//! allocator the disk with the slot's chunks free and everyone else's held. The slot stores
+//! those chunks from its next checkpoint on, and its record says which disks its map digest
+//! covers (`SlotRecord::disks_covered`), so a slot that was down during the add, or crashed
+//! before that checkpoint, takes its chunks of the new disk as free at mount: only it
+//! allocates there, and what it allocated before a crash is in its log.
+//!
 //! # Deleting a disk, crash-safe
 //!
 //! The disk is emptied first by a migrating restripe (data, metadata pages, map regions, the
@@ -35,6 +50,12 @@ use crate::disk_set::DISKS_MAX;
 use crate::error::{FsError, FsResult};
 use crate::format::DiskSpec;
 use crate::fs::FileSystem;
+
+/// Opens the device of a disk added to the file system after this mount started, from the
+/// descriptor's entry for it (NSD name and id): the daemon opens it as it opened the others
+/// at mount.
+pub type DiskOpener =
+    Box<dyn Fn(&crate::descriptor::FsDisk) -> FsResult<Arc<dyn BlockDevice>> + Send + Sync>;
 
 /// Sets the status of the disks named `nsds` in `desc`, after checking that every name is a
 /// disk of the file system and that every pool keeps a ready disk for what it holds.
@@ -272,7 +293,6 @@ impl FileSystem {
         self.owner_here("adding disks")?;
         self.manager_here("adding disks")?;
         self.check_fenced()?;
-        self.refuse_with_foreign_regions("adding disks")?;
         check_new_disks(&self.descriptor(), &disks)?;
         // A disk that held another file system keeps that one's descriptor slots; a later
         // mount must never take them (of any generation) for this file system's.
@@ -365,6 +385,12 @@ impl FileSystem {
             let mut slots = self.owner().map_slots.lock();
             for &index in &added {
                 slots.add_disk(index, m.alloc.chunk_count(index));
+            }
+            // The slots' regions reach onto the new disks: their chunks there are the
+            // slots' to allocate in and store, held here as on every other disk.
+            let foreign = crate::slot::foreign_regions(&desc);
+            for &index in &added {
+                crate::slot::hold_regions_on(&mut m.alloc, index, &foreign);
             }
         }
         *self.owner().desc.lock() = desc;
@@ -603,5 +629,81 @@ impl FileSystem {
             tracing::warn!("erasing the descriptor copies of deleted disks: {e}");
         }
         Ok(())
+    }
+}
+
+impl FileSystem {
+    /// Tells this mount how to open disks that `disk add` adds on the file system manager
+    /// after it mounted ([`FileSystem::learn_added_disks`]). Only the first opener set is used.
+    pub fn set_disk_opener(&self, open: DiskOpener) {
+        let _ = self.disk_opener.set(open);
+    }
+
+    /// Learns the disks added to the file system since this mount read the descriptor (the
+    /// manager's `disk add`, on another node): their devices are opened, so blocks placed on
+    /// them read and write here, and on the owner of a slot other than 0 the allocator gives
+    /// out the slot's chunks of them (`take_from_owner_map`). Returns the disk indexes
+    /// learned; none on the manager, which added them itself.
+    pub fn learn_added_disks(&self) -> FsResult<Vec<u16>> {
+        let learned = self.learn_added_devices()?;
+        if self.is_owner() && self.owner_slot() != 0 {
+            self.take_from_owner_map()?;
+        }
+        Ok(learned)
+    }
+
+    /// The device half of [`FileSystem::learn_added_disks`]: opens and appends the devices of
+    /// disks the newest descriptor names beyond this mount's table. Takes no metadata lock
+    /// (an I/O that meets an unknown disk calls it, whatever it holds).
+    pub(crate) fn learn_added_devices(&self) -> FsResult<Vec<u16>> {
+        let _one = self.learning_disks.lock();
+        let known = self.devices.len();
+        let newest = crate::descriptor::read_descriptor(&self.devices.all())?;
+        let added: Vec<&crate::descriptor::FsDisk> = newest
+            .disks
+            .iter()
+            .filter(|d| usize::from(d.index) >= known)
+            .collect();
+        if added.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<&str> = added.iter().map(|d| d.nsd_name.as_str()).collect();
+        let Some(open) = self.disk_opener.get() else {
+            return Err(FsError::NotSupported(format!(
+                "{}: disks {} were added since this node mounted it, and this mount cannot \
+                 open disks by itself; unmount and mount it again here",
+                newest.name,
+                names.join(", ")
+            )));
+        };
+        let mut opened = Vec::with_capacity(added.len());
+        for d in &added {
+            let dev = open(d)?;
+            crate::recovery::check_nsd_device(&newest, d, dev.as_ref())?;
+            opened.push((d.index, dev, d.nsd_name.clone()));
+        }
+        for (index, dev, name) in opened {
+            // Disks added and deleted meanwhile keep their indexes, retired.
+            while self.devices.len() < usize::from(index) {
+                let gap = u16::try_from(self.devices.len()).expect("bounded by DISKS_MAX");
+                self.devices
+                    .push(vec![(crate::disk_set::Retired::device(gap), String::new())]);
+            }
+            self.devices.push(vec![(dev, name)]);
+        }
+        self.devices
+            .set_failure_groups(newest.disks.iter().map(|d| (d.index, d.failure_group)));
+        if let Some(desc) = &self.client_desc {
+            let mut desc = desc.lock();
+            if newest.generation > desc.generation {
+                *desc = newest.clone();
+            }
+        }
+        tracing::info!(
+            "{}: disks {} added on the file system manager are in use here too",
+            newest.name,
+            names.join(", ")
+        );
+        Ok(added.iter().map(|d| d.index).collect())
     }
 }

@@ -168,8 +168,14 @@ pub(crate) struct Owner {
 /// owner: every metadata request goes to the node that owns them.
 pub struct FileSystem {
     pub(crate) owner: Option<Owner>,
-    /// The descriptor read when a client-only mount started (an owner keeps its own).
-    client_desc: Option<FsDescriptor>,
+    /// The descriptor a client-only mount read when it started, or later when it learned
+    /// of added disks (an owner keeps its own).
+    pub(crate) client_desc: Option<Mutex<FsDescriptor>>,
+    /// Opens disks added to the file system since this mount started (see
+    /// [`FileSystem::set_disk_opener`]).
+    pub(crate) disk_opener: std::sync::OnceLock<crate::disks::DiskOpener>,
+    /// One learning of added disks at a time (`FileSystem::learn_added_devices`).
+    pub(crate) learning_disks: Mutex<()>,
     /// The disks' devices by disk index; grows when a disk is added (`disk add`).
     pub(crate) devices: Arc<DiskSet>,
     pub(crate) geo: Geometry,
@@ -585,9 +591,11 @@ impl FileSystem {
                 .map(|s| std::sync::atomic::AtomicU32::new(desc.shard_owner(s).slot))
                 .collect()
         };
-        Arc::new(FileSystem {
+        let fs = Arc::new(FileSystem {
             owner,
-            client_desc,
+            client_desc: client_desc.map(Mutex::new),
+            disk_opener: std::sync::OnceLock::new(),
+            learning_disks: Mutex::new(()),
             devices,
             geo,
             pmon: Pmon::default(),
@@ -624,7 +632,16 @@ impl FileSystem {
                 crate::replication::ReadReplicaPolicy::Default as u8,
             ),
             replica_reads: std::sync::atomic::AtomicU64::new(0),
-        })
+        });
+        let weak = Arc::downgrade(&fs);
+        fs.devices.on_unknown_disk(Box::new(move || {
+            if let Some(fs) = weak.upgrade() {
+                if let Err(e) = fs.learn_added_devices() {
+                    tracing::error!("{}: learning added disks: {e}", fs.geo.fs_name);
+                }
+            }
+        }));
+        fs
     }
 
     /// Frees inodes whose last link went away while they were open and that no mount
@@ -731,7 +748,7 @@ impl FileSystem {
     pub fn descriptor(&self) -> FsDescriptor {
         match (&self.owner, &self.client_desc) {
             (Some(owner), _) => owner.desc.lock().clone(),
-            (None, Some(desc)) => desc.clone(),
+            (None, Some(desc)) => desc.lock().clone(),
             (None, None) => unreachable!("a mount has an owner or a client descriptor"),
         }
     }
@@ -1581,6 +1598,7 @@ impl FileSystem {
                         .collect(),
                     given_back: slot.given_back.lock().clone(),
                     map_digest: map_slots.digest_with(&chunks, prepared.generation),
+                    disks_covered: prepared.disks_covered,
                 };
                 crate::slot::write_record(&desc, &self.devices, &slot.region, &next)?;
                 *record = next;

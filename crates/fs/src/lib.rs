@@ -47,6 +47,7 @@ pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_M
 pub use descriptor::{
     read_descriptor, AtimeMode, DiskStatus, FsDescriptor, FsDisk, Replication, StrictReplication,
 };
+pub use disks::DiskOpener;
 pub use error::{FsError, FsResult};
 pub use format::{erase, format, DiskSpec, FormatOptions, Progress, SHARDS_DEFAULT};
 pub use fs::{DirListing, FileSystem, ServeCheck, ServeRefusal, SetAttr, StatFs};

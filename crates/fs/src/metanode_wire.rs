@@ -220,6 +220,10 @@ pub enum MetanodeRequest {
     GiveBackData {
         inos: Vec<Ino>,
     },
+    /// File system manager to every node that mounts the file system, after `disk add`:
+    /// read the descriptor again and use the new disks (`FileSystem::learn_added_disks`).
+    /// A node that misses it learns them when it first meets one of their block addresses.
+    DisksAdded,
     /// Client to owner at its unmount: forget what this node holds (`read_tokens.rs`).
     /// Without it the owner kept the node recorded as a holder of every inode it had
     /// read until a change revoked each one (a round trip to a mount that is gone), and a
@@ -337,6 +341,7 @@ impl MetanodeRequest {
             Q::DropHeld { .. } => "DropHeld",
             Q::GiveBackData { .. } => "GiveBackData",
             Q::Leaving => "Leaving",
+            Q::DisksAdded => "DisksAdded",
             Q::PutEntry { .. } => "PutEntry",
             Q::TakeEntry { .. } => "TakeEntry",
             Q::CountLink { .. } => "CountLink",
@@ -408,7 +413,8 @@ impl Fence {
             Ok(MetanodeRequest::FenceWrites { .. }
                 | MetanodeRequest::FenceSettled { .. }
                 | MetanodeRequest::DropHeld { .. }
-                | MetanodeRequest::GiveBackData { .. })
+                | MetanodeRequest::GiveBackData { .. }
+                | MetanodeRequest::DisksAdded)
         )
     }
 
@@ -418,6 +424,19 @@ impl Fence {
         matches!(
             decode::<MetanodeRequest>(request, "request"),
             Ok(MetanodeRequest::DropHeld { .. } | MetanodeRequest::GiveBackData { .. })
+        )
+    }
+
+    /// The encoded news that disks were added ([`MetanodeRequest::DisksAdded`]).
+    pub fn disks_added() -> Vec<u8> {
+        encode(&MetanodeRequest::DisksAdded)
+    }
+
+    /// Whether `request` is [`Fence::disks_added`]'s.
+    pub fn is_disks_added(request: &[u8]) -> bool {
+        matches!(
+            decode::<MetanodeRequest>(request, "request"),
+            Ok(MetanodeRequest::DisksAdded)
         )
     }
 
@@ -943,7 +962,7 @@ where
         }
         // The owner's own mount holds no views to drop (a took-over node's client mount
         // answers these itself).
-        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving => R::Done,
+        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving | Q::DisksAdded => R::Done,
     }
 }
 
@@ -1034,7 +1053,8 @@ pub(crate) fn cache_changes(
         | Q::GiveRegionBack
         | Q::Gather { .. }
         | Q::DiskFree
-        | Q::Leaving => Vec::new(),
+        | Q::Leaving
+        | Q::DisksAdded => Vec::new(),
     }
 }
 
@@ -2665,6 +2685,7 @@ mod tests {
             MetanodeRequest::DropHeld { inos: vec![5, 9] },
             MetanodeRequest::GiveBackData { inos: vec![12] },
             MetanodeRequest::Leaving,
+            MetanodeRequest::DisksAdded,
             MetanodeRequest::PutEntry {
                 dir: 9,
                 name: b"to".to_vec(),

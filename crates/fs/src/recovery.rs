@@ -50,6 +50,27 @@ pub(crate) enum MapSource {
 }
 
 /// Orders `disks` by the descriptor's disk index, checking each NSD id is present.
+/// Whether `dev` carries the NSD descriptor of disk `d` of `desc`.
+pub(crate) fn check_nsd_device(
+    desc: &FsDescriptor,
+    d: &crate::descriptor::FsDisk,
+    dev: &dyn BlockDevice,
+) -> FsResult<()> {
+    match tessera_nsd::descriptor::read_descriptor(dev) {
+        Ok(Some(nd)) if nd.id == d.nsd_id => Ok(()),
+        Ok(_) => Err(FsError::MissingDisk {
+            fs: desc.name.clone(),
+            nsd: d.nsd_name.clone(),
+            reason: format!("{} no longer carries this NSD's descriptor", dev.name()),
+        }),
+        Err(e) => Err(FsError::MissingDisk {
+            fs: desc.name.clone(),
+            nsd: d.nsd_name.clone(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
 pub(crate) fn match_devices(
     desc: &FsDescriptor,
     disks: &[(NsdId, Arc<dyn BlockDevice>)],
@@ -89,23 +110,7 @@ pub(crate) fn match_devices(
                     .into(),
             });
         };
-        match tessera_nsd::descriptor::read_descriptor(dev.as_ref()) {
-            Ok(Some(nd)) if nd.id == d.nsd_id => {}
-            Ok(_) => {
-                return Err(FsError::MissingDisk {
-                    fs: desc.name.clone(),
-                    nsd: d.nsd_name.clone(),
-                    reason: format!("{} no longer carries this NSD's descriptor", dev.name()),
-                })
-            }
-            Err(e) => {
-                return Err(FsError::MissingDisk {
-                    fs: desc.name.clone(),
-                    nsd: d.nsd_name.clone(),
-                    reason: e.to_string(),
-                })
-            }
-        }
+        check_nsd_device(desc, d, dev.as_ref())?;
         out[usize::from(d.index)] = dev.clone();
         names[usize::from(d.index)] = d.nsd_name.clone();
     }
@@ -500,6 +505,7 @@ pub(crate) fn recover_slot(
         digest: record.map_digest,
         read: Some(stored_regions.clone()),
         elsewhere: crate::slot::regions_elsewhere(desc, slot),
+        disks_covered: record.disks_covered,
     };
     let loaded = crate::alloc_map::load_scope(desc, &disks.all(), new_alloc(desc), &scope)?;
     let mut alloc = loaded.map.map_err(|why| {
@@ -512,10 +518,12 @@ pub(crate) fn recover_slot(
     for (disk, chunk) in loaded.stale {
         alloc.mark_chunk_dirty(disk, chunk);
     }
-    // Regions given since its last checkpoint: stored from its next one on.
+    // Regions given since its last checkpoint, and its regions on disks added since:
+    // stored from its next one on.
     let disks_of: Vec<tessera_alloc::DiskIndex> = alloc.disks().iter().map(|d| d.disk).collect();
-    for r in mine.iter().filter(|r| !stored_regions.contains(r)) {
-        for &d in &disks_of {
+    for &d in &disks_of {
+        let added = u32::from(d) >= record.disks_covered;
+        for r in mine.iter().filter(|r| added || !stored_regions.contains(r)) {
             if *r < alloc.chunk_count(d) {
                 alloc.mark_chunk_dirty(d, *r);
             }

@@ -60,9 +60,13 @@ use crate::disk_set::DiskSet;
 use crate::error::{FsError, FsResult};
 
 pub const RECORD_MAGIC: [u8; 8] = *b"TSRSLOT1";
-pub const RECORD_VERSION: u32 = 1;
+/// Version 2 added the disks the map digest covers (`SlotRecord::disks_covered`); version 1
+/// records are read as covering every disk.
+pub const RECORD_VERSION: u32 = 2;
 const HEADER_BYTES: usize = 48;
-const BODY_FIXED_BYTES: usize = 32;
+const BODY_FIXED_BYTES: usize = 36;
+/// Version 1's fixed body: no `disks_covered`.
+const BODY_FIXED_BYTES_V1: usize = 32;
 const SHARD_ENTRY_BYTES: usize = 32;
 const REGION_ENTRY_BYTES: usize = 4;
 /// How long the manager, having found no slot with a region to give back, answers a full
@@ -208,8 +212,16 @@ pub struct SlotRecord {
     /// manager (`FileSystem::give_region_back`), in order: the slot never allocates in
     /// them again, and the manager completes the move when it commits the owner map.
     pub given_back: Vec<u32>,
-    /// The digest of the generations of those regions' stored chunks.
+    /// The digest of the generations of those regions' stored chunks, on the disks whose
+    /// index is below `disks_covered`.
     pub map_digest: u64,
+    /// One past the highest disk index the slot's allocation map knew at this checkpoint:
+    /// every disk below it had its chunks of the slot's regions stored and counted in the
+    /// digest. A disk added to the file system since (indexes only grow) has none stored:
+    /// its chunks of the slot's regions start free at the slot's mount, since only this
+    /// slot allocates there and it logs what it allocates (`u32::MAX` in a version-1
+    /// record, written before disks could be added beside slots: every disk).
+    pub disks_covered: u32,
 }
 
 impl SlotRecord {
@@ -224,6 +236,7 @@ impl SlotRecord {
             regions: Vec::new(),
             given_back: Vec::new(),
             map_digest: 0,
+            disks_covered: 0,
         }
     }
 
@@ -267,6 +280,7 @@ impl SlotRecord {
         body[16..24].copy_from_slice(&self.map_digest.to_le_bytes());
         body[24..28].copy_from_slice(&(self.shards.len() as u32).to_le_bytes());
         body[28..32].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+        body[32..36].copy_from_slice(&self.disks_covered.to_le_bytes());
         for (i, r) in entries.iter().enumerate() {
             body[shards_end + i * REGION_ENTRY_BYTES..][..REGION_ENTRY_BYTES]
                 .copy_from_slice(&r.to_le_bytes());
@@ -306,13 +320,18 @@ impl SlotRecord {
             };
         }
         let version = le_u32(&bytes[8..]);
-        if version != RECORD_VERSION {
-            return Err(format!(
-                "record format version {version}, this Tessera reads version {RECORD_VERSION}"
-            ));
-        }
+        let fixed = match version {
+            1 => BODY_FIXED_BYTES_V1,
+            RECORD_VERSION => BODY_FIXED_BYTES,
+            _ => {
+                return Err(format!(
+                    "record format version {version}, this Tessera reads versions 1 to \
+                     {RECORD_VERSION}"
+                ))
+            }
+        };
         let body_len = le_u32(&bytes[24..]) as usize;
-        if body_len < BODY_FIXED_BYTES || HEADER_BYTES + body_len > bytes.len() {
+        if body_len < fixed || HEADER_BYTES + body_len > bytes.len() {
             return Err(format!("body length {body_len} out of range"));
         }
         let mut covered = bytes[..HEADER_BYTES + body_len].to_vec();
@@ -330,7 +349,7 @@ impl SlotRecord {
         let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
         let count = le_u32(&body[24..]) as usize;
         let region_count = le_u32(&body[28..]) as usize;
-        let shards_end = BODY_FIXED_BYTES + count.saturating_mul(SHARD_ENTRY_BYTES);
+        let shards_end = fixed + count.saturating_mul(SHARD_ENTRY_BYTES);
         if shards_end.saturating_add(region_count.saturating_mul(REGION_ENTRY_BYTES)) != body_len {
             return Err(format!(
                 "{count} shard and {region_count} region entries do not fill a body of \
@@ -352,7 +371,7 @@ impl SlotRecord {
         }
         let mut shards: Vec<SlotShard> = Vec::with_capacity(count);
         for i in 0..count {
-            let e = &body[BODY_FIXED_BYTES + i * SHARD_ENTRY_BYTES..][..SHARD_ENTRY_BYTES];
+            let e = &body[fixed + i * SHARD_ENTRY_BYTES..][..SHARD_ENTRY_BYTES];
             let second = le_u64(&e[24..]);
             let entry = SlotShard {
                 shard: le_u32(e),
@@ -377,6 +396,10 @@ impl SlotRecord {
             regions,
             given_back,
             map_digest: le_u64(&body[16..]),
+            disks_covered: match version {
+                1 => u32::MAX,
+                _ => le_u32(&body[32..]),
+            },
         }))
     }
 }
@@ -1053,10 +1076,10 @@ impl crate::fs::FileSystem {
 
     /// Takes what the owner map gives this mount's slot since it last looked (the owner
     /// of a slot other than 0): reads the newest descriptor, opens every shard given to the
-    /// slot at a newer generation from its hand-over root, and takes every allocation
+    /// slot at a newer generation from its hand-over root, takes every allocation
     /// region given to it as free (stored from its next checkpoint on, numbered above the
-    /// descriptor's generation). Returns the shards and regions taken. In the cluster the
-    /// file system manager asks the slot's owner to do this after each give.
+    /// descriptor's generation), and gives its allocator the disks added since, with the
+    /// slot's chunks of them free (`crate::disks`). Returns the shards and regions taken.
     pub fn take_from_owner_map(&self) -> FsResult<(Vec<usize>, Vec<usize>)> {
         self.owner_here("taking shards from the owner map")?;
         let me = self.owner_slot();
@@ -1065,6 +1088,8 @@ impl crate::fs::FileSystem {
                 "the file system manager (slot 0) gives shards; it does not take them".into(),
             ));
         }
+        // Devices first, holding no lock: opening one may take a while.
+        self.learn_added_devices()?;
         let all = self.devices.all();
         let newest = crate::descriptor::read_descriptor(&all)?;
         let mut m = self.owner().meta.lock();
@@ -1104,6 +1129,7 @@ impl crate::fs::FileSystem {
             .filter(|r| !had.contains(r))
             .collect();
         free_regions(&mut m.alloc, &regions);
+        self.take_added_disks(&mut m, &newest)?;
         m.state
             .store_mut()
             .advance_generation(newest.checkpoint.generation + 1);
@@ -1115,6 +1141,46 @@ impl crate::fs::FileSystem {
             self.geo.fs_name
         );
         Ok((shards, regions))
+    }
+
+    /// The owner of a slot other than 0, under the metadata and checkpoint locks: gives its
+    /// allocator the disks `newest` (as this slot sees it) names that it lacks, with the
+    /// slot's chunks of them free and the rest held as used; those chunks are stored from
+    /// the next checkpoint on, whose record then counts the disks as covered.
+    fn take_added_disks(&self, m: &mut crate::fs::Meta, newest: &FsDescriptor) -> FsResult<()> {
+        let me = self.owner_slot();
+        let added: Vec<&crate::descriptor::FsDisk> = newest
+            .disks
+            .iter()
+            .filter(|d| !m.alloc.disks().iter().any(|a| a.disk == d.index))
+            .collect();
+        if added.is_empty() {
+            return Ok(());
+        }
+        if let Some(d) = added
+            .iter()
+            .find(|d| usize::from(d.index) >= self.devices.len())
+        {
+            return Err(FsError::MissingDisk {
+                fs: newest.name.clone(),
+                nsd: d.nsd_name.clone(),
+                reason: "added to the file system, but this node could not open it".into(),
+            });
+        }
+        let elsewhere = regions_elsewhere(newest, me);
+        let mut map_slots = self.owner().map_slots.lock();
+        for d in &added {
+            m.alloc.add_disk(crate::recovery::alloc_disk(d));
+            hold_regions_on(&mut m.alloc, d.index, &elsewhere);
+            map_slots.add_disk(d.index, m.alloc.chunk_count(d.index));
+        }
+        let names: Vec<&str> = added.iter().map(|d| d.nsd_name.as_str()).collect();
+        tracing::info!(
+            "{}: owner slot {me} allocates on disks {} from now on",
+            newest.name,
+            names.join(", ")
+        );
+        Ok(())
     }
 
     /// Gives allocation regions in which nothing is allocated to owner slot `slot` (the
@@ -1533,25 +1599,34 @@ fn free_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize]) {
 pub(crate) fn hold_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize]) {
     let disks: Vec<DiskIndex> = alloc.disks().iter().map(|d| d.disk).collect();
     for disk in disks {
-        let chunks = alloc.chunk_count(disk);
-        let bits = alloc
-            .disks()
-            .iter()
-            .find(|d| d.disk == disk)
-            .map_or(0, |d| d.blocks * u64::from(alloc.sub_blocks_per_block()));
-        for &r in regions.iter().filter(|r| **r < chunks) {
-            let words = alloc.chunk_words(disk, r).len();
-            let mut held = vec![u64::MAX; words];
-            // The last word of the disk has bits past its end, which stay clear.
-            let end = (r * tessera_alloc::MAP_CHUNK_WORDS + words) as u64 * 64;
-            if end > bits {
-                let spare = end - bits;
-                held[words - 1] = u64::MAX >> spare;
-            }
-            alloc
-                .set_chunk_words(disk, r, &held)
-                .expect("a chunk of the disk's own size");
+        hold_regions_on(alloc, disk, regions);
+    }
+}
+
+/// [`hold_regions`] on disk `disk` alone.
+pub(crate) fn hold_regions_on(
+    alloc: &mut tessera_alloc::AllocMap,
+    disk: DiskIndex,
+    regions: &[usize],
+) {
+    let chunks = alloc.chunk_count(disk);
+    let bits = alloc
+        .disks()
+        .iter()
+        .find(|d| d.disk == disk)
+        .map_or(0, |d| d.blocks * u64::from(alloc.sub_blocks_per_block()));
+    for &r in regions.iter().filter(|r| **r < chunks) {
+        let words = alloc.chunk_words(disk, r).len();
+        let mut held = vec![u64::MAX; words];
+        // The last word of the disk has bits past its end, which stay clear.
+        let end = (r * tessera_alloc::MAP_CHUNK_WORDS + words) as u64 * 64;
+        if end > bits {
+            let spare = end - bits;
+            held[words - 1] = u64::MAX >> spare;
         }
+        alloc
+            .set_chunk_words(disk, r, &held)
+            .expect("a chunk of the disk's own size");
     }
 }
 
@@ -1760,6 +1835,7 @@ mod tests {
             regions: vec![3, 17],
             given_back: vec![9],
             map_digest: 0x0123_4567_89AB_CDEF,
+            disks_covered: 6,
         }
     }
 
@@ -1769,14 +1845,14 @@ mod tests {
         assert_eq!(
             buf.len(),
             16384,
-            "48 + 32 + 256 * 32 + 1024 * 4 bytes in whole sectors"
+            "48 + 36 + 256 * 32 + 1024 * 4 bytes in whole sectors"
         );
         let mut want = Vec::new();
         want.extend_from_slice(b"TSRSLOT1");
-        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&2u32.to_le_bytes());
         want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&5u64.to_le_bytes());
-        want.extend_from_slice(&(32u32 + 64 + 12).to_le_bytes());
+        want.extend_from_slice(&(36u32 + 64 + 12).to_le_bytes());
         want.extend_from_slice(&[0; 4]); // crc, checked below
         want.extend_from_slice(&UUID);
         want.extend_from_slice(&0x1_0000u64.to_le_bytes());
@@ -1784,6 +1860,7 @@ mod tests {
         want.extend_from_slice(&0x0123_4567_89AB_CDEFu64.to_le_bytes());
         want.extend_from_slice(&2u32.to_le_bytes());
         want.extend_from_slice(&3u32.to_le_bytes());
+        want.extend_from_slice(&6u32.to_le_bytes()); // disks covered
         for (shard, crc, generation, addr, second) in [
             (7u32, 0xAABB_CCDDu32, 2u64, 0x2000u64, u64::MAX),
             (200, 1, 9, 0x3000, 0x4000),
@@ -1806,6 +1883,29 @@ mod tests {
             SlotRecord::decode(&buf, &UUID, 3).unwrap(),
             Some(sample()),
             "decodes to what was encoded"
+        );
+    }
+
+    /// A version-1 record (no disks-covered field) still reads, as covering every disk.
+    #[test]
+    fn a_version_1_record_reads_as_covering_every_disk() {
+        let v2 = sample().encode(&UUID, record_bytes(256, 10));
+        let body_len = 36 + 64 + 12;
+        let mut v1 = v2[..HEADER_BYTES + 32].to_vec();
+        v1.extend_from_slice(&v2[HEADER_BYTES + 36..HEADER_BYTES + body_len]);
+        v1.resize(v2.len(), 0);
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        v1[24..28].copy_from_slice(&(body_len as u32 - 4).to_le_bytes());
+        v1[28..32].fill(0);
+        let crc = crc32c::crc32c(&v1[..HEADER_BYTES + body_len - 4]);
+        v1[28..32].copy_from_slice(&crc.to_le_bytes());
+        let read = SlotRecord::decode(&v1, &UUID, 3).unwrap().unwrap();
+        assert_eq!(
+            read,
+            SlotRecord {
+                disks_covered: u32::MAX,
+                ..sample()
+            }
         );
     }
 

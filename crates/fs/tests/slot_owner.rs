@@ -1535,3 +1535,209 @@ fn a_region_taken_back_cut_by_a_crash_of_the_manager_at_every_write_is_in_one_ow
     assert_eq!(region_owners(&s1), region_owners(&fs));
     unmount_both_and_check(&t, fs, s1, "after a region was taken back through crashes");
 }
+
+/// Three drives of 160 MiB, the file system (allocation regions as [`two_region_fs`]) made
+/// on the first two; the third is for `disk add`.
+fn two_region_fs_and_a_spare() -> TestDisks {
+    let t = make_disks(3, 160 << 20);
+    let specs = t.disks[..2]
+        .iter()
+        .enumerate()
+        .map(|(i, (id, dev))| tessera_fs::DiskSpec {
+            nsd_name: format!("nsd{i}"),
+            nsd_id: *id,
+            usage: tessera_nsd::DiskUsage::DataAndMetadata,
+            failure_group: i as i32 + 1,
+            pool: "system".into(),
+            device: dev.clone(),
+        })
+        .collect();
+    let opts = tessera_fs::FormatOptions {
+        block_size: 64 << 10,
+        log_bytes: 4 << 20,
+        placement: tessera_fs::Placement::Cluster,
+        ..small_opts()
+    };
+    tessera_fs::format(specs, &opts, &mut |_| {}).unwrap();
+    t
+}
+
+/// Adds the spare drive of [`two_region_fs_and_a_spare`] through the manager `fs`.
+fn add_the_spare(t: &TestDisks, fs: &FileSystem) {
+    let (id, dev) = t.disks[2].clone();
+    let added = fs
+        .add_disks(vec![tessera_fs::DiskSpec {
+            nsd_name: "nsd2".into(),
+            nsd_id: id,
+            usage: tessera_nsd::DiskUsage::DataAndMetadata,
+            failure_group: 3,
+            pool: "system".into(),
+            device: dev,
+        }])
+        .unwrap();
+    assert_eq!(added, vec![2]);
+}
+
+/// Opens added disks from `t`'s drives by NSD id, as the daemon opens them by NSD name.
+fn opener(t: &TestDisks) -> tessera_fs::DiskOpener {
+    let drives = t.reopen();
+    Box::new(move |d| {
+        drives
+            .iter()
+            .find(|(id, _)| *id == d.nsd_id)
+            .map(|(_, dev)| Arc::clone(dev))
+            .ok_or_else(|| FsError::Invalid(format!("no drive for {}", d.nsd_name)))
+    })
+}
+
+/// Files of 1 MiB written through slot 1's owner `s1` in `dir`, four at a time, until one
+/// has a block on disk `disk` (every block in the slot's region 1); name -> content.
+fn files_until_one_is_on(s1: &FileSystem, dir: Ino, disk: u16) -> BTreeMap<String, Vec<u8>> {
+    let mut written = BTreeMap::new();
+    for round in 0..40u64 {
+        let (files, failed) = write_mib_files(s1, dir, &format!("r{round}-"), 4);
+        assert!(failed.is_none(), "{failed:?}");
+        let mut on_disk = false;
+        for name in files.keys() {
+            let ino = s1.lookup(dir, name.as_bytes()).unwrap().ino;
+            on_disk |= has_blocks_on(s1, ino, disk);
+            assert!(blocks_in_region(s1, ino, 1), "{name} outside region 1");
+        }
+        written.extend(files);
+        if on_disk {
+            return written;
+        }
+    }
+    panic!("the slot never allocated on disk {disk}");
+}
+
+/// Whether some block of `ino` (on the mount that serves it) lies on disk `disk`.
+fn has_blocks_on(fs: &FileSystem, ino: Ino, disk: u16) -> bool {
+    fs.file_block_addresses(ino)
+        .unwrap()
+        .iter()
+        .any(|(d, _)| *d == disk)
+}
+
+/// `disk add` on a file system whose manager gave an allocation region to a live slot
+/// owner (refused before: the slots' regions reach onto every disk): the slot learns the
+/// disk when told, allocates its region's part of it, stores those chunks itself and
+/// says so in its record, so a remount reads them; the manager holds them and a remount
+/// of its own leaves them held; a client mount that never heard of the disk reads a file
+/// on it (it learns the disk at the first block address on it); fsck is clean.
+#[test]
+fn a_disk_added_beside_a_live_slot_owner_is_used_by_both_owners() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    s1.set_disk_opener(opener(&t));
+    let client = FileSystem::mount_client(
+        t.reopen(),
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    )
+    .unwrap();
+    client.set_disk_opener(opener(&t));
+    let before = write_files(&s1, dir, "before", 10);
+
+    add_the_spare(&t, &fs);
+    let free_on_new = |fs: &FileSystem| {
+        let df = fs.df().unwrap();
+        let d = df
+            .disks
+            .iter()
+            .find(|d| d.nsd_name == "nsd2")
+            .unwrap()
+            .clone();
+        assert!(d.free_full_block_bytes <= d.size_bytes, "{d:?}");
+        d.free_full_block_bytes
+    };
+    // The slot's region on the new disk is not the manager's to count or give out.
+    assert!(free_on_new(&fs) < 128 << 20, "{}", free_on_new(&fs));
+    // The manager's own new files land on the new disk too (clustered placement fills
+    // one disk at a time; enough files reach it).
+    let mut on_new = None;
+    for i in 0..64u64 {
+        let a = create_file(&fs, ROOT_INO, format!("m{i}").as_bytes());
+        fs.write(a.ino, 0, &pattern(1 << 20, 900 + i), false)
+            .unwrap();
+        if has_blocks_on(&fs, a.ino, 2) {
+            on_new = Some((a.ino, i));
+            break;
+        }
+    }
+    let (m_ino, m_seed) = on_new.expect("the manager allocates on the added disk");
+    // A client that was never told reads it.
+    assert_eq!(
+        client.read(m_ino, 0, 1 << 20).unwrap(),
+        pattern(1 << 20, 900 + m_seed)
+    );
+
+    assert_eq!(s1.learn_added_disks().unwrap(), vec![2]);
+    assert_eq!(s1.learn_added_disks().unwrap(), Vec::<u16>::new(), "once");
+    assert!(
+        free_on_new(&fs) > 150 << 20,
+        "the slot counts its part of the disk"
+    );
+    let during = files_until_one_is_on(&s1, dir, 2);
+    s1.checkpoint().unwrap();
+    let record = fs.slots().unwrap()[0].1.as_ref().unwrap().clone();
+    assert_eq!(record.disks_covered, 3, "the record covers the added disk");
+    client.unmount().unwrap();
+    unmount_both_and_check(&t, fs, s1, "after a disk added beside a slot");
+
+    let (fs, s1) = two_owners_again(&t);
+    verify_in(&s1, dir, &before);
+    verify_in(&s1, dir, &during);
+    assert_eq!(
+        fs.read(m_ino, 0, 1 << 20).unwrap(),
+        pattern(1 << 20, 900 + m_seed)
+    );
+    assert!(fs.allocation_map_rebuilt().is_none());
+    assert!(s1.allocation_map_rebuilt().is_none());
+    unmount_both_and_check(&t, fs, s1, "after both remounted");
+}
+
+/// A slot owner that was down while a disk was added takes its region's part of the disk
+/// as free at mount (its record does not cover the disk) and allocates there; killed
+/// before its next checkpoint, it comes back from its log with the same blocks marked,
+/// and fsck (which brings the slot back the same way) is clean.
+#[test]
+fn a_slot_owner_down_during_a_disk_add_takes_its_part_of_the_disk_at_mount() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    let before = write_files(&s1, dir, "before", 20);
+    s1.unmount().unwrap();
+    drop(s1);
+
+    add_the_spare(&t, &fs);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    let during = files_until_one_is_on(&s1, dir, 2);
+    // Killed before any checkpoint of the slot covered the disk.
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
+    verify_in(&s1, dir, &before);
+    verify_in(&s1, dir, &during);
+    // What it allocated before the kill is marked again: new files do not land on it.
+    let after = write_files(&s1, dir, "after", 40);
+    verify_in(&s1, dir, &during);
+    s1.sync().unwrap();
+    s1.fence();
+    drop(s1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a slot killed before covering the added disk");
+    let (fs, s1) = two_owners_again(&t);
+    verify_in(&s1, dir, &during);
+    verify_in(&s1, dir, &after);
+    unmount_both_and_check(&t, fs, s1, "after both remounted");
+}

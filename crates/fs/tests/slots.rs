@@ -59,6 +59,7 @@ fn record_with_a_shard(slot: u32, generation: u64) -> SlotRecord {
         regions: vec![],
         given_back: vec![],
         map_digest: 0,
+        disks_covered: 2,
     }
 }
 
