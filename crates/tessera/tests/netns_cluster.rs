@@ -500,6 +500,19 @@ fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
 /// node of `nodes` (node 1 first, which owns it), each at `node{k}/mnt/{fs}`; returns where
 /// node `k` mounts it.
 fn shared_fs(c: &Cluster, fs: &str, drive_node: u32, nodes: &[u32]) -> impl Fn(u32) -> PathBuf {
+    // Blocks small enough that the 256 MiB drive has free allocation regions, so that
+    // nodes mounting beside the manager take owner slots (the default).
+    shared_fs_with_blocks(c, fs, drive_node, nodes, "256K")
+}
+
+/// [`shared_fs`] with blocks of `block` (`fs create -B`).
+fn shared_fs_with_blocks(
+    c: &Cluster,
+    fs: &str,
+    drive_node: u32,
+    nodes: &[u32],
+    block: &str,
+) -> impl Fn(u32) -> PathBuf {
     let stanza = c.base.join(format!("{fs}.stanza"));
     std::fs::write(
         &stanza,
@@ -525,10 +538,8 @@ fn shared_fs(c: &Cluster, fs: &str, drive_node: u32, nodes: &[u32]) -> impl Fn(u
             fs,
             "-F",
             stanza,
-            // Blocks small enough that the 1 GiB drive has free allocation regions, so
-            // that nodes mounting beside the manager take owner slots (the default).
             "-B",
-            "256K",
+            block,
             "-T",
             mnt(1).to_str().unwrap(),
         ],
@@ -694,6 +705,102 @@ fn one_file_system_is_mounted_on_three_nodes() {
         "{listed}"
     );
     let fsck = tessera_ok(&c, 1, &["fsck", "s1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
+
+/// Free KiB in full blocks of NSD `nsd` of file system `fs`, as `df` on node `k` says.
+fn free_kb(c: &Cluster, k: u32, fs: &str, nsd: &str) -> u64 {
+    let df = tessera_ok(c, k, &["df", fs]);
+    let row = df
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(nsd))
+        .unwrap_or_else(|| panic!("no row for {nsd}:\n{df}"));
+    row.split_whitespace()
+        .nth(5)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("free KiB of {nsd}:\n{df}"))
+}
+
+/// Writes `mib` MiB of bytes seeded by `seed` to `path`, fsynced; returns them.
+fn write_mib(path: &std::path::Path, mib: usize, seed: u32) -> Vec<u8> {
+    use std::io::Write;
+    let data: Vec<u8> = (0..(mib << 20) as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 24) as u8)
+        .collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&data).unwrap();
+    f.sync_all().unwrap();
+    data
+}
+
+/// `disk add` on a file system mounted on three nodes whose two non-manager nodes own
+/// slots with allocation regions (refused before: the slots' regions reach onto every
+/// disk), typed on a node that is not the manager: the manager adds the disk and tells
+/// the other nodes, whose slot owners then write their own files onto it (df shows its
+/// free space fall while only they write); every node reads every file, and after an
+/// unmount everywhere fsck is clean.
+#[test]
+fn a_disk_added_under_three_mounts_is_used_by_every_node() {
+    if !netns_usable() {
+        return;
+    }
+    let c = up(3, &["--drives", "1", "--size", "512M"]);
+    let all = [1, 2, 3];
+    assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
+    // 64 KiB blocks: allocation regions of 127 MiB, so that the manager and both other
+    // nodes have one each on the 512 MiB drive.
+    let mnt = shared_fs_with_blocks(&c, "g1", 1, &all, "64K");
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    for k in [2, 3] {
+        let dir = format!("d{k}");
+        std::fs::create_dir(mnt(k).join(&dir)).unwrap();
+        let name = format!("{dir}/before");
+        files.push((name.clone(), write_mib(&mnt(k).join(&name), 40, k)));
+    }
+    let stanza = c.base.join("g1-add.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=g1b usage=dataAndMetadata failureGroup=2 pool=system\n",
+            c.base.join("drives/node2-d1.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    let added = tessera(&c, 3, &["disk", "add", "g1", "-F", stanza]);
+    let said = String::from_utf8_lossy(&added.stderr).into_owned();
+    assert!(added.status.success(), "{said}");
+    assert!(!said.contains("cannot use the new disks"), "{said}");
+    let free_before = free_kb(&c, 2, "g1", "g1b");
+    // Only the slot owners write: what the new disk loses is theirs.
+    for round in 0..3 {
+        for k in [2, 3] {
+            let name = format!("d{k}/after{round}");
+            files.push((
+                name.clone(),
+                write_mib(&mnt(k).join(&name), 24, 10 * round + k),
+            ));
+        }
+    }
+    let free_after = free_kb(&c, 2, "g1", "g1b");
+    assert!(
+        free_after + 40 * 1024 < free_before,
+        "the slot owners wrote {} MiB, {} KiB of it on the added disk",
+        6 * 24,
+        free_before - free_after.min(free_before)
+    );
+    for (name, data) in &files {
+        for k in all {
+            assert!(
+                std::fs::read(mnt(k).join(name)).unwrap() == *data,
+                "node {k} reads {name}"
+            );
+        }
+    }
+    tessera_ok(&c, 2, &["umount", "g1", "-a"]);
+    let fsck = tessera_ok(&c, 1, &["fsck", "g1", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }

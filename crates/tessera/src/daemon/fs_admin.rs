@@ -18,8 +18,8 @@ use crate::rpc::{FsCreateSpec, FsDiskSpec, FsShow, Reply};
 /// never fewer than this.
 const DEFAULT_MAX_INODES_MIN: u64 = 100_000;
 
-/// Resolves the stanza's NSDs against the registry and opens them; collects every problem.
-/// `outcome` ends the error ("file system X was not created").
+/// Resolves the stanza's NSDs against the registry and opens them with `claim`; collects
+/// every problem. `outcome` ends the error ("file system X was not created").
 fn resolve_disks(
     daemon: &Daemon,
     wanted: &[FsDiskSpec],
@@ -27,6 +27,7 @@ fn resolve_disks(
     verify: bool,
     nsds: &NsdRegistry,
     outcome: &str,
+    claim: super::nsd_admin::Claim,
 ) -> Result<Vec<DiskSpec>> {
     let mut disks = Vec::new();
     let mut problems = Vec::new();
@@ -42,7 +43,7 @@ fn resolve_disks(
             problems.push(format!("NSD {} already belongs to file system {fs}", d.nsd));
             continue;
         }
-        let device = match daemon.open_nsd(rec) {
+        let device = match daemon.open_nsd_as(rec, claim) {
             Ok(dev) => dev,
             Err(e) => {
                 problems.push(format!("NSD {}: {e:#}", d.nsd));
@@ -173,6 +174,7 @@ impl Daemon {
             spec.verify,
             &nsds,
             &outcome,
+            super::nsd_admin::Claim::Exclusive,
         )?;
         let opts = format_options(&spec, &disks);
         // Refused input is reported before anything is announced as being formatted.
@@ -452,7 +454,17 @@ impl Daemon {
             self.with_fs(name, "opening it here to add disks", |fs| {
                 let block_size = fs.descriptor().block_size;
                 let mut nsds = self.nsds()?;
-                let disks = resolve_disks(self, wanted, block_size, verify, &nsds, &outcome)?;
+                // Shared, as the mount holds the other disks: every node that mounts the
+                // file system opens the new ones too.
+                let disks = resolve_disks(
+                    self,
+                    wanted,
+                    block_size,
+                    verify,
+                    &nsds,
+                    &outcome,
+                    super::nsd_admin::Claim::Shared,
+                )?;
                 check_thin_disks(&disks, &nsds, &outcome)?;
                 let names: Vec<String> = disks.iter().map(|d| d.nsd_name.clone()).collect();
                 // Counted like the disks the mount opened, so metrics and iohist see them.
@@ -528,10 +540,40 @@ impl Daemon {
                 Ok(())
             })?;
         }
+        self.tell_nodes_disks_added(name, r);
         if rebalance {
             return self.restripe(name, tessera_fs::restripe::RestripeMode::Balance, r);
         }
         Ok(Reply::Done)
+    }
+
+    /// After `disk add` on the file system manager: every other node that mounts the file
+    /// system opens the new disks now, and an owner slot's node allocates its regions' part
+    /// of them from now on. A node that misses this learns them at the first block address
+    /// it meets on one, or at its next mount.
+    fn tell_nodes_disks_added(&self, name: &str, r: &mut Reporter) {
+        let Ok(fss) = self.file_systems() else {
+            return;
+        };
+        let Some(record) = fss.file_systems.iter().find(|f| f.name == name) else {
+            return;
+        };
+        for client in &record.clients {
+            if client.node == self.cluster.node_name {
+                continue;
+            }
+            let told = self
+                .ask_client(record, &client.node, tessera_fs::Fence::disks_added())
+                .map(|reply| tessera_fs::Fence::check(&reply));
+            if let Some(Err(e)) = told {
+                tracing::warn!("{name}: node {} on the added disks: {e}", client.node);
+                r.info(format!(
+                    "Node {} cannot use the new disks yet ({e}); it opens them when it \
+                     first needs one, or at its next mount.",
+                    client.node
+                ));
+            }
+        }
     }
 
     /// Gives NSDs claimed for a `disk add` that was refused back to the registry.

@@ -690,7 +690,7 @@ impl Daemon {
     /// in process) until it answers; `None` once it is expelled or gone from the
     /// configuration (its lease ran out: it writes nothing more), or when this node has
     /// no mount of its own to ask.
-    fn ask_client(
+    pub(super) fn ask_client(
         &self,
         record: &crate::config::FsRecord,
         node: &str,

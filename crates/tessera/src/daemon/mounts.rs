@@ -130,6 +130,47 @@ impl Daemon {
         (devices, up)
     }
 
+    /// How a mount of file system `fs` here opens a disk `disk add` added on its manager
+    /// after it mounted: by NSD name, as the mount opened the others (lease-gated, counted
+    /// for the metrics).
+    pub(super) fn disk_opener(&self, fs: &str) -> tessera_fs::DiskOpener {
+        let this = self.this.clone();
+        let fs = fs.to_string();
+        Box::new(move |disk| {
+            let refuse = |why: String| tessera_fs::FsError::MissingDisk {
+                fs: fs.clone(),
+                nsd: disk.nsd_name.clone(),
+                reason: why,
+            };
+            let daemon = this
+                .upgrade()
+                .ok_or_else(|| refuse("the daemon is stopping".into()))?;
+            let nsds = daemon.nsds().map_err(|e| refuse(format!("{e:#}")))?;
+            let rec = nsds
+                .get(&disk.nsd_name)
+                .ok_or_else(|| refuse("the NSD registry of the cluster does not list it".into()))?;
+            let dev = daemon
+                .open_nsd_as(rec, super::nsd_admin::Claim::Shared)
+                .map_err(|e| refuse(format!("{e:#}; check that this node reaches it")))?;
+            let dev = LeaseGated::wrap(dev, daemon.member.incarnation_check());
+            let counts = Arc::new(IoStats::default());
+            let dev = Counted::wrap_with_history(
+                dev,
+                Arc::clone(&counts),
+                Arc::clone(&daemon.io_history),
+                &disk.nsd_name,
+            );
+            // Not waited for: an I/O that met the disk may come from a thread that holds
+            // the mount table (the disk then goes uncounted until the next mount).
+            if let Some(mut mounts) = daemon.mounts.try_lock() {
+                if let Some(m) = mounts.get_mut(&fs) {
+                    m.nsd_stats.push((disk.nsd_name.clone(), counts));
+                }
+            }
+            Ok(dev)
+        })
+    }
+
     /// Mounts the core file system without FUSE, for `df` and checks on an unmounted one;
     /// each NSD's requests are counted (`NsdStats`, for the metrics).
     pub(super) fn open_core(&self, record: &FsRecord) -> Result<(Arc<FileSystem>, NsdStats)> {
@@ -156,6 +197,8 @@ impl Daemon {
         record: &FsRecord,
         nsds: &NsdRegistry,
     ) -> Result<()> {
+        // A slot's owner learns the disks added on the manager (the manager never needs to).
+        fs.set_disk_opener(self.disk_opener(&record.name));
         // GPFS's cache parameters, as this node's configuration has them.
         let params = self.member.state().params;
         let me = Some(self.member.me());
@@ -319,6 +362,7 @@ impl Daemon {
         }
         let fs = FileSystem::mount_client(available, Box::new(channel))
             .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
+        fs.set_disk_opener(self.disk_opener(&record.name));
         Ok((fs, nsd_stats))
     }
 
