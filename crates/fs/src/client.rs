@@ -107,8 +107,8 @@ impl FileSystem {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
-        if let MetanodeRequest::DisksAdded = request {
-            return encode(&match self.learn_added_disks() {
+        if let MetanodeRequest::DisksChanged = request {
+            return encode(&match self.learn_disk_changes() {
                 Ok(_) => MetanodeReply::Done,
                 Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
             });

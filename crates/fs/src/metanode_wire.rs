@@ -220,10 +220,12 @@ pub enum MetanodeRequest {
     GiveBackData {
         inos: Vec<Ino>,
     },
-    /// File system manager to every node that mounts the file system, after `disk add`:
-    /// read the descriptor again and use the new disks (`FileSystem::learn_added_disks`).
-    /// A node that misses it learns them when it first meets one of their block addresses.
-    DisksAdded,
+    /// File system manager to every node that mounts the file system, after `disk add` or a
+    /// change of a disk's status: read the descriptor again, open the new disks, and (an
+    /// owner slot's node) allocate as the disks' status says
+    /// (`FileSystem::learn_disk_changes`). A node that misses it learns new disks when it
+    /// first meets one of their block addresses.
+    DisksChanged,
     /// Client to owner at its unmount: forget what this node holds (`read_tokens.rs`).
     /// Without it the owner kept the node recorded as a holder of every inode it had
     /// read until a change revoked each one (a round trip to a mount that is gone), and a
@@ -341,7 +343,7 @@ impl MetanodeRequest {
             Q::DropHeld { .. } => "DropHeld",
             Q::GiveBackData { .. } => "GiveBackData",
             Q::Leaving => "Leaving",
-            Q::DisksAdded => "DisksAdded",
+            Q::DisksChanged => "DisksChanged",
             Q::PutEntry { .. } => "PutEntry",
             Q::TakeEntry { .. } => "TakeEntry",
             Q::CountLink { .. } => "CountLink",
@@ -414,7 +416,7 @@ impl Fence {
                 | MetanodeRequest::FenceSettled { .. }
                 | MetanodeRequest::DropHeld { .. }
                 | MetanodeRequest::GiveBackData { .. }
-                | MetanodeRequest::DisksAdded)
+                | MetanodeRequest::DisksChanged)
         )
     }
 
@@ -427,16 +429,17 @@ impl Fence {
         )
     }
 
-    /// The encoded news that disks were added ([`MetanodeRequest::DisksAdded`]).
-    pub fn disks_added() -> Vec<u8> {
-        encode(&MetanodeRequest::DisksAdded)
+    /// The encoded news that disks were added or changed status
+    /// ([`MetanodeRequest::DisksChanged`]).
+    pub fn disks_changed() -> Vec<u8> {
+        encode(&MetanodeRequest::DisksChanged)
     }
 
-    /// Whether `request` is [`Fence::disks_added`]'s.
-    pub fn is_disks_added(request: &[u8]) -> bool {
+    /// Whether `request` is [`Fence::disks_changed`]'s.
+    pub fn is_disks_changed(request: &[u8]) -> bool {
         matches!(
             decode::<MetanodeRequest>(request, "request"),
-            Ok(MetanodeRequest::DisksAdded)
+            Ok(MetanodeRequest::DisksChanged)
         )
     }
 
@@ -962,7 +965,7 @@ where
         }
         // The owner's own mount holds no views to drop (a took-over node's client mount
         // answers these itself).
-        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving | Q::DisksAdded => R::Done,
+        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving | Q::DisksChanged => R::Done,
     }
 }
 
@@ -1054,7 +1057,7 @@ pub(crate) fn cache_changes(
         | Q::Gather { .. }
         | Q::DiskFree
         | Q::Leaving
-        | Q::DisksAdded => Vec::new(),
+        | Q::DisksChanged => Vec::new(),
     }
 }
 
@@ -2685,7 +2688,7 @@ mod tests {
             MetanodeRequest::DropHeld { inos: vec![5, 9] },
             MetanodeRequest::GiveBackData { inos: vec![12] },
             MetanodeRequest::Leaving,
-            MetanodeRequest::DisksAdded,
+            MetanodeRequest::DisksChanged,
             MetanodeRequest::PutEntry {
                 dir: 9,
                 name: b"to".to_vec(),

@@ -1079,7 +1079,8 @@ impl crate::fs::FileSystem {
     /// slot at a newer generation from its hand-over root, takes every allocation
     /// region given to it as free (stored from its next checkpoint on, numbered above the
     /// descriptor's generation), and gives its allocator the disks added since, with the
-    /// slot's chunks of them free (`crate::disks`). Returns the shards and regions taken.
+    /// slot's chunks of them free (`crate::disks`), and every disk's status. Returns the
+    /// shards and regions taken.
     pub fn take_from_owner_map(&self) -> FsResult<(Vec<usize>, Vec<usize>)> {
         self.owner_here("taking shards from the owner map")?;
         let me = self.owner_slot();
@@ -1129,7 +1130,7 @@ impl crate::fs::FileSystem {
             .filter(|r| !had.contains(r))
             .collect();
         free_regions(&mut m.alloc, &regions);
-        self.take_added_disks(&mut m, &newest)?;
+        self.take_disk_changes(&mut m, &newest)?;
         m.state
             .store_mut()
             .advance_generation(newest.checkpoint.generation + 1);
@@ -1145,18 +1146,17 @@ impl crate::fs::FileSystem {
 
     /// The owner of a slot other than 0, under the metadata and checkpoint locks: gives its
     /// allocator the disks `newest` (as this slot sees it) names that it lacks, with the
-    /// slot's chunks of them free and the rest held as used; those chunks are stored from
-    /// the next checkpoint on, whose record then counts the disks as covered.
-    fn take_added_disks(&self, m: &mut crate::fs::Meta, newest: &FsDescriptor) -> FsResult<()> {
+    /// slot's chunks of them free and the rest held as used (those chunks are stored from
+    /// the next checkpoint on, whose record then counts the disks as covered), and the
+    /// status of every disk (`disk change suspend|resume|empty` on the manager): only a
+    /// ready disk this mount has not marked down takes new blocks.
+    fn take_disk_changes(&self, m: &mut crate::fs::Meta, newest: &FsDescriptor) -> FsResult<()> {
         let me = self.owner_slot();
         let added: Vec<&crate::descriptor::FsDisk> = newest
             .disks
             .iter()
             .filter(|d| !m.alloc.disks().iter().any(|a| a.disk == d.index))
             .collect();
-        if added.is_empty() {
-            return Ok(());
-        }
         if let Some(d) = added
             .iter()
             .find(|d| usize::from(d.index) >= self.devices.len())
@@ -1174,12 +1174,33 @@ impl crate::fs::FileSystem {
             hold_regions_on(&mut m.alloc, d.index, &elsewhere);
             map_slots.add_disk(d.index, m.alloc.chunk_count(d.index));
         }
-        let names: Vec<&str> = added.iter().map(|d| d.nsd_name.as_str()).collect();
-        tracing::info!(
-            "{}: owner slot {me} allocates on disks {} from now on",
-            newest.name,
-            names.join(", ")
-        );
+        if !added.is_empty() {
+            let names: Vec<&str> = added.iter().map(|d| d.nsd_name.as_str()).collect();
+            tracing::info!(
+                "{}: owner slot {me} allocates on disks {} from now on",
+                newest.name,
+                names.join(", ")
+            );
+        }
+        for d in &newest.disks {
+            let takes =
+                d.status == crate::descriptor::DiskStatus::Ready && !self.devices.is_down(d.index);
+            let took = m
+                .alloc
+                .disks()
+                .iter()
+                .any(|a| a.disk == d.index && a.available);
+            if takes != took {
+                m.alloc.set_available(d.index, takes);
+                tracing::info!(
+                    "{}: owner slot {me}: disk {} is {}, new blocks {} on it",
+                    newest.name,
+                    d.nsd_name,
+                    d.status.as_str(),
+                    if takes { "go" } else { "no longer go" }
+                );
+            }
+        }
         Ok(())
     }
 

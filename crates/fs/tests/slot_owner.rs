@@ -1677,8 +1677,8 @@ fn a_disk_added_beside_a_live_slot_owner_is_used_by_both_owners() {
         pattern(1 << 20, 900 + m_seed)
     );
 
-    assert_eq!(s1.learn_added_disks().unwrap(), vec![2]);
-    assert_eq!(s1.learn_added_disks().unwrap(), Vec::<u16>::new(), "once");
+    assert_eq!(s1.learn_disk_changes().unwrap(), vec![2]);
+    assert_eq!(s1.learn_disk_changes().unwrap(), Vec::<u16>::new(), "once");
     assert!(
         free_on_new(&fs) > 150 << 20,
         "the slot counts its part of the disk"
@@ -1740,4 +1740,38 @@ fn a_slot_owner_down_during_a_disk_add_takes_its_part_of_the_disk_at_mount() {
     verify_in(&s1, dir, &during);
     verify_in(&s1, dir, &after);
     unmount_both_and_check(&t, fs, s1, "after both remounted");
+}
+
+/// A disk suspended on the file system manager [mmchdisk suspend] takes no new blocks from
+/// a live slot owner either once it is told (before, the slots went on filling it); resumed,
+/// it takes them again.
+#[test]
+fn a_live_slot_owner_follows_a_disks_status() {
+    let t = two_region_fs();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    fs.set_disk_status(&["nsd1".into()], tessera_fs::DiskStatus::Suspended)
+        .unwrap();
+    s1.learn_disk_changes().unwrap();
+    let (files, failed) = write_mib_files(&s1, dir, "suspended", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    for name in files.keys() {
+        let ino = s1.lookup(dir, name.as_bytes()).unwrap().ino;
+        assert!(
+            !has_blocks_on(&s1, ino, 1),
+            "{name} has blocks on the suspended disk"
+        );
+    }
+    fs.set_disk_status(&["nsd1".into()], tessera_fs::DiskStatus::Ready)
+        .unwrap();
+    s1.learn_disk_changes().unwrap();
+    let resumed = files_until_one_is_on(&s1, dir, 1);
+    verify_in(&s1, dir, &files);
+    verify_in(&s1, dir, &resumed);
+    unmount_both_and_check(&t, fs, s1, "after a suspend and resume beside a slot");
 }

@@ -738,8 +738,8 @@ fn write_mib(path: &std::path::Path, mib: usize, seed: u32) -> Vec<u8> {
 /// slots with allocation regions (refused before: the slots' regions reach onto every
 /// disk), typed on a node that is not the manager: the manager adds the disk and tells
 /// the other nodes, whose slot owners then write their own files onto it (df shows its
-/// free space fall while only they write); every node reads every file, and after an
-/// unmount everywhere fsck is clean.
+/// free space fall while only they write) and stop when it is suspended; every node reads
+/// every file, and after an unmount everywhere fsck is clean.
 #[test]
 fn a_disk_added_under_three_mounts_is_used_by_every_node() {
     if !netns_usable() {
@@ -791,6 +791,21 @@ fn a_disk_added_under_three_mounts_is_used_by_every_node() {
         6 * 24,
         free_before - free_after.min(free_before)
     );
+    // Suspended [mmchdisk suspend], typed on a client node: the slot owners stop
+    // allocating on it too.
+    tessera_ok(&c, 2, &["disk", "change", "g1", "suspend", "-d", "g1b"]);
+    for k in [2, 3] {
+        let name = format!("d{k}/suspended");
+        files.push((name.clone(), write_mib(&mnt(k).join(&name), 24, 100 + k)));
+    }
+    // 48 MiB written; a metadata page or two moving is not data.
+    let free_suspended = free_kb(&c, 3, "g1", "g1b");
+    assert!(
+        free_suspended + 2048 >= free_after,
+        "{} KiB allocated on the suspended disk",
+        free_after - free_suspended
+    );
+    tessera_ok(&c, 3, &["disk", "change", "g1", "resume", "-d", "g1b"]);
     for (name, data) in &files {
         for k in all {
             assert!(

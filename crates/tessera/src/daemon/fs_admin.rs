@@ -540,40 +540,45 @@ impl Daemon {
                 Ok(())
             })?;
         }
-        self.tell_nodes_disks_added(name, r);
+        for refused in self.tell_nodes_disks_changed(name) {
+            r.info(format!(
+                "Not yet in use on {refused}; that node opens the new disks when it first \
+                 needs one, or at its next mount."
+            ));
+        }
         if rebalance {
             return self.restripe(name, tessera_fs::restripe::RestripeMode::Balance, r);
         }
         Ok(Reply::Done)
     }
 
-    /// After `disk add` on the file system manager: every other node that mounts the file
-    /// system opens the new disks now, and an owner slot's node allocates its regions' part
-    /// of them from now on. A node that misses this learns them at the first block address
-    /// it meets on one, or at its next mount.
-    fn tell_nodes_disks_added(&self, name: &str, r: &mut Reporter) {
+    /// After `disk add` or `disk change` on the file system manager: every other node that
+    /// mounts the file system opens the new disks now, and an owner slot's node allocates
+    /// as the disks' status says (its regions' part of new disks; nothing new on a
+    /// suspended disk). A node that misses this learns new disks at the first block address
+    /// it meets on one, or at its next mount. Returns what each node that could not follow
+    /// said.
+    pub(super) fn tell_nodes_disks_changed(&self, name: &str) -> Vec<String> {
         let Ok(fss) = self.file_systems() else {
-            return;
+            return Vec::new();
         };
         let Some(record) = fss.file_systems.iter().find(|f| f.name == name) else {
-            return;
+            return Vec::new();
         };
+        let mut refused = Vec::new();
         for client in &record.clients {
             if client.node == self.cluster.node_name {
                 continue;
             }
             let told = self
-                .ask_client(record, &client.node, tessera_fs::Fence::disks_added())
+                .ask_client(record, &client.node, tessera_fs::Fence::disks_changed())
                 .map(|reply| tessera_fs::Fence::check(&reply));
             if let Some(Err(e)) = told {
-                tracing::warn!("{name}: node {} on the added disks: {e}", client.node);
-                r.info(format!(
-                    "Node {} cannot use the new disks yet ({e}); it opens them when it \
-                     first needs one, or at its next mount.",
-                    client.node
-                ));
+                tracing::warn!("{name}: node {} on the changed disks: {e}", client.node);
+                refused.push(format!("node {}: {e}", client.node));
             }
         }
+        refused
     }
 
     /// Gives NSDs claimed for a `disk add` that was refused back to the registry.

@@ -947,7 +947,8 @@ impl Daemon {
     }
 
     /// `disk change` [mmchdisk]: the status goes into the file-system descriptor, and the
-    /// allocator of a mounted file system follows at once.
+    /// allocator of a mounted file system follows at once, the owner slots' on other nodes
+    /// too (they are told before this returns).
     pub(super) fn disk_change(
         &self,
         name: &str,
@@ -960,6 +961,16 @@ impl Daemon {
                 .map_err(|e| anyhow!("file system {name}: {e}"))
         })?;
         tracing::info!("{name}: disks {} now {}", nsds.join(", "), status.as_str());
+        let refused = self.tell_nodes_disks_changed(name);
+        if !refused.is_empty() {
+            bail!(
+                "file system {name}: disks {} are {} in its descriptor, but {}; those nodes \
+                 follow at their next mount, or run the change again",
+                nsds.join(", "),
+                status.as_str(),
+                refused.join("; ")
+            );
+        }
         Ok(Reply::Done)
     }
 
