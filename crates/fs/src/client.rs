@@ -107,8 +107,8 @@ impl FileSystem {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
-        if let MetanodeRequest::DisksChanged = request {
-            return encode(&match self.learn_disk_changes() {
+        if let MetanodeRequest::DescriptorChanged = request {
+            return encode(&match self.follow_descriptor() {
                 Ok(_) => MetanodeReply::Done,
                 Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
             });

@@ -21,7 +21,7 @@
 //! The file system manager adds it as above; the allocation regions it has given to
 //! owner slots (chunk `r` of *every* disk's map) grow by the new disk's chunk `r`, which the
 //! manager holds as used and never stores, as it does the slots' chunks of the other disks.
-//! Every other mount learns the disk from the descriptor (`learn_disk_changes`: the daemon
+//! Every other mount learns the disk from the descriptor (`follow_descriptor`: the daemon
 //! asks each node that mounts the file system after the add, and a mount that meets a disk
 //! index it does not know learns it then, before the I/O): it opens the disk's device (by
 //! NSD name, the way it opened the others at mount) and, on the owner of a slot, gives its
@@ -636,18 +636,18 @@ impl FileSystem {
 
 impl FileSystem {
     /// Tells this mount how to open disks that `disk add` adds on the file system manager
-    /// after it mounted ([`FileSystem::learn_disk_changes`]). Only the first opener set is used.
+    /// after it mounted ([`FileSystem::follow_descriptor`]). Only the first opener set is used.
     pub fn set_disk_opener(&self, open: DiskOpener) {
         let _ = self.disk_opener.set(open);
     }
 
-    /// Learns the disks added to the file system since this mount read the descriptor, and
-    /// their status (the manager's `disk add` and `disk change`, on another node): new
-    /// disks' devices are opened, so blocks placed on them read and write here, and on the
-    /// owner of a slot other than 0 the allocator gives out the slot's chunks of them and
-    /// follows each disk's status (`take_from_owner_map`). Returns the disk indexes added;
-    /// none on the manager, which made the changes itself.
-    pub fn learn_disk_changes(&self) -> FsResult<Vec<u16>> {
+    /// Follows what the file system manager changed in the descriptor since this mount read
+    /// it (`disk add`, `disk change`, `policy change`, `fs change -r`, on another node): new
+    /// disks' devices are opened, so blocks placed on them read and write here, and the
+    /// owner of a slot other than 0 takes its chunks of them, each disk's status, the policy
+    /// and the replication of new files (`take_from_owner_map`). Returns the disk indexes
+    /// added; none on the manager, which made the changes itself.
+    pub fn follow_descriptor(&self) -> FsResult<Vec<u16>> {
         let learned = self.learn_added_devices()?;
         if self.is_owner() && self.owner_slot() != 0 {
             self.take_from_owner_map()?;
@@ -655,7 +655,7 @@ impl FileSystem {
         Ok(learned)
     }
 
-    /// The device half of [`FileSystem::learn_disk_changes`]: opens and appends the devices of
+    /// The device half of [`FileSystem::follow_descriptor`]: opens and appends the devices of
     /// disks the newest descriptor names beyond this mount's table. Takes no metadata lock
     /// (an I/O that meets an unknown disk calls it, whatever it holds).
     pub(crate) fn learn_added_devices(&self) -> FsResult<Vec<u16>> {

@@ -220,12 +220,13 @@ pub enum MetanodeRequest {
     GiveBackData {
         inos: Vec<Ino>,
     },
-    /// File system manager to every node that mounts the file system, after `disk add` or a
-    /// change of a disk's status: read the descriptor again, open the new disks, and (an
-    /// owner slot's node) allocate as the disks' status says
-    /// (`FileSystem::learn_disk_changes`). A node that misses it learns new disks when it
+    /// File system manager to every node that mounts the file system, after an
+    /// administrative change of the descriptor that they must follow (`disk add`, a disk's
+    /// status, the placement policy, the replication of new files): read it again, open
+    /// new disks, and (an owner slot's node) allocate and create as it now says
+    /// (`FileSystem::follow_descriptor`). A node that misses it learns new disks when it
     /// first meets one of their block addresses.
-    DisksChanged,
+    DescriptorChanged,
     /// Client to owner at its unmount: forget what this node holds (`read_tokens.rs`).
     /// Without it the owner kept the node recorded as a holder of every inode it had
     /// read until a change revoked each one (a round trip to a mount that is gone), and a
@@ -343,7 +344,7 @@ impl MetanodeRequest {
             Q::DropHeld { .. } => "DropHeld",
             Q::GiveBackData { .. } => "GiveBackData",
             Q::Leaving => "Leaving",
-            Q::DisksChanged => "DisksChanged",
+            Q::DescriptorChanged => "DescriptorChanged",
             Q::PutEntry { .. } => "PutEntry",
             Q::TakeEntry { .. } => "TakeEntry",
             Q::CountLink { .. } => "CountLink",
@@ -416,7 +417,7 @@ impl Fence {
                 | MetanodeRequest::FenceSettled { .. }
                 | MetanodeRequest::DropHeld { .. }
                 | MetanodeRequest::GiveBackData { .. }
-                | MetanodeRequest::DisksChanged)
+                | MetanodeRequest::DescriptorChanged)
         )
     }
 
@@ -429,17 +430,16 @@ impl Fence {
         )
     }
 
-    /// The encoded news that disks were added or changed status
-    /// ([`MetanodeRequest::DisksChanged`]).
-    pub fn disks_changed() -> Vec<u8> {
-        encode(&MetanodeRequest::DisksChanged)
+    /// The encoded news that the descriptor changed ([`MetanodeRequest::DescriptorChanged`]).
+    pub fn descriptor_changed() -> Vec<u8> {
+        encode(&MetanodeRequest::DescriptorChanged)
     }
 
-    /// Whether `request` is [`Fence::disks_changed`]'s.
-    pub fn is_disks_changed(request: &[u8]) -> bool {
+    /// Whether `request` is [`Fence::descriptor_changed`]'s.
+    pub fn is_descriptor_changed(request: &[u8]) -> bool {
         matches!(
             decode::<MetanodeRequest>(request, "request"),
-            Ok(MetanodeRequest::DisksChanged)
+            Ok(MetanodeRequest::DescriptorChanged)
         )
     }
 
@@ -965,7 +965,7 @@ where
         }
         // The owner's own mount holds no views to drop (a took-over node's client mount
         // answers these itself).
-        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving | Q::DisksChanged => R::Done,
+        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving | Q::DescriptorChanged => R::Done,
     }
 }
 
@@ -1057,7 +1057,7 @@ pub(crate) fn cache_changes(
         | Q::Gather { .. }
         | Q::DiskFree
         | Q::Leaving
-        | Q::DisksChanged => Vec::new(),
+        | Q::DescriptorChanged => Vec::new(),
     }
 }
 
@@ -2688,7 +2688,7 @@ mod tests {
             MetanodeRequest::DropHeld { inos: vec![5, 9] },
             MetanodeRequest::GiveBackData { inos: vec![12] },
             MetanodeRequest::Leaving,
-            MetanodeRequest::DisksChanged,
+            MetanodeRequest::DescriptorChanged,
             MetanodeRequest::PutEntry {
                 dir: 9,
                 name: b"to".to_vec(),

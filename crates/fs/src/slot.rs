@@ -1079,8 +1079,8 @@ impl crate::fs::FileSystem {
     /// slot at a newer generation from its hand-over root, takes every allocation
     /// region given to it as free (stored from its next checkpoint on, numbered above the
     /// descriptor's generation), and gives its allocator the disks added since, with the
-    /// slot's chunks of them free (`crate::disks`), and every disk's status. Returns the
-    /// shards and regions taken.
+    /// slot's chunks of them free (`crate::disks`), every disk's status, the placement
+    /// policy and the replication of new files. Returns the shards and regions taken.
     pub fn take_from_owner_map(&self) -> FsResult<(Vec<usize>, Vec<usize>)> {
         self.owner_here("taking shards from the owner map")?;
         let me = self.owner_slot();
@@ -1131,6 +1131,14 @@ impl crate::fs::FileSystem {
             .collect();
         free_regions(&mut m.alloc, &regions);
         self.take_disk_changes(&mut m, &newest)?;
+        // What the manager's `policy change` and `fs change -r` committed: files this slot
+        // creates from now on are placed and replicated as on the manager.
+        if newest.policy != old.policy {
+            *self.owner().policy.write() = crate::placement::load(&newest);
+        }
+        if newest.replication() != old.replication() {
+            *self.owner().replication.write() = newest.replication();
+        }
         m.state
             .store_mut()
             .advance_generation(newest.checkpoint.generation + 1);

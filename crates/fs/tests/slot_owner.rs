@@ -1677,8 +1677,8 @@ fn a_disk_added_beside_a_live_slot_owner_is_used_by_both_owners() {
         pattern(1 << 20, 900 + m_seed)
     );
 
-    assert_eq!(s1.learn_disk_changes().unwrap(), vec![2]);
-    assert_eq!(s1.learn_disk_changes().unwrap(), Vec::<u16>::new(), "once");
+    assert_eq!(s1.follow_descriptor().unwrap(), vec![2]);
+    assert_eq!(s1.follow_descriptor().unwrap(), Vec::<u16>::new(), "once");
     assert!(
         free_on_new(&fs) > 150 << 20,
         "the slot counts its part of the disk"
@@ -1757,7 +1757,7 @@ fn a_live_slot_owner_follows_a_disks_status() {
     );
     fs.set_disk_status(&["nsd1".into()], tessera_fs::DiskStatus::Suspended)
         .unwrap();
-    s1.learn_disk_changes().unwrap();
+    s1.follow_descriptor().unwrap();
     let (files, failed) = write_mib_files(&s1, dir, "suspended", 24);
     assert!(failed.is_none(), "{failed:?}");
     for name in files.keys() {
@@ -1769,9 +1769,75 @@ fn a_live_slot_owner_follows_a_disks_status() {
     }
     fs.set_disk_status(&["nsd1".into()], tessera_fs::DiskStatus::Ready)
         .unwrap();
-    s1.learn_disk_changes().unwrap();
+    s1.follow_descriptor().unwrap();
     let resumed = files_until_one_is_on(&s1, dir, 1);
     verify_in(&s1, dir, &files);
     verify_in(&s1, dir, &resumed);
     unmount_both_and_check(&t, fs, s1, "after a suspend and resume beside a slot");
+}
+
+/// `fs change -r 2` on the file system manager [mmchfs -r]: a live slot owner, once told,
+/// gives the files it creates two copies too (before, only the manager's new files got
+/// them until the slot's next mount).
+#[test]
+fn a_live_slot_owner_follows_the_replication_of_new_files() {
+    let t = two_region_fs();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    let one = write_files(&s1, dir, "one", 60);
+    fs.set_data_replication(2).unwrap();
+    s1.follow_descriptor().unwrap();
+    let two = write_files(&s1, dir, "two", 70);
+    for (files, copies) in [(&one, 1), (&two, 2)] {
+        for name in files.keys() {
+            let ino = s1.lookup(dir, name.as_bytes()).unwrap().ino;
+            assert_eq!(s1.file_replication(ino).unwrap(), (copies, false), "{name}");
+        }
+    }
+    verify_in(&s1, dir, &one);
+    verify_in(&s1, dir, &two);
+    unmount_both_and_check(&t, fs, s1, "after new files replicated beside a slot");
+}
+
+/// `policy change` on the file system manager [mmchpolicy]: a live slot owner, once told,
+/// places the files it creates by the new rules too.
+#[test]
+fn a_live_slot_owner_follows_the_placement_policy() {
+    let t = make_disks(3, 160 << 20);
+    let opts = tessera_fs::FormatOptions {
+        block_size: 64 << 10,
+        log_bytes: 4 << 20,
+        placement: tessera_fs::Placement::Cluster,
+        ..small_opts()
+    };
+    format_fs_with(&t, &opts, |i| match i {
+        0 | 1 => (tessera_nsd::DiskUsage::DataAndMetadata, "system"),
+        _ => (tessera_nsd::DiskUsage::DataOnly, "slow"),
+    });
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    fs.set_policy(Some(
+        "RULE 'tmp' SET POOL 'slow' WHERE NAME LIKE '%.tmp';\nRULE 'default' SET POOL 'system';",
+    ))
+    .unwrap();
+    s1.follow_descriptor().unwrap();
+    let files = write_files(&s1, dir, "scratch.tmp", 80);
+    for name in files.keys() {
+        let ino = s1.lookup(dir, name.as_bytes()).unwrap().ino;
+        assert_eq!(s1.file_pool_name(ino).unwrap(), "system", "{name}");
+    }
+    let a = create_file(&s1, dir, b"x.tmp");
+    s1.write(a.ino, 0, &pattern(300_000, 81), false).unwrap();
+    assert_eq!(s1.file_pool_name(a.ino).unwrap(), "slow");
+    unmount_both_and_check(&t, fs, s1, "after a policy followed beside a slot");
 }

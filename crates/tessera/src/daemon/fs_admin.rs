@@ -540,7 +540,7 @@ impl Daemon {
                 Ok(())
             })?;
         }
-        for refused in self.tell_nodes_disks_changed(name) {
+        for refused in self.tell_nodes_descriptor_changed(name) {
             r.info(format!(
                 "Not yet in use on {refused}; that node opens the new disks when it first \
                  needs one, or at its next mount."
@@ -558,7 +558,7 @@ impl Daemon {
     /// suspended disk). A node that misses this learns new disks at the first block address
     /// it meets on one, or at its next mount. Returns what each node that could not follow
     /// said.
-    pub(super) fn tell_nodes_disks_changed(&self, name: &str) -> Vec<String> {
+    pub(super) fn tell_nodes_descriptor_changed(&self, name: &str) -> Vec<String> {
         let Ok(fss) = self.file_systems() else {
             return Vec::new();
         };
@@ -571,7 +571,11 @@ impl Daemon {
                 continue;
             }
             let told = self
-                .ask_client(record, &client.node, tessera_fs::Fence::disks_changed())
+                .ask_client(
+                    record,
+                    &client.node,
+                    tessera_fs::Fence::descriptor_changed(),
+                )
                 .map(|reply| tessera_fs::Fence::check(&reply));
             if let Some(Err(e)) = told {
                 tracing::warn!("{name}: node {} on the changed disks: {e}", client.node);

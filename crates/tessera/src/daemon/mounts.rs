@@ -961,17 +961,27 @@ impl Daemon {
                 .map_err(|e| anyhow!("file system {name}: {e}"))
         })?;
         tracing::info!("{name}: disks {} now {}", nsds.join(", "), status.as_str());
-        let refused = self.tell_nodes_disks_changed(name);
+        self.followed_everywhere(
+            name,
+            &format!("disks {} {}", nsds.join(", "), status.as_str()),
+        )?;
+        Ok(Reply::Done)
+    }
+
+    /// After an administrative change the manager committed in the descriptor of `name`
+    /// (`what`, as the error says it): every other node that mounts it follows it
+    /// ([`Daemon::tell_nodes_descriptor_changed`]), or the command fails naming those that
+    /// did not, which follow at their next mount.
+    pub(super) fn followed_everywhere(&self, name: &str, what: &str) -> Result<()> {
+        let refused = self.tell_nodes_descriptor_changed(name);
         if !refused.is_empty() {
             bail!(
-                "file system {name}: disks {} are {} in its descriptor, but {}; those nodes \
-                 follow at their next mount, or run the change again",
-                nsds.join(", "),
-                status.as_str(),
+                "file system {name}: {what} is committed, but {}; those nodes follow at their \
+                 next mount, or run the command again",
                 refused.join("; ")
             );
         }
-        Ok(Reply::Done)
+        Ok(())
     }
 
     /// `disk change stop|start` [mmchdisk]: I/O to the disks of a mounted file system

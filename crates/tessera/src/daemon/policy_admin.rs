@@ -21,7 +21,7 @@ impl Daemon {
         test: bool,
     ) -> Result<Reply> {
         let _admin = self.admin.lock();
-        self.with_fs(name, "opening it here to change its policy", |fs| {
+        let reply = self.with_fs(name, "opening it here to change its policy", |fs| {
             let summary = if test {
                 fs.check_policy(text)
             } else {
@@ -41,7 +41,12 @@ impl Daemon {
                 );
             }
             Ok(Reply::PolicyChanged(summary))
-        })
+        })?;
+        if !test {
+            // Owner slots place the files they create themselves.
+            self.followed_everywhere(name, "the policy")?;
+        }
+        Ok(reply)
     }
 
     /// Runs the management rules of `text` over file system `name` [mmapplypolicy], with
@@ -136,6 +141,7 @@ impl Daemon {
                 .map_err(|e| anyhow!("file system {name}: {e}"))
         })?;
         tracing::info!("{name}: new files get {copies} data copies");
+        self.followed_everywhere(name, &format!("{copies} data copies for new files"))?;
         Ok(Reply::Done)
     }
 
