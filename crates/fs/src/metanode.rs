@@ -379,6 +379,16 @@ pub(crate) trait Namespace: Send + Sync {
     /// used here, so the file system's free space is the sum over its owners.
     fn disk_free(&self) -> FsResult<Vec<(u32, u64, u64)>>;
 
+    /// One batch of the file system manager's restripe of `shard`, which this owner holds:
+    /// its files' blocks that sit where `mode` says they should not are moved, in its own
+    /// regions and log (`FileSystem::restripe_shard_batch`).
+    fn restripe_batch(
+        &self,
+        mode: crate::restripe::RestripeMode,
+        shard: u32,
+        cursor: &crate::restripe::RestripeCursor,
+    ) -> FsResult<crate::restripe::RestripeBatch>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

@@ -260,6 +260,13 @@ pub enum MetanodeRequest {
     },
     /// The free space of the regions an owner allocates in ([`Namespace::disk_free`]).
     DiskFree,
+    /// A batch of the file system manager's restripe of a shard this owner holds
+    /// ([`Namespace::restripe_batch`]).
+    RestripeBatch {
+        mode: crate::restripe::RestripeMode,
+        shard: u32,
+        cursor: crate::restripe::RestripeCursor,
+    },
     /// Up to `count` fragments of `sub_blocks` each, for the first blocks of new small
     /// files ([`BlockAllocator::allocate_fragments`]): a client keeps the ones it does not
     /// use at once, so that a small file's write asks no allocation of its own.
@@ -350,6 +357,7 @@ impl MetanodeRequest {
             Q::CountLink { .. } => "CountLink",
             Q::Reparent { .. } => "Reparent",
             Q::DiskFree => "DiskFree",
+            Q::RestripeBatch { .. } => "RestripeBatch",
             Q::AllocateFragments { .. } => "AllocateFragments",
             Q::DropKept { .. } => "DropKept",
             Q::ProvideRegion { .. } => "ProvideRegion",
@@ -552,6 +560,8 @@ pub enum MetanodeReply {
     /// The answer to `DiskFree`: per disk, its index, whole blocks free and sub-blocks
     /// free inside partly used blocks.
     DiskFree(Vec<(u32, u64, u64)>),
+    /// The answer to `RestripeBatch`.
+    Restriped(crate::restripe::RestripeBatch),
     /// The answer (encoded, never itself `Early`) to a namespace change of another node's
     /// client that the owner logged at `lsn` and answered before that was durable
     /// ([`answered_early`]): the client keeps the request until a commit covers `lsn`,
@@ -901,6 +911,11 @@ where
         Q::CountLink { ino, up } => answer(owner.count_link(ino, up), |()| R::Done),
         Q::Reparent { dir, from, to } => answer(owner.reparent(dir, from, to), |()| R::Done),
         Q::DiskFree => answer(owner.disk_free(), R::DiskFree),
+        Q::RestripeBatch {
+            mode,
+            shard,
+            cursor,
+        } => answer(owner.restripe_batch(mode, shard, &cursor), R::Restriped),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1056,6 +1071,7 @@ pub(crate) fn cache_changes(
         | Q::GiveRegionBack
         | Q::Gather { .. }
         | Q::DiskFree
+        | Q::RestripeBatch { .. }
         | Q::Leaving
         | Q::DescriptorChanged => Vec::new(),
     }
@@ -2397,6 +2413,20 @@ impl Namespace for RemoteMetanode {
         expect_reply!(self.call(MetanodeRequest::DiskFree)?, MetanodeReply::DiskFree(d) => d, "free space per disk")
     }
 
+    fn restripe_batch(
+        &self,
+        mode: crate::restripe::RestripeMode,
+        shard: u32,
+        cursor: &crate::restripe::RestripeCursor,
+    ) -> FsResult<crate::restripe::RestripeBatch> {
+        let request = MetanodeRequest::RestripeBatch {
+            mode,
+            shard,
+            cursor: cursor.clone(),
+        };
+        expect_reply!(self.call(request)?, MetanodeReply::Restriped(b) => b, "a restripe batch")
+    }
+
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         self.attr_of(self.once(MetanodeRequest::AddName {
             ino,
@@ -2708,6 +2738,15 @@ mod tests {
                 to: 9,
             },
             MetanodeRequest::DiskFree,
+            MetanodeRequest::RestripeBatch {
+                mode: crate::restripe::RestripeMode::Replicate,
+                shard: 17,
+                cursor: crate::restripe::RestripeCursor {
+                    from: vec![1, 2, 3],
+                    file: 99,
+                    copies: 2,
+                },
+            },
             MetanodeRequest::AllocateFragments {
                 pool: 1,
                 sub_blocks: 2,

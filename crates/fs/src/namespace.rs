@@ -631,6 +631,26 @@ impl Namespace for FileSystem {
         }
     }
 
+    fn restripe_batch(
+        &self,
+        mode: crate::restripe::RestripeMode,
+        shard: u32,
+        cursor: &crate::restripe::RestripeCursor,
+    ) -> FsResult<crate::restripe::RestripeBatch> {
+        self.owner_here("restriping a shard")?;
+        self.check_writable()?;
+        if !self.owner().meta.lock().state.holds(shard as usize) {
+            return Err(FsError::ShardElsewhere { shard });
+        }
+        self.restripe_shard_batch(
+            mode,
+            shard as usize,
+            cursor,
+            crate::restripe::REMOTE_BATCH_ITEMS,
+            &std::sync::atomic::AtomicBool::new(false),
+        )
+    }
+
     fn disk_free(&self) -> FsResult<Vec<(u32, u64, u64)>> {
         let disks: Vec<_> = self
             .owner()

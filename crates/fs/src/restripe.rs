@@ -40,6 +40,10 @@ use crate::shard_tree::Item;
 
 /// Tree items read per batch under the metadata lock.
 const SCAN_BATCH_ITEMS: usize = 1024;
+/// Tree items per batch another slot's owner restripes for the file system manager, one
+/// request each: few enough that moving their blocks stays well within a request's wait
+/// (64 blocks of 16 MiB are 1 GiB).
+pub(crate) const REMOTE_BATCH_ITEMS: usize = 64;
 /// Metadata leaves whose copies a scrub (`restripe -c|-r` with `-m 2`) checks per hold of
 /// the metadata lock: two reads of a 16 KiB page each, some tens of milliseconds.
 const SCRUB_LEAVES: usize = 256;
@@ -54,7 +58,7 @@ const MOVES_IN_FLIGHT: usize = 4;
 const FOREGROUND_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What a restripe does [mmrestripefs].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RestripeMode {
     /// `-m`: move every data block off disks that are suspended or to be emptied.
     Migrate,
@@ -113,6 +117,38 @@ pub struct RestripeReport {
     pub blocks_changed: u64,
     /// Stopped before the end on request: running it again continues the work.
     pub stopped: bool,
+    /// Owner slots whose shards were left as they are (their owner could not be reached,
+    /// or failed), with why: their files' blocks were not looked at.
+    pub unreached_slots: Vec<(u32, String)>,
+}
+
+/// Where a shard's restripe goes on: the tree key to scan from, and the file whose record
+/// the scan saw last with the copies it asks for (its blocks may follow in the next batch).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RestripeCursor {
+    pub from: Vec<u8>,
+    pub file: Ino,
+    pub copies: u8,
+}
+
+/// What one batch of a shard's restripe did (`FileSystem::restripe_batch`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RestripeBatch {
+    pub scanned: u64,
+    pub moved: u64,
+    pub bytes: u64,
+    pub changed: u64,
+    pub stopped: bool,
+    /// Where the next batch starts; `None` once the shard is done.
+    pub next: Option<RestripeCursor>,
+}
+
+/// Records that the shards of owner slot `slot` were not restriped, and why.
+fn note_unreached(report: &mut RestripeReport, slot: u32, why: &str) {
+    tracing::warn!("restripe: the shards of owner slot {slot} are left as they are: {why}");
+    if !report.unreached_slots.iter().any(|(s, _)| *s == slot) {
+        report.unreached_slots.push((slot, why.to_string()));
+    }
 }
 
 /// What the moves of one batch did.
@@ -149,83 +185,50 @@ impl FileSystem {
         let shards = self.owner().meta.lock().state.shard_count();
         let mut report = RestripeReport::default();
         report.progress.shards = shards;
-        // The copies the file whose record the scan saw last asks for.
-        let mut file_copies: (Ino, usize) = (0, 1);
+        let desc = self.owner().desc.lock().clone();
+        let me = self.owner_slot();
         for shard in 0..shards as usize {
-            let mut from = Vec::new();
-            loop {
-                let (items, next) = {
-                    let mut m = self.owner().meta.lock();
-                    m.state.scan_batch(shard, &from, SCAN_BATCH_ITEMS)?
-                };
-                let plan = Mutex::new(self.plan(mode)?);
-                let file_pools = match &*plan.lock() {
-                    Plan::Placement { .. } => self.file_pools_of(&items)?,
-                    _ => HashMap::new(),
-                };
-                let mut moves: Vec<Vec<Move>> = Vec::new();
-                for item in items {
-                    let (ino, index, block) = match item {
-                        Item::Block { ino, index, block } => (ino, index, block),
-                        // A file's record comes before its blocks (key order).
-                        Item::Inode(rec) => {
-                            file_copies = (rec.attr.ino, usize::from(rec.copies));
-                            continue;
-                        }
-                        _ => continue,
-                    };
-                    report.progress.blocks_scanned += 1;
-                    let n = u64::from(block.extent.sub_blocks);
-                    let wanted: Vec<usize> = match &*plan.lock() {
-                        Plan::Placement { pool_of_disk } => block
-                            .extents()
-                            .enumerate()
-                            .filter(|(_, e)| pool_of_disk.get(&e.addr.disk) != file_pools.get(&ino))
-                            .map(|(c, _)| c)
-                            .collect(),
-                        Plan::Check if block.copy_count() > 1 => vec![CHECK],
-                        Plan::Check => Vec::new(),
-                        Plan::Replicate => {
-                            let asks = if file_copies.0 == ino {
-                                file_copies.1
-                            } else {
-                                1
-                            };
-                            let down = block.extents().any(|e| self.devices.is_down(e.addr.disk));
-                            if block.copy_count() != asks || down {
-                                vec![REPLICATE]
-                            } else {
-                                Vec::new()
-                            }
-                        }
-                        other => block
-                            .extents()
-                            .enumerate()
-                            .filter(|(_, e)| other.moves(e.addr.disk, n))
-                            .map(|(c, _)| c)
-                            .collect(),
-                    };
-                    // Items come in key order, so a file's blocks are neighbours: one group
-                    // per file, moved in order by one worker.
-                    for c in wanted {
-                        let m = (ino, index, block.clone(), c);
-                        match moves.last_mut() {
-                            Some(group) if group[0].0 == ino => group.push(m),
-                            _ => moves.push(vec![m]),
-                        }
+            // The copies the file whose record the scan saw last asks for.
+            let mut cursor = RestripeCursor::default();
+            let slot = desc.shard_owner(shard).slot;
+            // Another slot's shard: its owner moves its files' blocks (in its own regions,
+            // logged in its own log), a batch per request, this restripe driving it.
+            let remote = if slot == me {
+                None
+            } else {
+                match self.slot_namespace(slot) {
+                    Some(ns) => Some(ns),
+                    None => {
+                        note_unreached(&mut report, slot, "no way to its owner is known");
+                        report.progress.shards_done += 1;
+                        continue;
                     }
                 }
-                let batch = self.move_blocks(moves, &plan, stop)?;
+            };
+            loop {
+                let batch = match remote {
+                    None => self.restripe_shard_batch(mode, shard, &cursor, SCAN_BATCH_ITEMS, stop),
+                    Some(ns) => ns.restripe_batch(mode, shard as u32, &cursor),
+                };
+                let batch = match (batch, remote) {
+                    (Ok(batch), _) => batch,
+                    (Err(e), Some(_)) => {
+                        note_unreached(&mut report, slot, &e.to_string());
+                        break;
+                    }
+                    (Err(e), None) => return Err(e),
+                };
+                report.progress.blocks_scanned += batch.scanned;
                 report.progress.blocks_moved += batch.moved;
                 report.progress.bytes_moved += batch.bytes;
                 report.blocks_changed += batch.changed;
-                if batch.stopped {
+                if batch.stopped || (remote.is_some() && stop.load(Ordering::Relaxed)) {
                     report.stopped = true;
                     return Ok(report);
                 }
                 progress(&report.progress);
-                match next {
-                    Some(k) => from = k,
+                match batch.next {
+                    Some(next) => cursor = next,
                     None => break,
                 }
             }
@@ -253,6 +256,96 @@ impl FileSystem {
             self.replicate_metadata(mode, stop, &mut report, progress)?;
         }
         Ok(report)
+    }
+
+    /// One batch of a restripe of `shard` (which this owner holds): up to `items` tree
+    /// items from `cursor` scanned under the metadata lock, and the data blocks among them
+    /// that sit where `mode` says they should not moved. The answer carries the cursor of
+    /// the next batch (`None`: the shard is done). Also what another slot's owner runs for
+    /// the file system manager's restripe (`MetanodeRequest::RestripeBatch`), with its own
+    /// plan: its allocator, its regions.
+    pub(crate) fn restripe_shard_batch(
+        &self,
+        mode: RestripeMode,
+        shard: usize,
+        cursor: &RestripeCursor,
+        items: usize,
+        stop: &AtomicBool,
+    ) -> FsResult<RestripeBatch> {
+        let (scanned, next) = {
+            let mut m = self.owner().meta.lock();
+            m.state.scan_batch(shard, &cursor.from, items)?
+        };
+        let plan = Mutex::new(self.plan(mode)?);
+        let file_pools = match &*plan.lock() {
+            Plan::Placement { .. } => self.file_pools_of(&scanned)?,
+            _ => HashMap::new(),
+        };
+        let mut file_copies = (cursor.file, usize::from(cursor.copies.max(1)));
+        let mut out = RestripeBatch::default();
+        let mut moves: Vec<Vec<Move>> = Vec::new();
+        for item in scanned {
+            let (ino, index, block) = match item {
+                Item::Block { ino, index, block } => (ino, index, block),
+                // A file's record comes before its blocks (key order).
+                Item::Inode(rec) => {
+                    file_copies = (rec.attr.ino, usize::from(rec.copies));
+                    continue;
+                }
+                _ => continue,
+            };
+            out.scanned += 1;
+            let n = u64::from(block.extent.sub_blocks);
+            let wanted: Vec<usize> = match &*plan.lock() {
+                Plan::Placement { pool_of_disk } => block
+                    .extents()
+                    .enumerate()
+                    .filter(|(_, e)| pool_of_disk.get(&e.addr.disk) != file_pools.get(&ino))
+                    .map(|(c, _)| c)
+                    .collect(),
+                Plan::Check if block.copy_count() > 1 => vec![CHECK],
+                Plan::Check => Vec::new(),
+                Plan::Replicate => {
+                    let asks = if file_copies.0 == ino {
+                        file_copies.1
+                    } else {
+                        1
+                    };
+                    let down = block.extents().any(|e| self.devices.is_down(e.addr.disk));
+                    if block.copy_count() != asks || down {
+                        vec![REPLICATE]
+                    } else {
+                        Vec::new()
+                    }
+                }
+                other => block
+                    .extents()
+                    .enumerate()
+                    .filter(|(_, e)| other.moves(e.addr.disk, n))
+                    .map(|(c, _)| c)
+                    .collect(),
+            };
+            // Items come in key order, so a file's blocks are neighbours: one group
+            // per file, moved in order by one worker.
+            for c in wanted {
+                let m = (ino, index, block.clone(), c);
+                match moves.last_mut() {
+                    Some(group) if group[0].0 == ino => group.push(m),
+                    _ => moves.push(vec![m]),
+                }
+            }
+        }
+        let batch = self.move_blocks(moves, &plan, stop)?;
+        out.moved = batch.moved;
+        out.bytes = batch.bytes;
+        out.changed = batch.changed;
+        out.stopped = batch.stopped;
+        out.next = next.map(|from| RestripeCursor {
+            from,
+            file: file_copies.0,
+            copies: u8::try_from(file_copies.1).unwrap_or(u8::MAX),
+        });
+        Ok(out)
     }
 
     /// Disks whose status is not ready (suspended, to be emptied).

@@ -1841,3 +1841,76 @@ fn a_live_slot_owner_follows_the_placement_policy() {
     assert_eq!(s1.file_pool_name(a.ino).unwrap(), "slow");
     unmount_both_and_check(&t, fs, s1, "after a policy followed beside a slot");
 }
+
+/// `restripe -b` on the file system manager after a disk was added [mmrestripefs -b]:
+/// the slot owner moves its own files' blocks too (a batch per request, in its own regions
+/// and log), where the manager's restripe used to skip the shards it had given away and
+/// report success. With the slot's owner gone, the restripe says so by slot.
+#[test]
+fn a_restripe_on_the_manager_moves_the_slots_files_too() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    s1.set_disk_opener(opener(&t));
+    let (slot_files, failed) = write_mib_files(&s1, dir, "s", 24);
+    assert!(failed.is_none(), "{failed:?}");
+    let mine = write_files(&fs, ROOT_INO, "m", 11);
+    add_the_spare(&t, &fs);
+    s1.follow_descriptor().unwrap();
+    let no_stop = std::sync::atomic::AtomicBool::new(false);
+    let report = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Balance,
+            &no_stop,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    let slot_blocks = 24 * 16;
+    assert!(
+        report.progress.blocks_scanned >= slot_blocks,
+        "the slot's {slot_blocks} blocks were scanned: {report:?}"
+    );
+    let moved_to_new = slot_files.keys().any(|name| {
+        let ino = s1.lookup(dir, name.as_bytes()).unwrap().ino;
+        assert!(blocks_in_region(&s1, ino, 1), "{name} left region 1");
+        has_blocks_on(&s1, ino, 2)
+    });
+    assert!(
+        moved_to_new,
+        "no block of the slot's files went to the new disk"
+    );
+    verify_in(&s1, dir, &slot_files);
+    verify_in(&fs, ROOT_INO, &mine);
+
+    // Its owner gone: named, the manager's part done.
+    s1.unmount().unwrap();
+    drop(s1);
+    let report = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Balance,
+            &no_stop,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(
+        report
+            .unreached_slots
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>(),
+        vec![1],
+        "{report:?}"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after restripes beside a slot");
+    let (fs, s1) = two_owners_again(&t);
+    verify_in(&s1, dir, &slot_files);
+    unmount_both_and_check(&t, fs, s1, "after both remounted");
+}

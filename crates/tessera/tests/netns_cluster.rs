@@ -738,8 +738,9 @@ fn write_mib(path: &std::path::Path, mib: usize, seed: u32) -> Vec<u8> {
 /// slots with allocation regions (refused before: the slots' regions reach onto every
 /// disk), typed on a node that is not the manager: the manager adds the disk and tells
 /// the other nodes, whose slot owners then write their own files onto it (df shows its
-/// free space fall while only they write) and stop when it is suspended; every node reads
-/// every file, and after an unmount everywhere fsck is clean.
+/// free space fall while only they write) and stop when it is suspended; a balancing
+/// restripe covers their files too; every node reads every file, and after an unmount
+/// everywhere fsck is clean.
 #[test]
 fn a_disk_added_under_three_mounts_is_used_by_every_node() {
     if !netns_usable() {
@@ -806,6 +807,17 @@ fn a_disk_added_under_three_mounts_is_used_by_every_node() {
         free_after - free_suspended
     );
     tessera_ok(&c, 3, &["disk", "change", "g1", "resume", "-d", "g1b"]);
+    // A balancing restripe [mmrestripefs -b] from a client node looks at the slot owners'
+    // files too (their owners move them): every block written is scanned.
+    let said = tessera_ok(&c, 2, &["restripe", "g1", "-b"]);
+    let scanned: u64 = said
+        .split(" data blocks")
+        .next()
+        .and_then(|head| head.rsplit(" of ").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no block count in: {said}"));
+    let written_blocks = files.iter().map(|(_, d)| d.len() as u64).sum::<u64>() / (64 << 10);
+    assert!(scanned >= written_blocks, "{said}");
     for (name, data) in &files {
         for k in all {
             assert!(

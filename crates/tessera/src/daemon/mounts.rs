@@ -1060,6 +1060,35 @@ impl Daemon {
                 ""
             }
         );
+        if !report.unreached_slots.is_empty() {
+            // The other slots' owners restripe their own files; one that did not answer
+            // leaves its files as they were, which the administrator must hear of (after a
+            // `-r`, they may still have too few copies).
+            let holders = self
+                .file_systems()
+                .ok()
+                .and_then(|f| f.file_systems.iter().find(|r| r.name == name).cloned())
+                .map(|r| r.slot_holders)
+                .unwrap_or_default();
+            let slots: Vec<String> = report
+                .unreached_slots
+                .iter()
+                .map(|(slot, why)| {
+                    let node = holders
+                        .iter()
+                        .find(|h| h.slot == *slot)
+                        .map_or("no node", |h| h.node.as_str());
+                    format!("owner slot {slot} (held by {node}): {why}")
+                })
+                .collect();
+            bail!(
+                "file system {name}: restripe: the files of {} were not restriped (the rest \
+                 was: {} of {} blocks moved); run it again once their owners answer",
+                slots.join("; "),
+                report.progress.blocks_moved,
+                report.progress.blocks_scanned
+            );
+        }
         Ok(Reply::Restripe(restripe_done(&report)))
     }
 
