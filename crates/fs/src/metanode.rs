@@ -379,6 +379,14 @@ pub(crate) trait Namespace: Send + Sync {
     /// used here, so the file system's free space is the sum over its owners.
     fn disk_free(&self) -> FsResult<Vec<(u32, u64, u64)>>;
 
+    /// The storage pool file `ino` is placed in, by index (`policy apply`'s scan).
+    fn file_pool(&self, ino: Ino) -> FsResult<u16>;
+
+    /// Moves file `ino` to pool `pool` (`policy apply`'s MIGRATE): its recorded pool, then
+    /// with `move_data` every block outside it, in this owner's regions and log. Returns
+    /// the bytes copied.
+    fn migrate_file(&self, ino: Ino, pool: u16, move_data: bool) -> FsResult<u64>;
+
     /// One batch of the file system manager's restripe of `shard`, which this owner holds:
     /// its files' blocks that sit where `mode` says they should not are moved, in its own
     /// regions and log (`FileSystem::restripe_shard_batch`).

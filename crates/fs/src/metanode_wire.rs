@@ -260,6 +260,16 @@ pub enum MetanodeRequest {
     },
     /// The free space of the regions an owner allocates in ([`Namespace::disk_free`]).
     DiskFree,
+    /// The pool a file is placed in ([`Namespace::file_pool`]).
+    FilePool {
+        ino: Ino,
+    },
+    /// `policy apply`'s MIGRATE of a file this owner serves ([`Namespace::migrate_file`]).
+    MigrateFile {
+        ino: Ino,
+        pool: u16,
+        move_data: bool,
+    },
     /// A batch of the file system manager's restripe of a shard this owner holds
     /// ([`Namespace::restripe_batch`]).
     RestripeBatch {
@@ -358,6 +368,8 @@ impl MetanodeRequest {
             Q::Reparent { .. } => "Reparent",
             Q::DiskFree => "DiskFree",
             Q::RestripeBatch { .. } => "RestripeBatch",
+            Q::FilePool { .. } => "FilePool",
+            Q::MigrateFile { .. } => "MigrateFile",
             Q::AllocateFragments { .. } => "AllocateFragments",
             Q::DropKept { .. } => "DropKept",
             Q::ProvideRegion { .. } => "ProvideRegion",
@@ -916,6 +928,12 @@ where
             shard,
             cursor,
         } => answer(owner.restripe_batch(mode, shard, &cursor), R::Restriped),
+        Q::FilePool { ino } => answer(owner.file_pool(ino), |p| R::Count(u64::from(p))),
+        Q::MigrateFile {
+            ino,
+            pool,
+            move_data,
+        } => answer(owner.migrate_file(ino, pool, move_data), R::Count),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1072,6 +1090,8 @@ pub(crate) fn cache_changes(
         | Q::Gather { .. }
         | Q::DiskFree
         | Q::RestripeBatch { .. }
+        | Q::FilePool { .. }
+        | Q::MigrateFile { .. }
         | Q::Leaving
         | Q::DescriptorChanged => Vec::new(),
     }
@@ -1773,6 +1793,7 @@ fn changes_held(request: &MetanodeRequest) -> bool {
             | Q::Entries { .. }
             | Q::Space
             | Q::DiskFree
+            | Q::FilePool { .. }
             | Q::Xattr { .. }
             | Q::XattrNames { .. }
             | Q::Protection { .. }
@@ -2413,6 +2434,20 @@ impl Namespace for RemoteMetanode {
         expect_reply!(self.call(MetanodeRequest::DiskFree)?, MetanodeReply::DiskFree(d) => d, "free space per disk")
     }
 
+    fn file_pool(&self, ino: Ino) -> FsResult<u16> {
+        let pool = expect_reply!(self.call(MetanodeRequest::FilePool { ino })?, MetanodeReply::Count(p) => p, "a file's pool")?;
+        u16::try_from(pool).map_err(|_| FsError::Corrupt(format!("pool {pool} of inode {ino}")))
+    }
+
+    fn migrate_file(&self, ino: Ino, pool: u16, move_data: bool) -> FsResult<u64> {
+        let request = MetanodeRequest::MigrateFile {
+            ino,
+            pool,
+            move_data,
+        };
+        expect_reply!(self.call(request)?, MetanodeReply::Count(b) => b, "a file's migration")
+    }
+
     fn restripe_batch(
         &self,
         mode: crate::restripe::RestripeMode,
@@ -2738,6 +2773,12 @@ mod tests {
                 to: 9,
             },
             MetanodeRequest::DiskFree,
+            MetanodeRequest::FilePool { ino: 77 },
+            MetanodeRequest::MigrateFile {
+                ino: 78,
+                pool: 1,
+                move_data: true,
+            },
             MetanodeRequest::RestripeBatch {
                 mode: crate::restripe::RestripeMode::Replicate,
                 shard: 17,

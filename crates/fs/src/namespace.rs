@@ -631,6 +631,18 @@ impl Namespace for FileSystem {
         }
     }
 
+    fn file_pool(&self, ino: Ino) -> FsResult<u16> {
+        self.owner_here("naming a file's pool")?;
+        let mut m = self.owner().meta.lock();
+        self.file_pool(&mut m, ino)
+    }
+
+    fn migrate_file(&self, ino: Ino, pool: u16, move_data: bool) -> FsResult<u64> {
+        self.owner_here("migrating a file")?;
+        self.check_writable()?;
+        self.migrate_file_here(ino, pool, move_data)
+    }
+
     fn restripe_batch(
         &self,
         mode: crate::restripe::RestripeMode,

@@ -147,7 +147,8 @@ impl FileSystem {
                             let Ok(attr) = self.getattr(ino) else {
                                 continue;
                             };
-                            let pool = self.file_pool_name(ino)?;
+                            // Asked of the file's owner: another slot's files too.
+                            let pool = self.pool_name(self.routed(ino, |ns| ns.file_pool(ino))?);
                             let kb = self.allocated_bytes(ino) / 1024;
                             let f = FileAttrs {
                                 name: String::from_utf8_lossy(&name).into_owned(),
@@ -320,7 +321,8 @@ impl FileSystem {
                             .position(|p| p == to)
                             .and_then(|p| PoolId::try_from(p).ok())
                             .expect("checked against the pools");
-                        self.migrate_file(c.ino, pool, mode == ApplyMode::Yes)
+                        let move_data = mode == ApplyMode::Yes;
+                        self.routed(c.ino, |ns| ns.migrate_file(c.ino, pool, move_data))
                             .map(|bytes| {
                                 report.migrated += 1;
                                 report.bytes_moved += bytes;
@@ -370,7 +372,12 @@ impl FileSystem {
     /// Moves file `ino` to pool `pool`: its recorded pool first (so new blocks go there at
     /// once), then, with `move_data`, every block outside the pool. Returns the bytes
     /// copied.
-    fn migrate_file(&self, ino: Ino, pool: PoolId, move_data: bool) -> FsResult<u64> {
+    pub(crate) fn migrate_file_here(
+        &self,
+        ino: Ino,
+        pool: PoolId,
+        move_data: bool,
+    ) -> FsResult<u64> {
         {
             let mut m = self.owner().meta.lock();
             if m.state.attr(ino)?.kind != FileKind::Regular {

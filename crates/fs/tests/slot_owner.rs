@@ -1914,3 +1914,68 @@ fn a_restripe_on_the_manager_moves_the_slots_files_too() {
     verify_in(&s1, dir, &slot_files);
     unmount_both_and_check(&t, fs, s1, "after both remounted");
 }
+
+/// `policy apply` [mmapplypolicy] on the file system manager with another slot's files in
+/// the namespace: the scan asks each file's owner for its pool, MIGRATE has the owner move
+/// it, DELETE and LIST reach it by name (before, the scan failed on the first file of a
+/// shard given away).
+#[test]
+fn policy_apply_reaches_the_files_of_a_slot() {
+    let t = make_disks(3, 160 << 20);
+    let opts = tessera_fs::FormatOptions {
+        block_size: 64 << 10,
+        log_bytes: 4 << 20,
+        placement: tessera_fs::Placement::Cluster,
+        ..small_opts()
+    };
+    format_fs_with(&t, &opts, |i| match i {
+        0 | 1 => (tessera_nsd::DiskUsage::DataAndMetadata, "system"),
+        _ => (tessera_nsd::DiskUsage::DataOnly, "slow"),
+    });
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    let kept = write_files(&s1, dir, "keep", 90);
+    let cold = create_file(&s1, dir, b"cold.dat");
+    let cold_data = pattern(600_000, 91);
+    s1.write(cold.ino, 0, &cold_data, false).unwrap();
+    create_file(&s1, dir, b"junk.tmp");
+    let mine = write_files(&fs, ROOT_INO, "m", 92);
+    let policy = "RULE EXTERNAL LIST 'all' EXEC ''\n\
+                  RULE 'purge' DELETE WHERE NAME LIKE '%.tmp'\n\
+                  RULE 'cold' MIGRATE TO POOL 'slow' WHERE NAME LIKE '%.dat'\n\
+                  RULE 'everything' LIST 'all'";
+    let report = fs
+        .apply_policy(
+            policy,
+            tessera_fs::policy_run::ApplyMode::Yes,
+            &std::sync::atomic::AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(
+        report.files_scanned,
+        (kept.len() + 2 + mine.len()) as u64,
+        "{report:?}"
+    );
+    assert_eq!((report.deleted, report.migrated), (1, 1), "{report:?}");
+    assert!(matches!(
+        s1.lookup(dir, b"junk.tmp"),
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(s1.file_pool_name(cold.ino).unwrap(), "slow");
+    assert!(
+        s1.file_block_addresses(cold.ino)
+            .unwrap()
+            .iter()
+            .all(|(disk, _)| *disk == 2),
+        "cold.dat's blocks moved to the slow pool's disk"
+    );
+    assert_eq!(s1.read(cold.ino, 0, 700_000).unwrap(), cold_data);
+    verify_in(&s1, dir, &kept);
+    unmount_both_and_check(&t, fs, s1, "after a policy applied beside a slot");
+}
