@@ -739,8 +739,8 @@ fn write_mib(path: &std::path::Path, mib: usize, seed: u32) -> Vec<u8> {
 /// disk), typed on a node that is not the manager: the manager adds the disk and tells
 /// the other nodes, whose slot owners then write their own files onto it (df shows its
 /// free space fall while only they write) and stop when it is suspended; a balancing
-/// restripe covers their files too; every node reads every file, and after an unmount
-/// everywhere fsck is clean.
+/// restripe and `policy apply` cover their files too; every node reads every file, and
+/// after an unmount everywhere fsck is clean.
 #[test]
 fn a_disk_added_under_three_mounts_is_used_by_every_node() {
     if !netns_usable() {
@@ -818,6 +818,20 @@ fn a_disk_added_under_three_mounts_is_used_by_every_node() {
         .unwrap_or_else(|| panic!("no block count in: {said}"));
     let written_blocks = files.iter().map(|(_, d)| d.len() as u64).sum::<u64>() / (64 << 10);
     assert!(scanned >= written_blocks, "{said}");
+    // policy apply [mmapplypolicy] from the other client node lists the slot owners'
+    // files (each asked of its owner).
+    let rules = c.base.join("g1-list.policy");
+    std::fs::write(
+        &rules,
+        "RULE EXTERNAL LIST 'ours' EXEC ''\nRULE 'l' LIST 'ours' WHERE NAME LIKE 'after%'\n",
+    )
+    .unwrap();
+    let listed = tessera_ok(
+        &c,
+        3,
+        &["policy", "apply", "g1", "-P", rules.to_str().unwrap()],
+    );
+    assert!(listed.contains("LIST 'ours': 6 files"), "{listed}");
     for (name, data) in &files {
         for k in all {
             assert!(
