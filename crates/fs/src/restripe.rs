@@ -19,6 +19,11 @@
 //! that is not ready; the old pages are freed once that checkpoint's descriptor is durable,
 //! so a crash in between leaves the previous checkpoint whole. The recovery log, the stored
 //! allocation map and descriptor copies stay where they are (`disk delete` deals with them).
+//!
+//! The shards the file system manager gave to other owner slots are restriped by their
+//! owners, a batch per `RestripeBatch` request that the manager's restripe sends and counts
+//! (`FileSystem::restripe_shard_batch` runs there, with that owner's allocator and log); a
+//! slot whose owner does not answer is named in the report (`unreached_slots`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
