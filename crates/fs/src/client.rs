@@ -107,6 +107,17 @@ impl FileSystem {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
+        if let MetanodeRequest::DiskAvailability { nsds, up } = &request {
+            let done = if *up {
+                self.start_disks(nsds)
+            } else {
+                self.stop_disks(nsds)
+            };
+            return encode(&match done {
+                Ok(_) => MetanodeReply::Done,
+                Err(e) => MetanodeReply::Failed(RemoteError::from(&e)),
+            });
+        }
         if let MetanodeRequest::DescriptorChanged = request {
             return encode(&match self.follow_descriptor() {
                 Ok(_) => MetanodeReply::Done,

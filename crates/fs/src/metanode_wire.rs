@@ -227,6 +227,13 @@ pub enum MetanodeRequest {
     /// (`FileSystem::follow_descriptor`). A node that misses it learns new disks when it
     /// first meets one of their block addresses.
     DescriptorChanged,
+    /// File system manager to every node that mounts the file system, after `disk change
+    /// stop|start` there [mmchdisk]: stop (or start) I/O to these NSDs on this node too
+    /// (`FileSystem::stop_disks`, `start_disks`).
+    DiskAvailability {
+        nsds: Vec<String>,
+        up: bool,
+    },
     /// Client to owner at its unmount: forget what this node holds (`read_tokens.rs`).
     /// Without it the owner kept the node recorded as a holder of every inode it had
     /// read until a change revoked each one (a round trip to a mount that is gone), and a
@@ -362,6 +369,7 @@ impl MetanodeRequest {
             Q::GiveBackData { .. } => "GiveBackData",
             Q::Leaving => "Leaving",
             Q::DescriptorChanged => "DescriptorChanged",
+            Q::DiskAvailability { .. } => "DiskAvailability",
             Q::PutEntry { .. } => "PutEntry",
             Q::TakeEntry { .. } => "TakeEntry",
             Q::CountLink { .. } => "CountLink",
@@ -437,7 +445,8 @@ impl Fence {
                 | MetanodeRequest::FenceSettled { .. }
                 | MetanodeRequest::DropHeld { .. }
                 | MetanodeRequest::GiveBackData { .. }
-                | MetanodeRequest::DescriptorChanged)
+                | MetanodeRequest::DescriptorChanged
+                | MetanodeRequest::DiskAvailability { .. })
         )
     }
 
@@ -453,6 +462,12 @@ impl Fence {
     /// The encoded news that the descriptor changed ([`MetanodeRequest::DescriptorChanged`]).
     pub fn descriptor_changed() -> Vec<u8> {
         encode(&MetanodeRequest::DescriptorChanged)
+    }
+
+    /// The encoded request that a node stop (or start) I/O to `nsds`
+    /// ([`MetanodeRequest::DiskAvailability`]).
+    pub fn disk_availability(nsds: Vec<String>, up: bool) -> Vec<u8> {
+        encode(&MetanodeRequest::DiskAvailability { nsds, up })
     }
 
     /// Whether `request` is [`Fence::descriptor_changed`]'s.
@@ -998,7 +1013,11 @@ where
         }
         // The owner's own mount holds no views to drop (a took-over node's client mount
         // answers these itself).
-        Q::DropHeld { .. } | Q::GiveBackData { .. } | Q::Leaving | Q::DescriptorChanged => R::Done,
+        Q::DropHeld { .. }
+        | Q::GiveBackData { .. }
+        | Q::Leaving
+        | Q::DescriptorChanged
+        | Q::DiskAvailability { .. } => R::Done,
     }
 }
 
@@ -1093,7 +1112,8 @@ pub(crate) fn cache_changes(
         | Q::FilePool { .. }
         | Q::MigrateFile { .. }
         | Q::Leaving
-        | Q::DescriptorChanged => Vec::new(),
+        | Q::DescriptorChanged
+        | Q::DiskAvailability { .. } => Vec::new(),
     }
 }
 
@@ -2754,6 +2774,10 @@ mod tests {
             MetanodeRequest::GiveBackData { inos: vec![12] },
             MetanodeRequest::Leaving,
             MetanodeRequest::DescriptorChanged,
+            MetanodeRequest::DiskAvailability {
+                nsds: vec!["d1".into(), "d2".into()],
+                up: false,
+            },
             MetanodeRequest::PutEntry {
                 dir: 9,
                 name: b"to".to_vec(),

@@ -579,3 +579,66 @@ fn balancing_never_drops_a_copy() {
     drop(fs);
     assert_fsck_clean(&t, "after a balance");
 }
+
+/// `disk change stop` [mmchdisk stop] on a file system another node mounts: the daemon
+/// sends the stop to that node too (`Fence::disk_availability`), whose mount then writes
+/// no copy to the stopped disks either; started again on both, `restripe -r` gives the
+/// blocks written meanwhile their second copies.
+#[test]
+fn a_stop_reaches_a_client_mount_whose_writes_then_skip_the_stopped_disks() {
+    let t = replicated_fs();
+    let owner = mount(&t);
+    owner.set_shared(true);
+    let client = FileSystem::mount_client(
+        t.reopen(),
+        Box::new(tessera_fs::InProcessOwner(std::sync::Arc::downgrade(
+            &owner,
+        ))),
+    )
+    .unwrap();
+    client.set_shared(true);
+    let group2: Vec<String> = vec!["nsd3".into(), "nsd4".into()];
+    owner.stop_disks(&group2).unwrap();
+    tessera_fs::Fence::check(
+        &client
+            .serve_metanode_request(&tessera_fs::Fence::disk_availability(group2.clone(), false)),
+    )
+    .unwrap();
+    let down: Vec<String> = client
+        .disk_availability()
+        .into_iter()
+        .filter(|(_, up)| !up)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(down, group2);
+    let a = create_file(&client, ROOT_INO, b"while-stopped");
+    let data = pattern(3 * BLOCK as usize, 5);
+    client.write(a.ino, 0, &data, false).unwrap();
+    client.fsync(a.ino).unwrap();
+    let files = BTreeMap::from([("while-stopped".to_string(), data.clone())]);
+    for (name, g1, g2) in copies_per_group(&owner, &files) {
+        assert!(
+            g1 > 0 && g2 == 0,
+            "{name}: {g1} blocks in group 1, {g2} in group 2"
+        );
+    }
+    owner.start_disks(&group2).unwrap();
+    tessera_fs::Fence::check(
+        &client.serve_metanode_request(&tessera_fs::Fence::disk_availability(group2, true)),
+    )
+    .unwrap();
+    assert!(client.disk_availability().iter().all(|(_, up)| *up));
+    owner
+        .restripe(
+            RestripeMode::Replicate,
+            &AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap();
+    for (name, g1, g2) in copies_per_group(&owner, &files) {
+        assert_eq!(g1, g2, "{name}: both copies again");
+    }
+    assert_eq!(client.read(a.ino, 0, data.len() as u32).unwrap(), data);
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+}

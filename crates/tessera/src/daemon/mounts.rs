@@ -985,9 +985,10 @@ impl Daemon {
     }
 
     /// `disk change stop|start` [mmchdisk]: I/O to the disks of a mounted file system
-    /// stops (their copies are read from the other failure groups) or starts again. For
-    /// this mount: a file system mounted again finds every disk whose device answers up,
-    /// which is safe because writes drop the copies they miss from the block map.
+    /// stops (their copies are read from the other failure groups) or starts again, on
+    /// this node and every other node that mounts it. For the mounts: a file system mounted
+    /// again finds every disk whose device answers up, which is safe because writes drop
+    /// the copies they miss from the block map.
     pub(super) fn disk_availability(&self, name: &str, nsds: &[String], up: bool) -> Result<Reply> {
         let _admin = self.admin.lock();
         self.file_systems()?.require(name)?;
@@ -1009,6 +1010,34 @@ impl Daemon {
             nsds.join(", "),
             if up { "started" } else { "stopped" }
         );
+        // Every other node that mounts it stops (or starts) its own I/O to them too: a
+        // client or slot owner writing a stopped disk's copies would defeat the stop.
+        let record = self.file_systems()?.require(name)?.clone();
+        let mut refused = Vec::new();
+        for client in &record.clients {
+            if client.node == self.cluster.node_name {
+                continue;
+            }
+            let told = self
+                .ask_client(
+                    &record,
+                    &client.node,
+                    tessera_fs::Fence::disk_availability(nsds.to_vec(), up),
+                )
+                .map(|reply| tessera_fs::Fence::check(&reply));
+            if let Some(Err(e)) = told {
+                refused.push(format!("node {}: {e}", client.node));
+            }
+        }
+        if !refused.is_empty() {
+            bail!(
+                "file system {name}: disks {} {} here, but not on {}; run the command again \
+                 (or remount there)",
+                nsds.join(", "),
+                if up { "started" } else { "stopped" },
+                refused.join("; ")
+            );
+        }
         Ok(Reply::Done)
     }
 
