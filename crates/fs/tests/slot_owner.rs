@@ -1804,10 +1804,10 @@ fn a_live_slot_owner_follows_the_replication_of_new_files() {
     unmount_both_and_check(&t, fs, s1, "after new files replicated beside a slot");
 }
 
-/// `policy change` on the file system manager [mmchpolicy]: a live slot owner, once told,
-/// places the files it creates by the new rules too.
-#[test]
-fn a_live_slot_owner_follows_the_placement_policy() {
+/// nsd0 and nsd1 in pool `system`, nsd2 (data only) in pool `slow`, 160 MiB each with the
+/// allocation regions of [`two_region_fs`]; the manager and slot 1's owner mounted, region 1
+/// and directory `node1` given to the slot.
+fn two_pools_and_a_slot() -> (TestDisks, Arc<FileSystem>, Arc<FileSystem>, Ino) {
     let t = make_disks(3, 160 << 20);
     let opts = tessera_fs::FormatOptions {
         block_size: 64 << 10,
@@ -1826,6 +1826,14 @@ fn a_live_slot_owner_follows_the_placement_policy() {
         &s1,
         Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
     );
+    (t, fs, s1, dir)
+}
+
+/// `policy change` on the file system manager [mmchpolicy]: a live slot owner, once told,
+/// places the files it creates by the new rules too.
+#[test]
+fn a_live_slot_owner_follows_the_placement_policy() {
+    let (t, fs, s1, dir) = two_pools_and_a_slot();
     fs.set_policy(Some(
         "RULE 'tmp' SET POOL 'slow' WHERE NAME LIKE '%.tmp';\nRULE 'default' SET POOL 'system';",
     ))
@@ -1921,24 +1929,7 @@ fn a_restripe_on_the_manager_moves_the_slots_files_too() {
 /// shard given away).
 #[test]
 fn policy_apply_reaches_the_files_of_a_slot() {
-    let t = make_disks(3, 160 << 20);
-    let opts = tessera_fs::FormatOptions {
-        block_size: 64 << 10,
-        log_bytes: 4 << 20,
-        placement: tessera_fs::Placement::Cluster,
-        ..small_opts()
-    };
-    format_fs_with(&t, &opts, |i| match i {
-        0 | 1 => (tessera_nsd::DiskUsage::DataAndMetadata, "system"),
-        _ => (tessera_nsd::DiskUsage::DataOnly, "slow"),
-    });
-    let (fs, dir) = manager_with_a_slot_directory(&t);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let (t, fs, s1, dir) = two_pools_and_a_slot();
     let kept = write_files(&s1, dir, "keep", 90);
     let cold = create_file(&s1, dir, b"cold.dat");
     let cold_data = pattern(600_000, 91);

@@ -552,13 +552,21 @@ impl Daemon {
         Ok(Reply::Done)
     }
 
-    /// After `disk add` or `disk change` on the file system manager: every other node that
-    /// mounts the file system opens the new disks now, and an owner slot's node allocates
-    /// as the disks' status says (its regions' part of new disks; nothing new on a
-    /// suspended disk). A node that misses this learns new disks at the first block address
-    /// it meets on one, or at its next mount. Returns what each node that could not follow
-    /// said.
+    /// After an administrative change of the descriptor on the file system manager (`disk
+    /// add`, `disk change`, `policy change`, `fs change -r`): every other node that mounts
+    /// the file system opens new disks now, and an owner slot's node allocates and creates
+    /// as the descriptor says (its regions' part of new disks; nothing new on a suspended
+    /// disk; the policy and replication of new files). A node that misses this learns new
+    /// disks at the first block address it meets on one, or at its next mount. Returns what
+    /// each node that could not follow said.
     pub(super) fn tell_nodes_descriptor_changed(&self, name: &str) -> Vec<String> {
+        self.tell_mounting_nodes(name, tessera_fs::Fence::descriptor_changed())
+    }
+
+    /// Sends `request` (an owner's message to its clients) to every other node that mounts
+    /// file system `name`, each until it answers or leaves the cluster; returns what each
+    /// node that refused said.
+    pub(super) fn tell_mounting_nodes(&self, name: &str, request: Vec<u8>) -> Vec<String> {
         let Ok(fss) = self.file_systems() else {
             return Vec::new();
         };
@@ -571,14 +579,10 @@ impl Daemon {
                 continue;
             }
             let told = self
-                .ask_client(
-                    record,
-                    &client.node,
-                    tessera_fs::Fence::descriptor_changed(),
-                )
+                .ask_client(record, &client.node, request.clone())
                 .map(|reply| tessera_fs::Fence::check(&reply));
             if let Some(Err(e)) = told {
-                tracing::warn!("{name}: node {} on the changed disks: {e}", client.node);
+                tracing::warn!("{name}: node {}: {e}", client.node);
                 refused.push(format!("node {}: {e}", client.node));
             }
         }

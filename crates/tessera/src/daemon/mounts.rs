@@ -1012,23 +1012,10 @@ impl Daemon {
         );
         // Every other node that mounts it stops (or starts) its own I/O to them too: a
         // client or slot owner writing a stopped disk's copies would defeat the stop.
-        let record = self.file_systems()?.require(name)?.clone();
-        let mut refused = Vec::new();
-        for client in &record.clients {
-            if client.node == self.cluster.node_name {
-                continue;
-            }
-            let told = self
-                .ask_client(
-                    &record,
-                    &client.node,
-                    tessera_fs::Fence::disk_availability(nsds.to_vec(), up),
-                )
-                .map(|reply| tessera_fs::Fence::check(&reply));
-            if let Some(Err(e)) = told {
-                refused.push(format!("node {}: {e}", client.node));
-            }
-        }
+        let refused = self.tell_mounting_nodes(
+            name,
+            tessera_fs::Fence::disk_availability(nsds.to_vec(), up),
+        );
         if !refused.is_empty() {
             bail!(
                 "file system {name}: disks {} {} here, but not on {}; run the command again \
