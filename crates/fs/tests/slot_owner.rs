@@ -1536,6 +1536,19 @@ fn a_region_taken_back_cut_by_a_crash_of_the_manager_at_every_write_is_in_one_ow
     unmount_both_and_check(&t, fs, s1, "after a region was taken back through crashes");
 }
 
+/// [`manager_with_a_slot_directory`] with slot 1's owner mounted beside it and the two
+/// connected.
+fn manager_and_slot_owner(t: &TestDisks) -> (Arc<FileSystem>, Arc<FileSystem>, Ino) {
+    let (fs, dir) = manager_with_a_slot_directory(t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    connect_owners(
+        &fs,
+        &s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    (fs, s1, dir)
+}
+
 /// Three drives of 160 MiB, the file system (allocation regions as [`two_region_fs`]) made
 /// on the first two; the third is for `disk add`.
 fn two_region_fs_and_a_spare() -> TestDisks {
@@ -1628,13 +1641,7 @@ fn has_blocks_on(fs: &FileSystem, ino: Ino, disk: u16) -> bool {
 #[test]
 fn a_disk_added_beside_a_live_slot_owner_is_used_by_both_owners() {
     let t = two_region_fs_and_a_spare();
-    let (fs, dir) = manager_with_a_slot_directory(&t);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
     s1.set_disk_opener(opener(&t));
     let client = FileSystem::mount_client(
         t.reopen(),
@@ -1748,13 +1755,7 @@ fn a_slot_owner_down_during_a_disk_add_takes_its_part_of_the_disk_at_mount() {
 #[test]
 fn a_live_slot_owner_follows_a_disks_status() {
     let t = two_region_fs();
-    let (fs, dir) = manager_with_a_slot_directory(&t);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
     fs.set_disk_status(&["nsd1".into()], tessera_fs::DiskStatus::Suspended)
         .unwrap();
     s1.follow_descriptor().unwrap();
@@ -1782,13 +1783,7 @@ fn a_live_slot_owner_follows_a_disks_status() {
 #[test]
 fn a_live_slot_owner_follows_the_replication_of_new_files() {
     let t = two_region_fs();
-    let (fs, dir) = manager_with_a_slot_directory(&t);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
     let one = write_files(&s1, dir, "one", 60);
     fs.set_data_replication(2).unwrap();
     s1.follow_descriptor().unwrap();
@@ -1819,13 +1814,7 @@ fn two_pools_and_a_slot() -> (TestDisks, Arc<FileSystem>, Arc<FileSystem>, Ino) 
         0 | 1 => (tessera_nsd::DiskUsage::DataAndMetadata, "system"),
         _ => (tessera_nsd::DiskUsage::DataOnly, "slow"),
     });
-    let (fs, dir) = manager_with_a_slot_directory(&t);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
     (t, fs, s1, dir)
 }
 
@@ -1857,13 +1846,7 @@ fn a_live_slot_owner_follows_the_placement_policy() {
 #[test]
 fn a_restripe_on_the_manager_moves_the_slots_files_too() {
     let t = two_region_fs_and_a_spare();
-    let (fs, dir) = manager_with_a_slot_directory(&t);
-    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
-    connect_owners(
-        &fs,
-        &s1,
-        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-    );
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
     s1.set_disk_opener(opener(&t));
     let (slot_files, failed) = write_mib_files(&s1, dir, "s", 24);
     assert!(failed.is_none(), "{failed:?}");
