@@ -648,17 +648,18 @@ impl FileSystem {
     /// and the replication of new files (`take_from_owner_map`). Returns the disk indexes
     /// added; none on the manager, which made the changes itself.
     pub fn follow_descriptor(&self) -> FsResult<Vec<u16>> {
-        let learned = self.learn_added_devices()?;
+        let (learned, newest) = self.learn_added_devices()?;
         if self.is_owner() && self.owner_slot() != 0 {
-            self.take_from_owner_map()?;
+            self.take_from_descriptor(newest)?;
         }
         Ok(learned)
     }
 
     /// The device half of [`FileSystem::follow_descriptor`]: opens and appends the devices of
     /// disks the newest descriptor names beyond this mount's table. Takes no metadata lock
-    /// (an I/O that meets an unknown disk calls it, whatever it holds).
-    pub(crate) fn learn_added_devices(&self) -> FsResult<Vec<u16>> {
+    /// (an I/O that meets an unknown disk calls it, whatever it holds). Returns the disk
+    /// indexes added and the descriptor read.
+    pub(crate) fn learn_added_devices(&self) -> FsResult<(Vec<u16>, FsDescriptor)> {
         let _one = self.learning_disks.lock();
         let known = self.devices.len();
         let newest = crate::descriptor::read_descriptor(&self.devices.all())?;
@@ -668,7 +669,7 @@ impl FileSystem {
             .filter(|d| usize::from(d.index) >= known)
             .collect();
         if added.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), newest));
         }
         let names: Vec<&str> = added.iter().map(|d| d.nsd_name.as_str()).collect();
         let Some(open) = self.disk_opener.get() else {
@@ -707,6 +708,7 @@ impl FileSystem {
             newest.name,
             names.join(", ")
         );
-        Ok(added.iter().map(|d| d.index).collect())
+        let added = added.iter().map(|d| d.index).collect();
+        Ok((added, newest))
     }
 }

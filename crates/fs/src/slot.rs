@@ -1090,9 +1090,17 @@ impl crate::fs::FileSystem {
             ));
         }
         // Devices first, holding no lock: opening one may take a while.
-        self.learn_added_devices()?;
-        let all = self.devices.all();
-        let newest = crate::descriptor::read_descriptor(&all)?;
+        let (_, newest) = self.learn_added_devices()?;
+        self.take_from_descriptor(newest)
+    }
+
+    /// [`FileSystem::take_from_owner_map`] from `newest`, the descriptor just read, once
+    /// the devices of the disks it names are open.
+    pub(crate) fn take_from_descriptor(
+        &self,
+        newest: FsDescriptor,
+    ) -> FsResult<(Vec<usize>, Vec<usize>)> {
+        let me = self.owner_slot();
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let old = self.owner().desc.lock().clone();
