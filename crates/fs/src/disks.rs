@@ -668,6 +668,14 @@ impl FileSystem {
             .iter()
             .filter(|d| usize::from(d.index) >= known)
             .collect();
+        // A client-only mount's descriptor follows too (disk status, policy): `disk ls`
+        // and the data path read it.
+        if let Some(desc) = &self.client_desc {
+            let mut desc = desc.lock();
+            if newest.generation > desc.generation {
+                *desc = newest.clone();
+            }
+        }
         if added.is_empty() {
             return Ok((Vec::new(), newest));
         }
@@ -697,12 +705,6 @@ impl FileSystem {
         }
         self.devices
             .set_failure_groups(newest.disks.iter().map(|d| (d.index, d.failure_group)));
-        if let Some(desc) = &self.client_desc {
-            let mut desc = desc.lock();
-            if newest.generation > desc.generation {
-                *desc = newest.clone();
-            }
-        }
         tracing::info!(
             "{}: disks {} added on the file system manager are in use here too",
             newest.name,
