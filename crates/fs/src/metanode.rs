@@ -397,6 +397,11 @@ pub(crate) trait Namespace: Send + Sync {
         cursor: &crate::restripe::RestripeCursor,
     ) -> FsResult<crate::restripe::RestripeBatch>;
 
+    /// One batch of the file system manager's `restripe -m` on this owner: up to `budget`
+    /// of its metadata pages on disks that are not ready are written elsewhere by a
+    /// checkpoint of its own. Returns how many moved (0: none is left on such disks).
+    fn move_pages_off(&self, budget: u32) -> FsResult<u64>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

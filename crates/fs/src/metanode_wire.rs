@@ -321,6 +321,13 @@ pub enum MetanodeRequest {
     Gather {
         ino: Ino,
     },
+    /// A batch of the file system manager's `restripe -m`: this owner writes up to
+    /// `budget` of its metadata pages that lie on disks that are not ready elsewhere, by a
+    /// checkpoint of its own ([`Namespace::move_pages_off`]); answered with how many it
+    /// moved, 0 once none is left there.
+    MovePagesOff {
+        budget: u32,
+    },
 }
 
 impl MetanodeRequest {
@@ -384,6 +391,7 @@ impl MetanodeRequest {
             Q::GiveSlotBack => "GiveSlotBack",
             Q::GiveRegionBack => "GiveRegionBack",
             Q::Gather { .. } => "Gather",
+            Q::MovePagesOff { .. } => "MovePagesOff",
         }
     }
 }
@@ -949,6 +957,7 @@ where
             pool,
             move_data,
         } => answer(owner.migrate_file(ino, pool, move_data), R::Count),
+        Q::MovePagesOff { budget } => answer(owner.move_pages_off(budget), R::Count),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1111,6 +1120,7 @@ pub(crate) fn cache_changes(
         | Q::RestripeBatch { .. }
         | Q::FilePool { .. }
         | Q::MigrateFile { .. }
+        | Q::MovePagesOff { .. }
         | Q::Leaving
         | Q::DescriptorChanged
         | Q::DiskAvailability { .. } => Vec::new(),
@@ -2482,6 +2492,11 @@ impl Namespace for RemoteMetanode {
         expect_reply!(self.call(request)?, MetanodeReply::Restriped(b) => b, "a restripe batch")
     }
 
+    fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
+        let request = MetanodeRequest::MovePagesOff { budget };
+        expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n, "moving metadata pages")
+    }
+
     fn add_name(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         self.attr_of(self.once(MetanodeRequest::AddName {
             ino,
@@ -2812,6 +2827,7 @@ mod tests {
                     copies: 2,
                 },
             },
+            MetanodeRequest::MovePagesOff { budget: 512 },
             MetanodeRequest::AllocateFragments {
                 pool: 1,
                 sub_blocks: 2,

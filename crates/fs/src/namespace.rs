@@ -663,6 +663,12 @@ impl Namespace for FileSystem {
         )
     }
 
+    fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
+        self.owner_here("moving metadata pages")?;
+        self.check_writable()?;
+        self.move_pages_off_batch(budget as usize)
+    }
+
     fn disk_free(&self) -> FsResult<Vec<(u32, u64, u64)>> {
         let disks: Vec<_> = self
             .owner()

@@ -122,7 +122,7 @@ impl FileSystem {
         Ok(extent)
     }
 
-    fn has_pending_frees(&self) -> bool {
+    pub(crate) fn has_pending_frees(&self) -> bool {
         !self.owner().meta.lock().pending_free.is_empty()
     }
 }

@@ -49,6 +49,10 @@ const SCAN_BATCH_ITEMS: usize = 1024;
 /// request each: few enough that moving their blocks stays well within a request's wait
 /// (64 blocks of 16 MiB are 1 GiB).
 pub(crate) const REMOTE_BATCH_ITEMS: usize = 64;
+/// Metadata pages another slot's owner moves off the disks being emptied per request of
+/// the file system manager's `restripe -m`: one checkpoint each, well within a request's
+/// wait.
+const PAGES_PER_REQUEST: u32 = 512;
 /// Metadata leaves whose copies a scrub (`restripe -c|-r` with `-m 2`) checks per hold of
 /// the metadata lock: two reads of a 16 KiB page each, some tens of milliseconds.
 const SCRUB_LEAVES: usize = 256;
@@ -184,9 +188,6 @@ impl FileSystem {
         self.owner_here("a restripe")?;
         self.manager_here("a restripe")?;
         self.check_writable()?;
-        if mode == RestripeMode::Migrate {
-            self.refuse_with_foreign_shards("restripe -m")?;
-        }
         let shards = self.owner().meta.lock().state.shard_count();
         let mut report = RestripeReport::default();
         report.progress.shards = shards;
@@ -248,6 +249,10 @@ impl FileSystem {
             };
             self.move_metadata_off(&moving, stop, &mut report, progress)?;
             if !report.stopped {
+                self.move_slots_pages_off(&desc, stop, &mut report, progress);
+                self.sync_own()?;
+            }
+            if !report.stopped {
                 report.progress.map_regions_moved +=
                     self.move_map_regions_off(&leaving, false)? as u64;
                 report.progress.log_moved |= self.move_log_off(&leaving, false)?;
@@ -261,6 +266,75 @@ impl FileSystem {
             self.replicate_metadata(mode, stop, &mut report, progress)?;
         }
         Ok(report)
+    }
+
+    /// The metadata pages of the other owner slots that hold shards, moved off the disks
+    /// that are not ready by each slot's owner, a budget of pages per request (each a
+    /// checkpoint of its own); a slot whose owner cannot be reached is named in the report.
+    fn move_slots_pages_off(
+        &self,
+        desc: &crate::descriptor::FsDescriptor,
+        stop: &AtomicBool,
+        report: &mut RestripeReport,
+        progress: &mut dyn FnMut(&RestripeProgress),
+    ) {
+        let me = self.owner_slot();
+        let mut slots: Vec<u32> = (0..desc.shard_count as usize)
+            .map(|s| desc.shard_owner(s).slot)
+            .filter(|s| *s != me)
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        for slot in slots {
+            let Some(ns) = self.slot_namespace(slot) else {
+                note_unreached(report, slot, "no way to its owner is known");
+                continue;
+            };
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    report.stopped = true;
+                    return;
+                }
+                match ns.move_pages_off(PAGES_PER_REQUEST) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        report.progress.metadata_pages_moved += n;
+                        progress(&report.progress);
+                    }
+                    Err(e) => {
+                        note_unreached(report, slot, &e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One batch of `restripe -m` on this owner's own shards (what another slot's owner
+    /// runs for the manager's restripe): up to `budget` metadata pages with a copy on a disk
+    /// that is not ready are written elsewhere by one checkpoint. Returns how many.
+    pub(crate) fn move_pages_off_batch(&self, budget: usize) -> FsResult<u64> {
+        let leaving = self.not_ready_disks();
+        if leaving.is_empty() {
+            return Ok(0);
+        }
+        let moving = |p: &tessera_meta::PagePtr| {
+            p.copies()
+                .any(|a| leaving.contains(&crate::checkpoint::disk_addr(a).disk))
+        };
+        let marked = self
+            .owner()
+            .meta
+            .lock()
+            .state
+            .relocate_pages(&moving, budget.max(1))?;
+        // Also when nothing was marked: a page changed since the last checkpoint (by the
+        // restripe's own block moves, say) is not counted, but its durable copy, the one a
+        // crash would come back to, may still be on those disks until a checkpoint. The
+        // space the moves left comes back once durable, so that df shows the disks empty.
+        self.checkpoint()?;
+        self.sync_own()?;
+        Ok(marked as u64)
     }
 
     /// One batch of a restripe of `shard` (which this owner holds): up to `items` tree
@@ -1005,14 +1079,40 @@ impl FileSystem {
         };
         // A restripe runs where the metadata is owned: it allocates from, and reports to,
         // this node's own owner (a disk filter does not cross the wire).
-        let to = match BlockAllocator::allocate_on(
-            self,
-            view.pool,
-            current.extent.sub_blocks,
-            hint,
-            &allowed,
-            "moved file data",
-        ) {
+        let allocate = || {
+            BlockAllocator::allocate_on(
+                self,
+                view.pool,
+                current.extent.sub_blocks,
+                hint,
+                &allowed,
+                "moved file data",
+            )
+        };
+        let must_leave = self.devices.is_down(from.addr.disk)
+            || self.not_ready_disks().contains(&from.addr.disk);
+        let to = match allocate() {
+            // A block that must leave its disk goes where this owner can get room: space
+            // freed by changes not yet durable, or (a slot's owner whose regions are full)
+            // another region from the manager, as a write would. Balancing never takes a
+            // region for itself.
+            Err(full @ FsError::NoSpace { .. }) if must_leave => {
+                let again = if self.has_pending_frees() {
+                    self.sync_own()?;
+                    allocate()
+                } else {
+                    Err(full)
+                };
+                match again {
+                    Err(full @ FsError::NoSpace { .. }) => {
+                        self.allocate_in_another_region(full, &allocate)
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        let to = match to {
             Ok(to) => to,
             // Balancing a disk that stays in service: a copy with nowhere to go apart from
             // the others stays where it is; dropping it would trade replication for balance.

@@ -1550,6 +1550,16 @@ pub(crate) fn foreign_regions(desc: &FsDescriptor) -> Vec<usize> {
     regions_elsewhere(desc, 0)
 }
 
+/// Whether the owner map gives slot `slot` any shard or allocation region: its owner (or
+/// whoever takes it over) then writes its region.
+pub(crate) fn slot_in_use(desc: &FsDescriptor, slot: u32) -> bool {
+    (0..desc.shard_count as usize).any(|s| desc.shard_owner(s).slot == slot)
+        || desc
+            .slots
+            .as_ref()
+            .is_some_and(|s| s.region_owners.contains(&slot))
+}
+
 /// The owner slot the owner map gives allocation region `r` to (slot 0 by default).
 pub(crate) fn region_owner(desc: &FsDescriptor, r: usize) -> u32 {
     desc.slots
@@ -1719,6 +1729,16 @@ impl crate::fs::FileSystem {
             let Some(old) = desc.slot_regions().iter().find(|r| needs_move(r)).cloned() else {
                 return Ok(moved);
             };
+            if slot_in_use(&desc, old.slot) {
+                return Err(FsError::NotSupported(format!(
+                    "owner slot {}'s region (its records and log) lies on {}, which is being \
+                     emptied or is down, and the slot owns shards or allocation regions: its \
+                     owner writes there, and moving a slot region under its owner is not built \
+                     yet; the data and metadata pages were moved",
+                    old.slot,
+                    self.devices.name(old.disk)
+                )));
+            }
             let stays = |d: DiskIndex| !leaving.contains(&d);
             let mut new = self.place_slot_region(
                 &mut m,

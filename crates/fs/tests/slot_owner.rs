@@ -1953,3 +1953,130 @@ fn policy_apply_reaches_the_files_of_a_slot() {
     verify_in(&s1, dir, &kept);
     unmount_both_and_check(&t, fs, s1, "after a policy applied beside a slot");
 }
+
+/// `disk change suspend` and `restripe -m` on the file system manager [mmrestripefs -m]
+/// with a live slot owner: the slot's owner moves its files' blocks and its own metadata
+/// pages off the disk (each page move a checkpoint of its own, a batch per request), where
+/// the restripe was refused while any shard was given away. Nothing of either owner is
+/// left on the disk; both remount and verify, fsck is clean.
+#[test]
+fn a_restripe_m_on_the_manager_empties_a_disk_of_the_slots_blocks_and_pages() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
+    s1.set_disk_opener(opener(&t));
+    add_the_spare(&t, &fs);
+    s1.follow_descriptor().unwrap();
+    let mut slot_files = files_until_one_is_on(&s1, dir, 2);
+    // Directories and small files until the slot's checkpoint puts pages on the new disk.
+    let mut round = 0;
+    while s1.metadata_pages_per_disk().unwrap()[2] < 3 {
+        assert!(round < 200, "the slot put too few pages on the new disk");
+        let sub = mkdir(&s1, dir, format!("d{round}").as_bytes());
+        slot_files.extend(
+            write_files(&s1, sub.ino, &format!("small{round}-"), round)
+                .into_iter()
+                .map(|(name, data)| (format!("d{round}/{name}"), data)),
+        );
+        s1.checkpoint().unwrap();
+        round += 1;
+    }
+    let mine = write_files(&fs, ROOT_INO, "m", 12);
+
+    fs.set_disk_status(&["nsd2".into()], tessera_fs::DiskStatus::Suspended)
+        .unwrap();
+    s1.follow_descriptor().unwrap();
+    let no_stop = std::sync::atomic::AtomicBool::new(false);
+    let report = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &no_stop,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    // What a crash of the slot's owner now comes back to: its last checkpoint's pages.
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
+    assert_eq!(
+        s1.metadata_pages_per_disk().unwrap()[2],
+        0,
+        "slot pages left"
+    );
+    let in_slot = |name: &str| ino_at(&s1, dir, name);
+    for name in slot_files.keys() {
+        assert!(
+            !has_blocks_on(&s1, in_slot(name), 2),
+            "{name} is still on nsd2"
+        );
+    }
+    for name in mine.keys() {
+        let ino = fs.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
+        assert!(!has_blocks_on(&fs, ino, 2), "{name} is still on nsd2");
+    }
+    assert_eq!(
+        fs.metadata_pages_per_disk().unwrap()[2],
+        0,
+        "manager pages left"
+    );
+    for (name, data) in &slot_files {
+        let ino = in_slot(name);
+        assert_eq!(&s1.read(ino, 0, data.len() as u32).unwrap(), data, "{name}");
+    }
+    verify_in(&fs, ROOT_INO, &mine);
+    unmount_both_and_check(&t, fs, s1, "after restripe -m beside a slot");
+
+    let (fs, s1) = two_owners_again(&t);
+    for (name, data) in &slot_files {
+        let ino = ino_at(&s1, dir, name);
+        assert_eq!(&s1.read(ino, 0, data.len() as u32).unwrap(), data, "{name}");
+    }
+    assert_eq!(s1.metadata_pages_per_disk().unwrap()[2], 0);
+    unmount_both_and_check(&t, fs, s1, "after both remounted");
+}
+
+/// The inode of `path` ("a/b/c") under `dir` on the mount that serves it.
+fn ino_at(fs: &FileSystem, dir: Ino, path: &str) -> Ino {
+    path.split('/')
+        .fold(dir, |at, name| fs.lookup(at, name.as_bytes()).unwrap().ino)
+}
+
+/// The page part of [`a_restripe_m_on_the_manager_empties_a_disk_of_the_slots_blocks_and_pages`]
+/// alone: the slot's files lie on the first disks and only its metadata pages on the one
+/// suspended, so no block move changes them and the slot's owner moves them itself, asked by
+/// the manager's restripe; a crash of the slot's owner right after comes back to pages on
+/// the other disks only.
+#[test]
+fn a_restripe_m_on_the_manager_has_the_slot_move_its_pages() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
+    s1.set_disk_opener(opener(&t));
+    let (files, failed) = write_mib_files(&s1, dir, "s", 8);
+    assert!(failed.is_none(), "{failed:?}");
+    add_the_spare(&t, &fs);
+    s1.follow_descriptor().unwrap();
+    let mut round = 0;
+    while s1.metadata_pages_per_disk().unwrap()[2] == 0 {
+        assert!(round < 200, "no page of the slot went to the new disk");
+        mkdir(&s1, dir, format!("d{round}").as_bytes());
+        s1.checkpoint().unwrap();
+        round += 1;
+    }
+    fs.set_disk_status(&["nsd2".into()], tessera_fs::DiskStatus::ToBeEmptied)
+        .unwrap();
+    s1.follow_descriptor().unwrap();
+    let report = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &std::sync::atomic::AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    assert!(report.progress.metadata_pages_moved > 0, "{report:?}");
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
+    assert_eq!(s1.metadata_pages_per_disk().unwrap()[2], 0);
+    verify_in(&s1, dir, &files);
+    for r in 0..round {
+        s1.lookup(dir, format!("d{r}").as_bytes()).unwrap();
+    }
+    unmount_both_and_check(&t, fs, s1, "after the slot moved its pages");
+}

@@ -739,8 +739,8 @@ fn write_mib(path: &std::path::Path, mib: usize, seed: u32) -> Vec<u8> {
 /// disk), typed on a node that is not the manager: the manager adds the disk and tells
 /// the other nodes, whose slot owners then write their own files onto it (df shows its
 /// free space fall while only they write) and stop when it is suspended; a balancing
-/// restripe and `policy apply` cover their files too; every node reads every file, and
-/// after an unmount everywhere fsck is clean.
+/// restripe, `policy apply` and emptying the disk (`restripe -m`) cover their files and
+/// pages too; every node reads every file, and after an unmount everywhere fsck is clean.
 #[test]
 fn a_disk_added_under_three_mounts_is_used_by_every_node() {
     if !netns_usable() {
@@ -832,6 +832,27 @@ fn a_disk_added_under_three_mounts_is_used_by_every_node() {
         &["policy", "apply", "g1", "-P", rules.to_str().unwrap()],
     );
     assert!(listed.contains("LIST 'ours': 6 files"), "{listed}");
+    // Emptied [mmchdisk empty, mmrestripefs -m] from a client node: the slot owners move
+    // their own blocks and metadata pages off it too; it is as free as when it was added.
+    // Room first: each slot owner's files must fit its allocation region on the other
+    // disk (127 MiB) or a wholly free one the manager gives it.
+    files.retain(|(name, _)| {
+        let gone = name.ends_with("/suspended") || name.ends_with("/after2");
+        if gone {
+            std::fs::remove_file(mnt(2).join(name)).unwrap();
+        }
+        !gone
+    });
+    tessera_ok(&c, 3, &["disk", "change", "g1", "empty", "-d", "g1b"]);
+    tessera_ok(&c, 3, &["restripe", "g1", "-m"]);
+    let free_emptied = free_kb(&c, 2, "g1", "g1b");
+    assert!(
+        free_emptied >= free_before,
+        "{} KiB left on the emptied disk:\n{}\n{}",
+        free_before - free_emptied,
+        tessera_ok(&c, 2, &["df", "g1"]),
+        tessera_ok(&c, 1, &["mount", "ls", "g1", "-L"])
+    );
     for (name, data) in &files {
         for k in all {
             assert!(
