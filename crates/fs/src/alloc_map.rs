@@ -567,6 +567,9 @@ pub(crate) struct Scope {
     /// written: none of their chunks is read (those `read` would take start free, as a
     /// region given since does; see `SlotRecord::disks_covered`).
     pub disks_covered: u32,
+    /// Disks the slot let go of for a `disk delete` (`SlotRecord::dropped`): none of their
+    /// chunks is read or counted, as for a disk not covered.
+    pub dropped: Vec<DiskIndex>,
 }
 
 impl Scope {
@@ -578,6 +581,7 @@ impl Scope {
             read: None,
             elsewhere: crate::slot::foreign_regions(desc),
             disks_covered: u32::MAX,
+            dropped: Vec::new(),
         }
     }
 }
@@ -639,7 +643,7 @@ pub(crate) fn load_scope(
         let chunks = empty.chunk_count(disk);
         let total_words = empty.bitmap(disk).len();
         let name = &disks[&disk].nsd_name;
-        let covered = u32::from(disk) < scope.disks_covered;
+        let covered = u32::from(disk) < scope.disks_covered && !scope.dropped.contains(&disk);
         // The disk's regions: the first, and its second copy with metadata replicated.
         let copies: Vec<&MapRegion> = std::iter::once(region)
             .chain(mirrors.iter().copied().filter(|m| m.disk == disk))

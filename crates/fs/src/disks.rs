@@ -441,18 +441,7 @@ impl FileSystem {
         stop: &std::sync::atomic::AtomicBool,
         progress: &mut dyn FnMut(&crate::restripe::RestripeProgress),
     ) -> FsResult<DiskDeleteReport> {
-        self.owner_here("deleting disks")?;
-        self.manager_here("deleting disks")?;
-        self.check_fenced()?;
-        self.refuse_with_foreign_regions("deleting disks")?;
-        self.refuse_with_foreign_shards("deleting disks")?;
-        let indexes = self.check_delete(nsds)?;
-        if indexes
-            .iter()
-            .any(|&i| self.desc_disk(i).status != DiskStatus::ToBeEmptied)
-        {
-            self.set_disk_status(nsds, DiskStatus::ToBeEmptied)?;
-        }
+        let indexes = self.mark_disks_for_delete(nsds)?;
         let restripe = self.restripe(crate::restripe::RestripeMode::Migrate, stop, progress)?;
         if restripe.stopped {
             return Ok(DiskDeleteReport {
@@ -460,13 +449,106 @@ impl FileSystem {
                 deleted: Vec::new(),
             });
         }
+        if let Some((slot, why)) = restripe.unreached_slots.first() {
+            return Err(FsError::Usage(format!(
+                "owner slot {slot} did not move its part off the disks ({why})"
+            )));
+        }
         // Space the moves released comes back once their changes are durable.
         self.sync_own()?;
+        self.drop_on_slots(&indexes)?;
         self.commit_delete(&indexes)?;
         Ok(DiskDeleteReport {
             restripe,
             deleted: indexes,
         })
+    }
+
+    /// The first step of [`FileSystem::delete_disks`], on its own for a caller that must
+    /// tell the other nodes before the moves (the daemon: the owner slots move only off
+    /// disks they know to be emptied): the checks, then the disks marked to be emptied.
+    /// Returns their indexes.
+    pub fn mark_disks_for_delete(&self, nsds: &[String]) -> FsResult<Vec<u16>> {
+        self.owner_here("deleting disks")?;
+        self.manager_here("deleting disks")?;
+        self.check_fenced()?;
+        let indexes = self.check_delete(nsds)?;
+        self.refuse_slot_structures_on(&indexes)?;
+        if indexes
+            .iter()
+            .any(|&i| self.desc_disk(i).status != DiskStatus::ToBeEmptied)
+        {
+            self.set_disk_status(nsds, DiskStatus::ToBeEmptied)?;
+        }
+        Ok(indexes)
+    }
+
+    /// Refuses deleting `indexes` while they store what the owner slots write themselves
+    /// and this manager cannot move under them: allocation-map regions of other disks
+    /// (they hold the slots' chunks), and the region (records and log) of a slot in use.
+    fn refuse_slot_structures_on(&self, indexes: &[u16]) -> FsResult<()> {
+        let desc = self.owner().desc.lock();
+        if !crate::slot::foreign_regions(&desc).is_empty() {
+            let stored = desc
+                .alloc_map
+                .iter()
+                .flat_map(|m| m.regions.iter())
+                .chain(
+                    desc.metadata_copies
+                        .iter()
+                        .flat_map(|c| c.map_regions.iter()),
+                )
+                .find(|r| indexes.contains(&r.on_disk) && !indexes.contains(&r.disk));
+            if let Some(r) = stored {
+                return Err(FsError::NotSupported(format!(
+                    "disk {} stores the allocation map of disk {}, which holds chunks the \
+                     owner slots write themselves; moving a map region beside live slots is \
+                     not built yet",
+                    self.devices.name(r.on_disk),
+                    self.devices.name(r.disk)
+                )));
+            }
+        }
+        for r in desc.slot_regions() {
+            let on = r
+                .copies()
+                .iter()
+                .map(|(d, _)| *d)
+                .find(|d| indexes.contains(d));
+            if let Some(d) = on.filter(|_| crate::slot::slot_in_use(&desc, r.slot)) {
+                return Err(FsError::NotSupported(format!(
+                    "disk {} holds the region (records and log) of owner slot {}, which is in \
+                     use; moving a slot region under its owner is not built yet",
+                    self.devices.name(d),
+                    r.slot
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Has every owner slot in use let go of `indexes` (`Namespace::drop_disks`) before the
+    /// descriptor drops them: each checks that nothing of its own is left there and writes
+    /// a record whose digest leaves them out.
+    fn drop_on_slots(&self, indexes: &[u16]) -> FsResult<()> {
+        let desc = self.descriptor();
+        for slot in self.slots_beside_the_manager(&desc) {
+            if !crate::slot::slot_in_use(&desc, slot) {
+                continue;
+            }
+            let Some(ns) = self.slot_namespace(slot) else {
+                return Err(FsError::Usage(format!(
+                    "owner slot {slot} has no owner this node can reach to let go of the disks; \
+                     mount the file system on its node and run the delete again"
+                )));
+            };
+            ns.drop_disks(indexes).map_err(|e| {
+                FsError::Usage(format!(
+                    "owner slot {slot} could not let go of the disks: {e}"
+                ))
+            })?;
+        }
+        Ok(())
     }
 
     fn desc_disk(&self, index: u16) -> crate::descriptor::FsDisk {
@@ -501,6 +583,18 @@ impl FileSystem {
         }
         let mut next = desc.clone();
         let indexes = set_disk_status(&mut next, nsds, DiskStatus::ToBeEmptied)?;
+        // The slots' regions are held as used here: their free space is theirs to say.
+        let slots = self.slots_space(&desc);
+        let in_use = slots
+            .unanswered
+            .iter()
+            .find(|s| crate::slot::slot_in_use(&desc, **s));
+        if let Some(slot) = in_use {
+            return Err(FsError::Usage(format!(
+                "owner slot {slot} does not answer for its part of the disks; mount the file \
+                 system on its node and run the delete again"
+            )));
+        }
         let m = self.owner().meta.lock();
         let per = u64::from(desc.sub_blocks_per_block());
         let sub = u64::from(desc.sub_block_size);
@@ -509,7 +603,14 @@ impl FileSystem {
             let (mut moving, mut room) = (0u64, 0u64);
             for d in desc.disks.iter().filter(|d| d.pool == pool) {
                 let s = m.alloc.disk_space(d.index);
-                let free = s.blocks_free * per + s.sub_blocks_free_in_fragments;
+                let (slot_blocks, slot_fragments) = slots
+                    .free
+                    .get(&u32::from(d.index))
+                    .copied()
+                    .unwrap_or_default();
+                let free = (s.blocks_free + slot_blocks) * per
+                    + s.sub_blocks_free_in_fragments
+                    + slot_fragments;
                 if indexes.contains(&d.index) {
                     moving += s.blocks_total * per - free;
                 } else if d.status == DiskStatus::Ready {
@@ -540,6 +641,7 @@ impl FileSystem {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let mut desc = self.owner().desc.lock().clone();
+        let foreign = crate::slot::foreign_regions(&desc);
         for &i in indexes {
             let d = desc
                 .disks
@@ -562,8 +664,15 @@ impl FileSystem {
                     .iter()
                     .any(|r| r.copies().iter().any(|(d, _)| *d == i));
             // Every block free, not only every sub-block: the allocator lets a disk go
-            // only whole.
-            let busy = s.blocks_free != s.blocks_total;
+            // only whole. The chunks of regions given to owner slots are held here as used;
+            // the slots said they hold nothing there (`drop_on_slots`).
+            let busy = if foreign.is_empty() {
+                s.blocks_free != s.blocks_total
+            } else {
+                (0..m.alloc.chunk_count(i))
+                    .filter(|c| !foreign.contains(c))
+                    .any(|c| m.alloc.chunk_words(i, c).iter().any(|w| *w != 0))
+            };
             if busy || pages[usize::from(i)] > 0 || desc.log.disk == i || region_on_it {
                 return Err(FsError::Invalid(format!(
                     "NSD {} still holds {used} sub-block(s) in use ({} metadata page(s)) after \
@@ -603,6 +712,7 @@ impl FileSystem {
             let mut slots = self.owner().map_slots.lock();
             for &i in indexes {
                 slots.remove_disk(i);
+                crate::slot::release_regions_on(&mut m.alloc, i, &foreign);
                 m.alloc.remove_disk(i);
             }
         }
@@ -649,8 +759,21 @@ impl FileSystem {
     /// added; none on the manager, which made the changes itself.
     pub fn follow_descriptor(&self) -> FsResult<Vec<u16>> {
         let (learned, newest) = self.learn_added_devices()?;
+        // Disks deleted since: their NSDs are free for other uses, so this node lets go of
+        // them too (a slot's owner let go of them in its allocator before the delete).
+        let gone: Vec<u16> = (0..self.devices.len() as u16)
+            .filter(|i| !newest.disks.iter().any(|d| d.index == *i))
+            .filter(|i| !self.devices.name(*i).is_empty())
+            .collect();
         if self.is_owner() && self.owner_slot() != 0 {
             self.take_from_descriptor(newest)?;
+        }
+        for i in gone {
+            tracing::info!(
+                "disk {} was deleted from the file system",
+                self.devices.name(i)
+            );
+            self.devices.retire(i);
         }
         Ok(learned)
     }

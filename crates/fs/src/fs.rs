@@ -519,6 +519,7 @@ impl FileSystem {
                         .collect(),
                 ),
                 record: Mutex::new(recovered.record),
+                dropped: Mutex::new(recovered.dropped),
             }),
         );
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
@@ -1599,6 +1600,15 @@ impl FileSystem {
                     given_back: slot.given_back.lock().clone(),
                     map_digest: map_slots.digest_with(&chunks, prepared.generation),
                     disks_covered: prepared.disks_covered,
+                    // Exactly the disks its allocator and digest leave out that the
+                    // descriptor still names (one deleted since needs no mention).
+                    dropped: slot
+                        .dropped
+                        .lock()
+                        .iter()
+                        .copied()
+                        .filter(|d| desc.disks.iter().any(|x| x.index == *d))
+                        .collect(),
                 };
                 crate::slot::write_record(&desc, &self.devices, &slot.region, &next)?;
                 *record = next;

@@ -402,6 +402,12 @@ pub(crate) trait Namespace: Send + Sync {
     /// checkpoint of its own. Returns how many moved (0: none is left on such disks).
     fn move_pages_off(&self, budget: u32) -> FsResult<u64>;
 
+    /// `disk delete` on the file system manager, once its restripe emptied `disks`: this
+    /// owner (of a slot other than 0) checks that none of its blocks and metadata pages is
+    /// left on them, then lets go of them: out of its allocator and its map's digest, named
+    /// in its record by a checkpoint, so that the manager can remove them.
+    fn drop_disks(&self, disks: &[u16]) -> FsResult<()>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

@@ -328,6 +328,13 @@ pub enum MetanodeRequest {
     MovePagesOff {
         budget: u32,
     },
+    /// From the file system manager's `disk delete`, once its restripe emptied the disks:
+    /// this owner checks that nothing of its own is left on them, lets go of them (its
+    /// allocator and its map's digest leave them out) and says so in its record
+    /// ([`Namespace::drop_disks`]), so that the manager can remove them.
+    DropDisks {
+        disks: Vec<u16>,
+    },
 }
 
 impl MetanodeRequest {
@@ -392,6 +399,7 @@ impl MetanodeRequest {
             Q::GiveRegionBack => "GiveRegionBack",
             Q::Gather { .. } => "Gather",
             Q::MovePagesOff { .. } => "MovePagesOff",
+            Q::DropDisks { .. } => "DropDisks",
         }
     }
 }
@@ -958,6 +966,7 @@ where
             move_data,
         } => answer(owner.migrate_file(ino, pool, move_data), R::Count),
         Q::MovePagesOff { budget } => answer(owner.move_pages_off(budget), R::Count),
+        Q::DropDisks { disks } => answer(owner.drop_disks(&disks), |()| R::Done),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1121,6 +1130,7 @@ pub(crate) fn cache_changes(
         | Q::FilePool { .. }
         | Q::MigrateFile { .. }
         | Q::MovePagesOff { .. }
+        | Q::DropDisks { .. }
         | Q::Leaving
         | Q::DescriptorChanged
         | Q::DiskAvailability { .. } => Vec::new(),
@@ -2492,6 +2502,12 @@ impl Namespace for RemoteMetanode {
         expect_reply!(self.call(request)?, MetanodeReply::Restriped(b) => b, "a restripe batch")
     }
 
+    fn drop_disks(&self, disks: &[u16]) -> FsResult<()> {
+        self.done(MetanodeRequest::DropDisks {
+            disks: disks.to_vec(),
+        })
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         let request = MetanodeRequest::MovePagesOff { budget };
         expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n, "moving metadata pages")
@@ -2828,6 +2844,7 @@ mod tests {
                 },
             },
             MetanodeRequest::MovePagesOff { budget: 512 },
+            MetanodeRequest::DropDisks { disks: vec![2, 5] },
             MetanodeRequest::AllocateFragments {
                 pool: 1,
                 sub_blocks: 2,

@@ -663,6 +663,12 @@ impl Namespace for FileSystem {
         )
     }
 
+    fn drop_disks(&self, disks: &[u16]) -> FsResult<()> {
+        self.owner_here("letting go of disks")?;
+        self.check_writable()?;
+        self.let_go_of_disks(disks)
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         self.owner_here("moving metadata pages")?;
         self.check_writable()?;

@@ -449,6 +449,23 @@ pub(crate) struct RecoveredSlot {
     pub record: crate::slot::SlotRecord,
     /// Log records replayed over the record.
     pub replayed: usize,
+    /// The disks the slot let go of for a `disk delete` still under way.
+    pub dropped: Vec<u16>,
+}
+
+/// Of the disks a slot let go of (`dropped`), those a `disk delete` still empties: named
+/// by the descriptor, to be emptied. One gone from the descriptor is forgotten; one back in
+/// service is the slot's to take again.
+pub(crate) fn still_dropped(desc: &FsDescriptor, dropped: &[u16]) -> Vec<u16> {
+    dropped
+        .iter()
+        .copied()
+        .filter(|d| {
+            desc.disks
+                .iter()
+                .any(|x| x.index == *d && x.status == crate::descriptor::DiskStatus::ToBeEmptied)
+        })
+        .collect()
 }
 
 /// Brings back owner slot `slot` (not 0) from its own commit point: the shards the owner
@@ -506,6 +523,7 @@ pub(crate) fn recover_slot(
         read: Some(stored_regions.clone()),
         elsewhere: crate::slot::regions_elsewhere(desc, slot),
         disks_covered: record.disks_covered,
+        dropped: record.dropped.clone(),
     };
     let loaded = crate::alloc_map::load_scope(desc, &disks.all(), new_alloc(desc), &scope)?;
     let mut alloc = loaded.map.map_err(|why| {
@@ -518,11 +536,21 @@ pub(crate) fn recover_slot(
     for (disk, chunk) in loaded.stale {
         alloc.mark_chunk_dirty(disk, chunk);
     }
+    // Disks the slot let go of for a `disk delete` that is still under way stay out of its
+    // allocator; one back in service (the delete given up) is taken as an added disk.
+    let mut map_slots = loaded.slots;
+    let dropped = still_dropped(desc, &record.dropped);
+    let elsewhere = crate::slot::regions_elsewhere(desc, slot);
+    for &d in &dropped {
+        crate::slot::release_regions_on(&mut alloc, d, &elsewhere);
+        alloc.remove_disk(d);
+        map_slots.remove_disk(d);
+    }
     // Regions given since its last checkpoint, and its regions on disks added since:
     // stored from its next one on.
     let disks_of: Vec<tessera_alloc::DiskIndex> = alloc.disks().iter().map(|d| d.disk).collect();
     for &d in &disks_of {
-        let added = u32::from(d) >= record.disks_covered;
+        let added = u32::from(d) >= record.disks_covered || record.dropped.contains(&d);
         for r in mine.iter().filter(|r| added || !stored_regions.contains(r)) {
             if *r < alloc.chunk_count(d) {
                 alloc.mark_chunk_dirty(d, *r);
@@ -546,7 +574,8 @@ pub(crate) fn recover_slot(
         state,
         alloc,
         journal,
-        map_slots: loaded.slots,
+        map_slots,
+        dropped,
         region,
         record,
         replayed: replayed_records,

@@ -46,7 +46,46 @@ pub struct DfReport {
     pub unanswered_slots: Vec<u32>,
 }
 
+/// What the owner slots beside the file system manager say of their space.
+pub(crate) struct SlotsSpace {
+    /// By disk index: whole blocks free and sub-blocks free in fragments, in the slots'
+    /// regions (which the manager's map holds as used).
+    pub free: std::collections::HashMap<u32, (u64, u64)>,
+    /// Inodes the slots' shards use.
+    pub inodes: u64,
+    /// Slots whose owner did not answer.
+    pub unanswered: Vec<u32>,
+}
+
 impl FileSystem {
+    /// Asks every owner slot beside the manager for its regions' free space and its inodes.
+    /// Called before the metadata lock is taken: a slot's owner may be asking this manager
+    /// something meanwhile.
+    pub(crate) fn slots_space(&self, desc: &crate::descriptor::FsDescriptor) -> SlotsSpace {
+        let mut space = SlotsSpace {
+            free: Default::default(),
+            inodes: 0,
+            unanswered: Vec::new(),
+        };
+        for slot in self.slots_beside_the_manager(desc) {
+            let asked = self
+                .slot_namespace(slot)
+                .map(|owner| (owner.disk_free(), owner.space()));
+            match asked {
+                Some((Ok(free), s)) if s.inodes_total > 0 => {
+                    for (disk, blocks, fragments) in free {
+                        let e = space.free.entry(disk).or_default();
+                        e.0 += blocks;
+                        e.1 += fragments;
+                    }
+                    space.inodes += s.inodes_total - s.inodes_free;
+                }
+                _ => space.unanswered.push(slot),
+            }
+        }
+        space
+    }
+
     pub fn df(&self) -> FsResult<DfReport> {
         self.owner_here("df")?;
         self.manager_here("df")?;
@@ -57,25 +96,11 @@ impl FileSystem {
         // (this map holds their regions as used): their free space and inodes are theirs
         // to say. Asked before the metadata lock is taken: a slot's owner may be asking
         // this manager something meanwhile.
-        let mut slot_free: std::collections::HashMap<u32, (u64, u64)> = Default::default();
-        let mut slot_inodes = 0u64;
-        let mut unanswered_slots = Vec::new();
-        for slot in self.slots_beside_the_manager(&desc) {
-            let asked = self
-                .slot_namespace(slot)
-                .map(|owner| (owner.disk_free(), owner.space()));
-            match asked {
-                Some((Ok(free), space)) if space.inodes_total > 0 => {
-                    for (disk, blocks, fragments) in free {
-                        let e = slot_free.entry(disk).or_default();
-                        e.0 += blocks;
-                        e.1 += fragments;
-                    }
-                    slot_inodes += space.inodes_total - space.inodes_free;
-                }
-                _ => unanswered_slots.push(slot),
-            }
-        }
+        let SlotsSpace {
+            free: slot_free,
+            inodes: slot_inodes,
+            unanswered: unanswered_slots,
+        } = self.slots_space(&desc);
         let m = self.owner().meta.lock();
         let disks: Vec<DfDisk> = desc
             .disks

@@ -61,12 +61,16 @@ use crate::error::{FsError, FsResult};
 
 pub const RECORD_MAGIC: [u8; 8] = *b"TSRSLOT1";
 /// Version 2 added the disks the map digest covers (`SlotRecord::disks_covered`); version 1
-/// records are read as covering every disk.
-pub const RECORD_VERSION: u32 = 2;
+/// records are read as covering every disk. Version 3 added the disks the slot let go of
+/// for a `disk delete` (`SlotRecord::dropped`); earlier records are read as dropping none.
+pub const RECORD_VERSION: u32 = 3;
 const HEADER_BYTES: usize = 48;
-const BODY_FIXED_BYTES: usize = 36;
+const BODY_FIXED_BYTES: usize = 40;
 /// Version 1's fixed body: no `disks_covered`.
 const BODY_FIXED_BYTES_V1: usize = 32;
+/// Version 2's fixed body: no count of dropped disks.
+const BODY_FIXED_BYTES_V2: usize = 36;
+const DROPPED_ENTRY_BYTES: usize = 4;
 const SHARD_ENTRY_BYTES: usize = 32;
 const REGION_ENTRY_BYTES: usize = 4;
 /// How long the manager, having found no slot with a region to give back, answers a full
@@ -222,6 +226,13 @@ pub struct SlotRecord {
     /// slot allocates there and it logs what it allocates (`u32::MAX` in a version-1
     /// record, written before disks could be added beside slots: every disk).
     pub disks_covered: u32,
+    /// Disks the slot let go of for a `disk delete` (`FileSystem::drop_disks`), in order:
+    /// nothing of the slot's is on them, its allocator no longer has them, and the digest
+    /// leaves their chunks out, so that the manager can remove them from the descriptor.
+    /// Kept while the descriptor still names them; a disk that comes back to service (the
+    /// delete given up) is taken again as an added one, its chunks of the slot's regions
+    /// free.
+    pub dropped: Vec<u16>,
 }
 
 impl SlotRecord {
@@ -237,7 +248,17 @@ impl SlotRecord {
             given_back: Vec::new(),
             map_digest: 0,
             disks_covered: 0,
+            dropped: Vec::new(),
         }
+    }
+
+    /// Bytes the record takes stored, before the padding to `record_bytes`.
+    pub fn encoded_len(&self) -> usize {
+        HEADER_BYTES
+            + BODY_FIXED_BYTES
+            + SHARD_ENTRY_BYTES * self.shards.len()
+            + REGION_ENTRY_BYTES * (self.regions.len() + self.given_back.len())
+            + DROPPED_ENTRY_BYTES * self.dropped.len()
     }
 
     /// The record as it is stored, `record_bytes` long.
@@ -249,12 +270,19 @@ impl SlotRecord {
             .copied()
             .chain(self.given_back.iter().map(|r| r | GIVEN_BACK))
             .collect();
-        let body_len = shards_end + REGION_ENTRY_BYTES * entries.len();
+        let regions_end = shards_end + REGION_ENTRY_BYTES * entries.len();
+        let body_len = regions_end + DROPPED_ENTRY_BYTES * self.dropped.len();
         assert!(
             HEADER_BYTES + body_len <= record_bytes as usize,
-            "a slot record of {} shards and {} regions does not fit {record_bytes} bytes",
+            "a slot record of {} shards, {} regions and {} dropped disks does not fit \
+             {record_bytes} bytes",
             self.shards.len(),
-            self.regions.len()
+            self.regions.len(),
+            self.dropped.len()
+        );
+        assert!(
+            self.dropped.windows(2).all(|w| w[0] < w[1]),
+            "a slot record's dropped disks are in order, each once"
         );
         assert!(
             self.shards.windows(2).all(|w| w[0].shard < w[1].shard)
@@ -281,6 +309,11 @@ impl SlotRecord {
         body[24..28].copy_from_slice(&(self.shards.len() as u32).to_le_bytes());
         body[28..32].copy_from_slice(&(entries.len() as u32).to_le_bytes());
         body[32..36].copy_from_slice(&self.disks_covered.to_le_bytes());
+        body[36..40].copy_from_slice(&(self.dropped.len() as u32).to_le_bytes());
+        for (i, d) in self.dropped.iter().enumerate() {
+            body[regions_end + i * DROPPED_ENTRY_BYTES..][..DROPPED_ENTRY_BYTES]
+                .copy_from_slice(&u32::from(*d).to_le_bytes());
+        }
         for (i, r) in entries.iter().enumerate() {
             body[shards_end + i * REGION_ENTRY_BYTES..][..REGION_ENTRY_BYTES]
                 .copy_from_slice(&r.to_le_bytes());
@@ -322,6 +355,7 @@ impl SlotRecord {
         let version = le_u32(&bytes[8..]);
         let fixed = match version {
             1 => BODY_FIXED_BYTES_V1,
+            2 => BODY_FIXED_BYTES_V2,
             RECORD_VERSION => BODY_FIXED_BYTES,
             _ => {
                 return Err(format!(
@@ -349,12 +383,29 @@ impl SlotRecord {
         let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
         let count = le_u32(&body[24..]) as usize;
         let region_count = le_u32(&body[28..]) as usize;
+        let dropped_count = if version >= 3 {
+            le_u32(&body[36..]) as usize
+        } else {
+            0
+        };
         let shards_end = fixed + count.saturating_mul(SHARD_ENTRY_BYTES);
-        if shards_end.saturating_add(region_count.saturating_mul(REGION_ENTRY_BYTES)) != body_len {
+        let regions_end =
+            shards_end.saturating_add(region_count.saturating_mul(REGION_ENTRY_BYTES));
+        if regions_end.saturating_add(dropped_count.saturating_mul(DROPPED_ENTRY_BYTES)) != body_len
+        {
             return Err(format!(
-                "{count} shard and {region_count} region entries do not fill a body of \
-                 {body_len} bytes"
+                "{count} shard, {region_count} region and {dropped_count} dropped disk entries \
+                 do not fill a body of {body_len} bytes"
             ));
+        }
+        let mut dropped = Vec::with_capacity(dropped_count);
+        for i in 0..dropped_count {
+            let d = le_u32(&body[regions_end + i * DROPPED_ENTRY_BYTES..]);
+            let d = u16::try_from(d).map_err(|_| format!("dropped disk {d} out of range"))?;
+            if dropped.last().is_some_and(|p| *p >= d) {
+                return Err(format!("dropped disk {d} out of order"));
+            }
+            dropped.push(d);
         }
         let entries: Vec<u32> = (0..region_count)
             .map(|i| le_u32(&body[shards_end + i * REGION_ENTRY_BYTES..]))
@@ -400,6 +451,7 @@ impl SlotRecord {
                 1 => u32::MAX,
                 _ => le_u32(&body[32..]),
             },
+            dropped,
         }))
     }
 }
@@ -1168,10 +1220,17 @@ impl crate::fs::FileSystem {
     /// ready disk this mount has not marked down takes new blocks.
     fn take_disk_changes(&self, m: &mut crate::fs::Meta, newest: &FsDescriptor) -> FsResult<()> {
         let me = self.owner_slot();
+        // A disk let go of for a delete stays out while the delete goes on; one back in
+        // service comes back as an added disk; one deleted needs no mention any more.
+        let mut dropped = self.slot_state().dropped.lock();
+        let still = crate::recovery::still_dropped(newest, &dropped);
+        dropped.retain(|d| still.contains(d));
+        drop(dropped);
         let added: Vec<&crate::descriptor::FsDisk> = newest
             .disks
             .iter()
             .filter(|d| !m.alloc.disks().iter().any(|a| a.disk == d.index))
+            .filter(|d| !still.contains(&d.index))
             .collect();
         if let Some(d) = added
             .iter()
@@ -1185,10 +1244,17 @@ impl crate::fs::FileSystem {
         }
         let elsewhere = regions_elsewhere(newest, me);
         let mut map_slots = self.owner().map_slots.lock();
+        let mine = regions_of(newest, me);
         for d in &added {
             m.alloc.add_disk(crate::recovery::alloc_disk(d));
             hold_regions_on(&mut m.alloc, d.index, &elsewhere);
             map_slots.add_disk(d.index, m.alloc.chunk_count(d.index));
+            // Stored by the next checkpoint, whose digest then counts them (a disk taken
+            // again after a drop has older copies that must not be the current ones).
+            let chunks = m.alloc.chunk_count(d.index);
+            for &r in mine.iter().filter(|r| **r < chunks) {
+                m.alloc.mark_chunk_dirty(d.index, r);
+            }
         }
         if !added.is_empty() {
             let names: Vec<&str> = added.iter().map(|d| d.nsd_name.as_str()).collect();
@@ -1217,6 +1283,106 @@ impl crate::fs::FileSystem {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The owner of a slot other than 0, asked by the file system manager's `disk delete`
+    /// once its restripe emptied `disks` ([`crate::metanode::Namespace::drop_disks`]):
+    /// checks that they are to be emptied as this owner sees the descriptor, and that none
+    /// of its metadata pages and nothing in its regions' chunks of them is left (once what
+    /// the moves freed is durable); then takes them out of its allocator and its map's
+    /// digest and writes a checkpoint whose record names them dropped, so that a descriptor
+    /// without them leaves the record's digest whole. Asked again, a disk already let go of
+    /// is skipped.
+    pub fn let_go_of_disks(&self, disks: &[DiskIndex]) -> FsResult<()> {
+        let me = self.owner_slot();
+        if me == 0 {
+            return Err(FsError::Usage(
+                "the file system manager deletes disks itself; only other slots let go of them"
+                    .into(),
+            ));
+        }
+        self.follow_descriptor()?;
+        {
+            let desc = self.owner().desc.lock();
+            for d in disks {
+                let named = desc.disks.iter().find(|x| x.index == *d);
+                if !named.is_some_and(|x| x.status == crate::descriptor::DiskStatus::ToBeEmptied) {
+                    return Err(FsError::Invalid(format!(
+                        "owner slot {me} does not see disk {d} of {} marked to be emptied; run \
+                         the delete again",
+                        desc.name
+                    )));
+                }
+            }
+        }
+        // Superseded pages and moved blocks come back once a checkpoint and the log say so.
+        self.checkpoint()?;
+        self.sync_own()?;
+        let pages = self.metadata_pages_per_disk()?;
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
+        let mine = regions_of(&desc, me);
+        let mut left = Vec::new();
+        for &d in disks {
+            if !m.alloc.disks().iter().any(|a| a.disk == d) {
+                continue;
+            }
+            let n = pages.get(usize::from(d)).copied().unwrap_or(0);
+            let chunks = m.alloc.chunk_count(d);
+            let busy: Vec<usize> = mine
+                .iter()
+                .copied()
+                .filter(|r| *r < chunks && m.alloc.chunk_words(d, *r).iter().any(|w| *w != 0))
+                .collect();
+            if n > 0 || !busy.is_empty() {
+                return Err(FsError::Invalid(format!(
+                    "owner slot {me} still has {n} metadata page(s) and blocks in allocation \
+                     regions {busy:?} on {}; run `tessera disk delete` again",
+                    self.devices.name(d)
+                )));
+            }
+            left.push(d);
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        let slot = self.slot_state();
+        let mut dropped = slot.dropped.lock().clone();
+        dropped.extend(&left);
+        dropped.sort_unstable();
+        dropped.dedup();
+        let needs = SlotRecord {
+            dropped: dropped.clone(),
+            ..slot.record.lock().clone()
+        }
+        .encoded_len();
+        if needs > slot.region.record_bytes as usize {
+            return Err(FsError::NotSupported(format!(
+                "owner slot {me}'s record has no room to name {} more dropped disk(s); delete \
+                 fewer disks at once",
+                left.len()
+            )));
+        }
+        {
+            let mut map_slots = self.owner().map_slots.lock();
+            let elsewhere = regions_elsewhere(&desc, me);
+            for &d in &left {
+                release_regions_on(&mut m.alloc, d, &elsewhere);
+                m.alloc.remove_disk(d);
+                map_slots.remove_disk(d);
+            }
+        }
+        *slot.dropped.lock() = dropped;
+        drop(_one);
+        drop(m);
+        self.checkpoint()?;
+        tracing::info!(
+            "{}: owner slot {me} let go of disks {:?} for their deletion",
+            desc.name,
+            left
+        );
         Ok(())
     }
 
@@ -1310,23 +1476,6 @@ impl crate::fs::FileSystem {
             "{what} while allocation regions {foreign:?} of {} are given to owner slots: \
              the slots write those regions' allocation maps themselves, and moving or adding \
              map regions under them is not built yet",
-            desc.name
-        )))
-    }
-
-    /// Refuses `what` (a change that must move every metadata page off some disks) while
-    /// shards are given to other slots: their pages are theirs to move.
-    pub(crate) fn refuse_with_foreign_shards(&self, what: &str) -> FsResult<()> {
-        let desc = self.owner().desc.lock();
-        let given: Vec<usize> = (0..desc.shard_count as usize)
-            .filter(|s| desc.shard_owner(*s).slot != 0)
-            .collect();
-        if given.is_empty() {
-            return Ok(());
-        }
-        Err(FsError::NotSupported(format!(
-            "{what} while shards {given:?} of {} are given to owner slots: their metadata \
-             pages are the slots' to move, which is not built yet",
             desc.name
         )))
     }
@@ -1651,6 +1800,23 @@ pub(crate) fn hold_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize
 }
 
 /// [`hold_regions`] on disk `disk` alone.
+/// The other half of [`hold_regions_on`], for a disk about to leave this owner's allocator
+/// (`disk delete`): the chunks of `regions` (other owners', held here as used) cleared, so
+/// that what is left is this owner's own use of the disk.
+pub(crate) fn release_regions_on(
+    alloc: &mut tessera_alloc::AllocMap,
+    disk: DiskIndex,
+    regions: &[usize],
+) {
+    let chunks = alloc.chunk_count(disk);
+    for &r in regions.iter().filter(|r| **r < chunks) {
+        let words = alloc.chunk_words(disk, r).len();
+        alloc
+            .set_chunk_words(disk, r, &vec![0; words])
+            .expect("a chunk of the disk's own size");
+    }
+}
+
 pub(crate) fn hold_regions_on(
     alloc: &mut tessera_alloc::AllocMap,
     disk: DiskIndex,
@@ -1684,6 +1850,9 @@ pub(crate) struct SlotOwner {
     pub record: parking_lot::Mutex<SlotRecord>,
     /// The regions the next record names as given back ([`SlotRecord::given_back`]).
     pub given_back: parking_lot::Mutex<Vec<u32>>,
+    /// The disks the slot let go of for a `disk delete` ([`SlotRecord::dropped`]), in
+    /// order; out of its allocator while the descriptor names them to be emptied.
+    pub dropped: parking_lot::Mutex<Vec<u16>>,
 }
 
 impl crate::fs::FileSystem {
@@ -1893,6 +2062,7 @@ mod tests {
             given_back: vec![9],
             map_digest: 0x0123_4567_89AB_CDEF,
             disks_covered: 6,
+            dropped: vec![2, 4],
         }
     }
 
@@ -1902,14 +2072,14 @@ mod tests {
         assert_eq!(
             buf.len(),
             16384,
-            "48 + 36 + 256 * 32 + 1024 * 4 bytes in whole sectors"
+            "48 + 40 + 256 * 32 + 1024 * 4 bytes in whole sectors"
         );
         let mut want = Vec::new();
         want.extend_from_slice(b"TSRSLOT1");
-        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&5u64.to_le_bytes());
-        want.extend_from_slice(&(36u32 + 64 + 12).to_le_bytes());
+        want.extend_from_slice(&(40u32 + 64 + 12 + 8).to_le_bytes());
         want.extend_from_slice(&[0; 4]); // crc, checked below
         want.extend_from_slice(&UUID);
         want.extend_from_slice(&0x1_0000u64.to_le_bytes());
@@ -1918,6 +2088,7 @@ mod tests {
         want.extend_from_slice(&2u32.to_le_bytes());
         want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&6u32.to_le_bytes()); // disks covered
+        want.extend_from_slice(&2u32.to_le_bytes()); // dropped disks
         for (shard, crc, generation, addr, second) in [
             (7u32, 0xAABB_CCDDu32, 2u64, 0x2000u64, u64::MAX),
             (200, 1, 9, 0x3000, 0x4000),
@@ -1932,6 +2103,9 @@ mod tests {
         want.extend_from_slice(&17u32.to_le_bytes());
         // Given back: bit 31 set.
         want.extend_from_slice(&0x8000_0009u32.to_le_bytes());
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&4u32.to_le_bytes());
+        assert_eq!(want.len(), sample().encoded_len());
         let crc = crc32c::crc32c(&want);
         want[28..32].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(&buf[..want.len()], &want[..]);
@@ -1943,24 +2117,53 @@ mod tests {
         );
     }
 
+    /// A record of an earlier version (`fixed` bytes of fixed body, no dropped disks), made
+    /// from a version-3 record of `sample()` without dropped disks.
+    fn earlier(version: u32, fixed: usize) -> AlignedBuf {
+        let v3 = SlotRecord {
+            dropped: Vec::new(),
+            ..sample()
+        }
+        .encode(&UUID, record_bytes(256, 10));
+        let entries = 64 + 12;
+        let mut old = v3[..HEADER_BYTES + fixed].to_vec();
+        old.extend_from_slice(&v3[HEADER_BYTES + 40..HEADER_BYTES + 40 + entries]);
+        let mut buf = AlignedBuf::zeroed(v3.len());
+        buf[..old.len()].copy_from_slice(&old);
+        buf[8..12].copy_from_slice(&version.to_le_bytes());
+        buf[24..28].copy_from_slice(&((fixed + entries) as u32).to_le_bytes());
+        buf[28..32].fill(0);
+        let crc = crc32c::crc32c(&buf[..HEADER_BYTES + fixed + entries]);
+        buf[28..32].copy_from_slice(&crc.to_le_bytes());
+        buf
+    }
+
     /// A version-1 record (no disks-covered field) still reads, as covering every disk.
     #[test]
     fn a_version_1_record_reads_as_covering_every_disk() {
-        let v2 = sample().encode(&UUID, record_bytes(256, 10));
-        let body_len = 36 + 64 + 12;
-        let mut v1 = v2[..HEADER_BYTES + 32].to_vec();
-        v1.extend_from_slice(&v2[HEADER_BYTES + 36..HEADER_BYTES + body_len]);
-        v1.resize(v2.len(), 0);
-        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
-        v1[24..28].copy_from_slice(&(body_len as u32 - 4).to_le_bytes());
-        v1[28..32].fill(0);
-        let crc = crc32c::crc32c(&v1[..HEADER_BYTES + body_len - 4]);
-        v1[28..32].copy_from_slice(&crc.to_le_bytes());
-        let read = SlotRecord::decode(&v1, &UUID, 3).unwrap().unwrap();
+        let read = SlotRecord::decode(&earlier(1, 32), &UUID, 3)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             read,
             SlotRecord {
                 disks_covered: u32::MAX,
+                dropped: Vec::new(),
+                ..sample()
+            }
+        );
+    }
+
+    /// A version-2 record (no dropped disks) still reads, as dropping none.
+    #[test]
+    fn a_version_2_record_reads_as_dropping_no_disk() {
+        let read = SlotRecord::decode(&earlier(2, 36), &UUID, 3)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            read,
+            SlotRecord {
+                dropped: Vec::new(),
                 ..sample()
             }
         );
@@ -1996,9 +2199,17 @@ mod tests {
         swapped[a..a + 4].copy_from_slice(&y);
         swapped[b..b + 4].copy_from_slice(&x);
         swapped[28..32].fill(0);
-        let crc = crc32c::crc32c(&swapped[..entries + 12]);
+        let crc = crc32c::crc32c(&swapped[..mixed.encoded_len()]);
         swapped[28..32].copy_from_slice(&crc.to_le_bytes());
         check(&swapped, &UUID, 3, "out of order");
+        // Dropped disks listed twice.
+        let mut twice = sample().encode(&UUID, record_bytes(8, 0)).to_vec();
+        let last = sample().encoded_len() - 4;
+        twice.copy_within(last - 4..last, last);
+        twice[28..32].fill(0);
+        let crc = crc32c::crc32c(&twice[..sample().encoded_len()]);
+        twice[28..32].copy_from_slice(&crc.to_le_bytes());
+        check(&twice, &UUID, 3, "dropped disk 2 out of order");
         assert_eq!(
             SlotRecord::decode(&vec![0u8; 4096], &UUID, 3).unwrap(),
             None,

@@ -2080,3 +2080,108 @@ fn a_restripe_m_on_the_manager_has_the_slot_move_its_pages() {
     }
     unmount_both_and_check(&t, fs, s1, "after the slot moved its pages");
 }
+
+/// `disk delete` [mmdeldisk] on the file system manager of a disk a live slot owner
+/// allocates on (refused before while any region or shard was given away): the manager
+/// marks it, the slot's owner follows, the restripe has the slot move its blocks and pages
+/// off, the slot lets go of the disk (out of its allocator and digest, named in its
+/// record), and the descriptor drops it. The slot goes on writing without it, comes back
+/// from a crash and from a remount with a digest that reads, and fsck is clean.
+#[test]
+fn a_disk_added_beside_a_live_slot_owner_is_deleted_again() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
+    s1.set_disk_opener(opener(&t));
+    add_the_spare(&t, &fs);
+    s1.follow_descriptor().unwrap();
+    let slot_files = files_until_one_is_on(&s1, dir, 2);
+    let mine = write_files(&fs, ROOT_INO, "m", 13);
+    s1.checkpoint().unwrap();
+
+    let deleting = ["nsd2".to_string()];
+    fs.mark_disks_for_delete(&deleting).unwrap();
+    s1.follow_descriptor().unwrap();
+    let report = fs
+        .delete_disks(
+            &deleting,
+            &std::sync::atomic::AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(report.deleted, vec![2], "{report:?}");
+    assert!(report.restripe.unreached_slots.is_empty(), "{report:?}");
+    assert!(fs.descriptor().disks.iter().all(|d| d.index != 2));
+    let record = fs.slots().unwrap()[0].1.as_ref().unwrap().clone();
+    assert_eq!(
+        record.dropped,
+        vec![2],
+        "the slot's record names the disk dropped"
+    );
+    s1.follow_descriptor().unwrap();
+    verify_in(&s1, dir, &slot_files);
+    verify_in(&fs, ROOT_INO, &mine);
+    let after = write_files(&s1, dir, "after", 31);
+    s1.checkpoint().unwrap();
+    let record = fs.slots().unwrap()[0].1.as_ref().unwrap().clone();
+    assert!(
+        record.dropped.is_empty(),
+        "a deleted disk needs no mention: {record:?}"
+    );
+
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
+    verify_in(&s1, dir, &slot_files);
+    verify_in(&s1, dir, &after);
+    assert!(s1.allocation_map_rebuilt().is_none());
+    unmount_both_and_check(&t, fs, s1, "after a disk deleted beside a slot");
+    let (fs, s1) = two_owners_again(&t);
+    verify_in(&s1, dir, &slot_files);
+    verify_in(&fs, ROOT_INO, &mine);
+    assert!(fs.allocation_map_rebuilt().is_none());
+    assert!(s1.allocation_map_rebuilt().is_none());
+    unmount_both_and_check(&t, fs, s1, "after both remounted");
+}
+
+/// A slot's owner that let go of a disk for a delete the manager never committed (the
+/// manager stopped, or the administrator gave the delete up): killed, it comes back with
+/// the disk still out of its allocator (its record names it dropped, and its digest
+/// reads); once the disk is back in service it takes the disk again as an added one,
+/// allocates there, and comes back from another crash with those blocks; fsck is clean.
+#[test]
+fn a_slot_that_let_go_of_a_disk_whose_delete_was_given_up_takes_it_again() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
+    s1.set_disk_opener(opener(&t));
+    add_the_spare(&t, &fs);
+    s1.follow_descriptor().unwrap();
+    let before = files_until_one_is_on(&s1, dir, 2);
+    fs.mark_disks_for_delete(&["nsd2".to_string()]).unwrap();
+    s1.follow_descriptor().unwrap();
+    let no_stop = std::sync::atomic::AtomicBool::new(false);
+    let report = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &no_stop,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    s1.let_go_of_disks(&[2]).unwrap();
+    s1.let_go_of_disks(&[2]).unwrap();
+
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
+    s1.set_disk_opener(opener(&t));
+    verify_in(&s1, dir, &before);
+    let record = fs.slots().unwrap()[0].1.as_ref().unwrap().clone();
+    assert_eq!(record.dropped, vec![2], "{record:?}");
+
+    fs.set_disk_status(&["nsd2".into()], tessera_fs::DiskStatus::Ready)
+        .unwrap();
+    s1.follow_descriptor().unwrap();
+    let sub = mkdir(&s1, dir, b"again").ino;
+    let again = files_until_one_is_on(&s1, sub, 2);
+    let s1 = killed_and_mounted_again(&t, &fs, s1);
+    verify_in(&s1, dir, &before);
+    verify_in(&s1, sub, &again);
+    assert!(s1.allocation_map_rebuilt().is_none());
+    unmount_both_and_check(&t, fs, s1, "after a delete given up beside a slot");
+}

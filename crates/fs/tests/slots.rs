@@ -60,6 +60,7 @@ fn record_with_a_shard(slot: u32, generation: u64) -> SlotRecord {
         given_back: vec![],
         map_digest: 0,
         disks_covered: 2,
+        dropped: vec![],
     }
 }
 
@@ -566,7 +567,7 @@ fn disks_are_not_deleted_under_regions_given_to_a_slot() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("deleting disks") && err.contains("given to owner slots"),
+        err.contains("owner slot 1 does not answer for its part of the disks"),
         "{err}"
     );
     assert_eq!(fs.descriptor().disks.len(), 2, "nothing changed");
@@ -612,7 +613,7 @@ fn with_two_metadata_copies_shards_and_regions_are_given_with_their_second_copie
 
 /// `restripe -m` with shards given to a slot whose owner this mount cannot reach: the
 /// slot's part is left and named (its owner moves its own blocks and pages when reached,
-/// `slot_owner.rs`); `disk delete` stays refused.
+/// `slot_owner.rs`); `disk delete` is refused, naming the slot that must answer for its part.
 #[test]
 fn disks_are_not_deleted_under_shards_given_to_a_slot() {
     let t = make_disks(3, 64 << 20);
@@ -642,7 +643,7 @@ fn disks_are_not_deleted_under_shards_given_to_a_slot() {
         .delete_disks(&["nsd2".into()], &AtomicBool::new(false), &mut |_| {})
         .unwrap_err()
         .to_string();
-    assert!(err.contains("deleting disks"), "{err}");
+    assert!(err.contains("owner slot 1 does not answer"), "{err}");
     assert_eq!(fs.descriptor().disks.len(), 3);
     fs.unmount().unwrap();
 }

@@ -739,8 +739,9 @@ fn write_mib(path: &std::path::Path, mib: usize, seed: u32) -> Vec<u8> {
 /// disk), typed on a node that is not the manager: the manager adds the disk and tells
 /// the other nodes, whose slot owners then write their own files onto it (df shows its
 /// free space fall while only they write) and stop when it is suspended; a balancing
-/// restripe, `policy apply` and emptying the disk (`restripe -m`) cover their files and
-/// pages too; every node reads every file, and after an unmount everywhere fsck is clean.
+/// restripe, `policy apply`, emptying the disk (`restripe -m`) and deleting it cover their
+/// files and pages too; every node reads every file, and after an unmount everywhere fsck
+/// is clean.
 #[test]
 fn a_disk_added_under_three_mounts_is_used_by_every_node() {
     if !netns_usable() {
@@ -853,6 +854,14 @@ fn a_disk_added_under_three_mounts_is_used_by_every_node() {
         tessera_ok(&c, 2, &["df", "g1"]),
         tessera_ok(&c, 1, &["mount", "ls", "g1", "-L"])
     );
+    // Deleted [mmdeldisk], typed on the other client node: every slot owner lets go of it,
+    // the descriptor drops it, its NSD is free again.
+    tessera_ok(&c, 2, &["disk", "delete", "g1", "g1b"]);
+    let df = tessera_ok(&c, 3, &["df", "g1"]);
+    assert!(!df.contains("g1b"), "{df}");
+    let nsds = tessera_ok(&c, 1, &["nsd", "ls"]);
+    let row = nsds.lines().find(|l| l.contains("g1b")).unwrap_or_default();
+    assert!(row.contains("(free disk)"), "{nsds}");
     for (name, data) in &files {
         for k in all {
             assert!(

@@ -603,6 +603,21 @@ impl Daemon {
         let _admin = self.admin.lock();
         let stop = AtomicBool::new(false);
         let report = self.with_fs(name, "opening it here to delete disks", |fs| {
+            // The other nodes' owner slots move their own blocks and pages, and only off
+            // disks they know to be emptied: marked and told before the moves.
+            fs.mark_disks_for_delete(nsds)
+                .map_err(|e| anyhow!("file system {name}: {e}"))?;
+            let refused = self.tell_nodes_descriptor_changed(name);
+            if !refused.is_empty() {
+                bail!(
+                    "file system {name}: disks {} are marked to be emptied, but not every node \
+                     that mounts it could follow ({}); run the delete again once they can, or \
+                     `tessera disk change {name} resume -d \"{}\"` to give it up",
+                    nsds.join(", "),
+                    refused.join("; "),
+                    nsds.join(";")
+                );
+            }
             // Announced with the first progress: a delete refused up front moves nothing.
             let mut announced = false;
             fs.delete_disks(nsds, &stop, &mut |p| {
@@ -629,6 +644,10 @@ impl Daemon {
             })
         })?;
         if !report.deleted.is_empty() {
+            // The other nodes let go of the disks (their devices, a slot's bookkeeping).
+            for why in self.tell_nodes_descriptor_changed(name) {
+                tracing::warn!("{name}: after deleting disks: {why}; it follows at its next mount");
+            }
             self.release_nsds(name, nsds);
             if let Some(m) = self.mounts.lock().get_mut(name) {
                 m.nsd_stats.retain(|(n, _)| !nsds.contains(n));
