@@ -23,7 +23,9 @@
 //! The shards the file system manager gave to other owner slots are restriped by their
 //! owners, a batch per `RestripeBatch` request that the manager's restripe sends and counts
 //! (`FileSystem::restripe_shard_batch` runs there, with that owner's allocator and log); a
-//! slot whose owner does not answer is named in the report (`unreached_slots`).
+//! slot whose owner does not answer is named in the report (`unreached_slots`). With `-m`
+//! each such owner then moves its own metadata pages off, a budget per `MovePagesOff`
+//! request, each ending with a checkpoint of its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -26,20 +26,24 @@
 //! 0        8         12       16          24       28       32              48
 //! +--------+---------+--------+-----------+--------+--------+---------------+
 //! | magic  | version | slot   | generation| length | crc32c | fs uuid       |
-//! |TSRSLOT1| u32 = 1 | u32    | u64       | u32    | u32    | 16 bytes      |
+//! |TSRSLOT1| u32 = 3 | u32    | u64       | u32    | u32    | 16 bytes      |
 //! +--------+---------+--------+-----------+--------+--------+---------------+
-//! 48            56                 64            72            76             80
-//! +-------------+------------------+-------------+-------------+--------------+
-//! | replay from | page generation  | map digest  | shard count | region count |
-//! | u64 (LSN)   | u64              | u64         | u32 = S     | u32 = N      |
-//! +-------------+------------------+-------------+-------------+--------------+
-//! 80: S shard entries of 32 bytes, in shard order, then N region entries of 4 bytes: the
+//! 48            56                 64            72           76           80       84      88
+//! +-------------+------------------+-------------+------------+------------+--------+-------+
+//! | replay from | page generation  | map digest  | shard count| region     | disks  |dropped|
+//! | u64 (LSN)   | u64              | u64         | u32 = S    | count u32=N| covered|u32 = D|
+//! +-------------+------------------+-------------+------------+------------+--------+-------+
+//! 88: S shard entries of 32 bytes, in shard order, then N region entries of 4 bytes: the
 //!     allocation regions the slot owns, in order, then those it gave back to the file
 //!     system manager that the owner map still gives it, in order, with bit 31 set (the
-//!     slot never allocates there again; the manager completes the move)
+//!     slot never allocates there again; the manager completes the move); then D disk
+//!     indexes (u32 each, in order) the slot let go of for a `disk delete`
 //! shard entry: 0 shard u32 | 4 root crc32c u32 | 8 shard generation u64 | 16 root address
 //!              u64 | 24 root's second address u64 (u64::MAX: one copy)
 //! ```
+//!
+//! Version 2 records end the fixed part at byte 84 (no dropped disks), version 1 at 80 (no
+//! disks covered either); both are still read.
 //!
 //! The map digest is that of the generations of the stored chunks of the slot's regions
 //! (`alloc_map::MapSlots::digest` over them), as the descriptor's is for slot 0's.
