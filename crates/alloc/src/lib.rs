@@ -702,6 +702,13 @@ impl AllocMap {
         &self.disks
     }
 
+    /// Whether the map has disk `disk` (an owner slot lets go of a disk being deleted
+    /// before the descriptor drops it).
+    #[must_use]
+    pub fn knows(&self, disk: DiskIndex) -> bool {
+        self.slot_of_disk.contains_key(&disk)
+    }
+
     fn slot(&self, disk: DiskIndex) -> usize {
         *self
             .slot_of_disk

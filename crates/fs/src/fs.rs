@@ -496,7 +496,9 @@ impl FileSystem {
         let geo = geometry(&desc);
         let mut alloc = recovered.alloc;
         for d in devices.down_disks() {
-            alloc.set_available(d, false);
+            if alloc.knows(d) {
+                alloc.set_available(d, false);
+            }
         }
         let owner = Owner::new(
             recovered.desc,

@@ -687,6 +687,8 @@ impl Namespace for FileSystem {
         let m = self.owner().meta.lock();
         Ok(disks
             .into_iter()
+            // A disk this slot let go of for a delete: nothing of it is the slot's.
+            .filter(|d| m.alloc.knows(*d))
             .map(|d| {
                 let space = m.alloc.disk_space(d);
                 (

@@ -350,7 +350,11 @@ impl FileSystem {
                     .iter()
                     .any(|x| x.index == d && x.status == crate::descriptor::DiskStatus::Ready);
                 if let Some(owner) = &self.owner {
-                    owner.meta.lock().alloc.set_available(d, ready);
+                    let mut m = owner.meta.lock();
+                    // A slot that let go of the disk for a delete has nothing to set.
+                    if m.alloc.knows(d) {
+                        m.alloc.set_available(d, ready);
+                    }
                 }
                 tracing::info!(
                     "{}: NSD {} is up again; `tessera restripe {} -r` restores the copies \

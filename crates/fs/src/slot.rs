@@ -1330,7 +1330,7 @@ impl crate::fs::FileSystem {
         let mine = regions_of(&desc, me);
         let mut left = Vec::new();
         for &d in disks {
-            if !m.alloc.disks().iter().any(|a| a.disk == d) {
+            if !m.alloc.knows(d) {
                 continue;
             }
             let n = pages.get(usize::from(d)).copied().unwrap_or(0);

@@ -2185,3 +2185,69 @@ fn a_slot_that_let_go_of_a_disk_whose_delete_was_given_up_takes_it_again() {
     assert!(s1.allocation_map_rebuilt().is_none());
     unmount_both_and_check(&t, fs, s1, "after a delete given up beside a slot");
 }
+
+/// A slot's owner killed at every write of letting go of a disk for a delete (the
+/// checkpoints before and after it, the record naming the disk dropped): it always mounts
+/// again (its record's digest reads, whichever record survived), its files verify, fsck is
+/// clean; the delete then completes and both owners remount.
+#[test]
+fn a_slot_letting_go_of_a_disk_cut_by_a_crash_at_every_write_mounts_again() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
+    s1.set_disk_opener(opener(&t));
+    add_the_spare(&t, &fs);
+    s1.follow_descriptor().unwrap();
+    let files = files_until_one_is_on(&s1, dir, 2);
+    fs.mark_disks_for_delete(&["nsd2".to_string()]).unwrap();
+    s1.follow_descriptor().unwrap();
+    let no_stop = std::sync::atomic::AtomicBool::new(false);
+    let report = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &no_stop,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    unmount_both_and_check(&t, fs, s1, "before the cuts");
+    let mut crashes = 0;
+    for k in 1..200i64 {
+        // Directories made first: the checkpoints of the drop then have pages to write.
+        let (crashed, result) = slot_owner_cut_at_write(&t, k, |s1| {
+            for i in 0..20 {
+                let name = format!("w{k}-{i}");
+                s1.create_node(
+                    dir,
+                    name.as_bytes(),
+                    FileKind::Directory,
+                    0o755,
+                    0,
+                    ROOT,
+                    None,
+                )?;
+            }
+            s1.let_go_of_disks(&[2])
+        });
+        let when = format!("slot owner killed at write {k}");
+        let (fs, s1) = two_owners_again(&t);
+        verify_in(&s1, dir, &files);
+        unmount_both_and_check(&t, fs, s1, &when);
+        if !crashed {
+            result.unwrap();
+            break;
+        }
+        crashes += 1;
+    }
+    assert!(crashes > 5, "letting go took only {crashes} writes");
+    let (fs, s1) = two_owners_again(&t);
+    let report = fs
+        .delete_disks(&["nsd2".to_string()], &no_stop, &mut |_| {})
+        .unwrap();
+    assert_eq!(report.deleted, vec![2]);
+    s1.follow_descriptor().unwrap();
+    verify_in(&s1, dir, &files);
+    unmount_both_and_check(&t, fs, s1, "after the delete");
+    let (fs, s1) = two_owners_again(&t);
+    verify_in(&s1, dir, &files);
+    unmount_both_and_check(&t, fs, s1, "after both remounted");
+}
