@@ -44,8 +44,12 @@ use crate::error::{FsError, FsResult};
 /// version 7 added metadata replication (`metadata_copies`, last; metadata pages of
 /// version 2, whose branch pointers carry a second address), so versions 3 to 6 read as
 /// version 7 with one metadata copy; version 8 added owner slots (`slots`, last; see
-/// `slot.rs`), so versions 3 to 7 read as version 8 with none.
-const SLOT_VERSION: u32 = 8;
+/// `slot.rs`), so versions 3 to 7 read as version 8 with none; version 9 added the disks
+/// stopped by an administrator (`stopped`, last), so versions 3 to 8 read as version 9 with
+/// none stopped.
+const SLOT_VERSION: u32 = 9;
+/// The format whose descriptor lacks only the stopped disks.
+const SLOT_VERSION_NO_STOPPED: u32 = 8;
 /// The format whose descriptor lacks only the owner slots.
 const SLOT_VERSION_NO_SLOTS: u32 = 7;
 /// The format whose descriptor lacks only the metadata copies.
@@ -203,8 +207,12 @@ pub struct FsDescriptor {
     /// Last but one.
     pub metadata_copies: Option<MetadataCopies>,
     /// The owner slots beyond slot 0 (the descriptor's own) and the owner map; `None` until
-    /// the first slot is made. Always the last field.
+    /// the first slot is made. Last but one.
     pub slots: Option<crate::slot::Slots>,
+    /// Disks stopped by `disk change stop` [mmchdisk stop], by index, in order: every mount
+    /// takes them as down (no I/O; their copies are read from the other failure groups)
+    /// until `disk change start`. `None` when none is. Always the last field.
+    pub stopped: Option<Vec<u16>>,
 }
 
 /// The second copy of everything the metadata consists of, each on a metadata disk of a
@@ -409,6 +417,7 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     if ![
         SLOT_VERSION,
+        SLOT_VERSION_NO_STOPPED,
         SLOT_VERSION_NO_SLOTS,
         SLOT_VERSION_NO_METADATA_COPIES,
         SLOT_VERSION_NO_REPLICATION,
@@ -437,11 +446,12 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     // Older versions lack trailing optional fields; postcard writes `None` as one zero byte.
     let missing = match version {
-        SLOT_VERSION_NO_MAP => 5,
-        SLOT_VERSION_NO_POLICY => 4,
-        SLOT_VERSION_NO_REPLICATION => 3,
-        SLOT_VERSION_NO_METADATA_COPIES => 2,
-        SLOT_VERSION_NO_SLOTS => 1,
+        SLOT_VERSION_NO_MAP => 6,
+        SLOT_VERSION_NO_POLICY => 5,
+        SLOT_VERSION_NO_REPLICATION => 4,
+        SLOT_VERSION_NO_METADATA_COPIES => 3,
+        SLOT_VERSION_NO_SLOTS => 2,
+        SLOT_VERSION_NO_STOPPED => 1,
         _ => 0,
     };
     let desc: FsDescriptor = if missing > 0 {

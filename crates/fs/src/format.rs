@@ -362,6 +362,7 @@ fn format_inner(
         policy: None,
         metadata_copies: None,
         slots: None,
+        stopped: None,
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
     let total = devices.len() as u64 + 3;

@@ -114,6 +114,25 @@ pub(crate) fn match_devices(
         out[usize::from(d.index)] = dev.clone();
         names[usize::from(d.index)] = d.nsd_name.clone();
     }
+    // Stopped by an administrator [mmchdisk stop]: down until started, whatever answers.
+    let stopped: Vec<u16> = desc
+        .stopped
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|d| !missing.contains(d) && desc.disks.iter().any(|x| x.index == *d))
+        .collect();
+    for &d in &stopped {
+        tracing::warn!(
+            "{}: NSD {} is stopped (`tessera disk change {} start -d {}` starts it); mounting \
+             with it down",
+            desc.name,
+            names[usize::from(d)],
+            desc.name,
+            names[usize::from(d)]
+        );
+    }
+    missing.extend(stopped);
     if !missing.is_empty() {
         check_descriptor_quorum(desc, &missing)?;
     }

@@ -267,9 +267,10 @@ impl FileSystem {
     }
 
     /// Stops I/O to data disks [mmchdisk stop]: their copies are no longer read or
-    /// written (writes drop them from the blocks they change) until [`Self::start_disks`]
-    /// or the next mount. Refused for disks that hold metadata, and on file systems
-    /// without data replication.
+    /// written (writes drop them from the blocks they change) until [`Self::start_disks`];
+    /// on the file system manager the stop is recorded in the descriptor, so that mounts
+    /// from then on take the disks as down too. Refused for disks that hold metadata (with
+    /// one metadata copy), and on file systems without replication.
     pub fn stop_disks(&self, nsds: &[String]) -> FsResult<Vec<DiskIndex>> {
         let disks = crate::disks::disk_indexes(&self.descriptor(), nsds)?;
         if !self.replicated() {
@@ -322,7 +323,37 @@ impl FileSystem {
                 );
             }
         }
+        drop(_commits);
+        self.record_stopped(&disks, true)?;
         Ok(disks)
+    }
+
+    /// On the file system manager: records `disks` as stopped in the descriptor (or no
+    /// longer), so that a mount from now on, on any node, takes them as down until they are
+    /// started, as GPFS keeps a stopped disk's availability in its descriptor. Elsewhere
+    /// (a node told by the manager) nothing: the manager wrote it.
+    fn record_stopped(&self, disks: &[DiskIndex], stopped: bool) -> FsResult<()> {
+        if self.owner.is_none() || self.owner_slot() != 0 {
+            return Ok(());
+        }
+        let _m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let mut desc = self.owner().desc.lock().clone();
+        let mut list = desc.stopped.take().unwrap_or_default();
+        if stopped {
+            list.extend(disks);
+        } else {
+            list.retain(|d| !disks.contains(d));
+        }
+        list.sort_unstable();
+        list.dedup();
+        desc.stopped = (!list.is_empty()).then_some(list);
+        if desc.stopped == self.owner().desc.lock().stopped {
+            return Ok(());
+        }
+        // Written to the disks that are up: a stopped one keeps its older copy, which a
+        // mount never prefers to the newer generations on the others.
+        self.write_descriptor(desc)
     }
 
     /// Starts disks again [mmchdisk start]: their copies are read and written again (every
@@ -368,6 +399,7 @@ impl FileSystem {
         if self.owner.is_some() {
             self.catch_up_log()?;
         }
+        self.record_stopped(&disks, false)?;
         Ok(disks)
     }
 

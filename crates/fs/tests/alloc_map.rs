@@ -228,35 +228,42 @@ fn make_version_3(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.alloc_map = None;
     desc.replication = None;
-    rewrite_as(t, desc, 3, 5);
+    rewrite_as(t, desc, 3, 6);
 }
 
 /// Rewrites the newest descriptor as format version 4 wrote it: no `policy`.
 fn make_version_4(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 4, 4);
+    rewrite_as(t, desc, 4, 5);
 }
 
 /// Rewrites the newest descriptor as format version 5 wrote it: no `replication`.
 fn make_version_5(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 5, 3);
+    rewrite_as(t, desc, 5, 4);
 }
 
 /// Rewrites the newest descriptor as format version 6 wrote it: no `metadata_copies`.
 fn make_version_6(t: &TestDisks) {
     let desc = descriptor_on_disk(t);
     assert!(desc.metadata_copies.is_none(), "one metadata copy");
-    rewrite_as(t, desc, 6, 2);
+    rewrite_as(t, desc, 6, 3);
 }
 
 /// Rewrites the newest descriptor as format version 7 wrote it: no `slots`.
 fn make_version_7(t: &TestDisks) {
     let desc = descriptor_on_disk(t);
     assert!(desc.slots.is_none(), "no owner slot");
-    rewrite_as(t, desc, 7, 1);
+    rewrite_as(t, desc, 7, 2);
+}
+
+/// Rewrites the newest descriptor as format version 8 wrote it: no `stopped`.
+fn make_version_8(t: &TestDisks) {
+    let desc = descriptor_on_disk(t);
+    assert!(desc.stopped.is_none(), "no disk stopped");
+    rewrite_as(t, desc, 8, 1);
 }
 
 /// Writes `desc` as the next generation in format `version`, without its last `missing`
@@ -334,13 +341,13 @@ fn slot_version(t: &TestDisks) -> u32 {
 }
 
 #[test]
-fn a_format_4_file_system_mounts_as_format_8_without_a_policy() {
+fn a_format_4_file_system_mounts_as_format_9_without_a_policy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 8);
+    assert_eq!(slot_version(&t), 9);
     make_version_4(&t);
     assert_eq!(slot_version(&t), 4);
     assert_fsck_clean(&t);
@@ -354,7 +361,7 @@ fn a_format_4_file_system_mounts_as_format_8_without_a_policy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
+    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
     assert_eq!(descriptor_on_disk(&t).policy, None);
     assert_fsck_clean(&t);
     let fs = mount(&t);
@@ -364,7 +371,7 @@ fn a_format_4_file_system_mounts_as_format_8_without_a_policy() {
 }
 
 #[test]
-fn a_format_5_file_system_mounts_as_format_8_with_one_copy() {
+fn a_format_5_file_system_mounts_as_format_9_with_one_copy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -379,7 +386,7 @@ fn a_format_5_file_system_mounts_as_format_8_with_one_copy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
+    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);
@@ -387,7 +394,7 @@ fn a_format_5_file_system_mounts_as_format_8_with_one_copy() {
 }
 
 #[test]
-fn a_format_6_file_system_mounts_as_format_8_with_one_metadata_copy() {
+fn a_format_6_file_system_mounts_as_format_9_with_one_metadata_copy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -402,7 +409,7 @@ fn a_format_6_file_system_mounts_as_format_8_with_one_metadata_copy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
+    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);
@@ -410,7 +417,7 @@ fn a_format_6_file_system_mounts_as_format_8_with_one_metadata_copy() {
 }
 
 #[test]
-fn a_format_7_file_system_mounts_as_format_8_without_owner_slots() {
+fn a_format_7_file_system_mounts_as_format_9_without_owner_slots() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -427,8 +434,32 @@ fn a_format_7_file_system_mounts_as_format_8_without_owner_slots() {
     assert_eq!(fs.create_slot().unwrap(), 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 8, "the first checkpoint writes version 8");
+    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
     assert_eq!(descriptor_on_disk(&t).slot_regions().len(), 1);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_format_8_file_system_mounts_as_format_9_with_no_disk_stopped() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    fs.unmount().unwrap();
+    drop(fs);
+    make_version_8(&t);
+    assert_eq!(slot_version(&t), 8);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert!(fs.disk_availability().iter().all(|(_, up)| *up));
+    assert_files(&fs, &files);
+    let more = churn(&fs, 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
     assert_fsck_clean(&t);
     let fs = mount(&t);
     assert_files(&fs, &files);

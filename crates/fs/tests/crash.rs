@@ -290,6 +290,17 @@ fn verify(t: &TestDisks, copies: Copies) -> usize {
         None,
         "mount reads the stored allocation map"
     );
+    // A disk the workload stopped stays stopped across the kill (the descriptor says so):
+    // started, as an administrator would, before the checks that stop disks themselves.
+    let stopped: Vec<String> = fs
+        .disk_availability()
+        .into_iter()
+        .filter(|(_, up)| !up)
+        .map(|(name, _)| name)
+        .collect();
+    if !stopped.is_empty() {
+        fs.start_disks(&stopped).unwrap();
+    }
     fs.set_metadata_cache_pages(4);
     fs.set_inode_cache(8);
     fs.set_stat_cache(4);

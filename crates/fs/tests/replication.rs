@@ -642,3 +642,61 @@ fn a_stop_reaches_a_client_mount_whose_writes_then_skip_the_stopped_disks() {
     client.unmount().unwrap();
     owner.unmount().unwrap();
 }
+
+/// `disk change stop` [mmchdisk stop] is recorded in the descriptor: a mount afterwards (the
+/// manager's again, a client's) takes the disks as down though their devices answer, and
+/// writes nothing on them; `start` clears the record, and the next mount has them up.
+#[test]
+fn a_stopped_disk_stays_down_across_mounts_until_started() {
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let before = populate(&fs, "a", 3);
+    fs.stop_disks(&["nsd1".into(), "nsd2".into()]).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+
+    let fs = mount(&t);
+    let down = |fs: &FileSystem| -> Vec<String> {
+        fs.disk_availability()
+            .into_iter()
+            .filter(|(_, up)| !up)
+            .map(|(n, _)| n)
+            .collect()
+    };
+    assert_eq!(
+        down(&fs),
+        vec!["nsd1", "nsd2"],
+        "stopped across the remount"
+    );
+    let client = FileSystem::mount_client(
+        t.reopen(),
+        Box::new(tessera_fs::InProcessOwner(std::sync::Arc::downgrade(&fs))),
+    )
+    .unwrap();
+    assert_eq!(
+        down(&client),
+        vec!["nsd1", "nsd2"],
+        "a client mounting later"
+    );
+    let during = populate(&client, "c", 4);
+    for (name, g1, g2) in copies_per_group(&fs, &during) {
+        assert_eq!(g1, 0, "{name} was written on a stopped disk");
+        assert!(g2 > 0 || during[&name].len() <= 1024, "{name}");
+    }
+    verify(&client, &before);
+    client.unmount().unwrap();
+
+    fs.start_disks(&["nsd1".into(), "nsd2".into()]).unwrap();
+    assert!(down(&fs).is_empty());
+    restripe_r(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert!(down(&fs).is_empty(), "started, and so recorded");
+    verify(&fs, &before);
+    verify(&fs, &during);
+    assert_fully_replicated(&fs, &during);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a stop kept across mounts");
+}

@@ -366,6 +366,12 @@ fn two_data_copies_survive_a_stopped_failure_group_and_a_lost_one() {
         files.push((mnt.join(format!("f{i}")), data));
     }
     writer.stop();
+    // The stop is recorded in the descriptor: a remount keeps the disks down until they are
+    // started [mmchdisk stop].
+    node.ok(&["umount", "rfs"]);
+    node.ok(&["mount", "rfs"]);
+    assert_eq!(availability_of(&node, "rfs", "rd1"), "down");
+    assert_eq!(availability_of(&node, "rfs", "rd2"), "down");
     let err = node.fails(&["disk", "change", "rfs", "stop", "-d", "rm0"]);
     assert!(err.contains("metadata"), "{err}");
     node.ok(&["disk", "change", "rfs", "start", "-d", "rd1;rd2"]);
