@@ -316,6 +316,15 @@ impl FsDescriptor {
             .collect()
     }
 
+    /// Every stored allocation-map region: each disk's, then their second copies (`-m 2`).
+    pub fn map_regions(&self) -> impl Iterator<Item = &crate::alloc_map::MapRegion> {
+        self.alloc_map.iter().flat_map(|m| m.regions.iter()).chain(
+            self.metadata_copies
+                .iter()
+                .flat_map(|c| c.map_regions.iter()),
+        )
+    }
+
     /// The regions of the owner slots beyond slot 0.
     pub fn slot_regions(&self) -> &[crate::slot::SlotRegion] {
         self.slots.as_ref().map_or(&[], |s| &s.regions)

@@ -490,14 +490,7 @@ impl FileSystem {
         let desc = self.owner().desc.lock();
         if !crate::slot::foreign_regions(&desc).is_empty() {
             let stored = desc
-                .alloc_map
-                .iter()
-                .flat_map(|m| m.regions.iter())
-                .chain(
-                    desc.metadata_copies
-                        .iter()
-                        .flat_map(|c| c.map_regions.iter()),
-                )
+                .map_regions()
                 .find(|r| indexes.contains(&r.on_disk) && !indexes.contains(&r.disk));
             if let Some(r) = stored {
                 return Err(FsError::NotSupported(format!(

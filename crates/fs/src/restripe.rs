@@ -544,16 +544,7 @@ impl FileSystem {
         if desc.alloc_map.is_none() {
             return Ok(0);
         }
-        let on_leaving = desc
-            .alloc_map
-            .iter()
-            .flat_map(|m| m.regions.iter())
-            .chain(
-                desc.metadata_copies
-                    .iter()
-                    .flat_map(|c| c.map_regions.iter()),
-            )
-            .any(|r| leaving.contains(&r.on_disk));
+        let on_leaving = desc.map_regions().any(|r| leaving.contains(&r.on_disk));
         if store_all || on_leaving {
             self.refuse_with_foreign_regions("moving allocation-map regions")?;
         }

@@ -1784,13 +1784,7 @@ fn region_space(alloc: &tessera_alloc::AllocMap, r: usize) -> (u64, u64) {
 fn free_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize]) {
     let disks: Vec<DiskIndex> = alloc.disks().iter().map(|d| d.disk).collect();
     for disk in disks {
-        let chunks = alloc.chunk_count(disk);
-        for &r in regions.iter().filter(|r| **r < chunks) {
-            let words = alloc.chunk_words(disk, r).len();
-            alloc
-                .set_chunk_words(disk, r, &vec![0; words])
-                .expect("a chunk of the disk's own size");
-        }
+        release_regions_on(alloc, disk, regions);
     }
 }
 
@@ -1804,9 +1798,10 @@ pub(crate) fn hold_regions(alloc: &mut tessera_alloc::AllocMap, regions: &[usize
 }
 
 /// [`hold_regions`] on disk `disk` alone.
-/// The other half of [`hold_regions_on`], for a disk about to leave this owner's allocator
-/// (`disk delete`): the chunks of `regions` (other owners', held here as used) cleared, so
-/// that what is left is this owner's own use of the disk.
+/// Clears the chunks of `regions` on `disk`: regions that came to this owner wholly free,
+/// or (the other half of [`hold_regions_on`]) other owners' regions held here as used, on a
+/// disk about to leave this owner's allocator (`disk delete`), so that what is left is this
+/// owner's own use of it.
 pub(crate) fn release_regions_on(
     alloc: &mut tessera_alloc::AllocMap,
     disk: DiskIndex,

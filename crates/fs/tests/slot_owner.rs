@@ -2141,6 +2141,37 @@ fn a_disk_added_beside_a_live_slot_owner_is_deleted_again() {
     unmount_both_and_check(&t, fs, s1, "after both remounted");
 }
 
+/// The first half of a `disk delete` of the spare of [`two_region_fs_and_a_spare`] beside a
+/// live slot owner: the spare added, slot files written until one is on it, the spare
+/// marked to be emptied and the slot told, and the manager's restripe run (the slot moved
+/// its part off). Returns both owners, the slot's directory and its files.
+#[allow(clippy::type_complexity)]
+fn slot_files_moved_off_the_spare(
+    t: &TestDisks,
+) -> (
+    Arc<FileSystem>,
+    Arc<FileSystem>,
+    Ino,
+    BTreeMap<String, Vec<u8>>,
+) {
+    let (fs, s1, dir) = manager_and_slot_owner(t);
+    s1.set_disk_opener(opener(t));
+    add_the_spare(t, &fs);
+    s1.follow_descriptor().unwrap();
+    let files = files_until_one_is_on(&s1, dir, 2);
+    fs.mark_disks_for_delete(&["nsd2".to_string()]).unwrap();
+    s1.follow_descriptor().unwrap();
+    let report = fs
+        .restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &std::sync::atomic::AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    (fs, s1, dir, files)
+}
+
 /// A slot's owner that let go of a disk for a delete the manager never committed (the
 /// manager stopped, or the administrator gave the delete up): killed, it comes back with
 /// the disk still out of its allocator (its record names it dropped, and its digest
@@ -2149,22 +2180,7 @@ fn a_disk_added_beside_a_live_slot_owner_is_deleted_again() {
 #[test]
 fn a_slot_that_let_go_of_a_disk_whose_delete_was_given_up_takes_it_again() {
     let t = two_region_fs_and_a_spare();
-    let (fs, s1, dir) = manager_and_slot_owner(&t);
-    s1.set_disk_opener(opener(&t));
-    add_the_spare(&t, &fs);
-    s1.follow_descriptor().unwrap();
-    let before = files_until_one_is_on(&s1, dir, 2);
-    fs.mark_disks_for_delete(&["nsd2".to_string()]).unwrap();
-    s1.follow_descriptor().unwrap();
-    let no_stop = std::sync::atomic::AtomicBool::new(false);
-    let report = fs
-        .restripe(
-            tessera_fs::restripe::RestripeMode::Migrate,
-            &no_stop,
-            &mut |_| {},
-        )
-        .unwrap();
-    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    let (fs, s1, dir, before) = slot_files_moved_off_the_spare(&t);
     s1.let_go_of_disks(&[2]).unwrap();
     s1.let_go_of_disks(&[2]).unwrap();
 
@@ -2193,23 +2209,9 @@ fn a_slot_that_let_go_of_a_disk_whose_delete_was_given_up_takes_it_again() {
 #[test]
 fn a_slot_letting_go_of_a_disk_cut_by_a_crash_at_every_write_mounts_again() {
     let t = two_region_fs_and_a_spare();
-    let (fs, s1, dir) = manager_and_slot_owner(&t);
-    s1.set_disk_opener(opener(&t));
-    add_the_spare(&t, &fs);
-    s1.follow_descriptor().unwrap();
-    let files = files_until_one_is_on(&s1, dir, 2);
-    fs.mark_disks_for_delete(&["nsd2".to_string()]).unwrap();
-    s1.follow_descriptor().unwrap();
-    let no_stop = std::sync::atomic::AtomicBool::new(false);
-    let report = fs
-        .restripe(
-            tessera_fs::restripe::RestripeMode::Migrate,
-            &no_stop,
-            &mut |_| {},
-        )
-        .unwrap();
-    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    let (fs, s1, dir, files) = slot_files_moved_off_the_spare(&t);
     unmount_both_and_check(&t, fs, s1, "before the cuts");
+    let no_stop = std::sync::atomic::AtomicBool::new(false);
     let mut crashes = 0;
     for k in 1..200i64 {
         // Directories made first: the checkpoints of the drop then have pages to write.
