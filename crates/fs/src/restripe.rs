@@ -1082,14 +1082,15 @@ impl FileSystem {
                 "moved file data",
             )
         };
-        let must_leave = self.devices.is_down(from.addr.disk)
-            || self.not_ready_disks().contains(&from.addr.disk);
+        let must_leave = || {
+            self.devices.is_down(from.addr.disk) || self.not_ready_disks().contains(&from.addr.disk)
+        };
         let to = match allocate() {
             // A block that must leave its disk goes where this owner can get room: space
             // freed by changes not yet durable, or (a slot's owner whose regions are full)
             // another region from the manager, as a write would. Balancing never takes a
             // region for itself.
-            Err(full @ FsError::NoSpace { .. }) if must_leave => {
+            Err(full @ FsError::NoSpace { .. }) if must_leave() => {
                 let again = if self.has_pending_frees() {
                     self.sync_own()?;
                     allocate()

@@ -1962,10 +1962,7 @@ fn policy_apply_reaches_the_files_of_a_slot() {
 #[test]
 fn a_restripe_m_on_the_manager_empties_a_disk_of_the_slots_blocks_and_pages() {
     let t = two_region_fs_and_a_spare();
-    let (fs, s1, dir) = manager_and_slot_owner(&t);
-    s1.set_disk_opener(opener(&t));
-    add_the_spare(&t, &fs);
-    s1.follow_descriptor().unwrap();
+    let (fs, s1, dir) = a_slot_beside_the_added_spare(&t);
     let mut slot_files = files_until_one_is_on(&s1, dir, 2);
     // Directories and small files until the slot's checkpoint puts pages on the new disk.
     let mut round = 0;
@@ -1985,14 +1982,7 @@ fn a_restripe_m_on_the_manager_empties_a_disk_of_the_slots_blocks_and_pages() {
     fs.set_disk_status(&["nsd2".into()], tessera_fs::DiskStatus::Suspended)
         .unwrap();
     s1.follow_descriptor().unwrap();
-    let no_stop = std::sync::atomic::AtomicBool::new(false);
-    let report = fs
-        .restripe(
-            tessera_fs::restripe::RestripeMode::Migrate,
-            &no_stop,
-            &mut |_| {},
-        )
-        .unwrap();
+    let report = restripe_m(&fs);
     assert!(report.unreached_slots.is_empty(), "{report:?}");
     // What a crash of the slot's owner now comes back to: its last checkpoint's pages.
     let s1 = killed_and_mounted_again(&t, &fs, s1);
@@ -2063,13 +2053,7 @@ fn a_restripe_m_on_the_manager_has_the_slot_move_its_pages() {
     fs.set_disk_status(&["nsd2".into()], tessera_fs::DiskStatus::ToBeEmptied)
         .unwrap();
     s1.follow_descriptor().unwrap();
-    let report = fs
-        .restripe(
-            tessera_fs::restripe::RestripeMode::Migrate,
-            &std::sync::atomic::AtomicBool::new(false),
-            &mut |_| {},
-        )
-        .unwrap();
+    let report = restripe_m(&fs);
     assert!(report.unreached_slots.is_empty(), "{report:?}");
     assert!(report.progress.metadata_pages_moved > 0, "{report:?}");
     let s1 = killed_and_mounted_again(&t, &fs, s1);
@@ -2090,10 +2074,7 @@ fn a_restripe_m_on_the_manager_has_the_slot_move_its_pages() {
 #[test]
 fn a_disk_added_beside_a_live_slot_owner_is_deleted_again() {
     let t = two_region_fs_and_a_spare();
-    let (fs, s1, dir) = manager_and_slot_owner(&t);
-    s1.set_disk_opener(opener(&t));
-    add_the_spare(&t, &fs);
-    s1.follow_descriptor().unwrap();
+    let (fs, s1, dir) = a_slot_beside_the_added_spare(&t);
     let slot_files = files_until_one_is_on(&s1, dir, 2);
     let mine = write_files(&fs, ROOT_INO, "m", 13);
     s1.checkpoint().unwrap();
@@ -2154,20 +2135,11 @@ fn slot_files_moved_off_the_spare(
     Ino,
     BTreeMap<String, Vec<u8>>,
 ) {
-    let (fs, s1, dir) = manager_and_slot_owner(t);
-    s1.set_disk_opener(opener(t));
-    add_the_spare(t, &fs);
-    s1.follow_descriptor().unwrap();
+    let (fs, s1, dir) = a_slot_beside_the_added_spare(t);
     let files = files_until_one_is_on(&s1, dir, 2);
     fs.mark_disks_for_delete(&["nsd2".to_string()]).unwrap();
     s1.follow_descriptor().unwrap();
-    let report = fs
-        .restripe(
-            tessera_fs::restripe::RestripeMode::Migrate,
-            &std::sync::atomic::AtomicBool::new(false),
-            &mut |_| {},
-        )
-        .unwrap();
+    let report = restripe_m(&fs);
     assert!(report.unreached_slots.is_empty(), "{report:?}");
     (fs, s1, dir, files)
 }
@@ -2252,4 +2224,24 @@ fn a_slot_letting_go_of_a_disk_cut_by_a_crash_at_every_write_mounts_again() {
     let (fs, s1) = two_owners_again(&t);
     verify_in(&s1, dir, &files);
     unmount_both_and_check(&t, fs, s1, "after both remounted");
+}
+
+/// Slot 1's owner beside the manager, the spare of [`two_region_fs_and_a_spare`] added and
+/// followed by the slot.
+fn a_slot_beside_the_added_spare(t: &TestDisks) -> (Arc<FileSystem>, Arc<FileSystem>, Ino) {
+    let (fs, s1, dir) = manager_and_slot_owner(t);
+    s1.set_disk_opener(opener(t));
+    add_the_spare(t, &fs);
+    s1.follow_descriptor().unwrap();
+    (fs, s1, dir)
+}
+
+/// `restripe -m` on the manager `fs`, run to its end.
+fn restripe_m(fs: &FileSystem) -> tessera_fs::restripe::RestripeReport {
+    fs.restripe(
+        tessera_fs::restripe::RestripeMode::Migrate,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap()
 }
