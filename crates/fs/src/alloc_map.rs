@@ -424,15 +424,16 @@ pub(crate) fn allocate_second_regions(
 /// other than its other copy's where one has room (else beside it: the map is then
 /// ill-replicated until `restripe -r`); with `apart`, also moves second copies that share
 /// a failure group with their first copy, where another group has room. Returns the
-/// regions replaced and the disks whose maps moved; the caller marks those maps' chunks
-/// changed. On failure nothing is changed.
+/// regions replaced, their new places in the same order, and the disks whose maps moved;
+/// the caller fills the new places (marks those maps' chunks changed, or copies the old
+/// regions). On failure nothing is changed.
 pub(crate) fn replace_regions_on(
     desc: &mut FsDescriptor,
     disks: &DiskSet,
     alloc: &mut AllocMap,
     leaving: &[DiskIndex],
     apart: bool,
-) -> FsResult<(Vec<MapRegion>, Vec<DiskIndex>)> {
+) -> FsResult<(Vec<MapRegion>, Vec<MapRegion>, Vec<DiskIndex>)> {
     let bs = u64::from(desc.block_size);
     let mut lists: [Vec<MapRegion>; 2] = [
         desc.alloc_map
@@ -503,7 +504,7 @@ pub(crate) fn replace_regions_on(
     if let Some(copies) = &mut desc.metadata_copies {
         copies.map_regions = seconds;
     }
-    Ok((old, moved))
+    Ok((old, taken, moved))
 }
 
 /// The block extents of the map regions, both copies (for fsck's reference count).

@@ -185,6 +185,9 @@ impl FileSystem {
                 MetanodeRequest::FenceWrites {
                     owner, incarnation, ..
                 } => {
+                    // A move of map regions the old manager left unfinished ends here: the
+                    // descriptor on disk is final now.
+                    self.release_map_hold_of_a_gone_manager();
                     return encode(&self.fence_reply(remote, owner, incarnation, 0));
                 }
                 MetanodeRequest::FenceSettled { replayed, .. } => {

@@ -483,25 +483,12 @@ impl FileSystem {
         Ok(indexes)
     }
 
-    /// Refuses deleting `indexes` while they store what the owner slots write themselves
-    /// and this manager cannot move under them: allocation-map regions of other disks
-    /// (they hold the slots' chunks), and the region (records and log) of a slot in use.
+    /// Refuses deleting `indexes` while they store what an owner slot writes itself and
+    /// this manager cannot move under it: the region (records and log) of a slot in use.
+    /// (Map regions that hold slots' chunks move while the slots hold their chunk writes,
+    /// `map_hold.rs`.)
     fn refuse_slot_structures_on(&self, indexes: &[u16]) -> FsResult<()> {
         let desc = self.owner().desc.lock();
-        if !crate::slot::foreign_regions(&desc).is_empty() {
-            let stored = desc
-                .map_regions()
-                .find(|r| indexes.contains(&r.on_disk) && !indexes.contains(&r.disk));
-            if let Some(r) = stored {
-                return Err(FsError::NotSupported(format!(
-                    "disk {} stores the allocation map of disk {}, which holds chunks the \
-                     owner slots write themselves; moving a map region beside live slots is \
-                     not built yet",
-                    self.devices.name(r.on_disk),
-                    self.devices.name(r.disk)
-                )));
-            }
-        }
         for r in desc.slot_regions() {
             let on = r
                 .copies()

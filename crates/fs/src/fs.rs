@@ -522,6 +522,7 @@ impl FileSystem {
                 ),
                 record: Mutex::new(recovered.record),
                 dropped: Mutex::new(recovered.dropped),
+                map_hold: Default::default(),
             }),
         );
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
@@ -1482,6 +1483,9 @@ impl FileSystem {
     pub(crate) fn checkpoint_under_lock(&self, m: &mut Meta) -> FsResult<()> {
         self.check_fenced()?;
         self.apply_deferred_frees(m);
+        if self.take_chunk_rewrite() {
+            m.alloc.mark_all_chunks_dirty();
+        }
         let lsn = self.journal().appended_lsn();
         let prepared = self.prepare_checkpoint(m)?;
         let result = self.write_checkpoint(lsn, &prepared);
@@ -1559,6 +1563,8 @@ impl FileSystem {
             self.flush_devices()?;
             self.journal().commit(lsn)?;
         }
+        // Where the map regions are is read past the gate: a move may hold them.
+        let chunk_writes = self.enter_chunk_writes();
         let mut desc = self.owner().desc.lock().clone();
         crate::checkpoint::write_pages(&desc, &self.devices, prepared)?;
         let mut map_slots = self.owner().map_slots.lock();
@@ -1569,6 +1575,7 @@ impl FileSystem {
             prepared.generation,
             &prepared.map,
         )?;
+        drop(chunk_writes);
         match &self.owner().slot {
             // Slot 0's commit point is the descriptor.
             None => {

@@ -24,6 +24,7 @@ mod fs;
 pub mod fsck;
 pub mod inode;
 pub mod locks;
+mod map_hold;
 mod meta;
 mod metanode;
 mod metanode_wire;

@@ -408,6 +408,12 @@ pub(crate) trait Namespace: Send + Sync {
     /// in its record by a checkpoint, so that the manager can remove them.
     fn drop_disks(&self, disks: &[u16]) -> FsResult<()>;
 
+    /// A move of allocation-map regions on the file system manager (`map_hold.rs`): with
+    /// `hold`, this owner slot's checkpoints write no map chunk until the release of move
+    /// `id` (asked again under the same id, it confirms the hold still stands); without,
+    /// the slot takes the map regions of the descriptor on disk and writes there again.
+    fn hold_map_writes(&self, hold: bool, id: u64) -> FsResult<()>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

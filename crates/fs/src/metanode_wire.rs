@@ -335,6 +335,13 @@ pub enum MetanodeRequest {
     DropDisks {
         disks: Vec<u16>,
     },
+    /// From the file system manager moving allocation-map regions that this owner slot
+    /// writes chunks of ([`Namespace::hold_map_writes`], `map_hold.rs`): hold (or confirm
+    /// the hold of) the slot's chunk writes for move `id`, or release them.
+    HoldMapWrites {
+        hold: bool,
+        id: u64,
+    },
 }
 
 impl MetanodeRequest {
@@ -400,6 +407,7 @@ impl MetanodeRequest {
             Q::Gather { .. } => "Gather",
             Q::MovePagesOff { .. } => "MovePagesOff",
             Q::DropDisks { .. } => "DropDisks",
+            Q::HoldMapWrites { .. } => "HoldMapWrites",
         }
     }
 }
@@ -967,6 +975,7 @@ where
         } => answer(owner.migrate_file(ino, pool, move_data), R::Count),
         Q::MovePagesOff { budget } => answer(owner.move_pages_off(budget), R::Count),
         Q::DropDisks { disks } => answer(owner.drop_disks(&disks), |()| R::Done),
+        Q::HoldMapWrites { hold, id } => answer(owner.hold_map_writes(hold, id), |()| R::Done),
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1131,6 +1140,7 @@ pub(crate) fn cache_changes(
         | Q::MigrateFile { .. }
         | Q::MovePagesOff { .. }
         | Q::DropDisks { .. }
+        | Q::HoldMapWrites { .. }
         | Q::Leaving
         | Q::DescriptorChanged
         | Q::DiskAvailability { .. } => Vec::new(),
@@ -2508,6 +2518,10 @@ impl Namespace for RemoteMetanode {
         })
     }
 
+    fn hold_map_writes(&self, hold: bool, id: u64) -> FsResult<()> {
+        self.done(MetanodeRequest::HoldMapWrites { hold, id })
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         let request = MetanodeRequest::MovePagesOff { budget };
         expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n, "moving metadata pages")
@@ -2845,6 +2859,10 @@ mod tests {
             },
             MetanodeRequest::MovePagesOff { budget: 512 },
             MetanodeRequest::DropDisks { disks: vec![2, 5] },
+            MetanodeRequest::HoldMapWrites {
+                hold: true,
+                id: 0x5eed,
+            },
             MetanodeRequest::AllocateFragments {
                 pool: 1,
                 sub_blocks: 2,

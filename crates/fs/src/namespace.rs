@@ -669,6 +669,10 @@ impl Namespace for FileSystem {
         self.let_go_of_disks(disks)
     }
 
+    fn hold_map_writes(&self, hold: bool, id: u64) -> FsResult<()> {
+        self.hold_own_map_writes(hold, id)
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         self.owner_here("moving metadata pages")?;
         self.check_writable()?;

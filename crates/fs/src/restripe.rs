@@ -536,19 +536,38 @@ impl FileSystem {
     /// and the checkpoint writes them all into the new regions and a descriptor naming them.
     /// Until that descriptor is durable the old regions, never written meanwhile, are the
     /// valid ones; the map that checkpoint stores has them free already, and the allocator
-    /// reuses them only after it. Returns how many regions moved.
+    /// reuses them only after it. Where owner slots write chunks of their own regions, the
+    /// regions are copied byte for byte instead while the slots hold their chunk writes
+    /// (`map_hold.rs`). Returns how many regions moved.
     fn move_map_regions_off(&self, leaving: &[DiskIndex], store_all: bool) -> FsResult<usize> {
+        {
+            let desc = self.owner().desc.lock();
+            let on_leaving = desc.map_regions().any(|r| leaving.contains(&r.on_disk));
+            if desc.alloc_map.is_none() || !(store_all || on_leaving) {
+                return Ok(0);
+            }
+        }
+        let held = self.hold_slots_map_writes()?;
+        let moved = self.move_map_regions(leaving, store_all, held.as_ref());
+        if let Some((id, slots)) = &held {
+            self.release_slots_map_writes(*id, slots);
+        }
+        moved
+    }
+
+    /// [`Self::move_map_regions_off`] once the slots' chunk writes are `held` (their move's
+    /// id and the slots held), or with none to hold.
+    fn move_map_regions(
+        &self,
+        leaving: &[DiskIndex],
+        store_all: bool,
+        held: Option<&(u64, Vec<u32>)>,
+    ) -> FsResult<usize> {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let mut desc = self.owner().desc.lock().clone();
-        if desc.alloc_map.is_none() {
-            return Ok(0);
-        }
-        let on_leaving = desc.map_regions().any(|r| leaving.contains(&r.on_disk));
-        if store_all || on_leaving {
-            self.refuse_with_foreign_regions("moving allocation-map regions")?;
-        }
-        let (old, moving) = crate::alloc_map::replace_regions_on(
+        let before: Vec<crate::alloc_map::MapRegion> = desc.map_regions().copied().collect();
+        let (old, new, moving) = crate::alloc_map::replace_regions_on(
             &mut desc,
             &self.devices,
             &mut m.alloc,
@@ -558,20 +577,40 @@ impl FileSystem {
         if old.is_empty() {
             if store_all {
                 // Both copies of every chunk current again (a region whose disk was down
-                // kept the chunks written before).
+                // kept the chunks written before); the slots' at their next checkpoints.
                 m.alloc.mark_all_chunks_dirty();
                 self.checkpoint_under_lock(&mut m)?;
             }
             return Ok(0);
         }
         let superseded = crate::alloc_map::region_extents_of(&desc, &old);
-        {
-            let mut slots = self.owner().map_slots.lock();
-            for &disk in &moving {
-                let chunks = m.alloc.chunk_count(disk);
-                slots.add_disk(disk, chunks);
-                for chunk in 0..chunks {
-                    m.alloc.mark_chunk_dirty(disk, chunk);
+        let undo = |m: &mut crate::fs::Meta| {
+            for e in crate::alloc_map::region_extents_of(&desc, &new) {
+                if let Err(e) = m.alloc.free(e) {
+                    tracing::error!("giving back a map region not used after all: {e}");
+                }
+            }
+        };
+        match held {
+            // The slots' chunks are known only on disk: every region is copied whole, both
+            // copies of each chunk, so that each owner's record and digest hold as they are.
+            Some((id, slots)) => {
+                let copied = self
+                    .copy_map_regions(&old, &new, &before)
+                    .and_then(|()| self.confirm_slots_map_writes_held(*id, slots));
+                if let Err(e) = copied {
+                    undo(&mut m);
+                    return Err(e);
+                }
+            }
+            None => {
+                let mut slots = self.owner().map_slots.lock();
+                for &disk in &moving {
+                    let chunks = m.alloc.chunk_count(disk);
+                    slots.add_disk(disk, chunks);
+                    for chunk in 0..chunks {
+                        m.alloc.mark_chunk_dirty(disk, chunk);
+                    }
                 }
             }
         }

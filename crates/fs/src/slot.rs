@@ -1467,23 +1467,6 @@ impl crate::fs::FileSystem {
         Ok(())
     }
 
-    /// Refuses `what` (an administrative change that adds, deletes or moves the disks'
-    /// allocation maps) while allocation regions are given to other slots: their chunks
-    /// are theirs to write, and a new or moved map region of slot 0's would lack them.
-    pub(crate) fn refuse_with_foreign_regions(&self, what: &str) -> FsResult<()> {
-        let desc = self.owner().desc.lock();
-        let foreign = foreign_regions(&desc);
-        if foreign.is_empty() {
-            return Ok(());
-        }
-        Err(FsError::NotSupported(format!(
-            "{what} while allocation regions {foreign:?} of {} are given to owner slots: \
-             the slots write those regions' allocation maps themselves, and moving or adding \
-             map regions under them is not built yet",
-            desc.name
-        )))
-    }
-
     /// The owner slots the descriptor lists, each with its newest record (or why none reads).
     pub fn slots(&self) -> FsResult<Vec<(SlotRegion, FsResult<SlotRecord>)>> {
         self.owner_here("listing owner slots")?;
@@ -1852,6 +1835,8 @@ pub(crate) struct SlotOwner {
     /// The disks the slot let go of for a `disk delete` ([`SlotRecord::dropped`]), in
     /// order; out of its allocator while the descriptor names them to be emptied.
     pub dropped: parking_lot::Mutex<Vec<u16>>,
+    /// Held while the file system manager moves map regions (`map_hold.rs`).
+    pub map_hold: crate::map_hold::MapWriteHold,
 }
 
 impl crate::fs::FileSystem {
