@@ -1488,14 +1488,7 @@ fn a_region_taken_back_cut_by_a_crash_of_the_manager_at_every_write_is_in_one_ow
     let mut given_back = None;
     for k in 1.. {
         assert!(k < 200, "taking a region back never finished");
-        let (disks, faults) = with_faults(&t);
-        let fs = FileSystem::mount(disks).unwrap();
-        connect_owners(
-            &fs,
-            &s1,
-            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-        );
-        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let (fs, faults) = manager_failing_at_write(&t, &s1, k);
         let result = fs.take_region_back(None);
         let crashed = crash(fs, &faults);
         let fs = mount(&t);
@@ -1534,6 +1527,24 @@ fn a_region_taken_back_cut_by_a_crash_of_the_manager_at_every_write_is_in_one_ow
     let (fs, s1) = two_owners_again(&t);
     assert_eq!(region_owners(&s1), region_owners(&fs));
     unmount_both_and_check(&t, fs, s1, "after a region was taken back through crashes");
+}
+
+/// The manager mounted on `t` beside slot 1's owner `s1`, connected to it, its writes
+/// failing from the `k`th on (a crash there).
+fn manager_failing_at_write(
+    t: &TestDisks,
+    s1: &Arc<FileSystem>,
+    k: i64,
+) -> (Arc<FileSystem>, Arc<tessera_testkit::Faults>) {
+    let (disks, faults) = with_faults(t);
+    let fs = FileSystem::mount(disks).unwrap();
+    connect_owners(
+        &fs,
+        s1,
+        Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+    );
+    faults.writes_until_failure.store(k, Ordering::SeqCst);
+    (fs, faults)
 }
 
 /// [`manager_with_a_slot_directory`] with slot 1's owner mounted beside it and the two
@@ -2079,16 +2090,7 @@ fn a_disk_added_beside_a_live_slot_owner_is_deleted_again() {
     let mine = write_files(&fs, ROOT_INO, "m", 13);
     s1.checkpoint().unwrap();
 
-    let deleting = ["nsd2".to_string()];
-    fs.mark_disks_for_delete(&deleting).unwrap();
-    s1.follow_descriptor().unwrap();
-    let report = fs
-        .delete_disks(
-            &deleting,
-            &std::sync::atomic::AtomicBool::new(false),
-            &mut |_| {},
-        )
-        .unwrap();
+    let report = delete_beside_the_slot(&fs, &s1, "nsd2");
     assert_eq!(report.deleted, vec![2], "{report:?}");
     assert!(report.restripe.unreached_slots.is_empty(), "{report:?}");
     assert!(fs.descriptor().disks.iter().all(|d| d.index != 2));
@@ -2263,6 +2265,72 @@ fn disk_storing_another_disks_map(fs: &FileSystem) -> u16 {
     found.expect("a disk stores another's map apart from the slot regions")
 }
 
+/// `disk delete` of NSD `name` on the manager `fs`, slot 1's owner `s1` told of the mark
+/// (as the daemon tells every node) before the delete moves anything.
+fn delete_beside_the_slot(
+    fs: &FileSystem,
+    s1: &FileSystem,
+    name: &str,
+) -> tessera_fs::disks::DiskDeleteReport {
+    let deleting = [name.to_string()];
+    fs.mark_disks_for_delete(&deleting).unwrap();
+    s1.follow_descriptor().unwrap();
+    fs.delete_disks(
+        &deleting,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
+/// The NSD name of disk `index` of the file system `fs` mounts.
+fn nsd_name(fs: &FileSystem, index: u16) -> String {
+    let desc = fs.descriptor();
+    let disk = desc.disks.iter().find(|d| d.index == index).unwrap();
+    disk.nsd_name.clone()
+}
+
+/// Both owners mounted again on `t`: the files of `slot_sets` verify in the slot's
+/// directory `dir`, those of `root_sets` in the manager's root, neither owner rebuilds its
+/// map; then both unmount and fsck is clean.
+fn both_remounted_read(
+    t: &TestDisks,
+    dir: Ino,
+    slot_sets: &[&BTreeMap<String, Vec<u8>>],
+    root_sets: &[&BTreeMap<String, Vec<u8>>],
+    when: &str,
+) {
+    let (fs, s1) = two_owners_again(t);
+    for files in slot_sets {
+        verify_in(&s1, dir, files);
+    }
+    for files in root_sets {
+        verify_in(&fs, ROOT_INO, files);
+    }
+    assert!(fs.allocation_map_rebuilt().is_none(), "{when}");
+    assert!(s1.allocation_map_rebuilt().is_none(), "{when}");
+    unmount_both_and_check(t, fs, s1, when);
+}
+
+/// Slot 1's owner `s1` killed and mounted again beside the manager `fs`: every file of
+/// `sets` in `dir` verifies, its map is read without a rebuild; then both unmount and
+/// fsck is clean.
+fn slot_killed_reads_its_files_and_map(
+    t: &TestDisks,
+    fs: Arc<FileSystem>,
+    s1: Arc<FileSystem>,
+    dir: Ino,
+    sets: &[&BTreeMap<String, Vec<u8>>],
+    when: &str,
+) {
+    let s1 = killed_and_mounted_again(t, &fs, s1);
+    for files in sets {
+        verify_in(&s1, dir, files);
+    }
+    assert!(s1.allocation_map_rebuilt().is_none(), "{when}");
+    unmount_both_and_check(t, fs, s1, when);
+}
+
 /// `disk delete` of a disk that stores the allocation maps of other disks, beside a live
 /// slot owner that writes its regions' chunks of those maps: the manager holds the slot's
 /// chunk writes, copies the regions, commits the descriptor naming the new ones and lets
@@ -2277,25 +2345,9 @@ fn a_disk_storing_the_map_regions_is_deleted_beside_a_live_slot_owner() {
     let mine = write_files(&fs, ROOT_INO, "m", 13);
     s1.checkpoint().unwrap();
     let victim = disk_storing_another_disks_map(&fs);
-    let name = fs
-        .descriptor()
-        .disks
-        .iter()
-        .find(|d| d.index == victim)
-        .unwrap()
-        .nsd_name
-        .clone();
+    let name = nsd_name(&fs, victim);
 
-    let deleting = [name];
-    fs.mark_disks_for_delete(&deleting).unwrap();
-    s1.follow_descriptor().unwrap();
-    let report = fs
-        .delete_disks(
-            &deleting,
-            &std::sync::atomic::AtomicBool::new(false),
-            &mut |_| {},
-        )
-        .unwrap();
+    let report = delete_beside_the_slot(&fs, &s1, &name);
     assert_eq!(report.deleted, vec![victim], "{report:?}");
     assert!(report.restripe.progress.map_regions_moved > 0, "{report:?}");
     let desc = fs.descriptor();
@@ -2308,18 +2360,9 @@ fn a_disk_storing_the_map_regions_is_deleted_beside_a_live_slot_owner() {
     let after = write_files(&s1, dir, "after", 31);
     s1.checkpoint().unwrap();
 
-    let s1 = killed_and_mounted_again(&t, &fs, s1);
-    verify_in(&s1, dir, &slot_files);
-    verify_in(&s1, dir, &after);
-    assert!(s1.allocation_map_rebuilt().is_none());
-    unmount_both_and_check(&t, fs, s1, "after a map-holding disk deleted beside a slot");
-    let (fs, s1) = two_owners_again(&t);
-    verify_in(&s1, dir, &slot_files);
-    verify_in(&s1, dir, &after);
-    verify_in(&fs, ROOT_INO, &mine);
-    assert!(fs.allocation_map_rebuilt().is_none());
-    assert!(s1.allocation_map_rebuilt().is_none());
-    unmount_both_and_check(&t, fs, s1, "after both remounted");
+    let both = [&slot_files, &after];
+    slot_killed_reads_its_files_and_map(&t, fs, s1, dir, &both, "after the delete");
+    both_remounted_read(&t, dir, &both, &[&mine], "after both remounted");
 }
 
 /// A slot whose chunk writes a manager held for a move of map regions and never released
@@ -2368,11 +2411,14 @@ fn a_slots_map_writes_held_by_a_manager_that_died_go_on_at_the_next_managers_fen
         .expect("the fence released the hold");
     let held = checkpointing.join().unwrap().unwrap();
 
-    let s1 = killed_and_mounted_again(&t, &fs, s1);
-    verify_in(&s1, dir, &before);
-    verify_in(&s1, dir, &held);
-    assert!(s1.allocation_map_rebuilt().is_none());
-    unmount_both_and_check(&t, fs, s1, "after a hold released by a fence");
+    slot_killed_reads_its_files_and_map(
+        &t,
+        fs,
+        s1,
+        dir,
+        &[&before, &held],
+        "after a hold released by a fence",
+    );
 }
 
 /// `restripe -m` moving map regions that hold a live slot's chunks off a disk marked to be
@@ -2388,28 +2434,14 @@ fn a_map_region_move_beside_a_slot_cut_by_a_crash_of_the_manager_at_every_write(
     let mine = write_files(&fs, ROOT_INO, "m", 13);
     s1.checkpoint().unwrap();
     let victim = disk_storing_another_disks_map(&fs);
-    let name = fs
-        .descriptor()
-        .disks
-        .iter()
-        .find(|d| d.index == victim)
-        .unwrap()
-        .nsd_name
-        .clone();
+    let name = nsd_name(&fs, victim);
     fs.mark_disks_for_delete(&[name]).unwrap();
     s1.follow_descriptor().unwrap();
     fs.unmount().unwrap();
     drop(fs);
     for k in 1.. {
         assert!(k < 400, "the move never finished");
-        let (disks, faults) = with_faults(&t);
-        let fs = FileSystem::mount(disks).unwrap();
-        connect_owners(
-            &fs,
-            &s1,
-            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
-        );
-        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let (fs, faults) = manager_failing_at_write(&t, &s1, k);
         let result = fs.restripe(
             tessera_fs::restripe::RestripeMode::Migrate,
             &std::sync::atomic::AtomicBool::new(false),
@@ -2447,10 +2479,11 @@ fn a_map_region_move_beside_a_slot_cut_by_a_crash_of_the_manager_at_every_write(
     }
     s1.fence();
     drop(s1);
-    let (fs, s1) = two_owners_again(&t);
-    verify_in(&s1, dir, &slot_files);
-    verify_in(&fs, ROOT_INO, &mine);
-    assert!(fs.allocation_map_rebuilt().is_none());
-    assert!(s1.allocation_map_rebuilt().is_none());
-    unmount_both_and_check(&t, fs, s1, "after map regions moved through crashes");
+    both_remounted_read(
+        &t,
+        dir,
+        &[&slot_files],
+        &[&mine],
+        "after map regions moved through crashes",
+    );
 }
