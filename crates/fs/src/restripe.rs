@@ -252,6 +252,7 @@ impl FileSystem {
             self.move_metadata_off(&moving, stop, &mut report, progress)?;
             if !report.stopped {
                 self.move_slots_pages_off(&desc, stop, &mut report, progress);
+                self.release_hand_over_roots_on(&leaving, &mut report)?;
                 self.sync_own()?;
             }
             if !report.stopped {
@@ -310,6 +311,47 @@ impl FileSystem {
                 }
             }
         }
+    }
+
+    /// Frees the hand-over roots on `leaving`: the root pages this manager wrote for shards
+    /// it gave to other slots, kept (in its own regions, named by its descriptor) until
+    /// every record of the taking slot names a root of its own, since a record may fall
+    /// back to them. Each such slot moved its pages off `leaving` already (its root among
+    /// them) by a checkpoint; one more writes its other record half, then this manager's
+    /// checkpoint frees them. Without it a disk holding one stayed in use after the
+    /// restripe, and `disk delete` failed until a remount.
+    fn release_hand_over_roots_on(
+        &self,
+        leaving: &[DiskIndex],
+        report: &mut RestripeReport,
+    ) -> FsResult<()> {
+        let desc = self.owner().desc.lock().clone();
+        let roots = desc.root_ptrs();
+        let mut slots: Vec<u32> = (0..desc.shard_count as usize)
+            .filter(|&s| desc.shard_owner(s).slot != self.owner_slot())
+            .filter(|&s| roots.get(s).is_some_and(|r| r.addr.0 != 0))
+            .filter(|&s| {
+                roots[s]
+                    .copies()
+                    .any(|a| leaving.contains(&crate::checkpoint::disk_addr(a).disk))
+            })
+            .map(|s| desc.shard_owner(s).slot)
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        if slots.is_empty() {
+            return Ok(());
+        }
+        for slot in slots {
+            let Some(ns) = self.slot_namespace(slot) else {
+                note_unreached(report, slot, "no way to its owner is known");
+                continue;
+            };
+            if let Err(e) = ns.move_pages_off(PAGES_PER_REQUEST) {
+                note_unreached(report, slot, &e.to_string());
+            }
+        }
+        self.checkpoint()
     }
 
     /// One batch of `restripe -m` on this owner's own shards (what another slot's owner

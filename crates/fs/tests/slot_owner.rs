@@ -2487,3 +2487,34 @@ fn a_map_region_move_beside_a_slot_cut_by_a_crash_of_the_manager_at_every_write(
         "after map regions moved through crashes",
     );
 }
+
+/// `disk delete` of the disk holding the hand-over root of the shard the manager gave a
+/// live slot (kept, in the manager's region, until every record of the slot names a root
+/// of its own) before the slot's first checkpoint: the restripe has the slot write its
+/// other record half and the manager then frees the root, so the delete completes
+/// (it failed with the disk "still in use" until a remount). The slot's files verify after
+/// a crash, and fsck is clean.
+#[test]
+fn a_disk_holding_a_hand_over_root_is_deleted_beside_the_slot_that_took_the_shard() {
+    let t = two_region_fs();
+    let (fs, s1, dir) = manager_and_slot_owner(&t);
+    // No checkpoint of the slot's before the delete: the restripe's is its first.
+    let slot_files = write_files(&s1, dir, "s", 5);
+    let desc = fs.descriptor();
+    let shard = (dir % u64::from(desc.shard_count)) as usize;
+    let handed = desc.root_ptrs()[shard];
+    assert_ne!(handed.addr.0, 0, "the hand-over root is still kept");
+    let victim = (handed.addr.0 >> 48) as u16;
+    assert!(
+        desc.slot_regions().iter().all(|r| r.disk != victim),
+        "the slot's region is elsewhere: {:?}",
+        desc.slot_regions()
+    );
+    let d1 = mkdir(&fs, ROOT_INO, b"d1");
+    let mine = write_files(&fs, d1.ino, "m", 6);
+    let report = delete_beside_the_slot(&fs, &s1, &nsd_name(&fs, victim));
+    assert_eq!(report.deleted, vec![victim], "{report:?}");
+    assert!(fs.descriptor().root_ptrs()[shard].addr.0 == 0);
+    verify_in(&fs, d1.ino, &mine);
+    slot_killed_reads_its_files_and_map(&t, fs, s1, dir, &[&slot_files], "after the delete");
+}
