@@ -1483,9 +1483,6 @@ impl FileSystem {
     pub(crate) fn checkpoint_under_lock(&self, m: &mut Meta) -> FsResult<()> {
         self.check_fenced()?;
         self.apply_deferred_frees(m);
-        if self.take_chunk_rewrite() {
-            m.alloc.mark_all_chunks_dirty();
-        }
         let lsn = self.journal().appended_lsn();
         let prepared = self.prepare_checkpoint(m)?;
         let result = self.write_checkpoint(lsn, &prepared);

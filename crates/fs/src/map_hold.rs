@@ -43,14 +43,11 @@ use tessera_alloc::DiskIndex;
 /// Bytes copied per read and write when a map region moves.
 const COPY_BYTES: u64 = 1 << 20;
 
-/// A slot's hold on its chunk writes ([`FileSystem::hold_map_writes`]).
+/// A slot's hold on its chunk writes ([`FileSystem::hold_own_map_writes`]).
 #[derive(Default)]
 pub(crate) struct MapWriteHold {
     state: Mutex<HoldState>,
     changed: Condvar,
-    /// Set by a release: the slot's next checkpoint stores every chunk of its regions
-    /// (both copies current again, as the manager's `restripe -r` makes its own).
-    rewrite: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -149,16 +146,6 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Whether this slot's checkpoint is to store every chunk of its regions (once after
-    /// each release); only the slot's own checkpoints ask.
-    pub(crate) fn take_chunk_rewrite(&self) -> bool {
-        self.owner().slot.as_ref().is_some_and(|s| {
-            s.map_hold
-                .rewrite
-                .swap(false, std::sync::atomic::Ordering::AcqRel)
-        })
-    }
-
     /// A new file system manager fenced this slot's clients of the old one: a hold the old
     /// manager left is released (the descriptor on disk is final, since the old manager
     /// can no longer write it).
@@ -193,8 +180,6 @@ impl FileSystem {
                 mine.map_regions = theirs.map_regions.clone();
             }
         }
-        gate.rewrite
-            .store(true, std::sync::atomic::Ordering::Release);
         let mut s = gate.state.lock();
         s.held = None;
         gate.changed.notify_all();
@@ -206,6 +191,17 @@ impl FileSystem {
             newest.generation
         );
         Ok(())
+    }
+
+    /// `Namespace::hold_map_writes` asked of the owner of `slot`.
+    fn tell_slot_hold(&self, slot: u32, hold: bool, id: u64) -> FsResult<()> {
+        match self.slot_namespace(slot) {
+            Some(ns) => ns.hold_map_writes(hold, id),
+            None => Err(FsError::Usage(format!(
+                "owner slot {slot} has no owner this node can reach; mount the file system \
+                 on its node and run the command again"
+            ))),
+        }
     }
 
     /// On the file system manager: holds the chunk writes of every owner slot in use
@@ -222,14 +218,7 @@ impl FileSystem {
             if !crate::slot::slot_in_use(&desc, slot) {
                 continue;
             }
-            let outcome = match self.slot_namespace(slot) {
-                Some(ns) => ns.hold_map_writes(true, id),
-                None => Err(FsError::Usage(format!(
-                    "owner slot {slot} has no owner this node can reach; mount the file \
-                     system on its node and run the command again"
-                ))),
-            };
-            if let Err(e) = outcome {
+            if let Err(e) = self.tell_slot_hold(slot, true, id) {
                 self.release_slots_map_writes(id, &held);
                 return Err(FsError::Usage(format!(
                     "owner slot {slot} could not hold its allocation-map writes for the move \
@@ -245,11 +234,7 @@ impl FileSystem {
     /// did not remount or move meanwhile).
     pub(crate) fn confirm_slots_map_writes_held(&self, id: u64, held: &[u32]) -> FsResult<()> {
         for &slot in held {
-            let outcome = match self.slot_namespace(slot) {
-                Some(ns) => ns.hold_map_writes(true, id),
-                None => Err(FsError::Usage("its owner is no longer reachable".into())),
-            };
-            outcome.map_err(|e| {
+            self.tell_slot_hold(slot, true, id).map_err(|e| {
                 FsError::Usage(format!(
                     "owner slot {slot} no longer holds its allocation-map writes ({e}); the map \
                      regions stay where they were: run the command again"
@@ -264,11 +249,7 @@ impl FileSystem {
     /// fences it, or at its owner's next mount.
     pub(crate) fn release_slots_map_writes(&self, id: u64, held: &[u32]) {
         for &slot in held {
-            let outcome = match self.slot_namespace(slot) {
-                Some(ns) => ns.hold_map_writes(false, id),
-                None => Err(FsError::Usage("its owner is no longer reachable".into())),
-            };
-            if let Err(e) = outcome {
+            if let Err(e) = self.tell_slot_hold(slot, false, id) {
                 tracing::error!(
                     "{}: owner slot {slot} could not be told to write its allocation-map \
                      chunks again: {e}; it waits until a file system manager fences it or its \

@@ -619,7 +619,7 @@ impl FileSystem {
         if old.is_empty() {
             if store_all {
                 // Both copies of every chunk current again (a region whose disk was down
-                // kept the chunks written before); the slots' at their next checkpoints.
+                // kept the chunks written before).
                 m.alloc.mark_all_chunks_dirty();
                 self.checkpoint_under_lock(&mut m)?;
             }
