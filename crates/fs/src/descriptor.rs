@@ -46,8 +46,12 @@ use crate::error::{FsError, FsResult};
 /// version 7 with one metadata copy; version 8 added owner slots (`slots`, last; see
 /// `slot.rs`), so versions 3 to 7 read as version 8 with none; version 9 added the disks
 /// stopped by an administrator (`stopped`, last), so versions 3 to 8 read as version 9 with
-/// none stopped.
-const SLOT_VERSION: u32 = 9;
+/// none stopped; version 10 added the owner slot regions being moved under their owners
+/// (`slot_moves`, last; slot records may then be forwards, `slot_move.rs`), so versions 3
+/// to 9 read as version 10 with none moving.
+const SLOT_VERSION: u32 = 10;
+/// The format whose descriptor lacks only the slot region moves.
+const SLOT_VERSION_NO_SLOT_MOVES: u32 = 9;
 /// The format whose descriptor lacks only the stopped disks.
 const SLOT_VERSION_NO_STOPPED: u32 = 8;
 /// The format whose descriptor lacks only the owner slots.
@@ -211,8 +215,13 @@ pub struct FsDescriptor {
     pub slots: Option<crate::slot::Slots>,
     /// Disks stopped by `disk change stop` [mmchdisk stop], by index, in order: every mount
     /// takes them as down (no I/O; their copies are read from the other failure groups)
-    /// until `disk change start`. `None` when none is. Always the last field.
+    /// until `disk change start`. `None` when none is. Last but one.
     pub stopped: Option<Vec<u16>>,
+    /// Owner slot regions being moved while their owners write them (`slot_move.rs`): the
+    /// region each slot moves to, allocated and reserved here until the move completes (the
+    /// slot's `slots.regions` entry then names it) or is given up. `None` when none moves.
+    /// Always the last field.
+    pub slot_moves: Option<Vec<crate::slot::SlotRegion>>,
 }
 
 /// The second copy of everything the metadata consists of, each on a metadata disk of a
@@ -330,6 +339,11 @@ impl FsDescriptor {
         self.slots.as_ref().map_or(&[], |s| &s.regions)
     }
 
+    /// The region owner slot `slot` is moving to under its owner, if a move is under way.
+    pub fn slot_move(&self, slot: u32) -> Option<&crate::slot::SlotRegion> {
+        self.slot_moves.as_ref()?.iter().find(|r| r.slot == slot)
+    }
+
     /// Which slot owns shard `shard`, and since which generation of the owner map.
     pub fn shard_owner(&self, shard: usize) -> crate::slot::ShardOwner {
         self.slots
@@ -426,6 +440,7 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     if ![
         SLOT_VERSION,
+        SLOT_VERSION_NO_SLOT_MOVES,
         SLOT_VERSION_NO_STOPPED,
         SLOT_VERSION_NO_SLOTS,
         SLOT_VERSION_NO_METADATA_COPIES,
@@ -455,12 +470,13 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     }
     // Older versions lack trailing optional fields; postcard writes `None` as one zero byte.
     let missing = match version {
-        SLOT_VERSION_NO_MAP => 6,
-        SLOT_VERSION_NO_POLICY => 5,
-        SLOT_VERSION_NO_REPLICATION => 4,
-        SLOT_VERSION_NO_METADATA_COPIES => 3,
-        SLOT_VERSION_NO_SLOTS => 2,
-        SLOT_VERSION_NO_STOPPED => 1,
+        SLOT_VERSION_NO_MAP => 7,
+        SLOT_VERSION_NO_POLICY => 6,
+        SLOT_VERSION_NO_REPLICATION => 5,
+        SLOT_VERSION_NO_METADATA_COPIES => 4,
+        SLOT_VERSION_NO_SLOTS => 3,
+        SLOT_VERSION_NO_STOPPED => 2,
+        SLOT_VERSION_NO_SLOT_MOVES => 1,
         _ => 0,
     };
     let desc: FsDescriptor = if missing > 0 {

@@ -484,9 +484,10 @@ impl FileSystem {
     }
 
     /// Refuses deleting `indexes` while they store what an owner slot writes itself and
-    /// this manager cannot move under it: the region (records and log) of a slot in use.
-    /// (Map regions that hold slots' chunks move while the slots hold their chunk writes,
-    /// `map_hold.rs`.)
+    /// this manager cannot have moved under it: the region (records and log) of a slot in
+    /// use whose region has two copies (`-m 2`). (A region with one copy moves through its
+    /// owner, `slot_move.rs`; map regions that hold slots' chunks move while the slots hold
+    /// their chunk writes, `map_hold.rs`.)
     fn refuse_slot_structures_on(&self, indexes: &[u16]) -> FsResult<()> {
         let desc = self.owner().desc.lock();
         for r in desc.slot_regions() {
@@ -495,10 +496,12 @@ impl FileSystem {
                 .iter()
                 .map(|(d, _)| *d)
                 .find(|d| indexes.contains(d));
-            if let Some(d) = on.filter(|_| crate::slot::slot_in_use(&desc, r.slot)) {
+            let live = crate::slot::slot_in_use(&desc, r.slot) && r.second.is_some();
+            if let Some(d) = on.filter(|_| live) {
                 return Err(FsError::NotSupported(format!(
-                    "disk {} holds the region (records and log) of owner slot {}, which is in \
-                     use; moving a slot region under its owner is not built yet",
+                    "disk {} holds a copy of the region (records and log) of owner slot {}, \
+                     which is in use; moving a slot region with two copies (-m 2) under its \
+                     owner is not built yet",
                     self.devices.name(d),
                     r.slot
                 )));
@@ -642,6 +645,7 @@ impl FileSystem {
                 || desc
                     .slot_regions()
                     .iter()
+                    .chain(desc.slot_moves.iter().flatten())
                     .any(|r| r.copies().iter().any(|(d, _)| *d == i));
             // Every block free, not only every sub-block: the allocator lets a disk go
             // only whole. The chunks of regions given to owner slots are held here as used;

@@ -363,6 +363,7 @@ fn format_inner(
         metadata_copies: None,
         slots: None,
         stopped: None,
+        slot_moves: None,
     };
     let devices: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|d| d.device.clone()).collect();
     let total = devices.len() as u64 + 3;

@@ -509,7 +509,10 @@ impl FileSystem {
             recovered.map_slots,
             None,
             Some(crate::slot::SlotOwner {
-                region: recovered.region,
+                number: slot,
+                region: Mutex::new(recovered.region),
+                moves_given_up: Mutex::new(Vec::new()),
+                forward_in_doubt: Default::default(),
                 // Settled once the owner map no longer gives them here.
                 given_back: Mutex::new(
                     recovered
@@ -881,7 +884,7 @@ impl FileSystem {
         self.owner
             .as_ref()
             .and_then(|o| o.slot.as_ref())
-            .map_or(0, |s| s.region.slot)
+            .map_or(0, |s| s.number)
     }
 
     /// Refuses `what` on the owner of a slot other than 0: it changes the descriptor (disks,
@@ -1584,7 +1587,7 @@ impl FileSystem {
             Some(slot) => {
                 let mut record = slot.record.lock();
                 let next = crate::slot::SlotRecord {
-                    slot: slot.region.slot,
+                    slot: slot.number,
                     generation: record.generation + 1,
                     replay_from: lsn,
                     page_generation: prepared.generation,
@@ -1599,7 +1602,7 @@ impl FileSystem {
                                 .filter(|a| *a != crate::descriptor::NO_SECOND_COPY),
                         })
                         .collect(),
-                    regions: crate::slot::regions_of(&desc, slot.region.slot)
+                    regions: crate::slot::regions_of(&desc, slot.number)
                         .into_iter()
                         .map(|r| r as u32)
                         .collect(),
@@ -1616,7 +1619,8 @@ impl FileSystem {
                         .filter(|d| desc.disks.iter().any(|x| x.index == *d))
                         .collect(),
                 };
-                crate::slot::write_record(&desc, &self.devices, &slot.region, &next)?;
+                let region = slot.region.lock().clone();
+                crate::slot::write_record(&desc, &self.devices, &region, &next)?;
                 *record = next;
             }
         }

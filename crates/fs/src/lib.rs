@@ -42,6 +42,7 @@ mod report;
 pub mod restripe;
 mod shard_tree;
 pub mod slot;
+mod slot_move;
 mod write_behind;
 
 pub use data::{FileData, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_BYTES_MAX};

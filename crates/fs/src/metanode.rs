@@ -414,6 +414,12 @@ pub(crate) trait Namespace: Send + Sync {
     /// the slot takes the map regions of the descriptor on disk and writes there again.
     fn hold_map_writes(&self, hold: bool, id: u64) -> FsResult<()>;
 
+    /// A move of this owner slot's region (records and log) by the file system manager
+    /// (`slot_move.rs`): the slot moves to `to`, which the descriptor on disk reserves, and
+    /// answers `true` once it is there; with `give_up`, it gives the move up unless it is
+    /// there already (`false`), and refuses it from then on.
+    fn move_slot_region(&self, to: &crate::slot::SlotRegion, give_up: bool) -> FsResult<bool>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

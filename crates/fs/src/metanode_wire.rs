@@ -342,6 +342,13 @@ pub enum MetanodeRequest {
         hold: bool,
         id: u64,
     },
+    /// From the file system manager moving this owner slot's region (records and log) to
+    /// `to`, which the descriptor on disk reserves ([`Namespace::move_slot_region`],
+    /// `slot_move.rs`), or giving that move up.
+    MoveSlotRegion {
+        to: crate::slot::SlotRegion,
+        give_up: bool,
+    },
 }
 
 impl MetanodeRequest {
@@ -408,6 +415,7 @@ impl MetanodeRequest {
             Q::MovePagesOff { .. } => "MovePagesOff",
             Q::DropDisks { .. } => "DropDisks",
             Q::HoldMapWrites { .. } => "HoldMapWrites",
+            Q::MoveSlotRegion { .. } => "MoveSlotRegion",
         }
     }
 }
@@ -976,6 +984,11 @@ where
         Q::MovePagesOff { budget } => answer(owner.move_pages_off(budget), R::Count),
         Q::DropDisks { disks } => answer(owner.drop_disks(&disks), |()| R::Done),
         Q::HoldMapWrites { hold, id } => answer(owner.hold_map_writes(hold, id), |()| R::Done),
+        Q::MoveSlotRegion { to, give_up } => {
+            answer(owner.move_slot_region(&to, give_up), |moved| {
+                R::Count(u64::from(moved))
+            })
+        }
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1141,6 +1154,7 @@ pub(crate) fn cache_changes(
         | Q::MovePagesOff { .. }
         | Q::DropDisks { .. }
         | Q::HoldMapWrites { .. }
+        | Q::MoveSlotRegion { .. }
         | Q::Leaving
         | Q::DescriptorChanged
         | Q::DiskAvailability { .. } => Vec::new(),
@@ -2522,6 +2536,14 @@ impl Namespace for RemoteMetanode {
         self.done(MetanodeRequest::HoldMapWrites { hold, id })
     }
 
+    fn move_slot_region(&self, to: &crate::slot::SlotRegion, give_up: bool) -> FsResult<bool> {
+        let request = MetanodeRequest::MoveSlotRegion {
+            to: to.clone(),
+            give_up,
+        };
+        expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n != 0, "moving an owner slot's region")
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         let request = MetanodeRequest::MovePagesOff { budget };
         expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n, "moving metadata pages")
@@ -2862,6 +2884,18 @@ mod tests {
             MetanodeRequest::HoldMapWrites {
                 hold: true,
                 id: 0x5eed,
+            },
+            MetanodeRequest::MoveSlotRegion {
+                to: crate::slot::SlotRegion {
+                    slot: 2,
+                    disk: 1,
+                    offset: 64 << 20,
+                    bytes: 8 << 20,
+                    record_bytes: 8192,
+                    log_id: [0x5a; 16],
+                    second: None,
+                },
+                give_up: false,
             },
             MetanodeRequest::AllocateFragments {
                 pool: 1,

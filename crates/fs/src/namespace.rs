@@ -673,6 +673,10 @@ impl Namespace for FileSystem {
         self.hold_own_map_writes(hold, id)
     }
 
+    fn move_slot_region(&self, to: &crate::slot::SlotRegion, give_up: bool) -> FsResult<bool> {
+        self.move_own_region(to, give_up)
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         self.owner_here("moving metadata pages")?;
         self.check_writable()?;

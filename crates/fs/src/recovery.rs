@@ -356,13 +356,14 @@ fn replay_slot_logs(
         if shards.is_empty() || shards.iter().any(|s| !state.holds(*s)) {
             continue;
         }
-        let replayed = crate::slot::read_record(desc, disks, region).and_then(|record| {
-            let (log_device, log_region) = slot_log(disks, region);
-            let (_, records) =
-                Journal::open(log_device, log_region, region.log_id, record.replay_from)?;
-            let mut scratch = new_alloc(desc);
-            replay(records, state, &mut scratch, &mut None)
-        });
+        let replayed =
+            crate::slot::current_region(desc, disks, region).and_then(|(region, record)| {
+                let (log_device, log_region) = slot_log(disks, &region);
+                let (_, records) =
+                    Journal::open(log_device, log_region, region.log_id, record.replay_from)?;
+                let mut scratch = new_alloc(desc);
+                replay(records, state, &mut scratch, &mut None)
+            });
         if let Err(e) = replayed {
             problems.push(format!(
                 "owner slot {}: its log does not replay over its record ({e}); its shards are \
@@ -516,7 +517,8 @@ pub(crate) fn recover_slot(
             desc.name
         )));
     }
-    let record = crate::slot::read_record(desc, disks, &region)?;
+    // Where its records and log are: a move under its owner may have forwarded them.
+    let (region, record) = crate::slot::current_region(desc, disks, &region)?;
     // The regions it gave back are not its own, whether or not the manager committed
     // their move yet.
     let desc = &crate::slot::without_given_back(desc, slot, &record.given_back);
@@ -722,6 +724,12 @@ fn referenced_extents_by_shard(
                 .into_iter()
                 .map(|e| (e, format!("owner slot {}", region.slot), None)),
         );
+    }
+    for region in desc.slot_moves.iter().flatten() {
+        out.extend(region.extents(desc).into_iter().map(|e| {
+            let what = format!("the region reserved for owner slot {}'s move", region.slot);
+            (e, what, None)
+        }));
     }
     let held = state.held_shards();
     let (store, trees) = state.trees_mut();

@@ -512,15 +512,73 @@ pub(crate) fn write_record(
     Ok(written)
 }
 
-/// The newest record of the slot: both halves of every copy whose disk is up are read and
-/// the highest generation that verifies wins. An error names every damaged half when none
-/// verifies.
+/// The newest record of the slot, from the region it is in: its descriptor region, or the
+/// region that one forwards to (a move under its owner, `slot_move.rs`).
 pub(crate) fn read_record(
     desc: &FsDescriptor,
     disks: &DiskSet,
     region: &SlotRegion,
 ) -> FsResult<SlotRecord> {
-    let mut best: Option<SlotRecord> = None;
+    current_region(desc, disks, region).map(|(_, record)| record)
+}
+
+/// Where the slot's records and log are, with its newest record: `region` (as the
+/// descriptor names it), or the region its newest record forwards to. A forward that
+/// disagrees with the move the descriptor reserves, or leads to another forward, is
+/// damage.
+pub(crate) fn current_region(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    region: &SlotRegion,
+) -> FsResult<(SlotRegion, SlotRecord)> {
+    let forward = match read_newest(desc, disks, region)? {
+        Stored::Record(r) => return Ok((region.clone(), r)),
+        Stored::Forward(f) => f,
+    };
+    let to = forward.target(region);
+    let damaged = |why: String| {
+        FsError::Corrupt(format!(
+            "owner slot {} of {}: its region on {} forwards to {} at byte {}, {why}; run \
+             tessera fsck {}",
+            region.slot,
+            desc.name,
+            disks.name(region.disk),
+            disks.name(to.disk),
+            to.offset,
+            desc.name
+        ))
+    };
+    if desc.slot_move(region.slot).is_some_and(|m| *m != to) {
+        return Err(damaged(
+            "which is not the move the descriptor reserves".into(),
+        ));
+    }
+    match read_newest(desc, disks, &to)? {
+        Stored::Record(r) => Ok((to, r)),
+        Stored::Forward(_) => Err(damaged("which forwards again".into())),
+    }
+}
+
+/// What a record half holds.
+enum Stored {
+    Record(SlotRecord),
+    Forward(crate::slot_move::SlotForward),
+}
+
+impl Stored {
+    fn generation(&self) -> u64 {
+        match self {
+            Stored::Record(r) => r.generation,
+            Stored::Forward(f) => f.generation,
+        }
+    }
+}
+
+/// The newest of what `region`'s halves hold: both halves of every copy whose disk is up
+/// are read and the highest generation that verifies wins. An error names every damaged
+/// half when none verifies.
+fn read_newest(desc: &FsDescriptor, disks: &DiskSet, region: &SlotRegion) -> FsResult<Stored> {
+    let mut best: Option<Stored> = None;
     let mut problems = Vec::new();
     for (disk, offset) in region.copies() {
         if disks.is_down(disk) {
@@ -531,32 +589,33 @@ pub(crate) fn read_record(
         for half in 0..2u64 {
             let mut buf = AlignedBuf::zeroed(region.record_bytes as usize);
             let at = offset + half * u64::from(region.record_bytes);
+            let name = || format!("{} record {}", dev.name(), b"AB"[half as usize] as char);
             if let Err(e) = dev.read_at(&mut buf, at) {
-                problems.push(format!(
-                    "{} record {}: {e}",
-                    dev.name(),
-                    b"AB"[half as usize] as char
-                ));
+                problems.push(format!("{}: {e}", name()));
                 continue;
             }
-            match SlotRecord::decode(&buf, &desc.fs_uuid, region.slot) {
-                Ok(Some(r)) if r.generation % 2 != half => problems.push(format!(
-                    "{} record {}: generation {} in the wrong half",
-                    dev.name(),
-                    b"AB"[half as usize] as char,
-                    r.generation
+            let decoded = if buf[0..8] == crate::slot_move::FORWARD_MAGIC {
+                crate::slot_move::SlotForward::decode(&buf, &desc.fs_uuid, region.slot)
+                    .map(|f| Some(Stored::Forward(f)))
+            } else {
+                SlotRecord::decode(&buf, &desc.fs_uuid, region.slot).map(|r| r.map(Stored::Record))
+            };
+            match decoded {
+                Ok(Some(r)) if r.generation() % 2 != half => problems.push(format!(
+                    "{}: generation {} in the wrong half",
+                    name(),
+                    r.generation()
                 )),
                 Ok(Some(r)) => {
-                    if best.as_ref().is_none_or(|b| r.generation > b.generation) {
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| r.generation() > b.generation())
+                    {
                         best = Some(r);
                     }
                 }
                 Ok(None) => {}
-                Err(why) => problems.push(format!(
-                    "{} record {}: {why}",
-                    dev.name(),
-                    b"AB"[half as usize] as char
-                )),
+                Err(why) => problems.push(format!("{}: {why}", name())),
             }
         }
     }
@@ -577,7 +636,11 @@ pub(crate) fn read_record(
 
 /// Formats the region's log (every copy) and writes its first record, so that the region is
 /// complete before any descriptor names it.
-fn initialise(desc: &FsDescriptor, disks: &DiskSet, region: &SlotRegion) -> FsResult<()> {
+pub(crate) fn initialise(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    region: &SlotRegion,
+) -> FsResult<()> {
     let log = region.log_region();
     for (disk, offset) in region.copies() {
         let at = JournalRegion {
@@ -1362,7 +1425,7 @@ impl crate::fs::FileSystem {
             ..slot.record.lock().clone()
         }
         .encoded_len();
-        if needs > slot.region.record_bytes as usize {
+        if needs > slot.region.lock().record_bytes as usize {
             return Err(FsError::NotSupported(format!(
                 "owner slot {me}'s record has no room to name {} more dropped disk(s); delete \
                  fewer disks at once",
@@ -1481,7 +1544,7 @@ impl crate::fs::FileSystem {
     /// Blocks for a region of `slot` of at least `bytes` (records of `record` bytes), on
     /// metadata disks that are up and that `stays` accepts; the second copy apart with
     /// `-m 2`. Nothing stays allocated on failure.
-    fn place_slot_region(
+    pub(crate) fn place_slot_region(
         &self,
         m: &mut crate::fs::Meta,
         desc: &FsDescriptor,
@@ -1827,7 +1890,17 @@ pub(crate) fn hold_regions_on(
 
 /// What the owner of a slot other than 0 keeps beside the owner's state.
 pub(crate) struct SlotOwner {
-    pub region: SlotRegion,
+    /// The slot's number (1 and up).
+    pub number: u32,
+    /// Where its records and log are: the descriptor's region, or the one it moved to
+    /// (`slot_move.rs`) before the descriptor names it.
+    pub region: parking_lot::Mutex<SlotRegion>,
+    /// Moves of its region the file system manager gave up (by the new region's log id):
+    /// a late request for one is refused.
+    pub moves_given_up: parking_lot::Mutex<Vec<[u8; 16]>>,
+    /// A forward record's write failed: whether the slot moved only a mount can tell, so no
+    /// move is given up or made before one.
+    pub forward_in_doubt: std::sync::atomic::AtomicBool,
     /// The record the last checkpoint wrote (the next one is of the next generation).
     pub record: parking_lot::Mutex<SlotRecord>,
     /// The regions the next record names as given back ([`SlotRecord::given_back`]).
@@ -1855,14 +1928,16 @@ impl crate::fs::FileSystem {
     /// where they are), the descriptor naming the new place is committed, and the old
     /// blocks are freed after it. Returns how many moved.
     ///
-    /// The slot's owner must not be mounted while its region moves (it would go on
-    /// writing the old place); once slots are held by nodes of the cluster, the node holding
-    /// a slot moves it itself.
+    /// A slot that owns shards or allocation regions has its owner move it
+    /// (`slot_move.rs`); one that owns nothing is copied here, and its owner must not be
+    /// mounted meanwhile.
     pub(crate) fn move_slot_regions_off(
         &self,
         leaving: &[DiskIndex],
         apart: bool,
     ) -> FsResult<usize> {
+        // A move an earlier run left reserved ends first, one way or the other.
+        self.settle_reserved_slot_moves()?;
         let mut moved = 0;
         let group = |d: DiskIndex| self.devices.failure_group(d);
         let parted = |r: &SlotRegion| r.second.is_none_or(|s| group(s.disk) != group(r.disk));
@@ -1882,17 +1957,15 @@ impl crate::fs::FileSystem {
             let Some(old) = desc.slot_regions().iter().find(|r| needs_move(r)).cloned() else {
                 return Ok(moved);
             };
-            if slot_in_use(&desc, old.slot) {
-                return Err(FsError::NotSupported(format!(
-                    "owner slot {}'s region (its records and log) lies on {}, which is being \
-                     emptied or is down, and the slot owns shards or allocation regions: its \
-                     owner writes there, and moving a slot region under its owner is not built \
-                     yet; the data and metadata pages were moved",
-                    old.slot,
-                    self.devices.name(old.disk)
-                )));
-            }
             let stays = |d: DiskIndex| !leaving.contains(&d);
+            if slot_in_use(&desc, old.slot) {
+                // Its owner writes there: it moves itself (`slot_move.rs`), without these.
+                drop(_one);
+                drop(m);
+                self.move_live_slot_region(&old, &stays)?;
+                moved += 1;
+                continue;
+            }
             let mut new = self.place_slot_region(
                 &mut m,
                 &desc,

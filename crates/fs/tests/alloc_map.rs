@@ -228,42 +228,49 @@ fn make_version_3(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.alloc_map = None;
     desc.replication = None;
-    rewrite_as(t, desc, 3, 6);
+    rewrite_as(t, desc, 3, 7);
 }
 
 /// Rewrites the newest descriptor as format version 4 wrote it: no `policy`.
 fn make_version_4(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 4, 5);
+    rewrite_as(t, desc, 4, 6);
 }
 
 /// Rewrites the newest descriptor as format version 5 wrote it: no `replication`.
 fn make_version_5(t: &TestDisks) {
     let mut desc = descriptor_on_disk(t);
     desc.replication = None;
-    rewrite_as(t, desc, 5, 4);
+    rewrite_as(t, desc, 5, 5);
 }
 
 /// Rewrites the newest descriptor as format version 6 wrote it: no `metadata_copies`.
 fn make_version_6(t: &TestDisks) {
     let desc = descriptor_on_disk(t);
     assert!(desc.metadata_copies.is_none(), "one metadata copy");
-    rewrite_as(t, desc, 6, 3);
+    rewrite_as(t, desc, 6, 4);
 }
 
 /// Rewrites the newest descriptor as format version 7 wrote it: no `slots`.
 fn make_version_7(t: &TestDisks) {
     let desc = descriptor_on_disk(t);
     assert!(desc.slots.is_none(), "no owner slot");
-    rewrite_as(t, desc, 7, 2);
+    rewrite_as(t, desc, 7, 3);
 }
 
 /// Rewrites the newest descriptor as format version 8 wrote it: no `stopped`.
 fn make_version_8(t: &TestDisks) {
     let desc = descriptor_on_disk(t);
     assert!(desc.stopped.is_none(), "no disk stopped");
-    rewrite_as(t, desc, 8, 1);
+    rewrite_as(t, desc, 8, 2);
+}
+
+/// Rewrites the newest descriptor as format version 9 wrote it: no `slot_moves`.
+fn make_version_9(t: &TestDisks) {
+    let desc = descriptor_on_disk(t);
+    assert!(desc.slot_moves.is_none(), "no slot region moving");
+    rewrite_as(t, desc, 9, 1);
 }
 
 /// Writes `desc` as the next generation in format `version`, without its last `missing`
@@ -341,13 +348,13 @@ fn slot_version(t: &TestDisks) -> u32 {
 }
 
 #[test]
-fn a_format_4_file_system_mounts_as_format_9_without_a_policy() {
+fn a_format_4_file_system_mounts_as_format_10_without_a_policy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 9);
+    assert_eq!(slot_version(&t), 10);
     make_version_4(&t);
     assert_eq!(slot_version(&t), 4);
     assert_fsck_clean(&t);
@@ -361,7 +368,11 @@ fn a_format_4_file_system_mounts_as_format_9_without_a_policy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
+    assert_eq!(
+        slot_version(&t),
+        10,
+        "the first checkpoint writes version 10"
+    );
     assert_eq!(descriptor_on_disk(&t).policy, None);
     assert_fsck_clean(&t);
     let fs = mount(&t);
@@ -371,7 +382,7 @@ fn a_format_4_file_system_mounts_as_format_9_without_a_policy() {
 }
 
 #[test]
-fn a_format_5_file_system_mounts_as_format_9_with_one_copy() {
+fn a_format_5_file_system_mounts_as_format_10_with_one_copy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -386,7 +397,11 @@ fn a_format_5_file_system_mounts_as_format_9_with_one_copy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
+    assert_eq!(
+        slot_version(&t),
+        10,
+        "the first checkpoint writes version 10"
+    );
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);
@@ -394,7 +409,7 @@ fn a_format_5_file_system_mounts_as_format_9_with_one_copy() {
 }
 
 #[test]
-fn a_format_6_file_system_mounts_as_format_9_with_one_metadata_copy() {
+fn a_format_6_file_system_mounts_as_format_10_with_one_metadata_copy() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -409,7 +424,11 @@ fn a_format_6_file_system_mounts_as_format_9_with_one_metadata_copy() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
+    assert_eq!(
+        slot_version(&t),
+        10,
+        "the first checkpoint writes version 10"
+    );
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);
@@ -417,7 +436,7 @@ fn a_format_6_file_system_mounts_as_format_9_with_one_metadata_copy() {
 }
 
 #[test]
-fn a_format_7_file_system_mounts_as_format_9_without_owner_slots() {
+fn a_format_7_file_system_mounts_as_format_10_without_owner_slots() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -434,7 +453,11 @@ fn a_format_7_file_system_mounts_as_format_9_without_owner_slots() {
     assert_eq!(fs.create_slot().unwrap(), 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
+    assert_eq!(
+        slot_version(&t),
+        10,
+        "the first checkpoint writes version 10"
+    );
     assert_eq!(descriptor_on_disk(&t).slot_regions().len(), 1);
     assert_fsck_clean(&t);
     let fs = mount(&t);
@@ -444,7 +467,36 @@ fn a_format_7_file_system_mounts_as_format_9_without_owner_slots() {
 }
 
 #[test]
-fn a_format_8_file_system_mounts_as_format_9_with_no_disk_stopped() {
+fn a_format_9_file_system_mounts_as_format_10_with_no_slot_region_moving() {
+    let t = setup();
+    let fs = mount(&t);
+    let files = churn(&fs, 0);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    make_version_9(&t);
+    assert_eq!(slot_version(&t), 9);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_files(&fs, &files);
+    let more = churn(&fs, 1);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(
+        slot_version(&t),
+        10,
+        "the first checkpoint writes version 10"
+    );
+    assert_eq!(descriptor_on_disk(&t).slot_moves, None);
+    assert_fsck_clean(&t);
+    let fs = mount(&t);
+    assert_files(&fs, &files);
+    assert_files(&fs, &more);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_format_8_file_system_mounts_as_format_10_with_no_disk_stopped() {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
@@ -459,7 +511,11 @@ fn a_format_8_file_system_mounts_as_format_9_with_no_disk_stopped() {
     let more = churn(&fs, 1);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 9, "the first checkpoint writes version 9");
+    assert_eq!(
+        slot_version(&t),
+        10,
+        "the first checkpoint writes version 10"
+    );
     assert_fsck_clean(&t);
     let fs = mount(&t);
     assert_files(&fs, &files);

@@ -2518,3 +2518,215 @@ fn a_disk_holding_a_hand_over_root_is_deleted_beside_the_slot_that_took_the_shar
     verify_in(&fs, d1.ino, &mine);
     slot_killed_reads_its_files_and_map(&t, fs, s1, dir, &[&slot_files], "after the delete");
 }
+
+/// Slot 1's region (records and log) as the manager `fs`'s descriptor names it.
+fn slot_region(fs: &FileSystem) -> tessera_fs::slot::SlotRegion {
+    let desc = fs.descriptor();
+    let region = desc.slot_regions().iter().find(|r| r.slot == 1);
+    region.expect("slot 1 has a region").clone()
+}
+
+/// `disk delete` of the disk holding a live slot's region (its records and log), with
+/// changes in the slot's log that no checkpoint covers: the slot moves itself (a checkpoint,
+/// a new log continuing its LSNs, a record there and a forward in the old region) and the
+/// manager commits the new place (refused before). Files written after the move, left in
+/// the new log only, come back when the slot is killed and mounted again; fsck is clean.
+#[test]
+fn a_disk_holding_a_live_slots_region_is_deleted_beside_its_owner() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = a_slot_beside_the_added_spare(&t);
+    let slot_files = write_files(&s1, dir, "s", 7);
+    s1.checkpoint().unwrap();
+    let mine = write_files(&fs, ROOT_INO, "m", 13);
+    let unsynced = write_files(&s1, dir, "u", 9);
+    let old = slot_region(&fs);
+
+    let report = delete_beside_the_slot(&fs, &s1, &nsd_name(&fs, old.disk));
+    assert_eq!(report.deleted, vec![old.disk], "{report:?}");
+    assert!(
+        report.restripe.progress.slot_regions_moved > 0,
+        "{report:?}"
+    );
+    let new = slot_region(&fs);
+    assert_ne!(new.disk, old.disk);
+    assert_ne!(
+        new.log_id, old.log_id,
+        "a new log, formatted at the new place"
+    );
+    assert_eq!(fs.descriptor().slot_moves, None, "the reservation ended");
+    s1.follow_descriptor().unwrap();
+    for files in [&slot_files, &unsynced] {
+        verify_in(&s1, dir, files);
+    }
+    verify_in(&fs, ROOT_INO, &mine);
+    let after = write_files(&s1, dir, "after", 31);
+
+    let all = [&slot_files, &unsynced, &after];
+    slot_killed_reads_its_files_and_map(&t, fs, s1, dir, &all, "after the delete");
+    both_remounted_read(&t, dir, &all, &[&mine], "after both remounted");
+}
+
+/// `restripe -m` moving a live slot's region off a disk marked to be emptied, the manager
+/// cut by a crash at every write, first from the start of the restripe, then from the start
+/// of settling a move that a run whose slot did not answer left reserved: the slot, moved
+/// already or not, ends in the reserved region, goes on writing and checkpointing after
+/// every cut, and fsck is clean at the end.
+#[test]
+fn a_live_slot_region_move_cut_by_a_crash_of_the_manager_at_every_write() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = a_slot_beside_the_added_spare(&t);
+    let mut slot_files = write_files(&s1, dir, "s", 7);
+    let mine = write_files(&fs, ROOT_INO, "m", 13);
+    let victim = slot_region(&fs).disk;
+    fs.mark_disks_for_delete(&[nsd_name(&fs, victim)]).unwrap();
+    s1.follow_descriptor().unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    move_cut_by_the_manager(&t, &s1, dir, "a", &mut slot_files, &mine, victim);
+    s1.fence();
+    drop(s1);
+    let (fs, s1) = two_owners_again(&t);
+    let report = delete_beside_the_slot(&fs, &s1, &nsd_name(&fs, victim));
+    assert_eq!(report.deleted, vec![victim], "{report:?}");
+    // A move left reserved by a manager that could not reach the slot.
+    let victim = slot_region(&fs).disk;
+    fs.mark_disks_for_delete(&[nsd_name(&fs, victim)]).unwrap();
+    s1.follow_descriptor().unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    let unreached = fs.restripe(
+        tessera_fs::restripe::RestripeMode::Migrate,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |_| {},
+    );
+    assert!(unreached.is_err(), "{unreached:?}");
+    assert!(
+        fs.descriptor().slot_moves.is_some(),
+        "the move stays reserved"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    s1.follow_descriptor().unwrap();
+    let left = move_cut_by_the_manager(&t, &s1, dir, "b", &mut slot_files, &mine, victim);
+    assert!(
+        left > 0,
+        "no cut fell between the slot's move and its commit"
+    );
+    s1.fence();
+    drop(s1);
+    both_remounted_read(
+        &t,
+        dir,
+        &[&slot_files],
+        &[&mine],
+        "after a slot region moved through crashes",
+    );
+}
+
+/// `restripe -m` on a manager cut by a crash at write 1, 2, ... (beside slot 1's owner
+/// `s1`, which writes files named from `phase` into `dir` after each cut) until a run ends with the slot's
+/// region off `victim`. Returns after how many cuts the move was left reserved.
+fn move_cut_by_the_manager(
+    t: &TestDisks,
+    s1: &Arc<FileSystem>,
+    dir: Ino,
+    phase: &str,
+    slot_files: &mut BTreeMap<String, Vec<u8>>,
+    mine: &BTreeMap<String, Vec<u8>>,
+    victim: u16,
+) -> usize {
+    let mut left_reserved = 0;
+    for k in 1.. {
+        assert!(k < 600, "the move never finished");
+        let (fs, faults) = manager_failing_at_write(t, s1, k);
+        let result = fs.restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &std::sync::atomic::AtomicBool::new(false),
+            &mut |_| {},
+        );
+        let crashed = crash(fs, &faults);
+        let fs = mount(t);
+        connect_owners(
+            &fs,
+            s1,
+            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+        );
+        left_reserved += usize::from(fs.descriptor().slot_moves.is_some());
+        s1.follow_descriptor().unwrap();
+        let files = write_files(s1, dir, &format!("{phase}{k}-"), k as u64);
+        s1.checkpoint().unwrap();
+        slot_files.extend(files);
+        verify_in(s1, dir, slot_files);
+        verify_in(&fs, ROOT_INO, mine);
+        let moved = slot_region(&fs).disk != victim && fs.descriptor().slot_moves.is_none();
+        fs.unmount().unwrap();
+        drop(fs);
+        if !crashed {
+            result.unwrap();
+            assert!(
+                moved,
+                "write {k}: the restripe ended with the slot on the disk"
+            );
+            eprintln!(
+                "moving a live slot's region: {} crashes before it ended",
+                k - 1
+            );
+            break;
+        }
+    }
+    left_reserved
+}
+
+/// The same move with the slot's owner cut by a crash at every write (its checkpoint,
+/// the new log's format, its record there, the forward): mounted again, the slot is in
+/// one region, old or new, with every file; a later run completes the move; fsck is clean
+/// after every cut.
+#[test]
+fn a_live_slot_region_move_cut_by_a_crash_of_the_slot_at_every_write() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = a_slot_beside_the_added_spare(&t);
+    let files = write_files(&s1, dir, "s", 7);
+    let victim = slot_region(&fs).disk;
+    fs.mark_disks_for_delete(&[nsd_name(&fs, victim)]).unwrap();
+    s1.follow_descriptor().unwrap();
+    unmount_both_and_check(&t, fs, s1, "before the cuts");
+    let mut crashes = 0;
+    for k in 1..400i64 {
+        let fs = mount(&t);
+        let (disks, faults) = with_faults(&t);
+        let s1 = FileSystem::mount_slot(disks, 1).unwrap();
+        connect_owners(
+            &fs,
+            &s1,
+            Box::new(tessera_fs::InProcessOwner(Arc::downgrade(&fs))),
+        );
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let result = fs.restripe(
+            tessera_fs::restripe::RestripeMode::Migrate,
+            &std::sync::atomic::AtomicBool::new(false),
+            &mut |_| {},
+        );
+        let crashed = crash(s1, &faults);
+        fs.unmount().unwrap();
+        drop(fs);
+        let when = format!("slot owner killed at write {k}");
+        let (fs, s1) = two_owners_again(&t);
+        verify_in(&s1, dir, &files);
+        let moved = slot_region(&fs).disk != victim && fs.descriptor().slot_moves.is_none();
+        unmount_both_and_check(&t, fs, s1, &when);
+        if !crashed {
+            result.unwrap();
+            assert!(
+                moved,
+                "{when}: the restripe ended with the slot on the disk"
+            );
+            break;
+        }
+        crashes += 1;
+    }
+    assert!(
+        crashes > 3,
+        "the move took only {crashes} writes of the slot"
+    );
+}

@@ -5,7 +5,7 @@
 //! removes what any other made; fsck is clean at the end. When a slot's holder is killed,
 //! another node takes its slot over: the others see a pause, not an error, and lose no
 //! fsynced byte. Regions a node emptied go back to the file system manager when it needs
-//! them.
+//! them. The disk holding the slots' regions is deleted under their owners.
 //!
 //! Needs root and `ip netns`; without them the test says why and passes, except under
 //! CI=true, where it fails.
@@ -271,6 +271,85 @@ fn regions_a_node_emptied_go_back_to_the_file_system_manager() {
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
 
+/// `disk delete` [mmdeldisk], typed on a client node, of the file system's first disk while
+/// the two other nodes own directories: it holds the manager's log and descriptor and both
+/// owner slots' regions (records and logs), which their owners write all the time. Each
+/// owner moves its own region when the manager asks over the node transport (a forward
+/// record in the old place commits it), the disk is deleted, every node reads every file,
+/// the owners go on writing, and after every node unmounted and mounted again (the slots
+/// read from their new regions) everything still reads and fsck is clean.
+#[test]
+fn the_disk_holding_the_slot_owners_regions_is_deleted_under_them() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    let mnt = slots_fs_with(&c, "g1", "1G", "2");
+    let mut files = Vec::new();
+    for k in 2..=3u32 {
+        std::fs::create_dir(mnt(k).join(format!("dir{k}"))).unwrap();
+        let name = format!("dir{k}/before");
+        if let Err((i, e)) = write_mib(&mnt(k).join(&name), 16, k) {
+            panic!("node {k} writing MiB {i} of {name}: {e}\n{}", log_tails(&c));
+        }
+        files.push((name, 16, k));
+    }
+    let listed = tessera_ok(&c, 1, &["mount", "ls", "g1", "-L"]);
+    assert!(listed.contains("owner slot 2"), "{listed}");
+    let stanza = c.base.join("g1-add.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=g1b usage=dataAndMetadata failureGroup=2 pool=system\n",
+            c.base.join("drives/node1-d2.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    tessera_ok(&c, 1, &["disk", "add", "g1", "-F", stanza]);
+
+    tessera_ok(&c, 3, &["disk", "delete", "g1", "g1"]);
+    let logs = all_logs(&c);
+    assert_eq!(
+        logs.matches("records and log moved from").count(),
+        2,
+        "both slot owners moved their regions\n{}",
+        log_tails(&c)
+    );
+    let disks = tessera_ok(&c, 2, &["disk", "ls", "g1"]);
+    assert!(
+        !disks
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("g1")),
+        "{disks}"
+    );
+    for k in 2..=3u32 {
+        let name = format!("dir{k}/after");
+        if let Err((i, e)) = write_mib(&mnt(k).join(&name), 8, 10 + k) {
+            panic!("node {k} writing MiB {i} of {name}: {e}\n{}", log_tails(&c));
+        }
+        files.push((name, 8, 10 + k));
+    }
+    let all_read = |when: &str| {
+        for (name, count, seed) in &files {
+            for k in 1..=3u32 {
+                assert!(
+                    holds_mib(&mnt(k).join(name), *count, *seed),
+                    "{when}: node {k} reads {name} wrong"
+                );
+            }
+        }
+    };
+    all_read("after the delete");
+    tessera_ok(&c, 2, &["umount", "g1", "-a"]);
+    let fsck = tessera_ok(&c, 1, &["fsck", "g1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 1, &["mount", "g1", "-a"]);
+    all_read("after every node mounted again");
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
+
 /// Every node's daemon log, whole.
 fn all_logs(c: &Cluster) -> String {
     (1..=3)
@@ -304,10 +383,15 @@ fn slots_fs(c: &Cluster, fs: &str) -> impl Fn(u32) -> PathBuf {
 
 /// [`slots_fs`] on a drive of `size`.
 fn slots_fs_on(c: &Cluster, fs: &str, size: &str) -> impl Fn(u32) -> PathBuf {
+    slots_fs_with(c, fs, size, "1")
+}
+
+/// [`slots_fs_on`] with `drives` drives on every node (the file system on node 1's first).
+fn slots_fs_with(c: &Cluster, fs: &str, size: &str, drives: &str) -> impl Fn(u32) -> PathBuf {
     // Every node serves its metrics in its own namespace (see `metrics_of`).
     let config = format!("{TEST_TIMINGS},metadataSlots=yes,metricsAddress=0.0.0.0:9400");
     c.ok(&[
-        "up", "3", "--drives", "1", "--size", size, "--config", &config,
+        "up", "3", "--drives", drives, "--size", size, "--config", &config,
     ]);
     let stanza = c.base.join(format!("{fs}.stanza"));
     std::fs::write(

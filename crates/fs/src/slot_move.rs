@@ -1,0 +1,545 @@
+//! An owner slot's region (its records and log) moved to other blocks while its owner
+//! writes there: `disk delete` and `restripe -m` of the disk it lies on, `restripe -r` with
+//! it on a down disk.
+//!
+//! The slot's owner writes records and log records into its region at any time, so the
+//! file system manager cannot copy the region under it; and a slot's owner mounts from the
+//! descriptor alone, so the descriptor cannot be what commits the move (an owner mounting
+//! just before that commit would go on writing the old place). The commit point is the
+//! slot's own: a *forward record* in the old region, written by the owner under its
+//! metadata and checkpoint locks, that sends every reader of the slot's records to the new
+//! region:
+//!
+//! ```text
+//!   manager                                   the slot's owner
+//!   new region allocated, reserved in the
+//!   descriptor (`slot_moves`), committed
+//!   MoveSlotRegion{to} ─────────────────────► metadata and checkpoint locks taken;
+//!                                             checkpoint (record g, old region);
+//!                                             log formatted at `to`, its LSNs going on,
+//!                                             record g+1 at `to`, flushed;
+//!                                             forward g+1 in the old region (commit point);
+//!                                             records and log written at `to` from now
+//!                          ◄───────────────── moved
+//!   descriptor naming `to` as the slot's region (the reservation dropped); the old blocks
+//!   freed once it is durable
+//! ```
+//!
+//! Whatever stops where: before the forward lands the old region is the slot's (its record
+//! g is the newest there, nothing was written after it), and the reserved blocks are only
+//! reserved; after it, every mount of the slot and every reader of its records (fsck, the
+//! manager's hand-over checks) follows the forward to `to`, which holds the record and an
+//! empty log continuing the LSNs. A reservation a manager leaves (it died, or the slot did
+//! not answer) stays in the descriptor until a later `disk delete` or restripe settles it:
+//! it asks the slot again (a slot already at `to` answers at once), and when the owner
+//! cannot do it, asks it to give the move up; a slot that gave a move up refuses it from
+//! then on, so a late request can never write a forward the manager no longer reserves.
+//! Only when the owner cannot be reached at all does the reservation stay, with the error.
+//!
+//! The forward record is written through (FUA) into the half of its generation's parity,
+//! as every slot record; little endian:
+//!
+//! ```text
+//! 0        8         12       16          24       28       32              48
+//! +--------+---------+--------+-----------+--------+--------+---------------+
+//! | magic  | version | slot   | generation| length | crc32c | fs uuid       |
+//! |TSRSLOTF| u32 = 1 | u32    | u64       | u32=32 | u32    | 16 bytes      |
+//! +--------+---------+--------+-----------+--------+--------+---------------+
+//! 48       52       56         64                80
+//! +--------+--------+----------+-----------------+
+//! | disk   | zero   | offset   | log id          |
+//! | u32    | u32    | u64      | 16 bytes        |
+//! +--------+--------+----------+-----------------+
+//! ```
+//!
+//! The crc covers bytes 0 to 80 with its own four bytes taken as zero; the rest of the
+//! record's sectors is zero. Only regions with one copy move this way: owner slots of `-m 2`
+//! file systems are not built yet.
+
+use std::sync::atomic::Ordering;
+
+use tessera_alloc::DiskIndex;
+use tessera_drive::AlignedBuf;
+
+use crate::descriptor::FsDescriptor;
+use crate::disk_set::DiskSet;
+use crate::error::{FsError, FsResult};
+use crate::fs::FileSystem;
+use crate::slot::{SlotRecord, SlotRegion};
+
+pub const FORWARD_MAGIC: [u8; 8] = *b"TSRSLOTF";
+pub const FORWARD_VERSION: u32 = 1;
+const HEADER_BYTES: usize = 48;
+const BODY_BYTES: usize = 32;
+
+/// A slot record that says the slot's records and log moved to another region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotForward {
+    pub slot: u32,
+    /// Above the generation of every record in the region it is written to.
+    pub generation: u64,
+    pub disk: u16,
+    /// Byte offset of the new region's record A on `disk`.
+    pub offset: u64,
+    /// The id the new region's log was formatted with.
+    pub log_id: [u8; 16],
+}
+
+impl SlotForward {
+    /// The region it forwards to, as large as `from`, the region it lies in.
+    pub fn target(&self, from: &SlotRegion) -> SlotRegion {
+        SlotRegion {
+            slot: from.slot,
+            disk: self.disk,
+            offset: self.offset,
+            bytes: from.bytes,
+            record_bytes: from.record_bytes,
+            log_id: self.log_id,
+            second: None,
+        }
+    }
+
+    /// The record as it is stored, `record_bytes` long.
+    pub fn encode(&self, fs_uuid: &[u8; 16], record_bytes: u32) -> AlignedBuf {
+        assert!(HEADER_BYTES + BODY_BYTES <= record_bytes as usize);
+        let mut buf = AlignedBuf::zeroed(record_bytes as usize);
+        buf[0..8].copy_from_slice(&FORWARD_MAGIC);
+        buf[8..12].copy_from_slice(&FORWARD_VERSION.to_le_bytes());
+        buf[12..16].copy_from_slice(&self.slot.to_le_bytes());
+        buf[16..24].copy_from_slice(&self.generation.to_le_bytes());
+        buf[24..28].copy_from_slice(&(BODY_BYTES as u32).to_le_bytes());
+        buf[32..48].copy_from_slice(fs_uuid);
+        buf[48..52].copy_from_slice(&u32::from(self.disk).to_le_bytes());
+        buf[56..64].copy_from_slice(&self.offset.to_le_bytes());
+        buf[64..80].copy_from_slice(&self.log_id);
+        let crc = crc32c::crc32c(&buf[..HEADER_BYTES + BODY_BYTES]);
+        buf[28..32].copy_from_slice(&crc.to_le_bytes());
+        buf
+    }
+
+    /// Reads a forward of `slot` of the file system `fs_uuid` from its stored bytes (which
+    /// start with [`FORWARD_MAGIC`]); an error says what is wrong with one that is damaged
+    /// or belongs elsewhere.
+    pub fn decode(bytes: &[u8], fs_uuid: &[u8; 16], slot: u32) -> Result<SlotForward, String> {
+        let le_u32 = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
+        let le_u64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+        if bytes.len() < HEADER_BYTES + BODY_BYTES || bytes[0..8] != FORWARD_MAGIC {
+            return Err("not a forward record".into());
+        }
+        let version = le_u32(&bytes[8..]);
+        if version != FORWARD_VERSION {
+            return Err(format!(
+                "forward record version {version}, this Tessera reads version {FORWARD_VERSION}"
+            ));
+        }
+        if le_u32(&bytes[24..]) as usize != BODY_BYTES {
+            return Err(format!(
+                "forward record body length {} (not {BODY_BYTES})",
+                le_u32(&bytes[24..])
+            ));
+        }
+        let mut covered = bytes[..HEADER_BYTES + BODY_BYTES].to_vec();
+        covered[28..32].fill(0);
+        if crc32c::crc32c(&covered) != le_u32(&bytes[28..]) {
+            return Err("checksum mismatch (a torn or damaged forward record)".into());
+        }
+        if bytes[32..48] != fs_uuid[..] {
+            return Err("the forward record belongs to another file system".into());
+        }
+        let stored_slot = le_u32(&bytes[12..]);
+        if stored_slot != slot {
+            return Err(format!("the forward record is slot {stored_slot}'s"));
+        }
+        let disk = le_u32(&bytes[48..]);
+        let disk = u16::try_from(disk).map_err(|_| format!("forward to disk {disk}"))?;
+        if le_u32(&bytes[52..]) != 0 {
+            return Err("forward record: reserved bytes not zero".into());
+        }
+        Ok(SlotForward {
+            slot,
+            generation: le_u64(&bytes[16..]),
+            disk,
+            offset: le_u64(&bytes[56..]),
+            log_id: bytes[64..80].try_into().unwrap(),
+        })
+    }
+}
+
+/// Writes `forward` through (FUA) into the half of its generation's parity of every copy
+/// of `from` whose disk is up; at least one must take it.
+fn write_forward(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    from: &SlotRegion,
+    forward: &SlotForward,
+) -> FsResult<()> {
+    let buf = forward.encode(&desc.fs_uuid, from.record_bytes);
+    let half = (forward.generation % 2) * u64::from(from.record_bytes);
+    let mut written = 0;
+    let mut last_err = None;
+    for (disk, offset) in from.copies() {
+        if disks.is_down(disk) {
+            continue;
+        }
+        match disks.get(disk).write_fua(&buf, offset + half) {
+            Ok(()) => written += 1,
+            Err(e) => last_err = Some(e),
+        }
+    }
+    match (written, last_err) {
+        (0, Some(e)) => Err(FsError::Io(e)),
+        (0, None) => Err(FsError::Usage(format!(
+            "no disk holding owner slot {} of {} is up",
+            from.slot, desc.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+impl FileSystem {
+    /// `Namespace::move_slot_region` on the owner of a slot other than 0: moves its records
+    /// and log to `to`, the region the descriptor on disk reserves for the move (see the
+    /// module doc); `Ok(true)` once the slot is there (at once when it already is). With
+    /// `give_up`, the move is given up instead unless the slot is there already:
+    /// `Ok(false)`, and a later request for it is refused.
+    pub fn move_own_region(&self, to: &SlotRegion, give_up: bool) -> FsResult<bool> {
+        self.owner_here("moving an owner slot's region")?;
+        let Some(slot) = &self.owner().slot else {
+            return Err(FsError::Invalid(
+                "slot 0's commit point is the descriptor; its log moves with the restripe".into(),
+            ));
+        };
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let from = slot.region.lock().clone();
+        if from == *to {
+            return Ok(true);
+        }
+        if slot.forward_in_doubt.load(Ordering::SeqCst) {
+            return Err(FsError::Usage(format!(
+                "owner slot {}: a write of the forward record of its region move failed, and \
+                 whether it landed only a mount can tell; unmount and mount the file system on \
+                 its node, then run the command again",
+                slot.number
+            )));
+        }
+        {
+            let mut given_up = slot.moves_given_up.lock();
+            if give_up {
+                given_up.push(to.log_id);
+                return Ok(false);
+            }
+            if given_up.contains(&to.log_id) {
+                return Err(FsError::Usage(format!(
+                    "owner slot {}: the file system manager gave this move of its region up; \
+                     run the command again",
+                    slot.number
+                )));
+            }
+        }
+        if to.slot != slot.number
+            || to.bytes != from.bytes
+            || to.record_bytes != from.record_bytes
+            || to.second.is_some()
+            || from.second.is_some()
+        {
+            return Err(FsError::Invalid(format!(
+                "owner slot {}: a region of {} bytes ({} per record) cannot take the place of \
+                 its region of {} bytes ({} per record){}",
+                slot.number,
+                to.bytes,
+                to.record_bytes,
+                from.bytes,
+                from.record_bytes,
+                if to.second.is_some() || from.second.is_some() {
+                    ", and regions with two copies do not move under their owner"
+                } else {
+                    ""
+                }
+            )));
+        }
+        self.check_writable()?;
+        let durable = crate::descriptor::read_descriptor(&self.devices.all())?;
+        if durable.slot_move(slot.number) != Some(to) {
+            return Err(FsError::Usage(format!(
+                "owner slot {}: the descriptor on disk (generation {}) reserves no region at \
+                 {} byte {} for it; run the command again",
+                slot.number,
+                durable.generation,
+                self.devices.name(to.disk),
+                to.offset
+            )));
+        }
+        self.checkpoint_under_lock(&mut m)?;
+        let end = self.journal().appended_lsn();
+        assert!(
+            self.journal().durable_lsn() >= end,
+            "a checkpoint commits the log"
+        );
+        let lsn = tessera_journal::page_start_at_or_after(end);
+        let desc = self.owner().desc.lock().clone();
+        crate::slot::initialise(&desc, &self.devices, to)?;
+        let (journal, records) = tessera_journal::Journal::open(
+            self.devices.get(to.disk),
+            to.log_region(),
+            to.log_id,
+            lsn,
+        )?;
+        assert!(records.is_empty(), "a freshly formatted log has no records");
+        let mut record = slot.record.lock();
+        let next = SlotRecord {
+            generation: record.generation + 1,
+            replay_from: lsn,
+            ..record.clone()
+        };
+        crate::slot::write_record(&desc, &self.devices, to, &next)?;
+        // The log's format and the zeroed half are plain writes: on stable storage before
+        // the forward sends anyone there.
+        self.devices.get(to.disk).flush()?;
+        let forward = SlotForward {
+            slot: slot.number,
+            generation: next.generation,
+            disk: to.disk,
+            offset: to.offset,
+            log_id: to.log_id,
+        };
+        if let Err(e) = write_forward(&desc, &self.devices, &from, &forward) {
+            // It may have landed: only a mount can tell which region is the slot's.
+            slot.forward_in_doubt.store(true, Ordering::SeqCst);
+            self.stop_checkpoints();
+            self.fence_commits();
+            return Err(FsError::Corrupt(format!(
+                "owner slot {}: writing the forward record of its region move failed ({e}); \
+                 whether it landed only a mount can tell: unmount and mount the file system \
+                 on this node, then run the command again",
+                slot.number
+            )));
+        }
+        *record = next;
+        *slot.region.lock() = to.clone();
+        self.replace_journal(journal);
+        drop(record);
+        drop(m);
+        tracing::info!(
+            "{}: owner slot {}: records and log moved from {} to {} (LSN {lsn})",
+            desc.name,
+            slot.number,
+            self.devices.name(from.disk),
+            self.devices.name(to.disk)
+        );
+        Ok(true)
+    }
+
+    /// On the file system manager: moves the region of owner slot `old.slot`, which is in
+    /// use, to blocks of metadata disks that `stays` accepts, through its owner (see the
+    /// module doc). A move an earlier run reserved is settled first, to its end or given up.
+    pub(crate) fn move_live_slot_region(
+        &self,
+        old: &SlotRegion,
+        stays: &dyn Fn(DiskIndex) -> bool,
+    ) -> FsResult<()> {
+        if old.second.is_some() {
+            return Err(FsError::NotSupported(format!(
+                "owner slot {}'s region has two copies (-m 2): moving it under its owner is not \
+                 built yet",
+                old.slot
+            )));
+        }
+        let reserved = self.owner().desc.lock().slot_move(old.slot).cloned();
+        let to = match reserved {
+            Some(to) => to,
+            None => self.reserve_slot_move(old, stays)?,
+        };
+        self.settle_slot_move(old.slot, &to)
+    }
+
+    /// Allocates the new region of `old.slot` and commits the descriptor reserving it.
+    fn reserve_slot_move(
+        &self,
+        old: &SlotRegion,
+        stays: &dyn Fn(DiskIndex) -> bool,
+    ) -> FsResult<SlotRegion> {
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
+        let to =
+            self.place_slot_region(&mut m, &desc, old.slot, old.bytes, old.record_bytes, stays)?;
+        assert!(to.second.is_none(), "one copy, as the region it replaces");
+        let mut next = desc;
+        next.slot_moves
+            .get_or_insert_with(Vec::new)
+            .push(to.clone());
+        *self.owner().desc.lock() = next;
+        self.commit_descriptor_change(
+            &mut m,
+            false,
+            &format!("reserving a new region for owner slot {}", old.slot),
+            "unmount and mount the file system again, then run the command again",
+        )?;
+        Ok(to)
+    }
+
+    /// Has the owner of `slot` move to `to`, reserved in the descriptor, and commits the
+    /// outcome: `to` as the slot's region, or the reservation dropped when the owner gave
+    /// the move up (then the error says why it did not move). Either way the blocks no
+    /// longer used are freed after the commit.
+    fn settle_slot_move(&self, slot: u32, to: &SlotRegion) -> FsResult<()> {
+        let Some(ns) = self.slot_namespace(slot) else {
+            return Err(FsError::Usage(format!(
+                "owner slot {slot} has no owner this node can reach to move its region; mount \
+                 the file system on its node and run the command again"
+            )));
+        };
+        let why = match ns.move_slot_region(to, false) {
+            Ok(_) => return self.end_slot_move(slot, true),
+            Err(e) => e,
+        };
+        match ns.move_slot_region(to, true) {
+            // The first answer was lost, not the move.
+            Ok(true) => self.end_slot_move(slot, true),
+            Ok(false) => {
+                self.end_slot_move(slot, false)?;
+                Err(FsError::Usage(format!(
+                    "owner slot {slot} did not move its region ({why}); it stays where it was"
+                )))
+            }
+            Err(e) => Err(FsError::Usage(format!(
+                "owner slot {slot} did not move its region ({why}) and could not be asked to \
+                 give the move up ({e}); the new region stays reserved until a later disk \
+                 delete or restripe settles it: run the command again once its owner answers"
+            ))),
+        }
+    }
+
+    /// Commits the end of `slot`'s reserved move: with `moved`, the reserved region becomes
+    /// the slot's and its old one is freed; without, the reserved one is freed.
+    fn end_slot_move(&self, slot: u32, moved: bool) -> FsResult<()> {
+        let mut m = self.owner().meta.lock();
+        let _one = self.owner().checkpoint_lock.lock();
+        let desc = self.owner().desc.lock().clone();
+        let to = desc
+            .slot_move(slot)
+            .cloned()
+            .expect("a reserved move is settled once, by the manager");
+        let mut next = desc.clone();
+        if let Some(moves) = &mut next.slot_moves {
+            moves.retain(|r| r.slot != slot);
+        }
+        if next.slot_moves.as_ref().is_some_and(|m| m.is_empty()) {
+            next.slot_moves = None;
+        }
+        let freed = if moved {
+            let region = next
+                .slots
+                .iter_mut()
+                .flat_map(|s| s.regions.iter_mut())
+                .find(|r| r.slot == slot)
+                .expect("a moving slot has a region");
+            std::mem::replace(region, to.clone()).extents(&desc)
+        } else {
+            to.extents(&desc)
+        };
+        *self.owner().desc.lock() = next;
+        m.pending_free.extend(freed.into_iter().map(|e| (0, e)));
+        self.commit_descriptor_change(
+            &mut m,
+            false,
+            &format!("moving owner slot {slot}"),
+            "unmount and mount the file system again, then run the command again",
+        )?;
+        if moved {
+            tracing::info!(
+                "{}: owner slot {slot} moved to {} under its owner",
+                desc.name,
+                self.devices.name(to.disk)
+            );
+        }
+        Ok(())
+    }
+
+    /// Settles every move a run before this one reserved and left (see the module doc).
+    pub(crate) fn settle_reserved_slot_moves(&self) -> FsResult<()> {
+        let moves = self.owner().desc.lock().slot_moves.clone();
+        for to in moves.unwrap_or_default() {
+            self.settle_slot_move(to.slot, &to)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UUID: [u8; 16] = [7; 16];
+
+    fn sample() -> SlotForward {
+        SlotForward {
+            slot: 3,
+            generation: 0x0102_0304_0506_0709,
+            disk: 5,
+            offset: 0x1122_3344_5566,
+            log_id: [0xab; 16],
+        }
+    }
+
+    #[test]
+    fn a_forward_record_has_the_documented_bytes() {
+        let buf = sample().encode(&UUID, 4096);
+        assert_eq!(buf.len(), 4096);
+        assert_eq!(&buf[0..8], b"TSRSLOTF");
+        assert_eq!(buf[8..12], 1u32.to_le_bytes());
+        assert_eq!(buf[12..16], 3u32.to_le_bytes());
+        assert_eq!(buf[16..24], 0x0102_0304_0506_0709u64.to_le_bytes());
+        assert_eq!(buf[24..28], 32u32.to_le_bytes());
+        assert_eq!(&buf[32..48], &UUID);
+        assert_eq!(buf[48..52], 5u32.to_le_bytes());
+        assert_eq!(buf[52..56], [0; 4]);
+        assert_eq!(buf[56..64], 0x1122_3344_5566u64.to_le_bytes());
+        assert_eq!(&buf[64..80], &[0xab; 16]);
+        assert!(buf[80..].iter().all(|b| *b == 0));
+        let mut covered = buf[..80].to_vec();
+        covered[28..32].fill(0);
+        assert_eq!(buf[28..32], crc32c::crc32c(&covered).to_le_bytes());
+        assert_eq!(SlotForward::decode(&buf, &UUID, 3), Ok(sample()));
+    }
+
+    #[test]
+    fn damaged_or_foreign_forwards_are_refused_by_name() {
+        let good = sample().encode(&UUID, 512);
+        let refused = |edit: &dyn Fn(&mut [u8]), slot: u32, why: &str| {
+            let mut b = good.to_vec();
+            edit(&mut b);
+            let e = SlotForward::decode(&b, &UUID, slot).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        };
+        refused(&|_| {}, 4, "slot 3's");
+        refused(&|b| b[60] ^= 1, 3, "checksum mismatch");
+        refused(&|b| b[8] = 2, 3, "version 2");
+        refused(&|b| b[24] = 40, 3, "body length 40");
+        let other = sample().encode(&[9; 16], 512);
+        assert!(SlotForward::decode(&other, &UUID, 3)
+            .unwrap_err()
+            .contains("another file system"));
+        assert!(SlotForward::decode(&good[..64], &UUID, 3).is_err());
+    }
+
+    #[test]
+    fn a_forward_leads_to_a_region_as_large_as_the_one_it_lies_in() {
+        let from = SlotRegion {
+            slot: 3,
+            disk: 1,
+            offset: 1 << 20,
+            bytes: 8 << 20,
+            record_bytes: 8192,
+            log_id: [1; 16],
+            second: None,
+        };
+        let to = sample().target(&from);
+        assert_eq!((to.slot, to.disk, to.offset), (3, 5, 0x1122_3344_5566));
+        assert_eq!(
+            (to.bytes, to.record_bytes, to.log_id),
+            (8 << 20, 8192, [0xab; 16])
+        );
+    }
+}
