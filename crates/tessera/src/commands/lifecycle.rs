@@ -207,9 +207,32 @@ pub fn shutdown_nodes(home: &Home, select: &NodeSelectArgs) -> Result<()> {
         return shutdown(home);
     }
     let plan = Plan::new(home, select)?;
+    if plan.total > 1 {
+        unmount_before_stopping(home, select);
+    }
     let remote = plan.run_remote("shutdown", SHUTDOWN_WAIT + REMOTE_MARGIN)?;
     let local = plan.local.as_ref().map(|node| (node, shutdown(home)));
     plan.report("shutdown", Ok(remote), local)
+}
+
+/// The file systems mounted on the nodes selected, unmounted on them before any daemon
+/// stops, as mmshutdown -a does: each unmount hands what its node served (owner slots it
+/// holds) to the others through the cluster configuration, which needs a majority of the
+/// quorum nodes, and the last daemons to stop would no longer have one and would wait for
+/// it in vain. Best effort: a failure is reported, the daemons stop anyway (their next
+/// mount replays the logs).
+fn unmount_before_stopping(home: &Home, select: &NodeSelectArgs) {
+    let Ok(Reply::Mounts(rows)) = super::call(home, &Request::MountList { name: None }) else {
+        return;
+    };
+    for row in rows.iter().filter(|r| !r.nodes.is_empty()) {
+        if let Err(e) = super::io::umount_nodes(home, &row.file_system, select) {
+            println!(
+                "tessera shutdown: {}: {e:#}; the daemons stop anyway",
+                row.file_system
+            );
+        }
+    }
 }
 
 /// The nodes a `startup`/`shutdown`/`mount`/`umount -a|-N` acts on.
