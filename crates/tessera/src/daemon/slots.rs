@@ -79,20 +79,18 @@ impl Daemon {
         // The slot recorded for this node; if another node took it over meanwhile, once
         // more after that node gave it back.
         for attempt in 0..2 {
-            if let Some(slot) = record
-                .slot_holders
-                .iter()
-                .filter(|h| h.node == me)
-                .map(|h| h.slot)
-                .min()
-            {
+            if let Some(slot) = self.slot_to_claim(&record) {
                 let claimed = self.change_fs_record(&record.name, &|rec| {
                     let mut mine = false;
-                    for h in rec.slot_holders.iter_mut().filter(|h| h.node == me) {
+                    for h in rec.slot_holders.iter_mut() {
                         if h.slot == slot {
+                            if h.node != me && self.holder_serving(h) {
+                                break;
+                            }
+                            h.node = me.clone();
                             h.incarnation = Some(incarnation);
                             mine = true;
-                        } else {
+                        } else if h.node == me {
                             h.incarnation = None;
                         }
                     }
@@ -144,6 +142,31 @@ impl Daemon {
         })?;
         tracing::info!("{}: this node holds owner slot {slot}", record.name);
         Ok(slot)
+    }
+
+    /// The slot this node claims at its mount: the one made for it (its directories are
+    /// there) when it is recorded for this node or for a node that no longer serves it (one
+    /// that took it over and unmounted since); else, for a table from before homes were
+    /// kept, the lowest slot recorded for this node. Never a slot made for another node that
+    /// this node only took over: that node claims it when it mounts, and a node claiming it
+    /// instead would send that node to make a new slot beside its own directories.
+    fn slot_to_claim(&self, record: &FsRecord) -> Option<u32> {
+        let me = &self.cluster.node_name;
+        let home = record
+            .slot_holders
+            .iter()
+            .filter(|h| h.home.as_ref() == Some(me))
+            .filter(|h| &h.node == me || !self.holder_serving(h))
+            .map(|h| h.slot)
+            .min();
+        home.or_else(|| {
+            record
+                .slot_holders
+                .iter()
+                .filter(|h| &h.node == me && h.home.is_none())
+                .map(|h| h.slot)
+                .min()
+        })
     }
 
     /// Asks the node that took over the slot made for this node (while this node was down)
