@@ -1246,6 +1246,14 @@ pub trait MetanodeChannel: Send + Sync {
     /// Node `owner` in incarnation `incarnation` announced that it owns the metadata now
     /// (a fence): send there from now on.
     fn owner_announced(&self, _owner: u32, _incarnation: u64) {}
+
+    /// Like [`MetanodeChannel::call`], but one attempt, to the owner the channel sends to
+    /// now: no waiting for an owner that does not answer and no looking for another. For
+    /// what a departing mount tells its owners as a courtesy (`Leaving`): an owner that is
+    /// not served needs none of it, since whoever serves it next fences every client.
+    fn call_once(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        self.call(request)
+    }
 }
 
 /// Unsynced updates a client keeps at most before it commits them itself.
@@ -1925,7 +1933,18 @@ impl RemoteMetanode {
     /// before.
     pub(crate) fn leave(&self) {
         self.give_back_fragments();
-        if let Err(e) = self.done(MetanodeRequest::Leaving) {
+        // Once: an owner unmounting at the same time (`umount -a`) is not waited for.
+        let told = self
+            .channel
+            .call_once(encode(&MetanodeRequest::Leaving))
+            .and_then(|reply| match decode::<MetanodeReply>(&reply, "reply")? {
+                MetanodeReply::Done => Ok(()),
+                MetanodeReply::Failed(e) => Err(e.into()),
+                other => Err(FsError::Invalid(format!(
+                    "a metanode answered Leaving with {other:?}"
+                ))),
+            });
+        if let Err(e) = told {
             tracing::info!("telling the owner this mount is going: {e}");
         }
     }

@@ -277,7 +277,8 @@ fn regions_a_node_emptied_go_back_to_the_file_system_manager() {
 /// owner moves its own region when the manager asks over the node transport (a forward
 /// record in the old place commits it), the disk is deleted, every node reads every file,
 /// the owners go on writing, and after every node unmounted and mounted again (the slots
-/// read from their new regions) everything still reads and fsck is clean.
+/// read from their new regions, each node claiming its own again) everything still reads
+/// and fsck is clean.
 #[test]
 fn the_disk_holding_the_slot_owners_regions_is_deleted_under_them() {
     if !netns_usable() {
@@ -347,6 +348,15 @@ fn the_disk_holding_the_slot_owners_regions_is_deleted_under_them() {
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["mount", "g1", "-a"]);
     all_read("after every node mounted again");
+    // Each node claimed the slot made for it again, none asked for another.
+    let logs = all_logs(&c);
+    assert_eq!(
+        logs.matches("asking the manager for a new owner slot")
+            .count(),
+        2,
+        "{}",
+        log_tails(&c)
+    );
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
 

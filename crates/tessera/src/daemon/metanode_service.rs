@@ -285,6 +285,10 @@ impl MetanodeChannel for FollowingChannel {
         self.call_pinned(request, Some(seen))
     }
 
+    fn call_once(&self, request: Vec<u8>) -> FsResult<Vec<u8>> {
+        self.call_attempts(request, None, false)
+    }
+
     fn generation(&self) -> u64 {
         self.moves.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -319,6 +323,16 @@ impl FollowingChannel {
     /// owner is still the one of that generation (checked under the target's lock with
     /// every attempt, so a move between two attempts is never missed).
     fn call_pinned(&self, request: Vec<u8>, seen: Option<u64>) -> FsResult<Vec<u8>> {
+        self.call_attempts(request, seen, true)
+    }
+
+    /// [`FollowingChannel::call_pinned`]; without `patient`, one attempt only.
+    fn call_attempts(
+        &self,
+        request: Vec<u8>,
+        seen: Option<u64>,
+        patient: bool,
+    ) -> FsResult<Vec<u8>> {
         let deadline = std::time::Instant::now() + METANODE_WAIT;
         let mut last_error;
         loop {
@@ -369,7 +383,7 @@ impl FollowingChannel {
                     last_error = e;
                 }
             }
-            if std::time::Instant::now() >= deadline {
+            if !patient || std::time::Instant::now() >= deadline {
                 return Err(last_error);
             }
             let located = match self.slot {
