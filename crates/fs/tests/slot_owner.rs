@@ -2730,3 +2730,49 @@ fn a_live_slot_region_move_cut_by_a_crash_of_the_slot_at_every_write() {
         "the move took only {crashes} writes of the slot"
     );
 }
+
+/// `disk delete` of the disk holding a live slot's region while the slot's owner and the
+/// manager write files all along (each writer checkpointing now and then): the move waits
+/// for the slot's metadata and checkpoint locks like any change, no writer sees an error,
+/// every file verifies before and after the slot is killed and mounted again, and fsck is
+/// clean.
+#[test]
+fn a_live_slots_region_moves_while_both_owners_write() {
+    let t = two_region_fs_and_a_spare();
+    let (fs, s1, dir) = a_slot_beside_the_added_spare(&t);
+    let old = slot_region(&fs);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let writer = |owner: &FileSystem, dir: Ino, tag: &str| {
+        let mut all = BTreeMap::new();
+        let mut round = 0u64;
+        while !stop.load(Ordering::SeqCst) || round < 3 {
+            all.extend(write_files(owner, dir, &format!("{tag}{round}-"), round));
+            if round % 4 == 3 {
+                owner.checkpoint().unwrap();
+            }
+            round += 1;
+        }
+        all
+    };
+    let (report, slot_files, mine) = std::thread::scope(|scope| {
+        let slot_writer = scope.spawn(|| writer(&s1, dir, "s"));
+        let manager_writer = scope.spawn(|| writer(&fs, ROOT_INO, "m"));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let report = delete_beside_the_slot(&fs, &s1, &nsd_name(&fs, old.disk));
+        stop.store(true, Ordering::SeqCst);
+        (
+            report,
+            slot_writer.join().unwrap(),
+            manager_writer.join().unwrap(),
+        )
+    });
+    assert_eq!(report.deleted, vec![old.disk], "{report:?}");
+    assert_ne!(slot_region(&fs).disk, old.disk);
+    s1.follow_descriptor().unwrap();
+    verify_in(&s1, dir, &slot_files);
+    verify_in(&fs, ROOT_INO, &mine);
+    slot_killed_reads_its_files_and_map(&t, fs, s1, dir, &[&slot_files], "after the delete");
+    let (fs, s1) = two_owners_again(&t);
+    verify_in(&fs, ROOT_INO, &mine);
+    unmount_both_and_check(&t, fs, s1, "after both remounted");
+}
