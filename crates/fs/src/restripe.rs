@@ -719,13 +719,7 @@ impl FileSystem {
                 return Ok(false);
             }
         }
-        self.checkpoint_under_lock(&mut m)?;
-        let end = self.journal().appended_lsn();
-        assert!(
-            self.journal().durable_lsn() >= end,
-            "a checkpoint commits the log"
-        );
-        let lsn = tessera_journal::page_start_at_or_after(end);
+        let lsn = self.checkpoint_for_a_new_log(&mut m)?;
         // As that checkpoint left it.
         let desc = self.owner().desc.lock().clone();
         let mut next = desc.clone();
@@ -743,6 +737,22 @@ impl FileSystem {
              the restripe",
         )?;
         Ok(true)
+    }
+
+    /// Checkpoints under the caller's metadata and checkpoint locks, so that the log holds
+    /// nothing the checkpoint does not cover, and returns the LSN a log formatted to take its
+    /// place starts at (LSNs only grow across logs).
+    pub(crate) fn checkpoint_for_a_new_log(
+        &self,
+        m: &mut crate::fs::Meta,
+    ) -> FsResult<tessera_journal::Lsn> {
+        self.checkpoint_under_lock(m)?;
+        let end = self.journal().appended_lsn();
+        assert!(
+            self.journal().durable_lsn() >= end,
+            "a checkpoint commits the log"
+        );
+        Ok(tessera_journal::page_start_at_or_after(end))
     }
 
     /// A new recovery log for `next` (its `log`, and with metadata replicated its second

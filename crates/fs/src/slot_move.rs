@@ -270,13 +270,7 @@ impl FileSystem {
                 to.offset
             )));
         }
-        self.checkpoint_under_lock(&mut m)?;
-        let end = self.journal().appended_lsn();
-        assert!(
-            self.journal().durable_lsn() >= end,
-            "a checkpoint commits the log"
-        );
-        let lsn = tessera_journal::page_start_at_or_after(end);
+        let lsn = self.checkpoint_for_a_new_log(&mut m)?;
         let desc = self.owner().desc.lock().clone();
         crate::slot::initialise(&desc, &self.devices, to)?;
         let (journal, records) = tessera_journal::Journal::open(
@@ -338,7 +332,7 @@ impl FileSystem {
         old: &SlotRegion,
         stays: &dyn Fn(DiskIndex) -> bool,
     ) -> FsResult<()> {
-        if old.second.is_some() {
+        if old.second.is_some() || self.owner().desc.lock().metadata_copies.is_some() {
             return Err(FsError::NotSupported(format!(
                 "owner slot {}'s region has two copies (-m 2): moving it under its owner is not \
                  built yet",
@@ -364,7 +358,10 @@ impl FileSystem {
         let desc = self.owner().desc.lock().clone();
         let to =
             self.place_slot_region(&mut m, &desc, old.slot, old.bytes, old.record_bytes, stays)?;
-        assert!(to.second.is_none(), "one copy, as the region it replaces");
+        assert!(
+            to.second.is_none(),
+            "one metadata copy (checked by the caller), so one copy of the region"
+        );
         let mut next = desc;
         next.slot_moves
             .get_or_insert_with(Vec::new)
@@ -417,10 +414,12 @@ impl FileSystem {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let desc = self.owner().desc.lock().clone();
-        let to = desc
-            .slot_move(slot)
-            .cloned()
-            .expect("a reserved move is settled once, by the manager");
+        let Some(to) = desc.slot_move(slot).cloned() else {
+            return Err(FsError::Usage(format!(
+                "the move of owner slot {slot}'s region was settled meanwhile (another disk \
+                 delete or restripe?); run the command again"
+            )));
+        };
         let mut next = desc.clone();
         if let Some(moves) = &mut next.slot_moves {
             moves.retain(|r| r.slot != slot);
