@@ -493,13 +493,20 @@ fn directories_move_between_owners_under_the_rename_lock() {
     let a = mkdir(&fs, ROOT_INO, b"a").ino;
     let b = mkdir(&s1, d, b"b").ino;
     // Each goes on past its 20 tries until both moved once. A move is refused while the
-    // other directory is inside the one it moves into, which a slower side can hit for
-    // thousands of tries in a row (a loaded machine ran out of 5,000 with none), so a side
-    // that has moved leaves its directory home and waits while the other has not.
+    // other directory is inside the one it moves into, which a side can hit on every try
+    // while the other is still in its first 20 (refusals are quick, moves are not: on a
+    // loaded machine one side ran through 5,000 refusals while the other made its 20
+    // moves), so a side that has moved leaves its directory home and waits while the other
+    // has not, and the bound is a time, not a count of tries.
     let done = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    let started = std::time::Instant::now();
     let race = |me: usize, there: &dyn Fn() -> bool, back: &dyn Fn() -> bool| {
         let mut tries = 0;
-        while tries < 20 || (tries < 5000 && done.iter().any(|d| d.load(Ordering::SeqCst) == 0)) {
+        let waiting = || {
+            started.elapsed() < std::time::Duration::from_secs(120)
+                && done.iter().any(|d| d.load(Ordering::SeqCst) == 0)
+        };
+        while tries < 20 || waiting() {
             tries += 1;
             if tries > 20 && done[me].load(Ordering::SeqCst) > 0 {
                 back();
