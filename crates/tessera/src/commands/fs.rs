@@ -528,7 +528,8 @@ fn fs_rows(s: &FsShow) -> Vec<(&'static str, &'static str, String, String)> {
 /// `slot 1 node2 3 regions; slot 2 node3 1 region (free)`: which node serves each owner
 /// slot (free: its holder unmounted; the first node that needs it takes it) and how many
 /// allocation regions the owner map gives it (the file system manager holds the rest; a
-/// slot gives back regions it emptied when the manager needs them).
+/// slot gives back regions it emptied when the manager needs them), and whether a move of
+/// its region (records and log) is left to settle.
 fn owner_slots(holders: &[crate::config::SlotHolder], desc: &tessera_fs::FsDescriptor) -> String {
     if holders.is_empty() {
         return "none".into();
@@ -542,13 +543,24 @@ fn owner_slots(holders: &[crate::config::SlotHolder], desc: &tessera_fs::FsDescr
         1 => "1 region".to_string(),
         n => format!("{n} regions"),
     };
+    // A move of a slot's records and log that a disk delete or restripe left reserved
+    // (the manager died, or the slot's node did not answer): the next one settles it.
+    let moving = |slot: u32| match desc.slot_move(slot) {
+        Some(_) => " (region moving: the next disk delete or restripe -m ends it)",
+        None => "",
+    };
     let mut holders = holders.to_vec();
     holders.sort_by_key(|h| h.slot);
     holders
         .iter()
-        .map(|h| match h.incarnation {
-            Some(_) => format!("slot {} {} {}", h.slot, h.node, regions(h.slot)),
-            None => format!("slot {} {} {} (free)", h.slot, h.node, regions(h.slot)),
+        .map(|h| {
+            let free = if h.incarnation.is_some() {
+                ""
+            } else {
+                " (free)"
+            };
+            let (slot, node) = (h.slot, &h.node);
+            format!("slot {slot} {node} {}{free}{}", regions(slot), moving(slot))
         })
         .collect::<Vec<_>>()
         .join("; ")
