@@ -372,18 +372,7 @@ impl SlotRecord {
         if body_len < fixed || HEADER_BYTES + body_len > bytes.len() {
             return Err(format!("body length {body_len} out of range"));
         }
-        let mut covered = bytes[..HEADER_BYTES + body_len].to_vec();
-        covered[28..32].fill(0);
-        if crc32c::crc32c(&covered) != le_u32(&bytes[28..]) {
-            return Err("checksum mismatch (a torn or damaged record)".into());
-        }
-        if bytes[32..48] != fs_uuid[..] {
-            return Err("the record belongs to another file system".into());
-        }
-        let stored_slot = le_u32(&bytes[12..]);
-        if stored_slot != slot {
-            return Err(format!("the record is slot {stored_slot}'s"));
-        }
+        verify_header(bytes, body_len, fs_uuid, slot, "record")?;
         let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
         let count = le_u32(&body[24..]) as usize;
         let region_count = le_u32(&body[28..]) as usize;
@@ -458,6 +447,31 @@ impl SlotRecord {
             dropped,
         }))
     }
+}
+
+/// Checks what every stored slot record (`what`: a record, or a forward record) carries in
+/// its 48-byte header: the crc over the header and `body_len` bytes of body with the crc's
+/// own four bytes taken as zero, the file system's uuid and the slot's number.
+pub(crate) fn verify_header(
+    bytes: &[u8],
+    body_len: usize,
+    fs_uuid: &[u8; 16],
+    slot: u32,
+    what: &str,
+) -> Result<(), String> {
+    let mut covered = bytes[..HEADER_BYTES + body_len].to_vec();
+    covered[28..32].fill(0);
+    if crc32c::crc32c(&covered) != le_u32(&bytes[28..]) {
+        return Err(format!("checksum mismatch (a torn or damaged {what})"));
+    }
+    if bytes[32..48] != fs_uuid[..] {
+        return Err(format!("the {what} belongs to another file system"));
+    }
+    let stored_slot = le_u32(&bytes[12..]);
+    if stored_slot != slot {
+        return Err(format!("the {what} is slot {stored_slot}'s"));
+    }
+    Ok(())
 }
 
 fn le_u32(b: &[u8]) -> u32 {

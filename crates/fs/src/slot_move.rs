@@ -138,18 +138,7 @@ impl SlotForward {
                 le_u32(&bytes[24..])
             ));
         }
-        let mut covered = bytes[..HEADER_BYTES + BODY_BYTES].to_vec();
-        covered[28..32].fill(0);
-        if crc32c::crc32c(&covered) != le_u32(&bytes[28..]) {
-            return Err("checksum mismatch (a torn or damaged forward record)".into());
-        }
-        if bytes[32..48] != fs_uuid[..] {
-            return Err("the forward record belongs to another file system".into());
-        }
-        let stored_slot = le_u32(&bytes[12..]);
-        if stored_slot != slot {
-            return Err(format!("the forward record is slot {stored_slot}'s"));
-        }
+        crate::slot::verify_header(bytes, BODY_BYTES, fs_uuid, slot, "forward record")?;
         let disk = le_u32(&bytes[48..]);
         let disk = u16::try_from(disk).map_err(|_| format!("forward to disk {disk}"))?;
         if le_u32(&bytes[52..]) != 0 {

@@ -347,178 +347,119 @@ fn slot_version(t: &TestDisks) -> u32 {
     u32::from_le_bytes(head[8..12].try_into().unwrap())
 }
 
-#[test]
-fn a_format_4_file_system_mounts_as_format_10_without_a_policy() {
+/// The format version the first checkpoint of a file system of any older one writes.
+const CURRENT_VERSION: u32 = 10;
+
+/// A file system made now (`before` runs on its first mount) and rewritten as format
+/// `version` wrote it (`rewrite`): fsck finds it clean, and it mounts (`at_mount` looks at
+/// it once its files are read and more are written); its first checkpoint writes the
+/// current version (`upgraded` looks at that descriptor), fsck is clean again, and a
+/// second mount reads every file.
+fn mounts_as_the_current_format(
+    version: u32,
+    rewrite: fn(&TestDisks),
+    before: impl FnOnce(&FileSystem),
+    at_mount: impl FnOnce(&FileSystem),
+    upgraded: impl FnOnce(&FsDescriptor),
+) {
     let t = setup();
     let fs = mount(&t);
     let files = churn(&fs, 0);
+    before(&fs);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(slot_version(&t), 10);
-    make_version_4(&t);
-    assert_eq!(slot_version(&t), 4);
+    assert_eq!(slot_version(&t), CURRENT_VERSION);
+    rewrite(&t);
+    assert_eq!(slot_version(&t), version);
     assert_fsck_clean(&t);
     let fs = mount(&t);
-    assert_eq!(
-        fs.allocation_map_rebuilt(),
-        None,
-        "version 4 stored its map"
-    );
     assert_files(&fs, &files);
     let more = churn(&fs, 1);
+    at_mount(&fs);
     fs.unmount().unwrap();
     drop(fs);
     assert_eq!(
         slot_version(&t),
-        10,
-        "the first checkpoint writes version 10"
+        CURRENT_VERSION,
+        "the first checkpoint writes the current version"
     );
-    assert_eq!(descriptor_on_disk(&t).policy, None);
+    upgraded(&descriptor_on_disk(&t));
     assert_fsck_clean(&t);
     let fs = mount(&t);
     assert_files(&fs, &files);
     assert_files(&fs, &more);
     fs.unmount().unwrap();
+}
+
+#[test]
+fn a_format_4_file_system_mounts_as_format_10_without_a_policy() {
+    mounts_as_the_current_format(
+        4,
+        make_version_4,
+        |_| {},
+        |fs| {
+            let rebuilt = fs.allocation_map_rebuilt();
+            assert_eq!(rebuilt, None, "version 4 stored its map");
+        },
+        |desc| assert_eq!(desc.policy, None),
+    );
 }
 
 #[test]
 fn a_format_5_file_system_mounts_as_format_10_with_one_copy() {
-    let t = setup();
-    let fs = mount(&t);
-    let files = churn(&fs, 0);
-    fs.unmount().unwrap();
-    drop(fs);
-    make_version_5(&t);
-    assert_eq!(slot_version(&t), 5);
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert_eq!(fs.descriptor().replication().data, 1);
-    assert_files(&fs, &files);
-    let more = churn(&fs, 1);
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_eq!(
-        slot_version(&t),
-        10,
-        "the first checkpoint writes version 10"
+    mounts_as_the_current_format(
+        5,
+        make_version_5,
+        |_| {},
+        |fs| assert_eq!(fs.descriptor().replication().data, 1),
+        |_| {},
     );
-    let fs = mount(&t);
-    assert_files(&fs, &files);
-    assert_files(&fs, &more);
-    fs.unmount().unwrap();
 }
 
 #[test]
 fn a_format_6_file_system_mounts_as_format_10_with_one_metadata_copy() {
-    let t = setup();
-    let fs = mount(&t);
-    let files = churn(&fs, 0);
-    fs.unmount().unwrap();
-    drop(fs);
-    make_version_6(&t);
-    assert_eq!(slot_version(&t), 6);
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert_eq!(fs.descriptor().metadata_replicas(), 1);
-    assert_files(&fs, &files);
-    let more = churn(&fs, 1);
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_eq!(
-        slot_version(&t),
-        10,
-        "the first checkpoint writes version 10"
+    mounts_as_the_current_format(
+        6,
+        make_version_6,
+        |_| {},
+        |fs| assert_eq!(fs.descriptor().metadata_replicas(), 1),
+        |_| {},
     );
-    let fs = mount(&t);
-    assert_files(&fs, &files);
-    assert_files(&fs, &more);
-    fs.unmount().unwrap();
 }
 
 #[test]
 fn a_format_7_file_system_mounts_as_format_10_without_owner_slots() {
-    let t = setup();
-    let fs = mount(&t);
-    let files = churn(&fs, 0);
-    fs.unmount().unwrap();
-    drop(fs);
-    make_version_7(&t);
-    assert_eq!(slot_version(&t), 7);
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert!(fs.slots().unwrap().is_empty());
-    assert_files(&fs, &files);
-    let more = churn(&fs, 1);
-    // The first slot of a converted file system is made as on a new one.
-    assert_eq!(fs.create_slot().unwrap(), 1);
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_eq!(
-        slot_version(&t),
-        10,
-        "the first checkpoint writes version 10"
+    mounts_as_the_current_format(
+        7,
+        make_version_7,
+        |_| {},
+        |fs| {
+            assert!(fs.slots().unwrap().is_empty());
+            // The first slot of a converted file system is made as on a new one.
+            assert_eq!(fs.create_slot().unwrap(), 1);
+        },
+        |desc| assert_eq!(desc.slot_regions().len(), 1),
     );
-    assert_eq!(descriptor_on_disk(&t).slot_regions().len(), 1);
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert_files(&fs, &files);
-    assert_files(&fs, &more);
-    fs.unmount().unwrap();
 }
 
 #[test]
 fn a_format_9_file_system_mounts_as_format_10_with_no_slot_region_moving() {
-    let t = setup();
-    let fs = mount(&t);
-    let files = churn(&fs, 0);
-    assert_eq!(fs.create_slot().unwrap(), 1);
-    fs.unmount().unwrap();
-    drop(fs);
-    make_version_9(&t);
-    assert_eq!(slot_version(&t), 9);
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert_files(&fs, &files);
-    let more = churn(&fs, 1);
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_eq!(
-        slot_version(&t),
-        10,
-        "the first checkpoint writes version 10"
+    mounts_as_the_current_format(
+        9,
+        make_version_9,
+        |fs| assert_eq!(fs.create_slot().unwrap(), 1),
+        |_| {},
+        |desc| assert_eq!(desc.slot_moves, None),
     );
-    assert_eq!(descriptor_on_disk(&t).slot_moves, None);
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert_files(&fs, &files);
-    assert_files(&fs, &more);
-    fs.unmount().unwrap();
 }
 
 #[test]
 fn a_format_8_file_system_mounts_as_format_10_with_no_disk_stopped() {
-    let t = setup();
-    let fs = mount(&t);
-    let files = churn(&fs, 0);
-    fs.unmount().unwrap();
-    drop(fs);
-    make_version_8(&t);
-    assert_eq!(slot_version(&t), 8);
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert!(fs.disk_availability().iter().all(|(_, up)| *up));
-    assert_files(&fs, &files);
-    let more = churn(&fs, 1);
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_eq!(
-        slot_version(&t),
-        10,
-        "the first checkpoint writes version 10"
+    mounts_as_the_current_format(
+        8,
+        make_version_8,
+        |_| {},
+        |fs| assert!(fs.disk_availability().iter().all(|(_, up)| *up)),
+        |_| {},
     );
-    assert_fsck_clean(&t);
-    let fs = mount(&t);
-    assert_files(&fs, &files);
-    assert_files(&fs, &more);
-    fs.unmount().unwrap();
 }
