@@ -25,7 +25,7 @@ impl FileSystem {
 
     /// The file system manager, which answers for space and inodes of the whole file
     /// system; on one node it also owns every shard.
-    fn namespace_manager(&self) -> &dyn Namespace {
+    pub(crate) fn namespace_manager(&self) -> &dyn Namespace {
         match self.remote.get() {
             Some(remote) => &**remote,
             None => self,

@@ -433,6 +433,7 @@ impl FileSystem {
                 crate::descriptor::write_descriptor_quorum(&next, &devices.up())?;
                 desc = next;
             }
+            log.set_recorded(behind);
         }
         let owner = Owner::new(
             desc,
@@ -447,7 +448,7 @@ impl FileSystem {
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
         // Made for every mount: `fs change -m 2` mirrors the log of a mounted file system.
         let weak = Arc::downgrade(&fs);
-        let hook: crate::mirrored_log::OnBehind = Arc::new(move |_copy| {
+        let hook: crate::mirrored_log::OnBehind = Arc::new(move |_state| {
             let fs = weak
                 .upgrade()
                 .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
@@ -481,17 +482,6 @@ impl FileSystem {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
         let desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
-        if desc
-            .slot_regions()
-            .iter()
-            .any(|r| r.slot == slot && r.second.is_some())
-        {
-            return Err(FsError::NotSupported(format!(
-                "owning slot {slot} of {}: its log has two copies (metadata replicated, -m 2), \
-                 and a slot owner's mirrored log is not built yet",
-                desc.name
-            )));
-        }
         let recovered = crate::recovery::recover_slot(&desc, &devices, slot)?;
         let geo = geometry(&desc);
         let mut alloc = recovered.alloc;
@@ -505,7 +495,7 @@ impl FileSystem {
             recovered.state,
             alloc,
             recovered.journal,
-            None,
+            recovered.log_copies.clone(),
             recovered.map_slots,
             None,
             Some(crate::slot::SlotOwner {
@@ -529,6 +519,24 @@ impl FileSystem {
             }),
         );
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
+        if let Some(log) = &recovered.log_copies {
+            // The descriptor is the manager's to write: the slot asks it (through the
+            // route the daemon sets before this mount serves anything).
+            let weak = Arc::downgrade(&fs);
+            log.set_on_behind(Arc::new(move |behind| {
+                let fs = weak
+                    .upgrade()
+                    .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
+                fs.namespace_manager()
+                    .record_slot_log(slot, behind)
+                    .map_err(|e| {
+                        std::io::Error::other(format!(
+                            "the file system manager did not record the state of owner slot \
+                             {slot}'s log copies: {e}"
+                        ))
+                    })
+            }));
+        }
         fs.start_owner();
         Ok(fs)
     }
@@ -1620,7 +1628,15 @@ impl FileSystem {
                         .collect(),
                 };
                 let region = slot.region.lock().clone();
-                crate::slot::write_record(&desc, &self.devices, &region, &next)?;
+                let missed =
+                    crate::slot::write_record_copies(&desc, &self.devices, &region, &next)?;
+                if let Some(log) = &*self.owner().log_copies.read() {
+                    // A copy whose record is older than the other's is behind, recorded
+                    // before the pages this checkpoint supersedes may be reused.
+                    for (c, why) in missed {
+                        log.missed(c, &why)?;
+                    }
+                }
                 *record = next;
             }
         }
@@ -1685,6 +1701,57 @@ impl FileSystem {
         Ok(())
     }
 
+    /// On the file system manager: writes the newest written descriptor again with the
+    /// state of owner slot `slot`'s log copies as its owner says it is now
+    /// (`Namespace::record_slot_log`: `Some(c)` copy `c` lacks records, `None` both are
+    /// current); as [`FileSystem::record_log_state`], nothing else of it changes.
+    pub(crate) fn record_slot_log_state(&self, slot: u32, behind: Option<u8>) -> FsResult<()> {
+        self.manager_here("recording the state of an owner slot's log copies")?;
+        if behind.is_some_and(|c| c > 1) {
+            return Err(FsError::Usage(format!(
+                "owner slot {slot}: a log has copies 0 and 1, not {behind:?}"
+            )));
+        }
+        let name = self.geo.fs_name.clone();
+        let set = |desc: &mut FsDescriptor| -> FsResult<bool> {
+            let second = desc
+                .slots
+                .as_mut()
+                .and_then(|s| s.regions.iter_mut().find(|r| r.slot == slot))
+                .and_then(|r| r.second.as_mut());
+            match second {
+                Some(second) => {
+                    let changed = second.log_behind != behind;
+                    second.log_behind = behind;
+                    Ok(changed)
+                }
+                None => Err(FsError::Usage(format!(
+                    "{name} has no owner slot {slot} whose log has two copies"
+                ))),
+            }
+        };
+        let mut written = self.owner().written_desc.lock();
+        let mut desc = written.clone();
+        if !set(&mut desc)? {
+            return Ok(());
+        }
+        desc.generation += 1;
+        crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
+        let mut current = self.owner().desc.lock();
+        current.generation = desc.generation;
+        // The slot may be gone from the one in memory (a change waiting for its checkpoint).
+        let _ = set(&mut current);
+        *written = desc;
+        match behind {
+            Some(c) => tracing::warn!(
+                "{name}: owner slot {slot}: copy {} of its log lacks records from now on",
+                c + 1
+            ),
+            None => tracing::info!("{name}: owner slot {slot}: both copies of its log are current"),
+        }
+        Ok(())
+    }
+
     /// A copy of the recovery log that was behind and whose disk is up again is copied
     /// whole from the current one, and the descriptor then records both current.
     pub(crate) fn catch_up_log(&self) -> FsResult<()> {
@@ -1692,6 +1759,7 @@ impl FileSystem {
         if let Some(log) = log {
             if log.catch_up()? {
                 self.record_log_state()?;
+                log.set_recorded(None);
             }
         }
         Ok(())

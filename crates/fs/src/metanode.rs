@@ -420,6 +420,11 @@ pub(crate) trait Namespace: Send + Sync {
     /// there already (`false`), and refuses it from then on.
     fn move_slot_region(&self, to: &crate::slot::SlotRegion, give_up: bool) -> FsResult<bool>;
 
+    /// On the file system manager, from the owner of `slot` (`-m 2`): the descriptor says
+    /// from now on that copy `behind` of the slot's log lacks records (`None`: both are
+    /// current), written before this returns (`mirrored_log.rs`).
+    fn record_slot_log(&self, slot: u32, behind: Option<u8>) -> FsResult<()>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

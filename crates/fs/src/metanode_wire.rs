@@ -17,7 +17,6 @@ use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
 use tessera_alloc::{BlockHint, DiskIndex, Extent, PoolId};
-use tessera_drive::BlockDevice;
 use tessera_journal::Lsn;
 
 use crate::access::Protection;
@@ -349,6 +348,14 @@ pub enum MetanodeRequest {
         to: crate::slot::SlotRegion,
         give_up: bool,
     },
+    /// From the owner of `slot` (`-m 2`) to the file system manager: record in the
+    /// descriptor which copy of the slot's log lacks records (`None`: both are current),
+    /// before the slot writes a record that one copy alone holds
+    /// ([`Namespace::record_slot_log`]).
+    RecordSlotLog {
+        slot: u32,
+        behind: Option<u8>,
+    },
 }
 
 impl MetanodeRequest {
@@ -416,6 +423,7 @@ impl MetanodeRequest {
             Q::DropDisks { .. } => "DropDisks",
             Q::HoldMapWrites { .. } => "HoldMapWrites",
             Q::MoveSlotRegion { .. } => "MoveSlotRegion",
+            Q::RecordSlotLog { .. } => "RecordSlotLog",
         }
     }
 }
@@ -989,6 +997,9 @@ where
                 R::Count(u64::from(moved))
             })
         }
+        Q::RecordSlotLog { slot, behind } => {
+            answer(owner.record_slot_log(slot, behind), |()| R::Done)
+        }
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1155,6 +1166,7 @@ pub(crate) fn cache_changes(
         | Q::DropDisks { .. }
         | Q::HoldMapWrites { .. }
         | Q::MoveSlotRegion { .. }
+        | Q::RecordSlotLog { .. }
         | Q::Leaving
         | Q::DescriptorChanged
         | Q::DiskAvailability { .. } => Vec::new(),
@@ -1502,7 +1514,7 @@ impl RemoteMetanode {
         // What the old owner gave out is nobody's to give back now.
         self.granted.lock().retain(|_, g| *g == generation);
         self.fragments.lock().clear();
-        if let Err(e) = self.flush(self.disks.all().into_iter()) {
+        if let Err(e) = self.flush(self.every_disk()) {
             return MetanodeReply::Failed(RemoteError::from(&e));
         }
         // In the order the owners logged them: threads of this client keep what they were
@@ -1559,11 +1571,19 @@ impl RemoteMetanode {
         Ok(())
     }
 
-    fn flush(&self, disks: impl Iterator<Item = Arc<dyn BlockDevice>>) -> FsResult<()> {
+    /// Flushes `disks` but those that are down: a disk this mount took out (a write there
+    /// failed, with copies elsewhere) holds nothing a commit waits for.
+    fn flush(&self, disks: impl Iterator<Item = u16>) -> FsResult<()> {
         for disk in disks {
-            disk.flush()?;
+            if !self.disks.is_down(disk) {
+                self.disks.get(disk).flush()?;
+            }
         }
         Ok(())
+    }
+
+    fn every_disk(&self) -> impl Iterator<Item = u16> {
+        0..self.disks.len() as u16
     }
 
     fn call(&self, request: MetanodeRequest) -> FsResult<MetanodeReply> {
@@ -2123,12 +2143,12 @@ impl Metanode for RemoteMetanode {
     }
 
     fn commit(&self, lsn: Lsn) -> FsResult<()> {
-        self.flush(self.disks.all().into_iter())?;
+        self.flush(self.every_disk())?;
         self.commit_with(MetanodeRequest::Commit { lsn }, lsn)
     }
 
     fn commit_data(&self, lsn: Lsn, disks: &[u16]) -> FsResult<()> {
-        self.flush(disks.iter().map(|d| self.disks.get(*d)))?;
+        self.flush(disks.iter().copied())?;
         // The owner has nothing of this write's data to flush: only its log record.
         self.commit_with(
             MetanodeRequest::CommitData {
@@ -2563,6 +2583,10 @@ impl Namespace for RemoteMetanode {
         expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n != 0, "moving an owner slot's region")
     }
 
+    fn record_slot_log(&self, slot: u32, behind: Option<u8>) -> FsResult<()> {
+        self.done(MetanodeRequest::RecordSlotLog { slot, behind })
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         let request = MetanodeRequest::MovePagesOff { budget };
         expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n, "moving metadata pages")
@@ -2934,6 +2958,14 @@ mod tests {
             MetanodeRequest::GiveSlotBack,
             MetanodeRequest::GiveRegionBack,
             MetanodeRequest::Gather { ino: 12 },
+            MetanodeRequest::RecordSlotLog {
+                slot: 4,
+                behind: Some(1),
+            },
+            MetanodeRequest::RecordSlotLog {
+                slot: 4,
+                behind: None,
+            },
         ];
         for r in requests {
             let bytes = encode(&r);

@@ -22,6 +22,14 @@
 //!   replays the same records.
 //! - **A copy that was behind is copied whole** before it counts again (the next
 //!   descriptor then records both current).
+//!
+//! The same device serves an owner slot's log (`-m 2`: the slot region's two copies,
+//! [`MirroredLog::for_slot`]). A slot's owner does not write the descriptor: its hook asks
+//! the file system manager to record the state in the descriptor's entry for the slot
+//! (`Namespace::record_slot_log`), and a state the descriptor does not say yet (a copy
+//! found missing at mount, a copy made current again by the mount's resync) is recorded
+//! before the next write, so that no record lands on one copy alone while the descriptor
+//! calls both current.
 
 use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -39,9 +47,10 @@ const BOTH_CURRENT: u8 = u8::MAX;
 /// Bytes copied at a time by a resync.
 const RESYNC_CHUNK_BYTES: u64 = 1 << 20;
 
-/// Makes "this copy is behind" durable (writes the descriptor); set once the file system
-/// is assembled.
-pub(crate) type OnBehind = Arc<dyn Fn(u8) -> io::Result<()> + Send + Sync>;
+/// Makes the copies' state durable (writes the descriptor, or asks the file system manager
+/// to): `Some(c)` copy `c` is behind, `None` both are current. Set once the file system is
+/// assembled.
+pub(crate) type OnBehind = Arc<dyn Fn(Option<u8>) -> io::Result<()> + Send + Sync>;
 
 pub(crate) struct MirroredLog {
     name: String,
@@ -51,6 +60,12 @@ pub(crate) struct MirroredLog {
     region_bytes: u64,
     size_bytes: u64,
     behind: AtomicU8,
+    /// What the descriptor on disk says of the copies (`behind`'s encoding); a write first
+    /// records `behind` where the two differ.
+    recorded: AtomicU8,
+    /// Held while the state is recorded, so that two writers do not record it twice and a
+    /// newer state is never overwritten by an older one.
+    recording: parking_lot::Mutex<()>,
     /// The copy reads go to first (the one the mount replayed).
     prefer: AtomicU8,
     /// Writes and flushes hold it shared; a resync holds it exclusively, so that no page
@@ -61,21 +76,68 @@ pub(crate) struct MirroredLog {
 
 impl MirroredLog {
     /// The log of `desc` over `disks`, with the copy the descriptor or the missing disks
-    /// say is behind. Refused when no current copy is on a disk that is up.
+    /// say is behind. Refused when no current copy is on a disk that is up. The file
+    /// system manager writes the descriptor that names this state itself (the mount, or the
+    /// change that opens a new log), so it counts as recorded.
     pub(crate) fn open(desc: &FsDescriptor, disks: &Arc<DiskSet>) -> FsResult<Arc<MirroredLog>> {
         let copies = desc
             .metadata_copies
             .as_ref()
             .expect("a mirrored log belongs to a file system with two metadata copies");
-        let pair = [
-            (desc.log.disk, desc.log.region.offset),
-            (copies.log_disk, copies.log_offset),
-        ];
-        let mut behind = copies.log_behind;
+        let log = MirroredLog::over(
+            format!("recovery log of {}", desc.name),
+            &desc.name,
+            disks,
+            [
+                (desc.log.disk, desc.log.region.offset),
+                (copies.log_disk, copies.log_offset),
+            ],
+            desc.log.region,
+            copies.log_behind,
+        )?;
+        log.set_recorded(log.behind());
+        Ok(log)
+    }
+
+    /// The log of owner slot `region` (a region with a second copy), as [`MirroredLog::open`].
+    pub(crate) fn for_slot(
+        desc: &FsDescriptor,
+        disks: &Arc<DiskSet>,
+        region: &crate::slot::SlotRegion,
+    ) -> FsResult<Arc<MirroredLog>> {
+        let second = region
+            .second
+            .expect("a mirrored slot log belongs to a region with two copies");
+        let log = region.log_region();
+        let records = log.offset - region.offset;
+        MirroredLog::over(
+            format!("log of owner slot {} of {}", region.slot, desc.name),
+            &desc.name,
+            disks,
+            [
+                (region.disk, log.offset),
+                (second.disk, second.offset + records),
+            ],
+            log,
+            second.log_behind,
+        )
+    }
+
+    /// Copies at `pair` (disk, byte offset of each copy's region), `region` in the first
+    /// copy's coordinates, `recorded` the descriptor's word on which one is behind.
+    fn over(
+        what: String,
+        fs_name: &str,
+        disks: &Arc<DiskSet>,
+        pair: [(DiskIndex, u64); 2],
+        region: tessera_journal::JournalRegion,
+        recorded: Option<u8>,
+    ) -> FsResult<Arc<MirroredLog>> {
+        let mut behind = recorded;
         for (c, (disk, _)) in pair.iter().enumerate() {
             if disks.is_down(*disk) && behind != Some(c as u8) {
                 if behind.is_some() {
-                    return Err(no_current_copy(desc, disks, &pair, behind));
+                    return Err(no_current_copy(&what, fs_name, disks, &pair, behind));
                 }
                 behind = Some(c as u8);
             }
@@ -83,23 +145,24 @@ impl MirroredLog {
         if let Some(b) = behind {
             let current = pair[1 - b as usize].0;
             if disks.is_down(current) {
-                return Err(no_current_copy(desc, disks, &pair, behind));
+                return Err(no_current_copy(&what, fs_name, disks, &pair, behind));
             }
         }
-        // In the first copy's coordinates, whether or not its disk is there.
-        let size_bytes = desc.log.region.offset + desc.log.region.bytes;
+        let encode = |b: Option<u8>| b.unwrap_or(BOTH_CURRENT);
         Ok(Arc::new(MirroredLog {
             name: format!(
-                "recovery log of {} ({} and {})",
-                desc.name,
+                "{what} ({} and {})",
                 disks.name(pair[0].0),
                 disks.name(pair[1].0)
             ),
             disks: Arc::clone(disks),
             copies: pair,
-            region_bytes: desc.log.region.bytes,
-            size_bytes,
-            behind: AtomicU8::new(behind.unwrap_or(BOTH_CURRENT)),
+            region_bytes: region.bytes,
+            // In the first copy's coordinates, whether or not its disk is there.
+            size_bytes: region.offset + region.bytes,
+            behind: AtomicU8::new(encode(behind)),
+            recorded: AtomicU8::new(encode(recorded)),
+            recording: parking_lot::Mutex::new(()),
             prefer: AtomicU8::new(if behind == Some(0) { 1 } else { 0 }),
             io: parking_lot::RwLock::new(()),
             on_behind: OnceLock::new(),
@@ -123,6 +186,42 @@ impl MirroredLog {
         let _ = self.on_behind.set(f);
     }
 
+    /// The descriptor on disk now says `behind` of the copies (its writer recorded it).
+    pub(crate) fn set_recorded(&self, behind: Option<u8>) {
+        self.recorded
+            .store(behind.unwrap_or(BOTH_CURRENT), Ordering::SeqCst);
+    }
+
+    /// Whether the descriptor on disk says what this log knows of its copies.
+    pub(crate) fn state_recorded(&self) -> bool {
+        self.recorded.load(Ordering::SeqCst) == self.behind.load(Ordering::SeqCst)
+    }
+
+    /// Records the copies' state through the hook where the descriptor says otherwise;
+    /// before the hook is set (at mount) the caller records it.
+    fn ensure_recorded(&self) -> io::Result<()> {
+        if self.state_recorded() {
+            return Ok(());
+        }
+        let Some(record) = self.on_behind.get() else {
+            return Ok(());
+        };
+        let _one = self.recording.lock();
+        let now = self.behind();
+        if self.recorded.load(Ordering::SeqCst) == now.unwrap_or(BOTH_CURRENT) {
+            return Ok(());
+        }
+        record(now)?;
+        self.set_recorded(now);
+        Ok(())
+    }
+
+    /// Copy `c` missed a write that is not a log page (an owner slot's record, written
+    /// beside its log): it is behind from now on, recorded before this returns.
+    pub(crate) fn missed(&self, c: u8, why: &str) -> io::Result<()> {
+        self.fall_behind(c as usize, why)
+    }
+
     /// Offset on copy `c`'s disk of `offset` in the first copy's coordinates.
     fn at(&self, c: usize, offset: u64) -> u64 {
         offset - self.copies[0].1 + self.copies[c].1
@@ -136,7 +235,7 @@ impl MirroredLog {
     fn fall_behind(&self, c: usize, why: &str) -> io::Result<()> {
         let c8 = c as u8;
         match self.behind() {
-            Some(b) if b == c8 => return Ok(()),
+            Some(b) if b == c8 => return self.ensure_recorded(),
             Some(_) => {
                 return Err(io::Error::other(format!(
                     "{}: both copies missed writes (NSD {}: {why})",
@@ -153,11 +252,7 @@ impl MirroredLog {
             self.name,
             self.disks.name(self.copies[c].0)
         );
-        match self.on_behind.get() {
-            Some(record) => record(c8),
-            // Before the file system is assembled (at mount) the caller records it.
-            None => Ok(()),
-        }
+        self.ensure_recorded()
     }
 
     /// Runs `op` on every usable copy; copies that fail fall behind. Fails only when no
@@ -167,6 +262,7 @@ impl MirroredLog {
         what: &str,
         op: &dyn Fn(&dyn BlockDevice, usize) -> io::Result<()>,
     ) -> io::Result<()> {
+        self.ensure_recorded()?;
         let mut done = 0;
         let mut failed = Vec::new();
         for c in 0..2 {
@@ -263,7 +359,8 @@ impl MirroredLog {
 }
 
 fn no_current_copy(
-    desc: &FsDescriptor,
+    what: &str,
+    fs_name: &str,
     disks: &DiskSet,
     pair: &[(DiskIndex, u64); 2],
     behind: Option<u8>,
@@ -283,10 +380,10 @@ fn no_current_copy(
         format!("NSD {} ({state}, {current})", disks.name(disk))
     };
     FsError::MissingDisk {
-        fs: desc.name.clone(),
+        fs: fs_name.to_string(),
         nsd: disks.name(pair[if behind == Some(0) { 1 } else { 0 }].0),
         reason: format!(
-            "no current copy of the recovery log is on a disk that is up: {} and {}; bring \
+            "no current copy of the {what} is on a disk that is up: {} and {}; bring \
              back the disk that holds the current copy",
             describe(0),
             describe(1)

@@ -677,6 +677,10 @@ impl Namespace for FileSystem {
         self.move_own_region(to, give_up)
     }
 
+    fn record_slot_log(&self, slot: u32, behind: Option<u8>) -> FsResult<()> {
+        self.record_slot_log_state(slot, behind)
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         self.owner_here("moving metadata pages")?;
         self.check_writable()?;

@@ -216,7 +216,12 @@ pub(crate) fn recover(
         replay_slot_logs(desc, disks, &mut state, &mut slot_problems);
     }
     let (journal, records) = match &log_copies {
-        Some(log) if log.behind().is_none() => replay_longer(desc, log)?,
+        Some(log) if log.behind().is_none() => replay_longer(
+            &desc.name,
+            log,
+            (desc.log.region, desc.log.log_id),
+            desc.checkpoint.replay_from,
+        )?,
         _ => Journal::open(
             log_dev,
             desc.log.region,
@@ -358,7 +363,7 @@ fn replay_slot_logs(
         }
         let replayed =
             crate::slot::current_region(desc, disks, region).and_then(|(region, record)| {
-                let (log_device, log_region) = slot_log(disks, &region);
+                let (log_device, log_region) = slot_log(desc, disks, &region)?;
                 let (_, records) =
                     Journal::open(log_device, log_region, region.log_id, record.replay_from)?;
                 let mut scratch = new_alloc(desc);
@@ -437,24 +442,22 @@ pub(crate) fn slot_map_problems(
     problems
 }
 
-/// Where a slot's log is read from: its first copy, or its second (`-m 2`) where the
-/// first copy's disk is down. A slot owner writing both copies is not built yet
-/// ([`crate::fs::FileSystem::mount_slot`] refuses such slots); fsck reads them so.
-fn slot_log(
-    disks: &DiskSet,
+/// The device a slot's log is read through (fsck, a move of its region) and its region on
+/// it: its disk, or with two copies (`-m 2`) the pair as one device in the first copy's
+/// coordinates, reading the copy the descriptor calls current (both copies' headers name
+/// the first copy's region, as the file system manager's mirrored log's do).
+pub(crate) fn slot_log(
+    desc: &FsDescriptor,
+    disks: &Arc<DiskSet>,
     region: &crate::slot::SlotRegion,
-) -> (Arc<dyn BlockDevice>, tessera_journal::JournalRegion) {
-    let log = region.log_region();
-    match &region.second {
-        Some(second) if disks.is_down(region.disk) => (
-            disks.get(second.disk),
-            tessera_journal::JournalRegion {
-                offset: second.offset + (log.offset - region.offset),
-                bytes: log.bytes,
-            },
+) -> FsResult<(Arc<dyn BlockDevice>, tessera_journal::JournalRegion)> {
+    Ok(match region.second {
+        Some(_) => (
+            crate::mirrored_log::MirroredLog::for_slot(desc, disks, region)? as Arc<dyn BlockDevice>,
+            region.log_region(),
         ),
-        _ => (disks.get(region.disk), log),
-    }
+        None => (disks.get(region.disk), region.log_region()),
+    })
 }
 
 /// What bringing back an owner slot other than 0 found (see [`recover_slot`]).
@@ -471,6 +474,8 @@ pub(crate) struct RecoveredSlot {
     pub replayed: usize,
     /// The disks the slot let go of for a `disk delete` still under way.
     pub dropped: Vec<u16>,
+    /// The log's two copies, with metadata replicated (`-m 2`).
+    pub log_copies: Option<Arc<crate::mirrored_log::MirroredLog>>,
 }
 
 /// Of the disks a slot let go of (`dropped`), those a `disk delete` still empties: named
@@ -578,12 +583,46 @@ pub(crate) fn recover_slot(
             }
         }
     }
-    let (log_device, log_region) = slot_log(disks, &region);
-    let (journal, records) =
-        Journal::open(log_device, log_region, region.log_id, record.replay_from)?;
+    // With two copies (`-m 2`), as the manager's log: the copy the descriptor calls behind
+    // is not replayed, and of two current ones the one that reaches further is kept.
+    let (journal, records, log_copies) = match region.second {
+        None => {
+            let (journal, records) = Journal::open(
+                disks.get(region.disk),
+                region.log_region(),
+                region.log_id,
+                record.replay_from,
+            )?;
+            (journal, records, None)
+        }
+        Some(_) => {
+            let log = crate::mirrored_log::MirroredLog::for_slot(desc, disks, &region)?;
+            let (journal, records) = if log.behind().is_none() {
+                replay_longer(
+                    &desc.name,
+                    &log,
+                    (region.log_region(), region.log_id),
+                    record.replay_from,
+                )?
+            } else {
+                Journal::open(
+                    Arc::clone(&log) as Arc<dyn BlockDevice>,
+                    region.log_region(),
+                    region.log_id,
+                    record.replay_from,
+                )?
+            };
+            (journal, records, Some(log))
+        }
+    };
     let mut state = state;
     let replayed_records = records.len();
     replay(records, &mut state, &mut alloc, &mut None)?;
+    if let Some(log) = &log_copies {
+        // Either copy alone replays the same records from here on; the state this leaves
+        // (a copy caught up, one found missing) is recorded before the log's next write.
+        log.resync(&journal.replayed_ranges())?;
+    }
     if replayed_records > 0 {
         tracing::info!(
             "{}: owner slot {slot}: replayed {replayed_records} log records",
@@ -600,6 +639,7 @@ pub(crate) fn recover_slot(
         region,
         record,
         replayed: replayed_records,
+        log_copies,
     })
 }
 
@@ -608,8 +648,10 @@ pub(crate) fn recover_slot(
 /// crash in the middle of a commit that never returned (its records may be kept or not;
 /// the mount then copies what it replayed onto the other copy).
 fn replay_longer(
-    desc: &FsDescriptor,
+    fs_name: &str,
     log: &Arc<crate::mirrored_log::MirroredLog>,
+    (region, log_id): (tessera_journal::JournalRegion, [u8; 16]),
+    replay_from: tessera_journal::Lsn,
 ) -> FsResult<(Journal, Vec<tessera_journal::Record>)> {
     type Replay = ((u64, u64), u8, Journal, Vec<tessera_journal::Record>);
     let mut best: Option<Replay> = None;
@@ -618,9 +660,9 @@ fn replay_longer(
         log.prefer(c);
         let opened = Journal::open(
             Arc::clone(log) as Arc<dyn BlockDevice>,
-            desc.log.region,
-            desc.log.log_id,
-            desc.checkpoint.replay_from,
+            region,
+            log_id,
+            replay_from,
         );
         match opened {
             Ok((journal, records)) => {
@@ -632,7 +674,7 @@ fn replay_longer(
                 }
             }
             Err(e) => {
-                tracing::warn!("{}: copy {} of the recovery log: {e}", desc.name, c + 1);
+                tracing::warn!("{fs_name}: copy {} of {}: {e}", c + 1, log.name());
                 failed = Some(e);
             }
         }

@@ -491,18 +491,33 @@ pub(crate) fn write_record(
     region: &SlotRegion,
     record: &SlotRecord,
 ) -> FsResult<usize> {
+    let missed = write_record_copies(desc, disks, region, record)?;
+    Ok(region.copies().len() - missed.len())
+}
+
+/// As [`write_record`], and says which copies did not take it and why (a `-m 2` slot's
+/// owner then calls that copy behind: its record is older than the other's).
+pub(crate) fn write_record_copies(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    region: &SlotRegion,
+    record: &SlotRecord,
+) -> FsResult<Vec<(u8, String)>> {
     assert_eq!(record.slot, region.slot);
     let buf = record.encode(&desc.fs_uuid, region.record_bytes);
     let half = (record.generation % 2) * u64::from(region.record_bytes);
     let mut written = 0;
     let mut last_err = None;
-    for (disk, offset) in region.copies() {
+    let mut missed = Vec::new();
+    for (c, (disk, offset)) in region.copies().into_iter().enumerate() {
         if disks.is_down(disk) {
+            missed.push((c as u8, format!("{} is down", disks.name(disk))));
             continue;
         }
         match disks.get(disk).write_fua(&buf, offset + half) {
             Ok(()) => written += 1,
             Err(e) => {
+                missed.push((c as u8, format!("writing its record failed: {e}")));
                 tracing::error!(
                     "{}: writing the record of owner slot {} to {}: {e}",
                     desc.name,
@@ -523,7 +538,7 @@ pub(crate) fn write_record(
             )),
         });
     }
-    Ok(written)
+    Ok(missed)
 }
 
 /// The newest record of the slot, from the region it is in: its descriptor region, or the
@@ -652,16 +667,21 @@ fn read_newest(desc: &FsDescriptor, disks: &DiskSet, region: &SlotRegion) -> FsR
 /// complete before any descriptor names it.
 pub(crate) fn initialise(
     desc: &FsDescriptor,
-    disks: &DiskSet,
+    disks: &Arc<DiskSet>,
     region: &SlotRegion,
 ) -> FsResult<()> {
-    let log = region.log_region();
-    for (disk, offset) in region.copies() {
-        let at = JournalRegion {
-            offset: offset + 2 * u64::from(region.record_bytes),
-            bytes: log.bytes,
-        };
-        tessera_journal::format(disks.get(disk).as_ref(), at, region.log_id)?;
+    // With two copies, through the pair as one device: both headers name the first copy's
+    // region, as the log's owner opens it (`MirroredLog::for_slot`).
+    match region.second {
+        Some(_) => {
+            let log = crate::mirrored_log::MirroredLog::for_slot(desc, disks, region)?;
+            tessera_journal::format(log.as_ref(), region.log_region(), region.log_id)?;
+        }
+        None => tessera_journal::format(
+            disks.get(region.disk).as_ref(),
+            region.log_region(),
+            region.log_id,
+        )?,
     }
     // Both halves: a stale record of an earlier use of these blocks must never verify. It
     // cannot (another uuid or slot is refused by the crc'd fields), but zeroes make a torn
@@ -672,7 +692,17 @@ pub(crate) fn initialise(
             .get(disk)
             .write_at(&zero, offset + u64::from(region.record_bytes))?;
     }
-    write_record(desc, disks, region, &SlotRecord::empty(region.slot))?;
+    // Every copy, or no slot: a copy without its first record would be behind before the
+    // descriptor names the region.
+    let missed = write_record_copies(desc, disks, region, &SlotRecord::empty(region.slot))?;
+    if let Some((c, why)) = missed.first() {
+        return Err(FsError::Io(std::io::Error::other(format!(
+            "owner slot {} of {}: copy {} of its region: {why}",
+            region.slot,
+            desc.name,
+            c + 1
+        ))));
+    }
     Ok(())
 }
 
@@ -2043,29 +2073,10 @@ impl crate::fs::FileSystem {
         assert_eq!(from.bytes, to.bytes);
         let desc = self.owner().desc.lock().clone();
         let mut record = read_record(&desc, &self.devices, from)?;
-        let behind = from.second.and_then(|s| s.log_behind);
-        let log = from.log_region();
-        let source = from
-            .copies()
-            .into_iter()
-            .enumerate()
-            .find(|(c, (disk, _))| behind != Some(*c as u8) && !self.devices.is_down(*disk))
-            .map(|(_, copy)| copy)
-            .ok_or_else(|| {
-                FsError::Usage(format!(
-                    "no current copy of owner slot {} is on a disk that is up; start its disks",
-                    from.slot
-                ))
-            })?;
-        let (journal, records) = tessera_journal::Journal::open(
-            self.devices.get(source.0),
-            JournalRegion {
-                offset: source.1 + (log.offset - from.offset),
-                bytes: log.bytes,
-            },
-            from.log_id,
-            record.replay_from,
-        )?;
+        // The copy the descriptor calls current (refused by name when none is up).
+        let (device, log) = crate::recovery::slot_log(&desc, &self.devices, from)?;
+        let (journal, records) =
+            tessera_journal::Journal::open(device, log, from.log_id, record.replay_from)?;
         if !records.is_empty() {
             return Err(FsError::Usage(format!(
                 "owner slot {} of {} has {} log record(s) its checkpoint does not cover (its \

@@ -53,8 +53,8 @@
 //! ```
 //!
 //! The crc covers bytes 0 to 80 with its own four bytes taken as zero; the rest of the
-//! record's sectors is zero. Only regions with one copy move this way: owner slots of `-m 2`
-//! file systems are not built yet.
+//! record's sectors is zero. Only regions with one copy move this way: moving a region
+//! with two copies (`-m 2`, its log a `MirroredLog`) under its owner is not built yet.
 
 use std::sync::atomic::Ordering;
 

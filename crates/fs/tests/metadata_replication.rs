@@ -10,6 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use common::*;
 use tessera_fs::restripe::{RestripeMode, RestripeReport};
@@ -491,4 +492,258 @@ fn a_crash_at_any_write_of_turning_metadata_replication_on_loses_nothing() {
         assert!(writes < 2000, "the change never completes");
     }
     assert!(both_outcomes.0 && both_outcomes.1, "{both_outcomes:?}");
+}
+
+/// 160 MiB disks in the groups of [`GROUPS`], 64 KiB blocks (allocation region 1 is the
+/// last 33 MiB of each disk), `-m 2 -r 2`; the manager mounted with owner slot 1 made,
+/// region 1 given to it and directory `node1` made for it.
+fn replicated_fs_with_a_slot() -> (TestDisks, Arc<FileSystem>, tessera_fs::Ino) {
+    let t = make_disks(5, 160 << 20);
+    let opts = FormatOptions {
+        block_size: 64 << 10,
+        log_bytes: 4 << 20,
+        placement: tessera_fs::Placement::Cluster,
+        ..opts()
+    };
+    tessera_fs::format(specs_in_groups(&t, &GROUPS), &opts, &mut |_| {}).unwrap();
+    let fs = mount(&t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.give_free_regions(1, &[1]).unwrap();
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let d = fs
+        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, root, 1)
+        .unwrap();
+    (t, fs, d.ino)
+}
+
+/// Slot 1's region as the manager's descriptor lists it: (failure group of the first
+/// copy's disk, the second copy's state).
+fn slot_log_copies(fs: &FileSystem) -> (Vec<usize>, tessera_fs::slot::SlotSecondCopy) {
+    let desc = fs.descriptor();
+    let region = desc.slot_regions()[0].clone();
+    assert_eq!(region.slot, 1);
+    let second = region.second.expect("a -m 2 slot region has two copies");
+    let first_group = if GROUP_1.contains(&(region.disk as usize)) {
+        GROUP_1.to_vec()
+    } else {
+        GROUP_2.to_vec()
+    };
+    assert!(
+        !first_group.contains(&(second.disk as usize)),
+        "the copies of slot 1's region share a failure group: {region:?}"
+    );
+    (first_group, second)
+}
+
+/// Owner slot 1 mounted on `disks`, reaching the manager `fs` in this process.
+fn slot_owner(fs: &Arc<FileSystem>, disks: Disks) -> tessera_fs::FsResult<Arc<FileSystem>> {
+    let s1 = FileSystem::mount_slot(disks, 1)?;
+    s1.route_metadata_through(Box::new(tessera_fs::InProcessOwner(Arc::downgrade(fs))));
+    Ok(s1)
+}
+
+/// Small files written in `dir` through `fs`, the last one fsynced; name -> content.
+fn slot_files(fs: &FileSystem, dir: tessera_fs::Ino, prefix: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for i in 0..40u64 {
+        let name = format!("{prefix}{i}");
+        let a = create_file(fs, dir, name.as_bytes());
+        let data = pattern(100 + (i as usize * 997) % 20_000, i + prefix.len() as u64 * 100);
+        fs.write(a.ino, 0, &data, false).unwrap();
+        files.insert(name, data);
+    }
+    let last = fs.lookup(dir, format!("{prefix}39").as_bytes()).unwrap();
+    fs.fsync(last.ino).unwrap();
+    fs.sync().unwrap();
+    files
+}
+
+fn verify_in(fs: &FileSystem, dir: tessera_fs::Ino, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in files {
+        let a = fs.lookup(dir, name.as_bytes()).unwrap();
+        assert_eq!(a.size, data.len() as u64, "{name}");
+        let got = fs.read(a.ino, 0, data.len() as u32 + 10).unwrap();
+        assert!(got == *data, "{name}: content differs");
+    }
+}
+
+/// A crash of a slot's owner: nothing more of it reaches the disks.
+fn crash_slot(s1: Arc<FileSystem>) {
+    s1.fence();
+    drop(s1);
+}
+
+#[test]
+fn a_slot_owner_writes_both_copies_of_its_log_and_either_group_brings_it_back() {
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let (first, second) = slot_log_copies(&fs);
+    assert_eq!(second.log_behind, None);
+    let other: Vec<usize> = if first == GROUP_1 {
+        GROUP_2.to_vec()
+    } else {
+        GROUP_1.to_vec()
+    };
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    let mut files = slot_files(&s1, dir, "a");
+    // Only in the log: a crash before any checkpoint of the slot.
+    crash_slot(s1);
+
+    // Either copy alone replays it: first the second copy, with the first copy's group
+    // gone (and nothing written, so nothing is recorded)...
+    let s1 = slot_owner(&fs, without(&t, &first)).unwrap();
+    verify_in(&s1, dir, &files);
+    crash_slot(s1);
+    assert_eq!(slot_log_copies(&fs).1.log_behind, None);
+    // ...then the first copy, with the other group gone; the slot, writing one copy from
+    // then on, has the manager record the second behind before its first record lands.
+    let s1 = slot_owner(&fs, without(&t, &other)).unwrap();
+    verify_in(&s1, dir, &files);
+    files.extend(slot_files(&s1, dir, "b"));
+    assert_eq!(slot_log_copies(&fs).1.log_behind, Some(1));
+    crash_slot(s1);
+    // The copy that lacks records is never replayed alone.
+    let err = slot_owner(&fs, without(&t, &first)).unwrap_err().to_string();
+    assert!(
+        err.contains("no current copy of the log of owner slot 1"),
+        "{err}"
+    );
+
+    // Both groups back: the mount replays the current copy and copies it onto the other;
+    // its next write records both current.
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    verify_in(&s1, dir, &files);
+    files.extend(slot_files(&s1, dir, "c"));
+    assert_eq!(slot_log_copies(&fs).1.log_behind, None);
+    crash_slot(s1);
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after a slot's log copies were lost in turn");
+}
+
+#[test]
+fn a_slot_log_copy_that_vanishes_under_its_owner_is_recorded_behind_before_anything_lands_on_one_copy(
+) {
+    use std::sync::atomic::Ordering;
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let (first, _) = slot_log_copies(&fs);
+    let other: Vec<usize> = if first == GROUP_1 {
+        GROUP_2.to_vec()
+    } else {
+        GROUP_1.to_vec()
+    };
+    // The slot's owner reaches the second copy's group through a switch; the manager
+    // reaches every disk.
+    let (disks, faults) = with_vanishing(&t, &other);
+    let s1 = slot_owner(&fs, disks).unwrap();
+    let mut files = slot_files(&s1, dir, "a");
+    s1.checkpoint().unwrap();
+    faults.vanished.store(true, Ordering::SeqCst);
+    files.extend(slot_files(&s1, dir, "b"));
+    assert_eq!(slot_log_copies(&fs).1.log_behind, Some(1));
+    // A checkpoint with one copy: its record lands on the first copy alone.
+    s1.checkpoint().unwrap();
+    files.extend(slot_files(&s1, dir, "c"));
+    crash_slot(s1);
+
+    // The first copy's group gone: refused by name, nothing replayed.
+    let err = slot_owner(&fs, without(&t, &first)).unwrap_err().to_string();
+    assert!(
+        err.contains("no current copy of the log of owner slot 1"),
+        "{err}"
+    );
+    // Everything back: all of it reads, and once written the copies count as one again.
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    verify_in(&s1, dir, &files);
+    files.extend(slot_files(&s1, dir, "d"));
+    assert_eq!(slot_log_copies(&fs).1.log_behind, None);
+    crash_slot(s1);
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after a slot's log copy vanished under it");
+}
+
+#[test]
+fn a_slot_owner_with_two_log_copies_killed_at_every_write_loses_no_fsynced_byte() {
+    use std::sync::atomic::Ordering;
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let (first, _) = slot_log_copies(&fs);
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let mut synced: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut crashes = 0;
+    let mut refused = 0;
+    for k in 1..600i64 {
+        let (disks, faults) = with_faults(&t);
+        let s1 = slot_owner(&fs, disks).unwrap();
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        // Files made, written and fsynced, a checkpoint between them, an older file
+        // removed: every fsync that returned holds after the crash, on either copy alone.
+        let mut done: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut removed = None;
+        let result = (|| -> tessera_fs::FsResult<()> {
+            for j in 0..2u64 {
+                let name = format!("k{k}-{j}");
+                let a = s1.create_node(
+                    dir,
+                    name.as_bytes(),
+                    tessera_fs::FileKind::Regular,
+                    0o644,
+                    0,
+                    root,
+                    None,
+                )?;
+                let data = pattern(9_000 + k as usize * 997 % 30_000, k as u64 * 10 + j);
+                s1.write(a.ino, 0, &data, false)?;
+                s1.fsync(a.ino)?;
+                done.push((name, data));
+                if j == 0 {
+                    s1.checkpoint()?;
+                }
+            }
+            if let Some(old) = synced.keys().next().cloned() {
+                s1.remove(dir, old.as_bytes(), false)?;
+                s1.sync()?;
+                removed = Some(old);
+            }
+            Ok(())
+        })();
+        let crashed = crash(s1, &faults);
+        synced.extend(done);
+        if let Some(old) = removed {
+            synced.remove(&old);
+        }
+        // The second copy alone, unless the descriptor says it missed a write (the cut
+        // fell on it, and the slot had it recorded before going on with one copy).
+        match slot_owner(&fs, without(&t, &first)) {
+            Ok(s1) => {
+                verify_in(&s1, dir, &synced);
+                crash_slot(s1);
+            }
+            Err(e) => {
+                assert_eq!(slot_log_copies(&fs).1.log_behind, Some(1), "{e}");
+                refused += 1;
+            }
+        }
+        // Both: the longer copy replayed and copied onto the other.
+        let s1 = slot_owner(&fs, t.reopen()).unwrap();
+        verify_in(&s1, dir, &synced);
+        s1.unmount().unwrap();
+        drop(s1);
+        assert_eq!(slot_log_copies(&fs).1.log_behind, None, "cut at write {k}");
+        if !crashed {
+            result.unwrap();
+            break;
+        }
+        crashes += 1;
+    }
+    assert!(crashes > 5, "the work crossed only {crashes} writes");
+    eprintln!("{crashes} cuts; the second copy was refused after {refused} of them");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a slot with two log copies was cut at every write");
 }
