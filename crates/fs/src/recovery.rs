@@ -453,7 +453,8 @@ pub(crate) fn slot_log(
 ) -> FsResult<(Arc<dyn BlockDevice>, tessera_journal::JournalRegion)> {
     Ok(match region.second {
         Some(_) => (
-            crate::mirrored_log::MirroredLog::for_slot(desc, disks, region)? as Arc<dyn BlockDevice>,
+            crate::mirrored_log::MirroredLog::for_slot(desc, disks, region)?
+                as Arc<dyn BlockDevice>,
             region.log_region(),
         ),
         None => (disks.get(region.disk), region.log_region()),

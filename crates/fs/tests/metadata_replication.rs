@@ -548,7 +548,10 @@ fn slot_files(fs: &FileSystem, dir: tessera_fs::Ino, prefix: &str) -> BTreeMap<S
     for i in 0..40u64 {
         let name = format!("{prefix}{i}");
         let a = create_file(fs, dir, name.as_bytes());
-        let data = pattern(100 + (i as usize * 997) % 20_000, i + prefix.len() as u64 * 100);
+        let data = pattern(
+            100 + (i as usize * 997) % 20_000,
+            i + prefix.len() as u64 * 100,
+        );
         fs.write(a.ino, 0, &data, false).unwrap();
         files.insert(name, data);
     }
@@ -602,7 +605,9 @@ fn a_slot_owner_writes_both_copies_of_its_log_and_either_group_brings_it_back() 
     assert_eq!(slot_log_copies(&fs).1.log_behind, Some(1));
     crash_slot(s1);
     // The copy that lacks records is never replayed alone.
-    let err = slot_owner(&fs, without(&t, &first)).unwrap_err().to_string();
+    let err = slot_owner(&fs, without(&t, &first))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("no current copy of the log of owner slot 1"),
         "{err}"
@@ -649,7 +654,9 @@ fn a_slot_log_copy_that_vanishes_under_its_owner_is_recorded_behind_before_anyth
     crash_slot(s1);
 
     // The first copy's group gone: refused by name, nothing replayed.
-    let err = slot_owner(&fs, without(&t, &first)).unwrap_err().to_string();
+    let err = slot_owner(&fs, without(&t, &first))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("no current copy of the log of owner slot 1"),
         "{err}"
@@ -745,5 +752,8 @@ fn a_slot_owner_with_two_log_copies_killed_at_every_write_loses_no_fsynced_byte(
     eprintln!("{crashes} cuts; the second copy was refused after {refused} of them");
     fs.unmount().unwrap();
     drop(fs);
-    assert_fsck_clean(&t, "after a slot with two log copies was cut at every write");
+    assert_fsck_clean(
+        &t,
+        "after a slot with two log copies was cut at every write",
+    );
 }

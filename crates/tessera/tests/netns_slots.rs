@@ -655,3 +655,114 @@ fn a_crash_loop_of_node_kills_with_owner_slots_loses_nothing() {
         format!("d{}/{name}", 1 + spread % 3)
     });
 }
+
+/// A file system with two metadata copies (`-m 2 -r 2`: node 1's two drives in two failure
+/// groups): the nodes that mount beside the manager own slots of their own, whose logs
+/// have a copy in each group, and a killed holder's slot is taken over by another node
+/// (its log replayed from both copies) with nothing lost.
+#[test]
+fn a_replicated_file_systems_slots_are_owned_and_taken_over() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    let config = format!("{TEST_TIMINGS},metadataSlots=yes");
+    c.ok(&[
+        "up", "3", "--drives", "2", "--size", "1G", "--config", &config,
+    ]);
+    let stanza = c.base.join("m2.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=m2a usage=dataAndMetadata failureGroup=1 pool=system\n\
+             %nsd: device={} nsd=m2b usage=dataAndMetadata failureGroup=2 pool=system\n",
+            c.base.join("drives/node1-d1.img").display(),
+            c.base.join("drives/node1-d2.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    let mnt = |k: u32| c.base.join(format!("node{k}/mnt/m2"));
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    tessera_ok(
+        &c,
+        1,
+        &[
+            "fs",
+            "create",
+            "m2",
+            "-F",
+            stanza,
+            "-B",
+            "256K",
+            "-m",
+            "2",
+            "-r",
+            "2",
+            "-T",
+            mnt(1).to_str().unwrap(),
+        ],
+    );
+    tessera_ok(&c, 1, &["mount", "m2", "-N", "node1,node2,node3"]);
+    let listed = tessera_ok(&c, 1, &["mount", "ls", "m2", "-L"]);
+    for k in 2..=3u32 {
+        let line = listed
+            .lines()
+            .find(|l| l.contains(&format!(" node{k} ")))
+            .unwrap_or("");
+        assert!(
+            line.contains("client, owner slot "),
+            "node {k} owns no slot of a -m 2 file system: {listed}\n{}",
+            log_tails(&c)
+        );
+    }
+    let dir = |k: u32| mnt(k).join("dir2");
+    std::fs::create_dir(dir(2)).unwrap();
+    let content = |i: u32| format!("file {i} of node 2 ").repeat(60 + (i % 40) as usize);
+    for i in 0..20 {
+        write_synced(&dir(2).join(format!("f{i}")), content(i).as_bytes()).unwrap();
+    }
+    // Node 2 dies with its slot's last changes only in its log.
+    c.ok(&["kill", "2"]);
+    let _ = std::process::Command::new("umount")
+        .args(["-l", mnt(2).to_str().unwrap()])
+        .status();
+    wait_for("the expel of node 2", SETTLE, || {
+        states(&c, 1)
+            .get("node2")
+            .is_some_and(|(s, epoch)| s == "down" && epoch.is_empty())
+    });
+    // Node 3 reads them through whoever took the slot over, and writes there.
+    for i in 0..20 {
+        let path = dir(3).join(format!("f{i}"));
+        let got = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), log_tails(&c)));
+        assert!(got == content(i).as_bytes(), "node 3 reads f{i}");
+    }
+    write_synced(&dir(3).join("after"), b"written after the takeover").unwrap();
+    let logs = all_logs(&c);
+    assert!(
+        !logs.contains("mounts m2 as a client of the manager only"),
+        "a node fell back to a client's mount\n{}",
+        log_tails(&c)
+    );
+    c.ok(&["start", "2"]);
+    wait_for("all active after the restart", SETTLE, || {
+        all_in_state(&c, 1, &[1, 2, 3], "active")
+    });
+    let at = format!(" {} fuse", mnt(2).display());
+    wait_for("node 2's mount", SETTLE, || {
+        std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.contains(&at))
+    });
+    assert_eq!(
+        std::fs::read(dir(2).join("after")).unwrap(),
+        b"written after the takeover"
+    );
+    for i in (0..20).step_by(3) {
+        assert!(std::fs::read(dir(2).join(format!("f{i}"))).unwrap() == content(i).as_bytes());
+    }
+    tessera_ok(&c, 3, &["umount", "m2", "-a"]);
+    let fsck = tessera_ok(&c, 1, &["fsck", "m2", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
