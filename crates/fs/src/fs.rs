@@ -1679,6 +1679,7 @@ impl FileSystem {
     /// (a copy fell behind, or caught up): nothing else of it changes, so an administrative
     /// change waiting in memory for its checkpoint is not written before its time.
     pub(crate) fn record_log_state(&self) -> FsResult<()> {
+        self.manager_here("recording the state of the recovery log's copies")?;
         let mut written = self.owner().written_desc.lock();
         let mut desc = written.clone();
         desc.generation += 1;
@@ -1758,8 +1759,13 @@ impl FileSystem {
         let log = self.owner().log_copies.read().clone();
         if let Some(log) = log {
             if log.catch_up()? {
-                self.record_log_state()?;
-                log.set_recorded(None);
+                if self.owner().slot.is_some() {
+                    // An owner slot's log: the manager records it (`record_slot_log`).
+                    log.record_state()?;
+                } else {
+                    self.record_log_state()?;
+                    log.set_recorded(None);
+                }
             }
         }
         Ok(())

@@ -425,6 +425,12 @@ pub(crate) trait Namespace: Send + Sync {
     /// current), written before this returns (`mirrored_log.rs`).
     fn record_slot_log(&self, slot: u32, behind: Option<u8>) -> FsResult<()>;
 
+    /// On the owner of a slot other than 0, for the file system manager's `restripe -c` or
+    /// `-r` (`rewrite`) of a `-m 2` file system: the copies of its pages checked and
+    /// repaired, and with `rewrite` its log copy and map chunks restored; returns the copies
+    /// checked and repaired.
+    fn restore_copies(&self, rewrite: bool) -> FsResult<(u64, u64)>;
+
     /// setxattr; the POSIX ACL names go to [`Namespace::put_acl`].
     fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrHow) -> FsResult<()>;
 

@@ -356,6 +356,13 @@ pub enum MetanodeRequest {
         slot: u32,
         behind: Option<u8>,
     },
+    /// From the file system manager's `restripe -c`/`-r` (`rewrite`) on a `-m 2` file
+    /// system, to the owner of another slot: check and repair the copies of its pages, and
+    /// with `rewrite` restore its log copy and map chunks ([`Namespace::restore_copies`]).
+    /// Answered with `Restriped` (`scanned`: copies checked, `changed`: repaired).
+    RestoreCopies {
+        rewrite: bool,
+    },
 }
 
 impl MetanodeRequest {
@@ -424,6 +431,7 @@ impl MetanodeRequest {
             Q::HoldMapWrites { .. } => "HoldMapWrites",
             Q::MoveSlotRegion { .. } => "MoveSlotRegion",
             Q::RecordSlotLog { .. } => "RecordSlotLog",
+            Q::RestoreCopies { .. } => "RestoreCopies",
         }
     }
 }
@@ -1000,6 +1008,15 @@ where
         Q::RecordSlotLog { slot, behind } => {
             answer(owner.record_slot_log(slot, behind), |()| R::Done)
         }
+        Q::RestoreCopies { rewrite } => {
+            answer(owner.restore_copies(rewrite), |(checked, repaired)| {
+                R::Restriped(crate::restripe::RestripeBatch {
+                    scanned: checked,
+                    changed: repaired,
+                    ..Default::default()
+                })
+            })
+        }
         // Answered by `FileSystem::serve_metanode_request_from`, which knows the manager.
         Q::ProvideSlot => R::Failed(RemoteError::NotSupported(
             "making an owner slot through this path".into(),
@@ -1167,6 +1184,7 @@ pub(crate) fn cache_changes(
         | Q::HoldMapWrites { .. }
         | Q::MoveSlotRegion { .. }
         | Q::RecordSlotLog { .. }
+        | Q::RestoreCopies { .. }
         | Q::Leaving
         | Q::DescriptorChanged
         | Q::DiskAvailability { .. } => Vec::new(),
@@ -2587,6 +2605,11 @@ impl Namespace for RemoteMetanode {
         self.done(MetanodeRequest::RecordSlotLog { slot, behind })
     }
 
+    fn restore_copies(&self, rewrite: bool) -> FsResult<(u64, u64)> {
+        let request = MetanodeRequest::RestoreCopies { rewrite };
+        expect_reply!(self.call(request)?, MetanodeReply::Restriped(b) => (b.scanned, b.changed), "restoring an owner slot's metadata copies")
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         let request = MetanodeRequest::MovePagesOff { budget };
         expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n, "moving metadata pages")
@@ -2966,6 +2989,7 @@ mod tests {
                 slot: 4,
                 behind: None,
             },
+            MetanodeRequest::RestoreCopies { rewrite: true },
         ];
         for r in requests {
             let bytes = encode(&r);

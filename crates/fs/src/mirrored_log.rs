@@ -197,6 +197,12 @@ impl MirroredLog {
         self.recorded.load(Ordering::SeqCst) == self.behind.load(Ordering::SeqCst)
     }
 
+    /// Records the copies' state now where the descriptor says otherwise (after a
+    /// [`MirroredLog::catch_up`], say), rather than before the next write.
+    pub(crate) fn record_state(&self) -> io::Result<()> {
+        self.ensure_recorded()
+    }
+
     /// Records the copies' state through the hook where the descriptor says otherwise;
     /// before the hook is set (at mount) the caller records it.
     fn ensure_recorded(&self) -> io::Result<()> {

@@ -681,6 +681,12 @@ impl Namespace for FileSystem {
         self.record_slot_log_state(slot, behind)
     }
 
+    fn restore_copies(&self, rewrite: bool) -> FsResult<(u64, u64)> {
+        self.owner_here("checking metadata copies")?;
+        self.check_writable()?;
+        self.restore_own_copies(rewrite)
+    }
+
     fn move_pages_off(&self, budget: u32) -> FsResult<u64> {
         self.owner_here("moving metadata pages")?;
         self.check_writable()?;

@@ -271,6 +271,18 @@ impl FileSystem {
         Ok(report)
     }
 
+    /// The owner slots other than this one that hold shards, in order.
+    fn other_slots_holding_shards(&self, desc: &crate::descriptor::FsDescriptor) -> Vec<u32> {
+        let me = self.owner_slot();
+        let mut slots: Vec<u32> = (0..desc.shard_count as usize)
+            .map(|s| desc.shard_owner(s).slot)
+            .filter(|s| *s != me)
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
+    }
+
     /// The metadata pages of the other owner slots that hold shards, moved off the disks
     /// that are not ready by each slot's owner, a budget of pages per request (each a
     /// checkpoint of its own); a slot whose owner cannot be reached is named in the report.
@@ -281,14 +293,7 @@ impl FileSystem {
         report: &mut RestripeReport,
         progress: &mut dyn FnMut(&RestripeProgress),
     ) {
-        let me = self.owner_slot();
-        let mut slots: Vec<u32> = (0..desc.shard_count as usize)
-            .map(|s| desc.shard_owner(s).slot)
-            .filter(|s| *s != me)
-            .collect();
-        slots.sort_unstable();
-        slots.dedup();
-        for slot in slots {
+        for slot in self.other_slots_holding_shards(desc) {
             let Some(ns) = self.slot_namespace(slot) else {
                 note_unreached(report, slot, "no way to its owner is known");
                 continue;
@@ -359,12 +364,17 @@ impl FileSystem {
     /// that is not ready are written elsewhere by one checkpoint. Returns how many.
     pub(crate) fn move_pages_off_batch(&self, budget: usize) -> FsResult<u64> {
         let leaving = self.not_ready_disks();
-        if leaving.is_empty() {
+        // With two metadata copies and every disk up (`restripe -r` after a failure group
+        // came back), also the pages that have one copy (written meanwhile).
+        let restoring = self.owner().desc.lock().metadata_copies.is_some()
+            && self.devices.down_disks().is_empty();
+        if leaving.is_empty() && !restoring {
             return Ok(0);
         }
         let moving = |p: &tessera_meta::PagePtr| {
             p.copies()
                 .any(|a| leaving.contains(&crate::checkpoint::disk_addr(a).disk))
+                || (restoring && p.mirror.is_none())
         };
         let marked = self
             .owner()
@@ -379,6 +389,45 @@ impl FileSystem {
         self.checkpoint()?;
         self.sync_own()?;
         Ok(marked as u64)
+    }
+
+    /// The part of `restripe -c` and `-r` (`rewrite`) on a `-m 2` file system that an owner
+    /// slot runs on what it owns, for the file system manager
+    /// (`MetanodeRequest::RestoreCopies`): every copy of its pages checked and a failed one
+    /// rewritten from the other (a copy placed on a disk that was down when its page was
+    /// written was never written); with `rewrite`, a copy of its log that missed writes is
+    /// copied whole and recorded current, and every chunk of its allocation regions is
+    /// stored again (one map copy may have missed writes), by a checkpoint. Returns the
+    /// page copies checked and repaired.
+    pub(crate) fn restore_own_copies(&self, rewrite: bool) -> FsResult<(u64, u64)> {
+        if self.owner().desc.lock().metadata_copies.is_none() {
+            return Ok((0, 0));
+        }
+        let (mut checked, mut repaired) = (0, 0);
+        let shards = self.owner().meta.lock().state.shard_count() as usize;
+        for shard in 0..shards {
+            let mut from: Option<Vec<u8>> = None;
+            loop {
+                let (c, r, next) = self.owner().meta.lock().state.check_page_copies(
+                    shard,
+                    from.as_deref(),
+                    SCRUB_LEAVES,
+                )?;
+                checked += c;
+                repaired += r;
+                match next {
+                    Some(k) => from = Some(k),
+                    None => break,
+                }
+            }
+        }
+        if rewrite && self.devices.down_disks().is_empty() {
+            self.catch_up_log()?;
+            self.owner().meta.lock().alloc.mark_all_chunks_dirty();
+            self.checkpoint()?;
+            self.sync_own()?;
+        }
+        Ok((checked, repaired))
     }
 
     /// One batch of a restripe of `shard` (which this owner holds): up to `items` tree
@@ -520,6 +569,23 @@ impl FileSystem {
                 }
             }
         }
+        // Each other owner slot's pages (and with -r its log copy and map chunks), by its
+        // owner.
+        let desc = self.owner().desc.lock().clone();
+        for slot in self.other_slots_holding_shards(&desc) {
+            let Some(ns) = self.slot_namespace(slot) else {
+                note_unreached(report, slot, "no way to its owner is known");
+                continue;
+            };
+            match ns.restore_copies(mode == RestripeMode::Replicate) {
+                Ok((checked, repaired)) => {
+                    report.progress.metadata_copies_checked += checked;
+                    report.progress.metadata_copies_repaired += repaired;
+                    progress(&report.progress);
+                }
+                Err(e) => note_unreached(report, slot, &e.to_string()),
+            }
+        }
         if mode != RestripeMode::Replicate {
             return Ok(());
         }
@@ -531,6 +597,11 @@ impl FileSystem {
                     .any(|a| down.contains(&crate::checkpoint::disk_addr(a).disk))
         };
         self.move_metadata_off(&ill, stop, report, progress)?;
+        if report.stopped {
+            return Ok(());
+        }
+        // Each other owner slot's pages that have one copy, by its owner.
+        self.move_slots_pages_off(&desc, stop, report, progress);
         if report.stopped {
             return Ok(());
         }

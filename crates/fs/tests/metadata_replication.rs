@@ -644,13 +644,30 @@ fn a_slot_log_copy_that_vanishes_under_its_owner_is_recorded_behind_before_anyth
     let (disks, faults) = with_vanishing(&t, &other);
     let s1 = slot_owner(&fs, disks).unwrap();
     let mut files = slot_files(&s1, dir, "a");
+    // What is written while the group is gone goes to a directory of its own, whose pages
+    // nothing after touches: they keep one copy until `restripe -r`.
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let vb = s1
+        .create_node(
+            dir,
+            b"vb",
+            tessera_fs::FileKind::Directory,
+            0o755,
+            0,
+            root,
+            None,
+        )
+        .unwrap()
+        .ino;
     s1.checkpoint().unwrap();
     faults.vanished.store(true, Ordering::SeqCst);
-    files.extend(slot_files(&s1, dir, "b"));
+    let mut vfiles = slot_files(&s1, vb, "b");
+    for i in 0..8 {
+        vfiles.extend(slot_files(&s1, vb, &format!("b{i}-")));
+    }
     assert_eq!(slot_log_copies(&fs).1.log_behind, Some(1));
-    // A checkpoint with one copy: its record lands on the first copy alone.
+    // A checkpoint with one copy: its record and pages land on the first group alone.
     s1.checkpoint().unwrap();
-    files.extend(slot_files(&s1, dir, "c"));
     crash_slot(s1);
 
     // The first copy's group gone: refused by name, nothing replayed.
@@ -661,14 +678,52 @@ fn a_slot_log_copy_that_vanishes_under_its_owner_is_recorded_behind_before_anyth
         err.contains("no current copy of the log of owner slot 1"),
         "{err}"
     );
-    // Everything back: all of it reads, and once written the copies count as one again.
+    // Everything back: all of it reads; what was written while the group was gone still
+    // has one good copy (the pages' second copies were placed there and never written).
     let s1 = slot_owner(&fs, t.reopen()).unwrap();
     verify_in(&s1, dir, &files);
-    files.extend(slot_files(&s1, dir, "d"));
+    verify_in(&s1, vb, &vfiles);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+
+    // restripe -r on the manager, the slot's owner live: what the slot wrote with one
+    // copy (its pages, map chunks, log and data) gets its second, so that the first
+    // copy's group may go now.
+    let fs = mount(&t);
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    let weak = Arc::downgrade(&s1);
+    fs.route_slots_through(Box::new(move |slot| {
+        (slot == 1).then(|| {
+            Box::new(tessera_fs::InProcessOwner(weak.clone()))
+                as Box<dyn tessera_fs::MetanodeChannel>
+        })
+    }));
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    assert!(report.progress.blocks_moved > 0, "{report:?}");
     assert_eq!(slot_log_copies(&fs).1.log_behind, None);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(
+        (report.ill_replicated_blocks, report.ill_replicated_metadata),
+        (0, 0),
+        "{report:?}"
+    );
+    let fs = mount(&t);
+    let s1 = slot_owner(&fs, without(&t, &first)).unwrap();
+    verify_in(&s1, dir, &files);
+    verify_in(&s1, vb, &vfiles);
+    files.extend(slot_files(&s1, dir, "e"));
     crash_slot(s1);
     let s1 = slot_owner(&fs, t.reopen()).unwrap();
     verify_in(&s1, dir, &files);
+    verify_in(&s1, vb, &vfiles);
     s1.unmount().unwrap();
     fs.unmount().unwrap();
     drop((s1, fs));
