@@ -535,6 +535,24 @@ fn slot_log_copies(fs: &FileSystem) -> (Vec<usize>, tessera_fs::slot::SlotSecond
     (first_group, second)
 }
 
+/// The failure group that is not `group`.
+fn other_group(group: &[usize]) -> Vec<usize> {
+    if group == GROUP_1 {
+        GROUP_2.to_vec()
+    } else {
+        GROUP_1.to_vec()
+    }
+}
+
+/// Owner slot 1 does not mount without `group`, which holds its only current log copy.
+fn assert_slot_refused_without(fs: &Arc<FileSystem>, t: &TestDisks, group: &[usize]) {
+    let err = slot_owner(fs, without(t, group)).unwrap_err().to_string();
+    assert!(
+        err.contains("no current copy of the log of owner slot 1"),
+        "{err}"
+    );
+}
+
 /// Owner slot 1 mounted on `disks`, reaching the manager `fs` in this process.
 fn slot_owner(fs: &Arc<FileSystem>, disks: Disks) -> tessera_fs::FsResult<Arc<FileSystem>> {
     let s1 = FileSystem::mount_slot(disks, 1)?;
@@ -581,11 +599,7 @@ fn a_slot_owner_writes_both_copies_of_its_log_and_either_group_brings_it_back() 
     let (t, fs, dir) = replicated_fs_with_a_slot();
     let (first, second) = slot_log_copies(&fs);
     assert_eq!(second.log_behind, None);
-    let other: Vec<usize> = if first == GROUP_1 {
-        GROUP_2.to_vec()
-    } else {
-        GROUP_1.to_vec()
-    };
+    let other = other_group(&first);
     let s1 = slot_owner(&fs, t.reopen()).unwrap();
     let mut files = slot_files(&s1, dir, "a");
     // Only in the log: a crash before any checkpoint of the slot.
@@ -605,13 +619,7 @@ fn a_slot_owner_writes_both_copies_of_its_log_and_either_group_brings_it_back() 
     assert_eq!(slot_log_copies(&fs).1.log_behind, Some(1));
     crash_slot(s1);
     // The copy that lacks records is never replayed alone.
-    let err = slot_owner(&fs, without(&t, &first))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("no current copy of the log of owner slot 1"),
-        "{err}"
-    );
+    assert_slot_refused_without(&fs, &t, &first);
 
     // Both groups back: the mount replays the current copy and copies it onto the other;
     // its next write records both current.
@@ -634,11 +642,7 @@ fn a_slot_log_copy_that_vanishes_under_its_owner_is_recorded_behind_before_anyth
     use std::sync::atomic::Ordering;
     let (t, fs, dir) = replicated_fs_with_a_slot();
     let (first, _) = slot_log_copies(&fs);
-    let other: Vec<usize> = if first == GROUP_1 {
-        GROUP_2.to_vec()
-    } else {
-        GROUP_1.to_vec()
-    };
+    let other = other_group(&first);
     // The slot's owner reaches the second copy's group through a switch; the manager
     // reaches every disk.
     let (disks, faults) = with_vanishing(&t, &other);
@@ -671,15 +675,9 @@ fn a_slot_log_copy_that_vanishes_under_its_owner_is_recorded_behind_before_anyth
     crash_slot(s1);
 
     // The first copy's group gone: refused by name, nothing replayed.
-    let err = slot_owner(&fs, without(&t, &first))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("no current copy of the log of owner slot 1"),
-        "{err}"
-    );
-    // Everything back: all of it reads; what was written while the group was gone still
-    // has one good copy (the pages' second copies were placed there and never written).
+    assert_slot_refused_without(&fs, &t, &first);
+    // Everything back: all of it reads; what was written while the group was gone is in
+    // the first group alone until `restripe -r`.
     let s1 = slot_owner(&fs, t.reopen()).unwrap();
     verify_in(&s1, dir, &files);
     verify_in(&s1, vb, &vfiles);
