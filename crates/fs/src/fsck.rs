@@ -170,10 +170,14 @@ fn ill_replicated_metadata(desc: &crate::FsDescriptor, state: &mut MetaState) ->
             .map(|d| d.failure_group)
     };
     let apart = |a: u16, b: Option<u16>| b.is_some_and(|b| group_of(a) != group_of(b));
+    // A slot region whose copies share a group, or whose log has a copy that lacks records.
     let mut ill = desc
         .slot_regions()
         .iter()
-        .filter(|r| !apart(r.disk, r.second.map(|s| s.disk)))
+        .filter(|r| {
+            !apart(r.disk, r.second.map(|s| s.disk))
+                || r.second.is_some_and(|s| s.log_behind.is_some())
+        })
         .count() as u64;
     let (store, trees) = state.trees_mut();
     for tree in trees {
