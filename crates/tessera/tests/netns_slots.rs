@@ -435,6 +435,34 @@ fn slots_fs_with(c: &Cluster, fs: &str, size: &str, drives: &str) -> impl Fn(u32
     mnt
 }
 
+/// Kills node `k`'s daemon (its stale FUSE mount at `mnt` detached) and waits until node 1
+/// sees it expelled.
+fn kill_and_wait_for_expel(c: &Cluster, k: u32, mnt: &Path) {
+    c.ok(&["kill", &k.to_string()]);
+    let _ = std::process::Command::new("umount")
+        .args(["-l", mnt.to_str().unwrap()])
+        .status();
+    let node = format!("node{k}");
+    wait_for(&format!("the expel of node {k}"), SETTLE, || {
+        states(c, 1)
+            .get(&node)
+            .is_some_and(|(s, epoch)| s == "down" && epoch.is_empty())
+    });
+}
+
+/// Starts node `k` again and waits until every node is active and `k`'s daemon has mounted
+/// the file system at `mnt` again by itself.
+fn restart_and_wait_for_mount(c: &Cluster, k: u32, mnt: &Path) {
+    c.ok(&["start", &k.to_string()]);
+    wait_for("all active after the restart", SETTLE, || {
+        all_in_state(c, 1, &[1, 2, 3], "active")
+    });
+    let at = format!(" {} fuse", mnt.display());
+    wait_for(&format!("node {k}'s mount"), SETTLE, || {
+        std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.contains(&at))
+    });
+}
+
 /// Node `k`'s Prometheus metrics, scraped inside its namespace.
 fn metrics_of(c: &Cluster, k: u32) -> String {
     const GET: &str = "import sys, urllib.request; \
@@ -517,16 +545,8 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
             (acked, longest)
         });
         std::thread::sleep(Duration::from_millis(500));
-        c.ok(&["kill", "2"]);
         let killed = Instant::now();
-        let _ = std::process::Command::new("umount")
-            .args(["-l", mnt(2).to_str().unwrap()])
-            .status();
-        wait_for("the expel of node 2", SETTLE, || {
-            states(&c, 1)
-                .get("node2")
-                .is_some_and(|(s, epoch)| s == "down" && epoch.is_empty())
-        });
+        kill_and_wait_for_expel(&c, 2, &mnt(2));
         // The writer goes on well past the takeover.
         std::thread::sleep(Duration::from_secs(3));
         eprintln!("writer ran {:?} past node 2's kill", killed.elapsed());
@@ -582,14 +602,7 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
     }
     // Node 2 comes back and mounts again by itself (its daemon mounts what was mounted):
     // it sees everything.
-    c.ok(&["start", "2"]);
-    wait_for("all active after the restart", SETTLE, || {
-        all_in_state(&c, 1, &[1, 2, 3], "active")
-    });
-    let at = format!(" {} fuse", mnt(2).display());
-    wait_for("node 2's mount", SETTLE, || {
-        std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.contains(&at))
-    });
+    restart_and_wait_for_mount(&c, 2, &mnt(2));
     // Node 2 serves its own directory again: the node that took its slot over gave it
     // back when node 2 mounted (not a new, empty slot beside it).
     let listed = tessera_ok(&c, 1, &["mount", "ls", "k1", "-L"]);
@@ -723,15 +736,7 @@ fn a_replicated_file_systems_slots_are_owned_and_taken_over() {
         write_synced(&dir(2).join(format!("f{i}")), content(i).as_bytes()).unwrap();
     }
     // Node 2 dies with its slot's last changes only in its log.
-    c.ok(&["kill", "2"]);
-    let _ = std::process::Command::new("umount")
-        .args(["-l", mnt(2).to_str().unwrap()])
-        .status();
-    wait_for("the expel of node 2", SETTLE, || {
-        states(&c, 1)
-            .get("node2")
-            .is_some_and(|(s, epoch)| s == "down" && epoch.is_empty())
-    });
+    kill_and_wait_for_expel(&c, 2, &mnt(2));
     // Node 3 reads them through whoever took the slot over, and writes there.
     for i in 0..20 {
         let path = dir(3).join(format!("f{i}"));
@@ -746,14 +751,7 @@ fn a_replicated_file_systems_slots_are_owned_and_taken_over() {
         "a node fell back to a client's mount\n{}",
         log_tails(&c)
     );
-    c.ok(&["start", "2"]);
-    wait_for("all active after the restart", SETTLE, || {
-        all_in_state(&c, 1, &[1, 2, 3], "active")
-    });
-    let at = format!(" {} fuse", mnt(2).display());
-    wait_for("node 2's mount", SETTLE, || {
-        std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.contains(&at))
-    });
+    restart_and_wait_for_mount(&c, 2, &mnt(2));
     assert_eq!(
         std::fs::read(dir(2).join("after")).unwrap(),
         b"written after the takeover"
