@@ -473,7 +473,6 @@ impl FileSystem {
         self.manager_here("deleting disks")?;
         self.check_fenced()?;
         let indexes = self.check_delete(nsds)?;
-        self.refuse_slot_structures_on(&indexes)?;
         if indexes
             .iter()
             .any(|&i| self.desc_disk(i).status != DiskStatus::ToBeEmptied)
@@ -481,33 +480,6 @@ impl FileSystem {
             self.set_disk_status(nsds, DiskStatus::ToBeEmptied)?;
         }
         Ok(indexes)
-    }
-
-    /// Refuses deleting `indexes` while they store what an owner slot writes itself and
-    /// this manager cannot have moved under it: the region (records and log) of a slot in
-    /// use whose region has two copies (`-m 2`). (A region with one copy moves through its
-    /// owner, `slot_move.rs`; map regions that hold slots' chunks move while the slots hold
-    /// their chunk writes, `map_hold.rs`.)
-    fn refuse_slot_structures_on(&self, indexes: &[u16]) -> FsResult<()> {
-        let desc = self.owner().desc.lock();
-        for r in desc.slot_regions() {
-            let on = r
-                .copies()
-                .iter()
-                .map(|(d, _)| *d)
-                .find(|d| indexes.contains(d));
-            let live = crate::slot::slot_in_use(&desc, r.slot) && r.second.is_some();
-            if let Some(d) = on.filter(|_| live) {
-                return Err(FsError::NotSupported(format!(
-                    "disk {} holds a copy of the region (records and log) of owner slot {}, \
-                     which is in use; moving a slot region with two copies (-m 2) under its \
-                     owner is not built yet",
-                    self.devices.name(d),
-                    r.slot
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Has every owner slot in use let go of `indexes` (`Namespace::drop_disks`) before the

@@ -519,24 +519,28 @@ impl FileSystem {
             }),
         );
         let fs = FileSystem::assemble(Some(owner), None, devices, geo);
+        // The descriptor is the manager's to write: the slot asks it (through the route the
+        // daemon sets before this mount serves anything), naming the log of the region it
+        // writes now (a move under its owner changes it, `slot_move.rs`).
+        let weak = Arc::downgrade(&fs);
+        let hook: crate::mirrored_log::OnBehind = Arc::new(move |behind| {
+            let fs = weak
+                .upgrade()
+                .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
+            let log_id = fs.slot_state().region.lock().log_id;
+            fs.namespace_manager()
+                .record_slot_log(slot, log_id, behind)
+                .map_err(|e| {
+                    std::io::Error::other(format!(
+                        "the file system manager did not record the state of owner slot \
+                         {slot}'s log copies: {e}"
+                    ))
+                })
+        });
         if let Some(log) = &recovered.log_copies {
-            // The descriptor is the manager's to write: the slot asks it (through the
-            // route the daemon sets before this mount serves anything).
-            let weak = Arc::downgrade(&fs);
-            log.set_on_behind(Arc::new(move |behind| {
-                let fs = weak
-                    .upgrade()
-                    .ok_or_else(|| std::io::Error::other("the file system is unmounted"))?;
-                fs.namespace_manager()
-                    .record_slot_log(slot, behind)
-                    .map_err(|e| {
-                        std::io::Error::other(format!(
-                            "the file system manager did not record the state of owner slot \
-                             {slot}'s log copies: {e}"
-                        ))
-                    })
-            }));
+            log.set_on_behind(Arc::clone(&hook));
         }
+        let _ = fs.owner().log_hook.set(hook);
         fs.start_owner();
         Ok(fs)
     }
@@ -1669,6 +1673,19 @@ impl FileSystem {
         {
             copies.log_behind = log.behind();
         }
+        // Owner slots' log states are theirs to say (`record_slot_log_state` writes them
+        // straight into the newest written descriptor): a change made from an older copy of
+        // the descriptor keeps them as the newest says.
+        let newest = written
+            .slot_regions()
+            .iter()
+            .chain(written.slot_moves.iter().flatten());
+        for r in slot_regions_mut(&mut desc) {
+            let recorded = newest.clone().find(|n| n.same_place(r));
+            if let (Some(second), Some(recorded)) = (&mut r.second, recorded) {
+                second.log_behind = recorded.second.and_then(|s| s.log_behind);
+            }
+        }
         crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
         *written = desc.clone();
         *self.owner().desc.lock() = desc;
@@ -1680,33 +1697,55 @@ impl FileSystem {
     /// change waiting in memory for its checkpoint is not written before its time.
     pub(crate) fn record_log_state(&self) -> FsResult<()> {
         self.manager_here("recording the state of the recovery log's copies")?;
-        let mut written = self.owner().written_desc.lock();
-        let mut desc = written.clone();
-        desc.generation += 1;
         let behind = self
             .owner()
             .log_copies
             .read()
             .as_ref()
             .and_then(|l| l.behind());
-        if let Some(copies) = &mut desc.metadata_copies {
-            copies.log_behind = behind;
-        }
-        crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
-        let mut current = self.owner().desc.lock();
-        current.generation = desc.generation;
-        if let Some(copies) = &mut current.metadata_copies {
-            copies.log_behind = behind;
-        }
-        *written = desc;
+        self.rewrite_written_descriptor(&|desc| {
+            if let Some(copies) = &mut desc.metadata_copies {
+                copies.log_behind = behind;
+            }
+            Ok(true)
+        })?;
         Ok(())
     }
 
+    /// Writes the newest written descriptor again, one generation on, with `change` made
+    /// (when it says it changed something), and makes the same change to the one in memory;
+    /// nothing else of either changes. Returns whether it wrote.
+    fn rewrite_written_descriptor(
+        &self,
+        change: &dyn Fn(&mut FsDescriptor) -> FsResult<bool>,
+    ) -> FsResult<bool> {
+        let mut written = self.owner().written_desc.lock();
+        let mut desc = written.clone();
+        if !change(&mut desc)? {
+            return Ok(false);
+        }
+        desc.generation += 1;
+        crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
+        let mut current = self.owner().desc.lock();
+        current.generation = desc.generation;
+        // What it changes may be gone from the one in memory (a change waiting for its
+        // checkpoint removed it).
+        let _ = change(&mut current);
+        *written = desc;
+        Ok(true)
+    }
+
     /// On the file system manager: writes the newest written descriptor again with the
-    /// state of owner slot `slot`'s log copies as its owner says it is now
+    /// state of the copies of owner slot `slot`'s log `log_id` as its owner says it is now
     /// (`Namespace::record_slot_log`: `Some(c)` copy `c` lacks records, `None` both are
-    /// current); as [`FileSystem::record_log_state`], nothing else of it changes.
-    pub(crate) fn record_slot_log_state(&self, slot: u32, behind: Option<u8>) -> FsResult<()> {
+    /// current), in the slot's region or in the region a move of it reserves; as
+    /// [`FileSystem::record_log_state`], nothing else of it changes.
+    pub(crate) fn record_slot_log_state(
+        &self,
+        slot: u32,
+        log_id: [u8; 16],
+        behind: Option<u8>,
+    ) -> FsResult<()> {
         self.manager_here("recording the state of an owner slot's log copies")?;
         if behind.is_some_and(|c| c > 1) {
             return Err(FsError::Usage(format!(
@@ -1715,10 +1754,8 @@ impl FileSystem {
         }
         let name = self.geo.fs_name.clone();
         let set = |desc: &mut FsDescriptor| -> FsResult<bool> {
-            let second = desc
-                .slots
-                .as_mut()
-                .and_then(|s| s.regions.iter_mut().find(|r| r.slot == slot))
+            let second = slot_regions_mut(desc)
+                .find(|r| r.slot == slot && r.log_id == log_id)
                 .and_then(|r| r.second.as_mut());
             match second {
                 Some(second) => {
@@ -1727,22 +1764,15 @@ impl FileSystem {
                     Ok(changed)
                 }
                 None => Err(FsError::Usage(format!(
-                    "{name} has no owner slot {slot} whose log has two copies"
+                    "{name} has no owner slot {slot} whose log {} has two copies (its region \
+                     moved meanwhile?)",
+                    hex_id(&log_id)
                 ))),
             }
         };
-        let mut written = self.owner().written_desc.lock();
-        let mut desc = written.clone();
-        if !set(&mut desc)? {
+        if !self.rewrite_written_descriptor(&set)? {
             return Ok(());
         }
-        desc.generation += 1;
-        crate::descriptor::write_descriptor_quorum(&desc, &self.devices.up())?;
-        let mut current = self.owner().desc.lock();
-        current.generation = desc.generation;
-        // The slot may be gone from the one in memory (a change waiting for its checkpoint).
-        let _ = set(&mut current);
-        *written = desc;
         match behind {
             Some(c) => tracing::warn!(
                 "{name}: owner slot {slot}: copy {} of its log lacks records from now on",
@@ -1759,7 +1789,18 @@ impl FileSystem {
         let log = self.owner().log_copies.read().clone();
         if let Some(log) = log {
             if log.catch_up()? {
-                if self.owner().slot.is_some() {
+                if let Some(slot) = &self.owner().slot {
+                    let desc = self.owner().desc.lock().clone();
+                    let record = slot.record.lock();
+                    let region = slot.region.lock().clone();
+                    crate::slot::write_record_to_caught_up(
+                        &desc,
+                        &self.devices,
+                        &region,
+                        &record,
+                        &log,
+                    )?;
+                    drop(record);
                     // An owner slot's log: the manager records it (`record_slot_log`).
                     log.record_state()?;
                 } else {
@@ -1962,4 +2003,17 @@ std::thread_local! {
     /// whose methods must not know whether a local or a remote client called them.
     pub(crate) static ANSWERING: std::cell::Cell<Option<(u64, u64)>> =
         const { std::cell::Cell::new(None) };
+}
+
+/// Every owner slot region the descriptor names: the slots' own, and those their moves
+/// reserve (`slot_move.rs`).
+fn slot_regions_mut(desc: &mut FsDescriptor) -> impl Iterator<Item = &mut crate::slot::SlotRegion> {
+    desc.slots
+        .iter_mut()
+        .flat_map(|s| s.regions.iter_mut())
+        .chain(desc.slot_moves.iter_mut().flatten())
+}
+
+fn hex_id(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
 }

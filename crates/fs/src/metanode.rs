@@ -421,9 +421,11 @@ pub(crate) trait Namespace: Send + Sync {
     fn move_slot_region(&self, to: &crate::slot::SlotRegion, give_up: bool) -> FsResult<bool>;
 
     /// On the file system manager, from the owner of `slot` (`-m 2`): the descriptor says
-    /// from now on that copy `behind` of the slot's log lacks records (`None`: both are
-    /// current), written before this returns (`mirrored_log.rs`).
-    fn record_slot_log(&self, slot: u32, behind: Option<u8>) -> FsResult<()>;
+    /// from now on that copy `behind` of the slot's log `log_id` lacks records (`None`: both
+    /// are current), written before this returns (`mirrored_log.rs`). The log is named
+    /// because a slot moving its region (`slot_move.rs`) writes the region the descriptor
+    /// only reserves for it until the manager commits the move.
+    fn record_slot_log(&self, slot: u32, log_id: [u8; 16], behind: Option<u8>) -> FsResult<()>;
 
     /// On the owner of a slot other than 0, for the file system manager's `restripe -c` or
     /// `-r` (`rewrite`) of a `-m 2` file system: the copies of its pages checked and

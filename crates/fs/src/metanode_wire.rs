@@ -349,11 +349,12 @@ pub enum MetanodeRequest {
         give_up: bool,
     },
     /// From the owner of `slot` (`-m 2`) to the file system manager: record in the
-    /// descriptor which copy of the slot's log lacks records (`None`: both are current),
-    /// before the slot writes a record that one copy alone holds
+    /// descriptor which copy of the slot's log `log_id` lacks records (`None`: both are
+    /// current), before the slot writes a record that one copy alone holds
     /// ([`Namespace::record_slot_log`]).
     RecordSlotLog {
         slot: u32,
+        log_id: [u8; 16],
         behind: Option<u8>,
     },
     /// From the file system manager's `restripe -c`/`-r` (`rewrite`) on a `-m 2` file
@@ -1005,9 +1006,11 @@ where
                 R::Count(u64::from(moved))
             })
         }
-        Q::RecordSlotLog { slot, behind } => {
-            answer(owner.record_slot_log(slot, behind), |()| R::Done)
-        }
+        Q::RecordSlotLog {
+            slot,
+            log_id,
+            behind,
+        } => answer(owner.record_slot_log(slot, log_id, behind), |()| R::Done),
         Q::RestoreCopies { rewrite } => {
             answer(owner.restore_copies(rewrite), |(checked, repaired)| {
                 R::Restriped(crate::restripe::RestripeBatch {
@@ -2601,8 +2604,12 @@ impl Namespace for RemoteMetanode {
         expect_reply!(self.call(request)?, MetanodeReply::Count(n) => n != 0, "moving an owner slot's region")
     }
 
-    fn record_slot_log(&self, slot: u32, behind: Option<u8>) -> FsResult<()> {
-        self.done(MetanodeRequest::RecordSlotLog { slot, behind })
+    fn record_slot_log(&self, slot: u32, log_id: [u8; 16], behind: Option<u8>) -> FsResult<()> {
+        self.done(MetanodeRequest::RecordSlotLog {
+            slot,
+            log_id,
+            behind,
+        })
     }
 
     fn restore_copies(&self, rewrite: bool) -> FsResult<(u64, u64)> {
@@ -2983,10 +2990,12 @@ mod tests {
             MetanodeRequest::Gather { ino: 12 },
             MetanodeRequest::RecordSlotLog {
                 slot: 4,
+                log_id: [9; 16],
                 behind: Some(1),
             },
             MetanodeRequest::RecordSlotLog {
                 slot: 4,
+                log_id: [0xfe; 16],
                 behind: None,
             },
             MetanodeRequest::RestoreCopies { rewrite: true },

@@ -364,7 +364,9 @@ impl MirroredLog {
     }
 }
 
-fn no_current_copy(
+/// The error of a log (or a slot's records) whose only current copy is on a disk that is
+/// down.
+pub(crate) fn no_current_copy(
     what: &str,
     fs_name: &str,
     disks: &DiskSet,

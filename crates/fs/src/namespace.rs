@@ -677,8 +677,8 @@ impl Namespace for FileSystem {
         self.move_own_region(to, give_up)
     }
 
-    fn record_slot_log(&self, slot: u32, behind: Option<u8>) -> FsResult<()> {
-        self.record_slot_log_state(slot, behind)
+    fn record_slot_log(&self, slot: u32, log_id: [u8; 16], behind: Option<u8>) -> FsResult<()> {
+        self.record_slot_log_state(slot, log_id, behind)
     }
 
     fn restore_copies(&self, rewrite: bool) -> FsResult<(u64, u64)> {

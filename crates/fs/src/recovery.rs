@@ -622,7 +622,11 @@ pub(crate) fn recover_slot(
     if let Some(log) = &log_copies {
         // Either copy alone replays the same records from here on; the state this leaves
         // (a copy caught up, one found missing) is recorded before the log's next write.
-        log.resync(&journal.replayed_ranges())?;
+        if log.resync(&journal.replayed_ranges())?.is_some() {
+            // A copy whose log was behind has older records too: the newest goes there
+            // before the descriptor calls the copy current.
+            crate::slot::write_record_to_caught_up(desc, disks, &region, &record, log)?;
+        }
     }
     if replayed_records > 0 {
         tracing::info!(

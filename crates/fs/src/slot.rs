@@ -156,6 +156,13 @@ impl SlotRegion {
             .collect()
     }
 
+    /// Whether `other` is this region, whatever either says of its log copies' state (which
+    /// the file system manager records apart, `Namespace::record_slot_log`).
+    pub fn same_place(&self, other: &SlotRegion) -> bool {
+        let place = |r: &SlotRegion| (r.slot, r.bytes, r.record_bytes, r.log_id, r.copies());
+        place(self) == place(other)
+    }
+
     /// The blocks of every copy, as the allocation map holds them.
     pub fn extents(&self, desc: &FsDescriptor) -> Vec<Extent> {
         let data_start = tessera_nsd::layout::data_start_bytes(u64::from(desc.block_size));
@@ -541,6 +548,22 @@ pub(crate) fn write_record_copies(
     Ok(missed)
 }
 
+/// After the log copy that was behind caught up (`MirroredLog::resync`), before the
+/// descriptor calls it current: `record`, the slot's newest, written to every copy, so that
+/// either copy alone reads it. A copy that misses it is behind again.
+pub(crate) fn write_record_to_caught_up(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    region: &SlotRegion,
+    record: &SlotRecord,
+    log: &crate::mirrored_log::MirroredLog,
+) -> FsResult<()> {
+    for (c, why) in write_record_copies(desc, disks, region, record)? {
+        log.missed(c, &why)?;
+    }
+    Ok(())
+}
+
 /// The newest record of the slot, from the region it is in: its descriptor region, or the
 /// region that one forwards to (a move under its owner, `slot_move.rs`).
 pub(crate) fn read_record(
@@ -564,7 +587,12 @@ pub(crate) fn current_region(
         Stored::Record(r) => return Ok((region.clone(), r)),
         Stored::Forward(f) => f,
     };
-    let to = forward.target(region);
+    // The reservation, when it is this one, says more than the forward: which of its log
+    // copies lacks records, if one does.
+    let to = match desc.slot_move(region.slot) {
+        Some(m) if m.same_place(&forward.target(region)) => m.clone(),
+        _ => forward.target(region),
+    };
     let damaged = |why: String| {
         FsError::Corrupt(format!(
             "owner slot {} of {}: its region on {} forwards to {} at byte {}, {why}; run \
@@ -577,7 +605,10 @@ pub(crate) fn current_region(
             desc.name
         ))
     };
-    if desc.slot_move(region.slot).is_some_and(|m| *m != to) {
+    if desc
+        .slot_move(region.slot)
+        .is_some_and(|m| !m.same_place(&to))
+    {
         return Err(damaged(
             "which is not the move the descriptor reserves".into(),
         ));
@@ -604,14 +635,36 @@ impl Stored {
 }
 
 /// The newest of what `region`'s halves hold: both halves of every copy whose disk is up
-/// are read and the highest generation that verifies wins. An error names every damaged
-/// half when none verifies.
+/// are read and the highest generation that verifies wins. A copy the descriptor calls
+/// behind is not read: its records, as its log, may lack what the other copy holds. An
+/// error names every damaged half when none verifies.
 fn read_newest(desc: &FsDescriptor, disks: &DiskSet, region: &SlotRegion) -> FsResult<Stored> {
     let mut best: Option<Stored> = None;
     let mut problems = Vec::new();
-    for (disk, offset) in region.copies() {
+    let behind = region.second.and_then(|s| s.log_behind);
+    let copies = region.copies();
+    if let Some(b) = behind {
+        if disks.is_down(copies[1 - b as usize].0) {
+            let pair = [copies[0], copies[1]];
+            return Err(crate::mirrored_log::no_current_copy(
+                &format!("log of owner slot {} of {}", region.slot, desc.name),
+                &desc.name,
+                disks,
+                &pair,
+                behind,
+            ));
+        }
+    }
+    for (c, (disk, offset)) in copies.into_iter().enumerate() {
         if disks.is_down(disk) {
             problems.push(format!("{} is down", disks.name(disk)));
+            continue;
+        }
+        if behind == Some(c as u8) {
+            problems.push(format!(
+                "the copy on {} lacks records the other holds",
+                disks.name(disk)
+            ));
             continue;
         }
         let dev = disks.get(disk);
@@ -1958,7 +2011,7 @@ pub(crate) struct SlotOwner {
 
 impl crate::fs::FileSystem {
     /// What the owner of a slot other than 0 keeps beside the owner's state.
-    fn slot_state(&self) -> &SlotOwner {
+    pub(crate) fn slot_state(&self) -> &SlotOwner {
         self.owner()
             .slot
             .as_ref()

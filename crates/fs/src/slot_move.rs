@@ -45,18 +45,26 @@
 //! | magic  | version | slot   | generation| length | crc32c | fs uuid       |
 //! |TSRSLOTF| u32 = 1 | u32    | u64       | u32=32 | u32    | 16 bytes      |
 //! +--------+---------+--------+-----------+--------+--------+---------------+
-//! 48       52       56         64                80
-//! +--------+--------+----------+-----------------+
-//! | disk   | zero   | offset   | log id          |
-//! | u32    | u32    | u64      | 16 bytes        |
-//! +--------+--------+----------+-----------------+
+//! 48       52       56         64                80       84       88         96
+//! +--------+--------+----------+-----------------+--------+--------+----------+
+//! | disk   | zero   | offset   | log id          | disk 2 | zero   | offset 2 |
+//! | u32    | u32    | u64      | 16 bytes        | u32    | u32    | u64      |
+//! +--------+--------+----------+-----------------+--------+--------+----------+
 //! ```
 //!
-//! The crc covers bytes 0 to 80 with its own four bytes taken as zero; the rest of the
-//! record's sectors is zero. Only regions with one copy move this way: moving a region
-//! with two copies (`-m 2`, its log a `MirroredLog`) under its owner is not built yet.
+//! The length is 32 for a region with one copy (the body ends at byte 80) and 48 for a
+//! region with two (`-m 2`). The crc covers the header and the body with its own four bytes
+//! taken as zero; the rest of the record's sectors is zero.
+//!
+//! A region with two copies moves with both: the new log is a `MirroredLog` over the new
+//! copies, formatted on both, and the record there must land on both, or the move is given
+//! up before anything is forwarded. The forward goes to every current copy of the old
+//! region; a copy that misses it would still name the old region as the slot's, so it is
+//! called behind in the descriptor (through the manager, `RecordSlotLog`) before the slot
+//! writes anything at the new place, and a copy called behind is never read alone.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tessera_alloc::DiskIndex;
 use tessera_drive::AlignedBuf;
@@ -70,7 +78,10 @@ use crate::slot::{SlotRecord, SlotRegion};
 pub const FORWARD_MAGIC: [u8; 8] = *b"TSRSLOTF";
 pub const FORWARD_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 48;
+/// The body of a forward to a region with one copy.
 const BODY_BYTES: usize = 32;
+/// The body of a forward to a region with two copies (`-m 2`).
+const BODY_BYTES_TWO_COPIES: usize = 48;
 
 /// A slot record that says the slot's records and log moved to another region.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +94,8 @@ pub struct SlotForward {
     pub offset: u64,
     /// The id the new region's log was formatted with.
     pub log_id: [u8; 16],
+    /// (disk, byte offset of record A) of the new region's second copy, with `-m 2`.
+    pub second: Option<(u16, u64)>,
 }
 
 impl SlotForward {
@@ -95,24 +108,38 @@ impl SlotForward {
             bytes: from.bytes,
             record_bytes: from.record_bytes,
             log_id: self.log_id,
-            second: None,
+            second: self
+                .second
+                .map(|(disk, offset)| crate::slot::SlotSecondCopy {
+                    disk,
+                    offset,
+                    log_behind: None,
+                }),
         }
     }
 
     /// The record as it is stored, `record_bytes` long.
     pub fn encode(&self, fs_uuid: &[u8; 16], record_bytes: u32) -> AlignedBuf {
-        assert!(HEADER_BYTES + BODY_BYTES <= record_bytes as usize);
+        let body = match self.second {
+            None => BODY_BYTES,
+            Some(_) => BODY_BYTES_TWO_COPIES,
+        };
+        assert!(HEADER_BYTES + body <= record_bytes as usize);
         let mut buf = AlignedBuf::zeroed(record_bytes as usize);
         buf[0..8].copy_from_slice(&FORWARD_MAGIC);
         buf[8..12].copy_from_slice(&FORWARD_VERSION.to_le_bytes());
         buf[12..16].copy_from_slice(&self.slot.to_le_bytes());
         buf[16..24].copy_from_slice(&self.generation.to_le_bytes());
-        buf[24..28].copy_from_slice(&(BODY_BYTES as u32).to_le_bytes());
+        buf[24..28].copy_from_slice(&(body as u32).to_le_bytes());
         buf[32..48].copy_from_slice(fs_uuid);
         buf[48..52].copy_from_slice(&u32::from(self.disk).to_le_bytes());
         buf[56..64].copy_from_slice(&self.offset.to_le_bytes());
         buf[64..80].copy_from_slice(&self.log_id);
-        let crc = crc32c::crc32c(&buf[..HEADER_BYTES + BODY_BYTES]);
+        if let Some((disk, offset)) = self.second {
+            buf[80..84].copy_from_slice(&u32::from(disk).to_le_bytes());
+            buf[88..96].copy_from_slice(&offset.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&buf[..HEADER_BYTES + body]);
         buf[28..32].copy_from_slice(&crc.to_le_bytes());
         buf
     }
@@ -132,56 +159,79 @@ impl SlotForward {
                 "forward record version {version}, this Tessera reads version {FORWARD_VERSION}"
             ));
         }
-        if le_u32(&bytes[24..]) as usize != BODY_BYTES {
+        let body = le_u32(&bytes[24..]) as usize;
+        if body != BODY_BYTES && body != BODY_BYTES_TWO_COPIES {
             return Err(format!(
-                "forward record body length {} (not {BODY_BYTES})",
-                le_u32(&bytes[24..])
+                "forward record body length {body} (not {BODY_BYTES} or \
+                 {BODY_BYTES_TWO_COPIES})"
             ));
         }
-        crate::slot::verify_header(bytes, BODY_BYTES, fs_uuid, slot, "forward record")?;
-        let disk = le_u32(&bytes[48..]);
-        let disk = u16::try_from(disk).map_err(|_| format!("forward to disk {disk}"))?;
-        if le_u32(&bytes[52..]) != 0 {
-            return Err("forward record: reserved bytes not zero".into());
+        if bytes.len() < HEADER_BYTES + body {
+            return Err("forward record cut short".into());
         }
+        crate::slot::verify_header(bytes, body, fs_uuid, slot, "forward record")?;
+        let disk_at = |at: usize| {
+            let disk = le_u32(&bytes[at..]);
+            if le_u32(&bytes[at + 4..]) != 0 {
+                return Err("forward record: reserved bytes not zero".to_string());
+            }
+            u16::try_from(disk).map_err(|_| format!("forward to disk {disk}"))
+        };
+        let second = match body {
+            BODY_BYTES_TWO_COPIES => Some((disk_at(80)?, le_u64(&bytes[88..]))),
+            _ => None,
+        };
         Ok(SlotForward {
             slot,
             generation: le_u64(&bytes[16..]),
-            disk,
+            disk: disk_at(48)?,
             offset: le_u64(&bytes[56..]),
             log_id: bytes[64..80].try_into().unwrap(),
+            second,
         })
     }
 }
 
 /// Writes `forward` through (FUA) into the half of its generation's parity of every copy
-/// of `from` whose disk is up; at least one must take it.
+/// of `from` whose disk is up, except copy `behind` (which the descriptor calls behind: it
+/// is never read while that holds). At least one must take it; returns the copies that did
+/// not, with why.
 fn write_forward(
     desc: &FsDescriptor,
     disks: &DiskSet,
     from: &SlotRegion,
     forward: &SlotForward,
-) -> FsResult<()> {
+    behind: Option<u8>,
+) -> FsResult<Vec<(u8, String)>> {
     let buf = forward.encode(&desc.fs_uuid, from.record_bytes);
     let half = (forward.generation % 2) * u64::from(from.record_bytes);
     let mut written = 0;
     let mut last_err = None;
-    for (disk, offset) in from.copies() {
+    let mut missed = Vec::new();
+    for (c, (disk, offset)) in from.copies().into_iter().enumerate() {
+        let c = c as u8;
+        if behind == Some(c) {
+            continue;
+        }
         if disks.is_down(disk) {
+            missed.push((c, format!("{} is down", disks.name(disk))));
             continue;
         }
         match disks.get(disk).write_fua(&buf, offset + half) {
             Ok(()) => written += 1,
-            Err(e) => last_err = Some(e),
+            Err(e) => {
+                missed.push((c, format!("writing the forward record failed: {e}")));
+                last_err = Some(e);
+            }
         }
     }
     match (written, last_err) {
         (0, Some(e)) => Err(FsError::Io(e)),
         (0, None) => Err(FsError::Usage(format!(
-            "no disk holding owner slot {} of {} is up",
+            "no current copy of owner slot {} of {} is on a disk that is up",
             from.slot, desc.name
         ))),
-        _ => Ok(()),
+        _ => Ok(missed),
     }
 }
 
@@ -201,7 +251,7 @@ impl FileSystem {
         let mut m = self.owner().meta.lock();
         let _one = self.owner().checkpoint_lock.lock();
         let from = slot.region.lock().clone();
-        if from == *to {
+        if from.same_place(to) {
             return Ok(true);
         }
         if slot.forward_in_doubt.load(Ordering::SeqCst) {
@@ -226,30 +276,20 @@ impl FileSystem {
                 )));
             }
         }
-        if to.slot != slot.number
-            || to.bytes != from.bytes
-            || to.record_bytes != from.record_bytes
-            || to.second.is_some()
-            || from.second.is_some()
+        if to.slot != slot.number || to.bytes != from.bytes || to.record_bytes != from.record_bytes
         {
             return Err(FsError::Invalid(format!(
                 "owner slot {}: a region of {} bytes ({} per record) cannot take the place of \
-                 its region of {} bytes ({} per record){}",
-                slot.number,
-                to.bytes,
-                to.record_bytes,
-                from.bytes,
-                from.record_bytes,
-                if to.second.is_some() || from.second.is_some() {
-                    ", and regions with two copies do not move under their owner"
-                } else {
-                    ""
-                }
+                 its region of {} bytes ({} per record)",
+                slot.number, to.bytes, to.record_bytes, from.bytes, from.record_bytes,
             )));
         }
         self.check_writable()?;
         let durable = crate::descriptor::read_descriptor(&self.devices.all())?;
-        if durable.slot_move(slot.number) != Some(to) {
+        if !durable
+            .slot_move(slot.number)
+            .is_some_and(|m| m.same_place(to))
+        {
             return Err(FsError::Usage(format!(
                 "owner slot {}: the descriptor on disk (generation {}) reserves no region at \
                  {} byte {} for it; run the command again",
@@ -259,15 +299,31 @@ impl FileSystem {
                 to.offset
             )));
         }
+        // A copy of the new region lacks nothing yet: both are written from here on.
+        let mut to = to.clone();
+        if let Some(second) = &mut to.second {
+            second.log_behind = None;
+        }
+        let to = &to;
         let lsn = self.checkpoint_for_a_new_log(&mut m)?;
         let desc = self.owner().desc.lock().clone();
+        // Every copy formatted and holding its first record, or an error: nothing is
+        // forwarded yet, so the old region stays the slot's.
         crate::slot::initialise(&desc, &self.devices, to)?;
-        let (journal, records) = tessera_journal::Journal::open(
-            self.devices.get(to.disk),
-            to.log_region(),
-            to.log_id,
-            lsn,
-        )?;
+        let new_copies = match to.second {
+            Some(_) => Some(crate::mirrored_log::MirroredLog::for_slot(
+                &desc,
+                &self.devices,
+                to,
+            )?),
+            None => None,
+        };
+        let log_dev: Arc<dyn tessera_drive::BlockDevice> = match &new_copies {
+            Some(log) => Arc::clone(log) as Arc<dyn tessera_drive::BlockDevice>,
+            None => self.devices.get(to.disk),
+        };
+        let (journal, records) =
+            tessera_journal::Journal::open(log_dev, to.log_region(), to.log_id, lsn)?;
         assert!(records.is_empty(), "a freshly formatted log has no records");
         let mut record = slot.record.lock();
         let next = SlotRecord {
@@ -275,18 +331,45 @@ impl FileSystem {
             replay_from: lsn,
             ..record.clone()
         };
-        crate::slot::write_record(&desc, &self.devices, to, &next)?;
-        // The log's format and the zeroed half are plain writes: on stable storage before
+        // On every copy, or the move is given up: a copy of the new region must not be
+        // behind before the descriptor can say so.
+        let missed = crate::slot::write_record_copies(&desc, &self.devices, to, &next)?;
+        if let Some((c, why)) = missed.first() {
+            return Err(FsError::Io(std::io::Error::other(format!(
+                "owner slot {}: copy {} of the new region did not take its record ({why}); \
+                 the slot stays where it was",
+                slot.number,
+                c + 1
+            ))));
+        }
+        // The log's format and the zeroed halves are plain writes: on stable storage before
         // the forward sends anyone there.
-        self.devices.get(to.disk).flush()?;
+        for (disk, _) in to.copies() {
+            self.devices.get(disk).flush()?;
+        }
         let forward = SlotForward {
             slot: slot.number,
             generation: next.generation,
             disk: to.disk,
             offset: to.offset,
             log_id: to.log_id,
+            second: to.second.map(|s| (s.disk, s.offset)),
         };
-        if let Err(e) = write_forward(&desc, &self.devices, &from, &forward) {
+        let old_copies = self.owner().log_copies.read().clone();
+        let behind = old_copies.as_ref().and_then(|l| l.behind());
+        let forwarded =
+            write_forward(&desc, &self.devices, &from, &forward, behind).and_then(|missed| {
+                // A copy of the old region without the forward still names the old region
+                // as the slot's: it is called behind (never read alone) before anything is
+                // written at the new place.
+                let log = old_copies.as_ref();
+                for (c, why) in missed {
+                    let log = log.expect("a region with two copies has a mirrored log");
+                    log.missed(c, &why).map_err(FsError::Io)?;
+                }
+                Ok(())
+            });
+        if let Err(e) = forwarded {
             // It may have landed: only a mount can tell which region is the slot's.
             slot.forward_in_doubt.store(true, Ordering::SeqCst);
             self.stop_checkpoints();
@@ -300,6 +383,10 @@ impl FileSystem {
         }
         *record = next;
         *slot.region.lock() = to.clone();
+        if let (Some(log), Some(hook)) = (&new_copies, self.owner().log_hook.get()) {
+            log.set_on_behind(Arc::clone(hook));
+        }
+        *self.owner().log_copies.write() = new_copies;
         self.replace_journal(journal);
         drop(record);
         drop(m);
@@ -321,13 +408,6 @@ impl FileSystem {
         old: &SlotRegion,
         stays: &dyn Fn(DiskIndex) -> bool,
     ) -> FsResult<()> {
-        if old.second.is_some() || self.owner().desc.lock().metadata_copies.is_some() {
-            return Err(FsError::NotSupported(format!(
-                "owner slot {}'s region has two copies (-m 2): moving it under its owner is not \
-                 built yet",
-                old.slot
-            )));
-        }
         let reserved = self.owner().desc.lock().slot_move(old.slot).cloned();
         let to = match reserved {
             Some(to) => to,
@@ -347,10 +427,6 @@ impl FileSystem {
         let desc = self.owner().desc.lock().clone();
         let to =
             self.place_slot_region(&mut m, &desc, old.slot, old.bytes, old.record_bytes, stays)?;
-        assert!(
-            to.second.is_none(),
-            "one metadata copy (checked by the caller), so one copy of the region"
-        );
         let mut next = desc;
         next.slot_moves
             .get_or_insert_with(Vec::new)
@@ -468,6 +544,7 @@ mod tests {
             disk: 5,
             offset: 0x1122_3344_5566,
             log_id: [0xab; 16],
+            second: None,
         }
     }
 
@@ -490,6 +567,57 @@ mod tests {
         covered[28..32].fill(0);
         assert_eq!(buf[28..32], crc32c::crc32c(&covered).to_le_bytes());
         assert_eq!(SlotForward::decode(&buf, &UUID, 3), Ok(sample()));
+    }
+
+    #[test]
+    fn a_forward_to_two_copies_has_the_documented_bytes() {
+        let forward = SlotForward {
+            second: Some((9, 0x7788_99aa_bb00)),
+            ..sample()
+        };
+        let buf = forward.encode(&UUID, 4096);
+        assert_eq!(buf[24..28], 48u32.to_le_bytes());
+        assert_eq!(buf[48..52], 5u32.to_le_bytes());
+        assert_eq!(&buf[64..80], &[0xab; 16]);
+        assert_eq!(buf[80..84], 9u32.to_le_bytes());
+        assert_eq!(buf[84..88], [0; 4]);
+        assert_eq!(buf[88..96], 0x7788_99aa_bb00u64.to_le_bytes());
+        assert!(buf[96..].iter().all(|b| *b == 0));
+        let mut covered = buf[..96].to_vec();
+        covered[28..32].fill(0);
+        assert_eq!(buf[28..32], crc32c::crc32c(&covered).to_le_bytes());
+        assert_eq!(SlotForward::decode(&buf, &UUID, 3), Ok(forward.clone()));
+        let from = SlotRegion {
+            slot: 3,
+            disk: 1,
+            offset: 1 << 20,
+            bytes: 8 << 20,
+            record_bytes: 8192,
+            log_id: [1; 16],
+            second: Some(crate::slot::SlotSecondCopy {
+                disk: 2,
+                offset: 1 << 21,
+                log_behind: Some(1),
+            }),
+        };
+        let to = forward.target(&from);
+        assert_eq!(
+            to.second,
+            Some(crate::slot::SlotSecondCopy {
+                disk: 9,
+                offset: 0x7788_99aa_bb00,
+                log_behind: None
+            })
+        );
+        // A bit of the second copy's place is covered by the crc.
+        let mut torn = buf.to_vec();
+        torn[90] ^= 1;
+        assert!(SlotForward::decode(&torn, &UUID, 3)
+            .unwrap_err()
+            .contains("checksum mismatch"));
+        torn[90] ^= 1;
+        torn[84] = 1;
+        assert!(SlotForward::decode(&torn, &UUID, 3).is_err());
     }
 
     #[test]
@@ -529,5 +657,28 @@ mod tests {
             (to.bytes, to.record_bytes, to.log_id),
             (8 << 20, 8192, [0xab; 16])
         );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn garbage_never_panics_the_forward_decoder(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            magic in proptest::prelude::any::<bool>(),
+        ) {
+            let mut bytes = bytes;
+            if magic && bytes.len() >= 8 {
+                bytes[..8].copy_from_slice(&FORWARD_MAGIC);
+            }
+            let _ = SlotForward::decode(&bytes, &UUID, 3);
+        }
+
+        #[test]
+        fn a_flipped_bit_of_a_forward_to_two_copies_is_refused(bit in 64usize..96 * 8) {
+            let forward = SlotForward { second: Some((9, 1 << 30)), ..sample() };
+            let mut buf = forward.encode(&UUID, 512).to_vec();
+            buf[bit / 8] ^= 1 << (bit % 8);
+            let decoded = SlotForward::decode(&buf, &UUID, 3);
+            proptest::prop_assert!(decoded.is_err(), "bit {} accepted: {:?}", bit, decoded);
+        }
     }
 }

@@ -734,7 +734,6 @@ fn a_slot_owner_with_two_log_copies_killed_at_every_write_loses_no_fsynced_byte(
     use std::sync::atomic::Ordering;
     let (t, fs, dir) = replicated_fs_with_a_slot();
     let (first, _) = slot_log_copies(&fs);
-    let root = tessera_fs::Caller { uid: 0, gid: 0 };
     let mut synced: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut crashes = 0;
     let mut refused = 0;
@@ -744,40 +743,9 @@ fn a_slot_owner_with_two_log_copies_killed_at_every_write_loses_no_fsynced_byte(
         faults.writes_until_failure.store(k, Ordering::SeqCst);
         // Files made, written and fsynced, a checkpoint between them, an older file
         // removed: every fsync that returned holds after the crash, on either copy alone.
-        let mut done: Vec<(String, Vec<u8>)> = Vec::new();
-        let mut removed = None;
-        let result = (|| -> tessera_fs::FsResult<()> {
-            for j in 0..2u64 {
-                let name = format!("k{k}-{j}");
-                let a = s1.create_node(
-                    dir,
-                    name.as_bytes(),
-                    tessera_fs::FileKind::Regular,
-                    0o644,
-                    0,
-                    root,
-                    None,
-                )?;
-                let data = pattern(9_000 + k as usize * 997 % 30_000, k as u64 * 10 + j);
-                s1.write(a.ino, 0, &data, false)?;
-                s1.fsync(a.ino)?;
-                done.push((name, data));
-                if j == 0 {
-                    s1.checkpoint()?;
-                }
-            }
-            if let Some(old) = synced.keys().next().cloned() {
-                s1.remove(dir, old.as_bytes(), false)?;
-                s1.sync()?;
-                removed = Some(old);
-            }
-            Ok(())
-        })();
+        let size = 9_000 + k as usize * 997 % 30_000;
+        let result = fsynced_round(&s1, dir, k, size, &mut synced);
         let crashed = crash(s1, &faults);
-        synced.extend(done);
-        if let Some(old) = removed {
-            synced.remove(&old);
-        }
         // The second copy alone, unless the descriptor says it missed a write (the cut
         // fell on it, and the slot had it recorded before going on with one copy).
         match slot_owner(&fs, without(&t, &first)) {
@@ -809,5 +777,320 @@ fn a_slot_owner_with_two_log_copies_killed_at_every_write_loses_no_fsynced_byte(
     assert_fsck_clean(
         &t,
         "after a slot with two log copies was cut at every write",
+    );
+}
+
+/// Owner slot 1 mounted on `disks` beside the manager `fs`, each reaching the other in this
+/// process (the manager asks the slot to move its region, the slot asks the manager to
+/// record its log copies' state).
+fn slot_owner_reached(fs: &Arc<FileSystem>, disks: Disks) -> Arc<FileSystem> {
+    let s1 = slot_owner(fs, disks).unwrap();
+    let weak = Arc::downgrade(&s1);
+    fs.route_slots_through(Box::new(move |slot| {
+        (slot == 1).then(|| {
+            Box::new(tessera_fs::InProcessOwner(weak.clone()))
+                as Box<dyn tessera_fs::MetanodeChannel>
+        })
+    }));
+    s1
+}
+
+/// Slot 1's region as the manager `fs`'s descriptor names it.
+fn slot_region(fs: &FileSystem) -> tessera_fs::slot::SlotRegion {
+    let desc = fs.descriptor();
+    let region = desc.slot_regions().iter().find(|r| r.slot == 1);
+    region.expect("slot 1 has a region").clone()
+}
+
+fn nsd_name(fs: &FileSystem, index: u16) -> String {
+    let desc = fs.descriptor();
+    let disk = desc.disks.iter().find(|d| d.index == index).unwrap();
+    disk.nsd_name.clone()
+}
+
+/// `disk delete` of the disk holding the first copy of a live `-m 2` slot's region (its
+/// records and log), with changes in the slot's log that no checkpoint covers: the slot
+/// moves itself to a new region with two copies in two failure groups (a checkpoint, a new
+/// mirrored log continuing its LSNs, a record on both copies there, a forward on both
+/// copies of the old region), and the manager commits the new place (refused before, with
+/// "not built yet"). Files written after the move come back from either new copy alone,
+/// and fsck is clean.
+#[test]
+fn a_disk_holding_a_copy_of_a_live_slots_region_is_deleted_beside_its_owner() {
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let s1 = slot_owner_reached(&fs, t.reopen());
+    let mut files = slot_files(&s1, dir, "a");
+    s1.checkpoint().unwrap();
+    files.extend(slot_files(&s1, dir, "b"));
+    let old = slot_region(&fs);
+    let victim = [nsd_name(&fs, old.disk)];
+    fs.mark_disks_for_delete(&victim).unwrap();
+    s1.follow_descriptor().unwrap();
+    let report = fs
+        .delete_disks(&victim, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert_eq!(report.deleted, vec![old.disk], "{report:?}");
+    assert!(
+        report.restripe.progress.slot_regions_moved > 0,
+        "{report:?}"
+    );
+    let new = slot_region(&fs);
+    assert_eq!(fs.descriptor().slot_moves, None, "the reservation ended");
+    assert_ne!(new.log_id, old.log_id, "a new log at the new place");
+    let (first, second) = slot_log_copies(&fs);
+    assert_eq!(second.log_behind, None);
+    assert!(new.copies().iter().all(|(d, _)| *d != old.disk), "{new:?}");
+    verify_in(&s1, dir, &files);
+    files.extend(slot_files(&s1, dir, "c"));
+    crash_slot(s1);
+
+    // Either new copy alone holds everything (nothing written, so nothing recorded).
+    for gone in [first.clone(), other_group(&first)] {
+        let s1 = slot_owner(&fs, without(&t, &gone)).unwrap();
+        verify_in(&s1, dir, &files);
+        crash_slot(s1);
+    }
+    assert_eq!(slot_log_copies(&fs).1.log_behind, None);
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(&t, "after a -m 2 slot's region moved under its owner");
+}
+
+/// The same move with the slot's owner cut by a crash at every write (its checkpoint, the
+/// new mirrored log's format on both copies, its record there, the forward on each copy of
+/// the old region, the files it writes and fsyncs after): after every cut, the slot mounts
+/// from each failure group alone unless the descriptor calls that group's copy behind, and
+/// from both, with every fsynced file, in one region, old or new; fsck is clean.
+#[test]
+fn a_live_slot_region_move_with_two_copies_cut_by_a_crash_of_the_slot_at_every_write() {
+    use std::sync::atomic::Ordering;
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let s1 = slot_owner_reached(&fs, t.reopen());
+    let mut synced = slot_files(&s1, dir, "s");
+    let victim = slot_region(&fs).disk;
+    fs.mark_disks_for_delete(&[nsd_name(&fs, victim)]).unwrap();
+    s1.follow_descriptor().unwrap();
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    let mut crashes = 0;
+    let mut refused = 0;
+    for k in 1..400i64 {
+        let fs = mount(&t);
+        let (disks, faults) = with_faults(&t);
+        let s1 = slot_owner_reached(&fs, disks);
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let result = fs.restripe(RestripeMode::Migrate, &AtomicBool::new(false), &mut |_| {});
+        // What the slot writes after the move, at the new place, fsynced (a failure ends
+        // the round: the cut fell before).
+        let size = 5_000 + k as usize * 131 % 9_000;
+        let _ = fsynced_round(&s1, dir, k, size, &mut synced);
+        let crashed = crash(s1, &faults);
+        let when = format!("slot owner killed at write {k}");
+        for gone in [GROUP_1.to_vec(), GROUP_2.to_vec()] {
+            match slot_owner(&fs, without(&t, &gone)) {
+                Ok(s1) => {
+                    verify_in(&s1, dir, &synced);
+                    crash_slot(s1);
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(e.contains("no current copy"), "{when}: {e}");
+                    let desc = fs.descriptor();
+                    let behind = desc
+                        .slot_regions()
+                        .iter()
+                        .chain(desc.slot_moves.iter().flatten())
+                        .any(|r| r.second.is_some_and(|s| s.log_behind.is_some()));
+                    assert!(behind, "{when}: refused without a copy called behind: {e}");
+                    refused += 1;
+                }
+            }
+        }
+        let s1 = slot_owner(&fs, t.reopen()).unwrap();
+        verify_in(&s1, dir, &synced);
+        let region = slot_region(&fs);
+        let moved = region.copies().iter().all(|(d, _)| *d != victim)
+            && fs.descriptor().slot_moves.is_none();
+        s1.unmount().unwrap();
+        fs.unmount().unwrap();
+        drop((s1, fs));
+        assert_fsck_clean(&t, &when);
+        if !crashed {
+            result.unwrap();
+            assert!(
+                moved,
+                "{when}: the restripe ended with the slot on the disk"
+            );
+            break;
+        }
+        crashes += 1;
+    }
+    eprintln!("{crashes} cuts; a one-group mount was refused after {refused} of them");
+    assert!(
+        crashes > 5,
+        "the move took only {crashes} writes of the slot"
+    );
+}
+
+/// `restripe -r` with the disk of the second copy of a live `-m 2` slot's region stopped
+/// [mmchdisk stop]: the slot, writing its log's first copy alone (the second recorded
+/// behind), moves to a region on disks that are up; the forward lands on the old region's
+/// current copy only, which is all a reader of that region would read. Everything written
+/// before and after the move comes back without the stopped disk; fsck is clean once it
+/// is started again.
+#[test]
+fn a_live_slots_region_moves_off_a_stopped_disk_under_its_owner() {
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let s1 = slot_owner_reached(&fs, t.reopen());
+    let mut files = slot_files(&s1, dir, "a");
+    s1.checkpoint().unwrap();
+    let old = slot_region(&fs);
+    let stopped = old.second.unwrap().disk;
+    let name = [nsd_name(&fs, stopped)];
+    fs.stop_disks(&name).unwrap();
+    s1.stop_disks(&name).unwrap();
+    files.extend(slot_files(&s1, dir, "b"));
+    assert_eq!(slot_log_copies(&fs).1.log_behind, Some(1));
+
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    assert!(report.progress.slot_regions_moved > 0, "{report:?}");
+    let new = slot_region(&fs);
+    assert!(new.copies().iter().all(|(d, _)| *d != stopped), "{new:?}");
+    assert_ne!(new.log_id, old.log_id);
+    assert_eq!(fs.descriptor().slot_moves, None);
+    verify_in(&s1, dir, &files);
+    files.extend(slot_files(&s1, dir, "c"));
+    crash_slot(s1);
+
+    let s1 = slot_owner(&fs, without(&t, &[stopped as usize])).unwrap();
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+    drop(s1);
+    fs.start_disks(&name).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after a slot's region moved off a stopped disk");
+}
+
+/// The way from a slot's owner to whichever manager is mounted now, as a node's transport
+/// leads to the node the cluster names file system manager.
+#[derive(Clone, Default)]
+struct CurrentManager(Arc<std::sync::Mutex<std::sync::Weak<FileSystem>>>);
+
+impl tessera_fs::MetanodeChannel for CurrentManager {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        let manager = self.0.lock().unwrap().upgrade();
+        let manager = manager.ok_or_else(|| {
+            tessera_fs::FsError::Io(std::io::Error::other("no file system manager mounted"))
+        })?;
+        Ok(manager.serve_metanode_request(&request))
+    }
+}
+
+/// The manager `fs` and slot 1's live owner `s1` (whose way to the manager is `route`)
+/// reaching each other again, a manager mounted anew.
+fn reconnect(fs: &Arc<FileSystem>, s1: &Arc<FileSystem>, route: &CurrentManager) {
+    *route.0.lock().unwrap() = Arc::downgrade(fs);
+    s1.take_from_owner_map().unwrap();
+    let weak = Arc::downgrade(s1);
+    fs.route_slots_through(Box::new(move |slot| {
+        (slot == 1).then(|| {
+            Box::new(tessera_fs::InProcessOwner(weak.clone()))
+                as Box<dyn tessera_fs::MetanodeChannel>
+        })
+    }));
+}
+
+/// `restripe -m` moving a live `-m 2` slot's region off a disk marked to be emptied, the
+/// manager cut by a crash at every write (the reservation, the settling, the commit that
+/// names the new region, the descriptor writes in between): the slot's owner, live
+/// throughout, reaches each manager mounted after a cut, writes, fsyncs and checkpoints
+/// there, in whichever region it is; the run that is not cut ends the move. Then the slot
+/// killed: every fsynced file comes back from either group alone (unless the descriptor
+/// calls that copy behind) and from both, and fsck is clean.
+#[test]
+fn a_live_slot_region_move_with_two_copies_cut_by_a_crash_of_the_manager_at_every_write() {
+    use std::sync::atomic::Ordering;
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let route = CurrentManager::default();
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    s1.route_metadata_through(Box::new(route.clone()));
+    reconnect(&fs, &s1, &route);
+    let mut synced = slot_files(&s1, dir, "s");
+    let victim = slot_region(&fs).disk;
+    fs.mark_disks_for_delete(&[nsd_name(&fs, victim)]).unwrap();
+    s1.follow_descriptor().unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    // A first run by a manager that cannot reach the slot moves everything else off the
+    // disk and leaves the slot's move reserved: the cuts below fall on settling it.
+    let fs = mount(&t);
+    *route.0.lock().unwrap() = Arc::downgrade(&fs);
+    let unreached = fs.restripe(RestripeMode::Migrate, &AtomicBool::new(false), &mut |_| {});
+    assert!(unreached.is_err(), "{unreached:?}");
+    assert!(
+        fs.descriptor().slot_moves.is_some(),
+        "the move stays reserved"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    let mut left_reserved = 0;
+    for k in 1..600i64 {
+        let (disks, faults) = with_faults(&t);
+        let fs = FileSystem::mount(disks).unwrap();
+        reconnect(&fs, &s1, &route);
+        faults.writes_until_failure.store(k, Ordering::SeqCst);
+        let result = fs.restripe(RestripeMode::Migrate, &AtomicBool::new(false), &mut |_| {});
+        let crashed = crash(fs, &faults);
+        let fs = mount(&t);
+        reconnect(&fs, &s1, &route);
+        left_reserved += usize::from(fs.descriptor().slot_moves.is_some());
+        s1.follow_descriptor().unwrap();
+        fsynced_round(&s1, dir, k, 3_000 + k as usize * 97 % 7_000, &mut synced).unwrap();
+        verify_in(&s1, dir, &synced);
+        let moved = slot_region(&fs).copies().iter().all(|(d, _)| *d != victim)
+            && fs.descriptor().slot_moves.is_none();
+        fs.unmount().unwrap();
+        drop(fs);
+        if !crashed {
+            result.unwrap();
+            assert!(
+                moved,
+                "write {k}: the restripe ended with the slot on the disk"
+            );
+            eprintln!("{} manager crashes before the move ended", k - 1);
+            assert!(k > 3, "the move took only {k} writes of the manager");
+            break;
+        }
+    }
+    eprintln!("a cut left the move reserved {left_reserved} times");
+    crash_slot(s1);
+    let fs = mount(&t);
+    for gone in [GROUP_1.to_vec(), GROUP_2.to_vec()] {
+        match slot_owner(&fs, without(&t, &gone)) {
+            Ok(s1) => {
+                verify_in(&s1, dir, &synced);
+                crash_slot(s1);
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("no current copy"), "{e}");
+                assert!(slot_log_copies(&fs).1.log_behind.is_some(), "{e}");
+            }
+        }
+    }
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    verify_in(&s1, dir, &synced);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(
+        &t,
+        "after a -m 2 slot's region moved through manager crashes",
     );
 }

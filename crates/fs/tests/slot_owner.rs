@@ -227,40 +227,8 @@ fn a_slot_owner_killed_at_every_write_loses_no_fsynced_byte() {
         faults.writes_until_failure.store(k, Ordering::SeqCst);
         // Files made, written and fsynced, a checkpoint between them, an older file
         // removed: every fsync that returned holds after the crash.
-        let mut done: Vec<(String, Vec<u8>)> = Vec::new();
-        let mut removed = None;
-        let result = (|| -> tessera_fs::FsResult<()> {
-            for j in 0..2u64 {
-                let name = format!("k{k}-{j}");
-                let a = s1.create_node(
-                    dir,
-                    name.as_bytes(),
-                    FileKind::Regular,
-                    0o644,
-                    0,
-                    ROOT,
-                    None,
-                )?;
-                let data = pattern(20_000 + k as usize * 997, k as u64 * 10 + j);
-                s1.write(a.ino, 0, &data, false)?;
-                s1.fsync(a.ino)?;
-                done.push((name, data));
-                if j == 0 {
-                    s1.checkpoint()?;
-                }
-            }
-            if let Some(old) = synced.keys().next().cloned() {
-                s1.remove(dir, old.as_bytes(), false)?;
-                s1.sync()?;
-                removed = Some(old);
-            }
-            Ok(())
-        })();
+        let result = fsynced_round(&s1, dir, k, 20_000 + k as usize * 997, &mut synced);
         let crashed = crash(s1, &faults);
-        synced.extend(done);
-        if let Some(old) = removed {
-            synced.remove(&old);
-        }
         let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
         verify_in(&s1, dir, &synced);
         s1.unmount().unwrap();

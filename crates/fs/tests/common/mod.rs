@@ -322,3 +322,45 @@ pub fn with_vanishing(t: &TestDisks, group: &[usize]) -> (Disks, Arc<tessera_tes
         .collect();
     (disks, faults)
 }
+
+/// One round of a crash loop's work on `fs` in `dir` (round `k`): two files of about
+/// `size` bytes made, written and fsynced with a checkpoint between them, then the first
+/// file of `synced` removed and synced. What returned before a failure is applied to
+/// `synced` (a file whose fsync returned added, a removal whose sync returned taken out),
+/// so that after a crash `synced` is what must come back.
+#[allow(dead_code)]
+pub fn fsynced_round(
+    fs: &FileSystem,
+    dir: tessera_fs::Ino,
+    k: i64,
+    size: usize,
+    synced: &mut BTreeMap<String, Vec<u8>>,
+) -> tessera_fs::FsResult<()> {
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let oldest = synced.keys().next().cloned();
+    for j in 0..2u64 {
+        let name = format!("k{k}-{j}");
+        let a = fs.create_node(
+            dir,
+            name.as_bytes(),
+            tessera_fs::FileKind::Regular,
+            0o644,
+            0,
+            root,
+            None,
+        )?;
+        let data = pattern(size, k as u64 * 10 + j);
+        fs.write(a.ino, 0, &data, false)?;
+        fs.fsync(a.ino)?;
+        synced.insert(name, data);
+        if j == 0 {
+            fs.checkpoint()?;
+        }
+    }
+    if let Some(old) = oldest {
+        fs.remove(dir, old.as_bytes(), false)?;
+        fs.sync()?;
+        synced.remove(&old);
+    }
+    Ok(())
+}
