@@ -672,7 +672,8 @@ fn a_crash_loop_of_node_kills_with_owner_slots_loses_nothing() {
 /// A file system with two metadata copies (`-m 2 -r 2`: node 1's two drives in two failure
 /// groups): the nodes that mount beside the manager own slots of their own, whose logs
 /// have a copy in each group, and a killed holder's slot is taken over by another node
-/// (its log replayed from both copies) with nothing lost.
+/// (its log replayed from both copies) with nothing lost; then the first group's disk is
+/// deleted under the live slots, which move both copies of their regions.
 #[test]
 fn a_replicated_file_systems_slots_are_owned_and_taken_over() {
     if !netns_usable() {
@@ -759,6 +760,42 @@ fn a_replicated_file_systems_slots_are_owned_and_taken_over() {
     for i in (0..20).step_by(3) {
         assert!(std::fs::read(dir(2).join(format!("f{i}"))).unwrap() == content(i).as_bytes());
     }
+    // The first group's only disk deleted under the live slots, each of whose regions has
+    // a copy there: each owner moves both copies of its region (a new disk takes the
+    // first group's place), and every node reads every file after.
+    let add = c.base.join("m2-add.stanza");
+    std::fs::write(
+        &add,
+        format!(
+            "%nsd: device={} nsd=m2c usage=dataAndMetadata failureGroup=1 pool=system\n",
+            c.base.join("drives/node2-d1.img").display()
+        ),
+    )
+    .unwrap();
+    let add = add.to_str().unwrap();
+    tessera_ok(&c, 1, &["nsd", "create", "-F", add]);
+    tessera_ok(&c, 1, &["disk", "add", "m2", "-F", add]);
+    tessera_ok(&c, 3, &["disk", "delete", "m2", "m2a"]);
+    assert_eq!(
+        all_logs(&c).matches("records and log moved from").count(),
+        2,
+        "both slot owners moved their regions\n{}",
+        log_tails(&c)
+    );
+    for k in 1..=3u32 {
+        for i in (0..20).step_by(4) {
+            let got = std::fs::read(dir(k).join(format!("f{i}"))).unwrap();
+            assert!(
+                got == content(i).as_bytes(),
+                "node {k} reads f{i} after the delete"
+            );
+        }
+    }
+    write_synced(&dir(2).join("after-delete"), b"written after the delete").unwrap();
+    assert_eq!(
+        std::fs::read(dir(3).join("after-delete")).unwrap(),
+        b"written after the delete"
+    );
     tessera_ok(&c, 3, &["umount", "m2", "-a"]);
     let fsck = tessera_ok(&c, 1, &["fsck", "m2", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
