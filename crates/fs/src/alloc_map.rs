@@ -776,6 +776,89 @@ pub(crate) fn load_scope(
     Ok(Loaded { map, slots, stale })
 }
 
+/// With metadata replicated (`-m 2`): how many chunks of the stored map (the manager's and
+/// every slot's) do not hold the same newest copy in both of their disk's map regions (a
+/// checkpoint wrote one region copy while the other's disk was down, or the write failed),
+/// or cannot be read from one of them. `geometry` gives each disk's chunk count. Such a
+/// chunk reads from one failure group alone only as an older copy, which the digest
+/// refuses (the manager then rebuilds its map by a scan; a slot does not mount): fsck counts
+/// it ill-replicated, and `restripe -r` stores every chunk again.
+pub(crate) fn chunks_with_unequal_copies(
+    desc: &FsDescriptor,
+    devices: &[Arc<dyn BlockDevice>],
+    geometry: &AllocMap,
+) -> u64 {
+    let (Some(stored), Some(copies)) = (&desc.alloc_map, &desc.metadata_copies) else {
+        return 0;
+    };
+    let owner = owner(desc);
+    let mut unequal = 0u64;
+    for region in &stored.regions {
+        // A disk whose map has one region is counted by where its regions are.
+        let Some(mirror) = copies.map_regions.iter().find(|m| m.disk == region.disk) else {
+            continue;
+        };
+        let disk = region.disk;
+        if !geometry.knows(disk) {
+            continue;
+        }
+        let chunks = geometry.chunk_count(disk);
+        let total_words = geometry.bitmap(disk).len();
+        let per_batch = READ_BATCH_BYTES / (2 * SLOT_BYTES);
+        let mut chunk = 0;
+        while chunk < chunks {
+            let n = per_batch.min(chunks - chunk);
+            let newest = |r: &MapRegion| {
+                newest_in_batch(
+                    devices.get(r.on_disk as usize)?,
+                    r,
+                    (owner, disk),
+                    chunk,
+                    n,
+                    total_words,
+                )
+            };
+            let newest = [newest(region), newest(mirror)];
+            match (&newest[0], &newest[1]) {
+                (Some(a), Some(b)) => {
+                    unequal += a.iter().zip(b).filter(|(a, b)| a != b).count() as u64
+                }
+                _ => unequal += n as u64,
+            }
+            chunk += n;
+        }
+    }
+    unequal
+}
+
+/// The newest copy (generation, slot) that map region `r` of `disk` holds of each of the
+/// `n` chunks from `first` (`None` for a chunk with no valid slot); `None` when the region
+/// does not read.
+fn newest_in_batch(
+    dev: &Arc<dyn BlockDevice>,
+    r: &MapRegion,
+    (owner, disk): (u64, DiskIndex),
+    first: usize,
+    n: usize,
+    total_words: usize,
+) -> Option<Vec<Option<(u64, u8)>>> {
+    let mut buf = AlignedBuf::zeroed(n * 2 * SLOT_BYTES);
+    dev.read_at(&mut buf, r.offset + (first * 2 * SLOT_BYTES) as u64)
+        .ok()?;
+    let newest = |i: usize| {
+        let c = first + i;
+        let want = MAP_CHUNK_WORDS.min(total_words - c * MAP_CHUNK_WORDS);
+        (0..2u8)
+            .filter_map(|s| {
+                let at = (2 * i + s as usize) * SLOT_BYTES;
+                let decoded = decode_slot(&buf[at..at + SLOT_BYTES], owner, disk, c, want);
+                decoded.ok().map(|(g, _)| (g, s))
+            })
+            .max()
+    };
+    Some((0..n).map(newest).collect())
+}
+
 /// The chunks (allocation regions) extent `e` lies in.
 fn chunks_of(e: &Extent) -> std::ops::RangeInclusive<usize> {
     let first = e.addr.sub_block / 64;

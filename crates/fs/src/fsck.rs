@@ -34,8 +34,9 @@ pub struct FsckReport {
     #[serde(default)]
     pub ill_replicated_blocks: u64,
     /// With two metadata copies (`-m 2`): metadata pages, log and map regions with one
-    /// copy, or both in one failure group (written while a group was down or full): not a
-    /// problem, `restripe -r` gives them their second copy apart.
+    /// copy, or both in one failure group (written while a group was down or full), and
+    /// map chunks whose two copies differ: not a problem, `restripe -r` gives them their
+    /// second copy apart.
     #[serde(default)]
     pub ill_replicated_metadata: u64,
 }
@@ -63,7 +64,8 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         .extend(crate::slot::check_records(&desc, &disk_set));
     report.problems.extend(rec.slot_problems.iter().cloned());
     let fixes = check(&desc, &mut rec.state, &mut report)?;
-    report.ill_replicated_metadata = ill_replicated_metadata(&desc, &mut rec.state)?;
+    report.ill_replicated_metadata = ill_replicated_metadata(&desc, &mut rec.state)?
+        + crate::alloc_map::chunks_with_unequal_copies(&desc, &devices, &rec.alloc);
     // The stored allocation map against the one rebuilt from the metadata (after replay, both).
     let map_problems = match &rec.stored_map {
         None => Vec::new(),
