@@ -591,8 +591,22 @@ impl FileSystem {
         }
         self.catch_up_log()?;
         let down = self.devices.down_disks();
+        // A page of one copy gets its second only where a second failure group has a
+        // metadata disk up: with one group left, a rewrite gives it one copy again, and
+        // the restripe would rewrite it for ever.
+        let groups_up: std::collections::BTreeSet<i32> = desc
+            .disks
+            .iter()
+            .filter(|d| {
+                d.usage.holds_metadata()
+                    && d.status == DiskStatus::Ready
+                    && !self.devices.is_down(d.index)
+            })
+            .map(|d| d.failure_group)
+            .collect();
+        let second_copies = groups_up.len() >= 2;
         let ill = |p: &tessera_meta::PagePtr| {
-            p.mirror.is_none()
+            second_copies && p.mirror.is_none()
                 || p.copies()
                     .any(|a| down.contains(&crate::checkpoint::disk_addr(a).disk))
         };

@@ -1363,6 +1363,14 @@ impl crate::fs::FileSystem {
         if newest.replication() != old.replication() {
             *self.owner().replication.write() = newest.replication();
         }
+        // What the manager's `fs change -m 2` committed: the pages this slot writes from
+        // now on have two copies, and its map chunks are stored again to both region
+        // copies (the second ones are new); its region gets its second copy when `restripe
+        // -r` moves it (`move_slot_regions_off`).
+        if newest.metadata_copies.is_some() && old.metadata_copies.is_none() {
+            m.state.store_mut().mirror_from_now_on();
+            m.alloc.mark_all_chunks_dirty();
+        }
         m.state
             .store_mut()
             .advance_generation(newest.checkpoint.generation + 1);
@@ -2037,7 +2045,9 @@ impl crate::fs::FileSystem {
         self.settle_reserved_slot_moves()?;
         let mut moved = 0;
         let group = |d: DiskIndex| self.devices.failure_group(d);
-        let parted = |r: &SlotRegion| r.second.is_none_or(|s| group(s.disk) != group(r.disk));
+        // With two metadata copies, a region of one copy (made before `fs change -m 2`)
+        // is not apart either.
+        let parted = |r: &SlotRegion| r.second.is_some_and(|s| group(s.disk) != group(r.disk));
         // Regions that stay together because no other group has room this time.
         let mut together = Vec::new();
         loop {
@@ -2055,31 +2065,44 @@ impl crate::fs::FileSystem {
                 return Ok(moved);
             };
             let stays = |d: DiskIndex| !leaving.contains(&d);
-            if slot_in_use(&desc, old.slot) {
-                // Its owner writes there: it moves itself (`slot_move.rs`), without these.
+            let live = slot_in_use(&desc, old.slot);
+            let reserved = live && desc.slot_move(old.slot).is_some();
+            let on_leaving = old.copies().iter().any(|(d, _)| leaving.contains(d));
+            let mut new = if reserved {
+                None
+            } else {
+                let placed = self.place_slot_region(
+                    &mut m,
+                    &desc,
+                    old.slot,
+                    old.bytes,
+                    old.record_bytes,
+                    &stays,
+                )?;
+                // Moved only to be apart, and no other group has room now: it stays.
+                if !on_leaving && !parted(&placed) {
+                    for x in placed.extents(&desc) {
+                        m.alloc.free(x).expect("just allocated");
+                    }
+                    together.push(old.slot);
+                    continue;
+                }
+                Some(placed)
+            };
+            if live {
+                // Its owner writes there: it moves itself (`slot_move.rs`), to a region it
+                // places again, without these.
+                for x in new.take().iter().flat_map(|n| n.extents(&desc)) {
+                    m.alloc.free(x).expect("just allocated");
+                }
                 drop(_one);
                 drop(m);
                 self.move_live_slot_region(&old, &stays)?;
                 moved += 1;
                 continue;
             }
-            let mut new = self.place_slot_region(
-                &mut m,
-                &desc,
-                old.slot,
-                old.bytes,
-                old.record_bytes,
-                &stays,
-            )?;
+            let mut new = new.expect("placed for a slot not in use");
             new.log_id = old.log_id;
-            let on_leaving = old.copies().iter().any(|(d, _)| leaving.contains(d));
-            if !on_leaving && !parted(&new) {
-                for x in new.extents(&desc) {
-                    m.alloc.free(x).expect("just allocated");
-                }
-                together.push(old.slot);
-                continue;
-            }
             // Both new copies are written from the current one.
             if let Some(n) = &mut new.second {
                 n.log_behind = None;

@@ -1164,3 +1164,106 @@ fn a_map_chunk_whose_copies_differ_counts_ill_replicated_until_restripe_r() {
     verify_all(&fs, &files);
     fs.unmount().unwrap();
 }
+
+/// `fs change -m 2` [mmchfs -m 2] of a file system with a live owner slot, then `restripe
+/// -r`: the slot's region, made with one copy, moves under its owner to a region with two
+/// copies in two failure groups (before, `restripe -r` left it with one copy for good and
+/// fsck counted it ill-replicated after every run), the slot's pages get their second
+/// copies, fsck counts nothing ill-replicated, and either group alone brings back every
+/// file of the slot.
+#[test]
+fn a_live_slots_region_gets_its_second_copy_when_metadata_replication_is_turned_on() {
+    let t = make_disks(5, 160 << 20);
+    let one_copy = FormatOptions {
+        block_size: 64 << 10,
+        log_bytes: 4 << 20,
+        placement: tessera_fs::Placement::Cluster,
+        metadata_replicas: 1,
+        ..opts()
+    };
+    tessera_fs::format(specs_in_groups(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
+    let fs = mount(&t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.give_free_regions(1, &[1]).unwrap();
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let dir = fs
+        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, root, 1)
+        .unwrap()
+        .ino;
+    let s1 = slot_owner_reached(&fs, t.reopen());
+    let mut files = slot_files(&s1, dir, "a");
+    s1.checkpoint().unwrap();
+    assert_eq!(slot_region(&fs).second, None);
+
+    fs.set_metadata_replication(2).unwrap();
+    s1.follow_descriptor().unwrap();
+    files.extend(slot_files(&s1, dir, "b"));
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    assert!(report.progress.slot_regions_moved > 0, "{report:?}");
+    let (_, second) = slot_log_copies(&fs);
+    assert_eq!(second.log_behind, None);
+    files.extend(slot_files(&s1, dir, "c"));
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+
+    let fs = mount(&t);
+    for gone in [GROUP_1, GROUP_2] {
+        let s1 = slot_owner(&fs, without(&t, &gone)).unwrap();
+        verify_in(&s1, dir, &files);
+        crash_slot(s1);
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after -m 2 was turned on beside a live slot");
+}
+
+/// `restripe -r` with the whole failure group of a live slot's second region copy stopped:
+/// the region moves off the stopped disk to two copies in the one group left (nothing
+/// else has room) and the restripe ends; with the group started again, the next `restripe
+/// -r` parts the copies, and fsck counts nothing ill-replicated.
+#[test]
+fn a_live_slots_region_stays_in_one_group_until_another_has_room() {
+    let (t, fs, dir) = replicated_fs_with_a_slot();
+    let s1 = slot_owner_reached(&fs, t.reopen());
+    let mut files = slot_files(&s1, dir, "a");
+    let (first, second) = slot_log_copies(&fs);
+    let stopped: Vec<String> = other_group(&first)
+        .iter()
+        .map(|&d| nsd_name(&fs, d as u16))
+        .collect();
+    assert!(other_group(&first).contains(&(second.disk as usize)));
+    fs.stop_disks(&stopped).unwrap();
+    s1.stop_disks(&stopped).unwrap();
+    files.extend(slot_files(&s1, dir, "b"));
+
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    let region = slot_region(&fs);
+    assert!(
+        region
+            .copies()
+            .iter()
+            .all(|(d, _)| first.contains(&(*d as usize))),
+        "{region:?}"
+    );
+    files.extend(slot_files(&s1, dir, "c"));
+
+    fs.start_disks(&stopped).unwrap();
+    s1.start_disks(&stopped).unwrap();
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    slot_log_copies(&fs);
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+}
