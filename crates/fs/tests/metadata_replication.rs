@@ -691,14 +691,7 @@ fn a_slot_log_copy_that_vanishes_under_its_owner_is_recorded_behind_before_anyth
     // copy (its pages, map chunks, log and data) gets its second, so that the first
     // copy's group may go now.
     let fs = mount(&t);
-    let s1 = slot_owner(&fs, t.reopen()).unwrap();
-    let weak = Arc::downgrade(&s1);
-    fs.route_slots_through(Box::new(move |slot| {
-        (slot == 1).then(|| {
-            Box::new(tessera_fs::InProcessOwner(weak.clone()))
-                as Box<dyn tessera_fs::MetanodeChannel>
-        })
-    }));
+    let s1 = slot_owner_reached(&fs, t.reopen());
     let report = restripe(&fs, RestripeMode::Replicate);
     assert!(report.unreached_slots.is_empty(), "{report:?}");
     assert!(report.progress.blocks_moved > 0, "{report:?}");
@@ -785,14 +778,71 @@ fn a_slot_owner_with_two_log_copies_killed_at_every_write_loses_no_fsynced_byte(
 /// record its log copies' state).
 fn slot_owner_reached(fs: &Arc<FileSystem>, disks: Disks) -> Arc<FileSystem> {
     let s1 = slot_owner(fs, disks).unwrap();
-    let weak = Arc::downgrade(&s1);
+    route_slot_1_to(fs, &s1);
+    s1
+}
+
+/// The manager `fs` reaches slot 1's owner `s1` in this process.
+fn route_slot_1_to(fs: &FileSystem, s1: &Arc<FileSystem>) {
+    let weak = Arc::downgrade(s1);
     fs.route_slots_through(Box::new(move |slot| {
         (slot == 1).then(|| {
             Box::new(tessera_fs::InProcessOwner(weak.clone()))
                 as Box<dyn tessera_fs::MetanodeChannel>
         })
     }));
-    s1
+}
+
+/// Owner slot 1 mounted from each failure group alone beside the manager `fs`, `files`
+/// verified in `dir` and the slot crashed (nothing written: nothing recorded); a mount may
+/// be refused only because the descriptor calls that group's copy of the slot's region (or
+/// of the region a move reserves) behind. Returns how many were refused.
+fn each_group_alone_reads(
+    fs: &Arc<FileSystem>,
+    t: &TestDisks,
+    dir: tessera_fs::Ino,
+    files: &BTreeMap<String, Vec<u8>>,
+    when: &str,
+) -> usize {
+    let mut refused = 0;
+    for gone in [GROUP_1, GROUP_2] {
+        match slot_owner(fs, without(t, &gone)) {
+            Ok(s1) => {
+                verify_in(&s1, dir, files);
+                crash_slot(s1);
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("no current copy"), "{when}: {e}");
+                let desc = fs.descriptor();
+                let behind = desc
+                    .slot_regions()
+                    .iter()
+                    .chain(desc.slot_moves.iter().flatten())
+                    .any(|r| r.second.is_some_and(|s| s.log_behind.is_some()));
+                assert!(behind, "{when}: refused without a copy called behind: {e}");
+                refused += 1;
+            }
+        }
+    }
+    refused
+}
+
+/// Owner slot 1 mounted with every disk beside the manager `fs`: `files` verify in `dir`;
+/// then both unmount and fsck is clean.
+fn slot_reads_then_fsck(
+    t: &TestDisks,
+    fs: Arc<FileSystem>,
+    dir: tessera_fs::Ino,
+    files: &BTreeMap<String, Vec<u8>>,
+    when: &str,
+) {
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    verify_in(&s1, dir, files);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    assert_fsck_clean(t, when);
 }
 
 /// Slot 1's region as the manager `fs`'s descriptor names it.
@@ -837,7 +887,7 @@ fn a_disk_holding_a_copy_of_a_live_slots_region_is_deleted_beside_its_owner() {
     let new = slot_region(&fs);
     assert_eq!(fs.descriptor().slot_moves, None, "the reservation ended");
     assert_ne!(new.log_id, old.log_id, "a new log at the new place");
-    let (first, second) = slot_log_copies(&fs);
+    let (_, second) = slot_log_copies(&fs);
     assert_eq!(second.log_behind, None);
     assert!(new.copies().iter().all(|(d, _)| *d != old.disk), "{new:?}");
     verify_in(&s1, dir, &files);
@@ -845,18 +895,10 @@ fn a_disk_holding_a_copy_of_a_live_slots_region_is_deleted_beside_its_owner() {
     crash_slot(s1);
 
     // Either new copy alone holds everything (nothing written, so nothing recorded).
-    for gone in [first.clone(), other_group(&first)] {
-        let s1 = slot_owner(&fs, without(&t, &gone)).unwrap();
-        verify_in(&s1, dir, &files);
-        crash_slot(s1);
-    }
+    let when = "after a -m 2 slot's region moved under its owner";
+    assert_eq!(each_group_alone_reads(&fs, &t, dir, &files, when), 0);
     assert_eq!(slot_log_copies(&fs).1.log_behind, None);
-    let s1 = slot_owner(&fs, t.reopen()).unwrap();
-    verify_in(&s1, dir, &files);
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(&t, "after a -m 2 slot's region moved under its owner");
+    slot_reads_then_fsck(&t, fs, dir, &files, when);
 }
 
 /// The same move with the slot's owner cut by a crash at every write (its checkpoint, the
@@ -890,26 +932,7 @@ fn a_live_slot_region_move_with_two_copies_cut_by_a_crash_of_the_slot_at_every_w
         let _ = fsynced_round(&s1, dir, k, size, &mut synced);
         let crashed = crash(s1, &faults);
         let when = format!("slot owner killed at write {k}");
-        for gone in [GROUP_1.to_vec(), GROUP_2.to_vec()] {
-            match slot_owner(&fs, without(&t, &gone)) {
-                Ok(s1) => {
-                    verify_in(&s1, dir, &synced);
-                    crash_slot(s1);
-                }
-                Err(e) => {
-                    let e = e.to_string();
-                    assert!(e.contains("no current copy"), "{when}: {e}");
-                    let desc = fs.descriptor();
-                    let behind = desc
-                        .slot_regions()
-                        .iter()
-                        .chain(desc.slot_moves.iter().flatten())
-                        .any(|r| r.second.is_some_and(|s| s.log_behind.is_some()));
-                    assert!(behind, "{when}: refused without a copy called behind: {e}");
-                    refused += 1;
-                }
-            }
-        }
+        refused += each_group_alone_reads(&fs, &t, dir, &synced, &when);
         let s1 = slot_owner(&fs, t.reopen()).unwrap();
         verify_in(&s1, dir, &synced);
         let region = slot_region(&fs);
@@ -997,13 +1020,7 @@ impl tessera_fs::MetanodeChannel for CurrentManager {
 fn reconnect(fs: &Arc<FileSystem>, s1: &Arc<FileSystem>, route: &CurrentManager) {
     *route.0.lock().unwrap() = Arc::downgrade(fs);
     s1.take_from_owner_map().unwrap();
-    let weak = Arc::downgrade(s1);
-    fs.route_slots_through(Box::new(move |slot| {
-        (slot == 1).then(|| {
-            Box::new(tessera_fs::InProcessOwner(weak.clone()))
-                as Box<dyn tessera_fs::MetanodeChannel>
-        })
-    }));
+    route_slot_1_to(fs, s1);
 }
 
 /// `restripe -m` moving a live `-m 2` slot's region off a disk marked to be emptied, the
@@ -1071,28 +1088,9 @@ fn a_live_slot_region_move_with_two_copies_cut_by_a_crash_of_the_manager_at_ever
     eprintln!("a cut left the move reserved {left_reserved} times");
     crash_slot(s1);
     let fs = mount(&t);
-    for gone in [GROUP_1.to_vec(), GROUP_2.to_vec()] {
-        match slot_owner(&fs, without(&t, &gone)) {
-            Ok(s1) => {
-                verify_in(&s1, dir, &synced);
-                crash_slot(s1);
-            }
-            Err(e) => {
-                let e = e.to_string();
-                assert!(e.contains("no current copy"), "{e}");
-                assert!(slot_log_copies(&fs).1.log_behind.is_some(), "{e}");
-            }
-        }
-    }
-    let s1 = slot_owner(&fs, t.reopen()).unwrap();
-    verify_in(&s1, dir, &synced);
-    s1.unmount().unwrap();
-    fs.unmount().unwrap();
-    drop((s1, fs));
-    assert_fsck_clean(
-        &t,
-        "after a -m 2 slot's region moved through manager crashes",
-    );
+    let when = "after a -m 2 slot's region moved through manager crashes";
+    each_group_alone_reads(&fs, &t, dir, &synced, when);
+    slot_reads_then_fsck(&t, fs, dir, &synced, when);
 }
 
 /// A chunk of the stored allocation map whose two copies differ (here the second region
@@ -1213,14 +1211,9 @@ fn a_live_slots_region_gets_its_second_copy_when_metadata_replication_is_turned_
     assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
 
     let fs = mount(&t);
-    for gone in [GROUP_1, GROUP_2] {
-        let s1 = slot_owner(&fs, without(&t, &gone)).unwrap();
-        verify_in(&s1, dir, &files);
-        crash_slot(s1);
-    }
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_fsck_clean(&t, "after -m 2 was turned on beside a live slot");
+    let when = "after -m 2 was turned on beside a live slot";
+    assert_eq!(each_group_alone_reads(&fs, &t, dir, &files, when), 0);
+    slot_reads_then_fsck(&t, fs, dir, &files, when);
 }
 
 /// `restripe -r` with the whole failure group of a live slot's second region copy stopped:
