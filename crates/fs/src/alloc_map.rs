@@ -507,6 +507,29 @@ pub(crate) fn replace_regions_on(
     Ok((old, taken, moved))
 }
 
+/// Whether [`replace_regions_on`] with these `leaving` and `apart` would try to move a
+/// region (it may still find no room for one that is only to be parted).
+pub(crate) fn regions_may_move(
+    desc: &FsDescriptor,
+    disks: &DiskSet,
+    leaving: &[DiskIndex],
+    apart: bool,
+) -> bool {
+    let firsts: &[MapRegion] = desc.alloc_map.as_ref().map_or(&[], |m| &m.regions);
+    let seconds: &[MapRegion] = desc
+        .metadata_copies
+        .as_ref()
+        .map_or(&[], |c| &c.map_regions);
+    let leaves = |r: &MapRegion| r.bytes > 0 && leaving.contains(&r.on_disk);
+    let shares = |r: &MapRegion| {
+        firsts.iter().any(|p| {
+            p.disk == r.disk && disks.failure_group(p.on_disk) == disks.failure_group(r.on_disk)
+        })
+    };
+    firsts.iter().chain(seconds).any(leaves)
+        || apart && seconds.iter().any(|r| r.bytes > 0 && shares(r))
+}
+
 /// The block extents of the map regions, both copies (for fsck's reference count).
 pub(crate) fn region_extents(desc: &FsDescriptor) -> Vec<Extent> {
     let mut out = match &desc.alloc_map {

@@ -260,7 +260,7 @@ impl FileSystem {
                     self.move_map_regions_off(&leaving, false)? as u64;
                 report.progress.log_moved |= self.move_log_off(&leaving, false)?;
                 report.progress.slot_regions_moved +=
-                    self.move_slot_regions_off(&leaving, false)? as u64;
+                    self.move_slot_regions_off(&leaving, false, &mut Vec::new())? as u64;
                 progress(&report.progress);
             }
         }
@@ -621,7 +621,16 @@ impl FileSystem {
         }
         report.progress.map_regions_moved += self.move_map_regions_off(&down, true)? as u64;
         report.progress.log_moved |= self.move_log_off(&down, true)?;
-        report.progress.slot_regions_moved += self.move_slot_regions_off(&down, true)? as u64;
+        let mut unreached = Vec::new();
+        report.progress.slot_regions_moved +=
+            self.move_slot_regions_off(&down, true, &mut unreached)? as u64;
+        for (slot, why) in unreached {
+            note_unreached(
+                report,
+                slot,
+                &format!("its region stays where it is: {why}"),
+            );
+        }
         progress(&report.progress);
         Ok(())
     }
@@ -667,14 +676,22 @@ impl FileSystem {
     /// regions are copied byte for byte instead while the slots hold their chunk writes
     /// (`map_hold.rs`). Returns how many regions moved.
     fn move_map_regions_off(&self, leaving: &[DiskIndex], store_all: bool) -> FsResult<usize> {
-        {
+        let may_move = {
             let desc = self.owner().desc.lock();
             let on_leaving = desc.map_regions().any(|r| leaving.contains(&r.on_disk));
             if desc.alloc_map.is_none() || !(store_all || on_leaving) {
                 return Ok(0);
             }
-        }
-        let held = self.hold_slots_map_writes()?;
+            crate::alloc_map::regions_may_move(&desc, &self.devices, leaving, store_all)
+        };
+        // The slots hold their chunk writes only while regions may move: storing this
+        // owner's own chunks again needs nobody else (and a slot whose node is down would
+        // otherwise fail the whole `restripe -r`).
+        let held = if may_move {
+            self.hold_slots_map_writes()?
+        } else {
+            None
+        };
         let moved = self.move_map_regions(leaving, store_all, held.as_ref());
         if let Some((id, slots)) = &held {
             self.release_slots_map_writes(*id, slots);
@@ -729,6 +746,14 @@ impl FileSystem {
                     undo(&mut m);
                     return Err(e);
                 }
+            }
+            None if !crate::slot::foreign_regions(&desc).is_empty() => {
+                undo(&mut m);
+                return Err(FsError::Usage(
+                    "map regions would move while the owner slots do not hold their chunk \
+                     writes; run the command again"
+                        .into(),
+                ));
             }
             None => {
                 let mut slots = self.owner().map_slots.lock();

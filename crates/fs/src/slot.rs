@@ -2035,11 +2035,14 @@ impl crate::fs::FileSystem {
     ///
     /// A slot that owns shards or allocation regions has its owner move it
     /// (`slot_move.rs`); one that owns nothing is copied here, and its owner must not be
-    /// mounted meanwhile.
+    /// mounted meanwhile. A slot in use whose owner does not move its region when the move
+    /// is only to part its copies is left as it is and named in `unreached` (the region
+    /// works where it is); a move off a disk that leaves fails the call instead.
     pub(crate) fn move_slot_regions_off(
         &self,
         leaving: &[DiskIndex],
         apart: bool,
+        unreached: &mut Vec<(u32, String)>,
     ) -> FsResult<usize> {
         // A move an earlier run left reserved ends first, one way or the other.
         self.settle_reserved_slot_moves()?;
@@ -2097,8 +2100,14 @@ impl crate::fs::FileSystem {
                 }
                 drop(_one);
                 drop(m);
-                self.move_live_slot_region(&old, &stays)?;
-                moved += 1;
+                match self.move_live_slot_region(&old, &stays) {
+                    Ok(()) => moved += 1,
+                    Err(e) if !on_leaving => {
+                        together.push(old.slot);
+                        unreached.push((old.slot, e.to_string()));
+                    }
+                    Err(e) => return Err(e),
+                }
                 continue;
             }
             let mut new = new.expect("placed for a slot not in use");

@@ -1260,3 +1260,61 @@ fn a_live_slots_region_stays_in_one_group_until_another_has_room() {
     assert!(report.is_clean(), "{:?}", report.problems);
     assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
 }
+
+/// `restripe -r` after `fs change -m 2` on a manager that reaches no owner of slot 1 (its
+/// node down): the manager's own metadata gets its second copies, the slot's pages and
+/// one-copy region stay as they are and the report names the slot (before, the whole
+/// restripe failed at its first step that asked the slot); the next `restripe -r` with the
+/// slot's owner back finishes (settling the move of the region the first run reserved),
+/// and fsck counts nothing ill-replicated.
+#[test]
+fn restripe_r_leaves_an_unreached_slot_as_it_is_and_names_it() {
+    let t = make_disks(5, 160 << 20);
+    let one_copy = FormatOptions {
+        block_size: 64 << 10,
+        log_bytes: 4 << 20,
+        placement: tessera_fs::Placement::Cluster,
+        metadata_replicas: 1,
+        ..opts()
+    };
+    tessera_fs::format(specs_in_groups(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
+    let fs = mount(&t);
+    assert_eq!(fs.create_slot().unwrap(), 1);
+    fs.give_free_regions(1, &[1]).unwrap();
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    let dir = fs
+        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, root, 1)
+        .unwrap()
+        .ino;
+    let s1 = slot_owner(&fs, t.reopen()).unwrap();
+    let files = slot_files(&s1, dir, "a");
+    s1.unmount().unwrap();
+    drop(s1);
+    let mine = write_files(&fs, "m", 3);
+    fs.set_metadata_replication(2).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+
+    let fs = mount(&t);
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(
+        report.unreached_slots.iter().any(|(s, _)| *s == 1),
+        "{report:?}"
+    );
+    assert!(report.progress.metadata_pages_moved > 0, "{report:?}");
+    assert_eq!(slot_region(&fs).second, None);
+    verify_all(&fs, &mine);
+
+    let s1 = slot_owner_reached(&fs, t.reopen());
+    let report = restripe(&fs, RestripeMode::Replicate);
+    assert!(report.unreached_slots.is_empty(), "{report:?}");
+    slot_log_copies(&fs);
+    assert_eq!(fs.descriptor().slot_moves, None);
+    verify_in(&s1, dir, &files);
+    s1.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop((s1, fs));
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+}
