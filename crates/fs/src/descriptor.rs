@@ -490,6 +490,18 @@ fn read_slot(dev: &dyn BlockDevice, slot: usize) -> FsResult<Option<FsDescriptor
     if desc.generation != generation {
         return Err(damaged("generation mismatch"));
     }
+    // A log has copies 0 and 1: any other copy called behind would index past the pair.
+    let behind = desc.metadata_copies.iter().map(|c| c.log_behind).chain(
+        desc.slot_regions()
+            .iter()
+            .chain(desc.slot_moves.iter().flatten())
+            .map(|r| r.second.and_then(|s| s.log_behind)),
+    );
+    if let Some(c) = behind.flatten().find(|c| *c > 1) {
+        return Err(damaged(&format!(
+            "it calls copy {c} of a log behind, and a log has copies 0 and 1"
+        )));
+    }
     Ok(Some(desc))
 }
 

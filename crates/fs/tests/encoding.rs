@@ -594,3 +594,31 @@ fn data_enospc_never_corrupts() {
     drop(fs);
     assert_fsck_clean(&t);
 }
+
+/// A descriptor whose checksum holds but that calls a log copy other than 0 or 1 behind (a
+/// writer's bug, not a drive's) is refused as damaged, by name, and the mount takes the
+/// previous generation from the other slot instead of indexing past the log's two copies.
+#[test]
+fn a_descriptor_calling_a_third_log_copy_behind_is_refused_as_damaged() {
+    let t = made_and_unmounted();
+    let good = descriptor_on_disk(&t);
+    let mut bad = good.clone();
+    bad.generation += 1;
+    bad.metadata_copies = Some(tessera_fs::descriptor::MetadataCopies {
+        root_mirrors: Vec::new(),
+        log_disk: bad.log.disk,
+        log_offset: bad.log.region.offset,
+        log_behind: Some(2),
+        map_regions: Vec::new(),
+    });
+    let devs: Vec<Option<Arc<dyn BlockDevice>>> =
+        t.reopen().into_iter().map(|(_, d)| Some(d)).collect();
+    assert!(tessera_fs::descriptor::write_descriptor(&bad, &devs).unwrap() > 0);
+    let all: Vec<Arc<dyn BlockDevice>> = devs.into_iter().flatten().collect();
+    let read = tessera_fs::read_descriptor(&all).unwrap();
+    assert_eq!(read.generation, good.generation);
+    assert_eq!(read.metadata_copies, None);
+    let fs = mount(&t);
+    assert_eq!(fs.descriptor().metadata_copies, None);
+    fs.unmount().unwrap();
+}
