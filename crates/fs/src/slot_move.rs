@@ -548,6 +548,19 @@ mod tests {
         }
     }
 
+    /// A region of slot 3 a forward can lie in: 8 MiB on disk 1, with `second`.
+    fn region_of_slot_3(second: Option<crate::slot::SlotSecondCopy>) -> SlotRegion {
+        SlotRegion {
+            slot: 3,
+            disk: 1,
+            offset: 1 << 20,
+            bytes: 8 << 20,
+            record_bytes: 8192,
+            log_id: [1; 16],
+            second,
+        }
+    }
+
     #[test]
     fn a_forward_record_has_the_documented_bytes() {
         let buf = sample().encode(&UUID, 4096);
@@ -587,19 +600,11 @@ mod tests {
         covered[28..32].fill(0);
         assert_eq!(buf[28..32], crc32c::crc32c(&covered).to_le_bytes());
         assert_eq!(SlotForward::decode(&buf, &UUID, 3), Ok(forward.clone()));
-        let from = SlotRegion {
-            slot: 3,
-            disk: 1,
-            offset: 1 << 20,
-            bytes: 8 << 20,
-            record_bytes: 8192,
-            log_id: [1; 16],
-            second: Some(crate::slot::SlotSecondCopy {
-                disk: 2,
-                offset: 1 << 21,
-                log_behind: Some(1),
-            }),
-        };
+        let from = region_of_slot_3(Some(crate::slot::SlotSecondCopy {
+            disk: 2,
+            offset: 1 << 21,
+            log_behind: Some(1),
+        }));
         let to = forward.target(&from);
         assert_eq!(
             to.second,
@@ -642,15 +647,7 @@ mod tests {
 
     #[test]
     fn a_forward_leads_to_a_region_as_large_as_the_one_it_lies_in() {
-        let from = SlotRegion {
-            slot: 3,
-            disk: 1,
-            offset: 1 << 20,
-            bytes: 8 << 20,
-            record_bytes: 8192,
-            log_id: [1; 16],
-            second: None,
-        };
+        let from = region_of_slot_3(None);
         let to = sample().target(&from);
         assert_eq!((to.slot, to.disk, to.offset), (3, 5, 0x1122_3344_5566));
         assert_eq!(

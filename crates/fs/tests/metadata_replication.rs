@@ -498,11 +498,17 @@ fn a_crash_at_any_write_of_turning_metadata_replication_on_loses_nothing() {
 /// last 33 MiB of each disk), `-m 2 -r 2`; the manager mounted with owner slot 1 made,
 /// region 1 given to it and directory `node1` made for it.
 fn replicated_fs_with_a_slot() -> (TestDisks, Arc<FileSystem>, tessera_fs::Ino) {
+    fs_with_a_slot(2)
+}
+
+/// [`replicated_fs_with_a_slot`] with `metadata_replicas` metadata copies.
+fn fs_with_a_slot(metadata_replicas: u8) -> (TestDisks, Arc<FileSystem>, tessera_fs::Ino) {
     let t = make_disks(5, 160 << 20);
     let opts = FormatOptions {
         block_size: 64 << 10,
         log_bytes: 4 << 20,
         placement: tessera_fs::Placement::Cluster,
+        metadata_replicas,
         ..opts()
     };
     tessera_fs::format(specs_in_groups(&t, &GROUPS), &opts, &mut |_| {}).unwrap();
@@ -1171,23 +1177,7 @@ fn a_map_chunk_whose_copies_differ_counts_ill_replicated_until_restripe_r() {
 /// file of the slot.
 #[test]
 fn a_live_slots_region_gets_its_second_copy_when_metadata_replication_is_turned_on() {
-    let t = make_disks(5, 160 << 20);
-    let one_copy = FormatOptions {
-        block_size: 64 << 10,
-        log_bytes: 4 << 20,
-        placement: tessera_fs::Placement::Cluster,
-        metadata_replicas: 1,
-        ..opts()
-    };
-    tessera_fs::format(specs_in_groups(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
-    let fs = mount(&t);
-    assert_eq!(fs.create_slot().unwrap(), 1);
-    fs.give_free_regions(1, &[1]).unwrap();
-    let root = tessera_fs::Caller { uid: 0, gid: 0 };
-    let dir = fs
-        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, root, 1)
-        .unwrap()
-        .ino;
+    let (t, fs, dir) = fs_with_a_slot(1);
     let s1 = slot_owner_reached(&fs, t.reopen());
     let mut files = slot_files(&s1, dir, "a");
     s1.checkpoint().unwrap();
@@ -1269,23 +1259,7 @@ fn a_live_slots_region_stays_in_one_group_until_another_has_room() {
 /// and fsck counts nothing ill-replicated.
 #[test]
 fn restripe_r_leaves_an_unreached_slot_as_it_is_and_names_it() {
-    let t = make_disks(5, 160 << 20);
-    let one_copy = FormatOptions {
-        block_size: 64 << 10,
-        log_bytes: 4 << 20,
-        placement: tessera_fs::Placement::Cluster,
-        metadata_replicas: 1,
-        ..opts()
-    };
-    tessera_fs::format(specs_in_groups(&t, &GROUPS), &one_copy, &mut |_| {}).unwrap();
-    let fs = mount(&t);
-    assert_eq!(fs.create_slot().unwrap(), 1);
-    fs.give_free_regions(1, &[1]).unwrap();
-    let root = tessera_fs::Caller { uid: 0, gid: 0 };
-    let dir = fs
-        .make_directory_for_slot(ROOT_INO, b"node1", 0o755, root, 1)
-        .unwrap()
-        .ino;
+    let (t, fs, dir) = fs_with_a_slot(1);
     let s1 = slot_owner(&fs, t.reopen()).unwrap();
     let files = slot_files(&s1, dir, "a");
     s1.unmount().unwrap();
