@@ -574,8 +574,12 @@ impl Daemon {
             return Vec::new();
         };
         let mut refused = Vec::new();
+        // This node's own mount is told too when it is a client of the manager instance
+        // this node took over from a dead manager: it follows the descriptor like any
+        // other client.
+        let manager_taken_over = self.owned.lock().contains_key(name);
         for client in &record.clients {
-            if client.node == self.cluster.node_name {
+            if client.node == self.cluster.node_name && !manager_taken_over {
                 continue;
             }
             let told = self

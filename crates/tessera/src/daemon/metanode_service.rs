@@ -468,6 +468,7 @@ impl Daemon {
                 ),
                 _ => {}
             }
+            super::mounts::keep_dead_owner_as_client(rec, &me);
             rec.mounted = true;
             rec.mounted_on = Some(me.clone());
             rec.private_cache = false;

@@ -469,29 +469,34 @@ impl Daemon {
             );
         }
         let mount_point = mount_point.map_or_else(|| default_mount_point(&record), PathBuf::from);
-        match self.mounted_elsewhere(&record) {
-            Some(owner) if self.node_is_live(owner) => {
-                let owner = owner.to_string();
-                self.join_as_client(&record, &owner, &mount_point)?;
-            }
-            _ => {
-                if let Err(e) = self.claim_and_mount(name, &mount_point) {
-                    // This node's copy of the table lagged (just after a restart): another
-                    // live node had mounted it meanwhile, so this mount joins it.
-                    let now = self.file_systems()?.require(name)?.clone();
-                    match self.mounted_elsewhere(&now) {
-                        Some(owner) if self.node_is_live(owner) => {
-                            let owner = owner.to_string();
-                            self.join_as_client(&now, &owner, &mount_point)?;
-                        }
-                        _ => return Err(e),
-                    }
-                }
-            }
-        }
+        self.mount_here(&record, &mount_point)?;
         Ok(Reply::Mounted {
             mount_point: mount_point.display().to_string(),
         })
+    }
+
+    /// Mounts `record` at `mount_point` on this node: as a client of the live node that
+    /// has it mounted, else as its owner (claimed in the table first, taking it over from
+    /// an expelled owner).
+    fn mount_here(&self, record: &FsRecord, mount_point: &Path) -> Result<()> {
+        if let Some(owner) = self.mounted_elsewhere(record) {
+            if self.node_is_live(owner) {
+                return self.join_as_client(record, owner, mount_point);
+            }
+        }
+        let Err(e) = self.claim_and_mount(&record.name, mount_point) else {
+            return Ok(());
+        };
+        // This node's copy of the table lagged (just after a restart): another live node
+        // had mounted it meanwhile (or took it over from this node while it was down), so
+        // this mount joins it.
+        let now = self.file_systems()?.require(&record.name)?.clone();
+        match self.mounted_elsewhere(&now) {
+            Some(owner) if self.node_is_live(owner) => {
+                self.join_as_client(&now, owner, mount_point)
+            }
+            _ => Err(e),
+        }
     }
 
     /// The file system manager of `name` when it is another node: a request only the
@@ -603,10 +608,13 @@ impl Daemon {
         let private_cache = self.kernel_cache(None) == KernelCache::Private;
         self.change_fs_record(name, &|rec| {
             match self.mounted_elsewhere(rec) {
-                Some(node) if !self.node_is_live(node) => tracing::warn!(
-                    "{name}: taking over from node {node}, which was mounting it and lost \
-                     its lease (expelled); this mount replays its recovery log"
-                ),
+                Some(node) if !self.node_is_live(node) => {
+                    tracing::warn!(
+                        "{name}: taking over from node {node}, which was mounting it and lost \
+                         its lease (expelled); this mount replays its recovery log"
+                    );
+                    keep_dead_owner_as_client(rec, &self.cluster.node_name);
+                }
                 _ => self.check_not_mounted_elsewhere(rec, "mounting it here")?,
             }
             *claimed.borrow_mut() = Some(rec.clone());
@@ -893,7 +901,7 @@ impl Daemon {
     pub(super) fn reclaim_space(&self, name: &str, r: &mut super::Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
         let record = self.file_systems()?.require(name)?.clone();
-        let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
+        let mounted = self.manager_mount(name);
         let (fs, opened) = match mounted {
             Some(fs) => (fs, false),
             None => {
@@ -924,8 +932,20 @@ impl Daemon {
         ))
     }
 
-    /// Runs `f` on file system `name`: the mounted one, or one opened here for the
-    /// purpose (and closed after) when it is mounted nowhere.
+    /// The file system manager's instance of `name` on this node, for the requests only
+    /// the manager runs ([`manager_only`]): the one this node took over from a dead manager
+    /// (this node's own mount, if it has one, is then that manager's client, and may own a
+    /// slot), else this node's mount.
+    pub(super) fn manager_mount(&self, name: &str) -> Option<Arc<FileSystem>> {
+        if let Some(fs) = self.owned.lock().get(name) {
+            return Some(Arc::clone(fs));
+        }
+        self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs))
+    }
+
+    /// Runs `f` on file system `name`: the manager's instance here
+    /// ([`Daemon::manager_mount`]), or one opened here for the purpose (and closed after)
+    /// when it is mounted nowhere.
     pub(super) fn with_fs<T>(
         &self,
         name: &str,
@@ -933,7 +953,7 @@ impl Daemon {
         f: impl FnOnce(&Arc<FileSystem>) -> Result<T>,
     ) -> Result<T> {
         let record = self.file_systems()?.require(name)?.clone();
-        let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
+        let mounted = self.manager_mount(name);
         if let Some(fs) = mounted {
             return f(&fs);
         }
@@ -992,7 +1012,7 @@ impl Daemon {
     pub(super) fn disk_availability(&self, name: &str, nsds: &[String], up: bool) -> Result<Reply> {
         let _admin = self.admin.lock();
         self.file_systems()?.require(name)?;
-        let Some(fs) = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs)) else {
+        let Some(fs) = self.manager_mount(name) else {
             bail!(
                 "file system {name} is not mounted on this node; `disk change stop|start` acts \
                  on a mounted file system (mount it with `tessera mount {name}`; a replicated \
@@ -1111,7 +1131,7 @@ impl Daemon {
     pub(super) fn df(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
         let record = self.file_systems()?.require(name)?.clone();
-        let mounted = self.mounts.lock().get(name).map(|m| Arc::clone(&m.fs));
+        let mounted = self.manager_mount(name);
         let report = match mounted {
             Some(fs) => fs.df().map_err(|e| anyhow!("file system {name}: {e}"))?,
             None => {
@@ -1267,7 +1287,7 @@ impl Daemon {
             } else {
                 default_mount_point(record)
             };
-            if let Err(e) = self.claim_and_mount(&record.name, &mount_point) {
+            if let Err(e) = self.mount_here(record, &mount_point) {
                 if !self.reaches_nsds_through_servers(record) {
                     tracing::error!("{}: mount at start failed: {e:#}", record.name);
                 } else {
@@ -1416,6 +1436,26 @@ impl Daemon {
                 self.leave_as_client(&record.name);
             }
         }
+    }
+}
+
+/// Before another node takes file system `rec` over from its expelled owner: the old owner
+/// is listed among the clients, at its mount point, so that its daemon mounts the file
+/// system again at its next start, as a client of the new owner, as any client does
+/// (`Daemon::rejoin_as_client`). While it is down the entry is only that: `mount ls` and
+/// the unmount checks count live clients.
+pub(super) fn keep_dead_owner_as_client(rec: &mut FsRecord, new_owner: &str) {
+    let Some(owner) = rec.mounted.then(|| rec.mounted_on.clone()).flatten() else {
+        return;
+    };
+    if owner == new_owner {
+        return;
+    }
+    if !rec.clients.iter().any(|c| c.node == owner) {
+        rec.clients.push(ClientMount {
+            node: owner,
+            mount_point: rec.mount_point.clone(),
+        });
     }
 }
 
