@@ -176,6 +176,10 @@ enum Moved {
     To(Extent, u64),
     /// The block is no longer the one seen in the scan.
     Changed,
+    /// The block stays as it is: nothing to do (every copy `restripe -c` could read
+    /// matched its checksums, the block has the copies it should), or nothing that can be
+    /// done this time (no room apart from the other copies for a balance, no copy up).
+    Unchanged,
 }
 
 impl FileSystem {
@@ -1188,6 +1192,7 @@ impl FileSystem {
                             t.bytes += bytes;
                         }
                         Ok(Moved::Changed) => totals.lock().changed += 1,
+                        Ok(Moved::Unchanged) => {}
                         // A balance is best effort and its movers run side by side: a
                         // disk that accepted when this block was planned may have taken
                         // another mover's block since and now sit at the average. The
@@ -1316,7 +1321,7 @@ impl FileSystem {
                     && !self.devices.is_down(from.addr.disk)
                     && !self.not_ready_disks().contains(&from.addr.disk) =>
             {
-                return Ok(Moved::Changed);
+                return Ok(Moved::Unchanged);
             }
             Err(FsError::NoSpace { .. }) if extents.len() > 1 => {
                 tracing::warn!(
@@ -1370,7 +1375,7 @@ impl FileSystem {
             .collect();
         let wanted = usize::from(view.copies).max(1);
         if good.is_empty() || (good.len() == wanted && good.len() == current.copy_count()) {
-            return Ok(Moved::Changed);
+            return Ok(Moved::Unchanged);
         }
         if good.len() >= wanted {
             // More copies than the file asks for now (`file attr set --replication`), or
@@ -1477,7 +1482,7 @@ impl FileSystem {
             .rev()
             .find(|s| !current.is_unwritten(*s))
         else {
-            return Ok(Moved::Changed);
+            return Ok(Moved::Unchanged);
         };
         let bytes = (last as u64 + 1) * tessera_drive::SECTOR_BYTES;
         let (copies, infos) = sector_infos(&current, 0, bytes);
@@ -1504,8 +1509,10 @@ impl FileSystem {
                 self.repair_copies(ino, index, &damaged, &from, 0, &buf, &infos);
                 Ok(Moved::To(damaged[0], bytes * damaged.len() as u64))
             }
-            Some(_) => Ok(Moved::Changed),
-            None if damaged.is_empty() => Ok(Moved::Changed),
+            Some(_) => Ok(Moved::Unchanged),
+            // No copy could be read (their disks are down or failed the read, which the
+            // log says): nothing to repair from.
+            None if damaged.is_empty() => Ok(Moved::Unchanged),
             None => Err(FsError::Checksum {
                 nsd: self.devices.name(damaged[0].addr.disk),
                 offset: self.extent_offset(&damaged[0]),

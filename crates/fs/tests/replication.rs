@@ -252,6 +252,9 @@ fn a_damaged_copy_is_read_from_the_other_and_repaired() {
         .restripe(RestripeMode::Check, &AtomicBool::new(false), &mut |_| {})
         .unwrap();
     assert_eq!(again.progress.blocks_moved, 0, "{again:?}");
+    // Nothing wrote meanwhile: sound blocks are not reported as changed under the scan.
+    assert_eq!(again.blocks_changed, 0, "{again:?}");
+    assert!(again.progress.blocks_scanned > 0, "{again:?}");
     // Without group 2, group 1 answers with what the repairs wrote back.
     fs.stop_disks(&["nsd3".into(), "nsd4".into()]).unwrap();
     verify(&fs, &files);
@@ -471,9 +474,10 @@ fn read_replica_policy_fastest_reads_from_the_faster_failure_group() {
     let files = populate(&fs, "a", 41);
     fs.unmount().unwrap();
     drop(fs);
-    // Group 1 (nsd1, nsd2) answers reads 3 ms late; group 2 at once.
+    // Group 1 (nsd1, nsd2) answers reads 10 ms late (far above what scheduling on a loaded
+    // machine adds); group 2 at once.
     let (disks, slow) = counted_drives(&t, |i| {
-        Duration::from_millis(if i == 1 || i == 2 { 3 } else { 0 })
+        Duration::from_millis(if i == 1 || i == 2 { 10 } else { 0 })
     });
     let fs = FileSystem::mount(disks).unwrap();
     fs.set_read_replica_policy(tessera_fs::replication::ReadReplicaPolicy::Fastest);

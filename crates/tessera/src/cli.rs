@@ -717,8 +717,8 @@ pub enum NsdCommand {
 pub enum FsCommand {
     /// Create a file system [mmcrfs].
     Create(Box<FsCreateArgs>),
-    /// List the attributes of a file system [mmlsfs].
-    Ls(DeviceListArgs),
+    /// List the attributes of a file system, or of every one with `all` [mmlsfs].
+    Ls(FsLsArgs),
     /// Delete an unmounted file system; its NSDs become free [mmdelfs].
     Delete(FsDeleteArgs),
     /// Give the free space of the disks with thinDiskType other than no back to the
@@ -938,6 +938,14 @@ pub struct FsDeleteArgs {
 #[derive(Args, Debug)]
 pub struct DeviceListArgs {
     /// The file system device name.
+    pub device: String,
+    #[arg(short = 'Y')]
+    pub machine: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct FsLsArgs {
+    /// The file system device name, or `all` for every file system of the cluster.
     pub device: String,
     #[arg(short = 'Y')]
     pub machine: bool,

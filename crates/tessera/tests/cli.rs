@@ -286,6 +286,18 @@ fn fs_create_seed000_options_then_ls_disk_df_delete() {
     ]);
     let y = node.ok(&["fs", "ls", "again", "-Y"]);
     assert!(y.contains(":logfileSize:2097152:"), "{y}");
+    // `all` [mmlsfs all]: every file system, each under its name.
+    let all = node.ok(&["fs", "ls", "all"]);
+    assert!(
+        all.contains("File system attributes for again:") && all.contains("2097152"),
+        "{all}"
+    );
+    let all = node.ok(&["fs", "ls", "all", "-Y"]);
+    assert_eq!(all.matches(":HEADER:").count(), 1, "{all}");
+    assert!(all.contains(":again:logfileSize:2097152:"), "{all}");
+    node.ok(&["fs", "delete", "again"]);
+    let none = node.fails(&["fs", "ls", "all"]);
+    assert!(none.contains("no file systems"), "{none}");
 }
 
 #[test]

@@ -566,15 +566,43 @@ fn owner_slots(holders: &[crate::config::SlotHolder], desc: &tessera_fs::FsDescr
         .join("; ")
 }
 
+/// `fs ls DEVICE|all [-Y]` [mmlsfs]: with `all`, every file system of the cluster in
+/// turn, each under a line naming it (one header for all with -Y).
 pub fn ls(home: &Home, name: &str, machine: bool) -> Result<()> {
+    if name != "all" {
+        return ls_one(home, name, machine, true);
+    }
+    let names: Vec<String> = match call(home, &Request::MountList { name: None })? {
+        Reply::Mounts(rows) => rows.into_iter().map(|r| r.file_system).collect(),
+        other => return Err(unexpected(other)),
+    };
+    if names.is_empty() {
+        bail!("there are no file systems yet (create one with `tessera fs create`)");
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !machine {
+            if i > 0 {
+                println!();
+            }
+            println!("File system attributes for {name}:");
+            println!("{}", "=".repeat(26 + name.len()));
+        }
+        ls_one(home, name, machine, i == 0)?;
+    }
+    Ok(())
+}
+
+fn ls_one(home: &Home, name: &str, machine: bool, header: bool) -> Result<()> {
     let s = show(home, name)?;
     let rows = fs_rows(&s);
     if machine {
         let y = YRecord::new("fs", "");
-        println!(
-            "{}",
-            y.header(&["deviceName", "fieldName", "data", "remarks"])
-        );
+        if header {
+            println!(
+                "{}",
+                y.header(&["deviceName", "fieldName", "data", "remarks"])
+            );
+        }
         for (_, field, value, _) in rows {
             println!(
                 "{}",
