@@ -499,6 +499,17 @@ impl Fence {
         )
     }
 
+    /// Whether `request` is news every metanode instance a node serves must follow, not
+    /// only its own mount: a descriptor change, or disks stopped or started. (An owner
+    /// slot taken over from another node follows the descriptor as that node's mount
+    /// would.)
+    pub fn is_for_every_metanode(request: &[u8]) -> bool {
+        matches!(
+            decode::<MetanodeRequest>(request, "request"),
+            Ok(MetanodeRequest::DescriptorChanged | MetanodeRequest::DiskAvailability { .. })
+        )
+    }
+
     /// Whether `request` is an owner's revocation of what a client holds (`DropHeld`,
     /// `GiveBackData`).
     pub fn is_revocation(request: &[u8]) -> bool {
@@ -2861,6 +2872,22 @@ mod tests {
             assert_eq!(back.errno(), e.errno(), "{e} came back as {back}");
             assert_eq!(back.to_string(), e.to_string());
         }
+    }
+
+    #[test]
+    fn owner_messages_are_told_apart() {
+        let changed = Fence::descriptor_changed();
+        let stopped = Fence::disk_availability(vec!["d1".into()], false);
+        let revoked = Fence::drop_held(vec![7]);
+        for every in [&changed, &stopped] {
+            assert!(Fence::is_fence(every) && Fence::is_for_every_metanode(every));
+            assert!(!Fence::is_revocation(every));
+        }
+        assert!(Fence::is_fence(&revoked) && Fence::is_revocation(&revoked));
+        // A revocation is for the mount that holds what it takes back, not for every
+        // metanode instance of the node; garbage is neither.
+        assert!(!Fence::is_for_every_metanode(&revoked));
+        assert!(!Fence::is_for_every_metanode(&[0xff, 0xfe, 0x00]));
     }
 
     #[test]

@@ -594,6 +594,33 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
             );
         }
     }
+    // While node 3 serves node 2's slot, the disk holding everything is replaced: the slot
+    // taken over is told that its disk is to be emptied, as node 2's mount would be, and
+    // moves its own blocks and region off it (it once was not told, and the delete failed
+    // with "owner slot N could not let go of the disks").
+    let stanza = c.base.join("k1b.stanza");
+    std::fs::write(
+        &stanza,
+        format!(
+            "%nsd: device={} nsd=k1b usage=dataAndMetadata failureGroup=1 pool=system\n",
+            c.base.join("drives/node2-d1.img").display()
+        ),
+    )
+    .unwrap();
+    let stanza = stanza.to_str().unwrap();
+    tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
+    tessera_ok(&c, 1, &["disk", "add", "k1", "-F", stanza]);
+    let deleted = tessera_ok(&c, 1, &["disk", "delete", "k1", "k1"]);
+    assert!(deleted.contains("k1 deleted from k1"), "{deleted}");
+    for k in [1u32, 3] {
+        for &i in acked.iter().step_by(5) {
+            assert_eq!(
+                std::fs::read(dir(k).join(format!("f{i}"))).unwrap(),
+                content(i).as_bytes(),
+                "node {k} reads f{i} after the delete"
+            );
+        }
+    }
     // A file of the manager's that nodes 1 and 3 hold (their kernels and daemons keep it
     // under read tokens): the node that gives node 2's slot back below keeps its own.
     std::fs::write(mnt(1).join("probe"), b"one").unwrap();

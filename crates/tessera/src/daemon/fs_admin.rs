@@ -590,6 +590,18 @@ impl Daemon {
                 refused.push(format!("node {}: {e}", client.node));
             }
         }
+        // And the owner slots this node took over from others, as their nodes would be.
+        if tessera_fs::Fence::is_for_every_metanode(&request) {
+            if let Some(Err(e)) = self
+                .tell_taken_slots(name, &request)
+                .map(|reply| tessera_fs::Fence::check(&reply))
+            {
+                refused.push(format!(
+                    "node {} (an owner slot taken over): {e}",
+                    self.cluster.node_name
+                ));
+            }
+        }
         refused
     }
 

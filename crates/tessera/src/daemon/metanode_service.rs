@@ -62,6 +62,13 @@ impl FileSystemService for MountedFileSystems {
         // An owner's message to its clients (a fence, a revocation): for this node's own
         // mount, whatever metanodes this node serves besides.
         if Fence::is_fence(&request) {
+            // The owner slots this node took over follow a descriptor change too (a disk
+            // to be emptied: they move their own blocks off it).
+            if Fence::is_for_every_metanode(&request) {
+                if let Some(refused) = daemon.tell_taken_slots(fs, &request) {
+                    return Ok(refused);
+                }
+            }
             return match mounted {
                 // A daemon started with `TESSERA_TEST_STALL_REVOCATIONS=1` never answers a
                 // revocation: how the tests make a node that is alive but hung for its

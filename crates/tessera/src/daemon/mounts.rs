@@ -1263,6 +1263,21 @@ impl Daemon {
     /// with automount. A failure is logged and the rest go on.
     pub(super) fn remount_at_start(&self) {
         let _admin = self.admin.lock();
+        // A node started a moment ago may not have applied the newest configuration yet:
+        // disks added or deleted while it was down, or its file system taken over. It
+        // mounts by the cluster's tables, not by its older copy (which would mount without
+        // the new disks, as if they were down, or fail on the deleted ones).
+        let deadline = std::time::Instant::now() + CATCH_UP_WAIT;
+        while !self.member.catch_up(CATCH_UP_WAIT) {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "mounting at start before this node caught up with the cluster's \
+                     configuration (no cluster manager answered within {CATCH_UP_WAIT:?})"
+                );
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         let fss = match self.file_systems() {
             Ok(f) => f,
             Err(e) => {
@@ -1380,13 +1395,15 @@ impl Daemon {
                         if !d.nsd_servers_down(record).is_empty() {
                             return true;
                         }
-                        match d.claim_and_mount(name, at) {
+                        // Another node may have mounted it meanwhile (an NSD server
+                        // starting with the file system on automount): this node joins it.
+                        match d.mount_here(record, at) {
                             Ok(()) => {
                                 tracing::info!("{name}: mounted once its NSD servers came up");
                                 false
                             }
                             Err(e) => {
-                                tracing::debug!("{name}: not mounted yet: {e:#}");
+                                tracing::info!("{name}: not mounted yet: {e:#}");
                                 true
                             }
                         }

@@ -61,6 +61,31 @@ impl Daemon {
             .map(|m| Arc::clone(&m.fs))
     }
 
+    /// Tells the owner slots of `fs` this node took over from other nodes news every
+    /// metanode instance follows ([`tessera_fs::Fence::is_for_every_metanode`]: a
+    /// descriptor change, disks stopped or started), as the mount of each slot's own node
+    /// would be told; returns the reply of the first that refused.
+    pub(super) fn tell_taken_slots(&self, fs: &str, request: &[u8]) -> Option<Vec<u8>> {
+        let taken: Vec<(u32, Arc<FileSystem>)> = self
+            .taken_slots
+            .lock()
+            .iter()
+            .filter(|((name, _), _)| name == fs)
+            .map(|((_, slot), mount)| (*slot, Arc::clone(mount)))
+            .collect();
+        let mut refused = None;
+        for (slot, mount) in taken {
+            let Some(reply) = mount.serve_while_mounted(None, request) else {
+                continue;
+            };
+            if let Err(e) = tessera_fs::Fence::check(&reply) {
+                tracing::warn!("{fs}: owner slot {slot} (taken over here): {e}");
+                refused.get_or_insert(reply);
+            }
+        }
+        refused
+    }
+
     /// This node's owner slot of `record`: the one the table records for it, claimed for
     /// this incarnation by compare-and-set (unless another node took it over meanwhile),
     /// or a new one the manager makes when asked through `channel`, recorded before it is
