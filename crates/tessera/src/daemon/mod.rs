@@ -330,6 +330,17 @@ impl Daemon {
                     node,
                 }));
             }
+            // Without a disk lease this node does no disk I/O and no owner slot answers
+            // it: refused at once rather than after every slot's wait.
+            if !self.member.holds_lease() {
+                anyhow::bail!(
+                    "node {} holds no disk lease now, so it cannot manage file system {fs}: \
+                     it does not reach a majority of the quorum nodes, or was expelled \
+                     (`tessera state -a`); start the quorum nodes or fix the network, then \
+                     retry",
+                    self.cluster.node_name
+                );
+            }
         }
         match request {
             Request::Ping => Ok(Reply::Pong {
