@@ -834,6 +834,14 @@ fn each_group_alone_reads(
     refused
 }
 
+/// fsck of the file system on `t` (unmounted) finds no problem and no metadata with fewer
+/// copies than the file system keeps.
+fn assert_fsck_clean_and_replicated(t: &TestDisks) {
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+}
+
 /// Owner slot 1 mounted with every disk beside the manager `fs`: `files` verify in `dir`;
 /// then both unmount and fsck is clean.
 fn slot_reads_then_fsck(
@@ -1114,9 +1122,7 @@ fn a_map_chunk_whose_copies_differ_counts_ill_replicated_until_restripe_r() {
     let desc = fs.descriptor();
     fs.unmount().unwrap();
     drop(fs);
-    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+    assert_fsck_clean_and_replicated(&t);
     let copies = desc.metadata_copies.as_ref().unwrap();
     let second = copies.map_regions.iter().find(|m| m.disk == 0).unwrap();
     let first = desc
@@ -1160,9 +1166,7 @@ fn a_map_chunk_whose_copies_differ_counts_ill_replicated_until_restripe_r() {
     restripe(&fs, RestripeMode::Replicate);
     fs.unmount().unwrap();
     drop(fs);
-    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+    assert_fsck_clean_and_replicated(&t);
     let fs = alone();
     assert!(fs.allocation_map_rebuilt().is_none());
     verify_all(&fs, &files);
@@ -1196,9 +1200,7 @@ fn a_live_slots_region_gets_its_second_copy_when_metadata_replication_is_turned_
     s1.unmount().unwrap();
     fs.unmount().unwrap();
     drop((s1, fs));
-    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+    assert_fsck_clean_and_replicated(&t);
 
     let fs = mount(&t);
     let when = "after -m 2 was turned on beside a live slot";
@@ -1246,9 +1248,7 @@ fn a_live_slots_region_stays_in_one_group_until_another_has_room() {
     s1.unmount().unwrap();
     fs.unmount().unwrap();
     drop((s1, fs));
-    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+    assert_fsck_clean_and_replicated(&t);
 }
 
 /// `restripe -r` after `fs change -m 2` on a manager that reaches no owner of slot 1 (its
@@ -1288,7 +1288,5 @@ fn restripe_r_leaves_an_unreached_slot_as_it_is_and_names_it() {
     s1.unmount().unwrap();
     fs.unmount().unwrap();
     drop((s1, fs));
-    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    assert_eq!(report.ill_replicated_metadata, 0, "{report:?}");
+    assert_fsck_clean_and_replicated(&t);
 }

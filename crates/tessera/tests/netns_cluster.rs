@@ -389,16 +389,8 @@ fn a_dead_nodes_file_system_is_taken_over_after_its_expel() {
     let c = up_with_drives(3);
     let all = [1, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
-    let stanza = c.base.join("takeover.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=t1 usage=dataAndMetadata failureGroup=1 pool=system\n",
-            c.base.join("drives/node1-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
+    let stanza = c.nsd_stanza("t1", "node1-d1.img", 1);
+    let stanza = stanza.as_str();
     let mnt1 = c.base.join("node1/mnt/t1");
     let mnt2 = c.base.join("node2/mnt/t1");
     tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
@@ -769,16 +761,8 @@ fn a_disk_added_under_three_mounts_is_used_by_every_node() {
         let name = format!("{dir}/before");
         files.push((name.clone(), write_mib(&mnt(k).join(&name), 40, k)));
     }
-    let stanza = c.base.join("g1-add.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=g1b usage=dataAndMetadata failureGroup=2 pool=system\n",
-            c.base.join("drives/node2-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
+    let stanza = c.nsd_stanza("g1b", "node2-d1.img", 2);
+    let stanza = stanza.as_str();
     tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
     let added = tessera(&c, 3, &["disk", "add", "g1", "-F", stanza]);
     let said = String::from_utf8_lossy(&added.stderr).into_owned();
@@ -1350,16 +1334,8 @@ fn the_clients_of_a_dead_owner_carry_on_after_a_takeover() {
         check.contains(" data blocks with a damaged copy repaired") && !check.contains("changed"),
         "a restripe -c of a sound file system with nothing writing: {check}"
     );
-    let stanza = c.base.join("o1b.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=o1b usage=dataAndMetadata failureGroup=2 pool=system\n",
-            c.base.join("drives/node2-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
+    let stanza = c.nsd_stanza("o1b", "node2-d1.img", 2);
+    let stanza = stanza.as_str();
     tessera_ok(&c, other, &["nsd", "create", "-F", stanza]);
     let added = tessera_ok(&c, other, &["disk", "add", "o1", "-F", stanza]);
     assert!(added.contains("o1b added to o1"), "{added}");

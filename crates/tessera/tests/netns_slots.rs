@@ -297,16 +297,8 @@ fn the_disk_holding_the_slot_owners_regions_is_deleted_under_them() {
     }
     let listed = tessera_ok(&c, 1, &["mount", "ls", "g1", "-L"]);
     assert!(listed.contains("owner slot 2"), "{listed}");
-    let stanza = c.base.join("g1-add.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=g1b usage=dataAndMetadata failureGroup=2 pool=system\n",
-            c.base.join("drives/node1-d2.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
+    let stanza = c.nsd_stanza("g1b", "node1-d2.img", 2);
+    let stanza = stanza.as_str();
     tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
     tessera_ok(&c, 1, &["disk", "add", "g1", "-F", stanza]);
 
@@ -598,16 +590,8 @@ fn a_killed_slot_holders_directory_is_served_again_by_another_node() {
     // taken over is told that its disk is to be emptied, as node 2's mount would be, and
     // moves its own blocks and region off it (it once was not told, and the delete failed
     // with "owner slot N could not let go of the disks").
-    let stanza = c.base.join("k1b.stanza");
-    std::fs::write(
-        &stanza,
-        format!(
-            "%nsd: device={} nsd=k1b usage=dataAndMetadata failureGroup=1 pool=system\n",
-            c.base.join("drives/node2-d1.img").display()
-        ),
-    )
-    .unwrap();
-    let stanza = stanza.to_str().unwrap();
+    let stanza = c.nsd_stanza("k1b", "node2-d1.img", 1);
+    let stanza = stanza.as_str();
     tessera_ok(&c, 1, &["nsd", "create", "-F", stanza]);
     tessera_ok(&c, 1, &["disk", "add", "k1", "-F", stanza]);
     let deleted = tessera_ok(&c, 1, &["disk", "delete", "k1", "k1"]);

@@ -101,6 +101,24 @@ impl Cluster {
         self.command(args).output().expect("run cluster-netns.sh")
     }
 
+    /// Writes a one-line `%nsd` stanza for drive file `drive` (under `drives/`) as NSD
+    /// `nsd` in failure group `group` (data and metadata, pool system) to `NSD.stanza`
+    /// under the cluster's directory; returns that file's path.
+    pub fn nsd_stanza(&self, nsd: &str, drive: &str, group: u32) -> String {
+        let path = self.base.join(format!("{nsd}.stanza"));
+        let device = self.base.join("drives").join(drive);
+        std::fs::write(
+            &path,
+            format!(
+                "%nsd: device={} nsd={nsd} usage=dataAndMetadata failureGroup={group} \
+                 pool=system\n",
+                device.display()
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
     /// Runs and requires success; returns stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.sh(args);
