@@ -14,6 +14,13 @@
 # NSD p1 (node1's second drive) from node1 (its device) and from node2 (through node1).
 # Prints a Markdown table: MiB/s (or IOPS) per round for each side and the ratio
 # server path / local, the figure of merit (goals: >= 0.8 sequential, >= 0.5 random).
+#
+# The namespaces are joined by a Linux bridge. Where `br_netfilter` is loaded (Docker
+# loads it) with `net.bridge.bridge-nf-call-iptables=1`, every packet between the two nodes
+# also goes through iptables, a cost no NSD client pays on a real network.
+# BRIDGE_NETFILTER=off turns that host-wide sysctl off for the run and puts it back at the
+# end (it also bypasses iptables for other bridges of the host meanwhile: containers'
+# firewall rules, so it is opt-in); the script prints which it measured with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-2}
@@ -30,7 +37,15 @@ fi
 net=scripts/cluster-netns.sh
 $net down >/dev/null 2>&1 || true
 $net up 2 --drives 2 --size 4G --config failureDetectionTime=10 >/dev/null
-trap '$net down >/dev/null 2>&1 || true' EXIT
+nf=/proc/sys/net/bridge/bridge-nf-call-iptables
+nf_was=$(cat "$nf" 2>/dev/null || echo absent)
+restore_nf() { [[ $nf_was == absent || $(cat "$nf") == "$nf_was" ]] || echo "$nf_was" >"$nf"; }
+trap '$net down >/dev/null 2>&1 || true; restore_nf' EXIT
+if [[ ${BRIDGE_NETFILTER:-} == off && $nf_was == 1 ]]; then
+    echo 0 >"$nf"
+fi
+echo "net.bridge.bridge-nf-call-iptables during the run: $(cat "$nf" 2>/dev/null || echo 'absent (br_netfilter not loaded)')"
+echo
 stanza=$TSR_BASE/n1.stanza
 echo "%nsd: device=$TSR_BASE/drives/node1-d1.img nsd=n1 usage=dataAndMetadata failureGroup=1 pool=system servers=node1" >"$stanza"
 # A free NSD for `perf nsd`: the NSD path alone, without the file system.

@@ -126,6 +126,12 @@ pub struct FsRecord {
     pub nsds: Vec<String>,
     pub default_mount_point: String,
     pub automount: bool,
+    /// When `fs create` made it (seconds since the epoch, by the clock of the node that
+    /// made it; 0 in records from before it was kept): a daemon mounts at its start only
+    /// the `-A yes` file systems that existed when it started, not one created while it
+    /// was catching up with the cluster.
+    #[serde(default)]
+    pub created_unix: u64,
     /// True while mounted, so a restarted daemon mounts it again.
     pub mounted: bool,
     /// The node that mounted it first and owns its metadata (its metanode and file system

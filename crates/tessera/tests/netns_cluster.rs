@@ -188,6 +188,18 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     for k in all {
         assert!(listing.contains(&format!("node{k}")), "{listing}");
     }
+    // g1 (`-A yes`, the default) is mounted on every node whose daemon started, as GPFS
+    // does at mmstartup, though it was mounted nowhere when they died: the first node up
+    // owns it, the others join it (some after a retry, while the owner still mounts it).
+    wait_for("g1 mounted on every node at start", SETTLE, || {
+        let listed = tessera_ok(&c, 1, &["mount", "ls", "g1", "-Y"]);
+        all.iter()
+            .all(|k| listed.contains(&format!(":g1:node{k}:")))
+    });
+    for k in all {
+        let at = c.base.join(format!("node{k}/mnt/g1/before"));
+        assert_eq!(std::fs::read(&at).unwrap(), b"with a lease", "node {k}");
+    }
 
     // shutdown -a from any node stops every daemon.
     tessera_ok(&c, 2, &["shutdown", "-a"]);

@@ -370,7 +370,9 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
     let _ = std::process::Command::new("umount")
         .args(["-l", mnt.to_str().unwrap()])
         .status();
-    let _ = common::netns::tessera(&c, 3, &["umount", "ns1"]);
+    // The killed server, started again, mounted ns1 too (`-A yes`), as node 3's client:
+    // unmounted everywhere, then mounted on node 3 alone.
+    let _ = common::netns::tessera(&c, 3, &["umount", "ns1", "-a"]);
     tessera_ok(&c, 3, &["mount", "ns1"]);
     verify(&mnt, &files);
 
@@ -576,7 +578,8 @@ fn a_declustered_array_moves_between_servers_and_fails_over_when_its_server_dies
         listed.contains("served by node1") && listed.contains("node1,node2"),
         "{listed}"
     );
-    tessera_ok(&c, 3, &["umount", "v1fs"]);
+    // The dead server, started again, mounted v1fs too (`-A yes`): unmounted everywhere.
+    tessera_ok(&c, 3, &["umount", "v1fs", "-a"]);
     let fsck = tessera_ok(&c, 3, &["fsck", "v1fs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
 }
@@ -770,7 +773,8 @@ fn arrays_over_three_jbofs_fail_over_and_fence_the_dead_server_also_with_an_encl
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
     verify(&mnt, &files);
     c.ok(&["jbof", "start", "2"]);
-    tessera_ok(&c, 3, &["umount", "jfs"]);
+    // The dead server, started again, mounted jfs too (`-A yes`): unmounted everywhere.
+    tessera_ok(&c, 3, &["umount", "jfs", "-a"]);
     let fsck = tessera_ok(&c, 3, &["fsck", "jfs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
 }

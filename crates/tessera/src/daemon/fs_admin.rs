@@ -208,6 +208,7 @@ impl Daemon {
             nsds: names,
             default_mount_point: spec.mount_point.clone(),
             automount: spec.automount,
+            created_unix: crate::config::now_unix(),
             mounted: false,
             mounted_on: None,
             clients: Vec::new(),

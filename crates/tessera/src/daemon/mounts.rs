@@ -1286,31 +1286,34 @@ impl Daemon {
             }
         };
         let me = self.cluster.node_name.as_str();
+        let started_unix =
+            crate::config::now_unix().saturating_sub(self.started.elapsed().as_secs());
         let mut waiting = Vec::new();
         for record in &fss.file_systems {
-            if let Some(client) = record.clients.iter().find(|c| c.node == me) {
+            let client_at = record.clients.iter().find(|c| c.node == me);
+            // `-A yes` [mmcrfs -A]: mounted on every node whose daemon starts, as GPFS
+            // does, not only where it was mounted when the daemon stopped: the first node
+            // up owns it, the others join it as clients. Not one created after this daemon
+            // started (`fs create` mounts nothing, here as on the other nodes).
+            let automount = record.automount && record.created_unix <= started_unix;
+            if let (Some(client), false) = (client_at, automount) {
                 self.rejoin_as_client(record, &client.mount_point);
                 continue;
             }
             let ours = record.mounted && record.mounted_on.as_deref().is_none_or(|n| n == me);
-            let automount = record.automount && !record.mounted;
-            if !ours && !automount {
+            if !ours && client_at.is_none() && !automount {
                 continue;
             }
-            let mount_point = if record.mounted {
-                PathBuf::from(&record.mount_point)
-            } else {
-                default_mount_point(record)
+            let mount_point = match client_at {
+                Some(client) => PathBuf::from(&client.mount_point),
+                None if ours => PathBuf::from(&record.mount_point),
+                None => default_mount_point(record),
             };
             if let Err(e) = self.mount_here(record, &mount_point) {
-                if !self.reaches_nsds_through_servers(record) {
-                    tracing::error!("{}: mount at start failed: {e:#}", record.name);
-                } else {
-                    waiting.push((record.name.clone(), mount_point, format!("{e:#}")));
-                }
+                waiting.push((record.name.clone(), mount_point, format!("{e:#}")));
             }
         }
-        self.mount_when_nsd_servers_come(waiting);
+        self.mount_later(waiting);
     }
 
     /// Whether this node reaches some NSD of `record` through NSD servers (its mount can
@@ -1342,82 +1345,130 @@ impl Daemon {
             .collect()
     }
 
-    /// File systems reached through NSD servers whose mount at start failed are tried
-    /// again as servers come up (not while every server of one of their NSDs is down),
-    /// for `nsdServerWaitTimeForMount`
-    /// [GPFS's parameter]: when a cluster starts, clients often come up before their NSD
-    /// servers.
-    fn mount_when_nsd_servers_come(&self, waiting: Vec<(String, PathBuf, String)>) {
-        if waiting.is_empty() {
-            return;
-        }
+    /// File systems whose mount at start failed are tried again for a while: when a
+    /// cluster starts, nodes come up in any order, so a node may find the file system's
+    /// owner still mounting it, or (reaching disks through NSD servers) its NSD servers
+    /// not up yet. A file system reached through NSD servers is not tried while every
+    /// server of one of its NSDs is down, and is tried for `nsdServerWaitTimeForMount`
+    /// [GPFS's parameter]; any other for [`START_MOUNT_RETRY`].
+    fn mount_later(&self, waiting: Vec<(String, PathBuf, String)>) {
         let state = self.member.state();
-        let wait = state
+        let servers_wait = state
             .params
             .seconds("nsdServerWaitTimeForMount", Some(self.member.me()));
-        let secs = wait.as_secs_f64();
-        for (name, _, e) in &waiting {
-            if secs > 0.0 {
-                tracing::warn!(
-                    "{name}: mount at start failed, its NSD servers may not be up yet ({e}); \
-                     tried again as they come up, for up to {secs} s \
-                     (nsdServerWaitTimeForMount)"
-                );
+        let fss = self.file_systems().unwrap_or_default();
+        let mut left = Vec::new();
+        for (name, at, e) in waiting {
+            let through_servers = fss
+                .get(&name)
+                .is_some_and(|r| self.reaches_nsds_through_servers(r));
+            let (wait, why) = if through_servers {
+                (
+                    servers_wait,
+                    "its NSD servers may not be up yet; tried again as they come up",
+                )
             } else {
+                (START_MOUNT_RETRY, "tried again while the cluster starts")
+            };
+            if wait.is_zero() {
                 tracing::error!("{name}: mount at start failed: {e}");
+                continue;
             }
+            tracing::warn!(
+                "{name}: mount at start failed ({e}); {why}, for up to {} s",
+                wait.as_secs()
+            );
+            let until = std::time::Instant::now() + wait;
+            left.push(LaterMount {
+                name,
+                at,
+                error: e,
+                until,
+                through_servers,
+            });
         }
-        if secs <= 0.0 {
+        if left.is_empty() {
             return;
         }
         let daemon = self.this.clone();
-        let deadline = std::time::Instant::now() + wait;
         let spawned = std::thread::Builder::new()
             .name("mount-wait".into())
             .spawn(move || {
-                let mut left = waiting;
-                // Every failed try claims the file system and gives it back in the
+                // Every failed try may claim the file system and give it back in the
                 // replicated table: tries thin out to one per 10 s.
                 let mut pause = std::time::Duration::from_secs(2);
-                while !left.is_empty() && std::time::Instant::now() < deadline {
+                while !left.is_empty() {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_secs(10));
                     let Some(d) = daemon.upgrade() else { return };
                     let _admin = d.admin.lock();
                     let fss = d.file_systems().unwrap_or_default();
-                    left.retain(|(name, at, _)| {
-                        if d.mounts.lock().contains_key(name) {
+                    let now = std::time::Instant::now();
+                    left.retain_mut(|m| {
+                        if d.mounts.lock().contains_key(&m.name) {
                             return false;
                         }
-                        let Some(record) = fss.get(name) else {
+                        let Some(record) = fss.get(&m.name) else {
                             return false;
                         };
-                        if !d.nsd_servers_down(record).is_empty() {
+                        if now >= m.until {
+                            m.give_up();
+                            return false;
+                        }
+                        if m.through_servers && !d.nsd_servers_down(record).is_empty() {
                             return true;
                         }
-                        // Another node may have mounted it meanwhile (an NSD server
-                        // starting with the file system on automount): this node joins it.
-                        match d.mount_here(record, at) {
+                        // Another node may have mounted it meanwhile (one starting with the
+                        // file system on automount): this node joins it.
+                        match d.mount_here(record, &m.at) {
+                            Ok(()) if m.through_servers => {
+                                tracing::info!("{}: mounted once its NSD servers came up", m.name);
+                                false
+                            }
                             Ok(()) => {
-                                tracing::info!("{name}: mounted once its NSD servers came up");
+                                tracing::info!("{}: mounted at start after a retry", m.name);
                                 false
                             }
                             Err(e) => {
-                                tracing::info!("{name}: not mounted yet: {e:#}");
+                                tracing::info!("{}: not mounted yet: {e:#}", m.name);
+                                m.error = format!("{e:#}");
                                 true
                             }
                         }
                     });
                 }
-                for (name, _, e) in left {
-                    tracing::error!(
-                        "{name}: not mounted: its NSD servers did not answer within \
-                         nsdServerWaitTimeForMount ({e}); `tessera mount {name}` mounts it"
-                    );
-                }
             });
         if let Err(e) = spawned {
-            tracing::error!("cannot wait for NSD servers to mount: {e}");
+            tracing::error!("cannot try the mounts at start again: {e}");
+        }
+    }
+}
+
+/// How long a file system whose mount at start failed is tried again when its disks are
+/// not reached through NSD servers: long enough for the other nodes of a cluster started
+/// together (`tessera startup -a`) to come up and its owner to finish mounting it.
+const START_MOUNT_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A mount at start that failed and is tried again ([`Daemon::mount_later`]).
+struct LaterMount {
+    name: String,
+    at: PathBuf,
+    error: String,
+    until: std::time::Instant,
+    through_servers: bool,
+}
+
+impl LaterMount {
+    fn give_up(&self) {
+        let name = &self.name;
+        let e = &self.error;
+        if self.through_servers {
+            tracing::error!(
+                "{name}: not mounted: its NSD servers did not answer within \
+                 nsdServerWaitTimeForMount ({e}); `tessera mount {name}` mounts it"
+            );
+        } else {
+            tracing::error!("{name}: not mounted at start ({e}); `tessera mount {name}` mounts it");
         }
     }
 }
