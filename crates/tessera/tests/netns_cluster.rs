@@ -577,8 +577,9 @@ fn shared_fs_with_blocks(
 /// metanode), the others mount as its clients and read and write the shared drive
 /// themselves. What one node writes, creates, renames or removes, the others see at once
 /// (the owner's kernel caches are invalidated by its metanode, the clients' by the
-/// revocations of their read tokens); the owner cannot unmount under its clients; every node unmounts and fsck
-/// finds the file system clean.
+/// revocations of their read tokens); the owner unmounting under its clients hands the file
+/// system manager's role to one of them; every node unmounts and fsck finds the file system
+/// clean.
 #[test]
 fn one_file_system_is_mounted_on_three_nodes() {
     if !netns_usable() {
@@ -687,14 +688,6 @@ fn one_file_system_is_mounted_on_three_nodes() {
     stat_and_names_follow_other_nodes_at_once(&mnt);
     creates_in_one_directory_from_every_node(&c, &mnt);
 
-    // The owner cannot unmount under its clients.
-    let refused = tessera(&c, 1, &["umount", "s1"]);
-    let why = String::from_utf8_lossy(&refused.stderr).into_owned();
-    assert!(
-        !refused.status.success(),
-        "the owner unmounted under its clients"
-    );
-    assert!(why.contains("node2") && why.contains("node3"), "{why}");
     // Administration that only the file system manager runs is sent to it from any node,
     // through the cluster's remote shell, and answered as there.
     let df = tessera(&c, 2, &["df", "s1"]);
@@ -708,6 +701,45 @@ fn one_file_system_is_mounted_on_three_nodes() {
     assert!(
         table.contains("(pool total)") && table.contains("Number of used inodes"),
         "{table}"
+    );
+
+    // The owner unmounts under its clients: one of them takes the file system manager's
+    // role over (the log is clean: nothing to replay), the others follow it, nothing
+    // written is lost, and the old owner mounts again as a client.
+    let before = std::fs::read(mnt(2).join("from2")).unwrap();
+    tessera_ok(&c, 1, &["umount", "s1"]);
+    let attrs = tessera_ok(&c, 3, &["fs", "ls", "s1", "-Y"]);
+    let new_manager = if attrs.contains(":fileSystemManager:node2:") {
+        2
+    } else {
+        assert!(attrs.contains(":fileSystemManager:node3:"), "{attrs}");
+        3
+    };
+    let other = 5 - new_manager;
+    std::fs::write(mnt(other).join("after-handover"), b"written on a client").unwrap();
+    assert_eq!(
+        std::fs::read(mnt(new_manager).join("after-handover")).unwrap(),
+        b"written on a client"
+    );
+    assert_eq!(std::fs::read(mnt(other).join("from2")).unwrap(), before);
+    let df = tessera(&c, other, &["df", "s1"]);
+    assert!(
+        df.status.success()
+            && String::from_utf8_lossy(&df.stderr).contains(&format!(
+                "node node{new_manager} is the file system manager of s1"
+            )),
+        "{df:?}"
+    );
+    tessera_ok(&c, 1, &["mount", "s1"]);
+    assert_eq!(
+        std::fs::read(mnt(1).join("after-handover")).unwrap(),
+        b"written on a client"
+    );
+    let listed = tessera_ok(&c, 2, &["mount", "ls", "s1", "-L"]);
+    assert!(
+        listed.contains("File system s1 is mounted on 3 nodes:")
+            && listed.matches("client").count() == 2,
+        "{listed}"
     );
 
     // One command unmounts it everywhere [mmumount -a]: the clients first, the owner last.

@@ -456,7 +456,7 @@ impl Daemon {
     /// Takes file system `record` over from its dead owner for the clients: this node
     /// becomes its owner in the table (compare-and-set: of two clients that try at once,
     /// one wins and the other finds it live), then replays its log and serves it.
-    fn take_over(&self, record: &crate::config::FsRecord) -> anyhow::Result<()> {
+    pub(super) fn take_over(&self, record: &crate::config::FsRecord) -> anyhow::Result<()> {
         let _one = self.takeover.lock();
         if self.owned.lock().contains_key(&record.name) {
             return Ok(());
@@ -481,11 +481,19 @@ impl Daemon {
             rec.private_cache = false;
             Ok(())
         })?;
-        tracing::warn!(
-            "{}: taking over from node {dead}, which owned it and was expelled; replaying \
-             its recovery log to serve the clients",
-            record.name
-        );
+        if dead.is_empty() {
+            tracing::info!(
+                "{}: its file system manager unmounted it while this node mounts it: this \
+                 node takes it over and serves the clients",
+                record.name
+            );
+        } else {
+            tracing::warn!(
+                "{}: taking over from node {dead}, which owned it and was expelled; replaying \
+                 its recovery log to serve the clients",
+                record.name
+            );
+        }
         let fs = match self.open_core(record) {
             Ok((fs, _)) => fs,
             Err(e) => {

@@ -24,6 +24,9 @@ const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a mount of a file system this node does not know waits for this node to apply
 /// the configuration the cluster manager has (see `Member::catch_up`).
 const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a file system manager's unmount waits for one of its clients to take the file
+/// system over.
+const HAND_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 use crate::rpc::{IoHistoryEntry, MountedNode, PmonEntry, Reply, Request};
 
 /// What node `node` is to file system `record` in `mount ls -L`: `role`, and the owner
@@ -780,14 +783,11 @@ impl Daemon {
             .mounted_on
             .as_deref()
             .is_some_and(|o| o != self.cluster.node_name);
-        if m.client_of.is_none() && !stale && !clients.is_empty() {
-            bail!(
-                "file system {name} is mounted on node(s) {} as client(s) of this node, which \
-                 owns its metadata; unmount it there first (`tessera umount {name}` on each; \
-                 `tessera mount ls {name} -L` lists them)",
-                clients.join(", ")
-            );
-        }
+        // The file system manager unmounting under live clients hands the role over, as
+        // GPFS moves it: its final checkpoint first, then the table says it let go and
+        // one of the clients takes the file system over (its log is clean, so nothing
+        // waits for a replay or an expel).
+        let handing_over = m.client_of.is_none() && !stale && !clients.is_empty();
         let users = busy_processes(&m.mount_point);
         if !users.is_empty() {
             bail!(
@@ -835,11 +835,90 @@ impl Daemon {
             }
             rec.mounted = false;
             rec.mounted_on = None;
-            // Only clients that are no longer live can be left (live ones refused).
-            rec.clients.clear();
+            // The live clients stay: one of them takes the file system over
+            // (`Daemon::adopt_let_go_file_systems`); the others follow it.
+            let live: Vec<String> = self.live_clients(rec);
+            rec.clients.retain(|c| live.contains(&c.node));
             Ok(())
         })?;
+        if handing_over {
+            self.wait_for_new_manager(name, &clients);
+        }
         Ok(Reply::Unmounted { checkpoint_error })
+    }
+
+    /// After this node, the file system manager, unmounted `name` under live clients: waits
+    /// (bounded) until one of them has taken it over, so that the listings right after the
+    /// unmount name the new manager.
+    fn wait_for_new_manager(&self, name: &str, clients: &[String]) {
+        let deadline = std::time::Instant::now() + HAND_OVER_WAIT;
+        loop {
+            let owner = self.file_systems().ok().and_then(|f| {
+                f.get(name)
+                    .filter(|r| r.mounted)
+                    .and_then(|r| r.mounted_on.clone())
+            });
+            if let Some(owner) = owner {
+                tracing::info!("{name}: node {owner} is its file system manager now");
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "{name}: none of its clients ({}) took it over within {HAND_OVER_WAIT:?}; \
+                     the first of them to send a metadata request does",
+                    clients.join(", ")
+                );
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// A file system this node mounts as a client whose manager unmounted it (the table
+    /// says mounted nowhere, this node among its clients) is taken over by this node, as
+    /// after the death of its owner but without a replay to wait for. Of several clients
+    /// that try at once, the table's compare-and-set lets one win; the others follow it.
+    fn adopt_let_go_file_systems(&self) {
+        if !self.member.holds_lease() {
+            return;
+        }
+        let clients_of: Vec<String> = self
+            .mounts
+            .lock()
+            .iter()
+            .filter(|(_, m)| m.client_of.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if clients_of.is_empty() {
+            return;
+        }
+        let Ok(fss) = self.file_systems() else {
+            return;
+        };
+        let me = self.cluster.node_name.as_str();
+        for name in clients_of {
+            let Some(record) = fss.get(&name) else {
+                continue;
+            };
+            if record.mounted || !record.clients.iter().any(|c| c.node == me) {
+                continue;
+            }
+            // Off the lease watch's thread: opening the file system takes a while.
+            let daemon = self.this.clone();
+            let record = record.clone();
+            let spawned = std::thread::Builder::new()
+                .name("adopt".into())
+                .spawn(move || {
+                    if let Some(d) = daemon.upgrade() {
+                        if let Err(e) = d.take_over(&record) {
+                            tracing::info!("{}: not taken over here: {e:#}", record.name);
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!("{name}: cannot take over the file system: {e}");
+            }
+        }
     }
 
     /// Unmounts a client mount: its data and metadata updates are durable on the owner
@@ -1175,11 +1254,14 @@ impl Daemon {
     /// looks far more often than that.
     pub(super) fn start_lease_watch(self: &Arc<Self>) -> std::io::Result<()> {
         const LEASE_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+        // Every half second: a client looks for a file system its manager let go.
+        const ADOPT_EVERY: u64 = 5;
         let daemon = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("lease-watch".into())
             .spawn(move || {
                 let mut held = false;
+                let mut ticks = 0u64;
                 loop {
                     let Some(d) = daemon.upgrade() else { return };
                     let now = d.member.holds_lease();
@@ -1201,6 +1283,10 @@ impl Daemon {
                         }
                     }
                     held = now;
+                    ticks += 1;
+                    if ticks.is_multiple_of(ADOPT_EVERY) {
+                        d.adopt_let_go_file_systems();
+                    }
                     drop(d);
                     std::thread::sleep(LEASE_WATCH_INTERVAL);
                 }
