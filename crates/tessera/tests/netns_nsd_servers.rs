@@ -740,7 +740,14 @@ fn arrays_over_three_jbofs_fail_over_and_fence_the_dead_server_also_with_an_encl
 
     // da2's server dies and an enclosure is lost at the same time.
     let work = start_workload(mnt.clone());
-    wait_for("the workload running", SETTLE, || work.rounds() >= 10);
+    // Under load the first rounds after node 1's restart sometimes take over 30 s (seen on
+    // a slow host; not understood yet): bounded at twice that, and said.
+    let warm = wait_for(
+        "the workload running after node 1's restart",
+        2 * SETTLE,
+        || work.rounds() >= 10,
+    );
+    eprintln!("ten rounds after node 1's restart took {warm:?}");
     c.ok(&["jbof", "kill", "1"]);
     c.ok(&["kill", "2"]);
     wait_for("a survivor serving v2", SETTLE, || {
