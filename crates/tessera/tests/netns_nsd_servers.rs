@@ -407,8 +407,10 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
 
 /// Any-to-any declustered arrays: an array whose pdisks two server nodes reach
 /// (`da create --servers`) is served by one of them at a time, with the NSD on its vdisk
-/// listing both as NSD servers; a client without drives uses a file system on it. `da
-/// move` hands it to the other server under a fsyncing, verifying workload; a kill -9 of
+/// listing both as NSD servers; a client without drives uses a file system on it, and so
+/// does the array's server, through the array open there. `da move` hands it to the other
+/// server under a fsyncing, verifying workload on both: the old server's mount goes on
+/// through the NSD servers, with no error and its drives free for the new server; a kill -9 of
 /// that server then has the cluster manager give it back to the survivor once the dead
 /// one is expelled, which resynchronises it and serves it, and the workload goes on with a
 /// pause under 10 s and no error; the killed server, restarted, leaves the array alone.
@@ -506,25 +508,29 @@ fn a_declustered_array_moves_between_servers_and_fails_over_when_its_server_dies
             stanza,
             "-B",
             "1M",
-            // Mounted on node 3 alone: the array servers, killed and started again, do
-            // not mount it at their start (a server node's mount reaches a vdisk it
-            // serves through its own open array, which a later move of the array closes).
-            "-A",
-            "no",
             "-T",
             mnt.to_str().unwrap(),
         ],
     );
     tessera_ok(&c, 3, &["mount", "v1fs"]);
+    // The array's server mounts it too: it reaches vd1 through the array open here, and
+    // through the NSD servers once the array moves away.
+    tessera_ok(&c, 1, &["mount", "v1fs"]);
+    let on1 = c.base.join("node1/mnt/v1fs/on1");
+    std::fs::create_dir(&on1).unwrap();
     let served_by = |k: u32| {
         access(&c, k)
             .get("v1")
             .is_some_and(|(how, _)| how == "server node")
     };
 
-    // A planned move, under load: run on the array's server.
+    // A planned move, under load on the client and on the array's server: run on the
+    // array's server.
     let work = start_workload(mnt.clone());
-    wait_for("the workload running", SETTLE, || work.rounds() >= 10);
+    let work1 = start_workload(on1.clone());
+    wait_for("the workloads running", SETTLE, || {
+        work.rounds() >= 10 && work1.rounds() >= 10
+    });
     let elsewhere = common::netns::tessera(&c, 3, &["da", "move", "da1", "--server", "node2"]);
     assert!(
         String::from_utf8_lossy(&elsewhere.stderr).contains("run `tessera da move da1"),
@@ -533,14 +539,22 @@ fn a_declustered_array_moves_between_servers_and_fails_over_when_its_server_dies
     );
     tessera_ok(&c, 1, &["da", "move", "da1", "--server", "node2"]);
     wait_for("node2 serving v1", SETTLE, || served_by(2));
-    let before = work.rounds();
+    let (before, before1) = (work.rounds(), work1.rounds());
     wait_for("rounds after the move", SETTLE, || {
-        work.rounds() > before + 10
+        work.rounds() > before + 10 && work1.rounds() > before1 + 10
     });
     let (files, longest) = work.finish();
-    eprintln!("longest pause around `da move`: {longest:?}");
+    let (files1, longest1) = work1.finish();
+    eprintln!("longest pause around `da move`: {longest:?} on node 3, {longest1:?} on node 1");
     verify(&mnt, &files);
+    verify(&on1, &files1);
     assert!(!served_by(1), "node1 still serves v1 after the move");
+    assert!(
+        log_of(&c, 1).contains("NSD v1: the local path failed")
+            && log_of(&c, 1).contains("its declustered array left this node"),
+        "node 1's mount did not move to the NSD servers:\n{}",
+        log_of(&c, 1)
+    );
 
     // Its server dies: the array fails over to the other one.
     let work = start_workload(mnt.clone());
@@ -583,13 +597,17 @@ fn a_declustered_array_moves_between_servers_and_fails_over_when_its_server_dies
         listed.contains("served by node1") && listed.contains("node1,node2"),
         "{listed}"
     );
-    tessera_ok(&c, 3, &["umount", "v1fs"]);
+    // Node 1's mount, through the servers since the move (node 1 itself among them now),
+    // still reads what it wrote before.
+    verify(&on1, &files1);
+    tessera_ok(&c, 3, &["umount", "v1fs", "-a"]);
     let fsck = tessera_ok(&c, 3, &["fsck", "v1fs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
 }
 
 /// Three drive servers (JBOFs) and three server nodes serving two declustered arrays, each
-/// with two pdisks in every JBOF, and a file system on both mounted on the third node. The
+/// with two pdisks in every JBOF, and a file system on both used on the third node (and
+/// mounted on every node, the servers too, as a `-A yes` file system is at startup). The
 /// server of one array is killed under a fsyncing, verifying workload: the cluster manager
 /// gives the array to a survivor, which takes the reservation of every pdisk from the dead
 /// server (fencing it on the drives) and serves it; the workload goes on after a pause
@@ -690,11 +708,6 @@ fn arrays_over_three_jbofs_fail_over_and_fence_the_dead_server_also_with_an_encl
             &both,
             "-B",
             "1M",
-            // Mounted on node 3 alone: the array servers, killed and started again, do
-            // not mount it at their start (a server node's mount reaches a vdisk it
-            // serves through its own open array, which a later move of the array closes).
-            "-A",
-            "no",
             "-T",
             mnt.to_str().unwrap(),
         ],
@@ -734,6 +747,10 @@ fn arrays_over_three_jbofs_fail_over_and_fence_the_dead_server_also_with_an_encl
         states(&c, 2)
             .get("node1")
             .is_some_and(|(s, _)| s == "active")
+    });
+    // At its start it mounts jfs (-A yes), reaching both NSDs through their servers.
+    wait_for("node1 mounting jfs at its start", SETTLE, || {
+        log_of(&c, 1).contains("jfs: mounted at")
     });
     std::thread::sleep(Duration::from_secs(3));
     assert!(!served_by(1, "v1"));
@@ -789,7 +806,7 @@ fn arrays_over_three_jbofs_fail_over_and_fence_the_dead_server_also_with_an_encl
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
     verify(&mnt, &files);
     c.ok(&["jbof", "start", "2"]);
-    tessera_ok(&c, 3, &["umount", "jfs"]);
+    tessera_ok(&c, 3, &["umount", "jfs", "-a"]);
     let fsck = tessera_ok(&c, 3, &["fsck", "jfs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
 }

@@ -486,20 +486,20 @@ impl DeclusteredArray {
             "vdisk {name} created: {code}, block {block_bytes}, {} bytes",
             vd.capacity_bytes()
         ));
-        Ok(Arc::new(Vdisk::new(core.clone(), vd)))
+        Ok(Arc::new(Vdisk::new(core, vd)))
     }
 
     /// A handle to a vdisk.
     pub fn vdisk(&self, name: &str) -> Option<Arc<Vdisk>> {
         let vd = self.core.vdisks.read().get(name).cloned()?;
-        Some(Arc::new(Vdisk::new(self.core.clone(), vd)))
+        Some(Arc::new(Vdisk::new(&self.core, vd)))
     }
 
     /// Handles to every vdisk, by name.
     pub fn vdisks(&self) -> Vec<Arc<Vdisk>> {
         let list: Vec<Arc<VdiskCore>> = self.core.vdisks.read().values().cloned().collect();
         list.into_iter()
-            .map(|vd| Arc::new(Vdisk::new(self.core.clone(), vd)))
+            .map(|vd| Arc::new(Vdisk::new(&self.core, vd)))
             .collect()
     }
 

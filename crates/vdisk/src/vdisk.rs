@@ -2,7 +2,7 @@
 
 use std::io;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tessera_drive::{check_io, BlockDevice};
 use tessera_ec::Code;
@@ -17,7 +17,11 @@ use crate::status::VdiskStats;
 /// read-modify-write of its stripe. Reads and writes of one call are split by stripe and
 /// done stripe by stripe; the strips of a stripe are read and written in parallel.
 pub struct Vdisk {
-    core: Arc<DaCore>,
+    /// Weak: a handle kept after its array closed (a mount that moved on to the NSD
+    /// servers, say) must not hold the array's pdisks open, since another server opens
+    /// them next and a drive is open in one process at a time.
+    core: Weak<DaCore>,
+    da_name: String,
     vd: Arc<VdiskCore>,
 }
 
@@ -38,7 +42,7 @@ impl std::fmt::Debug for Vdisk {
         write!(
             f,
             "Vdisk({} in {}, {})",
-            self.vd.name, self.core.name, self.vd.code
+            self.vd.name, self.da_name, self.vd.code
         )
     }
 }
@@ -62,8 +66,12 @@ pub fn stats_of(vd: &VdiskCore) -> VdiskStats {
 }
 
 impl Vdisk {
-    pub(crate) fn new(core: Arc<DaCore>, vd: Arc<VdiskCore>) -> Vdisk {
-        Vdisk { core, vd }
+    pub(crate) fn new(core: &Arc<DaCore>, vd: Arc<VdiskCore>) -> Vdisk {
+        Vdisk {
+            core: Arc::downgrade(core),
+            da_name: core.name.clone(),
+            vd,
+        }
     }
 
     pub fn code(&self) -> Code {
@@ -85,7 +93,7 @@ impl Vdisk {
 
     /// The name of the declustered array holding the vdisk.
     pub fn array_name(&self) -> &str {
-        &self.core.name
+        &self.da_name
     }
 
     pub fn stats(&self) -> VdiskStats {
@@ -93,8 +101,9 @@ impl Vdisk {
     }
 
     /// What the vdisk's current layout survives (whole pdisks, whole enclosures).
-    pub fn tolerance(&self) -> Tolerance {
-        let pdisks = self.core.pdisks.read().clone();
+    pub fn tolerance(&self) -> Result<Tolerance, VdiskError> {
+        let core = self.open_core()?;
+        let pdisks = core.pdisks.read().clone();
         let enc = crate::da::enclosure_ids(&pdisks);
         let mut worst = 1;
         let mut per = std::collections::HashMap::new();
@@ -106,15 +115,16 @@ impl Vdisk {
             }
             worst = per.values().copied().max().unwrap_or(1).max(worst);
         }
-        crate::placement::tolerance(self.vd.m, worst)
+        Ok(crate::placement::tolerance(self.vd.m, worst))
     }
 
     /// Where the strips of `stripe` are stored.
-    pub fn strip_locations(&self, stripe: u64) -> Vec<StripLocation> {
-        (0..self.vd.n)
+    pub fn strip_locations(&self, stripe: u64) -> Result<Vec<StripLocation>, VdiskError> {
+        let core = self.open_core()?;
+        Ok((0..self.vd.n)
             .map(|i| {
                 let loc = self.vd.loc(stripe, i);
-                let p = self.core.pdisk(loc.pdisk);
+                let p = core.pdisk(loc.pdisk);
                 StripLocation {
                     pdisk: p.name.clone(),
                     device: p.device_path.clone(),
@@ -123,16 +133,19 @@ impl Vdisk {
                     strip_bytes: self.vd.strip_bytes as u64,
                 }
             })
-            .collect()
+            .collect())
     }
 
-    fn check_open(&self) -> Result<(), VdiskError> {
-        if self.core.closed.load(Ordering::Acquire) || self.vd.deleted.load(Ordering::Acquire) {
-            return Err(VdiskError::Closed {
-                vdisk: self.vd.name.clone(),
-            });
+    /// The array's state, while the array is open and the vdisk not deleted.
+    fn open_core(&self) -> Result<Arc<DaCore>, VdiskError> {
+        let closed = || VdiskError::Closed {
+            vdisk: self.vd.name.clone(),
+        };
+        let core = self.core.upgrade().ok_or_else(closed)?;
+        if core.closed.load(Ordering::Acquire) || self.vd.deleted.load(Ordering::Acquire) {
+            return Err(closed());
         }
-        Ok(())
+        Ok(core)
     }
 
     /// Calls `f(stripe, offset in stripe, range of buf)` for each stripe of a request.
@@ -164,29 +177,27 @@ impl BlockDevice for Vdisk {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
-        self.check_open()?;
-        self.core.note_foreground();
+        let core = self.open_core()?;
+        core.note_foreground();
         let c = &self.vd.stats;
         c.reads.fetch_add(1, Ordering::Relaxed);
         c.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
         for (stripe, within, range) in self.split(offset, buf.len()) {
-            self.core
-                .read_stripe(&self.vd, stripe, within, &mut buf[range])?;
+            core.read_stripe(&self.vd, stripe, within, &mut buf[range])?;
         }
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_io(self, buf, offset)?;
-        self.check_open()?;
-        self.core.note_foreground();
+        let core = self.open_core()?;
+        core.note_foreground();
         let c = &self.vd.stats;
         c.writes.fetch_add(1, Ordering::Relaxed);
         c.bytes_written
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         for (stripe, within, range) in self.split(offset, buf.len()) {
-            self.core
-                .write_stripe(&self.vd, stripe, within, &buf[range])?;
+            core.write_stripe(&self.vd, stripe, within, &buf[range])?;
         }
         Ok(())
     }
@@ -202,8 +213,8 @@ impl BlockDevice for Vdisk {
     /// pdisk that fails to flush is declared dead; the flush fails only when more pdisks
     /// failed than the vdisk's code tolerates.
     fn flush(&self) -> io::Result<()> {
-        self.check_open()?;
-        Ok(self.core.flush_pdisks(self.vd.m)?)
+        let core = self.open_core()?;
+        Ok(core.flush_pdisks(self.vd.m)?)
     }
 
     /// Deallocates every whole stripe of the range on its pdisks (see
@@ -211,25 +222,25 @@ impl BlockDevice for Vdisk {
     /// discard may do. Afterwards deallocated stripes read as zeros.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         tessera_drive::check_discard(self, offset, len)?;
-        self.check_open()?;
+        let core = self.open_core()?;
         if !self.can_discard() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
                     "vdisk {}: the pdisks of array {} cannot deallocate so that freed strips \
                      read as zeros (file-backed and NVMe pdisks whose DLFEAT says so can)",
-                    self.vd.name, self.core.name
+                    self.vd.name, self.da_name
                 ),
             ));
         }
-        self.core.note_foreground();
+        core.note_foreground();
         let c = &self.vd.stats;
         for (stripe, within, range) in self.split(offset, len as usize) {
             if within != 0 || range.len() as u64 != self.vd.block_bytes {
                 c.discards_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let counter = if self.core.discard_stripe(&self.vd, stripe)? {
+            let counter = if core.discard_stripe(&self.vd, stripe)? {
                 &c.discarded_stripes
             } else {
                 &c.discards_skipped
@@ -241,7 +252,10 @@ impl BlockDevice for Vdisk {
 
     /// When every pdisk in service deallocates to zeros.
     fn can_discard(&self) -> bool {
-        let pdisks = self.core.pdisks.read();
+        let Some(core) = self.core.upgrade() else {
+            return false;
+        };
+        let pdisks = core.pdisks.read();
         let mut present = pdisks.iter().filter(|p| p.dev.is_some()).peekable();
         present.peek().is_some() && present.all(|p| p.discard_zeroes())
     }

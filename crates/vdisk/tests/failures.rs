@@ -243,7 +243,7 @@ fn an_array_opened_while_an_enclosure_is_down_catches_it_up_when_it_returns() {
 #[test]
 fn enclosure_loss_rebuild_then_two_more_then_a_third() {
     let (t, faults, da, v, data) = setup("8+2p", BLOCK);
-    assert_eq!(v.tolerance().enclosures, 1);
+    assert_eq!(v.tolerance().unwrap().enclosures, 1);
     // Enclosure e0 goes away: both its pdisks vanish.
     let e0: Vec<_> = t
         .specs
@@ -305,7 +305,7 @@ fn flipped_bits_are_repaired_and_counted() {
     let (_t, _f, da, v, data) = setup("8+2p", BLOCK);
     let mut flipped = 0;
     for stripe in [0u64, 3, 7, 20] {
-        for (i, loc) in v.strip_locations(stripe).iter().enumerate() {
+        for (i, loc) in v.strip_locations(stripe).unwrap().iter().enumerate() {
             if i % 3 == stripe as usize % 3 {
                 // A different sector in each strip: at most one bad copy of any sector
                 // position, which one parity strip can repair.

@@ -146,7 +146,7 @@ impl World {
             return;
         }
         let stripe = rng.below(self.v.stripes());
-        let locs = self.v.strip_locations(stripe);
+        let locs = self.v.strip_locations(stripe).unwrap();
         let loc = &locs[rng.below(locs.len() as u64) as usize];
         let at = loc.data_offset + rng.below(loc.strip_bytes);
         flip_bit(std::path::Path::new(&loc.device), at, rng.below(8) as u8);

@@ -115,7 +115,7 @@ fn vdisk_layout_and_tolerance() {
         .create_vdisk("v", code, 256 << 10, VdiskSize::Percent(100))
         .unwrap();
     assert_eq!(
-        v.tolerance(),
+        v.tolerance().unwrap(),
         Tolerance {
             pdisks: 2,
             enclosures: 1
@@ -128,7 +128,7 @@ fn vdisk_layout_and_tolerance() {
         .collect();
     let mut counts: HashMap<String, u64> = HashMap::new();
     for s in 0..v.stripes() {
-        let locs = v.strip_locations(s);
+        let locs = v.strip_locations(s).unwrap();
         let mut per: HashMap<&str, usize> = HashMap::new();
         for l in &locs {
             *per.entry(&enclosure[&l.pdisk]).or_default() += 1;
@@ -163,7 +163,7 @@ fn vdisk_layout_and_tolerance() {
         .create_vdisk("v", code, 256 << 10, VdiskSize::Percent(50))
         .unwrap();
     assert_eq!(
-        v2.tolerance(),
+        v2.tolerance().unwrap(),
         Tolerance {
             pdisks: 2,
             enclosures: 2

@@ -58,7 +58,7 @@ fn crash_and_reopen(
 #[test]
 fn torn_parity_is_recomputed() {
     let (t, da, v, data) = setup();
-    let locs = v.strip_locations(1);
+    let locs = v.strip_locations(1).unwrap();
     overwrite(&locs[8].device, locs[8].data_offset, &pattern(8192, 99));
     let da = crash_and_reopen(&t, da, v);
     let r = da.recovery_report();
@@ -78,7 +78,7 @@ fn torn_parity_is_recomputed() {
 #[test]
 fn torn_data_sector_is_taken_as_it_is() {
     let (t, da, v, mut data) = setup();
-    let locs = v.strip_locations(2);
+    let locs = v.strip_locations(2).unwrap();
     let torn = pattern(4096, 77);
     overwrite(&locs[3].device, locs[3].data_offset + 4096, &torn);
     let at = (2 * BLOCK + 3 * (32 << 10) + 4096) as usize;
@@ -100,7 +100,7 @@ fn torn_data_sector_is_taken_as_it_is() {
 #[test]
 fn torn_write_into_a_degraded_stripe_loses_only_that_strip() {
     let (t, da, v, data) = setup();
-    let locs = v.strip_locations(0);
+    let locs = v.strip_locations(0).unwrap();
     // Data strip 5 of stripe 0 is on a suspended pdisk; both parity writes were torn.
     da.pdisk_suspend(&locs[5].pdisk).unwrap();
     overwrite(&locs[8].device, locs[8].data_offset, &pattern(4096, 1));
@@ -191,7 +191,7 @@ fn rebuild_and_scrub_report_progress() {
 fn a_rolled_back_first_write_never_resurfaces() {
     const STRIPE: u64 = 20; // past the 4 MiB that setup() writes: never written
     let (t, da, v, _) = setup();
-    let locs = v.strip_locations(STRIPE);
+    let locs = v.strip_locations(STRIPE).unwrap();
     let ghost = pattern(4096, 77);
     overwrite(&locs[2].device, locs[2].data_offset + 4096, &ghost);
     v.write_at(&pattern(BLOCK as usize, 1), 0).unwrap(); // region 0 dirty at the crash

@@ -142,3 +142,50 @@ fn discarded_stripes_go_back_to_the_pdisks_and_read_as_zeros() {
     );
     da.close().unwrap();
 }
+
+/// A vdisk handle that outlives its array (a mount that moved on to the NSD servers when
+/// the array moved to another server) fails with "closed" and does not keep the array's
+/// pdisks open: the next server opens those drives, and a drive is open in one process at
+/// a time.
+#[test]
+fn a_handle_kept_after_close_holds_no_pdisk_open() {
+    use std::sync::{Arc, Mutex, Weak};
+    let t = make_pdisks(8, 4, 64 * MIB);
+    let opened: Arc<Mutex<Vec<Weak<dyn BlockDevice>>>> = Arc::default();
+    let seen = Arc::clone(&opened);
+    let inner = tessera_vdisk::file_opener();
+    let opts = DaOptions {
+        opener: Some(Arc::new(move |path: &std::path::Path| {
+            let dev = inner(path)?;
+            seen.lock().unwrap().push(Arc::downgrade(&dev));
+            Ok(dev)
+        })),
+        ..DaOptions::default()
+    };
+    let da = create(&t, opts);
+    let v = da
+        .create_vdisk(
+            "v1",
+            Code::parse("4+2p").unwrap(),
+            256 << 10,
+            VdiskSize::Bytes(16 * MIB),
+        )
+        .unwrap();
+    write_read(v.as_ref(), 0, &pattern(256 << 10, 7));
+    assert!(!opened.lock().unwrap().is_empty());
+    da.close().unwrap();
+    drop(da);
+    let still_open = opened
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|w| w.upgrade().is_some())
+        .count();
+    assert_eq!(
+        still_open, 0,
+        "pdisk devices held by a closed array's vdisk handle"
+    );
+    let e = read(v.as_ref(), 0, 4096).unwrap_err();
+    assert!(e.to_string().contains("closed"), "{e}");
+    assert!(v.strip_locations(0).is_err());
+}

@@ -419,16 +419,29 @@ impl Daemon {
             .chain(self.owned.lock().keys())
             .cloned()
             .collect();
+        // A file system mounted here goes on through the NSD servers once the array closes
+        // (`local_then_servers`), so the array's new server must be one of them.
+        let registry_nsds = self.nsds()?;
         for fs in self.file_systems()?.file_systems.iter() {
-            if local.contains(&fs.name) && fs.nsds.iter().any(|n| nsds.contains(n)) {
-                bail!(
-                    "file system {} is mounted on this node and uses the array's vdisks; \
-                     unmount it here first (`tessera umount {}`) and mount it again after \
-                     the move (it then reaches them through {to}, when the NSDs list {to} in \
-                     servers=)",
-                    fs.name,
-                    fs.name
-                );
+            if !local.contains(&fs.name) {
+                continue;
+            }
+            for nsd in fs.nsds.iter().filter(|n| nsds.contains(n)) {
+                let servers = registry_nsds
+                    .get(nsd)
+                    .map(|r| r.servers.clone())
+                    .unwrap_or_default();
+                if !servers.iter().any(|s| s == to) {
+                    bail!(
+                        "file system {} is mounted on this node and uses NSD {nsd} on the \
+                         array, whose servers= ({}) does not list {to}: this node could not \
+                         reach it after the move; add {to} to its servers (`tessera nsd \
+                         change -F`) or unmount {} here first",
+                        fs.name,
+                        servers.join(","),
+                        fs.name
+                    );
+                }
             }
         }
         self.withdraw_served_nsds(&nsds);

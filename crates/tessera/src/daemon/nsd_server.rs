@@ -32,7 +32,7 @@ use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 
@@ -391,7 +391,20 @@ impl Daemon {
             .map(|n| n.name.clone())
             .unwrap_or_default();
         if rec.servers.contains(&my_name) && self.standby_reason(rec).is_none() {
-            return self.open_nsd_local(rec, claim);
+            let local = self.open_nsd_local(rec, claim)?;
+            if vdisk_device_name(&rec.device).is_none() {
+                return Ok(local);
+            }
+            // A vdisk served here is reached through this node's open array only while
+            // the array stays here: once it moves (`da move`, a takeover after a lease
+            // lapse) the local handle fails and this node goes on through the servers,
+            // the array's new one among them, like any client.
+            return Ok(self.local_then_servers(
+                rec,
+                local,
+                "its declustered array left this node",
+                array_closed,
+            ));
         }
         if rec.servers.contains(&my_name) {
             return self.open_nsd_via_servers(rec);
@@ -409,20 +422,7 @@ impl Daemon {
             "always" => self.open_nsd_via_servers(rec),
             _ => match self.open_nsd_local(rec, claim) {
                 Ok(local) if mode == "asneeded" => {
-                    let daemon = self.this.clone();
-                    let again = rec.clone();
-                    Ok(Arc::new(AsNeeded {
-                        name: rec.name.clone(),
-                        local,
-                        servers: Mutex::new(None),
-                        open_servers: Box::new(move || {
-                            let d = daemon
-                                .upgrade()
-                                .ok_or_else(|| io::Error::other("daemon gone"))?;
-                            d.open_nsd_via_servers(&again)
-                                .map_err(|e| io::Error::other(format!("{e:#}")))
-                        }),
-                    }))
+                    Ok(self.local_then_servers(rec, local, "useNSDserver=asneeded", |_| true))
                 }
                 Ok(local) => Ok(local),
                 Err(local) => self
@@ -430,6 +430,34 @@ impl Daemon {
                     .map_err(|e| e.context(format!("and directly: {local:#}"))),
             },
         }
+    }
+
+    /// `local` until an I/O on it fails in a way `leaves` accepts, then `rec`'s NSD
+    /// servers (see [`AsNeeded`]); `why` is logged when it moves.
+    fn local_then_servers(
+        &self,
+        rec: &NsdRecord,
+        local: Arc<dyn BlockDevice>,
+        why: &'static str,
+        leaves: fn(&io::Error) -> bool,
+    ) -> Arc<dyn BlockDevice> {
+        let daemon = self.this.clone();
+        let again = rec.clone();
+        Arc::new(AsNeeded {
+            name: rec.name.clone(),
+            why,
+            wait: all_servers_down_wait(&self.member.state(), self.member.me()),
+            leaves,
+            local,
+            servers: Mutex::new(None),
+            open_servers: Box::new(move || {
+                let d = daemon
+                    .upgrade()
+                    .ok_or_else(|| io::Error::other("daemon gone"))?;
+                d.open_nsd_via_servers(&again)
+                    .map_err(|e| io::Error::other(format!("{e:#}")))
+            }),
+        })
     }
 
     /// Why this node, though listed in `rec`'s servers, does not serve it now: a vdisk NSD
@@ -892,10 +920,26 @@ fn connect_path(
     host.connect(opts).map(|_| ())
 }
 
-/// `useNSDserver=asneeded`: the node's own path to the device while it works; after an
-/// I/O on it fails, the NSD servers for that I/O and every later one.
+/// Whether a vdisk I/O failed because its declustered array closed here (it moved to
+/// another server); a data error of the array is the same through any server.
+fn array_closed(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<tessera_vdisk::VdiskError>())
+        .is_some_and(|v| matches!(v, tessera_vdisk::VdiskError::Closed { .. }))
+}
+
+/// `useNSDserver=asneeded`, and a vdisk on the server its array is open on: the node's
+/// own path to the device while it works; after an I/O on it fails, the NSD servers for
+/// that I/O and every later one.
 struct AsNeeded {
     name: String,
+    /// Why the local path is used first, for the log line when it is left.
+    why: &'static str,
+    /// How long the servers are tried when the local path fails (`nsdServerWaitTime`):
+    /// a vdisk's array that leaves this node opens on its next server a moment later.
+    wait: Duration,
+    /// Which local failures move it to the servers; the others are returned as they are.
+    leaves: fn(&io::Error) -> bool,
     local: Arc<dyn BlockDevice>,
     servers: Mutex<Option<Arc<dyn BlockDevice>>>,
     open_servers: Box<dyn Fn() -> io::Result<Arc<dyn BlockDevice>> + Send + Sync>,
@@ -918,27 +962,36 @@ impl AsNeeded {
     /// The servers' device after the local path failed with `e`; `e` if they cannot be
     /// reached either.
     fn fail_over(&self, e: io::Error) -> io::Result<Arc<dyn BlockDevice>> {
-        if e.kind() == io::ErrorKind::InvalidInput {
+        if e.kind() == io::ErrorKind::InvalidInput || !(self.leaves)(&e) {
             return Err(e);
         }
         let mut servers = self.servers.lock();
         if let Some(s) = servers.as_ref() {
             return Ok(Arc::clone(s));
         }
-        match (self.open_servers)() {
-            Ok(s) => {
-                tracing::warn!(
-                    "NSD {}: the local path failed ({e}); using its NSD servers from now on \
-                     (useNSDserver=asneeded)",
-                    self.name
-                );
-                *servers = Some(Arc::clone(&s));
-                Ok(s)
+        let deadline = Instant::now() + self.wait;
+        loop {
+            match (self.open_servers)() {
+                Ok(s) => {
+                    tracing::warn!(
+                        "NSD {}: the local path failed ({e}); using its NSD servers from now \
+                         on ({})",
+                        self.name,
+                        self.why
+                    );
+                    *servers = Some(Arc::clone(&s));
+                    return Ok(s);
+                }
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(s) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("{e}; and its NSD servers: {s}"),
+                    ))
+                }
             }
-            Err(s) => Err(io::Error::new(
-                e.kind(),
-                format!("{e}; and its NSD servers: {s}"),
-            )),
         }
     }
 }
@@ -995,9 +1048,12 @@ impl BlockDevice for AsNeeded {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.current() {
-            Some(s) => s.discard(offset, len),
-            None => self.local.discard(offset, len),
+        if let Some(s) = self.current() {
+            return s.discard(offset, len);
+        }
+        match self.local.discard(offset, len) {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail_over(e)?.discard(offset, len),
         }
     }
 
@@ -1036,6 +1092,9 @@ mod tests {
         let (p, o) = (path.clone(), Arc::clone(&opened));
         let dev = AsNeeded {
             name: "n1".into(),
+            why: "useNSDserver=asneeded",
+            wait: Duration::ZERO,
+            leaves: |_| true,
             local,
             servers: Mutex::new(None),
             open_servers: Box::new(move || {
@@ -1066,6 +1125,9 @@ mod tests {
         bad.fail_reads.store(true, Ordering::SeqCst);
         let failing = AsNeeded {
             name: "n2".into(),
+            why: "useNSDserver=asneeded",
+            wait: Duration::ZERO,
+            leaves: |_| true,
             local: Arc::new(SimDrive::new(
                 Arc::new(FileDrive::open_shared(&path).unwrap()),
                 bad,

@@ -207,8 +207,48 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// A failed test's evidence, before `down` removes it: each node's daemon log is
+    /// copied under `$TMPDIR/tessera-failed-tests/<prefix>-<pid>/` and its last lines are
+    /// printed, so a failure seen once (or only in CI) can be read afterwards.
+    fn keep_logs(&self) {
+        let kept = std::env::temp_dir()
+            .join("tessera-failed-tests")
+            .join(format!("{}-{}", self.prefix, std::process::id()));
+        let _ = std::fs::create_dir_all(&kept);
+        let mut nodes: Vec<_> = std::fs::read_dir(&self.base)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("node"))
+            .collect();
+        nodes.sort();
+        for node in nodes {
+            let log = self.base.join(&node).join("home/log/daemon.log");
+            let Ok(text) = std::fs::read_to_string(&log) else {
+                continue;
+            };
+            let _ = std::fs::write(kept.join(format!("{node}.log")), &text);
+            let lines: Vec<&str> = text.lines().collect();
+            let tail: Vec<String> = lines[lines.len().saturating_sub(15)..]
+                .iter()
+                .map(|l| l.chars().take(300).collect())
+                .collect();
+            eprintln!(
+                "--- last lines of {node}'s daemon log ---\n{}",
+                tail.join("\n")
+            );
+        }
+        eprintln!("the nodes' daemon logs are kept in {}", kept.display());
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.keep_logs();
+        }
         let out = self.sh(&["down"]);
         if !out.status.success() {
             eprintln!("down failed: {}", String::from_utf8_lossy(&out.stderr));

@@ -46,7 +46,9 @@ pub struct Snapshot {
 /// Where every strip of a vdisk lives, taken from an open vdisk (the map only changes by
 /// rebuild or rebalance, which the loops do not cause; the report says if it did).
 pub fn stripe_map(v: &Vdisk) -> Vec<Vec<StripLocation>> {
-    (0..v.stripes()).map(|s| v.strip_locations(s)).collect()
+    (0..v.stripes())
+        .map(|s| v.strip_locations(s).unwrap())
+        .collect()
 }
 
 fn crc_with_hole(bytes: &[u8]) -> u32 {
@@ -201,7 +203,7 @@ pub fn explain(
         (within / strip_sectors) as usize,
         (within % strip_sectors) as usize,
     );
-    let map_now = v.strip_locations(stripe);
+    let map_now = v.strip_locations(stripe).unwrap();
     let after = read_stripe(&mut Files::default(), stripe, &map_now);
     let mut out = String::new();
     let _ = writeln!(
