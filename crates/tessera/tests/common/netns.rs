@@ -210,7 +210,8 @@ impl Cluster {
 impl Cluster {
     /// A failed test's evidence, before `down` removes it: each node's daemon log is
     /// copied under `$TMPDIR/tessera-failed-tests/<prefix>-<pid>/` and its last lines are
-    /// printed, so a failure seen once (or only in CI) can be read afterwards.
+    /// printed, so a failure seen once (or only in CI) can be read afterwards. With
+    /// `TESSERA_TEST_KEEP_LOGS=1` a passing test's logs are kept too (for a slow run).
     fn keep_logs(&self) {
         let kept = std::env::temp_dir()
             .join("tessera-failed-tests")
@@ -246,7 +247,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking()
+            || std::env::var("TESSERA_TEST_KEEP_LOGS").as_deref() == Ok("1")
+        {
             self.keep_logs();
         }
         let out = self.sh(&["down"]);
