@@ -742,6 +742,29 @@ fn one_file_system_is_mounted_on_three_nodes() {
         "{listed}"
     );
 
+    // The new manager (it took the file system over, so it serves it besides mounting it)
+    // stops its daemon [mmshutdown]: it hands the role to another node before it goes, so
+    // the table names that one as soon as the shutdown returns, with no expel to wait
+    // for; started again, it mounts s1 (-A yes) as a client.
+    let k = new_manager.to_string();
+    tessera_ok(&c, new_manager, &["shutdown"]);
+    let attrs = tessera_ok(&c, other, &["fs", "ls", "s1", "-Y"]);
+    let successor = [1, other]
+        .into_iter()
+        .find(|n| attrs.contains(&format!(":fileSystemManager:node{n}:")))
+        .unwrap_or_else(|| panic!("no manager named right after the shutdown:\n{attrs}"));
+    let bystander = 1 + other - successor;
+    std::fs::write(mnt(bystander).join("after-shutdown"), b"written meanwhile").unwrap();
+    assert_eq!(
+        std::fs::read(mnt(successor).join("after-shutdown")).unwrap(),
+        b"written meanwhile"
+    );
+    assert_eq!(std::fs::read(mnt(bystander).join("from2")).unwrap(), before);
+    c.ok(&["start", &k]);
+    wait_for("the restarted node mounting s1", SETTLE, || {
+        std::fs::read(mnt(new_manager).join("after-shutdown")).is_ok()
+    });
+
     // One command unmounts it everywhere [mmumount -a]: the clients first, the owner last.
     tessera_ok(&c, 3, &["umount", "s1", "-a"]);
     let listed = tessera_ok(&c, 3, &["mount", "ls", "s1"]);

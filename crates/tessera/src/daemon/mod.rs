@@ -458,7 +458,32 @@ impl Daemon {
 
     /// Unmounts every file system (FUSE first, then the core's final checkpoint) and
     /// removes the socket and pid file. Failures are logged: shutdown goes on regardless.
+    /// A file system this node manages for other live nodes goes to one of them first, as
+    /// at `umount` [mmshutdown moves the file system manager]: without that they would
+    /// wait for this node's expel (`failureDetectionTime`) and a log replay.
     fn shutdown(&self) {
+        let managed: Vec<String> = self
+            .mounts
+            .lock()
+            .iter()
+            .filter(|(_, m)| m.client_of.is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        let fss = self.file_systems().unwrap_or_default();
+        for name in managed {
+            let has_clients = fss
+                .get(&name)
+                .is_some_and(|r| !self.live_clients(r).is_empty());
+            if !has_clients {
+                continue;
+            }
+            if let Err(e) = self.umount(&name) {
+                tracing::warn!(
+                    "{name}: not handed over at shutdown: {e:#}; its clients take it over \
+                     once this node is expelled"
+                );
+            }
+        }
         let _admin = self.admin.lock();
         let mounted = std::mem::take(&mut *self.mounts.lock());
         for (name, m) in mounted {
@@ -470,6 +495,13 @@ impl Daemon {
                 Err(e) => tracing::error!("{name}: final checkpoint failed: {e}"),
             }
             self.release_slots(&name);
+        }
+        // Taken over for its clients: handed to one of them, or checkpointed.
+        let owned: Vec<String> = self.owned.lock().keys().cloned().collect();
+        for name in owned {
+            if let Err(e) = self.release_owned(&name) {
+                tracing::error!("{name}: not let go at shutdown: {e:#}");
+            }
         }
         self.close_arrays();
         // Closes the controllers cleanly; nvme.json keeps them for the next start.

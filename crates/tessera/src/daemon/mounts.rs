@@ -744,7 +744,7 @@ impl Daemon {
     }
 
     /// The live nodes other than this one that mount `record` as clients.
-    fn live_clients(&self, record: &FsRecord) -> Vec<String> {
+    pub(super) fn live_clients(&self, record: &FsRecord) -> Vec<String> {
         record
             .clients
             .iter()
@@ -761,15 +761,8 @@ impl Daemon {
         let Some(m) = mounts.get(name) else {
             drop(mounts);
             if self.owned.lock().contains_key(name) {
-                let record = fss.require(name)?.clone();
-                let clients = self.live_clients(&record);
-                if !clients.is_empty() {
-                    bail!(
-                        "file system {name} is not mounted here, but this node serves its \
-                         metadata for node(s) {}; unmount it there first",
-                        clients.join(", ")
-                    );
-                }
+                // Serving it without mounting it (taken over for its clients): let go, and
+                // one of the clients takes the manager's role over.
                 let checkpoint_error = self.release_owned(name)?;
                 return Ok(Reply::Unmounted { checkpoint_error });
             }
@@ -949,20 +942,31 @@ impl Daemon {
     }
 
     /// A file system this node took over for its clients (see `metanode_service.rs`) is
-    /// let go once no other live node mounts it: final checkpoint, and unmounted in the
-    /// table. While other nodes still mount it, this node keeps serving its metadata.
-    fn release_owned(&self, name: &str) -> Result<Option<String>> {
+    /// let go when this node unmounts it or stops: final checkpoint, and unmounted in the
+    /// table. Other live nodes that still mount it stay its clients, and one of them takes
+    /// the manager's role over, as when the first manager unmounts (`umount`).
+    pub(super) fn release_owned(&self, name: &str) -> Result<Option<String>> {
         let Some(fs) = self.owned.lock().get(name).map(Arc::clone) else {
             return Ok(None);
         };
         let record = self.file_systems()?.require(name)?.clone();
         let clients = self.live_clients(&record);
         if !clients.is_empty() {
-            tracing::info!(
-                "{name}: this node keeps serving its metadata for node(s) {}",
-                clients.join(", ")
-            );
-            return Ok(None);
+            self.owned.lock().remove(name);
+            let error = fs.unmount().err().map(|e| e.to_string());
+            let me = self.cluster.node_name.clone();
+            self.change_fs_record(name, &|rec| {
+                if rec.mounted_on.as_deref().is_some_and(|o| o != me) {
+                    return Ok(());
+                }
+                rec.mounted = false;
+                rec.mounted_on = None;
+                let live = self.live_clients(rec);
+                rec.clients.retain(|c| live.contains(&c.node));
+                Ok(())
+            })?;
+            self.wait_for_new_manager(name, &clients);
+            return Ok(error);
         }
         self.owned.lock().remove(name);
         let error = fs.unmount().err().map(|e| e.to_string());

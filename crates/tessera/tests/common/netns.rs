@@ -247,8 +247,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if std::thread::panicking()
-            || std::env::var("TESSERA_TEST_KEEP_LOGS").as_deref() == Ok("1")
+        if std::thread::panicking() || std::env::var("TESSERA_TEST_KEEP_LOGS").as_deref() == Ok("1")
         {
             self.keep_logs();
         }
