@@ -819,25 +819,29 @@ impl Daemon {
             }
         };
         self.release_slots(name);
+        self.let_go_in_table(name)?;
+        if handing_over {
+            self.wait_for_new_manager(name, &clients);
+        }
+        Ok(Reply::Unmounted { checkpoint_error })
+    }
+
+    /// The table says `name` is mounted nowhere, its live clients kept: one of them takes
+    /// the file system over (`Daemon::adopt_let_go_file_systems`) and the others follow it.
+    /// A stale mount (this node was expelled and another took the file system over
+    /// meanwhile) leaves the new owner's record alone.
+    fn let_go_in_table(&self, name: &str) -> Result<()> {
         let me = self.cluster.node_name.clone();
         self.change_fs_record(name, &|rec| {
-            // A stale mount (this node was expelled and another took the file system
-            // over meanwhile) leaves the new owner's record alone.
             if rec.mounted_on.as_deref().is_some_and(|o| o != me) {
                 return Ok(());
             }
             rec.mounted = false;
             rec.mounted_on = None;
-            // The live clients stay: one of them takes the file system over
-            // (`Daemon::adopt_let_go_file_systems`); the others follow it.
             let live: Vec<String> = self.live_clients(rec);
             rec.clients.retain(|c| live.contains(&c.node));
             Ok(())
-        })?;
-        if handing_over {
-            self.wait_for_new_manager(name, &clients);
-        }
-        Ok(Reply::Unmounted { checkpoint_error })
+        })
     }
 
     /// After this node, the file system manager, unmounted `name` under live clients: waits
@@ -954,17 +958,7 @@ impl Daemon {
         if !clients.is_empty() {
             self.owned.lock().remove(name);
             let error = fs.unmount().err().map(|e| e.to_string());
-            let me = self.cluster.node_name.clone();
-            self.change_fs_record(name, &|rec| {
-                if rec.mounted_on.as_deref().is_some_and(|o| o != me) {
-                    return Ok(());
-                }
-                rec.mounted = false;
-                rec.mounted_on = None;
-                let live = self.live_clients(rec);
-                rec.clients.retain(|c| live.contains(&c.node));
-                Ok(())
-            })?;
+            self.let_go_in_table(name)?;
             self.wait_for_new_manager(name, &clients);
             return Ok(error);
         }
