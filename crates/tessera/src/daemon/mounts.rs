@@ -955,15 +955,13 @@ impl Daemon {
         };
         let record = self.file_systems()?.require(name)?.clone();
         let clients = self.live_clients(&record);
+        self.owned.lock().remove(name);
+        let error = fs.unmount().err().map(|e| e.to_string());
         if !clients.is_empty() {
-            self.owned.lock().remove(name);
-            let error = fs.unmount().err().map(|e| e.to_string());
             self.let_go_in_table(name)?;
             self.wait_for_new_manager(name, &clients);
             return Ok(error);
         }
-        self.owned.lock().remove(name);
-        let error = fs.unmount().err().map(|e| e.to_string());
         self.change_fs_record(name, &|rec| {
             rec.mounted = false;
             rec.mounted_on = None;
