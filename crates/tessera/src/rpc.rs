@@ -745,6 +745,9 @@ pub enum Reply {
     Unmounted {
         checkpoint_error: Option<String>,
     },
+    /// The file system was not mounted yet: its mount at start was still being tried, and
+    /// is not tried any more.
+    MountCancelled,
     Df(tessera_fs::DfReport),
     Fsck(tessera_fs::FsckReport),
     /// Bytes given back, per NSD with a `thinDiskType` other than `no`.

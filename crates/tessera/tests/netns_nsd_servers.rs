@@ -950,6 +950,43 @@ fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_re
     // Node 2 may have mounted it at its own start (`-A yes`, while node 4's try had left it
     // mounted nowhere), and node 4 then joined it: unmounted everywhere.
     tessera_ok(&c, 4, &["umount", "afs", "-a"]);
+
+    // The same wait cancelled by the admin: an `umount` while the mount at start is still
+    // being tried ends the tries, and the file system stays unmounted there when its
+    // servers come back.
+    c.ok(&["kill", "2"]);
+    wait_for("node2 no longer active", SETTLE, || {
+        states(&c, 1)
+            .get("node2")
+            .is_some_and(|(s, _)| s != "active")
+    });
+    c.ok(&["kill", "4"]);
+    c.ok(&["start", "4"]);
+    wait_for("the client waiting for its NSD servers again", SETTLE, || {
+        log_of(&c, 4).matches("tried again as they come up").count() == 2
+    });
+    let cancelled = tessera_ok(&c, 4, &["umount", "afs"]);
+    assert!(cancelled.contains("was not mounted yet"), "{cancelled}");
+    c.ok(&["start", "2"]);
+    wait_for("node2 active again", SETTLE, || {
+        states(&c, 1)
+            .get("node2")
+            .is_some_and(|(s, _)| s == "active")
+    });
+    // Longer than the tries' longest pause (10 s).
+    std::thread::sleep(Duration::from_secs(12));
+    let log4 = log_of(&c, 4);
+    let after = log4
+        .split("afs: mount at start cancelled by umount")
+        .nth(1)
+        .unwrap_or_else(|| panic!("node 4 does not log the cancel:\n{log4}"));
+    assert!(
+        !after.contains("afs: mounted"),
+        "node 4 mounted afs after its umount:\n{log4}"
+    );
+    let on = tessera_ok(&c, 1, &["mount", "ls", "afs", "-L"]);
+    assert!(!on.contains("node4"), "{on}");
+    tessera_ok(&c, 1, &["umount", "afs", "-a"]);
     let fsck = tessera_ok(&c, 4, &["fsck", "afs", "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
 }

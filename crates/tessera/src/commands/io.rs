@@ -272,6 +272,13 @@ pub fn umount(home: &Home, name: &str) -> Result<()> {
             println!("File system {name} is unmounted");
             Ok(())
         }
+        Reply::MountCancelled => {
+            println!(
+                "File system {name} was not mounted yet (its mount at start was still being \
+                 tried); it is not mounted now and will not be tried again"
+            );
+            Ok(())
+        }
         Reply::Unmounted {
             checkpoint_error: Some(e),
         } => Err(crate::output::PartlyDone {

@@ -58,6 +58,9 @@ pub struct Daemon {
     /// Held by every operation that changes the configuration or the set of mounts.
     admin: Mutex<()>,
     mounts: Mutex<BTreeMap<String, Mounted>>,
+    /// File systems whose mount at start failed and is tried again
+    /// (`Daemon::mount_later`); an `umount` takes a name out, which stops its tries.
+    waiting_mounts: Mutex<std::collections::BTreeSet<String>>,
     /// File systems whose metadata this node took over from a dead owner for their
     /// clients, served without a FUSE mount of their own (this node's mount of such a file
     /// system, if any, stays a client: see `metanode_service.rs`).
@@ -160,6 +163,7 @@ pub fn run(home: Home) -> Result<()> {
         cluster,
         admin: Mutex::new(()),
         mounts: Mutex::new(BTreeMap::new()),
+        waiting_mounts: Mutex::new(std::collections::BTreeSet::new()),
         owned: Mutex::new(BTreeMap::new()),
         taken_slots: Mutex::new(BTreeMap::new()),
         takeover: Mutex::new(()),

@@ -766,6 +766,12 @@ impl Daemon {
                 let checkpoint_error = self.release_owned(name)?;
                 return Ok(Reply::Unmounted { checkpoint_error });
             }
+            if self.waiting_mounts.lock().remove(name) {
+                // Its mount at start is still being tried: the admin wants it unmounted,
+                // so it is not mounted later either.
+                tracing::info!("{name}: mount at start cancelled by umount");
+                return Ok(Reply::MountCancelled);
+            }
             bail!("file system {name} is not mounted");
         };
         let record = fss.require(name)?.clone();
@@ -1472,6 +1478,9 @@ impl Daemon {
         if left.is_empty() {
             return;
         }
+        self.waiting_mounts
+            .lock()
+            .extend(left.iter().map(|m| m.name.clone()));
         let daemon = self.this.clone();
         let spawned = std::thread::Builder::new()
             .name("mount-wait".into())
@@ -1486,42 +1495,62 @@ impl Daemon {
                     let _admin = d.admin.lock();
                     let fss = d.file_systems().unwrap_or_default();
                     let now = std::time::Instant::now();
+                    // The admin lock orders these tries with `umount`, which cancels one
+                    // by taking its name out of `waiting_mounts`.
                     left.retain_mut(|m| {
-                        if d.mounts.lock().contains_key(&m.name) {
-                            return false;
+                        let wanted = d.waiting_mounts.lock().contains(&m.name);
+                        let keep = d.try_mount_later(m, &fss, now, wanted);
+                        if !keep {
+                            d.waiting_mounts.lock().remove(&m.name);
                         }
-                        let Some(record) = fss.get(&m.name) else {
-                            return false;
-                        };
-                        if now >= m.until {
-                            m.give_up();
-                            return false;
-                        }
-                        if m.through_servers && !d.nsd_servers_down(record).is_empty() {
-                            return true;
-                        }
-                        // Another node may have mounted it meanwhile (one starting with the
-                        // file system on automount): this node joins it.
-                        match d.mount_here(record, &m.at) {
-                            Ok(()) if m.through_servers => {
-                                tracing::info!("{}: mounted once its NSD servers came up", m.name);
-                                false
-                            }
-                            Ok(()) => {
-                                tracing::info!("{}: mounted at start after a retry", m.name);
-                                false
-                            }
-                            Err(e) => {
-                                tracing::info!("{}: not mounted yet: {e:#}", m.name);
-                                m.error = format!("{e:#}");
-                                true
-                            }
-                        }
+                        keep
                     });
                 }
             });
         if let Err(e) = spawned {
             tracing::error!("cannot try the mounts at start again: {e}");
+        }
+    }
+
+    /// One try of a mount at start that failed ([`Daemon::mount_later`]), under the admin
+    /// lock; `still_wanted` is false once an `umount` cancelled it. Returns whether it is
+    /// to be tried again.
+    fn try_mount_later(
+        &self,
+        m: &mut LaterMount,
+        fss: &crate::config::FsRegistry,
+        now: std::time::Instant,
+        still_wanted: bool,
+    ) -> bool {
+        if !still_wanted || self.mounts.lock().contains_key(&m.name) {
+            return false;
+        }
+        let Some(record) = fss.get(&m.name) else {
+            return false;
+        };
+        if now >= m.until {
+            m.give_up();
+            return false;
+        }
+        if m.through_servers && !self.nsd_servers_down(record).is_empty() {
+            return true;
+        }
+        // Another node may have mounted it meanwhile (one starting with the file system on
+        // automount): this node joins it.
+        match self.mount_here(record, &m.at) {
+            Ok(()) if m.through_servers => {
+                tracing::info!("{}: mounted once its NSD servers came up", m.name);
+                false
+            }
+            Ok(()) => {
+                tracing::info!("{}: mounted at start after a retry", m.name);
+                false
+            }
+            Err(e) => {
+                tracing::info!("{}: not mounted yet: {e:#}", m.name);
+                m.error = format!("{e:#}");
+                true
+            }
         }
     }
 }
