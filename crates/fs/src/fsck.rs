@@ -378,8 +378,42 @@ fn check(
             }
         }
     }
+    check_dir_sizes(&inodes, &entries, report, &mut fixes);
     check_links(state, &inodes, &refs, &subdirs, report, &mut fixes)?;
     Ok(fixes)
+}
+
+/// A directory's size is the bytes its entries take ([`crate::meta::dirent_bytes`]). Its
+/// repair goes first: the repairs after it that remove or add entries change the size
+/// from the right value.
+fn check_dir_sizes(
+    inodes: &HashMap<Ino, Seen>,
+    entries: &[(Ino, Vec<u8>, crate::shard_tree::DirItem)],
+    report: &mut FsckReport,
+    fixes: &mut Vec<Change>,
+) {
+    let mut held: HashMap<Ino, u64> = HashMap::new();
+    for (dir, name, _) in entries {
+        *held.entry(*dir).or_default() += crate::meta::dirent_bytes(name.len());
+    }
+    let mut dirs: Vec<&Seen> = inodes
+        .values()
+        .filter(|s| s.attr.kind == FileKind::Directory && s.attr.nlink > 0)
+        .collect();
+    dirs.sort_by_key(|s| s.attr.ino);
+    let mut sizes = Vec::new();
+    for seen in dirs {
+        let dir = seen.attr.ino;
+        let size = held.get(&dir).copied().unwrap_or(0);
+        if seen.attr.size != size {
+            report.problems.push(format!(
+                "directory {dir} has size {} but its entries take {size} bytes",
+                seen.attr.size
+            ));
+            sizes.push(Change::DirSize { dir, size });
+        }
+    }
+    fixes.splice(0..0, sizes);
 }
 
 fn check_links(

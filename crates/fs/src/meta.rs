@@ -138,6 +138,21 @@ pub enum Change {
         index: u64,
         extents: Vec<Extent>,
     },
+    /// Sets a directory's size, the bytes its entries take ([`dirent_bytes`]), which
+    /// `DirInsert` and `DirRemove` keep and `PutAttr` leaves alone: fsck's repair of a
+    /// directory whose size disagrees with its entries (one made before directories had a
+    /// size).
+    DirSize {
+        dir: Ino,
+        size: u64,
+    },
+}
+
+/// The bytes an entry of a name of `name_len` bytes takes in its directory, as stored (its
+/// key and value in the shard tree): a directory's size (`st_size`) is the sum over its
+/// entries, so that it grows and shrinks with them as on other file systems.
+pub fn dirent_bytes(name_len: usize) -> u64 {
+    crate::shard_tree::DIRENT_FIXED_BYTES + name_len as u64
 }
 
 impl Change {
@@ -838,11 +853,16 @@ impl MetaState {
     }
 
     /// Sub-blocks held by a file's block map (st_blocks).
-    pub fn allocated_sub_blocks(&mut self, ino: Ino) -> FsResult<u64> {
-        Ok(match self.record(ino)?.ok_or(FsError::NotFound)?.content {
+    /// The sub-blocks of `sub_block_bytes` an inode holds, for `st_blocks`: its block map's,
+    /// or for a directory the sub-blocks its entries would fill (they share the shard's
+    /// metadata pages with others, so this is what they take, not pages of their own).
+    pub fn held_sub_blocks(&mut self, ino: Ino, sub_block_bytes: u64) -> FsResult<u64> {
+        let rec = self.record(ino)?.ok_or(FsError::NotFound)?;
+        Ok(match rec.content {
             RecordContent::Blocks {
                 allocated_sub_blocks,
             } => allocated_sub_blocks,
+            RecordContent::Dir { .. } => rec.attr.size.div_ceil(sub_block_bytes.max(1)),
             _ => 0,
         })
     }
@@ -924,7 +944,7 @@ impl MetaState {
             Change::DirInsert { dir, name, entry } => {
                 // The logger chose the cookie: a free slot of the name's hash (no entry of
                 // that name exists), or the slot of the same name (an exchange).
-                self.dir_record(*dir)?;
+                let mut rec = self.dir_record(*dir)?;
                 let item = DirItem {
                     cookie: entry.cookie,
                     name: name.clone(),
@@ -932,17 +952,23 @@ impl MetaState {
                     kind: entry.kind,
                 };
                 let (t, store) = self.shard_for(*dir)?;
-                if let Some(old) = t.dir_insert(store, *dir, &item)? {
-                    if old.name != *name {
+                match t.dir_insert(store, *dir, &item)? {
+                    Some(old) if old.name != *name => {
                         return Err(corrupt(format!(
                             "log puts an entry of directory {dir} over another name's cookie {:#x}",
                             entry.cookie
                         )));
                     }
+                    // The same name again (an exchange): the same bytes.
+                    Some(_) => {}
+                    None => {
+                        rec.attr.size += dirent_bytes(name.len());
+                        self.put(&rec)?;
+                    }
                 }
             }
             Change::DirRemove { dir, name } => {
-                self.dir_record(*dir)?;
+                let mut rec = self.dir_record(*dir)?;
                 let found = self.probe(*dir, name)?.found;
                 let (t, store) = self.shard_for(*dir)?;
                 let removed = match found {
@@ -954,6 +980,15 @@ impl MetaState {
                         "log removes missing entry from directory {dir}"
                     )));
                 }
+                // Saturating: a directory made before directories had a size says 0 until
+                // fsck sets it.
+                rec.attr.size = rec.attr.size.saturating_sub(dirent_bytes(name.len()));
+                self.put(&rec)?;
+            }
+            Change::DirSize { dir, size } => {
+                let mut rec = self.dir_record(*dir)?;
+                rec.attr.size = *size;
+                self.put(&rec)?;
             }
             Change::SetParent { dir, parent } => {
                 let mut rec = self.dir_record(*dir)?;
@@ -1294,7 +1329,14 @@ impl MetaState {
         let (rec, was_orphan) = match existing {
             Some(mut rec) => {
                 let was = rec.attr.nlink == 0;
+                // A directory's size is its entries' (`DirInsert`, `DirRemove`): the
+                // attributes a change puts were read before its entry changes applied.
+                let size = match rec.content {
+                    RecordContent::Dir { .. } => rec.attr.size,
+                    _ => attr.size,
+                };
                 rec.attr = *attr;
+                rec.attr.size = size;
                 (rec, was)
             }
             None => {

@@ -105,7 +105,8 @@ impl Namespace for FileSystem {
 
     fn held_bytes(&self, ino: Ino) -> FsResult<u64> {
         let mut m = self.owner().meta.lock();
-        Ok(m.state.allocated_sub_blocks(ino)? * self.geo.sub_block_bytes)
+        let sub = self.geo.sub_block_bytes;
+        Ok(m.state.held_sub_blocks(ino, sub)? * sub)
     }
 
     fn find(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {

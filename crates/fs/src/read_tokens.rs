@@ -448,7 +448,8 @@ fn changed_ino(change: &Change) -> Option<Ino> {
         Change::PutAttr(attr) => Some(attr.ino),
         Change::DirInsert { dir, .. }
         | Change::DirRemove { dir, .. }
-        | Change::SetParent { dir, .. } => Some(*dir),
+        | Change::SetParent { dir, .. }
+        | Change::DirSize { dir, .. } => Some(*dir),
         Change::Inline { ino, .. }
         | Change::MapBlock { ino, .. }
         | Change::MapCopies { ino, .. }

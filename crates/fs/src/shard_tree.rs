@@ -413,6 +413,10 @@ pub(crate) fn decode_inode(ino: Ino, b: &[u8]) -> FsResult<InodeRecord> {
     })
 }
 
+/// The bytes of a directory entry's item besides its name: the key (17: directory, tag,
+/// cookie) and the value's inode number, kind and name length (10).
+pub(crate) const DIRENT_FIXED_BYTES: u64 = 17 + 10;
+
 fn encode_dirent(item: &DirItem) -> Vec<u8> {
     let mut out = Vec::with_capacity(10 + item.name.len());
     out.extend_from_slice(&item.ino.to_le_bytes());

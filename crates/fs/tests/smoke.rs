@@ -312,3 +312,80 @@ fn writes_from_sector_aligned_buffers_go_to_the_drives_as_they_are() {
     drop(fs);
     assert_fsck_clean(&t, "after writes from aligned buffers");
 }
+
+/// A directory's size is the bytes its entries take (27 besides the name each), kept by
+/// every change of its names, after a log replay and a remount; its blocks follow it.
+#[test]
+fn a_directory_s_size_is_the_bytes_of_its_entries() {
+    let t = make_disks(2, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let bytes = |names: &[&str]| names.iter().map(|n| 27 + n.len() as u64).sum::<u64>();
+    let dir = fs
+        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o755, 0, ROOT, None)
+        .unwrap();
+    assert_eq!(fs.getattr(dir.ino).unwrap().size, 0, "an empty directory");
+    let other = fs
+        .create_node(
+            ROOT_INO,
+            b"other",
+            FileKind::Directory,
+            0o755,
+            0,
+            ROOT,
+            None,
+        )
+        .unwrap();
+    let a = create_file(&fs, dir.ino, b"a");
+    create_file(&fs, dir.ino, b"bb");
+    fs.create_node(dir.ino, b"sub", FileKind::Directory, 0o755, 0, ROOT, None)
+        .unwrap();
+    fs.create_node(
+        dir.ino,
+        b"ln",
+        FileKind::Symlink,
+        0o777,
+        0,
+        ROOT,
+        Some(b"a"),
+    )
+    .unwrap();
+    fs.link(a.ino, dir.ino, b"hard-link").unwrap();
+    let expect = bytes(&["a", "bb", "sub", "ln", "hard-link"]);
+    assert_eq!(fs.getattr(dir.ino).unwrap().size, expect);
+    // Renamed within the directory, out of it, over an existing name, and removed.
+    fs.rename(dir.ino, b"bb", dir.ino, b"longer-name", false, false)
+        .unwrap();
+    fs.rename(dir.ino, b"ln", other.ino, b"ln", false, false)
+        .unwrap();
+    // Two links of one file: rename does nothing (POSIX), both names stay.
+    fs.rename(dir.ino, b"hard-link", dir.ino, b"a", false, false)
+        .unwrap();
+    create_file(&fs, dir.ino, b"c");
+    fs.rename(dir.ino, b"c", dir.ino, b"longer-name", false, false)
+        .unwrap();
+    fs.remove(dir.ino, b"sub", true).unwrap();
+    let expect = bytes(&["a", "hard-link", "longer-name"]);
+    let (attr, held) = fs.getattr_allocated(dir.ino).unwrap();
+    assert_eq!(attr.size, expect);
+    assert!(held >= expect, "{held} bytes held for {expect} of entries");
+    assert_eq!(fs.getattr(other.ino).unwrap().size, bytes(&["ln"]));
+    assert_eq!(
+        fs.getattr(ROOT_INO).unwrap().size,
+        bytes(&["d", "other"]),
+        "the root"
+    );
+    // The sizes come from the log after a crash, and from the shard trees after it.
+    fs.sync().unwrap();
+    fs.fence();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(fs.getattr(dir.ino).unwrap().size, expect, "after replay");
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(fs.getattr(dir.ino).unwrap().size, expect, "after remount");
+    assert_eq!(fs.getattr(other.ino).unwrap().size, bytes(&["ln"]));
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "directory sizes");
+}

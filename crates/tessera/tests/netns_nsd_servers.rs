@@ -962,9 +962,11 @@ fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_re
     });
     c.ok(&["kill", "4"]);
     c.ok(&["start", "4"]);
-    wait_for("the client waiting for its NSD servers again", SETTLE, || {
-        log_of(&c, 4).matches("tried again as they come up").count() == 2
-    });
+    wait_for(
+        "the client waiting for its NSD servers again",
+        SETTLE,
+        || log_of(&c, 4).matches("tried again as they come up").count() == 2,
+    );
     let cancelled = tessera_ok(&c, 4, &["umount", "afs"]);
     assert!(cancelled.contains("was not mounted yet"), "{cancelled}");
     c.ok(&["start", "2"]);
