@@ -521,3 +521,93 @@ fn check_links(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod dir_size_tests {
+    use std::path::Path;
+
+    use tessera_drive::FileDrive;
+    use tessera_nsd::descriptor::NsdDescriptor;
+    use tessera_nsd::DiskUsage;
+
+    use super::*;
+    use crate::namespace::Caller;
+    use crate::{DiskSpec, FileSystem, FormatOptions};
+
+    /// A directory made before directories had a size says 0 with entries in it: fsck names
+    /// it, `fsck -y` sets its size from its entries, and a second check is clean.
+    #[test]
+    fn a_directory_whose_size_disagrees_with_its_entries_is_found_and_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d0");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        let id = NsdId::random();
+        let open = || -> Vec<(NsdId, Arc<dyn BlockDevice>)> {
+            vec![(id, Arc::new(FileDrive::open(Path::new(&path)).unwrap()))]
+        };
+        let disks = open();
+        let nd = NsdDescriptor {
+            id,
+            name: "nsd0".into(),
+            device_bytes: 64 << 20,
+            created_unix: 0,
+            cluster_id: [0; 16],
+        };
+        tessera_nsd::descriptor::write_descriptor(disks[0].1.as_ref(), &nd).unwrap();
+        let spec = DiskSpec {
+            nsd_name: "nsd0".into(),
+            nsd_id: id,
+            usage: DiskUsage::DataAndMetadata,
+            failure_group: 1,
+            pool: "system".into(),
+            device: disks[0].1.clone(),
+        };
+        let opts = FormatOptions {
+            block_size: 256 << 10,
+            log_bytes: 8 << 20,
+            max_inodes: 10_000,
+            ..Default::default()
+        };
+        crate::format(vec![spec], &opts, &mut |_| {}).unwrap();
+        drop(disks);
+
+        let fs = FileSystem::mount(open()).unwrap();
+        let root = Caller { uid: 0, gid: 0 };
+        let d = fs
+            .create_node(ROOT_INO, b"old", FileKind::Directory, 0o755, 0, root, None)
+            .unwrap();
+        for name in [&b"one"[..], b"three"] {
+            fs.create_node(d.ino, name, FileKind::Regular, 0o644, 0, root, None)
+                .unwrap();
+        }
+        let right = crate::meta::dirent_bytes(3) + crate::meta::dirent_bytes(5);
+        assert_eq!(fs.getattr(d.ino).unwrap().size, right);
+        // As a file system made before sizes left it.
+        fs.log_repairs(vec![Change::DirSize {
+            dir: d.ino,
+            size: 0,
+        }])
+        .unwrap();
+        assert_eq!(fs.getattr(d.ino).unwrap().size, 0);
+        fs.unmount().unwrap();
+        drop(fs);
+
+        let found = fsck(open(), false).unwrap();
+        let want = format!(
+            "directory {} has size 0 but its entries take {right} bytes",
+            d.ino
+        );
+        assert!(found.problems.contains(&want), "{:?}", found.problems);
+        assert_eq!(found.problems.len(), 1, "{:?}", found.problems);
+        let fixed = fsck(open(), true).unwrap();
+        assert!(fixed.repaired >= 1, "{fixed:?}");
+        let again = fsck(open(), false).unwrap();
+        assert!(again.is_clean(), "{:?}", again.problems);
+        let fs = FileSystem::mount(open()).unwrap();
+        assert_eq!(fs.getattr(d.ino).unwrap().size, right);
+        fs.unmount().unwrap();
+    }
+}
