@@ -191,10 +191,14 @@ fn three_quorum_nodes_and_a_client_fail_over_expel_partition_and_restart() {
     // g1 (`-A yes`, the default) is mounted on every node whose daemon started, as GPFS
     // does at mmstartup, though it was mounted nowhere when they died: the first node up
     // owns it, the others join it (some after a retry, while the owner still mounts it).
+    // `mount ls` lists a client from the moment its mount starts (its entry goes into the
+    // table first, so that the owner fences it if it dies), so the files are waited for too.
     wait_for("g1 mounted on every node at start", SETTLE, || {
         let listed = tessera_ok(&c, 1, &["mount", "ls", "g1", "-Y"]);
-        all.iter()
-            .all(|k| listed.contains(&format!(":g1:node{k}:")))
+        all.iter().all(|k| {
+            listed.contains(&format!(":g1:node{k}:"))
+                && c.base.join(format!("node{k}/mnt/g1/before")).exists()
+        })
     });
     for k in all {
         let at = c.base.join(format!("node{k}/mnt/g1/before"));
