@@ -852,7 +852,6 @@ impl MetaState {
         }
     }
 
-    /// Sub-blocks held by a file's block map (st_blocks).
     /// The sub-blocks of `sub_block_bytes` an inode holds, for `st_blocks`: its block map's,
     /// or for a directory the sub-blocks its entries would fill (they share the shard's
     /// metadata pages with others, so this is what they take, not pages of their own).
