@@ -100,18 +100,7 @@ fn a_million_entries_in_one_directory() {
     assert_eq!(listed, 2 + n - gone + added);
 
     // Renamed into: files of another directory move in under new names.
-    let other = fs
-        .create_node(
-            ROOT_INO,
-            b"other",
-            FileKind::Directory,
-            0o755,
-            0,
-            ROOT,
-            None,
-        )
-        .unwrap()
-        .ino;
+    let other = make_dir(&fs, ROOT_INO, b"other").ino;
     for i in 0..1000u64 {
         create_file(&fs, other, &name(i));
         let to = format!("moved.{i}").into_bytes();

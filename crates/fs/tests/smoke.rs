@@ -321,25 +321,12 @@ fn a_directory_s_size_is_the_bytes_of_its_entries() {
     format_fs(&t, &small_opts());
     let fs = mount(&t);
     let bytes = |names: &[&str]| names.iter().map(|n| 27 + n.len() as u64).sum::<u64>();
-    let dir = fs
-        .create_node(ROOT_INO, b"d", FileKind::Directory, 0o755, 0, ROOT, None)
-        .unwrap();
+    let dir = make_dir(&fs, ROOT_INO, b"d");
     assert_eq!(fs.getattr(dir.ino).unwrap().size, 0, "an empty directory");
-    let other = fs
-        .create_node(
-            ROOT_INO,
-            b"other",
-            FileKind::Directory,
-            0o755,
-            0,
-            ROOT,
-            None,
-        )
-        .unwrap();
+    let other = make_dir(&fs, ROOT_INO, b"other");
     let a = create_file(&fs, dir.ino, b"a");
     create_file(&fs, dir.ino, b"bb");
-    fs.create_node(dir.ino, b"sub", FileKind::Directory, 0o755, 0, ROOT, None)
-        .unwrap();
+    make_dir(&fs, dir.ino, b"sub");
     fs.create_node(
         dir.ino,
         b"ln",

@@ -931,17 +931,22 @@ fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_re
     // The client's daemon restarts while its servers are down (a cluster starting with
     // clients before servers): its mount at start waits for them
     // (nsdServerWaitTimeForMount) and is made when one comes up.
-    c.ok(&["kill", "2"]);
-    wait_for("node2 no longer active", SETTLE, || {
-        states(&c, 1)
-            .get("node2")
-            .is_some_and(|(s, _)| s != "active")
-    });
-    c.ok(&["kill", "4"]);
-    c.ok(&["start", "4"]);
-    wait_for("the client waiting for its NSD servers", SETTLE, || {
-        log_of(&c, 4).contains("tried again as they come up")
-    });
+    // Server node 2 dies, then client node 4 restarts: its mount at start waits for its
+    // servers (the `waits`-th such wait in its log).
+    let restart_client_without_servers = |waits: usize| {
+        c.ok(&["kill", "2"]);
+        wait_for("node2 no longer active", SETTLE, || {
+            states(&c, 1)
+                .get("node2")
+                .is_some_and(|(s, _)| s != "active")
+        });
+        c.ok(&["kill", "4"]);
+        c.ok(&["start", "4"]);
+        wait_for("the client waiting for its NSD servers", SETTLE, || {
+            log_of(&c, 4).matches("tried again as they come up").count() == waits
+        });
+    };
+    restart_client_without_servers(1);
     c.ok(&["start", "2"]);
     wait_for("afs mounted again on the client", SETTLE, || {
         log_of(&c, 4).contains("afs: mounted once its NSD servers came up")
@@ -954,19 +959,7 @@ fn all_servers_down_fail_io_after_the_configured_wait_and_io_resumes_when_one_re
     // The same wait cancelled by the admin: an `umount` while the mount at start is still
     // being tried ends the tries, and the file system stays unmounted there when its
     // servers come back.
-    c.ok(&["kill", "2"]);
-    wait_for("node2 no longer active", SETTLE, || {
-        states(&c, 1)
-            .get("node2")
-            .is_some_and(|(s, _)| s != "active")
-    });
-    c.ok(&["kill", "4"]);
-    c.ok(&["start", "4"]);
-    wait_for(
-        "the client waiting for its NSD servers again",
-        SETTLE,
-        || log_of(&c, 4).matches("tried again as they come up").count() == 2,
-    );
+    restart_client_without_servers(2);
     let cancelled = tessera_ok(&c, 4, &["umount", "afs"]);
     assert!(cancelled.contains("was not mounted yet"), "{cancelled}");
     c.ok(&["start", "2"]);

@@ -181,6 +181,22 @@ pub fn create_file(fs: &FileSystem, parent: tessera_fs::Ino, name: &[u8]) -> tes
     .unwrap()
 }
 
+/// Creates a directory `name` (mode 0755, owned by root) in directory `parent`.
+#[allow(dead_code)]
+pub fn make_dir(fs: &FileSystem, parent: tessera_fs::Ino, name: &[u8]) -> tessera_fs::Attr {
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    fs.create_node(
+        parent,
+        name,
+        tessera_fs::FileKind::Directory,
+        0o755,
+        0,
+        root,
+        None,
+    )
+    .unwrap()
+}
+
 pub const BLOCK: u64 = 256 << 10;
 
 /// Writes files of several shapes (whole blocks, fragments, a sparse file) in the root
