@@ -1374,8 +1374,13 @@ impl Daemon {
             }
         };
         let me = self.cluster.node_name.as_str();
-        let started_unix =
-            crate::config::now_unix().saturating_sub(self.started.elapsed().as_secs());
+        // Whole seconds on both sides: a file system stamped with the second this daemon
+        // started in may have been created just after it (and is then not mounted here),
+        // so only one stamped with an earlier second counts as created before the start.
+        let started_unix = std::time::SystemTime::now()
+            .checked_sub(self.started.elapsed())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
         let mut waiting = Vec::new();
         for record in &fss.file_systems {
             let client_at = record.clients.iter().find(|c| c.node == me);
@@ -1383,7 +1388,7 @@ impl Daemon {
             // does, not only where it was mounted when the daemon stopped: the first node
             // up owns it, the others join it as clients. Not one created after this daemon
             // started (`fs create` mounts nothing, here as on the other nodes).
-            let automount = record.automount && record.created_unix <= started_unix;
+            let automount = record.automount && record.created_unix < started_unix;
             if let (Some(client), false) = (client_at, automount) {
                 self.rejoin_as_client(record, &client.mount_point);
                 continue;
