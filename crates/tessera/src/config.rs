@@ -182,6 +182,17 @@ pub struct SlotHolder {
 pub struct ClientMount {
     pub node: String,
     pub mount_point: String,
+    /// The incarnation of `node` whose mount this is: after a restart the entry of the
+    /// incarnation before stays (so that the node mounts it again at its start) but is not
+    /// listed as mounted until the new incarnation's mount is made. `None` in entries from
+    /// before this was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u64>,
+    /// Recorded before the mount is made (the owner must know the node before it asks for
+    /// anything) and cleared once it is; also set for a dead owner kept to mount again at
+    /// its next start. A pending entry is not listed as mounted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// `fs.json`.

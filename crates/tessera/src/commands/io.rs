@@ -144,6 +144,20 @@ pub fn mount_nodes(
         .as_ref()
         .map(|n| (n, &mount_here as &dyn Fn() -> Result<()>));
     failed.extend(on_nodes(&plan, local, &remote, &args)?);
+    if !failed.is_empty() {
+        // A node whose own mount (at its start) was made meanwhile has it as asked.
+        let now: Vec<String> = mounted_nodes(home, name)?
+            .into_iter()
+            .map(|n| n.node)
+            .collect();
+        failed.retain(|node| {
+            let mounted = now.contains(node);
+            if mounted {
+                println!("tessera mount: {node}: {name} is mounted already");
+            }
+            !mounted
+        });
+    }
     if failed.is_empty() {
         return Ok(());
     }

@@ -556,11 +556,13 @@ impl Daemon {
                         role: role_of(r, &owner, "manager"),
                     });
                     // A client whose node is down (or was deleted) mounts nothing; its
-                    // entry goes when the owner unmounts or the node starts again.
+                    // entry goes when the owner unmounts or the node starts again. Nor
+                    // does one whose mount is still being made, or whose node restarted
+                    // and has not mounted it again yet.
                     let live = r
                         .clients
                         .iter()
-                        .filter(|c| c.node != owner && self.node_is_live(&c.node));
+                        .filter(|c| c.node != owner && self.client_is_mounted(c));
                     rows.extend(live.map(|c| MountedNode {
                         node: c.node.clone(),
                         address: address(&c.node),
@@ -696,6 +698,7 @@ impl Daemon {
     fn join_as_client(&self, record: &FsRecord, owner: &str, mount_point: &Path) -> Result<()> {
         let me = self.cluster.node_name.clone();
         let at = mount_point.display().to_string();
+        let incarnation = self.my_incarnation();
         self.change_fs_record(&record.name, &|rec| {
             if rec.mounted_on.as_deref() != Some(owner) || !rec.mounted {
                 bail!(
@@ -721,6 +724,8 @@ impl Daemon {
             rec.clients.push(ClientMount {
                 node: me.clone(),
                 mount_point: at.clone(),
+                incarnation,
+                pending: true,
             });
             Ok(())
         })?;
@@ -728,7 +733,35 @@ impl Daemon {
             self.leave_as_client(&record.name);
             return Err(e);
         }
+        let made = self.change_fs_record(&record.name, &|rec| {
+            if let Some(c) = rec
+                .clients
+                .iter_mut()
+                .find(|c| c.node == me && c.incarnation == incarnation)
+            {
+                c.pending = false;
+            }
+            Ok(())
+        });
+        if let Err(e) = made {
+            // The mount works; only `mount ls` does not list this node until it mounts
+            // again.
+            tracing::warn!(
+                "{}: mounted, but the table could not record it: {e:#}",
+                record.name
+            );
+        }
         Ok(())
+    }
+
+    /// This node's incarnation (the epoch it was given when it joined), if it is live.
+    fn my_incarnation(&self) -> Option<u64> {
+        let state = self.member.state();
+        state.incarnations.get(&self.member.me()).copied()
+    }
+
+    fn client_is_mounted(&self, client: &ClientMount) -> bool {
+        client_is_mounted(client, &self.member.state())
     }
 
     /// Takes this node out of the clients of `name` in the replicated table.
@@ -1623,6 +1656,22 @@ impl Daemon {
     }
 }
 
+/// Whether `client`'s entry stands for a mount that is made and whose node still runs
+/// the incarnation that made it (what `mount ls` lists).
+fn client_is_mounted(client: &ClientMount, state: &tessera_cluster::state::ConfigState) -> bool {
+    if client.pending {
+        return false;
+    }
+    let Some(node) = state.nodes.values().find(|n| n.name == client.node) else {
+        return false;
+    };
+    match (state.incarnations.get(&node.number), client.incarnation) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(now), Some(then)) => *now == then,
+    }
+}
+
 /// Before another node takes file system `rec` over from its expelled owner: the old owner
 /// is listed among the clients, at its mount point, so that its daemon mounts the file
 /// system again at its next start, as a client of the new owner, as any client does
@@ -1639,6 +1688,8 @@ pub(super) fn keep_dead_owner_as_client(rec: &mut FsRecord, new_owner: &str) {
         rec.clients.push(ClientMount {
             node: owner,
             mount_point: rec.mount_point.clone(),
+            incarnation: None,
+            pending: true,
         });
     }
 }
@@ -1693,5 +1744,53 @@ pub(super) fn manager_only(request: &Request) -> Option<&str> {
         | Request::DiskAvailability { name, .. }
         | Request::Restripe { name, .. } => Some(name),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_cluster::node::Designation;
+    use tessera_cluster::state::{ConfigState, NodeRecord};
+
+    fn entry(incarnation: Option<u64>, pending: bool) -> ClientMount {
+        ClientMount {
+            node: "c1".into(),
+            mount_point: "/gpfs/fs1".into(),
+            incarnation,
+            pending,
+        }
+    }
+
+    #[test]
+    fn a_client_is_listed_only_once_its_mount_is_made_by_the_incarnation_running() {
+        let mut state = ConfigState::default();
+        state.nodes.insert(
+            7,
+            NodeRecord {
+                number: 7,
+                name: "c1".into(),
+                address: "10.0.0.7:1191".into(),
+                designation: Designation::default(),
+            },
+        );
+        // Down (never joined, or expelled): nothing is mounted there.
+        assert!(!client_is_mounted(&entry(Some(3), false), &state));
+        state.incarnations.insert(7, 3);
+        assert!(client_is_mounted(&entry(Some(3), false), &state));
+        // Still being made, or kept for a dead owner to mount again at its start.
+        assert!(!client_is_mounted(&entry(Some(3), true), &state));
+        assert!(!client_is_mounted(&entry(None, true), &state));
+        // The node restarted (a new incarnation) and has not mounted it again yet.
+        state.incarnations.insert(7, 9);
+        assert!(!client_is_mounted(&entry(Some(3), false), &state));
+        // An entry from before incarnations were recorded counts while the node is live.
+        assert!(client_is_mounted(&entry(None, false), &state));
+        // A node no longer in the cluster.
+        let gone = ClientMount {
+            node: "c2".into(),
+            ..entry(None, false)
+        };
+        assert!(!client_is_mounted(&gone, &state));
     }
 }
