@@ -450,6 +450,7 @@ impl Daemon {
             leaves,
             local,
             servers: Mutex::new(None),
+            opening: Mutex::new(()),
             open_servers: Box::new(move || {
                 let d = daemon
                     .upgrade()
@@ -942,6 +943,8 @@ struct AsNeeded {
     leaves: fn(&io::Error) -> bool,
     local: Arc<dyn BlockDevice>,
     servers: Mutex<Option<Arc<dyn BlockDevice>>>,
+    /// Held by the one thread trying `open_servers`.
+    opening: Mutex<()>,
     open_servers: Box<dyn Fn() -> io::Result<Arc<dyn BlockDevice>> + Send + Sync>,
 }
 
@@ -960,38 +963,51 @@ impl AsNeeded {
     }
 
     /// The servers' device after the local path failed with `e`; `e` if they cannot be
-    /// reached either.
+    /// reached either within `wait`. One thread at a time tries to open them and none holds
+    /// `servers` meanwhile: every I/O that fails at once waits at most `wait` of its own,
+    /// not one `wait` after another.
     fn fail_over(&self, e: io::Error) -> io::Result<Arc<dyn BlockDevice>> {
         if e.kind() == io::ErrorKind::InvalidInput || !(self.leaves)(&e) {
             return Err(e);
         }
-        let mut servers = self.servers.lock();
-        if let Some(s) = servers.as_ref() {
-            return Ok(Arc::clone(s));
-        }
         let deadline = Instant::now() + self.wait;
+        let mut last: Option<io::Error> = None;
         loop {
-            match (self.open_servers)() {
-                Ok(s) => {
-                    tracing::warn!(
-                        "NSD {}: the local path failed ({e}); using its NSD servers from now \
-                         on ({})",
-                        self.name,
-                        self.why
-                    );
-                    *servers = Some(Arc::clone(&s));
+            if let Some(s) = self.current() {
+                return Ok(s);
+            }
+            if let Some(_opening) = self.opening.try_lock() {
+                if let Some(s) = self.current() {
                     return Ok(s);
                 }
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                Err(s) => {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("{e}; and its NSD servers: {s}"),
-                    ))
+                match (self.open_servers)() {
+                    Ok(s) => {
+                        tracing::warn!(
+                            "NSD {}: the local path failed ({e}); using its NSD servers from \
+                             now on ({})",
+                            self.name,
+                            self.why
+                        );
+                        *self.servers.lock() = Some(Arc::clone(&s));
+                        return Ok(s);
+                    }
+                    Err(s) => last = Some(s),
                 }
             }
+            if Instant::now() >= deadline {
+                let servers = match last {
+                    Some(s) => s.to_string(),
+                    None => format!(
+                        "another I/O was still trying them after nsdServerWaitTime ({:?})",
+                        self.wait
+                    ),
+                };
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{e}; and its NSD servers: {servers}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200).min(self.wait));
         }
     }
 }
@@ -1097,6 +1113,7 @@ mod tests {
             leaves: |_| true,
             local,
             servers: Mutex::new(None),
+            opening: Mutex::new(()),
             open_servers: Box::new(move || {
                 o.store(true, Ordering::SeqCst);
                 Ok(Arc::new(FileDrive::open_shared(&p)?) as Arc<dyn BlockDevice>)
@@ -1133,10 +1150,65 @@ mod tests {
                 bad,
             )),
             servers: Mutex::new(None),
+            opening: Mutex::new(()),
             open_servers: Box::new(|| Err(io::Error::other("no NSD server answered"))),
         };
         let err = failing.read_at(&mut back, 0).unwrap_err();
         assert!(err.to_string().contains("no NSD server answered"), "{err}");
+    }
+
+    /// Every I/O that fails on the local path at once, with the servers down, fails after
+    /// about one `nsdServerWaitTime`, not one after another; one thread at a time tries
+    /// the servers.
+    #[test]
+    fn as_needed_ios_failing_at_once_each_wait_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.img");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let bad = Arc::new(Faults::default());
+        bad.fail_reads.store(true, Ordering::SeqCst);
+        let trying = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let t = Arc::clone(&trying);
+        let wait = Duration::from_millis(600);
+        let dev = Arc::new(AsNeeded {
+            name: "n3".into(),
+            why: "useNSDserver=asneeded",
+            wait,
+            leaves: |_| true,
+            local: Arc::new(SimDrive::new(
+                Arc::new(FileDrive::open_shared(&path).unwrap()),
+                bad,
+            )),
+            servers: Mutex::new(None),
+            opening: Mutex::new(()),
+            open_servers: Box::new(move || {
+                assert_eq!(t.fetch_add(1, Ordering::SeqCst), 0, "two opens at once");
+                std::thread::sleep(Duration::from_millis(50));
+                t.fetch_sub(1, Ordering::SeqCst);
+                Err(io::Error::other("no NSD server answered"))
+            }),
+        });
+        let started = Instant::now();
+        let ios: Vec<_> = (0..4)
+            .map(|_| {
+                let dev = Arc::clone(&dev);
+                std::thread::spawn(move || {
+                    let mut buf = AlignedBuf::zeroed(4096);
+                    let err = dev.read_at(&mut buf, 0).unwrap_err();
+                    (started.elapsed(), err.to_string())
+                })
+            })
+            .collect();
+        for io in ios {
+            let (took, err) = io.join().unwrap();
+            assert!(took >= wait, "failed after {took:?}, before the wait");
+            // Four waits one after another would take 2.4 s.
+            assert!(took < wait * 2, "failed after {took:?}: the waits queued");
+            assert!(err.contains("its NSD servers"), "{err}");
+        }
     }
 
     #[test]
