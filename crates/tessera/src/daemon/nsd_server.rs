@@ -1088,17 +1088,33 @@ mod tests {
     use tessera_drive::{AlignedBuf, FileDrive};
     use tessera_testkit::{Faults, SimDrive};
 
+    /// A 1 MiB drive file in `dir`.
+    fn drive_file(dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("d.img");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        path
+    }
+
+    /// The drive file at `path` as a local path whose every read fails.
+    fn unreadable(path: &std::path::Path) -> Arc<dyn BlockDevice> {
+        let bad = Arc::new(Faults::default());
+        bad.fail_reads.store(true, Ordering::SeqCst);
+        Arc::new(SimDrive::new(
+            Arc::new(FileDrive::open_shared(path).unwrap()),
+            bad,
+        ))
+    }
+
     /// `asneeded`: the local path serves until an I/O on it fails; that I/O and every
     /// later one go through the servers (here a second open of the same drive file, as a
     /// server reaches the same device), and a failure of both says both.
     #[test]
     fn as_needed_moves_to_the_servers_after_a_local_failure_and_stays() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("d.img");
-        std::fs::File::create(&path)
-            .unwrap()
-            .set_len(1 << 20)
-            .unwrap();
+        let path = drive_file(dir.path());
         let faults = Arc::new(Faults::default());
         let local = Arc::new(SimDrive::new(
             Arc::new(FileDrive::open_shared(&path).unwrap()),
@@ -1138,17 +1154,12 @@ mod tests {
         dev.read_at(&mut back, 0).unwrap();
         assert!(back[..4096].iter().all(|b| *b == 7) && back[4096..].iter().all(|b| *b == 9));
 
-        let bad = Arc::new(Faults::default());
-        bad.fail_reads.store(true, Ordering::SeqCst);
         let failing = AsNeeded {
             name: "n2".into(),
             why: "useNSDserver=asneeded",
             wait: Duration::ZERO,
             leaves: |_| true,
-            local: Arc::new(SimDrive::new(
-                Arc::new(FileDrive::open_shared(&path).unwrap()),
-                bad,
-            )),
+            local: unreadable(&path),
             servers: Mutex::new(None),
             opening: Mutex::new(()),
             open_servers: Box::new(|| Err(io::Error::other("no NSD server answered"))),
@@ -1163,13 +1174,7 @@ mod tests {
     #[test]
     fn as_needed_ios_failing_at_once_each_wait_once() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("d.img");
-        std::fs::File::create(&path)
-            .unwrap()
-            .set_len(1 << 20)
-            .unwrap();
-        let bad = Arc::new(Faults::default());
-        bad.fail_reads.store(true, Ordering::SeqCst);
+        let path = drive_file(dir.path());
         let trying = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let t = Arc::clone(&trying);
         let wait = Duration::from_millis(600);
@@ -1178,10 +1183,7 @@ mod tests {
             why: "useNSDserver=asneeded",
             wait,
             leaves: |_| true,
-            local: Arc::new(SimDrive::new(
-                Arc::new(FileDrive::open_shared(&path).unwrap()),
-                bad,
-            )),
+            local: unreadable(&path),
             servers: Mutex::new(None),
             opening: Mutex::new(()),
             open_servers: Box::new(move || {
