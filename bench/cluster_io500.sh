@@ -95,8 +95,10 @@ for nodes in $node_counts; do
             { dn = $2 - n0[$1]; ds = $3 - s0[$1]; if (dn > 0) { print $1, dn, ds } }')
         waited[$nodes,$phase]=$(echo "$delta" | awk -v s="$secs" -v r="$ranks" '
             { t += $3 } END { printf "%.2f", t / (s * r) }')
-        asked[$nodes,$phase]=$(echo "$delta" | sort -k2 -n -r | head -${ASKED_TOP:-6} | awk -v w="$work" '
-            NF == 3 { printf "%s%s %.2f/op %.2f ms", sep, $1, $2 / w, 1000 * $3 / $2; sep = ", " }')
+        # The first ASKED_TOP kinds, taken by awk: `head -0` would exit before sort wrote,
+        # and the SIGPIPE (with pipefail) would end the whole run without a word.
+        asked[$nodes,$phase]=$(echo "$delta" | sort -k2 -n -r | awk -v w="$work" -v top="${ASKED_TOP:-6}" '
+            NR <= top && NF == 3 { printf "%s%s %.2f/op %.2f ms", sep, $1, $2 / w, 1000 * $3 / $2; sep = ", " }')
     done
 done
 
