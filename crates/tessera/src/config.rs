@@ -132,6 +132,10 @@ pub struct FsRecord {
     /// was catching up with the cluster.
     #[serde(default)]
     pub created_unix: u64,
+    /// The same in milliseconds (0 in records from before it was kept): a daemon restarted
+    /// in the second a file system was created must still tell which came first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub created_unix_ms: u64,
     /// True while mounted, so a restarted daemon mounts it again.
     pub mounted: bool,
     /// The node that mounted it first and owns its metadata (its metanode and file system
@@ -504,6 +508,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Seconds since the Unix epoch.
+/// Milliseconds since the epoch, by this node's clock.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 pub fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -209,6 +209,7 @@ impl Daemon {
             default_mount_point: spec.mount_point.clone(),
             automount: spec.automount,
             created_unix: crate::config::now_unix(),
+            created_unix_ms: crate::config::now_unix_ms(),
             mounted: false,
             mounted_on: None,
             clients: Vec::new(),

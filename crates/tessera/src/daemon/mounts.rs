@@ -1407,13 +1407,10 @@ impl Daemon {
             }
         };
         let me = self.cluster.node_name.as_str();
-        // Whole seconds on both sides: a file system stamped with the second this daemon
-        // started in may have been created just after it (and is then not mounted here),
-        // so only one stamped with an earlier second counts as created before the start.
-        let started_unix = std::time::SystemTime::now()
+        let started = std::time::SystemTime::now()
             .checked_sub(self.started.elapsed())
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs());
+            .unwrap_or_default();
         let mut waiting = Vec::new();
         for record in &fss.file_systems {
             let client_at = record.clients.iter().find(|c| c.node == me);
@@ -1421,7 +1418,7 @@ impl Daemon {
             // does, not only where it was mounted when the daemon stopped: the first node
             // up owns it, the others join it as clients. Not one created after this daemon
             // started (`fs create` mounts nothing, here as on the other nodes).
-            let automount = record.automount && record.created_unix < started_unix;
+            let automount = record.automount && created_before(record, started);
             if let (Some(client), false) = (client_at, automount) {
                 self.rejoin_as_client(record, &client.mount_point);
                 continue;
@@ -1656,6 +1653,16 @@ impl Daemon {
     }
 }
 
+/// Whether file system `r` was created before `started` (since the epoch), in
+/// milliseconds: `fs create` and a daemon restarted just before or just after it often fall
+/// in the same second. Records from before milliseconds were kept compare whole seconds.
+fn created_before(r: &FsRecord, started: std::time::Duration) -> bool {
+    match r.created_unix_ms {
+        0 => r.created_unix <= started.as_secs(),
+        ms => u128::from(ms) < started.as_millis(),
+    }
+}
+
 /// Whether `client`'s entry stands for a mount that is made and whose node still runs
 /// the incarnation that made it (what `mount ls` lists).
 fn client_is_mounted(client: &ClientMount, state: &tessera_cluster::state::ConfigState) -> bool {
@@ -1752,6 +1759,25 @@ mod tests {
     use super::*;
     use tessera_cluster::node::Designation;
     use tessera_cluster::state::{ConfigState, NodeRecord};
+
+    #[test]
+    fn a_file_system_counts_as_created_before_a_start_in_the_same_second_by_its_milliseconds() {
+        let mut r: FsRecord = serde_json::from_value(serde_json::json!({
+            "name": "fs1", "nsds": ["n1"], "default_mount_point": "/gpfs/fs1",
+            "automount": true, "mounted": false, "mount_point": "/gpfs/fs1",
+            "strict_replicas": "whenpossible", "log_bytes": 0,
+            "created_unix": 1_700_000_000u64, "created_unix_ms": 1_700_000_000_400u64
+        }))
+        .unwrap();
+        let at = |ms: u64| std::time::Duration::from_millis(ms);
+        assert!(created_before(&r, at(1_700_000_000_900)));
+        assert!(!created_before(&r, at(1_700_000_000_100)));
+        assert!(!created_before(&r, at(1_700_000_000_400)));
+        // A record from before milliseconds were kept: by the second, as before.
+        r.created_unix_ms = 0;
+        assert!(created_before(&r, at(1_700_000_000_100)));
+        assert!(!created_before(&r, at(1_699_999_999_999)));
+    }
 
     fn entry(incarnation: Option<u64>, pending: bool) -> ClientMount {
         ClientMount {
