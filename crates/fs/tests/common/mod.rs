@@ -166,35 +166,28 @@ impl AdoptedDisks {
 #[allow(unused_imports)]
 pub use tessera_testkit::pattern;
 
+/// Creates a node of `kind` and `mode`, owned by root, named `name` in directory `parent`.
+fn create_as_root(
+    fs: &FileSystem,
+    parent: tessera_fs::Ino,
+    name: &[u8],
+    kind: tessera_fs::FileKind,
+    mode: u32,
+) -> tessera_fs::Attr {
+    let root = tessera_fs::Caller { uid: 0, gid: 0 };
+    fs.create_node(parent, name, kind, mode, 0, root, None)
+        .unwrap()
+}
+
 /// Creates a regular file `name` (mode 0644, owned by root) in directory `parent`.
 pub fn create_file(fs: &FileSystem, parent: tessera_fs::Ino, name: &[u8]) -> tessera_fs::Attr {
-    let root = tessera_fs::Caller { uid: 0, gid: 0 };
-    fs.create_node(
-        parent,
-        name,
-        tessera_fs::FileKind::Regular,
-        0o644,
-        0,
-        root,
-        None,
-    )
-    .unwrap()
+    create_as_root(fs, parent, name, tessera_fs::FileKind::Regular, 0o644)
 }
 
 /// Creates a directory `name` (mode 0755, owned by root) in directory `parent`.
 #[allow(dead_code)]
 pub fn make_dir(fs: &FileSystem, parent: tessera_fs::Ino, name: &[u8]) -> tessera_fs::Attr {
-    let root = tessera_fs::Caller { uid: 0, gid: 0 };
-    fs.create_node(
-        parent,
-        name,
-        tessera_fs::FileKind::Directory,
-        0o755,
-        0,
-        root,
-        None,
-    )
-    .unwrap()
+    create_as_root(fs, parent, name, tessera_fs::FileKind::Directory, 0o755)
 }
 
 pub const BLOCK: u64 = 256 << 10;
