@@ -77,6 +77,27 @@ impl FileSystem {
         self.serve_metanode_request_from(None, request)
     }
 
+    /// Whether `shard`, which this slot's owner was asked about and does not hold, is one
+    /// the owner map gives it since it last looked, now taken (see
+    /// [`FileSystem::take_from_owner_map`]). A directory made for this slot takes its shard
+    /// once the manager's answer is back here, and another node may ask about the new
+    /// directory in between. The file system manager gives shards; it never takes any.
+    fn takes_shard_given_meanwhile(&self, shard: u32) -> bool {
+        if self.owner_slot() == 0 || self.owner().meta.lock().state.holds(shard as usize) {
+            return false;
+        }
+        match self.take_from_owner_map() {
+            Ok(_) => self.owner().meta.lock().state.holds(shard as usize),
+            Err(e) => {
+                tracing::warn!(
+                    "{}: could not read the owner map for shard {shard}: {e}",
+                    self.geo.fs_name
+                );
+                false
+            }
+        }
+    }
+
     /// [`FileSystem::serve_metanode_request_from`] unless this mount is unmounted or being
     /// unmounted (`None`: the caller answers that the metanode is not served here). The
     /// unmount waits for requests let in before it to finish.
@@ -99,11 +120,11 @@ impl FileSystem {
     pub fn serve_metanode_request_from(
         &self,
         origin: Option<crate::locks::Origin>,
-        request: &[u8],
+        request_bytes: &[u8],
     ) -> Vec<u8> {
         use crate::metanode_wire::{cache_changes, decode, encode, serve, MetanodeReply};
         use crate::metanode_wire::{MetanodeRequest, RemoteError};
-        let request: MetanodeRequest = match decode(request, "request") {
+        let request: MetanodeRequest = match decode(request_bytes, "request") {
             Ok(request) => request,
             Err(e) => return encode(&MetanodeReply::Failed(RemoteError::from(&e))),
         };
@@ -364,6 +385,19 @@ impl FileSystem {
         };
         crate::early_answer::start();
         let mut reply = serve(self, request);
+        if let MetanodeReply::Failed(RemoteError::ShardElsewhere { shard }) = reply {
+            // A shard the manager gave this slot with a directory made for it, asked about
+            // by another node (which read the owner map) before the node that made the
+            // directory had its answer and took the shard: taken now, and served. The
+            // failed run changed nothing (a shard is looked up before anything is logged).
+            if self.takes_shard_given_meanwhile(shard) {
+                if let Ok(again) = decode(request_bytes, "request") {
+                    crate::fs::ANSWERING.set(once);
+                    crate::early_answer::start();
+                    reply = serve(self, again);
+                }
+            }
+        }
         let logged = crate::early_answer::finish();
         let own_changed = crate::read_tokens::take_own_changed();
         crate::read_tokens::SERVING.set(None);

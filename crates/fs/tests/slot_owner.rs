@@ -348,6 +348,80 @@ fn one_namespace_is_served_by_two_owners() {
     unmount_both_and_check(&t, fs, s1, "after two owners served one namespace");
 }
 
+/// The slot's way to the manager, which, once the manager has made `name` in the root,
+/// has the manager look it up before the slot's owner reads the answer: another node
+/// asking about a directory made for a slot before the slot took its shard.
+struct LookedUpBeforeTheAnswer {
+    manager: std::sync::Weak<FileSystem>,
+    name: &'static [u8],
+    seen: Arc<std::sync::Mutex<Option<Result<tessera_fs::Attr, String>>>>,
+}
+
+impl tessera_fs::MetanodeChannel for LookedUpBeforeTheAnswer {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        let fs = self.manager.upgrade().expect("the manager is mounted");
+        let reply = fs.serve_metanode_request(&request);
+        let mut seen = self.seen.lock().unwrap();
+        if seen.is_none() {
+            match fs.lookup(ROOT_INO, self.name) {
+                Err(FsError::NotFound) => {}
+                found => *seen = Some(found.map_err(|e| e.to_string())),
+            }
+        }
+        Ok(reply)
+    }
+}
+
+#[test]
+fn a_directory_made_for_a_slot_is_served_to_others_before_its_maker_has_the_answer() {
+    let t = two_region_fs();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let kept = seen.clone();
+    let (fs, s1) = two_owners_through(&t, move |fs| {
+        Box::new(LookedUpBeforeTheAnswer {
+            manager: Arc::downgrade(fs),
+            name: b"raced",
+            seen: kept,
+        })
+    });
+    // Three nodes making one directory at once (mdtest's shared directory): the maker's
+    // manager gives slot 1 a shard with it, and another node's lookup reaches slot 1's
+    // owner before the maker took that shard. It used to fail with EIO ("inode shard N is
+    // owned by another node's owner slot").
+    let d = mkdir(&s1, ROOT_INO, b"raced");
+    let seen = seen.lock().unwrap().take();
+    match seen {
+        Some(Ok(a)) => {
+            assert_eq!(a.ino, d.ino);
+            assert_eq!(a.kind, FileKind::Directory);
+        }
+        other => panic!("the manager's lookup in the window: {other:?}"),
+    }
+    let n = u64::from(fs.descriptor().shard_count);
+    assert_eq!(fs.descriptor().shard_owner((d.ino % n) as usize).slot, 1);
+    // The other makers get EEXIST, and the directory works from both sides.
+    assert!(matches!(
+        fs.create_node(
+            ROOT_INO,
+            b"raced",
+            FileKind::Directory,
+            0o755,
+            0,
+            ROOT,
+            None
+        ),
+        Err(FsError::Exists)
+    ));
+    let theirs = write_files(&s1, d.ino, "r", 5);
+    verify_in(&fs, d.ino, &theirs);
+    unmount_both_and_check(
+        &t,
+        fs,
+        s1,
+        "after a directory was looked up before its maker took it",
+    );
+}
+
 #[test]
 fn names_across_owners_are_removed_and_renamed_within_one_directory() {
     let t = two_region_fs();
