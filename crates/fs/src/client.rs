@@ -337,6 +337,9 @@ impl FileSystem {
         if let (Some(_), Some(gone)) = (origin, self.holder_gone.get()) {
             holders.sweep_if_full(&**gone);
         }
+        if origin.is_some() {
+            holders.evict_if_full();
+        }
         let held = match (&request, origin) {
             (
                 MetanodeRequest::View { ino, .. }

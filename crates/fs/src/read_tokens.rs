@@ -73,6 +73,10 @@ use crate::metanode::FileView;
 /// Inodes an owner tracks holders for, at most; past it nothing new is granted (the answer
 /// is a plain one), so the table stays bounded.
 const HELD_INODES_MAX: usize = 65_536;
+/// Inodes revoked at once, those granted longest ago, when the table is this close to full
+/// (`ReadHolders::evict_if_full`): holders are alive and keep what they were granted until
+/// it changes, so without it a table filled once granted nothing to anyone again.
+const EVICT_BATCH: usize = HELD_INODES_MAX / 16;
 /// Things (views, names, attributes) a client keeps, at most; past it the cache starts
 /// over.
 const CACHED_MAX: usize = 65_536;
@@ -131,9 +135,19 @@ pub(crate) fn name_key(dir: Ino, name: &[u8]) -> Ino {
 /// once it is gone from the cluster.
 pub(crate) type RevokeHook = Box<dyn Fn(Origin, Vec<Ino>) + Send + Sync>;
 
+/// The nodes holding copies of one inode, and when it was last granted (the table's grant
+/// count then): eviction takes the oldest, and leaves an entry granted again meanwhile.
+#[derive(Default)]
+struct Held {
+    of: Vec<Origin>,
+    granted: u64,
+}
+
 #[derive(Default)]
 struct Table {
-    holders: HashMap<Ino, Vec<Origin>>,
+    holders: HashMap<Ino, Held>,
+    /// Grants so far (`Held::granted`).
+    grants: u64,
     /// When each inode was last revoked from another node (`HOT_WINDOW`).
     revoked: HashMap<Ino, Instant>,
     /// When the full table was last swept of holders gone from the cluster.
@@ -154,6 +168,8 @@ pub(crate) struct ReadHolders {
     count: AtomicUsize,
     /// Entries of `Table::gathering`, read without the lock.
     gathering: AtomicUsize,
+    /// An eviction is running (at most one at a time).
+    evicting: std::sync::atomic::AtomicBool,
     pub(crate) revoke: std::sync::OnceLock<RevokeHook>,
 }
 
@@ -180,7 +196,7 @@ pub(crate) fn take_own_changed() -> Vec<Ino> {
 /// changes under it sends their revocations when it lets go (see the module comment).
 pub(crate) struct MetaLock {
     meta: Mutex<crate::fs::Meta>,
-    pub(crate) holders: ReadHolders,
+    pub(crate) holders: std::sync::Arc<ReadHolders>,
 }
 
 pub(crate) struct MetaGuard<'a> {
@@ -192,7 +208,7 @@ impl MetaLock {
     pub(crate) fn new(meta: crate::fs::Meta) -> MetaLock {
         MetaLock {
             meta: Mutex::new(meta),
-            holders: ReadHolders::default(),
+            holders: std::sync::Arc::default(),
         }
     }
 
@@ -274,21 +290,97 @@ impl ReadHolders {
         if !table.holders.contains_key(&ino) && table.holders.len() >= HELD_INODES_MAX {
             return false;
         }
-        let of = table.holders.entry(ino).or_default();
-        if !of.contains(&holder) {
-            of.push(holder);
+        table.grants += 1;
+        let granted = table.grants;
+        let held = table.holders.entry(ino).or_default();
+        held.granted = granted;
+        if !held.of.contains(&holder) {
+            held.of.push(holder);
         }
         self.count.store(table.holders.len(), Ordering::Release);
         true
+    }
+
+    /// When the table is nearly full (`EVICT_BATCH` from it): revokes, on a thread of its
+    /// own, the `EVICT_BATCH` inodes granted longest ago, and forgets those not granted
+    /// again meanwhile, so that the table has room again; as GPFS's token manager revokes
+    /// tokens when its memory for them runs out. Without it, holders that never see a
+    /// change (every file a node created or looked at) kept the table full for good, and
+    /// each path component of every operation on every node went to the owner again.
+    /// The entries stay in the table until their holders answered: a change meanwhile
+    /// finds them and revokes them itself, before it returns. Not on the requesting
+    /// thread: the node asking may be one of the holders, and its answer to the
+    /// revocation may wait for its kernel, which waits for that request.
+    pub(crate) fn evict_if_full(self: &std::sync::Arc<Self>) {
+        if self.count.load(Ordering::Acquire) < HELD_INODES_MAX - EVICT_BATCH
+            || self.revoke.get().is_none()
+            || self.evicting.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let holders = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("token-evict".into())
+            .spawn(move || {
+                holders.evict_oldest();
+                holders.evicting.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("could not start a thread to revoke read tokens: {e}");
+            self.evicting.store(false, Ordering::Release);
+        }
+    }
+
+    /// The eviction of [`Self::evict_if_full`], on the calling thread.
+    fn evict_oldest(&self) {
+        let Some(revoke) = self.revoke.get() else {
+            return;
+        };
+        let victims: Vec<(Ino, u64, Vec<Origin>)> = {
+            let table = self.table.lock();
+            let mut ages: Vec<(u64, Ino)> =
+                table.holders.iter().map(|(i, h)| (h.granted, *i)).collect();
+            let n = EVICT_BATCH.min(ages.len());
+            if n == 0 {
+                return;
+            }
+            ages.select_nth_unstable(n - 1);
+            ages[..n]
+                .iter()
+                .map(|(granted, ino)| (*ino, *granted, table.holders[ino].of.clone()))
+                .collect()
+        };
+        let mut by_node: HashMap<Origin, Vec<Ino>> = HashMap::new();
+        for (ino, _, of) in &victims {
+            for holder in of {
+                by_node.entry(*holder).or_default().push(*ino);
+            }
+        }
+        std::thread::scope(|scope| {
+            for (node, inos) in by_node {
+                scope.spawn(move || revoke(node, inos));
+            }
+        });
+        let mut table = self.table.lock();
+        for (ino, granted, _) in victims {
+            if table
+                .holders
+                .get(&ino)
+                .is_some_and(|h| h.granted == granted)
+            {
+                table.holders.remove(&ino);
+            }
+        }
+        self.count.store(table.holders.len(), Ordering::Release);
     }
 
     /// Forgets every inode `holder` holds: its mount is going (`MetanodeRequest::
     /// Leaving`), so there is nothing left to revoke there.
     pub(crate) fn forget(&self, holder: Origin) {
         let mut table = self.table.lock();
-        table.holders.retain(|_, of| {
-            of.retain(|h| *h != holder);
-            !of.is_empty()
+        table.holders.retain(|_, held| {
+            held.of.retain(|h| *h != holder);
+            !held.of.is_empty()
         });
         self.count.store(table.holders.len(), Ordering::Release);
     }
@@ -307,7 +399,12 @@ impl ReadHolders {
                 return;
             }
             table.swept = Some(Instant::now());
-            let mut origins: Vec<Origin> = table.holders.values().flatten().copied().collect();
+            let mut origins: Vec<Origin> = table
+                .holders
+                .values()
+                .flat_map(|h| &h.of)
+                .copied()
+                .collect();
             origins.sort_unstable_by_key(|o| (o.node, o.incarnation));
             origins.dedup();
             origins
@@ -328,13 +425,14 @@ impl ReadHolders {
         table.gathering.insert(ino, gatherer);
         self.gathering
             .store(table.gathering.len(), Ordering::Release);
-        let Some(of) = table.holders.remove(&ino) else {
+        let Some(held) = table.holders.remove(&ino) else {
             return Vec::new();
         };
         let (own, others): (Vec<Origin>, Vec<Origin>) =
-            of.into_iter().partition(|h| *h == gatherer);
+            held.of.into_iter().partition(|h| *h == gatherer);
         if !own.is_empty() {
-            table.holders.insert(ino, own);
+            let granted = held.granted;
+            table.holders.insert(ino, Held { of: own, granted });
         }
         self.count.store(table.holders.len(), Ordering::Release);
         others
@@ -388,15 +486,22 @@ impl ReadHolders {
                 .flat_map(changed_keys)
                 .chain(protections.iter().map(|i| protection_key(*i)));
             for ino in keys {
-                let Some(of) = table.holders.remove(&ino) else {
+                let Some(held) = table.holders.remove(&ino) else {
                     continue;
                 };
                 let mut others = false;
-                for holder in of {
+                for holder in held.of {
                     if Some(holder) == serving {
                         // Its own request's change: told in the answer, and it stays a
                         // holder, since it may keep what it asks next.
-                        table.holders.insert(ino, vec![holder]);
+                        let granted = held.granted;
+                        table.holders.insert(
+                            ino,
+                            Held {
+                                of: vec![holder],
+                                granted,
+                            },
+                        );
                         own.push(ino);
                     } else {
                         others = true;
@@ -865,6 +970,73 @@ mod tests {
         holders.sweep_if_full(&|o| o == dead);
         assert_eq!(holders.tracked(), 0);
         assert!(holders.grant(1 << 40, live));
+    }
+
+    /// A table nearly full of live holders revokes those granted longest ago and forgets
+    /// them once revoked, so that it grants again; one granted again while its revocation
+    /// was on its way stays recorded.
+    #[test]
+    fn a_full_table_of_live_holders_revokes_the_oldest_and_grants_again() {
+        let holders = std::sync::Arc::new(ReadHolders::default());
+        let revoked = std::sync::Arc::new(Mutex::new(Vec::<(Origin, Vec<Ino>)>::new()));
+        let (seen, weak) = (revoked.clone(), std::sync::Arc::downgrade(&holders));
+        let regranted: Ino = 7;
+        let hook: RevokeHook = Box::new(move |node, inos| {
+            // The holder asks for one of them again before it answers.
+            if inos.contains(&regranted) {
+                assert!(weak.upgrade().unwrap().grant(regranted, node));
+            }
+            seen.lock().push((node, inos));
+        });
+        assert!(holders.revoke.set(hook).is_ok());
+        let (a, b) = (
+            Origin {
+                node: 2,
+                incarnation: 1,
+            },
+            Origin {
+                node: 3,
+                incarnation: 1,
+            },
+        );
+        let below = HELD_INODES_MAX - EVICT_BATCH - 1;
+        for ino in 0..below as Ino {
+            assert!(holders.grant(ino, if ino % 2 == 0 { a } else { b }));
+        }
+        holders.evict_if_full();
+        assert!(!holders.evicting.load(Ordering::Acquire), "not full enough");
+        for ino in below as Ino..HELD_INODES_MAX as Ino {
+            assert!(holders.grant(ino, a));
+        }
+        assert!(!holders.grant(1 << 40, b), "full");
+        // Granted anew: no longer among the oldest.
+        assert!(holders.grant(1, b));
+        holders.evict_if_full();
+        let start = Instant::now();
+        while holders.evicting.load(Ordering::Acquire) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "eviction never ended"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let revoked = std::mem::take(&mut *revoked.lock());
+        assert_eq!(revoked.len(), 2, "one revocation per holding node");
+        let mut all: Vec<Ino> = revoked.iter().flat_map(|(_, i)| i.clone()).collect();
+        all.sort_unstable();
+        let oldest: Vec<Ino> = (0..=EVICT_BATCH as Ino).filter(|i| *i != 1).collect();
+        assert_eq!(all, oldest, "the oldest grants, each once");
+        for (node, inos) in &revoked {
+            assert!(
+                inos.iter().all(|i| (i % 2 == 0) == (*node == a)),
+                "to their holders"
+            );
+        }
+        // Forgotten but the one granted again meanwhile, which a change must still revoke.
+        assert_eq!(holders.tracked(), HELD_INODES_MAX - EVICT_BATCH + 1);
+        assert!(holders.held_by_any(regranted));
+        assert!(!holders.held_by_any(0) && holders.held_by_any(1));
+        assert!(holders.grant(1 << 40, b), "room again");
     }
 
     #[test]
