@@ -221,6 +221,49 @@ impl FileSystem {
     /// A move of directory `dir` from `name` in `parent` to `new_name` in `new_parent`
     /// (another directory) where different owners serve them or it, under the rename lock
     /// (taken here unless the caller holds it: `locked`).
+    /// A rename of directory `dir` within `parent` over a name whose inode another owner
+    /// serves: `parent`'s owner moves the name wherever `dir` is (`move_name`), but cannot
+    /// tell whether the directory in the way is empty. That one goes first (ENOTEMPTY if
+    /// it is not empty), as in a move between directories, then the name moves; looked at
+    /// again when another node put a name there meanwhile. It answered EXDEV before.
+    fn move_dir_over_another_owners(
+        &self,
+        parent: Ino,
+        (name, new_name): (&[u8], &[u8]),
+        (dir, noreplace): (Ino, bool),
+    ) -> FsResult<()> {
+        let how = crate::metanode::RenameHow {
+            noreplace,
+            exchange: false,
+        };
+        let mut last = FsError::AcrossOwners(
+            "a rename within a directory over a name that keeps coming back".into(),
+        );
+        for _ in 0..RETARGETS_MAX {
+            if self.lookup(parent, name)?.ino != dir {
+                return Err(FsError::NotFound);
+            }
+            match self.lookup(parent, new_name) {
+                Ok(d) if d.ino == dir => return Ok(()),
+                Ok(_) if noreplace => return Err(FsError::Exists),
+                Ok(d) if d.kind != FileKind::Directory => return Err(FsError::NotDir),
+                Ok(_) => match self.remove(parent, new_name, true) {
+                    Ok(()) | Err(FsError::NotFound) => {}
+                    Err(e) => return Err(e),
+                },
+                Err(FsError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+            match self.routed(parent, |ns| {
+                ns.move_name((parent, name), (parent, new_name), how)
+            }) {
+                Err(e @ FsError::AcrossOwners(_)) => last = e,
+                done => return done,
+            }
+        }
+        Err(last)
+    }
+
     fn move_dir_across_owners(
         &self,
         (parent, name): (Ino, &[u8]),
@@ -229,10 +272,7 @@ impl FileSystem {
         locked: bool,
     ) -> FsResult<()> {
         if parent == new_parent {
-            // Within one directory the directory's owner moves the name (`move_name`).
-            return Err(FsError::AcrossOwners(
-                "a rename within a directory that its owner could not do".into(),
-            ));
+            return self.move_dir_over_another_owners(parent, (name, new_name), (dir, noreplace));
         }
         let _lock = if locked {
             None

@@ -422,6 +422,65 @@ fn a_directory_made_for_a_slot_is_served_to_others_before_its_maker_has_the_answ
     );
 }
 
+/// rename(2) of a directory over another directory in the same directory, where the one
+/// in the way is another owner's: it replaces an empty one and refuses a full one, as
+/// POSIX says, from either owner's side (it answered EXDEV).
+#[test]
+fn a_directory_is_renamed_over_another_owners_directory_within_one_directory() {
+    let t = two_region_fs();
+    let (fs, s1) = two_owners(&t);
+    let n = u64::from(fs.descriptor().shard_count);
+    let slot_of = |ino: Ino| fs.descriptor().shard_owner((ino % n) as usize).slot;
+    // Slot 1's empty directory replaced by the manager's, which keeps its files.
+    let theirs = mkdir(&s1, ROOT_INO, b"theirs");
+    assert_eq!(slot_of(theirs.ino), 1);
+    let mine = mkdir(&fs, ROOT_INO, b"mine");
+    let files = write_files(&fs, mine.ino, "m", 3);
+    let links = fs.getattr(ROOT_INO).unwrap().nlink;
+    fs.rename(ROOT_INO, b"mine", ROOT_INO, b"theirs", false, false)
+        .unwrap();
+    for side in [&fs, &s1] {
+        assert_eq!(side.lookup(ROOT_INO, b"theirs").unwrap().ino, mine.ino);
+        assert!(matches!(
+            side.lookup(ROOT_INO, b"mine"),
+            Err(FsError::NotFound)
+        ));
+    }
+    verify_in(&s1, mine.ino, &files);
+    assert!(matches!(fs.getattr(theirs.ino), Err(FsError::NotFound)));
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, links - 1);
+    // The other way, from the slot's side: the manager's directory in the way, slot 1's
+    // moved over it; a full one in the way is refused and left as it was.
+    let full = mkdir(&s1, ROOT_INO, b"full");
+    let kept = write_files(&s1, full.ino, "f", 4);
+    assert!(matches!(
+        s1.rename(ROOT_INO, b"theirs", ROOT_INO, b"full", false, false),
+        Err(FsError::NotEmpty)
+    ));
+    assert!(matches!(
+        fs.rename(ROOT_INO, b"theirs", ROOT_INO, b"full", true, false),
+        Err(FsError::Exists)
+    ));
+    let empty = mkdir(&s1, ROOT_INO, b"empty");
+    for from in [&b"full"[..], b"empty"] {
+        assert!(matches!(
+            s1.rename(ROOT_INO, from, ROOT_INO, b"theirs", false, false),
+            Err(FsError::NotEmpty)
+        ));
+    }
+    verify_in(&fs, full.ino, &kept);
+    verify_in(&fs, mine.ino, &files);
+    assert_eq!(fs.lookup(ROOT_INO, b"empty").unwrap().ino, empty.ino);
+    for name in files.keys() {
+        fs.remove(mine.ino, name.as_bytes(), false).unwrap();
+    }
+    s1.rename(ROOT_INO, b"empty", ROOT_INO, b"theirs", false, false)
+        .unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, b"theirs").unwrap().ino, empty.ino);
+    assert!(matches!(fs.getattr(mine.ino), Err(FsError::NotFound)));
+    unmount_both_and_check(&t, fs, s1, "after directories replaced across owners");
+}
+
 #[test]
 fn names_across_owners_are_removed_and_renamed_within_one_directory() {
     let t = two_region_fs();
