@@ -680,7 +680,11 @@ impl FileSystem {
     ) -> FsResult<T> {
         match op(self.namespace_of(ino)) {
             Err(FsError::ShardElsewhere { shard }) => {
-                if self.reread_owner_map()? {
+                // Read again, and taken when the map now gives it to this mount's own slot,
+                // whose directory made a moment ago another of this node's requests may
+                // reach before the making request took its shard.
+                let moved = self.reread_owner_map()?;
+                if self.takes_shard_given_meanwhile(shard) || moved {
                     op(self.namespace_of(ino))
                 } else {
                     Err(FsError::ShardElsewhere { shard })

@@ -348,26 +348,46 @@ fn one_namespace_is_served_by_two_owners() {
     unmount_both_and_check(&t, fs, s1, "after two owners served one namespace");
 }
 
+/// What a lookup in the window saw.
+type Seen = Arc<std::sync::Mutex<Option<Result<tessera_fs::Attr, String>>>>;
+
 /// The slot's way to the manager, which, once the manager has made `name` in the root,
-/// has the manager look it up before the slot's owner reads the answer: another node
-/// asking about a directory made for a slot before the slot took its shard.
+/// has the manager look it up before the slot's owner reads the answer (another node
+/// asking about a directory made for a slot before the slot took its shard), and then the
+/// slot's owner itself ask for its attributes (another request of the making node).
 struct LookedUpBeforeTheAnswer {
     manager: std::sync::Weak<FileSystem>,
     name: &'static [u8],
-    seen: Arc<std::sync::Mutex<Option<Result<tessera_fs::Attr, String>>>>,
+    seen: Seen,
+    maker: Arc<std::sync::OnceLock<std::sync::Weak<FileSystem>>>,
+    seen_by_maker: Seen,
+    looked: std::sync::atomic::AtomicBool,
 }
 
 impl tessera_fs::MetanodeChannel for LookedUpBeforeTheAnswer {
     fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
         let fs = self.manager.upgrade().expect("the manager is mounted");
         let reply = fs.serve_metanode_request(&request);
-        let mut seen = self.seen.lock().unwrap();
-        if seen.is_none() {
-            match fs.lookup(ROOT_INO, self.name) {
-                Err(FsError::NotFound) => {}
-                found => *seen = Some(found.map_err(|e| e.to_string())),
-            }
+        if self.looked.load(Ordering::SeqCst) {
+            return Ok(reply);
         }
+        let listed = fs.readdir(ROOT_INO, 0).expect("the root lists");
+        let Some(made) = listed.entries.iter().find(|e| e.3 == self.name) else {
+            return Ok(reply);
+        };
+        if self.looked.swap(true, Ordering::SeqCst) {
+            return Ok(reply);
+        }
+        // The maker first (its request comes back through this way, so no lock of ours
+        // is held): the manager's lookup reaches the slot's owner, which then takes the
+        // shard.
+        if let Some(maker) = self.maker.get() {
+            let maker = maker.upgrade().expect("the slot is mounted");
+            let got = maker.getattr(made.1).map_err(|e| e.to_string());
+            *self.seen_by_maker.lock().unwrap() = Some(got);
+        }
+        let found = fs.lookup(ROOT_INO, self.name).map_err(|e| e.to_string());
+        *self.seen.lock().unwrap() = Some(found);
         Ok(reply)
     }
 }
@@ -376,14 +396,20 @@ impl tessera_fs::MetanodeChannel for LookedUpBeforeTheAnswer {
 fn a_directory_made_for_a_slot_is_served_to_others_before_its_maker_has_the_answer() {
     let t = two_region_fs();
     let seen = Arc::new(std::sync::Mutex::new(None));
-    let kept = seen.clone();
+    let seen_by_maker = Arc::new(std::sync::Mutex::new(None));
+    let maker = Arc::new(std::sync::OnceLock::new());
+    let (kept, kept_by_maker, way_to_maker) = (seen.clone(), seen_by_maker.clone(), maker.clone());
     let (fs, s1) = two_owners_through(&t, move |fs| {
         Box::new(LookedUpBeforeTheAnswer {
             manager: Arc::downgrade(fs),
             name: b"raced",
             seen: kept,
+            maker: way_to_maker,
+            seen_by_maker: kept_by_maker,
+            looked: std::sync::atomic::AtomicBool::new(false),
         })
     });
+    assert!(maker.set(Arc::downgrade(&s1)).is_ok());
     // Three nodes making one directory at once (mdtest's shared directory): the maker's
     // manager gives slot 1 a shard with it, and another node's lookup reaches slot 1's
     // owner before the maker took that shard. It used to fail with EIO ("inode shard N is
@@ -396,6 +422,10 @@ fn a_directory_made_for_a_slot_is_served_to_others_before_its_maker_has_the_answ
             assert_eq!(a.kind, FileKind::Directory);
         }
         other => panic!("the manager's lookup in the window: {other:?}"),
+    }
+    match seen_by_maker.lock().unwrap().take() {
+        Some(Ok(a)) => assert_eq!(a.ino, d.ino),
+        other => panic!("the maker's own request in the window: {other:?}"),
     }
     let n = u64::from(fs.descriptor().shard_count);
     assert_eq!(fs.descriptor().shard_owner((d.ino % n) as usize).slot, 1);
