@@ -97,6 +97,11 @@ struct Wait {
 }
 
 impl TesseraFuse {
+    /// Whether the kernel knows `FUSE_NOTIFY_INC_EPOCH` (known once INIT is answered).
+    pub(crate) fn knows_epochs(&self) -> bool {
+        self.epochs.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn new(fs: Arc<FileSystem>, cache: crate::KernelCache) -> TesseraFuse {
         // Writes of a shared file system take data tokens, appends the append lock.
         fs.set_shared(cache != crate::KernelCache::Private);

@@ -33,6 +33,16 @@ use tessera_fs::FileSystem;
 /// cached copies it changed.
 const REMOTE_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long another node's metadata request waits for this node's kernel to drop the names
+/// it changed before it makes every cached name invalid instead (`FUSE_NOTIFY_INC_EPOCH`,
+/// which takes no lock). Dropping one name takes its directory's lock, which a request of
+/// this node on that directory holds while it waits for the daemon, and that request may
+/// wait for the very node whose change waits here (a rename into the directory waiting for
+/// the cluster's rename lock, held by a node moving a directory through this owner): a
+/// cycle only the bound broke, two seconds per turn, with the old name visible here
+/// meanwhile.
+const REMOTE_NAME_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Request threads per mount unless `TESSERA_FUSE_THREADS` says otherwise.
 pub const FUSE_THREADS_DEFAULT: usize = 8;
 
@@ -101,7 +111,15 @@ pub struct FuseMount {
     dev: u64,
     /// Where the file system sends what other nodes changed; emptied before the session's
     /// threads are joined, so that the notifier thread sees its last sender gone.
-    invalidations: Arc<Mutex<Option<kernel::notify::Notifier>>>,
+    invalidations: Arc<Mutex<Option<Notifiers>>>,
+}
+
+/// The ways to this mount's kernel for what other nodes changed: inodes (and every name at
+/// once), and single names, each written by a thread of its own.
+#[derive(Clone)]
+struct Notifiers {
+    notifier: kernel::notify::Notifier,
+    names: kernel::notify::Notifier,
 }
 
 impl std::fmt::Debug for FuseMount {
@@ -274,33 +292,55 @@ pub fn mount(fs: Arc<FileSystem>, mountpoint: &Path, opts: &FuseOptions) -> io::
     // What other nodes change through this node's metanode leaves the kernel's caches
     // (`KernelCache::Kept`). The kernel checks permissions on cached names itself
     // (`default_permissions`), so this node's own changes need no notification.
-    let (notifier, notifications) = kernel::notify::channel();
-    let invalidations = Arc::new(Mutex::new(Some(notifier)));
+    // Names go on a queue and thread of their own (see `REMOTE_NAME_WAIT`): one waiting
+    // for a directory's lock holds up no inode's invalidation.
+    let (notifier, inode_queue) = kernel::notify::channel();
+    let (names, name_queue) = kernel::notify::channel();
+    let invalidations = Arc::new(Mutex::new(Some(Notifiers { notifier, names })));
     let sender = Arc::clone(&invalidations);
+    let handler = Arc::new(adapter::TesseraFuse::new(Arc::clone(&fs), opts.cache));
+    let kernel = Arc::downgrade(&handler);
     fs.on_remote_change(Box::new(move |changes| {
-        let Some(notifier) = sender.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        let Some(Notifiers { notifier, names }) =
+            sender.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        else {
             return;
         };
+        let mut named = false;
         for change in changes {
             match change {
                 tessera_fs::CacheChange::Inode(ino) => notifier.inval_inode(ino),
                 tessera_fs::CacheChange::Entry { parent, name } => {
-                    notifier.inval_entries(parent, vec![name])
+                    named = true;
+                    names.inval_entries(parent, vec![name])
                 }
                 tessera_fs::CacheChange::AllNames => notifier.inc_epoch(),
             }
         }
         // The other node's operation returns only once this kernel dropped its copies. A
         // bound, not a hang: the kernel may hold a page a local request is reading.
-        if !notifier.wait_written(REMOTE_CHANGE_WAIT) {
+        let epochs = kernel.upgrade().is_some_and(|k| k.knows_epochs());
+        let names_written = !named
+            || names.wait_written(if epochs {
+                REMOTE_NAME_WAIT
+            } else {
+                REMOTE_CHANGE_WAIT
+            });
+        if !names_written && epochs {
+            // A name's directory is locked by a request here: every name is made invalid
+            // instead, which the kernel does at once (the name's own invalidation lands
+            // later, harmlessly).
+            notifier.inc_epoch();
+        }
+        if !notifier.wait_written(REMOTE_CHANGE_WAIT) || (!names_written && !epochs) {
             tracing::warn!(
                 "FUSE: the kernel took more than {REMOTE_CHANGE_WAIT:?} to drop what another \
                  node changed; a read here may see the old copy for a moment"
             );
         }
     }));
-    let handler = Arc::new(adapter::TesseraFuse::new(fs, opts.cache));
-    let session = match Session::start(dev, handler, &session_opts, notifications) {
+    let queues = vec![inode_queue, name_queue];
+    let session = match Session::start(dev, handler, &session_opts, queues) {
         Ok(s) => s,
         Err(e) => {
             let _ = kernel::mount::unmount(&target, libc::MNT_DETACH);

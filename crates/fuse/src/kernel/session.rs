@@ -147,12 +147,12 @@ pub(crate) struct SessionOptions {
 
 impl Session {
     /// Answers INIT on `dev` (a mounted connection) and starts the request threads, and
-    /// the thread that writes the handler's notifications from `notifications`.
+    /// a thread per queue of `notifications` that writes the handler's notifications.
     pub(crate) fn start(
         dev: OwnedFd,
         handler: Arc<dyn Handler>,
         opts: &SessionOptions,
-        notifications: NotifyQueue,
+        notifications: Vec<NotifyQueue>,
     ) -> io::Result<Session> {
         let dev = Arc::new(dev);
         let counters = Arc::new(RequestCounters::default());
@@ -220,7 +220,9 @@ impl Session {
                 })?;
             threads.push(t);
         }
-        threads.push(notify::spawn(Arc::clone(&dev), notifications)?);
+        for queue in notifications {
+            threads.push(notify::spawn(Arc::clone(&dev), queue)?);
+        }
         Ok(Session {
             _dev: dev,
             threads,
