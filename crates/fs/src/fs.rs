@@ -1132,6 +1132,9 @@ impl FileSystem {
             let Some(remote) = remote.get().filter(|r| r.has_unsynced()) else {
                 continue;
             };
+            if unmounting {
+                remote.leaving();
+            }
             match crate::metanode::Metanode::commit(&**remote, Lsn::MAX) {
                 Err(e) if unmounting => tracing::warn!(
                     "{}: writes owner slot {slot} acknowledged are not known durable at \

@@ -1386,6 +1386,9 @@ pub(crate) struct RemoteMetanode {
     /// Fragments the owner gave ahead for new small files, by pool and size, with the
     /// owner generation that gave them (see [`BlockAllocator::allocate_first_fragment`]).
     fragments: parking_lot::Mutex<FragmentReserve>,
+    /// The mount is going: each request is one attempt to the owner the channel sends to
+    /// now, not a wait for one that does not answer (see [`RemoteMetanode::leaving`]).
+    going: std::sync::atomic::AtomicBool,
 }
 
 /// Fragments given ahead, by (pool, sub-blocks): each with its giver's generation.
@@ -1456,7 +1459,15 @@ impl RemoteMetanode {
             sent: SentRequests::default(),
             read_view_ends: parking_lot::Mutex::new(std::collections::HashMap::new()),
             fragments: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            going: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// From now on every request makes one attempt ([`MetanodeChannel::call_once`]): the
+    /// mount is unmounting, and an owner slot another node let go or lost meanwhile is named
+    /// in the log, not waited for (nor taken over by a node that no longer mounts).
+    pub(crate) fn leaving(&self) {
+        self.going.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// What this mount sent to the owner, by kind (see [`SentRequests`]).
@@ -1667,7 +1678,11 @@ impl RemoteMetanode {
         let reply = loop {
             let generation = self.channel.generation();
             let started = std::time::Instant::now();
-            let sent = self.channel.call(encoded.clone());
+            let sent = if self.going.load(std::sync::atomic::Ordering::SeqCst) {
+                self.channel.call_once(encoded.clone())
+            } else {
+                self.channel.call(encoded.clone())
+            };
             self.sent.note(request.kind(), started);
             let bytes = match sent {
                 Ok(bytes) => bytes,

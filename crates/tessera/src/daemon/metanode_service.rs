@@ -390,7 +390,13 @@ impl FollowingChannel {
                     last_error = e;
                 }
             }
-            if !patient || std::time::Instant::now() >= deadline {
+            // A node unmounting the file system waits for no slot holder: one that let its
+            // slot go made what it acknowledged durable, one that died loses what no fsync
+            // asked for, and nothing here takes a slot over (`locate_slot_holder`).
+            if !patient
+                || std::time::Instant::now() >= deadline
+                || (self.slot != 0 && daemon.is_unmounting(&self.fs))
+            {
                 return Err(last_error);
             }
             let located = match self.slot {

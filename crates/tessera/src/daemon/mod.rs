@@ -61,6 +61,9 @@ pub struct Daemon {
     /// File systems whose mount at start failed and is tried again
     /// (`Daemon::mount_later`); an `umount` takes a name out, which stops its tries.
     waiting_mounts: Mutex<std::collections::BTreeSet<String>>,
+    /// File systems this node is unmounting: their final commits make one attempt at each
+    /// owner slot and take none over (`Daemon::locate_slot_holder`).
+    unmounting: Mutex<std::collections::BTreeSet<String>>,
     /// File systems whose metadata this node took over from a dead owner for their
     /// clients, served without a FUSE mount of their own (this node's mount of such a file
     /// system, if any, stays a client: see `metanode_service.rs`).
@@ -164,6 +167,7 @@ pub fn run(home: Home) -> Result<()> {
         admin: Mutex::new(()),
         mounts: Mutex::new(BTreeMap::new()),
         waiting_mounts: Mutex::new(std::collections::BTreeSet::new()),
+        unmounting: Mutex::new(std::collections::BTreeSet::new()),
         owned: Mutex::new(BTreeMap::new()),
         taken_slots: Mutex::new(BTreeMap::new()),
         takeover: Mutex::new(()),

@@ -786,6 +786,23 @@ impl Daemon {
             .collect()
     }
 
+    /// Records `name` as being unmounted here until the guard is dropped.
+    fn unmounting(&self, name: &str) -> impl Drop + '_ {
+        struct Unmounting<'a>(&'a Daemon, String);
+        impl Drop for Unmounting<'_> {
+            fn drop(&mut self) {
+                self.0.unmounting.lock().remove(&self.1);
+            }
+        }
+        self.unmounting.lock().insert(name.to_string());
+        Unmounting(self, name.to_string())
+    }
+
+    /// Whether this node is unmounting `name` (see `Daemon::unmounting`).
+    pub(super) fn is_unmounting(&self, name: &str) -> bool {
+        self.unmounting.lock().contains(name)
+    }
+
     pub(super) fn umount(&self, name: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
         let fss = self.file_systems()?;
@@ -831,6 +848,7 @@ impl Daemon {
             );
         }
         let m = mounts.remove(name).expect("checked above");
+        let _unmounting = self.unmounting(name);
         drop(mounts);
         if let Some(owner) = m.client_of.clone() {
             return self.umount_client(name, &owner, m);

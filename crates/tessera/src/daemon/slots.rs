@@ -398,6 +398,16 @@ impl Daemon {
         if !self.member.holds_lease() {
             return Ok(None);
         }
+        // A node unmounting the file system (its final commits at the slots, after a
+        // peer's unmount released its slot) takes nothing over: it would serve a slot with
+        // no mount of its own left to reach the manager through, and the slot's final
+        // checkpoint would wait a minute for a manager that is gone.
+        if self.is_unmounting(fs) {
+            bail!(
+                "owner slot {slot} of {fs} is not served (its holder let it go or died) and \
+                 this node is unmounting {fs}, so it does not take the slot over"
+            );
+        }
         self.take_over_slot(&record, slot)?;
         Ok(Some(self.own_target()))
     }
