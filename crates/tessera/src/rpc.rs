@@ -784,6 +784,10 @@ pub struct MountRow {
     /// The owner first (its metanode and file system manager), then its clients; empty
     /// when unmounted.
     pub nodes: Vec<MountedNode>,
+    /// Nodes whose client mount is being made now: not listed as mounted, but reached by
+    /// `umount -a|-N` (whose unmount there waits for the mount).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounting: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -1675,3 +1675,76 @@ fn a_node_that_never_answers_a_revocation_is_expelled_not_waited_for() {
     tessera_ok(&c, 1, &["umount", "h1"]);
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
+
+/// `umount -a` reaches a node whose client mount is still being made when it runs (a node
+/// mounting at its start, or under `mount -N` from elsewhere): that mount is not listed by
+/// `mount ls`, and `umount -a` used to skip it, leaving it mounted once it was made. Node 2
+/// runs a daemon that holds each client mount in that state for 4 s
+/// (`TESSERA_TEST_SLOW_CLIENT_MOUNT_MS`).
+#[test]
+fn umount_all_reaches_a_node_whose_mount_is_still_being_made() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    c.ok(&[
+        "up",
+        "2",
+        "--drives",
+        "1",
+        "--size",
+        "256M",
+        "--config",
+        TEST_TIMINGS,
+    ]);
+    let all = [1, 2];
+    assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
+    tessera_ok(&c, 2, &["shutdown"]);
+    c.ok(&[
+        "run",
+        "2",
+        "--",
+        "env",
+        "TESSERA_TEST_SLOW_CLIENT_MOUNT_MS=4000",
+        "tessera",
+        "startup",
+    ]);
+    wait_for("node 2 active again", SETTLE, || {
+        all_in_state(&c, 1, &all, "active")
+    });
+    let mnt = shared_fs(&c, "u1", 1, &[1]);
+    std::fs::write(mnt(1).join("f"), b"written before the unmount").unwrap();
+    let mounting = c
+        .command(&["run", "2", "--", "tessera", "mount", "u1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log2 = c.base.join("node2/home/log/daemon.log");
+    wait_for("node 2's mount recorded as being made", SETTLE, || {
+        std::fs::read_to_string(&log2)
+            .unwrap_or_default()
+            .contains("client mount recorded as being made")
+    });
+    let listed = tessera_ok(&c, 1, &["mount", "ls", "u1"]);
+    assert!(listed.contains("mounted on 1 node"), "{listed}");
+    let started = Instant::now();
+    let out = tessera_ok(&c, 1, &["umount", "u1", "-a"]);
+    eprintln!("umount -a took {:?}: {out}", started.elapsed());
+    let mounted = mounting.wait_with_output().unwrap();
+    assert!(
+        mounted.status.success(),
+        "node 2's mount: {}",
+        String::from_utf8_lossy(&mounted.stderr)
+    );
+    let listed = tessera_ok(&c, 1, &["mount", "ls", "u1"]);
+    assert!(listed.contains("is not mounted"), "{listed}");
+    let proc_mounts = c.ok(&["run", "2", "--", "cat", "/proc/self/mounts"]);
+    assert!(
+        !proc_mounts.contains(mnt(2).to_str().unwrap()),
+        "u1 is still mounted on node 2 after umount -a: {proc_mounts}"
+    );
+    let fsck = tessera_ok(&c, 1, &["fsck", "u1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}

@@ -46,11 +46,26 @@ const NODE_MOUNT_WAIT: Duration = Duration::from_secs(600);
 /// Which nodes have `name` mounted: the owner (file system manager) first, then its
 /// clients, by node name.
 fn mounted_nodes(home: &Home, name: &str) -> Result<Vec<crate::rpc::MountedNode>> {
+    Ok(mount_rows(home, name)?
+        .into_iter()
+        .flat_map(|r| r.nodes)
+        .collect())
+}
+
+/// The nodes whose client mount of `name` is being made now (see `MountRow::mounting`).
+fn mounting_nodes(home: &Home, name: &str) -> Result<Vec<String>> {
+    Ok(mount_rows(home, name)?
+        .into_iter()
+        .flat_map(|r| r.mounting)
+        .collect())
+}
+
+fn mount_rows(home: &Home, name: &str) -> Result<Vec<crate::rpc::MountRow>> {
     let request = Request::MountList {
         name: Some(name.to_string()),
     };
     match call(home, &request)? {
-        Reply::Mounts(rows) => Ok(rows.into_iter().flat_map(|r| r.nodes).collect()),
+        Reply::Mounts(rows) => Ok(rows),
         other => Err(unexpected(other)),
     }
 }
@@ -170,15 +185,21 @@ pub fn mount_nodes(
 
 /// `umount DEVICE -a|-N NODES` [mmumount -a|-N]: on every node selected that has it
 /// mounted, the clients first and at once, then the node that owns the metadata (which
-/// does not unmount under live clients).
+/// does not unmount under live clients). A node whose client mount is being made is a
+/// client here: its unmount waits for the mount, so none is left mounted behind the
+/// command.
 pub fn umount_nodes(home: &Home, name: &str, select: &NodeSelectArgs) -> Result<()> {
     if !select.all && select.nodes.is_none() {
         return umount(home, name);
     }
     let plan = Plan::new(home, select)?;
-    let mounted = mounted_nodes(home, name)?;
+    let rows = mount_rows(home, name)?;
+    let mounted: Vec<crate::rpc::MountedNode> =
+        rows.iter().flat_map(|r| r.nodes.iter().cloned()).collect();
+    let mounting: Vec<String> = rows.into_iter().flat_map(|r| r.mounting).collect();
     let owner = mounted.first().map(|n| n.node.clone());
-    let is_mounted = |n: &NodeRecord| mounted.iter().any(|m| m.node == n.name);
+    let is_mounted =
+        |n: &NodeRecord| mounted.iter().any(|m| m.node == n.name) || mounting.contains(&n.name);
     let args = ["umount", name];
     let umount_here = || umount(home, name);
     let mut failed = Vec::new();
@@ -193,6 +214,21 @@ pub fn umount_nodes(home: &Home, name: &str, select: &NodeSelectArgs) -> Result<
     }
     if total == 0 {
         println!("tessera umount: {name} is not mounted on any node selected");
+    }
+    if !failed.is_empty() {
+        // A node whose mount, being made when asked, failed meanwhile has nothing mounted.
+        let now: Vec<String> = mounted_nodes(home, name)?
+            .into_iter()
+            .map(|n| n.node)
+            .chain(mounting_nodes(home, name)?)
+            .collect();
+        failed.retain(|node| {
+            let unmounted = mounting.contains(node) && !now.contains(node);
+            if unmounted {
+                println!("tessera umount: {node}: {name} is not mounted (its mount failed)");
+            }
+            !unmounted
+        });
     }
     if failed.is_empty() {
         return Ok(());

@@ -570,9 +570,17 @@ impl Daemon {
                         role: role_of(r, &c.node, "client"),
                     }));
                 }
+                let state = self.member.state();
+                let mounting = r
+                    .clients
+                    .iter()
+                    .filter(|c| client_mount(c, &state) == ClientMountState::Mounting)
+                    .map(|c| c.node.clone())
+                    .collect();
                 crate::rpc::MountRow {
                     file_system: r.name.clone(),
                     nodes: rows,
+                    mounting,
                 }
             })
             .collect();
@@ -729,6 +737,7 @@ impl Daemon {
             });
             Ok(())
         })?;
+        slow_client_mount_for_tests(&record.name);
         if let Err(e) = self.mount_fs(record, mount_point, Some(owner)) {
             self.leave_as_client(&record.name);
             return Err(e);
@@ -1681,19 +1690,55 @@ fn created_before(r: &FsRecord, started: std::time::Duration) -> bool {
     }
 }
 
+/// A daemon started with `TESSERA_TEST_SLOW_CLIENT_MOUNT_MS=N` waits N ms between
+/// recording a client mount as being made and making it: how the tests hold a mount in
+/// that state (a cluster start with many nodes or slow disks does it by itself).
+fn slow_client_mount_for_tests(name: &str) {
+    let Some(ms) = std::env::var("TESSERA_TEST_SLOW_CLIENT_MOUNT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    tracing::warn!("{name}: client mount recorded as being made; waiting {ms} ms (TESSERA_TEST_SLOW_CLIENT_MOUNT_MS)");
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+}
+
 /// Whether `client`'s entry stands for a mount that is made and whose node still runs
 /// the incarnation that made it (what `mount ls` lists).
 fn client_is_mounted(client: &ClientMount, state: &tessera_cluster::state::ConfigState) -> bool {
-    if client.pending {
-        return false;
-    }
+    client_mount(client, state) == ClientMountState::Mounted
+}
+
+/// Where a client's entry in the file-system table stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ClientMountState {
+    /// Made, by the incarnation its node runs.
+    Mounted,
+    /// Being made now by the incarnation its node runs (`umount -a|-N` reaches it too: its
+    /// unmount waits for the mount under the node's admin lock).
+    Mounting,
+    /// Nothing mounted there: its node is down, restarted since, gone, or the entry is
+    /// kept for a dead owner to mount again at its start.
+    Not,
+}
+
+fn client_mount(
+    client: &ClientMount,
+    state: &tessera_cluster::state::ConfigState,
+) -> ClientMountState {
     let Some(node) = state.nodes.values().find(|n| n.name == client.node) else {
-        return false;
+        return ClientMountState::Not;
     };
-    match (state.incarnations.get(&node.number), client.incarnation) {
+    let live = match (state.incarnations.get(&node.number), client.incarnation) {
         (None, _) => false,
-        (Some(_), None) => true,
+        (Some(_), None) => !client.pending,
         (Some(now), Some(then)) => *now == then,
+    };
+    match (live, client.pending) {
+        (false, _) => ClientMountState::Not,
+        (true, false) => ClientMountState::Mounted,
+        (true, true) => ClientMountState::Mounting,
     }
 }
 
@@ -1822,12 +1867,25 @@ mod tests {
         assert!(!client_is_mounted(&entry(Some(3), false), &state));
         state.incarnations.insert(7, 3);
         assert!(client_is_mounted(&entry(Some(3), false), &state));
-        // Still being made, or kept for a dead owner to mount again at its start.
+        // Still being made (`umount -a|-N` reaches it all the same), or kept for a dead
+        // owner to mount again at its start.
         assert!(!client_is_mounted(&entry(Some(3), true), &state));
+        assert_eq!(
+            client_mount(&entry(Some(3), true), &state),
+            ClientMountState::Mounting
+        );
         assert!(!client_is_mounted(&entry(None, true), &state));
+        assert_eq!(
+            client_mount(&entry(None, true), &state),
+            ClientMountState::Not
+        );
         // The node restarted (a new incarnation) and has not mounted it again yet.
         state.incarnations.insert(7, 9);
         assert!(!client_is_mounted(&entry(Some(3), false), &state));
+        assert_eq!(
+            client_mount(&entry(Some(3), true), &state),
+            ClientMountState::Not
+        );
         // An entry from before incarnations were recorded counts while the node is live.
         assert!(client_is_mounted(&entry(None, false), &state));
         // A node no longer in the cluster.
