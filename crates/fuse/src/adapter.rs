@@ -900,6 +900,37 @@ impl Handler for TesseraFuse {
     }
 
     fn handle(&self, req: &Request<'_>) -> Reply {
+        match self.handle_op(req) {
+            Reply::Error(libc::ENOENT) if names_its_inode(&req.op) => Reply::Error(libc::ESTALE),
+            reply => reply,
+        }
+    }
+}
+
+/// Whether `op` acts on the inode the kernel names by its node id, not on a name in it: such
+/// an inode that no longer exists was removed on another node (this kernel removes nothing
+/// it still reaches by a name) after this kernel looked it up, so the answer is ESTALE, as
+/// NFS gives for a removed file's handle, and the VFS walks the path again, looking every
+/// name up afresh, once (`retry_estale`). ENOENT would fail an `open` or `stat` of a name
+/// that another node had just replaced by a rename, though the name never ceased to exist.
+fn names_its_inode(op: &Op<'_>) -> bool {
+    matches!(
+        op,
+        Op::Getattr
+            | Op::Setattr(_)
+            | Op::Readlink
+            | Op::Open { .. }
+            | Op::Opendir
+            | Op::Access { .. }
+            | Op::Setxattr { .. }
+            | Op::Getxattr { .. }
+            | Op::Listxattr { .. }
+            | Op::Removexattr { .. }
+    )
+}
+
+impl TesseraFuse {
+    fn handle_op(&self, req: &Request<'_>) -> Reply {
         let ino = req.header.nodeid;
         let cred = credentials(req);
         // A node cut off from the cluster answers nothing from the metadata it owned:
