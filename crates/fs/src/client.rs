@@ -352,7 +352,10 @@ impl FileSystem {
             (MetanodeRequest::Protection { ino }, Some(node)) => {
                 holders.grant(crate::read_tokens::protection_key(*ino), node)
             }
-            (MetanodeRequest::Find { parent, .. }, Some(node)) => holders.grant(*parent, node),
+            (MetanodeRequest::Find { parent, name }, Some(node)) => {
+                holders.note_found(*parent, name, node);
+                holders.grant(*parent, node)
+            }
             _ => false,
         };
         let asked = match &request {

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use tessera_alloc::{AllocMap, Extent, PoolId};
@@ -88,6 +88,10 @@ pub(crate) struct Meta {
     /// directory another slot serves; see `FileSystem::remove_across_owners`): no name
     /// goes into them until the deadline, after which the seal lapses.
     pub sealed: HashMap<Ino, std::time::Instant>,
+    /// Files whose last link went while another node may have just looked them up, kept
+    /// (orphans, nlink 0) until their time is up (`Namespace::release_or_keep`), oldest
+    /// first; then freed unless opened meanwhile (`FileSystem::free_lingering`).
+    pub lingering: std::collections::VecDeque<crate::namespace::Lingering>,
     /// What each origin changed since the last commit, for answering other nodes' changes
     /// before they are durable (`early_answer.rs`).
     pub uncommitted: crate::early_answer::Uncommitted,
@@ -272,6 +276,7 @@ impl Owner {
                 open: HashMap::new(),
                 unlogged: HashSet::new(),
                 sealed: HashMap::new(),
+                lingering: std::collections::VecDeque::new(),
                 uncommitted: crate::early_answer::Uncommitted::default(),
                 discarding: Vec::new(),
             }),
@@ -661,6 +666,45 @@ impl FileSystem {
             }
         }));
         fs
+    }
+
+    /// How long until the oldest unlinked file kept for other nodes' lookups is due to be
+    /// freed, if any is kept (`Meta::lingering`).
+    fn lingering_due(&self) -> Option<Duration> {
+        let owner = self.owner.as_ref()?;
+        let m = owner.meta.lock();
+        let first = m.lingering.front()?;
+        Some(first.until.saturating_duration_since(Instant::now()))
+    }
+
+    /// Wakes the flusher to free a file kept for other nodes' lookups in time.
+    pub(crate) fn wake_flusher(&self) {
+        self.stop.1.notify_all();
+    }
+
+    /// Frees the unlinked files kept for other nodes' lookups (see `Meta::lingering`) whose
+    /// time is up, or all of them (at unmount). One opened meanwhile is freed by its last
+    /// close instead; one whose inode number went to a new file meanwhile is left alone.
+    pub(crate) fn free_lingering(&self, all: bool) -> FsResult<()> {
+        let Some(owner) = &self.owner else {
+            return Ok(());
+        };
+        let now = std::time::Instant::now();
+        let mut m = owner.meta.lock();
+        while let Some(l) = m.lingering.front().copied() {
+            if !all && l.until > now {
+                break;
+            }
+            m.lingering.pop_front();
+            if m.open.contains_key(&l.ino) {
+                continue;
+            }
+            let still = m.state.find_attr(l.ino).ok().flatten();
+            if still.is_some_and(|a| a.nlink == 0 && a.generation == l.generation) {
+                self.log(&mut m, vec![Change::FreeInode { ino: l.ino }])?;
+            }
+        }
+        Ok(())
     }
 
     /// Frees inodes whose last link went away while they were open and that no mount
@@ -1880,6 +1924,7 @@ impl FileSystem {
         }
         self.prefetch.stop();
         self.flush_all_gathered();
+        self.free_lingering(true)?;
         self.commit_other_owners(true)?;
         self.sync_own()?;
         let client = self.owner.is_none()
@@ -1975,18 +2020,31 @@ pub(crate) fn metadata_reserve(desc: &FsDescriptor) -> u64 {
 /// Commits and checkpoints in the background. It holds the file system only while working,
 /// so a file system dropped without unmount stops it at the next tick.
 fn flusher(fs: Weak<FileSystem>, stop: Arc<(Mutex<bool>, Condvar)>) {
+    let mut committed = Instant::now();
     loop {
+        let wait = {
+            let Some(fs) = fs.upgrade() else { return };
+            let commit = COMMIT_INTERVAL.saturating_sub(committed.elapsed());
+            fs.lingering_due().map_or(commit, |due| due.min(commit))
+        };
         {
             let mut stopped = stop.0.lock();
             if *stopped {
                 return;
             }
-            stop.1.wait_for(&mut stopped, COMMIT_INTERVAL);
+            stop.1.wait_for(&mut stopped, wait);
             if *stopped {
                 return;
             }
         }
         let Some(fs) = fs.upgrade() else { return };
+        if let Err(e) = fs.free_lingering(false) {
+            tracing::error!("freeing unlinked files kept for other nodes' lookups: {e}");
+        }
+        if committed.elapsed() < COMMIT_INTERVAL {
+            continue;
+        }
+        committed = Instant::now();
         if !fs.is_owner() {
             // A client-only mount: its owners commit what it sent them.
             fs.flush_all_gathered();

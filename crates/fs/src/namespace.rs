@@ -97,6 +97,25 @@ use crate::locks::{Lock, LockCall, LockClass, LockKind, Origin, Refused};
 /// must not leave the directory closed for ever.
 const SEAL_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long a file whose last link went stays when another node may have just looked its
+/// name up: that node's kernel opens or stats the inode it was told of right after, and a
+/// file freed in between answers ESTALE (the kernel looks the name up once more, and a
+/// second replacement in that window reaches the application). A rename over a file
+/// happens before such an open, as on a local file system, which holds the inode for the
+/// dentry it found. Freed by the flusher when its time is up. Short, since the file's
+/// blocks stay taken meanwhile.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
+/// Files kept so, at most; past it a file is freed at once, as before.
+const LINGERING_MAX: usize = 4096;
+
+/// An unlinked file kept for other nodes' lookups (`Meta::lingering`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lingering {
+    pub(crate) ino: Ino,
+    pub(crate) generation: u32,
+    pub(crate) until: std::time::Instant,
+}
+
 impl Namespace for FileSystem {
     fn attr(&self, ino: Ino) -> FsResult<Attr> {
         let mut m = self.owner().meta.lock();
@@ -197,7 +216,7 @@ impl Namespace for FileSystem {
         }
         attr.ctime = now;
         changes.push(Change::PutAttr(pattr));
-        changes.push(self.release_or_keep(&m, attr));
+        changes.push(self.release_or_keep(&mut m, attr, Some((parent, name))));
         self.log(&mut m, changes)?;
         Ok(())
     }
@@ -238,7 +257,7 @@ impl Namespace for FileSystem {
         }
         attr.nlink = 0;
         attr.ctime = self.now();
-        let change = self.release_or_keep(&m, attr);
+        let change = self.release_or_keep(&mut m, attr, None);
         let lsn = self.log(&mut m, vec![change])?;
         drop(m);
         self.commit(lsn)
@@ -314,7 +333,7 @@ impl Namespace for FileSystem {
             Change::PutAttr(attr)
         } else {
             attr.nlink -= 1;
-            self.release_or_keep(&m, attr)
+            self.release_or_keep(&mut m, attr, None)
         };
         let lsn = self.log(&mut m, vec![change])?;
         drop(m);
@@ -502,7 +521,7 @@ impl Namespace for FileSystem {
                 r.nlink -= 1;
             }
             r.ctime = now;
-            changes.push(self.release_or_keep(&m, r));
+            changes.push(self.release_or_keep(&mut m, r, Some((new_parent, new_name))));
         }
         changes.push(Change::PutAttr(pattr));
         if let Some(np) = npattr {
@@ -579,7 +598,10 @@ impl Namespace for FileSystem {
         };
         if left == 0 {
             m.open.remove(&ino);
-            if m.state.find_attr(ino)?.is_some_and(|a| a.nlink == 0) {
+            // One kept for another node's lookup is freed when its time is up.
+            let now = std::time::Instant::now();
+            let lingers = m.lingering.iter().any(|l| l.ino == ino && l.until > now);
+            if !lingers && m.state.find_attr(ino)?.is_some_and(|a| a.nlink == 0) {
                 self.log(&mut m, vec![Change::FreeInode { ino }])?;
             }
         }
@@ -1003,14 +1025,34 @@ impl FileSystem {
         Ok(attr)
     }
 
-    /// The change for an inode that lost a link: freed when unreferenced, else updated.
-    fn release_or_keep(&self, m: &Meta, attr: Attr) -> Change {
-        let open = m.open.get(&attr.ino).copied().unwrap_or(0);
-        if attr.nlink == 0 && open == 0 {
-            Change::FreeInode { ino: attr.ino }
-        } else {
-            Change::PutAttr(attr)
+    /// The change for an inode that lost a link (its last name `name`, when known): freed
+    /// when unreferenced, else updated. A file another node may have just looked up is kept
+    /// a moment as an orphan (see [`LINGER`]), also past the last close of an open one.
+    fn release_or_keep(&self, m: &mut Meta, attr: Attr, name: Option<(Ino, &[u8])>) -> Change {
+        if attr.nlink != 0 {
+            return Change::PutAttr(attr);
         }
+        let holders = &self.owner().meta.holders;
+        let looked_up = holders.held_by_others(attr.ino)
+            || name.is_some_and(|(dir, n)| {
+                holders.found_lately(dir, n)
+                    || holders.held_by_others(crate::read_tokens::name_key(dir, n))
+            });
+        if attr.kind != FileKind::Directory && looked_up && m.lingering.len() < LINGERING_MAX {
+            m.lingering.push_back(Lingering {
+                ino: attr.ino,
+                generation: attr.generation,
+                until: std::time::Instant::now() + LINGER,
+            });
+            if m.lingering.len() == 1 {
+                self.wake_flusher();
+            }
+            return Change::PutAttr(attr);
+        }
+        if m.open.get(&attr.ino).is_some_and(|n| *n > 0) {
+            return Change::PutAttr(attr);
+        }
+        Change::FreeInode { ino: attr.ino }
     }
 
     /// True when `ancestor` is `dir` or one of its ancestors. Where the chain of parents passes through a directory another owner slot serves,

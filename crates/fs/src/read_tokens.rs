@@ -171,7 +171,17 @@ pub(crate) struct ReadHolders {
     /// An eviction is running (at most one at a time).
     evicting: std::sync::atomic::AtomicBool,
     pub(crate) revoke: std::sync::OnceLock<RevokeHook>,
+    /// Names other nodes looked up lately (by `name_key`, with when and by whom), granted
+    /// or not: a file whose last name goes right after is kept a moment for the lookup's
+    /// node to open (`Namespace::release_or_keep`). Entries older than `FOUND_KEPT` go
+    /// when it grows past `FOUND_MAX`.
+    found: Mutex<HashMap<Ino, (Instant, Origin)>>,
 }
+
+/// How long a lookup by another node counts as recent (`ReadHolders::found_lately`).
+pub(crate) const FOUND_KEPT: Duration = Duration::from_secs(1);
+/// Names recorded as looked up, at most (pruned of old ones past it).
+const FOUND_MAX: usize = 65_536;
 
 std::thread_local! {
     /// The node whose request this thread serves: it is not sent revocations for what its
@@ -464,6 +474,44 @@ impl ReadHolders {
     /// out whether it touched what they hold).
     pub(crate) fn held_by_any(&self, key: Ino) -> bool {
         self.count.load(Ordering::Acquire) > 0 && self.table.lock().holders.contains_key(&key)
+    }
+
+    /// Records that node `by` looked up `name` in `dir` (see `ReadHolders::found`).
+    pub(crate) fn note_found(&self, dir: Ino, name: &[u8], by: Origin) {
+        let mut found = self.found.lock();
+        if found.len() >= FOUND_MAX {
+            found.retain(|_, (at, _)| at.elapsed() < FOUND_KEPT);
+        }
+        if found.len() < FOUND_MAX {
+            found.insert(name_key(dir, name), (Instant::now(), by));
+        }
+    }
+
+    /// Whether a node other than the one whose request this thread serves looked up
+    /// `name` in `dir` within `FOUND_KEPT`. Not the remover itself: `rm` looks its file up
+    /// first, and keeping every removed file would keep its blocks from a writer that
+    /// removed it to make room (a process of the remover's own node racing it is answered
+    /// ESTALE and looks again, as on one node).
+    pub(crate) fn found_lately(&self, dir: Ino, name: &[u8]) -> bool {
+        let serving = SERVING.get();
+        self.found
+            .lock()
+            .get(&name_key(dir, name))
+            .is_some_and(|(at, by)| at.elapsed() < FOUND_KEPT && Some(*by) != serving)
+    }
+
+    /// Whether a node other than the one whose request this thread serves holds copies
+    /// under `key` (every holder, for the owner's own requests).
+    pub(crate) fn held_by_others(&self, key: Ino) -> bool {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let serving = SERVING.get();
+        self.table
+            .lock()
+            .holders
+            .get(&key)
+            .is_some_and(|held| held.of.iter().any(|h| Some(*h) != serving))
     }
 
     /// Takes the holders of every inode `changes` touch, for this thread to revoke once it

@@ -2583,3 +2583,43 @@ fn appends_from_three_mounts_at_once_lose_nothing() {
     drop((b, c, owner));
     assert_fsck_clean(&t, "after gathered appends");
 }
+
+/// A file replaced by a rename right after another node looked its name up stays a moment
+/// for that node to open (its kernel opens the inode it was told of right after): the open
+/// reads the old file whole, as the open of a name replaced after its lookup does on a
+/// local file system; a moment later the file is freed. A file whose remover looked it up
+/// itself goes at once. (Every replaced file went at once, and such an open failed:
+/// ENOENT, then ESTALE.)
+#[test]
+fn a_file_replaced_right_after_another_nodes_lookup_is_kept_for_its_open() {
+    let (t, owner, client, _calls, _revoked) = owner_and_client_as_node_two();
+    let old = create_file(&owner, ROOT_INO, b"current");
+    let data = pattern(100_000, 5);
+    owner.write(old.ino, 0, &data, false).unwrap();
+    let new = create_file(&owner, ROOT_INO, b"tmp");
+    owner.write(new.ino, 0, b"new", false).unwrap();
+    assert_eq!(client.lookup(ROOT_INO, b"current").unwrap().ino, old.ino);
+    owner
+        .rename(ROOT_INO, b"tmp", ROOT_INO, b"current", false, false)
+        .unwrap();
+    client.open(old.ino).unwrap();
+    assert!(client.read(old.ino, 0, 200_000).unwrap() == data);
+    client.release(old.ino).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !matches!(owner.getattr(old.ino), Err(FsError::NotFound)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replaced file was never freed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The client looks up and removes a file itself: nothing to keep it for.
+    let gone = create_file(&owner, ROOT_INO, b"gone");
+    assert_eq!(client.lookup(ROOT_INO, b"gone").unwrap().ino, gone.ino);
+    client.remove(ROOT_INO, b"gone", false).unwrap();
+    assert!(matches!(owner.getattr(gone.ino), Err(FsError::NotFound)));
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after files replaced under another node's lookups");
+}

@@ -378,14 +378,17 @@ fn files_replaced_by_rename_from_three_nodes_are_read_whole_everywhere() {
         })
         .collect();
     let written: Vec<u64> = writers.into_iter().map(|w| w.join().unwrap()).collect();
-    let (mut reads, mut wrong, mut stale) = (0, Vec::new(), 0);
+    let (mut reads, mut wrong, mut stale) = (0, Vec::new(), Vec::new());
     for r in readers {
         let (n, mut bad, st) = r.join().unwrap();
         reads += n;
         wrong.append(&mut bad);
-        stale += st;
+        stale.push(st);
     }
-    eprintln!("generations written {written:?}, whole files read {reads}, ESTALE {stale}");
+    eprintln!(
+        "generations written {written:?}, whole files read {reads}, ESTALE by node {stale:?}"
+    );
+    let stale: u32 = stale.iter().sum();
     let mut kinds = std::collections::BTreeMap::new();
     for w in &wrong {
         *kinds
@@ -395,11 +398,12 @@ fn files_replaced_by_rename_from_three_nodes_are_read_whole_everywhere() {
     eprintln!("{} wrong: {kinds:#?}", wrong.len());
     wrong.truncate(20);
     assert!(wrong.is_empty(), "{wrong:#?}\n{}", log_tails(&c));
-    // A file replaced on another node between this kernel's lookup and its open is
-    // ESTALE, and the kernel looks the name up again once; only a second replacement in
-    // that window reaches the application.
+    // A file replaced between this kernel's lookup and its open is kept a moment for it
+    // when the lookup came from another node than the replacing one; else it is ESTALE,
+    // and the kernel looks the name up again once: only a second replacement in that
+    // window reaches the application.
     assert!(
-        stale * 20 <= reads,
+        stale * 100 <= reads,
         "{stale} reads of {reads} failed with ESTALE"
     );
     assert!(
