@@ -1599,6 +1599,17 @@ fn a_cut_off_client_keeps_nothing_it_was_granted() {
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
 
+/// Restarts node `k`'s daemon with `env` (`NAME=value`, one of the daemon's test switches)
+/// and waits until every node of `all` is active again.
+fn restart_with(c: &Cluster, k: u32, env: &str, all: &[u32]) {
+    tessera_ok(c, k, &["shutdown"]);
+    let node = k.to_string();
+    c.ok(&["run", &node, "--", "env", env, "tessera", "startup"]);
+    wait_for("the node active again", SETTLE, || {
+        all_in_state(c, 1, all, "active")
+    });
+}
+
 /// A node that is alive (it renews its lease) but never answers a revocation must not hang
 /// the cluster: the owner waits twice the lease for it, has the cluster manager expel it,
 /// waits until its lease has run out, and the change that needed the revocation returns.
@@ -1620,19 +1631,7 @@ fn a_node_that_never_answers_a_revocation_is_expelled_not_waited_for() {
     ]);
     let all = [1, 2, 3];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
-    tessera_ok(&c, 2, &["shutdown"]);
-    c.ok(&[
-        "run",
-        "2",
-        "--",
-        "env",
-        "TESSERA_TEST_STALL_REVOCATIONS=1",
-        "tessera",
-        "startup",
-    ]);
-    wait_for("node 2 active again", SETTLE, || {
-        all_in_state(&c, 1, &all, "active")
-    });
+    restart_with(&c, 2, "TESSERA_TEST_STALL_REVOCATIONS=1", &all);
     // A node restarted a moment ago applies the configuration log a little after it is
     // active again: its mount of a file system created just now catches up first.
     let mnt = shared_fs(&c, "h1", 1, &[1, 2]);
@@ -1699,19 +1698,7 @@ fn umount_all_reaches_a_node_whose_mount_is_still_being_made() {
     ]);
     let all = [1, 2];
     assert!(all_in_state(&c, 1, &all, "active"), "{:?}", states(&c, 1));
-    tessera_ok(&c, 2, &["shutdown"]);
-    c.ok(&[
-        "run",
-        "2",
-        "--",
-        "env",
-        "TESSERA_TEST_SLOW_CLIENT_MOUNT_MS=4000",
-        "tessera",
-        "startup",
-    ]);
-    wait_for("node 2 active again", SETTLE, || {
-        all_in_state(&c, 1, &all, "active")
-    });
+    restart_with(&c, 2, "TESSERA_TEST_SLOW_CLIENT_MOUNT_MS=4000", &all);
     let mnt = shared_fs(&c, "u1", 1, &[1]);
     std::fs::write(mnt(1).join("f"), b"written before the unmount").unwrap();
     let mounting = c
