@@ -125,6 +125,11 @@ impl FileSystem {
     pub(crate) fn has_pending_frees(&self) -> bool {
         !self.owner().meta.lock().pending_free.is_empty()
     }
+
+    /// Whether unlinked files are kept for other nodes' lookups (`Meta::lingering`).
+    fn has_lingering(&self) -> bool {
+        !self.owner().meta.lock().lingering.is_empty()
+    }
 }
 
 /// Whether `change` is one a data path may send for `ino`.
@@ -490,8 +495,11 @@ impl BlockAllocator for FileSystem {
         what: &'static str,
     ) -> FsResult<Extent> {
         let tried = match self.try_allocate(pool, sub_blocks, hint, what) {
-            Err(FsError::NoSpace { .. }) if self.has_pending_frees() => {
-                // Space freed by changes not yet durable comes back after a commit.
+            Err(FsError::NoSpace { .. }) if self.has_pending_frees() || self.has_lingering() => {
+                // Files kept a moment for other nodes' lookups give their space to a writer
+                // that needs it; space freed by changes not yet durable comes back after a
+                // commit.
+                self.free_lingering(true)?;
                 self.sync_own()?;
                 self.try_allocate(pool, sub_blocks, hint, what)
             }

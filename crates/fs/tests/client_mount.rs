@@ -2623,3 +2623,32 @@ fn a_file_replaced_right_after_another_nodes_lookup_is_kept_for_its_open() {
     drop((client, owner));
     assert_fsck_clean(&t, "after files replaced under another node's lookups");
 }
+
+/// A file kept a moment for another node's lookup gives its space to a writer that needs
+/// it: the file system filled by one file, another node looks it up, the owner removes it
+/// and at once writes half as much again, with no ENOSPC.
+#[test]
+fn a_file_kept_for_another_nodes_lookup_gives_its_space_to_a_writer() {
+    let (t, owner, client, _calls, _revoked) = owner_and_client_as_node_two();
+    let big = create_file(&owner, ROOT_INO, b"big");
+    let chunk = pattern(1 << 20, 7);
+    let mut size = 0u64;
+    while owner.write(big.ino, size, &chunk, false).is_ok() {
+        size += chunk.len() as u64;
+    }
+    assert!(size >= 32 << 20, "only {size} bytes fit");
+    assert_eq!(client.lookup(ROOT_INO, b"big").unwrap().ino, big.ino);
+    owner.remove(ROOT_INO, b"big", false).unwrap();
+    let again = create_file(&owner, ROOT_INO, b"again");
+    let mut written = 0u64;
+    while written < size / 2 {
+        owner
+            .write(again.ino, written, &chunk, false)
+            .unwrap_or_else(|e| panic!("after {written} bytes of {}: {e}", size / 2));
+        written += chunk.len() as u64;
+    }
+    client.unmount().unwrap();
+    owner.unmount().unwrap();
+    drop((client, owner));
+    assert_fsck_clean(&t, "after a kept file's space went to a writer");
+}
