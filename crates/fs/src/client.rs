@@ -685,13 +685,13 @@ impl FileSystem {
             Err(FsError::ShardElsewhere { shard }) => {
                 // Read again, and taken when the map now gives it to this mount's own slot,
                 // whose directory made a moment ago another of this node's requests may
-                // reach before the making request took its shard. Asked once more in any
-                // case: the owner may have given the shard to another slot while it served
-                // this request (two slots' directories made at once), and the failed run
-                // did nothing (a shard is looked up before anything is logged).
-                self.reread_owner_map()?;
-                self.takes_shard_given_meanwhile(shard);
-                op(self.namespace_of(ino))
+                // reach before the making request took its shard.
+                let moved = self.reread_owner_map()?;
+                if self.takes_shard_given_meanwhile(shard) || moved {
+                    op(self.namespace_of(ino))
+                } else {
+                    Err(FsError::ShardElsewhere { shard })
+                }
             }
             other => other,
         }
