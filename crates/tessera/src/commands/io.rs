@@ -52,14 +52,6 @@ fn mounted_nodes(home: &Home, name: &str) -> Result<Vec<crate::rpc::MountedNode>
         .collect())
 }
 
-/// The nodes whose client mount of `name` is being made now (see `MountRow::mounting`).
-fn mounting_nodes(home: &Home, name: &str) -> Result<Vec<String>> {
-    Ok(mount_rows(home, name)?
-        .into_iter()
-        .flat_map(|r| r.mounting)
-        .collect())
-}
-
 fn mount_rows(home: &Home, name: &str) -> Result<Vec<crate::rpc::MountRow>> {
     let request = Request::MountList {
         name: Some(name.to_string()),
@@ -217,10 +209,9 @@ pub fn umount_nodes(home: &Home, name: &str, select: &NodeSelectArgs) -> Result<
     }
     if !failed.is_empty() {
         // A node whose mount, being made when asked, failed meanwhile has nothing mounted.
-        let now: Vec<String> = mounted_nodes(home, name)?
+        let now: Vec<String> = mount_rows(home, name)?
             .into_iter()
-            .map(|n| n.node)
-            .chain(mounting_nodes(home, name)?)
+            .flat_map(|r| r.nodes.into_iter().map(|n| n.node).chain(r.mounting))
             .collect();
         failed.retain(|node| {
             let unmounted = mounting.contains(node) && !now.contains(node);
