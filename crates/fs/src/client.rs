@@ -681,13 +681,18 @@ impl FileSystem {
         ino: Ino,
         op: impl Fn(&dyn Namespace) -> FsResult<T>,
     ) -> FsResult<T> {
+        // The slot asked, as the map stood when the request left: another of this node's
+        // requests may read the map again while this one is on its way, and then the
+        // read below finds nothing new although this request went by the old map.
+        let asked = self.slot_serving(ino);
         match op(self.namespace_of(ino)) {
             Err(FsError::ShardElsewhere { shard }) => {
                 // Read again, and taken when the map now gives it to this mount's own slot,
                 // whose directory made a moment ago another of this node's requests may
                 // reach before the making request took its shard.
                 let moved = self.reread_owner_map()?;
-                if self.takes_shard_given_meanwhile(shard) || moved {
+                let elsewhere_now = self.slot_serving(ino) != asked;
+                if self.takes_shard_given_meanwhile(shard) || moved || elsewhere_now {
                     op(self.namespace_of(ino))
                 } else {
                     Err(FsError::ShardElsewhere { shard })
@@ -697,10 +702,9 @@ impl FileSystem {
         }
     }
 
-    /// [`Self::routed`] for a `make`, asked once more in any case after ShardElsewhere: the
-    /// owner may have given the shard it chose for a slot's new directory to another slot
-    /// while it served (two slots' directories made at once), and a make that failed so
-    /// logged nothing (a shard is looked up first).
+    /// [`Self::routed`] for a `make`, asked once more in any case after ShardElsewhere: a
+    /// make that failed so logged nothing (a shard is looked up first), so asking again is
+    /// safe, and an application's create should not fail for the way the map moved under it.
     fn routed_make(
         &self,
         parent: Ino,

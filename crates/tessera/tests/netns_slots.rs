@@ -196,8 +196,6 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
 /// over another owner's answering EXDEV, and renames stalling two seconds a turn on the
 /// manager's kernel's directory lock.
 #[test]
-#[ignore = "a rare EIO under racing mkdirs from three slots remains (about one run in three \
-            fails with one EIO in 6,000 operations); run it with --ignored while fixing it"]
 fn namespace_changes_racing_from_three_nodes_fail_only_as_posix_says() {
     if !netns_usable() {
         return;
