@@ -970,3 +970,43 @@ fn a_flush_syncs_writes_made_behind_the_device_and_wrappers_see_every_io() {
         server.shutdown();
     }
 }
+
+/// fast_io_fail_tmo counts from when the last path went down, not from the namespace's
+/// first command after that: a namespace nobody used while its drive server was away
+/// longer than that fails its first command at once (an array opened on a survivor must
+/// not wait again for each pdisk of a lost enclosure).
+#[test]
+fn fast_io_fail_tmo_counts_from_the_loss_of_the_last_path() {
+    let setup = start("optimized", None);
+    let host = Host::new(host_identity(12));
+    let ns = connect_all(&host, &setup, |o| {
+        o.ctrl_loss_tmo = Duration::from_secs(60);
+        o.fast_io_fail_tmo = Some(Duration::from_secs(1));
+    });
+    setup.server().set_port_enabled(1, false).unwrap();
+    setup.server().set_port_enabled(2, false).unwrap();
+    wait_until(Duration::from_secs(10), || {
+        host.list()[0]
+            .paths
+            .iter()
+            .all(|p| p.state != PathState::Live)
+    });
+    std::thread::sleep(Duration::from_millis(1300));
+    let start = Instant::now();
+    let mut buf = AlignedBuf::zeroed(4096);
+    let err = ns.read_at(&mut buf, 0).unwrap_err().to_string();
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "the first command after the loss waited {:?}: {err}",
+        start.elapsed()
+    );
+    assert!(err.contains("fast_io_fail_tmo 1 s"), "{err}");
+    setup.server().set_port_enabled(1, true).unwrap();
+    wait_until(Duration::from_secs(10), || {
+        host.list()[0]
+            .paths
+            .iter()
+            .any(|p| p.state == PathState::Live)
+    });
+    ns.read_at(&mut buf, 0).unwrap();
+}

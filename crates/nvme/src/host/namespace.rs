@@ -379,7 +379,17 @@ impl MultipathNamespace {
     /// when no path is left at all.
     fn wait_for_path(&self) -> io::Result<()> {
         self.unusable.store(true, Ordering::Relaxed);
-        let since = *self.unusable_since.lock().get_or_insert_with(Instant::now);
+        // Counted from when the last path went down, not from this namespace's first
+        // command after that (as Linux counts fast_io_fail_tmo per controller): a namespace
+        // nobody used while its enclosure was away fails at once, not after another wait.
+        let lost = self.last_path_lost();
+        let since = {
+            let mut since = self.unusable_since.lock();
+            let first = *since.get_or_insert_with(Instant::now);
+            let since_lost = lost.map_or(first, |lost| lost.min(first));
+            *since = Some(since_lost);
+            since_lost
+        };
         let tmo = self.io_fail_tmo();
         let deadline = super::policy::io_deadline(since, tmo);
         let now = Instant::now();
@@ -388,6 +398,23 @@ impl MultipathNamespace {
         }
         self.notifier.wait(QUEUED_RECHECK.min(deadline - now));
         Ok(())
+    }
+
+    /// When the namespace lost its last path, if every path it has is down (reconnecting):
+    /// the latest of their losses. `None` while a path is live (its ANA state may still
+    /// keep I/O off it) or none is left.
+    fn last_path_lost(&self) -> Option<Instant> {
+        let paths = self.paths.read();
+        let mut last: Option<Instant> = None;
+        for p in paths.iter() {
+            match p.path.state() {
+                (PathState::Connecting, Some(lost)) => {
+                    last = Some(last.map_or(lost, |l| l.max(lost)))
+                }
+                _ => return None,
+            }
+        }
+        last
     }
 
     fn no_path_error(&self, since: Instant, tmo: Duration) -> io::Error {
@@ -418,7 +445,7 @@ impl MultipathNamespace {
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
-                "no usable path to {} ({}, {detail}) after waiting {} s ({limit}); \
+                "no usable path to {} ({}, {detail}) for {} s ({limit}); \
                  {}; {then}",
                 self.name,
                 self.subnqn,
