@@ -61,6 +61,8 @@ const PREFERRED_GROUP: u32 = 1;
 const OTHER_GROUP: u32 = 2;
 /// How often a lost path to a server is tried again.
 const RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// How often the servers of an NSD that no server answers for are tried while that lasts.
+const STRANDED_RETRY: Duration = Duration::from_millis(250);
 /// Keep Alive Timeout of server paths: a server that stops answering without closing
 /// its connections (a partition, a hung node) loses its path after this long.
 const KEEP_ALIVE: Duration = Duration::from_secs(3);
@@ -202,9 +204,15 @@ impl Daemon {
                 // Arrays first: an array moved here brings the vdisks its NSDs are.
                 d.open_arrays_given_here();
                 d.sync_nsd_service();
-                d.retry_nsd_paths();
-                d.member
-                    .wait_for_change(&mut applied, Duration::from_secs(2));
+                // An NSD no server answers for has I/O waiting on it: its new server (an
+                // array taken over, a server back) is looked for often, not every 2 s.
+                let stranded = d.retry_nsd_paths();
+                let period = if stranded {
+                    STRANDED_RETRY
+                } else {
+                    Duration::from_secs(2)
+                };
+                d.member.wait_for_change(&mut applied, period);
             })?;
         Ok(())
     }
@@ -778,7 +786,8 @@ impl Daemon {
 
     /// Connects the paths to NSD servers that were lost for good (ctrl_loss_tmo) or never
     /// came up, for the incarnation that asked for them.
-    fn retry_nsd_paths(&self) {
+    /// Whether some NSD this node reaches through servers has no live path left.
+    fn retry_nsd_paths(&self) -> bool {
         let reached: Vec<(String, Reached)> = self
             .nsd_service
             .reached
@@ -787,9 +796,14 @@ impl Daemon {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let Some(epoch) = self.member.io_epoch() else {
-            return;
+            return false;
         };
         let wait = all_servers_down_wait(&self.member.state(), self.member.me());
+        let reached_now: Vec<String> = reached
+            .iter()
+            .filter(|(_, r)| r.epoch == epoch)
+            .map(|(_, r)| r.subnqn.clone())
+            .collect();
         let host = &self.nsd_service.host;
         // Paths of an earlier incarnation of this node are fenced at the servers: they
         // would knock (and be refused) forever. The next open connects new ones.
@@ -883,6 +897,9 @@ impl Daemon {
                 kept.servers = now;
             }
         }
+        reached_now
+            .iter()
+            .any(|subnqn| !connected.iter().any(|(n, _)| n == subnqn))
     }
 }
 
