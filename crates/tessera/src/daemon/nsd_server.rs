@@ -63,6 +63,8 @@ const OTHER_GROUP: u32 = 2;
 const RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// How often the servers of an NSD that no server answers for are tried while that lasts.
 const STRANDED_RETRY: Duration = Duration::from_millis(250);
+/// Rounds tried at `STRANDED_RETRY` before the usual period again: ten seconds.
+const STRANDED_ROUNDS: u32 = 40;
 /// Keep Alive Timeout of server paths: a server that stops answering without closing
 /// its connections (a partition, a hung node) loses its path after this long.
 const KEEP_ALIVE: Duration = Duration::from_secs(3);
@@ -199,20 +201,29 @@ impl Daemon {
         let mut applied = self.member.applied();
         std::thread::Builder::new()
             .name("nsd-service".into())
-            .spawn(move || loop {
-                let Some(d) = daemon.upgrade() else { return };
-                // Arrays first: an array moved here brings the vdisks its NSDs are.
-                d.open_arrays_given_here();
-                d.sync_nsd_service();
-                // An NSD no server answers for has I/O waiting on it: its new server (an
-                // array taken over, a server back) is looked for often, not every 2 s.
-                let stranded = d.retry_nsd_paths();
-                let period = if stranded {
-                    STRANDED_RETRY
-                } else {
-                    Duration::from_secs(2)
-                };
-                d.member.wait_for_change(&mut applied, period);
+            .spawn(move || {
+                let mut stranded_rounds = 0u32;
+                loop {
+                    let Some(d) = daemon.upgrade() else { return };
+                    // Arrays first: an array moved here brings the vdisks its NSDs are.
+                    d.open_arrays_given_here();
+                    d.sync_nsd_service();
+                    // An NSD no server answers for has I/O waiting on it: its new server (an
+                    // array taken over, a server back) is looked for often, not every 2 s;
+                    // for a failover's few seconds, not for an outage (every attempt is a
+                    // line in each server's log).
+                    if d.retry_nsd_paths() {
+                        stranded_rounds = stranded_rounds.saturating_add(1);
+                    } else {
+                        stranded_rounds = 0;
+                    }
+                    let period = if (1..=STRANDED_ROUNDS).contains(&stranded_rounds) {
+                        STRANDED_RETRY
+                    } else {
+                        Duration::from_secs(2)
+                    };
+                    d.member.wait_for_change(&mut applied, period);
+                }
             })?;
         Ok(())
     }
