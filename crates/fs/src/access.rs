@@ -421,7 +421,7 @@ pub struct SetattrPermit {
 impl FileSystem {
     /// The protection of `ino`, from its metanode.
     fn protection_of(&self, ino: Ino) -> FsResult<Protection> {
-        self.namespace_of(ino).protection(ino)
+        self.routed(ino, |ns| ns.protection(ino))
     }
 
     /// EACCES unless `cred` may do `mask` (`MAY_*`) to `ino`; `mask` 0 checks existence.

@@ -811,7 +811,7 @@ impl FileSystem {
     }
 
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        self.namespace_of(ino).link_target(ino)
+        self.routed(ino, |ns| ns.link_target(ino))
     }
 
     /// Removes a name (unlink or rmdir).
@@ -884,11 +884,11 @@ impl FileSystem {
             self.truncate(ino, size)?;
         }
         let set = SetAttr { size: None, ..set };
-        self.namespace_of(ino).change_attr(ino, set)
+        self.routed(ino, |ns| ns.change_attr(ino, set.clone()))
     }
 
     pub fn open(&self, ino: Ino) -> FsResult<Attr> {
-        let attr = self.namespace_of(ino).opened(ino)?;
+        let attr = self.routed(ino, |ns| ns.opened(ino))?;
         self.count_open(ino);
         self.pmon.open();
         Ok(attr)
@@ -1029,7 +1029,7 @@ impl FileSystem {
                 }
             }
         }
-        let closed = self.namespace_of(ino).closed(ino);
+        let closed = self.routed(ino, |ns| ns.closed(ino));
         gathered.and(closed)
     }
 
@@ -1068,20 +1068,20 @@ impl FileSystem {
         replace: bool,
     ) -> FsResult<()> {
         let how = XattrHow { create, replace };
-        self.namespace_of(ino).put_xattr(ino, name, value, how)
+        self.routed(ino, |ns| ns.put_xattr(ino, name, value, how))
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        self.namespace_of(ino).xattr(ino, name)
+        self.routed(ino, |ns| ns.xattr(ino, name))
     }
 
     /// Names as the kernel wants them: each followed by a NUL.
     pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        self.namespace_of(ino).xattr_names(ino)
+        self.routed(ino, |ns| ns.xattr_names(ino))
     }
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
-        self.namespace_of(ino).drop_xattr(ino, name)
+        self.routed(ino, |ns| ns.drop_xattr(ino, name))
     }
 
     /// Sets an access or default ACL from its extended attribute value (checked, EINVAL
@@ -1098,13 +1098,12 @@ impl FileSystem {
         drop_setgid: bool,
     ) -> FsResult<()> {
         let how = XattrHow { create, replace };
-        self.namespace_of(ino)
-            .put_acl(ino, kind, value, how, drop_setgid)
+        self.routed(ino, |ns| ns.put_acl(ino, kind, value, how, drop_setgid))
     }
 
     /// The access ACL of `ino`, if it has one.
     pub fn access_acl(&self, ino: Ino) -> FsResult<Option<Acl>> {
-        Ok(self.namespace_of(ino).protection(ino)?.acl)
+        Ok(self.routed(ino, |ns| ns.protection(ino))?.acl)
     }
 }
 
