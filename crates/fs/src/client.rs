@@ -884,7 +884,7 @@ impl FileSystem {
             self.truncate(ino, size)?;
         }
         let set = SetAttr { size: None, ..set };
-        self.routed(ino, |ns| ns.change_attr(ino, set.clone()))
+        self.routed(ino, |ns| ns.change_attr(ino, set))
     }
 
     pub fn open(&self, ino: Ino) -> FsResult<Attr> {
