@@ -14,6 +14,11 @@ use crate::inode::{Attr, FileKind, Ino};
 use crate::metanode::{Namespace, NewNode, RenameHow, XattrHow};
 use crate::namespace::{Caller, DirListing, SetAttr, StatFs};
 
+/// How often [`FileSystem::routed`] asks, at most: the shards a request is about move
+/// between slots rarely (an empty one given with a directory, a dead node's taken over),
+/// so a third move while one request is on its way is one too many to chase.
+const ROUTED_TRIES: u32 = 3;
+
 impl FileSystem {
     /// The metanode of `ino`'s shard, as a client reaches it (see [`FileSystem::route`]).
     pub(crate) fn namespace_of(&self, ino: Ino) -> &dyn Namespace {
@@ -673,32 +678,34 @@ impl FileSystem {
         })
     }
 
-    /// `op` on the namespace that serves `ino`, and once more after reading the owner
-    /// map again when that owner answers that the shard is elsewhere (it was given to
-    /// another slot since this mount read the map).
+    /// `op` on the namespace that serves `ino`, and again after reading the owner map
+    /// again when that owner answers that the shard is elsewhere (it was given to another
+    /// slot since this mount read the map), as long as each reading finds it moved, at most
+    /// `ROUTED_TRIES` times in all.
     pub(crate) fn routed<T>(
         &self,
         ino: Ino,
         op: impl Fn(&dyn Namespace) -> FsResult<T>,
     ) -> FsResult<T> {
-        // The slot asked, as the map stood when the request left: another of this node's
-        // requests may read the map again while this one is on its way, and then the
-        // read below finds nothing new although this request went by the old map.
-        let asked = self.slot_serving(ino);
-        match op(self.namespace_of(ino)) {
-            Err(FsError::ShardElsewhere { shard }) => {
-                // Read again, and taken when the map now gives it to this mount's own slot,
-                // whose directory made a moment ago another of this node's requests may
-                // reach before the making request took its shard.
-                let moved = self.reread_owner_map()?;
-                let elsewhere_now = self.slot_serving(ino) != asked;
-                if self.takes_shard_given_meanwhile(shard) || moved || elsewhere_now {
-                    op(self.namespace_of(ino))
-                } else {
-                    Err(FsError::ShardElsewhere { shard })
-                }
+        let mut tries = 1;
+        loop {
+            // The slot asked, as the map stood when the request left: another of this
+            // node's requests may read the map again while this one is on its way, and then
+            // the read below finds nothing new although this request went by the old map.
+            let asked = self.slot_serving(ino);
+            let shard = match op(self.namespace_of(ino)) {
+                Err(FsError::ShardElsewhere { shard }) if tries < ROUTED_TRIES => shard,
+                other => return other,
+            };
+            // Read again, and taken when the map now gives it to this mount's own slot,
+            // whose directory made a moment ago another of this node's requests may reach
+            // before the making request took its shard.
+            let moved = self.reread_owner_map()?;
+            let elsewhere_now = self.slot_serving(ino) != asked;
+            if !(self.takes_shard_given_meanwhile(shard) || moved || elsewhere_now) {
+                return Err(FsError::ShardElsewhere { shard });
             }
-            other => other,
+            tries += 1;
         }
     }
 
