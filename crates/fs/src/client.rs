@@ -709,24 +709,6 @@ impl FileSystem {
         }
     }
 
-    /// [`Self::routed`] for a `make`, asked once more in any case after ShardElsewhere: a
-    /// make that failed so logged nothing (a shard is looked up first), so asking again is
-    /// safe, and an application's create should not fail for the way the map moved under it.
-    fn routed_make(
-        &self,
-        parent: Ino,
-        op: impl Fn(&dyn Namespace) -> FsResult<Attr>,
-    ) -> FsResult<Attr> {
-        match self.routed(parent, &op) {
-            Err(FsError::ShardElsewhere { shard }) => {
-                self.reread_owner_map()?;
-                self.takes_shard_given_meanwhile(shard);
-                op(self.namespace_of(parent))
-            }
-            other => other,
-        }
-    }
-
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
         self.take_back_gathered(ino, None);
         self.with_gathered(ino, || self.routed(ino, |ns| ns.attr(ino)), |a| a)
@@ -808,7 +790,7 @@ impl FileSystem {
             for_slot,
             keep_data: None,
         };
-        let made = self.routed_make(parent, |ns| ns.make(parent, name, node.clone()))?;
+        let made = self.routed(parent, |ns| ns.make(parent, name, node.clone()))?;
         if for_slot.is_some() && self.slot_serving(made.ino) != mine {
             // Given to this slot (unless no empty shard was left): take it before the
             // caller goes on in it.
@@ -1014,7 +996,7 @@ impl FileSystem {
             keep_data: self.data_token_to_keep_at_create(parent),
         };
         crate::metanode_wire::MADE_KEPT.set(None);
-        let attr = self.routed_make(parent, |ns| ns.make(parent, name, node.clone()))?;
+        let attr = self.routed(parent, |ns| ns.make(parent, name, node.clone()))?;
         if crate::metanode_wire::MADE_KEPT.take() == Some(attr.ino) {
             self.keep_data_token_made(attr.ino);
         }

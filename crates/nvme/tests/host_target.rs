@@ -458,12 +458,7 @@ fn fast_io_fail_tmo_fails_io_early_and_paths_come_back() {
     assert_eq!(host.list()[0].paths.len(), 2);
     setup.server().set_port_enabled(1, true).unwrap();
     setup.server().set_port_enabled(2, true).unwrap();
-    wait_until(Duration::from_secs(10), || {
-        host.list()[0]
-            .paths
-            .iter()
-            .any(|p| p.state == PathState::Live)
-    });
+    wait_until(Duration::from_secs(10), || live_paths(&host) > 0);
     ns.read_at(&mut buf, 0).unwrap();
     assert!(buf[..] == data[..]);
     // Longer than ctrl_loss_tmo is refused when connecting.
@@ -498,6 +493,15 @@ fn read_with_every_port_down(
     let msg = err.to_string();
     println!("{msg}");
     (msg, waited)
+}
+
+/// Live paths of the host's first namespace.
+fn live_paths(host: &Host) -> usize {
+    host.list()[0]
+        .paths
+        .iter()
+        .filter(|p| p.state == PathState::Live)
+        .count()
 }
 
 fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) {
@@ -985,12 +989,7 @@ fn fast_io_fail_tmo_counts_from_the_loss_of_the_last_path() {
     });
     setup.server().set_port_enabled(1, false).unwrap();
     setup.server().set_port_enabled(2, false).unwrap();
-    wait_until(Duration::from_secs(10), || {
-        host.list()[0]
-            .paths
-            .iter()
-            .all(|p| p.state != PathState::Live)
-    });
+    wait_until(Duration::from_secs(10), || live_paths(&host) == 0);
     std::thread::sleep(Duration::from_millis(1300));
     let start = Instant::now();
     let mut buf = AlignedBuf::zeroed(4096);
@@ -1002,11 +1001,6 @@ fn fast_io_fail_tmo_counts_from_the_loss_of_the_last_path() {
     );
     assert!(err.contains("fast_io_fail_tmo 1 s"), "{err}");
     setup.server().set_port_enabled(1, true).unwrap();
-    wait_until(Duration::from_secs(10), || {
-        host.list()[0]
-            .paths
-            .iter()
-            .any(|p| p.state == PathState::Live)
-    });
+    wait_until(Duration::from_secs(10), || live_paths(&host) > 0);
     ns.read_at(&mut buf, 0).unwrap();
 }

@@ -385,10 +385,8 @@ impl MultipathNamespace {
         let lost = self.last_path_lost();
         let since = {
             let mut since = self.unusable_since.lock();
-            let first = *since.get_or_insert_with(Instant::now);
-            let since_lost = lost.map_or(first, |lost| lost.min(first));
-            *since = Some(since_lost);
-            since_lost
+            let first = since.unwrap_or_else(Instant::now);
+            *since.insert(lost.map_or(first, |lost| lost.min(first)))
         };
         let tmo = self.io_fail_tmo();
         let deadline = super::policy::io_deadline(since, tmo);

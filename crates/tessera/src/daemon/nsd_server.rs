@@ -796,8 +796,8 @@ impl Daemon {
     }
 
     /// Connects the paths to NSD servers that were lost for good (ctrl_loss_tmo) or never
-    /// came up, for the incarnation that asked for them.
-    /// Whether some NSD this node reaches through servers has no live path left.
+    /// came up, for the incarnation that asked for them. Returns whether some NSD this node
+    /// reaches through servers has no live path left.
     fn retry_nsd_paths(&self) -> bool {
         let reached: Vec<(String, Reached)> = self
             .nsd_service
