@@ -11,10 +11,14 @@
 //! moves under the cluster's one rename lock (a lock of class `Rename` on the root at the
 //! file system manager, as the kernel's one rename mutex per file system): its check that
 //! it does not move below itself walks parents that several owners serve, and no other
-//! move may change them meanwhile. Its steps: the new name (its new parent counts one
-//! more link), its parent pointer, the old name (the old parent one fewer). A crash
-//! between them leaves the directory named in both parents; fsck keeps the name its parent
-//! pointer names.
+//! move may change them meanwhile. Its steps: its parent pointer, the new name (its new
+//! parent counts one more link), the old name (the old parent one fewer). The parent
+//! pointer goes first because an rmdir (which takes no rename lock) removes a directory
+//! only by the name its parent pointer names, and a move does not take a directory an
+//! rmdir sealed: so no rmdir by the old name can free the directory after the new name
+//! went in (that left the new name naming a freed inode). A crash between the steps
+//! leaves the directory with the new parent named only in the old one (fsck sets the
+//! pointer back) or named in both parents (fsck keeps the name its parent pointer names).
 //!
 //! The owner side of each step is in `namespace.rs` (`Namespace::put_entry`,
 //! `Namespace::take_entry`, `Namespace::count_link`, `Namespace::reparent`, and the
@@ -98,9 +102,9 @@ impl FileSystem {
     /// directory goes. A crash between the last two leaves an unreachable empty directory
     /// (fsck names it); a failed second step lifts the seal.
     pub(crate) fn rmdir_across_owners(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {
-        self.routed(ino, |ns| ns.seal_dir(ino, true))?;
+        self.routed(ino, |ns| ns.seal_dir(ino, Some(parent)))?;
         if let Err(e) = self.routed(parent, |ns| ns.drop_entry_of(parent, name, ino)) {
-            let _ = self.routed(ino, |ns| ns.seal_dir(ino, false));
+            let _ = self.routed(ino, |ns| ns.seal_dir(ino, None));
             return Err(e);
         }
         self.routed(ino, |ns| ns.drop_sealed_dir(ino))
@@ -310,18 +314,19 @@ impl FileSystem {
             Err(FsError::NotFound) => {}
             Err(e) => return Err(e),
         }
+        // The parent pointer first: from here an rmdir by the old name finds the directory
+        // moving (ENOENT), and one that sealed it before refuses the move (ENOENT), so no
+        // removal can free it between its new name going in and its old name going out.
+        self.routed(dir, |ns| ns.reparent(dir, parent, new_parent))?;
         let put = (dir, FileKind::Directory);
-        self.routed(new_parent, |ns| {
+        if let Err(e) = self.routed(new_parent, |ns| {
             ns.put_entry(new_parent, new_name, put, None)
-        })?;
-        if let Err(e) = self.routed(dir, |ns| ns.reparent(dir, parent, new_parent)) {
-            if let Err(undo) =
-                self.routed(new_parent, |ns| ns.take_entry(new_parent, new_name, dir))
-            {
+        }) {
+            if let Err(undo) = self.routed(dir, |ns| ns.reparent(dir, new_parent, parent)) {
                 tracing::warn!(
-                    "directory {dir} keeps a second name {:?} in directory {new_parent} \
-                     after a failed move ({undo}); fsck removes it",
-                    String::from_utf8_lossy(new_name)
+                    "directory {dir} keeps directory {new_parent} for its parent after a \
+                     failed move ({undo}), though named only in directory {parent}; fsck \
+                     sets it right"
                 );
             }
             return Err(e);

@@ -316,9 +316,11 @@ pub(crate) trait Namespace: Send + Sync {
     fn drop_name(&self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()>;
 
     /// The first step of an rmdir whose directory `ino` this owner serves and whose entry
-    /// another owner's directory holds: refuses unless `ino` is an empty directory, then
-    /// lets no name into it for a bounded time (`seal` false lifts it again).
-    fn seal_dir(&self, ino: Ino, seal: bool) -> FsResult<()>;
+    /// directory `named_in` (another owner's) holds: refuses unless `ino` is an empty
+    /// directory whose parent is `named_in` (NotFound: a move across owners set its parent
+    /// to the new one first, and the old name is going), then lets no name into it and no
+    /// move take it for a bounded time. `named_in` None lifts the seal again.
+    fn seal_dir(&self, ino: Ino, named_in: Option<Ino>) -> FsResult<()>;
 
     /// The second step: removes `name` from `parent` if it still names directory `ino`
     /// (sealed by the owner that serves it), durably before answering.
@@ -350,7 +352,7 @@ pub(crate) trait Namespace: Send + Sync {
 
     /// A step of a directory's move across owners: directory `dir`, which this owner
     /// serves, has `to` for its parent from now on if `from` is its parent now (else
-    /// NotFound), durably before answering.
+    /// NotFound, as when an rmdir sealed it first), durably before answering.
     fn reparent(&self, dir: Ino, from: Ino, to: Ino) -> FsResult<()>;
 
     /// A new name `name` in `parent` for `ino` (link).

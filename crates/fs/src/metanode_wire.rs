@@ -103,7 +103,7 @@ pub enum MetanodeRequest {
     },
     SealDir {
         ino: Ino,
-        seal: bool,
+        named_in: Option<Ino>,
     },
     DropEntryOf {
         parent: Ino,
@@ -980,7 +980,7 @@ where
         Q::DropName { parent, name, dir } => {
             answer(owner.drop_name(parent, &name, dir), |()| R::Done)
         }
-        Q::SealDir { ino, seal } => answer(owner.seal_dir(ino, seal), |()| R::Done),
+        Q::SealDir { ino, named_in } => answer(owner.seal_dir(ino, named_in), |()| R::Done),
         Q::DropEntryOf { parent, name, ino } => {
             answer(owner.drop_entry_of(parent, &name, ino), |()| R::Done)
         }
@@ -2532,8 +2532,8 @@ impl Namespace for RemoteMetanode {
         }))
     }
 
-    fn seal_dir(&self, ino: Ino, seal: bool) -> FsResult<()> {
-        self.done(MetanodeRequest::SealDir { ino, seal })
+    fn seal_dir(&self, ino: Ino, named_in: Option<Ino>) -> FsResult<()> {
+        self.done(MetanodeRequest::SealDir { ino, named_in })
     }
 
     fn drop_entry_of(&self, parent: Ino, name: &[u8], ino: Ino) -> FsResult<()> {

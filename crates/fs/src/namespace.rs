@@ -198,6 +198,12 @@ impl Namespace for FileSystem {
         if !dir && is_dir {
             return Err(FsError::IsDir);
         }
+        // A directory whose parent is another already is being moved there across owners
+        // (`across_owners.rs`: its parent changes first): the move came first, and this
+        // name is about to go.
+        if is_dir && m.state.dir_parent(entry.ino)? != parent {
+            return Err(FsError::NotFound);
+        }
         if is_dir && !m.state.dir_is_empty(entry.ino)? {
             return Err(FsError::NotEmpty);
         }
@@ -221,13 +227,16 @@ impl Namespace for FileSystem {
         Ok(())
     }
 
-    fn seal_dir(&self, ino: Ino, seal: bool) -> FsResult<()> {
+    fn seal_dir(&self, ino: Ino, named_in: Option<Ino>) -> FsResult<()> {
         let mut m = self.owner().meta.lock();
-        if !seal {
+        let Some(parent) = named_in else {
             m.sealed.remove(&ino);
             return Ok(());
-        }
+        };
         self.dir_attr(&mut m, ino)?;
+        if m.state.dir_parent(ino)? != parent {
+            return Err(FsError::NotFound);
+        }
         if !m.state.dir_is_empty(ino)? {
             return Err(FsError::NotEmpty);
         }
@@ -342,7 +351,8 @@ impl Namespace for FileSystem {
 
     fn reparent(&self, dir: Ino, from: Ino, to: Ino) -> FsResult<()> {
         let mut m = self.owner().meta.lock();
-        let mut attr = self.dir_attr(&mut m, dir)?;
+        // Being removed (sealed) by an rmdir that came first: the move finds it gone.
+        let mut attr = self.names_dir(&mut m, dir)?;
         if m.state.dir_parent(dir)? != from {
             return Err(FsError::NotFound);
         }

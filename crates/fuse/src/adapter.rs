@@ -184,6 +184,9 @@ fn errno(e: &FsError) -> Reply {
     } else if e.errno() == libc::EIO {
         // Every other EIO too: an application sees only the number.
         tracing::warn!("I/O error to the application: {e}");
+    } else if e.errno() == libc::EXDEV {
+        // Within one file system EXDEV is rare (`mv` copies instead): say why.
+        tracing::warn!("EXDEV to the application: {e}");
     }
     Reply::Error(e.errno())
 }

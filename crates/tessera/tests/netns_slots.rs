@@ -296,6 +296,90 @@ fn namespace_changes_racing_from_three_nodes_fail_only_as_posix_says() {
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
 
+/// A directory that one node moves between directories other owners serve while another
+/// node removes it: one of the two wins as if they had come one after the other, never
+/// both, and no name is left naming the removed directory (a move that put the new name
+/// before a removal by the old name left it dangling: a rename of a directory over it
+/// answered EXDEV from then on).
+#[test]
+fn a_directory_moved_across_owners_while_another_node_removes_it_leaves_no_name_behind() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    let mnt = slots_fs(&c, "v1");
+    // m: the manager's; s2: node 2's slot's. Node 3 makes the directories that move in
+    // even rounds, so that three owners serve the source, the target and the directory
+    // itself; node 1 in odd rounds, so that the source's owner serves the directory.
+    std::fs::create_dir(mnt(1).join("m")).unwrap();
+    std::fs::create_dir(mnt(2).join("s2")).unwrap();
+    const ROUNDS: u32 = 150;
+    let (mut moved, mut removed) = (0u32, 0u32);
+    // The removal starts this long after the move: lengthened while the removal wins,
+    // shortened while the move does, so that the two meet where the move is midway.
+    let mut delay_us = 0u64;
+    for round in 0..ROUNDS {
+        let name = format!("d{round}");
+        let maker = if round % 2 == 0 { 3 } else { 1 };
+        std::fs::create_dir(mnt(maker).join("m").join(&name)).unwrap();
+        let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let (from, to) = (mnt(1).join("m").join(&name), mnt(1).join("s2").join(&name));
+        let mover = {
+            let go = go.clone();
+            let (from, to) = (mnt(2).join("m").join(&name), mnt(2).join("s2").join(&name));
+            std::thread::spawn(move || {
+                go.wait();
+                std::fs::rename(from, to)
+            })
+        };
+        go.wait();
+        std::thread::sleep(Duration::from_micros(delay_us + u64::from(round % 7) * 50));
+        let rmdir = std::fs::remove_dir(&from);
+        let rename = mover.join().unwrap();
+        let lost = |r: &std::io::Result<()>| {
+            r.as_ref()
+                .err()
+                .is_some_and(|e| e.raw_os_error() == Some(libc::ENOENT))
+        };
+        let (exists_at_to, exists_at_from) = (to.exists(), from.exists());
+        match (&rename, &rmdir) {
+            (Ok(()), r) if lost(r) => {
+                moved += 1;
+                delay_us = delay_us.saturating_sub(150);
+                assert!(exists_at_to && !exists_at_from, "round {round}: moved, but {to:?} exists {exists_at_to}, {from:?} {exists_at_from}");
+                assert!(std::fs::metadata(&to).unwrap().is_dir());
+            }
+            (r, Ok(())) if lost(r) => {
+                removed += 1;
+                delay_us += 150;
+                assert!(!exists_at_to && !exists_at_from, "round {round}: removed, but {to:?} exists {exists_at_to}, {from:?} {exists_at_from}");
+            }
+            _ => panic!(
+                "round {round}: rename {rename:?}, rmdir {rmdir:?}\n{}",
+                log_tails(&c)
+            ),
+        }
+        // Every name in s2 names a directory any node can stat.
+        for k in 1..=3u32 {
+            for e in std::fs::read_dir(mnt(k).join("s2")).unwrap() {
+                let e = e.unwrap();
+                if let Err(err) = std::fs::metadata(e.path()) {
+                    panic!(
+                        "round {round}: node {k} lists {:?} but cannot stat it: {err}\n{}",
+                        e.path(),
+                        log_tails(&c)
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("{ROUNDS} rounds: the move won {moved}, the removal {removed}");
+    tessera_ok(&c, 3, &["umount", "v1", "-a"]);
+    let fsck = tessera_ok(&c, 1, &["fsck", "v1", "-n"]);
+    assert!(fsck.contains(" 0 problems found"), "{fsck}");
+    tessera_ok(&c, 1, &["shutdown", "-a"]);
+}
+
 /// The checkpoint pattern of applications (write a temporary file, fsync it, rename it over
 /// the current one) from three nodes at once into a directory one of them serves, with
 /// readers on every node: rename(2) is atomic, so a reader always finds the name, and
