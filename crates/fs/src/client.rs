@@ -838,11 +838,12 @@ impl FileSystem {
             noreplace,
             exchange,
         };
-        // A directory that moves to another directory where several owners serve the
-        // namespace moves under the cluster's rename lock (`across_owners.rs`), whichever
-        // owner does it: another owner's move may change the parents it checks.
-        let locked = if parent != new_parent
-            && self.moves_take_the_rename_lock()
+        // A directory that moves where several owners serve the namespace moves under the
+        // cluster's rename lock (`across_owners.rs`), whichever owner does it: another
+        // owner's move may change the parents it checks. Within one directory too: a move
+        // to another directory takes the old name last, and a rename of it meanwhile left
+        // the directory named twice.
+        let locked = if self.moves_take_the_rename_lock()
             && (exchange || self.lookup(parent, name)?.kind == FileKind::Directory)
         {
             Some(self.rename_lock()?)

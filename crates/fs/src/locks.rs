@@ -185,6 +185,21 @@ impl LockTable {
         if want.kind != LockKind::Unlock && self.count + 2 > LOCKS_MAX {
             return Err(Refused::TooMany);
         }
+        self.apply(ino, want, origin);
+        Ok(())
+    }
+
+    /// What an owner granted, in a mount's mirror of its own locks (`held_locks`): taken
+    /// as it is, never refused. A conflict there is another holder of this mount whose
+    /// give-back reached the owner before its entry here went; refusing the grant left it
+    /// out of the mirror, and its holder's give-back (`unlock_all`, which asks the owner
+    /// only for what the mirror holds) then never reached the owner: the cluster's rename
+    /// lock stayed taken until every other rename waited 120 s and failed with EIO.
+    pub(crate) fn record(&mut self, ino: Ino, granted: Lock) {
+        self.apply(ino, granted, None);
+    }
+
+    fn apply(&mut self, ino: Ino, want: Lock, origin: Option<Origin>) {
         self.origins.insert(want.holder.client, origin);
         self.waits_for.remove(&want.holder);
         let locks = self.files.entry(ino).or_default();
@@ -230,7 +245,6 @@ impl LockTable {
         if locks.is_empty() {
             self.files.remove(&ino);
         }
-        Ok(())
     }
 
     /// Drops every lock of `holder` on `ino` (a close for `fcntl` locks, the last close of
@@ -727,7 +741,7 @@ impl DataToken<'_> {
         };
         let r =
             crate::metanode::Namespace::lock(self.fs.namespace_of(self.ino), self.ino, call, None);
-        let _ = self.fs.held_locks.lock().set(self.ino, unlock, None);
+        self.fs.held_locks.lock().record(self.ino, unlock);
         if let Err(e) = r {
             tracing::error!(
                 "inode {}: giving back the data token of bytes {}..={}: {e}; other nodes wait \
@@ -847,7 +861,7 @@ impl crate::fs::FileSystem {
                 crate::metanode::Namespace::lock(self.namespace_of(ino), ino, call, None)?;
             let Some(conflict) = conflict else {
                 // The mirror of this mount's own locks never conflicts with itself.
-                let _ = self.held_locks.lock().set(ino, want, None);
+                self.held_locks.lock().record(ino, want);
                 return Ok(());
             };
             let Some(cancelled) = cancelled else {
@@ -1001,7 +1015,7 @@ impl crate::fs::FileSystem {
                 if inner.cooling.get(&ino).is_some_and(|at| *at >= asked) {
                     return Ok(None);
                 }
-                let _ = self.held_locks.lock().set(ino, whole, None);
+                self.held_locks.lock().record(ino, whole);
                 Arc::clone(inner.tokens.entry(ino).or_default())
             }
         };
@@ -1045,7 +1059,7 @@ impl crate::fs::FileSystem {
     /// The owner granted the data token of `ino` with its create: kept as if asked for.
     pub(crate) fn keep_data_token_made(&self, ino: Ino) {
         let whole = self.kept_whole();
-        let _ = self.held_locks.lock().set(ino, whole, None);
+        self.held_locks.lock().record(ino, whole);
         self.kept_data.inner.lock().tokens.entry(ino).or_default();
     }
 

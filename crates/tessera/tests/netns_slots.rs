@@ -193,8 +193,10 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
 /// as POSIX says (EEXIST, ENOENT, ENOTEMPTY, EISDIR, ENOTDIR, EINVAL), none takes long,
 /// and fsck is clean afterwards. It found three nodes making one directory at once
 /// getting EIO (a shard asked about before its slot took it), a rename of a directory
-/// over another owner's answering EXDEV, and renames stalling two seconds a turn on the
-/// manager's kernel's directory lock.
+/// over another owner's answering EXDEV, renames stalling two seconds a turn on the
+/// manager's kernel's directory lock, and a directory moved to another directory while
+/// removed by its old name, its new name left naming a freed inode (every rename of a
+/// directory over that name answered EXDEV after; see `race_a_move_across_owners`).
 #[test]
 fn namespace_changes_racing_from_three_nodes_fail_only_as_posix_says() {
     if !netns_usable() {
@@ -303,30 +305,56 @@ fn namespace_changes_racing_from_three_nodes_fail_only_as_posix_says() {
 /// answered EXDEV from then on).
 #[test]
 fn a_directory_moved_across_owners_while_another_node_removes_it_leaves_no_name_behind() {
+    race_a_move_across_owners("v1", Second::Rmdir);
+}
+
+/// A directory that one node moves between directories other owners serve while another
+/// node renames it within its directory: one of the two wins, and the directory keeps one
+/// name, the one its parent pointer names (a rename within a directory took no rename lock, so
+/// the move's removal of the old name found it gone and left the directory named twice).
+#[test]
+fn a_directory_moved_across_owners_while_another_node_renames_it_keeps_one_name() {
+    race_a_move_across_owners("v2", Second::RenameWithin);
+}
+
+/// What races node 2's move of `m/dN` to `s2/dN` in [`race_a_move_across_owners`].
+#[derive(Clone, Copy, PartialEq)]
+enum Second {
+    /// Node 1 removes `m/dN`.
+    Rmdir,
+    /// Node 1 renames `m/dN` to `m/eN`.
+    RenameWithin,
+}
+
+/// Node 2 moves directory `m/dN` (m the manager's) to `s2/dN` (s2 node 2's slot's) while
+/// node 1 does `second` to it, 150 times, the second's start swept across the move (its
+/// delay lengthened while the second wins, shortened while the move does). Node 3 makes
+/// the directory in even rounds, so that three owners serve the source, the target and
+/// the directory itself; node 1 in odd rounds, so that the source's owner serves it.
+/// Exactly one of the two wins (the other finds the name gone), every node finds the
+/// directory under one name, and fsck (which checks every directory's parent pointer
+/// against its one name; the kernel answers `..` from its own dentries) is clean.
+fn race_a_move_across_owners(fs: &str, second: Second) {
     if !netns_usable() {
         return;
     }
     let c = Cluster::new();
-    let mnt = slots_fs(&c, "v1");
-    // m: the manager's; s2: node 2's slot's. Node 3 makes the directories that move in
-    // even rounds, so that three owners serve the source, the target and the directory
-    // itself; node 1 in odd rounds, so that the source's owner serves the directory.
+    let mnt = slots_fs(&c, fs);
     std::fs::create_dir(mnt(1).join("m")).unwrap();
     std::fs::create_dir(mnt(2).join("s2")).unwrap();
     const ROUNDS: u32 = 150;
-    let (mut moved, mut removed) = (0u32, 0u32);
-    // The removal starts this long after the move: lengthened while the removal wins,
-    // shortened while the move does, so that the two meet where the move is midway.
+    let (mut moved, mut seconds) = (0u32, 0u32);
     let mut delay_us = 0u64;
     for round in 0..ROUNDS {
         let name = format!("d{round}");
         let maker = if round % 2 == 0 { 3 } else { 1 };
         std::fs::create_dir(mnt(maker).join("m").join(&name)).unwrap();
         let go = std::sync::Arc::new(std::sync::Barrier::new(2));
-        let (from, to) = (mnt(1).join("m").join(&name), mnt(1).join("s2").join(&name));
+        let at =
+            |k: u32, dir: &str, prefix: &str| mnt(k).join(dir).join(format!("{prefix}{round}"));
         let mover = {
             let go = go.clone();
-            let (from, to) = (mnt(2).join("m").join(&name), mnt(2).join("s2").join(&name));
+            let (from, to) = (at(2, "m", "d"), at(2, "s2", "d"));
             std::thread::spawn(move || {
                 go.wait();
                 std::fs::rename(from, to)
@@ -334,48 +362,62 @@ fn a_directory_moved_across_owners_while_another_node_removes_it_leaves_no_name_
         };
         go.wait();
         std::thread::sleep(Duration::from_micros(delay_us + u64::from(round % 7) * 50));
-        let rmdir = std::fs::remove_dir(&from);
+        let done = match second {
+            Second::Rmdir => std::fs::remove_dir(at(1, "m", "d")),
+            Second::RenameWithin => std::fs::rename(at(1, "m", "d"), at(1, "m", "e")),
+        };
         let rename = mover.join().unwrap();
         let lost = |r: &std::io::Result<()>| {
             r.as_ref()
                 .err()
                 .is_some_and(|e| e.raw_os_error() == Some(libc::ENOENT))
         };
-        let (exists_at_to, exists_at_from) = (to.exists(), from.exists());
-        match (&rename, &rmdir) {
+        let place = match (&rename, &done) {
             (Ok(()), r) if lost(r) => {
                 moved += 1;
                 delay_us = delay_us.saturating_sub(150);
-                assert!(exists_at_to && !exists_at_from, "round {round}: moved, but {to:?} exists {exists_at_to}, {from:?} {exists_at_from}");
-                assert!(std::fs::metadata(&to).unwrap().is_dir());
+                Some(("s2", "d"))
             }
             (r, Ok(())) if lost(r) => {
-                removed += 1;
+                seconds += 1;
                 delay_us += 150;
-                assert!(!exists_at_to && !exists_at_from, "round {round}: removed, but {to:?} exists {exists_at_to}, {from:?} {exists_at_from}");
+                (second == Second::RenameWithin).then_some(("m", "e"))
             }
             _ => panic!(
-                "round {round}: rename {rename:?}, rmdir {rmdir:?}\n{}",
+                "round {round}: move {rename:?}, {:?} {done:?}\n{}",
+                second as u8,
                 log_tails(&c)
             ),
-        }
-        // Every name in s2 names a directory any node can stat.
+        };
         for k in 1..=3u32 {
-            for e in std::fs::read_dir(mnt(k).join("s2")).unwrap() {
-                let e = e.unwrap();
-                if let Err(err) = std::fs::metadata(e.path()) {
-                    panic!(
-                        "round {round}: node {k} lists {:?} but cannot stat it: {err}\n{}",
-                        e.path(),
-                        log_tails(&c)
-                    );
+            let named: Vec<_> = [("m", "d"), ("m", "e"), ("s2", "d")]
+                .into_iter()
+                .filter(|(dir, prefix)| at(k, dir, prefix).exists())
+                .collect();
+            assert_eq!(
+                named,
+                place.into_iter().collect::<Vec<_>>(),
+                "round {round}: node {k} (move {rename:?}, second {done:?})\n{}",
+                log_tails(&c)
+            );
+            // Every name in s2 and m names a directory any node can stat.
+            for dir in ["s2", "m"] {
+                for e in std::fs::read_dir(mnt(k).join(dir)).unwrap() {
+                    let e = e.unwrap();
+                    if let Err(err) = std::fs::metadata(e.path()) {
+                        panic!(
+                            "round {round}: node {k} lists {:?} but cannot stat it: {err}\n{}",
+                            e.path(),
+                            log_tails(&c)
+                        );
+                    }
                 }
             }
         }
     }
-    eprintln!("{ROUNDS} rounds: the move won {moved}, the removal {removed}");
-    tessera_ok(&c, 3, &["umount", "v1", "-a"]);
-    let fsck = tessera_ok(&c, 1, &["fsck", "v1", "-n"]);
+    eprintln!("{ROUNDS} rounds: the move won {moved}, the other {seconds}");
+    tessera_ok(&c, 3, &["umount", fs, "-a"]);
+    let fsck = tessera_ok(&c, 1, &["fsck", fs, "-n"]);
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
