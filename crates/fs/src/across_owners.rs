@@ -63,11 +63,14 @@ pub(crate) struct RenameLock<'a> {
 
 impl Drop for RenameLock<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.fs.unlock_all(ROOT_INO, self.holder) {
-            tracing::warn!("giving back the rename lock: {e} (the manager frees it at expel)");
-        }
+        self.fs.give_back_rename_lock(self.holder);
     }
 }
+
+/// How often a give-back of the rename lock is sent before it is given up: the holder is
+/// alive, so a lost give-back is never freed by an expel, and every directory move in the
+/// cluster would wait for it in vain.
+const GIVE_BACK_TRIES: u32 = 8;
 
 impl FileSystem {
     /// Whether a directory move between two directories may need the rename lock: on a
@@ -91,8 +94,36 @@ impl FileSystem {
             kind: LockKind::Write,
             pid: 0,
         };
-        self.lock_until(ROOT_INO, want, Some(&|| false), Some(RENAME_LOCK_WAIT_MAX))?;
+        if let Err(e) = self.lock_until(ROOT_INO, want, Some(&|| false), Some(RENAME_LOCK_WAIT_MAX))
+        {
+            // The manager may have granted it and the answer been lost on the way back.
+            self.give_back_rename_lock(holder);
+            return Err(e);
+        }
         Ok(RenameLock { fs: self, holder })
+    }
+
+    /// Gives the rename lock of `holder` back, asking again (with pauses, a bounded number
+    /// of times) while the manager cannot be reached. The give-back is sent whatever this
+    /// mount's mirror says and changes nothing where `holder` holds nothing, so a give-back
+    /// whose answer was lost, or a take whose grant was, is safe to send again.
+    pub(crate) fn give_back_rename_lock(&self, holder: Holder) {
+        let mut pause = Duration::from_millis(20);
+        for attempt in 1..=GIVE_BACK_TRIES {
+            match self.give_back_locks(ROOT_INO, holder) {
+                Ok(()) => return,
+                Err(e) if attempt == GIVE_BACK_TRIES => tracing::error!(
+                    "giving back the cluster's rename lock failed {attempt} times, last: {e}; \
+                     directory moves on every node wait for it until this node leaves the \
+                     cluster: restart Tessera on this node if they fail with EIO"
+                ),
+                Err(e) => {
+                    tracing::warn!("giving back the cluster's rename lock: {e}; asking again");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
     }
 
     /// rmdir of directory `ino`, which another slot serves than `parent`'s (a directory

@@ -57,7 +57,7 @@ pub use fsck::{fsck, FsckReport};
 pub use inode::{Attr, FileKind, Ino, Timestamp, ROOT_INO};
 pub use metanode_wire::CacheChange;
 pub use metanode_wire::{
-    ask_for_slot, Fence, InProcessNode, InProcessOwner, MetanodeChannel, SlotHandBack,
+    ask_for_slot, request_kind, Fence, InProcessNode, InProcessOwner, MetanodeChannel, SlotHandBack,
 };
 pub use namespace::Caller;
 pub use placement::PolicySummary;

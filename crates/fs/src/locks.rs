@@ -897,6 +897,12 @@ impl crate::fs::FileSystem {
         if !self.held_locks.lock().holds(ino, holder) {
             return Ok(());
         }
+        self.give_back_locks(ino, holder)
+    }
+
+    /// Asks `ino`'s owner to drop every lock of `holder`, whatever this mount's mirror
+    /// says (the owner changes nothing where `holder` holds none), and forgets them here.
+    pub(crate) fn give_back_locks(&self, ino: Ino, holder: Holder) -> crate::FsResult<()> {
         let all = Lock {
             holder,
             start: 0,

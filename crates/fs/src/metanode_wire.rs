@@ -366,6 +366,15 @@ pub enum MetanodeRequest {
     },
 }
 
+/// The name of the encoded metanode request `request` (as the counters of what a mount
+/// asks name it), or `None` if it does not decode: for logs, and for tests' channels that
+/// lose chosen requests.
+pub fn request_kind(request: &[u8]) -> Option<&'static str> {
+    decode::<MetanodeRequest>(request, "request")
+        .ok()
+        .map(|r| r.kind())
+}
+
 impl MetanodeRequest {
     /// The request's name, for the counters of what a mount asks other nodes (a `Once`
     /// counts as the request it carries).

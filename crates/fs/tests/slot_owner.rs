@@ -1234,6 +1234,106 @@ fn directory_renames_from_threads_of_one_mount_give_the_rename_lock_back() {
     unmount_both_and_check(&t, fs, s1, "after the renames");
 }
 
+/// A directory rename whose lock messages to the manager are lost (a request that never
+/// arrives, or a grant or give-back whose answer never comes back) still leaves the
+/// cluster's rename lock free: the lock's holder is alive, so no expel would ever free a
+/// lost give-back, and every other node's directory renames would wait 120 s for it and
+/// fail with EIO.
+#[test]
+fn a_directory_rename_whose_lock_messages_are_lost_gives_the_rename_lock_back() {
+    use tessera_fs::locks::{Lock, LockClass, LockKind, TO_END};
+    let t = two_region_fs();
+    let (fs, s1) = two_owners_through(&t, |fs| {
+        Box::new(LosingLocks {
+            owner: tessera_fs::InProcessOwner(Arc::downgrade(fs)),
+            locks: std::sync::atomic::AtomicU64::new(0),
+        })
+    });
+    mkdir(&s1, ROOT_INO, b"a");
+    let want = Lock {
+        holder: fs.lock_holder(1, LockClass::Rename),
+        start: 0,
+        end: TO_END,
+        kind: LockKind::Write,
+        pid: 0,
+    };
+    let (mut done, mut failed) = (0, 0);
+    let mut at = "a";
+    for round in 0..40 {
+        let to = if at == "a" { "b" } else { "a" };
+        match s1.rename(
+            ROOT_INO,
+            at.as_bytes(),
+            ROOT_INO,
+            to.as_bytes(),
+            false,
+            false,
+        ) {
+            Ok(()) => {
+                done += 1;
+                at = to;
+            }
+            // Only a lost take fails the rename; its grant, if it was made, goes back too.
+            Err(e) => {
+                failed += 1;
+                assert!(
+                    e.to_string().contains("lost on the way"),
+                    "round {round}: {e}"
+                );
+            }
+        }
+        assert_eq!(
+            fs.lock_test(ROOT_INO, want).unwrap(),
+            None,
+            "round {round}: the rename lock stayed taken"
+        );
+    }
+    eprintln!("{done} renames done, {failed} failed");
+    assert!(
+        done >= 10 && failed >= 4,
+        "{done} renames done, {failed} failed"
+    );
+    assert_eq!(
+        s1.lookup(ROOT_INO, at.as_bytes()).unwrap().kind,
+        FileKind::Directory
+    );
+    unmount_both_and_check(&t, fs, s1, "after the renames");
+}
+
+/// A way to the manager in this process that loses about one lock request in three (by a
+/// hash of its count), half of them before they reach the manager, half after they were
+/// done there (the answer lost). Other requests pass.
+struct LosingLocks {
+    owner: tessera_fs::InProcessOwner,
+    locks: std::sync::atomic::AtomicU64,
+}
+
+impl tessera_fs::MetanodeChannel for LosingLocks {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        if tessera_fs::request_kind(&request) != Some("Lock") {
+            return self.owner.call(request);
+        }
+        let n = self
+            .locks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let lost = || {
+            Err(tessera_fs::FsError::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "lost on the way (test channel)",
+            )))
+        };
+        let hash = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56;
+        match (hash % 3, hash / 3 % 2) {
+            (0, 0) => lost(),
+            (0, _) => {
+                let _ = self.owner.call(request);
+                lost()
+            }
+            _ => self.owner.call(request),
+        }
+    }
+}
+
 /// A way to the manager in this process whose answers take 0-3 ms (by a hash of the
 /// call's number).
 struct SlowAnswers {
