@@ -253,14 +253,12 @@ impl FileSystem {
         Err(last)
     }
 
-    /// A move of directory `dir` from `name` in `parent` to `new_name` in `new_parent`
-    /// (another directory) where different owners serve them or it, under the rename lock
-    /// (taken here unless the caller holds it: `locked`).
     /// A rename of directory `dir` within `parent` over a name whose inode another owner
     /// serves: `parent`'s owner moves the name wherever `dir` is (`move_name`), but cannot
     /// tell whether the directory in the way is empty. That one goes first (ENOTEMPTY if
     /// it is not empty), as in a move between directories, then the name moves; looked at
-    /// again when another node put a name there meanwhile. It answered EXDEV before.
+    /// again when another node put a name there meanwhile. It answered EXDEV before. The
+    /// caller holds the rename lock.
     fn move_dir_over_another_owners(
         &self,
         parent: Ino,
@@ -270,6 +268,7 @@ impl FileSystem {
         let how = crate::metanode::RenameHow {
             noreplace,
             exchange: false,
+            dirs_may_move: true,
         };
         let mut last = FsError::AcrossOwners(
             "a rename within a directory over a name that keeps coming back".into(),
@@ -299,6 +298,10 @@ impl FileSystem {
         Err(last)
     }
 
+    /// A move of directory `dir` from `name` in `parent` to `new_name` in `new_parent`
+    /// where different owners serve them or it, or that a rename without the lock found
+    /// (`RenameHow::dirs_may_move`), under the rename lock (taken here unless the caller
+    /// holds it: `locked`).
     fn move_dir_across_owners(
         &self,
         (parent, name): (Ino, &[u8]),
@@ -306,14 +309,14 @@ impl FileSystem {
         (dir, noreplace): (Ino, bool),
         locked: bool,
     ) -> FsResult<()> {
-        if parent == new_parent {
-            return self.move_dir_over_another_owners(parent, (name, new_name), (dir, noreplace));
-        }
         let _lock = if locked {
             None
         } else {
             Some(self.rename_lock()?)
         };
+        if parent == new_parent {
+            return self.move_dir_over_another_owners(parent, (name, new_name), (dir, noreplace));
+        }
         let mut up = new_parent;
         for depth in 0.. {
             if up == dir {

@@ -834,21 +834,24 @@ impl FileSystem {
         noreplace: bool,
         exchange: bool,
     ) -> FsResult<()> {
-        let how = RenameHow {
-            noreplace,
-            exchange,
-        };
         // A directory that moves where several owners serve the namespace moves under the
         // cluster's rename lock (`across_owners.rs`), whichever owner does it: another
         // owner's move may change the parents it checks. Within one directory too: a move
         // to another directory takes the old name last, and a rename of it meanwhile left
-        // the directory named twice.
-        let locked = if self.moves_take_the_rename_lock()
-            && (exchange || self.lookup(parent, name)?.kind == FileKind::Directory)
-        {
-            Some(self.rename_lock()?)
-        } else {
-            None
+        // the directory named twice. A name that named a file when this client looked may
+        // name a directory by the time the owner moves it: the owner then moves nothing
+        // (`dirs_may_move`) and the rename goes on under the lock (`rename_across_owners`).
+        let lock_dirs = self.moves_take_the_rename_lock();
+        let locked =
+            if lock_dirs && (exchange || self.lookup(parent, name)?.kind == FileKind::Directory) {
+                Some(self.rename_lock()?)
+            } else {
+                None
+            };
+        let how = RenameHow {
+            noreplace,
+            exchange,
+            dirs_may_move: !lock_dirs || locked.is_some(),
         };
         let moved = self.routed(parent, |ns| {
             ns.move_name((parent, name), (new_parent, new_name), how)

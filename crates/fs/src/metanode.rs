@@ -530,11 +530,17 @@ pub(crate) struct NewNode {
     pub keep_data: Option<crate::locks::Lock>,
 }
 
-/// RENAME_NOREPLACE and RENAME_EXCHANGE.
+/// RENAME_NOREPLACE and RENAME_EXCHANGE, and whether a directory may move.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RenameHow {
     pub noreplace: bool,
     pub exchange: bool,
+    /// The caller holds the cluster's rename lock, or needs none (a file system no other
+    /// owner serves). Without it the owner moves no directory (`AcrossOwners`, and the
+    /// client takes the lock and asks again): the client chose not to lock because the
+    /// name named a file when it looked, and another node may have put a directory under
+    /// the name since.
+    pub dirs_may_move: bool,
 }
 
 /// XATTR_CREATE and XATTR_REPLACE.

@@ -2927,6 +2927,7 @@ mod tests {
                 how: RenameHow {
                     noreplace: true,
                     exchange: false,
+                    dirs_may_move: false,
                 },
             },
             MetanodeRequest::View {

@@ -459,6 +459,11 @@ impl Namespace for FileSystem {
             }
         }
         let src_is_dir = src.kind == FileKind::Directory;
+        if src_is_dir && !how.dirs_may_move {
+            return Err(FsError::AcrossOwners(
+                "a directory that a rename without the cluster's rename lock found".into(),
+            ));
+        }
         // Within one directory no loop can form (and the chain above it may cross owners).
         if src_is_dir && parent != new_parent && self.is_ancestor(&mut m, src.ino, new_parent)? {
             return Err(FsError::Invalid(

@@ -1300,6 +1300,63 @@ fn a_directory_rename_whose_lock_messages_are_lost_gives_the_rename_lock_back() 
     unmount_both_and_check(&t, fs, s1, "after the renames");
 }
 
+/// A rename that found a file under its name, and so took no rename lock, where another
+/// node put a directory under that name before the owner moved it: the owner moves no
+/// directory for a rename without the lock, and the rename moves it under the lock (a
+/// directory moved without it can race another node's move across owners and be left
+/// named twice).
+#[test]
+fn a_directory_put_under_a_name_a_rename_found_a_file_under_moves_under_the_rename_lock() {
+    let t = two_region_fs();
+    let seen: Arc<std::sync::Mutex<Vec<&'static str>>> = Arc::default();
+    let sent = Arc::clone(&seen);
+    let (fs, s1) = two_owners_through(&t, move |fs| {
+        Box::new(SwapsBeforeMove {
+            owner: tessera_fs::InProcessOwner(Arc::downgrade(fs)),
+            seen: sent,
+            swapped: std::sync::atomic::AtomicBool::new(false),
+        })
+    });
+    create_file(&s1, ROOT_INO, b"f");
+    let d = mkdir(&fs, ROOT_INO, b"d").ino;
+    seen.lock().unwrap().clear();
+    s1.rename(ROOT_INO, b"f", ROOT_INO, b"g", false, false)
+        .unwrap();
+    assert_eq!(s1.lookup(ROOT_INO, b"g").unwrap().ino, d);
+    assert!(matches!(fs.lookup(ROOT_INO, b"f"), Err(FsError::NotFound)));
+    let seen = seen.lock().unwrap().clone();
+    let at = |kind: &str| seen.iter().position(|k| *k == kind);
+    let moves: Vec<usize> = (0..seen.len()).filter(|&i| seen[i] == "MoveName").collect();
+    assert_eq!(moves.len(), 2, "{seen:?}");
+    let lock = at("Lock").unwrap_or_else(|| panic!("no rename lock taken: {seen:?}"));
+    assert!(moves[0] < lock && lock < moves[1], "{seen:?}");
+    unmount_both_and_check(&t, fs, s1, "after the rename");
+}
+
+/// A way to the manager in this process that, before the first `MoveName` it carries,
+/// has the manager remove file `f` of the root and rename directory `d` to `f` (another
+/// node acting between a rename's look and its move); it notes the kind of every request.
+struct SwapsBeforeMove {
+    owner: tessera_fs::InProcessOwner,
+    seen: Arc<std::sync::Mutex<Vec<&'static str>>>,
+    swapped: std::sync::atomic::AtomicBool,
+}
+
+impl tessera_fs::MetanodeChannel for SwapsBeforeMove {
+    fn call(&self, request: Vec<u8>) -> tessera_fs::FsResult<Vec<u8>> {
+        let kind = tessera_fs::request_kind(&request).unwrap_or("?");
+        self.seen.lock().unwrap().push(kind);
+        if kind == "MoveName" && !self.swapped.swap(true, Ordering::SeqCst) {
+            let manager = self.owner.0.upgrade().expect("the manager is mounted");
+            manager.remove(ROOT_INO, b"f", false).unwrap();
+            manager
+                .rename(ROOT_INO, b"d", ROOT_INO, b"f", false, false)
+                .unwrap();
+        }
+        self.owner.call(request)
+    }
+}
+
 /// A way to the manager in this process that loses about one lock request in three (by a
 /// hash of its count), half of them before they reach the manager, half after they were
 /// done there (the answer lost). Other requests pass.
