@@ -22,8 +22,10 @@
 //!
 //! The owner side of each step is in `namespace.rs` (`Namespace::put_entry`,
 //! `Namespace::take_entry`, `Namespace::count_link`, `Namespace::reparent`, and the
-//! rmdir's `seal_dir`, `drop_entry_of`, `drop_sealed_dir`). RENAME_EXCHANGE across owners
-//! is not built: it answers EXDEV.
+//! rmdir's `seal_dir`, `drop_entry_of`, `drop_sealed_dir`). RENAME_EXCHANGE within one
+//! directory is the directory owner's alone, whoever serves the inodes; between directories
+//! of different owners it is not built (EXDEV): every order of its steps leaves one inode
+//! named nowhere at some instant.
 
 use std::time::Duration;
 

@@ -434,9 +434,11 @@ impl Namespace for FileSystem {
         };
         let src = m.state.lookup(parent, name)?.ok_or(FsError::NotFound)?;
         // A name that moves within its directory changes nothing of the inode it names
-        // (but its change time), so another owner's inode moves here all the same.
+        // (but its change time), so another owner's inode moves here all the same; two
+        // names exchanged within one directory change nothing of either inode.
+        let within = parent == new_parent;
         let src_here = match m.state.attr(src.ino) {
-            Err(FsError::ShardElsewhere { .. }) if parent == new_parent && !how.exchange => false,
+            Err(FsError::ShardElsewhere { .. }) if within => false,
             Err(FsError::ShardElsewhere { .. }) => return Err(across()),
             found => found.map(|_| true)?,
         };
@@ -444,7 +446,8 @@ impl Namespace for FileSystem {
         if how.noreplace && dst.is_some() {
             return Err(FsError::Exists);
         }
-        if let Some(d) = dst.filter(|d| d.ino != src.ino) {
+        if let Some(d) = dst.filter(|d| d.ino != src.ino && !(within && how.exchange)) {
+            // A replaced inode's link count goes down at its own owner.
             if let Err(FsError::ShardElsewhere { .. }) = m.state.attr(d.ino) {
                 return Err(across());
             }

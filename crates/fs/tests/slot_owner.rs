@@ -736,6 +736,15 @@ fn files_are_renamed_linked_and_unlinked_across_owners() {
         .rename(ROOT_INO, b"a2", d, b"b3", false, true)
         .unwrap_err();
     assert_eq!(err.errno(), libc::EXDEV, "{err}");
+    // Within one directory an exchange changes nothing of either inode: the directory's
+    // owner swaps the names whoever serves the inodes, asked from either side.
+    let b3 = s1.lookup(d, b"b3").unwrap().ino;
+    fs.rename(d, b"a0-link", d, b"b3", false, true).unwrap();
+    assert_eq!(seen_alike(&fs, &s1, d, b"a0-link", &theirs["b3"]), b3);
+    assert_eq!(seen_alike(&fs, &s1, d, b"b3", &mine["a1"]), a1);
+    s1.rename(d, b"b3", d, b"a0-link", false, true).unwrap();
+    assert_eq!(seen_alike(&fs, &s1, d, b"a0-link", &mine["a1"]), a1);
+    assert_eq!(seen_alike(&fs, &s1, d, b"b3", &theirs["b3"]), b3);
     // Unlinks of names whose inode the other owner serves: the name, then the link.
     s1.remove(d, b"a0-link", false).unwrap();
     assert!(matches!(fs.getattr(a1), Err(FsError::NotFound)));
