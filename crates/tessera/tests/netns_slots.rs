@@ -136,6 +136,53 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
         let linked = std::fs::metadata(mnt(k).join("dir1/link-to-3-5")).unwrap();
         assert_eq!(linked.nlink(), 2, "node {k}");
     }
+    // RENAME_EXCHANGE within node 2's directory of a name whose inode the manager serves
+    // (f4, node 1's f3 before) and one of node 2's own, asked on node 3: node 2's slot
+    // swaps the names, and every node reads each file under the other's name at once.
+    let exchange = |k: u32, a: &str, b: &str| {
+        let c = |p: &str| {
+            std::ffi::CString::new(mnt(k).join(p).into_os_string().into_encoded_bytes()).unwrap()
+        };
+        let (a, b) = (c(a), c(b));
+        // SAFETY: two NUL-terminated paths that live across the call.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        (r == 0)
+            .then_some(())
+            .ok_or_else(std::io::Error::last_os_error)
+    };
+    for k in 1..=3u32 {
+        assert_eq!(
+            std::fs::read_to_string(mnt(k).join("dir2/f6")).unwrap(),
+            content(2, 6)
+        );
+    }
+    if let Err(e) = exchange(3, "dir2/f4", "dir2/f6") {
+        panic!(
+            "node 3 exchanging dir2/f4 and dir2/f6: {e}\n{}",
+            log_tails(&c)
+        );
+    }
+    for k in 1..=3u32 {
+        let read = |p: &str| std::fs::read_to_string(mnt(k).join(p)).unwrap();
+        assert_eq!(
+            read("dir2/f4"),
+            content(2, 6),
+            "node {k}: dir2/f4 after the exchange"
+        );
+        assert_eq!(
+            read("dir2/f6"),
+            content(1, 3),
+            "node {k}: dir2/f6 after the exchange"
+        );
+    }
     std::fs::remove_file(mnt(1).join("dir3/f5")).unwrap();
     for k in 1..=3u32 {
         let linked = mnt(k).join("dir1/link-to-3-5");
