@@ -69,11 +69,6 @@ impl Drop for RenameLock<'_> {
     }
 }
 
-/// How often a give-back of the rename lock is sent before it is given up: the holder is
-/// alive, so a lost give-back is never freed by an expel, and every directory move in the
-/// cluster would wait for it in vain.
-const GIVE_BACK_TRIES: u32 = 8;
-
 impl FileSystem {
     /// Whether a directory move between two directories may need the rename lock: on a
     /// mount that other nodes' mounts share, or one that knows of owner slots.
@@ -105,26 +100,17 @@ impl FileSystem {
         Ok(RenameLock { fs: self, holder })
     }
 
-    /// Gives the rename lock of `holder` back, asking again (with pauses, a bounded number
-    /// of times) while the manager cannot be reached. The give-back is sent whatever this
-    /// mount's mirror says and changes nothing where `holder` holds nothing, so a give-back
-    /// whose answer was lost, or a take whose grant was, is safe to send again.
+    /// Gives the rename lock of `holder` back, asking again while the manager cannot be
+    /// reached ([`FileSystem::give_back_locks_until_answered`]). It is sent whatever this
+    /// mount's mirror says, so a take whose grant was made and its answer lost goes back
+    /// too.
     pub(crate) fn give_back_rename_lock(&self, holder: Holder) {
-        let mut pause = Duration::from_millis(20);
-        for attempt in 1..=GIVE_BACK_TRIES {
-            match self.give_back_locks(ROOT_INO, holder) {
-                Ok(()) => return,
-                Err(e) if attempt == GIVE_BACK_TRIES => tracing::error!(
-                    "giving back the cluster's rename lock failed {attempt} times, last: {e}; \
-                     directory moves on every node wait for it until this node leaves the \
-                     cluster: restart Tessera on this node if they fail with EIO"
-                ),
-                Err(e) => {
-                    tracing::warn!("giving back the cluster's rename lock: {e}; asking again");
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-            }
+        if let Err(e) = self.give_back_locks_until_answered(ROOT_INO, holder) {
+            tracing::error!(
+                "giving back the cluster's rename lock: {e}; directory moves on every node \
+                 wait for it until this node leaves the cluster: restart Tessera on this \
+                 node if they fail with EIO"
+            );
         }
     }
 

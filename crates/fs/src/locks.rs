@@ -776,6 +776,10 @@ fn forget_held(ino: Ino, start: u64, end: u64) {
     });
 }
 
+/// How often a give-back of locks is sent before it is given up
+/// ([`crate::fs::FileSystem::give_back_locks_until_answered`]): about 2.5 s of pauses.
+const GIVE_BACK_TRIES: u32 = 8;
+
 /// Longest wait of an O_APPEND write for the append lock of its file. Its holder is
 /// another node's append in flight, whose own waits are bounded, or a dead node's, freed
 /// once the cluster expels it; past this something is wrong and the write fails with EIO.
@@ -897,7 +901,41 @@ impl crate::fs::FileSystem {
         if !self.held_locks.lock().holds(ino, holder) {
             return Ok(());
         }
-        self.give_back_locks(ino, holder)
+        self.give_back_locks_until_answered(ino, holder)
+    }
+
+    /// [`Self::give_back_locks`], asked again (with pauses, a bounded number of times)
+    /// while the owner cannot be reached: the holder is alive, so no expel would ever free
+    /// a give-back that was lost, and every other node would wait for the lock in vain (a
+    /// close's `fcntl` locks, an append lock, the rename lock). Safe to repeat: an unlock
+    /// of what `holder` does not hold changes nothing. A fenced node is not asked again:
+    /// the owner dropped its locks when it fenced it.
+    pub(crate) fn give_back_locks_until_answered(
+        &self,
+        ino: Ino,
+        holder: Holder,
+    ) -> crate::FsResult<()> {
+        let mut pause = Duration::from_millis(20);
+        let mut attempt = 1;
+        loop {
+            match self.give_back_locks(ino, holder) {
+                Ok(()) => return Ok(()),
+                Err(e) if attempt == GIVE_BACK_TRIES || matches!(e, crate::FsError::Fenced) => {
+                    return Err(e)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "inode {ino}: giving back the {:?} locks of lock owner {:x}: {e}; \
+                         asking again",
+                        holder.class,
+                        holder.owner
+                    );
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    attempt += 1;
+                }
+            }
+        }
     }
 
     /// Asks `ino`'s owner to drop every lock of `holder`, whatever this mount's mirror
@@ -1198,7 +1236,12 @@ impl crate::fs::FileSystem {
             kind: LockKind::Write,
             pid: std::process::id(),
         };
-        self.lock_until(ino, whole, Some(&|| false), Some(APPEND_WAIT_MAX))?;
+        if let Err(e) = self.lock_until(ino, whole, Some(&|| false), Some(APPEND_WAIT_MAX)) {
+            // The owner may have granted it and the answer been lost on the way back; no
+            // append of this node holds it now (they take turns above).
+            let _ = self.give_back_locks_until_answered(ino, holder);
+            return Err(e);
+        }
         let written = (|| -> crate::FsResult<u64> {
             // The size as every append that returned left it: on the file's owner, what
             // another node gathered of it comes back first (`getattr`), as a remote size

@@ -1309,6 +1309,82 @@ fn a_directory_rename_whose_lock_messages_are_lost_gives_the_rename_lock_back() 
     unmount_both_and_check(&t, fs, s1, "after the renames");
 }
 
+/// `fcntl` and append locks whose give-back to the file's owner is lost (never arriving,
+/// or done there with the answer lost) are still given back: the holder is alive, so no
+/// expel would free them, and every other node's lock of the file (an O_APPEND write, an
+/// F_SETLKW) would wait for them in vain.
+#[test]
+fn file_locks_whose_give_back_is_lost_are_given_back() {
+    use tessera_fs::locks::{Lock, LockClass, LockKind, TO_END};
+    let t = two_region_fs();
+    let (fs, s1) = two_owners_through(&t, |fs| {
+        Box::new(LosingLocks {
+            owner: tessera_fs::InProcessOwner(Arc::downgrade(fs)),
+            locks: std::sync::atomic::AtomicU64::new(0),
+        })
+    });
+    // The manager's file, whose locks its table keeps; slot 1's owner reaches it through
+    // the losing channel.
+    let f = create_file(&fs, ROOT_INO, b"f").ino;
+    let lock = |holder, kind| Lock {
+        holder,
+        start: 0,
+        end: TO_END,
+        kind,
+        pid: 0,
+    };
+    let other = lock(fs.lock_holder(1, LockClass::Posix), LockKind::Write);
+    let mut lost_takes = 0;
+    for round in 0..30u64 {
+        let mine = s1.lock_holder(round, LockClass::Posix);
+        // A lost take fails the call (perhaps granted all the same): the process asks again.
+        while let Err(e) = s1.lock_set(f, lock(mine, LockKind::Write), None) {
+            assert!(
+                e.to_string().contains("lost on the way"),
+                "round {round}: {e}"
+            );
+            lost_takes += 1;
+        }
+        assert!(fs.lock_test(f, other).unwrap().is_some(), "round {round}");
+        s1.unlock_all(f, mine).unwrap();
+        assert_eq!(
+            fs.lock_test(f, other).unwrap(),
+            None,
+            "round {round}: the lock stayed taken after its close"
+        );
+    }
+    assert!(lost_takes >= 3, "only {lost_takes} takes were lost");
+    // Appends from slot 1's owner take and give back the append lock each time, also
+    // when the take's answer was lost (the append fails and the application writes again).
+    let append = lock(fs.lock_holder(1, LockClass::Append), LockKind::Write);
+    let mut lost_appends = 0;
+    for i in 0..20u8 {
+        while let Err(e) = s1.append(f, &[i], false) {
+            assert!(e.to_string().contains("lost on the way"), "append {i}: {e}");
+            lost_appends += 1;
+            assert_eq!(
+                fs.lock_test(f, append).unwrap(),
+                None,
+                "append {i} failed, locked"
+            );
+        }
+        assert_eq!(
+            fs.lock_test(f, append).unwrap(),
+            None,
+            "append {i} left it locked"
+        );
+    }
+    assert!(
+        lost_appends >= 2,
+        "only {lost_appends} appends lost their lock"
+    );
+    assert_eq!(
+        &fs.read(f, 0, 100).unwrap()[..],
+        &(0..20u8).collect::<Vec<_>>()[..]
+    );
+    unmount_both_and_check(&t, fs, s1, "after the locks");
+}
+
 /// A rename that found a file under its name, and so took no rename lock, where another
 /// node put a directory under that name before the owner moved it: the owner moves no
 /// directory for a rename without the lock, and the rename moves it under the lock (a
