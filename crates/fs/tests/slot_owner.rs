@@ -1198,7 +1198,7 @@ fn directory_moves_across_owners_cut_by_a_crash_at_every_write_leave_one_tree() 
 /// give-back was then never sent (every later rename waited 120 s for it and failed).
 #[test]
 fn directory_renames_from_threads_of_one_mount_give_the_rename_lock_back() {
-    use tessera_fs::locks::{Lock, LockClass, LockKind, TO_END};
+    use tessera_fs::locks::LockClass;
     let t = two_region_fs();
     // Answers come back after 0-3 ms, as over a network, so that one thread's grant can
     // arrive before another's give-back answered.
@@ -1211,13 +1211,7 @@ fn directory_renames_from_threads_of_one_mount_give_the_rename_lock_back() {
     for i in 0..4 {
         mkdir(&s1, ROOT_INO, format!("a{i}").as_bytes());
     }
-    let want = Lock {
-        holder: fs.lock_holder(1, LockClass::Rename),
-        start: 0,
-        end: TO_END,
-        kind: LockKind::Write,
-        pid: 0,
-    };
+    let want = whole_write(fs.lock_holder(1, LockClass::Rename));
     // Rounds in which the threads stop one after the other, each while others still
     // rename: a give-back lost at a thread's last rename stays lost.
     for round in 0..6 {
@@ -1250,22 +1244,11 @@ fn directory_renames_from_threads_of_one_mount_give_the_rename_lock_back() {
 /// fail with EIO.
 #[test]
 fn a_directory_rename_whose_lock_messages_are_lost_gives_the_rename_lock_back() {
-    use tessera_fs::locks::{Lock, LockClass, LockKind, TO_END};
+    use tessera_fs::locks::LockClass;
     let t = two_region_fs();
-    let (fs, s1) = two_owners_through(&t, |fs| {
-        Box::new(LosingLocks {
-            owner: tessera_fs::InProcessOwner(Arc::downgrade(fs)),
-            locks: std::sync::atomic::AtomicU64::new(0),
-        })
-    });
+    let (fs, s1) = two_owners_losing_locks(&t);
     mkdir(&s1, ROOT_INO, b"a");
-    let want = Lock {
-        holder: fs.lock_holder(1, LockClass::Rename),
-        start: 0,
-        end: TO_END,
-        kind: LockKind::Write,
-        pid: 0,
-    };
+    let want = whole_write(fs.lock_holder(1, LockClass::Rename));
     let (mut done, mut failed) = (0, 0);
     let mut at = "a";
     for round in 0..40 {
@@ -1315,30 +1298,18 @@ fn a_directory_rename_whose_lock_messages_are_lost_gives_the_rename_lock_back() 
 /// F_SETLKW) would wait for them in vain.
 #[test]
 fn file_locks_whose_give_back_is_lost_are_given_back() {
-    use tessera_fs::locks::{Lock, LockClass, LockKind, TO_END};
+    use tessera_fs::locks::LockClass;
     let t = two_region_fs();
-    let (fs, s1) = two_owners_through(&t, |fs| {
-        Box::new(LosingLocks {
-            owner: tessera_fs::InProcessOwner(Arc::downgrade(fs)),
-            locks: std::sync::atomic::AtomicU64::new(0),
-        })
-    });
+    let (fs, s1) = two_owners_losing_locks(&t);
     // The manager's file, whose locks its table keeps; slot 1's owner reaches it through
     // the losing channel.
     let f = create_file(&fs, ROOT_INO, b"f").ino;
-    let lock = |holder, kind| Lock {
-        holder,
-        start: 0,
-        end: TO_END,
-        kind,
-        pid: 0,
-    };
-    let other = lock(fs.lock_holder(1, LockClass::Posix), LockKind::Write);
+    let other = whole_write(fs.lock_holder(1, LockClass::Posix));
     let mut lost_takes = 0;
     for round in 0..30u64 {
         let mine = s1.lock_holder(round, LockClass::Posix);
         // A lost take fails the call (perhaps granted all the same): the process asks again.
-        while let Err(e) = s1.lock_set(f, lock(mine, LockKind::Write), None) {
+        while let Err(e) = s1.lock_set(f, whole_write(mine), None) {
             assert!(
                 e.to_string().contains("lost on the way"),
                 "round {round}: {e}"
@@ -1356,7 +1327,7 @@ fn file_locks_whose_give_back_is_lost_are_given_back() {
     assert!(lost_takes >= 3, "only {lost_takes} takes were lost");
     // Appends from slot 1's owner take and give back the append lock each time, also
     // when the take's answer was lost (the append fails and the application writes again).
-    let append = lock(fs.lock_holder(1, LockClass::Append), LockKind::Write);
+    let append = whole_write(fs.lock_holder(1, LockClass::Append));
     let mut lost_appends = 0;
     for i in 0..20u8 {
         while let Err(e) = s1.append(f, &[i], false) {
@@ -1439,6 +1410,27 @@ impl tessera_fs::MetanodeChannel for SwapsBeforeMove {
                 .unwrap();
         }
         self.owner.call(request)
+    }
+}
+
+/// [`two_owners`] with slot 1's owner reaching the manager through [`LosingLocks`].
+fn two_owners_losing_locks(t: &TestDisks) -> (Arc<FileSystem>, Arc<FileSystem>) {
+    two_owners_through(t, |fs| {
+        Box::new(LosingLocks {
+            owner: tessera_fs::InProcessOwner(Arc::downgrade(fs)),
+            locks: std::sync::atomic::AtomicU64::new(0),
+        })
+    })
+}
+
+/// A write lock of the whole file held by `holder`.
+fn whole_write(holder: tessera_fs::locks::Holder) -> tessera_fs::locks::Lock {
+    tessera_fs::locks::Lock {
+        holder,
+        start: 0,
+        end: tessera_fs::locks::TO_END,
+        kind: tessera_fs::locks::LockKind::Write,
+        pid: 0,
     }
 }
 
