@@ -479,6 +479,17 @@ impl FileSystem {
         disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
         slot: u32,
     ) -> FsResult<Arc<FileSystem>> {
+        Self::mount_slot_with(disks, slot, false)
+    }
+
+    /// [`FileSystem::mount_slot`]; with `accept_log_loss` (fsck's repair) a log that lost
+    /// committed records to a damaged page is replayed as far as it goes instead of
+    /// refused (`Journal::open_accepting_loss`).
+    pub(crate) fn mount_slot_with(
+        disks: Vec<(NsdId, Arc<dyn BlockDevice>)>,
+        slot: u32,
+        accept_log_loss: bool,
+    ) -> FsResult<Arc<FileSystem>> {
         if slot == 0 {
             return Err(FsError::Usage(
                 "slot 0 is the file system manager's: mount it with FileSystem::mount".into(),
@@ -487,7 +498,7 @@ impl FileSystem {
         let all: Vec<Arc<dyn BlockDevice>> = disks.iter().map(|(_, d)| d.clone()).collect();
         let desc = read_descriptor(&all)?;
         let devices = crate::recovery::match_devices(&desc, &disks)?;
-        let recovered = crate::recovery::recover_slot(&desc, &devices, slot)?;
+        let recovered = crate::recovery::recover_slot(&desc, &devices, slot, accept_log_loss)?;
         let geo = geometry(&desc);
         let mut alloc = recovered.alloc;
         for d in devices.down_disks() {

@@ -63,6 +63,14 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         .problems
         .extend(crate::slot::check_records(&desc, &disk_set));
     report.problems.extend(rec.slot_problems.iter().cloned());
+    if let Some(loss) = &rec.log_loss {
+        report.problems.push(format!(
+            "the recovery log of file system {} lost committed records: {loss}; the records \
+             before that page were replayed and checked, the rest is gone (mount refuses this \
+             log; `tessera fsck DEVICE -y` starts it afresh at that page)",
+            desc.name
+        ));
+    }
     let fixes = check(&desc, &mut rec.state, &mut report)?;
     report.ill_replicated_metadata = ill_replicated_metadata(&desc, &mut rec.state)?
         + crate::alloc_map::chunks_with_unequal_copies(&desc, &devices, &rec.alloc);
@@ -81,14 +89,27 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         ));
     }
     let map_fix = !map_problems.is_empty();
-    if repair && (!fixes.is_empty() || map_fix) && rec.conflicts.is_empty() {
+    let log_loss = rec.log_loss.is_some();
+    if repair && rec.conflicts.is_empty() {
+        // Slot logs that lost records start afresh first: their slots' fixes below are
+        // applied through mounts of those slots, which refuse such a log.
+        for &slot in &rec.slot_log_losses {
+            match restart_slot_log(slot_disks.clone(), slot) {
+                Ok(()) => report.repaired += 1,
+                Err(e) => report.problems.push(format!(
+                    "not repaired: the log of owner slot {slot} could not be started afresh ({e})"
+                )),
+            }
+        }
+    }
+    if repair && (!fixes.is_empty() || map_fix || log_loss) && rec.conflicts.is_empty() {
         // Shards other slots own are repaired through their owners' logs: a checkpoint
         // here would supersede pages their records still name.
         for shard in std::mem::take(&mut rec.foreign_shards) {
             rec.state.release_shard(shard);
         }
         let mut elsewhere: std::collections::BTreeMap<u32, Vec<Change>> = Default::default();
-        let mut repaired = u64::from(map_fix);
+        let mut repaired = report.repaired + u64::from(map_fix);
         for fix in &fixes {
             match rec.state.apply(fix) {
                 Ok(freed) => {
@@ -114,8 +135,17 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
                 )),
             }
         }
+        if log_loss {
+            // An empty transaction, committed: the log's next page, the damaged one, is
+            // written over as the first page of a new session, so no later open takes what
+            // lies beyond it for committed records (`Journal::open_accepting_loss`).
+            let record = postcard::to_stdvec(&Vec::<Change>::new()).expect("changes serialize");
+            rec.journal.append(&record)?;
+            rec.journal.commit_all()?;
+            repaired += 1;
+        }
         report.repaired = repaired;
-        if here == 0 {
+        if here == 0 && !log_loss {
             return Ok(report); // Nothing of slot 0's to write.
         }
         // The rebuilt map is stored whole (recovery marked every chunk changed).
@@ -144,6 +174,18 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         write_descriptor(&new_desc, &slots)?;
     }
     Ok(report)
+}
+
+/// Starts the log of owner slot `slot`, which lost committed records to a damaged page,
+/// afresh at that page: the slot mounted accepting the loss (what precedes the page
+/// replayed), an empty transaction committed over the damaged page as the first page of a
+/// new session, and the slot unmounted (its checkpoint written).
+fn restart_slot_log(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, slot: u32) -> FsResult<()> {
+    let owner = crate::FileSystem::mount_slot_with(disks, slot, true)?;
+    owner.log_repairs(Vec::new())?;
+    // Durable before the checkpoint names a replay point inside the page it wrote over.
+    owner.commit_all()?;
+    owner.unmount()
 }
 
 /// Applies `fixes` of shards owner slot `slot` holds as that slot's owner would: mounted

@@ -38,6 +38,13 @@ pub(crate) struct Recovered {
     pub foreign_shards: Vec<usize>,
     /// Why shards of other slots could not be opened (their blocks are not counted).
     pub slot_problems: Vec<String>,
+    /// With [`MapSource::Verify`] only: committed records of the log lost to a damaged
+    /// page, which fsck names (a mount refuses such a log instead; see
+    /// `Journal::open_accepting_loss`).
+    pub log_loss: Option<String>,
+    /// With [`MapSource::Verify`] only: the owner slots whose logs lost committed records
+    /// to a damaged page (named in `slot_problems`), which fsck's repair starts afresh.
+    pub slot_log_losses: Vec<u32>,
 }
 
 /// Where recovery takes the allocation map from.
@@ -210,24 +217,31 @@ pub(crate) fn recover(
     };
     let (mut state, foreign_shards, mut slot_problems) =
         crate::checkpoint::open_state(desc, disks)?;
+    let mut slot_log_losses = Vec::new();
     if source == MapSource::Verify {
         // fsck checks the namespace as every owner left it: other slots' shards with their
         // own logs replayed over their records.
-        replay_slot_logs(desc, disks, &mut state, &mut slot_problems);
+        slot_log_losses = replay_slot_logs(desc, disks, &mut state, &mut slot_problems);
     }
-    let (journal, records) = match &log_copies {
+    // fsck reads a log that lost committed records to a damaged page as far as it goes and
+    // names the loss; its repair starts the log afresh there. A mount refuses it.
+    let accept_loss = source == MapSource::Verify;
+    let whose = log_of(&desc.name, 0);
+    let (journal, records, log_loss) = match &log_copies {
         Some(log) if log.behind().is_none() => replay_longer(
-            &desc.name,
+            &whose,
             log,
             (desc.log.region, desc.log.log_id),
             desc.checkpoint.replay_from,
+            accept_loss,
         )?,
-        _ => Journal::open(
+        _ => open_log(
             log_dev,
-            desc.log.region,
-            desc.log.log_id,
+            (desc.log.region, desc.log.log_id),
             desc.checkpoint.replay_from,
-        )?,
+            accept_loss,
+        )
+        .map_err(|e| log_error(&whose, e))?,
     };
     // The allocation map of the checkpoint comes first: replay frees what the records free
     // and takes what they map, as the live file system did.
@@ -292,6 +306,8 @@ pub(crate) fn recover(
         stored_map,
         foreign_shards,
         slot_problems,
+        log_loss,
+        slot_log_losses,
     })
 }
 
@@ -347,13 +363,15 @@ fn replay(
 /// Replays the log of every owner slot other than 0 that holds shards into `state`, which
 /// holds those shards from their slots' records (fsck of the unmounted file system);
 /// a slot whose record or log does not read is named in `problems` and left as its record
-/// has it.
+/// has it. A log that lost committed records to a damaged page is replayed as far as it
+/// goes and named too; those slots are returned.
 fn replay_slot_logs(
     desc: &FsDescriptor,
     disks: &Arc<DiskSet>,
     state: &mut MetaState,
     problems: &mut Vec<String>,
-) {
+) -> Vec<u32> {
+    let mut losses = Vec::new();
     for region in desc.slot_regions() {
         let shards: Vec<usize> = (0..desc.shard_count as usize)
             .filter(|s| desc.shard_owner(*s).slot == region.slot)
@@ -364,19 +382,35 @@ fn replay_slot_logs(
         let replayed =
             crate::slot::current_region(desc, disks, region).and_then(|(region, record)| {
                 let (log_device, log_region) = slot_log(desc, disks, &region)?;
-                let (_, records) =
-                    Journal::open(log_device, log_region, region.log_id, record.replay_from)?;
+                let (_, records, lost) = Journal::open_accepting_loss(
+                    log_device,
+                    log_region,
+                    region.log_id,
+                    record.replay_from,
+                )?;
                 let mut scratch = new_alloc(desc);
-                replay(records, state, &mut scratch, &mut None)
+                replay(records, state, &mut scratch, &mut None)?;
+                Ok(lost)
             });
-        if let Err(e) = replayed {
-            problems.push(format!(
+        match replayed {
+            Ok(None) => {}
+            Ok(Some(lost)) => {
+                problems.push(format!(
+                    "{} lost committed records: {lost}; the records before that page were \
+                     replayed and checked, the rest is gone (the slot's mount refuses this \
+                     log; `tessera fsck DEVICE -y` starts it afresh at that page)",
+                    log_of(&desc.name, region.slot)
+                ));
+                losses.push(region.slot);
+            }
+            Err(e) => problems.push(format!(
                 "owner slot {}: its log does not replay over its record ({e}); its shards are \
                  checked as its record has them",
                 region.slot
-            ));
+            )),
         }
     }
+    losses
 }
 
 /// What fsck finds wrong with the allocation map of owner slot `slot` (not 0): the slot
@@ -388,7 +422,9 @@ pub(crate) fn slot_map_problems(
     disks: &Arc<DiskSet>,
     slot: u32,
 ) -> Vec<String> {
-    let recovered = match recover_slot(desc, disks, slot) {
+    // A log that lost records is named by `replay_slot_logs`; the map is checked as far as
+    // it goes.
+    let recovered = match recover_slot(desc, disks, slot, true) {
         Ok(r) => r,
         Err(e) => return vec![format!("owner slot {slot} cannot be brought back: {e}")],
     };
@@ -503,6 +539,7 @@ pub(crate) fn recover_slot(
     desc: &FsDescriptor,
     disks: &Arc<DiskSet>,
     slot: u32,
+    accept_log_loss: bool,
 ) -> FsResult<RecoveredSlot> {
     assert_ne!(slot, 0, "slot 0 is recovered by `recover`");
     let region = desc
@@ -586,32 +623,36 @@ pub(crate) fn recover_slot(
     }
     // With two copies (`-m 2`), as the manager's log: the copy the descriptor calls behind
     // is not replayed, and of two current ones the one that reaches further is kept.
+    let whose = log_of(&desc.name, region.slot);
     let (journal, records, log_copies) = match region.second {
         None => {
-            let (journal, records) = Journal::open(
+            let (journal, records, _) = open_log(
                 disks.get(region.disk),
-                region.log_region(),
-                region.log_id,
+                (region.log_region(), region.log_id),
                 record.replay_from,
-            )?;
+                accept_log_loss,
+            )
+            .map_err(|e| log_error(&whose, e))?;
             (journal, records, None)
         }
         Some(_) => {
             let log = crate::mirrored_log::MirroredLog::for_slot(desc, disks, &region)?;
-            let (journal, records) = if log.behind().is_none() {
+            let (journal, records, _) = if log.behind().is_none() {
                 replay_longer(
-                    &desc.name,
+                    &whose,
                     &log,
                     (region.log_region(), region.log_id),
                     record.replay_from,
+                    accept_log_loss,
                 )?
             } else {
-                Journal::open(
+                open_log(
                     Arc::clone(&log) as Arc<dyn BlockDevice>,
-                    region.log_region(),
-                    region.log_id,
+                    (region.log_region(), region.log_id),
                     record.replay_from,
-                )?
+                    accept_log_loss,
+                )
+                .map_err(|e| log_error(&whose, e))?
             };
             (journal, records, Some(log))
         }
@@ -653,43 +694,84 @@ pub(crate) fn recover_slot(
 /// crash in the middle of a commit that never returned (its records may be kept or not;
 /// the mount then copies what it replayed onto the other copy).
 fn replay_longer(
-    fs_name: &str,
+    whose: &str,
     log: &Arc<crate::mirrored_log::MirroredLog>,
     (region, log_id): (tessera_journal::JournalRegion, [u8; 16]),
     replay_from: tessera_journal::Lsn,
-) -> FsResult<(Journal, Vec<tessera_journal::Record>)> {
-    type Replay = ((u64, u64), u8, Journal, Vec<tessera_journal::Record>);
+    accept_loss: bool,
+) -> FsResult<Opened> {
+    type Replay = ((bool, u64, u64), u8, Opened);
     let mut best: Option<Replay> = None;
     let mut failed = None;
     for c in 0..2u8 {
         log.prefer(c);
-        let opened = Journal::open(
+        let opened = open_log(
             Arc::clone(log) as Arc<dyn BlockDevice>,
-            region,
-            log_id,
+            (region, log_id),
             replay_from,
+            accept_loss,
         );
         match opened {
-            Ok((journal, records)) => {
-                // Equal records, the further next page: a copy that lacks the replay
-                // point's own page would start the next append on it, below that point.
-                let end = (journal.durable_lsn(), journal.next_page());
+            Ok((journal, records, lost)) => {
+                // A copy that lost nothing first; then equal records, the further next
+                // page: a copy that lacks the replay point's own page would start the next
+                // append on it, below that point.
+                let end = (lost.is_none(), journal.durable_lsn(), journal.next_page());
                 if best.as_ref().is_none_or(|(e, ..)| end > *e) {
-                    best = Some((end, c, journal, records));
+                    best = Some((end, c, (journal, records, lost)));
                 }
             }
             Err(e) => {
-                tracing::warn!("{fs_name}: copy {} of {}: {e}", c + 1, log.name());
+                tracing::warn!("{whose}: copy {} of {}: {e}", c + 1, log.name());
                 failed = Some(e);
             }
         }
     }
     match best {
-        Some((_, c, journal, records)) => {
+        Some((_, c, opened)) => {
             log.prefer(c);
-            Ok((journal, records))
+            Ok(opened)
         }
-        None => Err(failed.expect("a copy failed").into()),
+        None => Err(log_error(whose, failed.expect("a copy failed"))),
+    }
+}
+
+/// An opened log, its records after the replay point, and what a damaged page lost.
+type Opened = (Journal, Vec<tessera_journal::Record>, Option<String>);
+
+/// Opens a log for replay: refusing one that lost committed records to a damaged page, or
+/// (`accept_loss`: fsck) reading it as far as it goes and saying what was lost.
+fn open_log(
+    dev: Arc<dyn BlockDevice>,
+    (region, log_id): (tessera_journal::JournalRegion, [u8; 16]),
+    replay_from: tessera_journal::Lsn,
+    accept_loss: bool,
+) -> Result<Opened, tessera_journal::JournalError> {
+    if accept_loss {
+        Journal::open_accepting_loss(dev, region, log_id, replay_from)
+    } else {
+        Journal::open(dev, region, log_id, replay_from).map(|(j, r)| (j, r, None))
+    }
+}
+
+/// Whose log a log of file system `fs_name` is, for errors: the file system manager's
+/// (slot 0) or an owner slot's.
+fn log_of(fs_name: &str, slot: u32) -> String {
+    match slot {
+        0 => format!("the recovery log of file system {fs_name} (its file system manager's)"),
+        s => format!("the recovery log of owner slot {s} of file system {fs_name}"),
+    }
+}
+
+/// A log that does not open, named (`whose`: see [`log_of`]).
+fn log_error(whose: &str, e: tessera_journal::JournalError) -> FsError {
+    match e {
+        tessera_journal::JournalError::Corrupt { device, detail } => FsError::Corrupt(format!(
+            "{whose}, on {device}: {detail}. `tessera fsck DEVICE -y` replays the \
+             records before that page, names what is lost, checks the file system and starts \
+             the log afresh there (restore the disk from a copy first to keep those records)"
+        )),
+        e => e.into(),
     }
 }
 

@@ -177,6 +177,78 @@ fn a_slot_owner_that_dies_is_brought_back_by_replaying_its_log() {
     unmount_both_and_check(&t, fs, s1, "after a slot owner's crash and remount");
 }
 
+/// A page of an owner slot's log that held committed records and no longer reads back:
+/// the slot's mount (its owner's, or a takeover) refuses the log by name rather than
+/// replay it short; fsck names the loss and its repair starts the slot's log afresh at the
+/// damaged page, after which the slot mounts with every file whose records precede it.
+#[test]
+fn a_damaged_page_inside_a_slots_log_is_refused_and_fsck_repair_accepts_the_loss() {
+    let t = two_region_fs();
+    let (fs, dir) = manager_with_a_slot_directory(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    s1.checkpoint().unwrap();
+    let files = fsynced_one_by_one(&s1, (dir, "f"), 24);
+    s1.fence();
+    drop(s1);
+
+    // The slot's log pages: the highest sequence is the log's end; a page some commits
+    // before it lies after the checkpoint's replay point.
+    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
+    let desc = tessera_fs::descriptor::read_descriptor(&devices).unwrap();
+    let region = desc
+        .slot_regions()
+        .iter()
+        .find(|r| r.slot == 1)
+        .cloned()
+        .unwrap();
+    let dev = disk_device(&t, &desc, region.disk);
+    let log = region.log_region();
+    let pages = log.bytes / 4096 - 1;
+    let mut page = tessera_drive::AlignedBuf::zeroed(4096);
+    let mut end = 0;
+    for slot in 0..pages.min(4096) {
+        dev.read_at(&mut page, log.offset + 4096 * (1 + slot))
+            .unwrap();
+        if page[..4] == *b"TJLP" {
+            end = end.max(u64::from_le_bytes(page[32..40].try_into().unwrap()));
+        }
+    }
+    let damaged = end - 6;
+    flip_bit(&*dev, log.offset + 4096 * (1 + damaged % pages), 3000);
+    drop(dev);
+
+    let Err(refused) = FileSystem::mount_slot(t.reopen(), 1) else {
+        panic!("the slot's mount replayed a log damaged inside as if it ended there");
+    };
+    let said = refused.to_string();
+    assert!(
+        said.contains("owner slot 1") && said.contains(&format!("page {damaged} ")),
+        "{said}"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.contains("owner slot 1")
+            && p.contains("lost committed records")
+            && p.contains(&format!("page {damaged} "))),
+        "{:?}",
+        report.problems
+    );
+    let repaired = tessera_fs::fsck(t.reopen(), true).unwrap();
+    assert!(repaired.repaired >= 1, "{repaired:?}");
+    assert_fsck_clean(&t, "after the repair of slot 1's log");
+
+    let fs = mount(&t);
+    let s1 = FileSystem::mount_slot(t.reopen(), 1).unwrap();
+    let kept = count_whole(&s1, dir, &files);
+    assert!(kept >= 10 && kept < files.len(), "{kept} files kept");
+    let a = create_file(&s1, dir, b"after");
+    s1.write(a.ino, 0, b"new", false).unwrap();
+    s1.fsync(a.ino).unwrap();
+    unmount_both_and_check(&t, fs, s1, "after the slot's log was started afresh");
+}
+
 #[test]
 fn a_live_slot_owner_takes_what_the_manager_gives_it() {
     let t = two_region_fs();

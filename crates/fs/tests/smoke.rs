@@ -376,3 +376,68 @@ fn a_directory_s_size_is_the_bytes_of_its_entries() {
     fs.unmount().unwrap();
     assert_fsck_clean(&t, "directory sizes");
 }
+
+/// A page of the recovery log that held committed records and no longer reads back (a bit
+/// flip on the drive, a stray write) is not taken for the log's end: mount refuses the log
+/// and names the page, where replaying only what precedes it would lose every file created
+/// and fsynced after it without a word. fsck names the loss; its repair (`fsck -y`)
+/// replays what precedes the page, starts the log afresh there, and the file system mounts
+/// again with the files whose records came before the damage.
+#[test]
+fn a_damaged_page_inside_the_log_is_refused_and_fsck_repair_accepts_the_loss() {
+    let t = make_disks(2, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let files = fsynced_one_by_one(&fs, (ROOT_INO, "f"), 40);
+    // A crash: no checkpoint, everything above is in the log alone.
+    fs.fence();
+    drop(fs);
+
+    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
+    let desc = tessera_fs::read_descriptor(&devices).unwrap();
+    let region = desc.log.region;
+    let data_pages = region.bytes / 4096 - 1;
+    let damaged = desc.checkpoint.replay_from / 4096 + 12;
+    let dev = disk_device(&t, &desc, desc.log.disk);
+    flip_bit(
+        &*dev,
+        region.offset + 4096 * (1 + damaged % data_pages),
+        2000,
+    );
+    drop(dev);
+
+    let Err(refused) = tessera_fs::FileSystem::mount(t.reopen()) else {
+        panic!("the mount replayed a log damaged inside as if it ended there");
+    };
+    let said = refused.to_string();
+    assert!(
+        said.contains("recovery log of file system") && said.contains(&format!("page {damaged} ")),
+        "{said}"
+    );
+    assert!(said.contains("fsck"), "{said}");
+
+    let report = tessera_fs::fsck(t.reopen(), false).unwrap();
+    assert!(
+        report.problems.iter().any(
+            |p| p.contains("lost committed records") && p.contains(&format!("page {damaged} "))
+        ),
+        "{:?}",
+        report.problems
+    );
+    let repaired = tessera_fs::fsck(t.reopen(), true).unwrap();
+    assert!(repaired.repaired >= 1, "{repaired:?}");
+    assert_fsck_clean(&t, "after the repair");
+
+    // The files whose records precede the damaged page are whole; none of the rest is
+    // half there.
+    let fs = mount(&t);
+    let kept = count_whole(&fs, ROOT_INO, &files);
+    assert!(kept >= 5 && kept < files.len(), "{kept} files kept");
+    let after = fsynced_one_by_one(&fs, (ROOT_INO, "after"), 1);
+    fs.fence();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(count_whole(&fs, ROOT_INO, &after), 1);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after a crash past the repair");
+}

@@ -58,6 +58,22 @@
 //! Recovery reads forward from the page of the replay point and stops at the first page
 //! that is missing, torn, of another log or format, of an earlier lap (sequence does not
 //! continue), or stale (see above). A record whose frame runs into that page is dropped.
+//!
+//! **Damage is not an end.** A page inside the log that no longer reads back (a flipped bit
+//! on the drive, a stray write, a lost sector run) would end the replay as a torn tail does,
+//! and every committed record from it on would be dropped without a word. So before it
+//! takes the stop for the log's end, recovery looks past it: commits are written one after
+//! the other (the next starts once the last is on stable storage), and only a commit's last
+//! page is sealed short. A page sealed short beyond the stop, followed by a page of the same
+//! session, written by a later commit, proves that the session's commit holding the
+//! stopping page completed, provided that session wrote it: the session of the page before
+//! the stop (sessions write their pages in one run), or, when the stop is the first page
+//! read, a session that started at or before it. A crash tears only its last commit, whose
+//! last page is the only one sealed short; pages an older session left beyond a newer
+//! one's end never belong to the session before the stop. Such a stop is refused
+//! ([`JournalError::Corrupt`], naming the page); fsck's repair opens the log accepting the
+//! loss ([`Journal::open_accepting_loss`]) and commits over the damaged page as the first
+//! page of a new session, after which the log opens normally.
 
 mod format;
 mod replay;
@@ -391,12 +407,50 @@ impl Journal {
     /// log_id, or a sequence number that does not continue the log. The append point is
     /// placed after the last intact page, on a fresh page. The replayed records are flushed
     /// before returning, so they are durable even if they were only in a drive cache.
+    ///
+    /// A stop at a page that held committed records (damage inside the log rather than a
+    /// torn tail: a later commit of the session that wrote it follows) is refused with
+    /// [`JournalError::Corrupt`], which names the page: replaying only what precedes it
+    /// would drop acknowledged changes without a word. See [`Journal::open_accepting_loss`].
     pub fn open(
         dev: Arc<dyn BlockDevice>,
         region: JournalRegion,
         log_id: [u8; 16],
         replay_from: Lsn,
     ) -> Result<(Journal, Vec<Record>), JournalError> {
+        let (journal, records, lost) =
+            Self::open_with(dev, region, log_id, replay_from, replay::OnDamage::Refuse)?;
+        assert!(lost.is_none(), "a refusing open loses nothing");
+        Ok((journal, records))
+    }
+
+    /// [`Journal::open`], but a page that held committed records and no longer reads back
+    /// ends the replay as a torn tail would, and the third value says what was lost (fsck's
+    /// repair, run by an administrator who chose to go on without those records). The next
+    /// commit writes over the damaged page as the first page of a new session, after which
+    /// the log opens normally again.
+    pub fn open_accepting_loss(
+        dev: Arc<dyn BlockDevice>,
+        region: JournalRegion,
+        log_id: [u8; 16],
+        replay_from: Lsn,
+    ) -> Result<(Journal, Vec<Record>, Option<String>), JournalError> {
+        Self::open_with(
+            dev,
+            region,
+            log_id,
+            replay_from,
+            replay::OnDamage::AcceptLoss,
+        )
+    }
+
+    fn open_with(
+        dev: Arc<dyn BlockDevice>,
+        region: JournalRegion,
+        log_id: [u8; 16],
+        replay_from: Lsn,
+        on_damage: replay::OnDamage,
+    ) -> Result<(Journal, Vec<Record>, Option<String>), JournalError> {
         check_region(&*dev, region)?;
         let mut page = AlignedBuf::zeroed(PAGE_BYTES);
         dev.read_at(&mut page, region.offset)
@@ -429,7 +483,7 @@ impl Journal {
             });
         }
         let geometry = Geometry::new(region);
-        let scan = replay::scan(&dev, &header, geometry, replay_from)?;
+        let scan = replay::scan(&dev, &header, geometry, replay_from, on_damage)?;
         dev.flush()
             .map_err(|e| io_context(&*dev, "journal flush", region.offset, e))?;
         let end_lsn = scan.records.last().map_or(replay_from, |r| r.lsn);
@@ -473,7 +527,7 @@ impl Journal {
             replayed: (page_of(replay_from), scan.next_seq),
             opened_end: end_lsn,
         };
-        Ok((journal, scan.records))
+        Ok((journal, scan.records, scan.lost))
     }
 
     /// The device ranges (offset, bytes) whose contents decided what the open replayed: the

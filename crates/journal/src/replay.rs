@@ -14,12 +14,29 @@ use crate::{io_context, JournalError, Lsn, Record};
 /// small enough that scanning a nearly empty one costs little.
 const SCAN_CHUNK_PAGES: u64 = 256;
 
+/// Unreadable pages the look past the end of the log steps over before it looks for later
+/// commits ([`committed_beyond`]): damage is rarely one 4 KiB page, a lost sector run or a
+/// zeroed stripe unit spans several.
+const LOOK_PAST_BAD_PAGES: u64 = 16;
+
 /// What recovery found.
 pub(crate) struct Scan {
     /// Intact records with end LSN above the replay point, in log order.
     pub records: Vec<Record>,
     /// Sequence of the first page that is not part of the log: appending resumes there.
     pub next_seq: u64,
+    /// Committed records lost to a damaged page (see [`committed_beyond`]), said in words,
+    /// when the caller accepted the loss; `records` then ends before that page.
+    pub lost: Option<String>,
+}
+
+/// What the scan does when the page it stopped at held committed records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnDamage {
+    /// Refuse: `JournalError::Corrupt`, nothing replayed.
+    Refuse,
+    /// Replay what precedes the damaged page and say what was lost (fsck's repair).
+    AcceptLoss,
 }
 
 /// Reads pages of the log one lap at most, in chunks.
@@ -158,6 +175,7 @@ pub(crate) fn scan(
     log: &LogHeader,
     geometry: Geometry,
     replay_from: Lsn,
+    on_damage: OnDamage,
 ) -> Result<Scan, JournalError> {
     let mut reader = PageReader {
         dev,
@@ -181,6 +199,7 @@ pub(crate) fn scan(
     let mut records = Vec::new();
     let mut prev: Option<PageHeader> = None;
     let mut seq = first_seq;
+    let mut stopped: Option<&'static str> = None;
     // One lap at most: the slot after a full lap holds the first page again.
     while seq < first_seq + geometry.data_pages {
         let page = reader.page(seq)?;
@@ -189,10 +208,12 @@ pub(crate) fn scan(
                 seq,
                 "journal replay stops: page missing, torn or not a log page"
             );
+            stopped = Some("it is missing, torn or fails its checksum");
             break;
         };
         if let Err(why) = page_continues(&header, log, seq, prev.as_ref()) {
             tracing::debug!(seq, why, "journal replay stops");
+            stopped = Some(why);
             break;
         }
         if prev.is_some_and(|p| p.session_nonce != header.session_nonce) {
@@ -217,6 +238,7 @@ pub(crate) fn scan(
             .and_then(|first| check_page_structure(&header, first, &assembler, start, used));
         if let Err(why) = checked {
             tracing::warn!(seq, why, "journal replay stops at an inconsistent page");
+            stopped = Some(why);
             break;
         }
         records.append(&mut page_records);
@@ -232,12 +254,97 @@ pub(crate) fn scan(
             ),
         });
     }
+    let mut lost = None;
+    if let Some(why) = stopped {
+        let session = prev.map(|p| p.session_nonce);
+        let end = first_seq + geometry.data_pages;
+        if let Some(commit_end) = committed_beyond(&mut reader, log, (seq, session), end)? {
+            let detail = format!(
+                "page {seq} (byte {} of the device) does not read back as written ({why}), yet \
+                 it held committed records: page {commit_end} after it ends a commit, and page \
+                 {} follows it, written by a later commit of the session that wrote page \
+                 {seq}, which the journal starts only once the commit before it is on stable \
+                 storage",
+                geometry.page_offset(seq),
+                commit_end + 1
+            );
+            match on_damage {
+                OnDamage::Refuse => {
+                    return Err(JournalError::Corrupt {
+                        device: dev.name().to_string(),
+                        detail: format!(
+                            "{detail}. Replaying only the records before page {seq} would drop \
+                             what it and the pages after it hold, which was acknowledged to \
+                             applications, without a word, so nothing is replayed"
+                        ),
+                    });
+                }
+                OnDamage::AcceptLoss => {
+                    tracing::error!(
+                        device = dev.name(),
+                        "journal replay stops at a damaged page and the records after it are \
+                         lost: {detail}"
+                    );
+                    lost = Some(detail);
+                }
+            }
+        }
+    }
     assert!(records.windows(2).all(|w| w[0].lsn < w[1].lsn));
     assert!(records.first().is_none_or(|r| r.lsn > replay_from));
     Ok(Scan {
         records,
         next_seq: seq,
+        lost,
     })
+}
+
+/// Whether the page the scan stopped at, `stop`, held committed records: the end of a
+/// commit (a page sealed short, which only a commit's last page is) followed by a page of
+/// the same session lies beyond it, written by a later commit, which the journal starts
+/// only once the commit before it is on stable storage. The session must be the one that
+/// wrote the page before `stop` (`session`): it wrote its pages in one run, so it wrote
+/// `stop` too, in a commit that completed. A torn tail never shows this: a crash tears
+/// only the pages of the last commit, whose last page is the only one sealed short, and a
+/// later session starts writing at the torn page. Pages of an older session left beyond
+/// a newer one's end show it too, but never in the session that wrote the page before
+/// `stop`. Without a page before `stop` (the scan's first page), any session that started
+/// at or before `stop` counts. Returns the sequence of that commit's last page.
+fn committed_beyond(
+    reader: &mut PageReader<'_>,
+    log: &LogHeader,
+    (stop, session): (u64, Option<u64>),
+    end: u64,
+) -> Result<Option<u64>, JournalError> {
+    let mut prev: Option<PageHeader> = None;
+    let mut seq = stop + 1;
+    while seq < end {
+        let page = reader.page(seq)?;
+        let header = PageHeader::decode(page)
+            .filter(|h| h.log_id == log.log_id && h.format_epoch == log.format_epoch)
+            .filter(|h| h.seq == seq);
+        let Some(header) = header else {
+            if prev.is_some() || seq - stop > LOOK_PAST_BAD_PAGES {
+                return Ok(None);
+            }
+            seq += 1;
+            continue;
+        };
+        if let Some(p) = prev {
+            let same = p.session_nonce == header.session_nonce;
+            let sealed = (p.used_bytes as usize) < PAGE_PAYLOAD_BYTES;
+            let wrote_stop = match session {
+                Some(s) => s == p.session_nonce,
+                None => p.session_first_seq <= stop,
+            };
+            if same && sealed && wrote_stop {
+                return Ok(Some(p.seq));
+            }
+        }
+        prev = Some(header);
+        seq += 1;
+    }
+    Ok(None)
 }
 
 /// Checks the page's own description of its records against what parsing found.
@@ -382,7 +489,7 @@ mod tests {
             .unwrap();
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDrive::open(&path).unwrap());
         let mut rng = StdRng::seed_from_u64(77);
-        let (mut opened, mut appended, mut replayed) = (0, 0, 0);
+        let (mut opened, mut appended, mut replayed, mut refused) = (0, 0, 0, 0);
         for round in 0..150u64 {
             format(&*dev, region, LOG_ID).unwrap();
             let mut header_page = AlignedBuf::zeroed(PAGE_BYTES);
@@ -406,8 +513,23 @@ mod tests {
                 2 => rng.gen_range(0..(lap + 1) * data_pages * PAGE_BYTES as u64),
                 _ => rng.gen(),
             };
-            let Ok((journal, first)) = Journal::open(dev.clone(), region, LOG_ID, replay_from)
-            else {
+            // A page that held committed records and does not read back is refused; the
+            // repair's open accepts the loss, and after its first commit the log must open
+            // normally again (the second open below).
+            let opened_now = match Journal::open(dev.clone(), region, LOG_ID, replay_from) {
+                Ok(opened) => Ok(opened),
+                Err(JournalError::Corrupt { .. }) => {
+                    refused += 1;
+                    Journal::open_accepting_loss(dev.clone(), region, LOG_ID, replay_from).map(
+                        |(journal, records, lost)| {
+                            assert!(lost.is_some(), "round {round}: refused, yet nothing lost");
+                            (journal, records)
+                        },
+                    )
+                }
+                Err(e) => Err(e),
+            };
+            let Ok((journal, first)) = opened_now else {
                 continue;
             };
             opened += 1;
@@ -431,8 +553,8 @@ mod tests {
             assert_eq!(second.last().unwrap().payload, b"after fuzz");
         }
         assert!(
-            opened > 50 && appended > 40,
-            "opened {opened}, appended {appended}"
+            opened > 50 && appended > 40 && refused > 0,
+            "opened {opened}, appended {appended}, refused as damaged {refused}"
         );
         assert!(
             replayed > 100,

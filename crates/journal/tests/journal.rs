@@ -526,3 +526,137 @@ fn a_new_log_continues_the_lsns_of_an_old_one() {
     let (_, replayed) = new.open(start);
     assert_records(&replayed, &moved, "replay of the new log");
 }
+
+/// A page inside the log, one a later commit of the same session follows, that no longer
+/// reads back (bit rot, a stray write, a lost sector run) held records the journal
+/// acknowledged as durable: replaying only what precedes it would drop them and every
+/// later record silently, so the open refuses and names the page. fsck's repair opens the
+/// log accepting the loss; its next commit writes over the damaged page as the first page
+/// of a new session, and the log opens normally from then on.
+#[test]
+fn damage_inside_the_log_is_refused_and_a_repair_can_accept_the_loss() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for (round, how) in DAMAGES.iter().cycle().take(12).enumerate() {
+        let disk = Disk::new(1 << 20);
+        let (journal, _) = disk.open(0);
+        let mut records = Vec::new();
+        // Eight commits of a few records each: several commit ends lie beyond the damage.
+        let mut commit_ends = Vec::new();
+        for c in 0..8u64 {
+            let batch = (0..rng.gen_range(1..6))
+                .map(|i| payload(c * 100 + i, rng.gen_range(0..7000)))
+                .collect();
+            append_all(&journal, &mut records, batch);
+            journal.commit_all().unwrap();
+            commit_ends.push(last_page_of(records.last().unwrap().lsn));
+        }
+        drop(journal);
+        // The first page of the scan (no page before it), or a page of the first five
+        // commits, so that at least two commit ends follow it.
+        let damaged = if round % 3 == 0 {
+            0
+        } else {
+            rng.gen_range(1..=commit_ends[4])
+        };
+        disk.damage_page(damaged, *how, &mut rng);
+        let context = format!("round {round} {how:?} page {damaged}");
+
+        let err = Journal::open(disk.dev.clone(), disk.region, LOG_ID, 0).unwrap_err();
+        let JournalError::Corrupt { detail, .. } = &err else {
+            panic!("{context}: {err}");
+        };
+        assert!(
+            detail.contains(&format!("page {damaged} ")),
+            "{context}: {err}"
+        );
+        assert!(detail.contains("committed records"), "{context}: {err}");
+
+        let survivors: Vec<Record> = records
+            .iter()
+            .filter(|r| last_page_of(r.lsn) < damaged)
+            .cloned()
+            .collect();
+        let (journal, replayed, lost) =
+            Journal::open_accepting_loss(disk.dev.clone(), disk.region, LOG_ID, 0).unwrap();
+        assert_records(&replayed, &survivors, &context);
+        assert!(
+            lost.is_some_and(|l| l.contains(&format!("page {damaged} "))),
+            "{context}"
+        );
+        let mut expected = survivors;
+        append_all(&journal, &mut expected, vec![payload(7777, 100)]);
+        journal.commit_all().unwrap();
+        drop(journal);
+        let (journal, replayed) = disk.open(0);
+        assert_records(
+            &replayed,
+            &expected,
+            &format!("{context}: after the repair"),
+        );
+        append_all(&journal, &mut expected, vec![payload(8888, 5000)]);
+        journal.commit_all().unwrap();
+        drop(journal);
+        let (_, replayed) = disk.open(0);
+        assert_records(&replayed, &expected, &format!("{context}: a session later"));
+    }
+}
+
+/// The pages of the last commit that landed after one of them tore are no evidence of
+/// damage: the crash stopped that commit, and only its last page is sealed short. Nor are
+/// the pages of an older session that a newer one's torn tail leaves behind.
+#[test]
+fn torn_tails_with_whole_pages_after_them_open_without_complaint() {
+    let mut rng = StdRng::seed_from_u64(12);
+    for round in 0..12u64 {
+        let disk = Disk::new(1 << 20);
+        let (journal, _) = disk.open(0);
+        let mut records = Vec::new();
+        for c in 0..3u64 {
+            append_all(
+                &journal,
+                &mut records,
+                vec![payload(c, rng.gen_range(0..3000))],
+            );
+            journal.commit_all().unwrap();
+        }
+        let durable = records.len();
+        // The last commit: many pages, torn anywhere but at its end.
+        let last: Vec<_> = (0..12)
+            .map(|i| payload(50 + i, rng.gen_range(1000..6000)))
+            .collect();
+        append_all(&journal, &mut records, last);
+        journal.commit_all().unwrap();
+        drop(journal);
+        let first = last_page_of(records[durable - 1].lsn) + 1;
+        let end = last_page_of(records.last().unwrap().lsn);
+        let torn = rng.gen_range(first..end);
+        disk.damage_page(torn, DAMAGES[round as usize % 4], &mut rng);
+        let survivors: Vec<Record> = records
+            .iter()
+            .filter(|r| last_page_of(r.lsn) < torn)
+            .cloned()
+            .collect();
+        let (journal, replayed) = disk.open(0);
+        assert_records(&replayed, &survivors, &format!("round {round} torn {torn}"));
+        // A newer session writes two commits over the torn page and tears its own last
+        // one: the older session's whole pages beyond it, with its commit end, stay
+        // evidence of nothing.
+        let mut expected = survivors;
+        append_all(&journal, &mut expected, vec![payload(900, 10)]);
+        journal.commit_all().unwrap();
+        append_all(&journal, &mut expected, vec![payload(901, 5000)]);
+        journal.commit_all().unwrap();
+        drop(journal);
+        let newest = last_page_of(expected.last().unwrap().lsn);
+        if newest < end {
+            disk.damage_page(newest, Damage::Zero, &mut rng);
+            expected.retain(|r| last_page_of(r.lsn) < newest);
+        }
+        let (_, replayed) = disk.open(0);
+        assert_records(
+            &replayed,
+            &expected,
+            &format!("round {round}: newer torn tail"),
+        );
+    }
+}

@@ -373,3 +373,61 @@ pub fn fsynced_round(
     }
     Ok(())
 }
+
+/// `count` files `{prefix}0`, `{prefix}1`, ... in `dir`, each written and fsynced on its
+/// own (a log commit each); name -> content.
+#[allow(dead_code)]
+pub fn fsynced_one_by_one(
+    fs: &FileSystem,
+    (dir, prefix): (tessera_fs::Ino, &str),
+    count: u64,
+) -> Vec<(String, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            let name = format!("{prefix}{i}");
+            let a = create_file(fs, dir, name.as_bytes());
+            let data = tessera_testkit::pattern(2_000 + i as usize, i);
+            fs.write(a.ino, 0, &data, false).unwrap();
+            fs.fsync(a.ino).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
+/// How many of `files` are in `dir`, each checked whole; a file that is not there at all
+/// is allowed (its records were lost), one there but different is not.
+#[allow(dead_code)]
+pub fn count_whole(fs: &FileSystem, dir: tessera_fs::Ino, files: &[(String, Vec<u8>)]) -> usize {
+    let mut whole = 0;
+    for (name, data) in files {
+        match fs.lookup(dir, name.as_bytes()) {
+            Ok(a) => {
+                assert_eq!(&fs.read(a.ino, 0, 1 << 20).unwrap(), data, "{name}");
+                whole += 1;
+            }
+            Err(tessera_fs::FsError::NotFound) => {}
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    whole
+}
+
+/// The device of disk `index` of the file system on `t`.
+#[allow(dead_code)]
+pub fn disk_device(
+    t: &TestDisks,
+    desc: &tessera_fs::FsDescriptor,
+    index: u16,
+) -> Arc<dyn BlockDevice> {
+    let nsd = desc.disks.iter().find(|d| d.index == index).unwrap().nsd_id;
+    t.reopen().into_iter().find(|(id, _)| *id == nsd).unwrap().1
+}
+
+/// Flips a bit of the page at `offset` of `dev`.
+#[allow(dead_code)]
+pub fn flip_bit(dev: &dyn BlockDevice, offset: u64, byte: usize) {
+    let mut page = tessera_drive::AlignedBuf::zeroed(4096);
+    dev.read_at(&mut page, offset).unwrap();
+    page[byte] ^= 0x10;
+    dev.write_at(&page, offset).unwrap();
+}
