@@ -242,6 +242,45 @@ fn a_log_copy_that_missed_writes_is_never_replayed_alone() {
     fs.unmount().unwrap();
 }
 
+/// With two copies of the log, a page damaged inside one of them (it held committed
+/// records) costs nothing: that copy is refused, the other replays every record, and the
+/// replay's pages are copied back over the damaged copy, so that damage to the other copy
+/// afterwards costs nothing either.
+#[test]
+fn a_log_copy_damaged_inside_is_replayed_from_the_other_and_repaired() {
+    let t = replicated_fs();
+    let fs = mount(&t);
+    let files = fsynced_one_by_one(&fs, (ROOT_INO, "f"), 30);
+    fs.fence();
+    drop(fs);
+    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
+    let desc = tessera_fs::read_descriptor(&devices).unwrap();
+    let copies = desc.metadata_copies.clone().unwrap();
+    let region = desc.log.region;
+    let data_pages = region.bytes / 4096 - 1;
+    let damaged = desc.checkpoint.replay_from / 4096 + 10;
+    let page_at = |log_start: u64| log_start + 4096 * (1 + damaged % data_pages);
+    let first = disk_device(&t, &desc, desc.log.disk);
+    flip_bit(&*first, page_at(region.offset), 1000);
+    drop(first);
+
+    let fs = mount(&t);
+    assert_eq!(count_whole(&fs, ROOT_INO, &files), files.len());
+    // Killed again before any checkpoint: the same records are replayed next time.
+    fs.fence();
+    drop(fs);
+    let again = tessera_fs::read_descriptor(&devices).unwrap();
+    assert_eq!(again.checkpoint.replay_from, desc.checkpoint.replay_from);
+    let second = disk_device(&t, &desc, copies.log_disk);
+    flip_bit(&*second, page_at(copies.log_offset), 1000);
+    drop(second);
+    let fs = mount(&t);
+    assert_eq!(count_whole(&fs, ROOT_INO, &files), files.len());
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(&t, "after both log copies were damaged in turn");
+}
+
 #[test]
 fn damaged_metadata_copies_are_read_from_the_other_and_repaired() {
     use std::io::{Seek, SeekFrom, Write};
