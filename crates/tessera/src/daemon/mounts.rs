@@ -325,11 +325,22 @@ impl Daemon {
         let nsds = self.nsds()?;
         let (available, nsd_stats) = self.open_disks(record, &nsds)?;
         if available.len() < record.nsds.len() {
+            let reached: std::collections::HashSet<NsdId> =
+                available.iter().map(|(id, _)| *id).collect();
+            let missing: Vec<&str> = record
+                .nsds
+                .iter()
+                .filter(|n| nsds.get(n).is_none_or(|r| !reached.contains(&r.id)))
+                .map(String::as_str)
+                .collect();
             bail!(
-                "file system {}: this node reaches {} of its {} NSDs (see the daemon log for \
-                 which failed); a node mounting it beside {owner} must reach every disk until \
-                 NSD servers exist",
+                "file system {}: this node cannot open NSD {} ({} of its {} NSDs reached; the \
+                 daemon log says why for each); a node mounting it beside {owner} must reach \
+                 every disk: make the device visible on this node and run `tessera nsd \
+                 discover`, or give the NSD servers (`tessera nsd change -F` with `%nsd: \
+                 nsd=NAME servers=NODE,...`) so that this node reaches it through them",
                 record.name,
+                missing.join(", "),
                 available.len(),
                 record.nsds.len()
             );
