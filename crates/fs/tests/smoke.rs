@@ -441,3 +441,52 @@ fn a_damaged_page_inside_the_log_is_refused_and_fsck_repair_accepts_the_loss() {
     fs.unmount().unwrap();
     assert_fsck_clean(&t, "after a crash past the repair");
 }
+
+/// The page holding the checkpoint's replay point is damaged: mount refuses (the
+/// checkpoint says records up to inside it were durable); fsck's repair keeps what the
+/// checkpoint holds, loses what was logged after it, and the log goes on past that page.
+#[test]
+fn a_damaged_replay_point_page_is_refused_and_fsck_repair_keeps_the_checkpoint() {
+    let t = make_disks(2, 64 << 20);
+    format_fs(&t, &small_opts());
+    let fs = mount(&t);
+    let checkpointed = fsynced_one_by_one(&fs, (ROOT_INO, "c"), 5);
+    fs.checkpoint().unwrap();
+    let logged = fsynced_one_by_one(&fs, (ROOT_INO, "l"), 5);
+    fs.fence();
+    drop(fs);
+
+    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
+    let desc = tessera_fs::read_descriptor(&devices).unwrap();
+    let replay_from = desc.checkpoint.replay_from;
+    assert!(
+        replay_from % 4096 > 64,
+        "a replay point inside a page: {replay_from}"
+    );
+    let region = desc.log.region;
+    let page = replay_from / 4096 % (region.bytes / 4096 - 1);
+    let dev = disk_device(&t, &desc, desc.log.disk);
+    flip_bit(&*dev, region.offset + 4096 * (1 + page), 100);
+    drop(dev);
+
+    let Err(refused) = tessera_fs::FileSystem::mount(t.reopen()) else {
+        panic!("the mount replayed a log whose replay point's page is damaged");
+    };
+    assert!(refused.to_string().contains("replay point"), "{refused}");
+    let repaired = tessera_fs::fsck(t.reopen(), true).unwrap();
+    assert!(repaired.repaired >= 1, "{repaired:?}");
+    assert_fsck_clean(&t, "after the repair of the replay point's page");
+    let fs = mount(&t);
+    assert_eq!(
+        count_whole(&fs, ROOT_INO, &checkpointed),
+        checkpointed.len()
+    );
+    assert_eq!(count_whole(&fs, ROOT_INO, &logged), 0);
+    let after = fsynced_one_by_one(&fs, (ROOT_INO, "after"), 2);
+    fs.fence();
+    drop(fs);
+    let fs = mount(&t);
+    assert_eq!(count_whole(&fs, ROOT_INO, &after), 2);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after a crash past the repair");
+}

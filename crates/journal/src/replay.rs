@@ -225,12 +225,11 @@ pub(crate) fn scan(
         let data = &page[PAGE_HEADER_BYTES..PAGE_HEADER_BYTES + used];
         let start = if seq == first_seq { start_pos } else { 0 };
         if seq == first_seq && start > used {
-            return Err(JournalError::Corrupt {
-                device: dev.name().to_string(),
-                detail: format!(
-                    "replay point {replay_from} lies beyond the {used} record bytes of its page"
-                ),
-            });
+            let detail = format!(
+                "replay point {replay_from} lies beyond the {used} record bytes of its page \
+                 (page {first_seq})"
+            );
+            return replay_point_lost(dev, detail, first_seq, on_damage);
         }
         let mut page_records = Vec::new();
         let checked = assembler
@@ -246,13 +245,11 @@ pub(crate) fn scan(
         seq += 1;
     }
     if prev.is_none() && start_pos > 0 {
-        return Err(JournalError::Corrupt {
-            device: dev.name().to_string(),
-            detail: format!(
-                "the page holding replay point {replay_from} (page {first_seq}) is not intact, \
-                 although the checkpoint says records up to there were durable"
-            ),
-        });
+        let detail = format!(
+            "the page holding replay point {replay_from} (page {first_seq}) is not intact, \
+             although the checkpoint says records up to there were durable"
+        );
+        return replay_point_lost(dev, detail, first_seq, on_damage);
     }
     let mut lost = None;
     if let Some(why) = stopped {
@@ -297,6 +294,35 @@ pub(crate) fn scan(
         next_seq: seq,
         lost,
     })
+}
+
+/// The page holding the replay point (`page`) does not hold what the checkpoint says was
+/// durable there: refused, or (accepting the loss) nothing replayed and the next page
+/// made the first one to append to, since LSNs must stay above the replay point.
+fn replay_point_lost(
+    dev: &Arc<dyn BlockDevice>,
+    detail: String,
+    page: u64,
+    on_damage: OnDamage,
+) -> Result<Scan, JournalError> {
+    match on_damage {
+        OnDamage::Refuse => Err(JournalError::Corrupt {
+            device: dev.name().to_string(),
+            detail: format!("{detail}; nothing is replayed"),
+        }),
+        OnDamage::AcceptLoss => {
+            tracing::error!(
+                device = dev.name(),
+                "journal replay finds its first page damaged; every record after the replay \
+                 point is lost: {detail}"
+            );
+            Ok(Scan {
+                records: Vec::new(),
+                next_seq: page + 1,
+                lost: Some(detail),
+            })
+        }
+    }
 }
 
 /// Whether the page the scan stopped at, `stop`, held committed records: the end of a
@@ -515,7 +541,10 @@ mod tests {
             };
             // A page that held committed records and does not read back is refused; the
             // repair's open accepts the loss, and after its first commit the log must open
-            // normally again (the second open below).
+            // normally again (the second open below), from the replay point a repair's
+            // checkpoint names: past the replay point's own page when nothing after it in
+            // that page survived.
+            let mut replay_again = replay_from;
             let opened_now = match Journal::open(dev.clone(), region, LOG_ID, replay_from) {
                 Ok(opened) => Ok(opened),
                 Err(JournalError::Corrupt { .. }) => {
@@ -523,6 +552,9 @@ mod tests {
                     Journal::open_accepting_loss(dev.clone(), region, LOG_ID, replay_from).map(
                         |(journal, records, lost)| {
                             assert!(lost.is_some(), "round {round}: refused, yet nothing lost");
+                            if records.is_empty() {
+                                replay_again = crate::page_start_at_or_after(replay_from);
+                            }
                             (journal, records)
                         },
                     )
@@ -544,7 +576,7 @@ mod tests {
             journal.commit(lsn).unwrap();
             drop(journal);
             appended += 1;
-            let (_, second) = Journal::open(dev.clone(), region, LOG_ID, replay_from).unwrap();
+            let (_, second) = Journal::open(dev.clone(), region, LOG_ID, replay_again).unwrap();
             assert_eq!(second.len(), first.len() + 1, "round {round}");
             assert!(
                 second[..first.len()] == first[..],

@@ -660,3 +660,52 @@ fn torn_tails_with_whole_pages_after_them_open_without_complaint() {
         );
     }
 }
+
+/// The page holding the replay point is damaged (the checkpoint says records up to inside
+/// it were durable): refused; accepting the loss replays nothing and appends from the next
+/// page, so that every later LSN stays above the replay point.
+#[test]
+fn a_damaged_replay_point_page_is_refused_and_a_repair_appends_past_it() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for how in DAMAGES {
+        let disk = Disk::new(1 << 20);
+        let (journal, _) = disk.open(0);
+        let mut records = Vec::new();
+        for c in 0..6u64 {
+            append_all(
+                &journal,
+                &mut records,
+                vec![payload(c, 1000 + 700 * c as usize)],
+            );
+            journal.commit_all().unwrap();
+        }
+        drop(journal);
+        let replay_from = records
+            .iter()
+            .map(|r| r.lsn)
+            .find(|&lsn| lsn % PAGE > 64 && lsn / PAGE > 0)
+            .unwrap();
+        disk.damage_page(replay_from / PAGE, how, &mut rng);
+        let err = Journal::open(disk.dev.clone(), disk.region, LOG_ID, replay_from).unwrap_err();
+        assert!(
+            matches!(&err, JournalError::Corrupt { detail, .. } if detail.contains("replay point")),
+            "{how:?}: {err}"
+        );
+        let (journal, replayed, lost) =
+            Journal::open_accepting_loss(disk.dev.clone(), disk.region, LOG_ID, replay_from)
+                .unwrap();
+        assert!(replayed.is_empty() && lost.is_some(), "{how:?}");
+        let mut expected = Vec::new();
+        append_all(&journal, &mut expected, vec![payload(99, 300)]);
+        journal.commit_all().unwrap();
+        assert_eq!(
+            last_page_of(expected[0].lsn),
+            replay_from / PAGE + 1,
+            "{how:?}: appended on the page after the damaged one"
+        );
+        drop(journal);
+        // The repair's checkpoint names a replay point past the damaged page.
+        let (_, replayed) = disk.open(tessera_journal::page_start_at_or_after(replay_from));
+        assert_records(&replayed, &expected, &format!("{how:?}: after the repair"));
+    }
+}
