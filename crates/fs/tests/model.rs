@@ -1661,3 +1661,47 @@ fn regression_checksum_mismatch_after_two_crashes() {
         run(&opts_256k(), &ops);
     }
 }
+
+/// A write of no bytes past the end of a file whose writes are gathered started an empty
+/// run there: `stat` then reported the run's end as the size, and reads returned nothing
+/// (found by `model_with_small_writes_gathered` in CI: a zero-length write at offset 1).
+#[test]
+fn regression_an_empty_write_past_the_end_changes_nothing() {
+    let ops = vec![
+        Op::Create {
+            dir: 0,
+            name: 0,
+            kind: 85,
+            target: 0,
+        },
+        Op::Write {
+            file: 0,
+            off_kind: 0,
+            off: 1,
+            len_kind: 0,
+            len: 4141204000,
+            seed: 437106251636423,
+            sync: false,
+        },
+        Op::Write {
+            file: 52507,
+            off_kind: 4,
+            off: 3090072239,
+            len_kind: 2,
+            len: 433853720,
+            seed: 16480270788627173334,
+            sync: false,
+        },
+        Op::SetXattr {
+            node: 54425,
+            name: 0,
+            len: 15046,
+            flag: 2,
+        },
+        Op::Unlink {
+            dir: 34750,
+            name: 5,
+        },
+    ];
+    run_with(&opts_256k(), &ops, Route::Gathered);
+}
