@@ -67,8 +67,8 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         report.problems.push(format!(
             "the recovery log of file system {} lost committed records: {loss}; the records \
              before that page were replayed and checked, the rest is gone (mount refuses this \
-             log; `tessera fsck DEVICE -y` starts it afresh at that page)",
-            desc.name
+             log; `tessera fsck {} -y` starts it afresh at that page)",
+            desc.name, desc.name
         ));
     }
     let fixes = check(&desc, &mut rec.state, &mut report)?;

@@ -226,10 +226,13 @@ pub(crate) fn recover(
     // fsck reads a log that lost committed records to a damaged page as far as it goes and
     // names the loss; its repair starts the log afresh there. A mount refuses it.
     let accept_loss = source == MapSource::Verify;
-    let whose = log_of(&desc.name, 0);
+    let whose = LogOf {
+        fs: &desc.name,
+        slot: 0,
+    };
     let (journal, records, log_loss) = match &log_copies {
         Some(log) if log.behind().is_none() => replay_longer(
-            &whose,
+            whose,
             log,
             (desc.log.region, desc.log.log_id),
             desc.checkpoint.replay_from,
@@ -241,7 +244,7 @@ pub(crate) fn recover(
             desc.checkpoint.replay_from,
             accept_loss,
         )
-        .map_err(|e| log_error(&whose, e))?,
+        .map_err(|e| log_error(whose, e))?,
     };
     // The allocation map of the checkpoint comes first: replay frees what the records free
     // and takes what they map, as the live file system did.
@@ -398,8 +401,12 @@ fn replay_slot_logs(
                 problems.push(format!(
                     "{} lost committed records: {lost}; the records before that page were \
                      replayed and checked, the rest is gone (the slot's mount refuses this \
-                     log; `tessera fsck DEVICE -y` starts it afresh at that page)",
-                    log_of(&desc.name, region.slot)
+                     log; `tessera fsck {} -y` starts it afresh at that page)",
+                    LogOf {
+                        fs: &desc.name,
+                        slot: region.slot,
+                    },
+                    desc.name
                 ));
                 losses.push(region.slot);
             }
@@ -623,7 +630,10 @@ pub(crate) fn recover_slot(
     }
     // With two copies (`-m 2`), as the manager's log: the copy the descriptor calls behind
     // is not replayed, and of two current ones the one that reaches further is kept.
-    let whose = log_of(&desc.name, region.slot);
+    let whose = LogOf {
+        fs: &desc.name,
+        slot: region.slot,
+    };
     let (journal, records, log_copies) = match region.second {
         None => {
             let (journal, records, _) = open_log(
@@ -632,14 +642,14 @@ pub(crate) fn recover_slot(
                 record.replay_from,
                 accept_log_loss,
             )
-            .map_err(|e| log_error(&whose, e))?;
+            .map_err(|e| log_error(whose, e))?;
             (journal, records, None)
         }
         Some(_) => {
             let log = crate::mirrored_log::MirroredLog::for_slot(desc, disks, &region)?;
             let (journal, records, _) = if log.behind().is_none() {
                 replay_longer(
-                    &whose,
+                    whose,
                     &log,
                     (region.log_region(), region.log_id),
                     record.replay_from,
@@ -652,7 +662,7 @@ pub(crate) fn recover_slot(
                     record.replay_from,
                     accept_log_loss,
                 )
-                .map_err(|e| log_error(&whose, e))?
+                .map_err(|e| log_error(whose, e))?
             };
             (journal, records, Some(log))
         }
@@ -694,7 +704,7 @@ pub(crate) fn recover_slot(
 /// crash in the middle of a commit that never returned (its records may be kept or not;
 /// the mount then copies what it replayed onto the other copy).
 fn replay_longer(
-    whose: &str,
+    whose: LogOf<'_>,
     log: &Arc<crate::mirrored_log::MirroredLog>,
     (region, log_id): (tessera_journal::JournalRegion, [u8; 16]),
     replay_from: tessera_journal::Lsn,
@@ -754,22 +764,39 @@ fn open_log(
     }
 }
 
-/// Whose log a log of file system `fs_name` is, for errors: the file system manager's
-/// (slot 0) or an owner slot's.
-fn log_of(fs_name: &str, slot: u32) -> String {
-    match slot {
-        0 => format!("the recovery log of file system {fs_name} (its file system manager's)"),
-        s => format!("the recovery log of owner slot {s} of file system {fs_name}"),
+/// Which log of which file system, for errors: the file system manager's (slot 0) or an
+/// owner slot's.
+#[derive(Clone, Copy)]
+struct LogOf<'a> {
+    fs: &'a str,
+    slot: u32,
+}
+
+impl std::fmt::Display for LogOf<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.slot {
+            0 => write!(
+                f,
+                "the recovery log of file system {} (its file system manager's)",
+                self.fs
+            ),
+            s => write!(
+                f,
+                "the recovery log of owner slot {s} of file system {}",
+                self.fs
+            ),
+        }
     }
 }
 
-/// A log that does not open, named (`whose`: see [`log_of`]).
-fn log_error(whose: &str, e: tessera_journal::JournalError) -> FsError {
+/// A log that does not open, named.
+fn log_error(log: LogOf<'_>, e: tessera_journal::JournalError) -> FsError {
     match e {
         tessera_journal::JournalError::Corrupt { device, detail } => FsError::Corrupt(format!(
-            "{whose}, on {device}: {detail}. `tessera fsck DEVICE -y` replays the \
-             records before that page, names what is lost, checks the file system and starts \
-             the log afresh there (restore the disk from a copy first to keep those records)"
+            "{log}, on {device}: {detail}. `tessera fsck {} -y` replays the records before \
+             that page, names what is lost, checks the file system and starts the log afresh \
+             there (restore the disk from a copy first to keep those records)",
+            log.fs
         )),
         e => e.into(),
     }
