@@ -471,8 +471,6 @@ impl FileSystem {
         data: &[u8],
         sync: bool,
     ) -> FsResult<usize> {
-        let _stale = self.prefetch.invalidate_after(ino);
-        let started = Instant::now();
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or(FsError::FileTooLarge)?;
@@ -482,6 +480,8 @@ impl FileSystem {
         if data.is_empty() {
             return Ok(0);
         }
+        let _stale = self.prefetch.invalidate_after(ino);
+        let started = Instant::now();
         let _through = sync.then(WriteThrough::begin);
         let shared = self.inode_lock(ino).read();
         // The view of the first block written tells whether the file is inline (its bytes

@@ -64,12 +64,9 @@ pub fn fsck(disks: Vec<(NsdId, Arc<dyn BlockDevice>)>, repair: bool) -> FsResult
         .extend(crate::slot::check_records(&desc, &disk_set));
     report.problems.extend(rec.slot_problems.iter().cloned());
     if let Some(loss) = &rec.log_loss {
-        report.problems.push(format!(
-            "the recovery log of file system {} lost committed records: {loss}; the records \
-             before that page were replayed and checked, the rest is gone (mount refuses this \
-             log; `tessera fsck {} -y` starts it afresh at that page)",
-            desc.name, desc.name
-        ));
+        report
+            .problems
+            .push(crate::recovery::log_loss_problem(&desc.name, 0, loss));
     }
     let fixes = check(&desc, &mut rec.state, &mut report)?;
     report.ill_replicated_metadata = ill_replicated_metadata(&desc, &mut rec.state)?

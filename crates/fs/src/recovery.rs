@@ -398,16 +398,7 @@ fn replay_slot_logs(
         match replayed {
             Ok(None) => {}
             Ok(Some(lost)) => {
-                problems.push(format!(
-                    "{} lost committed records: {lost}; the records before that page were \
-                     replayed and checked, the rest is gone (the slot's mount refuses this \
-                     log; `tessera fsck {} -y` starts it afresh at that page)",
-                    LogOf {
-                        fs: &desc.name,
-                        slot: region.slot,
-                    },
-                    desc.name
-                ));
+                problems.push(log_loss_problem(&desc.name, region.slot, &lost));
                 losses.push(region.slot);
             }
             Err(e) => problems.push(format!(
@@ -787,6 +778,17 @@ impl std::fmt::Display for LogOf<'_> {
             ),
         }
     }
+}
+
+/// fsck's problem for log `slot` of file system `fs`, which lost committed records to a
+/// damaged page (`lost` says which).
+pub(crate) fn log_loss_problem(fs: &str, slot: u32, lost: &str) -> String {
+    format!(
+        "{} lost committed records: {lost}; the records before that page were replayed and \
+         checked, the rest is gone (a mount refuses this log; `tessera fsck {fs} -y` starts \
+         it afresh at that page)",
+        LogOf { fs, slot }
+    )
 }
 
 /// A log that does not open, named.

@@ -253,13 +253,11 @@ fn a_log_copy_damaged_inside_is_replayed_from_the_other_and_repaired() {
     let files = fsynced_one_by_one(&fs, (ROOT_INO, "f"), 30);
     fs.fence();
     drop(fs);
-    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
-    let desc = tessera_fs::read_descriptor(&devices).unwrap();
+    let desc = descriptor(&t);
     let copies = desc.metadata_copies.clone().unwrap();
     let region = desc.log.region;
-    let data_pages = region.bytes / 4096 - 1;
     let damaged = desc.checkpoint.replay_from / 4096 + 10;
-    let page_at = |log_start: u64| log_start + 4096 * (1 + damaged % data_pages);
+    let page_at = |log_start: u64| log_page_offset(log_start, region.bytes, damaged);
     let first = disk_device(&t, &desc, desc.log.disk);
     flip_bit(&*first, page_at(region.offset), 1000);
     drop(first);
@@ -269,7 +267,7 @@ fn a_log_copy_damaged_inside_is_replayed_from_the_other_and_repaired() {
     // Killed again before any checkpoint: the same records are replayed next time.
     fs.fence();
     drop(fs);
-    let again = tessera_fs::read_descriptor(&devices).unwrap();
+    let again = descriptor(&t);
     assert_eq!(again.checkpoint.replay_from, desc.checkpoint.replay_from);
     let second = disk_device(&t, &desc, copies.log_disk);
     flip_bit(&*second, page_at(copies.log_offset), 1000);

@@ -193,8 +193,7 @@ fn a_damaged_page_inside_a_slots_log_is_refused_and_fsck_repair_accepts_the_loss
 
     // The slot's log pages: the highest sequence is the log's end; a page some commits
     // before it lies after the checkpoint's replay point.
-    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
-    let desc = tessera_fs::descriptor::read_descriptor(&devices).unwrap();
+    let desc = descriptor(&t);
     let region = desc
         .slot_regions()
         .iter()
@@ -206,15 +205,15 @@ fn a_damaged_page_inside_a_slots_log_is_refused_and_fsck_repair_accepts_the_loss
     let pages = log.bytes / 4096 - 1;
     let mut page = tessera_drive::AlignedBuf::zeroed(4096);
     let mut end = 0;
-    for slot in 0..pages.min(4096) {
-        dev.read_at(&mut page, log.offset + 4096 * (1 + slot))
+    for seq in 0..pages.min(4096) {
+        dev.read_at(&mut page, log_page_offset(log.offset, log.bytes, seq))
             .unwrap();
         if page[..4] == *b"TJLP" {
             end = end.max(u64::from_le_bytes(page[32..40].try_into().unwrap()));
         }
     }
     let damaged = end - 6;
-    flip_bit(&*dev, log.offset + 4096 * (1 + damaged % pages), 3000);
+    flip_bit(&*dev, log_page_offset(log.offset, log.bytes, damaged), 3000);
     drop(dev);
 
     let Err(refused) = FileSystem::mount_slot(t.reopen(), 1) else {

@@ -393,15 +393,13 @@ fn a_damaged_page_inside_the_log_is_refused_and_fsck_repair_accepts_the_loss() {
     fs.fence();
     drop(fs);
 
-    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
-    let desc = tessera_fs::read_descriptor(&devices).unwrap();
+    let desc = descriptor(&t);
     let region = desc.log.region;
-    let data_pages = region.bytes / 4096 - 1;
     let damaged = desc.checkpoint.replay_from / 4096 + 12;
     let dev = disk_device(&t, &desc, desc.log.disk);
     flip_bit(
         &*dev,
-        region.offset + 4096 * (1 + damaged % data_pages),
+        log_page_offset(region.offset, region.bytes, damaged),
         2000,
     );
     drop(dev);
@@ -433,13 +431,7 @@ fn a_damaged_page_inside_the_log_is_refused_and_fsck_repair_accepts_the_loss() {
     let fs = mount(&t);
     let kept = count_whole(&fs, ROOT_INO, &files);
     assert!(kept >= 5 && kept < files.len(), "{kept} files kept");
-    let after = fsynced_one_by_one(&fs, (ROOT_INO, "after"), 1);
-    fs.fence();
-    drop(fs);
-    let fs = mount(&t);
-    assert_eq!(count_whole(&fs, ROOT_INO, &after), 1);
-    fs.unmount().unwrap();
-    assert_fsck_clean(&t, "after a crash past the repair");
+    fsynced_files_survive_a_crash(&t, fs, 1);
 }
 
 /// The page holding the checkpoint's replay point is damaged: mount refuses (the
@@ -456,17 +448,19 @@ fn a_damaged_replay_point_page_is_refused_and_fsck_repair_keeps_the_checkpoint()
     fs.fence();
     drop(fs);
 
-    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
-    let desc = tessera_fs::read_descriptor(&devices).unwrap();
+    let desc = descriptor(&t);
     let replay_from = desc.checkpoint.replay_from;
     assert!(
         replay_from % 4096 > 64,
         "a replay point inside a page: {replay_from}"
     );
     let region = desc.log.region;
-    let page = replay_from / 4096 % (region.bytes / 4096 - 1);
     let dev = disk_device(&t, &desc, desc.log.disk);
-    flip_bit(&*dev, region.offset + 4096 * (1 + page), 100);
+    flip_bit(
+        &*dev,
+        log_page_offset(region.offset, region.bytes, replay_from / 4096),
+        100,
+    );
     drop(dev);
 
     let Err(refused) = tessera_fs::FileSystem::mount(t.reopen()) else {
@@ -482,11 +476,21 @@ fn a_damaged_replay_point_page_is_refused_and_fsck_repair_keeps_the_checkpoint()
         checkpointed.len()
     );
     assert_eq!(count_whole(&fs, ROOT_INO, &logged), 0);
-    let after = fsynced_one_by_one(&fs, (ROOT_INO, "after"), 2);
+    fsynced_files_survive_a_crash(&t, fs, 2);
+}
+
+/// After a repair of the log: `count` new files fsynced on `fs`, a crash, and a mount
+/// that holds them whole; fsck clean after.
+fn fsynced_files_survive_a_crash(
+    t: &TestDisks,
+    fs: std::sync::Arc<tessera_fs::FileSystem>,
+    count: u64,
+) {
+    let after = fsynced_one_by_one(&fs, (ROOT_INO, "after"), count);
     fs.fence();
     drop(fs);
-    let fs = mount(&t);
-    assert_eq!(count_whole(&fs, ROOT_INO, &after), 2);
+    let fs = mount(t);
+    assert_eq!(count_whole(&fs, ROOT_INO, &after), after.len());
     fs.unmount().unwrap();
-    assert_fsck_clean(&t, "after a crash past the repair");
+    assert_fsck_clean(t, "after a crash past the repair");
 }

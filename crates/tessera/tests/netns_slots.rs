@@ -140,23 +140,7 @@ fn nodes_own_the_directories_they_make_and_all_see_one_namespace() {
     // (f4, node 1's f3 before) and one of node 2's own, asked on node 3: node 2's slot
     // swaps the names, and every node reads each file under the other's name at once.
     let exchange = |k: u32, a: &str, b: &str| {
-        let c = |p: &str| {
-            std::ffi::CString::new(mnt(k).join(p).into_os_string().into_encoded_bytes()).unwrap()
-        };
-        let (a, b) = (c(a), c(b));
-        // SAFETY: two NUL-terminated paths that live across the call.
-        let r = unsafe {
-            libc::renameat2(
-                libc::AT_FDCWD,
-                a.as_ptr(),
-                libc::AT_FDCWD,
-                b.as_ptr(),
-                libc::RENAME_EXCHANGE,
-            )
-        };
-        (r == 0)
-            .then_some(())
-            .ok_or_else(std::io::Error::last_os_error)
+        tessera_testkit::renameat2(&mnt(k).join(a), &mnt(k).join(b), libc::RENAME_EXCHANGE)
     };
     for k in 1..=3u32 {
         assert_eq!(

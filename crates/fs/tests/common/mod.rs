@@ -423,6 +423,21 @@ pub fn disk_device(
     t.reopen().into_iter().find(|(id, _)| *id == nsd).unwrap().1
 }
 
+/// The descriptor of the file system on `t`, as its disks hold it now.
+#[allow(dead_code)]
+pub fn descriptor(t: &TestDisks) -> tessera_fs::FsDescriptor {
+    let devices: Vec<_> = t.reopen().into_iter().map(|(_, d)| d).collect();
+    tessera_fs::read_descriptor(&devices).unwrap()
+}
+
+/// The device offset of page `seq` of a recovery log of `log_bytes` bytes at `log_start`:
+/// its header page first, then the data pages, page `seq` in slot `seq` modulo their count
+/// (tessera-journal's format).
+#[allow(dead_code)]
+pub fn log_page_offset(log_start: u64, log_bytes: u64, seq: u64) -> u64 {
+    log_start + 4096 * (1 + seq % (log_bytes / 4096 - 1))
+}
+
 /// Flips a bit of the page at `offset` of `dev`.
 #[allow(dead_code)]
 pub fn flip_bit(dev: &dyn BlockDevice, offset: u64, byte: usize) {

@@ -192,27 +192,10 @@ fn rename_semantics() {
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
     fs::write(m.path("a"), b"A").unwrap();
     fs::write(m.path("b"), b"B").unwrap();
-    let (a, b) = (cstr(&m.path("a")), cstr(&m.path("b")));
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    assert_eq!((rc, errno()), (-1, libc::EEXIST));
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    assert_eq!(rc, 0);
+    let (a, b) = (m.path("a"), m.path("b"));
+    let e = tessera_testkit::renameat2(&a, &b, libc::RENAME_NOREPLACE).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+    tessera_testkit::renameat2(&a, &b, libc::RENAME_EXCHANGE).unwrap();
     assert_eq!(fs::read(m.path("a")).unwrap(), b"B");
     assert_eq!(fs::read(m.path("b")).unwrap(), b"A");
     m.remount();
