@@ -20,7 +20,8 @@
 # also goes through iptables, a cost no NSD client pays on a real network.
 # BRIDGE_NETFILTER=off turns that host-wide sysctl off for the run and puts it back at the
 # end (it also bypasses iptables for other bridges of the host meanwhile: containers'
-# firewall rules, so it is opt-in); the script prints which it measured with.
+# firewall rules, so it is opt-in); the script prints which it measured with, and the
+# namespaces' link MTU and TCP congestion control (TSR_MTU, TSR_TCP_CC of the netns script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-2}
@@ -45,6 +46,9 @@ if [[ ${BRIDGE_NETFILTER:-} == off && $nf_was == 1 ]]; then
     echo 0 >"$nf"
 fi
 echo "net.bridge.bridge-nf-call-iptables during the run: $(cat "$nf" 2>/dev/null || echo 'absent (br_netfilter not loaded)')"
+# The simulated network: its MTU (TSR_MTU) and congestion control (TSR_TCP_CC) move the
+# through-server figures more than anything in the file system (bench/RESULTS.md).
+echo "link MTU $(ip netns exec "${TSR_PREFIX}node1" cat /sys/class/net/eth0/mtu), TCP congestion control $(ip netns exec "${TSR_PREFIX}node1" sysctl -n net.ipv4.tcp_congestion_control)"
 echo
 stanza=$TSR_BASE/n1.stanza
 echo "%nsd: device=$TSR_BASE/drives/node1-d1.img nsd=n1 usage=dataAndMetadata failureGroup=1 pool=system servers=node1" >"$stanza"
