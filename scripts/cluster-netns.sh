@@ -375,16 +375,18 @@ add_namespace() {
 set_tcp_cc() {
     local ns=$1 allowed
     [[ $TCP_CC == host ]] && return 0
-    if [[ " $(sysctl -n net.ipv4.tcp_available_congestion_control) " != *" $TCP_CC "* ]]; then
+    if [[ " $(sysctl -n net.ipv4.tcp_available_congestion_control 2>/dev/null) " != *" $TCP_CC "* ]]; then
         modprobe -q "tcp_$TCP_CC" 2>/dev/null || true
     fi
-    if [[ " $(sysctl -n net.ipv4.tcp_available_congestion_control) " != *" $TCP_CC "* ]]; then
-        echo "cluster-netns: TCP congestion control '$TCP_CC' is not available on this host; $ns keeps the host's ($(sysctl -n net.ipv4.tcp_congestion_control))" >&2
+    if [[ " $(sysctl -n net.ipv4.tcp_available_congestion_control 2>/dev/null) " != *" $TCP_CC "* ]]; then
+        echo "cluster-netns: TCP congestion control '$TCP_CC' is not available on this host; $ns keeps the host's" >&2
         return 0
     fi
     allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
-    if [[ " $allowed " != *" $TCP_CC "* ]]; then
-        sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$allowed $TCP_CC"
+    if [[ " $allowed " != *" $TCP_CC "* ]] &&
+        ! sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$allowed $TCP_CC"; then
+        echo "cluster-netns: the host does not let namespaces use '$TCP_CC'; $ns keeps the host's" >&2
+        return 0
     fi
     ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$TCP_CC" ||
         die "TSR_TCP_CC '$TCP_CC' cannot be set in namespace $ns; TSR_TCP_CC=host keeps the host's"

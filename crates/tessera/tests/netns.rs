@@ -36,6 +36,24 @@ fn three_namespaces_talk_partition_and_heal() {
         assert!(status.contains(&row), "{row:?} missing:\n{status}");
         assert!(status.contains(&format!("{}/24", c.address(k))), "{status}");
     }
+    // The nodes run the kernel's own congestion control, whatever the host's default is
+    // (a host on BBR paced every NVMe/TCP transfer between them).
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    if available.split_whitespace().any(|a| a == "cubic") {
+        for k in 1..=3 {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &format!("{}node{k}", c.prefix)])
+                .args(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"])
+                .output()
+                .expect("ip netns exec");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "cubic",
+                "node{k}"
+            );
+        }
+    }
 
     c.listen(1);
     c.listen(2);
