@@ -633,7 +633,14 @@ cmd_status() {
         printf '%-6s %-16s %-15s %-8s %s\n' "jbof$k" "$(jbof_ns "$k")" "${addr:--}" \
             "${pid:-down}" "$BRIDGE (drive server)"
     done
-    [[ $any -eq 1 ]] || echo "(no namespaces with prefix '$PREFIX'; state under $BASE)"
+    if [[ $any -eq 1 ]]; then
+        # What the simulated network is, from the first node or drive server's namespace.
+        ns=$(ip netns list | awk -v p="$PREFIX" 'index($1, p) == 1 { print $1; exit }')
+        [[ -z $ns ]] ||
+            echo "links: MTU $(ip netns exec "$ns" cat /sys/class/net/eth0/mtu 2>/dev/null || echo '?'), TCP congestion control $(ip netns exec "$ns" cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo '?')"
+    else
+        echo "(no namespaces with prefix '$PREFIX'; state under $BASE)"
+    fi
 }
 
 # Unmounts everything under $BASE, deepest first; lazily when a mount is busy or its daemon
