@@ -1210,3 +1210,151 @@ fn a_replicated_file_systems_slots_are_owned_and_taken_over() {
     assert!(fsck.contains(" 0 problems found"), "{fsck}");
     tessera_ok(&c, 1, &["shutdown", "-a"]);
 }
+
+/// The journal pages on drive file `drive`: (device offset, page sequence, page bytes'
+/// hash), for every 4 KiB page that starts with the log page magic.
+fn log_pages(drive: &Path) -> Vec<(u64, u64, u64)> {
+    use std::hash::{Hash, Hasher};
+    let bytes = std::fs::read(drive).unwrap();
+    bytes
+        .chunks_exact(4096)
+        .enumerate()
+        .filter(|(_, page)| page[..4] == *b"TJLP")
+        .map(|(i, page)| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            page.hash(&mut h);
+            let seq = u64::from_le_bytes(page[32..40].try_into().unwrap());
+            (i as u64 * 4096, seq, h.finish())
+        })
+        .collect()
+}
+
+/// Of the log pages written between `before` and `after`, the device offset of one that
+/// is six pages before the end of the log that took most of them: committed records, with
+/// commits of the same session after it.
+fn page_inside_the_busiest_log(before: &[(u64, u64, u64)], after: &[(u64, u64, u64)]) -> u64 {
+    let old: std::collections::HashSet<_> = before.iter().collect();
+    // A log's page `seq` lies at `start + 4096 * (1 + seq % pages)`: pages of one log
+    // written without wrapping around share `offset - 4096 * seq`.
+    let mut logs: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
+    for page in after.iter().filter(|p| !old.contains(p)) {
+        let base = page.0.wrapping_sub(4096 * page.1);
+        logs.entry(base).or_default().push((page.1, page.0));
+    }
+    let (_, mut pages) = logs
+        .into_iter()
+        .max_by_key(|(_, pages)| pages.len())
+        .expect("log pages written");
+    assert!(pages.len() >= 20, "only {} new log pages", pages.len());
+    pages.sort();
+    pages[pages.len() - 7].1
+}
+
+/// Node 2 holds the owner slot of its directory and fsyncs 30 files there; a bit of its
+/// log, a few commits before the end, is flipped on the drive and node 2 is killed. The
+/// takeover finds the log damaged: every node's access to node 2's directory fails with
+/// EIO at once (not after the minute a request waits for an owner that may come), the
+/// rest of the file system stays in service, and the daemon log names the slot and the
+/// repair. `umount -a`, `fsck -n` (names the loss), `fsck -y` and `mount -a`: the files
+/// whose records came before the damaged page read back whole, the slot is served again,
+/// and fsck is clean.
+#[test]
+fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
+    use std::os::unix::fs::FileExt;
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    let mnt = slots_fs(&c, "g1");
+    let dir = |k: u32| mnt(k).join("dir2");
+    std::fs::create_dir(dir(2)).unwrap();
+    let drive = c.base.join("drives/node1-d1.img");
+    let before = log_pages(&drive);
+    let content = |i: u32| format!("file {i} fsynced on node 2 ").repeat(20 + i as usize);
+    for i in 0..30 {
+        write_synced(&dir(2).join(format!("f{i}")), content(i).as_bytes()).unwrap();
+    }
+    let damaged = page_inside_the_busiest_log(&before, &log_pages(&drive));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&drive)
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, damaged + 3000).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x10], damaged + 3000)
+        .unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    kill_and_wait_for_expel(&c, 2, &mnt(2));
+
+    for k in [1u32, 3, 1] {
+        let asked = Instant::now();
+        let err = std::fs::read_dir(dir(k)).map(|_| ()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "node {k}: {err}");
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "node {k} waited {:?} for its EIO\n{}",
+            asked.elapsed(),
+            log_tails(&c)
+        );
+    }
+    // The rest of the file system is in service.
+    std::fs::write(mnt(3).join("root-file"), b"written beside the damaged slot").unwrap();
+    assert_eq!(
+        std::fs::read(mnt(1).join("root-file")).unwrap(),
+        b"written beside the damaged slot"
+    );
+    let logs = all_logs(&c);
+    assert!(
+        logs.contains("owner slot 2 cannot be taken over") && logs.contains("tessera fsck g1 -y"),
+        "{}",
+        log_tails(&c)
+    );
+
+    restart_and_wait_for_mount(&c, 2, &mnt(2));
+    tessera_ok(&c, 1, &["umount", "g1", "-a"]);
+    let check = c.sh(&["run", "1", "--", "tessera", "fsck", "g1", "-n"]);
+    let said = String::from_utf8_lossy(&check.stdout).into_owned()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(
+        !check.status.success()
+            && said.contains("owner slot 2")
+            && said.contains("tessera fsck g1 -y"),
+        "{said}"
+    );
+    let repaired = tessera_ok(&c, 1, &["fsck", "g1", "-y"]);
+    assert!(repaired.contains("File system g1 is clean"), "{repaired}");
+    tessera_ok(&c, 1, &["mount", "g1", "-a"]);
+
+    let kept: Vec<u32> = (0..30)
+        .filter(|i| match std::fs::read(dir(1).join(format!("f{i}"))) {
+            Ok(data) => {
+                assert_eq!(data, content(*i).as_bytes(), "f{i} read back torn");
+                true
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "f{i}: {e}");
+                false
+            }
+        })
+        .collect();
+    assert!(
+        kept.len() >= 15 && kept.len() < 30,
+        "{} files kept",
+        kept.len()
+    );
+    assert_eq!(
+        kept,
+        (0..kept.len() as u32).collect::<Vec<_>>(),
+        "a prefix is kept"
+    );
+    write_synced(&dir(3).join("after"), b"the slot is served again").unwrap();
+    assert_eq!(
+        std::fs::read(dir(2).join("after")).unwrap(),
+        b"the slot is served again"
+    );
+    tessera_ok(&c, 1, &["umount", "g1", "-a"]);
+    let clean = tessera_ok(&c, 1, &["fsck", "g1", "-n"]);
+    assert!(clean.contains("File system g1 is clean"), "{clean}");
+}

@@ -603,9 +603,9 @@ pub fn fsck(home: &Home, name: &str, repair: bool) -> Result<()> {
     };
     if remaining > 0 {
         let hint = if repair {
-            "see the list above"
+            "see the list above".to_string()
         } else {
-            "run `tessera fsck DEVICE -y` to repair"
+            format!("run `tessera fsck {name} -y` to repair")
         };
         bail!("file system {name} has {remaining} problem(s); {hint}");
     }

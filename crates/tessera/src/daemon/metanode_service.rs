@@ -406,6 +406,11 @@ impl FollowingChannel {
             match located {
                 Ok(Some(target)) => self.move_to(|t| *t = target.clone()),
                 Ok(None) => {}
+                // No owner can come until a repair: the caller hears it now (EIO), and the
+                // takeover said why once.
+                Err(e) if e.downcast_ref::<super::slots::DamagedSlot>().is_some() => {
+                    return Err(FsError::Io(std::io::Error::other(format!("{e:#}"))));
+                }
                 Err(e) => tracing::warn!("{}: {e:#}", self.fs),
             }
             std::thread::sleep(OWNER_POLL);

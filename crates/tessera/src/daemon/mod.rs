@@ -71,6 +71,10 @@ pub struct Daemon {
     /// Owner slots (file system, slot) this node took over from nodes that no longer
     /// serve them, served without a FUSE mount of their own (`slots.rs`).
     taken_slots: Mutex<BTreeMap<(String, u32), Arc<FileSystem>>>,
+    /// Owner slots (file system, slot) whose takeover found their log or metadata damaged,
+    /// with what was found and when: requests for their shards fail at once instead of
+    /// waiting for an owner that cannot come (`slots.rs`, `DamagedSlot`).
+    damaged_slots: Mutex<BTreeMap<(String, u32), (String, std::time::Instant)>>,
     /// Held while this node takes a file system over, so that its request threads that
     /// all found the owner dead do it once.
     takeover: Mutex<()>,
@@ -170,6 +174,7 @@ pub fn run(home: Home) -> Result<()> {
         unmounting: Mutex::new(std::collections::BTreeSet::new()),
         owned: Mutex::new(BTreeMap::new()),
         taken_slots: Mutex::new(BTreeMap::new()),
+        damaged_slots: Mutex::new(BTreeMap::new()),
         takeover: Mutex::new(()),
         this: this.clone(),
         arrays: Mutex::new(BTreeMap::new()),

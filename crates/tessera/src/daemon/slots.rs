@@ -13,8 +13,17 @@
 //! mounts the file system (each hands over what it did under the old holder), then it
 //! serves. Clients follow the holder as they follow the file system manager
 //! (`FollowingChannel` with the slot's number).
+//!
+//! A slot whose log (or on-disk metadata) a takeover finds damaged cannot be served until
+//! `fsck -y` repairs it, which needs the file system unmounted everywhere. Its shards are
+//! then marked on the node that tried ([`DamagedSlot`]): requests for them fail at once
+//! with EIO and a log line naming the slot and the repair, where they waited a minute each
+//! for an owner that could not come while the takeover was tried every 200 ms; the rest
+//! of the file system goes on as before. The takeover is tried again at most every
+//! [`DAMAGED_RECHECK`], in case what failed was not the disk.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use tessera_fs::FileSystem;
@@ -22,6 +31,24 @@ use tessera_fs::FileSystem;
 use super::metanode_service::{FollowingChannel, OwnerTarget};
 use super::Daemon;
 use crate::config::{FsRecord, SlotHolder};
+
+/// How long a slot found damaged at a takeover stays marked before the takeover is tried
+/// again.
+const DAMAGED_RECHECK: Duration = Duration::from_secs(30);
+
+/// A takeover of an owner slot found its log or on-disk metadata damaged: the slot cannot
+/// be served until `fsck -y` repairs it. Carried in the error, so that a request for one of
+/// its shards fails at once instead of waiting for an owner.
+#[derive(Debug)]
+pub(super) struct DamagedSlot(pub String);
+
+impl std::fmt::Display for DamagedSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DamagedSlot {}
 
 impl Daemon {
     /// Whether nodes that mount beside the manager own what they make (`metadataSlots`).
@@ -408,8 +435,32 @@ impl Daemon {
                  this node is unmounting {fs}, so it does not take the slot over"
             );
         }
+        if let Some(found) = self.damaged_slot(fs, slot) {
+            return Err(anyhow::Error::new(DamagedSlot(found)));
+        }
         self.take_over_slot(&record, slot)?;
         Ok(Some(self.own_target()))
+    }
+
+    /// What a takeover of slot `slot` of `fs` found damaged, while that is recent (see
+    /// [`DAMAGED_RECHECK`]).
+    fn damaged_slot(&self, fs: &str, slot: u32) -> Option<String> {
+        let mut damaged = self.damaged_slots.lock();
+        let key = (fs.to_string(), slot);
+        match damaged.get(&key) {
+            Some((found, at)) if at.elapsed() < DAMAGED_RECHECK => Some(found.clone()),
+            Some(_) => {
+                damaged.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Forgets the slots of `fs` found damaged (its unmount on this node: the repair
+    /// needs it unmounted everywhere, and the next mount tries afresh).
+    pub(super) fn forget_damaged_slots(&self, fs: &str) {
+        self.damaged_slots.lock().retain(|(name, _), _| name != fs);
     }
 
     /// Takes owner slot `slot` of `record` over from a holder that no longer serves it:
@@ -458,10 +509,28 @@ impl Daemon {
         let fs = match self.mount_taken_slot(record, slot) {
             Ok(fs) => fs,
             Err(e) => {
-                tracing::error!(
-                    "{}: takeover of owner slot {slot} failed: {e:#}",
-                    record.name
-                );
+                if e.downcast_ref::<DamagedSlot>().is_some() {
+                    tracing::error!(
+                        "{}: owner slot {slot} cannot be taken over: {e:#}. Its files and \
+                         directories answer EIO until it is repaired; the rest of {} stays \
+                         in service. To repair: `tessera umount {} -a`, `tessera fsck {} -y`, \
+                         then mount again (tried again here in {} s)",
+                        record.name,
+                        record.name,
+                        record.name,
+                        record.name,
+                        DAMAGED_RECHECK.as_secs()
+                    );
+                    self.damaged_slots.lock().insert(
+                        (record.name.clone(), slot),
+                        (format!("{e:#}"), Instant::now()),
+                    );
+                } else {
+                    tracing::error!(
+                        "{}: takeover of owner slot {slot} failed: {e:#}",
+                        record.name
+                    );
+                }
                 let _ = self.change_fs_record(&record.name, &|rec| {
                     for h in rec.slot_holders.iter_mut() {
                         if h.slot == slot && h.node == me {
@@ -499,8 +568,13 @@ impl Daemon {
                 record.name
             );
         }
-        let fs = FileSystem::mount_slot(available, slot)
-            .map_err(|e| anyhow!("file system {}: owner slot {slot}: {e}", record.name))?;
+        let fs = FileSystem::mount_slot(available, slot).map_err(|e| match e {
+            tessera_fs::FsError::Corrupt(found) => anyhow::Error::new(DamagedSlot(format!(
+                "file system {}: owner slot {slot}: damaged metadata: {found}",
+                record.name
+            ))),
+            e => anyhow!("file system {}: owner slot {slot}: {e}", record.name),
+        })?;
         let manager = self
             .locate_manager_target(record)
             .unwrap_or((0, String::new(), None));
@@ -537,6 +611,7 @@ impl Daemon {
     /// released, so that another node takes over what it served (its own slot stays
     /// recorded for it, to claim again at its next mount if nobody took it meanwhile).
     pub(super) fn release_slots(&self, fs: &str) {
+        self.forget_damaged_slots(fs);
         let taken: Vec<(u32, Arc<FileSystem>)> = {
             let mut taken = self.taken_slots.lock();
             let slots: Vec<u32> = taken
