@@ -1358,3 +1358,100 @@ fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
     let clean = tessera_ok(&c, 1, &["fsck", "g1", "-n"]);
     assert!(clean.contains("File system g1 is clean"), "{clean}");
 }
+
+/// The file system manager's log damaged, and its node killed: the takeover finds the
+/// damage, gives its claim back, and every node answers EIO at once (the file system's
+/// root is the manager's); restarted, the old manager cannot mount it either. `umount -a`
+/// still reaches the nodes that have it mounted, and after `fsck -y` a prefix of the files
+/// fsynced in the root reads back whole.
+#[test]
+fn a_damaged_manager_log_answers_eio_at_once_and_fsck_repairs_it() {
+    use std::os::unix::fs::FileExt;
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    let mnt = slots_fs(&c, "h1");
+    let drive = c.base.join("drives/node1-d1.img");
+    let before = log_pages(&drive);
+    let content = |i: u32| format!("file {i} fsynced on node 1 ").repeat(20 + i as usize);
+    for i in 0..30 {
+        write_synced(&mnt(1).join(format!("f{i}")), content(i).as_bytes()).unwrap();
+    }
+    let damaged = page_inside_the_busiest_log(&before, &log_pages(&drive));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&drive)
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, damaged + 3000).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x10], damaged + 3000)
+        .unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    kill_and_wait_for_expel(&c, 1, &mnt(1));
+
+    for k in [2u32, 3, 2] {
+        let asked = Instant::now();
+        let err = std::fs::read_dir(mnt(k)).map(|_| ()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "node {k}: {err}");
+        // The first asker replays the log once (a few milliseconds); nobody waits for an
+        // owner that cannot come.
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "node {k} waited {:?} for its EIO\n{}",
+            asked.elapsed(),
+            log_tails(&c)
+        );
+    }
+    assert!(
+        all_logs(&c).contains("its file system manager's metadata cannot be taken over"),
+        "{}",
+        log_tails(&c)
+    );
+
+    c.ok(&["start", "1"]);
+    wait_for("all active after the restart", SETTLE, || {
+        all_in_state(&c, 2, &[1, 2, 3], "active")
+    });
+    // The clients' final commits cannot reach a manager, but their mounts go.
+    let _ = c.sh(&["run", "2", "--", "tessera", "umount", "h1", "-a"]);
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains("/mnt/h1 fuse"), "{mounts}");
+    let check = c.sh(&["run", "2", "--", "tessera", "fsck", "h1", "-n"]);
+    let said = String::from_utf8_lossy(&check.stdout).into_owned()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(
+        !check.status.success() && said.contains("lost committed records"),
+        "{said}"
+    );
+    let repaired = tessera_ok(&c, 2, &["fsck", "h1", "-y"]);
+    assert!(repaired.contains("File system h1 is clean"), "{repaired}");
+    tessera_ok(&c, 2, &["mount", "h1", "-a"]);
+    let kept: Vec<u32> = (0..30)
+        .filter(|i| match std::fs::read(mnt(3).join(format!("f{i}"))) {
+            Ok(data) => {
+                assert_eq!(data, content(*i).as_bytes(), "f{i} read back torn");
+                true
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "f{i}: {e}");
+                false
+            }
+        })
+        .collect();
+    assert!(
+        kept.len() >= 15 && kept.len() < 30,
+        "{} files kept",
+        kept.len()
+    );
+    assert_eq!(
+        kept,
+        (0..kept.len() as u32).collect::<Vec<_>>(),
+        "a prefix is kept"
+    );
+    tessera_ok(&c, 2, &["umount", "h1", "-a"]);
+    let clean = tessera_ok(&c, 2, &["fsck", "h1", "-n"]);
+    assert!(clean.contains("File system h1 is clean"), "{clean}");
+}

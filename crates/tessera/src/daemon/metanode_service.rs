@@ -454,6 +454,9 @@ impl Daemon {
         if !self.member.holds_lease() {
             return Ok(None);
         }
+        if let Some(found) = self.damaged_slot(fs, 0) {
+            return Err(anyhow::Error::new(super::slots::DamagedSlot(found)));
+        }
         self.take_over(&record)?;
         Ok(Some(self.own_target()))
     }
@@ -474,6 +477,8 @@ impl Daemon {
         }
         let me = self.cluster.node_name.clone();
         let dead = record.mounted_on.clone().unwrap_or_default();
+        // What the claim changed, to put back if the log cannot be replayed.
+        let claimed_over = parking_lot::Mutex::new(None);
         self.change_fs_record(&record.name, &|rec| {
             // Checked on the table the compare-and-set writes over: an owner that is live
             // (another client took over first, or the dead owner came back and mounted it
@@ -486,7 +491,14 @@ impl Daemon {
                 ),
                 _ => {}
             }
+            let clients = rec.clients.len();
             super::mounts::keep_dead_owner_as_client(rec, &me);
+            *claimed_over.lock() = Some((
+                rec.mounted,
+                rec.mounted_on.clone(),
+                rec.private_cache,
+                rec.clients.len() > clients,
+            ));
             rec.mounted = true;
             rec.mounted_on = Some(me.clone());
             rec.private_cache = false;
@@ -507,6 +519,10 @@ impl Daemon {
         }
         let fs = match self.open_core(record) {
             Ok((fs, _)) => fs,
+            Err(e) if e.downcast_ref::<super::slots::DamagedSlot>().is_some() => {
+                self.give_up_damaged_takeover(record, &me, claimed_over.lock().take(), &e);
+                return Err(e);
+            }
             Err(e) => {
                 tracing::error!("{}: takeover failed: {e:#}", record.name);
                 return Err(e);
@@ -519,6 +535,57 @@ impl Daemon {
         self.owned.lock().insert(record.name.clone(), fs);
         tracing::info!("{}: this node serves its metadata now", record.name);
         Ok(())
+    }
+
+    /// A takeover of `record` whose log or metadata is damaged: nothing can serve it until
+    /// `fsck -y`. The claim is put back (`before`: what it changed), so that no node waits
+    /// for this one to serve; every node that needs the file system finds it so itself and
+    /// answers EIO at once, as for a damaged owner slot (`slots.rs`).
+    fn give_up_damaged_takeover(
+        &self,
+        record: &crate::config::FsRecord,
+        me: &str,
+        before: Option<(bool, Option<String>, bool, bool)>,
+        found: &anyhow::Error,
+    ) {
+        tracing::error!(
+            "{}: its file system manager's metadata cannot be taken over: {found:#}. The \
+             file system answers EIO until it is repaired: `tessera umount {} -a`, \
+             `tessera fsck {} -y`, then mount again (tried again here in {} s)",
+            record.name,
+            record.name,
+            record.name,
+            super::slots::DAMAGED_RECHECK.as_secs()
+        );
+        self.damaged_slots.lock().insert(
+            (record.name.clone(), 0),
+            (format!("{found:#}"), std::time::Instant::now()),
+        );
+        let Some((mounted, mounted_on, private_cache, added_client)) = before else {
+            return;
+        };
+        let put_back = self.change_fs_record(&record.name, &|rec| {
+            if rec.mounted_on.as_deref() != Some(me) {
+                return Ok(());
+            }
+            if added_client {
+                if let Some(i) = rec.clients.iter().position(|c| {
+                    Some(c.node.as_str()) == mounted_on.as_deref() && c.incarnation.is_none()
+                }) {
+                    rec.clients.remove(i);
+                }
+            }
+            rec.mounted = mounted;
+            rec.mounted_on = mounted_on.clone();
+            rec.private_cache = private_cache;
+            Ok(())
+        });
+        if let Err(e) = put_back {
+            tracing::warn!(
+                "{}: giving back the claim of a takeover that found damage: {e:#}",
+                record.name
+            );
+        }
     }
 
     /// Before this node serves file system `record` as its new owner (`owner`): every

@@ -186,7 +186,16 @@ impl Daemon {
         } else {
             FileSystem::mount_keeping_orphans(available)
         }
-        .map_err(|e| anyhow!("file system {}: {e}", record.name))?;
+        .map_err(|e| {
+            let said = format!("file system {}: {e}", record.name);
+            match e {
+                // Damage a takeover must not try again and again (`DamagedSlot`).
+                tessera_fs::FsError::Corrupt(_) => {
+                    anyhow::Error::new(super::slots::DamagedSlot(said))
+                }
+                _ => anyhow!(said),
+            }
+        })?;
         self.configure_owner(&fs, record, &nsds)?;
         Ok((fs, nsd_stats))
     }
@@ -549,38 +558,41 @@ impl Daemon {
             .filter(|r| name.is_none_or(|n| n == r.name))
             .map(|r| {
                 let mut rows = Vec::new();
-                if r.mounted {
-                    let owner = r
-                        .mounted_on
+                let owner = r.mounted.then(|| {
+                    r.mounted_on
                         .clone()
-                        .unwrap_or_else(|| self.cluster.node_name.clone());
+                        .unwrap_or_else(|| self.cluster.node_name.clone())
+                });
+                if let Some(owner) = &owner {
                     rows.push(MountedNode {
-                        address: address(&owner),
+                        address: address(owner),
                         node: owner.clone(),
                         // A node that took the file system over from a dead owner
                         // mounts it where its client mount is.
                         mount_point: r
                             .clients
                             .iter()
-                            .find(|c| c.node == owner)
+                            .find(|c| c.node == *owner)
                             .map_or_else(|| r.mount_point.clone(), |c| c.mount_point.clone()),
-                        role: role_of(r, &owner, "manager"),
+                        role: role_of(r, owner, "manager"),
                     });
-                    // A client whose node is down (or was deleted) mounts nothing; its
-                    // entry goes when the owner unmounts or the node starts again. Nor
-                    // does one whose mount is still being made, or whose node restarted
-                    // and has not mounted it again yet.
-                    let live = r
-                        .clients
-                        .iter()
-                        .filter(|c| c.node != owner && self.client_is_mounted(c));
-                    rows.extend(live.map(|c| MountedNode {
-                        node: c.node.clone(),
-                        address: address(&c.node),
-                        mount_point: c.mount_point.clone(),
-                        role: role_of(r, &c.node, "client"),
-                    }));
                 }
+                // A client whose node is down (or was deleted) mounts nothing; its entry
+                // goes when the owner unmounts or the node starts again. Nor does one whose
+                // mount is still being made, or whose node restarted and has not mounted it
+                // again yet. Live clients are listed even when no node owns the file system
+                // (a manager's mount failed under them, its log damaged): they still have
+                // it mounted, and `umount -a` must reach them before fsck may run.
+                let live = r
+                    .clients
+                    .iter()
+                    .filter(|c| Some(&c.node) != owner.as_ref() && self.client_is_mounted(c));
+                rows.extend(live.map(|c| MountedNode {
+                    node: c.node.clone(),
+                    address: address(&c.node),
+                    mount_point: c.mount_point.clone(),
+                    role: role_of(r, &c.node, "client"),
+                }));
                 let state = self.member.state();
                 let mounting = r
                     .clients

@@ -34,7 +34,7 @@ use crate::config::{FsRecord, SlotHolder};
 
 /// How long a slot found damaged at a takeover stays marked before the takeover is tried
 /// again.
-const DAMAGED_RECHECK: Duration = Duration::from_secs(30);
+pub(super) const DAMAGED_RECHECK: Duration = Duration::from_secs(30);
 
 /// A takeover of an owner slot found its log or on-disk metadata damaged: the slot cannot
 /// be served until `fsck -y` repairs it. Carried in the error, so that a request for one of
@@ -444,7 +444,7 @@ impl Daemon {
 
     /// What a takeover of slot `slot` of `fs` found damaged, while that is recent (see
     /// [`DAMAGED_RECHECK`]).
-    fn damaged_slot(&self, fs: &str, slot: u32) -> Option<String> {
+    pub(super) fn damaged_slot(&self, fs: &str, slot: u32) -> Option<String> {
         let mut damaged = self.damaged_slots.lock();
         let key = (fs.to_string(), slot);
         match damaged.get(&key) {
