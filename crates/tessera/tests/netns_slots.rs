@@ -1250,45 +1250,30 @@ fn page_inside_the_busiest_log(before: &[(u64, u64, u64)], after: &[(u64, u64, u
     pages[pages.len() - 7].1
 }
 
-/// Node 2 holds the owner slot of its directory and fsyncs 30 files there; a bit of its
-/// log, a few commits before the end, is flipped on the drive and node 2 is killed. The
-/// takeover finds the log damaged: every node's access to node 2's directory fails with
-/// EIO at once (not after the minute a request waits for an owner that may come), the
-/// rest of the file system stays in service, and the daemon log names the slot and the
-/// repair. `umount -a`, `fsck -n` (names the loss), `fsck -y` and `mount -a`: the files
-/// whose records came before the damaged page read back whole, the slot is served again,
-/// and fsck is clean.
-#[test]
-fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
+/// Writes and fsyncs 30 files `f0`..`f29` of `content` in `dir`, then flips a bit of the
+/// log that took their records on `drive`, six pages before that log's end.
+fn fsync_files_and_damage_their_log(drive: &Path, dir: &Path, content: &dyn Fn(u32) -> String) {
     use std::os::unix::fs::FileExt;
-    if !netns_usable() {
-        return;
-    }
-    let c = Cluster::new();
-    let mnt = slots_fs(&c, "g1");
-    let dir = |k: u32| mnt(k).join("dir2");
-    std::fs::create_dir(dir(2)).unwrap();
-    let drive = c.base.join("drives/node1-d1.img");
-    let before = log_pages(&drive);
-    let content = |i: u32| format!("file {i} fsynced on node 2 ").repeat(20 + i as usize);
+    let before = log_pages(drive);
     for i in 0..30 {
-        write_synced(&dir(2).join(format!("f{i}")), content(i).as_bytes()).unwrap();
+        write_synced(&dir.join(format!("f{i}")), content(i).as_bytes()).unwrap();
     }
-    let damaged = page_inside_the_busiest_log(&before, &log_pages(&drive));
+    let damaged = page_inside_the_busiest_log(&before, &log_pages(drive));
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(&drive)
+        .open(drive)
         .unwrap();
     let mut byte = [0u8];
     file.read_exact_at(&mut byte, damaged + 3000).unwrap();
     file.write_all_at(&[byte[0] ^ 0x10], damaged + 3000)
         .unwrap();
     file.sync_all().unwrap();
-    drop(file);
-    kill_and_wait_for_expel(&c, 2, &mnt(2));
+}
 
-    for k in [1u32, 3, 1] {
+/// Listing directory `dir(k)` on each node `k` of `nodes` fails with EIO within 10 s.
+fn assert_eio_at_once(c: &Cluster, nodes: &[u32], dir: &dyn Fn(u32) -> PathBuf) {
+    for &k in nodes {
         let asked = Instant::now();
         let err = std::fs::read_dir(dir(k)).map(|_| ()).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "node {k}: {err}");
@@ -1296,39 +1281,16 @@ fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
             asked.elapsed() < Duration::from_secs(10),
             "node {k} waited {:?} for its EIO\n{}",
             asked.elapsed(),
-            log_tails(&c)
+            log_tails(c)
         );
     }
-    // The rest of the file system is in service.
-    std::fs::write(mnt(3).join("root-file"), b"written beside the damaged slot").unwrap();
-    assert_eq!(
-        std::fs::read(mnt(1).join("root-file")).unwrap(),
-        b"written beside the damaged slot"
-    );
-    let logs = all_logs(&c);
-    assert!(
-        logs.contains("owner slot 2 cannot be taken over") && logs.contains("tessera fsck g1 -y"),
-        "{}",
-        log_tails(&c)
-    );
+}
 
-    restart_and_wait_for_mount(&c, 2, &mnt(2));
-    tessera_ok(&c, 1, &["umount", "g1", "-a"]);
-    let check = c.sh(&["run", "1", "--", "tessera", "fsck", "g1", "-n"]);
-    let said = String::from_utf8_lossy(&check.stdout).into_owned()
-        + &String::from_utf8_lossy(&check.stderr);
-    assert!(
-        !check.status.success()
-            && said.contains("owner slot 2")
-            && said.contains("tessera fsck g1 -y"),
-        "{said}"
-    );
-    let repaired = tessera_ok(&c, 1, &["fsck", "g1", "-y"]);
-    assert!(repaired.contains("File system g1 is clean"), "{repaired}");
-    tessera_ok(&c, 1, &["mount", "g1", "-a"]);
-
+/// After fsck's repair of a damaged log: the files of [`fsync_files_and_damage_their_log`]
+/// in `dir` that are kept form a prefix, each read back whole, and only some are lost.
+fn assert_a_prefix_is_kept(dir: &Path, content: &dyn Fn(u32) -> String) {
     let kept: Vec<u32> = (0..30)
-        .filter(|i| match std::fs::read(dir(1).join(format!("f{i}"))) {
+        .filter(|i| match std::fs::read(dir.join(format!("f{i}"))) {
             Ok(data) => {
                 assert_eq!(data, content(*i).as_bytes(), "f{i} read back torn");
                 true
@@ -1349,6 +1311,64 @@ fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
         (0..kept.len() as u32).collect::<Vec<_>>(),
         "a prefix is kept"
     );
+}
+
+/// What `tessera fsck FS -n` on node `k` says (its output and errors); it must fail.
+fn fsck_finds_problems(c: &Cluster, k: u32, fs: &str) -> String {
+    let check = c.sh(&["run", &k.to_string(), "--", "tessera", "fsck", fs, "-n"]);
+    let said = String::from_utf8_lossy(&check.stdout).into_owned()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(!check.status.success(), "fsck -n found nothing: {said}");
+    said
+}
+
+/// Node 2 holds the owner slot of its directory and fsyncs 30 files there; a bit of its
+/// log, a few commits before the end, is flipped on the drive and node 2 is killed. The
+/// takeover finds the log damaged: every node's access to node 2's directory fails with
+/// EIO at once (not after the minute a request waits for an owner that may come), the
+/// rest of the file system stays in service, and the daemon log names the slot and the
+/// repair. `umount -a`, `fsck -n` (names the loss), `fsck -y` and `mount -a`: the files
+/// whose records came before the damaged page read back whole, the slot is served again,
+/// and fsck is clean.
+#[test]
+fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
+    if !netns_usable() {
+        return;
+    }
+    let c = Cluster::new();
+    let mnt = slots_fs(&c, "g1");
+    let dir = |k: u32| mnt(k).join("dir2");
+    std::fs::create_dir(dir(2)).unwrap();
+    let content = |i: u32| format!("file {i} fsynced on node 2 ").repeat(20 + i as usize);
+    fsync_files_and_damage_their_log(&c.base.join("drives/node1-d1.img"), &dir(2), &content);
+    kill_and_wait_for_expel(&c, 2, &mnt(2));
+
+    assert_eio_at_once(&c, &[1, 3, 1], &dir);
+    // The rest of the file system is in service.
+    std::fs::write(mnt(3).join("root-file"), b"written beside the damaged slot").unwrap();
+    assert_eq!(
+        std::fs::read(mnt(1).join("root-file")).unwrap(),
+        b"written beside the damaged slot"
+    );
+    let logs = all_logs(&c);
+    assert!(
+        logs.contains("owner slot 2 cannot be taken over") && logs.contains("tessera fsck g1 -y"),
+        "{}",
+        log_tails(&c)
+    );
+
+    restart_and_wait_for_mount(&c, 2, &mnt(2));
+    tessera_ok(&c, 1, &["umount", "g1", "-a"]);
+    let said = fsck_finds_problems(&c, 1, "g1");
+    assert!(
+        said.contains("owner slot 2") && said.contains("tessera fsck g1 -y"),
+        "{said}"
+    );
+    let repaired = tessera_ok(&c, 1, &["fsck", "g1", "-y"]);
+    assert!(repaired.contains("File system g1 is clean"), "{repaired}");
+    tessera_ok(&c, 1, &["mount", "g1", "-a"]);
+
+    assert_a_prefix_is_kept(&dir(1), &content);
     write_synced(&dir(3).join("after"), b"the slot is served again").unwrap();
     assert_eq!(
         std::fs::read(dir(2).join("after")).unwrap(),
@@ -1366,45 +1386,18 @@ fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
 /// fsynced in the root reads back whole.
 #[test]
 fn a_damaged_manager_log_answers_eio_at_once_and_fsck_repairs_it() {
-    use std::os::unix::fs::FileExt;
     if !netns_usable() {
         return;
     }
     let c = Cluster::new();
     let mnt = slots_fs(&c, "h1");
-    let drive = c.base.join("drives/node1-d1.img");
-    let before = log_pages(&drive);
     let content = |i: u32| format!("file {i} fsynced on node 1 ").repeat(20 + i as usize);
-    for i in 0..30 {
-        write_synced(&mnt(1).join(format!("f{i}")), content(i).as_bytes()).unwrap();
-    }
-    let damaged = page_inside_the_busiest_log(&before, &log_pages(&drive));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&drive)
-        .unwrap();
-    let mut byte = [0u8];
-    file.read_exact_at(&mut byte, damaged + 3000).unwrap();
-    file.write_all_at(&[byte[0] ^ 0x10], damaged + 3000)
-        .unwrap();
-    file.sync_all().unwrap();
-    drop(file);
+    fsync_files_and_damage_their_log(&c.base.join("drives/node1-d1.img"), &mnt(1), &content);
     kill_and_wait_for_expel(&c, 1, &mnt(1));
 
-    for k in [2u32, 3, 2] {
-        let asked = Instant::now();
-        let err = std::fs::read_dir(mnt(k)).map(|_| ()).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EIO), "node {k}: {err}");
-        // The first asker replays the log once (a few milliseconds); nobody waits for an
-        // owner that cannot come.
-        assert!(
-            asked.elapsed() < Duration::from_secs(10),
-            "node {k} waited {:?} for its EIO\n{}",
-            asked.elapsed(),
-            log_tails(&c)
-        );
-    }
+    // The first asker replays the log once (a few milliseconds); nobody waits for an
+    // owner that cannot come.
+    assert_eio_at_once(&c, &[2, 3, 2], &mnt);
     assert!(
         all_logs(&c).contains("its file system manager's metadata cannot be taken over"),
         "{}",
@@ -1419,38 +1412,12 @@ fn a_damaged_manager_log_answers_eio_at_once_and_fsck_repairs_it() {
     let _ = c.sh(&["run", "2", "--", "tessera", "umount", "h1", "-a"]);
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(!mounts.contains("/mnt/h1 fuse"), "{mounts}");
-    let check = c.sh(&["run", "2", "--", "tessera", "fsck", "h1", "-n"]);
-    let said = String::from_utf8_lossy(&check.stdout).into_owned()
-        + &String::from_utf8_lossy(&check.stderr);
-    assert!(
-        !check.status.success() && said.contains("lost committed records"),
-        "{said}"
-    );
+    let said = fsck_finds_problems(&c, 2, "h1");
+    assert!(said.contains("lost committed records"), "{said}");
     let repaired = tessera_ok(&c, 2, &["fsck", "h1", "-y"]);
     assert!(repaired.contains("File system h1 is clean"), "{repaired}");
     tessera_ok(&c, 2, &["mount", "h1", "-a"]);
-    let kept: Vec<u32> = (0..30)
-        .filter(|i| match std::fs::read(mnt(3).join(format!("f{i}"))) {
-            Ok(data) => {
-                assert_eq!(data, content(*i).as_bytes(), "f{i} read back torn");
-                true
-            }
-            Err(e) => {
-                assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "f{i}: {e}");
-                false
-            }
-        })
-        .collect();
-    assert!(
-        kept.len() >= 15 && kept.len() < 30,
-        "{} files kept",
-        kept.len()
-    );
-    assert_eq!(
-        kept,
-        (0..kept.len() as u32).collect::<Vec<_>>(),
-        "a prefix is kept"
-    );
+    assert_a_prefix_is_kept(&mnt(3), &content);
     tessera_ok(&c, 2, &["umount", "h1", "-a"]);
     let clean = tessera_ok(&c, 2, &["fsck", "h1", "-n"]);
     assert!(clean.contains("File system h1 is clean"), "{clean}");

@@ -557,10 +557,7 @@ impl Daemon {
             record.name,
             super::slots::DAMAGED_RECHECK.as_secs()
         );
-        self.damaged_slots.lock().insert(
-            (record.name.clone(), 0),
-            (format!("{found:#}"), std::time::Instant::now()),
-        );
+        self.mark_damaged(&record.name, 0, found);
         let Some((mounted, mounted_on, private_cache, added_client)) = before else {
             return;
         };

@@ -457,6 +457,15 @@ impl Daemon {
         }
     }
 
+    /// Marks metanode `slot` of `fs` (0: the file system manager's) as found damaged by a
+    /// takeover (`found`): see [`Daemon::damaged_slot`].
+    pub(super) fn mark_damaged(&self, fs: &str, slot: u32, found: &anyhow::Error) {
+        self.damaged_slots.lock().insert(
+            (fs.to_string(), slot),
+            (format!("{found:#}"), Instant::now()),
+        );
+    }
+
     /// Forgets the slots of `fs` found damaged (its unmount on this node: the repair
     /// needs it unmounted everywhere, and the next mount tries afresh).
     pub(super) fn forget_damaged_slots(&self, fs: &str) {
@@ -521,10 +530,7 @@ impl Daemon {
                         record.name,
                         DAMAGED_RECHECK.as_secs()
                     );
-                    self.damaged_slots.lock().insert(
-                        (record.name.clone(), slot),
-                        (format!("{e:#}"), Instant::now()),
-                    );
+                    self.mark_damaged(&record.name, slot, &e);
                 } else {
                     tracing::error!(
                         "{}: takeover of owner slot {slot} failed: {e:#}",
