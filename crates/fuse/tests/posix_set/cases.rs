@@ -1,6 +1,8 @@
 // POSIX behaviour through a real kernel mount: the conformance set Tessera holds itself to.
-// Included by `posix.rs` (NSDs on file-backed drives) and `posix_vdisk.rs` (NSDs on
-// erasure-coded vdisks), which set `BACKEND`; every test mounts a fresh file system.
+// Included by `posix.rs` (NSDs on file-backed drives), `posix_vdisk.rs` (NSDs on
+// erasure-coded vdisks), `posix_client.rs` and `posix_shared.rs`, which set `BACKEND`, and by
+// `crates/tessera/tests/netns_posix.rs` (a client node of a two-node cluster in network
+// namespaces, with a harness of its own); every test mounts a fresh file system.
 
 use tessera_testkit::pattern;
 use std::ffi::CString;

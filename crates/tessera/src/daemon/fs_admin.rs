@@ -157,7 +157,7 @@ impl Daemon {
         let _admin = self.admin.lock();
         check_name(&spec.name)
             .map_err(|p| anyhow!("{}: invalid file system name: {p}; {NAME_RULE}", spec.name))?;
-        let mut fss = self.file_systems()?;
+        let fss = self.file_systems()?;
         if fss.get(&spec.name).is_some() {
             bail!(
                 "file system {0} already exists; choose another name or delete it with \
@@ -165,7 +165,7 @@ impl Daemon {
                 spec.name
             );
         }
-        let mut nsds = self.nsds()?;
+        let nsds = self.nsds()?;
         let outcome = format!("file system {} was not created", spec.name);
         let disks = resolve_disks(
             self,
@@ -200,12 +200,9 @@ impl Daemon {
             let _ = tessera_fs::erase(&devices);
             bail!("{e}; file system {} was not created", spec.name);
         }
-        for name in &names {
-            nsds.get_mut(name).expect("resolved above").file_system = Some(spec.name.clone());
-        }
-        fss.file_systems.push(FsRecord {
+        let record = FsRecord {
             name: spec.name.clone(),
-            nsds: names,
+            nsds: names.clone(),
             default_mount_point: spec.mount_point.clone(),
             automount: spec.automount,
             created_unix: crate::config::now_unix(),
@@ -218,12 +215,41 @@ impl Daemon {
             mount_point: spec.mount_point.clone(),
             strict_replicas: spec.strict_replicas.clone(),
             log_bytes: opts.log_bytes,
+        };
+        // On the tables as they are now: a mount or an NSD created elsewhere during the
+        // format is no reason to throw the format away.
+        let mut taken_meanwhile = false;
+        let saved = self.change_nsds_and_file_systems(&mut |nsds, fss| {
+            if fss.get(&spec.name).is_some() {
+                bail!(
+                    "another command created a file system named {} meanwhile",
+                    spec.name
+                );
+            }
+            for name in &names {
+                let Some(rec) = nsds.get_mut(name) else {
+                    bail!("NSD {name} was deleted meanwhile");
+                };
+                match &rec.file_system {
+                    // Free, or claimed by an earlier attempt of this command.
+                    None => {}
+                    Some(f) if *f == spec.name => {}
+                    Some(f) => {
+                        taken_meanwhile = true;
+                        bail!("NSD {name} was given to file system {f} meanwhile");
+                    }
+                }
+                rec.file_system = Some(spec.name.clone());
+            }
+            fss.file_systems.push(record.clone());
+            Ok(())
         });
-        let saved = self
-            .save_nsds(&nsds)
-            .and_then(|()| self.save_file_systems(&fss));
         if let Err(e) = saved {
-            let _ = tessera_fs::erase(&devices);
+            self.release_unrecorded_claims(&spec.name, &names);
+            // A disk another file system took meanwhile is that one's now.
+            if !taken_meanwhile {
+                let _ = tessera_fs::erase(&devices);
+            }
             return Err(e.context(format!("file system {} was not created", spec.name)));
         }
         r.info(format!("Completed creation of file system {}.", spec.name));
@@ -340,7 +366,7 @@ impl Daemon {
         r: &mut Reporter,
     ) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut fss = self.file_systems()?;
+        let fss = self.file_systems()?;
         let record = fss.require(name)?.clone();
         if let Some(m) = self.mounts.lock().get(name) {
             bail!(
@@ -350,7 +376,7 @@ impl Daemon {
             );
         }
         self.check_not_mounted_elsewhere(&record, "deleting it")?;
-        let mut nsds = self.nsds()?;
+        let nsds = self.nsds()?;
         let (devices, _) = self.open_fs_devices(&record, &nsds);
         let available: Vec<_> = devices.iter().flatten().map(|(_, d)| d.clone()).collect();
         let unreachable: Vec<&String> = record
@@ -404,14 +430,17 @@ impl Daemon {
                 )
             })?;
         }
-        for nsd in &record.nsds {
-            if let Some(rec) = nsds.get_mut(nsd) {
-                rec.file_system = None;
+        self.change_nsds_and_file_systems(&mut |nsds, fss| {
+            for nsd in &record.nsds {
+                if let Some(rec) = nsds.get_mut(nsd) {
+                    if rec.file_system.as_deref() == Some(name) {
+                        rec.file_system = None;
+                    }
+                }
             }
-        }
-        fss.file_systems.retain(|f| f.name != name);
-        self.save_nsds(&nsds)?;
-        self.save_file_systems(&fss)?;
+            fss.file_systems.retain(|f| f.name != name);
+            Ok(())
+        })?;
         r.info(format!("Completed deletion of file system {name}."));
         Ok(Reply::Done)
     }
@@ -455,7 +484,7 @@ impl Daemon {
             let outcome = format!("no disk was added to file system {name}");
             self.with_fs(name, "opening it here to add disks", |fs| {
                 let block_size = fs.descriptor().block_size;
-                let mut nsds = self.nsds()?;
+                let nsds = self.nsds()?;
                 // Shared, as the mount holds the other disks: every node that mounts the
                 // file system opens the new ones too.
                 let disks = resolve_disks(
@@ -485,19 +514,32 @@ impl Daemon {
                         d
                     })
                     .collect();
-                for n in &names {
-                    nsds.get_mut(n).expect("resolved above").file_system = Some(name.to_string());
-                }
-                let mut fss = self.file_systems()?;
-                let rec = fss
-                    .file_systems
-                    .iter_mut()
-                    .find(|f| f.name == name)
-                    .expect("with_fs found it");
-                rec.nsds.extend(names.iter().cloned());
-                self.save_nsds(&nsds)
-                    .and_then(|()| self.save_file_systems(&fss))
-                    .map_err(|e| e.context(outcome.clone()))?;
+                self.change_nsds_and_file_systems(&mut |nsds, fss| {
+                    for n in &names {
+                        let Some(rec) = nsds.get_mut(n) else {
+                            bail!("NSD {n} was deleted meanwhile");
+                        };
+                        match &rec.file_system {
+                            None => {}
+                            Some(f) if f == name => {}
+                            Some(f) => bail!("NSD {n} was given to file system {f} meanwhile"),
+                        }
+                        rec.file_system = Some(name.to_string());
+                    }
+                    let Some(rec) = fss.file_systems.iter_mut().find(|f| f.name == name) else {
+                        bail!("file system {name} was deleted meanwhile");
+                    };
+                    for n in &names {
+                        if !rec.nsds.contains(n) {
+                            rec.nsds.push(n.clone());
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(|e| {
+                    self.release_unrecorded_claims(name, &names);
+                    e.context(outcome.clone())
+                })?;
                 r.info(format!(
                     "Adding {} to file system {name} ...",
                     names.join(", ")
@@ -678,24 +720,46 @@ impl Daemon {
     }
 
     fn release_nsds(&self, fs_name: &str, names: &[String]) {
-        let released = (|| -> Result<()> {
-            let mut nsds = self.nsds()?;
+        let released = self.change_nsds_and_file_systems(&mut |nsds, fss| {
             for n in names {
                 if let Some(rec) = nsds.get_mut(n) {
-                    rec.file_system = None;
+                    if rec.file_system.as_deref() == Some(fs_name) {
+                        rec.file_system = None;
+                    }
                 }
             }
-            let mut fss = self.file_systems()?;
             if let Some(rec) = fss.file_systems.iter_mut().find(|f| f.name == fs_name) {
                 rec.nsds.retain(|n| !names.contains(n));
             }
-            self.save_nsds(&nsds)?;
-            self.save_file_systems(&fss)
-        })();
+            Ok(())
+        });
         if let Err(e) = released {
             tracing::error!(
                 "{fs_name}: NSDs {} stay claimed by the file system in the registry although \
                  it no longer uses them: {e:#}",
+                names.join(", ")
+            );
+        }
+    }
+
+    /// After a failed claim: NSDs of `names` that the NSD table gives to `fs_name` while
+    /// its record does not list them (an earlier attempt's claim saved, its record not) are
+    /// free again.
+    fn release_unrecorded_claims(&self, fs_name: &str, names: &[String]) {
+        let released = self.change_nsds_and_file_systems(&mut |nsds, fss| {
+            let recorded = fss.get(fs_name).map(|f| f.nsds.clone()).unwrap_or_default();
+            for n in names.iter().filter(|n| !recorded.contains(n)) {
+                if let Some(rec) = nsds.get_mut(n) {
+                    if rec.file_system.as_deref() == Some(fs_name) {
+                        rec.file_system = None;
+                    }
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = released {
+            tracing::error!(
+                "NSDs {} stay claimed by file system {fs_name} in the registry although it                  does not use them: {e:#}; `tessera nsd ls` shows them",
                 names.join(", ")
             );
         }

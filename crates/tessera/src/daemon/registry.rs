@@ -19,6 +19,12 @@ const FS_KEY: &str = "fs";
 /// What a save that lost its compare-and-set says (callers that retry look for it).
 pub(super) const CHANGED_MEANWHILE: &str = "changed while this command ran";
 const DA_KEY: &str = "da";
+/// How many times a change of the NSD and file-system tables is made on newer tables after
+/// another admin command (a mount on another node, an `nsd create`) changed them first.
+const CHANGE_ATTEMPTS: usize = 8;
+/// How long such a retry waits for this node's copy of the configuration to catch up with
+/// the change that came first (it lags a commit behind for a moment).
+const CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Daemon {
     pub(super) fn nsds(&self) -> Result<NsdRegistry> {
@@ -39,6 +45,61 @@ impl Daemon {
 
     pub(super) fn save_file_systems(&self, registry: &FsRegistry) -> Result<()> {
         self.write_document(FS_KEY, "file system table", registry.version, registry)
+    }
+
+    /// Makes `change` to fresh copies of the NSD and file-system tables and saves the ones
+    /// it changed (the NSD table first). When another admin command changed either table
+    /// after it was read, both are read again and `change` made again, up to a bound, so an
+    /// admin command that ran for a while (a format, a disk add) is not refused because an
+    /// unrelated one landed meanwhile. `change` therefore checks what it needs on the
+    /// tables it is given, and must be harmless to make twice: after a lost save of the
+    /// file-system table, the NSD table it is given already holds its own change.
+    pub(super) fn change_nsds_and_file_systems(
+        &self,
+        change: &mut dyn FnMut(&mut NsdRegistry, &mut FsRegistry) -> Result<()>,
+    ) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            let mut nsds = self.nsds()?;
+            let mut fss = self.file_systems()?;
+            let seen = (nsds.version, fss.version);
+            let before = (
+                serde_json::to_string(&nsds).expect("registries serialize"),
+                serde_json::to_string(&fss).expect("registries serialize"),
+            );
+            change(&mut nsds, &mut fss)?;
+            let nsds_changed =
+                serde_json::to_string(&nsds).expect("registries serialize") != before.0;
+            let fss_changed =
+                serde_json::to_string(&fss).expect("registries serialize") != before.1;
+            let saved = (if nsds_changed {
+                self.save_nsds(&nsds)
+            } else {
+                Ok(())
+            })
+            .and_then(|()| {
+                if fss_changed {
+                    self.save_file_systems(&fss)
+                } else {
+                    Ok(())
+                }
+            });
+            match saved {
+                Ok(()) => return Ok(()),
+                Err(e)
+                    if attempt < CHANGE_ATTEMPTS && e.to_string().contains(CHANGED_MEANWHILE) =>
+                {
+                    attempt += 1;
+                    let deadline = std::time::Instant::now() + CATCH_UP;
+                    while (self.nsds()?.version, self.file_systems()?.version) == seen
+                        && std::time::Instant::now() < deadline
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub(super) fn arrays(&self) -> Result<DaRegistry> {
