@@ -9,7 +9,9 @@
 //!
 //! One cluster serves every case of this binary (a cluster per case would spend most of
 //! the run starting daemons); each case makes its own file system on its own drive files
-//! and deletes it at the end. The cluster goes down when the process exits.
+//! and deletes it at the end, while others run, so the cases also run admin commands on
+//! the two nodes at once (and one test below does only that). The cluster goes down when
+//! the process exits.
 //!
 //! Needs root and `ip netns`; without them the cases say why and pass, except under
 //! CI=true, where they fail.
@@ -48,7 +50,7 @@ mod harness {
     }
 
     /// The binary's one cluster, brought up by the first case that asks.
-    fn cluster() -> &'static Cluster {
+    pub fn cluster() -> &'static Cluster {
         CLUSTER.get_or_init(|| {
             let c = Cluster::new();
             let config = format!("{TEST_TIMINGS},metadataSlots=no");
@@ -283,3 +285,73 @@ mod harness {
 }
 
 include!("../../fuse/tests/posix_set/cases.rs");
+
+/// Admin commands that change the NSD and file-system tables, on both nodes at once, all
+/// land: node 1 creates and deletes file systems (each `fs create` formats for a while)
+/// while node 2 creates and deletes NSDs. Each command makes its change on the tables as
+/// they are when it saves; none fails because another one landed during its format or
+/// its descriptor writes.
+#[test]
+fn admin_commands_on_both_nodes_at_once_all_land() {
+    if !can_mount() {
+        return;
+    }
+    let c = harness::cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let drive = |name: &str| {
+        let path = dir.path().join(format!("{name}.img"));
+        File::create(&path).unwrap().set_len(128 << 20).unwrap();
+        let stanza = dir.path().join(format!("{name}.stanza"));
+        fs::write(
+            &stanza,
+            format!(
+                "%nsd: device={} nsd={name} usage=dataAndMetadata failureGroup=1 pool=system\n",
+                path.display()
+            ),
+        )
+        .unwrap();
+        stanza.to_str().unwrap().to_string()
+    };
+    let ok = |k: u32, args: &[&str]| common::netns::tessera_ok(c, k, args);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..4 {
+                let (fs_name, nsd) = (format!("adm{i}"), format!("adm{i}n"));
+                let stanza = drive(&nsd);
+                ok(1, &["nsd", "create", "-F", &stanza]);
+                let made = ok(
+                    1,
+                    &[
+                        "fs", "create", &fs_name, "-F", &stanza, "-B", "256K", "-A", "no",
+                    ],
+                );
+                assert!(
+                    made.contains(&format!("Completed creation of file system {fs_name}")),
+                    "{made}"
+                );
+                ok(1, &["fs", "delete", &fs_name]);
+                ok(1, &["nsd", "delete", &nsd]);
+            }
+        });
+        s.spawn(|| {
+            for i in 0..8 {
+                let nsd = format!("adm{i}b");
+                let stanza = drive(&nsd);
+                ok(2, &["nsd", "create", "-F", &stanza]);
+                ok(2, &["nsd", "delete", &nsd]);
+            }
+        });
+    });
+    let listed = ok(1, &["nsd", "ls"]);
+    assert!(
+        !listed.contains("adm"),
+        "every NSD made here was deleted: {listed}"
+    );
+    let listed =
+        String::from_utf8_lossy(&common::netns::tessera(c, 2, &["fs", "ls", "all", "-Y"]).stdout)
+            .into_owned();
+    assert!(
+        !listed.contains("adm"),
+        "every file system made here was deleted: {listed}"
+    );
+}

@@ -514,7 +514,7 @@ impl Daemon {
         r: &mut Reporter,
     ) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.nsds()?;
+        let registry = self.nsds()?;
         if specs.is_empty() {
             bail!("the stanza file has no %nsd stanzas; add one per device");
         }
@@ -578,8 +578,32 @@ impl Daemon {
                 file_system: None,
             });
         }
-        registry.nsds.extend(records);
-        if let Err(e) = self.save_nsds(&registry) {
+        // On the table as it is now: an NSD created or a file system mounted on another node
+        // while the descriptors were written is no reason to erase them.
+        let saved = self.change_nsds_and_file_systems(&mut |registry, _| {
+            for rec in &records {
+                match registry.get(&rec.name) {
+                    // Saved by an earlier attempt of this command.
+                    Some(had) if had.id == rec.id => continue,
+                    Some(had) => bail!(
+                        "another command created NSD {} (on {}) meanwhile",
+                        rec.name,
+                        had.device
+                    ),
+                    None => {}
+                }
+                if let Some(had) = registry.nsds.iter().find(|n| n.device == rec.device) {
+                    bail!(
+                        "another command made {} NSD {} meanwhile",
+                        rec.device,
+                        had.name
+                    );
+                }
+                registry.nsds.push(rec.clone());
+            }
+            Ok(())
+        });
+        if let Err(e) = saved {
             for dev in &written {
                 let _ = erase_descriptor(dev.as_ref());
             }
@@ -590,7 +614,7 @@ impl Daemon {
 
     pub(super) fn nsd_delete(&self, names: &[String], r: &mut Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.nsds()?;
+        let registry = self.nsds()?;
         for name in names {
             let Some(rec) = registry.get(name) else {
                 bail!("NSD {name} does not exist; `tessera nsd ls` lists the NSDs");
@@ -617,8 +641,10 @@ impl Daemon {
                      cluster but no descriptor was erased"
                 )),
             }
-            registry.nsds.retain(|n| n.name != *name);
-            self.save_nsds(&registry)?;
+            self.change_nsds_and_file_systems(&mut |registry, _| {
+                registry.nsds.retain(|n| n.name != *name);
+                Ok(())
+            })?;
         }
         Ok(Reply::Done)
     }
