@@ -21,7 +21,7 @@ use super::nvme_admin::nvme_device_name;
 use super::pdisk_fence::{key_owner, release, reservation_key, KeyNamer, ReservedPdisk, TakeCheck};
 use super::registry::arrays_in;
 use super::{Daemon, Reporter};
-use crate::config::{DaRecord, DaRegistry, PdiskRecord};
+use crate::config::{DaRecord, PdiskRecord};
 use crate::rpc::{DaRow, PdiskAction, PdiskRow, Reply, Request, TaskRow, VdiskRow};
 
 /// How an NSD device string names a vdisk.
@@ -385,7 +385,7 @@ impl Daemon {
     /// keeps two nodes from writing the array at once.
     fn da_move(&self, name: &str, to: &str) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.arrays()?;
+        let registry = self.arrays()?;
         let Some(rec) = registry.arrays.iter().find(|a| a.name == name).cloned() else {
             bail!("declustered array {name} does not exist; `tessera da ls` lists the arrays");
         };
@@ -452,10 +452,13 @@ impl Daemon {
             bail!("declustered array {name}: cannot close it before the move: {e}; it stays here");
         }
         drop(da);
-        if let Some(r) = registry.arrays.iter_mut().find(|a| a.name == name) {
-            r.server = Some(to.to_string());
-        }
-        if let Err(e) = self.save_arrays(&registry) {
+        let moved = self.change_arrays(&mut |registry| {
+            if let Some(r) = registry.arrays.iter_mut().find(|a| a.name == name) {
+                r.server = Some(to.to_string());
+            }
+            Ok(())
+        });
+        if let Err(e) = moved {
             self.open_array(&rec);
             return Err(e.context(format!("declustered array {name} stays on {me}")));
         }
@@ -623,7 +626,7 @@ impl Daemon {
         };
         let (name, pdisks, servers) = (name.as_str(), pdisks.as_slice(), servers.as_slice());
         let _admin = self.admin.lock();
-        let mut registry = self.arrays()?;
+        let registry = self.arrays()?;
         if registry.get(name).is_some() {
             bail!("declustered array {name} already exists; choose another name");
         }
@@ -698,7 +701,7 @@ impl Daemon {
             specs.len()
         ));
         let da = DeclusteredArray::create(name, &specs, opts)?;
-        registry.arrays.push(DaRecord {
+        let record = DaRecord {
             name: name.to_string(),
             pdisks: pdisks
                 .iter()
@@ -709,8 +712,16 @@ impl Daemon {
                 .collect(),
             server: Some(self.cluster.node_name.clone()),
             servers: servers.to_vec(),
-        });
-        self.save_arrays(&registry)?;
+        };
+        // On the table as it is now: another node's array command during the labels is no
+        // reason to fail this one.
+        self.change_arrays(&mut |registry| {
+            if registry.get(name).is_some() {
+                bail!("another command created a declustered array named {name} meanwhile");
+            }
+            registry.arrays.push(record.clone());
+            Ok(())
+        })?;
         let row = da_row(&da.status());
         self.arrays.lock().insert(name.to_string(), da);
         Ok(Reply::Das(vec![row]))
@@ -859,13 +870,13 @@ impl Daemon {
     /// drives are free for a new array or NSDs.
     fn da_delete(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.arrays()?;
+        let registry = self.arrays()?;
         if registry.get(name).is_none() {
             bail!("declustered array {name} does not exist; `tessera da ls` lists them");
         }
         let open = self.arrays.lock().get(name).cloned();
         let Some(da) = open else {
-            return self.forget_unopened_array(name, registry, r);
+            return self.forget_unopened_array(name, r);
         };
         let vdisks: Vec<String> = da.status().vdisks.into_iter().map(|v| v.name).collect();
         if !vdisks.is_empty() {
@@ -879,8 +890,10 @@ impl Daemon {
         let kept = da.destroy()?;
         self.arrays.lock().remove(name);
         self.release_pdisk_reservations(registry.get(name));
-        registry.arrays.retain(|a| a.name != name);
-        self.save_arrays(&registry)?;
+        self.change_arrays(&mut |registry| {
+            registry.arrays.retain(|a| a.name != name);
+            Ok(())
+        })?;
         for k in &kept {
             r.info(format!(
                 "tessera da delete: warning: the label of pdisk {k} was not wiped; reuse that \
@@ -893,12 +906,7 @@ impl Daemon {
 
     /// `da delete` of an array that could not be opened: its vdisks are unknown, so it is
     /// removed from the registry only while no NSD names a vdisk that no open array has.
-    fn forget_unopened_array(
-        &self,
-        name: &str,
-        mut registry: DaRegistry,
-        r: &mut Reporter,
-    ) -> Result<Reply> {
+    fn forget_unopened_array(&self, name: &str, r: &mut Reporter) -> Result<Reply> {
         let nsds = self.nsds()?;
         let unknown: Vec<String> = nsds
             .nsds
@@ -914,8 +922,10 @@ impl Daemon {
                 unknown.join(", ")
             );
         }
-        registry.arrays.retain(|a| a.name != name);
-        self.save_arrays(&registry)?;
+        self.change_arrays(&mut |registry| {
+            registry.arrays.retain(|a| a.name != name);
+            Ok(())
+        })?;
         r.info(format!(
             "tessera da delete: warning: declustered array {name} could not be opened, so its \
              pdisk labels stay: reuse its drives with `-v no`"

@@ -98,11 +98,12 @@ impl Daemon {
 
     /// Notes in the registry that NSD `name` moved from `before` to `now`.
     fn record_moved_nsd(&self, name: &str, before: &str, now: &str) -> Result<()> {
-        let mut registry = self.nsds()?;
-        if let Some(r) = registry.get_mut(name) {
-            r.device = now.to_string();
-        }
-        self.save_nsds(&registry)?;
+        self.change_nsds_and_file_systems(&mut |registry, _| {
+            if let Some(r) = registry.get_mut(name) {
+                r.device = now.to_string();
+            }
+            Ok(())
+        })?;
         tracing::warn!("NSD {name}: device changed from {before} to {now}");
         Ok(())
     }

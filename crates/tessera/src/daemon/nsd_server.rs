@@ -585,7 +585,7 @@ impl Daemon {
     /// leave the old ones (`retry_nsd_paths`).
     pub(super) fn nsd_change_servers(&self, changes: &[(String, Vec<String>)]) -> Result<Reply> {
         let _admin = self.admin.lock();
-        let mut registry = self.nsds()?;
+        let registry = self.nsds()?;
         let state = self.member.state();
         let mut problems = Vec::new();
         for (name, servers) in changes {
@@ -606,20 +606,31 @@ impl Daemon {
         if !problems.is_empty() {
             bail!("no NSD was changed:\n  {}", problems.join("\n  "));
         }
+        // On the table as it is when it saves (another node's command may land meanwhile).
+        self.change_nsds_and_file_systems(&mut |registry, _| {
+            for (name, servers) in changes {
+                let Some(rec) = registry.get_mut(name) else {
+                    bail!("NSD {name} was deleted meanwhile; no NSD was changed");
+                };
+                rec.servers = servers.clone();
+            }
+            Ok(())
+        })?;
         for (name, servers) in changes {
-            let rec = registry.get_mut(name).expect("checked above");
+            let before = registry
+                .get(name)
+                .map(|r| r.servers.join(","))
+                .unwrap_or_default();
             tracing::info!(
                 "NSD {name}: servers {} -> {}",
-                if rec.servers.is_empty() {
-                    "(none)".to_string()
+                if before.is_empty() {
+                    "(none)"
                 } else {
-                    rec.servers.join(",")
+                    before.as_str()
                 },
                 servers.join(",")
             );
-            rec.servers = servers.clone();
         }
-        self.save_nsds(&registry)?;
         Ok(Reply::Done)
     }
 

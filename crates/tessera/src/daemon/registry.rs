@@ -102,6 +102,34 @@ impl Daemon {
         }
     }
 
+    /// [`Self::change_nsds_and_file_systems`] for the declustered array table: `change`
+    /// made on a fresh copy, made again on a newer one when another command's save landed
+    /// first.
+    pub(super) fn change_arrays(
+        &self,
+        change: &mut dyn FnMut(&mut DaRegistry) -> Result<()>,
+    ) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            let mut registry = self.arrays()?;
+            let seen = registry.version;
+            change(&mut registry)?;
+            match self.save_arrays(&registry) {
+                Ok(()) => return Ok(()),
+                Err(e)
+                    if attempt < CHANGE_ATTEMPTS && e.to_string().contains(CHANGED_MEANWHILE) =>
+                {
+                    attempt += 1;
+                    let deadline = std::time::Instant::now() + CATCH_UP;
+                    while self.arrays()?.version == seen && std::time::Instant::now() < deadline {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     pub(super) fn arrays(&self) -> Result<DaRegistry> {
         let (mut registry, version) = self.read_document::<DaRegistry>(DA_KEY)?;
         registry.version = version;
