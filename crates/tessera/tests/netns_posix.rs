@@ -91,24 +91,9 @@ mod harness {
         std::path::Path::new("/dev/fuse").exists()
     }
 
-    /// Runs a Python 3 `script` in a child process with `args`; returns what it printed.
-    /// (The file system is served by another process here, so this is only for the cases'
-    /// sake, which map files through it.)
-    pub fn in_child(script: &str, args: &[&std::ffi::OsStr]) -> String {
-        let out = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .args(args)
-            .output()
-            .expect("python3 runs (the mapped-file cases need it: apt-get install python3)");
-        assert!(
-            out.status.success(),
-            "child process failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("the child prints text")
-    }
+    /// The cases map files through a child process (here only for their sake: another
+    /// process serves this file system).
+    pub use tessera_testkit::in_child;
 
     /// What `tessera fsck -n` said, in the shape of `tessera_fs::FsckReport` the cases use.
     #[derive(Debug)]

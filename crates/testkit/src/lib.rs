@@ -89,6 +89,27 @@ pub fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> st
     }
 }
 
+/// Runs a Python 3 `script` in a child process with `args` and returns what it printed,
+/// failing the test with its error output when it fails. The mapped-file cases of the POSIX
+/// set touch mapped files only through this (Python's `mmap` module is mmap(2), msync(2)
+/// and munmap(2)): a page fault on a file of a mount this process serves would hold its
+/// address-space lock until the file system answers (see the FUSE test harness).
+pub fn in_child(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 runs (the mapped-file cases need it: apt-get install python3)");
+    assert!(
+        out.status.success(),
+        "child process failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("the child prints text")
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

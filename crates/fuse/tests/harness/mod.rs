@@ -67,27 +67,11 @@ fn keep_the_heap_still() {
     });
 }
 
-/// Runs a Python 3 `script` in a child process with `args` and returns what it printed,
-/// failing the test with its error output when it fails. Every access to a file mapped
-/// from the mount goes through this: a page fault on such a mapping holds the faulting
-/// process's address-space lock until the file system answers, and these tests serve the
-/// file system from their own process (see `keep_the_heap_still`), so no test thread may
-/// take such a fault itself. Python's `mmap` module is mmap(2), msync(2) and munmap(2).
-pub fn in_child(script: &str, args: &[&std::ffi::OsStr]) -> String {
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("python3 runs (the mapped-file cases need it: apt-get install python3)");
-    assert!(
-        out.status.success(),
-        "child process failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("the child prints text")
-}
+/// Every access to a file mapped from the mount goes through a child process: a page
+/// fault on such a mapping holds the faulting process's address-space lock until the file
+/// system answers, and these tests serve the file system from their own process (see
+/// `keep_the_heap_still`), so no test thread may take such a fault itself.
+pub use tessera_testkit::in_child;
 
 /// True when this process can mount FUSE file systems (root and /dev/fuse).
 pub fn can_mount() -> bool {
