@@ -774,6 +774,18 @@ fn log_tails(c: &Cluster) -> String {
         .join("\n")
 }
 
+/// The owner slot node `k` holds of file system `fs`, from its role in `mount ls -Y`.
+fn slot_of(c: &Cluster, k: u32, fs: &str) -> u32 {
+    let listed = tessera_ok(c, 1, &["mount", "ls", fs, "-Y"]);
+    listed
+        .lines()
+        .find(|l| l.contains(&format!(":node{k}:")))
+        .and_then(|l| l.split("owner slot ").nth(1))
+        .and_then(|rest| rest.split(|ch: char| !ch.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("node {k} holds no owner slot of {fs}: {listed}"))
+}
+
 /// Three nodes with `metadataSlots=yes` mounting file system `fs` on node 1's drive (256
 /// KiB blocks, so that the 1 GiB drive has free allocation regions for the slots);
 /// returns where node `k` mounts it.
@@ -1340,6 +1352,8 @@ fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
     let dir = |k: u32| mnt(k).join("dir2");
     std::fs::create_dir(dir(2)).unwrap();
     let content = |i: u32| format!("file {i} fsynced on node 2 ").repeat(20 + i as usize);
+    // Slots are numbered in the order nodes mount: node 2's is not always slot 2.
+    let slot = slot_of(&c, 2, "g1");
     fsync_files_and_damage_their_log(&c.base.join("drives/node1-d1.img"), &dir(2), &content);
     kill_and_wait_for_expel(&c, 2, &mnt(2));
 
@@ -1352,7 +1366,8 @@ fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
     );
     let logs = all_logs(&c);
     assert!(
-        logs.contains("owner slot 2 cannot be taken over") && logs.contains("tessera fsck g1 -y"),
+        logs.contains(&format!("owner slot {slot} cannot be taken over"))
+            && logs.contains("tessera fsck g1 -y"),
         "{}",
         log_tails(&c)
     );
@@ -1361,7 +1376,7 @@ fn a_slot_whose_log_is_damaged_answers_eio_at_once_and_fsck_repairs_it() {
     tessera_ok(&c, 1, &["umount", "g1", "-a"]);
     let said = fsck_finds_problems(&c, 1, "g1");
     assert!(
-        said.contains("owner slot 2") && said.contains("tessera fsck g1 -y"),
+        said.contains(&format!("owner slot {slot}")) && said.contains("tessera fsck g1 -y"),
         "{said}"
     );
     let repaired = tessera_ok(&c, 1, &["fsck", "g1", "-y"]);
