@@ -122,16 +122,7 @@ mod harness {
             static NEXT: AtomicU32 = AtomicU32::new(0);
             let c = cluster();
             let name = format!("px{}", NEXT.fetch_add(1, Ordering::Relaxed));
-            let dir = tempfile::Builder::new()
-                .prefix("tessera-netns-posix")
-                .tempdir()
-                .unwrap();
-            // Reachable by the unprivileged user of the permission cases.
-            std::fs::set_permissions(
-                dir.path(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
+            let dir = tessera_testkit::scratch_dir("tessera-netns-posix");
             let mut stanza = String::new();
             let mut nsds = Vec::new();
             for i in 0..disk_count {

@@ -89,6 +89,18 @@ pub fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> st
     }
 }
 
+/// A temporary directory the unprivileged user of the permission cases can reach (0755),
+/// removed on drop.
+pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    dir
+}
+
 /// Runs a Python 3 `script` in a child process with `args` and returns what it printed,
 /// failing the test with its error output when it fails. The mapped-file cases of the POSIX
 /// set touch mapped files only through this (Python's `mmap` module is mmap(2), msync(2)

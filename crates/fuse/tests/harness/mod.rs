@@ -86,16 +86,7 @@ pub fn can_mount() -> bool {
 impl Mounted {
     pub fn new(disk_count: usize, disk_bytes: u64, opts: FormatOptions) -> Mounted {
         keep_the_heap_still();
-        let dir = tempfile::Builder::new()
-            .prefix("tessera-fuse")
-            .tempdir()
-            .unwrap();
-        // The scratch area must be reachable by the unprivileged user of permission tests.
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let dir = tessera_testkit::scratch_dir("tessera-fuse");
         let array = match crate::BACKEND {
             Backend::Drives | Backend::Client | Backend::Shared => None,
             Backend::Vdisks => Some(create_array(dir.path(), disk_count, disk_bytes, &opts)),

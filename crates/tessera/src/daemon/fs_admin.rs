@@ -218,7 +218,6 @@ impl Daemon {
         };
         // On the tables as they are now: a mount or an NSD created elsewhere during the
         // format is no reason to throw the format away.
-        let mut taken_meanwhile = false;
         let saved = self.change_nsds_and_file_systems(&mut |nsds, fss| {
             if fss.get(&spec.name).is_some() {
                 bail!(
@@ -226,27 +225,20 @@ impl Daemon {
                     spec.name
                 );
             }
-            for name in &names {
-                let Some(rec) = nsds.get_mut(name) else {
-                    bail!("NSD {name} was deleted meanwhile");
-                };
-                match &rec.file_system {
-                    // Free, or claimed by an earlier attempt of this command.
-                    None => {}
-                    Some(f) if *f == spec.name => {}
-                    Some(f) => {
-                        taken_meanwhile = true;
-                        bail!("NSD {name} was given to file system {f} meanwhile");
-                    }
-                }
-                rec.file_system = Some(spec.name.clone());
-            }
+            claim_nsds(nsds, &spec.name, &names)?;
             fss.file_systems.push(record.clone());
             Ok(())
         });
         if let Err(e) = saved {
             self.release_unrecorded_claims(&spec.name, &names);
             // A disk another file system took meanwhile is that one's now.
+            let taken_meanwhile = self.nsds().map_or(true, |nsds| {
+                names.iter().any(|n| {
+                    nsds.get(n)
+                        .and_then(|r| r.file_system.as_ref())
+                        .is_some_and(|f| *f != spec.name)
+                })
+            });
             if !taken_meanwhile {
                 let _ = tessera_fs::erase(&devices);
             }
@@ -431,13 +423,7 @@ impl Daemon {
             })?;
         }
         self.change_nsds_and_file_systems(&mut |nsds, fss| {
-            for nsd in &record.nsds {
-                if let Some(rec) = nsds.get_mut(nsd) {
-                    if rec.file_system.as_deref() == Some(name) {
-                        rec.file_system = None;
-                    }
-                }
-            }
+            release_claims(nsds, name, &record.nsds);
             fss.file_systems.retain(|f| f.name != name);
             Ok(())
         })?;
@@ -515,17 +501,7 @@ impl Daemon {
                     })
                     .collect();
                 self.change_nsds_and_file_systems(&mut |nsds, fss| {
-                    for n in &names {
-                        let Some(rec) = nsds.get_mut(n) else {
-                            bail!("NSD {n} was deleted meanwhile");
-                        };
-                        match &rec.file_system {
-                            None => {}
-                            Some(f) if f == name => {}
-                            Some(f) => bail!("NSD {n} was given to file system {f} meanwhile"),
-                        }
-                        rec.file_system = Some(name.to_string());
-                    }
+                    claim_nsds(nsds, name, &names)?;
                     let Some(rec) = fss.file_systems.iter_mut().find(|f| f.name == name) else {
                         bail!("file system {name} was deleted meanwhile");
                     };
@@ -721,13 +697,7 @@ impl Daemon {
 
     fn release_nsds(&self, fs_name: &str, names: &[String]) {
         let released = self.change_nsds_and_file_systems(&mut |nsds, fss| {
-            for n in names {
-                if let Some(rec) = nsds.get_mut(n) {
-                    if rec.file_system.as_deref() == Some(fs_name) {
-                        rec.file_system = None;
-                    }
-                }
-            }
+            release_claims(nsds, fs_name, names);
             if let Some(rec) = fss.file_systems.iter_mut().find(|f| f.name == fs_name) {
                 rec.nsds.retain(|n| !names.contains(n));
             }
@@ -748,20 +718,46 @@ impl Daemon {
     fn release_unrecorded_claims(&self, fs_name: &str, names: &[String]) {
         let released = self.change_nsds_and_file_systems(&mut |nsds, fss| {
             let recorded = fss.get(fs_name).map(|f| f.nsds.clone()).unwrap_or_default();
-            for n in names.iter().filter(|n| !recorded.contains(n)) {
-                if let Some(rec) = nsds.get_mut(n) {
-                    if rec.file_system.as_deref() == Some(fs_name) {
-                        rec.file_system = None;
-                    }
-                }
-            }
+            let unrecorded: Vec<String> = names
+                .iter()
+                .filter(|n| !recorded.contains(n))
+                .cloned()
+                .collect();
+            release_claims(nsds, fs_name, &unrecorded);
             Ok(())
         });
         if let Err(e) = released {
             tracing::error!(
-                "NSDs {} stay claimed by file system {fs_name} in the registry although it                  does not use them: {e:#}; `tessera nsd ls` shows them",
+                "NSDs {} stay claimed by file system {fs_name} in the registry although it \
+                 does not use them: {e:#}; `tessera nsd ls` shows them",
                 names.join(", ")
             );
+        }
+    }
+}
+
+/// Gives NSDs `names` to file system `fs`: each must still exist and be free, or be `fs`'s
+/// already (an earlier attempt of the same command saved its claim).
+fn claim_nsds(nsds: &mut NsdRegistry, fs: &str, names: &[String]) -> Result<()> {
+    for name in names {
+        let Some(rec) = nsds.get_mut(name) else {
+            bail!("NSD {name} was deleted meanwhile");
+        };
+        match &rec.file_system {
+            Some(f) if f != fs => bail!("NSD {name} was given to file system {f} meanwhile"),
+            _ => rec.file_system = Some(fs.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// Frees those of NSDs `names` that are file system `fs`'s (and no other's).
+fn release_claims(nsds: &mut NsdRegistry, fs: &str, names: &[String]) {
+    for name in names {
+        if let Some(rec) = nsds.get_mut(name) {
+            if rec.file_system.as_deref() == Some(fs) {
+                rec.file_system = None;
+            }
         }
     }
 }

@@ -13,14 +13,12 @@ use tessera_fuse::{FuseOptions, KernelCache};
 use tessera_nsd::{NsdId, ThinDiskType};
 
 use super::lease_gate::LeaseGated;
-use super::registry::CHANGED_MEANWHILE;
 use super::{Daemon, Mounted};
 use crate::config::{ClientMount, FsRecord, NsdRegistry};
 
-/// Claims tried again after losing the compare-and-set to a change not yet applied here,
-/// and how long each waits for this node to apply it.
-const CLAIM_RETRIES: u32 = 3;
-const CLAIM_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
+/// Claims tried again after losing the compare-and-set to a change not yet applied here
+/// (each waits for this node to apply it: [`Daemon::until_saved`]).
+const CLAIM_RETRIES: usize = 3;
 /// How long a mount of a file system this node does not know waits for this node to apply
 /// the configuration the cluster manager has (see `Member::catch_up`).
 const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -701,25 +699,15 @@ impl Daemon {
         name: &str,
         change: &dyn Fn(&mut FsRecord) -> Result<()>,
     ) -> Result<()> {
-        let mut attempts = 0;
-        loop {
-            let mut fss = self.file_systems()?;
-            let seen = fss.version;
-            change(fss.require_mut(name)?)?;
-            match self.save_file_systems(&fss) {
-                Ok(()) => return Ok(()),
-                Err(e) if attempts < CLAIM_RETRIES && e.to_string().contains(CHANGED_MEANWHILE) => {
-                    attempts += 1;
-                    let deadline = std::time::Instant::now() + CLAIM_CATCH_UP;
-                    while self.file_systems()?.version == seen
-                        && std::time::Instant::now() < deadline
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.until_saved(
+            CLAIM_RETRIES + 1,
+            &|| Ok(vec![self.file_systems()?.version]),
+            &mut || {
+                let mut fss = self.file_systems()?;
+                change(fss.require_mut(name)?)?;
+                self.save_file_systems(&fss)
+            },
+        )
     }
 
     /// Mounts `record` on this node as a client of node `owner`, which has it mounted and

@@ -16,8 +16,8 @@ use crate::config::{DaRegistry, FsRegistry, Home, NsdRegistry};
 
 const NSD_KEY: &str = "nsd";
 const FS_KEY: &str = "fs";
-/// What a save that lost its compare-and-set says (callers that retry look for it).
-pub(super) const CHANGED_MEANWHILE: &str = "changed while this command ran";
+/// What a save that lost its compare-and-set says ([`Daemon::until_saved`] looks for it).
+const CHANGED_MEANWHILE: &str = "changed while this command ran";
 const DA_KEY: &str = "da";
 /// How many times a change of the NSD and file-system tables is made on newer tables after
 /// another admin command (a mount on another node, an `nsd create`) changed them first.
@@ -47,6 +47,31 @@ impl Daemon {
         self.write_document(FS_KEY, "file system table", registry.version, registry)
     }
 
+    /// Runs `attempt` (read a table, change it, save it) until its save lands, up to
+    /// `tries` times: a save that lost its compare-and-set to another admin command is made
+    /// again once this node's copy shows another version than before (`versions`; it lags a
+    /// commit behind for a moment), or after [`CATCH_UP`]. Any other error ends it.
+    pub(super) fn until_saved(
+        &self,
+        tries: usize,
+        versions: &dyn Fn() -> Result<Vec<u64>>,
+        attempt: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        for tried in 1.. {
+            let seen = versions()?;
+            match attempt() {
+                Err(e) if tried < tries && e.to_string().contains(CHANGED_MEANWHILE) => {
+                    let deadline = std::time::Instant::now() + CATCH_UP;
+                    while versions()? == seen && std::time::Instant::now() < deadline {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                }
+                done => return done,
+            }
+        }
+        unreachable!("the loop returns by its last try")
+    }
+
     /// Makes `change` to fresh copies of the NSD and file-system tables and saves the ones
     /// it changed (the NSD table first). When another admin command changed either table
     /// after it was read, both are read again and `change` made again, up to a bound, so an
@@ -58,76 +83,39 @@ impl Daemon {
         &self,
         change: &mut dyn FnMut(&mut NsdRegistry, &mut FsRegistry) -> Result<()>,
     ) -> Result<()> {
-        let mut attempt = 1;
-        loop {
-            let mut nsds = self.nsds()?;
-            let mut fss = self.file_systems()?;
-            let seen = (nsds.version, fss.version);
-            let before = (
-                serde_json::to_string(&nsds).expect("registries serialize"),
-                serde_json::to_string(&fss).expect("registries serialize"),
-            );
-            change(&mut nsds, &mut fss)?;
-            let nsds_changed =
-                serde_json::to_string(&nsds).expect("registries serialize") != before.0;
-            let fss_changed =
-                serde_json::to_string(&fss).expect("registries serialize") != before.1;
-            let saved = (if nsds_changed {
-                self.save_nsds(&nsds)
-            } else {
+        self.until_saved(
+            CHANGE_ATTEMPTS,
+            &|| Ok(vec![self.nsds()?.version, self.file_systems()?.version]),
+            &mut || {
+                let mut nsds = self.nsds()?;
+                let mut fss = self.file_systems()?;
+                let before = (json(&nsds), json(&fss));
+                change(&mut nsds, &mut fss)?;
+                if json(&nsds) != before.0 {
+                    self.save_nsds(&nsds)?;
+                }
+                if json(&fss) != before.1 {
+                    self.save_file_systems(&fss)?;
+                }
                 Ok(())
-            })
-            .and_then(|()| {
-                if fss_changed {
-                    self.save_file_systems(&fss)
-                } else {
-                    Ok(())
-                }
-            });
-            match saved {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if attempt < CHANGE_ATTEMPTS && e.to_string().contains(CHANGED_MEANWHILE) =>
-                {
-                    attempt += 1;
-                    let deadline = std::time::Instant::now() + CATCH_UP;
-                    while (self.nsds()?.version, self.file_systems()?.version) == seen
-                        && std::time::Instant::now() < deadline
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            },
+        )
     }
 
-    /// [`Self::change_nsds_and_file_systems`] for the declustered array table: `change`
-    /// made on a fresh copy, made again on a newer one when another command's save landed
-    /// first.
+    /// [`Self::change_nsds_and_file_systems`] for the declustered array table.
     pub(super) fn change_arrays(
         &self,
         change: &mut dyn FnMut(&mut DaRegistry) -> Result<()>,
     ) -> Result<()> {
-        let mut attempt = 1;
-        loop {
-            let mut registry = self.arrays()?;
-            let seen = registry.version;
-            change(&mut registry)?;
-            match self.save_arrays(&registry) {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if attempt < CHANGE_ATTEMPTS && e.to_string().contains(CHANGED_MEANWHILE) =>
-                {
-                    attempt += 1;
-                    let deadline = std::time::Instant::now() + CATCH_UP;
-                    while self.arrays()?.version == seen && std::time::Instant::now() < deadline {
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.until_saved(
+            CHANGE_ATTEMPTS,
+            &|| Ok(vec![self.arrays()?.version]),
+            &mut || {
+                let mut registry = self.arrays()?;
+                change(&mut registry)?;
+                self.save_arrays(&registry)
+            },
+        )
     }
 
     pub(super) fn arrays(&self) -> Result<DaRegistry> {
@@ -257,4 +245,9 @@ fn read_document_in<T: DeserializeOwned + Default>(
         )
     })?;
     Ok((value, document.version))
+}
+
+/// A registry as saved, to tell whether a change changed it.
+fn json<T: Serialize>(registry: &T) -> String {
+    serde_json::to_string(registry).expect("registries serialize")
 }
