@@ -437,6 +437,7 @@ impl MetaState {
     pub fn open(mut store: MetaStore, roots: &[Option<PagePtr>]) -> FsResult<MetaState> {
         let shards: Vec<Option<ShardTree>> =
             roots.iter().map(|r| r.map(ShardTree::on_disk)).collect();
+        ShardTree::prefetch_headers(&mut store, &shards.iter().flatten().collect::<Vec<_>>());
         let headers = shards
             .iter()
             .map(|t| match t {
@@ -472,15 +473,27 @@ impl MetaState {
             .map(|p| p.addr)
     }
 
-    /// Starts holding shard `shard` from its root page (the owner map gave it to this
-    /// owner's slot since the mount).
-    pub(crate) fn take_shard(&mut self, shard: usize, root: PagePtr) -> FsResult<()> {
-        assert!(!self.holds(shard), "shard {shard} is held already");
-        let tree = ShardTree::on_disk(root);
-        let header = tree.header(&mut self.store)?;
-        self.shards[shard] = Some(tree);
-        self.headers[shard] = header;
-        self.stored_headers[shard] = header;
+    /// Starts holding each shard of `taken` from its root page (the owner map gave them to
+    /// this owner's slot since the mount). Their headers are read first, all of them
+    /// together: a shard that fails to read leaves every one of them untaken.
+    pub(crate) fn take_shards(&mut self, taken: &[(usize, PagePtr)]) -> FsResult<()> {
+        let trees: Vec<ShardTree> = taken
+            .iter()
+            .map(|(shard, root)| {
+                assert!(!self.holds(*shard), "shard {shard} is held already");
+                ShardTree::on_disk(*root)
+            })
+            .collect();
+        ShardTree::prefetch_headers(&mut self.store, &trees.iter().collect::<Vec<_>>());
+        let headers = trees
+            .iter()
+            .map(|t| t.header(&mut self.store))
+            .collect::<FsResult<Vec<_>>>()?;
+        for ((tree, header), (shard, _)) in trees.into_iter().zip(headers).zip(taken) {
+            self.shards[*shard] = Some(tree);
+            self.headers[*shard] = header;
+            self.stored_headers[*shard] = header;
+        }
         self.dir_memo = None;
         Ok(())
     }

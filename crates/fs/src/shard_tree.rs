@@ -624,6 +624,14 @@ impl ShardTree {
         decode_header(&v)
     }
 
+    /// Reads the pages on the way to the headers of `trees` into the cache, each level of
+    /// all the trees at once (`MetaStore::prefetch_paths`), so that opening many shards
+    /// does not wait for their pages one after another.
+    pub fn prefetch_headers(store: &mut MetaStore, trees: &[&ShardTree]) {
+        let trees: Vec<&Tree> = trees.iter().map(|t| &t.tree).collect();
+        store.prefetch_paths(&trees, &key(0, TAG_HEADER));
+    }
+
     /// Up to `limit` items with keys from `from` on, in key order, and the key to continue
     /// from (`None` at the end), so a long walk can let go of the metadata lock between
     /// batches.

@@ -1325,14 +1325,13 @@ impl crate::fs::FileSystem {
         }
         let slot = self.slot_state();
         let record = slot.record.lock().clone();
-        let mut shards = Vec::new();
+        let mut taken = Vec::new();
         for s in 0..newest.shard_count as usize {
             let owner = newest.shard_owner(s);
             if owner.slot == me && !m.state.holds(s) {
                 let root = live_root(&newest, &record, s, owner.generation)
                     .map_err(|why| FsError::Corrupt(format!("owner slot {me}: {why}")))?;
-                m.state.take_shard(s, root)?;
-                shards.push(s);
+                taken.push((s, root));
             } else if owner.slot != me && m.state.holds(s) {
                 return Err(FsError::NotSupported(format!(
                     "the owner map gives shard {s}, held by owner slot {me}, to slot {}: \
@@ -1341,6 +1340,10 @@ impl crate::fs::FileSystem {
                 )));
             }
         }
+        // All of them at once: a takeover waits for their pages together, not one shard
+        // after another.
+        m.state.take_shards(&taken)?;
+        let shards: Vec<usize> = taken.iter().map(|(s, _)| *s).collect();
         // A region given back stays given back until the owner map no longer gives it
         // here (the manager committed its move): taking it again could race that commit.
         let newest = {

@@ -104,6 +104,11 @@ impl PageCache {
         self.entries.len()
     }
 
+    /// Whether `addr` is cached, without counting a hit or a miss or marking it used.
+    pub(crate) fn contains(&self, addr: PageAddr) -> bool {
+        self.entries.contains_key(&addr)
+    }
+
     pub(crate) fn get(&mut self, addr: PageAddr) -> Option<Arc<Node>> {
         match self.entries.get_mut(&addr) {
             Some(e) => {

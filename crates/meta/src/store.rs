@@ -443,6 +443,97 @@ impl MetaStore {
         }
     }
 
+    /// Reads into the cache the pages on the path to `key` in each of `trees`, a level at a
+    /// time, the pages of a level that are not cached read in parallel. A mount opens every
+    /// shard's tree at its header: read one tree after another, that was a few dependent
+    /// page reads per shard, hundreds in a row at 256 shards, each waiting on the disk
+    /// (issue 14: mount time grew with the tree heights). Best effort: a page that fails
+    /// to read or to verify here is left to the ordinary read, which tries its other copy,
+    /// repairs or reports; a cache too small to keep the pages costs the reads again.
+    pub fn prefetch_paths(&mut self, trees: &[&Tree], key: &[u8]) {
+        let probe = Probe::new(key);
+        let mut level_of_tree: Vec<(Child, Option<u8>)> =
+            trees.iter().map(|t| (t.root, None)).collect();
+        while !level_of_tree.is_empty() {
+            let mut missing: Vec<(PagePtr, Option<u8>)> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for (child, level) in &level_of_tree {
+                if let Child::Disk(ptr) = child {
+                    if !self.cache.contains(ptr.addr) && seen.insert(ptr.addr) {
+                        missing.push((*ptr, *level));
+                    }
+                }
+            }
+            let read: std::collections::HashMap<PageAddr, Arc<Node>> =
+                self.read_first_copies(&missing).into_iter().collect();
+            for (addr, node) in &read {
+                self.reserve_for_dirty();
+                self.cache.insert(*addr, node.clone(), None);
+            }
+            let mut next = Vec::with_capacity(level_of_tree.len());
+            for (child, _) in level_of_tree {
+                let node = match child {
+                    Child::Dirty(id) => self.dirty[id].clone().expect("dirty slot in use"),
+                    Child::Disk(ptr) => match read.get(&ptr.addr) {
+                        Some(node) => node.clone(),
+                        None => match self.cache.get(ptr.addr) {
+                            Some(node) => node,
+                            // Failed here: the ordinary read deals with it.
+                            None => continue,
+                        },
+                    },
+                };
+                if let Node::Branch {
+                    level,
+                    keys,
+                    children,
+                } = &*node
+                {
+                    next.push((children[child_index(keys, &probe)], Some(level - 1)));
+                }
+            }
+            level_of_tree = next;
+        }
+    }
+
+    /// The nodes of the first copies of `pages` that read and verify, read and decoded by
+    /// up to `PREFETCH_READERS` threads at once (the reader blocks on each read, and
+    /// decoding a full branch page allocates each of its hundreds of keys).
+    fn read_first_copies(&self, pages: &[(PagePtr, Option<u8>)]) -> Vec<(PageAddr, Arc<Node>)> {
+        const PREFETCH_READERS: usize = 16;
+        if pages.is_empty() {
+            return Vec::new();
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let readers = PREFETCH_READERS.min(pages.len());
+        let (format, reader) = (&self.format, &self.reader);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..readers)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut out = Vec::new();
+                        let mut buf = vec![0u8; format.page_bytes];
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&(ptr, level)) = pages.get(i) else {
+                                return out;
+                            };
+                            if reader.read_page(ptr.addr, &mut buf).is_ok() {
+                                if let Ok(decoded) = page::decode(format, ptr, level, &buf) {
+                                    out.push((ptr.addr, Arc::new(Node::from_decoded(decoded))));
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("a prefetch reader panicked"))
+                .collect()
+        })
+    }
+
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(
         &mut self,

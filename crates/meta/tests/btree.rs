@@ -430,3 +430,87 @@ fn relocated_pages_leave_the_emptied_range_and_keep_every_entry() {
     let (mut h2, trees) = Harness::reopen(d, PAGE, 16, &roots, h.durable_generation);
     assert_eq!(contents(&mut h2, &trees[0]), model_vec(&model));
 }
+
+/// A mount opens every shard's tree at once: `prefetch_paths` reads the pages on the way to
+/// one key in many trees (a level at a time, in parallel) so that the gets after it hit the
+/// cache; a page that does not verify is left to the get, which reports it.
+#[test]
+fn prefetched_paths_serve_gets_from_the_cache_and_leave_bad_pages_to_the_get() {
+    let (_dir, d) = drive(1 << 14);
+    let mut h = Harness::new(d.clone(), PAGE, 64);
+    let mut trees: Vec<Tree> = (0..30).map(|_| h.store.create_tree()).collect();
+    for (t, tree) in trees.iter_mut().enumerate() {
+        for i in 0..(t as u64 * 200) {
+            h.store
+                .insert(tree, &key(i, 0), &value(i + t as u64, 20))
+                .unwrap();
+        }
+    }
+    {
+        let mut refs: Vec<&mut Tree> = trees.iter_mut().collect();
+        h.checkpoint(&mut refs).unwrap();
+    }
+    let roots = h.durable_roots.clone();
+    let fresh = |d: &Arc<dyn BlockDevice>| {
+        tessera_meta::MetaStore::new(
+            h.format,
+            Arc::new(common::DriveReader {
+                drive: d.clone(),
+                page: PAGE,
+            }),
+            10_000,
+            h.durable_generation + 1,
+        )
+    };
+    let probe = key(150, 0);
+
+    let mut store = fresh(&d);
+    let mut trees: Vec<Tree> = roots.iter().map(|r| Tree::on_disk(*r)).collect();
+    // One tree changed since the checkpoint: its root is in memory, its children on disk.
+    store
+        .insert(&mut trees[29], &key(1, 0), b"changed")
+        .unwrap();
+    let tall = roots[29];
+    let refs: Vec<&Tree> = trees.iter().collect();
+    store.prefetch_paths(&refs, &probe);
+    let misses = store.stats().misses;
+    for (t, tree) in trees.iter().enumerate() {
+        let want = (150 < t as u64 * 200).then(|| value(150 + t as u64, 20));
+        assert_eq!(store.get(tree, &probe).unwrap(), want, "tree {t}");
+    }
+    assert_eq!(
+        store.stats().misses,
+        misses,
+        "a get after the prefetch read a page"
+    );
+    let mut levels = 0;
+    store
+        .visit_pages(&Tree::on_disk(tall), &mut |_, l| levels = levels.max(l))
+        .unwrap();
+    assert!(levels >= 1, "the largest tree has branch pages");
+
+    // Garbage over every leaf of tree 7: the prefetch goes on, the get names the page.
+    let mut leaves = Vec::new();
+    fresh(&d)
+        .visit_pages(&Tree::on_disk(roots[7]), &mut |a, l| {
+            if l == 0 {
+                leaves.push(a)
+            }
+        })
+        .unwrap();
+    for a in &leaves {
+        let junk = tessera_drive::AlignedBuf::from_slice(&vec![0xa5u8; PAGE]);
+        d.write_at(&junk, a.0 * PAGE as u64).unwrap();
+    }
+    let mut store = fresh(&d);
+    let trees: Vec<Tree> = roots.iter().map(|r| Tree::on_disk(*r)).collect();
+    store.prefetch_paths(&trees.iter().collect::<Vec<_>>(), &probe);
+    match store.get(&trees[7], &probe) {
+        Err(MetaError::Corrupt { .. }) => {}
+        other => panic!("a garbage leaf read as {other:?}"),
+    }
+    for (t, tree) in trees.iter().enumerate().filter(|(t, _)| *t != 7) {
+        let want = (150 < t as u64 * 200).then(|| value(150 + t as u64, 20));
+        assert_eq!(store.get(tree, &probe).unwrap(), want, "tree {t}");
+    }
+}
