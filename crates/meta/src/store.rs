@@ -466,8 +466,8 @@ impl MetaStore {
             }
             let read: std::collections::HashMap<PageAddr, Arc<Node>> =
                 self.read_first_copies(&missing).into_iter().collect();
+            self.reserve_for_dirty();
             for (addr, node) in &read {
-                self.reserve_for_dirty();
                 self.cache.insert(*addr, node.clone(), None);
             }
             let mut next = Vec::with_capacity(level_of_tree.len());
@@ -518,10 +518,10 @@ impl MetaStore {
                             let Some(&(ptr, level)) = pages.get(i) else {
                                 return out;
                             };
-                            if reader.read_page(ptr.addr, &mut buf).is_ok() {
-                                if let Ok(decoded) = page::decode(format, ptr, level, &buf) {
-                                    out.push((ptr.addr, Arc::new(Node::from_decoded(decoded))));
-                                }
+                            if let Ok(decoded) =
+                                read_copy(format, &**reader, ptr, ptr.addr, level, &mut buf)
+                            {
+                                out.push((ptr.addr, Arc::new(Node::from_decoded(decoded))));
                             }
                         }
                     })
@@ -995,27 +995,13 @@ impl MetaStore {
     /// repair). The error of the first copy is the one returned when both fail.
     fn read_copies(&mut self, ptr: PagePtr, level: Option<u8>) -> MetaResult<Decoded> {
         let mut buf = vec![0u8; self.format.page_bytes];
-        let first = self
-            .reader
-            .read_page(ptr.addr, &mut buf)
-            .map_err(|source| MetaError::Io {
-                addr: ptr.addr,
-                source,
-            })
-            .and_then(|()| page::decode(&self.format, ptr, level, &buf));
+        let first = read_copy(&self.format, &*self.reader, ptr, ptr.addr, level, &mut buf);
         let (err, mirror) = match (first, ptr.mirror) {
             (Ok(node), _) => return Ok(node),
             (Err(e), None) => return Err(e),
             (Err(e), Some(mirror)) => (e, mirror),
         };
-        let second = self
-            .reader
-            .read_page(mirror, &mut buf)
-            .map_err(|source| MetaError::Io {
-                addr: mirror,
-                source,
-            })
-            .and_then(|()| page::decode(&self.format, ptr, level, &buf));
+        let second = read_copy(&self.format, &*self.reader, ptr, mirror, level, &mut buf);
         match second {
             Ok(node) => {
                 self.second_copy_reads += 1;
@@ -1508,6 +1494,22 @@ impl MetaStore {
 }
 
 /// A node's page; a leaf is encoded where it is (it is its page's payload already).
+/// The copy of the page `ptr` names that is at `addr` (its first or its second), read
+/// and checked.
+fn read_copy(
+    format: &PageFormat,
+    reader: &dyn PageReader,
+    ptr: PagePtr,
+    addr: PageAddr,
+    level: Option<u8>,
+    buf: &mut [u8],
+) -> MetaResult<Decoded> {
+    reader
+        .read_page(addr, buf)
+        .map_err(|source| MetaError::Io { addr, source })?;
+    page::decode(format, ptr, level, buf)
+}
+
 fn encode_node(
     format: &PageFormat,
     node: &Node,
