@@ -1,4 +1,5 @@
-//! Data buffers of the worker-pool path, used again instead of allocated per command.
+//! Large data buffers of the target, used again instead of allocated per command: the
+//! worker-pool path's and the connections' io_uring reads (`super::uring`).
 //!
 //! A request of 256 KiB or more gets a buffer on transparent huge pages
 //! (`AlignedBuf::for_io`), and a fresh mapping is zeroed by the kernel when the drive
@@ -20,7 +21,7 @@ use tessera_drive::AlignedBuf;
 /// Bytes kept idle per buffer size (for every connection of the process together).
 const IDLE_BYTES_PER_SIZE: usize = 64 << 20;
 /// Smaller buffers are cheap to allocate and not kept.
-const POOLED_MIN_BYTES: usize = 64 << 10;
+pub(crate) const POOLED_MIN_BYTES: usize = 64 << 10;
 
 fn idle() -> &'static Mutex<HashMap<usize, Vec<AlignedBuf>>> {
     static IDLE: OnceLock<Mutex<HashMap<usize, Vec<AlignedBuf>>>> = OnceLock::new();
