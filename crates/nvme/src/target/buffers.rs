@@ -20,7 +20,8 @@ use tessera_drive::AlignedBuf;
 
 /// Bytes kept idle per buffer size (for every connection of the process together).
 const IDLE_BYTES_PER_SIZE: usize = 64 << 20;
-/// Smaller buffers are cheap to allocate and not kept.
+/// Smaller buffers are cheap to allocate and not kept here (a connection's ring keeps its
+/// own, without a lock, for 4 KiB reads).
 pub(crate) const POOLED_MIN_BYTES: usize = 64 << 10;
 
 fn idle() -> &'static Mutex<HashMap<usize, Vec<AlignedBuf>>> {
