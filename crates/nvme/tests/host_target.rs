@@ -267,6 +267,60 @@ fn many_threads_mixing_small_and_large_commands_on_shared_queues() {
     }
 }
 
+/// A 4 MiB read (a file system block) is one command (MDTS 4 MiB), and its data, which the
+/// server writes from a sender thread while the connection's own thread goes on reading
+/// commands, arrives whole and in place beside 4 KiB reads answered by that thread.
+#[test]
+fn block_sized_reads_are_one_command_and_arrive_whole_beside_small_ones() {
+    let setup = start("optimized", None);
+    let host = Host::new(host_identity(11));
+    let ns = connect_all(&host, &setup, |_| {});
+    const BLOCK: usize = 4 << 20;
+    for t in 0..8u64 {
+        let offset = t * BLOCK as u64;
+        ns.write_at(&pattern(offset, 5, BLOCK), offset).unwrap();
+    }
+    let small_base = 8 * BLOCK as u64;
+    ns.write_at(&pattern(small_base, 6, 1 << 20), small_base)
+        .unwrap();
+    let commands = |host: &Host| path_commands(host).iter().map(|(_, n)| n).sum::<u64>();
+    let before = commands(&host);
+    let mut back = AlignedBuf::zeroed(BLOCK);
+    ns.read_at(&mut back, 0).unwrap();
+    assert_eq!(commands(&host) - before, 1, "a 4 MiB read is one command");
+    assert!(back[..] == pattern(0, 5, BLOCK)[..], "block 0 differs");
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let ns = ns.clone();
+            s.spawn(move || {
+                let offset = t * BLOCK as u64;
+                let want = pattern(offset, 5, BLOCK);
+                for round in 0..6 {
+                    let mut back = AlignedBuf::zeroed(BLOCK);
+                    ns.read_at(&mut back, offset).unwrap();
+                    assert!(back[..] == want[..], "block {t} round {round} differs");
+                }
+            });
+        }
+        for t in 0..4u64 {
+            let ns = ns.clone();
+            s.spawn(move || {
+                let want = pattern(small_base, 6, 1 << 20);
+                for i in 0..200u64 {
+                    let at = ((i * 7 + t * 61) % 256) as usize * 4096;
+                    let mut back = AlignedBuf::zeroed(4096);
+                    ns.read_at(&mut back, small_base + at as u64).unwrap();
+                    assert!(
+                        back[..] == want[at..at + 4096],
+                        "4 KiB read at {at} differs"
+                    );
+                }
+            });
+        }
+    });
+    host.disconnect_all();
+}
+
 /// Keeps `depth` reads of 4 KiB in flight from this one thread until `total` have
 /// completed, checking each against the pattern written at its offset; `midway` runs once
 /// half of them are done. `batched` starts the reads of one wake-up as a `ReadBatch`.

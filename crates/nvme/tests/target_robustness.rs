@@ -85,9 +85,12 @@ fn command_errors_get_statuses() {
     let rw = ReadWrite::new(1, 0, 2, false).unwrap();
     let done = io.command(rw.to_sqe(io_opcode::WRITE, 0), Some(&[0; 4096]), true, 0);
     assert_eq!(done.status().code(), Status::DATA_SGL_LENGTH_INVALID.code());
-    // More than MDTS.
-    let rw = ReadWrite::new(1, 0, 512, false).unwrap();
-    let done = io.command(rw.to_sqe(io_opcode::READ, 0), None, false, 512 * 4096);
+    // MDTS (4 MiB) exactly, then one block more.
+    let rw = ReadWrite::new(1, 0, 1024, false).unwrap();
+    let done = io.command(rw.to_sqe(io_opcode::READ, 0), None, false, 1024 * 4096);
+    assert!(done.status().is_success());
+    let rw = ReadWrite::new(1, 0, 1025, false).unwrap();
+    let done = io.command(rw.to_sqe(io_opcode::READ, 0), None, false, 1025 * 4096);
     assert!(!done.status().is_success());
     // The queue still works.
     assert!(io.read(1, 0, 1).status().is_success());

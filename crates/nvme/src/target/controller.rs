@@ -28,9 +28,14 @@ use crate::wire::{FixedAscii, Status};
 /// The broadcast NSID: a namespace-specific feature set for every namespace.
 const NSID_ALL: u32 = 0xffff_ffff;
 
-/// Largest data transfer: MDTS 8 = 2^8 pages of 4 KiB (CAP.MPSMIN 0).
-pub const MDTS_BYTES: u32 = 1 << 20;
-const MDTS: u8 = 8;
+/// Largest data transfer: MDTS 10 = 2^10 pages of 4 KiB (CAP.MPSMIN 0). A file system
+/// block (4 MiB by default) is then one command, which the drive server reads as one drive
+/// request; at 1 MiB the host sent a block's four commands one after the other, and the
+/// server's drive saw far fewer bytes in flight than the same readers keep in flight on
+/// local access (four readers through an NSD server: 1 MiB requests at queue depth 5,
+/// against 4 MiB ones at 7.7 locally).
+pub const MDTS_BYTES: u32 = 4 << 20;
+const MDTS: u8 = 10;
 /// In-capsule data accepted on the admin queue (Linux hosts assume 8 KiB).
 pub const ADMIN_INLINE_BYTES: u32 = 8192;
 /// Async Event Request commands held at once (AERL + 1).

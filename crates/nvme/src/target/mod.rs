@@ -60,7 +60,7 @@
 //!
 //! # What a controller offers
 //!
-//! Dynamic controller model (CNTLID 0xFFFF on the admin Connect), MDTS 1 MiB, MAXH2CDATA
+//! Dynamic controller model (CNTLID 0xFFFF on the admin Connect), MDTS 4 MiB, MAXH2CDATA
 //! 1 MiB by default, in-capsule data up to IOCCSZ, header and data digests (CRC32C) as the
 //! host asks, CPDA 0; admin: Identify (controller, namespace, active NSID list, NS
 //! identification descriptors), Get Log Page (error, SMART, firmware slot, ANA with RGO,
