@@ -161,8 +161,6 @@ struct Op {
     cid: u16,
     plan: Plan,
     buf: Arc<SharedBuf>,
-    /// Its data goes to the host through the connection's sender thread.
-    offloaded: bool,
     /// How many pieces the read has (at most 64).
     pieces: usize,
     /// Bit `i`: piece `i`'s bytes are in `buf`.
@@ -182,6 +180,11 @@ impl Op {
 
     fn is_done(&self, piece: usize) -> bool {
         self.done & (1 << piece) != 0
+    }
+
+    /// Whether its data goes to the host through the connection's sender thread.
+    fn offloaded(&self) -> bool {
+        matches!(self.plan, Plan::Read(_)) && self.plan.len() >= SENDER_MIN_BYTES
     }
 }
 
@@ -242,10 +245,8 @@ impl SharedBuf {
 
 impl Drop for SharedBuf {
     fn drop(&mut self) {
-        let buf = std::mem::replace(self.buf.get_mut(), AlignedBuf::for_io(0));
-        if buf.len() >= super::buffers::POOLED_MIN_BYTES {
-            super::buffers::give(buf);
-        }
+        // The shared pool keeps large buffers only; small ones are freed.
+        super::buffers::give(std::mem::replace(self.buf.get_mut(), AlignedBuf::for_io(0)));
     }
 }
 
@@ -383,7 +384,6 @@ impl Engine {
     /// Takes a command slot for `plan`, whose drive I/O uses `buf`.
     fn start_op(&mut self, cid: u16, plan: Plan, buf: Arc<SharedBuf>) -> usize {
         let pieces = plan.len().div_ceil(PIECE_BYTES).max(1);
-        let offloaded = matches!(plan, Plan::Read(_)) && plan.len() >= SENDER_MIN_BYTES;
         assert!(pieces <= 64, "MDTS bounds a command");
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
@@ -397,7 +397,6 @@ impl Engine {
             cid,
             plan,
             buf,
-            offloaded,
             pieces,
             done: 0,
             sent: 0,
@@ -552,7 +551,7 @@ impl Engine {
                     .as_ref()
                     .expect("ready slot holds a command");
                 let offset = u32::try_from(range.start).expect("MDTS bounds a read");
-                if op.offloaded {
+                if op.offloaded() {
                     offload.push((op.cid, offset, op.buf.clone(), range.clone(), *status));
                 } else {
                     // SAFETY: the kernel is done with every piece that is sent.
