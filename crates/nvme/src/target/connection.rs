@@ -207,7 +207,8 @@ impl ConnWriter {
         }
     }
 
-    fn shutdown(&self) {
+    /// Marks the connection broken and shuts its socket: the reader thread then ends it.
+    pub(crate) fn shutdown(&self) {
         let mut inner = self.inner.lock();
         inner.broken = true;
         let _ = inner.stream.shutdown(std::net::Shutdown::Both);

@@ -264,6 +264,19 @@ type Offload = Vec<(
 /// the ring is dropped; a write blocked on a host that stopped reading fails once the
 /// connection shuts its socket.
 fn sender_loop(writer: Arc<ConnWriter>, rx: mpsc::Receiver<Offload>) {
+    /// Closes the connection if the sender dies by panic: the reads it holds would never be
+    /// answered, and the host fails them at once on a closed connection (and retries them
+    /// on another path) instead of waiting out its command timeout.
+    struct CloseOnPanic<'a>(&'a ConnWriter);
+    impl Drop for CloseOnPanic<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                tracing::error!("the connection's sender thread panicked; closing the connection");
+                self.0.shutdown();
+            }
+        }
+    }
+    let _close_on_panic = CloseOnPanic(&writer);
     while let Ok(mut batch) = rx.recv() {
         while let Ok(more) = rx.try_recv() {
             batch.extend(more);
@@ -577,7 +590,15 @@ impl Engine {
                         .expect("spawn the connection's sender thread");
                     tx
                 });
-                let _ = sender.send(offload);
+                if sender.send(offload).is_err() {
+                    // Only a bug ends the sender early. The reads it was given will never be
+                    // answered; closing the connection makes the host fail them at once and
+                    // retry on another path, instead of waiting out its command timeout.
+                    tracing::error!(
+                        "the connection's sender thread has ended; closing the connection"
+                    );
+                    self.writer.shutdown();
+                }
             }
         }
         for slot in finished {
