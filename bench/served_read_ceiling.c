@@ -9,8 +9,12 @@
 //
 //   cc -O2 -pthread -o /tmp/served_read_ceiling bench/served_read_ceiling.c
 //   dd if=/dev/urandom of=/var/tmp/data bs=4M count=1024 oflag=direct   # 4 GiB, allocated
-//   ip netns exec NODE2 /tmp/served_read_ceiling recv CONNECTIONS        # CONNECTIONS = THREADS for send
+//   ip netns exec NODE2 /tmp/served_read_ceiling recv CONNECTIONS [RING_MIB]  # CONNECTIONS = THREADS for send
 //   ip netns exec NODE1 /tmp/served_read_ceiling read|send|share FILE THREADS SECONDS REGION_MIB HOST [CONNS]
+//
+// RING_MIB makes each receiver write every piece whole into the next 4 MiB buffer of a
+// ring of that many MiB (64: larger than the cache), as an NSD client fills a block buffer;
+// without it a receiver overwrites the start of one buffer, which stays in the cache.
 //
 // Prints the MB/s read (and sent); watch `iostat -x` of the disk beside it.
 #define _GNU_SOURCE
@@ -100,17 +104,34 @@ static void *reader(void *arg) {
     return 0;
 }
 
+// Bytes of 4 MiB block buffers each receiver fills in turn; 0: one buffer whose start
+// every `recv` overwrites (it stays in the CPU's cache).
+static size_t ring_bytes;
+
+// Receives one connection. With a ring, every piece is written whole into the next 4 MiB
+// buffer, as an NSD client writes each block into its own buffer (cold in the cache when
+// the ring is larger than the cache).
 static void *drain(void *arg) {
     int c = (int)(long)arg;
-    char *b = huge_buffer(PIECE);
-    while (recv(c, b, PIECE, 0) > 0) {
+    if (ring_bytes == 0) {
+        char *b = huge_buffer(PIECE);
+        while (recv(c, b, PIECE, 0) > 0) {
+        }
+        return 0;
     }
-    return 0;
+    char *ring = huge_buffer(ring_bytes);
+    for (size_t at = 0;; at = (at + PIECE) % ring_bytes) {
+        for (size_t got = 0; got < PIECE;) {
+            ssize_t r = recv(c, ring + at + got, PIECE - got, 0);
+            if (r <= 0) return 0;
+            got += r;
+        }
+    }
 }
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s recv CONNECTIONS | %s read|send|share FILE THREADS SECONDS "
+        fprintf(stderr, "usage: %s recv CONNECTIONS [RING_MIB] | %s read|send|share FILE THREADS SECONDS "
                         "REGION_MIB [HOST] [CONNS]\n", argv[0], argv[0]);
         return 2;
     }
@@ -119,6 +140,8 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "recv")) {
         int n = atoi(argv[2]), one = 1;
         if (n < 1 || n > MAX_THREADS) die("connections");
+        ring_bytes = argc > 3 ? (size_t)atoi(argv[3]) << 20 : 0;
+        if (ring_bytes % PIECE) die("the ring is whole 4 MiB buffers");
         int l = socket(AF_INET, SOCK_STREAM, 0);
         setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(PORT)};
