@@ -359,3 +359,56 @@ fn pipelined_reads_of_mixed_sizes_and_close_with_reads_in_flight() {
     assert!(done.status().is_success());
     assert_eq!(done.data, image[3 * 4096..5 * 4096]);
 }
+
+/// A read larger than one of the server's drive reads (256 KiB) comes back in order: its
+/// C2HData PDUs follow each other without gap or overlap from offset 0, only the final one
+/// carries LAST, there are no more of them than drive reads (pieces finished together go
+/// as one PDU), and the bytes are those written.
+#[test]
+fn a_large_read_arrives_in_order_in_at_most_one_pdu_per_drive_read() {
+    use tessera_nvme::wire::command::ReadWrite;
+    use tessera_nvme::wire::PduHeader;
+    const DRIVE_READ_BYTES: usize = 256 << 10;
+    let f = Fixture::new();
+    let admin = f.admin();
+    let mut q = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
+    let image = pattern(1024 * 4096, 11);
+    assert!(q.write(1, 0, &image, false).status().is_success());
+    // MDTS exactly, and a size whose last drive read is partial.
+    for blocks in [1024u32, 300] {
+        let len = blocks as usize * 4096;
+        let rw = ReadWrite::new(1, 0, blocks, false).unwrap();
+        let cid = q.send_capsule(rw.to_sqe(io_opcode::READ, 0), None, false, len);
+        let (mut received, mut pdus, mut last_seen) = (Vec::with_capacity(len), 0, false);
+        loop {
+            let pdu = q.next_pdu().unwrap();
+            match pdu.header {
+                PduHeader::C2HData(h) => {
+                    assert_eq!(h.cccid, cid);
+                    assert!(!last_seen, "C2HData after the one marked LAST");
+                    assert_eq!(h.datao as usize, received.len(), "a gap or an overlap");
+                    received.extend_from_slice(&pdu.data);
+                    last_seen = h.last;
+                    pdus += 1;
+                }
+                PduHeader::CapsuleResp(cqe) => {
+                    assert_eq!(cqe.cid, cid);
+                    assert!(cqe.status.is_success());
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(last_seen, "no C2HData marked LAST");
+        assert!(
+            pdus <= len.div_ceil(DRIVE_READ_BYTES),
+            "{pdus} PDUs for {len} bytes"
+        );
+        assert!(
+            received == image[..len],
+            "read {blocks} blocks: wrong bytes"
+        );
+    }
+    // The queue goes on serving.
+    assert!(q.read(1, 0, 1).status().is_success());
+}

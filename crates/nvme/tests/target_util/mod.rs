@@ -142,7 +142,9 @@ impl Client {
         Pdu::new(PduHeader::IcReq(icreq))
             .write_to(&mut stream, &DigestConfig::NONE)
             .unwrap();
-        let mut reader = PduReader::new(Side::Host, 4 << 20, DigestConfig::NONE);
+        // An MDTS-sized read can arrive as one C2HData PDU (as from Linux's nvmet): its
+        // data plus room for the header, as the host itself accepts.
+        let mut reader = PduReader::new(Side::Host, (4 << 20) + 4096, DigestConfig::NONE);
         let pdu = reader.read_pdu(&mut stream).unwrap();
         let PduHeader::IcResp(resp) = pdu.header else {
             panic!("expected ICResp, got {:?}", pdu.header)
