@@ -362,8 +362,8 @@ fn pipelined_reads_of_mixed_sizes_and_close_with_reads_in_flight() {
 
 /// A read larger than one of the server's drive reads (256 KiB) comes back in order: its
 /// C2HData PDUs follow each other without gap or overlap from offset 0, only the final one
-/// carries LAST, there are no more of them than drive reads (pieces finished together go
-/// as one PDU), and the bytes are those written.
+/// carries LAST, there are no more of them than drive reads, and the bytes are those
+/// written.
 #[test]
 fn a_large_read_arrives_in_order_in_at_most_one_pdu_per_drive_read() {
     use tessera_nvme::wire::command::ReadWrite;

@@ -10,10 +10,9 @@
 //! same `io_uring_enter` as the next `RECV`.
 //!
 //! A read larger than `PIECE_BYTES` is issued as several drive reads at once, and its data
-//! goes to the host in order as the pieces finish, the pieces finished in a row in one
-//! C2HData PDU: at queue depth 1 the transfer of the first pieces then overlaps the drive
-//! reading the rest, where one read made the host wait for the whole drive read and then
-//! for the whole transfer.
+//! goes to the host piece by piece, in order, as the pieces finish: at queue depth 1 the
+//! transfer of the first piece then overlaps the drive reading the rest, where one read
+//! made the host wait for the whole drive read and then for the whole transfer.
 //!
 //! The data of a read of `SENDER_MIN_BYTES` or more goes to the host from a sender thread
 //! of the connection, fed in order by the ring thread: a 4 MiB answer takes a millisecond or
@@ -544,18 +543,11 @@ impl Engine {
                 finished.push(slot);
                 continue;
             }
-            // The pieces finished in a row go as one C2HData PDU: they lie side by side in
-            // the buffer, and the drive's block layer usually merges a command's pieces
-            // into one request, so they finish together; one PDU header per command then
-            // costs the host one parse and one read of the socket instead of sixteen.
-            let first = op.sent;
             while op.sent < op.pieces && op.is_done(op.sent) {
+                let last = op.sent + 1 == op.pieces;
+                let status = last.then(|| op.plan.done(Ok(())));
+                sends.push((slot, op.piece_range(op.sent), status));
                 op.sent += 1;
-            }
-            if op.sent > first {
-                let status = (op.sent == op.pieces).then(|| op.plan.done(Ok(())));
-                let range = op.piece_range(first).start..op.piece_range(op.sent - 1).end;
-                sends.push((slot, range, status));
             }
             if op.sent == op.pieces {
                 finished.push(slot);
