@@ -590,15 +590,9 @@ impl Engine {
                         .expect("spawn the connection's sender thread");
                     tx
                 });
-                if sender.send(offload).is_err() {
-                    // Only a bug ends the sender early. The reads it was given will never be
-                    // answered; closing the connection makes the host fail them at once and
-                    // retry on another path, instead of waiting out its command timeout.
-                    tracing::error!(
-                        "the connection's sender thread has ended; closing the connection"
-                    );
-                    self.writer.shutdown();
-                }
+                // Fails only once the sender died by panic, and its guard has closed the
+                // connection already (sender_loop).
+                let _ = sender.send(offload);
             }
         }
         for slot in finished {
