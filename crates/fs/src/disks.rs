@@ -53,6 +53,10 @@ use crate::error::{FsError, FsResult};
 use crate::format::DiskSpec;
 use crate::fs::FileSystem;
 
+/// How long `disk delete` asks an owner slot that failed to answer for its space before
+/// it refuses: long enough to ride out a busy node, short enough for an admin at a prompt.
+const SLOT_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Opens the device of a disk added to the file system after this mount started, from the
 /// descriptor's entry for it (NSD name and id): the daemon opens it as it opened the others
 /// at mount.
@@ -538,18 +542,32 @@ impl FileSystem {
         }
         let mut next = desc.clone();
         let indexes = set_disk_status(&mut next, nsds, DiskStatus::ToBeEmptied)?;
-        // The slots' regions are held as used here: their free space is theirs to say.
-        let slots = self.slots_space(&desc);
-        let in_use = slots
-            .unanswered
-            .iter()
-            .find(|s| crate::slot::slot_in_use(&desc, **s));
-        if let Some(slot) = in_use {
-            return Err(FsError::Usage(format!(
-                "owner slot {slot} does not answer for its part of the disks; mount the file \
-                 system on its node and run the delete again"
-            )));
-        }
+        // The slots' regions are held as used here: their free space is theirs to say. An
+        // owner busy writing (or a node under load) may miss one question: ask again for a
+        // while before refusing, as an administrator would.
+        let asked_from = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(200);
+        let slots = loop {
+            let slots = self.slots_space(&desc);
+            let in_use = slots
+                .unanswered
+                .iter()
+                .zip(&slots.why)
+                .find(|(s, _)| crate::slot::slot_in_use(&desc, **s));
+            let Some((slot, why)) = in_use else {
+                break slots;
+            };
+            let hopeless = matches!(why, crate::report::SlotSilence::NoOwner);
+            if hopeless || asked_from.elapsed() >= SLOT_ANSWER_WAIT {
+                return Err(FsError::Usage(format!(
+                    "owner slot {slot} does not answer for its part of the disks ({why}); mount \
+                     the file system on its node and run the delete again"
+                )));
+            }
+            tracing::info!("disk delete: owner slot {slot} did not answer ({why}); asking again");
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
+        };
         let m = self.owner().meta.lock();
         let per = u64::from(desc.sub_blocks_per_block());
         let sub = u64::from(desc.sub_block_size);

@@ -55,6 +55,25 @@ pub(crate) struct SlotsSpace {
     pub inodes: u64,
     /// Slots whose owner did not answer.
     pub unanswered: Vec<u32>,
+    /// Why each slot in `unanswered` did not, in the same order.
+    pub why: Vec<SlotSilence>,
+}
+
+/// Why an owner slot did not answer for its space.
+pub(crate) enum SlotSilence {
+    /// No node is known to own it (none mounted it): asking again will not help.
+    NoOwner,
+    /// Its owner was asked and failed, or answered nothing: it may answer next time.
+    Failed(String),
+}
+
+impl std::fmt::Display for SlotSilence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotSilence::NoOwner => f.write_str("no node owns it"),
+            SlotSilence::Failed(e) => f.write_str(e),
+        }
+    }
 }
 
 impl FileSystem {
@@ -66,6 +85,7 @@ impl FileSystem {
             free: Default::default(),
             inodes: 0,
             unanswered: Vec::new(),
+            why: Vec::new(),
         };
         for slot in self.slots_beside_the_manager(desc) {
             let asked = self
@@ -80,7 +100,16 @@ impl FileSystem {
                     }
                     space.inodes += s.inodes_total - s.inodes_free;
                 }
-                _ => space.unanswered.push(slot),
+                other => {
+                    space.unanswered.push(slot);
+                    space.why.push(match other {
+                        None => SlotSilence::NoOwner,
+                        Some((Err(e), _)) => SlotSilence::Failed(e.to_string()),
+                        Some((Ok(_), _)) => {
+                            SlotSilence::Failed("its owner reported no inodes".to_string())
+                        }
+                    });
+                }
             }
         }
         space
@@ -100,6 +129,7 @@ impl FileSystem {
             free: slot_free,
             inodes: slot_inodes,
             unanswered: unanswered_slots,
+            ..
         } = self.slots_space(&desc);
         let m = self.owner().meta.lock();
         let disks: Vec<DfDisk> = desc
