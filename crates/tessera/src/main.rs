@@ -417,8 +417,31 @@ fn keep_io_buffers_in_heap() {
     }
 }
 
+/// `tessera ... | head` must end quietly when `head` has read enough, as `ls` does, not
+/// with a panic and a backtrace. SIGPIPE stays ignored (Rust's default): a daemon or a
+/// command that writes to a socket whose peer went away gets an error to report, not a
+/// silent death. Only a failed print to a closed stdout ends the process, with the status
+/// a shell shows for a reader that went away (128 + SIGPIPE).
+fn end_quietly_when_stdout_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        let epipe = format!("(os error {})", libc::EPIPE);
+        if message.starts_with("failed printing to stdout") && message.contains(&epipe) {
+            std::process::exit(128 + libc::SIGPIPE);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
     keep_io_buffers_in_heap();
+    end_quietly_when_stdout_closes();
     let cli = Cli::parse();
     let name = command_name(&cli.command);
     let result = Home::from_env().and_then(|home| run(&home, cli.command));

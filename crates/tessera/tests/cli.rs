@@ -5,6 +5,27 @@ mod common;
 
 use common::*;
 
+/// `tessera ... | head`: when the reader has gone, the command ends with the status of a
+/// closed pipe (141), quietly, not with a panic and a backtrace.
+#[test]
+fn a_listing_piped_into_a_reader_that_went_away_ends_quietly() {
+    let node = Node::new().start();
+    // The reader closes before the command prints a line: its first print fails.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = std::process::Command::new(common::BIN)
+        .args(["diag", "--iohist"])
+        .env("TESSERA_HOME", node.home())
+        .stdout(writer)
+        .output()
+        .expect("run tessera");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // With a reader, the same listing prints.
+    assert!(node.ok(&["diag", "--iohist"]).contains("I/O history"));
+}
+
 #[test]
 fn state_is_down_without_daemon_and_active_with_it() {
     let node = Node::new();
