@@ -36,6 +36,7 @@ pub mod completion;
 pub mod controller;
 pub mod error;
 pub mod identity;
+mod inbound;
 pub mod namespace;
 pub mod path;
 pub mod policy;

@@ -18,7 +18,7 @@
 //! teardown instead of returning while the reader might still write into its buffer.
 
 use std::collections::VecDeque;
-use std::io::{self, BufReader};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::completion::{Completed, Completions};
 use super::error::HostError;
+use super::inbound::Inbound;
 use super::path::Path;
 use super::policy::{r2t_in_range, r2t_segments, HOST_MAX_TRANSFER_BYTES};
 use super::sender::Sender;
@@ -55,7 +56,8 @@ const MAX_PDU_BYTES: u32 = HOST_MAX_TRANSFER_BYTES + 4096;
 /// H2CData PDUs carry at most this much even when MAXH2CDATA allows more: the drive
 /// server can then write each piece to its drive while the next one is on the wire.
 const H2C_PDU_MAX_BYTES: u32 = 256 << 10;
-/// Buffer of the reader: headers arrive in few system calls; big data bypasses it.
+/// Buffer of the reader: headers arrive in few system calls; big data bypasses it
+/// ([`Inbound`]).
 const READ_BUFFER_BYTES: usize = 64 << 10;
 
 /// Everything needed to open one queue.
@@ -558,7 +560,7 @@ impl Queue {
     }
 
     fn reader_loop(self: Arc<Self>, stream: TcpStream, receive: DigestConfig) {
-        let mut stream = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+        let mut stream = Inbound::new(stream, READ_BUFFER_BYTES);
         let mut reader = PduReader::new(Side::Host, MAX_PDU_BYTES, receive);
         let reason = loop {
             if let Err(reason) = self.read_one(&mut reader, &mut stream) {
@@ -571,15 +573,25 @@ impl Queue {
     fn read_one(
         &self,
         reader: &mut PduReader,
-        stream: &mut BufReader<TcpStream>,
+        stream: &mut Inbound<TcpStream>,
     ) -> Result<(), String> {
         let pdu = reader
             .read_header(stream)
             .map_err(|e| self.read_error(&e))?;
         match pdu.header {
-            PduHeader::CapsuleResp(cqe) => self.complete(cqe.cid, Ok(cqe)),
-            PduHeader::C2HData(data) => self.receive_data(reader, stream, &pdu, data),
-            PduHeader::R2T(r2t) => self.queue_r2t(r2t),
+            PduHeader::CapsuleResp(cqe) => {
+                stream.pdu_done(0);
+                self.complete(cqe.cid, Ok(cqe))
+            }
+            PduHeader::C2HData(data) => {
+                self.receive_data(reader, stream, &pdu, data)?;
+                stream.pdu_done(pdu.data_len());
+                Ok(())
+            }
+            PduHeader::R2T(r2t) => {
+                stream.pdu_done(0);
+                self.queue_r2t(r2t)
+            }
             PduHeader::C2HTermReq(term) => {
                 let mut quoted = vec![0u8; pdu.data_len()];
                 let _ = reader.read_data_into(stream, &pdu, &mut quoted);
@@ -726,7 +738,7 @@ impl Queue {
     fn receive_data(
         &self,
         reader: &mut PduReader,
-        stream: &mut BufReader<TcpStream>,
+        stream: &mut Inbound<TcpStream>,
         pdu: &InboundPdu,
         data: DataHeader,
     ) -> Result<(), String> {
