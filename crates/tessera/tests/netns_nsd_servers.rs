@@ -276,6 +276,17 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
         seen["sa"].1.contains(&format!("{nb}=non-optimized/live")),
         "{seen:?}"
     );
+    // `nsd ls -M` keeps its table for the dead server's rows and says why below it.
+    let all = tessera_ok(&c, 3, &["nsd", "ls", "-M"]);
+    assert!(
+        all.lines()
+            .any(|l| l.contains(&format!(" {na} ")) && l.ends_with("node not asked (see below)")),
+        "{all}"
+    );
+    assert!(
+        all.contains(&format!("{na} was not asked: the Tessera daemon is not running")),
+        "{all}"
+    );
 
     // It comes back: the client's path to it is live again, and preferred.
     c.ok(&["start", &a.to_string()]);

@@ -393,7 +393,8 @@ pub fn ls(home: &Home, mapping: Mapping, extended: bool, machine: bool) -> Resul
     for n in &nsds {
         for (node, rows) in &views {
             let (device, remarks) = match rows {
-                Err(why) => ("-".to_string(), format!("node not asked: {why}")),
+                // The reason is long (the other node's own error): it goes below the table.
+                Err(_) => ("-".to_string(), "node not asked (see below)".to_string()),
                 Ok(rows) => match rows.iter().find(|a| a.nsd == n.name) {
                     None => (n.device.clone(), "not known on that node".to_string()),
                     Some(a) => (a.device.clone(), a.remarks()),
@@ -408,7 +409,23 @@ pub fn ls(home: &Home, mapping: Mapping, extended: bool, machine: bool) -> Resul
         }
     }
     print!("{}", t.render());
+    for (node, rows) in &views {
+        if let Err(why) = rows {
+            println!("{node} was not asked: {}", unquoted_remote_error(why));
+        }
+    }
     Ok(())
+}
+
+/// What another node's `tessera` said when it failed, without the command's name it put
+/// in front and the exit status the remote shell put after it.
+fn unquoted_remote_error(why: &str) -> &str {
+    let why = why.trim();
+    let why = why.strip_prefix("tessera nsd ls: ").unwrap_or(why);
+    match why.rfind(" (exit status: ") {
+        Some(at) if why.ends_with(')') => &why[..at],
+        _ => why,
+    }
 }
 
 pub fn delete(home: &Home, names: &[String]) -> Result<()> {
