@@ -124,6 +124,8 @@ pub struct IoRecord {
     pub bytes: u64,
     pub latency_ns: u64,
     pub ok: bool,
+    /// The node this request was made for, as its NSD server; `None` for this node's own.
+    pub served_for: Option<Arc<str>>,
 }
 
 /// A request that has not completed yet (`tessera diag --waiters`).
@@ -134,6 +136,7 @@ pub struct Waiter {
     pub device: Arc<str>,
     pub offset: u64,
     pub bytes: u64,
+    pub served_for: Option<Arc<str>>,
 }
 
 struct Issued {
@@ -142,6 +145,22 @@ struct Issued {
     device: Arc<str>,
     offset: u64,
     bytes: u64,
+    served_for: Option<Arc<str>>,
+}
+
+/// A request noted by [`IoHistory::begin`]; [`IoHistory::end`] takes it back.
+#[derive(Debug)]
+pub struct HistoryTicket {
+    slot: u64,
+    started: Instant,
+}
+
+/// Now on the wall clock less `latency_ns`: when a request that took that long started.
+fn started_unix_nanos(latency_ns: u64) -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .saturating_sub(latency_ns)
 }
 
 /// The last requests of several drives, oldest first, at most a fixed number, and those
@@ -210,7 +229,36 @@ impl IoHistory {
             bytes: issued.bytes,
             latency_ns,
             ok,
+            served_for: issued.served_for,
         });
+    }
+
+    /// Notes a request that does not pass through a [`Counted`] drive (an NSD server's
+    /// drive I/O for another node) as in flight; [`IoHistory::end`] completes it.
+    pub fn begin(
+        &self,
+        kind: IoKind,
+        device: Arc<str>,
+        offset: u64,
+        bytes: u64,
+        served_for: Option<Arc<str>>,
+    ) -> HistoryTicket {
+        let started = Instant::now();
+        let slot = self.issue(Issued {
+            started,
+            kind,
+            device,
+            offset,
+            bytes,
+            served_for,
+        });
+        HistoryTicket { slot, started }
+    }
+
+    /// Completes the request of `ticket`: it joins the history.
+    pub fn end(&self, ticket: HistoryTicket, ok: bool) {
+        let latency_ns = u64::try_from(ticket.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.complete(ticket.slot, started_unix_nanos(latency_ns), latency_ns, ok);
     }
 
     /// The requests kept, oldest first.
@@ -231,6 +279,7 @@ impl IoHistory {
                 device: Arc::clone(&i.device),
                 offset: i.offset,
                 bytes: i.bytes,
+                served_for: i.served_for.clone(),
             })
             .collect();
         waiters.sort_by_key(|w| std::cmp::Reverse(w.waiting));
@@ -278,6 +327,7 @@ impl Counted {
                 device: Arc::clone(label),
                 offset,
                 bytes,
+                served_for: None,
             })
         });
         (started, ticket)
@@ -289,11 +339,7 @@ impl Counted {
         self.stats.record(kind, bytes, latency_ns, ok);
         if let (Some((history, _)), Some(ticket)) = (&self.history, ticket) {
             // The wall clock only for the history: the start is now less the latency.
-            let start_unix_nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-                .saturating_sub(latency_ns);
-            history.complete(ticket, start_unix_nanos, latency_ns, ok);
+            history.complete(ticket, started_unix_nanos(latency_ns), latency_ns, ok);
         }
     }
 }
@@ -391,6 +437,32 @@ mod tests {
         fn flush(&self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn requests_noted_by_hand_wait_then_join_the_history_with_whom_they_were_for() {
+        let history = IoHistory::new(4);
+        let ticket = history.begin(
+            IoKind::Read,
+            Arc::from("d1"),
+            8192,
+            4096,
+            Some(Arc::from("node3")),
+        );
+        let waiting = history.waiters();
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].served_for.as_deref(), Some("node3"));
+        assert!(history.recent().is_empty());
+        history.end(ticket, false);
+        assert!(history.waiters().is_empty());
+        let done = history.recent();
+        assert_eq!(done.len(), 1);
+        let r = &done[0];
+        assert_eq!(
+            (r.kind, &*r.device, r.offset, r.bytes, r.ok),
+            (IoKind::Read, "d1", 8192, 4096, false)
+        );
+        assert_eq!(r.served_for.as_deref(), Some("node3"));
     }
 
     #[test]

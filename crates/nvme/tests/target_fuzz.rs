@@ -7,13 +7,14 @@
 mod target_util;
 
 use std::io::{Read, Write};
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use target_util::*;
-use tessera_nvme::target::{DriveServer, TargetConfig};
+use tessera_nvme::target::{DriveServer, IoObserver, ObservedIo, TargetConfig};
 use tessera_nvme::wire::command::{io_opcode, DsmRange, ReadWrite};
 use tessera_nvme::wire::pdu::{encode_pdu, PduHeader};
 use tessera_nvme::wire::{DataHeader, DigestConfig, SglDescriptor, Sqe};
@@ -130,6 +131,29 @@ fn mutate(rng: &mut StdRng, mut pdu: Vec<u8>) -> Vec<u8> {
     pdu
 }
 
+/// Counts the drive I/Os the server shows an observer: begun, and ended.
+#[derive(Debug, Default)]
+struct Tally {
+    begun: AtomicU64,
+    ended: Arc<AtomicU64>,
+}
+
+struct Counted(Arc<AtomicU64>);
+
+impl ObservedIo for Counted {
+    fn end(self: Box<Self>, _ok: bool) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl IoObserver for Tally {
+    fn begin(&self, _write: bool, _offset: u64, _bytes: u64, hostnqn: &str) -> Box<dyn ObservedIo> {
+        assert_eq!(hostnqn, HOST1);
+        self.begun.fetch_add(1, Ordering::SeqCst);
+        Box::new(Counted(Arc::clone(&self.ended)))
+    }
+}
+
 #[test]
 fn mutated_pdus_on_live_connections_never_hurt_the_server() {
     let panics = tessera_testkit::count_panics();
@@ -137,6 +161,10 @@ fn mutated_pdus_on_live_connections_never_hurt_the_server() {
     let server =
         DriveServer::start(TargetConfig::from_json_str(&config(dir.path())).unwrap()).unwrap();
     let addr = server.local_addr(1).unwrap();
+    // Every drive I/O the fuzzed namespace begins for a host also ends, whatever became
+    // of its command or its connection.
+    let tally = Arc::new(Tally::default());
+    assert!(server.observe_io(SUBNQN, Arc::clone(&tally) as Arc<dyn IoObserver>));
 
     // The sentinel: HOST2's namespace in another subsystem, which HOST1 may not reach.
     let sentinel_admin = Client::admin(addr, SENTINEL_NQN, HOST2, HOSTID2, 0, false);
@@ -213,6 +241,18 @@ fn mutated_pdus_on_live_connections_never_hurt_the_server() {
         0,
         "a thread panicked (seed {seed})"
     );
+    let settled = Instant::now() + Duration::from_secs(10);
+    while tally.ended.load(Ordering::SeqCst) != tally.begun.load(Ordering::SeqCst)
+        && Instant::now() < settled
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (begun, ended) = (
+        tally.begun.load(Ordering::SeqCst),
+        tally.ended.load(Ordering::SeqCst),
+    );
+    assert!(begun > 0, "no drive I/O observed (seed {seed})");
+    assert_eq!(begun, ended, "observed I/Os left unended (seed {seed})");
     drop((sentinel, sentinel_admin));
     server.shutdown();
 }

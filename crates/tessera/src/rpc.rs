@@ -555,6 +555,9 @@ pub struct IoHistoryEntry {
     pub bytes: u64,
     pub latency_ns: u64,
     pub ok: bool,
+    /// The node it was done for, as its NSD server; `None` for this node's own I/O.
+    #[serde(default)]
+    pub served_for: Option<String>,
 }
 
 /// The state of a component in `tessera health` [mmhealth].

@@ -259,6 +259,17 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
     // Kill the first server of `sa` under the workload.
     let work = start_workload(mnt.clone());
     wait_for("the workload running", SETTLE, || work.rounds() >= 10);
+    // The server's I/O history shows the drive I/O it does for the client, naming it.
+    let iohist = tessera_ok(&c, a, &["diag", "--iohist"]);
+    for rw in ["R", "W"] {
+        assert!(
+            iohist.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() == 8 && f[1] == rw && f[2] == "sa" && f[6] == "ok" && f[7] == "node3"
+            }),
+            "no {rw} of sa served for node3 in\n{iohist}"
+        );
+    }
     c.ok(&["kill", &a.to_string()]);
     let killed = Instant::now();
     let before = work.rounds();
@@ -284,7 +295,9 @@ fn a_client_without_drives_works_through_two_nsd_servers_and_their_failures() {
         "{all}"
     );
     assert!(
-        all.contains(&format!("{na} was not asked: the Tessera daemon is not running")),
+        all.contains(&format!(
+            "{na} was not asked: the Tessera daemon is not running"
+        )),
         "{all}"
     );
 

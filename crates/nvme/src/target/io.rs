@@ -12,7 +12,7 @@ use tessera_drive::AlignedBuf;
 
 use super::ana::path_status;
 use super::controller::{Controller, MDTS_BYTES};
-use super::namespace::{Namespace, LBA_BYTES};
+use super::namespace::{IoWatch, Namespace, LBA_BYTES};
 use super::reservation::Requester;
 use crate::wire::command::{DatasetManagement, DsmRange, IoCommand, ReadWrite, WriteZeroes};
 use crate::wire::reservation::{decode_release_data, KeyPair, ReservationReport};
@@ -108,8 +108,22 @@ fn dispatch(
         cntlid: ctrl.cntlid,
     };
     match cmd {
-        IoCommand::Read(rw) => read(ns, rw, c2h_len),
-        IoCommand::Write(rw) => write(ctrl, ns, rw, data),
+        IoCommand::Read(rw) => {
+            let watch = watch_rw(ctrl, ns, rw, false, c2h_len);
+            let done = read(ns, rw, c2h_len);
+            if let Some(w) = watch {
+                w.end(done.status.is_success());
+            }
+            done
+        }
+        IoCommand::Write(rw) => {
+            let watch = watch_rw(ctrl, ns, rw, true, data.map_or(0, |d| d.len));
+            let done = write(ctrl, ns, rw, data);
+            if let Some(w) = watch {
+                w.end(done.status.is_success());
+            }
+            done
+        }
         IoCommand::Flush { .. } => flush(ns),
         IoCommand::WriteZeroes(wz) => write_zeroes(ctrl, ns, wz),
         IoCommand::DatasetManagement(dsm) => deallocate(ns, dsm, data),
@@ -122,6 +136,22 @@ fn dispatch(
         IoCommand::ReservationRelease(r) => release(ns, who, r, data),
         IoCommand::ReservationReport(r) => report(ns, r, c2h_len),
     }
+}
+
+/// The observed drive I/O of a Read or Write run here; none for one outside the namespace,
+/// which is refused before it reaches the drive (its LBA may not even make an offset).
+fn watch_rw(
+    ctrl: &Controller,
+    ns: &Namespace,
+    rw: &ReadWrite,
+    write: bool,
+    len: usize,
+) -> Option<IoWatch> {
+    if !ns.in_range(rw.slba, u64::from(rw.blocks())) {
+        return None;
+    }
+    let offset = rw.slba.checked_mul(LBA_BYTES)?;
+    Some(IoWatch::start(ns, write, offset, len, &ctrl.hostnqn))
 }
 
 fn command_nsid(cmd: &IoCommand) -> u32 {
@@ -155,6 +185,7 @@ pub(crate) struct ReadPlan {
     pub ns: Arc<Namespace>,
     pub offset: u64,
     pub len: usize,
+    pub watch: IoWatch,
 }
 
 /// Runs the checks [`execute`] runs for a Read, in the same order and with the same
@@ -165,9 +196,11 @@ pub(crate) fn plan_read(
     c2h_len: usize,
 ) -> Result<ReadPlan, IoDone> {
     let (ns, len) = check_transfer(ctrl, rw, false, c2h_len)?;
+    let offset = rw.slba * LBA_BYTES;
     Ok(ReadPlan {
+        watch: IoWatch::start(&ns, false, offset, len, &ctrl.hostnqn),
         ns,
-        offset: rw.slba * LBA_BYTES,
+        offset,
         len,
     })
 }
@@ -181,6 +214,7 @@ pub(crate) struct WritePlan {
     pub len: usize,
     /// FUA, or the volatile write cache is off: flush once every piece is written.
     pub flush: bool,
+    pub watch: IoWatch,
 }
 
 /// Runs the checks [`execute`] runs for a Write of `data_len` bytes, in the same order,
@@ -191,9 +225,11 @@ pub(crate) fn plan_write(
     data_len: usize,
 ) -> Result<WritePlan, IoDone> {
     let (ns, len) = check_transfer(ctrl, rw, true, data_len)?;
+    let offset = rw.slba * LBA_BYTES;
     Ok(WritePlan {
+        watch: IoWatch::start(&ns, true, offset, len, &ctrl.hostnqn),
         ns,
-        offset: rw.slba * LBA_BYTES,
+        offset,
         len,
         flush: rw.fua || !ctrl.vwc_enabled.load(Ordering::Relaxed),
     })
@@ -258,6 +294,7 @@ fn check_fence(ctrl: &Controller) -> Result<(), Status> {
 /// writes do not pass through [`execute`], which counts the others).
 pub(crate) fn write_done(plan: &WritePlan, failed: Option<Status>) -> Status {
     let status = finish_write(&plan.ns, plan.len, plan.flush, failed);
+    plan.watch.end(status.is_success());
     if !status.is_success() {
         plan.ns.count(&plan.ns.counters.errors, 1);
     }
@@ -316,6 +353,7 @@ fn finish_write(ns: &Namespace, len: usize, flush: bool, failed: Option<Status>)
 /// Accounts for a planned read the drive finished: `Ok` when all of it was read.
 pub(crate) fn read_done(plan: &ReadPlan, result: std::io::Result<()>) -> Status {
     let ns = &plan.ns;
+    plan.watch.end(result.is_ok());
     if let Err(e) = result {
         let slba = plan.offset / LBA_BYTES;
         tracing::warn!(nsid = ns.nsid, slba, "read failed: {e}");

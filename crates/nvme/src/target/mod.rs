@@ -91,6 +91,7 @@ pub use config::{
     ConfigError, Limits, NamespaceConfig, PortAddr, PortConfig, ReloadPlan, SubsystemConfig,
     TargetConfig,
 };
+pub use namespace::{IoObserver, ObservedIo};
 pub use server::{
     DeviceOpener, DriveServer, HostGate, NamespaceStats, PortStats, ServerError, ServerStats,
     StatsSource,

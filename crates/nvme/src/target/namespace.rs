@@ -70,6 +70,55 @@ pub(crate) struct Namespace {
     pub ana_grpid: u32,
     pub reservation: Reservations,
     pub counters: NsCounters,
+    /// Sees the drive I/O done for hosts, once someone asked ([`IoObserver`]).
+    pub observer: std::sync::OnceLock<Arc<dyn IoObserver>>,
+}
+
+/// Sees every read and write a namespace does on its drive for a host: an NSD server
+/// shows them in its I/O history (`tessera diag --iohist`), naming the node it did them
+/// for, as GPFS's does.
+pub trait IoObserver: Send + Sync + std::fmt::Debug {
+    /// A drive read or write for `hostnqn` begins.
+    fn begin(&self, write: bool, offset: u64, bytes: u64, hostnqn: &str) -> Box<dyn ObservedIo>;
+}
+
+/// A drive I/O an [`IoObserver`] saw begin.
+pub trait ObservedIo: Send {
+    /// It ended, successfully or not.
+    fn end(self: Box<Self>, ok: bool);
+}
+
+/// The observed I/O of one command: ended by [`IoWatch::end`] with its outcome, or, should
+/// the command be dropped unanswered (its connection died), as failed.
+#[derive(Default)]
+pub(crate) struct IoWatch(parking_lot::Mutex<Option<Box<dyn ObservedIo>>>);
+
+impl IoWatch {
+    pub fn start(ns: &Namespace, write: bool, offset: u64, bytes: usize, hostnqn: &str) -> IoWatch {
+        IoWatch(parking_lot::Mutex::new(
+            ns.observer
+                .get()
+                .map(|o| o.begin(write, offset, bytes as u64, hostnqn)),
+        ))
+    }
+
+    pub fn end(&self, ok: bool) {
+        if let Some(io) = self.0.lock().take() {
+            io.end(ok);
+        }
+    }
+}
+
+impl Drop for IoWatch {
+    fn drop(&mut self) {
+        self.end(false);
+    }
+}
+
+impl std::fmt::Debug for IoWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IoWatch")
+    }
 }
 
 impl Namespace {
@@ -113,6 +162,7 @@ impl Namespace {
             ana_grpid: cfg.ana_grpid,
             reservation,
             counters: NsCounters::default(),
+            observer: std::sync::OnceLock::new(),
         }
     }
 

@@ -543,6 +543,18 @@ impl DriveServer {
         Ok(())
     }
 
+    /// Shows every drive read and write the namespaces of subsystem `nqn` do for hosts to
+    /// `observer` (the first one given stays). False if the subsystem is not exported.
+    pub fn observe_io(&self, nqn: &str, observer: Arc<dyn super::IoObserver>) -> bool {
+        let Some(subsystem) = self.shared.subsystem(nqn) else {
+            return false;
+        };
+        for ns in subsystem.namespaces.values() {
+            let _ = ns.observer.set(Arc::clone(&observer));
+        }
+        true
+    }
+
     /// Stops exporting a subsystem: its controllers' associations end (their hosts fail
     /// over to other paths) and its namespaces are flushed. False if it was not exported.
     pub fn remove_subsystem(&self, nqn: &str) -> bool {

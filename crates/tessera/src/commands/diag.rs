@@ -1,7 +1,8 @@
 //! `diag` [mmdiag]: what this node's daemon is doing, one section per option:
 //! `--waiters` (disk I/Os in flight and admin requests being served, the longest waiting
 //! first), `--iohist` (the last disk I/Os: start time, read or write, NSD and sector, size
-//! in 512-byte sectors, duration), `--network` (the cluster's nodes as this one reaches
+//! in 512-byte sectors, duration, and the node it was for when this node served it as NSD
+//! server), `--network` (the cluster's nodes as this one reaches
 //! them, NVMe/TCP paths), `--config` (the parameters in force here, `!` before those set
 //! by the admin), `--stats` (pmon's counters, metadata cache and per-NSD counters),
 //! `--memory` (the daemon's memory and each file system's caches against their bounds),
@@ -265,12 +266,14 @@ fn print_iohist(entries: &[IoHistoryEntry]) {
         .max()
         .unwrap_or(0)
         .max("NSD".len());
+    // The last column names the node an I/O was done for as its NSD server, and is empty
+    // for this node's own I/O (whether it reached the disk itself or through servers).
     println!(
-        " I/O start time RW {:<nsd_width$} {:>12} {:>8} {:>9} result",
+        " I/O start time RW {:<nsd_width$} {:>12} {:>8} {:>9} result served for",
         "NSD", "sectorNum", "nSec", "time ms"
     );
     println!(
-        "--------------- -- {} {} {} {} ------",
+        "--------------- -- {} {} {} {} ------ ----------",
         "-".repeat(nsd_width),
         "-".repeat(12),
         "-".repeat(8),
@@ -282,15 +285,17 @@ fn print_iohist(entries: &[IoHistoryEntry]) {
             "write" => "W",
             _ => "F",
         };
-        println!(
-            "{} {rw:>2} {:<nsd_width$} {:>12} {:>8} {:>9.3} {}",
+        let line = format!(
+            "{} {rw:>2} {:<nsd_width$} {:>12} {:>8} {:>9.3} {:<6} {}",
             clock_time(e.start_unix_nanos),
             e.nsd,
             e.offset / 512,
             e.bytes / 512,
             e.latency_ns as f64 / 1e6,
-            if e.ok { "ok" } else { "error" }
+            if e.ok { "ok" } else { "error" },
+            e.served_for.as_deref().unwrap_or_default()
         );
+        println!("{}", line.trim_end());
     }
     if entries.is_empty() {
         println!("(no disk I/O since the daemon started; file systems must be mounted here)");

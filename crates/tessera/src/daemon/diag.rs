@@ -145,11 +145,14 @@ impl Daemon {
                 waiting_for: match w.kind {
                     IoKind::Flush => format!("for a cache flush of NSD {}", w.device),
                     kind => format!(
-                        "for I/O completion: {} of {} bytes at sector {} of NSD {}",
+                        "for I/O completion: {} of {} bytes at sector {} of NSD {}{}",
                         kind.name(),
                         w.bytes,
                         w.offset / 512,
-                        w.device
+                        w.device,
+                        w.served_for
+                            .map(|n| format!(", served for {n}"))
+                            .unwrap_or_default()
                     ),
                 },
             })

@@ -1393,6 +1393,7 @@ impl Daemon {
                 bytes: r.bytes,
                 latency_ns: r.latency_ns,
                 ok: r.ok,
+                served_for: r.served_for.map(|n| n.to_string()),
             })
             .collect();
         Reply::IoHistory(entries)

@@ -93,6 +93,87 @@ fn parse_node_hostnqn(nqn: &str, cluster: &str) -> Option<(NodeNumber, u64)> {
     Some((node.parse().ok()?, epoch.parse().ok()?))
 }
 
+/// Host NQNs whose node names [`ServedIoHistory`] keeps; past this it starts over.
+const SERVED_NAMES_MAX: usize = 1024;
+
+/// Notes in the daemon's I/O history (`tessera diag --iohist`) the drive reads and writes
+/// this node does as server of one NSD, each with the node it did them for: as on a GPFS
+/// NSD server, whether a slow served I/O waited on the drive shows here.
+struct ServedIoHistory {
+    history: Arc<tessera_drive::stats::IoHistory>,
+    nsd: Arc<str>,
+    cluster: String,
+    state: Box<dyn Fn() -> ConfigState + Send + Sync>,
+    /// Node names by host NQN: the node table is not read for every I/O.
+    names: parking_lot::Mutex<std::collections::HashMap<String, Arc<str>>>,
+}
+
+impl std::fmt::Debug for ServedIoHistory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedIoHistory")
+            .field("nsd", &self.nsd)
+            .finish()
+    }
+}
+
+impl ServedIoHistory {
+    /// The node a host NQN names, or the NQN itself for a host outside the cluster.
+    fn name(&self, hostnqn: &str) -> Arc<str> {
+        if let Some(name) = self.names.lock().get(hostnqn) {
+            return Arc::clone(name);
+        }
+        let name: Arc<str> = match parse_node_hostnqn(hostnqn, &self.cluster) {
+            Some((node, _)) => match (self.state)().nodes.get(&node) {
+                Some(n) => Arc::from(n.name.as_str()),
+                None => Arc::from(format!("node number {node}")),
+            },
+            None => Arc::from(hostnqn),
+        };
+        let mut names = self.names.lock();
+        if names.len() >= SERVED_NAMES_MAX {
+            names.clear();
+        }
+        names.insert(hostnqn.to_string(), Arc::clone(&name));
+        name
+    }
+}
+
+impl tessera_nvme::target::IoObserver for ServedIoHistory {
+    fn begin(
+        &self,
+        write: bool,
+        offset: u64,
+        bytes: u64,
+        hostnqn: &str,
+    ) -> Box<dyn tessera_nvme::target::ObservedIo> {
+        let kind = if write {
+            tessera_drive::stats::IoKind::Write
+        } else {
+            tessera_drive::stats::IoKind::Read
+        };
+        let for_node = self.name(hostnqn);
+        let ticket = self
+            .history
+            .begin(kind, Arc::clone(&self.nsd), offset, bytes, Some(for_node));
+        Box::new(ServedIo {
+            history: Arc::clone(&self.history),
+            ticket,
+        })
+    }
+}
+
+/// One served drive I/O in flight in the history.
+struct ServedIo {
+    history: Arc<tessera_drive::stats::IoHistory>,
+    ticket: tessera_drive::stats::HistoryTicket,
+}
+
+impl tessera_nvme::target::ObservedIo for ServedIo {
+    fn end(self: Box<Self>, ok: bool) {
+        self.history.end(self.ticket, ok);
+    }
+}
+
 /// Where node `node`'s NSD server listens: its node address with `nsdServerPort`.
 pub(super) fn nsd_server_addr(state: &ConfigState, node: &NodeRecord) -> Result<SocketAddr> {
     let port = state.params.count("nsdServerPort", Some(node.number));
@@ -371,6 +452,7 @@ impl Daemon {
         let open =
             |_: &std::path::Path| -> io::Result<Arc<dyn BlockDevice>> { Ok(Arc::clone(&dev)) };
         server.add_subsystem(&cfg, &open)?;
+        server.observe_io(&nqn, Arc::new(self.served_io_history(&rec.name)));
         self.nsd_service.served.lock().insert(
             rec.name.clone(),
             Served {
@@ -390,6 +472,18 @@ impl Daemon {
             }
         );
         Ok(())
+    }
+
+    /// What notes the drive I/O this node does for others as server of NSD `nsd` in its
+    /// I/O history.
+    fn served_io_history(&self, nsd: &str) -> ServedIoHistory {
+        ServedIoHistory {
+            history: Arc::clone(&self.io_history),
+            nsd: Arc::from(nsd),
+            cluster: self.cluster.cluster_id.clone(),
+            state: Box::new(self.member.state_reader()),
+            names: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
     }
 
     /// Opens NSD `rec` the way `useNSDserver` says for this node (see the module
