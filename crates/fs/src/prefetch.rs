@@ -40,8 +40,12 @@ const WORKERS: usize = 8;
 const STREAMS_MAX: usize = 256;
 /// Bytes that slots may hold at once, read or being read.
 const BUDGET_BYTES: u64 = 256 << 20;
-/// Bytes read ahead of a sequential reader: 4 blocks of 4 MiB, 16 of 1 MiB.
+/// Bytes being read ahead of a sequential reader at once: 4 blocks of 4 MiB, 16 of 1 MiB.
+/// Blocks read and not yet used do not count, up to `AHEAD_READY_FACTOR` times as many
+/// ahead in all: the window moves on as each block arrives ([`Prefetcher::block_done`]).
 const AHEAD_BYTES: u64 = 16 << 20;
+/// How far ahead of a reader, in windows of `AHEAD_BYTES`, read-ahead goes at most.
+const AHEAD_READY_FACTOR: u64 = 2;
 const DEPTH_MIN: u64 = 2;
 /// Reads in a row that must follow each other before reading ahead starts: a random reader
 /// lands next to its previous read now and then (1 in 64 for 4 KiB reads of a 1 GiB file of
@@ -138,6 +142,11 @@ impl Drop for Slot {
 }
 
 impl Slot {
+    /// Queued or being read: not yet ready or failed.
+    fn is_pending(&self) -> bool {
+        matches!(*self.state.lock(), SlotState::Queued | SlotState::Reading)
+    }
+
     /// Takes the slot over if nobody has started it.
     fn claim(&self) -> bool {
         let mut s = self.state.lock();
@@ -183,6 +192,8 @@ struct Stream {
     cursors: Vec<Cursor>,
     slots: BTreeMap<u64, Arc<Slot>>,
     last_read: Instant,
+    /// The file's length in blocks at its last read: read-ahead stops there.
+    file_blocks: u64,
 }
 
 /// One reader's position in a file. Several processes reading one file each in their own
@@ -321,8 +332,10 @@ impl Prefetcher {
             cursors: Vec::new(),
             slots: BTreeMap::new(),
             last_read: now,
+            file_blocks,
         });
         stream.last_read = now;
+        stream.file_blocks = file_blocks;
         stream
             .cursors
             .retain(|c| now.duration_since(c.last_read) < CURSOR_IDLE);
@@ -376,39 +389,89 @@ impl Prefetcher {
         stream.slots = stream.slots.split_off(&keep_from);
         let mut mine = Vec::with_capacity((last - first + 1) as usize);
         let mut jobs = Vec::new();
-        let ahead_end = (last + 1 + self.depth).min(file_blocks);
-        for block in first..ahead_end.max(last + 1) {
-            let is_mine = block <= last;
+        for block in first..=last {
+            let slot = match stream.slots.get(&block) {
+                Some(slot) => Arc::clone(slot),
+                None => {
+                    let slot = self.new_slot();
+                    stream.slots.insert(block, Arc::clone(&slot));
+                    slot
+                }
+            };
+            mine.push(slot);
+        }
+        self.extend_window(stream, ino, last, &mut jobs);
+        drop(streams);
+        self.queue_jobs(jobs);
+        Some(mine)
+    }
+
+    /// A block read ahead of `ino` finished: each sequential reader's window moves on by
+    /// it, at once, not when the reader next reads. Through a server a burst of blocks
+    /// read together arrives together, and a reader that sent the next ones only as it
+    /// went through them kept the drive idle while they crossed the network and the
+    /// network idle while the drive read the next burst (bench/RESULTS.md).
+    fn block_done(&self, ino: Ino) {
+        let mut jobs = Vec::new();
+        {
+            let mut streams = self.streams.lock();
+            let Some(stream) = streams.get_mut(&ino) else {
+                return;
+            };
+            let readers: Vec<u64> = stream
+                .cursors
+                .iter()
+                .filter(|c| c.hits >= SEQUENTIAL_HITS)
+                .map(|c| c.next_block.saturating_sub(1))
+                .collect();
+            for last in readers {
+                self.extend_window(stream, ino, last, &mut jobs);
+            }
+        }
+        self.queue_jobs(jobs);
+    }
+
+    /// Slots for the blocks after `last` until `depth` of them are being read (queued or
+    /// in flight), and no more than `AHEAD_READY_FACTOR` times that ahead in all.
+    fn extend_window(&self, stream: &mut Stream, ino: Ino, last: u64, jobs: &mut Vec<Job>) {
+        let end = (last + 1 + AHEAD_READY_FACTOR * self.depth).min(stream.file_blocks);
+        let mut reading = 0;
+        for block in last + 1..end {
+            if reading >= self.depth {
+                break;
+            }
             if let Some(slot) = stream.slots.get(&block) {
-                if is_mine {
-                    mine.push(Arc::clone(slot));
+                if slot.is_pending() {
+                    reading += 1;
                 }
                 continue;
             }
-            let used = self.budget.load(Ordering::Relaxed);
-            if !is_mine && used + self.block_bytes > BUDGET_BYTES {
+            if self.budget.load(Ordering::Relaxed) + self.block_bytes > BUDGET_BYTES {
                 break;
             }
-            self.budget.fetch_add(self.block_bytes, Ordering::Relaxed);
-            let slot = Arc::new(Slot {
-                state: Mutex::new(SlotState::Queued),
-                done: Condvar::new(),
-                charge: self.block_bytes,
-                budget: Arc::clone(&self.budget),
-            });
+            let slot = self.new_slot();
             stream.slots.insert(block, Arc::clone(&slot));
-            if is_mine {
-                mine.push(slot);
-            } else {
-                jobs.push(Job { slot, ino, block });
-            }
+            jobs.push(Job { slot, ino, block });
+            reading += 1;
         }
-        drop(streams);
+    }
+
+    /// A slot charged against the budget, waiting for a worker or its reader.
+    fn new_slot(&self) -> Arc<Slot> {
+        self.budget.fetch_add(self.block_bytes, Ordering::Relaxed);
+        Arc::new(Slot {
+            state: Mutex::new(SlotState::Queued),
+            done: Condvar::new(),
+            charge: self.block_bytes,
+            budget: Arc::clone(&self.budget),
+        })
+    }
+
+    fn queue_jobs(&self, jobs: Vec<Job>) {
         if !jobs.is_empty() {
             self.queue.jobs.lock().0.extend(jobs);
             self.queue.ready.notify_all();
         }
-        Some(mine)
     }
 
     /// A buffer of at least `len` bytes whose contents are left over from earlier use.
@@ -493,6 +556,7 @@ fn worker(fs: Weak<FileSystem>, queue: Arc<Queue>) {
             return;
         };
         job.slot.finish(fs.load_block(job.ino, job.block));
+        fs.prefetch.block_done(job.ino);
     }
 }
 
@@ -536,6 +600,59 @@ mod tests {
             hits * 100 >= reads.len() * 95,
             "only {hits} of {} reads served from read-ahead",
             reads.len()
+        );
+    }
+
+    /// The blocks queued for the workers, taken off the queue.
+    fn take_jobs(p: &Prefetcher) -> Vec<Job> {
+        p.queue.jobs.lock().0.drain(..).collect()
+    }
+
+    #[test]
+    fn finished_blocks_move_the_window_on_before_the_reader_does() {
+        let p = Prefetcher::new(BLOCK);
+        assert_eq!(p.depth, 4);
+        let mib = 1u64 << 20;
+        // A sequential reader in block 0: blocks 1-4 are read ahead.
+        assert_eq!(served(&p, &[(0, mib), (mib, mib), (2 * mib, mib)], 100), 1);
+        let first: Vec<u64> = take_jobs(&p).iter().map(|j| j.block).collect();
+        assert_eq!(first, [1, 2, 3, 4]);
+        // Two of them arrive while the reader is still in block 0: two more go out at once.
+        let finish = |jobs: &[Job]| {
+            for j in jobs {
+                assert!(j.slot.claim());
+                j.slot.finish(Ok(None));
+            }
+        };
+        let mut jobs = take_jobs(&p);
+        assert!(jobs.is_empty());
+        let ahead: Vec<Arc<Slot>> = (1..=4)
+            .map(|b| Arc::clone(&p.streams.lock()[&7].slots[&b]))
+            .collect();
+        for slot in &ahead[..2] {
+            assert!(slot.claim());
+            slot.finish(Ok(None));
+        }
+        p.block_done(7);
+        jobs.extend(take_jobs(&p));
+        assert_eq!(jobs.iter().map(|j| j.block).collect::<Vec<_>>(), [5, 6]);
+        // Every one of them arrives: the window stops at twice its depth ahead (block 8).
+        for slot in &ahead[2..] {
+            assert!(slot.claim());
+            slot.finish(Ok(None));
+        }
+        finish(&jobs);
+        p.block_done(7);
+        let more = take_jobs(&p);
+        assert_eq!(more.iter().map(|j| j.block).collect::<Vec<_>>(), [7, 8]);
+        finish(&more);
+        p.block_done(7);
+        assert!(take_jobs(&p).is_empty());
+        // The reader moves into block 1: one block further.
+        assert_eq!(served(&p, &[(3 * mib, mib), (4 * mib, mib)], 100), 2);
+        assert_eq!(
+            take_jobs(&p).iter().map(|j| j.block).collect::<Vec<_>>(),
+            [9]
         );
     }
 
