@@ -412,3 +412,70 @@ fn a_large_read_arrives_in_order_in_at_most_one_pdu_per_drive_read() {
     // The queue goes on serving.
     assert!(q.read(1, 0, 1).status().is_success());
 }
+
+/// Large reads sent together on one queue take turns at the drive (uring.rs,
+/// `LARGE_READS_AT_DRIVE`): every one is answered whole, with its own bytes, and small
+/// reads and writes sent among them are not held up behind them.
+#[test]
+fn large_reads_sent_together_take_turns_and_all_arrive_whole() {
+    use std::collections::HashMap;
+    use tessera_nvme::wire::command::ReadWrite;
+    use tessera_nvme::wire::PduHeader;
+    let f = Fixture::new();
+    let admin = f.admin();
+    let mut q = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
+    let image = pattern(3072 * 4096, 12);
+    for (k, part) in image.chunks(1024 * 4096).enumerate() {
+        assert!(q.write(1, k as u64 * 1024, part, false).status().is_success());
+    }
+    // Six 4 MiB reads of different places, with a 4 KiB read among them.
+    let mut wanted: HashMap<u16, (usize, usize)> = HashMap::new();
+    for (i, slba) in [0u64, 1024, 2048, 512, 1536, 100].into_iter().enumerate() {
+        let blocks = 1024u32.min(3072 - slba as u32);
+        let len = blocks as usize * 4096;
+        let rw = ReadWrite::new(1, slba, blocks, false).unwrap();
+        let cid = q.send_capsule(rw.to_sqe(io_opcode::READ, 0), None, false, len);
+        wanted.insert(cid, (slba as usize * 4096, len));
+        if i == 2 {
+            let rw = ReadWrite::new(1, 7, 1, false).unwrap();
+            let cid = q.send_capsule(rw.to_sqe(io_opcode::READ, 0), None, false, 4096);
+            wanted.insert(cid, (7 * 4096, 4096));
+        }
+    }
+    let mut received: HashMap<u16, Vec<u8>> = HashMap::new();
+    while !wanted.is_empty() {
+        let pdu = q.next_pdu().unwrap();
+        match pdu.header {
+            PduHeader::C2HData(h) => {
+                let got = received.entry(h.cccid).or_default();
+                assert_eq!(
+                    h.datao as usize,
+                    got.len(),
+                    "CID {}: a gap or an overlap",
+                    h.cccid
+                );
+                got.extend_from_slice(&pdu.data);
+                if h.success {
+                    let (at, len) = wanted.remove(&h.cccid).expect("a read sent");
+                    assert!(
+                        got[..] == image[at..at + len],
+                        "CID {}: wrong bytes",
+                        h.cccid
+                    );
+                }
+            }
+            PduHeader::CapsuleResp(cqe) => {
+                assert!(cqe.status.is_success(), "{cqe:?}");
+                let (at, len) = wanted.remove(&cqe.cid).expect("a read sent");
+                let got = received.remove(&cqe.cid).unwrap_or_default();
+                assert!(
+                    got[..] == image[at..at + len],
+                    "CID {}: wrong bytes",
+                    cqe.cid
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(q.read(1, 0, 1).status().is_success());
+}
