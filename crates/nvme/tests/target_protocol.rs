@@ -426,7 +426,10 @@ fn large_reads_sent_together_take_turns_and_all_arrive_whole() {
     let mut q = Client::io(f.addr(1), &admin, 1, HOST1, HOSTID1, false);
     let image = pattern(3072 * 4096, 12);
     for (k, part) in image.chunks(1024 * 4096).enumerate() {
-        assert!(q.write(1, k as u64 * 1024, part, false).status().is_success());
+        assert!(q
+            .write(1, k as u64 * 1024, part, false)
+            .status()
+            .is_success());
     }
     // Six 4 MiB reads of different places, with a 4 KiB read among them.
     let mut wanted: HashMap<u16, (usize, usize)> = HashMap::new();
