@@ -111,17 +111,13 @@ fn dispatch(
         IoCommand::Read(rw) => {
             let watch = watch_rw(ctrl, ns, rw, false, c2h_len);
             let done = read(ns, rw, c2h_len);
-            if let Some(w) = watch {
-                w.end(done.status.is_success());
-            }
+            watch.end(done.status.is_success());
             done
         }
         IoCommand::Write(rw) => {
             let watch = watch_rw(ctrl, ns, rw, true, data.map_or(0, |d| d.len));
             let done = write(ctrl, ns, rw, data);
-            if let Some(w) = watch {
-                w.end(done.status.is_success());
-            }
+            watch.end(done.status.is_success());
             done
         }
         IoCommand::Flush { .. } => flush(ns),
@@ -138,20 +134,16 @@ fn dispatch(
     }
 }
 
-/// The observed drive I/O of a Read or Write run here; none for one outside the namespace,
-/// which is refused before it reaches the drive (its LBA may not even make an offset).
-fn watch_rw(
-    ctrl: &Controller,
-    ns: &Namespace,
-    rw: &ReadWrite,
-    write: bool,
-    len: usize,
-) -> Option<IoWatch> {
-    if !ns.in_range(rw.slba, u64::from(rw.blocks())) {
-        return None;
+/// The observed drive I/O of a Read or Write run here; nothing is observed of one outside
+/// the namespace, which is refused before it reaches the drive (its LBA may not even make
+/// an offset).
+fn watch_rw(ctrl: &Controller, ns: &Namespace, rw: &ReadWrite, write: bool, len: usize) -> IoWatch {
+    match rw.slba.checked_mul(LBA_BYTES) {
+        Some(offset) if ns.in_range(rw.slba, u64::from(rw.blocks())) => {
+            IoWatch::start(ns, write, offset, len, &ctrl.hostnqn)
+        }
+        _ => IoWatch::default(),
     }
-    let offset = rw.slba.checked_mul(LBA_BYTES)?;
-    Some(IoWatch::start(ns, write, offset, len, &ctrl.hostnqn))
 }
 
 fn command_nsid(cmd: &IoCommand) -> u32 {
