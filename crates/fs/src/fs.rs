@@ -572,8 +572,9 @@ impl FileSystem {
         self.prefetch.start(Arc::downgrade(self));
     }
 
-    /// Starts the background flusher: an owner's commits its log and checkpoints; every
-    /// mount's writes what it gathered (`write_behind.rs`).
+    /// Starts the background flusher (an owner's commits its log and checkpoints; every
+    /// mount's writes what it gathered) and the threads that write what writers handed off
+    /// (`write_behind.rs`).
     fn start_flusher(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let stop = self.stop.clone();
@@ -582,6 +583,7 @@ impl FileSystem {
             .spawn(move || flusher(weak, stop))
             .expect("spawn flusher");
         *self.flusher.lock() = Some(handle);
+        self.write_behind.start_landing(Arc::downgrade(self));
     }
 
     /// Mounts the file system found on `disks` as a client of the node that owns its
@@ -1898,6 +1900,7 @@ impl FileSystem {
             let _ = h.join();
         }
         self.prefetch.stop();
+        self.write_behind.stop_landing(true);
     }
 
     pub(crate) fn check_fenced(&self) -> FsResult<()> {
@@ -1935,6 +1938,7 @@ impl FileSystem {
         }
         self.prefetch.stop();
         self.flush_all_gathered();
+        self.write_behind.stop_landing(false);
         self.free_lingering(true)?;
         self.commit_other_owners(true)?;
         self.sync_own()?;

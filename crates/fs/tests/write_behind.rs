@@ -44,7 +44,12 @@ fn small_appends_are_gathered_and_every_read_and_stat_sees_them() {
             assert!(fs.gathered_bytes() > 0);
         }
     }
-    // Whole blocks went to the disks as the run covered them: less than a block waits.
+    // Whole blocks were handed off as the run covered them, and land by themselves: less
+    // than a block waits.
+    let handed = std::time::Instant::now();
+    while fs.gathered_bytes() >= BLOCK && handed.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert!(
         fs.gathered_bytes() < BLOCK,
         "{} bytes gathered",
@@ -342,4 +347,129 @@ fn stat_never_shows_less_than_the_writes_that_returned_while_they_are_written() 
         });
     });
     fs.unmount().unwrap();
+}
+
+/// One process writing large pieces (`dd bs=1M`, a checkpoint): each is handed off and the
+/// writer goes on while it lands. Every `stat` sees the size the writes reached, a read in
+/// between sees every write that returned (it waits for what is in flight), and fsync and
+/// the unmount leave it all on the disks.
+#[test]
+fn large_writes_are_handed_off_and_every_read_and_stat_sees_them() {
+    let t = make_disks(2, 256 << 20);
+    format_fs(&t, &small_opts());
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"checkpoint");
+    let piece = 1usize << 20;
+    let mut want = Vec::new();
+    for i in 0..48u64 {
+        let data = pattern(piece, i);
+        fs.write(a.ino, want.len() as u64, &data, false).unwrap();
+        want.extend_from_slice(&data);
+        assert_eq!(
+            fs.getattr(a.ino).unwrap().size,
+            want.len() as u64,
+            "write {i}"
+        );
+        if i % 16 == 15 {
+            let back = fs.read(a.ino, 0, want.len() as u32).unwrap();
+            assert!(back == want, "read after write {i}");
+        }
+    }
+    assert!(
+        fs.handed_off_bytes() >= 40 << 20,
+        "{} bytes handed off",
+        fs.handed_off_bytes()
+    );
+    fs.fsync(a.ino).unwrap();
+    assert_eq!(
+        fs.gathered_bytes(),
+        0,
+        "fsync waits for every write handed off"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert!(fs.read(a.ino, 0, want.len() as u32 + 1).unwrap() == want);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after large writes handed off");
+}
+
+/// Large writes over bytes still in flight, from several threads: the newest bytes win,
+/// whatever order the landing threads write in.
+#[test]
+fn a_large_write_over_bytes_in_flight_lands_after_them() {
+    let t = make_disks(2, 128 << 20);
+    format_fs(&t, &small_opts());
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"f");
+    let mut want = Vec::new();
+    let w = &mut want;
+    for round in 0..20u64 {
+        // Overlapping large writes, each shifted by a sector and a half-block.
+        let off = (round % 5) as usize * (BLOCK as usize / 2 + 4096);
+        put(
+            &fs,
+            a.ino,
+            w,
+            off,
+            &pattern(3 * BLOCK as usize, round),
+            false,
+        );
+        // A small write into what was just handed off.
+        put(&fs, a.ino, w, off + 1000, &[round as u8; 300], false);
+    }
+    assert_eq!(fs.getattr(a.ino).unwrap().size, want.len() as u64);
+    assert!(fs.read(a.ino, 0, want.len() as u32 + 1).unwrap() == want);
+    // Several writers of disjoint large pieces of one file at once.
+    let base = want.len();
+    std::thread::scope(|s| {
+        for k in 0..4u64 {
+            let fs = &fs;
+            s.spawn(move || {
+                for j in 0..8u64 {
+                    let off = base as u64 + (j * 4 + k) * BLOCK;
+                    fs.write(a.ino, off, &pattern(BLOCK as usize, 100 + j * 4 + k), false)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    for n in 0..32u64 {
+        want.extend_from_slice(&pattern(BLOCK as usize, 100 + n));
+    }
+    fs.fsync(a.ino).unwrap();
+    assert!(fs.read(a.ino, 0, want.len() as u32 + 1).unwrap() == want);
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = mount(&t);
+    assert!(fs.read(a.ino, 0, want.len() as u32 + 1).unwrap() == want);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after large writes over bytes in flight");
+}
+
+/// Near full, large writes are not handed off: ENOSPC reaches the write that met it, as
+/// on a local file system, not the next write or fsync.
+#[test]
+fn near_full_a_large_write_meets_enospc_itself() {
+    let (t, fs, big) = full_fs();
+    let a = create_file(&fs, ROOT_INO, b"late");
+    let handed = fs.handed_off_bytes();
+    let err = fs
+        .write(a.ino, 0, &vec![1; BLOCK as usize], false)
+        .unwrap_err();
+    assert!(matches!(err, FsError::NoSpace { .. }), "{err:?}");
+    assert_eq!(
+        fs.handed_off_bytes(),
+        handed,
+        "nothing is handed off near full"
+    );
+    fs.fsync(a.ino).unwrap();
+    fs.truncate(big.ino, 0).unwrap();
+    fs.sync().unwrap();
+    fs.write(a.ino, 0, &pattern(BLOCK as usize, 5), false)
+        .unwrap();
+    fs.fsync(a.ino).unwrap();
+    assert!(fs.read(a.ino, 0, BLOCK as u32).unwrap() == pattern(BLOCK as usize, 5));
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after ENOSPC at a large write handed off");
 }
