@@ -221,6 +221,8 @@ struct Handed {
     /// When the write that made them was made (the file's mtime when they land).
     at: Timestamp,
     file: Arc<Mutex<Gathered>>,
+    /// Its number in the file's `in_flight`.
+    seq: u64,
 }
 
 /// One file's gathered bytes: runs by the file offset they start at, none overlapping or
@@ -235,7 +237,11 @@ struct Gathered {
     failed: Option<FsError>,
     /// Byte ranges handed to the landing threads and not yet on the disks (their block
     /// maps not yet updated).
-    in_flight: Vec<(u64, u64)>,
+    /// Byte ranges handed to the landing threads and not yet on the disks, with the number
+    /// each was handed off under.
+    in_flight: Vec<(u64, u64, u64)>,
+    /// The number the next hand-off gets.
+    next_seq: u64,
     /// Signalled each time a range of `in_flight` lands.
     landed: Arc<Condvar>,
 }
@@ -248,6 +254,7 @@ impl Gathered {
             gone: false,
             failed: None,
             in_flight: Vec::new(),
+            next_seq: 0,
             landed: Arc::new(Condvar::new()),
         }
     }
@@ -258,13 +265,28 @@ impl Gathered {
             .runs
             .last_key_value()
             .map(|(start, data)| start + data.len() as u64);
-        let flying = self.in_flight.iter().map(|(_, end)| *end).max();
+        let flying = self.in_flight.iter().map(|r| r.1).max();
         runs.max(flying)
     }
 
     /// Whether `offset..end` overlaps a range in flight.
     fn overlaps_in_flight(&self, offset: u64, end: u64) -> bool {
-        self.in_flight.iter().any(|(s, e)| *s < end && offset < *e)
+        self.in_flight.iter().any(|r| r.0 < end && offset < r.1)
+    }
+
+    /// Notes `start..end` as handed off; returns its number.
+    fn hand_off(&mut self, start: u64, end: u64) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight.push((start, end, seq));
+        seq
+    }
+
+    /// Takes hand-off `seq` out of the writes in flight.
+    fn land(&mut self, seq: u64) {
+        if let Some(i) = self.in_flight.iter().position(|r| r.2 == seq) {
+            self.in_flight.swap_remove(i);
+        }
     }
 
     /// Whether nothing is gathered or in flight.
@@ -329,10 +351,13 @@ impl Gathered {
     }
 }
 
-/// Waits until every range of the file handed to the landing threads has landed; the
-/// file's lock is let go meanwhile (a landing thread takes it to say so).
+/// Waits until every range of the file handed to the landing threads before this call has
+/// landed; the file's lock is let go meanwhile (a landing thread takes it to say so).
+/// Ranges handed off meanwhile are not waited for: a writer that keeps writing would keep
+/// an fsync, the background flusher or another node's request waiting for as long.
 fn wait_landed(file: &mut MutexGuard<'_, Gathered>) {
-    while !file.in_flight.is_empty() {
+    let before = file.next_seq;
+    while file.in_flight.iter().any(|r| r.2 < before) {
         let landed = Arc::clone(&file.landed);
         landed.wait(file);
     }
@@ -389,8 +414,8 @@ impl WriteBehind {
             self.landing
                 .bytes
                 .fetch_sub(handed.len as u64, Ordering::Relaxed);
-            let (file, range, _) = handed.land_parts();
-            Handed::landed(&file, range, Err(FsError::Fenced));
+            let (file, seq, _) = handed.land_parts();
+            Handed::landed(&file, seq, Err(FsError::Fenced));
         }
         let me = std::thread::current().id();
         for h in self.landing.threads.lock().drain(..) {
@@ -477,8 +502,8 @@ fn land(fs: Weak<FileSystem>, queue: Arc<LandingQueue>) {
                 "the file system was unmounted before these bytes were written",
             ))),
         };
-        let (file, range, data) = handed.land_parts();
-        Handed::landed(&file, range, result);
+        let (file, seq, data) = handed.land_parts();
+        Handed::landed(&file, seq, result);
         if let Some(fs) = mounted {
             fs.write_behind.landing.recycle(data);
         }
@@ -486,18 +511,15 @@ fn land(fs: Weak<FileSystem>, queue: Arc<LandingQueue>) {
 }
 
 impl Handed {
-    fn land_parts(self) -> (Arc<Mutex<Gathered>>, (u64, u64), AlignedBuf) {
-        let range = (self.offset, self.offset + self.len as u64);
-        (self.file, range, self.data)
+    fn land_parts(self) -> (Arc<Mutex<Gathered>>, u64, AlignedBuf) {
+        (self.file, self.seq, self.data)
     }
 
-    /// Takes `range` out of the file's writes in flight, keeps a failure for the file's
-    /// next write, fsync or close, and wakes whoever waits for the file.
-    fn landed(file: &Mutex<Gathered>, range: (u64, u64), result: FsResult<()>) {
+    /// Takes hand-off `seq` out of the file's writes in flight, keeps a failure for the
+    /// file's next write, fsync or close, and wakes whoever waits for the file.
+    fn landed(file: &Mutex<Gathered>, seq: u64, result: FsResult<()>) {
         let mut file = file.lock();
-        if let Some(i) = file.in_flight.iter().position(|r| *r == range) {
-            file.in_flight.swap_remove(i);
-        }
+        file.land(seq);
         if let Err(e) = result {
             file.failed.get_or_insert(e);
         }
@@ -718,14 +740,14 @@ impl FileSystem {
                     len: data.len(),
                     at: file.at,
                     file: Arc::clone(&arc),
+                    seq: file.hand_off(offset, end),
                 };
-                file.in_flight.push((offset, end));
                 wb.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                 match wb.hand_off(handed) {
                     Ok(()) => return Ok(Some(data.len())),
                     Err(handed) => {
                         // The landing threads stopped (unmount, fence): written here.
-                        file.in_flight.retain(|r| *r != (offset, end));
+                        file.land(handed.seq);
                         wb.bytes.fetch_sub(data.len() as u64, Ordering::Relaxed);
                         wb.landing.recycle(handed.data);
                     }
@@ -921,12 +943,12 @@ impl FileSystem {
             len: head.len(),
             at: file.at,
             file: Arc::clone(arc),
+            seq: file.hand_off(start, cut),
         };
-        file.in_flight.push((start, cut));
         match wb.hand_off(handed) {
             Ok(()) => Ok(()),
             Err(handed) => {
-                file.in_flight.retain(|r| *r != (start, cut));
+                file.land(handed.seq);
                 wb.landing.recycle(handed.data);
                 wb.bytes.fetch_sub(head.len() as u64, Ordering::Relaxed);
                 self.write_gathered(ino, start, &head, file.at)
@@ -1054,6 +1076,11 @@ impl FileSystem {
         };
         let mut file = arc.lock();
         let written = self.write_runs(ino, &mut file);
+        // Forgotten below: nothing of it may still be in flight, whenever it was handed off.
+        while !file.in_flight.is_empty() {
+            let landed = Arc::clone(&file.landed);
+            landed.wait(&mut file);
+        }
         let r = match file.failed.take() {
             Some(e) => Err(e),
             None => written,

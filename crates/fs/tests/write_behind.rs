@@ -473,3 +473,46 @@ fn near_full_a_large_write_meets_enospc_itself() {
     fs.unmount().unwrap();
     assert_fsck_clean(&t, "after ENOSPC at a large write handed off");
 }
+
+/// An fsync beside a writer that keeps handing off writes waits for what was handed off
+/// before it, not for the writer to stop (nor do the background flusher and other nodes'
+/// requests, which wait the same way).
+#[test]
+fn fsync_beside_a_writer_that_keeps_writing_returns() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    let t = make_disks(2, 256 << 20);
+    format_fs(&t, &small_opts());
+    let fs = gathering(&t);
+    let a = create_file(&fs, ROOT_INO, b"stream").ino;
+    let window = 64u64 << 20;
+    let piece = pattern(1 << 20, 1);
+    let stop = AtomicBool::new(false);
+    let written = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut off = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                fs.write(a, off % window, &piece, false).unwrap();
+                off += piece.len() as u64;
+                written.store(off, Ordering::SeqCst);
+            }
+        });
+        for i in 0..20 {
+            let started = Instant::now();
+            fs.fsync(a).unwrap();
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "fsync {i} took {:?} beside a writer",
+                started.elapsed()
+            );
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    assert!(fs.handed_off_bytes() > 0);
+    fs.fsync(a).unwrap();
+    let size = written.load(Ordering::SeqCst).min(window);
+    assert_eq!(fs.getattr(a).unwrap().size, size);
+    fs.unmount().unwrap();
+    assert_fsck_clean(&t, "after fsync beside a writer");
+}
