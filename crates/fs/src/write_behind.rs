@@ -18,8 +18,8 @@
 //! 2402-3458; bench/RESULTS.md). Bytes handed off stay in the file's `in_flight`
 //! until they land; nothing gathered or handed off overlaps them (a write over them waits
 //! for them), so the landing threads may write a file's ranges in any order. Everything
-//! below that writes what is gathered first waits for what was handed off to land, and
-//! a failure of a write handed off is kept as a gathered write's is.
+//! below that writes what is gathered first waits for what was handed off before it to
+//! land, and a failure of a write handed off is kept as a gathered write's is.
 //!
 //! What is gathered: runs of contiguous bytes per file (up to [`RUNS_MAX`]), each started
 //! by a write smaller than [`GATHER_BELOW`] and grown by the writes that continue or
