@@ -190,7 +190,10 @@ impl Landing {
         buf
     }
 
-    fn recycle(&self, buf: AlignedBuf) {
+    fn recycle(&self, data: HandedData) {
+        let HandedData::Copy(buf) = data else {
+            return;
+        };
         let mut free = self.free.lock();
         let kept: usize = free.iter().map(|b| b.len()).sum();
         if (kept + buf.len()) as u64 <= LANDING_BYTES_MAX {
@@ -211,12 +214,28 @@ struct LandingQueue {
     ready: Condvar,
 }
 
+/// The bytes handed off: a copy of a large write (the caller's buffer is the kernel's
+/// request), or a run's whole blocks, which the run gave up.
+enum HandedData {
+    Copy(AlignedBuf),
+    Run(Vec<u8>),
+}
+
+impl HandedData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            HandedData::Copy(buf) => buf,
+            HandedData::Run(run) => run,
+        }
+    }
+}
+
 /// Bytes of a file a writer handed off: they are written by a landing thread, which then
 /// takes their range out of the file's `in_flight`.
 struct Handed {
     ino: Ino,
     offset: u64,
-    data: AlignedBuf,
+    data: HandedData,
     len: usize,
     /// When the write that made them was made (the file's mtime when they land).
     at: Timestamp,
@@ -489,7 +508,7 @@ fn land(fs: Weak<FileSystem>, queue: Arc<LandingQueue>) {
         let mounted = fs.upgrade();
         let result = match &mounted {
             Some(fs) => {
-                let data = &handed.data[..handed.len];
+                let data = &handed.data.bytes()[..handed.len];
                 let r = fs.write_gathered(handed.ino, handed.offset, data, handed.at);
                 let wb = &fs.write_behind;
                 wb.bytes.fetch_sub(handed.len as u64, Ordering::Relaxed);
@@ -511,7 +530,7 @@ fn land(fs: Weak<FileSystem>, queue: Arc<LandingQueue>) {
 }
 
 impl Handed {
-    fn land_parts(self) -> (Arc<Mutex<Gathered>>, u64, AlignedBuf) {
+    fn land_parts(self) -> (Arc<Mutex<Gathered>>, u64, HandedData) {
         (self.file, self.seq, self.data)
     }
 
@@ -736,7 +755,7 @@ impl FileSystem {
                 let handed = Handed {
                     ino,
                     offset,
-                    data: wb.landing.copy(data),
+                    data: HandedData::Copy(wb.landing.copy(data)),
                     len: data.len(),
                     at: file.at,
                     file: Arc::clone(&arc),
@@ -936,11 +955,13 @@ impl FileSystem {
         }
         // Runs never overlap bytes in flight (`write_behind` waits first), so the blocks
         // can land beside the file's other writes in flight.
+        // The run's bytes go as they are: no copy.
+        let len = head.len();
         let handed = Handed {
             ino,
             offset: start,
-            data: wb.landing.copy(&head),
-            len: head.len(),
+            data: HandedData::Run(head),
+            len,
             at: file.at,
             file: Arc::clone(arc),
             seq: file.hand_off(start, cut),
@@ -949,9 +970,8 @@ impl FileSystem {
             Ok(()) => Ok(()),
             Err(handed) => {
                 file.land(handed.seq);
-                wb.landing.recycle(handed.data);
-                wb.bytes.fetch_sub(head.len() as u64, Ordering::Relaxed);
-                self.write_gathered(ino, start, &head, file.at)
+                wb.bytes.fetch_sub(len as u64, Ordering::Relaxed);
+                self.write_gathered(ino, start, handed.data.bytes(), file.at)
             }
         }
     }
