@@ -377,9 +377,15 @@ impl Gathered {
 fn wait_landed(file: &mut MutexGuard<'_, Gathered>) {
     let before = file.next_seq;
     while file.in_flight.iter().any(|r| r.2 < before) {
-        let landed = Arc::clone(&file.landed);
-        landed.wait(file);
+        wait_a_landing(file);
     }
+}
+
+/// Waits until a range of the file in flight lands (or the file changes otherwise); the
+/// file's lock is let go meanwhile.
+fn wait_a_landing(file: &mut MutexGuard<'_, Gathered>) {
+    let landed = Arc::clone(&file.landed);
+    landed.wait(file);
 }
 
 impl WriteBehind {
@@ -744,11 +750,11 @@ impl FileSystem {
             let full = !wb.has_room(data.len()) || !wb.landing.has_room(data.len());
             if apart && full && !file.in_flight.is_empty() {
                 // The writer is ahead of the disks: it waits for one of its writes to land.
-                let landed = Arc::clone(&file.landed);
-                landed.wait(&mut file);
+                wait_a_landing(&mut file);
                 continue;
             }
-            if apart && self.may_gather(ino) && self.may_hand_off(data.len()) {
+            let may_gather = self.may_gather(ino);
+            if apart && may_gather && self.may_hand_off(data.len()) {
                 // A large write that touches nothing gathered: copied and handed to a landing
                 // thread, and the writer goes on (GPFS's write-behind).
                 file.at = self.now();
@@ -772,7 +778,7 @@ impl FileSystem {
                     }
                 }
             }
-            if apart || !self.may_gather(ino) {
+            if apart || !may_gather {
                 self.write_runs(ino, &mut file)?;
                 drop(file);
                 return self.write_direct(ino, offset, data, false).map(Some);
@@ -1098,8 +1104,7 @@ impl FileSystem {
         let written = self.write_runs(ino, &mut file);
         // Forgotten below: nothing of it may still be in flight, whenever it was handed off.
         while !file.in_flight.is_empty() {
-            let landed = Arc::clone(&file.landed);
-            landed.wait(&mut file);
+            wait_a_landing(&mut file);
         }
         let r = match file.failed.take() {
             Some(e) => Err(e),
